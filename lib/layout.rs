@@ -1,0 +1,108 @@
+//! The directory tree of a mailbox root (mailbox-spec.md, "THE TREE").
+//!
+//! ```text
+//! ROOT/
+//!   sandboxes/NAME/outbox/{tmp,new,cur}   what NAME posts (lw-post)
+//!   sandboxes/NAME/inbox/{tmp,new,cur}    what the mediator delivers to NAME (lw-inbox)
+//!   human/{tmp,new,cur}                   questions escalated to a person
+//!   held/{tmp,new,cur}                    messages the policy held
+//!   quarantine/{tmp,new,cur}              files that could not be read, with reasons
+//!   log/{tmp,new}                         one file per logged event (message + decision)
+//!   registry/NAME.json                    the known sandboxes
+//!   state/                                mediator and sync state, lock files
+//! ```
+//!
+//! A sandbox sees only `sandboxes/NAME` (mounted as its `LW_MAILBOX`), which is
+//! why lw-post and lw-inbox take that directory and not the root.
+
+use std::path::{Path, PathBuf};
+
+use crate::maildir::Maildir;
+
+/// Reserved recipient names: the mediator itself and the human queue.
+pub const MEDIATOR: &str = "mediator";
+pub const HUMAN: &str = "human";
+
+/// The mailbox of one sandbox: the directory holding its `outbox/` and `inbox/`.
+#[derive(Clone, Debug)]
+pub struct SandboxBox {
+    pub dir: PathBuf,
+}
+
+impl SandboxBox {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        SandboxBox { dir: dir.into() }
+    }
+    pub fn outbox(&self) -> Maildir {
+        Maildir::new(self.dir.join("outbox"))
+    }
+    pub fn inbox(&self) -> Maildir {
+        Maildir::new(self.dir.join("inbox"))
+    }
+}
+
+/// A mailbox root as the mediator sees it.
+#[derive(Clone, Debug)]
+pub struct Root {
+    pub dir: PathBuf,
+}
+
+impl Root {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Root { dir: dir.into() }
+    }
+    pub fn sandboxes_dir(&self) -> PathBuf {
+        self.dir.join("sandboxes")
+    }
+    pub fn sandbox(&self, name: &str) -> SandboxBox {
+        SandboxBox::new(self.sandboxes_dir().join(name))
+    }
+    pub fn human(&self) -> Maildir {
+        Maildir::new(self.dir.join("human"))
+    }
+    pub fn held(&self) -> Maildir {
+        Maildir::new(self.dir.join("held"))
+    }
+    pub fn quarantine(&self) -> Maildir {
+        Maildir::new(self.dir.join("quarantine"))
+    }
+    pub fn log_dir(&self) -> PathBuf {
+        self.dir.join("log")
+    }
+    pub fn registry_dir(&self) -> PathBuf {
+        self.dir.join("registry")
+    }
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.join("state")
+    }
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// True for a valid sandbox name: 1-63 of `[a-z0-9._-]`, starting with a letter
+/// or digit.  Names become directory names, container names and git ref parts.
+pub fn valid_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && !b[0].is_ascii_uppercase()
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'.' | b'_' | b'-'))
+        && !name.contains("..")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sandbox_names() {
+        for ok in ["a", "api-1", "front.end", "x_y", "0"] {
+            assert!(valid_name(ok), "{ok}");
+        }
+        for bad in ["", "A", "-a", ".a", "a/b", "a..b", "a:b", "a b", &"x".repeat(64)] {
+            assert!(!valid_name(bad), "{bad}");
+        }
+    }
+}

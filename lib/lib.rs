@@ -1,0 +1,15 @@
+//! loopwright: the library behind the `lw-*` commands.
+//!
+//! One module per concern.  The binaries in `bins/` parse flags and call into
+//! these modules; everything that can be tested without a process lives here.
+
+pub mod cli;
+pub mod error;
+pub mod id;
+pub mod layout;
+pub mod log;
+pub mod maildir;
+pub mod message;
+pub mod time;
+
+pub use error::{Error, Exit, Result};

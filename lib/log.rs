@@ -1,0 +1,187 @@
+//! The log: every message the mediator saw and every decision it took
+//! (mailbox-spec.md, "THE LOG").
+//!
+//! The log is a directory, `ROOT/log/`, with Maildir's `tmp/` and `new/`.
+//! Each event is one file in `new/` whose name is derived from what it records
+//! (`MSGID.EVENT` or `MSGID.EVENT.PARTY`), written by the delivery procedure
+//! with `deliver_once`.  Appending the same event twice therefore leaves one
+//! file: that is what makes the mediator's "log, then act" steps idempotent
+//! across crashes, and it lets lw-sync watch the directory for renames.
+//! Readers order entries by `(seq_time, name)`.
+
+use std::ffi::OsStr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Exit, Result};
+use crate::maildir::{Delivered, Maildir, Sub};
+use crate::message::Message;
+
+pub const LOG_VERSION: u32 = 1;
+
+/// What the mediator did with a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Action {
+    /// Delivered into the inboxes in `to`.
+    Forward,
+    /// Put into the held queue; an operator releases or drops it.
+    Hold,
+    /// Put into the human queue.
+    Escalate,
+    /// Could not be delivered; a bounce went back to the sender.
+    Bounce,
+    /// The file could not be read as a message; moved to quarantine.
+    Quarantine,
+    /// A held message was released by an operator (then forwarded).
+    Release,
+    /// A held message was dropped by an operator.
+    Drop,
+    /// A recipient read (acked) the message: the receipt.
+    Read,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Forward => "forward",
+            Action::Hold => "hold",
+            Action::Escalate => "escalate",
+            Action::Bounce => "bounce",
+            Action::Quarantine => "quarantine",
+            Action::Release => "release",
+            Action::Drop => "drop",
+            Action::Read => "read",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Decision {
+    pub action: Action,
+    /// The parties the action concerns (recipients, the reader of a receipt).
+    #[serde(default)]
+    pub to: Vec<String>,
+    /// Why, in words an operator can act on (which policy rule, which limit).
+    pub reason: String,
+}
+
+/// One log entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Entry {
+    pub version: u32,
+    /// The entry's file name (also its identity for lw-sync).
+    pub name: String,
+    /// When the entry was logged (RFC 3339 UTC).
+    pub logged: String,
+    /// The message id the entry is about.
+    pub message_id: String,
+    /// The sender, taken from the outbox the file sat in (never from the file).
+    pub sender: String,
+    /// The message as routed, with `from` set to `sender`; absent for
+    /// quarantined files and for receipts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<Message>,
+    pub decision: Decision,
+}
+
+impl Entry {
+    /// The file name for an event about a message: `MSGID.ACTION[.PARTY]`.
+    pub fn name_for(message_id: &str, action: Action, party: Option<&str>) -> String {
+        match party {
+            Some(p) => format!("{message_id}.{}.{p}", action.as_str()),
+            None => format!("{message_id}.{}", action.as_str()),
+        }
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut v = serde_json::to_vec(self).expect("a log Entry serialises because all its fields are plain data");
+        v.push(b'\n');
+        v
+    }
+
+    pub fn parse(bytes: &[u8]) -> std::result::Result<Entry, String> {
+        let e: Entry = serde_json::from_slice(bytes).map_err(|e| format!("not a log entry: {e}"))?;
+        if e.version != LOG_VERSION {
+            return Err(format!("unsupported log version {}", e.version));
+        }
+        Ok(e)
+    }
+}
+
+/// The log directory.
+#[derive(Clone, Debug)]
+pub struct Log {
+    pub dir: Maildir,
+}
+
+/// An entry that could not be read, with the reason.
+#[derive(Debug)]
+pub struct BadEntry {
+    pub name: String,
+    pub reason: String,
+}
+
+impl Log {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Log { dir: Maildir::new(dir) }
+    }
+
+    /// Appends `e` unless an entry of the same name exists; true when written.
+    pub fn append(&self, e: &Entry) -> Result<bool> {
+        Ok(matches!(self.dir.deliver_once(&e.name, &e.to_bytes())?, Delivered::New(_)))
+    }
+
+    /// True when an entry of that name exists.
+    pub fn has(&self, name: &str) -> bool {
+        self.dir.sub(Sub::New).join(name).symlink_metadata().is_ok()
+    }
+
+    /// Reads one entry by name.
+    pub fn read(&self, name: &OsStr) -> std::result::Result<Entry, String> {
+        let path = self.dir.sub(Sub::New).join(name);
+        let meta = path.symlink_metadata().map_err(|e| format!("cannot stat: {e}"))?;
+        if !meta.file_type().is_file() {
+            return Err("not a regular file".into());
+        }
+        if meta.len() > 2 * crate::message::MAX_FILE {
+            return Err(format!("entry is {} bytes; larger than any entry loopwright writes", meta.len()));
+        }
+        let bytes = std::fs::read(&path).map_err(|e| format!("cannot read: {e}"))?;
+        Entry::parse(&bytes)
+    }
+
+    /// Every entry in log order, plus those that could not be read.  Entries
+    /// are streamed in name order by `for_each` when memory matters; this
+    /// collects them for the commands that print or sync the whole log.
+    pub fn entries(&self) -> Result<(Vec<Entry>, Vec<BadEntry>)> {
+        let names = match self.dir.names(Sub::New) {
+            Ok(n) => n,
+            Err(e) if e.exit == Exit::NoInput && !self.dir.sub(Sub::New).exists() => return Ok((vec![], vec![])),
+            Err(e) => return Err(e),
+        };
+        let mut good = Vec::new();
+        let mut bad = Vec::new();
+        for n in names {
+            match self.read(&n) {
+                Ok(e) => good.push(e),
+                Err(reason) => bad.push(BadEntry { name: crate::maildir::escape_name(&n), reason }),
+            }
+        }
+        good.sort_by(|a, b| a.logged.cmp(&b.logged).then_with(|| a.name.cmp(&b.name)));
+        Ok((good, bad))
+    }
+
+    pub fn create(&self) -> Result<()> {
+        self.dir.create()
+    }
+}
+
+impl From<serde_json::Error> for Error {
+    fn from(e: serde_json::Error) -> Error {
+        Error::new(Exit::DataErr, "invalid JSON").with_source(e)
+    }
+}
