@@ -5,6 +5,8 @@
 //!   sandboxes/NAME/outbox/{tmp,new,cur}   what NAME posts (lw-post)
 //!   sandboxes/NAME/inbox/{tmp,new,cur}    what the mediator delivers to NAME (lw-inbox)
 //!   human/{tmp,new,cur}                   questions escalated to a person
+//!   human-outbox/{tmp,new,cur}            what a person answers (lw-mediate answer, lw-sync pull);
+//!                                         the mediator routes it like a sandbox outbox, sender `human`
 //!   held/{tmp,new,cur}                    messages the policy held
 //!   quarantine/{tmp,new,cur}              files that could not be read, with reasons
 //!   log/{tmp,new}                         one file per logged event (message + decision)
@@ -59,6 +61,10 @@ impl Root {
     }
     pub fn human(&self) -> Maildir {
         Maildir::new(self.dir.join("human"))
+    }
+    /// Where a person's answers are posted; the mediator reads it as the outbox of `human`.
+    pub fn human_outbox(&self) -> Maildir {
+        Maildir::new(self.dir.join("human-outbox"))
     }
     pub fn held(&self) -> Maildir {
         Maildir::new(self.dir.join("held"))
