@@ -351,14 +351,21 @@ impl Mirror {
     }
 
     fn update(&self, mut state: State, remote: &Remote, progress: bool) -> Result<()> {
-        if remote.url != state.url {
+        let moved = remote.url != state.url;
+        if moved {
             set_config(&self.path, "remote.origin.url", &remote.url)?;
-            if progress {
-                eprintln!("lw-mirror: upstream of '{}' is now '{}'", self.path.display(), remote.url);
-            }
         }
         let started = time::now();
-        fetch(&self.path, remote, progress)?;
+        if let Err(e) = fetch(&self.path, remote, progress) {
+            // A URL that does not work is not kept: the mirror stays as it was.
+            if moved {
+                set_config(&self.path, "remote.origin.url", &state.url)?;
+            }
+            return Err(e);
+        }
+        if moved && progress {
+            eprintln!("lw-mirror: upstream of '{}' is now '{}'", self.path.display(), remote.url);
+        }
         state.url = remote.url.clone();
         state.fetch_started = started;
         state.fetch_finished = time::now();
