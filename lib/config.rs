@@ -17,9 +17,9 @@
 //! key given twice is an error, so that the file never means two things.
 //! Unknown keys are kept: each command reads the keys it knows.
 //!
-//! The project is found from the git top level (`git rev-parse
-//! --show-toplevel`), so every worktree of a project has its own
-//! `.loopwright/`.  Relative paths in values are relative to the project top.
+//! The project is found from the git top level (the nearest directory up
+//! from the current one that holds `.git`, as `git rev-parse --show-toplevel`
+//! finds it), so every worktree of a project has its own `.loopwright/`.  Relative paths in values are relative to the project top.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -102,15 +102,17 @@ fn valid_key(key: &str) -> bool {
 #[derive(Clone, Debug)]
 pub struct Project {
     pub top: PathBuf,
+    /// The checkout's git directory (`.git`, or where a `.git` file points).
+    pub git_dir: PathBuf,
     pub config: Config,
 }
 
 impl Project {
     /// Finds the project that contains `dir`, or `None` outside any git checkout.
     pub fn find(dir: &Path) -> Result<Option<Project>> {
-        let Some(top) = git::toplevel(dir)? else { return Ok(None) };
+        let Some((top, git_dir)) = git::find_checkout(dir) else { return Ok(None) };
         let config = Config::load(&top.join(FILE))?;
-        Ok(Some(Project { top, config }))
+        Ok(Some(Project { top, git_dir, config }))
     }
 
     /// `value` as a path: relative paths are relative to the project top.

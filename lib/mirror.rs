@@ -81,6 +81,7 @@ pub const NEVER_PRUNE: &[(&str, &str)] = &[
     ("core.logAllRefUpdates", "always"),
     // Speed: the forced-update check walks history only to print a notice.
     ("fetch.showForcedUpdates", "false"),
+    ("advice.fetchShowForcedUpdates", "false"),
 ];
 
 /// Where the mirror lives: `--mirror` flag, then `$LW_MIRROR`, then the
@@ -105,7 +106,7 @@ pub fn default_remote(project: Option<&Project>, stored: Option<&str>, cwd: &Pat
         if let Some(url) = p.config.get(KEY_URL) {
             return Remote::parse(url, &p.top);
         }
-        if let Some(url) = git::config_get(&p.top, "remote.origin.url")? {
+        if let Some(url) = git::origin_url(&p.top, &p.git_dir)? {
             return Remote::parse(&url, &p.top);
         }
     }
@@ -688,9 +689,10 @@ mod tests {
         let cwd = Path::new("/w");
         let p = Project {
             top: "/proj".into(),
+            git_dir: "/proj/.git".into(),
             config: Config::parse("mirror.path = m.git\n", Path::new("c")).unwrap(),
         };
-        let q = Project { top: "/proj".into(), config: Config::default() };
+        let q = Project { top: "/proj".into(), git_dir: "/proj/.git".into(), config: Config::default() };
         assert_eq!(locate(Some(Path::new("f")), Some(Path::new("/e")), Some(&p), cwd).unwrap(), Path::new("/w/f"));
         assert_eq!(locate(None, Some(Path::new("/e")), Some(&p), cwd).unwrap(), Path::new("/e"));
         assert_eq!(locate(None, None, Some(&p), cwd).unwrap(), Path::new("/proj/m.git"));
