@@ -516,15 +516,85 @@ fn unreachable(remote: &Remote, stderr: &[u8]) -> Error {
 /// `git fetch origin` into `git_dir`, with progress on stderr when asked.
 /// A stale ref lock left by a killed fetch is removed and the fetch retried
 /// once; the caller holds the mirror's lock, so no live git owns it.
+///
+/// A ref that upstream deleted and the mirror keeps can stand in the way of a
+/// new upstream ref (`refs/heads/a` kept, `refs/heads/a/b` new: git cannot
+/// hold both).  The kept ref is then moved to `refs/lw-mirror/deleted/...`,
+/// where it keeps its objects reachable, and the fetch retried.
 fn fetch(git_dir: &Path, remote: &Remote, progress: bool) -> Result<()> {
-    let stderr = run_fetch(git_dir, remote, progress)?;
-    let Some(stderr) = stderr else { return Ok(()) };
-    let text = String::from_utf8_lossy(&stderr);
-    if text.contains(".lock': File exists") && remove_stale_locks(git_dir)? > 0 {
+    let mut locks_cleared = false;
+    for _ in 0..4 {
         let Some(stderr) = run_fetch(git_dir, remote, progress)? else { return Ok(()) };
-        return Err(fetch_error(git_dir, remote, &stderr));
+        let text = String::from_utf8_lossy(&stderr);
+        if text.contains(".lock': File exists") && !locks_cleared {
+            locks_cleared = true;
+            if remove_stale_locks(git_dir)? > 0 {
+                continue;
+            }
+        }
+        let conflicts = ref_conflicts(&text);
+        if conflicts.is_empty() {
+            return Err(fetch_error(git_dir, remote, &stderr));
+        }
+        for old in conflicts {
+            move_deleted_ref(git_dir, &old, progress)?;
+        }
     }
-    Err(fetch_error(git_dir, remote, &stderr))
+    Err(Error::new(Exit::Software, format!("cannot fetch into '{}': ref conflicts remain", git_dir.display())))
+}
+
+/// Kept refs named in git's `cannot lock ref 'NEW': 'OLD' exists; cannot
+/// create 'NEW'` messages.
+fn ref_conflicts(stderr: &str) -> Vec<String> {
+    let mut old: Vec<String> = stderr
+        .lines()
+        .filter_map(|l| {
+            let rest = l.split_once("cannot lock ref '")?.1;
+            let (_, rest) = rest.split_once("': '")?;
+            let (old, _) = rest.split_once("' exists; cannot create '")?;
+            old.starts_with("refs/").then(|| old.to_string())
+        })
+        .collect();
+    old.sort();
+    old.dedup();
+    old
+}
+
+/// The prefix under which kept refs that block new upstream refs are moved.
+pub const DELETED_PREFIX: &str = "refs/lw-mirror/deleted/";
+
+fn move_deleted_ref(git_dir: &Path, old: &str, progress: bool) -> Result<()> {
+    let out = git::output(
+        git::command(None).arg("--git-dir").arg(git_dir).args(["rev-parse", "--verify", "--quiet", old]),
+        "read a ref",
+    )?;
+    let oid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !out.status.success() || oid.is_empty() {
+        return Err(Error::new(Exit::Software, format!("cannot read '{old}' in '{}'", git_dir.display())));
+    }
+    let new = format!("{DELETED_PREFIX}{}", old.strip_prefix("refs/").unwrap_or(old));
+    let mut child = git::command(None)
+        .arg("--git-dir")
+        .arg(git_dir)
+        .args(["update-ref", "--stdin", "-m", "lw-mirror: deleted upstream, moved aside"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| Error::new(Exit::Unavailable, "cannot run git update-ref").with_source(e))?;
+    let script = format!("start\nupdate {new} {oid}\ndelete {old} {oid}\ncommit\n");
+    let write = child.stdin.take().expect("stdin is piped").write_all(script.as_bytes());
+    let out = child.wait_with_output().map_err(|e| Error::new(Exit::IoErr, "cannot wait for git").with_source(e))?;
+    if write.is_err() || !out.status.success() {
+        return Err(Error::new(
+            Exit::Software,
+            format!("cannot move '{old}' to '{new}' in '{}': {}", git_dir.display(), git::last_words(&out.stderr)),
+        ));
+    }
+    if progress {
+        eprintln!("lw-mirror: '{old}' was deleted upstream and blocks a new ref; kept as '{new}'");
+    }
+    Ok(())
 }
 
 /// Runs the fetch; `Some(stderr)` when it failed.
@@ -568,7 +638,7 @@ fn fetch_error(git_dir: &Path, remote: &Remote, stderr: &[u8]) -> Error {
     };
     if text.contains("No space left") || text.contains("Disk quota") {
         local(Exit::IoErr)
-    } else if text.contains("cannot lock ref") || text.contains(".lock': File exists") {
+    } else if text.contains(".lock': File exists") {
         local(Exit::TempFail)
     } else {
         unreachable(remote, stderr)
@@ -698,6 +768,14 @@ mod tests {
         assert_eq!(locate(None, None, Some(&p), cwd).unwrap(), Path::new("/proj/m.git"));
         assert_eq!(locate(None, None, Some(&q), cwd).unwrap(), Path::new("/proj/.loopwright/cache/mirror.git"));
         assert_eq!(locate(None, None, None, cwd).unwrap_err().exit, Exit::Usage);
+    }
+
+    #[test]
+    fn ref_conflicts_are_read_from_git_messages() {
+        let text = "error: cannot lock ref 'refs/heads/a/b': 'refs/heads/a' exists; cannot create 'refs/heads/a/b'\n\
+                    error: cannot lock ref 'refs/heads/x': 'refs/heads/x/y' exists; cannot create 'refs/heads/x'\n\
+                    error: cannot lock ref 'refs/heads/q': Unable to create lock\n";
+        assert_eq!(ref_conflicts(text), vec!["refs/heads/a".to_string(), "refs/heads/x/y".to_string()]);
     }
 
     #[test]

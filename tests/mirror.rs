@@ -235,6 +235,37 @@ fn deleted_and_force_pushed_branches_keep_their_objects_and_old_clones_stay_whol
 }
 
 #[test]
+fn a_kept_deleted_branch_that_blocks_a_new_upstream_ref_is_moved_aside() {
+    let t = TempDir::new("df");
+    let up = upstream(&t);
+    let m = t.join("m.git");
+    let ms = m.to_str().unwrap();
+    git(&up, &["branch", "dir/old", "main~1"]);
+    sync_ok(&t.0, &[up.to_str().unwrap(), "--mirror", ms]);
+    let doomed = git(&m, &["rev-parse", "refs/heads/doomed"]);
+    let dir_old = git(&m, &["rev-parse", "refs/heads/dir/old"]);
+    // Upstream replaces branch `doomed` by `doomed/next`, and `dir/old` by `dir`.
+    git(&up, &["branch", "-D", "doomed", "dir/old"]);
+    git(&up, &["branch", "doomed/next", "main"]);
+    git(&up, &["branch", "dir", "main"]);
+    sync_ok(&t.0, &["--mirror", ms]);
+
+    let fresh = t.join("fresh.git");
+    git(&t.0, &["clone", "-q", "--mirror", up.to_str().unwrap(), fresh.to_str().unwrap()]);
+    let (mine, theirs) = (refs(&m), refs(&fresh));
+    let extra: Vec<_> = mine.difference(&theirs).cloned().collect();
+    assert!(theirs.is_subset(&mine));
+    assert_eq!(
+        extra,
+        vec![
+            format!("{} refs/lw-mirror/deleted/heads/dir/old", dir_old.trim()),
+            format!("{} refs/lw-mirror/deleted/heads/doomed", doomed.trim()),
+        ]
+    );
+    fsck(&m);
+}
+
+#[test]
 fn unreachable_or_wrong_url_exits_69_and_leaves_the_mirror_untouched() {
     let t = TempDir::new("bad-url");
     let up = upstream(&t);
