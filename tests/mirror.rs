@@ -719,3 +719,25 @@ fn credentials_in_the_url_reach_the_server_and_nowhere_else() {
     assert!(err.contains(&bare) && !err.contains(TOKEN) && !err.contains("alice"), "{err}");
     assert_eq!(snapshot(&m), before);
 }
+
+#[test]
+fn every_long_flag_in_the_help_is_in_the_man_page() {
+    let man = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/man/lw-mirror.1")).unwrap();
+    for sub in [&["--help"][..], &["sync", "--help"], &["path", "--help"], &["status", "--help"]] {
+        let out = run(Command::new(BIN).args(sub));
+        assert_eq!(out.status.code(), Some(0));
+        let help = text(&out.stdout);
+        for word in help.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-')) {
+            if let Some(flag) = word.strip_prefix("--").filter(|f| !f.is_empty() && *f != "help" && *f != "version") {
+                let roff = format!("\\-\\-{}", flag.replace('-', "\\-"));
+                assert!(man.contains(&roff), "man/lw-mirror.1 lacks {roff} (from {sub:?})");
+            }
+        }
+    }
+    for section in ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "FILES", "ENVIRONMENT", "EXIT STATUS", "EXAMPLES", "SEE ALSO"] {
+        assert!(man.contains(&format!(".SH {section}\n")), "no {section}");
+    }
+    for key in ["gc.auto", "gc.pruneExpire", "fetch.prune", "core.logAllRefUpdates"] {
+        assert!(man.contains(key), "the never-prune configuration names {key}");
+    }
+}
