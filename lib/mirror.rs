@@ -307,7 +307,7 @@ impl Mirror {
             }
         }
         let parent = self.parent();
-        fs::create_dir_all(&parent).map_err(|e| Error::io("cannot create", &parent, e))?;
+        fs::create_dir_all(&parent).map_err(|e| Error::io_as(Exit::CantCreat, "cannot create", &parent, e))?;
         let lock_path = self.lock_path();
         let lock = File::options()
             .read(true)
