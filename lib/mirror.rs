@@ -271,7 +271,7 @@ impl Mirror {
                 Exit::NoInput,
                 format!("no mirror at '{}'; make it with: lw-mirror sync", self.path.display()),
             )),
-            Found::Foreign => Err(self.foreign()),
+            Found::Foreign => Err(Error { exit: Exit::NoInput, ..self.foreign() }),
             Found::Damaged(why) => Err(self.damaged(&why)),
         }
     }
