@@ -739,6 +739,11 @@ fn every_long_flag_in_the_help_is_in_the_man_page() {
             }
         }
     }
+    let out = run(Command::new(BIN).arg("--help"));
+    assert!(text(&out.stdout).starts_with("The local bare mirror every sandbox clones from\n"));
+    let out = run(Command::new(BIN).arg("bogus"));
+    assert_eq!(out.status.code(), Some(64));
+    assert!(text(&out.stderr).starts_with("lw-mirror: unrecognized subcommand 'bogus'"));
     for section in ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "FILES", "ENVIRONMENT", "EXIT STATUS", "EXAMPLES", "SEE ALSO"] {
         assert!(man.contains(&format!(".SH {section}\n")), "no {section}");
     }
