@@ -4,6 +4,7 @@
 //! these modules; everything that can be tested without a process lives here.
 
 pub mod cli;
+pub mod engine;
 pub mod error;
 pub mod id;
 pub mod layout;
