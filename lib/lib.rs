@@ -7,6 +7,7 @@ pub mod cli;
 pub mod engine;
 pub mod error;
 pub mod id;
+pub mod image;
 pub mod layout;
 pub mod log;
 pub mod maildir;
