@@ -41,9 +41,10 @@ pub const RUNTIME_FILE: &str = ".loopwright/runtime/runtime.conf";
 
 /// Image labels; `lw-sandbox` reads them too.
 pub const LABEL_LAYER: &str = "org.loopwright.layer";
-pub const LABEL_HASH: &str = "org.loopwright.hash";
+/// The manifest the tag hashes: parent, provider, and every input's path,
+/// mode and sha256.  Two labels only: the legacy builder spends one step per
+/// label.
 pub const LABEL_MANIFEST: &str = "org.loopwright.manifest";
-pub const LABEL_PARENT: &str = "org.loopwright.parent";
 
 /// Manifest format version: bump it when the manifest's meaning changes, so
 /// every tag changes with it.
@@ -61,6 +62,7 @@ pub const DEFAULT_RUNTIME: &[(&str, &str, u32)] = &[
     ("mise.toml", include_str!("../runtime/mise.toml"), 0o644),
     ("deps.sh", include_str!("../runtime/deps.sh"), 0o755),
     ("entry.sh", include_str!("../runtime/entry.sh"), 0o755),
+    ("ca-certificates/README", include_str!("../runtime/ca-certificates/README"), 0o644),
 ];
 
 /// How a layer gets its tools.
@@ -537,17 +539,12 @@ impl Layer {
     fn labels(&self) -> BTreeMap<String, String> {
         BTreeMap::from([
             (LABEL_LAYER.to_string(), self.repo.clone()),
-            (LABEL_HASH.to_string(), self.hash.clone()),
             (LABEL_MANIFEST.to_string(), self.manifest.clone()),
-            (LABEL_PARENT.to_string(), self.parent.clone()),
         ])
     }
 
     fn build_args(&self) -> BTreeMap<String, String> {
-        let mut a = BTreeMap::from([
-            ("LW_PARENT".to_string(), self.parent.clone()),
-            ("LW_LAYER".to_string(), self.def.name.clone()),
-        ]);
+        let mut a = BTreeMap::from([("LW_PARENT".to_string(), self.parent.clone())]);
         match &self.def.provider {
             Some(Provider::Mise { version }) => {
                 a.insert("LW_MISE_VERSION".into(), version.clone());
@@ -989,7 +986,9 @@ pub fn init(root: &Path, from: &str, deps_inputs: &[String], force: bool) -> Res
             text = text.replace("@DEPS_INPUTS@\n", &extra);
         }
         let p = dir.join(name);
-        let tmp = dir.join(format!(".{name}.tmp"));
+        let parent = p.parent().expect("a runtime file has a parent directory");
+        fs::create_dir_all(parent).map_err(|e| Error::io("cannot create", parent, e))?;
+        let tmp = parent.join(format!(".{}.tmp", p.file_name().expect("a file name").to_string_lossy()));
         let mut f = fs::File::create(&tmp).map_err(|e| Error::io("cannot create", &tmp, e))?;
         f.write_all(text.as_bytes()).map_err(|e| Error::io("cannot write", &tmp, e))?;
         f.set_permissions(fs::Permissions::from_mode(*mode)).map_err(|e| Error::io("cannot chmod", &tmp, e))?;
