@@ -134,7 +134,7 @@ fn a_dockerfile_reading_an_undeclared_file_fails_pointing_at_the_input_list() {
     println!("figure: undeclared COPY: exit {:?}: {err}", out.status.code());
     assert_eq!(out.status.code(), Some(78), "{err}");
     assert!(err.contains("rt/deps.Dockerfile:4: COPY reads 'secret.txt', which is not an input of layer 'deps'"), "{err}");
-    assert!(err.contains("add 'input secret.txt' under 'layer deps' (.loopwright/runtime/runtime.conf:9)"), "{err}");
+    assert!(err.contains("add 'input secret.txt' under 'layer deps' (.loopwright/runtime/runtime.conf:10)"), "{err}");
     let tag = stdout(&p.lw_build(&["--print-tag"])).trim().to_string();
     assert_eq!(image_id(&tag), None, "nothing tagged for the failed layer");
 

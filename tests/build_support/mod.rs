@@ -37,6 +37,8 @@ pub fn test_image(name: &str) -> String {
 pub struct Project {
     pub dir: PathBuf,
     pub repo: String,
+    /// Leave the images behind (a cache for the next run).
+    pub keep_images: bool,
 }
 
 impl Project {
@@ -44,7 +46,7 @@ impl Project {
         let n = nonce();
         let dir = std::env::temp_dir().join(format!("lw-test-{tag}-{n}"));
         std::fs::create_dir_all(dir.join(".loopwright/runtime")).expect("temp dir is writable");
-        Project { dir, repo: format!("loopwright/lw-test-{tag}-{n}") }
+        Project { dir, repo: format!("loopwright/lw-test-{tag}-{n}"), keep_images: false }
     }
 
     pub fn write(&self, rel: &str, text: &str) {
@@ -87,6 +89,9 @@ impl Project {
 impl Drop for Project {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
+        if self.keep_images {
+            return;
+        }
         let out = Command::new("docker")
             .args(["images", "--format", "{{.Repository}}:{{.Tag}}"])
             .output()
