@@ -24,7 +24,7 @@ use clap::{Parser, Subcommand};
 use loopwright::cli::{main_with, out_err, parse_args};
 use loopwright::engine::{BuildEvent, DockerEngine};
 use loopwright::error::{Error, Exit, Result};
-use loopwright::image::{self, BuildOptions, Layer, LayerResult, Runtime};
+use loopwright::image::{self, BuildOptions, InputKind, Layer, LayerResult, Runtime};
 
 const PROG: &str = "lw-build";
 
@@ -136,7 +136,7 @@ fn explain(engine: &DockerEngine, layer: &Layer, out: &mut dyn Write) -> Result<
         text += &format!("  provider {}\n", provider_text(p));
     }
     text += &format!("  dockerfile {}\n", layer.dockerfile.path);
-    for f in &layer.files {
+    for f in layer.files.iter().filter(|f| f.kind != InputKind::Dir) {
         text += &format!("  input {} {:o} {}\n", f.path, f.mode, &f.sha256[..12]);
     }
     if !layer.cached() {

@@ -310,16 +310,26 @@ fn normalize(p: &str) -> String {
     parts.join("/")
 }
 
+/// What an input entry is.  Directories are entries too, so that a declared
+/// directory that happens to be empty still exists in the build context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputKind {
+    File,
+    Symlink,
+    Dir,
+}
+
 /// A file of a build context, hashed.
 #[derive(Clone, Debug)]
 pub struct InputFile {
     /// Project-relative path.
     pub path: String,
-    /// 0o755 or 0o644 (see the module comment); 0o777 for a symlink.
+    /// 0o755 or 0o644 (see the module comment); 0o777 for a symlink,
+    /// 0o755 for a directory.
     pub mode: u32,
-    /// Content, or the link target for a symlink.
+    /// Content, the link target for a symlink, nothing for a directory.
     pub data: Vec<u8>,
-    pub symlink: bool,
+    pub kind: InputKind,
     pub sha256: String,
 }
 
@@ -416,7 +426,7 @@ impl Runtime {
             self.read_input(def, &df_decl, &mut files)?;
             let dockerfile = files
                 .remove(&df_decl.path)
-                .filter(|f| !f.symlink)
+                .filter(|f| f.kind == InputKind::File)
                 .ok_or_else(|| Error::config(format!("dockerfile '{}' of layer '{}' is not a regular file", def.dockerfile, def.name)))?;
             for decl in &def.inputs {
                 self.read_input(def, decl, &mut files)?;
@@ -433,7 +443,11 @@ impl Runtime {
             let _ = writeln!(m, "provider {}", def.provider.as_ref().map_or("none".to_string(), Provider::manifest));
             let _ = writeln!(m, "dockerfile {} {:o} {}", dockerfile.path, dockerfile.mode, dockerfile.sha256);
             for f in files.values() {
-                let kind = if f.symlink { "link" } else { "input" };
+                let kind = match f.kind {
+                    InputKind::File => "input",
+                    InputKind::Symlink => "link",
+                    InputKind::Dir => "dir",
+                };
                 let _ = writeln!(m, "{kind} {} {:o} {}", f.path, f.mode, f.sha256);
             }
             let hash = sha256_hex(m.as_bytes());
@@ -488,7 +502,7 @@ fn walk(
         }
         let data = target.as_os_str().as_encoded_bytes().to_vec();
         let sha256 = sha256_hex(&data);
-        out.insert(rel.to_string(), InputFile { path: rel.to_string(), mode: 0o777, data, symlink: true, sha256 });
+        out.insert(rel.to_string(), InputFile { path: rel.to_string(), mode: 0o777, data, kind: InputKind::Symlink, sha256 });
     } else if ft.is_dir() {
         let mut names: Vec<String> = Vec::new();
         for ent in fs::read_dir(&path).map_err(|e| Error::io_as(Exit::NoInput, "cannot read directory", &path, e))? {
@@ -496,6 +510,8 @@ fn walk(
             names.push(ent.file_name().to_string_lossy().into_owned());
         }
         names.sort();
+        let sha256 = sha256_hex(b"");
+        out.insert(rel.to_string(), InputFile { path: rel.to_string(), mode: 0o755, data: Vec::new(), kind: InputKind::Dir, sha256 });
         for name in names {
             let child = format!("{rel}/{name}");
             let cp = root.join(&child);
@@ -506,7 +522,7 @@ fn walk(
         let data = fs::read(&path).map_err(|e| Error::io_as(Exit::NoInput, "cannot read input", &path, e))?;
         let mode = if meta.permissions().mode() & 0o111 != 0 { 0o755 } else { 0o644 };
         let sha256 = sha256_hex(&data);
-        out.insert(rel.to_string(), InputFile { path: rel.to_string(), mode, data, symlink: false, sha256 });
+        out.insert(rel.to_string(), InputFile { path: rel.to_string(), mode, data, kind: InputKind::File, sha256 });
     } else {
         return Err(Error::config(format!("input '{rel}' is neither a file, a directory nor a symlink")));
     }
@@ -568,7 +584,11 @@ impl Layer {
             h.set_gid(0);
             h.set_mtime(0);
             h.set_mode(f.mode);
-            if f.symlink {
+            if f.kind == InputKind::Dir {
+                h.set_entry_type(tar::EntryType::Directory);
+                h.set_size(0);
+                b.append_data(&mut h, format!("{}/", f.path), std::io::empty()).map_err(tar_err)?;
+            } else if f.kind == InputKind::Symlink {
                 h.set_entry_type(tar::EntryType::Symlink);
                 h.set_size(0);
                 let target = String::from_utf8_lossy(&f.data).into_owned();
@@ -873,32 +893,40 @@ impl std::fmt::Display for Change {
     }
 }
 
-/// Compares two manifests: what changed from `old` to `new`.
-pub fn diff_manifests(old: &str, new: &str) -> Vec<Change> {
-    fn parse(m: &str) -> (BTreeMap<String, String>, BTreeMap<String, (String, String)>) {
-        let mut head = BTreeMap::new();
-        let mut files = BTreeMap::new();
-        for l in m.lines() {
-            let mut w = l.splitn(2, ' ');
-            let k = w.next().unwrap_or("");
-            let v = w.next().unwrap_or("").to_string();
-            match k {
-                "dockerfile" | "input" | "link" => {
-                    let parts: Vec<&str> = v.rsplitn(3, ' ').collect();
-                    if parts.len() == 3 {
-                        let key = if k == "dockerfile" { format!("\0{}", parts[2]) } else { parts[2].to_string() };
-                        files.insert(key, (parts[1].to_string(), parts[0].to_string()));
-                    }
-                }
-                _ => {
-                    head.insert(k.to_string(), v);
+/// A manifest (the `org.loopwright.manifest` label) split into its header
+/// lines (`parent`, `provider`, ...) and its entries, path -> (mode, sha256);
+/// the Dockerfile's path is prefixed with a NUL.  lw-sandbox can compare a
+/// branch's lockfiles with the entries of the image's deps layer this way.
+pub type ManifestParts = (BTreeMap<String, String>, BTreeMap<String, (String, String)>);
+
+/// Splits a manifest; see [`ManifestParts`].
+pub fn manifest_entries(m: &str) -> ManifestParts {
+    let mut head = BTreeMap::new();
+    let mut files = BTreeMap::new();
+    for l in m.lines() {
+        let mut w = l.splitn(2, ' ');
+        let k = w.next().unwrap_or("");
+        let v = w.next().unwrap_or("").to_string();
+        match k {
+            "dockerfile" | "input" | "link" | "dir" => {
+                let parts: Vec<&str> = v.rsplitn(3, ' ').collect();
+                if parts.len() == 3 {
+                    let key = if k == "dockerfile" { format!("\0{}", parts[2]) } else { parts[2].to_string() };
+                    files.insert(key, (parts[1].to_string(), parts[0].to_string()));
                 }
             }
+            _ => {
+                head.insert(k.to_string(), v);
+            }
         }
-        (head, files)
     }
-    let (oh, of) = parse(old);
-    let (nh, nf) = parse(new);
+    (head, files)
+}
+
+/// Compares two manifests: what changed from `old` to `new`.
+pub fn diff_manifests(old: &str, new: &str) -> Vec<Change> {
+    let (oh, of) = manifest_entries(old);
+    let (nh, nf) = manifest_entries(new);
     let mut out = Vec::new();
     if old.lines().next() != new.lines().next() {
         out.push(Change::Format);

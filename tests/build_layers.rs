@@ -153,6 +153,12 @@ fn a_dockerfile_reading_an_undeclared_file_fails_pointing_at_the_input_list() {
     let conf = std::fs::read_to_string(p.dir.join(".loopwright/runtime/runtime.conf")).expect("read conf");
     p.write(".loopwright/runtime/runtime.conf", &conf.replace("input app.lock", "input app.lock secret.txt"));
     assert_eq!(states(&p.build_ok()), ["cached", "cached", "built"]);
+
+    // A declared directory is in the context even when it is empty.
+    std::fs::create_dir(p.dir.join("empty")).expect("mkdir");
+    p.write(".loopwright/runtime/runtime.conf", &conf.replace("input app.lock", "input app.lock empty"));
+    p.write("rt/deps.Dockerfile", "ARG LW_PARENT\nFROM ${LW_PARENT}\nCOPY empty/ /empty/\nRUN test -d /empty\n");
+    assert_eq!(states(&p.build_ok()), ["cached", "cached", "built"]);
 }
 
 #[test]
