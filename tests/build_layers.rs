@@ -13,7 +13,7 @@ fn project(tag: &str) -> Project {
     p.write(
         ".loopwright/runtime/runtime.conf",
         &format!(
-            "image {}\nfrom {from}\n\nlayer base\n    dockerfile rt/base.Dockerfile\n    input rt/entry.sh\n\
+            "image {}\nfrom {from}\n\nlayer base\n    dockerfile rt/base.Dockerfile\n    provider native\n    input rt/entry.sh\n\
              layer toolchain\n    dockerfile rt/toolchain.Dockerfile\n    provider custom rt/tools.sh\n\
              layer deps\n    dockerfile rt/deps.Dockerfile\n    input app.lock\n",
             p.repo
@@ -26,7 +26,7 @@ fn project(tag: &str) -> Project {
     p.write("rt/entry.sh", "#!/bin/sh\nexec \"$@\"\n");
     p.write(
         "rt/toolchain.Dockerfile",
-        "ARG LW_PARENT\nFROM ${LW_PARENT}\nARG LW_TOOLCHAIN_SCRIPT\nCOPY rt/tools.sh /tmp/tools.sh\nRUN sh /tmp/tools.sh\n",
+        "ARG LW_PARENT\nFROM ${LW_PARENT}\nARG LW_TOOLCHAIN_SCRIPT\nCOPY ${LW_TOOLCHAIN_SCRIPT} /tmp/tools.sh\nRUN sh /tmp/tools.sh\n",
     );
     p.write("rt/tools.sh", "echo tools-1 > /tools\n");
     p.write("rt/deps.Dockerfile", "ARG LW_PARENT\nFROM ${LW_PARENT}\nCOPY app.lock /app.lock\nRUN cat /app.lock > /deps\n");
@@ -134,7 +134,7 @@ fn a_dockerfile_reading_an_undeclared_file_fails_pointing_at_the_input_list() {
     println!("figure: undeclared COPY: exit {:?}: {err}", out.status.code());
     assert_eq!(out.status.code(), Some(78), "{err}");
     assert!(err.contains("rt/deps.Dockerfile:4: COPY reads 'secret.txt', which is not an input of layer 'deps'"), "{err}");
-    assert!(err.contains("add 'input secret.txt' under 'layer deps' (.loopwright/runtime/runtime.conf:10)"), "{err}");
+    assert!(err.contains("add 'input secret.txt' under 'layer deps' (.loopwright/runtime/runtime.conf:11)"), "{err}");
     let tag = stdout(&p.lw_build(&["--print-tag"])).trim().to_string();
     assert_eq!(image_id(&tag), None, "nothing tagged for the failed layer");
 
@@ -186,7 +186,7 @@ fn missing_inputs_and_escapes_are_refused() {
     std::fs::remove_file(p.dir.join("app.lock")).expect("rm app.lock");
     let out = p.lw_build(&[]);
     assert_eq!(out.status.code(), Some(66), "{}", stderr(&out));
-    assert!(stderr(&out).contains("input 'app.lock' of layer 'deps' does not exist (.loopwright/runtime/runtime.conf:12)"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("input 'app.lock' of layer 'deps' does not exist (.loopwright/runtime/runtime.conf:13)"), "{}", stderr(&out));
 
     p.write("app.lock", "x\n");
     std::os::unix::fs::symlink("/etc/hostname", p.dir.join("outside")).expect("symlink");
