@@ -77,7 +77,8 @@ pub enum Provider {
 }
 
 impl Provider {
-    fn manifest(&self) -> String {
+    /// As the manifest and `--explain` write it: `mise 2026.9.15`, `native`, `custom PATH`.
+    pub fn describe(&self) -> String {
         match self {
             Provider::Mise { version } => format!("mise {version}"),
             Provider::Native => "native".into(),
@@ -440,7 +441,7 @@ impl Runtime {
             let _ = writeln!(m, "{MANIFEST_VERSION}");
             let _ = writeln!(m, "layer {}", def.name);
             let _ = writeln!(m, "parent {parent_line}");
-            let _ = writeln!(m, "provider {}", def.provider.as_ref().map_or("none".to_string(), Provider::manifest));
+            let _ = writeln!(m, "provider {}", def.provider.as_ref().map_or("none".to_string(), Provider::describe));
             let _ = writeln!(m, "dockerfile {} {:o} {}", dockerfile.path, dockerfile.mode, dockerfile.sha256);
             for f in files.values() {
                 let kind = match f.kind {

@@ -90,8 +90,20 @@ fn only_layers_whose_inputs_changed_rebuild() {
     assert!(ex.contains(" cached\n") && ex.contains(" to build\n"), "{ex}");
     assert!(ex.contains(&format!("  replaces {}", first[2].1)), "{ex}");
     assert!(ex.contains("  changed app.lock (content)"), "{ex}");
+    let js = p.lw_build(&["--explain", "--json"]);
+    let records: Vec<serde_json::Value> =
+        stdout(&js).lines().map(|l| serde_json::from_str(l).expect("each line is JSON")).collect();
+    assert_eq!(records.len(), 3);
+    assert!(records.iter().all(|r| r["type"] == "explain"));
+    assert_eq!(records[2]["state"], "to-build");
+    assert_eq!(records[2]["changes"], serde_json::json!(["app.lock (content)"]));
+    assert_eq!(records[2]["inputs"][0]["path"], "app.lock");
     let deps = p.build_ok();
     assert_eq!(states(&deps), ["cached", "cached", "built"]);
+    let js = p.lw_build(&["--json"]);
+    let last: serde_json::Value = serde_json::from_str(stdout(&js).lines().last().expect("a line")).expect("JSON");
+    assert_eq!((&last["type"], &last["layer"], &last["state"]), (&"layer".into(), &"deps".into(), &"cached".into()));
+    assert_eq!(last["id"].as_str(), image_id(&deps[2].1).as_deref());
     let ids2 = ids(&deps);
     assert_eq!(print_figure("deps input changed", &ids1, &ids2), [false, false, true]);
 
