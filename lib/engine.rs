@@ -215,7 +215,12 @@ impl DockerEngine {
             .enable_all()
             .build()
             .map_err(|e| Error::new(Exit::Software, "cannot start the I/O runtime").with_source(e))?;
-        let docker = Docker::connect_with_defaults().map_err(|e| unreachable_err(&host, &e))?;
+        let docker = Docker::connect_with_host(&host).map_err(|e| match e {
+            bollard::errors::Error::UnsupportedURISchemeError { .. } => Error::config(format!(
+                "DOCKER_HOST '{host}' is not an engine address; use unix:///PATH or tcp://HOST:PORT"
+            )),
+            e => unreachable_err(&host, &e),
+        })?;
         let docker = rt.block_on(docker.negotiate_version()).map_err(|e| unreachable_err(&host, &e))?;
         Ok(DockerEngine { rt, docker, host })
     }

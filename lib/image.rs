@@ -100,6 +100,7 @@ pub struct LayerDef {
     pub name: String,
     pub line: usize,
     pub dockerfile: String,
+    pub dockerfile_line: usize,
     pub provider: Option<Provider>,
     pub inputs: Vec<InputDecl>,
 }
@@ -146,7 +147,6 @@ pub fn parse(text: &str, file: &str) -> Result<Definition> {
     let mut image = None;
     let mut from: Option<String> = None;
     let mut layers: Vec<LayerDef> = Vec::new();
-    let mut dockerfile_line: BTreeMap<String, usize> = BTreeMap::new();
     for (i, raw) in text.lines().enumerate() {
         let n = i + 1;
         let line = match raw.find(" #").or_else(|| raw.find("\t#")) {
@@ -195,7 +195,14 @@ pub fn parse(text: &str, file: &str) -> Result<Definition> {
                 if let Some(prev) = layers.iter().find(|l| l.name == name) {
                     return Err(conf_err(file, n, format!("layer '{name}' already defined on line {}", prev.line)));
                 }
-                layers.push(LayerDef { name, line: n, dockerfile: String::new(), provider: None, inputs: Vec::new() });
+                layers.push(LayerDef {
+                    name,
+                    line: n,
+                    dockerfile: String::new(),
+                    dockerfile_line: 0,
+                    provider: None,
+                    inputs: Vec::new(),
+                });
             }
             "dockerfile" | "input" | "provider" => {
                 let Some(layer) = layers.last_mut() else {
@@ -208,8 +215,8 @@ pub fn parse(text: &str, file: &str) -> Result<Definition> {
                         }
                         let p = one("path")?;
                         check_rel_path(&p).map_err(|m| conf_err(file, n, m))?;
-                        dockerfile_line.insert(layer.name.clone(), n);
                         layer.dockerfile = p;
+                        layer.dockerfile_line = n;
                     }
                     "input" => {
                         if args.is_empty() {
@@ -423,7 +430,16 @@ impl Runtime {
         let mut layers: Vec<Layer> = Vec::new();
         for def in &self.def.layers {
             let mut files = BTreeMap::new();
-            let df_decl = InputDecl { path: normalize(&def.dockerfile), line: def.line };
+            let df_decl = InputDecl { path: normalize(&def.dockerfile), line: def.dockerfile_line };
+            if !self.root.join(&df_decl.path).exists() {
+                return Err(Error::new(
+                    Exit::NoInput,
+                    format!(
+                        "dockerfile '{}' of layer '{}' does not exist ({RUNTIME_FILE}:{})",
+                        def.dockerfile, def.name, def.dockerfile_line
+                    ),
+                ));
+            }
             self.read_input(def, &df_decl, &mut files)?;
             let dockerfile = files
                 .remove(&df_decl.path)
@@ -672,10 +688,10 @@ pub fn build(engine: &dyn Engine, plan: &mut Plan, opts: &mut BuildOptions<'_>) 
 /// The error for a failed build: a missing context file points at the input
 /// list; anything else shows the step's output.
 fn failure(layer: &Layer, msg: &str, log: &str) -> Error {
-    const MISSING: &[&str] = &["file not found in build context", "no such file or directory", "no source files were specified"];
     let lower = msg.to_ascii_lowercase();
-    if (lower.contains("copy failed") || lower.contains("add failed") || MISSING.iter().any(|m| lower.contains(m)))
-        && MISSING.iter().any(|m| lower.contains(m))
+    let copy_step = lower.starts_with("copy failed") || lower.starts_with("add failed");
+    if lower.contains("file not found in build context")
+        || (copy_step && (lower.contains("no such file or directory") || lower.contains("no source files were specified")))
     {
         return Error::config(format!(
             "layer '{}': {}: the build context holds only the layer's declared inputs; declare the file with 'input PATH' under 'layer {}' in {RUNTIME_FILE} (line {})",
