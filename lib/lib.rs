@@ -5,9 +5,11 @@
 
 pub mod cli;
 pub mod config;
+pub mod engine;
 pub mod error;
 pub mod git;
 pub mod id;
+pub mod image;
 pub mod layout;
 pub mod log;
 pub mod maildir;
