@@ -4,8 +4,10 @@
 //! these modules; everything that can be tested without a process lives here.
 
 pub mod cli;
+pub mod engine;
 pub mod error;
 pub mod id;
+pub mod image;
 pub mod layout;
 pub mod log;
 pub mod maildir;

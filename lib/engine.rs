@@ -1,0 +1,552 @@
+//! The runtime contract: what loopwright asks of a container engine.
+//!
+//! Commands (lw-build, lw-sandbox) speak to [`Engine`], never to Docker.  The
+//! contract is small on purpose: images (inspect, list by label, tag, remove,
+//! build from a tar context with streamed output) and containers (create,
+//! start, stop, remove, inspect, exec with exit status).  Another engine (a
+//! remote Docker through `DOCKER_HOST`, Podman's compatible API, something
+//! else entirely) fits by implementing the trait.
+//!
+//! The methods block.  [`DockerEngine`] keeps a current-thread tokio runtime
+//! and drives bollard on it, so callers stay plain synchronous code and tokio
+//! never leaks into the commands.
+//!
+//! Errors follow the house exit statuses: an engine that cannot be reached is
+//! 69 (unavailable) with a hint on how to start it; a missing object is 66; a
+//! name already taken is 73; anything else the engine refuses is 69 as well,
+//! since only the engine knows why.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use bollard::Docker;
+use bollard::models::{ContainerCreateBody, ExecConfig, HostConfig, PortBinding};
+use bollard::query_parameters as qp;
+use futures_util::StreamExt;
+
+use crate::error::{Error, Exit, Result};
+
+/// What the engine says about itself.
+#[derive(Clone, Debug)]
+pub struct EngineVersion {
+    /// The engine's own version, e.g. `20.10.24`.
+    pub version: String,
+    /// The API version both sides agreed on, e.g. `1.41`.
+    pub api: String,
+}
+
+/// An image as loopwright needs it.
+#[derive(Clone, Debug, Default)]
+pub struct Image {
+    /// The content id, `sha256:...`.
+    pub id: String,
+    /// Every `repo:tag` pointing at it.
+    pub tags: Vec<String>,
+    pub labels: BTreeMap<String, String>,
+    /// Creation time in seconds since the epoch (0 when the engine did not say).
+    pub created: i64,
+}
+
+/// One image build.
+#[derive(Clone, Debug, Default)]
+pub struct BuildRequest {
+    /// A tar archive: the whole build context.
+    pub context: Vec<u8>,
+    /// Path of the Dockerfile inside the context.
+    pub dockerfile: String,
+    /// `repo:tag` applied when, and only when, the build succeeds.
+    pub tag: String,
+    pub labels: BTreeMap<String, String>,
+    pub args: BTreeMap<String, String>,
+}
+
+/// A line of build output, as it arrives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BuildEvent {
+    /// Text from a build step (the step headers and the commands' own output).
+    Output(String),
+    /// Engine status, e.g. progress of a pull.
+    Status(String),
+}
+
+/// How a build ended when the engine itself worked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BuildOutcome {
+    /// The image id; the tag now points at it.
+    Built(String),
+    /// A step failed; the engine's message (no tag was applied).
+    Failed(String),
+}
+
+/// A bind mount from the host.
+#[derive(Clone, Debug, Default)]
+pub struct Bind {
+    pub source: String,
+    pub target: String,
+    pub read_only: bool,
+}
+
+/// A published port: container port (`8080/tcp`) to host address and port.
+#[derive(Clone, Debug, Default)]
+pub struct PortMap {
+    pub container: String,
+    pub host_ip: String,
+    pub host_port: u16,
+}
+
+/// Everything needed to create a container.  Options left empty take the
+/// engine's defaults; hardening is the caller's to ask for.
+#[derive(Clone, Debug, Default)]
+pub struct ContainerSpec {
+    pub name: Option<String>,
+    pub image: String,
+    pub cmd: Vec<String>,
+    pub entrypoint: Option<Vec<String>>,
+    pub env: Vec<String>,
+    pub user: Option<String>,
+    pub workdir: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub read_only_root: bool,
+    pub cap_drop: Vec<String>,
+    pub security_opt: Vec<String>,
+    pub pids_limit: Option<i64>,
+    pub memory_bytes: Option<i64>,
+    /// Mount point to options, e.g. `/tmp` -> `rw,noexec,nosuid,size=64m`.
+    pub tmpfs: BTreeMap<String, String>,
+    pub binds: Vec<Bind>,
+    /// `none`, `bridge` or a network name; `None` is the engine's default.
+    pub network: Option<String>,
+    pub ports: Vec<PortMap>,
+    pub tty: bool,
+    pub open_stdin: bool,
+}
+
+/// A container as loopwright needs it.
+#[derive(Clone, Debug, Default)]
+pub struct Container {
+    pub id: String,
+    /// Without the leading slash Docker adds.
+    pub name: String,
+    /// The image id it runs.
+    pub image: String,
+    pub running: bool,
+    /// `created`, `running`, `exited`, ...
+    pub status: String,
+    pub exit_code: Option<i64>,
+    pub labels: BTreeMap<String, String>,
+    pub ports: Vec<PortMap>,
+}
+
+/// A command to run in a running container.
+#[derive(Clone, Debug, Default)]
+pub struct ExecRequest {
+    pub cmd: Vec<String>,
+    pub env: Vec<String>,
+    pub user: Option<String>,
+    pub workdir: Option<String>,
+}
+
+/// Which stream a chunk of exec output came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutStream {
+    Stdout,
+    Stderr,
+}
+
+/// The runtime contract.
+pub trait Engine {
+    /// Checks the engine answers and says which version it runs.
+    fn version(&self) -> Result<EngineVersion>;
+    /// The image `reference` (tag or id) points at, `None` when there is none.
+    fn image(&self, reference: &str) -> Result<Option<Image>>;
+    /// True when `reference` names a local image.
+    fn image_exists(&self, reference: &str) -> Result<bool> {
+        Ok(self.image(reference)?.is_some())
+    }
+    /// Local images carrying `label` (`key` or `key=value`), newest first.
+    fn images_with_label(&self, label: &str) -> Result<Vec<Image>>;
+    /// Points `repo:tag` at `image`.
+    fn tag(&self, image: &str, repo: &str, tag: &str) -> Result<()>;
+    /// Removes the tag or image `reference`; a missing one is not an error.
+    fn remove_image(&self, reference: &str, force: bool) -> Result<()>;
+    /// Builds `req`, passing every line of output to `on_event` as it arrives.
+    /// A failing step is `Ok(BuildOutcome::Failed)`; `Err` means the engine
+    /// itself failed.
+    fn build(&self, req: &BuildRequest, on_event: &mut dyn FnMut(BuildEvent)) -> Result<BuildOutcome>;
+    /// Creates a container and returns its id.
+    fn create(&self, spec: &ContainerSpec) -> Result<String>;
+    fn start(&self, container: &str) -> Result<()>;
+    /// Stops with SIGTERM, then SIGKILL after `timeout`; a stopped one is not an error.
+    fn stop(&self, container: &str, timeout: Duration) -> Result<()>;
+    /// Removes a container; a missing one is not an error.
+    fn remove(&self, container: &str, force: bool) -> Result<()>;
+    /// The container `name_or_id`, `None` when there is none.
+    fn inspect(&self, name_or_id: &str) -> Result<Option<Container>>;
+    /// Runs `req` in a running container, passing its output to `on_output`
+    /// as it arrives, and returns its exit status.
+    fn exec(
+        &self,
+        container: &str,
+        req: &ExecRequest,
+        on_output: &mut dyn FnMut(OutStream, &[u8]),
+    ) -> Result<i64>;
+}
+
+/// The Docker Engine through bollard.
+pub struct DockerEngine {
+    rt: tokio::runtime::Runtime,
+    docker: Docker,
+    host: String,
+}
+
+/// Builds can run apt-get for minutes; bollard's default of two minutes per
+/// request would cut them off.
+const BUILD_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
+
+impl DockerEngine {
+    /// Connects to the engine `DOCKER_HOST` names (the local socket when
+    /// unset) and agrees on an API version with it.
+    pub fn connect() -> Result<DockerEngine> {
+        let host = std::env::var("DOCKER_HOST")
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "unix:///var/run/docker.sock".to_string());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::new(Exit::Software, "cannot start the I/O runtime").with_source(e))?;
+        let docker = Docker::connect_with_defaults().map_err(|e| unreachable_err(&host, &e))?;
+        let docker = rt.block_on(docker.negotiate_version()).map_err(|e| unreachable_err(&host, &e))?;
+        Ok(DockerEngine { rt, docker, host })
+    }
+
+    /// The engine's address, as `DOCKER_HOST` would write it.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    fn err(&self, what: &str, e: bollard::errors::Error) -> Error {
+        api_err(&self.host, what, e)
+    }
+}
+
+fn unreachable_err(host: &str, e: &bollard::errors::Error) -> Error {
+    Error::new(
+        Exit::Unavailable,
+        format!(
+            "cannot reach the Docker engine at {host}: {e}; start it (sudo systemctl start docker, \
+             or run dockerd) or point DOCKER_HOST at a running engine"
+        ),
+    )
+}
+
+fn status_of(e: &bollard::errors::Error) -> Option<u16> {
+    match e {
+        bollard::errors::Error::DockerResponseServerError { status_code, .. } => Some(*status_code),
+        _ => None,
+    }
+}
+
+fn api_err(host: &str, what: &str, e: bollard::errors::Error) -> Error {
+    use bollard::errors::Error as B;
+    match &e {
+        B::DockerResponseServerError { status_code, message } => {
+            let exit = match status_code {
+                404 => Exit::NoInput,
+                409 => Exit::CantCreat,
+                _ => Exit::Unavailable,
+            };
+            Error::new(exit, format!("{what}: {message}"))
+        }
+        B::SocketNotFoundError(_) | B::HyperLegacyError { .. } | B::IOError { .. } | B::RequestTimeoutError => {
+            unreachable_err(host, &e)
+        }
+        _ => Error::new(Exit::Unavailable, format!("{what}: {e}")),
+    }
+}
+
+fn labels_of(map: Option<HashMap<String, String>>) -> BTreeMap<String, String> {
+    map.unwrap_or_default().into_iter().collect()
+}
+
+fn ports_of(map: Option<HashMap<String, Option<Vec<PortBinding>>>>) -> Vec<PortMap> {
+    let mut out = Vec::new();
+    for (container, bindings) in map.unwrap_or_default() {
+        for b in bindings.unwrap_or_default() {
+            let host_port = b.host_port.as_deref().and_then(|p| p.parse().ok()).unwrap_or(0);
+            out.push(PortMap { container: container.clone(), host_ip: b.host_ip.unwrap_or_default(), host_port });
+        }
+    }
+    out.sort_by(|a, b| (&a.container, a.host_port).cmp(&(&b.container, b.host_port)));
+    out
+}
+
+impl Engine for DockerEngine {
+    fn version(&self) -> Result<EngineVersion> {
+        let v = self.rt.block_on(self.docker.version()).map_err(|e| self.err("cannot ask the engine its version", e))?;
+        let c = self.docker.client_version();
+        Ok(EngineVersion { version: v.version.unwrap_or_default(), api: format!("{}.{}", c.major_version, c.minor_version) })
+    }
+
+    fn image(&self, reference: &str) -> Result<Option<Image>> {
+        match self.rt.block_on(self.docker.inspect_image(reference)) {
+            Ok(i) => Ok(Some(Image {
+                id: i.id.unwrap_or_default(),
+                tags: i.repo_tags.unwrap_or_default(),
+                labels: labels_of(i.config.and_then(|c| c.labels)),
+                created: i
+                    .created
+                    .and_then(|d| crate::time::parse_rfc3339(&d.to_string()))
+                    .map_or(0, |t| t.as_secs() as i64),
+            })),
+            Err(e) if status_of(&e) == Some(404) => Ok(None),
+            Err(e) => Err(self.err(&format!("cannot inspect image '{reference}'"), e)),
+        }
+    }
+
+    fn images_with_label(&self, label: &str) -> Result<Vec<Image>> {
+        let mut filters = HashMap::new();
+        filters.insert("label".to_string(), vec![label.to_string()]);
+        let opts = qp::ListImagesOptions { filters: Some(filters), ..Default::default() };
+        let list = self
+            .rt
+            .block_on(self.docker.list_images(Some(opts)))
+            .map_err(|e| self.err(&format!("cannot list images labelled '{label}'"), e))?;
+        let mut out: Vec<Image> = list
+            .into_iter()
+            .map(|s| Image { id: s.id, tags: s.repo_tags, labels: s.labels.into_iter().collect(), created: s.created })
+            .collect();
+        out.sort_by(|a, b| b.created.cmp(&a.created).then_with(|| a.id.cmp(&b.id)));
+        Ok(out)
+    }
+
+    fn tag(&self, image: &str, repo: &str, tag: &str) -> Result<()> {
+        let opts = qp::TagImageOptions { repo: Some(repo.to_string()), tag: Some(tag.to_string()) };
+        self.rt
+            .block_on(self.docker.tag_image(image, Some(opts)))
+            .map_err(|e| self.err(&format!("cannot tag '{image}' as '{repo}:{tag}'"), e))
+    }
+
+    fn remove_image(&self, reference: &str, force: bool) -> Result<()> {
+        let opts = qp::RemoveImageOptions { force, ..Default::default() };
+        match self.rt.block_on(self.docker.remove_image(reference, Some(opts), None)) {
+            Ok(_) => Ok(()),
+            Err(e) if status_of(&e) == Some(404) => Ok(()),
+            Err(e) => Err(self.err(&format!("cannot remove image '{reference}'"), e)),
+        }
+    }
+
+    fn build(&self, req: &BuildRequest, on_event: &mut dyn FnMut(BuildEvent)) -> Result<BuildOutcome> {
+        let opts = qp::BuildImageOptions {
+            dockerfile: req.dockerfile.clone(),
+            t: Some(req.tag.clone()),
+            rm: true,
+            forcerm: true,
+            labels: Some(req.labels.clone().into_iter().collect()),
+            buildargs: Some(req.args.clone().into_iter().collect()),
+            ..Default::default()
+        };
+        let docker = self.docker.clone().with_timeout(BUILD_TIMEOUT);
+        let body = bollard::body_full(req.context.clone().into());
+        self.rt.block_on(async {
+            let mut stream = docker.build_image(opts, None, Some(body));
+            let mut id = None;
+            while let Some(item) = stream.next().await {
+                match item {
+                    Ok(info) => {
+                        if let Some(s) = info.stream {
+                            on_event(BuildEvent::Output(s));
+                        }
+                        if let Some(s) = info.status {
+                            on_event(BuildEvent::Status(s));
+                        }
+                        if let Some(d) = info.error_detail {
+                            return Ok(BuildOutcome::Failed(d.message.unwrap_or_default()));
+                        }
+                        if let Some(aux) = info.aux
+                            && let Some(i) = aux.id
+                        {
+                            id = Some(i);
+                        }
+                    }
+                    Err(bollard::errors::Error::DockerStreamError { error }) => {
+                        return Ok(BuildOutcome::Failed(error));
+                    }
+                    Err(e) if status_of(&e).is_some_and(|s| s < 500) => {
+                        // The engine refused the request itself: a bad Dockerfile path,
+                        // a syntax error; the build never ran.
+                        let msg = match e {
+                            bollard::errors::Error::DockerResponseServerError { message, .. } => message,
+                            other => other.to_string(),
+                        };
+                        return Ok(BuildOutcome::Failed(msg));
+                    }
+                    Err(e) => return Err(api_err(&self.host, &format!("cannot build '{}'", req.tag), e)),
+                }
+            }
+            match id {
+                Some(id) => Ok(BuildOutcome::Built(id)),
+                // The legacy builder reports the id as text only: trust the tag.
+                None => match self.docker.inspect_image(&req.tag).await {
+                    Ok(i) => Ok(BuildOutcome::Built(i.id.unwrap_or_default())),
+                    Err(e) => Err(api_err(&self.host, &format!("build of '{}' left no image", req.tag), e)),
+                },
+            }
+        })
+    }
+
+    fn create(&self, spec: &ContainerSpec) -> Result<String> {
+        let opt_vec = |v: &Vec<String>| if v.is_empty() { None } else { Some(v.clone()) };
+        let mut port_bindings: HashMap<String, Option<Vec<PortBinding>>> = HashMap::new();
+        for p in &spec.ports {
+            port_bindings.entry(p.container.clone()).or_insert_with(|| Some(Vec::new())).as_mut().map(|v| {
+                v.push(PortBinding { host_ip: Some(p.host_ip.clone()), host_port: Some(p.host_port.to_string()) })
+            });
+        }
+        let host = HostConfig {
+            readonly_rootfs: Some(spec.read_only_root),
+            cap_drop: opt_vec(&spec.cap_drop),
+            security_opt: opt_vec(&spec.security_opt),
+            pids_limit: spec.pids_limit,
+            memory: spec.memory_bytes,
+            tmpfs: if spec.tmpfs.is_empty() { None } else { Some(spec.tmpfs.clone().into_iter().collect()) },
+            binds: opt_vec(
+                &spec
+                    .binds
+                    .iter()
+                    .map(|b| format!("{}:{}:{}", b.source, b.target, if b.read_only { "ro" } else { "rw" }))
+                    .collect(),
+            ),
+            network_mode: spec.network.clone(),
+            port_bindings: if port_bindings.is_empty() { None } else { Some(port_bindings) },
+            ..Default::default()
+        };
+        let exposed: Vec<String> = spec.ports.iter().map(|p| p.container.clone()).collect();
+        let body = ContainerCreateBody {
+            image: Some(spec.image.clone()),
+            cmd: opt_vec(&spec.cmd),
+            entrypoint: spec.entrypoint.clone(),
+            env: opt_vec(&spec.env),
+            user: spec.user.clone(),
+            working_dir: spec.workdir.clone(),
+            labels: Some(spec.labels.clone().into_iter().collect()),
+            exposed_ports: opt_vec(&exposed),
+            tty: Some(spec.tty),
+            open_stdin: Some(spec.open_stdin),
+            host_config: Some(host),
+            ..Default::default()
+        };
+        let opts = spec.name.as_ref().map(|n| qp::CreateContainerOptions { name: Some(n.clone()), ..Default::default() });
+        let what = format!("cannot create container '{}'", spec.name.as_deref().unwrap_or(&spec.image));
+        let r = self.rt.block_on(self.docker.create_container(opts, body)).map_err(|e| self.err(&what, e))?;
+        Ok(r.id)
+    }
+
+    fn start(&self, container: &str) -> Result<()> {
+        self.rt
+            .block_on(self.docker.start_container(container, None::<qp::StartContainerOptions>))
+            .map_err(|e| self.err(&format!("cannot start container '{container}'"), e))
+    }
+
+    fn stop(&self, container: &str, timeout: Duration) -> Result<()> {
+        let opts = qp::StopContainerOptions { t: Some(timeout.as_secs() as i32), signal: None };
+        match self.rt.block_on(self.docker.stop_container(container, Some(opts))) {
+            Ok(()) => Ok(()),
+            // 304: already stopped.
+            Err(e) if status_of(&e) == Some(304) => Ok(()),
+            Err(e) => Err(self.err(&format!("cannot stop container '{container}'"), e)),
+        }
+    }
+
+    fn remove(&self, container: &str, force: bool) -> Result<()> {
+        let opts = qp::RemoveContainerOptions { force, v: true, link: false };
+        match self.rt.block_on(self.docker.remove_container(container, Some(opts))) {
+            Ok(()) => Ok(()),
+            Err(e) if status_of(&e) == Some(404) => Ok(()),
+            Err(e) => Err(self.err(&format!("cannot remove container '{container}'"), e)),
+        }
+    }
+
+    fn inspect(&self, name_or_id: &str) -> Result<Option<Container>> {
+        match self.rt.block_on(self.docker.inspect_container(name_or_id, None::<qp::InspectContainerOptions>)) {
+            Ok(c) => {
+                let state = c.state.unwrap_or_default();
+                Ok(Some(Container {
+                    id: c.id.unwrap_or_default(),
+                    name: c.name.unwrap_or_default().trim_start_matches('/').to_string(),
+                    image: c.image.unwrap_or_default(),
+                    running: state.running.unwrap_or(false),
+                    status: state.status.map(|s| s.to_string()).unwrap_or_default(),
+                    exit_code: state.exit_code,
+                    labels: labels_of(c.config.and_then(|c| c.labels)),
+                    ports: ports_of(c.network_settings.and_then(|n| n.ports)),
+                }))
+            }
+            Err(e) if status_of(&e) == Some(404) => Ok(None),
+            Err(e) => Err(self.err(&format!("cannot inspect container '{name_or_id}'"), e)),
+        }
+    }
+
+    fn exec(
+        &self,
+        container: &str,
+        req: &ExecRequest,
+        on_output: &mut dyn FnMut(OutStream, &[u8]),
+    ) -> Result<i64> {
+        use bollard::container::LogOutput;
+        use bollard::exec::StartExecResults;
+        let what = format!("cannot run {:?} in container '{container}'", req.cmd.join(" "));
+        let cfg = ExecConfig {
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            cmd: Some(req.cmd.clone()),
+            env: if req.env.is_empty() { None } else { Some(req.env.clone()) },
+            user: req.user.clone(),
+            working_dir: req.workdir.clone(),
+            ..Default::default()
+        };
+        let docker = self.docker.clone().with_timeout(BUILD_TIMEOUT);
+        self.rt.block_on(async {
+            let created = docker.create_exec(container, cfg).await.map_err(|e| api_err(&self.host, &what, e))?;
+            match docker.start_exec(&created.id, None).await.map_err(|e| api_err(&self.host, &what, e))? {
+                StartExecResults::Attached { mut output, .. } => {
+                    while let Some(chunk) = output.next().await {
+                        match chunk.map_err(|e| api_err(&self.host, &what, e))? {
+                            LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                                on_output(OutStream::Stdout, &message)
+                            }
+                            LogOutput::StdErr { message } => on_output(OutStream::Stderr, &message),
+                            LogOutput::StdIn { .. } => {}
+                        }
+                    }
+                }
+                StartExecResults::Detached => {}
+            }
+            let inspected = docker.inspect_exec(&created.id).await.map_err(|e| api_err(&self.host, &what, e))?;
+            inspected
+                .exit_code
+                .ok_or_else(|| Error::new(Exit::Software, format!("{what}: the engine reported no exit status")))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unreachable_engine_says_how_to_start_it() {
+        let e = unreachable_err("unix:///nonexistent.sock", &bollard::errors::Error::RequestTimeoutError);
+        assert_eq!(e.exit, Exit::Unavailable);
+        assert!(e.msg.contains("unix:///nonexistent.sock"), "{}", e.msg);
+        assert!(e.msg.contains("systemctl start docker"), "{}", e.msg);
+    }
+
+    #[test]
+    fn not_found_is_no_input_and_conflict_is_cant_create() {
+        let nf = bollard::errors::Error::DockerResponseServerError { status_code: 404, message: "no such image".into() };
+        assert_eq!(api_err("h", "x", nf).exit, Exit::NoInput);
+        let c = bollard::errors::Error::DockerResponseServerError { status_code: 409, message: "name in use".into() };
+        assert_eq!(api_err("h", "x", c).exit, Exit::CantCreat);
+    }
+}
