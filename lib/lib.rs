@@ -4,14 +4,17 @@
 //! these modules; everything that can be tested without a process lives here.
 
 pub mod cli;
+pub mod config;
 pub mod engine;
 pub mod error;
+pub mod git;
 pub mod id;
 pub mod image;
 pub mod layout;
 pub mod log;
 pub mod maildir;
 pub mod message;
+pub mod mirror;
 pub mod time;
 
 pub use error::{Error, Exit, Result};
