@@ -5,11 +5,15 @@
 
 pub mod cli;
 pub mod error;
+pub mod group;
 pub mod id;
 pub mod layout;
 pub mod log;
 pub mod maildir;
+pub mod mediate;
 pub mod message;
+pub mod policy;
+pub mod registry;
 pub mod time;
 
 pub use error::{Error, Exit, Result};
