@@ -115,10 +115,11 @@ pub fn origin_url(top: &Path, git_dir: &Path) -> Result<Option<String>> {
     };
     if let Ok(text) = std::fs::read_to_string(common.join("config")) {
         let lower = text.to_ascii_lowercase();
-        if !lower.contains("[include") && !lower.contains("worktreeconfig") {
-            if let Some(url) = config_value(&text, "remote", Some("origin"), "url") {
-                return Ok(Some(url));
-            }
+        if !lower.contains("[include")
+            && !lower.contains("worktreeconfig")
+            && let Some(url) = config_value(&text, "remote", Some("origin"), "url")
+        {
+            return Ok(Some(url));
         }
     }
     config_get(top, "remote.origin.url")
@@ -370,12 +371,13 @@ fn percent_decode(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let Some(v) = std::str::from_utf8(&b[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                out.push(v);
-                i += 3;
-                continue;
-            }
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let Some(v) = std::str::from_utf8(&b[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok())
+        {
+            out.push(v);
+            i += 3;
+            continue;
         }
         out.push(b[i]);
         i += 1;

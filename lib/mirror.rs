@@ -299,12 +299,11 @@ impl Mirror {
     /// Creates the mirror or fetches into it; see the module documentation.
     pub fn sync(&self, opts: &mut SyncOptions) -> Result<Outcome> {
         let asked = time::now();
-        if let Some(max) = opts.if_older_than {
-            if let Found::Ready(s) = self.find()? {
-                if asked.saturating_sub(s.fetch_finished) < max {
-                    return Ok(Outcome::Fresh);
-                }
-            }
+        if let Some(max) = opts.if_older_than
+            && let Found::Ready(s) = self.find()?
+            && asked.saturating_sub(s.fetch_finished) < max
+        {
+            return Ok(Outcome::Fresh);
         }
         let parent = self.parent();
         fs::create_dir_all(&parent).map_err(|e| Error::io_as(Exit::CantCreat, "cannot create", &parent, e))?;

@@ -253,14 +253,14 @@ fn a_kept_deleted_branch_that_blocks_a_new_upstream_ref_is_moved_aside() {
     let fresh = t.join("fresh.git");
     git(&t.0, &["clone", "-q", "--mirror", up.to_str().unwrap(), fresh.to_str().unwrap()]);
     let (mine, theirs) = (refs(&m), refs(&fresh));
-    let extra: Vec<_> = mine.difference(&theirs).cloned().collect();
+    let extra: BTreeSet<_> = mine.difference(&theirs).cloned().collect();
     assert!(theirs.is_subset(&mine));
     assert_eq!(
         extra,
-        vec![
+        BTreeSet::from([
             format!("{} refs/lw-mirror/deleted/heads/dir/old", dir_old.trim()),
             format!("{} refs/lw-mirror/deleted/heads/doomed", doomed.trim()),
-        ]
+        ])
     );
     fsck(&m);
 }
