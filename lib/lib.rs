@@ -18,7 +18,10 @@ pub mod mediate;
 pub mod message;
 pub mod mirror;
 pub mod policy;
+pub mod ports;
 pub mod registry;
+pub mod sandbox;
+pub mod secrets;
 pub mod time;
 
 pub use error::{Error, Exit, Result};
