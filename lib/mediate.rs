@@ -126,6 +126,8 @@ pub struct Mediator {
     pub batch: usize,
     pub verbose: bool,
     pub stats: Stats,
+    /// How batches are made durable (lib/group.rs).
+    pub sync: group::Sync,
 }
 
 fn now_ms() -> u64 {
@@ -323,6 +325,7 @@ impl Mediator {
             batch: DEFAULT_BATCH,
             verbose: false,
             stats: Stats::default(),
+            sync: group::Sync::default(),
         };
         m.load_policy()?;
         m.load_memory();
@@ -747,7 +750,7 @@ impl Mediator {
     /// and returns them; entries logged by an earlier run are skipped.
     fn log_entries(&mut self, boxes: &Boxes, entries: &[&Entry], out: &mut dyn Write) -> Result<()> {
         for first in [true, false] {
-            let mut g = Group::new();
+            let mut g = Group::with_sync(self.sync);
             let mut written = Vec::new();
             for e in entries.iter().filter(|e| (e.decision.action == Action::Bounce) == first) {
                 if g.stage(&boxes.list, LOG, &e.name, &e.to_bytes())? {
@@ -939,7 +942,7 @@ impl Mediator {
         let refs: Vec<&Entry> = to_log.iter().collect();
         self.log_entries(boxes, &refs, out)?;
         // 2. Deliver.
-        let mut g = Group::new();
+        let mut g = Group::with_sync(self.sync);
         for e in &to_deliver {
             self.stage_deliveries(boxes, &mut g, e)?;
         }
@@ -1058,7 +1061,7 @@ impl Mediator {
         }
         let refs: Vec<&Entry> = entries.iter().collect();
         self.log_entries(boxes, &refs, out)?;
-        let mut g = Group::new();
+        let mut g = Group::with_sync(self.sync);
         for e in &entries {
             self.stage_deliveries(boxes, &mut g, e)?;
         }
@@ -1102,7 +1105,7 @@ impl Mediator {
             if self.memory.receipts.get(&r) == Some(&mtime) && now_ns - mtime > 2_000_000_000 {
                 continue;
             }
-            let mut g = Group::new();
+            let mut g = Group::with_sync(self.sync);
             let mut pending: Vec<Entry> = Vec::new();
             let dir = rfs::Dir::read_from(&fd).map_err(|e| Error::io("cannot read", &self.root.dir.join(&rel), errno_io(e)))?;
             for ent in dir {
