@@ -5,11 +5,14 @@
 
 pub mod cli;
 pub mod error;
+pub mod ghserver;
+pub mod github;
 pub mod id;
 pub mod layout;
 pub mod log;
 pub mod maildir;
 pub mod message;
+pub mod sync;
 pub mod time;
 
 pub use error::{Error, Exit, Result};
