@@ -956,9 +956,11 @@ impl Syncer {
     fn pull_target(&mut self, t: &Target, known: &HashMap<String, (String, String)>) -> Result<()> {
         let key = t.to_string();
         let ts = self.state.targets.entry(key.clone()).or_default().clone();
-        if ts.pending.is_some() {
+        if ts.pending.is_some() || !ts.reconciled {
+            // Notices already on the issue must be known before any is posted.
             self.reconcile(t)?;
         }
+        let ts = self.state.targets[&key].clone();
         let comments = self.client.list_comments(t, ts.pull_since.as_deref())?;
         let mut known = known.clone();
         for (_, s) in self.own_sections(t, &comments) {
