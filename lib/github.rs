@@ -538,10 +538,18 @@ impl Client {
         let perm = "issues: write (pull requests: write for a pull request)";
         loop {
             self.wait_write_slot()?;
-            self.budget.writes.push(now_ms());
+            // Persisted before sending, a little ahead of the real send time, so
+            // that a run killed mid-request still spaces its successor; replaced
+            // by the time the answer came once it comes.
+            // (A quarter of the spacing: 250 ms at GitHub's 1 s.)
+            self.budget.writes.push(now_ms() + self.limits.min_write_interval.as_millis() as u64 / 4);
             before_send(&self.budget)?;
             self.writes += 1;
-            let r = match self.exchange(method, url, Some(payload)) {
+            let sent = self.exchange(method, url, Some(payload));
+            if let Some(last) = self.budget.writes.last_mut() {
+                *last = now_ms();
+            }
+            let r = match sent {
                 Err(e) => return Ok(Posted::Unknown(format!("the connection failed: {e}"))),
                 Ok(r) => r,
             };
