@@ -132,7 +132,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             let period = Duration::from_secs(args.interval.max(1));
             sync::watch_dir(&dir, period, || {
                 let _l = sync::lock(&root, true)?;
-                let r = s.sync();
+                let r = s.reload().and_then(|()| s.sync());
                 report(&mut s, out, json, false)?;
                 r
             })

@@ -695,6 +695,16 @@ impl Syncer {
         Ok(Syncer { root, cfg, client, state, state_path, state_existed, stats: Stats::default(), events: vec![] })
     }
 
+    /// Rereads the state: another process (cron beside a watcher) may have
+    /// synced since.  Call it after taking the lock, before a pass.
+    pub fn reload(&mut self) -> Result<()> {
+        let (state, existed) = load_state(&self.state_path)?;
+        self.client.budget = state.budget.clone();
+        self.state = state;
+        self.state_existed = existed;
+        Ok(())
+    }
+
     fn save(&mut self) -> Result<()> {
         self.state.budget = self.client.budget.clone();
         save_state(&self.state_path, &self.state)
