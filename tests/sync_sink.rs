@@ -131,3 +131,32 @@ fn usage_errors_and_help() {
     let o = Command::new(env!("CARGO_BIN_EXE_lw-sync")).args(["--token", "x"]).output().unwrap();
     assert_eq!(o.status.code(), Some(64));
 }
+
+/// The man pages name every long flag the commands accept, in roff's
+/// `\-\-flag` form, and have the sections a reader looks for.
+#[test]
+fn man_pages_cover_every_flag() {
+    for (bin, page) in [(env!("CARGO_BIN_EXE_lw-sync"), "man/lw-sync.1"), (env!("CARGO_BIN_EXE_lw-github-sink"), "man/lw-github-sink.1")] {
+        let man = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(page)).unwrap();
+        for sec in ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "ENVIRONMENT", "FILES", "EXIT STATUS", "EXAMPLES", "SEE ALSO"] {
+            assert!(man.contains(&format!(".SH {sec}\n")), "{page}: {sec}");
+        }
+        let mut helps = vec![text(&Command::new(bin).arg("--help").output().unwrap().stdout)];
+        if page.ends_with("lw-sync.1") {
+            for sub in ["pull", "verify"] {
+                helps.push(text(&Command::new(bin).args([sub, "--help"]).output().unwrap().stdout));
+            }
+        }
+        for help in helps {
+            for word in help.split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == ']') {
+                if let Some(flag) = word.strip_prefix("--") {
+                    let flag = flag.split('=').next().unwrap().trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
+                    if flag.is_empty() {
+                        continue;
+                    }
+                    assert!(man.contains(&format!("\\-\\-{}", flag.replace('-', "\\-"))), "{page} lacks --{flag}");
+                }
+            }
+        }
+    }
+}
