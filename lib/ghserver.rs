@@ -570,13 +570,13 @@ fn dispatch(
         }
     }
     let mut res = route(st, req, path, q, host, login, info);
-    if let Some(f) = commit_then {
-        if res.status < 300 {
-            if f.kind == "drop_after_commit" {
-                res.drop = true;
-            } else {
-                res = gh_error(f.status.unwrap_or(502), "Server Error");
-            }
+    if let Some(f) = commit_then
+        && res.status < 300
+    {
+        if f.kind == "drop_after_commit" {
+            res.drop = true;
+        } else {
+            res = gh_error(f.status.unwrap_or(502), "Server Error");
         }
     }
     res

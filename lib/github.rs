@@ -376,11 +376,11 @@ impl Client {
     fn note_headers(&mut self, r: &Reply) {
         let remaining = r.header("x-ratelimit-remaining").and_then(|v| v.trim().parse::<u64>().ok());
         let reset = r.header("x-ratelimit-reset").and_then(|v| v.trim().parse::<u64>().ok());
-        if remaining == Some(0) {
-            if let Some(reset) = reset {
-                // One second of slack for clock skew, as GitHub's examples do.
-                self.budget.blocked_until = self.budget.blocked_until.max(reset * 1000 + 1000);
-            }
+        // One second of slack for clock skew, as GitHub's examples do.
+        if remaining == Some(0)
+            && let Some(reset) = reset
+        {
+            self.budget.blocked_until = self.budget.blocked_until.max(reset * 1000 + 1000);
         }
     }
 
@@ -396,10 +396,10 @@ impl Client {
             self.budget.strikes = 0;
             return Some(now + s * 1000);
         }
-        if r.header("x-ratelimit-remaining").map(str::trim) == Some("0") {
-            if let Some(reset) = r.header("x-ratelimit-reset").and_then(|v| v.trim().parse::<u64>().ok()) {
-                return Some((reset * 1000 + 1000).max(now));
-            }
+        if r.header("x-ratelimit-remaining").map(str::trim) == Some("0")
+            && let Some(reset) = r.header("x-ratelimit-reset").and_then(|v| v.trim().parse::<u64>().ok())
+        {
+            return Some((reset * 1000 + 1000).max(now));
         }
         let text = String::from_utf8_lossy(&r.body).to_ascii_lowercase();
         if r.status == 429 || text.contains("rate limit") {

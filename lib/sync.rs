@@ -229,6 +229,7 @@ pub struct NoticeHead {
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(tag = "t", rename_all = "kebab-case")]
+#[allow(clippy::large_enum_variant)] // short-lived, parsed one comment at a time
 pub enum Head {
     Entry(EntryHead),
     Notice(NoticeHead),
@@ -487,9 +488,15 @@ fn split_line(s: &str) -> (&str, &str) {
     }
 }
 
+/// Entry name -> the entry rebuilt from GitHub and the ids of its comments.
+pub type Rebuilt = BTreeMap<String, (Entry, Vec<u64>)>;
+
+/// One planned comment: its `(entry, part, parts)` items and its body.
+type Planned = (Vec<(String, u32, u32)>, String);
+
 /// Rebuilds log entries from the sections of a list of comments.
 /// Returns the complete entries and, for incomplete ones, the parts found.
-pub fn reassemble(sections: &[(u64, Section)]) -> (BTreeMap<String, (Entry, Vec<u64>)>, BTreeMap<String, String>) {
+pub fn reassemble(sections: &[(u64, Section)]) -> (Rebuilt, BTreeMap<String, String>) {
     let mut parts: BTreeMap<String, BTreeMap<u32, (EntryHead, String, u64)>> = BTreeMap::new();
     for (cid, s) in sections {
         if let Head::Entry(h) = &s.head {
@@ -779,12 +786,12 @@ impl Syncer {
         }
         let mut by_target: BTreeMap<Target, Vec<Entry>> = BTreeMap::new();
         for e in entries {
-            if let Some(m) = &e.message {
-                if let Err(why) = m.validate() {
-                    self.stats.bad += 1;
-                    self.events.push(Event::Bad { entry: e.name.clone(), reason: format!("message: {why}") });
-                    continue;
-                }
+            if let Some(m) = &e.message
+                && let Err(why) = m.validate()
+            {
+                self.stats.bad += 1;
+                self.events.push(Event::Bad { entry: e.name.clone(), reason: format!("message: {why}") });
+                continue;
             }
             by_target.entry(self.cfg.target_for(&e)?).or_default().push(e);
         }
@@ -898,9 +905,9 @@ impl Syncer {
     /// Groups pending entries into comments: a backlog is batched (up to
     /// `batch` entries and the character limit per comment); an entry too
     /// large for one comment is split into parts, one comment each.
-    fn plan(&mut self, todo: &[&Entry], unrenderable: &mut BTreeSet<String>) -> Result<Vec<(Vec<(String, u32, u32)>, String)>> {
-        let mut plan: Vec<(Vec<(String, u32, u32)>, String)> = Vec::new();
-        let mut cur: (Vec<(String, u32, u32)>, String) = (vec![], String::new());
+    fn plan(&mut self, todo: &[&Entry], unrenderable: &mut BTreeSet<String>) -> Result<Vec<Planned>> {
+        let mut plan: Vec<Planned> = Vec::new();
+        let mut cur: Planned = (vec![], String::new());
         let batch = self.cfg.batch();
         let ts = self.state.targets.get(&self.key_of(todo[0])?).cloned().unwrap_or_default();
         for e in todo {
@@ -974,10 +981,10 @@ impl Syncer {
         let comments = self.client.list_comments(t, ts.pull_since.as_deref())?;
         let mut known = known.clone();
         for (_, s) in self.own_sections(t, &comments) {
-            if let Head::Entry(h) = s.head {
-                if let Some(m) = h.msg {
-                    known.entry(h.id.clone()).or_insert((h.sender.clone(), m.subject.clone()));
-                }
+            if let Head::Entry(h) = s.head
+                && let Some(m) = h.msg
+            {
+                known.entry(h.id.clone()).or_insert((h.sender.clone(), m.subject.clone()));
             }
         }
         let mut newest = ts.pull_since.clone();

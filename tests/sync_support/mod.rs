@@ -79,10 +79,10 @@ impl Env {
         for (_, body, _) in self.comments(issue) {
             if let Some(Ok(secs)) = loopwright::sync::parse_comment(&body) {
                 for s in secs {
-                    if let loopwright::sync::Head::Entry(h) = s.head {
-                        if h.part[0] == 1 {
-                            *m.entry(h.entry).or_insert(0) += 1;
-                        }
+                    if let loopwright::sync::Head::Entry(h) = s.head
+                        && h.part[0] == 1
+                    {
+                        *m.entry(h.entry).or_insert(0) += 1;
                     }
                 }
             }
