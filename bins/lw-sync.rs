@@ -168,6 +168,8 @@ fn report(s: &mut Syncer, out: &mut dyn Write, json: bool, stats: bool) -> Resul
             Event::Bad { entry, reason } => eprintln!("{PROG}: skipping log entry '{entry}': {reason}"),
             Event::Unknown { target, reason } => eprintln!("{PROG}: {target}: outcome unknown ({reason}); reconciling"),
             Event::Rejected { comment, target, reason } => eprintln!("{PROG}: {target}: comment {comment}: {reason}"),
+            Event::Unreadable { target, comment, reason } => eprintln!("{PROG}: {target}: comment {comment} is lw-sync's but unreadable: {reason}"),
+            Event::Failed { target, reason } => eprintln!("{PROG}: {target}: {reason}"),
         }
     }
     if json && stats {

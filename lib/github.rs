@@ -420,7 +420,7 @@ impl Client {
         match r.status {
             401 => Error::new(
                 Exit::NoPerm,
-                format!("GitHub rejected the token for {what} (401 {msg}): the token is missing, expired or revoked; set GH_TOKEN to a token with {perm}"),
+                format!("GitHub rejected the token (401 {msg}) when asked for {what}: it is missing, expired or revoked; set GH_TOKEN to a valid token with {perm}"),
             ),
             403 => Error::new(
                 Exit::NoPerm,
@@ -428,7 +428,7 @@ impl Client {
             ),
             404 => Error::new(
                 Exit::Config,
-                format!("GitHub has no {what} (404 {msg}): check the repository and issue number, and that the token can see them ({perm})"),
+                format!("GitHub answered 404 ({msg}) for {what}: the repository or issue does not exist, or the token cannot see it (it needs {perm})"),
             ),
             410 => Error::new(Exit::Config, format!("{what} is gone (410 {msg}): issues may be disabled on the repository")),
             422 => Error::new(Exit::DataErr, format!("GitHub did not accept {what} (422 {msg}){}", validation_detail(&r.body))),

@@ -673,6 +673,10 @@ pub enum Event {
     Synced { entry: String, target: String, comment: u64, url: String },
     Bad { entry: String, reason: String },
     Unknown { target: String, reason: String },
+    /// A comment of lw-sync's own whose sections cannot be parsed (edited by hand?).
+    Unreadable { target: String, comment: u64, reason: String },
+    /// A target that failed while others were synced.
+    Failed { target: String, reason: String },
     Answer { id: String, in_reply_to: String, to: String, comment: u64 },
     Rejected { comment: u64, target: String, reason: String },
     MissingOnGithub { entry: String, target: String },
@@ -743,7 +747,7 @@ impl Syncer {
             match parse_comment(c.text()) {
                 None => {}
                 Some(Ok(ss)) => out.extend(ss.into_iter().map(|s| (c.id, s))),
-                Some(Err(e)) => self.events.push(Event::Unknown { target: t.to_string(), reason: format!("comment {} is unreadable: {e}", c.id) }),
+                Some(Err(e)) => self.events.push(Event::Unreadable { target: t.to_string(), comment: c.id, reason: e }),
             }
         }
         out
@@ -811,9 +815,13 @@ impl Syncer {
             match self.sync_target(&t, &es) {
                 Ok(()) => {}
                 Err(e) if matches!(e.exit, Exit::Config | Exit::DataErr) => {
-                    // This target is wrong; the others may be fine.
-                    eprintln!("lw-sync: {t}: {e}");
-                    first_err.get_or_insert(e);
+                    // This target is wrong; the others may be fine.  The
+                    // first failure is the run's error, the rest are events.
+                    if first_err.is_some() {
+                        self.events.push(Event::Failed { target: t.to_string(), reason: e.to_string() });
+                    } else {
+                        first_err = Some(e);
+                    }
                 }
                 Err(e) => return Err(e),
             }
@@ -1075,24 +1083,33 @@ impl Syncer {
             inline(&format!("@{}", c.login())).replace('@', "@\u{200b}"),
             inline(problem)
         );
-        let path = self.state_path.clone();
-        let state = &mut self.state;
-        let items = vec![(nkey.clone(), 1)];
-        let key2 = key.clone();
-        let mut before = |b: &Budget| -> Result<()> {
-            state.budget = b.clone();
-            state.targets.entry(key2.clone()).or_default().pending = Some(Pending { items: items.clone(), at_ms: crate::github::now_ms() });
-            save_state(&path, state)
-        };
-        match self.client.post_comment(t, &body, &mut before)? {
-            Posted::Created(nc) => {
-                let ts = self.state.targets.get_mut(&key).expect("target state exists");
-                ts.synced.insert(nkey, vec![nc.id]);
-                ts.pending = None;
-                self.save()
+        for _ in 0..MAX_UNKNOWN {
+            let path = self.state_path.clone();
+            let state = &mut self.state;
+            let items = vec![(nkey.clone(), 1)];
+            let key2 = key.clone();
+            let mut before = |b: &Budget| -> Result<()> {
+                state.budget = b.clone();
+                state.targets.entry(key2.clone()).or_default().pending = Some(Pending { items: items.clone(), at_ms: crate::github::now_ms() });
+                save_state(&path, state)
+            };
+            match self.client.post_comment(t, &body, &mut before)? {
+                Posted::Created(nc) => {
+                    let ts = self.state.targets.get_mut(&key).expect("target state exists");
+                    ts.synced.insert(nkey, vec![nc.id]);
+                    ts.pending = None;
+                    return self.save();
+                }
+                Posted::Unknown(reason) => {
+                    self.events.push(Event::Unknown { target: key.clone(), reason });
+                    self.reconcile(t)?;
+                    if self.state.targets.get(&key).is_some_and(|ts| ts.synced.contains_key(&nkey)) {
+                        return Ok(());
+                    }
+                }
             }
-            Posted::Unknown(_) => self.reconcile(t),
         }
+        Err(Error::new(Exit::TempFail, format!("the notice about comment {} on {t} could not be posted; try again later", c.id)))
     }
 
     /// Compares the log with GitHub both ways; with `restore`, appends the

@@ -65,8 +65,12 @@ fn sigkill_200_times_while_1000_messages_sync() {
     let (reqs, _) = env.requests();
     let drops = reqs.iter().filter(|r| r["fault"] == "drop_after_commit").count();
     let comments = env.comments(1).len();
+    let posts = reqs.iter().filter(|r| r["method"] == "POST").count();
+    // Each listing is a reconciliation: a run that found an intent whose
+    // outcome it did not know (a kill mid-post, or a dropped connection).
+    let listings = reqs.iter().filter(|r| r["method"] == "GET" && r["path"].as_str().unwrap().contains("/comments") && !r["path"].as_str().unwrap().contains("&page=")).count();
     println!(
-        "kill test: messages {}, kills {kills}, runs {runs} ({finished} finished before the kill), drop-after-commit faults {drops}, comments {comments}, duplicated {duplicated}, missing {missing}",
+        "kill test: messages {}, kills {kills}, runs {runs} ({finished} finished before the kill), drop-after-commit faults {drops}, POSTs {posts}, reconciliations {listings}, comments {comments}, duplicated {duplicated}, missing {missing}",
         names.len()
     );
     assert_eq!(names.len(), 1000);
