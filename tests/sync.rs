@@ -280,3 +280,31 @@ fn the_token_never_leaves_the_environment() {
     }
     println!("canary: absent from {scanned} outputs and files, argv and the request record");
 }
+
+#[test]
+fn a_sandbox_maps_to_its_own_task_issue() {
+    let env = Env::new("mapping");
+    let cfg = env.dir.join(".loopwright");
+    std::fs::create_dir_all(&cfg).unwrap();
+    std::fs::write(cfg.join("sync.json"), r#"{"sandboxes": {"web": {"issue": 2}}}"#).unwrap();
+    let to_web = entry(&message("api", "web", Kind::Request, "for web", "x"), Action::Forward);
+    let to_db = entry(&message("api", "db", Kind::Request, "for db", "y"), Action::Forward);
+    env.log().append(&to_web).unwrap();
+    env.log().append(&to_db).unwrap();
+    assert_ok(&env.sync(&["--once"]));
+    assert_eq!(env.section_counts(2).keys().collect::<Vec<_>>(), vec![&to_web.name]);
+    assert_eq!(env.section_counts(1).keys().collect::<Vec<_>>(), vec![&to_db.name]);
+    assert_ok(&env.sync(&["verify"]));
+}
+
+#[test]
+fn server_errors_on_reads_are_retried() {
+    let env = Env::new("5xx");
+    let es = append_n(&env.log(), 2, "x");
+    env.faults(json!([{ "kind": "status", "status": 503, "method": "GET", "count": 2 }]));
+    let o = env.sync(&["--once"]);
+    assert_ok(&o);
+    assert!(es.iter().all(|e| env.section_counts(1).get(&e.name) == Some(&1)));
+    let (reqs, _) = env.requests();
+    assert_eq!(reqs.iter().filter(|r| r["status"] == 503).count(), 2);
+}

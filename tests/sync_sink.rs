@@ -160,3 +160,16 @@ fn man_pages_cover_every_flag() {
         }
     }
 }
+
+#[test]
+fn an_oversized_comment_gets_422_named() {
+    let env = Env::new("422");
+    let mut limits = loopwright::github::Limits::default();
+    limits.scale(5);
+    let mut c = loopwright::github::Client::new(&env.url, loopwright::github::Token::new(TOKEN), limits, Default::default()).unwrap();
+    let t = loopwright::github::Target { repo: "octo/proj".into(), issue: 1 };
+    let err = c.post_comment(&t, &"x".repeat(65_537), &mut |_| Ok(())).unwrap_err();
+    assert_eq!(err.exit, loopwright::Exit::DataErr);
+    assert!(err.to_string().contains("maximum is 65536 characters"), "{err}");
+    assert!(env.comments(1).is_empty());
+}
