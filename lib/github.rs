@@ -440,6 +440,7 @@ impl Client {
     /// answer's `Link` header.
     fn get_json(&mut self, url: &str, what: &str, perm: &str) -> Result<(serde_json::Value, Option<String>)> {
         let mut attempt = 0;
+        let mut limited = 0;
         loop {
             attempt += 1;
             self.wait_blocked()?;
@@ -449,6 +450,10 @@ impl Client {
                     self.note_headers(&r);
                     if let Some(until) = self.rate_limited(&r) {
                         self.budget.blocked_until = self.budget.blocked_until.max(until);
+                        limited += 1;
+                        if limited > MAX_RATE_LIMITED {
+                            return Err(rate_limited_too_often(what));
+                        }
                         attempt -= 1;
                         continue;
                     }
@@ -536,6 +541,7 @@ impl Client {
 
     fn write(&mut self, url: &str, method: &str, payload: &serde_json::Value, what: &str, before_send: BeforeSend<'_>) -> Result<Posted> {
         let perm = "issues: write (pull requests: write for a pull request)";
+        let mut limited = 0;
         loop {
             self.wait_write_slot()?;
             // Persisted before sending, a little ahead of the real send time, so
@@ -557,6 +563,10 @@ impl Client {
             if let Some(until) = self.rate_limited(&r) {
                 // A rate-limited request did nothing; it is safe to send again.
                 self.budget.blocked_until = self.budget.blocked_until.max(until);
+                limited += 1;
+                if limited > MAX_RATE_LIMITED {
+                    return Err(rate_limited_too_often(what));
+                }
                 continue;
             }
             if r.status >= 500 {
@@ -572,6 +582,14 @@ impl Client {
             });
         }
     }
+}
+
+/// Rate-limit answers to one request before giving up (GitHub: "throw an
+/// error after a specific number of retries").
+const MAX_RATE_LIMITED: u32 = 8;
+
+fn rate_limited_too_often(what: &str) -> Error {
+    Error::new(Exit::TempFail, format!("GitHub rate-limited {what} {MAX_RATE_LIMITED} times in a row; try again later"))
 }
 
 /// The URL of `rel="next"` in a `Link` header.

@@ -1156,8 +1156,13 @@ impl Syncer {
                     same = false;
                     self.events.push(Event::MissingLocally { entry: name.clone(), target: key.clone() });
                     if restore {
-                        log.append(e)?;
-                        self.events.push(Event::Restored { entry: name.clone() });
+                        match restorable(e) {
+                            Ok(()) => {
+                                log.append(e)?;
+                                self.events.push(Event::Restored { entry: name.clone() });
+                            }
+                            Err(why) => self.events.push(Event::Incomplete { entry: name.clone(), target: key.clone(), reason: why }),
+                        }
                     }
                 }
             }
@@ -1225,6 +1230,24 @@ pub fn watch_dir(dir: &Path, period: std::time::Duration, mut pass: impl FnMut()
             }
         }
     }
+}
+
+/// Whether an entry rebuilt from GitHub may be written into the log: its
+/// name must be `MSGID.ACTION[.PARTY]` (it becomes a file name) and its
+/// message must validate.
+fn restorable(e: &Entry) -> std::result::Result<(), String> {
+    if !crate::id::is_valid(&e.message_id) {
+        return Err(format!("message id '{}' does not follow the id grammar", e.message_id.escape_debug()));
+    }
+    let base = Entry::name_for(&e.message_id, e.decision.action, None);
+    let ok = e.name == base || e.name.strip_prefix(&format!("{base}.")).is_some_and(crate::layout::valid_name);
+    if !ok {
+        return Err(format!("entry name '{}' is not MSGID.ACTION[.PARTY]; not restored", e.name.escape_debug()));
+    }
+    if let Some(m) = &e.message {
+        m.validate().map_err(|why| format!("message: {why}; not restored"))?;
+    }
+    Ok(())
 }
 
 fn mark_part(ts: &mut TargetState, name: &str, part: u32, n: u32, cid: u64) {
@@ -1376,6 +1399,18 @@ mod tests {
         let f = entry("x", Action::Forward);
         let t = render_entry(&f, &["alice".into()], MAX_COMMENT_CHARS).unwrap().remove(0);
         assert!(!t.contains("@alice"));
+    }
+
+    #[test]
+    fn only_well_named_entries_are_restored() {
+        let mut e = entry("x", Action::Forward);
+        assert!(restorable(&e).is_ok());
+        e.name = format!("{}.forward.web", e.message_id);
+        assert!(restorable(&e).is_ok());
+        for bad in ["../../etc/x".to_string(), format!("{}.forward/../x", e.message_id), format!("{}.hold", e.message_id)] {
+            e.name = bad.clone();
+            assert!(restorable(&e).is_err(), "{bad}");
+        }
     }
 
     #[test]
