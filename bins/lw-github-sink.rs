@@ -20,7 +20,7 @@ const PROG: &str = "lw-github-sink";
 
 /// Serve GitHub's issue-comment API on a loopback address, for tests.
 #[derive(Parser, Debug)]
-#[command(name = "lw-github-sink", version, about, long_about = None)]
+#[command(name = "lw-github-sink", version)]
 struct Args {
     /// Directory holding the server's state (created when missing).
     #[arg(long, value_name = "DIR")]

@@ -24,7 +24,7 @@ const PROG: &str = "lw-sync";
 
 /// Mirror the loopwright log to GitHub issue comments and pull answers back.
 #[derive(Parser, Debug)]
-#[command(name = "lw-sync", version, about, long_about = None)]
+#[command(name = "lw-sync", version)]
 struct Args {
     /// Mailbox root (default: $LW_ROOT).
     #[arg(long, global = true, value_name = "DIR")]

@@ -755,6 +755,11 @@ impl Syncer {
 
     /// Lists every comment of `t` and records what is already there.
     fn reconcile(&mut self, t: &Target) -> Result<()> {
+        self.reconcile_listing(t).map(|_| ())
+    }
+
+    /// [`Syncer::reconcile`], returning the listing.
+    fn reconcile_listing(&mut self, t: &Target) -> Result<Vec<Comment>> {
         let comments = self.client.list_comments(t, None)?;
         self.stats.reconciles += 1;
         let sections = self.own_sections(t, &comments);
@@ -777,7 +782,8 @@ impl Syncer {
         complete_partials(ts, &sections);
         ts.pending = None;
         ts.reconciled = true;
-        self.save()
+        self.save()?;
+        Ok(comments)
     }
 
     /// One pass over the log: everything not yet on GitHub is posted.
@@ -981,12 +987,24 @@ impl Syncer {
     fn pull_target(&mut self, t: &Target, known: &HashMap<String, (String, String)>) -> Result<()> {
         let key = t.to_string();
         let ts = self.state.targets.entry(key.clone()).or_default().clone();
+        let mut listed = None;
         if ts.pending.is_some() || !ts.reconciled {
             // Notices already on the issue must be known before any is posted.
-            self.reconcile(t)?;
+            listed = Some(self.reconcile_listing(t)?);
         }
         let ts = self.state.targets[&key].clone();
-        let comments = self.client.list_comments(t, ts.pull_since.as_deref())?;
+        let comments = match listed {
+            Some(all) if ts.pull_since.is_none() => all,
+            _ => {
+                // A minute of overlap: a comment GitHub indexes late, with an
+                // older updated_at, is still seen.  Handled ones are skipped.
+                let since = ts.pull_since.as_deref().and_then(crate::time::parse_rfc3339).map(|d| {
+                    let t = crate::time::rfc3339(d.saturating_sub(std::time::Duration::from_secs(60)));
+                    format!("{}Z", &t[..19])
+                });
+                self.client.list_comments(t, since.as_deref())?
+            }
+        };
         let mut known = known.clone();
         for (_, s) in self.own_sections(t, &comments) {
             if let Head::Entry(h) = s.head
