@@ -311,18 +311,7 @@ impl Client {
             let now = now_ms();
             let hour = self.limits.hour.as_millis() as u64;
             self.budget.writes.retain(|&w| w + hour > now);
-            let mut earliest = 0u64;
-            if let Some(&last) = self.budget.writes.last() {
-                earliest = last + self.limits.min_write_interval.as_millis() as u64;
-            }
-            let minute = self.limits.minute.as_millis() as u64;
-            let in_minute: Vec<u64> = self.budget.writes.iter().copied().filter(|&w| w + minute > now).collect();
-            if in_minute.len() >= self.limits.per_minute {
-                earliest = earliest.max(in_minute[in_minute.len() - self.limits.per_minute] + minute);
-            }
-            if self.budget.writes.len() >= self.limits.per_hour {
-                earliest = earliest.max(self.budget.writes[self.budget.writes.len() - self.limits.per_hour] + hour);
-            }
+            let earliest = next_write_at(&self.limits, &self.budget.writes, now);
             if earliest <= now {
                 return Ok(());
             }
@@ -584,6 +573,25 @@ impl Client {
     }
 }
 
+/// The earliest time (ms) the next write keeps the spacing and the minute
+/// and hour counts, given the recent write times in order.
+pub fn next_write_at(l: &Limits, writes: &[u64], now: u64) -> u64 {
+    let (minute, hour) = (l.minute.as_millis() as u64, l.hour.as_millis() as u64);
+    let mut earliest = 0u64;
+    if let Some(&last) = writes.last() {
+        earliest = last + l.min_write_interval.as_millis() as u64;
+    }
+    let in_minute: Vec<u64> = writes.iter().copied().filter(|&w| w + minute > now).collect();
+    if in_minute.len() >= l.per_minute {
+        earliest = earliest.max(in_minute[in_minute.len() - l.per_minute] + minute);
+    }
+    let in_hour: Vec<u64> = writes.iter().copied().filter(|&w| w + hour > now).collect();
+    if in_hour.len() >= l.per_hour {
+        earliest = earliest.max(in_hour[in_hour.len() - l.per_hour] + hour);
+    }
+    earliest
+}
+
 /// Rate-limit answers to one request before giving up (GitHub: "throw an
 /// error after a specific number of retries").
 const MAX_RATE_LIMITED: u32 = 8;
@@ -630,6 +638,24 @@ mod tests {
         assert_eq!(next_link(h).as_deref(), Some("https://api.github.com/repositories/1/issues/7/comments?page=2"));
         let last = r#"<https://x/a?page=1>; rel="prev", <https://x/a?page=1>; rel="first""#;
         assert_eq!(next_link(last), None);
+    }
+
+    #[test]
+    fn pacing_keeps_spacing_and_the_minute_and_hour_counts() {
+        let l = Limits::default();
+        let now = 10_000_000u64;
+        assert_eq!(next_write_at(&l, &[], now), 0);
+        assert_eq!(next_write_at(&l, &[now - 300], now), now + 700, "1 s after the last write");
+        // 499 writes in the last hour, 2 s apart: the 500th waits for the oldest to age out.
+        let hour: Vec<u64> = (0..499).map(|i| now - 998_000 + i * 2000).collect();
+        assert_eq!(next_write_at(&l, &hour, now), hour[0] + 3_600_000);
+        // 498 leave room: only the spacing applies.
+        assert_eq!(next_write_at(&l, &hour[1..], now), hour[498] + 1000);
+        // 79 writes in the last minute (only reachable with a shorter spacing).
+        let mut fast = l.clone();
+        fast.min_write_interval = Duration::from_millis(100);
+        let minute: Vec<u64> = (0..79).map(|i| now - 7_900 + i * 100).collect();
+        assert_eq!(next_write_at(&fast, &minute, now), minute[0] + 60_000);
     }
 
     #[test]

@@ -75,3 +75,25 @@ fn a_secondary_limit_without_headers_backs_off_a_minute_then_exponentially() {
     assert!(waited >= 3600);
     assert_eq!(env.section_counts(1).get(&entries[0].name), Some(&1));
 }
+
+#[test]
+fn the_hourly_budget_holds_across_runs() {
+    // Runs before this one made 499 writes in the last hour (the budget is
+    // in the state file): this run may not write, and says when it can.
+    let env = Env::new("hour");
+    append_n(&env.log(), 1, "first");
+    let o = env.sync_cmd(&["--once"]).env_remove("LW_SYNC_MIN_WRITE_INTERVAL_MS").output().unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let path = env.root.join("state/sync.json");
+    let mut st: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let now = loopwright::github::now_ms();
+    st["budget"]["writes"] = (0..499u64).map(|i| now - 3_000_000 + i * 5000).collect::<Vec<_>>().into();
+    std::fs::write(&path, serde_json::to_vec(&st).unwrap()).unwrap();
+    append_n(&env.log(), 1, "second");
+    let before = env.requests().0.len();
+    let o = env.sync_cmd(&["--once", "--max-wait", "2"]).env_remove("LW_SYNC_MIN_WRITE_INTERVAL_MS").output().unwrap();
+    assert_eq!(o.status.code(), Some(75), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("content-creation budget is spent until"), "{}", text(&o.stderr));
+    assert_eq!(env.requests().0.len(), before, "no request was sent");
+    println!("hour budget: 499 writes on record -> the next run sends nothing and exits 75");
+}
