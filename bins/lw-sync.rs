@@ -165,6 +165,11 @@ fn report(s: &mut Syncer, out: &mut dyn Write, json: bool, stats: bool) -> Resul
             Event::Differs { entry, target } => writeln!(out, "differs {target} {entry}").map_err(out_err)?,
             Event::Incomplete { entry, target, reason } => writeln!(out, "incomplete {target} {entry}: {reason}").map_err(out_err)?,
             Event::Restored { entry } => writeln!(out, "restored {entry}").map_err(out_err)?,
+            Event::Duplicate { entry, target, comments } => {
+                let ids: Vec<String> = comments.iter().map(u64::to_string).collect();
+                writeln!(out, "duplicate {target} {entry} in comments {}", ids.join(","))
+                    .map_err(out_err)?
+            }
             Event::Bad { entry, reason } => eprintln!("{PROG}: skipping log entry '{entry}': {reason}"),
             Event::Unknown { target, reason } => eprintln!("{PROG}: {target}: outcome unknown ({reason}); reconciling"),
             Event::Rejected { comment, target, reason } => eprintln!("{PROG}: {target}: comment {comment}: {reason}"),

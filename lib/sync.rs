@@ -88,6 +88,8 @@ pub enum Event {
     Differs { entry: String, target: String },
     Incomplete { entry: String, target: String, reason: String },
     Restored { entry: String },
+    /// An entry (or one of its parts) found in more than one comment.
+    Duplicate { entry: String, target: String, comments: Vec<u64> },
 }
 
 pub struct Syncer {
@@ -164,6 +166,16 @@ impl Syncer {
 
     /// [`Syncer::reconcile`], returning the listing.
     fn reconcile_listing(&mut self, t: &Target) -> Result<Vec<Comment>> {
+        // After an unknown outcome, give GitHub a moment (two write intervals)
+        // so that a comment it created just before the connection dropped is
+        // in the list.
+        if let Some(p) = self.state.targets.get(&t.to_string()).and_then(|ts| ts.pending.as_ref()) {
+            let settle = p.at_ms + 2 * self.client.limits.min_write_interval.as_millis() as u64;
+            let now = crate::github::now_ms();
+            if settle > now {
+                std::thread::sleep(std::time::Duration::from_millis(settle - now));
+            }
+        }
         let comments = self.client.list_comments(t, None)?;
         self.stats.reconciles += 1;
         let sections = self.own_sections(t, &comments);
@@ -556,6 +568,10 @@ impl Syncer {
             let (remote, broken) = reassemble(&sections);
             let mine = local.remove(&t).unwrap_or_default();
             let key = t.to_string();
+            for (name, comments) in duplicates(&sections) {
+                same = false;
+                self.events.push(Event::Duplicate { entry: name, target: key.clone(), comments });
+            }
             for (name, e) in &mine {
                 match remote.get(name) {
                     None if broken.contains_key(name) => {
@@ -652,6 +668,23 @@ pub fn watch_dir(dir: &Path, period: std::time::Duration, mut pass: impl FnMut()
             }
         }
     }
+}
+
+/// Entries whose sections (the same part) appear in more than one comment.
+fn duplicates(sections: &[(u64, Section)]) -> Vec<(String, Vec<u64>)> {
+    let mut seen: BTreeMap<(String, u32), Vec<u64>> = BTreeMap::new();
+    for (cid, s) in sections {
+        if let Head::Entry(h) = &s.head {
+            seen.entry((h.entry.clone(), h.part[0])).or_default().push(*cid);
+        }
+    }
+    let mut out: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for ((name, _), ids) in seen {
+        if ids.len() > 1 {
+            out.entry(name).or_default().extend(ids);
+        }
+    }
+    out.into_iter().collect()
 }
 
 /// Whether an entry rebuilt from GitHub may be written into the log: its

@@ -308,3 +308,17 @@ fn server_errors_on_reads_are_retried() {
     let (reqs, _) = env.requests();
     assert_eq!(reqs.iter().filter(|r| r["status"] == 503).count(), 2);
 }
+
+#[test]
+fn verify_reports_a_duplicate_comment() {
+    let env = Env::new("dup");
+    let es = append_n(&env.log(), 1, "once");
+    assert_ok(&env.sync(&["--once"]));
+    let body = env.comments(1)[0].1.clone();
+    // The same comment again, as lw-sync's user: what a double post would leave.
+    env.ctl("POST", "comments", json!({ "repo": "octo/proj", "issue": 1, "body": body, "login": "lw-bot" }));
+    let o = env.sync(&["verify"]);
+    assert_eq!(o.status.code(), Some(65));
+    let out = text(&o.stdout);
+    assert!(out.starts_with(&format!("duplicate octo/proj#1 {} in comments ", es[0].name)), "{out}");
+}
