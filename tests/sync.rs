@@ -62,7 +62,7 @@ fn verify_agrees_and_restore_rebuilds_the_log_byte_for_byte() {
     assert_eq!(text(&o.stdout), "");
 
     // Rebuild into an empty root from GitHub alone.
-    let fresh = tempdir("rebuilt");
+    let fresh = env.dir.join("rebuilt");
     std::fs::create_dir_all(fresh.join("log")).unwrap();
     let o = env.sync_root(&fresh, &["verify", "--restore"]);
     assert_eq!(o.status.code(), Some(65), "differences were found: {}", text(&o.stderr));

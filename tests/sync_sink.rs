@@ -102,6 +102,7 @@ fn the_sink_speaks_the_comment_api_and_survives_a_restart() {
     // Tokens are kept as digests only.
     let journal = std::fs::read_to_string(d.join("state/journal.jsonl")).unwrap();
     assert!(!journal.contains("tok-w"));
+    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
@@ -112,6 +113,7 @@ fn the_sink_refuses_to_listen_beyond_loopback() {
     let o = Command::new(env!("CARGO_BIN_EXE_lw-github-sink")).arg("--dir").arg(&d).args(["--listen", "0.0.0.0:0"]).output().unwrap();
     assert_eq!(o.status.code(), Some(64));
     assert!(text(&o.stderr).contains("loopback"), "{}", text(&o.stderr));
+    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]

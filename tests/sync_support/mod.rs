@@ -134,6 +134,15 @@ impl Env {
     }
 }
 
+impl Drop for Env {
+    /// A failed test leaves its directory for inspection; a passing one does not.
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
 pub fn message(from: &str, to: &str, kind: Kind, subject: &str, body: &str) -> Message {
     Message {
         version: 1,
