@@ -565,6 +565,7 @@ fn dispatch(
                     drop: false,
                 };
             }
+            "status" if !f.commit && f.status == Some(422) => return too_long(),
             "status" if !f.commit => return gh_error(f.status.unwrap_or(502), "Server Error"),
             _ => commit_then = Some(f),
         }
@@ -673,17 +674,22 @@ fn body_field(body: &[u8]) -> std::result::Result<String, Response> {
         return Err(resp(422, json!({ "message": "Invalid request.\n\n\"body\" wasn't supplied.", "documentation_url": DOCS, "status": "422" })));
     };
     if b.chars().count() > crate::github::MAX_COMMENT_CHARS {
-        return Err(resp(
-            422,
-            json!({
-                "message": "Validation Failed",
-                "errors": [{ "resource": "IssueComment", "code": "custom", "field": "body", "message": "body is too long (maximum is 65536 characters)" }],
-                "documentation_url": DOCS,
-                "status": "422"
-            }),
-        ));
+        return Err(too_long());
     }
     Ok(b.to_string())
+}
+
+/// GitHub's answer to a comment over 65,536 characters.
+fn too_long() -> Response {
+    resp(
+        422,
+        json!({
+            "message": "Validation Failed",
+            "errors": [{ "resource": "IssueComment", "code": "custom", "field": "body", "message": "body is too long (maximum is 65536 characters)" }],
+            "documentation_url": DOCS,
+            "status": "422"
+        }),
+    )
 }
 
 fn create(st: &mut State, repo: &str, issue: u64, body: &[u8], login: &str, host: &str) -> Response {

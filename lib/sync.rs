@@ -258,6 +258,7 @@ impl Syncer {
         let key = t.to_string();
         let mut unknown_in_row = 0;
         let mut unrenderable: BTreeSet<String> = BTreeSet::new();
+        let mut solo: BTreeSet<String> = BTreeSet::new();
         loop {
             let ts = self.state.targets.entry(key.clone()).or_default();
             if !ts.reconciled || ts.pending.is_some() || !self.state_existed && ts.synced.is_empty() {
@@ -269,7 +270,7 @@ impl Syncer {
             if todo.is_empty() {
                 return Ok(());
             }
-            let plan = self.plan(&todo, &mut unrenderable)?;
+            let plan = self.plan(&todo, &mut unrenderable, &solo)?;
             if plan.is_empty() {
                 return Ok(());
             }
@@ -321,7 +322,22 @@ impl Syncer {
                             ts.pending = None;
                         }
                         self.save()?;
-                        return Err(e);
+                        if e.exit != Exit::DataErr {
+                            return Err(e);
+                        }
+                        // GitHub refused this comment's content (422): post a
+                        // batch's entries one by one to find the culprit; a
+                        // lone entry is reported and retried by the next run.
+                        if items.len() > 1 {
+                            solo.extend(items.iter().map(|(n, _, _)| n.clone()));
+                            interrupted = true;
+                            break;
+                        }
+                        for (name, _, _) in &items {
+                            self.stats.bad += 1;
+                            self.events.push(Event::Bad { entry: name.clone(), reason: e.to_string() });
+                            unrenderable.insert(name.clone());
+                        }
                     }
                 }
             }
@@ -335,7 +351,7 @@ impl Syncer {
     /// Groups pending entries into comments: a backlog is batched (up to
     /// `batch` entries and the character limit per comment); an entry too
     /// large for one comment is split into parts, one comment each.
-    fn plan(&mut self, todo: &[&Entry], unrenderable: &mut BTreeSet<String>) -> Result<Vec<Planned>> {
+    fn plan(&mut self, todo: &[&Entry], unrenderable: &mut BTreeSet<String>, solo: &BTreeSet<String>) -> Result<Vec<Planned>> {
         let mut plan: Vec<Planned> = Vec::new();
         let mut cur: Planned = (vec![], String::new());
         let batch = self.cfg.batch();
@@ -363,7 +379,8 @@ impl Syncer {
             }
             let s = parts.into_iter().next().expect("render_entry gives at least one part");
             let joined = cur.1.chars().count() + SEPARATOR.len() + s.chars().count();
-            if !cur.0.is_empty() && (cur.0.len() >= batch || joined > MAX_COMMENT_CHARS) {
+            let alone = solo.contains(&e.name) || cur.0.first().is_some_and(|(n, _, _)| solo.contains(n));
+            if !cur.0.is_empty() && (alone || cur.0.len() >= batch || joined > MAX_COMMENT_CHARS) {
                 plan.push(std::mem::take(&mut cur));
             }
             if !cur.0.is_empty() {

@@ -322,3 +322,34 @@ fn verify_reports_a_duplicate_comment() {
     let out = text(&o.stdout);
     assert!(out.starts_with(&format!("duplicate octo/proj#1 {} in comments ", es[0].name)), "{out}");
 }
+
+#[test]
+fn a_422_is_reported_and_the_entry_stays_unsynced() {
+    let env = Env::new("inj422");
+    let es = append_n(&env.log(), 1, "x");
+    env.faults(json!([{ "kind": "status", "status": 422, "method": "POST", "count": 1 }]));
+    let o = env.sync(&["--once"]);
+    assert_eq!(o.status.code(), Some(65), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("422") && text(&o.stderr).contains("body is too long"), "{}", text(&o.stderr));
+    assert!(env.comments(1).is_empty());
+    let state = std::fs::read_to_string(env.root.join("state/sync.json")).unwrap();
+    assert!(!state.contains(&es[0].name), "not marked synced, no intent left: {state}");
+    assert_ok(&env.sync(&["--once"]));
+    assert_eq!(env.section_counts(1).get(&es[0].name), Some(&1));
+}
+
+#[test]
+fn a_refused_batch_is_split_and_only_the_refused_entry_waits() {
+    let env = Env::new("inj422b");
+    let es = append_n(&env.log(), 3, "x");
+    // The batch of 3 is refused, then the second entry posted alone.
+    env.faults(json!([{ "kind": "status", "status": 422, "method": "POST", "count": 1 }, { "kind": "status", "status": 422, "method": "POST", "count": 1, "skip": 1 }]));
+    let o = env.sync(&["--once"]);
+    assert_eq!(o.status.code(), Some(65), "{}", text(&o.stderr));
+    let counts = env.section_counts(1);
+    assert_eq!(counts.len(), 2, "{counts:?}");
+    assert!(!counts.contains_key(&es[1].name));
+    assert!(text(&o.stderr).contains(&format!("skipping log entry '{}'", es[1].name)), "{}", text(&o.stderr));
+    assert_ok(&env.sync(&["--once"]));
+    assert_eq!(env.section_counts(1).len(), 3);
+}
