@@ -7,7 +7,9 @@ pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod ghserver;
 pub mod git;
+pub mod github;
 pub mod group;
 pub mod id;
 pub mod image;
@@ -19,6 +21,7 @@ pub mod message;
 pub mod mirror;
 pub mod policy;
 pub mod registry;
+pub mod sync;
 pub mod time;
 
 pub use error::{Error, Exit, Result};
