@@ -6,6 +6,7 @@
 pub mod cli;
 pub mod config;
 pub mod engine;
+pub mod doctor;
 pub mod error;
 pub mod ghserver;
 pub mod git;
