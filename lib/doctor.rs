@@ -1,0 +1,298 @@
+//! `lw doctor`: checks everything loopwright depends on and says, for each
+//! finding, what to do about it.
+//!
+//! Every check is independent and never changes anything: a doctor that
+//! "fixes" things behind the user's back would hide the very state it is asked
+//! about.  A check that cannot run (no project, no token configured) says so
+//! as `skip`, not as a failure.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::config::Project;
+use crate::engine::{DockerEngine, Engine};
+use crate::layout::Root;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Ok,
+    Warn,
+    Fail,
+    Skip,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Warn => "warn",
+            Status::Fail => "FAIL",
+            Status::Skip => "skip",
+        }
+    }
+}
+
+/// One finding: which check, how it went, what was seen, and the fix.
+#[derive(Clone, Debug, Serialize)]
+pub struct Finding {
+    pub check: &'static str,
+    pub status: Status,
+    pub detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+}
+
+fn f(check: &'static str, status: Status, detail: impl Into<String>, fix: Option<String>) -> Finding {
+    Finding { check, status, detail: detail.into(), fix }
+}
+
+/// What the doctor looks at.
+pub struct Inputs {
+    pub cwd: PathBuf,
+    pub root: Option<PathBuf>,
+    /// A mirror older than this is reported as stale.
+    pub fresh: Duration,
+}
+
+/// Runs every check, in the order a newcomer would fix things.
+pub fn run(inp: &Inputs) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let project = match Project::find(&inp.cwd) {
+        Ok(Some(p)) => {
+            out.push(f("project", Status::Ok, format!("{}", p.top.display()), None));
+            Some(p)
+        }
+        Ok(None) => {
+            out.push(f(
+                "project",
+                Status::Skip,
+                format!("'{}' is not inside a git checkout; mirror and image checks skipped", inp.cwd.display()),
+                Some("run lw doctor inside the project".into()),
+            ));
+            None
+        }
+        Err(e) => {
+            out.push(f("project", Status::Fail, e.to_string(), Some("fix .loopwright/config at the line named".into())));
+            None
+        }
+    };
+    out.push(git());
+    let engine = docker(&mut out);
+    if let Some(p) = &project {
+        out.push(mirror(p, inp.fresh));
+        out.extend(image(p, engine.as_ref()));
+    }
+    let root = inp.root.clone().or_else(|| project.as_ref().map(|p| p.cache().join("mailbox")));
+    match root {
+        Some(r) => out.extend(mailbox(&Root::new(r))),
+        None => out.push(f("mailbox", Status::Skip, "no mailbox root (no --root, no LW_ROOT, no project)", Some("set LW_ROOT".into()))),
+    }
+    out.push(github(project.as_ref().map(|p| p.top.as_path()).unwrap_or(&inp.cwd)));
+    out
+}
+
+fn git() -> Finding {
+    match std::process::Command::new("git").arg("--version").output() {
+        Ok(o) if o.status.success() => {
+            let v = String::from_utf8_lossy(&o.stdout).trim().to_string();
+            let ok = v
+                .split_whitespace()
+                .nth(2)
+                .and_then(|n| {
+                    let mut it = n.split('.').map(|x| x.parse::<u32>().unwrap_or(0));
+                    Some((it.next()?, it.next()?))
+                })
+                .is_some_and(|(maj, min)| (maj, min) >= (2, 30));
+            if ok {
+                f("git", Status::Ok, v, None)
+            } else {
+                f("git", Status::Warn, format!("{v}; loopwright is tested with git 2.30 and later"), Some("install a newer git".into()))
+            }
+        }
+        _ => f("git", Status::Fail, "git is not installed or not on PATH", Some("apt-get install git".into())),
+    }
+}
+
+fn docker(out: &mut Vec<Finding>) -> Option<DockerEngine> {
+    match DockerEngine::connect().and_then(|e| e.version().map(|v| (e, v))) {
+        Ok((e, v)) => {
+            out.push(f("docker", Status::Ok, format!("engine {} (API {}) at {}", v.version, v.api, e.host()), None));
+            Some(e)
+        }
+        Err(err) => {
+            let fix = if rustix::process::geteuid().is_root() {
+                "install and start it: apt-get install -y docker.io && dockerd &"
+            } else {
+                "ask an administrator to install docker.io and add you to the docker group, or set DOCKER_HOST"
+            };
+            out.push(f("docker", Status::Fail, err.to_string(), Some(fix.into())));
+            None
+        }
+    }
+}
+
+fn mirror(p: &Project, fresh: Duration) -> Finding {
+    let env = std::env::var_os(crate::mirror::ENV_PATH).map(PathBuf::from);
+    let path = match crate::mirror::locate(None, env.as_deref(), Some(p), &p.top) {
+        Ok(path) => path,
+        Err(e) => return f("mirror", Status::Fail, e.to_string(), None),
+    };
+    let m = crate::mirror::Mirror::new(&path);
+    match m.status() {
+        Ok(s) => {
+            let age = crate::time::now().saturating_sub(s.last_fetch);
+            let detail = format!("{} ({} refs, {}, fetched {} ago from {})", path.display(), s.refs, crate::mirror::human_size(s.size), human_age(age), s.url);
+            if age > fresh {
+                f("mirror", Status::Warn, detail, Some("refresh it: lw-mirror sync".into()))
+            } else {
+                f("mirror", Status::Ok, detail, None)
+            }
+        }
+        Err(_) if !path.exists() => f("mirror", Status::Warn, format!("no mirror at {} yet", path.display()), Some("create it: lw-mirror sync".into())),
+        Err(e) => f("mirror", Status::Fail, e.to_string(), Some("rebuild it: lw-mirror sync (a damaged mirror is rebuilt)".into())),
+    }
+}
+
+fn image(p: &Project, engine: Option<&DockerEngine>) -> Vec<Finding> {
+    let rt = match crate::image::Runtime::load(&p.top) {
+        Ok(rt) => rt,
+        Err(e) if e.exit == crate::Exit::NoInput => {
+            return vec![f("image", Status::Warn, e.to_string(), Some("write the default runtime: lw-build init".into()))];
+        }
+        Err(e) => return vec![f("image", Status::Fail, e.to_string(), Some("fix the runtime definition at the line named".into()))],
+    };
+    let Some(engine) = engine else {
+        return vec![f("image", Status::Skip, "the Docker engine is not reachable", None)];
+    };
+    let plan = match rt.plan(engine) {
+        Ok(plan) => plan,
+        Err(e) => return vec![f("image", Status::Fail, e.to_string(), None)],
+    };
+    let mut out = Vec::new();
+    for layer in &plan.layers {
+        if layer.cached() {
+            out.push(f("image", Status::Ok, format!("layer {} is current: {}", layer.def.name, layer.tag), None));
+            continue;
+        }
+        let why = match crate::image::explain(engine, layer) {
+            Ok(ex) => match ex.replaces {
+                Some((old, changes)) if !changes.is_empty() => {
+                    let names: Vec<String> = changes.iter().map(|c| c.to_string()).collect();
+                    format!("stale: {old} differs in {}", names.join(", "))
+                }
+                Some((old, _)) => format!("stale: replaces {old}"),
+                None => "never built".to_string(),
+            },
+            Err(e) => e.to_string(),
+        };
+        out.push(f("image", Status::Warn, format!("layer {} ({}) is {why}", layer.def.name, layer.tag), Some("build it: lw-build".into())));
+    }
+    out
+}
+
+fn mailbox(root: &Root) -> Vec<Finding> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let mut out = Vec::new();
+    let meta = match std::fs::metadata(&root.dir) {
+        Ok(m) => m,
+        Err(_) => {
+            return vec![f(
+                "mailbox",
+                Status::Warn,
+                format!("no mailbox root at {} yet", root.dir.display()),
+                Some("it is created by the first lw-sandbox create or lw-mediate".into()),
+            )];
+        }
+    };
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o022 != 0 {
+        out.push(f(
+            "mailbox",
+            Status::Fail,
+            format!("{} is writable by group or others (mode {mode:o}): anyone could plant messages", root.dir.display()),
+            Some(format!("chmod go-w {}", root.dir.display())),
+        ));
+    } else {
+        out.push(f("mailbox", Status::Ok, format!("{} (mode {mode:o}, owner uid {})", root.dir.display(), meta.uid()), None));
+    }
+    // Each sandbox's mailbox must belong to one user and be closed to others.
+    if let Ok(rd) = std::fs::read_dir(root.sandboxes_dir()) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if let Ok(m) = std::fs::symlink_metadata(&p) {
+                let mode = m.permissions().mode() & 0o777;
+                if !m.is_dir() || mode & 0o077 != 0 {
+                    out.push(f(
+                        "mailbox",
+                        Status::Fail,
+                        format!("{} is {} (mode {mode:o}); a sandbox's mailbox must be a directory only its owner can open", p.display(), if m.is_dir() { "open to others" } else { "not a directory" }),
+                        Some(format!("chmod 700 {}", p.display())),
+                    ));
+                }
+            }
+        }
+    }
+    out.push(lock_finding("mediator", &root.state_dir().join("mediator.lock")));
+    out.push(lock_finding("sync", &root.state_dir().join("sync.lock")));
+    out
+}
+
+fn lock_finding(what: &'static str, path: &Path) -> Finding {
+    let check = if what == "mediator" { "mediator" } else { "sync" };
+    let Ok(file) = std::fs::OpenOptions::new().read(true).open(path) else {
+        return f(check, Status::Ok, format!("not running (no lock file {})", path.display()), None);
+    };
+    match file.try_lock_shared() {
+        Ok(()) => f(check, Status::Ok, format!("not running (lock {} is free)", path.display()), None),
+        Err(std::fs::TryLockError::WouldBlock) => f(check, Status::Ok, format!("running (lock {} is held)", path.display()), None),
+        Err(std::fs::TryLockError::Error(e)) => f(check, Status::Fail, format!("cannot check lock {}: {e}", path.display()), None),
+    }
+}
+
+fn github(dir: &Path) -> Finding {
+    let Some(cfg_path) = crate::sync::Config::find(dir) else {
+        return f("github", Status::Skip, "no .loopwright/sync.json: lw-sync is not configured", None);
+    };
+    let cfg = match crate::sync::Config::load(&cfg_path) {
+        Ok(c) => c,
+        Err(e) => return f("github", Status::Fail, e.to_string(), Some("fix .loopwright/sync.json".into())),
+    };
+    let token = match crate::github::Token::load(cfg.token_file.as_deref()) {
+        Ok(t) => t,
+        Err(e) => return f("github", Status::Fail, e.to_string(), None),
+    };
+    let base = std::env::var("LW_GITHUB_API_URL").ok().or(cfg.api_url.clone()).unwrap_or_else(|| "https://api.github.com".into());
+    let mut limits = crate::github::Limits::default();
+    limits.max_wait = Duration::from_secs(5);
+    limits.read_attempts = 1;
+    let client = crate::github::Client::new(&base, token, limits, Default::default());
+    let mut client = match client {
+        Ok(c) => c,
+        Err(e) => return f("github", Status::Fail, e.to_string(), None),
+    };
+    let who = match client.user() {
+        Ok(Some(login)) => format!("token of {login}"),
+        Ok(None) => "token (an installation token: no user)".into(),
+        Err(e) => return f("github", Status::Fail, e.to_string(), Some("set GH_TOKEN to a token with issues: write on the repository".into())),
+    };
+    match cfg.default_target() {
+        Ok(t) => match client.list_comments(&t, Some("2999-01-01T00:00:00Z")) {
+            Ok(_) => f("github", Status::Ok, format!("{who} reads {t} at {base}"), None),
+            Err(e) => f("github", Status::Fail, e.to_string(), Some("give the token issues: read and write on the repository".into())),
+        },
+        Err(e) => f("github", Status::Warn, format!("{who} at {base}; {e}"), None),
+    }
+}
+
+fn human_age(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..=119 => format!("{s}s"),
+        120..=7199 => format!("{}m", s / 60),
+        7200..=172_799 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
+    }
+}
