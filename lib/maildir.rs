@@ -168,18 +168,8 @@ impl Maildir {
             let _ = rfs::unlinkat(tmp, name, rfs::AtFlags::empty());
             err
         };
-        // A message belongs to whoever owns the Maildir it is delivered into:
-        // the mediator runs as root and delivers into inboxes that belong to a
-        // sandbox's unprivileged user, who must be able to read and claim them.
-        let dir_st = rfs::fstat(tmp).map_err(|e| cleanup(Error::io("cannot stat", &self.sub(Sub::Tmp), errno_io(e))))?;
-        if dir_st.st_uid != rustix::process::geteuid().as_raw() {
-            rfs::fchown(
-                &fd,
-                Some(rustix::process::Uid::from_raw(dir_st.st_uid)),
-                Some(rustix::process::Gid::from_raw(dir_st.st_gid)),
-            )
+        give_to_owner(tmp, &fd)
             .map_err(|e| cleanup(Error::io_as(Exit::NoPerm, "cannot give the message to the owner of", &self.sub(Sub::Tmp), errno_io(e))))?;
-        }
         write_all(&fd, bytes).map_err(|e| cleanup(Error::io_as(Exit::IoErr, "cannot write", &tmp_path, e)))?;
         rfs::fsync(&fd).map_err(|e| cleanup(Error::io_as(Exit::IoErr, "cannot fsync", &tmp_path, errno_io(e))))?;
         drop(fd);
@@ -383,6 +373,19 @@ impl Maildir {
         let mut rd = std::fs::read_dir(&dir).map_err(|e| Error::io_as(Exit::NoInput, "cannot read mailbox directory", &dir, e))?;
         Ok(rd.next().is_some())
     }
+}
+
+/// Gives the file `fd` to the owner and group of the directory `dir` when
+/// they differ from this process's user.  A message belongs to whoever owns
+/// the Maildir it is delivered into: the mediator runs as root and delivers
+/// into inboxes that belong to a sandbox's unprivileged user, who must be
+/// able to read and claim them.
+pub fn give_to_owner(dir: &impl AsFd, fd: &impl AsFd) -> rustix::io::Result<()> {
+    let st = rfs::fstat(dir)?;
+    if st.st_uid != rustix::process::geteuid().as_raw() {
+        rfs::fchown(fd, Some(rustix::process::Uid::from_raw(st.st_uid)), Some(rustix::process::Gid::from_raw(st.st_gid)))?;
+    }
+    Ok(())
 }
 
 fn set_mode(p: &Path, mode: u32) -> Result<()> {
