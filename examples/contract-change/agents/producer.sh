@@ -7,7 +7,9 @@ cd /work/repo
 sed -i 's/"name"/"full_name"/g' contract/user.schema.json
 sed -i 's/"name"/"full_name"/' producer/emit.sh
 git commit -qam "contract: user.name is now user.full_name"
-lw-post --kind contract-change \
+printf 'producer: renamed name to full_name in the contract and in producer/emit.sh, committed %s\n' "$(git rev-parse --short HEAD)"
+id=$(lw-post --kind contract-change \
     --subject "user.name is now user.full_name" \
     --ref contract/user.schema.json \
-    "The user record's field 'name' is renamed to 'full_name' (commit $(git rev-parse --short HEAD)). Consumers must read the new field."
+    "The user record's field 'name' is renamed to 'full_name' (commit $(git rev-parse --short HEAD)). Consumers must read the new field.")
+printf 'producer: posted contract-change %s\n' "$id"
