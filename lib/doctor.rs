@@ -276,6 +276,9 @@ fn github(dir: &Path) -> Finding {
     let who = match client.user() {
         Ok(Some(login)) => format!("token of {login}"),
         Ok(None) => "token (an installation token: no user)".into(),
+        Err(e) if e.exit == crate::Exit::Unavailable || e.to_string().contains("connection failed") => {
+            return f("github", Status::Fail, format!("{base}: {e}"), Some("check the API URL (LW_GITHUB_API_URL or \"api_url\" in .loopwright/sync.json) and that it is reachable".into()));
+        }
         Err(e) => return f("github", Status::Fail, e.to_string(), Some("set GH_TOKEN to a token with issues: write on the repository".into())),
     };
     match cfg.default_target() {
