@@ -7,7 +7,9 @@ pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod ghserver;
 pub mod git;
+pub mod github;
 pub mod id;
 pub mod image;
 pub mod layout;
@@ -15,6 +17,7 @@ pub mod log;
 pub mod maildir;
 pub mod message;
 pub mod mirror;
+pub mod sync;
 pub mod time;
 
 pub use error::{Error, Exit, Result};
