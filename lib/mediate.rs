@@ -933,7 +933,6 @@ impl Mediator {
                     };
                     to_log.extend(entries.iter().cloned());
                     to_deliver.extend(entries.iter().cloned());
-                    self.stats.routed += 1;
                     work.push(Work::Route { name: name.clone(), entries, claim_question });
                 }
             }
@@ -952,8 +951,14 @@ impl Mediator {
         for w in &work {
             match w {
                 Work::Route { name, claim_question, entries } => {
+                    // Counted only when claimed, so that `drain` cannot spin on
+                    // a source it fails to move.
                     match group::move_noreplace(&ob.new, name, &ob.cur, name) {
-                        Ok(_) => claimed = true,
+                        Ok(true) => {
+                            claimed = true;
+                            self.stats.routed += 1;
+                        }
+                        Ok(false) => {}
                         Err(e) => self.warn_once(format!(
                             "cannot claim '{}' into '{}': {}",
                             escape_name(name),
