@@ -79,6 +79,10 @@ fn kill_storm_loses_and_duplicates_nothing() {
     }
     let storm = started.elapsed();
     let routed_in_storm: usize = POSTERS.iter().map(|p| names(&root.sandbox(p).outbox().sub(Sub::Cur)).len()).sum();
+    // Evidence that kills landed inside commits: files a killed run left in
+    // tmp/ (a later run writes the same name again, or nobody reads them).
+    let interrupted: usize = POSTERS.iter().map(|p| names(&root.sandbox(p).inbox().sub(Sub::Tmp)).len()).sum::<usize>()
+        + names(&root.log_dir().join("tmp")).len();
     let final_run = once(&root, OPEN_POLICY);
     assert!(final_run.stderr.is_empty(), "{}", String::from_utf8_lossy(&final_run.stderr));
 
@@ -128,6 +132,7 @@ fn kill_storm_loses_and_duplicates_nothing() {
 
     println!(
         "kill storm: kills={kills} messages={} inbox_copies={copies} storm={:.1}s routed_during_storm={routed_in_storm} \
+         tmp_files_left_by_kills={interrupted} \
          lost_log={lost_log} duplicated_log={dup_log} lost_inbox={lost_inbox} duplicated_inbox={dup_inbox} \
          torn={torn} left_in_outbox_new={left_in_new} claimed={claimed}",
         expected.len(),
