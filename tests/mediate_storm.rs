@@ -19,6 +19,8 @@ use mediate_util::*;
 const POSTERS: &[&str] = &["api", "web", "db", "ops"];
 const PER_POSTER: usize = 500;
 const MIN_KILLS: usize = 200;
+/// Malformed files the first poster plants along the way.
+const PLANTED: usize = 20;
 
 fn rand_below(n: u64) -> u64 {
     (loopwright::id::random128() % n as u128) as u64
@@ -46,6 +48,12 @@ fn kill_storm_loses_and_duplicates_nothing() {
                 let m = message(me, &to, kind, &format!("{me} #{n}"));
                 expected.lock().unwrap().insert(m.id.clone(), (me.to_string(), to.iter().map(|s| s.to_string()).collect()));
                 post(&root, me, &m);
+                if i == 0 && n % (PER_POSTER / PLANTED) == 0 {
+                    let bad = loopwright::id::new_id();
+                    let tmp = root.sandbox(me).outbox().sub(Sub::Tmp).join(&bad);
+                    std::fs::write(&tmp, b"{\"version\": 1, \"broken\"").unwrap();
+                    std::fs::rename(&tmp, root.sandbox(me).outbox().sub(Sub::New).join(&bad)).unwrap();
+                }
                 posted.fetch_add(1, Ordering::Relaxed);
                 // Spread the flow over the storm (pacing, not synchronisation).
                 std::thread::sleep(Duration::from_micros(2_000 + rand_below(6_000)));
@@ -89,7 +97,12 @@ fn kill_storm_loses_and_duplicates_nothing() {
     let expected = expected.lock().unwrap();
     // The log: exactly one forward entry per message, nothing else.
     let mut logged: HashMap<String, Vec<Action>> = HashMap::new();
+    let mut quarantine_entries = 0;
     for e in entries(&root) {
+        if e.decision.action == Action::Quarantine {
+            quarantine_entries += 1;
+            continue;
+        }
         logged.entry(e.message_id.clone()).or_default().push(e.decision.action);
         if let Some((sender, _)) = expected.get(&e.message_id) {
             assert_eq!(&e.sender, sender);
@@ -129,12 +142,14 @@ fn kill_storm_loses_and_duplicates_nothing() {
     }
     let left_in_new: usize = POSTERS.iter().map(|p| names(&root.sandbox(p).outbox().sub(Sub::New)).len()).sum();
     let claimed: usize = POSTERS.iter().map(|p| names(&root.sandbox(p).outbox().sub(Sub::Cur)).len()).sum();
+    let quarantined = names(&root.quarantine().sub(Sub::New)).len();
 
     println!(
         "kill storm: kills={kills} messages={} inbox_copies={copies} storm={:.1}s routed_during_storm={routed_in_storm} \
          tmp_files_left_by_kills={interrupted} \
          lost_log={lost_log} duplicated_log={dup_log} lost_inbox={lost_inbox} duplicated_inbox={dup_inbox} \
-         torn={torn} left_in_outbox_new={left_in_new} claimed={claimed}",
+         torn={torn} left_in_outbox_new={left_in_new} claimed={claimed} \
+         planted_bad={PLANTED} quarantined={quarantined} quarantine_entries={quarantine_entries}",
         expected.len(),
         storm.as_secs_f64()
     );
@@ -143,4 +158,5 @@ fn kill_storm_loses_and_duplicates_nothing() {
     assert_eq!((lost_log, dup_log, wrong_action), (0, 0, 0));
     assert_eq!((lost_inbox, dup_inbox, torn), (0, 0, 0));
     assert_eq!((left_in_new, claimed), (0, expected.len()));
+    assert_eq!((quarantined, quarantine_entries), (PLANTED, PLANTED));
 }
