@@ -583,15 +583,15 @@ impl Mediator {
                 }
             }
             let digest = content_digest(m);
-            if let Some(t) = mem.dup_index.get(&digest) {
-                if now.saturating_sub(*t) <= window {
-                    let ago = now.saturating_sub(*t) / 1000;
-                    return Some(format!(
-                        "exact duplicate of a message {sender} posted {ago}s ago (within {}s, {})",
-                        d.value.as_secs(),
-                        self.policy.at(d.line)
-                    ));
-                }
+            if let Some(t) = mem.dup_index.get(&digest)
+                && now.saturating_sub(*t) <= window
+            {
+                let ago = now.saturating_sub(*t) / 1000;
+                return Some(format!(
+                    "exact duplicate of a message {sender} posted {ago}s ago (within {}s, {})",
+                    d.value.as_secs(),
+                    self.policy.at(d.line)
+                ));
             }
             mem.dups.push_back((digest.clone(), now));
             mem.dup_index.insert(digest, now);
@@ -637,11 +637,11 @@ impl Mediator {
         } else {
             String::new()
         };
-        if bounced.is_none() {
-            if let Some(reason) = self.hold_reason(m, sender) {
-                let d = Decision { action: Action::Hold, to: vec![], reason: reason + &spoof };
-                return vec![self.entry(m, sender, d)];
-            }
+        if bounced.is_none()
+            && let Some(reason) = self.hold_reason(m, sender)
+        {
+            let d = Decision { action: Action::Hold, to: vec![], reason: reason + &spoof };
+            return vec![self.entry(m, sender, d)];
         }
         let (main, unknown, why) = self.route(m, sender, false);
         let mut out = Vec::new();
@@ -1175,10 +1175,8 @@ impl Mediator {
                     dirs.push(self.root.sandbox(&s).inbox().sub(crate::maildir::Sub::Cur));
                 }
             }
-            if let Some(p) = &self.policy_path {
-                if let Some(parent) = p.parent() {
-                    dirs.push(if parent.as_os_str().is_empty() { PathBuf::from(".") } else { parent.to_path_buf() });
-                }
+            if let Some(parent) = self.policy_path.as_ref().and_then(|p| p.parent()) {
+                dirs.push(if parent.as_os_str().is_empty() { PathBuf::from(".") } else { parent.to_path_buf() });
             }
             for d in &dirs {
                 // ONLYDIR|DONT_FOLLOW: a planted link is not watched through.

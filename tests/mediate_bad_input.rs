@@ -101,7 +101,7 @@ fn hardlink_is_not_read() {
 #[test]
 fn fifo_does_not_block() {
     case("fifo", "FIFO", |new, _| {
-        rustix::fs::mknodat(rustix::fs::CWD, &new.join(NAME), rustix::fs::FileType::Fifo, rustix::fs::Mode::from_raw_mode(0o600), 0)
+        rustix::fs::mknodat(rustix::fs::CWD, new.join(NAME), rustix::fs::FileType::Fifo, rustix::fs::Mode::from_raw_mode(0o600), 0)
             .unwrap();
     });
 }

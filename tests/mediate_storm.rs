@@ -33,7 +33,9 @@ fn kill_storm_loses_and_duplicates_nothing() {
     std::fs::write(&policy, OPEN_POLICY).unwrap();
 
     // Who should receive what: id -> recipients.
-    let expected: Arc<std::sync::Mutex<HashMap<String, (String, Vec<String>)>>> = Arc::default();
+    // id -> (sender, recipients)
+    type Expected = HashMap<String, (String, Vec<String>)>;
+    let expected: Arc<std::sync::Mutex<Expected>> = Arc::default();
     let posted = Arc::new(AtomicUsize::new(0));
     let mut posters = Vec::new();
     for (i, me) in POSTERS.iter().enumerate() {
