@@ -209,6 +209,10 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
                     w(out, format!("routed {} forwarded {} escalated {} held {} bounced {} quarantined {} receipts {}",
                         s.routed, s.forwarded, s.escalated, s.held, s.bounced, s.quarantined, s.receipts))?;
                 }
+                if s.waiting > 0 {
+                    eprintln!("lw-mediate: {} messages or outboxes could not be routed yet (see above); they wait", s.waiting);
+                    return Ok(Exit::TempFail);
+                }
                 return Ok(Exit::Ok);
             }
             m.watch(Duration::from_secs(args.rescan.max(1)), out)?;

@@ -80,6 +80,9 @@ pub struct Stats {
     pub resumed: u64,
     pub released: u64,
     pub dropped: u64,
+    /// Messages left waiting, and outboxes that could not be read, in the
+    /// last pass (see `drain`).
+    pub waiting: u64,
 }
 
 /// Rate and duplicate memory.  Bounded: a sender keeps at most the policy's
@@ -780,6 +783,7 @@ impl Mediator {
             if let Err(e) = self.drain_outbox(&mut boxes, &sender, &rel, out) {
                 // One sender's broken outbox never stops the others.
                 self.warn_once(format!("outbox of {sender} skipped: {e}"));
+                self.stats.waiting += 1;
             }
         }
         self.take_receipts(&mut boxes, out)?;
@@ -798,22 +802,36 @@ impl Mediator {
             resumed: s.resumed - before.resumed,
             released: s.released - before.released,
             dropped: s.dropped - before.dropped,
+            waiting: s.waiting - before.waiting,
         })
     }
 
-    /// Passes until a pass finds nothing more to do (`--once`).
+    /// Passes until a pass finds nothing more to do (`--once`).  The
+    /// counts are totals, except `waiting`, which is the last pass's: what
+    /// is still stuck.
     pub fn drain(&mut self, out: &mut dyn Write) -> Result<Stats> {
         let start = self.stats;
-        loop {
+        let last = loop {
             let s = self.pass(out)?;
             if s.routed == 0 && s.quarantined == 0 && s.receipts == 0 {
-                break;
+                break s;
             }
-        }
+        };
         self.save_memory()?;
-        let mut s = self.stats;
-        s.routed -= start.routed;
-        Ok(s)
+        let s = self.stats;
+        Ok(Stats {
+            routed: s.routed - start.routed,
+            forwarded: s.forwarded - start.forwarded,
+            escalated: s.escalated - start.escalated,
+            held: s.held - start.held,
+            bounced: s.bounced - start.bounced,
+            quarantined: s.quarantined - start.quarantined,
+            receipts: s.receipts - start.receipts,
+            resumed: s.resumed - start.resumed,
+            released: s.released - start.released,
+            dropped: s.dropped - start.dropped,
+            waiting: last.waiting,
+        })
     }
 
     /// Every outbox: `(sender, path relative to the root)`, the human's first.
@@ -865,7 +883,6 @@ impl Mediator {
     fn route_chunk(&mut self, boxes: &mut Boxes, ob: &Box3, sender: &str, names: &[OsString], out: &mut dyn Write) -> Result<()> {
         let mut work = Vec::new();
         let mut to_log: Vec<Entry> = Vec::new();
-        let mut to_deliver: Vec<Entry> = Vec::new();
         for name in names {
             let quarantine = |why: String, st: &rfs::Stat, sender: &str| {
                 let qid = quarantine_id(sender, name, st);
@@ -932,7 +949,6 @@ impl Mediator {
                         _ => None,
                     };
                     to_log.extend(entries.iter().cloned());
-                    to_deliver.extend(entries.iter().cloned());
                     work.push(Work::Route { name: name.clone(), entries, claim_question });
                 }
             }
@@ -940,15 +956,29 @@ impl Mediator {
         // 1. Log.
         let refs: Vec<&Entry> = to_log.iter().collect();
         self.log_entries(boxes, &refs, out)?;
-        // 2. Deliver.
+        // 2. Deliver.  A recipient whose inbox cannot be written (removed,
+        // or replaced by a link) holds up only the messages addressed to
+        // it: they stay unclaimed, to be carried out again by a later pass.
         let mut g = Group::with_sync(self.sync);
-        for e in &to_deliver {
-            self.stage_deliveries(boxes, &mut g, e)?;
+        let mut failed = HashSet::new();
+        for (i, w) in work.iter().enumerate() {
+            let Work::Route { name, entries, .. } = w else { continue };
+            for e in entries {
+                if let Err(err) = self.stage_deliveries(boxes, &mut g, e) {
+                    self.warn_once(format!("message {} of {sender} waits: {err}", escape_name(name)));
+                    if failed.insert(i) {
+                        self.stats.waiting += 1;
+                    }
+                }
+            }
         }
         g.commit(&boxes.list)?;
         // 3. Claim (or move to quarantine).
         let (mut claimed, mut quarantined, mut questions) = (false, false, false);
-        for w in &work {
+        for (i, w) in work.iter().enumerate() {
+            if failed.contains(&i) {
+                continue;
+            }
             match w {
                 Work::Route { name, claim_question, entries } => {
                     // Counted only when claimed, so that `drain` cannot spin on
@@ -1182,7 +1212,12 @@ impl Mediator {
                 // ONLYDIR|DONT_FOLLOW: a planted link is not watched through.
                 let _ = inotify::add_watch(&ino, d, arrivals | WatchFlags::DONT_FOLLOW);
             }
-            self.pass(out)?;
+            // A failing pass (a full disk, a removed directory) is reported
+            // and tried again on the next event or re-scan; the watcher
+            // does not exit over it.
+            if let Err(e) = self.pass(out) {
+                eprintln!("lw-mediate: {e}; trying again");
+            }
             out.flush().map_err(crate::cli::out_err)?;
             let ts = rustix::event::Timespec { tv_sec: rescan.as_secs() as i64, tv_nsec: rescan.subsec_nanos() as i64 };
             let mut fds = [rustix::event::PollFd::new(&ino, rustix::event::PollFlags::IN)];
