@@ -12,6 +12,7 @@ pub mod log;
 pub mod maildir;
 pub mod mediate;
 pub mod message;
+pub mod operator;
 pub mod policy;
 pub mod registry;
 pub mod time;

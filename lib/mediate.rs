@@ -744,7 +744,7 @@ impl Mediator {
 
     fn print(&self, out: &mut dyn Write, e: &Entry) -> Result<()> {
         if self.verbose {
-            writeln!(out, "{}", format_entry(e)).map_err(crate::cli::out_err)?;
+            writeln!(out, "{}", crate::operator::format_entry(e)).map_err(crate::cli::out_err)?;
         }
         Ok(())
     }
@@ -1255,91 +1255,6 @@ fn read_names(fd: &OwnedFd) -> rustix::io::Result<Vec<OsString>> {
             continue;
         }
         v.push(OsStr::from_bytes(n).to_os_string());
-    }
-    Ok(v)
-}
-
-/// One line for a log entry: `ACTION ID SENDER -> TO  KIND SUBJECT  (REASON)`.
-pub fn format_entry(e: &Entry) -> String {
-    let to = if e.decision.to.is_empty() { "-".to_string() } else { e.decision.to.join(",") };
-    let (kind, subject) = match &e.message {
-        Some(m) => (m.kind.as_str(), m.subject.as_str()),
-        None => ("-", ""),
-    };
-    format!(
-        "{} {} {} {} -> {} {} {:?} ({})",
-        e.logged,
-        e.decision.action.as_str(),
-        e.message_id,
-        e.sender,
-        to,
-        kind,
-        subject,
-        e.decision.reason.escape_debug()
-    )
-}
-
-/// Posts a person's answer to question `qid` into `human-outbox`; the
-/// mediator routes it to whoever asked.  Returns the answer.
-pub fn answer(root: &Root, log: &Log, qid: &str, body: &str) -> Result<Message> {
-    if !crate::id::is_valid(qid) {
-        return Err(Error::usage(format!("'{}' is not a message id", qid.escape_debug())));
-    }
-    let q = log
-        .read(OsStr::new(&Entry::name_for(qid, Action::Escalate, None)))
-        .or_else(|_| log.read(OsStr::new(&Entry::name_for(qid, Action::Release, None))))
-        .map_err(|_| Error::new(Exit::NoInput, format!("no question {qid} was escalated; see 'lw-mediate human'")))?;
-    let subject = q.message.as_ref().map(|m| m.subject.clone()).unwrap_or_default();
-    let mut subject = format!("Re: {subject}");
-    while subject.len() > message::MAX_SUBJECT {
-        subject.pop();
-    }
-    let m = Message {
-        version: message::VERSION,
-        id: crate::id::new_id(),
-        from: layout::HUMAN.into(),
-        to: vec![q.sender.clone()],
-        kind: Kind::Answer,
-        subject,
-        body: body.to_string(),
-        refs: vec![],
-        in_reply_to: Some(qid.to_string()),
-        created: crate::time::rfc3339(crate::time::now()),
-    };
-    m.validate()?;
-    root.human_outbox().deliver_message(&m)?;
-    Ok(m)
-}
-
-/// A message waiting in the held or human queue, with the reason it is there.
-#[derive(Clone, Debug, Serialize)]
-pub struct Queued {
-    pub id: String,
-    pub sender: String,
-    pub kind: Kind,
-    pub subject: String,
-    pub created: String,
-    pub reason: String,
-}
-
-/// The messages in `held/new/` (`held` true) or `human/new/`, oldest first;
-/// entries that cannot be read are listed with their reason as subject.
-pub fn queue(root: &Root, log: &Log, held: bool) -> Result<Vec<Queued>> {
-    let (dir, action) = if held { (root.held(), Action::Hold) } else { (root.human(), Action::Escalate) };
-    let entries = match dir.scan(crate::maildir::Sub::New) {
-        Ok(e) => e,
-        Err(e) if e.exit == Exit::NoInput && !dir.sub(crate::maildir::Sub::New).exists() => return Ok(vec![]),
-        Err(e) => return Err(e),
-    };
-    let mut v = Vec::new();
-    for ent in entries {
-        let crate::maildir::Found::Message(m) = ent.found else { continue };
-        let reason = [action, Action::Release, Action::Forward]
-            .into_iter()
-            .find_map(|a| log.read(OsStr::new(&Entry::name_for(&m.id, a, None))).ok())
-            .map(|e| e.decision.reason)
-            .unwrap_or_default();
-        v.push(Queued { id: m.id, sender: m.from, kind: m.kind, subject: m.subject, created: m.created, reason });
     }
     Ok(v)
 }
