@@ -184,3 +184,36 @@ fn policy_check_and_show() {
     assert_eq!(no_root.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&no_root.stderr).contains("LW_ROOT"));
 }
+
+#[test]
+fn the_binary_links_no_async_runtime_or_docker_client() {
+    // Debug information names every crate whose code is linked in.
+    let bin = std::fs::read(BIN).unwrap();
+    for name in [&b"tokio"[..], b"bollard", b"hyper"] {
+        assert!(!bin.windows(name.len()).any(|w| w == name), "lw-mediate links {}", String::from_utf8_lossy(name));
+    }
+}
+
+#[test]
+fn an_answer_can_come_from_standard_input() {
+    use std::io::Write as _;
+    let root = root_with("stdin", &["a"]);
+    let q = message("a", &["mediator"], Kind::Question, "why?");
+    post(&root, "a", &q);
+    once(&root, OPEN_POLICY);
+    let mut child = Command::new(BIN)
+        .arg("--root")
+        .arg(&root.dir)
+        .args(["answer", &q.id])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all("because\nof this".as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let id = stdout(&out).trim().to_string();
+    once(&root, OPEN_POLICY);
+    let Found::Message(a) = root.sandbox("a").inbox().read(Sub::New, OsStr::new(&id)) else { panic!("not delivered") };
+    assert_eq!(a.body, "because\nof this");
+}
