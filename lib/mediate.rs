@@ -848,6 +848,15 @@ impl Mediator {
         let mut names = Vec::new();
         for ent in rd.flatten() {
             let n = ent.file_name();
+            // file_type() does not follow links: a link here is never an outbox.
+            if !ent.file_type().is_ok_and(|t| t.is_dir()) {
+                self.warn_once(format!(
+                    "'{}' in '{}' is not a directory (or is a symbolic link); ignored",
+                    escape_name(&n),
+                    sdir.display()
+                ));
+                continue;
+            }
             match n.to_str() {
                 Some(s) if layout::valid_name(s) && s != layout::HUMAN && s != layout::MEDIATOR => names.push(s.to_string()),
                 _ => self.warn_once(format!("'{}' in '{}' is not a sandbox name; ignored", escape_name(&n), sdir.display())),

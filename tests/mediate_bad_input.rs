@@ -233,7 +233,9 @@ fn links_in_the_tree_are_not_followed() {
     assert!(names(&trap).is_empty(), "nothing written through a link");
     assert_eq!(delivered(&root.sandbox("c").inbox()), vec![to_c.id.clone()]);
     assert_eq!(names(&root.sandbox("b").outbox().sub(Sub::New)), vec![to_trap.id.clone()], "waits, not lost");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not followed"), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not followed"), "{err}");
+    assert!(err.contains("'linked' in") && err.contains("symbolic link); ignored"), "{err}");
     let logged: Vec<_> = entries(&root).into_iter().map(|e| e.message_id).collect();
     assert_eq!(logged.len(), 2, "only b's two messages are logged: {logged:?}");
 }
