@@ -268,6 +268,7 @@ pub fn lock_routes(root: &Root) -> Result<std::fs::File> {
 }
 
 fn open_lock(root: &Root, name: &str) -> Result<std::fs::File> {
+    check_root(root)?;
     let dir = root.state_dir();
     match std::fs::create_dir(&dir) {
         Ok(()) | Err(_) if dir.is_dir() => {}
@@ -284,14 +285,19 @@ fn open_lock(root: &Root, name: &str) -> Result<std::fs::File> {
         .map_err(|e| Error::io("cannot open lock", &p, e))
 }
 
-/// Creates the directories a root needs (the mediator owns the root).
-pub fn init_root(root: &Root) -> Result<()> {
+fn check_root(root: &Root) -> Result<()> {
     if !root.dir.is_dir() {
         return Err(Error::new(
             Exit::NoInput,
             format!("mailbox root '{}' does not exist; create it or pass --root (or set LW_ROOT)", root.dir.display()),
         ));
     }
+    Ok(())
+}
+
+/// Creates the directories a root needs (the mediator owns the root).
+pub fn init_root(root: &Root) -> Result<()> {
+    check_root(root)?;
     for d in [root.sandboxes_dir(), root.registry_dir(), root.state_dir()] {
         match std::fs::create_dir(&d) {
             Ok(()) => {}

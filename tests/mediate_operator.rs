@@ -217,3 +217,26 @@ fn an_answer_can_come_from_standard_input() {
     let Found::Message(a) = root.sandbox("a").inbox().read(Sub::New, OsStr::new(&id)) else { panic!("not delivered") };
     assert_eq!(a.body, "because\nof this");
 }
+
+#[test]
+fn usage_errors_exit_64_and_say_what_is_wrong() {
+    let root = root_with("usage", &["a"]);
+    for (args, want) in [
+        (&["--bogus"][..], "unexpected argument '--bogus'"),
+        (&["release"][..], "required"),
+        (&["--sync", "never"][..], "invalid value 'never'"),
+        (&["register", "Bad/Name"][..], "not a valid sandbox name"),
+        (&["register", "human"][..], "reserved"),
+        (&["release", "../x"][..], "not a message id"),
+    ] {
+        let out = mediate(&root, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
+        assert!(err.starts_with("lw-mediate: ") && err.contains(want), "{args:?}: {err}");
+    }
+    let missing = Command::new(BIN).args(["--root", "/nonexistent/lw-root", "--once"]).output().unwrap();
+    assert_eq!(missing.status.code(), Some(66));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("'/nonexistent/lw-root' does not exist"));
+    let unreg = mediate(&root, &["unregister", "zz"]);
+    assert_eq!(unreg.status.code(), Some(66));
+}
