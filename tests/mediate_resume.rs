@@ -81,3 +81,22 @@ fn reposting_a_routed_message_is_quarantined_not_routed_twice() {
     assert!(q[0].decision.reason.contains("posted again"), "{}", q[0].decision.reason);
     assert_eq!(delivered(&root.sandbox("b").inbox()), vec![m.id.clone()]);
 }
+
+#[test]
+fn an_interrupted_release_is_finished_by_the_next_pass() {
+    let root = root_with("resume5", &["a", "b"]);
+    let policy = "loopwright-policy 1\nhold kind handoff\n";
+    let m = message("a", &["b"], Kind::Handoff, "h");
+    post(&root, "a", &m);
+    once(&root, policy);
+    let rel = mediate(&root, &["release", &m.id]);
+    assert!(rel.status.success(), "{}", String::from_utf8_lossy(&rel.stderr));
+    // As if the release died after logging: not delivered, still held.
+    std::fs::remove_file(root.sandbox("b").inbox().sub(Sub::New).join(&m.id)).unwrap();
+    std::fs::rename(root.held().sub(Sub::Cur).join(&m.id), root.held().sub(Sub::New).join(&m.id)).unwrap();
+    once(&root, policy);
+    assert_eq!(delivered(&root.sandbox("b").inbox()), vec![m.id.clone()]);
+    assert!(names(&root.held().sub(Sub::New)).is_empty());
+    let acts: Vec<_> = entries(&root).into_iter().map(|e| e.decision.action).collect();
+    assert_eq!(acts, [Action::Hold, Action::Release]);
+}
