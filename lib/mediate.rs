@@ -896,6 +896,7 @@ impl Mediator {
     }
 
     fn route_chunk(&mut self, boxes: &mut Boxes, ob: &Box3, sender: &str, names: &[OsString], out: &mut dyn Write) -> Result<()> {
+        let resumed_before = self.stats.resumed;
         let mut work = Vec::new();
         let mut to_log: Vec<Entry> = Vec::new();
         for name in names {
@@ -967,6 +968,12 @@ impl Mediator {
                     work.push(Work::Route { name: name.clone(), entries, claim_question });
                 }
             }
+        }
+        if self.stats.resumed > resumed_before {
+            eprintln!(
+                "lw-mediate: carrying out {} decisions that an earlier run had logged",
+                self.stats.resumed - resumed_before
+            );
         }
         // 1. Log.
         let refs: Vec<&Entry> = to_log.iter().collect();
