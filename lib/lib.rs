@@ -10,13 +10,18 @@ pub mod error;
 pub mod ghserver;
 pub mod git;
 pub mod github;
+pub mod group;
 pub mod id;
 pub mod image;
 pub mod layout;
 pub mod log;
 pub mod maildir;
+pub mod mediate;
 pub mod message;
 pub mod mirror;
+pub mod operator;
+pub mod policy;
+pub mod registry;
 pub mod sync;
 pub mod time;
 
