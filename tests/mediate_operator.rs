@@ -184,3 +184,83 @@ fn policy_check_and_show() {
     assert_eq!(no_root.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&no_root.stderr).contains("LW_ROOT"));
 }
+
+/// The names of the functions and data objects an ELF file (64-bit,
+/// little-endian, as built here) defines, from its symbol table.
+fn defined_symbols(elf: &[u8]) -> Vec<&[u8]> {
+    let u16_at = |o: usize| u16::from_le_bytes(elf[o..o + 2].try_into().unwrap()) as usize;
+    let u32_at = |o: usize| u32::from_le_bytes(elf[o..o + 4].try_into().unwrap()) as usize;
+    let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().unwrap()) as usize;
+    assert_eq!(&elf[..5], b"\x7fELF\x02", "a 64-bit ELF file");
+    let (shoff, shentsize, shnum) = (u64_at(0x28), u16_at(0x3a), u16_at(0x3c));
+    let header = |i: usize| shoff + i * shentsize;
+    // SHT_SYMTAB is 2; its sh_link names the string table.
+    let symtab = (0..shnum).map(header).find(|h| u32_at(h + 4) == 2).expect("a symbol table (the binary is not stripped)");
+    let strtab = u64_at(header(u32_at(symtab + 0x28)) + 0x18);
+    let (off, size) = (u64_at(symtab + 0x18), u64_at(symtab + 0x20));
+    (off..off + size)
+        .step_by(24)
+        .filter(|e| matches!(elf[e + 4] & 0xf, 1 | 2) && u16_at(e + 6) != 0) // OBJECT or FUNC, defined
+        .map(|e| elf[strtab + u32_at(e)..].split(|b| *b == 0).next().unwrap())
+        .collect()
+}
+
+#[test]
+fn the_binary_links_no_async_runtime_or_docker_client() {
+    // Symbols, not bytes: debug information may still name types of code
+    // that the linker dropped.
+    let bin = std::fs::read(BIN).unwrap();
+    let symbols = defined_symbols(&bin);
+    assert!(symbols.iter().any(|s| s.windows(10).any(|w| w == b"loopwright")), "the symbol table was read");
+    for name in [&b"tokio"[..], b"bollard", b"hyper"] {
+        let linked: Vec<_> = symbols.iter().filter(|s| s.windows(name.len()).any(|w| w == name)).take(3).collect();
+        assert!(linked.is_empty(), "lw-mediate links {}: {linked:?}", String::from_utf8_lossy(name));
+    }
+}
+
+#[test]
+fn an_answer_can_come_from_standard_input() {
+    use std::io::Write as _;
+    let root = root_with("stdin", &["a"]);
+    let q = message("a", &["mediator"], Kind::Question, "why?");
+    post(&root, "a", &q);
+    once(&root, OPEN_POLICY);
+    let mut child = Command::new(BIN)
+        .arg("--root")
+        .arg(&root.dir)
+        .args(["answer", &q.id])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all("because\nof this".as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let id = stdout(&out).trim().to_string();
+    once(&root, OPEN_POLICY);
+    let Found::Message(a) = root.sandbox("a").inbox().read(Sub::New, OsStr::new(&id)) else { panic!("not delivered") };
+    assert_eq!(a.body, "because\nof this");
+}
+
+#[test]
+fn usage_errors_exit_64_and_say_what_is_wrong() {
+    let root = root_with("usage", &["a"]);
+    for (args, want) in [
+        (&["--bogus"][..], "unexpected argument '--bogus'"),
+        (&["release"][..], "required"),
+        (&["--sync", "never"][..], "invalid value 'never'"),
+        (&["register", "Bad/Name"][..], "not a valid sandbox name"),
+        (&["register", "human"][..], "reserved"),
+        (&["release", "../x"][..], "not a message id"),
+    ] {
+        let out = mediate(&root, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
+        assert!(err.starts_with("lw-mediate: ") && err.contains(want), "{args:?}: {err}");
+    }
+    let missing = Command::new(BIN).args(["--root", "/nonexistent/lw-root", "--once"]).output().unwrap();
+    assert_eq!(missing.status.code(), Some(66));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("'/nonexistent/lw-root' does not exist"));
+    let unreg = mediate(&root, &["unregister", "zz"]);
+    assert_eq!(unreg.status.code(), Some(66));
+}
