@@ -1,1 +1,117 @@
-fn main() {}
+//! lw-post: post one message into a sandbox's outbox.
+//!
+//! Contract: the message is validated completely before anything is written;
+//! when lw-post exits 0 the message is in `outbox/new/` and on disk (file and
+//! directory fsynced), and its id is on stdout.  On any error nothing is left
+//! in `new/` and nothing in `tmp/` (a SIGKILL may leave a `tmp/` file, which no
+//! reader ever looks at).  The delivery procedure is in lib/maildir.rs and
+//! mailbox-spec.md.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use loopwright::cli;
+use loopwright::layout::{self, SandboxBox};
+use loopwright::message::{self, Kind, Message};
+use loopwright::{Error, Exit, Result};
+
+/// Post one message to the mediator (or named recipients) through the outbox.
+///
+/// The body comes from BODY, from standard input when BODY is `-`, or from
+/// standard input when no BODY is given and standard input is not a terminal.
+#[derive(Parser, Debug)]
+#[command(name = "lw-post", version, max_term_width = 100)]
+struct Args {
+    /// Message kind: contract-change, request, handoff, question, answer, status
+    #[arg(short, long, value_name = "KIND")]
+    kind: String,
+
+    /// One-line subject (at most 200 bytes)
+    #[arg(short, long, value_name = "TEXT")]
+    subject: String,
+
+    /// Recipient, repeatable or comma-separated [default: mediator]
+    #[arg(short, long = "to", value_name = "NAME", value_delimiter = ',')]
+    to: Vec<String>,
+
+    /// A path or named contract the message is about, repeatable
+    #[arg(short, long = "ref", value_name = "REF")]
+    refs: Vec<String>,
+
+    /// Id of the message this one answers
+    #[arg(long, value_name = "ID")]
+    reply_to: Option<String>,
+
+    /// The sandbox's mailbox directory (holds outbox/ and inbox/)
+    #[arg(short, long, env = "LW_MAILBOX", value_name = "DIR")]
+    mailbox: PathBuf,
+
+    /// Sender name written into the message; the mediator always uses the
+    /// outbox's owner instead [default: $LW_SANDBOX, else the mailbox directory's name]
+    #[arg(long, value_name = "NAME")]
+    from: Option<String>,
+
+    /// Print a JSON line ({"type":"posted",...}) instead of the id
+    #[arg(long)]
+    json: bool,
+
+    /// The body; `-` reads standard input
+    #[arg(value_name = "BODY")]
+    body: Option<String>,
+}
+
+fn main() -> ExitCode {
+    let args = match cli::parse_args::<Args>("lw-post") {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    cli::main_with("lw-post", |out| run(args, out))
+}
+
+fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
+    let kind = Kind::parse(&args.kind).filter(|k| k.postable()).ok_or_else(|| {
+        let names: Vec<_> = message::KINDS.iter().filter(|k| k.postable()).map(|k| k.as_str()).collect();
+        Error::data(format!("unknown kind '{}'; use one of: {}", args.kind.escape_debug(), names.join(", ")))
+    })?;
+    let body = match args.body.as_deref() {
+        Some("-") => message::read_body(&mut std::io::stdin().lock())?,
+        Some(b) => b.to_string(),
+        None if !cli::stdin_is_tty() => message::read_body(&mut std::io::stdin().lock())?,
+        None => String::new(),
+    };
+    let from = match args.from.or_else(|| std::env::var("LW_SANDBOX").ok()) {
+        Some(f) => f,
+        None => {
+            let base = args.mailbox.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if layout::valid_name(base) { base.to_string() } else { "sandbox".to_string() }
+        }
+    };
+    let to = if args.to.is_empty() { vec![layout::MEDIATOR.to_string()] } else { args.to };
+    let m = Message::compose(&from, to, kind, args.subject, body, args.refs, args.reply_to)?;
+    if !args.mailbox.is_dir() {
+        return Err(Error::new(
+            Exit::CantCreat,
+            format!(
+                "mailbox '{}' is not a directory; set LW_MAILBOX or --mailbox to the sandbox's mailbox",
+                args.mailbox.display()
+            ),
+        ));
+    }
+    let path = SandboxBox::new(&args.mailbox).outbox().deliver_message(&m)?;
+    let line = if args.json {
+        serde_json::json!({
+            "type": "posted",
+            "id": m.id,
+            "kind": m.kind,
+            "to": m.to,
+            "path": path.to_string_lossy(),
+        })
+        .to_string()
+    } else {
+        m.id
+    };
+    writeln!(out, "{line}").map_err(cli::out_err)?;
+    Ok(Exit::Ok)
+}

@@ -4,14 +4,21 @@
 //! these modules; everything that can be tested without a process lives here.
 
 pub mod cli;
+pub mod config;
 pub mod engine;
 pub mod error;
+pub mod git;
+pub mod group;
 pub mod id;
 pub mod image;
 pub mod layout;
 pub mod log;
 pub mod maildir;
+pub mod mediate;
 pub mod message;
+pub mod mirror;
+pub mod policy;
+pub mod registry;
 pub mod time;
 
 pub use error::{Error, Exit, Result};

@@ -314,25 +314,30 @@ impl Maildir {
         Ok(true)
     }
 
-    /// Blocks until `new/` has an entry or `timeout` passes; true when it has.
-    /// Uses inotify, not polling: the watch is set before the directory is
-    /// checked, so an arrival between the two is not missed.
-    pub fn wait_new(&self, timeout: Option<Duration>) -> Result<bool> {
+    /// Blocks until `ready()` says so or `timeout` passes; true when ready.
+    /// `ready` is asked once at the start and again after every change in
+    /// `new/`.  Uses inotify, not polling: the watch is set before the first
+    /// check, so an arrival between the two is not missed.
+    pub fn wait_until(&self, timeout: Option<Duration>, mut ready: impl FnMut() -> Result<bool>) -> Result<bool> {
         use rustix::fs::inotify;
         let dir = self.sub(Sub::New);
         let ino = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)
             .map_err(|e| Error::io("cannot watch", &dir, errno_io(e)))?;
-        inotify::add_watch(&ino, &dir, inotify::WatchFlags::MOVED_TO | inotify::WatchFlags::CREATE | inotify::WatchFlags::DELETE_SELF)
-            .map_err(|e| Error::io_as(Exit::NoInput, "cannot watch", &dir, errno_io(e)))?;
+        inotify::add_watch(
+            &ino,
+            &dir,
+            inotify::WatchFlags::MOVED_TO | inotify::WatchFlags::CREATE | inotify::WatchFlags::DELETE_SELF | inotify::WatchFlags::MOVE_SELF,
+        )
+        .map_err(|e| Error::io_as(Exit::NoInput, "cannot watch", &dir, errno_io(e)))?;
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
         loop {
-            if self.has_new()? {
+            if ready()? {
                 return Ok(true);
             }
             let left = match deadline {
                 Some(d) => match d.checked_duration_since(std::time::Instant::now()) {
-                    Some(l) => Some(l),
-                    None => return Ok(false),
+                    Some(l) if !l.is_zero() => Some(l),
+                    _ => return Ok(false),
                 },
                 None => None,
             };
@@ -345,11 +350,23 @@ impl Maildir {
             // Drain the events; the directory itself is the truth.
             let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
             let mut reader = inotify::Reader::new(&ino, &mut buf);
-            while let Ok(_ev) = reader.next() {}
+            let mut gone = false;
+            while let Ok(ev) = reader.next() {
+                gone |= ev.events().intersects(inotify::ReadFlags::DELETE_SELF | inotify::ReadFlags::MOVE_SELF);
+            }
+            if gone {
+                return Err(Error::io_as(Exit::NoInput, "mailbox directory was removed while waiting", &dir, errno_io(Errno::NOENT)));
+            }
         }
     }
 
-    fn has_new(&self) -> Result<bool> {
+    /// Blocks until `new/` has any entry or `timeout` passes.
+    pub fn wait_new(&self, timeout: Option<Duration>) -> Result<bool> {
+        self.wait_until(timeout, || self.has_new())
+    }
+
+    /// True when `new/` has at least one entry, of any kind.
+    pub fn has_new(&self) -> Result<bool> {
         let dir = self.sub(Sub::New);
         let mut rd = std::fs::read_dir(&dir).map_err(|e| Error::io_as(Exit::NoInput, "cannot read mailbox directory", &dir, e))?;
         Ok(rd.next().is_some())

@@ -202,6 +202,49 @@ impl Message {
     }
 }
 
+/// Reads a body from `r`, refusing more than [`MAX_BODY`] bytes or non-UTF-8
+/// without reading an unbounded stream into memory.
+pub fn read_body(r: &mut dyn std::io::Read) -> Result<String, Error> {
+    use std::io::Read as _;
+    let mut buf = Vec::new();
+    r.take(MAX_BODY as u64 + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| Error::new(crate::Exit::IoErr, "cannot read the body from standard input").with_source(e))?;
+    if buf.len() > MAX_BODY {
+        return Err(Error::data(format!("body is longer than {MAX_BODY} bytes; shorten it or post a ref to a file instead")));
+    }
+    String::from_utf8(buf).map_err(|e| Error::data(format!("body is not UTF-8 (invalid byte at offset {})", e.utf8_error().valid_up_to())))
+}
+
+impl Message {
+    /// A new message with a fresh id and the current time, validated.
+    pub fn compose(
+        from: &str,
+        to: Vec<String>,
+        kind: Kind,
+        subject: String,
+        body: String,
+        refs: Vec<String>,
+        in_reply_to: Option<String>,
+    ) -> Result<Message, Invalid> {
+        let now = crate::time::now();
+        let m = Message {
+            version: VERSION,
+            id: crate::id::id_at(now, crate::id::random128()),
+            from: from.to_string(),
+            to,
+            kind,
+            subject,
+            body,
+            refs,
+            in_reply_to,
+            created: crate::time::rfc3339(now),
+        };
+        m.validate()?;
+        Ok(m)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,294 @@
+//! lw-mediate: the mediator between sandboxes, and its operator commands.
+//!
+//! Contract: without a subcommand, routes every message posted in the
+//! outboxes of the mailbox root (`--root`, else `$LW_ROOT`): logs the message
+//! and the decision, delivers, then claims the source; `--once` drains and
+//! exits, otherwise it watches the root.  A SIGKILL at any instant followed
+//! by a restart gives every log entry and every delivered copy exactly once
+//! (lib/mediate.rs).  Two mediators never run on one root (exit 75).  The
+//! subcommands list and act on the queues, the registry, the policy and the
+//! log.  Quiet by default; `-v` prints one line per logged event.
+
+use std::io::{Read as _, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use loopwright::cli::{self, out_err};
+use loopwright::layout::Root;
+use loopwright::log::Log;
+use loopwright::mediate::{self, Mediator};
+use loopwright::policy::{self, Policy};
+use loopwright::registry::{Registry, Sandbox};
+use loopwright::{Error, Exit, Result};
+
+/// Route messages between sandboxes by policy, and run the held and human queues.
+#[derive(Parser, Debug)]
+#[command(name = "lw-mediate", version, max_term_width = 100)]
+struct Args {
+    /// The mailbox root [default: $LW_ROOT]
+    #[arg(long, global = true, value_name = "DIR")]
+    root: Option<PathBuf>,
+
+    /// Policy file [default: .loopwright/policy, built-in policy when absent]
+    #[arg(long, global = true, value_name = "FILE")]
+    policy: Option<PathBuf>,
+
+    /// Route everything waiting, then exit (for scripts and cron)
+    #[arg(long)]
+    once: bool,
+
+    /// Seconds between full re-scans while watching
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    rescan: u64,
+
+    /// Messages per batch (each batch is one group of fsyncs)
+    #[arg(long, value_name = "N", default_value_t = mediate::DEFAULT_BATCH)]
+    batch: usize,
+
+    /// Print one line per logged event
+    #[arg(short, long)]
+    verbose: bool,
+
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// List held messages
+    Held {
+        /// JSON Lines ({"type":"held",...})
+        #[arg(long)]
+        json: bool,
+    },
+    /// List questions waiting for a person
+    Human {
+        /// JSON Lines ({"type":"question",...})
+        #[arg(long)]
+        json: bool,
+    },
+    /// Release held messages to the recipients their route names now
+    Release {
+        #[arg(value_name = "ID", required = true)]
+        ids: Vec<String>,
+    },
+    /// Drop held messages (logged; the file stays in held/cur)
+    Drop {
+        #[arg(value_name = "ID", required = true)]
+        ids: Vec<String>,
+        /// Why, recorded in the log
+        #[arg(long, value_name = "TEXT", default_value = "no reason given")]
+        reason: String,
+    },
+    /// Answer a question from the human queue; routed to whoever asked
+    Answer {
+        #[arg(value_name = "ID")]
+        id: String,
+        /// The answer; `-` or absent reads standard input
+        #[arg(value_name = "TEXT")]
+        text: Option<String>,
+    },
+    /// Print the log, oldest first
+    Log {
+        /// JSON Lines ({"type":"entry",...})
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add or replace a sandbox in the registry
+    Register {
+        #[arg(value_name = "NAME")]
+        name: String,
+        /// The branch the sandbox pushes
+        #[arg(long, value_name = "BRANCH")]
+        branch: Option<String>,
+        /// A path glob or named contract the sandbox owns, repeatable
+        #[arg(long, value_name = "GLOB")]
+        scope: Vec<String>,
+    },
+    /// Remove a sandbox from the registry (messages to it then bounce)
+    Unregister {
+        #[arg(value_name = "NAME")]
+        name: String,
+    },
+    /// List the registered sandboxes
+    Sandboxes {
+        /// JSON Lines ({"type":"sandbox",...})
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check or show a policy file
+    #[command(subcommand)]
+    Policy(PolicyCmd),
+}
+
+#[derive(Subcommand, Debug)]
+enum PolicyCmd {
+    /// Validate FILE; errors are FILE:LINE: message, exit 78
+    Check {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
+    /// Print the policy in force (FILE, --policy, or the built-in one)
+    Show {
+        #[arg(value_name = "FILE")]
+        file: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let args = match cli::parse_args::<Args>("lw-mediate") {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    cli::main_with("lw-mediate", |out| run(args, out))
+}
+
+fn root_of(args: &Args) -> Result<Root> {
+    match args.root.clone().or_else(|| std::env::var_os("LW_ROOT").map(PathBuf::from)) {
+        Some(d) if !d.as_os_str().is_empty() => Ok(Root::new(d)),
+        _ => Err(Error::usage("no mailbox root: pass --root DIR or set LW_ROOT")),
+    }
+}
+
+fn policy_of(args: &Args) -> (PathBuf, bool) {
+    match &args.policy {
+        Some(p) => (p.clone(), true),
+        None => (PathBuf::from(policy::DEFAULT_PATH), false),
+    }
+}
+
+fn json_line(out: &mut dyn Write, kind: &str, v: impl serde::Serialize) -> Result<()> {
+    let mut v = serde_json::to_value(v)?;
+    let mut obj = serde_json::Map::new();
+    obj.insert("type".into(), kind.into());
+    if let Some(m) = v.as_object_mut() {
+        obj.append(m);
+    }
+    writeln!(out, "{}", serde_json::Value::Object(obj)).map_err(out_err)
+}
+
+fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
+    let w = |out: &mut dyn Write, s: String| writeln!(out, "{s}").map_err(out_err);
+    match &args.cmd {
+        Some(Cmd::Policy(PolicyCmd::Check { file })) => {
+            Policy::load(file)?;
+            w(out, format!("{}: ok", file.display()))?;
+            return Ok(Exit::Ok);
+        }
+        Some(Cmd::Policy(PolicyCmd::Show { file })) => {
+            let (p, explicit) = match file {
+                Some(f) => (f.clone(), true),
+                None => policy_of(&args),
+            };
+            let pol = if explicit || p.exists() { Policy::load(&p)? } else { Policy::default() };
+            write!(out, "{}", pol.render()).map_err(out_err)?;
+            return Ok(Exit::Ok);
+        }
+        _ => {}
+    }
+    let root = root_of(&args)?;
+    let log = Log::new(root.log_dir());
+    match &args.cmd {
+        None => {
+            let _lock = mediate::lock_mediator(&root)?;
+            let (p, explicit) = policy_of(&args);
+            let mut m = Mediator::open(root, Some(p), explicit)?;
+            m.batch = args.batch;
+            m.verbose = args.verbose;
+            if args.once {
+                let s = m.drain(out)?;
+                if args.verbose {
+                    w(out, format!("routed {} forwarded {} escalated {} held {} bounced {} quarantined {} receipts {}",
+                        s.routed, s.forwarded, s.escalated, s.held, s.bounced, s.quarantined, s.receipts))?;
+                }
+                return Ok(Exit::Ok);
+            }
+            m.watch(Duration::from_secs(args.rescan.max(1)), out)?;
+            Ok(Exit::Ok)
+        }
+        Some(Cmd::Held { json }) | Some(Cmd::Human { json }) => {
+            let held = matches!(args.cmd, Some(Cmd::Held { .. }));
+            for q in mediate::queue(&root, &log, held)? {
+                if *json {
+                    json_line(out, if held { "held" } else { "question" }, &q)?;
+                } else {
+                    w(out, format!("{} {} {} {:?} ({})", q.id, q.sender, q.kind, q.subject, q.reason.escape_debug()))?;
+                }
+            }
+            Ok(Exit::Ok)
+        }
+        Some(Cmd::Release { ids }) | Some(Cmd::Drop { ids, .. }) => {
+            let (p, explicit) = policy_of(&args);
+            let mut m = Mediator::open(root, Some(p), explicit)?;
+            for id in ids {
+                let e = match &args.cmd {
+                    Some(Cmd::Drop { reason, .. }) => m.drop_held(id, reason, out)?,
+                    _ => m.release(id, out)?,
+                };
+                w(out, format!("{} {} {}", e.message_id, e.decision.action.as_str(), e.decision.to.join(",")))?;
+            }
+            Ok(Exit::Ok)
+        }
+        Some(Cmd::Answer { id, text }) => {
+            let body = match text.as_deref() {
+                Some("-") | None if cli::stdin_is_tty() && text.is_none() => {
+                    return Err(Error::usage("no answer given: pass TEXT, or pipe it to standard input"));
+                }
+                Some("-") | None => {
+                    let mut b = Vec::new();
+                    std::io::stdin().take(loopwright::message::MAX_BODY as u64 + 1).read_to_end(&mut b)
+                        .map_err(|e| Error::new(Exit::IoErr, "cannot read standard input").with_source(e))?;
+                    String::from_utf8(b).map_err(|_| Error::data("the answer on standard input is not UTF-8"))?
+                }
+                Some(t) => t.to_string(),
+            };
+            let m = mediate::answer(&root, &log, id, &body)?;
+            w(out, m.id)?;
+            Ok(Exit::Ok)
+        }
+        Some(Cmd::Log { json }) => {
+            let (entries, bad) = log.entries()?;
+            for e in &entries {
+                if *json {
+                    json_line(out, "entry", e)?;
+                } else {
+                    w(out, mediate::format_entry(e))?;
+                }
+            }
+            for b in &bad {
+                eprintln!("lw-mediate: log entry '{}' skipped: {}", b.name, b.reason);
+            }
+            Ok(if bad.is_empty() { Exit::Ok } else { Exit::DataErr })
+        }
+        Some(Cmd::Register { name, branch, scope }) => {
+            mediate::init_root(&root)?;
+            let p = Registry::new(&root).register(&Sandbox::new(name, branch.clone(), scope.clone()))?;
+            w(out, p.display().to_string())?;
+            Ok(Exit::Ok)
+        }
+        Some(Cmd::Unregister { name }) => {
+            if !Registry::new(&root).unregister(name)? {
+                return Err(Error::new(Exit::NoInput, format!("no sandbox '{name}' is registered")));
+            }
+            Ok(Exit::Ok)
+        }
+        Some(Cmd::Sandboxes { json }) => {
+            let (good, bad) = Registry::new(&root).list()?;
+            for s in &good {
+                if *json {
+                    json_line(out, "sandbox", s)?;
+                } else {
+                    let branch = s.branch.as_deref().unwrap_or("-");
+                    w(out, format!("{} {} {}", s.name, branch, if s.scope.is_empty() { "-".into() } else { s.scope.join(",") }))?;
+                }
+            }
+            for b in &bad {
+                eprintln!("lw-mediate: registry record '{}' skipped: {}", b.file, b.reason);
+            }
+            Ok(if bad.is_empty() { Exit::Ok } else { Exit::DataErr })
+        }
+        Some(Cmd::Policy(_)) => unreachable!("handled above because policy commands need no root"),
+    }
+}

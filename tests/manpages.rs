@@ -1,0 +1,100 @@
+//! Flags and man pages stay in step: every long flag a command's help shows
+//! (for the command and each subcommand) appears in its man page, and every
+//! page has the sections the project promises.
+
+use std::path::Path;
+use std::process::Command;
+
+fn bins() -> Vec<String> {
+    let toml = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml")).unwrap();
+    toml.lines()
+        .filter_map(|l| l.trim().strip_prefix("name = \"lw-").map(|r| format!("lw-{}", r.trim_end_matches('"'))))
+        .collect()
+}
+
+fn bin_path(name: &str) -> std::path::PathBuf {
+    // Integration tests sit in target/<triple>/<profile>/deps; binaries one up.
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().join(name)
+}
+
+fn help(bin: &Path, sub: &[&str]) -> String {
+    let o = Command::new(bin).args(sub).arg("--help").output().unwrap();
+    assert!(o.status.success(), "{} {sub:?} --help failed", bin.display());
+    String::from_utf8(o.stdout).unwrap()
+}
+
+fn long_flags(text: &str) -> Vec<String> {
+    let mut v = Vec::new();
+    for (i, _) in text.match_indices("--") {
+        let rest = &text[i + 2..];
+        let flag: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '-').collect();
+        let before = text[..i].chars().last();
+        if !flag.is_empty() && flag.chars().next().unwrap().is_ascii_alphabetic() && before.is_none_or(|c| c.is_whitespace() || c == '[' || c == ',') {
+            v.push(flag);
+        }
+    }
+    v.sort();
+    v.dedup();
+    v
+}
+
+fn subcommands(text: &str) -> Vec<String> {
+    let Some(start) = text.find("Commands:") else { return vec![] };
+    text[start..]
+        .lines()
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .filter(|s| s != "help")
+        .collect()
+}
+
+#[test]
+fn every_flag_is_in_the_man_page() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut missing = Vec::new();
+    let names = bins();
+    assert!(names.len() >= 2, "Cargo.toml lists the commands: {names:?}");
+    for name in &names {
+        let page = root.join("man").join(format!("{name}.1"));
+        let man = std::fs::read_to_string(&page).unwrap_or_else(|_| panic!("{name} has no man page at {}", page.display()));
+        let man = man.replace("\\-", "-");
+        for section in [".SH NAME", ".SH SYNOPSIS", ".SH DESCRIPTION", ".SH EXIT STATUS", ".SH SEE ALSO"] {
+            if !man.contains(section) {
+                missing.push(format!("{name}.1: no {section} section"));
+            }
+        }
+        let bin = bin_path(name);
+        let top = help(&bin, &[]);
+        let mut texts = vec![(String::new(), top.clone())];
+        for sub in subcommands(&top) {
+            let h = help(&bin, &[&sub]);
+            for sub2 in subcommands(&h) {
+                texts.push((format!("{sub} {sub2}"), help(&bin, &[&sub, &sub2])));
+            }
+            texts.push((sub.clone(), h));
+            if !man.contains(&sub) {
+                missing.push(format!("{name}.1: subcommand '{sub}' is not described"));
+            }
+        }
+        for (sub, text) in texts {
+            for flag in long_flags(&text) {
+                if !man.contains(&format!("--{flag}")) {
+                    missing.push(format!("{name}.1: --{flag} (from `{name} {sub} --help`) is not documented"));
+                }
+            }
+        }
+    }
+    assert!(missing.is_empty(), "man pages out of step with the commands:\n{}", missing.join("\n"));
+}
+
+#[test]
+fn overview_page_names_every_command() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(root.join("man/loopwright.7")).unwrap();
+    assert!(page.contains(".SH EXIT STATUS"));
+    for name in bins() {
+        assert!(page.contains(&format!(".BR {name} (1)")), "loopwright.7 does not mention {name}");
+    }
+}

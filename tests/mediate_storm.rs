@@ -1,0 +1,141 @@
+//! The kill -9 storm: the mediator is SIGKILLed at random moments while
+//! several posters send 2,000 messages; after a final `--once`, every message
+//! is logged once, sits once in each recipient's inbox, and no outbox holds
+//! anything in `new/`.  Prints its figures.
+
+mod mediate_util;
+
+use std::collections::{BTreeMap, HashMap};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use loopwright::log::Action;
+use loopwright::maildir::{Found, Sub};
+use loopwright::message::Kind;
+use mediate_util::*;
+
+const POSTERS: &[&str] = &["api", "web", "db", "ops"];
+const PER_POSTER: usize = 500;
+const MIN_KILLS: usize = 200;
+
+fn rand_below(n: u64) -> u64 {
+    (loopwright::id::random128() % n as u128) as u64
+}
+
+#[test]
+fn kill_storm_loses_and_duplicates_nothing() {
+    let root = root_with("storm", POSTERS);
+    let policy = root.dir.parent().unwrap().join("policy");
+    std::fs::write(&policy, OPEN_POLICY).unwrap();
+
+    // Who should receive what: id -> recipients.
+    let expected: Arc<std::sync::Mutex<HashMap<String, (String, Vec<String>)>>> = Arc::default();
+    let posted = Arc::new(AtomicUsize::new(0));
+    let mut posters = Vec::new();
+    for (i, me) in POSTERS.iter().enumerate() {
+        let (root, expected, posted) = (root.clone(), expected.clone(), posted.clone());
+        posters.push(std::thread::spawn(move || {
+            for n in 0..PER_POSTER {
+                // One or two recipients other than the poster.
+                let a = POSTERS[(i + 1 + n % 3) % POSTERS.len()];
+                let b = POSTERS[(i + 1 + (n + 1) % 3) % POSTERS.len()];
+                let to: Vec<&str> = if n % 2 == 0 { vec![a] } else { vec![a, b] };
+                let kind = if n % 5 == 0 { Kind::Handoff } else { Kind::Request };
+                let m = message(me, &to, kind, &format!("{me} #{n}"));
+                expected.lock().unwrap().insert(m.id.clone(), (me.to_string(), to.iter().map(|s| s.to_string()).collect()));
+                post(&root, me, &m);
+                posted.fetch_add(1, Ordering::Relaxed);
+                // Spread the flow over the storm (pacing, not synchronisation).
+                std::thread::sleep(Duration::from_micros(2_000 + rand_below(6_000)));
+            }
+        }));
+    }
+
+    let started = Instant::now();
+    let mut kills = 0;
+    while kills < MIN_KILLS || posted.load(Ordering::Relaxed) < POSTERS.len() * PER_POSTER {
+        let mut child = Command::new(BIN)
+            .arg("--root")
+            .arg(&root.dir)
+            .arg("--policy")
+            .arg(&policy)
+            .args(["--rescan", "1", "--batch", "32"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("lw-mediate starts");
+        // Mostly short lives (kills during start-up and mid-batch), now and
+        // then a longer one so that routing makes progress during the storm.
+        let life = if rand_below(8) == 0 { 100 + rand_below(300) } else { 2 + rand_below(40) };
+        std::thread::sleep(Duration::from_millis(life));
+        child.kill().expect("SIGKILL is delivered");
+        child.wait().unwrap();
+        kills += 1;
+    }
+    for p in posters {
+        p.join().unwrap();
+    }
+    let storm = started.elapsed();
+    let routed_in_storm: usize = POSTERS.iter().map(|p| names(&root.sandbox(p).outbox().sub(Sub::Cur)).len()).sum();
+    let final_run = once(&root, OPEN_POLICY);
+    assert!(final_run.stderr.is_empty(), "{}", String::from_utf8_lossy(&final_run.stderr));
+
+    let expected = expected.lock().unwrap();
+    // The log: exactly one forward entry per message, nothing else.
+    let mut logged: HashMap<String, Vec<Action>> = HashMap::new();
+    for e in entries(&root) {
+        logged.entry(e.message_id.clone()).or_default().push(e.decision.action);
+        if let Some((sender, _)) = expected.get(&e.message_id) {
+            assert_eq!(&e.sender, sender);
+        }
+    }
+    let lost_log = expected.keys().filter(|id| !logged.contains_key(*id)).count();
+    let dup_log: usize = logged
+        .iter()
+        .map(|(id, acts)| if expected.contains_key(id) { acts.len() - 1 } else { acts.len() })
+        .sum();
+    let wrong_action = logged.values().flatten().filter(|a| **a != Action::Forward).count();
+
+    // Every inbox: each expected copy once, intact, nothing extra.
+    let (mut lost_inbox, mut dup_inbox, mut torn, mut copies) = (0, 0, 0, 0);
+    for who in POSTERS {
+        let inbox = root.sandbox(who).inbox();
+        let mut have: BTreeMap<String, usize> = BTreeMap::new();
+        for sub in [Sub::New, Sub::Cur] {
+            for e in inbox.scan(sub).unwrap() {
+                match e.found {
+                    Found::Message(m) => *have.entry(m.id).or_default() += 1,
+                    _ => torn += 1,
+                }
+            }
+        }
+        for (id, (_, to)) in expected.iter() {
+            if to.iter().any(|t| t == who) {
+                copies += 1;
+                match have.remove(id) {
+                    Some(1) => {}
+                    Some(n) => dup_inbox += n - 1,
+                    None => lost_inbox += 1,
+                }
+            }
+        }
+        dup_inbox += have.values().sum::<usize>();
+    }
+    let left_in_new: usize = POSTERS.iter().map(|p| names(&root.sandbox(p).outbox().sub(Sub::New)).len()).sum();
+    let claimed: usize = POSTERS.iter().map(|p| names(&root.sandbox(p).outbox().sub(Sub::Cur)).len()).sum();
+
+    println!(
+        "kill storm: kills={kills} messages={} inbox_copies={copies} storm={:.1}s routed_during_storm={routed_in_storm} \
+         lost_log={lost_log} duplicated_log={dup_log} lost_inbox={lost_inbox} duplicated_inbox={dup_inbox} \
+         torn={torn} left_in_outbox_new={left_in_new} claimed={claimed}",
+        expected.len(),
+        storm.as_secs_f64()
+    );
+    assert!(kills >= MIN_KILLS);
+    assert_eq!(expected.len(), POSTERS.len() * PER_POSTER);
+    assert_eq!((lost_log, dup_log, wrong_action), (0, 0, 0));
+    assert_eq!((lost_inbox, dup_inbox, torn), (0, 0, 0));
+    assert_eq!((left_in_new, claimed), (0, expected.len()));
+}
