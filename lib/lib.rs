@@ -5,6 +5,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod egress;
 pub mod engine;
 pub mod error;
 pub mod git;
