@@ -318,7 +318,6 @@ fn make(
         security_opt: vec!["no-new-privileges".into()],
         pids_limit: Some(256),
         memory_bytes: Some(256 << 20),
-        tmpfs: [("/run/lw-egress".to_string(), "rw,nosuid,nodev,noexec,size=16m,mode=1777".to_string())].into(),
         network: Some(outside.to_string()),
         ..Default::default()
     };
