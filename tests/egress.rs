@@ -224,6 +224,7 @@ struct Probe {
     allowed: bool,
     code: i64,
     out: String,
+    ms: u128,
 }
 
 #[test]
@@ -248,17 +249,48 @@ fn egress_matrix_reaches_the_allowed_host_and_nothing_else() {
         && until busybox netstat -ltn | grep -q ':443 ' && busybox netstat -ltn | grep -q ':8080 ' \
            && busybox netstat -ltn | grep -q ':80 '; do sleep 0.05; done && echo ready && exec sleep infinity";
     docker(&[
-        "run", "-d", "--name", &api, "--label", &label, "--network", &out_net, "--network-alias", "api.example.com",
-        "-e", &format!("LW_OK={ok}"), "-e", &format!("LW_BAD={bad}"), &tools, "sh", "-c", api_cmd,
+        "run",
+        "-d",
+        "--name",
+        &api,
+        "--label",
+        &label,
+        "--network",
+        &out_net,
+        "--network-alias",
+        "api.example.com",
+        "-e",
+        &format!("LW_OK={ok}"),
+        "-e",
+        &format!("LW_BAD={bad}"),
+        &tools,
+        "sh",
+        "-c",
+        api_cmd,
     ]);
     let forbidden = format!("lw-egt-{nonce}-forbidden");
     let forbidden_cmd = "mkdir -p /srv && printf '%s' \"$LW_BAD\" >/srv/bad && chmod +x /srv/bad \
         && for p in 80 443 8080; do (nc -ll -p $p -e /srv/bad &); done \
         && until [ $(netstat -ltn | grep -c -E ':(80|443|8080) ') = 3 ]; do sleep 0.05; done && echo ready && exec sleep 999999";
     docker(&[
-        "run", "-d", "--name", &forbidden, "--label", &label, "--network", &out_net,
-        "--network-alias", "forbidden.example.org", "--network-alias", "api.example.com.evil",
-        "-e", &format!("LW_BAD={bad}"), &busybox, "sh", "-c", forbidden_cmd,
+        "run",
+        "-d",
+        "--name",
+        &forbidden,
+        "--label",
+        &label,
+        "--network",
+        &out_net,
+        "--network-alias",
+        "forbidden.example.org",
+        "--network-alias",
+        "api.example.com.evil",
+        "-e",
+        &format!("LW_BAD={bad}"),
+        &busybox,
+        "sh",
+        "-c",
+        forbidden_cmd,
     ]);
 
     // Two sandboxes: A may reach the provider, B has an empty list.
@@ -273,15 +305,17 @@ fn egress_matrix_reaches_the_allowed_host_and_nothing_else() {
     let allow_a = AllowList::parse("api.example.com:443 api.example.com:80", "test").unwrap();
     let mut built = 0;
     let plan_a = egress::prepare(&engine, &key_a, &allow_a, &opts, &mut |_| built += 1).expect("egress for A");
-    let plan_b = egress::prepare(&engine, &key_b, &AllowList::none(), &opts, &mut |_| built += 1).expect("egress for B");
-    println!("proxy image: {} ({built} lines of build output)", egress::proxy_tag(&engine, &opts.proxy_from).unwrap().0);
+    let plan_b =
+        egress::prepare(&engine, &key_b, &AllowList::none(), &opts, &mut |_| built += 1).expect("egress for B");
+    println!(
+        "proxy image: {} ({built} lines of build output)",
+        egress::proxy_tag(&engine, &opts.proxy_from).unwrap().0
+    );
     engine.create(&sandbox_spec(&key_a, &tools, &plan_a, &label, "exec sleep infinity")).unwrap();
     engine.start(&key_a).unwrap();
-    let b_cmd = format!(
-        "printf '%s' \"$LW_BAD\" >/tmp/bad && chmod +x /tmp/bad && (busybox nc -ll -p 9000 -e /tmp/bad &) \
-         && until busybox netstat -ltn | grep -q ':9000 '; do sleep 0.05; done && echo ready && exec sleep infinity"
-    );
-    let mut spec_b = sandbox_spec(&key_b, &tools, &plan_b, &label, &b_cmd);
+    let b_cmd = "printf '%s' \"$LW_BAD\" >/tmp/bad && chmod +x /tmp/bad && (busybox nc -ll -p 9000 -e /tmp/bad &) \
+         && until busybox netstat -ltn | grep -q ':9000 '; do sleep 0.05; done && echo ready && exec sleep infinity";
+    let mut spec_b = sandbox_spec(&key_b, &tools, &plan_b, &label, b_cmd);
     spec_b.env.push(format!("LW_BAD={bad}"));
     engine.create(&spec_b).unwrap();
     engine.start(&key_b).unwrap();
@@ -301,12 +335,13 @@ fn egress_matrix_reaches_the_allowed_host_and_nothing_else() {
     let world_gw = world_net.subnets[0].1.clone();
     let host = HostCounter::start();
     let hp = host.port;
-    let mut host_addrs: Vec<String> = docker_out(&["network", "inspect", "bridge", "-f", "{{(index .IPAM.Config 0).Gateway}}"])
-        .stdout
-        .split(|b| *b == b'\n')
-        .map(|l| String::from_utf8_lossy(l).trim().to_string())
-        .filter(|s| !s.is_empty())
-        .collect();
+    let mut host_addrs: Vec<String> =
+        docker_out(&["network", "inspect", "bridge", "-f", "{{(index .IPAM.Config 0).Gateway}}"])
+            .stdout
+            .split(|b| *b == b'\n')
+            .map(|l| String::from_utf8_lossy(l).trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect();
     host_addrs.push(world_gw.clone());
     let ip_out = Command::new("ip").args(["-o", "-4", "addr", "show", "scope", "global"]).output().unwrap();
     for line in String::from_utf8_lossy(&ip_out.stdout).lines() {
@@ -343,9 +378,18 @@ fn egress_matrix_reaches_the_allowed_host_and_nothing_else() {
         ("look-alike api.example.com.evil, HTTP".into(), false, format!("{curl} http://api.example.com.evil/")),
         ("look-alike api.example.com.evil, CONNECT".into(), false, format!("{curl} -k https://api.example.com.evil/")),
         ("look-alike evilapi.example.com".into(), false, format!("{curl} http://evilapi.example.com/")),
-        ("user-info trick api.example.com@other".into(), false, format!("{curl} http://api.example.com@forbidden.example.org/")),
-        ("the proxy's own manager".into(), false, format!("{curl} http://lw-egress-proxy:3128/squid-internal-mgr/info")),
-        ("localhost through the proxy".into(), false, format!("{curl} http://localhost:8080/")),
+        (
+            "user-info trick api.example.com@other".into(),
+            false,
+            format!("{curl} http://api.example.com@forbidden.example.org/"),
+        ),
+        (
+            "the proxy's own manager".into(),
+            false,
+            format!("{curl} http://lw-egress-proxy:3128/squid-internal-mgr/info"),
+        ),
+        // --noproxy '' sets NO_PROXY aside, so the request goes to the proxy.
+        ("localhost through the proxy".into(), false, format!("{curl} --noproxy '' http://localhost:3128/")),
         ("direct TCP to the other host".into(), false, format!("echo x | busybox nc -w 3 {f_ip} 80")),
         ("direct HTTP to the other host".into(), false, format!("{direct} http://{f_ip}/")),
         ("direct HTTP to the allowed host".into(), false, format!("{direct} http://{api_ip}/")),
@@ -356,7 +400,11 @@ fn egress_matrix_reaches_the_allowed_host_and_nothing_else() {
         ("DNS: the other sandbox's name".into(), false, format!("getent hosts {key_b}")),
         ("IPv6: the sandbox has an IPv6 address".into(), false, "grep -v ' lo$' /proc/net/if_inet6 | grep -q .".into()),
         ("IPv6 literal through the proxy".into(), false, format!("{curl} -g 'http://[::1]:{hp}/'")),
-        ("IPv6 direct to ::ffff:{world gateway}".into(), false, format!("{direct} -g 'http://[::ffff:{world_gw}]:{hp}/'")),
+        (
+            "IPv6 direct to ::ffff:{world gateway}".into(),
+            false,
+            format!("{direct} -g 'http://[::ffff:{world_gw}]:{hp}/'"),
+        ),
         ("other sandbox, direct".into(), false, format!("echo x | busybox nc -w 3 {b_ip} 9000")),
         ("other sandbox, through the proxy".into(), false, format!("{curl} http://{b_ip}:9000/")),
         ("other sandbox's proxy, direct".into(), false, format!("echo x | busybox nc -w 3 {key_b}-proxy 3128")),
@@ -364,21 +412,54 @@ fn egress_matrix_reaches_the_allowed_host_and_nothing_else() {
         ("Docker API on the world gateway :2375".into(), false, format!("echo x | busybox nc -w 3 {world_gw} 2375")),
     ];
     if let Some(l6) = &link6 {
-        matrix.push(("IPv6 link-local of the host's bridge, direct".into(), false, format!("{direct} -g 'http://[{l6}%25eth0]:{hp}/'")));
-        matrix.push(("IPv6 link-local of the host's bridge, proxy".into(), false, format!("{curl} -g 'http://[{l6}]:{hp}/'")));
+        matrix.push((
+            "IPv6 link-local of the host's bridge, direct".into(),
+            false,
+            format!("{direct} -g 'http://[{l6}%25eth0]:{hp}/'"),
+        ));
+        matrix.push((
+            "IPv6 link-local of the host's bridge, proxy".into(),
+            false,
+            format!("{curl} -g 'http://[{l6}]:{hp}/'"),
+        ));
     }
     if !a_gw.is_empty() {
-        matrix.push((format!("own network's gateway {a_gw}, direct"), false, format!("echo x | busybox nc -w 3 {a_gw} {hp}")));
+        matrix.push((
+            format!("own network's gateway {a_gw}, direct"),
+            false,
+            format!("echo x | busybox nc -w 3 {a_gw} {hp}"),
+        ));
     }
     for a in &host_addrs {
         matrix.push((format!("host address {a}, direct"), false, format!("echo x | busybox nc -w 3 {a} {hp}")));
         matrix.push((format!("host address {a}, through the proxy"), false, format!("{curl} http://{a}:{hp}/")));
     }
 
+    // Attempts run a few at a time (each is its own `docker exec`): most
+    // of them wait for a timeout, and in a row they would take minutes.
     let mut probes = Vec::new();
-    for (what, allowed, cmd) in &matrix {
-        let (code, out) = exec(&engine, &key_a, cmd);
-        probes.push(Probe { what: what.clone(), allowed: *allowed, code, out });
+    for chunk in matrix.chunks(8) {
+        let done: Vec<Probe> = std::thread::scope(|s| {
+            let handles: Vec<_> = chunk
+                .iter()
+                .map(|(what, allowed, cmd)| {
+                    let key = &key_a;
+                    s.spawn(move || {
+                        let t = std::time::Instant::now();
+                        let o = docker_out(&["exec", key, "sh", "-c", cmd]);
+                        Probe {
+                            what: what.clone(),
+                            allowed: *allowed,
+                            code: o.status.code().map_or(-1, i64::from),
+                            out: String::from_utf8_lossy(&o.stdout).trim().to_string(),
+                            ms: t.elapsed().as_millis(),
+                        }
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("a probe thread")).collect()
+        });
+        probes.extend(done);
     }
     // The sanity half of the DNS probes: the proxy's name does resolve, so a
     // failed lookup above is a refusal, not a broken resolver.
@@ -386,18 +467,21 @@ fn egress_matrix_reaches_the_allowed_host_and_nothing_else() {
     // B has an empty list: even the provider is refused.
     let (b_code, b_out) = exec(&engine, &key_b, &format!("{curl} -k https://api.example.com/"));
 
-    println!("\n{:<52} {:<8} {:<6} {}", "attempt from sandbox A", "expected", "exit", "result");
+    println!("\n{:<52} {:<8} {:<5} {:>6} result", "attempt from sandbox A", "expected", "exit", "ms");
     let mut wrong = Vec::new();
     for p in &probes {
-        let succeeded = p.code == 0 && (p.out.is_empty() || p.out.starts_with('2') || !p.out.chars().all(|c| c.is_ascii_digit()));
+        let succeeded =
+            p.code == 0 && (p.out.is_empty() || p.out.starts_with('2') || !p.out.chars().all(|c| c.is_ascii_digit()));
         let got = if succeeded { "reached" } else { "refused" };
-        println!("{:<52} {:<8} {:<6} {got} {}", p.what, if p.allowed { "reach" } else { "refuse" }, p.code, p.out.lines().next().unwrap_or(""));
+        let expected = if p.allowed { "reach" } else { "refuse" };
+        let first = p.out.lines().next().unwrap_or("");
+        println!("{:<52} {expected:<8} {:<5} {:>6} {got} {first}", p.what, p.code, p.ms);
         if succeeded != p.allowed {
             wrong.push(p.what.clone());
         }
     }
-    println!("{:<52} {:<8} {:<6} {}", "sandbox B (empty list) to the allowed host", "refuse", b_code, b_out);
-    println!("{:<52} {:<8} {:<6}", "DNS: the proxy's own name (sanity)", "resolve", dns_ok);
+    println!("{:<52} {:<8} {:<5} {:>6} {}", "sandbox B (empty list) to the allowed host", "refuse", b_code, "", b_out);
+    println!("{:<52} {:<8} {:<5}", "DNS: the proxy's own name (sanity)", "resolve", dns_ok);
 
     // What reached anything it should not have, counted where it arrived.
     let (f_conn, f_bytes) = counted(&forbidden, "/srv", "bad");
@@ -429,7 +513,10 @@ fn egress_matrix_reaches_the_allowed_host_and_nothing_else() {
     assert_ne!(b_out, "200", "B's empty list allowed the provider");
     assert_eq!((leaked_conn, leaked_bytes), (0, 0), "something reached a forbidden server");
     assert_eq!(ok_conn, 1, "exactly the one allowed HTTP request reached api.example.com:80");
-    assert!(denials.iter().any(|d| d.method == "CONNECT" && d.host == "forbidden.example.org" && d.port == 443), "{denials:?}");
+    assert!(
+        denials.iter().any(|d| d.method == "CONNECT" && d.host == "forbidden.example.org" && d.port == 443),
+        "{denials:?}"
+    );
     assert!(denials.iter().any(|d| d.host == "api.example.com" && d.port == 8080), "{denials:?}");
     assert!(denials.iter().any(|d| d.host == "api.example.com.evil"), "{denials:?}");
     assert!(all.iter().any(|r| !r.denied() && r.host == "api.example.com" && r.port == 443), "{all:?}");
@@ -544,7 +631,11 @@ fn prepare_makes_an_isolated_way_out_and_teardown_leaves_nothing() {
     let _rm_out = RmNet(outside.clone());
     let world = World { nonce: format!("egress-{nonce}"), keys: vec![format!("lw-egt-{nonce}-t")] };
     let key = world.keys[0].clone();
-    let opts = Options { proxy_from: build_support::test_image("debian"), outside: outside.clone(), ready_timeout: Duration::from_secs(60) };
+    let opts = Options {
+        proxy_from: build_support::test_image("debian"),
+        outside: outside.clone(),
+        ready_timeout: Duration::from_secs(60),
+    };
     // A network of that name made by someone else is not taken over.
     docker(&["network", "create", "--label", &world.label(), &outside]);
     let e = egress::prepare(&engine, &key, &AllowList::none(), &opts, &mut |_| {}).unwrap_err();
@@ -564,7 +655,9 @@ fn prepare_makes_an_isolated_way_out_and_teardown_leaves_nothing() {
     assert!(proxy.running);
     // The proxy runs hardened.
     let posture = docker(&[
-        "inspect", "-f", "{{.HostConfig.ReadonlyRootfs}} {{.HostConfig.CapDrop}} {{.HostConfig.SecurityOpt}} {{.Config.User}}",
+        "inspect",
+        "-f",
+        "{{.HostConfig.ReadonlyRootfs}} {{.HostConfig.CapDrop}} {{.HostConfig.SecurityOpt}} {{.Config.User}}",
         &plan.proxy,
     ]);
     println!("proxy posture: {posture}");

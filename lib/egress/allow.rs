@@ -125,7 +125,8 @@ impl Entry {
         if name == "localhost" || name.ends_with(".localhost") {
             return Err(bad("'localhost' names the proxy itself, never a host a sandbox may reach"));
         }
-        let host = if pattern { HostPattern::Subdomains(name.to_string()) } else { HostPattern::Exact(name.to_string()) };
+        let host =
+            if pattern { HostPattern::Subdomains(name.to_string()) } else { HostPattern::Exact(name.to_string()) };
         Ok(Entry { host, port })
     }
 
@@ -141,7 +142,9 @@ impl Entry {
         match &self.host {
             HostPattern::Exact(h) => host == h,
             HostPattern::Subdomains(h) => {
-                host.len() > h.len() + 1 && host.ends_with(h.as_str()) && host.as_bytes()[host.len() - h.len() - 1] == b'.'
+                host.len() > h.len() + 1
+                    && host.ends_with(h.as_str())
+                    && host.as_bytes()[host.len() - h.len() - 1] == b'.'
             }
         }
     }
@@ -312,8 +315,16 @@ mod tests {
 
     #[test]
     fn addresses_and_localhost_are_refused() {
-        for s in ["10.0.0.1:443", "172.17.0.1:80", "127.1:80", "2130706433:80", "0x7f.1:80", "[::1]:443", "::1:443", "fe80::1:80"]
-        {
+        for s in [
+            "10.0.0.1:443",
+            "172.17.0.1:80",
+            "127.1:80",
+            "2130706433:80",
+            "0x7f.1:80",
+            "[::1]:443",
+            "::1:443",
+            "fe80::1:80",
+        ] {
             assert!(refused(s).contains("IP address"), "{s}");
         }
         assert!(refused("localhost:8080").contains("localhost"));

@@ -318,12 +318,7 @@ impl Engine for DockerNetworks {
     fn inspect(&self, name_or_id: &str) -> Result<Option<Container>> {
         self.base.inspect(name_or_id)
     }
-    fn exec(
-        &self,
-        container: &str,
-        req: &ExecRequest,
-        on_output: &mut dyn FnMut(OutStream, &[u8]),
-    ) -> Result<i64> {
+    fn exec(&self, container: &str, req: &ExecRequest, on_output: &mut dyn FnMut(OutStream, &[u8])) -> Result<i64> {
         self.base.exec(container, req, on_output)
     }
 }

@@ -227,7 +227,8 @@ pub fn ensure_proxy_image(engine: &dyn Engine, from: &str, on_event: &mut dyn Fn
         return Ok(tag);
     }
     let mut b = tar::Builder::new(Vec::new());
-    let tar_err = |e: std::io::Error| Error::new(Exit::Software, "cannot make the proxy's build context").with_source(e);
+    let tar_err =
+        |e: std::io::Error| Error::new(Exit::Software, "cannot make the proxy's build context").with_source(e);
     for (path, text, mode) in PROXY_FILES {
         let mut h = tar::Header::new_gnu();
         h.set_mode(*mode);
@@ -379,7 +380,11 @@ pub fn start_proxy(engine: &dyn NetworkEngine, key: &str, timeout: Duration) -> 
 /// every caller then settles on the oldest and removes the others.
 fn outside_network(engine: &dyn NetworkEngine, name: &str) -> Result<String> {
     let find = || -> Result<Vec<Network>> {
-        Ok(engine.networks_with_label(&format!("{LABEL_EGRESS}=outside"))?.into_iter().filter(|n| n.name == name).collect())
+        Ok(engine
+            .networks_with_label(&format!("{LABEL_EGRESS}=outside"))?
+            .into_iter()
+            .filter(|n| n.name == name)
+            .collect())
     };
     let mut found = find()?;
     if found.is_empty() {

@@ -130,7 +130,10 @@ mod tests {
         let r = parse_log(log);
         assert_eq!(r.len(), 2);
         assert!(r[0].denied());
-        assert_eq!((r[0].method.as_str(), r[0].host.as_str(), r[0].port, r[0].status), ("CONNECT", "forbidden.example", 443, 403));
+        assert_eq!(
+            (r[0].method.as_str(), r[0].host.as_str(), r[0].port, r[0].status),
+            ("CONNECT", "forbidden.example", 443, 403)
+        );
         assert!(!r[1].denied());
         assert_eq!(r[1].bytes_out, 5000);
     }
