@@ -209,10 +209,15 @@ if [ ! -e /work/repo/.git ]; then
     git -C /work/repo.tmp config user.name "$4"
     git -C /work/repo.tmp config user.email "$5"
     if [ "$EXISTS" = 1 ]; then
-        git -C /work/repo.tmp checkout --quiet -b "$B" --track "origin/$B"
+        git -C /work/repo.tmp checkout --quiet -B "$B" --track "origin/$B"
     else
-        git -C /work/repo.tmp checkout --quiet --no-track -b "$B" "$BASE"
+        git -C /work/repo.tmp checkout --quiet --no-track -B "$B" "$BASE"
     fi
+    # The clone made a local branch for the mirror's HEAD: only B is the task's.
+    git -C /work/repo.tmp for-each-ref --format='%(refname:short)' refs/heads/ |
+        while read -r other; do
+            [ "$other" = "$B" ] || git -C /work/repo.tmp branch --quiet -D "$other"
+        done
     mv /work/repo.tmp /work/repo
 fi
 git -C /work/repo rev-parse HEAD

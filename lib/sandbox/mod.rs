@@ -522,7 +522,8 @@ impl<'a> Sandboxes<'a> {
 
     /// `rm`: refuses while work would be lost, unless `force`.
     pub fn remove(&self, name: &str, force: bool, out: &mut dyn FnMut(&str)) -> Result<()> {
-        registry::check_name(name).map_err(Error::usage)?;
+        // Refuse an unknown name before making its lock file.
+        self.get(name)?;
         let lock = self
             .lock(name, false)?
             .ok_or_else(|| Error::new(Exit::TempFail, format!("sandbox '{name}' is busy (another lw-sandbox holds it); try again")))?;
