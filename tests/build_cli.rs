@@ -94,3 +94,22 @@ fn init_writes_the_default_runtime_and_refuses_to_overwrite() {
     let forced = p.lw_build(&["init", "--force"]);
     assert_eq!(forced.status.code(), Some(0), "{}", stderr(&forced));
 }
+
+#[test]
+fn the_man_page_documents_every_long_flag_and_exit_status() {
+    let man = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/man/lw-build.1")).expect("man page");
+    let help = stdout(&Command::new(lw_build()).arg("--help").output().expect("runs"))
+        + &stdout(&Command::new(lw_build()).args(["init", "--help"]).output().expect("runs"));
+    for word in help.split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == ']') {
+        if let Some(flag) = word.strip_prefix("--") {
+            let flag = flag.split('=').next().expect("a name");
+            assert!(man.contains(&format!("\\-\\-{}", flag.replace('-', "\\-"))), "man page documents --{flag}");
+        }
+    }
+    for section in ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "FILES", "ENVIRONMENT", "EXIT STATUS", "EXAMPLES", "SEE ALSO"] {
+        assert!(man.contains(&format!(".SH {section}\n")), "section {section}");
+    }
+    for code in ["0", "64", "65", "66", "69", "73", "74", "78"] {
+        assert!(man.contains(&format!(".TP\n.B {code}\n")), "exit status {code} documented");
+    }
+}
