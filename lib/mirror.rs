@@ -13,7 +13,7 @@
 //!
 //! * **Created whole or not at all.**  The first sync builds the mirror in
 //!   `NAME.tmp-PID` beside it (`git init --bare`, the configuration, a fetch
-//!   of every ref, the state file [`STATE`]) and renames it into place.  A
+//!   of every ref, the completion mark [`STATE`]) and renames it into place.  A
 //!   directory at the mirror's path is a mirror only if it holds the state
 //!   file; the leftovers of a killed first sync are temporary directories,
 //!   removed by the next sync before it starts again.
@@ -27,7 +27,7 @@
 //!   lock: git updates refs and packs atomically.
 //!
 //! * **A failed fetch leaves the mirror as it was.**  Git writes objects
-//!   before it moves refs; the state file is rewritten only after a fetch
+//!   before it moves refs; the fetch record is rewritten only after a fetch
 //!   succeeded.
 //!
 //! * **Credentials stay out.**  The URL stored in the mirror's config and in
@@ -57,6 +57,8 @@ pub const KEY_PATH: &str = "mirror.path";
 pub const KEY_URL: &str = "mirror.url";
 /// The state file inside the mirror; its presence marks a complete mirror.
 pub const STATE: &str = "lw-mirror.state";
+/// The record of the last successful fetch inside the mirror.
+pub const FETCHED: &str = "lw-mirror.fetched";
 
 /// The git configuration every mirror carries, and why.
 pub const NEVER_PRUNE: &[(&str, &str)] = &[
@@ -123,7 +125,7 @@ pub fn default_remote(project: Option<&Project>, stored: Option<&str>, cwd: &Pat
     })
 }
 
-/// What the state file records.
+/// What the state files record.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct State {
     /// The upstream URL, without credentials.
@@ -135,26 +137,37 @@ pub struct State {
 }
 
 impl State {
-    fn parse(text: &str, path: &Path) -> Result<State> {
-        let c = Config::parse(text, path).map_err(|e| Error::new(Exit::DataErr, e.msg))?;
-        let t = |k: &str| {
-            c.get(k).and_then(time::parse_rfc3339).ok_or_else(|| {
-                Error::data(format!("'{}' has no valid '{k}'; the mirror is damaged", path.display()))
-            })
-        };
-        Ok(State {
-            url: c.get("url").unwrap_or_default().to_string(),
-            created: t("created")?,
-            fetch_started: t("fetch-started")?,
-            fetch_finished: t("fetch-finished")?,
-        })
+    /// Reads the completion mark ([`STATE`]) and, leniently, the record of
+    /// the last fetch ([`FETCHED`]): a lost or torn fetch record only means
+    /// that the next sync fetches.
+    fn parse(mark: &str, mark_path: &Path, fetched: Option<&str>) -> Result<State> {
+        let c = Config::parse(mark, mark_path).map_err(|e| Error::new(Exit::DataErr, e.msg))?;
+        let created = c.get("created").and_then(time::parse_rfc3339).ok_or_else(|| {
+            Error::data(format!("'{}' has no valid 'created'", mark_path.display()))
+        })?;
+        let mut state = State { created, ..State::default() };
+        if let Some(f) = fetched.and_then(|text| Config::parse(text, Path::new(FETCHED)).ok()) {
+            let t = |k: &str| f.get(k).and_then(time::parse_rfc3339);
+            if let (Some(url), Some(started), Some(finished)) = (f.get("url"), t("fetch-started"), t("fetch-finished")) {
+                state.url = url.to_string();
+                state.fetch_started = started;
+                state.fetch_finished = finished;
+            }
+        }
+        Ok(state)
     }
 
-    fn render(&self) -> String {
+    fn render_mark(&self) -> String {
         format!(
-            "# written by lw-mirror(1); its presence marks a complete mirror\nversion = 1\nurl = {}\ncreated = {}\nfetch-started = {}\nfetch-finished = {}\n",
+            "# written by lw-mirror(1); its presence marks a complete mirror\nversion = 1\ncreated = {}\n",
+            time::rfc3339(self.created)
+        )
+    }
+
+    fn render_fetched(&self) -> String {
+        format!(
+            "# written by lw-mirror(1) after each successful fetch\nurl = {}\nfetch-started = {}\nfetch-finished = {}\n",
             self.url,
-            time::rfc3339(self.created),
             time::rfc3339(self.fetch_started),
             time::rfc3339(self.fetch_finished)
         )
@@ -241,7 +254,8 @@ impl Mirror {
         let state_path = self.path.join(STATE);
         match fs::read_to_string(&state_path) {
             Ok(text) => {
-                let state = match State::parse(&text, &state_path) {
+                let fetched = fs::read_to_string(self.path.join(FETCHED)).ok();
+                let state = match State::parse(&text, &state_path, fetched.as_deref()) {
                     Ok(s) => s,
                     Err(e) => return Ok(Found::Damaged(e.msg)),
                 };
@@ -271,7 +285,7 @@ impl Mirror {
                 Exit::NoInput,
                 format!("no mirror at '{}'; make it with: lw-mirror sync", self.path.display()),
             )),
-            Found::Foreign => Err(self.foreign()),
+            Found::Foreign => Err(Error { exit: Exit::NoInput, ..self.foreign() }),
             Found::Damaged(why) => Err(self.damaged(&why)),
         }
     }
@@ -672,19 +686,30 @@ fn remove_stale_locks(git_dir: &Path) -> Result<usize> {
     Ok(n)
 }
 
-fn write_state(git_dir: &Path, state: &State, durable: bool) -> Result<()> {
-    let path = git_dir.join(STATE);
-    let tmp = git_dir.join(format!("{STATE}.tmp"));
-    let res = (|| {
-        let mut f = File::create(&tmp)?;
-        f.write_all(state.render().as_bytes())?;
-        if durable {
-            f.sync_all()?;
-        }
-        fs::rename(&tmp, &path)
-    })();
-    res.map_err(|e| Error::io("cannot write", &path, e))?;
-    if durable { fsync_dir(git_dir) } else { Ok(()) }
+/// Records a successful fetch in [`FETCHED`]: written to a temporary file
+/// and renamed, but not synced, since losing it only costs a fetch.  A new
+/// mirror also gets its completion mark [`STATE`], synced with its directory
+/// before the mirror is renamed into place.
+fn write_state(git_dir: &Path, state: &State, new_mirror: bool) -> Result<()> {
+    let write = |name: &str, text: String, sync: bool| {
+        let path = git_dir.join(name);
+        let tmp = git_dir.join(format!("{name}.tmp"));
+        let res = (|| {
+            let mut f = File::create(&tmp)?;
+            f.write_all(text.as_bytes())?;
+            if sync {
+                f.sync_all()?;
+            }
+            fs::rename(&tmp, &path)
+        })();
+        res.map_err(|e| Error::io("cannot write", &path, e))
+    };
+    write(FETCHED, state.render_fetched(), new_mirror)?;
+    if new_mirror {
+        write(STATE, state.render_mark(), true)?;
+        fsync_dir(git_dir)?;
+    }
+    Ok(())
 }
 
 fn fsync_dir(dir: &Path) -> Result<()> {
@@ -744,12 +769,15 @@ mod tests {
             fetch_started: Duration::from_millis(1_700_000_100_250),
             fetch_finished: Duration::from_secs(1_700_000_101),
         };
-        assert_eq!(State::parse(&s.render(), Path::new("s")).unwrap(), s);
+        assert_eq!(State::parse(&s.render_mark(), Path::new("s"), Some(&s.render_fetched())).unwrap(), s);
+        let lost = State { created: s.created, ..State::default() };
+        assert_eq!(State::parse(&s.render_mark(), Path::new("s"), None).unwrap(), lost);
+        assert_eq!(State::parse(&s.render_mark(), Path::new("s"), Some("url = x\n")).unwrap(), lost);
     }
 
     #[test]
     fn state_without_times_is_damaged() {
-        let e = State::parse("url = x\n", Path::new("s")).unwrap_err();
+        let e = State::parse("url = x\n", Path::new("s"), None).unwrap_err();
         assert!(e.to_string().contains("no valid 'created'"), "{e}");
     }
 

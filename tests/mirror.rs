@@ -158,7 +158,10 @@ fn first_sync_has_the_refs_and_head_of_git_clone_mirror_and_fsck_is_clean() {
     let proj = t.join("proj");
     git(&t.0, &["clone", "-q", up.to_str().unwrap(), proj.to_str().unwrap()]);
 
-    let printed = sync_ok(&proj, &[]);
+    let out = run(lw(&proj).arg("sync"));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stderr), "", "quiet when stderr is not a terminal");
+    let printed = text(&out.stdout);
     let mirror = proj.join(".loopwright/cache/mirror.git");
     assert_eq!(printed, format!("{}\n", mirror.display()));
 
@@ -325,6 +328,8 @@ fn outside_a_repository_and_foreign_or_damaged_paths_are_refused_with_the_fix() 
     assert_eq!(out.status.code(), Some(73), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("is not a mirror made by lw-mirror"));
     assert_eq!(fs::read_dir(&plain).unwrap().count(), 1);
+    let out = run(lw(&t.0).args(["status", "--mirror", plain.to_str().unwrap()]));
+    assert_eq!(out.status.code(), Some(66), "{}", text(&out.stderr));
 
     // A mirror whose state file is garbage is explained, not rebuilt over.
     let m = t.join("m.git");
@@ -548,6 +553,12 @@ fn status_reports_url_refs_size_and_last_fetch() {
     let out = run(lw(&proj).arg("path"));
     assert_eq!(text(&out.stdout), format!("{}\n", proj.join("../elsewhere.git").display()));
 
+    // $LW_MIRROR comes before the configuration, --mirror before both.
+    let out = run(lw(&proj).arg("path").env("LW_MIRROR", "/env/m.git"));
+    assert_eq!(text(&out.stdout), "/env/m.git\n");
+    let out = run(lw(&proj).args(["path", "--mirror", "/flag/m.git"]).env("LW_MIRROR", "/env/m.git"));
+    assert_eq!(text(&out.stdout), "/flag/m.git\n");
+
     let out = run(lw(&proj).args(["status", "--json"]));
     assert!(out.status.success(), "{}", text(&out.stderr));
     let lines: Vec<&str> = std::str::from_utf8(&out.stdout).unwrap().lines().collect();
@@ -734,6 +745,11 @@ fn every_long_flag_in_the_help_is_in_the_man_page() {
             }
         }
     }
+    let out = run(Command::new(BIN).arg("--help"));
+    assert!(text(&out.stdout).starts_with("The local bare mirror every sandbox clones from\n"));
+    let out = run(Command::new(BIN).arg("bogus"));
+    assert_eq!(out.status.code(), Some(64));
+    assert!(text(&out.stderr).starts_with("lw-mirror: unrecognized subcommand 'bogus'"));
     for section in ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "FILES", "ENVIRONMENT", "EXIT STATUS", "EXAMPLES", "SEE ALSO"] {
         assert!(man.contains(&format!(".SH {section}\n")), "no {section}");
     }
