@@ -47,6 +47,11 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = mediate::DEFAULT_BATCH)]
     batch: usize,
 
+    /// How a batch is made durable: `fs` (one syncfs per phase) or `file`
+    /// (an fsync per file and directory, as lw-post does)
+    #[arg(long, value_name = "HOW", default_value = "fs", value_parser = ["fs", "file"])]
+    sync: String,
+
     /// Print one line per logged event
     #[arg(short, long)]
     verbose: bool,
@@ -197,6 +202,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             let mut m = Mediator::open(root, Some(p), explicit)?;
             m.batch = args.batch;
             m.verbose = args.verbose;
+            m.sync = if args.sync == "file" { loopwright::group::Sync::File } else { loopwright::group::Sync::FileSystem };
             if args.once {
                 let s = m.drain(out)?;
                 if args.verbose {

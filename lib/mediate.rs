@@ -126,6 +126,8 @@ pub struct Mediator {
     pub batch: usize,
     pub verbose: bool,
     pub stats: Stats,
+    /// How batches are made durable (lib/group.rs).
+    pub sync: group::Sync,
 }
 
 fn now_ms() -> u64 {
@@ -323,6 +325,7 @@ impl Mediator {
             batch: DEFAULT_BATCH,
             verbose: false,
             stats: Stats::default(),
+            sync: group::Sync::default(),
         };
         m.load_policy()?;
         m.load_memory();
@@ -747,7 +750,7 @@ impl Mediator {
     /// and returns them; entries logged by an earlier run are skipped.
     fn log_entries(&mut self, boxes: &Boxes, entries: &[&Entry], out: &mut dyn Write) -> Result<()> {
         for first in [true, false] {
-            let mut g = Group::new();
+            let mut g = Group::with_sync(self.sync);
             let mut written = Vec::new();
             for e in entries.iter().filter(|e| (e.decision.action == Action::Bounce) == first) {
                 if g.stage(&boxes.list, LOG, &e.name, &e.to_bytes())? {
@@ -930,7 +933,6 @@ impl Mediator {
                     };
                     to_log.extend(entries.iter().cloned());
                     to_deliver.extend(entries.iter().cloned());
-                    self.stats.routed += 1;
                     work.push(Work::Route { name: name.clone(), entries, claim_question });
                 }
             }
@@ -939,7 +941,7 @@ impl Mediator {
         let refs: Vec<&Entry> = to_log.iter().collect();
         self.log_entries(boxes, &refs, out)?;
         // 2. Deliver.
-        let mut g = Group::new();
+        let mut g = Group::with_sync(self.sync);
         for e in &to_deliver {
             self.stage_deliveries(boxes, &mut g, e)?;
         }
@@ -949,8 +951,14 @@ impl Mediator {
         for w in &work {
             match w {
                 Work::Route { name, claim_question, entries } => {
+                    // Counted only when claimed, so that `drain` cannot spin on
+                    // a source it fails to move.
                     match group::move_noreplace(&ob.new, name, &ob.cur, name) {
-                        Ok(_) => claimed = true,
+                        Ok(true) => {
+                            claimed = true;
+                            self.stats.routed += 1;
+                        }
+                        Ok(false) => {}
                         Err(e) => self.warn_once(format!(
                             "cannot claim '{}' into '{}': {}",
                             escape_name(name),
@@ -1058,7 +1066,7 @@ impl Mediator {
         }
         let refs: Vec<&Entry> = entries.iter().collect();
         self.log_entries(boxes, &refs, out)?;
-        let mut g = Group::new();
+        let mut g = Group::with_sync(self.sync);
         for e in &entries {
             self.stage_deliveries(boxes, &mut g, e)?;
         }
@@ -1102,7 +1110,7 @@ impl Mediator {
             if self.memory.receipts.get(&r) == Some(&mtime) && now_ns - mtime > 2_000_000_000 {
                 continue;
             }
-            let mut g = Group::new();
+            let mut g = Group::with_sync(self.sync);
             let mut pending: Vec<Entry> = Vec::new();
             let dir = rfs::Dir::read_from(&fd).map_err(|e| Error::io("cannot read", &self.root.dir.join(&rel), errno_io(e)))?;
             for ent in dir {

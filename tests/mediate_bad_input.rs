@@ -231,15 +231,7 @@ fn outbox_removed_between_passes_does_not_stop_others() {
     let root = root_with("vanish", &["a", "b", "dst"]);
     let p = root.dir.parent().unwrap().join("policy");
     std::fs::write(&p, OPEN_POLICY).unwrap();
-    let mut child = std::process::Command::new(BIN)
-        .arg("--root")
-        .arg(&root.dir)
-        .arg("--policy")
-        .arg(&p)
-        .args(["--rescan", "1"])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = Watcher::start(&root, &p, "1");
     let inbox = root.sandbox("dst").inbox();
     let first = message("a", &["dst"], Kind::Request, "first");
     post(&root, "a", &first);
@@ -251,8 +243,7 @@ fn outbox_removed_between_passes_does_not_stop_others() {
     let second = message("b", &["dst"], Kind::Request, "second");
     post(&root, "b", &second);
     let arrived = inbox.wait_new(Some(Duration::from_secs(30)));
-    child.kill().unwrap();
-    child.wait().unwrap();
+    child.stop();
     assert!(arrived.unwrap(), "{:?}", delivered(&inbox));
     assert_eq!(delivered(&inbox), { let mut v = vec![first.id, second.id]; v.sort(); v });
 }

@@ -88,3 +88,41 @@ pub fn delivered(m: &Maildir) -> Vec<String> {
     v.sort();
     v
 }
+
+/// A watching mediator, killed when dropped (also when a test panics).
+pub struct Watcher(pub std::process::Child);
+
+impl Watcher {
+    pub fn start(root: &Root, policy: &Path, rescan: &str) -> Watcher {
+        let child = Command::new(BIN)
+            .arg("--root")
+            .arg(&root.dir)
+            .arg("--policy")
+            .arg(policy)
+            .args(["--rescan", rescan])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("lw-mediate starts");
+        Watcher(child)
+    }
+
+    /// Stops it and returns what it wrote to standard error.
+    pub fn stop(mut self) -> String {
+        use std::io::Read as _;
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+        let mut err = String::new();
+        if let Some(mut e) = self.0.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        err
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
