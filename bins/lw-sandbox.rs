@@ -83,6 +83,9 @@ enum Cmd {
         /// Print a JSON Lines record instead of the name
         #[arg(long)]
         json: bool,
+        /// Say on standard error how long each step took
+        #[arg(short, long)]
+        verbose: bool,
     },
     /// Push the sandbox's branch, and nothing else, to the upstream
     Push {
@@ -172,7 +175,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
     let sb = Sandboxes::new(root, &engine);
     let line = |out: &mut dyn Write, s: &str| writeln!(out, "{s}").map_err(out_err);
     match args.cmd {
-        Cmd::Create { name, branch, from, scope, port, secret, network, image, allow_stale, no_fetch, json } => {
+        Cmd::Create { name, branch, from, scope, port, secret, network, image, allow_stale, no_fetch, json, verbose } => {
             let cwd = std::env::current_dir().map_err(|e| Error::new(Exit::IoErr, "cannot find the current directory").with_source(e))?;
             let start = args.project.clone().unwrap_or_else(|| cwd.clone());
             let project = Project::find(&start)?;
@@ -189,12 +192,18 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
             };
             let opts = CreateOptions { name, branch, from, scope, ports: port, secrets: secret, network, image, allow_stale, no_fetch };
             let c = sb.create(&opts, project.as_ref(), &mirror_path, &bins, &mut |m| warn(m))?;
+            if verbose {
+                let steps: Vec<String> = c.timings.iter().map(|(s, d)| format!("{s} {:.1}ms", d.as_secs_f64() * 1e3)).collect();
+                let total: f64 = c.timings.iter().map(|(_, d)| d.as_secs_f64() * 1e3).sum();
+                eprintln!("{PROG}: created {} in {total:.1}ms: {}", c.record.name, steps.join(", "));
+            }
             if json {
                 let rec = serde_json::json!({
                     "type": "sandbox", "name": c.record.name, "branch": c.record.branch, "head": c.head,
                     "container": c.record.container, "image": c.record.image, "network": c.record.network.as_str(),
                     "ports": c.record.ports.iter().map(|p| serde_json::json!({"container": p.container, "host": format!("127.0.0.1:{}", p.host)})).collect::<Vec<_>>(),
                     "mailbox": sb.root.sandbox(&c.record.name).dir, "notes": c.notes,
+                    "timings_ms": c.timings.iter().map(|(s, d)| (s.to_string(), serde_json::json!(d.as_secs_f64() * 1e3))).collect::<serde_json::Map<_, _>>(),
                 });
                 line(out, &rec.to_string())?;
             } else {

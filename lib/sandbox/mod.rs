@@ -193,6 +193,9 @@ pub struct Created {
     pub head: String,
     /// Warnings already printed (stale image, bridge network, install).
     pub notes: Vec<String>,
+    /// How long each step took: check, image, mirror, resolve, record,
+    /// container, start, clone, secrets, install, ready.
+    pub timings: Vec<(&'static str, Duration)>,
 }
 
 /// The state of a sandbox as `ls` shows it.
