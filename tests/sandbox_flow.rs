@@ -185,3 +185,30 @@ fn a_branch_whose_lockfile_differs_gets_an_incremental_install() {
     f.ok(&["rm", "d", "e"]);
     assert!(f.leftovers().is_empty(), "the install container is gone too: {:?}", f.leftovers());
 }
+
+#[test]
+fn shell_gives_a_terminal_on_the_branch_and_passes_the_status() {
+    let f = Fixture::new("shell");
+    f.ok(&["create", "t", "--branch", "lw/t"]);
+    // script(1) gives lw-sandbox a terminal, as a person's would be.
+    let cmd = format!("{} --root {} shell t", bin("lw-sandbox").display(), f.root.display());
+    let mut child = std::process::Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .current_dir(&f.proj)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("script(1) from util-linux runs");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(b"echo \"in:$(pwd):$(git rev-parse --abbrev-ref HEAD):$(tty)\"\nexit 7\n")
+        .expect("write");
+    let o = child.wait_with_output().expect("wait");
+    let out = text(&o).replace('\r', "");
+    assert!(out.contains("in:/work/repo:lw/t:/dev/pts/"), "{out}");
+    assert_eq!(o.status.code(), Some(7), "{out}");
+    f.ok(&["rm", "t"]);
+}
