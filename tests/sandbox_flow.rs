@@ -162,7 +162,13 @@ fn secrets_reach_only_the_sandbox_tmpfs() {
     let o = f.cmd(&["start", "s"]).env("LW_TEST_TOKEN", "second").output().expect("runs");
     assert!(o.status.success(), "{}", err(&o));
     assert_eq!(f.sh("s", "cat /run/secrets/LW_TEST_TOKEN").1, "second");
-    f.ok(&["rm", "s"]);
+    // A stopped sandbox pushes without its secrets in the environment, and stays stopped.
+    f.ok(&["stop", "s"]);
+    let o = f.cmd(&["push", "s"]).env_remove("LW_TEST_TOKEN").output().expect("runs");
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(f.ok(&["ls"]).contains("\texited\t"));
+    let o = f.cmd(&["rm", "s"]).env_remove("LW_TEST_TOKEN").output().expect("runs");
+    assert!(o.status.success(), "{}", err(&o));
 }
 
 #[test]

@@ -407,7 +407,9 @@ impl<'a> Sandboxes<'a> {
         Ok((code, out, err))
     }
 
-    /// The container of a ready sandbox, started if it was stopped.
+    /// The container of a ready sandbox, started (without its secrets: only
+    /// lw-sandbox's own git runs) if it was stopped; `Container::running`
+    /// says whether it was running before.
     fn running(&self, rec: &Record) -> Result<Container> {
         let c = self.engine.inspect(&rec.container)?.ok_or_else(|| {
             Error::new(
@@ -419,7 +421,7 @@ impl<'a> Sandboxes<'a> {
             )
         })?;
         if !c.running {
-            self.start(&rec.name)?;
+            self.engine.start(&rec.container)?;
         }
         Ok(c)
     }
