@@ -17,6 +17,7 @@ pub mod maildir;
 pub mod mediate;
 pub mod message;
 pub mod mirror;
+pub mod operator;
 pub mod policy;
 pub mod ports;
 pub mod registry;

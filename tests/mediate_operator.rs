@@ -184,3 +184,59 @@ fn policy_check_and_show() {
     assert_eq!(no_root.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&no_root.stderr).contains("LW_ROOT"));
 }
+
+#[test]
+fn the_binary_links_no_async_runtime_or_docker_client() {
+    // Debug information names every crate whose code is linked in.
+    let bin = std::fs::read(BIN).unwrap();
+    for name in [&b"tokio"[..], b"bollard", b"hyper"] {
+        assert!(!bin.windows(name.len()).any(|w| w == name), "lw-mediate links {}", String::from_utf8_lossy(name));
+    }
+}
+
+#[test]
+fn an_answer_can_come_from_standard_input() {
+    use std::io::Write as _;
+    let root = root_with("stdin", &["a"]);
+    let q = message("a", &["mediator"], Kind::Question, "why?");
+    post(&root, "a", &q);
+    once(&root, OPEN_POLICY);
+    let mut child = Command::new(BIN)
+        .arg("--root")
+        .arg(&root.dir)
+        .args(["answer", &q.id])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all("because\nof this".as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let id = stdout(&out).trim().to_string();
+    once(&root, OPEN_POLICY);
+    let Found::Message(a) = root.sandbox("a").inbox().read(Sub::New, OsStr::new(&id)) else { panic!("not delivered") };
+    assert_eq!(a.body, "because\nof this");
+}
+
+#[test]
+fn usage_errors_exit_64_and_say_what_is_wrong() {
+    let root = root_with("usage", &["a"]);
+    for (args, want) in [
+        (&["--bogus"][..], "unexpected argument '--bogus'"),
+        (&["release"][..], "required"),
+        (&["--sync", "never"][..], "invalid value 'never'"),
+        (&["register", "Bad/Name"][..], "not a valid sandbox name"),
+        (&["register", "human"][..], "reserved"),
+        (&["release", "../x"][..], "not a message id"),
+    ] {
+        let out = mediate(&root, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
+        assert!(err.starts_with("lw-mediate: ") && err.contains(want), "{args:?}: {err}");
+    }
+    let missing = Command::new(BIN).args(["--root", "/nonexistent/lw-root", "--once"]).output().unwrap();
+    assert_eq!(missing.status.code(), Some(66));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("'/nonexistent/lw-root' does not exist"));
+    let unreg = mediate(&root, &["unregister", "zz"]);
+    assert_eq!(unreg.status.code(), Some(66));
+}

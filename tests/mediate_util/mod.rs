@@ -14,7 +14,7 @@ use loopwright::registry::{Registry, Sandbox};
 pub const BIN: &str = env!("CARGO_BIN_EXE_lw-mediate");
 
 pub fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("lw-test-{tag}-{}", loopwright::id::new_id()));
+    let d = std::env::temp_dir().join(format!("lw-mediate-test-{tag}-{}", loopwright::id::new_id()));
     std::fs::create_dir_all(&d).unwrap();
     d
 }
