@@ -7,7 +7,9 @@ pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod ghserver;
 pub mod git;
+pub mod github;
 pub mod group;
 pub mod id;
 pub mod image;
@@ -23,6 +25,7 @@ pub mod ports;
 pub mod registry;
 pub mod sandbox;
 pub mod secrets;
+pub mod sync;
 pub mod time;
 
 pub use error::{Error, Exit, Result};
