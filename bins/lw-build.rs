@@ -24,7 +24,8 @@ use clap::{Parser, Subcommand};
 use loopwright::cli::{main_with, out_err, parse_args};
 use loopwright::engine::{BuildEvent, DockerEngine};
 use loopwright::error::{Error, Exit, Result};
-use loopwright::image::{self, BuildOptions, Layer, LayerResult, Runtime};
+use loopwright::image::{self, BuildOptions, InputKind, Layer, LayerResult, Runtime};
+use serde_json::json;
 
 const PROG: &str = "lw-build";
 
@@ -46,6 +47,9 @@ struct Args {
     /// Stream build output to standard error.
     #[arg(short, long)]
     verbose: bool,
+    /// Write JSON Lines (one object per layer, with a "type" field) instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -91,12 +95,13 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     let engine = DockerEngine::connect()?;
     let mut plan = runtime.plan(&engine)?;
     if args.print_tag {
-        writeln!(out, "{}", plan.final_tag()).map_err(out_err)?;
+        let line = if args.json { json!({"type": "tag", "tag": plan.final_tag()}).to_string() } else { plan.final_tag().to_string() };
+        writeln!(out, "{line}").map_err(out_err)?;
         return Ok(Exit::Ok);
     }
     if args.explain {
         for layer in &plan.layers {
-            explain(&engine, layer, out)?;
+            explain(&engine, layer, args.json, out)?;
         }
         return Ok(Exit::Ok);
     }
@@ -110,11 +115,16 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     progress.clear();
     let results = results?;
     for (layer, r) in plan.layers.iter().zip(&results) {
-        let state = match r {
-            LayerResult::Cached(_) => "cached",
-            LayerResult::Built(_) => "built",
+        let (state, id) = match r {
+            LayerResult::Cached(id) => ("cached", id),
+            LayerResult::Built(id) => ("built", id),
         };
-        writeln!(out, "{} {} {state}", layer.def.name, layer.tag).map_err(out_err)?;
+        let line = if args.json {
+            json!({"type": "layer", "layer": layer.def.name, "tag": layer.tag, "state": state, "id": id}).to_string()
+        } else {
+            format!("{} {} {state}", layer.def.name, layer.tag)
+        };
+        writeln!(out, "{line}").map_err(out_err)?;
     }
     Ok(Exit::Ok)
 }
@@ -128,19 +138,36 @@ fn init(dir: &Path, from: &str, force: bool, out: &mut dyn Write) -> Result<Exit
     Ok(Exit::Ok)
 }
 
-fn explain(engine: &DockerEngine, layer: &Layer, out: &mut dyn Write) -> Result<()> {
+fn explain(engine: &DockerEngine, layer: &Layer, as_json: bool, out: &mut dyn Write) -> Result<()> {
+    let replaces = if layer.cached() { None } else { image::explain(engine, layer)?.replaces };
+    let inputs = layer.files.iter().filter(|f| f.kind != InputKind::Dir);
+    if as_json {
+        let v = json!({
+            "type": "explain",
+            "layer": layer.def.name,
+            "tag": layer.tag,
+            "state": if layer.cached() { "cached" } else { "to-build" },
+            "parent": layer.parent,
+            "provider": layer.def.provider.as_ref().map(|p| p.describe()),
+            "dockerfile": layer.dockerfile.path,
+            "inputs": inputs.map(|f| json!({"path": f.path, "mode": format!("{:o}", f.mode), "sha256": f.sha256})).collect::<Vec<_>>(),
+            "replaces": replaces.as_ref().map(|(name, _)| name),
+            "changes": replaces.as_ref().map(|(_, c)| c.iter().map(|c| c.to_string()).collect::<Vec<_>>()).unwrap_or_default(),
+        });
+        return writeln!(out, "{v}").map_err(out_err);
+    }
     let state = if layer.cached() { "cached" } else { "to build" };
     let mut text = format!("{} {} {state}\n", layer.def.name, layer.tag);
     text += &format!("  parent {}\n", layer.parent);
     if let Some(p) = &layer.def.provider {
-        text += &format!("  provider {}\n", provider_text(p));
+        text += &format!("  provider {}\n", p.describe());
     }
     text += &format!("  dockerfile {}\n", layer.dockerfile.path);
-    for f in &layer.files {
+    for f in inputs {
         text += &format!("  input {} {:o} {}\n", f.path, f.mode, &f.sha256[..12]);
     }
     if !layer.cached() {
-        match image::explain(engine, layer)?.replaces {
+        match replaces {
             None => text += "  replaces nothing (no earlier image of this layer)\n",
             Some((name, changes)) => {
                 text += &format!("  replaces {name}\n");
@@ -151,14 +178,6 @@ fn explain(engine: &DockerEngine, layer: &Layer, out: &mut dyn Write) -> Result<
         }
     }
     out.write_all(text.as_bytes()).map_err(out_err)
-}
-
-fn provider_text(p: &image::Provider) -> String {
-    match p {
-        image::Provider::Mise { version } => format!("mise {version}"),
-        image::Provider::Native => "native".into(),
-        image::Provider::Custom { script } => format!("custom {script}"),
-    }
 }
 
 /// Build feedback on standard error: every line with `-v`, one updating

@@ -19,6 +19,7 @@ use loopwright::cli::{self, out_err};
 use loopwright::layout::Root;
 use loopwright::log::Log;
 use loopwright::mediate::{self, Mediator};
+use loopwright::operator;
 use loopwright::policy::{self, Policy};
 use loopwright::registry::{Registry, Sandbox};
 use loopwright::{Error, Exit, Result};
@@ -46,6 +47,11 @@ struct Args {
     /// Messages per batch (each batch is one group of fsyncs)
     #[arg(long, value_name = "N", default_value_t = mediate::DEFAULT_BATCH)]
     batch: usize,
+
+    /// How a batch is made durable: `fs` (one syncfs per phase) or `file`
+    /// (an fsync per file and directory, as lw-post does)
+    #[arg(long, value_name = "HOW", default_value = "fs", value_parser = ["fs", "file"])]
+    sync: String,
 
     /// Print one line per logged event
     #[arg(short, long)]
@@ -159,16 +165,6 @@ fn policy_of(args: &Args) -> (PathBuf, bool) {
     }
 }
 
-fn json_line(out: &mut dyn Write, kind: &str, v: impl serde::Serialize) -> Result<()> {
-    let mut v = serde_json::to_value(v)?;
-    let mut obj = serde_json::Map::new();
-    obj.insert("type".into(), kind.into());
-    if let Some(m) = v.as_object_mut() {
-        obj.append(m);
-    }
-    writeln!(out, "{}", serde_json::Value::Object(obj)).map_err(out_err)
-}
-
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     let w = |out: &mut dyn Write, s: String| writeln!(out, "{s}").map_err(out_err);
     match &args.cmd {
@@ -189,7 +185,6 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         _ => {}
     }
     let root = root_of(&args)?;
-    let log = Log::new(root.log_dir());
     match &args.cmd {
         None => {
             let _lock = mediate::lock_mediator(&root)?;
@@ -197,11 +192,16 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             let mut m = Mediator::open(root, Some(p), explicit)?;
             m.batch = args.batch;
             m.verbose = args.verbose;
+            m.sync = if args.sync == "file" { loopwright::group::Sync::File } else { loopwright::group::Sync::FileSystem };
             if args.once {
                 let s = m.drain(out)?;
                 if args.verbose {
                     w(out, format!("routed {} forwarded {} escalated {} held {} bounced {} quarantined {} receipts {}",
                         s.routed, s.forwarded, s.escalated, s.held, s.bounced, s.quarantined, s.receipts))?;
+                }
+                if s.waiting > 0 {
+                    eprintln!("lw-mediate: {} messages or outboxes could not be routed yet (see above); they wait", s.waiting);
+                    return Ok(Exit::TempFail);
                 }
                 return Ok(Exit::Ok);
             }
@@ -209,14 +209,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             Ok(Exit::Ok)
         }
         Some(Cmd::Held { json }) | Some(Cmd::Human { json }) => {
-            let held = matches!(args.cmd, Some(Cmd::Held { .. }));
-            for q in mediate::queue(&root, &log, held)? {
-                if *json {
-                    json_line(out, if held { "held" } else { "question" }, &q)?;
-                } else {
-                    w(out, format!("{} {} {} {:?} ({})", q.id, q.sender, q.kind, q.subject, q.reason.escape_debug()))?;
-                }
-            }
+            operator::print_queue(out, &root, matches!(args.cmd, Some(Cmd::Held { .. })), *json)?;
             Ok(Exit::Ok)
         }
         Some(Cmd::Release { ids }) | Some(Cmd::Drop { ids, .. }) => {
@@ -244,24 +237,11 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
                 }
                 Some(t) => t.to_string(),
             };
-            let m = mediate::answer(&root, &log, id, &body)?;
+            let m = operator::answer(&root, &Log::new(root.log_dir()), id, &body)?;
             w(out, m.id)?;
             Ok(Exit::Ok)
         }
-        Some(Cmd::Log { json }) => {
-            let (entries, bad) = log.entries()?;
-            for e in &entries {
-                if *json {
-                    json_line(out, "entry", e)?;
-                } else {
-                    w(out, mediate::format_entry(e))?;
-                }
-            }
-            for b in &bad {
-                eprintln!("lw-mediate: log entry '{}' skipped: {}", b.name, b.reason);
-            }
-            Ok(if bad.is_empty() { Exit::Ok } else { Exit::DataErr })
-        }
+        Some(Cmd::Log { json }) => operator::print_log(out, &root, *json),
         Some(Cmd::Register { name, branch, scope }) => {
             mediate::init_root(&root)?;
             let p = Registry::new(&root).register(&Sandbox::new(name, branch.clone(), scope.clone()))?;
@@ -274,21 +254,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             }
             Ok(Exit::Ok)
         }
-        Some(Cmd::Sandboxes { json }) => {
-            let (good, bad) = Registry::new(&root).list()?;
-            for s in &good {
-                if *json {
-                    json_line(out, "sandbox", s)?;
-                } else {
-                    let branch = s.branch.as_deref().unwrap_or("-");
-                    w(out, format!("{} {} {}", s.name, branch, if s.scope.is_empty() { "-".into() } else { s.scope.join(",") }))?;
-                }
-            }
-            for b in &bad {
-                eprintln!("lw-mediate: registry record '{}' skipped: {}", b.file, b.reason);
-            }
-            Ok(if bad.is_empty() { Exit::Ok } else { Exit::DataErr })
-        }
+        Some(Cmd::Sandboxes { json }) => operator::print_sandboxes(out, &root, *json),
         Some(Cmd::Policy(_)) => unreachable!("handled above because policy commands need no root"),
     }
 }

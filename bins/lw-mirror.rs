@@ -23,7 +23,7 @@ const PROG: &str = "lw-mirror";
 
 /// The local bare mirror every sandbox clones from.
 #[derive(Parser, Debug)]
-#[command(name = "lw-mirror", version, about, long_about = None)]
+#[command(name = "lw-mirror", version)]
 struct Args {
     /// The mirror's path [default: $LW_MIRROR, then mirror.path in
     /// .loopwright/config, then .loopwright/cache/mirror.git in the project]

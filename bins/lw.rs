@@ -27,7 +27,7 @@ fn main() -> ExitCode {
             None => {
                 print!("{USAGE}\ncommands:\n");
                 for (name, path) in commands() {
-                    println!("  {:<10} {}", name, summary(&path));
+                    println!("  {:<12} {}", name, summary(&path));
                 }
                 println!("\nSee `lw help <command>` and man/loopwright.7.");
                 ExitCode::SUCCESS

@@ -215,7 +215,12 @@ impl DockerEngine {
             .enable_all()
             .build()
             .map_err(|e| Error::new(Exit::Software, "cannot start the I/O runtime").with_source(e))?;
-        let docker = Docker::connect_with_defaults().map_err(|e| unreachable_err(&host, &e))?;
+        let docker = Docker::connect_with_host(&host).map_err(|e| match e {
+            bollard::errors::Error::UnsupportedURISchemeError { .. } => Error::config(format!(
+                "DOCKER_HOST '{host}' is not an engine address; use unix:///PATH or tcp://HOST:PORT"
+            )),
+            e => unreachable_err(&host, &e),
+        })?;
         let docker = rt.block_on(docker.negotiate_version()).map_err(|e| unreachable_err(&host, &e))?;
         Ok(DockerEngine { rt, docker, host })
     }
@@ -397,12 +402,15 @@ impl Engine for DockerEngine {
 
     fn create(&self, spec: &ContainerSpec) -> Result<String> {
         let opt_vec = |v: &Vec<String>| if v.is_empty() { None } else { Some(v.clone()) };
-        let mut port_bindings: HashMap<String, Option<Vec<PortBinding>>> = HashMap::new();
+        let mut by_port: BTreeMap<String, Vec<PortBinding>> = BTreeMap::new();
         for p in &spec.ports {
-            port_bindings.entry(p.container.clone()).or_insert_with(|| Some(Vec::new())).as_mut().map(|v| {
-                v.push(PortBinding { host_ip: Some(p.host_ip.clone()), host_port: Some(p.host_port.to_string()) })
-            });
+            by_port
+                .entry(p.container.clone())
+                .or_default()
+                .push(PortBinding { host_ip: Some(p.host_ip.clone()), host_port: Some(p.host_port.to_string()) });
         }
+        let port_bindings: HashMap<String, Option<Vec<PortBinding>>> =
+            by_port.into_iter().map(|(k, v)| (k, Some(v))).collect();
         let host = HostConfig {
             readonly_rootfs: Some(spec.read_only_root),
             cap_drop: opt_vec(&spec.cap_drop),

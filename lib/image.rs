@@ -77,7 +77,8 @@ pub enum Provider {
 }
 
 impl Provider {
-    fn manifest(&self) -> String {
+    /// As the manifest and `--explain` write it: `mise 2026.9.15`, `native`, `custom PATH`.
+    pub fn describe(&self) -> String {
         match self {
             Provider::Mise { version } => format!("mise {version}"),
             Provider::Native => "native".into(),
@@ -99,6 +100,7 @@ pub struct LayerDef {
     pub name: String,
     pub line: usize,
     pub dockerfile: String,
+    pub dockerfile_line: usize,
     pub provider: Option<Provider>,
     pub inputs: Vec<InputDecl>,
 }
@@ -145,7 +147,6 @@ pub fn parse(text: &str, file: &str) -> Result<Definition> {
     let mut image = None;
     let mut from: Option<String> = None;
     let mut layers: Vec<LayerDef> = Vec::new();
-    let mut dockerfile_line: BTreeMap<String, usize> = BTreeMap::new();
     for (i, raw) in text.lines().enumerate() {
         let n = i + 1;
         let line = match raw.find(" #").or_else(|| raw.find("\t#")) {
@@ -194,7 +195,14 @@ pub fn parse(text: &str, file: &str) -> Result<Definition> {
                 if let Some(prev) = layers.iter().find(|l| l.name == name) {
                     return Err(conf_err(file, n, format!("layer '{name}' already defined on line {}", prev.line)));
                 }
-                layers.push(LayerDef { name, line: n, dockerfile: String::new(), provider: None, inputs: Vec::new() });
+                layers.push(LayerDef {
+                    name,
+                    line: n,
+                    dockerfile: String::new(),
+                    dockerfile_line: 0,
+                    provider: None,
+                    inputs: Vec::new(),
+                });
             }
             "dockerfile" | "input" | "provider" => {
                 let Some(layer) = layers.last_mut() else {
@@ -207,8 +215,8 @@ pub fn parse(text: &str, file: &str) -> Result<Definition> {
                         }
                         let p = one("path")?;
                         check_rel_path(&p).map_err(|m| conf_err(file, n, m))?;
-                        dockerfile_line.insert(layer.name.clone(), n);
                         layer.dockerfile = p;
+                        layer.dockerfile_line = n;
                     }
                     "input" => {
                         if args.is_empty() {
@@ -310,16 +318,26 @@ fn normalize(p: &str) -> String {
     parts.join("/")
 }
 
+/// What an input entry is.  Directories are entries too, so that a declared
+/// directory that happens to be empty still exists in the build context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputKind {
+    File,
+    Symlink,
+    Dir,
+}
+
 /// A file of a build context, hashed.
 #[derive(Clone, Debug)]
 pub struct InputFile {
     /// Project-relative path.
     pub path: String,
-    /// 0o755 or 0o644 (see the module comment); 0o777 for a symlink.
+    /// 0o755 or 0o644 (see the module comment); 0o777 for a symlink,
+    /// 0o755 for a directory.
     pub mode: u32,
-    /// Content, or the link target for a symlink.
+    /// Content, the link target for a symlink, nothing for a directory.
     pub data: Vec<u8>,
-    pub symlink: bool,
+    pub kind: InputKind,
     pub sha256: String,
 }
 
@@ -412,11 +430,20 @@ impl Runtime {
         let mut layers: Vec<Layer> = Vec::new();
         for def in &self.def.layers {
             let mut files = BTreeMap::new();
-            let df_decl = InputDecl { path: normalize(&def.dockerfile), line: def.line };
+            let df_decl = InputDecl { path: normalize(&def.dockerfile), line: def.dockerfile_line };
+            if !self.root.join(&df_decl.path).exists() {
+                return Err(Error::new(
+                    Exit::NoInput,
+                    format!(
+                        "dockerfile '{}' of layer '{}' does not exist ({RUNTIME_FILE}:{})",
+                        def.dockerfile, def.name, def.dockerfile_line
+                    ),
+                ));
+            }
             self.read_input(def, &df_decl, &mut files)?;
             let dockerfile = files
                 .remove(&df_decl.path)
-                .filter(|f| !f.symlink)
+                .filter(|f| f.kind == InputKind::File)
                 .ok_or_else(|| Error::config(format!("dockerfile '{}' of layer '{}' is not a regular file", def.dockerfile, def.name)))?;
             for decl in &def.inputs {
                 self.read_input(def, decl, &mut files)?;
@@ -430,10 +457,14 @@ impl Runtime {
             let _ = writeln!(m, "{MANIFEST_VERSION}");
             let _ = writeln!(m, "layer {}", def.name);
             let _ = writeln!(m, "parent {parent_line}");
-            let _ = writeln!(m, "provider {}", def.provider.as_ref().map_or("none".to_string(), Provider::manifest));
+            let _ = writeln!(m, "provider {}", def.provider.as_ref().map_or("none".to_string(), Provider::describe));
             let _ = writeln!(m, "dockerfile {} {:o} {}", dockerfile.path, dockerfile.mode, dockerfile.sha256);
             for f in files.values() {
-                let kind = if f.symlink { "link" } else { "input" };
+                let kind = match f.kind {
+                    InputKind::File => "input",
+                    InputKind::Symlink => "link",
+                    InputKind::Dir => "dir",
+                };
                 let _ = writeln!(m, "{kind} {} {:o} {}", f.path, f.mode, f.sha256);
             }
             let hash = sha256_hex(m.as_bytes());
@@ -488,7 +519,7 @@ fn walk(
         }
         let data = target.as_os_str().as_encoded_bytes().to_vec();
         let sha256 = sha256_hex(&data);
-        out.insert(rel.to_string(), InputFile { path: rel.to_string(), mode: 0o777, data, symlink: true, sha256 });
+        out.insert(rel.to_string(), InputFile { path: rel.to_string(), mode: 0o777, data, kind: InputKind::Symlink, sha256 });
     } else if ft.is_dir() {
         let mut names: Vec<String> = Vec::new();
         for ent in fs::read_dir(&path).map_err(|e| Error::io_as(Exit::NoInput, "cannot read directory", &path, e))? {
@@ -496,6 +527,8 @@ fn walk(
             names.push(ent.file_name().to_string_lossy().into_owned());
         }
         names.sort();
+        let sha256 = sha256_hex(b"");
+        out.insert(rel.to_string(), InputFile { path: rel.to_string(), mode: 0o755, data: Vec::new(), kind: InputKind::Dir, sha256 });
         for name in names {
             let child = format!("{rel}/{name}");
             let cp = root.join(&child);
@@ -506,7 +539,7 @@ fn walk(
         let data = fs::read(&path).map_err(|e| Error::io_as(Exit::NoInput, "cannot read input", &path, e))?;
         let mode = if meta.permissions().mode() & 0o111 != 0 { 0o755 } else { 0o644 };
         let sha256 = sha256_hex(&data);
-        out.insert(rel.to_string(), InputFile { path: rel.to_string(), mode, data, symlink: false, sha256 });
+        out.insert(rel.to_string(), InputFile { path: rel.to_string(), mode, data, kind: InputKind::File, sha256 });
     } else {
         return Err(Error::config(format!("input '{rel}' is neither a file, a directory nor a symlink")));
     }
@@ -568,7 +601,11 @@ impl Layer {
             h.set_gid(0);
             h.set_mtime(0);
             h.set_mode(f.mode);
-            if f.symlink {
+            if f.kind == InputKind::Dir {
+                h.set_entry_type(tar::EntryType::Directory);
+                h.set_size(0);
+                b.append_data(&mut h, format!("{}/", f.path), std::io::empty()).map_err(tar_err)?;
+            } else if f.kind == InputKind::Symlink {
                 h.set_entry_type(tar::EntryType::Symlink);
                 h.set_size(0);
                 let target = String::from_utf8_lossy(&f.data).into_owned();
@@ -651,10 +688,10 @@ pub fn build(engine: &dyn Engine, plan: &mut Plan, opts: &mut BuildOptions<'_>) 
 /// The error for a failed build: a missing context file points at the input
 /// list; anything else shows the step's output.
 fn failure(layer: &Layer, msg: &str, log: &str) -> Error {
-    const MISSING: &[&str] = &["file not found in build context", "no such file or directory", "no source files were specified"];
     let lower = msg.to_ascii_lowercase();
-    if (lower.contains("copy failed") || lower.contains("add failed") || MISSING.iter().any(|m| lower.contains(m)))
-        && MISSING.iter().any(|m| lower.contains(m))
+    let copy_step = lower.starts_with("copy failed") || lower.starts_with("add failed");
+    if lower.contains("file not found in build context")
+        || (copy_step && (lower.contains("no such file or directory") || lower.contains("no source files were specified")))
     {
         return Error::config(format!(
             "layer '{}': {}: the build context holds only the layer's declared inputs; declare the file with 'input PATH' under 'layer {}' in {RUNTIME_FILE} (line {})",
@@ -873,32 +910,40 @@ impl std::fmt::Display for Change {
     }
 }
 
-/// Compares two manifests: what changed from `old` to `new`.
-pub fn diff_manifests(old: &str, new: &str) -> Vec<Change> {
-    fn parse(m: &str) -> (BTreeMap<String, String>, BTreeMap<String, (String, String)>) {
-        let mut head = BTreeMap::new();
-        let mut files = BTreeMap::new();
-        for l in m.lines() {
-            let mut w = l.splitn(2, ' ');
-            let k = w.next().unwrap_or("");
-            let v = w.next().unwrap_or("").to_string();
-            match k {
-                "dockerfile" | "input" | "link" => {
-                    let parts: Vec<&str> = v.rsplitn(3, ' ').collect();
-                    if parts.len() == 3 {
-                        let key = if k == "dockerfile" { format!("\0{}", parts[2]) } else { parts[2].to_string() };
-                        files.insert(key, (parts[1].to_string(), parts[0].to_string()));
-                    }
-                }
-                _ => {
-                    head.insert(k.to_string(), v);
+/// A manifest (the `org.loopwright.manifest` label) split into its header
+/// lines (`parent`, `provider`, ...) and its entries, path -> (mode, sha256);
+/// the Dockerfile's path is prefixed with a NUL.  lw-sandbox can compare a
+/// branch's lockfiles with the entries of the image's deps layer this way.
+pub type ManifestParts = (BTreeMap<String, String>, BTreeMap<String, (String, String)>);
+
+/// Splits a manifest; see [`ManifestParts`].
+pub fn manifest_entries(m: &str) -> ManifestParts {
+    let mut head = BTreeMap::new();
+    let mut files = BTreeMap::new();
+    for l in m.lines() {
+        let mut w = l.splitn(2, ' ');
+        let k = w.next().unwrap_or("");
+        let v = w.next().unwrap_or("").to_string();
+        match k {
+            "dockerfile" | "input" | "link" | "dir" => {
+                let parts: Vec<&str> = v.rsplitn(3, ' ').collect();
+                if parts.len() == 3 {
+                    let key = if k == "dockerfile" { format!("\0{}", parts[2]) } else { parts[2].to_string() };
+                    files.insert(key, (parts[1].to_string(), parts[0].to_string()));
                 }
             }
+            _ => {
+                head.insert(k.to_string(), v);
+            }
         }
-        (head, files)
     }
-    let (oh, of) = parse(old);
-    let (nh, nf) = parse(new);
+    (head, files)
+}
+
+/// Compares two manifests: what changed from `old` to `new`.
+pub fn diff_manifests(old: &str, new: &str) -> Vec<Change> {
+    let (oh, of) = manifest_entries(old);
+    let (nh, nf) = manifest_entries(new);
     let mut out = Vec::new();
     if old.lines().next() != new.lines().next() {
         out.push(Change::Format);

@@ -168,6 +168,8 @@ impl Maildir {
             let _ = rfs::unlinkat(tmp, name, rfs::AtFlags::empty());
             err
         };
+        give_to_owner(tmp, &fd)
+            .map_err(|e| cleanup(Error::io_as(Exit::NoPerm, "cannot give the message to the owner of", &self.sub(Sub::Tmp), errno_io(e))))?;
         write_all(&fd, bytes).map_err(|e| cleanup(Error::io_as(Exit::IoErr, "cannot write", &tmp_path, e)))?;
         rfs::fsync(&fd).map_err(|e| cleanup(Error::io_as(Exit::IoErr, "cannot fsync", &tmp_path, errno_io(e))))?;
         drop(fd);
@@ -373,6 +375,19 @@ impl Maildir {
     }
 }
 
+/// Gives the file `fd` to the owner and group of the directory `dir` when
+/// they differ from this process's user.  A message belongs to whoever owns
+/// the Maildir it is delivered into: the mediator runs as root and delivers
+/// into inboxes that belong to a sandbox's unprivileged user, who must be
+/// able to read and claim them.
+pub fn give_to_owner(dir: &impl AsFd, fd: &impl AsFd) -> rustix::io::Result<()> {
+    let st = rfs::fstat(dir)?;
+    if st.st_uid != rustix::process::geteuid().as_raw() {
+        rfs::fchown(fd, Some(rustix::process::Uid::from_raw(st.st_uid)), Some(rustix::process::Gid::from_raw(st.st_gid)))?;
+    }
+    Ok(())
+}
+
 fn set_mode(p: &Path, mode: u32) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).map_err(|e| Error::io("cannot set mode of", p, e))
@@ -490,6 +505,23 @@ mod tests {
         assert!(matches!(found[2], Found::NotFile("directory")));
         assert!(matches!(&found[3], Found::Bad(r) if r.contains("not JSON")));
         assert!(matches!(&found[4], Found::Bad(r) if r.contains("not UTF-8")));
+    }
+
+    #[test]
+    fn delivered_files_belong_to_the_maildirs_owner() {
+        if !rustix::process::geteuid().is_root() {
+            return; // only root can give files away; the suite runs as root in CI
+        }
+        let d = tempdir();
+        let md = Maildir::new(d.join("box"));
+        md.create().unwrap();
+        for s in [Sub::Tmp, Sub::New, Sub::Cur] {
+            rfs::chown(&md.sub(s), Some(rustix::process::Uid::from_raw(1234)), Some(rustix::process::Gid::from_raw(1235))).unwrap();
+        }
+        let p = md.deliver_message(&msg()).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(&p).unwrap();
+        assert_eq!((m.uid(), m.gid(), m.mode() & 0o777), (1234, 1235, 0o600));
     }
 
     #[test]

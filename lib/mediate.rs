@@ -80,6 +80,9 @@ pub struct Stats {
     pub resumed: u64,
     pub released: u64,
     pub dropped: u64,
+    /// Messages left waiting, and outboxes that could not be read, in the
+    /// last pass (see `drain`).
+    pub waiting: u64,
 }
 
 /// Rate and duplicate memory.  Bounded: a sender keeps at most the policy's
@@ -126,6 +129,8 @@ pub struct Mediator {
     pub batch: usize,
     pub verbose: bool,
     pub stats: Stats,
+    /// How batches are made durable (lib/group.rs).
+    pub sync: group::Sync,
 }
 
 fn now_ms() -> u64 {
@@ -263,6 +268,7 @@ pub fn lock_routes(root: &Root) -> Result<std::fs::File> {
 }
 
 fn open_lock(root: &Root, name: &str) -> Result<std::fs::File> {
+    check_root(root)?;
     let dir = root.state_dir();
     match std::fs::create_dir(&dir) {
         Ok(()) | Err(_) if dir.is_dir() => {}
@@ -279,14 +285,19 @@ fn open_lock(root: &Root, name: &str) -> Result<std::fs::File> {
         .map_err(|e| Error::io("cannot open lock", &p, e))
 }
 
-/// Creates the directories a root needs (the mediator owns the root).
-pub fn init_root(root: &Root) -> Result<()> {
+fn check_root(root: &Root) -> Result<()> {
     if !root.dir.is_dir() {
         return Err(Error::new(
             Exit::NoInput,
             format!("mailbox root '{}' does not exist; create it or pass --root (or set LW_ROOT)", root.dir.display()),
         ));
     }
+    Ok(())
+}
+
+/// Creates the directories a root needs (the mediator owns the root).
+pub fn init_root(root: &Root) -> Result<()> {
+    check_root(root)?;
     for d in [root.sandboxes_dir(), root.registry_dir(), root.state_dir()] {
         match std::fs::create_dir(&d) {
             Ok(()) => {}
@@ -323,6 +334,7 @@ impl Mediator {
             batch: DEFAULT_BATCH,
             verbose: false,
             stats: Stats::default(),
+            sync: group::Sync::default(),
         };
         m.load_policy()?;
         m.load_memory();
@@ -580,15 +592,15 @@ impl Mediator {
                 }
             }
             let digest = content_digest(m);
-            if let Some(t) = mem.dup_index.get(&digest) {
-                if now.saturating_sub(*t) <= window {
-                    let ago = now.saturating_sub(*t) / 1000;
-                    return Some(format!(
-                        "exact duplicate of a message {sender} posted {ago}s ago (within {}s, {})",
-                        d.value.as_secs(),
-                        self.policy.at(d.line)
-                    ));
-                }
+            if let Some(t) = mem.dup_index.get(&digest)
+                && now.saturating_sub(*t) <= window
+            {
+                let ago = now.saturating_sub(*t) / 1000;
+                return Some(format!(
+                    "exact duplicate of a message {sender} posted {ago}s ago (within {}s, {})",
+                    d.value.as_secs(),
+                    self.policy.at(d.line)
+                ));
             }
             mem.dups.push_back((digest.clone(), now));
             mem.dup_index.insert(digest, now);
@@ -634,11 +646,11 @@ impl Mediator {
         } else {
             String::new()
         };
-        if bounced.is_none() {
-            if let Some(reason) = self.hold_reason(m, sender) {
-                let d = Decision { action: Action::Hold, to: vec![], reason: reason + &spoof };
-                return vec![self.entry(m, sender, d)];
-            }
+        if bounced.is_none()
+            && let Some(reason) = self.hold_reason(m, sender)
+        {
+            let d = Decision { action: Action::Hold, to: vec![], reason: reason + &spoof };
+            return vec![self.entry(m, sender, d)];
         }
         let (main, unknown, why) = self.route(m, sender, false);
         let mut out = Vec::new();
@@ -738,7 +750,7 @@ impl Mediator {
 
     fn print(&self, out: &mut dyn Write, e: &Entry) -> Result<()> {
         if self.verbose {
-            writeln!(out, "{}", format_entry(e)).map_err(crate::cli::out_err)?;
+            writeln!(out, "{}", crate::operator::format_entry(e)).map_err(crate::cli::out_err)?;
         }
         Ok(())
     }
@@ -747,7 +759,7 @@ impl Mediator {
     /// and returns them; entries logged by an earlier run are skipped.
     fn log_entries(&mut self, boxes: &Boxes, entries: &[&Entry], out: &mut dyn Write) -> Result<()> {
         for first in [true, false] {
-            let mut g = Group::new();
+            let mut g = Group::with_sync(self.sync);
             let mut written = Vec::new();
             for e in entries.iter().filter(|e| (e.decision.action == Action::Bounce) == first) {
                 if g.stage(&boxes.list, LOG, &e.name, &e.to_bytes())? {
@@ -777,6 +789,7 @@ impl Mediator {
             if let Err(e) = self.drain_outbox(&mut boxes, &sender, &rel, out) {
                 // One sender's broken outbox never stops the others.
                 self.warn_once(format!("outbox of {sender} skipped: {e}"));
+                self.stats.waiting += 1;
             }
         }
         self.take_receipts(&mut boxes, out)?;
@@ -795,22 +808,36 @@ impl Mediator {
             resumed: s.resumed - before.resumed,
             released: s.released - before.released,
             dropped: s.dropped - before.dropped,
+            waiting: s.waiting - before.waiting,
         })
     }
 
-    /// Passes until a pass finds nothing more to do (`--once`).
+    /// Passes until a pass finds nothing more to do (`--once`).  The
+    /// counts are totals, except `waiting`, which is the last pass's: what
+    /// is still stuck.
     pub fn drain(&mut self, out: &mut dyn Write) -> Result<Stats> {
         let start = self.stats;
-        loop {
+        let last = loop {
             let s = self.pass(out)?;
             if s.routed == 0 && s.quarantined == 0 && s.receipts == 0 {
-                break;
+                break s;
             }
-        }
+        };
         self.save_memory()?;
-        let mut s = self.stats;
-        s.routed -= start.routed;
-        Ok(s)
+        let s = self.stats;
+        Ok(Stats {
+            routed: s.routed - start.routed,
+            forwarded: s.forwarded - start.forwarded,
+            escalated: s.escalated - start.escalated,
+            held: s.held - start.held,
+            bounced: s.bounced - start.bounced,
+            quarantined: s.quarantined - start.quarantined,
+            receipts: s.receipts - start.receipts,
+            resumed: s.resumed - start.resumed,
+            released: s.released - start.released,
+            dropped: s.dropped - start.dropped,
+            waiting: last.waiting,
+        })
     }
 
     /// Every outbox: `(sender, path relative to the root)`, the human's first.
@@ -827,6 +854,15 @@ impl Mediator {
         let mut names = Vec::new();
         for ent in rd.flatten() {
             let n = ent.file_name();
+            // file_type() does not follow links: a link here is never an outbox.
+            if !ent.file_type().is_ok_and(|t| t.is_dir()) {
+                self.warn_once(format!(
+                    "'{}' in '{}' is not a directory (or is a symbolic link); ignored",
+                    escape_name(&n),
+                    sdir.display()
+                ));
+                continue;
+            }
             match n.to_str() {
                 Some(s) if layout::valid_name(s) && s != layout::HUMAN && s != layout::MEDIATOR => names.push(s.to_string()),
                 _ => self.warn_once(format!("'{}' in '{}' is not a sandbox name; ignored", escape_name(&n), sdir.display())),
@@ -860,9 +896,9 @@ impl Mediator {
     }
 
     fn route_chunk(&mut self, boxes: &mut Boxes, ob: &Box3, sender: &str, names: &[OsString], out: &mut dyn Write) -> Result<()> {
+        let resumed_before = self.stats.resumed;
         let mut work = Vec::new();
         let mut to_log: Vec<Entry> = Vec::new();
-        let mut to_deliver: Vec<Entry> = Vec::new();
         for name in names {
             let quarantine = |why: String, st: &rfs::Stat, sender: &str| {
                 let qid = quarantine_id(sender, name, st);
@@ -929,28 +965,52 @@ impl Mediator {
                         _ => None,
                     };
                     to_log.extend(entries.iter().cloned());
-                    to_deliver.extend(entries.iter().cloned());
-                    self.stats.routed += 1;
                     work.push(Work::Route { name: name.clone(), entries, claim_question });
                 }
             }
         }
+        if self.stats.resumed > resumed_before {
+            eprintln!(
+                "lw-mediate: carrying out {} decisions that an earlier run had logged",
+                self.stats.resumed - resumed_before
+            );
+        }
         // 1. Log.
         let refs: Vec<&Entry> = to_log.iter().collect();
         self.log_entries(boxes, &refs, out)?;
-        // 2. Deliver.
-        let mut g = Group::new();
-        for e in &to_deliver {
-            self.stage_deliveries(boxes, &mut g, e)?;
+        // 2. Deliver.  A recipient whose inbox cannot be written (removed,
+        // or replaced by a link) holds up only the messages addressed to
+        // it: they stay unclaimed, to be carried out again by a later pass.
+        let mut g = Group::with_sync(self.sync);
+        let mut failed = HashSet::new();
+        for (i, w) in work.iter().enumerate() {
+            let Work::Route { name, entries, .. } = w else { continue };
+            for e in entries {
+                if let Err(err) = self.stage_deliveries(boxes, &mut g, e) {
+                    self.warn_once(format!("message {} of {sender} waits: {err}", escape_name(name)));
+                    if failed.insert(i) {
+                        self.stats.waiting += 1;
+                    }
+                }
+            }
         }
         g.commit(&boxes.list)?;
         // 3. Claim (or move to quarantine).
         let (mut claimed, mut quarantined, mut questions) = (false, false, false);
-        for w in &work {
+        for (i, w) in work.iter().enumerate() {
+            if failed.contains(&i) {
+                continue;
+            }
             match w {
                 Work::Route { name, claim_question, entries } => {
+                    // Counted only when claimed, so that `drain` cannot spin on
+                    // a source it fails to move.
                     match group::move_noreplace(&ob.new, name, &ob.cur, name) {
-                        Ok(_) => claimed = true,
+                        Ok(true) => {
+                            claimed = true;
+                            self.stats.routed += 1;
+                        }
+                        Ok(false) => {}
                         Err(e) => self.warn_once(format!(
                             "cannot claim '{}' into '{}': {}",
                             escape_name(name),
@@ -1058,7 +1118,7 @@ impl Mediator {
         }
         let refs: Vec<&Entry> = entries.iter().collect();
         self.log_entries(boxes, &refs, out)?;
-        let mut g = Group::new();
+        let mut g = Group::with_sync(self.sync);
         for e in &entries {
             self.stage_deliveries(boxes, &mut g, e)?;
         }
@@ -1102,7 +1162,7 @@ impl Mediator {
             if self.memory.receipts.get(&r) == Some(&mtime) && now_ns - mtime > 2_000_000_000 {
                 continue;
             }
-            let mut g = Group::new();
+            let mut g = Group::with_sync(self.sync);
             let mut pending: Vec<Entry> = Vec::new();
             let dir = rfs::Dir::read_from(&fd).map_err(|e| Error::io("cannot read", &self.root.dir.join(&rel), errno_io(e)))?;
             for ent in dir {
@@ -1167,16 +1227,19 @@ impl Mediator {
                     dirs.push(self.root.sandbox(&s).inbox().sub(crate::maildir::Sub::Cur));
                 }
             }
-            if let Some(p) = &self.policy_path {
-                if let Some(parent) = p.parent() {
-                    dirs.push(if parent.as_os_str().is_empty() { PathBuf::from(".") } else { parent.to_path_buf() });
-                }
+            if let Some(parent) = self.policy_path.as_ref().and_then(|p| p.parent()) {
+                dirs.push(if parent.as_os_str().is_empty() { PathBuf::from(".") } else { parent.to_path_buf() });
             }
             for d in &dirs {
                 // ONLYDIR|DONT_FOLLOW: a planted link is not watched through.
                 let _ = inotify::add_watch(&ino, d, arrivals | WatchFlags::DONT_FOLLOW);
             }
-            self.pass(out)?;
+            // A failing pass (a full disk, a removed directory) is reported
+            // and tried again on the next event or re-scan; the watcher
+            // does not exit over it.
+            if let Err(e) = self.pass(out) {
+                eprintln!("lw-mediate: {e}; trying again");
+            }
             out.flush().map_err(crate::cli::out_err)?;
             let ts = rustix::event::Timespec { tv_sec: rescan.as_secs() as i64, tv_nsec: rescan.subsec_nanos() as i64 };
             let mut fds = [rustix::event::PollFd::new(&ino, rustix::event::PollFlags::IN)];
@@ -1214,91 +1277,6 @@ fn read_names(fd: &OwnedFd) -> rustix::io::Result<Vec<OsString>> {
             continue;
         }
         v.push(OsStr::from_bytes(n).to_os_string());
-    }
-    Ok(v)
-}
-
-/// One line for a log entry: `ACTION ID SENDER -> TO  KIND SUBJECT  (REASON)`.
-pub fn format_entry(e: &Entry) -> String {
-    let to = if e.decision.to.is_empty() { "-".to_string() } else { e.decision.to.join(",") };
-    let (kind, subject) = match &e.message {
-        Some(m) => (m.kind.as_str(), m.subject.as_str()),
-        None => ("-", ""),
-    };
-    format!(
-        "{} {} {} {} -> {} {} {:?} ({})",
-        e.logged,
-        e.decision.action.as_str(),
-        e.message_id,
-        e.sender,
-        to,
-        kind,
-        subject,
-        e.decision.reason.escape_debug()
-    )
-}
-
-/// Posts a person's answer to question `qid` into `human-outbox`; the
-/// mediator routes it to whoever asked.  Returns the answer.
-pub fn answer(root: &Root, log: &Log, qid: &str, body: &str) -> Result<Message> {
-    if !crate::id::is_valid(qid) {
-        return Err(Error::usage(format!("'{}' is not a message id", qid.escape_debug())));
-    }
-    let q = log
-        .read(OsStr::new(&Entry::name_for(qid, Action::Escalate, None)))
-        .or_else(|_| log.read(OsStr::new(&Entry::name_for(qid, Action::Release, None))))
-        .map_err(|_| Error::new(Exit::NoInput, format!("no question {qid} was escalated; see 'lw-mediate human'")))?;
-    let subject = q.message.as_ref().map(|m| m.subject.clone()).unwrap_or_default();
-    let mut subject = format!("Re: {subject}");
-    while subject.len() > message::MAX_SUBJECT {
-        subject.pop();
-    }
-    let m = Message {
-        version: message::VERSION,
-        id: crate::id::new_id(),
-        from: layout::HUMAN.into(),
-        to: vec![q.sender.clone()],
-        kind: Kind::Answer,
-        subject,
-        body: body.to_string(),
-        refs: vec![],
-        in_reply_to: Some(qid.to_string()),
-        created: crate::time::rfc3339(crate::time::now()),
-    };
-    m.validate()?;
-    root.human_outbox().deliver_message(&m)?;
-    Ok(m)
-}
-
-/// A message waiting in the held or human queue, with the reason it is there.
-#[derive(Clone, Debug, Serialize)]
-pub struct Queued {
-    pub id: String,
-    pub sender: String,
-    pub kind: Kind,
-    pub subject: String,
-    pub created: String,
-    pub reason: String,
-}
-
-/// The messages in `held/new/` (`held` true) or `human/new/`, oldest first;
-/// entries that cannot be read are listed with their reason as subject.
-pub fn queue(root: &Root, log: &Log, held: bool) -> Result<Vec<Queued>> {
-    let (dir, action) = if held { (root.held(), Action::Hold) } else { (root.human(), Action::Escalate) };
-    let entries = match dir.scan(crate::maildir::Sub::New) {
-        Ok(e) => e,
-        Err(e) if e.exit == Exit::NoInput && !dir.sub(crate::maildir::Sub::New).exists() => return Ok(vec![]),
-        Err(e) => return Err(e),
-    };
-    let mut v = Vec::new();
-    for ent in entries {
-        let crate::maildir::Found::Message(m) = ent.found else { continue };
-        let reason = [action, Action::Release, Action::Forward]
-            .into_iter()
-            .find_map(|a| log.read(OsStr::new(&Entry::name_for(&m.id, a, None))).ok())
-            .map(|e| e.decision.reason)
-            .unwrap_or_default();
-        v.push(Queued { id: m.id, sender: m.from, kind: m.kind, subject: m.subject, created: m.created, reason });
     }
     Ok(v)
 }

@@ -59,10 +59,10 @@ impl Sandbox {
             return Err(format!("unsupported registry version {} (this reader knows {REGISTRY_VERSION})", self.version));
         }
         check_name(&self.name)?;
-        if let Some(b) = &self.branch {
-            if b.is_empty() || b.len() > 255 || b.chars().any(|c| c.is_control() || c == ' ') {
-                return Err(format!("branch '{}' is empty, too long or has spaces or control characters", b.escape_debug()));
-            }
+        if let Some(b) = &self.branch
+            && (b.is_empty() || b.len() > 255 || b.chars().any(|c| c.is_control() || c == ' '))
+        {
+            return Err(format!("branch '{}' is empty, too long or has spaces or control characters", b.escape_debug()));
         }
         if self.scope.len() > MAX_SCOPE {
             return Err(format!("scope has {} entries; the limit is {MAX_SCOPE}", self.scope.len()));

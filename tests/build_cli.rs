@@ -106,7 +106,7 @@ fn the_man_page_documents_every_long_flag_and_exit_status() {
             assert!(man.contains(&format!("\\-\\-{}", flag.replace('-', "\\-"))), "man page documents --{flag}");
         }
     }
-    for section in ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "FILES", "ENVIRONMENT", "\"EXIT STATUS\"", "EXAMPLES", "\"SEE ALSO\""] {
+    for section in ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "FILES", "ENVIRONMENT", "EXIT STATUS", "EXAMPLES", "SEE ALSO"] {
         assert!(man.contains(&format!(".SH {section}\n")), "section {section}");
     }
     for code in ["0", "64", "65", "66", "69", "73", "74", "78"] {

@@ -95,3 +95,25 @@ fn containers_run_exec_with_status_and_stop() {
     assert!(e.inspect(&id).expect("inspect").is_none());
     e.remove(&id, false).expect("removing a missing container is fine");
 }
+
+#[test]
+fn published_ports_bind_where_asked_and_are_reported() {
+    let e = DockerEngine::connect().expect("engine reachable");
+    let spec = ContainerSpec {
+        name: Some(format!("lw-test-engine-ports-{}", nonce())),
+        image: test_image("busybox"),
+        cmd: vec!["sleep".into(), "300".into()],
+        ports: vec![loopwright::engine::PortMap { container: "8080/tcp".into(), host_ip: "127.0.0.1".into(), host_port: 0 }],
+        ..Default::default()
+    };
+    let id = e.create(&spec).expect("create");
+    let _cleanup = Cleanup(&e, id.clone());
+    e.start(&id).expect("start");
+    let c = e.inspect(&id).expect("inspect").expect("exists");
+    let p: Vec<_> = c.ports.iter().filter(|p| p.container == "8080/tcp").collect();
+    assert_eq!(p.len(), 1, "{:?}", c.ports);
+    assert_eq!(p[0].host_ip, "127.0.0.1");
+    assert_ne!(p[0].host_port, 0, "the engine picked a port");
+    e.remove(&id, true).expect("remove a running container with force");
+    assert!(e.inspect(&id).expect("inspect").is_none());
+}

@@ -13,7 +13,7 @@ fn project(tag: &str) -> Project {
     p.write(
         ".loopwright/runtime/runtime.conf",
         &format!(
-            "image {}\nfrom {from}\n\nlayer base\n    dockerfile rt/base.Dockerfile\n    input rt/entry.sh\n\
+            "image {}\nfrom {from}\n\nlayer base\n    dockerfile rt/base.Dockerfile\n    provider native\n    input rt/entry.sh\n\
              layer toolchain\n    dockerfile rt/toolchain.Dockerfile\n    provider custom rt/tools.sh\n\
              layer deps\n    dockerfile rt/deps.Dockerfile\n    input app.lock\n",
             p.repo
@@ -26,7 +26,7 @@ fn project(tag: &str) -> Project {
     p.write("rt/entry.sh", "#!/bin/sh\nexec \"$@\"\n");
     p.write(
         "rt/toolchain.Dockerfile",
-        "ARG LW_PARENT\nFROM ${LW_PARENT}\nARG LW_TOOLCHAIN_SCRIPT\nCOPY rt/tools.sh /tmp/tools.sh\nRUN sh /tmp/tools.sh\n",
+        "ARG LW_PARENT\nFROM ${LW_PARENT}\nARG LW_TOOLCHAIN_SCRIPT\nCOPY ${LW_TOOLCHAIN_SCRIPT} /tmp/tools.sh\nRUN sh /tmp/tools.sh\n",
     );
     p.write("rt/tools.sh", "echo tools-1 > /tools\n");
     p.write("rt/deps.Dockerfile", "ARG LW_PARENT\nFROM ${LW_PARENT}\nCOPY app.lock /app.lock\nRUN cat /app.lock > /deps\n");
@@ -90,8 +90,20 @@ fn only_layers_whose_inputs_changed_rebuild() {
     assert!(ex.contains(" cached\n") && ex.contains(" to build\n"), "{ex}");
     assert!(ex.contains(&format!("  replaces {}", first[2].1)), "{ex}");
     assert!(ex.contains("  changed app.lock (content)"), "{ex}");
+    let js = p.lw_build(&["--explain", "--json"]);
+    let records: Vec<serde_json::Value> =
+        stdout(&js).lines().map(|l| serde_json::from_str(l).expect("each line is JSON")).collect();
+    assert_eq!(records.len(), 3);
+    assert!(records.iter().all(|r| r["type"] == "explain"));
+    assert_eq!(records[2]["state"], "to-build");
+    assert_eq!(records[2]["changes"], serde_json::json!(["app.lock (content)"]));
+    assert_eq!(records[2]["inputs"][0]["path"], "app.lock");
     let deps = p.build_ok();
     assert_eq!(states(&deps), ["cached", "cached", "built"]);
+    let js = p.lw_build(&["--json"]);
+    let last: serde_json::Value = serde_json::from_str(stdout(&js).lines().last().expect("a line")).expect("JSON");
+    assert_eq!((&last["type"], &last["layer"], &last["state"]), (&"layer".into(), &"deps".into(), &"cached".into()));
+    assert_eq!(last["id"].as_str(), image_id(&deps[2].1).as_deref());
     let ids2 = ids(&deps);
     assert_eq!(print_figure("deps input changed", &ids1, &ids2), [false, false, true]);
 
@@ -134,7 +146,7 @@ fn a_dockerfile_reading_an_undeclared_file_fails_pointing_at_the_input_list() {
     println!("figure: undeclared COPY: exit {:?}: {err}", out.status.code());
     assert_eq!(out.status.code(), Some(78), "{err}");
     assert!(err.contains("rt/deps.Dockerfile:4: COPY reads 'secret.txt', which is not an input of layer 'deps'"), "{err}");
-    assert!(err.contains("add 'input secret.txt' under 'layer deps' (.loopwright/runtime/runtime.conf:10)"), "{err}");
+    assert!(err.contains("add 'input secret.txt' under 'layer deps' (.loopwright/runtime/runtime.conf:11)"), "{err}");
     let tag = stdout(&p.lw_build(&["--print-tag"])).trim().to_string();
     assert_eq!(image_id(&tag), None, "nothing tagged for the failed layer");
 
@@ -152,6 +164,12 @@ fn a_dockerfile_reading_an_undeclared_file_fails_pointing_at_the_input_list() {
     // Declared, it builds.
     let conf = std::fs::read_to_string(p.dir.join(".loopwright/runtime/runtime.conf")).expect("read conf");
     p.write(".loopwright/runtime/runtime.conf", &conf.replace("input app.lock", "input app.lock secret.txt"));
+    assert_eq!(states(&p.build_ok()), ["cached", "cached", "built"]);
+
+    // A declared directory is in the context even when it is empty.
+    std::fs::create_dir(p.dir.join("empty")).expect("mkdir");
+    p.write(".loopwright/runtime/runtime.conf", &conf.replace("input app.lock", "input app.lock empty"));
+    p.write("rt/deps.Dockerfile", "ARG LW_PARENT\nFROM ${LW_PARENT}\nCOPY empty/ /empty/\nRUN test -d /empty\n");
     assert_eq!(states(&p.build_ok()), ["cached", "cached", "built"]);
 }
 
@@ -180,7 +198,7 @@ fn missing_inputs_and_escapes_are_refused() {
     std::fs::remove_file(p.dir.join("app.lock")).expect("rm app.lock");
     let out = p.lw_build(&[]);
     assert_eq!(out.status.code(), Some(66), "{}", stderr(&out));
-    assert!(stderr(&out).contains("input 'app.lock' of layer 'deps' does not exist (.loopwright/runtime/runtime.conf:12)"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("input 'app.lock' of layer 'deps' does not exist (.loopwright/runtime/runtime.conf:13)"), "{}", stderr(&out));
 
     p.write("app.lock", "x\n");
     std::os::unix::fs::symlink("/etc/hostname", p.dir.join("outside")).expect("symlink");

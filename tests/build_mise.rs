@@ -60,6 +60,18 @@ fn default_runtime_with_mise_installs_a_tool_from_a_registry() {
     let again = p.build_ok();
     assert!(again.iter().all(|(_, _, s)| s == "cached"), "{again:?}");
 
+    // Keep the cache to the current images: drop tags of earlier inputs.
+    let current: Vec<&str> = again.iter().map(|(_, t, _)| t.as_str()).collect();
+    let listed = Command::new("docker").args(["images", "--format", "{{.Repository}}:{{.Tag}}"]).output().expect("docker images");
+    let stale: Vec<String> = stdout(&listed)
+        .lines()
+        .filter(|t| t.starts_with("loopwright/lw-test-mise-") && !current.contains(t))
+        .map(str::to_string)
+        .collect();
+    if !stale.is_empty() {
+        let _ = Command::new("docker").arg("rmi").args(&stale).output();
+    }
+
     // A changed tool declaration: --explain shows what toolchain and deps would rebuild for.
     p.write(".loopwright/runtime/mise.toml", &format!("{mise}\"pipx:cowsay\" = \"6.0\"\n"));
     let ex = stdout(&p.lw_build(&["--explain"]));

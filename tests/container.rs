@@ -2,46 +2,18 @@
 //! Docker engine: no C library, no loader, nothing but busybox.  This is the
 //! proof that the binaries need no dynamic library from the image.
 
+mod build_support;
 mod common;
 
 use std::process::Command;
 
-use common::*;
-
-/// A busybox-only image, imported from the host's static busybox and tagged
-/// by the hash of that binary so it is built once per busybox version.
-fn busybox_image() -> String {
-    let bb = std::fs::read("/bin/busybox").expect("/bin/busybox exists (package busybox-static; .ci/run installs it)");
-    let tag = format!("loopwright-test/busybox:{}", &sha256_hex(&bb)[..16]);
-    let have = Command::new("docker").args(["image", "inspect", "--format", "{{.Id}}", &tag]).output().expect("docker CLI runs");
-    if have.status.success() {
-        return tag;
-    }
-    let root = TempDir::new("bbroot");
-    std::fs::create_dir_all(root.join("bin")).unwrap();
-    std::fs::create_dir_all(root.join("tmp")).unwrap();
-    std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
-    for applet in ["sh", "ls", "cat", "id", "echo", "test", "true"] {
-        std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
-    }
-    let tar = root.join("../bbroot.tar");
-    assert!(Command::new("tar").arg("-C").arg(root.path()).arg("-cf").arg(&tar).arg(".").status().unwrap().success());
-    let o = Command::new("docker").args(["import", "--change", "ENV PATH=/bin"]).arg(&tar).arg(&tag).output().unwrap();
-    let _ = std::fs::remove_file(&tar);
-    assert!(o.status.success(), "docker import failed: {}", stderr(&o));
-    tag
-}
-
-fn sha256_hex(b: &[u8]) -> String {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(b).iter().map(|x| format!("{x:02x}")).collect()
-}
+use common::{TempDir, ls, stderr, stdout};
 
 #[test]
 fn post_and_inbox_run_in_a_busybox_only_container() {
     let ping = Command::new("docker").args(["version", "--format", "{{.Server.Version}}"]).output().expect("docker CLI runs");
     assert!(ping.status.success(), "the Docker engine is not reachable (.ci/run starts dockerd): {}", stderr(&ping));
-    let image = busybox_image();
+    let image = build_support::test_image("busybox");
     let t = TempDir::new("ctr");
     let mb = t.join("web");
     std::fs::create_dir_all(&mb).unwrap();

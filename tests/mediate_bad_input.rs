@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use loopwright::log::Action;
 use loopwright::maildir::Sub;
 use loopwright::message::Kind;
+use loopwright::registry::{Registry, Sandbox};
 use mediate_util::*;
 
 const NAME: &str = "1000000000.000000000.0000000000000000000000000000000a";
@@ -101,7 +102,7 @@ fn hardlink_is_not_read() {
 #[test]
 fn fifo_does_not_block() {
     case("fifo", "FIFO", |new, _| {
-        rustix::fs::mknodat(rustix::fs::CWD, &new.join(NAME), rustix::fs::FileType::Fifo, rustix::fs::Mode::from_raw_mode(0o600), 0)
+        rustix::fs::mknodat(rustix::fs::CWD, new.join(NAME), rustix::fs::FileType::Fifo, rustix::fs::Mode::from_raw_mode(0o600), 0)
             .unwrap();
     });
 }
@@ -215,15 +216,28 @@ fn links_in_the_tree_are_not_followed() {
     let trap = outside.join("trap");
     std::fs::create_dir_all(&trap).unwrap();
     std::os::unix::fs::symlink(&trap, &dnew).unwrap();
+    // a's messages to the trapped dst wait; its message to c still goes.
+    Registry::new(&root).register(&Sandbox::new("b", None, vec![])).unwrap();
+    Registry::new(&root).register(&Sandbox::new("c", None, vec![])).unwrap();
+    let to_trap = message("b", &["dst"], Kind::Request, "to a trapped inbox");
+    let to_c = message("b", &["c"], Kind::Request, "to a good inbox");
+    post(&root, "b", &to_trap);
+    post(&root, "b", &to_c);
     // An explicitly named policy that is missing is an error (66) ...
     let out = mediate(&root, &["--once", "--policy", "/nonexistent/policy"]);
     assert_eq!(out.status.code(), Some(66));
     // ... while the default one may be absent.
     let out = mediate(&root, &["--once"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(75), "something waits: {}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(names(&elsewhere.outbox().sub(Sub::New)), vec![m.id.clone()], "nothing taken through a link");
-    assert!(names(&trap).is_empty());
-    assert!(entries(&root).is_empty());
+    assert!(names(&trap).is_empty(), "nothing written through a link");
+    assert_eq!(delivered(&root.sandbox("c").inbox()), vec![to_c.id.clone()]);
+    assert_eq!(names(&root.sandbox("b").outbox().sub(Sub::New)), vec![to_trap.id.clone()], "waits, not lost");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not followed"), "{err}");
+    assert!(err.contains("'linked' in") && err.contains("symbolic link); ignored"), "{err}");
+    let logged: Vec<_> = entries(&root).into_iter().map(|e| e.message_id).collect();
+    assert_eq!(logged.len(), 2, "only b's two messages are logged: {logged:?}");
 }
 
 #[test]
@@ -231,15 +245,7 @@ fn outbox_removed_between_passes_does_not_stop_others() {
     let root = root_with("vanish", &["a", "b", "dst"]);
     let p = root.dir.parent().unwrap().join("policy");
     std::fs::write(&p, OPEN_POLICY).unwrap();
-    let mut child = std::process::Command::new(BIN)
-        .arg("--root")
-        .arg(&root.dir)
-        .arg("--policy")
-        .arg(&p)
-        .args(["--rescan", "1"])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = Watcher::start(&root, &p, "1");
     let inbox = root.sandbox("dst").inbox();
     let first = message("a", &["dst"], Kind::Request, "first");
     post(&root, "a", &first);
@@ -251,8 +257,7 @@ fn outbox_removed_between_passes_does_not_stop_others() {
     let second = message("b", &["dst"], Kind::Request, "second");
     post(&root, "b", &second);
     let arrived = inbox.wait_new(Some(Duration::from_secs(30)));
-    child.kill().unwrap();
-    child.wait().unwrap();
+    child.stop();
     assert!(arrived.unwrap(), "{:?}", delivered(&inbox));
     assert_eq!(delivered(&inbox), { let mut v = vec![first.id, second.id]; v.sort(); v });
 }

@@ -553,6 +553,12 @@ fn status_reports_url_refs_size_and_last_fetch() {
     let out = run(lw(&proj).arg("path"));
     assert_eq!(text(&out.stdout), format!("{}\n", proj.join("../elsewhere.git").display()));
 
+    // $LW_MIRROR comes before the configuration, --mirror before both.
+    let out = run(lw(&proj).arg("path").env("LW_MIRROR", "/env/m.git"));
+    assert_eq!(text(&out.stdout), "/env/m.git\n");
+    let out = run(lw(&proj).args(["path", "--mirror", "/flag/m.git"]).env("LW_MIRROR", "/env/m.git"));
+    assert_eq!(text(&out.stdout), "/flag/m.git\n");
+
     let out = run(lw(&proj).args(["status", "--json"]));
     assert!(out.status.success(), "{}", text(&out.stderr));
     let lines: Vec<&str> = std::str::from_utf8(&out.stdout).unwrap().lines().collect();
@@ -739,6 +745,11 @@ fn every_long_flag_in_the_help_is_in_the_man_page() {
             }
         }
     }
+    let out = run(Command::new(BIN).arg("--help"));
+    assert!(text(&out.stdout).starts_with("The local bare mirror every sandbox clones from\n"));
+    let out = run(Command::new(BIN).arg("bogus"));
+    assert_eq!(out.status.code(), Some(64));
+    assert!(text(&out.stderr).starts_with("lw-mirror: unrecognized subcommand 'bogus'"));
     for section in ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "FILES", "ENVIRONMENT", "EXIT STATUS", "EXAMPLES", "SEE ALSO"] {
         assert!(man.contains(&format!(".SH {section}\n")), "no {section}");
     }

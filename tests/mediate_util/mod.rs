@@ -14,7 +14,7 @@ use loopwright::registry::{Registry, Sandbox};
 pub const BIN: &str = env!("CARGO_BIN_EXE_lw-mediate");
 
 pub fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("lw-test-{tag}-{}", loopwright::id::new_id()));
+    let d = std::env::temp_dir().join(format!("lw-mediate-test-{tag}-{}", loopwright::id::new_id()));
     std::fs::create_dir_all(&d).unwrap();
     d
 }
@@ -87,4 +87,42 @@ pub fn delivered(m: &Maildir) -> Vec<String> {
     v.extend(names(&m.sub(Sub::Cur)));
     v.sort();
     v
+}
+
+/// A watching mediator, killed when dropped (also when a test panics).
+pub struct Watcher(pub std::process::Child);
+
+impl Watcher {
+    pub fn start(root: &Root, policy: &Path, rescan: &str) -> Watcher {
+        let child = Command::new(BIN)
+            .arg("--root")
+            .arg(&root.dir)
+            .arg("--policy")
+            .arg(policy)
+            .args(["--rescan", rescan])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("lw-mediate starts");
+        Watcher(child)
+    }
+
+    /// Stops it and returns what it wrote to standard error.
+    pub fn stop(mut self) -> String {
+        use std::io::Read as _;
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+        let mut err = String::new();
+        if let Some(mut e) = self.0.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        err
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

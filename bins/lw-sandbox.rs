@@ -1,0 +1,261 @@
+//! lw-sandbox: one hardened container per task, holding its own clone.
+//!
+//! Contract: `create` makes a sandbox from the project's current image
+//! (lw-build) with its clone on the task's branch, registered for the
+//! mediator, and prints its name; `push` sends that branch, and nothing
+//! else, to the upstream; `exec` runs a command in it and exits with the
+//! command's status (128+n when signal n ended it); `shell` attaches a
+//! terminal; `ls`, `port`, `stop`, `start`, `rm` and `gc` manage the rest.
+//! The sandboxes of a mailbox root (`--root`, else `$LW_ROOT`) are that
+//! root's.  The library (lib/sandbox/) holds the logic and the contract;
+//! man/lw-sandbox.1 documents both.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use loopwright::cli::{self, out_err};
+use loopwright::layout::Root;
+use loopwright::sandbox::runtime::DockerSandbox;
+use loopwright::sandbox::{self, CreateOptions, Network, Sandboxes};
+use loopwright::{Error, Exit};
+
+const PROG: &str = "lw-sandbox";
+
+/// One hardened container per task, holding its own clone of the repository.
+#[derive(Parser, Debug)]
+#[command(name = "lw-sandbox", version)]
+struct Args {
+    /// The mailbox root [default: $LW_ROOT]
+    #[arg(long, global = true, value_name = "DIR")]
+    root: Option<PathBuf>,
+    /// The project's checkout [default: the git checkout holding the current directory]
+    #[arg(long, global = true, value_name = "DIR")]
+    project: Option<PathBuf>,
+    /// The mirror [default: $LW_MIRROR, then the project's, as lw-mirror finds it]
+    #[arg(long, global = true, value_name = "PATH")]
+    mirror: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Net {
+    None,
+    Bridge,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Create a sandbox with its clone on BRANCH; print its name
+    Create {
+        name: String,
+        /// The task's branch (made from --from when the upstream lacks it)
+        #[arg(short, long, value_name = "BRANCH")]
+        branch: String,
+        /// Where a new branch starts [default: the upstream's HEAD]
+        #[arg(long, value_name = "REF")]
+        from: Option<String>,
+        /// Paths or contracts the task owns, for the mediator (repeatable)
+        #[arg(long, value_name = "GLOB")]
+        scope: Vec<String>,
+        /// A container port to publish on 127.0.0.1 at a leased port (repeatable)
+        #[arg(short, long, value_name = "PORT")]
+        port: Vec<String>,
+        /// A secret, allowed by sandbox.secrets, from this environment (repeatable)
+        #[arg(long, value_name = "NAME")]
+        secret: Vec<String>,
+        /// none: loopback only; bridge: the host's networks (warned)
+        #[arg(long, value_enum, default_value = "none")]
+        network: Net,
+        /// Run this image instead of the project's current one
+        #[arg(long, value_name = "REF")]
+        image: Option<String>,
+        /// When the current image is not built, use the newest earlier one
+        #[arg(long)]
+        allow_stale: bool,
+        /// Do not fetch into the mirror first (it must exist)
+        #[arg(long)]
+        no_fetch: bool,
+        /// Print a JSON Lines record instead of the name
+        #[arg(long)]
+        json: bool,
+        /// Say on standard error how long each step took
+        #[arg(short, long)]
+        verbose: bool,
+    },
+    /// Push the sandbox's branch, and nothing else, to the upstream
+    Push {
+        name: String,
+        /// Replace the upstream branch even when it is not an ancestor
+        #[arg(long)]
+        force: bool,
+        /// Print a JSON Lines record
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a command in the sandbox; exit with its status
+    Exec {
+        name: String,
+        /// Allocate a terminal
+        #[arg(short, long)]
+        tty: bool,
+        /// The directory to run in [default: /work/repo]
+        #[arg(short, long, value_name = "DIR")]
+        workdir: Option<String>,
+        #[arg(required = true, last = true, value_name = "CMD")]
+        cmd: Vec<String>,
+    },
+    /// An interactive shell in the sandbox's clone
+    Shell { name: String },
+    /// List sandboxes: name, branch, state, ports, age, unpushed commits
+    Ls {
+        /// Print JSON Lines records
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a sandbox's published ports: CONTAINER-PORT -> 127.0.0.1:HOST-PORT
+    Port { name: String },
+    /// Stop sandboxes (their workspace stays)
+    Stop {
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// Start stopped sandboxes, writing their secrets again
+    Start {
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// Remove sandboxes; refused while work would be lost
+    Rm {
+        #[arg(required = true)]
+        names: Vec<String>,
+        /// Remove even with unpushed commits or uncommitted changes
+        #[arg(short, long)]
+        force: bool,
+    },
+    /// Reclaim what crashed creates and vanished containers left behind
+    Gc,
+}
+
+fn main() -> ExitCode {
+    let args: Args = match cli::parse_args(PROG) {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    if matches!(args.cmd, Cmd::Exec { .. } | Cmd::Shell { .. }) {
+        return match exec(args) {
+            Ok(code) => ExitCode::from(code),
+            Err(e) => {
+                eprintln!("{PROG}: {e}");
+                ExitCode::from(e.exit.code())
+            }
+        };
+    }
+    cli::main_with(PROG, |out| run(args, out))
+}
+
+fn root_of(args: &Args) -> Result<Root, Error> {
+    match args.root.clone().or_else(|| std::env::var_os("LW_ROOT").map(PathBuf::from)) {
+        Some(r) if !r.as_os_str().is_empty() => Ok(Root::new(std::path::absolute(&r).unwrap_or(r))),
+        _ => Err(Error::usage("no mailbox root: pass --root DIR or set LW_ROOT")),
+    }
+}
+
+fn warn(msg: &str) {
+    eprintln!("{PROG}: warning: {msg}");
+}
+
+fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
+    let root = root_of(&args)?;
+    let engine = DockerSandbox::connect()?;
+    let sb = Sandboxes::new(root, &engine);
+    let line = |out: &mut dyn Write, s: &str| writeln!(out, "{s}").map_err(out_err);
+    match args.cmd {
+        Cmd::Create { name, branch, from, scope, port, secret, network, image, allow_stale, no_fetch, json, verbose } => {
+            let (project, mirror_path) = sandbox::find_project(args.project.as_deref(), args.mirror.as_deref())?;
+            let bins = sandbox::mailbox_commands();
+            let network = match network {
+                Net::None => Network::None,
+                Net::Bridge => Network::Bridge,
+            };
+            let opts = CreateOptions { name, branch, from, scope, ports: port, secrets: secret, network, image, allow_stale, no_fetch };
+            let c = sb.create(&opts, project.as_ref(), &mirror_path, &bins, &mut |m| warn(m))?;
+            if verbose {
+                eprintln!("{PROG}: {}", c.timings_line());
+            }
+            if json {
+                line(out, &c.json(&sb.root.sandbox(&c.record.name).dir).to_string())?;
+            } else {
+                line(out, &c.record.name)?;
+            }
+        }
+        Cmd::Push { name, force, json } => {
+            let me = std::env::current_exe().map_err(|e| Error::new(Exit::Software, "cannot find lw-sandbox itself").with_source(e))?;
+            let p = sb.push(&name, &me, force)?;
+            if json {
+                line(out, &p.json(&name).to_string())?;
+            } else {
+                line(out, &format!("{} {} {}", p.branch, p.commit, p.outcome))?;
+            }
+        }
+        Cmd::Ls { json } => {
+            for s in sb.list(true)? {
+                line(out, &if json { s.json().to_string() } else { s.line() })?;
+            }
+        }
+        Cmd::Port { name } => {
+            for p in sb.ports(&name)? {
+                line(out, &format!("{} -> {}:{}", p.container, p.host_ip, p.host_port))?;
+            }
+        }
+        Cmd::Stop { names } => {
+            for n in names {
+                line(out, &sb.stop(&n)?.name)?;
+            }
+        }
+        Cmd::Start { names } => {
+            for n in names {
+                line(out, &sb.start(&n)?.name)?;
+            }
+        }
+        Cmd::Rm { names, force } => {
+            for n in names {
+                sb.remove(&n, force, &mut |what| {
+                    if what.starts_with("kept ") {
+                        warn(what);
+                    }
+                })?;
+                line(out, &n)?;
+            }
+        }
+        Cmd::Gc => {
+            let mut lines = Vec::new();
+            sb.gc(&mut |what| lines.push(what.to_string()))?;
+            for l in lines {
+                line(out, &l)?;
+            }
+        }
+        Cmd::Exec { .. } | Cmd::Shell { .. } => unreachable!("exec and shell are run by main"),
+    }
+    Ok(Exit::Ok)
+}
+
+/// `exec` and `shell`: the command's status is ours.
+fn exec(args: Args) -> Result<u8, Error> {
+    let root = root_of(&args)?;
+    let engine = DockerSandbox::connect()?;
+    let sb = Sandboxes::new(root, &engine);
+    let code = match args.cmd {
+        Cmd::Exec { name, tty, workdir, cmd } => sb.attach(&name, cmd, tty, workdir)?,
+        Cmd::Shell { name } => {
+            if !std::io::stdin().is_terminal() {
+                return Err(Error::usage("shell needs a terminal; use: lw-sandbox exec NAME -- CMD"));
+            }
+            sb.attach(&name, sandbox::login_shell(), true, None)?
+        }
+        _ => unreachable!("main routes only exec and shell here"),
+    };
+    Ok(u8::try_from(code).unwrap_or(if code < 0 { 128 } else { 255 }))
+}

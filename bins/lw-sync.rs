@@ -1,0 +1,187 @@
+//! lw-sync: mirror the mediator's log to GitHub issue comments, exactly once,
+//! and bring a person's answers back (lw-sync(1)).
+//!
+//! Contract: every entry of `ROOT/log/new/` ends up in exactly one place on
+//! GitHub (one comment section, or numbered parts), whatever crashes, kills or
+//! lost answers happen in between; the work is in `loopwright::sync`.  Runs
+//! hold `ROOT/state/sync.lock`, so cron (`--once`) and a watcher (`--watch`)
+//! never post the same entry twice.  The token comes from the environment or
+//! a file, never from the command line, and is never printed.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use loopwright::cli::{main_with, out_err, parse_args};
+use loopwright::github::{Client, DEFAULT_API, Limits, Token, default_token_file};
+use loopwright::layout::Root;
+use loopwright::sync::{self, Config, Event, Syncer};
+use loopwright::{Error, Exit, Result};
+
+const PROG: &str = "lw-sync";
+
+/// Mirror the loopwright log to GitHub issue comments and pull answers back.
+#[derive(Parser, Debug)]
+#[command(name = "lw-sync", version)]
+struct Args {
+    /// Mailbox root (default: $LW_ROOT).
+    #[arg(long, global = true, value_name = "DIR")]
+    root: Option<PathBuf>,
+    /// Configuration file (default: .loopwright/sync.json here or in a parent).
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Repository OWNER/NAME of the run's issue.
+    #[arg(long, global = true, value_name = "OWNER/NAME")]
+    repo: Option<String>,
+    /// The run's issue or pull-request number.
+    #[arg(long, global = true, value_name = "N")]
+    issue: Option<u64>,
+    /// API base URL (default: https://api.github.com; $LW_GITHUB_API_URL).
+    #[arg(long, global = true, value_name = "URL")]
+    api_url: Option<String>,
+    /// Read the token from FILE when GH_TOKEN and GITHUB_TOKEN are unset.
+    #[arg(long, global = true, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// Print JSON Lines (one object per event, `type` field) instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Exit with status 75 instead of waiting when another lw-sync holds the lock.
+    #[arg(long, global = true)]
+    no_wait: bool,
+    /// Longest wait for a rate limit before giving up with status 75.
+    #[arg(long, global = true, value_name = "SECS", default_value_t = 300)]
+    max_wait: u64,
+    /// Sync once and exit (for cron); the default.
+    #[arg(long, conflicts_with = "watch")]
+    once: bool,
+    /// Keep running: sync whenever the log changes.
+    #[arg(long)]
+    watch: bool,
+    /// With --watch: pass over the log (and retry) at least every SECS.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    interval: u64,
+    /// Most log entries in one comment when a backlog is batched.
+    #[arg(long, global = true, value_name = "N")]
+    batch: Option<usize>,
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Deliver `/lw answer ID` replies on the issues into ROOT/human-outbox.
+    Pull,
+    /// Compare the log with GitHub both ways; report what is missing where.
+    Verify {
+        /// Append the entries found only on GitHub to the log.
+        #[arg(long)]
+        restore: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let args: Args = match parse_args(PROG) {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    main_with(PROG, |out| run(args, out))
+}
+
+fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
+    let root = match args.root.clone().or_else(|| std::env::var_os("LW_ROOT").map(PathBuf::from)) {
+        Some(r) => Root::new(r),
+        None => return Err(Error::usage("no mailbox root: pass --root DIR or set LW_ROOT")),
+    };
+    if !root.path().is_dir() {
+        return Err(Error::new(Exit::NoInput, format!("mailbox root '{}' is not a directory", root.path().display())));
+    }
+    let mut cfg = match args.config.clone().or_else(|| Config::find(&std::env::current_dir().unwrap_or_default())) {
+        Some(p) => Config::load(&p)?,
+        None => Config::default(),
+    };
+    cfg.repo = args.repo.clone().or(cfg.repo);
+    cfg.issue = args.issue.or(cfg.issue);
+    cfg.batch = args.batch.or(cfg.batch);
+    let api = args
+        .api_url
+        .clone()
+        .or_else(|| std::env::var("LW_GITHUB_API_URL").ok())
+        .or(cfg.api_url.clone())
+        .unwrap_or_else(|| DEFAULT_API.into());
+    let token_file = args.token_file.clone().or(cfg.token_file.clone()).or_else(default_token_file);
+    let token = Token::load(token_file.as_deref())?;
+    let mut limits = Limits::from_env()?;
+    limits.max_wait = Duration::from_secs(args.max_wait);
+    let client = Client::new(&api, token, limits, Default::default())?;
+    let _lock = sync::lock(&root, !args.no_wait)?;
+    let mut s = Syncer::new(root.clone(), cfg, client)?;
+    let json = args.json;
+    let mut status = Exit::Ok;
+    let res = match args.cmd {
+        Some(Cmd::Pull) => s.pull(),
+        Some(Cmd::Verify { restore }) => s.verify(restore).map(|same| {
+            if !same {
+                status = Exit::DataErr;
+            }
+        }),
+        None if args.watch => {
+            drop(_lock);
+            let dir = root.log_dir().join("new");
+            let period = Duration::from_secs(args.interval.max(1));
+            sync::watch_dir(&dir, period, || {
+                let _l = sync::lock(&root, true)?;
+                let r = s.reload().and_then(|()| s.sync());
+                report(&mut s, out, json, false)?;
+                r
+            })
+            .map(|_| ())
+        }
+        None => s.sync(),
+    };
+    report(&mut s, out, json, true)?;
+    res?;
+    if s.stats.bad > 0 && status == Exit::Ok {
+        eprintln!("{PROG}: {} log entries could not be synced (see above); the others were", s.stats.bad);
+        status = Exit::DataErr;
+    }
+    Ok(status)
+}
+
+/// Prints the events gathered so far: records on stdout, problems on stderr.
+fn report(s: &mut Syncer, out: &mut dyn Write, json: bool, stats: bool) -> Result<()> {
+    for ev in std::mem::take(&mut s.events) {
+        if json {
+            let line = serde_json::to_string(&ev).expect("events are plain data");
+            writeln!(out, "{line}").map_err(out_err)?;
+            continue;
+        }
+        match &ev {
+            Event::Synced { entry, url, .. } => writeln!(out, "{entry} {url}").map_err(out_err)?,
+            Event::Answer { id, in_reply_to, to, .. } => writeln!(out, "{id} answer to {in_reply_to} for {to}").map_err(out_err)?,
+            Event::MissingOnGithub { entry, target } => writeln!(out, "missing-on-github {target} {entry}").map_err(out_err)?,
+            Event::MissingLocally { entry, target } => writeln!(out, "missing-locally {target} {entry}").map_err(out_err)?,
+            Event::Differs { entry, target } => writeln!(out, "differs {target} {entry}").map_err(out_err)?,
+            Event::Incomplete { entry, target, reason } => writeln!(out, "incomplete {target} {entry}: {reason}").map_err(out_err)?,
+            Event::Restored { entry } => writeln!(out, "restored {entry}").map_err(out_err)?,
+            Event::Duplicate { entry, target, comments } => {
+                let ids: Vec<String> = comments.iter().map(u64::to_string).collect();
+                writeln!(out, "duplicate {target} {entry} in comments {}", ids.join(","))
+                    .map_err(out_err)?
+            }
+            Event::Bad { entry, reason } => eprintln!("{PROG}: skipping log entry '{entry}': {reason}"),
+            Event::Unknown { target, reason } => eprintln!("{PROG}: {target}: outcome unknown ({reason}); reconciling"),
+            Event::Rejected { comment, target, reason } => eprintln!("{PROG}: {target}: comment {comment}: {reason}"),
+            Event::Unreadable { target, comment, reason } => eprintln!("{PROG}: {target}: comment {comment} is lw-sync's but unreadable: {reason}"),
+            Event::Failed { target, reason } => eprintln!("{PROG}: {target}: {reason}"),
+        }
+    }
+    if json && stats {
+        let st = s.finish_stats();
+        let mut v = serde_json::to_value(&st).expect("stats are plain data");
+        v["type"] = "stats".into();
+        writeln!(out, "{v}").map_err(out_err)?;
+    }
+    out.flush().map_err(out_err)
+}

@@ -1,0 +1,141 @@
+//! `.loopwright/sync.json`: which issue or pull request a run's entries go
+//! to, who is mentioned on escalations and who may answer.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Exit, Result};
+use crate::github::Target;
+use crate::log::Entry;
+
+pub const CONFIG_DIR: &str = ".loopwright";
+pub const CONFIG_FILE: &str = "sync.json";
+
+/// Where one sandbox's messages go.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TargetConfig {
+    #[serde(default)]
+    pub repo: Option<String>,
+    pub issue: u64,
+}
+
+/// `.loopwright/sync.json`.
+#[derive(Clone, Debug, Deserialize, Serialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// API base URL (GitHub Enterprise: `https://HOST/api/v3`).
+    #[serde(default)]
+    pub api_url: Option<String>,
+    /// `OWNER/NAME` of the default target.
+    #[serde(default)]
+    pub repo: Option<String>,
+    /// The run's issue or pull-request number.
+    #[serde(default)]
+    pub issue: Option<u64>,
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    /// GitHub logins mentioned on escalations to a human.
+    #[serde(default)]
+    pub mention: Vec<String>,
+    /// Logins whose `/lw answer` lines are delivered; when empty, the
+    /// repository's owners, members and collaborators.
+    #[serde(default)]
+    pub answerers: Vec<String>,
+    /// Further logins whose lw-sync comments are trusted (besides the token's user).
+    #[serde(default)]
+    pub trust: Vec<String>,
+    /// Most log entries in one comment when a backlog is batched.
+    #[serde(default)]
+    pub batch: Option<usize>,
+    /// A sandbox's own task issue or pull request.
+    #[serde(default)]
+    pub sandboxes: BTreeMap<String, TargetConfig>,
+}
+
+impl Config {
+    /// `.loopwright/sync.json` in `start` or the nearest parent that has one.
+    pub fn find(start: &Path) -> Option<PathBuf> {
+        start.ancestors().map(|d| d.join(CONFIG_DIR).join(CONFIG_FILE)).find(|p| p.is_file())
+    }
+
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read(path).map_err(|e| Error::io_as(Exit::Config, "cannot read configuration", path, e))?;
+        serde_json::from_slice(&text).map_err(|e| Error::config(format!("configuration '{}' is invalid: {e}", path.display())))
+    }
+
+    pub fn batch(&self) -> usize {
+        self.batch.unwrap_or(20).max(1)
+    }
+
+    fn check(&self) -> Result<()> {
+        if let Some(r) = &self.repo {
+            Target::parse_repo(r)?;
+        }
+        for (name, t) in &self.sandboxes {
+            if let Some(r) = &t.repo {
+                Target::parse_repo(r)?;
+            }
+            if t.issue == 0 {
+                return Err(Error::config(format!("sandbox '{name}' maps to issue 0; issue numbers start at 1")));
+            }
+        }
+        for m in self.mention.iter().chain(&self.answerers) {
+            if m.is_empty() || !m.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+                return Err(Error::config(format!("'{}' is not a GitHub login", m.escape_debug())));
+            }
+        }
+        Ok(())
+    }
+
+    /// The run's issue: `repo` and `issue` must both be set.
+    pub fn default_target(&self) -> Result<Target> {
+        self.check()?;
+        match (&self.repo, self.issue) {
+            (Some(r), Some(n)) if n > 0 => Ok(Target { repo: r.clone(), issue: n }),
+            (None, _) => Err(Error::config("no repository: set \"repo\" in .loopwright/sync.json or pass --repo OWNER/NAME")),
+            _ => Err(Error::config("no issue: set \"issue\" in .loopwright/sync.json or pass --issue N")),
+        }
+    }
+
+    /// Where an entry goes: its sender's task issue when mapped, else the
+    /// first mapped recipient's, else the run's issue.
+    pub fn target_for(&self, e: &Entry) -> Result<Target> {
+        let mut parties = vec![e.sender.as_str()];
+        if let Some(m) = &e.message {
+            parties.extend(m.to.iter().map(String::as_str));
+        }
+        parties.extend(e.decision.to.iter().map(String::as_str));
+        for p in parties {
+            if let Some(t) = self.sandboxes.get(p) {
+                let repo = match t.repo.clone().or_else(|| self.repo.clone()) {
+                    Some(r) => r,
+                    None => return Err(Error::config(format!("sandbox '{p}' has no repository and there is no default \"repo\""))),
+                };
+                return Ok(Target { repo, issue: t.issue });
+            }
+        }
+        self.default_target()
+    }
+
+    /// Every configured target (for pull and verify).
+    pub fn targets(&self) -> Result<Vec<Target>> {
+        let mut set = BTreeSet::new();
+        if self.repo.is_some() && self.issue.is_some() {
+            set.insert(self.default_target()?);
+        }
+        for (name, t) in &self.sandboxes {
+            let repo = t.repo.clone().or_else(|| self.repo.clone()).ok_or_else(|| {
+                Error::config(format!("sandbox '{name}' has no repository and there is no default \"repo\""))
+            })?;
+            set.insert(Target { repo, issue: t.issue });
+        }
+        if set.is_empty() {
+            return Err(self.default_target().expect_err("no target means the default target is incomplete"));
+        }
+        Ok(set.into_iter().collect())
+    }
+}
+

@@ -1,0 +1,512 @@
+//! The comment format (mailbox-spec.md, "GITHUB COMMENT FORMAT"): rendering
+//! log entries as comment sections with hidden headers, splitting large ones
+//! into parts, parsing comments back structurally, and reassembling entries.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::log::{Action, Decision, Entry, LOG_VERSION};
+use crate::message::{self, Kind, Message};
+
+pub const HEADER_PREFIX: &str = "<!-- loopwright ";
+pub const HEADER_SUFFIX: &str = " -->";
+pub const FORMAT_VERSION: u32 = 1;
+/// Between the sections of a batched comment.
+pub const SEPARATOR: &str = "\n\n---\n\n";
+
+/// The message fields a header carries (all but the body, which follows it).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+pub struct MsgHead {
+    pub from: String,
+    pub to: Vec<String>,
+    pub kind: Kind,
+    pub subject: String,
+    #[serde(default)]
+    pub refs: Vec<String>,
+    #[serde(default)]
+    pub in_reply_to: Option<String>,
+    pub created: String,
+}
+
+/// The header of one log entry's section (or one part of it).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+pub struct EntryHead {
+    pub v: u32,
+    /// The log entry's name: the unit lw-sync mirrors.
+    pub entry: String,
+    /// The message id.
+    pub id: String,
+    pub action: Action,
+    pub sender: String,
+    #[serde(default)]
+    pub parties: Vec<String>,
+    pub reason: String,
+    pub logged: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub msg: Option<MsgHead>,
+    /// `[i, n]`: part i of n.
+    pub part: [u32; 2],
+    /// The fence around this part's body ("" when there is no message).
+    #[serde(default)]
+    pub fence: String,
+    /// SHA-256 of the whole body, hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+}
+
+/// lw-sync's answer to a person's comment it could not act on.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+pub struct NoticeHead {
+    pub v: u32,
+    /// The key it is recorded under: `notice/COMMENT/K`.
+    pub key: String,
+    pub about: u64,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(tag = "t", rename_all = "kebab-case")]
+#[allow(clippy::large_enum_variant)] // short-lived, parsed one comment at a time
+pub enum Head {
+    Entry(EntryHead),
+    Notice(NoticeHead),
+}
+
+/// One parsed section: its header and its body part.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Section {
+    pub head: Head,
+    pub chunk: String,
+}
+
+pub(crate) fn header_line(h: &Head) -> String {
+    let json = serde_json::to_string(h).expect("headers are plain data");
+    // No '<', '>' or '&' in the JSON: it can never hold "-->" and so never
+    // ends the HTML comment early, whatever a subject or reason contains.
+    let json = json.replace('<', "\\u003c").replace('>', "\\u003e").replace('&', "\\u0026");
+    format!("{HEADER_PREFIX}{json}{HEADER_SUFFIX}")
+}
+
+/// Text for a code span: one line, no backticks.
+pub(crate) fn inline(s: &str) -> String {
+    let t: String = s.chars().map(|c| if c.is_control() { ' ' } else if c == '`' { '\'' } else { c }).collect();
+    let t = t.trim();
+    if t.is_empty() { "` `".into() } else { format!("`{t}`") }
+}
+
+/// A fence longer than any run of its character in `body`: backticks, or
+/// tildes when the body's tilde runs are shorter.
+fn fence_for(body: &str) -> String {
+    let run = |ch: char| {
+        let (mut best, mut cur) = (0, 0);
+        for c in body.chars() {
+            if c == ch {
+                cur += 1;
+                best = best.max(cur);
+            } else {
+                cur = 0;
+            }
+        }
+        best
+    };
+    let (b, t) = (run('`'), run('~'));
+    if b <= t { "`".repeat((b + 1).max(3)) } else { "~".repeat((t + 1).max(3)) }
+}
+
+fn render_section(h: &EntryHead, chunk: &str, mention: &[String]) -> String {
+    let mut s = header_line(&Head::Entry(h.clone()));
+    s.push('\n');
+    match &h.msg {
+        Some(m) => {
+            let to: Vec<String> = m.to.iter().map(|t| inline(t)).collect();
+            s.push_str(&format!("**{}** from {} to {} · **{}**", m.kind, inline(&h.sender), to.join(", "), h.action.as_str()));
+        }
+        None => s.push_str(&format!("**{}** · message {}", h.action.as_str(), inline(&h.id))),
+    }
+    if !h.parties.is_empty() && h.msg.as_ref().is_none_or(|m| m.to != h.parties) {
+        let p: Vec<String> = h.parties.iter().map(|t| inline(t)).collect();
+        s.push_str(&format!(" → {}", p.join(", ")));
+    }
+    if h.part[1] > 1 {
+        s.push_str(&format!(" · part {}/{}", h.part[0], h.part[1]));
+    }
+    s.push('\n');
+    if let Some(m) = &h.msg {
+        s.push_str(&format!("\nSubject: {}\n", inline(&m.subject)));
+    }
+    if !h.reason.is_empty() {
+        s.push_str(&format!("\nReason: {}\n", inline(&h.reason)));
+    }
+    if h.action == Action::Escalate && h.part[0] == 1 && !mention.is_empty() {
+        let who: Vec<String> = mention.iter().map(|m| format!("@{m}")).collect();
+        s.push_str(&format!(
+            "\ncc {} - answer with a line `/lw answer {}` followed by the answer\n",
+            who.join(" "),
+            h.id
+        ));
+    }
+    if !h.fence.is_empty() {
+        s.push_str(&format!("\n{}text\n{chunk}\n{}", h.fence, h.fence));
+    }
+    s
+}
+
+pub fn sha256_hex(b: &[u8]) -> String {
+    crate::ghserver::sha256_hex(b)
+}
+
+fn head_for(e: &Entry, part: [u32; 2], fence: String) -> EntryHead {
+    EntryHead {
+        v: FORMAT_VERSION,
+        entry: e.name.clone(),
+        id: e.message_id.clone(),
+        action: e.decision.action,
+        sender: e.sender.clone(),
+        parties: e.decision.to.clone(),
+        reason: e.decision.reason.clone(),
+        logged: e.logged.clone(),
+        msg: e.message.as_ref().map(|m| MsgHead {
+            from: m.from.clone(),
+            to: m.to.clone(),
+            kind: m.kind,
+            subject: m.subject.clone(),
+            refs: if part[0] == 1 { m.refs.clone() } else { vec![] },
+            in_reply_to: m.in_reply_to.clone(),
+            created: m.created.clone(),
+        }),
+        part,
+        fence,
+        sha256: e.message.as_ref().map(|m| sha256_hex(m.body.as_bytes())),
+    }
+}
+
+/// An entry rendered as one or more sections, each at most `limit` characters.
+pub fn render_entry(e: &Entry, mention: &[String], limit: usize) -> Result<Vec<String>> {
+    let Some(m) = &e.message else {
+        let s = render_section(&head_for(e, [1, 1], String::new()), "", mention);
+        return if s.chars().count() <= limit { Ok(vec![s]) } else { Err(too_big(e)) };
+    };
+    let whole = render_section(&head_for(e, [1, 1], fence_for(&m.body)), &m.body, mention);
+    if whole.chars().count() <= limit {
+        return Ok(vec![whole]);
+    }
+    // Split on character boundaries; size each chunk with the widest header
+    // it can get (part 9999/9999) so the final numbering only shrinks it.
+    let chars: Vec<char> = m.body.chars().collect();
+    let mut chunks: Vec<String> = Vec::new();
+    let mut at = 0;
+    while at < chars.len() {
+        let mut take = (chars.len() - at).min(limit);
+        loop {
+            let chunk: String = chars[at..at + take].iter().collect();
+            let probe = render_section(&head_for(e, [9999, 9999], fence_for(&chunk)), &chunk, mention);
+            let n = probe.chars().count();
+            if n <= limit {
+                chunks.push(chunk);
+                break;
+            }
+            let over = n - limit;
+            if take <= 1 || over >= take {
+                return Err(too_big(e));
+            }
+            take -= over.max(take / 16).min(take - 1);
+        }
+        at += take;
+        if chunks.len() > 9999 {
+            return Err(too_big(e));
+        }
+    }
+    let n = chunks.len() as u32;
+    Ok(chunks
+        .iter()
+        .enumerate()
+        .map(|(i, c)| render_section(&head_for(e, [i as u32 + 1, n], fence_for(c)), c, mention))
+        .collect())
+}
+
+fn too_big(e: &Entry) -> Error {
+    Error::data(format!("log entry '{}' cannot be rendered within GitHub's comment limit (its headers alone are too large)", e.name))
+}
+
+/// Parses a comment written by lw-sync.  None when the comment does not
+/// start with a header (a person's comment); Err when it starts like one but
+/// its structure is broken.
+pub fn parse_comment(text: &str) -> Option<std::result::Result<Vec<Section>, String>> {
+    let mut rest = text;
+    let mut sections = Vec::new();
+    loop {
+        // Skip blank lines and separators.
+        loop {
+            let (line, after) = split_line(rest);
+            if rest.is_empty() || !(line.trim().is_empty() || line.trim() == "---") {
+                break;
+            }
+            rest = after;
+        }
+        if rest.is_empty() {
+            return Some(Ok(sections));
+        }
+        let (line, after) = split_line(rest);
+        let line = line.trim_end_matches('\r');
+        let Some(json) = line.strip_prefix(HEADER_PREFIX).and_then(|l| l.strip_suffix(HEADER_SUFFIX)) else {
+            if sections.is_empty() {
+                return None;
+            }
+            return Some(Err(format!("text after section {} is not a header", sections.len())));
+        };
+        let head: Head = match serde_json::from_str(json) {
+            Ok(h) => h,
+            Err(e) if sections.is_empty() => return Some(Err(format!("header is not valid: {e}"))),
+            Err(e) => return Some(Err(format!("header {} is not valid: {e}", sections.len() + 1))),
+        };
+        rest = after;
+        let fence = match &head {
+            Head::Entry(h) => h.fence.clone(),
+            Head::Notice(_) => String::new(),
+        };
+        let mut chunk = String::new();
+        if fence.is_empty() {
+            // Readable lines up to the next header or the end.
+            loop {
+                let (l, a) = split_line(rest);
+                if rest.is_empty() || l.starts_with(HEADER_PREFIX) {
+                    break;
+                }
+                rest = a;
+            }
+        } else {
+            if fence.len() < 3 || !(fence.bytes().all(|b| b == b'`') || fence.bytes().all(|b| b == b'~')) {
+                return Some(Err(format!("section {} names an invalid fence", sections.len() + 1)));
+            }
+            let open = format!("{fence}text");
+            loop {
+                let (l, a) = split_line(rest);
+                if rest.is_empty() {
+                    return Some(Err(format!("section {} has no body", sections.len() + 1)));
+                }
+                rest = a;
+                if l.trim_end_matches('\r') == open {
+                    break;
+                }
+            }
+            // The closing fence: a line that is exactly the fence.
+            let mut search = 0;
+            let close_at = loop {
+                let Some(i) = rest[search..].find(&format!("\n{fence}")) else {
+                    // An empty body closes on the very next line.
+                    if rest.starts_with(&fence) && search == 0 {
+                        break None;
+                    }
+                    return Some(Err(format!("section {} body is not closed", sections.len() + 1)));
+                };
+                let end = search + i + 1 + fence.len();
+                let tail = &rest[end..];
+                if tail.is_empty() || tail.starts_with('\n') || tail.starts_with("\r\n") {
+                    break Some(search + i);
+                }
+                search = end;
+            };
+            match close_at {
+                Some(i) => {
+                    chunk = rest[..i].to_string();
+                    rest = &rest[i + 1 + fence.len()..];
+                }
+                None => return Some(Err(format!("section {} body is not closed", sections.len() + 1))),
+            }
+        }
+        sections.push(Section { head, chunk });
+    }
+}
+
+fn split_line(s: &str) -> (&str, &str) {
+    match s.find('\n') {
+        Some(i) => (&s[..i], &s[i + 1..]),
+        None => (s, ""),
+    }
+}
+
+/// Entry name -> the entry rebuilt from GitHub and the ids of its comments.
+pub type Rebuilt = BTreeMap<String, (Entry, Vec<u64>)>;
+
+/// Rebuilds log entries from the sections of a list of comments.
+/// Returns the complete entries and, for incomplete ones, the parts found.
+pub fn reassemble(sections: &[(u64, Section)]) -> (Rebuilt, BTreeMap<String, String>) {
+    let mut parts: BTreeMap<String, BTreeMap<u32, (EntryHead, String, u64)>> = BTreeMap::new();
+    for (cid, s) in sections {
+        if let Head::Entry(h) = &s.head {
+            parts.entry(h.entry.clone()).or_default().entry(h.part[0]).or_insert((h.clone(), s.chunk.clone(), *cid));
+        }
+    }
+    let mut done = BTreeMap::new();
+    let mut broken = BTreeMap::new();
+    for (name, ps) in parts {
+        let first = &ps.values().next().expect("a map entry has at least one part").0;
+        let n = first.part[1];
+        if ps.len() as u32 != n || !(1..=n).all(|i| ps.contains_key(&i)) {
+            broken.insert(name, format!("{} of {n} parts on GitHub", ps.len()));
+            continue;
+        }
+        let body: String = ps.values().map(|(_, c, _)| c.as_str()).collect();
+        let h = &ps[&1].0;
+        if h.sha256.as_deref().is_some_and(|s| s != sha256_hex(body.as_bytes())) {
+            broken.insert(name, "body does not match its SHA-256 (edited on GitHub?)".into());
+            continue;
+        }
+        let message = h.msg.as_ref().map(|m| Message {
+            version: message::VERSION,
+            id: h.id.clone(),
+            from: m.from.clone(),
+            to: m.to.clone(),
+            kind: m.kind,
+            subject: m.subject.clone(),
+            body: body.clone(),
+            refs: m.refs.clone(),
+            in_reply_to: m.in_reply_to.clone(),
+            created: m.created.clone(),
+        });
+        let e = Entry {
+            version: LOG_VERSION,
+            name: h.entry.clone(),
+            logged: h.logged.clone(),
+            message_id: h.id.clone(),
+            sender: h.sender.clone(),
+            message,
+            decision: Decision { action: h.action, to: h.parties.clone(), reason: h.reason.clone() },
+        };
+        done.insert(name, (e, ps.values().map(|(_, _, c)| *c).collect()));
+    }
+    (done, broken)
+}
+
+/// `/lw answer ID` lines and the text after each, up to the next such line.
+pub fn parse_answers(text: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut in_code = false;
+    for line in text.lines() {
+        let l = line.trim_end_matches('\r');
+        if l.trim_start().starts_with("```") || l.trim_start().starts_with("~~~") {
+            in_code = !in_code;
+        }
+        let cmd = if in_code { None } else { l.trim().strip_prefix("/lw answer ").map(str::trim) };
+        match cmd {
+            Some(id) if !id.is_empty() && !id.contains(char::is_whitespace) => out.push((id.to_string(), String::new())),
+            _ => {
+                if let Some((_, body)) = out.last_mut() {
+                    body.push_str(l);
+                    body.push('\n');
+                }
+            }
+        }
+    }
+    for (_, body) in &mut out {
+        let t = body.trim_matches('\n').to_string();
+        *body = t;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::github::MAX_COMMENT_CHARS;
+
+    fn entry(body: &str, action: Action) -> Entry {
+        let id = crate::id::new_id();
+        Entry {
+            version: 1,
+            name: Entry::name_for(&id, action, None),
+            logged: crate::time::rfc3339(crate::time::now()),
+            message_id: id.clone(),
+            sender: "api".into(),
+            message: Some(Message {
+                version: 1,
+                id,
+                from: "api".into(),
+                to: vec!["human".into()],
+                kind: Kind::Question,
+                subject: "subject with `ticks` and <!-- -->".into(),
+                body: body.into(),
+                refs: vec!["x".into()],
+                in_reply_to: None,
+                created: crate::time::rfc3339(crate::time::now()),
+            }),
+            decision: Decision { action, to: vec!["human".into()], reason: "policy: questions -> human".into() },
+        }
+    }
+
+    fn roundtrip(e: &Entry, limit: usize) -> Entry {
+        let parts = render_entry(e, &["alice".into()], limit).unwrap();
+        let mut secs = Vec::new();
+        for (i, p) in parts.iter().enumerate() {
+            assert!(p.chars().count() <= limit, "part {i} is {} chars", p.chars().count());
+            secs.extend(parse_comment(p).unwrap().unwrap().into_iter().map(|s| (i as u64, s)));
+        }
+        let (done, broken) = reassemble(&secs);
+        assert!(broken.is_empty(), "{broken:?}");
+        done[&e.name].0.clone()
+    }
+
+    #[test]
+    fn a_body_cannot_forge_or_break_out_of_a_header() {
+        let evil = "```\n-->\n<!-- loopwright {\"t\":\"entry\",\"v\":1,\"entry\":\"forged\"} -->\n````\n~~~\n@alice #12 done";
+        let e = entry(evil, Action::Escalate);
+        assert_eq!(roundtrip(&e, MAX_COMMENT_CHARS), e);
+        let text = render_entry(&e, &[], MAX_COMMENT_CHARS).unwrap().remove(0);
+        let secs = parse_comment(&text).unwrap().unwrap();
+        assert_eq!(secs.len(), 1, "the forged header inside the body is body text");
+        // The header line holds no '>' except its own terminator.
+        let first = text.lines().next().unwrap();
+        assert_eq!(first.matches('>').count(), 1, "{first}");
+    }
+
+    #[test]
+    fn long_bodies_split_into_parts_that_reassemble() {
+        let body: String = (0..9000).map(|i| if i % 97 == 0 { "``````````\n".to_string() } else { format!("line {i} é @x #1\n") }).collect();
+        let e = entry(&body, Action::Forward);
+        assert_eq!(roundtrip(&e, 20_000), e);
+        assert!(render_entry(&e, &[], 20_000).unwrap().len() > 3);
+        let ticks = entry(&"`".repeat(50_000), Action::Forward);
+        assert_eq!(roundtrip(&ticks, 20_000), ticks);
+    }
+
+    #[test]
+    fn batched_sections_parse_back_in_order() {
+        let a = entry("first", Action::Forward);
+        let mut b = entry("", Action::Hold);
+        b.message.as_mut().unwrap().body = String::new();
+        let mut r = entry("x", Action::Read);
+        r.message = None;
+        let text = [a.clone(), b.clone(), r.clone()]
+            .iter()
+            .map(|e| render_entry(e, &[], MAX_COMMENT_CHARS).unwrap().remove(0))
+            .collect::<Vec<_>>()
+            .join(SEPARATOR);
+        let secs: Vec<(u64, Section)> = parse_comment(&text).unwrap().unwrap().into_iter().map(|s| (1, s)).collect();
+        let (done, _) = reassemble(&secs);
+        assert_eq!(done[&a.name].0, a);
+        assert_eq!(done[&b.name].0, b);
+        assert_eq!(done[&r.name].0, r);
+    }
+
+    #[test]
+    fn mentions_only_on_escalations() {
+        let e = entry("@bob look #3", Action::Escalate);
+        let t = render_entry(&e, &["alice".into()], MAX_COMMENT_CHARS).unwrap().remove(0);
+        assert!(t.contains("cc @alice"));
+        let f = entry("x", Action::Forward);
+        let t = render_entry(&f, &["alice".into()], MAX_COMMENT_CHARS).unwrap().remove(0);
+        assert!(!t.contains("@alice"));
+    }
+
+
+    #[test]
+    fn human_comments_are_not_ours_and_answers_parse() {
+        assert!(parse_comment("Thanks!\n/lw answer 1.2.3\nyes").is_none());
+        let a = parse_answers("hi\n/lw answer AAA\nuse v2\n\n/lw answer BBB\nno\n```\n/lw answer CCC\n```\n");
+        assert_eq!(a.len(), 2);
+        assert_eq!(a[0], ("AAA".into(), "use v2".into()));
+        assert_eq!(a[1].0, "BBB");
+    }
+}
+

@@ -1,0 +1,151 @@
+//! The sync state, `ROOT/state/sync.json`, written atomically, and the lock
+//! every run holds.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::format::{Head, Section};
+use crate::error::{Error, Exit, Result};
+use crate::github::Budget;
+use crate::layout::Root;
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Pending {
+    /// `(entry, part)` pairs the comment in flight carries.
+    pub items: Vec<(String, u32)>,
+    pub at_ms: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct TargetState {
+    /// Listed at least once since the state file was made.
+    #[serde(default)]
+    pub reconciled: bool,
+    /// Entry (or notice key) -> the comment ids holding its parts.
+    #[serde(default)]
+    pub synced: BTreeMap<String, Vec<u64>>,
+    /// Parts of multi-part entries posted so far.
+    #[serde(default)]
+    pub partial: BTreeMap<String, BTreeMap<u32, u64>>,
+    #[serde(default)]
+    pub pending: Option<Pending>,
+    /// `since` for the next pull.
+    #[serde(default)]
+    pub pull_since: Option<String>,
+    /// People's comments whose `/lw answer` lines were handled.
+    #[serde(default)]
+    pub answered: BTreeSet<u64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct State {
+    pub version: u32,
+    /// The token's user, whose comments are lw-sync's own.
+    #[serde(default)]
+    pub login: Option<String>,
+    #[serde(default)]
+    pub login_checked: bool,
+    #[serde(default)]
+    pub targets: BTreeMap<String, TargetState>,
+    #[serde(default)]
+    pub budget: Budget,
+}
+
+pub fn state_path(root: &Root) -> PathBuf {
+    root.state_dir().join("sync.json")
+}
+
+pub fn load_state(path: &Path) -> Result<(State, bool)> {
+    match std::fs::read(path) {
+        Ok(b) => {
+            let s: State = serde_json::from_slice(&b)
+                .map_err(|e| Error::data(format!("sync state '{}' is damaged ({e}); move it aside and run again to rebuild it from GitHub", path.display())))?;
+            Ok((s, true))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((State { version: 1, ..State::default() }, false)),
+        Err(e) => Err(Error::io("cannot read sync state", path, e)),
+    }
+}
+
+/// Writes `bytes` to `path` atomically: tmp file, fsync, rename, fsync dir.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path.parent().expect("state files live in a directory");
+    let tmp = dir.join(format!(".{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("state")));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|e| Error::io("cannot create", &tmp, e))?;
+    f.write_all(bytes).map_err(|e| Error::io("cannot write", &tmp, e))?;
+    f.sync_all().map_err(|e| Error::io_as(Exit::IoErr, "cannot fsync", &tmp, e))?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(|e| Error::io("cannot rename into", path, e))?;
+    let d = std::fs::File::open(dir).map_err(|e| Error::io("cannot open", dir, e))?;
+    d.sync_all().map_err(|e| Error::io_as(Exit::IoErr, "cannot fsync", dir, e))?;
+    Ok(())
+}
+
+pub(crate) fn save_state(path: &Path, st: &State) -> Result<()> {
+    let mut b = serde_json::to_vec(st).expect("sync state is plain data");
+    b.push(b'\n');
+    write_atomic(path, &b)
+}
+
+/// The lock that keeps cron and a watcher from syncing at once.  Blocks
+/// until it is free; released when the file is closed (or the process dies).
+pub fn lock(root: &Root, wait: bool) -> Result<std::fs::File> {
+    let dir = root.state_dir();
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io("cannot create", &dir, e))?;
+    let p = dir.join("sync.lock");
+    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&p).map_err(|e| Error::io("cannot open", &p, e))?;
+    if wait {
+        f.lock().map_err(|e| Error::io("cannot lock", &p, e))?;
+    } else {
+        match f.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(Error::new(Exit::TempFail, format!("another lw-sync holds '{}'; nothing done", p.display())));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(Error::io("cannot lock", &p, e)),
+        }
+    }
+    Ok(f)
+}
+
+pub(crate) fn mark_part(ts: &mut TargetState, name: &str, part: u32, n: u32, cid: u64) {
+    match n {
+        n if n > 1 => {
+            let ps = ts.partial.entry(name.to_string()).or_default();
+            ps.insert(part, cid);
+            if ps.len() as u32 == n {
+                let ids = ps.values().copied().collect();
+                ts.partial.remove(name);
+                ts.synced.insert(name.to_string(), ids);
+            }
+        }
+        _ => {
+            ts.synced.insert(name.to_string(), vec![cid]);
+        }
+    }
+}
+
+pub(crate) fn complete_partials(ts: &mut TargetState, sections: &[(u64, Section)]) {
+    let mut totals: HashMap<String, u32> = HashMap::new();
+    for (_, s) in sections {
+        if let Head::Entry(h) = &s.head {
+            totals.insert(h.entry.clone(), h.part[1]);
+        }
+    }
+    let done: Vec<String> =
+        ts.partial.iter().filter(|(n, ps)| totals.get(*n).is_some_and(|&t| ps.len() as u32 == t)).map(|(n, _)| n.clone()).collect();
+    for n in done {
+        let ps = ts.partial.remove(&n).expect("listed above");
+        ts.synced.insert(n, ps.values().copied().collect());
+    }
+}

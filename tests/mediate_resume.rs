@@ -1,0 +1,102 @@
+//! Restarts after a crash between the steps, with the crash states built by
+//! hand: a logged decision is carried out, never taken again, and nothing
+//! is written twice.
+
+mod mediate_util;
+
+use std::ffi::OsStr;
+
+use loopwright::log::Action;
+use loopwright::maildir::Sub;
+use loopwright::message::Kind;
+use mediate_util::*;
+
+/// Routes `m` from `a` once, then puts the source back into `new/` as if
+/// the claim had not happened.
+fn routed_then_unclaimed(root: &loopwright::layout::Root, m: &loopwright::message::Message, policy: &str) {
+    post(root, "a", m);
+    once(root, policy);
+    let ob = root.sandbox("a").outbox();
+    std::fs::rename(ob.sub(Sub::Cur).join(&m.id), ob.sub(Sub::New).join(&m.id)).unwrap();
+}
+
+#[test]
+fn crash_before_delivery_delivers_once_without_a_second_decision() {
+    let root = root_with("resume1", &["a", "b", "c"]);
+    let m = message("a", &["b", "c"], Kind::Request, "r");
+    routed_then_unclaimed(&root, &m, OPEN_POLICY);
+    // The copy to b never made it; c had already read its copy.
+    std::fs::remove_file(root.sandbox("b").inbox().sub(Sub::New).join(&m.id)).unwrap();
+    assert!(root.sandbox("c").inbox().claim(OsStr::new(&m.id)).unwrap());
+    once(&root, OPEN_POLICY);
+    assert_eq!(delivered(&root.sandbox("b").inbox()), vec![m.id.clone()]);
+    assert_eq!(delivered(&root.sandbox("c").inbox()), vec![m.id.clone()], "no second copy beside the read one");
+    let e: Vec<_> = entries(&root).into_iter().filter(|e| e.decision.action != Action::Read).collect();
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(names(&root.sandbox("a").outbox().sub(Sub::New)).is_empty());
+}
+
+#[test]
+fn a_logged_hold_stands_even_when_the_policy_changed() {
+    let root = root_with("resume2", &["a", "b"]);
+    let m = message("a", &["b"], Kind::Handoff, "h");
+    routed_then_unclaimed(&root, &m, "loopwright-policy 1\nhold kind handoff\n");
+    std::fs::remove_file(root.held().sub(Sub::New).join(&m.id)).unwrap();
+    // The restart runs with a policy that would forward it.
+    once(&root, OPEN_POLICY);
+    let e = entries(&root);
+    assert_eq!(e.iter().map(|e| e.decision.action).collect::<Vec<_>>(), [Action::Hold]);
+    assert_eq!(names(&root.held().sub(Sub::New)), vec![m.id.clone()]);
+    assert!(delivered(&root.sandbox("b").inbox()).is_empty());
+}
+
+#[test]
+fn a_logged_partial_bounce_is_not_decided_again() {
+    let root = root_with("resume3", &["a", "b"]);
+    let m = message("a", &["b", "ghost"], Kind::Request, "p");
+    routed_then_unclaimed(&root, &m, OPEN_POLICY);
+    // The main entry was never written (crash between the two log groups),
+    // and ghost has been registered since.
+    let fwd = root.log_dir().join("new").join(format!("{}.forward", m.id));
+    std::fs::remove_file(&fwd).unwrap();
+    loopwright::registry::Registry::new(&root).register(&loopwright::registry::Sandbox::new("ghost", None, vec![])).unwrap();
+    once(&root, OPEN_POLICY);
+    let mut acts: Vec<_> = entries(&root).into_iter().map(|e| (e.decision.action, e.decision.to)).collect();
+    acts.sort_by_key(|a| a.0.as_str());
+    assert_eq!(acts, [(Action::Bounce, vec!["ghost".to_string()]), (Action::Forward, vec!["b".to_string()])]);
+    assert!(delivered(&root.sandbox("ghost").inbox()).is_empty(), "the logged bounce stands");
+    assert_eq!(delivered(&root.sandbox("a").inbox()).len(), 1, "one bounce");
+}
+
+#[test]
+fn reposting_a_routed_message_is_quarantined_not_routed_twice() {
+    let root = root_with("resume4", &["a", "b"]);
+    let m = message("a", &["b"], Kind::Request, "once");
+    post(&root, "a", &m);
+    once(&root, OPEN_POLICY);
+    post(&root, "a", &m);
+    once(&root, OPEN_POLICY);
+    let q: Vec<_> = entries(&root).into_iter().filter(|e| e.decision.action == Action::Quarantine).collect();
+    assert_eq!(q.len(), 1);
+    assert!(q[0].decision.reason.contains("posted again"), "{}", q[0].decision.reason);
+    assert_eq!(delivered(&root.sandbox("b").inbox()), vec![m.id.clone()]);
+}
+
+#[test]
+fn an_interrupted_release_is_finished_by_the_next_pass() {
+    let root = root_with("resume5", &["a", "b"]);
+    let policy = "loopwright-policy 1\nhold kind handoff\n";
+    let m = message("a", &["b"], Kind::Handoff, "h");
+    post(&root, "a", &m);
+    once(&root, policy);
+    let rel = mediate(&root, &["release", &m.id]);
+    assert!(rel.status.success(), "{}", String::from_utf8_lossy(&rel.stderr));
+    // As if the release died after logging: not delivered, still held.
+    std::fs::remove_file(root.sandbox("b").inbox().sub(Sub::New).join(&m.id)).unwrap();
+    std::fs::rename(root.held().sub(Sub::Cur).join(&m.id), root.held().sub(Sub::New).join(&m.id)).unwrap();
+    once(&root, policy);
+    assert_eq!(delivered(&root.sandbox("b").inbox()), vec![m.id.clone()]);
+    assert!(names(&root.held().sub(Sub::New)).is_empty());
+    let acts: Vec<_> = entries(&root).into_iter().map(|e| e.decision.action).collect();
+    assert_eq!(acts, [Action::Hold, Action::Release]);
+}

@@ -1,0 +1,174 @@
+//! The wall: a sandbox's posture read from inside and from the host, and
+//! escape probes from inside that must all fail.  Prints its figures.
+
+mod sandbox_support;
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use sandbox_support::*;
+
+#[test]
+fn posture_from_inside_and_from_the_host_has_no_deviation() {
+    let f = Fixture::new("posture");
+    f.ok(&["create", "p", "--branch", "p"]);
+    let mut checks: Vec<(&str, String, String)> = Vec::new();
+
+    // From inside.
+    let (code, out, e) = f.sh(
+        "p",
+        "grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status | tr -d '\\t ' ; \
+         echo root=$(awk '$2==\"/\" {split($4,o,\",\"); print o[1]}' /proc/mounts); \
+         echo tmp=$(awk '$2==\"/tmp\" {print $4}' /proc/mounts); \
+         echo net=$(ls /sys/class/net | tr '\\n' ' '); echo uid=$(id -u); \
+         echo pidsmax=$(cat /sys/fs/cgroup/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids/pids.max)",
+    );
+    assert_eq!(code, 0, "{e}");
+    let get = |k: &str| out.lines().find_map(|l| l.strip_prefix(&format!("{k}:")).or_else(|| l.strip_prefix(&format!("{k}=")))).unwrap_or("?").trim().to_string();
+    checks.push(("inside CapEff", "0000000000000000".into(), get("CapEff")));
+    checks.push(("inside CapPrm", "0000000000000000".into(), get("CapPrm")));
+    checks.push(("inside CapBnd", "0000000000000000".into(), get("CapBnd")));
+    checks.push(("inside NoNewPrivs", "1".into(), get("NoNewPrivs")));
+    checks.push(("inside Seccomp (2 = filter)", "2".into(), get("Seccomp")));
+    checks.push(("inside root mount", "ro".into(), get("root")));
+    let tmp = get("tmp");
+    checks.push(("inside /tmp noexec,nosuid", "true".into(), (tmp.contains("noexec") && tmp.contains("nosuid")).to_string()));
+    checks.push(("inside interfaces", "lo".into(), get("net")));
+    checks.push(("inside uid", "1000".into(), get("uid")));
+    checks.push(("inside pids.max", "512".into(), get("pidsmax")));
+
+    // From the host: the engine's record and the kernel's view of PID 1.
+    let c = f.container("p");
+    let fmt = "{{.HostConfig.ReadonlyRootfs}}|{{json .HostConfig.CapDrop}}|{{json .HostConfig.SecurityOpt}}|{{.HostConfig.PidsLimit}}|{{.HostConfig.Memory}}|{{.HostConfig.NetworkMode}}|{{.Config.User}}|{{.HostConfig.Privileged}}|{{.State.Pid}}";
+    let ins = text(&docker(&["inspect", "-f", fmt, &c]));
+    let v: Vec<&str> = ins.trim().split('|').collect();
+    checks.push(("host ReadonlyRootfs", "true".into(), v[0].into()));
+    checks.push(("host CapDrop", "[\"ALL\"]".into(), v[1].into()));
+    checks.push(("host SecurityOpt", "[\"no-new-privileges:true\"]".into(), v[2].into()));
+    checks.push(("host PidsLimit", "512".into(), v[3].into()));
+    checks.push(("host Memory", (2u64 << 30).to_string(), v[4].into()));
+    checks.push(("host NetworkMode", "none".into(), v[5].into()));
+    checks.push(("host User", "1000:1000".into(), v[6].into()));
+    checks.push(("host Privileged", "false".into(), v[7].into()));
+    let status = std::fs::read_to_string(format!("/proc/{}/status", v[8])).expect("PID 1 of the container is visible from the host");
+    let field = |k: &str| status.lines().find_map(|l| l.strip_prefix(&format!("{k}:"))).unwrap_or("?").split_whitespace().next().unwrap_or("?").to_string();
+    checks.push(("host view CapEff", "0000000000000000".into(), field("CapEff")));
+    checks.push(("host view NoNewPrivs", "1".into(), field("NoNewPrivs")));
+    checks.push(("host view Seccomp", "2".into(), field("Seccomp")));
+    checks.push(("host view Uid", "1000".into(), field("Uid")));
+    // Exactly these mounts from the host, each with its mode.
+    let mounts = text(&docker(&["inspect", "-f", "{{range .Mounts}}{{.Destination}} {{.RW}}\n{{end}}", &c]));
+    let mut mounts: Vec<&str> = mounts.lines().filter(|l| !l.is_empty()).collect();
+    mounts.sort();
+    checks.push((
+        "host mounts",
+        "/lw/mailbox true,/lw/mirror false,/usr/local/bin/lw-inbox false,/usr/local/bin/lw-post false,/work true".into(),
+        mounts.join(","),
+    ));
+
+    // Fork bomb: contained by the pids limit, and the sandbox still answers.
+    let (_, bomb, _) = f.sh(
+        "p",
+        "d=/sys/fs/cgroup; [ -e $d/pids.max ] || d=/sys/fs/cgroup/pids; \
+         (i=0; while [ $i -lt 3000 ]; do sleep 3 & i=$((i+1)); done) 2>/dev/null; \
+         grep '^max' $d/pids.events 2>/dev/null || echo max 0; cat $d/pids.current",
+    );
+    let denied: u64 = bomb.lines().find_map(|l| l.strip_prefix("max ")).and_then(|n| n.trim().parse().ok()).unwrap_or(0);
+    checks.push(("fork bomb denied forks > 0", "true".into(), (denied > 0).to_string()));
+    let peak: u64 = bomb.lines().last().and_then(|n| n.trim().parse().ok()).unwrap_or(u64::MAX);
+    checks.push(("fork bomb pids <= 512", "true".into(), (peak <= 512).to_string()));
+    let alive = f.sb(&["exec", "p", "--", "true"]);
+    checks.push(("sandbox answers after the bomb", "true".into(), alive.status.success().to_string()));
+
+    let deviations: Vec<_> = checks.iter().filter(|(_, want, got)| want != got).collect();
+    for (what, want, got) in &checks {
+        println!("posture: {what:<34} want {want:<20} got {got}");
+    }
+    println!("posture: {} checks, {} deviations (fork bomb: {denied} forks denied)", checks.len(), deviations.len());
+    assert!(deviations.is_empty(), "{deviations:?}");
+    f.ok(&["rm", "p"]);
+}
+
+#[test]
+fn escape_probes_all_fail() {
+    let f = Fixture::new("escape");
+    f.ok(&["create", "a", "--branch", "a"]);
+    f.ok(&["create", "b", "--branch", "b"]);
+    // A server on the host that counts every connection that reaches it.
+    let listener = TcpListener::bind("0.0.0.0:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let reached = Arc::new(AtomicUsize::new(0));
+    let r2 = reached.clone();
+    std::thread::spawn(move || {
+        for s in listener.incoming().flatten() {
+            r2.fetch_add(1, Ordering::SeqCst);
+            let mut s = s;
+            let mut b = [0u8; 64];
+            let _ = s.read(&mut b);
+        }
+    });
+    let host_root = f.root.display().to_string();
+    let proj = f.proj.display().to_string();
+    let probes: Vec<(&str, String)> = vec![
+        ("write /", "touch /probe".into()),
+        ("write /etc", "echo x >> /etc/passwd".into()),
+        ("write /usr/local/bin (replace lw-post)", "cp /bin/true /usr/local/bin/lw-post".into()),
+        ("write the mirror (file)", "touch /lw/mirror/probe".into()),
+        ("write the mirror (git push)", "git push -q origin HEAD:refs/heads/evil".into()),
+        ("write the mirror's objects via alternates", "touch /lw/mirror/objects/probe".into()),
+        ("mount a tmpfs", "mkdir -p /tmp/m && mount -t tmpfs none /tmp/m".into()),
+        ("new user namespace (unshare -Ur)", "unshare -Ur true".into()),
+        ("setuid/become root", "su -c true root </dev/null".into()),
+        ("reach the Docker socket (unix)", "curl -sS --max-time 3 --unix-socket /var/run/docker.sock http://x/version".into()),
+        ("reach the Docker API (tcp 2375 on the bridge gateway)", "curl -sS --max-time 3 http://172.17.0.1:2375/version".into()),
+        ("read another sandbox's inbox", format!("ls {host_root}/sandboxes/b/inbox/new || ls /lw/mailbox/../b/inbox")),
+        ("write another sandbox's outbox", format!("touch {host_root}/sandboxes/b/outbox/new/x || touch /lw/mailbox/../b/outbox/new/x")),
+        ("find another sandbox's mailbox anywhere", "find / -path '*/sandboxes/b*' -print -quit 2>/dev/null | grep -q .".into()),
+        ("read the host's checkout", format!("cat {proj}/README")),
+        ("read the host's mailbox root", format!("ls {host_root}/registry")),
+        ("read the host's files via /proc/1/root", format!("cat /proc/1/root{proj}/README")),
+        ("exec from /tmp", "cp /bin/true /tmp/t && chmod +x /tmp/t && /tmp/t".into()),
+        ("exec from /tmp through the dynamic loader", "cp /bin/true /tmp/t2 && /lib64/ld-linux-x86-64.so.2 /tmp/t2".into()),
+        ("reach the host's server on 127.0.0.1", format!("curl -sS --max-time 3 http://127.0.0.1:{port}/")),
+        ("reach the host's server on the bridge gateway", format!("curl -sS --max-time 3 http://172.17.0.1:{port}/")),
+        ("resolve a name", "getent hosts deb.debian.org".into()),
+    ];
+    let mut tried = 0;
+    let mut failed = 0;
+    let mut escaped = Vec::new();
+    for (what, script) in &probes {
+        tried += 1;
+        let (code, out, e) = f.sh("a", &format!("cd /work/repo; {script}"));
+        if code != 0 {
+            failed += 1;
+            println!("probe: {what:<60} failed as it must (exit {code})");
+        } else {
+            println!("probe: {what:<60} SUCCEEDED: {out}{e}");
+            escaped.push(*what);
+        }
+    }
+    // Push a branch other than its own: the sandbox makes one and commits.
+    tried += 1;
+    let (code, _, e) = f.sh("a", "git checkout -q -b other && echo x > o && git add o && git commit -qm other && git checkout -q a");
+    assert_eq!(code, 0, "{e}");
+    f.ok(&["push", "a"]);
+    let heads = git(&f.upstream, &["for-each-ref", "--format=%(refname)", "refs/heads/"]);
+    if heads.contains("other") || heads.contains("evil") {
+        escaped.push("push a branch other than its own");
+        println!("probe: push a branch other than its own SUCCEEDED: {heads}");
+    } else {
+        failed += 1;
+        println!("probe: {:<60} failed as it must (upstream heads: {})", "push a branch other than its own", heads.replace('\n', " "));
+    }
+    // Nothing written where a probe aimed.
+    assert!(!f.root.join("sandboxes/b/outbox/new/x").exists());
+    assert!(std::fs::read_dir(f.root.join("sandboxes/b/outbox/new")).expect("b's outbox").next().is_none());
+    let hits = reached.load(Ordering::SeqCst);
+    println!("escape probes: tried {tried}, failed {failed}, connections that reached the host server {hits}");
+    assert!(escaped.is_empty(), "escaped: {escaped:?}");
+    assert_eq!(tried, failed);
+    assert_eq!(hits, 0);
+    f.ok(&["rm", "--force", "a", "b"]);
+}

@@ -1,0 +1,201 @@
+//! Shared by the lw-sync tests: a GitHub-compatible server on 127.0.0.1,
+//! log entries written with `Log::append`, and `lw-sync` runs.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use loopwright::ghserver::{Options, Server};
+use loopwright::log::{Action, Decision, Entry, Log};
+use loopwright::message::{Kind, Message};
+use serde_json::{Value, json};
+
+pub const TOKEN: &str = "ghp_testtoken0123456789";
+
+pub fn tempdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("lw-sync-{tag}-{}", loopwright::id::new_id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+pub struct Env {
+    pub dir: PathBuf,
+    pub root: PathBuf,
+    pub server: Server,
+    pub url: String,
+    pub agent: ureq::Agent,
+}
+
+impl Env {
+    pub fn new(tag: &str) -> Env {
+        let dir = tempdir(tag);
+        let root = dir.join("root");
+        std::fs::create_dir_all(root.join("log")).unwrap();
+        let server = Server::start(Options {
+            dir: dir.join("sink"),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            hourly_limit: 100_000,
+            default_per_page: 30,
+        })
+        .unwrap();
+        server.add_repo("octo/proj", 3);
+        server.add_token("lw-bot", TOKEN, true);
+        let url = server.url();
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        Env { dir, root, server, url, agent }
+    }
+
+    pub fn log(&self) -> Log {
+        Log::new(self.root.join("log"))
+    }
+
+    pub fn ctl(&self, method: &str, path: &str, body: Value) -> Value {
+        let url = format!("{}/_sink/{path}", self.url);
+        let mut r = match method {
+            "GET" => self.agent.get(&url).call().unwrap(),
+            "DELETE" => self.agent.delete(&url).call().unwrap(),
+            _ => self.agent.post(&url).send_json(&body).unwrap(),
+        };
+        r.body_mut().read_json().unwrap()
+    }
+
+    pub fn faults(&self, f: Value) {
+        self.ctl("POST", "faults", json!({ "faults": f }));
+    }
+
+    /// Every comment on octo/proj#issue, straight from the server.
+    pub fn comments(&self, issue: u64) -> Vec<(u64, String, String)> {
+        let v = self.ctl("GET", &format!("comments?repo=octo/proj&issue={issue}"), Value::Null);
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|c| (c["id"].as_u64().unwrap(), c["body"].as_str().unwrap().to_string(), c["login"].as_str().unwrap().to_string()))
+            .collect()
+    }
+
+    /// Entry name -> number of sections (parts counted once per entry) found on the issue.
+    pub fn section_counts(&self, issue: u64) -> std::collections::BTreeMap<String, usize> {
+        let mut m = std::collections::BTreeMap::new();
+        for (_, body, _) in self.comments(issue) {
+            if let Some(Ok(secs)) = loopwright::sync::parse_comment(&body) {
+                for s in secs {
+                    if let loopwright::sync::Head::Entry(h) = s.head
+                        && h.part[0] == 1
+                    {
+                        *m.entry(h.entry).or_insert(0) += 1;
+                    }
+                }
+            }
+        }
+        m
+    }
+
+    pub fn requests(&self) -> (Vec<Value>, Vec<Value>) {
+        let v = self.ctl("GET", "requests", Value::Null);
+        (v["requests"].as_array().unwrap().clone(), v["windows"].as_array().unwrap().clone())
+    }
+
+    pub fn sync_cmd(&self, args: &[&str]) -> Command {
+        self.sync_cmd_at(&self.root, "octo/proj", 1, args)
+    }
+
+    pub fn sync_at(&self, repo: &str, issue: u64, args: &[&str]) -> Output {
+        self.sync_cmd_at(&self.root, repo, issue, args).output().unwrap()
+    }
+
+    pub fn sync_root(&self, root: &Path, args: &[&str]) -> Output {
+        self.sync_cmd_at(root, "octo/proj", 1, args).output().unwrap()
+    }
+
+    pub fn sync_cmd_at(&self, root: &Path, repo: &str, issue: u64, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_lw-sync"));
+        c.env_remove("GITHUB_TOKEN")
+            .env_remove("LW_ROOT")
+            .env_remove("LW_GITHUB_API_URL")
+            .env("GH_TOKEN", TOKEN)
+            .env("LW_SYNC_MIN_WRITE_INTERVAL_MS", "5")
+            .env("HOME", &self.dir)
+            .current_dir(&self.dir)
+            .arg("--root")
+            .arg(root)
+            .arg("--api-url")
+            .arg(&self.url)
+            .arg("--repo")
+            .arg(repo)
+            .arg("--issue")
+            .arg(issue.to_string())
+            .args(args)
+            .stdin(Stdio::null());
+        c
+    }
+
+    pub fn sync(&self, args: &[&str]) -> Output {
+        self.sync_cmd(args).output().unwrap()
+    }
+}
+
+impl Drop for Env {
+    /// A failed test leaves its directory for inspection; a passing one does not.
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+pub fn message(from: &str, to: &str, kind: Kind, subject: &str, body: &str) -> Message {
+    Message {
+        version: 1,
+        id: loopwright::id::new_id(),
+        from: from.into(),
+        to: vec![to.into()],
+        kind,
+        subject: subject.into(),
+        body: body.into(),
+        refs: vec![],
+        in_reply_to: None,
+        created: loopwright::time::rfc3339(loopwright::time::now()),
+    }
+}
+
+/// The entry the mediator logs for `m` and `action`.
+pub fn entry(m: &Message, action: Action) -> Entry {
+    Entry {
+        version: 1,
+        name: Entry::name_for(&m.id, action, None),
+        logged: loopwright::time::rfc3339(loopwright::time::now()),
+        message_id: m.id.clone(),
+        sender: m.from.clone(),
+        message: Some(m.clone()),
+        decision: Decision { action, to: m.to.clone(), reason: format!("policy: {} is {}", m.kind, action.as_str()) },
+    }
+}
+
+pub fn append_n(log: &Log, n: usize, body: &str) -> Vec<Entry> {
+    (0..n)
+        .map(|i| {
+            let m = message("api", "web", Kind::Status, &format!("status {i}"), &format!("{body} {i} @someone #12"));
+            let e = entry(&m, Action::Forward);
+            assert!(log.append(&e).unwrap());
+            e
+        })
+        .collect()
+}
+
+pub fn text(o: &[u8]) -> String {
+    String::from_utf8_lossy(o).into_owned()
+}
+
+pub fn files_under(d: &Path) -> Vec<PathBuf> {
+    let mut out = vec![];
+    let mut stack = vec![d.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        if let Ok(rd) = std::fs::read_dir(&p) {
+            for e in rd.flatten() {
+                let p = e.path();
+                if p.is_dir() { stack.push(p) } else { out.push(p) }
+            }
+        }
+    }
+    out
+}
