@@ -310,6 +310,7 @@ fn egress_matrix_reaches_the_allowed_host_and_nothing_else() {
         proxy_from: build_support::test_image("debian"),
         outside: out_net.clone(),
         ready_timeout: Duration::from_secs(60),
+        labels: Default::default(),
     };
     let key_a = format!("lw-egt-{nonce}-a");
     let key_b = format!("lw-egt-{nonce}-b");
@@ -669,6 +670,7 @@ fn prepare_makes_an_isolated_way_out_and_teardown_leaves_nothing() {
         proxy_from: build_support::test_image("debian"),
         outside: outside.clone(),
         ready_timeout: Duration::from_secs(60),
+        labels: [(TEST_LABEL.to_string(), world.nonce.clone())].into(),
     };
     // A network of that name made by someone else is not taken over.
     docker(&["network", "create", "--label", &world.label(), &outside]);
@@ -696,7 +698,9 @@ fn prepare_makes_an_isolated_way_out_and_teardown_leaves_nothing() {
     ]);
     println!("proxy posture: {posture}");
     assert!(posture.starts_with("true [ALL] [no-new-privileges] proxy"), "{posture}");
-    assert!(egress::leftovers(&engine).unwrap().contains(&key));
+    assert!(egress::leftovers(&engine, None).unwrap().contains(&key));
+    let mine = format!("{TEST_LABEL}={}", world.nonce);
+    assert_eq!(egress::leftovers(&engine, Some(&mine)).unwrap(), vec![key.clone()], "the caller's label is on them");
 
     // A second prepare of the same key replaces, never duplicates.
     egress::prepare(&engine, &key, &AllowList::none(), &opts, &mut |_| {}).expect("prepare again");
@@ -707,7 +711,7 @@ fn prepare_makes_an_isolated_way_out_and_teardown_leaves_nothing() {
     egress::teardown(&engine, &key).expect("teardown twice is fine");
     assert!(engine.inspect(&plan.proxy).unwrap().is_none());
     assert!(engine.network(&plan.network).unwrap().is_none());
-    assert!(!egress::leftovers(&engine).unwrap().contains(&key));
+    assert!(!egress::leftovers(&engine, None).unwrap().contains(&key));
     let e = egress::denials(&engine, &key).unwrap_err();
     assert_eq!(e.exit, Exit::NoInput);
 }

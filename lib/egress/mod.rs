@@ -147,11 +147,19 @@ pub struct Options {
     pub outside: String,
     /// How long the proxy may take to accept connections.
     pub ready_timeout: Duration,
+    /// Labels added to the sandbox's network and proxy (e.g. the caller's
+    /// project label, so its `gc` finds them among its own objects).
+    pub labels: BTreeMap<String, String>,
 }
 
 impl From<&Settings> for Options {
     fn from(s: &Settings) -> Options {
-        Options { proxy_from: s.proxy_from.clone(), outside: s.outside.clone(), ready_timeout: Duration::from_secs(30) }
+        Options {
+            proxy_from: s.proxy_from.clone(),
+            outside: s.outside.clone(),
+            ready_timeout: Duration::from_secs(30),
+            labels: BTreeMap::new(),
+        }
     }
 }
 
@@ -300,7 +308,10 @@ fn make(
     let network = network_name(key);
     let proxy = proxy_name(key);
     let labels = |kind: &str| -> BTreeMap<String, String> {
-        [(LABEL_EGRESS.to_string(), kind.to_string()), (LABEL_KEY.to_string(), key.to_string())].into()
+        let mut l = opts.labels.clone();
+        l.insert(LABEL_EGRESS.to_string(), kind.to_string());
+        l.insert(LABEL_KEY.to_string(), key.to_string());
+        l
     };
     engine.create_network(&NetworkSpec {
         name: network.clone(),
@@ -436,11 +447,13 @@ pub fn teardown(engine: &dyn NetworkEngine, key: &str) -> Result<()> {
 }
 
 /// The keys of every sandbox that has egress objects in the engine, for
-/// `lw-sandbox gc` to compare with the sandboxes it knows.
-pub fn leftovers(engine: &dyn NetworkEngine) -> Result<Vec<String>> {
+/// `lw-sandbox gc` to compare with the sandboxes it knows.  With `label`
+/// (`key=value`, as given in [`Options::labels`]), only those carrying it.
+pub fn leftovers(engine: &dyn NetworkEngine, label: Option<&str>) -> Result<Vec<String>> {
     let mut keys: Vec<String> = engine
-        .networks_with_label(&format!("{LABEL_EGRESS}=internal"))?
+        .networks_with_label(label.unwrap_or(LABEL_KEY))?
         .into_iter()
+        .filter(|n| n.labels.get(LABEL_EGRESS).map(String::as_str) == Some("internal"))
         .filter_map(|n| n.labels.get(LABEL_KEY).cloned())
         .collect();
     keys.sort();
