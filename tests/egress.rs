@@ -722,3 +722,54 @@ impl Drop for RmNet {
         let _ = docker_out(&["network", "rm", &self.0]);
     }
 }
+
+/// The engine does not keep network names unique: two sandboxes prepared at
+/// once on a fresh engine must still end up sharing one way out.
+#[test]
+fn concurrent_prepares_settle_on_one_outside_network() {
+    let nonce = build_support::nonce();
+    let outside = format!("lw-egt-{nonce}-race");
+    let _rm_out = RmNet(outside.clone());
+    let world =
+        World { nonce: format!("egress-{nonce}"), keys: (0..3).map(|i| format!("lw-egt-{nonce}-r{i}")).collect() };
+    let from = build_support::test_image("debian");
+    let plans: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = world
+            .keys
+            .iter()
+            .map(|key| {
+                let (outside, from) = (outside.clone(), from.clone());
+                s.spawn(move || {
+                    let engine = DockerNetworks::connect().expect("the Docker engine is reachable");
+                    let opts = Options {
+                        proxy_from: from,
+                        outside,
+                        ready_timeout: Duration::from_secs(60),
+                        labels: Default::default(),
+                    };
+                    egress::prepare(&engine, key, &AllowList::none(), &opts, &mut |_| {}).map(|p| p.proxy)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("a prepare thread")).collect()
+    });
+    let engine = DockerNetworks::connect().unwrap();
+    let same_name: Vec<_> = engine
+        .networks_with_label(&format!("{}=outside", egress::LABEL_EGRESS))
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.name == outside)
+        .collect();
+    println!(
+        "3 concurrent prepares: {} ok, {} network(s) named {outside}",
+        plans.iter().filter(|p| p.is_ok()).count(),
+        same_name.len()
+    );
+    for p in &plans {
+        assert!(p.is_ok(), "{p:?}");
+    }
+    assert_eq!(same_name.len(), 1, "{same_name:?}");
+    for p in plans.into_iter().flatten() {
+        assert!(same_name[0].containers.contains_key(&p), "{p} is on the one outside network");
+    }
+}
