@@ -123,6 +123,16 @@ impl Settings {
     }
 }
 
+impl Settings {
+    /// The project's list extended by a sandbox's own entries (repeated
+    /// `--allow HOST:PORT` flags); a bad entry is exit 78 naming it.
+    pub fn allow_with<S: AsRef<str>>(&self, extra: &[S]) -> Result<AllowList> {
+        let mut allow = self.allow.clone();
+        allow.extend(&AllowList::from_entries(extra, "--allow")?);
+        Ok(allow)
+    }
+}
+
 /// What a sandbox container needs to use its egress: lw-sandbox puts these
 /// in its container spec.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -502,6 +512,17 @@ mod tests {
         let e = Settings::from_config(&c).unwrap_err();
         assert_eq!(e.exit, Exit::Config);
         assert!(e.msg.starts_with(".loopwright/config: egress.allow.x: invalid egress entry '*:443'"), "{}", e.msg);
+    }
+
+    #[test]
+    fn a_sandbox_extends_the_project_list_and_bad_extras_are_78() {
+        let c = Config::parse("egress.allow = api.example.com:443\n", Path::new("c")).unwrap();
+        let s = Settings::from_config(&c).unwrap();
+        let l = s.allow_with(&["registry.npmjs.org:443"]).unwrap();
+        assert_eq!(l.to_string(), "api.example.com:443 registry.npmjs.org:443");
+        let e = s.allow_with(&["*:*"]).unwrap_err();
+        assert_eq!((e.exit, e.exit.code()), (Exit::Config, 78));
+        assert!(e.msg.starts_with("--allow: invalid egress entry '*:*'"), "{}", e.msg);
     }
 
     #[test]
