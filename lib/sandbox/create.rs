@@ -540,3 +540,36 @@ impl<'a> Sandboxes<'a> {
         res
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gitconfig_quotes_what_git_would_misread() {
+        let c = gitconfig("A \"B\" \\ C\n[core]", "a@b");
+        assert_eq!(
+            c,
+            "[user]\n\tname = \"A \\\"B\\\" \\\\ C[core]\"\n\temail = \"a@b\"\n[safe]\n\tdirectory = /lw/mirror\n"
+        );
+        // git itself reads it back as written.
+        let dir = std::env::temp_dir().join(format!("lw-gitconfig-{}", crate::id::new_id()));
+        fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("config");
+        fs::write(&f, &c).unwrap();
+        let out = std::process::Command::new("git").args(["config", "--file"]).arg(&f).args(["user.name"]).output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim_end(), "A \"B\" \\ C[core]");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_mirror_head_names_the_branch_to_drop() {
+        let dir = std::env::temp_dir().join(format!("lw-head-{}", crate::id::new_id()));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("HEAD"), "ref: refs/heads/trunk\n").unwrap();
+        assert_eq!(mirror_head_branch(&dir), "trunk");
+        fs::write(dir.join("HEAD"), "0123abcd\n").unwrap();
+        assert_eq!(mirror_head_branch(&dir), "");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
