@@ -1,12 +1,15 @@
 //! `create`: the steps, in the order that keeps a killed create reclaimable.
 //!
-//! Checks first (names, branch, ports, secrets, image, mirror, the start
-//! commit): nothing is made until all of them pass.  Then, under the name's
-//! lock: the record (not ready), port leases, the registry record and the
-//! mailbox, the workspace volume, the container; the clone inside it; the
-//! secrets; the incremental install when the branch's lockfiles differ from
-//! the image's; and last the record marked ready.  A failure rolls back what
-//! was made; a `kill -9` leaves it to `gc`.
+//! Checks first (names, branch, ports, secrets, the image): nothing is made
+//! until they pass.  A missing mirror is made next (before anything could
+//! mount its path).  Then, under the name's lock: the record (not ready),
+//! port leases, the registry record and the mailbox, the workspace volume,
+//! the container and its start, while a thread fetches into an existing
+//! mirror; then where the branch starts (a `--from` naming nothing undoes
+//! what was made), the clone inside the container, the secrets, the
+//! incremental install when the branch's lockfiles differ from the image's,
+//! and last the record marked ready.  A failure rolls back what was made; a
+//! `kill -9` leaves it to `gc`.
 //!
 //! # Incremental install
 //!
