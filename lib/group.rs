@@ -219,6 +219,10 @@ impl Group {
             }
             Err(e) => return Err(Error::io("cannot create", &tmp_path, errno_io(e))),
         };
+        if let Err(e) = crate::maildir::give_to_owner(&b.tmp, &fd) {
+            let _ = rfs::unlinkat(&b.tmp, name, AtFlags::empty());
+            return Err(Error::io_as(Exit::NoPerm, "cannot give the message to the owner of", &b.path.join("tmp"), errno_io(e)));
+        }
         if let Err(e) = write_all(&fd, bytes) {
             let _ = rfs::unlinkat(&b.tmp, name, AtFlags::empty());
             return Err(Error::io_as(Exit::IoErr, "cannot write", &tmp_path, e));

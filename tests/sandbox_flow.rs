@@ -218,3 +218,21 @@ fn shell_gives_a_terminal_on_the_branch_and_passes_the_status() {
     assert_eq!(o.status.code(), Some(7), "{out}");
     f.ok(&["rm", "t"]);
 }
+
+#[test]
+fn a_message_posted_in_one_sandbox_is_read_in_another_through_the_mediator() {
+    let f = Fixture::new("door");
+    f.ok(&["create", "a", "--branch", "lw/a", "--scope", "src/api/**"]);
+    f.ok(&["create", "b", "--branch", "lw/b", "--scope", "src/api/**"]);
+    let (code, id, e) = f.sh("a", "lw-post --kind contract-change --ref src/api/schema.json --subject 'users: 2' 'schema changed'");
+    assert_eq!(code, 0, "{e}");
+    let m = std::process::Command::new(bin("lw-mediate")).arg("--once").env("LW_ROOT", &f.root).current_dir(&f.proj).output().expect("lw-mediate runs");
+    assert!(m.status.success(), "{}", err(&m));
+    let (code, list, e) = f.sh("b", "lw-inbox");
+    assert_eq!(code, 0, "{e}");
+    assert!(list.starts_with(&format!("{}\ta\tcontract-change\tusers: 2", id.trim())), "{list}");
+    let (code, _, e) = f.sh("b", &format!("lw-inbox ack {}", id.trim()));
+    assert_eq!(code, 0, "{e}");
+    assert_eq!(f.sh("b", "lw-inbox").1, "");
+    f.ok(&["rm", "a", "b"]);
+}

@@ -1,12 +1,15 @@
 //! `create`: the steps, in the order that keeps a killed create reclaimable.
 //!
-//! Checks first (names, branch, ports, secrets, image, mirror, the start
-//! commit): nothing is made until all of them pass.  Then, under the name's
-//! lock: the record (not ready), port leases, the registry record and the
-//! mailbox, the workspace volume, the container; the clone inside it; the
-//! secrets; the incremental install when the branch's lockfiles differ from
-//! the image's; and last the record marked ready.  A failure rolls back what
-//! was made; a `kill -9` leaves it to `gc`.
+//! Checks first (names, branch, ports, secrets, the image): nothing is made
+//! until they pass.  A missing mirror is made next (before anything could
+//! mount its path).  Then, under the name's lock: the record (not ready),
+//! port leases, the registry record and the mailbox, the workspace volume,
+//! the container and its start, while a thread fetches into an existing
+//! mirror; then where the branch starts (a `--from` naming nothing undoes
+//! what was made), the clone inside the container, the secrets, the
+//! incremental install when the branch's lockfiles differ from the image's,
+//! and last the record marked ready.  A failure rolls back what was made; a
+//! `kill -9` leaves it to `gc`.
 //!
 //! # Incremental install
 //!
@@ -538,5 +541,38 @@ impl<'a> Sandboxes<'a> {
         })();
         self.engine.remove(&name, true)?;
         res
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gitconfig_quotes_what_git_would_misread() {
+        let c = gitconfig("A \"B\" \\ C\n[core]", "a@b");
+        assert_eq!(
+            c,
+            "[user]\n\tname = \"A \\\"B\\\" \\\\ C[core]\"\n\temail = \"a@b\"\n[safe]\n\tdirectory = /lw/mirror\n"
+        );
+        // git itself reads it back as written.
+        let dir = std::env::temp_dir().join(format!("lw-gitconfig-{}", crate::id::new_id()));
+        fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("config");
+        fs::write(&f, &c).unwrap();
+        let out = std::process::Command::new("git").args(["config", "--file"]).arg(&f).args(["user.name"]).output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim_end(), "A \"B\" \\ C[core]");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_mirror_head_names_the_branch_to_drop() {
+        let dir = std::env::temp_dir().join(format!("lw-head-{}", crate::id::new_id()));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("HEAD"), "ref: refs/heads/trunk\n").unwrap();
+        assert_eq!(mirror_head_branch(&dir), "trunk");
+        fs::write(dir.join("HEAD"), "0123abcd\n").unwrap();
+        assert_eq!(mirror_head_branch(&dir), "");
+        fs::remove_dir_all(&dir).unwrap();
     }
 }

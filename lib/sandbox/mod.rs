@@ -40,9 +40,10 @@
 //! lock nobody holds, or (killed before the record) nothing at all.  `gc`
 //! takes each name's lock without waiting, so it never touches a sandbox
 //! being made, and reclaims every sandbox whose record is not ready, every
-//! labelled container or volume without a record, leases and registry
-//! records of names without one, and sandboxes whose container was removed
-//! behind our back.
+//! labelled container or volume without a record, sandboxes whose container
+//! was removed behind our back, and with each of them its leases, registry
+//! record, empty mailbox and lock file.  Registry records that lw-sandbox did
+//! not make (`lw-mediate register`) are not its to remove.
 
 pub mod push;
 pub mod runtime;

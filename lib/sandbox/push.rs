@@ -220,3 +220,14 @@ impl<'a> Sandboxes<'a> {
         Ok(Pushed { branch: rec.branch.clone(), commit: sha, url: remote.url.clone(), outcome: outcome.into() })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ext_arguments_escape_spaces_and_percent_signs() {
+        assert_eq!(ext_escape("/a b/100%/lw-sandbox"), "/a% b/100%%/lw-sandbox");
+        assert_eq!(lock_of(Path::new("/r/state/push/a.b.0f")), Path::new("/r/state/push/a.b.0f.lock"));
+    }
+}
