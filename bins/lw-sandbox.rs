@@ -16,12 +16,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use loopwright::cli::{self, out_err};
-use loopwright::config::Project;
-use loopwright::engine::{Engine, ExecRequest, OutStream};
 use loopwright::layout::Root;
-use loopwright::sandbox::runtime::{DockerSandbox, ExecIo, SandboxEngine};
-use loopwright::sandbox::{self, CreateOptions, Network, Sandboxes, tty};
-use loopwright::{Error, Exit, mirror};
+use loopwright::sandbox::runtime::DockerSandbox;
+use loopwright::sandbox::{self, CreateOptions, Network, Sandboxes};
+use loopwright::{Error, Exit};
 
 const PROG: &str = "lw-sandbox";
 
@@ -83,6 +81,9 @@ enum Cmd {
         /// Print a JSON Lines record instead of the name
         #[arg(long)]
         json: bool,
+        /// Say on standard error how long each step took
+        #[arg(short, long)]
+        verbose: bool,
     },
     /// Push the sandbox's branch, and nothing else, to the upstream
     Push {
@@ -172,31 +173,20 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
     let sb = Sandboxes::new(root, &engine);
     let line = |out: &mut dyn Write, s: &str| writeln!(out, "{s}").map_err(out_err);
     match args.cmd {
-        Cmd::Create { name, branch, from, scope, port, secret, network, image, allow_stale, no_fetch, json } => {
-            let cwd = std::env::current_dir().map_err(|e| Error::new(Exit::IoErr, "cannot find the current directory").with_source(e))?;
-            let start = args.project.clone().unwrap_or_else(|| cwd.clone());
-            let project = Project::find(&start)?;
-            if args.project.is_some() && project.is_none() {
-                return Err(Error::usage(format!("'{}' is not inside a git checkout", start.display())));
-            }
-            let env = std::env::var_os(mirror::ENV_PATH).map(PathBuf::from);
-            let mirror_path = mirror::locate(args.mirror.as_deref(), env.as_deref(), project.as_ref(), &cwd)?;
-            let dir = std::env::current_exe().ok().and_then(|p| p.parent().map(PathBuf::from)).unwrap_or_default();
-            let bins = [(dir.join("lw-post"), "lw-post"), (dir.join("lw-inbox"), "lw-inbox")];
+        Cmd::Create { name, branch, from, scope, port, secret, network, image, allow_stale, no_fetch, json, verbose } => {
+            let (project, mirror_path) = sandbox::find_project(args.project.as_deref(), args.mirror.as_deref())?;
+            let bins = sandbox::mailbox_commands();
             let network = match network {
                 Net::None => Network::None,
                 Net::Bridge => Network::Bridge,
             };
             let opts = CreateOptions { name, branch, from, scope, ports: port, secrets: secret, network, image, allow_stale, no_fetch };
             let c = sb.create(&opts, project.as_ref(), &mirror_path, &bins, &mut |m| warn(m))?;
+            if verbose {
+                eprintln!("{PROG}: {}", c.timings_line());
+            }
             if json {
-                let rec = serde_json::json!({
-                    "type": "sandbox", "name": c.record.name, "branch": c.record.branch, "head": c.head,
-                    "container": c.record.container, "image": c.record.image, "network": c.record.network.as_str(),
-                    "ports": c.record.ports.iter().map(|p| serde_json::json!({"container": p.container, "host": format!("127.0.0.1:{}", p.host)})).collect::<Vec<_>>(),
-                    "mailbox": sb.root.sandbox(&c.record.name).dir, "notes": c.notes,
-                });
-                line(out, &rec.to_string())?;
+                line(out, &c.json(&sb.root.sandbox(&c.record.name).dir).to_string())?;
             } else {
                 line(out, &c.record.name)?;
             }
@@ -205,27 +195,14 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
             let me = std::env::current_exe().map_err(|e| Error::new(Exit::Software, "cannot find lw-sandbox itself").with_source(e))?;
             let p = sb.push(&name, &me, force)?;
             if json {
-                let rec = serde_json::json!({"type": "push", "name": name, "branch": p.branch, "commit": p.commit, "url": p.url, "outcome": p.outcome});
-                line(out, &rec.to_string())?;
+                line(out, &p.json(&name).to_string())?;
             } else {
                 line(out, &format!("{} {} {}", p.branch, p.commit, p.outcome))?;
             }
         }
         Cmd::Ls { json } => {
             for s in sb.list(true)? {
-                let ports: Vec<String> = s.ports.iter().map(|p| format!("127.0.0.1:{}->{}", p.host, p.container)).collect();
-                if json {
-                    let rec = serde_json::json!({
-                        "type": "sandbox", "name": s.name, "branch": s.branch, "state": s.state, "created": s.created,
-                        "age_secs": s.age.as_secs(), "unpushed": s.unpushed, "container": s.container, "image": s.image,
-                        "network": s.network.as_str(), "ports": ports,
-                    });
-                    line(out, &rec.to_string())?;
-                } else {
-                    let unpushed = s.unpushed.map_or("-".to_string(), |n| n.to_string());
-                    let ports = if ports.is_empty() { "-".to_string() } else { ports.join(",") };
-                    line(out, &format!("{}\t{}\t{}\t{}\t{}\t{}", s.name, s.branch, s.state, ports, age(s.age.as_secs()), unpushed))?;
-                }
+                line(out, &if json { s.json().to_string() } else { s.line() })?;
             }
         }
         Cmd::Port { name } => {
@@ -265,53 +242,20 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
     Ok(Exit::Ok)
 }
 
-fn age(secs: u64) -> String {
-    match secs {
-        s if s < 120 => format!("{s}s"),
-        s if s < 7200 => format!("{}m", s / 60),
-        s if s < 172_800 => format!("{}h", s / 3600),
-        s => format!("{}d", s / 86_400),
-    }
-}
-
 /// `exec` and `shell`: the command's status is ours.
 fn exec(args: Args) -> Result<u8, Error> {
     let root = root_of(&args)?;
     let engine = DockerSandbox::connect()?;
     let sb = Sandboxes::new(root, &engine);
-    let (name, tty, workdir, cmd) = match args.cmd {
-        Cmd::Exec { name, tty, workdir, cmd } => (name, tty, workdir, cmd),
+    let code = match args.cmd {
+        Cmd::Exec { name, tty, workdir, cmd } => sb.attach(&name, cmd, tty, workdir)?,
         Cmd::Shell { name } => {
             if !std::io::stdin().is_terminal() {
                 return Err(Error::usage("shell needs a terminal; use: lw-sandbox exec NAME -- CMD"));
             }
-            (name, true, None, vec!["/bin/sh".into(), "-c".into(), "exec \"${SHELL:-$(command -v bash || echo sh)}\" -l".into()])
+            sb.attach(&name, sandbox::login_shell(), true, None)?
         }
         _ => unreachable!("main routes only exec and shell here"),
     };
-    let rec = sb.get(&name)?;
-    match engine.inspect(&rec.container)? {
-        Some(c) if c.running => {}
-        Some(_) => return Err(Error::new(Exit::Unavailable, format!("sandbox '{name}' is stopped; lw-sandbox start {name}"))),
-        None => return Err(Error::new(Exit::NoInput, format!("the container of sandbox '{name}' is gone; lw-sandbox gc reclaims the rest"))),
-    }
-    let req = ExecRequest {
-        cmd,
-        env: if tty { vec![format!("TERM={}", std::env::var("TERM").unwrap_or_else(|_| "xterm".into()))] } else { vec![] },
-        user: Some(format!("{0}:{0}", rec.uid)),
-        workdir: Some(workdir.unwrap_or_else(|| sandbox::REPO.into())),
-    };
-    let _raw = if tty { Some(tty::RawMode::enter()) } else { None };
-    let mut stdout = std::io::stdout().lock();
-    let mut stderr = std::io::stderr();
-    let mut on = |s: OutStream, b: &[u8]| {
-        // Flushed at once: git's transport (push) converses through us.
-        let _ = match s {
-            OutStream::Stdout => stdout.write_all(b).and_then(|_| stdout.flush()),
-            OutStream::Stderr => stderr.write_all(b),
-        };
-    };
-    let io = ExecIo { stdin: Some(Box::new(std::io::stdin())), tty, size: tty::size(), on_output: &mut on };
-    let code = engine.exec_io(&rec.container, &req, io)?;
     Ok(u8::try_from(code).unwrap_or(if code < 0 { 128 } else { 255 }))
 }

@@ -6,6 +6,7 @@
 pub mod cli;
 pub mod config;
 pub mod doctor;
+pub mod egress;
 pub mod engine;
 pub mod error;
 pub mod ghserver;

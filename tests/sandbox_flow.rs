@@ -162,7 +162,13 @@ fn secrets_reach_only_the_sandbox_tmpfs() {
     let o = f.cmd(&["start", "s"]).env("LW_TEST_TOKEN", "second").output().expect("runs");
     assert!(o.status.success(), "{}", err(&o));
     assert_eq!(f.sh("s", "cat /run/secrets/LW_TEST_TOKEN").1, "second");
-    f.ok(&["rm", "s"]);
+    // A stopped sandbox pushes without its secrets in the environment, and stays stopped.
+    f.ok(&["stop", "s"]);
+    let o = f.cmd(&["push", "s"]).env_remove("LW_TEST_TOKEN").output().expect("runs");
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(f.ok(&["ls"]).contains("\texited\t"));
+    let o = f.cmd(&["rm", "s"]).env_remove("LW_TEST_TOKEN").output().expect("runs");
+    assert!(o.status.success(), "{}", err(&o));
 }
 
 #[test]
@@ -184,4 +190,49 @@ fn a_branch_whose_lockfile_differs_gets_an_incremental_install() {
     assert_eq!(f.sh("e", "test -e /work/home/installed").0, 1);
     f.ok(&["rm", "d", "e"]);
     assert!(f.leftovers().is_empty(), "the install container is gone too: {:?}", f.leftovers());
+}
+
+#[test]
+fn shell_gives_a_terminal_on_the_branch_and_passes_the_status() {
+    let f = Fixture::new("shell");
+    f.ok(&["create", "t", "--branch", "lw/t"]);
+    // script(1) gives lw-sandbox a terminal, as a person's would be.
+    let cmd = format!("{} --root {} shell t", bin("lw-sandbox").display(), f.root.display());
+    let mut child = std::process::Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .current_dir(&f.proj)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("script(1) from util-linux runs");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(b"echo \"in:$(pwd):$(git rev-parse --abbrev-ref HEAD):$(tty)\"\nexit 7\n")
+        .expect("write");
+    let o = child.wait_with_output().expect("wait");
+    let out = text(&o).replace('\r', "");
+    assert!(out.contains("in:/work/repo:lw/t:/dev/pts/"), "{out}");
+    assert_eq!(o.status.code(), Some(7), "{out}");
+    f.ok(&["rm", "t"]);
+}
+
+#[test]
+fn a_message_posted_in_one_sandbox_is_read_in_another_through_the_mediator() {
+    let f = Fixture::new("door");
+    f.ok(&["create", "a", "--branch", "lw/a", "--scope", "src/api/**"]);
+    f.ok(&["create", "b", "--branch", "lw/b", "--scope", "src/api/**"]);
+    let (code, id, e) = f.sh("a", "lw-post --kind contract-change --ref src/api/schema.json --subject 'users: 2' 'schema changed'");
+    assert_eq!(code, 0, "{e}");
+    let m = std::process::Command::new(bin("lw-mediate")).arg("--once").env("LW_ROOT", &f.root).current_dir(&f.proj).output().expect("lw-mediate runs");
+    assert!(m.status.success(), "{}", err(&m));
+    let (code, list, e) = f.sh("b", "lw-inbox");
+    assert_eq!(code, 0, "{e}");
+    assert!(list.starts_with(&format!("{}\ta\tcontract-change\tusers: 2", id.trim())), "{list}");
+    let (code, _, e) = f.sh("b", &format!("lw-inbox ack {}", id.trim()));
+    assert_eq!(code, 0, "{e}");
+    assert_eq!(f.sh("b", "lw-inbox").1, "");
+    f.ok(&["rm", "a", "b"]);
 }

@@ -1,12 +1,15 @@
 //! `create`: the steps, in the order that keeps a killed create reclaimable.
 //!
-//! Checks first (names, branch, ports, secrets, image, mirror, the start
-//! commit): nothing is made until all of them pass.  Then, under the name's
-//! lock: the record (not ready), port leases, the registry record and the
-//! mailbox, the workspace volume, the container; the clone inside it; the
-//! secrets; the incremental install when the branch's lockfiles differ from
-//! the image's; and last the record marked ready.  A failure rolls back what
-//! was made; a `kill -9` leaves it to `gc`.
+//! Checks first (names, branch, ports, secrets, the image): nothing is made
+//! until they pass.  A missing mirror is made next (before anything could
+//! mount its path).  Then, under the name's lock: the record (not ready),
+//! port leases, the registry record and the mailbox, the workspace volume,
+//! the container and its start, while a thread fetches into an existing
+//! mirror; then where the branch starts (a `--from` naming nothing undoes
+//! what was made), the clone inside the container, the secrets, the
+//! incremental install when the branch's lockfiles differ from the image's,
+//! and last the record marked ready.  A failure rolls back what was made; a
+//! `kill -9` leaves it to `gc`.
 //!
 //! # Incremental install
 //!
@@ -194,26 +197,82 @@ fn chown_tree(dir: &Path, uid: u32) -> Result<()> {
     Ok(())
 }
 
+/// The sandbox's `~/.gitconfig`: its identity and trust in the mirror.
+fn gitconfig(name: &str, email: &str) -> String {
+    let q = |v: &str| {
+        let v: String = v.chars().filter(|c| !c.is_control()).collect();
+        format!("\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\""))
+    };
+    format!("[user]\n\tname = {}\n\temail = {}\n[safe]\n\tdirectory = {MIRROR}\n", q(name), q(email))
+}
+
+/// The branch the mirror's HEAD names (the clone makes a local one for it).
+fn mirror_head_branch(mirror: &Path) -> String {
+    fs::read_to_string(mirror.join("HEAD"))
+        .ok()
+        .and_then(|h| h.trim().strip_prefix("ref: refs/heads/").map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// Where the task's branch starts: its upstream tip when it exists (the
+/// first value), else `--from`, else the upstream's HEAD.
+fn start_commit(mirror: &Path, opts: &CreateOptions, warn: &mut dyn FnMut(&str)) -> Result<(Option<String>, String)> {
+    let exists = mirror_commit(mirror, &format!("refs/heads/{}", opts.branch))?;
+    let base = match (&exists, &opts.from) {
+        (Some(tip), _) => {
+            if opts.from.is_some() {
+                warn(&format!("branch '{}' exists upstream; --from is ignored", opts.branch));
+            }
+            tip.clone()
+        }
+        (None, Some(f)) => match mirror_commit(mirror, &format!("refs/heads/{f}"))? {
+            Some(c) => c,
+            None => mirror_commit(mirror, f)?.ok_or_else(|| {
+                Error::usage(format!("--from '{f}' names no branch, tag or commit in the mirror '{}'", mirror.display()))
+            })?,
+        },
+        (None, None) => mirror_commit(mirror, "HEAD")?.ok_or_else(|| {
+            Error::data(format!("the mirror '{}' has no HEAD commit; name one with --from", mirror.display()))
+        })?,
+    };
+    Ok((exists, base))
+}
+
+/// Step timings of a create, for `--verbose` and `--json`.
+struct Clock {
+    last: std::time::Instant,
+    steps: Vec<(&'static str, std::time::Duration)>,
+}
+
+impl Clock {
+    fn new() -> Clock {
+        Clock { last: std::time::Instant::now(), steps: vec![] }
+    }
+    fn mark(&mut self, step: &'static str) {
+        let now = std::time::Instant::now();
+        self.steps.push((step, now - self.last));
+        self.last = now;
+    }
+}
+
 /// The clone, run inside the sandbox as its user.  Arguments: branch,
 /// start commit, 1 when the branch exists upstream, user name, email.
 const CLONE: &str = r#"set -eu
-B=$1 BASE=$2 EXISTS=$3
+B=$1 BASE=$2 EXISTS=$3 DEFAULT=$5
 mkdir -p /work/home
-# The mirror belongs to the host's user: tell git it is trusted (git reads
+# Identity, and trust in the mirror (it belongs to the host's user; git reads
 # safe.directory only from global configuration).
-git config --global --get-all safe.directory 2>/dev/null | grep -qx /lw/mirror ||
-    git config --global --add safe.directory /lw/mirror
+[ -e /work/home/.gitconfig ] || printf '%s' "$4" > /work/home/.gitconfig
 if [ ! -e /work/repo/.git ]; then
-    rm -rf /work/repo.tmp
-    git clone --quiet --shared --no-checkout /lw/mirror /work/repo.tmp
-    git -C /work/repo.tmp config user.name "$4"
-    git -C /work/repo.tmp config user.email "$5"
+    git clone --quiet --shared --no-checkout /lw/mirror /work/repo
+    cd /work/repo
     if [ "$EXISTS" = 1 ]; then
-        git -C /work/repo.tmp checkout --quiet -b "$B" --track "origin/$B"
+        git checkout --quiet -B "$B" --track "origin/$B"
     else
-        git -C /work/repo.tmp checkout --quiet --no-track -b "$B" "$BASE"
+        git checkout --quiet --no-track -B "$B" "$BASE"
     fi
-    mv /work/repo.tmp /work/repo
+    # The clone made a local branch for the mirror's HEAD: only B is the task's.
+    if [ -n "$DEFAULT" ] && [ "$DEFAULT" != "$B" ]; then git branch --quiet -D "$DEFAULT" 2>/dev/null || true; fi
 fi
 git -C /work/repo rev-parse HEAD
 "#;
@@ -230,6 +289,7 @@ impl<'a> Sandboxes<'a> {
         warn: &mut dyn FnMut(&str),
     ) -> Result<Created> {
         let name = opts.name.as_str();
+        let mut clock = Clock::new();
         registry::check_name(name).map_err(Error::usage)?;
         check_branch(&opts.branch)?;
         let settings = Settings::from_project(project)?;
@@ -256,40 +316,36 @@ impl<'a> Sandboxes<'a> {
             notes.push(n);
         }
 
+        clock.mark("check");
         let image = resolve_image(self.engine, project, opts.image.as_deref(), opts.allow_stale)?;
+        clock.mark("image");
         if let Some(s) = &image.stale {
             warn(s);
             notes.push(s.clone());
         }
 
-        // The mirror: made when missing, refreshed unless asked not to.
+        // The mirror: made first when missing (a bind mount of a missing path
+        // would leave an empty directory there); otherwise refreshed while the
+        // container is made and started, and waited for before the clone.
         let m = Mirror::new(mirror_path);
-        if opts.no_fetch {
+        let fetch_later = if opts.no_fetch {
             m.ready()?;
+            false
+        } else if matches!(m.find()?, mirror::Found::Ready(_)) {
+            true
         } else {
             let mut remote = |stored: Option<&str>| mirror::default_remote(project, stored, mirror_path);
             m.sync(&mut SyncOptions { if_older_than: None, progress: false, remote: &mut remote })?;
-        }
-        let exists = mirror_commit(&m.path, &format!("refs/heads/{}", opts.branch))?;
-        let base = match (&exists, &opts.from) {
-            (Some(tip), _) => {
-                if opts.from.is_some() {
-                    warn(&format!("branch '{}' exists upstream; --from is ignored", opts.branch));
-                }
-                tip.clone()
-            }
-            (None, Some(f)) => match mirror_commit(&m.path, &format!("refs/heads/{f}"))? {
-                Some(c) => c,
-                None => mirror_commit(&m.path, f)?.ok_or_else(|| {
-                    Error::usage(format!("--from '{f}' names no branch, tag or commit in the mirror '{}'", m.path.display()))
-                })?,
-            },
-            (None, None) => mirror_commit(&m.path, "HEAD")?.ok_or_else(|| {
-                Error::data(format!("the mirror '{}' has no HEAD commit; name one with --from", m.path.display()))
-            })?,
+            false
         };
-        let drift = drifted_inputs(&m.path, &base, &image.inputs)?;
-
+        clock.mark("mirror");
+        std::thread::scope(|scope| -> Result<Created> {
+        let mut fetch = fetch_later.then(|| {
+            scope.spawn(|| {
+                let mut remote = |stored: Option<&str>| mirror::default_remote(project, stored, mirror_path);
+                m.sync(&mut SyncOptions { if_older_than: None, progress: false, remote: &mut remote })
+            })
+        });
         fs::create_dir_all(&self.root.dir).map_err(io_err("cannot create", &self.root.dir))?;
         crate::mediate::init_root(&self.root)?;
         let lock = self.lock(name, false)?.ok_or_else(|| {
@@ -315,7 +371,7 @@ impl<'a> Sandboxes<'a> {
             version: RECORD_VERSION,
             name: name.to_string(),
             branch: opts.branch.clone(),
-            base: exists.is_none().then(|| base.clone()),
+            base: None,
             scope: opts.scope.clone(),
             container,
             volume: self.volume_name(name),
@@ -330,6 +386,7 @@ impl<'a> Sandboxes<'a> {
             ready: false,
         };
         self.write_record(&rec)?;
+        let mut drift = Vec::new();
         let made = (|| -> Result<String> {
             let hosts = self.leases().lease(settings.ports, name, &whats)?;
             rec.ports = whats.iter().zip(&hosts).map(|(w, h)| Port { container: w.clone(), host: *h }).collect();
@@ -340,6 +397,7 @@ impl<'a> Sandboxes<'a> {
             reg.register(&registry::Sandbox::new(name, Some(rec.branch.clone()), rec.scope.clone()))?;
             let boxdir = self.root.sandbox(name).dir;
             chown_tree(&boxdir, settings.uid)?;
+            clock.mark("record");
 
             let labels = BTreeMap::from([
                 (LABEL_SANDBOX.to_string(), name.to_string()),
@@ -349,6 +407,7 @@ impl<'a> Sandboxes<'a> {
             self.engine.create_volume(&rec.volume, &labels)?;
             let spec = container_spec(self, &rec, &settings, &boxdir, bins, !secret_values.is_empty());
             self.engine.create(&spec)?;
+            clock.mark("container");
             self.engine.start(&rec.container).map_err(|e| {
                 let mut e = e;
                 if e.msg.contains("port is already allocated") || e.msg.contains("address already in use") {
@@ -358,6 +417,16 @@ impl<'a> Sandboxes<'a> {
                 e
             })?;
 
+            clock.mark("start");
+            if let Some(h) = fetch.take() {
+                h.join().map_err(|_| Error::new(Exit::Software, "the mirror fetch panicked"))??;
+                clock.mark("fetch-wait");
+            }
+            let (exists, base) = start_commit(&m.path, opts, warn)?;
+            rec.base = exists.is_none().then(|| base.clone());
+            drift = drifted_inputs(&m.path, &base, &image.inputs)?;
+            clock.mark("resolve");
+            let default = mirror_head_branch(&m.path);
             let user_name = settings
                 .git_name
                 .clone()
@@ -371,7 +440,7 @@ impl<'a> Sandboxes<'a> {
             let exists_flag = if exists.is_some() { "1" } else { "0" };
             let (code, out, err) = self.run(
                 &rec,
-                &["/bin/sh", "-c", CLONE, "lw-clone", &rec.branch, &base, exists_flag, &user_name, &email],
+                &["/bin/sh", "-c", CLONE, "lw-clone", &rec.branch, &base, exists_flag, &gitconfig(&user_name, &email), &default],
                 None,
             )?;
             if code != 0 {
@@ -389,9 +458,14 @@ impl<'a> Sandboxes<'a> {
                 ));
             }
             let head = String::from_utf8_lossy(&out).trim().to_string();
-            self.install_secrets(&rec, &secret_values)?;
+            clock.mark("clone");
+            if !secret_values.is_empty() {
+                self.install_secrets(&rec, &secret_values)?;
+                clock.mark("secrets");
+            }
             if !drift.is_empty() {
                 self.incremental_install(&rec, &settings, &spec, &image, &drift, warn)?;
+                clock.mark("install");
             }
             Ok(head)
         })();
@@ -403,7 +477,8 @@ impl<'a> Sandboxes<'a> {
                 if !drift.is_empty() {
                     notes.push(format!("installed dependencies for changed {}", drift.join(", ")));
                 }
-                Ok(Created { record: rec, head, notes })
+                clock.mark("ready");
+                Ok(Created { record: rec, head, notes, timings: clock.steps })
             }
             Err(e) => {
                 let mut sink = |_: &str| {};
@@ -415,6 +490,7 @@ impl<'a> Sandboxes<'a> {
                 Err(e)
             }
         }
+        })
     }
 
     /// Runs the deps layer's install step for this sandbox (module documentation).
@@ -465,5 +541,38 @@ impl<'a> Sandboxes<'a> {
         })();
         self.engine.remove(&name, true)?;
         res
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gitconfig_quotes_what_git_would_misread() {
+        let c = gitconfig("A \"B\" \\ C\n[core]", "a@b");
+        assert_eq!(
+            c,
+            "[user]\n\tname = \"A \\\"B\\\" \\\\ C[core]\"\n\temail = \"a@b\"\n[safe]\n\tdirectory = /lw/mirror\n"
+        );
+        // git itself reads it back as written.
+        let dir = std::env::temp_dir().join(format!("lw-gitconfig-{}", crate::id::new_id()));
+        fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("config");
+        fs::write(&f, &c).unwrap();
+        let out = std::process::Command::new("git").args(["config", "--file"]).arg(&f).args(["user.name"]).output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim_end(), "A \"B\" \\ C[core]");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_mirror_head_names_the_branch_to_drop() {
+        let dir = std::env::temp_dir().join(format!("lw-head-{}", crate::id::new_id()));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("HEAD"), "ref: refs/heads/trunk\n").unwrap();
+        assert_eq!(mirror_head_branch(&dir), "trunk");
+        fs::write(dir.join("HEAD"), "0123abcd\n").unwrap();
+        assert_eq!(mirror_head_branch(&dir), "");
+        fs::remove_dir_all(&dir).unwrap();
     }
 }

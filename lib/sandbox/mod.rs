@@ -40,9 +40,10 @@
 //! lock nobody holds, or (killed before the record) nothing at all.  `gc`
 //! takes each name's lock without waiting, so it never touches a sandbox
 //! being made, and reclaims every sandbox whose record is not ready, every
-//! labelled container or volume without a record, leases and registry
-//! records of names without one, and sandboxes whose container was removed
-//! behind our back.
+//! labelled container or volume without a record, sandboxes whose container
+//! was removed behind our back, and with each of them its leases, registry
+//! record, empty mailbox and lock file.  Registry records that lw-sandbox did
+//! not make (`lw-mediate register`) are not its to remove.
 
 pub mod push;
 pub mod runtime;
@@ -193,6 +194,9 @@ pub struct Created {
     pub head: String,
     /// Warnings already printed (stale image, bridge network, install).
     pub notes: Vec<String>,
+    /// How long each step took: check, image, mirror, resolve, record,
+    /// container, start, clone, secrets, install, ready.
+    pub timings: Vec<(&'static str, Duration)>,
 }
 
 /// The state of a sandbox as `ls` shows it.
@@ -404,7 +408,9 @@ impl<'a> Sandboxes<'a> {
         Ok((code, out, err))
     }
 
-    /// The container of a ready sandbox, started if it was stopped.
+    /// The container of a ready sandbox, started (without its secrets: only
+    /// lw-sandbox's own git runs) if it was stopped; `Container::running`
+    /// says whether it was running before.
     fn running(&self, rec: &Record) -> Result<Container> {
         let c = self.engine.inspect(&rec.container)?.ok_or_else(|| {
             Error::new(
@@ -416,7 +422,7 @@ impl<'a> Sandboxes<'a> {
             )
         })?;
         if !c.running {
-            self.start(&rec.name)?;
+            self.engine.start(&rec.container)?;
         }
         Ok(c)
     }
@@ -522,7 +528,8 @@ impl<'a> Sandboxes<'a> {
 
     /// `rm`: refuses while work would be lost, unless `force`.
     pub fn remove(&self, name: &str, force: bool, out: &mut dyn FnMut(&str)) -> Result<()> {
-        registry::check_name(name).map_err(Error::usage)?;
+        // Refuse an unknown name before making its lock file.
+        self.get(name)?;
         let lock = self
             .lock(name, false)?
             .ok_or_else(|| Error::new(Exit::TempFail, format!("sandbox '{name}' is busy (another lw-sandbox holds it); try again")))?;
@@ -663,6 +670,125 @@ impl<'a> Sandboxes<'a> {
                 .collect());
         }
         Ok(c.ports)
+    }
+}
+
+impl<'a> Sandboxes<'a> {
+    /// `exec` and `shell`: runs `cmd` in a running sandbox as its user, with
+    /// this process's standard input, output and error (a terminal in raw
+    /// mode when `tty`); returns the command's status.
+    pub fn attach(&self, name: &str, cmd: Vec<String>, tty: bool, workdir: Option<String>) -> Result<i64> {
+        let rec = self.get(name)?;
+        match self.engine.inspect(&rec.container)? {
+            Some(c) if c.running => {}
+            Some(_) => return Err(Error::new(Exit::Unavailable, format!("sandbox '{name}' is stopped; lw-sandbox start {name}"))),
+            None => return Err(gone(&rec)),
+        }
+        let term = std::env::var("TERM").unwrap_or_else(|_| "xterm".into());
+        let req = ExecRequest {
+            cmd,
+            env: if tty { vec![format!("TERM={term}")] } else { vec![] },
+            user: Some(format!("{0}:{0}", rec.uid)),
+            workdir: Some(workdir.unwrap_or_else(|| REPO.into())),
+        };
+        let _raw = tty.then(tty::RawMode::enter);
+        let mut stdout = std::io::stdout().lock();
+        let mut stderr = std::io::stderr();
+        let mut on = |s: OutStream, b: &[u8]| {
+            // Flushed at once: git's transport (push) converses through us.
+            let _ = match s {
+                OutStream::Stdout => stdout.write_all(b).and_then(|_| stdout.flush()),
+                OutStream::Stderr => stderr.write_all(b),
+            };
+        };
+        let io = ExecIo { stdin: Some(Box::new(std::io::stdin())), tty, size: tty::size(), on_output: &mut on };
+        self.engine.exec_io(&rec.container, &req, io)
+    }
+}
+
+fn ports_json(ports: &[Port]) -> serde_json::Value {
+    ports.iter().map(|p| serde_json::json!({"container": p.container, "host": format!("127.0.0.1:{}", p.host)})).collect()
+}
+
+/// The project (`--project`, else the checkout holding the current
+/// directory) and its mirror (`--mirror`, `$LW_MIRROR`, the project's).
+pub fn find_project(project: Option<&Path>, mirror: Option<&Path>) -> Result<(Option<Project>, PathBuf)> {
+    let cwd = std::env::current_dir().map_err(|e| Error::new(Exit::IoErr, "cannot find the current directory").with_source(e))?;
+    let start = project.map(Path::to_path_buf).unwrap_or_else(|| cwd.clone());
+    let found = Project::find(&start)?;
+    if project.is_some() && found.is_none() {
+        return Err(Error::usage(format!("'{}' is not inside a git checkout", start.display())));
+    }
+    let env = std::env::var_os(crate::mirror::ENV_PATH).map(PathBuf::from);
+    let path = crate::mirror::locate(mirror, env.as_deref(), found.as_ref(), &cwd)?;
+    Ok((found, path))
+}
+
+/// lw-post and lw-inbox, beside the running program: mounted into sandboxes.
+pub fn mailbox_commands() -> [(PathBuf, &'static str); 2] {
+    let dir = std::env::current_exe().ok().and_then(|p| p.parent().map(PathBuf::from)).unwrap_or_default();
+    [(dir.join("lw-post"), "lw-post"), (dir.join("lw-inbox"), "lw-inbox")]
+}
+
+impl Created {
+    /// `created NAME in Tms: step Tms, ...` (`create --verbose`).
+    pub fn timings_line(&self) -> String {
+        let steps: Vec<String> = self.timings.iter().map(|(s, d)| format!("{s} {:.1}ms", d.as_secs_f64() * 1e3)).collect();
+        let total: f64 = self.timings.iter().map(|(_, d)| d.as_secs_f64() * 1e3).sum();
+        format!("created {} in {total:.1}ms: {}", self.record.name, steps.join(", "))
+    }
+
+    /// The `create --json` record (man page, JSON OUTPUT).
+    pub fn json(&self, mailbox: &Path) -> serde_json::Value {
+        let r = &self.record;
+        let timings: serde_json::Map<String, serde_json::Value> =
+            self.timings.iter().map(|(s, d)| (s.to_string(), serde_json::json!(d.as_secs_f64() * 1e3))).collect();
+        serde_json::json!({
+            "type": "sandbox", "name": r.name, "branch": r.branch, "head": self.head, "container": r.container,
+            "image": r.image, "network": r.network.as_str(), "ports": ports_json(&r.ports), "mailbox": mailbox,
+            "notes": self.notes, "timings_ms": timings,
+        })
+    }
+}
+
+impl Status {
+    /// The `ls --json` record.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "type": "sandbox", "name": self.name, "branch": self.branch, "state": self.state, "created": self.created,
+            "age_secs": self.age.as_secs(), "unpushed": self.unpushed, "container": self.container, "image": self.image,
+            "network": self.network.as_str(), "ports": ports_json(&self.ports),
+        })
+    }
+
+    /// The `ls` line: name, branch, state, ports, age, unpushed; tab-separated.
+    pub fn line(&self) -> String {
+        let ports: Vec<String> = self.ports.iter().map(|p| format!("127.0.0.1:{}->{}", p.host, p.container)).collect();
+        let ports = if ports.is_empty() { "-".to_string() } else { ports.join(",") };
+        let unpushed = self.unpushed.map_or("-".to_string(), |n| n.to_string());
+        format!("{}\t{}\t{}\t{ports}\t{}\t{unpushed}", self.name, self.branch, self.state, human_age(self.age))
+    }
+}
+
+impl push::Pushed {
+    /// The `push --json` record.
+    pub fn json(&self, name: &str) -> serde_json::Value {
+        serde_json::json!({"type": "push", "name": name, "branch": self.branch, "commit": self.commit, "url": self.url, "outcome": self.outcome})
+    }
+}
+
+/// The command `shell` runs: the user's login shell, else bash, else sh.
+pub fn login_shell() -> Vec<String> {
+    vec!["/bin/sh".into(), "-c".into(), "exec \"${SHELL:-$(command -v bash || echo sh)}\" -l".into()]
+}
+
+/// `45s`, `12m`, `3h`, `2d`, for people.
+pub fn human_age(d: Duration) -> String {
+    match d.as_secs() {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
     }
 }
 

@@ -104,7 +104,18 @@ impl<'a> Sandboxes<'a> {
     /// program, run by git as the transport.
     pub fn push(&self, name: &str, lw_sandbox: &Path, force: bool) -> Result<Pushed> {
         let rec = self.get(name)?;
-        self.running(&rec)?;
+        let was_running = self.running(&rec)?.running;
+        let res = self.push_running(&rec, lw_sandbox, force);
+        if !was_running {
+            // Back as it was: a stopped sandbox stays stopped.
+            let _ = self.engine.stop(&rec.container, std::time::Duration::from_secs(10));
+        }
+        res
+    }
+
+    fn push_running(&self, rec: &Record, lw_sandbox: &Path, force: bool) -> Result<Pushed> {
+        let name = rec.name.as_str();
+        let rec = rec.clone();
         let project = if rec.project.as_os_str().is_empty() { None } else { Project::find(&rec.project)? };
         let m = Mirror::new(&rec.mirror);
         let state = m.ready()?;
@@ -207,5 +218,16 @@ impl<'a> Sandboxes<'a> {
             _ => "updated",
         };
         Ok(Pushed { branch: rec.branch.clone(), commit: sha, url: remote.url.clone(), outcome: outcome.into() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ext_arguments_escape_spaces_and_percent_signs() {
+        assert_eq!(ext_escape("/a b/100%/lw-sandbox"), "/a% b/100%%/lw-sandbox");
+        assert_eq!(lock_of(Path::new("/r/state/push/a.b.0f")), Path::new("/r/state/push/a.b.0f.lock"));
     }
 }

@@ -302,8 +302,19 @@ impl SandboxEngine for DockerSandbox {
                         let _ = docker.resize_exec(&created.id, qp::ResizeExecOptions { h: h.into(), w: w.into() }).await;
                     }
                     let mut stdin_open = true;
+                    // A local terminal's resizes follow it to the remote one.
+                    let mut winch = if tty && size.is_some() {
+                        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change()).ok()
+                    } else {
+                        None
+                    };
                     loop {
                         tokio::select! {
+                            Some(()) = async { match winch.as_mut() { Some(w) => w.recv().await, None => None } } => {
+                                if let Some((h, w)) = super::tty::size() {
+                                    let _ = docker.resize_exec(&created.id, qp::ResizeExecOptions { h: h.into(), w: w.into() }).await;
+                                }
+                            }
                             chunk = output.next() => match chunk {
                                 None => break,
                                 Some(c) => match c.map_err(|e| api_err(&host, &what, e))? {

@@ -1,0 +1,324 @@
+//! What the egress topology asks of a container engine beyond lib/engine.rs:
+//! networks (create, inspect, list by label, remove, connect, disconnect)
+//! and a container's log.
+//!
+//! [`NetworkEngine`] extends the runtime contract ([`Engine`]);
+//! [`DockerNetworks`] implements it for the Docker Engine through bollard.
+//! Like [`DockerEngine`], which it wraps for the base contract, it blocks and
+//! drives bollard on a current-thread tokio runtime of its own, so
+//! lib/engine.rs stays as it is.  Everything here belongs in the runtime
+//! contract once its owner takes it in.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use bollard::Docker;
+use bollard::models::{EndpointSettings, NetworkConnectRequest, NetworkCreateRequest, NetworkDisconnectRequest};
+use bollard::query_parameters as qp;
+use futures_util::StreamExt;
+
+use crate::engine::{
+    BuildEvent, BuildOutcome, BuildRequest, Container, ContainerSpec, DockerEngine, Engine, EngineVersion, ExecRequest,
+    Image, OutStream,
+};
+use crate::error::{Error, Exit, Result};
+
+/// A network to create.
+#[derive(Clone, Debug, Default)]
+pub struct NetworkSpec {
+    pub name: String,
+    /// No route out of the network: its containers reach only each other.
+    pub internal: bool,
+    /// The host gets no address on the network, so its containers cannot
+    /// reach the host's services through it either.
+    pub no_host_address: bool,
+    /// Containers on the network may not talk to each other.
+    pub isolate_containers: bool,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A network as the egress topology needs it.
+#[derive(Clone, Debug, Default)]
+pub struct Network {
+    pub id: String,
+    pub name: String,
+    pub internal: bool,
+    pub labels: BTreeMap<String, String>,
+    pub options: BTreeMap<String, String>,
+    /// Subnets in CIDR form, with their gateways (empty when none).
+    pub subnets: Vec<(String, String)>,
+    /// Attached containers: name to IPv4 address (CIDR form).
+    pub containers: BTreeMap<String, String>,
+    /// Creation time as the engine wrote it (RFC 3339), for ordering.
+    pub created: String,
+}
+
+/// The runtime contract, with networks.
+pub trait NetworkEngine: Engine {
+    /// Creates a network; names need not be unique to the engine, so callers
+    /// that share a name settle on one (see `egress`).
+    fn create_network(&self, spec: &NetworkSpec) -> Result<Network>;
+    /// The network `name_or_id`, `None` when there is none.
+    fn network(&self, name_or_id: &str) -> Result<Option<Network>>;
+    /// Every network carrying `label` (`key` or `key=value`).
+    fn networks_with_label(&self, label: &str) -> Result<Vec<Network>>;
+    /// Removes a network; a missing one is not an error.
+    fn remove_network(&self, name_or_id: &str) -> Result<()>;
+    /// Attaches `container` (created or running) to `network`, where it is
+    /// also known by `aliases`.
+    fn connect(&self, network: &str, container: &str, aliases: &[&str]) -> Result<()>;
+    /// Detaches `container` from `network`; not being attached is not an error.
+    fn disconnect(&self, network: &str, container: &str) -> Result<()>;
+    /// What `container` wrote to stdout (`stdout`) or stderr so far.
+    fn logs(&self, container: &str, stdout: bool) -> Result<Vec<u8>>;
+    /// Follows `container`'s output until a line satisfies `done`, the
+    /// container stops (false), or `timeout` passes (false).
+    fn wait_for_line(&self, container: &str, timeout: Duration, done: &mut dyn FnMut(&str) -> bool) -> Result<bool>;
+}
+
+/// The Docker Engine, with networks.
+pub struct DockerNetworks {
+    base: DockerEngine,
+    rt: tokio::runtime::Runtime,
+    docker: Docker,
+}
+
+impl DockerNetworks {
+    /// Connects as [`DockerEngine::connect`] does.
+    pub fn connect() -> Result<DockerNetworks> {
+        let base = DockerEngine::connect()?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::new(Exit::Software, "cannot start the I/O runtime").with_source(e))?;
+        let unreachable = |e: bollard::errors::Error| {
+            Error::new(Exit::Unavailable, format!("cannot reach the Docker engine at {}: {e}", base.host()))
+        };
+        let docker = Docker::connect_with_defaults().map_err(unreachable)?;
+        let docker = rt.block_on(docker.negotiate_version()).map_err(unreachable)?;
+        Ok(DockerNetworks { base, rt, docker })
+    }
+
+    pub fn base(&self) -> &DockerEngine {
+        &self.base
+    }
+}
+
+fn status_of(e: &bollard::errors::Error) -> Option<u16> {
+    match e {
+        bollard::errors::Error::DockerResponseServerError { status_code, .. } => Some(*status_code),
+        _ => None,
+    }
+}
+
+fn api_err(what: &str, e: bollard::errors::Error) -> Error {
+    match &e {
+        bollard::errors::Error::DockerResponseServerError { status_code, message } => {
+            let exit = match status_code {
+                404 => Exit::NoInput,
+                409 => Exit::CantCreat,
+                _ => Exit::Unavailable,
+            };
+            Error::new(exit, format!("{what}: {message}"))
+        }
+        _ => Error::new(Exit::Unavailable, format!("{what}: {e}")),
+    }
+}
+
+fn network_of(n: bollard::models::NetworkInspect) -> Network {
+    let ipam = n.ipam.and_then(|i| i.config).unwrap_or_default();
+    Network {
+        id: n.id.unwrap_or_default(),
+        name: n.name.unwrap_or_default(),
+        internal: n.internal.unwrap_or(false),
+        labels: n.labels.unwrap_or_default().into_iter().collect(),
+        options: n.options.unwrap_or_default().into_iter().collect(),
+        subnets: ipam.into_iter().map(|c| (c.subnet.unwrap_or_default(), c.gateway.unwrap_or_default())).collect(),
+        containers: n
+            .containers
+            .unwrap_or_default()
+            .into_values()
+            .map(|c| (c.name.unwrap_or_default(), c.ipv4_address.unwrap_or_default()))
+            .collect(),
+        created: n.created.map(|d| d.to_string()).unwrap_or_default(),
+    }
+}
+
+impl NetworkEngine for DockerNetworks {
+    fn create_network(&self, spec: &NetworkSpec) -> Result<Network> {
+        let mut options = HashMap::new();
+        if spec.no_host_address {
+            options.insert("com.docker.network.bridge.inhibit_ipv4".to_string(), "true".to_string());
+        }
+        if spec.isolate_containers {
+            options.insert("com.docker.network.bridge.enable_icc".to_string(), "false".to_string());
+        }
+        let req = NetworkCreateRequest {
+            name: spec.name.clone(),
+            driver: Some("bridge".into()),
+            internal: Some(spec.internal),
+            enable_ipv6: Some(false),
+            options: Some(options),
+            labels: Some(spec.labels.clone().into_iter().collect()),
+            ..Default::default()
+        };
+        let what = format!("cannot create network '{}'", spec.name);
+        let r = self.rt.block_on(self.docker.create_network(req)).map_err(|e| api_err(&what, e))?;
+        self.network(&r.id)?
+            .ok_or_else(|| Error::new(Exit::Unavailable, format!("{what}: the engine lost it right after creating it")))
+    }
+
+    fn network(&self, name_or_id: &str) -> Result<Option<Network>> {
+        match self.rt.block_on(self.docker.inspect_network(name_or_id, None::<qp::InspectNetworkOptions>)) {
+            Ok(n) => Ok(Some(network_of(n))),
+            Err(e) if status_of(&e) == Some(404) => Ok(None),
+            Err(e) => Err(api_err(&format!("cannot inspect network '{name_or_id}'"), e)),
+        }
+    }
+
+    fn networks_with_label(&self, label: &str) -> Result<Vec<Network>> {
+        let mut filters = HashMap::new();
+        filters.insert("label".to_string(), vec![label.to_string()]);
+        let opts = qp::ListNetworksOptions { filters: Some(filters) };
+        let list = self
+            .rt
+            .block_on(self.docker.list_networks(Some(opts)))
+            .map_err(|e| api_err(&format!("cannot list networks labelled '{label}'"), e))?;
+        // The list leaves out attached containers; inspect each.
+        let mut out = Vec::new();
+        for n in list {
+            if let Some(id) = n.id
+                && let Some(net) = self.network(&id)?
+            {
+                out.push(net);
+            }
+        }
+        out.sort_by(|a, b| (&a.created, &a.id).cmp(&(&b.created, &b.id)));
+        Ok(out)
+    }
+
+    fn remove_network(&self, name_or_id: &str) -> Result<()> {
+        match self.rt.block_on(self.docker.remove_network(name_or_id)) {
+            Ok(()) => Ok(()),
+            Err(e) if status_of(&e) == Some(404) => Ok(()),
+            Err(e) => Err(api_err(&format!("cannot remove network '{name_or_id}'"), e)),
+        }
+    }
+
+    fn connect(&self, network: &str, container: &str, aliases: &[&str]) -> Result<()> {
+        let endpoint_config = (!aliases.is_empty()).then(|| EndpointSettings {
+            aliases: Some(aliases.iter().map(|a| a.to_string()).collect()),
+            ..Default::default()
+        });
+        let req = NetworkConnectRequest { container: container.to_string(), endpoint_config };
+        self.rt
+            .block_on(self.docker.connect_network(network, req))
+            .map_err(|e| api_err(&format!("cannot attach '{container}' to network '{network}'"), e))
+    }
+
+    fn disconnect(&self, network: &str, container: &str) -> Result<()> {
+        let req = NetworkDisconnectRequest { container: container.to_string(), force: Some(true) };
+        match self.rt.block_on(self.docker.disconnect_network(network, req)) {
+            Ok(()) => Ok(()),
+            Err(e) if status_of(&e) == Some(404) => Ok(()),
+            // 20.10 says 500 "container ... is not connected to network ..."
+            Err(bollard::errors::Error::DockerResponseServerError { message, .. })
+                if message.contains("is not connected") =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(api_err(&format!("cannot detach '{container}' from network '{network}'"), e)),
+        }
+    }
+
+    fn logs(&self, container: &str, stdout: bool) -> Result<Vec<u8>> {
+        use bollard::container::LogOutput;
+        let opts = qp::LogsOptions { stdout, stderr: !stdout, tail: "all".into(), ..Default::default() };
+        let what = format!("cannot read the log of container '{container}'");
+        self.rt.block_on(async {
+            let mut out = Vec::new();
+            let mut s = self.docker.logs(container, Some(opts));
+            while let Some(chunk) = s.next().await {
+                match chunk.map_err(|e| api_err(&what, e))? {
+                    LogOutput::StdOut { message } | LogOutput::StdErr { message } | LogOutput::Console { message } => {
+                        out.extend_from_slice(&message)
+                    }
+                    LogOutput::StdIn { .. } => {}
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn wait_for_line(&self, container: &str, timeout: Duration, done: &mut dyn FnMut(&str) -> bool) -> Result<bool> {
+        use bollard::container::LogOutput;
+        let opts =
+            qp::LogsOptions { follow: true, stdout: true, stderr: true, tail: "all".into(), ..Default::default() };
+        let what = format!("cannot follow the log of container '{container}'");
+        let deadline = Instant::now() + timeout;
+        let docker = self.docker.clone().with_timeout(timeout + Duration::from_secs(5));
+        self.rt.block_on(async {
+            let mut s = docker.logs(container, Some(opts));
+            let mut partial = Vec::new();
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let chunk = match tokio::time::timeout(left, s.next()).await {
+                    Err(_) => return Ok(false),
+                    // The stream ends when the container stops.
+                    Ok(None) => return Ok(false),
+                    Ok(Some(c)) => c.map_err(|e| api_err(&what, e))?,
+                };
+                if let LogOutput::StdOut { message } | LogOutput::StdErr { message } | LogOutput::Console { message } =
+                    chunk
+                {
+                    partial.extend_from_slice(&message);
+                    while let Some(nl) = partial.iter().position(|&b| b == b'\n') {
+                        let line: Vec<u8> = partial.drain(..=nl).collect();
+                        if done(String::from_utf8_lossy(&line).trim_end()) {
+                            return Ok(true);
+                        }
+                    }
+                }
+            }
+        })
+    }
+}
+
+impl Engine for DockerNetworks {
+    fn version(&self) -> Result<EngineVersion> {
+        self.base.version()
+    }
+    fn image(&self, reference: &str) -> Result<Option<Image>> {
+        self.base.image(reference)
+    }
+    fn images_with_label(&self, label: &str) -> Result<Vec<Image>> {
+        self.base.images_with_label(label)
+    }
+    fn tag(&self, image: &str, repo: &str, tag: &str) -> Result<()> {
+        self.base.tag(image, repo, tag)
+    }
+    fn remove_image(&self, reference: &str, force: bool) -> Result<()> {
+        self.base.remove_image(reference, force)
+    }
+    fn build(&self, req: &BuildRequest, on_event: &mut dyn FnMut(BuildEvent)) -> Result<BuildOutcome> {
+        self.base.build(req, on_event)
+    }
+    fn create(&self, spec: &ContainerSpec) -> Result<String> {
+        self.base.create(spec)
+    }
+    fn start(&self, container: &str) -> Result<()> {
+        self.base.start(container)
+    }
+    fn stop(&self, container: &str, timeout: Duration) -> Result<()> {
+        self.base.stop(container, timeout)
+    }
+    fn remove(&self, container: &str, force: bool) -> Result<()> {
+        self.base.remove(container, force)
+    }
+    fn inspect(&self, name_or_id: &str) -> Result<Option<Container>> {
+        self.base.inspect(name_or_id)
+    }
+    fn exec(&self, container: &str, req: &ExecRequest, on_output: &mut dyn FnMut(OutStream, &[u8])) -> Result<i64> {
+        self.base.exec(container, req, on_output)
+    }
+}
