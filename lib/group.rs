@@ -26,7 +26,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, RenameFlags};
@@ -223,7 +223,7 @@ impl Group {
             let _ = rfs::unlinkat(&b.tmp, name, AtFlags::empty());
             return Err(Error::io_as(Exit::NoPerm, "cannot give the message to the owner of", &b.path.join("tmp"), errno_io(e)));
         }
-        if let Err(e) = write_all(&fd, bytes) {
+        if let Err(e) = crate::maildir::write_all(&fd, bytes) {
             let _ = rfs::unlinkat(&b.tmp, name, AtFlags::empty());
             return Err(Error::io_as(Exit::IoErr, "cannot write", &tmp_path, e));
         }
@@ -298,18 +298,6 @@ pub fn move_noreplace(from_dir: &OwnedFd, name: &OsStr, to_dir: &OwnedFd, to_nam
         Err(Errno::NOENT) => Ok(false),
         Err(e) => Err(e),
     }
-}
-
-fn write_all(fd: &impl AsFd, mut bytes: &[u8]) -> io::Result<()> {
-    while !bytes.is_empty() {
-        match rustix::io::write(fd, bytes) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => bytes = &bytes[n..],
-            Err(Errno::INTR) => {}
-            Err(e) => return Err(errno_io(e)),
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

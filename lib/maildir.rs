@@ -393,7 +393,8 @@ fn set_mode(p: &Path, mode: u32) -> Result<()> {
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).map_err(|e| Error::io("cannot set mode of", p, e))
 }
 
-fn write_all(fd: &impl AsFd, mut bytes: &[u8]) -> io::Result<()> {
+/// write(2) until every byte is written, retrying on EINTR.
+pub(crate) fn write_all(fd: &impl AsFd, mut bytes: &[u8]) -> io::Result<()> {
     while !bytes.is_empty() {
         match rustix::io::write(fd, bytes) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),

@@ -725,31 +725,9 @@ fn restorable(e: &Entry) -> std::result::Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::log::{Action, Decision};
+    use crate::log::Action;
 
-    fn entry(body: &str, action: Action) -> Entry {
-        let id = crate::id::new_id();
-        Entry {
-            version: 1,
-            name: Entry::name_for(&id, action, None),
-            logged: crate::time::rfc3339(crate::time::now()),
-            message_id: id.clone(),
-            sender: "api".into(),
-            message: Some(Message {
-                version: 1,
-                id,
-                from: "api".into(),
-                to: vec!["human".into()],
-                kind: Kind::Question,
-                subject: "subject with `ticks` and <!-- -->".into(),
-                body: body.into(),
-                refs: vec!["x".into()],
-                in_reply_to: None,
-                created: crate::time::rfc3339(crate::time::now()),
-            }),
-            decision: Decision { action, to: vec!["human".into()], reason: "policy: questions -> human".into() },
-        }
-    }
+    use super::format::tests::entry;
 
     #[test]
     fn only_well_named_entries_are_restored() {

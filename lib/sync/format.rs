@@ -407,11 +407,11 @@ pub fn parse_answers(text: &str) -> Vec<(String, String)> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::github::MAX_COMMENT_CHARS;
 
-    fn entry(body: &str, action: Action) -> Entry {
+    pub(crate) fn entry(body: &str, action: Action) -> Entry {
         let id = crate::id::new_id();
         Entry {
             version: 1,
