@@ -808,7 +808,14 @@ impl Status {
         let ports: Vec<String> = self.ports.iter().map(|p| format!("127.0.0.1:{}->{}", p.host, p.container)).collect();
         let ports = if ports.is_empty() { "-".to_string() } else { ports.join(",") };
         let unpushed = self.unpushed.map_or("-".to_string(), |n| n.to_string());
-        format!("{}\t{}\t{}\t{ports}\t{}\t{unpushed}", self.name, self.branch, self.state, human_age(self.age))
+        format!(
+            "{}\t{}\t{}\t{ports}\t{}\t{}\t{unpushed}",
+            self.name,
+            self.branch,
+            self.state,
+            self.network.as_str(),
+            human_age(self.age)
+        )
     }
 }
 
