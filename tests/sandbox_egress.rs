@@ -74,6 +74,9 @@ fn egress_sandbox_reaches_its_allow_list_only_and_leaves_nothing_behind() {
     let (code, out, _) = f.sh("t", "echo \"$HTTPS_PROXY $HTTP_PROXY\"");
     assert_eq!((code, out.trim()), (0, "http://lw-egress-proxy:3128 http://lw-egress-proxy:3128"));
 
+    let (code, out, _) = f.sh("t", "cat /proc/net/if_inet6 2>/dev/null | grep -vc ' lo$'; true");
+    assert_eq!((code, out.trim()), (0, "0"), "no IPv6 address but loopback's, if any");
+
     // Forbidden: other hosts, a look-alike, CONNECT elsewhere, no proxy at all.
     let forbidden = [
         ("other host, HTTP", format!("{curl} -f http://forbidden.example.org/")),
