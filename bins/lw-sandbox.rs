@@ -6,6 +6,9 @@
 //! else, to the upstream; `exec` runs a command in it and exits with the
 //! command's status (128+n when signal n ended it); `shell` attaches a
 //! terminal; `ls`, `port`, `stop`, `start`, `rm` and `gc` manage the rest.
+//! With `--network egress` the sandbox reaches only its allow-list's
+//! HOST:PORT pairs, through a proxy of its own (lib/egress); `logs --egress`
+//! prints what that proxy refused.
 //! The sandboxes of a mailbox root (`--root`, else `$LW_ROOT`) are that
 //! root's.  The library (lib/sandbox/) holds the logic and the contract;
 //! man/lw-sandbox.1 documents both.
