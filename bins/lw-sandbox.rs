@@ -6,6 +6,9 @@
 //! else, to the upstream; `exec` runs a command in it and exits with the
 //! command's status (128+n when signal n ended it); `shell` attaches a
 //! terminal; `ls`, `port`, `stop`, `start`, `rm` and `gc` manage the rest.
+//! With `--network egress` the sandbox reaches only its allow-list's
+//! HOST:PORT pairs, through a proxy of its own (lib/egress); `logs --egress`
+//! prints what that proxy refused.
 //! The sandboxes of a mailbox root (`--root`, else `$LW_ROOT`) are that
 //! root's.  The library (lib/sandbox/) holds the logic and the contract;
 //! man/lw-sandbox.1 documents both.
@@ -44,6 +47,7 @@ struct Args {
 enum Net {
     None,
     Bridge,
+    Egress,
 }
 
 #[derive(Subcommand, Debug)]
@@ -66,9 +70,13 @@ enum Cmd {
         /// A secret, allowed by sandbox.secrets, from this environment (repeatable)
         #[arg(long, value_name = "NAME")]
         secret: Vec<String>,
-        /// none: loopback only; bridge: the host's networks (warned)
+        /// none: loopback only; bridge: the host's networks (warned);
+        /// egress: only the allow-list's HOST:PORT pairs, through a proxy
         #[arg(long, value_enum, default_value = "none")]
         network: Net,
+        /// Add HOST:PORT to the project's egress allow-list (repeatable)
+        #[arg(long, value_name = "HOST:PORT")]
+        allow: Vec<String>,
         /// Run this image instead of the project's current one
         #[arg(long, value_name = "REF")]
         image: Option<String>,
@@ -135,6 +143,16 @@ enum Cmd {
         #[arg(short, long)]
         force: bool,
     },
+    /// Print what a sandbox's egress proxy refused: TIME CLIENT METHOD HOST:PORT
+    Logs {
+        name: String,
+        /// The egress proxy's denials (the only log there is so far)
+        #[arg(long, required = true)]
+        egress: bool,
+        /// Print JSON Lines records
+        #[arg(long)]
+        json: bool,
+    },
     /// Reclaim what crashed creates and vanished containers left behind
     Gc,
 }
@@ -173,14 +191,16 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
     let sb = Sandboxes::new(root, &engine);
     let line = |out: &mut dyn Write, s: &str| writeln!(out, "{s}").map_err(out_err);
     match args.cmd {
-        Cmd::Create { name, branch, from, scope, port, secret, network, image, allow_stale, no_fetch, json, verbose } => {
+        Cmd::Create { name, branch, from, scope, port, secret, network, allow, image, allow_stale, no_fetch, json, verbose } => {
             let (project, mirror_path) = sandbox::find_project(args.project.as_deref(), args.mirror.as_deref())?;
             let bins = sandbox::mailbox_commands();
             let network = match network {
                 Net::None => Network::None,
                 Net::Bridge => Network::Bridge,
+                Net::Egress => Network::Egress,
             };
-            let opts = CreateOptions { name, branch, from, scope, ports: port, secrets: secret, network, image, allow_stale, no_fetch };
+            let opts =
+                CreateOptions { name, branch, from, scope, ports: port, secrets: secret, network, allow, image, allow_stale, no_fetch };
             let c = sb.create(&opts, project.as_ref(), &mirror_path, &bins, &mut |m| warn(m))?;
             if verbose {
                 eprintln!("{PROG}: {}", c.timings_line());
@@ -228,6 +248,20 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
                     }
                 })?;
                 line(out, &n)?;
+            }
+        }
+        Cmd::Logs { name, egress: _, json } => {
+            for d in sb.egress_denials(&name)? {
+                let text = if json {
+                    serde_json::json!({
+                        "type": "denial", "sandbox": name, "time": d.time, "client": d.client, "method": d.method,
+                        "host": d.host, "port": d.port, "status": d.status, "result": d.result,
+                    })
+                    .to_string()
+                } else {
+                    format!("{} {} {} {}:{}", d.time, d.client, d.method, d.host, d.port)
+                };
+                line(out, &text)?;
             }
         }
         Cmd::Gc => {

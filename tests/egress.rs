@@ -17,6 +17,8 @@
 
 #[path = "build_support/mod.rs"]
 mod build_support;
+#[path = "egress_support/mod.rs"]
+mod egress_support;
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::{TcpListener, TcpStream};
@@ -29,6 +31,8 @@ use loopwright::egress::{self, AllowList, DockerNetworks, NetworkEngine, Options
 use loopwright::engine::{ContainerSpec, Engine, ExecRequest, OutStream};
 use loopwright::error::Exit;
 use sha2::{Digest, Sha256};
+
+use egress_support::{counted, counter_script};
 
 const TEST_LABEL: &str = "org.loopwright.test";
 /// Plain HTTP requests the matrix sends to api.example.com:80 on purpose.
@@ -71,16 +75,6 @@ fn tools_image() -> String {
     let o = child.wait_with_output().unwrap();
     assert!(o.status.success(), "cannot build {tag}: {}", String::from_utf8_lossy(&o.stderr));
     tag
-}
-
-/// A connection counter for `nc -ll -e`: counts the connection, records the
-/// request head, answers.
-fn counter_script(dir: &str, name: &str) -> String {
-    format!(
-        "#!/bin/sh\necho c >> {dir}/{name}.conn\nwhile IFS= read -r l; do printf '%s\\n' \"$l\" >> {dir}/{name}.bytes; \
-         l=$(printf '%s' \"$l\" | tr -d '\\r'); [ -z \"$l\" ] && break; done\n\
-         printf 'HTTP/1.0 200 OK\\r\\nContent-Type: text/plain\\r\\n\\r\\nreached {name}\\n'\n"
-    )
 }
 
 /// Removes everything carrying this run's label, and the sandboxes' egress.
@@ -177,19 +171,6 @@ fn exec(engine: &dyn Engine, container: &str, script: &str) -> (i64, String) {
         })
         .expect("exec runs");
     (code, String::from_utf8_lossy(&out).trim().to_string())
-}
-
-/// Connections and bytes a counter file pair in `container` recorded.
-fn counted(container: &str, dir: &str, name: &str) -> (u64, u64) {
-    let o = docker(&[
-        "exec",
-        container,
-        "sh",
-        "-c",
-        &format!("cat {dir}/{name}.conn 2>/dev/null | wc -l; cat {dir}/{name}.bytes 2>/dev/null | wc -c"),
-    ]);
-    let mut it = o.split_whitespace().map(|n| n.parse::<u64>().expect("wc prints numbers"));
-    (it.next().unwrap(), it.next().unwrap())
 }
 
 /// UDP datagrams sent from `container`'s network namespace so far.

@@ -22,7 +22,8 @@
 //! or the command in `sandbox.install`) in `/work/repo` of this sandbox's
 //! workspace, in a one-shot container made from the same image, with the
 //! same hardening and user, but on the `bridge` network because installing
-//! downloads packages.  That container is labelled like the sandbox, removed
+//! downloads packages (an `egress` sandbox's step stays on its own egress
+//! network instead, so it reaches only the allow-list's hosts).  That container is labelled like the sandbox, removed
 //! when the step ends, and its output goes to standard error.  The sandbox
 //! itself never gets the network.  What the step installs must land under
 //! `/work` (the only writable place): `node_modules`, `$HOME/.cargo`, a
@@ -34,6 +35,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use super::*;
+use crate::config::Config;
 use crate::image::{LABEL_LAYER, LABEL_MANIFEST, Runtime};
 use crate::mirror::{self, Mirror, SyncOptions};
 
@@ -294,11 +296,24 @@ impl<'a> Sandboxes<'a> {
         check_branch(&opts.branch)?;
         let settings = Settings::from_project(project)?;
         let whats = opts.ports.iter().map(|p| parse_port(p)).collect::<Result<Vec<_>>>()?;
-        if !whats.is_empty() && opts.network == Network::None {
-            return Err(Error::usage(
-                "--port publishes on 127.0.0.1 through the engine's bridge, which --network none has not; add --network bridge",
-            ));
+        if !whats.is_empty() && opts.network != Network::Bridge {
+            return Err(Error::usage(format!(
+                "--port publishes on 127.0.0.1 through the engine's bridge, which --network {} has not; add --network bridge",
+                opts.network.as_str()
+            )));
         }
+        if !opts.allow.is_empty() && opts.network != Network::Egress {
+            return Err(Error::usage("--allow extends the egress allow-list; add --network egress"));
+        }
+        // Read (and refused when bad, exit 78) before anything is made.
+        let egress = match opts.network {
+            Network::Egress => {
+                let eg = egress::Settings::from_config(project.map_or(&Config::default(), |p| &p.config))?;
+                let allow = eg.allow_with(&opts.allow)?;
+                Some((eg, allow))
+            }
+            _ => None,
+        };
         secrets::check_allowed(&opts.secrets, &settings.allowed_secrets)?;
         let secret_values = secrets::resolve(&opts.secrets, &|n| std::env::var_os(n))?;
         for (p, _) in bins {
@@ -404,6 +419,13 @@ impl<'a> Sandboxes<'a> {
                 (LABEL_ROOT.to_string(), self.id.clone()),
                 (LABEL_ROOT_PATH.to_string(), self.root.dir.to_string_lossy().into_owned()),
             ]);
+            if let Some((eg, allow)) = &egress {
+                let nets = egress::DockerNetworks::connect()?;
+                let mut o = egress::Options::from(eg);
+                o.labels.insert(LABEL_ROOT.into(), self.id.clone());
+                egress::prepare(&nets, &rec.container, allow, &o, &mut |_| {})?;
+                clock.mark("egress");
+            }
             self.engine.create_volume(&rec.volume, &labels)?;
             let spec = container_spec(self, &rec, &settings, &boxdir, bins, !secret_values.is_empty());
             self.engine.create(&spec)?;
@@ -514,11 +536,16 @@ impl<'a> Sandboxes<'a> {
                 return Ok(());
             }
         };
-        warn(&format!("{} differ(s) from the image's; running '{cmd}' for sandbox '{}' (bridge network)", drift.join(", "), rec.name));
+        // An egress sandbox's step keeps its network and proxy: it downloads
+        // through the same allow-list (list the package registry there).
+        let net = if rec.network == Network::Egress { "egress network, through its allow-list" } else { "bridge network" };
+        warn(&format!("{} differ(s) from the image's; running '{cmd}' for sandbox '{}' ({net})", drift.join(", "), rec.name));
         let mut s = spec.clone();
         let name = format!("{}-install", rec.container);
         s.name = Some(name.clone());
-        s.network = Some("bridge".into());
+        if rec.network != Network::Egress {
+            s.network = Some("bridge".into());
+        }
         s.ports.clear();
         self.engine.create(&s)?;
         let res = (|| {

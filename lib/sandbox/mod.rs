@@ -59,6 +59,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::egress;
 use crate::config::Project;
 use crate::engine::{Bind, Container, ContainerSpec, ExecRequest, OutStream, PortMap};
 use crate::error::{Error, Exit, Result};
@@ -103,6 +104,9 @@ pub enum Network {
     None,
     /// Docker's default bridge: the sandbox reaches anything the host reaches.
     Bridge,
+    /// Its own internal network shared only with its own proxy, which lets
+    /// through the allow-list's host:port pairs (lib/egress).
+    Egress,
 }
 
 impl Network {
@@ -110,6 +114,7 @@ impl Network {
         match self {
             Network::None => "none",
             Network::Bridge => "bridge",
+            Network::Egress => "egress",
         }
     }
 }
@@ -179,6 +184,8 @@ pub struct CreateOptions {
     pub ports: Vec<String>,
     pub secrets: Vec<String>,
     pub network: Network,
+    /// Entries added to the project's egress allow-list (`--allow HOST:PORT`).
+    pub allow: Vec<String>,
     /// An image to use instead of the project's current one.
     pub image: Option<String>,
     /// Use the newest earlier image when the current one is not built.
@@ -447,10 +454,14 @@ impl<'a> Sandboxes<'a> {
     pub fn start(&self, name: &str) -> Result<Record> {
         let rec = self.get(name)?;
         let secrets = secrets::resolve(&rec.secrets, &|n| std::env::var_os(n))?;
-        match self.engine.inspect(&rec.container)? {
-            None => return Err(gone(&rec)),
-            Some(c) if c.running => {}
-            Some(_) => self.engine.start(&rec.container)?,
+        let c = self.engine.inspect(&rec.container)?.ok_or_else(|| gone(&rec))?;
+        // The proxy first: a sandbox started without it has no network.
+        if rec.network == Network::Egress {
+            let nets = egress::DockerNetworks::connect()?;
+            egress::start_proxy(&nets, &rec.container, Duration::from_secs(30))?;
+        }
+        if !c.running {
+            self.engine.start(&rec.container)?;
         }
         self.install_secrets(&rec, &secrets)?;
         Ok(rec)
@@ -462,6 +473,10 @@ impl<'a> Sandboxes<'a> {
             None => Err(gone(&rec)),
             Some(_) => {
                 self.engine.stop(&rec.container, Duration::from_secs(10))?;
+                let proxy = egress::proxy_name(&rec.container);
+                if rec.network == Network::Egress && self.engine.inspect(&proxy)?.is_some() {
+                    self.engine.stop(&proxy, Duration::from_secs(10))?;
+                }
                 Ok(rec)
             }
         }
@@ -568,11 +583,16 @@ impl<'a> Sandboxes<'a> {
             .map(|c| c.name)
             .collect();
         if !doomed.contains(&container) && self.engine.inspect(&container)?.is_some() {
-            doomed.push(container);
+            doomed.push(container.clone());
         }
         for c in doomed {
             self.engine.remove(&c, true)?;
             out(&format!("container {c}"));
+        }
+        if rec.is_some_and(|r| r.network == Network::Egress) {
+            let nets = egress::DockerNetworks::connect()?;
+            egress::teardown(&nets, &container)?;
+            out(&format!("egress {}", egress::proxy_name(&container)));
         }
         let had_volume = self.engine.volumes_with_label(&format!("{LABEL_SANDBOX}={name}"))?.iter().any(|v| v.name == volume);
         if had_volume {
@@ -653,8 +673,30 @@ impl<'a> Sandboxes<'a> {
                 lock.remove();
             }
         }
+        // Egress networks and proxies whose sandbox no record names any more.
+        let nets = egress::DockerNetworks::connect()?;
+        let known: Vec<String> = self.records()?.into_iter().map(|r| r.container).collect();
+        for key in egress::leftovers(&nets, Some(&self.root_label()))? {
+            if !known.contains(&key) {
+                egress::teardown(&nets, &key)?;
+                out(&format!("egress {}", egress::proxy_name(&key)));
+            }
+        }
         push::remove_leftovers(&self.root.state_dir(), out);
         Ok(())
+    }
+
+    /// `logs --egress`: the requests the sandbox's proxy refused, oldest first.
+    pub fn egress_denials(&self, name: &str) -> Result<Vec<egress::Request>> {
+        let rec = self.get(name)?;
+        if rec.network != Network::Egress {
+            return Err(Error::usage(format!(
+                "sandbox '{name}' has network '{}', not egress; only egress sandboxes have a proxy log",
+                rec.network.as_str()
+            )));
+        }
+        let nets = egress::DockerNetworks::connect()?;
+        egress::denials(&nets, &rec.container)
     }
 
     /// `port`: the published ports, as the engine reports them.
@@ -766,7 +808,14 @@ impl Status {
         let ports: Vec<String> = self.ports.iter().map(|p| format!("127.0.0.1:{}->{}", p.host, p.container)).collect();
         let ports = if ports.is_empty() { "-".to_string() } else { ports.join(",") };
         let unpushed = self.unpushed.map_or("-".to_string(), |n| n.to_string());
-        format!("{}\t{}\t{}\t{ports}\t{}\t{unpushed}", self.name, self.branch, self.state, human_age(self.age))
+        format!(
+            "{}\t{}\t{}\t{ports}\t{}\t{}\t{unpushed}",
+            self.name,
+            self.branch,
+            self.state,
+            self.network.as_str(),
+            human_age(self.age)
+        )
     }
 }
 
@@ -933,17 +982,26 @@ pub fn container_spec(
     for (src, name) in bins {
         binds.push(Bind { source: src.to_string_lossy().into_owned(), target: format!("{BIN_DIR}/{name}"), read_only: true });
     }
+    let mut env = vec![
+        format!("LW_MAILBOX={MAILBOX}"),
+        format!("LW_SANDBOX={}", rec.name),
+        format!("LW_BRANCH={}", rec.branch),
+        format!("HOME={HOME}"),
+    ];
+    let network = match rec.network {
+        // The plan egress::prepare returned names this network and this environment.
+        Network::Egress => {
+            env.extend(egress::proxy_env());
+            egress::network_name(&rec.container)
+        }
+        n => n.as_str().to_string(),
+    };
     ContainerSpec {
         name: Some(rec.container.clone()),
         image: rec.image.clone(),
         cmd: vec![],
         entrypoint: Some(vec!["/bin/sh".into(), "-c".into(), KEEPALIVE.into()]),
-        env: vec![
-            format!("LW_MAILBOX={MAILBOX}"),
-            format!("LW_SANDBOX={}", rec.name),
-            format!("LW_BRANCH={}", rec.branch),
-            format!("HOME={HOME}"),
-        ],
+        env,
         user: Some(format!("{0}:{0}", settings.uid)),
         workdir: Some(WORK.into()),
         labels,
@@ -954,7 +1012,7 @@ pub fn container_spec(
         memory_bytes: Some(settings.memory),
         tmpfs,
         binds,
-        network: Some(rec.network.as_str().into()),
+        network: Some(network),
         ports: rec
             .ports
             .iter()

@@ -142,6 +142,9 @@ impl Fixture {
         let label = format!("label=org.loopwright.root={}", self.root_id());
         let mut v: Vec<String> = text(&docker(&["ps", "-aq", "--filter", &label])).lines().map(|l| format!("container {l}")).collect();
         v.extend(text(&docker(&["volume", "ls", "-q", "--filter", &label])).lines().map(|l| format!("volume {l}")));
+        v.extend(
+            text(&docker(&["network", "ls", "--format", "{{.Name}}", "--filter", &label])).lines().map(|l| format!("network {l}")),
+        );
         v
     }
 
@@ -169,6 +172,11 @@ impl Drop for Fixture {
         let vols: Vec<String> = text(&docker(&["volume", "ls", "-q", "--filter", &label])).lines().map(str::to_string).collect();
         if !vols.is_empty() {
             let _ = Command::new("docker").args(["volume", "rm", "-f"]).args(&vols).output();
+        }
+        // Egress networks (their proxies went with the containers above).
+        let nets: Vec<String> = text(&docker(&["network", "ls", "-q", "--filter", &label])).lines().map(str::to_string).collect();
+        if !nets.is_empty() {
+            let _ = Command::new("docker").args(["network", "rm"]).args(&nets).output();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
