@@ -230,8 +230,22 @@ impl DockerEngine {
         &self.host
     }
 
-    fn err(&self, what: &str, e: bollard::errors::Error) -> Error {
+    /// An engine error as the house exit statuses say (404 is 66, 409 is 73,
+    /// a lost connection says how to start the engine, the rest is 69).
+    pub(crate) fn err(&self, what: &str, e: bollard::errors::Error) -> Error {
         api_err(&self.host, what, e)
+    }
+
+    /// The bollard client, for the engine extensions beside the commands
+    /// that need them (lib/sandbox/runtime.rs, lib/egress/engine_ext.rs), so
+    /// that one connection and one runtime serve every trait.
+    pub(crate) fn client(&self) -> &Docker {
+        &self.docker
+    }
+
+    /// Drives `f` to completion on the engine's current-thread runtime.
+    pub(crate) fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
     }
 }
 
@@ -245,14 +259,14 @@ fn unreachable_err(host: &str, e: &bollard::errors::Error) -> Error {
     )
 }
 
-fn status_of(e: &bollard::errors::Error) -> Option<u16> {
+pub(crate) fn status_of(e: &bollard::errors::Error) -> Option<u16> {
     match e {
         bollard::errors::Error::DockerResponseServerError { status_code, .. } => Some(*status_code),
         _ => None,
     }
 }
 
-fn api_err(host: &str, what: &str, e: bollard::errors::Error) -> Error {
+pub(crate) fn api_err(host: &str, what: &str, e: bollard::errors::Error) -> Error {
     use bollard::errors::Error as B;
     match &e {
         B::DockerResponseServerError { status_code, message } => {
@@ -270,7 +284,7 @@ fn api_err(host: &str, what: &str, e: bollard::errors::Error) -> Error {
     }
 }
 
-fn labels_of(map: Option<HashMap<String, String>>) -> BTreeMap<String, String> {
+pub(crate) fn labels_of(map: Option<HashMap<String, String>>) -> BTreeMap<String, String> {
     map.unwrap_or_default().into_iter().collect()
 }
 

@@ -3,24 +3,18 @@
 //! and a container's log.
 //!
 //! [`NetworkEngine`] extends the runtime contract ([`Engine`]);
-//! [`DockerNetworks`] implements it for the Docker Engine through bollard.
-//! Like [`DockerEngine`], which it wraps for the base contract, it blocks and
-//! drives bollard on a current-thread tokio runtime of its own, so
-//! lib/engine.rs stays as it is.  Everything here belongs in the runtime
-//! contract once its owner takes it in.
+//! [`DockerEngine`] implements it here, through bollard, on the one client
+//! and current-thread runtime of lib/engine.rs ([`DockerNetworks`] is another
+//! name for it); like the base contract it blocks.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use bollard::Docker;
 use bollard::models::{EndpointSettings, NetworkConnectRequest, NetworkCreateRequest, NetworkDisconnectRequest};
 use bollard::query_parameters as qp;
 use futures_util::StreamExt;
 
-use crate::engine::{
-    BuildEvent, BuildOutcome, BuildRequest, Container, ContainerSpec, DockerEngine, Engine, EngineVersion, ExecRequest,
-    Image, OutStream,
-};
+use crate::engine::{DockerEngine, Engine};
 use crate::error::{Error, Exit, Result};
 
 /// A network to create.
@@ -76,54 +70,12 @@ pub trait NetworkEngine: Engine {
     fn wait_for_line(&self, container: &str, timeout: Duration, done: &mut dyn FnMut(&str) -> bool) -> Result<bool>;
 }
 
-/// The Docker Engine, with networks.
-pub struct DockerNetworks {
-    base: DockerEngine,
-    rt: tokio::runtime::Runtime,
-    docker: Docker,
-}
+/// The Docker Engine through bollard implements [`NetworkEngine`] itself,
+/// on the connection and runtime of lib/engine.rs.
+pub type DockerNetworks = DockerEngine;
 
-impl DockerNetworks {
-    /// Connects as [`DockerEngine::connect`] does.
-    pub fn connect() -> Result<DockerNetworks> {
-        let base = DockerEngine::connect()?;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| Error::new(Exit::Software, "cannot start the I/O runtime").with_source(e))?;
-        let unreachable = |e: bollard::errors::Error| {
-            Error::new(Exit::Unavailable, format!("cannot reach the Docker engine at {}: {e}", base.host()))
-        };
-        let docker = Docker::connect_with_defaults().map_err(unreachable)?;
-        let docker = rt.block_on(docker.negotiate_version()).map_err(unreachable)?;
-        Ok(DockerNetworks { base, rt, docker })
-    }
 
-    pub fn base(&self) -> &DockerEngine {
-        &self.base
-    }
-}
 
-fn status_of(e: &bollard::errors::Error) -> Option<u16> {
-    match e {
-        bollard::errors::Error::DockerResponseServerError { status_code, .. } => Some(*status_code),
-        _ => None,
-    }
-}
-
-fn api_err(what: &str, e: bollard::errors::Error) -> Error {
-    match &e {
-        bollard::errors::Error::DockerResponseServerError { status_code, message } => {
-            let exit = match status_code {
-                404 => Exit::NoInput,
-                409 => Exit::CantCreat,
-                _ => Exit::Unavailable,
-            };
-            Error::new(exit, format!("{what}: {message}"))
-        }
-        _ => Error::new(Exit::Unavailable, format!("{what}: {e}")),
-    }
-}
 
 fn network_of(n: bollard::models::NetworkInspect) -> Network {
     let ipam = n.ipam.and_then(|i| i.config).unwrap_or_default();
@@ -163,16 +115,16 @@ impl NetworkEngine for DockerNetworks {
             ..Default::default()
         };
         let what = format!("cannot create network '{}'", spec.name);
-        let r = self.rt.block_on(self.docker.create_network(req)).map_err(|e| api_err(&what, e))?;
+        let r = self.block_on(self.client().create_network(req)).map_err(|e| self.err(&what, e))?;
         self.network(&r.id)?
             .ok_or_else(|| Error::new(Exit::Unavailable, format!("{what}: the engine lost it right after creating it")))
     }
 
     fn network(&self, name_or_id: &str) -> Result<Option<Network>> {
-        match self.rt.block_on(self.docker.inspect_network(name_or_id, None::<qp::InspectNetworkOptions>)) {
+        match self.block_on(self.client().inspect_network(name_or_id, None::<qp::InspectNetworkOptions>)) {
             Ok(n) => Ok(Some(network_of(n))),
-            Err(e) if status_of(&e) == Some(404) => Ok(None),
-            Err(e) => Err(api_err(&format!("cannot inspect network '{name_or_id}'"), e)),
+            Err(e) if crate::engine::status_of(&e) == Some(404) => Ok(None),
+            Err(e) => Err(self.err(&format!("cannot inspect network '{name_or_id}'"), e)),
         }
     }
 
@@ -180,10 +132,8 @@ impl NetworkEngine for DockerNetworks {
         let mut filters = HashMap::new();
         filters.insert("label".to_string(), vec![label.to_string()]);
         let opts = qp::ListNetworksOptions { filters: Some(filters) };
-        let list = self
-            .rt
-            .block_on(self.docker.list_networks(Some(opts)))
-            .map_err(|e| api_err(&format!("cannot list networks labelled '{label}'"), e))?;
+        let list = self.block_on(self.client().list_networks(Some(opts)))
+            .map_err(|e| self.err(&format!("cannot list networks labelled '{label}'"), e))?;
         // The list leaves out attached containers; inspect each.
         let mut out = Vec::new();
         for n in list {
@@ -198,10 +148,10 @@ impl NetworkEngine for DockerNetworks {
     }
 
     fn remove_network(&self, name_or_id: &str) -> Result<()> {
-        match self.rt.block_on(self.docker.remove_network(name_or_id)) {
+        match self.block_on(self.client().remove_network(name_or_id)) {
             Ok(()) => Ok(()),
-            Err(e) if status_of(&e) == Some(404) => Ok(()),
-            Err(e) => Err(api_err(&format!("cannot remove network '{name_or_id}'"), e)),
+            Err(e) if crate::engine::status_of(&e) == Some(404) => Ok(()),
+            Err(e) => Err(self.err(&format!("cannot remove network '{name_or_id}'"), e)),
         }
     }
 
@@ -211,23 +161,22 @@ impl NetworkEngine for DockerNetworks {
             ..Default::default()
         });
         let req = NetworkConnectRequest { container: container.to_string(), endpoint_config };
-        self.rt
-            .block_on(self.docker.connect_network(network, req))
-            .map_err(|e| api_err(&format!("cannot attach '{container}' to network '{network}'"), e))
+        self.block_on(self.client().connect_network(network, req))
+            .map_err(|e| self.err(&format!("cannot attach '{container}' to network '{network}'"), e))
     }
 
     fn disconnect(&self, network: &str, container: &str) -> Result<()> {
         let req = NetworkDisconnectRequest { container: container.to_string(), force: Some(true) };
-        match self.rt.block_on(self.docker.disconnect_network(network, req)) {
+        match self.block_on(self.client().disconnect_network(network, req)) {
             Ok(()) => Ok(()),
-            Err(e) if status_of(&e) == Some(404) => Ok(()),
+            Err(e) if crate::engine::status_of(&e) == Some(404) => Ok(()),
             // 20.10 says 500 "container ... is not connected to network ..."
             Err(bollard::errors::Error::DockerResponseServerError { message, .. })
                 if message.contains("is not connected") =>
             {
                 Ok(())
             }
-            Err(e) => Err(api_err(&format!("cannot detach '{container}' from network '{network}'"), e)),
+            Err(e) => Err(self.err(&format!("cannot detach '{container}' from network '{network}'"), e)),
         }
     }
 
@@ -235,11 +184,11 @@ impl NetworkEngine for DockerNetworks {
         use bollard::container::LogOutput;
         let opts = qp::LogsOptions { stdout, stderr: !stdout, tail: "all".into(), ..Default::default() };
         let what = format!("cannot read the log of container '{container}'");
-        self.rt.block_on(async {
+        self.block_on(async {
             let mut out = Vec::new();
-            let mut s = self.docker.logs(container, Some(opts));
+            let mut s = self.client().logs(container, Some(opts));
             while let Some(chunk) = s.next().await {
-                match chunk.map_err(|e| api_err(&what, e))? {
+                match chunk.map_err(|e| self.err(&what, e))? {
                     LogOutput::StdOut { message } | LogOutput::StdErr { message } | LogOutput::Console { message } => {
                         out.extend_from_slice(&message)
                     }
@@ -256,8 +205,8 @@ impl NetworkEngine for DockerNetworks {
             qp::LogsOptions { follow: true, stdout: true, stderr: true, tail: "all".into(), ..Default::default() };
         let what = format!("cannot follow the log of container '{container}'");
         let deadline = Instant::now() + timeout;
-        let docker = self.docker.clone().with_timeout(timeout + Duration::from_secs(5));
-        self.rt.block_on(async {
+        let docker = self.client().clone().with_timeout(timeout + Duration::from_secs(5));
+        self.block_on(async {
             let mut s = docker.logs(container, Some(opts));
             let mut partial = Vec::new();
             loop {
@@ -266,7 +215,7 @@ impl NetworkEngine for DockerNetworks {
                     Err(_) => return Ok(false),
                     // The stream ends when the container stops.
                     Ok(None) => return Ok(false),
-                    Ok(Some(c)) => c.map_err(|e| api_err(&what, e))?,
+                    Ok(Some(c)) => c.map_err(|e| self.err(&what, e))?,
                 };
                 if let LogOutput::StdOut { message } | LogOutput::StdErr { message } | LogOutput::Console { message } =
                     chunk
@@ -284,41 +233,3 @@ impl NetworkEngine for DockerNetworks {
     }
 }
 
-impl Engine for DockerNetworks {
-    fn version(&self) -> Result<EngineVersion> {
-        self.base.version()
-    }
-    fn image(&self, reference: &str) -> Result<Option<Image>> {
-        self.base.image(reference)
-    }
-    fn images_with_label(&self, label: &str) -> Result<Vec<Image>> {
-        self.base.images_with_label(label)
-    }
-    fn tag(&self, image: &str, repo: &str, tag: &str) -> Result<()> {
-        self.base.tag(image, repo, tag)
-    }
-    fn remove_image(&self, reference: &str, force: bool) -> Result<()> {
-        self.base.remove_image(reference, force)
-    }
-    fn build(&self, req: &BuildRequest, on_event: &mut dyn FnMut(BuildEvent)) -> Result<BuildOutcome> {
-        self.base.build(req, on_event)
-    }
-    fn create(&self, spec: &ContainerSpec) -> Result<String> {
-        self.base.create(spec)
-    }
-    fn start(&self, container: &str) -> Result<()> {
-        self.base.start(container)
-    }
-    fn stop(&self, container: &str, timeout: Duration) -> Result<()> {
-        self.base.stop(container, timeout)
-    }
-    fn remove(&self, container: &str, force: bool) -> Result<()> {
-        self.base.remove(container, force)
-    }
-    fn inspect(&self, name_or_id: &str) -> Result<Option<Container>> {
-        self.base.inspect(name_or_id)
-    }
-    fn exec(&self, container: &str, req: &ExecRequest, on_output: &mut dyn FnMut(OutStream, &[u8])) -> Result<i64> {
-        self.base.exec(container, req, on_output)
-    }
-}

@@ -7,26 +7,21 @@
 //! fed from the caller, with a terminal when asked (`shell`, `exec`, the
 //! transport of `push`, secrets written without touching argv).
 //!
-//! [`DockerSandbox`] implements it for the Docker Engine through bollard.  It
-//! wraps a [`DockerEngine`] for the base contract and keeps its own client
-//! for the extension, so lib/engine.rs stays untouched; like it, it blocks,
-//! driving bollard on a current-thread tokio runtime of its own.  `DOCKER_HOST`
-//! chooses the engine, local or remote.
+//! [`DockerEngine`] implements it here, through bollard, on the one client
+//! and current-thread runtime of lib/engine.rs ([`DockerSandbox`] is another
+//! name for it); like the base contract it blocks.  `DOCKER_HOST` chooses
+//! the engine, local or remote.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
 use std::time::Duration;
 
-use bollard::Docker;
 use bollard::models::{ExecConfig, VolumeCreateRequest};
 use bollard::query_parameters as qp;
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
-use crate::engine::{
-    BuildEvent, BuildOutcome, BuildRequest, Container, ContainerSpec, DockerEngine, Engine, EngineVersion, ExecRequest,
-    Image, OutStream, PortMap,
-};
+use crate::engine::{Container, DockerEngine, Engine, ExecRequest, OutStream, PortMap};
 use crate::error::{Error, Exit, Result};
 
 /// A named volume.
@@ -63,118 +58,26 @@ pub trait SandboxEngine: Engine {
     fn exec_io(&self, container: &str, req: &ExecRequest, io: ExecIo<'_>) -> Result<i64>;
 }
 
-/// The Docker Engine, for sandboxes.
-pub struct DockerSandbox {
-    base: DockerEngine,
-    rt: tokio::runtime::Runtime,
-    docker: Docker,
-}
+/// The Docker Engine through bollard implements [`SandboxEngine`] itself,
+/// on the connection and runtime of lib/engine.rs.
+pub type DockerSandbox = DockerEngine;
 
 /// An exec may stream a whole repository's pack (push) or run for hours (shell).
 const LONG: Duration = Duration::from_secs(24 * 3600);
 
-impl DockerSandbox {
-    pub fn connect() -> Result<DockerSandbox> {
-        let base = DockerEngine::connect()?;
-        let host = base.host().to_string();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| Error::new(Exit::Software, "cannot start the I/O runtime").with_source(e))?;
-        let docker = Docker::connect_with_defaults().map_err(|e| unreachable_err(&host, &e.to_string()))?;
-        let docker = rt.block_on(docker.negotiate_version()).map_err(|e| unreachable_err(&host, &e.to_string()))?;
-        Ok(DockerSandbox { base, rt, docker })
-    }
 
-    fn err(&self, what: &str, e: bollard::errors::Error) -> Error {
-        api_err(self.base.host(), what, e)
-    }
-}
 
-fn unreachable_err(host: &str, e: &str) -> Error {
-    Error::new(
-        Exit::Unavailable,
-        format!(
-            "cannot reach the Docker engine at {host}: {e}; start it (sudo systemctl start docker, or run dockerd) \
-             or point DOCKER_HOST at a running engine"
-        ),
-    )
-}
 
-fn status_of(e: &bollard::errors::Error) -> Option<u16> {
-    match e {
-        bollard::errors::Error::DockerResponseServerError { status_code, .. } => Some(*status_code),
-        _ => None,
-    }
-}
-
-fn api_err(host: &str, what: &str, e: bollard::errors::Error) -> Error {
-    use bollard::errors::Error as B;
-    match &e {
-        B::DockerResponseServerError { status_code, message } => {
-            let exit = match status_code {
-                404 => Exit::NoInput,
-                409 => Exit::CantCreat,
-                _ => Exit::Unavailable,
-            };
-            Error::new(exit, format!("{what}: {message}"))
-        }
-        B::SocketNotFoundError(_) | B::HyperLegacyError { .. } | B::IOError { .. } | B::RequestTimeoutError => {
-            unreachable_err(host, &e.to_string())
-        }
-        _ => Error::new(Exit::Unavailable, format!("{what}: {e}")),
-    }
-}
 
 fn label_filter(label: &str) -> HashMap<String, Vec<String>> {
     HashMap::from([("label".to_string(), vec![label.to_string()])])
 }
 
-impl Engine for DockerSandbox {
-    fn version(&self) -> Result<EngineVersion> {
-        self.base.version()
-    }
-    fn image(&self, reference: &str) -> Result<Option<Image>> {
-        self.base.image(reference)
-    }
-    fn images_with_label(&self, label: &str) -> Result<Vec<Image>> {
-        self.base.images_with_label(label)
-    }
-    fn tag(&self, image: &str, repo: &str, tag: &str) -> Result<()> {
-        self.base.tag(image, repo, tag)
-    }
-    fn remove_image(&self, reference: &str, force: bool) -> Result<()> {
-        self.base.remove_image(reference, force)
-    }
-    fn build(&self, req: &BuildRequest, on_event: &mut dyn FnMut(BuildEvent)) -> Result<BuildOutcome> {
-        self.base.build(req, on_event)
-    }
-    fn create(&self, spec: &ContainerSpec) -> Result<String> {
-        self.base.create(spec)
-    }
-    fn start(&self, container: &str) -> Result<()> {
-        self.base.start(container)
-    }
-    fn stop(&self, container: &str, timeout: Duration) -> Result<()> {
-        self.base.stop(container, timeout)
-    }
-    fn remove(&self, container: &str, force: bool) -> Result<()> {
-        self.base.remove(container, force)
-    }
-    fn inspect(&self, name_or_id: &str) -> Result<Option<Container>> {
-        self.base.inspect(name_or_id)
-    }
-    fn exec(&self, container: &str, req: &ExecRequest, on_output: &mut dyn FnMut(OutStream, &[u8])) -> Result<i64> {
-        self.base.exec(container, req, on_output)
-    }
-}
 
 impl SandboxEngine for DockerSandbox {
     fn containers_with_label(&self, label: &str) -> Result<Vec<Container>> {
         let opts = qp::ListContainersOptions { all: true, filters: Some(label_filter(label)), ..Default::default() };
-        let list = self
-            .rt
-            .block_on(self.docker.list_containers(Some(opts)))
+        let list = self.block_on(self.client().list_containers(Some(opts)))
             .map_err(|e| self.err(&format!("cannot list containers labelled '{label}'"), e))?;
         let mut out: Vec<Container> = list
             .into_iter()
@@ -221,26 +124,23 @@ impl SandboxEngine for DockerSandbox {
             labels: Some(labels.clone().into_iter().collect()),
             ..Default::default()
         };
-        self.rt
-            .block_on(self.docker.create_volume(req))
+        self.block_on(self.client().create_volume(req))
             .map(|_| ())
             .map_err(|e| self.err(&format!("cannot create volume '{name}'"), e))
     }
 
     fn remove_volume(&self, name: &str) -> Result<()> {
         let opts = qp::RemoveVolumeOptions { force: false };
-        match self.rt.block_on(self.docker.remove_volume(name, Some(opts))) {
+        match self.block_on(self.client().remove_volume(name, Some(opts))) {
             Ok(()) => Ok(()),
-            Err(e) if status_of(&e) == Some(404) => Ok(()),
+            Err(e) if crate::engine::status_of(&e) == Some(404) => Ok(()),
             Err(e) => Err(self.err(&format!("cannot remove volume '{name}'"), e)),
         }
     }
 
     fn volumes_with_label(&self, label: &str) -> Result<Vec<Volume>> {
         let opts = qp::ListVolumesOptions { filters: Some(label_filter(label)) };
-        let list = self
-            .rt
-            .block_on(self.docker.list_volumes(Some(opts)))
+        let list = self.block_on(self.client().list_volumes(Some(opts)))
             .map_err(|e| self.err(&format!("cannot list volumes labelled '{label}'"), e))?;
         let mut out: Vec<Volume> = list
             .volumes
@@ -255,7 +155,7 @@ impl SandboxEngine for DockerSandbox {
     fn exec_io(&self, container: &str, req: &ExecRequest, io: ExecIo<'_>) -> Result<i64> {
         use bollard::container::LogOutput;
         use bollard::exec::{StartExecOptions, StartExecResults};
-        let host = self.base.host().to_string();
+        let host = self.host().to_string();
         let what = format!("cannot run {:?} in container '{container}'", req.cmd.join(" "));
         let ExecIo { stdin, tty, size, on_output } = io;
         let cfg = ExecConfig {
@@ -269,7 +169,7 @@ impl SandboxEngine for DockerSandbox {
             working_dir: req.workdir.clone(),
             ..Default::default()
         };
-        let docker = self.docker.clone().with_timeout(LONG);
+        let docker = self.client().clone().with_timeout(LONG);
         // Standard input is read by a plain thread (a terminal or a pipe
         // blocks) and handed over in chunks; None marks its end.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Option<Vec<u8>>>(16);
@@ -293,10 +193,10 @@ impl SandboxEngine for DockerSandbox {
         } else {
             drop(tx);
         }
-        self.rt.block_on(async {
-            let created = docker.create_exec(container, cfg).await.map_err(|e| api_err(&host, &what, e))?;
+        self.block_on(async {
+            let created = docker.create_exec(container, cfg).await.map_err(|e| crate::engine::api_err(&host, &what, e))?;
             let opts = StartExecOptions { detach: false, tty, output_capacity: Some(64 * 1024) };
-            match docker.start_exec(&created.id, Some(opts)).await.map_err(|e| api_err(&host, &what, e))? {
+            match docker.start_exec(&created.id, Some(opts)).await.map_err(|e| crate::engine::api_err(&host, &what, e))? {
                 StartExecResults::Attached { mut output, mut input } => {
                     if let Some((h, w)) = size {
                         let _ = docker.resize_exec(&created.id, qp::ResizeExecOptions { h: h.into(), w: w.into() }).await;
@@ -317,7 +217,7 @@ impl SandboxEngine for DockerSandbox {
                             }
                             chunk = output.next() => match chunk {
                                 None => break,
-                                Some(c) => match c.map_err(|e| api_err(&host, &what, e))? {
+                                Some(c) => match c.map_err(|e| crate::engine::api_err(&host, &what, e))? {
                                     LogOutput::StdOut { message } | LogOutput::Console { message } => {
                                         on_output(OutStream::Stdout, &message)
                                     }
@@ -342,7 +242,7 @@ impl SandboxEngine for DockerSandbox {
                 }
                 StartExecResults::Detached => {}
             }
-            let inspected = docker.inspect_exec(&created.id).await.map_err(|e| api_err(&host, &what, e))?;
+            let inspected = docker.inspect_exec(&created.id).await.map_err(|e| crate::engine::api_err(&host, &what, e))?;
             inspected
                 .exit_code
                 .ok_or_else(|| Error::new(Exit::Software, format!("{what}: the engine reported no exit status")))
