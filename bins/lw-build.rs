@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use loopwright::cli::{main_with, out_err, parse_args};
+use loopwright::cli::out_err;
 use loopwright::engine::{BuildEvent, DockerEngine};
 use loopwright::error::{Error, Exit, Result};
 use loopwright::image::{self, BuildOptions, InputKind, Layer, LayerResult, Runtime};
@@ -66,11 +66,7 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    let args: Args = match parse_args(PROG) {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
-    main_with(PROG, |out| run(args, out))
+    loopwright::cli::run_main(PROG, run)
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {

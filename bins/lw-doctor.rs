@@ -36,11 +36,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    let args = match cli::parse_args::<Args>("lw-doctor") {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
-    cli::main_with("lw-doctor", |out| run(args, out))
+    loopwright::cli::run_main("lw-doctor", run)
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use loopwright::cli::{main_with, out_err, parse_args};
+use loopwright::cli::out_err;
 use loopwright::ghserver::{Options, Server};
 use loopwright::{Error, Exit, Result};
 
@@ -40,11 +40,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    let args: Args = match parse_args(PROG) {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
-    main_with(PROG, |out| run(args, out))
+    loopwright::cli::run_main(PROG, run)
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {

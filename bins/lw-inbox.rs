@@ -68,11 +68,7 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    let args = match cli::parse_args::<Args>("lw-inbox") {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
-    cli::main_with("lw-inbox", |out| run(args, out))
+    loopwright::cli::run_main("lw-inbox", run)
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {

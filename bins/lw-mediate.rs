@@ -144,11 +144,7 @@ enum PolicyCmd {
 }
 
 fn main() -> ExitCode {
-    let args = match cli::parse_args::<Args>("lw-mediate") {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
-    cli::main_with("lw-mediate", |out| run(args, out))
+    loopwright::cli::run_main("lw-mediate", run)
 }
 
 fn root_of(args: &Args) -> Result<Root> {

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use loopwright::cli::{self, out_err};
+use loopwright::cli::out_err;
 use loopwright::config::{self, Project};
 use loopwright::git::Remote;
 use loopwright::mirror::{self, Mirror, Outcome, SyncOptions};
@@ -74,11 +74,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 fn main() -> ExitCode {
-    let args: Args = match cli::parse_args(PROG) {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
-    cli::main_with(PROG, |out| run(args, out))
+    loopwright::cli::run_main(PROG, run)
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {

@@ -63,11 +63,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    let args = match cli::parse_args::<Args>("lw-post") {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
-    cli::main_with("lw-post", |out| run(args, out))
+    loopwright::cli::run_main("lw-post", run)
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {

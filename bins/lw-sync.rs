@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use loopwright::cli::{main_with, out_err, parse_args};
+use loopwright::cli::out_err;
 use loopwright::github::{Client, DEFAULT_API, Limits, Token, default_token_file};
 use loopwright::layout::Root;
 use loopwright::sync::{self, Config, Event, Syncer};
@@ -82,11 +82,7 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    let args: Args = match parse_args(PROG) {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
-    main_with(PROG, |out| run(args, out))
+    loopwright::cli::run_main(PROG, run)
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {

@@ -78,3 +78,12 @@ pub fn parse_args<T: clap::Parser>(prog: &str) -> Result<T, ExitCode> {
 pub fn stdin_is_tty() -> bool {
     io::stdin().is_terminal()
 }
+
+/// A command's whole `main`: parse the arguments (usage errors exit 64),
+/// then run `run` under [`main_with`].
+pub fn run_main<T: clap::Parser>(prog: &str, run: impl FnOnce(T, &mut dyn Write) -> Result<Exit, Error>) -> ExitCode {
+    match parse_args::<T>(prog) {
+        Ok(args) => main_with(prog, |out| run(args, out)),
+        Err(code) => code,
+    }
+}
