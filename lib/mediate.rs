@@ -85,6 +85,25 @@ pub struct Stats {
     pub waiting: u64,
 }
 
+impl Stats {
+    /// What happened since `before` was taken.
+    fn since(self, before: Stats) -> Stats {
+        Stats {
+            routed: self.routed - before.routed,
+            forwarded: self.forwarded - before.forwarded,
+            escalated: self.escalated - before.escalated,
+            held: self.held - before.held,
+            bounced: self.bounced - before.bounced,
+            quarantined: self.quarantined - before.quarantined,
+            receipts: self.receipts - before.receipts,
+            resumed: self.resumed - before.resumed,
+            released: self.released - before.released,
+            dropped: self.dropped - before.dropped,
+            waiting: self.waiting - before.waiting,
+        }
+    }
+}
+
 /// Rate and duplicate memory.  Bounded: a sender keeps at most the policy's
 /// rate count of times, and at most MAX_REMEMBERED digests are kept.
 #[derive(Default, Serialize, Deserialize)]
@@ -796,20 +815,7 @@ impl Mediator {
         if self.memory_dirty && self.last_save.elapsed() > Duration::from_secs(2) {
             self.save_memory()?;
         }
-        let s = self.stats;
-        Ok(Stats {
-            routed: s.routed - before.routed,
-            forwarded: s.forwarded - before.forwarded,
-            escalated: s.escalated - before.escalated,
-            held: s.held - before.held,
-            bounced: s.bounced - before.bounced,
-            quarantined: s.quarantined - before.quarantined,
-            receipts: s.receipts - before.receipts,
-            resumed: s.resumed - before.resumed,
-            released: s.released - before.released,
-            dropped: s.dropped - before.dropped,
-            waiting: s.waiting - before.waiting,
-        })
+        Ok(self.stats.since(before))
     }
 
     /// Passes until a pass finds nothing more to do (`--once`).  The
@@ -824,20 +830,8 @@ impl Mediator {
             }
         };
         self.save_memory()?;
-        let s = self.stats;
-        Ok(Stats {
-            routed: s.routed - start.routed,
-            forwarded: s.forwarded - start.forwarded,
-            escalated: s.escalated - start.escalated,
-            held: s.held - start.held,
-            bounced: s.bounced - start.bounced,
-            quarantined: s.quarantined - start.quarantined,
-            receipts: s.receipts - start.receipts,
-            resumed: s.resumed - start.resumed,
-            released: s.released - start.released,
-            dropped: s.dropped - start.dropped,
-            waiting: last.waiting,
-        })
+        // `waiting` is what is still stuck after the last pass, not a difference.
+        Ok(Stats { waiting: last.waiting, ..self.stats.since(start) })
     }
 
     /// Every outbox: `(sender, path relative to the root)`, the human's first.
