@@ -88,6 +88,11 @@ impl Error {
     }
 }
 
+/// A rustix errno as a std I/O error (for messages and [`io_exit`]).
+pub fn errno_io(e: rustix::io::Errno) -> io::Error {
+    e.into()
+}
+
 /// The exit status for an I/O error: missing or forbidden places are 73
 /// (cannot create), everything else (ENOSPC, EIO, ...) is 74.
 pub fn io_exit(err: &io::Error) -> Exit {

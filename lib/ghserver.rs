@@ -172,10 +172,7 @@ fn gh_time(s: u64) -> String {
     format!("{}Z", &t[..19])
 }
 
-pub fn sha256_hex(b: &[u8]) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(b).iter().map(|x| format!("{x:02x}")).collect()
-}
+pub use crate::digest::sha256_hex;
 
 impl State {
     fn apply(&mut self, op: Op) {

@@ -25,18 +25,14 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
-use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, RenameFlags};
 use rustix::io::Errno;
 
-use crate::error::{Error, Exit, Result};
+use crate::error::{Error, Exit, Result, errno_io};
 
-pub fn errno_io(e: Errno) -> io::Error {
-    io::Error::from_raw_os_error(e.raw_os_error())
-}
 
 /// Opens a directory relative to `base` (or an absolute/relative path from
 /// the working directory when `base` is None) without following a symbolic

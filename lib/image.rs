@@ -29,8 +29,8 @@ use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
 
-use sha2::{Digest, Sha256};
 
+use crate::digest::sha256_hex;
 use crate::engine::{BuildEvent, BuildOutcome, BuildRequest, Engine};
 use crate::error::{Error, Exit, Result};
 
@@ -341,17 +341,6 @@ pub struct InputFile {
     pub sha256: String,
 }
 
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
-
-fn sha256_hex(data: &[u8]) -> String {
-    hex(&Sha256::digest(data))
-}
 
 /// A project and its parsed runtime definition.
 #[derive(Clone, Debug)]

@@ -5,6 +5,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod digest;
 pub mod doctor;
 pub mod egress;
 pub mod engine;

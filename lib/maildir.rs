@@ -27,7 +27,7 @@ use std::time::Duration;
 use rustix::fs::{self as rfs, Mode, OFlags, RenameFlags};
 use rustix::io::Errno;
 
-use crate::error::{Error, Exit, Result};
+use crate::error::{Error, Exit, Result, errno_io};
 use crate::message::{self, Message};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,9 +93,6 @@ pub enum Delivered {
     Already(PathBuf),
 }
 
-fn errno_io(e: Errno) -> io::Error {
-    io::Error::from_raw_os_error(e.raw_os_error())
-}
 
 fn open_dir(path: &Path) -> rustix::io::Result<OwnedFd> {
     rfs::open(path, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())

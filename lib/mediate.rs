@@ -48,8 +48,9 @@ use rustix::io::Errno;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::error::{Error, Exit, Result};
-use crate::group::{self, Box3, Group, errno_io, open_dir_at};
+use crate::digest::hex;
+use crate::error::{Error, Exit, Result, errno_io};
+use crate::group::{self, Box3, Group, open_dir_at};
 use crate::layout::{self, Root};
 use crate::log::{Action, Decision, Entry, LOG_VERSION, Log};
 use crate::maildir::escape_name;
@@ -174,9 +175,6 @@ pub fn bounce_id(id: &str) -> String {
     derived_id(crate::id::time_of(id).unwrap_or_default(), &[b"bounce", id.as_bytes()])
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
 
 /// The digest that makes two messages "exact duplicates": everything a
 /// reader sees except the id and the creation time.

@@ -152,9 +152,7 @@ fn render_section(h: &EntryHead, chunk: &str, mention: &[String]) -> String {
     s
 }
 
-pub fn sha256_hex(b: &[u8]) -> String {
-    crate::ghserver::sha256_hex(b)
-}
+pub use crate::digest::sha256_hex;
 
 fn head_for(e: &Entry, part: [u32; 2], fence: String) -> EntryHead {
     EntryHead {
