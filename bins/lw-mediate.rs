@@ -148,10 +148,7 @@ fn main() -> ExitCode {
 }
 
 fn root_of(args: &Args) -> Result<Root> {
-    match args.root.clone().or_else(|| std::env::var_os("LW_ROOT").map(PathBuf::from)) {
-        Some(d) if !d.as_os_str().is_empty() => Ok(Root::new(d)),
-        _ => Err(Error::usage("no mailbox root: pass --root DIR or set LW_ROOT")),
-    }
+    Root::resolve(args.root.as_deref())
 }
 
 fn policy_of(args: &Args) -> (PathBuf, bool) {

@@ -175,10 +175,7 @@ fn main() -> ExitCode {
 }
 
 fn root_of(args: &Args) -> Result<Root, Error> {
-    match args.root.clone().or_else(|| std::env::var_os("LW_ROOT").map(PathBuf::from)) {
-        Some(r) if !r.as_os_str().is_empty() => Ok(Root::new(std::path::absolute(&r).unwrap_or(r))),
-        _ => Err(Error::usage("no mailbox root: pass --root DIR or set LW_ROOT")),
-    }
+    Root::resolve(args.root.as_deref())
 }
 
 fn warn(msg: &str) {

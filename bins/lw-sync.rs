@@ -86,10 +86,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
-    let root = match args.root.clone().or_else(|| std::env::var_os("LW_ROOT").map(PathBuf::from)) {
-        Some(r) => Root::new(r),
-        None => return Err(Error::usage("no mailbox root: pass --root DIR or set LW_ROOT")),
-    };
+    let root = Root::resolve(args.root.as_deref())?;
     if !root.path().is_dir() {
         return Err(Error::new(Exit::NoInput, format!("mailbox root '{}' is not a directory", root.path().display())));
     }

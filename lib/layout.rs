@@ -53,6 +53,16 @@ impl Root {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Root { dir: dir.into() }
     }
+
+    /// The root a command works on: `--root`, else `$LW_ROOT`, made
+    /// absolute (it ends up in container labels and bind mounts).
+    pub fn resolve(flag: Option<&Path>) -> crate::Result<Root> {
+        let env = std::env::var_os("LW_ROOT").map(PathBuf::from);
+        match flag.map(Path::to_path_buf).or(env) {
+            Some(d) if !d.as_os_str().is_empty() => Ok(Root::new(std::path::absolute(&d).unwrap_or(d))),
+            _ => Err(crate::Error::usage("no mailbox root: pass --root DIR or set LW_ROOT")),
+        }
+    }
     pub fn sandboxes_dir(&self) -> PathBuf {
         self.dir.join("sandboxes")
     }
