@@ -425,6 +425,21 @@ impl Client {
         }
     }
 
+    /// Notes an answer's rate-limit headers; when the answer is a rate
+    /// limit, records the blocked window and counts it (too many in a row is
+    /// an error) and returns true: the request did nothing and may be sent
+    /// again once the window has passed.
+    fn was_rate_limited(&mut self, r: &Reply, limited: &mut u32, what: &str) -> Result<bool> {
+        self.note_headers(r);
+        let Some(until) = self.rate_limited(r) else { return Ok(false) };
+        self.budget.blocked_until = self.budget.blocked_until.max(until);
+        *limited += 1;
+        if *limited > MAX_RATE_LIMITED {
+            return Err(rate_limited_too_often(what));
+        }
+        Ok(true)
+    }
+
     /// A GET with retries for transient failures; the parsed JSON and the
     /// answer's `Link` header.
     fn get_json(&mut self, url: &str, what: &str, perm: &str) -> Result<(serde_json::Value, Option<String>)> {
@@ -436,13 +451,7 @@ impl Client {
             let transient = match self.exchange("GET", url, None) {
                 Err(e) => format!("the connection failed: {e}"),
                 Ok(r) => {
-                    self.note_headers(&r);
-                    if let Some(until) = self.rate_limited(&r) {
-                        self.budget.blocked_until = self.budget.blocked_until.max(until);
-                        limited += 1;
-                        if limited > MAX_RATE_LIMITED {
-                            return Err(rate_limited_too_often(what));
-                        }
+                    if self.was_rate_limited(&r, &mut limited, what)? {
                         attempt -= 1;
                         continue;
                     }
@@ -548,14 +557,8 @@ impl Client {
                 Err(e) => return Ok(Posted::Unknown(format!("the connection failed: {e}"))),
                 Ok(r) => r,
             };
-            self.note_headers(&r);
-            if let Some(until) = self.rate_limited(&r) {
-                // A rate-limited request did nothing; it is safe to send again.
-                self.budget.blocked_until = self.budget.blocked_until.max(until);
-                limited += 1;
-                if limited > MAX_RATE_LIMITED {
-                    return Err(rate_limited_too_often(what));
-                }
+            // A rate-limited request did nothing; it is safe to send again.
+            if self.was_rate_limited(&r, &mut limited, what)? {
                 continue;
             }
             if r.status >= 500 {
