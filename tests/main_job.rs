@@ -9,43 +9,32 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-fn run_main_job(work: &Path) -> String {
+/// scripts/main-job, non-interactive (`--yes`), on the binaries under test,
+/// with SIGINT at its default disposition: a shell started with SIGINT ignored
+/// (as under nohup-style launchers, or a CI runner in the background) can never
+/// trap it, while a terminal's Ctrl-C reaches a shell that has the default.
+fn main_job(work: &Path) -> Command {
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_lw")).parent().unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/main-job");
-    let o = Command::new("bash")
-        .arg(&script)
-        .arg("--yes")
-        .arg("--work")
-        .arg(work)
-        .env("LW_BIN_DIR", bin_dir)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("bash runs scripts/main-job");
+    let mut c = Command::new("env");
+    c.arg("--default-signal=INT").arg("bash").arg(&script).arg("--yes").arg("--work").arg(work);
+    c.env("LW_BIN_DIR", bin_dir).stdin(Stdio::null());
+    c
+}
+
+fn run_main_job(work: &Path) -> String {
+    let o = main_job(work).output().expect("bash runs scripts/main-job");
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert!(o.status.success(), "scripts/main-job failed ({:?}):\n{out}\n{err}", o.status);
     out
 }
 
-/// Runs scripts/main-job in its own process group, with SIGINT at its default
-/// disposition, and, as soon as it announces
-/// `step`, sends SIGINT to the whole group, as Ctrl-C on a terminal does.
-/// Returns the exit code and what the job printed on stderr.
+/// Runs scripts/main-job in its own process group and, as soon as it
+/// announces `step`, sends SIGINT to the whole group, as Ctrl-C on a terminal
+/// does. Returns the exit code and what the job printed on stderr.
 fn interrupt_main_job_at(work: &Path, step: &str) -> (Option<i32>, String) {
-    let bin_dir = Path::new(env!("CARGO_BIN_EXE_lw")).parent().unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/main-job");
-    // A shell started with SIGINT ignored (as under nohup-style launchers,
-    // or a CI runner in the background) can never trap it; a terminal's
-    // Ctrl-C reaches a shell that has the default, so the job gets that.
-    let mut child = Command::new("env")
-        .arg("--default-signal=INT")
-        .arg("bash")
-        .arg(&script)
-        .arg("--yes")
-        .arg("--work")
-        .arg(work)
-        .env("LW_BIN_DIR", bin_dir)
-        .stdin(Stdio::null())
+    let mut child = main_job(work)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .process_group(0)
