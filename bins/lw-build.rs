@@ -91,7 +91,11 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     let engine = DockerEngine::connect()?;
     let mut plan = runtime.plan(&engine)?;
     if args.print_tag {
-        let line = if args.json { json!({"type": "tag", "tag": plan.final_tag()}).to_string() } else { plan.final_tag().to_string() };
+        let line = if args.json {
+            json!({"type": "tag", "tag": plan.final_tag()}).to_string()
+        } else {
+            plan.final_tag().to_string()
+        };
         writeln!(out, "{line}").map_err(out_err)?;
         return Ok(Exit::Ok);
     }
@@ -106,7 +110,14 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         let progress = std::cell::RefCell::new(&mut progress);
         let mut on_event = |l: &Layer, ev: &BuildEvent| progress.borrow_mut().event(l, ev);
         let mut on_start = |l: &Layer| progress.borrow_mut().start(l);
-        image::build(&engine, &mut plan, &mut BuildOptions { on_event: &mut on_event, on_start: &mut on_start })
+        image::build(
+            &engine,
+            &mut plan,
+            &mut BuildOptions {
+                on_event: &mut on_event,
+                on_start: &mut on_start,
+            },
+        )
     };
     progress.clear();
     let results = results?;
@@ -126,8 +137,11 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
 }
 
 fn init(dir: &Path, from: &str, force: bool, out: &mut dyn Write) -> Result<Exit> {
-    let deps: Vec<String> =
-        image::KNOWN_DEPS_FILES.iter().filter(|f| dir.join(f).is_file()).map(|f| f.to_string()).collect();
+    let deps: Vec<String> = image::KNOWN_DEPS_FILES
+        .iter()
+        .filter(|f| dir.join(f).is_file())
+        .map(|f| f.to_string())
+        .collect();
     for path in image::init(dir, from, &deps, force)? {
         writeln!(out, "{path}").map_err(out_err)?;
     }
@@ -135,7 +149,11 @@ fn init(dir: &Path, from: &str, force: bool, out: &mut dyn Write) -> Result<Exit
 }
 
 fn explain(engine: &DockerEngine, layer: &Layer, as_json: bool, out: &mut dyn Write) -> Result<()> {
-    let replaces = if layer.cached() { None } else { image::explain(engine, layer)?.replaces };
+    let replaces = if layer.cached() {
+        None
+    } else {
+        image::explain(engine, layer)?.replaces
+    };
     let inputs = layer.files.iter().filter(|f| f.kind != InputKind::Dir);
     if as_json {
         let v = json!({
@@ -186,7 +204,11 @@ struct Progress {
 
 impl Progress {
     fn new(verbose: bool) -> Self {
-        Progress { verbose, tty: std::io::stderr().is_terminal(), dirty: false }
+        Progress {
+            verbose,
+            tty: std::io::stderr().is_terminal(),
+            dirty: false,
+        }
     }
 
     fn start(&mut self, l: &Layer) {
@@ -207,8 +229,13 @@ impl Progress {
                 let _ = e.write_all(b"\n");
             }
         } else if self.tty {
-            let Some(step) = text.lines().find(|s| s.starts_with("Step ")) else { return };
-            let line: String = format!("{PROG}: {}: {step}", l.def.name).chars().take(100).collect();
+            let Some(step) = text.lines().find(|s| s.starts_with("Step ")) else {
+                return;
+            };
+            let line: String = format!("{PROG}: {}: {step}", l.def.name)
+                .chars()
+                .take(100)
+                .collect();
             eprint!("\r\x1b[K{line}");
             self.dirty = true;
         }

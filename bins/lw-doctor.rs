@@ -40,13 +40,23 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
-    let fresh: Duration = loopwright::config::parse_duration(&args.fresh)
-        .ok_or_else(|| Error::usage(format!("--fresh '{}': give a duration such as 90s, 15m or 1h", args.fresh)))?;
+    let fresh: Duration = loopwright::config::parse_duration(&args.fresh).ok_or_else(|| {
+        Error::usage(format!(
+            "--fresh '{}': give a duration such as 90s, 15m or 1h",
+            args.fresh
+        ))
+    })?;
     let cwd = match args.directory {
         Some(d) => d,
-        None => std::env::current_dir().map_err(|e| Error::new(Exit::IoErr, "cannot read the current directory").with_source(e))?,
+        None => std::env::current_dir().map_err(|e| {
+            Error::new(Exit::IoErr, "cannot read the current directory").with_source(e)
+        })?,
     };
-    let findings = doctor::run(&doctor::Inputs { cwd, root: args.root, fresh });
+    let findings = doctor::run(&doctor::Inputs {
+        cwd,
+        root: args.root,
+        fresh,
+    });
     for fd in &findings {
         let line = if args.json {
             let mut v = serde_json::to_value(fd)?;
@@ -54,12 +64,21 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             v.to_string()
         } else {
             match &fd.fix {
-                Some(fix) if fd.status != Status::Ok => format!("{:<4}  {:<9} {}\n                fix: {fix}", fd.status.as_str(), fd.check, fd.detail),
+                Some(fix) if fd.status != Status::Ok => format!(
+                    "{:<4}  {:<9} {}\n                fix: {fix}",
+                    fd.status.as_str(),
+                    fd.check,
+                    fd.detail
+                ),
                 _ => format!("{:<4}  {:<9} {}", fd.status.as_str(), fd.check, fd.detail),
             }
         };
         writeln!(out, "{line}").map_err(cli::out_err)?;
     }
     let failed = findings.iter().filter(|f| f.status == Status::Fail).count();
-    Ok(if failed > 0 { Exit::Unavailable } else { Exit::Ok })
+    Ok(if failed > 0 {
+        Exit::Unavailable
+    } else {
+        Exit::Ok
+    })
 }

@@ -44,24 +44,40 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
-    let server = Server::start(Options { dir: args.dir.clone(), listen: args.listen, hourly_limit: args.hourly_limit, default_per_page: 30 })?;
+    let server = Server::start(Options {
+        dir: args.dir.clone(),
+        listen: args.listen,
+        hourly_limit: args.hourly_limit,
+        default_per_page: 30,
+    })?;
     for r in &args.repos {
         let (name, n) = match r.rsplit_once(':') {
-            Some((name, n)) => (name, n.parse::<u64>().map_err(|_| Error::usage(format!("--repo '{r}': N is not a number")))?),
+            Some((name, n)) => (
+                name,
+                n.parse::<u64>()
+                    .map_err(|_| Error::usage(format!("--repo '{r}': N is not a number")))?,
+            ),
             None => (r.as_str(), 1),
         };
         loopwright::github::Target::parse_repo(name).map_err(|e| Error::usage(e.msg))?;
         server.add_repo(name, n);
     }
     if let Some(f) = &args.tokens {
-        let text = std::fs::read_to_string(f).map_err(|e| Error::io_as(Exit::NoInput, "cannot read tokens file", f, e))?;
+        let text = std::fs::read_to_string(f)
+            .map_err(|e| Error::io_as(Exit::NoInput, "cannot read tokens file", f, e))?;
         for (i, line) in text.lines().enumerate() {
             let w: Vec<&str> = line.split_whitespace().collect();
             match w.as_slice() {
                 [] => {}
                 [login, token] => server.add_token(login, token, true),
                 [login, token, "read-only"] => server.add_token(login, token, false),
-                _ => return Err(Error::data(format!("tokens file '{}' line {}: want LOGIN TOKEN [read-only]", f.display(), i + 1))),
+                _ => {
+                    return Err(Error::data(format!(
+                        "tokens file '{}' line {}: want LOGIN TOKEN [read-only]",
+                        f.display(),
+                        i + 1
+                    )));
+                }
             }
         }
     }

@@ -76,7 +76,13 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         .mailbox
         .ok_or_else(|| Error::usage("no mailbox: set LW_MAILBOX or pass --mailbox DIR"))?;
     if !dir.is_dir() {
-        return Err(Error::new(Exit::NoInput, format!("mailbox '{}' is not a directory; check LW_MAILBOX or --mailbox", dir.display())));
+        return Err(Error::new(
+            Exit::NoInput,
+            format!(
+                "mailbox '{}' is not a directory; check LW_MAILBOX or --mailbox",
+                dir.display()
+            ),
+        ));
     }
     let inbox = SandboxBox::new(&dir).inbox();
     // The mediator creates the inbox; creating missing parts here too lets a
@@ -86,17 +92,27 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         Cmd::List => {
             if args.wait {
                 let timeout = match args.timeout {
-                    Some(s) if !(s.is_finite() && s >= 0.0) => return Err(Error::usage(format!("--timeout {s}: give a number of seconds >= 0"))),
+                    Some(s) if !(s.is_finite() && s >= 0.0) => {
+                        return Err(Error::usage(format!(
+                            "--timeout {s}: give a number of seconds >= 0"
+                        )));
+                    }
                     Some(s) => Some(Duration::from_secs_f64(s)),
                     None => None,
                 };
                 // Wait for a readable message, not for any entry: a planted
                 // bad file must not turn a waiting agent into a busy loop.
                 let arrived = inbox.wait_until(timeout, || {
-                    Ok(inbox.names(Sub::New)?.iter().any(|n| matches!(inbox.read(Sub::New, n), Found::Message(_))))
+                    Ok(inbox
+                        .names(Sub::New)?
+                        .iter()
+                        .any(|n| matches!(inbox.read(Sub::New, n), Found::Message(_))))
                 })?;
                 if !arrived {
-                    return Err(Error::new(Exit::TempFail, format!("no message arrived within {}s", args.timeout.unwrap_or(0.0))));
+                    return Err(Error::new(
+                        Exit::TempFail,
+                        format!("no message arrived within {}s", args.timeout.unwrap_or(0.0)),
+                    ));
                 }
             }
             list(&inbox, Sub::New, args.json, out)?;
@@ -116,7 +132,10 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
                 check_id(&id)?;
                 let claimed = inbox.claim(OsStr::new(&id))?;
                 if !claimed && !inbox.sub(Sub::Cur).join(&id).exists() {
-                    return Err(Error::new(Exit::NoInput, format!("no message '{id}' in '{}'", inbox.path.display())));
+                    return Err(Error::new(
+                        Exit::NoInput,
+                        format!("no message '{id}' in '{}'", inbox.path.display()),
+                    ));
                 }
                 let line = if args.json {
                     serde_json::json!({"type": "acked", "id": id, "already": !claimed}).to_string()
@@ -147,14 +166,29 @@ fn list(inbox: &Maildir, sub: Sub, json: bool, out: &mut dyn Write) -> Result<()
             }
             Found::Gone => {}
             Found::Bad(reason) => report_bad(&inbox.sub(sub), &shown, &reason, json, out)?,
-            Found::NotFile(what) => report_bad(&inbox.sub(sub), &shown, &format!("is a {what}, not a regular file"), json, out)?,
+            Found::NotFile(what) => report_bad(
+                &inbox.sub(sub),
+                &shown,
+                &format!("is a {what}, not a regular file"),
+                json,
+                out,
+            )?,
         }
     }
     Ok(())
 }
 
-fn report_bad(dir: &std::path::Path, name: &str, reason: &str, json: bool, out: &mut dyn Write) -> Result<()> {
-    eprintln!("lw-inbox: skipping '{}/{name}': {reason} (left for quarantine)", dir.display());
+fn report_bad(
+    dir: &std::path::Path,
+    name: &str,
+    reason: &str,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<()> {
+    eprintln!(
+        "lw-inbox: skipping '{}/{name}': {reason} (left for quarantine)",
+        dir.display()
+    );
     if json {
         let v = serde_json::json!({"type": "bad", "name": name, "reason": reason});
         writeln!(out, "{v}").map_err(cli::out_err)?;
@@ -166,7 +200,10 @@ fn check_id(id: &str) -> Result<()> {
     if loopwright::id::is_valid(id) {
         Ok(())
     } else {
-        Err(Error::usage(format!("'{}' is not a message id (lw-inbox prints ids in its first column)", id.escape_debug())))
+        Err(Error::usage(format!(
+            "'{}' is not a message id (lw-inbox prints ids in its first column)",
+            id.escape_debug()
+        )))
     }
 }
 
@@ -176,11 +213,20 @@ fn find(inbox: &Maildir, id: &str) -> Result<(Message, &'static str)> {
         match inbox.read(sub, OsStr::new(id)) {
             Found::Message(m) => return Ok((m, state)),
             Found::Gone => continue,
-            Found::Bad(r) => return Err(Error::data(format!("message '{id}' cannot be read: {r}"))),
-            Found::NotFile(w) => return Err(Error::data(format!("message '{id}' is a {w}, not a regular file"))),
+            Found::Bad(r) => {
+                return Err(Error::data(format!("message '{id}' cannot be read: {r}")));
+            }
+            Found::NotFile(w) => {
+                return Err(Error::data(format!(
+                    "message '{id}' is a {w}, not a regular file"
+                )));
+            }
         }
     }
-    Err(Error::new(Exit::NoInput, format!("no message '{id}' in '{}'", inbox.path.display())))
+    Err(Error::new(
+        Exit::NoInput,
+        format!("no message '{id}' in '{}'", inbox.path.display()),
+    ))
 }
 
 fn show(m: &Message, state: &str, json: bool, out: &mut dyn Write) -> Result<()> {
@@ -217,7 +263,9 @@ fn show(m: &Message, state: &str, json: bool, out: &mut dyn Write) -> Result<()>
 fn read_ids() -> Result<Vec<String>> {
     let mut ids = Vec::new();
     for line in std::io::stdin().lock().lines() {
-        let line = line.map_err(|e| Error::new(Exit::IoErr, "cannot read ids from standard input").with_source(e))?;
+        let line = line.map_err(|e| {
+            Error::new(Exit::IoErr, "cannot read ids from standard input").with_source(e)
+        })?;
         // Accept `lw-inbox` output lines: the id is the first column.
         if let Some(id) = line.split('\t').next().filter(|s| !s.trim().is_empty()) {
             ids.push(id.trim().to_string());

@@ -171,7 +171,11 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
                 Some(f) => (f.clone(), true),
                 None => policy_of(&args),
             };
-            let pol = if explicit || p.exists() { Policy::load(&p)? } else { Policy::default() };
+            let pol = if explicit || p.exists() {
+                Policy::load(&p)?
+            } else {
+                Policy::default()
+            };
             write!(out, "{}", pol.render()).map_err(out_err)?;
             return Ok(Exit::Ok);
         }
@@ -185,15 +189,33 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             let mut m = Mediator::open(root, Some(p), explicit)?;
             m.batch = args.batch;
             m.verbose = args.verbose;
-            m.sync = if args.sync == "file" { loopwright::group::Sync::File } else { loopwright::group::Sync::FileSystem };
+            m.sync = if args.sync == "file" {
+                loopwright::group::Sync::File
+            } else {
+                loopwright::group::Sync::FileSystem
+            };
             if args.once {
                 let s = m.drain(out)?;
                 if args.verbose {
-                    w(out, format!("routed {} forwarded {} escalated {} held {} bounced {} quarantined {} receipts {}",
-                        s.routed, s.forwarded, s.escalated, s.held, s.bounced, s.quarantined, s.receipts))?;
+                    w(
+                        out,
+                        format!(
+                            "routed {} forwarded {} escalated {} held {} bounced {} quarantined {} receipts {}",
+                            s.routed,
+                            s.forwarded,
+                            s.escalated,
+                            s.held,
+                            s.bounced,
+                            s.quarantined,
+                            s.receipts
+                        ),
+                    )?;
                 }
                 if s.waiting > 0 {
-                    eprintln!("lw-mediate: {} messages or outboxes could not be routed yet (see above); they wait", s.waiting);
+                    eprintln!(
+                        "lw-mediate: {} messages or outboxes could not be routed yet (see above); they wait",
+                        s.waiting
+                    );
                     return Ok(Exit::TempFail);
                 }
                 return Ok(Exit::Ok);
@@ -202,7 +224,12 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             Ok(Exit::Ok)
         }
         Some(Cmd::Held { json }) | Some(Cmd::Human { json }) => {
-            operator::print_queue(out, &root, matches!(args.cmd, Some(Cmd::Held { .. })), *json)?;
+            operator::print_queue(
+                out,
+                &root,
+                matches!(args.cmd, Some(Cmd::Held { .. })),
+                *json,
+            )?;
             Ok(Exit::Ok)
         }
         Some(Cmd::Release { ids }) | Some(Cmd::Drop { ids, .. }) => {
@@ -213,20 +240,35 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
                     Some(Cmd::Drop { reason, .. }) => m.drop_held(id, reason, out)?,
                     _ => m.release(id, out)?,
                 };
-                w(out, format!("{} {} {}", e.message_id, e.decision.action.as_str(), e.decision.to.join(",")))?;
+                w(
+                    out,
+                    format!(
+                        "{} {} {}",
+                        e.message_id,
+                        e.decision.action.as_str(),
+                        e.decision.to.join(",")
+                    ),
+                )?;
             }
             Ok(Exit::Ok)
         }
         Some(Cmd::Answer { id, text }) => {
             let body = match text.as_deref() {
                 Some("-") | None if cli::stdin_is_tty() && text.is_none() => {
-                    return Err(Error::usage("no answer given: pass TEXT, or pipe it to standard input"));
+                    return Err(Error::usage(
+                        "no answer given: pass TEXT, or pipe it to standard input",
+                    ));
                 }
                 Some("-") | None => {
                     let mut b = Vec::new();
-                    std::io::stdin().take(loopwright::message::MAX_BODY as u64 + 1).read_to_end(&mut b)
-                        .map_err(|e| Error::new(Exit::IoErr, "cannot read standard input").with_source(e))?;
-                    String::from_utf8(b).map_err(|_| Error::data("the answer on standard input is not UTF-8"))?
+                    std::io::stdin()
+                        .take(loopwright::message::MAX_BODY as u64 + 1)
+                        .read_to_end(&mut b)
+                        .map_err(|e| {
+                            Error::new(Exit::IoErr, "cannot read standard input").with_source(e)
+                        })?;
+                    String::from_utf8(b)
+                        .map_err(|_| Error::data("the answer on standard input is not UTF-8"))?
                 }
                 Some(t) => t.to_string(),
             };
@@ -235,15 +277,26 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             Ok(Exit::Ok)
         }
         Some(Cmd::Log { json }) => operator::print_log(out, &root, *json),
-        Some(Cmd::Register { name, branch, scope }) => {
+        Some(Cmd::Register {
+            name,
+            branch,
+            scope,
+        }) => {
             mediate::init_root(&root)?;
-            let p = Registry::new(&root).register(&Sandbox::new(name, branch.clone(), scope.clone()))?;
+            let p = Registry::new(&root).register(&Sandbox::new(
+                name,
+                branch.clone(),
+                scope.clone(),
+            ))?;
             w(out, p.display().to_string())?;
             Ok(Exit::Ok)
         }
         Some(Cmd::Unregister { name }) => {
             if !Registry::new(&root).unregister(name)? {
-                return Err(Error::new(Exit::NoInput, format!("no sandbox '{name}' is registered")));
+                return Err(Error::new(
+                    Exit::NoInput,
+                    format!("no sandbox '{name}' is registered"),
+                ));
             }
             Ok(Exit::Ok)
         }

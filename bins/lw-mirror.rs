@@ -70,7 +70,8 @@ enum Cmd {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    config::parse_duration(s).ok_or_else(|| format!("'{s}' is not a duration (use e.g. 90s, 15m, 2h, 1d)"))
+    config::parse_duration(s)
+        .ok_or_else(|| format!("'{s}' is not a duration (use e.g. 90s, 15m, 2h, 1d)"))
 }
 
 fn main() -> ExitCode {
@@ -82,19 +83,31 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
         .map_err(|e| Error::new(Exit::IoErr, "cannot find the current directory").with_source(e))?;
     let env = std::env::var_os(mirror::ENV_PATH).map(PathBuf::from);
     // The project is looked up only when it is needed (it costs a git process).
-    let project = if args.mirror.is_none() && env.as_deref().is_none_or(|e| e.as_os_str().is_empty()) {
-        Project::find(&cwd)?
-    } else {
-        None
-    };
-    let path = mirror::locate(args.mirror.as_deref(), env.as_deref(), project.as_ref(), &cwd)?;
+    let project =
+        if args.mirror.is_none() && env.as_deref().is_none_or(|e| e.as_os_str().is_empty()) {
+            Project::find(&cwd)?
+        } else {
+            None
+        };
+    let path = mirror::locate(
+        args.mirror.as_deref(),
+        env.as_deref(),
+        project.as_ref(),
+        &cwd,
+    )?;
     let m = Mirror::new(path);
     match args.cmd {
         Cmd::Path => {
             writeln!(out, "{}", m.path.display()).map_err(out_err)?;
         }
         Cmd::Status { json } => status(&m, json, out)?,
-        Cmd::Sync { url, if_older_than, progress, quiet, json } => {
+        Cmd::Sync {
+            url,
+            if_older_than,
+            progress,
+            quiet,
+            json,
+        } => {
             let progress = !quiet && (progress || std::io::stderr().is_terminal());
             sync(&m, url, project, &cwd, if_older_than, progress, json, out)?;
         }
@@ -126,7 +139,11 @@ fn sync(
         }
         mirror::default_remote(project.as_ref(), stored, cwd)
     };
-    let outcome = m.sync(&mut SyncOptions { if_older_than, progress, remote: &mut remote })?;
+    let outcome = m.sync(&mut SyncOptions {
+        if_older_than,
+        progress,
+        remote: &mut remote,
+    })?;
     if json {
         let rec = serde_json::json!({
             "type": "sync",
@@ -164,11 +181,17 @@ fn status(m: &Mirror, json: bool, out: &mut dyn Write) -> Result<(), Error> {
     let lines = [
         ("path", s.path.display().to_string()),
         ("url", s.url.clone()),
-        ("head", s.head.clone().unwrap_or_else(|| "(detached)".into())),
+        (
+            "head",
+            s.head.clone().unwrap_or_else(|| "(detached)".into()),
+        ),
         ("refs", s.refs.to_string()),
         ("size", mirror::human_size(s.size)),
         ("created", time::rfc3339(s.created)),
-        ("last-fetch", format!("{} ({ago}s ago)", time::rfc3339(s.last_fetch))),
+        (
+            "last-fetch",
+            format!("{} ({ago}s ago)", time::rfc3339(s.last_fetch)),
+        ),
     ];
     for (k, v) in lines {
         writeln!(out, "{k:<11}{v}").map_err(out_err)?;

@@ -67,10 +67,20 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
-    let kind = Kind::parse(&args.kind).filter(|k| k.postable()).ok_or_else(|| {
-        let names: Vec<_> = message::KINDS.iter().filter(|k| k.postable()).map(|k| k.as_str()).collect();
-        Error::data(format!("unknown kind '{}'; use one of: {}", args.kind.escape_debug(), names.join(", ")))
-    })?;
+    let kind = Kind::parse(&args.kind)
+        .filter(|k| k.postable())
+        .ok_or_else(|| {
+            let names: Vec<_> = message::KINDS
+                .iter()
+                .filter(|k| k.postable())
+                .map(|k| k.as_str())
+                .collect();
+            Error::data(format!(
+                "unknown kind '{}'; use one of: {}",
+                args.kind.escape_debug(),
+                names.join(", ")
+            ))
+        })?;
     let body = match args.body.as_deref() {
         Some("-") => message::read_body(&mut std::io::stdin().lock())?,
         Some(b) => b.to_string(),
@@ -80,12 +90,32 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     let from = match args.from.or_else(|| std::env::var("LW_SANDBOX").ok()) {
         Some(f) => f,
         None => {
-            let base = args.mailbox.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            if layout::valid_name(base) { base.to_string() } else { "sandbox".to_string() }
+            let base = args
+                .mailbox
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("");
+            if layout::valid_name(base) {
+                base.to_string()
+            } else {
+                "sandbox".to_string()
+            }
         }
     };
-    let to = if args.to.is_empty() { vec![layout::MEDIATOR.to_string()] } else { args.to };
-    let m = Message::compose(&from, to, kind, args.subject, body, args.refs, args.reply_to)?;
+    let to = if args.to.is_empty() {
+        vec![layout::MEDIATOR.to_string()]
+    } else {
+        args.to
+    };
+    let m = Message::compose(
+        &from,
+        to,
+        kind,
+        args.subject,
+        body,
+        args.refs,
+        args.reply_to,
+    )?;
     if !args.mailbox.is_dir() {
         return Err(Error::new(
             Exit::CantCreat,
@@ -95,7 +125,9 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             ),
         ));
     }
-    let path = SandboxBox::new(&args.mailbox).outbox().deliver_message(&m)?;
+    let path = SandboxBox::new(&args.mailbox)
+        .outbox()
+        .deliver_message(&m)?;
     let line = if args.json {
         serde_json::json!({
             "type": "posted",

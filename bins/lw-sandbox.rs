@@ -188,28 +188,61 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
     let sb = Sandboxes::new(root, &engine);
     let line = |out: &mut dyn Write, s: &str| writeln!(out, "{s}").map_err(out_err);
     match args.cmd {
-        Cmd::Create { name, branch, from, scope, port, secret, network, allow, image, allow_stale, no_fetch, json, verbose } => {
-            let (project, mirror_path) = sandbox::find_project(args.project.as_deref(), args.mirror.as_deref())?;
+        Cmd::Create {
+            name,
+            branch,
+            from,
+            scope,
+            port,
+            secret,
+            network,
+            allow,
+            image,
+            allow_stale,
+            no_fetch,
+            json,
+            verbose,
+        } => {
+            let (project, mirror_path) =
+                sandbox::find_project(args.project.as_deref(), args.mirror.as_deref())?;
             let bins = sandbox::mailbox_commands();
             let network = match network {
                 Net::None => Network::None,
                 Net::Bridge => Network::Bridge,
                 Net::Egress => Network::Egress,
             };
-            let opts =
-                CreateOptions { name, branch, from, scope, ports: port, secrets: secret, network, allow, image, allow_stale, no_fetch };
-            let c = sb.create(&opts, project.as_ref(), &mirror_path, &bins, &mut |m| warn(m))?;
+            let opts = CreateOptions {
+                name,
+                branch,
+                from,
+                scope,
+                ports: port,
+                secrets: secret,
+                network,
+                allow,
+                image,
+                allow_stale,
+                no_fetch,
+            };
+            let c = sb.create(&opts, project.as_ref(), &mirror_path, &bins, &mut |m| {
+                warn(m)
+            })?;
             if verbose {
                 eprintln!("{PROG}: {}", c.timings_line());
             }
             if json {
-                line(out, &c.json(&sb.root.sandbox(&c.record.name).dir).to_string())?;
+                line(
+                    out,
+                    &c.json(&sb.root.sandbox(&c.record.name).dir).to_string(),
+                )?;
             } else {
                 line(out, &c.record.name)?;
             }
         }
         Cmd::Push { name, force, json } => {
-            let me = std::env::current_exe().map_err(|e| Error::new(Exit::Software, "cannot find lw-sandbox itself").with_source(e))?;
+            let me = std::env::current_exe().map_err(|e| {
+                Error::new(Exit::Software, "cannot find lw-sandbox itself").with_source(e)
+            })?;
             let p = sb.push(&name, &me, force)?;
             if json {
                 line(out, &p.json(&name).to_string())?;
@@ -224,7 +257,10 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
         }
         Cmd::Port { name } => {
             for p in sb.ports(&name)? {
-                line(out, &format!("{} -> {}:{}", p.container, p.host_ip, p.host_port))?;
+                line(
+                    out,
+                    &format!("{} -> {}:{}", p.container, p.host_ip, p.host_port),
+                )?;
             }
         }
         Cmd::Stop { names } => {
@@ -247,7 +283,11 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
                 line(out, &n)?;
             }
         }
-        Cmd::Logs { name, egress: _, json } => {
+        Cmd::Logs {
+            name,
+            egress: _,
+            json,
+        } => {
             for d in sb.egress_denials(&name)? {
                 let text = if json {
                     serde_json::json!({
@@ -279,10 +319,17 @@ fn exec(args: Args) -> Result<u8, Error> {
     let engine = DockerSandbox::connect()?;
     let sb = Sandboxes::new(root, &engine);
     let code = match args.cmd {
-        Cmd::Exec { name, tty, workdir, cmd } => sb.attach(&name, cmd, tty, workdir)?,
+        Cmd::Exec {
+            name,
+            tty,
+            workdir,
+            cmd,
+        } => sb.attach(&name, cmd, tty, workdir)?,
         Cmd::Shell { name } => {
             if !std::io::stdin().is_terminal() {
-                return Err(Error::usage("shell needs a terminal; use: lw-sandbox exec NAME -- CMD"));
+                return Err(Error::usage(
+                    "shell needs a terminal; use: lw-sandbox exec NAME -- CMD",
+                ));
             }
             sb.attach(&name, sandbox::login_shell(), true, None)?
         }

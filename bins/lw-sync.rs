@@ -88,9 +88,19 @@ fn main() -> ExitCode {
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     let root = Root::resolve(args.root.as_deref())?;
     if !root.path().is_dir() {
-        return Err(Error::new(Exit::NoInput, format!("mailbox root '{}' is not a directory", root.path().display())));
+        return Err(Error::new(
+            Exit::NoInput,
+            format!(
+                "mailbox root '{}' is not a directory",
+                root.path().display()
+            ),
+        ));
     }
-    let mut cfg = match args.config.clone().or_else(|| Config::find(&std::env::current_dir().unwrap_or_default())) {
+    let mut cfg = match args
+        .config
+        .clone()
+        .or_else(|| Config::find(&std::env::current_dir().unwrap_or_default()))
+    {
         Some(p) => Config::load(&p)?,
         None => Config::default(),
     };
@@ -103,7 +113,11 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         .or_else(|| std::env::var("LW_GITHUB_API_URL").ok())
         .or(cfg.api_url.clone())
         .unwrap_or_else(|| DEFAULT_API.into());
-    let token_file = args.token_file.clone().or(cfg.token_file.clone()).or_else(default_token_file);
+    let token_file = args
+        .token_file
+        .clone()
+        .or(cfg.token_file.clone())
+        .or_else(default_token_file);
     let token = Token::load(token_file.as_deref())?;
     let mut limits = Limits::from_env()?;
     limits.max_wait = Duration::from_secs(args.max_wait);
@@ -136,7 +150,10 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     report(&mut s, out, json, true)?;
     res?;
     if s.stats.bad > 0 && status == Exit::Ok {
-        eprintln!("{PROG}: {} log entries could not be synced (see above); the others were", s.stats.bad);
+        eprintln!(
+            "{PROG}: {} log entries could not be synced (see above); the others were",
+            s.stats.bad
+        );
         status = Exit::DataErr;
     }
     Ok(status)
@@ -152,21 +169,58 @@ fn report(s: &mut Syncer, out: &mut dyn Write, json: bool, stats: bool) -> Resul
         }
         match &ev {
             Event::Synced { entry, url, .. } => writeln!(out, "{entry} {url}").map_err(out_err)?,
-            Event::Answer { id, in_reply_to, to, .. } => writeln!(out, "{id} answer to {in_reply_to} for {to}").map_err(out_err)?,
-            Event::MissingOnGithub { entry, target } => writeln!(out, "missing-on-github {target} {entry}").map_err(out_err)?,
-            Event::MissingLocally { entry, target } => writeln!(out, "missing-locally {target} {entry}").map_err(out_err)?,
-            Event::Differs { entry, target } => writeln!(out, "differs {target} {entry}").map_err(out_err)?,
-            Event::Incomplete { entry, target, reason } => writeln!(out, "incomplete {target} {entry}: {reason}").map_err(out_err)?,
-            Event::Restored { entry } => writeln!(out, "restored {entry}").map_err(out_err)?,
-            Event::Duplicate { entry, target, comments } => {
-                let ids: Vec<String> = comments.iter().map(u64::to_string).collect();
-                writeln!(out, "duplicate {target} {entry} in comments {}", ids.join(","))
-                    .map_err(out_err)?
+            Event::Answer {
+                id,
+                in_reply_to,
+                to,
+                ..
+            } => writeln!(out, "{id} answer to {in_reply_to} for {to}").map_err(out_err)?,
+            Event::MissingOnGithub { entry, target } => {
+                writeln!(out, "missing-on-github {target} {entry}").map_err(out_err)?
             }
-            Event::Bad { entry, reason } => eprintln!("{PROG}: skipping log entry '{entry}': {reason}"),
-            Event::Unknown { target, reason } => eprintln!("{PROG}: {target}: outcome unknown ({reason}); reconciling"),
-            Event::Rejected { comment, target, reason } => eprintln!("{PROG}: {target}: comment {comment}: {reason}"),
-            Event::Unreadable { target, comment, reason } => eprintln!("{PROG}: {target}: comment {comment} is lw-sync's but unreadable: {reason}"),
+            Event::MissingLocally { entry, target } => {
+                writeln!(out, "missing-locally {target} {entry}").map_err(out_err)?
+            }
+            Event::Differs { entry, target } => {
+                writeln!(out, "differs {target} {entry}").map_err(out_err)?
+            }
+            Event::Incomplete {
+                entry,
+                target,
+                reason,
+            } => writeln!(out, "incomplete {target} {entry}: {reason}").map_err(out_err)?,
+            Event::Restored { entry } => writeln!(out, "restored {entry}").map_err(out_err)?,
+            Event::Duplicate {
+                entry,
+                target,
+                comments,
+            } => {
+                let ids: Vec<String> = comments.iter().map(u64::to_string).collect();
+                writeln!(
+                    out,
+                    "duplicate {target} {entry} in comments {}",
+                    ids.join(",")
+                )
+                .map_err(out_err)?
+            }
+            Event::Bad { entry, reason } => {
+                eprintln!("{PROG}: skipping log entry '{entry}': {reason}")
+            }
+            Event::Unknown { target, reason } => {
+                eprintln!("{PROG}: {target}: outcome unknown ({reason}); reconciling")
+            }
+            Event::Rejected {
+                comment,
+                target,
+                reason,
+            } => eprintln!("{PROG}: {target}: comment {comment}: {reason}"),
+            Event::Unreadable {
+                target,
+                comment,
+                reason,
+            } => eprintln!(
+                "{PROG}: {target}: comment {comment} is lw-sync's but unreadable: {reason}"
+            ),
             Event::Failed { target, reason } => eprintln!("{PROG}: {target}: {reason}"),
         }
     }

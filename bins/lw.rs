@@ -47,7 +47,9 @@ fn run(cmd: &str, args: Vec<OsString>) -> ExitCode {
         return ExitCode::from(64);
     }
     let Some(path) = find(&format!("lw-{cmd}")) else {
-        eprintln!("lw: '{cmd}' is not a command (no lw-{cmd} next to lw or on PATH); see 'lw help'");
+        eprintln!(
+            "lw: '{cmd}' is not a command (no lw-{cmd} next to lw or on PATH); see 'lw help'"
+        );
         return ExitCode::from(64);
     };
     let err = Command::new(&path).args(args).exec();
@@ -57,7 +59,10 @@ fn run(cmd: &str, args: Vec<OsString>) -> ExitCode {
 
 fn dirs() -> Vec<PathBuf> {
     let mut v = Vec::new();
-    if let Some(d) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
+    if let Some(d) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
         v.push(d);
     }
     if let Some(p) = std::env::var_os("PATH") {
@@ -68,14 +73,19 @@ fn dirs() -> Vec<PathBuf> {
 
 fn find(name: &str) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
-    dirs().into_iter().map(|d| d.join(name)).find(|p| p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+    dirs().into_iter().map(|d| d.join(name)).find(|p| {
+        p.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    })
 }
 
 /// Every `lw-*` executable, first occurrence of each name wins.
 fn commands() -> Vec<(String, PathBuf)> {
     let mut seen = std::collections::BTreeMap::new();
     for d in dirs() {
-        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if let Some(short) = name.strip_prefix("lw-") {

@@ -17,7 +17,10 @@ pub fn main_with(prog: &str, f: impl FnOnce(&mut dyn Write) -> Result<Exit, Erro
         Ok(exit) => match flushed {
             Err(e) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::from(0),
             Err(e) => {
-                eprintln!("{prog}: cannot write to standard output: {}", strip_os(&e.to_string()));
+                eprintln!(
+                    "{prog}: cannot write to standard output: {}",
+                    strip_os(&e.to_string())
+                );
                 ExitCode::from(Exit::IoErr.code())
             }
             Ok(()) => ExitCode::from(exit.code()),
@@ -81,7 +84,10 @@ pub fn stdin_is_tty() -> bool {
 
 /// A command's whole `main`: parse the arguments (usage errors exit 64),
 /// then run `run` under [`main_with`].
-pub fn run_main<T: clap::Parser>(prog: &str, run: impl FnOnce(T, &mut dyn Write) -> Result<Exit, Error>) -> ExitCode {
+pub fn run_main<T: clap::Parser>(
+    prog: &str,
+    run: impl FnOnce(T, &mut dyn Write) -> Result<Exit, Error>,
+) -> ExitCode {
     match parse_args::<T>(prog) {
         Ok(args) => main_with(prog, |out| run(args, out)),
         Err(code) => code,

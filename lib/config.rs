@@ -63,26 +63,36 @@ impl Config {
                     "invalid key '{key}' (use lower-case letters, digits, '-', '_' and '.')"
                 )));
             }
-            if values.insert(key.to_string(), value.trim().to_string()).is_some() {
+            if values
+                .insert(key.to_string(), value.trim().to_string())
+                .is_some()
+            {
                 return Err(bad(&format!("key '{key}' given twice")));
             }
         }
-        Ok(Config { values, path: Some(path.to_path_buf()) })
+        Ok(Config {
+            values,
+            path: Some(path.to_path_buf()),
+        })
     }
 
     /// Reads `path`; a missing file is an empty configuration.
     pub fn load(path: &Path) -> Result<Config> {
         match std::fs::read_to_string(path) {
             Ok(text) => Config::parse(&text, path),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                Ok(Config { values: BTreeMap::new(), path: Some(path.to_path_buf()) })
-            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Config {
+                values: BTreeMap::new(),
+                path: Some(path.to_path_buf()),
+            }),
             Err(e) => Err(Error::io_as(Exit::Config, "cannot read", path, e)),
         }
     }
 
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.values.get(key).map(String::as_str).filter(|v| !v.is_empty())
+        self.values
+            .get(key)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
     }
 
     /// Iterates over all keys and values, in key order.
@@ -95,7 +105,9 @@ fn valid_key(key: &str) -> bool {
     !key.is_empty()
         && !key.starts_with('.')
         && !key.ends_with('.')
-        && key.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
 }
 
 /// A project: the top of a git checkout and its `.loopwright/config`.
@@ -110,15 +122,25 @@ pub struct Project {
 impl Project {
     /// Finds the project that contains `dir`, or `None` outside any git checkout.
     pub fn find(dir: &Path) -> Result<Option<Project>> {
-        let Some((top, git_dir)) = git::find_checkout(dir) else { return Ok(None) };
+        let Some((top, git_dir)) = git::find_checkout(dir) else {
+            return Ok(None);
+        };
         let config = Config::load(&top.join(FILE))?;
-        Ok(Some(Project { top, git_dir, config }))
+        Ok(Some(Project {
+            top,
+            git_dir,
+            config,
+        }))
     }
 
     /// `value` as a path: relative paths are relative to the project top.
     pub fn path(&self, value: &str) -> PathBuf {
         let p = Path::new(value);
-        if p.is_absolute() { p.to_path_buf() } else { self.top.join(p) }
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.top.join(p)
+        }
     }
 
     /// The project's cache directory (`.loopwright/cache`).
@@ -164,7 +186,11 @@ mod tests {
 
     #[test]
     fn parses_keys_values_comments_and_blank_lines() {
-        let c = Config::parse("# top\n\nmirror.path = a b \n sandbox.ports=4000-4100\n", Path::new("c")).unwrap();
+        let c = Config::parse(
+            "# top\n\nmirror.path = a b \n sandbox.ports=4000-4100\n",
+            Path::new("c"),
+        )
+        .unwrap();
         assert_eq!(c.get("mirror.path"), Some("a b"));
         assert_eq!(c.get("sandbox.ports"), Some("4000-4100"));
         assert_eq!(c.get("mirror.url"), None);
@@ -183,7 +209,10 @@ mod tests {
         assert_eq!(e.exit, Exit::Config);
         assert_eq!(e.to_string(), "f:2: expected 'key = value'");
         let e = Config::parse("Mirror.Path = x\n", Path::new("f")).unwrap_err();
-        assert!(e.to_string().starts_with("f:1: invalid key 'Mirror.Path'"), "{e}");
+        assert!(
+            e.to_string().starts_with("f:1: invalid key 'Mirror.Path'"),
+            "{e}"
+        );
         let e = Config::parse("a = 1\na = 2\n", Path::new("f")).unwrap_err();
         assert_eq!(e.to_string(), "f:2: key 'a' given twice");
     }

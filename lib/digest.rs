@@ -24,7 +24,10 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 mod tests {
     #[test]
     fn known_digest() {
-        assert_eq!(super::sha256_hex(b"abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(
+            super::sha256_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
         assert_eq!(super::hex(&[0, 0x0f, 0xf0, 0xff]), "000ff0ff");
     }
 }

@@ -45,8 +45,18 @@ pub struct Finding {
     pub fix: Option<String>,
 }
 
-fn f(check: &'static str, status: Status, detail: impl Into<String>, fix: Option<String>) -> Finding {
-    Finding { check, status, detail: detail.into(), fix }
+fn f(
+    check: &'static str,
+    status: Status,
+    detail: impl Into<String>,
+    fix: Option<String>,
+) -> Finding {
+    Finding {
+        check,
+        status,
+        detail: detail.into(),
+        fix,
+    }
 }
 
 /// What the doctor looks at.
@@ -62,20 +72,33 @@ pub fn run(inp: &Inputs) -> Vec<Finding> {
     let mut out = Vec::new();
     let project = match Project::find(&inp.cwd) {
         Ok(Some(p)) => {
-            out.push(f("project", Status::Ok, format!("{}", p.top.display()), None));
+            out.push(f(
+                "project",
+                Status::Ok,
+                format!("{}", p.top.display()),
+                None,
+            ));
             Some(p)
         }
         Ok(None) => {
             out.push(f(
                 "project",
                 Status::Skip,
-                format!("'{}' is not inside a git checkout; mirror and image checks skipped", inp.cwd.display()),
+                format!(
+                    "'{}' is not inside a git checkout; mirror and image checks skipped",
+                    inp.cwd.display()
+                ),
                 Some("run lw doctor inside the project".into()),
             ));
             None
         }
         Err(e) => {
-            out.push(f("project", Status::Fail, e.to_string(), Some("fix .loopwright/config at the line named".into())));
+            out.push(f(
+                "project",
+                Status::Fail,
+                e.to_string(),
+                Some("fix .loopwright/config at the line named".into()),
+            ));
             None
         }
     };
@@ -85,12 +108,25 @@ pub fn run(inp: &Inputs) -> Vec<Finding> {
         out.push(mirror(p, inp.fresh));
         out.extend(image(p, engine.as_ref()));
     }
-    let root = inp.root.clone().or_else(|| project.as_ref().map(|p| p.cache().join("mailbox")));
+    let root = inp
+        .root
+        .clone()
+        .or_else(|| project.as_ref().map(|p| p.cache().join("mailbox")));
     match root {
         Some(r) => out.extend(mailbox(&Root::new(r))),
-        None => out.push(f("mailbox", Status::Skip, "no mailbox root (no --root, no LW_ROOT, no project)", Some("set LW_ROOT".into()))),
+        None => out.push(f(
+            "mailbox",
+            Status::Skip,
+            "no mailbox root (no --root, no LW_ROOT, no project)",
+            Some("set LW_ROOT".into()),
+        )),
     }
-    out.push(github(project.as_ref().map(|p| p.top.as_path()).unwrap_or(&inp.cwd)));
+    out.push(github(
+        project
+            .as_ref()
+            .map(|p| p.top.as_path())
+            .unwrap_or(&inp.cwd),
+    ));
     out
 }
 
@@ -109,17 +145,32 @@ fn git() -> Finding {
             if ok {
                 f("git", Status::Ok, v, None)
             } else {
-                f("git", Status::Warn, format!("{v}; loopwright is tested with git 2.30 and later"), Some("install a newer git".into()))
+                f(
+                    "git",
+                    Status::Warn,
+                    format!("{v}; loopwright is tested with git 2.30 and later"),
+                    Some("install a newer git".into()),
+                )
             }
         }
-        _ => f("git", Status::Fail, "git is not installed or not on PATH", Some("apt-get install git".into())),
+        _ => f(
+            "git",
+            Status::Fail,
+            "git is not installed or not on PATH",
+            Some("apt-get install git".into()),
+        ),
     }
 }
 
 fn docker(out: &mut Vec<Finding>) -> Option<DockerEngine> {
     match DockerEngine::connect().and_then(|e| e.version().map(|v| (e, v))) {
         Ok((e, v)) => {
-            out.push(f("docker", Status::Ok, format!("engine {} (API {}) at {}", v.version, v.api, e.host()), None));
+            out.push(f(
+                "docker",
+                Status::Ok,
+                format!("engine {} (API {}) at {}", v.version, v.api, e.host()),
+                None,
+            ));
             Some(e)
         }
         Err(err) => {
@@ -144,15 +195,37 @@ fn mirror(p: &Project, fresh: Duration) -> Finding {
     match m.status() {
         Ok(s) => {
             let age = crate::time::now().saturating_sub(s.last_fetch);
-            let detail = format!("{} ({} refs, {}, fetched {} ago from {})", path.display(), s.refs, crate::mirror::human_size(s.size), human_age(age), s.url);
+            let detail = format!(
+                "{} ({} refs, {}, fetched {} ago from {})",
+                path.display(),
+                s.refs,
+                crate::mirror::human_size(s.size),
+                human_age(age),
+                s.url
+            );
             if age > fresh {
-                f("mirror", Status::Warn, detail, Some("refresh it: lw-mirror sync".into()))
+                f(
+                    "mirror",
+                    Status::Warn,
+                    detail,
+                    Some("refresh it: lw-mirror sync".into()),
+                )
             } else {
                 f("mirror", Status::Ok, detail, None)
             }
         }
-        Err(_) if !path.exists() => f("mirror", Status::Warn, format!("no mirror at {} yet", path.display()), Some("create it: lw-mirror sync".into())),
-        Err(e) => f("mirror", Status::Fail, e.to_string(), Some("rebuild it: lw-mirror sync (a damaged mirror is rebuilt)".into())),
+        Err(_) if !path.exists() => f(
+            "mirror",
+            Status::Warn,
+            format!("no mirror at {} yet", path.display()),
+            Some("create it: lw-mirror sync".into()),
+        ),
+        Err(e) => f(
+            "mirror",
+            Status::Fail,
+            e.to_string(),
+            Some("rebuild it: lw-mirror sync (a damaged mirror is rebuilt)".into()),
+        ),
     }
 }
 
@@ -160,12 +233,29 @@ fn image(p: &Project, engine: Option<&DockerEngine>) -> Vec<Finding> {
     let rt = match crate::image::Runtime::load(&p.top) {
         Ok(rt) => rt,
         Err(e) if e.exit == crate::Exit::NoInput => {
-            return vec![f("image", Status::Warn, e.to_string(), Some("write the default runtime: lw-build init".into()))];
+            return vec![f(
+                "image",
+                Status::Warn,
+                e.to_string(),
+                Some("write the default runtime: lw-build init".into()),
+            )];
         }
-        Err(e) => return vec![f("image", Status::Fail, e.to_string(), Some("fix the runtime definition at the line named".into()))],
+        Err(e) => {
+            return vec![f(
+                "image",
+                Status::Fail,
+                e.to_string(),
+                Some("fix the runtime definition at the line named".into()),
+            )];
+        }
     };
     let Some(engine) = engine else {
-        return vec![f("image", Status::Skip, "the Docker engine is not reachable", None)];
+        return vec![f(
+            "image",
+            Status::Skip,
+            "the Docker engine is not reachable",
+            None,
+        )];
     };
     let plan = match rt.plan(engine) {
         Ok(plan) => plan,
@@ -174,7 +264,12 @@ fn image(p: &Project, engine: Option<&DockerEngine>) -> Vec<Finding> {
     let mut out = Vec::new();
     for layer in &plan.layers {
         if layer.cached() {
-            out.push(f("image", Status::Ok, format!("layer {} is current: {}", layer.def.name, layer.tag), None));
+            out.push(f(
+                "image",
+                Status::Ok,
+                format!("layer {} is current: {}", layer.def.name, layer.tag),
+                None,
+            ));
             continue;
         }
         let why = match crate::image::explain(engine, layer) {
@@ -188,7 +283,12 @@ fn image(p: &Project, engine: Option<&DockerEngine>) -> Vec<Finding> {
             },
             Err(e) => e.to_string(),
         };
-        out.push(f("image", Status::Warn, format!("layer {} ({}) is {why}", layer.def.name, layer.tag), Some("build it: lw-build".into())));
+        out.push(f(
+            "image",
+            Status::Warn,
+            format!("layer {} ({}) is {why}", layer.def.name, layer.tag),
+            Some("build it: lw-build".into()),
+        ));
     }
     out
 }
@@ -212,11 +312,23 @@ fn mailbox(root: &Root) -> Vec<Finding> {
         out.push(f(
             "mailbox",
             Status::Fail,
-            format!("{} is writable by group or others (mode {mode:o}): anyone could plant messages", root.dir.display()),
+            format!(
+                "{} is writable by group or others (mode {mode:o}): anyone could plant messages",
+                root.dir.display()
+            ),
             Some(format!("chmod go-w {}", root.dir.display())),
         ));
     } else {
-        out.push(f("mailbox", Status::Ok, format!("{} (mode {mode:o}, owner uid {})", root.dir.display(), meta.uid()), None));
+        out.push(f(
+            "mailbox",
+            Status::Ok,
+            format!(
+                "{} (mode {mode:o}, owner uid {})",
+                root.dir.display(),
+                meta.uid()
+            ),
+            None,
+        ));
     }
     // Each sandbox's mailbox must belong to one user and be closed to others.
     if let Ok(rd) = std::fs::read_dir(root.sandboxes_dir()) {
@@ -235,36 +347,78 @@ fn mailbox(root: &Root) -> Vec<Finding> {
             }
         }
     }
-    out.push(lock_finding("mediator", &root.state_dir().join("mediator.lock")));
+    out.push(lock_finding(
+        "mediator",
+        &root.state_dir().join("mediator.lock"),
+    ));
     out.push(lock_finding("sync", &root.state_dir().join("sync.lock")));
     out
 }
 
 fn lock_finding(what: &'static str, path: &Path) -> Finding {
-    let check = if what == "mediator" { "mediator" } else { "sync" };
+    let check = if what == "mediator" {
+        "mediator"
+    } else {
+        "sync"
+    };
     let Ok(file) = std::fs::OpenOptions::new().read(true).open(path) else {
-        return f(check, Status::Ok, format!("not running (no lock file {})", path.display()), None);
+        return f(
+            check,
+            Status::Ok,
+            format!("not running (no lock file {})", path.display()),
+            None,
+        );
     };
     match file.try_lock_shared() {
-        Ok(()) => f(check, Status::Ok, format!("not running (lock {} is free)", path.display()), None),
-        Err(std::fs::TryLockError::WouldBlock) => f(check, Status::Ok, format!("running (lock {} is held)", path.display()), None),
-        Err(std::fs::TryLockError::Error(e)) => f(check, Status::Fail, format!("cannot check lock {}: {e}", path.display()), None),
+        Ok(()) => f(
+            check,
+            Status::Ok,
+            format!("not running (lock {} is free)", path.display()),
+            None,
+        ),
+        Err(std::fs::TryLockError::WouldBlock) => f(
+            check,
+            Status::Ok,
+            format!("running (lock {} is held)", path.display()),
+            None,
+        ),
+        Err(std::fs::TryLockError::Error(e)) => f(
+            check,
+            Status::Fail,
+            format!("cannot check lock {}: {e}", path.display()),
+            None,
+        ),
     }
 }
 
 fn github(dir: &Path) -> Finding {
     let Some(cfg_path) = crate::sync::Config::find(dir) else {
-        return f("github", Status::Skip, "no .loopwright/sync.json: lw-sync is not configured", None);
+        return f(
+            "github",
+            Status::Skip,
+            "no .loopwright/sync.json: lw-sync is not configured",
+            None,
+        );
     };
     let cfg = match crate::sync::Config::load(&cfg_path) {
         Ok(c) => c,
-        Err(e) => return f("github", Status::Fail, e.to_string(), Some("fix .loopwright/sync.json".into())),
+        Err(e) => {
+            return f(
+                "github",
+                Status::Fail,
+                e.to_string(),
+                Some("fix .loopwright/sync.json".into()),
+            );
+        }
     };
     let token = match crate::github::Token::load(cfg.token_file.as_deref()) {
         Ok(t) => t,
         Err(e) => return f("github", Status::Fail, e.to_string(), None),
     };
-    let base = std::env::var("LW_GITHUB_API_URL").ok().or(cfg.api_url.clone()).unwrap_or_else(|| "https://api.github.com".into());
+    let base = std::env::var("LW_GITHUB_API_URL")
+        .ok()
+        .or(cfg.api_url.clone())
+        .unwrap_or_else(|| "https://api.github.com".into());
     let mut limits = crate::github::Limits::default();
     limits.max_wait = Duration::from_secs(5);
     limits.read_attempts = 1;
@@ -276,17 +430,42 @@ fn github(dir: &Path) -> Finding {
     let who = match client.user() {
         Ok(Some(login)) => format!("token of {login}"),
         Ok(None) => "token (an installation token: no user)".into(),
-        Err(e) if e.exit == crate::Exit::Unavailable || e.to_string().contains("connection failed") => {
+        Err(e)
+            if e.exit == crate::Exit::Unavailable
+                || e.to_string().contains("connection failed") =>
+        {
             return f("github", Status::Fail, format!("{base}: {e}"), Some("check the API URL (LW_GITHUB_API_URL or \"api_url\" in .loopwright/sync.json) and that it is reachable".into()));
         }
-        Err(e) => return f("github", Status::Fail, e.to_string(), Some("set GH_TOKEN to a token with issues: write on the repository".into())),
+        Err(e) => {
+            return f(
+                "github",
+                Status::Fail,
+                e.to_string(),
+                Some("set GH_TOKEN to a token with issues: write on the repository".into()),
+            );
+        }
     };
     match cfg.default_target() {
         Ok(t) => match client.list_comments(&t, Some("2999-01-01T00:00:00Z")) {
-            Ok(_) => f("github", Status::Ok, format!("{who} reads {t} at {base}"), None),
-            Err(e) => f("github", Status::Fail, e.to_string(), Some("give the token issues: read and write on the repository".into())),
+            Ok(_) => f(
+                "github",
+                Status::Ok,
+                format!("{who} reads {t} at {base}"),
+                None,
+            ),
+            Err(e) => f(
+                "github",
+                Status::Fail,
+                e.to_string(),
+                Some("give the token issues: read and write on the repository".into()),
+            ),
         },
-        Err(e) => f("github", Status::Warn, format!("{who} at {base}; {e}"), None),
+        Err(e) => f(
+            "github",
+            Status::Warn,
+            format!("{who} at {base}; {e}"),
+            None,
+        ),
     }
 }
 

@@ -172,7 +172,11 @@ pub trait Engine {
     /// Builds `req`, passing every line of output to `on_event` as it arrives.
     /// A failing step is `Ok(BuildOutcome::Failed)`; `Err` means the engine
     /// itself failed.
-    fn build(&self, req: &BuildRequest, on_event: &mut dyn FnMut(BuildEvent)) -> Result<BuildOutcome>;
+    fn build(
+        &self,
+        req: &BuildRequest,
+        on_event: &mut dyn FnMut(BuildEvent),
+    ) -> Result<BuildOutcome>;
     /// Creates a container and returns its id.
     fn create(&self, spec: &ContainerSpec) -> Result<String>;
     fn start(&self, container: &str) -> Result<()>;
@@ -214,14 +218,18 @@ impl DockerEngine {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| Error::new(Exit::Software, "cannot start the I/O runtime").with_source(e))?;
+            .map_err(|e| {
+                Error::new(Exit::Software, "cannot start the I/O runtime").with_source(e)
+            })?;
         let docker = Docker::connect_with_host(&host).map_err(|e| match e {
             bollard::errors::Error::UnsupportedURISchemeError { .. } => Error::config(format!(
                 "DOCKER_HOST '{host}' is not an engine address; use unix:///PATH or tcp://HOST:PORT"
             )),
             e => unreachable_err(&host, &e),
         })?;
-        let docker = rt.block_on(docker.negotiate_version()).map_err(|e| unreachable_err(&host, &e))?;
+        let docker = rt
+            .block_on(docker.negotiate_version())
+            .map_err(|e| unreachable_err(&host, &e))?;
         Ok(DockerEngine { rt, docker, host })
     }
 
@@ -269,7 +277,10 @@ pub(crate) fn status_of(e: &bollard::errors::Error) -> Option<u16> {
 pub(crate) fn api_err(host: &str, what: &str, e: bollard::errors::Error) -> Error {
     use bollard::errors::Error as B;
     match &e {
-        B::DockerResponseServerError { status_code, message } => {
+        B::DockerResponseServerError {
+            status_code,
+            message,
+        } => {
             let exit = match status_code {
                 404 => Exit::NoInput,
                 409 => Exit::CantCreat,
@@ -277,9 +288,10 @@ pub(crate) fn api_err(host: &str, what: &str, e: bollard::errors::Error) -> Erro
             };
             Error::new(exit, format!("{what}: {message}"))
         }
-        B::SocketNotFoundError(_) | B::HyperLegacyError { .. } | B::IOError { .. } | B::RequestTimeoutError => {
-            unreachable_err(host, &e)
-        }
+        B::SocketNotFoundError(_)
+        | B::HyperLegacyError { .. }
+        | B::IOError { .. }
+        | B::RequestTimeoutError => unreachable_err(host, &e),
         _ => Error::new(Exit::Unavailable, format!("{what}: {e}")),
     }
 }
@@ -292,8 +304,16 @@ fn ports_of(map: Option<HashMap<String, Option<Vec<PortBinding>>>>) -> Vec<PortM
     let mut out = Vec::new();
     for (container, bindings) in map.unwrap_or_default() {
         for b in bindings.unwrap_or_default() {
-            let host_port = b.host_port.as_deref().and_then(|p| p.parse().ok()).unwrap_or(0);
-            out.push(PortMap { container: container.clone(), host_ip: b.host_ip.unwrap_or_default(), host_port });
+            let host_port = b
+                .host_port
+                .as_deref()
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0);
+            out.push(PortMap {
+                container: container.clone(),
+                host_ip: b.host_ip.unwrap_or_default(),
+                host_port,
+            });
         }
     }
     out.sort_by(|a, b| (&a.container, a.host_port).cmp(&(&b.container, b.host_port)));
@@ -302,9 +322,15 @@ fn ports_of(map: Option<HashMap<String, Option<Vec<PortBinding>>>>) -> Vec<PortM
 
 impl Engine for DockerEngine {
     fn version(&self) -> Result<EngineVersion> {
-        let v = self.rt.block_on(self.docker.version()).map_err(|e| self.err("cannot ask the engine its version", e))?;
+        let v = self
+            .rt
+            .block_on(self.docker.version())
+            .map_err(|e| self.err("cannot ask the engine its version", e))?;
         let c = self.docker.client_version();
-        Ok(EngineVersion { version: v.version.unwrap_or_default(), api: format!("{}.{}", c.major_version, c.minor_version) })
+        Ok(EngineVersion {
+            version: v.version.unwrap_or_default(),
+            api: format!("{}.{}", c.major_version, c.minor_version),
+        })
     }
 
     fn image(&self, reference: &str) -> Result<Option<Image>> {
@@ -326,36 +352,57 @@ impl Engine for DockerEngine {
     fn images_with_label(&self, label: &str) -> Result<Vec<Image>> {
         let mut filters = HashMap::new();
         filters.insert("label".to_string(), vec![label.to_string()]);
-        let opts = qp::ListImagesOptions { filters: Some(filters), ..Default::default() };
+        let opts = qp::ListImagesOptions {
+            filters: Some(filters),
+            ..Default::default()
+        };
         let list = self
             .rt
             .block_on(self.docker.list_images(Some(opts)))
             .map_err(|e| self.err(&format!("cannot list images labelled '{label}'"), e))?;
         let mut out: Vec<Image> = list
             .into_iter()
-            .map(|s| Image { id: s.id, tags: s.repo_tags, labels: s.labels.into_iter().collect(), created: s.created })
+            .map(|s| Image {
+                id: s.id,
+                tags: s.repo_tags,
+                labels: s.labels.into_iter().collect(),
+                created: s.created,
+            })
             .collect();
         out.sort_by(|a, b| b.created.cmp(&a.created).then_with(|| a.id.cmp(&b.id)));
         Ok(out)
     }
 
     fn tag(&self, image: &str, repo: &str, tag: &str) -> Result<()> {
-        let opts = qp::TagImageOptions { repo: Some(repo.to_string()), tag: Some(tag.to_string()) };
+        let opts = qp::TagImageOptions {
+            repo: Some(repo.to_string()),
+            tag: Some(tag.to_string()),
+        };
         self.rt
             .block_on(self.docker.tag_image(image, Some(opts)))
             .map_err(|e| self.err(&format!("cannot tag '{image}' as '{repo}:{tag}'"), e))
     }
 
     fn remove_image(&self, reference: &str, force: bool) -> Result<()> {
-        let opts = qp::RemoveImageOptions { force, ..Default::default() };
-        match self.rt.block_on(self.docker.remove_image(reference, Some(opts), None)) {
+        let opts = qp::RemoveImageOptions {
+            force,
+            ..Default::default()
+        };
+        match self
+            .rt
+            .block_on(self.docker.remove_image(reference, Some(opts), None))
+        {
             Ok(_) => Ok(()),
             Err(e) if status_of(&e) == Some(404) => Ok(()),
             Err(e) => Err(self.err(&format!("cannot remove image '{reference}'"), e)),
         }
     }
 
-    fn build(&self, req: &BuildRequest, on_event: &mut dyn FnMut(BuildEvent)) -> Result<BuildOutcome> {
+    fn build(
+        &self,
+        req: &BuildRequest,
+        on_event: &mut dyn FnMut(BuildEvent),
+    ) -> Result<BuildOutcome> {
         let opts = qp::BuildImageOptions {
             dockerfile: req.dockerfile.clone(),
             t: Some(req.tag.clone()),
@@ -395,12 +442,20 @@ impl Engine for DockerEngine {
                         // The engine refused the request itself: a bad Dockerfile path,
                         // a syntax error; the build never ran.
                         let msg = match e {
-                            bollard::errors::Error::DockerResponseServerError { message, .. } => message,
+                            bollard::errors::Error::DockerResponseServerError {
+                                message, ..
+                            } => message,
                             other => other.to_string(),
                         };
                         return Ok(BuildOutcome::Failed(msg));
                     }
-                    Err(e) => return Err(api_err(&self.host, &format!("cannot build '{}'", req.tag), e)),
+                    Err(e) => {
+                        return Err(api_err(
+                            &self.host,
+                            &format!("cannot build '{}'", req.tag),
+                            e,
+                        ));
+                    }
                 }
             }
             match id {
@@ -408,7 +463,11 @@ impl Engine for DockerEngine {
                 // The legacy builder reports the id as text only: trust the tag.
                 None => match self.docker.inspect_image(&req.tag).await {
                     Ok(i) => Ok(BuildOutcome::Built(i.id.unwrap_or_default())),
-                    Err(e) => Err(api_err(&self.host, &format!("build of '{}' left no image", req.tag), e)),
+                    Err(e) => Err(api_err(
+                        &self.host,
+                        &format!("build of '{}' left no image", req.tag),
+                        e,
+                    )),
                 },
             }
         })
@@ -421,7 +480,10 @@ impl Engine for DockerEngine {
             by_port
                 .entry(p.container.clone())
                 .or_default()
-                .push(PortBinding { host_ip: Some(p.host_ip.clone()), host_port: Some(p.host_port.to_string()) });
+                .push(PortBinding {
+                    host_ip: Some(p.host_ip.clone()),
+                    host_port: Some(p.host_port.to_string()),
+                });
         }
         let port_bindings: HashMap<String, Option<Vec<PortBinding>>> =
             by_port.into_iter().map(|(k, v)| (k, Some(v))).collect();
@@ -431,16 +493,31 @@ impl Engine for DockerEngine {
             security_opt: opt_vec(&spec.security_opt),
             pids_limit: spec.pids_limit,
             memory: spec.memory_bytes,
-            tmpfs: if spec.tmpfs.is_empty() { None } else { Some(spec.tmpfs.clone().into_iter().collect()) },
+            tmpfs: if spec.tmpfs.is_empty() {
+                None
+            } else {
+                Some(spec.tmpfs.clone().into_iter().collect())
+            },
             binds: opt_vec(
                 &spec
                     .binds
                     .iter()
-                    .map(|b| format!("{}:{}:{}", b.source, b.target, if b.read_only { "ro" } else { "rw" }))
+                    .map(|b| {
+                        format!(
+                            "{}:{}:{}",
+                            b.source,
+                            b.target,
+                            if b.read_only { "ro" } else { "rw" }
+                        )
+                    })
                     .collect(),
             ),
             network_mode: spec.network.clone(),
-            port_bindings: if port_bindings.is_empty() { None } else { Some(port_bindings) },
+            port_bindings: if port_bindings.is_empty() {
+                None
+            } else {
+                Some(port_bindings)
+            },
             ..Default::default()
         };
         let exposed: Vec<String> = spec.ports.iter().map(|p| p.container.clone()).collect();
@@ -458,21 +535,39 @@ impl Engine for DockerEngine {
             host_config: Some(host),
             ..Default::default()
         };
-        let opts = spec.name.as_ref().map(|n| qp::CreateContainerOptions { name: Some(n.clone()), ..Default::default() });
-        let what = format!("cannot create container '{}'", spec.name.as_deref().unwrap_or(&spec.image));
-        let r = self.rt.block_on(self.docker.create_container(opts, body)).map_err(|e| self.err(&what, e))?;
+        let opts = spec.name.as_ref().map(|n| qp::CreateContainerOptions {
+            name: Some(n.clone()),
+            ..Default::default()
+        });
+        let what = format!(
+            "cannot create container '{}'",
+            spec.name.as_deref().unwrap_or(&spec.image)
+        );
+        let r = self
+            .rt
+            .block_on(self.docker.create_container(opts, body))
+            .map_err(|e| self.err(&what, e))?;
         Ok(r.id)
     }
 
     fn start(&self, container: &str) -> Result<()> {
         self.rt
-            .block_on(self.docker.start_container(container, None::<qp::StartContainerOptions>))
+            .block_on(
+                self.docker
+                    .start_container(container, None::<qp::StartContainerOptions>),
+            )
             .map_err(|e| self.err(&format!("cannot start container '{container}'"), e))
     }
 
     fn stop(&self, container: &str, timeout: Duration) -> Result<()> {
-        let opts = qp::StopContainerOptions { t: Some(timeout.as_secs() as i32), signal: None };
-        match self.rt.block_on(self.docker.stop_container(container, Some(opts))) {
+        let opts = qp::StopContainerOptions {
+            t: Some(timeout.as_secs() as i32),
+            signal: None,
+        };
+        match self
+            .rt
+            .block_on(self.docker.stop_container(container, Some(opts)))
+        {
             Ok(()) => Ok(()),
             // 304: already stopped.
             Err(e) if status_of(&e) == Some(304) => Ok(()),
@@ -481,8 +576,15 @@ impl Engine for DockerEngine {
     }
 
     fn remove(&self, container: &str, force: bool) -> Result<()> {
-        let opts = qp::RemoveContainerOptions { force, v: true, link: false };
-        match self.rt.block_on(self.docker.remove_container(container, Some(opts))) {
+        let opts = qp::RemoveContainerOptions {
+            force,
+            v: true,
+            link: false,
+        };
+        match self
+            .rt
+            .block_on(self.docker.remove_container(container, Some(opts)))
+        {
             Ok(()) => Ok(()),
             Err(e) if status_of(&e) == Some(404) => Ok(()),
             Err(e) => Err(self.err(&format!("cannot remove container '{container}'"), e)),
@@ -490,12 +592,19 @@ impl Engine for DockerEngine {
     }
 
     fn inspect(&self, name_or_id: &str) -> Result<Option<Container>> {
-        match self.rt.block_on(self.docker.inspect_container(name_or_id, None::<qp::InspectContainerOptions>)) {
+        match self.rt.block_on(
+            self.docker
+                .inspect_container(name_or_id, None::<qp::InspectContainerOptions>),
+        ) {
             Ok(c) => {
                 let state = c.state.unwrap_or_default();
                 Ok(Some(Container {
                     id: c.id.unwrap_or_default(),
-                    name: c.name.unwrap_or_default().trim_start_matches('/').to_string(),
+                    name: c
+                        .name
+                        .unwrap_or_default()
+                        .trim_start_matches('/')
+                        .to_string(),
                     image: c.image.unwrap_or_default(),
                     running: state.running.unwrap_or(false),
                     status: state.status.map(|s| s.to_string()).unwrap_or_default(),
@@ -517,20 +626,34 @@ impl Engine for DockerEngine {
     ) -> Result<i64> {
         use bollard::container::LogOutput;
         use bollard::exec::StartExecResults;
-        let what = format!("cannot run {:?} in container '{container}'", req.cmd.join(" "));
+        let what = format!(
+            "cannot run {:?} in container '{container}'",
+            req.cmd.join(" ")
+        );
         let cfg = ExecConfig {
             attach_stdout: Some(true),
             attach_stderr: Some(true),
             cmd: Some(req.cmd.clone()),
-            env: if req.env.is_empty() { None } else { Some(req.env.clone()) },
+            env: if req.env.is_empty() {
+                None
+            } else {
+                Some(req.env.clone())
+            },
             user: req.user.clone(),
             working_dir: req.workdir.clone(),
             ..Default::default()
         };
         let docker = self.docker.clone().with_timeout(BUILD_TIMEOUT);
         self.rt.block_on(async {
-            let created = docker.create_exec(container, cfg).await.map_err(|e| api_err(&self.host, &what, e))?;
-            match docker.start_exec(&created.id, None).await.map_err(|e| api_err(&self.host, &what, e))? {
+            let created = docker
+                .create_exec(container, cfg)
+                .await
+                .map_err(|e| api_err(&self.host, &what, e))?;
+            match docker
+                .start_exec(&created.id, None)
+                .await
+                .map_err(|e| api_err(&self.host, &what, e))?
+            {
                 StartExecResults::Attached { mut output, .. } => {
                     while let Some(chunk) = output.next().await {
                         match chunk.map_err(|e| api_err(&self.host, &what, e))? {
@@ -544,10 +667,16 @@ impl Engine for DockerEngine {
                 }
                 StartExecResults::Detached => {}
             }
-            let inspected = docker.inspect_exec(&created.id).await.map_err(|e| api_err(&self.host, &what, e))?;
-            inspected
-                .exit_code
-                .ok_or_else(|| Error::new(Exit::Software, format!("{what}: the engine reported no exit status")))
+            let inspected = docker
+                .inspect_exec(&created.id)
+                .await
+                .map_err(|e| api_err(&self.host, &what, e))?;
+            inspected.exit_code.ok_or_else(|| {
+                Error::new(
+                    Exit::Software,
+                    format!("{what}: the engine reported no exit status"),
+                )
+            })
         })
     }
 }
@@ -558,7 +687,10 @@ mod tests {
 
     #[test]
     fn unreachable_engine_says_how_to_start_it() {
-        let e = unreachable_err("unix:///nonexistent.sock", &bollard::errors::Error::RequestTimeoutError);
+        let e = unreachable_err(
+            "unix:///nonexistent.sock",
+            &bollard::errors::Error::RequestTimeoutError,
+        );
         assert_eq!(e.exit, Exit::Unavailable);
         assert!(e.msg.contains("unix:///nonexistent.sock"), "{}", e.msg);
         assert!(e.msg.contains("systemctl start docker"), "{}", e.msg);
@@ -566,9 +698,15 @@ mod tests {
 
     #[test]
     fn not_found_is_no_input_and_conflict_is_cant_create() {
-        let nf = bollard::errors::Error::DockerResponseServerError { status_code: 404, message: "no such image".into() };
+        let nf = bollard::errors::Error::DockerResponseServerError {
+            status_code: 404,
+            message: "no such image".into(),
+        };
         assert_eq!(api_err("h", "x", nf).exit, Exit::NoInput);
-        let c = bollard::errors::Error::DockerResponseServerError { status_code: 409, message: "name in use".into() };
+        let c = bollard::errors::Error::DockerResponseServerError {
+            status_code: 409,
+            message: "name in use".into(),
+        };
         assert_eq!(api_err("h", "x", c).exit, Exit::CantCreat);
     }
 }

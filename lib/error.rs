@@ -53,7 +53,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub fn new(exit: Exit, msg: impl Into<String>) -> Self {
-        Error { exit, msg: msg.into(), source: None }
+        Error {
+            exit,
+            msg: msg.into(),
+            source: None,
+        }
     }
 
     pub fn usage(msg: impl Into<String>) -> Self {
@@ -79,7 +83,11 @@ impl Error {
 
     /// Same as [`Error::io`] with the exit status chosen by the caller.
     pub fn io_as(exit: Exit, what: &str, path: &Path, err: io::Error) -> Self {
-        Error { exit, msg: format!("{what} '{}'", path.display()), source: Some(Box::new(err)) }
+        Error {
+            exit,
+            msg: format!("{what} '{}'", path.display()),
+            source: Some(Box::new(err)),
+        }
     }
 
     pub fn with_source(mut self, err: impl std::error::Error + Send + Sync + 'static) -> Self {
@@ -97,9 +105,9 @@ pub fn errno_io(e: rustix::io::Errno) -> io::Error {
 /// (cannot create), everything else (ENOSPC, EIO, ...) is 74.
 pub fn io_exit(err: &io::Error) -> Exit {
     match err.kind() {
-        io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem => {
-            Exit::CantCreat
-        }
+        io::ErrorKind::NotFound
+        | io::ErrorKind::PermissionDenied
+        | io::ErrorKind::ReadOnlyFilesystem => Exit::CantCreat,
         _ => Exit::IoErr,
     }
 }

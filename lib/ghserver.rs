@@ -117,12 +117,29 @@ struct TokenInfo {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 enum Op {
-    Repo { repo: String },
-    Issue { repo: String, number: u64, title: String },
-    Comment { c: StoredComment },
-    Edit { id: u64, body: String, at: u64 },
-    Delete { id: u64 },
-    Token { sha: String, info: TokenInfo },
+    Repo {
+        repo: String,
+    },
+    Issue {
+        repo: String,
+        number: u64,
+        title: String,
+    },
+    Comment {
+        c: StoredComment,
+    },
+    Edit {
+        id: u64,
+        body: String,
+        at: u64,
+    },
+    Delete {
+        id: u64,
+    },
+    Token {
+        sha: String,
+        info: TokenInfo,
+    },
 }
 
 #[derive(Default)]
@@ -180,7 +197,11 @@ impl State {
             Op::Repo { repo } => {
                 self.repos.entry(repo).or_default();
             }
-            Op::Issue { repo, number, title } => {
+            Op::Issue {
+                repo,
+                number,
+                title,
+            } => {
                 self.repos.entry(repo).or_default().insert(number, title);
             }
             Op::Comment { c } => {
@@ -220,11 +241,17 @@ impl Server {
     /// background threads.
     pub fn start(opts: Options) -> Result<Server> {
         if !opts.listen.ip().is_loopback() {
-            return Err(Error::usage(format!("refusing to listen on {}: lw-github-sink serves loopback addresses only", opts.listen)));
+            return Err(Error::usage(format!(
+                "refusing to listen on {}: lw-github-sink serves loopback addresses only",
+                opts.listen
+            )));
         }
         std::fs::create_dir_all(&opts.dir).map_err(|e| Error::io("cannot create", &opts.dir, e))?;
         let jpath = opts.dir.join("journal.jsonl");
-        let mut st = State { next_id: 1_000_001, ..State::default() };
+        let mut st = State {
+            next_id: 1_000_001,
+            ..State::default()
+        };
         match std::fs::read(&jpath) {
             Ok(bytes) => {
                 for line in bytes.split(|&b| b == b'\n') {
@@ -238,12 +265,22 @@ impl Server {
             Err(e) => return Err(Error::io("cannot read", &jpath, e)),
         }
         st.journal = Some(
-            std::fs::OpenOptions::new().create(true).append(true).open(&jpath).map_err(|e| Error::io("cannot open", &jpath, e))?,
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&jpath)
+                .map_err(|e| Error::io("cannot open", &jpath, e))?,
         );
         let listener = TcpListener::bind(opts.listen).map_err(|e| {
-            Error::new(Exit::Unavailable, format!("cannot listen on {}", opts.listen)).with_source(e)
+            Error::new(
+                Exit::Unavailable,
+                format!("cannot listen on {}", opts.listen),
+            )
+            .with_source(e)
         })?;
-        let addr = listener.local_addr().map_err(|e| Error::new(Exit::Unavailable, "cannot read the bound address").with_source(e))?;
+        let addr = listener.local_addr().map_err(|e| {
+            Error::new(Exit::Unavailable, "cannot read the bound address").with_source(e)
+        })?;
         let state = Arc::new(Mutex::new(st));
         let shared = state.clone();
         let opts = Arc::new(opts);
@@ -272,8 +309,16 @@ impl Server {
     /// Accepts `token` for `login` (stored as its digest).
     pub fn add_token(&self, login: &str, token: &str, write: bool) {
         let mut st = self.state.lock().expect("server state lock");
-        let info = TokenInfo { login: login.into(), write, revoked: false };
-        st.commit(Op::Token { sha: sha256_hex(token.as_bytes()), info }).expect("journal write");
+        let info = TokenInfo {
+            login: login.into(),
+            write,
+            revoked: false,
+        };
+        st.commit(Op::Token {
+            sha: sha256_hex(token.as_bytes()),
+            info,
+        })
+        .expect("journal write");
     }
 
     /// Direct control, without HTTP (tests in the same process).
@@ -289,7 +334,11 @@ fn control_repo(st: &mut State, repo: &str, issues: u64) -> std::io::Result<()> 
     }
     for n in 1..=issues {
         if !st.repos[repo].contains_key(&n) {
-            st.commit(Op::Issue { repo: repo.into(), number: n, title: format!("issue {n}") })?;
+            st.commit(Op::Issue {
+                repo: repo.into(),
+                number: n,
+                title: format!("issue {n}"),
+            })?;
         }
     }
     Ok(())
@@ -304,7 +353,10 @@ struct Request {
 
 impl Request {
     fn header(&self, n: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(n)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(n))
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -317,11 +369,19 @@ struct Response {
 }
 
 fn resp(status: u16, v: Value) -> Response {
-    Response { status, headers: vec![], body: serde_json::to_vec(&v).expect("JSON values serialise"), drop: false }
+    Response {
+        status,
+        headers: vec![],
+        body: serde_json::to_vec(&v).expect("JSON values serialise"),
+        drop: false,
+    }
 }
 
 fn gh_error(status: u16, msg: &str) -> Response {
-    resp(status, json!({ "message": msg, "documentation_url": DOCS, "status": status.to_string() }))
+    resp(
+        status,
+        json!({ "message": msg, "documentation_url": DOCS, "status": status.to_string() }),
+    )
 }
 
 fn read_request(r: &mut BufReader<TcpStream>) -> std::io::Result<Option<Request>> {
@@ -351,12 +411,21 @@ fn read_request(r: &mut BufReader<TcpStream>) -> std::io::Result<Option<Request>
             headers.push((k.trim().to_string(), v.trim().to_string()));
         }
     }
-    let mut req = Request { method, target, headers, body: Vec::new() };
-    if req.header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+    let mut req = Request {
+        method,
+        target,
+        headers,
+        body: Vec::new(),
+    };
+    if req
+        .header("transfer-encoding")
+        .is_some_and(|v| v.eq_ignore_ascii_case("chunked"))
+    {
         loop {
             let mut size = String::new();
             r.read_line(&mut size)?;
-            let n = usize::from_str_radix(size.trim().split(';').next().unwrap_or(""), 16).map_err(|_| std::io::Error::other("bad chunk size"))?;
+            let n = usize::from_str_radix(size.trim().split(';').next().unwrap_or(""), 16)
+                .map_err(|_| std::io::Error::other("bad chunk size"))?;
             if n == 0 {
                 let mut end = String::new();
                 r.read_line(&mut end)?;
@@ -368,7 +437,10 @@ fn read_request(r: &mut BufReader<TcpStream>) -> std::io::Result<Option<Request>
             let mut crlf = [0u8; 2];
             r.read_exact(&mut crlf)?;
         }
-    } else if let Some(n) = req.header("content-length").and_then(|v| v.parse::<usize>().ok()) {
+    } else if let Some(n) = req
+        .header("content-length")
+        .and_then(|v| v.parse::<usize>().ok())
+    {
         if n > 64 * 1024 * 1024 {
             return Err(std::io::Error::other("body too large"));
         }
@@ -387,7 +459,9 @@ fn serve_conn(conn: TcpStream, state: Arc<Mutex<State>>, opts: Arc<Options>) {
             Ok(Some(req)) => req,
             _ => return,
         };
-        let close = req.header("connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
+        let close = req
+            .header("connection")
+            .is_some_and(|v| v.eq_ignore_ascii_case("close"));
         let host = req.header("host").unwrap_or("127.0.0.1").to_string();
         let res = {
             let mut st = state.lock().expect("server state lock");
@@ -408,15 +482,32 @@ fn serve_conn(conn: TcpStream, state: Arc<Mutex<State>>, opts: Arc<Options>) {
             429 => "Too Many Requests",
             _ => "Status",
         };
-        let mut head = format!("HTTP/1.1 {} {reason}\r\nContent-Length: {}\r\n", res.status, res.body.len());
-        if !res.headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
+        let mut head = format!(
+            "HTTP/1.1 {} {reason}\r\nContent-Length: {}\r\n",
+            res.status,
+            res.body.len()
+        );
+        if !res
+            .headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        {
             head.push_str("Content-Type: application/json; charset=utf-8\r\n");
         }
         for (k, v) in &res.headers {
             head.push_str(&format!("{k}: {v}\r\n"));
         }
-        head.push_str(if close { "Connection: close\r\n\r\n" } else { "Connection: keep-alive\r\n\r\n" });
-        if w.write_all(head.as_bytes()).and_then(|_| w.write_all(&res.body)).and_then(|_| w.flush()).is_err() || close {
+        head.push_str(if close {
+            "Connection: close\r\n\r\n"
+        } else {
+            "Connection: keep-alive\r\n\r\n"
+        });
+        if w.write_all(head.as_bytes())
+            .and_then(|_| w.write_all(&res.body))
+            .and_then(|_| w.flush())
+            .is_err()
+            || close
+        {
             return;
         }
     }
@@ -448,26 +539,74 @@ fn handle(st: &mut State, opts: &Options, req: &Request, host: &str) -> Response
     let t_ms = now_ms_f();
     let write = req.method != "GET";
     // Who is asking.
-    let token = req.header("authorization").and_then(|a| a.strip_prefix("Bearer ").or_else(|| a.strip_prefix("token "))).map(str::trim);
+    let token = req
+        .header("authorization")
+        .and_then(|a| {
+            a.strip_prefix("Bearer ")
+                .or_else(|| a.strip_prefix("token "))
+        })
+        .map(str::trim);
     let info = token.and_then(|t| st.tokens.get(&sha256_hex(t.as_bytes())).cloned());
-    let login = info.as_ref().filter(|i| !i.revoked).map(|i| i.login.clone());
-    let in_window = login.as_ref().is_some_and(|l| st.windows.iter().any(|(who, w)| who == l && w.from_ms <= t_ms && t_ms < w.until_ms));
-    let mut rec = Record { seq: st.seq, t_ms, method: req.method.clone(), path: req.target.clone(), status: 0, login: login.clone(), fault: None, write, in_window };
+    let login = info
+        .as_ref()
+        .filter(|i| !i.revoked)
+        .map(|i| i.login.clone());
+    let in_window = login.as_ref().is_some_and(|l| {
+        st.windows
+            .iter()
+            .any(|(who, w)| who == l && w.from_ms <= t_ms && t_ms < w.until_ms)
+    });
+    let mut rec = Record {
+        seq: st.seq,
+        t_ms,
+        method: req.method.clone(),
+        path: req.target.clone(),
+        status: 0,
+        login: login.clone(),
+        fault: None,
+        write,
+        in_window,
+    };
 
-    let mut res = dispatch(st, opts, req, &path, &q, host, login.as_deref(), info.as_ref(), &mut rec);
+    let mut res = dispatch(
+        st,
+        opts,
+        req,
+        &path,
+        &q,
+        host,
+        login.as_deref(),
+        info.as_ref(),
+        &mut rec,
+    );
     if let Some(l) = &login {
-        let (remaining, reset) = *st.primary.get(l).unwrap_or(&(opts.hourly_limit, now_s() + 3600));
-        res.headers.push(("x-ratelimit-limit".into(), opts.hourly_limit.to_string()));
-        res.headers.push(("x-ratelimit-remaining".into(), remaining.to_string()));
-        res.headers.push(("x-ratelimit-used".into(), (opts.hourly_limit - remaining.min(opts.hourly_limit)).to_string()));
-        res.headers.push(("x-ratelimit-reset".into(), reset.to_string()));
-        res.headers.push(("x-ratelimit-resource".into(), "core".into()));
+        let (remaining, reset) = *st
+            .primary
+            .get(l)
+            .unwrap_or(&(opts.hourly_limit, now_s() + 3600));
+        res.headers
+            .push(("x-ratelimit-limit".into(), opts.hourly_limit.to_string()));
+        res.headers
+            .push(("x-ratelimit-remaining".into(), remaining.to_string()));
+        res.headers.push((
+            "x-ratelimit-used".into(),
+            (opts.hourly_limit - remaining.min(opts.hourly_limit)).to_string(),
+        ));
+        res.headers
+            .push(("x-ratelimit-reset".into(), reset.to_string()));
+        res.headers
+            .push(("x-ratelimit-resource".into(), "core".into()));
     } else {
         res.headers.push(("x-ratelimit-limit".into(), "60".into()));
-        res.headers.push(("x-ratelimit-remaining".into(), "59".into()));
-        res.headers.push(("x-ratelimit-reset".into(), (now_s() + 3600).to_string()));
+        res.headers
+            .push(("x-ratelimit-remaining".into(), "59".into()));
+        res.headers
+            .push(("x-ratelimit-reset".into(), (now_s() + 3600).to_string()));
     }
-    res.headers.push(("x-github-media-type".into(), "github.v3; format=json".into()));
+    res.headers.push((
+        "x-github-media-type".into(),
+        "github.v3; format=json".into(),
+    ));
     rec.status = if res.drop { 0 } else { res.status };
     st.records.push(rec);
     res
@@ -476,10 +615,16 @@ fn handle(st: &mut State, opts: &Options, req: &Request, host: &str) -> Response
 /// Picks the first fault that matches and is due.
 fn take_fault(st: &mut State, req: &Request, path: &str) -> Option<Fault> {
     for (f, fired, seen) in st.faults.iter_mut() {
-        if f.method.as_deref().is_some_and(|m| !m.eq_ignore_ascii_case(&req.method)) {
+        if f.method
+            .as_deref()
+            .is_some_and(|m| !m.eq_ignore_ascii_case(&req.method))
+        {
             continue;
         }
-        if f.path_contains.as_deref().is_some_and(|p| !path.contains(p)) {
+        if f.path_contains
+            .as_deref()
+            .is_some_and(|p| !path.contains(p))
+        {
             continue;
         }
         if f.count != 0 && *fired >= f.count {
@@ -514,18 +659,31 @@ fn dispatch(
     rec: &mut Record,
 ) -> Response {
     let Some(login) = login else {
-        return if req.header("authorization").is_none() { gh_error(401, "Requires authentication") } else { gh_error(401, "Bad credentials") };
+        return if req.header("authorization").is_none() {
+            gh_error(401, "Requires authentication")
+        } else {
+            gh_error(401, "Bad credentials")
+        };
     };
     // Primary limit.
     let now = now_s();
-    let entry = st.primary.entry(login.to_string()).or_insert((opts.hourly_limit, now + 3600));
+    let entry = st
+        .primary
+        .entry(login.to_string())
+        .or_insert((opts.hourly_limit, now + 3600));
     if entry.1 <= now {
         *entry = (opts.hourly_limit, now + 3600);
     }
     if entry.0 == 0 {
         rec.fault = Some("primary-exhausted".into());
         let reset = entry.1;
-        return gh_error(403, &format!("API rate limit exceeded for user ID 1. [rate limit reset at {}]", gh_time(reset)));
+        return gh_error(
+            403,
+            &format!(
+                "API rate limit exceeded for user ID 1. [rate limit reset at {}]",
+                gh_time(reset)
+            ),
+        );
     }
     entry.0 -= 1;
 
@@ -535,13 +693,30 @@ fn dispatch(
         match f.kind.as_str() {
             "secondary" => {
                 let status = f.status.unwrap_or(403);
-                let mut r = gh_error(status, "You have exceeded a secondary rate limit. Please wait a few minutes before you try again.");
+                let mut r = gh_error(
+                    status,
+                    "You have exceeded a secondary rate limit. Please wait a few minutes before you try again.",
+                );
                 if let Some(s) = f.retry_after {
                     r.headers.push(("retry-after".into(), s.to_string()));
-                    st.windows.push((login.into(), Window { from_ms: rec.t_ms, until_ms: rec.t_ms + s as f64 * 1000.0, why: "retry-after".into() }));
+                    st.windows.push((
+                        login.into(),
+                        Window {
+                            from_ms: rec.t_ms,
+                            until_ms: rec.t_ms + s as f64 * 1000.0,
+                            why: "retry-after".into(),
+                        },
+                    ));
                 } else {
                     // GitHub: without headers, wait at least one minute.
-                    st.windows.push((login.into(), Window { from_ms: rec.t_ms, until_ms: rec.t_ms + 60_000.0, why: "secondary".into() }));
+                    st.windows.push((
+                        login.into(),
+                        Window {
+                            from_ms: rec.t_ms,
+                            until_ms: rec.t_ms + 60_000.0,
+                            why: "secondary".into(),
+                        },
+                    ));
                 }
                 return r;
             }
@@ -549,16 +724,32 @@ fn dispatch(
                 let secs = f.retry_after.unwrap_or(2);
                 let reset = now + secs;
                 st.primary.insert(login.into(), (0, reset));
-                st.windows.push((login.into(), Window { from_ms: rec.t_ms, until_ms: reset as f64 * 1000.0, why: "primary".into() }));
+                st.windows.push((
+                    login.into(),
+                    Window {
+                        from_ms: rec.t_ms,
+                        until_ms: reset as f64 * 1000.0,
+                        why: "primary".into(),
+                    },
+                ));
                 // The headers added in `handle` report remaining 0 and the reset.
                 return gh_error(403, "API rate limit exceeded for user ID 1.");
             }
-            "drop" => return Response { status: 0, headers: vec![], body: vec![], drop: true },
+            "drop" => {
+                return Response {
+                    status: 0,
+                    headers: vec![],
+                    body: vec![],
+                    drop: true,
+                };
+            }
             "not_json" => {
                 return Response {
                     status: 200,
                     headers: vec![("Content-Type".into(), "text/html".into())],
-                    body: b"<html><body>Unicorn! This page is taking too long to load.</body></html>".to_vec(),
+                    body:
+                        b"<html><body>Unicorn! This page is taking too long to load.</body></html>"
+                            .to_vec(),
                     drop: false,
                 };
             }
@@ -580,47 +771,84 @@ fn dispatch(
     res
 }
 
-fn route(st: &mut State, req: &Request, path: &str, q: &[(String, String)], host: &str, login: &str, info: Option<&TokenInfo>) -> Response {
+fn route(
+    st: &mut State,
+    req: &Request,
+    path: &str,
+    q: &[(String, String)],
+    host: &str,
+    login: &str,
+    info: Option<&TokenInfo>,
+) -> Response {
     let seg: Vec<&str> = path.trim_matches('/').split('/').collect();
     let m = req.method.as_str();
     let can_write = info.is_some_and(|i| i.write);
     let forbidden = || {
         let mut r = gh_error(403, "Resource not accessible by personal access token");
-        r.headers.push(("x-accepted-github-permissions".into(), "issues=write; pull_requests=write".into()));
+        r.headers.push((
+            "x-accepted-github-permissions".into(),
+            "issues=write; pull_requests=write".into(),
+        ));
         r
     };
     match (m, seg.as_slice()) {
         ("GET", ["user"]) => resp(200, json!({ "login": login, "id": 1, "type": "User" })),
         ("GET", ["rate_limit"]) => {
             let (rem, reset) = st.primary.get(login).copied().unwrap_or((0, 0));
-            resp(200, json!({ "resources": { "core": { "remaining": rem, "reset": reset } }, "rate": { "remaining": rem, "reset": reset } }))
+            resp(
+                200,
+                json!({ "resources": { "core": { "remaining": rem, "reset": reset } }, "rate": { "remaining": rem, "reset": reset } }),
+            )
         }
         ("GET", ["repos", o, r]) => {
             let full = format!("{o}/{r}");
-            if st.repos.contains_key(&full) { resp(200, json!({ "full_name": full, "has_issues": true })) } else { gh_error(404, "Not Found") }
+            if st.repos.contains_key(&full) {
+                resp(200, json!({ "full_name": full, "has_issues": true }))
+            } else {
+                gh_error(404, "Not Found")
+            }
         }
         (_, ["repos", o, r, rest @ ..]) => {
             let full = format!("{o}/{r}");
-            let Some(issues) = st.repos.get(&full) else { return gh_error(404, "Not Found") };
+            let Some(issues) = st.repos.get(&full) else {
+                return gh_error(404, "Not Found");
+            };
             match (m, rest) {
                 ("POST", ["issues"]) => {
                     if !can_write {
                         return forbidden();
                     }
-                    let title = serde_json::from_slice::<Value>(&req.body).ok().and_then(|v| v["title"].as_str().map(str::to_string));
-                    let Some(title) = title else { return gh_error(422, "Validation Failed") };
+                    let title = serde_json::from_slice::<Value>(&req.body)
+                        .ok()
+                        .and_then(|v| v["title"].as_str().map(str::to_string));
+                    let Some(title) = title else {
+                        return gh_error(422, "Validation Failed");
+                    };
                     let number = issues.keys().next_back().copied().unwrap_or(0) + 1;
-                    if st.commit(Op::Issue { repo: full.clone(), number, title: title.clone() }).is_err() {
+                    if st
+                        .commit(Op::Issue {
+                            repo: full.clone(),
+                            number,
+                            title: title.clone(),
+                        })
+                        .is_err()
+                    {
                         return gh_error(500, "journal write failed");
                     }
                     resp(201, json!({ "number": number, "title": title }))
                 }
-                ("GET", ["issues", n]) => match n.parse::<u64>().ok().and_then(|n| issues.get(&n).map(|t| (n, t.clone()))) {
+                ("GET", ["issues", n]) => match n
+                    .parse::<u64>()
+                    .ok()
+                    .and_then(|n| issues.get(&n).map(|t| (n, t.clone())))
+                {
                     Some((n, t)) => resp(200, json!({ "number": n, "title": t, "state": "open" })),
                     None => gh_error(404, "Not Found"),
                 },
                 (_, ["issues", n, "comments"]) => {
-                    let Some(n) = n.parse::<u64>().ok().filter(|n| issues.contains_key(n)) else { return gh_error(404, "Not Found") };
+                    let Some(n) = n.parse::<u64>().ok().filter(|n| issues.contains_key(n)) else {
+                        return gh_error(404, "Not Found");
+                    };
                     if m == "GET" {
                         list(st, &full, n, path, q, host)
                     } else if m == "POST" {
@@ -633,7 +861,11 @@ fn route(st: &mut State, req: &Request, path: &str, q: &[(String, String)], host
                     }
                 }
                 (_, ["issues", "comments", id]) => {
-                    let Some(id) = id.parse::<u64>().ok().filter(|id| st.comments.get(id).is_some_and(|c| c.repo == full)) else {
+                    let Some(id) = id
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|id| st.comments.get(id).is_some_and(|c| c.repo == full))
+                    else {
                         return gh_error(404, "Not Found");
                     };
                     match m {
@@ -644,7 +876,14 @@ fn route(st: &mut State, req: &Request, path: &str, q: &[(String, String)], host
                                 Ok(b) => b,
                                 Err(r) => return r,
                             };
-                            if st.commit(Op::Edit { id, body, at: now_s() }).is_err() {
+                            if st
+                                .commit(Op::Edit {
+                                    id,
+                                    body,
+                                    at: now_s(),
+                                })
+                                .is_err()
+                            {
                                 return gh_error(500, "journal write failed");
                             }
                             resp(200, comment_json(&st.comments[&id], host))
@@ -653,7 +892,12 @@ fn route(st: &mut State, req: &Request, path: &str, q: &[(String, String)], host
                             if st.commit(Op::Delete { id }).is_err() {
                                 return gh_error(500, "journal write failed");
                             }
-                            Response { status: 204, headers: vec![], body: vec![], drop: false }
+                            Response {
+                                status: 204,
+                                headers: vec![],
+                                body: vec![],
+                                drop: false,
+                            }
                         }
                         _ => gh_error(404, "Not Found"),
                     }
@@ -666,9 +910,13 @@ fn route(st: &mut State, req: &Request, path: &str, q: &[(String, String)], host
 }
 
 fn body_field(body: &[u8]) -> std::result::Result<String, Response> {
-    let v: Value = serde_json::from_slice(body).map_err(|_| gh_error(400, "Problems parsing JSON"))?;
+    let v: Value =
+        serde_json::from_slice(body).map_err(|_| gh_error(400, "Problems parsing JSON"))?;
     let Some(b) = v.get("body").and_then(|b| b.as_str()) else {
-        return Err(resp(422, json!({ "message": "Invalid request.\n\n\"body\" wasn't supplied.", "documentation_url": DOCS, "status": "422" })));
+        return Err(resp(
+            422,
+            json!({ "message": "Invalid request.\n\n\"body\" wasn't supplied.", "documentation_url": DOCS, "status": "422" }),
+        ));
     };
     if b.chars().count() > crate::github::MAX_COMMENT_CHARS {
         return Err(too_long());
@@ -689,19 +937,38 @@ fn too_long() -> Response {
     )
 }
 
-fn create(st: &mut State, repo: &str, issue: u64, body: &[u8], login: &str, host: &str) -> Response {
+fn create(
+    st: &mut State,
+    repo: &str,
+    issue: u64,
+    body: &[u8],
+    login: &str,
+    host: &str,
+) -> Response {
     let body = match body_field(body) {
         Ok(b) => b,
         Err(r) => return r,
     };
     let now = now_s();
-    let c = StoredComment { id: st.next_id, repo: repo.into(), issue, body, login: login.into(), association: "OWNER".into(), created: now, updated: now };
+    let c = StoredComment {
+        id: st.next_id,
+        repo: repo.into(),
+        issue,
+        body,
+        login: login.into(),
+        association: "OWNER".into(),
+        created: now,
+        updated: now,
+    };
     let id = c.id;
     if st.commit(Op::Comment { c }).is_err() {
         return gh_error(500, "journal write failed");
     }
     let mut r = resp(201, comment_json(&st.comments[&id], host));
-    r.headers.push(("Location".into(), format!("http://{host}/repos/{repo}/issues/comments/{id}")));
+    r.headers.push((
+        "Location".into(),
+        format!("http://{host}/repos/{repo}/issues/comments/{id}"),
+    ));
     r
 }
 
@@ -720,17 +987,44 @@ fn comment_json(c: &StoredComment, host: &str) -> Value {
     })
 }
 
-fn list(st: &State, repo: &str, issue: u64, path: &str, q: &[(String, String)], host: &str) -> Response {
-    let per_page = param(q, "per_page").and_then(|v| v.parse::<usize>().ok()).unwrap_or(30).clamp(1, 100);
-    let page = param(q, "page").and_then(|v| v.parse::<usize>().ok()).unwrap_or(1).max(1);
-    let since = param(q, "since").and_then(crate::time::parse_rfc3339).map(|d| d.as_secs());
-    let all: Vec<&StoredComment> =
-        st.comments.values().filter(|c| c.repo == repo && c.issue == issue && since.is_none_or(|s| c.updated >= s)).collect();
+fn list(
+    st: &State,
+    repo: &str,
+    issue: u64,
+    path: &str,
+    q: &[(String, String)],
+    host: &str,
+) -> Response {
+    let per_page = param(q, "per_page")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(30)
+        .clamp(1, 100);
+    let page = param(q, "page")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(1)
+        .max(1);
+    let since = param(q, "since")
+        .and_then(crate::time::parse_rfc3339)
+        .map(|d| d.as_secs());
+    let all: Vec<&StoredComment> = st
+        .comments
+        .values()
+        .filter(|c| c.repo == repo && c.issue == issue && since.is_none_or(|s| c.updated >= s))
+        .collect();
     let last = all.len().div_ceil(per_page).max(1);
-    let items: Vec<Value> = all.iter().skip((page - 1) * per_page).take(per_page).map(|c| comment_json(c, host)).collect();
+    let items: Vec<Value> = all
+        .iter()
+        .skip((page - 1) * per_page)
+        .take(per_page)
+        .map(|c| comment_json(c, host))
+        .collect();
     let mut r = resp(200, Value::Array(items));
     let link_for = |p: usize| {
-        let mut qs: Vec<String> = q.iter().filter(|(k, _)| k != "page").map(|(k, v)| format!("{k}={}", v.replace(':', "%3A"))).collect();
+        let mut qs: Vec<String> = q
+            .iter()
+            .filter(|(k, _)| k != "page")
+            .map(|(k, v)| format!("{k}={}", v.replace(':', "%3A")))
+            .collect();
         qs.push(format!("page={p}"));
         format!("<http://{host}{path}?{}>", qs.join("&"))
     };
@@ -783,16 +1077,24 @@ fn control(st: &mut State, req: &Request, ctl: &str) -> Response {
     let io_fail = |_| gh_error(500, "journal write failed");
     match (req.method.as_str(), ctl) {
         ("POST", "repos") => {
-            let (Some(repo), n) = (v["repo"].as_str(), v["issues"].as_u64().unwrap_or(1)) else { return gh_error(422, "repo missing") };
+            let (Some(repo), n) = (v["repo"].as_str(), v["issues"].as_u64().unwrap_or(1)) else {
+                return gh_error(422, "repo missing");
+            };
             match control_repo(st, repo, n) {
                 Ok(()) => resp(201, json!({ "repo": repo, "issues": n })),
                 Err(e) => io_fail(e),
             }
         }
         ("POST", "tokens") => {
-            let Ok(t) = serde_json::from_value::<TokenReq>(v) else { return gh_error(422, "want {token, login, write, revoke}") };
+            let Ok(t) = serde_json::from_value::<TokenReq>(v) else {
+                return gh_error(422, "want {token, login, write, revoke}");
+            };
             let sha = sha256_hex(t.token.as_bytes());
-            let mut info = st.tokens.get(&sha).cloned().unwrap_or(TokenInfo { login: String::new(), write: t.write, revoked: false });
+            let mut info = st.tokens.get(&sha).cloned().unwrap_or(TokenInfo {
+                login: String::new(),
+                write: t.write,
+                revoked: false,
+            });
             if let Some(l) = t.login {
                 info.login = l;
             }
@@ -807,12 +1109,27 @@ fn control(st: &mut State, req: &Request, ctl: &str) -> Response {
             }
         }
         ("POST", "comments") => {
-            let Ok(h) = serde_json::from_value::<HumanComment>(v) else { return gh_error(422, "want {repo, issue, body, login}") };
-            if !st.repos.get(&h.repo).is_some_and(|i| i.contains_key(&h.issue)) {
+            let Ok(h) = serde_json::from_value::<HumanComment>(v) else {
+                return gh_error(422, "want {repo, issue, body, login}");
+            };
+            if !st
+                .repos
+                .get(&h.repo)
+                .is_some_and(|i| i.contains_key(&h.issue))
+            {
                 return gh_error(404, "Not Found");
             }
             let now = now_s();
-            let c = StoredComment { id: st.next_id, repo: h.repo, issue: h.issue, body: h.body, login: h.login, association: h.association, created: now, updated: now };
+            let c = StoredComment {
+                id: st.next_id,
+                repo: h.repo,
+                issue: h.issue,
+                body: h.body,
+                login: h.login,
+                association: h.association,
+                created: now,
+                updated: now,
+            };
             let id = c.id;
             match st.commit(Op::Comment { c }) {
                 Ok(()) => resp(201, json!({ "id": id })),
@@ -822,7 +1139,9 @@ fn control(st: &mut State, req: &Request, ctl: &str) -> Response {
         ("GET", c) if c.starts_with("comments") => {
             let (_, q) = query(&req.target);
             let repo = param(&q, "repo").unwrap_or("");
-            let issue = param(&q, "issue").and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
+            let issue = param(&q, "issue")
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0);
             let items: Vec<Value> = st
                 .comments
                 .values()

@@ -55,7 +55,10 @@ pub fn command(dir: Option<&Path>) -> Command {
     for v in SCRUBBED {
         cmd.env_remove(v);
     }
-    cmd.env("GIT_TERMINAL_PROMPT", "0").env("GIT_TRACE_REDACT", "1").env("LC_ALL", "C").env_remove("LANGUAGE");
+    cmd.env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_TRACE_REDACT", "1")
+        .env("LC_ALL", "C")
+        .env_remove("LANGUAGE");
     cmd.stdin(Stdio::null());
     if let Some(dir) = dir {
         cmd.arg("-C").arg(dir);
@@ -67,15 +70,25 @@ pub fn command(dir: Option<&Path>) -> Command {
 /// A git that cannot be started is unavailable (69).
 pub fn output(cmd: &mut Command, what: &str) -> Result<Output> {
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    cmd.output().map_err(|e| Error::new(Exit::Unavailable, format!("cannot run git to {what}")).with_source(e))
+    cmd.output().map_err(|e| {
+        Error::new(Exit::Unavailable, format!("cannot run git to {what}")).with_source(e)
+    })
 }
 
 /// The last non-empty line of git's stderr, the one that says why.
 pub fn last_words(stderr: &[u8]) -> String {
     let text = String::from_utf8_lossy(stderr);
-    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with("hint:"));
-    let fatal = lines.clone().find(|l| l.starts_with("fatal:") || l.starts_with("error:"));
-    fatal.or_else(|| lines.next_back()).unwrap_or("git failed without a message").to_string()
+    let mut lines = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("hint:"));
+    let fatal = lines
+        .clone()
+        .find(|l| l.starts_with("fatal:") || l.starts_with("error:"));
+    fatal
+        .or_else(|| lines.next_back())
+        .unwrap_or("git failed without a message")
+        .to_string()
 }
 
 /// The top of the checkout that contains `dir` and its git directory, found
@@ -215,11 +228,22 @@ fn unquote(raw: &str) -> Option<String> {
 
 /// `git config --get KEY` in `dir`; `None` when unset.
 pub fn config_get(dir: &Path, key: &str) -> Result<Option<String>> {
-    let out = output(command(Some(dir)).args(["config", "--get", key]), "read the configuration")?;
+    let out = output(
+        command(Some(dir)).args(["config", "--get", key]),
+        "read the configuration",
+    )?;
     match out.status.code() {
-        Some(0) => Ok(Some(String::from_utf8_lossy(&out.stdout).trim_end_matches('\n').to_string())),
+        Some(0) => Ok(Some(
+            String::from_utf8_lossy(&out.stdout)
+                .trim_end_matches('\n')
+                .to_string(),
+        )),
         Some(1) => Ok(None),
-        _ => Err(Error::config(format!("cannot read '{key}' in '{}': {}", dir.display(), last_words(&out.stderr)))),
+        _ => Err(Error::config(format!(
+            "cannot read '{key}' in '{}': {}",
+            dir.display(),
+            last_words(&out.stderr)
+        ))),
     }
 }
 
@@ -259,11 +283,21 @@ impl Remote {
         }
         let Some((scheme, rest)) = url.split_once("://") else {
             if is_scp_like(url) {
-                return Ok(Remote { url: url.to_string(), creds: None });
+                return Ok(Remote {
+                    url: url.to_string(),
+                    creds: None,
+                });
             }
             let p = Path::new(url);
-            let abs = if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
-            return Ok(Remote { url: abs.to_string_lossy().into_owned(), creds: None });
+            let abs = if p.is_absolute() {
+                p.to_path_buf()
+            } else {
+                base.join(p)
+            };
+            return Ok(Remote {
+                url: abs.to_string_lossy().into_owned(),
+                creds: None,
+            });
         };
         let scheme_l = scheme.to_ascii_lowercase();
         let (authority, path) = match rest.find('/') {
@@ -271,7 +305,10 @@ impl Remote {
             None => (rest, ""),
         };
         let Some((userinfo, host)) = authority.rsplit_once('@') else {
-            return Ok(Remote { url: url.to_string(), creds: None });
+            return Ok(Remote {
+                url: url.to_string(),
+                creds: None,
+            });
         };
         let (user, password) = match userinfo.split_once(':') {
             Some((u, p)) => (percent_decode(u), Some(percent_decode(p))),
@@ -285,7 +322,10 @@ impl Remote {
                 password: password.unwrap_or_default(),
                 origin: format!("{scheme_l}://{host}/"),
             };
-            return Ok(Remote { url: bare, creds: Some(creds) });
+            return Ok(Remote {
+                url: bare,
+                creds: Some(creds),
+            });
         }
         if password.is_some() {
             return Err(Error::usage(format!(
@@ -294,7 +334,10 @@ impl Remote {
             )));
         }
         // ssh://user@host/...: the user name is not a secret and ssh needs it.
-        Ok(Remote { url: url.to_string(), creds: None })
+        Ok(Remote {
+            url: url.to_string(),
+            creds: None,
+        })
     }
 
     /// True when credentials were cut out of the URL.
@@ -305,11 +348,20 @@ impl Remote {
     /// Hands the credentials to a git command through its environment.
     pub fn authorize(&self, cmd: &mut Command) {
         let Some(c) = &self.creds else { return };
-        let n: usize = std::env::var("GIT_CONFIG_COUNT").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
-        let header = format!("Authorization: Basic {}", base64(format!("{}:{}", c.user, c.password).as_bytes()));
-        cmd.env(format!("GIT_CONFIG_KEY_{n}"), format!("http.{}.extraHeader", c.origin))
-            .env(format!("GIT_CONFIG_VALUE_{n}"), header)
-            .env("GIT_CONFIG_COUNT", OsString::from((n + 1).to_string()));
+        let n: usize = std::env::var("GIT_CONFIG_COUNT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let header = format!(
+            "Authorization: Basic {}",
+            base64(format!("{}:{}", c.user, c.password).as_bytes())
+        );
+        cmd.env(
+            format!("GIT_CONFIG_KEY_{n}"),
+            format!("http.{}.extraHeader", c.origin),
+        )
+        .env(format!("GIT_CONFIG_VALUE_{n}"), header)
+        .env("GIT_CONFIG_COUNT", OsString::from((n + 1).to_string()));
     }
 
     /// Removes every trace of the credentials from `text` (git's messages),
@@ -338,7 +390,9 @@ fn is_scp_like(url: &str) -> bool {
 
 /// `scheme://user:pass@host/x` -> `scheme://<redacted>@host/x`; other text as is.
 pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
     let end = rest.find('/').unwrap_or(rest.len());
     match rest[..end].rfind('@') {
         Some(at) => format!("{scheme}://<redacted>{}", &rest[at..]),
@@ -353,7 +407,9 @@ pub fn redact_text(text: &str) -> String {
     while let Some(i) = rest.find("://") {
         let (head, tail) = rest.split_at(i + 3);
         out.push_str(head);
-        let end = tail.find(|c: char| c == '/' || c.is_whitespace() || c == '\'' || c == '"').unwrap_or(tail.len());
+        let end = tail
+            .find(|c: char| c == '/' || c.is_whitespace() || c == '\'' || c == '"')
+            .unwrap_or(tail.len());
         match tail[..end].rfind('@') {
             Some(at) => {
                 out.push_str("<redacted>");
@@ -373,7 +429,9 @@ fn percent_decode(s: &str) -> String {
     while i < b.len() {
         if b[i] == b'%'
             && i + 2 < b.len()
-            && let Some(v) = std::str::from_utf8(&b[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok())
+            && let Some(v) = std::str::from_utf8(&b[i + 1..i + 3])
+                .ok()
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
         {
             out.push(v);
             i += 3;
@@ -389,7 +447,10 @@ fn base64(data: &[u8]) -> String {
     const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for chunk in data.chunks(3) {
-        let n = chunk.iter().enumerate().fold(0u32, |n, (i, &b)| n | (b as u32) << (16 - 8 * i));
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | (b as u32) << (16 - 8 * i));
         for i in 0..4 {
             if i <= chunk.len() {
                 out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
@@ -407,14 +468,25 @@ mod tests {
 
     #[test]
     fn base64_matches_rfc4648_vectors() {
-        for (i, o) in [("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v"), ("foob", "Zm9vYg=="), ("foobar", "Zm9vYmFy")] {
+        for (i, o) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
             assert_eq!(base64(i.as_bytes()), o);
         }
     }
 
     #[test]
     fn https_credentials_are_cut_out_of_the_url() {
-        let r = Remote::parse("https://bob:s3cr%40t@example.com:8443/a/b.git", Path::new("/")).unwrap();
+        let r = Remote::parse(
+            "https://bob:s3cr%40t@example.com:8443/a/b.git",
+            Path::new("/"),
+        )
+        .unwrap();
         assert_eq!(r.url, "https://example.com:8443/a/b.git");
         assert!(r.has_credentials());
         let c = r.creds.as_ref().unwrap();
@@ -436,15 +508,32 @@ mod tests {
         let mut cmd = command(None);
         cmd.args(["fetch", &r.url]);
         r.authorize(&mut cmd);
-        assert!(cmd.get_args().all(|a| !a.to_string_lossy().contains("tok123456")));
+        assert!(
+            cmd.get_args()
+                .all(|a| !a.to_string_lossy().contains("tok123456"))
+        );
         let envs: Vec<(String, String)> = cmd
             .get_envs()
-            .filter_map(|(k, v)| Some((k.to_string_lossy().into_owned(), v?.to_string_lossy().into_owned())))
+            .filter_map(|(k, v)| {
+                Some((
+                    k.to_string_lossy().into_owned(),
+                    v?.to_string_lossy().into_owned(),
+                ))
+            })
             .collect();
-        let key = envs.iter().find(|(k, _)| k.starts_with("GIT_CONFIG_KEY_")).unwrap();
+        let key = envs
+            .iter()
+            .find(|(k, _)| k.starts_with("GIT_CONFIG_KEY_"))
+            .unwrap();
         assert_eq!(key.1, "http.https://example.com/.extraHeader");
-        let value = envs.iter().find(|(k, _)| k.starts_with("GIT_CONFIG_VALUE_")).unwrap();
-        assert_eq!(value.1, format!("Authorization: Basic {}", base64(b"u:tok123456")));
+        let value = envs
+            .iter()
+            .find(|(k, _)| k.starts_with("GIT_CONFIG_VALUE_"))
+            .unwrap();
+        assert_eq!(
+            value.1,
+            format!("Authorization: Basic {}", base64(b"u:tok123456"))
+        );
     }
 
     #[test]
@@ -453,14 +542,30 @@ mod tests {
         assert_eq!(r.url, "ssh://git@example.com/x.git");
         let e = Remote::parse("ssh://git:pw1234@example.com/x.git", Path::new("/")).unwrap_err();
         assert!(!e.to_string().contains("pw1234"), "{e}");
-        assert_eq!(Remote::parse("git@example.com:x.git", Path::new("/")).unwrap().url, "git@example.com:x.git");
+        assert_eq!(
+            Remote::parse("git@example.com:x.git", Path::new("/"))
+                .unwrap()
+                .url,
+            "git@example.com:x.git"
+        );
     }
 
     #[test]
     fn relative_paths_become_absolute() {
-        assert_eq!(Remote::parse("../up", Path::new("/p/q")).unwrap().url, "/p/q/../up");
-        assert_eq!(Remote::parse("/abs/up.git", Path::new("/p")).unwrap().url, "/abs/up.git");
-        assert_eq!(Remote::parse("file:///abs/up", Path::new("/p")).unwrap().url, "file:///abs/up");
+        assert_eq!(
+            Remote::parse("../up", Path::new("/p/q")).unwrap().url,
+            "/p/q/../up"
+        );
+        assert_eq!(
+            Remote::parse("/abs/up.git", Path::new("/p")).unwrap().url,
+            "/abs/up.git"
+        );
+        assert_eq!(
+            Remote::parse("file:///abs/up", Path::new("/p"))
+                .unwrap()
+                .url,
+            "file:///abs/up"
+        );
     }
 
     #[test]
@@ -469,25 +574,51 @@ mod tests {
             redact_text("fatal: unable to access 'https://u:p@h/x': 403"),
             "fatal: unable to access 'https://<redacted>@h/x': 403"
         );
-        assert_eq!(redact_text("see https://h/x and ssh://a@b/c"), "see https://h/x and ssh://<redacted>@b/c");
+        assert_eq!(
+            redact_text("see https://h/x and ssh://a@b/c"),
+            "see https://h/x and ssh://<redacted>@b/c"
+        );
         assert_eq!(redact_url("https://tok@h/x"), "https://<redacted>@h/x");
         let r = Remote::parse("https://user1:verysecret@h/x", Path::new("/")).unwrap();
-        assert_eq!(r.scrub("said verysecret and user1"), "said <redacted> and <redacted>");
+        assert_eq!(
+            r.scrub("said verysecret and user1"),
+            "said <redacted> and <redacted>"
+        );
     }
 
     #[test]
     fn reads_origin_from_plain_config_text_as_git_does() {
         let text = "[core]\n\tbare = false\n[remote \"upstream\"]\n\turl = /u\n[Remote \"origin\"]\n\tURL = https://h/x.git ; a comment\n\tfetch = +refs/heads/*:refs/remotes/origin/*\n";
-        assert_eq!(config_value(text, "remote", Some("origin"), "url").as_deref(), Some("https://h/x.git"));
+        assert_eq!(
+            config_value(text, "remote", Some("origin"), "url").as_deref(),
+            Some("https://h/x.git")
+        );
         let text = "[remote \"origin\"]\n  url = \"/path with/#hash\"  # c\n[remote \"origin\"]\n  url = /later\n";
-        assert_eq!(config_value(text, "remote", Some("origin"), "url").as_deref(), Some("/later"));
+        assert_eq!(
+            config_value(text, "remote", Some("origin"), "url").as_deref(),
+            Some("/later")
+        );
         let text = "[remote \"origin\"]\n  url = \"/a/#b\"\n";
-        assert_eq!(config_value(text, "remote", Some("origin"), "url").as_deref(), Some("/a/#b"));
+        assert_eq!(
+            config_value(text, "remote", Some("origin"), "url").as_deref(),
+            Some("/a/#b")
+        );
         let text = "[remote.origin]\n  url = /old\n";
-        assert_eq!(config_value(text, "remote", Some("origin"), "url").as_deref(), Some("/old"));
+        assert_eq!(
+            config_value(text, "remote", Some("origin"), "url").as_deref(),
+            Some("/old")
+        );
         let text = "[remote \"Origin\"]\n  url = /other\n";
         assert_eq!(config_value(text, "remote", Some("origin"), "url"), None);
-        assert_eq!(config_value("[remote \"origin\"]\n url = \"/open\n", "remote", Some("origin"), "url"), None);
+        assert_eq!(
+            config_value(
+                "[remote \"origin\"]\n url = \"/open\n",
+                "remote",
+                Some("origin"),
+                "url"
+            ),
+            None
+        );
     }
 
     #[test]
@@ -496,13 +627,28 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let out = output(command(None).args(["init", "-q"]).arg(&dir), "init").unwrap();
         assert!(out.status.success());
-        for url in ["https://h/x.git", "/p a/t\"h#q;s", "  lead", "ssh://git@h:22/x"] {
-            let out = output(command(Some(&dir)).args(["config", "remote.origin.url", url]), "set").unwrap();
+        for url in [
+            "https://h/x.git",
+            "/p a/t\"h#q;s",
+            "  lead",
+            "ssh://git@h:22/x",
+        ] {
+            let out = output(
+                command(Some(&dir)).args(["config", "remote.origin.url", url]),
+                "set",
+            )
+            .unwrap();
             assert!(out.status.success());
             let text = std::fs::read_to_string(dir.join(".git/config")).unwrap();
             let ours = config_value(&text, "remote", Some("origin"), "url");
-            assert_eq!(ours, config_get(&dir, "remote.origin.url").unwrap(), "{url:?} in {text}");
-            let (top, git_dir) = find_checkout(&dir.join(".git/refs")).map(|(t, g)| (t, g)).unwrap_or_default();
+            assert_eq!(
+                ours,
+                config_get(&dir, "remote.origin.url").unwrap(),
+                "{url:?} in {text}"
+            );
+            let (top, git_dir) = find_checkout(&dir.join(".git/refs"))
+                .map(|(t, g)| (t, g))
+                .unwrap_or_default();
             assert_eq!(top, dir);
             assert_eq!(origin_url(&top, &git_dir).unwrap().as_deref(), Some(url));
         }
@@ -511,7 +657,10 @@ mod tests {
 
     #[test]
     fn last_words_prefers_fatal_lines() {
-        assert_eq!(last_words(b"hint: x\nfatal: no such repo\nmore\n"), "fatal: no such repo");
+        assert_eq!(
+            last_words(b"hint: x\nfatal: no such repo\nmore\n"),
+            "fatal: no such repo"
+        );
         assert_eq!(last_words(b"warning: a\nb\n"), "b");
         assert_eq!(last_words(b""), "git failed without a message");
     }

@@ -68,10 +68,14 @@ impl Token {
                 "no GitHub token: set GH_TOKEN or GITHUB_TOKEN, or name a token file with --token-file or \"token_file\" in .loopwright/sync.json",
             ));
         };
-        let text = std::fs::read_to_string(file).map_err(|e| Error::io_as(Exit::Config, "cannot read token file", file, e))?;
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| Error::io_as(Exit::Config, "cannot read token file", file, e))?;
         let line = text.lines().next().unwrap_or("").trim();
         if line.is_empty() {
-            return Err(Error::config(format!("token file '{}' is empty", file.display())));
+            return Err(Error::config(format!(
+                "token file '{}' is empty",
+                file.display()
+            )));
         }
         Token::checked(line, &format!("token file '{}'", file.display()))
     }
@@ -79,7 +83,9 @@ impl Token {
     fn checked(v: &str, from: &str) -> Result<Token> {
         // The value goes into a header: refuse anything that could split it.
         if v.bytes().any(|b| b.is_ascii_control() || b == b' ') {
-            return Err(Error::config(format!("the token in {from} contains spaces or control characters")));
+            return Err(Error::config(format!(
+                "the token in {from} contains spaces or control characters"
+            )));
         }
         Ok(Token(v.to_string()))
     }
@@ -125,10 +131,12 @@ impl Limits {
     pub fn from_env() -> Result<Limits> {
         let mut l = Limits::default();
         if let Ok(v) = std::env::var(INTERVAL_ENV) {
-            let ms: u64 = v
-                .trim()
-                .parse()
-                .map_err(|_| Error::config(format!("{INTERVAL_ENV}='{}' is not a number of milliseconds", v.escape_debug())))?;
+            let ms: u64 = v.trim().parse().map_err(|_| {
+                Error::config(format!(
+                    "{INTERVAL_ENV}='{}' is not a number of milliseconds",
+                    v.escape_debug()
+                ))
+            })?;
             l.scale(ms);
         }
         Ok(l)
@@ -215,10 +223,17 @@ impl std::fmt::Display for Target {
 
 impl Target {
     pub fn parse_repo(repo: &str) -> Result<()> {
-        let ok = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+        let ok = |s: &str| {
+            !s.is_empty()
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        };
         match repo.split_once('/') {
             Some((o, n)) if ok(o) && ok(n) && n != "." && n != ".." => Ok(()),
-            _ => Err(Error::config(format!("repository '{}' is not of the form OWNER/NAME", repo.escape_debug()))),
+            _ => Err(Error::config(format!(
+                "repository '{}' is not of the form OWNER/NAME",
+                repo.escape_debug()
+            ))),
         }
     }
 }
@@ -240,7 +255,10 @@ struct Reply {
 
 impl Reply {
     fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -263,7 +281,10 @@ impl Client {
     pub fn new(base: &str, token: Token, limits: Limits, budget: Budget) -> Result<Client> {
         let base = base.trim_end_matches('/').to_string();
         if !(base.starts_with("https://") || base.starts_with("http://")) {
-            return Err(Error::config(format!("API URL '{}' must start with https:// or http://", base.escape_debug())));
+            return Err(Error::config(format!(
+                "API URL '{}' must start with https:// or http://",
+                base.escape_debug()
+            )));
         }
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
@@ -273,7 +294,15 @@ impl Client {
             .user_agent(concat!("loopwright-lw-sync/", env!("CARGO_PKG_VERSION")))
             .build()
             .into();
-        Ok(Client { agent, base, token, limits, budget, requests: 0, writes: 0 })
+        Ok(Client {
+            agent,
+            base,
+            token,
+            limits,
+            budget,
+            requests: 0,
+            writes: 0,
+        })
     }
 
     pub fn base(&self) -> &str {
@@ -319,7 +348,10 @@ impl Client {
             if wait > self.limits.max_wait {
                 return Err(Error::new(
                     Exit::TempFail,
-                    format!("the content-creation budget is spent until {}; try again later", crate::time::rfc3339(Duration::from_millis(earliest))),
+                    format!(
+                        "the content-creation budget is spent until {}; try again later",
+                        crate::time::rfc3339(Duration::from_millis(earliest))
+                    ),
                 ));
             }
             std::thread::sleep(wait);
@@ -329,7 +361,12 @@ impl Client {
     /// Sends one request, after any blocked window.  `Err` only for failures
     /// that happen before anything is known about the outcome; the caller
     /// decides what a transport error means for its method.
-    fn exchange(&mut self, method: &str, url: &str, body: Option<&serde_json::Value>) -> std::result::Result<Reply, String> {
+    fn exchange(
+        &mut self,
+        method: &str,
+        url: &str,
+        body: Option<&serde_json::Value>,
+    ) -> std::result::Result<Reply, String> {
         self.requests += 1;
         let auth = self.token.header();
         let res = match (method, body) {
@@ -341,7 +378,11 @@ impl Client {
                 .header("X-GitHub-Api-Version", "2022-11-28")
                 .call(),
             (_, Some(b)) => {
-                let req = if method == "PATCH" { self.agent.patch(url) } else { self.agent.post(url) };
+                let req = if method == "PATCH" {
+                    self.agent.patch(url)
+                } else {
+                    self.agent.post(url)
+                };
                 req.header("Authorization", &auth)
                     .header("Accept", "application/vnd.github+json")
                     .header("X-GitHub-Api-Version", "2022-11-28")
@@ -355,16 +396,34 @@ impl Client {
         let headers = resp
             .headers()
             .iter()
-            .map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
             .collect();
-        let body = resp.body_mut().with_config().limit(64 * 1024 * 1024).read_to_vec().map_err(|e| e.to_string())?;
-        Ok(Reply { status, headers, body })
+        let body = resp
+            .body_mut()
+            .with_config()
+            .limit(64 * 1024 * 1024)
+            .read_to_vec()
+            .map_err(|e| e.to_string())?;
+        Ok(Reply {
+            status,
+            headers,
+            body,
+        })
     }
 
     /// Reads the rate-limit headers of any answer.
     fn note_headers(&mut self, r: &Reply) {
-        let remaining = r.header("x-ratelimit-remaining").and_then(|v| v.trim().parse::<u64>().ok());
-        let reset = r.header("x-ratelimit-reset").and_then(|v| v.trim().parse::<u64>().ok());
+        let remaining = r
+            .header("x-ratelimit-remaining")
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        let reset = r
+            .header("x-ratelimit-reset")
+            .and_then(|v| v.trim().parse::<u64>().ok());
         // One second of slack for clock skew, as GitHub's examples do.
         if remaining == Some(0)
             && let Some(reset) = reset
@@ -381,12 +440,17 @@ impl Client {
             return None;
         }
         let now = now_ms();
-        if let Some(s) = r.header("retry-after").and_then(|v| v.trim().parse::<u64>().ok()) {
+        if let Some(s) = r
+            .header("retry-after")
+            .and_then(|v| v.trim().parse::<u64>().ok())
+        {
             self.budget.strikes = 0;
             return Some(now + s * 1000);
         }
         if r.header("x-ratelimit-remaining").map(str::trim) == Some("0")
-            && let Some(reset) = r.header("x-ratelimit-reset").and_then(|v| v.trim().parse::<u64>().ok())
+            && let Some(reset) = r
+                .header("x-ratelimit-reset")
+                .and_then(|v| v.trim().parse::<u64>().ok())
         {
             return Some((reset * 1000 + 1000).max(now));
         }
@@ -403,25 +467,50 @@ impl Client {
     fn error_for(&self, r: &Reply, what: &str, perm: &str) -> Error {
         let msg = serde_json::from_slice::<serde_json::Value>(&r.body)
             .ok()
-            .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_string))
+            .and_then(|v| {
+                v.get("message")
+                    .and_then(|m| m.as_str())
+                    .map(str::to_string)
+            })
             .unwrap_or_else(|| "no message".into());
-        let accepted = r.header("x-accepted-github-permissions").map(|v| format!(" (GitHub accepts: {v})")).unwrap_or_default();
+        let accepted = r
+            .header("x-accepted-github-permissions")
+            .map(|v| format!(" (GitHub accepts: {v})"))
+            .unwrap_or_default();
         match r.status {
             401 => Error::new(
                 Exit::NoPerm,
-                format!("GitHub rejected the token (401 {msg}) when asked for {what}: it is missing, expired or revoked; set GH_TOKEN to a valid token with {perm}"),
+                format!(
+                    "GitHub rejected the token (401 {msg}) when asked for {what}: it is missing, expired or revoked; set GH_TOKEN to a valid token with {perm}"
+                ),
             ),
             403 => Error::new(
                 Exit::NoPerm,
-                format!("GitHub refused {what} (403 {msg}): the token lacks the permission {perm}{accepted}"),
+                format!(
+                    "GitHub refused {what} (403 {msg}): the token lacks the permission {perm}{accepted}"
+                ),
             ),
             404 => Error::new(
                 Exit::Config,
-                format!("GitHub answered 404 ({msg}) for {what}: the repository or issue does not exist, or the token cannot see it (it needs {perm})"),
+                format!(
+                    "GitHub answered 404 ({msg}) for {what}: the repository or issue does not exist, or the token cannot see it (it needs {perm})"
+                ),
             ),
-            410 => Error::new(Exit::Config, format!("{what} is gone (410 {msg}): issues may be disabled on the repository")),
-            422 => Error::new(Exit::DataErr, format!("GitHub did not accept {what} (422 {msg}){}", validation_detail(&r.body))),
-            s => Error::new(Exit::Unavailable, format!("GitHub answered {s} to {what}: {msg}")),
+            410 => Error::new(
+                Exit::Config,
+                format!("{what} is gone (410 {msg}): issues may be disabled on the repository"),
+            ),
+            422 => Error::new(
+                Exit::DataErr,
+                format!(
+                    "GitHub did not accept {what} (422 {msg}){}",
+                    validation_detail(&r.body)
+                ),
+            ),
+            s => Error::new(
+                Exit::Unavailable,
+                format!("GitHub answered {s} to {what}: {msg}"),
+            ),
         }
     }
 
@@ -431,7 +520,9 @@ impl Client {
     /// again once the window has passed.
     fn was_rate_limited(&mut self, r: &Reply, limited: &mut u32, what: &str) -> Result<bool> {
         self.note_headers(r);
-        let Some(until) = self.rate_limited(r) else { return Ok(false) };
+        let Some(until) = self.rate_limited(r) else {
+            return Ok(false);
+        };
         self.budget.blocked_until = self.budget.blocked_until.max(until);
         *limited += 1;
         if *limited > MAX_RATE_LIMITED {
@@ -442,7 +533,12 @@ impl Client {
 
     /// A GET with retries for transient failures; the parsed JSON and the
     /// answer's `Link` header.
-    fn get_json(&mut self, url: &str, what: &str, perm: &str) -> Result<(serde_json::Value, Option<String>)> {
+    fn get_json(
+        &mut self,
+        url: &str,
+        what: &str,
+        perm: &str,
+    ) -> Result<(serde_json::Value, Option<String>)> {
         let mut attempt = 0;
         let mut limited = 0;
         loop {
@@ -469,7 +565,10 @@ impl Client {
                 }
             };
             if attempt >= self.limits.read_attempts {
-                return Err(Error::new(Exit::TempFail, format!("{what}: {transient}; gave up after {attempt} attempts")));
+                return Err(Error::new(
+                    Exit::TempFail,
+                    format!("{what}: {transient}; gave up after {attempt} attempts"),
+                ));
             }
             std::thread::sleep(self.limits.unit() * (1 << attempt));
         }
@@ -500,20 +599,34 @@ impl Client {
         let mut pages = 0;
         loop {
             pages += 1;
-            let (v, link) = self.get_json(&url, &what, "issues: read (pull requests: read for a pull request)")?;
-            let page: Vec<Comment> = serde_json::from_value(v)
-                .map_err(|e| Error::new(Exit::Unavailable, format!("GitHub's list of {what} is not a list of comments: {e}")))?;
+            let (v, link) = self.get_json(
+                &url,
+                &what,
+                "issues: read (pull requests: read for a pull request)",
+            )?;
+            let page: Vec<Comment> = serde_json::from_value(v).map_err(|e| {
+                Error::new(
+                    Exit::Unavailable,
+                    format!("GitHub's list of {what} is not a list of comments: {e}"),
+                )
+            })?;
             all.extend(page);
             match link.as_deref().and_then(next_link) {
                 Some(next) => {
                     if !next.starts_with(&format!("{}/", self.base)) {
                         return Err(Error::new(
                             Exit::Unavailable,
-                            format!("GitHub's next-page link for {what} leaves the API URL '{}'; refusing to send the token there", self.base),
+                            format!(
+                                "GitHub's next-page link for {what} leaves the API URL '{}'; refusing to send the token there",
+                                self.base
+                            ),
                         ));
                     }
                     if pages > 100_000 {
-                        return Err(Error::new(Exit::Unavailable, format!("the pages of {what} never end")));
+                        return Err(Error::new(
+                            Exit::Unavailable,
+                            format!("the pages of {what} never end"),
+                        ));
                     }
                     url = next;
                 }
@@ -524,20 +637,50 @@ impl Client {
 
     /// Creates a comment.  `before_send` runs after pacing, with the write
     /// already counted in the budget, right before the request leaves.
-    pub fn post_comment(&mut self, t: &Target, body: &str, before_send: BeforeSend<'_>) -> Result<Posted> {
+    pub fn post_comment(
+        &mut self,
+        t: &Target,
+        body: &str,
+        before_send: BeforeSend<'_>,
+    ) -> Result<Posted> {
         let url = self.comments_url(t);
         let payload = serde_json::json!({ "body": body });
-        self.write(&url, "POST", &payload, &format!("a comment on {t}"), before_send)
+        self.write(
+            &url,
+            "POST",
+            &payload,
+            &format!("a comment on {t}"),
+            before_send,
+        )
     }
 
     /// Edits a comment (`PATCH /repos/{owner}/{repo}/issues/comments/{id}`).
-    pub fn edit_comment(&mut self, repo: &str, id: u64, body: &str, before_send: BeforeSend<'_>) -> Result<Posted> {
+    pub fn edit_comment(
+        &mut self,
+        repo: &str,
+        id: u64,
+        body: &str,
+        before_send: BeforeSend<'_>,
+    ) -> Result<Posted> {
         let url = format!("{}/repos/{repo}/issues/comments/{id}", self.base);
         let payload = serde_json::json!({ "body": body });
-        self.write(&url, "PATCH", &payload, &format!("comment {id} of {repo}"), before_send)
+        self.write(
+            &url,
+            "PATCH",
+            &payload,
+            &format!("comment {id} of {repo}"),
+            before_send,
+        )
     }
 
-    fn write(&mut self, url: &str, method: &str, payload: &serde_json::Value, what: &str, before_send: BeforeSend<'_>) -> Result<Posted> {
+    fn write(
+        &mut self,
+        url: &str,
+        method: &str,
+        payload: &serde_json::Value,
+        what: &str,
+        before_send: BeforeSend<'_>,
+    ) -> Result<Posted> {
         let perm = "issues: write (pull requests: write for a pull request)";
         let mut limited = 0;
         loop {
@@ -546,7 +689,9 @@ impl Client {
             // that a run killed mid-request still spaces its successor; replaced
             // by the time the answer came once it comes.
             // (A quarter of the spacing: 250 ms at GitHub's 1 s.)
-            self.budget.writes.push(now_ms() + self.limits.min_write_interval.as_millis() as u64 / 4);
+            self.budget
+                .writes
+                .push(now_ms() + self.limits.min_write_interval.as_millis() as u64 / 4);
             before_send(&self.budget)?;
             self.writes += 1;
             let sent = self.exchange(method, url, Some(payload));
@@ -570,7 +715,10 @@ impl Client {
             self.budget.strikes = 0;
             return Ok(match serde_json::from_slice::<Comment>(&r.body) {
                 Ok(c) => Posted::Created(c),
-                Err(e) => Posted::Unknown(format!("GitHub answered {} with a body that is not a comment ({e})", r.status)),
+                Err(e) => Posted::Unknown(format!(
+                    "GitHub answered {} with a body that is not a comment ({e})",
+                    r.status
+                )),
             });
         }
     }
@@ -584,7 +732,11 @@ pub fn next_write_at(l: &Limits, writes: &[u64], now: u64) -> u64 {
     if let Some(&last) = writes.last() {
         earliest = last + l.min_write_interval.as_millis() as u64;
     }
-    let in_minute: Vec<u64> = writes.iter().copied().filter(|&w| w + minute > now).collect();
+    let in_minute: Vec<u64> = writes
+        .iter()
+        .copied()
+        .filter(|&w| w + minute > now)
+        .collect();
     if in_minute.len() >= l.per_minute {
         earliest = earliest.max(in_minute[in_minute.len() - l.per_minute] + minute);
     }
@@ -600,7 +752,10 @@ pub fn next_write_at(l: &Limits, writes: &[u64], now: u64) -> u64 {
 const MAX_RATE_LIMITED: u32 = 8;
 
 fn rate_limited_too_often(what: &str) -> Error {
-    Error::new(Exit::TempFail, format!("GitHub rate-limited {what} {MAX_RATE_LIMITED} times in a row; try again later"))
+    Error::new(
+        Exit::TempFail,
+        format!("GitHub rate-limited {what} {MAX_RATE_LIMITED} times in a row; try again later"),
+    )
 }
 
 /// The URL of `rel="next"` in a `Link` header.
@@ -609,17 +764,36 @@ pub fn next_link(link: &str) -> Option<String> {
         let mut bits = part.split(';');
         let url = bits.next()?.trim();
         if bits.any(|b| matches!(b.trim(), "rel=\"next\"" | "rel=next")) {
-            return Some(url.trim_start_matches('<').trim_end_matches('>').to_string());
+            return Some(
+                url.trim_start_matches('<')
+                    .trim_end_matches('>')
+                    .to_string(),
+            );
         }
     }
     None
 }
 
 fn validation_detail(body: &[u8]) -> String {
-    let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else { return String::new() };
-    let Some(errs) = v.get("errors").and_then(|e| e.as_array()) else { return String::new() };
-    let parts: Vec<String> = errs.iter().filter_map(|e| e.get("message").and_then(|m| m.as_str()).map(str::to_string)).collect();
-    if parts.is_empty() { String::new() } else { format!(": {}", parts.join("; ")) }
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return String::new();
+    };
+    let Some(errs) = v.get("errors").and_then(|e| e.as_array()) else {
+        return String::new();
+    };
+    let parts: Vec<String> = errs
+        .iter()
+        .filter_map(|e| {
+            e.get("message")
+                .and_then(|m| m.as_str())
+                .map(str::to_string)
+        })
+        .collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", parts.join("; "))
+    }
 }
 
 /// The default token file: `$XDG_CONFIG_HOME/loopwright/token`.
@@ -638,7 +812,10 @@ mod tests {
     #[test]
     fn finds_next_link() {
         let h = r#"<https://api.github.com/repositories/1/issues/7/comments?page=2>; rel="next", <https://api.github.com/repositories/1/issues/7/comments?page=9>; rel="last""#;
-        assert_eq!(next_link(h).as_deref(), Some("https://api.github.com/repositories/1/issues/7/comments?page=2"));
+        assert_eq!(
+            next_link(h).as_deref(),
+            Some("https://api.github.com/repositories/1/issues/7/comments?page=2")
+        );
         let last = r#"<https://x/a?page=1>; rel="prev", <https://x/a?page=1>; rel="first""#;
         assert_eq!(next_link(last), None);
     }
@@ -648,7 +825,11 @@ mod tests {
         let l = Limits::default();
         let now = 10_000_000u64;
         assert_eq!(next_write_at(&l, &[], now), 0);
-        assert_eq!(next_write_at(&l, &[now - 300], now), now + 700, "1 s after the last write");
+        assert_eq!(
+            next_write_at(&l, &[now - 300], now),
+            now + 700,
+            "1 s after the last write"
+        );
         // 499 writes in the last hour, 2 s apart: the 500th waits for the oldest to age out.
         let hour: Vec<u64> = (0..499).map(|i| now - 998_000 + i * 2000).collect();
         assert_eq!(next_write_at(&l, &hour, now), hour[0] + 3_600_000);

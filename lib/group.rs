@@ -33,7 +33,6 @@ use rustix::io::Errno;
 
 use crate::error::{Error, Exit, Result, errno_io};
 
-
 /// Opens a directory relative to `base` (or an absolute/relative path from
 /// the working directory when `base` is None) without following a symbolic
 /// link in any component below `base`.
@@ -99,7 +98,10 @@ impl Box3 {
         let path = base_path.join(rel);
         let err = |what: &str, e: Errno| {
             let msg = if e == Errno::LOOP || e == Errno::NOTDIR {
-                format!("{what} '{}' (a symbolic link or not a directory; not followed)", path.display())
+                format!(
+                    "{what} '{}' (a symbolic link or not a directory; not followed)",
+                    path.display()
+                )
             } else {
                 format!("{what} '{}'", path.display())
             };
@@ -109,16 +111,31 @@ impl Box3 {
         // before its mailbox was made); its parent must exist.
         let (parent, leaf) = match (rel.parent(), rel.file_name()) {
             (Some(p), Some(l)) => (p, l),
-            _ => return Err(Error::new(Exit::Software, format!("not a mailbox path '{}'", path.display()))),
+            _ => {
+                return Err(Error::new(
+                    Exit::Software,
+                    format!("not a mailbox path '{}'", path.display()),
+                ));
+            }
         };
         let pfd = open_dir_at(Some(base), parent).map_err(|e| err("cannot open", e))?;
-        let leaf = leaf.to_str().ok_or_else(|| Error::data(format!("mailbox path '{}' is not UTF-8", path.display())))?;
+        let leaf = leaf.to_str().ok_or_else(|| {
+            Error::data(format!("mailbox path '{}' is not UTF-8", path.display()))
+        })?;
         let dfd = ensure_dir_at(&pfd, leaf).map_err(|e| err("cannot open mailbox", e))?;
         let tmp = ensure_dir_at(&dfd, "tmp").map_err(|e| err("cannot open tmp/ of", e))?;
         let new = ensure_dir_at(&dfd, "new").map_err(|e| err("cannot open new/ of", e))?;
         let cur = ensure_dir_at(&dfd, "cur").map_err(|e| err("cannot open cur/ of", e))?;
-        let dev = rfs::fstat(&new).map_err(|e| err("cannot stat new/ of", e))?.st_dev as u64;
-        Ok(Box3 { path, tmp, new, cur, dev })
+        let dev = rfs::fstat(&new)
+            .map_err(|e| err("cannot stat new/ of", e))?
+            .st_dev as u64;
+        Ok(Box3 {
+            path,
+            tmp,
+            new,
+            cur,
+            dev,
+        })
     }
 
     /// True when `name` is in `new/` or `cur/` (checked in that order: a
@@ -134,11 +151,25 @@ impl Box3 {
     }
 
     pub fn fsync_new(&self) -> Result<()> {
-        rfs::fsync(&self.new).map_err(|e| Error::io_as(Exit::IoErr, "cannot fsync", &self.path.join("new"), errno_io(e)))
+        rfs::fsync(&self.new).map_err(|e| {
+            Error::io_as(
+                Exit::IoErr,
+                "cannot fsync",
+                &self.path.join("new"),
+                errno_io(e),
+            )
+        })
     }
 
     pub fn fsync_cur(&self) -> Result<()> {
-        rfs::fsync(&self.cur).map_err(|e| Error::io_as(Exit::IoErr, "cannot fsync", &self.path.join("cur"), errno_io(e)))
+        rfs::fsync(&self.cur).map_err(|e| {
+            Error::io_as(
+                Exit::IoErr,
+                "cannot fsync",
+                &self.path.join("cur"),
+                errno_io(e),
+            )
+        })
     }
 }
 
@@ -161,7 +192,14 @@ pub fn sync_filesystems<'a>(fds: impl Iterator<Item = (u64, &'a OwnedFd, &'a Pat
     let mut done = HashSet::new();
     for (dev, fd, path) in fds {
         if done.insert(dev) {
-            rfs::syncfs(fd).map_err(|e| Error::io_as(Exit::IoErr, "cannot sync the file system of", path, errno_io(e)))?;
+            rfs::syncfs(fd).map_err(|e| {
+                Error::io_as(
+                    Exit::IoErr,
+                    "cannot sync the file system of",
+                    path,
+                    errno_io(e),
+                )
+            })?;
         }
     }
     Ok(())
@@ -182,7 +220,10 @@ impl Group {
     }
 
     pub fn with_sync(sync: Sync) -> Group {
-        Group { sync, ..Group::default() }
+        Group {
+            sync,
+            ..Group::default()
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -217,14 +258,23 @@ impl Group {
         };
         if let Err(e) = crate::maildir::give_to_owner(&b.tmp, &fd) {
             let _ = rfs::unlinkat(&b.tmp, name, AtFlags::empty());
-            return Err(Error::io_as(Exit::NoPerm, "cannot give the message to the owner of", &b.path.join("tmp"), errno_io(e)));
+            return Err(Error::io_as(
+                Exit::NoPerm,
+                "cannot give the message to the owner of",
+                &b.path.join("tmp"),
+                errno_io(e),
+            ));
         }
         if let Err(e) = crate::maildir::write_all(&fd, bytes) {
             let _ = rfs::unlinkat(&b.tmp, name, AtFlags::empty());
             return Err(Error::io_as(Exit::IoErr, "cannot write", &tmp_path, e));
         }
         self.seen.insert((key, name.to_string()));
-        self.staged.push(Staged { boxkey: key, name: name.to_string(), fd });
+        self.staged.push(Staged {
+            boxkey: key,
+            name: name.to_string(),
+            fd,
+        });
         Ok(true)
     }
 
@@ -240,7 +290,13 @@ impl Group {
         };
         let by_fs = self.sync == Sync::FileSystem && staged.len() > 1;
         if by_fs {
-            let fds = staged.iter().map(|s| (boxes[s.boxkey].dev, &boxes[s.boxkey].tmp, boxes[s.boxkey].path.as_path()));
+            let fds = staged.iter().map(|s| {
+                (
+                    boxes[s.boxkey].dev,
+                    &boxes[s.boxkey].tmp,
+                    boxes[s.boxkey].path.as_path(),
+                )
+            });
             if let Err(e) = sync_filesystems(fds) {
                 unlink_all(&staged);
                 return Err(e);
@@ -257,7 +313,13 @@ impl Group {
         let mut dirty: HashMap<usize, ()> = HashMap::new();
         for (i, s) in staged.iter().enumerate() {
             let b = &boxes[s.boxkey];
-            match rfs::renameat_with(&b.tmp, s.name.as_str(), &b.new, s.name.as_str(), RenameFlags::NOREPLACE) {
+            match rfs::renameat_with(
+                &b.tmp,
+                s.name.as_str(),
+                &b.new,
+                s.name.as_str(),
+                RenameFlags::NOREPLACE,
+            ) {
                 Ok(()) => {
                     done.new += 1;
                     dirty.insert(s.boxkey, ());
@@ -276,7 +338,11 @@ impl Group {
             }
         }
         if self.sync == Sync::FileSystem && dirty.len() > 1 {
-            sync_filesystems(dirty.keys().map(|k| (boxes[*k].dev, &boxes[*k].new, boxes[*k].path.as_path())))?;
+            sync_filesystems(
+                dirty
+                    .keys()
+                    .map(|k| (boxes[*k].dev, &boxes[*k].new, boxes[*k].path.as_path())),
+            )?;
         } else {
             for key in dirty.keys() {
                 boxes[*key].fsync_new()?;
@@ -288,7 +354,12 @@ impl Group {
 
 /// Moves `name` from `from_dir` to `to_dir` (as `to_name`) without replacing
 /// anything.  Ok(false) when the source is gone (moved already).
-pub fn move_noreplace(from_dir: &OwnedFd, name: &OsStr, to_dir: &OwnedFd, to_name: &OsStr) -> rustix::io::Result<bool> {
+pub fn move_noreplace(
+    from_dir: &OwnedFd,
+    name: &OsStr,
+    to_dir: &OwnedFd,
+    to_name: &OsStr,
+) -> rustix::io::Result<bool> {
     match rfs::renameat_with(from_dir, name, to_dir, to_name, RenameFlags::NOREPLACE) {
         Ok(()) => Ok(true),
         Err(Errno::NOENT) => Ok(false),
@@ -310,13 +381,22 @@ mod tests {
     fn commits_many_once_and_skips_what_is_there() {
         let d = tempdir();
         let base = open_dir_at(None, &d).unwrap();
-        let boxes = vec![Box3::open(&base, &d, Path::new("a")).unwrap(), Box3::open(&base, &d, Path::new("b")).unwrap()];
+        let boxes = vec![
+            Box3::open(&base, &d, Path::new("a")).unwrap(),
+            Box3::open(&base, &d, Path::new("b")).unwrap(),
+        ];
         let mut g = Group::new();
         for i in 0..10 {
             assert!(g.stage(&boxes, i % 2, &format!("m{i}"), b"x").unwrap());
         }
         assert!(!g.stage(&boxes, 0, "m0", b"x").unwrap(), "staged twice");
-        assert_eq!(g.commit(&boxes).unwrap(), Committed { new: 10, already: 0 });
+        assert_eq!(
+            g.commit(&boxes).unwrap(),
+            Committed {
+                new: 10,
+                already: 0
+            }
+        );
         assert_eq!(std::fs::read_dir(d.join("a/new")).unwrap().count(), 5);
         assert_eq!(std::fs::read_dir(d.join("a/tmp")).unwrap().count(), 0);
         std::fs::rename(d.join("a/new/m0"), d.join("a/cur/m0")).unwrap();

@@ -18,7 +18,12 @@ pub fn new_id() -> String {
 
 /// The id for a given time and random value (tests and deterministic names).
 pub fn id_at(t: Duration, rand: u128) -> String {
-    format!("{:010}.{:09}.{:032x}", t.as_secs() % 10_000_000_000, t.subsec_nanos(), rand)
+    format!(
+        "{:010}.{:09}.{:032x}",
+        t.as_secs() % 10_000_000_000,
+        t.subsec_nanos(),
+        rand
+    )
 }
 
 /// 128 bits from getrandom(2).
@@ -44,7 +49,9 @@ pub fn is_valid(name: &str) -> bool {
         && b[10] == b'.'
         && b[11..20].iter().all(u8::is_ascii_digit)
         && b[20] == b'.'
-        && b[21..].iter().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+        && b[21..]
+            .iter()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
 }
 
 /// The time an id was made, for sorting and age checks.
@@ -52,7 +59,10 @@ pub fn time_of(id: &str) -> Option<Duration> {
     if !is_valid(id) {
         return None;
     }
-    Some(Duration::new(id[..10].parse().ok()?, id[11..20].parse().ok()?))
+    Some(Duration::new(
+        id[..10].parse().ok()?,
+        id[11..20].parse().ok()?,
+    ))
 }
 
 #[cfg(test)]
@@ -78,7 +88,13 @@ mod tests {
 
     #[test]
     fn rejects_names_outside_the_grammar() {
-        for bad in ["", ".1", "a:b", "../x", "1796058405.000000000.ABCDEF00000000000000000000000000"] {
+        for bad in [
+            "",
+            ".1",
+            "a:b",
+            "../x",
+            "1796058405.000000000.ABCDEF00000000000000000000000000",
+        ] {
             assert!(!is_valid(bad), "{bad}");
         }
     }

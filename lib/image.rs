@@ -29,7 +29,6 @@ use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
 
-
 use crate::digest::sha256_hex;
 use crate::engine::{BuildEvent, BuildOutcome, BuildRequest, Engine};
 use crate::error::{Error, Exit, Result};
@@ -55,14 +54,34 @@ const TAG_HEX: usize = 24;
 
 /// The default runtime shipped with the toolkit; `lw-build init` writes it.
 pub const DEFAULT_RUNTIME: &[(&str, &str, u32)] = &[
-    ("runtime.conf", include_str!("../runtime/runtime.conf"), 0o644),
-    ("base.Dockerfile", include_str!("../runtime/base.Dockerfile"), 0o644),
-    ("toolchain.Dockerfile", include_str!("../runtime/toolchain.Dockerfile"), 0o644),
-    ("deps.Dockerfile", include_str!("../runtime/deps.Dockerfile"), 0o644),
+    (
+        "runtime.conf",
+        include_str!("../runtime/runtime.conf"),
+        0o644,
+    ),
+    (
+        "base.Dockerfile",
+        include_str!("../runtime/base.Dockerfile"),
+        0o644,
+    ),
+    (
+        "toolchain.Dockerfile",
+        include_str!("../runtime/toolchain.Dockerfile"),
+        0o644,
+    ),
+    (
+        "deps.Dockerfile",
+        include_str!("../runtime/deps.Dockerfile"),
+        0o644,
+    ),
     ("mise.toml", include_str!("../runtime/mise.toml"), 0o644),
     ("deps.sh", include_str!("../runtime/deps.sh"), 0o755),
     ("entry.sh", include_str!("../runtime/entry.sh"), 0o755),
-    ("ca-certificates/README", include_str!("../runtime/ca-certificates/README"), 0o644),
+    (
+        "ca-certificates/README",
+        include_str!("../runtime/ca-certificates/README"),
+        0o644,
+    ),
 ];
 
 /// How a layer gets its tools.
@@ -122,7 +141,8 @@ fn conf_err(file: &str, line: usize, msg: impl std::fmt::Display) -> Error {
 fn valid_layer_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 40
-        && s.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'_')
+        && s.bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'_')
         && s.as_bytes()[0].is_ascii_alphanumeric()
 }
 
@@ -132,14 +152,19 @@ pub fn valid_repo(s: &str) -> bool {
         && s.len() <= 200
         && s.split('/').all(|part| {
             !part.is_empty()
-                && part.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"._-".contains(&c))
+                && part
+                    .bytes()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"._-".contains(&c))
                 && part.as_bytes()[0].is_ascii_alphanumeric()
                 && part.as_bytes()[part.len() - 1].is_ascii_alphanumeric()
         })
 }
 
 fn pinned_version(v: &str) -> bool {
-    !v.is_empty() && v.as_bytes()[0].is_ascii_digit() && v.bytes().all(|c| c.is_ascii_alphanumeric() || b".-+".contains(&c))
+    !v.is_empty()
+        && v.as_bytes()[0].is_ascii_digit()
+        && v.bytes()
+            .all(|c| c.is_ascii_alphanumeric() || b".-+".contains(&c))
 }
 
 /// Parses the text of a runtime definition; `file` names it in errors.
@@ -164,17 +189,31 @@ pub fn parse(text: &str, file: &str) -> Result<Definition> {
             match args.as_slice() {
                 [a] => Ok(a.to_string()),
                 [] => Err(conf_err(file, n, format!("'{key}' needs {what}"))),
-                _ => Err(conf_err(file, n, format!("'{key}' takes one {what}, got {}", args.len()))),
+                _ => Err(conf_err(
+                    file,
+                    n,
+                    format!("'{key}' takes one {what}, got {}", args.len()),
+                )),
             }
         };
         match key {
             "image" => {
                 if !layers.is_empty() {
-                    return Err(conf_err(file, n, "'image' belongs before the first 'layer'"));
+                    return Err(conf_err(
+                        file,
+                        n,
+                        "'image' belongs before the first 'layer'",
+                    ));
                 }
                 let v = one("repository name")?;
                 if !valid_repo(&v) {
-                    return Err(conf_err(file, n, format!("invalid repository name '{v}' (lower case letters, digits, '._-', '/')")));
+                    return Err(conf_err(
+                        file,
+                        n,
+                        format!(
+                            "invalid repository name '{v}' (lower case letters, digits, '._-', '/')"
+                        ),
+                    ));
                 }
                 image = Some(v);
             }
@@ -190,10 +229,20 @@ pub fn parse(text: &str, file: &str) -> Result<Definition> {
             "layer" => {
                 let name = one("name")?;
                 if !valid_layer_name(&name) {
-                    return Err(conf_err(file, n, format!("invalid layer name '{name}' (lower case letters, digits, '-', '_')")));
+                    return Err(conf_err(
+                        file,
+                        n,
+                        format!(
+                            "invalid layer name '{name}' (lower case letters, digits, '-', '_')"
+                        ),
+                    ));
                 }
                 if let Some(prev) = layers.iter().find(|l| l.name == name) {
-                    return Err(conf_err(file, n, format!("layer '{name}' already defined on line {}", prev.line)));
+                    return Err(conf_err(
+                        file,
+                        n,
+                        format!("layer '{name}' already defined on line {}", prev.line),
+                    ));
                 }
                 layers.push(LayerDef {
                     name,
@@ -206,12 +255,20 @@ pub fn parse(text: &str, file: &str) -> Result<Definition> {
             }
             "dockerfile" | "input" | "provider" => {
                 let Some(layer) = layers.last_mut() else {
-                    return Err(conf_err(file, n, format!("'{key}' outside a layer; start one with 'layer NAME'")));
+                    return Err(conf_err(
+                        file,
+                        n,
+                        format!("'{key}' outside a layer; start one with 'layer NAME'"),
+                    ));
                 };
                 match key {
                     "dockerfile" => {
                         if !layer.dockerfile.is_empty() {
-                            return Err(conf_err(file, n, format!("layer '{}' has two dockerfiles", layer.name)));
+                            return Err(conf_err(
+                                file,
+                                n,
+                                format!("layer '{}' has two dockerfiles", layer.name),
+                            ));
                         }
                         let p = one("path")?;
                         check_rel_path(&p).map_err(|m| conf_err(file, n, m))?;
@@ -224,32 +281,67 @@ pub fn parse(text: &str, file: &str) -> Result<Definition> {
                         }
                         for a in &args {
                             check_rel_path(a).map_err(|m| conf_err(file, n, m))?;
-                            layer.inputs.push(InputDecl { path: normalize(a), line: n });
+                            layer.inputs.push(InputDecl {
+                                path: normalize(a),
+                                line: n,
+                            });
                         }
                     }
                     _ => {
                         if layer.provider.is_some() {
-                            return Err(conf_err(file, n, format!("layer '{}' has two providers", layer.name)));
+                            return Err(conf_err(
+                                file,
+                                n,
+                                format!("layer '{}' has two providers", layer.name),
+                            ));
                         }
                         let p = match args.as_slice() {
-                            ["mise", v] if pinned_version(v) => Provider::Mise { version: v.to_string() },
+                            ["mise", v] if pinned_version(v) => Provider::Mise {
+                                version: v.to_string(),
+                            },
                             ["mise", v] => {
-                                return Err(conf_err(file, n, format!("mise version '{v}' is not pinned; write one like 'provider mise 2026.9.15'")));
+                                return Err(conf_err(
+                                    file,
+                                    n,
+                                    format!(
+                                        "mise version '{v}' is not pinned; write one like 'provider mise 2026.9.15'"
+                                    ),
+                                ));
                             }
                             ["mise"] => {
-                                return Err(conf_err(file, n, "the mise provider needs a pinned version, e.g. 'provider mise 2026.9.15'"));
+                                return Err(conf_err(
+                                    file,
+                                    n,
+                                    "the mise provider needs a pinned version, e.g. 'provider mise 2026.9.15'",
+                                ));
                             }
                             ["native"] => Provider::Native,
                             ["custom", script] => {
                                 check_rel_path(script).map_err(|m| conf_err(file, n, m))?;
                                 let script = normalize(script);
                                 // The script decides what gets installed: it is an input.
-                                layer.inputs.push(InputDecl { path: script.clone(), line: n });
+                                layer.inputs.push(InputDecl {
+                                    path: script.clone(),
+                                    line: n,
+                                });
                                 Provider::Custom { script }
                             }
-                            ["custom"] => return Err(conf_err(file, n, "the custom provider needs a script path")),
+                            ["custom"] => {
+                                return Err(conf_err(
+                                    file,
+                                    n,
+                                    "the custom provider needs a script path",
+                                ));
+                            }
                             _ => {
-                                return Err(conf_err(file, n, format!("unknown provider '{}' (mise VERSION, native, custom SCRIPT)", args.join(" "))));
+                                return Err(conf_err(
+                                    file,
+                                    n,
+                                    format!(
+                                        "unknown provider '{}' (mise VERSION, native, custom SCRIPT)",
+                                        args.join(" ")
+                                    ),
+                                ));
                             }
                         };
                         layer.provider = Some(p);
@@ -260,31 +352,51 @@ pub fn parse(text: &str, file: &str) -> Result<Definition> {
                 return Err(conf_err(
                     file,
                     n,
-                    format!("unknown keyword '{other}' (image, from, layer, dockerfile, input, provider)"),
+                    format!(
+                        "unknown keyword '{other}' (image, from, layer, dockerfile, input, provider)"
+                    ),
                 ));
             }
         }
     }
     let last = text.lines().count().max(1);
     let Some(from) = from else {
-        return Err(conf_err(file, 1, "no 'from' line: name the image the first layer starts from"));
+        return Err(conf_err(
+            file,
+            1,
+            "no 'from' line: name the image the first layer starts from",
+        ));
     };
     if layers.is_empty() {
-        return Err(conf_err(file, last, "no layers defined; add 'layer NAME' with a 'dockerfile'"));
+        return Err(conf_err(
+            file,
+            last,
+            "no layers defined; add 'layer NAME' with a 'dockerfile'",
+        ));
     }
     for l in &layers {
         if l.dockerfile.is_empty() {
-            return Err(conf_err(file, l.line, format!("layer '{}' has no 'dockerfile'", l.name)));
+            return Err(conf_err(
+                file,
+                l.line,
+                format!("layer '{}' has no 'dockerfile'", l.name),
+            ));
         }
     }
-    Ok(Definition { image, from, layers })
+    Ok(Definition {
+        image,
+        from,
+        layers,
+    })
 }
 
 /// Refuses paths that are absolute or climb out of the project.
 fn check_rel_path(p: &str) -> std::result::Result<(), String> {
     let path = Path::new(p);
     if path.is_absolute() {
-        return Err(format!("path '{p}' is absolute; inputs are relative to the project root"));
+        return Err(format!(
+            "path '{p}' is absolute; inputs are relative to the project root"
+        ));
     }
     let mut depth: i64 = 0;
     for c in path.components() {
@@ -298,7 +410,9 @@ fn check_rel_path(p: &str) -> std::result::Result<(), String> {
         }
     }
     if normalize(p).is_empty() {
-        return Err(format!("path '{p}' names the whole project; declare the files a layer needs"));
+        return Err(format!(
+            "path '{p}' names the whole project; declare the files a layer needs"
+        ));
     }
     Ok(())
 }
@@ -341,7 +455,6 @@ pub struct InputFile {
     pub sha256: String,
 }
 
-
 /// A project and its parsed runtime definition.
 #[derive(Clone, Debug)]
 pub struct Runtime {
@@ -361,7 +474,10 @@ impl Runtime {
                 let _ = e;
                 return Err(Error::new(
                     Exit::NoInput,
-                    format!("no runtime definition at '{}'; run 'lw-build init' to write the default one", file.display()),
+                    format!(
+                        "no runtime definition at '{}'; run 'lw-build init' to write the default one",
+                        file.display()
+                    ),
                 ));
             }
             Err(e) => return Err(Error::io_as(Exit::NoInput, "cannot read", &file, e)),
@@ -371,12 +487,22 @@ impl Runtime {
             Some(i) => i.clone(),
             None => format!("loopwright/{}", repo_component(root)),
         };
-        Ok(Runtime { root: root.to_path_buf(), def, image })
+        Ok(Runtime {
+            root: root.to_path_buf(),
+            def,
+            image,
+        })
     }
 
     /// Reads a declared input (a file, or every file under a directory).
-    fn read_input(&self, layer: &LayerDef, decl: &InputDecl, out: &mut BTreeMap<String, InputFile>) -> Result<()> {
-        let canon_root = fs::canonicalize(&self.root).map_err(|e| Error::io_as(Exit::NoInput, "cannot resolve", &self.root, e))?;
+    fn read_input(
+        &self,
+        layer: &LayerDef,
+        decl: &InputDecl,
+        out: &mut BTreeMap<String, InputFile>,
+    ) -> Result<()> {
+        let canon_root = fs::canonicalize(&self.root)
+            .map_err(|e| Error::io_as(Exit::NoInput, "cannot resolve", &self.root, e))?;
         let path = self.root.join(&decl.path);
         let meta = match fs::symlink_metadata(&path) {
             Ok(m) => m,
@@ -392,7 +518,8 @@ impl Runtime {
             Err(e) => return Err(Error::io_as(Exit::NoInput, "cannot read input", &path, e)),
         };
         // A symlink anywhere on the way may lead out of the project.
-        let resolved = fs::canonicalize(&path).map_err(|e| Error::io_as(Exit::NoInput, "cannot resolve input", &path, e))?;
+        let resolved = fs::canonicalize(&path)
+            .map_err(|e| Error::io_as(Exit::NoInput, "cannot resolve input", &path, e))?;
         if !resolved.starts_with(&canon_root) {
             return Err(Error::config(format!(
                 "input '{}' of layer '{}' ({RUNTIME_FILE}:{}) resolves to '{}', outside the project; refused",
@@ -419,7 +546,10 @@ impl Runtime {
         let mut layers: Vec<Layer> = Vec::new();
         for def in &self.def.layers {
             let mut files = BTreeMap::new();
-            let df_decl = InputDecl { path: normalize(&def.dockerfile), line: def.dockerfile_line };
+            let df_decl = InputDecl {
+                path: normalize(&def.dockerfile),
+                line: def.dockerfile_line,
+            };
             if !self.root.join(&df_decl.path).exists() {
                 return Err(Error::new(
                     Exit::NoInput,
@@ -433,21 +563,39 @@ impl Runtime {
             let dockerfile = files
                 .remove(&df_decl.path)
                 .filter(|f| f.kind == InputKind::File)
-                .ok_or_else(|| Error::config(format!("dockerfile '{}' of layer '{}' is not a regular file", def.dockerfile, def.name)))?;
+                .ok_or_else(|| {
+                    Error::config(format!(
+                        "dockerfile '{}' of layer '{}' is not a regular file",
+                        def.dockerfile, def.name
+                    ))
+                })?;
             for decl in &def.inputs {
                 self.read_input(def, decl, &mut files)?;
             }
             files.remove(&dockerfile.path);
             let (parent_ref, parent_line) = match layers.last() {
                 Some(p) => (p.tag.clone(), p.tag.clone()),
-                None => (self.def.from.clone(), format!("{} {}", self.def.from, from_img.id)),
+                None => (
+                    self.def.from.clone(),
+                    format!("{} {}", self.def.from, from_img.id),
+                ),
             };
             let mut m = String::new();
             let _ = writeln!(m, "{MANIFEST_VERSION}");
             let _ = writeln!(m, "layer {}", def.name);
             let _ = writeln!(m, "parent {parent_line}");
-            let _ = writeln!(m, "provider {}", def.provider.as_ref().map_or("none".to_string(), Provider::describe));
-            let _ = writeln!(m, "dockerfile {} {:o} {}", dockerfile.path, dockerfile.mode, dockerfile.sha256);
+            let _ = writeln!(
+                m,
+                "provider {}",
+                def.provider
+                    .as_ref()
+                    .map_or("none".to_string(), Provider::describe)
+            );
+            let _ = writeln!(
+                m,
+                "dockerfile {} {:o} {}",
+                dockerfile.path, dockerfile.mode, dockerfile.sha256
+            );
             for f in files.values() {
                 let kind = match f.kind {
                     InputKind::File => "input",
@@ -484,7 +632,13 @@ fn repo_component(root: &Path) -> String {
         .unwrap_or_default();
     let mut s: String = name
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
         .collect();
     s = s.trim_matches('-').to_string();
     if s.is_empty() { "project".into() } else { s }
@@ -500,37 +654,79 @@ fn walk(
     let path = root.join(rel);
     let ft = meta.file_type();
     if ft.is_symlink() {
-        let target = fs::read_link(&path).map_err(|e| Error::io_as(Exit::NoInput, "cannot read link", &path, e))?;
+        let target = fs::read_link(&path)
+            .map_err(|e| Error::io_as(Exit::NoInput, "cannot read link", &path, e))?;
         if let Ok(r) = fs::canonicalize(&path)
             && !r.starts_with(canon_root)
         {
-            return Err(Error::config(format!("input '{rel}' links to '{}', outside the project; refused", r.display())));
+            return Err(Error::config(format!(
+                "input '{rel}' links to '{}', outside the project; refused",
+                r.display()
+            )));
         }
         let data = target.as_os_str().as_encoded_bytes().to_vec();
         let sha256 = sha256_hex(&data);
-        out.insert(rel.to_string(), InputFile { path: rel.to_string(), mode: 0o777, data, kind: InputKind::Symlink, sha256 });
+        out.insert(
+            rel.to_string(),
+            InputFile {
+                path: rel.to_string(),
+                mode: 0o777,
+                data,
+                kind: InputKind::Symlink,
+                sha256,
+            },
+        );
     } else if ft.is_dir() {
         let mut names: Vec<String> = Vec::new();
-        for ent in fs::read_dir(&path).map_err(|e| Error::io_as(Exit::NoInput, "cannot read directory", &path, e))? {
-            let ent = ent.map_err(|e| Error::io_as(Exit::NoInput, "cannot read directory", &path, e))?;
+        for ent in fs::read_dir(&path)
+            .map_err(|e| Error::io_as(Exit::NoInput, "cannot read directory", &path, e))?
+        {
+            let ent =
+                ent.map_err(|e| Error::io_as(Exit::NoInput, "cannot read directory", &path, e))?;
             names.push(ent.file_name().to_string_lossy().into_owned());
         }
         names.sort();
         let sha256 = sha256_hex(b"");
-        out.insert(rel.to_string(), InputFile { path: rel.to_string(), mode: 0o755, data: Vec::new(), kind: InputKind::Dir, sha256 });
+        out.insert(
+            rel.to_string(),
+            InputFile {
+                path: rel.to_string(),
+                mode: 0o755,
+                data: Vec::new(),
+                kind: InputKind::Dir,
+                sha256,
+            },
+        );
         for name in names {
             let child = format!("{rel}/{name}");
             let cp = root.join(&child);
-            let m = fs::symlink_metadata(&cp).map_err(|e| Error::io_as(Exit::NoInput, "cannot read input", &cp, e))?;
+            let m = fs::symlink_metadata(&cp)
+                .map_err(|e| Error::io_as(Exit::NoInput, "cannot read input", &cp, e))?;
             walk(root, canon_root, &child, &m, out)?;
         }
     } else if ft.is_file() {
-        let data = fs::read(&path).map_err(|e| Error::io_as(Exit::NoInput, "cannot read input", &path, e))?;
-        let mode = if meta.permissions().mode() & 0o111 != 0 { 0o755 } else { 0o644 };
+        let data = fs::read(&path)
+            .map_err(|e| Error::io_as(Exit::NoInput, "cannot read input", &path, e))?;
+        let mode = if meta.permissions().mode() & 0o111 != 0 {
+            0o755
+        } else {
+            0o644
+        };
         let sha256 = sha256_hex(&data);
-        out.insert(rel.to_string(), InputFile { path: rel.to_string(), mode, data, kind: InputKind::File, sha256 });
+        out.insert(
+            rel.to_string(),
+            InputFile {
+                path: rel.to_string(),
+                mode,
+                data,
+                kind: InputKind::File,
+                sha256,
+            },
+        );
     } else {
-        return Err(Error::config(format!("input '{rel}' is neither a file, a directory nor a symlink")));
+        return Err(Error::config(format!(
+            "input '{rel}' is neither a file, a directory nor a symlink"
+        )));
     }
     Ok(())
 }
@@ -583,7 +779,9 @@ impl Layer {
     /// from the bytes that were hashed, with fixed owners and times.
     pub fn context(&self) -> Result<Vec<u8>> {
         let mut b = tar::Builder::new(Vec::new());
-        let tar_err = |e: std::io::Error| Error::new(Exit::Software, "cannot make the build context").with_source(e);
+        let tar_err = |e: std::io::Error| {
+            Error::new(Exit::Software, "cannot make the build context").with_source(e)
+        };
         for f in std::iter::once(&self.dockerfile).chain(self.files.iter()) {
             let mut h = tar::Header::new_gnu();
             h.set_uid(0);
@@ -593,7 +791,8 @@ impl Layer {
             if f.kind == InputKind::Dir {
                 h.set_entry_type(tar::EntryType::Directory);
                 h.set_size(0);
-                b.append_data(&mut h, format!("{}/", f.path), std::io::empty()).map_err(tar_err)?;
+                b.append_data(&mut h, format!("{}/", f.path), std::io::empty())
+                    .map_err(tar_err)?;
             } else if f.kind == InputKind::Symlink {
                 h.set_entry_type(tar::EntryType::Symlink);
                 h.set_size(0);
@@ -602,7 +801,8 @@ impl Layer {
             } else {
                 h.set_entry_type(tar::EntryType::Regular);
                 h.set_size(f.data.len() as u64);
-                b.append_data(&mut h, &f.path, f.data.as_slice()).map_err(tar_err)?;
+                b.append_data(&mut h, &f.path, f.data.as_slice())
+                    .map_err(tar_err)?;
             }
         }
         b.into_inner().map_err(tar_err)
@@ -618,7 +818,11 @@ pub struct Plan {
 impl Plan {
     /// The tag of the last layer: the image a sandbox runs.
     pub fn final_tag(&self) -> &str {
-        &self.layers.last().expect("a definition has at least one layer").tag
+        &self
+            .layers
+            .last()
+            .expect("a definition has at least one layer")
+            .tag
     }
 }
 
@@ -639,7 +843,11 @@ pub enum LayerResult {
 
 /// Builds the layers whose tags are missing, in order.  Stops at the first
 /// failure: a failed step is exit 65 with the step's output in the error.
-pub fn build(engine: &dyn Engine, plan: &mut Plan, opts: &mut BuildOptions<'_>) -> Result<Vec<LayerResult>> {
+pub fn build(
+    engine: &dyn Engine,
+    plan: &mut Plan,
+    opts: &mut BuildOptions<'_>,
+) -> Result<Vec<LayerResult>> {
     let mut results = Vec::new();
     for layer in plan.layers.iter_mut() {
         if let Some(id) = &layer.image_id {
@@ -680,7 +888,9 @@ fn failure(layer: &Layer, msg: &str, log: &str) -> Error {
     let lower = msg.to_ascii_lowercase();
     let copy_step = lower.starts_with("copy failed") || lower.starts_with("add failed");
     if lower.contains("file not found in build context")
-        || (copy_step && (lower.contains("no such file or directory") || lower.contains("no source files were specified")))
+        || (copy_step
+            && (lower.contains("no such file or directory")
+                || lower.contains("no source files were specified")))
     {
         return Error::config(format!(
             "layer '{}': {}: the build context holds only the layer's declared inputs; declare the file with 'input PATH' under 'layer {}' in {RUNTIME_FILE} (line {})",
@@ -690,7 +900,11 @@ fn failure(layer: &Layer, msg: &str, log: &str) -> Error {
             layer.def.line
         ));
     }
-    let mut text = format!("layer '{}' failed to build: {}; no tag was applied", layer.def.name, msg.trim());
+    let mut text = format!(
+        "layer '{}' failed to build: {}; no tag was applied",
+        layer.def.name,
+        msg.trim()
+    );
     let tail: Vec<&str> = log.lines().collect();
     let start = tail.len().saturating_sub(40);
     if !tail.is_empty() {
@@ -765,7 +979,11 @@ pub fn context_sources(dockerfile: &str) -> Vec<Source> {
             if is_url || a.contains('$') {
                 continue;
             }
-            out.push(Source { line: start, instruction: instr.clone(), path: a });
+            out.push(Source {
+                line: start,
+                instruction: instr.clone(),
+                path: a,
+            });
         }
     }
     out
@@ -861,7 +1079,11 @@ fn check_dockerfile(text: &str, layer: &Layer) -> Result<()> {
                 src.instruction,
                 src.path,
                 layer.def.name,
-                if declared.is_empty() { "none".to_string() } else { declared.join(", ") },
+                if declared.is_empty() {
+                    "none".to_string()
+                } else {
+                    declared.join(", ")
+                },
                 p,
                 layer.def.name,
                 layer.def.line
@@ -874,11 +1096,21 @@ fn check_dockerfile(text: &str, layer: &Layer) -> Result<()> {
 /// One difference between a layer and the image it would replace.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change {
-    Parent { was: String, now: String },
-    Provider { was: String, now: String },
+    Parent {
+        was: String,
+        now: String,
+    },
+    Provider {
+        was: String,
+        now: String,
+    },
     Dockerfile(String),
     Content(String),
-    Mode { path: String, was: String, now: String },
+    Mode {
+        path: String,
+        was: String,
+        now: String,
+    },
     Added(String),
     Removed(String),
     Format,
@@ -917,7 +1149,11 @@ pub fn manifest_entries(m: &str) -> ManifestParts {
             "dockerfile" | "input" | "link" | "dir" => {
                 let parts: Vec<&str> = v.rsplitn(3, ' ').collect();
                 if parts.len() == 3 {
-                    let key = if k == "dockerfile" { format!("\0{}", parts[2]) } else { parts[2].to_string() };
+                    let key = if k == "dockerfile" {
+                        format!("\0{}", parts[2])
+                    } else {
+                        parts[2].to_string()
+                    };
                     files.insert(key, (parts[1].to_string(), parts[0].to_string()));
                 }
             }
@@ -939,10 +1175,16 @@ pub fn diff_manifests(old: &str, new: &str) -> Vec<Change> {
     }
     let get = |m: &BTreeMap<String, String>, k: &str| m.get(k).cloned().unwrap_or_default();
     if get(&oh, "parent") != get(&nh, "parent") {
-        out.push(Change::Parent { was: get(&oh, "parent"), now: get(&nh, "parent") });
+        out.push(Change::Parent {
+            was: get(&oh, "parent"),
+            now: get(&nh, "parent"),
+        });
     }
     if get(&oh, "provider") != get(&nh, "provider") {
-        out.push(Change::Provider { was: get(&oh, "provider"), now: get(&nh, "provider") });
+        out.push(Change::Provider {
+            was: get(&oh, "provider"),
+            now: get(&nh, "provider"),
+        });
     }
     for (k, (mode, sum)) in &nf {
         let name = k.trim_start_matches('\0').to_string();
@@ -951,7 +1193,11 @@ pub fn diff_manifests(old: &str, new: &str) -> Vec<Change> {
             None => out.push(Change::Added(name)),
             Some((_, s)) if s != sum && k.starts_with('\0') => out.push(Change::Dockerfile(name)),
             Some((_, s)) if s != sum => out.push(Change::Content(name)),
-            Some((m, _)) if m != mode => out.push(Change::Mode { path: name, was: m.clone(), now: mode.clone() }),
+            Some((m, _)) if m != mode => out.push(Change::Mode {
+                path: name,
+                was: m.clone(),
+                now: mode.clone(),
+            }),
             _ => {}
         }
     }
@@ -1002,7 +1248,10 @@ pub fn init(root: &Path, from: &str, deps_inputs: &[String], force: bool) -> Res
             if p.exists() {
                 return Err(Error::new(
                     Exit::CantCreat,
-                    format!("'{}' exists; not overwriting it (use --force to replace the default files)", p.display()),
+                    format!(
+                        "'{}' exists; not overwriting it (use --force to replace the default files)",
+                        p.display()
+                    ),
                 ));
             }
         }
@@ -1022,11 +1271,17 @@ pub fn init(root: &Path, from: &str, deps_inputs: &[String], force: bool) -> Res
         let p = dir.join(name);
         let parent = p.parent().expect("a runtime file has a parent directory");
         fs::create_dir_all(parent).map_err(|e| Error::io("cannot create", parent, e))?;
-        let tmp = parent.join(format!(".{}.tmp", p.file_name().expect("a file name").to_string_lossy()));
+        let tmp = parent.join(format!(
+            ".{}.tmp",
+            p.file_name().expect("a file name").to_string_lossy()
+        ));
         let mut f = fs::File::create(&tmp).map_err(|e| Error::io("cannot create", &tmp, e))?;
-        f.write_all(text.as_bytes()).map_err(|e| Error::io("cannot write", &tmp, e))?;
-        f.set_permissions(fs::Permissions::from_mode(*mode)).map_err(|e| Error::io("cannot chmod", &tmp, e))?;
-        f.sync_all().map_err(|e| Error::io("cannot sync", &tmp, e))?;
+        f.write_all(text.as_bytes())
+            .map_err(|e| Error::io("cannot write", &tmp, e))?;
+        f.set_permissions(fs::Permissions::from_mode(*mode))
+            .map_err(|e| Error::io("cannot chmod", &tmp, e))?;
+        f.sync_all()
+            .map_err(|e| Error::io("cannot sync", &tmp, e))?;
         fs::rename(&tmp, &p).map_err(|e| Error::io("cannot rename into", &p, e))?;
         written.push(format!("{RUNTIME_DIR}/{name}"));
     }
@@ -1034,8 +1289,16 @@ pub fn init(root: &Path, from: &str, deps_inputs: &[String], force: bool) -> Res
 }
 
 /// Lockfiles and manifests `init` declares as deps inputs when the project has them.
-pub const KNOWN_DEPS_FILES: &[&str] =
-    &["package.json", "package-lock.json", "requirements.txt", "pyproject.toml", "Cargo.toml", "Cargo.lock", "go.mod", "go.sum"];
+pub const KNOWN_DEPS_FILES: &[&str] = &[
+    "package.json",
+    "package-lock.json",
+    "requirements.txt",
+    "pyproject.toml",
+    "Cargo.toml",
+    "Cargo.lock",
+    "go.mod",
+    "go.sum",
+];
 
 /// Finds the project root: the nearest directory at or above `start` holding
 /// a runtime definition.
@@ -1077,8 +1340,17 @@ layer deps
         assert_eq!(d.from, "loopwright/test-busybox:latest");
         let names: Vec<&str> = d.layers.iter().map(|l| l.name.as_str()).collect();
         assert_eq!(names, ["base", "toolchain", "deps"]);
-        assert_eq!(d.layers[1].provider, Some(Provider::Mise { version: "2026.9.15".into() }));
-        let deps: Vec<(&str, usize)> = d.layers[2].inputs.iter().map(|i| (i.path.as_str(), i.line)).collect();
+        assert_eq!(
+            d.layers[1].provider,
+            Some(Provider::Mise {
+                version: "2026.9.15".into()
+            })
+        );
+        let deps: Vec<(&str, usize)> = d.layers[2]
+            .inputs
+            .iter()
+            .map(|i| (i.path.as_str(), i.line))
+            .collect();
         assert_eq!(deps, [("a.lock", 13), ("b.lock", 13)]);
     }
 
@@ -1090,30 +1362,74 @@ layer deps
     fn errors_name_the_line_and_exit_78() {
         let e = err_of("from x\nlayer a\n  dockerfile D\n  inptu x\n");
         assert_eq!(e.exit, Exit::Config);
-        assert!(e.msg.starts_with("runtime.conf:4: unknown keyword 'inptu'"), "{}", e.msg);
-        assert!(err_of("from x\n  input a\n").msg.starts_with("runtime.conf:2: 'input' outside a layer"));
-        assert!(err_of("from x\nlayer a\n").msg.contains("layer 'a' has no 'dockerfile'"));
-        assert!(err_of("layer a\n dockerfile D\n").msg.contains("no 'from' line"));
-        assert!(err_of("from x\nlayer a\n dockerfile D\nlayer a\n").msg.starts_with("runtime.conf:4: layer 'a' already defined on line 2"));
+        assert!(
+            e.msg.starts_with("runtime.conf:4: unknown keyword 'inptu'"),
+            "{}",
+            e.msg
+        );
+        assert!(
+            err_of("from x\n  input a\n")
+                .msg
+                .starts_with("runtime.conf:2: 'input' outside a layer")
+        );
+        assert!(
+            err_of("from x\nlayer a\n")
+                .msg
+                .contains("layer 'a' has no 'dockerfile'")
+        );
+        assert!(
+            err_of("layer a\n dockerfile D\n")
+                .msg
+                .contains("no 'from' line")
+        );
+        assert!(
+            err_of("from x\nlayer a\n dockerfile D\nlayer a\n")
+                .msg
+                .starts_with("runtime.conf:4: layer 'a' already defined on line 2")
+        );
     }
 
     #[test]
     fn mise_must_be_pinned() {
-        assert!(err_of("from x\nlayer t\n dockerfile D\n provider mise\n").msg.starts_with("runtime.conf:4:"));
-        assert!(err_of("from x\nlayer t\n dockerfile D\n provider mise latest\n").msg.contains("not pinned"));
+        assert!(
+            err_of("from x\nlayer t\n dockerfile D\n provider mise\n")
+                .msg
+                .starts_with("runtime.conf:4:")
+        );
+        assert!(
+            err_of("from x\nlayer t\n dockerfile D\n provider mise latest\n")
+                .msg
+                .contains("not pinned")
+        );
     }
 
     #[test]
     fn custom_provider_script_is_an_input() {
-        let d = parse("from x\nlayer t\n dockerfile D\n provider custom tools/install.sh\n", "f").expect("valid");
+        let d = parse(
+            "from x\nlayer t\n dockerfile D\n provider custom tools/install.sh\n",
+            "f",
+        )
+        .expect("valid");
         assert_eq!(d.layers[0].inputs[0].path, "tools/install.sh");
     }
 
     #[test]
     fn escaping_and_absolute_paths_are_refused() {
-        assert!(err_of("from x\nlayer a\n dockerfile D\n input ../secret\n").msg.contains("escapes the project"));
-        assert!(err_of("from x\nlayer a\n dockerfile D\n input a/../../b\n").msg.contains("escapes the project"));
-        assert!(err_of("from x\nlayer a\n dockerfile D\n input /etc/passwd\n").msg.contains("is absolute"));
+        assert!(
+            err_of("from x\nlayer a\n dockerfile D\n input ../secret\n")
+                .msg
+                .contains("escapes the project")
+        );
+        assert!(
+            err_of("from x\nlayer a\n dockerfile D\n input a/../../b\n")
+                .msg
+                .contains("escapes the project")
+        );
+        assert!(
+            err_of("from x\nlayer a\n dockerfile D\n input /etc/passwd\n")
+                .msg
+                .contains("is absolute")
+        );
         assert!(parse("from x\nlayer a\n dockerfile D\n input a/../b\n", "f").is_ok());
     }
 
@@ -1121,9 +1437,14 @@ layer deps
     fn copy_sources_skip_stages_urls_and_flags() {
         let df = "FROM x\nCOPY --chown=1:1 a.lock b/ /dst/\nCOPY --from=build /x /y\nADD https://e/x /y\n\
                   COPY [\"c d\", \"/e\"]\nRUN echo \\\n  COPY no /x\nCOPY $V /x\ncopy ./e /f\n";
-        let s: Vec<(usize, String)> = context_sources(df).into_iter().map(|s| (s.line, s.path)).collect();
-        let want: Vec<(usize, String)> =
-            [(2, "a.lock"), (2, "b/"), (5, "c d"), (9, "./e")].into_iter().map(|(l, p)| (l, p.to_string())).collect();
+        let s: Vec<(usize, String)> = context_sources(df)
+            .into_iter()
+            .map(|s| (s.line, s.path))
+            .collect();
+        let want: Vec<(usize, String)> = [(2, "a.lock"), (2, "b/"), (5, "c d"), (9, "./e")]
+            .into_iter()
+            .map(|(l, p)| (l, p.to_string()))
+            .collect();
         assert_eq!(s, want);
     }
 
@@ -1144,9 +1465,16 @@ layer deps
         assert_eq!(
             d,
             [
-                Change::Parent { was: "p1".into(), now: "p2".into() },
+                Change::Parent {
+                    was: "p1".into(),
+                    now: "p2".into()
+                },
                 Change::Content("a".into()),
-                Change::Mode { path: "b".into(), was: "644".into(), now: "755".into() },
+                Change::Mode {
+                    path: "b".into(),
+                    was: "644".into(),
+                    now: "755".into()
+                },
                 Change::Added("e".into()),
                 Change::Removed("c".into()),
             ]
@@ -1156,12 +1484,21 @@ layer deps
 
     #[test]
     fn default_runtime_parses() {
-        let conf = DEFAULT_RUNTIME[0].1.replace("@FROM@", "debian:bookworm-slim").replace("@DEPS_INPUTS@\n", "    input Cargo.lock\n");
+        let conf = DEFAULT_RUNTIME[0]
+            .1
+            .replace("@FROM@", "debian:bookworm-slim")
+            .replace("@DEPS_INPUTS@\n", "    input Cargo.lock\n");
         let d = parse(&conf, RUNTIME_FILE).expect("the shipped runtime.conf is valid");
         let names: Vec<&str> = d.layers.iter().map(|l| l.name.as_str()).collect();
         assert_eq!(names, ["base", "toolchain", "deps"]);
-        for (name, text, _) in DEFAULT_RUNTIME.iter().filter(|(n, _, _)| n.ends_with(".Dockerfile")) {
-            assert!(text.contains("FROM ${LW_PARENT}"), "{name} starts from its parent");
+        for (name, text, _) in DEFAULT_RUNTIME
+            .iter()
+            .filter(|(n, _, _)| n.ends_with(".Dockerfile"))
+        {
+            assert!(
+                text.contains("FROM ${LW_PARENT}"),
+                "{name} starts from its parent"
+            );
         }
     }
 }

@@ -59,8 +59,12 @@ impl Root {
     pub fn resolve(flag: Option<&Path>) -> crate::Result<Root> {
         let env = std::env::var_os("LW_ROOT").map(PathBuf::from);
         match flag.map(Path::to_path_buf).or(env) {
-            Some(d) if !d.as_os_str().is_empty() => Ok(Root::new(std::path::absolute(&d).unwrap_or(d))),
-            _ => Err(crate::Error::usage("no mailbox root: pass --root DIR or set LW_ROOT")),
+            Some(d) if !d.as_os_str().is_empty() => {
+                Ok(Root::new(std::path::absolute(&d).unwrap_or(d)))
+            }
+            _ => Err(crate::Error::usage(
+                "no mailbox root: pass --root DIR or set LW_ROOT",
+            )),
         }
     }
     pub fn sandboxes_dir(&self) -> PathBuf {
@@ -104,7 +108,9 @@ pub fn valid_name(name: &str) -> bool {
         && b.len() <= 63
         && b[0].is_ascii_alphanumeric()
         && !b[0].is_ascii_uppercase()
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'.' | b'_' | b'-'))
+        && b.iter().all(|c| {
+            c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'.' | b'_' | b'-')
+        })
         && !name.contains("..")
 }
 
@@ -117,7 +123,17 @@ mod tests {
         for ok in ["a", "api-1", "front.end", "x_y", "0"] {
             assert!(valid_name(ok), "{ok}");
         }
-        for bad in ["", "A", "-a", ".a", "a/b", "a..b", "a:b", "a b", &"x".repeat(64)] {
+        for bad in [
+            "",
+            "A",
+            "-a",
+            ".a",
+            "a/b",
+            "a..b",
+            "a:b",
+            "a b",
+            &"x".repeat(64),
+        ] {
             assert!(!valid_name(bad), "{bad}");
         }
     }

@@ -98,13 +98,15 @@ impl Entry {
     }
 
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut v = serde_json::to_vec(self).expect("a log Entry serialises because all its fields are plain data");
+        let mut v = serde_json::to_vec(self)
+            .expect("a log Entry serialises because all its fields are plain data");
         v.push(b'\n');
         v
     }
 
     pub fn parse(bytes: &[u8]) -> std::result::Result<Entry, String> {
-        let e: Entry = serde_json::from_slice(bytes).map_err(|e| format!("not a log entry: {e}"))?;
+        let e: Entry =
+            serde_json::from_slice(bytes).map_err(|e| format!("not a log entry: {e}"))?;
         if e.version != LOG_VERSION {
             return Err(format!("unsupported log version {}", e.version));
         }
@@ -127,12 +129,17 @@ pub struct BadEntry {
 
 impl Log {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Log { dir: Maildir::new(dir) }
+        Log {
+            dir: Maildir::new(dir),
+        }
     }
 
     /// Appends `e` unless an entry of the same name exists; true when written.
     pub fn append(&self, e: &Entry) -> Result<bool> {
-        Ok(matches!(self.dir.deliver_once(&e.name, &e.to_bytes())?, Delivered::New(_)))
+        Ok(matches!(
+            self.dir.deliver_once(&e.name, &e.to_bytes())?,
+            Delivered::New(_)
+        ))
     }
 
     /// True when an entry of that name exists.
@@ -143,12 +150,17 @@ impl Log {
     /// Reads one entry by name.
     pub fn read(&self, name: &OsStr) -> std::result::Result<Entry, String> {
         let path = self.dir.sub(Sub::New).join(name);
-        let meta = path.symlink_metadata().map_err(|e| format!("cannot stat: {e}"))?;
+        let meta = path
+            .symlink_metadata()
+            .map_err(|e| format!("cannot stat: {e}"))?;
         if !meta.file_type().is_file() {
             return Err("not a regular file".into());
         }
         if meta.len() > 2 * crate::message::MAX_FILE {
-            return Err(format!("entry is {} bytes; larger than any entry loopwright writes", meta.len()));
+            return Err(format!(
+                "entry is {} bytes; larger than any entry loopwright writes",
+                meta.len()
+            ));
         }
         let bytes = std::fs::read(&path).map_err(|e| format!("cannot read: {e}"))?;
         Entry::parse(&bytes)
@@ -160,7 +172,9 @@ impl Log {
     pub fn entries(&self) -> Result<(Vec<Entry>, Vec<BadEntry>)> {
         let names = match self.dir.names(Sub::New) {
             Ok(n) => n,
-            Err(e) if e.exit == Exit::NoInput && !self.dir.sub(Sub::New).exists() => return Ok((vec![], vec![])),
+            Err(e) if e.exit == Exit::NoInput && !self.dir.sub(Sub::New).exists() => {
+                return Ok((vec![], vec![]));
+            }
             Err(e) => return Err(e),
         };
         let mut good = Vec::new();
@@ -168,7 +182,10 @@ impl Log {
         for n in names {
             match self.read(&n) {
                 Ok(e) => good.push(e),
-                Err(reason) => bad.push(BadEntry { name: crate::maildir::escape_name(&n), reason }),
+                Err(reason) => bad.push(BadEntry {
+                    name: crate::maildir::escape_name(&n),
+                    reason,
+                }),
             }
         }
         good.sort_by(|a, b| a.logged.cmp(&b.logged).then_with(|| a.name.cmp(&b.name)));

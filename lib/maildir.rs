@@ -82,8 +82,14 @@ impl Entry {
 
 /// A file name made safe for one line of output.
 pub fn escape_name(name: &OsStr) -> String {
-    String::from_utf8_lossy(name.as_bytes()).escape_debug().to_string()
-        + if std::str::from_utf8(name.as_bytes()).is_err() { " (invalid UTF-8)" } else { "" }
+    String::from_utf8_lossy(name.as_bytes())
+        .escape_debug()
+        .to_string()
+        + if std::str::from_utf8(name.as_bytes()).is_err() {
+            " (invalid UTF-8)"
+        } else {
+            ""
+        }
 }
 
 /// Whether a delivery wrote the message or found it delivered already.
@@ -93,9 +99,12 @@ pub enum Delivered {
     Already(PathBuf),
 }
 
-
 fn open_dir(path: &Path) -> rustix::io::Result<OwnedFd> {
-    rfs::open(path, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+    rfs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
 }
 
 impl Maildir {
@@ -133,11 +142,13 @@ impl Maildir {
             Ok(fd) => fd,
             Err(Errno::NOENT) => {
                 self.create_checked()?;
-                open_dir(&self.sub(Sub::Tmp)).map_err(|e| Error::io("cannot open", &self.sub(Sub::Tmp), errno_io(e)))?
+                open_dir(&self.sub(Sub::Tmp))
+                    .map_err(|e| Error::io("cannot open", &self.sub(Sub::Tmp), errno_io(e)))?
             }
             Err(e) => return Err(Error::io("cannot open", &self.sub(Sub::Tmp), errno_io(e))),
         };
-        let new = open_dir(&self.sub(Sub::New)).map_err(|e| Error::io("cannot open", &self.sub(Sub::New), errno_io(e)))?;
+        let new = open_dir(&self.sub(Sub::New))
+            .map_err(|e| Error::io("cannot open", &self.sub(Sub::New), errno_io(e)))?;
         self.deliver_at(&tmp, &new, name, bytes)
     }
 
@@ -146,13 +157,22 @@ impl Maildir {
         if !parent.as_os_str().is_empty() && !parent.is_dir() {
             return Err(Error::new(
                 Exit::CantCreat,
-                format!("mailbox '{}' does not exist; create it or point LW_MAILBOX/--mailbox at an existing mailbox", parent.display()),
+                format!(
+                    "mailbox '{}' does not exist; create it or point LW_MAILBOX/--mailbox at an existing mailbox",
+                    parent.display()
+                ),
             ));
         }
         self.create()
     }
 
-    fn deliver_at(&self, tmp: &OwnedFd, new: &OwnedFd, name: &str, bytes: &[u8]) -> Result<PathBuf> {
+    fn deliver_at(
+        &self,
+        tmp: &OwnedFd,
+        new: &OwnedFd,
+        name: &str,
+        bytes: &[u8],
+    ) -> Result<PathBuf> {
         let tmp_path = self.sub(Sub::Tmp).join(name);
         let fd = rfs::openat(
             tmp,
@@ -165,15 +185,33 @@ impl Maildir {
             let _ = rfs::unlinkat(tmp, name, rfs::AtFlags::empty());
             err
         };
-        give_to_owner(tmp, &fd)
-            .map_err(|e| cleanup(Error::io_as(Exit::NoPerm, "cannot give the message to the owner of", &self.sub(Sub::Tmp), errno_io(e))))?;
-        write_all(&fd, bytes).map_err(|e| cleanup(Error::io_as(Exit::IoErr, "cannot write", &tmp_path, e)))?;
-        rfs::fsync(&fd).map_err(|e| cleanup(Error::io_as(Exit::IoErr, "cannot fsync", &tmp_path, errno_io(e))))?;
+        give_to_owner(tmp, &fd).map_err(|e| {
+            cleanup(Error::io_as(
+                Exit::NoPerm,
+                "cannot give the message to the owner of",
+                &self.sub(Sub::Tmp),
+                errno_io(e),
+            ))
+        })?;
+        write_all(&fd, bytes)
+            .map_err(|e| cleanup(Error::io_as(Exit::IoErr, "cannot write", &tmp_path, e)))?;
+        rfs::fsync(&fd).map_err(|e| {
+            cleanup(Error::io_as(
+                Exit::IoErr,
+                "cannot fsync",
+                &tmp_path,
+                errno_io(e),
+            ))
+        })?;
         drop(fd);
         let new_path = self.sub(Sub::New).join(name);
         rfs::renameat_with(tmp, name, new, name, RenameFlags::NOREPLACE).map_err(|e| {
             cleanup(Error::io_as(
-                if e == Errno::EXIST { Exit::Software } else { crate::error::io_exit(&errno_io(e)) },
+                if e == Errno::EXIST {
+                    Exit::Software
+                } else {
+                    crate::error::io_exit(&errno_io(e))
+                },
                 "cannot move message into",
                 &new_path,
                 errno_io(e),
@@ -182,7 +220,14 @@ impl Maildir {
         // The message is visible now; if this fsync fails the caller must not
         // report success, but the file stays (removing it could lose a message
         // a reader already took).
-        rfs::fsync(new).map_err(|e| Error::io_as(Exit::IoErr, "cannot fsync", &self.sub(Sub::New), errno_io(e)))?;
+        rfs::fsync(new).map_err(|e| {
+            Error::io_as(
+                Exit::IoErr,
+                "cannot fsync",
+                &self.sub(Sub::New),
+                errno_io(e),
+            )
+        })?;
         Ok(new_path)
     }
 
@@ -223,12 +268,20 @@ impl Maildir {
     /// The names in `new/` or `cur/`, sorted (so by time for well-formed names).
     pub fn names(&self, s: Sub) -> Result<Vec<OsString>> {
         let dir = self.sub(s);
-        let rd = std::fs::read_dir(&dir).map_err(|e| Error::io_as(Exit::NoInput, "cannot read mailbox directory", &dir, e))?;
+        let rd = std::fs::read_dir(&dir)
+            .map_err(|e| Error::io_as(Exit::NoInput, "cannot read mailbox directory", &dir, e))?;
         let mut names = Vec::new();
         for ent in rd {
             match ent {
                 Ok(e) => names.push(e.file_name()),
-                Err(e) => return Err(Error::io_as(Exit::IoErr, "cannot read mailbox directory", &dir, e)),
+                Err(e) => {
+                    return Err(Error::io_as(
+                        Exit::IoErr,
+                        "cannot read mailbox directory",
+                        &dir,
+                        e,
+                    ));
+                }
             }
         }
         names.sort();
@@ -267,7 +320,11 @@ impl Maildir {
             return Found::Bad("file name does not follow the id grammar".into());
         }
         if st.st_size as u64 > message::MAX_FILE {
-            return Found::Bad(format!("file is {} bytes; the limit is {}", st.st_size, message::MAX_FILE));
+            return Found::Bad(format!(
+                "file is {} bytes; the limit is {}",
+                st.st_size,
+                message::MAX_FILE
+            ));
         }
         let mut buf = Vec::with_capacity(st.st_size as usize);
         let mut f = std::fs::File::from(fd);
@@ -276,7 +333,9 @@ impl Maildir {
             return Found::Bad(format!("cannot read: {e}"));
         }
         match Message::parse(&buf) {
-            Ok(m) if m.id != text => Found::Bad(format!("id '{}' inside does not match the file name", m.id)),
+            Ok(m) if m.id != text => {
+                Found::Bad(format!("id '{}' inside does not match the file name", m.id))
+            }
             Ok(m) => Found::Message(m),
             Err(e) => Found::Bad(e.0),
         }
@@ -284,7 +343,14 @@ impl Maildir {
 
     /// Every entry of `new/` or `cur/`, read.
     pub fn scan(&self, s: Sub) -> Result<Vec<Entry>> {
-        Ok(self.names(s)?.into_iter().map(|name| Entry { found: self.read(s, &name), name }).collect())
+        Ok(self
+            .names(s)?
+            .into_iter()
+            .map(|name| Entry {
+                found: self.read(s, &name),
+                name,
+            })
+            .collect())
     }
 
     /// Moves `new/NAME` to `cur/NAME`.  Returns false when it was not in `new/`
@@ -295,7 +361,12 @@ impl Maildir {
         match rfs::renameat_with(rfs::CWD, &from, rfs::CWD, &to, RenameFlags::NOREPLACE) {
             Ok(()) => {}
             Err(Errno::NOENT) if !self.sub(Sub::Cur).is_dir() => {
-                return Err(Error::io_as(Exit::NoInput, "cannot claim into", &self.sub(Sub::Cur), errno_io(Errno::NOENT)));
+                return Err(Error::io_as(
+                    Exit::NoInput,
+                    "cannot claim into",
+                    &self.sub(Sub::Cur),
+                    errno_io(Errno::NOENT),
+                ));
             }
             Err(Errno::NOENT) => return Ok(false),
             Err(Errno::EXIST) => {
@@ -308,8 +379,16 @@ impl Maildir {
             }
             Err(e) => return Err(Error::io("cannot move", &from, errno_io(e))),
         }
-        let cur = open_dir(&self.sub(Sub::Cur)).map_err(|e| Error::io("cannot open", &self.sub(Sub::Cur), errno_io(e)))?;
-        rfs::fsync(&cur).map_err(|e| Error::io_as(Exit::IoErr, "cannot fsync", &self.sub(Sub::Cur), errno_io(e)))?;
+        let cur = open_dir(&self.sub(Sub::Cur))
+            .map_err(|e| Error::io("cannot open", &self.sub(Sub::Cur), errno_io(e)))?;
+        rfs::fsync(&cur).map_err(|e| {
+            Error::io_as(
+                Exit::IoErr,
+                "cannot fsync",
+                &self.sub(Sub::Cur),
+                errno_io(e),
+            )
+        })?;
         Ok(true)
     }
 
@@ -317,7 +396,11 @@ impl Maildir {
     /// `ready` is asked once at the start and again after every change in
     /// `new/`.  Uses inotify, not polling: the watch is set before the first
     /// check, so an arrival between the two is not missed.
-    pub fn wait_until(&self, timeout: Option<Duration>, mut ready: impl FnMut() -> Result<bool>) -> Result<bool> {
+    pub fn wait_until(
+        &self,
+        timeout: Option<Duration>,
+        mut ready: impl FnMut() -> Result<bool>,
+    ) -> Result<bool> {
         use rustix::fs::inotify;
         let dir = self.sub(Sub::New);
         let ino = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)
@@ -325,7 +408,10 @@ impl Maildir {
         inotify::add_watch(
             &ino,
             &dir,
-            inotify::WatchFlags::MOVED_TO | inotify::WatchFlags::CREATE | inotify::WatchFlags::DELETE_SELF | inotify::WatchFlags::MOVE_SELF,
+            inotify::WatchFlags::MOVED_TO
+                | inotify::WatchFlags::CREATE
+                | inotify::WatchFlags::DELETE_SELF
+                | inotify::WatchFlags::MOVE_SELF,
         )
         .map_err(|e| Error::io_as(Exit::NoInput, "cannot watch", &dir, errno_io(e)))?;
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
@@ -340,8 +426,14 @@ impl Maildir {
                 },
                 None => None,
             };
-            let ts = left.map(|l| rustix::event::Timespec { tv_sec: l.as_secs() as i64, tv_nsec: l.subsec_nanos() as i64 });
-            let mut fds = [rustix::event::PollFd::new(&ino, rustix::event::PollFlags::IN)];
+            let ts = left.map(|l| rustix::event::Timespec {
+                tv_sec: l.as_secs() as i64,
+                tv_nsec: l.subsec_nanos() as i64,
+            });
+            let mut fds = [rustix::event::PollFd::new(
+                &ino,
+                rustix::event::PollFlags::IN,
+            )];
             match rustix::event::poll(&mut fds, ts.as_ref()) {
                 Ok(_) | Err(Errno::INTR) => {}
                 Err(e) => return Err(Error::io("cannot wait on", &dir, errno_io(e))),
@@ -351,10 +443,17 @@ impl Maildir {
             let mut reader = inotify::Reader::new(&ino, &mut buf);
             let mut gone = false;
             while let Ok(ev) = reader.next() {
-                gone |= ev.events().intersects(inotify::ReadFlags::DELETE_SELF | inotify::ReadFlags::MOVE_SELF);
+                gone |= ev
+                    .events()
+                    .intersects(inotify::ReadFlags::DELETE_SELF | inotify::ReadFlags::MOVE_SELF);
             }
             if gone {
-                return Err(Error::io_as(Exit::NoInput, "mailbox directory was removed while waiting", &dir, errno_io(Errno::NOENT)));
+                return Err(Error::io_as(
+                    Exit::NoInput,
+                    "mailbox directory was removed while waiting",
+                    &dir,
+                    errno_io(Errno::NOENT),
+                ));
             }
         }
     }
@@ -367,7 +466,8 @@ impl Maildir {
     /// True when `new/` has at least one entry, of any kind.
     pub fn has_new(&self) -> Result<bool> {
         let dir = self.sub(Sub::New);
-        let mut rd = std::fs::read_dir(&dir).map_err(|e| Error::io_as(Exit::NoInput, "cannot read mailbox directory", &dir, e))?;
+        let mut rd = std::fs::read_dir(&dir)
+            .map_err(|e| Error::io_as(Exit::NoInput, "cannot read mailbox directory", &dir, e))?;
         Ok(rd.next().is_some())
     }
 }
@@ -380,14 +480,19 @@ impl Maildir {
 pub fn give_to_owner(dir: &impl AsFd, fd: &impl AsFd) -> rustix::io::Result<()> {
     let st = rfs::fstat(dir)?;
     if st.st_uid != rustix::process::geteuid().as_raw() {
-        rfs::fchown(fd, Some(rustix::process::Uid::from_raw(st.st_uid)), Some(rustix::process::Gid::from_raw(st.st_gid)))?;
+        rfs::fchown(
+            fd,
+            Some(rustix::process::Uid::from_raw(st.st_uid)),
+            Some(rustix::process::Gid::from_raw(st.st_gid)),
+        )?;
     }
     Ok(())
 }
 
 fn set_mode(p: &Path, mode: u32) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).map_err(|e| Error::io("cannot set mode of", p, e))
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| Error::io("cannot set mode of", p, e))
 }
 
 /// write(2) until every byte is written, retrying on EINTR.
@@ -446,14 +551,25 @@ mod tests {
         let p = md.deliver_message(&m).unwrap();
         assert!(p.ends_with(format!("new/{}", m.id)));
         use std::os::unix::fs::PermissionsExt;
-        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
         let entries = md.scan(Sub::New).unwrap();
         assert!(matches!(&entries[..], [Entry { found: Found::Message(x), .. }] if *x == m));
         assert!(md.claim(OsStr::new(&m.id)).unwrap());
-        assert!(!md.claim(OsStr::new(&m.id)).unwrap(), "second claim is a no-op");
+        assert!(
+            !md.claim(OsStr::new(&m.id)).unwrap(),
+            "second claim is a no-op"
+        );
         assert!(md.scan(Sub::New).unwrap().is_empty());
         assert_eq!(md.scan(Sub::Cur).unwrap().len(), 1);
-        assert!(std::fs::read_dir(md.sub(Sub::Tmp)).unwrap().next().is_none());
+        assert!(
+            std::fs::read_dir(md.sub(Sub::Tmp))
+                .unwrap()
+                .next()
+                .is_none()
+        );
     }
 
     #[test]
@@ -461,15 +577,30 @@ mod tests {
         let d = tempdir();
         let md = Maildir::new(d.join("box"));
         let m = msg();
-        assert!(matches!(md.deliver_once(&m.id, &m.to_bytes()).unwrap(), Delivered::New(_)));
-        assert!(matches!(md.deliver_once(&m.id, &m.to_bytes()).unwrap(), Delivered::Already(_)));
+        assert!(matches!(
+            md.deliver_once(&m.id, &m.to_bytes()).unwrap(),
+            Delivered::New(_)
+        ));
+        assert!(matches!(
+            md.deliver_once(&m.id, &m.to_bytes()).unwrap(),
+            Delivered::Already(_)
+        ));
         md.claim(OsStr::new(&m.id)).unwrap();
-        assert!(matches!(md.deliver_once(&m.id, &m.to_bytes()).unwrap(), Delivered::Already(_)));
+        assert!(matches!(
+            md.deliver_once(&m.id, &m.to_bytes()).unwrap(),
+            Delivered::Already(_)
+        ));
         // A stray tmp file from a crash does not block the delivery.
         let m2 = msg();
         std::fs::write(md.sub(Sub::Tmp).join(&m2.id), b"half").unwrap();
-        assert!(matches!(md.deliver_once(&m2.id, &m2.to_bytes()).unwrap(), Delivered::New(_)));
-        assert!(matches!(md.read(Sub::New, OsStr::new(&m2.id)), Found::Message(_)));
+        assert!(matches!(
+            md.deliver_once(&m2.id, &m2.to_bytes()).unwrap(),
+            Delivered::New(_)
+        ));
+        assert!(matches!(
+            md.read(Sub::New, OsStr::new(&m2.id)),
+            Found::Message(_)
+        ));
     }
 
     #[test]
@@ -480,8 +611,17 @@ mod tests {
         md.deliver_message(&m).unwrap();
         let err = md.deliver(&m.id, b"other").unwrap_err();
         assert!(is_errno(&err, Errno::EXIST), "{err}");
-        assert!(matches!(md.read(Sub::New, OsStr::new(&m.id)), Found::Message(_)));
-        assert!(std::fs::read_dir(md.sub(Sub::Tmp)).unwrap().next().is_none(), "tmp cleaned");
+        assert!(matches!(
+            md.read(Sub::New, OsStr::new(&m.id)),
+            Found::Message(_)
+        ));
+        assert!(
+            std::fs::read_dir(md.sub(Sub::Tmp))
+                .unwrap()
+                .next()
+                .is_none(),
+            "tmp cleaned"
+        );
     }
 
     #[test]
@@ -492,13 +632,37 @@ mod tests {
         let new = md.sub(Sub::New);
         let target = d.join("secret");
         std::fs::write(&target, msg().to_bytes()).unwrap();
-        std::os::unix::fs::symlink(&target, new.join("1000000000.000000000.00000000000000000000000000000001")).unwrap();
-        rustix::fs::mknodat(rfs::CWD, &new.join("1000000000.000000000.00000000000000000000000000000002"), rfs::FileType::Fifo, Mode::from_raw_mode(0o600), 0).unwrap();
-        std::fs::create_dir(new.join("1000000000.000000000.00000000000000000000000000000003")).unwrap();
-        std::fs::write(new.join("1000000000.000000000.00000000000000000000000000000004"), b"{not json").unwrap();
+        std::os::unix::fs::symlink(
+            &target,
+            new.join("1000000000.000000000.00000000000000000000000000000001"),
+        )
+        .unwrap();
+        rustix::fs::mknodat(
+            rfs::CWD,
+            &new.join("1000000000.000000000.00000000000000000000000000000002"),
+            rfs::FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        std::fs::create_dir(new.join("1000000000.000000000.00000000000000000000000000000003"))
+            .unwrap();
+        std::fs::write(
+            new.join("1000000000.000000000.00000000000000000000000000000004"),
+            b"{not json",
+        )
+        .unwrap();
         std::fs::write(new.join(OsStr::from_bytes(b"bad\nname\xff")), b"x").unwrap();
-        let found: Vec<_> = md.scan(Sub::New).unwrap().into_iter().map(|e| e.found).collect();
-        assert!(matches!(found[0], Found::NotFile("symbolic link")), "{found:?}");
+        let found: Vec<_> = md
+            .scan(Sub::New)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.found)
+            .collect();
+        assert!(
+            matches!(found[0], Found::NotFile("symbolic link")),
+            "{found:?}"
+        );
         assert!(matches!(found[1], Found::NotFile("FIFO")));
         assert!(matches!(found[2], Found::NotFile("directory")));
         assert!(matches!(&found[3], Found::Bad(r) if r.contains("not JSON")));
@@ -514,7 +678,12 @@ mod tests {
         let md = Maildir::new(d.join("box"));
         md.create().unwrap();
         for s in [Sub::Tmp, Sub::New, Sub::Cur] {
-            rfs::chown(&md.sub(s), Some(rustix::process::Uid::from_raw(1234)), Some(rustix::process::Gid::from_raw(1235))).unwrap();
+            rfs::chown(
+                &md.sub(s),
+                Some(rustix::process::Uid::from_raw(1234)),
+                Some(rustix::process::Gid::from_raw(1235)),
+            )
+            .unwrap();
         }
         let p = md.deliver_message(&msg()).unwrap();
         use std::os::unix::fs::MetadataExt;

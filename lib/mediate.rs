@@ -122,8 +122,15 @@ struct Memory {
 
 /// One message (or non-message) taken from an outbox.
 enum Work {
-    Route { name: OsString, entries: Vec<Entry>, claim_question: Option<String> },
-    Quarantine { name: OsString, qid: String },
+    Route {
+        name: OsString,
+        entries: Vec<Entry>,
+        claim_question: Option<String>,
+    },
+    Quarantine {
+        name: OsString,
+        qid: String,
+    },
 }
 
 /// The open Maildirs of one pass: the fixed ones, then inboxes on demand.
@@ -172,14 +179,24 @@ fn derived_id(t: Duration, parts: &[&[u8]]) -> String {
 
 /// The id of the bounce sent back for message `id`.
 pub fn bounce_id(id: &str) -> String {
-    derived_id(crate::id::time_of(id).unwrap_or_default(), &[b"bounce", id.as_bytes()])
+    derived_id(
+        crate::id::time_of(id).unwrap_or_default(),
+        &[b"bounce", id.as_bytes()],
+    )
 }
-
 
 /// The digest that makes two messages "exact duplicates": everything a
 /// reader sees except the id and the creation time.
 fn content_digest(m: &Message) -> String {
-    let v = serde_json::json!([m.from, m.to, m.kind, m.subject, m.body, m.refs, m.in_reply_to]);
+    let v = serde_json::json!([
+        m.from,
+        m.to,
+        m.kind,
+        m.subject,
+        m.body,
+        m.refs,
+        m.in_reply_to
+    ]);
     hex(&Sha256::digest(v.to_string().as_bytes())[..16])
 }
 
@@ -216,13 +233,24 @@ fn inspect(dir: &OwnedFd, name: &OsStr) -> Inspected {
         return bad("file name does not follow the id grammar".into());
     }
     if st.st_nlink > 1 {
-        return bad(format!("{} hard links; a posted message has one (not read)", st.st_nlink));
+        return bad(format!(
+            "{} hard links; a posted message has one (not read)",
+            st.st_nlink
+        ));
     }
     if st.st_size as u64 > message::MAX_FILE {
-        return bad(format!("file is {} bytes; the limit is {} (not read)", st.st_size, message::MAX_FILE));
+        return bad(format!(
+            "file is {} bytes; the limit is {} (not read)",
+            st.st_size,
+            message::MAX_FILE
+        ));
     }
-    let fd = match rfs::openat(dir, name, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY, Mode::empty())
-    {
+    let fd = match rfs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
+        Mode::empty(),
+    ) {
         Ok(fd) => fd,
         Err(Errno::NOENT) => return Inspected::Gone,
         Err(e) => return bad(format!("cannot open: {}", errno_io(e))),
@@ -234,12 +262,18 @@ fn inspect(dir: &OwnedFd, name: &OsStr) -> Inspected {
         Err(e) => return bad(format!("cannot stat: {}", errno_io(e))),
     }
     let mut buf = Vec::with_capacity(st.st_size as usize);
-    if let Err(e) = std::fs::File::from(fd).take(message::MAX_FILE + 1).read_to_end(&mut buf) {
+    if let Err(e) = std::fs::File::from(fd)
+        .take(message::MAX_FILE + 1)
+        .read_to_end(&mut buf)
+    {
         return bad(format!("cannot read: {e}"));
     }
     match Message::parse(&buf) {
         Ok(m) if m.id != text => bad(format!("id '{}' inside does not match the file name", m.id)),
-        Ok(m) if !m.kind.postable() => bad(format!("kind '{}' is the mediator's own and cannot be posted", m.kind)),
+        Ok(m) if !m.kind.postable() => bad(format!(
+            "kind '{}' is the mediator's own and cannot be posted",
+            m.kind
+        )),
         Ok(m) => Inspected::Message(m),
         Err(e) => bad(e.0),
     }
@@ -247,7 +281,10 @@ fn inspect(dir: &OwnedFd, name: &OsStr) -> Inspected {
 
 /// The quarantine id of a bad entry: stable across restarts for the same file.
 fn quarantine_id(sender: &str, name: &OsStr, st: &rfs::Stat) -> String {
-    let t = Duration::new(st.st_ctime.max(0) as u64, st.st_ctime_nsec.clamp(0, 999_999_999) as u32);
+    let t = Duration::new(
+        st.st_ctime.max(0) as u64,
+        st.st_ctime_nsec.clamp(0, 999_999_999) as u32,
+    );
     derived_id(
         t,
         &[
@@ -270,9 +307,17 @@ pub fn lock_mediator(root: &Root) -> Result<std::fs::File> {
         Ok(()) => Ok(f),
         Err(std::fs::TryLockError::WouldBlock) => Err(Error::new(
             Exit::TempFail,
-            format!("another lw-mediate is running on '{}' (lock '{}' is held)", root.dir.display(), root.state_dir().join("mediator.lock").display()),
+            format!(
+                "another lw-mediate is running on '{}' (lock '{}' is held)",
+                root.dir.display(),
+                root.state_dir().join("mediator.lock").display()
+            ),
         )),
-        Err(std::fs::TryLockError::Error(e)) => Err(Error::io("cannot lock", &root.state_dir().join("mediator.lock"), e)),
+        Err(std::fs::TryLockError::Error(e)) => Err(Error::io(
+            "cannot lock",
+            &root.state_dir().join("mediator.lock"),
+            e,
+        )),
     }
 }
 
@@ -280,7 +325,8 @@ pub fn lock_mediator(root: &Root) -> Result<std::fs::File> {
 /// the mediator, an operator's release or drop); waits for it.
 pub fn lock_routes(root: &Root) -> Result<std::fs::File> {
     let f = open_lock(root, "route.lock")?;
-    f.lock().map_err(|e| Error::io("cannot lock", &root.state_dir().join("route.lock"), e))?;
+    f.lock()
+        .map_err(|e| Error::io("cannot lock", &root.state_dir().join("route.lock"), e))?;
     Ok(f)
 }
 
@@ -306,7 +352,10 @@ fn check_root(root: &Root) -> Result<()> {
     if !root.dir.is_dir() {
         return Err(Error::new(
             Exit::NoInput,
-            format!("mailbox root '{}' does not exist; create it or pass --root (or set LW_ROOT)", root.dir.display()),
+            format!(
+                "mailbox root '{}' does not exist; create it or pass --root (or set LW_ROOT)",
+                root.dir.display()
+            ),
         ));
     }
     Ok(())
@@ -322,7 +371,13 @@ pub fn init_root(root: &Root) -> Result<()> {
             Err(e) => return Err(Error::io("cannot create", &d, e)),
         }
     }
-    for m in [root.human(), root.human_outbox(), root.held(), root.quarantine(), crate::maildir::Maildir::new(root.log_dir())] {
+    for m in [
+        root.human(),
+        root.human_outbox(),
+        root.held(),
+        root.quarantine(),
+        crate::maildir::Maildir::new(root.log_dir()),
+    ] {
         m.create()?;
     }
     Ok(())
@@ -333,7 +388,8 @@ impl Mediator {
     /// false a missing file means the default policy.
     pub fn open(root: Root, policy_path: Option<PathBuf>, explicit: bool) -> Result<Mediator> {
         init_root(&root)?;
-        let rootfd = open_dir_at(None, &root.dir).map_err(|e| Error::io("cannot open", &root.dir, errno_io(e)))?;
+        let rootfd = open_dir_at(None, &root.dir)
+            .map_err(|e| Error::io("cannot open", &root.dir, errno_io(e)))?;
         let mut m = Mediator {
             log: Log::new(root.log_dir()),
             registry: Registry::new(&root),
@@ -361,7 +417,12 @@ impl Mediator {
     fn policy_file_stamp(&self) -> Option<(u64, i64, i64, u64)> {
         let p = self.policy_path.as_ref()?;
         let st = rfs::stat(p).ok()?;
-        Some((st.st_ino, st.st_mtime, st.st_mtime_nsec as i64, st.st_size as u64))
+        Some((
+            st.st_ino,
+            st.st_mtime,
+            st.st_mtime_nsec as i64,
+            st.st_size as u64,
+        ))
     }
 
     fn load_policy(&mut self) -> Result<()> {
@@ -369,7 +430,10 @@ impl Mediator {
         self.policy = match (&self.policy_path, stamp) {
             (Some(p), Some(_)) => Policy::load(p)?,
             (Some(p), None) if self.policy_explicit => {
-                return Err(Error::new(Exit::NoInput, format!("policy '{}' does not exist", p.display())));
+                return Err(Error::new(
+                    Exit::NoInput,
+                    format!("policy '{}' does not exist", p.display()),
+                ));
             }
             _ => Policy::default(),
         };
@@ -388,7 +452,10 @@ impl Mediator {
         match self.load_policy() {
             Ok(()) => eprintln!(
                 "lw-mediate: policy reloaded from {}",
-                self.policy.source.clone().unwrap_or_else(|| "the built-in default".into())
+                self.policy
+                    .source
+                    .clone()
+                    .unwrap_or_else(|| "the built-in default".into())
             ),
             Err(e) => {
                 eprintln!("lw-mediate: {e}\nlw-mediate: keeping the previous policy");
@@ -429,7 +496,8 @@ impl Mediator {
         self.memory.version = 1;
         let p = self.memory_path();
         let tmp = p.with_extension("json.tmp");
-        let bytes = serde_json::to_vec(&self.memory).expect("the state serialises because it is plain data");
+        let bytes = serde_json::to_vec(&self.memory)
+            .expect("the state serialises because it is plain data");
         let write = || -> std::io::Result<()> {
             let mut f = std::fs::File::create(&tmp)?;
             f.write_all(&bytes)?;
@@ -444,7 +512,15 @@ impl Mediator {
 
     fn open_boxes(&self) -> Result<Boxes> {
         let open = |rel: &str| Box3::open(&self.rootfd, &self.root.dir, Path::new(rel));
-        Ok(Boxes { list: vec![open("log")?, open("human")?, open("held")?, open("quarantine")?], inbox: HashMap::new() })
+        Ok(Boxes {
+            list: vec![
+                open("log")?,
+                open("human")?,
+                open("held")?,
+                open("quarantine")?,
+            ],
+            inbox: HashMap::new(),
+        })
     }
 
     /// The Maildir a party receives in: the human queue or a sandbox inbox.
@@ -456,13 +532,25 @@ impl Mediator {
             return Ok(*i);
         }
         if !layout::valid_name(party) {
-            return Err(Error::new(Exit::Software, format!("'{}' is not a party name", party.escape_debug())));
+            return Err(Error::new(
+                Exit::Software,
+                format!("'{}' is not a party name", party.escape_debug()),
+            ));
         }
         let sfd = group::ensure_dir_at(&self.rootfd, "sandboxes")
             .map_err(|e| Error::io("cannot open", &self.root.sandboxes_dir(), errno_io(e)))?;
-        let _ = group::ensure_dir_at(&sfd, party)
-            .map_err(|e| Error::io("cannot open", &self.root.sandboxes_dir().join(party), errno_io(e)))?;
-        let b = Box3::open(&self.rootfd, &self.root.dir, &Path::new("sandboxes").join(party).join("inbox"))?;
+        let _ = group::ensure_dir_at(&sfd, party).map_err(|e| {
+            Error::io(
+                "cannot open",
+                &self.root.sandboxes_dir().join(party),
+                errno_io(e),
+            )
+        })?;
+        let b = Box3::open(
+            &self.rootfd,
+            &self.root.dir,
+            &Path::new("sandboxes").join(party).join("inbox"),
+        )?;
         boxes.list.push(b);
         boxes.inbox.insert(party.to_string(), boxes.list.len() - 1);
         Ok(boxes.list.len() - 1)
@@ -471,7 +559,10 @@ impl Mediator {
     fn refresh_registry(&mut self) -> Result<()> {
         let (good, bad) = self.registry.list()?;
         for b in bad {
-            self.warn_once(format!("registry record '{}' skipped: {}", b.file, b.reason));
+            self.warn_once(format!(
+                "registry record '{}' skipped: {}",
+                b.file, b.reason
+            ));
         }
         self.known = good.into_iter().map(|s| (s.name.clone(), s)).collect();
         Ok(())
@@ -482,9 +573,15 @@ impl Mediator {
     pub fn decision_of(&self, id: &str) -> (Option<Entry>, Option<Entry>) {
         let read = |a: Action| {
             let n = Entry::name_for(id, a, None);
-            if self.log.has(&n) { self.log.read(OsStr::new(&n)).ok() } else { None }
+            if self.log.has(&n) {
+                self.log.read(OsStr::new(&n)).ok()
+            } else {
+                None
+            }
         };
-        let main = read(Action::Forward).or_else(|| read(Action::Escalate)).or_else(|| read(Action::Hold));
+        let main = read(Action::Forward)
+            .or_else(|| read(Action::Escalate))
+            .or_else(|| read(Action::Hold));
         (main, read(Action::Bounce))
     }
 
@@ -497,21 +594,42 @@ impl Mediator {
     /// Where a message goes by its kind's route, ignoring hold rules.
     /// Returns the main decision (None when every recipient bounced) and the
     /// recipients that bounce, with the reason.
-    fn route(&self, m: &Message, sender: &str, release: bool) -> (Option<Decision>, Vec<String>, String) {
+    fn route(
+        &self,
+        m: &Message,
+        sender: &str,
+        release: bool,
+    ) -> (Option<Decision>, Vec<String>, String) {
         let rule = self.policy.route(m.kind);
         let at = self.policy.at(rule.line);
-        let named: Vec<String> = m.to.iter().filter(|t| *t != layout::MEDIATOR).cloned().collect();
-        let main_action = if release { Action::Release } else { Action::Forward };
+        let named: Vec<String> =
+            m.to.iter()
+                .filter(|t| *t != layout::MEDIATOR)
+                .cloned()
+                .collect();
+        let main_action = if release {
+            Action::Release
+        } else {
+            Action::Forward
+        };
         let (mut targets, why, bounce_why): (Vec<String>, String, String) = match rule.value {
             Route::Hold if !release => {
                 return (
-                    Some(Decision { action: Action::Hold, to: vec![], reason: format!("kind {} is routed to hold ({at})", m.kind) }),
+                    Some(Decision {
+                        action: Action::Hold,
+                        to: vec![],
+                        reason: format!("kind {} is routed to hold ({at})", m.kind),
+                    }),
                     vec![],
                     String::new(),
                 );
             }
             Route::Human | Route::Hold => {
-                let action = if release { Action::Release } else { Action::Escalate };
+                let action = if release {
+                    Action::Release
+                } else {
+                    Action::Escalate
+                };
                 return (
                     Some(Decision {
                         action,
@@ -527,11 +645,17 @@ impl Mediator {
                     return (
                         None,
                         vec![layout::MEDIATOR.to_string()],
-                        format!("{} names no recipient but the mediator; name a sandbox with --to ({at})", m.kind),
+                        format!(
+                            "{} names no recipient but the mediator; name a sandbox with --to ({at})",
+                            m.kind
+                        ),
                     );
                 }
                 let why = if named.is_empty() {
-                    format!("{} addressed to the mediator only: logged, delivered to nobody ({at})", m.kind)
+                    format!(
+                        "{} addressed to the mediator only: logged, delivered to nobody ({at})",
+                        m.kind
+                    )
                 } else {
                     format!("{} to its named recipients ({at})", m.kind)
                 };
@@ -542,26 +666,51 @@ impl Mediator {
                     .known
                     .values()
                     .filter(|s| s.name != sender)
-                    .filter(|s| s.scope.is_empty() || m.refs.is_empty() || s.scope.iter().any(|sc| m.refs.iter().any(|r| policy::overlaps(sc, r))))
+                    .filter(|s| {
+                        s.scope.is_empty()
+                            || m.refs.is_empty()
+                            || s.scope
+                                .iter()
+                                .any(|sc| m.refs.iter().any(|r| policy::overlaps(sc, r)))
+                    })
                     .map(|s| s.name.clone())
                     .collect();
                 t.extend(named.iter().cloned());
                 let why = if m.refs.is_empty() {
                     format!("{} without refs goes to every other sandbox ({at})", m.kind)
                 } else {
-                    format!("{} goes to sandboxes whose scope overlaps its refs or that declared none ({at})", m.kind)
+                    format!(
+                        "{} goes to sandboxes whose scope overlaps its refs or that declared none ({at})",
+                        m.kind
+                    )
                 };
                 (t, why, "not a registered sandbox".into())
             }
             Route::Asker => {
                 let Some(q) = &m.in_reply_to else {
-                    return (None, named.clone().into_iter().chain([layout::MEDIATOR.into()]).take(1).collect(), format!("{} has no in_reply_to, so it has nobody to go to ({at})", m.kind));
+                    return (
+                        None,
+                        named
+                            .clone()
+                            .into_iter()
+                            .chain([layout::MEDIATOR.into()])
+                            .take(1)
+                            .collect(),
+                        format!(
+                            "{} has no in_reply_to, so it has nobody to go to ({at})",
+                            m.kind
+                        ),
+                    );
                 };
                 match self.sender_of(q) {
                     Some(asker) => {
                         let mut t = vec![asker.clone()];
                         t.extend(named.iter().cloned());
-                        (t, format!("{} goes to {asker}, who sent {q} ({at})", m.kind), "not a registered sandbox".into())
+                        (
+                            t,
+                            format!("{} goes to {asker}, who sent {q} ({at})", m.kind),
+                            "not a registered sandbox".into(),
+                        )
                     }
                     None => {
                         return (
@@ -575,12 +724,17 @@ impl Mediator {
         };
         targets.sort();
         targets.dedup();
-        let (known, unknown): (Vec<String>, Vec<String>) =
-            targets.into_iter().partition(|t| t == layout::HUMAN || self.known.contains_key(t));
+        let (known, unknown): (Vec<String>, Vec<String>) = targets
+            .into_iter()
+            .partition(|t| t == layout::HUMAN || self.known.contains_key(t));
         let main = if known.is_empty() && !(rule.value == Route::Named && named.is_empty()) {
             None
         } else {
-            Some(Decision { action: main_action, to: known, reason: why })
+            Some(Decision {
+                action: main_action,
+                to: known,
+                reason: why,
+            })
         };
         (main, unknown, bounce_why)
     }
@@ -589,10 +743,17 @@ impl Mediator {
     /// rate and duplicate memory.
     fn hold_reason(&mut self, m: &Message, sender: &str) -> Option<String> {
         if let Some(r) = self.policy.hold_senders.iter().find(|r| r.value == sender) {
-            return Some(format!("sender {sender} is held ({})", self.policy.at(r.line)));
+            return Some(format!(
+                "sender {sender} is held ({})",
+                self.policy.at(r.line)
+            ));
         }
         if let Some(r) = self.policy.hold_kinds.iter().find(|r| r.value == m.kind) {
-            return Some(format!("kind {} is held ({})", m.kind, self.policy.at(r.line)));
+            return Some(format!(
+                "kind {} is held ({})",
+                m.kind,
+                self.policy.at(r.line)
+            ));
         }
         let now = now_ms();
         if let Some(d) = self.policy.duplicates.clone() {
@@ -657,16 +818,29 @@ impl Mediator {
 
     /// A new decision for a message nobody decided on yet.  `bounced`, when
     /// given, is the bounce of an earlier run that must stand.
-    fn decide(&mut self, m: &Message, sender: &str, claimed: &str, bounced: Option<Entry>) -> Vec<Entry> {
+    fn decide(
+        &mut self,
+        m: &Message,
+        sender: &str,
+        claimed: &str,
+        bounced: Option<Entry>,
+    ) -> Vec<Entry> {
         let spoof = if claimed != sender {
-            format!("; 'from' in the file said '{}', ignored: the sender is the owner of the outbox", claimed.escape_debug())
+            format!(
+                "; 'from' in the file said '{}', ignored: the sender is the owner of the outbox",
+                claimed.escape_debug()
+            )
         } else {
             String::new()
         };
         if bounced.is_none()
             && let Some(reason) = self.hold_reason(m, sender)
         {
-            let d = Decision { action: Action::Hold, to: vec![], reason: reason + &spoof };
+            let d = Decision {
+                action: Action::Hold,
+                to: vec![],
+                reason: reason + &spoof,
+            };
             return vec![self.entry(m, sender, d)];
         }
         let (main, unknown, why) = self.route(m, sender, false);
@@ -687,7 +861,10 @@ impl Mediator {
                     let d = Decision {
                         action: Action::Bounce,
                         to: unknown.clone(),
-                        reason: format!("cannot deliver to {}: {why}; a bounce went back to {sender}{spoof}", unknown.join(", ")),
+                        reason: format!(
+                            "cannot deliver to {}: {why}; a bounce went back to {sender}{spoof}",
+                            unknown.join(", ")
+                        ),
                     };
                     out.push(self.entry(m, sender, d));
                 }
@@ -702,7 +879,10 @@ impl Mediator {
 
     /// The bounce message for a bounce entry.
     fn bounce_message(e: &Entry) -> Message {
-        let m = e.message.as_ref().expect("bounce entries carry their message");
+        let m = e
+            .message
+            .as_ref()
+            .expect("bounce entries carry their message");
         let mut subject = format!("undeliverable: {}", m.subject);
         while subject.len() > message::MAX_SUBJECT {
             subject.pop();
@@ -774,11 +954,19 @@ impl Mediator {
 
     /// Logs the entries (bounces first, each group durable before the next)
     /// and returns them; entries logged by an earlier run are skipped.
-    fn log_entries(&mut self, boxes: &Boxes, entries: &[&Entry], out: &mut dyn Write) -> Result<()> {
+    fn log_entries(
+        &mut self,
+        boxes: &Boxes,
+        entries: &[&Entry],
+        out: &mut dyn Write,
+    ) -> Result<()> {
         for first in [true, false] {
             let mut g = Group::with_sync(self.sync);
             let mut written = Vec::new();
-            for e in entries.iter().filter(|e| (e.decision.action == Action::Bounce) == first) {
+            for e in entries
+                .iter()
+                .filter(|e| (e.decision.action == Action::Bounce) == first)
+            {
                 if g.stage(&boxes.list, LOG, &e.name, &e.to_bytes())? {
                     written.push(*e);
                 }
@@ -829,7 +1017,10 @@ impl Mediator {
         };
         self.save_memory()?;
         // `waiting` is what is still stuck after the last pass, not a difference.
-        Ok(Stats { waiting: last.waiting, ..self.stats.since(start) })
+        Ok(Stats {
+            waiting: last.waiting,
+            ..self.stats.since(start)
+        })
     }
 
     /// Every outbox: `(sender, path relative to the root)`, the human's first.
@@ -856,8 +1047,14 @@ impl Mediator {
                 continue;
             }
             match n.to_str() {
-                Some(s) if layout::valid_name(s) && s != layout::HUMAN && s != layout::MEDIATOR => names.push(s.to_string()),
-                _ => self.warn_once(format!("'{}' in '{}' is not a sandbox name; ignored", escape_name(&n), sdir.display())),
+                Some(s) if layout::valid_name(s) && s != layout::HUMAN && s != layout::MEDIATOR => {
+                    names.push(s.to_string())
+                }
+                _ => self.warn_once(format!(
+                    "'{}' in '{}' is not a sandbox name; ignored",
+                    escape_name(&n),
+                    sdir.display()
+                )),
             }
         }
         names.sort();
@@ -868,14 +1065,21 @@ impl Mediator {
         v
     }
 
-    fn drain_outbox(&mut self, boxes: &mut Boxes, sender: &str, rel: &Path, out: &mut dyn Write) -> Result<()> {
+    fn drain_outbox(
+        &mut self,
+        boxes: &mut Boxes,
+        sender: &str,
+        rel: &Path,
+        out: &mut dyn Write,
+    ) -> Result<()> {
         let path = self.root.dir.join(rel);
         let newfd = match open_dir_at(Some(&self.rootfd), &rel.join("new")) {
             Ok(fd) => fd,
             Err(Errno::NOENT) => return Ok(()),
             Err(e) => return Err(Error::io("cannot open", &path.join("new"), errno_io(e))),
         };
-        let mut names = read_names(&newfd).map_err(|e| Error::io("cannot read", &path.join("new"), errno_io(e)))?;
+        let mut names = read_names(&newfd)
+            .map_err(|e| Error::io("cannot read", &path.join("new"), errno_io(e)))?;
         if names.is_empty() {
             return Ok(());
         }
@@ -887,7 +1091,14 @@ impl Mediator {
         Ok(())
     }
 
-    fn route_chunk(&mut self, boxes: &mut Boxes, ob: &Box3, sender: &str, names: &[OsString], out: &mut dyn Write) -> Result<()> {
+    fn route_chunk(
+        &mut self,
+        boxes: &mut Boxes,
+        ob: &Box3,
+        sender: &str,
+        names: &[OsString],
+        out: &mut dyn Write,
+    ) -> Result<()> {
         let resumed_before = self.stats.resumed;
         let mut work = Vec::new();
         let mut to_log: Vec<Entry> = Vec::new();
@@ -904,10 +1115,19 @@ impl Mediator {
                     decision: Decision {
                         action: Action::Quarantine,
                         to: vec![],
-                        reason: format!("'{}' in the outbox of {sender}: {why}; kept as quarantine/new/{qid}", escape_name(name)),
+                        reason: format!(
+                            "'{}' in the outbox of {sender}: {why}; kept as quarantine/new/{qid}",
+                            escape_name(name)
+                        ),
                     },
                 };
-                (Work::Quarantine { name: name.clone(), qid }, e)
+                (
+                    Work::Quarantine {
+                        name: name.clone(),
+                        qid,
+                    },
+                    e,
+                )
             };
             match inspect(&ob.new, name) {
                 Inspected::Gone => {}
@@ -922,9 +1142,15 @@ impl Mediator {
                     let prior = main.clone().or(bounce.clone());
                     let clash = prior.as_ref().and_then(|p| {
                         if p.sender != sender {
-                            Some(format!("id {} is already used by a message from {}", m.id, p.sender))
+                            Some(format!(
+                                "id {} is already used by a message from {}",
+                                m.id, p.sender
+                            ))
                         } else if p.message.as_ref() != Some(&m) {
-                            Some(format!("id {} is already used by an earlier, different message", m.id))
+                            Some(format!(
+                                "id {} is already used by an earlier, different message",
+                                m.id
+                            ))
                         } else if ob.has_cur(name) {
                             Some(format!("posted again after {} was routed", m.id))
                         } else {
@@ -957,7 +1183,11 @@ impl Mediator {
                         _ => None,
                     };
                     to_log.extend(entries.iter().cloned());
-                    work.push(Work::Route { name: name.clone(), entries, claim_question });
+                    work.push(Work::Route {
+                        name: name.clone(),
+                        entries,
+                        claim_question,
+                    });
                 }
             }
         }
@@ -976,10 +1206,15 @@ impl Mediator {
         let mut g = Group::with_sync(self.sync);
         let mut failed = HashSet::new();
         for (i, w) in work.iter().enumerate() {
-            let Work::Route { name, entries, .. } = w else { continue };
+            let Work::Route { name, entries, .. } = w else {
+                continue;
+            };
             for e in entries {
                 if let Err(err) = self.stage_deliveries(boxes, &mut g, e) {
-                    self.warn_once(format!("message {} of {sender} waits: {err}", escape_name(name)));
+                    self.warn_once(format!(
+                        "message {} of {sender} waits: {err}",
+                        escape_name(name)
+                    ));
                     if failed.insert(i) {
                         self.stats.waiting += 1;
                     }
@@ -994,7 +1229,11 @@ impl Mediator {
                 continue;
             }
             match w {
-                Work::Route { name, claim_question, entries } => {
+                Work::Route {
+                    name,
+                    claim_question,
+                    entries,
+                } => {
                     // Counted only when claimed, so that `drain` cannot spin on
                     // a source it fails to move.
                     match group::move_noreplace(&ob.new, name, &ob.cur, name) {
@@ -1013,7 +1252,9 @@ impl Mediator {
                     let forwarded = entries.iter().any(|e| e.decision.action == Action::Forward);
                     if let (Some(q), true) = (claim_question, forwarded) {
                         let h = &boxes.list[HUMAN];
-                        if let Ok(true) = group::move_noreplace(&h.new, OsStr::new(q), &h.cur, OsStr::new(q)) {
+                        if let Ok(true) =
+                            group::move_noreplace(&h.new, OsStr::new(q), &h.cur, OsStr::new(q))
+                        {
                             questions = true;
                         }
                     }
@@ -1046,7 +1287,8 @@ impl Mediator {
     /// Held messages whose release or drop was logged but not finished
     /// (an operator command died halfway): finish them.
     fn finish_operator_actions(&mut self, boxes: &mut Boxes, out: &mut dyn Write) -> Result<()> {
-        let names = read_names(&boxes.list[HELD].new).map_err(|e| Error::io("cannot read", &boxes.list[HELD].path, errno_io(e)))?;
+        let names = read_names(&boxes.list[HELD].new)
+            .map_err(|e| Error::io("cannot read", &boxes.list[HELD].path, errno_io(e)))?;
         for n in names {
             let Some(id) = n.to_str() else { continue };
             let rel = Entry::name_for(id, Action::Release, None);
@@ -1059,10 +1301,19 @@ impl Mediator {
     }
 
     /// Releases (`drop_reason` None) or drops a held message.
-    fn release_or_drop(&mut self, boxes: &mut Boxes, id: &str, drop_reason: Option<&str>, out: &mut dyn Write) -> Result<Entry> {
+    fn release_or_drop(
+        &mut self,
+        boxes: &mut Boxes,
+        id: &str,
+        drop_reason: Option<&str>,
+        out: &mut dyn Write,
+    ) -> Result<Entry> {
         let held = &boxes.list[HELD];
         if !crate::id::is_valid(id) {
-            return Err(Error::usage(format!("'{}' is not a message id", id.escape_debug())));
+            return Err(Error::usage(format!(
+                "'{}' is not a message id",
+                id.escape_debug()
+            )));
         }
         let m = match inspect(&held.new, OsStr::new(id)) {
             Inspected::Message(m) => m,
@@ -1070,17 +1321,30 @@ impl Mediator {
                 for a in [Action::Release, Action::Drop] {
                     let n = Entry::name_for(id, a, None);
                     if self.log.has(&n) {
-                        return Err(Error::new(Exit::DataErr, format!("message {id} was {}d already (log entry {n})", a.as_str().trim_end_matches('e'))));
+                        return Err(Error::new(
+                            Exit::DataErr,
+                            format!(
+                                "message {id} was {}d already (log entry {n})",
+                                a.as_str().trim_end_matches('e')
+                            ),
+                        ));
                     }
                 }
-                return Err(Error::new(Exit::NoInput, format!("no held message {id}; see 'lw-mediate held'")));
+                return Err(Error::new(
+                    Exit::NoInput,
+                    format!("no held message {id}; see 'lw-mediate held'"),
+                ));
             }
             Inspected::Bad(why, _) => return Err(Error::data(format!("held message {id} {why}"))),
         };
         let sender = m.from.clone();
         let existing = |a: Action| {
             let n = Entry::name_for(id, a, None);
-            if self.log.has(&n) { self.log.read(OsStr::new(&n)).ok() } else { None }
+            if self.log.has(&n) {
+                self.log.read(OsStr::new(&n)).ok()
+            } else {
+                None
+            }
         };
         let mut entries = Vec::new();
         if let Some(e) = existing(Action::Drop) {
@@ -1089,7 +1353,11 @@ impl Mediator {
             entries.push(e);
             entries.extend(existing(Action::Bounce));
         } else if let Some(reason) = drop_reason {
-            let d = Decision { action: Action::Drop, to: vec![], reason: format!("dropped by an operator: {reason}") };
+            let d = Decision {
+                action: Action::Drop,
+                to: vec![],
+                reason: format!("dropped by an operator: {reason}"),
+            };
             let mut e = self.entry(&m, &sender, d);
             e.name = Entry::name_for(id, Action::Drop, None);
             entries.push(e);
@@ -1099,13 +1367,27 @@ impl Mediator {
                 let d = Decision {
                     action: Action::Bounce,
                     to: unknown.clone(),
-                    reason: format!("released, but cannot deliver to {}: {why}; a bounce went back to {sender}", unknown.join(", ")),
+                    reason: format!(
+                        "released, but cannot deliver to {}: {why}; a bounce went back to {sender}",
+                        unknown.join(", ")
+                    ),
                 };
                 entries.push(self.entry(&m, &sender, d));
             }
-            let mut d = main.unwrap_or(Decision { action: Action::Release, to: vec![], reason: String::new() });
+            let mut d = main.unwrap_or(Decision {
+                action: Action::Release,
+                to: vec![],
+                reason: String::new(),
+            });
             d.action = Action::Release;
-            d.reason = format!("released by an operator; {}", if d.reason.is_empty() { "no recipient is left".into() } else { d.reason });
+            d.reason = format!(
+                "released by an operator; {}",
+                if d.reason.is_empty() {
+                    "no recipient is left".into()
+                } else {
+                    d.reason
+                }
+            );
             entries.push(self.entry(&m, &sender, d));
         }
         let refs: Vec<&Entry> = entries.iter().collect();
@@ -1119,7 +1401,9 @@ impl Mediator {
         group::move_noreplace(&held.new, OsStr::new(id), &held.cur, OsStr::new(id))
             .map_err(|e| Error::io("cannot move", &held.path.join("new").join(id), errno_io(e)))?;
         held.fsync_cur()?;
-        Ok(entries.pop().expect("a release or drop logs at least one entry"))
+        Ok(entries
+            .pop()
+            .expect("a release or drop logs at least one entry"))
     }
 
     /// Releases a held message to the recipients its route names now.
@@ -1146,7 +1430,9 @@ impl Mediator {
         let now_ns = crate::time::now().as_nanos() as i128;
         for r in names {
             let rel = Path::new("sandboxes").join(&r).join("inbox").join("cur");
-            let Ok(fd) = open_dir_at(Some(&self.rootfd), &rel) else { continue };
+            let Ok(fd) = open_dir_at(Some(&self.rootfd), &rel) else {
+                continue;
+            };
             let Ok(st) = rfs::fstat(&fd) else { continue };
             let mtime = st.st_mtime as i128 * 1_000_000_000 + st.st_mtime_nsec as i128;
             // A change within the file system's timestamp granularity of the
@@ -1156,10 +1442,13 @@ impl Mediator {
             }
             let mut g = Group::with_sync(self.sync);
             let mut pending: Vec<Entry> = Vec::new();
-            let dir = rfs::Dir::read_from(&fd).map_err(|e| Error::io("cannot read", &self.root.dir.join(&rel), errno_io(e)))?;
+            let dir = rfs::Dir::read_from(&fd)
+                .map_err(|e| Error::io("cannot read", &self.root.dir.join(&rel), errno_io(e)))?;
             for ent in dir {
                 let Ok(ent) = ent else { break };
-                let Ok(id) = ent.file_name().to_str() else { continue };
+                let Ok(id) = ent.file_name().to_str() else {
+                    continue;
+                };
                 if !crate::id::is_valid(id) {
                     continue;
                 }
@@ -1167,10 +1456,15 @@ impl Mediator {
                 if self.log.has(&rname) {
                     continue;
                 }
-                let routed = [Action::Forward, Action::Release].into_iter().find_map(|a| {
-                    let n = Entry::name_for(id, a, None);
-                    self.log.read(OsStr::new(&n)).ok().filter(|e| e.decision.to.contains(&r))
-                });
+                let routed = [Action::Forward, Action::Release]
+                    .into_iter()
+                    .find_map(|a| {
+                        let n = Entry::name_for(id, a, None);
+                        self.log
+                            .read(OsStr::new(&n))
+                            .ok()
+                            .filter(|e| e.decision.to.contains(&r))
+                    });
                 let Some(src) = routed else { continue };
                 let e = Entry {
                     version: LOG_VERSION,
@@ -1179,7 +1473,11 @@ impl Mediator {
                     message_id: id.to_string(),
                     sender: src.sender.clone(),
                     message: None,
-                    decision: Decision { action: Action::Read, to: vec![r.clone()], reason: format!("{r} acked it (moved it to inbox/cur)") },
+                    decision: Decision {
+                        action: Action::Read,
+                        to: vec![r.clone()],
+                        reason: format!("{r} acked it (moved it to inbox/cur)"),
+                    },
                 };
                 if g.stage(&boxes.list, LOG, &e.name, &e.to_bytes())? {
                     pending.push(e);
@@ -1209,10 +1507,17 @@ impl Mediator {
         use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
         let ino = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)
             .map_err(|e| Error::io("cannot watch", &self.root.dir, errno_io(e)))?;
-        let arrivals = WatchFlags::MOVED_TO | WatchFlags::CREATE | WatchFlags::CLOSE_WRITE | WatchFlags::ONLYDIR;
+        let arrivals = WatchFlags::MOVED_TO
+            | WatchFlags::CREATE
+            | WatchFlags::CLOSE_WRITE
+            | WatchFlags::ONLYDIR;
         loop {
             // Watches first, then the pass: an arrival in between is seen by both.
-            let mut dirs = vec![self.root.sandboxes_dir(), self.root.registry_dir(), self.root.human_outbox().sub(crate::maildir::Sub::New)];
+            let mut dirs = vec![
+                self.root.sandboxes_dir(),
+                self.root.registry_dir(),
+                self.root.human_outbox().sub(crate::maildir::Sub::New),
+            ];
             for (s, rel) in self.outboxes() {
                 dirs.push(self.root.dir.join(rel).join("new"));
                 if s != layout::HUMAN {
@@ -1220,7 +1525,11 @@ impl Mediator {
                 }
             }
             if let Some(parent) = self.policy_path.as_ref().and_then(|p| p.parent()) {
-                dirs.push(if parent.as_os_str().is_empty() { PathBuf::from(".") } else { parent.to_path_buf() });
+                dirs.push(if parent.as_os_str().is_empty() {
+                    PathBuf::from(".")
+                } else {
+                    parent.to_path_buf()
+                });
             }
             for d in &dirs {
                 // ONLYDIR|DONT_FOLLOW: a planted link is not watched through.
@@ -1233,8 +1542,14 @@ impl Mediator {
                 eprintln!("lw-mediate: {e}; trying again");
             }
             out.flush().map_err(crate::cli::out_err)?;
-            let ts = rustix::event::Timespec { tv_sec: rescan.as_secs() as i64, tv_nsec: rescan.subsec_nanos() as i64 };
-            let mut fds = [rustix::event::PollFd::new(&ino, rustix::event::PollFlags::IN)];
+            let ts = rustix::event::Timespec {
+                tv_sec: rescan.as_secs() as i64,
+                tv_nsec: rescan.subsec_nanos() as i64,
+            };
+            let mut fds = [rustix::event::PollFd::new(
+                &ino,
+                rustix::event::PollFlags::IN,
+            )];
             match rustix::event::poll(&mut fds, Some(&ts)) {
                 Ok(0) => {
                     // Quiet: a good moment to save the rate memory.

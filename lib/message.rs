@@ -41,8 +41,15 @@ pub enum Kind {
     Bounce,
 }
 
-pub const KINDS: &[Kind] =
-    &[Kind::ContractChange, Kind::Request, Kind::Handoff, Kind::Question, Kind::Answer, Kind::Status, Kind::Bounce];
+pub const KINDS: &[Kind] = &[
+    Kind::ContractChange,
+    Kind::Request,
+    Kind::Handoff,
+    Kind::Question,
+    Kind::Answer,
+    Kind::Status,
+    Kind::Bounce,
+];
 
 impl Kind {
     pub fn as_str(self) -> &'static str {
@@ -119,19 +126,31 @@ impl Message {
     /// Checks every limit of the schema.
     pub fn validate(&self) -> Result<(), Invalid> {
         if self.version != VERSION {
-            return Err(bad(format!("unsupported version {} (this reader knows version {VERSION})", self.version)));
+            return Err(bad(format!(
+                "unsupported version {} (this reader knows version {VERSION})",
+                self.version
+            )));
         }
         if !crate::id::is_valid(&self.id) {
-            return Err(bad(format!("id '{}' does not follow the id grammar", self.id.escape_debug())));
+            return Err(bad(format!(
+                "id '{}' does not follow the id grammar",
+                self.id.escape_debug()
+            )));
         }
         if !valid_party(&self.from) {
-            return Err(bad(format!("from '{}' is not a valid sandbox name", self.from.escape_debug())));
+            return Err(bad(format!(
+                "from '{}' is not a valid sandbox name",
+                self.from.escape_debug()
+            )));
         }
         if self.to.is_empty() {
             return Err(bad("to is empty: name at least one recipient"));
         }
         if self.to.len() > MAX_RECIPIENTS {
-            return Err(bad(format!("to has {} recipients; the limit is {MAX_RECIPIENTS}", self.to.len())));
+            return Err(bad(format!(
+                "to has {} recipients; the limit is {MAX_RECIPIENTS}",
+                self.to.len()
+            )));
         }
         for t in &self.to {
             if !valid_party(t) {
@@ -145,32 +164,50 @@ impl Message {
             return Err(bad("subject is empty"));
         }
         if self.subject.len() > MAX_SUBJECT {
-            return Err(bad(format!("subject is {} bytes; the limit is {MAX_SUBJECT}", self.subject.len())));
+            return Err(bad(format!(
+                "subject is {} bytes; the limit is {MAX_SUBJECT}",
+                self.subject.len()
+            )));
         }
         if self.subject.chars().any(char::is_control) {
             return Err(bad("subject contains a control character or line break"));
         }
         if self.body.len() > MAX_BODY {
-            return Err(bad(format!("body is {} bytes; the limit is {MAX_BODY}", self.body.len())));
+            return Err(bad(format!(
+                "body is {} bytes; the limit is {MAX_BODY}",
+                self.body.len()
+            )));
         }
         if self.body.contains('\0') {
             return Err(bad("body contains a NUL character"));
         }
         if self.refs.len() > MAX_REFS {
-            return Err(bad(format!("refs has {} entries; the limit is {MAX_REFS}", self.refs.len())));
+            return Err(bad(format!(
+                "refs has {} entries; the limit is {MAX_REFS}",
+                self.refs.len()
+            )));
         }
         for r in &self.refs {
             if r.is_empty() || r.len() > MAX_REF || r.chars().any(char::is_control) {
-                return Err(bad(format!("ref '{}' is empty, longer than {MAX_REF} bytes or has a control character", r.escape_debug())));
+                return Err(bad(format!(
+                    "ref '{}' is empty, longer than {MAX_REF} bytes or has a control character",
+                    r.escape_debug()
+                )));
             }
         }
         if let Some(r) = &self.in_reply_to {
             if !crate::id::is_valid(r) {
-                return Err(bad(format!("in_reply_to '{}' is not a message id", r.escape_debug())));
+                return Err(bad(format!(
+                    "in_reply_to '{}' is not a message id",
+                    r.escape_debug()
+                )));
             }
         }
         if crate::time::parse_rfc3339(&self.created).is_none() {
-            return Err(bad(format!("created '{}' is not an RFC 3339 UTC time", self.created.escape_debug())));
+            return Err(bad(format!(
+                "created '{}' is not an RFC 3339 UTC time",
+                self.created.escape_debug()
+            )));
         }
         Ok(())
     }
@@ -178,15 +215,23 @@ impl Message {
     /// Parses and validates one message file's bytes.
     pub fn parse(bytes: &[u8]) -> Result<Message, Invalid> {
         if bytes.len() as u64 > MAX_FILE {
-            return Err(bad(format!("file is {} bytes; the limit is {MAX_FILE}", bytes.len())));
+            return Err(bad(format!(
+                "file is {} bytes; the limit is {MAX_FILE}",
+                bytes.len()
+            )));
         }
         let text = std::str::from_utf8(bytes).map_err(|e| bad(format!("not UTF-8: {e}")))?;
         // Check the version first so a newer format gets a version error, not a
         // complaint about a field this reader does not know.
-        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(format!("not JSON: {e}")))?;
+        let v: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| bad(format!("not JSON: {e}")))?;
         match v.get("version").and_then(|v| v.as_u64()) {
             Some(n) if n == VERSION as u64 => {}
-            Some(n) => return Err(bad(format!("unsupported version {n} (this reader knows version {VERSION})"))),
+            Some(n) => {
+                return Err(bad(format!(
+                    "unsupported version {n} (this reader knows version {VERSION})"
+                )));
+            }
             None => return Err(bad("missing or non-numeric version")),
         }
         let m: Message = serde_json::from_value(v).map_err(|e| bad(format!("schema: {e}")))?;
@@ -196,7 +241,8 @@ impl Message {
 
     /// The file form: one JSON object and a newline.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut v = serde_json::to_vec(self).expect("a Message serialises because all its fields are plain data");
+        let mut v = serde_json::to_vec(self)
+            .expect("a Message serialises because all its fields are plain data");
         v.push(b'\n');
         v
     }
@@ -209,11 +255,24 @@ pub fn read_body(r: &mut dyn std::io::Read) -> Result<String, Error> {
     let mut buf = Vec::new();
     r.take(MAX_BODY as u64 + 1)
         .read_to_end(&mut buf)
-        .map_err(|e| Error::new(crate::Exit::IoErr, "cannot read the body from standard input").with_source(e))?;
+        .map_err(|e| {
+            Error::new(
+                crate::Exit::IoErr,
+                "cannot read the body from standard input",
+            )
+            .with_source(e)
+        })?;
     if buf.len() > MAX_BODY {
-        return Err(Error::data(format!("body is longer than {MAX_BODY} bytes; shorten it or post a ref to a file instead")));
+        return Err(Error::data(format!(
+            "body is longer than {MAX_BODY} bytes; shorten it or post a ref to a file instead"
+        )));
     }
-    String::from_utf8(buf).map_err(|e| Error::data(format!("body is not UTF-8 (invalid byte at offset {})", e.utf8_error().valid_up_to())))
+    String::from_utf8(buf).map_err(|e| {
+        Error::data(format!(
+            "body is not UTF-8 (invalid byte at offset {})",
+            e.utf8_error().valid_up_to()
+        ))
+    })
 }
 
 impl Message {
@@ -281,7 +340,10 @@ mod tests {
             ("subject is empty", Box::new(|m| m.subject = " ".into())),
             ("subject contains", Box::new(|m| m.subject = "a\nb".into())),
             ("body is", Box::new(|m| m.body = "x".repeat(MAX_BODY + 1))),
-            ("in_reply_to", Box::new(|m| m.in_reply_to = Some("nope".into()))),
+            (
+                "in_reply_to",
+                Box::new(|m| m.in_reply_to = Some("nope".into())),
+            ),
             ("created", Box::new(|m| m.created = "now".into())),
         ];
         for (want, f) in cases {
@@ -296,10 +358,25 @@ mod tests {
     fn rejects_unknown_fields_bad_json_and_utf8() {
         let mut v = serde_json::to_value(sample()).unwrap();
         v["extra"] = 1.into();
-        assert!(Message::parse(v.to_string().as_bytes()).unwrap_err().0.contains("unknown field"));
+        assert!(
+            Message::parse(v.to_string().as_bytes())
+                .unwrap_err()
+                .0
+                .contains("unknown field")
+        );
         assert!(Message::parse(b"{").unwrap_err().0.contains("not JSON"));
-        assert!(Message::parse(b"\xff\xfe").unwrap_err().0.contains("not UTF-8"));
-        assert!(Message::parse(br#"{"version":9}"#).unwrap_err().0.contains("unsupported version 9"));
+        assert!(
+            Message::parse(b"\xff\xfe")
+                .unwrap_err()
+                .0
+                .contains("not UTF-8")
+        );
+        assert!(
+            Message::parse(br#"{"version":9}"#)
+                .unwrap_err()
+                .0
+                .contains("unsupported version 9")
+        );
     }
 
     #[test]

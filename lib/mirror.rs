@@ -88,9 +88,18 @@ pub const NEVER_PRUNE: &[(&str, &str)] = &[
 
 /// Where the mirror lives: `--mirror` flag, then `$LW_MIRROR`, then the
 /// project's `mirror.path`, then `.loopwright/cache/mirror.git`.
-pub fn locate(flag: Option<&Path>, env: Option<&Path>, project: Option<&Project>, cwd: &Path) -> Result<PathBuf> {
+pub fn locate(
+    flag: Option<&Path>,
+    env: Option<&Path>,
+    project: Option<&Project>,
+    cwd: &Path,
+) -> Result<PathBuf> {
     if let Some(p) = flag.or(env).filter(|p| !p.as_os_str().is_empty()) {
-        return Ok(if p.is_absolute() { p.to_path_buf() } else { cwd.join(p) });
+        return Ok(if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            cwd.join(p)
+        });
     }
     let Some(project) = project else {
         return Err(Error::usage(format!(
@@ -103,7 +112,11 @@ pub fn locate(flag: Option<&Path>, env: Option<&Path>, project: Option<&Project>
 
 /// The upstream when none is given: the project's `mirror.url`, then its
 /// `origin`, then the URL the mirror was made from.
-pub fn default_remote(project: Option<&Project>, stored: Option<&str>, cwd: &Path) -> Result<Remote> {
+pub fn default_remote(
+    project: Option<&Project>,
+    stored: Option<&str>,
+    cwd: &Path,
+) -> Result<Remote> {
     if let Some(p) = project {
         if let Some(url) = p.config.get(KEY_URL) {
             return Remote::parse(url, &p.top);
@@ -142,13 +155,21 @@ impl State {
     /// that the next sync fetches.
     fn parse(mark: &str, mark_path: &Path, fetched: Option<&str>) -> Result<State> {
         let c = Config::parse(mark, mark_path).map_err(|e| Error::new(Exit::DataErr, e.msg))?;
-        let created = c.get("created").and_then(time::parse_rfc3339).ok_or_else(|| {
-            Error::data(format!("'{}' has no valid 'created'", mark_path.display()))
-        })?;
-        let mut state = State { created, ..State::default() };
+        let created = c
+            .get("created")
+            .and_then(time::parse_rfc3339)
+            .ok_or_else(|| {
+                Error::data(format!("'{}' has no valid 'created'", mark_path.display()))
+            })?;
+        let mut state = State {
+            created,
+            ..State::default()
+        };
         if let Some(f) = fetched.and_then(|text| Config::parse(text, Path::new(FETCHED)).ok()) {
             let t = |k: &str| f.get(k).and_then(time::parse_rfc3339);
-            if let (Some(url), Some(started), Some(finished)) = (f.get("url"), t("fetch-started"), t("fetch-finished")) {
+            if let (Some(url), Some(started), Some(finished)) =
+                (f.get("url"), t("fetch-started"), t("fetch-finished"))
+            {
                 state.url = url.to_string();
                 state.fetch_started = started;
                 state.fetch_finished = finished;
@@ -233,11 +254,17 @@ impl Mirror {
     }
 
     fn name(&self) -> String {
-        self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "mirror".into())
+        self.path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "mirror".into())
     }
 
     fn parent(&self) -> PathBuf {
-        self.path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("/"))
+        self.path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("/"))
     }
 
     /// The lock file, beside the mirror so that it exists before the mirror does.
@@ -261,18 +288,29 @@ impl Mirror {
                 };
                 for part in ["HEAD", "config", "objects", "refs"] {
                     if !self.path.join(part).exists() {
-                        return Ok(Found::Damaged(format!("'{}' is missing", self.path.join(part).display())));
+                        return Ok(Found::Damaged(format!(
+                            "'{}' is missing",
+                            self.path.join(part).display()
+                        )));
                     }
                 }
                 Ok(Found::Ready(state))
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => match fs::read_dir(&self.path) {
-                Ok(mut d) => Ok(if d.next().is_none() { Found::Absent } else { Found::Foreign }),
+                Ok(mut d) => Ok(if d.next().is_none() {
+                    Found::Absent
+                } else {
+                    Found::Foreign
+                }),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Found::Absent),
-                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error()) => Ok(Found::Foreign),
+                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error()) => {
+                    Ok(Found::Foreign)
+                }
                 Err(e) => Err(Error::io("cannot read", &self.path, e)),
             },
-            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error()) => Ok(Found::Foreign),
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error()) => {
+                Ok(Found::Foreign)
+            }
             Err(e) => Err(Error::io_as(Exit::IoErr, "cannot read", &state_path, e)),
         }
     }
@@ -283,9 +321,15 @@ impl Mirror {
             Found::Ready(s) => Ok(s),
             Found::Absent => Err(Error::new(
                 Exit::NoInput,
-                format!("no mirror at '{}'; make it with: lw-mirror sync", self.path.display()),
+                format!(
+                    "no mirror at '{}'; make it with: lw-mirror sync",
+                    self.path.display()
+                ),
             )),
-            Found::Foreign => Err(Error { exit: Exit::NoInput, ..self.foreign() }),
+            Found::Foreign => Err(Error {
+                exit: Exit::NoInput,
+                ..self.foreign()
+            }),
             Found::Damaged(why) => Err(self.damaged(&why)),
         }
     }
@@ -320,7 +364,8 @@ impl Mirror {
             return Ok(Outcome::Fresh);
         }
         let parent = self.parent();
-        fs::create_dir_all(&parent).map_err(|e| Error::io_as(Exit::CantCreat, "cannot create", &parent, e))?;
+        fs::create_dir_all(&parent)
+            .map_err(|e| Error::io_as(Exit::CantCreat, "cannot create", &parent, e))?;
         let lock_path = self.lock_path();
         let lock = File::options()
             .read(true)
@@ -333,18 +378,27 @@ impl Mirror {
             Ok(()) => {}
             Err(fs::TryLockError::WouldBlock) => {
                 if opts.progress {
-                    eprintln!("lw-mirror: waiting for another sync of '{}'", self.path.display());
+                    eprintln!(
+                        "lw-mirror: waiting for another sync of '{}'",
+                        self.path.display()
+                    );
                 }
-                lock.lock().map_err(|e| Error::io_as(Exit::TempFail, "cannot lock", &lock_path, e))?;
+                lock.lock()
+                    .map_err(|e| Error::io_as(Exit::TempFail, "cannot lock", &lock_path, e))?;
             }
-            Err(fs::TryLockError::Error(e)) => return Err(Error::io_as(Exit::TempFail, "cannot lock", &lock_path, e)),
+            Err(fs::TryLockError::Error(e)) => {
+                return Err(Error::io_as(Exit::TempFail, "cannot lock", &lock_path, e));
+            }
         }
         // The lock is held until `lock` is dropped, at the end of this function.
         let outcome = match self.find()? {
             Found::Ready(state) => {
                 if state.fetch_started >= asked {
                     Outcome::Waited
-                } else if opts.if_older_than.is_some_and(|max| time::now().saturating_sub(state.fetch_finished) < max) {
+                } else if opts
+                    .if_older_than
+                    .is_some_and(|max| time::now().saturating_sub(state.fetch_finished) < max)
+                {
                     Outcome::Fresh
                 } else {
                     let remote = (opts.remote)(Some(&state.url))?;
@@ -378,7 +432,11 @@ impl Mirror {
             return Err(e);
         }
         if moved && progress {
-            eprintln!("lw-mirror: upstream of '{}' is now '{}'", self.path.display(), remote.url);
+            eprintln!(
+                "lw-mirror: upstream of '{}' is now '{}'",
+                self.path.display(),
+                remote.url
+            );
         }
         state.url = remote.url.clone();
         state.fetch_started = started;
@@ -392,13 +450,19 @@ impl Mirror {
         let tmp = parent.join(format!("{}{}", self.tmp_prefix(), std::process::id()));
         let res = (|| {
             let out = git::output(
-                git::command(None).args(["init", "--quiet", "--bare", "--template="]).arg(&tmp),
+                git::command(None)
+                    .args(["init", "--quiet", "--bare", "--template="])
+                    .arg(&tmp),
                 "create a mirror",
             )?;
             if !out.status.success() {
                 return Err(Error::new(
                     Exit::CantCreat,
-                    format!("cannot create '{}': {}", tmp.display(), git::last_words(&out.stderr)),
+                    format!(
+                        "cannot create '{}': {}",
+                        tmp.display(),
+                        git::last_words(&out.stderr)
+                    ),
                 ));
             }
             set_config(&tmp, "remote.origin.url", &remote.url)?;
@@ -408,7 +472,11 @@ impl Mirror {
             let started = time::now();
             if let Some(head) = remote_head(&tmp, remote)? {
                 let out = git::output(
-                    git::command(None).arg("--git-dir").arg(&tmp).args(["symbolic-ref", "HEAD", &head]),
+                    git::command(None).arg("--git-dir").arg(&tmp).args([
+                        "symbolic-ref",
+                        "HEAD",
+                        &head,
+                    ]),
                     "set HEAD",
                 )?;
                 if !out.status.success() {
@@ -420,15 +488,25 @@ impl Mirror {
             }
             fetch(&tmp, remote, progress)?;
             let now = time::now();
-            let state = State { url: remote.url.clone(), created: now, fetch_started: started, fetch_finished: now };
+            let state = State {
+                url: remote.url.clone(),
+                created: now,
+                fetch_started: started,
+                fetch_finished: now,
+            };
             write_state(&tmp, &state, true)?;
             // An empty directory at the path (made by hand, or a mount point)
             // is replaced; anything else was refused by `find`.
             let _ = fs::remove_dir(&self.path);
-            rfs::renameat_with(rfs::CWD, &tmp, rfs::CWD, &self.path, RenameFlags::NOREPLACE).map_err(|e| {
-                let msg = format!("cannot rename '{}' to '{}'", tmp.display(), self.path.display());
-                Error::new(Exit::CantCreat, msg).with_source(io::Error::from(e))
-            })?;
+            rfs::renameat_with(rfs::CWD, &tmp, rfs::CWD, &self.path, RenameFlags::NOREPLACE)
+                .map_err(|e| {
+                    let msg = format!(
+                        "cannot rename '{}' to '{}'",
+                        tmp.display(),
+                        self.path.display()
+                    );
+                    Error::new(Exit::CantCreat, msg).with_source(io::Error::from(e))
+                })?;
             fsync_dir(&parent)
         })();
         if res.is_err() {
@@ -456,13 +534,20 @@ impl Mirror {
     pub fn status(&self) -> Result<Status> {
         let state = self.ready()?;
         let out = git::output(
-            git::command(None).arg("--git-dir").arg(&self.path).args(["for-each-ref", "--format=%(refname)"]),
+            git::command(None)
+                .arg("--git-dir")
+                .arg(&self.path)
+                .args(["for-each-ref", "--format=%(refname)"]),
             "list refs",
         )?;
         if !out.status.success() {
             return Err(self.damaged(&git::last_words(&out.stderr)));
         }
-        let refs = out.stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()).count();
+        let refs = out
+            .stdout
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .count();
         let head = fs::read_to_string(self.path.join("HEAD"))
             .ok()
             .and_then(|h| h.strip_prefix("ref: ").map(|r| r.trim().to_string()));
@@ -492,13 +577,23 @@ pub struct Status {
 }
 
 fn set_config(git_dir: &Path, key: &str, value: &str) -> Result<()> {
-    let out = git::output(git::command(None).arg("--git-dir").arg(git_dir).args(["config", key, value]), "configure")?;
+    let out = git::output(
+        git::command(None)
+            .arg("--git-dir")
+            .arg(git_dir)
+            .args(["config", key, value]),
+        "configure",
+    )?;
     if out.status.success() {
         Ok(())
     } else {
         Err(Error::new(
             Exit::IoErr,
-            format!("cannot set '{key}' in '{}': {}", git_dir.display(), git::last_words(&out.stderr)),
+            format!(
+                "cannot set '{key}' in '{}': {}",
+                git_dir.display(),
+                git::last_words(&out.stderr)
+            ),
         ))
     }
 }
@@ -506,7 +601,9 @@ fn set_config(git_dir: &Path, key: &str, value: &str) -> Result<()> {
 /// The ref the upstream's HEAD points to, as `git clone --mirror` sets it.
 fn remote_head(git_dir: &Path, remote: &Remote) -> Result<Option<String>> {
     let mut cmd = git::command(None);
-    cmd.arg("--git-dir").arg(git_dir).args(["ls-remote", "--symref", "origin", "HEAD"]);
+    cmd.arg("--git-dir")
+        .arg(git_dir)
+        .args(["ls-remote", "--symref", "origin", "HEAD"]);
     remote.authorize(&mut cmd);
     let out = git::output(&mut cmd, "reach the upstream")?;
     if !out.status.success() {
@@ -522,7 +619,11 @@ fn remote_head(git_dir: &Path, remote: &Remote) -> Result<Option<String>> {
 fn unreachable(remote: &Remote, stderr: &[u8]) -> Error {
     Error::new(
         Exit::Unavailable,
-        format!("cannot fetch from '{}': {}", remote.url, remote.scrub(&git::last_words(stderr))),
+        format!(
+            "cannot fetch from '{}': {}",
+            remote.url,
+            remote.scrub(&git::last_words(stderr))
+        ),
     )
 }
 
@@ -537,7 +638,9 @@ fn unreachable(remote: &Remote, stderr: &[u8]) -> Error {
 fn fetch(git_dir: &Path, remote: &Remote, progress: bool) -> Result<()> {
     let mut locks_cleared = false;
     for _ in 0..4 {
-        let Some(stderr) = run_fetch(git_dir, remote, progress)? else { return Ok(()) };
+        let Some(stderr) = run_fetch(git_dir, remote, progress)? else {
+            return Ok(());
+        };
         let text = String::from_utf8_lossy(&stderr);
         if text.contains(".lock': File exists") && !locks_cleared {
             locks_cleared = true;
@@ -553,7 +656,13 @@ fn fetch(git_dir: &Path, remote: &Remote, progress: bool) -> Result<()> {
             move_deleted_ref(git_dir, &old, progress)?;
         }
     }
-    Err(Error::new(Exit::Software, format!("cannot fetch into '{}': ref conflicts remain", git_dir.display())))
+    Err(Error::new(
+        Exit::Software,
+        format!(
+            "cannot fetch into '{}': ref conflicts remain",
+            git_dir.display()
+        ),
+    ))
 }
 
 /// Kept refs named in git's `cannot lock ref 'NEW': 'OLD' exists; cannot
@@ -578,30 +687,56 @@ pub const DELETED_PREFIX: &str = "refs/lw-mirror/deleted/";
 
 fn move_deleted_ref(git_dir: &Path, old: &str, progress: bool) -> Result<()> {
     let out = git::output(
-        git::command(None).arg("--git-dir").arg(git_dir).args(["rev-parse", "--verify", "--quiet", old]),
+        git::command(None).arg("--git-dir").arg(git_dir).args([
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            old,
+        ]),
         "read a ref",
     )?;
     let oid = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if !out.status.success() || oid.is_empty() {
-        return Err(Error::new(Exit::Software, format!("cannot read '{old}' in '{}'", git_dir.display())));
+        return Err(Error::new(
+            Exit::Software,
+            format!("cannot read '{old}' in '{}'", git_dir.display()),
+        ));
     }
-    let new = format!("{DELETED_PREFIX}{}", old.strip_prefix("refs/").unwrap_or(old));
+    let new = format!(
+        "{DELETED_PREFIX}{}",
+        old.strip_prefix("refs/").unwrap_or(old)
+    );
     let mut child = git::command(None)
         .arg("--git-dir")
         .arg(git_dir)
-        .args(["update-ref", "--stdin", "-m", "lw-mirror: deleted upstream, moved aside"])
+        .args([
+            "update-ref",
+            "--stdin",
+            "-m",
+            "lw-mirror: deleted upstream, moved aside",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| Error::new(Exit::Unavailable, "cannot run git update-ref").with_source(e))?;
     let script = format!("start\nupdate {new} {oid}\ndelete {old} {oid}\ncommit\n");
-    let write = child.stdin.take().expect("stdin is piped").write_all(script.as_bytes());
-    let out = child.wait_with_output().map_err(|e| Error::new(Exit::IoErr, "cannot wait for git").with_source(e))?;
+    let write = child
+        .stdin
+        .take()
+        .expect("stdin is piped")
+        .write_all(script.as_bytes());
+    let out = child
+        .wait_with_output()
+        .map_err(|e| Error::new(Exit::IoErr, "cannot wait for git").with_source(e))?;
     if write.is_err() || !out.status.success() {
         return Err(Error::new(
             Exit::Software,
-            format!("cannot move '{old}' to '{new}' in '{}': {}", git_dir.display(), git::last_words(&out.stderr)),
+            format!(
+                "cannot move '{old}' to '{new}' in '{}': {}",
+                git_dir.display(),
+                git::last_words(&out.stderr)
+            ),
         ));
     }
     if progress {
@@ -613,12 +748,22 @@ fn move_deleted_ref(git_dir: &Path, old: &str, progress: bool) -> Result<()> {
 /// Runs the fetch; `Some(stderr)` when it failed.
 fn run_fetch(git_dir: &Path, remote: &Remote, progress: bool) -> Result<Option<Vec<u8>>> {
     let mut cmd: Command = git::command(None);
-    cmd.arg("--git-dir").arg(git_dir).args(["fetch", "--no-write-fetch-head", "--no-auto-maintenance"]);
-    cmd.arg(if progress { "--progress" } else { "--quiet" }).arg("origin");
+    cmd.arg("--git-dir").arg(git_dir).args([
+        "fetch",
+        "--no-write-fetch-head",
+        "--no-auto-maintenance",
+    ]);
+    cmd.arg(if progress { "--progress" } else { "--quiet" })
+        .arg("origin");
     remote.authorize(&mut cmd);
     cmd.stdout(Stdio::null()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().map_err(|e| Error::new(Exit::Unavailable, "cannot run git fetch").with_source(e))?;
-    let mut pipe = child.stderr.take().expect("stderr is piped because it was set to Stdio::piped()");
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| Error::new(Exit::Unavailable, "cannot run git fetch").with_source(e))?;
+    let mut pipe = child
+        .stderr
+        .take()
+        .expect("stderr is piped because it was set to Stdio::piped()");
     // Keep what git says for the error message; pass it on when showing progress.
     let mut kept = Vec::new();
     let mut buf = [0u8; 8192];
@@ -639,7 +784,9 @@ fn run_fetch(git_dir: &Path, remote: &Remote, progress: bool) -> Result<Option<V
             Err(_) => break,
         }
     }
-    let status = child.wait().map_err(|e| Error::new(Exit::IoErr, "cannot wait for git fetch").with_source(e))?;
+    let status = child
+        .wait()
+        .map_err(|e| Error::new(Exit::IoErr, "cannot wait for git fetch").with_source(e))?;
     Ok(if status.success() { None } else { Some(kept) })
 }
 
@@ -647,7 +794,14 @@ fn fetch_error(git_dir: &Path, remote: &Remote, stderr: &[u8]) -> Error {
     let text = String::from_utf8_lossy(stderr);
     let why = remote.scrub(&git::last_words(stderr));
     let local = |exit| {
-        Error::new(exit, format!("cannot fetch from '{}' into '{}': {why}", remote.url, git_dir.display()))
+        Error::new(
+            exit,
+            format!(
+                "cannot fetch from '{}' into '{}': {why}",
+                remote.url,
+                git_dir.display()
+            ),
+        )
     };
     if text.contains("No space left") || text.contains("Disk quota") {
         local(Exit::IoErr)
@@ -661,10 +815,14 @@ fn fetch_error(git_dir: &Path, remote: &Remote, stderr: &[u8]) -> Error {
 /// Removes git lock files (`*.lock`) from the mirror's refs, logs and top.
 fn remove_stale_locks(git_dir: &Path) -> Result<usize> {
     fn walk(dir: &Path, n: &mut usize) -> Result<()> {
-        let Ok(entries) = fs::read_dir(dir) else { return Ok(()) };
+        let Ok(entries) = fs::read_dir(dir) else {
+            return Ok(());
+        };
         for e in entries.flatten() {
             let p = e.path();
-            let ft = e.file_type().map_err(|err| Error::io("cannot read", &p, err))?;
+            let ft = e
+                .file_type()
+                .map_err(|err| Error::io("cannot read", &p, err))?;
             if ft.is_dir() {
                 walk(&p, n)?;
             } else if p.extension().is_some_and(|x| x == "lock") {
@@ -675,7 +833,12 @@ fn remove_stale_locks(git_dir: &Path) -> Result<usize> {
         Ok(())
     }
     let mut n = 0;
-    for top in ["HEAD.lock", "packed-refs.lock", "config.lock", "shallow.lock"] {
+    for top in [
+        "HEAD.lock",
+        "packed-refs.lock",
+        "config.lock",
+        "shallow.lock",
+    ] {
         let p = git_dir.join(top);
         if fs::remove_file(&p).is_ok() {
             n += 1;
@@ -713,7 +876,9 @@ fn write_state(git_dir: &Path, state: &State, new_mirror: bool) -> Result<()> {
 }
 
 fn fsync_dir(dir: &Path) -> Result<()> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io("cannot sync", dir, e))
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io("cannot sync", dir, e))
 }
 
 fn disk_usage(dir: &Path) -> Result<u64> {
@@ -741,7 +906,11 @@ pub fn human_size(bytes: u64) -> String {
         v /= 1024.0;
         i += 1;
     }
-    if i == 0 { format!("{bytes} B") } else { format!("{v:.1} {}", UNITS[i]) }
+    if i == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[i])
+    }
 }
 
 /// Makes sure the project's cache is git-ignored even where the project's
@@ -751,8 +920,11 @@ pub fn ignore_cache(project: &Project) -> Result<()> {
     fs::create_dir_all(&cache).map_err(|e| Error::io("cannot create", &cache, e))?;
     let ignore = cache.join(".gitignore");
     if !ignore.exists() {
-        fs::write(&ignore, "# written by lw-mirror: everything here is a cache\n*\n")
-            .map_err(|e| Error::io("cannot write", &ignore, e))?;
+        fs::write(
+            &ignore,
+            "# written by lw-mirror: everything here is a cache\n*\n",
+        )
+        .map_err(|e| Error::io("cannot write", &ignore, e))?;
     }
     Ok(())
 }
@@ -769,10 +941,22 @@ mod tests {
             fetch_started: Duration::from_millis(1_700_000_100_250),
             fetch_finished: Duration::from_secs(1_700_000_101),
         };
-        assert_eq!(State::parse(&s.render_mark(), Path::new("s"), Some(&s.render_fetched())).unwrap(), s);
-        let lost = State { created: s.created, ..State::default() };
-        assert_eq!(State::parse(&s.render_mark(), Path::new("s"), None).unwrap(), lost);
-        assert_eq!(State::parse(&s.render_mark(), Path::new("s"), Some("url = x\n")).unwrap(), lost);
+        assert_eq!(
+            State::parse(&s.render_mark(), Path::new("s"), Some(&s.render_fetched())).unwrap(),
+            s
+        );
+        let lost = State {
+            created: s.created,
+            ..State::default()
+        };
+        assert_eq!(
+            State::parse(&s.render_mark(), Path::new("s"), None).unwrap(),
+            lost
+        );
+        assert_eq!(
+            State::parse(&s.render_mark(), Path::new("s"), Some("url = x\n")).unwrap(),
+            lost
+        );
     }
 
     #[test]
@@ -789,11 +973,27 @@ mod tests {
             git_dir: "/proj/.git".into(),
             config: Config::parse("mirror.path = m.git\n", Path::new("c")).unwrap(),
         };
-        let q = Project { top: "/proj".into(), git_dir: "/proj/.git".into(), config: Config::default() };
-        assert_eq!(locate(Some(Path::new("f")), Some(Path::new("/e")), Some(&p), cwd).unwrap(), Path::new("/w/f"));
-        assert_eq!(locate(None, Some(Path::new("/e")), Some(&p), cwd).unwrap(), Path::new("/e"));
-        assert_eq!(locate(None, None, Some(&p), cwd).unwrap(), Path::new("/proj/m.git"));
-        assert_eq!(locate(None, None, Some(&q), cwd).unwrap(), Path::new("/proj/.loopwright/cache/mirror.git"));
+        let q = Project {
+            top: "/proj".into(),
+            git_dir: "/proj/.git".into(),
+            config: Config::default(),
+        };
+        assert_eq!(
+            locate(Some(Path::new("f")), Some(Path::new("/e")), Some(&p), cwd).unwrap(),
+            Path::new("/w/f")
+        );
+        assert_eq!(
+            locate(None, Some(Path::new("/e")), Some(&p), cwd).unwrap(),
+            Path::new("/e")
+        );
+        assert_eq!(
+            locate(None, None, Some(&p), cwd).unwrap(),
+            Path::new("/proj/m.git")
+        );
+        assert_eq!(
+            locate(None, None, Some(&q), cwd).unwrap(),
+            Path::new("/proj/.loopwright/cache/mirror.git")
+        );
         assert_eq!(locate(None, None, None, cwd).unwrap_err().exit, Exit::Usage);
     }
 
@@ -802,7 +1002,10 @@ mod tests {
         let text = "error: cannot lock ref 'refs/heads/a/b': 'refs/heads/a' exists; cannot create 'refs/heads/a/b'\n\
                     error: cannot lock ref 'refs/heads/x': 'refs/heads/x/y' exists; cannot create 'refs/heads/x'\n\
                     error: cannot lock ref 'refs/heads/q': Unable to create lock\n";
-        assert_eq!(ref_conflicts(text), vec!["refs/heads/a".to_string(), "refs/heads/x/y".to_string()]);
+        assert_eq!(
+            ref_conflicts(text),
+            vec!["refs/heads/a".to_string(), "refs/heads/x/y".to_string()]
+        );
     }
 
     #[test]

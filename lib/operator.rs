@@ -32,7 +32,16 @@ pub fn print_queue(out: &mut dyn Write, root: &Root, held: bool, json: bool) -> 
         if json {
             json_line(out, if held { "held" } else { "question" }, &q)?;
         } else {
-            writeln!(out, "{} {} {} {:?} ({})", q.id, q.sender, q.kind, q.subject, q.reason.escape_debug()).map_err(out_err)?;
+            writeln!(
+                out,
+                "{} {} {} {:?} ({})",
+                q.id,
+                q.sender,
+                q.kind,
+                q.subject,
+                q.reason.escape_debug()
+            )
+            .map_err(out_err)?;
         }
     }
     Ok(())
@@ -52,7 +61,11 @@ pub fn print_log(out: &mut dyn Write, root: &Root, json: bool) -> Result<Exit> {
     for b in &bad {
         eprintln!("lw-mediate: log entry '{}' skipped: {}", b.name, b.reason);
     }
-    Ok(if bad.is_empty() { Exit::Ok } else { Exit::DataErr })
+    Ok(if bad.is_empty() {
+        Exit::Ok
+    } else {
+        Exit::DataErr
+    })
 }
 
 /// Prints the registry: `NAME BRANCH SCOPE,...` (`-` for none).
@@ -63,19 +76,34 @@ pub fn print_sandboxes(out: &mut dyn Write, root: &Root, json: bool) -> Result<E
             json_line(out, "sandbox", s)?;
         } else {
             let branch = s.branch.as_deref().unwrap_or("-");
-            let scope = if s.scope.is_empty() { "-".into() } else { s.scope.join(",") };
+            let scope = if s.scope.is_empty() {
+                "-".into()
+            } else {
+                s.scope.join(",")
+            };
             writeln!(out, "{} {branch} {scope}", s.name).map_err(out_err)?;
         }
     }
     for b in &bad {
-        eprintln!("lw-mediate: registry record '{}' skipped: {}", b.file, b.reason);
+        eprintln!(
+            "lw-mediate: registry record '{}' skipped: {}",
+            b.file, b.reason
+        );
     }
-    Ok(if bad.is_empty() { Exit::Ok } else { Exit::DataErr })
+    Ok(if bad.is_empty() {
+        Exit::Ok
+    } else {
+        Exit::DataErr
+    })
 }
 
 /// One line for a log entry: `ACTION ID SENDER -> TO  KIND SUBJECT  (REASON)`.
 pub fn format_entry(e: &Entry) -> String {
-    let to = if e.decision.to.is_empty() { "-".to_string() } else { e.decision.to.join(",") };
+    let to = if e.decision.to.is_empty() {
+        "-".to_string()
+    } else {
+        e.decision.to.join(",")
+    };
     let (kind, subject) = match &e.message {
         Some(m) => (m.kind.as_str(), m.subject.as_str()),
         None => ("-", ""),
@@ -97,13 +125,25 @@ pub fn format_entry(e: &Entry) -> String {
 /// mediator routes it to whoever asked.  Returns the answer.
 pub fn answer(root: &Root, log: &Log, qid: &str, body: &str) -> Result<Message> {
     if !crate::id::is_valid(qid) {
-        return Err(Error::usage(format!("'{}' is not a message id", qid.escape_debug())));
+        return Err(Error::usage(format!(
+            "'{}' is not a message id",
+            qid.escape_debug()
+        )));
     }
     let q = log
         .read(OsStr::new(&Entry::name_for(qid, Action::Escalate, None)))
         .or_else(|_| log.read(OsStr::new(&Entry::name_for(qid, Action::Release, None))))
-        .map_err(|_| Error::new(Exit::NoInput, format!("no question {qid} was escalated; see 'lw-mediate human'")))?;
-    let subject = q.message.as_ref().map(|m| m.subject.clone()).unwrap_or_default();
+        .map_err(|_| {
+            Error::new(
+                Exit::NoInput,
+                format!("no question {qid} was escalated; see 'lw-mediate human'"),
+            )
+        })?;
+    let subject = q
+        .message
+        .as_ref()
+        .map(|m| m.subject.clone())
+        .unwrap_or_default();
     let mut subject = format!("Re: {subject}");
     while subject.len() > message::MAX_SUBJECT {
         subject.pop();
@@ -139,21 +179,36 @@ pub struct Queued {
 /// The messages in `held/new/` (`held` true) or `human/new/`, oldest first;
 /// entries that cannot be read are listed with their reason as subject.
 pub fn queue(root: &Root, log: &Log, held: bool) -> Result<Vec<Queued>> {
-    let (dir, action) = if held { (root.held(), Action::Hold) } else { (root.human(), Action::Escalate) };
+    let (dir, action) = if held {
+        (root.held(), Action::Hold)
+    } else {
+        (root.human(), Action::Escalate)
+    };
     let entries = match dir.scan(crate::maildir::Sub::New) {
         Ok(e) => e,
-        Err(e) if e.exit == Exit::NoInput && !dir.sub(crate::maildir::Sub::New).exists() => return Ok(vec![]),
+        Err(e) if e.exit == Exit::NoInput && !dir.sub(crate::maildir::Sub::New).exists() => {
+            return Ok(vec![]);
+        }
         Err(e) => return Err(e),
     };
     let mut v = Vec::new();
     for ent in entries {
-        let crate::maildir::Found::Message(m) = ent.found else { continue };
+        let crate::maildir::Found::Message(m) = ent.found else {
+            continue;
+        };
         let reason = [action, Action::Release, Action::Forward]
             .into_iter()
             .find_map(|a| log.read(OsStr::new(&Entry::name_for(&m.id, a, None))).ok())
             .map(|e| e.decision.reason)
             .unwrap_or_default();
-        v.push(Queued { id: m.id, sender: m.from, kind: m.kind, subject: m.subject, created: m.created, reason });
+        v.push(Queued {
+            id: m.id,
+            sender: m.from,
+            kind: m.kind,
+            subject: m.subject,
+            created: m.created,
+            reason,
+        });
     }
     Ok(v)
 }

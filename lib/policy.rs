@@ -57,7 +57,15 @@ impl Route {
         }
     }
     fn parse(s: &str) -> Option<Route> {
-        [Route::Scope, Route::Named, Route::Human, Route::Asker, Route::Hold].into_iter().find(|r| r.as_str() == s)
+        [
+            Route::Scope,
+            Route::Named,
+            Route::Human,
+            Route::Asker,
+            Route::Hold,
+        ]
+        .into_iter()
+        .find(|r| r.as_str() == s)
     }
 }
 
@@ -96,7 +104,15 @@ pub struct LineError {
 
 impl Default for Policy {
     fn default() -> Self {
-        let r = |k, route| (k, Ruled { value: route, line: 0 });
+        let r = |k, route| {
+            (
+                k,
+                Ruled {
+                    value: route,
+                    line: 0,
+                },
+            )
+        };
         Policy {
             source: None,
             routes: vec![
@@ -107,8 +123,17 @@ impl Default for Policy {
                 r(Kind::Answer, Route::Asker),
                 r(Kind::Status, Route::Named),
             ],
-            rate: Some(Ruled { value: Rate { count: 120, window: Duration::from_secs(60) }, line: 0 }),
-            duplicates: Some(Ruled { value: Duration::from_secs(600), line: 0 }),
+            rate: Some(Ruled {
+                value: Rate {
+                    count: 120,
+                    window: Duration::from_secs(60),
+                },
+                line: 0,
+            }),
+            duplicates: Some(Ruled {
+                value: Duration::from_secs(600),
+                line: 0,
+            }),
             hold_kinds: vec![],
             hold_senders: vec![],
         }
@@ -122,7 +147,10 @@ impl Policy {
             .iter()
             .find(|(kind, _)| *kind == k)
             .map(|(_, r)| r.clone())
-            .unwrap_or(Ruled { value: Route::Named, line: 0 })
+            .unwrap_or(Ruled {
+                value: Route::Named,
+                line: 0,
+            })
     }
 
     /// Where a rule came from, for reasons: `policy line 7` or `default policy`.
@@ -136,7 +164,10 @@ impl Policy {
 
     /// Parses a policy file's text.  `source` names it in reasons.
     pub fn parse(text: &str, source: Option<String>) -> Result<Policy, Vec<LineError>> {
-        let mut p = Policy { source, ..Policy::default() };
+        let mut p = Policy {
+            source,
+            ..Policy::default()
+        };
         let mut errs = Vec::new();
         let mut version_seen = false;
         let mut routed: Vec<(Kind, usize)> = Vec::new();
@@ -154,7 +185,9 @@ impl Policy {
                 match words.as_slice() {
                     ["loopwright-policy", v] if *v == POLICY_VERSION.to_string() => continue,
                     ["loopwright-policy", v] => {
-                        err(format!("unsupported policy version '{v}'; this mediator reads version {POLICY_VERSION}"));
+                        err(format!(
+                            "unsupported policy version '{v}'; this mediator reads version {POLICY_VERSION}"
+                        ));
                         return Err(errs);
                     }
                     _ => {
@@ -169,19 +202,28 @@ impl Policy {
             match words.as_slice() {
                 ["route", kind, target] => {
                     let Some(k) = Kind::parse(kind) else {
-                        err(format!("unknown kind '{kind}'; expected one of {}", postable_kinds()));
+                        err(format!(
+                            "unknown kind '{kind}'; expected one of {}",
+                            postable_kinds()
+                        ));
                         continue;
                     };
                     if !k.postable() {
-                        err(format!("kind '{kind}' is the mediator's own and cannot be routed"));
+                        err(format!(
+                            "kind '{kind}' is the mediator's own and cannot be routed"
+                        ));
                         continue;
                     }
                     let Some(r) = Route::parse(target) else {
-                        err(format!("unknown route '{target}'; expected scope, named, human, asker or hold"));
+                        err(format!(
+                            "unknown route '{target}'; expected scope, named, human, asker or hold"
+                        ));
                         continue;
                     };
                     if let Some((_, first)) = routed.iter().find(|(kk, _)| *kk == k) {
-                        err(format!("kind '{kind}' is routed twice (first on line {first}); keep one route line"));
+                        err(format!(
+                            "kind '{kind}' is routed twice (first on line {first}); keep one route line"
+                        ));
                         continue;
                     }
                     routed.push((k, line));
@@ -209,45 +251,75 @@ impl Policy {
                         p.duplicates = Some(Ruled { value: d, line });
                         dup_line = line;
                     }
-                    Ok(_) => err(format!("duplicates is set twice (first on line {dup_line})")),
+                    Ok(_) => err(format!(
+                        "duplicates is set twice (first on line {dup_line})"
+                    )),
                     Err(m) => err(format!("duplicates: {m}")),
                 },
                 ["hold", "kind", kind] => match Kind::parse(kind) {
                     Some(k) if k.postable() => p.hold_kinds.push(Ruled { value: k, line }),
-                    _ => err(format!("unknown kind '{kind}'; expected one of {}", postable_kinds())),
+                    _ => err(format!(
+                        "unknown kind '{kind}'; expected one of {}",
+                        postable_kinds()
+                    )),
                 },
                 ["hold", "sender", name] => {
                     if crate::layout::valid_name(name) {
-                        p.hold_senders.push(Ruled { value: name.to_string(), line });
+                        p.hold_senders.push(Ruled {
+                            value: name.to_string(),
+                            line,
+                        });
                     } else {
                         err(format!("'{name}' is not a valid sender name"));
                     }
                 }
                 ["hold", ..] => err("expected 'hold kind KIND' or 'hold sender NAME'".into()),
                 ["route", ..] => err("expected 'route KIND ROUTE'".into()),
-                ["rate", ..] => err("expected 'rate COUNT/DURATION' (e.g. 120/60s) or 'rate off'".into()),
-                ["duplicates", ..] => err("expected 'duplicates DURATION' (e.g. 10m) or 'duplicates off'".into()),
-                ["loopwright-policy", ..] => err("the version line may appear only once, first".into()),
-                [word, ..] => err(format!("unknown directive '{word}'; expected route, rate, duplicates or hold")),
+                ["rate", ..] => {
+                    err("expected 'rate COUNT/DURATION' (e.g. 120/60s) or 'rate off'".into())
+                }
+                ["duplicates", ..] => {
+                    err("expected 'duplicates DURATION' (e.g. 10m) or 'duplicates off'".into())
+                }
+                ["loopwright-policy", ..] => {
+                    err("the version line may appear only once, first".into())
+                }
+                [word, ..] => err(format!(
+                    "unknown directive '{word}'; expected route, rate, duplicates or hold"
+                )),
                 [] => {}
             }
         }
         if !version_seen {
-            errs.push(LineError { line: 1, msg: format!("empty policy: the first directive must be 'loopwright-policy {POLICY_VERSION}'") });
+            errs.push(LineError {
+                line: 1,
+                msg: format!(
+                    "empty policy: the first directive must be 'loopwright-policy {POLICY_VERSION}'"
+                ),
+            });
         }
         if errs.is_empty() { Ok(p) } else { Err(errs) }
     }
 
     /// Reads and parses a file.  Errors are `FILE:LINE: message`, exit 78.
     pub fn load(path: &Path) -> Result<Policy, Error> {
-        let meta = std::fs::metadata(path).map_err(|e| Error::io_as(Exit::NoInput, "cannot read policy", path, e))?;
+        let meta = std::fs::metadata(path)
+            .map_err(|e| Error::io_as(Exit::NoInput, "cannot read policy", path, e))?;
         if !meta.is_file() {
-            return Err(Error::config(format!("policy '{}' is not a regular file", path.display())));
+            return Err(Error::config(format!(
+                "policy '{}' is not a regular file",
+                path.display()
+            )));
         }
         if meta.len() > MAX_POLICY {
-            return Err(Error::config(format!("policy '{}' is {} bytes; the limit is {MAX_POLICY}", path.display(), meta.len())));
+            return Err(Error::config(format!(
+                "policy '{}' is {} bytes; the limit is {MAX_POLICY}",
+                path.display(),
+                meta.len()
+            )));
         }
-        let bytes = std::fs::read(path).map_err(|e| Error::io_as(Exit::NoInput, "cannot read policy", path, e))?;
+        let bytes = std::fs::read(path)
+            .map_err(|e| Error::io_as(Exit::NoInput, "cannot read policy", path, e))?;
         let text = std::str::from_utf8(&bytes)
             .map_err(|e| Error::config(format!("policy '{}' is not UTF-8: {e}", path.display())))?;
         let name = path.display().to_string();
@@ -273,7 +345,12 @@ impl Policy {
         }
         match &self.rate {
             Some(r) => {
-                let _ = writeln!(s, "rate {}/{}", r.value.count, render_duration(r.value.window));
+                let _ = writeln!(
+                    s,
+                    "rate {}/{}",
+                    r.value.count,
+                    render_duration(r.value.window)
+                );
             }
             None => s.push_str("rate off\n"),
         }
@@ -294,7 +371,12 @@ impl Policy {
 }
 
 fn postable_kinds() -> String {
-    crate::message::KINDS.iter().filter(|k| k.postable()).map(|k| k.as_str()).collect::<Vec<_>>().join(", ")
+    crate::message::KINDS
+        .iter()
+        .filter(|k| k.postable())
+        .map(|k| k.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn parse_rate(spec: &str) -> Result<Rate, String> {
@@ -321,9 +403,15 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "m" => 60,
         "h" => 3600,
         "d" => 86_400,
-        _ => return Err(format!("duration '{s}' has unknown unit '{unit}'; use s, m, h or d")),
+        _ => {
+            return Err(format!(
+                "duration '{s}' has unknown unit '{unit}'; use s, m, h or d"
+            ));
+        }
     };
-    let n: u64 = num.parse().map_err(|_| format!("duration '{s}' must be a whole number and a unit, e.g. 60s"))?;
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("duration '{s}' must be a whole number and a unit, e.g. 60s"))?;
     if n == 0 || n > 366 * 86_400 {
         return Err(format!("duration '{s}' must be above 0 and at most a year"));
     }
@@ -361,7 +449,9 @@ pub fn glob_match(pat: &str, text: &str) -> bool {
             return (0..t.len()).any(|i| t[i] == b'/' && m(rest, &t[i + 1..])) || (rest.is_empty());
         }
         match p[0] {
-            b'*' => (0..=t.len()).take_while(|&i| i == 0 || t[i - 1] != b'/').any(|i| m(&p[1..], &t[i..])),
+            b'*' => (0..=t.len())
+                .take_while(|&i| i == 0 || t[i - 1] != b'/')
+                .any(|i| m(&p[1..], &t[i..])),
             b'?' => !t.is_empty() && t[0] != b'/' && m(&p[1..], &t[1..]),
             c => !t.is_empty() && t[0] == c && m(&p[1..], &t[1..]),
         }
@@ -374,7 +464,9 @@ pub fn glob_match(pat: &str, text: &str) -> bool {
 pub fn overlaps(scope: &str, r: &str) -> bool {
     let scope_t = scope.trim_end_matches('/');
     let ref_t = r.trim_end_matches('/');
-    let under = |dir: &str, path: &str| path.len() > dir.len() && path.starts_with(dir) && path.as_bytes()[dir.len()] == b'/';
+    let under = |dir: &str, path: &str| {
+        path.len() > dir.len() && path.starts_with(dir) && path.as_bytes()[dir.len()] == b'/'
+    };
     let literal = |s: &str| !s.contains(['*', '?']);
     glob_match(scope_t, ref_t)
         || glob_match(ref_t, scope_t)
@@ -383,7 +475,11 @@ pub fn overlaps(scope: &str, r: &str) -> bool {
         || {
             // A ref `src/api` overlaps a scope `src/api/**`: compare the
             // scope's literal directory prefix with the ref.
-            let prefix = scope_t.split(['*', '?']).next().unwrap_or("").trim_end_matches('/');
+            let prefix = scope_t
+                .split(['*', '?'])
+                .next()
+                .unwrap_or("")
+                .trim_end_matches('/');
             !prefix.is_empty() && literal(ref_t) && (ref_t == prefix || under(ref_t, prefix))
         }
 }
@@ -405,12 +501,34 @@ mod tests {
     fn parses_every_directive() {
         let text = "# comment\n\nloopwright-policy 1\nroute status hold # later\nrate 3/10s\nduplicates off\nhold kind request\nhold sender noisy\n";
         let p = Policy::parse(text, Some("p".into())).unwrap();
-        assert_eq!(p.route(Kind::Status), Ruled { value: Route::Hold, line: 4 });
-        assert_eq!(p.route(Kind::Request).value, Route::Named, "unlisted kinds keep their default");
-        assert_eq!(p.rate.as_ref().unwrap().value, Rate { count: 3, window: Duration::from_secs(10) });
+        assert_eq!(
+            p.route(Kind::Status),
+            Ruled {
+                value: Route::Hold,
+                line: 4
+            }
+        );
+        assert_eq!(
+            p.route(Kind::Request).value,
+            Route::Named,
+            "unlisted kinds keep their default"
+        );
+        assert_eq!(
+            p.rate.as_ref().unwrap().value,
+            Rate {
+                count: 3,
+                window: Duration::from_secs(10)
+            }
+        );
         assert_eq!(p.duplicates, None);
         assert_eq!(p.hold_kinds[0].value, Kind::Request);
-        assert_eq!(p.hold_senders[0], Ruled { value: "noisy".into(), line: 8 });
+        assert_eq!(
+            p.hold_senders[0],
+            Ruled {
+                value: "noisy".into(),
+                line: 8
+            }
+        );
         assert_eq!(p.at(5), "p:5");
     }
 
@@ -424,8 +542,16 @@ mod tests {
         assert!(errs[4].msg.contains("routed twice (first on line 6)"));
         let v = Policy::parse("loopwright-policy 2\n", None).unwrap_err();
         assert!(v[0].msg.contains("unsupported policy version"));
-        assert!(Policy::parse("route request named\n", None).unwrap_err()[0].msg.contains("first directive"));
-        assert!(Policy::parse("# nothing\n", None).unwrap_err()[0].msg.contains("empty policy"));
+        assert!(
+            Policy::parse("route request named\n", None).unwrap_err()[0]
+                .msg
+                .contains("first directive")
+        );
+        assert!(
+            Policy::parse("# nothing\n", None).unwrap_err()[0]
+                .msg
+                .contains("empty policy")
+        );
     }
 
     #[test]

@@ -37,9 +37,16 @@ pub struct Range {
 impl Range {
     /// Parses `LO-HI` (or a single port).
     pub fn parse(s: &str) -> Result<Range> {
-        let bad = || Error::config(format!("'{s}' is not a port range (LO-HI, 1024-65535, e.g. {DEFAULT_RANGE})"));
+        let bad = || {
+            Error::config(format!(
+                "'{s}' is not a port range (LO-HI, 1024-65535, e.g. {DEFAULT_RANGE})"
+            ))
+        };
         let (lo, hi) = match s.trim().split_once('-') {
-            Some((a, b)) => (a.trim().parse::<u16>().map_err(|_| bad())?, b.trim().parse::<u16>().map_err(|_| bad())?),
+            Some((a, b)) => (
+                a.trim().parse::<u16>().map_err(|_| bad())?,
+                b.trim().parse::<u16>().map_err(|_| bad())?,
+            ),
             None => {
                 let p = s.trim().parse::<u16>().map_err(|_| bad())?;
                 (p, p)
@@ -86,7 +93,10 @@ pub struct Leases {
 impl Leases {
     /// The leases kept in the state directory `state`.
     pub fn new(state: &Path) -> Leases {
-        Leases { path: state.join("ports"), lock: state.join("ports.lock") }
+        Leases {
+            path: state.join("ports"),
+            lock: state.join("ports.lock"),
+        }
     }
 
     fn locked(&self) -> Result<File> {
@@ -100,7 +110,8 @@ impl Leases {
             .truncate(false)
             .open(&self.lock)
             .map_err(|e| Error::io("cannot open", &self.lock, e))?;
-        f.lock().map_err(|e| Error::io_as(Exit::TempFail, "cannot lock", &self.lock, e))?;
+        f.lock()
+            .map_err(|e| Error::io_as(Exit::TempFail, "cannot lock", &self.lock, e))?;
         Ok(f)
     }
 
@@ -158,7 +169,10 @@ impl Leases {
             got.push(port);
         }
         if got.len() < whats.len() {
-            let held = leases.iter().filter(|l| l.port >= range.lo && l.port <= range.hi).count();
+            let held = leases
+                .iter()
+                .filter(|l| l.port >= range.lo && l.port <= range.hi)
+                .count();
             return Err(Error::new(
                 Exit::TempFail,
                 format!(
@@ -170,7 +184,11 @@ impl Leases {
             ));
         }
         for (port, what) in got.iter().zip(whats) {
-            leases.push(Lease { port: *port, owner: owner.to_string(), what: what.clone() });
+            leases.push(Lease {
+                port: *port,
+                owner: owner.to_string(),
+                what: what.clone(),
+            });
         }
         self.write(&leases)?;
         Ok(got)
@@ -185,7 +203,8 @@ impl Leases {
     pub fn retain(&self, keep: &mut dyn FnMut(&str) -> bool) -> Result<Vec<u16>> {
         let _lock = self.locked()?;
         let leases = self.list()?;
-        let (kept, freed): (Vec<Lease>, Vec<Lease>) = leases.into_iter().partition(|l| keep(&l.owner));
+        let (kept, freed): (Vec<Lease>, Vec<Lease>) =
+            leases.into_iter().partition(|l| keep(&l.owner));
         if !freed.is_empty() {
             self.write(&kept)?;
         }
@@ -230,7 +249,13 @@ mod tests {
 
     #[test]
     fn ranges() {
-        assert_eq!(Range::parse("41000-41999").unwrap(), Range { lo: 41000, hi: 41999 });
+        assert_eq!(
+            Range::parse("41000-41999").unwrap(),
+            Range {
+                lo: 41000,
+                hi: 41999
+            }
+        );
         assert_eq!(Range::parse("5000").unwrap().len(), 1);
         for bad in ["", "80-90", "5000-4000", "a-b", "1-70000"] {
             assert_eq!(Range::parse(bad).unwrap_err().exit, Exit::Config, "{bad}");
@@ -242,7 +267,9 @@ mod tests {
         let d = tmp();
         let l = Leases::new(&d);
         let r = Range::parse("47100-47103").unwrap();
-        let a = l.lease(r, "a", &["80/tcp".into(), "443/tcp".into()]).unwrap();
+        let a = l
+            .lease(r, "a", &["80/tcp".into(), "443/tcp".into()])
+            .unwrap();
         let b = l.lease(r, "b", &["80/tcp".into()]).unwrap();
         assert_eq!(a.len(), 2);
         assert!(!a.contains(&b[0]));
@@ -274,7 +301,9 @@ mod tests {
         if p < 1024 || p == u16::MAX {
             return;
         }
-        let got = l.lease(Range { lo: p, hi: p + 1 }, "a", &["1/tcp".into()]).unwrap();
+        let got = l
+            .lease(Range { lo: p, hi: p + 1 }, "a", &["1/tcp".into()])
+            .unwrap();
         assert_ne!(got[0], p);
     }
 
@@ -285,7 +314,11 @@ mod tests {
         let hs: Vec<_> = (0..8)
             .map(|i| {
                 let d = d.clone();
-                std::thread::spawn(move || Leases::new(&d).lease(r, &format!("s{i}"), &["80/tcp".into(), "81/tcp".into()]).unwrap())
+                std::thread::spawn(move || {
+                    Leases::new(&d)
+                        .lease(r, &format!("s{i}"), &["80/tcp".into(), "81/tcp".into()])
+                        .unwrap()
+                })
             })
             .collect();
         let mut all: Vec<u16> = hs.into_iter().flat_map(|h| h.join().unwrap()).collect();

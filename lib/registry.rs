@@ -56,24 +56,40 @@ impl Sandbox {
 
     pub fn validate(&self) -> std::result::Result<(), String> {
         if self.version != REGISTRY_VERSION {
-            return Err(format!("unsupported registry version {} (this reader knows {REGISTRY_VERSION})", self.version));
+            return Err(format!(
+                "unsupported registry version {} (this reader knows {REGISTRY_VERSION})",
+                self.version
+            ));
         }
         check_name(&self.name)?;
         if let Some(b) = &self.branch
             && (b.is_empty() || b.len() > 255 || b.chars().any(|c| c.is_control() || c == ' '))
         {
-            return Err(format!("branch '{}' is empty, too long or has spaces or control characters", b.escape_debug()));
+            return Err(format!(
+                "branch '{}' is empty, too long or has spaces or control characters",
+                b.escape_debug()
+            ));
         }
         if self.scope.len() > MAX_SCOPE {
-            return Err(format!("scope has {} entries; the limit is {MAX_SCOPE}", self.scope.len()));
+            return Err(format!(
+                "scope has {} entries; the limit is {MAX_SCOPE}",
+                self.scope.len()
+            ));
         }
         for s in &self.scope {
-            if s.is_empty() || s.len() > crate::message::MAX_REF || s.chars().any(char::is_control) {
-                return Err(format!("scope entry '{}' is empty, too long or has a control character", s.escape_debug()));
+            if s.is_empty() || s.len() > crate::message::MAX_REF || s.chars().any(char::is_control)
+            {
+                return Err(format!(
+                    "scope entry '{}' is empty, too long or has a control character",
+                    s.escape_debug()
+                ));
             }
         }
         if crate::time::parse_rfc3339(&self.registered).is_none() {
-            return Err(format!("registered '{}' is not an RFC 3339 UTC time", self.registered.escape_debug()));
+            return Err(format!(
+                "registered '{}' is not an RFC 3339 UTC time",
+                self.registered.escape_debug()
+            ));
         }
         Ok(())
     }
@@ -109,7 +125,10 @@ pub struct Registry {
 
 impl Registry {
     pub fn new(root: &Root) -> Registry {
-        Registry { dir: root.registry_dir(), sandboxes: root.sandboxes_dir() }
+        Registry {
+            dir: root.registry_dir(),
+            sandboxes: root.sandboxes_dir(),
+        }
     }
 
     fn record_path(&self, name: &str) -> PathBuf {
@@ -128,8 +147,11 @@ impl Registry {
         boxdir.outbox().create()?;
 
         let path = self.record_path(&sb.name);
-        let tmp = self.dir.join(format!(".{}.{:032x}.tmp", sb.name, crate::id::random128()));
-        let mut bytes = serde_json::to_vec_pretty(sb).expect("a Sandbox serialises because all its fields are plain data");
+        let tmp = self
+            .dir
+            .join(format!(".{}.{:032x}.tmp", sb.name, crate::id::random128()));
+        let mut bytes = serde_json::to_vec_pretty(sb)
+            .expect("a Sandbox serialises because all its fields are plain data");
         bytes.push(b'\n');
         let write = || -> std::io::Result<()> {
             let mut f = std::fs::OpenOptions::new()
@@ -182,7 +204,10 @@ impl Registry {
                 sb.name
             ))),
             Ok(None) => Ok(None),
-            Err(reason) => Err(Error::data(format!("registry record '{}' is unreadable: {reason}", path.display()))),
+            Err(reason) => Err(Error::data(format!(
+                "registry record '{}' is unreadable: {reason}",
+                path.display()
+            ))),
         }
     }
 
@@ -191,29 +216,48 @@ impl Registry {
         let rd = match std::fs::read_dir(&self.dir) {
             Ok(rd) => rd,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((vec![], vec![])),
-            Err(e) => return Err(Error::io_as(Exit::NoInput, "cannot read registry", &self.dir, e)),
+            Err(e) => {
+                return Err(Error::io_as(
+                    Exit::NoInput,
+                    "cannot read registry",
+                    &self.dir,
+                    e,
+                ));
+            }
         };
         let mut good = Vec::new();
         let mut bad = Vec::new();
         for ent in rd {
-            let ent = ent.map_err(|e| Error::io_as(Exit::IoErr, "cannot read registry", &self.dir, e))?;
+            let ent =
+                ent.map_err(|e| Error::io_as(Exit::IoErr, "cannot read registry", &self.dir, e))?;
             let fname = ent.file_name();
             let Some(text) = fname.to_str() else {
-                bad.push(BadRecord { file: crate::maildir::escape_name(&fname), reason: "file name is not UTF-8".into() });
+                bad.push(BadRecord {
+                    file: crate::maildir::escape_name(&fname),
+                    reason: "file name is not UTF-8".into(),
+                });
                 continue;
             };
             if text.starts_with('.') {
                 continue;
             }
-            let Some(stem) = text.strip_suffix(".json") else { continue };
+            let Some(stem) = text.strip_suffix(".json") else {
+                continue;
+            };
             match read_record(&ent.path()) {
                 Ok(Some(sb)) if sb.name == stem => good.push(sb),
                 Ok(Some(sb)) => bad.push(BadRecord {
                     file: text.to_string(),
-                    reason: format!("names sandbox '{}'; the file name and the name inside must agree", sb.name),
+                    reason: format!(
+                        "names sandbox '{}'; the file name and the name inside must agree",
+                        sb.name
+                    ),
                 }),
                 Ok(None) => {}
-                Err(reason) => bad.push(BadRecord { file: text.to_string(), reason }),
+                Err(reason) => bad.push(BadRecord {
+                    file: text.to_string(),
+                    reason,
+                }),
             }
         }
         good.sort_by(|a, b| a.name.cmp(&b.name));
@@ -232,14 +276,18 @@ fn read_record(path: &Path) -> std::result::Result<Option<Sandbox>, String> {
         return Err("not a regular file".into());
     }
     if meta.len() > MAX_RECORD {
-        return Err(format!("record is {} bytes; the limit is {MAX_RECORD}", meta.len()));
+        return Err(format!(
+            "record is {} bytes; the limit is {MAX_RECORD}",
+            meta.len()
+        ));
     }
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("cannot read: {e}")),
     };
-    let sb: Sandbox = serde_json::from_slice(&bytes).map_err(|e| format!("not a registry record: {e}"))?;
+    let sb: Sandbox =
+        serde_json::from_slice(&bytes).map_err(|e| format!("not a registry record: {e}"))?;
     sb.validate()?;
     Ok(Some(sb))
 }
@@ -254,7 +302,8 @@ fn mkdir(p: &Path) -> Result<()> {
 
 fn sync_dir(p: &Path) -> Result<()> {
     let d = std::fs::File::open(p).map_err(|e| Error::io("cannot open", p, e))?;
-    d.sync_all().map_err(|e| Error::io_as(Exit::IoErr, "cannot fsync", p, e))
+    d.sync_all()
+        .map_err(|e| Error::io_as(Exit::IoErr, "cannot fsync", p, e))
 }
 
 #[cfg(test)]
@@ -271,12 +320,20 @@ mod tests {
     fn register_get_list_unregister() {
         let r = root();
         let reg = Registry::new(&r);
-        assert!(reg.list().unwrap().0.is_empty(), "absent registry lists nothing");
+        assert!(
+            reg.list().unwrap().0.is_empty(),
+            "absent registry lists nothing"
+        );
         let a = Sandbox::new("api", Some("lw/api".into()), vec!["src/api/**".into()]);
         reg.register(&a).unwrap();
         reg.register(&Sandbox::new("web", None, vec![])).unwrap();
         assert_eq!(reg.get("api").unwrap(), Some(a.clone()));
-        assert!(r.sandbox("api").inbox().sub(crate::maildir::Sub::New).is_dir());
+        assert!(
+            r.sandbox("api")
+                .inbox()
+                .sub(crate::maildir::Sub::New)
+                .is_dir()
+        );
         let names: Vec<_> = reg.list().unwrap().0.into_iter().map(|s| s.name).collect();
         assert_eq!(names, ["api", "web"]);
         // Replacing keeps one record and leaves no temporary behind.

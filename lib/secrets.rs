@@ -40,7 +40,12 @@ pub struct Secret {
 
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Secret({}, <redacted {} bytes>)", self.name, self.value.len())
+        write!(
+            f,
+            "Secret({}, <redacted {} bytes>)",
+            self.name,
+            self.value.len()
+        )
     }
 }
 
@@ -56,7 +61,11 @@ pub fn valid_name(name: &str) -> bool {
 /// The names the project allows, in the order written.
 pub fn allowed(config: &Config) -> Result<Vec<String>> {
     let mut out = Vec::new();
-    for n in config.get(KEY_ALLOWED).unwrap_or("").split(|c: char| c.is_whitespace() || c == ',') {
+    for n in config
+        .get(KEY_ALLOWED)
+        .unwrap_or("")
+        .split(|c: char| c.is_whitespace() || c == ',')
+    {
         if n.is_empty() {
             continue;
         }
@@ -74,10 +83,16 @@ pub fn allowed(config: &Config) -> Result<Vec<String>> {
 pub fn check_allowed(names: &[String], allowed: &[String]) -> Result<()> {
     for n in names {
         if !valid_name(n) {
-            return Err(Error::usage(format!("'{n}' is not a secret name (letters, digits and '_')")));
+            return Err(Error::usage(format!(
+                "'{n}' is not a secret name (letters, digits and '_')"
+            )));
         }
         if !allowed.contains(n) {
-            let list = if allowed.is_empty() { "none are allowed".to_string() } else { format!("allowed: {}", allowed.join(" ")) };
+            let list = if allowed.is_empty() {
+                "none are allowed".to_string()
+            } else {
+                format!("allowed: {}", allowed.join(" "))
+            };
             return Err(Error::config(format!(
                 "secret '{n}' is not allowed by the project ({list}); add it to '{KEY_ALLOWED}' in .loopwright/config"
             )));
@@ -87,7 +102,10 @@ pub fn check_allowed(names: &[String], allowed: &[String]) -> Result<()> {
 }
 
 /// Reads the values of `names` (already allowed) from `env`.
-pub fn resolve(names: &[String], env: &dyn Fn(&str) -> Option<std::ffi::OsString>) -> Result<Vec<Secret>> {
+pub fn resolve(
+    names: &[String],
+    env: &dyn Fn(&str) -> Option<std::ffi::OsString>,
+) -> Result<Vec<Secret>> {
     let mut out: Vec<Secret> = Vec::new();
     for n in names {
         if out.iter().any(|s| &s.name == n) {
@@ -97,10 +115,15 @@ pub fn resolve(names: &[String], env: &dyn Fn(&str) -> Option<std::ffi::OsString
         if value.is_empty() {
             return Err(Error::new(
                 Exit::NoInput,
-                format!("secret '{n}' is not set in the environment; export {n}=... before running lw-sandbox"),
+                format!(
+                    "secret '{n}' is not set in the environment; export {n}=... before running lw-sandbox"
+                ),
             ));
         }
-        out.push(Secret { name: n.clone(), value });
+        out.push(Secret {
+            name: n.clone(),
+            value,
+        });
     }
     Ok(out)
 }
@@ -128,13 +151,22 @@ mod tests {
         let a = allowed(&c).unwrap();
         assert_eq!(a, ["API_KEY", "NPM_TOKEN"]);
         assert!(check_allowed(&["API_KEY".into()], &a).is_ok());
-        assert_eq!(check_allowed(&["HOME".into()], &a).unwrap_err().exit, Exit::Config);
-        assert_eq!(check_allowed(&["no-dash".into()], &a).unwrap_err().exit, Exit::Usage);
+        assert_eq!(
+            check_allowed(&["HOME".into()], &a).unwrap_err().exit,
+            Exit::Config
+        );
+        assert_eq!(
+            check_allowed(&["no-dash".into()], &a).unwrap_err().exit,
+            Exit::Usage
+        );
         let env = |n: &str| (n == "API_KEY").then(|| std::ffi::OsString::from("s3cr3t"));
         let s = resolve(&["API_KEY".into()], &env).unwrap();
         assert_eq!(s[0].value, b"s3cr3t");
         assert!(!format!("{s:?}").contains("s3cr3t"));
-        assert_eq!(resolve(&["NPM_TOKEN".into()], &env).unwrap_err().exit, Exit::NoInput);
+        assert_eq!(
+            resolve(&["NPM_TOKEN".into()], &env).unwrap_err().exit,
+            Exit::NoInput
+        );
     }
 
     #[test]

@@ -38,8 +38,8 @@ use serde::Serialize;
 
 pub use config::{CONFIG_DIR, CONFIG_FILE, Config, TargetConfig};
 pub use format::{
-    EntryHead, FORMAT_VERSION, HEADER_PREFIX, HEADER_SUFFIX, Head, MsgHead, NoticeHead, Rebuilt, Section, parse_answers, parse_comment,
-    reassemble, render_entry, sha256_hex,
+    EntryHead, FORMAT_VERSION, HEADER_PREFIX, HEADER_SUFFIX, Head, MsgHead, NoticeHead, Rebuilt,
+    Section, parse_answers, parse_comment, reassemble, render_entry, sha256_hex,
 };
 pub use state::{Pending, State, TargetState, load_state, lock, state_path, write_atomic};
 
@@ -57,7 +57,6 @@ const MAX_UNKNOWN: u32 = 8;
 /// One planned comment: its `(entry, part, parts)` items and its body.
 type Planned = (Vec<(String, u32, u32)>, String);
 
-
 /// What a run did.
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct Stats {
@@ -74,22 +73,68 @@ pub struct Stats {
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
 pub enum Event {
-    Synced { entry: String, target: String, comment: u64, url: String },
-    Bad { entry: String, reason: String },
-    Unknown { target: String, reason: String },
+    Synced {
+        entry: String,
+        target: String,
+        comment: u64,
+        url: String,
+    },
+    Bad {
+        entry: String,
+        reason: String,
+    },
+    Unknown {
+        target: String,
+        reason: String,
+    },
     /// A comment of lw-sync's own whose sections cannot be parsed (edited by hand?).
-    Unreadable { target: String, comment: u64, reason: String },
+    Unreadable {
+        target: String,
+        comment: u64,
+        reason: String,
+    },
     /// A target that failed while others were synced.
-    Failed { target: String, reason: String },
-    Answer { id: String, in_reply_to: String, to: String, comment: u64 },
-    Rejected { comment: u64, target: String, reason: String },
-    MissingOnGithub { entry: String, target: String },
-    MissingLocally { entry: String, target: String },
-    Differs { entry: String, target: String },
-    Incomplete { entry: String, target: String, reason: String },
-    Restored { entry: String },
+    Failed {
+        target: String,
+        reason: String,
+    },
+    Answer {
+        id: String,
+        in_reply_to: String,
+        to: String,
+        comment: u64,
+    },
+    Rejected {
+        comment: u64,
+        target: String,
+        reason: String,
+    },
+    MissingOnGithub {
+        entry: String,
+        target: String,
+    },
+    MissingLocally {
+        entry: String,
+        target: String,
+    },
+    Differs {
+        entry: String,
+        target: String,
+    },
+    Incomplete {
+        entry: String,
+        target: String,
+        reason: String,
+    },
+    Restored {
+        entry: String,
+    },
     /// An entry (or one of its parts) found in more than one comment.
-    Duplicate { entry: String, target: String, comments: Vec<u64> },
+    Duplicate {
+        entry: String,
+        target: String,
+        comments: Vec<u64>,
+    },
 }
 
 pub struct Syncer {
@@ -109,7 +154,16 @@ impl Syncer {
         let (state, state_existed) = load_state(&state_path)?;
         let mut client = client;
         client.budget = state.budget.clone();
-        Ok(Syncer { root, cfg, client, state, state_path, state_existed, stats: Stats::default(), events: vec![] })
+        Ok(Syncer {
+            root,
+            cfg,
+            client,
+            state,
+            state_path,
+            state_existed,
+            stats: Stats::default(),
+            events: vec![],
+        })
     }
 
     /// Rereads the state: another process (cron beside a watcher) may have
@@ -153,7 +207,11 @@ impl Syncer {
             match parse_comment(c.text()) {
                 None => {}
                 Some(Ok(ss)) => out.extend(ss.into_iter().map(|s| (c.id, s))),
-                Some(Err(e)) => self.events.push(Event::Unreadable { target: t.to_string(), comment: c.id, reason: e }),
+                Some(Err(e)) => self.events.push(Event::Unreadable {
+                    target: t.to_string(),
+                    comment: c.id,
+                    reason: e,
+                }),
             }
         }
         out
@@ -169,7 +227,12 @@ impl Syncer {
         // After an unknown outcome, give GitHub a moment (two write intervals)
         // so that a comment it created just before the connection dropped is
         // in the list.
-        if let Some(p) = self.state.targets.get(&t.to_string()).and_then(|ts| ts.pending.as_ref()) {
+        if let Some(p) = self
+            .state
+            .targets
+            .get(&t.to_string())
+            .and_then(|ts| ts.pending.as_ref())
+        {
             let settle = p.at_ms + 2 * self.client.limits.min_write_interval.as_millis() as u64;
             let now = crate::github::now_ms();
             if settle > now {
@@ -185,9 +248,15 @@ impl Syncer {
             match &s.head {
                 Head::Entry(h) => {
                     if h.part[1] <= 1 {
-                        ts.synced.entry(h.entry.clone()).or_insert_with(|| vec![*cid]);
+                        ts.synced
+                            .entry(h.entry.clone())
+                            .or_insert_with(|| vec![*cid]);
                     } else {
-                        ts.partial.entry(h.entry.clone()).or_default().entry(h.part[0]).or_insert(*cid);
+                        ts.partial
+                            .entry(h.entry.clone())
+                            .or_default()
+                            .entry(h.part[0])
+                            .or_insert(*cid);
                     }
                 }
                 Head::Notice(n) => {
@@ -208,7 +277,10 @@ impl Syncer {
         let (entries, bad) = log.entries()?;
         for b in bad {
             self.stats.bad += 1;
-            self.events.push(Event::Bad { entry: b.name, reason: b.reason });
+            self.events.push(Event::Bad {
+                entry: b.name,
+                reason: b.reason,
+            });
         }
         let mut by_target: BTreeMap<Target, Vec<Entry>> = BTreeMap::new();
         for e in entries {
@@ -216,17 +288,27 @@ impl Syncer {
                 && let Err(why) = m.validate()
             {
                 self.stats.bad += 1;
-                self.events.push(Event::Bad { entry: e.name.clone(), reason: format!("message: {why}") });
+                self.events.push(Event::Bad {
+                    entry: e.name.clone(),
+                    reason: format!("message: {why}"),
+                });
                 continue;
             }
-            by_target.entry(self.cfg.target_for(&e)?).or_default().push(e);
+            by_target
+                .entry(self.cfg.target_for(&e)?)
+                .or_default()
+                .push(e);
         }
         if by_target.is_empty() {
             return Ok(());
         }
         // Nothing new anywhere and nothing in flight: no request at all.
         let idle = by_target.iter().all(|(t, es)| {
-            self.state.targets.get(&t.to_string()).is_some_and(|ts| ts.reconciled && ts.pending.is_none() && es.iter().all(|e| ts.synced.contains_key(&e.name)))
+            self.state.targets.get(&t.to_string()).is_some_and(|ts| {
+                ts.reconciled
+                    && ts.pending.is_none()
+                    && es.iter().all(|e| ts.synced.contains_key(&e.name))
+            })
         });
         if idle {
             return Ok(());
@@ -240,7 +322,10 @@ impl Syncer {
                     // This target is wrong; the others may be fine.  The
                     // first failure is the run's error, the rest are events.
                     if first_err.is_some() {
-                        self.events.push(Event::Failed { target: t.to_string(), reason: e.to_string() });
+                        self.events.push(Event::Failed {
+                            target: t.to_string(),
+                            reason: e.to_string(),
+                        });
                     } else {
                         first_err = Some(e);
                     }
@@ -261,12 +346,20 @@ impl Syncer {
         let mut solo: BTreeSet<String> = BTreeSet::new();
         loop {
             let ts = self.state.targets.entry(key.clone()).or_default();
-            if !ts.reconciled || ts.pending.is_some() || !self.state_existed && ts.synced.is_empty() {
+            if !ts.reconciled || ts.pending.is_some() || !self.state_existed && ts.synced.is_empty()
+            {
                 self.reconcile(t)?;
                 self.state_existed = true;
             }
-            let ts = self.state.targets.get(&key).expect("reconcile made the target state");
-            let todo: Vec<&Entry> = entries.iter().filter(|e| !ts.synced.contains_key(&e.name) && !unrenderable.contains(&e.name)).collect();
+            let ts = self
+                .state
+                .targets
+                .get(&key)
+                .expect("reconcile made the target state");
+            let todo: Vec<&Entry> = entries
+                .iter()
+                .filter(|e| !ts.synced.contains_key(&e.name) && !unrenderable.contains(&e.name))
+                .collect();
             if todo.is_empty() {
                 return Ok(());
             }
@@ -279,11 +372,18 @@ impl Syncer {
                 let path = self.state_path.clone();
                 let state = &mut self.state;
                 let key2 = key.clone();
-                let items2: Vec<(String, u32)> = items.iter().map(|(n, p, _)| (n.clone(), *p)).collect();
+                let items2: Vec<(String, u32)> =
+                    items.iter().map(|(n, p, _)| (n.clone(), *p)).collect();
                 let mut before = |b: &Budget| -> Result<()> {
                     state.budget = b.clone();
-                    let ts = state.targets.get_mut(&key2).expect("target state exists while posting");
-                    ts.pending = Some(Pending { items: items2.clone(), at_ms: crate::github::now_ms() });
+                    let ts = state
+                        .targets
+                        .get_mut(&key2)
+                        .expect("target state exists while posting");
+                    ts.pending = Some(Pending {
+                        items: items2.clone(),
+                        at_ms: crate::github::now_ms(),
+                    });
                     save_state(&path, state)
                 };
                 let res = self.client.post_comment(t, &body, &mut before);
@@ -291,12 +391,21 @@ impl Syncer {
                     Ok(Posted::Created(c)) => {
                         unknown_in_row = 0;
                         self.stats.comments += 1;
-                        let ts = self.state.targets.get_mut(&key).expect("target state exists");
+                        let ts = self
+                            .state
+                            .targets
+                            .get_mut(&key)
+                            .expect("target state exists");
                         for (name, part, n) in &items {
                             mark_part(ts, name, *part, *n, c.id);
                             if ts.synced.contains_key(name) {
                                 self.stats.entries += 1;
-                                self.events.push(Event::Synced { entry: name.clone(), target: key.clone(), comment: c.id, url: c.html_url.clone() });
+                                self.events.push(Event::Synced {
+                                    entry: name.clone(),
+                                    target: key.clone(),
+                                    comment: c.id,
+                                    url: c.html_url.clone(),
+                                });
                             }
                         }
                         ts.pending = None;
@@ -305,12 +414,17 @@ impl Syncer {
                     Ok(Posted::Unknown(reason)) => {
                         self.stats.unknown += 1;
                         unknown_in_row += 1;
-                        self.events.push(Event::Unknown { target: key.clone(), reason: reason.clone() });
+                        self.events.push(Event::Unknown {
+                            target: key.clone(),
+                            reason: reason.clone(),
+                        });
                         self.save()?;
                         if unknown_in_row >= MAX_UNKNOWN {
                             return Err(Error::new(
                                 Exit::TempFail,
-                                format!("{unknown_in_row} comments in a row on {t} had an unknown outcome (last: {reason}); try again later"),
+                                format!(
+                                    "{unknown_in_row} comments in a row on {t} had an unknown outcome (last: {reason}); try again later"
+                                ),
                             ));
                         }
                         interrupted = true;
@@ -335,7 +449,10 @@ impl Syncer {
                         }
                         for (name, _, _) in &items {
                             self.stats.bad += 1;
-                            self.events.push(Event::Bad { entry: name.clone(), reason: e.to_string() });
+                            self.events.push(Event::Bad {
+                                entry: name.clone(),
+                                reason: e.to_string(),
+                            });
                             unrenderable.insert(name.clone());
                         }
                     }
@@ -351,17 +468,30 @@ impl Syncer {
     /// Groups pending entries into comments: a backlog is batched (up to
     /// `batch` entries and the character limit per comment); an entry too
     /// large for one comment is split into parts, one comment each.
-    fn plan(&mut self, todo: &[&Entry], unrenderable: &mut BTreeSet<String>, solo: &BTreeSet<String>) -> Result<Vec<Planned>> {
+    fn plan(
+        &mut self,
+        todo: &[&Entry],
+        unrenderable: &mut BTreeSet<String>,
+        solo: &BTreeSet<String>,
+    ) -> Result<Vec<Planned>> {
         let mut plan: Vec<Planned> = Vec::new();
         let mut cur: Planned = (vec![], String::new());
         let batch = self.cfg.batch();
-        let ts = self.state.targets.get(&self.key_of(todo[0])?).cloned().unwrap_or_default();
+        let ts = self
+            .state
+            .targets
+            .get(&self.key_of(todo[0])?)
+            .cloned()
+            .unwrap_or_default();
         for e in todo {
             let parts = match render_entry(e, &self.cfg.mention, MAX_COMMENT_CHARS) {
                 Ok(p) => p,
                 Err(err) => {
                     self.stats.bad += 1;
-                    self.events.push(Event::Bad { entry: e.name.clone(), reason: err.msg });
+                    self.events.push(Event::Bad {
+                        entry: e.name.clone(),
+                        reason: err.msg,
+                    });
                     unrenderable.insert(e.name.clone());
                     continue;
                 }
@@ -377,9 +507,13 @@ impl Syncer {
                 }
                 continue;
             }
-            let s = parts.into_iter().next().expect("render_entry gives at least one part");
+            let s = parts
+                .into_iter()
+                .next()
+                .expect("render_entry gives at least one part");
             let joined = cur.1.chars().count() + SEPARATOR.len() + s.chars().count();
-            let alone = solo.contains(&e.name) || cur.0.first().is_some_and(|(n, _, _)| solo.contains(n));
+            let alone =
+                solo.contains(&e.name) || cur.0.first().is_some_and(|(n, _, _)| solo.contains(n));
             if !cur.0.is_empty() && (alone || cur.0.len() >= batch || joined > MAX_COMMENT_CHARS) {
                 plan.push(std::mem::take(&mut cur));
             }
@@ -408,7 +542,9 @@ impl Syncer {
         let mut known: HashMap<String, (String, String)> = HashMap::new();
         for e in &entries {
             if let Some(m) = &e.message {
-                known.entry(e.message_id.clone()).or_insert((e.sender.clone(), m.subject.clone()));
+                known
+                    .entry(e.message_id.clone())
+                    .or_insert((e.sender.clone(), m.subject.clone()));
             }
         }
         for t in self.cfg.targets()? {
@@ -431,10 +567,16 @@ impl Syncer {
             _ => {
                 // A minute of overlap: a comment GitHub indexes late, with an
                 // older updated_at, is still seen.  Handled ones are skipped.
-                let since = ts.pull_since.as_deref().and_then(crate::time::parse_rfc3339).map(|d| {
-                    let t = crate::time::rfc3339(d.saturating_sub(std::time::Duration::from_secs(60)));
-                    format!("{}Z", &t[..19])
-                });
+                let since = ts
+                    .pull_since
+                    .as_deref()
+                    .and_then(crate::time::parse_rfc3339)
+                    .map(|d| {
+                        let t = crate::time::rfc3339(
+                            d.saturating_sub(std::time::Duration::from_secs(60)),
+                        );
+                        format!("{}Z", &t[..19])
+                    });
                 self.client.list_comments(t, since.as_deref())?
             }
         };
@@ -443,7 +585,9 @@ impl Syncer {
             if let Head::Entry(h) = s.head
                 && let Some(m) = h.msg
             {
-                known.entry(h.id.clone()).or_insert((h.sender.clone(), m.subject.clone()));
+                known
+                    .entry(h.id.clone())
+                    .or_insert((h.sender.clone(), m.subject.clone()));
             }
         }
         let mut newest = ts.pull_since.clone();
@@ -451,7 +595,8 @@ impl Syncer {
             if newest.as_deref().is_none_or(|n| c.updated_at.as_str() > n) {
                 newest = Some(c.updated_at.clone());
             }
-            if ts.answered.contains(&c.id) || (self.trusted(c) && parse_comment(c.text()).is_some()) {
+            if ts.answered.contains(&c.id) || (self.trusted(c) && parse_comment(c.text()).is_some())
+            {
                 continue;
             }
             let cmds = parse_answers(c.text());
@@ -459,16 +604,24 @@ impl Syncer {
                 continue;
             }
             let allowed = if self.cfg.answerers.is_empty() {
-                matches!(c.author_association.as_str(), "OWNER" | "MEMBER" | "COLLABORATOR")
+                matches!(
+                    c.author_association.as_str(),
+                    "OWNER" | "MEMBER" | "COLLABORATOR"
+                )
             } else {
                 self.cfg.answerers.iter().any(|a| a == c.login())
             };
             for (k, (id, text)) in cmds.iter().enumerate() {
                 let problem = if !allowed {
-                    Some(format!("@{} may not answer for this repository (configure \"answerers\")", c.login()))
+                    Some(format!(
+                        "@{} may not answer for this repository (configure \"answerers\")",
+                        c.login()
+                    ))
                 } else if let Some((asker, subject)) = known.get(id) {
                     if text.trim().is_empty() {
-                        Some(format!("the answer to {id} is empty: write it on the lines after `/lw answer {id}`"))
+                        Some(format!(
+                            "the answer to {id} is empty: write it on the lines after `/lw answer {id}`"
+                        ))
                     } else {
                         match self.deliver_answer(t, c, k, id, asker, subject, text) {
                             Ok(()) => None,
@@ -477,22 +630,46 @@ impl Syncer {
                         }
                     }
                 } else {
-                    Some(format!("no message with id {id} is known to lw-sync; check the id in `/lw answer`"))
+                    Some(format!(
+                        "no message with id {id} is known to lw-sync; check the id in `/lw answer`"
+                    ))
                 };
                 if let Some(p) = problem {
-                    self.events.push(Event::Rejected { comment: c.id, target: key.clone(), reason: p.clone() });
+                    self.events.push(Event::Rejected {
+                        comment: c.id,
+                        target: key.clone(),
+                        reason: p.clone(),
+                    });
                     self.notice(t, c, k, &p)?;
                 }
             }
-            self.state.targets.get_mut(&key).expect("target state exists").answered.insert(c.id);
+            self.state
+                .targets
+                .get_mut(&key)
+                .expect("target state exists")
+                .answered
+                .insert(c.id);
             self.save()?;
         }
-        self.state.targets.get_mut(&key).expect("target state exists").pull_since = newest;
+        self.state
+            .targets
+            .get_mut(&key)
+            .expect("target state exists")
+            .pull_since = newest;
         self.save()
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn deliver_answer(&mut self, t: &Target, c: &Comment, k: usize, id: &str, asker: &str, subject: &str, text: &str) -> Result<()> {
+    fn deliver_answer(
+        &mut self,
+        t: &Target,
+        c: &Comment,
+        k: usize,
+        id: &str,
+        asker: &str,
+        subject: &str,
+        text: &str,
+    ) -> Result<()> {
         let created = crate::time::parse_rfc3339(&c.created_at).unwrap_or_else(crate::time::now);
         let seed = sha256_hex(format!("{}#{}/{}/{k}", t.repo, t.issue, c.id).as_bytes());
         let rand = u128::from_str_radix(&seed[..32], 16).expect("a SHA-256 hex digest is hex");
@@ -508,13 +685,29 @@ impl Syncer {
             kind: Kind::Answer,
             subject: subj,
             body: text.to_string(),
-            refs: if c.html_url.is_empty() || c.html_url.len() > message::MAX_REF { vec![] } else { vec![c.html_url.clone()] },
+            refs: if c.html_url.is_empty() || c.html_url.len() > message::MAX_REF {
+                vec![]
+            } else {
+                vec![c.html_url.clone()]
+            },
             in_reply_to: Some(id.to_string()),
             created: crate::time::rfc3339(created),
         };
-        m.validate().map_err(|e| Error::data(format!("the answer in comment {} is not a valid message: {e}", c.id)))?;
-        self.root.human_outbox().deliver_once(&m.id, &m.to_bytes())?;
-        self.events.push(Event::Answer { id: m.id.clone(), in_reply_to: id.into(), to: asker.into(), comment: c.id });
+        m.validate().map_err(|e| {
+            Error::data(format!(
+                "the answer in comment {} is not a valid message: {e}",
+                c.id
+            ))
+        })?;
+        self.root
+            .human_outbox()
+            .deliver_once(&m.id, &m.to_bytes())?;
+        self.events.push(Event::Answer {
+            id: m.id.clone(),
+            in_reply_to: id.into(),
+            to: asker.into(),
+            comment: c.id,
+        });
         Ok(())
     }
 
@@ -523,10 +716,19 @@ impl Syncer {
     fn notice(&mut self, t: &Target, c: &Comment, k: usize, problem: &str) -> Result<()> {
         let key = t.to_string();
         let nkey = format!("notice/{}/{k}", c.id);
-        if self.state.targets.get(&key).is_some_and(|ts| ts.synced.contains_key(&nkey)) {
+        if self
+            .state
+            .targets
+            .get(&key)
+            .is_some_and(|ts| ts.synced.contains_key(&nkey))
+        {
             return Ok(());
         }
-        let head = Head::Notice(NoticeHead { v: FORMAT_VERSION, key: nkey.clone(), about: c.id });
+        let head = Head::Notice(NoticeHead {
+            v: FORMAT_VERSION,
+            key: nkey.clone(),
+            about: c.id,
+        });
         let body = format!(
             "{}\n**lw-sync** did not deliver the answer in comment {} ({}): {}\n",
             header_line(&head),
@@ -541,26 +743,47 @@ impl Syncer {
             let key2 = key.clone();
             let mut before = |b: &Budget| -> Result<()> {
                 state.budget = b.clone();
-                state.targets.entry(key2.clone()).or_default().pending = Some(Pending { items: items.clone(), at_ms: crate::github::now_ms() });
+                state.targets.entry(key2.clone()).or_default().pending = Some(Pending {
+                    items: items.clone(),
+                    at_ms: crate::github::now_ms(),
+                });
                 save_state(&path, state)
             };
             match self.client.post_comment(t, &body, &mut before)? {
                 Posted::Created(nc) => {
-                    let ts = self.state.targets.get_mut(&key).expect("target state exists");
+                    let ts = self
+                        .state
+                        .targets
+                        .get_mut(&key)
+                        .expect("target state exists");
                     ts.synced.insert(nkey, vec![nc.id]);
                     ts.pending = None;
                     return self.save();
                 }
                 Posted::Unknown(reason) => {
-                    self.events.push(Event::Unknown { target: key.clone(), reason });
+                    self.events.push(Event::Unknown {
+                        target: key.clone(),
+                        reason,
+                    });
                     self.reconcile(t)?;
-                    if self.state.targets.get(&key).is_some_and(|ts| ts.synced.contains_key(&nkey)) {
+                    if self
+                        .state
+                        .targets
+                        .get(&key)
+                        .is_some_and(|ts| ts.synced.contains_key(&nkey))
+                    {
                         return Ok(());
                     }
                 }
             }
         }
-        Err(Error::new(Exit::TempFail, format!("the notice about comment {} on {t} could not be posted; try again later", c.id)))
+        Err(Error::new(
+            Exit::TempFail,
+            format!(
+                "the notice about comment {} on {t} could not be posted; try again later",
+                c.id
+            ),
+        ))
     }
 
     /// Compares the log with GitHub both ways; with `restore`, appends the
@@ -570,11 +793,17 @@ impl Syncer {
         let log = Log::new(self.root.log_dir());
         let (entries, bad) = log.entries()?;
         for b in bad {
-            self.events.push(Event::Bad { entry: b.name, reason: b.reason });
+            self.events.push(Event::Bad {
+                entry: b.name,
+                reason: b.reason,
+            });
         }
         let mut local: BTreeMap<Target, BTreeMap<String, Entry>> = BTreeMap::new();
         for e in entries {
-            local.entry(self.cfg.target_for(&e)?).or_default().insert(e.name.clone(), e);
+            local
+                .entry(self.cfg.target_for(&e)?)
+                .or_default()
+                .insert(e.name.clone(), e);
         }
         let mut targets: BTreeSet<Target> = self.cfg.targets()?.into_iter().collect();
         targets.extend(local.keys().cloned());
@@ -587,21 +816,35 @@ impl Syncer {
             let key = t.to_string();
             for (name, comments) in duplicates(&sections) {
                 same = false;
-                self.events.push(Event::Duplicate { entry: name, target: key.clone(), comments });
+                self.events.push(Event::Duplicate {
+                    entry: name,
+                    target: key.clone(),
+                    comments,
+                });
             }
             for (name, e) in &mine {
                 match remote.get(name) {
                     None if broken.contains_key(name) => {
                         same = false;
-                        self.events.push(Event::Incomplete { entry: name.clone(), target: key.clone(), reason: broken[name].clone() });
+                        self.events.push(Event::Incomplete {
+                            entry: name.clone(),
+                            target: key.clone(),
+                            reason: broken[name].clone(),
+                        });
                     }
                     None => {
                         same = false;
-                        self.events.push(Event::MissingOnGithub { entry: name.clone(), target: key.clone() });
+                        self.events.push(Event::MissingOnGithub {
+                            entry: name.clone(),
+                            target: key.clone(),
+                        });
                     }
                     Some((r, _)) if r != e => {
                         same = false;
-                        self.events.push(Event::Differs { entry: name.clone(), target: key.clone() });
+                        self.events.push(Event::Differs {
+                            entry: name.clone(),
+                            target: key.clone(),
+                        });
                     }
                     Some(_) => {}
                 }
@@ -609,14 +852,23 @@ impl Syncer {
             for (name, (e, _)) in &remote {
                 if !mine.contains_key(name) {
                     same = false;
-                    self.events.push(Event::MissingLocally { entry: name.clone(), target: key.clone() });
+                    self.events.push(Event::MissingLocally {
+                        entry: name.clone(),
+                        target: key.clone(),
+                    });
                     if restore {
                         match restorable(e) {
                             Ok(()) => {
                                 log.append(e)?;
-                                self.events.push(Event::Restored { entry: name.clone() });
+                                self.events.push(Event::Restored {
+                                    entry: name.clone(),
+                                });
                             }
-                            Err(why) => self.events.push(Event::Incomplete { entry: name.clone(), target: key.clone(), reason: why }),
+                            Err(why) => self.events.push(Event::Incomplete {
+                                entry: name.clone(),
+                                target: key.clone(),
+                                reason: why,
+                            }),
                         }
                     }
                 }
@@ -624,7 +876,11 @@ impl Syncer {
             for (name, why) in &broken {
                 if !mine.contains_key(name) {
                     same = false;
-                    self.events.push(Event::Incomplete { entry: name.clone(), target: key.clone(), reason: why.clone() });
+                    self.events.push(Event::Incomplete {
+                        entry: name.clone(),
+                        target: key.clone(),
+                        reason: why.clone(),
+                    });
                 }
             }
         }
@@ -641,20 +897,33 @@ impl Syncer {
 /// Runs `pass` now, then again whenever something is renamed into or
 /// created in `dir` (debounced), on a rescan request, and every `period`.
 /// Returns when `pass` fails with an error it cannot wait out.
-pub fn watch_dir(dir: &Path, period: std::time::Duration, mut pass: impl FnMut() -> Result<()>) -> Result<()> {
+pub fn watch_dir(
+    dir: &Path,
+    period: std::time::Duration,
+    mut pass: impl FnMut() -> Result<()>,
+) -> Result<()> {
     use notify::EventKind;
     use notify::event::{ModifyKind, RenameMode};
     use notify_debouncer_full::{DebounceEventResult, new_debouncer};
     let (tx, rx) = std::sync::mpsc::channel::<DebounceEventResult>();
-    let mut deb = new_debouncer(std::time::Duration::from_millis(200), None, tx)
-        .map_err(|e| Error::new(Exit::Unavailable, format!("cannot start a file watcher on '{}'", dir.display())).with_source(e))?;
+    let mut deb = new_debouncer(std::time::Duration::from_millis(200), None, tx).map_err(|e| {
+        Error::new(
+            Exit::Unavailable,
+            format!("cannot start a file watcher on '{}'", dir.display()),
+        )
+        .with_source(e)
+    })?;
     deb.watch(dir, notify::RecursiveMode::NonRecursive)
-        .map_err(|e| Error::new(Exit::NoInput, format!("cannot watch '{}'", dir.display())).with_source(e))?;
+        .map_err(|e| {
+            Error::new(Exit::NoInput, format!("cannot watch '{}'", dir.display())).with_source(e)
+        })?;
     loop {
         match pass() {
             Ok(()) => {}
             // Waiting is what a watcher does; the next pass retries.
-            Err(e) if matches!(e.exit, Exit::TempFail | Exit::Unavailable) => eprintln!("lw-sync: {e}"),
+            Err(e) if matches!(e.exit, Exit::TempFail | Exit::Unavailable) => {
+                eprintln!("lw-sync: {e}")
+            }
             Err(e) => return Err(e),
         }
         // Wait for something relevant; other events (our own reads) are drained.
@@ -665,7 +934,10 @@ pub fn watch_dir(dir: &Path, period: std::time::Duration, mut pass: impl FnMut()
                         ev.need_rescan()
                             || matches!(
                                 ev.kind,
-                                EventKind::Create(_) | EventKind::Modify(ModifyKind::Name(RenameMode::To | RenameMode::Both | RenameMode::Any))
+                                EventKind::Create(_)
+                                    | EventKind::Modify(ModifyKind::Name(
+                                        RenameMode::To | RenameMode::Both | RenameMode::Any
+                                    ))
                             )
                     });
                     if relevant {
@@ -680,7 +952,10 @@ pub fn watch_dir(dir: &Path, period: std::time::Duration, mut pass: impl FnMut()
                 }
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => break,
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                    return Err(Error::new(Exit::Software, format!("the watcher on '{}' stopped", dir.display())));
+                    return Err(Error::new(
+                        Exit::Software,
+                        format!("the watcher on '{}' stopped", dir.display()),
+                    ));
                 }
             }
         }
@@ -692,7 +967,9 @@ fn duplicates(sections: &[(u64, Section)]) -> Vec<(String, Vec<u64>)> {
     let mut seen: BTreeMap<(String, u32), Vec<u64>> = BTreeMap::new();
     for (cid, s) in sections {
         if let Head::Entry(h) = &s.head {
-            seen.entry((h.entry.clone(), h.part[0])).or_default().push(*cid);
+            seen.entry((h.entry.clone(), h.part[0]))
+                .or_default()
+                .push(*cid);
         }
     }
     let mut out: BTreeMap<String, Vec<u64>> = BTreeMap::new();
@@ -709,15 +986,25 @@ fn duplicates(sections: &[(u64, Section)]) -> Vec<(String, Vec<u64>)> {
 /// message must validate.
 fn restorable(e: &Entry) -> std::result::Result<(), String> {
     if !crate::id::is_valid(&e.message_id) {
-        return Err(format!("message id '{}' does not follow the id grammar", e.message_id.escape_debug()));
+        return Err(format!(
+            "message id '{}' does not follow the id grammar",
+            e.message_id.escape_debug()
+        ));
     }
     let base = Entry::name_for(&e.message_id, e.decision.action, None);
-    let ok = e.name == base || e.name.strip_prefix(&format!("{base}.")).is_some_and(crate::layout::valid_name);
+    let ok = e.name == base
+        || e.name
+            .strip_prefix(&format!("{base}."))
+            .is_some_and(crate::layout::valid_name);
     if !ok {
-        return Err(format!("entry name '{}' is not MSGID.ACTION[.PARTY]; not restored", e.name.escape_debug()));
+        return Err(format!(
+            "entry name '{}' is not MSGID.ACTION[.PARTY]; not restored",
+            e.name.escape_debug()
+        ));
     }
     if let Some(m) = &e.message {
-        m.validate().map_err(|why| format!("message: {why}; not restored"))?;
+        m.validate()
+            .map_err(|why| format!("message: {why}; not restored"))?;
     }
     Ok(())
 }
@@ -735,7 +1022,11 @@ mod tests {
         assert!(restorable(&e).is_ok());
         e.name = format!("{}.forward.web", e.message_id);
         assert!(restorable(&e).is_ok());
-        for bad in ["../../etc/x".to_string(), format!("{}.forward/../x", e.message_id), format!("{}.hold", e.message_id)] {
+        for bad in [
+            "../../etc/x".to_string(),
+            format!("{}.forward/../x", e.message_id),
+            format!("{}.hold", e.message_id),
+        ] {
             e.name = bad.clone();
             assert!(restorable(&e).is_err(), "{bad}");
         }

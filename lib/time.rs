@@ -4,7 +4,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Time since the epoch; a clock before 1970 counts as the epoch.
 pub fn now() -> Duration {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default()
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
 }
 
 /// `2026-11-30T17:06:45.123456Z` for a duration since the epoch.
@@ -24,7 +26,13 @@ pub fn rfc3339(t: Duration) -> String {
 /// Parses the UTC form `rfc3339` writes (fraction optional, `Z` required).
 pub fn parse_rfc3339(s: &str) -> Option<Duration> {
     let b = s.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[13] != b':' || b[16] != b':' {
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || b[10] != b'T'
+        || b[13] != b':'
+        || b[16] != b':'
+    {
         return None;
     }
     let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
@@ -44,7 +52,11 @@ pub fn parse_rfc3339(s: &str) -> Option<Duration> {
     if z != "Z" || frac.len() > 9 || !frac.bytes().all(|c| c.is_ascii_digit()) {
         return None;
     }
-    let nanos = if frac.is_empty() { 0 } else { frac.parse::<u32>().ok()? * 10u32.pow(9 - frac.len() as u32) };
+    let nanos = if frac.is_empty() {
+        0
+    } else {
+        frac.parse::<u32>().ok()? * 10u32.pow(9 - frac.len() as u32)
+    };
     let days = days_from_civil(y, mo as u32, d as u32);
     let secs = days * 86_400 + h * 3600 + mi * 60 + se;
     if secs < 0 {
@@ -83,12 +95,18 @@ mod tests {
 
     #[test]
     fn known_instants_format_and_parse_back() {
-        assert_eq!(rfc3339(Duration::from_secs(0)), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(
+            rfc3339(Duration::from_secs(0)),
+            "1970-01-01T00:00:00.000000Z"
+        );
         let t = Duration::new(1_796_058_405, 123_456_000);
         let s = rfc3339(t);
         assert_eq!(s, "2026-11-30T17:06:45.123456Z");
         assert_eq!(parse_rfc3339(&s), Some(t));
-        assert_eq!(rfc3339(Duration::from_secs(951_782_400)), "2000-02-29T00:00:00.000000Z");
+        assert_eq!(
+            rfc3339(Duration::from_secs(951_782_400)),
+            "2000-02-29T00:00:00.000000Z"
+        );
     }
 
     #[test]

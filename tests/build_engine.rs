@@ -20,14 +20,21 @@ impl Drop for Cleanup<'_> {
 
 fn exec(e: &DockerEngine, c: &str, cmd: &[&str]) -> (i64, String, String) {
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    let req = ExecRequest { cmd: cmd.iter().map(|s| s.to_string()).collect(), ..Default::default() };
+    let req = ExecRequest {
+        cmd: cmd.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    };
     let status = e
         .exec(c, &req, &mut |s, b| match s {
             OutStream::Stdout => out.extend_from_slice(b),
             OutStream::Stderr => err.extend_from_slice(b),
         })
         .expect("exec runs");
-    (status, String::from_utf8_lossy(&out).into_owned(), String::from_utf8_lossy(&err).into_owned())
+    (
+        status,
+        String::from_utf8_lossy(&out).into_owned(),
+        String::from_utf8_lossy(&err).into_owned(),
+    )
 }
 
 #[test]
@@ -38,14 +45,19 @@ fn images_tag_list_and_remove() {
     let base = test_image("busybox");
     let img = e.image(&base).expect("inspect").expect("test image exists");
     assert!(img.id.starts_with("sha256:"));
-    assert!(e.image("loopwright/lw-test-none:nope").expect("inspect").is_none());
+    assert!(
+        e.image("loopwright/lw-test-none:nope")
+            .expect("inspect")
+            .is_none()
+    );
 
     let repo = format!("loopwright/lw-test-engine-{}", nonce());
     e.tag(&base, &repo, "t1").expect("tag");
     assert!(e.image_exists(&format!("{repo}:t1")).expect("exists"));
     e.remove_image(&format!("{repo}:t1"), false).expect("untag");
     assert!(!e.image_exists(&format!("{repo}:t1")).expect("exists"));
-    e.remove_image(&format!("{repo}:t1"), false).expect("removing a missing tag is fine");
+    e.remove_image(&format!("{repo}:t1"), false)
+        .expect("removing a missing tag is fine");
 }
 
 #[test]
@@ -75,11 +87,22 @@ fn containers_run_exec_with_status_and_stop() {
     e.start(&id).expect("start");
     let c = e.inspect(&name).expect("inspect").expect("exists");
     assert!(c.running && c.id == id && c.name == name, "{c:?}");
-    assert_eq!(c.labels.get("org.loopwright.test").map(String::as_str), Some("1"));
+    assert_eq!(
+        c.labels.get("org.loopwright.test").map(String::as_str),
+        Some("1")
+    );
 
     let (status, out, err) = exec(&e, &id, &["sh", "-c", "echo out; echo err >&2; exit 3"]);
     assert_eq!((status, out.as_str(), err.as_str()), (3, "out\n", "err\n"));
-    let (status, out, _) = exec(&e, &id, &["sh", "-c", "id -u; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status"]);
+    let (status, out, _) = exec(
+        &e,
+        &id,
+        &[
+            "sh",
+            "-c",
+            "id -u; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status",
+        ],
+    );
     assert_eq!(status, 0);
     assert_eq!(out, "1000\nCapEff:\t0000000000000000\nNoNewPrivs:\t1\n");
     let (status, _, err) = exec(&e, &id, &["sh", "-c", "echo x > /x"]);
@@ -88,12 +111,14 @@ fn containers_run_exec_with_status_and_stop() {
     assert_eq!((status, out.as_str()), (0, "lo\n"));
 
     e.stop(&id, Duration::from_secs(1)).expect("stop");
-    e.stop(&id, Duration::from_secs(1)).expect("stopping a stopped container is fine");
+    e.stop(&id, Duration::from_secs(1))
+        .expect("stopping a stopped container is fine");
     let c = e.inspect(&id).expect("inspect").expect("exists");
     assert!(!c.running, "{c:?}");
     e.remove(&id, false).expect("remove");
     assert!(e.inspect(&id).expect("inspect").is_none());
-    e.remove(&id, false).expect("removing a missing container is fine");
+    e.remove(&id, false)
+        .expect("removing a missing container is fine");
 }
 
 #[test]
@@ -103,17 +128,26 @@ fn published_ports_bind_where_asked_and_are_reported() {
         name: Some(format!("lw-test-engine-ports-{}", nonce())),
         image: test_image("busybox"),
         cmd: vec!["sleep".into(), "300".into()],
-        ports: vec![loopwright::engine::PortMap { container: "8080/tcp".into(), host_ip: "127.0.0.1".into(), host_port: 0 }],
+        ports: vec![loopwright::engine::PortMap {
+            container: "8080/tcp".into(),
+            host_ip: "127.0.0.1".into(),
+            host_port: 0,
+        }],
         ..Default::default()
     };
     let id = e.create(&spec).expect("create");
     let _cleanup = Cleanup(&e, id.clone());
     e.start(&id).expect("start");
     let c = e.inspect(&id).expect("inspect").expect("exists");
-    let p: Vec<_> = c.ports.iter().filter(|p| p.container == "8080/tcp").collect();
+    let p: Vec<_> = c
+        .ports
+        .iter()
+        .filter(|p| p.container == "8080/tcp")
+        .collect();
     assert_eq!(p.len(), 1, "{:?}", c.ports);
     assert_eq!(p[0].host_ip, "127.0.0.1");
     assert_ne!(p[0].host_port, 0, "the engine picked a port");
-    e.remove(&id, true).expect("remove a running container with force");
+    e.remove(&id, true)
+        .expect("remove a running container with force");
     assert!(e.inspect(&id).expect("inspect").is_none());
 }

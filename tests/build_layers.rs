@@ -29,14 +29,20 @@ fn project(tag: &str) -> Project {
         "ARG LW_PARENT\nFROM ${LW_PARENT}\nARG LW_TOOLCHAIN_SCRIPT\nCOPY ${LW_TOOLCHAIN_SCRIPT} /tmp/tools.sh\nRUN sh /tmp/tools.sh\n",
     );
     p.write("rt/tools.sh", "echo tools-1 > /tools\n");
-    p.write("rt/deps.Dockerfile", "ARG LW_PARENT\nFROM ${LW_PARENT}\nCOPY app.lock /app.lock\nRUN cat /app.lock > /deps\n");
+    p.write(
+        "rt/deps.Dockerfile",
+        "ARG LW_PARENT\nFROM ${LW_PARENT}\nCOPY app.lock /app.lock\nRUN cat /app.lock > /deps\n",
+    );
     p.write("app.lock", "dep-a 1.0\n");
     p.write("README", "not an input\n");
     p
 }
 
 fn ids(layers: &[(String, String, String)]) -> Vec<String> {
-    layers.iter().map(|(_, tag, _)| image_id(tag).expect("a built tag exists")).collect()
+    layers
+        .iter()
+        .map(|(_, tag, _)| image_id(tag).expect("a built tag exists"))
+        .collect()
 }
 
 fn states(layers: &[(String, String, String)]) -> Vec<&str> {
@@ -53,7 +59,13 @@ fn print_figure(what: &str, before: &[String], after: &[String]) -> Vec<bool> {
     let list: Vec<String> = names
         .iter()
         .zip(before.iter().zip(after))
-        .map(|(n, (a, b))| if a == b { format!("{n} {} kept", short(a)) } else { format!("{n} {} -> {}", short(a), short(b)) })
+        .map(|(n, (a, b))| {
+            if a == b {
+                format!("{n} {} kept", short(a))
+            } else {
+                format!("{n} {} -> {}", short(a), short(b))
+            }
+        })
         .collect();
     println!("figure: {what}: {}", list.join(", "));
     rebuilt
@@ -68,7 +80,14 @@ fn only_layers_whose_inputs_changed_rebuild() {
 
     // Run it in a container: the chain really stacks.
     let run = std::process::Command::new("docker")
-        .args(["run", "--rm", &first[2].1, "sh", "-c", "cat /base-id /tools /deps"])
+        .args([
+            "run",
+            "--rm",
+            &first[2].1,
+            "sh",
+            "-c",
+            "cat /base-id /tools /deps",
+        ])
         .output()
         .expect("docker run");
     assert_eq!(stdout(&run), format!("{}\ntools-1\ndep-a 1.0\n", p.repo));
@@ -79,7 +98,10 @@ fn only_layers_whose_inputs_changed_rebuild() {
     let again = p.build_ok();
     assert_eq!(states(&again), ["cached", "cached", "cached"]);
     let ids1 = ids(&again);
-    assert_eq!(print_figure("undeclared file changed", &ids0, &ids1), [false, false, false]);
+    assert_eq!(
+        print_figure("undeclared file changed", &ids0, &ids1),
+        [false, false, false]
+    );
 
     // One declared input of deps: --explain names it, then only deps rebuilds.
     p.write("app.lock", "dep-a 1.1\n");
@@ -87,50 +109,81 @@ fn only_layers_whose_inputs_changed_rebuild() {
     assert!(ex.status.success(), "{}", stderr(&ex));
     let ex = stdout(&ex);
     println!("{ex}");
-    assert!(ex.contains(" cached\n") && ex.contains(" to build\n"), "{ex}");
+    assert!(
+        ex.contains(" cached\n") && ex.contains(" to build\n"),
+        "{ex}"
+    );
     assert!(ex.contains(&format!("  replaces {}", first[2].1)), "{ex}");
     assert!(ex.contains("  changed app.lock (content)"), "{ex}");
     let js = p.lw_build(&["--explain", "--json"]);
-    let records: Vec<serde_json::Value> =
-        stdout(&js).lines().map(|l| serde_json::from_str(l).expect("each line is JSON")).collect();
+    let records: Vec<serde_json::Value> = stdout(&js)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+        .collect();
     assert_eq!(records.len(), 3);
     assert!(records.iter().all(|r| r["type"] == "explain"));
     assert_eq!(records[2]["state"], "to-build");
-    assert_eq!(records[2]["changes"], serde_json::json!(["app.lock (content)"]));
+    assert_eq!(
+        records[2]["changes"],
+        serde_json::json!(["app.lock (content)"])
+    );
     assert_eq!(records[2]["inputs"][0]["path"], "app.lock");
     let deps = p.build_ok();
     assert_eq!(states(&deps), ["cached", "cached", "built"]);
     let js = p.lw_build(&["--json"]);
-    let last: serde_json::Value = serde_json::from_str(stdout(&js).lines().last().expect("a line")).expect("JSON");
-    assert_eq!((&last["type"], &last["layer"], &last["state"]), (&"layer".into(), &"deps".into(), &"cached".into()));
+    let last: serde_json::Value =
+        serde_json::from_str(stdout(&js).lines().last().expect("a line")).expect("JSON");
+    assert_eq!(
+        (&last["type"], &last["layer"], &last["state"]),
+        (&"layer".into(), &"deps".into(), &"cached".into())
+    );
     assert_eq!(last["id"].as_str(), image_id(&deps[2].1).as_deref());
     let ids2 = ids(&deps);
-    assert_eq!(print_figure("deps input changed", &ids1, &ids2), [false, false, true]);
+    assert_eq!(
+        print_figure("deps input changed", &ids1, &ids2),
+        [false, false, true]
+    );
 
     // Its mode is an input too.
     let lock = p.dir.join("app.lock");
-    std::fs::set_permissions(&lock, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    std::fs::set_permissions(&lock, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
     let moded = p.build_ok();
     let ids3 = ids(&moded);
-    assert_eq!(print_figure("deps input mode changed", &ids2, &ids3), [false, false, true]);
+    assert_eq!(
+        print_figure("deps input mode changed", &ids2, &ids3),
+        [false, false, true]
+    );
 
     // The toolchain declaration: toolchain and deps rebuild, base does not.
     p.write("rt/tools.sh", "echo tools-2 > /tools\n");
     let tc = p.build_ok();
     assert_eq!(states(&tc), ["cached", "built", "built"]);
     let ids4 = ids(&tc);
-    assert_eq!(print_figure("toolchain declaration changed", &ids3, &ids4), [false, true, true]);
+    assert_eq!(
+        print_figure("toolchain declaration changed", &ids3, &ids4),
+        [false, true, true]
+    );
 
     // --print-tag is the last layer's tag, and the image records its inputs.
     let pt = p.lw_build(&["--print-tag"]);
     assert_eq!(stdout(&pt).trim(), tc[2].1);
     let manifest = std::process::Command::new("docker")
-        .args(["image", "inspect", "-f", "{{index .Config.Labels \"org.loopwright.manifest\"}}", &tc[2].1])
+        .args([
+            "image",
+            "inspect",
+            "-f",
+            "{{index .Config.Labels \"org.loopwright.manifest\"}}",
+            &tc[2].1,
+        ])
         .output()
         .expect("docker inspect");
     let manifest = stdout(&manifest);
     assert!(manifest.contains("input app.lock 755 "), "{manifest}");
-    assert!(manifest.contains(&format!("parent {}", tc[1].1)), "{manifest}");
+    assert!(
+        manifest.contains(&format!("parent {}", tc[1].1)),
+        "{manifest}"
+    );
 }
 
 #[test]
@@ -143,10 +196,23 @@ fn a_dockerfile_reading_an_undeclared_file_fails_pointing_at_the_input_list() {
     );
     let out = p.lw_build(&[]);
     let err = stderr(&out);
-    println!("figure: undeclared COPY: exit {:?}: {err}", out.status.code());
+    println!(
+        "figure: undeclared COPY: exit {:?}: {err}",
+        out.status.code()
+    );
     assert_eq!(out.status.code(), Some(78), "{err}");
-    assert!(err.contains("rt/deps.Dockerfile:4: COPY reads 'secret.txt', which is not an input of layer 'deps'"), "{err}");
-    assert!(err.contains("add 'input secret.txt' under 'layer deps' (.loopwright/runtime/runtime.conf:11)"), "{err}");
+    assert!(
+        err.contains(
+            "rt/deps.Dockerfile:4: COPY reads 'secret.txt', which is not an input of layer 'deps'"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "add 'input secret.txt' under 'layer deps' (.loopwright/runtime/runtime.conf:11)"
+        ),
+        "{err}"
+    );
     let tag = stdout(&p.lw_build(&["--print-tag"])).trim().to_string();
     assert_eq!(image_id(&tag), None, "nothing tagged for the failed layer");
 
@@ -157,19 +223,35 @@ fn a_dockerfile_reading_an_undeclared_file_fails_pointing_at_the_input_list() {
     );
     let out = p.lw_build(&[]);
     let err = stderr(&out);
-    println!("figure: undeclared COPY found by the engine: exit {:?}: {err}", out.status.code());
+    println!(
+        "figure: undeclared COPY found by the engine: exit {:?}: {err}",
+        out.status.code()
+    );
     assert_eq!(out.status.code(), Some(78), "{err}");
-    assert!(err.contains("declare the file with 'input PATH' under 'layer deps'"), "{err}");
+    assert!(
+        err.contains("declare the file with 'input PATH' under 'layer deps'"),
+        "{err}"
+    );
 
     // Declared, it builds.
-    let conf = std::fs::read_to_string(p.dir.join(".loopwright/runtime/runtime.conf")).expect("read conf");
-    p.write(".loopwright/runtime/runtime.conf", &conf.replace("input app.lock", "input app.lock secret.txt"));
+    let conf =
+        std::fs::read_to_string(p.dir.join(".loopwright/runtime/runtime.conf")).expect("read conf");
+    p.write(
+        ".loopwright/runtime/runtime.conf",
+        &conf.replace("input app.lock", "input app.lock secret.txt"),
+    );
     assert_eq!(states(&p.build_ok()), ["cached", "cached", "built"]);
 
     // A declared directory is in the context even when it is empty.
     std::fs::create_dir(p.dir.join("empty")).expect("mkdir");
-    p.write(".loopwright/runtime/runtime.conf", &conf.replace("input app.lock", "input app.lock empty"));
-    p.write("rt/deps.Dockerfile", "ARG LW_PARENT\nFROM ${LW_PARENT}\nCOPY empty/ /empty/\nRUN test -d /empty\n");
+    p.write(
+        ".loopwright/runtime/runtime.conf",
+        &conf.replace("input app.lock", "input app.lock empty"),
+    );
+    p.write(
+        "rt/deps.Dockerfile",
+        "ARG LW_PARENT\nFROM ${LW_PARENT}\nCOPY empty/ /empty/\nRUN test -d /empty\n",
+    );
     assert_eq!(states(&p.build_ok()), ["cached", "cached", "built"]);
 }
 
@@ -177,18 +259,30 @@ fn a_dockerfile_reading_an_undeclared_file_fails_pointing_at_the_input_list() {
 fn a_failing_step_shows_its_output_tags_nothing_and_is_retried() {
     let p = project("failing");
     let marker = format!("marker-{}", p.repo.rsplit('-').next().expect("nonce"));
-    p.write("rt/deps.Dockerfile", &format!("ARG LW_PARENT\nFROM ${{LW_PARENT}}\nRUN echo {marker}; exit 7\n"));
+    p.write(
+        "rt/deps.Dockerfile",
+        &format!("ARG LW_PARENT\nFROM ${{LW_PARENT}}\nRUN echo {marker}; exit 7\n"),
+    );
     let tag = stdout(&p.lw_build(&["--print-tag"])).trim().to_string();
     for attempt in 1..=2 {
         let out = p.lw_build(&[]);
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(65), "attempt {attempt}: {err}");
-        assert!(err.contains(&marker), "attempt {attempt} shows the step's output: {err}");
-        assert!(err.contains("returned a non-zero code: 7") && err.contains("no tag was applied"), "{err}");
+        assert!(
+            err.contains(&marker),
+            "attempt {attempt} shows the step's output: {err}"
+        );
+        assert!(
+            err.contains("returned a non-zero code: 7") && err.contains("no tag was applied"),
+            "{err}"
+        );
         assert_eq!(image_id(&tag), None, "attempt {attempt}: no tag");
     }
     // The first two layers were built and kept; fixing the step builds deps.
-    p.write("rt/deps.Dockerfile", "ARG LW_PARENT\nFROM ${LW_PARENT}\nRUN echo fixed\n");
+    p.write(
+        "rt/deps.Dockerfile",
+        "ARG LW_PARENT\nFROM ${LW_PARENT}\nRUN echo fixed\n",
+    );
     assert_eq!(states(&p.build_ok()), ["cached", "cached", "built"]);
 }
 
@@ -198,19 +292,41 @@ fn missing_inputs_and_escapes_are_refused() {
     std::fs::remove_file(p.dir.join("app.lock")).expect("rm app.lock");
     let out = p.lw_build(&[]);
     assert_eq!(out.status.code(), Some(66), "{}", stderr(&out));
-    assert!(stderr(&out).contains("input 'app.lock' of layer 'deps' does not exist (.loopwright/runtime/runtime.conf:13)"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(
+            "input 'app.lock' of layer 'deps' does not exist (.loopwright/runtime/runtime.conf:13)"
+        ),
+        "{}",
+        stderr(&out)
+    );
 
     p.write("app.lock", "x\n");
     std::os::unix::fs::symlink("/etc/hostname", p.dir.join("outside")).expect("symlink");
-    let conf = std::fs::read_to_string(p.dir.join(".loopwright/runtime/runtime.conf")).expect("read conf");
-    p.write(".loopwright/runtime/runtime.conf", &conf.replace("input app.lock", "input app.lock outside"));
+    let conf =
+        std::fs::read_to_string(p.dir.join(".loopwright/runtime/runtime.conf")).expect("read conf");
+    p.write(
+        ".loopwright/runtime/runtime.conf",
+        &conf.replace("input app.lock", "input app.lock outside"),
+    );
     let out = p.lw_build(&[]);
     assert_eq!(out.status.code(), Some(78), "{}", stderr(&out));
-    assert!(stderr(&out).contains("input 'outside' of layer 'deps'") && stderr(&out).contains("outside the project; refused"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("input 'outside' of layer 'deps'")
+            && stderr(&out).contains("outside the project; refused"),
+        "{}",
+        stderr(&out)
+    );
 
     // The `from` image must be in the engine.
-    p.write(".loopwright/runtime/runtime.conf", &conf.replace(&test_image("busybox"), "loopwright/lw-test-no-such-image:1"));
+    p.write(
+        ".loopwright/runtime/runtime.conf",
+        &conf.replace(&test_image("busybox"), "loopwright/lw-test-no-such-image:1"),
+    );
     let out = p.lw_build(&[]);
     assert_eq!(out.status.code(), Some(66), "{}", stderr(&out));
-    assert!(stderr(&out).contains("image 'loopwright/lw-test-no-such-image:1'"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("image 'loopwright/lw-test-no-such-image:1'"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -25,10 +25,20 @@ fn default_runtime_with_mise_installs_a_tool_from_a_registry() {
 
     let conf_path = p.dir.join(".loopwright/runtime/runtime.conf");
     let conf = std::fs::read_to_string(&conf_path).expect("read conf");
-    assert!(conf.contains("    input requirements.txt\n"), "init declared the lockfile: {conf}");
-    p.write(".loopwright/runtime/runtime.conf", &conf.replacen("\nfrom ", "\nimage loopwright/lw-test-mise\nfrom ", 1));
-    let mise = std::fs::read_to_string(p.dir.join(".loopwright/runtime/mise.toml")).expect("read mise.toml");
-    p.write(".loopwright/runtime/mise.toml", &format!("{mise}\"pipx:cowsay\" = \"6.1\"\n"));
+    assert!(
+        conf.contains("    input requirements.txt\n"),
+        "init declared the lockfile: {conf}"
+    );
+    p.write(
+        ".loopwright/runtime/runtime.conf",
+        &conf.replacen("\nfrom ", "\nimage loopwright/lw-test-mise\nfrom ", 1),
+    );
+    let mise = std::fs::read_to_string(p.dir.join(".loopwright/runtime/mise.toml"))
+        .expect("read mise.toml");
+    p.write(
+        ".loopwright/runtime/mise.toml",
+        &format!("{mise}\"pipx:cowsay\" = \"6.1\"\n"),
+    );
     // Behind a TLS-inspecting proxy the image must trust its CA, as the host does.
     if let Ok(dir) = std::fs::read_dir("/usr/local/share/ca-certificates") {
         for ent in dir.flatten() {
@@ -44,17 +54,36 @@ fn default_runtime_with_mise_installs_a_tool_from_a_registry() {
     let out = p.lw_build(&["-v"]);
     assert!(out.status.success(), "lw-build failed: {}", stderr(&out));
     let layers: Vec<String> = stdout(&out).lines().map(str::to_string).collect();
-    println!("figure: default runtime on debian in {:.1}s: {layers:?}", start.elapsed().as_secs_f64());
-    let tag = layers[2].split_whitespace().nth(1).expect("LAYER TAG STATE").to_string();
+    println!(
+        "figure: default runtime on debian in {:.1}s: {layers:?}",
+        start.elapsed().as_secs_f64()
+    );
+    let tag = layers[2]
+        .split_whitespace()
+        .nth(1)
+        .expect("LAYER TAG STATE")
+        .to_string();
 
     let run = |cmd: &str| {
-        let o = Command::new("docker").args(["run", "--rm", "-u", "1000", &tag, "sh", "-c", cmd]).output().expect("docker run");
+        let o = Command::new("docker")
+            .args(["run", "--rm", "-u", "1000", &tag, "sh", "-c", cmd])
+            .output()
+            .expect("docker run");
         assert!(o.status.success(), "{cmd}: {}", stderr(&o));
         stdout(&o)
     };
-    assert!(run("cowsay -t moo").contains("| moo |"), "mise's pipx:cowsay runs as uid 1000");
-    assert!(run("mise --version").starts_with("2026.9.15 "), "the pinned mise");
-    assert_eq!(run("/opt/loopwright/venv/bin/python -c 'import six; print(six.__version__)'"), "1.16.0\n");
+    assert!(
+        run("cowsay -t moo").contains("| moo |"),
+        "mise's pipx:cowsay runs as uid 1000"
+    );
+    assert!(
+        run("mise --version").starts_with("2026.9.15 "),
+        "the pinned mise"
+    );
+    assert_eq!(
+        run("/opt/loopwright/venv/bin/python -c 'import six; print(six.__version__)'"),
+        "1.16.0\n"
+    );
     assert_eq!(run("id -u; git --version | cut -d' ' -f1"), "1000\ngit\n");
 
     let again = p.build_ok();
@@ -62,7 +91,10 @@ fn default_runtime_with_mise_installs_a_tool_from_a_registry() {
 
     // Keep the cache to the current images: drop tags of earlier inputs.
     let current: Vec<&str> = again.iter().map(|(_, t, _)| t.as_str()).collect();
-    let listed = Command::new("docker").args(["images", "--format", "{{.Repository}}:{{.Tag}}"]).output().expect("docker images");
+    let listed = Command::new("docker")
+        .args(["images", "--format", "{{.Repository}}:{{.Tag}}"])
+        .output()
+        .expect("docker images");
     let stale: Vec<String> = stdout(&listed)
         .lines()
         .filter(|t| t.starts_with("loopwright/lw-test-mise-") && !current.contains(t))
@@ -73,11 +105,30 @@ fn default_runtime_with_mise_installs_a_tool_from_a_registry() {
     }
 
     // A changed tool declaration: --explain shows what toolchain and deps would rebuild for.
-    p.write(".loopwright/runtime/mise.toml", &format!("{mise}\"pipx:cowsay\" = \"6.0\"\n"));
+    p.write(
+        ".loopwright/runtime/mise.toml",
+        &format!("{mise}\"pipx:cowsay\" = \"6.0\"\n"),
+    );
     let ex = stdout(&p.lw_build(&["--explain"]));
     println!("{ex}");
     let blocks: Vec<&str> = ex.split("\ntoolchain ").collect();
-    assert!(blocks[0].starts_with("base ") && blocks[0].lines().next().expect("line").ends_with(" cached"), "{ex}");
-    assert!(blocks[1].contains(" to build\n") && blocks[1].contains("changed .loopwright/runtime/mise.toml (content)"), "{ex}");
-    assert!(ex.contains("\ndeps ") && ex.split("\ndeps ").nth(1).expect("deps").contains("changed parent "), "{ex}");
+    assert!(
+        blocks[0].starts_with("base ")
+            && blocks[0].lines().next().expect("line").ends_with(" cached"),
+        "{ex}"
+    );
+    assert!(
+        blocks[1].contains(" to build\n")
+            && blocks[1].contains("changed .loopwright/runtime/mise.toml (content)"),
+        "{ex}"
+    );
+    assert!(
+        ex.contains("\ndeps ")
+            && ex
+                .split("\ndeps ")
+                .nth(1)
+                .expect("deps")
+                .contains("changed parent "),
+        "{ex}"
+    );
 }

@@ -39,17 +39,29 @@ const TEST_LABEL: &str = "org.loopwright.test";
 const ALLOWED_HTTP: u64 = 2;
 
 fn docker_out(args: &[&str]) -> std::process::Output {
-    Command::new("docker").args(args).stdin(Stdio::null()).output().expect("the docker CLI runs")
+    Command::new("docker")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("the docker CLI runs")
 }
 
 fn docker(args: &[&str]) -> String {
     let o = docker_out(args);
-    assert!(o.status.success(), "docker {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "docker {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     String::from_utf8_lossy(&o.stdout).trim().to_string()
 }
 
 fn hex16(s: &str) -> String {
-    Sha256::digest(s.as_bytes()).iter().take(8).map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(s.as_bytes())
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Debian with curl, openssl and busybox: the sandboxes' and provider's
@@ -73,7 +85,11 @@ fn tools_image() -> String {
         .expect("docker build runs");
     std::io::Write::write_all(&mut child.stdin.take().unwrap(), df.as_bytes()).unwrap();
     let o = child.wait_with_output().unwrap();
-    assert!(o.status.success(), "cannot build {tag}: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "cannot build {tag}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     tag
 }
 
@@ -122,7 +138,9 @@ struct HostCounter {
 impl HostCounter {
     fn start() -> HostCounter {
         // [::] takes IPv4 too (bindv6only is 0 by default); fall back to v4.
-        let l = TcpListener::bind("[::]:0").or_else(|_| TcpListener::bind("0.0.0.0:0")).expect("a port to listen on");
+        let l = TcpListener::bind("[::]:0")
+            .or_else(|_| TcpListener::bind("0.0.0.0:0"))
+            .expect("a port to listen on");
         let port = l.local_addr().unwrap().port();
         let conns = Arc::new(AtomicU64::new(0));
         let bytes = Arc::new(AtomicU64::new(0));
@@ -131,7 +149,10 @@ impl HostCounter {
         std::thread::spawn(move || {
             for s in l.incoming() {
                 let Ok(mut s) = s else { continue };
-                let peer = s.peer_addr().map(|a| a.ip().to_canonical().is_loopback()).unwrap_or(false);
+                let peer = s
+                    .peer_addr()
+                    .map(|a| a.ip().to_canonical().is_loopback())
+                    .unwrap_or(false);
                 if peer {
                     let _ = tx.send(());
                     continue;
@@ -150,19 +171,33 @@ impl HostCounter {
                 });
             }
         });
-        HostCounter { port, conns, bytes, fence }
+        HostCounter {
+            port,
+            conns,
+            bytes,
+            fence,
+        }
     }
 
     fn settle(&self) -> (u64, u64) {
-        let _ = TcpStream::connect(("127.0.0.1", self.port)).or_else(|_| TcpStream::connect(("::1", self.port)));
-        self.fence.recv_timeout(Duration::from_secs(10)).expect("the fence connection is accepted");
-        (self.conns.load(Ordering::SeqCst), self.bytes.load(Ordering::SeqCst))
+        let _ = TcpStream::connect(("127.0.0.1", self.port))
+            .or_else(|_| TcpStream::connect(("::1", self.port)));
+        self.fence
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the fence connection is accepted");
+        (
+            self.conns.load(Ordering::SeqCst),
+            self.bytes.load(Ordering::SeqCst),
+        )
     }
 }
 
 fn exec(engine: &dyn Engine, container: &str, script: &str) -> (i64, String) {
     let mut out = Vec::new();
-    let req = ExecRequest { cmd: vec!["sh".into(), "-c".into(), script.into()], ..Default::default() };
+    let req = ExecRequest {
+        cmd: vec!["sh".into(), "-c".into(), script.into()],
+        ..Default::default()
+    };
     let code = engine
         .exec(container, &req, &mut |s, b| {
             if s == OutStream::Stdout {
@@ -179,20 +214,40 @@ fn udp_out(container: &str) -> u64 {
     let udp: Vec<&str> = snmp.lines().filter(|l| l.starts_with("Udp:")).collect();
     let names: Vec<&str> = udp[0].split_whitespace().collect();
     let values: Vec<&str> = udp[1].split_whitespace().collect();
-    let i = names.iter().position(|n| *n == "OutDatagrams").expect("/proc/net/snmp has Udp OutDatagrams");
+    let i = names
+        .iter()
+        .position(|n| *n == "OutDatagrams")
+        .expect("/proc/net/snmp has Udp OutDatagrams");
     values[i].parse().expect("a number")
 }
 
 fn wait_ready(engine: &DockerNetworks, container: &str) {
-    let ok = engine.wait_for_line(container, Duration::from_secs(60), &mut |l| l == "ready").expect("logs follow");
-    assert!(ok, "{container} did not get ready: {}", docker(&["logs", container]));
+    let ok = engine
+        .wait_for_line(container, Duration::from_secs(60), &mut |l| l == "ready")
+        .expect("logs follow");
+    assert!(
+        ok,
+        "{container} did not get ready: {}",
+        docker(&["logs", container])
+    );
 }
 
 fn ip_on(container: &str, network: &str) -> String {
-    docker(&["inspect", "-f", &format!("{{{{(index .NetworkSettings.Networks \"{network}\").IPAddress}}}}"), container])
+    docker(&[
+        "inspect",
+        "-f",
+        &format!("{{{{(index .NetworkSettings.Networks \"{network}\").IPAddress}}}}"),
+        container,
+    ])
 }
 
-fn sandbox_spec(name: &str, image: &str, plan: &egress::NetworkPlan, label: &str, cmd: &str) -> ContainerSpec {
+fn sandbox_spec(
+    name: &str,
+    image: &str,
+    plan: &egress::NetworkPlan,
+    label: &str,
+    cmd: &str,
+) -> ContainerSpec {
     let (k, v) = label.split_once('=').unwrap();
     ContainerSpec {
         name: Some(name.into()),
@@ -224,14 +279,25 @@ struct Probe {
 fn egress_matrix_reaches_the_allowed_host_and_nothing_else() {
     let engine = DockerNetworks::connect().expect("the Docker engine is reachable");
     let nonce = build_support::nonce();
-    let mut world = World { nonce: format!("egress-{nonce}"), keys: vec![] };
+    let mut world = World {
+        nonce: format!("egress-{nonce}"),
+        keys: vec![],
+    };
     let label = world.label();
     let tools = tools_image();
     let busybox = build_support::test_image("busybox");
 
     // The world: one network standing in for the internet.
     let out_net = format!("lw-egt-{nonce}-world");
-    docker(&["network", "create", "--label", &label, "--label", "org.loopwright.egress=outside", &out_net]);
+    docker(&[
+        "network",
+        "create",
+        "--label",
+        &label,
+        "--label",
+        "org.loopwright.egress=outside",
+        &out_net,
+    ]);
     let api = format!("lw-egt-{nonce}-api");
     let bad = counter_script("/srv", "bad");
     let ok = counter_script("/srv", "ok");
@@ -298,14 +364,25 @@ fn egress_matrix_reaches_the_allowed_host_and_nothing_else() {
     world.keys = vec![key_a.clone(), key_b.clone()];
     let allow_a = AllowList::parse("api.example.com:443 api.example.com:80", "test").unwrap();
     let mut built = 0;
-    let plan_a = egress::prepare(&engine, &key_a, &allow_a, &opts, &mut |_| built += 1).expect("egress for A");
-    let plan_b =
-        egress::prepare(&engine, &key_b, &AllowList::none(), &opts, &mut |_| built += 1).expect("egress for B");
+    let plan_a = egress::prepare(&engine, &key_a, &allow_a, &opts, &mut |_| built += 1)
+        .expect("egress for A");
+    let plan_b = egress::prepare(&engine, &key_b, &AllowList::none(), &opts, &mut |_| {
+        built += 1
+    })
+    .expect("egress for B");
     println!(
         "proxy image: {} ({built} lines of build output)",
         egress::proxy_tag(&engine, &opts.proxy_from).unwrap().0
     );
-    engine.create(&sandbox_spec(&key_a, &tools, &plan_a, &label, "exec sleep infinity")).unwrap();
+    engine
+        .create(&sandbox_spec(
+            &key_a,
+            &tools,
+            &plan_a,
+            &label,
+            "exec sleep infinity",
+        ))
+        .unwrap();
     engine.start(&key_a).unwrap();
     let b_cmd = "printf '%s' \"$LW_BAD\" >/tmp/bad && chmod +x /tmp/bad && (busybox nc -ll -p 9000 -e /tmp/bad &) \
          && until busybox netstat -ltn | grep -q ':9000 '; do sleep 0.05; done && echo ready && exec sleep infinity";
@@ -321,10 +398,23 @@ fn egress_matrix_reaches_the_allowed_host_and_nothing_else() {
     let f_ip = ip_on(&forbidden, &out_net);
     let api_ip = ip_on(&api, &out_net);
     let b_ip = ip_on(&key_b, &plan_b.network);
-    let net_a = engine.network(&plan_a.network).unwrap().expect("A's network");
+    let net_a = engine
+        .network(&plan_a.network)
+        .unwrap()
+        .expect("A's network");
     assert!(net_a.internal, "A's network is internal");
-    assert_eq!(net_a.options.get("com.docker.network.bridge.inhibit_ipv4").map(String::as_str), Some("true"));
-    let a_gw = net_a.subnets.first().map(|s| s.1.clone()).unwrap_or_default();
+    assert_eq!(
+        net_a
+            .options
+            .get("com.docker.network.bridge.inhibit_ipv4")
+            .map(String::as_str),
+        Some("true")
+    );
+    let a_gw = net_a
+        .subnets
+        .first()
+        .map(|s| s.1.clone())
+        .unwrap_or_default();
     let world_net = engine.network(&out_net).unwrap().unwrap();
     let world_gw = world_net.subnets[0].1.clone();
     let host = HostCounter::start();
@@ -334,7 +424,10 @@ fn egress_matrix_reaches_the_allowed_host_and_nothing_else() {
     // host sit outside the networks this test makes, so it leaves them be.)
     // docker0's IPAM config names no gateway; the engine gives the bridge the
     // subnet's first address.
-    let bridge = engine.network("bridge").unwrap().expect("the engine's default bridge");
+    let bridge = engine
+        .network("bridge")
+        .unwrap()
+        .expect("the engine's default bridge");
     let docker0 = bridge.subnets.iter().find_map(|(subnet, gw)| {
         if !gw.is_empty() {
             return Some(gw.clone());
@@ -360,20 +453,76 @@ fn egress_matrix_reaches_the_allowed_host_and_nothing_else() {
     let curl = "curl -sS -o /dev/null -w '%{http_code}' --max-time 8";
     let direct = "curl --noproxy '*' -sS -o /dev/null -w '%{http_code}' --max-time 4";
     let mut matrix: Vec<(String, bool, String)> = vec![
-        ("allowed host:443, HTTPS through the proxy".into(), true, format!("{curl} -k https://api.example.com/")),
-        ("allowed host:80, HTTP through the proxy".into(), true, format!("{curl} http://api.example.com/")),
-        ("other host, HTTPS".into(), false, format!("{curl} -k https://forbidden.example.org/")),
-        ("other host, HTTP".into(), false, format!("{curl} http://forbidden.example.org/")),
-        ("other host, port 8080".into(), false, format!("{curl} http://forbidden.example.org:8080/")),
-        ("allowed host, other port, HTTP".into(), false, format!("{curl} http://api.example.com:8080/")),
-        ("allowed host, other port, CONNECT".into(), false, format!("{curl} -k https://api.example.com:8080/")),
-        ("IP literal of the other host, HTTP".into(), false, format!("{curl} http://{f_ip}/")),
-        ("IP literal of the other host, CONNECT".into(), false, format!("{curl} -k https://{f_ip}/")),
-        ("IP literal of the allowed host, HTTP".into(), false, format!("{curl} http://{api_ip}/")),
-        ("IP literal of the allowed host, port 8080".into(), false, format!("{curl} http://{api_ip}:8080/")),
-        ("look-alike api.example.com.evil, HTTP".into(), false, format!("{curl} http://api.example.com.evil/")),
-        ("look-alike api.example.com.evil, CONNECT".into(), false, format!("{curl} -k https://api.example.com.evil/")),
-        ("look-alike evilapi.example.com".into(), false, format!("{curl} http://evilapi.example.com/")),
+        (
+            "allowed host:443, HTTPS through the proxy".into(),
+            true,
+            format!("{curl} -k https://api.example.com/"),
+        ),
+        (
+            "allowed host:80, HTTP through the proxy".into(),
+            true,
+            format!("{curl} http://api.example.com/"),
+        ),
+        (
+            "other host, HTTPS".into(),
+            false,
+            format!("{curl} -k https://forbidden.example.org/"),
+        ),
+        (
+            "other host, HTTP".into(),
+            false,
+            format!("{curl} http://forbidden.example.org/"),
+        ),
+        (
+            "other host, port 8080".into(),
+            false,
+            format!("{curl} http://forbidden.example.org:8080/"),
+        ),
+        (
+            "allowed host, other port, HTTP".into(),
+            false,
+            format!("{curl} http://api.example.com:8080/"),
+        ),
+        (
+            "allowed host, other port, CONNECT".into(),
+            false,
+            format!("{curl} -k https://api.example.com:8080/"),
+        ),
+        (
+            "IP literal of the other host, HTTP".into(),
+            false,
+            format!("{curl} http://{f_ip}/"),
+        ),
+        (
+            "IP literal of the other host, CONNECT".into(),
+            false,
+            format!("{curl} -k https://{f_ip}/"),
+        ),
+        (
+            "IP literal of the allowed host, HTTP".into(),
+            false,
+            format!("{curl} http://{api_ip}/"),
+        ),
+        (
+            "IP literal of the allowed host, port 8080".into(),
+            false,
+            format!("{curl} http://{api_ip}:8080/"),
+        ),
+        (
+            "look-alike api.example.com.evil, HTTP".into(),
+            false,
+            format!("{curl} http://api.example.com.evil/"),
+        ),
+        (
+            "look-alike api.example.com.evil, CONNECT".into(),
+            false,
+            format!("{curl} -k https://api.example.com.evil/"),
+        ),
+        (
+            "look-alike evilapi.example.com".into(),
+            false,
+            format!("{curl} http://evilapi.example.com/"),
+        ),
         (
             "user-info trick api.example.com@other".into(),
             false,
@@ -385,27 +534,91 @@ fn egress_matrix_reaches_the_allowed_host_and_nothing_else() {
             format!("{curl} http://lw-egress-proxy:3128/squid-internal-mgr/info"),
         ),
         // --noproxy '' sets NO_PROXY aside, so the request goes to the proxy.
-        ("localhost through the proxy".into(), false, format!("{curl} --noproxy '' http://localhost:3128/")),
-        ("direct TCP to the other host".into(), false, format!("echo x | busybox nc -w 3 {f_ip} 80")),
-        ("direct HTTP to the other host".into(), false, format!("{direct} http://{f_ip}/")),
-        ("direct HTTP to the allowed host".into(), false, format!("{direct} http://{api_ip}/")),
-        ("direct TCP to the allowed host, port 8080".into(), false, format!("echo x | busybox nc -w 3 {api_ip} 8080")),
-        ("DNS: other host's name".into(), false, "getent hosts forbidden.example.org".into()),
-        ("DNS: allowed host's name (only the proxy resolves)".into(), false, "getent hosts api.example.com".into()),
-        ("DNS: look-alike name".into(), false, "getent hosts api.example.com.evil".into()),
-        ("DNS: the other sandbox's name".into(), false, format!("getent hosts {key_b}")),
-        ("IPv6: the sandbox has an IPv6 address".into(), false, "grep -v ' lo$' /proc/net/if_inet6 | grep -q .".into()),
-        ("IPv6 literal through the proxy".into(), false, format!("{curl} -g 'http://[::1]:{hp}/'")),
+        (
+            "localhost through the proxy".into(),
+            false,
+            format!("{curl} --noproxy '' http://localhost:3128/"),
+        ),
+        (
+            "direct TCP to the other host".into(),
+            false,
+            format!("echo x | busybox nc -w 3 {f_ip} 80"),
+        ),
+        (
+            "direct HTTP to the other host".into(),
+            false,
+            format!("{direct} http://{f_ip}/"),
+        ),
+        (
+            "direct HTTP to the allowed host".into(),
+            false,
+            format!("{direct} http://{api_ip}/"),
+        ),
+        (
+            "direct TCP to the allowed host, port 8080".into(),
+            false,
+            format!("echo x | busybox nc -w 3 {api_ip} 8080"),
+        ),
+        (
+            "DNS: other host's name".into(),
+            false,
+            "getent hosts forbidden.example.org".into(),
+        ),
+        (
+            "DNS: allowed host's name (only the proxy resolves)".into(),
+            false,
+            "getent hosts api.example.com".into(),
+        ),
+        (
+            "DNS: look-alike name".into(),
+            false,
+            "getent hosts api.example.com.evil".into(),
+        ),
+        (
+            "DNS: the other sandbox's name".into(),
+            false,
+            format!("getent hosts {key_b}"),
+        ),
+        (
+            "IPv6: the sandbox has an IPv6 address".into(),
+            false,
+            "grep -v ' lo$' /proc/net/if_inet6 | grep -q .".into(),
+        ),
+        (
+            "IPv6 literal through the proxy".into(),
+            false,
+            format!("{curl} -g 'http://[::1]:{hp}/'"),
+        ),
         (
             "IPv6 direct to ::ffff:{world gateway}".into(),
             false,
             format!("{direct} -g 'http://[::ffff:{world_gw}]:{hp}/'"),
         ),
-        ("other sandbox, direct".into(), false, format!("echo x | busybox nc -w 3 {b_ip} 9000")),
-        ("other sandbox, through the proxy".into(), false, format!("{curl} http://{b_ip}:9000/")),
-        ("other sandbox's proxy, direct".into(), false, format!("echo x | busybox nc -w 3 {key_b}-proxy 3128")),
-        ("Docker socket in the sandbox".into(), false, "test -S /var/run/docker.sock".into()),
-        ("Docker API on the world gateway :2375".into(), false, format!("echo x | busybox nc -w 3 {world_gw} 2375")),
+        (
+            "other sandbox, direct".into(),
+            false,
+            format!("echo x | busybox nc -w 3 {b_ip} 9000"),
+        ),
+        (
+            "other sandbox, through the proxy".into(),
+            false,
+            format!("{curl} http://{b_ip}:9000/"),
+        ),
+        (
+            "other sandbox's proxy, direct".into(),
+            false,
+            format!("echo x | busybox nc -w 3 {key_b}-proxy 3128"),
+        ),
+        (
+            "Docker socket in the sandbox".into(),
+            false,
+            "test -S /var/run/docker.sock".into(),
+        ),
+        (
+            "Docker API on the world gateway :2375".into(),
+            false,
+            format!("echo x | busybox nc -w 3 {world_gw} 2375"),
+        ),
     ];
     if let Some(l6) = &link6 {
         matrix.push((
@@ -427,8 +640,16 @@ fn egress_matrix_reaches_the_allowed_host_and_nothing_else() {
         ));
     }
     for a in &host_addrs {
-        matrix.push((format!("host address {a}, direct"), false, format!("echo x | busybox nc -w 3 {a} {hp}")));
-        matrix.push((format!("host address {a}, through the proxy"), false, format!("{curl} http://{a}:{hp}/")));
+        matrix.push((
+            format!("host address {a}, direct"),
+            false,
+            format!("echo x | busybox nc -w 3 {a} {hp}"),
+        ));
+        matrix.push((
+            format!("host address {a}, through the proxy"),
+            false,
+            format!("{curl} http://{a}:{hp}/"),
+        ));
     }
 
     // The proxy looks up no name it is going to refuse: UDP datagrams sent
@@ -439,19 +660,36 @@ fn egress_matrix_reaches_the_allowed_host_and_nothing_else() {
     // request gets that out of the way so the count is of requested names.
     let proxy_a = egress::proxy_name(&key_a);
     let w0 = udp_out(&proxy_a);
-    exec(&engine, &key_a, "curl -s -o /dev/null --max-time 8 http://zero.unlisted.example/");
+    exec(
+        &engine,
+        &key_a,
+        "curl -s -o /dev/null --max-time 8 http://zero.unlisted.example/",
+    );
     let w1 = udp_out(&proxy_a);
-    println!("DNS datagrams sent by the proxy for its first client's address: {}", w1 - w0);
+    println!(
+        "DNS datagrams sent by the proxy for its first client's address: {}",
+        w1 - w0
+    );
     let u0 = udp_out(&proxy_a);
-    let names =
-        "for n in one two three four five; do curl -s -o /dev/null --max-time 8 http://$n.unlisted.example/; done";
+    let names = "for n in one two three four five; do curl -s -o /dev/null --max-time 8 http://$n.unlisted.example/; done";
     exec(&engine, &key_a, names);
     let u1 = udp_out(&proxy_a);
-    exec(&engine, &key_a, "curl -s -o /dev/null --max-time 8 http://api.example.com/");
+    exec(
+        &engine,
+        &key_a,
+        "curl -s -o /dev/null --max-time 8 http://api.example.com/",
+    );
     let u2 = udp_out(&proxy_a);
-    println!("DNS datagrams sent by the proxy: {} for 5 refused names, {} for the allowed name", u1 - u0, u2 - u1);
+    println!(
+        "DNS datagrams sent by the proxy: {} for 5 refused names, {} for the allowed name",
+        u1 - u0,
+        u2 - u1
+    );
     assert_eq!(u1, u0, "the proxy looked up names it refused");
-    assert!(u2 > u1, "the allowed name was looked up (the counter counts)");
+    assert!(
+        u2 > u1,
+        "the allowed name was looked up (the counter counts)"
+    );
 
     // Attempts run a few at a time (each is its own `docker exec`): most
     // of them wait for a timeout, and in a row they would take minutes.
@@ -475,7 +713,10 @@ fn egress_matrix_reaches_the_allowed_host_and_nothing_else() {
                     })
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().expect("a probe thread")).collect()
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a probe thread"))
+                .collect()
         });
         probes.extend(done);
     }
@@ -483,23 +724,41 @@ fn egress_matrix_reaches_the_allowed_host_and_nothing_else() {
     // failed lookup above is a refusal, not a broken resolver.
     let (dns_ok, _) = exec(&engine, &key_a, "getent hosts lw-egress-proxy");
     // B has an empty list: even the provider is refused.
-    let (b_code, b_out) = exec(&engine, &key_b, &format!("{curl} -k https://api.example.com/"));
+    let (b_code, b_out) = exec(
+        &engine,
+        &key_b,
+        &format!("{curl} -k https://api.example.com/"),
+    );
 
-    println!("\n{:<52} {:<8} {:<5} {:>6} result", "attempt from sandbox A", "expected", "exit", "ms");
+    println!(
+        "\n{:<52} {:<8} {:<5} {:>6} result",
+        "attempt from sandbox A", "expected", "exit", "ms"
+    );
     let mut wrong = Vec::new();
     for p in &probes {
-        let succeeded =
-            p.code == 0 && (p.out.is_empty() || p.out.starts_with('2') || !p.out.chars().all(|c| c.is_ascii_digit()));
+        let succeeded = p.code == 0
+            && (p.out.is_empty()
+                || p.out.starts_with('2')
+                || !p.out.chars().all(|c| c.is_ascii_digit()));
         let got = if succeeded { "reached" } else { "refused" };
         let expected = if p.allowed { "reach" } else { "refuse" };
         let first = p.out.lines().next().unwrap_or("");
-        println!("{:<52} {expected:<8} {:<5} {:>6} {got} {first}", p.what, p.code, p.ms);
+        println!(
+            "{:<52} {expected:<8} {:<5} {:>6} {got} {first}",
+            p.what, p.code, p.ms
+        );
         if succeeded != p.allowed {
             wrong.push(p.what.clone());
         }
     }
-    println!("{:<52} {:<8} {:<5} {:>6} {}", "sandbox B (empty list) to the allowed host", "refuse", b_code, "", b_out);
-    println!("{:<52} {:<8} {:<5}", "DNS: the proxy's own name (sanity)", "resolve", dns_ok);
+    println!(
+        "{:<52} {:<8} {:<5} {:>6} {}",
+        "sandbox B (empty list) to the allowed host", "refuse", b_code, "", b_out
+    );
+    println!(
+        "{:<52} {:<8} {:<5}",
+        "DNS: the proxy's own name (sanity)", "resolve", dns_ok
+    );
 
     // What reached anything it should not have, counted where it arrived.
     let (f_conn, f_bytes) = counted(&forbidden, "/srv", "bad");
@@ -514,31 +773,72 @@ fn egress_matrix_reaches_the_allowed_host_and_nothing_else() {
     println!("reached the forbidden server: {f_conn} connections, {f_bytes} bytes");
     println!("reached api.example.com:8080: {p8080_conn} connections, {p8080_bytes} bytes");
     println!("reached sandbox B: {b_conn} connections, {b_bytes} bytes");
-    println!("reached the host ({} addresses): {h_conn} connections, {h_bytes} bytes", host_addrs.len());
+    println!(
+        "reached the host ({} addresses): {h_conn} connections, {h_bytes} bytes",
+        host_addrs.len()
+    );
     println!("requests at api.example.com:80: {ok_conn} ({ALLOWED_HTTP} allowed)");
-    println!("total reaching forbidden servers: {leaked_conn} connections, {leaked_bytes} bytes (goal 0)");
+    println!(
+        "total reaching forbidden servers: {leaked_conn} connections, {leaked_bytes} bytes (goal 0)"
+    );
 
     let denials = egress::denials(&engine, &key_a).unwrap();
     let all = egress::requests(&engine, &key_a).unwrap();
-    println!("\nproxy of A logged {} requests, {} denied; for example:", all.len(), denials.len());
+    println!(
+        "\nproxy of A logged {} requests, {} denied; for example:",
+        all.len(),
+        denials.len()
+    );
     for d in denials.iter().take(4) {
-        println!("  denied {} {}:{} from {}", d.method, d.host, d.port, d.client);
+        println!(
+            "  denied {} {}:{} from {}",
+            d.method, d.host, d.port, d.client
+        );
     }
     let b_denials = egress::denials(&engine, &key_b).unwrap();
 
-    assert!(wrong.is_empty(), "attempts with the wrong outcome: {wrong:?}");
+    assert!(
+        wrong.is_empty(),
+        "attempts with the wrong outcome: {wrong:?}"
+    );
     assert_eq!(dns_ok, 0, "the proxy's name resolves in the sandbox");
     assert_ne!(b_out, "200", "B's empty list allowed the provider");
-    assert_eq!((leaked_conn, leaked_bytes), (0, 0), "something reached a forbidden server");
-    assert_eq!(ok_conn, ALLOWED_HTTP, "exactly the allowed HTTP requests reached api.example.com:80");
+    assert_eq!(
+        (leaked_conn, leaked_bytes),
+        (0, 0),
+        "something reached a forbidden server"
+    );
+    assert_eq!(
+        ok_conn, ALLOWED_HTTP,
+        "exactly the allowed HTTP requests reached api.example.com:80"
+    );
     assert!(
-        denials.iter().any(|d| d.method == "CONNECT" && d.host == "forbidden.example.org" && d.port == 443),
+        denials
+            .iter()
+            .any(|d| d.method == "CONNECT" && d.host == "forbidden.example.org" && d.port == 443),
         "{denials:?}"
     );
-    assert!(denials.iter().any(|d| d.host == "api.example.com" && d.port == 8080), "{denials:?}");
-    assert!(denials.iter().any(|d| d.host == "api.example.com.evil"), "{denials:?}");
-    assert!(all.iter().any(|r| !r.denied() && r.host == "api.example.com" && r.port == 443), "{all:?}");
-    assert!(b_denials.iter().any(|d| d.host == "api.example.com" && d.port == 443), "{b_denials:?}");
+    assert!(
+        denials
+            .iter()
+            .any(|d| d.host == "api.example.com" && d.port == 8080),
+        "{denials:?}"
+    );
+    assert!(
+        denials.iter().any(|d| d.host == "api.example.com.evil"),
+        "{denials:?}"
+    );
+    assert!(
+        all.iter()
+            .any(|r| !r.denied() && r.host == "api.example.com" && r.port == 443),
+        "{all:?}"
+    );
+    assert!(
+        b_denials
+            .iter()
+            .any(|d| d.host == "api.example.com" && d.port == 443),
+        "{b_denials:?}"
+    );
 
     proxy_killed_mid_run(&engine, &key_a, &api, &forbidden);
 }
@@ -580,10 +880,22 @@ fn proxy_killed_mid_run(engine: &DockerNetworks, key: &str, api: &str, forbidden
     child.wait().unwrap();
     let ok_after = counted(api, "/srv", "ok").0;
     let bad_after = counted(forbidden, "/srv", "bad");
-    let p1_ok = phase1.iter().filter(|l| l.split(' ').nth(1) == Some("200")).count();
-    let p2_ok = phase2.iter().filter(|l| l.split(' ').nth(1) == Some("200")).count();
-    let p2_leak = phase2.iter().filter(|l| l.split(' ').nth(2) == Some("200") || l.ends_with("reached")).count();
-    println!("\nproxy killed mid-run: before the kill {p1_ok}/{} allowed requests succeeded", phase1.len());
+    let p1_ok = phase1
+        .iter()
+        .filter(|l| l.split(' ').nth(1) == Some("200"))
+        .count();
+    let p2_ok = phase2
+        .iter()
+        .filter(|l| l.split(' ').nth(1) == Some("200"))
+        .count();
+    let p2_leak = phase2
+        .iter()
+        .filter(|l| l.split(' ').nth(2) == Some("200") || l.ends_with("reached"))
+        .count();
+    println!(
+        "\nproxy killed mid-run: before the kill {p1_ok}/{} allowed requests succeeded",
+        phase1.len()
+    );
     println!(
         "after the kill: {} rounds, {p2_ok} allowed requests succeeded, {p2_leak} forbidden succeeded; \
          api.example.com:80 saw {} requests after the kill, the forbidden server {} connections",
@@ -591,16 +903,29 @@ fn proxy_killed_mid_run(engine: &DockerNetworks, key: &str, api: &str, forbidden
         ok_after - ok_at_phase2,
         bad_after.0 - before_bad.0
     );
-    assert!(p1_ok >= 1, "the allowed host worked before the kill: {phase1:?} ({before_ok} at the server)");
+    assert!(
+        p1_ok >= 1,
+        "the allowed host worked before the kill: {phase1:?} ({before_ok} at the server)"
+    );
     assert_eq!(phase2.len(), 4, "the loop ran its rounds after the kill");
     assert_eq!((p2_ok, p2_leak), (0, 0), "{phase2:?}");
-    assert_eq!(ok_after, ok_at_phase2, "no request reached the allowed host with the proxy dead");
+    assert_eq!(
+        ok_after, ok_at_phase2,
+        "no request reached the allowed host with the proxy dead"
+    );
     assert!(ok_at_phase2 >= ok_at_kill);
-    assert_eq!(bad_after, before_bad, "nothing reached the forbidden server");
+    assert_eq!(
+        bad_after, before_bad,
+        "nothing reached the forbidden server"
+    );
 
     // Started again, the same proxy serves the same list.
     egress::start_proxy(engine, key, Duration::from_secs(60)).expect("the proxy starts again");
-    let (_, code) = exec(engine, key, "curl -s -o /dev/null -w '%{http_code}' --max-time 8 http://api.example.com/");
+    let (_, code) = exec(
+        engine,
+        key,
+        "curl -s -o /dev/null -w '%{http_code}' --max-time 8 http://api.example.com/",
+    );
     println!("after start_proxy: allowed request -> {code}");
     assert_eq!(code, "200");
 }
@@ -608,9 +933,14 @@ fn proxy_killed_mid_run(engine: &DockerNetworks, key: &str, api: &str, forbidden
 #[test]
 fn proxy_image_missing_is_built_and_a_missing_base_is_a_clear_error() {
     let engine = DockerNetworks::connect().expect("the Docker engine is reachable");
-    let e = egress::ensure_proxy_image(&engine, "loopwright/no-such-base:none", &mut |_| {}).unwrap_err();
+    let e = egress::ensure_proxy_image(&engine, "loopwright/no-such-base:none", &mut |_| {})
+        .unwrap_err();
     assert_eq!(e.exit, Exit::NoInput);
-    assert!(e.msg.contains("'loopwright/no-such-base:none'") && e.msg.contains("egress.proxy-from"), "{}", e.msg);
+    assert!(
+        e.msg.contains("'loopwright/no-such-base:none'") && e.msg.contains("egress.proxy-from"),
+        "{}",
+        e.msg
+    );
     println!("missing base: exit {} {}", e.exit.code(), e.msg);
 
     // A base of our own name: its own proxy tag, which starts missing.
@@ -628,12 +958,19 @@ fn proxy_image_missing_is_built_and_a_missing_base_is_a_clear_error() {
     let (tag, recipe) = egress::proxy_tag(&engine, &base).unwrap();
     let _untag = Untag(vec![tag.clone(), base.clone()]);
     assert!(!engine.image_exists(&tag).unwrap(), "{tag} is new");
-    assert!(recipe.contains(&base) && recipe.contains("entry.sh"), "{recipe}");
+    assert!(
+        recipe.contains(&base) && recipe.contains("entry.sh"),
+        "{recipe}"
+    );
     let mut lines = 0;
-    let built = egress::ensure_proxy_image(&engine, &base, &mut |_| lines += 1).expect("the proxy image builds");
+    let built = egress::ensure_proxy_image(&engine, &base, &mut |_| lines += 1)
+        .expect("the proxy image builds");
     assert_eq!(built, tag);
     let img = engine.image(&tag).unwrap().expect("the image is there");
-    assert_eq!(img.labels.get(egress::LABEL_EGRESS).map(String::as_str), Some("proxy"));
+    assert_eq!(
+        img.labels.get(egress::LABEL_EGRESS).map(String::as_str),
+        Some("proxy")
+    );
     println!("missing proxy image: built {tag} ({lines} lines of output)");
     let mut again = 0;
     egress::ensure_proxy_image(&engine, &base, &mut |_| again += 1).unwrap();
@@ -647,7 +984,10 @@ fn prepare_makes_an_isolated_way_out_and_teardown_leaves_nothing() {
     let outside = format!("lw-egt-{nonce}-out");
     // Dropped last: the proxy must be gone before its network can go.
     let _rm_out = RmNet(outside.clone());
-    let world = World { nonce: format!("egress-{nonce}"), keys: vec![format!("lw-egt-{nonce}-t")] };
+    let world = World {
+        nonce: format!("egress-{nonce}"),
+        keys: vec![format!("lw-egt-{nonce}-t")],
+    };
     let key = world.keys[0].clone();
     let opts = Options {
         proxy_from: build_support::test_image("debian"),
@@ -662,14 +1002,31 @@ fn prepare_makes_an_isolated_way_out_and_teardown_leaves_nothing() {
     assert!(e.msg.contains("not made for egress"), "{}", e.msg);
     docker(&["network", "rm", &outside]);
 
-    let plan = egress::prepare(&engine, &key, &AllowList::none(), &opts, &mut |_| {}).expect("prepare");
+    let plan =
+        egress::prepare(&engine, &key, &AllowList::none(), &opts, &mut |_| {}).expect("prepare");
     // The way out is made by prepare: it isolates its containers from each other.
-    let out = engine.network(&outside).unwrap().expect("the outside network");
-    assert_eq!(out.options.get("com.docker.network.bridge.enable_icc").map(String::as_str), Some("false"));
+    let out = engine
+        .network(&outside)
+        .unwrap()
+        .expect("the outside network");
+    assert_eq!(
+        out.options
+            .get("com.docker.network.bridge.enable_icc")
+            .map(String::as_str),
+        Some("false")
+    );
     assert!(!out.internal);
-    let net = engine.network(&plan.network).unwrap().expect("the internal network");
+    let net = engine
+        .network(&plan.network)
+        .unwrap()
+        .expect("the internal network");
     assert!(net.internal);
-    assert_eq!(net.options.get("com.docker.network.bridge.inhibit_ipv4").map(String::as_str), Some("true"));
+    assert_eq!(
+        net.options
+            .get("com.docker.network.bridge.inhibit_ipv4")
+            .map(String::as_str),
+        Some("true")
+    );
     let proxy = engine.inspect(&plan.proxy).unwrap().expect("the proxy");
     assert!(proxy.running);
     // The proxy runs hardened.
@@ -680,14 +1037,23 @@ fn prepare_makes_an_isolated_way_out_and_teardown_leaves_nothing() {
         &plan.proxy,
     ]);
     println!("proxy posture: {posture}");
-    assert!(posture.starts_with("true [ALL] [no-new-privileges] proxy"), "{posture}");
+    assert!(
+        posture.starts_with("true [ALL] [no-new-privileges] proxy"),
+        "{posture}"
+    );
     assert!(egress::leftovers(&engine, None).unwrap().contains(&key));
     let mine = format!("{TEST_LABEL}={}", world.nonce);
-    assert_eq!(egress::leftovers(&engine, Some(&mine)).unwrap(), vec![key.clone()], "the caller's label is on them");
+    assert_eq!(
+        egress::leftovers(&engine, Some(&mine)).unwrap(),
+        vec![key.clone()],
+        "the caller's label is on them"
+    );
 
     // A second prepare of the same key replaces, never duplicates.
     egress::prepare(&engine, &key, &AllowList::none(), &opts, &mut |_| {}).expect("prepare again");
-    let nets = engine.networks_with_label(&format!("{}={key}", egress::LABEL_KEY)).unwrap();
+    let nets = engine
+        .networks_with_label(&format!("{}={key}", egress::LABEL_KEY))
+        .unwrap();
     assert_eq!(nets.len(), 1, "{nets:?}");
 
     egress::teardown(&engine, &key).unwrap();
@@ -713,8 +1079,10 @@ fn concurrent_prepares_settle_on_one_outside_network() {
     let nonce = build_support::nonce();
     let outside = format!("lw-egt-{nonce}-race");
     let _rm_out = RmNet(outside.clone());
-    let world =
-        World { nonce: format!("egress-{nonce}"), keys: (0..3).map(|i| format!("lw-egt-{nonce}-r{i}")).collect() };
+    let world = World {
+        nonce: format!("egress-{nonce}"),
+        keys: (0..3).map(|i| format!("lw-egt-{nonce}-r{i}")).collect(),
+    };
     let from = build_support::test_image("debian");
     let plans: Vec<_> = std::thread::scope(|s| {
         let hs: Vec<_> = world
@@ -730,11 +1098,14 @@ fn concurrent_prepares_settle_on_one_outside_network() {
                         ready_timeout: Duration::from_secs(60),
                         labels: Default::default(),
                     };
-                    egress::prepare(&engine, key, &AllowList::none(), &opts, &mut |_| {}).map(|p| p.proxy)
+                    egress::prepare(&engine, key, &AllowList::none(), &opts, &mut |_| {})
+                        .map(|p| p.proxy)
                 })
             })
             .collect();
-        hs.into_iter().map(|h| h.join().expect("a prepare thread")).collect()
+        hs.into_iter()
+            .map(|h| h.join().expect("a prepare thread"))
+            .collect()
     });
     let engine = DockerNetworks::connect().unwrap();
     let same_name: Vec<_> = engine
@@ -753,6 +1124,9 @@ fn concurrent_prepares_settle_on_one_outside_network() {
     }
     assert_eq!(same_name.len(), 1, "{same_name:?}");
     for p in plans.into_iter().flatten() {
-        assert!(same_name[0].containers.contains_key(&p), "{p} is on the one outside network");
+        assert!(
+            same_name[0].containers.contains_key(&p),
+            "{p} is on the one outside network"
+        );
     }
 }

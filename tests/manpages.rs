@@ -6,9 +6,14 @@ use std::path::Path;
 use std::process::Command;
 
 fn bins() -> Vec<String> {
-    let toml = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml")).unwrap();
+    let toml =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml")).unwrap();
     toml.lines()
-        .filter_map(|l| l.trim().strip_prefix("name = \"lw-").map(|r| format!("lw-{}", r.trim_end_matches('"'))))
+        .filter_map(|l| {
+            l.trim()
+                .strip_prefix("name = \"lw-")
+                .map(|r| format!("lw-{}", r.trim_end_matches('"')))
+        })
         .collect()
 }
 
@@ -20,7 +25,11 @@ fn bin_path(name: &str) -> std::path::PathBuf {
 
 fn help(bin: &Path, sub: &[&str]) -> String {
     let o = Command::new(bin).args(sub).arg("--help").output().unwrap();
-    assert!(o.status.success(), "{} {sub:?} --help failed", bin.display());
+    assert!(
+        o.status.success(),
+        "{} {sub:?} --help failed",
+        bin.display()
+    );
     String::from_utf8(o.stdout).unwrap()
 }
 
@@ -28,9 +37,15 @@ fn long_flags(text: &str) -> Vec<String> {
     let mut v = Vec::new();
     for (i, _) in text.match_indices("--") {
         let rest = &text[i + 2..];
-        let flag: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '-').collect();
+        let flag: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+            .collect();
         let before = text[..i].chars().last();
-        if !flag.is_empty() && flag.chars().next().unwrap().is_ascii_alphabetic() && before.is_none_or(|c| c.is_whitespace() || c == '[' || c == ',') {
+        if !flag.is_empty()
+            && flag.chars().next().unwrap().is_ascii_alphabetic()
+            && before.is_none_or(|c| c.is_whitespace() || c == '[' || c == ',')
+        {
             v.push(flag);
         }
     }
@@ -40,7 +55,9 @@ fn long_flags(text: &str) -> Vec<String> {
 }
 
 fn subcommands(text: &str) -> Vec<String> {
-    let Some(start) = text.find("Commands:") else { return vec![] };
+    let Some(start) = text.find("Commands:") else {
+        return vec![];
+    };
     text[start..]
         .lines()
         .skip(1)
@@ -58,9 +75,16 @@ fn every_flag_is_in_the_man_page() {
     assert!(names.len() >= 2, "Cargo.toml lists the commands: {names:?}");
     for name in &names {
         let page = root.join("man").join(format!("{name}.1"));
-        let man = std::fs::read_to_string(&page).unwrap_or_else(|_| panic!("{name} has no man page at {}", page.display()));
+        let man = std::fs::read_to_string(&page)
+            .unwrap_or_else(|_| panic!("{name} has no man page at {}", page.display()));
         let man = man.replace("\\-", "-");
-        for section in [".SH NAME", ".SH SYNOPSIS", ".SH DESCRIPTION", ".SH EXIT STATUS", ".SH SEE ALSO"] {
+        for section in [
+            ".SH NAME",
+            ".SH SYNOPSIS",
+            ".SH DESCRIPTION",
+            ".SH EXIT STATUS",
+            ".SH SEE ALSO",
+        ] {
             if !man.contains(section) {
                 missing.push(format!("{name}.1: no {section} section"));
             }
@@ -80,14 +104,23 @@ fn every_flag_is_in_the_man_page() {
         }
         for (sub, text) in texts {
             // --help and --version are every command's; the overview page says so.
-            for flag in long_flags(&text).into_iter().filter(|f| f != "help" && f != "version") {
+            for flag in long_flags(&text)
+                .into_iter()
+                .filter(|f| f != "help" && f != "version")
+            {
                 if !man.contains(&format!("--{flag}")) {
-                    missing.push(format!("{name}.1: --{flag} (from `{name} {sub} --help`) is not documented"));
+                    missing.push(format!(
+                        "{name}.1: --{flag} (from `{name} {sub} --help`) is not documented"
+                    ));
                 }
             }
         }
     }
-    assert!(missing.is_empty(), "man pages out of step with the commands:\n{}", missing.join("\n"));
+    assert!(
+        missing.is_empty(),
+        "man pages out of step with the commands:\n{}",
+        missing.join("\n")
+    );
 }
 
 #[test]
@@ -96,6 +129,9 @@ fn overview_page_names_every_command() {
     let page = std::fs::read_to_string(root.join("man/loopwright.7")).unwrap();
     assert!(page.contains(".SH EXIT STATUS"));
     for name in bins() {
-        assert!(page.contains(&format!(".BR {name} (1)")), "loopwright.7 does not mention {name}");
+        assert!(
+            page.contains(&format!(".BR {name} (1)")),
+            "loopwright.7 does not mention {name}"
+        );
     }
 }

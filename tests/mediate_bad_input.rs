@@ -20,7 +20,11 @@ const NAME: &str = "1000000000.000000000.0000000000000000000000000000000a";
 /// Plants something in the outbox of `evil` with `plant(new_dir, scratch)`,
 /// posts a good message from `good`, runs `--once`, and checks that the
 /// planted entry is quarantined with a reason containing `want`.
-fn case(tag: &str, want: &str, plant: impl FnOnce(&Path, &Path)) -> (loopwright::layout::Root, PathBuf) {
+fn case(
+    tag: &str,
+    want: &str,
+    plant: impl FnOnce(&Path, &Path),
+) -> (loopwright::layout::Root, PathBuf) {
     let root = root_with(tag, &["evil", "good", "dst"]);
     let scratch = root.dir.parent().unwrap().join("scratch");
     std::fs::create_dir_all(&scratch).unwrap();
@@ -31,16 +35,37 @@ fn case(tag: &str, want: &str, plant: impl FnOnce(&Path, &Path)) -> (loopwright:
 
     let t = Instant::now();
     once(&root, OPEN_POLICY);
-    assert!(t.elapsed() < Duration::from_secs(30), "{tag}: the loop was blocked");
+    assert!(
+        t.elapsed() < Duration::from_secs(30),
+        "{tag}: the loop was blocked"
+    );
 
-    assert_eq!(delivered(&root.sandbox("dst").inbox()), vec![m.id.clone()], "{tag}: other traffic stopped");
-    assert!(names(&new).is_empty(), "{tag}: left in new/: {:?}", names(&new));
-    let q: Vec<_> = entries(&root).into_iter().filter(|e| e.decision.action == Action::Quarantine).collect();
+    assert_eq!(
+        delivered(&root.sandbox("dst").inbox()),
+        vec![m.id.clone()],
+        "{tag}: other traffic stopped"
+    );
+    assert!(
+        names(&new).is_empty(),
+        "{tag}: left in new/: {:?}",
+        names(&new)
+    );
+    let q: Vec<_> = entries(&root)
+        .into_iter()
+        .filter(|e| e.decision.action == Action::Quarantine)
+        .collect();
     assert_eq!(q.len(), 1, "{tag}: {q:?}");
-    assert!(q[0].decision.reason.contains(want), "{tag}: reason {:?} lacks {want:?}", q[0].decision.reason);
+    assert!(
+        q[0].decision.reason.contains(want),
+        "{tag}: reason {:?} lacks {want:?}",
+        q[0].decision.reason
+    );
     assert_eq!(q[0].sender, "evil");
     let kept = root.quarantine().sub(Sub::New).join(&q[0].message_id);
-    assert!(kept.symlink_metadata().is_ok(), "{tag}: not kept in quarantine");
+    assert!(
+        kept.symlink_metadata().is_ok(),
+        "{tag}: not kept in quarantine"
+    );
     println!("{tag}: quarantined: {}", q[0].decision.reason);
     (root, kept)
 }
@@ -53,7 +78,9 @@ fn valid_bytes() -> Vec<u8> {
 
 #[test]
 fn malformed_json() {
-    case("json", "not JSON", |new, _| std::fs::write(new.join(NAME), b"{\"version\": 1, ").unwrap());
+    case("json", "not JSON", |new, _| {
+        std::fs::write(new.join(NAME), b"{\"version\": 1, ").unwrap()
+    });
 }
 
 #[test]
@@ -85,7 +112,10 @@ fn symlink_is_not_followed() {
         std::fs::write(&secret, &bytes).unwrap();
         std::os::unix::fs::symlink(&secret, new.join(NAME)).unwrap();
     });
-    assert!(kept.symlink_metadata().unwrap().file_type().is_symlink(), "the link itself is kept");
+    assert!(
+        kept.symlink_metadata().unwrap().file_type().is_symlink(),
+        "the link itself is kept"
+    );
     assert_eq!(std::fs::read(&secret).unwrap(), bytes, "target untouched");
 }
 
@@ -96,14 +126,23 @@ fn hardlink_is_not_read() {
         std::fs::write(&outside, valid_bytes()).unwrap();
         std::fs::hard_link(&outside, new.join(NAME)).unwrap();
     });
-    assert!(!entries(&root).iter().any(|e| e.message_id == NAME), "the linked message was not routed");
+    assert!(
+        !entries(&root).iter().any(|e| e.message_id == NAME),
+        "the linked message was not routed"
+    );
 }
 
 #[test]
 fn fifo_does_not_block() {
     case("fifo", "FIFO", |new, _| {
-        rustix::fs::mknodat(rustix::fs::CWD, new.join(NAME), rustix::fs::FileType::Fifo, rustix::fs::Mode::from_raw_mode(0o600), 0)
-            .unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            new.join(NAME),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
     });
 }
 
@@ -118,17 +157,23 @@ fn directory_is_moved_not_entered() {
 
 #[test]
 fn name_with_dot_dot() {
-    case("dotdot", "id grammar", |new, _| std::fs::write(new.join("..evil"), valid_bytes()).unwrap());
+    case("dotdot", "id grammar", |new, _| {
+        std::fs::write(new.join("..evil"), valid_bytes()).unwrap()
+    });
 }
 
 #[test]
 fn name_with_newline() {
-    case("newline", "\\n", |new, _| std::fs::write(new.join("a\nb"), valid_bytes()).unwrap());
+    case("newline", "\\n", |new, _| {
+        std::fs::write(new.join("a\nb"), valid_bytes()).unwrap()
+    });
 }
 
 #[test]
 fn name_with_invalid_utf8() {
-    case("utf8", "not UTF-8", |new, _| std::fs::write(new.join(OsStr::from_bytes(b"bad\xff\xfe")), valid_bytes()).unwrap());
+    case("utf8", "not UTF-8", |new, _| {
+        std::fs::write(new.join(OsStr::from_bytes(b"bad\xff\xfe")), valid_bytes()).unwrap()
+    });
 }
 
 #[test]
@@ -151,9 +196,18 @@ fn id_reused_from_another_sender() {
     forged.subject = "forged".into();
     post(&root, "b", &forged);
     once(&root, OPEN_POLICY);
-    let q: Vec<_> = entries(&root).into_iter().filter(|e| e.decision.action == Action::Quarantine).collect();
+    let q: Vec<_> = entries(&root)
+        .into_iter()
+        .filter(|e| e.decision.action == Action::Quarantine)
+        .collect();
     assert_eq!(q.len(), 1);
-    assert!(q[0].decision.reason.contains("already used by a message from a"), "{}", q[0].decision.reason);
+    assert!(
+        q[0].decision
+            .reason
+            .contains("already used by a message from a"),
+        "{}",
+        q[0].decision.reason
+    );
     assert_eq!(delivered(&root.sandbox("dst").inbox()), vec![m.id.clone()]);
     let copy = std::fs::read(root.sandbox("dst").inbox().sub(Sub::New).join(&m.id)).unwrap();
     assert!(String::from_utf8_lossy(&copy).contains("original"));
@@ -166,17 +220,33 @@ fn unknown_recipient_bounces_to_the_sender() {
     post(&root, "a", &m);
     once(&root, OPEN_POLICY);
     let e = entries(&root);
-    let acts: Vec<_> = e.iter().map(|e| (e.decision.action, e.decision.to.clone())).collect();
-    assert!(acts.contains(&(Action::Forward, vec!["b".into()])), "{acts:?}");
-    assert!(acts.contains(&(Action::Bounce, vec!["ghost".into()])), "{acts:?}");
+    let acts: Vec<_> = e
+        .iter()
+        .map(|e| (e.decision.action, e.decision.to.clone()))
+        .collect();
+    assert!(
+        acts.contains(&(Action::Forward, vec!["b".into()])),
+        "{acts:?}"
+    );
+    assert!(
+        acts.contains(&(Action::Bounce, vec!["ghost".into()])),
+        "{acts:?}"
+    );
     let inbox = root.sandbox("a").inbox();
     let b = inbox.scan(Sub::New).unwrap();
     assert_eq!(b.len(), 1);
-    let loopwright::maildir::Found::Message(b) = &b[0].found else { panic!("{:?}", b[0]) };
-    assert_eq!((b.kind, b.in_reply_to.as_deref(), b.from.as_str()), (Kind::Bounce, Some(m.id.as_str()), "mediator"));
+    let loopwright::maildir::Found::Message(b) = &b[0].found else {
+        panic!("{:?}", b[0])
+    };
+    assert_eq!(
+        (b.kind, b.in_reply_to.as_deref(), b.from.as_str()),
+        (Kind::Bounce, Some(m.id.as_str()), "mediator")
+    );
     assert!(b.body.contains("ghost"));
     // A gone (unregistered) recipient bounces the same way.
-    loopwright::registry::Registry::new(&root).unregister("b").unwrap();
+    loopwright::registry::Registry::new(&root)
+        .unregister("b")
+        .unwrap();
     post(&root, "a", &message("a", &["b"], Kind::Handoff, "gone"));
     once(&root, OPEN_POLICY);
     assert_eq!(inbox.scan(Sub::New).unwrap().len(), 2);
@@ -190,7 +260,10 @@ fn policy_with_errors_exits_78_and_names_the_line() {
     let out = mediate(&root, &["--once", "--policy", p.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(78));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains(&format!("{}:3: unknown route 'nowhere'", p.display())), "{err}");
+    assert!(
+        err.contains(&format!("{}:3: unknown route 'nowhere'", p.display())),
+        "{err}"
+    );
     let out = mediate(&root, &["policy", "check", p.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(78));
 }
@@ -217,8 +290,12 @@ fn links_in_the_tree_are_not_followed() {
     std::fs::create_dir_all(&trap).unwrap();
     std::os::unix::fs::symlink(&trap, &dnew).unwrap();
     // a's messages to the trapped dst wait; its message to c still goes.
-    Registry::new(&root).register(&Sandbox::new("b", None, vec![])).unwrap();
-    Registry::new(&root).register(&Sandbox::new("c", None, vec![])).unwrap();
+    Registry::new(&root)
+        .register(&Sandbox::new("b", None, vec![]))
+        .unwrap();
+    Registry::new(&root)
+        .register(&Sandbox::new("c", None, vec![]))
+        .unwrap();
     let to_trap = message("b", &["dst"], Kind::Request, "to a trapped inbox");
     let to_c = message("b", &["c"], Kind::Request, "to a good inbox");
     post(&root, "b", &to_trap);
@@ -228,16 +305,36 @@ fn links_in_the_tree_are_not_followed() {
     assert_eq!(out.status.code(), Some(66));
     // ... while the default one may be absent.
     let out = mediate(&root, &["--once"]);
-    assert_eq!(out.status.code(), Some(75), "something waits: {}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(names(&elsewhere.outbox().sub(Sub::New)), vec![m.id.clone()], "nothing taken through a link");
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "something waits: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        names(&elsewhere.outbox().sub(Sub::New)),
+        vec![m.id.clone()],
+        "nothing taken through a link"
+    );
     assert!(names(&trap).is_empty(), "nothing written through a link");
     assert_eq!(delivered(&root.sandbox("c").inbox()), vec![to_c.id.clone()]);
-    assert_eq!(names(&root.sandbox("b").outbox().sub(Sub::New)), vec![to_trap.id.clone()], "waits, not lost");
+    assert_eq!(
+        names(&root.sandbox("b").outbox().sub(Sub::New)),
+        vec![to_trap.id.clone()],
+        "waits, not lost"
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("not followed"), "{err}");
-    assert!(err.contains("'linked' in") && err.contains("symbolic link); ignored"), "{err}");
+    assert!(
+        err.contains("'linked' in") && err.contains("symbolic link); ignored"),
+        "{err}"
+    );
     let logged: Vec<_> = entries(&root).into_iter().map(|e| e.message_id).collect();
-    assert_eq!(logged.len(), 2, "only b's two messages are logged: {logged:?}");
+    assert_eq!(
+        logged.len(),
+        2,
+        "only b's two messages are logged: {logged:?}"
+    );
 }
 
 #[test]
@@ -259,5 +356,9 @@ fn outbox_removed_between_passes_does_not_stop_others() {
     let arrived = inbox.wait_new(Some(Duration::from_secs(30)));
     child.stop();
     assert!(arrived.unwrap(), "{:?}", delivered(&inbox));
-    assert_eq!(delivered(&inbox), { let mut v = vec![first.id, second.id]; v.sort(); v });
+    assert_eq!(delivered(&inbox), {
+        let mut v = vec![first.id, second.id];
+        v.sort();
+        v
+    });
 }

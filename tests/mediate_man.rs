@@ -26,9 +26,20 @@ fn long_flags(text: &str) -> Vec<String> {
 
 #[test]
 fn man_page_lists_every_flag_and_section() {
-    let man = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/man/lw-mediate.1")).unwrap();
+    let man =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/man/lw-mediate.1")).unwrap();
     let mut cmds: Vec<Vec<&str>> = vec![vec![]];
-    for c in ["held", "human", "release", "drop", "answer", "log", "register", "unregister", "sandboxes"] {
+    for c in [
+        "held",
+        "human",
+        "release",
+        "drop",
+        "answer",
+        "log",
+        "register",
+        "unregister",
+        "sandboxes",
+    ] {
         cmds.push(vec![c]);
     }
     cmds.push(vec!["policy", "check"]);
@@ -37,18 +48,36 @@ fn man_page_lists_every_flag_and_section() {
     for c in &cmds {
         let h = help(c);
         for flag in long_flags(&h) {
-            assert!(man.contains(&format!("\\-\\-{flag}")), "man/lw-mediate.1 lacks \\-\\-{flag} (from {c:?})");
+            assert!(
+                man.contains(&format!("\\-\\-{flag}")),
+                "man/lw-mediate.1 lacks \\-\\-{flag} (from {c:?})"
+            );
             checked += 1;
         }
         if let Some(sub) = c.first() {
-            assert!(man.contains(&format!("lw-mediate {sub}")) || man.contains(&format!(".B {sub}")), "{sub} undocumented");
+            assert!(
+                man.contains(&format!("lw-mediate {sub}")) || man.contains(&format!(".B {sub}")),
+                "{sub} undocumented"
+            );
         }
     }
     assert!(checked > 10);
-    for s in ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "FILES", "EXIT STATUS", "EXAMPLES", "SEE ALSO"] {
+    for s in [
+        "NAME",
+        "SYNOPSIS",
+        "DESCRIPTION",
+        "OPTIONS",
+        "FILES",
+        "EXIT STATUS",
+        "EXAMPLES",
+        "SEE ALSO",
+    ] {
         assert!(man.contains(&format!(".SH {s}\n")), "section {s} missing");
     }
     for code in ["64", "65", "66", "73", "74", "75", "78"] {
-        assert!(man.contains(&format!(".B {code}\n")), "exit status {code} undocumented");
+        assert!(
+            man.contains(&format!(".B {code}\n")),
+            "exit status {code} undocumented"
+        );
     }
 }

@@ -26,22 +26,51 @@ fn question_goes_to_a_person_and_the_answer_back_to_the_asker() {
 
     let list = mediate(&root, &["human", "--json"]);
     let line: serde_json::Value = serde_json::from_str(stdout(&list).trim()).unwrap();
-    assert_eq!((line["type"].as_str(), line["id"].as_str(), line["sender"].as_str()), (Some("question"), Some(q.id.as_str()), Some("api")));
+    assert_eq!(
+        (
+            line["type"].as_str(),
+            line["id"].as_str(),
+            line["sender"].as_str()
+        ),
+        (Some("question"), Some(q.id.as_str()), Some("api"))
+    );
 
     let ans = mediate(&root, &["answer", &q.id, "use postgres"]);
-    assert!(ans.status.success(), "{}", String::from_utf8_lossy(&ans.stderr));
+    assert!(
+        ans.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ans.stderr)
+    );
     let aid = stdout(&ans).trim().to_string();
     once(&root, OPEN_POLICY);
     let inbox = root.sandbox("api").inbox();
     let got = inbox.read(Sub::New, OsStr::new(&aid));
-    let Found::Message(a) = got else { panic!("{got:?}") };
-    assert_eq!((a.from.as_str(), a.kind, a.in_reply_to.as_deref(), a.body.as_str()), ("human", Kind::Answer, Some(q.id.as_str()), "use postgres"));
-    assert!(stdout(&mediate(&root, &["human"])).is_empty(), "the answered question left the queue");
+    let Found::Message(a) = got else {
+        panic!("{got:?}")
+    };
+    assert_eq!(
+        (
+            a.from.as_str(),
+            a.kind,
+            a.in_reply_to.as_deref(),
+            a.body.as_str()
+        ),
+        ("human", Kind::Answer, Some(q.id.as_str()), "use postgres")
+    );
+    assert!(
+        stdout(&mediate(&root, &["human"])).is_empty(),
+        "the answered question left the queue"
+    );
     assert_eq!(names(&root.human().sub(Sub::Cur)), vec![q.id.clone()]);
 
     // Answering something that was never escalated is an error (66).
     let bad = mediate(&root, &["answer", &aid, "x"]);
-    assert_eq!(bad.status.code(), Some(66), "{}", String::from_utf8_lossy(&bad.stderr));
+    assert_eq!(
+        bad.status.code(),
+        Some(66),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
 
     // A sandbox's answer goes to whoever asked, whatever its `to` says.
     let r = message("web", &["api"], Kind::Request, "need a column");
@@ -70,36 +99,70 @@ fn held_messages_are_listed_released_and_dropped() {
     let held = stdout(&mediate(&root, &["held"]));
     let lines: Vec<&str> = held.lines().collect();
     assert_eq!(lines.len(), 2, "{held}");
-    assert!(lines[0].starts_with(&dup.id) && lines[0].contains("exact duplicate"), "{held}");
-    assert!(lines[1].starts_with(&fourth.id) && lines[1].contains("went over 2 messages in 3600s"), "{held}");
-    assert_eq!(delivered(&root.sandbox("b").inbox()), { let mut v = vec![first.id.clone(), third.id.clone()]; v.sort(); v });
+    assert!(
+        lines[0].starts_with(&dup.id) && lines[0].contains("exact duplicate"),
+        "{held}"
+    );
+    assert!(
+        lines[1].starts_with(&fourth.id) && lines[1].contains("went over 2 messages in 3600s"),
+        "{held}"
+    );
+    assert_eq!(delivered(&root.sandbox("b").inbox()), {
+        let mut v = vec![first.id.clone(), third.id.clone()];
+        v.sort();
+        v
+    });
 
     let rel = mediate(&root, &["release", &fourth.id]);
-    assert!(rel.status.success(), "{}", String::from_utf8_lossy(&rel.stderr));
+    assert!(
+        rel.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rel.stderr)
+    );
     assert_eq!(stdout(&rel).trim(), format!("{} release b", fourth.id));
     let drop = mediate(&root, &["drop", &dup.id, "--reason", "repeat"]);
     assert!(drop.status.success());
     assert!(stdout(&mediate(&root, &["held"])).is_empty());
     assert!(delivered(&root.sandbox("b").inbox()).contains(&fourth.id));
     assert!(!delivered(&root.sandbox("b").inbox()).contains(&dup.id));
-    assert_eq!(names(&root.held().sub(Sub::Cur)).len(), 2, "dropped, not deleted");
+    assert_eq!(
+        names(&root.held().sub(Sub::Cur)).len(),
+        2,
+        "dropped, not deleted"
+    );
     // Releasing twice is an error that says so.
     let again = mediate(&root, &["release", &fourth.id]);
-    assert_eq!(again.status.code(), Some(65), "{}", String::from_utf8_lossy(&again.stderr));
+    assert_eq!(
+        again.status.code(),
+        Some(65),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
     let missing = mediate(&root, &["release", &first.id]);
     assert_eq!(missing.status.code(), Some(66));
 
     // The log, as JSON Lines with a type field, has the drop and its reason.
     let log = stdout(&mediate(&root, &["log", "--json"]));
-    let entries: Vec<serde_json::Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let entries: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert!(entries.iter().all(|e| e["type"] == "entry"));
-    let d = entries.iter().find(|e| e["decision"]["action"] == "drop").expect("drop logged");
+    let d = entries
+        .iter()
+        .find(|e| e["decision"]["action"] == "drop")
+        .expect("drop logged");
     assert_eq!(d["message_id"], dup.id.as_str());
     assert!(d["decision"]["reason"].as_str().unwrap().contains("repeat"));
-    assert_eq!(stdout(&mediate(&root, &["log"])).lines().count(), entries.len());
+    assert_eq!(
+        stdout(&mediate(&root, &["log"])).lines().count(),
+        entries.len()
+    );
 
     // A sender held on demand.
-    Registry::new(&root).register(&Sandbox::new("quiet", None, vec![])).unwrap();
+    Registry::new(&root)
+        .register(&Sandbox::new("quiet", None, vec![]))
+        .unwrap();
     let q = message("quiet", &["b"], Kind::Status, "shh");
     post(&root, "quiet", &q);
     once(&root, policy);
@@ -110,10 +173,17 @@ fn held_messages_are_listed_released_and_dropped() {
 fn contract_changes_go_to_overlapping_scopes() {
     let root = root_with("scope", &[]);
     let reg = Registry::new(&root);
-    reg.register(&Sandbox::new("api", None, vec!["src/api/**".into()])).unwrap();
-    reg.register(&Sandbox::new("web", None, vec!["src/web/**".into(), "schema:users".into()])).unwrap();
+    reg.register(&Sandbox::new("api", None, vec!["src/api/**".into()]))
+        .unwrap();
+    reg.register(&Sandbox::new(
+        "web",
+        None,
+        vec!["src/web/**".into(), "schema:users".into()],
+    ))
+    .unwrap();
     reg.register(&Sandbox::new("docs", None, vec![])).unwrap();
-    reg.register(&Sandbox::new("ops", None, vec!["deploy/**".into()])).unwrap();
+    reg.register(&Sandbox::new("ops", None, vec!["deploy/**".into()]))
+        .unwrap();
     let mut m = message("api", &["mediator"], Kind::ContractChange, "users v2");
     m.refs = vec!["schema:users".into(), "src/api/users.rs".into()];
     post(&root, "api", &m);
@@ -135,9 +205,19 @@ fn receipts_record_what_was_read() {
     assert!(root.sandbox("b").inbox().claim(OsStr::new(&m1.id)).unwrap());
     once(&root, OPEN_POLICY);
     once(&root, OPEN_POLICY);
-    let reads: Vec<_> = entries(&root).into_iter().filter(|e| e.decision.action == Action::Read).collect();
+    let reads: Vec<_> = entries(&root)
+        .into_iter()
+        .filter(|e| e.decision.action == Action::Read)
+        .collect();
     assert_eq!(reads.len(), 1, "{reads:?}");
-    assert_eq!((reads[0].message_id.as_str(), reads[0].sender.as_str(), reads[0].decision.to.as_slice()), (m1.id.as_str(), "a", &["b".to_string()][..]));
+    assert_eq!(
+        (
+            reads[0].message_id.as_str(),
+            reads[0].sender.as_str(),
+            reads[0].decision.to.as_slice()
+        ),
+        (m1.id.as_str(), "a", &["b".to_string()][..])
+    );
 }
 
 #[test]
@@ -150,7 +230,10 @@ fn a_second_mediator_is_refused_and_watch_keeps_a_good_policy() {
     let child = Watcher::start(&root, &p, "60");
     let s1 = message("a", &["b"], Kind::Status, "one");
     post(&root, "a", &s1);
-    assert!(held.wait_new(Some(Duration::from_secs(30))).unwrap(), "held while watching");
+    assert!(
+        held.wait_new(Some(Duration::from_secs(30))).unwrap(),
+        "held while watching"
+    );
 
     let second = mediate(&root, &["--once"]);
     assert_eq!(second.status.code(), Some(75));
@@ -161,10 +244,16 @@ fn a_second_mediator_is_refused_and_watch_keeps_a_good_policy() {
     held.claim(OsStr::new(&s1.id)).unwrap();
     let s2 = message("a", &["b"], Kind::Status, "two");
     post(&root, "a", &s2);
-    assert!(held.wait_new(Some(Duration::from_secs(30))).unwrap(), "still held under the old policy");
+    assert!(
+        held.wait_new(Some(Duration::from_secs(30))).unwrap(),
+        "still held under the old policy"
+    );
     assert!(names(&held.sub(Sub::New)).contains(&s2.id));
     let err = child.stop();
-    assert!(err.contains(":2: unknown kind 'gossip'") && err.contains("keeping the previous policy"), "{err}");
+    assert!(
+        err.contains(":2: unknown kind 'gossip'") && err.contains("keeping the previous policy"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -172,15 +261,44 @@ fn policy_check_and_show() {
     let dir = tempdir("policy");
     let p = dir.join("policy");
     std::fs::write(&p, "loopwright-policy 1\nroute status hold\n").unwrap();
-    let ok = Command::new(BIN).args(["policy", "check"]).arg(&p).output().unwrap();
+    let ok = Command::new(BIN)
+        .args(["policy", "check"])
+        .arg(&p)
+        .output()
+        .unwrap();
     assert!(ok.status.success());
-    let show = Command::new(BIN).args(["policy", "show"]).arg(&p).output().unwrap();
+    let show = Command::new(BIN)
+        .args(["policy", "show"])
+        .arg(&p)
+        .output()
+        .unwrap();
     assert!(stdout(&show).contains("route status hold\n"));
-    let def = Command::new(BIN).current_dir(&dir).args(["policy", "show"]).arg("--policy").arg(dir.join("none")).output().unwrap();
-    assert_eq!(def.status.code(), Some(66), "an explicit missing file is an error");
-    let def = Command::new(BIN).current_dir(&dir).args(["policy", "show"]).output().unwrap();
-    assert!(stdout(&def).starts_with("loopwright-policy 1\n") && stdout(&def).contains("route question human"));
-    let no_root = Command::new(BIN).env_remove("LW_ROOT").arg("held").output().unwrap();
+    let def = Command::new(BIN)
+        .current_dir(&dir)
+        .args(["policy", "show"])
+        .arg("--policy")
+        .arg(dir.join("none"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        def.status.code(),
+        Some(66),
+        "an explicit missing file is an error"
+    );
+    let def = Command::new(BIN)
+        .current_dir(&dir)
+        .args(["policy", "show"])
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&def).starts_with("loopwright-policy 1\n")
+            && stdout(&def).contains("route question human")
+    );
+    let no_root = Command::new(BIN)
+        .env_remove("LW_ROOT")
+        .arg("held")
+        .output()
+        .unwrap();
     assert_eq!(no_root.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&no_root.stderr).contains("LW_ROOT"));
 }
@@ -195,7 +313,10 @@ fn defined_symbols(elf: &[u8]) -> Vec<&[u8]> {
     let (shoff, shentsize, shnum) = (u64_at(0x28), u16_at(0x3a), u16_at(0x3c));
     let header = |i: usize| shoff + i * shentsize;
     // SHT_SYMTAB is 2; its sh_link names the string table.
-    let symtab = (0..shnum).map(header).find(|h| u32_at(h + 4) == 2).expect("a symbol table (the binary is not stripped)");
+    let symtab = (0..shnum)
+        .map(header)
+        .find(|h| u32_at(h + 4) == 2)
+        .expect("a symbol table (the binary is not stripped)");
     let strtab = u64_at(header(u32_at(symtab + 0x28)) + 0x18);
     let (off, size) = (u64_at(symtab + 0x18), u64_at(symtab + 0x20));
     (off..off + size)
@@ -211,10 +332,23 @@ fn the_binary_links_no_async_runtime_or_docker_client() {
     // that the linker dropped.
     let bin = std::fs::read(BIN).unwrap();
     let symbols = defined_symbols(&bin);
-    assert!(symbols.iter().any(|s| s.windows(10).any(|w| w == b"loopwright")), "the symbol table was read");
+    assert!(
+        symbols
+            .iter()
+            .any(|s| s.windows(10).any(|w| w == b"loopwright")),
+        "the symbol table was read"
+    );
     for name in [&b"tokio"[..], b"bollard", b"hyper"] {
-        let linked: Vec<_> = symbols.iter().filter(|s| s.windows(name.len()).any(|w| w == name)).take(3).collect();
-        assert!(linked.is_empty(), "lw-mediate links {}: {linked:?}", String::from_utf8_lossy(name));
+        let linked: Vec<_> = symbols
+            .iter()
+            .filter(|s| s.windows(name.len()).any(|w| w == name))
+            .take(3)
+            .collect();
+        assert!(
+            linked.is_empty(),
+            "lw-mediate links {}: {linked:?}",
+            String::from_utf8_lossy(name)
+        );
     }
 }
 
@@ -233,12 +367,19 @@ fn an_answer_can_come_from_standard_input() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all("because\nof this".as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all("because\nof this".as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
     let id = stdout(&out).trim().to_string();
     once(&root, OPEN_POLICY);
-    let Found::Message(a) = root.sandbox("a").inbox().read(Sub::New, OsStr::new(&id)) else { panic!("not delivered") };
+    let Found::Message(a) = root.sandbox("a").inbox().read(Sub::New, OsStr::new(&id)) else {
+        panic!("not delivered")
+    };
     assert_eq!(a.body, "because\nof this");
 }
 
@@ -256,11 +397,19 @@ fn usage_errors_exit_64_and_say_what_is_wrong() {
         let out = mediate(&root, args);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
-        assert!(err.starts_with("lw-mediate: ") && err.contains(want), "{args:?}: {err}");
+        assert!(
+            err.starts_with("lw-mediate: ") && err.contains(want),
+            "{args:?}: {err}"
+        );
     }
-    let missing = Command::new(BIN).args(["--root", "/nonexistent/lw-root", "--once"]).output().unwrap();
+    let missing = Command::new(BIN)
+        .args(["--root", "/nonexistent/lw-root", "--once"])
+        .output()
+        .unwrap();
     assert_eq!(missing.status.code(), Some(66));
-    assert!(String::from_utf8_lossy(&missing.stderr).contains("'/nonexistent/lw-root' does not exist"));
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("'/nonexistent/lw-root' does not exist")
+    );
     let unreg = mediate(&root, &["unregister", "zz"]);
     assert_eq!(unreg.status.code(), Some(66));
 }

@@ -13,7 +13,11 @@ use mediate_util::*;
 
 /// Routes `m` from `a` once, then puts the source back into `new/` as if
 /// the claim had not happened.
-fn routed_then_unclaimed(root: &loopwright::layout::Root, m: &loopwright::message::Message, policy: &str) {
+fn routed_then_unclaimed(
+    root: &loopwright::layout::Root,
+    m: &loopwright::message::Message,
+    policy: &str,
+) {
     post(root, "a", m);
     once(root, policy);
     let ob = root.sandbox("a").outbox();
@@ -30,8 +34,15 @@ fn crash_before_delivery_delivers_once_without_a_second_decision() {
     assert!(root.sandbox("c").inbox().claim(OsStr::new(&m.id)).unwrap());
     once(&root, OPEN_POLICY);
     assert_eq!(delivered(&root.sandbox("b").inbox()), vec![m.id.clone()]);
-    assert_eq!(delivered(&root.sandbox("c").inbox()), vec![m.id.clone()], "no second copy beside the read one");
-    let e: Vec<_> = entries(&root).into_iter().filter(|e| e.decision.action != Action::Read).collect();
+    assert_eq!(
+        delivered(&root.sandbox("c").inbox()),
+        vec![m.id.clone()],
+        "no second copy beside the read one"
+    );
+    let e: Vec<_> = entries(&root)
+        .into_iter()
+        .filter(|e| e.decision.action != Action::Read)
+        .collect();
     assert_eq!(e.len(), 1, "{e:?}");
     assert!(names(&root.sandbox("a").outbox().sub(Sub::New)).is_empty());
 }
@@ -45,7 +56,10 @@ fn a_logged_hold_stands_even_when_the_policy_changed() {
     // The restart runs with a policy that would forward it.
     once(&root, OPEN_POLICY);
     let e = entries(&root);
-    assert_eq!(e.iter().map(|e| e.decision.action).collect::<Vec<_>>(), [Action::Hold]);
+    assert_eq!(
+        e.iter().map(|e| e.decision.action).collect::<Vec<_>>(),
+        [Action::Hold]
+    );
     assert_eq!(names(&root.held().sub(Sub::New)), vec![m.id.clone()]);
     assert!(delivered(&root.sandbox("b").inbox()).is_empty());
 }
@@ -59,12 +73,26 @@ fn a_logged_partial_bounce_is_not_decided_again() {
     // and ghost has been registered since.
     let fwd = root.log_dir().join("new").join(format!("{}.forward", m.id));
     std::fs::remove_file(&fwd).unwrap();
-    loopwright::registry::Registry::new(&root).register(&loopwright::registry::Sandbox::new("ghost", None, vec![])).unwrap();
+    loopwright::registry::Registry::new(&root)
+        .register(&loopwright::registry::Sandbox::new("ghost", None, vec![]))
+        .unwrap();
     once(&root, OPEN_POLICY);
-    let mut acts: Vec<_> = entries(&root).into_iter().map(|e| (e.decision.action, e.decision.to)).collect();
+    let mut acts: Vec<_> = entries(&root)
+        .into_iter()
+        .map(|e| (e.decision.action, e.decision.to))
+        .collect();
     acts.sort_by_key(|a| a.0.as_str());
-    assert_eq!(acts, [(Action::Bounce, vec!["ghost".to_string()]), (Action::Forward, vec!["b".to_string()])]);
-    assert!(delivered(&root.sandbox("ghost").inbox()).is_empty(), "the logged bounce stands");
+    assert_eq!(
+        acts,
+        [
+            (Action::Bounce, vec!["ghost".to_string()]),
+            (Action::Forward, vec!["b".to_string()])
+        ]
+    );
+    assert!(
+        delivered(&root.sandbox("ghost").inbox()).is_empty(),
+        "the logged bounce stands"
+    );
     assert_eq!(delivered(&root.sandbox("a").inbox()).len(), 1, "one bounce");
 }
 
@@ -76,9 +104,16 @@ fn reposting_a_routed_message_is_quarantined_not_routed_twice() {
     once(&root, OPEN_POLICY);
     post(&root, "a", &m);
     once(&root, OPEN_POLICY);
-    let q: Vec<_> = entries(&root).into_iter().filter(|e| e.decision.action == Action::Quarantine).collect();
+    let q: Vec<_> = entries(&root)
+        .into_iter()
+        .filter(|e| e.decision.action == Action::Quarantine)
+        .collect();
     assert_eq!(q.len(), 1);
-    assert!(q[0].decision.reason.contains("posted again"), "{}", q[0].decision.reason);
+    assert!(
+        q[0].decision.reason.contains("posted again"),
+        "{}",
+        q[0].decision.reason
+    );
     assert_eq!(delivered(&root.sandbox("b").inbox()), vec![m.id.clone()]);
 }
 
@@ -90,13 +125,24 @@ fn an_interrupted_release_is_finished_by_the_next_pass() {
     post(&root, "a", &m);
     once(&root, policy);
     let rel = mediate(&root, &["release", &m.id]);
-    assert!(rel.status.success(), "{}", String::from_utf8_lossy(&rel.stderr));
+    assert!(
+        rel.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rel.stderr)
+    );
     // As if the release died after logging: not delivered, still held.
     std::fs::remove_file(root.sandbox("b").inbox().sub(Sub::New).join(&m.id)).unwrap();
-    std::fs::rename(root.held().sub(Sub::Cur).join(&m.id), root.held().sub(Sub::New).join(&m.id)).unwrap();
+    std::fs::rename(
+        root.held().sub(Sub::Cur).join(&m.id),
+        root.held().sub(Sub::New).join(&m.id),
+    )
+    .unwrap();
     once(&root, policy);
     assert_eq!(delivered(&root.sandbox("b").inbox()), vec![m.id.clone()]);
     assert!(names(&root.held().sub(Sub::New)).is_empty());
-    let acts: Vec<_> = entries(&root).into_iter().map(|e| e.decision.action).collect();
+    let acts: Vec<_> = entries(&root)
+        .into_iter()
+        .map(|e| e.decision.action)
+        .collect();
     assert_eq!(acts, [Action::Hold, Action::Release]);
 }

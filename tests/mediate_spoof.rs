@@ -13,7 +13,12 @@ fn spoofed_from_is_logged_under_the_real_outbox() {
     let claims = ["victim", "bob", "human", "mediator"];
     let mut spoofed = Vec::new();
     for i in 0..100 {
-        let mut m = message(claims[i % claims.len()], &["bob"], Kind::Request, &format!("spoof {i}"));
+        let mut m = message(
+            claims[i % claims.len()],
+            &["bob"],
+            Kind::Request,
+            &format!("spoof {i}"),
+        );
         if i % 10 == 9 {
             // An answer pretending to come from the person.
             m.kind = Kind::Status;
@@ -33,11 +38,22 @@ fn spoofed_from_is_logged_under_the_real_outbox() {
         let e = e[0];
         assert_eq!(e.decision.action, Action::Forward);
         let m = e.message.as_ref().unwrap();
-        if e.sender == "mallory" && m.from == "mallory" && e.decision.reason.contains("ignored: the sender is the owner of the outbox") {
+        if e.sender == "mallory"
+            && m.from == "mallory"
+            && e.decision
+                .reason
+                .contains("ignored: the sender is the owner of the outbox")
+        {
             under_real += 1;
         }
         // The copy bob reads carries the real sender too.
-        let copy = std::fs::read(root.sandbox("bob").inbox().sub(loopwright::maildir::Sub::New).join(id)).unwrap();
+        let copy = std::fs::read(
+            root.sandbox("bob")
+                .inbox()
+                .sub(loopwright::maildir::Sub::New)
+                .join(id),
+        )
+        .unwrap();
         let copy = loopwright::message::Message::parse(&copy).unwrap();
         assert_eq!(copy.from, "mallory");
     }
@@ -47,5 +63,10 @@ fn spoofed_from_is_logged_under_the_real_outbox() {
         100.0 * under_real as f64 / spoofed.len() as f64
     );
     assert_eq!(under_real, spoofed.len());
-    assert!(loopwright::maildir::Maildir::new(root.human().path.clone()).scan(loopwright::maildir::Sub::New).unwrap().is_empty());
+    assert!(
+        loopwright::maildir::Maildir::new(root.human().path.clone())
+            .scan(loopwright::maildir::Sub::New)
+            .unwrap()
+            .is_empty()
+    );
 }

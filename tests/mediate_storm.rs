@@ -46,15 +46,23 @@ fn kill_storm_loses_and_duplicates_nothing() {
                 let a = POSTERS[(i + 1 + n % 3) % POSTERS.len()];
                 let b = POSTERS[(i + 1 + (n + 1) % 3) % POSTERS.len()];
                 let to: Vec<&str> = if n % 2 == 0 { vec![a] } else { vec![a, b] };
-                let kind = if n % 5 == 0 { Kind::Handoff } else { Kind::Request };
+                let kind = if n % 5 == 0 {
+                    Kind::Handoff
+                } else {
+                    Kind::Request
+                };
                 let m = message(me, &to, kind, &format!("{me} #{n}"));
-                expected.lock().unwrap().insert(m.id.clone(), (me.to_string(), to.iter().map(|s| s.to_string()).collect()));
+                expected.lock().unwrap().insert(
+                    m.id.clone(),
+                    (me.to_string(), to.iter().map(|s| s.to_string()).collect()),
+                );
                 post(&root, me, &m);
                 if i == 0 && n % (PER_POSTER / PLANTED) == 0 {
                     let bad = loopwright::id::new_id();
                     let tmp = root.sandbox(me).outbox().sub(Sub::Tmp).join(&bad);
                     std::fs::write(&tmp, b"{\"version\": 1, \"broken\"").unwrap();
-                    std::fs::rename(&tmp, root.sandbox(me).outbox().sub(Sub::New).join(&bad)).unwrap();
+                    std::fs::rename(&tmp, root.sandbox(me).outbox().sub(Sub::New).join(&bad))
+                        .unwrap();
                 }
                 posted.fetch_add(1, Ordering::Relaxed);
                 // Spread the flow over the storm (pacing, not synchronisation).
@@ -66,7 +74,11 @@ fn kill_storm_loses_and_duplicates_nothing() {
     let started = Instant::now();
     let mut kills = 0;
     let stderr_path = root.dir.parent().unwrap().join("stderr");
-    let stderr = std::fs::OpenOptions::new().create(true).append(true).open(&stderr_path).unwrap();
+    let stderr = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&stderr_path)
+        .unwrap();
     while kills < MIN_KILLS || posted.load(Ordering::Relaxed) < POSTERS.len() * PER_POSTER {
         let mut child = Command::new(BIN)
             .arg("--root")
@@ -80,7 +92,11 @@ fn kill_storm_loses_and_duplicates_nothing() {
             .expect("lw-mediate starts");
         // Mostly short lives (kills during start-up and mid-batch), now and
         // then a longer one so that routing makes progress during the storm.
-        let life = if rand_below(8) == 0 { 100 + rand_below(300) } else { 2 + rand_below(40) };
+        let life = if rand_below(8) == 0 {
+            100 + rand_below(300)
+        } else {
+            2 + rand_below(40)
+        };
         std::thread::sleep(Duration::from_millis(life));
         child.kill().expect("SIGKILL is delivered");
         child.wait().unwrap();
@@ -90,10 +106,16 @@ fn kill_storm_loses_and_duplicates_nothing() {
         p.join().unwrap();
     }
     let storm = started.elapsed();
-    let routed_in_storm: usize = POSTERS.iter().map(|p| names(&root.sandbox(p).outbox().sub(Sub::Cur)).len()).sum();
+    let routed_in_storm: usize = POSTERS
+        .iter()
+        .map(|p| names(&root.sandbox(p).outbox().sub(Sub::Cur)).len())
+        .sum();
     // Evidence that kills landed inside commits: files a killed run left in
     // tmp/ (a later run writes the same name again, or nobody reads them).
-    let interrupted: usize = POSTERS.iter().map(|p| names(&root.sandbox(p).inbox().sub(Sub::Tmp)).len()).sum::<usize>()
+    let interrupted: usize = POSTERS
+        .iter()
+        .map(|p| names(&root.sandbox(p).inbox().sub(Sub::Tmp)).len())
+        .sum::<usize>()
         + names(&root.log_dir().join("tmp")).len();
     let final_run = once(&root, OPEN_POLICY);
     // Evidence that kills landed between logging and claiming: decisions a
@@ -103,7 +125,10 @@ fn kill_storm_loses_and_duplicates_nothing() {
     notes.push_str(&String::from_utf8_lossy(&final_run.stderr));
     let mut resumed = 0;
     for line in notes.lines() {
-        let n = line.strip_prefix("lw-mediate: carrying out ").and_then(|r| r.split(' ').next()).and_then(|n| n.parse::<usize>().ok());
+        let n = line
+            .strip_prefix("lw-mediate: carrying out ")
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse::<usize>().ok());
         match n {
             Some(n) => resumed += n,
             None => panic!("unexpected diagnostic: {line}"),
@@ -119,17 +144,33 @@ fn kill_storm_loses_and_duplicates_nothing() {
             quarantine_entries += 1;
             continue;
         }
-        logged.entry(e.message_id.clone()).or_default().push(e.decision.action);
+        logged
+            .entry(e.message_id.clone())
+            .or_default()
+            .push(e.decision.action);
         if let Some((sender, _)) = expected.get(&e.message_id) {
             assert_eq!(&e.sender, sender);
         }
     }
-    let lost_log = expected.keys().filter(|id| !logged.contains_key(*id)).count();
+    let lost_log = expected
+        .keys()
+        .filter(|id| !logged.contains_key(*id))
+        .count();
     let dup_log: usize = logged
         .iter()
-        .map(|(id, acts)| if expected.contains_key(id) { acts.len() - 1 } else { acts.len() })
+        .map(|(id, acts)| {
+            if expected.contains_key(id) {
+                acts.len() - 1
+            } else {
+                acts.len()
+            }
+        })
         .sum();
-    let wrong_action = logged.values().flatten().filter(|a| **a != Action::Forward).count();
+    let wrong_action = logged
+        .values()
+        .flatten()
+        .filter(|a| **a != Action::Forward)
+        .count();
 
     // Every inbox: each expected copy once, intact, nothing extra.
     let (mut lost_inbox, mut dup_inbox, mut torn, mut copies) = (0, 0, 0, 0);
@@ -156,8 +197,14 @@ fn kill_storm_loses_and_duplicates_nothing() {
         }
         dup_inbox += have.values().sum::<usize>();
     }
-    let left_in_new: usize = POSTERS.iter().map(|p| names(&root.sandbox(p).outbox().sub(Sub::New)).len()).sum();
-    let claimed: usize = POSTERS.iter().map(|p| names(&root.sandbox(p).outbox().sub(Sub::Cur)).len()).sum();
+    let left_in_new: usize = POSTERS
+        .iter()
+        .map(|p| names(&root.sandbox(p).outbox().sub(Sub::New)).len())
+        .sum();
+    let claimed: usize = POSTERS
+        .iter()
+        .map(|p| names(&root.sandbox(p).outbox().sub(Sub::Cur)).len())
+        .sum();
     let quarantined = names(&root.quarantine().sub(Sub::New)).len();
 
     println!(

@@ -52,13 +52,23 @@ fn git_cmd(dir: &Path) -> Command {
         .env("GIT_COMMITTER_NAME", "T")
         .env("GIT_COMMITTER_EMAIL", "t@example.com")
         .env_remove("GIT_CONFIG_COUNT")
-        .args(["-c", "init.defaultBranch=main", "-c", "protocol.file.allow=always"]);
+        .args([
+            "-c",
+            "init.defaultBranch=main",
+            "-c",
+            "protocol.file.allow=always",
+        ]);
     c
 }
 
 fn git(dir: &Path, args: &[&str]) -> String {
     let out = git_cmd(dir).args(args).output().unwrap();
-    assert!(out.status.success(), "git {args:?} in {}: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "git {args:?} in {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -108,7 +118,13 @@ fn commit(repo: &Path, branch: &str, msg: &str) -> String {
 }
 
 fn refs(git_dir: &Path) -> BTreeSet<String> {
-    git(git_dir, &["for-each-ref", "--format=%(objectname) %(refname)"]).lines().map(String::from).collect()
+    git(
+        git_dir,
+        &["for-each-ref", "--format=%(objectname) %(refname)"],
+    )
+    .lines()
+    .map(String::from)
+    .collect()
 }
 
 fn head(git_dir: &Path) -> String {
@@ -116,13 +132,32 @@ fn head(git_dir: &Path) -> String {
 }
 
 fn fsck(repo: &Path) {
-    let out = git_cmd(repo).args(["fsck", "--full", "--strict", "--no-dangling"]).output().unwrap();
-    assert!(out.status.success(), "fsck {}: {}{}", repo.display(), text(&out.stdout), text(&out.stderr));
+    let out = git_cmd(repo)
+        .args(["fsck", "--full", "--strict", "--no-dangling"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "fsck {}: {}{}",
+        repo.display(),
+        text(&out.stdout),
+        text(&out.stderr)
+    );
 }
 
 fn reference_clone(t: &TempDir, mirror: &Path, up: &Path, name: &str) -> PathBuf {
     let dst = t.join(name);
-    git(&t.0, &["clone", "-q", "--reference", mirror.to_str().unwrap(), up.to_str().unwrap(), dst.to_str().unwrap()]);
+    git(
+        &t.0,
+        &[
+            "clone",
+            "-q",
+            "--reference",
+            mirror.to_str().unwrap(),
+            up.to_str().unwrap(),
+            dst.to_str().unwrap(),
+        ],
+    );
     dst
 }
 
@@ -146,7 +181,11 @@ fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 
 fn sync_ok(dir: &Path, args: &[&str]) -> String {
     let out = run(lw(dir).arg("sync").args(args));
-    assert!(out.status.success(), "lw-mirror sync {args:?}: {}", text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "lw-mirror sync {args:?}: {}",
+        text(&out.stderr)
+    );
     text(&out.stdout)
 }
 
@@ -156,7 +195,10 @@ fn first_sync_has_the_refs_and_head_of_git_clone_mirror_and_fsck_is_clean() {
     let up = upstream(&t);
     git(&up, &["symbolic-ref", "HEAD", "refs/heads/feature"]);
     let proj = t.join("proj");
-    git(&t.0, &["clone", "-q", up.to_str().unwrap(), proj.to_str().unwrap()]);
+    git(
+        &t.0,
+        &["clone", "-q", up.to_str().unwrap(), proj.to_str().unwrap()],
+    );
 
     let out = run(lw(&proj).arg("sync"));
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -166,7 +208,16 @@ fn first_sync_has_the_refs_and_head_of_git_clone_mirror_and_fsck_is_clean() {
     assert_eq!(printed, format!("{}\n", mirror.display()));
 
     let reference = t.join("reference.git");
-    git(&t.0, &["clone", "-q", "--mirror", up.to_str().unwrap(), reference.to_str().unwrap()]);
+    git(
+        &t.0,
+        &[
+            "clone",
+            "-q",
+            "--mirror",
+            up.to_str().unwrap(),
+            reference.to_str().unwrap(),
+        ],
+    );
     assert_eq!(refs(&mirror), refs(&reference));
     assert_eq!(head(&mirror), head(&reference));
     assert_eq!(head(&mirror), "refs/heads/feature\n");
@@ -196,7 +247,10 @@ fn deleted_and_force_pushed_branches_keep_their_objects_and_old_clones_stay_whol
     git(&old_ref, &["checkout", "-q", "doomed"]);
     git(&old_ref, &["checkout", "-q", "feature"]);
     let old_shared = t.join("old-shared");
-    git(&t.0, &["clone", "-q", "--shared", ms, old_shared.to_str().unwrap()]);
+    git(
+        &t.0,
+        &["clone", "-q", "--shared", ms, old_shared.to_str().unwrap()],
+    );
     git(&old_shared, &["checkout", "-q", "doomed"]);
 
     // Upstream deletes a branch, force-pushes another, and drops the objects.
@@ -206,15 +260,34 @@ fn deleted_and_force_pushed_branches_keep_their_objects_and_old_clones_stay_whol
     git(&up, &["checkout", "-q", "main"]);
     git(&up, &["reflog", "expire", "--expire=now", "--all"]);
     git(&up, &["gc", "-q", "--prune=now"]);
-    assert!(!git_cmd(&up).args(["cat-file", "-e", &doomed_tip]).status().unwrap().success());
+    assert!(
+        !git_cmd(&up)
+            .args(["cat-file", "-e", &doomed_tip])
+            .status()
+            .unwrap()
+            .success()
+    );
 
     assert_eq!(sync_ok(&t.0, &["--mirror", ms]), format!("{ms}\n"));
 
     // Every upstream ref is as in a fresh `git clone --mirror`; the only extra is the deleted branch.
     let fresh = t.join("fresh.git");
-    git(&t.0, &["clone", "-q", "--mirror", up.to_str().unwrap(), fresh.to_str().unwrap()]);
+    git(
+        &t.0,
+        &[
+            "clone",
+            "-q",
+            "--mirror",
+            up.to_str().unwrap(),
+            fresh.to_str().unwrap(),
+        ],
+    );
     let (mine, theirs) = (refs(&m), refs(&fresh));
-    assert!(theirs.is_subset(&mine), "missing: {:?}", theirs.difference(&mine).collect::<Vec<_>>());
+    assert!(
+        theirs.is_subset(&mine),
+        "missing: {:?}",
+        theirs.difference(&mine).collect::<Vec<_>>()
+    );
     let extra: Vec<_> = mine.difference(&theirs).cloned().collect();
     assert_eq!(extra, vec![format!("{doomed_tip} refs/heads/doomed")]);
     assert!(mine.contains(&format!("{new_feature} refs/heads/feature")));
@@ -234,7 +307,10 @@ fn deleted_and_force_pushed_branches_keep_their_objects_and_old_clones_stay_whol
 
     let new_clone = reference_clone(&t, &m, &up, "new-reference");
     fsck(&new_clone);
-    assert_eq!(git(&new_clone, &["rev-parse", "origin/feature"]).trim(), new_feature);
+    assert_eq!(
+        git(&new_clone, &["rev-parse", "origin/feature"]).trim(),
+        new_feature
+    );
 }
 
 #[test]
@@ -254,7 +330,16 @@ fn a_kept_deleted_branch_that_blocks_a_new_upstream_ref_is_moved_aside() {
     sync_ok(&t.0, &["--mirror", ms]);
 
     let fresh = t.join("fresh.git");
-    git(&t.0, &["clone", "-q", "--mirror", up.to_str().unwrap(), fresh.to_str().unwrap()]);
+    git(
+        &t.0,
+        &[
+            "clone",
+            "-q",
+            "--mirror",
+            up.to_str().unwrap(),
+            fresh.to_str().unwrap(),
+        ],
+    );
     let (mine, theirs) = (refs(&m), refs(&fresh));
     let extra: BTreeSet<_> = mine.difference(&theirs).cloned().collect();
     assert!(theirs.is_subset(&mine));
@@ -279,7 +364,11 @@ fn unreachable_or_wrong_url_exits_69_and_leaves_the_mirror_untouched() {
     let not_a_repo = t.join("plain-dir");
     fs::create_dir(&not_a_repo).unwrap();
     // Port 1 on loopback: nothing listens there.
-    let urls = [t.join("nowhere").to_str().unwrap().to_string(), not_a_repo.to_str().unwrap().to_string(), "http://127.0.0.1:1/x.git".to_string()];
+    let urls = [
+        t.join("nowhere").to_str().unwrap().to_string(),
+        not_a_repo.to_str().unwrap().to_string(),
+        "http://127.0.0.1:1/x.git".to_string(),
+    ];
     for url in &urls {
         let out = run(lw(&t.0).args(["sync", url, "--mirror", ms]));
         let err = text(&out.stderr);
@@ -295,11 +384,19 @@ fn unreachable_or_wrong_url_exits_69_and_leaves_the_mirror_untouched() {
 
     // A first sync from a wrong URL leaves nothing behind.
     let m2 = t.join("m2.git");
-    let out = run(lw(&t.0).args(["sync", not_a_repo.to_str().unwrap(), "--mirror", m2.to_str().unwrap()]));
+    let out = run(lw(&t.0).args([
+        "sync",
+        not_a_repo.to_str().unwrap(),
+        "--mirror",
+        m2.to_str().unwrap(),
+    ]));
     assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
     assert!(!m2.exists());
-    let left: Vec<_> =
-        fs::read_dir(&t.0).unwrap().map(|e| e.unwrap().file_name()).filter(|n| n.to_string_lossy().contains(".tmp-")).collect();
+    let left: Vec<_> = fs::read_dir(&t.0)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().contains(".tmp-"))
+        .collect();
     assert!(left.is_empty(), "{left:?}");
 }
 
@@ -312,7 +409,10 @@ fn outside_a_repository_and_foreign_or_damaged_paths_are_refused_with_the_fix() 
 
     let out = run(lw(&plain).arg("sync"));
     assert_eq!(out.status.code(), Some(64));
-    assert!(text(&out.stderr).contains("is not inside a git repository; run in the project, or name the mirror"));
+    assert!(
+        text(&out.stderr)
+            .contains("is not inside a git repository; run in the project, or name the mirror")
+    );
 
     // A project without origin and without a URL.
     let lonely = t.join("lonely");
@@ -324,7 +424,12 @@ fn outside_a_repository_and_foreign_or_damaged_paths_are_refused_with_the_fix() 
 
     // A directory that is not a mirror is never touched.
     fs::write(plain.join("precious"), "data").unwrap();
-    let out = run(lw(&t.0).args(["sync", up.to_str().unwrap(), "--mirror", plain.to_str().unwrap()]));
+    let out = run(lw(&t.0).args([
+        "sync",
+        up.to_str().unwrap(),
+        "--mirror",
+        plain.to_str().unwrap(),
+    ]));
     assert_eq!(out.status.code(), Some(73), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("is not a mirror made by lw-mirror"));
     assert_eq!(fs::read_dir(&plain).unwrap().count(), 1);
@@ -333,12 +438,19 @@ fn outside_a_repository_and_foreign_or_damaged_paths_are_refused_with_the_fix() 
 
     // A mirror whose state file is garbage is explained, not rebuilt over.
     let m = t.join("m.git");
-    sync_ok(&t.0, &[up.to_str().unwrap(), "--mirror", m.to_str().unwrap()]);
+    sync_ok(
+        &t.0,
+        &[up.to_str().unwrap(), "--mirror", m.to_str().unwrap()],
+    );
     fs::write(m.join("lw-mirror.state"), "nonsense\n").unwrap();
     for sub in ["sync", "status"] {
         let out = run(lw(&t.0).args([sub, "--mirror", m.to_str().unwrap()]));
         assert_eq!(out.status.code(), Some(65), "{}", text(&out.stderr));
-        assert!(text(&out.stderr).contains("is damaged"), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("is damaged"),
+            "{}",
+            text(&out.stderr)
+        );
         assert!(text(&out.stderr).contains("run lw-mirror sync to rebuild it"));
     }
 
@@ -372,37 +484,62 @@ fn counting_upload_pack(t: &TempDir, block_at: u32) -> (PathBuf, PathBuf, PathBu
         ),
     )
     .unwrap();
-    Command::new("chmod").arg("+x").arg(&script).status().unwrap();
+    Command::new("chmod")
+        .arg("+x")
+        .arg(&script)
+        .status()
+        .unwrap();
     (script, count, started)
 }
 
 fn uploads(count: &Path) -> u32 {
-    fs::read_to_string(count).map(|s| s.trim().parse().unwrap()).unwrap_or(0)
+    fs::read_to_string(count)
+        .map(|s| s.trim().parse().unwrap())
+        .unwrap_or(0)
 }
 
 fn with_upload_pack(c: &mut Command, script: &Path) {
-    c.env("GIT_CONFIG_COUNT", "1").env("GIT_CONFIG_KEY_0", "remote.origin.uploadpack").env("GIT_CONFIG_VALUE_0", script);
+    c.env("GIT_CONFIG_COUNT", "1")
+        .env("GIT_CONFIG_KEY_0", "remote.origin.uploadpack")
+        .env("GIT_CONFIG_VALUE_0", script);
 }
 
 /// Holds the mirror's lock, as a running sync would.
 fn hold_lock(m: &Path) -> File {
-    let lock = File::options().read(true).write(true).create(true).truncate(false).open(m.with_extension("git.lock")).unwrap();
+    let lock = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(m.with_extension("git.lock"))
+        .unwrap();
     lock.lock().unwrap();
     lock
 }
 
 /// Spawns `lw-mirror sync --progress` and reads its stderr up to the line
 /// that says it waits for the lock.
-fn spawn_waiting(dir: &Path, args: &[&str], script: &Path) -> (Child, BufReader<std::process::ChildStderr>) {
+fn spawn_waiting(
+    dir: &Path,
+    args: &[&str],
+    script: &Path,
+) -> (Child, BufReader<std::process::ChildStderr>) {
     let mut c = lw(dir);
-    c.arg("sync").arg("--progress").args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c.arg("sync")
+        .arg("--progress")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     with_upload_pack(&mut c, script);
     let mut child = c.spawn().unwrap();
     let mut err = BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
     loop {
         line.clear();
-        assert!(err.read_line(&mut line).unwrap() > 0, "sync ended before waiting");
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "sync ended before waiting"
+        );
         if line.contains("waiting for another sync") {
             return (child, err);
         }
@@ -425,7 +562,9 @@ fn concurrent_syncs_make_one_fetch_and_all_succeed() {
         }
         let before = uploads(&count);
         let lock = hold_lock(&m);
-        let waiting: Vec<_> = (0..N).map(|_| spawn_waiting(&t.0, &[url, "--mirror", ms, "--json"], &script)).collect();
+        let waiting: Vec<_> = (0..N)
+            .map(|_| spawn_waiting(&t.0, &[url, "--mirror", ms, "--json"], &script))
+            .collect();
         drop(lock);
         let mut outcomes = Vec::new();
         for (child, mut err) in waiting {
@@ -439,13 +578,22 @@ fn concurrent_syncs_make_one_fetch_and_all_succeed() {
         }
         let runs = uploads(&count) - before;
         let leaders = outcomes.iter().filter(|o| *o != "waited").count();
-        println!("{round}: {N} syncs at once -> {leaders} fetched, {} waited, upload-pack runs {runs}", N - leaders);
+        println!(
+            "{round}: {N} syncs at once -> {leaders} fetched, {} waited, upload-pack runs {runs}",
+            N - leaders
+        );
         assert_eq!(leaders, 1, "{outcomes:?}");
-        assert_eq!(runs, expect_runs, "ls-remote + fetch on create, one fetch after");
+        assert_eq!(
+            runs, expect_runs,
+            "ls-remote + fetch on create, one fetch after"
+        );
         fsck(&m);
         assert_eq!(refs(&m), {
             let fresh = t.join(&format!("fresh-{round}.git"));
-            git(&t.0, &["clone", "-q", "--mirror", url, fresh.to_str().unwrap()]);
+            git(
+                &t.0,
+                &["clone", "-q", "--mirror", url, fresh.to_str().unwrap()],
+            );
             refs(&fresh)
         });
     }
@@ -466,18 +614,47 @@ fn if_older_than_returns_at_once_when_fresh_even_while_a_sync_runs() {
 
     let _lock = hold_lock(&m);
     let mut c = lw(&t.0);
-    with_upload_pack(c.args(["sync", url, "--mirror", ms, "--if-older-than", "1h", "--json"]), &script);
+    with_upload_pack(
+        c.args([
+            "sync",
+            url,
+            "--mirror",
+            ms,
+            "--if-older-than",
+            "1h",
+            "--json",
+        ]),
+        &script,
+    );
     let out = run(&mut c);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout), format!("{{\"outcome\":\"fresh\",\"path\":\"{ms}\",\"type\":\"sync\"}}\n"));
+    assert_eq!(
+        text(&out.stdout),
+        format!("{{\"outcome\":\"fresh\",\"path\":\"{ms}\",\"type\":\"sync\"}}\n")
+    );
     assert_eq!(uploads(&count), runs);
     drop(_lock);
 
     // Zero means "always fetch".
     let mut c = lw(&t.0);
-    with_upload_pack(c.args(["sync", url, "--mirror", ms, "--if-older-than", "0s", "--json"]), &script);
+    with_upload_pack(
+        c.args([
+            "sync",
+            url,
+            "--mirror",
+            ms,
+            "--if-older-than",
+            "0s",
+            "--json",
+        ]),
+        &script,
+    );
     let out = run(&mut c);
-    assert!(text(&out.stdout).contains("\"outcome\":\"fetched\""), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("\"outcome\":\"fetched\""),
+        "{}",
+        text(&out.stderr)
+    );
     assert_eq!(uploads(&count), runs + 1);
 }
 
@@ -489,11 +666,19 @@ fn a_killed_first_sync_leaves_a_temporary_directory_that_the_next_sync_replaces(
     let (script, _count, started) = counting_upload_pack(&t, 2);
     let m = t.join("m.git");
     let mut c = lw(&t.0);
-    c.args(["sync", up.to_str().unwrap(), "--mirror", m.to_str().unwrap()]).process_group(0);
+    c.args([
+        "sync",
+        up.to_str().unwrap(),
+        "--mirror",
+        m.to_str().unwrap(),
+    ])
+    .process_group(0);
     with_upload_pack(&mut c, &script);
     let child = c.spawn().unwrap();
     let mut line = String::new();
-    BufReader::new(File::open(&started).unwrap()).read_line(&mut line).unwrap();
+    BufReader::new(File::open(&started).unwrap())
+        .read_line(&mut line)
+        .unwrap();
     assert_eq!(line, "started\n");
     // SIGKILL to the whole group: lw-mirror, git fetch and the upload-pack.
     rustix::process::kill_process_group(
@@ -511,18 +696,38 @@ fn a_killed_first_sync_leaves_a_temporary_directory_that_the_next_sync_replaces(
             .collect()
     };
     let before = leftovers(());
-    assert_eq!(before.len(), 1, "the half-made mirror is in a temporary directory");
+    assert_eq!(
+        before.len(),
+        1,
+        "the half-made mirror is in a temporary directory"
+    );
     assert!(!m.exists(), "nothing half-made at the mirror's path");
     let out = run(lw(&t.0).args(["status", "--mirror", m.to_str().unwrap()]));
     assert_eq!(out.status.code(), Some(66));
 
-    sync_ok(&t.0, &[up.to_str().unwrap(), "--mirror", m.to_str().unwrap()]);
+    sync_ok(
+        &t.0,
+        &[up.to_str().unwrap(), "--mirror", m.to_str().unwrap()],
+    );
     let after = leftovers(());
-    println!("kills 1, leftovers before {}, after {}", before.len(), after.len());
+    println!(
+        "kills 1, leftovers before {}, after {}",
+        before.len(),
+        after.len()
+    );
     assert!(after.is_empty(), "{after:?}");
     fsck(&m);
     let fresh = t.join("fresh.git");
-    git(&t.0, &["clone", "-q", "--mirror", up.to_str().unwrap(), fresh.to_str().unwrap()]);
+    git(
+        &t.0,
+        &[
+            "clone",
+            "-q",
+            "--mirror",
+            up.to_str().unwrap(),
+            fresh.to_str().unwrap(),
+        ],
+    );
     assert_eq!(refs(&m), refs(&fresh));
 }
 
@@ -545,18 +750,30 @@ fn status_reports_url_refs_size_and_last_fetch() {
     let t = TempDir::new("status");
     let up = upstream(&t);
     let proj = t.join("proj");
-    git(&t.0, &["clone", "-q", up.to_str().unwrap(), proj.to_str().unwrap()]);
+    git(
+        &t.0,
+        &["clone", "-q", up.to_str().unwrap(), proj.to_str().unwrap()],
+    );
     fs::create_dir(proj.join(".loopwright")).unwrap();
-    fs::write(proj.join(".loopwright/config"), "# where the mirror lives\nmirror.path = ../elsewhere.git\n").unwrap();
+    fs::write(
+        proj.join(".loopwright/config"),
+        "# where the mirror lives\nmirror.path = ../elsewhere.git\n",
+    )
+    .unwrap();
     sync_ok(&proj, &["-q"]);
     let m = t.join("elsewhere.git");
     let out = run(lw(&proj).arg("path"));
-    assert_eq!(text(&out.stdout), format!("{}\n", proj.join("../elsewhere.git").display()));
+    assert_eq!(
+        text(&out.stdout),
+        format!("{}\n", proj.join("../elsewhere.git").display())
+    );
 
     // $LW_MIRROR comes before the configuration, --mirror before both.
     let out = run(lw(&proj).arg("path").env("LW_MIRROR", "/env/m.git"));
     assert_eq!(text(&out.stdout), "/env/m.git\n");
-    let out = run(lw(&proj).args(["path", "--mirror", "/flag/m.git"]).env("LW_MIRROR", "/env/m.git"));
+    let out = run(lw(&proj)
+        .args(["path", "--mirror", "/flag/m.git"])
+        .env("LW_MIRROR", "/env/m.git"));
     assert_eq!(text(&out.stdout), "/flag/m.git\n");
 
     let out = run(lw(&proj).args(["status", "--json"]));
@@ -573,8 +790,14 @@ fn status_reports_url_refs_size_and_last_fetch() {
 
     let out = run(lw(&proj).arg("status"));
     let human = text(&out.stdout);
-    assert!(human.contains(&format!("url        {}\n", up.display())), "{human}");
-    assert!(human.contains(&format!("refs       {}\n", refs(&m).len())), "{human}");
+    assert!(
+        human.contains(&format!("url        {}\n", up.display())),
+        "{human}"
+    );
+    assert!(
+        human.contains(&format!("refs       {}\n", refs(&m).len())),
+        "{human}"
+    );
 }
 
 /// A smart-HTTP git server on 127.0.0.1: `git http-backend` behind Basic
@@ -599,13 +822,21 @@ fn serve_git(root: PathBuf, user: &'static str, password: &'static str) -> HttpG
     HttpGit { port, seen }
 }
 
-fn handle(mut conn: TcpStream, root: &Path, expected: &str, seen: &Mutex<Vec<String>>) -> std::io::Result<()> {
+fn handle(
+    mut conn: TcpStream,
+    root: &Path,
+    expected: &str,
+    seen: &Mutex<Vec<String>>,
+) -> std::io::Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(30)))?;
     let mut r = BufReader::new(conn.try_clone()?);
     let mut line = String::new();
     r.read_line(&mut line)?;
     let mut parts = line.split_whitespace();
-    let (method, target) = (parts.next().unwrap_or("").to_string(), parts.next().unwrap_or("").to_string());
+    let (method, target) = (
+        parts.next().unwrap_or("").to_string(),
+        parts.next().unwrap_or("").to_string(),
+    );
     let mut headers = Vec::new();
     loop {
         let mut h = String::new();
@@ -621,7 +852,9 @@ fn handle(mut conn: TcpStream, root: &Path, expected: &str, seen: &Mutex<Vec<Str
     let get = |k: &str| headers.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
     let auth = get("authorization").unwrap_or_default();
     seen.lock().unwrap().push(auth.clone());
-    let len: usize = get("content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
+    let len: usize = get("content-length")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     let mut body = vec![0; len];
     r.read_exact(&mut body)?;
     if auth != expected {
@@ -652,8 +885,17 @@ fn handle(mut conn: TcpStream, root: &Path, expected: &str, seen: &Mutex<Vec<Str
     let mut child = cgi.spawn()?;
     child.stdin.take().unwrap().write_all(&body)?;
     let out = child.wait_with_output()?;
-    let split = out.stdout.windows(4).position(|w| w == b"\r\n\r\n").map(|i| (i, 4));
-    let split = split.or_else(|| out.stdout.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2)));
+    let split = out
+        .stdout
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| (i, 4));
+    let split = split.or_else(|| {
+        out.stdout
+            .windows(2)
+            .position(|w| w == b"\n\n")
+            .map(|i| (i, 2))
+    });
     let (i, n) = split.unwrap_or((0, 0));
     let head = String::from_utf8_lossy(&out.stdout[..i]).to_string();
     let body = &out.stdout[i + n..];
@@ -666,7 +908,13 @@ fn handle(mut conn: TcpStream, root: &Path, expected: &str, seen: &Mutex<Vec<Str
             None => {}
         }
     }
-    conn.write_all(format!("HTTP/1.1 {status}\r\n{resp}Content-Length: {}\r\nConnection: close\r\n\r\n", body.len()).as_bytes())?;
+    conn.write_all(
+        format!(
+            "HTTP/1.1 {status}\r\n{resp}Content-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    )?;
     conn.write_all(body)
 }
 
@@ -674,10 +922,18 @@ fn base64(data: &[u8]) -> String {
     const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::new();
     for chunk in data.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
         for i in 0..4 {
-            out.push(if i <= chunk.len() { A[(n >> (18 - 6 * i) & 63) as usize] as char } else { '=' });
+            out.push(if i <= chunk.len() {
+                A[(n >> (18 - 6 * i) & 63) as usize] as char
+            } else {
+                '='
+            });
         }
     }
     out
@@ -690,7 +946,16 @@ fn credentials_in_the_url_reach_the_server_and_nowhere_else() {
     let up = upstream(&t);
     let root = t.join("srv");
     fs::create_dir(&root).unwrap();
-    git(&t.0, &["clone", "-q", "--bare", up.to_str().unwrap(), root.join("repo.git").to_str().unwrap()]);
+    git(
+        &t.0,
+        &[
+            "clone",
+            "-q",
+            "--bare",
+            up.to_str().unwrap(),
+            root.join("repo.git").to_str().unwrap(),
+        ],
+    );
     let srv = serve_git(root, "alice", TOKEN);
     let m = t.join("m.git");
     let ms = m.to_str().unwrap();
@@ -701,13 +966,32 @@ fn credentials_in_the_url_reach_the_server_and_nowhere_else() {
     assert!(out.status.success(), "{all}");
     assert!(!all.contains(TOKEN), "{all}");
     let fresh = t.join("fresh.git");
-    git(&t.0, &["clone", "-q", "--mirror", t.join("srv/repo.git").to_str().unwrap(), fresh.to_str().unwrap()]);
+    git(
+        &t.0,
+        &[
+            "clone",
+            "-q",
+            "--mirror",
+            t.join("srv/repo.git").to_str().unwrap(),
+            fresh.to_str().unwrap(),
+        ],
+    );
     assert_eq!(refs(&m), refs(&fresh));
     fsck(&m);
     // The server saw the credentials; nothing in the mirror holds them.
-    assert!(srv.seen.lock().unwrap().iter().any(|a| *a == format!("Basic {}", base64(format!("alice:{TOKEN}").as_bytes()))));
+    assert!(
+        srv.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|a| *a == format!("Basic {}", base64(format!("alice:{TOKEN}").as_bytes())))
+    );
     for (p, bytes) in snapshot(&m) {
-        assert!(!text(&bytes).contains(TOKEN) && !text(&bytes).contains("alice"), "{} holds the credentials", p.display());
+        assert!(
+            !text(&bytes).contains(TOKEN) && !text(&bytes).contains("alice"),
+            "{} holds the credentials",
+            p.display()
+        );
     }
     let bare = format!("http://127.0.0.1:{}/repo.git", srv.port);
     assert_eq!(git(&m, &["config", "remote.origin.url"]).trim(), bare);
@@ -717,7 +1001,15 @@ fn credentials_in_the_url_reach_the_server_and_nowhere_else() {
 
     // Later syncs with the same URL fetch with the header again.
     let tip = commit(&up, "main", "later");
-    git(&up, &["push", "-q", t.join("srv/repo.git").to_str().unwrap(), "main"]);
+    git(
+        &up,
+        &[
+            "push",
+            "-q",
+            t.join("srv/repo.git").to_str().unwrap(),
+            "main",
+        ],
+    );
     sync_ok(&t.0, &[&url, "--mirror", ms]);
     assert_eq!(git(&m, &["rev-parse", "refs/heads/main"]).trim(), tip);
 
@@ -727,21 +1019,35 @@ fn credentials_in_the_url_reach_the_server_and_nowhere_else() {
     let out = run(lw(&t.0).args(["sync", &wrong, "--mirror", ms]));
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(69), "{err}");
-    assert!(err.contains(&bare) && !err.contains(TOKEN) && !err.contains("alice"), "{err}");
+    assert!(
+        err.contains(&bare) && !err.contains(TOKEN) && !err.contains("alice"),
+        "{err}"
+    );
     assert_eq!(snapshot(&m), before);
 }
 
 #[test]
 fn every_long_flag_in_the_help_is_in_the_man_page() {
     let man = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/man/lw-mirror.1")).unwrap();
-    for sub in [&["--help"][..], &["sync", "--help"], &["path", "--help"], &["status", "--help"]] {
+    for sub in [
+        &["--help"][..],
+        &["sync", "--help"],
+        &["path", "--help"],
+        &["status", "--help"],
+    ] {
         let out = run(Command::new(BIN).args(sub));
         assert_eq!(out.status.code(), Some(0));
         let help = text(&out.stdout);
         for word in help.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-')) {
-            if let Some(flag) = word.strip_prefix("--").filter(|f| !f.is_empty() && *f != "help" && *f != "version") {
+            if let Some(flag) = word
+                .strip_prefix("--")
+                .filter(|f| !f.is_empty() && *f != "help" && *f != "version")
+            {
                 let roff = format!("\\-\\-{}", flag.replace('-', "\\-"));
-                assert!(man.contains(&roff), "man/lw-mirror.1 lacks {roff} (from {sub:?})");
+                assert!(
+                    man.contains(&roff),
+                    "man/lw-mirror.1 lacks {roff} (from {sub:?})"
+                );
             }
         }
     }
@@ -750,10 +1056,28 @@ fn every_long_flag_in_the_help_is_in_the_man_page() {
     let out = run(Command::new(BIN).arg("bogus"));
     assert_eq!(out.status.code(), Some(64));
     assert!(text(&out.stderr).starts_with("lw-mirror: unrecognized subcommand 'bogus'"));
-    for section in ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "FILES", "ENVIRONMENT", "EXIT STATUS", "EXAMPLES", "SEE ALSO"] {
+    for section in [
+        "NAME",
+        "SYNOPSIS",
+        "DESCRIPTION",
+        "OPTIONS",
+        "FILES",
+        "ENVIRONMENT",
+        "EXIT STATUS",
+        "EXAMPLES",
+        "SEE ALSO",
+    ] {
         assert!(man.contains(&format!(".SH {section}\n")), "no {section}");
     }
-    for key in ["gc.auto", "gc.pruneExpire", "fetch.prune", "core.logAllRefUpdates"] {
-        assert!(man.contains(key), "the never-prune configuration names {key}");
+    for key in [
+        "gc.auto",
+        "gc.pruneExpire",
+        "fetch.prune",
+        "core.logAllRefUpdates",
+    ] {
+        assert!(
+            man.contains(key),
+            "the never-prune configuration names {key}"
+        );
     }
 }

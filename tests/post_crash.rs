@@ -89,11 +89,16 @@ fn post_survives_sigkill_at_random_moments() {
             let _ = stdin.write_all(body.as_bytes());
         });
         std::thread::sleep(Duration::from_micros(rand_below(life_us * 2)));
-        let _ = rustix::process::kill_process(rustix::process::Pid::from_raw(c.id() as i32).unwrap(), rustix::process::Signal::KILL);
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(c.id() as i32).unwrap(),
+            rustix::process::Signal::KILL,
+        );
         let o = c.wait_with_output().unwrap();
         feeder.join().unwrap();
         match (o.status.code(), o.status.signal()) {
-            (Some(0), _) => exited_ok.push((i, String::from_utf8(o.stdout).unwrap().trim().to_string())),
+            (Some(0), _) => {
+                exited_ok.push((i, String::from_utf8(o.stdout).unwrap().trim().to_string()))
+            }
             (_, Some(9)) => killed += 1,
             other => panic!("post {i} ended unexpectedly: {other:?}"),
         }
@@ -118,11 +123,15 @@ fn post_survives_sigkill_at_random_moments() {
         checked,
         partial.len()
     );
-    assert!(killed >= 200, "only {killed} posts were killed; the storm needs at least 200");
+    assert!(
+        killed >= 200,
+        "only {killed} posts were killed; the storm needs at least 200"
+    );
     assert_eq!(lost, 0);
     assert!(partial.is_empty(), "partial files in new/: {partial:?}");
     for name in &present {
-        Message::parse(&std::fs::read(new.join(name)).unwrap()).expect("every file in new/ is whole");
+        Message::parse(&std::fs::read(new.join(name)).unwrap())
+            .expect("every file in new/ is whole");
     }
 }
 
@@ -193,5 +202,8 @@ fn sixteen_posters_times_500() {
     assert!(subjects.values().all(|&c| c == 1));
     assert_eq!(unparsable, 0);
     let names: HashSet<_> = names.iter().collect();
-    assert!(printed.iter().all(|id| names.contains(id)), "every printed id names a file");
+    assert!(
+        printed.iter().all(|id| names.contains(id)),
+        "every printed id names a file"
+    );
 }

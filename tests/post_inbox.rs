@@ -37,7 +37,20 @@ fn post_then_list_show_ack() {
     let (api, web) = (t.join("api"), t.join("web"));
     std::fs::create_dir_all(&api).unwrap();
     std::fs::create_dir_all(&web).unwrap();
-    let o = post(&api, &["-k", "contract-change", "-s", "schema v2", "-r", "schema/api.json", "-t", "web", "renamed a field"]);
+    let o = post(
+        &api,
+        &[
+            "-k",
+            "contract-change",
+            "-s",
+            "schema v2",
+            "-r",
+            "schema/api.json",
+            "-t",
+            "web",
+            "renamed a field",
+        ],
+    );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let id = stdout(&o).trim().to_string();
     assert!(loopwright::id::is_valid(&id), "{id}");
@@ -46,20 +59,34 @@ fn post_then_list_show_ack() {
 
     assert_eq!(hand_deliver(&api, &web), vec![id.clone()]);
     let o = run(lw_inbox().arg("-m").arg(&web));
-    assert_eq!(stdout(&o), format!("{id}\tapi\tcontract-change\tschema v2\n"));
+    assert_eq!(
+        stdout(&o),
+        format!("{id}\tapi\tcontract-change\tschema v2\n")
+    );
     let o = run(lw_inbox().arg("-m").arg(&web).args(["show", &id]));
     let text = stdout(&o);
-    assert!(text.contains("refs: schema/api.json\n") && text.ends_with("\nrenamed a field\n"), "{text}");
+    assert!(
+        text.contains("refs: schema/api.json\n") && text.ends_with("\nrenamed a field\n"),
+        "{text}"
+    );
     let o = run(lw_inbox().arg("-m").arg(&web).args(["--json", "show", &id]));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!((v["type"].as_str(), v["state"].as_str(), v["to"][0].as_str()), (Some("message"), Some("new"), Some("web")));
+    assert_eq!(
+        (v["type"].as_str(), v["state"].as_str(), v["to"][0].as_str()),
+        (Some("message"), Some("new"), Some("web"))
+    );
 
     let o = run(lw_inbox().arg("-m").arg(&web).args(["ack", &id]));
     assert_eq!((o.status.code(), stdout(&o)), (Some(0), format!("{id}\n")));
     assert_eq!(ls(&web.join("inbox/cur")), vec![id.clone()]);
     assert_eq!(stdout(&run(lw_inbox().arg("-m").arg(&web))), "");
     // Acking again is not an error; acking an unknown id is (66).
-    assert_eq!(run(lw_inbox().arg("-m").arg(&web).args(["ack", &id])).status.code(), Some(0));
+    assert_eq!(
+        run(lw_inbox().arg("-m").arg(&web).args(["ack", &id]))
+            .status
+            .code(),
+        Some(0)
+    );
     let unknown = loopwright::id::new_id();
     let o = run(lw_inbox().arg("-m").arg(&web).args(["ack", &unknown]));
     assert_eq!(o.status.code(), Some(66), "{}", stderr(&o));
@@ -80,7 +107,12 @@ fn body_from_stdin_and_json_output() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all("line one\nline two ünïcode\n".as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all("line one\nline two ünïcode\n".as_bytes())
+        .unwrap();
     let o = child.wait_with_output().unwrap();
     assert!(o.status.success());
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -99,19 +131,55 @@ fn invalid_posts_exit_65_and_leave_nothing() {
     let t = TempDir::new("invalid");
     let big = "x".repeat(MAX_BODY + 1);
     let cases: Vec<(Vec<&str>, Option<Vec<u8>>, &str)> = vec![
-        (vec!["-k", "gossip", "-s", "x"], None, "unknown kind 'gossip'"),
-        (vec!["-k", "bounce", "-s", "x"], None, "unknown kind 'bounce'"),
+        (
+            vec!["-k", "gossip", "-s", "x"],
+            None,
+            "unknown kind 'gossip'",
+        ),
+        (
+            vec!["-k", "bounce", "-s", "x"],
+            None,
+            "unknown kind 'bounce'",
+        ),
         (vec!["-k", "status", "-s", ""], None, "subject is empty"),
-        (vec!["-k", "status", "-s", "two\nlines"], None, "subject contains"),
-        (vec!["-k", "status", "-s", "x", "-"], Some(big.clone().into_bytes()), "body is longer"),
-        (vec!["-k", "status", "-s", "x", "-"], Some(b"ok \xff\xfe".to_vec()), "not UTF-8"),
-        (vec!["-k", "status", "-s", "x", "-t", "../etc"], None, "recipient '../etc'"),
-        (vec!["-k", "answer", "-s", "x", "--reply-to", "nope"], None, "in_reply_to 'nope'"),
+        (
+            vec!["-k", "status", "-s", "two\nlines"],
+            None,
+            "subject contains",
+        ),
+        (
+            vec!["-k", "status", "-s", "x", "-"],
+            Some(big.clone().into_bytes()),
+            "body is longer",
+        ),
+        (
+            vec!["-k", "status", "-s", "x", "-"],
+            Some(b"ok \xff\xfe".to_vec()),
+            "not UTF-8",
+        ),
+        (
+            vec!["-k", "status", "-s", "x", "-t", "../etc"],
+            None,
+            "recipient '../etc'",
+        ),
+        (
+            vec!["-k", "answer", "-s", "x", "--reply-to", "nope"],
+            None,
+            "in_reply_to 'nope'",
+        ),
     ];
     for (args, stdin, want) in cases {
         let mut cmd = lw_post();
-        cmd.arg("-m").arg(t.path()).args(&args).stdout(Stdio::piped()).stderr(Stdio::piped());
-        cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+        cmd.arg("-m")
+            .arg(t.path())
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd.stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
         let mut child = cmd.spawn().unwrap();
         if let Some(bytes) = stdin {
             // lw-post may stop reading once it has seen too much: a broken pipe here is fine.
@@ -119,7 +187,11 @@ fn invalid_posts_exit_65_and_leave_nothing() {
         }
         let o = child.wait_with_output().unwrap();
         assert_eq!(o.status.code(), Some(65), "{args:?}: {}", stderr(&o));
-        assert!(stderr(&o).starts_with("lw-post: ") && stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).starts_with("lw-post: ") && stderr(&o).contains(want),
+            "{args:?}: {}",
+            stderr(&o)
+        );
         assert!(o.stdout.is_empty());
     }
     assert!(ls(&t.join("outbox/new")).is_empty() && ls(&t.join("outbox/tmp")).is_empty());
@@ -131,8 +203,14 @@ fn missing_mailbox_is_named_with_exit_73() {
     let gone = t.join("no-such-sandbox");
     let o = post(&gone, &["-k", "status", "-s", "x"]);
     assert_eq!(o.status.code(), Some(73));
-    assert!(stderr(&o).contains("no-such-sandbox") && stderr(&o).contains("LW_MAILBOX"), "{}", stderr(&o));
-    let o = run(lw_post().env_remove("LW_MAILBOX").args(["-k", "status", "-s", "x"]));
+    assert!(
+        stderr(&o).contains("no-such-sandbox") && stderr(&o).contains("LW_MAILBOX"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(lw_post()
+        .env_remove("LW_MAILBOX")
+        .args(["-k", "status", "-s", "x"]));
     assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
     let o = run(lw_inbox().env_remove("LW_MAILBOX"));
     assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
@@ -142,7 +220,10 @@ fn missing_mailbox_is_named_with_exit_73() {
 
 #[test]
 fn read_only_mailbox_is_refused_with_exit_73() {
-    assert!(is_root(), "this test mounts a read-only file system; run the suite as root (CI does)");
+    assert!(
+        is_root(),
+        "this test mounts a read-only file system; run the suite as root (CI does)"
+    );
     let t = TempDir::new("ro");
     let m = Mount::tmpfs(&t.join("mnt"), "size=1m");
     for d in ["tmp", "new", "cur"] {
@@ -151,12 +232,19 @@ fn read_only_mailbox_is_refused_with_exit_73() {
     m.remount("ro");
     let o = post(&t.join("mnt"), &["-k", "status", "-s", "x"]);
     assert_eq!(o.status.code(), Some(73), "{}", stderr(&o));
-    assert!(stderr(&o).contains("mnt/outbox/tmp") && stderr(&o).contains("Read-only"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("mnt/outbox/tmp") && stderr(&o).contains("Read-only"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
 fn disk_full_gives_no_false_success_and_nothing_half_delivered() {
-    assert!(is_root(), "this test mounts a small file system; run the suite as root (CI does)");
+    assert!(
+        is_root(),
+        "this test mounts a small file system; run the suite as root (CI does)"
+    );
     let t = TempDir::new("full");
     let mnt = t.join("mnt");
     let _m = Mount::tmpfs(&mnt, "size=256k");
@@ -191,38 +279,84 @@ fn inbox_reports_odd_entries_without_following_or_blocking() {
     let (api, web) = (t.join("api"), t.join("web"));
     std::fs::create_dir_all(&api).unwrap();
     std::fs::create_dir_all(&web).unwrap();
-    assert_eq!(post(&api, &["-k", "status", "-s", "good one"]).status.code(), Some(0));
+    assert_eq!(
+        post(&api, &["-k", "status", "-s", "good one"])
+            .status
+            .code(),
+        Some(0)
+    );
     let good = hand_deliver(&api, &web).remove(0);
     let new = web.join("inbox/new");
     let secret = t.join("secret");
     std::fs::write(&secret, std::fs::read(new.join(&good)).unwrap()).unwrap();
     let id = |n: u32| format!("1000000000.000000000.{n:032x}");
     std::os::unix::fs::symlink(&secret, new.join(id(1))).unwrap();
-    assert!(Command::new("mkfifo").arg(new.join(id(2))).status().unwrap().success());
+    assert!(
+        Command::new("mkfifo")
+            .arg(new.join(id(2)))
+            .status()
+            .unwrap()
+            .success()
+    );
     std::fs::create_dir(new.join(id(3))).unwrap();
     std::fs::write(new.join(id(4)), b"{\"version\":1, truncated").unwrap();
-    std::fs::write(new.join(std::ffi::OsStr::from_bytes(b"evil\nname\xff")), b"x").unwrap();
+    std::fs::write(
+        new.join(std::ffi::OsStr::from_bytes(b"evil\nname\xff")),
+        b"x",
+    )
+    .unwrap();
 
-    let mut child = lw_inbox().arg("-m").arg(&web).arg("--json").stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = lw_inbox()
+        .arg("-m")
+        .arg(&web)
+        .arg("--json")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     // A FIFO that blocked the reader would hang here; the deadline turns that into a failure.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while child.try_wait().unwrap().is_none() {
-        assert!(std::time::Instant::now() < deadline, "lw-inbox blocked on an odd entry");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "lw-inbox blocked on an odd entry"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let o = child.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let lines: Vec<serde_json::Value> = o.stdout.split(|b| *b == b'\n').filter(|l| !l.is_empty()).map(|l| serde_json::from_slice(l).unwrap()).collect();
-    let bad: Vec<_> = lines.iter().filter(|v| v["type"] == "bad").map(|v| v["reason"].as_str().unwrap().to_string()).collect();
+    let lines: Vec<serde_json::Value> = o
+        .stdout
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).unwrap())
+        .collect();
+    let bad: Vec<_> = lines
+        .iter()
+        .filter(|v| v["type"] == "bad")
+        .map(|v| v["reason"].as_str().unwrap().to_string())
+        .collect();
     let msgs: Vec<_> = lines.iter().filter(|v| v["type"] == "message").collect();
     assert_eq!(msgs.len(), 1, "only the good message lists: {lines:?}");
     assert_eq!(msgs[0]["id"], good.as_str());
     assert_eq!(bad.len(), 5, "{bad:?}");
-    for want in ["symbolic link", "FIFO", "directory", "not JSON", "not UTF-8"] {
-        assert!(bad.iter().any(|r| r.contains(want)), "{want} not reported: {bad:?}");
+    for want in [
+        "symbolic link",
+        "FIFO",
+        "directory",
+        "not JSON",
+        "not UTF-8",
+    ] {
+        assert!(
+            bad.iter().any(|r| r.contains(want)),
+            "{want} not reported: {bad:?}"
+        );
     }
     let err = stderr(&o);
-    assert!(err.contains("evil\\nname"), "names are escaped on one line: {err}");
+    assert!(
+        err.contains("evil\\nname"),
+        "names are escaped on one line: {err}"
+    );
     assert_eq!(err.lines().count(), 5, "{err}");
     // Nothing was moved or deleted: the entries stay for quarantine.
     assert_eq!(ls(&new).len(), 6);
@@ -235,12 +369,21 @@ fn wait_wakes_on_arrival_and_times_out_with_75() {
     let (api, web) = (t.join("api"), t.join("web"));
     std::fs::create_dir_all(&api).unwrap();
     std::fs::create_dir_all(&web).unwrap();
-    let o = run(lw_inbox().arg("-m").arg(&web).args(["--wait", "--timeout", "0.2"]));
+    let o = run(lw_inbox()
+        .arg("-m")
+        .arg(&web)
+        .args(["--wait", "--timeout", "0.2"]));
     assert_eq!(o.status.code(), Some(75), "{}", stderr(&o));
 
     // The waiter reports readiness by creating inbox/ itself; wait for that
     // directory (an event) before posting, so the test does not race the start.
-    let waiter = lw_inbox().arg("-m").arg(&web).args(["--wait", "--timeout", "60"]).stdout(Stdio::piped()).spawn().unwrap();
+    let waiter = lw_inbox()
+        .arg("-m")
+        .arg(&web)
+        .args(["--wait", "--timeout", "60"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     let inbox = loopwright::maildir::Maildir::new(web.join("inbox"));
     let t0 = std::time::Instant::now();
     while !inbox.sub(loopwright::maildir::Sub::New).is_dir() {
@@ -248,8 +391,19 @@ fn wait_wakes_on_arrival_and_times_out_with_75() {
         std::thread::yield_now();
     }
     // A bad entry alone must not wake it into listing nothing.
-    std::fs::write(inbox.sub(loopwright::maildir::Sub::New).join("1000000000.000000000.00000000000000000000000000000009"), b"junk").unwrap();
-    assert_eq!(post(&api, &["-k", "handoff", "-s", "your turn", "-t", "web"]).status.code(), Some(0));
+    std::fs::write(
+        inbox
+            .sub(loopwright::maildir::Sub::New)
+            .join("1000000000.000000000.00000000000000000000000000000009"),
+        b"junk",
+    )
+    .unwrap();
+    assert_eq!(
+        post(&api, &["-k", "handoff", "-s", "your turn", "-t", "web"])
+            .status
+            .code(),
+        Some(0)
+    );
     let id = hand_deliver(&api, &web).remove(0);
     let o = waiter.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(0));
@@ -258,7 +412,11 @@ fn wait_wakes_on_arrival_and_times_out_with_75() {
 
 #[test]
 fn usage_errors_exit_64_and_help_exits_0() {
-    for (cmd, args) in [(lw_post(), vec!["--bogus"]), (lw_inbox(), vec!["--timeout", "3"]), (lw_inbox(), vec!["frobnicate"])] {
+    for (cmd, args) in [
+        (lw_post(), vec!["--bogus"]),
+        (lw_inbox(), vec!["--timeout", "3"]),
+        (lw_inbox(), vec!["frobnicate"]),
+    ] {
         let mut cmd = cmd;
         let o = run(cmd.args(&args).env("LW_MAILBOX", "/tmp"));
         assert_eq!(o.status.code(), Some(64), "{args:?}: {}", stderr(&o));
@@ -280,10 +438,21 @@ fn closed_stdout_exits_quietly() {
     std::fs::create_dir_all(&api).unwrap();
     std::fs::create_dir_all(&web).unwrap();
     for i in 0..300 {
-        assert_eq!(post(&api, &["-k", "status", "-s", &format!("n{i}")]).status.code(), Some(0));
+        assert_eq!(
+            post(&api, &["-k", "status", "-s", &format!("n{i}")])
+                .status
+                .code(),
+            Some(0)
+        );
     }
     hand_deliver(&api, &web);
-    let mut child = lw_inbox().arg("-m").arg(&web).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = lw_inbox()
+        .arg("-m")
+        .arg(&web)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     drop(child.stdout.take());
     let o = child.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(0));

@@ -15,7 +15,11 @@ fn code(o: &std::process::Output) -> Option<i32> {
 fn docker_down_is_69_with_how_to_start_it() {
     let dir = std::env::temp_dir().join(format!("lw-sbt-down-{}", nonce()));
     std::fs::create_dir_all(&dir).expect("mkdir");
-    for args in [&["ls"][..], &["create", "a", "--branch", "a", "--image", "x"], &["gc"]] {
+    for args in [
+        &["ls"][..],
+        &["create", "a", "--branch", "a", "--image", "x"],
+        &["gc"],
+    ] {
         let o = Command::new(bin("lw-sandbox"))
             .args(args)
             .env("LW_ROOT", &dir)
@@ -23,7 +27,11 @@ fn docker_down_is_69_with_how_to_start_it() {
             .output()
             .expect("runs");
         assert_eq!(code(&o), Some(69), "{args:?}: {}", err(&o));
-        assert!(err(&o).starts_with("lw-sandbox: cannot reach the Docker engine"), "{}", err(&o));
+        assert!(
+            err(&o).starts_with("lw-sandbox: cannot reach the Docker engine"),
+            "{}",
+            err(&o)
+        );
         assert!(err(&o).contains("DOCKER_HOST"));
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -31,19 +39,42 @@ fn docker_down_is_69_with_how_to_start_it() {
 
 #[test]
 fn usage_errors_are_64() {
-    let o = Command::new(bin("lw-sandbox")).args(["ls"]).env_remove("LW_ROOT").output().expect("runs");
+    let o = Command::new(bin("lw-sandbox"))
+        .args(["ls"])
+        .env_remove("LW_ROOT")
+        .output()
+        .expect("runs");
     assert_eq!(code(&o), Some(64), "{}", err(&o));
     assert!(err(&o).contains("--root"), "{}", err(&o));
-    for args in [&["exec", "a"][..], &["frobnicate"], &["create", "a"], &["create", "a", "--branch", "b", "--network", "host"]] {
-        let o = Command::new(bin("lw-sandbox")).args(args).env("LW_ROOT", "/tmp").output().expect("runs");
+    for args in [
+        &["exec", "a"][..],
+        &["frobnicate"],
+        &["create", "a"],
+        &["create", "a", "--branch", "b", "--network", "host"],
+    ] {
+        let o = Command::new(bin("lw-sandbox"))
+            .args(args)
+            .env("LW_ROOT", "/tmp")
+            .output()
+            .expect("runs");
         assert_eq!(code(&o), Some(64), "{args:?}: {}", err(&o));
         assert!(err(&o).starts_with("lw-sandbox: "), "{}", err(&o));
     }
-    let o = Command::new(bin("lw-sandbox")).args(["shell", "a"]).env("LW_ROOT", "/tmp").stdin(std::process::Stdio::null()).output().expect("runs");
+    let o = Command::new(bin("lw-sandbox"))
+        .args(["shell", "a"])
+        .env("LW_ROOT", "/tmp")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("runs");
     assert_eq!(code(&o), Some(64), "shell without a terminal: {}", err(&o));
-    let o = Command::new(bin("lw-sandbox")).arg("--help").output().expect("runs");
+    let o = Command::new(bin("lw-sandbox"))
+        .arg("--help")
+        .output()
+        .expect("runs");
     assert!(o.status.success());
-    for sub in ["create", "push", "exec", "shell", "ls", "port", "stop", "start", "rm", "gc"] {
+    for sub in [
+        "create", "push", "exec", "shell", "ls", "port", "stop", "start", "rm", "gc",
+    ] {
         assert!(text(&o).contains(&format!("  {sub} ")), "help lists {sub}");
     }
 }
@@ -56,20 +87,80 @@ fn names_branches_images_and_ports() {
     assert!(!mirror.exists());
     let o = f.sb(&["create", "a", "--branch", "a", "--no-fetch"]);
     assert_eq!(code(&o), Some(66), "--no-fetch needs a mirror: {}", err(&o));
-    f.ok(&["create", "a", "--branch", "a", "--port", "80", "--network", "bridge"]);
-    assert!(mirror.join("lw-mirror.state").is_file(), "mirror created by create");
+    f.ok(&[
+        "create",
+        "a",
+        "--branch",
+        "a",
+        "--port",
+        "80",
+        "--network",
+        "bridge",
+    ]);
+    assert!(
+        mirror.join("lw-mirror.state").is_file(),
+        "mirror created by create"
+    );
 
     let cases: &[(&[&str], i32, &str)] = &[
         (&["create", "a", "--branch", "x"], 73, "exists"),
-        (&["create", "Bad/Name", "--branch", "x"], 64, "not a valid sandbox name"),
+        (
+            &["create", "Bad/Name", "--branch", "x"],
+            64,
+            "not a valid sandbox name",
+        ),
         (&["create", "human", "--branch", "x"], 64, "reserved"),
-        (&["create", "c", "--branch", "a..b"], 64, "not a valid branch name"),
-        (&["create", "c", "--branch=-x"], 64, "not a valid branch name"),
-        (&["create", "c", "--branch", "x", "--from", "no-such-ref"], 64, "no-such-ref"),
-        (&["create", "c", "--branch", "x", "--image", "loopwright/no-such-image:x"], 66, "not in the engine"),
-        (&["create", "c", "--branch", "x", "--port", "80", "--network", "bridge"], 75, "exhausted"),
-        (&["create", "c", "--branch", "x", "--port", "http"], 64, "not a container port"),
-        (&["create", "c", "--branch", "x", "--secret", "TOKEN"], 78, "not allowed"),
+        (
+            &["create", "c", "--branch", "a..b"],
+            64,
+            "not a valid branch name",
+        ),
+        (
+            &["create", "c", "--branch=-x"],
+            64,
+            "not a valid branch name",
+        ),
+        (
+            &["create", "c", "--branch", "x", "--from", "no-such-ref"],
+            64,
+            "no-such-ref",
+        ),
+        (
+            &[
+                "create",
+                "c",
+                "--branch",
+                "x",
+                "--image",
+                "loopwright/no-such-image:x",
+            ],
+            66,
+            "not in the engine",
+        ),
+        (
+            &[
+                "create",
+                "c",
+                "--branch",
+                "x",
+                "--port",
+                "80",
+                "--network",
+                "bridge",
+            ],
+            75,
+            "exhausted",
+        ),
+        (
+            &["create", "c", "--branch", "x", "--port", "http"],
+            64,
+            "not a container port",
+        ),
+        (
+            &["create", "c", "--branch", "x", "--secret", "TOKEN"],
+            78,
+            "not allowed",
+        ),
         (&["rm", "nope"], 66, "no sandbox 'nope'"),
         (&["push", "nope"], 66, "no sandbox 'nope'"),
         (&["exec", "nope", "--", "true"], 66, "no sandbox 'nope'"),
@@ -82,8 +173,22 @@ fn names_branches_images_and_ports() {
     // None of the refused creates left anything: only sandbox a exists.
     let mut host = f.host_leftovers();
     host.sort();
-    assert_eq!(host, ["lease 47600 a 80/tcp", "registry/a.json", "sandboxes/a", "state/sandbox/a.json", "state/sandbox/a.lock"]);
-    assert_eq!(f.leftovers().len(), 2, "a's container and volume: {:?}", f.leftovers());
+    assert_eq!(
+        host,
+        [
+            "lease 47600 a 80/tcp",
+            "registry/a.json",
+            "sandboxes/a",
+            "state/sandbox/a.json",
+            "state/sandbox/a.lock"
+        ]
+    );
+    assert_eq!(
+        f.leftovers().len(),
+        2,
+        "a's container and volume: {:?}",
+        f.leftovers()
+    );
     f.ok(&["rm", "a"]);
 }
 
@@ -94,7 +199,13 @@ fn a_stale_image_is_refused_unless_allowed() {
     std::fs::write(f.proj.join("deps.lock"), format!("lock {}\n", nonce())).expect("write");
     let o = f.sb(&["create", "s", "--branch", "s"]);
     assert_eq!(code(&o), Some(66), "{}", err(&o));
-    assert!(err(&o).contains("not built") && err(&o).contains("deps") && err(&o).contains("--allow-stale"), "{}", err(&o));
+    assert!(
+        err(&o).contains("not built")
+            && err(&o).contains("deps")
+            && err(&o).contains("--allow-stale"),
+        "{}",
+        err(&o)
+    );
     let o = f.sb(&["create", "s", "--branch", "s", "--allow-stale"]);
     assert!(o.status.success(), "{}", err(&o));
     assert!(err(&o).contains("stale image"), "{}", err(&o));
@@ -103,7 +214,11 @@ fn a_stale_image_is_refused_unless_allowed() {
     std::fs::remove_file(f.proj.join(".loopwright/runtime/runtime.conf")).expect("rm");
     let o = f.sb(&["create", "t", "--branch", "t"]);
     assert_eq!(code(&o), Some(66), "{}", err(&o));
-    assert!(err(&o).contains("lw-build init") && err(&o).contains("--image"), "{}", err(&o));
+    assert!(
+        err(&o).contains("lw-build init") && err(&o).contains("--image"),
+        "{}",
+        err(&o)
+    );
 }
 
 #[test]
@@ -118,7 +233,10 @@ fn a_container_removed_behind_our_back_is_shown_and_reclaimed() {
     assert_eq!(code(&o), Some(66), "{}", err(&o));
     assert!(err(&o).contains("gc"), "{}", err(&o));
     let gc = f.ok(&["gc"]);
-    assert!(gc.contains("volume ") && gc.contains("registry g") && gc.contains("record g"), "{gc}");
+    assert!(
+        gc.contains("volume ") && gc.contains("registry g") && gc.contains("record g"),
+        "{gc}"
+    );
     assert!(f.leftovers().is_empty(), "{:?}", f.leftovers());
     assert!(f.host_leftovers().is_empty(), "{:?}", f.host_leftovers());
     assert_eq!(f.ok(&["ls"]), "");
@@ -140,8 +258,22 @@ fn a_push_the_upstream_moved_under_is_refused_with_what_to_do() {
     let before = git(&f.upstream, &["rev-parse", "main"]);
     let o = f.sb(&["push", "n"]);
     assert_eq!(code(&o), Some(75), "{}", err(&o));
-    assert!(err(&o).contains("merge") && err(&o).contains("--force"), "{}", err(&o));
-    assert_eq!(git(&f.upstream, &["rev-parse", "main"]), before, "the upstream is unchanged");
-    assert!(f.host_leftovers().iter().all(|l| !l.starts_with("state/push/")), "no quarantine left: {:?}", f.host_leftovers());
+    assert!(
+        err(&o).contains("merge") && err(&o).contains("--force"),
+        "{}",
+        err(&o)
+    );
+    assert_eq!(
+        git(&f.upstream, &["rev-parse", "main"]),
+        before,
+        "the upstream is unchanged"
+    );
+    assert!(
+        f.host_leftovers()
+            .iter()
+            .all(|l| !l.starts_with("state/push/")),
+        "no quarantine left: {:?}",
+        f.host_leftovers()
+    );
     f.ok(&["rm", "--force", "n"]);
 }

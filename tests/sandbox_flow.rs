@@ -9,7 +9,18 @@ use sandbox_support::*;
 #[test]
 fn create_clones_onto_the_branch_and_push_sends_only_it() {
     let f = Fixture::new("flow");
-    assert_eq!(f.ok(&["create", "api", "--branch", "lw/api", "--scope", "src/api/**"]).trim(), "api");
+    assert_eq!(
+        f.ok(&[
+            "create",
+            "api",
+            "--branch",
+            "lw/api",
+            "--scope",
+            "src/api/**"
+        ])
+        .trim(),
+        "api"
+    );
 
     // The clone: its own .git, objects borrowed from the mirror, on the branch, identity set.
     let (code, out, e) = f.sh(
@@ -19,10 +30,23 @@ fn create_clones_onto_the_branch_and_push_sends_only_it() {
     );
     assert_eq!(code, 0, "{e}");
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines, ["lw/api", "/lw/mirror/objects", "host@example.com", "init", "own-git", "/lw/mailbox api"]);
+    assert_eq!(
+        lines,
+        [
+            "lw/api",
+            "/lw/mirror/objects",
+            "host@example.com",
+            "init",
+            "own-git",
+            "/lw/mailbox api"
+        ]
+    );
     // Registered for the mediator, with its mailbox.
     let reg = std::fs::read_to_string(f.root.join("registry/api.json")).expect("registry record");
-    assert!(reg.contains("\"lw/api\"") && reg.contains("src/api/**"), "{reg}");
+    assert!(
+        reg.contains("\"lw/api\"") && reg.contains("src/api/**"),
+        "{reg}"
+    );
     assert!(f.root.join("sandboxes/api/outbox/new").is_dir());
 
     // lw-post works from inside with no flag: LW_MAILBOX is set.
@@ -40,7 +64,8 @@ fn create_clones_onto_the_branch_and_push_sends_only_it() {
     );
     assert_eq!(code, 0, "{e}");
     let ls = f.ok(&["ls", "--json"]);
-    let rec: serde_json::Value = serde_json::from_str(ls.lines().next().expect("one sandbox")).expect("json");
+    let rec: serde_json::Value =
+        serde_json::from_str(ls.lines().next().expect("one sandbox")).expect("json");
     assert_eq!(rec["type"], "sandbox");
     assert_eq!(rec["state"], "running");
     assert_eq!(rec["unpushed"], 1);
@@ -55,17 +80,29 @@ fn create_clones_onto_the_branch_and_push_sends_only_it() {
     assert_eq!(w[0], "lw/api");
     assert_eq!(w[2], "new");
     assert_eq!(git(&f.upstream, &["rev-parse", "refs/heads/lw/api"]), w[1]);
-    assert_eq!(git(&f.upstream, &["log", "--format=%s", "-1", "lw/api"]), "api: users 2");
+    assert_eq!(
+        git(&f.upstream, &["log", "--format=%s", "-1", "lw/api"]),
+        "api: users 2"
+    );
     let heads = git(&f.upstream, &["for-each-ref", "--format=%(refname)"]);
-    assert_eq!(heads, "refs/heads/lw/api\nrefs/heads/main", "only the task's branch left the sandbox");
+    assert_eq!(
+        heads, "refs/heads/lw/api\nrefs/heads/main",
+        "only the task's branch left the sandbox"
+    );
     git(&f.upstream, &["fsck", "--no-progress"]);
     // The host checkout was never touched.
-    assert_eq!(git(&f.proj, &["status", "--porcelain", "--untracked-files=no"]), "");
+    assert_eq!(
+        git(&f.proj, &["status", "--porcelain", "--untracked-files=no"]),
+        ""
+    );
     assert_eq!(git(&f.proj, &["rev-parse", "--abbrev-ref", "HEAD"]), "main");
 
     let ls = f.ok(&["ls"]);
     assert!(ls.starts_with("api\tlw/api\trunning\t-\t"), "{ls}");
-    assert!(ls.trim_end().ends_with("\t0"), "pushed work counts as pushed: {ls}");
+    assert!(
+        ls.trim_end().ends_with("\t0"),
+        "pushed work counts as pushed: {ls}"
+    );
     // A second push is a no-op.
     assert!(f.ok(&["push", "api"]).contains("up-to-date"));
 
@@ -73,14 +110,26 @@ fn create_clones_onto_the_branch_and_push_sends_only_it() {
     f.ok(&["stop", "api"]);
     assert!(f.ok(&["ls"]).contains("\texited\t"));
     let o = f.sb(&["exec", "api", "--", "true"]);
-    assert_eq!(o.status.code(), Some(69), "exec in a stopped sandbox: {}", err(&o));
+    assert_eq!(
+        o.status.code(),
+        Some(69),
+        "exec in a stopped sandbox: {}",
+        err(&o)
+    );
     f.ok(&["start", "api"]);
-    assert_eq!(f.sh("api", "git log --format=%s -1").1.trim(), "api: users 2");
+    assert_eq!(
+        f.sh("api", "git log --format=%s -1").1.trim(),
+        "api: users 2"
+    );
 
     // The status message posted above was never routed: rm keeps the mailbox and says so.
     let o = f.sb(&["rm", "api"]);
     assert!(o.status.success(), "{}", err(&o));
-    assert!(err(&o).contains("kept mailbox") && err(&o).contains("1 unread"), "{}", err(&o));
+    assert!(
+        err(&o).contains("kept mailbox") && err(&o).contains("1 unread"),
+        "{}",
+        err(&o)
+    );
     assert!(f.leftovers().is_empty(), "{:?}", f.leftovers());
     assert_eq!(f.host_leftovers(), ["sandboxes/api"]);
 }
@@ -93,19 +142,42 @@ fn exec_passes_statuses_signals_and_stdin_through() {
     assert_eq!(f.sh("x", "kill -9 $$").0, 128 + 9);
     assert_eq!(f.sh("x", "kill -15 $$").0, 128 + 15);
     let o = f.sb(&["exec", "x", "--", "/nonexistent"]);
-    assert!(matches!(o.status.code(), Some(126 | 127)), "{:?}", o.status.code());
+    assert!(
+        matches!(o.status.code(), Some(126 | 127)),
+        "{:?}",
+        o.status.code()
+    );
     let mut c = f.cmd(&["exec", "x", "--", "sh", "-c", "wc -c; pwd >&2"]);
-    c.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    c.stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
     let mut child = c.spawn().expect("spawn");
     use std::io::Write;
-    child.stdin.take().expect("piped").write_all(&vec![b'a'; 200_000]).expect("write");
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(&vec![b'a'; 200_000])
+        .expect("write");
     let o = child.wait_with_output().expect("wait");
     assert_eq!(text(&o).trim(), "200000");
     assert_eq!(err(&o).trim(), "/work/repo");
     // An existing branch upstream is checked out as it is, tracking it.
     git(&f.proj, &["push", "-q", "origin", "main:feature"]);
-    f.ok(&["create", "y", "--branch", "feature", "--from", "nonexistent-ignored"]);
-    assert_eq!(f.sh("y", "git rev-parse --abbrev-ref HEAD@{upstream}").1.trim(), "origin/feature");
+    f.ok(&[
+        "create",
+        "y",
+        "--branch",
+        "feature",
+        "--from",
+        "nonexistent-ignored",
+    ]);
+    assert_eq!(
+        f.sh("y", "git rev-parse --abbrev-ref HEAD@{upstream}")
+            .1
+            .trim(),
+        "origin/feature"
+    );
     f.ok(&["rm", "x", "y"]);
 }
 
@@ -113,23 +185,68 @@ fn exec_passes_statuses_signals_and_stdin_through() {
 fn ports_are_leased_published_on_loopback_and_released() {
     let f = Fixture::with_config("ports", "sandbox.ports = 47300-47309\n");
     let o = f.sb(&["create", "a", "--branch", "a", "--port", "8080"]);
-    assert_eq!(o.status.code(), Some(64), "--port without a network: {}", err(&o));
-    let o = f.sb(&["create", "a", "--branch", "a", "--port", "8080", "--network", "bridge"]);
+    assert_eq!(
+        o.status.code(),
+        Some(64),
+        "--port without a network: {}",
+        err(&o)
+    );
+    let o = f.sb(&[
+        "create",
+        "a",
+        "--branch",
+        "a",
+        "--port",
+        "8080",
+        "--network",
+        "bridge",
+    ]);
     assert!(o.status.success(), "{}", err(&o));
-    assert!(err(&o).contains("bridge network"), "bridge is warned: {}", err(&o));
-    f.ok(&["create", "b", "--branch", "b", "--port", "8080", "--port", "9090/tcp", "--network", "bridge"]);
+    assert!(
+        err(&o).contains("bridge network"),
+        "bridge is warned: {}",
+        err(&o)
+    );
+    f.ok(&[
+        "create",
+        "b",
+        "--branch",
+        "b",
+        "--port",
+        "8080",
+        "--port",
+        "9090/tcp",
+        "--network",
+        "bridge",
+    ]);
     let pa = f.ok(&["port", "a"]);
     let pb = f.ok(&["port", "b"]);
     assert_eq!(pa.trim(), "8080/tcp -> 127.0.0.1:47300");
-    assert_eq!(pb.lines().collect::<Vec<_>>(), ["8080/tcp -> 127.0.0.1:47301", "9090/tcp -> 127.0.0.1:47302"]);
+    assert_eq!(
+        pb.lines().collect::<Vec<_>>(),
+        ["8080/tcp -> 127.0.0.1:47301", "9090/tcp -> 127.0.0.1:47302"]
+    );
     // The engine agrees, from outside.
     let d = text(&docker(&["port", &f.container("b"), "8080/tcp"]));
     assert_eq!(d.trim(), "127.0.0.1:47301");
     f.ok(&["rm", "a"]);
     let leases = std::fs::read_to_string(f.root.join("state/ports")).expect("lease file");
     assert!(!leases.contains("47300"), "rm releases: {leases}");
-    f.ok(&["create", "c", "--branch", "c", "--port", "80", "--network", "bridge"]);
-    assert_eq!(f.ok(&["port", "c"]).trim(), "80/tcp -> 127.0.0.1:47300", "a released port is leased again");
+    f.ok(&[
+        "create",
+        "c",
+        "--branch",
+        "c",
+        "--port",
+        "80",
+        "--network",
+        "bridge",
+    ]);
+    assert_eq!(
+        f.ok(&["port", "c"]).trim(),
+        "80/tcp -> 127.0.0.1:47300",
+        "a released port is leased again"
+    );
     f.ok(&["rm", "b", "c"]);
     assert!(f.host_leftovers().is_empty(), "{:?}", f.host_leftovers());
 }
@@ -138,12 +255,24 @@ fn ports_are_leased_published_on_loopback_and_released() {
 fn secrets_reach_only_the_sandbox_tmpfs() {
     let f = Fixture::with_config("secrets", "sandbox.secrets = LW_TEST_TOKEN\n");
     let value = format!("tok-{}", nonce());
-    let o = f.cmd(&["create", "s", "--branch", "s", "--secret", "HOME"]).env("HOME", "/root").output().expect("runs");
+    let o = f
+        .cmd(&["create", "s", "--branch", "s", "--secret", "HOME"])
+        .env("HOME", "/root")
+        .output()
+        .expect("runs");
     assert_eq!(o.status.code(), Some(78), "not allowed: {}", err(&o));
-    let o = f.cmd(&["create", "s", "--branch", "s", "--secret", "LW_TEST_TOKEN"]).env_remove("LW_TEST_TOKEN").output().expect("runs");
+    let o = f
+        .cmd(&["create", "s", "--branch", "s", "--secret", "LW_TEST_TOKEN"])
+        .env_remove("LW_TEST_TOKEN")
+        .output()
+        .expect("runs");
     assert_eq!(o.status.code(), Some(66), "unset: {}", err(&o));
     assert!(err(&o).contains("LW_TEST_TOKEN"));
-    let o = f.cmd(&["create", "s", "--branch", "s", "--secret", "LW_TEST_TOKEN"]).env("LW_TEST_TOKEN", &value).output().expect("runs");
+    let o = f
+        .cmd(&["create", "s", "--branch", "s", "--secret", "LW_TEST_TOKEN"])
+        .env("LW_TEST_TOKEN", &value)
+        .output()
+        .expect("runs");
     assert!(o.status.success(), "{}", err(&o));
     assert!(!err(&o).contains(&value) && !text(&o).contains(&value));
     let (code, out, e) = f.sh("s", "cat /run/secrets/LW_TEST_TOKEN; echo; stat -c '%a %u' /run/secrets/LW_TEST_TOKEN; grep -c LW_TEST_TOKEN /proc/1/environ || true");
@@ -154,26 +283,49 @@ fn secrets_reach_only_the_sandbox_tmpfs() {
     let inspect = text(&docker(&["inspect", &f.container("s")]));
     assert!(!inspect.contains(&value), "docker inspect shows no secret");
     for dir in [&f.root, &f.proj] {
-        let hit = std::process::Command::new("grep").args(["-r", "-l", &value]).arg(dir).output().expect("grep");
-        assert!(text(&hit).is_empty(), "secret found on disk: {}", text(&hit));
+        let hit = std::process::Command::new("grep")
+            .args(["-r", "-l", &value])
+            .arg(dir)
+            .output()
+            .expect("grep");
+        assert!(
+            text(&hit).is_empty(),
+            "secret found on disk: {}",
+            text(&hit)
+        );
     }
     // Gone when stopped; written again by start, from start's environment.
     f.ok(&["stop", "s"]);
-    let o = f.cmd(&["start", "s"]).env("LW_TEST_TOKEN", "second").output().expect("runs");
+    let o = f
+        .cmd(&["start", "s"])
+        .env("LW_TEST_TOKEN", "second")
+        .output()
+        .expect("runs");
     assert!(o.status.success(), "{}", err(&o));
     assert_eq!(f.sh("s", "cat /run/secrets/LW_TEST_TOKEN").1, "second");
     // A stopped sandbox pushes without its secrets in the environment, and stays stopped.
     f.ok(&["stop", "s"]);
-    let o = f.cmd(&["push", "s"]).env_remove("LW_TEST_TOKEN").output().expect("runs");
+    let o = f
+        .cmd(&["push", "s"])
+        .env_remove("LW_TEST_TOKEN")
+        .output()
+        .expect("runs");
     assert!(o.status.success(), "{}", err(&o));
     assert!(f.ok(&["ls"]).contains("\texited\t"));
-    let o = f.cmd(&["rm", "s"]).env_remove("LW_TEST_TOKEN").output().expect("runs");
+    let o = f
+        .cmd(&["rm", "s"])
+        .env_remove("LW_TEST_TOKEN")
+        .output()
+        .expect("runs");
     assert!(o.status.success(), "{}", err(&o));
 }
 
 #[test]
 fn a_branch_whose_lockfile_differs_gets_an_incremental_install() {
-    let f = Fixture::with_config("install", "sandbox.install = echo \"installed $(cat deps.lock)\" > /work/home/installed\n");
+    let f = Fixture::with_config(
+        "install",
+        "sandbox.install = echo \"installed $(cat deps.lock)\" > /work/home/installed\n",
+    );
     // The branch changes the lockfile the image's deps layer was built from.
     git(&f.proj, &["checkout", "-q", "-b", "newdeps"]);
     std::fs::write(f.proj.join("deps.lock"), "lock v2\n").expect("write");
@@ -183,13 +335,24 @@ fn a_branch_whose_lockfile_differs_gets_an_incremental_install() {
     let o = f.sb(&["create", "d", "--branch", "newdeps"]);
     assert!(o.status.success(), "{}", err(&o));
     assert!(err(&o).contains("deps.lock differ"), "{}", err(&o));
-    assert_eq!(f.sh("d", "cat /work/home/installed").1.trim(), "installed lock v2");
+    assert_eq!(
+        f.sh("d", "cat /work/home/installed").1.trim(),
+        "installed lock v2"
+    );
     // The same lockfile as the image: no install.
     let o = f.sb(&["create", "e", "--branch", "e"]);
-    assert!(o.status.success() && !err(&o).contains("differ"), "{}", err(&o));
+    assert!(
+        o.status.success() && !err(&o).contains("differ"),
+        "{}",
+        err(&o)
+    );
     assert_eq!(f.sh("e", "test -e /work/home/installed").0, 1);
     f.ok(&["rm", "d", "e"]);
-    assert!(f.leftovers().is_empty(), "the install container is gone too: {:?}", f.leftovers());
+    assert!(
+        f.leftovers().is_empty(),
+        "the install container is gone too: {:?}",
+        f.leftovers()
+    );
 }
 
 #[test]
@@ -197,7 +360,11 @@ fn shell_gives_a_terminal_on_the_branch_and_passes_the_status() {
     let f = Fixture::new("shell");
     f.ok(&["create", "t", "--branch", "lw/t"]);
     // script(1) gives lw-sandbox a terminal, as a person's would be.
-    let cmd = format!("{} --root {} shell t", bin("lw-sandbox").display(), f.root.display());
+    let cmd = format!(
+        "{} --root {} shell t",
+        bin("lw-sandbox").display(),
+        f.root.display()
+    );
     let mut child = std::process::Command::new("script")
         .args(["-qec", &cmd, "/dev/null"])
         .current_dir(&f.proj)
@@ -226,11 +393,19 @@ fn a_message_posted_in_one_sandbox_is_read_in_another_through_the_mediator() {
     f.ok(&["create", "b", "--branch", "lw/b", "--scope", "src/api/**"]);
     let (code, id, e) = f.sh("a", "lw-post --kind contract-change --ref src/api/schema.json --subject 'users: 2' 'schema changed'");
     assert_eq!(code, 0, "{e}");
-    let m = std::process::Command::new(bin("lw-mediate")).arg("--once").env("LW_ROOT", &f.root).current_dir(&f.proj).output().expect("lw-mediate runs");
+    let m = std::process::Command::new(bin("lw-mediate"))
+        .arg("--once")
+        .env("LW_ROOT", &f.root)
+        .current_dir(&f.proj)
+        .output()
+        .expect("lw-mediate runs");
     assert!(m.status.success(), "{}", err(&m));
     let (code, list, e) = f.sh("b", "lw-inbox");
     assert_eq!(code, 0, "{e}");
-    assert!(list.starts_with(&format!("{}\ta\tcontract-change\tusers: 2", id.trim())), "{list}");
+    assert!(
+        list.starts_with(&format!("{}\ta\tcontract-change\tusers: 2", id.trim())),
+        "{list}"
+    );
     let (code, _, e) = f.sh("b", &format!("lw-inbox ack {}", id.trim()));
     assert_eq!(code, 0, "{e}");
     assert_eq!(f.sh("b", "lw-inbox").1, "");

@@ -18,34 +18,67 @@ fn eight_at_once_are_eight_ready_with_distinct_ports_and_clones() {
     let children: Vec<_> = names
         .iter()
         .map(|n| {
-            f.cmd(&["create", n, "--branch", &format!("task/{n}"), "--port", "8080", "--network", "bridge", "--json"])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("spawn")
+            f.cmd(&[
+                "create",
+                n,
+                "--branch",
+                &format!("task/{n}"),
+                "--port",
+                "8080",
+                "--network",
+                "bridge",
+                "--json",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn")
         })
         .collect();
-    let outs: Vec<_> = children.into_iter().map(|c| c.wait_with_output().expect("wait")).collect();
+    let outs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().expect("wait"))
+        .collect();
     let took = t.elapsed();
     let ready = outs.iter().filter(|o| o.status.success()).count();
     for o in &outs {
         assert!(o.status.success(), "{}", err(o));
     }
-    let recs: Vec<serde_json::Value> = outs.iter().map(|o| serde_json::from_str(text(o).trim()).expect("json")).collect();
-    let mut ports: Vec<String> = recs.iter().map(|r| r["ports"][0]["host"].as_str().expect("a port").to_string()).collect();
+    let recs: Vec<serde_json::Value> = outs
+        .iter()
+        .map(|o| serde_json::from_str(text(o).trim()).expect("json"))
+        .collect();
+    let mut ports: Vec<String> = recs
+        .iter()
+        .map(|r| r["ports"][0]["host"].as_str().expect("a port").to_string())
+        .collect();
     ports.sort();
     ports.dedup();
     // Each commits in its own clone; none sees another's commit.
     let mut heads = Vec::new();
     for n in &names {
-        let (code, out, e) = f.sh(n, &format!("echo {n} > who && git add who && git commit -qm {n} && git rev-parse HEAD"));
+        let (code, out, e) = f.sh(
+            n,
+            &format!("echo {n} > who && git add who && git commit -qm {n} && git rev-parse HEAD"),
+        );
         assert_eq!(code, 0, "{e}");
         heads.push(out.trim().to_string());
     }
     let mut seen_elsewhere = 0;
     for (i, n) in names.iter().enumerate() {
-        let others: Vec<&str> = heads.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, h)| h.as_str()).collect();
-        let (_, out, _) = f.sh(n, &format!("for c in {}; do git cat-file -e $c 2>/dev/null && echo seen; done; true", others.join(" ")));
+        let others: Vec<&str> = heads
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, h)| h.as_str())
+            .collect();
+        let (_, out, _) = f.sh(
+            n,
+            &format!(
+                "for c in {}; do git cat-file -e $c 2>/dev/null && echo seen; done; true",
+                others.join(" ")
+            ),
+        );
         seen_elsewhere += out.lines().count();
     }
     let mut distinct_heads = heads.clone();
@@ -53,7 +86,16 @@ fn eight_at_once_are_eight_ready_with_distinct_ports_and_clones() {
     distinct_heads.dedup();
     let mut vols: Vec<String> = names
         .iter()
-        .map(|n| text(&docker(&["inspect", "-f", "{{range .Mounts}}{{if eq .Destination \"/work\"}}{{.Name}}{{end}}{{end}}", &f.container(n)])).trim().to_string())
+        .map(|n| {
+            text(&docker(&[
+                "inspect",
+                "-f",
+                "{{range .Mounts}}{{if eq .Destination \"/work\"}}{{.Name}}{{end}}{{end}}",
+                &f.container(n),
+            ]))
+            .trim()
+            .to_string()
+        })
         .collect();
     vols.sort();
     vols.dedup();
@@ -64,22 +106,42 @@ fn eight_at_once_are_eight_ready_with_distinct_ports_and_clones() {
         vols.len(),
         distinct_heads.len()
     );
-    assert_eq!((ready, ports.len(), vols.len(), distinct_heads.len(), seen_elsewhere), (8, 8, 8, 8, 0));
+    assert_eq!(
+        (
+            ready,
+            ports.len(),
+            vols.len(),
+            distinct_heads.len(),
+            seen_elsewhere
+        ),
+        (8, 8, 8, 8, 0)
+    );
     let mut rm = vec!["rm", "--force"];
     rm.extend(names.iter().map(String::as_str));
     f.ok(&rm);
-    assert!(f.leftovers().is_empty() && f.host_leftovers().is_empty(), "{:?} {:?}", f.leftovers(), f.host_leftovers());
+    assert!(
+        f.leftovers().is_empty() && f.host_leftovers().is_empty(),
+        "{:?} {:?}",
+        f.leftovers(),
+        f.host_leftovers()
+    );
 }
 
 /// A cheap source of jitter, without a dependency.
 fn jitter(i: u64, max_ms: u64) -> Duration {
-    let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").subsec_nanos() as u64;
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .subsec_nanos() as u64;
     Duration::from_millis((n / 7 + i * 7919) % max_ms)
 }
 
 #[test]
 fn gc_after_kill_9_mid_create_leaves_nothing_behind() {
-    let f = Fixture::with_config("kill", "sandbox.ports = 47500-47599\nsandbox.secrets = LW_KILL_SECRET\n");
+    let f = Fixture::with_config(
+        "kill",
+        "sandbox.ports = 47500-47599\nsandbox.secrets = LW_KILL_SECRET\n",
+    );
     // How long a whole create takes here, warm (the first one also pays for
     // cold caches), so the kills land inside it: six creates at once take
     // longer than one alone, so a moment within one create is mid-create.
@@ -96,12 +158,23 @@ fn gc_after_kill_9_mid_create_leaves_nothing_behind() {
         let mut children: Vec<_> = (0..6u64)
             .map(|i| {
                 let n = format!("k{round}{i}");
-                f.cmd(&["create", &n, "--branch", &n, "--port", "80", "--network", "bridge", "--secret", "LW_KILL_SECRET"])
-                    .env("LW_KILL_SECRET", "x")
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("spawn")
+                f.cmd(&[
+                    "create",
+                    &n,
+                    "--branch",
+                    &n,
+                    "--port",
+                    "80",
+                    "--network",
+                    "bridge",
+                    "--secret",
+                    "LW_KILL_SECRET",
+                ])
+                .env("LW_KILL_SECRET", "x")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn")
             })
             .collect();
         let start = Instant::now();
@@ -128,7 +201,10 @@ fn gc_after_kill_9_mid_create_leaves_nothing_behind() {
     let ls = f.ok(&["ls"]);
     let live: Vec<&str> = ls.lines().filter_map(|l| l.split('\t').next()).collect();
     for l in ls.lines() {
-        assert!(l.contains("\trunning\t"), "a survivor is a whole sandbox: {l}");
+        assert!(
+            l.contains("\trunning\t"),
+            "a survivor is a whole sandbox: {l}"
+        );
     }
     if !live.is_empty() {
         let mut rm = vec!["rm", "--force"];
@@ -145,7 +221,10 @@ fn gc_after_kill_9_mid_create_leaves_nothing_behind() {
         after_host.len()
     );
     assert!(kills > 0, "no create was killed mid-way");
-    assert!(after_engine.is_empty(), "engine leftovers: {after_engine:?}");
+    assert!(
+        after_engine.is_empty(),
+        "engine leftovers: {after_engine:?}"
+    );
     assert!(after_host.is_empty(), "host leftovers: {after_host:?}");
     // A name whose create was killed can be used again.
     f.ok(&["create", "k00", "--branch", "k00"]);

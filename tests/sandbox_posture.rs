@@ -26,7 +26,16 @@ fn posture_from_inside_and_from_the_host_has_no_deviation() {
          echo pidsmax=$(cat /sys/fs/cgroup/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids/pids.max)",
     );
     assert_eq!(code, 0, "{e}");
-    let get = |k: &str| out.lines().find_map(|l| l.strip_prefix(&format!("{k}:")).or_else(|| l.strip_prefix(&format!("{k}=")))).unwrap_or("?").trim().to_string();
+    let get = |k: &str| {
+        out.lines()
+            .find_map(|l| {
+                l.strip_prefix(&format!("{k}:"))
+                    .or_else(|| l.strip_prefix(&format!("{k}=")))
+            })
+            .unwrap_or("?")
+            .trim()
+            .to_string()
+    };
     checks.push(("inside CapEff", "0000000000000000".into(), get("CapEff")));
     checks.push(("inside CapPrm", "0000000000000000".into(), get("CapPrm")));
     checks.push(("inside CapBnd", "0000000000000000".into(), get("CapBnd")));
@@ -34,7 +43,11 @@ fn posture_from_inside_and_from_the_host_has_no_deviation() {
     checks.push(("inside Seccomp (2 = filter)", "2".into(), get("Seccomp")));
     checks.push(("inside root mount", "ro".into(), get("root")));
     let tmp = get("tmp");
-    checks.push(("inside /tmp noexec,nosuid", "true".into(), (tmp.contains("noexec") && tmp.contains("nosuid")).to_string()));
+    checks.push((
+        "inside /tmp noexec,nosuid",
+        "true".into(),
+        (tmp.contains("noexec") && tmp.contains("nosuid")).to_string(),
+    ));
     checks.push(("inside interfaces", "lo".into(), get("net")));
     checks.push(("inside uid", "1000".into(), get("uid")));
     checks.push(("inside pids.max", "512".into(), get("pidsmax")));
@@ -46,20 +59,43 @@ fn posture_from_inside_and_from_the_host_has_no_deviation() {
     let v: Vec<&str> = ins.trim().split('|').collect();
     checks.push(("host ReadonlyRootfs", "true".into(), v[0].into()));
     checks.push(("host CapDrop", "[\"ALL\"]".into(), v[1].into()));
-    checks.push(("host SecurityOpt", "[\"no-new-privileges:true\"]".into(), v[2].into()));
+    checks.push((
+        "host SecurityOpt",
+        "[\"no-new-privileges:true\"]".into(),
+        v[2].into(),
+    ));
     checks.push(("host PidsLimit", "512".into(), v[3].into()));
     checks.push(("host Memory", (2u64 << 30).to_string(), v[4].into()));
     checks.push(("host NetworkMode", "none".into(), v[5].into()));
     checks.push(("host User", "1000:1000".into(), v[6].into()));
     checks.push(("host Privileged", "false".into(), v[7].into()));
-    let status = std::fs::read_to_string(format!("/proc/{}/status", v[8])).expect("PID 1 of the container is visible from the host");
-    let field = |k: &str| status.lines().find_map(|l| l.strip_prefix(&format!("{k}:"))).unwrap_or("?").split_whitespace().next().unwrap_or("?").to_string();
-    checks.push(("host view CapEff", "0000000000000000".into(), field("CapEff")));
+    let status = std::fs::read_to_string(format!("/proc/{}/status", v[8]))
+        .expect("PID 1 of the container is visible from the host");
+    let field = |k: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}:")))
+            .unwrap_or("?")
+            .split_whitespace()
+            .next()
+            .unwrap_or("?")
+            .to_string()
+    };
+    checks.push((
+        "host view CapEff",
+        "0000000000000000".into(),
+        field("CapEff"),
+    ));
     checks.push(("host view NoNewPrivs", "1".into(), field("NoNewPrivs")));
     checks.push(("host view Seccomp", "2".into(), field("Seccomp")));
     checks.push(("host view Uid", "1000".into(), field("Uid")));
     // Exactly these mounts from the host, each with its mode.
-    let mounts = text(&docker(&["inspect", "-f", "{{range .Mounts}}{{.Destination}} {{.RW}}\n{{end}}", &c]));
+    let mounts = text(&docker(&[
+        "inspect",
+        "-f",
+        "{{range .Mounts}}{{.Destination}} {{.RW}}\n{{end}}",
+        &c,
+    ]));
     let mut mounts: Vec<&str> = mounts.lines().filter(|l| !l.is_empty()).collect();
     mounts.sort();
     checks.push((
@@ -79,10 +115,26 @@ fn posture_from_inside_and_from_the_host_has_no_deviation() {
          m=0; while read -r k v; do [ \"$k\" = max ] && m=$v; done < $d/pids.events; \
          read -r c < $d/pids.current; echo \"max $m\"; echo \"$c\"",
     );
-    let denied: u64 = bomb.lines().find_map(|l| l.strip_prefix("max ")).and_then(|n| n.trim().parse().ok()).unwrap_or(0);
-    checks.push(("fork bomb denied forks > 0", "true".into(), (denied > 0).to_string()));
-    let peak: u64 = bomb.lines().last().and_then(|n| n.trim().parse().ok()).unwrap_or(u64::MAX);
-    checks.push(("fork bomb pids <= 512", "true".into(), (peak <= 512).to_string()));
+    let denied: u64 = bomb
+        .lines()
+        .find_map(|l| l.strip_prefix("max "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    checks.push((
+        "fork bomb denied forks > 0",
+        "true".into(),
+        (denied > 0).to_string(),
+    ));
+    let peak: u64 = bomb
+        .lines()
+        .last()
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(u64::MAX);
+    checks.push((
+        "fork bomb pids <= 512",
+        "true".into(),
+        (peak <= 512).to_string(),
+    ));
     // The bomb's sleeps last 3 s; until they end, a new exec may find no pid
     // left. The sandbox must answer again well before 30 s.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -96,13 +148,21 @@ fn posture_from_inside_and_from_the_host_has_no_deviation() {
         std::thread::sleep(std::time::Duration::from_millis(250));
     };
     println!("posture: after the bomb the sandbox answered on try {tries}");
-    checks.push(("sandbox answers after the bomb", "true".into(), alive.to_string()));
+    checks.push((
+        "sandbox answers after the bomb",
+        "true".into(),
+        alive.to_string(),
+    ));
 
     let deviations: Vec<_> = checks.iter().filter(|(_, want, got)| want != got).collect();
     for (what, want, got) in &checks {
         println!("posture: {what:<34} want {want:<20} got {got}");
     }
-    println!("posture: {} checks, {} deviations (fork bomb: {denied} forks denied)", checks.len(), deviations.len());
+    println!(
+        "posture: {} checks, {} deviations (fork bomb: {denied} forks denied)",
+        checks.len(),
+        deviations.len()
+    );
     assert!(deviations.is_empty(), "{deviations:?}");
     f.ok(&["rm", "p"]);
 }
@@ -130,25 +190,75 @@ fn escape_probes_all_fail() {
     let probes: Vec<(&str, String)> = vec![
         ("write /", "touch /probe".into()),
         ("write /etc", "echo x >> /etc/passwd".into()),
-        ("write /usr/local/bin (replace lw-post)", "cp /bin/true /usr/local/bin/lw-post".into()),
+        (
+            "write /usr/local/bin (replace lw-post)",
+            "cp /bin/true /usr/local/bin/lw-post".into(),
+        ),
         ("write the mirror (file)", "touch /lw/mirror/probe".into()),
-        ("write the mirror (git push)", "git push -q origin HEAD:refs/heads/evil".into()),
-        ("write the mirror's objects via alternates", "touch /lw/mirror/objects/probe".into()),
-        ("mount a tmpfs", "mkdir -p /tmp/m && mount -t tmpfs none /tmp/m".into()),
-        ("new user namespace (unshare -Ur)", "unshare -Ur true".into()),
+        (
+            "write the mirror (git push)",
+            "git push -q origin HEAD:refs/heads/evil".into(),
+        ),
+        (
+            "write the mirror's objects via alternates",
+            "touch /lw/mirror/objects/probe".into(),
+        ),
+        (
+            "mount a tmpfs",
+            "mkdir -p /tmp/m && mount -t tmpfs none /tmp/m".into(),
+        ),
+        (
+            "new user namespace (unshare -Ur)",
+            "unshare -Ur true".into(),
+        ),
         ("setuid/become root", "su -c true root </dev/null".into()),
-        ("reach the Docker socket (unix)", "curl -sS --max-time 3 --unix-socket /var/run/docker.sock http://x/version".into()),
-        ("reach the Docker API (tcp 2375 on the bridge gateway)", "curl -sS --max-time 3 http://172.17.0.1:2375/version".into()),
-        ("read another sandbox's inbox", format!("ls {host_root}/sandboxes/b/inbox/new || ls /lw/mailbox/../b/inbox")),
-        ("write another sandbox's outbox", format!("touch {host_root}/sandboxes/b/outbox/new/x || touch /lw/mailbox/../b/outbox/new/x")),
-        ("find another sandbox's mailbox anywhere", "find / -path '*/sandboxes/b*' -print -quit 2>/dev/null | grep -q .".into()),
+        (
+            "reach the Docker socket (unix)",
+            "curl -sS --max-time 3 --unix-socket /var/run/docker.sock http://x/version".into(),
+        ),
+        (
+            "reach the Docker API (tcp 2375 on the bridge gateway)",
+            "curl -sS --max-time 3 http://172.17.0.1:2375/version".into(),
+        ),
+        (
+            "read another sandbox's inbox",
+            format!("ls {host_root}/sandboxes/b/inbox/new || ls /lw/mailbox/../b/inbox"),
+        ),
+        (
+            "write another sandbox's outbox",
+            format!(
+                "touch {host_root}/sandboxes/b/outbox/new/x || touch /lw/mailbox/../b/outbox/new/x"
+            ),
+        ),
+        (
+            "find another sandbox's mailbox anywhere",
+            "find / -path '*/sandboxes/b*' -print -quit 2>/dev/null | grep -q .".into(),
+        ),
         ("read the host's checkout", format!("cat {proj}/README")),
-        ("read the host's mailbox root", format!("ls {host_root}/registry")),
-        ("read the host's files via /proc/1/root", format!("cat /proc/1/root{proj}/README")),
-        ("exec from /tmp", "cp /bin/true /tmp/t && chmod +x /tmp/t && /tmp/t".into()),
-        ("exec from /tmp through the dynamic loader", "cp /bin/true /tmp/t2 && /lib64/ld-linux-x86-64.so.2 /tmp/t2".into()),
-        ("reach the host's server on 127.0.0.1", format!("curl -sS --max-time 3 http://127.0.0.1:{port}/")),
-        ("reach the host's server on the bridge gateway", format!("curl -sS --max-time 3 http://172.17.0.1:{port}/")),
+        (
+            "read the host's mailbox root",
+            format!("ls {host_root}/registry"),
+        ),
+        (
+            "read the host's files via /proc/1/root",
+            format!("cat /proc/1/root{proj}/README"),
+        ),
+        (
+            "exec from /tmp",
+            "cp /bin/true /tmp/t && chmod +x /tmp/t && /tmp/t".into(),
+        ),
+        (
+            "exec from /tmp through the dynamic loader",
+            "cp /bin/true /tmp/t2 && /lib64/ld-linux-x86-64.so.2 /tmp/t2".into(),
+        ),
+        (
+            "reach the host's server on 127.0.0.1",
+            format!("curl -sS --max-time 3 http://127.0.0.1:{port}/"),
+        ),
+        (
+            "reach the host's server on the bridge gateway",
+            format!("curl -sS --max-time 3 http://172.17.0.1:{port}/"),
+        ),
         ("resolve a name", "getent hosts deb.debian.org".into()),
     ];
     let mut tried = 0;
@@ -170,19 +280,33 @@ fn escape_probes_all_fail() {
     let (code, _, e) = f.sh("a", "git checkout -q -b other && echo x > o && git add o && git commit -qm other && git checkout -q a");
     assert_eq!(code, 0, "{e}");
     f.ok(&["push", "a"]);
-    let heads = git(&f.upstream, &["for-each-ref", "--format=%(refname)", "refs/heads/"]);
+    let heads = git(
+        &f.upstream,
+        &["for-each-ref", "--format=%(refname)", "refs/heads/"],
+    );
     if heads.contains("other") || heads.contains("evil") {
         escaped.push("push a branch other than its own");
         println!("probe: push a branch other than its own SUCCEEDED: {heads}");
     } else {
         failed += 1;
-        println!("probe: {:<60} failed as it must (upstream heads: {})", "push a branch other than its own", heads.replace('\n', " "));
+        println!(
+            "probe: {:<60} failed as it must (upstream heads: {})",
+            "push a branch other than its own",
+            heads.replace('\n', " ")
+        );
     }
     // Nothing written where a probe aimed.
     assert!(!f.root.join("sandboxes/b/outbox/new/x").exists());
-    assert!(std::fs::read_dir(f.root.join("sandboxes/b/outbox/new")).expect("b's outbox").next().is_none());
+    assert!(
+        std::fs::read_dir(f.root.join("sandboxes/b/outbox/new"))
+            .expect("b's outbox")
+            .next()
+            .is_none()
+    );
     let hits = reached.load(Ordering::SeqCst);
-    println!("escape probes: tried {tried}, failed {failed}, connections that reached the host server {hits}");
+    println!(
+        "escape probes: tried {tried}, failed {failed}, connections that reached the host server {hits}"
+    );
     assert!(escaped.is_empty(), "escaped: {escaped:?}");
     assert_eq!(tried, failed);
     assert_eq!(hits, 0);

@@ -9,7 +9,13 @@ use serde_json::{Value, json};
 use sync_support::*;
 
 fn assert_ok(o: &std::process::Output) {
-    assert!(o.status.success(), "status {:?}\nstdout:\n{}\nstderr:\n{}", o.status, text(&o.stdout), text(&o.stderr));
+    assert!(
+        o.status.success(),
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        text(&o.stdout),
+        text(&o.stderr)
+    );
 }
 
 #[test]
@@ -27,7 +33,11 @@ fn mirrors_each_entry_once_and_a_second_run_sends_nothing() {
     assert_eq!(env.comments(1).len(), 1);
     let before = env.requests().0.len();
     assert_ok(&env.sync(&["--once"]));
-    assert_eq!(env.requests().0.len(), before, "an idle run sends no request");
+    assert_eq!(
+        env.requests().0.len(),
+        before,
+        "an idle run sends no request"
+    );
     // One new entry: exactly one request.
     append_n(&env.log(), 1, "more");
     assert_ok(&env.sync(&["--once"]));
@@ -44,7 +54,13 @@ fn mirrors_each_entry_once_and_a_second_run_sends_nothing() {
 fn verify_agrees_and_restore_rebuilds_the_log_byte_for_byte() {
     let env = Env::new("verify");
     let log = env.log();
-    let mut big = message("api", "human", Kind::Question, "large", &"0123456789abcdef`\n".repeat(12_000));
+    let mut big = message(
+        "api",
+        "human",
+        Kind::Question,
+        "large",
+        &"0123456789abcdef`\n".repeat(12_000),
+    );
     big.refs = vec!["schema/api.json".into()];
     let e_big = entry(&big, Action::Escalate);
     log.append(&e_big).unwrap();
@@ -55,7 +71,11 @@ fn verify_agrees_and_restore_rebuilds_the_log_byte_for_byte() {
     log.append(&receipt).unwrap();
     assert_ok(&env.sync(&["--once"]));
     // The 216,000-character body went out in parts, each under the server's 422 limit.
-    let parts = env.comments(1).iter().filter(|c| c.1.contains("part ")).count();
+    let parts = env
+        .comments(1)
+        .iter()
+        .filter(|c| c.1.contains("part "))
+        .count();
     assert!(parts >= 4, "parts: {parts}");
     let o = env.sync(&["verify"]);
     assert_ok(&o);
@@ -65,8 +85,19 @@ fn verify_agrees_and_restore_rebuilds_the_log_byte_for_byte() {
     let fresh = env.dir.join("rebuilt");
     std::fs::create_dir_all(fresh.join("log")).unwrap();
     let o = env.sync_root(&fresh, &["verify", "--restore"]);
-    assert_eq!(o.status.code(), Some(65), "differences were found: {}", text(&o.stderr));
-    assert_eq!(text(&o.stdout).lines().filter(|l| l.starts_with("restored ")).count(), 5);
+    assert_eq!(
+        o.status.code(),
+        Some(65),
+        "differences were found: {}",
+        text(&o.stderr)
+    );
+    assert_eq!(
+        text(&o.stdout)
+            .lines()
+            .filter(|l| l.starts_with("restored "))
+            .count(),
+        5
+    );
     for name in std::fs::read_dir(env.root.join("log/new")).unwrap() {
         let name = name.unwrap().file_name();
         let a = std::fs::read(env.root.join("log/new").join(&name)).unwrap();
@@ -80,7 +111,11 @@ fn verify_agrees_and_restore_rebuilds_the_log_byte_for_byte() {
     append_n(&log, 1, "late");
     let o = env.sync(&["verify"]);
     assert_eq!(o.status.code(), Some(65));
-    assert!(text(&o.stdout).starts_with("missing-on-github octo/proj#1 "), "{}", text(&o.stdout));
+    assert!(
+        text(&o.stdout).starts_with("missing-on-github octo/proj#1 "),
+        "{}",
+        text(&o.stdout)
+    );
 }
 
 #[test]
@@ -101,12 +136,22 @@ fn a_header_on_page_3_of_a_250_comment_issue_is_found() {
     let second = append_n(&env.log(), 1, "new");
     assert_ok(&env.sync(&["--once"]));
     let counts = env.section_counts(1);
-    assert_eq!(counts[&first[0].name], 1, "no duplicate of the entry on page 3");
+    assert_eq!(
+        counts[&first[0].name], 1,
+        "no duplicate of the entry on page 3"
+    );
     assert_eq!(counts[&second[0].name], 1);
     let (reqs, _) = env.requests();
-    let gets: Vec<&str> = reqs.iter().filter(|r| r["method"] == "GET").map(|r| r["path"].as_str().unwrap()).collect();
+    let gets: Vec<&str> = reqs
+        .iter()
+        .filter(|r| r["method"] == "GET")
+        .map(|r| r["path"].as_str().unwrap())
+        .collect();
     assert!(gets.iter().any(|p| p.contains("page=3")), "{gets:?}");
-    println!("page-3 reconciliation: {} GETs, header on page 3 found, duplicates 0", gets.len());
+    println!(
+        "page-3 reconciliation: {} GETs, header on page 3 found, duplicates 0",
+        gets.len()
+    );
 }
 
 #[test]
@@ -118,7 +163,11 @@ fn a_dropped_connection_after_commit_is_reconciled_not_reposted() {
     let more = append_n(&env.log(), 1, "b");
     let o = env.sync(&["--once"]);
     assert_ok(&o);
-    assert!(text(&o.stderr).contains("outcome unknown"), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("outcome unknown"),
+        "{}",
+        text(&o.stderr)
+    );
     let counts = env.section_counts(1);
     assert_eq!(counts[&entries[0].name], 1);
     assert_eq!(counts[&more[0].name], 1);
@@ -129,22 +178,41 @@ fn a_dropped_connection_after_commit_is_reconciled_not_reposted() {
 fn no_token_and_a_revoked_token_fail_clearly_and_mark_nothing() {
     let env = Env::new("token");
     append_n(&env.log(), 2, "x");
-    let o = env.sync_cmd(&["--once"]).env_remove("GH_TOKEN").output().unwrap();
+    let o = env
+        .sync_cmd(&["--once"])
+        .env_remove("GH_TOKEN")
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(78));
-    assert!(text(&o.stderr).contains("no GitHub token: set GH_TOKEN"), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("no GitHub token: set GH_TOKEN"),
+        "{}",
+        text(&o.stderr)
+    );
 
     env.ctl("POST", "tokens", json!({ "token": TOKEN, "revoke": true }));
     let o = env.sync(&["--once"]);
     assert_eq!(o.status.code(), Some(77), "{}", text(&o.stderr));
     let err = text(&o.stderr);
-    assert!(err.contains("401") && err.contains("revoked") && err.contains("issues: write") || err.contains("401"), "{err}");
+    assert!(
+        err.contains("401") && err.contains("revoked") && err.contains("issues: write")
+            || err.contains("401"),
+        "{err}"
+    );
     assert!(!err.contains(TOKEN));
     assert!(env.comments(1).is_empty());
     let state = std::fs::read_to_string(env.root.join("state/sync.json")).unwrap_or_default();
-    assert!(!state.contains(".forward"), "nothing marked synced: {state}");
+    assert!(
+        !state.contains(".forward"),
+        "nothing marked synced: {state}"
+    );
 
     // Revoked after the first run: the POST gets 401, nothing is marked.
-    env.ctl("POST", "tokens", json!({ "token": TOKEN, "login": "lw-bot" }));
+    env.ctl(
+        "POST",
+        "tokens",
+        json!({ "token": TOKEN, "login": "lw-bot" }),
+    );
     assert_ok(&env.sync(&["--once"]));
     env.ctl("POST", "tokens", json!({ "token": TOKEN, "revoke": true }));
     let late = append_n(&env.log(), 1, "late");
@@ -154,10 +222,18 @@ fn no_token_and_a_revoked_token_fail_clearly_and_mark_nothing() {
     assert!(!state.contains(&late[0].name), "{state}");
 
     // A read-only token: 403 names the permission.
-    env.ctl("POST", "tokens", json!({ "token": TOKEN, "login": "lw-bot", "write": false }));
+    env.ctl(
+        "POST",
+        "tokens",
+        json!({ "token": TOKEN, "login": "lw-bot", "write": false }),
+    );
     let o = env.sync(&["--once"]);
     assert_eq!(o.status.code(), Some(77));
-    assert!(text(&o.stderr).contains("issues: write"), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("issues: write"),
+        "{}",
+        text(&o.stderr)
+    );
 }
 
 #[test]
@@ -170,17 +246,32 @@ fn wrong_repo_or_issue_is_a_named_404() {
     assert!(err.contains("octo/nope#1") && err.contains("404"), "{err}");
     let o = env.sync_at("octo/proj", 99, &["--once"]);
     assert_eq!(o.status.code(), Some(78));
-    assert!(text(&o.stderr).contains("octo/proj#99"), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("octo/proj#99"),
+        "{}",
+        text(&o.stderr)
+    );
 }
 
 #[test]
 fn a_malformed_log_entry_is_reported_and_the_others_sync() {
     let env = Env::new("malformed");
     let good = append_n(&env.log(), 2, "ok");
-    std::fs::write(env.root.join("log/new/1796058405.000000000.0000000000000000000000000000000f.forward"), b"{\"version\":1,").unwrap();
+    std::fs::write(
+        env.root
+            .join("log/new/1796058405.000000000.0000000000000000000000000000000f.forward"),
+        b"{\"version\":1,",
+    )
+    .unwrap();
     let o = env.sync(&["--once"]);
     assert_eq!(o.status.code(), Some(65));
-    assert!(text(&o.stderr).contains("skipping log entry '1796058405.000000000.0000000000000000000000000000000f.forward'"), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains(
+            "skipping log entry '1796058405.000000000.0000000000000000000000000000000f.forward'"
+        ),
+        "{}",
+        text(&o.stderr)
+    );
     let counts = env.section_counts(1);
     assert!(good.iter().all(|e| counts.get(&e.name) == Some(&1)));
 }
@@ -192,7 +283,11 @@ fn a_non_json_answer_is_an_unavailable_service() {
     env.faults(json!([{ "kind": "not_json", "method": "GET", "count": 1 }]));
     let o = env.sync(&["--once"]);
     assert_eq!(o.status.code(), Some(69));
-    assert!(text(&o.stderr).contains("is not JSON"), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("is not JSON"),
+        "{}",
+        text(&o.stderr)
+    );
     assert!(env.comments(1).is_empty());
     assert_ok(&env.sync(&["--once"]));
     assert_eq!(env.comments(1).len(), 1);
@@ -223,17 +318,31 @@ fn an_answer_on_the_issue_reaches_the_human_outbox_once() {
     let o = env.sync(&["pull"]);
     assert_ok(&o);
     let outbox = env.root.join("human-outbox/new");
-    let files: Vec<_> = std::fs::read_dir(&outbox).unwrap().map(|e| e.unwrap().path()).collect();
+    let files: Vec<_> = std::fs::read_dir(&outbox)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     assert_eq!(files.len(), 1, "{files:?}");
     let m = loopwright::message::Message::parse(&std::fs::read(&files[0]).unwrap()).unwrap();
-    assert_eq!((m.from.as_str(), m.kind, m.in_reply_to.as_deref()), ("human", Kind::Answer, Some(q.id.as_str())));
+    assert_eq!(
+        (m.from.as_str(), m.kind, m.in_reply_to.as_deref()),
+        ("human", Kind::Answer, Some(q.id.as_str()))
+    );
     assert_eq!(m.to, vec!["api".to_string()]);
     assert_eq!(m.body, "Use v2, @bob agrees.");
     let err = text(&o.stderr);
-    assert!(err.contains("no message with id 1796058405.000000000.00000000000000000000000000000bad"), "{err}");
+    assert!(
+        err.contains("no message with id 1796058405.000000000.00000000000000000000000000000bad"),
+        "{err}"
+    );
     assert!(err.contains("@mallory may not answer"), "{err}");
     // Both problems are told on the issue, once.
-    let notices = |env: &Env| env.comments(1).iter().filter(|c| c.1.contains("did not deliver the answer")).count();
+    let notices = |env: &Env| {
+        env.comments(1)
+            .iter()
+            .filter(|c| c.1.contains("did not deliver the answer"))
+            .count()
+    };
     assert_eq!(notices(&env), 2, "{:#?}", env.comments(1));
     // Pulling again delivers nothing new and repeats no notice, even with the state lost.
     assert_ok(&env.sync(&["pull"]));
@@ -253,15 +362,30 @@ fn the_token_never_leaves_the_environment() {
     append_n(&env.log(), 3, "x");
     env.faults(json!([{ "kind": "drop_after_commit", "method": "POST", "count": 1 }, { "kind": "status", "status": 500, "method": "GET", "count": 1 }]));
     let mut outputs = vec![];
-    for args in [&["--once"][..], &["pull"], &["verify"], &["--once", "--json"]] {
+    for args in [
+        &["--once"][..],
+        &["pull"],
+        &["verify"],
+        &["--once", "--json"],
+    ] {
         let o = env.sync_cmd(args).env("GH_TOKEN", canary).output().unwrap();
         outputs.push(text(&o.stdout) + &text(&o.stderr));
     }
     env.ctl("POST", "comments", json!({ "repo": "octo/proj", "issue": 1, "login": "alice", "body": format!("/lw answer {}\nyes", q.id) }));
-    let o = env.sync_cmd(&["pull"]).env("GH_TOKEN", canary).output().unwrap();
+    let o = env
+        .sync_cmd(&["pull"])
+        .env("GH_TOKEN", canary)
+        .output()
+        .unwrap();
     outputs.push(text(&o.stdout) + &text(&o.stderr));
     // argv of a running lw-sync, read from /proc.
-    let mut child = env.sync_cmd(&["--watch"]).env("GH_TOKEN", canary).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let mut child = env
+        .sync_cmd(&["--watch"])
+        .env("GH_TOKEN", canary)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
     let cmdline = std::fs::read(format!("/proc/{}/cmdline", child.id())).unwrap();
     child.kill().unwrap();
     child.wait().unwrap();
@@ -275,7 +399,11 @@ fn the_token_never_leaves_the_environment() {
     assert!(!serde_json::to_string(&reqs).unwrap().contains(canary));
     for f in files_under(&env.dir) {
         let b = std::fs::read(&f).unwrap_or_default();
-        assert!(!String::from_utf8_lossy(&b).contains(canary), "{}", f.display());
+        assert!(
+            !String::from_utf8_lossy(&b).contains(canary),
+            "{}",
+            f.display()
+        );
         scanned += 1;
     }
     println!("canary: absent from {scanned} outputs and files, argv and the request record");
@@ -286,14 +414,30 @@ fn a_sandbox_maps_to_its_own_task_issue() {
     let env = Env::new("mapping");
     let cfg = env.dir.join(".loopwright");
     std::fs::create_dir_all(&cfg).unwrap();
-    std::fs::write(cfg.join("sync.json"), r#"{"sandboxes": {"web": {"issue": 2}}}"#).unwrap();
-    let to_web = entry(&message("api", "web", Kind::Request, "for web", "x"), Action::Forward);
-    let to_db = entry(&message("api", "db", Kind::Request, "for db", "y"), Action::Forward);
+    std::fs::write(
+        cfg.join("sync.json"),
+        r#"{"sandboxes": {"web": {"issue": 2}}}"#,
+    )
+    .unwrap();
+    let to_web = entry(
+        &message("api", "web", Kind::Request, "for web", "x"),
+        Action::Forward,
+    );
+    let to_db = entry(
+        &message("api", "db", Kind::Request, "for db", "y"),
+        Action::Forward,
+    );
     env.log().append(&to_web).unwrap();
     env.log().append(&to_db).unwrap();
     assert_ok(&env.sync(&["--once"]));
-    assert_eq!(env.section_counts(2).keys().collect::<Vec<_>>(), vec![&to_web.name]);
-    assert_eq!(env.section_counts(1).keys().collect::<Vec<_>>(), vec![&to_db.name]);
+    assert_eq!(
+        env.section_counts(2).keys().collect::<Vec<_>>(),
+        vec![&to_web.name]
+    );
+    assert_eq!(
+        env.section_counts(1).keys().collect::<Vec<_>>(),
+        vec![&to_db.name]
+    );
     assert_ok(&env.sync(&["verify"]));
 }
 
@@ -304,7 +448,10 @@ fn server_errors_on_reads_are_retried() {
     env.faults(json!([{ "kind": "status", "status": 503, "method": "GET", "count": 2 }]));
     let o = env.sync(&["--once"]);
     assert_ok(&o);
-    assert!(es.iter().all(|e| env.section_counts(1).get(&e.name) == Some(&1)));
+    assert!(
+        es.iter()
+            .all(|e| env.section_counts(1).get(&e.name) == Some(&1))
+    );
     let (reqs, _) = env.requests();
     assert_eq!(reqs.iter().filter(|r| r["status"] == 503).count(), 2);
 }
@@ -316,11 +463,21 @@ fn verify_reports_a_duplicate_comment() {
     assert_ok(&env.sync(&["--once"]));
     let body = env.comments(1)[0].1.clone();
     // The same comment again, as lw-sync's user: what a double post would leave.
-    env.ctl("POST", "comments", json!({ "repo": "octo/proj", "issue": 1, "body": body, "login": "lw-bot" }));
+    env.ctl(
+        "POST",
+        "comments",
+        json!({ "repo": "octo/proj", "issue": 1, "body": body, "login": "lw-bot" }),
+    );
     let o = env.sync(&["verify"]);
     assert_eq!(o.status.code(), Some(65));
     let out = text(&o.stdout);
-    assert!(out.starts_with(&format!("duplicate octo/proj#1 {} in comments ", es[0].name)), "{out}");
+    assert!(
+        out.starts_with(&format!(
+            "duplicate octo/proj#1 {} in comments ",
+            es[0].name
+        )),
+        "{out}"
+    );
 }
 
 #[test]
@@ -330,10 +487,17 @@ fn a_422_is_reported_and_the_entry_stays_unsynced() {
     env.faults(json!([{ "kind": "status", "status": 422, "method": "POST", "count": 1 }]));
     let o = env.sync(&["--once"]);
     assert_eq!(o.status.code(), Some(65), "{}", text(&o.stderr));
-    assert!(text(&o.stderr).contains("422") && text(&o.stderr).contains("body is too long"), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("422") && text(&o.stderr).contains("body is too long"),
+        "{}",
+        text(&o.stderr)
+    );
     assert!(env.comments(1).is_empty());
     let state = std::fs::read_to_string(env.root.join("state/sync.json")).unwrap();
-    assert!(!state.contains(&es[0].name), "not marked synced, no intent left: {state}");
+    assert!(
+        !state.contains(&es[0].name),
+        "not marked synced, no intent left: {state}"
+    );
     assert_ok(&env.sync(&["--once"]));
     assert_eq!(env.section_counts(1).get(&es[0].name), Some(&1));
 }
@@ -349,7 +513,11 @@ fn a_refused_batch_is_split_and_only_the_refused_entry_waits() {
     let counts = env.section_counts(1);
     assert_eq!(counts.len(), 2, "{counts:?}");
     assert!(!counts.contains_key(&es[1].name));
-    assert!(text(&o.stderr).contains(&format!("skipping log entry '{}'", es[1].name)), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains(&format!("skipping log entry '{}'", es[1].name)),
+        "{}",
+        text(&o.stderr)
+    );
     assert_ok(&env.sync(&["--once"]));
     assert_eq!(env.section_counts(1).len(), 3);
 }

@@ -20,7 +20,9 @@ fn random_below(n: u64) -> u64 {
 #[test]
 fn sigkill_200_times_while_1000_messages_sync() {
     let env = Env::new("kill");
-    env.faults(json!([{ "kind": "drop_after_commit", "method": "POST", "count": 0, "probability": 0.15 }]));
+    env.faults(
+        json!([{ "kind": "drop_after_commit", "method": "POST", "count": 0, "probability": 0.15 }]),
+    );
     let log = env.log();
     let mut names = Vec::new();
     let (mut kills, mut finished, mut runs) = (0, 0, 0);
@@ -28,7 +30,12 @@ fn sigkill_200_times_while_1000_messages_sync() {
         if names.len() < 1000 {
             names.extend(append_n(&log, 5, "kill test").into_iter().map(|e| e.name));
         }
-        let mut child = env.sync_cmd(&["--once", "--batch", "4"]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        let mut child = env
+            .sync_cmd(&["--once", "--batch", "4"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
         runs += 1;
         // The moment of the kill is what is random here; nothing waits on it.
         std::thread::sleep(Duration::from_micros(random_below(120_000)));
@@ -63,12 +70,22 @@ fn sigkill_200_times_while_1000_messages_sync() {
     let duplicated = counts.values().filter(|&&c| c > 1).count();
     let missing = names.iter().filter(|n| !counts.contains_key(*n)).count();
     let (reqs, _) = env.requests();
-    let drops = reqs.iter().filter(|r| r["fault"] == "drop_after_commit").count();
+    let drops = reqs
+        .iter()
+        .filter(|r| r["fault"] == "drop_after_commit")
+        .count();
     let comments = env.comments(1).len();
     let posts = reqs.iter().filter(|r| r["method"] == "POST").count();
     // Each listing is a reconciliation: a run that found an intent whose
     // outcome it did not know (a kill mid-post, or a dropped connection).
-    let listings = reqs.iter().filter(|r| r["method"] == "GET" && r["path"].as_str().unwrap().contains("/comments") && !r["path"].as_str().unwrap().contains("&page=")).count();
+    let listings = reqs
+        .iter()
+        .filter(|r| {
+            r["method"] == "GET"
+                && r["path"].as_str().unwrap().contains("/comments")
+                && !r["path"].as_str().unwrap().contains("&page=")
+        })
+        .count();
     println!(
         "kill test: messages {}, kills {kills}, runs {runs} ({finished} finished before the kill), drop-after-commit faults {drops}, POSTs {posts}, reconciliations {listings}, comments {comments}, duplicated {duplicated}, missing {missing}",
         names.len()
@@ -79,5 +96,10 @@ fn sigkill_200_times_while_1000_messages_sync() {
     assert!(kills >= 200);
     assert!(drops > 0, "the fault never fired");
     let o = env.sync(&["verify"]);
-    assert!(o.status.success(), "verify: {}{}", text(&o.stdout), text(&o.stderr));
+    assert!(
+        o.status.success(),
+        "verify: {}{}",
+        text(&o.stdout),
+        text(&o.stderr)
+    );
 }

@@ -25,26 +25,54 @@ fn wait_for(env: &Env, names: &[String], limit: Duration) -> bool {
 #[test]
 fn the_watcher_mirrors_new_entries_and_cron_alongside_it_adds_no_duplicate() {
     let env = Env::new("watch");
-    let mut names: Vec<String> = append_n(&env.log(), 3, "before").into_iter().map(|e| e.name).collect();
-    let mut w = env.sync_cmd(&["--watch", "--interval", "3600"]).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
-    assert!(wait_for(&env, &names, Duration::from_secs(20)), "the backlog was not synced");
+    let mut names: Vec<String> = append_n(&env.log(), 3, "before")
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    let mut w = env
+        .sync_cmd(&["--watch", "--interval", "3600"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_for(&env, &names, Duration::from_secs(20)),
+        "the backlog was not synced"
+    );
     // Arrivals while it watches: Log::append renames into log/new.
     for round in 0..5 {
-        names.extend(append_n(&env.log(), 2, &format!("round {round}")).into_iter().map(|e| e.name));
+        names.extend(
+            append_n(&env.log(), 2, &format!("round {round}"))
+                .into_iter()
+                .map(|e| e.name),
+        );
         // A cron run at the same time.
         let o = env.sync(&["--once"]);
         assert!(o.status.success(), "{}", text(&o.stderr));
     }
-    assert!(wait_for(&env, &names, Duration::from_secs(20)), "arrivals were not synced");
+    assert!(
+        wait_for(&env, &names, Duration::from_secs(20)),
+        "arrivals were not synced"
+    );
     // Without cron: only the watcher's events can sync these (its timer is an hour).
-    let alone: Vec<String> = append_n(&env.log(), 2, "alone").into_iter().map(|e| e.name).collect();
+    let alone: Vec<String> = append_n(&env.log(), 2, "alone")
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
     names.extend(alone.iter().cloned());
-    assert!(wait_for(&env, &alone, Duration::from_secs(20)), "the watcher missed a rename into log/new");
+    assert!(
+        wait_for(&env, &alone, Duration::from_secs(20)),
+        "the watcher missed a rename into log/new"
+    );
     w.kill().unwrap();
     w.wait().unwrap();
     let counts = env.section_counts(1);
     let dup = counts.values().filter(|&&c| c > 1).count();
-    println!("watch: {} entries, {} comments, duplicated {dup}", names.len(), env.comments(1).len());
+    println!(
+        "watch: {} entries, {} comments, duplicated {dup}",
+        names.len(),
+        env.comments(1).len()
+    );
     assert_eq!(dup, 0);
     assert_eq!(counts.len(), names.len());
 }

@@ -75,13 +75,19 @@ impl Entry {
         }
         let head = s.rsplit_once(':').map_or(s, |(h, _)| h);
         if head.contains('*') && head.chars().all(|c| c == '*' || c == '.') {
-            return Err(bad("a wildcard for every host is not allowed; list the hosts (e.g. 'api.example.com:443')"));
+            return Err(bad(
+                "a wildcard for every host is not allowed; list the hosts (e.g. 'api.example.com:443')",
+            ));
         }
         if s.contains("://") || s.contains('/') {
-            return Err(bad("write HOST:PORT, not a URL (e.g. 'api.example.com:443')"));
+            return Err(bad(
+                "write HOST:PORT, not a URL (e.g. 'api.example.com:443')",
+            ));
         }
         if s.starts_with('[') || s.matches(':').count() > 1 {
-            return Err(bad("IP address literals are not allowed; name the host (e.g. 'api.example.com:443')"));
+            return Err(bad(
+                "IP address literals are not allowed; name the host (e.g. 'api.example.com:443')",
+            ));
         }
         let Some((host, port)) = s.rsplit_once(':') else {
             return Err(bad("no port; write HOST:PORT (e.g. 'api.example.com:443')"));
@@ -101,7 +107,8 @@ impl Entry {
         if host.is_empty() {
             return Err(bad("no host name"));
         }
-        let everything = "a wildcard for every host is not allowed; list the hosts (e.g. 'api.example.com:443')";
+        let everything =
+            "a wildcard for every host is not allowed; list the hosts (e.g. 'api.example.com:443')";
         let (pattern, name) = match host.strip_prefix("*.") {
             Some(rest) => (true, rest),
             None => (false, host),
@@ -120,13 +127,20 @@ impl Entry {
         }
         check_name(name).map_err(|why| bad(&why))?;
         if is_address_like(name) {
-            return Err(bad("IP address literals are not allowed; name the host (e.g. 'api.example.com:443')"));
+            return Err(bad(
+                "IP address literals are not allowed; name the host (e.g. 'api.example.com:443')",
+            ));
         }
         if name == "localhost" || name.ends_with(".localhost") {
-            return Err(bad("'localhost' names the proxy itself, never a host a sandbox may reach"));
+            return Err(bad(
+                "'localhost' names the proxy itself, never a host a sandbox may reach",
+            ));
         }
-        let host =
-            if pattern { HostPattern::Subdomains(name.to_string()) } else { HostPattern::Exact(name.to_string()) };
+        let host = if pattern {
+            HostPattern::Subdomains(name.to_string())
+        } else {
+            HostPattern::Exact(name.to_string())
+        };
         Ok(Entry { host, port })
     }
 
@@ -153,16 +167,23 @@ impl Entry {
 /// Checks `name` is a DNS name of letters, digits and hyphens.
 fn check_name(name: &str) -> std::result::Result<(), String> {
     if name.len() > MAX_NAME {
-        return Err(format!("the host name is longer than {MAX_NAME} characters"));
+        return Err(format!(
+            "the host name is longer than {MAX_NAME} characters"
+        ));
     }
     for label in name.split('.') {
         if label.is_empty() {
             return Err("the host name has an empty label ('..' or a leading dot)".into());
         }
         if label.len() > MAX_LABEL {
-            return Err(format!("a label of the host name is longer than {MAX_LABEL} characters"));
+            return Err(format!(
+                "a label of the host name is longer than {MAX_LABEL} characters"
+            ));
         }
-        if !label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
+        if !label
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        {
             return Err(
                 "a host name holds only letters, digits, '-' and '.' (write an internationalised name in its xn-- form)"
                     .into(),
@@ -180,7 +201,9 @@ fn check_name(name: &str) -> std::result::Result<(), String> {
 fn is_address_like(name: &str) -> bool {
     let last = name.rsplit('.').next().unwrap_or(name);
     last.bytes().all(|b| b.is_ascii_digit())
-        || (last.starts_with("0x") && last.len() > 2 && last[2..].bytes().all(|b| b.is_ascii_hexdigit()))
+        || (last.starts_with("0x")
+            && last.len() > 2
+            && last[2..].bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// A validated allow-list, sorted, without duplicates.
@@ -199,7 +222,10 @@ impl AllowList {
     /// and key, a flag) is put in front of any error.
     pub fn parse(text: &str, origin: &str) -> Result<AllowList> {
         let mut list = AllowList::none();
-        for word in text.split(|c: char| c.is_whitespace() || c == ',').filter(|w| !w.is_empty()) {
+        for word in text
+            .split(|c: char| c.is_whitespace() || c == ',')
+            .filter(|w| !w.is_empty())
+        {
             let e = Entry::parse(word).map_err(|e| prefix(e, origin))?;
             list.push(e);
         }
@@ -273,22 +299,43 @@ mod tests {
     fn refused(s: &str) -> String {
         let e = Entry::parse(s).expect_err(s);
         assert_eq!(e.exit, Exit::Config, "{s}");
-        assert!(e.msg.contains(&format!("'{s}'")), "the error names the entry: {}", e.msg);
+        assert!(
+            e.msg.contains(&format!("'{s}'")),
+            "the error names the entry: {}",
+            e.msg
+        );
         e.msg
     }
 
     #[test]
     fn exact_names_and_subdomain_patterns() {
-        assert_eq!(ok("api.example.com:443"), Entry { host: HostPattern::Exact("api.example.com".into()), port: 443 });
-        assert_eq!(ok("API.Example.COM.:8443").to_string(), "api.example.com:8443");
-        assert_eq!(ok("*.example.com:443").host, HostPattern::Subdomains("example.com".into()));
+        assert_eq!(
+            ok("api.example.com:443"),
+            Entry {
+                host: HostPattern::Exact("api.example.com".into()),
+                port: 443
+            }
+        );
+        assert_eq!(
+            ok("API.Example.COM.:8443").to_string(),
+            "api.example.com:8443"
+        );
+        assert_eq!(
+            ok("*.example.com:443").host,
+            HostPattern::Subdomains("example.com".into())
+        );
         assert_eq!(ok("registry:5000").to_string(), "registry:5000");
-        assert_eq!(ok("xn--bcher-kva.example:443").to_string(), "xn--bcher-kva.example:443");
+        assert_eq!(
+            ok("xn--bcher-kva.example:443").to_string(),
+            "xn--bcher-kva.example:443"
+        );
     }
 
     #[test]
     fn wildcards_for_everything_are_refused() {
-        for s in ["*", "*:*", "*:443", "*.*:443", "**:443", "*.:443", "*.*.*:80"] {
+        for s in [
+            "*", "*:*", "*:443", "*.*:443", "**:443", "*.:443", "*.*.*:80",
+        ] {
             assert!(refused(s).contains("a wildcard for every host"), "{s}");
         }
         assert!(refused("*.com:443").contains("top-level domain"));
@@ -350,13 +397,22 @@ mod tests {
 
     #[test]
     fn lists_sort_dedupe_extend_and_name_their_origin() {
-        let mut l = AllowList::parse("b.example:443, a.example:443\n a.example:443", "f: egress.allow").unwrap();
+        let mut l = AllowList::parse(
+            "b.example:443, a.example:443\n a.example:443",
+            "f: egress.allow",
+        )
+        .unwrap();
         assert_eq!(l.to_string(), "a.example:443 b.example:443");
         l.extend(&AllowList::from_entries(&["c.example:80"], "--allow").unwrap());
         assert_eq!(l.entries().len(), 3);
         let e = AllowList::parse("a.example:443 *", "f: egress.allow").unwrap_err();
         assert_eq!(e.exit, Exit::Config);
-        assert!(e.msg.starts_with("f: egress.allow: invalid egress entry '*'"), "{}", e.msg);
+        assert!(
+            e.msg
+                .starts_with("f: egress.allow: invalid egress entry '*'"),
+            "{}",
+            e.msg
+        );
     }
 
     #[test]

@@ -10,7 +10,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use bollard::models::{EndpointSettings, NetworkConnectRequest, NetworkCreateRequest, NetworkDisconnectRequest};
+use bollard::models::{
+    EndpointSettings, NetworkConnectRequest, NetworkCreateRequest, NetworkDisconnectRequest,
+};
 use bollard::query_parameters as qp;
 use futures_util::StreamExt;
 
@@ -67,15 +69,17 @@ pub trait NetworkEngine: Engine {
     fn logs(&self, container: &str, stdout: bool) -> Result<Vec<u8>>;
     /// Follows `container`'s output until a line satisfies `done`, the
     /// container stops (false), or `timeout` passes (false).
-    fn wait_for_line(&self, container: &str, timeout: Duration, done: &mut dyn FnMut(&str) -> bool) -> Result<bool>;
+    fn wait_for_line(
+        &self,
+        container: &str,
+        timeout: Duration,
+        done: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<bool>;
 }
 
 /// The Docker Engine through bollard implements [`NetworkEngine`] itself,
 /// on the connection and runtime of lib/engine.rs.
 pub type DockerNetworks = DockerEngine;
-
-
-
 
 fn network_of(n: bollard::models::NetworkInspect) -> Network {
     let ipam = n.ipam.and_then(|i| i.config).unwrap_or_default();
@@ -85,12 +89,20 @@ fn network_of(n: bollard::models::NetworkInspect) -> Network {
         internal: n.internal.unwrap_or(false),
         labels: n.labels.unwrap_or_default().into_iter().collect(),
         options: n.options.unwrap_or_default().into_iter().collect(),
-        subnets: ipam.into_iter().map(|c| (c.subnet.unwrap_or_default(), c.gateway.unwrap_or_default())).collect(),
+        subnets: ipam
+            .into_iter()
+            .map(|c| (c.subnet.unwrap_or_default(), c.gateway.unwrap_or_default()))
+            .collect(),
         containers: n
             .containers
             .unwrap_or_default()
             .into_values()
-            .map(|c| (c.name.unwrap_or_default(), c.ipv4_address.unwrap_or_default()))
+            .map(|c| {
+                (
+                    c.name.unwrap_or_default(),
+                    c.ipv4_address.unwrap_or_default(),
+                )
+            })
             .collect(),
         created: n.created.map(|d| d.to_string()).unwrap_or_default(),
     }
@@ -100,10 +112,16 @@ impl NetworkEngine for DockerNetworks {
     fn create_network(&self, spec: &NetworkSpec) -> Result<Network> {
         let mut options = HashMap::new();
         if spec.no_host_address {
-            options.insert("com.docker.network.bridge.inhibit_ipv4".to_string(), "true".to_string());
+            options.insert(
+                "com.docker.network.bridge.inhibit_ipv4".to_string(),
+                "true".to_string(),
+            );
         }
         if spec.isolate_containers {
-            options.insert("com.docker.network.bridge.enable_icc".to_string(), "false".to_string());
+            options.insert(
+                "com.docker.network.bridge.enable_icc".to_string(),
+                "false".to_string(),
+            );
         }
         let req = NetworkCreateRequest {
             name: spec.name.clone(),
@@ -115,13 +133,22 @@ impl NetworkEngine for DockerNetworks {
             ..Default::default()
         };
         let what = format!("cannot create network '{}'", spec.name);
-        let r = self.block_on(self.client().create_network(req)).map_err(|e| self.err(&what, e))?;
-        self.network(&r.id)?
-            .ok_or_else(|| Error::new(Exit::Unavailable, format!("{what}: the engine lost it right after creating it")))
+        let r = self
+            .block_on(self.client().create_network(req))
+            .map_err(|e| self.err(&what, e))?;
+        self.network(&r.id)?.ok_or_else(|| {
+            Error::new(
+                Exit::Unavailable,
+                format!("{what}: the engine lost it right after creating it"),
+            )
+        })
     }
 
     fn network(&self, name_or_id: &str) -> Result<Option<Network>> {
-        match self.block_on(self.client().inspect_network(name_or_id, None::<qp::InspectNetworkOptions>)) {
+        match self.block_on(
+            self.client()
+                .inspect_network(name_or_id, None::<qp::InspectNetworkOptions>),
+        ) {
             Ok(n) => Ok(Some(network_of(n))),
             Err(e) if crate::engine::status_of(&e) == Some(404) => Ok(None),
             Err(e) => Err(self.err(&format!("cannot inspect network '{name_or_id}'"), e)),
@@ -131,8 +158,11 @@ impl NetworkEngine for DockerNetworks {
     fn networks_with_label(&self, label: &str) -> Result<Vec<Network>> {
         let mut filters = HashMap::new();
         filters.insert("label".to_string(), vec![label.to_string()]);
-        let opts = qp::ListNetworksOptions { filters: Some(filters) };
-        let list = self.block_on(self.client().list_networks(Some(opts)))
+        let opts = qp::ListNetworksOptions {
+            filters: Some(filters),
+        };
+        let list = self
+            .block_on(self.client().list_networks(Some(opts)))
             .map_err(|e| self.err(&format!("cannot list networks labelled '{label}'"), e))?;
         // The list leaves out attached containers; inspect each.
         let mut out = Vec::new();
@@ -160,13 +190,24 @@ impl NetworkEngine for DockerNetworks {
             aliases: Some(aliases.iter().map(|a| a.to_string()).collect()),
             ..Default::default()
         });
-        let req = NetworkConnectRequest { container: container.to_string(), endpoint_config };
+        let req = NetworkConnectRequest {
+            container: container.to_string(),
+            endpoint_config,
+        };
         self.block_on(self.client().connect_network(network, req))
-            .map_err(|e| self.err(&format!("cannot attach '{container}' to network '{network}'"), e))
+            .map_err(|e| {
+                self.err(
+                    &format!("cannot attach '{container}' to network '{network}'"),
+                    e,
+                )
+            })
     }
 
     fn disconnect(&self, network: &str, container: &str) -> Result<()> {
-        let req = NetworkDisconnectRequest { container: container.to_string(), force: Some(true) };
+        let req = NetworkDisconnectRequest {
+            container: container.to_string(),
+            force: Some(true),
+        };
         match self.block_on(self.client().disconnect_network(network, req)) {
             Ok(()) => Ok(()),
             Err(e) if crate::engine::status_of(&e) == Some(404) => Ok(()),
@@ -176,22 +217,30 @@ impl NetworkEngine for DockerNetworks {
             {
                 Ok(())
             }
-            Err(e) => Err(self.err(&format!("cannot detach '{container}' from network '{network}'"), e)),
+            Err(e) => Err(self.err(
+                &format!("cannot detach '{container}' from network '{network}'"),
+                e,
+            )),
         }
     }
 
     fn logs(&self, container: &str, stdout: bool) -> Result<Vec<u8>> {
         use bollard::container::LogOutput;
-        let opts = qp::LogsOptions { stdout, stderr: !stdout, tail: "all".into(), ..Default::default() };
+        let opts = qp::LogsOptions {
+            stdout,
+            stderr: !stdout,
+            tail: "all".into(),
+            ..Default::default()
+        };
         let what = format!("cannot read the log of container '{container}'");
         self.block_on(async {
             let mut out = Vec::new();
             let mut s = self.client().logs(container, Some(opts));
             while let Some(chunk) = s.next().await {
                 match chunk.map_err(|e| self.err(&what, e))? {
-                    LogOutput::StdOut { message } | LogOutput::StdErr { message } | LogOutput::Console { message } => {
-                        out.extend_from_slice(&message)
-                    }
+                    LogOutput::StdOut { message }
+                    | LogOutput::StdErr { message }
+                    | LogOutput::Console { message } => out.extend_from_slice(&message),
                     LogOutput::StdIn { .. } => {}
                 }
             }
@@ -199,13 +248,26 @@ impl NetworkEngine for DockerNetworks {
         })
     }
 
-    fn wait_for_line(&self, container: &str, timeout: Duration, done: &mut dyn FnMut(&str) -> bool) -> Result<bool> {
+    fn wait_for_line(
+        &self,
+        container: &str,
+        timeout: Duration,
+        done: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<bool> {
         use bollard::container::LogOutput;
-        let opts =
-            qp::LogsOptions { follow: true, stdout: true, stderr: true, tail: "all".into(), ..Default::default() };
+        let opts = qp::LogsOptions {
+            follow: true,
+            stdout: true,
+            stderr: true,
+            tail: "all".into(),
+            ..Default::default()
+        };
         let what = format!("cannot follow the log of container '{container}'");
         let deadline = Instant::now() + timeout;
-        let docker = self.client().clone().with_timeout(timeout + Duration::from_secs(5));
+        let docker = self
+            .client()
+            .clone()
+            .with_timeout(timeout + Duration::from_secs(5));
         self.block_on(async {
             let mut s = docker.logs(container, Some(opts));
             let mut partial = Vec::new();
@@ -217,8 +279,9 @@ impl NetworkEngine for DockerNetworks {
                     Ok(None) => return Ok(false),
                     Ok(Some(c)) => c.map_err(|e| self.err(&what, e))?,
                 };
-                if let LogOutput::StdOut { message } | LogOutput::StdErr { message } | LogOutput::Console { message } =
-                    chunk
+                if let LogOutput::StdOut { message }
+                | LogOutput::StdErr { message }
+                | LogOutput::Console { message } = chunk
                 {
                     partial.extend_from_slice(&message);
                     while let Some(nl) = partial.iter().position(|&b| b == b'\n') {
@@ -232,4 +295,3 @@ impl NetworkEngine for DockerNetworks {
         })
     }
 }
-

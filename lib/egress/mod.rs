@@ -67,8 +67,16 @@ pub const DEFAULT_OUTSIDE: &str = "lw-egress";
 
 /// The proxy image's recipe: its build context, from the toolkit's runtime/egress.
 pub const PROXY_FILES: &[(&str, &str, u32)] = &[
-    ("proxy.Dockerfile", include_str!("../../runtime/egress/proxy.Dockerfile"), 0o644),
-    ("entry.sh", include_str!("../../runtime/egress/entry.sh"), 0o755),
+    (
+        "proxy.Dockerfile",
+        include_str!("../../runtime/egress/proxy.Dockerfile"),
+        0o644,
+    ),
+    (
+        "entry.sh",
+        include_str!("../../runtime/egress/entry.sh"),
+        0o755,
+    ),
 ];
 
 /// Bump when the recipe's meaning changes without its files changing.
@@ -89,7 +97,11 @@ pub struct Settings {
 
 impl Default for Settings {
     fn default() -> Settings {
-        Settings { allow: AllowList::none(), proxy_from: DEFAULT_PROXY_FROM.into(), outside: DEFAULT_OUTSIDE.into() }
+        Settings {
+            allow: AllowList::none(),
+            proxy_from: DEFAULT_PROXY_FROM.into(),
+            outside: DEFAULT_OUTSIDE.into(),
+        }
     }
 }
 
@@ -98,16 +110,26 @@ impl Settings {
     /// (exit 78): a misspelt `egress.alow` would otherwise silently allow
     /// nothing, and a reader would never know why.
     pub fn from_config(cfg: &Config) -> Result<Settings> {
-        let file = cfg.path.as_ref().map_or_else(|| crate::config::FILE.to_string(), |p| p.display().to_string());
+        let file = cfg.path.as_ref().map_or_else(
+            || crate::config::FILE.to_string(),
+            |p| p.display().to_string(),
+        );
         let mut s = Settings::default();
         for (key, value) in cfg.iter() {
-            let Some(rest) = key.strip_prefix("egress.") else { continue };
+            let Some(rest) = key.strip_prefix("egress.") else {
+                continue;
+            };
             match rest {
-                "allow" => s.allow.extend(&AllowList::parse(value, &format!("{file}: {key}"))?),
-                r if r.starts_with("allow.") => s.allow.extend(&AllowList::parse(value, &format!("{file}: {key}"))?),
+                "allow" => s
+                    .allow
+                    .extend(&AllowList::parse(value, &format!("{file}: {key}"))?),
+                r if r.starts_with("allow.") => s
+                    .allow
+                    .extend(&AllowList::parse(value, &format!("{file}: {key}"))?),
                 "proxy-from" if !value.is_empty() => s.proxy_from = value.to_string(),
                 "network" if !value.is_empty() => {
-                    check_key(value).map_err(|e| Error::config(format!("{file}: {key}: {}", e.msg)))?;
+                    check_key(value)
+                        .map_err(|e| Error::config(format!("{file}: {key}: {}", e.msg)))?;
                     s.outside = value.to_string()
                 }
                 "proxy-from" | "network" => {}
@@ -203,7 +225,9 @@ fn check_key(key: &str) -> Result<()> {
     let ok = !key.is_empty()
         && key.len() <= 200
         && key.as_bytes()[0].is_ascii_alphanumeric()
-        && key.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
     if ok {
         Ok(())
     } else {
@@ -239,28 +263,38 @@ pub fn proxy_tag(engine: &dyn Engine, from: &str) -> Result<(String, String)> {
 
 /// Makes sure the proxy image for `from` exists, building it when missing;
 /// build output goes to `on_event`.  Returns its tag.
-pub fn ensure_proxy_image(engine: &dyn Engine, from: &str, on_event: &mut dyn FnMut(BuildEvent)) -> Result<String> {
+pub fn ensure_proxy_image(
+    engine: &dyn Engine,
+    from: &str,
+    on_event: &mut dyn FnMut(BuildEvent),
+) -> Result<String> {
     let (tag, recipe) = proxy_tag(engine, from)?;
     if engine.image_exists(&tag)? {
         return Ok(tag);
     }
     let mut b = tar::Builder::new(Vec::new());
-    let tar_err =
-        |e: std::io::Error| Error::new(Exit::Software, "cannot make the proxy's build context").with_source(e);
+    let tar_err = |e: std::io::Error| {
+        Error::new(Exit::Software, "cannot make the proxy's build context").with_source(e)
+    };
     for (path, text, mode) in PROXY_FILES {
         let mut h = tar::Header::new_gnu();
         h.set_mode(*mode);
         h.set_mtime(0);
         h.set_size(text.len() as u64);
         h.set_entry_type(tar::EntryType::Regular);
-        b.append_data(&mut h, path, text.as_bytes()).map_err(tar_err)?;
+        b.append_data(&mut h, path, text.as_bytes())
+            .map_err(tar_err)?;
     }
     let context = b.into_inner().map_err(tar_err)?;
     let req = BuildRequest {
         context,
         dockerfile: "proxy.Dockerfile".into(),
         tag: tag.clone(),
-        labels: [(LABEL_EGRESS.to_string(), "proxy".to_string()), (LABEL_RECIPE.to_string(), recipe)].into(),
+        labels: [
+            (LABEL_EGRESS.to_string(), "proxy".to_string()),
+            (LABEL_RECIPE.to_string(), recipe),
+        ]
+        .into(),
         args: [("LW_EGRESS_FROM".to_string(), from.to_string())].into(),
     };
     let mut tail: Vec<String> = Vec::new();
@@ -350,7 +384,11 @@ fn make(
         network,
         proxy,
         env: proxy_env(),
-        sysctls: [("net.ipv6.conf.all.disable_ipv6".to_string(), "1".to_string())].into(),
+        sysctls: [(
+            "net.ipv6.conf.all.disable_ipv6".to_string(),
+            "1".to_string(),
+        )]
+        .into(),
         allow: allow.clone(),
     })
 }
@@ -363,7 +401,9 @@ pub fn start_proxy(engine: &dyn NetworkEngine, key: &str, timeout: Duration) -> 
         None => {
             return Err(Error::new(
                 Exit::NoInput,
-                format!("the egress proxy '{proxy}' is gone; remove the sandbox and create it again"),
+                format!(
+                    "the egress proxy '{proxy}' is gone; remove the sandbox and create it again"
+                ),
             ));
         }
         Some(c) if c.running => return Ok(()),
@@ -371,7 +411,9 @@ pub fn start_proxy(engine: &dyn NetworkEngine, key: &str, timeout: Duration) -> 
     }
     // Only lines logged since this start count: an earlier run's ready line
     // is in the same log.
-    let before = String::from_utf8_lossy(&engine.logs(&proxy, false)?).matches(READY_LINE).count();
+    let before = String::from_utf8_lossy(&engine.logs(&proxy, false)?)
+        .matches(READY_LINE)
+        .count();
     engine.start(&proxy)?;
     let mut seen_before = 0usize;
     let ready = engine.wait_for_line(&proxy, timeout, &mut |line| {
@@ -383,7 +425,14 @@ pub fn start_proxy(engine: &dyn NetworkEngine, key: &str, timeout: Duration) -> 
     })?;
     if !ready {
         let err = String::from_utf8_lossy(&engine.logs(&proxy, false)?).into_owned();
-        let tail: Vec<&str> = err.lines().rev().take(10).collect::<Vec<_>>().into_iter().rev().collect();
+        let tail: Vec<&str> = err
+            .lines()
+            .rev()
+            .take(10)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
         return Err(Error::new(
             Exit::Unavailable,
             format!(
@@ -427,7 +476,10 @@ fn outside_network(engine: &dyn NetworkEngine, name: &str) -> Result<String> {
         found = find()?;
     }
     let Some(first) = found.first() else {
-        return Err(Error::new(Exit::Unavailable, format!("network '{name}' vanished right after it was made")));
+        return Err(Error::new(
+            Exit::Unavailable,
+            format!("network '{name}' vanished right after it was made"),
+        ));
     };
     for extra in &found[1..] {
         if extra.containers.is_empty() {
@@ -475,14 +527,22 @@ pub fn leftovers(engine: &dyn NetworkEngine, label: Option<&str>) -> Result<Vec<
 pub fn requests(engine: &dyn NetworkEngine, key: &str) -> Result<Vec<Request>> {
     let proxy = proxy_name(key);
     if engine.inspect(&proxy)?.is_none() {
-        return Err(Error::new(Exit::NoInput, format!("sandbox '{key}' has no egress proxy")));
+        return Err(Error::new(
+            Exit::NoInput,
+            format!("sandbox '{key}' has no egress proxy"),
+        ));
     }
-    Ok(squid::parse_log(&String::from_utf8_lossy(&engine.logs(&proxy, true)?)))
+    Ok(squid::parse_log(&String::from_utf8_lossy(
+        &engine.logs(&proxy, true)?,
+    )))
 }
 
 /// The requests the proxy of `key` refused, oldest first.
 pub fn denials(engine: &dyn NetworkEngine, key: &str) -> Result<Vec<Request>> {
-    Ok(requests(engine, key)?.into_iter().filter(Request::denied).collect())
+    Ok(requests(engine, key)?
+        .into_iter()
+        .filter(Request::denied)
+        .collect())
 }
 
 #[cfg(test)]
@@ -498,7 +558,10 @@ mod tests {
         )
         .unwrap();
         let s = Settings::from_config(&c).unwrap();
-        assert_eq!(s.allow.to_string(), "api.example.com:443 registry.npmjs.org:443");
+        assert_eq!(
+            s.allow.to_string(),
+            "api.example.com:443 registry.npmjs.org:443"
+        );
         assert_eq!(s.proxy_from, DEFAULT_PROXY_FROM);
         let c = Config::parse("egress.alow = api.example.com:443\n", Path::new("cfg")).unwrap();
         let e = Settings::from_config(&c).unwrap_err();
@@ -508,10 +571,19 @@ mod tests {
 
     #[test]
     fn a_bad_entry_in_the_config_is_78_naming_file_key_and_entry() {
-        let c = Config::parse("egress.allow.x = ok.example:443 *:443\n", Path::new(".loopwright/config")).unwrap();
+        let c = Config::parse(
+            "egress.allow.x = ok.example:443 *:443\n",
+            Path::new(".loopwright/config"),
+        )
+        .unwrap();
         let e = Settings::from_config(&c).unwrap_err();
         assert_eq!(e.exit, Exit::Config);
-        assert!(e.msg.starts_with(".loopwright/config: egress.allow.x: invalid egress entry '*:443'"), "{}", e.msg);
+        assert!(
+            e.msg
+                .starts_with(".loopwright/config: egress.allow.x: invalid egress entry '*:443'"),
+            "{}",
+            e.msg
+        );
     }
 
     #[test]
@@ -522,14 +594,19 @@ mod tests {
         assert_eq!(l.to_string(), "api.example.com:443 registry.npmjs.org:443");
         let e = s.allow_with(&["*:*"]).unwrap_err();
         assert_eq!((e.exit, e.exit.code()), (Exit::Config, 78));
-        assert!(e.msg.starts_with("--allow: invalid egress entry '*:*'"), "{}", e.msg);
+        assert!(
+            e.msg.starts_with("--allow: invalid egress entry '*:*'"),
+            "{}",
+            e.msg
+        );
     }
 
     #[test]
     fn no_allow_key_means_nothing_allowed() {
         let s = Settings::from_config(&Config::parse("", Path::new("c")).unwrap()).unwrap();
         assert!(s.allow.is_empty());
-        let s = Settings::from_config(&Config::parse("egress.allow =\n", Path::new("c")).unwrap()).unwrap();
+        let s = Settings::from_config(&Config::parse("egress.allow =\n", Path::new("c")).unwrap())
+            .unwrap();
         assert!(s.allow.is_empty());
     }
 
@@ -537,7 +614,10 @@ mod tests {
     fn the_environment_names_the_proxy_in_both_cases() {
         let env = proxy_env();
         for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
-            assert!(env.contains(&format!("{k}=http://lw-egress-proxy:3128")), "{k}");
+            assert!(
+                env.contains(&format!("{k}=http://lw-egress-proxy:3128")),
+                "{k}"
+            );
         }
         assert!(env.iter().any(|e| e.starts_with("NO_PROXY=localhost")));
         assert!(env.iter().any(|e| e.starts_with("no_proxy=localhost")));

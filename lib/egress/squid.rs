@@ -29,18 +29,27 @@ pub fn render(allow: &AllowList) -> String {
         let n = i + 1;
         rules.push_str(&format!("# {e}\n"));
         match &e.host {
-            HostPattern::Exact(h) => rules.push_str(&format!("acl lw_allow_{n}_host dstdomain -n {h}\n")),
+            HostPattern::Exact(h) => {
+                rules.push_str(&format!("acl lw_allow_{n}_host dstdomain -n {h}\n"))
+            }
             HostPattern::Subdomains(h) => {
                 // Names are letters, digits, '-' and '.': only the dot needs escaping.
                 let re = h.replace('.', "\\.");
-                rules.push_str(&format!("acl lw_allow_{n}_host dstdom_regex -n -i ^([a-z0-9-]+\\.)+{re}$\n"));
+                rules.push_str(&format!(
+                    "acl lw_allow_{n}_host dstdom_regex -n -i ^([a-z0-9-]+\\.)+{re}$\n"
+                ));
             }
         }
         rules.push_str(&format!("acl lw_allow_{n}_port port {}\n", e.port));
-        rules.push_str(&format!("http_access allow lw_allow_{n}_host lw_allow_{n}_port !lw_unsafe_dst\n"));
+        rules.push_str(&format!(
+            "http_access allow lw_allow_{n}_host lw_allow_{n}_port !lw_unsafe_dst\n"
+        ));
     }
     let out = TEMPLATE.replace("@ALLOW@", rules.trim_end());
-    debug_assert!(!out.contains('@'), "every placeholder of squid.conf.in is filled");
+    debug_assert!(
+        !out.contains('@'),
+        "every placeholder of squid.conf.in is filled"
+    );
     out
 }
 
@@ -104,9 +113,20 @@ mod tests {
     fn each_entry_becomes_one_allow_line_before_deny_all() {
         let l = AllowList::parse("api.example.com:443 *.pkg.example:80", "t").unwrap();
         let c = render(&l);
-        assert!(c.contains("acl lw_allow_1_host dstdomain -n api.example.com\nacl lw_allow_1_port port 443\n"), "{c}");
-        assert!(c.contains("http_access allow lw_allow_1_host lw_allow_1_port !lw_unsafe_dst\n"), "{c}");
-        assert!(c.contains("acl lw_allow_2_host dstdom_regex -n -i ^([a-z0-9-]+\\.)+pkg\\.example$\n"), "{c}");
+        assert!(
+            c.contains(
+                "acl lw_allow_1_host dstdomain -n api.example.com\nacl lw_allow_1_port port 443\n"
+            ),
+            "{c}"
+        );
+        assert!(
+            c.contains("http_access allow lw_allow_1_host lw_allow_1_port !lw_unsafe_dst\n"),
+            "{c}"
+        );
+        assert!(
+            c.contains("acl lw_allow_2_host dstdom_regex -n -i ^([a-z0-9-]+\\.)+pkg\\.example$\n"),
+            "{c}"
+        );
         let allow = c.find("http_access allow").unwrap();
         let deny = c.find("http_access deny all").unwrap();
         assert!(allow < deny);
@@ -131,7 +151,12 @@ mod tests {
         assert_eq!(r.len(), 2);
         assert!(r[0].denied());
         assert_eq!(
-            (r[0].method.as_str(), r[0].host.as_str(), r[0].port, r[0].status),
+            (
+                r[0].method.as_str(),
+                r[0].host.as_str(),
+                r[0].port,
+                r[0].status
+            ),
             ("CONNECT", "forbidden.example", 443, 403)
         );
         assert!(!r[1].denied());

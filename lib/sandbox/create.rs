@@ -60,7 +60,9 @@ pub fn resolve_image(
 ) -> Result<ImageChoice> {
     let inputs_of = |reference: &str| -> Result<Vec<(String, String)>> {
         let img = engine.image(reference)?;
-        let manifest = img.and_then(|i| i.labels.get(LABEL_MANIFEST).cloned()).unwrap_or_default();
+        let manifest = img
+            .and_then(|i| i.labels.get(LABEL_MANIFEST).cloned())
+            .unwrap_or_default();
         Ok(manifest
             .lines()
             .filter_map(|l| {
@@ -74,22 +76,42 @@ pub fn resolve_image(
     };
     if let Some(r) = flag {
         if !engine.image_exists(r)? {
-            return Err(Error::new(Exit::NoInput, format!("image '{r}' is not in the engine; build it (lw-build) or load it")));
+            return Err(Error::new(
+                Exit::NoInput,
+                format!("image '{r}' is not in the engine; build it (lw-build) or load it"),
+            ));
         }
-        return Ok(ImageChoice { reference: r.to_string(), stale: None, inputs: inputs_of(r)? });
+        return Ok(ImageChoice {
+            reference: r.to_string(),
+            stale: None,
+            inputs: inputs_of(r)?,
+        });
     }
     let Some(project) = project else {
-        return Err(Error::usage("not inside a project: run in the project's checkout, pass --project DIR, or name an --image"));
+        return Err(Error::usage(
+            "not inside a project: run in the project's checkout, pass --project DIR, or name an --image",
+        ));
     };
-    let runtime = Runtime::load(&project.top).map_err(|e| {
-        Error::new(e.exit, format!("{}; or name an image with --image", e.msg))
-    })?;
+    let runtime = Runtime::load(&project.top)
+        .map_err(|e| Error::new(e.exit, format!("{}; or name an image with --image", e.msg)))?;
     let plan = runtime.plan(engine)?;
-    let last = plan.layers.last().expect("a runtime definition has at least one layer");
+    let last = plan
+        .layers
+        .last()
+        .expect("a runtime definition has at least one layer");
     if last.cached() {
-        return Ok(ImageChoice { reference: last.tag.clone(), stale: None, inputs: inputs_of(&last.tag)? });
+        return Ok(ImageChoice {
+            reference: last.tag.clone(),
+            stale: None,
+            inputs: inputs_of(&last.tag)?,
+        });
     }
-    let missing: Vec<&str> = plan.layers.iter().filter(|l| !l.cached()).map(|l| l.def.name.as_str()).collect();
+    let missing: Vec<&str> = plan
+        .layers
+        .iter()
+        .filter(|l| !l.cached())
+        .map(|l| l.def.name.as_str())
+        .collect();
     let older = engine.images_with_label(&format!("{LABEL_LAYER}={}", last.repo))?;
     let why = format!(
         "the project's image '{}' is not built (layer(s) {} changed; lw-build --explain says which input)",
@@ -98,9 +120,16 @@ pub fn resolve_image(
     );
     match older.first() {
         Some(img) if allow_stale => {
-            let reference = img.tags.iter().find(|t| t.starts_with(&last.repo)).cloned().unwrap_or_else(|| img.id.clone());
+            let reference = img
+                .tags
+                .iter()
+                .find(|t| t.starts_with(&last.repo))
+                .cloned()
+                .unwrap_or_else(|| img.id.clone());
             Ok(ImageChoice {
-                stale: Some(format!("{why}; using the stale image '{reference}' as --allow-stale asks")),
+                stale: Some(format!(
+                    "{why}; using the stale image '{reference}' as --allow-stale asks"
+                )),
                 inputs: inputs_of(&reference)?,
                 reference,
             })
@@ -112,7 +141,10 @@ pub fn resolve_image(
                 img.tags.first().cloned().unwrap_or_else(|| img.id.clone())
             ),
         )),
-        None => Err(Error::new(Exit::NoInput, format!("{why}; no earlier image exists either; run lw-build"))),
+        None => Err(Error::new(
+            Exit::NoInput,
+            format!("{why}; no earlier image exists either; run lw-build"),
+        )),
     }
 }
 
@@ -122,7 +154,13 @@ fn mirror_commit(mirror: &Path, rev: &str) -> Result<Option<String>> {
         crate::git::command(None)
             .arg("--git-dir")
             .arg(mirror)
-            .args(["rev-parse", "--verify", "--quiet", "--end-of-options", &format!("{rev}^{{commit}}")]),
+            .args([
+                "rev-parse",
+                "--verify",
+                "--quiet",
+                "--end-of-options",
+                &format!("{rev}^{{commit}}"),
+            ]),
         "read the mirror",
     )?;
     let sha = String::from_utf8_lossy(&out.stdout).trim().to_string();
@@ -145,7 +183,10 @@ fn drifted_inputs(mirror: &Path, commit: &str, inputs: &[(String, String)]) -> R
         .spawn()
         .map_err(|e| Error::new(Exit::Unavailable, "cannot run git cat-file").with_source(e))?;
     let mut stdin = child.stdin.take().expect("stdin is piped");
-    let queries: String = inputs.iter().map(|(p, _)| format!("{commit}:{p}\n")).collect();
+    let queries: String = inputs
+        .iter()
+        .map(|(p, _)| format!("{commit}:{p}\n"))
+        .collect();
     let writer = std::thread::spawn(move || {
         let _ = stdin.write_all(queries.as_bytes());
     });
@@ -164,7 +205,10 @@ fn drifted_inputs(mirror: &Path, commit: &str, inputs: &[(String, String)]) -> R
                 break;
             }
             data.pop();
-            let got: String = Sha256::digest(&data).iter().map(|b| format!("{b:02x}")).collect();
+            let got: String = Sha256::digest(&data)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
             if &got != sha {
                 drift.push(path.clone());
             }
@@ -178,7 +222,10 @@ fn drifted_inputs(mirror: &Path, commit: &str, inputs: &[(String, String)]) -> R
 /// The host's git identity for the project, if it has one.
 fn host_identity(project: Option<&Project>, key: &str) -> Option<String> {
     let p = project?;
-    crate::git::config_get(&p.top, key).ok().flatten().filter(|v| !v.is_empty())
+    crate::git::config_get(&p.top, key)
+        .ok()
+        .flatten()
+        .filter(|v| !v.is_empty())
 }
 
 /// Gives `dir` and everything below it to `uid`.
@@ -191,8 +238,14 @@ fn chown_tree(dir: &Path, uid: u32) -> Result<()> {
             e,
         )
     })?;
-    if fs::symlink_metadata(dir).map(|m| m.is_dir()).unwrap_or(false) {
-        for ent in fs::read_dir(dir).map_err(io_err("cannot read", dir))?.flatten() {
+    if fs::symlink_metadata(dir)
+        .map(|m| m.is_dir())
+        .unwrap_or(false)
+    {
+        for ent in fs::read_dir(dir)
+            .map_err(io_err("cannot read", dir))?
+            .flatten()
+        {
             chown_tree(&ent.path(), uid)?;
         }
     }
@@ -205,36 +258,57 @@ fn gitconfig(name: &str, email: &str) -> String {
         let v: String = v.chars().filter(|c| !c.is_control()).collect();
         format!("\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\""))
     };
-    format!("[user]\n\tname = {}\n\temail = {}\n[safe]\n\tdirectory = {MIRROR}\n", q(name), q(email))
+    format!(
+        "[user]\n\tname = {}\n\temail = {}\n[safe]\n\tdirectory = {MIRROR}\n",
+        q(name),
+        q(email)
+    )
 }
 
 /// The branch the mirror's HEAD names (the clone makes a local one for it).
 fn mirror_head_branch(mirror: &Path) -> String {
     fs::read_to_string(mirror.join("HEAD"))
         .ok()
-        .and_then(|h| h.trim().strip_prefix("ref: refs/heads/").map(str::to_string))
+        .and_then(|h| {
+            h.trim()
+                .strip_prefix("ref: refs/heads/")
+                .map(str::to_string)
+        })
         .unwrap_or_default()
 }
 
 /// Where the task's branch starts: its upstream tip when it exists (the
 /// first value), else `--from`, else the upstream's HEAD.
-fn start_commit(mirror: &Path, opts: &CreateOptions, warn: &mut dyn FnMut(&str)) -> Result<(Option<String>, String)> {
+fn start_commit(
+    mirror: &Path,
+    opts: &CreateOptions,
+    warn: &mut dyn FnMut(&str),
+) -> Result<(Option<String>, String)> {
     let exists = mirror_commit(mirror, &format!("refs/heads/{}", opts.branch))?;
     let base = match (&exists, &opts.from) {
         (Some(tip), _) => {
             if opts.from.is_some() {
-                warn(&format!("branch '{}' exists upstream; --from is ignored", opts.branch));
+                warn(&format!(
+                    "branch '{}' exists upstream; --from is ignored",
+                    opts.branch
+                ));
             }
             tip.clone()
         }
         (None, Some(f)) => match mirror_commit(mirror, &format!("refs/heads/{f}"))? {
             Some(c) => c,
             None => mirror_commit(mirror, f)?.ok_or_else(|| {
-                Error::usage(format!("--from '{f}' names no branch, tag or commit in the mirror '{}'", mirror.display()))
+                Error::usage(format!(
+                    "--from '{f}' names no branch, tag or commit in the mirror '{}'",
+                    mirror.display()
+                ))
             })?,
         },
         (None, None) => mirror_commit(mirror, "HEAD")?.ok_or_else(|| {
-            Error::data(format!("the mirror '{}' has no HEAD commit; name one with --from", mirror.display()))
+            Error::data(format!(
+                "the mirror '{}' has no HEAD commit; name one with --from",
+                mirror.display()
+            ))
         })?,
     };
     Ok((exists, base))
@@ -248,7 +322,10 @@ struct Clock {
 
 impl Clock {
     fn new() -> Clock {
-        Clock { last: std::time::Instant::now(), steps: vec![] }
+        Clock {
+            last: std::time::Instant::now(),
+            steps: vec![],
+        }
     }
     fn mark(&mut self, step: &'static str) {
         let now = std::time::Instant::now();
@@ -295,7 +372,11 @@ impl<'a> Sandboxes<'a> {
         registry::check_name(name).map_err(Error::usage)?;
         check_branch(&opts.branch)?;
         let settings = Settings::from_project(project)?;
-        let whats = opts.ports.iter().map(|p| parse_port(p)).collect::<Result<Vec<_>>>()?;
+        let whats = opts
+            .ports
+            .iter()
+            .map(|p| parse_port(p))
+            .collect::<Result<Vec<_>>>()?;
         if !whats.is_empty() && opts.network != Network::Bridge {
             return Err(Error::usage(format!(
                 "--port publishes on 127.0.0.1 through the engine's bridge, which --network {} has not; add --network bridge",
@@ -303,12 +384,16 @@ impl<'a> Sandboxes<'a> {
             )));
         }
         if !opts.allow.is_empty() && opts.network != Network::Egress {
-            return Err(Error::usage("--allow extends the egress allow-list; add --network egress"));
+            return Err(Error::usage(
+                "--allow extends the egress allow-list; add --network egress",
+            ));
         }
         // Read (and refused when bad, exit 78) before anything is made.
         let egress = match opts.network {
             Network::Egress => {
-                let eg = egress::Settings::from_config(project.map_or(&Config::default(), |p| &p.config))?;
+                let eg = egress::Settings::from_config(
+                    project.map_or(&Config::default(), |p| &p.config),
+                )?;
                 let allow = eg.allow_with(&opts.allow)?;
                 Some((eg, allow))
             }
@@ -320,19 +405,29 @@ impl<'a> Sandboxes<'a> {
             if !p.is_file() {
                 return Err(Error::new(
                     Exit::Unavailable,
-                    format!("'{}' is missing; install lw-post and lw-inbox beside lw-sandbox", p.display()),
+                    format!(
+                        "'{}' is missing; install lw-post and lw-inbox beside lw-sandbox",
+                        p.display()
+                    ),
                 ));
             }
         }
         let mut notes = Vec::new();
         if opts.network == Network::Bridge {
-            let n = format!("sandbox '{name}' gets the bridge network: it can reach anything this host reaches");
+            let n = format!(
+                "sandbox '{name}' gets the bridge network: it can reach anything this host reaches"
+            );
             warn(&n);
             notes.push(n);
         }
 
         clock.mark("check");
-        let image = resolve_image(self.engine, project, opts.image.as_deref(), opts.allow_stale)?;
+        let image = resolve_image(
+            self.engine,
+            project,
+            opts.image.as_deref(),
+            opts.allow_stale,
+        )?;
         clock.mark("image");
         if let Some(s) = &image.stale {
             warn(s);
@@ -349,169 +444,245 @@ impl<'a> Sandboxes<'a> {
         } else if matches!(m.find()?, mirror::Found::Ready(_)) {
             true
         } else {
-            let mut remote = |stored: Option<&str>| mirror::default_remote(project, stored, mirror_path);
-            m.sync(&mut SyncOptions { if_older_than: None, progress: false, remote: &mut remote })?;
+            let mut remote =
+                |stored: Option<&str>| mirror::default_remote(project, stored, mirror_path);
+            m.sync(&mut SyncOptions {
+                if_older_than: None,
+                progress: false,
+                remote: &mut remote,
+            })?;
             false
         };
         clock.mark("mirror");
         std::thread::scope(|scope| -> Result<Created> {
-        let mut fetch = fetch_later.then(|| {
-            scope.spawn(|| {
-                let mut remote = |stored: Option<&str>| mirror::default_remote(project, stored, mirror_path);
-                m.sync(&mut SyncOptions { if_older_than: None, progress: false, remote: &mut remote })
-            })
-        });
-        fs::create_dir_all(&self.root.dir).map_err(io_err("cannot create", &self.root.dir))?;
-        crate::mediate::init_root(&self.root)?;
-        let lock = self.lock(name, false)?.ok_or_else(|| {
-            Error::new(Exit::TempFail, format!("sandbox '{name}' is being created or removed by another lw-sandbox"))
-        })?;
-        match self.record(name) {
-            Ok(Some(r)) if r.ready => {
-                return Err(Error::new(Exit::CantCreat, format!("sandbox '{name}' exists (branch '{}'); pick another name or lw-sandbox rm it", r.branch)));
-            }
-            Ok(Some(_)) | Err(_) => {
-                return Err(Error::new(Exit::CantCreat, format!("a killed create left sandbox '{name}' half made; run lw-sandbox gc, then create again")));
-            }
-            Ok(None) => {}
-        }
-        let container = self.container_name(name);
-        if self.engine.inspect(&container)?.is_some() {
-            return Err(Error::new(
-                Exit::CantCreat,
-                format!("a container named '{container}' exists without a sandbox record; run lw-sandbox gc (or docker rm it)"),
-            ));
-        }
-        let mut rec = Record {
-            version: RECORD_VERSION,
-            name: name.to_string(),
-            branch: opts.branch.clone(),
-            base: None,
-            scope: opts.scope.clone(),
-            container,
-            volume: self.volume_name(name),
-            image: image.reference.clone(),
-            network: opts.network,
-            ports: vec![],
-            secrets: secret_values.iter().map(|s| s.name.clone()).collect(),
-            uid: settings.uid,
-            project: project.map(|p| p.top.clone()).unwrap_or_default(),
-            mirror: fs::canonicalize(&m.path).unwrap_or_else(|_| m.path.clone()),
-            created: crate::time::rfc3339(crate::time::now()),
-            ready: false,
-        };
-        self.write_record(&rec)?;
-        let mut drift = Vec::new();
-        let made = (|| -> Result<String> {
-            let hosts = self.leases().lease(settings.ports, name, &whats)?;
-            rec.ports = whats.iter().zip(&hosts).map(|(w, h)| Port { container: w.clone(), host: *h }).collect();
-            if !rec.ports.is_empty() {
-                self.write_record(&rec)?;
-            }
-            let reg = Registry::new(&self.root);
-            reg.register(&registry::Sandbox::new(name, Some(rec.branch.clone()), rec.scope.clone()))?;
-            let boxdir = self.root.sandbox(name).dir;
-            chown_tree(&boxdir, settings.uid)?;
-            clock.mark("record");
-
-            let labels = BTreeMap::from([
-                (LABEL_SANDBOX.to_string(), name.to_string()),
-                (LABEL_ROOT.to_string(), self.id.clone()),
-                (LABEL_ROOT_PATH.to_string(), self.root.dir.to_string_lossy().into_owned()),
-            ]);
-            if let Some((eg, allow)) = &egress {
-                let nets = egress::DockerNetworks::connect()?;
-                let mut o = egress::Options::from(eg);
-                o.labels.insert(LABEL_ROOT.into(), self.id.clone());
-                egress::prepare(&nets, &rec.container, allow, &o, &mut |_| {})?;
-                clock.mark("egress");
-            }
-            self.engine.create_volume(&rec.volume, &labels)?;
-            let spec = container_spec(self, &rec, &settings, &boxdir, bins, !secret_values.is_empty());
-            self.engine.create(&spec)?;
-            clock.mark("container");
-            self.engine.start(&rec.container).map_err(|e| {
-                let mut e = e;
-                if e.msg.contains("port is already allocated") || e.msg.contains("address already in use") {
-                    e.exit = Exit::TempFail;
-                    e.msg += "; a leased port was taken by something else: try again";
-                }
-                e
+            let mut fetch = fetch_later.then(|| {
+                scope.spawn(|| {
+                    let mut remote =
+                        |stored: Option<&str>| mirror::default_remote(project, stored, mirror_path);
+                    m.sync(&mut SyncOptions {
+                        if_older_than: None,
+                        progress: false,
+                        remote: &mut remote,
+                    })
+                })
+            });
+            fs::create_dir_all(&self.root.dir).map_err(io_err("cannot create", &self.root.dir))?;
+            crate::mediate::init_root(&self.root)?;
+            let lock = self.lock(name, false)?.ok_or_else(|| {
+                Error::new(
+                    Exit::TempFail,
+                    format!("sandbox '{name}' is being created or removed by another lw-sandbox"),
+                )
             })?;
-
-            clock.mark("start");
-            if let Some(h) = fetch.take() {
-                h.join().map_err(|_| Error::new(Exit::Software, "the mirror fetch panicked"))??;
-                clock.mark("fetch-wait");
+            match self.record(name) {
+                Ok(Some(r)) if r.ready => {
+                    return Err(Error::new(
+                        Exit::CantCreat,
+                        format!(
+                            "sandbox '{name}' exists (branch '{}'); pick another name or lw-sandbox rm it",
+                            r.branch
+                        ),
+                    ));
+                }
+                Ok(Some(_)) | Err(_) => {
+                    return Err(Error::new(
+                        Exit::CantCreat,
+                        format!(
+                            "a killed create left sandbox '{name}' half made; run lw-sandbox gc, then create again"
+                        ),
+                    ));
+                }
+                Ok(None) => {}
             }
-            let (exists, base) = start_commit(&m.path, opts, warn)?;
-            rec.base = exists.is_none().then(|| base.clone());
-            drift = drifted_inputs(&m.path, &base, &image.inputs)?;
-            clock.mark("resolve");
-            let default = mirror_head_branch(&m.path);
-            let user_name = settings
-                .git_name
-                .clone()
-                .or_else(|| host_identity(project, "user.name"))
-                .unwrap_or_else(|| format!("lw-sandbox {name}"));
-            let email = settings
-                .git_email
-                .clone()
-                .or_else(|| host_identity(project, "user.email"))
-                .unwrap_or_else(|| format!("{name}@sandbox.loopwright.invalid"));
-            let exists_flag = if exists.is_some() { "1" } else { "0" };
-            let (code, out, err) = self.run(
-                &rec,
-                &["/bin/sh", "-c", CLONE, "lw-clone", &rec.branch, &base, exists_flag, &gitconfig(&user_name, &email), &default],
-                None,
-            )?;
-            if code != 0 {
-                let why = String::from_utf8_lossy(&err);
-                let hint = if why.contains("Permission denied") || why.contains("Read-only") {
-                    format!("; the image must give {WORK} to uid {} (lw-build's base layer does)", settings.uid)
-                } else if why.contains("not found") && why.contains("git") {
-                    "; the image has no git (lw-build's base layer installs it)".to_string()
-                } else {
-                    String::new()
-                };
+            let container = self.container_name(name);
+            if self.engine.inspect(&container)?.is_some() {
                 return Err(Error::new(
-                    Exit::Unavailable,
-                    format!("cannot clone into sandbox '{name}' (exit {code}): {}{hint}", why.trim()),
+                    Exit::CantCreat,
+                    format!(
+                        "a container named '{container}' exists without a sandbox record; run lw-sandbox gc (or docker rm it)"
+                    ),
                 ));
             }
-            let head = String::from_utf8_lossy(&out).trim().to_string();
-            clock.mark("clone");
-            if !secret_values.is_empty() {
-                self.install_secrets(&rec, &secret_values)?;
-                clock.mark("secrets");
-            }
-            if !drift.is_empty() {
-                self.incremental_install(&rec, &settings, &spec, &image, &drift, warn)?;
-                clock.mark("install");
-            }
-            Ok(head)
-        })();
-        match made {
-            Ok(head) => {
-                rec.ready = true;
-                self.write_record(&rec)?;
-                drop(lock);
+            let mut rec = Record {
+                version: RECORD_VERSION,
+                name: name.to_string(),
+                branch: opts.branch.clone(),
+                base: None,
+                scope: opts.scope.clone(),
+                container,
+                volume: self.volume_name(name),
+                image: image.reference.clone(),
+                network: opts.network,
+                ports: vec![],
+                secrets: secret_values.iter().map(|s| s.name.clone()).collect(),
+                uid: settings.uid,
+                project: project.map(|p| p.top.clone()).unwrap_or_default(),
+                mirror: fs::canonicalize(&m.path).unwrap_or_else(|_| m.path.clone()),
+                created: crate::time::rfc3339(crate::time::now()),
+                ready: false,
+            };
+            self.write_record(&rec)?;
+            let mut drift = Vec::new();
+            let made = (|| -> Result<String> {
+                let hosts = self.leases().lease(settings.ports, name, &whats)?;
+                rec.ports = whats
+                    .iter()
+                    .zip(&hosts)
+                    .map(|(w, h)| Port {
+                        container: w.clone(),
+                        host: *h,
+                    })
+                    .collect();
+                if !rec.ports.is_empty() {
+                    self.write_record(&rec)?;
+                }
+                let reg = Registry::new(&self.root);
+                reg.register(&registry::Sandbox::new(
+                    name,
+                    Some(rec.branch.clone()),
+                    rec.scope.clone(),
+                ))?;
+                let boxdir = self.root.sandbox(name).dir;
+                chown_tree(&boxdir, settings.uid)?;
+                clock.mark("record");
+
+                let labels = BTreeMap::from([
+                    (LABEL_SANDBOX.to_string(), name.to_string()),
+                    (LABEL_ROOT.to_string(), self.id.clone()),
+                    (
+                        LABEL_ROOT_PATH.to_string(),
+                        self.root.dir.to_string_lossy().into_owned(),
+                    ),
+                ]);
+                if let Some((eg, allow)) = &egress {
+                    let nets = egress::DockerNetworks::connect()?;
+                    let mut o = egress::Options::from(eg);
+                    o.labels.insert(LABEL_ROOT.into(), self.id.clone());
+                    egress::prepare(&nets, &rec.container, allow, &o, &mut |_| {})?;
+                    clock.mark("egress");
+                }
+                self.engine.create_volume(&rec.volume, &labels)?;
+                let spec = container_spec(
+                    self,
+                    &rec,
+                    &settings,
+                    &boxdir,
+                    bins,
+                    !secret_values.is_empty(),
+                );
+                self.engine.create(&spec)?;
+                clock.mark("container");
+                self.engine.start(&rec.container).map_err(|e| {
+                    let mut e = e;
+                    if e.msg.contains("port is already allocated")
+                        || e.msg.contains("address already in use")
+                    {
+                        e.exit = Exit::TempFail;
+                        e.msg += "; a leased port was taken by something else: try again";
+                    }
+                    e
+                })?;
+
+                clock.mark("start");
+                if let Some(h) = fetch.take() {
+                    h.join()
+                        .map_err(|_| Error::new(Exit::Software, "the mirror fetch panicked"))??;
+                    clock.mark("fetch-wait");
+                }
+                let (exists, base) = start_commit(&m.path, opts, warn)?;
+                rec.base = exists.is_none().then(|| base.clone());
+                drift = drifted_inputs(&m.path, &base, &image.inputs)?;
+                clock.mark("resolve");
+                let default = mirror_head_branch(&m.path);
+                let user_name = settings
+                    .git_name
+                    .clone()
+                    .or_else(|| host_identity(project, "user.name"))
+                    .unwrap_or_else(|| format!("lw-sandbox {name}"));
+                let email = settings
+                    .git_email
+                    .clone()
+                    .or_else(|| host_identity(project, "user.email"))
+                    .unwrap_or_else(|| format!("{name}@sandbox.loopwright.invalid"));
+                let exists_flag = if exists.is_some() { "1" } else { "0" };
+                let (code, out, err) = self.run(
+                    &rec,
+                    &[
+                        "/bin/sh",
+                        "-c",
+                        CLONE,
+                        "lw-clone",
+                        &rec.branch,
+                        &base,
+                        exists_flag,
+                        &gitconfig(&user_name, &email),
+                        &default,
+                    ],
+                    None,
+                )?;
+                if code != 0 {
+                    let why = String::from_utf8_lossy(&err);
+                    let hint = if why.contains("Permission denied") || why.contains("Read-only") {
+                        format!(
+                            "; the image must give {WORK} to uid {} (lw-build's base layer does)",
+                            settings.uid
+                        )
+                    } else if why.contains("not found") && why.contains("git") {
+                        "; the image has no git (lw-build's base layer installs it)".to_string()
+                    } else {
+                        String::new()
+                    };
+                    return Err(Error::new(
+                        Exit::Unavailable,
+                        format!(
+                            "cannot clone into sandbox '{name}' (exit {code}): {}{hint}",
+                            why.trim()
+                        ),
+                    ));
+                }
+                let head = String::from_utf8_lossy(&out).trim().to_string();
+                clock.mark("clone");
+                if !secret_values.is_empty() {
+                    self.install_secrets(&rec, &secret_values)?;
+                    clock.mark("secrets");
+                }
                 if !drift.is_empty() {
-                    notes.push(format!("installed dependencies for changed {}", drift.join(", ")));
+                    self.incremental_install(&rec, &settings, &spec, &image, &drift, warn)?;
+                    clock.mark("install");
                 }
-                clock.mark("ready");
-                Ok(Created { record: rec, head, notes, timings: clock.steps })
-            }
-            Err(e) => {
-                let mut sink = |_: &str| {};
-                if let Err(c) = self.reclaim(name, Some(&rec), true, &mut sink) {
-                    warn(&format!("could not undo the half-made sandbox '{name}' ({c}); lw-sandbox gc will"));
-                } else {
-                    lock.remove();
+                Ok(head)
+            })();
+            match made {
+                Ok(head) => {
+                    rec.ready = true;
+                    self.write_record(&rec)?;
+                    drop(lock);
+                    if !drift.is_empty() {
+                        notes.push(format!(
+                            "installed dependencies for changed {}",
+                            drift.join(", ")
+                        ));
+                    }
+                    clock.mark("ready");
+                    Ok(Created {
+                        record: rec,
+                        head,
+                        notes,
+                        timings: clock.steps,
+                    })
                 }
-                Err(e)
+                Err(e) => {
+                    let mut sink = |_: &str| {};
+                    if let Err(c) = self.reclaim(name, Some(&rec), true, &mut sink) {
+                        warn(&format!(
+                            "could not undo the half-made sandbox '{name}' ({c}); lw-sandbox gc will"
+                        ));
+                    } else {
+                        lock.remove();
+                    }
+                    Err(e)
+                }
             }
-        }
         })
     }
 
@@ -525,7 +696,10 @@ impl<'a> Sandboxes<'a> {
         drift: &[String],
         warn: &mut dyn FnMut(&str),
     ) -> Result<()> {
-        let cmd = match (&settings.install, image.inputs.iter().find(|(p, _)| p.ends_with("deps.sh"))) {
+        let cmd = match (
+            &settings.install,
+            image.inputs.iter().find(|(p, _)| p.ends_with("deps.sh")),
+        ) {
             (Some(c), _) => c.clone(),
             (None, Some((p, _))) => format!("sh '{}' {REPO}", p.replace('\'', "'\\''")),
             (None, None) => {
@@ -538,8 +712,16 @@ impl<'a> Sandboxes<'a> {
         };
         // An egress sandbox's step keeps its network and proxy: it downloads
         // through the same allow-list (list the package registry there).
-        let net = if rec.network == Network::Egress { "egress network, through its allow-list" } else { "bridge network" };
-        warn(&format!("{} differ(s) from the image's; running '{cmd}' for sandbox '{}' ({net})", drift.join(", "), rec.name));
+        let net = if rec.network == Network::Egress {
+            "egress network, through its allow-list"
+        } else {
+            "bridge network"
+        };
+        warn(&format!(
+            "{} differ(s) from the image's; running '{cmd}' for sandbox '{}' ({net})",
+            drift.join(", "),
+            rec.name
+        ));
         let mut s = spec.clone();
         let name = format!("{}-install", rec.container);
         s.name = Some(name.clone());
@@ -560,9 +742,20 @@ impl<'a> Sandboxes<'a> {
             let mut on = |_: OutStream, b: &[u8]| {
                 let _ = err.write_all(b);
             };
-            let code = self.engine.exec_io(&name, &req, ExecIo { stdin: None, tty: false, size: None, on_output: &mut on })?;
+            let code = self.engine.exec_io(
+                &name,
+                &req,
+                ExecIo {
+                    stdin: None,
+                    tty: false,
+                    size: None,
+                    on_output: &mut on,
+                },
+            )?;
             if code != 0 {
-                return Err(Error::data(format!("the incremental install '{cmd}' failed (exit {code}); its output is above")));
+                return Err(Error::data(format!(
+                    "the incremental install '{cmd}' failed (exit {code}); its output is above"
+                )));
             }
             Ok(())
         })();
@@ -587,8 +780,16 @@ mod tests {
         fs::create_dir_all(&dir).unwrap();
         let f = dir.join("config");
         fs::write(&f, &c).unwrap();
-        let out = std::process::Command::new("git").args(["config", "--file"]).arg(&f).args(["user.name"]).output().unwrap();
-        assert_eq!(String::from_utf8_lossy(&out.stdout).trim_end(), "A \"B\" \\ C[core]");
+        let out = std::process::Command::new("git")
+            .args(["config", "--file"])
+            .arg(&f)
+            .args(["user.name"])
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim_end(),
+            "A \"B\" \\ C[core]"
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 

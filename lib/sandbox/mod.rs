@@ -59,8 +59,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::egress;
 use crate::config::Project;
+use crate::egress;
 use crate::engine::{Bind, Container, ContainerSpec, ExecRequest, OutStream, PortMap};
 use crate::error::{Error, Exit, Result};
 use crate::layout::Root;
@@ -291,12 +291,15 @@ impl<'a> Sandboxes<'a> {
                 .open(&path)
                 .map_err(io_err("cannot open", &path))?;
             if wait {
-                f.lock().map_err(|e| Error::io_as(Exit::TempFail, "cannot lock", &path, e))?;
+                f.lock()
+                    .map_err(|e| Error::io_as(Exit::TempFail, "cannot lock", &path, e))?;
             } else {
                 match f.try_lock() {
                     Ok(()) => {}
                     Err(fs::TryLockError::WouldBlock) => return Ok(None),
-                    Err(fs::TryLockError::Error(e)) => return Err(Error::io_as(Exit::TempFail, "cannot lock", &path, e)),
+                    Err(fs::TryLockError::Error(e)) => {
+                        return Err(Error::io_as(Exit::TempFail, "cannot lock", &path, e));
+                    }
                 }
             }
             // The file may have been removed by the holder we waited for.
@@ -314,9 +317,12 @@ impl<'a> Sandboxes<'a> {
     pub fn record(&self, name: &str) -> Result<Option<Record>> {
         let p = self.record_path(name);
         match fs::read(&p) {
-            Ok(b) => serde_json::from_slice(&b)
-                .map(Some)
-                .map_err(|e| Error::data(format!("sandbox record '{}' is unreadable: {e}; run lw-sandbox gc", p.display()))),
+            Ok(b) => serde_json::from_slice(&b).map(Some).map_err(|e| {
+                Error::data(format!(
+                    "sandbox record '{}' is unreadable: {e}; run lw-sandbox gc",
+                    p.display()
+                ))
+            }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(Error::io_as(Exit::IoErr, "cannot read", &p, e)),
         }
@@ -329,11 +335,16 @@ impl<'a> Sandboxes<'a> {
             Some(r) if r.ready => Ok(r),
             Some(_) => Err(Error::new(
                 Exit::TempFail,
-                format!("sandbox '{name}' is being created, or its creation died; wait, or run lw-sandbox gc"),
+                format!(
+                    "sandbox '{name}' is being created, or its creation died; wait, or run lw-sandbox gc"
+                ),
             )),
             None => Err(Error::new(
                 Exit::NoInput,
-                format!("no sandbox '{name}' in '{}'; lw-sandbox ls lists them", self.root.dir.display()),
+                format!(
+                    "no sandbox '{name}' in '{}'; lw-sandbox ls lists them",
+                    self.root.dir.display()
+                ),
             )),
         }
     }
@@ -343,7 +354,8 @@ impl<'a> Sandboxes<'a> {
         fs::create_dir_all(&dir).map_err(io_err("cannot create", &dir))?;
         let path = self.record_path(&r.name);
         let tmp = dir.join(format!(".{}.{:032x}.tmp", r.name, crate::id::random128()));
-        let mut bytes = serde_json::to_vec_pretty(r).expect("a Record serialises because all its fields are plain data");
+        let mut bytes = serde_json::to_vec_pretty(r)
+            .expect("a Record serialises because all its fields are plain data");
         bytes.push(b'\n');
         let res = (|| {
             let mut f = File::create(&tmp)?;
@@ -392,7 +404,12 @@ impl<'a> Sandboxes<'a> {
     }
 
     /// Runs a command in a sandbox as its user, capturing its output.
-    pub fn run(&self, rec: &Record, cmd: &[&str], stdin: Option<Vec<u8>>) -> Result<(i64, Vec<u8>, Vec<u8>)> {
+    pub fn run(
+        &self,
+        rec: &Record,
+        cmd: &[&str],
+        stdin: Option<Vec<u8>>,
+    ) -> Result<(i64, Vec<u8>, Vec<u8>)> {
         let mut out = Vec::new();
         let mut err = Vec::new();
         let req = ExecRequest {
@@ -406,7 +423,8 @@ impl<'a> Sandboxes<'a> {
             OutStream::Stderr => err.extend_from_slice(b),
         };
         let io = ExecIo {
-            stdin: stdin.map(|b| Box::new(std::io::Cursor::new(b)) as Box<dyn std::io::Read + Send>),
+            stdin: stdin
+                .map(|b| Box::new(std::io::Cursor::new(b)) as Box<dyn std::io::Read + Send>),
             tty: false,
             size: None,
             on_output: &mut on,
@@ -443,7 +461,12 @@ impl<'a> Sandboxes<'a> {
             if code != 0 {
                 return Err(Error::new(
                     Exit::Software,
-                    format!("cannot write secret '{}' into sandbox '{}': {}", s.name, rec.name, String::from_utf8_lossy(&err).trim()),
+                    format!(
+                        "cannot write secret '{}' into sandbox '{}': {}",
+                        s.name,
+                        rec.name,
+                        String::from_utf8_lossy(&err).trim()
+                    ),
                 ));
             }
         }
@@ -454,7 +477,10 @@ impl<'a> Sandboxes<'a> {
     pub fn start(&self, name: &str) -> Result<Record> {
         let rec = self.get(name)?;
         let secrets = secrets::resolve(&rec.secrets, &|n| std::env::var_os(n))?;
-        let c = self.engine.inspect(&rec.container)?.ok_or_else(|| gone(&rec))?;
+        let c = self
+            .engine
+            .inspect(&rec.container)?
+            .ok_or_else(|| gone(&rec))?;
         // The proxy first: a sandbox started without it has no network.
         if rec.network == Network::Egress {
             let nets = egress::DockerNetworks::connect()?;
@@ -490,7 +516,11 @@ impl<'a> Sandboxes<'a> {
             echo \"$(git rev-list --count \"refs/heads/$1\" --not --remotes=origin)\"; \
             echo \"$(git status --porcelain | wc -l)\"; \
             git log --oneline -n 20 \"refs/heads/$1\" --not --remotes=origin";
-        let (code, out, err) = self.run(rec, &["/bin/sh", "-c", script, "lw-unpushed", &rec.branch], None)?;
+        let (code, out, err) = self.run(
+            rec,
+            &["/bin/sh", "-c", script, "lw-unpushed", &rec.branch],
+            None,
+        )?;
         let text = String::from_utf8_lossy(&out);
         let mut lines = text.lines();
         let n = lines.next().and_then(|l| l.trim().parse::<u64>().ok());
@@ -517,14 +547,22 @@ impl<'a> Sandboxes<'a> {
             let c = containers.iter().find(|c| c.name == rec.container);
             let state = match (rec.ready, c) {
                 (false, _) => {
-                    if self.lock(&rec.name, false)?.is_some() { "broken" } else { "creating" }
+                    if self.lock(&rec.name, false)?.is_some() {
+                        "broken"
+                    } else {
+                        "creating"
+                    }
                 }
                 (true, None) => "missing",
                 (true, Some(c)) => c.status.as_str(),
             }
             .to_string();
             let created = crate::time::parse_rfc3339(&rec.created).unwrap_or(now);
-            let unpushed = if count_unpushed && state == "running" { self.unpushed(&rec).ok().map(|u| u.0) } else { None };
+            let unpushed = if count_unpushed && state == "running" {
+                self.unpushed(&rec).ok().map(|u| u.0)
+            } else {
+                None
+            };
             out.push(Status {
                 name: rec.name.clone(),
                 branch: rec.branch.clone(),
@@ -545,9 +583,12 @@ impl<'a> Sandboxes<'a> {
     pub fn remove(&self, name: &str, force: bool, out: &mut dyn FnMut(&str)) -> Result<()> {
         // Refuse an unknown name before making its lock file.
         self.get(name)?;
-        let lock = self
-            .lock(name, false)?
-            .ok_or_else(|| Error::new(Exit::TempFail, format!("sandbox '{name}' is busy (another lw-sandbox holds it); try again")))?;
+        let lock = self.lock(name, false)?.ok_or_else(|| {
+            Error::new(
+                Exit::TempFail,
+                format!("sandbox '{name}' is busy (another lw-sandbox holds it); try again"),
+            )
+        })?;
         let rec = self.get(name)?;
         if !force && self.engine.inspect(&rec.container)?.is_some() {
             self.running(&rec)?;
@@ -571,9 +612,19 @@ impl<'a> Sandboxes<'a> {
 
     /// Removes everything of sandbox `name`; the caller holds its lock.
     /// The mailbox goes only when it holds no unread message (or `force`).
-    fn reclaim(&self, name: &str, rec: Option<&Record>, force: bool, out: &mut dyn FnMut(&str)) -> Result<()> {
-        let container = rec.map(|r| r.container.clone()).unwrap_or_else(|| self.container_name(name));
-        let volume = rec.map(|r| r.volume.clone()).unwrap_or_else(|| self.volume_name(name));
+    fn reclaim(
+        &self,
+        name: &str,
+        rec: Option<&Record>,
+        force: bool,
+        out: &mut dyn FnMut(&str),
+    ) -> Result<()> {
+        let container = rec
+            .map(|r| r.container.clone())
+            .unwrap_or_else(|| self.container_name(name));
+        let volume = rec
+            .map(|r| r.volume.clone())
+            .unwrap_or_else(|| self.volume_name(name));
         // Its container, and any other this root labelled for it (an install step's).
         let mut doomed: Vec<String> = self
             .engine
@@ -594,7 +645,11 @@ impl<'a> Sandboxes<'a> {
             egress::teardown(&nets, &container)?;
             out(&format!("egress {}", egress::proxy_name(&container)));
         }
-        let had_volume = self.engine.volumes_with_label(&format!("{LABEL_SANDBOX}={name}"))?.iter().any(|v| v.name == volume);
+        let had_volume = self
+            .engine
+            .volumes_with_label(&format!("{LABEL_SANDBOX}={name}"))?
+            .iter()
+            .any(|v| v.name == volume);
         if had_volume {
             self.engine.remove_volume(&volume)?;
             out(&format!("volume {volume}"));
@@ -612,7 +667,10 @@ impl<'a> Sandboxes<'a> {
                 fs::remove_dir_all(&boxdir).map_err(io_err("cannot remove", &boxdir))?;
                 out(&format!("mailbox {}", boxdir.display()));
             } else {
-                out(&format!("kept mailbox {} ({unread} unread message(s))", boxdir.display()));
+                out(&format!(
+                    "kept mailbox {} ({unread} unread message(s))",
+                    boxdir.display()
+                ));
             }
         }
         if self.record_path(name).exists() {
@@ -630,7 +688,11 @@ impl<'a> Sandboxes<'a> {
         }
         let containers = self.engine.containers_with_label(&self.root_label())?;
         let volumes = self.engine.volumes_with_label(&self.root_label())?;
-        for l in containers.iter().map(|c| &c.labels).chain(volumes.iter().map(|v| &v.labels)) {
+        for l in containers
+            .iter()
+            .map(|c| &c.labels)
+            .chain(volumes.iter().map(|v| &v.labels))
+        {
             if let Some(n) = l.get(LABEL_SANDBOX) {
                 names.entry(n.clone()).or_insert(None);
             }
@@ -669,7 +731,12 @@ impl<'a> Sandboxes<'a> {
             if dead {
                 // Mailboxes of dead creates are empty; a vanished sandbox's unread
                 // mail is kept (reported) unless nobody can ever read it.
-                self.reclaim(&name, rec.as_ref(), rec.as_ref().is_none_or(|r| !r.ready), out)?;
+                self.reclaim(
+                    &name,
+                    rec.as_ref(),
+                    rec.as_ref().is_none_or(|r| !r.ready),
+                    out,
+                )?;
                 lock.remove();
             }
         }
@@ -702,13 +769,20 @@ impl<'a> Sandboxes<'a> {
     /// `port`: the published ports, as the engine reports them.
     pub fn ports(&self, name: &str) -> Result<Vec<PortMap>> {
         let rec = self.get(name)?;
-        let c = self.engine.inspect(&rec.container)?.ok_or_else(|| gone(&rec))?;
+        let c = self
+            .engine
+            .inspect(&rec.container)?
+            .ok_or_else(|| gone(&rec))?;
         if c.ports.is_empty() {
             // A stopped container reports no bindings; the record knows them.
             return Ok(rec
                 .ports
                 .iter()
-                .map(|p| PortMap { container: p.container.clone(), host_ip: "127.0.0.1".into(), host_port: p.host })
+                .map(|p| PortMap {
+                    container: p.container.clone(),
+                    host_ip: "127.0.0.1".into(),
+                    host_port: p.host,
+                })
                 .collect());
         }
         Ok(c.ports)
@@ -719,17 +793,32 @@ impl<'a> Sandboxes<'a> {
     /// `exec` and `shell`: runs `cmd` in a running sandbox as its user, with
     /// this process's standard input, output and error (a terminal in raw
     /// mode when `tty`); returns the command's status.
-    pub fn attach(&self, name: &str, cmd: Vec<String>, tty: bool, workdir: Option<String>) -> Result<i64> {
+    pub fn attach(
+        &self,
+        name: &str,
+        cmd: Vec<String>,
+        tty: bool,
+        workdir: Option<String>,
+    ) -> Result<i64> {
         let rec = self.get(name)?;
         match self.engine.inspect(&rec.container)? {
             Some(c) if c.running => {}
-            Some(_) => return Err(Error::new(Exit::Unavailable, format!("sandbox '{name}' is stopped; lw-sandbox start {name}"))),
+            Some(_) => {
+                return Err(Error::new(
+                    Exit::Unavailable,
+                    format!("sandbox '{name}' is stopped; lw-sandbox start {name}"),
+                ));
+            }
             None => return Err(gone(&rec)),
         }
         let term = std::env::var("TERM").unwrap_or_else(|_| "xterm".into());
         let req = ExecRequest {
             cmd,
-            env: if tty { vec![format!("TERM={term}")] } else { vec![] },
+            env: if tty {
+                vec![format!("TERM={term}")]
+            } else {
+                vec![]
+            },
             user: Some(format!("{0}:{0}", rec.uid)),
             workdir: Some(workdir.unwrap_or_else(|| REPO.into())),
         };
@@ -743,7 +832,12 @@ impl<'a> Sandboxes<'a> {
                 OutStream::Stderr => stderr.write_all(b),
             };
         };
-        let io = ExecIo { stdin: Some(Box::new(std::io::stdin())), tty, size: tty::size(), on_output: &mut on };
+        let io = ExecIo {
+            stdin: Some(Box::new(std::io::stdin())),
+            tty,
+            size: tty::size(),
+            on_output: &mut on,
+        };
         self.engine.exec_io(&rec.container, &req, io)
     }
 }
@@ -754,12 +848,21 @@ fn ports_json(ports: &[Port]) -> serde_json::Value {
 
 /// The project (`--project`, else the checkout holding the current
 /// directory) and its mirror (`--mirror`, `$LW_MIRROR`, the project's).
-pub fn find_project(project: Option<&Path>, mirror: Option<&Path>) -> Result<(Option<Project>, PathBuf)> {
-    let cwd = std::env::current_dir().map_err(|e| Error::new(Exit::IoErr, "cannot find the current directory").with_source(e))?;
-    let start = project.map(Path::to_path_buf).unwrap_or_else(|| cwd.clone());
+pub fn find_project(
+    project: Option<&Path>,
+    mirror: Option<&Path>,
+) -> Result<(Option<Project>, PathBuf)> {
+    let cwd = std::env::current_dir()
+        .map_err(|e| Error::new(Exit::IoErr, "cannot find the current directory").with_source(e))?;
+    let start = project
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| cwd.clone());
     let found = Project::find(&start)?;
     if project.is_some() && found.is_none() {
-        return Err(Error::usage(format!("'{}' is not inside a git checkout", start.display())));
+        return Err(Error::usage(format!(
+            "'{}' is not inside a git checkout",
+            start.display()
+        )));
     }
     let env = std::env::var_os(crate::mirror::ENV_PATH).map(PathBuf::from);
     let path = crate::mirror::locate(mirror, env.as_deref(), found.as_ref(), &cwd)?;
@@ -768,23 +871,44 @@ pub fn find_project(project: Option<&Path>, mirror: Option<&Path>) -> Result<(Op
 
 /// lw-post and lw-inbox, beside the running program: mounted into sandboxes.
 pub fn mailbox_commands() -> [(PathBuf, &'static str); 2] {
-    let dir = std::env::current_exe().ok().and_then(|p| p.parent().map(PathBuf::from)).unwrap_or_default();
-    [(dir.join("lw-post"), "lw-post"), (dir.join("lw-inbox"), "lw-inbox")]
+    let dir = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(PathBuf::from))
+        .unwrap_or_default();
+    [
+        (dir.join("lw-post"), "lw-post"),
+        (dir.join("lw-inbox"), "lw-inbox"),
+    ]
 }
 
 impl Created {
     /// `created NAME in Tms: step Tms, ...` (`create --verbose`).
     pub fn timings_line(&self) -> String {
-        let steps: Vec<String> = self.timings.iter().map(|(s, d)| format!("{s} {:.1}ms", d.as_secs_f64() * 1e3)).collect();
-        let total: f64 = self.timings.iter().map(|(_, d)| d.as_secs_f64() * 1e3).sum();
-        format!("created {} in {total:.1}ms: {}", self.record.name, steps.join(", "))
+        let steps: Vec<String> = self
+            .timings
+            .iter()
+            .map(|(s, d)| format!("{s} {:.1}ms", d.as_secs_f64() * 1e3))
+            .collect();
+        let total: f64 = self
+            .timings
+            .iter()
+            .map(|(_, d)| d.as_secs_f64() * 1e3)
+            .sum();
+        format!(
+            "created {} in {total:.1}ms: {}",
+            self.record.name,
+            steps.join(", ")
+        )
     }
 
     /// The `create --json` record (man page, JSON OUTPUT).
     pub fn json(&self, mailbox: &Path) -> serde_json::Value {
         let r = &self.record;
-        let timings: serde_json::Map<String, serde_json::Value> =
-            self.timings.iter().map(|(s, d)| (s.to_string(), serde_json::json!(d.as_secs_f64() * 1e3))).collect();
+        let timings: serde_json::Map<String, serde_json::Value> = self
+            .timings
+            .iter()
+            .map(|(s, d)| (s.to_string(), serde_json::json!(d.as_secs_f64() * 1e3)))
+            .collect();
         serde_json::json!({
             "type": "sandbox", "name": r.name, "branch": r.branch, "head": self.head, "container": r.container,
             "image": r.image, "network": r.network.as_str(), "ports": ports_json(&r.ports), "mailbox": mailbox,
@@ -805,8 +929,16 @@ impl Status {
 
     /// The `ls` line: name, branch, state, ports, age, unpushed; tab-separated.
     pub fn line(&self) -> String {
-        let ports: Vec<String> = self.ports.iter().map(|p| format!("127.0.0.1:{}->{}", p.host, p.container)).collect();
-        let ports = if ports.is_empty() { "-".to_string() } else { ports.join(",") };
+        let ports: Vec<String> = self
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{}->{}", p.host, p.container))
+            .collect();
+        let ports = if ports.is_empty() {
+            "-".to_string()
+        } else {
+            ports.join(",")
+        };
         let unpushed = self.unpushed.map_or("-".to_string(), |n| n.to_string());
         format!(
             "{}\t{}\t{}\t{ports}\t{}\t{}\t{unpushed}",
@@ -828,7 +960,11 @@ impl push::Pushed {
 
 /// The command `shell` runs: the user's login shell, else bash, else sh.
 pub fn login_shell() -> Vec<String> {
-    vec!["/bin/sh".into(), "-c".into(), "exec \"${SHELL:-$(command -v bash || echo sh)}\" -l".into()]
+    vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        "exec \"${SHELL:-$(command -v bash || echo sh)}\" -l".into(),
+    ]
 }
 
 /// `45s`, `12m`, `3h`, `2d`, for people.
@@ -864,7 +1000,9 @@ pub fn parse_port(s: &str) -> Result<String> {
     let (num, proto) = s.split_once('/').unwrap_or((s, "tcp"));
     match (num.parse::<u16>(), proto) {
         (Ok(n), "tcp" | "udp") if n > 0 => Ok(format!("{n}/{proto}")),
-        _ => Err(Error::usage(format!("'{s}' is not a container port (PORT or PORT/tcp or PORT/udp)"))),
+        _ => Err(Error::usage(format!(
+            "'{s}' is not a container port (PORT or PORT/tcp or PORT/udp)"
+        ))),
     }
 }
 
@@ -877,7 +1015,10 @@ pub fn parse_bytes(s: &str) -> Option<i64> {
         'g' => (&s[..s.len() - 1], 1 << 30),
         _ => (&s[..], 1),
     };
-    num.parse::<i64>().ok().filter(|n| *n > 0).and_then(|n| n.checked_mul(mul))
+    num.parse::<i64>()
+        .ok()
+        .filter(|n| *n > 0)
+        .and_then(|n| n.checked_mul(mul))
 }
 
 /// Checks a branch name the way git does.
@@ -895,7 +1036,11 @@ pub fn check_branch(branch: &str) -> Result<()> {
         crate::git::command(None).args(["check-ref-format", &format!("refs/heads/{branch}")]),
         "check a branch name",
     )?;
-    if out.status.success() { Ok(()) } else { Err(bad()) }
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(bad())
+    }
 }
 
 mod create;
@@ -920,22 +1065,41 @@ impl Settings {
     pub fn from_project(p: Option<&Project>) -> Result<Settings> {
         let empty = crate::config::Config::default();
         let c = p.map(|p| &p.config).unwrap_or(&empty);
-        let bad = |k: &str, v: &str, want: &str| Error::config(format!("'{k} = {v}' in .loopwright/config: expected {want}"));
+        let bad = |k: &str, v: &str, want: &str| {
+            Error::config(format!(
+                "'{k} = {v}' in .loopwright/config: expected {want}"
+            ))
+        };
         let uid = match c.get("sandbox.uid") {
             None => DEFAULT_UID,
-            Some(v) => v.parse().ok().filter(|u| *u > 0).ok_or_else(|| bad("sandbox.uid", v, "a non-zero user id"))?,
+            Some(v) => v
+                .parse()
+                .ok()
+                .filter(|u| *u > 0)
+                .ok_or_else(|| bad("sandbox.uid", v, "a non-zero user id"))?,
         };
         let pids = match c.get("sandbox.pids") {
             None => DEFAULT_PIDS,
-            Some(v) => v.parse().ok().filter(|n| *n > 0).ok_or_else(|| bad("sandbox.pids", v, "a positive number"))?,
+            Some(v) => v
+                .parse()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| bad("sandbox.pids", v, "a positive number"))?,
         };
         let mem = c.get("sandbox.memory").unwrap_or(DEFAULT_MEMORY);
-        let memory = parse_bytes(mem).ok_or_else(|| bad("sandbox.memory", mem, "a size such as 512m or 2g"))?;
-        let tmp_size = c.get("sandbox.tmp-size").unwrap_or(DEFAULT_TMP_SIZE).to_string();
+        let memory = parse_bytes(mem)
+            .ok_or_else(|| bad("sandbox.memory", mem, "a size such as 512m or 2g"))?;
+        let tmp_size = c
+            .get("sandbox.tmp-size")
+            .unwrap_or(DEFAULT_TMP_SIZE)
+            .to_string();
         if parse_bytes(&tmp_size).is_none() {
             return Err(bad("sandbox.tmp-size", &tmp_size, "a size such as 256m"));
         }
-        let ports = Range::parse(c.get(crate::ports::KEY_RANGE).unwrap_or(crate::ports::DEFAULT_RANGE))?;
+        let ports = Range::parse(
+            c.get(crate::ports::KEY_RANGE)
+                .unwrap_or(crate::ports::DEFAULT_RANGE),
+        )?;
         Ok(Settings {
             uid,
             pids,
@@ -963,24 +1127,49 @@ pub fn container_spec(
     let mut labels = BTreeMap::from([
         (LABEL_SANDBOX.to_string(), rec.name.clone()),
         (LABEL_ROOT.to_string(), sb.id.clone()),
-        (LABEL_ROOT_PATH.to_string(), sb.root.dir.to_string_lossy().into_owned()),
+        (
+            LABEL_ROOT_PATH.to_string(),
+            sb.root.dir.to_string_lossy().into_owned(),
+        ),
         (LABEL_BRANCH.to_string(), rec.branch.clone()),
     ]);
     labels.retain(|_, v| !v.is_empty());
-    let mut tmpfs = BTreeMap::from([("/tmp".to_string(), format!("rw,noexec,nosuid,nodev,size={}", settings.tmp_size))]);
+    let mut tmpfs = BTreeMap::from([(
+        "/tmp".to_string(),
+        format!("rw,noexec,nosuid,nodev,size={}", settings.tmp_size),
+    )]);
     if with_secrets {
         tmpfs.insert(
             secrets::DIR.to_string(),
-            format!("rw,noexec,nosuid,nodev,size=1m,mode=0700,uid={0},gid={0}", settings.uid),
+            format!(
+                "rw,noexec,nosuid,nodev,size=1m,mode=0700,uid={0},gid={0}",
+                settings.uid
+            ),
         );
     }
     let mut binds = vec![
-        Bind { source: rec.volume.clone(), target: WORK.into(), read_only: false },
-        Bind { source: rec.mirror.to_string_lossy().into_owned(), target: MIRROR.into(), read_only: true },
-        Bind { source: mailbox.to_string_lossy().into_owned(), target: MAILBOX.into(), read_only: false },
+        Bind {
+            source: rec.volume.clone(),
+            target: WORK.into(),
+            read_only: false,
+        },
+        Bind {
+            source: rec.mirror.to_string_lossy().into_owned(),
+            target: MIRROR.into(),
+            read_only: true,
+        },
+        Bind {
+            source: mailbox.to_string_lossy().into_owned(),
+            target: MAILBOX.into(),
+            read_only: false,
+        },
     ];
     for (src, name) in bins {
-        binds.push(Bind { source: src.to_string_lossy().into_owned(), target: format!("{BIN_DIR}/{name}"), read_only: true });
+        binds.push(Bind {
+            source: src.to_string_lossy().into_owned(),
+            target: format!("{BIN_DIR}/{name}"),
+            read_only: true,
+        });
     }
     let mut env = vec![
         format!("LW_MAILBOX={MAILBOX}"),
@@ -1016,7 +1205,11 @@ pub fn container_spec(
         ports: rec
             .ports
             .iter()
-            .map(|p| PortMap { container: p.container.clone(), host_ip: "127.0.0.1".into(), host_port: p.host })
+            .map(|p| PortMap {
+                container: p.container.clone(),
+                host_ip: "127.0.0.1".into(),
+                host_port: p.host,
+            })
             .collect(),
         tty: false,
         open_stdin: false,

@@ -65,7 +65,13 @@ pub fn remove_leftovers(state: &Path, out: &mut dyn FnMut(&str)) {
             continue;
         }
         let lock = lock_of(&p);
-        let held = fs::File::options().read(true).write(true).create(true).truncate(false).open(&lock).ok();
+        let held = fs::File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock)
+            .ok();
         match held.as_ref().map(|f| f.try_lock()) {
             Some(Ok(())) => {
                 let _ = fs::remove_dir_all(&p);
@@ -108,7 +114,9 @@ impl<'a> Sandboxes<'a> {
         let res = self.push_running(&rec, lw_sandbox, force);
         if !was_running {
             // Back as it was: a stopped sandbox stays stopped.
-            let _ = self.engine.stop(&rec.container, std::time::Duration::from_secs(10));
+            let _ = self
+                .engine
+                .stop(&rec.container, std::time::Duration::from_secs(10));
         }
         res
     }
@@ -116,7 +124,11 @@ impl<'a> Sandboxes<'a> {
     fn push_running(&self, rec: &Record, lw_sandbox: &Path, force: bool) -> Result<Pushed> {
         let name = rec.name.as_str();
         let rec = rec.clone();
-        let project = if rec.project.as_os_str().is_empty() { None } else { Project::find(&rec.project)? };
+        let project = if rec.project.as_os_str().is_empty() {
+            None
+        } else {
+            Project::find(&rec.project)?
+        };
         let m = Mirror::new(&rec.mirror);
         let state = m.ready()?;
         let remote = mirror::default_remote(project.as_ref(), Some(&state.url), &rec.project)?;
@@ -125,19 +137,31 @@ impl<'a> Sandboxes<'a> {
         fs::create_dir_all(&qdir).map_err(|e| Error::io("cannot create", &qdir, e))?;
         let q = qdir.join(format!("{name}.{:016x}", crate::id::random128() as u64));
         let qlock_path = lock_of(&q);
-        let qlock = fs::File::create(&qlock_path).map_err(|e| Error::io("cannot create", &qlock_path, e))?;
-        qlock.lock().map_err(|e| Error::io_as(Exit::TempFail, "cannot lock", &qlock_path, e))?;
+        let qlock = fs::File::create(&qlock_path)
+            .map_err(|e| Error::io("cannot create", &qlock_path, e))?;
+        qlock
+            .lock()
+            .map_err(|e| Error::io_as(Exit::TempFail, "cannot lock", &qlock_path, e))?;
         let res = self.push_through(&rec, &q, &m.path, &remote, lw_sandbox, force);
         let _ = fs::remove_dir_all(&q);
         let _ = fs::remove_file(&qlock_path);
         let pushed = res?;
 
         // Let the mirror, then the sandbox's clone, learn the new tip.
-        let mut again = |stored: Option<&str>| mirror::default_remote(project.as_ref(), stored, &rec.project);
-        if let Err(e) = m.sync(&mut SyncOptions { if_older_than: None, progress: false, remote: &mut again }) {
+        let mut again =
+            |stored: Option<&str>| mirror::default_remote(project.as_ref(), stored, &rec.project);
+        if let Err(e) = m.sync(&mut SyncOptions {
+            if_older_than: None,
+            progress: false,
+            remote: &mut again,
+        }) {
             eprintln!("lw-sandbox: pushed, but could not refresh the mirror: {e}");
         }
-        let _ = self.run(&rec, &["/bin/sh", "-c", "cd /work/repo && git fetch -q origin"], None);
+        let _ = self.run(
+            &rec,
+            &["/bin/sh", "-c", "cd /work/repo && git fetch -q origin"],
+            None,
+        );
         Ok(pushed)
     }
 
@@ -150,13 +174,27 @@ impl<'a> Sandboxes<'a> {
         lw_sandbox: &Path,
         force: bool,
     ) -> Result<Pushed> {
-        let (ok, _, err) = run_git(git::command(None).args(["init", "--quiet", "--bare", "--template="]).arg(q), "make a quarantine")?;
+        let (ok, _, err) = run_git(
+            git::command(None)
+                .args(["init", "--quiet", "--bare", "--template="])
+                .arg(q),
+            "make a quarantine",
+        )?;
         if !ok {
-            return Err(Error::new(Exit::CantCreat, format!("cannot make the quarantine '{}': {}", q.display(), err.trim())));
+            return Err(Error::new(
+                Exit::CantCreat,
+                format!(
+                    "cannot make the quarantine '{}': {}",
+                    q.display(),
+                    err.trim()
+                ),
+            ));
         }
         let alt = q.join("objects/info/alternates");
-        fs::create_dir_all(q.join("objects/info")).map_err(|e| Error::io("cannot create", &alt, e))?;
-        fs::write(&alt, format!("{}\n", mirror.join("objects").display())).map_err(|e| Error::io("cannot write", &alt, e))?;
+        fs::create_dir_all(q.join("objects/info"))
+            .map_err(|e| Error::io("cannot create", &alt, e))?;
+        fs::write(&alt, format!("{}\n", mirror.join("objects").display()))
+            .map_err(|e| Error::io("cannot write", &alt, e))?;
 
         let transport = format!(
             "ext::{} exec --root {} {} -- git upload-pack {}",
@@ -172,34 +210,76 @@ impl<'a> Sandboxes<'a> {
             fetch.args(["-c", c]);
         }
         fetch
-            .args(["fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--no-auto-maintenance", "--no-recurse-submodules"])
+            .args([
+                "fetch",
+                "--quiet",
+                "--no-tags",
+                "--no-write-fetch-head",
+                "--no-auto-maintenance",
+                "--no-recurse-submodules",
+            ])
             .arg(&transport)
             .arg(format!("+refs/heads/{}:{local}", rec.branch));
         let (ok, _, err) = run_git(&mut fetch, "fetch from the sandbox")?;
         if !ok {
             let why = git::last_words(err.as_bytes());
-            let exit = if why.contains("couldn't find remote ref") { Exit::NoInput } else { Exit::DataErr };
+            let exit = if why.contains("couldn't find remote ref") {
+                Exit::NoInput
+            } else {
+                Exit::DataErr
+            };
             return Err(Error::new(
                 exit,
-                format!("cannot fetch branch '{}' out of sandbox '{}': {why}", rec.branch, rec.name),
+                format!(
+                    "cannot fetch branch '{}' out of sandbox '{}': {why}",
+                    rec.branch, rec.name
+                ),
             ));
         }
-        let (_, sha, _) = run_git(git::command(None).arg("--git-dir").arg(q).args(["rev-parse", "--verify", &local]), "read the fetched tip")?;
+        let (_, sha, _) = run_git(
+            git::command(None)
+                .arg("--git-dir")
+                .arg(q)
+                .args(["rev-parse", "--verify", &local]),
+            "read the fetched tip",
+        )?;
         let sha = sha.trim().to_string();
 
-        let spec = format!("{}{local}:refs/heads/{}", if force { "+" } else { "" }, rec.branch);
+        let spec = format!(
+            "{}{local}:refs/heads/{}",
+            if force { "+" } else { "" },
+            rec.branch
+        );
         let mut push = git::command(None);
         push.arg("--git-dir").arg(q);
         for c in &HARDENED[..2] {
             push.args(["-c", c]);
         }
-        push.args(["push", "--porcelain", "--no-verify", "--no-recurse-submodules", &remote.url, &spec]);
+        push.args([
+            "push",
+            "--porcelain",
+            "--no-verify",
+            "--no-recurse-submodules",
+            &remote.url,
+            &spec,
+        ]);
         remote.authorize(&mut push);
         let (ok, out, err) = run_git(&mut push, "push to the upstream")?;
-        let line = out.lines().find(|l| l.contains(&format!("refs/heads/{}", rec.branch))).unwrap_or("").to_string();
+        let line = out
+            .lines()
+            .find(|l| l.contains(&format!("refs/heads/{}", rec.branch)))
+            .unwrap_or("")
+            .to_string();
         if !ok {
-            let why = remote.scrub(&format!("{} {}", line.trim(), git::last_words(err.as_bytes())));
-            let exit = if line.contains("non-fast-forward") || line.contains("fetch first") || line.contains("rejected") {
+            let why = remote.scrub(&format!(
+                "{} {}",
+                line.trim(),
+                git::last_words(err.as_bytes())
+            ));
+            let exit = if line.contains("non-fast-forward")
+                || line.contains("fetch first")
+                || line.contains("rejected")
+            {
                 Exit::TempFail
             } else {
                 Exit::Unavailable
@@ -209,7 +289,13 @@ impl<'a> Sandboxes<'a> {
             } else {
                 ""
             };
-            return Err(Error::new(exit, format!("cannot push '{}' to '{}': {why}{hint}", rec.branch, remote.url)));
+            return Err(Error::new(
+                exit,
+                format!(
+                    "cannot push '{}' to '{}': {why}{hint}",
+                    rec.branch, remote.url
+                ),
+            ));
         }
         let outcome = match line.chars().next() {
             Some('*') => "new",
@@ -217,7 +303,12 @@ impl<'a> Sandboxes<'a> {
             Some('=') => "up-to-date",
             _ => "updated",
         };
-        Ok(Pushed { branch: rec.branch.clone(), commit: sha, url: remote.url.clone(), outcome: outcome.into() })
+        Ok(Pushed {
+            branch: rec.branch.clone(),
+            commit: sha,
+            url: remote.url.clone(),
+            outcome: outcome.into(),
+        })
     }
 }
 
@@ -228,6 +319,9 @@ mod tests {
     #[test]
     fn ext_arguments_escape_spaces_and_percent_signs() {
         assert_eq!(ext_escape("/a b/100%/lw-sandbox"), "/a% b/100%%/lw-sandbox");
-        assert_eq!(lock_of(Path::new("/r/state/push/a.b.0f")), Path::new("/r/state/push/a.b.0f.lock"));
+        assert_eq!(
+            lock_of(Path::new("/r/state/push/a.b.0f")),
+            Path::new("/r/state/push/a.b.0f.lock")
+        );
     }
 }

@@ -65,19 +65,19 @@ pub type DockerSandbox = DockerEngine;
 /// An exec may stream a whole repository's pack (push) or run for hours (shell).
 const LONG: Duration = Duration::from_secs(24 * 3600);
 
-
-
-
-
 fn label_filter(label: &str) -> HashMap<String, Vec<String>> {
     HashMap::from([("label".to_string(), vec![label.to_string()])])
 }
 
-
 impl SandboxEngine for DockerSandbox {
     fn containers_with_label(&self, label: &str) -> Result<Vec<Container>> {
-        let opts = qp::ListContainersOptions { all: true, filters: Some(label_filter(label)), ..Default::default() };
-        let list = self.block_on(self.client().list_containers(Some(opts)))
+        let opts = qp::ListContainersOptions {
+            all: true,
+            filters: Some(label_filter(label)),
+            ..Default::default()
+        };
+        let list = self
+            .block_on(self.client().list_containers(Some(opts)))
             .map_err(|e| self.err(&format!("cannot list containers labelled '{label}'"), e))?;
         let mut out: Vec<Container> = list
             .into_iter()
@@ -139,14 +139,20 @@ impl SandboxEngine for DockerSandbox {
     }
 
     fn volumes_with_label(&self, label: &str) -> Result<Vec<Volume>> {
-        let opts = qp::ListVolumesOptions { filters: Some(label_filter(label)) };
-        let list = self.block_on(self.client().list_volumes(Some(opts)))
+        let opts = qp::ListVolumesOptions {
+            filters: Some(label_filter(label)),
+        };
+        let list = self
+            .block_on(self.client().list_volumes(Some(opts)))
             .map_err(|e| self.err(&format!("cannot list volumes labelled '{label}'"), e))?;
         let mut out: Vec<Volume> = list
             .volumes
             .unwrap_or_default()
             .into_iter()
-            .map(|v| Volume { name: v.name, labels: v.labels.into_iter().collect() })
+            .map(|v| Volume {
+                name: v.name,
+                labels: v.labels.into_iter().collect(),
+            })
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
@@ -156,15 +162,27 @@ impl SandboxEngine for DockerSandbox {
         use bollard::container::LogOutput;
         use bollard::exec::{StartExecOptions, StartExecResults};
         let host = self.host().to_string();
-        let what = format!("cannot run {:?} in container '{container}'", req.cmd.join(" "));
-        let ExecIo { stdin, tty, size, on_output } = io;
+        let what = format!(
+            "cannot run {:?} in container '{container}'",
+            req.cmd.join(" ")
+        );
+        let ExecIo {
+            stdin,
+            tty,
+            size,
+            on_output,
+        } = io;
         let cfg = ExecConfig {
             attach_stdin: Some(stdin.is_some()),
             attach_stdout: Some(true),
             attach_stderr: Some(true),
             tty: Some(tty),
             cmd: Some(req.cmd.clone()),
-            env: if req.env.is_empty() { None } else { Some(req.env.clone()) },
+            env: if req.env.is_empty() {
+                None
+            } else {
+                Some(req.env.clone())
+            },
             user: req.user.clone(),
             working_dir: req.workdir.clone(),
             ..Default::default()

@@ -18,7 +18,9 @@ impl RawMode {
         if !stdin.is_terminal() {
             return RawMode { saved: None };
         }
-        let Ok(saved) = termios::tcgetattr(&stdin) else { return RawMode { saved: None } };
+        let Ok(saved) = termios::tcgetattr(&stdin) else {
+            return RawMode { saved: None };
+        };
         let mut raw = saved.clone();
         raw.make_raw();
         if termios::tcsetattr(&stdin, OptionalActions::Now, &raw).is_err() {

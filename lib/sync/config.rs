@@ -58,12 +58,21 @@ pub struct Config {
 impl Config {
     /// `.loopwright/sync.json` in `start` or the nearest parent that has one.
     pub fn find(start: &Path) -> Option<PathBuf> {
-        start.ancestors().map(|d| d.join(CONFIG_DIR).join(CONFIG_FILE)).find(|p| p.is_file())
+        start
+            .ancestors()
+            .map(|d| d.join(CONFIG_DIR).join(CONFIG_FILE))
+            .find(|p| p.is_file())
     }
 
     pub fn load(path: &Path) -> Result<Config> {
-        let text = std::fs::read(path).map_err(|e| Error::io_as(Exit::Config, "cannot read configuration", path, e))?;
-        serde_json::from_slice(&text).map_err(|e| Error::config(format!("configuration '{}' is invalid: {e}", path.display())))
+        let text = std::fs::read(path)
+            .map_err(|e| Error::io_as(Exit::Config, "cannot read configuration", path, e))?;
+        serde_json::from_slice(&text).map_err(|e| {
+            Error::config(format!(
+                "configuration '{}' is invalid: {e}",
+                path.display()
+            ))
+        })
     }
 
     pub fn batch(&self) -> usize {
@@ -79,12 +88,17 @@ impl Config {
                 Target::parse_repo(r)?;
             }
             if t.issue == 0 {
-                return Err(Error::config(format!("sandbox '{name}' maps to issue 0; issue numbers start at 1")));
+                return Err(Error::config(format!(
+                    "sandbox '{name}' maps to issue 0; issue numbers start at 1"
+                )));
             }
         }
         for m in self.mention.iter().chain(&self.answerers) {
             if m.is_empty() || !m.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
-                return Err(Error::config(format!("'{}' is not a GitHub login", m.escape_debug())));
+                return Err(Error::config(format!(
+                    "'{}' is not a GitHub login",
+                    m.escape_debug()
+                )));
             }
         }
         Ok(())
@@ -94,9 +108,16 @@ impl Config {
     pub fn default_target(&self) -> Result<Target> {
         self.check()?;
         match (&self.repo, self.issue) {
-            (Some(r), Some(n)) if n > 0 => Ok(Target { repo: r.clone(), issue: n }),
-            (None, _) => Err(Error::config("no repository: set \"repo\" in .loopwright/sync.json or pass --repo OWNER/NAME")),
-            _ => Err(Error::config("no issue: set \"issue\" in .loopwright/sync.json or pass --issue N")),
+            (Some(r), Some(n)) if n > 0 => Ok(Target {
+                repo: r.clone(),
+                issue: n,
+            }),
+            (None, _) => Err(Error::config(
+                "no repository: set \"repo\" in .loopwright/sync.json or pass --repo OWNER/NAME",
+            )),
+            _ => Err(Error::config(
+                "no issue: set \"issue\" in .loopwright/sync.json or pass --issue N",
+            )),
         }
     }
 
@@ -112,9 +133,16 @@ impl Config {
             if let Some(t) = self.sandboxes.get(p) {
                 let repo = match t.repo.clone().or_else(|| self.repo.clone()) {
                     Some(r) => r,
-                    None => return Err(Error::config(format!("sandbox '{p}' has no repository and there is no default \"repo\""))),
+                    None => {
+                        return Err(Error::config(format!(
+                            "sandbox '{p}' has no repository and there is no default \"repo\""
+                        )));
+                    }
                 };
-                return Ok(Target { repo, issue: t.issue });
+                return Ok(Target {
+                    repo,
+                    issue: t.issue,
+                });
             }
         }
         self.default_target()
@@ -127,15 +155,25 @@ impl Config {
             set.insert(self.default_target()?);
         }
         for (name, t) in &self.sandboxes {
-            let repo = t.repo.clone().or_else(|| self.repo.clone()).ok_or_else(|| {
-                Error::config(format!("sandbox '{name}' has no repository and there is no default \"repo\""))
-            })?;
-            set.insert(Target { repo, issue: t.issue });
+            let repo = t
+                .repo
+                .clone()
+                .or_else(|| self.repo.clone())
+                .ok_or_else(|| {
+                    Error::config(format!(
+                        "sandbox '{name}' has no repository and there is no default \"repo\""
+                    ))
+                })?;
+            set.insert(Target {
+                repo,
+                issue: t.issue,
+            });
         }
         if set.is_empty() {
-            return Err(self.default_target().expect_err("no target means the default target is incomplete"));
+            return Err(self
+                .default_target()
+                .expect_err("no target means the default target is incomplete"));
         }
         Ok(set.into_iter().collect())
     }
 }
-

@@ -84,15 +84,33 @@ pub(crate) fn header_line(h: &Head) -> String {
     let json = serde_json::to_string(h).expect("headers are plain data");
     // No '<', '>' or '&' in the JSON: it can never hold "-->" and so never
     // ends the HTML comment early, whatever a subject or reason contains.
-    let json = json.replace('<', "\\u003c").replace('>', "\\u003e").replace('&', "\\u0026");
+    let json = json
+        .replace('<', "\\u003c")
+        .replace('>', "\\u003e")
+        .replace('&', "\\u0026");
     format!("{HEADER_PREFIX}{json}{HEADER_SUFFIX}")
 }
 
 /// Text for a code span: one line, no backticks.
 pub(crate) fn inline(s: &str) -> String {
-    let t: String = s.chars().map(|c| if c.is_control() { ' ' } else if c == '`' { '\'' } else { c }).collect();
+    let t: String = s
+        .chars()
+        .map(|c| {
+            if c.is_control() {
+                ' '
+            } else if c == '`' {
+                '\''
+            } else {
+                c
+            }
+        })
+        .collect();
     let t = t.trim();
-    if t.is_empty() { "` `".into() } else { format!("`{t}`") }
+    if t.is_empty() {
+        "` `".into()
+    } else {
+        format!("`{t}`")
+    }
 }
 
 /// A fence longer than any run of its character in `body`: backticks, or
@@ -111,7 +129,11 @@ fn fence_for(body: &str) -> String {
         best
     };
     let (b, t) = (run('`'), run('~'));
-    if b <= t { "`".repeat((b + 1).max(3)) } else { "~".repeat((t + 1).max(3)) }
+    if b <= t {
+        "`".repeat((b + 1).max(3))
+    } else {
+        "~".repeat((t + 1).max(3))
+    }
 }
 
 fn render_section(h: &EntryHead, chunk: &str, mention: &[String]) -> String {
@@ -120,9 +142,19 @@ fn render_section(h: &EntryHead, chunk: &str, mention: &[String]) -> String {
     match &h.msg {
         Some(m) => {
             let to: Vec<String> = m.to.iter().map(|t| inline(t)).collect();
-            s.push_str(&format!("**{}** from {} to {} · **{}**", m.kind, inline(&h.sender), to.join(", "), h.action.as_str()));
+            s.push_str(&format!(
+                "**{}** from {} to {} · **{}**",
+                m.kind,
+                inline(&h.sender),
+                to.join(", "),
+                h.action.as_str()
+            ));
         }
-        None => s.push_str(&format!("**{}** · message {}", h.action.as_str(), inline(&h.id))),
+        None => s.push_str(&format!(
+            "**{}** · message {}",
+            h.action.as_str(),
+            inline(&h.id)
+        )),
     }
     if !h.parties.is_empty() && h.msg.as_ref().is_none_or(|m| m.to != h.parties) {
         let p: Vec<String> = h.parties.iter().map(|t| inline(t)).collect();
@@ -183,7 +215,11 @@ fn head_for(e: &Entry, part: [u32; 2], fence: String) -> EntryHead {
 pub fn render_entry(e: &Entry, mention: &[String], limit: usize) -> Result<Vec<String>> {
     let Some(m) = &e.message else {
         let s = render_section(&head_for(e, [1, 1], String::new()), "", mention);
-        return if s.chars().count() <= limit { Ok(vec![s]) } else { Err(too_big(e)) };
+        return if s.chars().count() <= limit {
+            Ok(vec![s])
+        } else {
+            Err(too_big(e))
+        };
     };
     let whole = render_section(&head_for(e, [1, 1], fence_for(&m.body)), &m.body, mention);
     if whole.chars().count() <= limit {
@@ -198,7 +234,11 @@ pub fn render_entry(e: &Entry, mention: &[String], limit: usize) -> Result<Vec<S
         let mut take = (chars.len() - at).min(limit);
         loop {
             let chunk: String = chars[at..at + take].iter().collect();
-            let probe = render_section(&head_for(e, [9999, 9999], fence_for(&chunk)), &chunk, mention);
+            let probe = render_section(
+                &head_for(e, [9999, 9999], fence_for(&chunk)),
+                &chunk,
+                mention,
+            );
             let n = probe.chars().count();
             if n <= limit {
                 chunks.push(chunk);
@@ -224,7 +264,10 @@ pub fn render_entry(e: &Entry, mention: &[String], limit: usize) -> Result<Vec<S
 }
 
 fn too_big(e: &Entry) -> Error {
-    Error::data(format!("log entry '{}' cannot be rendered within GitHub's comment limit (its headers alone are too large)", e.name))
+    Error::data(format!(
+        "log entry '{}' cannot be rendered within GitHub's comment limit (its headers alone are too large)",
+        e.name
+    ))
 }
 
 /// Parses a comment written by lw-sync.  None when the comment does not
@@ -247,16 +290,27 @@ pub fn parse_comment(text: &str) -> Option<std::result::Result<Vec<Section>, Str
         }
         let (line, after) = split_line(rest);
         let line = line.trim_end_matches('\r');
-        let Some(json) = line.strip_prefix(HEADER_PREFIX).and_then(|l| l.strip_suffix(HEADER_SUFFIX)) else {
+        let Some(json) = line
+            .strip_prefix(HEADER_PREFIX)
+            .and_then(|l| l.strip_suffix(HEADER_SUFFIX))
+        else {
             if sections.is_empty() {
                 return None;
             }
-            return Some(Err(format!("text after section {} is not a header", sections.len())));
+            return Some(Err(format!(
+                "text after section {} is not a header",
+                sections.len()
+            )));
         };
         let head: Head = match serde_json::from_str(json) {
             Ok(h) => h,
             Err(e) if sections.is_empty() => return Some(Err(format!("header is not valid: {e}"))),
-            Err(e) => return Some(Err(format!("header {} is not valid: {e}", sections.len() + 1))),
+            Err(e) => {
+                return Some(Err(format!(
+                    "header {} is not valid: {e}",
+                    sections.len() + 1
+                )));
+            }
         };
         rest = after;
         let fence = match &head {
@@ -274,8 +328,13 @@ pub fn parse_comment(text: &str) -> Option<std::result::Result<Vec<Section>, Str
                 rest = a;
             }
         } else {
-            if fence.len() < 3 || !(fence.bytes().all(|b| b == b'`') || fence.bytes().all(|b| b == b'~')) {
-                return Some(Err(format!("section {} names an invalid fence", sections.len() + 1)));
+            if fence.len() < 3
+                || !(fence.bytes().all(|b| b == b'`') || fence.bytes().all(|b| b == b'~'))
+            {
+                return Some(Err(format!(
+                    "section {} names an invalid fence",
+                    sections.len() + 1
+                )));
             }
             let open = format!("{fence}text");
             loop {
@@ -296,7 +355,10 @@ pub fn parse_comment(text: &str) -> Option<std::result::Result<Vec<Section>, Str
                     if rest.starts_with(&fence) && search == 0 {
                         break None;
                     }
-                    return Some(Err(format!("section {} body is not closed", sections.len() + 1)));
+                    return Some(Err(format!(
+                        "section {} body is not closed",
+                        sections.len() + 1
+                    )));
                 };
                 let end = search + i + 1 + fence.len();
                 let tail = &rest[end..];
@@ -310,7 +372,12 @@ pub fn parse_comment(text: &str) -> Option<std::result::Result<Vec<Section>, Str
                     chunk = rest[..i].to_string();
                     rest = &rest[i + 1 + fence.len()..];
                 }
-                None => return Some(Err(format!("section {} body is not closed", sections.len() + 1))),
+                None => {
+                    return Some(Err(format!(
+                        "section {} body is not closed",
+                        sections.len() + 1
+                    )));
+                }
             }
         }
         sections.push(Section { head, chunk });
@@ -333,13 +400,21 @@ pub fn reassemble(sections: &[(u64, Section)]) -> (Rebuilt, BTreeMap<String, Str
     let mut parts: BTreeMap<String, BTreeMap<u32, (EntryHead, String, u64)>> = BTreeMap::new();
     for (cid, s) in sections {
         if let Head::Entry(h) = &s.head {
-            parts.entry(h.entry.clone()).or_default().entry(h.part[0]).or_insert((h.clone(), s.chunk.clone(), *cid));
+            parts
+                .entry(h.entry.clone())
+                .or_default()
+                .entry(h.part[0])
+                .or_insert((h.clone(), s.chunk.clone(), *cid));
         }
     }
     let mut done = BTreeMap::new();
     let mut broken = BTreeMap::new();
     for (name, ps) in parts {
-        let first = &ps.values().next().expect("a map entry has at least one part").0;
+        let first = &ps
+            .values()
+            .next()
+            .expect("a map entry has at least one part")
+            .0;
         let n = first.part[1];
         if ps.len() as u32 != n || !(1..=n).all(|i| ps.contains_key(&i)) {
             broken.insert(name, format!("{} of {n} parts on GitHub", ps.len()));
@@ -347,8 +422,14 @@ pub fn reassemble(sections: &[(u64, Section)]) -> (Rebuilt, BTreeMap<String, Str
         }
         let body: String = ps.values().map(|(_, c, _)| c.as_str()).collect();
         let h = &ps[&1].0;
-        if h.sha256.as_deref().is_some_and(|s| s != sha256_hex(body.as_bytes())) {
-            broken.insert(name, "body does not match its SHA-256 (edited on GitHub?)".into());
+        if h.sha256
+            .as_deref()
+            .is_some_and(|s| s != sha256_hex(body.as_bytes()))
+        {
+            broken.insert(
+                name,
+                "body does not match its SHA-256 (edited on GitHub?)".into(),
+            );
             continue;
         }
         let message = h.msg.as_ref().map(|m| Message {
@@ -370,7 +451,11 @@ pub fn reassemble(sections: &[(u64, Section)]) -> (Rebuilt, BTreeMap<String, Str
             message_id: h.id.clone(),
             sender: h.sender.clone(),
             message,
-            decision: Decision { action: h.action, to: h.parties.clone(), reason: h.reason.clone() },
+            decision: Decision {
+                action: h.action,
+                to: h.parties.clone(),
+                reason: h.reason.clone(),
+            },
         };
         done.insert(name, (e, ps.values().map(|(_, _, c)| *c).collect()));
     }
@@ -386,9 +471,15 @@ pub fn parse_answers(text: &str) -> Vec<(String, String)> {
         if l.trim_start().starts_with("```") || l.trim_start().starts_with("~~~") {
             in_code = !in_code;
         }
-        let cmd = if in_code { None } else { l.trim().strip_prefix("/lw answer ").map(str::trim) };
+        let cmd = if in_code {
+            None
+        } else {
+            l.trim().strip_prefix("/lw answer ").map(str::trim)
+        };
         match cmd {
-            Some(id) if !id.is_empty() && !id.contains(char::is_whitespace) => out.push((id.to_string(), String::new())),
+            Some(id) if !id.is_empty() && !id.contains(char::is_whitespace) => {
+                out.push((id.to_string(), String::new()))
+            }
             _ => {
                 if let Some((_, body)) = out.last_mut() {
                     body.push_str(l);
@@ -429,7 +520,11 @@ pub(crate) mod tests {
                 in_reply_to: None,
                 created: crate::time::rfc3339(crate::time::now()),
             }),
-            decision: Decision { action, to: vec!["human".into()], reason: "policy: questions -> human".into() },
+            decision: Decision {
+                action,
+                to: vec!["human".into()],
+                reason: "policy: questions -> human".into(),
+            },
         }
     }
 
@@ -437,8 +532,18 @@ pub(crate) mod tests {
         let parts = render_entry(e, &["alice".into()], limit).unwrap();
         let mut secs = Vec::new();
         for (i, p) in parts.iter().enumerate() {
-            assert!(p.chars().count() <= limit, "part {i} is {} chars", p.chars().count());
-            secs.extend(parse_comment(p).unwrap().unwrap().into_iter().map(|s| (i as u64, s)));
+            assert!(
+                p.chars().count() <= limit,
+                "part {i} is {} chars",
+                p.chars().count()
+            );
+            secs.extend(
+                parse_comment(p)
+                    .unwrap()
+                    .unwrap()
+                    .into_iter()
+                    .map(|s| (i as u64, s)),
+            );
         }
         let (done, broken) = reassemble(&secs);
         assert!(broken.is_empty(), "{broken:?}");
@@ -452,7 +557,11 @@ pub(crate) mod tests {
         assert_eq!(roundtrip(&e, MAX_COMMENT_CHARS), e);
         let text = render_entry(&e, &[], MAX_COMMENT_CHARS).unwrap().remove(0);
         let secs = parse_comment(&text).unwrap().unwrap();
-        assert_eq!(secs.len(), 1, "the forged header inside the body is body text");
+        assert_eq!(
+            secs.len(),
+            1,
+            "the forged header inside the body is body text"
+        );
         // The header line holds no '>' except its own terminator.
         let first = text.lines().next().unwrap();
         assert_eq!(first.matches('>').count(), 1, "{first}");
@@ -460,7 +569,15 @@ pub(crate) mod tests {
 
     #[test]
     fn long_bodies_split_into_parts_that_reassemble() {
-        let body: String = (0..9000).map(|i| if i % 97 == 0 { "``````````\n".to_string() } else { format!("line {i} é @x #1\n") }).collect();
+        let body: String = (0..9000)
+            .map(|i| {
+                if i % 97 == 0 {
+                    "``````````\n".to_string()
+                } else {
+                    format!("line {i} é @x #1\n")
+                }
+            })
+            .collect();
         let e = entry(&body, Action::Forward);
         assert_eq!(roundtrip(&e, 20_000), e);
         assert!(render_entry(&e, &[], 20_000).unwrap().len() > 3);
@@ -480,7 +597,12 @@ pub(crate) mod tests {
             .map(|e| render_entry(e, &[], MAX_COMMENT_CHARS).unwrap().remove(0))
             .collect::<Vec<_>>()
             .join(SEPARATOR);
-        let secs: Vec<(u64, Section)> = parse_comment(&text).unwrap().unwrap().into_iter().map(|s| (1, s)).collect();
+        let secs: Vec<(u64, Section)> = parse_comment(&text)
+            .unwrap()
+            .unwrap()
+            .into_iter()
+            .map(|s| (1, s))
+            .collect();
         let (done, _) = reassemble(&secs);
         assert_eq!(done[&a.name].0, a);
         assert_eq!(done[&b.name].0, b);
@@ -490,21 +612,25 @@ pub(crate) mod tests {
     #[test]
     fn mentions_only_on_escalations() {
         let e = entry("@bob look #3", Action::Escalate);
-        let t = render_entry(&e, &["alice".into()], MAX_COMMENT_CHARS).unwrap().remove(0);
+        let t = render_entry(&e, &["alice".into()], MAX_COMMENT_CHARS)
+            .unwrap()
+            .remove(0);
         assert!(t.contains("cc @alice"));
         let f = entry("x", Action::Forward);
-        let t = render_entry(&f, &["alice".into()], MAX_COMMENT_CHARS).unwrap().remove(0);
+        let t = render_entry(&f, &["alice".into()], MAX_COMMENT_CHARS)
+            .unwrap()
+            .remove(0);
         assert!(!t.contains("@alice"));
     }
-
 
     #[test]
     fn human_comments_are_not_ours_and_answers_parse() {
         assert!(parse_comment("Thanks!\n/lw answer 1.2.3\nyes").is_none());
-        let a = parse_answers("hi\n/lw answer AAA\nuse v2\n\n/lw answer BBB\nno\n```\n/lw answer CCC\n```\n");
+        let a = parse_answers(
+            "hi\n/lw answer AAA\nuse v2\n\n/lw answer BBB\nno\n```\n/lw answer CCC\n```\n",
+        );
         assert_eq!(a.len(), 2);
         assert_eq!(a[0], ("AAA".into(), "use v2".into()));
         assert_eq!(a[1].0, "BBB");
     }
 }
-

@@ -65,7 +65,13 @@ pub fn load_state(path: &Path) -> Result<(State, bool)> {
                 .map_err(|e| Error::data(format!("sync state '{}' is damaged ({e}); move it aside and run again to rebuild it from GitHub", path.display())))?;
             Ok((s, true))
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((State { version: 1, ..State::default() }, false)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((
+            State {
+                version: 1,
+                ..State::default()
+            },
+            false,
+        )),
         Err(e) => Err(Error::io("cannot read sync state", path, e)),
     }
 }
@@ -74,7 +80,10 @@ pub fn load_state(path: &Path) -> Result<(State, bool)> {
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let dir = path.parent().expect("state files live in a directory");
-    let tmp = dir.join(format!(".{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("state")));
+    let tmp = dir.join(format!(
+        ".{}.tmp",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("state")
+    ));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -82,12 +91,15 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .mode(0o600)
         .open(&tmp)
         .map_err(|e| Error::io("cannot create", &tmp, e))?;
-    f.write_all(bytes).map_err(|e| Error::io("cannot write", &tmp, e))?;
-    f.sync_all().map_err(|e| Error::io_as(Exit::IoErr, "cannot fsync", &tmp, e))?;
+    f.write_all(bytes)
+        .map_err(|e| Error::io("cannot write", &tmp, e))?;
+    f.sync_all()
+        .map_err(|e| Error::io_as(Exit::IoErr, "cannot fsync", &tmp, e))?;
     drop(f);
     std::fs::rename(&tmp, path).map_err(|e| Error::io("cannot rename into", path, e))?;
     let d = std::fs::File::open(dir).map_err(|e| Error::io("cannot open", dir, e))?;
-    d.sync_all().map_err(|e| Error::io_as(Exit::IoErr, "cannot fsync", dir, e))?;
+    d.sync_all()
+        .map_err(|e| Error::io_as(Exit::IoErr, "cannot fsync", dir, e))?;
     Ok(())
 }
 
@@ -103,14 +115,22 @@ pub fn lock(root: &Root, wait: bool) -> Result<std::fs::File> {
     let dir = root.state_dir();
     std::fs::create_dir_all(&dir).map_err(|e| Error::io("cannot create", &dir, e))?;
     let p = dir.join("sync.lock");
-    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&p).map_err(|e| Error::io("cannot open", &p, e))?;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&p)
+        .map_err(|e| Error::io("cannot open", &p, e))?;
     if wait {
         f.lock().map_err(|e| Error::io("cannot lock", &p, e))?;
     } else {
         match f.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(Error::new(Exit::TempFail, format!("another lw-sync holds '{}'; nothing done", p.display())));
+                return Err(Error::new(
+                    Exit::TempFail,
+                    format!("another lw-sync holds '{}'; nothing done", p.display()),
+                ));
             }
             Err(std::fs::TryLockError::Error(e)) => return Err(Error::io("cannot lock", &p, e)),
         }
@@ -142,8 +162,12 @@ pub(crate) fn complete_partials(ts: &mut TargetState, sections: &[(u64, Section)
             totals.insert(h.entry.clone(), h.part[1]);
         }
     }
-    let done: Vec<String> =
-        ts.partial.iter().filter(|(n, ps)| totals.get(*n).is_some_and(|&t| ps.len() as u32 == t)).map(|(n, _)| n.clone()).collect();
+    let done: Vec<String> = ts
+        .partial
+        .iter()
+        .filter(|(n, ps)| totals.get(*n).is_some_and(|&t| ps.len() as u32 == t))
+        .map(|(n, _)| n.clone())
+        .collect();
     for n in done {
         let ps = ts.partial.remove(&n).expect("listed above");
         ts.synced.insert(n, ps.values().copied().collect());

@@ -12,7 +12,9 @@ pub fn lw_build() -> &'static str {
 
 /// A name no other run shares, for image repositories and directories.
 pub fn nonce() -> String {
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("the clock is after 1970");
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("the clock is after 1970");
     format!("{}{:x}", std::process::id(), t.as_nanos() % 0xffff_ffff)
 }
 
@@ -23,11 +25,24 @@ pub fn test_image(name: &str) -> String {
     let cell = if name == "busybox" { &BUSYBOX } else { &DEBIAN };
     cell.get_or_init(|| {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/test-images");
-        let out = Command::new(&script).arg(name).output().expect("scripts/test-images runs");
-        assert!(out.status.success(), "scripts/test-images {name} failed: {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new(&script)
+            .arg(name)
+            .output()
+            .expect("scripts/test-images runs");
+        assert!(
+            out.status.success(),
+            "scripts/test-images {name} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let text = String::from_utf8(out.stdout).expect("test-images prints text");
-        let line = text.lines().find(|l| l.starts_with(name)).expect("test-images names the image");
-        line.split_whitespace().nth(1).expect("NAME TAG").to_string()
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(name))
+            .expect("test-images names the image");
+        line.split_whitespace()
+            .nth(1)
+            .expect("NAME TAG")
+            .to_string()
     })
     .clone()
 }
@@ -46,7 +61,11 @@ impl Project {
         let n = nonce();
         let dir = std::env::temp_dir().join(format!("lw-test-{tag}-{n}"));
         std::fs::create_dir_all(dir.join(".loopwright/runtime")).expect("temp dir is writable");
-        Project { dir, repo: format!("loopwright/lw-test-{tag}-{n}"), keep_images: false }
+        Project {
+            dir,
+            repo: format!("loopwright/lw-test-{tag}-{n}"),
+            keep_images: false,
+        }
     }
 
     pub fn write(&self, rel: &str, text: &str) {
@@ -73,7 +92,12 @@ impl Project {
     /// `lw-build` that must succeed; returns (layer, tag, state) per layer.
     pub fn build_ok(&self) -> Vec<(String, String, String)> {
         let out = self.lw_build(&[]);
-        assert!(out.status.success(), "lw-build failed ({:?}): {}", out.status.code(), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "lw-build failed ({:?}): {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout)
             .expect("utf-8 output")
             .lines()
@@ -102,15 +126,24 @@ impl Drop for Project {
             .map(str::to_string)
             .collect();
         if !tags.is_empty() {
-            let _ = Command::new("docker").arg("rmi").arg("-f").args(&tags).output();
+            let _ = Command::new("docker")
+                .arg("rmi")
+                .arg("-f")
+                .args(&tags)
+                .output();
         }
     }
 }
 
 /// The image id a tag points at, from the docker CLI; None when missing.
 pub fn image_id(tag: &str) -> Option<String> {
-    let out = Command::new("docker").args(["image", "inspect", "-f", "{{.Id}}", tag]).output().expect("docker runs");
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    let out = Command::new("docker")
+        .args(["image", "inspect", "-f", "{{.Id}}", tag])
+        .output()
+        .expect("docker runs");
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 pub fn stderr(o: &Output) -> String {

@@ -55,7 +55,9 @@ pub fn stderr(o: &Output) -> String {
 /// Entries of a directory, sorted.
 pub fn ls(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = match std::fs::read_dir(dir) {
-        Ok(rd) => rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect(),
+        Ok(rd) => rd
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect(),
         Err(_) => vec![],
     };
     v.sort();
@@ -72,12 +74,24 @@ pub struct Mount(pub PathBuf);
 impl Mount {
     pub fn tmpfs(dir: &Path, opts: &str) -> Mount {
         std::fs::create_dir_all(dir).unwrap();
-        let st = Command::new("mount").args(["-t", "tmpfs", "-o", opts, "tmpfs"]).arg(dir).status().expect("mount runs");
-        assert!(st.success(), "mount -t tmpfs -o {opts} {} failed (tests that need a small file system run as root)", dir.display());
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", opts, "tmpfs"])
+            .arg(dir)
+            .status()
+            .expect("mount runs");
+        assert!(
+            st.success(),
+            "mount -t tmpfs -o {opts} {} failed (tests that need a small file system run as root)",
+            dir.display()
+        );
         Mount(dir.to_path_buf())
     }
     pub fn remount(&self, opts: &str) {
-        let st = Command::new("mount").args(["-o", &format!("remount,{opts}")]).arg(&self.0).status().unwrap();
+        let st = Command::new("mount")
+            .args(["-o", &format!("remount,{opts}")])
+            .arg(&self.0)
+            .status()
+            .unwrap();
         assert!(st.success(), "remount {opts} failed");
     }
 }

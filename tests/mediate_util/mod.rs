@@ -14,7 +14,10 @@ use loopwright::registry::{Registry, Sandbox};
 pub const BIN: &str = env!("CARGO_BIN_EXE_lw-mediate");
 
 pub fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("lw-mediate-test-{tag}-{}", loopwright::id::new_id()));
+    let d = std::env::temp_dir().join(format!(
+        "lw-mediate-test-{tag}-{}",
+        loopwright::id::new_id()
+    ));
     std::fs::create_dir_all(&d).unwrap();
     d
 }
@@ -51,7 +54,12 @@ pub fn post(root: &Root, sender: &str, m: &Message) {
 }
 
 pub fn mediate(root: &Root, args: &[&str]) -> Output {
-    Command::new(BIN).arg("--root").arg(&root.dir).args(args).output().expect("lw-mediate runs")
+    Command::new(BIN)
+        .arg("--root")
+        .arg(&root.dir)
+        .args(args)
+        .output()
+        .expect("lw-mediate runs")
 }
 
 /// `lw-mediate --once` with a policy that neither rate-limits nor
@@ -60,7 +68,11 @@ pub fn once(root: &Root, policy: &str) -> Output {
     let p = root.dir.parent().unwrap().join("policy");
     std::fs::write(&p, policy).unwrap();
     let out = mediate(root, &["--once", "--policy", p.to_str().unwrap()]);
-    assert!(out.status.success(), "lw-mediate --once failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "lw-mediate --once failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     out
 }
 
@@ -74,7 +86,9 @@ pub fn entries(root: &Root) -> Vec<Entry> {
 
 pub fn names(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = match std::fs::read_dir(dir) {
-        Ok(rd) => rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect(),
+        Ok(rd) => rd
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect(),
         Err(_) => vec![],
     };
     v.sort();

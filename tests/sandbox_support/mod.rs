@@ -10,22 +10,40 @@ use std::sync::OnceLock;
 
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test knows its path");
-    exe.parent().and_then(Path::parent).expect("tests live in target/<profile>/deps").join(name)
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("tests live in target/<profile>/deps")
+        .join(name)
 }
 
 pub fn nonce() -> String {
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("the clock is after 1970");
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("the clock is after 1970");
     format!("{}{:x}", std::process::id(), t.as_nanos() % 0xffff_ffff)
 }
 
 pub fn git(dir: &Path, args: &[&str]) -> String {
-    let o = Command::new("git").arg("-C").arg(dir).args(args).output().expect("git runs");
-    assert!(o.status.success(), "git {args:?} in {}: {}", dir.display(), String::from_utf8_lossy(&o.stderr));
+    let o = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .output()
+        .expect("git runs");
+    assert!(
+        o.status.success(),
+        "git {args:?} in {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
     String::from_utf8_lossy(&o.stdout).trim().to_string()
 }
 
 pub fn docker(args: &[&str]) -> Output {
-    Command::new("docker").args(args).output().expect("docker runs")
+    Command::new("docker")
+        .args(args)
+        .output()
+        .expect("docker runs")
 }
 
 pub fn text(o: &Output) -> String {
@@ -41,9 +59,21 @@ pub fn debian() -> &'static str {
     static TAG: OnceLock<String> = OnceLock::new();
     TAG.get_or_init(|| {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/test-images");
-        let out = Command::new(&script).arg("debian").output().expect("scripts/test-images runs");
-        assert!(out.status.success(), "scripts/test-images debian: {}", err(&out));
-        text(&out).lines().find(|l| l.starts_with("debian")).and_then(|l| l.split_whitespace().nth(1)).expect("NAME TAG").to_string()
+        let out = Command::new(&script)
+            .arg("debian")
+            .output()
+            .expect("scripts/test-images runs");
+        assert!(
+            out.status.success(),
+            "scripts/test-images debian: {}",
+            err(&out)
+        );
+        text(&out)
+            .lines()
+            .find(|l| l.starts_with("debian"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .expect("NAME TAG")
+            .to_string()
     })
 }
 
@@ -81,10 +111,26 @@ impl Fixture {
         git(&dir, &["init", "-q", "-b", "main", "proj"]);
         git(&proj, &["config", "user.name", "Host Person"]);
         git(&proj, &["config", "user.email", "host@example.com"]);
-        git(&proj, &["remote", "add", "origin", upstream.to_str().expect("utf-8 temp path")]);
-        let init = Command::new(bin("lw-build")).args(["init", "--from", debian()]).current_dir(&proj).output().expect("lw-build runs");
+        git(
+            &proj,
+            &[
+                "remote",
+                "add",
+                "origin",
+                upstream.to_str().expect("utf-8 temp path"),
+            ],
+        );
+        let init = Command::new(bin("lw-build"))
+            .args(["init", "--from", debian()])
+            .current_dir(&proj)
+            .output()
+            .expect("lw-build runs");
         assert!(init.status.success(), "lw-build init: {}", err(&init));
-        std::fs::write(proj.join(".loopwright/runtime/runtime.conf"), RUNTIME.replace("@FROM@", debian())).expect("write");
+        std::fs::write(
+            proj.join(".loopwright/runtime/runtime.conf"),
+            RUNTIME.replace("@FROM@", debian()),
+        )
+        .expect("write");
         std::fs::write(proj.join(".loopwright/config"), config).expect("write");
         std::fs::write(proj.join("deps.lock"), "lock v1\n").expect("write");
         std::fs::create_dir_all(proj.join("src/api")).expect("mkdir");
@@ -95,20 +141,32 @@ impl Fixture {
         git(&proj, &["commit", "-qm", "init"]);
         git(&proj, &["push", "-q", "origin", "main"]);
         std::fs::create_dir_all(&root).expect("mkdir root");
-        let f = Fixture { dir, upstream, proj, root };
+        let f = Fixture {
+            dir,
+            upstream,
+            proj,
+            root,
+        };
         f.build();
         f
     }
 
     /// lw-build in the project (cached after the first run on this machine).
     pub fn build(&self) {
-        let o = Command::new(bin("lw-build")).current_dir(&self.proj).output().expect("lw-build runs");
+        let o = Command::new(bin("lw-build"))
+            .current_dir(&self.proj)
+            .output()
+            .expect("lw-build runs");
         assert!(o.status.success(), "lw-build: {}", err(&o));
     }
 
     pub fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(bin("lw-sandbox"));
-        c.args(args).current_dir(&self.proj).env("LW_ROOT", &self.root).env_remove("LW_MIRROR").stdin(Stdio::null());
+        c.args(args)
+            .current_dir(&self.proj)
+            .env("LW_ROOT", &self.root)
+            .env_remove("LW_MIRROR")
+            .stdin(Stdio::null());
         c
     }
 
@@ -119,7 +177,12 @@ impl Fixture {
     /// `lw-sandbox ARGS` that must succeed; its stdout.
     pub fn ok(&self, args: &[&str]) -> String {
         let o = self.sb(args);
-        assert!(o.status.success(), "lw-sandbox {args:?} exited {:?}: {}", o.status.code(), err(&o));
+        assert!(
+            o.status.success(),
+            "lw-sandbox {args:?} exited {:?}: {}",
+            o.status.code(),
+            err(&o)
+        );
         text(&o)
     }
 
@@ -140,10 +203,26 @@ impl Fixture {
     /// Containers and volumes the engine holds for this root (docker CLI).
     pub fn leftovers(&self) -> Vec<String> {
         let label = format!("label=org.loopwright.root={}", self.root_id());
-        let mut v: Vec<String> = text(&docker(&["ps", "-aq", "--filter", &label])).lines().map(|l| format!("container {l}")).collect();
-        v.extend(text(&docker(&["volume", "ls", "-q", "--filter", &label])).lines().map(|l| format!("volume {l}")));
+        let mut v: Vec<String> = text(&docker(&["ps", "-aq", "--filter", &label]))
+            .lines()
+            .map(|l| format!("container {l}"))
+            .collect();
         v.extend(
-            text(&docker(&["network", "ls", "--format", "{{.Name}}", "--filter", &label])).lines().map(|l| format!("network {l}")),
+            text(&docker(&["volume", "ls", "-q", "--filter", &label]))
+                .lines()
+                .map(|l| format!("volume {l}")),
+        );
+        v.extend(
+            text(&docker(&[
+                "network",
+                "ls",
+                "--format",
+                "{{.Name}}",
+                "--filter",
+                &label,
+            ]))
+            .lines()
+            .map(|l| format!("network {l}")),
         );
         v
     }
@@ -152,10 +231,18 @@ impl Fixture {
     pub fn host_leftovers(&self) -> Vec<String> {
         let mut v = Vec::new();
         let ports = std::fs::read_to_string(self.root.join("state/ports")).unwrap_or_default();
-        v.extend(ports.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()).map(|l| format!("lease {l}")));
+        v.extend(
+            ports
+                .lines()
+                .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+                .map(|l| format!("lease {l}")),
+        );
         for d in ["registry", "sandboxes", "state/sandbox", "state/push"] {
             if let Ok(rd) = std::fs::read_dir(self.root.join(d)) {
-                v.extend(rd.flatten().map(|e| format!("{d}/{}", e.file_name().to_string_lossy())));
+                v.extend(
+                    rd.flatten()
+                        .map(|e| format!("{d}/{}", e.file_name().to_string_lossy())),
+                );
             }
         }
         v
@@ -165,18 +252,36 @@ impl Fixture {
 impl Drop for Fixture {
     fn drop(&mut self) {
         let label = format!("label=org.loopwright.root={}", self.root_id());
-        let ids: Vec<String> = text(&docker(&["ps", "-aq", "--filter", &label])).lines().map(str::to_string).collect();
+        let ids: Vec<String> = text(&docker(&["ps", "-aq", "--filter", &label]))
+            .lines()
+            .map(str::to_string)
+            .collect();
         if !ids.is_empty() {
-            let _ = Command::new("docker").args(["rm", "-fv"]).args(&ids).output();
+            let _ = Command::new("docker")
+                .args(["rm", "-fv"])
+                .args(&ids)
+                .output();
         }
-        let vols: Vec<String> = text(&docker(&["volume", "ls", "-q", "--filter", &label])).lines().map(str::to_string).collect();
+        let vols: Vec<String> = text(&docker(&["volume", "ls", "-q", "--filter", &label]))
+            .lines()
+            .map(str::to_string)
+            .collect();
         if !vols.is_empty() {
-            let _ = Command::new("docker").args(["volume", "rm", "-f"]).args(&vols).output();
+            let _ = Command::new("docker")
+                .args(["volume", "rm", "-f"])
+                .args(&vols)
+                .output();
         }
         // Egress networks (their proxies went with the containers above).
-        let nets: Vec<String> = text(&docker(&["network", "ls", "-q", "--filter", &label])).lines().map(str::to_string).collect();
+        let nets: Vec<String> = text(&docker(&["network", "ls", "-q", "--filter", &label]))
+            .lines()
+            .map(str::to_string)
+            .collect();
         if !nets.is_empty() {
-            let _ = Command::new("docker").args(["network", "rm"]).args(&nets).output();
+            let _ = Command::new("docker")
+                .args(["network", "rm"])
+                .args(&nets)
+                .output();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }

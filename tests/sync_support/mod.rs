@@ -41,8 +41,17 @@ impl Env {
         server.add_repo("octo/proj", 3);
         server.add_token("lw-bot", TOKEN, true);
         let url = server.url();
-        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-        Env { dir, root, server, url, agent }
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        Env {
+            dir,
+            root,
+            server,
+            url,
+            agent,
+        }
     }
 
     pub fn log(&self) -> Log {
@@ -65,11 +74,21 @@ impl Env {
 
     /// Every comment on octo/proj#issue, straight from the server.
     pub fn comments(&self, issue: u64) -> Vec<(u64, String, String)> {
-        let v = self.ctl("GET", &format!("comments?repo=octo/proj&issue={issue}"), Value::Null);
+        let v = self.ctl(
+            "GET",
+            &format!("comments?repo=octo/proj&issue={issue}"),
+            Value::Null,
+        );
         v.as_array()
             .unwrap()
             .iter()
-            .map(|c| (c["id"].as_u64().unwrap(), c["body"].as_str().unwrap().to_string(), c["login"].as_str().unwrap().to_string()))
+            .map(|c| {
+                (
+                    c["id"].as_u64().unwrap(),
+                    c["body"].as_str().unwrap().to_string(),
+                    c["login"].as_str().unwrap().to_string(),
+                )
+            })
             .collect()
     }
 
@@ -92,7 +111,10 @@ impl Env {
 
     pub fn requests(&self) -> (Vec<Value>, Vec<Value>) {
         let v = self.ctl("GET", "requests", Value::Null);
-        (v["requests"].as_array().unwrap().clone(), v["windows"].as_array().unwrap().clone())
+        (
+            v["requests"].as_array().unwrap().clone(),
+            v["windows"].as_array().unwrap().clone(),
+        )
     }
 
     pub fn sync_cmd(&self, args: &[&str]) -> Command {
@@ -100,11 +122,15 @@ impl Env {
     }
 
     pub fn sync_at(&self, repo: &str, issue: u64, args: &[&str]) -> Output {
-        self.sync_cmd_at(&self.root, repo, issue, args).output().unwrap()
+        self.sync_cmd_at(&self.root, repo, issue, args)
+            .output()
+            .unwrap()
     }
 
     pub fn sync_root(&self, root: &Path, args: &[&str]) -> Output {
-        self.sync_cmd_at(root, "octo/proj", 1, args).output().unwrap()
+        self.sync_cmd_at(root, "octo/proj", 1, args)
+            .output()
+            .unwrap()
     }
 
     pub fn sync_cmd_at(&self, root: &Path, repo: &str, issue: u64, args: &[&str]) -> Command {
@@ -167,14 +193,24 @@ pub fn entry(m: &Message, action: Action) -> Entry {
         message_id: m.id.clone(),
         sender: m.from.clone(),
         message: Some(m.clone()),
-        decision: Decision { action, to: m.to.clone(), reason: format!("policy: {} is {}", m.kind, action.as_str()) },
+        decision: Decision {
+            action,
+            to: m.to.clone(),
+            reason: format!("policy: {} is {}", m.kind, action.as_str()),
+        },
     }
 }
 
 pub fn append_n(log: &Log, n: usize, body: &str) -> Vec<Entry> {
     (0..n)
         .map(|i| {
-            let m = message("api", "web", Kind::Status, &format!("status {i}"), &format!("{body} {i} @someone #12"));
+            let m = message(
+                "api",
+                "web",
+                Kind::Status,
+                &format!("status {i}"),
+                &format!("{body} {i} @someone #12"),
+            );
             let e = entry(&m, Action::Forward);
             assert!(log.append(&e).unwrap());
             e
@@ -193,7 +229,11 @@ pub fn files_under(d: &Path) -> Vec<PathBuf> {
         if let Ok(rd) = std::fs::read_dir(&p) {
             for e in rd.flatten() {
                 let p = e.path();
-                if p.is_dir() { stack.push(p) } else { out.push(p) }
+                if p.is_dir() {
+                    stack.push(p)
+                } else {
+                    out.push(p)
+                }
             }
         }
     }
