@@ -30,5 +30,6 @@ pub mod sandbox;
 pub mod secrets;
 pub mod sync;
 pub mod time;
+pub mod visible;
 
 pub use error::{Error, Exit, Result};
