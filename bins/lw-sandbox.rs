@@ -8,7 +8,10 @@
 //! terminal; `ls`, `port`, `stop`, `start`, `rm` and `gc` manage the rest.
 //! With `--network egress` the sandbox reaches only its allow-list's
 //! HOST:PORT pairs, through a proxy of its own (lib/egress); `logs --egress`
-//! prints what that proxy refused.
+//! prints what that proxy refused.  `create --agent KIT` installs a coding
+//! agent's CLI (an image layer above deps) and gives it a model proxy that
+//! holds its key; `run` runs it headless with a transcript and exits with
+//! its status; `kits` lists the kits (lib/agent).
 //! The sandboxes of a mailbox root (`--root`, else `$LW_ROOT`) are that
 //! root's.  The library (lib/sandbox/) holds the logic and the contract;
 //! man/lw-sandbox.1 documents both.
@@ -18,6 +21,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use loopwright::agent::run::{self as agent_run, RunOptions};
+use loopwright::agent::{Credential, kit};
 use loopwright::cli::{self, out_err};
 use loopwright::layout::Root;
 use loopwright::sandbox::runtime::DockerSandbox;
@@ -50,8 +55,35 @@ enum Net {
     Egress,
 }
 
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Cred {
+    Proxy,
+    Env,
+}
+
 #[derive(Subcommand, Debug)]
 enum Cmd {
+    /// List the agent kits: name, package@version, key variable, source
+    Kits {
+        /// Print JSON Lines records
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the sandbox's agent headless on PROMPT; exit with its status
+    Run {
+        name: String,
+        /// Continue the agent's last conversation in this sandbox
+        #[arg(long)]
+        resume: bool,
+        /// Print the transcript's JSON Lines instead of a summary
+        #[arg(long)]
+        json: bool,
+        /// Stop the agent after DUR (90s, 15m, 1h); exit 124
+        #[arg(long, value_name = "DUR")]
+        timeout: Option<String>,
+        #[arg(required = true, last = true, value_name = "PROMPT")]
+        prompt: Vec<String>,
+    },
     /// Create a sandbox with its clone on BRANCH; print its name
     Create {
         name: String,
@@ -72,8 +104,16 @@ enum Cmd {
         secret: Vec<String>,
         /// none: loopback only; bridge: the host's networks (warned);
         /// egress: only the allow-list's HOST:PORT pairs, through a proxy
-        #[arg(long, value_enum, default_value = "none")]
-        network: Net,
+        /// [default: none, egress with --agent]
+        #[arg(long, value_enum)]
+        network: Option<Net>,
+        /// Install and set up this agent kit (lw-sandbox kits lists them)
+        #[arg(long, value_name = "KIT")]
+        agent: Option<String>,
+        /// proxy: the model proxy holds the key; env: the key is in the
+        /// agent's environment, inside the sandbox (weaker, warned)
+        #[arg(long, value_enum, default_value = "proxy", requires = "agent")]
+        credential: Cred,
         /// Add HOST:PORT to the project's egress allow-list (repeatable)
         #[arg(long, value_name = "HOST:PORT")]
         allow: Vec<String>,
@@ -162,7 +202,10 @@ fn main() -> ExitCode {
         Ok(a) => a,
         Err(code) => return code,
     };
-    if matches!(args.cmd, Cmd::Exec { .. } | Cmd::Shell { .. }) {
+    if matches!(
+        args.cmd,
+        Cmd::Exec { .. } | Cmd::Shell { .. } | Cmd::Run { .. }
+    ) {
         return match exec(args) {
             Ok(code) => ExitCode::from(code),
             Err(e) => {
@@ -196,6 +239,8 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
             port,
             secret,
             network,
+            agent,
+            credential,
             allow,
             image,
             allow_stale,
@@ -207,10 +252,18 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
                 sandbox::find_project(args.project.as_deref(), args.mirror.as_deref())?;
             let bins = sandbox::mailbox_commands();
             let network = match network {
-                Net::None => Network::None,
-                Net::Bridge => Network::Bridge,
-                Net::Egress => Network::Egress,
+                None if agent.is_some() => Network::Egress,
+                None | Some(Net::None) => Network::None,
+                Some(Net::Bridge) => Network::Bridge,
+                Some(Net::Egress) => Network::Egress,
             };
+            let agent = agent.map(|k| {
+                let c = match credential {
+                    Cred::Proxy => Credential::Proxy,
+                    Cred::Env => Credential::Env,
+                };
+                (k, c)
+            });
             let opts = CreateOptions {
                 name,
                 branch,
@@ -223,6 +276,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
                 image,
                 allow_stale,
                 no_fetch,
+                agent,
             };
             let c = sb.create(&opts, project.as_ref(), &mirror_path, &bins, &mut |m| {
                 warn(m)
@@ -308,7 +362,31 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
                 line(out, &l)?;
             }
         }
-        Cmd::Exec { .. } | Cmd::Shell { .. } => unreachable!("exec and shell are run by main"),
+        Cmd::Kits { json } => {
+            let (project, _) =
+                sandbox::find_project(args.project.as_deref(), args.mirror.as_deref())
+                    .unwrap_or((None, PathBuf::new()));
+            for k in kit::all(project.as_ref().map(|p| p.top.as_path()))? {
+                let text = if json {
+                    serde_json::json!({
+                        "type": "kit", "name": k.name, "package": k.package, "version": k.version,
+                        "node": k.node, "upstream": k.upstream, "endpoint": format!("{} {}", k.method, k.path),
+                        "key_env": k.key_env, "context_file": k.context_file, "state_dir": k.state_dir,
+                        "mcp": k.mcp.as_str(), "source": k.source,
+                    })
+                    .to_string()
+                } else {
+                    format!(
+                        "{}\t{}@{}\t{}\t{}",
+                        k.name, k.package, k.version, k.key_env, k.source
+                    )
+                };
+                line(out, &text)?;
+            }
+        }
+        Cmd::Exec { .. } | Cmd::Shell { .. } | Cmd::Run { .. } => {
+            unreachable!("exec, shell and run are run by main")
+        }
     }
     Ok(Exit::Ok)
 }
@@ -325,6 +403,32 @@ fn exec(args: Args) -> Result<u8, Error> {
             workdir,
             cmd,
         } => sb.attach(&name, cmd, tty, workdir)?,
+        Cmd::Run {
+            name,
+            resume,
+            json,
+            timeout,
+            prompt,
+        } => {
+            let timeout = match timeout {
+                None => None,
+                Some(t) => Some(loopwright::config::parse_duration(&t).ok_or_else(|| {
+                    Error::usage(format!("--timeout '{t}' is not a duration (90s, 15m, 1h)"))
+                })?),
+            };
+            let opts = RunOptions {
+                prompt: prompt.join(" "),
+                resume,
+                json,
+                timeout,
+            };
+            let mut stdout = std::io::stdout().lock();
+            let ran = agent_run::run(&sb, &name, &opts, &mut stdout, &mut |m| warn(m))?;
+            if !json {
+                eprintln!("{PROG}: transcript {}", ran.transcript.display());
+            }
+            ran.status
+        }
         Cmd::Shell { name } => {
             if !std::io::stdin().is_terminal() {
                 return Err(Error::usage(

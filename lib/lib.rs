@@ -3,6 +3,7 @@
 //! One module per concern.  The binaries in `bins/` parse flags and call into
 //! these modules; everything that can be tested without a process lives here.
 
+pub mod agent;
 pub mod cli;
 pub mod config;
 pub mod digest;

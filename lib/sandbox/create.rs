@@ -389,12 +389,24 @@ impl<'a> Sandboxes<'a> {
             ));
         }
         // Read (and refused when bad, exit 78) before anything is made.
+        let agent = match &opts.agent {
+            Some((kit, cred)) => Some(crate::agent::setup::Prepared::check(
+                project,
+                kit,
+                *cred,
+                opts.network,
+                warn,
+            )?),
+            None => None,
+        };
         let egress = match opts.network {
             Network::Egress => {
                 let eg = egress::Settings::from_config(
                     project.map_or(&Config::default(), |p| &p.config),
                 )?;
-                let allow = eg.allow_with(&opts.allow)?;
+                let mut extra = opts.allow.clone();
+                extra.extend(agent.iter().flat_map(|a| a.allow()));
+                let allow = eg.allow_with(&extra)?;
                 Some((eg, allow))
             }
             _ => None,
@@ -422,13 +434,23 @@ impl<'a> Sandboxes<'a> {
         }
 
         clock.mark("check");
-        let image = resolve_image(
+        let mut image = resolve_image(
             self.engine,
             project,
             opts.image.as_deref(),
             opts.allow_stale,
         )?;
         clock.mark("image");
+        if let Some(a) = &agent {
+            image.reference = a.image(
+                self.engine,
+                project,
+                &image.reference,
+                opts.image.as_deref(),
+                warn,
+            )?;
+            clock.mark("agent-image");
+        }
         if let Some(s) = &image.stale {
             warn(s);
             notes.push(s.clone());
@@ -520,6 +542,7 @@ impl<'a> Sandboxes<'a> {
                 mirror: fs::canonicalize(&m.path).unwrap_or_else(|_| m.path.clone()),
                 created: crate::time::rfc3339(crate::time::now()),
                 ready: false,
+                agent: agent.as_ref().map(|a| a.record()),
             };
             self.write_record(&rec)?;
             let mut drift = Vec::new();
@@ -560,6 +583,10 @@ impl<'a> Sandboxes<'a> {
                     o.labels.insert(LABEL_ROOT.into(), self.id.clone());
                     egress::prepare(&nets, &rec.container, allow, &o, &mut |_| {})?;
                     clock.mark("egress");
+                    if let Some(a) = &agent {
+                        a.start_proxy(&nets, &rec, eg, &self.root, &labels)?;
+                        clock.mark("model-proxy");
+                    }
                 }
                 self.engine.create_volume(&rec.volume, &labels)?;
                 let spec = container_spec(
@@ -642,6 +669,10 @@ impl<'a> Sandboxes<'a> {
                 }
                 let head = String::from_utf8_lossy(&out).trim().to_string();
                 clock.mark("clone");
+                if let Some(a) = &agent {
+                    a.write_context(self, &rec)?;
+                    clock.mark("context");
+                }
                 if !secret_values.is_empty() {
                     self.install_secrets(&rec, &secret_values)?;
                     clock.mark("secrets");

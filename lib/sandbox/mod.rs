@@ -155,6 +155,9 @@ pub struct Record {
     /// False until the clone is on its branch: a record that is not ready
     /// and whose lock is free belongs to a create that died.
     pub ready: bool,
+    /// The agent kit it was made for (`create --agent`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<crate::agent::AgentRecord>,
 }
 
 /// The id of a mailbox root: 8 hex digits of the sha256 of its canonical
@@ -192,6 +195,8 @@ pub struct CreateOptions {
     pub allow_stale: bool,
     /// Skip fetching into the mirror (it must exist).
     pub no_fetch: bool,
+    /// An agent kit to install and set up (lib/agent), and how its key travels.
+    pub agent: Option<(String, crate::agent::Credential)>,
 }
 
 /// What `create` made.
@@ -485,6 +490,13 @@ impl<'a> Sandboxes<'a> {
         if rec.network == Network::Egress {
             let nets = egress::DockerNetworks::connect()?;
             egress::start_proxy(&nets, &rec.container, Duration::from_secs(30))?;
+            if rec
+                .agent
+                .as_ref()
+                .is_some_and(|a| a.credential == crate::agent::Credential::Proxy)
+            {
+                crate::agent::proxy::start(&nets, &rec.container)?;
+            }
         }
         if !c.running {
             self.engine.start(&rec.container)?;
@@ -502,6 +514,10 @@ impl<'a> Sandboxes<'a> {
                 let proxy = egress::proxy_name(&rec.container);
                 if rec.network == Network::Egress && self.engine.inspect(&proxy)?.is_some() {
                     self.engine.stop(&proxy, Duration::from_secs(10))?;
+                }
+                let model = crate::agent::proxy::name(&rec.container);
+                if rec.agent.is_some() && self.engine.inspect(&model)?.is_some() {
+                    self.engine.stop(&model, Duration::from_secs(10))?;
                 }
                 Ok(rec)
             }
@@ -653,6 +669,11 @@ impl<'a> Sandboxes<'a> {
         if had_volume {
             self.engine.remove_volume(&volume)?;
             out(&format!("volume {volume}"));
+        }
+        let keys = crate::agent::proxy::key_dir(&self.root.state_dir(), name);
+        if keys.exists() {
+            fs::remove_dir_all(&keys).map_err(io_err("cannot remove", &keys))?;
+            out(&format!("agent-key {}", keys.display()));
         }
         for p in self.leases().release(name)? {
             out(&format!("port {p}"));
@@ -1185,6 +1206,13 @@ pub fn container_spec(
         }
         n => n.as_str().to_string(),
     };
+    if let Some(a) = &rec.agent {
+        // The model proxy is reached directly, not through the egress proxy.
+        env.retain(|e| !e.starts_with("NO_PROXY=") && !e.starts_with("no_proxy="));
+        env.push(format!("NO_PROXY={}", crate::agent::no_proxy()));
+        env.push(format!("no_proxy={}", crate::agent::no_proxy()));
+        env.extend(a.env.iter().cloned());
+    }
     ContainerSpec {
         name: Some(rec.container.clone()),
         image: rec.image.clone(),

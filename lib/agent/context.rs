@@ -1,0 +1,214 @@
+//! What an agent is told at create: its context file and its MCP registration.
+//!
+//! Both are written into the agent's HOME (`/work/home`, on the sandbox's
+//! own volume), never into the repository, so they are not committed and
+//! not seen by other sandboxes.  The context file is the one the kit names
+//! (`~/.claude/CLAUDE.md`, `~/.codex/AGENTS.md`: each CLI reads it as the
+//! user's own instructions); it says who the agent is (sandbox, branch,
+//! scopes, peers from the registry) and how to use the door.  The MCP
+//! registration names `/usr/local/bin/lw-mcp`; a CLI that cannot start it
+//! (an older toolkit without lw-mcp) reports the server as failed and goes on.
+
+use std::fmt::Write as _;
+
+use super::kit::{Kit, McpFormat};
+use super::{Credential, proxy};
+use crate::registry;
+use crate::sandbox::{HOME, REPO};
+
+/// The MCP server every agent gets.
+pub const MCP_COMMAND: &str = "/usr/local/bin/lw-mcp";
+
+/// The context file's text.
+pub fn context(
+    kit: &Kit,
+    me: &str,
+    branch: &str,
+    scope: &[String],
+    peers: &[registry::Sandbox],
+) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# You are `{me}`, one of several agents working on one repository\n"
+    );
+    let _ = writeln!(
+        s,
+        "You work in the loopwright sandbox `{me}`: your clone is `{REPO}`, on branch `{branch}`. \
+         Commit your work there with git, on that branch; you cannot push (the host pushes it with \
+         `lw-sandbox push {me}`). The sandbox has no network but your model; nothing you install or \
+         fetch from elsewhere will arrive."
+    );
+    if scope.is_empty() {
+        let _ = writeln!(s, "\nYou own no declared scope.");
+    } else {
+        let _ = writeln!(
+            s,
+            "\nYou own these paths and contracts (your scope): {}.",
+            scope
+                .iter()
+                .map(|x| format!("`{x}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let others: Vec<&registry::Sandbox> = peers.iter().filter(|p| p.name != me).collect();
+    if others.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nNo other sandbox was registered when yours was made; `lw-post` to `mediator` reaches whoever comes."
+        );
+    } else {
+        let _ = writeln!(s, "\nYour peers (when this sandbox was made):\n");
+        for p in others {
+            let _ = writeln!(
+                s,
+                "- `{}`: branch `{}`, scope {}",
+                p.name,
+                p.branch.as_deref().unwrap_or("-"),
+                if p.scope.is_empty() {
+                    "-".to_string()
+                } else {
+                    p.scope.join(", ")
+                }
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\n## The door: the only way to reach the others\n\n\
+         Messages go through a mediator that routes them by kind and scope. Post one with\n\n\
+         ```sh\n\
+         lw-post --kind KIND --subject 'one line' [--to NAME] [--ref PATH] 'body'\n\
+         ```\n\n\
+         Kinds: `contract-change` (a shared interface changed; `--ref` says which; it reaches every \
+         sandbox whose scope overlaps), `request` (asks `--to NAME` to do something), `handoff` \
+         (passes work on to `--to NAME`), `question` (needs a person), `answer` (`--reply-to ID`), \
+         `status` (news; nobody must act).\n\n\
+         Read what reached you with `lw-inbox` (list), `lw-inbox show ID`; wait for the next \
+         message with `lw-inbox --wait` (add `--timeout S` to give up after S seconds). When you \
+         change something another sandbox depends on, post a `contract-change` before you go on."
+    );
+    let _ = writeln!(
+        s,
+        "\nThe same door is an MCP server, `loopwright` (`{MCP_COMMAND}`), when this toolkit has it."
+    );
+    let _ = writeln!(
+        s,
+        "\n(Written by lw-sandbox for kit `{}`; it is not part of the repository.)",
+        kit.name
+    );
+    s
+}
+
+/// The MCP registration (and, for codex, the provider), with its path under HOME.
+pub fn registration(kit: &Kit, credential: Credential) -> (String, String) {
+    match kit.mcp {
+        McpFormat::ClaudeJson => (
+            format!("{}/lw-mcp.json", kit.state_dir),
+            serde_json::json!({"mcpServers": {"loopwright": {"command": MCP_COMMAND, "args": []}}})
+                .to_string()
+                + "\n",
+        ),
+        McpFormat::CodexToml => {
+            let mut t = String::new();
+            let _ = writeln!(t, "# Written by lw-sandbox for kit {}.", kit.name);
+            if credential == Credential::Proxy {
+                let _ = writeln!(t, "model_provider = \"loopwright\"\n");
+                let _ = writeln!(
+                    t,
+                    "[model_providers.loopwright]\nname = \"loopwright model proxy\""
+                );
+                let _ = writeln!(t, "base_url = \"{}/v1\"", proxy::url());
+                let _ = writeln!(
+                    t,
+                    "env_key = \"{}\"\nwire_api = \"responses\"\n",
+                    kit.key_env
+                );
+            }
+            let _ = writeln!(
+                t,
+                "[features]\nplugins = false\n\n[analytics]\nenabled = false\n"
+            );
+            let _ = writeln!(
+                t,
+                "[mcp_servers.loopwright]\ncommand = \"{MCP_COMMAND}\"\nargs = []"
+            );
+            (format!("{}/config.toml", kit.state_dir), t)
+        }
+    }
+}
+
+/// The files to write under HOME: (path relative to HOME, content).
+pub fn files(
+    kit: &Kit,
+    credential: Credential,
+    me: &str,
+    branch: &str,
+    scope: &[String],
+    peers: &[registry::Sandbox],
+) -> Vec<(String, String)> {
+    vec![
+        (
+            kit.context_file.clone(),
+            context(kit, me, branch, scope, peers),
+        ),
+        registration(kit, credential),
+    ]
+}
+
+/// The script that writes one file under HOME from its standard input.
+pub fn write_script(rel: &str) -> Vec<String> {
+    vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        "set -eu; f=\"$1/$2\"; mkdir -p \"$(dirname \"$f\")\"; cat > \"$f\"".into(),
+        "lw-agent-context".into(),
+        HOME.into(),
+        rel.into(),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn context_names_the_sandbox_branch_scope_peers_and_the_door() {
+        let kit = super::super::kit::find(None, "claude").unwrap();
+        let peers = vec![
+            registry::Sandbox::new("api", Some("lw/api".into()), vec!["src/api/**".into()]),
+            registry::Sandbox::new("web", Some("lw/web".into()), vec![]),
+        ];
+        let c = context(&kit, "api", "lw/api", &["src/api/**".into()], &peers);
+        for want in [
+            "`api`",
+            "`lw/api`",
+            "`src/api/**`",
+            "- `web`: branch `lw/web`",
+            "lw-post --kind",
+            "lw-inbox --wait",
+            "contract-change",
+            "lw-mcp",
+        ] {
+            assert!(c.contains(want), "{want} in {c}");
+        }
+        assert!(!c.contains("- `api`"), "not its own peer");
+        let (path, json) = registration(&kit, Credential::Proxy);
+        assert_eq!(path, ".claude/lw-mcp.json");
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["mcpServers"]["loopwright"]["command"], MCP_COMMAND);
+        let codex = super::super::kit::find(None, "codex").unwrap();
+        let (path, toml) = registration(&codex, Credential::Proxy);
+        assert_eq!(path, ".codex/config.toml");
+        assert!(
+            toml.contains("[mcp_servers.loopwright]\ncommand = \"/usr/local/bin/lw-mcp\""),
+            "{toml}"
+        );
+        assert!(
+            toml.contains("base_url = \"http://lw-model:8080/v1\""),
+            "{toml}"
+        );
+        assert!(toml.contains("env_key = \"OPENAI_API_KEY\""), "{toml}");
+    }
+}

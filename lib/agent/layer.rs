@@ -1,0 +1,172 @@
+//! The agent layer: a kit's CLI as its own image, copied above the deps layer.
+//!
+//! Two images per kit, each built only when its tag is missing:
+//!
+//! - `IMAGE-agent-KIT-cli:HASH`, from the project's *first* layer
+//!   (runtime/agents/cli.Dockerfile): node, npm and the package at the kit's
+//!   exact versions under `/opt/lw-agent/KIT`.  HASH covers the kit's
+//!   install manifest (package, version, node, npm, program), the recipe and
+//!   the first layer's tag, and nothing of the deps layer, so changing the
+//!   project's dependencies never reinstalls the agent.
+//! - `IMAGE-agent-KIT:HASH`, the project's final image plus a copy of
+//!   `/opt/lw-agent` (runtime/agents/agent.Dockerfile).  HASH covers the
+//!   final image's tag and the CLI image's tag: a deps change reruns the
+//!   copy, a kit bump reruns the install and the copy.
+//!
+//! Each image carries its manifest in the label lw-build uses, so
+//! `docker inspect` says what it was made of.
+
+use std::collections::BTreeMap;
+
+use super::kit::Kit;
+use crate::digest::sha256_hex;
+use crate::engine::{BuildEvent, BuildOutcome, BuildRequest, Engine};
+use crate::error::{Error, Exit, Result};
+use crate::image::{LABEL_LAYER, LABEL_MANIFEST};
+
+pub const CLI_DOCKERFILE: &str = include_str!("../../runtime/agents/cli.Dockerfile");
+pub const AGENT_DOCKERFILE: &str = include_str!("../../runtime/agents/agent.Dockerfile");
+
+/// Bump when the meaning of the manifests changes.
+const VERSION: &str = "loopwright-agent-layer 1";
+const TAG_HEX: usize = 24;
+
+/// One image of the agent layer, planned.
+#[derive(Clone, Debug)]
+pub struct Planned {
+    pub tag: String,
+    pub manifest: String,
+    pub dockerfile: &'static str,
+    pub args: BTreeMap<String, String>,
+    pub built: bool,
+}
+
+/// The two images for `kit`: `cli_parent` is the project's first layer,
+/// `parent` its final image; `repo` the project's image prefix.
+pub fn plan(
+    engine: &dyn Engine,
+    repo: &str,
+    kit: &Kit,
+    cli_parent: &str,
+    parent: &str,
+) -> Result<(Planned, Planned)> {
+    let mut m = format!(
+        "{VERSION}\nlayer agent-{}-cli\nparent {cli_parent}\n",
+        kit.name
+    );
+    m.push_str(&kit.install_manifest());
+    m.push_str(&format!(
+        "dockerfile cli.Dockerfile {}\n",
+        sha256_hex(CLI_DOCKERFILE.as_bytes())
+    ));
+    let cli_tag = format!(
+        "{repo}-agent-{}-cli:{}",
+        kit.name,
+        &sha256_hex(m.as_bytes())[..TAG_HEX]
+    );
+    let cli = Planned {
+        built: engine.image_exists(&cli_tag)?,
+        tag: cli_tag.clone(),
+        manifest: m,
+        dockerfile: CLI_DOCKERFILE,
+        args: BTreeMap::from([
+            ("LW_PARENT".into(), cli_parent.to_string()),
+            ("LW_AGENT_KIT".into(), kit.name.clone()),
+            ("LW_AGENT_PACKAGE".into(), kit.package.clone()),
+            ("LW_AGENT_VERSION".into(), kit.version.clone()),
+            ("LW_AGENT_NODE".into(), kit.node.clone()),
+            ("LW_AGENT_NPM".into(), kit.npm.clone()),
+            ("LW_AGENT_PROGRAM".into(), kit.program.clone()),
+        ]),
+    };
+    let m = format!(
+        "{VERSION}\nlayer agent-{}\nparent {parent}\ncli {cli_tag}\ndockerfile agent.Dockerfile {}\n",
+        kit.name,
+        sha256_hex(AGENT_DOCKERFILE.as_bytes())
+    );
+    let tag = format!(
+        "{repo}-agent-{}:{}",
+        kit.name,
+        &sha256_hex(m.as_bytes())[..TAG_HEX]
+    );
+    let top = Planned {
+        built: engine.image_exists(&tag)?,
+        tag,
+        manifest: m,
+        dockerfile: AGENT_DOCKERFILE,
+        args: BTreeMap::from([
+            ("LW_PARENT".into(), parent.to_string()),
+            ("LW_AGENT_CLI".into(), cli_tag),
+            ("LW_AGENT_KIT".into(), kit.name.clone()),
+            ("LW_AGENT_PROGRAM".into(), kit.program.clone()),
+        ]),
+    };
+    Ok((cli, top))
+}
+
+/// Builds what is missing of the two images; returns the final tag and,
+/// per image, whether it was built now.  Build output goes to `on_event`.
+pub fn ensure(
+    engine: &dyn Engine,
+    images: &(Planned, Planned),
+    on_start: &mut dyn FnMut(&Planned),
+    on_event: &mut dyn FnMut(BuildEvent),
+) -> Result<(String, [bool; 2])> {
+    let mut built = [false; 2];
+    for (i, p) in [&images.0, &images.1].into_iter().enumerate() {
+        if p.built || engine.image_exists(&p.tag)? {
+            continue;
+        }
+        on_start(p);
+        build_one(engine, p, on_event)?;
+        built[i] = true;
+    }
+    Ok((images.1.tag.clone(), built))
+}
+
+fn build_one(engine: &dyn Engine, p: &Planned, on_event: &mut dyn FnMut(BuildEvent)) -> Result<()> {
+    let mut b = tar::Builder::new(Vec::new());
+    let tar_err = |e: std::io::Error| {
+        Error::new(Exit::Software, "cannot make the build context").with_source(e)
+    };
+    let mut h = tar::Header::new_gnu();
+    h.set_mode(0o644);
+    h.set_mtime(0);
+    h.set_size(p.dockerfile.len() as u64);
+    h.set_entry_type(tar::EntryType::Regular);
+    b.append_data(&mut h, "Dockerfile", p.dockerfile.as_bytes())
+        .map_err(tar_err)?;
+    let context = b.into_inner().map_err(tar_err)?;
+    let repo = p.tag.split(':').next().unwrap_or_default().to_string();
+    let req = BuildRequest {
+        context,
+        dockerfile: "Dockerfile".into(),
+        tag: p.tag.clone(),
+        labels: BTreeMap::from([
+            (LABEL_LAYER.to_string(), repo),
+            (LABEL_MANIFEST.to_string(), p.manifest.clone()),
+        ]),
+        args: p.args.clone(),
+    };
+    let mut tail: Vec<String> = Vec::new();
+    let outcome = engine.build(&req, &mut |ev| {
+        if let BuildEvent::Output(s) = &ev {
+            tail.extend(s.lines().map(str::to_string));
+            let n = tail.len().saturating_sub(30);
+            tail.drain(..n);
+        }
+        on_event(ev);
+    })?;
+    match outcome {
+        BuildOutcome::Built(_) => Ok(()),
+        BuildOutcome::Failed(msg) => Err(Error::new(
+            Exit::DataErr,
+            format!(
+                "cannot build the agent image '{}': {}; no tag was applied\n--- build output (last lines) ---\n{}",
+                p.tag,
+                msg.trim(),
+                tail.join("\n")
+            ),
+        )),
+    }
+}

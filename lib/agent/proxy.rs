@@ -1,0 +1,311 @@
+//! The model proxy: how an agent reaches its model without ever holding the key.
+//!
+//! ```text
+//!   sandbox ──(KEY-egress, internal)── KEY-model ──(egress.network)── upstream (TLS)
+//!            http://lw-model:8080       strips credentials, adds the key
+//! ```
+//!
+//! One small container per agent sandbox, `KEY-model`, on the sandbox's own
+//! internal network (where it is `lw-model`) and on the shared network that
+//! leads out, like the egress proxy beside it.  It runs
+//! runtime/agents/model-proxy.py: it forwards only the kit's endpoint
+//! (`POST /v1/messages`, `POST /v1/responses`) to `agent.KIT.upstream`, drops
+//! every credential the agent sends and adds the real key, which it reads
+//! for each request from a host file: `ROOT/state/agent-key/NAME/key`
+//! (mode 0600, in a 0700 directory mounted read-only at `/run/lw-agent`).
+//!
+//! Why a container and not a host process: the sandbox's network has no host
+//! address (lib/egress), so nothing on the host is reachable from it; a
+//! container attached to that one network is reachable from that one
+//! sandbox only, and it fails closed the same way (stopped, the agent has no
+//! model).  Why a file and not the container's environment: an environment
+//! is in `docker inspect` for as long as the container lives; the file is
+//! written by `lw-sandbox run` from the host's variable (or copied from
+//! `agent.KIT.key-file`) and removed by `rm`.  The container runs as the
+//! user that runs lw-sandbox, read-only, without capabilities.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write as _;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::Settings;
+use super::kit::Kit;
+use crate::digest::sha256_hex;
+use crate::egress::NetworkEngine;
+use crate::engine::{Bind, BuildEvent, BuildOutcome, BuildRequest, ContainerSpec};
+use crate::error::{Error, Exit, Result};
+
+/// The proxy's name on the sandbox's internal network.
+pub const HOST: &str = "lw-model";
+pub const PORT: u16 = 8080;
+/// Where proxy images are tagged.
+pub const REPO: &str = "loopwright/model-proxy";
+/// Label on the proxy container: the kit it serves.
+pub const LABEL_AGENT: &str = "org.loopwright.agent";
+const READY: &str = "lw-model-proxy: listening";
+
+const FILES: &[(&str, &str, u32)] = &[
+    (
+        "model-proxy.Dockerfile",
+        include_str!("../../runtime/agents/model-proxy.Dockerfile"),
+        0o644,
+    ),
+    (
+        "model-proxy.py",
+        include_str!("../../runtime/agents/model-proxy.py"),
+        0o755,
+    ),
+];
+
+/// The model proxy container of the sandbox container `key`.
+pub fn name(key: &str) -> String {
+    format!("{key}-model")
+}
+
+/// The URL the agent is given.
+pub fn url() -> String {
+    format!("http://{HOST}:{PORT}")
+}
+
+/// The host directory holding a sandbox's key (and CA), mounted into its proxy.
+pub fn key_dir(state: &Path, sandbox: &str) -> PathBuf {
+    state.join("agent-key").join(sandbox)
+}
+
+/// Makes sure the proxy image on `from` exists; returns its tag.
+pub fn ensure_image(
+    engine: &dyn NetworkEngine,
+    from: &str,
+    on_event: &mut dyn FnMut(BuildEvent),
+) -> Result<String> {
+    let Some(base) = engine.image(from)? else {
+        return Err(Error::new(
+            Exit::NoInput,
+            format!(
+                "the model proxy's base image '{from}' (egress.proxy-from) is not in the engine; load a Debian image"
+            ),
+        ));
+    };
+    let mut recipe = format!("loopwright-model-proxy 1\nfrom {from} {}\n", base.id);
+    for (p, text, mode) in FILES {
+        recipe.push_str(&format!(
+            "file {p} {mode:o} {}\n",
+            sha256_hex(text.as_bytes())
+        ));
+    }
+    let tag = format!("{REPO}:{}", &sha256_hex(recipe.as_bytes())[..24]);
+    if engine.image_exists(&tag)? {
+        return Ok(tag);
+    }
+    let mut b = tar::Builder::new(Vec::new());
+    let tar_err = |e: std::io::Error| {
+        Error::new(Exit::Software, "cannot make the build context").with_source(e)
+    };
+    for (p, text, mode) in FILES {
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(*mode);
+        h.set_mtime(0);
+        h.set_size(text.len() as u64);
+        h.set_entry_type(tar::EntryType::Regular);
+        b.append_data(&mut h, p, text.as_bytes()).map_err(tar_err)?;
+    }
+    let req = BuildRequest {
+        context: b.into_inner().map_err(tar_err)?,
+        dockerfile: "model-proxy.Dockerfile".into(),
+        tag: tag.clone(),
+        labels: BTreeMap::from([(LABEL_AGENT.to_string(), "model-proxy".to_string())]),
+        args: BTreeMap::from([("LW_MODEL_FROM".to_string(), from.to_string())]),
+    };
+    let mut tail = String::new();
+    match engine.build(&req, &mut |ev| {
+        if let BuildEvent::Output(s) = &ev {
+            tail.push_str(s);
+        }
+        on_event(ev);
+    })? {
+        BuildOutcome::Built(_) => Ok(tag),
+        BuildOutcome::Failed(msg) => Err(Error::new(
+            Exit::Unavailable,
+            format!(
+                "cannot build the model proxy image '{tag}' from '{from}': {msg}\n{}",
+                tail.lines()
+                    .rev()
+                    .take(15)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            ),
+        )),
+    }
+}
+
+/// Makes the key directory (0700) and copies the CA into it.
+pub fn prepare_dir(dir: &Path, settings: &Settings) -> Result<()> {
+    if let Some(parent) = dir.parent() {
+        fs::create_dir_all(parent).map_err(|e| Error::io("cannot create", parent, e))?;
+    }
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(Error::io("cannot create", dir, e)),
+    }
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+        .map_err(|e| Error::io("cannot set the mode of", dir, e))?;
+    let ca = dir.join("ca.pem");
+    match &settings.ca {
+        Some(src) => {
+            fs::copy(src, &ca)
+                .map_err(|e| Error::io_as(Exit::Config, "cannot copy the CA", src, e))?;
+        }
+        None => {
+            let _ = fs::remove_file(&ca);
+        }
+    }
+    Ok(())
+}
+
+/// Writes `key` into the key directory: a new 0600 file renamed over the
+/// old one (the proxy reads it per request, through the directory mount).
+pub fn write_key(dir: &Path, key: &[u8]) -> Result<()> {
+    let tmp = dir.join(format!(".key.{:032x}", crate::id::random128()));
+    let path = dir.join("key");
+    let res = (|| {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(key)?;
+        f.sync_all()?;
+        fs::rename(&tmp, &path)
+    })();
+    res.map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        Error::io("cannot write the key file", &path, e)
+    })
+}
+
+/// Creates and starts the proxy of sandbox container `key`, attached to the
+/// shared network `outside` and to the sandbox's internal network.
+#[allow(clippy::too_many_arguments)]
+pub fn create(
+    engine: &dyn NetworkEngine,
+    key: &str,
+    image: &str,
+    outside: &str,
+    kit: &Kit,
+    settings: &Settings,
+    dir: &Path,
+    labels: &BTreeMap<String, String>,
+) -> Result<()> {
+    let proxy = name(key);
+    engine.remove(&proxy, true)?;
+    let mut labels = labels.clone();
+    labels.insert(LABEL_AGENT.to_string(), kit.name.clone());
+    let uid = rustix::process::getuid().as_raw();
+    let gid = rustix::process::getgid().as_raw();
+    let spec = ContainerSpec {
+        name: Some(proxy.clone()),
+        image: image.to_string(),
+        env: vec![
+            format!("LW_MODEL_UPSTREAM={}", settings.upstream),
+            format!("LW_MODEL_ENDPOINT={} {}", kit.method, kit.path),
+            format!("LW_MODEL_KEY_HEADER={}", kit.key_header.as_str()),
+        ],
+        user: Some(format!("{uid}:{gid}")),
+        labels,
+        read_only_root: true,
+        cap_drop: vec!["ALL".into()],
+        security_opt: vec!["no-new-privileges".into()],
+        pids_limit: Some(64),
+        memory_bytes: Some(128 << 20),
+        binds: vec![Bind {
+            source: dir.to_string_lossy().into_owned(),
+            target: "/run/lw-agent".into(),
+            read_only: true,
+        }],
+        network: Some(outside.to_string()),
+        ..Default::default()
+    };
+    engine.create(&spec)?;
+    engine.connect(&crate::egress::network_name(key), &proxy, &[HOST])?;
+    start(engine, key)
+}
+
+/// Starts the proxy of `key` if it is not running and waits until it listens.
+pub fn start(engine: &dyn NetworkEngine, key: &str) -> Result<()> {
+    let proxy = name(key);
+    match engine.inspect(&proxy)? {
+        None => {
+            return Err(Error::new(
+                Exit::NoInput,
+                format!(
+                    "the model proxy '{proxy}' is gone; remove the sandbox and create it again"
+                ),
+            ));
+        }
+        Some(c) if c.running => return Ok(()),
+        Some(_) => {}
+    }
+    let before = String::from_utf8_lossy(&engine.logs(&proxy, false)?)
+        .matches(READY)
+        .count();
+    engine.start(&proxy)?;
+    let mut seen = 0;
+    let ready = engine.wait_for_line(&proxy, Duration::from_secs(30), &mut |l| {
+        if l.contains(READY) {
+            seen += 1;
+            return seen > before;
+        }
+        false
+    })?;
+    if !ready {
+        let log = String::from_utf8_lossy(&engine.logs(&proxy, false)?).into_owned();
+        return Err(Error::new(
+            Exit::Unavailable,
+            format!("the model proxy '{proxy}' did not start listening within 30s:\n{log}"),
+        ));
+    }
+    Ok(())
+}
+
+/// One line of the proxy's log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Logged {
+    pub time: String,
+    /// `forward`, `deny`, `nokey`, `fail`.
+    pub action: String,
+    pub method: String,
+    pub path: String,
+    pub upstream: String,
+    pub status: Option<u16>,
+}
+
+/// Every request the proxy of `key` logged, oldest first.
+pub fn requests(engine: &dyn NetworkEngine, key: &str) -> Result<Vec<Logged>> {
+    let text = String::from_utf8_lossy(&engine.logs(&name(key), false)?).into_owned();
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            match w.as_slice() {
+                [t, a, m, p, u, rest @ ..] if ["forward", "deny", "nokey", "fail"].contains(a) => {
+                    Some(Logged {
+                        time: t.to_string(),
+                        action: a.to_string(),
+                        method: m.to_string(),
+                        path: p.to_string(),
+                        upstream: u.to_string(),
+                        status: rest.first().and_then(|s| s.parse().ok()),
+                    })
+                }
+                _ => None,
+            }
+        })
+        .collect())
+}

@@ -1,0 +1,330 @@
+//! `lw-sandbox run`: the kit's headless command, inside, with a transcript.
+//!
+//! Before the agent starts: the sandbox and its model proxy are running, and
+//! the key is read on the host (missing: exit 78, naming the variable, and
+//! nothing runs) and written to the proxy's key file.  The agent runs as the
+//! sandbox's user in `/work/repo` with its standard input closed.  Every line
+//! it prints is kept, in order, in `ROOT/transcripts/NAME/RUN.jsonl` (one file
+//! per run): a `lw-run` header, the agent's own JSON lines verbatim, its
+//! standard error as `lw-stderr` records, and a `lw-exit` record.  The same
+//! lines go to standard output with `--json`; otherwise a one-line summary
+//! per event.  The status is the agent's (124 when `--timeout` ended it).
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::kit::{self, Kit};
+use super::{Credential, Settings, proxy};
+use crate::config::Project;
+use crate::engine::{ExecRequest, OutStream};
+use crate::error::{Error, Exit, Result};
+use crate::sandbox::runtime::ExecIo;
+use crate::sandbox::{REPO, Record, Sandboxes};
+use crate::visible::visible_line;
+
+/// Status when `--timeout` ended the agent (as timeout(1)).
+pub const TIMED_OUT: i64 = 124;
+
+pub struct RunOptions {
+    pub prompt: String,
+    pub resume: bool,
+    pub json: bool,
+    pub timeout: Option<Duration>,
+}
+
+/// What a run did.
+pub struct Ran {
+    pub status: i64,
+    pub transcript: PathBuf,
+}
+
+/// The kit and settings of an agent sandbox.
+pub fn kit_of(rec: &Record) -> Result<(Kit, Settings, Credential)> {
+    let Some(agent) = &rec.agent else {
+        return Err(Error::usage(format!(
+            "sandbox '{}' has no agent; create one with lw-sandbox create NAME --branch B --agent KIT",
+            rec.name
+        )));
+    };
+    let project = if rec.project.as_os_str().is_empty() {
+        None
+    } else {
+        Project::find(&rec.project)?
+    };
+    let kit = kit::find(project.as_ref().map(|p| p.top.as_path()), &agent.kit)?;
+    let settings = Settings::from_project(project.as_ref(), &kit)?;
+    Ok((kit, settings, agent.credential))
+}
+
+fn transcript_path(root: &Path, name: &str) -> PathBuf {
+    let t = crate::time::rfc3339(crate::time::now()).replace(':', "");
+    root.join("transcripts")
+        .join(name)
+        .join(format!("{t}-{:08x}.jsonl", crate::id::random128() as u32))
+}
+
+/// Runs the agent of sandbox `name`; progress goes to `out`, warnings to `warn`.
+pub fn run(
+    sb: &Sandboxes,
+    name: &str,
+    opts: &RunOptions,
+    out: &mut dyn Write,
+    warn: &mut dyn FnMut(&str),
+) -> Result<Ran> {
+    let rec = sb.get(name)?;
+    let (kit, settings, credential) = kit_of(&rec)?;
+    for w in &settings.warnings {
+        warn(w);
+    }
+    let key = settings.read_key(&kit)?;
+    let c = sb.engine.inspect(&rec.container)?.ok_or_else(|| {
+        Error::new(
+            Exit::NoInput,
+            format!("the container of sandbox '{name}' is gone; lw-sandbox gc reclaims the rest"),
+        )
+    })?;
+    if !c.running {
+        return Err(Error::new(
+            Exit::Unavailable,
+            format!("sandbox '{name}' is stopped; lw-sandbox start {name}"),
+        ));
+    }
+    let mut env = rec
+        .agent
+        .as_ref()
+        .map(|a| a.env.clone())
+        .unwrap_or_default();
+    match credential {
+        Credential::Proxy => {
+            let dir = proxy::key_dir(&sb.root.state_dir(), name);
+            proxy::prepare_dir(&dir, &settings)?;
+            proxy::write_key(&dir, &key)?;
+            let nets = crate::egress::DockerNetworks::connect()?;
+            proxy::start(&nets, &rec.container)?;
+        }
+        Credential::Env => {
+            warn(&format!(
+                "--credential env: the key from {} is in the agent's environment INSIDE the sandbox; the agent can read it and send it to any host its allow-list reaches",
+                settings.key_source()
+            ));
+            env.push(format!("{}={}", kit.key_env, String::from_utf8_lossy(&key)));
+        }
+    }
+    drop(key);
+    let mut cmd = kit.command(&opts.prompt, opts.resume);
+    if let Some(t) = opts.timeout {
+        let mut w = vec![
+            "timeout".to_string(),
+            "-k".into(),
+            "10".into(),
+            format!("{}", t.as_secs().max(1)),
+        ];
+        w.append(&mut cmd);
+        cmd = w;
+    }
+    let path = transcript_path(&sb.root.dir, name);
+    if let Some(d) = path.parent() {
+        fs::create_dir_all(d).map_err(|e| Error::io("cannot create", d, e))?;
+    }
+    let mut file = fs::File::create(&path).map_err(|e| Error::io("cannot create", &path, e))?;
+    let header = serde_json::json!({
+        "type": "lw-run", "sandbox": name, "kit": kit.name, "resume": opts.resume,
+        "prompt": opts.prompt, "started": crate::time::rfc3339(crate::time::now()),
+        "command": kit.command("{prompt}", opts.resume),
+    });
+    let record = |line: &str, out: &mut dyn Write, file: &mut fs::File| {
+        let _ = writeln!(file, "{line}");
+        let _ = file.flush();
+        if opts.json {
+            let _ = writeln!(out, "{line}");
+        } else if let Some(s) = summary(line) {
+            let _ = writeln!(out, "{s}");
+        }
+        let _ = out.flush();
+    };
+    record(&header.to_string(), out, &mut file);
+    let req = ExecRequest {
+        cmd,
+        env,
+        user: Some(format!("{0}:{0}", rec.uid)),
+        workdir: Some(REPO.into()),
+    };
+    let mut pending = [Vec::new(), Vec::new()];
+    let mut on = |s: OutStream, b: &[u8]| {
+        let i = if s == OutStream::Stdout { 0 } else { 1 };
+        pending[i].extend_from_slice(b);
+        while let Some(n) = pending[i].iter().position(|&c| c == b'\n') {
+            let raw: Vec<u8> = pending[i].drain(..=n).collect();
+            let text = String::from_utf8_lossy(&raw[..raw.len() - 1]).into_owned();
+            emit(i, &text, &mut |l| record(l, out, &mut file));
+        }
+    };
+    let status = sb.engine.exec_io(
+        &rec.container,
+        &req,
+        ExecIo {
+            stdin: None,
+            tty: false,
+            size: None,
+            on_output: &mut on,
+        },
+    )?;
+    for (i, rest) in pending.iter().enumerate() {
+        if !rest.is_empty() {
+            emit(i, &String::from_utf8_lossy(rest), &mut |l| {
+                record(l, out, &mut file)
+            });
+        }
+    }
+    let timed_out = opts.timeout.is_some() && status == TIMED_OUT;
+    let end = serde_json::json!({"type": "lw-exit", "status": status, "timed_out": timed_out, "transcript": path});
+    record(&end.to_string(), out, &mut file);
+    if timed_out {
+        warn(&format!(
+            "the agent did not finish within --timeout; it was stopped (transcript: {})",
+            path.display()
+        ));
+    }
+    Ok(Ran {
+        status,
+        transcript: path,
+    })
+}
+
+/// One line of the agent's output as a transcript line: stdout lines that
+/// are JSON verbatim, anything else wrapped.
+fn emit(stream: usize, text: &str, sink: &mut dyn FnMut(&str)) {
+    if stream == 0 && serde_json::from_str::<serde_json::Value>(text).is_ok_and(|v| v.is_object()) {
+        sink(text);
+    } else {
+        let kind = if stream == 0 {
+            "lw-stdout"
+        } else {
+            "lw-stderr"
+        };
+        sink(&serde_json::json!({"type": kind, "text": text}).to_string());
+    }
+}
+
+fn clip(s: &str, n: usize) -> String {
+    let one = visible_line(s.trim()).into_owned();
+    if one.chars().count() > n {
+        one.chars().take(n).collect::<String>() + "…"
+    } else {
+        one
+    }
+}
+
+/// The one-line summary of a transcript line, for people; None to skip.
+/// Knows Claude Code's stream-json and Codex's --json events.
+pub fn summary(line: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    let t = v["type"].as_str().unwrap_or("");
+    match t {
+        "lw-run" => Some(format!(
+            "run {} ({}{})",
+            v["sandbox"].as_str().unwrap_or(""),
+            v["kit"].as_str().unwrap_or(""),
+            if v["resume"].as_bool() == Some(true) {
+                ", resumed"
+            } else {
+                ""
+            }
+        )),
+        "lw-exit" => Some(format!("exit {}", v["status"])),
+        "lw-stderr" | "lw-stdout" => {
+            Some(format!("| {}", clip(v["text"].as_str().unwrap_or(""), 200)))
+        }
+        // Claude Code.
+        "assistant" => {
+            let parts: Vec<String> = v["message"]["content"]
+                .as_array()?
+                .iter()
+                .filter_map(|c| match c["type"].as_str()? {
+                    "text" => Some(format!("says: {}", clip(c["text"].as_str()?, 200))),
+                    "tool_use" => Some(format!(
+                        "tool {}: {}",
+                        c["name"].as_str().unwrap_or("?"),
+                        clip(&c["input"].to_string(), 200)
+                    )),
+                    _ => None,
+                })
+                .collect();
+            (!parts.is_empty()).then(|| parts.join("\n"))
+        }
+        "result" => Some(format!(
+            "result{}: {}",
+            if v["is_error"].as_bool() == Some(true) {
+                " (error)"
+            } else {
+                ""
+            },
+            clip(
+                v["result"]
+                    .as_str()
+                    .unwrap_or(v["subtype"].as_str().unwrap_or("")),
+                300
+            )
+        )),
+        "system" if v["subtype"] == "init" => Some(format!(
+            "session {} model {}",
+            v["session_id"].as_str().unwrap_or("?"),
+            v["model"].as_str().unwrap_or("?")
+        )),
+        // Codex.
+        "item.completed" | "item.started" => {
+            let it = &v["item"];
+            match it["type"].as_str()? {
+                "agent_message" => Some(format!("says: {}", clip(it["text"].as_str()?, 200))),
+                "command_execution" if t == "item.completed" => Some(format!(
+                    "ran: {} (exit {})",
+                    clip(it["command"].as_str().unwrap_or("?"), 200),
+                    it["exit_code"]
+                )),
+                "command_execution" => None,
+                other => Some(format!("{other}: {}", clip(&it.to_string(), 200))),
+            }
+        }
+        "thread.started" => Some(format!(
+            "session {}",
+            v["thread_id"].as_str().unwrap_or("?")
+        )),
+        "turn.failed" | "error" => Some(format!("error: {}", clip(&v.to_string(), 300))),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summaries_of_both_kits_events() {
+        let s = summary(r#"{"type":"assistant","message":{"content":[{"type":"tool_use","name":"Bash","input":{"command":"git commit -m x"}}]}}"#).unwrap();
+        assert!(
+            s.starts_with("tool Bash: {\"command\":\"git commit -m x\"}"),
+            "{s}"
+        );
+        let s = summary(r#"{"type":"item.completed","item":{"type":"command_execution","command":"ls","exit_code":0}}"#).unwrap();
+        assert_eq!(s, "ran: ls (exit 0)");
+        let s = summary(r#"{"type":"lw-stderr","text":"a\u001b[31mb"}"#).unwrap();
+        assert!(
+            !s.contains('\u{1b}'),
+            "control characters made visible: {s}"
+        );
+        assert_eq!(summary("not json"), None);
+    }
+
+    #[test]
+    fn stdout_json_is_kept_verbatim_and_the_rest_wrapped() {
+        let mut got = Vec::new();
+        emit(0, r#"{"type":"x"}"#, &mut |l| got.push(l.to_string()));
+        emit(0, "plain", &mut |l| got.push(l.to_string()));
+        emit(1, r#"{"type":"y"}"#, &mut |l| got.push(l.to_string()));
+        assert_eq!(got[0], r#"{"type":"x"}"#);
+        assert_eq!(got[1], r#"{"text":"plain","type":"lw-stdout"}"#);
+        assert!(got[2].contains("lw-stderr"));
+    }
+}
