@@ -5,7 +5,8 @@
 # layer, so changing the project's dependencies never reinstalls the agent;
 # its tag is the hash of the kit's package, version, node and npm and of
 # this recipe.  lw-sandbox copies the result above the deps layer
-# (agent.Dockerfile).
+# (agent.Dockerfile).  node trusts the image's authorities too (the base
+# layer's ca-certificates), for a proxy that inspects TLS to the registry.
 ARG LW_PARENT
 FROM ${LW_PARENT}
 ARG LW_AGENT_KIT
@@ -24,6 +25,8 @@ RUN set -eu; \
     curl -fsSL "$reg/npm/-/npm-$LW_AGENT_NPM.tgz" | tar -xzf - -C "$d/node"; \
     mv "$d/node/package" "$d/node/npm"; \
     export PATH="$d/node/bin:$PATH" HOME=/tmp/lw-npm npm_config_cache=/tmp/lw-npm/cache; \
+    if [ -f /etc/ssl/certs/ca-certificates.crt ]; then \
+        export NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt; fi; \
     node --version; \
     node "$d/node/npm/bin/npm-cli.js" install --global --prefix "$d" --no-fund --no-audit \
         --no-update-notifier "$LW_AGENT_PACKAGE@$LW_AGENT_VERSION"; \

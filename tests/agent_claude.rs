@@ -1,0 +1,540 @@
+//! `lw-sandbox create --agent claude` and `run`, end to end, with the real
+//! Claude Code CLI (the kit's pinned version, from npm) against a scripted
+//! model served over TLS by a test CA (tests/agent_support/scripted_model.py).
+//!
+//! The world: a Docker network made here (the project's `egress.network`)
+//! holding the scripted model as `api.model.test:8443`, the "provider" the
+//! model proxy forwards to (`agent.claude.upstream`, `agent.claude.ca`).
+//! The model's script: edit README and commit, `lw-post` to the peer,
+//! dump every process's environment, try an unlisted host.  Asserted: the
+//! commit is on the task branch; the message reached the peer through
+//! lw-mediate; the endpoint got the real key on every request and never the
+//! placeholder; the key's bytes are nowhere in the sandbox (its files,
+//! /tmp, every process's environment during the run, the images' layers,
+//! `docker inspect` of every container); the unlisted host was denied and
+//! logged; `run --resume` after stop/start sends the earlier conversation.
+//! Prints the figures: layer size and build time, cold create --agent vs
+//! create, first-byte latency through the proxy vs direct.
+
+mod sandbox_support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use sandbox_support::*;
+
+struct World {
+    label: String,
+    net: String,
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        let ids = text(&docker(&[
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("label={}", self.label),
+        ]));
+        for id in ids.split_whitespace() {
+            let _ = docker(&["rm", "-f", id]);
+        }
+        let _ = docker(&["network", "rm", &self.net]);
+    }
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let o = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl runs");
+    assert!(o.status.success(), "openssl {args:?}: {}", err(&o));
+}
+
+/// A test CA and a server certificate for `host`, in `dir`.
+fn test_ca(dir: &Path, host: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=loopwright test CA",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            &format!("/CN={host}"),
+        ],
+    );
+    std::fs::write(dir.join("ext"), format!("subjectAltName=DNS:{host}\n")).unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "ext",
+        ],
+    );
+    // The server runs as root; the files only need to be readable.
+    for f in ["server.key", "server.pem", "ca.pem"] {
+        let _ = Command::new("chmod")
+            .args(["644"])
+            .arg(dir.join(f))
+            .status();
+    }
+}
+
+/// Lines holding `needle` in what the shell command `cmd` prints (`grep -caF`,
+/// which reads a stream of any size at the speed of grep).
+fn grep_count(cmd: &str, needle: &str) -> usize {
+    let o = Command::new("sh")
+        .args(["-c", &format!("{cmd} | grep -caF -e \"$0\""), needle])
+        .stdin(Stdio::null())
+        .output()
+        .expect("sh runs");
+    text(&o)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{cmd}: {}", err(&o)))
+}
+
+fn requests(dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("requests.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("the model records JSON lines"))
+        .collect()
+}
+
+fn median_ms(text: &str) -> f64 {
+    let mut v: Vec<f64> = text
+        .lines()
+        .filter_map(|l| l.trim().parse::<f64>().ok())
+        .map(|s| s * 1e3)
+        .collect();
+    assert!(!v.is_empty(), "no timings in {text}");
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+#[test]
+fn claude_commits_posts_and_resumes_while_its_key_stays_outside() {
+    let started = Instant::now();
+    let n = nonce();
+    let world = World {
+        label: format!("org.loopwright.test=agent-{n}"),
+        net: format!("lw-agent-{n}"),
+    };
+    let o = docker(&[
+        "network",
+        "create",
+        "--label",
+        &world.label,
+        "--label",
+        "org.loopwright.egress=outside",
+        &world.net,
+    ]);
+    assert!(o.status.success(), "{}", err(&o));
+    let tmp = std::env::temp_dir().join(format!("lw-agent-{n}"));
+    let tls = tmp.join("tls");
+    let out_dir = tmp.join("out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    test_ca(&tls, "api.model.test");
+
+    let config = format!(
+        "egress.proxy-from = {}\negress.network = {}\nagent.claude.upstream = https://api.model.test:8443\nagent.claude.ca = {}\n",
+        debian(),
+        world.net,
+        tls.join("ca.pem").display()
+    );
+    let f = Fixture::with_config("agent", &config);
+    // The registry may be reached through a proxy that inspects TLS: the
+    // image trusts what this machine trusts (as scripts/main-job does).
+    if let Ok(rd) = std::fs::read_dir("/usr/local/share/ca-certificates") {
+        for e in rd.flatten() {
+            if e.file_name().to_string_lossy().ends_with(".crt") {
+                std::fs::copy(
+                    e.path(),
+                    f.proj
+                        .join(".loopwright/runtime/ca-certificates")
+                        .join(e.file_name()),
+                )
+                .unwrap();
+            }
+        }
+    }
+    git(&f.proj, &["add", "-A"]);
+    let _ = Command::new("git")
+        .arg("-C")
+        .arg(&f.proj)
+        .args(["commit", "-qm", "ca"])
+        .output();
+    git(&f.proj, &["push", "-q", "origin", "main"]);
+    f.build();
+
+    // Same run: a create without a kit, then the cold create with one.
+    let t = Instant::now();
+    f.ok(&["create", "peer", "--branch", "lw/peer", "--scope", "README"]);
+    let plain_ms = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    let json = f.ok(&[
+        "create", "a1", "--branch", "lw/a1", "--scope", "src/**", "--agent", "claude", "--json",
+    ]);
+    let agent_ms = t.elapsed().as_secs_f64() * 1e3;
+    let rec: serde_json::Value = serde_json::from_str(json.trim()).expect("create --json");
+    assert_eq!(rec["network"], "egress", "--agent implies egress: {json}");
+    let image = rec["image"].as_str().unwrap().to_string();
+    assert!(image.contains("-agent-claude:"), "{image}");
+    let timings = &rec["timings_ms"];
+    println!(
+        "figure: create without kit {plain_ms:.0} ms; cold create --agent claude {agent_ms:.0} ms (agent-image {:.0} ms, model-proxy {:.0} ms)",
+        timings["agent-image"].as_f64().unwrap_or(0.0),
+        timings["model-proxy"].as_f64().unwrap_or(0.0)
+    );
+    for tag in [
+        image.clone(),
+        image.replace("-agent-claude:", "-agent-claude-cli:"),
+    ] {
+        let size = text(&docker(&[
+            "image",
+            "inspect",
+            "--format",
+            "{{.Size}}",
+            &tag,
+        ]));
+        println!(
+            "figure: {tag} size {} MB",
+            size.trim().parse::<u64>().unwrap_or(0) / 1_000_000
+        );
+    }
+    // The context file is in HOME, not the repository.
+    let (code, ctx, e) = f.sh(
+        "a1",
+        "cat ~/.claude/CLAUDE.md; cat ~/.claude/lw-mcp.json; git -C /work/repo status --porcelain",
+    );
+    assert_eq!(code, 0, "{e}");
+    assert!(
+        ctx.contains("`a1`")
+            && ctx.contains("`lw/a1`")
+            && ctx.contains("- `peer`: branch `lw/peer`"),
+        "{ctx}"
+    );
+    assert!(
+        ctx.contains("\"command\":\"/usr/local/bin/lw-mcp\""),
+        "{ctx}"
+    );
+    assert!(
+        !ctx.contains("CLAUDE.md"),
+        "nothing new in the repository: {ctx}"
+    );
+
+    // The provider: the scripted model, on the world network, from the
+    // model proxy's image (it has python3).
+    let container = f.container("a1");
+    let model_proxy = format!("{container}-model");
+    let py_image = text(&docker(&[
+        "inspect",
+        "--format",
+        "{{.Config.Image}}",
+        &model_proxy,
+    ]))
+    .trim()
+    .to_string();
+    let script = serde_json::json!([
+        "echo 'changed by claude' >> README && git add README && git commit -qm 'agent: edit README' && git log --oneline -1",
+        "lw-post --kind request --to peer --subject 'README changed' 'please read README'",
+        "cat /proc/[0-9]*/environ > /work/home/environ-dump 2>/dev/null; ls /proc | wc -l",
+        "curl -sS -m 20 https://forbidden.example.org/ || echo denied",
+    ]);
+    let model_src =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/agent_support/scripted_model.py");
+    let model = format!("lw-agent-{n}-model");
+    let o = docker(&[
+        "run",
+        "-d",
+        "--name",
+        &model,
+        "--label",
+        &world.label,
+        "--network",
+        &world.net,
+        "--network-alias",
+        "api.model.test",
+        "-v",
+        &format!("{}:/srv/model.py:ro", model_src.display()),
+        "-v",
+        &format!("{}:/srv/tls:ro", tls.display()),
+        "-v",
+        &format!("{}:/srv/out", out_dir.display()),
+        "-e",
+        &format!("LW_SCRIPT={script}"),
+        "--entrypoint",
+        "python3",
+        &py_image,
+        "-u",
+        "/srv/model.py",
+    ]);
+    assert!(o.status.success(), "{}", err(&o));
+    let mut follow = Command::new("docker")
+        .args(["logs", "-f", &model])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ready = std::io::BufRead::lines(std::io::BufReader::new(follow.stdout.take().unwrap()))
+        .any(|l| l.is_ok_and(|l| l.contains("scripted model ready")));
+    let _ = follow.kill();
+    let _ = follow.wait();
+    assert!(ready, "the scripted model did not start");
+
+    // Without the key on the host, the run refuses before starting the agent.
+    let o = f
+        .cmd(&["run", "a1", "--", "hello"])
+        .env_remove("ANTHROPIC_API_KEY")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(78), "{}", err(&o));
+    assert!(
+        err(&o).contains("ANTHROPIC_API_KEY is not set on the host"),
+        "{}",
+        err(&o)
+    );
+    assert!(requests(&out_dir).is_empty(), "no request without a key");
+
+    let key = format!(
+        "sk-ant-test-{n}-{:x}",
+        std::process::id() as u64 * 0x9e37_79b9
+    );
+    let t = Instant::now();
+    let o = f
+        .cmd(&[
+            "run",
+            "a1",
+            "--json",
+            "--timeout",
+            "5m",
+            "--",
+            "Edit README, commit, tell peer.",
+        ])
+        .env("ANTHROPIC_API_KEY", &key)
+        .output()
+        .unwrap();
+    let run_ms = t.elapsed().as_secs_f64() * 1e3;
+    let transcript = text(&o);
+    assert_eq!(o.status.code(), Some(0), "run: {}\n{transcript}", err(&o));
+    println!("figure: first run {run_ms:.0} ms");
+    let lines: Vec<serde_json::Value> = transcript
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("--json prints JSON lines"))
+        .collect();
+    assert_eq!(lines[0]["type"], "lw-run");
+    assert_eq!(lines.last().unwrap()["type"], "lw-exit");
+    assert!(lines.iter().any(|l| l["type"] == "result"), "{transcript}");
+    let file = lines.last().unwrap()["transcript"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        transcript,
+        "the transcript file holds what was printed"
+    );
+
+    // The commit is on the task branch.
+    let (code, log, e) = f.sh(
+        "a1",
+        "git log --format=%s -1 lw/a1; git rev-parse --abbrev-ref HEAD",
+    );
+    assert_eq!(code, 0, "{e}");
+    assert_eq!(log, "agent: edit README\nlw/a1\n");
+    // The message reached the peer through the mediator.
+    let m = Command::new(bin("lw-mediate"))
+        .arg("--once")
+        .env("LW_ROOT", &f.root)
+        .current_dir(&f.proj)
+        .output()
+        .unwrap();
+    assert!(m.status.success(), "{}", err(&m));
+    let (code, inbox, e) = f.sh("peer", "lw-inbox");
+    assert_eq!(code, 0, "{e}");
+    assert!(inbox.contains("\ta1\trequest\tREADME changed"), "{inbox}");
+
+    // The endpoint got the real key on every request, never the placeholder.
+    let reqs = requests(&out_dir);
+    assert!(reqs.len() >= 5, "one request per turn: {}", reqs.len());
+    for r in &reqs {
+        assert_eq!(
+            r["path"].as_str().unwrap().split('?').next(),
+            Some("/v1/messages"),
+            "{r}"
+        );
+        assert_eq!(r["headers"]["x-api-key"], key.as_str(), "{r}");
+        assert!(r["headers"].get("authorization").is_none(), "{r}");
+        assert!(
+            !r.to_string().contains(loopwright::agent::PLACEHOLDER),
+            "the placeholder never leaves: {r}"
+        );
+    }
+    // The unlisted host was denied and logged, by the egress proxy.
+    let denials = f.ok(&["logs", "a1", "--egress"]);
+    assert!(denials.contains("forbidden.example.org:443"), "{denials}");
+
+    // The key's bytes are nowhere inside.
+    let mut found = 0;
+    let exec = format!(
+        "LW_ROOT='{}' '{}' exec a1 -- sh -c 'cat /proc/[0-9]*/environ 2>/dev/null; tar -cf - --exclude=./proc --exclude=./sys -C / . 2>/dev/null'",
+        f.root.display(),
+        bin("lw-sandbox").display()
+    );
+    assert!(
+        grep_count(
+            &format!("cd '{}' && {exec}", f.proj.display()),
+            "ANTHROPIC_BASE_URL=http://lw-model:8080"
+        ) > 0,
+        "the dump holds the environments"
+    );
+    assert!(
+        grep_count(
+            &format!("cd '{}' && {exec}", f.proj.display()),
+            "changed by claude"
+        ) > 0,
+        "the dump holds the files"
+    );
+    found += grep_count(&format!("cd '{}' && {exec}", f.proj.display()), &key);
+    for c in [
+        container.clone(),
+        model_proxy.clone(),
+        format!("{container}-proxy"),
+    ] {
+        found += grep_count(&format!("docker inspect '{c}'"), &key);
+    }
+    found += grep_count(&format!("docker save '{image}'"), &key);
+    for d in ["sandboxes", "transcripts", "registry", "log"] {
+        let o = Command::new("grep")
+            .args(["-rlF", &key])
+            .arg(f.root.join(d))
+            .output()
+            .unwrap();
+        found += text(&o).lines().count();
+    }
+    println!(
+        "figure: key bytes found inside: {found} (files, /tmp, process environments, 3 x docker inspect, docker save, transcripts, mailbox)"
+    );
+    assert_eq!(found, 0);
+
+    // The proxy forwarded only the model endpoint, and logged no secret.
+    let plog = text(&docker(&["logs", &model_proxy])) + &err(&docker(&["logs", &model_proxy]));
+    let forwarded = plog
+        .lines()
+        .filter(|l| l.contains(" forward POST /v1/messages api.model.test:8443 200"))
+        .count();
+    assert_eq!(forwarded, reqs.len(), "{plog}");
+    assert!(!plog.contains(&key));
+    println!(
+        "figure: {forwarded} requests forwarded / {} to unlisted hosts (denied by the egress proxy)",
+        denials.lines().count()
+    );
+
+    // Resume after stop and start: the earlier conversation is sent.
+    f.ok(&["stop", "a1"]);
+    f.ok(&["start", "a1"]);
+    let before = reqs.len();
+    let o = f
+        .cmd(&["run", "a1", "--resume", "--", "RESUME-CHECK"])
+        .env("ANTHROPIC_API_KEY", &key)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}\n{}", text(&o), err(&o));
+    assert!(text(&o).contains("resumed with"), "{}", text(&o));
+    let reqs = requests(&out_dir);
+    let resumed = &reqs[before..];
+    assert!(!resumed.is_empty());
+    assert!(
+        resumed
+            .iter()
+            .any(|r| r["body"].as_str().unwrap().contains("agent: edit README")),
+        "the earlier tool call was sent again"
+    );
+
+    // Latency: first byte through the proxy vs straight to the model, from the world network.
+    let body = r#"{"model":"m","max_tokens":1,"stream":true,"messages":[{"role":"user","content":"RESUME-CHECK"}]}"#;
+    let direct = format!(
+        "for i in $(seq 15); do curl -s -o /dev/null -w '%{{time_starttransfer}}\\n' --cacert /srv/tls/ca.pem -H 'content-type: application/json' -d '{body}' https://api.model.test:8443/v1/messages; done"
+    );
+    let proxied = format!(
+        "for i in $(seq 15); do curl -s -o /dev/null -w '%{{time_starttransfer}}\\n' -H 'content-type: application/json' -d '{body}' http://{model_proxy}:8080/v1/messages; done"
+    );
+    let time = |script: &str| {
+        let o = docker(&[
+            "run",
+            "--rm",
+            "--network",
+            &world.net,
+            "-v",
+            &format!("{}:/srv/tls:ro", tls.display()),
+            "--entrypoint",
+            "sh",
+            &image,
+            "-c",
+            script,
+        ]);
+        assert!(o.status.success(), "{}", err(&o));
+        median_ms(&text(&o))
+    };
+    let (d, p) = (time(&direct), time(&proxied));
+    println!(
+        "figure: first byte direct {d:.1} ms, through the model proxy {p:.1} ms, added {:.1} ms (median of 15)",
+        p - d
+    );
+
+    f.ok(&["rm", "--force", "a1", "peer"]);
+    assert!(
+        !f.root.join("state/agent-key/a1").exists(),
+        "rm removed the key"
+    );
+    assert!(
+        docker(&["inspect", &model_proxy]).status.code() != Some(0),
+        "rm removed the model proxy"
+    );
+    drop(f);
+    drop(world);
+    let _ = std::fs::remove_dir_all(&tmp);
+    println!(
+        "figure: agent_claude took {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+}

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+# A scripted model for the agent tests: the Anthropic Messages API (SSE) and
+# the OpenAI Responses API (SSE), over TLS, replaying a script of tool calls
+# and recording every request it receives (method, path, headers, body) as
+# one JSON line in /srv/out/requests.jsonl.
+#
+# The script (LW_SCRIPT, JSON): a list of shell commands.  Turn N of a
+# conversation (N = the number of tool results the request carries) runs
+# command N; after the last one the model says "done".  A prompt holding
+# RESUME-CHECK is answered at once with how many messages the request
+# carried, so a test can see that a resumed run sent the earlier ones.
+import http.server
+import json
+import os
+import ssl
+import sys
+import threading
+
+SCRIPT = json.loads(os.environ["LW_SCRIPT"])
+OUT = "/srv/out/requests.jsonl"
+LOCK = threading.Lock()
+
+
+def record(handler, body):
+    with LOCK, open(OUT, "a") as f:
+        f.write(json.dumps({
+            "method": handler.command, "path": handler.path,
+            "headers": {k.lower(): v for k, v in handler.headers.items()},
+            "body": body.decode("utf-8", "replace"),
+        }) + "\n")
+
+
+def sse(events):
+    return "".join("event: %s\ndata: %s\n\n" % (e["type"], json.dumps(e)) for e in events).encode()
+
+
+def anthropic(req):
+    msgs = req.get("messages", [])
+    results = sum(1 for m in msgs if isinstance(m.get("content"), list)
+                  for c in m["content"] if c.get("type") == "tool_result")
+    last = json.dumps(msgs[-1]) if msgs else ""
+    model = req.get("model", "scripted")
+    start = {"type": "message_start", "message": {
+        "id": "msg_%d" % results, "type": "message", "role": "assistant", "model": model,
+        "content": [], "stop_reason": None, "stop_sequence": None,
+        "usage": {"input_tokens": 10, "output_tokens": 1}}}
+    if "RESUME-CHECK" in last or results >= len(SCRIPT) or not req.get("tools"):
+        text = "done" if "RESUME-CHECK" not in last else "resumed with %d messages" % len(msgs)
+        block = [{"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+                 {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}},
+                 {"type": "content_block_stop", "index": 0}]
+        stop = "end_turn"
+    else:
+        args = json.dumps({"command": SCRIPT[results], "description": "step %d" % results})
+        block = [{"type": "content_block_start", "index": 0, "content_block": {
+                    "type": "tool_use", "id": "toolu_%d" % results, "name": "Bash", "input": {}}},
+                 {"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": args}},
+                 {"type": "content_block_stop", "index": 0}]
+        stop = "tool_use"
+    end = [{"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
+            "usage": {"output_tokens": 5}}, {"type": "message_stop"}]
+    return sse([start] + block + end)
+
+
+def openai(req):
+    items = req.get("input", [])
+    results = sum(1 for i in items if isinstance(i, dict) and i.get("type") == "function_call_output")
+    last = json.dumps(items[-1]) if items else ""
+    rid = "resp_%d" % results
+    if "RESUME-CHECK" in last or results >= len(SCRIPT):
+        text = "done" if "RESUME-CHECK" not in last else "resumed with %d items" % len(items)
+        item = {"type": "message", "id": "msg_%d" % results, "role": "assistant", "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}]}
+    else:
+        item = {"type": "function_call", "id": "fc_%d" % results, "call_id": "call_%d" % results,
+                "name": "exec_command", "status": "completed",
+                "arguments": json.dumps({"cmd": SCRIPT[results]})}
+    events = [
+        {"type": "response.created", "response": {"id": rid, "status": "in_progress", "output": []}},
+        {"type": "response.output_item.done", "output_index": 0, "item": item},
+        {"type": "response.completed", "response": {"id": rid, "status": "completed", "output": [item],
+            "usage": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15,
+                      "input_tokens_details": {"cached_tokens": 0},
+                      "output_tokens_details": {"reasoning_tokens": 0}}}},
+    ]
+    return sse(events)
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def do_any(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(n)
+        record(self, body)
+        path = self.path.split("?")[0]
+        try:
+            req = json.loads(body or b"{}")
+        except ValueError:
+            req = {}
+        if path == "/v1/messages":
+            out = anthropic(req)
+        elif path == "/v1/responses":
+            out = openai(req)
+        else:
+            out = b'{"error":"not scripted"}'
+            self.send_response(404)
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    do_GET = do_POST = do_any
+
+
+srv = http.server.ThreadingHTTPServer(("0.0.0.0", 8443), Handler)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain("/srv/tls/server.pem", "/srv/tls/server.key")
+srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+print("scripted model ready", flush=True)
+srv.serve_forever()
