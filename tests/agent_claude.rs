@@ -226,10 +226,19 @@ fn claude_commits_posts_and_resumes_while_its_key_stays_outside() {
         timings["agent-image"].as_f64().unwrap_or(0.0),
         timings["model-proxy"].as_f64().unwrap_or(0.0)
     );
-    for tag in [
-        image.clone(),
-        image.replace("-agent-claude:", "-agent-claude-cli:"),
-    ] {
+    let manifest = text(&docker(&[
+        "image",
+        "inspect",
+        "--format",
+        "{{index .Config.Labels \"org.loopwright.manifest\"}}",
+        &image,
+    ]));
+    let cli = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("cli "))
+        .expect("the agent image names its CLI image")
+        .to_string();
+    for tag in [image.clone(), cli] {
         let size = text(&docker(&[
             "image",
             "inspect",
