@@ -1,10 +1,11 @@
-//! `lw-sandbox create --agent claude` and `run`, end to end, with the real
-//! Claude Code CLI (the kit's pinned version, from npm) against a scripted
-//! model served over TLS by a test CA (tests/agent_support/scripted_model.py).
+//! `lw-sandbox create --agent KIT` and `run`, end to end, with the real
+//! Claude Code and Codex CLIs (the kits' pinned versions, from npm) against
+//! a scripted model served over TLS by a test CA
+//! (tests/agent_support/scripted_model.py).
 //!
 //! The world: a Docker network made here (the project's `egress.network`)
 //! holding the scripted model as `api.model.test:8443`, the "provider" the
-//! model proxy forwards to (`agent.claude.upstream`, `agent.claude.ca`).
+//! model proxy forwards to (`agent.KIT.upstream`, `agent.KIT.ca`).
 //! The model's script: edit README and commit, `lw-post` to the peer,
 //! dump every process's environment, try an unlisted host.  Asserted: the
 //! commit is on the task branch; the message reached the peer through
@@ -152,8 +153,62 @@ fn median_ms(text: &str) -> f64 {
     v[v.len() / 2]
 }
 
+/// What differs between the kits.
+struct Case {
+    kit: &'static str,
+    key_env: &'static str,
+    path: &'static str,
+    home: &'static str,
+    mcp_marker: &'static str,
+    env_marker: &'static str,
+    result_type: &'static str,
+    /// The key as the provider received it, from a recorded request.
+    key_sent: fn(&serde_json::Value) -> Option<String>,
+    /// A streaming request for the latency figure.
+    probe: &'static str,
+}
+
 #[test]
 fn claude_commits_posts_and_resumes_while_its_key_stays_outside() {
+    scenario(&Case {
+        kit: "claude",
+        key_env: "ANTHROPIC_API_KEY",
+        path: "/v1/messages",
+        home: "cat ~/.claude/CLAUDE.md; cat ~/.claude/lw-mcp.json",
+        mcp_marker: "\"command\":\"/usr/local/bin/lw-mcp\"",
+        env_marker: "ANTHROPIC_BASE_URL=http://lw-model:8080",
+        result_type: "result",
+        key_sent: |r| {
+            assert!(r["headers"].get("authorization").is_none(), "{r}");
+            r["headers"]["x-api-key"].as_str().map(str::to_string)
+        },
+        probe: r#"{"model":"m","max_tokens":1,"stream":true,"messages":[{"role":"user","content":"RESUME-CHECK"}]}"#,
+    });
+}
+
+#[test]
+fn codex_commits_posts_and_resumes_while_its_key_stays_outside() {
+    scenario(&Case {
+        kit: "codex",
+        key_env: "OPENAI_API_KEY",
+        path: "/v1/responses",
+        home: "cat ~/.codex/AGENTS.md; cat ~/.codex/config.toml",
+        mcp_marker: "command = \"/usr/local/bin/lw-mcp\"",
+        env_marker: "CODEX_HOME=/work/home/.codex",
+        result_type: "turn.completed",
+        key_sent: |r| {
+            assert!(r["headers"].get("x-api-key").is_none(), "{r}");
+            r["headers"]["authorization"]
+                .as_str()
+                .and_then(|a| a.strip_prefix("Bearer "))
+                .map(str::to_string)
+        },
+        probe: r#"{"model":"m","stream":true,"input":[{"type":"message","role":"user","content":"RESUME-CHECK"}]}"#,
+    });
+}
+
+fn scenario(k: &Case) {
+    let kit = k.kit;
     let started = Instant::now();
     let n = nonce();
     let world = World {
@@ -177,7 +232,7 @@ fn claude_commits_posts_and_resumes_while_its_key_stays_outside() {
     test_ca(&tls, "api.model.test");
 
     let config = format!(
-        "egress.proxy-from = {}\negress.network = {}\nagent.claude.upstream = https://api.model.test:8443\nagent.claude.ca = {}\n",
+        "egress.proxy-from = {}\negress.network = {}\nagent.{kit}.upstream = https://api.model.test:8443\nagent.{kit}.ca = {}\n",
         debian(),
         world.net,
         tls.join("ca.pem").display()
@@ -213,16 +268,17 @@ fn claude_commits_posts_and_resumes_while_its_key_stays_outside() {
     let plain_ms = t.elapsed().as_secs_f64() * 1e3;
     let t = Instant::now();
     let json = f.ok(&[
-        "create", "a1", "--branch", "lw/a1", "--scope", "src/**", "--agent", "claude", "--json",
+        "create", "a1", "--branch", "lw/a1", "--scope", "src/**", "--agent", k.kit, "--json",
     ]);
     let agent_ms = t.elapsed().as_secs_f64() * 1e3;
     let rec: serde_json::Value = serde_json::from_str(json.trim()).expect("create --json");
     assert_eq!(rec["network"], "egress", "--agent implies egress: {json}");
     let image = rec["image"].as_str().unwrap().to_string();
-    assert!(image.contains("-agent-claude:"), "{image}");
+    assert!(image.contains(&format!("-agent-{}:", k.kit)), "{image}");
     let timings = &rec["timings_ms"];
     println!(
-        "figure: create without kit {plain_ms:.0} ms; cold create --agent claude {agent_ms:.0} ms (agent-image {:.0} ms, model-proxy {:.0} ms)",
+        "figure [{kit}]: create without kit {plain_ms:.0} ms; create --agent {} {agent_ms:.0} ms (agent-image {:.0} ms, model-proxy {:.0} ms)",
+        k.kit,
         timings["agent-image"].as_f64().unwrap_or(0.0),
         timings["model-proxy"].as_f64().unwrap_or(0.0)
     );
@@ -247,14 +303,14 @@ fn claude_commits_posts_and_resumes_while_its_key_stays_outside() {
             &tag,
         ]));
         println!(
-            "figure: {tag} size {} MB",
+            "figure [{kit}]: {tag} size {} MB",
             size.trim().parse::<u64>().unwrap_or(0) / 1_000_000
         );
     }
     // The context file is in HOME, not the repository.
     let (code, ctx, e) = f.sh(
         "a1",
-        "cat ~/.claude/CLAUDE.md; cat ~/.claude/lw-mcp.json; git -C /work/repo status --porcelain",
+        &format!("{}; git -C /work/repo status --porcelain", k.home),
     );
     assert_eq!(code, 0, "{e}");
     assert!(
@@ -263,14 +319,8 @@ fn claude_commits_posts_and_resumes_while_its_key_stays_outside() {
             && ctx.contains("- `peer`: branch `lw/peer`"),
         "{ctx}"
     );
-    assert!(
-        ctx.contains("\"command\":\"/usr/local/bin/lw-mcp\""),
-        "{ctx}"
-    );
-    assert!(
-        !ctx.contains("CLAUDE.md"),
-        "nothing new in the repository: {ctx}"
-    );
+    assert!(ctx.contains(k.mcp_marker), "{ctx}");
+    assert!(!ctx.contains("?? "), "nothing new in the repository: {ctx}");
 
     // The provider: the scripted model, on the world network, from the
     // model proxy's image (it has python3).
@@ -285,7 +335,7 @@ fn claude_commits_posts_and_resumes_while_its_key_stays_outside() {
     .trim()
     .to_string();
     let script = serde_json::json!([
-        "echo 'changed by claude' >> README && git add README && git commit -qm 'agent: edit README' && git log --oneline -1",
+        "echo 'changed by the agent' >> README && git add README && git commit -qm 'agent: edit README' && git log --oneline -1",
         "lw-post --kind request --to peer --subject 'README changed' 'please read README'",
         "cat /proc/[0-9]*/environ > /work/home/environ-dump 2>/dev/null; ls /proc | wc -l",
         "curl -sS -m 20 https://forbidden.example.org/ || echo denied",
@@ -333,12 +383,12 @@ fn claude_commits_posts_and_resumes_while_its_key_stays_outside() {
     // Without the key on the host, the run refuses before starting the agent.
     let o = f
         .cmd(&["run", "a1", "--", "hello"])
-        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove(k.key_env)
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(78), "{}", err(&o));
     assert!(
-        err(&o).contains("ANTHROPIC_API_KEY is not set on the host"),
+        err(&o).contains(&format!("{} is not set on the host", k.key_env)),
         "{}",
         err(&o)
     );
@@ -359,20 +409,23 @@ fn claude_commits_posts_and_resumes_while_its_key_stays_outside() {
             "--",
             "Edit README, commit, tell peer.",
         ])
-        .env("ANTHROPIC_API_KEY", &key)
+        .env(k.key_env, &key)
         .output()
         .unwrap();
     let run_ms = t.elapsed().as_secs_f64() * 1e3;
     let transcript = text(&o);
     assert_eq!(o.status.code(), Some(0), "run: {}\n{transcript}", err(&o));
-    println!("figure: first run {run_ms:.0} ms");
+    println!("figure [{kit}]: first run {run_ms:.0} ms");
     let lines: Vec<serde_json::Value> = transcript
         .lines()
         .map(|l| serde_json::from_str(l).expect("--json prints JSON lines"))
         .collect();
     assert_eq!(lines[0]["type"], "lw-run");
     assert_eq!(lines.last().unwrap()["type"], "lw-exit");
-    assert!(lines.iter().any(|l| l["type"] == "result"), "{transcript}");
+    assert!(
+        lines.iter().any(|l| l["type"] == k.result_type),
+        "{transcript}"
+    );
     let file = lines.last().unwrap()["transcript"]
         .as_str()
         .unwrap()
@@ -408,11 +461,10 @@ fn claude_commits_posts_and_resumes_while_its_key_stays_outside() {
     for r in &reqs {
         assert_eq!(
             r["path"].as_str().unwrap().split('?').next(),
-            Some("/v1/messages"),
+            Some(k.path),
             "{r}"
         );
-        assert_eq!(r["headers"]["x-api-key"], key.as_str(), "{r}");
-        assert!(r["headers"].get("authorization").is_none(), "{r}");
+        assert_eq!((k.key_sent)(r).as_deref(), Some(key.as_str()), "{r}");
         assert!(
             !r.to_string().contains(loopwright::agent::PLACEHOLDER),
             "the placeholder never leaves: {r}"
@@ -432,14 +484,14 @@ fn claude_commits_posts_and_resumes_while_its_key_stays_outside() {
     assert!(
         grep_count(
             &format!("cd '{}' && {exec}", f.proj.display()),
-            "ANTHROPIC_BASE_URL=http://lw-model:8080"
+            k.env_marker
         ) > 0,
         "the dump holds the environments"
     );
     assert!(
         grep_count(
             &format!("cd '{}' && {exec}", f.proj.display()),
-            "changed by claude"
+            "changed by the agent"
         ) > 0,
         "the dump holds the files"
     );
@@ -461,7 +513,7 @@ fn claude_commits_posts_and_resumes_while_its_key_stays_outside() {
         found += text(&o).lines().count();
     }
     println!(
-        "figure: key bytes found inside: {found} (files, /tmp, process environments, 3 x docker inspect, docker save, transcripts, mailbox)"
+        "figure [{kit}]: key bytes found inside: {found} (files, /tmp, process environments, 3 x docker inspect, docker save, transcripts, mailbox)"
     );
     assert_eq!(found, 0);
 
@@ -469,12 +521,12 @@ fn claude_commits_posts_and_resumes_while_its_key_stays_outside() {
     let plog = text(&docker(&["logs", &model_proxy])) + &err(&docker(&["logs", &model_proxy]));
     let forwarded = plog
         .lines()
-        .filter(|l| l.contains(" forward POST /v1/messages api.model.test:8443 200"))
+        .filter(|l| l.contains(&format!(" forward POST {} api.model.test:8443 200", k.path)))
         .count();
     assert_eq!(forwarded, reqs.len(), "{plog}");
     assert!(!plog.contains(&key));
     println!(
-        "figure: {forwarded} requests forwarded / {} to unlisted hosts (denied by the egress proxy)",
+        "figure [{kit}]: {forwarded} requests forwarded / {} to unlisted hosts (denied by the egress proxy)",
         denials.lines().count()
     );
 
@@ -484,7 +536,7 @@ fn claude_commits_posts_and_resumes_while_its_key_stays_outside() {
     let before = reqs.len();
     let o = f
         .cmd(&["run", "a1", "--resume", "--", "RESUME-CHECK"])
-        .env("ANTHROPIC_API_KEY", &key)
+        .env(k.key_env, &key)
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}\n{}", text(&o), err(&o));
@@ -500,12 +552,12 @@ fn claude_commits_posts_and_resumes_while_its_key_stays_outside() {
     );
 
     // Latency: first byte through the proxy vs straight to the model, from the world network.
-    let body = r#"{"model":"m","max_tokens":1,"stream":true,"messages":[{"role":"user","content":"RESUME-CHECK"}]}"#;
+    let (body, path) = (k.probe, k.path);
     let direct = format!(
-        "for i in $(seq 15); do curl -s -o /dev/null -w '%{{time_starttransfer}}\\n' --cacert /srv/tls/ca.pem -H 'content-type: application/json' -d '{body}' https://api.model.test:8443/v1/messages; done"
+        "for i in $(seq 15); do curl -s -o /dev/null -w '%{{time_starttransfer}}\\n' --cacert /srv/tls/ca.pem -H 'content-type: application/json' -d '{body}' https://api.model.test:8443{path}; done"
     );
     let proxied = format!(
-        "for i in $(seq 15); do curl -s -o /dev/null -w '%{{time_starttransfer}}\\n' -H 'content-type: application/json' -d '{body}' http://{model_proxy}:8080/v1/messages; done"
+        "for i in $(seq 15); do curl -s -o /dev/null -w '%{{time_starttransfer}}\\n' -H 'content-type: application/json' -d '{body}' http://{model_proxy}:8080{path}; done"
     );
     let time = |script: &str| {
         let o = docker(&[
@@ -526,7 +578,7 @@ fn claude_commits_posts_and_resumes_while_its_key_stays_outside() {
     };
     let (d, p) = (time(&direct), time(&proxied));
     println!(
-        "figure: first byte direct {d:.1} ms, through the model proxy {p:.1} ms, added {:.1} ms (median of 15)",
+        "figure [{kit}]: first byte direct {d:.1} ms, through the model proxy {p:.1} ms, added {:.1} ms (median of 15)",
         p - d
     );
 
@@ -543,7 +595,8 @@ fn claude_commits_posts_and_resumes_while_its_key_stays_outside() {
     drop(world);
     let _ = std::fs::remove_dir_all(&tmp);
     println!(
-        "figure: agent_claude took {:.1}s",
+        "figure [{kit}]: agent_cli {} took {:.1}s",
+        k.kit,
         started.elapsed().as_secs_f64()
     );
 }
