@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use loopwright::agent;
 use loopwright::cli::out_err;
 use loopwright::engine::{BuildEvent, DockerEngine};
 use loopwright::error::{Error, Exit, Result};
@@ -50,6 +51,9 @@ struct Args {
     /// Write JSON Lines (one object per layer, with a "type" field) instead of text.
     #[arg(long)]
     json: bool,
+    /// Also build the agent layer of this kit (repeatable; lw-sandbox kits lists them).
+    #[arg(long, value_name = "KIT")]
+    agent: Vec<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -132,6 +136,39 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             format!("{} {} {state}", layer.def.name, layer.tag)
         };
         writeln!(out, "{line}").map_err(out_err)?;
+    }
+    for name in &args.agent {
+        let kit = agent::kit::find(Some(&root), name)?;
+        let first = plan
+            .layers
+            .first()
+            .expect("a runtime definition has at least one layer")
+            .tag
+            .clone();
+        let planned = agent::layer::plan(&engine, &runtime.image, &kit, &first, plan.final_tag())?;
+        let verbose = args.verbose;
+        let (_, built) = agent::layer::ensure(
+            &engine,
+            &planned,
+            &mut |p| eprintln!("{PROG}: building {}", p.tag),
+            &mut |ev| {
+                if let (true, BuildEvent::Output(s)) = (verbose, &ev) {
+                    eprint!("{s}");
+                }
+            },
+        )?;
+        for (p, b, layer) in [
+            (&planned.0, built[0], format!("agent-{name}-cli")),
+            (&planned.1, built[1], format!("agent-{name}")),
+        ] {
+            let state = if b { "built" } else { "cached" };
+            let line = if args.json {
+                json!({"type": "layer", "layer": layer, "tag": p.tag, "state": state}).to_string()
+            } else {
+                format!("{layer} {} {state}", p.tag)
+            };
+            writeln!(out, "{line}").map_err(out_err)?;
+        }
     }
     Ok(Exit::Ok)
 }

@@ -107,6 +107,10 @@ pub fn run(inp: &Inputs) -> Vec<Finding> {
     if let Some(p) = &project {
         out.push(mirror(p, inp.fresh));
         out.extend(image(p, engine.as_ref()));
+        out.extend(crate::agent::doctor::checks(
+            p,
+            engine.as_ref().map(|e| e as &dyn Engine),
+        ));
     }
     let root = inp
         .root

@@ -551,6 +551,59 @@ fn scenario(k: &Case) {
         "the earlier tool call was sent again"
     );
 
+    // The provider refusing the key: the agent's own error is in the
+    // transcript, and the sandbox stays usable.  (Codex gives up; Claude
+    // Code retries a 401 ten times over minutes, so --timeout ends it.)
+    let o = f
+        .cmd(&[
+            "run",
+            "a1",
+            "--json",
+            "--timeout",
+            "30s",
+            "--",
+            "STATUS-401 hello",
+        ])
+        .env(k.key_env, &key)
+        .output()
+        .unwrap();
+    let refused = text(&o);
+    assert_ne!(
+        o.status.code(),
+        Some(0),
+        "a refused key is a failed run: {refused}"
+    );
+    assert!(
+        refused.contains("401"),
+        "the provider's answer surfaces: {refused}"
+    );
+    println!(
+        "figure [{kit}]: provider answering 401: run exited {:?}",
+        o.status.code()
+    );
+    let (code, _, e) = f.sh("a1", "git -C /work/repo status --porcelain >/dev/null");
+    assert_eq!(code, 0, "the sandbox stays usable: {e}");
+    // An agent that never finishes: --timeout stops it (exit 124), and
+    // nothing it started is left running.
+    let t = Instant::now();
+    let o = f
+        .cmd(&["run", "a1", "--timeout", "20s", "--", "HANG-STEP now"])
+        .env(k.key_env, &key)
+        .output()
+        .unwrap();
+    let waited = t.elapsed().as_secs_f64();
+    assert_eq!(o.status.code(), Some(124), "{}\n{}", text(&o), err(&o));
+    assert!(waited < 60.0, "--timeout 20s took {waited:.0}s");
+    let (_, left, _) = f.sh(
+        "a1",
+        "for c in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $c; echo; done | grep -c 'HANG[-]STEP' || true",
+    );
+    println!(
+        "figure [{kit}]: --timeout 20s returned after {waited:.1}s; agent processes left running: {}",
+        left.trim()
+    );
+    assert_eq!(left.trim(), "0", "the agent was stopped");
+
     // Latency: first byte through the proxy vs straight to the model, from the world network.
     let (body, path) = (k.probe, k.path);
     let direct = format!(

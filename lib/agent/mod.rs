@@ -18,6 +18,7 @@
 //! ```
 
 pub mod context;
+pub mod doctor;
 pub mod kit;
 pub mod layer;
 pub mod proxy;

@@ -9,12 +9,16 @@
 # command N; after the last one the model says "done".  A prompt holding
 # RESUME-CHECK is answered at once with how many messages the request
 # carried, so a test can see that a resumed run sent the earlier ones.
+# A prompt holding STATUS-401 is answered 401 (a provider refusing the
+# key); one holding HANG-STEP gets the start of an answer and then nothing
+# for an hour (an agent that never finishes).
 import http.server
 import json
 import os
 import ssl
 import sys
 import threading
+import time
 
 SCRIPT = json.loads(os.environ["LW_SCRIPT"])
 OUT = "/srv/out/requests.jsonl"
@@ -36,6 +40,7 @@ def sse(events):
 
 def anthropic(req):
     msgs = req.get("messages", [])
+    script = SCRIPT
     results = sum(1 for m in msgs if isinstance(m.get("content"), list)
                   for c in m["content"] if c.get("type") == "tool_result")
     last = json.dumps(msgs[-1]) if msgs else ""
@@ -44,14 +49,14 @@ def anthropic(req):
         "id": "msg_%d" % results, "type": "message", "role": "assistant", "model": model,
         "content": [], "stop_reason": None, "stop_sequence": None,
         "usage": {"input_tokens": 10, "output_tokens": 1}}}
-    if "RESUME-CHECK" in last or results >= len(SCRIPT) or not req.get("tools"):
+    if "RESUME-CHECK" in last or results >= len(script) or not req.get("tools"):
         text = "done" if "RESUME-CHECK" not in last else "resumed with %d messages" % len(msgs)
         block = [{"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
                  {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}},
                  {"type": "content_block_stop", "index": 0}]
         stop = "end_turn"
     else:
-        args = json.dumps({"command": SCRIPT[results], "description": "step %d" % results})
+        args = json.dumps({"command": script[results], "description": "step %d" % results})
         block = [{"type": "content_block_start", "index": 0, "content_block": {
                     "type": "tool_use", "id": "toolu_%d" % results, "name": "Bash", "input": {}}},
                  {"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": args}},
@@ -64,17 +69,18 @@ def anthropic(req):
 
 def openai(req):
     items = req.get("input", [])
+    script = SCRIPT
     results = sum(1 for i in items if isinstance(i, dict) and i.get("type") == "function_call_output")
     last = json.dumps(items[-1]) if items else ""
     rid = "resp_%d" % results
-    if "RESUME-CHECK" in last or results >= len(SCRIPT):
+    if "RESUME-CHECK" in last or results >= len(script):
         text = "done" if "RESUME-CHECK" not in last else "resumed with %d items" % len(items)
         item = {"type": "message", "id": "msg_%d" % results, "role": "assistant", "status": "completed",
                 "content": [{"type": "output_text", "text": text, "annotations": []}]}
     else:
         item = {"type": "function_call", "id": "fc_%d" % results, "call_id": "call_%d" % results,
                 "name": "exec_command", "status": "completed",
-                "arguments": json.dumps({"cmd": SCRIPT[results]})}
+                "arguments": json.dumps({"cmd": script[results]})}
     events = [
         {"type": "response.created", "response": {"id": rid, "status": "in_progress", "output": []}},
         {"type": "response.output_item.done", "output_index": 0, "item": item},
@@ -101,6 +107,24 @@ class Handler(http.server.BaseHTTPRequestHandler):
             req = json.loads(body or b"{}")
         except ValueError:
             req = {}
+        if b"STATUS-401" in body:
+            out = b'{"type":"error","error":{"type":"authentication_error","message":"scripted: invalid key"}}'
+            self.send_response(401)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+            return
+        if b"HANG-STEP" in body:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            ev = b"event: ping\ndata: {\"type\": \"ping\"}\n\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
+            self.wfile.flush()
+            time.sleep(3600)
+            return
         if path == "/v1/messages":
             out = anthropic(req)
         elif path == "/v1/responses":

@@ -1,0 +1,131 @@
+//! `lw doctor`'s agent checks: per kit in use, its file, its CLI layer, its
+//! key on the host and where the model proxy will send it.
+//!
+//! A kit is "in use" when the project configures it (`agent.KIT.*`), its
+//! layer is built, or its key variable is set; the others are named in one
+//! `skip` line, so a project that runs only Claude Code is not told about
+//! Codex's missing key.
+
+use super::kit::{self, Kit};
+use super::{KeySource, Settings, layer};
+use crate::config::Project;
+use crate::doctor::{Finding, Status};
+use crate::engine::Engine;
+use crate::image::Runtime;
+
+fn finding(status: Status, detail: String, fix: Option<String>) -> Finding {
+    Finding {
+        check: "agent",
+        status,
+        detail,
+        fix,
+    }
+}
+
+/// The CLI layer's tag for `kit` on the project's first layer, and whether it exists.
+fn layer_of(p: &Project, engine: &dyn Engine, kit: &Kit) -> Option<(String, bool)> {
+    let rt = Runtime::load(&p.top).ok()?;
+    let plan = rt.plan(engine).ok()?;
+    let first = plan.layers.first()?.tag.clone();
+    let (cli, _) = layer::plan(engine, &rt.image, kit, &first, plan.final_tag()).ok()?;
+    Some((cli.tag, cli.built))
+}
+
+pub fn checks(p: &Project, engine: Option<&dyn Engine>) -> Vec<Finding> {
+    let kits = match kit::all(Some(&p.top)) {
+        Ok(k) => k,
+        Err(e) => {
+            return vec![finding(
+                Status::Fail,
+                e.to_string(),
+                Some("fix the kit file at the key named".into()),
+            )];
+        }
+    };
+    let mut out = Vec::new();
+    let mut idle = Vec::new();
+    for k in &kits {
+        let configured = p
+            .config
+            .iter()
+            .any(|(key, _)| key.starts_with(&format!("agent.{}.", k.name)));
+        let settings = match Settings::from_project(Some(p), k) {
+            Ok(s) => s,
+            Err(e) => {
+                out.push(finding(Status::Fail, e.to_string(), None));
+                continue;
+            }
+        };
+        let key_set = match &settings.key {
+            KeySource::Env(v) => std::env::var_os(v).is_some_and(|x| !x.is_empty()),
+            KeySource::File(f) => f.is_file(),
+        };
+        let built = engine.and_then(|e| layer_of(p, e, k));
+        if !configured && !key_set && !built.as_ref().is_some_and(|b| b.1) {
+            idle.push(k.name.as_str());
+            continue;
+        }
+        let name = &k.name;
+        out.push(match &built {
+            Some((tag, true)) => finding(
+                Status::Ok,
+                format!("{name}: {}@{} layer {tag}", k.package, k.version),
+                None,
+            ),
+            Some((tag, false)) => finding(
+                Status::Warn,
+                format!("{name}: {}@{} layer {tag} is not built", k.package, k.version),
+                Some(format!("lw-build --agent {name} (or the first lw-sandbox create --agent {name} builds it)")),
+            ),
+            None => finding(
+                Status::Skip,
+                format!("{name}: no engine or runtime definition; layer not checked"),
+                None,
+            ),
+        });
+        out.push(if key_set {
+            finding(
+                Status::Ok,
+                format!("{name}: key in {} (the model proxy reads it; the sandbox never does)", settings.key_source()),
+                None,
+            )
+        } else {
+            finding(
+                Status::Warn,
+                format!("{name}: no key in {}; lw-sandbox run will refuse", settings.key_source()),
+                Some(match &settings.key {
+                    KeySource::Env(v) => format!("export {v}=... on the host"),
+                    KeySource::File(f) => format!("write the key into {}", f.display()),
+                }),
+            )
+        });
+        let tls = if settings.upstream.starts_with("http://") {
+            Status::Warn
+        } else {
+            Status::Ok
+        };
+        out.push(finding(
+            tls,
+            format!(
+                "{name}: model proxy forwards {} {} to {}{}",
+                k.method,
+                k.path,
+                settings.upstream,
+                settings
+                    .ca
+                    .as_ref()
+                    .map(|c| format!(" (CA {})", c.display()))
+                    .unwrap_or_default()
+            ),
+            (tls == Status::Warn).then(|| "use https:// unless the gateway is on a private network".into()),
+        ));
+    }
+    if !idle.is_empty() {
+        out.push(finding(
+            Status::Skip,
+            format!("kits not set up here: {}", idle.join(", ")),
+            None,
+        ));
+    }
+    out
+}
