@@ -92,6 +92,12 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         )
     })?;
     let runtime = Runtime::load(&root)?;
+    // Named kits are checked before anything is built (64 unknown, 78 bad).
+    let kits = args
+        .agent
+        .iter()
+        .map(|n| agent::kit::find(Some(&root), n))
+        .collect::<Result<Vec<_>>>()?;
     let engine = DockerEngine::connect()?;
     let mut plan = runtime.plan(&engine)?;
     if args.print_tag {
@@ -137,15 +143,15 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         };
         writeln!(out, "{line}").map_err(out_err)?;
     }
-    for name in &args.agent {
-        let kit = agent::kit::find(Some(&root), name)?;
+    for kit in &kits {
+        let name = &kit.name;
         let first = plan
             .layers
             .first()
             .expect("a runtime definition has at least one layer")
             .tag
             .clone();
-        let planned = agent::layer::plan(&engine, &runtime.image, &kit, &first, plan.final_tag())?;
+        let planned = agent::layer::plan(&engine, &runtime.image, kit, &first, plan.final_tag())?;
         let verbose = args.verbose;
         let (_, built) = agent::layer::ensure(
             &engine,

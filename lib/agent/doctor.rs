@@ -86,13 +86,19 @@ pub fn checks(p: &Project, engine: Option<&dyn Engine>) -> Vec<Finding> {
         out.push(if key_set {
             finding(
                 Status::Ok,
-                format!("{name}: key in {} (the model proxy reads it; the sandbox never does)", settings.key_source()),
+                format!(
+                    "{name}: key in {} (the model proxy reads it; the sandbox never does)",
+                    settings.key_source()
+                ),
                 None,
             )
         } else {
             finding(
                 Status::Warn,
-                format!("{name}: no key in {}; lw-sandbox run will refuse", settings.key_source()),
+                format!(
+                    "{name}: no key in {}; lw-sandbox run will refuse",
+                    settings.key_source()
+                ),
                 Some(match &settings.key {
                     KeySource::Env(v) => format!("export {v}=... on the host"),
                     KeySource::File(f) => format!("write the key into {}", f.display()),
@@ -117,7 +123,8 @@ pub fn checks(p: &Project, engine: Option<&dyn Engine>) -> Vec<Finding> {
                     .map(|c| format!(" (CA {})", c.display()))
                     .unwrap_or_default()
             ),
-            (tls == Status::Warn).then(|| "use https:// unless the gateway is on a private network".into()),
+            (tls == Status::Warn)
+                .then(|| "use https:// unless the gateway is on a private network".into()),
         ));
     }
     if !idle.is_empty() {
