@@ -50,6 +50,14 @@ pub fn plan(
     cli_parent: &str,
     parent: &str,
 ) -> Result<(Planned, Planned)> {
+    let (mut cli, mut top) = recipe(repo, kit, cli_parent, parent);
+    cli.built = engine.image_exists(&cli.tag)?;
+    top.built = engine.image_exists(&top.tag)?;
+    Ok((cli, top))
+}
+
+/// The two images' tags, manifests and build arguments, from the hashes alone.
+pub fn recipe(repo: &str, kit: &Kit, cli_parent: &str, parent: &str) -> (Planned, Planned) {
     let mut m = format!(
         "{VERSION}\nlayer agent-{}-cli\nparent {cli_parent}\n",
         kit.name
@@ -65,7 +73,7 @@ pub fn plan(
         &sha256_hex(m.as_bytes())[..TAG_HEX]
     );
     let cli = Planned {
-        built: engine.image_exists(&cli_tag)?,
+        built: false,
         tag: cli_tag.clone(),
         manifest: m,
         dockerfile: CLI_DOCKERFILE,
@@ -90,7 +98,7 @@ pub fn plan(
         &sha256_hex(m.as_bytes())[..TAG_HEX]
     );
     let top = Planned {
-        built: engine.image_exists(&tag)?,
+        built: false,
         tag,
         manifest: m,
         dockerfile: AGENT_DOCKERFILE,
@@ -101,7 +109,7 @@ pub fn plan(
             ("LW_AGENT_PROGRAM".into(), kit.program.clone()),
         ]),
     };
-    Ok((cli, top))
+    (cli, top)
 }
 
 /// Builds what is missing of the two images; returns the final tag and,
@@ -168,5 +176,36 @@ fn build_one(engine: &dyn Engine, p: &Planned, on_event: &mut dyn FnMut(BuildEve
                 tail.join("\n")
             ),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deps_change_keeps_the_cli_and_a_kit_bump_reinstalls_it() {
+        let kit = super::super::kit::find(None, "claude").unwrap();
+        let (cli, top) = recipe("p", &kit, "p-base:1", "p-deps:1");
+        assert!(cli.tag.starts_with("p-agent-claude-cli:"), "{}", cli.tag);
+        assert!(top.tag.starts_with("p-agent-claude:"), "{}", top.tag);
+        // The project's dependencies change: only the copy above them does.
+        let (cli2, top2) = recipe("p", &kit, "p-base:1", "p-deps:2");
+        assert_eq!(cli2.tag, cli.tag);
+        assert_ne!(top2.tag, top.tag);
+        // The kit is bumped: the CLI is reinstalled, and copied again.
+        let mut bumped = kit.clone();
+        bumped.version = "2.1.333".into();
+        let (cli3, top3) = recipe("p", &bumped, "p-base:1", "p-deps:1");
+        assert_ne!(cli3.tag, cli.tag);
+        assert_ne!(top3.tag, top.tag);
+        assert_eq!(cli3.args["LW_AGENT_VERSION"], "2.1.333");
+        // So is a new node.
+        let mut node = kit.clone();
+        node.node = "22.23.6".into();
+        assert_ne!(recipe("p", &node, "p-base:1", "p-deps:1").0.tag, cli.tag);
+        // Another kit never shares a tag.
+        let codex = super::super::kit::find(None, "codex").unwrap();
+        assert_ne!(recipe("p", &codex, "p-base:1", "p-deps:1").0.tag, cli.tag);
     }
 }
