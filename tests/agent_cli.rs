@@ -1,7 +1,7 @@
 //! `lw-sandbox create --agent KIT` and `run`, end to end, with the real
 //! Claude Code and Codex CLIs (the kits' pinned versions, from npm) against
 //! a scripted model served over TLS by a test CA
-//! (tests/agent_support/scripted_model.py).
+//! (examples/scripted-model/model.py).
 //!
 //! The world: a Docker network made here (the project's `egress.network`)
 //! holding the scripted model as `api.model.test:8443`, the "provider" the
@@ -341,7 +341,7 @@ fn scenario(k: &Case) {
         "curl -sS -m 20 https://forbidden.example.org/ || echo denied",
     ]);
     let model_src =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/agent_support/scripted_model.py");
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/scripted-model/model.py");
     let model = format!("lw-agent-{n}-model");
     let o = docker(&[
         "run",

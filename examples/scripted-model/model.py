@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# A scripted model for the agent tests: the Anthropic Messages API (SSE) and
+# A scripted model for the agent tests and `scripts/main-job --agent`: the Anthropic Messages API (SSE) and
 # the OpenAI Responses API (SSE), over TLS, replaying a script of tool calls
 # and recording every request it receives (method, path, headers, body) as
 # one JSON line in /srv/out/requests.jsonl.
