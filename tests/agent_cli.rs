@@ -340,8 +340,7 @@ fn scenario(k: &Case) {
         "cat /proc/[0-9]*/environ > /work/home/environ-dump 2>/dev/null; ls /proc | wc -l",
         "curl -sS -m 20 https://forbidden.example.org/ || echo denied",
     ]);
-    let model_src =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/scripted-model/model.py");
+    let model_src = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/scripted-model/model.py");
     let model = format!("lw-agent-{n}-model");
     let o = docker(&[
         "run",
@@ -610,10 +609,14 @@ fn scenario(k: &Case) {
         "for i in $(seq 15); do curl -s -o /dev/null -w '%{{time_starttransfer}}\\n' --cacert /srv/tls/ca.pem -H 'content-type: application/json' -d '{body}' https://api.model.test:8443{path}; done"
     );
     let proxied = format!(
-        "for i in $(seq 15); do curl -s -o /dev/null -w '%{{time_starttransfer}}\\n' -H 'content-type: application/json' -d '{body}' http://{model_proxy}:8080{path}; done"
+        "for i in $(seq 15); do curl -s -o /dev/null -w '%{{time_starttransfer}}\\n' -H 'content-type: application/json' -d '{body}' http://lw-model:8080{path}; done"
     );
-    let time = |script: &str| {
-        let o = docker(&[
+    // From the shared network, the model proxy is not even listening.
+    let probe_world = format!(
+        "curl -s -m 5 -o /dev/null -w '%{{http_code}}' http://{model_proxy}:8080{path}; echo \" exit $?\""
+    );
+    let world_run = |script: &str| {
+        docker(&[
             "run",
             "--rm",
             "--network",
@@ -625,13 +628,26 @@ fn scenario(k: &Case) {
             &image,
             "-c",
             script,
-        ]);
+        ])
+    };
+    let o = world_run(&probe_world);
+    assert!(
+        text(&o).trim().starts_with("000 exit 7"),
+        "the model proxy refuses connections from the shared network: {}",
+        text(&o)
+    );
+    let d = {
+        let o = world_run(&direct);
         assert!(o.status.success(), "{}", err(&o));
         median_ms(&text(&o))
     };
-    let (d, p) = (time(&direct), time(&proxied));
+    let p = {
+        let (code, out, e) = f.sh("a1", &proxied);
+        assert_eq!(code, 0, "{e}");
+        median_ms(&out)
+    };
     println!(
-        "figure [{kit}]: first byte direct {d:.1} ms, through the model proxy {p:.1} ms, added {:.1} ms (median of 15)",
+        "figure [{kit}]: first byte straight to the model (curl, TLS) {d:.1} ms, through the model proxy from the sandbox {p:.1} ms, added {:.1} ms (median of 15)",
         p - d
     );
 

@@ -10,10 +10,13 @@
 # so the key never enters the sandbox, its image or its environment, and a
 # key rotated on the host takes effect on the next request.  Anything else
 # is answered 403.  One log line per request, on stderr: never a header or
-# a body.
+# a body.  It listens only on its address on the sandbox's network (what its
+# name there, lw-model, resolves to), not on the shared network that leads
+# out, so no other container can spend the key.
 import http.client
 import http.server
 import os
+import socket
 import ssl
 import sys
 import time
@@ -134,6 +137,7 @@ class Server(http.server.ThreadingHTTPServer):
 
 
 if __name__ == "__main__":
-    srv = Server(("0.0.0.0", 8080), Handler)
-    log("lw-model-proxy: listening on :8080, forwarding", METHOD, PATH, "to", UPSTREAM)
+    addr = socket.gethostbyname(os.environ.get("LW_MODEL_NAME", "lw-model"))
+    srv = Server((addr, 8080), Handler)
+    log("lw-model-proxy: listening on %s:8080, forwarding" % addr, METHOD, PATH, "to", UPSTREAM)
     srv.serve_forever()
