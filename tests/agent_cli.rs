@@ -669,3 +669,97 @@ fn scenario(k: &Case) {
         started.elapsed().as_secs_f64()
     );
 }
+
+#[test]
+fn kits_list_and_bad_kits_unknown_kits_and_wrong_networks_are_refused() {
+    let f = Fixture::new("kits");
+    let list = f.ok(&["kits"]);
+    assert!(
+        list.starts_with("claude\t@anthropic-ai/claude-code@2.1.332\tANTHROPIC_API_KEY\truntime/agents/claude.kit\n"),
+        "{list}"
+    );
+    assert!(
+        list.contains("codex\t@openai/codex@0.171.0\tOPENAI_API_KEY\t"),
+        "{list}"
+    );
+    let json = f.ok(&["kits", "--json"]);
+    let first: serde_json::Value = serde_json::from_str(json.lines().next().unwrap()).unwrap();
+    assert_eq!(first["type"], "kit");
+    assert_eq!(first["endpoint"], "POST /v1/messages");
+
+    // An unknown kit: 64, listing the kits, and nothing made.
+    let o = f.sb(&["create", "x", "--branch", "x", "--agent", "gpt"]);
+    assert_eq!(o.status.code(), Some(64), "{}", err(&o));
+    assert!(
+        err(&o).contains("the kits are: claude, codex"),
+        "{}",
+        err(&o)
+    );
+    // An agent needs the egress network.
+    let o = f.sb(&[
+        "create",
+        "x",
+        "--branch",
+        "x",
+        "--agent",
+        "claude",
+        "--network",
+        "none",
+    ]);
+    assert_eq!(o.status.code(), Some(64), "{}", err(&o));
+    assert!(
+        err(&o).contains("--agent needs --network egress"),
+        "{}",
+        err(&o)
+    );
+    // A project kit with a floating version, or a bad key: 78 naming it.
+    let dir = f.proj.join(".loopwright/agents");
+    std::fs::create_dir_all(&dir).unwrap();
+    let claude = include_str!("../runtime/agents/claude.kit");
+    std::fs::write(
+        dir.join("mine.kit"),
+        claude.replace("version = 2.1.332", "version = latest"),
+    )
+    .unwrap();
+    let o = f.sb(&["create", "x", "--branch", "x", "--agent", "mine"]);
+    assert_eq!(o.status.code(), Some(78), "{}", err(&o));
+    assert!(
+        err(&o).contains("mine.kit: version: 'latest' is not an exact version"),
+        "{}",
+        err(&o)
+    );
+    std::fs::write(
+        dir.join("mine.kit"),
+        claude.replace("mcp = claude-json", "mcp = yaml"),
+    )
+    .unwrap();
+    let o = f.sb(&["kits"]);
+    assert_eq!(o.status.code(), Some(78), "{}", err(&o));
+    assert!(err(&o).contains("mine.kit: mcp: 'yaml'"), "{}", err(&o));
+    std::fs::remove_dir_all(&dir).unwrap();
+    // A misspelt agent key in the project's config: 78 naming it.
+    std::fs::write(
+        f.proj.join(".loopwright/config"),
+        "agent.claude.upstrem = https://x\n",
+    )
+    .unwrap();
+    let o = f.sb(&["create", "x", "--branch", "x", "--agent", "claude"]);
+    assert_eq!(o.status.code(), Some(78), "{}", err(&o));
+    assert!(
+        err(&o).contains("unknown key 'agent.claude.upstrem'"),
+        "{}",
+        err(&o)
+    );
+    assert!(
+        f.leftovers().is_empty(),
+        "nothing was made: {:?}",
+        f.leftovers()
+    );
+    // run on a sandbox made without an agent: 64.
+    std::fs::write(f.proj.join(".loopwright/config"), "").unwrap();
+    f.ok(&["create", "plain", "--branch", "plain"]);
+    let o = f.sb(&["run", "plain", "--", "hello"]);
+    assert_eq!(o.status.code(), Some(64), "{}", err(&o));
+    assert!(err(&o).contains("has no agent"), "{}", err(&o));
+    f.ok(&["rm", "plain"]);
+}
