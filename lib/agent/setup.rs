@@ -5,8 +5,9 @@
 //! `agent.KIT.*` keys are sound (78), the network is egress.  Then the agent
 //! image (lib/agent/layer.rs) replaces the project's image, the model proxy
 //! is made beside the egress proxy, and after the clone the context file and
-//! MCP registration are written into HOME.  The key is not needed to create:
-//! `run` reads it.
+//! MCP registration are written into HOME.  The key is not needed to create
+//! (`run` reads it, every time); when the host has it, create hands it to the
+//! proxy already, for interactive use through `lw-sandbox shell`.
 
 use std::collections::BTreeMap;
 
@@ -131,6 +132,11 @@ impl Prepared {
         let image = proxy::ensure_image(nets, &eg.proxy_from, &mut |_| {})?;
         let dir = proxy::key_dir(&root.state_dir(), &rec.name);
         proxy::prepare_dir(&dir, &self.settings)?;
+        // A key already on the host is handed to the proxy now, so that
+        // `lw-sandbox shell` then the CLI works before any `run`.
+        if let Ok(key) = self.settings.read_key(&self.kit) {
+            proxy::write_key(&dir, &key)?;
+        }
         let mut labels = labels.clone();
         labels.insert(crate::sandbox::LABEL_SANDBOX.to_string(), rec.name.clone());
         proxy::create(
