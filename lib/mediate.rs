@@ -56,6 +56,7 @@ use crate::log::{Action, Decision, Entry, LOG_VERSION, Log};
 use crate::maildir::escape_name;
 use crate::message::{self, Kind, Message};
 use crate::policy::{self, Policy, Route};
+use crate::redact::Secrets;
 use crate::registry::{Registry, Sandbox};
 
 /// Messages per batch: each batch costs a handful of directory fsyncs.
@@ -116,6 +117,10 @@ struct Memory {
     dups: VecDeque<(String, u64)>,
     /// Inbox owner -> mtime (ns) of its `cur/` when receipts were last taken.
     receipts: HashMap<String, i128>,
+    /// Senders over their held-queue cap who were told about it (one
+    /// status message per episode; forgotten once they are below the cap).
+    #[serde(default)]
+    capped: std::collections::BTreeSet<String>,
     #[serde(skip)]
     dup_index: HashMap<String, u64>,
 }
@@ -124,6 +129,8 @@ struct Memory {
 enum Work {
     Route {
         name: OsString,
+        /// The message as posted (the held queue keeps it whole).
+        message: Box<Message>,
         entries: Vec<Entry>,
         claim_question: Option<String>,
     },
@@ -158,6 +165,10 @@ pub struct Mediator {
     pub stats: Stats,
     /// How batches are made durable (lib/group.rs).
     pub sync: group::Sync,
+    /// Secret values that never leave through the door (lib/redact.rs).
+    pub secrets: Secrets,
+    /// Sender -> messages of theirs in `held/new/`, counted at each pass.
+    held_count: HashMap<String, u32>,
 }
 
 fn now_ms() -> u64 {
@@ -175,6 +186,22 @@ fn derived_id(t: Duration, parts: &[&[u8]]) -> String {
     let mut r = [0u8; 16];
     r.copy_from_slice(&d[..16]);
     crate::id::id_at(t, u128::from_be_bytes(r))
+}
+
+/// The id of the status message sent when post `id` found its sender at
+/// the held-queue cap.
+pub fn cap_notice_id(id: &str) -> String {
+    derived_id(
+        crate::id::time_of(id).unwrap_or_default(),
+        &[b"held-cap", id.as_bytes()],
+    )
+}
+
+/// Cuts `s` to at most `max` bytes, on a character boundary.
+fn fit(s: &mut String, max: usize) {
+    while s.len() > max {
+        s.pop();
+    }
 }
 
 /// The id of the bounce sent back for message `id`.
@@ -408,6 +435,8 @@ impl Mediator {
             verbose: false,
             stats: Stats::default(),
             sync: group::Sync::default(),
+            secrets: Secrets::new(),
+            held_count: HashMap::new(),
         };
         m.load_policy()?;
         m.load_memory();
@@ -616,6 +645,7 @@ impl Mediator {
             Route::Hold if !release => {
                 return (
                     Some(Decision {
+                        quiet: false,
                         action: Action::Hold,
                         to: vec![],
                         reason: format!("kind {} is routed to hold ({at})", m.kind),
@@ -632,6 +662,7 @@ impl Mediator {
                 };
                 return (
                     Some(Decision {
+                        quiet: false,
                         action,
                         to: vec![layout::HUMAN.to_string()],
                         reason: format!("kind {} goes to a person ({at})", m.kind),
@@ -731,6 +762,7 @@ impl Mediator {
             None
         } else {
             Some(Decision {
+                quiet: false,
                 action: main_action,
                 to: known,
                 reason: why,
@@ -804,16 +836,166 @@ impl Mediator {
         None
     }
 
-    fn entry(&self, m: &Message, sender: &str, d: Decision) -> Entry {
+    fn entry(&self, m: &Message, sender: &str, mut d: Decision) -> Entry {
+        let keep_body = !(d.quiet || matches!(d.action, Action::Hold | Action::Drop));
+        self.secrets.mask_in(&mut d.reason);
         Entry {
             version: LOG_VERSION,
             name: Entry::name_for(&m.id, d.action, None),
             logged: crate::time::rfc3339(crate::time::now()),
             message_id: m.id.clone(),
             sender: sender.to_string(),
-            message: Some(m.clone()),
+            message: Some(self.logged_message(m, keep_body)),
             decision: d,
         }
+    }
+
+    /// A message as the log keeps it: secret values masked, and the body
+    /// left out of hold, drop and refusal entries (the held queue keeps the
+    /// body of a held message; a refused one goes back to its sender).
+    fn logged_message(&self, m: &Message, keep_body: bool) -> Message {
+        let mut m = m.clone();
+        if !keep_body {
+            m.body.clear();
+        }
+        if !self.secrets.is_empty() {
+            self.secrets.mask_in(&mut m.subject);
+            fit(&mut m.subject, message::MAX_SUBJECT);
+            self.secrets.mask_in(&mut m.body);
+            fit(&mut m.body, message::MAX_BODY);
+            for r in &mut m.refs {
+                self.secrets.mask_in(r);
+                fit(r, message::MAX_REF);
+            }
+        }
+        m
+    }
+
+    /// Whether a logged entry records `m` (as [`Mediator::logged_message`] keeps it).
+    fn records(&self, e: &Entry, m: &Message) -> bool {
+        match &e.message {
+            Some(l) => {
+                l == m || *l == self.logged_message(m, true) || *l == self.logged_message(m, false)
+            }
+            None => false,
+        }
+    }
+
+    /// The name of a secret the message carries, if any.
+    fn secret_in(&self, m: &Message) -> Option<String> {
+        if self.secrets.is_empty() {
+            return None;
+        }
+        [&m.subject, &m.body]
+            .into_iter()
+            .chain(m.refs.iter())
+            .find_map(|t| self.secrets.find(t))
+            .map(str::to_string)
+    }
+
+    /// Holds a message, or refuses it when its sender is at the cap of the
+    /// held queue: a quiet bounce, and the first time in an episode, one
+    /// status message to a person.
+    fn hold_or_refuse(&mut self, m: &Message, sender: &str, reason: String) -> Vec<Entry> {
+        let n = self.held_count.get(sender).copied().unwrap_or(0);
+        match self.policy.held_max.clone() {
+            Some(cap) if sender != layout::HUMAN && n >= cap.value => {
+                let at = self.policy.at(cap.line);
+                let d = Decision {
+                    quiet: true,
+                    action: Action::Bounce,
+                    to: m.to.clone(),
+                    reason: format!(
+                        "sender {sender} has {n} messages in the held queue, the most allowed ({at}); this one would have been held ({reason}), so it bounced instead; an operator releases or drops held messages with lw-mediate release or drop"
+                    ),
+                };
+                let mut out = vec![self.entry(m, sender, d)];
+                if self.memory.capped.insert(sender.to_string()) {
+                    self.memory_dirty = true;
+                    out.push(self.cap_notice(m, sender, n, &at));
+                }
+                out
+            }
+            _ => {
+                *self.held_count.entry(sender.to_string()).or_default() += 1;
+                let d = Decision {
+                    quiet: false,
+                    action: Action::Hold,
+                    to: vec![],
+                    reason,
+                };
+                vec![self.entry(m, sender, d)]
+            }
+        }
+    }
+
+    /// The status message that tells a person a sender reached the cap,
+    /// logged as an escalation from the mediator; its id derives from the
+    /// post that found the cap, so a restart writes the same one.
+    fn cap_notice(&self, trigger: &Message, sender: &str, n: u32, at: &str) -> Entry {
+        let id = cap_notice_id(&trigger.id);
+        let m = Message {
+            version: message::VERSION,
+            id: id.clone(),
+            from: layout::MEDIATOR.into(),
+            to: vec![layout::HUMAN.into()],
+            kind: Kind::Status,
+            subject: format!(
+                "{sender} reached the cap of {n} held messages; its further posts bounce"
+            ),
+            body: format!(
+                "Sandbox {sender} has {n} messages in the held queue, the most the policy allows ({at}).\n\
+                 Until an operator releases or drops some of them, every further post of {sender} that\n\
+                 would be held bounces back to it instead, and is logged without its body.\n\
+                 \n\
+                 See them:   lw-mediate held\n\
+                 Act:        lw-mediate release ID ...   or   lw-mediate drop ID ... --reason TEXT\n\
+                 \n\
+                 This is said once; it is said again only after {sender} went below the cap.\n"
+            ),
+            refs: vec![],
+            in_reply_to: None,
+            created: crate::time::rfc3339(crate::time::now()),
+        };
+        Entry {
+            version: LOG_VERSION,
+            name: Entry::name_for(&id, Action::Escalate, None),
+            logged: crate::time::rfc3339(crate::time::now()),
+            message_id: id,
+            sender: layout::MEDIATOR.into(),
+            message: Some(m),
+            decision: Decision {
+                quiet: false,
+                action: Action::Escalate,
+                to: vec![layout::HUMAN.into()],
+                reason: format!(
+                    "sender {sender} reached the held-queue cap ({at}); said once per episode"
+                ),
+            },
+        }
+    }
+
+    /// Counts the held queue by sender, and forgets the senders told about
+    /// the cap who are below it again.
+    fn count_held(&mut self, boxes: &Boxes) {
+        let held = &boxes.list[HELD];
+        let mut count: HashMap<String, u32> = HashMap::new();
+        if let Ok(names) = read_names(&held.new) {
+            for n in names {
+                if let Inspected::Message(m) = inspect(&held.new, &n) {
+                    *count.entry(m.from).or_default() += 1;
+                }
+            }
+        }
+        let cap = self.policy.held_max.as_ref().map(|c| c.value);
+        let before = self.memory.capped.len();
+        self.memory
+            .capped
+            .retain(|s| cap.is_some_and(|c| count.get(s).copied().unwrap_or(0) >= c));
+        if self.memory.capped.len() != before {
+            self.memory_dirty = true;
+        }
+        self.held_count = count;
     }
 
     /// A new decision for a message nobody decided on yet.  `bounced`, when
@@ -833,17 +1015,33 @@ impl Mediator {
         } else {
             String::new()
         };
-        if bounced.is_none()
-            && let Some(reason) = self.hold_reason(m, sender)
+        if let Some(b) = &bounced
+            && b.decision.quiet
         {
-            let d = Decision {
-                action: Action::Hold,
-                to: vec![],
-                reason: reason + &spoof,
+            // A refusal an earlier run logged: it stands, with its notice.
+            let notice = Entry::name_for(&cap_notice_id(&m.id), Action::Escalate, None);
+            let mut out = vec![b.clone()];
+            if self.log.has(&notice) {
+                out.extend(self.log.read(OsStr::new(&notice)).ok());
+            }
+            return out;
+        }
+        if bounced.is_none() {
+            let why = match self.secret_in(m) {
+                Some(name) => Some(format!("contains secret {name}")),
+                None => self.hold_reason(m, sender),
             };
-            return vec![self.entry(m, sender, d)];
+            if let Some(reason) = why {
+                return self.hold_or_refuse(m, sender, reason + &spoof);
+            }
         }
         let (main, unknown, why) = self.route(m, sender, false);
+        if bounced.is_none()
+            && let Some(d) = &main
+            && d.action == Action::Hold
+        {
+            return self.hold_or_refuse(m, sender, d.reason.clone() + &spoof);
+        }
         let mut out = Vec::new();
         match bounced {
             Some(b) => {
@@ -859,6 +1057,7 @@ impl Mediator {
             None => {
                 if !unknown.is_empty() {
                     let d = Decision {
+                        quiet: false,
                         action: Action::Bounce,
                         to: unknown.clone(),
                         reason: format!(
@@ -909,7 +1108,13 @@ impl Mediator {
     }
 
     /// Stages the copies a logged entry calls for.
-    fn stage_deliveries(&mut self, boxes: &mut Boxes, g: &mut Group, e: &Entry) -> Result<()> {
+    fn stage_deliveries(
+        &mut self,
+        boxes: &mut Boxes,
+        g: &mut Group,
+        e: &Entry,
+        full: &Message,
+    ) -> Result<()> {
         let Some(m) = &e.message else { return Ok(()) };
         match e.decision.action {
             Action::Forward | Action::Release | Action::Escalate => {
@@ -920,7 +1125,7 @@ impl Mediator {
                 }
             }
             Action::Hold => {
-                g.stage(&boxes.list, HELD, &m.id, &m.to_bytes())?;
+                g.stage(&boxes.list, HELD, &m.id, &full.to_bytes())?;
             }
             Action::Bounce => {
                 let b = Self::bounce_message(e);
@@ -963,10 +1168,9 @@ impl Mediator {
         for first in [true, false] {
             let mut g = Group::with_sync(self.sync);
             let mut written = Vec::new();
-            for e in entries
-                .iter()
-                .filter(|e| (e.decision.action == Action::Bounce) == first)
-            {
+            for e in entries.iter().filter(|e| {
+                (e.decision.action == Action::Bounce || e.sender == layout::MEDIATOR) == first
+            }) {
                 if g.stage(&boxes.list, LOG, &e.name, &e.to_bytes())? {
                     written.push(*e);
                 }
@@ -990,12 +1194,34 @@ impl Mediator {
         let before = self.stats;
         let mut boxes = self.open_boxes()?;
         self.finish_operator_actions(&mut boxes, out)?;
+        self.count_held(&boxes);
+        // One batch of each outbox in turn, so that a flood from one sender
+        // never keeps another's question waiting behind it.
+        let mut open = Vec::new();
         for (sender, rel) in self.outboxes() {
-            if let Err(e) = self.drain_outbox(&mut boxes, &sender, &rel, out) {
-                // One sender's broken outbox never stops the others.
-                self.warn_once(format!("outbox of {sender} skipped: {e}"));
-                self.stats.waiting += 1;
+            match self.open_outbox(&rel) {
+                Ok(Some((ob, names))) => open.push((sender, ob, names, 0usize)),
+                Ok(None) => {}
+                Err(e) => {
+                    // One sender's broken outbox never stops the others.
+                    self.warn_once(format!("outbox of {sender} skipped: {e}"));
+                    self.stats.waiting += 1;
+                }
             }
+        }
+        let step = self.batch.max(1);
+        while !open.is_empty() {
+            open.retain_mut(|(sender, ob, names, at)| {
+                let end = (*at + step).min(names.len());
+                let chunk = &names[*at..end];
+                *at = end;
+                if let Err(e) = self.route_chunk(&mut boxes, ob, sender, chunk, out) {
+                    self.warn_once(format!("outbox of {sender} skipped: {e}"));
+                    self.stats.waiting += 1;
+                    return false;
+                }
+                *at < names.len()
+            });
         }
         self.take_receipts(&mut boxes, out)?;
         if self.memory_dirty && self.last_save.elapsed() > Duration::from_secs(2) {
@@ -1065,30 +1291,23 @@ impl Mediator {
         v
     }
 
-    fn drain_outbox(
-        &mut self,
-        boxes: &mut Boxes,
-        sender: &str,
-        rel: &Path,
-        out: &mut dyn Write,
-    ) -> Result<()> {
+    /// An outbox and the names waiting in its `new/`, oldest first; None
+    /// when nothing waits.
+    fn open_outbox(&mut self, rel: &Path) -> Result<Option<(Box3, Vec<OsString>)>> {
         let path = self.root.dir.join(rel);
         let newfd = match open_dir_at(Some(&self.rootfd), &rel.join("new")) {
             Ok(fd) => fd,
-            Err(Errno::NOENT) => return Ok(()),
+            Err(Errno::NOENT) => return Ok(None),
             Err(e) => return Err(Error::io("cannot open", &path.join("new"), errno_io(e))),
         };
         let mut names = read_names(&newfd)
             .map_err(|e| Error::io("cannot read", &path.join("new"), errno_io(e)))?;
         if names.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         names.sort();
         let ob = Box3::open(&self.rootfd, &self.root.dir, rel)?;
-        for chunk in names.chunks(self.batch.max(1)) {
-            self.route_chunk(boxes, &ob, sender, chunk, out)?;
-        }
-        Ok(())
+        Ok(Some((ob, names)))
     }
 
     fn route_chunk(
@@ -1113,6 +1332,7 @@ impl Mediator {
                     sender: sender.to_string(),
                     message: None,
                     decision: Decision {
+                        quiet: false,
                         action: Action::Quarantine,
                         to: vec![],
                         reason: format!(
@@ -1146,7 +1366,7 @@ impl Mediator {
                                 "id {} is already used by a message from {}",
                                 m.id, p.sender
                             ))
-                        } else if p.message.as_ref() != Some(&m) {
+                        } else if !self.records(p, &m) {
                             Some(format!(
                                 "id {} is already used by an earlier, different message",
                                 m.id
@@ -1185,6 +1405,7 @@ impl Mediator {
                     to_log.extend(entries.iter().cloned());
                     work.push(Work::Route {
                         name: name.clone(),
+                        message: Box::new(m),
                         entries,
                         claim_question,
                     });
@@ -1206,11 +1427,17 @@ impl Mediator {
         let mut g = Group::with_sync(self.sync);
         let mut failed = HashSet::new();
         for (i, w) in work.iter().enumerate() {
-            let Work::Route { name, entries, .. } = w else {
+            let Work::Route {
+                name,
+                entries,
+                message,
+                ..
+            } = w
+            else {
                 continue;
             };
             for e in entries {
-                if let Err(err) = self.stage_deliveries(boxes, &mut g, e) {
+                if let Err(err) = self.stage_deliveries(boxes, &mut g, e, message) {
                     self.warn_once(format!(
                         "message {} of {sender} waits: {err}",
                         escape_name(name)
@@ -1233,6 +1460,7 @@ impl Mediator {
                     name,
                     claim_question,
                     entries,
+                    ..
                 } => {
                     // Counted only when claimed, so that `drain` cannot spin on
                     // a source it fails to move.
@@ -1318,15 +1546,12 @@ impl Mediator {
         let m = match inspect(&held.new, OsStr::new(id)) {
             Inspected::Message(m) => m,
             Inspected::Gone => {
-                for a in [Action::Release, Action::Drop] {
+                for (a, done) in [(Action::Release, "released"), (Action::Drop, "dropped")] {
                     let n = Entry::name_for(id, a, None);
                     if self.log.has(&n) {
                         return Err(Error::new(
                             Exit::DataErr,
-                            format!(
-                                "message {id} was {}d already (log entry {n})",
-                                a.as_str().trim_end_matches('e')
-                            ),
+                            format!("message {id} was {done} already (log entry {n})"),
                         ));
                     }
                 }
@@ -1354,6 +1579,7 @@ impl Mediator {
             entries.extend(existing(Action::Bounce));
         } else if let Some(reason) = drop_reason {
             let d = Decision {
+                quiet: false,
                 action: Action::Drop,
                 to: vec![],
                 reason: format!("dropped by an operator: {reason}"),
@@ -1365,6 +1591,7 @@ impl Mediator {
             let (main, unknown, why) = self.route(&m, &sender, true);
             if !unknown.is_empty() && existing(Action::Bounce).is_none() {
                 let d = Decision {
+                    quiet: false,
                     action: Action::Bounce,
                     to: unknown.clone(),
                     reason: format!(
@@ -1375,6 +1602,7 @@ impl Mediator {
                 entries.push(self.entry(&m, &sender, d));
             }
             let mut d = main.unwrap_or(Decision {
+                quiet: false,
                 action: Action::Release,
                 to: vec![],
                 reason: String::new(),
@@ -1394,7 +1622,7 @@ impl Mediator {
         self.log_entries(boxes, &refs, out)?;
         let mut g = Group::with_sync(self.sync);
         for e in &entries {
-            self.stage_deliveries(boxes, &mut g, e)?;
+            self.stage_deliveries(boxes, &mut g, e, &m)?;
         }
         g.commit(&boxes.list)?;
         let held = &boxes.list[HELD];
@@ -1474,6 +1702,7 @@ impl Mediator {
                     sender: src.sender.clone(),
                     message: None,
                     decision: Decision {
+                        quiet: false,
                         action: Action::Read,
                         to: vec![r.clone()],
                         reason: format!("{r} acked it (moved it to inbox/cur)"),

@@ -12,6 +12,7 @@
 //! duplicates 10m                   # hold an exact repeat within 10 minutes
 //! hold kind status                 # hold every message of a kind
 //! hold sender noisy                # hold everything a sandbox posts
+//! held-max 20                      # at most 20 held per sender; more bounce
 //! ```
 //!
 //! A file that does not parse is never half-applied: `Policy::parse` returns
@@ -93,7 +94,13 @@ pub struct Policy {
     pub duplicates: Option<Ruled<Duration>>,
     pub hold_kinds: Vec<Ruled<Kind>>,
     pub hold_senders: Vec<Ruled<String>>,
+    /// Most messages of one sender in the held queue; a post that would be
+    /// held beyond it bounces instead (None: no cap).
+    pub held_max: Option<Ruled<u32>>,
 }
+
+/// The default cap on one sender's held messages.
+pub const DEFAULT_HELD_MAX: u32 = 20;
 
 /// One error, at a line of the file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -136,6 +143,10 @@ impl Default for Policy {
             }),
             hold_kinds: vec![],
             hold_senders: vec![],
+            held_max: Some(Ruled {
+                value: DEFAULT_HELD_MAX,
+                line: 0,
+            }),
         }
     }
 }
@@ -171,7 +182,7 @@ impl Policy {
         let mut errs = Vec::new();
         let mut version_seen = false;
         let mut routed: Vec<(Kind, usize)> = Vec::new();
-        let (mut rate_line, mut dup_line) = (0, 0);
+        let (mut rate_line, mut dup_line, mut cap_line) = (0, 0, 0);
         for (i, raw) in text.lines().enumerate() {
             let line = i + 1;
             let content = raw.split('#').next().unwrap_or("");
@@ -256,6 +267,25 @@ impl Policy {
                     )),
                     Err(m) => err(format!("duplicates: {m}")),
                 },
+                ["held-max", _] if cap_line != 0 => {
+                    err(format!("held-max is set twice (first on line {cap_line})"))
+                }
+                ["held-max", "off"] => {
+                    p.held_max = None;
+                    cap_line = line;
+                }
+                ["held-max", n] => match n.parse::<u32>() {
+                    Ok(v) if v > 0 => {
+                        p.held_max = Some(Ruled { value: v, line });
+                        cap_line = line;
+                    }
+                    _ => err(format!(
+                        "held-max '{n}' is not a count of messages; expected 'held-max COUNT' (at least 1) or 'held-max off'"
+                    )),
+                },
+                ["held-max", ..] => {
+                    err("expected 'held-max COUNT' (e.g. 20) or 'held-max off'".into())
+                }
                 ["hold", "kind", kind] => match Kind::parse(kind) {
                     Some(k) if k.postable() => p.hold_kinds.push(Ruled { value: k, line }),
                     _ => err(format!(
@@ -285,7 +315,7 @@ impl Policy {
                     err("the version line may appear only once, first".into())
                 }
                 [word, ..] => err(format!(
-                    "unknown directive '{word}'; expected route, rate, duplicates or hold"
+                    "unknown directive '{word}'; expected route, rate, duplicates, hold or held-max"
                 )),
                 [] => {}
             }
@@ -365,6 +395,12 @@ impl Policy {
         }
         for n in &self.hold_senders {
             let _ = writeln!(s, "hold sender {}", n.value);
+        }
+        match &self.held_max {
+            Some(c) => {
+                let _ = writeln!(s, "held-max {}", c.value);
+            }
+            None => s.push_str("held-max off\n"),
         }
         s
     }

@@ -58,16 +58,31 @@ pub fn state_path(root: &Root) -> PathBuf {
     root.state_dir().join("sync.json")
 }
 
+/// The state format: 2 asks `GET /user` again when version 1 found it
+/// refused (version 1 then trusted every comment author).
+pub const STATE_VERSION: u32 = 2;
+
 pub fn load_state(path: &Path) -> Result<(State, bool)> {
     match std::fs::read(path) {
         Ok(b) => {
-            let s: State = serde_json::from_slice(&b)
+            let mut s: State = serde_json::from_slice(&b)
                 .map_err(|e| Error::data(format!("sync state '{}' is damaged ({e}); move it aside and run again to rebuild it from GitHub", path.display())))?;
+            if s.version > STATE_VERSION {
+                return Err(Error::data(format!(
+                    "sync state '{}' is version {}, newer than this lw-sync reads ({STATE_VERSION}); use a newer lw-sync",
+                    path.display(),
+                    s.version
+                )));
+            }
+            if s.version < 2 && s.login.is_none() {
+                s.login_checked = false;
+            }
+            s.version = STATE_VERSION;
             Ok((s, true))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((
             State {
-                version: 1,
+                version: STATE_VERSION,
                 ..State::default()
             },
             false,

@@ -138,6 +138,7 @@ impl Env {
         c.env_remove("GITHUB_TOKEN")
             .env_remove("LW_ROOT")
             .env_remove("LW_GITHUB_API_URL")
+            .env_remove("GITHUB_ACTIONS")
             .env("GH_TOKEN", TOKEN)
             .env("LW_SYNC_MIN_WRITE_INTERVAL_MS", "5")
             .env("HOME", &self.dir)
@@ -194,6 +195,7 @@ pub fn entry(m: &Message, action: Action) -> Entry {
         sender: m.from.clone(),
         message: Some(m.clone()),
         decision: Decision {
+            quiet: false,
             action,
             to: m.to.clone(),
             reason: format!("policy: {} is {}", m.kind, action.as_str()),
