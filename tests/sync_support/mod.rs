@@ -134,6 +134,18 @@ impl Env {
     }
 
     pub fn sync_cmd_at(&self, root: &Path, repo: &str, issue: u64, args: &[&str]) -> Command {
+        self.sync_cmd_api(&self.url, root, repo, issue, args)
+    }
+
+    /// `lw-sync` against the API at `api` instead of this server.
+    pub fn sync_cmd_api(
+        &self,
+        api: &str,
+        root: &Path,
+        repo: &str,
+        issue: u64,
+        args: &[&str],
+    ) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_lw-sync"));
         c.env_remove("GITHUB_TOKEN")
             .env_remove("LW_ROOT")
@@ -146,7 +158,7 @@ impl Env {
             .arg("--root")
             .arg(root)
             .arg("--api-url")
-            .arg(&self.url)
+            .arg(api)
             .arg("--repo")
             .arg(repo)
             .arg("--issue")
