@@ -1037,6 +1037,100 @@ mod tests {
         assert_eq!(l.per_minute, 79);
     }
 
+    /// A clock that moves only when slept on, and notes each sleep.
+    struct FakeClock {
+        now: std::rc::Rc<std::cell::Cell<u64>>,
+        log: std::rc::Rc<std::cell::RefCell<Vec<String>>>,
+    }
+
+    impl Clock for FakeClock {
+        fn now_ms(&self) -> u64 {
+            self.now.get()
+        }
+        fn sleep(&self, d: Duration) {
+            self.log
+                .borrow_mut()
+                .push(format!("sleep {}", d.as_millis()));
+            self.now.set(self.now.get() + d.as_millis() as u64);
+        }
+    }
+
+    type Shared<T> = std::rc::Rc<std::cell::RefCell<T>>;
+
+    fn fake_client(
+        now: u64,
+    ) -> (
+        Client,
+        Shared<Vec<String>>,
+        std::rc::Rc<std::cell::Cell<u64>>,
+    ) {
+        let log: Shared<Vec<String>> = Default::default();
+        let clock = std::rc::Rc::new(std::cell::Cell::new(now));
+        let mut c = Client::new(
+            "http://127.0.0.1:9",
+            Token::new("t"),
+            Limits::default(),
+            Budget::default(),
+        )
+        .unwrap();
+        c.clock = Box::new(FakeClock {
+            now: clock.clone(),
+            log: log.clone(),
+        });
+        let l = log.clone();
+        c.persist = Some(Box::new(move |b: &Budget| {
+            l.borrow_mut()
+                .push(format!("persist until {}", b.blocked_until));
+            Ok(())
+        }));
+        (c, log, clock)
+    }
+
+    #[test]
+    fn a_blocked_window_is_persisted_before_the_wait_and_only_once() {
+        let (mut c, log, clock) = fake_client(1_000_000);
+        c.budget.blocked_until = 1_030_000;
+        c.wait_blocked().unwrap();
+        assert_eq!(
+            *log.borrow(),
+            ["persist until 1030000", "sleep 30000"],
+            "durable first, then the wait"
+        );
+        assert_eq!(clock.get(), 1_030_000);
+        // Already on disk: a second wait on the same window writes nothing.
+        c.budget.blocked_until = 1_040_000;
+        c.persisted_until = 1_040_000;
+        log.borrow_mut().clear();
+        c.wait_blocked().unwrap();
+        assert_eq!(*log.borrow(), ["sleep 10000"]);
+    }
+
+    #[test]
+    fn a_window_longer_than_max_wait_is_persisted_then_refused() {
+        let (mut c, log, _) = fake_client(5_000);
+        c.budget.blocked_until = 5_000 + 301_000;
+        let e = c.wait_blocked().unwrap_err();
+        assert_eq!(e.exit, Exit::TempFail);
+        assert_eq!(*log.borrow(), ["persist until 306000"], "no sleep");
+    }
+
+    #[test]
+    fn the_run_budget_stops_a_wait_that_would_outlast_it() {
+        let (mut c, log, _) = fake_client(10_000);
+        c.deadline = Some(20_000);
+        c.budget.blocked_until = 25_000;
+        let e = c.wait_blocked().unwrap_err();
+        assert!(e.msg.contains("--time-limit"), "{}", e.msg);
+        assert_eq!(*log.borrow(), ["persist until 25000"]);
+        // The write slot waits on the same clock: 1 s after the last write.
+        c.deadline = None;
+        c.budget.blocked_until = 0;
+        c.budget.writes = vec![25_000];
+        log.borrow_mut().clear();
+        c.wait_write_slot().unwrap();
+        assert_eq!(*log.borrow(), ["sleep 16000"]);
+    }
+
     #[test]
     fn repo_names() {
         assert!(Target::parse_repo("octo/hello-world").is_ok());
