@@ -1132,6 +1132,30 @@ mod tests {
     }
 
     #[test]
+    fn errors_for_the_token_user_read_once_and_name_no_issue() {
+        let c = Client::new(
+            "http://127.0.0.1:9",
+            Token::new("t"),
+            Limits::default(),
+            Budget::default(),
+        )
+        .unwrap();
+        let reply = |status| Reply {
+            status,
+            headers: vec![],
+            body: br#"{"message":"Bad credentials"}"#.to_vec(),
+        };
+        let e = c.error_for(&reply(401), "the token's user", "");
+        assert_eq!(e.msg.matches("valid token").count(), 1, "{}", e.msg);
+        let e = c.error_for(&reply(401), "a comment on o/r#1", "issues: write");
+        assert!(
+            e.msg.ends_with("a valid token with issues: write"),
+            "{}",
+            e.msg
+        );
+    }
+
+    #[test]
     fn repo_names() {
         assert!(Target::parse_repo("octo/hello-world").is_ok());
         for bad in ["octo", "/x", "a/b/c", "a/..", "a b/c"] {

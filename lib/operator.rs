@@ -198,16 +198,22 @@ pub fn queue(root: &Root, log: &Log, held: bool) -> Result<Vec<Queued>> {
         let crate::maildir::Found::Message(m) = ent.found else {
             continue;
         };
-        let reason = [action, Action::Release, Action::Forward]
+        let logged = [action, Action::Release, Action::Forward]
             .into_iter()
-            .find_map(|a| log.read(OsStr::new(&Entry::name_for(&m.id, a, None))).ok())
-            .map(|e| e.decision.reason)
-            .unwrap_or_default();
+            .find_map(|a| log.read(OsStr::new(&Entry::name_for(&m.id, a, None))).ok());
+        // The logged subject has secret values masked (mailbox-spec.md,
+        // "SECRETS AT THE DOOR"); the held copy keeps them.
+        let subject = logged
+            .as_ref()
+            .and_then(|e| e.message.as_ref())
+            .map(|l| l.subject.clone())
+            .unwrap_or(m.subject);
+        let reason = logged.map(|e| e.decision.reason).unwrap_or_default();
         v.push(Queued {
             id: m.id,
             sender: m.from,
             kind: m.kind,
-            subject: m.subject,
+            subject,
             created: m.created,
             reason,
         });

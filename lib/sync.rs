@@ -901,6 +901,12 @@ impl Syncer {
             });
         }
         let mut local: BTreeMap<Target, BTreeMap<String, Entry>> = BTreeMap::new();
+        // Comments of format version 1 carried held bodies and unmasked
+        // text: such an entry agrees with the log as it is, not as mirrored now.
+        let raw: HashMap<String, Entry> = entries
+            .iter()
+            .map(|e| (e.name.clone(), e.clone()))
+            .collect();
         for e in entries.iter().filter(|e| !e.decision.quiet) {
             let e = self.outgoing(e);
             local
@@ -942,7 +948,7 @@ impl Syncer {
                             target: key.clone(),
                         });
                     }
-                    Some((r, _)) if r != e => {
+                    Some((r, _)) if r != e && raw.get(name) != Some(r) => {
                         same = false;
                         self.events.push(Event::Differs {
                             entry: name.clone(),

@@ -301,8 +301,11 @@ fn a_posted_secret_is_held_masked_and_never_reaches_github_or_a_readable_log() {
     );
     assert_eq!((leaked, token_leaked, in_log, readable), (0, 0, 0, 0));
     assert!(!outputs.contains(KEY));
-    let o = mediate(&root, &proj, &senv, &["log"]);
-    assert!(!text(&o.stdout).contains(KEY));
+    for cmd in ["log", "held"] {
+        let o = mediate(&root, &proj, &senv, &[cmd]);
+        assert!(!text(&o.stdout).contains(KEY), "{cmd}: {}", text(&o.stdout));
+    }
+    assert!(text(&mediate(&root, &proj, &senv, &["held"]).stdout).contains("[secret API_KEY]"));
 }
 
 #[test]

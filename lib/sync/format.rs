@@ -196,8 +196,10 @@ fn render_section(h: &EntryHead, chunk: &str, mention: &[String]) -> String {
     }
     if !h.fence.is_empty() {
         s.push_str(&format!("\n{}text\n{chunk}\n{}", h.fence, h.fence));
-    } else if h.msg.is_some() && matches!(h.action, Action::Hold | Action::Drop) {
+    } else if h.msg.is_some() && h.action == Action::Hold {
         s.push_str("\nThe body is not shown: it stays in the held queue until an operator releases the message.\n");
+    } else if h.msg.is_some() && h.action == Action::Drop {
+        s.push_str("\nThe body is not shown: the message was dropped.\n");
     }
     s
 }
