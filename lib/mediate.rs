@@ -980,7 +980,12 @@ impl Mediator {
     fn count_held(&mut self, boxes: &Boxes) {
         let held = &boxes.list[HELD];
         let mut count: HashMap<String, u32> = HashMap::new();
-        if let Ok(names) = read_names(&held.new) {
+        // Without a cap nothing needs the counts (and the queue may be long).
+        let names = match self.policy.held_max {
+            Some(_) => read_names(&held.new),
+            None => Ok(vec![]),
+        };
+        if let Ok(names) = names {
             for n in names {
                 if let Inspected::Message(m) = inspect(&held.new, &n) {
                     *count.entry(m.from).or_default() += 1;

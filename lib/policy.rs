@@ -534,6 +534,29 @@ mod tests {
     }
 
     #[test]
+    fn held_max_sets_off_and_refuses_nonsense() {
+        let p = |t: &str| Policy::parse(&format!("loopwright-policy 1\n{t}"), None);
+        assert_eq!(Policy::default().held_max.unwrap().value, DEFAULT_HELD_MAX);
+        assert_eq!(p("held-max 5\n").unwrap().held_max.unwrap().value, 5);
+        assert_eq!(p("held-max off\n").unwrap().held_max, None);
+        assert!(
+            p("held-max off\n")
+                .unwrap()
+                .render()
+                .contains("held-max off")
+        );
+        for bad in [
+            "held-max 0\n",
+            "held-max x\n",
+            "held-max\n",
+            "held-max 3\nheld-max 4\n",
+        ] {
+            let errs = p(bad).unwrap_err();
+            assert!(errs[0].msg.contains("held-max"), "{bad}: {errs:?}");
+        }
+    }
+
+    #[test]
     fn parses_every_directive() {
         let text = "# comment\n\nloopwright-policy 1\nroute status hold # later\nrate 3/10s\nduplicates off\nhold kind request\nhold sender noisy\n";
         let p = Policy::parse(text, Some("p".into())).unwrap();

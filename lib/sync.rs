@@ -457,8 +457,14 @@ impl Syncer {
                 .iter()
                 .filter(|e| !ts.synced.contains_key(&e.name) && !unrenderable.contains(&e.name))
                 .collect();
-            // What a person must answer goes first, ahead of any backlog.
-            todo.sort_by_key(|e| e.decision.action != crate::log::Action::Escalate);
+            // What a person must answer goes first, ahead of any backlog;
+            // held headers last, in comments of their own (see `plan`).
+            todo.sort_by_key(|e| {
+                (
+                    e.decision.action != crate::log::Action::Escalate,
+                    e.decision.action == crate::log::Action::Hold,
+                )
+            });
             if todo.is_empty() {
                 return Ok(());
             }
@@ -575,6 +581,7 @@ impl Syncer {
     ) -> Result<Vec<Planned>> {
         let mut plan: Vec<Planned> = Vec::new();
         let mut cur: Planned = (vec![], String::new());
+        let mut cur_held = false;
         let batch = self.cfg.batch();
         let ts = self
             .state
@@ -611,8 +618,13 @@ impl Syncer {
                 .next()
                 .expect("render_entry gives at least one part");
             let joined = cur.1.chars().count() + SEPARATOR.len() + s.chars().count();
-            let alone =
-                solo.contains(&e.name) || cur.0.first().is_some_and(|(n, _, _)| solo.contains(n));
+            // Held headers share comments only with each other, so that a
+            // burst of them makes as few comments as the batch size allows.
+            let held = e.decision.action == crate::log::Action::Hold;
+            let alone = solo.contains(&e.name)
+                || cur.0.first().is_some_and(|(n, _, _)| solo.contains(n))
+                || cur_held != held;
+            cur_held = held;
             if !cur.0.is_empty() && (alone || cur.0.len() >= batch || joined > MAX_COMMENT_CHARS) {
                 plan.push(std::mem::take(&mut cur));
             }
