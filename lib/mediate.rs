@@ -975,6 +975,38 @@ impl Mediator {
         }
     }
 
+    /// Drops the held messages of removed sandboxes (no registry record and
+    /// no `sandboxes/NAME` any more, as `lw-sandbox rm` leaves it): logged as
+    /// `drop`, archived in `held/cur/` (mailbox-spec.md, "THE HELD QUEUE").
+    fn archive_removed(&mut self, boxes: &mut Boxes, out: &mut dyn Write) -> Result<()> {
+        let held = &boxes.list[HELD];
+        let Ok(names) = read_names(&held.new) else {
+            return Ok(());
+        };
+        let mut gone = Vec::new();
+        for n in names {
+            if let Inspected::Message(m) = inspect(&held.new, &n)
+                && m.from != layout::HUMAN
+                && !self.known.contains_key(&m.from)
+                && rfs::statat(
+                    &self.rootfd,
+                    Path::new("sandboxes").join(&m.from),
+                    AtFlags::SYMLINK_NOFOLLOW,
+                )
+                .is_err_and(|e| e == Errno::NOENT)
+            {
+                gone.push((m.id, m.from));
+            }
+        }
+        for (id, sender) in gone {
+            let why = format!(
+                "sender {sender} was removed (no registry record, no mailbox); kept in held/cur"
+            );
+            self.release_or_drop(boxes, &id, Some(&why), out)?;
+        }
+        Ok(())
+    }
+
     /// Counts the held queue by sender, and forgets the senders told about
     /// the cap who are below it again.
     fn count_held(&mut self, boxes: &Boxes) {
@@ -1199,6 +1231,7 @@ impl Mediator {
         let before = self.stats;
         let mut boxes = self.open_boxes()?;
         self.finish_operator_actions(&mut boxes, out)?;
+        self.archive_removed(&mut boxes, out)?;
         self.count_held(&boxes);
         // One batch of each outbox in turn, so that a flood from one sender
         // never keeps another's question waiting behind it.
@@ -1587,7 +1620,7 @@ impl Mediator {
                 quiet: false,
                 action: Action::Drop,
                 to: vec![],
-                reason: format!("dropped by an operator: {reason}"),
+                reason: reason.to_string(),
             };
             let mut e = self.entry(&m, &sender, d);
             e.name = Entry::name_for(id, Action::Drop, None);
@@ -1651,7 +1684,8 @@ impl Mediator {
     pub fn drop_held(&mut self, id: &str, reason: &str, out: &mut dyn Write) -> Result<Entry> {
         let _routes = lock_routes(&self.root)?;
         let mut boxes = self.open_boxes()?;
-        self.release_or_drop(&mut boxes, id, Some(reason), out)
+        let why = format!("dropped by an operator: {reason}");
+        self.release_or_drop(&mut boxes, id, Some(&why), out)
     }
 
     /// Records receipts: a message in a recipient's `inbox/cur/` was acked.

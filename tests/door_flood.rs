@@ -379,3 +379,36 @@ fn control_characters_are_shown_not_sent_to_the_operator() {
         "{line}"
     );
 }
+
+#[test]
+fn the_held_messages_of_a_removed_sandbox_are_archived() {
+    let env = Env::new("removed");
+    let root = Root::new(&env.root);
+    register(&root, &["gone", "web"]);
+    let outside = env.dir.join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let policy = env.dir.join("policy");
+    std::fs::write(&policy, "loopwright-policy 1\nhold sender gone\n").unwrap();
+    let p = policy.to_str().unwrap();
+    let m = msg("web", Kind::Request, "held, then orphaned", "body");
+    post(&root, "gone", &m);
+    ok(&mediate(&root, &outside, &[], &["--once", "--policy", p]));
+    let held = root.held();
+    assert!(held.sub(loopwright::maildir::Sub::New).join(&m.id).exists());
+    // What lw-sandbox rm does: unregister, remove the mailbox.
+    assert!(Registry::new(&root).unregister("gone").unwrap());
+    std::fs::remove_dir_all(root.sandboxes_dir().join("gone")).unwrap();
+    ok(&mediate(&root, &outside, &[], &["--once", "--policy", p]));
+    assert!(!held.sub(loopwright::maildir::Sub::New).join(&m.id).exists());
+    assert!(held.sub(loopwright::maildir::Sub::Cur).join(&m.id).exists());
+    let drop = entries(&root)
+        .into_iter()
+        .find(|e| e.message_id == m.id && e.decision.action == Action::Drop)
+        .expect("a drop entry");
+    assert!(
+        drop.decision.reason.contains("sender gone was removed"),
+        "{}",
+        drop.decision.reason
+    );
+    assert_eq!(drop.message.unwrap().body, "", "a drop entry keeps no body");
+}
