@@ -29,6 +29,14 @@
 //! lib/group.rs), so a SIGKILL at any instant followed by a restart gives
 //! each log entry and each inbox copy exactly once.
 //!
+//! The held queue is bounded per sender (`held-max`): a post that would be
+//! held beyond it is refused with a quiet bounce, and the first refusal of
+//! an episode puts one status message into the human queue.  Hold, drop and
+//! refusal entries keep no body; every logged or delivered text has the
+//! known secret values masked, and a message carrying one is held
+//! (mailbox-spec.md, "THE HELD QUEUE", "SECRETS AT THE DOOR").  Outboxes are
+//! served one batch each in turn, so one sender's flood delays nobody else.
+//!
 //! Files that are not messages are moved to `quarantine/new/QID` after their
 //! `QID.quarantine` entry is logged with the reason.  QID is derived from the
 //! file's sender, name, inode and ctime, so a restart after a crash between

@@ -71,7 +71,7 @@ impl Secrets {
         }
         if !self.list.iter().any(|(_, v)| v == value) {
             self.list.push((name.to_string(), value.to_string()));
-            self.list.sort_by(|a, b| b.1.len().cmp(&a.1.len()));
+            self.list.sort_by_key(|(_, v)| std::cmp::Reverse(v.len()));
         }
         None
     }

@@ -94,7 +94,7 @@ fn with_get_user_refused_a_forged_header_hides_nothing() {
     let o = env.sync(&["--once"]);
     assert_ok(&o);
     let mine = sections_by(&env, "lw-bot");
-    let hidden = usize::from(mine.get(&e.name).is_none());
+    let hidden = usize::from(!mine.contains_key(&e.name));
     println!(
         "forged header with /user refused: entry posted by lw-bot {} time(s), hidden {hidden}; earlier entries {:?}",
         mine.get(&e.name).copied().unwrap_or(0),
