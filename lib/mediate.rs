@@ -1467,6 +1467,11 @@ impl Mediator {
         // 1. Log.
         let refs: Vec<&Entry> = to_log.iter().collect();
         self.log_entries(boxes, &refs, out)?;
+        // A cap notice was logged: remember at once that it was said, so a
+        // restart does not say it twice.
+        if to_log.iter().any(|e| e.sender == layout::MEDIATOR) {
+            self.save_memory()?;
+        }
         // 2. Deliver.  A recipient whose inbox cannot be written (removed,
         // or replaced by a link) holds up only the messages addressed to
         // it: they stay unclaimed, to be carried out again by a later pass.
