@@ -200,7 +200,7 @@ fn mirror(p: &Project, fresh: Duration) -> Finding {
                 path.display(),
                 s.refs,
                 crate::mirror::human_size(s.size),
-                human_age(age),
+                crate::time::human_age(age),
                 s.url
             );
             if age > fresh {
@@ -419,9 +419,11 @@ fn github(dir: &Path) -> Finding {
         .ok()
         .or(cfg.api_url.clone())
         .unwrap_or_else(|| "https://api.github.com".into());
-    let mut limits = crate::github::Limits::default();
-    limits.max_wait = Duration::from_secs(5);
-    limits.read_attempts = 1;
+    let limits = crate::github::Limits {
+        max_wait: Duration::from_secs(5),
+        read_attempts: 1,
+        ..Default::default()
+    };
     let client = crate::github::Client::new(&base, token, limits, Default::default());
     let mut client = match client {
         Ok(c) => c,
@@ -466,15 +468,5 @@ fn github(dir: &Path) -> Finding {
             format!("{who} at {base}; {e}"),
             None,
         ),
-    }
-}
-
-fn human_age(d: Duration) -> String {
-    let s = d.as_secs();
-    match s {
-        0..=119 => format!("{s}s"),
-        120..=7199 => format!("{}m", s / 60),
-        7200..=172_799 => format!("{}h", s / 3600),
-        _ => format!("{}d", s / 86_400),
     }
 }

@@ -25,7 +25,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::fs;
-use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -1271,18 +1270,8 @@ pub fn init(root: &Path, from: &str, deps_inputs: &[String], force: bool) -> Res
         let p = dir.join(name);
         let parent = p.parent().expect("a runtime file has a parent directory");
         fs::create_dir_all(parent).map_err(|e| Error::io("cannot create", parent, e))?;
-        let tmp = parent.join(format!(
-            ".{}.tmp",
-            p.file_name().expect("a file name").to_string_lossy()
-        ));
-        let mut f = fs::File::create(&tmp).map_err(|e| Error::io("cannot create", &tmp, e))?;
-        f.write_all(text.as_bytes())
-            .map_err(|e| Error::io("cannot write", &tmp, e))?;
-        f.set_permissions(fs::Permissions::from_mode(*mode))
-            .map_err(|e| Error::io("cannot chmod", &tmp, e))?;
-        f.sync_all()
-            .map_err(|e| Error::io("cannot sync", &tmp, e))?;
-        fs::rename(&tmp, &p).map_err(|e| Error::io("cannot rename into", &p, e))?;
+        crate::fs::write_replace(&p, text.as_bytes(), *mode, crate::fs::Durability::Synced)
+            .map_err(|e| Error::io("cannot write", &p, e))?;
         written.push(format!("{RUNTIME_DIR}/{name}"));
     }
     Ok(written)

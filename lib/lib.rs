@@ -10,6 +10,7 @@ pub mod doctor;
 pub mod egress;
 pub mod engine;
 pub mod error;
+pub mod fs;
 pub mod ghserver;
 pub mod git;
 pub mod github;

@@ -12,8 +12,6 @@
 //! The mediator treats a recipient as known when its record exists; a name
 //! whose record was removed ("gone") gets a bounce, never a silent drop.
 
-use std::io::Write as _;
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -147,31 +145,11 @@ impl Registry {
         boxdir.outbox().create()?;
 
         let path = self.record_path(&sb.name);
-        let tmp = self
-            .dir
-            .join(format!(".{}.{:032x}.tmp", sb.name, crate::id::random128()));
         let mut bytes = serde_json::to_vec_pretty(sb)
             .expect("a Sandbox serialises because all its fields are plain data");
         bytes.push(b'\n');
-        let write = || -> std::io::Result<()> {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o644)
-                .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-                .open(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()
-        };
-        if let Err(e) = write() {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(Error::io("cannot write registry record", &tmp, e));
-        }
-        if let Err(e) = std::fs::rename(&tmp, &path) {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(Error::io("cannot replace registry record", &path, e));
-        }
-        sync_dir(&self.dir)?;
+        crate::fs::write_replace(&path, &bytes, 0o644, crate::fs::Durability::Synced)
+            .map_err(|e| Error::io("cannot write registry record", &path, e))?;
         Ok(path)
     }
 
@@ -301,9 +279,7 @@ fn mkdir(p: &Path) -> Result<()> {
 }
 
 fn sync_dir(p: &Path) -> Result<()> {
-    let d = std::fs::File::open(p).map_err(|e| Error::io("cannot open", p, e))?;
-    d.sync_all()
-        .map_err(|e| Error::io_as(Exit::IoErr, "cannot fsync", p, e))
+    crate::fs::sync_dir(p).map_err(|e| Error::io_as(Exit::IoErr, "cannot fsync", p, e))
 }
 
 #[cfg(test)]

@@ -283,25 +283,14 @@ impl<'a> Sandboxes<'a> {
         fs::create_dir_all(&dir).map_err(io_err("cannot create", &dir))?;
         let path = dir.join(format!("{name}.lock"));
         loop {
-            let f = File::options()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&path)
-                .map_err(io_err("cannot open", &path))?;
-            if wait {
-                f.lock()
-                    .map_err(|e| Error::io_as(Exit::TempFail, "cannot lock", &path, e))?;
+            let f = if wait {
+                crate::fs::lock(&path).map(Some)
             } else {
-                match f.try_lock() {
-                    Ok(()) => {}
-                    Err(fs::TryLockError::WouldBlock) => return Ok(None),
-                    Err(fs::TryLockError::Error(e)) => {
-                        return Err(Error::io_as(Exit::TempFail, "cannot lock", &path, e));
-                    }
-                }
-            }
+                crate::fs::try_lock(&path)
+            };
+            let Some(f) = f.map_err(|e| Error::lock(&path, e))? else {
+                return Ok(None);
+            };
             // The file may have been removed by the holder we waited for.
             let held = f.metadata().map_err(io_err("cannot stat", &path))?;
             match fs::metadata(&path) {
@@ -353,21 +342,11 @@ impl<'a> Sandboxes<'a> {
         let dir = self.state_dir();
         fs::create_dir_all(&dir).map_err(io_err("cannot create", &dir))?;
         let path = self.record_path(&r.name);
-        let tmp = dir.join(format!(".{}.{:032x}.tmp", r.name, crate::id::random128()));
         let mut bytes = serde_json::to_vec_pretty(r)
             .expect("a Record serialises because all its fields are plain data");
         bytes.push(b'\n');
-        let res = (|| {
-            let mut f = File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            fs::rename(&tmp, &path)?;
-            File::open(&dir)?.sync_all()
-        })();
-        res.map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            Error::io("cannot write", &path, e)
-        })
+        crate::fs::write_replace(&path, &bytes, 0o644, crate::fs::Durability::Synced)
+            .map_err(|e| Error::io("cannot write", &path, e))
     }
 
     fn remove_record(&self, name: &str) -> Result<()> {
@@ -946,7 +925,7 @@ impl Status {
             self.branch,
             self.state,
             self.network.as_str(),
-            human_age(self.age)
+            crate::time::human_age(self.age)
         )
     }
 }
@@ -965,16 +944,6 @@ pub fn login_shell() -> Vec<String> {
         "-c".into(),
         "exec \"${SHELL:-$(command -v bash || echo sh)}\" -l".into(),
     ]
-}
-
-/// `45s`, `12m`, `3h`, `2d`, for people.
-pub fn human_age(d: Duration) -> String {
-    match d.as_secs() {
-        s if s < 120 => format!("{s}s"),
-        s if s < 7200 => format!("{}m", s / 60),
-        s if s < 172_800 => format!("{}h", s / 3600),
-        s => format!("{}d", s / 86_400),
-    }
 }
 
 fn gone(rec: &Record) -> Error {

@@ -65,15 +65,8 @@ pub fn remove_leftovers(state: &Path, out: &mut dyn FnMut(&str)) {
             continue;
         }
         let lock = lock_of(&p);
-        let held = fs::File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock)
-            .ok();
-        match held.as_ref().map(|f| f.try_lock()) {
-            Some(Ok(())) => {
+        match crate::fs::try_lock(&lock) {
+            Ok(Some(_held)) => {
                 let _ = fs::remove_dir_all(&p);
                 let _ = fs::remove_file(&lock);
                 out(&format!("quarantine {}", p.display()));
@@ -137,11 +130,7 @@ impl<'a> Sandboxes<'a> {
         fs::create_dir_all(&qdir).map_err(|e| Error::io("cannot create", &qdir, e))?;
         let q = qdir.join(format!("{name}.{:016x}", crate::id::random128() as u64));
         let qlock_path = lock_of(&q);
-        let qlock = fs::File::create(&qlock_path)
-            .map_err(|e| Error::io("cannot create", &qlock_path, e))?;
-        qlock
-            .lock()
-            .map_err(|e| Error::io_as(Exit::TempFail, "cannot lock", &qlock_path, e))?;
+        let _qlock = crate::fs::lock(&qlock_path).map_err(|e| Error::lock(&qlock_path, e))?;
         let res = self.push_through(&rec, &q, &m.path, &remote, lw_sandbox, force);
         let _ = fs::remove_dir_all(&q);
         let _ = fs::remove_file(&qlock_path);
