@@ -458,7 +458,7 @@ impl Maildir {
 /// (mailbox-spec.md, "Delivery"; the same 36 hours as Maildir).
 pub const TMP_MAX_AGE: Duration = Duration::from_secs(36 * 3600);
 
-/// Removes the plain files in `M/tmp/` whose last change is older than
+/// Removes the plain files in `M/tmp/` last modified longer ago than
 /// `max_age`; returns how many.  Nothing else is touched: a directory, a
 /// link or a FIFO planted in `tmp/` stays (it is reported elsewhere), links
 /// are never followed, and a missing `tmp/` is no error.
@@ -487,7 +487,7 @@ pub fn sweep_tmp(maildir: &Path, max_age: Duration) -> io::Result<usize> {
         if rfs::FileType::from_raw_mode(st.st_mode) != rfs::FileType::RegularFile {
             continue;
         }
-        let changed = Duration::from_secs(st.st_ctime.max(0) as u64);
+        let changed = Duration::from_secs(st.st_mtime.max(0) as u64);
         if now.saturating_sub(changed) > max_age
             && rfs::unlinkat(&dir, name, rfs::AtFlags::empty()).is_ok()
         {
