@@ -100,19 +100,9 @@ impl Root {
     }
 }
 
-/// True for a valid sandbox name: 1-63 of `[a-z0-9._-]`, starting with a letter
-/// or digit.  Names become directory names, container names and git ref parts.
-pub fn valid_name(name: &str) -> bool {
-    let b = name.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b[0].is_ascii_alphanumeric()
-        && !b[0].is_ascii_uppercase()
-        && b.iter().all(|c| {
-            c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'.' | b'_' | b'-')
-        })
-        && !name.contains("..")
-}
+/// Sandbox names are validated where ids are (lib/id.rs), so that message
+/// parsing needs nothing from the root's layout.
+pub use crate::id::valid_name;
 
 #[cfg(test)]
 mod tests {

@@ -9,7 +9,6 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
-use crate::layout;
 
 pub const VERSION: u32 = 1;
 /// Largest message file a reader will open (bytes).
@@ -119,7 +118,7 @@ fn bad(s: impl Into<String>) -> Invalid {
 
 /// A recipient or sender: a sandbox name, `mediator` or `human`.
 pub fn valid_party(name: &str) -> bool {
-    layout::valid_name(name)
+    crate::id::valid_name(name)
 }
 
 impl Message {
