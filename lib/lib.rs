@@ -14,6 +14,7 @@ pub mod fs;
 pub mod ghserver;
 pub mod git;
 pub mod github;
+pub mod glob;
 pub mod group;
 pub mod id;
 pub mod image;

@@ -393,8 +393,14 @@ fn tmp_files_older_than_36_hours_are_swept() {
 
     once(&root, OPEN_POLICY);
 
-    assert!(!stale_out.exists(), "a 37-hour-old file stayed in an outbox's tmp/");
-    assert!(!stale_in.exists(), "a 37-hour-old file stayed in an inbox's tmp/");
+    assert!(
+        !stale_out.exists(),
+        "a 37-hour-old file stayed in an outbox's tmp/"
+    );
+    assert!(
+        !stale_in.exists(),
+        "a 37-hour-old file stayed in an inbox's tmp/"
+    );
     assert!(fresh.exists(), "a 35-hour-old file was removed");
     assert!(old_dir.is_dir(), "a directory in tmp/ was removed");
 }
