@@ -20,7 +20,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use bollard::Docker;
-use bollard::models::{ContainerCreateBody, ExecConfig, HostConfig, PortBinding};
+use bollard::models::{
+    ContainerCreateBody, ExecConfig, HostConfig, HostConfigLogConfig, PortBinding,
+};
 use bollard::query_parameters as qp;
 use futures_util::StreamExt;
 
@@ -119,6 +121,12 @@ pub struct ContainerSpec {
     pub ports: Vec<PortMap>,
     pub tty: bool,
     pub open_stdin: bool,
+    /// CPUs in billionths (`--cpus 1.5` is 1_500_000_000).
+    pub nano_cpus: Option<i64>,
+    /// Options of the json-file log driver (`max-size`, `max-file`).
+    pub log_options: BTreeMap<String, String>,
+    /// Namespaced kernel settings (`net.ipv4.ip_forward` -> `0`).
+    pub sysctls: BTreeMap<String, String>,
 }
 
 /// A container as loopwright needs it.
@@ -513,6 +521,12 @@ impl Engine for DockerEngine {
                     .collect(),
             ),
             network_mode: spec.network.clone(),
+            nano_cpus: spec.nano_cpus,
+            log_config: (!spec.log_options.is_empty()).then(|| HostConfigLogConfig {
+                typ: Some("json-file".into()),
+                config: Some(spec.log_options.clone().into_iter().collect()),
+            }),
+            sysctls: (!spec.sysctls.is_empty()).then(|| spec.sysctls.clone().into_iter().collect()),
             port_bindings: if port_bindings.is_empty() {
                 None
             } else {

@@ -278,7 +278,7 @@ fn secrets_reach_only_the_sandbox_tmpfs() {
     let (code, out, e) = f.sh("s", "cat /run/secrets/LW_TEST_TOKEN; echo; stat -c '%a %u' /run/secrets/LW_TEST_TOKEN; grep -c LW_TEST_TOKEN /proc/1/environ || true");
     assert_eq!(code, 0, "{e}");
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines, [value.as_str(), "400 1000", "0"]);
+    assert_eq!(lines, [value.as_str(), "400 100000", "0"]);
     // Not in the engine's view of the container, not on disk in the root or the project.
     let inspect = text(&docker(&["inspect", &f.container("s")]));
     assert!(!inspect.contains(&value), "docker inspect shows no secret");

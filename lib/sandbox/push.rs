@@ -132,6 +132,9 @@ impl<'a> Sandboxes<'a> {
         let m = Mirror::new(&rec.mirror);
         let state = m.ready()?;
         let remote = mirror::default_remote(project.as_ref(), Some(&state.url), &rec.project)?;
+        let cap = super::Settings::from_project(project.as_ref())?
+            .limits
+            .push_max;
 
         let qdir = quarantine_dir(&self.root.state_dir());
         fs::create_dir_all(&qdir).map_err(|e| Error::io("cannot create", &qdir, e))?;
@@ -142,7 +145,7 @@ impl<'a> Sandboxes<'a> {
         qlock
             .lock()
             .map_err(|e| Error::io_as(Exit::TempFail, "cannot lock", &qlock_path, e))?;
-        let res = self.push_through(&rec, &q, &m.path, &remote, lw_sandbox, force);
+        let res = self.push_through(&rec, &q, &m.path, &remote, lw_sandbox, force, cap);
         let _ = fs::remove_dir_all(&q);
         let _ = fs::remove_file(&qlock_path);
         let pushed = res?;
@@ -165,6 +168,7 @@ impl<'a> Sandboxes<'a> {
         Ok(pushed)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn push_through(
         &self,
         rec: &Record,
@@ -173,6 +177,7 @@ impl<'a> Sandboxes<'a> {
         remote: &git::Remote,
         lw_sandbox: &Path,
         force: bool,
+        cap: u64,
     ) -> Result<Pushed> {
         let (ok, _, err) = run_git(
             git::command(None)
@@ -244,6 +249,15 @@ impl<'a> Sandboxes<'a> {
             "read the fetched tip",
         )?;
         let sha = sha.trim().to_string();
+        // The new objects are all the quarantine holds (the rest is borrowed
+        // from the mirror): over the cap, nothing goes upstream.
+        let size = tree_size(&q.join("objects"));
+        if size > cap {
+            return Err(Error::data(format!(
+                "the push of branch '{}' from sandbox '{}' is {size} bytes of new objects; the cap is {cap} (sandbox.push-max); nothing was pushed",
+                rec.branch, rec.name
+            )));
+        }
 
         let spec = format!(
             "{}{local}:refs/heads/{}",
@@ -310,6 +324,18 @@ impl<'a> Sandboxes<'a> {
             outcome: outcome.into(),
         })
     }
+}
+
+/// Bytes of the regular files under `dir`, not following links.
+fn tree_size(dir: &Path) -> u64 {
+    let Ok(rd) = fs::read_dir(dir) else { return 0 };
+    rd.flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => tree_size(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
 }
 
 #[cfg(test)]
