@@ -122,16 +122,28 @@ fn create_clones_onto_the_branch_and_push_sends_only_it() {
         "api: users 2"
     );
 
-    // The status message posted above was never routed: rm keeps the mailbox and says so.
+    // The status message posted above was never routed: rm archives it
+    // under the root and removes the mail dir, saying so.
     let o = f.sb(&["rm", "api"]);
     assert!(o.status.success(), "{}", err(&o));
     assert!(
-        err(&o).contains("kept mailbox") && err(&o).contains("1 unread"),
+        err(&o).contains("archived mailbox") && err(&o).contains("1 unread"),
         "{}",
         err(&o)
     );
     assert!(f.leftovers().is_empty(), "{:?}", f.leftovers());
-    assert_eq!(f.host_leftovers(), ["sandboxes/api"]);
+    assert!(f.host_leftovers().is_empty(), "{:?}", f.host_leftovers());
+    let archived: Vec<_> = std::fs::read_dir(f.root.join("archive"))
+        .expect("an archive")
+        .flatten()
+        .flat_map(|d| {
+            std::fs::read_dir(d.path().join("unread/outbox"))
+                .into_iter()
+                .flatten()
+        })
+        .flatten()
+        .collect();
+    assert_eq!(archived.len(), 1, "the unread message is archived");
 }
 
 #[test]
