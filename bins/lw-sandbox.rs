@@ -336,7 +336,12 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
                     })
                     .to_string()
                 } else {
-                    format!("{} {} {} {}:{}", d.time, d.client, d.method, d.host, d.port)
+                    // What the sandbox asked for: its control characters shown.
+                    loopwright::visible::visible_line(&format!(
+                        "{} {} {} {}:{}",
+                        d.time, d.client, d.method, d.host, d.port
+                    ))
+                    .into_owned()
                 };
                 line(out, &text)?;
             }

@@ -1,11 +1,13 @@
 //! Taking a bad file out of a sandbox's outbox into the root's quarantine.
 //!
-//! A regular file is copied, never renamed: the copy is a new inode (mode
-//! 0600, the mediator's), so no hard link the sandbox kept, no descriptor
-//! it holds open, and no setuid or execute bit it set reaches the kept
-//! file; and a sandbox's mail dir is a filesystem of its own
-//! (lib/sandbox/disk.rs), across which nothing can be renamed.  At most
-//! [`KEEP`] bytes are kept.  A symbolic link is made again, unfollowed.  A
+//! A regular file with one link is renamed, whole, and its mode cut to
+//! 0600 or less (no setuid, setgid or execute bit survives).  One with more
+//! links is copied instead, since a rename would leave the sender a link
+//! through which to write the kept file: the copy is a new inode (mode 0600,
+//! the mediator's), of at most [`KEEP`] bytes.  So is a file on another
+//! filesystem — a sandbox's mail dir is one of its own
+//! (lib/sandbox/disk.rs), which is also why nothing there can be linked from
+//! elsewhere.  A symbolic link is made again, unfollowed.  A
 //! FIFO or socket leaves a note in its place.  The source goes once its
 //! replacement is durable.  A directory is renamed when it can be and left
 //! where it is when it cannot (another filesystem).
@@ -34,6 +36,24 @@ pub fn take(
     };
     match FileType::from_raw_mode(st.st_mode) {
         FileType::RegularFile => {
+            if st.st_nlink == 1 {
+                match rfs::renameat_with(
+                    from_dir,
+                    name,
+                    to_dir,
+                    to_name,
+                    rfs::RenameFlags::NOREPLACE,
+                ) {
+                    Ok(()) => {
+                        let mode = Mode::from_raw_mode(st.st_mode & 0o600);
+                        rfs::chmodat(to_dir, to_name, mode, AtFlags::empty())?;
+                        return Ok(true);
+                    }
+                    Err(Errno::NOENT) => return Ok(false),
+                    Err(Errno::XDEV) => {}
+                    Err(e) => return Err(e),
+                }
+            }
             let src = rfs::openat(
                 from_dir,
                 name,
@@ -111,6 +131,33 @@ fn write_all(fd: &OwnedFd, mut b: &[u8]) -> rustix::io::Result<()> {
 mod tests {
     use super::*;
     use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+
+    #[test]
+    fn a_single_link_is_renamed_whole_without_its_setuid_bit() {
+        let d = std::env::temp_dir().join(format!("lw-quarantine1-{}", crate::id::new_id()));
+        std::fs::create_dir_all(d.join("out")).unwrap();
+        std::fs::create_dir_all(d.join("q")).unwrap();
+        std::fs::write(d.join("out/bad"), b"junk").unwrap();
+        std::fs::set_permissions(d.join("out/bad"), std::fs::Permissions::from_mode(0o4755))
+            .unwrap();
+        let ino = std::fs::metadata(d.join("out/bad")).unwrap().ino();
+        let from = rfs::open(
+            d.join("out"),
+            OFlags::DIRECTORY | OFlags::RDONLY,
+            Mode::empty(),
+        )
+        .unwrap();
+        let to = rfs::open(
+            d.join("q"),
+            OFlags::DIRECTORY | OFlags::RDONLY,
+            Mode::empty(),
+        )
+        .unwrap();
+        assert!(take(&from, OsStr::new("bad"), &to, OsStr::new("Q1")).unwrap());
+        let m = std::fs::metadata(d.join("q/Q1")).unwrap();
+        assert_eq!((m.ino(), m.mode() & 0o7777), (ino, 0o600));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 
     #[test]
     fn a_hard_link_kept_by_the_sender_cannot_write_the_quarantined_copy() {

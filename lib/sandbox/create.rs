@@ -689,7 +689,7 @@ impl<'a> Sandboxes<'a> {
                         Exit::Unavailable,
                         format!(
                             "cannot clone into sandbox '{name}' (exit {code}): {}{hint}",
-                            why.trim()
+                            crate::visible::visible(why.trim())
                         ),
                     ));
                 }

@@ -3,16 +3,18 @@
 //! # What a sandbox is
 //!
 //! A container made from the project's current image (lw-build), running as
-//! an unprivileged user with a read-only root, no capabilities,
-//! no-new-privileges, Docker's default seccomp profile, pids and memory
-//! limits and no network unless asked.  It sees exactly these host things:
+//! uid 100000 (no host account) with a read-only root, no capabilities,
+//! no-new-privileges, Docker's default seccomp profile without io_uring,
+//! AppArmor's docker-default where the host has it, CPU, pids, memory, disk,
+//! log and push limits (limits.rs, disk.rs) and no network unless asked.
+//! It sees exactly these host things:
 //!
 //! | inside                         | what                                      | mode |
 //! |--------------------------------|-------------------------------------------|------|
-//! | `/work`                        | its own workspace volume                  | rw   |
+//! | `/work`                        | its own workspace filesystem (disk.rs)    | rw   |
 //! | `/work/repo`                   | its clone, on its branch                  | rw   |
 //! | `/lw/mirror`                   | the project's bare mirror (lw-mirror)     | ro   |
-//! | `/lw/mailbox`                  | `ROOT/sandboxes/NAME` (`LW_MAILBOX`)      | rw   |
+//! | `/lw/mailbox`                  | `ROOT/sandboxes/NAME` (`LW_MAILBOX`), nosuid,nodev,noexec | rw |
 //! | `/usr/local/bin/lw-{post,inbox}` | the static mailbox commands             | ro   |
 //! | `/tmp`                         | tmpfs, noexec, nosuid, nodev              | rw   |
 //! | `/run/secrets`                 | tmpfs with its secrets, if any            | ro files |
@@ -30,8 +32,11 @@
 //!   else is made (with `ready: false`) and marked ready last;
 //! * `ROOT/state/sandbox/NAME.lock`, held (flock) by whichever lw-sandbox is
 //!   creating, removing or collecting NAME;
-//! * the container and the workspace volume, named `lw-sb-ROOTID-NAME` and
-//!   labelled with [`LABEL_SANDBOX`] and [`LABEL_ROOT`];
+//! * the container (and, with `sandbox.disk = off`, the workspace volume),
+//!   named `lw-sb-ROOTID-NAME` and labelled with [`LABEL_SANDBOX`] and
+//!   [`LABEL_ROOT`];
+//! * the disk images of the workspace and the mailbox, `ROOT/state/disk/`,
+//!   loop-mounted (disk.rs);
 //! * port leases in `ROOT/state/ports` (lib/ports.rs);
 //! * the registry record `ROOT/registry/NAME.json` and the mailbox
 //!   `ROOT/sandboxes/NAME` (lib/registry.rs).
@@ -42,8 +47,10 @@
 //! being made, and reclaims every sandbox whose record is not ready, every
 //! labelled container or volume without a record, sandboxes whose container
 //! was removed behind our back, and with each of them its leases, registry
-//! record, empty mailbox and lock file.  Registry records that lw-sandbox did
-//! not make (`lw-mediate register`) are not its to remove.
+//! record, mailbox (archived first, mailbox.rs), disk images and lock file,
+//! and mail dirs that neither a sandbox nor a registry record owns.
+//! Registry records that lw-sandbox did not make (`lw-mediate register`)
+//! are not its to remove.
 
 pub mod disk;
 pub mod limits;
@@ -490,7 +497,7 @@ impl<'a> Sandboxes<'a> {
                         "cannot write secret '{}' into sandbox '{}': {}",
                         s.name,
                         rec.name,
-                        String::from_utf8_lossy(&err).trim()
+                        crate::visible::visible(String::from_utf8_lossy(&err).trim())
                     ),
                 ));
             }
@@ -558,7 +565,7 @@ impl<'a> Sandboxes<'a> {
                 format!(
                     "cannot count unpushed commits in sandbox '{}' (exit {code}): {}",
                     rec.name,
-                    String::from_utf8_lossy(&err).trim()
+                    crate::visible::visible(String::from_utf8_lossy(&err).trim())
                 ),
             )),
         }
@@ -1261,6 +1268,15 @@ pub fn container_spec(
         tty: false,
         open_stdin: false,
         sysctls: BTreeMap::new(),
+        // Below the host's own containers (1024), no core dumps of what the
+        // agent ran, and a health check (CIS Docker 5.11, 5.18, 5.26).
+        cpu_shares: Some(512),
+        // (Only lowered: raising one above the engine's own is refused.)
+        ulimits: vec![("core".into(), 0, 0)],
+        healthcheck: Some((
+            vec!["/bin/sh".into(), "-c".into(), format!("test -w {WORK}")],
+            Duration::from_secs(300),
+        )),
     }
 }
 

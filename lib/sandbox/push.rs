@@ -236,8 +236,10 @@ impl<'a> Sandboxes<'a> {
             return Err(Error::new(
                 exit,
                 format!(
-                    "cannot fetch branch '{}' out of sandbox '{}': {why}",
-                    rec.branch, rec.name
+                    "cannot fetch branch '{}' out of sandbox '{}': {}",
+                    rec.branch,
+                    rec.name,
+                    crate::visible::visible(&why)
                 ),
             ));
         }
