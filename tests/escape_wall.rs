@@ -545,6 +545,38 @@ fn escape_probes_against_the_wall_all_fail() {
         ),
         o.status.success(),
     );
+    // A reboot unmounts the disk images: start mounts them again before
+    // the container starts, so b never writes the host's own disk.
+    f.ok(&["stop", "b"]);
+    let bwork = f.root.join("state/disk/b.work");
+    let bmail = f.root.join("sandboxes/b");
+    for p in [&bwork, &bmail] {
+        let o = std::process::Command::new("umount")
+            .arg(p)
+            .output()
+            .expect("umount");
+        assert!(o.status.success(), "umount {}: {}", p.display(), err(&o));
+    }
+    f.ok(&["start", "b"]);
+    let (code, _, e) = f.sh(
+        "b",
+        "test -d /work/repo/.git && test -d /lw/mailbox/inbox/new",
+    );
+    row(
+        &mut rows,
+        "start after a reboot runs on the host's disk",
+        "disks mounted again, workspace intact",
+        format!(
+            "work {}; mail {}; workspace intact: {}",
+            mount_options(&bwork),
+            mount_options(&bmail),
+            code == 0
+        ),
+        code == 0
+            && mount_options(&bwork).contains("nosuid")
+            && mount_options(&bmail).contains("noexec"),
+    );
+    assert_eq!(code, 0, "{e}");
     f.ok(&["rm", "b"]);
 
     println!("wall: {:<50} | {:<45} | got", "probe", "expected");

@@ -315,3 +315,41 @@ fn a_limit_of_zero_or_garbage_in_config_is_78_naming_the_key() {
     assert!(f.leftovers().is_empty(), "{:?}", f.leftovers());
     assert!(f.host_leftovers().is_empty(), "{:?}", f.host_leftovers());
 }
+
+#[test]
+fn a_disk_quota_that_cannot_be_enforced_is_69_never_unlimited() {
+    let f = Fixture::new("noquota");
+    // A PATH with git but without mkfs.ext4: the quota cannot be made.
+    let bin_dir = f.dir.join("path");
+    std::fs::create_dir_all(&bin_dir).expect("mkdir");
+    let git = String::from_utf8(
+        std::process::Command::new("sh")
+            .args(["-c", "command -v git"])
+            .output()
+            .expect("sh")
+            .stdout,
+    )
+    .expect("utf-8");
+    std::os::unix::fs::symlink(git.trim(), bin_dir.join("git")).expect("symlink");
+    let o = f
+        .cmd(&["create", "q", "--branch", "q"])
+        .env("PATH", &bin_dir)
+        .output()
+        .expect("runs");
+    assert_eq!(code(&o), Some(69), "{}", err(&o));
+    assert!(
+        err(&o).contains("cannot enforce the disk quota") && err(&o).contains("sandbox.disk = off"),
+        "{}",
+        err(&o)
+    );
+    println!("noquota: {}", err(&o).trim());
+    assert!(f.leftovers().is_empty(), "{:?}", f.leftovers());
+    assert!(f.host_leftovers().is_empty(), "{:?}", f.host_leftovers());
+    // Saying so runs without a quota, with a warning.
+    std::fs::write(f.proj.join(".loopwright/config"), "sandbox.disk = off\n").expect("write");
+    let o = f.sb(&["create", "q", "--branch", "q"]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(err(&o).contains("no disk quota"), "{}", err(&o));
+    f.ok(&["rm", "q"]);
+    assert!(f.leftovers().is_empty(), "{:?}", f.leftovers());
+}

@@ -3,7 +3,7 @@
 //! Checks first (names, branch, ports, secrets, the image): nothing is made
 //! until they pass.  A missing mirror is made next (before anything could
 //! mount its path).  Then, under the name's lock: the record (not ready),
-//! port leases, the registry record and the mailbox, the workspace volume,
+//! port leases, the registry record and the mailbox, the workspace,
 //! the container and its start, while a thread fetches into an existing
 //! mirror; then where the branch starts (a `--from` naming nothing undoes
 //! what was made), the clone inside the container, the secrets, the
@@ -596,14 +596,6 @@ impl<'a> Sandboxes<'a> {
                 chown_tree(&boxdir, settings.uid)?;
                 clock.mark("record");
 
-                let labels = BTreeMap::from([
-                    (LABEL_SANDBOX.to_string(), name.to_string()),
-                    (LABEL_ROOT.to_string(), self.id.clone()),
-                    (
-                        LABEL_ROOT_PATH.to_string(),
-                        self.root.dir.to_string_lossy().into_owned(),
-                    ),
-                ]);
                 if let Some((eg, allow)) = &egress {
                     let nets = egress::DockerNetworks::connect()?;
                     let mut o = egress::Options::from(eg);
@@ -611,9 +603,10 @@ impl<'a> Sandboxes<'a> {
                     egress::prepare(&nets, &rec.container, allow, &o, &mut |_| {})?;
                     clock.mark("egress");
                 }
+                let work = disk::work(&self.root, name);
                 match settings.limits.disk {
-                    Some(bytes) => disk::work(&self.root, name).make(bytes, settings.uid, 0o755)?,
-                    None => self.engine.create_volume(&rec.volume, &labels)?,
+                    Some(bytes) => work.make(bytes, settings.uid, 0o755)?,
+                    None => work.plain(settings.uid)?,
                 }
                 let spec = container_spec(
                     self,

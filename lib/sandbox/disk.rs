@@ -150,8 +150,25 @@ impl Disk {
         .map_err(|w| self.unavailable(w))
     }
 
+    /// Without a quota (`sandbox.disk = off`): a plain directory at the
+    /// mount point, given to `uid`.
+    pub fn plain(&self, uid: u32) -> Result<()> {
+        fs::create_dir_all(&self.mount).map_err(|e| Error::io("cannot create", &self.mount, e))?;
+        std::os::unix::fs::lchown(&self.mount, Some(uid), Some(uid)).map_err(|e| {
+            Error::io_as(
+                Exit::NoPerm,
+                &format!("cannot give the workspace to uid {uid} (run lw-sandbox as root, or set sandbox.uid to your uid); chown"),
+                &self.mount,
+                e,
+            )
+        })?;
+        fs::set_permissions(&self.mount, fs::Permissions::from_mode(0o755))
+            .map_err(|e| Error::io("cannot set the mode of", &self.mount, e))
+    }
+
     /// Unmounts (lazily when still busy) and removes the image and the
-    /// mount point.  What was on it must have been saved before.
+    /// mount point, with what a plain directory there holds.  What was on
+    /// it must have been saved before.
     pub fn remove(&self) -> Result<bool> {
         let had = self.image.exists() || is_mounted(&self.mount);
         if is_mounted(&self.mount)
@@ -168,11 +185,14 @@ impl Disk {
                 )
             })?;
         }
-        match fs::remove_dir(&self.mount) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            // Not empty: a mail dir made without a quota; the caller removes it.
-            Err(_) => {}
+        // Unmounted now (a lazy unmount detaches at once): what is left is
+        // the host's own directory; remove_dir_all follows no link in it.
+        if !is_mounted(&self.mount) {
+            match fs::remove_dir_all(&self.mount) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io("cannot remove", &self.mount, e)),
+            }
         }
         match fs::remove_file(&self.image) {
             Ok(()) => {}

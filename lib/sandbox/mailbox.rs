@@ -164,14 +164,3 @@ pub fn archive(root: &Root, name: &str, boxdir: &Path) -> Result<Option<(PathBuf
     }
     Ok(Some((dir, u.messages.len())))
 }
-
-/// Removes a mail dir made without a quota (a plain directory).  The
-/// sandbox may have made it unwritable to its owner; root removes it all
-/// the same.
-pub fn remove_plain(boxdir: &Path) -> Result<()> {
-    match fs::remove_dir_all(boxdir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::io("cannot remove", boxdir, e)),
-    }
-}

@@ -32,9 +32,9 @@
 //!   else is made (with `ready: false`) and marked ready last;
 //! * `ROOT/state/sandbox/NAME.lock`, held (flock) by whichever lw-sandbox is
 //!   creating, removing or collecting NAME;
-//! * the container (and, with `sandbox.disk = off`, the workspace volume),
-//!   named `lw-sb-ROOTID-NAME` and labelled with [`LABEL_SANDBOX`] and
-//!   [`LABEL_ROOT`];
+//! * the container, named `lw-sb-ROOTID-NAME` and labelled with
+//!   [`LABEL_SANDBOX`] and [`LABEL_ROOT`] (sandboxes of earlier versions
+//!   also have a workspace volume of that name);
 //! * the disk images of the workspace and the mailbox, `ROOT/state/disk/`,
 //!   loop-mounted (disk.rs);
 //! * port leases in `ROOT/state/ports` (lib/ports.rs);
@@ -702,7 +702,6 @@ impl<'a> Sandboxes<'a> {
                 ));
             }
             disk::mail(&self.root, name).remove()?;
-            mailbox::remove_plain(&boxdir)?;
             out(&format!("mailbox {}", boxdir.display()));
         } else if disk::mail(&self.root, name).remove()? {
             out(&format!(
@@ -1194,14 +1193,12 @@ pub fn container_spec(
     }
     let mut binds = vec![
         Bind {
-            // The workspace's own filesystem, or (sandbox.disk = off) a volume.
-            source: match settings.limits.disk {
-                Some(_) => disk::work(&sb.root, &rec.name)
-                    .mount
-                    .to_string_lossy()
-                    .into_owned(),
-                None => rec.volume.clone(),
-            },
+            // The workspace's own filesystem (or, with sandbox.disk = off, a
+            // plain directory), given to the sandbox's user by the host.
+            source: disk::work(&sb.root, &rec.name)
+                .mount
+                .to_string_lossy()
+                .into_owned(),
             target: WORK.into(),
             read_only: false,
         },
