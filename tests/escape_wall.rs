@@ -380,29 +380,38 @@ fn escape_probes_against_the_wall_all_fail() {
         code == 0 && logged <= (2 << 20) + (64 << 10),
     );
 
-    // 6. CPU hog: two busy loops for 3 s under --cpus 0.5.
-    let (_, out, e) = f.sh(
-        "a",
-        "u() { if [ -e /sys/fs/cgroup/cpu.stat ]; then awk '/usage_usec/ {print $2 * 1000}' /sys/fs/cgroup/cpu.stat; \
-         else cat /sys/fs/cgroup/cpuacct/cpuacct.usage 2>/dev/null || cat /sys/fs/cgroup/cpu,cpuacct/cpuacct.usage; fi; }; \
-         a=$(u); s=$(date +%s%N); for i in 1 2; do timeout 3 sh -c 'while :; do :; done' & done; wait; b=$(u); t=$(date +%s%N); \
-         echo $((b - a)) $((t - s))",
-    );
-    let v: Vec<f64> = out
-        .split_whitespace()
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    let cores = if v.len() == 2 && v[1] > 0.0 {
-        v[0] / v[1]
-    } else {
-        f64::NAN
+    // 6. CPU hog: two busy loops for 3 s under --cpus 0.5, and the same
+    // in b (the default, half the host's CPUs) as the same-run peer.
+    let hog = |name: &str| -> f64 {
+        let (_, out, _) = f.sh(
+            name,
+            "u() { if [ -e /sys/fs/cgroup/cpu.stat ]; then awk '/usage_usec/ {print $2 * 1000}' /sys/fs/cgroup/cpu.stat; \
+             else cat /sys/fs/cgroup/cpuacct/cpuacct.usage 2>/dev/null || cat /sys/fs/cgroup/cpu,cpuacct/cpuacct.usage; fi; }; \
+             a=$(u); s=$(date +%s%N); for i in 1 2; do timeout 3 sh -c 'while :; do :; done' & done; wait; b=$(u); t=$(date +%s%N); \
+             echo $((b - a)) $((t - s))",
+        );
+        let v: Vec<f64> = out
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        if v.len() == 2 && v[1] > 0.0 {
+            v[0] / v[1]
+        } else {
+            f64::NAN
+        }
     };
-    println!("wall: cpu hog: {cores:.3} cores used under --cpus 0.5 ({out:?} {e})");
+    let cores = hog("a");
+    let peer = hog("b");
+    println!(
+        "wall: cpu hog: {cores:.3} cores used under --cpus 0.5; {peer:.3} in b (--cpus {}) in the same run (ratio {:.2}; other work on the host shares the cores)",
+        loopwright::sandbox::limits::default_cpus(),
+        cores / peer
+    );
     row(
         &mut rows,
         "CPU hog (2 loops, --cpus 0.5)",
         "<= 0.55 cores",
-        format!("{cores:.3} cores"),
+        format!("{cores:.3} cores (b, unlimited to half the host: {peer:.3})"),
         cores <= 0.55,
     );
 
