@@ -104,6 +104,7 @@ pub fn run(inp: &Inputs) -> Vec<Finding> {
     };
     out.push(git());
     let engine = docker(&mut out);
+    out.push(apparmor());
     if let Some(p) = &project {
         out.push(mirror(p, inp.fresh));
         out.extend(image(p, engine.as_ref()));
@@ -182,6 +183,26 @@ fn docker(out: &mut Vec<Finding>) -> Option<DockerEngine> {
             out.push(f("docker", Status::Fail, err.to_string(), Some(fix.into())));
             None
         }
+    }
+}
+
+/// Sandboxes run under AppArmor's docker-default where the host has
+/// AppArmor (lib/sandbox); say when it has not.
+fn apparmor() -> Finding {
+    if crate::sandbox::host_has_apparmor() {
+        f(
+            "apparmor",
+            Status::Ok,
+            "sandboxes run under the docker-default AppArmor profile",
+            None,
+        )
+    } else {
+        f(
+            "apparmor",
+            Status::Warn,
+            "the host has no AppArmor: sandboxes run without an AppArmor profile (no capabilities, no-new-privileges and the seccomp profile still apply)",
+            Some("nothing to do unless you want AppArmor: boot a kernel with it enabled".into()),
+        )
     }
 }
 
@@ -317,6 +338,16 @@ fn mailbox(root: &Root) -> Vec<Finding> {
                 root.dir.display()
             ),
             Some(format!("chmod go-w {}", root.dir.display())),
+        ));
+    } else if mode & 0o077 != 0 {
+        out.push(f(
+            "mailbox",
+            Status::Warn,
+            format!(
+                "{} is open to group or others (mode {mode:o}); lw-sandbox makes a root 0700",
+                root.dir.display()
+            ),
+            Some(format!("chmod 700 {}", root.dir.display())),
         ));
     } else {
         out.push(f(

@@ -20,7 +20,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use bollard::Docker;
-use bollard::models::{ContainerCreateBody, ExecConfig, HostConfig, PortBinding};
+use bollard::models::{
+    ContainerCreateBody, ExecConfig, HealthConfig, HostConfig, HostConfigLogConfig, PortBinding,
+    ResourcesUlimits,
+};
 use bollard::query_parameters as qp;
 use futures_util::StreamExt;
 
@@ -119,6 +122,18 @@ pub struct ContainerSpec {
     pub ports: Vec<PortMap>,
     pub tty: bool,
     pub open_stdin: bool,
+    /// CPUs in billionths (`--cpus 1.5` is 1_500_000_000).
+    pub nano_cpus: Option<i64>,
+    /// Options of the json-file log driver (`max-size`, `max-file`).
+    pub log_options: BTreeMap<String, String>,
+    /// Namespaced kernel settings (`net.ipv4.ip_forward` -> `0`).
+    pub sysctls: BTreeMap<String, String>,
+    /// The relative CPU weight (the engine's default is 1024).
+    pub cpu_shares: Option<i64>,
+    /// Resource limits: name (`nofile`, `core`), soft, hard.
+    pub ulimits: Vec<(String, i64, i64)>,
+    /// A health check: the command (exec form) and its interval.
+    pub healthcheck: Option<(Vec<String>, std::time::Duration)>,
 }
 
 /// A container as loopwright needs it.
@@ -513,6 +528,23 @@ impl Engine for DockerEngine {
                     .collect(),
             ),
             network_mode: spec.network.clone(),
+            nano_cpus: spec.nano_cpus,
+            cpu_shares: spec.cpu_shares,
+            ulimits: (!spec.ulimits.is_empty()).then(|| {
+                spec.ulimits
+                    .iter()
+                    .map(|(name, soft, hard)| ResourcesUlimits {
+                        name: Some(name.clone()),
+                        soft: Some(*soft),
+                        hard: Some(*hard),
+                    })
+                    .collect()
+            }),
+            log_config: (!spec.log_options.is_empty()).then(|| HostConfigLogConfig {
+                typ: Some("json-file".into()),
+                config: Some(spec.log_options.clone().into_iter().collect()),
+            }),
+            sysctls: (!spec.sysctls.is_empty()).then(|| spec.sysctls.clone().into_iter().collect()),
             port_bindings: if port_bindings.is_empty() {
                 None
             } else {
@@ -532,6 +564,17 @@ impl Engine for DockerEngine {
             exposed_ports: opt_vec(&exposed),
             tty: Some(spec.tty),
             open_stdin: Some(spec.open_stdin),
+            healthcheck: spec.healthcheck.as_ref().map(|(test, every)| HealthConfig {
+                test: Some(
+                    std::iter::once("CMD".to_string())
+                        .chain(test.iter().cloned())
+                        .collect(),
+                ),
+                interval: Some(every.as_nanos() as i64),
+                timeout: Some(10_000_000_000),
+                retries: Some(3),
+                ..Default::default()
+            }),
             host_config: Some(host),
             ..Default::default()
         };

@@ -27,6 +27,7 @@ pub mod mirror;
 pub mod operator;
 pub mod policy;
 pub mod ports;
+pub mod quarantine;
 pub mod registry;
 pub mod sandbox;
 pub mod secrets;

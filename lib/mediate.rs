@@ -236,6 +236,12 @@ fn inspect(dir: &OwnedFd, name: &OsStr) -> Inspected {
             st.st_nlink
         ));
     }
+    if st.st_mode & 0o7111 != 0 {
+        return bad(format!(
+            "mode {:o} has setuid, setgid, sticky or execute bits; a posted message has none (not read)",
+            st.st_mode & 0o7777
+        ));
+    }
     if st.st_size as u64 > message::MAX_FILE {
         return bad(format!(
             "file is {} bytes; the limit is {} (not read)",
@@ -1270,7 +1276,7 @@ impl Mediator {
                 }
                 Work::Quarantine { name, qid } => {
                     let q = &boxes.list[QUARANTINE];
-                    match group::move_noreplace(&ob.new, name, &q.new, OsStr::new(qid)) {
+                    match crate::quarantine::take(&ob.new, name, &q.new, OsStr::new(qid)) {
                         Ok(_) => quarantined = true,
                         Err(e) => self.warn_once(format!(
                             "cannot move '{}' of {sender} into quarantine: {}; left in place",

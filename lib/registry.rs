@@ -141,6 +141,12 @@ impl Registry {
         mkdir(&self.sandboxes)?;
         let boxdir = layout::SandboxBox::new(self.sandboxes.join(&sb.name));
         mkdir(&boxdir.dir)?;
+        // Only its owner opens a mail dir (lw doctor checks it), whoever made it.
+        std::fs::set_permissions(
+            &boxdir.dir,
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )
+        .map_err(|e| Error::io("cannot set the mode of", &boxdir.dir, e))?;
         boxdir.inbox().create()?;
         boxdir.outbox().create()?;
 
@@ -270,8 +276,10 @@ fn read_record(path: &Path) -> std::result::Result<Option<Sandbox>, String> {
     Ok(Some(sb))
 }
 
+/// Makes `p` with mode 0700: the registry, and the mail dirs under it.
 fn mkdir(p: &Path) -> Result<()> {
-    match std::fs::create_dir(p) {
+    use std::os::unix::fs::DirBuilderExt as _;
+    match std::fs::DirBuilder::new().mode(0o700).create(p) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
         Err(e) => Err(Error::io("cannot create directory", p, e)),

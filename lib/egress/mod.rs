@@ -375,6 +375,14 @@ fn make(
         pids_limit: Some(256),
         memory_bytes: Some(256 << 20),
         network: Some(outside.to_string()),
+        // The proxy relays at the application level only: a packet routed
+        // through it would bypass the allow-list.
+        sysctls: [("net.ipv4.ip_forward".to_string(), "0".to_string())].into(),
+        log_options: [
+            ("max-size".to_string(), "10m".to_string()),
+            ("max-file".to_string(), "3".to_string()),
+        ]
+        .into(),
         ..Default::default()
     };
     engine.create(&spec)?;
