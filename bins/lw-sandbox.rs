@@ -19,8 +19,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use loopwright::cli::{self, out_err};
+use loopwright::engine::DockerEngine;
 use loopwright::layout::Root;
-use loopwright::sandbox::runtime::DockerSandbox;
 use loopwright::sandbox::{self, CreateOptions, Network, Sandboxes};
 use loopwright::{Error, Exit};
 
@@ -223,7 +223,7 @@ fn warn(msg: &str) {
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
     let root = root_of(&args)?;
-    let engine = DockerSandbox::connect()?;
+    let engine = DockerEngine::connect()?;
     let sb = Sandboxes::new(root, &engine);
     let line = |out: &mut dyn Write, s: &str| writeln!(out, "{s}").map_err(out_err);
     match args.cmd {
@@ -363,7 +363,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
 /// `exec` and `shell`: the command's status is ours.
 fn exec(args: Args) -> Result<u8, Error> {
     let root = root_of(&args)?;
-    let engine = DockerSandbox::connect()?;
+    let engine = DockerEngine::connect()?;
     let sb = Sandboxes::new(root, &engine);
     let code = match args.cmd {
         Cmd::Exec {

@@ -33,7 +33,6 @@
 //! it.  The caller (lw-sandbox) holds the sandbox's lock around these calls.
 
 pub mod allow;
-pub mod engine_ext;
 pub mod squid;
 
 use std::collections::BTreeMap;
@@ -41,8 +40,8 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
+pub use crate::engine::{Network, NetworkEngine, NetworkSpec};
 pub use allow::{AllowList, Entry, HostPattern};
-pub use engine_ext::{DockerNetworks, Network, NetworkEngine, NetworkSpec};
 pub use squid::Request;
 
 use crate::config::Config;

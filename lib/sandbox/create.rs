@@ -597,10 +597,10 @@ impl<'a> Sandboxes<'a> {
                 clock.mark("record");
 
                 if let Some((eg, allow)) = &egress {
-                    let nets = egress::DockerNetworks::connect()?;
+                    let nets: &dyn crate::engine::NetworkEngine = self.engine;
                     let mut o = egress::Options::from(eg);
                     o.labels.insert(LABEL_ROOT.into(), self.id.clone());
-                    egress::prepare(&nets, &rec.container, allow, &o, &mut |_| {})?;
+                    egress::prepare(nets, &rec.container, allow, &o, &mut |_| {})?;
                     clock.mark("egress");
                 }
                 let work = disk::work(&self.root, name);

@@ -56,7 +56,6 @@ pub mod disk;
 pub mod limits;
 pub mod mailbox;
 pub mod push;
-pub mod runtime;
 pub mod tty;
 
 use std::collections::BTreeMap;
@@ -72,12 +71,12 @@ use sha2::{Digest, Sha256};
 use crate::config::Project;
 use crate::egress;
 use crate::engine::{Bind, Container, ContainerSpec, ExecRequest, OutStream, PortMap};
+use crate::engine::{ExecIo, NetworkEngine, SandboxEngine};
 use crate::error::{Error, Exit, Result};
 use crate::layout::Root;
 use crate::ports::{Leases, Range};
 use crate::registry::{self, Registry};
 use crate::secrets::{self, Secret};
-use runtime::{ExecIo, SandboxEngine};
 
 /// Labels on every container and volume lw-sandbox makes.
 pub const LABEL_SANDBOX: &str = "org.loopwright.sandbox";
@@ -494,8 +493,8 @@ impl<'a> Sandboxes<'a> {
             .ok_or_else(|| gone(&rec))?;
         // The proxy first: a sandbox started without it has no network.
         if rec.network == Network::Egress {
-            let nets = egress::DockerNetworks::connect()?;
-            egress::start_proxy(&nets, &rec.container, Duration::from_secs(30))?;
+            let nets: &dyn NetworkEngine = self.engine;
+            egress::start_proxy(nets, &rec.container, Duration::from_secs(30))?;
         }
         if !c.running {
             self.mount_disks(&rec.name)?;
@@ -650,8 +649,8 @@ impl<'a> Sandboxes<'a> {
             out(&format!("container {c}"));
         }
         if rec.is_some_and(|r| r.network == Network::Egress) {
-            let nets = egress::DockerNetworks::connect()?;
-            egress::teardown(&nets, &container)?;
+            let nets: &dyn NetworkEngine = self.engine;
+            egress::teardown(nets, &container)?;
             out(&format!("egress {}", egress::proxy_name(&container)));
         }
         let had_volume = self
@@ -769,11 +768,11 @@ impl<'a> Sandboxes<'a> {
             }
         }
         // Egress networks and proxies whose sandbox no record names any more.
-        let nets = egress::DockerNetworks::connect()?;
+        let nets: &dyn NetworkEngine = self.engine;
         let known: Vec<String> = self.records()?.into_iter().map(|r| r.container).collect();
-        for key in egress::leftovers(&nets, Some(&self.root_label()))? {
+        for key in egress::leftovers(nets, Some(&self.root_label()))? {
             if !known.contains(&key) {
-                egress::teardown(&nets, &key)?;
+                egress::teardown(nets, &key)?;
                 out(&format!("egress {}", egress::proxy_name(&key)));
             }
         }
@@ -790,8 +789,8 @@ impl<'a> Sandboxes<'a> {
                 rec.network.as_str()
             )));
         }
-        let nets = egress::DockerNetworks::connect()?;
-        egress::denials(&nets, &rec.container)
+        let nets: &dyn NetworkEngine = self.engine;
+        egress::denials(nets, &rec.container)
     }
 
     /// `port`: the published ports, as the engine reports them.
