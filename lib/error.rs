@@ -109,6 +109,12 @@ impl Error {
     }
 }
 
+/// Converts a failed write to stdout into an error that `main_with` treats
+/// as a closed pipe when it is one.
+pub fn out_err(e: io::Error) -> Error {
+    Error::new(Exit::IoErr, "cannot write to standard output").with_source(e)
+}
+
 /// A rustix errno as a std I/O error (for messages and [`io_exit`]).
 pub fn errno_io(e: rustix::io::Errno) -> io::Error {
     e.into()

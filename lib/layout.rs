@@ -19,6 +19,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::error::{Error, Exit, Result};
 use crate::maildir::Maildir;
 
 /// Reserved recipient names: the mediator itself and the human queue.
@@ -92,6 +93,43 @@ impl Root {
     pub fn registry_dir(&self) -> PathBuf {
         self.dir.join("registry")
     }
+    /// Fails with 66 and the way out when the root directory is missing.
+    pub fn check_exists(&self) -> Result<()> {
+        if !self.dir.is_dir() {
+            return Err(Error::new(
+                Exit::NoInput,
+                format!(
+                    "mailbox root '{}' does not exist; create it or pass --root (or set LW_ROOT)",
+                    self.dir.display()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Creates the directories and Maildirs a root holds (mailbox-spec.md,
+    /// "The tree"); those already there are kept.  The root itself must exist.
+    pub fn init(&self) -> Result<()> {
+        self.check_exists()?;
+        for d in [self.sandboxes_dir(), self.registry_dir(), self.state_dir()] {
+            match std::fs::create_dir(&d) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(Error::io("cannot create", &d, e)),
+            }
+        }
+        for m in [
+            self.human(),
+            self.human_outbox(),
+            self.held(),
+            self.quarantine(),
+            Maildir::new(self.log_dir()),
+        ] {
+            m.create()?;
+        }
+        Ok(())
+    }
+
     pub fn state_dir(&self) -> PathBuf {
         self.dir.join("state")
     }

@@ -33,6 +33,7 @@ pub mod sandbox;
 pub mod secrets;
 pub mod sync;
 pub mod time;
+pub mod tty;
 pub mod visible;
 
 pub use error::{Error, Exit, Result};

@@ -329,7 +329,7 @@ pub fn lock_routes(root: &Root) -> Result<std::fs::File> {
 }
 
 fn lock_path(root: &Root, name: &str) -> Result<PathBuf> {
-    check_root(root)?;
+    root.check_exists()?;
     let dir = root.state_dir();
     match std::fs::create_dir(&dir) {
         Ok(()) | Err(_) if dir.is_dir() => {}
@@ -339,46 +339,11 @@ fn lock_path(root: &Root, name: &str) -> Result<PathBuf> {
     Ok(dir.join(name))
 }
 
-fn check_root(root: &Root) -> Result<()> {
-    if !root.dir.is_dir() {
-        return Err(Error::new(
-            Exit::NoInput,
-            format!(
-                "mailbox root '{}' does not exist; create it or pass --root (or set LW_ROOT)",
-                root.dir.display()
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Creates the directories a root needs (the mediator owns the root).
-pub fn init_root(root: &Root) -> Result<()> {
-    check_root(root)?;
-    for d in [root.sandboxes_dir(), root.registry_dir(), root.state_dir()] {
-        match std::fs::create_dir(&d) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(Error::io("cannot create", &d, e)),
-        }
-    }
-    for m in [
-        root.human(),
-        root.human_outbox(),
-        root.held(),
-        root.quarantine(),
-        crate::maildir::Maildir::new(root.log_dir()),
-    ] {
-        m.create()?;
-    }
-    Ok(())
-}
-
 impl Mediator {
     /// Opens a root.  `policy_path` is the policy file; when `explicit` is
     /// false a missing file means the default policy.
     pub fn open(root: Root, policy_path: Option<PathBuf>, explicit: bool) -> Result<Mediator> {
-        init_root(&root)?;
+        root.init()?;
         let rootfd = open_dir_at(None, &root.dir)
             .map_err(|e| Error::io("cannot open", &root.dir, errno_io(e)))?;
         let mut m = Mediator {
@@ -933,7 +898,7 @@ impl Mediator {
 
     fn print(&self, out: &mut dyn Write, e: &Entry) -> Result<()> {
         if self.verbose {
-            writeln!(out, "{}", crate::operator::format_entry(e)).map_err(crate::cli::out_err)?;
+            writeln!(out, "{}", crate::operator::format_entry(e)).map_err(crate::error::out_err)?;
         }
         Ok(())
     }
@@ -1552,7 +1517,7 @@ impl Mediator {
             if let Err(e) = self.pass(out) {
                 eprintln!("lw-mediate: {e}; trying again");
             }
-            out.flush().map_err(crate::cli::out_err)?;
+            out.flush().map_err(crate::error::out_err)?;
             // The directories are the truth, not the events: any wake-up
             // (an arrival, an overflow, a removed directory) means a pass.
             match watcher.wait(Some(rescan)) {

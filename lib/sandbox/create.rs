@@ -512,7 +512,7 @@ impl<'a> Sandboxes<'a> {
                 fs::set_permissions(&self.root.dir, fs::Permissions::from_mode(0o700))
                     .map_err(io_err("cannot set the mode of", &self.root.dir))?;
             }
-            crate::mediate::init_root(&self.root)?;
+            self.root.init()?;
             let lock = self.lock(name, false)?.ok_or_else(|| {
                 Error::new(
                     Exit::TempFail,

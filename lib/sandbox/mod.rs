@@ -56,7 +56,6 @@ pub mod disk;
 pub mod limits;
 pub mod mailbox;
 pub mod push;
-pub mod tty;
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -849,7 +848,7 @@ impl<'a> Sandboxes<'a> {
             user: Some(format!("{0}:{0}", rec.uid)),
             workdir: Some(workdir.unwrap_or_else(|| REPO.into())),
         };
-        let _raw = tty.then(tty::RawMode::enter);
+        let _raw = tty.then(crate::tty::RawMode::enter);
         let mut stdout = std::io::stdout().lock();
         let mut stderr = std::io::stderr();
         let mut on = |s: OutStream, b: &[u8]| {
@@ -862,7 +861,7 @@ impl<'a> Sandboxes<'a> {
         let io = ExecIo {
             stdin: Some(Box::new(std::io::stdin())),
             tty,
-            size: tty::size(),
+            size: crate::tty::size(),
             on_output: &mut on,
         };
         self.engine.exec_io(&rec.container, &req, io)

@@ -183,7 +183,7 @@ impl SandboxEngine for DockerEngine {
                     loop {
                         tokio::select! {
                             Some(()) = async { match winch.as_mut() { Some(w) => w.recv().await, None => None } } => {
-                                if let Some((h, w)) = crate::sandbox::tty::size() {
+                                if let Some((h, w)) = crate::tty::size() {
                                     let _ = docker.resize_exec(&created.id, qp::ResizeExecOptions { h: h.into(), w: w.into() }).await;
                                 }
                             }
