@@ -299,7 +299,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             branch,
             scope,
         }) => {
-            mediate::init_root(&root)?;
+            root.init()?;
             let p = Registry::new(&root).register(&Sandbox::new(
                 name,
                 branch.clone(),

@@ -167,6 +167,8 @@ pub struct Mediator {
     memory: Memory,
     memory_dirty: bool,
     last_save: Instant,
+    /// When `tmp/` directories were last swept (see [`Mediator::sweep_tmp`]).
+    last_sweep: Option<Instant>,
     warned: HashSet<String>,
     pub batch: usize,
     pub verbose: bool,
@@ -177,10 +179,6 @@ pub struct Mediator {
     pub secrets: Secrets,
     /// Sender -> messages of theirs in `held/new/`, counted at each pass.
     held_count: HashMap<String, u32>,
-}
-
-fn now_ms() -> u64 {
-    crate::time::now().as_millis() as u64
 }
 
 /// A derived id: the time part of `base` (or `t`), 128 bits of a digest.
@@ -273,6 +271,12 @@ fn inspect(dir: &OwnedFd, name: &OsStr) -> Inspected {
             st.st_nlink
         ));
     }
+    if st.st_mode & 0o7111 != 0 {
+        return bad(format!(
+            "mode {:o} has setuid, setgid, sticky or execute bits; a posted message has none (not read)",
+            st.st_mode & 0o7777
+        ));
+    }
     if st.st_size as u64 > message::MAX_FILE {
         return bad(format!(
             "file is {} bytes; the limit is {} (not read)",
@@ -337,92 +341,44 @@ fn quarantine_id(sender: &str, name: &OsStr, st: &rfs::Stat) -> String {
 /// Takes the lock that keeps two mediators off one root.  Held until the
 /// returned file is dropped (or the process dies).
 pub fn lock_mediator(root: &Root) -> Result<std::fs::File> {
-    let f = open_lock(root, "mediator.lock")?;
-    match f.try_lock() {
-        Ok(()) => Ok(f),
-        Err(std::fs::TryLockError::WouldBlock) => Err(Error::new(
-            Exit::TempFail,
-            format!(
-                "another lw-mediate is running on '{}' (lock '{}' is held)",
-                root.dir.display(),
-                root.state_dir().join("mediator.lock").display()
-            ),
-        )),
-        Err(std::fs::TryLockError::Error(e)) => Err(Error::io(
-            "cannot lock",
-            &root.state_dir().join("mediator.lock"),
-            e,
-        )),
-    }
+    let p = lock_path(root, "mediator.lock")?;
+    crate::fs::try_lock(&p)
+        .map_err(|e| Error::lock(&p, e))?
+        .ok_or_else(|| {
+            Error::new(
+                Exit::TempFail,
+                format!(
+                    "another lw-mediate is running on '{}' (lock '{}' is held)",
+                    root.dir.display(),
+                    p.display()
+                ),
+            )
+        })
 }
 
 /// Takes the lock that serialises writers of inboxes and queues (a pass of
 /// the mediator, an operator's release or drop); waits for it.
 pub fn lock_routes(root: &Root) -> Result<std::fs::File> {
-    let f = open_lock(root, "route.lock")?;
-    f.lock()
-        .map_err(|e| Error::io("cannot lock", &root.state_dir().join("route.lock"), e))?;
-    Ok(f)
+    let p = lock_path(root, "route.lock")?;
+    crate::fs::lock(&p).map_err(|e| Error::lock(&p, e))
 }
 
-fn open_lock(root: &Root, name: &str) -> Result<std::fs::File> {
-    check_root(root)?;
+fn lock_path(root: &Root, name: &str) -> Result<PathBuf> {
+    root.check_exists()?;
     let dir = root.state_dir();
     match std::fs::create_dir(&dir) {
         Ok(()) | Err(_) if dir.is_dir() => {}
         Ok(()) => {}
         Err(e) => return Err(Error::io("cannot create", &dir, e)),
     }
-    let p = dir.join(name);
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&p)
-        .map_err(|e| Error::io("cannot open lock", &p, e))
-}
-
-fn check_root(root: &Root) -> Result<()> {
-    if !root.dir.is_dir() {
-        return Err(Error::new(
-            Exit::NoInput,
-            format!(
-                "mailbox root '{}' does not exist; create it or pass --root (or set LW_ROOT)",
-                root.dir.display()
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Creates the directories a root needs (the mediator owns the root).
-pub fn init_root(root: &Root) -> Result<()> {
-    check_root(root)?;
-    for d in [root.sandboxes_dir(), root.registry_dir(), root.state_dir()] {
-        match std::fs::create_dir(&d) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(Error::io("cannot create", &d, e)),
-        }
-    }
-    for m in [
-        root.human(),
-        root.human_outbox(),
-        root.held(),
-        root.quarantine(),
-        crate::maildir::Maildir::new(root.log_dir()),
-    ] {
-        m.create()?;
-    }
-    Ok(())
+    Ok(dir.join(name))
 }
 
 impl Mediator {
     /// Opens a root.  `policy_path` is the policy file; when `explicit` is
     /// false a missing file means the default policy.
     pub fn open(root: Root, policy_path: Option<PathBuf>, explicit: bool) -> Result<Mediator> {
-        init_root(&root)?;
+        root.init()?;
         let rootfd = open_dir_at(None, &root.dir)
             .map_err(|e| Error::io("cannot open", &root.dir, errno_io(e)))?;
         let mut m = Mediator {
@@ -438,6 +394,7 @@ impl Mediator {
             memory: Memory::default(),
             memory_dirty: false,
             last_save: Instant::now(),
+            last_sweep: None,
             warned: HashSet::new(),
             batch: DEFAULT_BATCH,
             verbose: false,
@@ -532,16 +489,10 @@ impl Mediator {
         }
         self.memory.version = 1;
         let p = self.memory_path();
-        let tmp = p.with_extension("json.tmp");
         let bytes = serde_json::to_vec(&self.memory)
             .expect("the state serialises because it is plain data");
-        let write = || -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &p)
-        };
-        write().map_err(|e| Error::io("cannot write state", &p, e))?;
+        crate::fs::write_replace(&p, &bytes, 0o644, crate::fs::Durability::Synced)
+            .map_err(|e| Error::io("cannot write state", &p, e))?;
         self.memory_dirty = false;
         self.last_save = Instant::now();
         Ok(())
@@ -795,7 +746,7 @@ impl Mediator {
                 self.policy.at(r.line)
             ));
         }
-        let now = now_ms();
+        let now = crate::time::now_ms();
         if let Some(d) = self.policy.duplicates.clone() {
             let window = d.value.as_millis() as u64;
             let mem = &mut self.memory;
@@ -1197,7 +1148,7 @@ impl Mediator {
 
     fn print(&self, out: &mut dyn Write, e: &Entry) -> Result<()> {
         if self.verbose {
-            writeln!(out, "{}", crate::operator::format_entry(e)).map_err(crate::cli::out_err)?;
+            writeln!(out, "{}", crate::operator::format_entry(e)).map_err(crate::error::out_err)?;
         }
         Ok(())
     }
@@ -1270,10 +1221,39 @@ impl Mediator {
             });
         }
         self.take_receipts(&mut boxes, out)?;
+        self.sweep_tmp();
         if self.memory_dirty && self.last_save.elapsed() > Duration::from_secs(2) {
             self.save_memory()?;
         }
         Ok(self.stats.since(before))
+    }
+
+    /// Removes files older than 36 hours from the `tmp/` of every Maildir
+    /// under the root (writers killed mid-delivery leave them), at most once
+    /// an hour: the first pass of a run, then hourly.
+    fn sweep_tmp(&mut self) {
+        if self
+            .last_sweep
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(3600))
+        {
+            return;
+        }
+        self.last_sweep = Some(Instant::now());
+        let mut dirs: Vec<PathBuf> = ["log", "human", "held", "quarantine", "human-outbox"]
+            .iter()
+            .map(|d| self.root.dir.join(d))
+            .collect();
+        for (s, rel) in self.outboxes() {
+            if s != layout::HUMAN {
+                dirs.push(self.root.dir.join(rel));
+                dirs.push(self.root.sandbox(&s).inbox().path);
+            }
+        }
+        for d in dirs {
+            if let Err(e) = crate::maildir::sweep_tmp(&d, crate::maildir::TMP_MAX_AGE) {
+                self.warn_once(format!("cannot sweep '{}': {e}", d.join("tmp").display()));
+            }
+        }
     }
 
     /// Passes until a pass finds nothing more to do (`--once`).  The
@@ -1540,7 +1520,7 @@ impl Mediator {
                 }
                 Work::Quarantine { name, qid } => {
                     let q = &boxes.list[QUARANTINE];
-                    match group::move_noreplace(&ob.new, name, &q.new, OsStr::new(qid)) {
+                    match crate::quarantine::take(&ob.new, name, &q.new, OsStr::new(qid)) {
                         Ok(_) => quarantined = true,
                         Err(e) => self.warn_once(format!(
                             "cannot move '{}' of {sender} into quarantine: {}; left in place",
@@ -1785,13 +1765,8 @@ impl Mediator {
     /// Watches the root and routes as things arrive, with a full pass every
     /// `rescan` as a safety net.  Returns only on error.
     pub fn watch(&mut self, rescan: Duration, out: &mut dyn Write) -> Result<()> {
-        use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
-        let ino = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)
-            .map_err(|e| Error::io("cannot watch", &self.root.dir, errno_io(e)))?;
-        let arrivals = WatchFlags::MOVED_TO
-            | WatchFlags::CREATE
-            | WatchFlags::CLOSE_WRITE
-            | WatchFlags::ONLYDIR;
+        use crate::fs::{Watcher, Woke};
+        let watcher = Watcher::new().map_err(|e| Error::io("cannot watch", &self.root.dir, e))?;
         loop {
             // Watches first, then the pass: an arrival in between is seen by both.
             let mut dirs = vec![
@@ -1813,8 +1788,9 @@ impl Mediator {
                 });
             }
             for d in &dirs {
-                // ONLYDIR|DONT_FOLLOW: a planted link is not watched through.
-                let _ = inotify::add_watch(&ino, d, arrivals | WatchFlags::DONT_FOLLOW);
+                // A directory that is missing or a planted link is not
+                // watched; the periodic re-scan still covers it.
+                let _ = watcher.add(d);
             }
             // A failing pass (a full disk, a removed directory) is reported
             // and tried again on the next event or re-scan; the watcher
@@ -1822,28 +1798,16 @@ impl Mediator {
             if let Err(e) = self.pass(out) {
                 eprintln!("lw-mediate: {e}; trying again");
             }
-            out.flush().map_err(crate::cli::out_err)?;
-            let ts = rustix::event::Timespec {
-                tv_sec: rescan.as_secs() as i64,
-                tv_nsec: rescan.subsec_nanos() as i64,
-            };
-            let mut fds = [rustix::event::PollFd::new(
-                &ino,
-                rustix::event::PollFlags::IN,
-            )];
-            match rustix::event::poll(&mut fds, Some(&ts)) {
-                Ok(0) => {
+            out.flush().map_err(crate::error::out_err)?;
+            // The directories are the truth, not the events: any wake-up
+            // (an arrival, an overflow, a removed directory) means a pass.
+            match watcher.wait(Some(rescan)) {
+                Ok(Woke::Timeout) => {
                     // Quiet: a good moment to save the rate memory.
                     self.save_memory()?;
                 }
-                Ok(_) | Err(Errno::INTR) => {}
-                Err(e) => return Err(Error::io("cannot wait on", &self.root.dir, errno_io(e))),
-            }
-            // Drain the events: the directories are the truth, not the events.
-            let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 8192];
-            let mut reader = inotify::Reader::new(&ino, &mut buf);
-            while let Ok(ev) = reader.next() {
-                let _overflow = ev.events().contains(ReadFlags::QUEUE_OVERFLOW);
+                Ok(Woke::Changed | Woke::Overflow | Woke::Gone(_)) => {}
+                Err(e) => return Err(Error::io("cannot wait on", &self.root.dir, e)),
             }
         }
     }

@@ -7,7 +7,7 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use crate::cli::out_err;
+use crate::error::out_err;
 use crate::error::{Error, Exit, Result};
 use crate::layout::{self, Root};
 use crate::log::{Action, Entry, Log};

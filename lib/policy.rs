@@ -467,32 +467,9 @@ fn render_duration(d: Duration) -> String {
     }
 }
 
-/// True when a glob matches a path.  `**` spans any number of `/`-separated
-/// segments, `*` stays within a segment, `?` is one character; anything else
-/// matches itself (so a named contract such as `schema:users` matches only
-/// itself).
+/// True when a glob matches a path (lib/glob.rs has the one semantics).
 pub fn glob_match(pat: &str, text: &str) -> bool {
-    fn m(p: &[u8], t: &[u8]) -> bool {
-        if p.is_empty() {
-            return t.is_empty();
-        }
-        if p.starts_with(b"**") {
-            let rest = p[2..].strip_prefix(b"/").unwrap_or(&p[2..]);
-            // `**` matches the empty string or any run of whole segments.
-            if m(rest, t) {
-                return true;
-            }
-            return (0..t.len()).any(|i| t[i] == b'/' && m(rest, &t[i + 1..])) || (rest.is_empty());
-        }
-        match p[0] {
-            b'*' => (0..=t.len())
-                .take_while(|&i| i == 0 || t[i - 1] != b'/')
-                .any(|i| m(&p[1..], &t[i..])),
-            b'?' => !t.is_empty() && t[0] != b'/' && m(&p[1..], &t[1..]),
-            c => !t.is_empty() && t[0] == c && m(&p[1..], &t[1..]),
-        }
-    }
-    m(pat.as_bytes(), text.as_bytes())
+    crate::glob::matches(pat, text)
 }
 
 /// True when a scope entry and a ref concern the same thing: either matches
@@ -503,7 +480,7 @@ pub fn overlaps(scope: &str, r: &str) -> bool {
     let under = |dir: &str, path: &str| {
         path.len() > dir.len() && path.starts_with(dir) && path.as_bytes()[dir.len()] == b'/'
     };
-    let literal = |s: &str| !s.contains(['*', '?']);
+    let literal = |s: &str| !crate::glob::is_pattern(s);
     glob_match(scope_t, ref_t)
         || glob_match(ref_t, scope_t)
         || (literal(scope_t) && under(scope_t, ref_t))
@@ -512,7 +489,7 @@ pub fn overlaps(scope: &str, r: &str) -> bool {
             // A ref `src/api` overlaps a scope `src/api/**`: compare the
             // scope's literal directory prefix with the ref.
             let prefix = scope_t
-                .split(['*', '?'])
+                .split(['*', '?', '['])
                 .next()
                 .unwrap_or("")
                 .trim_end_matches('/');

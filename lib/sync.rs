@@ -1023,21 +1023,17 @@ pub fn watch_dir(
     period: std::time::Duration,
     mut pass: impl FnMut() -> Result<()>,
 ) -> Result<()> {
-    use notify::EventKind;
-    use notify::event::{ModifyKind, RenameMode};
-    use notify_debouncer_full::{DebounceEventResult, new_debouncer};
-    let (tx, rx) = std::sync::mpsc::channel::<DebounceEventResult>();
-    let mut deb = new_debouncer(std::time::Duration::from_millis(200), None, tx).map_err(|e| {
+    use crate::fs::{Watcher, Woke};
+    let watcher = Watcher::new().map_err(|e| {
         Error::new(
             Exit::Unavailable,
             format!("cannot start a file watcher on '{}'", dir.display()),
         )
         .with_source(e)
     })?;
-    deb.watch(dir, notify::RecursiveMode::NonRecursive)
-        .map_err(|e| {
-            Error::new(Exit::NoInput, format!("cannot watch '{}'", dir.display())).with_source(e)
-        })?;
+    watcher.add(dir).map_err(|e| {
+        Error::new(Exit::NoInput, format!("cannot watch '{}'", dir.display())).with_source(e)
+    })?;
     loop {
         match pass() {
             Ok(()) => {}
@@ -1047,37 +1043,21 @@ pub fn watch_dir(
             }
             Err(e) => return Err(e),
         }
-        // Wait for something relevant; other events (our own reads) are drained.
-        loop {
-            match rx.recv_timeout(period) {
-                Ok(Ok(events)) => {
-                    let relevant = events.iter().any(|ev| {
-                        ev.need_rescan()
-                            || matches!(
-                                ev.kind,
-                                EventKind::Create(_)
-                                    | EventKind::Modify(ModifyKind::Name(
-                                        RenameMode::To | RenameMode::Both | RenameMode::Any
-                                    ))
-                            )
-                    });
-                    if relevant {
-                        break;
-                    }
-                }
-                Ok(Err(errs)) => {
-                    for e in errs {
-                        eprintln!("lw-sync: watching '{}': {e}; rescanning", dir.display());
-                    }
-                    break;
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => break,
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                    return Err(Error::new(
-                        Exit::Software,
-                        format!("the watcher on '{}' stopped", dir.display()),
-                    ));
-                }
+        // A burst of arrivals wakes one pass (debounced by 200 ms).
+        match watcher.wait_settled(Some(period), std::time::Duration::from_millis(200)) {
+            Ok(Woke::Timeout | Woke::Changed | Woke::Overflow) => {}
+            Ok(Woke::Gone(p)) => {
+                return Err(Error::new(
+                    Exit::NoInput,
+                    format!("the watched directory '{}' was removed", p.display()),
+                ));
+            }
+            Err(e) => {
+                return Err(Error::new(
+                    Exit::Software,
+                    format!("the watcher on '{}' stopped", dir.display()),
+                )
+                .with_source(e));
             }
         }
     }
