@@ -9,6 +9,7 @@
 //! for one bad entry.  `--wait` blocks on an inotify watch until a message
 //! arrives; it never polls.
 
+use loopwright::visible::{visible, visible_line};
 use std::ffi::OsStr;
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -160,7 +161,13 @@ fn list(inbox: &Maildir, sub: Sub, json: bool, out: &mut dyn Write) -> Result<()
                     v["state"] = if sub == Sub::New { "new" } else { "read" }.into();
                     v.to_string()
                 } else {
-                    format!("{}\t{}\t{}\t{}", m.id, m.from, m.kind, m.subject)
+                    format!(
+                        "{}\t{}\t{}\t{}",
+                        m.id,
+                        m.from,
+                        m.kind,
+                        visible_line(&m.subject)
+                    )
                 };
                 writeln!(out, "{line}").map_err(cli::out_err)?;
             }
@@ -237,23 +244,26 @@ fn show(m: &Message, state: &str, json: bool, out: &mut dyn Write) -> Result<()>
         writeln!(out, "{v}").map_err(cli::out_err)?;
         return Ok(());
     }
+    // Everything here came from a sandbox: control characters are shown,
+    // never sent to the terminal.
     let mut text = format!(
         "id: {}\nfrom: {}\nto: {}\nkind: {}\nsubject: {}\ncreated: {}\nstate: {state}\n",
         m.id,
         m.from,
         m.to.join(", "),
         m.kind,
-        m.subject,
-        m.created
+        visible_line(&m.subject),
+        visible_line(&m.created)
     );
     if !m.refs.is_empty() {
-        text += &format!("refs: {}\n", m.refs.join(", "));
+        let refs: Vec<_> = m.refs.iter().map(|r| visible_line(r)).collect();
+        text += &format!("refs: {}\n", refs.join(", "));
     }
     if let Some(r) = &m.in_reply_to {
-        text += &format!("in-reply-to: {r}\n");
+        text += &format!("in-reply-to: {}\n", visible_line(r));
     }
     text += "\n";
-    text += &m.body;
+    text += &visible(&m.body);
     if !m.body.is_empty() && !m.body.ends_with('\n') {
         text.push('\n');
     }

@@ -21,6 +21,7 @@ use loopwright::log::Log;
 use loopwright::mediate::{self, Mediator};
 use loopwright::operator;
 use loopwright::policy::{self, Policy};
+use loopwright::redact::Secrets;
 use loopwright::registry::{Registry, Sandbox};
 use loopwright::{Error, Exit, Result};
 
@@ -147,6 +148,20 @@ fn main() -> ExitCode {
     loopwright::cli::run_main("lw-mediate", run)
 }
 
+/// The secret values the mediator keeps from leaving (lib/redact.rs): the
+/// project's `sandbox.secrets` and `door.secrets`, and the sync token, as
+/// this process's environment has them.
+fn door_secrets() -> Result<Secrets> {
+    let env = |n: &str| std::env::var_os(n);
+    let here = std::env::current_dir().unwrap_or_default();
+    let (mut s, mut warnings) = Secrets::for_project(&here, &env)?;
+    warnings.extend(s.add_env(&["GH_TOKEN".into(), "GITHUB_TOKEN".into()], &env));
+    for w in warnings {
+        eprintln!("lw-mediate: warning: {w}");
+    }
+    Ok(s)
+}
+
 fn root_of(args: &Args) -> Result<Root> {
     Root::resolve(args.root.as_deref())
 }
@@ -187,6 +202,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             let _lock = mediate::lock_mediator(&root)?;
             let (p, explicit) = policy_of(&args);
             let mut m = Mediator::open(root, Some(p), explicit)?;
+            m.secrets = door_secrets()?;
             m.batch = args.batch;
             m.verbose = args.verbose;
             m.sync = if args.sync == "file" {
@@ -235,6 +251,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         Some(Cmd::Release { ids }) | Some(Cmd::Drop { ids, .. }) => {
             let (p, explicit) = policy_of(&args);
             let mut m = Mediator::open(root, Some(p), explicit)?;
+            m.secrets = door_secrets()?;
             for id in ids {
                 let e = match &args.cmd {
                     Some(Cmd::Drop { reason, .. }) => m.drop_held(id, reason, out)?,
@@ -282,7 +299,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             branch,
             scope,
         }) => {
-            mediate::init_root(&root)?;
+            root.init()?;
             let p = Registry::new(&root).register(&Sandbox::new(
                 name,
                 branch.clone(),

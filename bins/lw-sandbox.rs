@@ -24,8 +24,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use loopwright::agent::run::{self as agent_run, RunOptions};
 use loopwright::agent::{Credential, kit};
 use loopwright::cli::{self, out_err};
+use loopwright::engine::DockerEngine;
 use loopwright::layout::Root;
-use loopwright::sandbox::runtime::DockerSandbox;
 use loopwright::sandbox::{self, CreateOptions, Network, Sandboxes};
 use loopwright::{Error, Exit};
 
@@ -61,6 +61,8 @@ enum Cred {
     Env,
 }
 
+// Parsed once per run: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// List the agent kits: name, package@version, key variable, source
@@ -132,6 +134,8 @@ enum Cmd {
         /// Say on standard error how long each step took
         #[arg(short, long)]
         verbose: bool,
+        #[command(flatten)]
+        limits: LimitArgs,
     },
     /// Push the sandbox's branch, and nothing else, to the upstream
     Push {
@@ -197,6 +201,41 @@ enum Cmd {
     Gc,
 }
 
+/// `create`'s limits (over `.loopwright/config`'s) and install rule.
+#[derive(clap::Args, Debug)]
+struct LimitArgs {
+    /// CPUs it may use, e.g. 0.5 [default: sandbox.cpus, else half the host's]
+    #[arg(long, value_name = "N")]
+    cpus: Option<String>,
+    /// Memory limit, e.g. 2g [default: sandbox.memory]
+    #[arg(long, value_name = "SIZE")]
+    memory: Option<String>,
+    /// Process limit [default: sandbox.pids]
+    #[arg(long, value_name = "N")]
+    pids: Option<String>,
+    /// Disk quota of its workspace, e.g. 8g [default: sandbox.disk]
+    #[arg(long, value_name = "SIZE")]
+    disk: Option<String>,
+    /// Disk quota of its mail dir, e.g. 64m [default: sandbox.mail-disk]
+    #[arg(long, value_name = "SIZE")]
+    mail_disk: Option<String>,
+    /// Run the branch's install script when it differs from the image's
+    #[arg(long)]
+    allow_install_change: bool,
+}
+
+impl LimitArgs {
+    fn overrides(&self) -> sandbox::limits::Overrides {
+        sandbox::limits::Overrides {
+            cpus: self.cpus.clone(),
+            memory: self.memory.clone(),
+            pids: self.pids.clone(),
+            disk: self.disk.clone(),
+            mail_disk: self.mail_disk.clone(),
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let args: Args = match cli::parse_args(PROG) {
         Ok(a) => a,
@@ -227,7 +266,7 @@ fn warn(msg: &str) {
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
     let root = root_of(&args)?;
-    let engine = DockerSandbox::connect()?;
+    let engine = DockerEngine::connect()?;
     let sb = Sandboxes::new(root, &engine);
     let line = |out: &mut dyn Write, s: &str| writeln!(out, "{s}").map_err(out_err);
     match args.cmd {
@@ -247,6 +286,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
             no_fetch,
             json,
             verbose,
+            limits,
         } => {
             let (project, mirror_path) =
                 sandbox::find_project(args.project.as_deref(), args.mirror.as_deref())?;
@@ -277,6 +317,8 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
                 allow_stale,
                 no_fetch,
                 agent,
+                allow_install_change: limits.allow_install_change,
+                limits: limits.overrides(),
             };
             let c = sb.create(&opts, project.as_ref(), &mirror_path, &bins, &mut |m| {
                 warn(m)
@@ -330,7 +372,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
         Cmd::Rm { names, force } => {
             for n in names {
                 sb.remove(&n, force, &mut |what| {
-                    if what.starts_with("kept ") {
+                    if what.starts_with("archived ") {
                         warn(what);
                     }
                 })?;
@@ -350,7 +392,12 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
                     })
                     .to_string()
                 } else {
-                    format!("{} {} {} {}:{}", d.time, d.client, d.method, d.host, d.port)
+                    // What the sandbox asked for: its control characters shown.
+                    loopwright::visible::visible_line(&format!(
+                        "{} {} {} {}:{}",
+                        d.time, d.client, d.method, d.host, d.port
+                    ))
+                    .into_owned()
                 };
                 line(out, &text)?;
             }
@@ -394,7 +441,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
 /// `exec` and `shell`: the command's status is ours.
 fn exec(args: Args) -> Result<u8, Error> {
     let root = root_of(&args)?;
-    let engine = DockerSandbox::connect()?;
+    let engine = DockerEngine::connect()?;
     let sb = Sandboxes::new(root, &engine);
     let code = match args.cmd {
         Cmd::Exec {

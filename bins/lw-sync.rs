@@ -17,6 +17,7 @@ use clap::{Parser, Subcommand};
 use loopwright::cli::out_err;
 use loopwright::github::{Client, DEFAULT_API, Limits, Token, default_token_file};
 use loopwright::layout::Root;
+use loopwright::redact::Secrets;
 use loopwright::sync::{self, Config, Event, Syncer};
 use loopwright::{Error, Exit, Result};
 
@@ -53,6 +54,15 @@ struct Args {
     /// Longest wait for a rate limit before giving up with status 75.
     #[arg(long, global = true, value_name = "SECS", default_value_t = 300)]
     max_wait: u64,
+    /// Longest wait for a connection to the API.
+    #[arg(long, global = true, value_name = "SECS", default_value_t = 10)]
+    connect_timeout: u64,
+    /// Longest wait for each read of an answer.
+    #[arg(long, global = true, value_name = "SECS", default_value_t = 20)]
+    read_timeout: u64,
+    /// Stop starting requests and waits after SECS (status 75; for cron).
+    #[arg(long, global = true, value_name = "SECS")]
+    time_limit: Option<u64>,
     /// Sync once and exit (for cron); the default.
     #[arg(long, conflicts_with = "watch")]
     once: bool,
@@ -121,9 +131,21 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     let token = Token::load(token_file.as_deref())?;
     let mut limits = Limits::from_env()?;
     limits.max_wait = Duration::from_secs(args.max_wait);
-    let client = Client::new(&api, token, limits, Default::default())?;
+    limits.connect_timeout = Duration::from_secs(args.connect_timeout.max(1));
+    limits.read_timeout = Duration::from_secs(args.read_timeout.max(1));
+    let mut secrets = door_secrets(&token)?;
+    let mut client = Client::new(&api, token, limits, Default::default())?;
+    if args.watch && args.time_limit.is_some() {
+        return Err(Error::usage(
+            "--time-limit is for runs that end (--once, pull, verify), not --watch",
+        ));
+    }
+    if let Some(t) = args.time_limit {
+        client.deadline = Some(loopwright::github::now_ms() + t * 1000);
+    }
     let _lock = sync::lock(&root, !args.no_wait)?;
     let mut s = Syncer::new(root.clone(), cfg, client)?;
+    s.secrets = std::mem::take(&mut secrets);
     let json = args.json;
     let mut status = Exit::Ok;
     let res = match args.cmd {
@@ -157,6 +179,19 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         status = Exit::DataErr;
     }
     Ok(status)
+}
+
+/// The secret values masked in everything posted: the token, and the
+/// project's `sandbox.secrets` and `door.secrets` as the environment has them.
+fn door_secrets(token: &Token) -> Result<Secrets> {
+    let env = |n: &str| std::env::var_os(n);
+    let here = std::env::current_dir().unwrap_or_default();
+    let (mut s, mut warnings) = Secrets::for_project(&here, &env)?;
+    warnings.extend(s.add("SYNC_TOKEN", token.value_for_masking()));
+    for w in warnings {
+        eprintln!("{PROG}: warning: {w}");
+    }
+    Ok(s)
 }
 
 /// Prints the events gathered so far: records on stdout, problems on stderr.

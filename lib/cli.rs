@@ -49,11 +49,7 @@ fn strip_os(s: &str) -> &str {
     }
 }
 
-/// Converts a failed write to stdout into an error that `main_with` treats
-/// as a closed pipe when it is one.
-pub fn out_err(e: io::Error) -> Error {
-    Error::new(Exit::IoErr, "cannot write to standard output").with_source(e)
-}
+pub use crate::error::out_err;
 
 /// Parses clap arguments, mapping clap's own exit status 2 to 64 (usage).
 pub fn parse_args<T: clap::Parser>(prog: &str) -> Result<T, ExitCode> {

@@ -104,6 +104,7 @@ pub fn run(inp: &Inputs) -> Vec<Finding> {
     };
     out.push(git());
     let engine = docker(&mut out);
+    out.push(apparmor());
     if let Some(p) = &project {
         out.push(mirror(p, inp.fresh));
         out.extend(image(p, engine.as_ref()));
@@ -189,6 +190,26 @@ fn docker(out: &mut Vec<Finding>) -> Option<DockerEngine> {
     }
 }
 
+/// Sandboxes run under AppArmor's docker-default where the host has
+/// AppArmor (lib/sandbox); say when it has not.
+fn apparmor() -> Finding {
+    if crate::sandbox::host_has_apparmor() {
+        f(
+            "apparmor",
+            Status::Ok,
+            "sandboxes run under the docker-default AppArmor profile",
+            None,
+        )
+    } else {
+        f(
+            "apparmor",
+            Status::Warn,
+            "the host has no AppArmor: sandboxes run without an AppArmor profile (no capabilities, no-new-privileges and the seccomp profile still apply)",
+            Some("nothing to do unless you want AppArmor: boot a kernel with it enabled".into()),
+        )
+    }
+}
+
 fn mirror(p: &Project, fresh: Duration) -> Finding {
     let env = std::env::var_os(crate::mirror::ENV_PATH).map(PathBuf::from);
     let path = match crate::mirror::locate(None, env.as_deref(), Some(p), &p.top) {
@@ -204,7 +225,7 @@ fn mirror(p: &Project, fresh: Duration) -> Finding {
                 path.display(),
                 s.refs,
                 crate::mirror::human_size(s.size),
-                human_age(age),
+                crate::time::human_age(age),
                 s.url
             );
             if age > fresh {
@@ -322,6 +343,16 @@ fn mailbox(root: &Root) -> Vec<Finding> {
             ),
             Some(format!("chmod go-w {}", root.dir.display())),
         ));
+    } else if mode & 0o077 != 0 {
+        out.push(f(
+            "mailbox",
+            Status::Warn,
+            format!(
+                "{} is open to group or others (mode {mode:o}); lw-sandbox makes a root 0700",
+                root.dir.display()
+            ),
+            Some(format!("chmod 700 {}", root.dir.display())),
+        ));
     } else {
         out.push(f(
             "mailbox",
@@ -423,9 +454,11 @@ fn github(dir: &Path) -> Finding {
         .ok()
         .or(cfg.api_url.clone())
         .unwrap_or_else(|| "https://api.github.com".into());
-    let mut limits = crate::github::Limits::default();
-    limits.max_wait = Duration::from_secs(5);
-    limits.read_attempts = 1;
+    let limits = crate::github::Limits {
+        max_wait: Duration::from_secs(5),
+        read_attempts: 1,
+        ..Default::default()
+    };
     let client = crate::github::Client::new(&base, token, limits, Default::default());
     let mut client = match client {
         Ok(c) => c,
@@ -470,15 +503,5 @@ fn github(dir: &Path) -> Finding {
             format!("{who} at {base}; {e}"),
             None,
         ),
-    }
-}
-
-fn human_age(d: Duration) -> String {
-    let s = d.as_secs();
-    match s {
-        0..=119 => format!("{s}s"),
-        120..=7199 => format!("{}m", s / 60),
-        7200..=172_799 => format!("{}h", s / 3600),
-        _ => format!("{}d", s / 86_400),
     }
 }

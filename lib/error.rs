@@ -90,10 +90,29 @@ impl Error {
         }
     }
 
+    /// A failure of [`crate::fs::lock`] or [`crate::fs::try_lock`] on `path`:
+    /// a lock file that cannot be opened is an I/O error (73/74, as
+    /// [`Error::io`]); one that opens but cannot be locked is temporary (75).
+    pub fn lock(path: &Path, err: io::Error) -> Self {
+        match err.kind() {
+            io::ErrorKind::NotFound
+            | io::ErrorKind::PermissionDenied
+            | io::ErrorKind::ReadOnlyFilesystem
+            | io::ErrorKind::IsADirectory => Error::io("cannot open", path, err),
+            _ => Error::io_as(Exit::TempFail, "cannot lock", path, err),
+        }
+    }
+
     pub fn with_source(mut self, err: impl std::error::Error + Send + Sync + 'static) -> Self {
         self.source = Some(Box::new(err));
         self
     }
+}
+
+/// Converts a failed write to stdout into an error that `main_with` treats
+/// as a closed pipe when it is one.
+pub fn out_err(e: io::Error) -> Error {
+    Error::new(Exit::IoErr, "cannot write to standard output").with_source(e)
 }
 
 /// A rustix errno as a std I/O error (for messages and [`io_exit`]).

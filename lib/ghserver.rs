@@ -89,6 +89,11 @@ pub struct Fault {
     pub skip: u64,
     #[serde(default)]
     pub probability: Option<f64>,
+    /// The `message` of a `status` answer (default "Server Error"), e.g.
+    /// "Resource not accessible by integration" for a 403 on `/user` as
+    /// GitHub gives App installation and Actions tokens.
+    #[serde(default)]
+    pub message: Option<String>,
 }
 
 fn one() -> u64 {
@@ -754,7 +759,12 @@ fn dispatch(
                 };
             }
             "status" if !f.commit && f.status == Some(422) => return too_long(),
-            "status" if !f.commit => return gh_error(f.status.unwrap_or(502), "Server Error"),
+            "status" if !f.commit => {
+                return gh_error(
+                    f.status.unwrap_or(502),
+                    f.message.as_deref().unwrap_or("Server Error"),
+                );
+            }
             _ => commit_then = Some(f),
         }
     }

@@ -646,9 +646,7 @@ mod tests {
                 config_get(&dir, "remote.origin.url").unwrap(),
                 "{url:?} in {text}"
             );
-            let (top, git_dir) = find_checkout(&dir.join(".git/refs"))
-                .map(|(t, g)| (t, g))
-                .unwrap_or_default();
+            let (top, git_dir) = find_checkout(&dir.join(".git/refs")).unwrap_or_default();
             assert_eq!(top, dir);
             assert_eq!(origin_url(&top, &git_dir).unwrap().as_deref(), Some(url));
         }

@@ -93,6 +93,11 @@ impl Token {
     fn header(&self) -> String {
         format!("Bearer {}", self.0)
     }
+
+    /// The value, for masking it in text that leaves (lib/redact.rs) only.
+    pub fn value_for_masking(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
 }
 
 /// Pacing limits (GitHub, "Best practices for using the REST API" and
@@ -110,7 +115,43 @@ pub struct Limits {
     pub max_wait: Duration,
     /// Attempts for a read that meets 5xx or a dropped connection.
     pub read_attempts: u32,
+    /// Longest wait for a TCP (and TLS) connection.
+    pub connect_timeout: Duration,
+    /// Longest wait for any read of an answer (its headers, each part of
+    /// its body); an exchange as a whole gets connect + 2 x read.
+    pub read_timeout: Duration,
+    /// Attempts for a read that timed out (each costs a read timeout).
+    pub timeout_attempts: u32,
 }
+
+/// Default connect timeout (lw-sync(1), --connect-timeout).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default read timeout (lw-sync(1), --read-timeout).
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Time as the rate-limit logic sees it, so that its tests need not sleep.
+pub trait Clock {
+    /// Milliseconds since the epoch.
+    fn now_ms(&self) -> u64;
+    fn sleep(&self, d: Duration);
+}
+
+/// The real clock.
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> u64 {
+        now_ms()
+    }
+    fn sleep(&self, d: Duration) {
+        std::thread::sleep(d)
+    }
+}
+
+/// Called with the budget whenever it holds a blocked window that is not
+/// yet on disk, before any wait: the caller writes it durably, so that a run
+/// killed while waiting leaves the window to the next run.
+pub type Persist = Box<dyn FnMut(&Budget) -> Result<()>>;
 
 impl Default for Limits {
     fn default() -> Limits {
@@ -122,6 +163,9 @@ impl Default for Limits {
             hour: Duration::from_secs(3600),
             max_wait: Duration::from_secs(300),
             read_attempts: 4,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            read_timeout: DEFAULT_READ_TIMEOUT,
+            timeout_attempts: 2,
         }
     }
 }
@@ -271,6 +315,55 @@ pub struct Client {
     /// Requests sent by this client (for the figures the commands print).
     pub requests: u64,
     pub writes: u64,
+    pub clock: Box<dyn Clock>,
+    /// Writes the budget durably before a wait (see [`Persist`]).
+    pub persist: Option<Persist>,
+    /// The blocked window last handed to `persist`.
+    persisted_until: u64,
+    /// The run's time budget ends here (ms since the epoch): no request is
+    /// sent and no wait begins that would end after it.
+    pub deadline: Option<u64>,
+}
+
+/// Why an exchange failed before an answer came.
+#[derive(Debug)]
+enum Transport {
+    /// Nothing listens, or the host does not resolve: nothing was sent.
+    Unreachable(String),
+    /// No answer in time; a write may have been done.
+    TimedOut(String),
+    /// Anything else (a dropped connection).
+    Other(String),
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Transport::Unreachable(m) | Transport::TimedOut(m) | Transport::Other(m) => {
+                f.write_str(m)
+            }
+        }
+    }
+}
+
+fn transport(e: ureq::Error) -> Transport {
+    let refused = |k: std::io::ErrorKind| {
+        matches!(
+            k,
+            std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::AddrNotAvailable
+        )
+    };
+    match &e {
+        ureq::Error::Timeout(_) => Transport::TimedOut(e.to_string()),
+        ureq::Error::HostNotFound | ureq::Error::ConnectionFailed => {
+            Transport::Unreachable(e.to_string())
+        }
+        ureq::Error::Io(io) if refused(io.kind()) => Transport::Unreachable(e.to_string()),
+        ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::TimedOut => {
+            Transport::TimedOut(e.to_string())
+        }
+        _ => Transport::Other(e.to_string()),
+    }
 }
 
 /// Called with the time a write is about to be sent; the caller persists it
@@ -289,8 +382,9 @@ impl Client {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .max_redirects(0)
-            .timeout_connect(Some(Duration::from_secs(15)))
-            .timeout_global(Some(Duration::from_secs(60)))
+            .timeout_connect(Some(limits.connect_timeout))
+            .timeout_per_read(Some(limits.read_timeout))
+            .timeout_per_call(Some(limits.connect_timeout + 2 * limits.read_timeout))
             .user_agent(concat!("loopwright-lw-sync/", env!("CARGO_PKG_VERSION")))
             .build()
             .into();
@@ -302,7 +396,42 @@ impl Client {
             budget,
             requests: 0,
             writes: 0,
+            clock: Box::new(SystemClock),
+            persist: None,
+            persisted_until: 0,
+            deadline: None,
         })
+    }
+
+    /// Hands a blocked window that is not on disk yet to `persist`.
+    fn persist_window(&mut self) -> Result<()> {
+        if self.budget.blocked_until > self.persisted_until
+            && let Some(p) = self.persist.as_mut()
+        {
+            p(&self.budget)?;
+            self.persisted_until = self.budget.blocked_until;
+        }
+        Ok(())
+    }
+
+    /// Fails when the run's time budget would be spent before `wait` ends.
+    fn check_deadline(&self, wait: Duration) -> Result<()> {
+        if let Some(d) = self.deadline
+            && self.clock.now_ms() + wait.as_millis() as u64 >= d
+        {
+            return Err(Error::new(
+                Exit::TempFail,
+                "the run's time limit (--time-limit) is spent; the next run goes on from here",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Sleeps on the client's clock, within the run's time budget.
+    fn pause(&mut self, wait: Duration) -> Result<()> {
+        self.check_deadline(wait)?;
+        self.clock.sleep(wait);
+        Ok(())
     }
 
     pub fn base(&self) -> &str {
@@ -315,8 +444,11 @@ impl Client {
 
     /// Waits out a blocked window (or fails when it is longer than `max_wait`).
     fn wait_blocked(&mut self) -> Result<()> {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         if self.budget.blocked_until > now {
+            // Durable before any wait: a run killed while waiting leaves the
+            // rest of the window to the next run.
+            self.persist_window()?;
             let wait = Duration::from_millis(self.budget.blocked_until - now);
             if wait > self.limits.max_wait {
                 return Err(Error::new(
@@ -328,7 +460,7 @@ impl Client {
                     ),
                 ));
             }
-            std::thread::sleep(wait);
+            self.pause(wait)?;
         }
         Ok(())
     }
@@ -337,7 +469,7 @@ impl Client {
     fn wait_write_slot(&mut self) -> Result<()> {
         loop {
             self.wait_blocked()?;
-            let now = now_ms();
+            let now = self.clock.now_ms();
             let hour = self.limits.hour.as_millis() as u64;
             self.budget.writes.retain(|&w| w + hour > now);
             let earliest = next_write_at(&self.limits, &self.budget.writes, now);
@@ -354,7 +486,7 @@ impl Client {
                     ),
                 ));
             }
-            std::thread::sleep(wait);
+            self.pause(wait)?;
         }
     }
 
@@ -366,7 +498,7 @@ impl Client {
         method: &str,
         url: &str,
         body: Option<&serde_json::Value>,
-    ) -> std::result::Result<Reply, String> {
+    ) -> std::result::Result<Reply, Transport> {
         self.requests += 1;
         let auth = self.token.header();
         let res = match (method, body) {
@@ -391,7 +523,7 @@ impl Client {
             _ => unreachable!("every write carries a JSON body"),
         };
         drop(auth);
-        let mut resp = res.map_err(|e| e.to_string())?;
+        let mut resp = res.map_err(transport)?;
         let status = resp.status().as_u16();
         let headers = resp
             .headers()
@@ -408,7 +540,7 @@ impl Client {
             .with_config()
             .limit(64 * 1024 * 1024)
             .read_to_vec()
-            .map_err(|e| e.to_string())?;
+            .map_err(transport)?;
         Ok(Reply {
             status,
             headers,
@@ -439,7 +571,7 @@ impl Client {
         if r.status != 403 && r.status != 429 {
             return None;
         }
-        let now = now_ms();
+        let now = self.clock.now_ms();
         if let Some(s) = r
             .header("retry-after")
             .and_then(|v| v.trim().parse::<u64>().ok())
@@ -465,6 +597,11 @@ impl Client {
     }
 
     fn error_for(&self, r: &Reply, what: &str, perm: &str) -> Error {
+        let with = if perm.is_empty() {
+            String::new()
+        } else {
+            format!(" with {perm}")
+        };
         let msg = serde_json::from_slice::<serde_json::Value>(&r.body)
             .ok()
             .and_then(|v| {
@@ -481,13 +618,13 @@ impl Client {
             401 => Error::new(
                 Exit::NoPerm,
                 format!(
-                    "GitHub rejected the token (401 {msg}) when asked for {what}: it is missing, expired or revoked; set GH_TOKEN to a valid token with {perm}"
+                    "GitHub rejected the token (401 {msg}) when asked for {what}: it is missing, expired or revoked; set GH_TOKEN to a valid token{with}"
                 ),
             ),
             403 => Error::new(
                 Exit::NoPerm,
                 format!(
-                    "GitHub refused {what} (403 {msg}): the token lacks the permission {perm}{accepted}"
+                    "GitHub refused {what} (403 {msg}): the token lacks a permission{with}{accepted}"
                 ),
             ),
             404 => Error::new(
@@ -524,6 +661,7 @@ impl Client {
             return Ok(false);
         };
         self.budget.blocked_until = self.budget.blocked_until.max(until);
+        self.persist_window()?;
         *limited += 1;
         if *limited > MAX_RATE_LIMITED {
             return Err(rate_limited_too_often(what));
@@ -541,11 +679,27 @@ impl Client {
     ) -> Result<(serde_json::Value, Option<String>)> {
         let mut attempt = 0;
         let mut limited = 0;
+        let mut timeouts = 0;
         loop {
             attempt += 1;
             self.wait_blocked()?;
+            self.check_deadline(Duration::ZERO)?;
             let transient = match self.exchange("GET", url, None) {
-                Err(e) => format!("the connection failed: {e}"),
+                Err(Transport::Unreachable(e)) => return Err(unreachable(&self.base, what, &e)),
+                Err(Transport::TimedOut(e)) => {
+                    timeouts += 1;
+                    if timeouts >= self.limits.timeout_attempts {
+                        return Err(Error::new(
+                            Exit::TempFail,
+                            format!(
+                                "{what}: no answer from '{}' within the read timeout ({e}); gave up after {timeouts} attempts",
+                                self.base
+                            ),
+                        ));
+                    }
+                    format!("no answer in time: {e}")
+                }
+                Err(Transport::Other(e)) => format!("the connection failed: {e}"),
                 Ok(r) => {
                     if self.was_rate_limited(&r, &mut limited, what)? {
                         attempt -= 1;
@@ -570,7 +724,8 @@ impl Client {
                     format!("{what}: {transient}; gave up after {attempt} attempts"),
                 ));
             }
-            std::thread::sleep(self.limits.unit() * (1 << attempt));
+            let backoff = self.limits.unit() * (1 << attempt);
+            self.pause(backoff)?;
         }
     }
 
@@ -579,9 +734,15 @@ impl Client {
     /// (GitHub App installation tokens).
     pub fn user(&mut self) -> Result<Option<String>> {
         let url = format!("{}/user", self.base);
-        match self.get_json(&url, "the token's user", "a valid token") {
+        match self.get_json(&url, "the token's user", "") {
             Ok((v, _)) => Ok(v.get("login").and_then(|l| l.as_str()).map(str::to_string)),
             Err(e) if e.exit == Exit::NoPerm && e.msg.contains("403") => Ok(None),
+            Err(e) if e.exit == Exit::Config && e.msg.contains("404") => {
+                Err(Error::config(format!(
+                    "GitHub answered 404 for the token's user (GET {url}): the API URL '{}' does not look like GitHub's REST API; check --api-url or \"api_url\"",
+                    self.base
+                )))
+            }
             Err(e) => Err(e),
         }
     }
@@ -685,21 +846,29 @@ impl Client {
         let mut limited = 0;
         loop {
             self.wait_write_slot()?;
+            self.check_deadline(Duration::ZERO)?;
             // Persisted before sending, a little ahead of the real send time, so
             // that a run killed mid-request still spaces its successor; replaced
             // by the time the answer came once it comes.
             // (A quarter of the spacing: 250 ms at GitHub's 1 s.)
             self.budget
                 .writes
-                .push(now_ms() + self.limits.min_write_interval.as_millis() as u64 / 4);
+                .push(self.clock.now_ms() + self.limits.min_write_interval.as_millis() as u64 / 4);
             before_send(&self.budget)?;
             self.writes += 1;
             let sent = self.exchange(method, url, Some(payload));
             if let Some(last) = self.budget.writes.last_mut() {
-                *last = now_ms();
+                *last = self.clock.now_ms();
             }
             let r = match sent {
-                Err(e) => return Ok(Posted::Unknown(format!("the connection failed: {e}"))),
+                // Nothing listened: nothing can have been created.
+                Err(Transport::Unreachable(e)) => return Err(unreachable(&self.base, what, &e)),
+                Err(Transport::TimedOut(e)) => {
+                    return Ok(Posted::Unknown(format!("no answer in time: {e}")));
+                }
+                Err(Transport::Other(e)) => {
+                    return Ok(Posted::Unknown(format!("the connection failed: {e}")));
+                }
                 Ok(r) => r,
             };
             // A rate-limited request did nothing; it is safe to send again.
@@ -745,6 +914,17 @@ pub fn next_write_at(l: &Limits, writes: &[u64], now: u64) -> u64 {
         earliest = earliest.max(in_hour[in_hour.len() - l.per_hour] + hour);
     }
     earliest
+}
+
+/// The error for an API URL nothing answers at: unavailable (69), not a
+/// temporary failure, since trying again soon changes nothing by itself.
+fn unreachable(base: &str, what: &str, e: &str) -> Error {
+    Error::new(
+        Exit::Unavailable,
+        format!(
+            "cannot connect to '{base}' for {what} ({e}): nothing answers there; check the API URL and the network"
+        ),
+    )
 }
 
 /// Rate-limit answers to one request before giving up (GitHub: "throw an
@@ -855,6 +1035,124 @@ mod tests {
         assert_eq!(l.min_write_interval, Duration::from_millis(10));
         assert_eq!(l.minute, Duration::from_millis(600));
         assert_eq!(l.per_minute, 79);
+    }
+
+    /// A clock that moves only when slept on, and notes each sleep.
+    struct FakeClock {
+        now: std::rc::Rc<std::cell::Cell<u64>>,
+        log: std::rc::Rc<std::cell::RefCell<Vec<String>>>,
+    }
+
+    impl Clock for FakeClock {
+        fn now_ms(&self) -> u64 {
+            self.now.get()
+        }
+        fn sleep(&self, d: Duration) {
+            self.log
+                .borrow_mut()
+                .push(format!("sleep {}", d.as_millis()));
+            self.now.set(self.now.get() + d.as_millis() as u64);
+        }
+    }
+
+    type Shared<T> = std::rc::Rc<std::cell::RefCell<T>>;
+
+    fn fake_client(
+        now: u64,
+    ) -> (
+        Client,
+        Shared<Vec<String>>,
+        std::rc::Rc<std::cell::Cell<u64>>,
+    ) {
+        let log: Shared<Vec<String>> = Default::default();
+        let clock = std::rc::Rc::new(std::cell::Cell::new(now));
+        let mut c = Client::new(
+            "http://127.0.0.1:9",
+            Token::new("t"),
+            Limits::default(),
+            Budget::default(),
+        )
+        .unwrap();
+        c.clock = Box::new(FakeClock {
+            now: clock.clone(),
+            log: log.clone(),
+        });
+        let l = log.clone();
+        c.persist = Some(Box::new(move |b: &Budget| {
+            l.borrow_mut()
+                .push(format!("persist until {}", b.blocked_until));
+            Ok(())
+        }));
+        (c, log, clock)
+    }
+
+    #[test]
+    fn a_blocked_window_is_persisted_before_the_wait_and_only_once() {
+        let (mut c, log, clock) = fake_client(1_000_000);
+        c.budget.blocked_until = 1_030_000;
+        c.wait_blocked().unwrap();
+        assert_eq!(
+            *log.borrow(),
+            ["persist until 1030000", "sleep 30000"],
+            "durable first, then the wait"
+        );
+        assert_eq!(clock.get(), 1_030_000);
+        // Already on disk: a second wait on the same window writes nothing.
+        c.budget.blocked_until = 1_040_000;
+        c.persisted_until = 1_040_000;
+        log.borrow_mut().clear();
+        c.wait_blocked().unwrap();
+        assert_eq!(*log.borrow(), ["sleep 10000"]);
+    }
+
+    #[test]
+    fn a_window_longer_than_max_wait_is_persisted_then_refused() {
+        let (mut c, log, _) = fake_client(5_000);
+        c.budget.blocked_until = 5_000 + 301_000;
+        let e = c.wait_blocked().unwrap_err();
+        assert_eq!(e.exit, Exit::TempFail);
+        assert_eq!(*log.borrow(), ["persist until 306000"], "no sleep");
+    }
+
+    #[test]
+    fn the_run_budget_stops_a_wait_that_would_outlast_it() {
+        let (mut c, log, _) = fake_client(10_000);
+        c.deadline = Some(20_000);
+        c.budget.blocked_until = 25_000;
+        let e = c.wait_blocked().unwrap_err();
+        assert!(e.msg.contains("--time-limit"), "{}", e.msg);
+        assert_eq!(*log.borrow(), ["persist until 25000"]);
+        // The write slot waits on the same clock: 1 s after the last write.
+        c.deadline = None;
+        c.budget.blocked_until = 0;
+        c.budget.writes = vec![25_000];
+        log.borrow_mut().clear();
+        c.wait_write_slot().unwrap();
+        assert_eq!(*log.borrow(), ["sleep 16000"]);
+    }
+
+    #[test]
+    fn errors_for_the_token_user_read_once_and_name_no_issue() {
+        let c = Client::new(
+            "http://127.0.0.1:9",
+            Token::new("t"),
+            Limits::default(),
+            Budget::default(),
+        )
+        .unwrap();
+        let reply = |status| Reply {
+            status,
+            headers: vec![],
+            body: br#"{"message":"Bad credentials"}"#.to_vec(),
+        };
+        let e = c.error_for(&reply(401), "the token's user", "");
+        assert_eq!(e.msg.matches("valid token").count(), 1, "{}", e.msg);
+        let e = c.error_for(&reply(401), "a comment on o/r#1", "issues: write");
+        assert!(
+            e.msg.ends_with("a valid token with issues: write"),
+            "{}",
+            e.msg
+        );
     }
 
     #[test]

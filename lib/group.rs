@@ -28,7 +28,7 @@ use std::ffi::OsStr;
 use std::os::fd::OwnedFd;
 use std::path::{Component, Path, PathBuf};
 
-use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, RenameFlags};
+use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::error::{Error, Exit, Result, errno_io};
@@ -313,12 +313,11 @@ impl Group {
         let mut dirty: HashMap<usize, ()> = HashMap::new();
         for (i, s) in staged.iter().enumerate() {
             let b = &boxes[s.boxkey];
-            match rfs::renameat_with(
+            match crate::fs::rename_noreplace_at(
                 &b.tmp,
-                s.name.as_str(),
+                OsStr::new(&s.name),
                 &b.new,
-                s.name.as_str(),
-                RenameFlags::NOREPLACE,
+                OsStr::new(&s.name),
             ) {
                 Ok(()) => {
                     done.new += 1;
@@ -360,7 +359,7 @@ pub fn move_noreplace(
     to_dir: &OwnedFd,
     to_name: &OsStr,
 ) -> rustix::io::Result<bool> {
-    match rfs::renameat_with(from_dir, name, to_dir, to_name, RenameFlags::NOREPLACE) {
+    match crate::fs::rename_noreplace_at(from_dir, name, to_dir, to_name) {
         Ok(()) => Ok(true),
         Err(Errno::NOENT) => Ok(false),
         Err(e) => Err(e),

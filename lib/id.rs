@@ -1,4 +1,9 @@
-//! Message ids, which are also the file names in every mailbox directory.
+//! Names: message ids (which are also the file names in every mailbox
+//! directory) and sandbox names, validated here so that the message, the
+//! Maildir and the root's layout all depend on this module and not on each
+//! other.
+//!
+//! Message ids.
 //!
 //! Grammar: `SSSSSSSSSS.NNNNNNNNN.RRRRRRRRRRRRRRRRRRRRRRRRRRRRRRRR` - seconds since
 //! the epoch (10 digits), nanoseconds (9 digits), and 128 bits from the kernel's
@@ -63,6 +68,20 @@ pub fn time_of(id: &str) -> Option<Duration> {
         id[..10].parse().ok()?,
         id[11..20].parse().ok()?,
     ))
+}
+
+/// True for a valid sandbox name: 1-63 of `[a-z0-9._-]`, starting with a letter
+/// or digit.  Names become directory names, container names and git ref parts.
+pub fn valid_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && !b[0].is_ascii_uppercase()
+        && b.iter().all(|c| {
+            c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'.' | b'_' | b'-')
+        })
+        && !name.contains("..")
 }
 
 #[cfg(test)]

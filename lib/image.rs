@@ -25,7 +25,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::fs;
-use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -989,60 +988,6 @@ pub fn context_sources(dockerfile: &str) -> Vec<Source> {
     out
 }
 
-/// Matches `*`, `?` and `[...]` within one path component, like Docker.
-fn glob_match(pat: &str, s: &str) -> bool {
-    let (p, s) = (pat.as_bytes(), s.as_bytes());
-    let (mut pi, mut si, mut star, mut mark) = (0, 0, None, 0);
-    while si < s.len() {
-        if pi < p.len() && p[pi] == b'[' {
-            if let Some(end) = p[pi..].iter().position(|&c| c == b']') {
-                let set = &p[pi + 1..pi + end];
-                let (neg, set) = match set.first() {
-                    Some(b'^') | Some(b'!') => (true, &set[1..]),
-                    _ => (false, set),
-                };
-                let mut hit = false;
-                let mut k = 0;
-                while k < set.len() {
-                    if k + 2 < set.len() && set[k + 1] == b'-' {
-                        hit |= set[k] <= s[si] && s[si] <= set[k + 2];
-                        k += 3;
-                    } else {
-                        hit |= set[k] == s[si];
-                        k += 1;
-                    }
-                }
-                if hit != neg && s[si] != b'/' {
-                    pi += end + 1;
-                    si += 1;
-                    continue;
-                }
-            }
-        } else if pi < p.len() && (p[pi] == b'?' && s[si] != b'/' || p[pi] == s[si]) {
-            pi += 1;
-            si += 1;
-            continue;
-        } else if pi < p.len() && p[pi] == b'*' {
-            star = Some(pi);
-            mark = si;
-            pi += 1;
-            continue;
-        }
-        match star {
-            Some(sp) if s[mark] != b'/' => {
-                pi = sp + 1;
-                mark += 1;
-                si = mark;
-            }
-            _ => return false,
-        }
-    }
-    while pi < p.len() && p[pi] == b'*' {
-        pi += 1;
-    }
-    pi == p.len()
-}
-
 /// Refuses a Dockerfile that reads a context path the layer did not declare,
 /// before the engine is asked, naming the Dockerfile line and the input list.
 fn check_dockerfile(text: &str, layer: &Layer) -> Result<()> {
@@ -1066,7 +1011,7 @@ fn check_dockerfile(text: &str, layer: &Layer) -> Result<()> {
             present.iter().any(|f| {
                 let depth = p.matches('/').count() + 1;
                 let prefix: Vec<&str> = f.split('/').take(depth).collect();
-                prefix.len() == depth && glob_match(&p, &prefix.join("/"))
+                prefix.len() == depth && crate::glob::matches(&p, &prefix.join("/"))
             })
         } else {
             present.contains(p.as_str()) || present.iter().any(|f| f.starts_with(&format!("{p}/")))
@@ -1271,18 +1216,8 @@ pub fn init(root: &Path, from: &str, deps_inputs: &[String], force: bool) -> Res
         let p = dir.join(name);
         let parent = p.parent().expect("a runtime file has a parent directory");
         fs::create_dir_all(parent).map_err(|e| Error::io("cannot create", parent, e))?;
-        let tmp = parent.join(format!(
-            ".{}.tmp",
-            p.file_name().expect("a file name").to_string_lossy()
-        ));
-        let mut f = fs::File::create(&tmp).map_err(|e| Error::io("cannot create", &tmp, e))?;
-        f.write_all(text.as_bytes())
-            .map_err(|e| Error::io("cannot write", &tmp, e))?;
-        f.set_permissions(fs::Permissions::from_mode(*mode))
-            .map_err(|e| Error::io("cannot chmod", &tmp, e))?;
-        f.sync_all()
-            .map_err(|e| Error::io("cannot sync", &tmp, e))?;
-        fs::rename(&tmp, &p).map_err(|e| Error::io("cannot rename into", &p, e))?;
+        crate::fs::write_replace(&p, text.as_bytes(), *mode, crate::fs::Durability::Synced)
+            .map_err(|e| Error::io("cannot write", &p, e))?;
         written.push(format!("{RUNTIME_DIR}/{name}"));
     }
     Ok(written)
@@ -1450,6 +1385,7 @@ layer deps
 
     #[test]
     fn globs_match_within_a_component() {
+        let glob_match = crate::glob::matches;
         assert!(glob_match("*.lock", "a.lock"));
         assert!(!glob_match("*.lock", "d/a.lock"));
         assert!(glob_match("d/?.lock", "d/a.lock"));

@@ -19,6 +19,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::error::{Error, Exit, Result};
 use crate::maildir::Maildir;
 
 /// Reserved recipient names: the mediator itself and the human queue.
@@ -92,6 +93,43 @@ impl Root {
     pub fn registry_dir(&self) -> PathBuf {
         self.dir.join("registry")
     }
+    /// Fails with 66 and the way out when the root directory is missing.
+    pub fn check_exists(&self) -> Result<()> {
+        if !self.dir.is_dir() {
+            return Err(Error::new(
+                Exit::NoInput,
+                format!(
+                    "mailbox root '{}' does not exist; create it or pass --root (or set LW_ROOT)",
+                    self.dir.display()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Creates the directories and Maildirs a root holds (mailbox-spec.md,
+    /// "The tree"); those already there are kept.  The root itself must exist.
+    pub fn init(&self) -> Result<()> {
+        self.check_exists()?;
+        for d in [self.sandboxes_dir(), self.registry_dir(), self.state_dir()] {
+            match std::fs::create_dir(&d) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(Error::io("cannot create", &d, e)),
+            }
+        }
+        for m in [
+            self.human(),
+            self.human_outbox(),
+            self.held(),
+            self.quarantine(),
+            Maildir::new(self.log_dir()),
+        ] {
+            m.create()?;
+        }
+        Ok(())
+    }
+
     pub fn state_dir(&self) -> PathBuf {
         self.dir.join("state")
     }
@@ -100,19 +138,9 @@ impl Root {
     }
 }
 
-/// True for a valid sandbox name: 1-63 of `[a-z0-9._-]`, starting with a letter
-/// or digit.  Names become directory names, container names and git ref parts.
-pub fn valid_name(name: &str) -> bool {
-    let b = name.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b[0].is_ascii_alphanumeric()
-        && !b[0].is_ascii_uppercase()
-        && b.iter().all(|c| {
-            c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'.' | b'_' | b'-')
-        })
-        && !name.contains("..")
-}
+/// Sandbox names are validated where ids are (lib/id.rs), so that message
+/// parsing needs nothing from the root's layout.
+pub use crate::id::valid_name;
 
 #[cfg(test)]
 mod tests {

@@ -66,6 +66,11 @@ pub struct Decision {
     pub to: Vec<String>,
     /// Why, in words an operator can act on (which policy rule, which limit).
     pub reason: String,
+    /// A refusal that lw-sync does not mirror one by one: a post over the
+    /// sender's held-queue cap (one status message to a person stands for
+    /// the whole run of them; mailbox-spec.md, "THE HELD QUEUE").
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub quiet: bool,
 }
 
 /// One log entry.

@@ -24,7 +24,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rustix::fs::{self as rfs, Mode, OFlags, RenameFlags};
+use rustix::fs::{self as rfs, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::error::{Error, Exit, Result, errno_io};
@@ -205,18 +205,20 @@ impl Maildir {
         })?;
         drop(fd);
         let new_path = self.sub(Sub::New).join(name);
-        rfs::renameat_with(tmp, name, new, name, RenameFlags::NOREPLACE).map_err(|e| {
-            cleanup(Error::io_as(
-                if e == Errno::EXIST {
-                    Exit::Software
-                } else {
-                    crate::error::io_exit(&errno_io(e))
-                },
-                "cannot move message into",
-                &new_path,
-                errno_io(e),
-            ))
-        })?;
+        crate::fs::rename_noreplace_at(tmp, OsStr::new(name), new, OsStr::new(name)).map_err(
+            |e| {
+                cleanup(Error::io_as(
+                    if e == Errno::EXIST {
+                        Exit::Software
+                    } else {
+                        crate::error::io_exit(&errno_io(e))
+                    },
+                    "cannot move message into",
+                    &new_path,
+                    errno_io(e),
+                ))
+            },
+        )?;
         // The message is visible now; if this fsync fails the caller must not
         // report success, but the file stays (removing it could lose a message
         // a reader already took).
@@ -358,7 +360,7 @@ impl Maildir {
     pub fn claim(&self, name: &OsStr) -> Result<bool> {
         let from = self.sub(Sub::New).join(name);
         let to = self.sub(Sub::Cur).join(name);
-        match rfs::renameat_with(rfs::CWD, &from, rfs::CWD, &to, RenameFlags::NOREPLACE) {
+        match crate::fs::rename_noreplace_at(rfs::CWD, from.as_os_str(), rfs::CWD, to.as_os_str()) {
             Ok(()) => {}
             Err(Errno::NOENT) if !self.sub(Sub::Cur).is_dir() => {
                 return Err(Error::io_as(
@@ -401,19 +403,12 @@ impl Maildir {
         timeout: Option<Duration>,
         mut ready: impl FnMut() -> Result<bool>,
     ) -> Result<bool> {
-        use rustix::fs::inotify;
+        use crate::fs::{Watcher, Woke};
         let dir = self.sub(Sub::New);
-        let ino = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)
-            .map_err(|e| Error::io("cannot watch", &dir, errno_io(e)))?;
-        inotify::add_watch(
-            &ino,
-            &dir,
-            inotify::WatchFlags::MOVED_TO
-                | inotify::WatchFlags::CREATE
-                | inotify::WatchFlags::DELETE_SELF
-                | inotify::WatchFlags::MOVE_SELF,
-        )
-        .map_err(|e| Error::io_as(Exit::NoInput, "cannot watch", &dir, errno_io(e)))?;
+        let watcher = Watcher::new().map_err(|e| Error::io("cannot watch", &dir, e))?;
+        watcher
+            .add(&dir)
+            .map_err(|e| Error::io_as(Exit::NoInput, "cannot watch", &dir, e))?;
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
         loop {
             if ready()? {
@@ -426,34 +421,20 @@ impl Maildir {
                 },
                 None => None,
             };
-            let ts = left.map(|l| rustix::event::Timespec {
-                tv_sec: l.as_secs() as i64,
-                tv_nsec: l.subsec_nanos() as i64,
-            });
-            let mut fds = [rustix::event::PollFd::new(
-                &ino,
-                rustix::event::PollFlags::IN,
-            )];
-            match rustix::event::poll(&mut fds, ts.as_ref()) {
-                Ok(_) | Err(Errno::INTR) => {}
-                Err(e) => return Err(Error::io("cannot wait on", &dir, errno_io(e))),
-            }
-            // Drain the events; the directory itself is the truth.
-            let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
-            let mut reader = inotify::Reader::new(&ino, &mut buf);
-            let mut gone = false;
-            while let Ok(ev) = reader.next() {
-                gone |= ev
-                    .events()
-                    .intersects(inotify::ReadFlags::DELETE_SELF | inotify::ReadFlags::MOVE_SELF);
-            }
-            if gone {
-                return Err(Error::io_as(
-                    Exit::NoInput,
-                    "mailbox directory was removed while waiting",
-                    &dir,
-                    errno_io(Errno::NOENT),
-                ));
+            // Whatever woke us, the directory itself is the truth.
+            match watcher
+                .wait(left)
+                .map_err(|e| Error::io("cannot wait on", &dir, e))?
+            {
+                Woke::Gone(_) => {
+                    return Err(Error::io_as(
+                        Exit::NoInput,
+                        "mailbox directory was removed while waiting",
+                        &dir,
+                        errno_io(Errno::NOENT),
+                    ));
+                }
+                Woke::Timeout | Woke::Changed | Woke::Overflow => {}
             }
         }
     }
@@ -470,6 +451,50 @@ impl Maildir {
             .map_err(|e| Error::io_as(Exit::NoInput, "cannot read mailbox directory", &dir, e))?;
         Ok(rd.next().is_some())
     }
+}
+
+/// How old a file in `tmp/` must be before [`sweep_tmp`] removes it: a
+/// writer killed mid-delivery leaves one there, and nobody reads `tmp/`
+/// (mailbox-spec.md, "Delivery"; the same 36 hours as Maildir).
+pub const TMP_MAX_AGE: Duration = Duration::from_secs(36 * 3600);
+
+/// Removes the plain files in `M/tmp/` last modified longer ago than
+/// `max_age`; returns how many.  Nothing else is touched: a directory, a
+/// link or a FIFO planted in `tmp/` stays (it is reported elsewhere), links
+/// are never followed, and a missing `tmp/` is no error.
+pub fn sweep_tmp(maildir: &Path, max_age: Duration) -> io::Result<usize> {
+    let tmp = maildir.join("tmp");
+    let dir = match rfs::open(
+        &tmp,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(d) => d,
+        Err(Errno::NOENT) | Err(Errno::NOTDIR) | Err(Errno::LOOP) => return Ok(0),
+        Err(e) => return Err(errno_io(e)),
+    };
+    let now = crate::time::now();
+    let mut removed = 0;
+    for ent in rfs::Dir::read_from(&dir).map_err(errno_io)? {
+        let ent = ent.map_err(errno_io)?;
+        let name = ent.file_name();
+        if name.to_bytes() == b"." || name.to_bytes() == b".." {
+            continue;
+        }
+        let Ok(st) = rfs::statat(&dir, name, rfs::AtFlags::SYMLINK_NOFOLLOW) else {
+            continue;
+        };
+        if rfs::FileType::from_raw_mode(st.st_mode) != rfs::FileType::RegularFile {
+            continue;
+        }
+        let changed = Duration::from_secs(st.st_mtime.max(0) as u64);
+        if now.saturating_sub(changed) > max_age
+            && rfs::unlinkat(&dir, name, rfs::AtFlags::empty()).is_ok()
+        {
+            removed += 1;
+        }
+    }
+    Ok(removed)
 }
 
 /// Gives the file `fd` to the owner and group of the directory `dir` when
@@ -639,7 +664,7 @@ mod tests {
         .unwrap();
         rustix::fs::mknodat(
             rfs::CWD,
-            &new.join("1000000000.000000000.00000000000000000000000000000002"),
+            new.join("1000000000.000000000.00000000000000000000000000000002"),
             rfs::FileType::Fifo,
             Mode::from_raw_mode(0o600),
             0,
@@ -679,7 +704,7 @@ mod tests {
         md.create().unwrap();
         for s in [Sub::Tmp, Sub::New, Sub::Cur] {
             rfs::chown(
-                &md.sub(s),
+                md.sub(s),
                 Some(rustix::process::Uid::from_raw(1234)),
                 Some(rustix::process::Gid::from_raw(1235)),
             )

@@ -29,6 +29,14 @@
 //! lib/group.rs), so a SIGKILL at any instant followed by a restart gives
 //! each log entry and each inbox copy exactly once.
 //!
+//! The held queue is bounded per sender (`held-max`): a post that would be
+//! held beyond it is refused with a quiet bounce, and the first refusal of
+//! an episode puts one status message into the human queue.  Hold, drop and
+//! refusal entries keep no body; every logged or delivered text has the
+//! known secret values masked, and a message carrying one is held
+//! (mailbox-spec.md, "THE HELD QUEUE", "SECRETS AT THE DOOR").  Outboxes are
+//! served one batch each in turn, so one sender's flood delays nobody else.
+//!
 //! Files that are not messages are moved to `quarantine/new/QID` after their
 //! `QID.quarantine` entry is logged with the reason.  QID is derived from the
 //! file's sender, name, inode and ctime, so a restart after a crash between
@@ -56,6 +64,7 @@ use crate::log::{Action, Decision, Entry, LOG_VERSION, Log};
 use crate::maildir::escape_name;
 use crate::message::{self, Kind, Message};
 use crate::policy::{self, Policy, Route};
+use crate::redact::Secrets;
 use crate::registry::{Registry, Sandbox};
 
 /// Messages per batch: each batch costs a handful of directory fsyncs.
@@ -116,6 +125,10 @@ struct Memory {
     dups: VecDeque<(String, u64)>,
     /// Inbox owner -> mtime (ns) of its `cur/` when receipts were last taken.
     receipts: HashMap<String, i128>,
+    /// Senders over their held-queue cap who were told about it (one
+    /// status message per episode; forgotten once they are below the cap).
+    #[serde(default)]
+    capped: std::collections::BTreeSet<String>,
     #[serde(skip)]
     dup_index: HashMap<String, u64>,
 }
@@ -124,6 +137,8 @@ struct Memory {
 enum Work {
     Route {
         name: OsString,
+        /// The message as posted (the held queue keeps it whole).
+        message: Box<Message>,
         entries: Vec<Entry>,
         claim_question: Option<String>,
     },
@@ -152,16 +167,18 @@ pub struct Mediator {
     memory: Memory,
     memory_dirty: bool,
     last_save: Instant,
+    /// When `tmp/` directories were last swept (see [`Mediator::sweep_tmp`]).
+    last_sweep: Option<Instant>,
     warned: HashSet<String>,
     pub batch: usize,
     pub verbose: bool,
     pub stats: Stats,
     /// How batches are made durable (lib/group.rs).
     pub sync: group::Sync,
-}
-
-fn now_ms() -> u64 {
-    crate::time::now().as_millis() as u64
+    /// Secret values that never leave through the door (lib/redact.rs).
+    pub secrets: Secrets,
+    /// Sender -> messages of theirs in `held/new/`, counted at each pass.
+    held_count: HashMap<String, u32>,
 }
 
 /// A derived id: the time part of `base` (or `t`), 128 bits of a digest.
@@ -175,6 +192,22 @@ fn derived_id(t: Duration, parts: &[&[u8]]) -> String {
     let mut r = [0u8; 16];
     r.copy_from_slice(&d[..16]);
     crate::id::id_at(t, u128::from_be_bytes(r))
+}
+
+/// The id of the status message sent when post `id` found its sender at
+/// the held-queue cap.
+pub fn cap_notice_id(id: &str) -> String {
+    derived_id(
+        crate::id::time_of(id).unwrap_or_default(),
+        &[b"held-cap", id.as_bytes()],
+    )
+}
+
+/// Cuts `s` to at most `max` bytes, on a character boundary.
+fn fit(s: &mut String, max: usize) {
+    while s.len() > max {
+        s.pop();
+    }
 }
 
 /// The id of the bounce sent back for message `id`.
@@ -236,6 +269,12 @@ fn inspect(dir: &OwnedFd, name: &OsStr) -> Inspected {
         return bad(format!(
             "{} hard links; a posted message has one (not read)",
             st.st_nlink
+        ));
+    }
+    if st.st_mode & 0o7111 != 0 {
+        return bad(format!(
+            "mode {:o} has setuid, setgid, sticky or execute bits; a posted message has none (not read)",
+            st.st_mode & 0o7777
         ));
     }
     if st.st_size as u64 > message::MAX_FILE {
@@ -302,92 +341,44 @@ fn quarantine_id(sender: &str, name: &OsStr, st: &rfs::Stat) -> String {
 /// Takes the lock that keeps two mediators off one root.  Held until the
 /// returned file is dropped (or the process dies).
 pub fn lock_mediator(root: &Root) -> Result<std::fs::File> {
-    let f = open_lock(root, "mediator.lock")?;
-    match f.try_lock() {
-        Ok(()) => Ok(f),
-        Err(std::fs::TryLockError::WouldBlock) => Err(Error::new(
-            Exit::TempFail,
-            format!(
-                "another lw-mediate is running on '{}' (lock '{}' is held)",
-                root.dir.display(),
-                root.state_dir().join("mediator.lock").display()
-            ),
-        )),
-        Err(std::fs::TryLockError::Error(e)) => Err(Error::io(
-            "cannot lock",
-            &root.state_dir().join("mediator.lock"),
-            e,
-        )),
-    }
+    let p = lock_path(root, "mediator.lock")?;
+    crate::fs::try_lock(&p)
+        .map_err(|e| Error::lock(&p, e))?
+        .ok_or_else(|| {
+            Error::new(
+                Exit::TempFail,
+                format!(
+                    "another lw-mediate is running on '{}' (lock '{}' is held)",
+                    root.dir.display(),
+                    p.display()
+                ),
+            )
+        })
 }
 
 /// Takes the lock that serialises writers of inboxes and queues (a pass of
 /// the mediator, an operator's release or drop); waits for it.
 pub fn lock_routes(root: &Root) -> Result<std::fs::File> {
-    let f = open_lock(root, "route.lock")?;
-    f.lock()
-        .map_err(|e| Error::io("cannot lock", &root.state_dir().join("route.lock"), e))?;
-    Ok(f)
+    let p = lock_path(root, "route.lock")?;
+    crate::fs::lock(&p).map_err(|e| Error::lock(&p, e))
 }
 
-fn open_lock(root: &Root, name: &str) -> Result<std::fs::File> {
-    check_root(root)?;
+fn lock_path(root: &Root, name: &str) -> Result<PathBuf> {
+    root.check_exists()?;
     let dir = root.state_dir();
     match std::fs::create_dir(&dir) {
         Ok(()) | Err(_) if dir.is_dir() => {}
         Ok(()) => {}
         Err(e) => return Err(Error::io("cannot create", &dir, e)),
     }
-    let p = dir.join(name);
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&p)
-        .map_err(|e| Error::io("cannot open lock", &p, e))
-}
-
-fn check_root(root: &Root) -> Result<()> {
-    if !root.dir.is_dir() {
-        return Err(Error::new(
-            Exit::NoInput,
-            format!(
-                "mailbox root '{}' does not exist; create it or pass --root (or set LW_ROOT)",
-                root.dir.display()
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Creates the directories a root needs (the mediator owns the root).
-pub fn init_root(root: &Root) -> Result<()> {
-    check_root(root)?;
-    for d in [root.sandboxes_dir(), root.registry_dir(), root.state_dir()] {
-        match std::fs::create_dir(&d) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(Error::io("cannot create", &d, e)),
-        }
-    }
-    for m in [
-        root.human(),
-        root.human_outbox(),
-        root.held(),
-        root.quarantine(),
-        crate::maildir::Maildir::new(root.log_dir()),
-    ] {
-        m.create()?;
-    }
-    Ok(())
+    Ok(dir.join(name))
 }
 
 impl Mediator {
     /// Opens a root.  `policy_path` is the policy file; when `explicit` is
     /// false a missing file means the default policy.
     pub fn open(root: Root, policy_path: Option<PathBuf>, explicit: bool) -> Result<Mediator> {
-        init_root(&root)?;
+        root.init()?;
         let rootfd = open_dir_at(None, &root.dir)
             .map_err(|e| Error::io("cannot open", &root.dir, errno_io(e)))?;
         let mut m = Mediator {
@@ -403,11 +394,14 @@ impl Mediator {
             memory: Memory::default(),
             memory_dirty: false,
             last_save: Instant::now(),
+            last_sweep: None,
             warned: HashSet::new(),
             batch: DEFAULT_BATCH,
             verbose: false,
             stats: Stats::default(),
             sync: group::Sync::default(),
+            secrets: Secrets::new(),
+            held_count: HashMap::new(),
         };
         m.load_policy()?;
         m.load_memory();
@@ -495,16 +489,10 @@ impl Mediator {
         }
         self.memory.version = 1;
         let p = self.memory_path();
-        let tmp = p.with_extension("json.tmp");
         let bytes = serde_json::to_vec(&self.memory)
             .expect("the state serialises because it is plain data");
-        let write = || -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &p)
-        };
-        write().map_err(|e| Error::io("cannot write state", &p, e))?;
+        crate::fs::write_replace(&p, &bytes, 0o644, crate::fs::Durability::Synced)
+            .map_err(|e| Error::io("cannot write state", &p, e))?;
         self.memory_dirty = false;
         self.last_save = Instant::now();
         Ok(())
@@ -616,6 +604,7 @@ impl Mediator {
             Route::Hold if !release => {
                 return (
                     Some(Decision {
+                        quiet: false,
                         action: Action::Hold,
                         to: vec![],
                         reason: format!("kind {} is routed to hold ({at})", m.kind),
@@ -632,6 +621,7 @@ impl Mediator {
                 };
                 return (
                     Some(Decision {
+                        quiet: false,
                         action,
                         to: vec![layout::HUMAN.to_string()],
                         reason: format!("kind {} goes to a person ({at})", m.kind),
@@ -731,6 +721,7 @@ impl Mediator {
             None
         } else {
             Some(Decision {
+                quiet: false,
                 action: main_action,
                 to: known,
                 reason: why,
@@ -755,7 +746,7 @@ impl Mediator {
                 self.policy.at(r.line)
             ));
         }
-        let now = now_ms();
+        let now = crate::time::now_ms();
         if let Some(d) = self.policy.duplicates.clone() {
             let window = d.value.as_millis() as u64;
             let mem = &mut self.memory;
@@ -804,16 +795,203 @@ impl Mediator {
         None
     }
 
-    fn entry(&self, m: &Message, sender: &str, d: Decision) -> Entry {
+    fn entry(&self, m: &Message, sender: &str, mut d: Decision) -> Entry {
+        let keep_body = !(d.quiet || matches!(d.action, Action::Hold | Action::Drop));
+        self.secrets.mask_in(&mut d.reason);
         Entry {
             version: LOG_VERSION,
             name: Entry::name_for(&m.id, d.action, None),
             logged: crate::time::rfc3339(crate::time::now()),
             message_id: m.id.clone(),
             sender: sender.to_string(),
-            message: Some(m.clone()),
+            message: Some(self.logged_message(m, keep_body)),
             decision: d,
         }
+    }
+
+    /// A message as the log keeps it: secret values masked, and the body
+    /// left out of hold, drop and refusal entries (the held queue keeps the
+    /// body of a held message; a refused one goes back to its sender).
+    fn logged_message(&self, m: &Message, keep_body: bool) -> Message {
+        let mut m = m.clone();
+        if !keep_body {
+            m.body.clear();
+        }
+        if !self.secrets.is_empty() {
+            self.secrets.mask_in(&mut m.subject);
+            fit(&mut m.subject, message::MAX_SUBJECT);
+            self.secrets.mask_in(&mut m.body);
+            fit(&mut m.body, message::MAX_BODY);
+            for r in &mut m.refs {
+                self.secrets.mask_in(r);
+                fit(r, message::MAX_REF);
+            }
+        }
+        m
+    }
+
+    /// Whether a logged entry records `m` (as [`Mediator::logged_message`] keeps it).
+    fn records(&self, e: &Entry, m: &Message) -> bool {
+        match &e.message {
+            Some(l) => {
+                l == m || *l == self.logged_message(m, true) || *l == self.logged_message(m, false)
+            }
+            None => false,
+        }
+    }
+
+    /// The name of a secret the message carries, if any.
+    fn secret_in(&self, m: &Message) -> Option<String> {
+        if self.secrets.is_empty() {
+            return None;
+        }
+        [&m.subject, &m.body]
+            .into_iter()
+            .chain(m.refs.iter())
+            .find_map(|t| self.secrets.find(t))
+            .map(str::to_string)
+    }
+
+    /// Holds a message, or refuses it when its sender is at the cap of the
+    /// held queue: a quiet bounce, and the first time in an episode, one
+    /// status message to a person.
+    fn hold_or_refuse(&mut self, m: &Message, sender: &str, reason: String) -> Vec<Entry> {
+        let n = self.held_count.get(sender).copied().unwrap_or(0);
+        match self.policy.held_max.clone() {
+            Some(cap) if sender != layout::HUMAN && n >= cap.value => {
+                let at = self.policy.at(cap.line);
+                let d = Decision {
+                    quiet: true,
+                    action: Action::Bounce,
+                    to: m.to.clone(),
+                    reason: format!(
+                        "sender {sender} has {n} messages in the held queue, the most allowed ({at}); this one would have been held ({reason}), so it bounced instead; an operator releases or drops held messages with lw-mediate release or drop"
+                    ),
+                };
+                let mut out = vec![self.entry(m, sender, d)];
+                if self.memory.capped.insert(sender.to_string()) {
+                    self.memory_dirty = true;
+                    out.push(self.cap_notice(m, sender, n, &at));
+                }
+                out
+            }
+            _ => {
+                *self.held_count.entry(sender.to_string()).or_default() += 1;
+                let d = Decision {
+                    quiet: false,
+                    action: Action::Hold,
+                    to: vec![],
+                    reason,
+                };
+                vec![self.entry(m, sender, d)]
+            }
+        }
+    }
+
+    /// The status message that tells a person a sender reached the cap,
+    /// logged as an escalation from the mediator; its id derives from the
+    /// post that found the cap, so a restart writes the same one.
+    fn cap_notice(&self, trigger: &Message, sender: &str, n: u32, at: &str) -> Entry {
+        let id = cap_notice_id(&trigger.id);
+        let m = Message {
+            version: message::VERSION,
+            id: id.clone(),
+            from: layout::MEDIATOR.into(),
+            to: vec![layout::HUMAN.into()],
+            kind: Kind::Status,
+            subject: format!(
+                "{sender} reached the cap of {n} held messages; its further posts bounce"
+            ),
+            body: format!(
+                "Sandbox {sender} has {n} messages in the held queue, the most the policy allows ({at}).\n\
+                 Until an operator releases or drops some of them, every further post of {sender} that\n\
+                 would be held bounces back to it instead, and is logged without its body.\n\
+                 \n\
+                 See them:   lw-mediate held\n\
+                 Act:        lw-mediate release ID ...   or   lw-mediate drop ID ... --reason TEXT\n\
+                 \n\
+                 This is said once; it is said again only after {sender} went below the cap.\n"
+            ),
+            refs: vec![],
+            in_reply_to: None,
+            created: crate::time::rfc3339(crate::time::now()),
+        };
+        Entry {
+            version: LOG_VERSION,
+            name: Entry::name_for(&id, Action::Escalate, None),
+            logged: crate::time::rfc3339(crate::time::now()),
+            message_id: id,
+            sender: layout::MEDIATOR.into(),
+            message: Some(m),
+            decision: Decision {
+                quiet: false,
+                action: Action::Escalate,
+                to: vec![layout::HUMAN.into()],
+                reason: format!(
+                    "sender {sender} reached the held-queue cap ({at}); said once per episode"
+                ),
+            },
+        }
+    }
+
+    /// Drops the held messages of removed sandboxes (no registry record and
+    /// no `sandboxes/NAME` any more, as `lw-sandbox rm` leaves it): logged as
+    /// `drop`, archived in `held/cur/` (mailbox-spec.md, "THE HELD QUEUE").
+    fn archive_removed(&mut self, boxes: &mut Boxes, out: &mut dyn Write) -> Result<()> {
+        let held = &boxes.list[HELD];
+        let Ok(names) = read_names(&held.new) else {
+            return Ok(());
+        };
+        let mut gone = Vec::new();
+        for n in names {
+            if let Inspected::Message(m) = inspect(&held.new, &n)
+                && m.from != layout::HUMAN
+                && !self.known.contains_key(&m.from)
+                && rfs::statat(
+                    &self.rootfd,
+                    Path::new("sandboxes").join(&m.from),
+                    AtFlags::SYMLINK_NOFOLLOW,
+                )
+                .is_err_and(|e| e == Errno::NOENT)
+            {
+                gone.push((m.id, m.from));
+            }
+        }
+        for (id, sender) in gone {
+            let why = format!(
+                "sender {sender} was removed (no registry record, no mailbox); kept in held/cur"
+            );
+            self.release_or_drop(boxes, &id, Some(&why), out)?;
+        }
+        Ok(())
+    }
+
+    /// Counts the held queue by sender, and forgets the senders told about
+    /// the cap who are below it again.
+    fn count_held(&mut self, boxes: &Boxes) {
+        let held = &boxes.list[HELD];
+        let mut count: HashMap<String, u32> = HashMap::new();
+        // Without a cap nothing needs the counts (and the queue may be long).
+        let names = match self.policy.held_max {
+            Some(_) => read_names(&held.new),
+            None => Ok(vec![]),
+        };
+        if let Ok(names) = names {
+            for n in names {
+                if let Inspected::Message(m) = inspect(&held.new, &n) {
+                    *count.entry(m.from).or_default() += 1;
+                }
+            }
+        }
+        let cap = self.policy.held_max.as_ref().map(|c| c.value);
+        let before = self.memory.capped.len();
+        self.memory
+            .capped
+            .retain(|s| cap.is_some_and(|c| count.get(s).copied().unwrap_or(0) >= c));
+        if self.memory.capped.len() != before {
+            self.memory_dirty = true;
+        }
+        self.held_count = count;
     }
 
     /// A new decision for a message nobody decided on yet.  `bounced`, when
@@ -833,17 +1011,33 @@ impl Mediator {
         } else {
             String::new()
         };
-        if bounced.is_none()
-            && let Some(reason) = self.hold_reason(m, sender)
+        if let Some(b) = &bounced
+            && b.decision.quiet
         {
-            let d = Decision {
-                action: Action::Hold,
-                to: vec![],
-                reason: reason + &spoof,
+            // A refusal an earlier run logged: it stands, with its notice.
+            let notice = Entry::name_for(&cap_notice_id(&m.id), Action::Escalate, None);
+            let mut out = vec![b.clone()];
+            if self.log.has(&notice) {
+                out.extend(self.log.read(OsStr::new(&notice)).ok());
+            }
+            return out;
+        }
+        if bounced.is_none() {
+            let why = match self.secret_in(m) {
+                Some(name) => Some(format!("contains secret {name}")),
+                None => self.hold_reason(m, sender),
             };
-            return vec![self.entry(m, sender, d)];
+            if let Some(reason) = why {
+                return self.hold_or_refuse(m, sender, reason + &spoof);
+            }
         }
         let (main, unknown, why) = self.route(m, sender, false);
+        if bounced.is_none()
+            && let Some(d) = &main
+            && d.action == Action::Hold
+        {
+            return self.hold_or_refuse(m, sender, d.reason.clone() + &spoof);
+        }
         let mut out = Vec::new();
         match bounced {
             Some(b) => {
@@ -859,6 +1053,7 @@ impl Mediator {
             None => {
                 if !unknown.is_empty() {
                     let d = Decision {
+                        quiet: false,
                         action: Action::Bounce,
                         to: unknown.clone(),
                         reason: format!(
@@ -909,7 +1104,13 @@ impl Mediator {
     }
 
     /// Stages the copies a logged entry calls for.
-    fn stage_deliveries(&mut self, boxes: &mut Boxes, g: &mut Group, e: &Entry) -> Result<()> {
+    fn stage_deliveries(
+        &mut self,
+        boxes: &mut Boxes,
+        g: &mut Group,
+        e: &Entry,
+        full: &Message,
+    ) -> Result<()> {
         let Some(m) = &e.message else { return Ok(()) };
         match e.decision.action {
             Action::Forward | Action::Release | Action::Escalate => {
@@ -920,7 +1121,7 @@ impl Mediator {
                 }
             }
             Action::Hold => {
-                g.stage(&boxes.list, HELD, &m.id, &m.to_bytes())?;
+                g.stage(&boxes.list, HELD, &m.id, &full.to_bytes())?;
             }
             Action::Bounce => {
                 let b = Self::bounce_message(e);
@@ -947,7 +1148,7 @@ impl Mediator {
 
     fn print(&self, out: &mut dyn Write, e: &Entry) -> Result<()> {
         if self.verbose {
-            writeln!(out, "{}", crate::operator::format_entry(e)).map_err(crate::cli::out_err)?;
+            writeln!(out, "{}", crate::operator::format_entry(e)).map_err(crate::error::out_err)?;
         }
         Ok(())
     }
@@ -963,10 +1164,9 @@ impl Mediator {
         for first in [true, false] {
             let mut g = Group::with_sync(self.sync);
             let mut written = Vec::new();
-            for e in entries
-                .iter()
-                .filter(|e| (e.decision.action == Action::Bounce) == first)
-            {
+            for e in entries.iter().filter(|e| {
+                (e.decision.action == Action::Bounce || e.sender == layout::MEDIATOR) == first
+            }) {
                 if g.stage(&boxes.list, LOG, &e.name, &e.to_bytes())? {
                     written.push(*e);
                 }
@@ -990,18 +1190,70 @@ impl Mediator {
         let before = self.stats;
         let mut boxes = self.open_boxes()?;
         self.finish_operator_actions(&mut boxes, out)?;
+        self.archive_removed(&mut boxes, out)?;
+        self.count_held(&boxes);
+        // One batch of each outbox in turn, so that a flood from one sender
+        // never keeps another's question waiting behind it.
+        let mut open = Vec::new();
         for (sender, rel) in self.outboxes() {
-            if let Err(e) = self.drain_outbox(&mut boxes, &sender, &rel, out) {
-                // One sender's broken outbox never stops the others.
-                self.warn_once(format!("outbox of {sender} skipped: {e}"));
-                self.stats.waiting += 1;
+            match self.open_outbox(&rel) {
+                Ok(Some((ob, names))) => open.push((sender, ob, names, 0usize)),
+                Ok(None) => {}
+                Err(e) => {
+                    // One sender's broken outbox never stops the others.
+                    self.warn_once(format!("outbox of {sender} skipped: {e}"));
+                    self.stats.waiting += 1;
+                }
             }
         }
+        let step = self.batch.max(1);
+        while !open.is_empty() {
+            open.retain_mut(|(sender, ob, names, at)| {
+                let end = (*at + step).min(names.len());
+                let chunk = &names[*at..end];
+                *at = end;
+                if let Err(e) = self.route_chunk(&mut boxes, ob, sender, chunk, out) {
+                    self.warn_once(format!("outbox of {sender} skipped: {e}"));
+                    self.stats.waiting += 1;
+                    return false;
+                }
+                *at < names.len()
+            });
+        }
         self.take_receipts(&mut boxes, out)?;
+        self.sweep_tmp();
         if self.memory_dirty && self.last_save.elapsed() > Duration::from_secs(2) {
             self.save_memory()?;
         }
         Ok(self.stats.since(before))
+    }
+
+    /// Removes files older than 36 hours from the `tmp/` of every Maildir
+    /// under the root (writers killed mid-delivery leave them), at most once
+    /// an hour: the first pass of a run, then hourly.
+    fn sweep_tmp(&mut self) {
+        if self
+            .last_sweep
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(3600))
+        {
+            return;
+        }
+        self.last_sweep = Some(Instant::now());
+        let mut dirs: Vec<PathBuf> = ["log", "human", "held", "quarantine", "human-outbox"]
+            .iter()
+            .map(|d| self.root.dir.join(d))
+            .collect();
+        for (s, rel) in self.outboxes() {
+            if s != layout::HUMAN {
+                dirs.push(self.root.dir.join(rel));
+                dirs.push(self.root.sandbox(&s).inbox().path);
+            }
+        }
+        for d in dirs {
+            if let Err(e) = crate::maildir::sweep_tmp(&d, crate::maildir::TMP_MAX_AGE) {
+                self.warn_once(format!("cannot sweep '{}': {e}", d.join("tmp").display()));
+            }
+        }
     }
 
     /// Passes until a pass finds nothing more to do (`--once`).  The
@@ -1065,30 +1317,23 @@ impl Mediator {
         v
     }
 
-    fn drain_outbox(
-        &mut self,
-        boxes: &mut Boxes,
-        sender: &str,
-        rel: &Path,
-        out: &mut dyn Write,
-    ) -> Result<()> {
+    /// An outbox and the names waiting in its `new/`, oldest first; None
+    /// when nothing waits.
+    fn open_outbox(&mut self, rel: &Path) -> Result<Option<(Box3, Vec<OsString>)>> {
         let path = self.root.dir.join(rel);
         let newfd = match open_dir_at(Some(&self.rootfd), &rel.join("new")) {
             Ok(fd) => fd,
-            Err(Errno::NOENT) => return Ok(()),
+            Err(Errno::NOENT) => return Ok(None),
             Err(e) => return Err(Error::io("cannot open", &path.join("new"), errno_io(e))),
         };
         let mut names = read_names(&newfd)
             .map_err(|e| Error::io("cannot read", &path.join("new"), errno_io(e)))?;
         if names.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         names.sort();
         let ob = Box3::open(&self.rootfd, &self.root.dir, rel)?;
-        for chunk in names.chunks(self.batch.max(1)) {
-            self.route_chunk(boxes, &ob, sender, chunk, out)?;
-        }
-        Ok(())
+        Ok(Some((ob, names)))
     }
 
     fn route_chunk(
@@ -1113,6 +1358,7 @@ impl Mediator {
                     sender: sender.to_string(),
                     message: None,
                     decision: Decision {
+                        quiet: false,
                         action: Action::Quarantine,
                         to: vec![],
                         reason: format!(
@@ -1146,7 +1392,7 @@ impl Mediator {
                                 "id {} is already used by a message from {}",
                                 m.id, p.sender
                             ))
-                        } else if p.message.as_ref() != Some(&m) {
+                        } else if !self.records(p, &m) {
                             Some(format!(
                                 "id {} is already used by an earlier, different message",
                                 m.id
@@ -1185,6 +1431,7 @@ impl Mediator {
                     to_log.extend(entries.iter().cloned());
                     work.push(Work::Route {
                         name: name.clone(),
+                        message: Box::new(m),
                         entries,
                         claim_question,
                     });
@@ -1200,17 +1447,28 @@ impl Mediator {
         // 1. Log.
         let refs: Vec<&Entry> = to_log.iter().collect();
         self.log_entries(boxes, &refs, out)?;
+        // A cap notice was logged: remember at once that it was said, so a
+        // restart does not say it twice.
+        if to_log.iter().any(|e| e.sender == layout::MEDIATOR) {
+            self.save_memory()?;
+        }
         // 2. Deliver.  A recipient whose inbox cannot be written (removed,
         // or replaced by a link) holds up only the messages addressed to
         // it: they stay unclaimed, to be carried out again by a later pass.
         let mut g = Group::with_sync(self.sync);
         let mut failed = HashSet::new();
         for (i, w) in work.iter().enumerate() {
-            let Work::Route { name, entries, .. } = w else {
+            let Work::Route {
+                name,
+                entries,
+                message,
+                ..
+            } = w
+            else {
                 continue;
             };
             for e in entries {
-                if let Err(err) = self.stage_deliveries(boxes, &mut g, e) {
+                if let Err(err) = self.stage_deliveries(boxes, &mut g, e, message) {
                     self.warn_once(format!(
                         "message {} of {sender} waits: {err}",
                         escape_name(name)
@@ -1233,6 +1491,7 @@ impl Mediator {
                     name,
                     claim_question,
                     entries,
+                    ..
                 } => {
                     // Counted only when claimed, so that `drain` cannot spin on
                     // a source it fails to move.
@@ -1261,7 +1520,7 @@ impl Mediator {
                 }
                 Work::Quarantine { name, qid } => {
                     let q = &boxes.list[QUARANTINE];
-                    match group::move_noreplace(&ob.new, name, &q.new, OsStr::new(qid)) {
+                    match crate::quarantine::take(&ob.new, name, &q.new, OsStr::new(qid)) {
                         Ok(_) => quarantined = true,
                         Err(e) => self.warn_once(format!(
                             "cannot move '{}' of {sender} into quarantine: {}; left in place",
@@ -1318,15 +1577,12 @@ impl Mediator {
         let m = match inspect(&held.new, OsStr::new(id)) {
             Inspected::Message(m) => m,
             Inspected::Gone => {
-                for a in [Action::Release, Action::Drop] {
+                for (a, done) in [(Action::Release, "released"), (Action::Drop, "dropped")] {
                     let n = Entry::name_for(id, a, None);
                     if self.log.has(&n) {
                         return Err(Error::new(
                             Exit::DataErr,
-                            format!(
-                                "message {id} was {}d already (log entry {n})",
-                                a.as_str().trim_end_matches('e')
-                            ),
+                            format!("message {id} was {done} already (log entry {n})"),
                         ));
                     }
                 }
@@ -1354,9 +1610,10 @@ impl Mediator {
             entries.extend(existing(Action::Bounce));
         } else if let Some(reason) = drop_reason {
             let d = Decision {
+                quiet: false,
                 action: Action::Drop,
                 to: vec![],
-                reason: format!("dropped by an operator: {reason}"),
+                reason: reason.to_string(),
             };
             let mut e = self.entry(&m, &sender, d);
             e.name = Entry::name_for(id, Action::Drop, None);
@@ -1365,6 +1622,7 @@ impl Mediator {
             let (main, unknown, why) = self.route(&m, &sender, true);
             if !unknown.is_empty() && existing(Action::Bounce).is_none() {
                 let d = Decision {
+                    quiet: false,
                     action: Action::Bounce,
                     to: unknown.clone(),
                     reason: format!(
@@ -1375,6 +1633,7 @@ impl Mediator {
                 entries.push(self.entry(&m, &sender, d));
             }
             let mut d = main.unwrap_or(Decision {
+                quiet: false,
                 action: Action::Release,
                 to: vec![],
                 reason: String::new(),
@@ -1394,7 +1653,7 @@ impl Mediator {
         self.log_entries(boxes, &refs, out)?;
         let mut g = Group::with_sync(self.sync);
         for e in &entries {
-            self.stage_deliveries(boxes, &mut g, e)?;
+            self.stage_deliveries(boxes, &mut g, e, &m)?;
         }
         g.commit(&boxes.list)?;
         let held = &boxes.list[HELD];
@@ -1418,7 +1677,8 @@ impl Mediator {
     pub fn drop_held(&mut self, id: &str, reason: &str, out: &mut dyn Write) -> Result<Entry> {
         let _routes = lock_routes(&self.root)?;
         let mut boxes = self.open_boxes()?;
-        self.release_or_drop(&mut boxes, id, Some(reason), out)
+        let why = format!("dropped by an operator: {reason}");
+        self.release_or_drop(&mut boxes, id, Some(&why), out)
     }
 
     /// Records receipts: a message in a recipient's `inbox/cur/` was acked.
@@ -1474,6 +1734,7 @@ impl Mediator {
                     sender: src.sender.clone(),
                     message: None,
                     decision: Decision {
+                        quiet: false,
                         action: Action::Read,
                         to: vec![r.clone()],
                         reason: format!("{r} acked it (moved it to inbox/cur)"),
@@ -1504,13 +1765,8 @@ impl Mediator {
     /// Watches the root and routes as things arrive, with a full pass every
     /// `rescan` as a safety net.  Returns only on error.
     pub fn watch(&mut self, rescan: Duration, out: &mut dyn Write) -> Result<()> {
-        use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
-        let ino = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)
-            .map_err(|e| Error::io("cannot watch", &self.root.dir, errno_io(e)))?;
-        let arrivals = WatchFlags::MOVED_TO
-            | WatchFlags::CREATE
-            | WatchFlags::CLOSE_WRITE
-            | WatchFlags::ONLYDIR;
+        use crate::fs::{Watcher, Woke};
+        let watcher = Watcher::new().map_err(|e| Error::io("cannot watch", &self.root.dir, e))?;
         loop {
             // Watches first, then the pass: an arrival in between is seen by both.
             let mut dirs = vec![
@@ -1532,8 +1788,9 @@ impl Mediator {
                 });
             }
             for d in &dirs {
-                // ONLYDIR|DONT_FOLLOW: a planted link is not watched through.
-                let _ = inotify::add_watch(&ino, d, arrivals | WatchFlags::DONT_FOLLOW);
+                // A directory that is missing or a planted link is not
+                // watched; the periodic re-scan still covers it.
+                let _ = watcher.add(d);
             }
             // A failing pass (a full disk, a removed directory) is reported
             // and tried again on the next event or re-scan; the watcher
@@ -1541,28 +1798,16 @@ impl Mediator {
             if let Err(e) = self.pass(out) {
                 eprintln!("lw-mediate: {e}; trying again");
             }
-            out.flush().map_err(crate::cli::out_err)?;
-            let ts = rustix::event::Timespec {
-                tv_sec: rescan.as_secs() as i64,
-                tv_nsec: rescan.subsec_nanos() as i64,
-            };
-            let mut fds = [rustix::event::PollFd::new(
-                &ino,
-                rustix::event::PollFlags::IN,
-            )];
-            match rustix::event::poll(&mut fds, Some(&ts)) {
-                Ok(0) => {
+            out.flush().map_err(crate::error::out_err)?;
+            // The directories are the truth, not the events: any wake-up
+            // (an arrival, an overflow, a removed directory) means a pass.
+            match watcher.wait(Some(rescan)) {
+                Ok(Woke::Timeout) => {
                     // Quiet: a good moment to save the rate memory.
                     self.save_memory()?;
                 }
-                Ok(_) | Err(Errno::INTR) => {}
-                Err(e) => return Err(Error::io("cannot wait on", &self.root.dir, errno_io(e))),
-            }
-            // Drain the events: the directories are the truth, not the events.
-            let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 8192];
-            let mut reader = inotify::Reader::new(&ino, &mut buf);
-            while let Ok(ev) = reader.next() {
-                let _overflow = ev.events().contains(ReadFlags::QUEUE_OVERFLOW);
+                Ok(Woke::Changed | Woke::Overflow | Woke::Gone(_)) => {}
+                Err(e) => return Err(Error::io("cannot wait on", &self.root.dir, e)),
             }
         }
     }

@@ -9,7 +9,6 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
-use crate::layout;
 
 pub const VERSION: u32 = 1;
 /// Largest message file a reader will open (bytes).
@@ -119,7 +118,7 @@ fn bad(s: impl Into<String>) -> Invalid {
 
 /// A recipient or sender: a sandbox name, `mediator` or `human`.
 pub fn valid_party(name: &str) -> bool {
-    layout::valid_name(name)
+    crate::id::valid_name(name)
 }
 
 impl Message {
@@ -195,13 +194,13 @@ impl Message {
                 )));
             }
         }
-        if let Some(r) = &self.in_reply_to {
-            if !crate::id::is_valid(r) {
-                return Err(bad(format!(
-                    "in_reply_to '{}' is not a message id",
-                    r.escape_debug()
-                )));
-            }
+        if let Some(r) = &self.in_reply_to
+            && !crate::id::is_valid(r)
+        {
+            return Err(bad(format!(
+                "in_reply_to '{}' is not a message id",
+                r.escape_debug()
+            )));
         }
         if crate::time::parse_rfc3339(&self.created).is_none() {
             return Err(bad(format!(
@@ -331,7 +330,8 @@ mod tests {
 
     #[test]
     fn rejects_each_broken_field() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut Message)>)> = vec![
+        type Breaks = Box<dyn Fn(&mut Message)>;
+        let cases: Vec<(&str, Breaks)> = vec![
             ("version", Box::new(|m| m.version = 2)),
             ("id", Box::new(|m| m.id = "x".into())),
             ("from", Box::new(|m| m.from = "../x".into())),

@@ -33,7 +33,7 @@
 //! * **Credentials stay out.**  The URL stored in the mirror's config and in
 //!   its state has no user name or password; see [`crate::git::Remote`].
 
-use std::fs::{self, File};
+use std::fs;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -367,29 +367,19 @@ impl Mirror {
         fs::create_dir_all(&parent)
             .map_err(|e| Error::io_as(Exit::CantCreat, "cannot create", &parent, e))?;
         let lock_path = self.lock_path();
-        let lock = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock_path)
-            .map_err(|e| Error::io("cannot open", &lock_path, e))?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(fs::TryLockError::WouldBlock) => {
+        let lock_err = |e| Error::lock(&lock_path, e);
+        let lock = match crate::fs::try_lock(&lock_path).map_err(lock_err)? {
+            Some(held) => held,
+            None => {
                 if opts.progress {
                     eprintln!(
                         "lw-mirror: waiting for another sync of '{}'",
                         self.path.display()
                     );
                 }
-                lock.lock()
-                    .map_err(|e| Error::io_as(Exit::TempFail, "cannot lock", &lock_path, e))?;
+                crate::fs::lock(&lock_path).map_err(lock_err)?
             }
-            Err(fs::TryLockError::Error(e)) => {
-                return Err(Error::io_as(Exit::TempFail, "cannot lock", &lock_path, e));
-            }
-        }
+        };
         // The lock is held until `lock` is dropped, at the end of this function.
         let outcome = match self.find()? {
             Found::Ready(state) => {
@@ -856,16 +846,13 @@ fn remove_stale_locks(git_dir: &Path) -> Result<usize> {
 fn write_state(git_dir: &Path, state: &State, new_mirror: bool) -> Result<()> {
     let write = |name: &str, text: String, sync: bool| {
         let path = git_dir.join(name);
-        let tmp = git_dir.join(format!("{name}.tmp"));
-        let res = (|| {
-            let mut f = File::create(&tmp)?;
-            f.write_all(text.as_bytes())?;
-            if sync {
-                f.sync_all()?;
-            }
-            fs::rename(&tmp, &path)
-        })();
-        res.map_err(|e| Error::io("cannot write", &path, e))
+        let durability = if sync {
+            crate::fs::Durability::Synced
+        } else {
+            crate::fs::Durability::Unsynced
+        };
+        crate::fs::write_replace(&path, text.as_bytes(), 0o644, durability)
+            .map_err(|e| Error::io("cannot write", &path, e))
     };
     write(FETCHED, state.render_fetched(), new_mirror)?;
     if new_mirror {
@@ -876,9 +863,7 @@ fn write_state(git_dir: &Path, state: &State, new_mirror: bool) -> Result<()> {
 }
 
 fn fsync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io("cannot sync", dir, e))
+    crate::fs::sync_dir(dir).map_err(|e| Error::io("cannot sync", dir, e))
 }
 
 fn disk_usage(dir: &Path) -> Result<u64> {

@@ -7,12 +7,13 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use crate::cli::out_err;
+use crate::error::out_err;
 use crate::error::{Error, Exit, Result};
 use crate::layout::{self, Root};
 use crate::log::{Action, Entry, Log};
 use crate::message::{self, Kind, Message};
 use crate::registry::Registry;
+use crate::visible::visible_line;
 
 /// Writes `v` as one JSON line with `"type": kind` added.
 pub fn json_line(out: &mut dyn Write, kind: &str, v: impl Serialize) -> Result<()> {
@@ -25,7 +26,8 @@ pub fn json_line(out: &mut dyn Write, kind: &str, v: impl Serialize) -> Result<(
     writeln!(out, "{}", serde_json::Value::Object(obj)).map_err(out_err)
 }
 
-/// Prints the held queue (`held`) or the human queue: `ID SENDER KIND "SUBJECT" (REASON)`.
+/// Prints the held queue (`held`) or the human queue: `ID SENDER KIND "SUBJECT" (REASON)`,
+/// one space between columns, control characters in the text made visible.
 pub fn print_queue(out: &mut dyn Write, root: &Root, held: bool, json: bool) -> Result<()> {
     let log = Log::new(root.log_dir());
     for q in queue(root, &log, held)? {
@@ -34,12 +36,12 @@ pub fn print_queue(out: &mut dyn Write, root: &Root, held: bool, json: bool) -> 
         } else {
             writeln!(
                 out,
-                "{} {} {} {:?} ({})",
+                "{} {} {} \"{}\" ({})",
                 q.id,
                 q.sender,
                 q.kind,
-                q.subject,
-                q.reason.escape_debug()
+                visible_line(&q.subject),
+                visible_line(&q.reason)
             )
             .map_err(out_err)?;
         }
@@ -109,15 +111,15 @@ pub fn format_entry(e: &Entry) -> String {
         None => ("-", ""),
     };
     format!(
-        "{} {} {} {} -> {} {} {:?} ({})",
-        e.logged,
+        "{} {} {} {} -> {} {} \"{}\" ({})",
+        visible_line(&e.logged),
         e.decision.action.as_str(),
-        e.message_id,
-        e.sender,
-        to,
+        visible_line(&e.message_id),
+        visible_line(&e.sender),
+        visible_line(&to),
         kind,
-        subject,
-        e.decision.reason.escape_debug()
+        visible_line(subject),
+        visible_line(&e.decision.reason)
     )
 }
 
@@ -196,16 +198,22 @@ pub fn queue(root: &Root, log: &Log, held: bool) -> Result<Vec<Queued>> {
         let crate::maildir::Found::Message(m) = ent.found else {
             continue;
         };
-        let reason = [action, Action::Release, Action::Forward]
+        let logged = [action, Action::Release, Action::Forward]
             .into_iter()
-            .find_map(|a| log.read(OsStr::new(&Entry::name_for(&m.id, a, None))).ok())
-            .map(|e| e.decision.reason)
-            .unwrap_or_default();
+            .find_map(|a| log.read(OsStr::new(&Entry::name_for(&m.id, a, None))).ok());
+        // The logged subject has secret values masked (mailbox-spec.md,
+        // "SECRETS AT THE DOOR"); the held copy keeps them.
+        let subject = logged
+            .as_ref()
+            .and_then(|e| e.message.as_ref())
+            .map(|l| l.subject.clone())
+            .unwrap_or(m.subject);
+        let reason = logged.map(|e| e.decision.reason).unwrap_or_default();
         v.push(Queued {
             id: m.id,
             sender: m.from,
             kind: m.kind,
-            subject: m.subject,
+            subject,
             created: m.created,
             reason,
         });

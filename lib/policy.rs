@@ -12,6 +12,7 @@
 //! duplicates 10m                   # hold an exact repeat within 10 minutes
 //! hold kind status                 # hold every message of a kind
 //! hold sender noisy                # hold everything a sandbox posts
+//! held-max 20                      # at most 20 held per sender; more bounce
 //! ```
 //!
 //! A file that does not parse is never half-applied: `Policy::parse` returns
@@ -93,7 +94,13 @@ pub struct Policy {
     pub duplicates: Option<Ruled<Duration>>,
     pub hold_kinds: Vec<Ruled<Kind>>,
     pub hold_senders: Vec<Ruled<String>>,
+    /// Most messages of one sender in the held queue; a post that would be
+    /// held beyond it bounces instead (None: no cap).
+    pub held_max: Option<Ruled<u32>>,
 }
+
+/// The default cap on one sender's held messages.
+pub const DEFAULT_HELD_MAX: u32 = 20;
 
 /// One error, at a line of the file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -136,6 +143,10 @@ impl Default for Policy {
             }),
             hold_kinds: vec![],
             hold_senders: vec![],
+            held_max: Some(Ruled {
+                value: DEFAULT_HELD_MAX,
+                line: 0,
+            }),
         }
     }
 }
@@ -171,7 +182,7 @@ impl Policy {
         let mut errs = Vec::new();
         let mut version_seen = false;
         let mut routed: Vec<(Kind, usize)> = Vec::new();
-        let (mut rate_line, mut dup_line) = (0, 0);
+        let (mut rate_line, mut dup_line, mut cap_line) = (0, 0, 0);
         for (i, raw) in text.lines().enumerate() {
             let line = i + 1;
             let content = raw.split('#').next().unwrap_or("");
@@ -256,6 +267,25 @@ impl Policy {
                     )),
                     Err(m) => err(format!("duplicates: {m}")),
                 },
+                ["held-max", _] if cap_line != 0 => {
+                    err(format!("held-max is set twice (first on line {cap_line})"))
+                }
+                ["held-max", "off"] => {
+                    p.held_max = None;
+                    cap_line = line;
+                }
+                ["held-max", n] => match n.parse::<u32>() {
+                    Ok(v) if v > 0 => {
+                        p.held_max = Some(Ruled { value: v, line });
+                        cap_line = line;
+                    }
+                    _ => err(format!(
+                        "held-max '{n}' is not a count of messages; expected 'held-max COUNT' (at least 1) or 'held-max off'"
+                    )),
+                },
+                ["held-max", ..] => {
+                    err("expected 'held-max COUNT' (e.g. 20) or 'held-max off'".into())
+                }
                 ["hold", "kind", kind] => match Kind::parse(kind) {
                     Some(k) if k.postable() => p.hold_kinds.push(Ruled { value: k, line }),
                     _ => err(format!(
@@ -285,7 +315,7 @@ impl Policy {
                     err("the version line may appear only once, first".into())
                 }
                 [word, ..] => err(format!(
-                    "unknown directive '{word}'; expected route, rate, duplicates or hold"
+                    "unknown directive '{word}'; expected route, rate, duplicates, hold or held-max"
                 )),
                 [] => {}
             }
@@ -366,6 +396,12 @@ impl Policy {
         for n in &self.hold_senders {
             let _ = writeln!(s, "hold sender {}", n.value);
         }
+        match &self.held_max {
+            Some(c) => {
+                let _ = writeln!(s, "held-max {}", c.value);
+            }
+            None => s.push_str("held-max off\n"),
+        }
         s
     }
 }
@@ -431,32 +467,9 @@ fn render_duration(d: Duration) -> String {
     }
 }
 
-/// True when a glob matches a path.  `**` spans any number of `/`-separated
-/// segments, `*` stays within a segment, `?` is one character; anything else
-/// matches itself (so a named contract such as `schema:users` matches only
-/// itself).
+/// True when a glob matches a path (lib/glob.rs has the one semantics).
 pub fn glob_match(pat: &str, text: &str) -> bool {
-    fn m(p: &[u8], t: &[u8]) -> bool {
-        if p.is_empty() {
-            return t.is_empty();
-        }
-        if p.starts_with(b"**") {
-            let rest = p[2..].strip_prefix(b"/").unwrap_or(&p[2..]);
-            // `**` matches the empty string or any run of whole segments.
-            if m(rest, t) {
-                return true;
-            }
-            return (0..t.len()).any(|i| t[i] == b'/' && m(rest, &t[i + 1..])) || (rest.is_empty());
-        }
-        match p[0] {
-            b'*' => (0..=t.len())
-                .take_while(|&i| i == 0 || t[i - 1] != b'/')
-                .any(|i| m(&p[1..], &t[i..])),
-            b'?' => !t.is_empty() && t[0] != b'/' && m(&p[1..], &t[1..]),
-            c => !t.is_empty() && t[0] == c && m(&p[1..], &t[1..]),
-        }
-    }
-    m(pat.as_bytes(), text.as_bytes())
+    crate::glob::matches(pat, text)
 }
 
 /// True when a scope entry and a ref concern the same thing: either matches
@@ -467,7 +480,7 @@ pub fn overlaps(scope: &str, r: &str) -> bool {
     let under = |dir: &str, path: &str| {
         path.len() > dir.len() && path.starts_with(dir) && path.as_bytes()[dir.len()] == b'/'
     };
-    let literal = |s: &str| !s.contains(['*', '?']);
+    let literal = |s: &str| !crate::glob::is_pattern(s);
     glob_match(scope_t, ref_t)
         || glob_match(ref_t, scope_t)
         || (literal(scope_t) && under(scope_t, ref_t))
@@ -476,7 +489,7 @@ pub fn overlaps(scope: &str, r: &str) -> bool {
             // A ref `src/api` overlaps a scope `src/api/**`: compare the
             // scope's literal directory prefix with the ref.
             let prefix = scope_t
-                .split(['*', '?'])
+                .split(['*', '?', '['])
                 .next()
                 .unwrap_or("")
                 .trim_end_matches('/');
@@ -495,6 +508,29 @@ mod tests {
         assert_eq!(p.render(), d.render());
         assert_eq!(d.route(Kind::Question).value, Route::Human);
         assert_eq!(d.route(Kind::Answer).value, Route::Asker);
+    }
+
+    #[test]
+    fn held_max_sets_off_and_refuses_nonsense() {
+        let p = |t: &str| Policy::parse(&format!("loopwright-policy 1\n{t}"), None);
+        assert_eq!(Policy::default().held_max.unwrap().value, DEFAULT_HELD_MAX);
+        assert_eq!(p("held-max 5\n").unwrap().held_max.unwrap().value, 5);
+        assert_eq!(p("held-max off\n").unwrap().held_max, None);
+        assert!(
+            p("held-max off\n")
+                .unwrap()
+                .render()
+                .contains("held-max off")
+        );
+        for bad in [
+            "held-max 0\n",
+            "held-max x\n",
+            "held-max\n",
+            "held-max 3\nheld-max 4\n",
+        ] {
+            let errs = p(bad).unwrap_err();
+            assert!(errs[0].msg.contains("held-max"), "{bad}: {errs:?}");
+        }
     }
 
     #[test]

@@ -16,7 +16,6 @@
 //! lw-sandbox reports.
 
 use std::fs::{self, File};
-use std::io::Write as _;
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 
@@ -103,16 +102,7 @@ impl Leases {
         if let Some(dir) = self.path.parent() {
             fs::create_dir_all(dir).map_err(|e| Error::io("cannot create", dir, e))?;
         }
-        let f = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&self.lock)
-            .map_err(|e| Error::io("cannot open", &self.lock, e))?;
-        f.lock()
-            .map_err(|e| Error::io_as(Exit::TempFail, "cannot lock", &self.lock, e))?;
-        Ok(f)
+        crate::fs::lock(&self.lock).map_err(|e| Error::lock(&self.lock, e))
     }
 
     /// Every lease, in port order.
@@ -212,23 +202,17 @@ impl Leases {
     }
 
     fn write(&self, leases: &[Lease]) -> Result<()> {
-        let dir = self.path.parent().unwrap_or(Path::new("."));
-        let tmp = dir.join(format!(".ports.{:032x}.tmp", crate::id::random128()));
         let mut text = String::from("# port leases of lw-sandbox(1): PORT OWNER WHAT\n");
         for l in leases {
             text.push_str(&format!("{} {} {}\n", l.port, l.owner, l.what));
         }
-        let res = (|| {
-            let mut f = File::create(&tmp)?;
-            f.write_all(text.as_bytes())?;
-            f.sync_all()?;
-            fs::rename(&tmp, &self.path)?;
-            File::open(dir)?.sync_all()
-        })();
-        res.map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            Error::io("cannot write", &self.path, e)
-        })
+        crate::fs::write_replace(
+            &self.path,
+            text.as_bytes(),
+            0o644,
+            crate::fs::Durability::Synced,
+        )
+        .map_err(|e| Error::io("cannot write", &self.path, e))
     }
 }
 

@@ -12,8 +12,6 @@
 //! The mediator treats a recipient as known when its record exists; a name
 //! whose record was removed ("gone") gets a bounce, never a silent drop.
 
-use std::io::Write as _;
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -143,35 +141,21 @@ impl Registry {
         mkdir(&self.sandboxes)?;
         let boxdir = layout::SandboxBox::new(self.sandboxes.join(&sb.name));
         mkdir(&boxdir.dir)?;
+        // Only its owner opens a mail dir (lw doctor checks it), whoever made it.
+        std::fs::set_permissions(
+            &boxdir.dir,
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )
+        .map_err(|e| Error::io("cannot set the mode of", &boxdir.dir, e))?;
         boxdir.inbox().create()?;
         boxdir.outbox().create()?;
 
         let path = self.record_path(&sb.name);
-        let tmp = self
-            .dir
-            .join(format!(".{}.{:032x}.tmp", sb.name, crate::id::random128()));
         let mut bytes = serde_json::to_vec_pretty(sb)
             .expect("a Sandbox serialises because all its fields are plain data");
         bytes.push(b'\n');
-        let write = || -> std::io::Result<()> {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o644)
-                .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-                .open(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()
-        };
-        if let Err(e) = write() {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(Error::io("cannot write registry record", &tmp, e));
-        }
-        if let Err(e) = std::fs::rename(&tmp, &path) {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(Error::io("cannot replace registry record", &path, e));
-        }
-        sync_dir(&self.dir)?;
+        crate::fs::write_replace(&path, &bytes, 0o644, crate::fs::Durability::Synced)
+            .map_err(|e| Error::io("cannot write registry record", &path, e))?;
         Ok(path)
     }
 
@@ -292,8 +276,10 @@ fn read_record(path: &Path) -> std::result::Result<Option<Sandbox>, String> {
     Ok(Some(sb))
 }
 
+/// Makes `p` with mode 0700: the registry, and the mail dirs under it.
 fn mkdir(p: &Path) -> Result<()> {
-    match std::fs::create_dir(p) {
+    use std::os::unix::fs::DirBuilderExt as _;
+    match std::fs::DirBuilder::new().mode(0o700).create(p) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
         Err(e) => Err(Error::io("cannot create directory", p, e)),
@@ -301,9 +287,7 @@ fn mkdir(p: &Path) -> Result<()> {
 }
 
 fn sync_dir(p: &Path) -> Result<()> {
-    let d = std::fs::File::open(p).map_err(|e| Error::io("cannot open", p, e))?;
-    d.sync_all()
-        .map_err(|e| Error::io_as(Exit::IoErr, "cannot fsync", p, e))
+    crate::fs::sync_dir(p).map_err(|e| Error::io_as(Exit::IoErr, "cannot fsync", p, e))
 }
 
 #[cfg(test)]

@@ -18,8 +18,14 @@
 //! and an intent is only rewritten after a listing proved the comment absent.
 //! Steady state costs one request per comment: no listing, no `GET` at all.
 //!
-//! Only comments whose author is the token's user (`GET /user`, once) count
-//! as lw-sync's own, so a person cannot forge a header that hides a message.
+//! Only comments whose author is lw-sync's login count as its own, so a
+//! person cannot forge a header that hides a message.  The login is the
+//! token's user (`GET /user`, once); when GitHub refuses that (403 for App
+//! installation and Actions tokens), the configured `login` (or
+//! `github-actions[bot]` under GitHub Actions).  Without any login, only the
+//! comment ids the state recorded are lw-sync's, and a reconciliation - which
+//! must recognise comments the state does not know - is refused with the fix;
+//! every author is never trusted.
 //! The header itself cannot be broken out of: its JSON has `<`, `>` and `&`
 //! escaped, so it never contains `-->`; bodies are in fenced code blocks whose
 //! fence is longer than any run of its character in the body, and the parser
@@ -39,7 +45,8 @@ use serde::Serialize;
 pub use config::{CONFIG_DIR, CONFIG_FILE, Config, TargetConfig};
 pub use format::{
     EntryHead, FORMAT_VERSION, HEADER_PREFIX, HEADER_SUFFIX, Head, MsgHead, NoticeHead, Rebuilt,
-    Section, parse_answers, parse_comment, reassemble, render_entry, sha256_hex,
+    Section, body_withheld, entry_digest, parse_answers, parse_comment, reassemble, render_entry,
+    sha256_hex,
 };
 pub use state::{Pending, State, TargetState, load_state, lock, state_path, write_atomic};
 
@@ -48,6 +55,7 @@ use crate::github::{Budget, Client, Comment, MAX_COMMENT_CHARS, Posted, Target};
 use crate::layout::Root;
 use crate::log::{Entry, Log};
 use crate::message::{self, Kind, Message};
+use crate::redact::Secrets;
 use format::{SEPARATOR, header_line, inline};
 use state::{complete_partials, mark_part, save_state};
 
@@ -146,7 +154,12 @@ pub struct Syncer {
     state_existed: bool,
     pub stats: Stats,
     pub events: Vec<Event>,
+    /// Secret values masked in everything posted (lib/redact.rs).
+    pub secrets: Secrets,
 }
+
+/// The login GitHub Actions' `GITHUB_TOKEN` posts as.
+pub const ACTIONS_LOGIN: &str = "github-actions[bot]";
 
 impl Syncer {
     pub fn new(root: Root, cfg: Config, client: Client) -> Result<Syncer> {
@@ -154,6 +167,13 @@ impl Syncer {
         let (state, state_existed) = load_state(&state_path)?;
         let mut client = client;
         client.budget = state.budget.clone();
+        // A blocked window goes to disk before any wait (lib/github.rs).
+        let path = state_path.clone();
+        client.persist = Some(Box::new(move |b: &Budget| {
+            let (mut st, _) = load_state(&path)?;
+            st.budget = b.clone();
+            save_state(&path, &st)
+        }));
         Ok(Syncer {
             root,
             cfg,
@@ -163,6 +183,7 @@ impl Syncer {
             state_existed,
             stats: Stats::default(),
             events: vec![],
+            secrets: Secrets::new(),
         })
     }
 
@@ -190,18 +211,85 @@ impl Syncer {
         Ok(())
     }
 
-    fn trusted(&self, c: &Comment) -> bool {
-        match &self.state.login {
-            None => true,
-            Some(l) => c.login() == l || self.cfg.trust.iter().any(|t| t == c.login()),
+    /// The login whose comments are lw-sync's: the token's user, else the
+    /// configured `login`, else the Actions bot when running under Actions.
+    pub fn own_login(&self) -> Option<String> {
+        self.state
+            .login
+            .clone()
+            .or_else(|| self.cfg.login.clone())
+            .or_else(|| {
+                (std::env::var("GITHUB_ACTIONS").as_deref() == Ok("true"))
+                    .then(|| ACTIONS_LOGIN.to_string())
+            })
+    }
+
+    /// The comment ids the state records as lw-sync's.
+    fn recorded_ids(&self) -> BTreeSet<u64> {
+        let mut ids = BTreeSet::new();
+        for ts in self.state.targets.values() {
+            ids.extend(ts.synced.values().flatten().copied());
+            ids.extend(ts.partial.values().flat_map(|p| p.values().copied()));
         }
+        ids
+    }
+
+    fn trusted(&self, c: &Comment, login: Option<&str>, ids: &BTreeSet<u64>) -> bool {
+        match login {
+            Some(l) => c.login() == l || self.cfg.trust.iter().any(|t| t == c.login()),
+            None => ids.contains(&c.id),
+        }
+    }
+
+    /// The error for a reconciliation without a login.
+    fn no_login(&self) -> Error {
+        Error::config(
+            "GitHub refused to name the token's user (GET /user), so lw-sync cannot tell its own comments from anyone else's; \
+             set \"login\" in .loopwright/sync.json to the account the token posts as \
+             (\"github-actions[bot]\" for GitHub Actions' GITHUB_TOKEN, \"APP-SLUG[bot]\" for a GitHub App)",
+        )
+    }
+
+    /// The entry as lw-sync mirrors it: a held or dropped message without
+    /// its body, and every known secret value masked.
+    fn outgoing(&self, e: &Entry) -> Entry {
+        let mut e = e.clone();
+        let withheld = body_withheld(&e);
+        self.secrets.mask_in(&mut e.decision.reason);
+        if let Some(m) = &mut e.message {
+            if withheld {
+                m.body.clear();
+            }
+            for (t, max) in [
+                (&mut m.subject, message::MAX_SUBJECT),
+                (&mut m.body, message::MAX_BODY),
+            ] {
+                self.secrets.mask_in(t);
+                while t.len() > max {
+                    t.pop();
+                }
+            }
+            for r in &mut m.refs {
+                self.secrets.mask_in(r);
+                while r.len() > message::MAX_REF {
+                    r.pop();
+                }
+            }
+        }
+        e
     }
 
     /// lw-sync's own sections among `comments`, with their comment ids.
     fn own_sections(&mut self, t: &Target, comments: &[Comment]) -> Vec<(u64, Section)> {
+        let login = self.own_login();
+        let ids = if login.is_none() {
+            self.recorded_ids()
+        } else {
+            BTreeSet::new()
+        };
         let mut out = Vec::new();
         for c in comments {
-            if !self.trusted(c) {
+            if !self.trusted(c, login.as_deref(), &ids) {
                 continue;
             }
             match parse_comment(c.text()) {
@@ -224,6 +312,9 @@ impl Syncer {
 
     /// [`Syncer::reconcile`], returning the listing.
     fn reconcile_listing(&mut self, t: &Target) -> Result<Vec<Comment>> {
+        if self.own_login().is_none() {
+            return Err(self.no_login());
+        }
         // After an unknown outcome, give GitHub a moment (two write intervals)
         // so that a comment it created just before the connection dropped is
         // in the list.
@@ -284,6 +375,12 @@ impl Syncer {
         }
         let mut by_target: BTreeMap<Target, Vec<Entry>> = BTreeMap::new();
         for e in entries {
+            // Refusals over the held-queue cap are not mirrored one by one:
+            // one status message to a person stands for them.
+            if e.decision.quiet {
+                continue;
+            }
+            let e = self.outgoing(&e);
             if let Some(m) = &e.message
                 && let Err(why) = m.validate()
             {
@@ -356,10 +453,18 @@ impl Syncer {
                 .targets
                 .get(&key)
                 .expect("reconcile made the target state");
-            let todo: Vec<&Entry> = entries
+            let mut todo: Vec<&Entry> = entries
                 .iter()
                 .filter(|e| !ts.synced.contains_key(&e.name) && !unrenderable.contains(&e.name))
                 .collect();
+            // What a person must answer goes first, ahead of any backlog;
+            // held headers last, in comments of their own (see `plan`).
+            todo.sort_by_key(|e| {
+                (
+                    e.decision.action != crate::log::Action::Escalate,
+                    e.decision.action == crate::log::Action::Hold,
+                )
+            });
             if todo.is_empty() {
                 return Ok(());
             }
@@ -476,6 +581,7 @@ impl Syncer {
     ) -> Result<Vec<Planned>> {
         let mut plan: Vec<Planned> = Vec::new();
         let mut cur: Planned = (vec![], String::new());
+        let mut cur_held = false;
         let batch = self.cfg.batch();
         let ts = self
             .state
@@ -512,8 +618,13 @@ impl Syncer {
                 .next()
                 .expect("render_entry gives at least one part");
             let joined = cur.1.chars().count() + SEPARATOR.len() + s.chars().count();
-            let alone =
-                solo.contains(&e.name) || cur.0.first().is_some_and(|(n, _, _)| solo.contains(n));
+            // Held headers share comments only with each other, so that a
+            // burst of them makes as few comments as the batch size allows.
+            let held = e.decision.action == crate::log::Action::Hold;
+            let alone = solo.contains(&e.name)
+                || cur.0.first().is_some_and(|(n, _, _)| solo.contains(n))
+                || cur_held != held;
+            cur_held = held;
             if !cur.0.is_empty() && (alone || cur.0.len() >= batch || joined > MAX_COMMENT_CHARS) {
                 plan.push(std::mem::take(&mut cur));
             }
@@ -591,11 +702,14 @@ impl Syncer {
             }
         }
         let mut newest = ts.pull_since.clone();
+        let login = self.own_login();
+        let ids = self.recorded_ids();
         for c in &comments {
             if newest.as_deref().is_none_or(|n| c.updated_at.as_str() > n) {
                 newest = Some(c.updated_at.clone());
             }
-            if ts.answered.contains(&c.id) || (self.trusted(c) && parse_comment(c.text()).is_some())
+            if ts.answered.contains(&c.id)
+                || (self.trusted(c, login.as_deref(), &ids) && parse_comment(c.text()).is_some())
             {
                 continue;
             }
@@ -799,7 +913,14 @@ impl Syncer {
             });
         }
         let mut local: BTreeMap<Target, BTreeMap<String, Entry>> = BTreeMap::new();
-        for e in entries {
+        // Comments of format version 1 carried held bodies and unmasked
+        // text: such an entry agrees with the log as it is, not as mirrored now.
+        let raw: HashMap<String, Entry> = entries
+            .iter()
+            .map(|e| (e.name.clone(), e.clone()))
+            .collect();
+        for e in entries.iter().filter(|e| !e.decision.quiet) {
+            let e = self.outgoing(e);
             local
                 .entry(self.cfg.target_for(&e)?)
                 .or_default()
@@ -839,7 +960,7 @@ impl Syncer {
                             target: key.clone(),
                         });
                     }
-                    Some((r, _)) if r != e => {
+                    Some((r, _)) if r != e && raw.get(name) != Some(r) => {
                         same = false;
                         self.events.push(Event::Differs {
                             entry: name.clone(),
@@ -902,21 +1023,17 @@ pub fn watch_dir(
     period: std::time::Duration,
     mut pass: impl FnMut() -> Result<()>,
 ) -> Result<()> {
-    use notify::EventKind;
-    use notify::event::{ModifyKind, RenameMode};
-    use notify_debouncer_full::{DebounceEventResult, new_debouncer};
-    let (tx, rx) = std::sync::mpsc::channel::<DebounceEventResult>();
-    let mut deb = new_debouncer(std::time::Duration::from_millis(200), None, tx).map_err(|e| {
+    use crate::fs::{Watcher, Woke};
+    let watcher = Watcher::new().map_err(|e| {
         Error::new(
             Exit::Unavailable,
             format!("cannot start a file watcher on '{}'", dir.display()),
         )
         .with_source(e)
     })?;
-    deb.watch(dir, notify::RecursiveMode::NonRecursive)
-        .map_err(|e| {
-            Error::new(Exit::NoInput, format!("cannot watch '{}'", dir.display())).with_source(e)
-        })?;
+    watcher.add(dir).map_err(|e| {
+        Error::new(Exit::NoInput, format!("cannot watch '{}'", dir.display())).with_source(e)
+    })?;
     loop {
         match pass() {
             Ok(()) => {}
@@ -926,37 +1043,21 @@ pub fn watch_dir(
             }
             Err(e) => return Err(e),
         }
-        // Wait for something relevant; other events (our own reads) are drained.
-        loop {
-            match rx.recv_timeout(period) {
-                Ok(Ok(events)) => {
-                    let relevant = events.iter().any(|ev| {
-                        ev.need_rescan()
-                            || matches!(
-                                ev.kind,
-                                EventKind::Create(_)
-                                    | EventKind::Modify(ModifyKind::Name(
-                                        RenameMode::To | RenameMode::Both | RenameMode::Any
-                                    ))
-                            )
-                    });
-                    if relevant {
-                        break;
-                    }
-                }
-                Ok(Err(errs)) => {
-                    for e in errs {
-                        eprintln!("lw-sync: watching '{}': {e}; rescanning", dir.display());
-                    }
-                    break;
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => break,
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                    return Err(Error::new(
-                        Exit::Software,
-                        format!("the watcher on '{}' stopped", dir.display()),
-                    ));
-                }
+        // A burst of arrivals wakes one pass (debounced by 200 ms).
+        match watcher.wait_settled(Some(period), std::time::Duration::from_millis(200)) {
+            Ok(Woke::Timeout | Woke::Changed | Woke::Overflow) => {}
+            Ok(Woke::Gone(p)) => {
+                return Err(Error::new(
+                    Exit::NoInput,
+                    format!("the watched directory '{}' was removed", p.display()),
+                ));
+            }
+            Err(e) => {
+                return Err(Error::new(
+                    Exit::Software,
+                    format!("the watcher on '{}' stopped", dir.display()),
+                )
+                .with_source(e));
             }
         }
     }

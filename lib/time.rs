@@ -10,6 +10,22 @@ pub fn now() -> Duration {
 }
 
 /// `2026-11-30T17:06:45.123456Z` for a duration since the epoch.
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    now().as_millis() as u64
+}
+
+/// An age as a person reads it in a column: `42s`, `17m`, `5h`, `3d`
+/// (whole units, rounded down; the unit changes at twice its size).
+pub fn human_age(d: Duration) -> String {
+    match d.as_secs() {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
+}
+
 pub fn rfc3339(t: Duration) -> String {
     let secs = t.as_secs() as i64;
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));

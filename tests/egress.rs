@@ -27,7 +27,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use loopwright::egress::{self, AllowList, DockerNetworks, NetworkEngine, Options};
+use loopwright::egress::{self, AllowList, NetworkEngine, Options};
+use loopwright::engine::DockerEngine;
 use loopwright::engine::{ContainerSpec, Engine, ExecRequest, OutStream};
 use loopwright::error::Exit;
 use sha2::{Digest, Sha256};
@@ -107,7 +108,7 @@ impl World {
 
 impl Drop for World {
     fn drop(&mut self) {
-        if let Ok(engine) = DockerNetworks::connect() {
+        if let Ok(engine) = DockerEngine::connect() {
             for k in &self.keys {
                 let _ = docker_out(&["rm", "-f", k]);
                 let _ = egress::teardown(&engine, k);
@@ -221,7 +222,7 @@ fn udp_out(container: &str) -> u64 {
     values[i].parse().expect("a number")
 }
 
-fn wait_ready(engine: &DockerNetworks, container: &str) {
+fn wait_ready(engine: &DockerEngine, container: &str) {
     let ok = engine
         .wait_for_line(container, Duration::from_secs(60), &mut |l| l == "ready")
         .expect("logs follow");
@@ -277,7 +278,7 @@ struct Probe {
 
 #[test]
 fn egress_matrix_reaches_the_allowed_host_and_nothing_else() {
-    let engine = DockerNetworks::connect().expect("the Docker engine is reachable");
+    let engine = DockerEngine::connect().expect("the Docker engine is reachable");
     let nonce = build_support::nonce();
     let mut world = World {
         nonce: format!("egress-{nonce}"),
@@ -845,7 +846,7 @@ fn egress_matrix_reaches_the_allowed_host_and_nothing_else() {
 
 /// Requests run in a loop in the sandbox; the proxy is killed; every request
 /// that starts after it is dead must fail and none may reach a server.
-fn proxy_killed_mid_run(engine: &DockerNetworks, key: &str, api: &str, forbidden: &str) {
+fn proxy_killed_mid_run(engine: &DockerEngine, key: &str, api: &str, forbidden: &str) {
     let loop_sh = "n2=0; while :; do ph=1; [ -e /tmp/phase2 ] && ph=2; \
         c=$(curl -s -o /dev/null -w '%{http_code}' --max-time 3 http://api.example.com/); \
         f=$(curl -s -o /dev/null -w '%{http_code}' --max-time 3 http://forbidden.example.org/); \
@@ -932,7 +933,7 @@ fn proxy_killed_mid_run(engine: &DockerNetworks, key: &str, api: &str, forbidden
 
 #[test]
 fn proxy_image_missing_is_built_and_a_missing_base_is_a_clear_error() {
-    let engine = DockerNetworks::connect().expect("the Docker engine is reachable");
+    let engine = DockerEngine::connect().expect("the Docker engine is reachable");
     let e = egress::ensure_proxy_image(&engine, "loopwright/no-such-base:none", &mut |_| {})
         .unwrap_err();
     assert_eq!(e.exit, Exit::NoInput);
@@ -979,7 +980,7 @@ fn proxy_image_missing_is_built_and_a_missing_base_is_a_clear_error() {
 
 #[test]
 fn prepare_makes_an_isolated_way_out_and_teardown_leaves_nothing() {
-    let engine = DockerNetworks::connect().expect("the Docker engine is reachable");
+    let engine = DockerEngine::connect().expect("the Docker engine is reachable");
     let nonce = build_support::nonce();
     let outside = format!("lw-egt-{nonce}-out");
     // Dropped last: the proxy must be gone before its network can go.
@@ -1091,7 +1092,7 @@ fn concurrent_prepares_settle_on_one_outside_network() {
             .map(|key| {
                 let (outside, from) = (outside.clone(), from.clone());
                 s.spawn(move || {
-                    let engine = DockerNetworks::connect().expect("the Docker engine is reachable");
+                    let engine = DockerEngine::connect().expect("the Docker engine is reachable");
                     let opts = Options {
                         proxy_from: from,
                         outside,
@@ -1107,7 +1108,7 @@ fn concurrent_prepares_settle_on_one_outside_network() {
             .map(|h| h.join().expect("a prepare thread"))
             .collect()
     });
-    let engine = DockerNetworks::connect().unwrap();
+    let engine = DockerEngine::connect().unwrap();
     let same_name: Vec<_> = engine
         .networks_with_label(&format!("{}=outside", egress::LABEL_EGRESS))
         .unwrap()

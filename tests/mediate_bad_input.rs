@@ -362,3 +362,45 @@ fn outbox_removed_between_passes_does_not_stop_others() {
         v
     });
 }
+
+/// mailbox-spec.md, "Delivery": files a killed writer left in `tmp/` are
+/// removed once they are 36 hours old; younger ones, and anything that is
+/// not a plain file, stay.
+#[test]
+fn tmp_files_older_than_36_hours_are_swept() {
+    let root = root_with("tmp-sweep", &["a", "b"]);
+    let outbox_tmp = root.sandbox("a").outbox().sub(Sub::Tmp);
+    let inbox_tmp = root.sandbox("b").inbox().sub(Sub::Tmp);
+    let old = Duration::from_secs(37 * 3600);
+    let young = Duration::from_secs(35 * 3600);
+    let plant = |dir: &Path, name: &str, age: Duration| {
+        let p = dir.join(name);
+        std::fs::write(&p, b"partial").unwrap();
+        let t = std::time::SystemTime::now() - age;
+        std::fs::File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
+        p
+    };
+    let stale_out = plant(&outbox_tmp, "stale-out", old);
+    let stale_in = plant(&inbox_tmp, "stale-in", old);
+    let fresh = plant(&outbox_tmp, "fresh", young);
+    let old_dir = outbox_tmp.join("a-directory");
+    std::fs::create_dir(&old_dir).unwrap();
+
+    once(&root, OPEN_POLICY);
+
+    assert!(
+        !stale_out.exists(),
+        "a 37-hour-old file stayed in an outbox's tmp/"
+    );
+    assert!(
+        !stale_in.exists(),
+        "a 37-hour-old file stayed in an inbox's tmp/"
+    );
+    assert!(fresh.exists(), "a 35-hour-old file was removed");
+    assert!(old_dir.is_dir(), "a directory in tmp/ was removed");
+}

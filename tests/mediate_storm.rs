@@ -3,6 +3,8 @@
 //! is logged once, sits once in each recipient's inbox, and no outbox holds
 //! anything in `new/`.  Prints its figures.
 
+mod seeded;
+
 mod mediate_util;
 
 use std::collections::{BTreeMap, HashMap};
@@ -23,7 +25,7 @@ const MIN_KILLS: usize = 200;
 const PLANTED: usize = 20;
 
 fn rand_below(n: u64) -> u64 {
-    (loopwright::id::random128() % n as u128) as u64
+    seeded::below(n)
 }
 
 #[test]
@@ -208,11 +210,12 @@ fn kill_storm_loses_and_duplicates_nothing() {
     let quarantined = names(&root.quarantine().sub(Sub::New)).len();
 
     println!(
-        "kill storm: kills={kills} messages={} inbox_copies={copies} storm={:.1}s routed_during_storm={routed_in_storm} \
+        "kill storm: seed={} kills={kills} messages={} inbox_copies={copies} storm={:.1}s routed_during_storm={routed_in_storm} \
          tmp_files_left_by_kills={interrupted} resume_events_after_kills={resumed} \
          lost_log={lost_log} duplicated_log={dup_log} lost_inbox={lost_inbox} duplicated_inbox={dup_inbox} \
          torn={torn} left_in_outbox_new={left_in_new} claimed={claimed} \
          planted_bad={PLANTED} quarantined={quarantined} quarantine_entries={quarantine_entries}",
+        seeded::seed(),
         expected.len(),
         storm.as_secs_f64()
     );

@@ -519,6 +519,8 @@ fn hold_lock(m: &Path) -> File {
 
 /// Spawns `lw-mirror sync --progress` and reads its stderr up to the line
 /// that says it waits for the lock.
+// The child is returned to the caller, who waits for it.
+#[allow(clippy::zombie_processes)]
 fn spawn_waiting(
     dir: &Path,
     args: &[&str],

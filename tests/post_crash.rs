@@ -6,6 +6,8 @@
 //! ever be partial.  `sixteen_posters_times_500` posts 8,000 messages from 16
 //! concurrent posters into one outbox.
 
+mod seeded;
+
 mod common;
 
 use std::collections::{HashMap, HashSet};
@@ -45,7 +47,7 @@ fn checker(dir: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(usiz
 }
 
 fn rand_below(n: u64) -> u64 {
-    (loopwright::id::random128() % n as u128) as u64
+    seeded::below(n)
 }
 
 #[test]
@@ -117,8 +119,9 @@ fn post_survives_sigkill_at_random_moments() {
     }
     let tmp_left = ls(&mb.join("outbox/tmp")).len();
     println!(
-        "lw-post kill storm: {rounds} posts, {killed} killed by SIGKILL, {} exited 0, {lost} of those lost, \
+        "lw-post kill storm (seed {}): {rounds} posts, {killed} killed by SIGKILL, {} exited 0, {lost} of those lost, \
          {} files in new/ checked while running, {} partial files seen in new/, {tmp_left} stray files in tmp/",
+        seeded::seed(),
         exited_ok.len(),
         checked,
         partial.len()

@@ -130,7 +130,9 @@ fn body_from_stdin_and_json_output() {
 fn invalid_posts_exit_65_and_leave_nothing() {
     let t = TempDir::new("invalid");
     let big = "x".repeat(MAX_BODY + 1);
-    let cases: Vec<(Vec<&str>, Option<Vec<u8>>, &str)> = vec![
+    // (arguments, body on stdin, what the error must say)
+    type Case<'a> = (Vec<&'a str>, Option<Vec<u8>>, &'a str);
+    let cases: Vec<Case> = vec![
         (
             vec!["-k", "gossip", "-s", "x"],
             None,
@@ -360,7 +362,7 @@ fn inbox_reports_odd_entries_without_following_or_blocking() {
     assert_eq!(err.lines().count(), 5, "{err}");
     // Nothing was moved or deleted: the entries stay for quarantine.
     assert_eq!(ls(&new).len(), 6);
-    assert_eq!(std::fs::read(&secret).unwrap().len() > 0, true);
+    assert!(!std::fs::read(&secret).unwrap().is_empty());
 }
 
 #[test]

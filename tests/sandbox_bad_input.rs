@@ -161,6 +161,21 @@ fn names_branches_images_and_ports() {
             78,
             "not allowed",
         ),
+        (
+            &["create", "c", "--branch", "x", "--cpus", "0"],
+            64,
+            "--cpus '0' is not valid",
+        ),
+        (
+            &["create", "c", "--branch", "x", "--disk", "lots"],
+            64,
+            "--disk 'lots' is not valid",
+        ),
+        (
+            &["create", "c", "--branch", "x", "--memory", "0"],
+            64,
+            "--memory '0' is not valid",
+        ),
         (&["rm", "nope"], 66, "no sandbox 'nope'"),
         (&["push", "nope"], 66, "no sandbox 'nope'"),
         (&["exec", "nope", "--", "true"], 66, "no sandbox 'nope'"),
@@ -185,8 +200,8 @@ fn names_branches_images_and_ports() {
     );
     assert_eq!(
         f.leftovers().len(),
-        2,
-        "a's container and volume: {:?}",
+        1,
+        "a's container (its workspace is a disk image, not a volume): {:?}",
         f.leftovers()
     );
     f.ok(&["rm", "a"]);
@@ -234,7 +249,7 @@ fn a_container_removed_behind_our_back_is_shown_and_reclaimed() {
     assert!(err(&o).contains("gc"), "{}", err(&o));
     let gc = f.ok(&["gc"]);
     assert!(
-        gc.contains("volume ") && gc.contains("registry g") && gc.contains("record g"),
+        gc.contains("disk ") && gc.contains("registry g") && gc.contains("record g"),
         "{gc}"
     );
     assert!(f.leftovers().is_empty(), "{:?}", f.leftovers());
@@ -276,4 +291,65 @@ fn a_push_the_upstream_moved_under_is_refused_with_what_to_do() {
         f.host_leftovers()
     );
     f.ok(&["rm", "--force", "n"]);
+}
+
+#[test]
+fn a_limit_of_zero_or_garbage_in_config_is_78_naming_the_key() {
+    let f = Fixture::new("limits");
+    for (line, key) in [
+        ("sandbox.cpus = 0", "sandbox.cpus"),
+        ("sandbox.cpus = fast", "sandbox.cpus"),
+        ("sandbox.memory = 0", "sandbox.memory"),
+        ("sandbox.pids = -1", "sandbox.pids"),
+        ("sandbox.disk = 0", "sandbox.disk"),
+        ("sandbox.mail-disk = big", "sandbox.mail-disk"),
+        ("sandbox.log-max-size = 0", "sandbox.log-max-size"),
+        ("sandbox.log-max-file = 0", "sandbox.log-max-file"),
+        ("sandbox.push-max = 0", "sandbox.push-max"),
+    ] {
+        std::fs::write(f.proj.join(".loopwright/config"), format!("{line}\n")).expect("write");
+        let o = f.sb(&["create", "c", "--branch", "c"]);
+        assert_eq!(code(&o), Some(78), "{line}: {}", err(&o));
+        assert!(err(&o).contains(key), "{line}: {}", err(&o));
+    }
+    assert!(f.leftovers().is_empty(), "{:?}", f.leftovers());
+    assert!(f.host_leftovers().is_empty(), "{:?}", f.host_leftovers());
+}
+
+#[test]
+fn a_disk_quota_that_cannot_be_enforced_is_69_never_unlimited() {
+    let f = Fixture::new("noquota");
+    // A PATH with git but without mkfs.ext4: the quota cannot be made.
+    let bin_dir = f.dir.join("path");
+    std::fs::create_dir_all(&bin_dir).expect("mkdir");
+    let git = String::from_utf8(
+        std::process::Command::new("sh")
+            .args(["-c", "command -v git"])
+            .output()
+            .expect("sh")
+            .stdout,
+    )
+    .expect("utf-8");
+    std::os::unix::fs::symlink(git.trim(), bin_dir.join("git")).expect("symlink");
+    let o = f
+        .cmd(&["create", "q", "--branch", "q"])
+        .env("PATH", &bin_dir)
+        .output()
+        .expect("runs");
+    assert_eq!(code(&o), Some(69), "{}", err(&o));
+    assert!(
+        err(&o).contains("cannot enforce the disk quota") && err(&o).contains("sandbox.disk = off"),
+        "{}",
+        err(&o)
+    );
+    println!("noquota: {}", err(&o).trim());
+    assert!(f.leftovers().is_empty(), "{:?}", f.leftovers());
+    assert!(f.host_leftovers().is_empty(), "{:?}", f.host_leftovers());
+    // Saying so runs without a quota, with a warning.
+    std::fs::write(f.proj.join(".loopwright/config"), "sandbox.disk = off\n").expect("write");
+    let o = f.sb(&["create", "q", "--branch", "q"]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(err(&o).contains("no disk quota"), "{}", err(&o));
+    f.ok(&["rm", "q"]);
+    assert!(f.leftovers().is_empty(), "{:?}", f.leftovers());
 }

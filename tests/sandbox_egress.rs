@@ -116,6 +116,15 @@ fn egress_sandbox_reaches_its_allow_list_only_and_leaves_nothing_behind() {
     );
     let ls = f.ok(&["ls"]);
     assert!(ls.starts_with("t\tt\trunning\t-\tegress\t"), "{ls}");
+    // The proxy relays requests, never packets (issue 15).
+    let fwd = text(&docker(&[
+        "exec",
+        &proxy,
+        "cat",
+        "/proc/sys/net/ipv4/ip_forward",
+    ]));
+    assert_eq!(fwd.trim(), "0", "ip_forward in the proxy's namespace");
+    println!("egress: the proxy's net.ipv4.ip_forward is {}", fwd.trim());
 
     // Allowed: through the proxy from the variables the sandbox was given.
     let curl = "curl -sS --max-time 10";

@@ -122,16 +122,28 @@ fn create_clones_onto_the_branch_and_push_sends_only_it() {
         "api: users 2"
     );
 
-    // The status message posted above was never routed: rm keeps the mailbox and says so.
+    // The status message posted above was never routed: rm archives it
+    // under the root and removes the mail dir, saying so.
     let o = f.sb(&["rm", "api"]);
     assert!(o.status.success(), "{}", err(&o));
     assert!(
-        err(&o).contains("kept mailbox") && err(&o).contains("1 unread"),
+        err(&o).contains("archived mailbox") && err(&o).contains("1 unread"),
         "{}",
         err(&o)
     );
     assert!(f.leftovers().is_empty(), "{:?}", f.leftovers());
-    assert_eq!(f.host_leftovers(), ["sandboxes/api"]);
+    assert!(f.host_leftovers().is_empty(), "{:?}", f.host_leftovers());
+    let archived: Vec<_> = std::fs::read_dir(f.root.join("archive"))
+        .expect("an archive")
+        .flatten()
+        .flat_map(|d| {
+            std::fs::read_dir(d.path().join("unread/outbox"))
+                .into_iter()
+                .flatten()
+        })
+        .flatten()
+        .collect();
+    assert_eq!(archived.len(), 1, "the unread message is archived");
 }
 
 #[test]
@@ -278,7 +290,7 @@ fn secrets_reach_only_the_sandbox_tmpfs() {
     let (code, out, e) = f.sh("s", "cat /run/secrets/LW_TEST_TOKEN; echo; stat -c '%a %u' /run/secrets/LW_TEST_TOKEN; grep -c LW_TEST_TOKEN /proc/1/environ || true");
     assert_eq!(code, 0, "{e}");
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines, [value.as_str(), "400 1000", "0"]);
+    assert_eq!(lines, [value.as_str(), "400 100000", "0"]);
     // Not in the engine's view of the container, not on disk in the root or the project.
     let inspect = text(&docker(&["inspect", &f.container("s")]));
     assert!(!inspect.contains(&value), "docker inspect shows no secret");

@@ -90,7 +90,7 @@ fn eight_at_once_are_eight_ready_with_distinct_ports_and_clones() {
             text(&docker(&[
                 "inspect",
                 "-f",
-                "{{range .Mounts}}{{if eq .Destination \"/work\"}}{{.Name}}{{end}}{{end}}",
+                "{{range .Mounts}}{{if eq .Destination \"/work\"}}{{.Source}}{{end}}{{end}}",
                 &f.container(n),
             ]))
             .trim()
@@ -100,7 +100,7 @@ fn eight_at_once_are_eight_ready_with_distinct_ports_and_clones() {
     vols.sort();
     vols.dedup();
     println!(
-        "parallel: 8 creates at once in {:.2}s -> {ready} ready, {} distinct ports, {} distinct clones (volumes), {} distinct heads, {seen_elsewhere} commits seen by another sandbox",
+        "parallel: 8 creates at once in {:.2}s -> {ready} ready, {} distinct ports, {} distinct clones (workspaces), {} distinct heads, {seen_elsewhere} commits seen by another sandbox",
         took.as_secs_f64(),
         ports.len(),
         vols.len(),

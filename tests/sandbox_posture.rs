@@ -49,7 +49,7 @@ fn posture_from_inside_and_from_the_host_has_no_deviation() {
         (tmp.contains("noexec") && tmp.contains("nosuid")).to_string(),
     ));
     checks.push(("inside interfaces", "lo".into(), get("net")));
-    checks.push(("inside uid", "1000".into(), get("uid")));
+    checks.push(("inside uid", "100000".into(), get("uid")));
     checks.push(("inside pids.max", "512".into(), get("pidsmax")));
 
     // From the host: the engine's record and the kernel's view of PID 1.
@@ -59,15 +59,26 @@ fn posture_from_inside_and_from_the_host_has_no_deviation() {
     let v: Vec<&str> = ins.trim().split('|').collect();
     checks.push(("host ReadonlyRootfs", "true".into(), v[0].into()));
     checks.push(("host CapDrop", "[\"ALL\"]".into(), v[1].into()));
-    checks.push((
-        "host SecurityOpt",
-        "[\"no-new-privileges:true\"]".into(),
-        v[2].into(),
-    ));
+    let opts: Vec<String> = serde_json::from_str(v[2]).unwrap_or_default();
+    let opts: Vec<String> = opts
+        .iter()
+        .map(|o| {
+            if o.starts_with("seccomp=") {
+                "seccomp=PROFILE".into()
+            } else {
+                o.clone()
+            }
+        })
+        .collect();
+    let mut want = vec!["no-new-privileges:true", "seccomp=PROFILE"];
+    if loopwright::sandbox::host_has_apparmor() {
+        want.push("apparmor=docker-default");
+    }
+    checks.push(("host SecurityOpt", want.join(","), opts.join(",")));
     checks.push(("host PidsLimit", "512".into(), v[3].into()));
     checks.push(("host Memory", (2u64 << 30).to_string(), v[4].into()));
     checks.push(("host NetworkMode", "none".into(), v[5].into()));
-    checks.push(("host User", "1000:1000".into(), v[6].into()));
+    checks.push(("host User", "100000:100000".into(), v[6].into()));
     checks.push(("host Privileged", "false".into(), v[7].into()));
     let status = std::fs::read_to_string(format!("/proc/{}/status", v[8]))
         .expect("PID 1 of the container is visible from the host");
@@ -88,7 +99,7 @@ fn posture_from_inside_and_from_the_host_has_no_deviation() {
     ));
     checks.push(("host view NoNewPrivs", "1".into(), field("NoNewPrivs")));
     checks.push(("host view Seccomp", "2".into(), field("Seccomp")));
-    checks.push(("host view Uid", "1000".into(), field("Uid")));
+    checks.push(("host view Uid", "100000".into(), field("Uid")));
     // Exactly these mounts from the host, each with its mode.
     let mounts = text(&docker(&[
         "inspect",

@@ -5,6 +5,8 @@
 //! LW_SYNC_MIN_WRITE_INTERVAL_MS (the minute and hour windows scale with it);
 //! tests/sync_limits.rs checks the real spacing.
 
+mod seeded;
+
 mod sync_support;
 
 use std::process::Stdio;
@@ -14,7 +16,7 @@ use serde_json::json;
 use sync_support::*;
 
 fn random_below(n: u64) -> u64 {
-    (loopwright::id::random128() as u64) % n
+    seeded::below(n)
 }
 
 #[test]
@@ -87,7 +89,8 @@ fn sigkill_200_times_while_1000_messages_sync() {
         })
         .count();
     println!(
-        "kill test: messages {}, kills {kills}, runs {runs} ({finished} finished before the kill), drop-after-commit faults {drops}, POSTs {posts}, reconciliations {listings}, comments {comments}, duplicated {duplicated}, missing {missing}",
+        "kill test: seed {}, messages {}, kills {kills}, runs {runs} ({finished} finished before the kill), drop-after-commit faults {drops}, POSTs {posts}, reconciliations {listings}, comments {comments}, duplicated {duplicated}, missing {missing}",
+        seeded::seed(),
         names.len()
     );
     assert_eq!(names.len(), 1000);

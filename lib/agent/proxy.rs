@@ -26,8 +26,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write as _;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -172,22 +171,9 @@ pub fn prepare_dir(dir: &Path, settings: &Settings) -> Result<()> {
 /// Writes `key` into the key directory: a new 0600 file renamed over the
 /// old one (the proxy reads it per request, through the directory mount).
 pub fn write_key(dir: &Path, key: &[u8]) -> Result<()> {
-    let tmp = dir.join(format!(".key.{:032x}", crate::id::random128()));
     let path = dir.join("key");
-    let res = (|| {
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(key)?;
-        f.sync_all()?;
-        fs::rename(&tmp, &path)
-    })();
-    res.map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        Error::io("cannot write the key file", &path, e)
-    })
+    crate::fs::write_replace(&path, key, 0o600, crate::fs::Durability::Synced)
+        .map_err(|e| Error::io("cannot write the key file", &path, e))
 }
 
 /// Creates and starts the proxy of sandbox container `key`, attached to the

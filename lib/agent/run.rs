@@ -18,9 +18,9 @@ use std::time::Duration;
 use super::kit::{self, Kit};
 use super::{Credential, Settings, proxy};
 use crate::config::Project;
+use crate::engine::{ExecIo, NetworkEngine};
 use crate::engine::{ExecRequest, OutStream};
 use crate::error::{Error, Exit, Result};
-use crate::sandbox::runtime::ExecIo;
 use crate::sandbox::{REPO, Record, Sandboxes};
 use crate::visible::visible_line;
 
@@ -101,8 +101,8 @@ pub fn run(
             let dir = proxy::key_dir(&sb.root.state_dir(), name);
             proxy::prepare_dir(&dir, &settings)?;
             proxy::write_key(&dir, &key)?;
-            let nets = crate::egress::DockerNetworks::connect()?;
-            proxy::start(&nets, &rec.container)?;
+            let nets: &dyn NetworkEngine = sb.engine;
+            proxy::start(nets, &rec.container)?;
         }
         Credential::Env => {
             warn(&format!(

@@ -120,7 +120,7 @@ impl Prepared {
     /// Makes and starts the model proxy of `rec` (proxy credential only).
     pub fn start_proxy(
         &self,
-        nets: &crate::egress::DockerNetworks,
+        nets: &dyn crate::engine::NetworkEngine,
         rec: &Record,
         eg: &crate::egress::Settings,
         root: &Root,

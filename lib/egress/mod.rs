@@ -33,7 +33,6 @@
 //! it.  The caller (lw-sandbox) holds the sandbox's lock around these calls.
 
 pub mod allow;
-pub mod engine_ext;
 pub mod squid;
 
 use std::collections::BTreeMap;
@@ -41,8 +40,8 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
+pub use crate::engine::{Network, NetworkEngine, NetworkSpec};
 pub use allow::{AllowList, Entry, HostPattern};
-pub use engine_ext::{DockerNetworks, Network, NetworkEngine, NetworkSpec};
 pub use squid::Request;
 
 use crate::config::Config;
@@ -375,6 +374,14 @@ fn make(
         pids_limit: Some(256),
         memory_bytes: Some(256 << 20),
         network: Some(outside.to_string()),
+        // The proxy relays at the application level only: a packet routed
+        // through it would bypass the allow-list.
+        sysctls: [("net.ipv4.ip_forward".to_string(), "0".to_string())].into(),
+        log_options: [
+            ("max-size".to_string(), "10m".to_string()),
+            ("max-file".to_string(), "3".to_string()),
+        ]
+        .into(),
         ..Default::default()
     };
     engine.create(&spec)?;

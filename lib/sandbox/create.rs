@@ -3,7 +3,7 @@
 //! Checks first (names, branch, ports, secrets, the image): nothing is made
 //! until they pass.  A missing mirror is made next (before anything could
 //! mount its path).  Then, under the name's lock: the record (not ready),
-//! port leases, the registry record and the mailbox, the workspace volume,
+//! port leases, the registry record and the mailbox, the workspace,
 //! the container and its start, while a thread fetches into an existing
 //! mirror; then where the branch starts (a `--from` naming nothing undoes
 //! what was made), the clone inside the container, the secrets, the
@@ -18,19 +18,27 @@
 //! exists at the commit the sandbox starts from and its content differs, the
 //! dependencies baked into the image are not the branch's.  Rather than
 //! rebuild the image for one branch, lw-sandbox runs the layer's install step
-//! (`sh DEPS.SH /work/repo`, the layer's input whose name ends in `deps.sh`,
-//! or the command in `sandbox.install`) in `/work/repo` of this sandbox's
-//! workspace, in a one-shot container made from the same image, with the
-//! same hardening and user, but on the `bridge` network because installing
-//! downloads packages (an `egress` sandbox's step stays on its own egress
-//! network instead, so it reaches only the allow-list's hosts).  That container is labelled like the sandbox, removed
-//! when the step ends, and its output goes to standard error.  The sandbox
-//! itself never gets the network.  What the step installs must land under
+//! in `/work/repo` of this sandbox's workspace, in a one-shot container made
+//! from the same image, with the same hardening, user, limits and network as
+//! the sandbox itself.  That container is labelled like the sandbox, removed
+//! when the step ends, and its output goes to standard error with its
+//! control characters made visible.  What the step installs must land under
 //! `/work` (the only writable place): `node_modules`, `$HOME/.cargo`, a
 //! virtualenv under `/work`.
+//!
+//! The rule: nothing from the task's branch runs with more reach than the
+//! sandbox has.  The step is `sandbox.install` (the host's configuration)
+//! or else the install script (the layer's input whose name ends in
+//! `deps.sh`) as the image holds it, `sh /opt/loopwright/deps/PATH
+//! /work/repo` — never the branch's copy, which the sandbox's agent may have
+//! written.  A branch whose script differs from the image's is reported;
+//! `--allow-install-change` runs the branch's copy instead.  Either runs on
+//! the sandbox's own network: `none` has none (an install that must
+//! download fails, saying so), `egress` reaches only its allow-list.
 
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -38,6 +46,10 @@ use super::*;
 use crate::config::Config;
 use crate::image::{LABEL_LAYER, LABEL_MANIFEST, Runtime};
 use crate::mirror::{self, Mirror, SyncOptions};
+
+/// Where the deps layer (runtime/deps.Dockerfile) keeps its inputs in the
+/// image, the install script among them at its project path.
+const IMAGE_DEPS: &str = "/opt/loopwright/deps";
 
 /// The image a sandbox runs and what it was built from.
 #[derive(Clone, Debug)]
@@ -219,6 +231,25 @@ fn drifted_inputs(mirror: &Path, commit: &str, inputs: &[(String, String)]) -> R
     Ok(drift)
 }
 
+/// `create`'s limit flags over the configuration's (exit 64 naming the flag).
+fn apply_overrides(settings: &mut Settings, o: &limits::Overrides) -> Result<()> {
+    if let Some(v) = &o.memory {
+        settings.memory = parse_bytes(v).ok_or_else(|| {
+            Error::usage(format!(
+                "--memory '{v}' is not valid: expected a size such as 512m or 2g"
+            ))
+        })?;
+    }
+    if let Some(v) = &o.pids {
+        settings.pids = v.parse().ok().filter(|n: &i64| *n > 0).ok_or_else(|| {
+            Error::usage(format!(
+                "--pids '{v}' is not valid: expected a positive number"
+            ))
+        })?;
+    }
+    settings.limits.apply(o)
+}
+
 /// The host's git identity for the project, if it has one.
 fn host_identity(project: Option<&Project>, key: &str) -> Option<String> {
     let p = project?;
@@ -371,7 +402,8 @@ impl<'a> Sandboxes<'a> {
         let mut clock = Clock::new();
         registry::check_name(name).map_err(Error::usage)?;
         check_branch(&opts.branch)?;
-        let settings = Settings::from_project(project)?;
+        let mut settings = Settings::from_project(project)?;
+        apply_overrides(&mut settings, &opts.limits)?;
         let whats = opts
             .ports
             .iter()
@@ -425,6 +457,13 @@ impl<'a> Sandboxes<'a> {
             }
         }
         let mut notes = Vec::new();
+        if settings.limits.disk.is_none() {
+            let n = format!(
+                "sandbox '{name}' has no disk quota (sandbox.disk = off): it can fill the host's disk, and its mail dir is mounted without nosuid,nodev,noexec"
+            );
+            warn(&n);
+            notes.push(n);
+        }
         if opts.network == Network::Bridge {
             let n = format!(
                 "sandbox '{name}' gets the bridge network: it can reach anything this host reaches"
@@ -488,8 +527,14 @@ impl<'a> Sandboxes<'a> {
                     })
                 })
             });
-            fs::create_dir_all(&self.root.dir).map_err(io_err("cannot create", &self.root.dir))?;
-            crate::mediate::init_root(&self.root)?;
+            if !self.root.dir.exists() {
+                // A new root is its owner's alone (lw doctor checks it).
+                fs::create_dir_all(&self.root.dir)
+                    .map_err(io_err("cannot create", &self.root.dir))?;
+                fs::set_permissions(&self.root.dir, fs::Permissions::from_mode(0o700))
+                    .map_err(io_err("cannot set the mode of", &self.root.dir))?;
+            }
+            self.root.init()?;
             let lock = self.lock(name, false)?.ok_or_else(|| {
                 Error::new(
                     Exit::TempFail,
@@ -559,6 +604,11 @@ impl<'a> Sandboxes<'a> {
                 if !rec.ports.is_empty() {
                     self.write_record(&rec)?;
                 }
+                // The mail dir on its own filesystem (lib/sandbox/disk.rs),
+                // mounted before the registry makes its boxes on it.
+                if let Some(bytes) = settings.limits.mail_disk {
+                    disk::mail(&self.root, name).make(bytes, settings.uid, 0o700)?;
+                }
                 let reg = Registry::new(&self.root);
                 reg.register(&registry::Sandbox::new(
                     name,
@@ -569,26 +619,30 @@ impl<'a> Sandboxes<'a> {
                 chown_tree(&boxdir, settings.uid)?;
                 clock.mark("record");
 
-                let labels = BTreeMap::from([
-                    (LABEL_SANDBOX.to_string(), name.to_string()),
-                    (LABEL_ROOT.to_string(), self.id.clone()),
-                    (
-                        LABEL_ROOT_PATH.to_string(),
-                        self.root.dir.to_string_lossy().into_owned(),
-                    ),
-                ]);
                 if let Some((eg, allow)) = &egress {
-                    let nets = egress::DockerNetworks::connect()?;
+                    let nets: &dyn crate::engine::NetworkEngine = self.engine;
                     let mut o = egress::Options::from(eg);
                     o.labels.insert(LABEL_ROOT.into(), self.id.clone());
-                    egress::prepare(&nets, &rec.container, allow, &o, &mut |_| {})?;
+                    egress::prepare(nets, &rec.container, allow, &o, &mut |_| {})?;
                     clock.mark("egress");
                     if let Some(a) = &agent {
-                        a.start_proxy(&nets, &rec, eg, &self.root, &labels)?;
+                        let labels = BTreeMap::from([
+                            (LABEL_SANDBOX.to_string(), name.to_string()),
+                            (LABEL_ROOT.to_string(), self.id.clone()),
+                            (
+                                LABEL_ROOT_PATH.to_string(),
+                                self.root.dir.to_string_lossy().into_owned(),
+                            ),
+                        ]);
+                        a.start_proxy(nets, &rec, eg, &self.root, &labels)?;
                         clock.mark("model-proxy");
                     }
                 }
-                self.engine.create_volume(&rec.volume, &labels)?;
+                let work = disk::work(&self.root, name);
+                match settings.limits.disk {
+                    Some(bytes) => work.make(bytes, settings.uid, 0o755)?,
+                    None => work.plain(settings.uid)?,
+                }
                 let spec = container_spec(
                     self,
                     &rec,
@@ -663,7 +717,7 @@ impl<'a> Sandboxes<'a> {
                         Exit::Unavailable,
                         format!(
                             "cannot clone into sandbox '{name}' (exit {code}): {}{hint}",
-                            why.trim()
+                            crate::visible::visible(why.trim())
                         ),
                     ));
                 }
@@ -678,7 +732,15 @@ impl<'a> Sandboxes<'a> {
                     clock.mark("secrets");
                 }
                 if !drift.is_empty() {
-                    self.incremental_install(&rec, &settings, &spec, &image, &drift, warn)?;
+                    self.incremental_install(
+                        &rec,
+                        &settings,
+                        &spec,
+                        &image,
+                        &drift,
+                        opts.allow_install_change,
+                        warn,
+                    )?;
                     clock.mark("install");
                 }
                 Ok(head)
@@ -704,7 +766,7 @@ impl<'a> Sandboxes<'a> {
                 }
                 Err(e) => {
                     let mut sink = |_: &str| {};
-                    if let Err(c) = self.reclaim(name, Some(&rec), true, &mut sink) {
+                    if let Err(c) = self.reclaim(name, Some(&rec), &mut sink) {
                         warn(&format!(
                             "could not undo the half-made sandbox '{name}' ({c}); lw-sandbox gc will"
                         ));
@@ -718,6 +780,7 @@ impl<'a> Sandboxes<'a> {
     }
 
     /// Runs the deps layer's install step for this sandbox (module documentation).
+    #[allow(clippy::too_many_arguments)]
     fn incremental_install(
         &self,
         rec: &Record,
@@ -725,14 +788,35 @@ impl<'a> Sandboxes<'a> {
         spec: &ContainerSpec,
         image: &ImageChoice,
         drift: &[String],
+        allow_change: bool,
         warn: &mut dyn FnMut(&str),
     ) -> Result<()> {
-        let cmd = match (
-            &settings.install,
-            image.inputs.iter().find(|(p, _)| p.ends_with("deps.sh")),
-        ) {
+        let script = image.inputs.iter().find(|(p, _)| p.ends_with("deps.sh"));
+        let changed = script.is_some_and(|(p, _)| drift.contains(p));
+        let q = |p: &str| p.replace('\'', "'\\''");
+        let cmd = match (&settings.install, script) {
             (Some(c), _) => c.clone(),
-            (None, Some((p, _))) => format!("sh '{}' {REPO}", p.replace('\'', "'\\''")),
+            // The task's branch changed the install script: reported, and run
+            // only when asked (it runs with the sandbox's reach, no more).
+            (None, Some((p, _))) if changed && allow_change => {
+                warn(&format!(
+                    "the install script '{p}' differs on branch '{}' from the image's; running the branch's as --allow-install-change asks",
+                    rec.branch
+                ));
+                format!("sh '{}' {REPO}", q(p))
+            }
+            (None, Some((p, _))) => {
+                if changed {
+                    warn(&format!(
+                        "the install script '{p}' differs on branch '{}' from the image's; the image's copy runs (pass --allow-install-change to run the branch's)",
+                        rec.branch
+                    ));
+                    if drift.len() == 1 {
+                        return Ok(());
+                    }
+                }
+                format!("sh '{IMAGE_DEPS}/{}' {REPO}", q(p))
+            }
             (None, None) => {
                 warn(&format!(
                     "{} differ(s) from the image's but no install step is known (set sandbox.install); run lw-build to rebuild the image",
@@ -741,12 +825,12 @@ impl<'a> Sandboxes<'a> {
                 return Ok(());
             }
         };
-        // An egress sandbox's step keeps its network and proxy: it downloads
-        // through the same allow-list (list the package registry there).
-        let net = if rec.network == Network::Egress {
-            "egress network, through its allow-list"
-        } else {
-            "bridge network"
+        // The step runs on the sandbox's own network: none stays none, an
+        // egress sandbox's step goes through the same allow-list.
+        let net = match rec.network {
+            Network::Egress => "egress network, through its allow-list",
+            Network::Bridge => "bridge network",
+            Network::None => "no network, as the sandbox",
         };
         warn(&format!(
             "{} differ(s) from the image's; running '{cmd}' for sandbox '{}' ({net})",
@@ -756,9 +840,6 @@ impl<'a> Sandboxes<'a> {
         let mut s = spec.clone();
         let name = format!("{}-install", rec.container);
         s.name = Some(name.clone());
-        if rec.network != Network::Egress {
-            s.network = Some("bridge".into());
-        }
         s.ports.clear();
         self.engine.create(&s)?;
         let res = (|| {
@@ -770,8 +851,10 @@ impl<'a> Sandboxes<'a> {
                 workdir: Some(REPO.into()),
             };
             let mut err = std::io::stderr();
+            // The output is the sandbox's text: control characters shown.
             let mut on = |_: OutStream, b: &[u8]| {
-                let _ = err.write_all(b);
+                let text = String::from_utf8_lossy(b);
+                let _ = err.write_all(crate::visible::visible(&text).as_bytes());
             };
             let code = self.engine.exec_io(
                 &name,
@@ -784,8 +867,13 @@ impl<'a> Sandboxes<'a> {
                 },
             )?;
             if code != 0 {
+                let hint = if rec.network == Network::None {
+                    "; the sandbox has no network, and neither has its install: create it with --network egress (the package registry in the allow-list), or rebuild the image with lw-build"
+                } else {
+                    ""
+                };
                 return Err(Error::data(format!(
-                    "the incremental install '{cmd}' failed (exit {code}); its output is above"
+                    "the incremental install '{cmd}' failed (exit {code}); its output is above{hint}"
                 )));
             }
             Ok(())

@@ -3,16 +3,18 @@
 //! # What a sandbox is
 //!
 //! A container made from the project's current image (lw-build), running as
-//! an unprivileged user with a read-only root, no capabilities,
-//! no-new-privileges, Docker's default seccomp profile, pids and memory
-//! limits and no network unless asked.  It sees exactly these host things:
+//! uid 100000 (no host account) with a read-only root, no capabilities,
+//! no-new-privileges, Docker's default seccomp profile without io_uring,
+//! AppArmor's docker-default where the host has it, CPU, pids, memory, disk,
+//! log and push limits (limits.rs, disk.rs) and no network unless asked.
+//! It sees exactly these host things:
 //!
 //! | inside                         | what                                      | mode |
 //! |--------------------------------|-------------------------------------------|------|
-//! | `/work`                        | its own workspace volume                  | rw   |
+//! | `/work`                        | its own workspace filesystem (disk.rs)    | rw   |
 //! | `/work/repo`                   | its clone, on its branch                  | rw   |
 //! | `/lw/mirror`                   | the project's bare mirror (lw-mirror)     | ro   |
-//! | `/lw/mailbox`                  | `ROOT/sandboxes/NAME` (`LW_MAILBOX`)      | rw   |
+//! | `/lw/mailbox`                  | `ROOT/sandboxes/NAME` (`LW_MAILBOX`), nosuid,nodev,noexec | rw |
 //! | `/usr/local/bin/lw-{post,inbox}` | the static mailbox commands             | ro   |
 //! | `/tmp`                         | tmpfs, noexec, nosuid, nodev              | rw   |
 //! | `/run/secrets`                 | tmpfs with its secrets, if any            | ro files |
@@ -30,8 +32,11 @@
 //!   else is made (with `ready: false`) and marked ready last;
 //! * `ROOT/state/sandbox/NAME.lock`, held (flock) by whichever lw-sandbox is
 //!   creating, removing or collecting NAME;
-//! * the container and the workspace volume, named `lw-sb-ROOTID-NAME` and
-//!   labelled with [`LABEL_SANDBOX`] and [`LABEL_ROOT`];
+//! * the container, named `lw-sb-ROOTID-NAME` and labelled with
+//!   [`LABEL_SANDBOX`] and [`LABEL_ROOT`] (sandboxes of earlier versions
+//!   also have a workspace volume of that name);
+//! * the disk images of the workspace and the mailbox, `ROOT/state/disk/`,
+//!   loop-mounted (disk.rs);
 //! * port leases in `ROOT/state/ports` (lib/ports.rs);
 //! * the registry record `ROOT/registry/NAME.json` and the mailbox
 //!   `ROOT/sandboxes/NAME` (lib/registry.rs).
@@ -42,12 +47,15 @@
 //! being made, and reclaims every sandbox whose record is not ready, every
 //! labelled container or volume without a record, sandboxes whose container
 //! was removed behind our back, and with each of them its leases, registry
-//! record, empty mailbox and lock file.  Registry records that lw-sandbox did
-//! not make (`lw-mediate register`) are not its to remove.
+//! record, mailbox (archived first, mailbox.rs), disk images and lock file,
+//! and mail dirs that neither a sandbox nor a registry record owns.
+//! Registry records that lw-sandbox did not make (`lw-mediate register`)
+//! are not its to remove.
 
+pub mod disk;
+pub mod limits;
+pub mod mailbox;
 pub mod push;
-pub mod runtime;
-pub mod tty;
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -62,12 +70,12 @@ use sha2::{Digest, Sha256};
 use crate::config::Project;
 use crate::egress;
 use crate::engine::{Bind, Container, ContainerSpec, ExecRequest, OutStream, PortMap};
+use crate::engine::{ExecIo, NetworkEngine, SandboxEngine};
 use crate::error::{Error, Exit, Result};
 use crate::layout::Root;
 use crate::ports::{Leases, Range};
 use crate::registry::{self, Registry};
 use crate::secrets::{self, Secret};
-use runtime::{ExecIo, SandboxEngine};
 
 /// Labels on every container and volume lw-sandbox makes.
 pub const LABEL_SANDBOX: &str = "org.loopwright.sandbox";
@@ -86,7 +94,12 @@ pub const MAILBOX: &str = "/lw/mailbox";
 pub const BIN_DIR: &str = "/usr/local/bin";
 
 /// Defaults, each overridable in `.loopwright/config`.
-pub const DEFAULT_UID: u32 = 1000;
+///
+/// The sandbox's user is uid 100000, which is no account on the host (it
+/// lies above the ranges useradd hands out and below the subordinate ids
+/// of user namespaces): files a sandbox leaves in its mail dir or
+/// workspace belong to nobody who could be impersonated through them.
+pub const DEFAULT_UID: u32 = 100_000;
 pub const DEFAULT_PIDS: i64 = 512;
 pub const DEFAULT_MEMORY: &str = "2g";
 pub const DEFAULT_TMP_SIZE: &str = "256m";
@@ -197,6 +210,11 @@ pub struct CreateOptions {
     pub no_fetch: bool,
     /// An agent kit to install and set up (lib/agent), and how its key travels.
     pub agent: Option<(String, crate::agent::Credential)>,
+    /// Limits given as flags (`--cpus`, `--memory`, `--pids`, `--disk`, `--mail-disk`).
+    pub limits: limits::Overrides,
+    /// Run the install script of the task's branch when it differs from
+    /// the image's (create.rs, "Incremental install").
+    pub allow_install_change: bool,
 }
 
 /// What `create` made.
@@ -288,25 +306,14 @@ impl<'a> Sandboxes<'a> {
         fs::create_dir_all(&dir).map_err(io_err("cannot create", &dir))?;
         let path = dir.join(format!("{name}.lock"));
         loop {
-            let f = File::options()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&path)
-                .map_err(io_err("cannot open", &path))?;
-            if wait {
-                f.lock()
-                    .map_err(|e| Error::io_as(Exit::TempFail, "cannot lock", &path, e))?;
+            let f = if wait {
+                crate::fs::lock(&path).map(Some)
             } else {
-                match f.try_lock() {
-                    Ok(()) => {}
-                    Err(fs::TryLockError::WouldBlock) => return Ok(None),
-                    Err(fs::TryLockError::Error(e)) => {
-                        return Err(Error::io_as(Exit::TempFail, "cannot lock", &path, e));
-                    }
-                }
-            }
+                crate::fs::try_lock(&path)
+            };
+            let Some(f) = f.map_err(|e| Error::lock(&path, e))? else {
+                return Ok(None);
+            };
             // The file may have been removed by the holder we waited for.
             let held = f.metadata().map_err(io_err("cannot stat", &path))?;
             match fs::metadata(&path) {
@@ -358,21 +365,11 @@ impl<'a> Sandboxes<'a> {
         let dir = self.state_dir();
         fs::create_dir_all(&dir).map_err(io_err("cannot create", &dir))?;
         let path = self.record_path(&r.name);
-        let tmp = dir.join(format!(".{}.{:032x}.tmp", r.name, crate::id::random128()));
         let mut bytes = serde_json::to_vec_pretty(r)
             .expect("a Record serialises because all its fields are plain data");
         bytes.push(b'\n');
-        let res = (|| {
-            let mut f = File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            fs::rename(&tmp, &path)?;
-            File::open(&dir)?.sync_all()
-        })();
-        res.map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            Error::io("cannot write", &path, e)
-        })
+        crate::fs::write_replace(&path, &bytes, 0o644, crate::fs::Durability::Synced)
+            .map_err(|e| Error::io("cannot write", &path, e))
     }
 
     fn remove_record(&self, name: &str) -> Result<()> {
@@ -452,9 +449,21 @@ impl<'a> Sandboxes<'a> {
             )
         })?;
         if !c.running {
+            self.mount_disks(&rec.name)?;
             self.engine.start(&rec.container)?;
         }
         Ok(c)
+    }
+
+    /// Mounts the sandbox's disk images again (after a reboot) before its
+    /// container starts: started without them, it would write the host's disk.
+    fn mount_disks(&self, name: &str) -> Result<()> {
+        for d in [disk::work(&self.root, name), disk::mail(&self.root, name)] {
+            if d.image.exists() {
+                d.mount()?;
+            }
+        }
+        Ok(())
     }
 
     /// Writes the sandbox's secrets from the environment into its tmpfs.
@@ -470,7 +479,7 @@ impl<'a> Sandboxes<'a> {
                         "cannot write secret '{}' into sandbox '{}': {}",
                         s.name,
                         rec.name,
-                        String::from_utf8_lossy(&err).trim()
+                        crate::visible::visible(String::from_utf8_lossy(&err).trim())
                     ),
                 ));
             }
@@ -488,17 +497,18 @@ impl<'a> Sandboxes<'a> {
             .ok_or_else(|| gone(&rec))?;
         // The proxy first: a sandbox started without it has no network.
         if rec.network == Network::Egress {
-            let nets = egress::DockerNetworks::connect()?;
-            egress::start_proxy(&nets, &rec.container, Duration::from_secs(30))?;
+            let nets: &dyn NetworkEngine = self.engine;
+            egress::start_proxy(nets, &rec.container, Duration::from_secs(30))?;
             if rec
                 .agent
                 .as_ref()
                 .is_some_and(|a| a.credential == crate::agent::Credential::Proxy)
             {
-                crate::agent::proxy::start(&nets, &rec.container)?;
+                crate::agent::proxy::start(nets, &rec.container)?;
             }
         }
         if !c.running {
+            self.mount_disks(&rec.name)?;
             self.engine.start(&rec.container)?;
         }
         self.install_secrets(&rec, &secrets)?;
@@ -548,7 +558,7 @@ impl<'a> Sandboxes<'a> {
                 format!(
                     "cannot count unpushed commits in sandbox '{}' (exit {code}): {}",
                     rec.name,
-                    String::from_utf8_lossy(&err).trim()
+                    crate::visible::visible(String::from_utf8_lossy(&err).trim())
                 ),
             )),
         }
@@ -612,7 +622,11 @@ impl<'a> Sandboxes<'a> {
             if n > 0 || dirty > 0 {
                 let mut msg = format!("sandbox '{name}' has work that would be lost:");
                 if n > 0 {
-                    msg += &format!(" {n} unpushed commit(s) on '{}':\n{log}\n", rec.branch);
+                    msg += &format!(
+                        " {n} unpushed commit(s) on '{}':\n{}\n",
+                        rec.branch,
+                        crate::visible::visible(&log)
+                    );
                 }
                 if dirty > 0 {
                     msg += &format!(" {dirty} uncommitted change(s) in {REPO};");
@@ -621,20 +635,13 @@ impl<'a> Sandboxes<'a> {
                 return Err(Error::new(Exit::TempFail, msg));
             }
         }
-        self.reclaim(&rec.name, Some(&rec), force, out)?;
+        self.reclaim(&rec.name, Some(&rec), out)?;
         lock.remove();
         Ok(())
     }
 
     /// Removes everything of sandbox `name`; the caller holds its lock.
-    /// The mailbox goes only when it holds no unread message (or `force`).
-    fn reclaim(
-        &self,
-        name: &str,
-        rec: Option<&Record>,
-        force: bool,
-        out: &mut dyn FnMut(&str),
-    ) -> Result<()> {
+    fn reclaim(&self, name: &str, rec: Option<&Record>, out: &mut dyn FnMut(&str)) -> Result<()> {
         let container = rec
             .map(|r| r.container.clone())
             .unwrap_or_else(|| self.container_name(name));
@@ -657,8 +664,8 @@ impl<'a> Sandboxes<'a> {
             out(&format!("container {c}"));
         }
         if rec.is_some_and(|r| r.network == Network::Egress) {
-            let nets = egress::DockerNetworks::connect()?;
-            egress::teardown(&nets, &container)?;
+            let nets: &dyn NetworkEngine = self.engine;
+            egress::teardown(nets, &container)?;
             out(&format!("egress {}", egress::proxy_name(&container)));
         }
         let had_volume = self
@@ -681,18 +688,30 @@ impl<'a> Sandboxes<'a> {
         if Registry::new(&self.root).unregister(name)? {
             out(&format!("registry {name}"));
         }
+        // The mail dir goes whole; what it still holds is archived first
+        // (lib/sandbox/mailbox.rs), never kept live for nobody to read.
         let boxdir = self.root.sandbox(name).dir;
         if boxdir.exists() {
-            let unread = unread_messages(&boxdir);
-            if unread == 0 || force {
-                fs::remove_dir_all(&boxdir).map_err(io_err("cannot remove", &boxdir))?;
-                out(&format!("mailbox {}", boxdir.display()));
-            } else {
+            if let Some((dir, n)) = mailbox::archive(&self.root, name, &boxdir)? {
                 out(&format!(
-                    "kept mailbox {} ({unread} unread message(s))",
-                    boxdir.display()
+                    "archived mailbox {} to {} ({n} unread message(s))",
+                    boxdir.display(),
+                    dir.display()
                 ));
             }
+            disk::mail(&self.root, name).remove()?;
+            out(&format!("mailbox {}", boxdir.display()));
+        } else if disk::mail(&self.root, name).remove()? {
+            out(&format!(
+                "disk {}",
+                disk::mail(&self.root, name).image.display()
+            ));
+        }
+        if disk::work(&self.root, name).remove()? {
+            out(&format!(
+                "disk {}",
+                disk::work(&self.root, name).image.display()
+            ));
         }
         if self.record_path(name).exists() {
             self.remove_record(name)?;
@@ -720,6 +739,20 @@ impl<'a> Sandboxes<'a> {
         }
         for l in self.leases().list()? {
             names.entry(l.owner).or_insert(None);
+        }
+        // Disk images, and mail dirs no sandbox and no registry record own
+        // (a `lw-mediate register`ed party keeps its mail dir).
+        for n in disk::names(&self.root) {
+            names.entry(n).or_insert(None);
+        }
+        let reg = Registry::new(&self.root);
+        if let Ok(rd) = fs::read_dir(self.root.sandboxes_dir()) {
+            for ent in rd.flatten() {
+                let n = ent.file_name().to_string_lossy().into_owned();
+                if registry::check_name(&n).is_ok() && matches!(reg.get(&n), Ok(None)) {
+                    names.entry(n).or_insert(None);
+                }
+            }
         }
         // Unreadable or stray record files and lock files of vanished names.
         if let Ok(rd) = fs::read_dir(self.state_dir()) {
@@ -750,23 +783,16 @@ impl<'a> Sandboxes<'a> {
                 Some(r) => self.engine.inspect(&r.container)?.is_none(),
             };
             if dead {
-                // Mailboxes of dead creates are empty; a vanished sandbox's unread
-                // mail is kept (reported) unless nobody can ever read it.
-                self.reclaim(
-                    &name,
-                    rec.as_ref(),
-                    rec.as_ref().is_none_or(|r| !r.ready),
-                    out,
-                )?;
+                self.reclaim(&name, rec.as_ref(), out)?;
                 lock.remove();
             }
         }
         // Egress networks and proxies whose sandbox no record names any more.
-        let nets = egress::DockerNetworks::connect()?;
+        let nets: &dyn NetworkEngine = self.engine;
         let known: Vec<String> = self.records()?.into_iter().map(|r| r.container).collect();
-        for key in egress::leftovers(&nets, Some(&self.root_label()))? {
+        for key in egress::leftovers(nets, Some(&self.root_label()))? {
             if !known.contains(&key) {
-                egress::teardown(&nets, &key)?;
+                egress::teardown(nets, &key)?;
                 out(&format!("egress {}", egress::proxy_name(&key)));
             }
         }
@@ -783,8 +809,8 @@ impl<'a> Sandboxes<'a> {
                 rec.network.as_str()
             )));
         }
-        let nets = egress::DockerNetworks::connect()?;
-        egress::denials(&nets, &rec.container)
+        let nets: &dyn NetworkEngine = self.engine;
+        egress::denials(nets, &rec.container)
     }
 
     /// `port`: the published ports, as the engine reports them.
@@ -843,7 +869,7 @@ impl<'a> Sandboxes<'a> {
             user: Some(format!("{0}:{0}", rec.uid)),
             workdir: Some(workdir.unwrap_or_else(|| REPO.into())),
         };
-        let _raw = tty.then(tty::RawMode::enter);
+        let _raw = tty.then(crate::tty::RawMode::enter);
         let mut stdout = std::io::stdout().lock();
         let mut stderr = std::io::stderr();
         let mut on = |s: OutStream, b: &[u8]| {
@@ -856,7 +882,7 @@ impl<'a> Sandboxes<'a> {
         let io = ExecIo {
             stdin: Some(Box::new(std::io::stdin())),
             tty,
-            size: tty::size(),
+            size: crate::tty::size(),
             on_output: &mut on,
         };
         self.engine.exec_io(&rec.container, &req, io)
@@ -967,7 +993,7 @@ impl Status {
             self.branch,
             self.state,
             self.network.as_str(),
-            human_age(self.age)
+            crate::time::human_age(self.age)
         )
     }
 }
@@ -988,16 +1014,6 @@ pub fn login_shell() -> Vec<String> {
     ]
 }
 
-/// `45s`, `12m`, `3h`, `2d`, for people.
-pub fn human_age(d: Duration) -> String {
-    match d.as_secs() {
-        s if s < 120 => format!("{s}s"),
-        s if s < 7200 => format!("{}m", s / 60),
-        s if s < 172_800 => format!("{}h", s / 3600),
-        s => format!("{}d", s / 86_400),
-    }
-}
-
 fn gone(rec: &Record) -> Error {
     Error::new(
         Exit::NoInput,
@@ -1006,14 +1022,6 @@ fn gone(rec: &Record) -> Error {
             rec.container, rec.name
         ),
     )
-}
-
-/// Messages in `new/` of a sandbox's inbox and outbox.
-fn unread_messages(boxdir: &Path) -> usize {
-    ["inbox/new", "outbox/new"]
-        .iter()
-        .map(|s| fs::read_dir(boxdir.join(s)).map(|d| d.count()).unwrap_or(0))
-        .sum()
 }
 
 /// Parses `8080`, `8080/tcp`, `53/udp` into `8080/tcp` form.
@@ -1080,6 +1088,8 @@ pub struct Settings {
     pub git_email: Option<String>,
     /// The incremental install command (default: the deps layer's deps.sh).
     pub install: Option<String>,
+    /// CPUs, disk, log and push limits (lib/sandbox/limits.rs).
+    pub limits: limits::Limits,
 }
 
 impl Settings {
@@ -1131,6 +1141,7 @@ impl Settings {
             git_name: c.get("sandbox.git-name").map(str::to_string),
             git_email: c.get("sandbox.git-email").map(str::to_string),
             install: c.get("sandbox.install").map(str::to_string),
+            limits: limits::Limits::from_config(c)?,
         })
     }
 }
@@ -1170,7 +1181,12 @@ pub fn container_spec(
     }
     let mut binds = vec![
         Bind {
-            source: rec.volume.clone(),
+            // The workspace's own filesystem (or, with sandbox.disk = off, a
+            // plain directory), given to the sandbox's user by the host.
+            source: disk::work(&sb.root, &rec.name)
+                .mount
+                .to_string_lossy()
+                .into_owned(),
             target: WORK.into(),
             read_only: false,
         },
@@ -1224,9 +1240,11 @@ pub fn container_spec(
         labels,
         read_only_root: true,
         cap_drop: vec!["ALL".into()],
-        security_opt: vec!["no-new-privileges:true".into()],
+        security_opt: security_options(),
         pids_limit: Some(settings.pids),
         memory_bytes: Some(settings.memory),
+        nano_cpus: Some((settings.limits.cpus * 1e9) as i64),
+        log_options: settings.limits.log_options().into_iter().collect(),
         tmpfs,
         binds,
         network: Some(network),
@@ -1241,7 +1259,40 @@ pub fn container_spec(
             .collect(),
         tty: false,
         open_stdin: false,
+        sysctls: BTreeMap::new(),
+        // Below the host's own containers (1024), no core dumps of what the
+        // agent ran, and a health check (CIS Docker 5.11, 5.18, 5.26).
+        cpu_shares: Some(512),
+        // (Only lowered: raising one above the engine's own is refused.)
+        ulimits: vec![("core".into(), 0, 0)],
+        healthcheck: Some((
+            vec!["/bin/sh".into(), "-c".into(), format!("test -w {WORK}")],
+            Duration::from_secs(300),
+        )),
     }
+}
+
+/// The sandboxes' seccomp profile: Docker's default without io_uring
+/// (runtime/seccomp.json, made by scripts/seccomp-profile).
+pub const SECCOMP_PROFILE: &str = include_str!("../../runtime/seccomp.json");
+
+/// True when the host's kernel has AppArmor enabled.
+pub fn host_has_apparmor() -> bool {
+    fs::read_to_string("/sys/module/apparmor/parameters/enabled")
+        .is_ok_and(|s| s.trim_start().starts_with('Y'))
+}
+
+/// no-new-privileges, the seccomp profile, and AppArmor's docker-default
+/// where the host has AppArmor (lw doctor says when it has not).
+pub fn security_options() -> Vec<String> {
+    let mut v = vec![
+        "no-new-privileges:true".to_string(),
+        format!("seccomp={SECCOMP_PROFILE}"),
+    ];
+    if host_has_apparmor() {
+        v.push("apparmor=docker-default".into());
+    }
+    v
 }
 
 #[cfg(test)]

@@ -65,15 +65,8 @@ pub fn remove_leftovers(state: &Path, out: &mut dyn FnMut(&str)) {
             continue;
         }
         let lock = lock_of(&p);
-        let held = fs::File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock)
-            .ok();
-        match held.as_ref().map(|f| f.try_lock()) {
-            Some(Ok(())) => {
+        match crate::fs::try_lock(&lock) {
+            Ok(Some(_held)) => {
                 let _ = fs::remove_dir_all(&p);
                 let _ = fs::remove_file(&lock);
                 out(&format!("quarantine {}", p.display()));
@@ -132,17 +125,16 @@ impl<'a> Sandboxes<'a> {
         let m = Mirror::new(&rec.mirror);
         let state = m.ready()?;
         let remote = mirror::default_remote(project.as_ref(), Some(&state.url), &rec.project)?;
+        let cap = super::Settings::from_project(project.as_ref())?
+            .limits
+            .push_max;
 
         let qdir = quarantine_dir(&self.root.state_dir());
         fs::create_dir_all(&qdir).map_err(|e| Error::io("cannot create", &qdir, e))?;
         let q = qdir.join(format!("{name}.{:016x}", crate::id::random128() as u64));
         let qlock_path = lock_of(&q);
-        let qlock = fs::File::create(&qlock_path)
-            .map_err(|e| Error::io("cannot create", &qlock_path, e))?;
-        qlock
-            .lock()
-            .map_err(|e| Error::io_as(Exit::TempFail, "cannot lock", &qlock_path, e))?;
-        let res = self.push_through(&rec, &q, &m.path, &remote, lw_sandbox, force);
+        let _qlock = crate::fs::lock(&qlock_path).map_err(|e| Error::lock(&qlock_path, e))?;
+        let res = self.push_through(&rec, &q, &m.path, &remote, lw_sandbox, force, cap);
         let _ = fs::remove_dir_all(&q);
         let _ = fs::remove_file(&qlock_path);
         let pushed = res?;
@@ -165,6 +157,7 @@ impl<'a> Sandboxes<'a> {
         Ok(pushed)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn push_through(
         &self,
         rec: &Record,
@@ -173,6 +166,7 @@ impl<'a> Sandboxes<'a> {
         remote: &git::Remote,
         lw_sandbox: &Path,
         force: bool,
+        cap: u64,
     ) -> Result<Pushed> {
         let (ok, _, err) = run_git(
             git::command(None)
@@ -231,8 +225,10 @@ impl<'a> Sandboxes<'a> {
             return Err(Error::new(
                 exit,
                 format!(
-                    "cannot fetch branch '{}' out of sandbox '{}': {why}",
-                    rec.branch, rec.name
+                    "cannot fetch branch '{}' out of sandbox '{}': {}",
+                    rec.branch,
+                    rec.name,
+                    crate::visible::visible(&why)
                 ),
             ));
         }
@@ -244,6 +240,15 @@ impl<'a> Sandboxes<'a> {
             "read the fetched tip",
         )?;
         let sha = sha.trim().to_string();
+        // The new objects are all the quarantine holds (the rest is borrowed
+        // from the mirror): over the cap, nothing goes upstream.
+        let size = tree_size(&q.join("objects"));
+        if size > cap {
+            return Err(Error::data(format!(
+                "the push of branch '{}' from sandbox '{}' is {size} bytes of new objects; the cap is {cap} (sandbox.push-max); nothing was pushed",
+                rec.branch, rec.name
+            )));
+        }
 
         let spec = format!(
             "{}{local}:refs/heads/{}",
@@ -310,6 +315,18 @@ impl<'a> Sandboxes<'a> {
             outcome: outcome.into(),
         })
     }
+}
+
+/// Bytes of the regular files under `dir`, not following links.
+fn tree_size(dir: &Path) -> u64 {
+    let Ok(rd) = fs::read_dir(dir) else { return 0 };
+    rd.flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => tree_size(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
 }
 
 #[cfg(test)]

@@ -44,6 +44,10 @@ pub struct Config {
     /// repository's owners, members and collaborators.
     #[serde(default)]
     pub answerers: Vec<String>,
+    /// The login the token posts as, used when GitHub refuses `GET /user`
+    /// (GitHub App installation tokens, Actions' `GITHUB_TOKEN`).
+    #[serde(default)]
+    pub login: Option<String>,
     /// Further logins whose lw-sync comments are trusted (besides the token's user).
     #[serde(default)]
     pub trust: Vec<String>,
@@ -92,6 +96,17 @@ impl Config {
                     "sandbox '{name}' maps to issue 0; issue numbers start at 1"
                 )));
             }
+        }
+        if let Some(l) = &self.login
+            && (l.is_empty()
+                || !l
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'[' | b']')))
+        {
+            return Err(Error::config(format!(
+                "login '{}' is not a GitHub login (e.g. octocat, github-actions[bot])",
+                l.escape_debug()
+            )));
         }
         for m in self.mention.iter().chain(&self.answerers) {
             if m.is_empty() || !m.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {

@@ -12,7 +12,9 @@ use crate::message::{self, Kind, Message};
 
 pub const HEADER_PREFIX: &str = "<!-- loopwright ";
 pub const HEADER_SUFFIX: &str = " -->";
-pub const FORMAT_VERSION: u32 = 1;
+/// 2: `sha256` covers the whole entry (header fields and body); 1: the
+/// body only (comments of earlier versions, still read).
+pub const FORMAT_VERSION: u32 = 2;
 /// Between the sections of a batched comment.
 pub const SEPARATOR: &str = "\n\n---\n\n";
 
@@ -51,9 +53,23 @@ pub struct EntryHead {
     /// The fence around this part's body ("" when there is no message).
     #[serde(default)]
     pub fence: String,
-    /// SHA-256 of the whole body, hex.
+    /// Version 2: SHA-256 of the whole log entry as lw-sync mirrored it
+    /// ([`entry_digest`]), so an edited header or body is detected.
+    /// Version 1: SHA-256 of the body only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
+}
+
+/// The digest a version-2 header carries: SHA-256 of the entry's bytes as
+/// the log stores them (`Entry::to_bytes`).
+pub fn entry_digest(e: &Entry) -> String {
+    sha256_hex(&e.to_bytes())
+}
+
+/// Whether an entry's body stays off GitHub: a held message until it is
+/// released, and a dropped one (mailbox-spec.md, "THE HELD QUEUE").
+pub fn body_withheld(e: &Entry) -> bool {
+    matches!(e.decision.action, Action::Hold | Action::Drop) || e.decision.quiet
 }
 
 /// lw-sync's answer to a person's comment it could not act on.
@@ -180,6 +196,10 @@ fn render_section(h: &EntryHead, chunk: &str, mention: &[String]) -> String {
     }
     if !h.fence.is_empty() {
         s.push_str(&format!("\n{}text\n{chunk}\n{}", h.fence, h.fence));
+    } else if h.msg.is_some() && h.action == Action::Hold {
+        s.push_str("\nThe body is not shown: it stays in the held queue until an operator releases the message.\n");
+    } else if h.msg.is_some() && h.action == Action::Drop {
+        s.push_str("\nThe body is not shown: the message was dropped.\n");
     }
     s
 }
@@ -207,7 +227,7 @@ fn head_for(e: &Entry, part: [u32; 2], fence: String) -> EntryHead {
         }),
         part,
         fence,
-        sha256: e.message.as_ref().map(|m| sha256_hex(m.body.as_bytes())),
+        sha256: Some(entry_digest(e)),
     }
 }
 
@@ -221,6 +241,14 @@ pub fn render_entry(e: &Entry, mention: &[String], limit: usize) -> Result<Vec<S
             Err(too_big(e))
         };
     };
+    if m.body.is_empty() && body_withheld(e) {
+        let s = render_section(&head_for(e, [1, 1], String::new()), "", mention);
+        return if s.chars().count() <= limit {
+            Ok(vec![s])
+        } else {
+            Err(too_big(e))
+        };
+    }
     let whole = render_section(&head_for(e, [1, 1], fence_for(&m.body)), &m.body, mention);
     if whole.chars().count() <= limit {
         return Ok(vec![whole]);
@@ -422,13 +450,21 @@ pub fn reassemble(sections: &[(u64, Section)]) -> (Rebuilt, BTreeMap<String, Str
         }
         let body: String = ps.values().map(|(_, c, _)| c.as_str()).collect();
         let h = &ps[&1].0;
-        if h.sha256
-            .as_deref()
-            .is_some_and(|s| s != sha256_hex(body.as_bytes()))
+        if h.v < 2
+            && h.sha256
+                .as_deref()
+                .is_some_and(|s| s != sha256_hex(body.as_bytes()))
         {
             broken.insert(
                 name,
                 "body does not match its SHA-256 (edited on GitHub?)".into(),
+            );
+            continue;
+        }
+        if h.v >= 2 && ps.values().any(|(p, _, _)| p.sha256 != h.sha256) {
+            broken.insert(
+                name,
+                "its parts carry different digests (edited on GitHub?)".into(),
             );
             continue;
         }
@@ -452,11 +488,19 @@ pub fn reassemble(sections: &[(u64, Section)]) -> (Rebuilt, BTreeMap<String, Str
             sender: h.sender.clone(),
             message,
             decision: Decision {
+                quiet: false,
                 action: h.action,
                 to: h.parties.clone(),
                 reason: h.reason.clone(),
             },
         };
+        if h.v >= 2 && h.sha256.as_deref() != Some(entry_digest(&e).as_str()) {
+            broken.insert(
+                name,
+                "header or body does not match its SHA-256 (edited on GitHub?)".into(),
+            );
+            continue;
+        }
         done.insert(name, (e, ps.values().map(|(_, _, c)| *c).collect()));
     }
     (done, broken)
@@ -521,6 +565,7 @@ pub(crate) mod tests {
                 created: crate::time::rfc3339(crate::time::now()),
             }),
             decision: Decision {
+                quiet: false,
                 action,
                 to: vec!["human".into()],
                 reason: "policy: questions -> human".into(),

@@ -2,7 +2,6 @@
 //! every run holds.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -58,16 +57,31 @@ pub fn state_path(root: &Root) -> PathBuf {
     root.state_dir().join("sync.json")
 }
 
+/// The state format: 2 asks `GET /user` again when version 1 found it
+/// refused (version 1 then trusted every comment author).
+pub const STATE_VERSION: u32 = 2;
+
 pub fn load_state(path: &Path) -> Result<(State, bool)> {
     match std::fs::read(path) {
         Ok(b) => {
-            let s: State = serde_json::from_slice(&b)
+            let mut s: State = serde_json::from_slice(&b)
                 .map_err(|e| Error::data(format!("sync state '{}' is damaged ({e}); move it aside and run again to rebuild it from GitHub", path.display())))?;
+            if s.version > STATE_VERSION {
+                return Err(Error::data(format!(
+                    "sync state '{}' is version {}, newer than this lw-sync reads ({STATE_VERSION}); use a newer lw-sync",
+                    path.display(),
+                    s.version
+                )));
+            }
+            if s.version < 2 && s.login.is_none() {
+                s.login_checked = false;
+            }
+            s.version = STATE_VERSION;
             Ok((s, true))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((
             State {
-                version: 1,
+                version: STATE_VERSION,
                 ..State::default()
             },
             false,
@@ -76,31 +90,11 @@ pub fn load_state(path: &Path) -> Result<(State, bool)> {
     }
 }
 
-/// Writes `bytes` to `path` atomically: tmp file, fsync, rename, fsync dir.
+/// Writes `bytes` to `path` atomically and durably (lib/fs), readable by
+/// its owner only: the state names the issue and comment ids.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = path.parent().expect("state files live in a directory");
-    let tmp = dir.join(format!(
-        ".{}.tmp",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("state")
-    ));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(|e| Error::io("cannot create", &tmp, e))?;
-    f.write_all(bytes)
-        .map_err(|e| Error::io("cannot write", &tmp, e))?;
-    f.sync_all()
-        .map_err(|e| Error::io_as(Exit::IoErr, "cannot fsync", &tmp, e))?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(|e| Error::io("cannot rename into", path, e))?;
-    let d = std::fs::File::open(dir).map_err(|e| Error::io("cannot open", dir, e))?;
-    d.sync_all()
-        .map_err(|e| Error::io_as(Exit::IoErr, "cannot fsync", dir, e))?;
-    Ok(())
+    crate::fs::write_replace(path, bytes, 0o600, crate::fs::Durability::Synced)
+        .map_err(|e| Error::io("cannot write", path, e))
 }
 
 pub(crate) fn save_state(path: &Path, st: &State) -> Result<()> {
@@ -115,27 +109,17 @@ pub fn lock(root: &Root, wait: bool) -> Result<std::fs::File> {
     let dir = root.state_dir();
     std::fs::create_dir_all(&dir).map_err(|e| Error::io("cannot create", &dir, e))?;
     let p = dir.join("sync.lock");
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&p)
-        .map_err(|e| Error::io("cannot open", &p, e))?;
     if wait {
-        f.lock().map_err(|e| Error::io("cannot lock", &p, e))?;
-    } else {
-        match f.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(Error::new(
-                    Exit::TempFail,
-                    format!("another lw-sync holds '{}'; nothing done", p.display()),
-                ));
-            }
-            Err(std::fs::TryLockError::Error(e)) => return Err(Error::io("cannot lock", &p, e)),
-        }
+        return crate::fs::lock(&p).map_err(|e| Error::lock(&p, e));
     }
-    Ok(f)
+    crate::fs::try_lock(&p)
+        .map_err(|e| Error::lock(&p, e))?
+        .ok_or_else(|| {
+            Error::new(
+                Exit::TempFail,
+                format!("another lw-sync holds '{}'; nothing done", p.display()),
+            )
+        })
 }
 
 pub(crate) fn mark_part(ts: &mut TargetState, name: &str, part: u32, n: u32, cid: u64) {

@@ -283,6 +283,23 @@ impl Drop for Fixture {
                 .args(&nets)
                 .output();
         }
+        unmount_under(&self.dir);
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Unmounts every filesystem mounted under `dir` (the sandboxes' disk
+/// images, lib/sandbox/disk.rs), deepest first, so the directory can go.
+pub fn unmount_under(dir: &Path) {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let prefix = format!("{}/", dir.display());
+    let mut points: Vec<&str> = mounts
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter(|p| p.starts_with(&prefix))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for p in points {
+        let _ = Command::new("umount").arg("-l").arg(p).output();
     }
 }

@@ -134,10 +134,23 @@ impl Env {
     }
 
     pub fn sync_cmd_at(&self, root: &Path, repo: &str, issue: u64, args: &[&str]) -> Command {
+        self.sync_cmd_api(&self.url, root, repo, issue, args)
+    }
+
+    /// `lw-sync` against the API at `api` instead of this server.
+    pub fn sync_cmd_api(
+        &self,
+        api: &str,
+        root: &Path,
+        repo: &str,
+        issue: u64,
+        args: &[&str],
+    ) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_lw-sync"));
         c.env_remove("GITHUB_TOKEN")
             .env_remove("LW_ROOT")
             .env_remove("LW_GITHUB_API_URL")
+            .env_remove("GITHUB_ACTIONS")
             .env("GH_TOKEN", TOKEN)
             .env("LW_SYNC_MIN_WRITE_INTERVAL_MS", "5")
             .env("HOME", &self.dir)
@@ -145,7 +158,7 @@ impl Env {
             .arg("--root")
             .arg(root)
             .arg("--api-url")
-            .arg(&self.url)
+            .arg(api)
             .arg("--repo")
             .arg(repo)
             .arg("--issue")
@@ -194,6 +207,7 @@ pub fn entry(m: &Message, action: Action) -> Entry {
         sender: m.from.clone(),
         message: Some(m.clone()),
         decision: Decision {
+            quiet: false,
             action,
             to: m.to.clone(),
             reason: format!("policy: {} is {}", m.kind, action.as_str()),

@@ -1,16 +1,7 @@
-//! What lw-sandbox asks of a container engine beyond lib/engine.rs.
-//!
-//! [`SandboxEngine`] extends the runtime contract ([`Engine`]) with what a
-//! sandbox's life needs and an image build does not: every container and
-//! volume carrying a label (so `ls` and `gc` find what a killed `create`
-//! left), named volumes for workspaces, and an exec whose standard input is
-//! fed from the caller, with a terminal when asked (`shell`, `exec`, the
-//! transport of `push`, secrets written without touching argv).
-//!
-//! [`DockerEngine`] implements it here, through bollard, on the one client
-//! and current-thread runtime of lib/engine.rs ([`DockerSandbox`] is another
-//! name for it); like the base contract it blocks.  `DOCKER_HOST` chooses
-//! the engine, local or remote.
+//! [`SandboxEngine`] on the Docker Engine: containers and volumes by label,
+//! named volumes, and an exec whose standard input is fed from the caller,
+//! with a terminal when asked (`shell`, `exec`, the transport of `push`,
+//! secrets written without touching argv).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
@@ -21,46 +12,9 @@ use bollard::query_parameters as qp;
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
-use crate::engine::{Container, DockerEngine, Engine, ExecRequest, OutStream, PortMap};
+use super::DockerEngine;
+use crate::engine::{Container, ExecIo, ExecRequest, OutStream, PortMap, SandboxEngine, Volume};
 use crate::error::{Error, Exit, Result};
-
-/// A named volume.
-#[derive(Clone, Debug, Default)]
-pub struct Volume {
-    pub name: String,
-    pub labels: BTreeMap<String, String>,
-}
-
-/// How an exec's standard streams are connected.
-pub struct ExecIo<'a> {
-    /// Bytes fed to the command's standard input, then end of file.  `None`
-    /// leaves its stdin closed.
-    pub stdin: Option<Box<dyn Read + Send>>,
-    /// Allocate a terminal (output then arrives as one stream, stdout).
-    pub tty: bool,
-    /// The terminal's size, rows and columns.
-    pub size: Option<(u16, u16)>,
-    pub on_output: &'a mut dyn FnMut(OutStream, &[u8]),
-}
-
-/// The runtime contract of lw-sandbox.
-pub trait SandboxEngine: Engine {
-    /// Every container, running or not, carrying `label` (`key` or `key=value`).
-    fn containers_with_label(&self, label: &str) -> Result<Vec<Container>>;
-    /// Creates the volume `name`; an existing one is reused.
-    fn create_volume(&self, name: &str, labels: &BTreeMap<String, String>) -> Result<()>;
-    /// Removes the volume `name`; a missing one is not an error.
-    fn remove_volume(&self, name: &str) -> Result<()>;
-    /// Every volume carrying `label`.
-    fn volumes_with_label(&self, label: &str) -> Result<Vec<Volume>>;
-    /// Runs `req` in a running container with `io` attached; returns its exit
-    /// status (128+n when a signal ended it).
-    fn exec_io(&self, container: &str, req: &ExecRequest, io: ExecIo<'_>) -> Result<i64>;
-}
-
-/// The Docker Engine through bollard implements [`SandboxEngine`] itself,
-/// on the connection and runtime of lib/engine.rs.
-pub type DockerSandbox = DockerEngine;
 
 /// An exec may stream a whole repository's pack (push) or run for hours (shell).
 const LONG: Duration = Duration::from_secs(24 * 3600);
@@ -69,7 +23,7 @@ fn label_filter(label: &str) -> HashMap<String, Vec<String>> {
     HashMap::from([("label".to_string(), vec![label.to_string()])])
 }
 
-impl SandboxEngine for DockerSandbox {
+impl SandboxEngine for DockerEngine {
     fn containers_with_label(&self, label: &str) -> Result<Vec<Container>> {
         let opts = qp::ListContainersOptions {
             all: true,
@@ -133,7 +87,7 @@ impl SandboxEngine for DockerSandbox {
         let opts = qp::RemoveVolumeOptions { force: false };
         match self.block_on(self.client().remove_volume(name, Some(opts))) {
             Ok(()) => Ok(()),
-            Err(e) if crate::engine::status_of(&e) == Some(404) => Ok(()),
+            Err(e) if super::status_of(&e) == Some(404) => Ok(()),
             Err(e) => Err(self.err(&format!("cannot remove volume '{name}'"), e)),
         }
     }
@@ -212,9 +166,9 @@ impl SandboxEngine for DockerSandbox {
             drop(tx);
         }
         self.block_on(async {
-            let created = docker.create_exec(container, cfg).await.map_err(|e| crate::engine::api_err(&host, &what, e))?;
+            let created = docker.create_exec(container, cfg).await.map_err(|e| super::api_err(&host, &what, e))?;
             let opts = StartExecOptions { detach: false, tty, output_capacity: Some(64 * 1024) };
-            match docker.start_exec(&created.id, Some(opts)).await.map_err(|e| crate::engine::api_err(&host, &what, e))? {
+            match docker.start_exec(&created.id, Some(opts)).await.map_err(|e| super::api_err(&host, &what, e))? {
                 StartExecResults::Attached { mut output, mut input } => {
                     if let Some((h, w)) = size {
                         let _ = docker.resize_exec(&created.id, qp::ResizeExecOptions { h: h.into(), w: w.into() }).await;
@@ -229,13 +183,13 @@ impl SandboxEngine for DockerSandbox {
                     loop {
                         tokio::select! {
                             Some(()) = async { match winch.as_mut() { Some(w) => w.recv().await, None => None } } => {
-                                if let Some((h, w)) = super::tty::size() {
+                                if let Some((h, w)) = crate::tty::size() {
                                     let _ = docker.resize_exec(&created.id, qp::ResizeExecOptions { h: h.into(), w: w.into() }).await;
                                 }
                             }
                             chunk = output.next() => match chunk {
                                 None => break,
-                                Some(c) => match c.map_err(|e| crate::engine::api_err(&host, &what, e))? {
+                                Some(c) => match c.map_err(|e| super::api_err(&host, &what, e))? {
                                     LogOutput::StdOut { message } | LogOutput::Console { message } => {
                                         on_output(OutStream::Stdout, &message)
                                     }
@@ -260,7 +214,7 @@ impl SandboxEngine for DockerSandbox {
                 }
                 StartExecResults::Detached => {}
             }
-            let inspected = docker.inspect_exec(&created.id).await.map_err(|e| crate::engine::api_err(&host, &what, e))?;
+            let inspected = docker.inspect_exec(&created.id).await.map_err(|e| super::api_err(&host, &what, e))?;
             inspected
                 .exit_code
                 .ok_or_else(|| Error::new(Exit::Software, format!("{what}: the engine reported no exit status")))

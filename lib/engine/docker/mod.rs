@@ -1,200 +1,33 @@
-//! The runtime contract: what loopwright asks of a container engine.
+//! The runtime contract (lib/engine) on the Docker Engine API, through
+//! bollard: the only module that names it.
 //!
-//! Commands (lw-build, lw-sandbox) speak to [`Engine`], never to Docker.  The
-//! contract is small on purpose: images (inspect, list by label, tag, remove,
-//! build from a tar context with streamed output) and containers (create,
-//! start, stop, remove, inspect, exec with exit status).  Another engine (a
-//! remote Docker through `DOCKER_HOST`, Podman's compatible API, something
-//! else entirely) fits by implementing the trait.
-//!
-//! The methods block.  [`DockerEngine`] keeps a current-thread tokio runtime
-//! and drives bollard on it, so callers stay plain synchronous code and tokio
-//! never leaks into the commands.
-//!
-//! Errors follow the house exit statuses: an engine that cannot be reached is
-//! 69 (unavailable) with a hint on how to start it; a missing object is 66; a
-//! name already taken is 73; anything else the engine refuses is 69 as well,
-//! since only the engine knows why.
+//! [`DockerEngine`] keeps one client and a current-thread tokio runtime and
+//! drives bollard on it, so its methods block like the contract says.
+//! `DOCKER_HOST` chooses the engine, local or remote; the API version is
+//! negotiated (bollard 0.21 speaks to dockerd 20.10, API 1.41).  The base
+//! contract is implemented here, the sandbox part in `sandbox.rs` (volumes,
+//! labelled containers, exec with stdin and a terminal) and networks in
+//! `network.rs`.
+
+mod network;
+mod sandbox;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use bollard::Docker;
-use bollard::models::{ContainerCreateBody, ExecConfig, HostConfig, PortBinding};
+use bollard::models::{
+    ContainerCreateBody, ExecConfig, HealthConfig, HostConfig, HostConfigLogConfig, PortBinding,
+    ResourcesUlimits,
+};
 use bollard::query_parameters as qp;
 use futures_util::StreamExt;
 
+use crate::engine::{
+    BuildEvent, BuildOutcome, BuildRequest, Container, ContainerSpec, Engine, EngineVersion,
+    ExecRequest, Image, OutStream, PortMap,
+};
 use crate::error::{Error, Exit, Result};
-
-/// What the engine says about itself.
-#[derive(Clone, Debug)]
-pub struct EngineVersion {
-    /// The engine's own version, e.g. `20.10.24`.
-    pub version: String,
-    /// The API version both sides agreed on, e.g. `1.41`.
-    pub api: String,
-}
-
-/// An image as loopwright needs it.
-#[derive(Clone, Debug, Default)]
-pub struct Image {
-    /// The content id, `sha256:...`.
-    pub id: String,
-    /// Every `repo:tag` pointing at it.
-    pub tags: Vec<String>,
-    pub labels: BTreeMap<String, String>,
-    /// Creation time in seconds since the epoch (0 when the engine did not say).
-    pub created: i64,
-}
-
-/// One image build.
-#[derive(Clone, Debug, Default)]
-pub struct BuildRequest {
-    /// A tar archive: the whole build context.
-    pub context: Vec<u8>,
-    /// Path of the Dockerfile inside the context.
-    pub dockerfile: String,
-    /// `repo:tag` applied when, and only when, the build succeeds.
-    pub tag: String,
-    pub labels: BTreeMap<String, String>,
-    pub args: BTreeMap<String, String>,
-}
-
-/// A line of build output, as it arrives.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum BuildEvent {
-    /// Text from a build step (the step headers and the commands' own output).
-    Output(String),
-    /// Engine status, e.g. progress of a pull.
-    Status(String),
-}
-
-/// How a build ended when the engine itself worked.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum BuildOutcome {
-    /// The image id; the tag now points at it.
-    Built(String),
-    /// A step failed; the engine's message (no tag was applied).
-    Failed(String),
-}
-
-/// A bind mount from the host.
-#[derive(Clone, Debug, Default)]
-pub struct Bind {
-    pub source: String,
-    pub target: String,
-    pub read_only: bool,
-}
-
-/// A published port: container port (`8080/tcp`) to host address and port.
-#[derive(Clone, Debug, Default)]
-pub struct PortMap {
-    pub container: String,
-    pub host_ip: String,
-    pub host_port: u16,
-}
-
-/// Everything needed to create a container.  Options left empty take the
-/// engine's defaults; hardening is the caller's to ask for.
-#[derive(Clone, Debug, Default)]
-pub struct ContainerSpec {
-    pub name: Option<String>,
-    pub image: String,
-    pub cmd: Vec<String>,
-    pub entrypoint: Option<Vec<String>>,
-    pub env: Vec<String>,
-    pub user: Option<String>,
-    pub workdir: Option<String>,
-    pub labels: BTreeMap<String, String>,
-    pub read_only_root: bool,
-    pub cap_drop: Vec<String>,
-    pub security_opt: Vec<String>,
-    pub pids_limit: Option<i64>,
-    pub memory_bytes: Option<i64>,
-    /// Mount point to options, e.g. `/tmp` -> `rw,noexec,nosuid,size=64m`.
-    pub tmpfs: BTreeMap<String, String>,
-    pub binds: Vec<Bind>,
-    /// `none`, `bridge` or a network name; `None` is the engine's default.
-    pub network: Option<String>,
-    pub ports: Vec<PortMap>,
-    pub tty: bool,
-    pub open_stdin: bool,
-}
-
-/// A container as loopwright needs it.
-#[derive(Clone, Debug, Default)]
-pub struct Container {
-    pub id: String,
-    /// Without the leading slash Docker adds.
-    pub name: String,
-    /// The image id it runs.
-    pub image: String,
-    pub running: bool,
-    /// `created`, `running`, `exited`, ...
-    pub status: String,
-    pub exit_code: Option<i64>,
-    pub labels: BTreeMap<String, String>,
-    pub ports: Vec<PortMap>,
-}
-
-/// A command to run in a running container.
-#[derive(Clone, Debug, Default)]
-pub struct ExecRequest {
-    pub cmd: Vec<String>,
-    pub env: Vec<String>,
-    pub user: Option<String>,
-    pub workdir: Option<String>,
-}
-
-/// Which stream a chunk of exec output came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OutStream {
-    Stdout,
-    Stderr,
-}
-
-/// The runtime contract.
-pub trait Engine {
-    /// Checks the engine answers and says which version it runs.
-    fn version(&self) -> Result<EngineVersion>;
-    /// The image `reference` (tag or id) points at, `None` when there is none.
-    fn image(&self, reference: &str) -> Result<Option<Image>>;
-    /// True when `reference` names a local image.
-    fn image_exists(&self, reference: &str) -> Result<bool> {
-        Ok(self.image(reference)?.is_some())
-    }
-    /// Local images carrying `label` (`key` or `key=value`), newest first.
-    fn images_with_label(&self, label: &str) -> Result<Vec<Image>>;
-    /// Points `repo:tag` at `image`.
-    fn tag(&self, image: &str, repo: &str, tag: &str) -> Result<()>;
-    /// Removes the tag or image `reference`; a missing one is not an error.
-    fn remove_image(&self, reference: &str, force: bool) -> Result<()>;
-    /// Builds `req`, passing every line of output to `on_event` as it arrives.
-    /// A failing step is `Ok(BuildOutcome::Failed)`; `Err` means the engine
-    /// itself failed.
-    fn build(
-        &self,
-        req: &BuildRequest,
-        on_event: &mut dyn FnMut(BuildEvent),
-    ) -> Result<BuildOutcome>;
-    /// Creates a container and returns its id.
-    fn create(&self, spec: &ContainerSpec) -> Result<String>;
-    fn start(&self, container: &str) -> Result<()>;
-    /// Stops with SIGTERM, then SIGKILL after `timeout`; a stopped one is not an error.
-    fn stop(&self, container: &str, timeout: Duration) -> Result<()>;
-    /// Removes a container; a missing one is not an error.
-    fn remove(&self, container: &str, force: bool) -> Result<()>;
-    /// The container `name_or_id`, `None` when there is none.
-    fn inspect(&self, name_or_id: &str) -> Result<Option<Container>>;
-    /// Runs `req` in a running container, passing its output to `on_output`
-    /// as it arrives, and returns its exit status.
-    fn exec(
-        &self,
-        container: &str,
-        req: &ExecRequest,
-        on_output: &mut dyn FnMut(OutStream, &[u8]),
-    ) -> Result<i64>;
-}
 
 /// The Docker Engine through bollard.
 pub struct DockerEngine {
@@ -245,7 +78,7 @@ impl DockerEngine {
     }
 
     /// The bollard client, for the engine extensions beside the commands
-    /// that need them (lib/sandbox/runtime.rs, lib/egress/engine_ext.rs), so
+    /// that need them (sandbox.rs, network.rs), so
     /// that one connection and one runtime serve every trait.
     pub(crate) fn client(&self) -> &Docker {
         &self.docker
@@ -513,6 +346,23 @@ impl Engine for DockerEngine {
                     .collect(),
             ),
             network_mode: spec.network.clone(),
+            nano_cpus: spec.nano_cpus,
+            cpu_shares: spec.cpu_shares,
+            ulimits: (!spec.ulimits.is_empty()).then(|| {
+                spec.ulimits
+                    .iter()
+                    .map(|(name, soft, hard)| ResourcesUlimits {
+                        name: Some(name.clone()),
+                        soft: Some(*soft),
+                        hard: Some(*hard),
+                    })
+                    .collect()
+            }),
+            log_config: (!spec.log_options.is_empty()).then(|| HostConfigLogConfig {
+                typ: Some("json-file".into()),
+                config: Some(spec.log_options.clone().into_iter().collect()),
+            }),
+            sysctls: (!spec.sysctls.is_empty()).then(|| spec.sysctls.clone().into_iter().collect()),
             port_bindings: if port_bindings.is_empty() {
                 None
             } else {
@@ -532,6 +382,17 @@ impl Engine for DockerEngine {
             exposed_ports: opt_vec(&exposed),
             tty: Some(spec.tty),
             open_stdin: Some(spec.open_stdin),
+            healthcheck: spec.healthcheck.as_ref().map(|(test, every)| HealthConfig {
+                test: Some(
+                    std::iter::once("CMD".to_string())
+                        .chain(test.iter().cloned())
+                        .collect(),
+                ),
+                interval: Some(every.as_nanos() as i64),
+                timeout: Some(10_000_000_000),
+                retries: Some(3),
+                ..Default::default()
+            }),
             host_config: Some(host),
             ..Default::default()
         };

@@ -1,13 +1,7 @@
-//! What the egress topology asks of a container engine beyond lib/engine.rs:
-//! networks (create, inspect, list by label, remove, connect, disconnect)
-//! and a container's log.
-//!
-//! [`NetworkEngine`] extends the runtime contract ([`Engine`]);
-//! [`DockerEngine`] implements it here, through bollard, on the one client
-//! and current-thread runtime of lib/engine.rs ([`DockerNetworks`] is another
-//! name for it); like the base contract it blocks.
+//! [`NetworkEngine`] on the Docker Engine: networks (create, inspect, list
+//! by label, remove, connect, disconnect) and a container's log.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use bollard::models::{
@@ -16,70 +10,9 @@ use bollard::models::{
 use bollard::query_parameters as qp;
 use futures_util::StreamExt;
 
-use crate::engine::{DockerEngine, Engine};
+use super::DockerEngine;
+use crate::engine::{Network, NetworkEngine, NetworkSpec};
 use crate::error::{Error, Exit, Result};
-
-/// A network to create.
-#[derive(Clone, Debug, Default)]
-pub struct NetworkSpec {
-    pub name: String,
-    /// No route out of the network: its containers reach only each other.
-    pub internal: bool,
-    /// The host gets no address on the network, so its containers cannot
-    /// reach the host's services through it either.
-    pub no_host_address: bool,
-    /// Containers on the network may not talk to each other.
-    pub isolate_containers: bool,
-    pub labels: BTreeMap<String, String>,
-}
-
-/// A network as the egress topology needs it.
-#[derive(Clone, Debug, Default)]
-pub struct Network {
-    pub id: String,
-    pub name: String,
-    pub internal: bool,
-    pub labels: BTreeMap<String, String>,
-    pub options: BTreeMap<String, String>,
-    /// Subnets in CIDR form, with their gateways (empty when none).
-    pub subnets: Vec<(String, String)>,
-    /// Attached containers: name to IPv4 address (CIDR form).
-    pub containers: BTreeMap<String, String>,
-    /// Creation time as the engine wrote it (RFC 3339), for ordering.
-    pub created: String,
-}
-
-/// The runtime contract, with networks.
-pub trait NetworkEngine: Engine {
-    /// Creates a network; names need not be unique to the engine, so callers
-    /// that share a name settle on one (see `egress`).
-    fn create_network(&self, spec: &NetworkSpec) -> Result<Network>;
-    /// The network `name_or_id`, `None` when there is none.
-    fn network(&self, name_or_id: &str) -> Result<Option<Network>>;
-    /// Every network carrying `label` (`key` or `key=value`).
-    fn networks_with_label(&self, label: &str) -> Result<Vec<Network>>;
-    /// Removes a network; a missing one is not an error.
-    fn remove_network(&self, name_or_id: &str) -> Result<()>;
-    /// Attaches `container` (created or running) to `network`, where it is
-    /// also known by `aliases`.
-    fn connect(&self, network: &str, container: &str, aliases: &[&str]) -> Result<()>;
-    /// Detaches `container` from `network`; not being attached is not an error.
-    fn disconnect(&self, network: &str, container: &str) -> Result<()>;
-    /// What `container` wrote to stdout (`stdout`) or stderr so far.
-    fn logs(&self, container: &str, stdout: bool) -> Result<Vec<u8>>;
-    /// Follows `container`'s output until a line satisfies `done`, the
-    /// container stops (false), or `timeout` passes (false).
-    fn wait_for_line(
-        &self,
-        container: &str,
-        timeout: Duration,
-        done: &mut dyn FnMut(&str) -> bool,
-    ) -> Result<bool>;
-}
-
-/// The Docker Engine through bollard implements [`NetworkEngine`] itself,
-/// on the connection and runtime of lib/engine.rs.
-pub type DockerNetworks = DockerEngine;
 
 fn network_of(n: bollard::models::NetworkInspect) -> Network {
     let ipam = n.ipam.and_then(|i| i.config).unwrap_or_default();
@@ -108,7 +41,7 @@ fn network_of(n: bollard::models::NetworkInspect) -> Network {
     }
 }
 
-impl NetworkEngine for DockerNetworks {
+impl NetworkEngine for DockerEngine {
     fn create_network(&self, spec: &NetworkSpec) -> Result<Network> {
         let mut options = HashMap::new();
         if spec.no_host_address {
@@ -150,7 +83,7 @@ impl NetworkEngine for DockerNetworks {
                 .inspect_network(name_or_id, None::<qp::InspectNetworkOptions>),
         ) {
             Ok(n) => Ok(Some(network_of(n))),
-            Err(e) if crate::engine::status_of(&e) == Some(404) => Ok(None),
+            Err(e) if super::status_of(&e) == Some(404) => Ok(None),
             Err(e) => Err(self.err(&format!("cannot inspect network '{name_or_id}'"), e)),
         }
     }
@@ -180,7 +113,7 @@ impl NetworkEngine for DockerNetworks {
     fn remove_network(&self, name_or_id: &str) -> Result<()> {
         match self.block_on(self.client().remove_network(name_or_id)) {
             Ok(()) => Ok(()),
-            Err(e) if crate::engine::status_of(&e) == Some(404) => Ok(()),
+            Err(e) if super::status_of(&e) == Some(404) => Ok(()),
             Err(e) => Err(self.err(&format!("cannot remove network '{name_or_id}'"), e)),
         }
     }
@@ -210,7 +143,7 @@ impl NetworkEngine for DockerNetworks {
         };
         match self.block_on(self.client().disconnect_network(network, req)) {
             Ok(()) => Ok(()),
-            Err(e) if crate::engine::status_of(&e) == Some(404) => Ok(()),
+            Err(e) if super::status_of(&e) == Some(404) => Ok(()),
             // 20.10 says 500 "container ... is not connected to network ..."
             Err(bollard::errors::Error::DockerResponseServerError { message, .. })
                 if message.contains("is not connected") =>

@@ -1,0 +1,314 @@
+//! The runtime contract: what loopwright asks of a container engine.
+//!
+//! Commands and the library speak to these traits, never to an engine's API:
+//! this module is the boundary, and [`docker`] (bollard, the Docker Engine
+//! API) is the one implementation today.  A second engine (a gVisor runtime
+//! is only a `runtime` name in [`ContainerSpec`]; Podman's compatible socket
+//! and a remote `DOCKER_HOST` go through [`docker`] as they are; Kubernetes
+//! would be `engine/kubernetes.rs`) is a new file implementing the traits,
+//! not a change to the modules that use them.  docs/architecture.md draws it.
+//!
+//! * [`Engine`]: images (inspect, list by label, tag, remove, build from a tar
+//!   context with streamed output) and containers (create, start, stop,
+//!   remove, inspect, exec with its exit status);
+//! * [`SandboxEngine`]: what a sandbox's life adds: containers and volumes by
+//!   label (so `ls` and `gc` find what a killed `create` left), named
+//!   volumes, an exec fed from the caller with a terminal when asked; and,
+//!   as a supertrait, every network operation, so a sandbox wires its
+//!   networks through the engine it was given;
+//! * [`NetworkEngine`]: networks (create, inspect, list by label, remove,
+//!   connect, disconnect) and a container's log.
+//!
+//! The methods block: an implementation keeps whatever runtime it needs to
+//! itself (the Docker one, a current-thread tokio runtime), so callers are
+//! plain synchronous code and no async runtime leaks into the commands.
+//!
+//! Errors follow the house exit statuses: an engine that cannot be reached is
+//! 69 (unavailable) with a hint on how to start it; a missing object is 66; a
+//! name already taken is 73; anything else the engine refuses is 69 as well,
+//! since only the engine knows why.
+
+pub mod docker;
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::time::Duration;
+
+pub use docker::DockerEngine;
+
+use crate::error::Result;
+
+/// What the engine says about itself.
+#[derive(Clone, Debug)]
+pub struct EngineVersion {
+    /// The engine's own version, e.g. `20.10.24`.
+    pub version: String,
+    /// The API version both sides agreed on, e.g. `1.41`.
+    pub api: String,
+}
+
+/// An image as loopwright needs it.
+#[derive(Clone, Debug, Default)]
+pub struct Image {
+    /// The content id, `sha256:...`.
+    pub id: String,
+    /// Every `repo:tag` pointing at it.
+    pub tags: Vec<String>,
+    pub labels: BTreeMap<String, String>,
+    /// Creation time in seconds since the epoch (0 when the engine did not say).
+    pub created: i64,
+}
+
+/// One image build.
+#[derive(Clone, Debug, Default)]
+pub struct BuildRequest {
+    /// A tar archive: the whole build context.
+    pub context: Vec<u8>,
+    /// Path of the Dockerfile inside the context.
+    pub dockerfile: String,
+    /// `repo:tag` applied when, and only when, the build succeeds.
+    pub tag: String,
+    pub labels: BTreeMap<String, String>,
+    pub args: BTreeMap<String, String>,
+}
+
+/// A line of build output, as it arrives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BuildEvent {
+    /// Text from a build step (the step headers and the commands' own output).
+    Output(String),
+    /// Engine status, e.g. progress of a pull.
+    Status(String),
+}
+
+/// How a build ended when the engine itself worked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BuildOutcome {
+    /// The image id; the tag now points at it.
+    Built(String),
+    /// A step failed; the engine's message (no tag was applied).
+    Failed(String),
+}
+
+/// A bind mount from the host.
+#[derive(Clone, Debug, Default)]
+pub struct Bind {
+    pub source: String,
+    pub target: String,
+    pub read_only: bool,
+}
+
+/// A published port: container port (`8080/tcp`) to host address and port.
+#[derive(Clone, Debug, Default)]
+pub struct PortMap {
+    pub container: String,
+    pub host_ip: String,
+    pub host_port: u16,
+}
+
+/// Everything needed to create a container.  Options left empty take the
+/// engine's defaults; hardening is the caller's to ask for.
+#[derive(Clone, Debug, Default)]
+pub struct ContainerSpec {
+    pub name: Option<String>,
+    pub image: String,
+    pub cmd: Vec<String>,
+    pub entrypoint: Option<Vec<String>>,
+    pub env: Vec<String>,
+    pub user: Option<String>,
+    pub workdir: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub read_only_root: bool,
+    pub cap_drop: Vec<String>,
+    pub security_opt: Vec<String>,
+    pub pids_limit: Option<i64>,
+    pub memory_bytes: Option<i64>,
+    /// Mount point to options, e.g. `/tmp` -> `rw,noexec,nosuid,size=64m`.
+    pub tmpfs: BTreeMap<String, String>,
+    pub binds: Vec<Bind>,
+    /// `none`, `bridge` or a network name; `None` is the engine's default.
+    pub network: Option<String>,
+    pub ports: Vec<PortMap>,
+    pub tty: bool,
+    pub open_stdin: bool,
+    /// CPUs in billionths (`--cpus 1.5` is 1_500_000_000).
+    pub nano_cpus: Option<i64>,
+    /// Options of the json-file log driver (`max-size`, `max-file`).
+    pub log_options: BTreeMap<String, String>,
+    /// Namespaced kernel settings (`net.ipv4.ip_forward` -> `0`).
+    pub sysctls: BTreeMap<String, String>,
+    /// The relative CPU weight (the engine's default is 1024).
+    pub cpu_shares: Option<i64>,
+    /// Resource limits: name (`nofile`, `core`), soft, hard.
+    pub ulimits: Vec<(String, i64, i64)>,
+    /// A health check: the command (exec form) and its interval.
+    pub healthcheck: Option<(Vec<String>, std::time::Duration)>,
+}
+
+/// A container as loopwright needs it.
+#[derive(Clone, Debug, Default)]
+pub struct Container {
+    pub id: String,
+    /// Without the leading slash Docker adds.
+    pub name: String,
+    /// The image id it runs.
+    pub image: String,
+    pub running: bool,
+    /// `created`, `running`, `exited`, ...
+    pub status: String,
+    pub exit_code: Option<i64>,
+    pub labels: BTreeMap<String, String>,
+    pub ports: Vec<PortMap>,
+}
+
+/// A command to run in a running container.
+#[derive(Clone, Debug, Default)]
+pub struct ExecRequest {
+    pub cmd: Vec<String>,
+    pub env: Vec<String>,
+    pub user: Option<String>,
+    pub workdir: Option<String>,
+}
+
+/// Which stream a chunk of exec output came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutStream {
+    Stdout,
+    Stderr,
+}
+
+/// The runtime contract.
+pub trait Engine {
+    /// Checks the engine answers and says which version it runs.
+    fn version(&self) -> Result<EngineVersion>;
+    /// The image `reference` (tag or id) points at, `None` when there is none.
+    fn image(&self, reference: &str) -> Result<Option<Image>>;
+    /// True when `reference` names a local image.
+    fn image_exists(&self, reference: &str) -> Result<bool> {
+        Ok(self.image(reference)?.is_some())
+    }
+    /// Local images carrying `label` (`key` or `key=value`), newest first.
+    fn images_with_label(&self, label: &str) -> Result<Vec<Image>>;
+    /// Points `repo:tag` at `image`.
+    fn tag(&self, image: &str, repo: &str, tag: &str) -> Result<()>;
+    /// Removes the tag or image `reference`; a missing one is not an error.
+    fn remove_image(&self, reference: &str, force: bool) -> Result<()>;
+    /// Builds `req`, passing every line of output to `on_event` as it arrives.
+    /// A failing step is `Ok(BuildOutcome::Failed)`; `Err` means the engine
+    /// itself failed.
+    fn build(
+        &self,
+        req: &BuildRequest,
+        on_event: &mut dyn FnMut(BuildEvent),
+    ) -> Result<BuildOutcome>;
+    /// Creates a container and returns its id.
+    fn create(&self, spec: &ContainerSpec) -> Result<String>;
+    fn start(&self, container: &str) -> Result<()>;
+    /// Stops with SIGTERM, then SIGKILL after `timeout`; a stopped one is not an error.
+    fn stop(&self, container: &str, timeout: Duration) -> Result<()>;
+    /// Removes a container; a missing one is not an error.
+    fn remove(&self, container: &str, force: bool) -> Result<()>;
+    /// The container `name_or_id`, `None` when there is none.
+    fn inspect(&self, name_or_id: &str) -> Result<Option<Container>>;
+    /// Runs `req` in a running container, passing its output to `on_output`
+    /// as it arrives, and returns its exit status.
+    fn exec(
+        &self,
+        container: &str,
+        req: &ExecRequest,
+        on_output: &mut dyn FnMut(OutStream, &[u8]),
+    ) -> Result<i64>;
+}
+
+/// A named volume.
+#[derive(Clone, Debug, Default)]
+pub struct Volume {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// How an exec's standard streams are connected.
+pub struct ExecIo<'a> {
+    /// Bytes fed to the command's standard input, then end of file.  `None`
+    /// leaves its stdin closed.
+    pub stdin: Option<Box<dyn Read + Send>>,
+    /// Allocate a terminal (output then arrives as one stream, stdout).
+    pub tty: bool,
+    /// The terminal's size, rows and columns.
+    pub size: Option<(u16, u16)>,
+    pub on_output: &'a mut dyn FnMut(OutStream, &[u8]),
+}
+
+/// The runtime contract of lw-sandbox: the base contract and networks, plus
+/// what a sandbox's life needs.
+pub trait SandboxEngine: Engine + NetworkEngine {
+    /// Every container, running or not, carrying `label` (`key` or `key=value`).
+    fn containers_with_label(&self, label: &str) -> Result<Vec<Container>>;
+    /// Creates the volume `name`; an existing one is reused.
+    fn create_volume(&self, name: &str, labels: &BTreeMap<String, String>) -> Result<()>;
+    /// Removes the volume `name`; a missing one is not an error.
+    fn remove_volume(&self, name: &str) -> Result<()>;
+    /// Every volume carrying `label`.
+    fn volumes_with_label(&self, label: &str) -> Result<Vec<Volume>>;
+    /// Runs `req` in a running container with `io` attached; returns its exit
+    /// status (128+n when a signal ended it).
+    fn exec_io(&self, container: &str, req: &ExecRequest, io: ExecIo<'_>) -> Result<i64>;
+}
+
+/// A network to create.
+#[derive(Clone, Debug, Default)]
+pub struct NetworkSpec {
+    pub name: String,
+    /// No route out of the network: its containers reach only each other.
+    pub internal: bool,
+    /// The host gets no address on the network, so its containers cannot
+    /// reach the host's services through it either.
+    pub no_host_address: bool,
+    /// Containers on the network may not talk to each other.
+    pub isolate_containers: bool,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A network as the egress topology needs it.
+#[derive(Clone, Debug, Default)]
+pub struct Network {
+    pub id: String,
+    pub name: String,
+    pub internal: bool,
+    pub labels: BTreeMap<String, String>,
+    pub options: BTreeMap<String, String>,
+    /// Subnets in CIDR form, with their gateways (empty when none).
+    pub subnets: Vec<(String, String)>,
+    /// Attached containers: name to IPv4 address (CIDR form).
+    pub containers: BTreeMap<String, String>,
+    /// Creation time as the engine wrote it (RFC 3339), for ordering.
+    pub created: String,
+}
+
+/// The runtime contract, with networks.
+pub trait NetworkEngine: Engine {
+    /// Creates a network; names need not be unique to the engine, so callers
+    /// that share a name settle on one (see `egress`).
+    fn create_network(&self, spec: &NetworkSpec) -> Result<Network>;
+    /// The network `name_or_id`, `None` when there is none.
+    fn network(&self, name_or_id: &str) -> Result<Option<Network>>;
+    /// Every network carrying `label` (`key` or `key=value`).
+    fn networks_with_label(&self, label: &str) -> Result<Vec<Network>>;
+    /// Removes a network; a missing one is not an error.
+    fn remove_network(&self, name_or_id: &str) -> Result<()>;
+    /// Attaches `container` (created or running) to `network`, where it is
+    /// also known by `aliases`.
+    fn connect(&self, network: &str, container: &str, aliases: &[&str]) -> Result<()>;
+    /// Detaches `container` from `network`; not being attached is not an error.
+    fn disconnect(&self, network: &str, container: &str) -> Result<()>;
+    /// What `container` wrote to stdout (`stdout`) or stderr so far.
+    fn logs(&self, container: &str, stdout: bool) -> Result<Vec<u8>>;
+    /// Follows `container`'s output until a line satisfies `done`, the
+    /// container stops (false), or `timeout` passes (false).
+    fn wait_for_line(
+        &self,
+        container: &str,
+        timeout: Duration,
+        done: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<bool>;
+}

@@ -1,0 +1,27 @@
+//! The filesystem toolkit: the one home of the mechanisms every command
+//! shares, so each rule is written once.
+//!
+//! * [`rename_noreplace_at`]: move a file without ever replacing one, with a
+//!   `link`+`unlink` fallback where the filesystem refuses
+//!   `RENAME_NOREPLACE` (gVisor's gofer and some network filesystems answer
+//!   `EINVAL`).  Every delivery and claim in the mailbox goes through it.
+//! * [`write_replace`]: replace a whole small file atomically (state,
+//!   records, leases): a fresh temporary file beside it (`O_EXCL`, no
+//!   symlink followed), written, fsync'd, renamed over the old one, then the
+//!   directory fsync'd so the rename itself survives a crash.
+//! * [`lock`]: an advisory `flock(2)` on a lock file, released by the kernel
+//!   when its holder dies; callers choose to wait or to be told it is busy
+//!   (and then exit 75, try again later).
+//! * [`Watcher`]: a directory watch on inotify, woken by arrivals, with a
+//!   queue overflow reported as "rescan" rather than lost.
+//!
+//! These functions return `std::io::Error`; the caller names the path and
+//! the step in its own typed error, as it always did.
+
+mod atomic;
+mod lock;
+mod watch;
+
+pub use atomic::{Durability, rename_noreplace_at, sync_dir, write_replace};
+pub use lock::{lock, try_lock};
+pub use watch::{Watcher, Woke};

@@ -1,0 +1,48 @@
+//! Golden CLI tests: every command's `--help`, each subcommand's help, an
+//! unknown flag (exit 64) and the first errors a user meets, with their exit
+//! statuses (tests/cmd; cases written by scripts/goldens).  A change in
+//! what a person sees fails here until the golden files are updated with
+//! `TRYCMD=overwrite cargo test --test cli_golden` and reviewed.
+
+#[test]
+fn cli_goldens() {
+    trycmd::TestCases::new()
+        .register_bin("lw", std::path::Path::new(env!("CARGO_BIN_EXE_lw")))
+        .register_bin(
+            "lw-build",
+            std::path::Path::new(env!("CARGO_BIN_EXE_lw-build")),
+        )
+        .register_bin(
+            "lw-doctor",
+            std::path::Path::new(env!("CARGO_BIN_EXE_lw-doctor")),
+        )
+        .register_bin(
+            "lw-github-sink",
+            std::path::Path::new(env!("CARGO_BIN_EXE_lw-github-sink")),
+        )
+        .register_bin(
+            "lw-inbox",
+            std::path::Path::new(env!("CARGO_BIN_EXE_lw-inbox")),
+        )
+        .register_bin(
+            "lw-mediate",
+            std::path::Path::new(env!("CARGO_BIN_EXE_lw-mediate")),
+        )
+        .register_bin(
+            "lw-mirror",
+            std::path::Path::new(env!("CARGO_BIN_EXE_lw-mirror")),
+        )
+        .register_bin(
+            "lw-post",
+            std::path::Path::new(env!("CARGO_BIN_EXE_lw-post")),
+        )
+        .register_bin(
+            "lw-sandbox",
+            std::path::Path::new(env!("CARGO_BIN_EXE_lw-sandbox")),
+        )
+        .register_bin(
+            "lw-sync",
+            std::path::Path::new(env!("CARGO_BIN_EXE_lw-sync")),
+        )
+        .case("tests/cmd/*.toml");
+}
