@@ -1,0 +1,512 @@
+//! The mediator: reads every outbox, decides by policy, logs, delivers
+//! (mailbox-spec.md, "THE MEDIATOR" and "DECISIONS AND BOUNCES").
+//!
+//! The sender of a message is the owner of the outbox it sits in
+//! (`sandboxes/NAME/outbox`, or `human-outbox` for a person); the `from`
+//! field inside the file is overwritten, and a differing one is noted in the
+//! decision's reason.
+//!
+//! Each message goes through three steps, and every step is idempotent:
+//!
+//! 1. **Log.** The decision is written to the log as `ID.ACTION` (plus
+//!    `ID.bounce` for recipients that do not exist) by delivery-once: an
+//!    entry of that name is never written twice.  Before deciding, the
+//!    mediator looks for an existing decision of the message; if one exists
+//!    (a crash came after step 1), it is carried out again instead of taking
+//!    a new one, so a restart never decides differently.  Bounce entries are
+//!    made durable before the main entry, so a main entry that exists always
+//!    comes with its bounce entry.
+//! 2. **Deliver.** The copies named by the decision go into inboxes, the
+//!    human queue or the held queue, each by delivery-once under the
+//!    message's id (a bounce under an id derived from it), so a copy that an
+//!    earlier run wrote, or that its reader already moved to `cur/`, is not
+//!    written again.
+//! 3. **Claim.** The source moves from the outbox's `new/` to its `cur/`.
+//!    Once it is there the message is done; until then a restart redoes 1-2,
+//!    which write nothing new.
+//!
+//! Each step finishes durably for a whole batch before the next starts (see
+//! lib/group.rs), so a SIGKILL at any instant followed by a restart gives
+//! each log entry and each inbox copy exactly once.
+//!
+//! The held queue is bounded per sender (`held-max`): a post that would be
+//! held beyond it is refused with a quiet bounce, and the first refusal of
+//! an episode puts one status message into the human queue.  Hold, drop and
+//! refusal entries keep no body; every logged or delivered text has the
+//! known secret values masked, and a message carrying one is held
+//! (mailbox-spec.md, "THE HELD QUEUE", "SECRETS AT THE DOOR").  Outboxes are
+//! served one batch each in turn, so one sender's flood delays nobody else.
+//!
+//! Files that are not messages are moved to `quarantine/new/QID` after their
+//! `QID.quarantine` entry is logged with the reason.  QID is derived from the
+//! file's sender, name, inode and ctime, so a restart after a crash between
+//! the two steps finds the same entry.  Such files are never opened unless
+//! they are regular, singly linked and within the size limit.
+
+// The mediator by concern: deciding by policy (decide), looking at an entry
+// before trusting it (inspect), its durable memory (memory), routing and
+// delivery of batches (deliver), the person's queues (queues), and the watch
+// loop with its locks (watch).  This file holds the state and the pass.
+mod decide;
+mod deliver;
+mod inspect;
+mod memory;
+mod queues;
+mod watch;
+
+pub use decide::{bounce_id, cap_notice_id};
+pub use watch::{lock_mediator, lock_routes};
+
+// The submodules share the mediator's private helpers with each other.
+#[allow(unused_imports)]
+use {decide::*, inspect::*};
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::ffi::{OsStr, OsString};
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rustix::fs::{self as rfs, AtFlags};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Exit, Result, errno_io};
+use crate::group::{self, Box3, open_dir_at};
+use crate::layout::{self, Root};
+use crate::log::{Action, Entry, Log};
+use crate::maildir::escape_name;
+use crate::message::Message;
+use crate::policy::Policy;
+use crate::redact::Secrets;
+use crate::registry::{Registry, Sandbox};
+
+/// Messages per batch: each batch costs a handful of directory fsyncs.
+pub const DEFAULT_BATCH: usize = 256;
+/// Distinct messages remembered for duplicate detection.
+pub const MAX_REMEMBERED: usize = 10_000;
+
+const LOG: usize = 0;
+const HUMAN: usize = 1;
+const HELD: usize = 2;
+const QUARANTINE: usize = 3;
+
+/// Counts of what a mediator did, for `-v` and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Stats {
+    pub routed: u64,
+    pub forwarded: u64,
+    pub escalated: u64,
+    pub held: u64,
+    pub bounced: u64,
+    pub quarantined: u64,
+    pub receipts: u64,
+    pub resumed: u64,
+    pub released: u64,
+    pub dropped: u64,
+    /// Messages left waiting, and outboxes that could not be read, in the
+    /// last pass (see `drain`).
+    pub waiting: u64,
+}
+
+impl Stats {
+    /// What happened since `before` was taken.
+    fn since(self, before: Stats) -> Stats {
+        Stats {
+            routed: self.routed - before.routed,
+            forwarded: self.forwarded - before.forwarded,
+            escalated: self.escalated - before.escalated,
+            held: self.held - before.held,
+            bounced: self.bounced - before.bounced,
+            quarantined: self.quarantined - before.quarantined,
+            receipts: self.receipts - before.receipts,
+            resumed: self.resumed - before.resumed,
+            released: self.released - before.released,
+            dropped: self.dropped - before.dropped,
+            waiting: self.waiting - before.waiting,
+        }
+    }
+}
+
+/// Rate and duplicate memory.  Bounded: a sender keeps at most the policy's
+/// rate count of times, and at most MAX_REMEMBERED digests are kept.
+#[derive(Default, Serialize, Deserialize)]
+struct Memory {
+    version: u32,
+    /// Sender -> times (ms since the epoch) of its recent admitted messages.
+    rate: HashMap<String, VecDeque<u64>>,
+    /// Digest (hex) and time (ms) of recent messages, oldest first.
+    dups: VecDeque<(String, u64)>,
+    /// Inbox owner -> mtime (ns) of its `cur/` when receipts were last taken.
+    receipts: HashMap<String, i128>,
+    /// Senders over their held-queue cap who were told about it (one
+    /// status message per episode; forgotten once they are below the cap).
+    #[serde(default)]
+    capped: std::collections::BTreeSet<String>,
+    #[serde(skip)]
+    dup_index: HashMap<String, u64>,
+}
+
+/// One message (or non-message) taken from an outbox.
+enum Work {
+    Route {
+        name: OsString,
+        /// The message as posted (the held queue keeps it whole).
+        message: Box<Message>,
+        entries: Vec<Entry>,
+        claim_question: Option<String>,
+    },
+    Quarantine {
+        name: OsString,
+        qid: String,
+    },
+}
+
+/// The open Maildirs of one pass: the fixed ones, then inboxes on demand.
+struct Boxes {
+    list: Vec<Box3>,
+    inbox: HashMap<String, usize>,
+}
+
+pub struct Mediator {
+    pub root: Root,
+    rootfd: OwnedFd,
+    pub log: Log,
+    pub policy: Policy,
+    policy_path: Option<PathBuf>,
+    policy_explicit: bool,
+    policy_stamp: Option<(u64, i64, i64, u64)>,
+    registry: Registry,
+    known: HashMap<String, Sandbox>,
+    memory: Memory,
+    memory_dirty: bool,
+    last_save: Instant,
+    /// When `tmp/` directories were last swept (see [`Mediator::sweep_tmp`]).
+    last_sweep: Option<Instant>,
+    warned: HashSet<String>,
+    pub batch: usize,
+    pub verbose: bool,
+    pub stats: Stats,
+    /// How batches are made durable (lib/group.rs).
+    pub sync: group::Sync,
+    /// Secret values that never leave through the door (lib/redact.rs).
+    pub secrets: Secrets,
+    /// Sender -> messages of theirs in `held/new/`, counted at each pass.
+    held_count: HashMap<String, u32>,
+}
+
+impl Mediator {
+    /// Opens a root.  `policy_path` is the policy file; when `explicit` is
+    /// false a missing file means the default policy.
+    pub fn open(root: Root, policy_path: Option<PathBuf>, explicit: bool) -> Result<Mediator> {
+        root.init()?;
+        let rootfd = open_dir_at(None, &root.dir)
+            .map_err(|e| Error::io("cannot open", &root.dir, errno_io(e)))?;
+        let mut m = Mediator {
+            log: Log::new(root.log_dir()),
+            registry: Registry::new(&root),
+            rootfd,
+            root,
+            policy: Policy::default(),
+            policy_path,
+            policy_explicit: explicit,
+            policy_stamp: None,
+            known: HashMap::new(),
+            memory: Memory::default(),
+            memory_dirty: false,
+            last_save: Instant::now(),
+            last_sweep: None,
+            warned: HashSet::new(),
+            batch: DEFAULT_BATCH,
+            verbose: false,
+            stats: Stats::default(),
+            sync: group::Sync::default(),
+            secrets: Secrets::new(),
+            held_count: HashMap::new(),
+        };
+        m.load_policy()?;
+        m.load_memory();
+        Ok(m)
+    }
+
+    fn policy_file_stamp(&self) -> Option<(u64, i64, i64, u64)> {
+        let p = self.policy_path.as_ref()?;
+        let st = rfs::stat(p).ok()?;
+        Some((
+            st.st_ino,
+            st.st_mtime,
+            st.st_mtime_nsec as i64,
+            st.st_size as u64,
+        ))
+    }
+
+    fn load_policy(&mut self) -> Result<()> {
+        let stamp = self.policy_file_stamp();
+        self.policy = match (&self.policy_path, stamp) {
+            (Some(p), Some(_)) => Policy::load(p)?,
+            (Some(p), None) if self.policy_explicit => {
+                return Err(Error::new(
+                    Exit::NoInput,
+                    format!("policy '{}' does not exist", p.display()),
+                ));
+            }
+            _ => Policy::default(),
+        };
+        self.policy_stamp = stamp;
+        Ok(())
+    }
+
+    /// Re-reads the policy when its file changed.  A file with errors is
+    /// reported and the previous policy stays in force.
+    pub fn reload_policy_if_changed(&mut self) {
+        let stamp = self.policy_file_stamp();
+        if stamp == self.policy_stamp {
+            return;
+        }
+        let old = std::mem::take(&mut self.policy);
+        match self.load_policy() {
+            Ok(()) => eprintln!(
+                "lw-mediate: policy reloaded from {}",
+                self.policy
+                    .source
+                    .clone()
+                    .unwrap_or_else(|| "the built-in default".into())
+            ),
+            Err(e) => {
+                eprintln!("lw-mediate: {e}\nlw-mediate: keeping the previous policy");
+                self.policy = old;
+                self.policy_stamp = stamp;
+            }
+        }
+    }
+
+    fn warn_once(&mut self, msg: String) {
+        if self.warned.len() < 10_000 && self.warned.insert(msg.clone()) {
+            eprintln!("lw-mediate: {msg}");
+        }
+    }
+
+    fn refresh_registry(&mut self) -> Result<()> {
+        let (good, bad) = self.registry.list()?;
+        for b in bad {
+            self.warn_once(format!(
+                "registry record '{}' skipped: {}",
+                b.file, b.reason
+            ));
+        }
+        self.known = good.into_iter().map(|s| (s.name.clone(), s)).collect();
+        Ok(())
+    }
+
+    /// Looks up the logged decision of a message: the main entry and the
+    /// bounce entry, either of which may be absent.
+    pub fn decision_of(&self, id: &str) -> (Option<Entry>, Option<Entry>) {
+        let read = |a: Action| {
+            let n = Entry::name_for(id, a, None);
+            if self.log.has(&n) {
+                self.log.read(OsStr::new(&n)).ok()
+            } else {
+                None
+            }
+        };
+        let main = read(Action::Forward)
+            .or_else(|| read(Action::Escalate))
+            .or_else(|| read(Action::Hold));
+        (main, read(Action::Bounce))
+    }
+
+    /// Who sent message `id`, by the log.
+    fn sender_of(&self, id: &str) -> Option<String> {
+        let (a, b) = self.decision_of(id);
+        a.or(b).map(|e| e.sender)
+    }
+
+    fn count(&mut self, e: &Entry) {
+        match e.decision.action {
+            Action::Forward => self.stats.forwarded += 1,
+            Action::Escalate => self.stats.escalated += 1,
+            Action::Hold => self.stats.held += 1,
+            Action::Bounce => self.stats.bounced += 1,
+            Action::Quarantine => self.stats.quarantined += 1,
+            Action::Read => self.stats.receipts += 1,
+            Action::Release => self.stats.released += 1,
+            Action::Drop => self.stats.dropped += 1,
+        }
+    }
+
+    fn print(&self, out: &mut dyn Write, e: &Entry) -> Result<()> {
+        if self.verbose {
+            writeln!(out, "{}", crate::operator::format_entry(e)).map_err(crate::error::out_err)?;
+        }
+        Ok(())
+    }
+
+    /// One pass over every outbox, the held queue and the inboxes' receipts.
+    pub fn pass(&mut self, out: &mut dyn Write) -> Result<Stats> {
+        let _routes = lock_routes(&self.root)?;
+        self.reload_policy_if_changed();
+        self.refresh_registry()?;
+        let before = self.stats;
+        let mut boxes = self.open_boxes()?;
+        self.finish_operator_actions(&mut boxes, out)?;
+        self.archive_removed(&mut boxes, out)?;
+        self.count_held(&boxes);
+        // One batch of each outbox in turn, so that a flood from one sender
+        // never keeps another's question waiting behind it.
+        let mut open = Vec::new();
+        for (sender, rel) in self.outboxes() {
+            match self.open_outbox(&rel) {
+                Ok(Some((ob, names))) => open.push((sender, ob, names, 0usize)),
+                Ok(None) => {}
+                Err(e) => {
+                    // One sender's broken outbox never stops the others.
+                    self.warn_once(format!("outbox of {sender} skipped: {e}"));
+                    self.stats.waiting += 1;
+                }
+            }
+        }
+        let step = self.batch.max(1);
+        while !open.is_empty() {
+            open.retain_mut(|(sender, ob, names, at)| {
+                let end = (*at + step).min(names.len());
+                let chunk = &names[*at..end];
+                *at = end;
+                if let Err(e) = self.route_chunk(&mut boxes, ob, sender, chunk, out) {
+                    self.warn_once(format!("outbox of {sender} skipped: {e}"));
+                    self.stats.waiting += 1;
+                    return false;
+                }
+                *at < names.len()
+            });
+        }
+        self.take_receipts(&mut boxes, out)?;
+        self.sweep_tmp();
+        if self.memory_dirty && self.last_save.elapsed() > Duration::from_secs(2) {
+            self.save_memory()?;
+        }
+        Ok(self.stats.since(before))
+    }
+
+    /// Removes files older than 36 hours from the `tmp/` of every Maildir
+    /// under the root (writers killed mid-delivery leave them), at most once
+    /// an hour: the first pass of a run, then hourly.
+    fn sweep_tmp(&mut self) {
+        if self
+            .last_sweep
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(3600))
+        {
+            return;
+        }
+        self.last_sweep = Some(Instant::now());
+        let mut dirs: Vec<PathBuf> = ["log", "human", "held", "quarantine", "human-outbox"]
+            .iter()
+            .map(|d| self.root.dir.join(d))
+            .collect();
+        for (s, rel) in self.outboxes() {
+            if s != layout::HUMAN {
+                dirs.push(self.root.dir.join(rel));
+                dirs.push(self.root.sandbox(&s).inbox().path);
+            }
+        }
+        for d in dirs {
+            if let Err(e) = crate::maildir::sweep_tmp(&d, crate::maildir::TMP_MAX_AGE) {
+                self.warn_once(format!("cannot sweep '{}': {e}", d.join("tmp").display()));
+            }
+        }
+    }
+
+    /// Passes until a pass finds nothing more to do (`--once`).  The
+    /// counts are totals, except `waiting`, which is the last pass's: what
+    /// is still stuck.
+    pub fn drain(&mut self, out: &mut dyn Write) -> Result<Stats> {
+        let start = self.stats;
+        let last = loop {
+            let s = self.pass(out)?;
+            if s.routed == 0 && s.quarantined == 0 && s.receipts == 0 {
+                break s;
+            }
+        };
+        self.save_memory()?;
+        // `waiting` is what is still stuck after the last pass, not a difference.
+        Ok(Stats {
+            waiting: last.waiting,
+            ..self.stats.since(start)
+        })
+    }
+
+    /// Every outbox: `(sender, path relative to the root)`, the human's first.
+    fn outboxes(&mut self) -> Vec<(String, PathBuf)> {
+        let mut v = vec![(layout::HUMAN.to_string(), PathBuf::from("human-outbox"))];
+        let sdir = self.root.sandboxes_dir();
+        let rd = match std::fs::read_dir(&sdir) {
+            Ok(rd) => rd,
+            Err(e) => {
+                self.warn_once(format!("cannot read '{}': {e}", sdir.display()));
+                return v;
+            }
+        };
+        let mut names = Vec::new();
+        for ent in rd.flatten() {
+            let n = ent.file_name();
+            // file_type() does not follow links: a link here is never an outbox.
+            if !ent.file_type().is_ok_and(|t| t.is_dir()) {
+                self.warn_once(format!(
+                    "'{}' in '{}' is not a directory (or is a symbolic link); ignored",
+                    escape_name(&n),
+                    sdir.display()
+                ));
+                continue;
+            }
+            match n.to_str() {
+                Some(s) if layout::valid_name(s) && s != layout::HUMAN && s != layout::MEDIATOR => {
+                    names.push(s.to_string())
+                }
+                _ => self.warn_once(format!(
+                    "'{}' in '{}' is not a sandbox name; ignored",
+                    escape_name(&n),
+                    sdir.display()
+                )),
+            }
+        }
+        names.sort();
+        v.extend(names.into_iter().map(|n| {
+            let rel = Path::new("sandboxes").join(&n).join("outbox");
+            (n, rel)
+        }));
+        v
+    }
+}
+
+impl Box3 {
+    fn has_cur(&self, name: &OsStr) -> bool {
+        rfs::statat(&self.cur, name, AtFlags::SYMLINK_NOFOLLOW).is_ok()
+    }
+}
+
+/// The names in a directory, without `.` and `..`.
+fn read_names(fd: &OwnedFd) -> rustix::io::Result<Vec<OsString>> {
+    let mut v = Vec::new();
+    for ent in rfs::Dir::read_from(fd)? {
+        let ent = ent?;
+        let n = ent.file_name().to_bytes();
+        if n == b"." || n == b".." {
+            continue;
+        }
+        v.push(OsStr::from_bytes(n).to_os_string());
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derived_ids_are_valid_and_stable() {
+        let id = crate::id::new_id();
+        assert_eq!(bounce_id(&id), bounce_id(&id));
+        assert!(crate::id::is_valid(&bounce_id(&id)));
+        assert_ne!(bounce_id(&id), id);
+    }
+}

@@ -1,0 +1,271 @@
+//! The queues a person works: releasing and dropping held messages,
+//! receipts for acknowledged messages, and what a removed sandbox left.
+
+use crate::error::{Error, Exit, Result, errno_io};
+use crate::group::{self, Group, open_dir_at};
+use crate::layout;
+use crate::log::{Action, Decision, Entry, LOG_VERSION};
+use rustix::fs::{self as rfs, AtFlags};
+use rustix::io::Errno;
+use std::ffi::OsStr;
+use std::io::Write;
+use std::path::Path;
+
+use super::*;
+
+impl Mediator {
+    /// Drops the held messages of removed sandboxes (no registry record and
+    /// no `sandboxes/NAME` any more, as `lw-sandbox rm` leaves it): logged as
+    /// `drop`, archived in `held/cur/` (mailbox-spec.md, "THE HELD QUEUE").
+    pub(super) fn archive_removed(&mut self, boxes: &mut Boxes, out: &mut dyn Write) -> Result<()> {
+        let held = &boxes.list[HELD];
+        let Ok(names) = read_names(&held.new) else {
+            return Ok(());
+        };
+        let mut gone = Vec::new();
+        for n in names {
+            if let Inspected::Message(m) = inspect(&held.new, &n)
+                && m.from != layout::HUMAN
+                && !self.known.contains_key(&m.from)
+                && rfs::statat(
+                    &self.rootfd,
+                    Path::new("sandboxes").join(&m.from),
+                    AtFlags::SYMLINK_NOFOLLOW,
+                )
+                .is_err_and(|e| e == Errno::NOENT)
+            {
+                gone.push((m.id, m.from));
+            }
+        }
+        for (id, sender) in gone {
+            let why = format!(
+                "sender {sender} was removed (no registry record, no mailbox); kept in held/cur"
+            );
+            self.release_or_drop(boxes, &id, Some(&why), out)?;
+        }
+        Ok(())
+    }
+
+    /// Held messages whose release or drop was logged but not finished
+    /// (an operator command died halfway): finish them.
+    pub(super) fn finish_operator_actions(
+        &mut self,
+        boxes: &mut Boxes,
+        out: &mut dyn Write,
+    ) -> Result<()> {
+        let names = read_names(&boxes.list[HELD].new)
+            .map_err(|e| Error::io("cannot read", &boxes.list[HELD].path, errno_io(e)))?;
+        for n in names {
+            let Some(id) = n.to_str() else { continue };
+            let rel = Entry::name_for(id, Action::Release, None);
+            let drop = Entry::name_for(id, Action::Drop, None);
+            if self.log.has(&rel) || self.log.has(&drop) {
+                self.release_or_drop(boxes, id, None, out)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Releases (`drop_reason` None) or drops a held message.
+    pub(super) fn release_or_drop(
+        &mut self,
+        boxes: &mut Boxes,
+        id: &str,
+        drop_reason: Option<&str>,
+        out: &mut dyn Write,
+    ) -> Result<Entry> {
+        let held = &boxes.list[HELD];
+        if !crate::id::is_valid(id) {
+            return Err(Error::usage(format!(
+                "'{}' is not a message id",
+                id.escape_debug()
+            )));
+        }
+        let m = match inspect(&held.new, OsStr::new(id)) {
+            Inspected::Message(m) => m,
+            Inspected::Gone => {
+                for (a, done) in [(Action::Release, "released"), (Action::Drop, "dropped")] {
+                    let n = Entry::name_for(id, a, None);
+                    if self.log.has(&n) {
+                        return Err(Error::new(
+                            Exit::DataErr,
+                            format!("message {id} was {done} already (log entry {n})"),
+                        ));
+                    }
+                }
+                return Err(Error::new(
+                    Exit::NoInput,
+                    format!("no held message {id}; see 'lw-mediate held'"),
+                ));
+            }
+            Inspected::Bad(why, _) => return Err(Error::data(format!("held message {id} {why}"))),
+        };
+        let sender = m.from.clone();
+        let existing = |a: Action| {
+            let n = Entry::name_for(id, a, None);
+            if self.log.has(&n) {
+                self.log.read(OsStr::new(&n)).ok()
+            } else {
+                None
+            }
+        };
+        let mut entries = Vec::new();
+        if let Some(e) = existing(Action::Drop) {
+            entries.push(e);
+        } else if let Some(e) = existing(Action::Release) {
+            entries.push(e);
+            entries.extend(existing(Action::Bounce));
+        } else if let Some(reason) = drop_reason {
+            let d = Decision {
+                quiet: false,
+                action: Action::Drop,
+                to: vec![],
+                reason: reason.to_string(),
+            };
+            let mut e = self.entry(&m, &sender, d);
+            e.name = Entry::name_for(id, Action::Drop, None);
+            entries.push(e);
+        } else {
+            let (main, unknown, why) = self.route(&m, &sender, true);
+            if !unknown.is_empty() && existing(Action::Bounce).is_none() {
+                let d = Decision {
+                    quiet: false,
+                    action: Action::Bounce,
+                    to: unknown.clone(),
+                    reason: format!(
+                        "released, but cannot deliver to {}: {why}; a bounce went back to {sender}",
+                        unknown.join(", ")
+                    ),
+                };
+                entries.push(self.entry(&m, &sender, d));
+            }
+            let mut d = main.unwrap_or(Decision {
+                quiet: false,
+                action: Action::Release,
+                to: vec![],
+                reason: String::new(),
+            });
+            d.action = Action::Release;
+            d.reason = format!(
+                "released by an operator; {}",
+                if d.reason.is_empty() {
+                    "no recipient is left".into()
+                } else {
+                    d.reason
+                }
+            );
+            entries.push(self.entry(&m, &sender, d));
+        }
+        let refs: Vec<&Entry> = entries.iter().collect();
+        self.log_entries(boxes, &refs, out)?;
+        let mut g = Group::with_sync(self.sync);
+        for e in &entries {
+            self.stage_deliveries(boxes, &mut g, e, &m)?;
+        }
+        g.commit(&boxes.list)?;
+        let held = &boxes.list[HELD];
+        group::move_noreplace(&held.new, OsStr::new(id), &held.cur, OsStr::new(id))
+            .map_err(|e| Error::io("cannot move", &held.path.join("new").join(id), errno_io(e)))?;
+        held.fsync_cur()?;
+        Ok(entries
+            .pop()
+            .expect("a release or drop logs at least one entry"))
+    }
+
+    /// Releases a held message to the recipients its route names now.
+    pub fn release(&mut self, id: &str, out: &mut dyn Write) -> Result<Entry> {
+        let _routes = lock_routes(&self.root)?;
+        self.refresh_registry()?;
+        let mut boxes = self.open_boxes()?;
+        self.release_or_drop(&mut boxes, id, None, out)
+    }
+
+    /// Drops a held message: logged, moved to `held/cur/`, never deleted.
+    pub fn drop_held(&mut self, id: &str, reason: &str, out: &mut dyn Write) -> Result<Entry> {
+        let _routes = lock_routes(&self.root)?;
+        let mut boxes = self.open_boxes()?;
+        let why = format!("dropped by an operator: {reason}");
+        self.release_or_drop(&mut boxes, id, Some(&why), out)
+    }
+
+    /// Records receipts: a message in a recipient's `inbox/cur/` was acked.
+    /// An inbox whose `cur/` did not change since the last look is skipped,
+    /// and names are streamed, so memory does not grow with the inbox.
+    pub(super) fn take_receipts(&mut self, boxes: &mut Boxes, out: &mut dyn Write) -> Result<()> {
+        let mut names: Vec<String> = self.known.keys().cloned().collect();
+        names.sort();
+        let now_ns = crate::time::now().as_nanos() as i128;
+        for r in names {
+            let rel = Path::new("sandboxes").join(&r).join("inbox").join("cur");
+            let Ok(fd) = open_dir_at(Some(&self.rootfd), &rel) else {
+                continue;
+            };
+            let Ok(st) = rfs::fstat(&fd) else { continue };
+            let mtime = st.st_mtime as i128 * 1_000_000_000 + st.st_mtime_nsec as i128;
+            // A change within the file system's timestamp granularity of the
+            // last look could hide behind an equal mtime: look again then.
+            if self.memory.receipts.get(&r) == Some(&mtime) && now_ns - mtime > 2_000_000_000 {
+                continue;
+            }
+            let mut g = Group::with_sync(self.sync);
+            let mut pending: Vec<Entry> = Vec::new();
+            let dir = rfs::Dir::read_from(&fd)
+                .map_err(|e| Error::io("cannot read", &self.root.dir.join(&rel), errno_io(e)))?;
+            for ent in dir {
+                let Ok(ent) = ent else { break };
+                let Ok(id) = ent.file_name().to_str() else {
+                    continue;
+                };
+                if !crate::id::is_valid(id) {
+                    continue;
+                }
+                let rname = Entry::name_for(id, Action::Read, Some(&r));
+                if self.log.has(&rname) {
+                    continue;
+                }
+                let routed = [Action::Forward, Action::Release]
+                    .into_iter()
+                    .find_map(|a| {
+                        let n = Entry::name_for(id, a, None);
+                        self.log
+                            .read(OsStr::new(&n))
+                            .ok()
+                            .filter(|e| e.decision.to.contains(&r))
+                    });
+                let Some(src) = routed else { continue };
+                let e = Entry {
+                    version: LOG_VERSION,
+                    name: rname,
+                    logged: crate::time::rfc3339(crate::time::now()),
+                    message_id: id.to_string(),
+                    sender: src.sender.clone(),
+                    message: None,
+                    decision: Decision {
+                        quiet: false,
+                        action: Action::Read,
+                        to: vec![r.clone()],
+                        reason: format!("{r} acked it (moved it to inbox/cur)"),
+                    },
+                };
+                if g.stage(&boxes.list, LOG, &e.name, &e.to_bytes())? {
+                    pending.push(e);
+                }
+                if pending.len() >= self.batch {
+                    g.commit(&boxes.list)?;
+                    for e in pending.drain(..) {
+                        self.count(&e);
+                        self.print(out, &e)?;
+                    }
+                }
+            }
+            g.commit(&boxes.list)?;
+            for e in pending.drain(..) {
+                self.count(&e);
+                self.print(out, &e)?;
+            }
+            self.memory.receipts.insert(r, mtime);
+            self.memory_dirty = true;
+        }
+        Ok(())
+    }
+}
