@@ -19,7 +19,7 @@
 use std::sync::Arc;
 
 use rmcp::RoleServer;
-use rmcp::model::ClientJsonRpcMessage;
+use rmcp::model::{CallToolRequestParams, ClientJsonRpcMessage, ClientRequest};
 use rmcp::service::TxJsonRpcMessage;
 use rmcp::transport::Transport;
 use serde_json::{Value, json};
@@ -271,6 +271,30 @@ pub fn classify(raw: &[u8]) -> Line {
         ));
     }
     match serde_json::from_value::<ClientJsonRpcMessage>(v.clone()) {
+        // rmcp falls back to a custom request when a known method's params
+        // do not decode; that is -32602, not an unknown method.
+        Ok(ClientJsonRpcMessage::Request(r))
+            if matches!(&r.request,
+            ClientRequest::CustomRequest(c) if CLIENT_METHODS.contains(&c.method.as_str())) =>
+        {
+            let m = method.and_then(Value::as_str).unwrap_or_default();
+            let why = match m {
+                "tools/call" => serde_json::from_value::<CallToolRequestParams>(
+                    obj.get("params").cloned().unwrap_or_default(),
+                )
+                .err()
+                .map_or_else(
+                    || "they do not match the method".to_string(),
+                    |e| e.to_string(),
+                ),
+                _ => "they do not match the method".to_string(),
+            };
+            Line::Reply(error_reply(
+                json!(r.id),
+                INVALID_PARAMS,
+                format!("invalid params for {m}: {why}"),
+            ))
+        }
         Ok(m) => Line::Message(Box::new(m)),
         Err(e) => match (method.and_then(Value::as_str), id) {
             // A notification is never answered, even a broken one.
