@@ -109,7 +109,9 @@ async def posts(session, opts, out):
     await session.initialize()
     ids, lat = [], []
     out["ids"], out["latency_ms"] = ids, lat
-    for i in range(opts.count):
+    for i in range(opts.start, opts.start + opts.count):
+        if opts.progress:
+            print(f"sent {i}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         try:
             r = await session.call_tool(
@@ -126,7 +128,34 @@ async def posts(session, opts, out):
         if opts.progress:
             # One line per received result, flushed: a killer reading this
             # knows exactly which results reached the client.
-            print(structured(r)["id"], file=sys.stderr, flush=True)
+            print(f"got {i} {structured(r)['id']}", file=sys.stderr, flush=True)
+
+
+async def killposts(params, opts, out):
+    """Posts --count messages, starting a new server whenever the one in use
+    dies (the test kills it); an unanswered post is never sent again."""
+    i, end = opts.start, opts.start + opts.count
+    out["sessions"] = 0
+    while i < end:
+        out["sessions"] += 1
+        try:
+            async with stdio_client(params) as (r, w):
+                async with ClientSession(r, w) as session:
+                    await session.initialize()
+                    while i < end:
+                        print(f"sent {i}", file=sys.stderr, flush=True)
+                        i += 1
+                        res = await session.call_tool(
+                            "post",
+                            {"kind": "status", "subject": f"{opts.tag} {i - 1}"},
+                            read_timeout_seconds=30,
+                        )
+                        if res.is_error:
+                            out.setdefault("refused", []).append(text(res))
+                            continue
+                        print(f"got {i - 1} {structured(res)['id']}", file=sys.stderr, flush=True)
+        except Exception:
+            continue
 
 
 async def wake(session, opts, out):
@@ -154,10 +183,11 @@ async def wake(session, opts, out):
 
 async def main():
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["flow", "posts", "wake"])
+    p.add_argument("scenario", choices=["flow", "posts", "wake", "killposts"])
     p.add_argument("--hook", default="true")
     p.add_argument("--peer", default="mediator")
     p.add_argument("--count", type=int, default=1)
+    p.add_argument("--start", type=int, default=0)
     p.add_argument("--tag", default="post")
     p.add_argument("--inbox", default="")
     p.add_argument("--progress", action="store_true")
@@ -169,6 +199,10 @@ async def main():
     server = argv[cut + 1 :]
     params = StdioServerParameters(command=server[0], args=server[1:], env=dict(os.environ))
     out = {}
+    if opts.scenario == "killposts":
+        await killposts(params, opts, out)
+        print(json.dumps(out), flush=True)
+        return
     try:
         async with stdio_client(params) as (r, w):
             async with ClientSession(r, w) as session:
