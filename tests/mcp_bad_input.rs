@@ -339,3 +339,75 @@ fn a_vanished_mailbox_is_a_refusal_that_names_it_and_writes_nothing() {
     let (status, _) = s.close(Duration::from_secs(5));
     assert_eq!(status, Some(0));
 }
+
+fn deliver(root: &Root, to: &str, subject: &str) -> String {
+    let m = loopwright::message::Message::compose(
+        "web",
+        vec![to.into()],
+        loopwright::message::Kind::Request,
+        subject.into(),
+        String::new(),
+        vec![],
+        None,
+    )
+    .expect("valid");
+    loopwright::layout::SandboxBox::new(root.mailbox(to))
+        .inbox()
+        .deliver_message(&m)
+        .expect("deliver");
+    m.id
+}
+
+fn ids(r: &Value) -> Vec<String> {
+    r["result"]["structuredContent"]["messages"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .filter_map(|m| m["id"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn wait_returns_what_arrived_between_inbox_and_wait_and_nothing_twice() {
+    let root = Root::new("between");
+    root.register("api", "lw/api", &[]);
+    let mut s = Session::start(&root, "api");
+    let a = deliver(&root, "api", "first");
+    // The first wait of a session returns what is unread already.
+    assert_eq!(ids(&s.call(1, "wait", json!({"timeout": 5}))), [a.clone()]);
+    // Listed by inbox (or returned by wait): not returned again.
+    let b = deliver(&root, "api", "second");
+    assert_eq!(ids(&s.call(2, "inbox", json!({}))), [a.clone(), b.clone()]);
+    // Delivered after the listing and before the wait: returned at once.
+    let c = deliver(&root, "api", "third");
+    let t0 = Instant::now();
+    assert_eq!(ids(&s.call(3, "wait", json!({"timeout": 5}))), [c]);
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    // Nothing new: the wait times out, and kinds filter.
+    let r = s.call(4, "wait", json!({"timeout": 0.2}));
+    assert_eq!(r["result"]["structuredContent"]["timed_out"], true, "{r}");
+    let status = loopwright::message::Message::compose(
+        "web",
+        vec!["api".into()],
+        loopwright::message::Kind::Status,
+        "news".into(),
+        String::new(),
+        vec![],
+        None,
+    )
+    .expect("valid");
+    loopwright::layout::SandboxBox::new(root.mailbox("api"))
+        .inbox()
+        .deliver_message(&status)
+        .expect("deliver");
+    let r = s.call(5, "wait", json!({"timeout": 0.3, "kinds": ["request"]}));
+    assert_eq!(r["result"]["structuredContent"]["timed_out"], true, "{r}");
+    assert_eq!(
+        ids(&s.call(6, "wait", json!({"timeout": 5, "kinds": ["status"]}))),
+        [status.id]
+    );
+    let (code, _) = s.close(Duration::from_secs(5));
+    assert_eq!(code, Some(0));
+}

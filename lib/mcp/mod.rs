@@ -3,7 +3,7 @@
 //! Each tool is one mailbox operation of mailbox-spec.md, done by the same
 //! library code as the commands: `post` is lw-post (lib/post.rs), `inbox`,
 //! `show` and `ack` are lw-inbox (lib/inbox.rs), `wait` is lw-inbox --wait
-//! for messages that arrive during the call (wait.rs), `whoami` reads the
+//! for messages this session has not been shown yet (wait.rs), `whoami` reads the
 //! registry that lw-sandbox mounts read-only into the sandbox.
 //!
 //! Two kinds of failure, as MCP separates them: a request that cannot be
@@ -21,7 +21,8 @@ pub mod stdio;
 pub mod tools;
 pub mod wait;
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -86,6 +87,8 @@ pub struct Door {
     registry: Option<PathBuf>,
     rate: Option<Rate>,
     posts: Mutex<VecDeque<Instant>>,
+    /// Names in `inbox/new/` this session has shown the client (see wait.rs).
+    reported: Mutex<HashSet<OsString>>,
     closed: watch::Receiver<bool>,
 }
 
@@ -106,6 +109,7 @@ impl Door {
             registry,
             rate,
             posts: Mutex::new(VecDeque::new()),
+            reported: Mutex::new(HashSet::new()),
             closed,
         }
     }
@@ -207,11 +211,16 @@ impl Door {
             for e in entries {
                 let name = e.display_name();
                 match e.found {
-                    Found::Message(m) => messages.push(json!({
+                    Found::Message(m) => {
+                        if sub == Sub::New {
+                            self.report(e.name);
+                        }
+                        messages.push(json!({
                         "id": m.id, "from": m.from, "kind": m.kind, "subject": m.subject,
                         "created": m.created, "in_reply_to": m.in_reply_to,
                         "state": crate::inbox::state(sub),
-                    })),
+                        }));
+                    }
                     Found::Gone => {}
                     Found::Bad(r) => bad.push(json!({"name": name, "reason": r})),
                     Found::NotFile(w) => bad.push(json!({"name": name,
@@ -228,7 +237,10 @@ impl Door {
 
     fn show(&self, a: tools::IdArgs) -> CallToolResult {
         match crate::inbox::find(&self.boxdir().inbox(), &a.id) {
-            Ok((m, state)) => ok(message_json(&m, state)),
+            Ok((m, state)) => {
+                self.report(OsString::from(&m.id));
+                ok(message_json(&m, state))
+            }
             Err(e) => refusal(with_fix(&e)),
         }
     }
@@ -283,7 +295,7 @@ impl Door {
         };
         let inbox = self.boxdir().inbox();
         let timeout = Duration::from_secs_f64(a.timeout);
-        match wait::wait(&inbox, &kinds, timeout, stop).await {
+        match wait::wait(&inbox, &kinds, timeout, &self.reported, stop).await {
             Ok(wait::Waited::Arrived(ms)) => {
                 let ms: Vec<Value> = ms.iter().map(|m| message_json(m, "new")).collect();
                 ok(json!({"messages": ms, "timed_out": false}))
@@ -336,6 +348,14 @@ impl Door {
             Err(e) => v["registry"] = format!("cannot read the registry: {e}").into(),
         }
         ok(v)
+    }
+
+    /// Records that the client has been shown message `name`.
+    fn report(&self, name: OsString) {
+        self.reported
+            .lock()
+            .expect("the reported set is never poisoned because nothing panics holding it")
+            .insert(name);
     }
 
     /// The mailbox is there; else a refusal text that says what to do.

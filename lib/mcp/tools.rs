@@ -149,10 +149,11 @@ pub fn specs(kinds: &[&str]) -> Vec<Spec> {
         Spec {
             name: "wait",
             title: "Wait for messages",
-            description: "Block until messages are delivered to this sandbox, then return them (with bodies). \
-                 Only messages that arrive during the call count: call inbox first for what is already \
-                 there. Returns an empty list with timed_out=true when none came within timeout seconds. \
-                 Cancelling the call stops the wait.",
+            description: "Block until there are unread messages this session has not seen yet (not listed \
+                 by inbox, shown, or returned by an earlier wait), then return them with their bodies; \
+                 returns at once when there already are some. Returns an empty list with timed_out=true \
+                 when none came within timeout seconds. Cancelling the call stops the wait. Ack what you \
+                 have handled.",
             read_only: true,
             schema: json!({
                 "type": "object",

@@ -2,14 +2,18 @@
 //! driven by the tokio reactor (no polling), and stop at once when the
 //! client cancels the call or goes away.
 //!
-//! The watch is set before the inbox is first looked at, so a delivery
-//! between the two is seen.  What counts is what `new/` and `cur/` held when
-//! the call began: a message is "delivered meanwhile" when its name was in
-//! neither then.  The directory is the truth; events only say when to look.
+//! What counts is an unread message (in `new/`) that this session has not
+//! reported yet, by `inbox`, `show` or an earlier `wait`.  So a message
+//! delivered between an agent's `inbox` and its `wait` is returned at once
+//! instead of falling between the two calls, and the same message is never
+//! returned twice.  The watch is set before `new/` is first looked at, so a
+//! delivery between the two is seen.  The directory is the truth; events
+//! only say when to look.
 
 use std::collections::HashSet;
 use std::ffi::OsString;
 use std::os::fd::OwnedFd;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rustix::fs::inotify;
@@ -29,12 +33,14 @@ pub enum Waited {
     Stopped,
 }
 
-/// Waits up to `timeout` for messages of `kinds` (any kind when empty) that
-/// were not in `inbox` when the call began; `stop` ends the wait early.
+/// Waits up to `timeout` for unread messages of `kinds` (any kind when
+/// empty) whose names are not in `reported`, and adds the names it returns;
+/// `stop` ends the wait early.
 pub async fn wait(
     inbox: &Maildir,
     kinds: &[Kind],
     timeout: Duration,
+    reported: &Mutex<HashSet<OsString>>,
     stop: impl Future<Output = ()>,
 ) -> Result<Waited> {
     let dir = inbox.sub(Sub::New);
@@ -53,12 +59,12 @@ pub async fn wait(
     // from as_raw_fd until it is dropped, which happens with the AsyncFd.
     let fd = unsafe { AsyncFd::register_with_interest(ino, tokio::io::Interest::READABLE) }
         .map_err(|e| Error::io("cannot watch", &dir, e.into()))?;
-    let mut seen: HashSet<OsString> = inbox.names(Sub::New)?.into_iter().collect();
-    seen.extend(inbox.names(Sub::Cur)?);
+    // Entries this call passed over: unreadable, or of other kinds.
+    let mut skip = HashSet::new();
     let deadline = tokio::time::Instant::from_std(Instant::now() + timeout);
     let mut stop = std::pin::pin!(stop);
     loop {
-        let arrived = fresh(inbox, &mut seen, kinds)?;
+        let arrived = fresh(inbox, reported, &mut skip, kinds)?;
         if !arrived.is_empty() {
             return Ok(Waited::Arrived(arrived));
         }
@@ -97,27 +103,34 @@ fn drain(ino: &OwnedFd) -> bool {
     gone
 }
 
-/// The readable messages in `new/` not in `seen`, of `kinds`; each name
-/// looked at is added to `seen` (a bad file is reported by `inbox`, not
-/// looked at again here).
-fn fresh(inbox: &Maildir, seen: &mut HashSet<OsString>, kinds: &[Kind]) -> Result<Vec<Message>> {
+/// The readable messages of `kinds` in `new/` whose names are neither
+/// reported nor skipped; they become reported, the others skipped.
+fn fresh(
+    inbox: &Maildir,
+    reported: &Mutex<HashSet<OsString>>,
+    skip: &mut HashSet<OsString>,
+    kinds: &[Kind],
+) -> Result<Vec<Message>> {
+    let names = inbox.names(Sub::New)?;
+    let mut reported = reported
+        .lock()
+        .expect("the reported set is never poisoned because nothing panics holding it");
     let mut out = Vec::new();
-    for name in inbox.names(Sub::New)? {
-        if seen.contains(&name) {
+    for name in names {
+        if reported.contains(&name) || skip.contains(&name) {
             continue;
         }
         match inbox.read(Sub::New, &name) {
-            // Not yet readable whole cannot happen (delivery renames a
-            // complete file), but a racing ack can make it vanish.
-            Found::Gone => continue,
-            Found::Message(m) => {
-                if kinds.is_empty() || kinds.contains(&m.kind) {
-                    out.push(m);
-                }
+            // Acknowledged (moved to cur/) since it was listed.
+            Found::Gone => {}
+            Found::Message(m) if kinds.is_empty() || kinds.contains(&m.kind) => {
+                out.push(m);
+                reported.insert(name);
             }
-            Found::Bad(_) | Found::NotFile(_) => {}
+            Found::Message(_) | Found::Bad(_) | Found::NotFile(_) => {
+                skip.insert(name);
+            }
         }
-        seen.insert(name);
     }
     Ok(out)
 }

@@ -15,6 +15,11 @@ what is right.  Scenarios:
   wake    --count N rounds of: wait, then --hook delivers; prints for each
           the time from the file's arrival in inbox/new (--inbox DIR, its
           ctime) to the result reaching the client.
+  killposts  like posts, but starts a new server whenever the one in use
+          dies (the test kills it with SIGKILL).
+  latency --count N posts through the tool and N runs of --lw-post BIN as a
+          process, alternating rounds of 20; prints each call's time.
+  idle    initialize, tools/list, whoami, one second idle: the server's RSS.
 """
 
 import argparse
@@ -170,7 +175,7 @@ async def wake(session, opts, out):
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(waiter)
-            await anyio.sleep(0.15)
+            await anyio.sleep(0.5)  # the wait is blocking in the server by then
             await anyio.run_process(opts.hook, check=True)
         msgs = got["r"].get("ok", {}).get("messages", [])
         if not msgs:
@@ -181,9 +186,58 @@ async def wake(session, opts, out):
         await call(session, "ack", {"id": msgs[0]["id"]})
 
 
+async def latency(session, opts, out):
+    """--count posts through the tool and --count runs of lw-post (--lw-post
+    BIN, same mailbox) as a process, in alternating rounds of 20."""
+    await session.initialize()
+    mcp_ms, proc_ms = [], []
+    env = dict(os.environ)
+    for r in range(0, opts.count, 20):
+        for i in range(r, min(r + 20, opts.count)):
+            t0 = time.perf_counter()
+            res = await session.call_tool("post", {"kind": "status", "subject": f"mcp {i}", "body": "x"})
+            mcp_ms.append((time.perf_counter() - t0) * 1e3)
+            assert not res.is_error, text(res)
+        for i in range(r, min(r + 20, opts.count)):
+            t0 = time.perf_counter()
+            p = await anyio.run_process(
+                [opts.lw_post, "-k", "status", "-s", f"proc {i}", "x"], env=env, check=True
+            )
+            proc_ms.append((time.perf_counter() - t0) * 1e3)
+    out["mcp_ms"], out["proc_ms"] = mcp_ms, proc_ms
+
+
+def child_pid():
+    me = str(os.getpid())
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{d}/stat").read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        ppid = stat[stat.rindex(")") + 2 :].split()[1]
+        if ppid == me and name == "lw-mcp":
+            return int(d)
+    return None
+
+
+async def idle(session, opts, out):
+    await session.initialize()
+    await session.list_tools()
+    await call(session, "whoami", {})
+    await anyio.sleep(1.0)
+    pid = child_pid()
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith(("VmRSS:", "VmHWM:")):
+            out[line.split(":")[0]] = int(line.split()[1])
+
+
 async def main():
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["flow", "posts", "wake", "killposts"])
+    p.add_argument("scenario", choices=["flow", "posts", "wake", "killposts", "latency", "idle"])
+    p.add_argument("--lw-post", default="lw-post")
     p.add_argument("--hook", default="true")
     p.add_argument("--peer", default="mediator")
     p.add_argument("--count", type=int, default=1)
@@ -206,7 +260,8 @@ async def main():
     try:
         async with stdio_client(params) as (r, w):
             async with ClientSession(r, w) as session:
-                await {"flow": flow, "posts": posts, "wake": wake}[opts.scenario](session, opts, out)
+                scenarios = {"flow": flow, "posts": posts, "wake": wake, "latency": latency, "idle": idle}
+                await scenarios[opts.scenario](session, opts, out)
     except Exception as e:
         import traceback
 
