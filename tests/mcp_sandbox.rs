@@ -109,6 +109,13 @@ fn python_sdk_drives_lw_mcp_inside_a_sandbox_over_docker_exec() {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(boxdir.join("outbox/cur").join(id)).expect("posted file");
     assert_eq!(meta.uid(), 1000);
+    // The registry is there to read, not to write.
+    let w = Command::new("docker")
+        .args(["exec", &container, "sh", "-c"])
+        .arg("echo '{}' > /lw/registry/m.json || exit 3; exit 0")
+        .output()
+        .expect("docker runs");
+    assert_eq!(w.status.code(), Some(3), "the registry is writable inside");
     println!(
         "lw-mcp in sandbox m over docker exec -i: whoami from /lw/registry, 2 posts delivered, wait woken by lw-mediate, ack; sandbox made in {made:?}, whole test {:?}",
         t0.elapsed()
