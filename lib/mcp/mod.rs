@@ -28,9 +28,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
-    ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CustomRequest,
+    CustomResult, ErrorCode, Implementation, ListToolsResult, PaginatedRequestParams,
+    ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -404,7 +404,7 @@ fn with_fix(e: &Error) -> String {
         "use one of the kinds listed"
     } else if msg.starts_with("recipient") || msg.starts_with("to has") {
         "name recipients as whoami lists its peers, or mediator or human"
-    } else if msg.starts_with("ref") || msg.starts_with("refs") {
+    } else if msg.starts_with("ref") {
         "give at most 64 refs, each a path or contract name of 1 to 1024 bytes on one line"
     } else if msg.starts_with("in_reply_to") || msg.contains("is not a message id") {
         "use a message id exactly as inbox or wait returned it"
@@ -474,6 +474,21 @@ impl ServerHandler for Door {
             })
             .collect();
         Ok(ListToolsResult::with_all_items(tools))
+    }
+
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, ErrorData> {
+        Err(ErrorData::new(
+            ErrorCode::METHOD_NOT_FOUND,
+            format!(
+                "method not found: {}; lw-mcp serves initialize, ping, tools/list and tools/call",
+                crate::visible::visible(&request.method)
+            ),
+            None,
+        ))
     }
 
     async fn call_tool(

@@ -307,7 +307,9 @@ pub fn classify(raw: &[u8]) -> Line {
             (Some(m), Some(id)) => Line::Reply(error_reply(
                 id,
                 METHOD_NOT_FOUND,
-                format!("method not found: {m}"),
+                format!(
+                    "method not found: {m}; lw-mcp serves initialize, ping, tools/list and tools/call"
+                ),
             )),
             // A response to a request this server never sent.
             (None, Some(_)) if obj.contains_key("result") || obj.contains_key("error") => {
