@@ -22,10 +22,15 @@ struct Session {
 
 impl Session {
     fn start(root: &Root, name: &str) -> Session {
+        Session::start_with(root, name, &[])
+    }
+
+    fn start_with(root: &Root, name: &str, env: &[(&str, &str)]) -> Session {
         let mut c = Command::new(bin("lw-mcp"));
         for (k, v) in root.env(name) {
             c.env(k, v);
         }
+        c.envs(env.iter().copied());
         let mut child = c
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -408,6 +413,32 @@ fn wait_returns_what_arrived_between_inbox_and_wait_and_nothing_twice() {
         ids(&s.call(6, "wait", json!({"timeout": 5, "kinds": ["status"]}))),
         [status.id]
     );
+    let (code, _) = s.close(Duration::from_secs(5));
+    assert_eq!(code, Some(0));
+}
+
+#[test]
+fn posts_beyond_the_rate_are_refused_with_the_wait_to_come() {
+    let root = Root::new("rate");
+    root.register("api", "lw/api", &[]);
+    let mut s = Session::start_with(&root, "api", &[("LW_MCP_RATE", "2/1h")]);
+    for id in [1, 2] {
+        let r = s.call(
+            id,
+            "post",
+            json!({"kind":"status","subject":format!("n{id}")}),
+        );
+        assert_eq!(r["result"]["isError"], false, "{r}");
+    }
+    let r = s.call(3, "post", json!({"kind":"status","subject":"n3"}));
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    assert!(
+        text(&r).starts_with("rate limit: this session posted 2 messages in the last 3600s")
+            && text(&r).contains("Fix: wait"),
+        "{}",
+        text(&r)
+    );
+    assert_eq!(ls(&root.mailbox("api").join("outbox/new")).len(), 2);
     let (code, _) = s.close(Duration::from_secs(5));
     assert_eq!(code, Some(0));
 }

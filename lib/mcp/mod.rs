@@ -520,3 +520,51 @@ impl ServerHandler for Door {
         Ok(r.into())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_parse_and_limit() {
+        assert_eq!(Rate::parse("off"), Ok(None));
+        assert_eq!(
+            Rate::parse("3/10s"),
+            Ok(Some(Rate {
+                count: 3,
+                window: Duration::from_secs(10)
+            }))
+        );
+        for bad in ["", "3", "0/1m", "x/1m", "3/soon"] {
+            assert!(Rate::parse(bad).is_err(), "{bad}");
+        }
+        let (_tx, rx) = watch::channel(false);
+        let door = Door::new(
+            PathBuf::from("/nonexistent"),
+            "api".into(),
+            None,
+            None,
+            Rate::parse("2/1h").expect("valid"),
+            rx,
+        );
+        assert!(door.admit().is_ok() && door.admit().is_ok());
+        let left = door
+            .admit()
+            .expect_err("the third post in the hour is refused");
+        assert!(left > Duration::from_secs(3500), "{left:?}");
+        door.unadmit();
+        assert!(door.admit().is_ok(), "a post given back frees its place");
+    }
+
+    #[test]
+    fn refusals_name_the_fix() {
+        let e = crate::post::postable_kind("bounce").expect_err("bounce is the mediator's");
+        let t = with_fix(&e);
+        assert!(
+            t.starts_with("unknown kind 'bounce'") && t.contains(". Fix: "),
+            "{t}"
+        );
+        let e = Error::new(Exit::CantCreat, "mailbox '/x' is not a directory");
+        assert!(with_fix(&e).contains("operator"), "{}", with_fix(&e));
+    }
+}
