@@ -137,8 +137,7 @@ fn python_sdk_posts_waits_and_acks_through_the_mediator() {
         "{receipts:?}"
     );
     println!(
-        "python sdk flow ({}, protocol {}): 6 tools, 2 posts delivered, 3 refusals, wait woke, acked; {:.1}s",
-        "mcp",
+        "python sdk flow (protocol {}): 6 tools, 2 posts delivered, 3 refusals, wait woke, acked; {:.1}s",
         r["protocol"],
         t0.elapsed().as_secs_f64()
     );

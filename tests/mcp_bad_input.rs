@@ -381,7 +381,10 @@ fn wait_returns_what_arrived_between_inbox_and_wait_and_nothing_twice() {
     let mut s = Session::start(&root, "api");
     let a = deliver(&root, "api", "first");
     // The first wait of a session returns what is unread already.
-    assert_eq!(ids(&s.call(1, "wait", json!({"timeout": 5}))), [a.clone()]);
+    assert_eq!(
+        ids(&s.call(1, "wait", json!({"timeout": 5}))),
+        vec![a.clone()]
+    );
     // Listed by inbox (or returned by wait): not returned again.
     let b = deliver(&root, "api", "second");
     assert_eq!(ids(&s.call(2, "inbox", json!({}))), [a.clone(), b.clone()]);

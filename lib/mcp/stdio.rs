@@ -336,8 +336,8 @@ fn peek_id(head: &[u8]) -> Value {
         return Value::Null;
     };
     let rest = rest.trim_start();
-    let end = if rest.starts_with('"') {
-        rest[1..].find('"').map(|i| i + 2)
+    let end = if let Some(quoted) = rest.strip_prefix('"') {
+        quoted.find('"').map(|i| i + 2)
     } else {
         rest.find(|c: char| !(c.is_ascii_digit() || c == '-'))
     };
