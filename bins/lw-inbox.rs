@@ -10,18 +10,17 @@
 //! arrives; it never polls.
 
 use loopwright::visible::{visible, visible_line};
-use std::ffi::OsStr;
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use loopwright::cli;
 use loopwright::layout::SandboxBox;
 use loopwright::maildir::{Entry, Found, Maildir, Sub};
 use loopwright::message::Message;
 use loopwright::{Error, Exit, Result};
+use loopwright::{cli, inbox};
 
 /// List, show and acknowledge the messages delivered to this sandbox.
 #[derive(Parser, Debug)]
@@ -103,12 +102,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
                 };
                 // Wait for a readable message, not for any entry: a planted
                 // bad file must not turn a waiting agent into a busy loop.
-                let arrived = inbox.wait_until(timeout, || {
-                    Ok(inbox
-                        .names(Sub::New)?
-                        .iter()
-                        .any(|n| matches!(inbox.read(Sub::New, n), Found::Message(_))))
-                })?;
+                let arrived = inbox.wait_until(timeout, || inbox::has_message(&inbox))?;
                 if !arrived {
                     return Err(Error::new(
                         Exit::TempFail,
@@ -123,21 +117,14 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             Ok(Exit::Ok)
         }
         Cmd::Show { id } => {
-            let m = find(&inbox, &id)?;
+            let m = inbox::find(&inbox, &id)?;
             show(&m.0, m.1, args.json, out)?;
             Ok(Exit::Ok)
         }
         Cmd::Ack { ids } => {
             let ids = if ids == ["-"] { read_ids()? } else { ids };
             for id in ids {
-                check_id(&id)?;
-                let claimed = inbox.claim(OsStr::new(&id))?;
-                if !claimed && !inbox.sub(Sub::Cur).join(&id).exists() {
-                    return Err(Error::new(
-                        Exit::NoInput,
-                        format!("no message '{id}' in '{}'", inbox.path.display()),
-                    ));
-                }
+                let claimed = inbox::ack(&inbox, &id)?;
                 let line = if args.json {
                     serde_json::json!({"type": "acked", "id": id, "already": !claimed}).to_string()
                 } else {
@@ -201,39 +188,6 @@ fn report_bad(
         writeln!(out, "{v}").map_err(cli::out_err)?;
     }
     Ok(())
-}
-
-fn check_id(id: &str) -> Result<()> {
-    if loopwright::id::is_valid(id) {
-        Ok(())
-    } else {
-        Err(Error::usage(format!(
-            "'{}' is not a message id (lw-inbox prints ids in its first column)",
-            id.escape_debug()
-        )))
-    }
-}
-
-fn find(inbox: &Maildir, id: &str) -> Result<(Message, &'static str)> {
-    check_id(id)?;
-    for (sub, state) in [(Sub::New, "new"), (Sub::Cur, "read")] {
-        match inbox.read(sub, OsStr::new(id)) {
-            Found::Message(m) => return Ok((m, state)),
-            Found::Gone => continue,
-            Found::Bad(r) => {
-                return Err(Error::data(format!("message '{id}' cannot be read: {r}")));
-            }
-            Found::NotFile(w) => {
-                return Err(Error::data(format!(
-                    "message '{id}' is a {w}, not a regular file"
-                )));
-            }
-        }
-    }
-    Err(Error::new(
-        Exit::NoInput,
-        format!("no message '{id}' in '{}'", inbox.path.display()),
-    ))
 }
 
 fn show(m: &Message, state: &str, json: bool, out: &mut dyn Write) -> Result<()> {

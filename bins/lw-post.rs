@@ -4,18 +4,17 @@
 //! when lw-post exits 0 the message is in `outbox/new/` and on disk (file and
 //! directory fsynced), and its id is on stdout.  On any error nothing is left
 //! in `new/` and nothing in `tmp/` (a SIGKILL may leave a `tmp/` file, which no
-//! reader ever looks at).  The delivery procedure is in lib/maildir.rs and
-//! mailbox-spec.md.
+//! reader ever looks at).  The delivery procedure is in lib/post.rs and
+//! lib/maildir.rs, shared with lw-mcp, and mailbox-spec.md.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use loopwright::cli;
-use loopwright::layout::{self, SandboxBox};
-use loopwright::message::{self, Kind, Message};
-use loopwright::{Error, Exit, Result};
+use loopwright::message;
+use loopwright::{Exit, Result};
+use loopwright::{cli, post};
 
 /// Post one message to the mediator (or named recipients) through the outbox.
 ///
@@ -67,74 +66,32 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
-    let kind = Kind::parse(&args.kind)
-        .filter(|k| k.postable())
-        .ok_or_else(|| {
-            let names: Vec<_> = message::KINDS
-                .iter()
-                .filter(|k| k.postable())
-                .map(|k| k.as_str())
-                .collect();
-            Error::data(format!(
-                "unknown kind '{}'; use one of: {}",
-                args.kind.escape_debug(),
-                names.join(", ")
-            ))
-        })?;
+    // The kind is checked before a body is read from standard input.
+    post::postable_kind(&args.kind)?;
     let body = match args.body.as_deref() {
         Some("-") => message::read_body(&mut std::io::stdin().lock())?,
         Some(b) => b.to_string(),
         None if !cli::stdin_is_tty() => message::read_body(&mut std::io::stdin().lock())?,
         None => String::new(),
     };
-    let from = match args.from.or_else(|| std::env::var("LW_SANDBOX").ok()) {
-        Some(f) => f,
-        None => {
-            let base = args
-                .mailbox
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or("");
-            if layout::valid_name(base) {
-                base.to_string()
-            } else {
-                "sandbox".to_string()
-            }
-        }
-    };
-    let to = if args.to.is_empty() {
-        vec![layout::MEDIATOR.to_string()]
-    } else {
-        args.to
-    };
-    let m = Message::compose(
-        &from,
-        to,
-        kind,
-        args.subject,
+    let from = post::sender(&args.mailbox, args.from);
+    let req = post::Request {
+        kind: args.kind,
+        subject: args.subject,
         body,
-        args.refs,
-        args.reply_to,
-    )?;
-    if !args.mailbox.is_dir() {
-        return Err(Error::new(
-            Exit::CantCreat,
-            format!(
-                "mailbox '{}' is not a directory; set LW_MAILBOX or --mailbox to the sandbox's mailbox",
-                args.mailbox.display()
-            ),
-        ));
-    }
-    let path = SandboxBox::new(&args.mailbox)
-        .outbox()
-        .deliver_message(&m)?;
+        to: args.to,
+        refs: args.refs,
+        in_reply_to: args.reply_to,
+    };
+    let posted = post::post(&args.mailbox, &from, req)?;
+    let m = posted.message;
     let line = if args.json {
         serde_json::json!({
             "type": "posted",
             "id": m.id,
             "kind": m.kind,
             "to": m.to,
-            "path": path.to_string_lossy(),
+            "path": posted.path.to_string_lossy(),
         })
         .to_string()
     } else {

@@ -111,7 +111,7 @@ fn posture_from_inside_and_from_the_host_has_no_deviation() {
     mounts.sort();
     checks.push((
         "host mounts",
-        "/lw/mailbox true,/lw/mirror false,/usr/local/bin/lw-inbox false,/usr/local/bin/lw-post false,/work true".into(),
+        "/lw/mailbox true,/lw/mirror false,/lw/registry false,/usr/local/bin/lw-inbox false,/usr/local/bin/lw-mcp false,/usr/local/bin/lw-post false,/work true".into(),
         mounts.join(","),
     ));
 

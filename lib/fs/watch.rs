@@ -7,11 +7,11 @@
 //! which means the same: rescan.  Watches are set before the caller's first
 //! scan, so an arrival between the two is seen by one or the other.
 
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
@@ -32,10 +32,11 @@ pub enum Woke {
     Gone(PathBuf),
 }
 
-/// A set of watched directories.
+/// A set of watched directories.  Its descriptor (`AsRawFd`) becomes
+/// readable when an event is queued.
 pub struct Watcher {
     ino: OwnedFd,
-    dirs: RefCell<HashMap<i32, PathBuf>>,
+    dirs: Mutex<HashMap<i32, PathBuf>>,
 }
 
 impl Watcher {
@@ -43,7 +44,7 @@ impl Watcher {
         let ino = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK).map_err(errno_io)?;
         Ok(Watcher {
             ino,
-            dirs: RefCell::new(HashMap::new()),
+            dirs: Mutex::new(HashMap::new()),
         })
     }
 
@@ -60,7 +61,10 @@ impl Watcher {
             | WatchFlags::ONLYDIR
             | WatchFlags::DONT_FOLLOW;
         let wd = inotify::add_watch(&self.ino, dir, flags).map_err(errno_io)?;
-        self.dirs.borrow_mut().insert(wd, dir.to_path_buf());
+        self.dirs
+            .lock()
+            .expect("the watch list is never poisoned: nothing panics holding it")
+            .insert(wd, dir.to_path_buf());
         Ok(())
     }
 
@@ -107,6 +111,13 @@ impl Watcher {
         }
     }
 
+    /// Reads the events already queued, without blocking: `Changed` (or
+    /// `Overflow`, `Gone`) when there were any.  For callers that wait on the
+    /// watcher's descriptor in their own event loop (lw-mcp's `wait`).
+    pub fn take_events(&self) -> io::Result<Woke> {
+        self.drain()
+    }
+
     fn drain(&self) -> io::Result<Woke> {
         let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 8192];
         let mut reader = inotify::Reader::new(&self.ino, &mut buf);
@@ -120,7 +131,11 @@ impl Watcher {
                             woke = Woke::Overflow;
                         }
                     } else if flags.intersects(ReadFlags::DELETE_SELF | ReadFlags::MOVE_SELF) {
-                        let gone = self.dirs.borrow_mut().remove(&ev.wd());
+                        let gone = self
+                            .dirs
+                            .lock()
+                            .expect("the watch list is never poisoned: nothing panics holding it")
+                            .remove(&ev.wd());
                         if let Some(p) = gone {
                             woke = Woke::Gone(p);
                         }
@@ -130,6 +145,12 @@ impl Watcher {
                 Err(e) => return Err(errno_io(e)),
             }
         }
+    }
+}
+
+impl AsRawFd for Watcher {
+    fn as_raw_fd(&self) -> RawFd {
+        self.ino.as_raw_fd()
     }
 }
 

@@ -450,7 +450,7 @@ impl<'a> Sandboxes<'a> {
                 return Err(Error::new(
                     Exit::Unavailable,
                     format!(
-                        "'{}' is missing; install lw-post and lw-inbox beside lw-sandbox",
+                        "'{}' is missing; install lw-post, lw-inbox and lw-mcp beside lw-sandbox",
                         p.display()
                     ),
                 ));

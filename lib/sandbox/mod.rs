@@ -15,7 +15,8 @@
 //! | `/work/repo`                   | its clone, on its branch                  | rw   |
 //! | `/lw/mirror`                   | the project's bare mirror (lw-mirror)     | ro   |
 //! | `/lw/mailbox`                  | `ROOT/sandboxes/NAME` (`LW_MAILBOX`), nosuid,nodev,noexec | rw |
-//! | `/usr/local/bin/lw-{post,inbox}` | the static mailbox commands             | ro   |
+//! | `/lw/registry`                 | `ROOT/registry` (`LW_REGISTRY`)           | ro   |
+//! | `/usr/local/bin/lw-{post,inbox,mcp}` | the static mailbox commands         | ro   |
 //! | `/tmp`                         | tmpfs, noexec, nosuid, nodev              | rw   |
 //! | `/run/secrets`                 | tmpfs with its secrets, if any            | ro files |
 //!
@@ -91,6 +92,7 @@ pub const REPO: &str = "/work/repo";
 pub const HOME: &str = "/work/home";
 pub const MIRROR: &str = "/lw/mirror";
 pub const MAILBOX: &str = "/lw/mailbox";
+pub const REGISTRY: &str = "/lw/registry";
 pub const BIN_DIR: &str = "/usr/local/bin";
 
 /// Defaults, each overridable in `.loopwright/config`.
@@ -916,8 +918,8 @@ pub fn find_project(
     Ok((found, path))
 }
 
-/// lw-post and lw-inbox, beside the running program: mounted into sandboxes.
-pub fn mailbox_commands() -> [(PathBuf, &'static str); 2] {
+/// lw-post, lw-inbox and lw-mcp, beside the running program: mounted into sandboxes.
+pub fn mailbox_commands() -> [(PathBuf, &'static str); 3] {
     let dir = std::env::current_exe()
         .ok()
         .and_then(|p| p.parent().map(PathBuf::from))
@@ -925,6 +927,7 @@ pub fn mailbox_commands() -> [(PathBuf, &'static str); 2] {
     [
         (dir.join("lw-post"), "lw-post"),
         (dir.join("lw-inbox"), "lw-inbox"),
+        (dir.join("lw-mcp"), "lw-mcp"),
     ]
 }
 
@@ -1200,6 +1203,12 @@ pub fn container_spec(
             target: MAILBOX.into(),
             read_only: false,
         },
+        // Read-only: lw-mcp's whoami names the peers and their scopes.
+        Bind {
+            source: sb.root.registry_dir().to_string_lossy().into_owned(),
+            target: REGISTRY.into(),
+            read_only: true,
+        },
     ];
     for (src, name) in bins {
         binds.push(Bind {
@@ -1211,6 +1220,7 @@ pub fn container_spec(
     let mut env = vec![
         format!("LW_MAILBOX={MAILBOX}"),
         format!("LW_SANDBOX={}", rec.name),
+        format!("LW_REGISTRY={REGISTRY}"),
         format!("LW_BRANCH={}", rec.branch),
         format!("HOME={HOME}"),
     ];

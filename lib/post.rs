@@ -1,0 +1,98 @@
+//! Posting one message into a sandbox's outbox: what `lw-post` does and what
+//! `lw-mcp`'s `post` tool does, in one place so the two cannot drift.
+//!
+//! The whole request is checked first (kind, every schema limit, the mailbox
+//! directory); only then is the message delivered by the delivery procedure
+//! of lib/maildir.rs.  When [`post`] returns Ok the message is in
+//! `outbox/new/` and on disk; on any error nothing is in `new/` or `tmp/`.
+
+use std::path::{Path, PathBuf};
+
+use crate::layout::{self, SandboxBox};
+use crate::message::{self, Kind, Message};
+use crate::{Error, Exit, Result};
+
+/// What a poster asks for; `to` empty means the mediator.
+#[derive(Clone, Debug, Default)]
+pub struct Request {
+    pub kind: String,
+    pub subject: String,
+    pub body: String,
+    pub to: Vec<String>,
+    pub refs: Vec<String>,
+    pub in_reply_to: Option<String>,
+}
+
+/// A message that was posted, and where it sits.
+#[derive(Clone, Debug)]
+pub struct Posted {
+    pub message: Message,
+    pub path: PathBuf,
+}
+
+/// The kind named `name`, if an agent may post it (bounce is the mediator's).
+pub fn postable_kind(name: &str) -> Result<Kind> {
+    Kind::parse(name).filter(|k| k.postable()).ok_or_else(|| {
+        Error::data(format!(
+            "unknown kind '{}'; use one of: {}",
+            name.escape_debug(),
+            postable_kinds().join(", ")
+        ))
+    })
+}
+
+/// The names of the kinds an agent may post, in the spec's order.
+pub fn postable_kinds() -> Vec<&'static str> {
+    message::KINDS
+        .iter()
+        .filter(|k| k.postable())
+        .map(|k| k.as_str())
+        .collect()
+}
+
+/// The sender name written into a message: `from`, else `$LW_SANDBOX`, else
+/// the mailbox directory's name when it is a valid name, else `sandbox`.
+/// Informational only: the mediator uses the outbox's owner.
+pub fn sender(mailbox: &Path, from: Option<String>) -> String {
+    match from.or_else(|| std::env::var("LW_SANDBOX").ok()) {
+        Some(f) => f,
+        None => {
+            let base = mailbox.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if layout::valid_name(base) {
+                base.to_string()
+            } else {
+                "sandbox".to_string()
+            }
+        }
+    }
+}
+
+/// Validates `req` completely, then delivers it into `mailbox`'s outbox.
+pub fn post(mailbox: &Path, from: &str, req: Request) -> Result<Posted> {
+    let kind = postable_kind(&req.kind)?;
+    let to = if req.to.is_empty() {
+        vec![layout::MEDIATOR.to_string()]
+    } else {
+        req.to
+    };
+    let m = Message::compose(
+        from,
+        to,
+        kind,
+        req.subject,
+        req.body,
+        req.refs,
+        req.in_reply_to,
+    )?;
+    if !mailbox.is_dir() {
+        return Err(Error::new(
+            Exit::CantCreat,
+            format!(
+                "mailbox '{}' is not a directory; set LW_MAILBOX or --mailbox to the sandbox's mailbox",
+                mailbox.display()
+            ),
+        ));
+    }
+    let path = SandboxBox::new(mailbox).outbox().deliver_message(&m)?;
+    Ok(Posted { message: m, path })
+}
