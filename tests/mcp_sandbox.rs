@@ -108,7 +108,7 @@ fn python_sdk_drives_lw_mcp_inside_a_sandbox_over_docker_exec() {
     // The files the agent wrote belong to the sandbox's user.
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(boxdir.join("outbox/cur").join(id)).expect("posted file");
-    assert_eq!(meta.uid(), 1000);
+    assert_eq!(meta.uid(), loopwright::sandbox::DEFAULT_UID);
     // The registry is there to read, not to write.
     let w = Command::new("docker")
         .args(["exec", &container, "sh", "-c"])
