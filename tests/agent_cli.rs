@@ -7,7 +7,8 @@
 //! holding the scripted model as `api.model.test:8443`, the "provider" the
 //! model proxy forwards to (`agent.KIT.upstream`, `agent.KIT.ca`).
 //! The model's script: edit README and commit, `lw-post` to the peer,
-//! dump every process's environment, try an unlisted host.  Asserted: the
+//! dump every process's environment, try an unlisted host, post again
+//! through its own MCP client and lw-mcp (issue 18).  Asserted: the
 //! commit is on the task branch; the message reached the peer through
 //! lw-mediate; the endpoint got the real key on every request and never the
 //! placeholder; the key's bytes are nowhere in the sandbox (its files,
@@ -339,6 +340,8 @@ fn scenario(k: &Case) {
         "lw-post --kind request --to peer --subject 'README changed' 'please read README'",
         "cat /proc/[0-9]*/environ > /work/home/environ-dump 2>/dev/null; ls /proc | wc -l",
         "curl -sS -m 20 https://forbidden.example.org/ || echo denied",
+        // Issue 18: the agent's own MCP client calls lw-mcp's post tool.
+        {"mcp": "post", "args": {"kind": "request", "to": ["peer"], "subject": "via lw-mcp", "body": "posted through the MCP door"}},
     ]);
     let model_src = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/scripted-model/model.py");
     let model = format!("lw-agent-{n}-model");
@@ -453,6 +456,8 @@ fn scenario(k: &Case) {
     let (code, inbox, e) = f.sh("peer", "lw-inbox");
     assert_eq!(code, 0, "{e}");
     assert!(inbox.contains("\ta1\trequest\tREADME changed"), "{inbox}");
+    // And the one the agent posted through its MCP client and lw-mcp.
+    assert!(inbox.contains("\ta1\trequest\tvia lw-mcp"), "{inbox}");
 
     // The endpoint got the real key on every request, never the placeholder.
     let reqs = requests(&out_dir);

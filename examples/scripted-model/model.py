@@ -56,9 +56,15 @@ def anthropic(req):
                  {"type": "content_block_stop", "index": 0}]
         stop = "end_turn"
     else:
-        args = json.dumps({"command": script[results], "description": "step %d" % results})
+        step = script[results]
+        if isinstance(step, dict):
+            # A tool of the loopwright MCP server (lw-mcp), as Claude Code names it.
+            name, args = "mcp__loopwright__" + step["mcp"], json.dumps(step["args"])
+        else:
+            name = "Bash"
+            args = json.dumps({"command": step, "description": "step %d" % results})
         block = [{"type": "content_block_start", "index": 0, "content_block": {
-                    "type": "tool_use", "id": "toolu_%d" % results, "name": "Bash", "input": {}}},
+                    "type": "tool_use", "id": "toolu_%d" % results, "name": name, "input": {}}},
                  {"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": args}},
                  {"type": "content_block_stop", "index": 0}]
         stop = "tool_use"
@@ -78,9 +84,14 @@ def openai(req):
         item = {"type": "message", "id": "msg_%d" % results, "role": "assistant", "status": "completed",
                 "content": [{"type": "output_text", "text": text, "annotations": []}]}
     else:
+        step = script[results]
         item = {"type": "function_call", "id": "fc_%d" % results, "call_id": "call_%d" % results,
-                "name": "exec_command", "status": "completed",
-                "arguments": json.dumps({"cmd": script[results]})}
+                "name": "exec_command", "status": "completed"}
+        if isinstance(step, dict):
+            # A tool of the loopwright MCP server (lw-mcp), in Codex's namespace.
+            item.update(name=step["mcp"], namespace="mcp__loopwright", arguments=json.dumps(step["args"]))
+        else:
+            item["arguments"] = json.dumps({"cmd": step})
     events = [
         {"type": "response.created", "response": {"id": rid, "status": "in_progress", "output": []}},
         {"type": "response.output_item.done", "output_index": 0, "item": item},
