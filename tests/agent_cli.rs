@@ -340,9 +340,17 @@ fn scenario(k: &Case) {
         "lw-post --kind request --to peer --subject 'README changed' 'please read README'",
         "cat /proc/[0-9]*/environ > /work/home/environ-dump 2>/dev/null; ls /proc | wc -l",
         "curl -sS -m 20 https://forbidden.example.org/ || echo denied",
-        // Issue 18: the agent's own MCP client calls lw-mcp's post tool.
-        {"mcp": "post", "args": {"kind": "request", "to": ["peer"], "subject": "via lw-mcp", "body": "posted through the MCP door"}},
     ]);
+    // Issue 18: the agent's own MCP client calls lw-mcp's post tool.  Shown
+    // with Claude Code; Codex's function-call form for MCP tools is not
+    // scripted yet (docs/agents.md).
+    let mut script = script;
+    let via_mcp = k.kit == "claude";
+    if via_mcp {
+        script.as_array_mut().expect("the script is a list").push(serde_json::json!(
+            {"mcp": "post", "args": {"kind": "request", "to": ["peer"], "subject": "via lw-mcp", "body": "posted through the MCP door"}}
+        ));
+    }
     let model_src = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/scripted-model/model.py");
     let model = format!("lw-agent-{n}-model");
     let o = docker(&[
@@ -457,7 +465,11 @@ fn scenario(k: &Case) {
     assert_eq!(code, 0, "{e}");
     assert!(inbox.contains("\ta1\trequest\tREADME changed"), "{inbox}");
     // And the one the agent posted through its MCP client and lw-mcp.
-    assert!(inbox.contains("\ta1\trequest\tvia lw-mcp"), "{inbox}");
+    assert_eq!(
+        inbox.contains("\ta1\trequest\tvia lw-mcp"),
+        via_mcp,
+        "{inbox}"
+    );
 
     // The endpoint got the real key on every request, never the placeholder.
     let reqs = requests(&out_dir);
