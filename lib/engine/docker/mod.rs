@@ -90,6 +90,24 @@ impl DockerEngine {
     }
 }
 
+/// An exec of `req` with its output attached (stdin and a terminal are the
+/// caller's to add).
+fn exec_config(req: &ExecRequest) -> ExecConfig {
+    ExecConfig {
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        cmd: Some(req.cmd.clone()),
+        env: if req.env.is_empty() {
+            None
+        } else {
+            Some(req.env.clone())
+        },
+        user: req.user.clone(),
+        working_dir: req.workdir.clone(),
+        ..Default::default()
+    }
+}
+
 fn unreachable_err(host: &str, e: &bollard::errors::Error) -> Error {
     Error::new(
         Exit::Unavailable,
@@ -491,19 +509,7 @@ impl Engine for DockerEngine {
             "cannot run {:?} in container '{container}'",
             req.cmd.join(" ")
         );
-        let cfg = ExecConfig {
-            attach_stdout: Some(true),
-            attach_stderr: Some(true),
-            cmd: Some(req.cmd.clone()),
-            env: if req.env.is_empty() {
-                None
-            } else {
-                Some(req.env.clone())
-            },
-            user: req.user.clone(),
-            working_dir: req.workdir.clone(),
-            ..Default::default()
-        };
+        let cfg = exec_config(req);
         let docker = self.docker.clone().with_timeout(BUILD_TIMEOUT);
         self.rt.block_on(async {
             let created = docker

@@ -128,18 +128,8 @@ impl SandboxEngine for DockerEngine {
         } = io;
         let cfg = ExecConfig {
             attach_stdin: Some(stdin.is_some()),
-            attach_stdout: Some(true),
-            attach_stderr: Some(true),
             tty: Some(tty),
-            cmd: Some(req.cmd.clone()),
-            env: if req.env.is_empty() {
-                None
-            } else {
-                Some(req.env.clone())
-            },
-            user: req.user.clone(),
-            working_dir: req.workdir.clone(),
-            ..Default::default()
+            ..super::exec_config(req)
         };
         let docker = self.client().clone().with_timeout(LONG);
         // Standard input is read by a plain thread (a terminal or a pipe
