@@ -141,7 +141,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         ));
     }
     if let Some(t) = args.time_limit {
-        client.deadline = Some(loopwright::github::now_ms() + t * 1000);
+        client.deadline = Some(loopwright::time::now_ms() + t * 1000);
     }
     let _lock = sync::lock(&root, !args.no_wait)?;
     let mut s = Syncer::new(root.clone(), cfg, client)?;

@@ -141,7 +141,7 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_ms(&self) -> u64 {
-        now_ms()
+        crate::time::now_ms()
     }
     fn sleep(&self, d: Duration) {
         std::thread::sleep(d)
@@ -213,10 +213,6 @@ pub struct Budget {
     /// Consecutive secondary-limit answers without a `retry-after`.
     #[serde(default)]
     pub strikes: u32,
-}
-
-pub fn now_ms() -> u64 {
-    crate::time::now().as_millis() as u64
 }
 
 /// One issue comment as GitHub returns it (the fields lw-sync reads).

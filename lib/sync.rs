@@ -325,7 +325,7 @@ impl Syncer {
             .and_then(|ts| ts.pending.as_ref())
         {
             let settle = p.at_ms + 2 * self.client.limits.min_write_interval.as_millis() as u64;
-            let now = crate::github::now_ms();
+            let now = crate::time::now_ms();
             if settle > now {
                 std::thread::sleep(std::time::Duration::from_millis(settle - now));
             }
@@ -487,7 +487,7 @@ impl Syncer {
                         .expect("target state exists while posting");
                     ts.pending = Some(Pending {
                         items: items2.clone(),
-                        at_ms: crate::github::now_ms(),
+                        at_ms: crate::time::now_ms(),
                     });
                     save_state(&path, state)
                 };
@@ -859,7 +859,7 @@ impl Syncer {
                 state.budget = b.clone();
                 state.targets.entry(key2.clone()).or_default().pending = Some(Pending {
                     items: items.clone(),
-                    at_ms: crate::github::now_ms(),
+                    at_ms: crate::time::now_ms(),
                 });
                 save_state(&path, state)
             };
