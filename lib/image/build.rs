@@ -1,0 +1,221 @@
+//! Building a layer: the context holds exactly the declared inputs, a
+//! Dockerfile that reads anything else is refused before the engine is asked.
+
+use crate::engine::{BuildEvent, BuildOutcome, BuildRequest, Engine};
+use crate::error::{Error, Exit, Result};
+use std::collections::BTreeSet;
+
+use super::*;
+
+/// Options of one build run.
+pub struct BuildOptions<'a> {
+    /// Every line of build output, as it arrives (`-v`, terminal progress).
+    pub on_event: &'a mut dyn FnMut(&Layer, &BuildEvent),
+    /// Called before a layer builds.
+    pub on_start: &'a mut dyn FnMut(&Layer),
+}
+
+/// What happened to a layer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LayerResult {
+    Cached(String),
+    Built(String),
+}
+
+/// Builds the layers whose tags are missing, in order.  Stops at the first
+/// failure: a failed step is exit 65 with the step's output in the error.
+pub fn build(
+    engine: &dyn Engine,
+    plan: &mut Plan,
+    opts: &mut BuildOptions<'_>,
+) -> Result<Vec<LayerResult>> {
+    let mut results = Vec::new();
+    for layer in plan.layers.iter_mut() {
+        if let Some(id) = &layer.image_id {
+            results.push(LayerResult::Cached(id.clone()));
+            continue;
+        }
+        let df_text = String::from_utf8_lossy(&layer.dockerfile.data).into_owned();
+        check_dockerfile(&df_text, layer)?;
+        let req = BuildRequest {
+            context: layer.context()?,
+            dockerfile: layer.dockerfile.path.clone(),
+            tag: layer.tag.clone(),
+            labels: layer.labels(),
+            args: layer.build_args(),
+        };
+        (opts.on_start)(layer);
+        let mut log = String::new();
+        let outcome = engine.build(&req, &mut |ev| {
+            if let BuildEvent::Output(s) = &ev {
+                log.push_str(s);
+            }
+            (opts.on_event)(layer, &ev);
+        })?;
+        match outcome {
+            BuildOutcome::Built(id) => {
+                layer.image_id = Some(id.clone());
+                results.push(LayerResult::Built(id));
+            }
+            BuildOutcome::Failed(msg) => return Err(failure(layer, &msg, &log)),
+        }
+    }
+    Ok(results)
+}
+
+/// The error for a failed build: a missing context file points at the input
+/// list; anything else shows the step's output.
+pub(super) fn failure(layer: &Layer, msg: &str, log: &str) -> Error {
+    let lower = msg.to_ascii_lowercase();
+    let copy_step = lower.starts_with("copy failed") || lower.starts_with("add failed");
+    if lower.contains("file not found in build context")
+        || (copy_step
+            && (lower.contains("no such file or directory")
+                || lower.contains("no source files were specified")))
+    {
+        return Error::config(format!(
+            "layer '{}': {}: the build context holds only the layer's declared inputs; declare the file with 'input PATH' under 'layer {}' in {RUNTIME_FILE} (line {})",
+            layer.def.name,
+            msg.trim(),
+            layer.def.name,
+            layer.def.line
+        ));
+    }
+    let mut text = format!(
+        "layer '{}' failed to build: {}; no tag was applied",
+        layer.def.name,
+        msg.trim()
+    );
+    let tail: Vec<&str> = log.lines().collect();
+    let start = tail.len().saturating_sub(40);
+    if !tail.is_empty() {
+        text.push_str("\n--- build output (last lines) ---\n");
+        text.push_str(&tail[start..].join("\n"));
+    }
+    Error::new(Exit::DataErr, text)
+}
+
+/// One COPY/ADD source found in a Dockerfile.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Source {
+    pub line: usize,
+    pub instruction: String,
+    pub path: String,
+}
+
+/// Lists the context paths a Dockerfile's COPY and ADD instructions read
+/// (not those copied from another stage or fetched from a URL; not those
+/// with variables, which only the engine can expand).
+pub fn context_sources(dockerfile: &str) -> Vec<Source> {
+    let mut out = Vec::new();
+    let mut logical = String::new();
+    let mut start = 0;
+    for (i, raw) in dockerfile.lines().enumerate() {
+        let t = raw.trim();
+        if logical.is_empty() {
+            if t.is_empty() || t.starts_with('#') {
+                continue;
+            }
+            start = i + 1;
+        } else if t.starts_with('#') {
+            continue;
+        }
+        if let Some(body) = t.strip_suffix('\\') {
+            logical.push_str(body);
+            logical.push(' ');
+            continue;
+        }
+        logical.push_str(t);
+        let line = std::mem::take(&mut logical);
+        let mut words = line.splitn(2, char::is_whitespace);
+        let instr = words.next().unwrap_or("").to_ascii_uppercase();
+        if instr != "COPY" && instr != "ADD" {
+            continue;
+        }
+        let rest = words.next().unwrap_or("").trim();
+        let mut args: Vec<String> = Vec::new();
+        let mut flags_done = false;
+        let rest_words: Vec<String> = if rest.starts_with('[') {
+            serde_json::from_str::<Vec<String>>(rest).unwrap_or_default()
+        } else {
+            rest.split_whitespace().map(str::to_string).collect()
+        };
+        let mut from_stage = false;
+        for w in rest_words {
+            if !flags_done && w.starts_with("--") {
+                if w.starts_with("--from") {
+                    from_stage = true;
+                }
+                continue;
+            }
+            flags_done = true;
+            args.push(w);
+        }
+        if from_stage || args.len() < 2 || args[0].starts_with("<<") {
+            continue;
+        }
+        args.pop();
+        for a in args {
+            let is_url = a.contains("://") || a.starts_with("git@");
+            if is_url || a.contains('$') {
+                continue;
+            }
+            out.push(Source {
+                line: start,
+                instruction: instr.clone(),
+                path: a,
+            });
+        }
+    }
+    out
+}
+
+/// Refuses a Dockerfile that reads a context path the layer did not declare,
+/// before the engine is asked, naming the Dockerfile line and the input list.
+pub(super) fn check_dockerfile(text: &str, layer: &Layer) -> Result<()> {
+    let df = &layer.dockerfile.path;
+    if !text.lines().any(|l| {
+        let t = l.trim_start();
+        t.len() > 5 && t[..5].eq_ignore_ascii_case("FROM ") && t.contains("LW_PARENT")
+    }) {
+        return Err(Error::config(format!(
+            "{df}: no 'FROM ${{LW_PARENT}}': a layer starts from its parent; write 'ARG LW_PARENT' then 'FROM ${{LW_PARENT}}'"
+        )));
+    }
+    let mut present: BTreeSet<&str> = layer.files.iter().map(|f| f.path.as_str()).collect();
+    present.insert(df.as_str());
+    for src in context_sources(text) {
+        let p = normalize(src.path.trim_start_matches('/'));
+        if p.is_empty() {
+            continue; // `.`: the whole context, whatever was declared.
+        }
+        let found = if p.contains(['*', '?', '[']) {
+            present.iter().any(|f| {
+                let depth = p.matches('/').count() + 1;
+                let prefix: Vec<&str> = f.split('/').take(depth).collect();
+                prefix.len() == depth && crate::glob::matches(&p, &prefix.join("/"))
+            })
+        } else {
+            present.contains(p.as_str()) || present.iter().any(|f| f.starts_with(&format!("{p}/")))
+        };
+        if !found {
+            let declared: Vec<String> = layer.def.inputs.iter().map(|i| i.path.clone()).collect();
+            return Err(Error::config(format!(
+                "{df}:{}: {} reads '{}', which is not an input of layer '{}'; the build context holds only the declared inputs ({}); add 'input {}' under 'layer {}' ({RUNTIME_FILE}:{})",
+                src.line,
+                src.instruction,
+                src.path,
+                layer.def.name,
+                if declared.is_empty() {
+                    "none".to_string()
+                } else {
+                    declared.join(", ")
+                },
+                p,
+                layer.def.name,
+                layer.def.line
+            )));
+        }
+    }
+    Ok(())
+}

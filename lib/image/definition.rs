@@ -1,0 +1,353 @@
+//! The runtime definition (`.loopwright/runtime/runtime.conf`): its
+//! grammar, its checks, and the layers and inputs it declares.
+
+use crate::error::{Error, Result};
+use std::path::{Component, Path};
+
+/// How a layer gets its tools.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Provider {
+    /// mise at a pinned version installs the tools its config declares.
+    Mise { version: String },
+    /// The Dockerfile installs tools itself.
+    Native,
+    /// A script (a declared input) installs them.
+    Custom { script: String },
+}
+
+impl Provider {
+    /// As the manifest and `--explain` write it: `mise 2026.9.15`, `native`, `custom PATH`.
+    pub fn describe(&self) -> String {
+        match self {
+            Provider::Mise { version } => format!("mise {version}"),
+            Provider::Native => "native".into(),
+            Provider::Custom { script } => format!("custom {script}"),
+        }
+    }
+}
+
+/// One declared input, with the line that declared it.
+#[derive(Clone, Debug)]
+pub struct InputDecl {
+    pub path: String,
+    pub line: usize,
+}
+
+/// One layer of the definition.
+#[derive(Clone, Debug)]
+pub struct LayerDef {
+    pub name: String,
+    pub line: usize,
+    pub dockerfile: String,
+    pub dockerfile_line: usize,
+    pub provider: Option<Provider>,
+    pub inputs: Vec<InputDecl>,
+}
+
+/// A parsed runtime definition.
+#[derive(Clone, Debug)]
+pub struct Definition {
+    /// Repository prefix of every tag: layer `deps` is tagged `IMAGE-deps:HASH`.
+    pub image: Option<String>,
+    /// The image the first layer starts from.
+    pub from: String,
+    pub layers: Vec<LayerDef>,
+}
+
+pub(super) fn conf_err(file: &str, line: usize, msg: impl std::fmt::Display) -> Error {
+    Error::config(format!("{file}:{line}: {msg}"))
+}
+
+pub(super) fn valid_layer_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 40
+        && s.bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'_')
+        && s.as_bytes()[0].is_ascii_alphanumeric()
+}
+
+/// True for a Docker repository name loopwright accepts (lower case, `/`-separated).
+pub fn valid_repo(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 200
+        && s.split('/').all(|part| {
+            !part.is_empty()
+                && part
+                    .bytes()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"._-".contains(&c))
+                && part.as_bytes()[0].is_ascii_alphanumeric()
+                && part.as_bytes()[part.len() - 1].is_ascii_alphanumeric()
+        })
+}
+
+pub(super) fn pinned_version(v: &str) -> bool {
+    !v.is_empty()
+        && v.as_bytes()[0].is_ascii_digit()
+        && v.bytes()
+            .all(|c| c.is_ascii_alphanumeric() || b".-+".contains(&c))
+}
+
+/// Parses the text of a runtime definition; `file` names it in errors.
+pub fn parse(text: &str, file: &str) -> Result<Definition> {
+    let mut image = None;
+    let mut from: Option<String> = None;
+    let mut layers: Vec<LayerDef> = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let n = i + 1;
+        let line = match raw.find(" #").or_else(|| raw.find("\t#")) {
+            Some(at) => &raw[..at],
+            None => raw,
+        };
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut words = line.split_whitespace();
+        let key = words.next().expect("a non-empty line has a first word");
+        let args: Vec<&str> = words.collect();
+        let one = |what: &str| -> Result<String> {
+            match args.as_slice() {
+                [a] => Ok(a.to_string()),
+                [] => Err(conf_err(file, n, format!("'{key}' needs {what}"))),
+                _ => Err(conf_err(
+                    file,
+                    n,
+                    format!("'{key}' takes one {what}, got {}", args.len()),
+                )),
+            }
+        };
+        match key {
+            "image" => {
+                if !layers.is_empty() {
+                    return Err(conf_err(
+                        file,
+                        n,
+                        "'image' belongs before the first 'layer'",
+                    ));
+                }
+                let v = one("repository name")?;
+                if !valid_repo(&v) {
+                    return Err(conf_err(
+                        file,
+                        n,
+                        format!(
+                            "invalid repository name '{v}' (lower case letters, digits, '._-', '/')"
+                        ),
+                    ));
+                }
+                image = Some(v);
+            }
+            "from" => {
+                if !layers.is_empty() {
+                    return Err(conf_err(file, n, "'from' belongs before the first 'layer'"));
+                }
+                if from.is_some() {
+                    return Err(conf_err(file, n, "'from' given twice"));
+                }
+                from = Some(one("image reference")?);
+            }
+            "layer" => {
+                let name = one("name")?;
+                if !valid_layer_name(&name) {
+                    return Err(conf_err(
+                        file,
+                        n,
+                        format!(
+                            "invalid layer name '{name}' (lower case letters, digits, '-', '_')"
+                        ),
+                    ));
+                }
+                if let Some(prev) = layers.iter().find(|l| l.name == name) {
+                    return Err(conf_err(
+                        file,
+                        n,
+                        format!("layer '{name}' already defined on line {}", prev.line),
+                    ));
+                }
+                layers.push(LayerDef {
+                    name,
+                    line: n,
+                    dockerfile: String::new(),
+                    dockerfile_line: 0,
+                    provider: None,
+                    inputs: Vec::new(),
+                });
+            }
+            "dockerfile" | "input" | "provider" => {
+                let Some(layer) = layers.last_mut() else {
+                    return Err(conf_err(
+                        file,
+                        n,
+                        format!("'{key}' outside a layer; start one with 'layer NAME'"),
+                    ));
+                };
+                match key {
+                    "dockerfile" => {
+                        if !layer.dockerfile.is_empty() {
+                            return Err(conf_err(
+                                file,
+                                n,
+                                format!("layer '{}' has two dockerfiles", layer.name),
+                            ));
+                        }
+                        let p = one("path")?;
+                        check_rel_path(&p).map_err(|m| conf_err(file, n, m))?;
+                        layer.dockerfile = p;
+                        layer.dockerfile_line = n;
+                    }
+                    "input" => {
+                        if args.is_empty() {
+                            return Err(conf_err(file, n, "'input' needs at least one path"));
+                        }
+                        for a in &args {
+                            check_rel_path(a).map_err(|m| conf_err(file, n, m))?;
+                            layer.inputs.push(InputDecl {
+                                path: normalize(a),
+                                line: n,
+                            });
+                        }
+                    }
+                    _ => {
+                        if layer.provider.is_some() {
+                            return Err(conf_err(
+                                file,
+                                n,
+                                format!("layer '{}' has two providers", layer.name),
+                            ));
+                        }
+                        let p = match args.as_slice() {
+                            ["mise", v] if pinned_version(v) => Provider::Mise {
+                                version: v.to_string(),
+                            },
+                            ["mise", v] => {
+                                return Err(conf_err(
+                                    file,
+                                    n,
+                                    format!(
+                                        "mise version '{v}' is not pinned; write one like 'provider mise 2026.9.15'"
+                                    ),
+                                ));
+                            }
+                            ["mise"] => {
+                                return Err(conf_err(
+                                    file,
+                                    n,
+                                    "the mise provider needs a pinned version, e.g. 'provider mise 2026.9.15'",
+                                ));
+                            }
+                            ["native"] => Provider::Native,
+                            ["custom", script] => {
+                                check_rel_path(script).map_err(|m| conf_err(file, n, m))?;
+                                let script = normalize(script);
+                                // The script decides what gets installed: it is an input.
+                                layer.inputs.push(InputDecl {
+                                    path: script.clone(),
+                                    line: n,
+                                });
+                                Provider::Custom { script }
+                            }
+                            ["custom"] => {
+                                return Err(conf_err(
+                                    file,
+                                    n,
+                                    "the custom provider needs a script path",
+                                ));
+                            }
+                            _ => {
+                                return Err(conf_err(
+                                    file,
+                                    n,
+                                    format!(
+                                        "unknown provider '{}' (mise VERSION, native, custom SCRIPT)",
+                                        args.join(" ")
+                                    ),
+                                ));
+                            }
+                        };
+                        layer.provider = Some(p);
+                    }
+                }
+            }
+            other => {
+                return Err(conf_err(
+                    file,
+                    n,
+                    format!(
+                        "unknown keyword '{other}' (image, from, layer, dockerfile, input, provider)"
+                    ),
+                ));
+            }
+        }
+    }
+    let last = text.lines().count().max(1);
+    let Some(from) = from else {
+        return Err(conf_err(
+            file,
+            1,
+            "no 'from' line: name the image the first layer starts from",
+        ));
+    };
+    if layers.is_empty() {
+        return Err(conf_err(
+            file,
+            last,
+            "no layers defined; add 'layer NAME' with a 'dockerfile'",
+        ));
+    }
+    for l in &layers {
+        if l.dockerfile.is_empty() {
+            return Err(conf_err(
+                file,
+                l.line,
+                format!("layer '{}' has no 'dockerfile'", l.name),
+            ));
+        }
+    }
+    Ok(Definition {
+        image,
+        from,
+        layers,
+    })
+}
+
+/// Refuses paths that are absolute or climb out of the project.
+pub(super) fn check_rel_path(p: &str) -> std::result::Result<(), String> {
+    let path = Path::new(p);
+    if path.is_absolute() {
+        return Err(format!(
+            "path '{p}' is absolute; inputs are relative to the project root"
+        ));
+    }
+    let mut depth: i64 = 0;
+    for c in path.components() {
+        match c {
+            Component::ParentDir => depth -= 1,
+            Component::Normal(_) => depth += 1,
+            _ => {}
+        }
+        if depth < 0 {
+            return Err(format!("path '{p}' escapes the project"));
+        }
+    }
+    if normalize(p).is_empty() {
+        return Err(format!(
+            "path '{p}' names the whole project; declare the files a layer needs"
+        ));
+    }
+    Ok(())
+}
+
+/// `./a//b/../c` -> `a/c`.
+pub(super) fn normalize(p: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for c in p.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            s => parts.push(s),
+        }
+    }
+    parts.join("/")
+}

@@ -1,0 +1,408 @@
+//! The inputs of each layer, found on disk and hashed: the tag of a layer
+//! is the hash of its Dockerfile, its parent's tag, its declared inputs and
+//! its provider, so only a changed layer rebuilds.
+
+use crate::digest::sha256_hex;
+use crate::engine::Engine;
+use crate::error::{Error, Exit, Result};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use super::*;
+
+/// What an input entry is.  Directories are entries too, so that a declared
+/// directory that happens to be empty still exists in the build context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputKind {
+    File,
+    Symlink,
+    Dir,
+}
+
+/// A file of a build context, hashed.
+#[derive(Clone, Debug)]
+pub struct InputFile {
+    /// Project-relative path.
+    pub path: String,
+    /// 0o755 or 0o644 (see the module comment); 0o777 for a symlink,
+    /// 0o755 for a directory.
+    pub mode: u32,
+    /// Content, the link target for a symlink, nothing for a directory.
+    pub data: Vec<u8>,
+    pub kind: InputKind,
+    pub sha256: String,
+}
+
+/// A project and its parsed runtime definition.
+#[derive(Clone, Debug)]
+pub struct Runtime {
+    pub root: PathBuf,
+    pub def: Definition,
+    /// Repository prefix (from `image`, else `loopwright/<project directory>`).
+    pub image: String,
+}
+
+impl Runtime {
+    /// Reads `ROOT/.loopwright/runtime/runtime.conf`.
+    pub fn load(root: &Path) -> Result<Runtime> {
+        let file = root.join(RUNTIME_FILE);
+        let text = match fs::read_to_string(&file) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let _ = e;
+                return Err(Error::new(
+                    Exit::NoInput,
+                    format!(
+                        "no runtime definition at '{}'; run 'lw-build init' to write the default one",
+                        file.display()
+                    ),
+                ));
+            }
+            Err(e) => return Err(Error::io_as(Exit::NoInput, "cannot read", &file, e)),
+        };
+        let def = parse(&text, RUNTIME_FILE)?;
+        let image = match &def.image {
+            Some(i) => i.clone(),
+            None => format!("loopwright/{}", repo_component(root)),
+        };
+        Ok(Runtime {
+            root: root.to_path_buf(),
+            def,
+            image,
+        })
+    }
+
+    /// Reads a declared input (a file, or every file under a directory).
+    pub(super) fn read_input(
+        &self,
+        layer: &LayerDef,
+        decl: &InputDecl,
+        out: &mut BTreeMap<String, InputFile>,
+    ) -> Result<()> {
+        let canon_root = fs::canonicalize(&self.root)
+            .map_err(|e| Error::io_as(Exit::NoInput, "cannot resolve", &self.root, e))?;
+        let path = self.root.join(&decl.path);
+        let meta = match fs::symlink_metadata(&path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::new(
+                    Exit::NoInput,
+                    format!(
+                        "input '{}' of layer '{}' does not exist ({RUNTIME_FILE}:{}); create it or remove it from the layer's inputs",
+                        decl.path, layer.name, decl.line
+                    ),
+                ));
+            }
+            Err(e) => return Err(Error::io_as(Exit::NoInput, "cannot read input", &path, e)),
+        };
+        // A symlink anywhere on the way may lead out of the project.
+        let resolved = fs::canonicalize(&path)
+            .map_err(|e| Error::io_as(Exit::NoInput, "cannot resolve input", &path, e))?;
+        if !resolved.starts_with(&canon_root) {
+            return Err(Error::config(format!(
+                "input '{}' of layer '{}' ({RUNTIME_FILE}:{}) resolves to '{}', outside the project; refused",
+                decl.path,
+                layer.name,
+                decl.line,
+                resolved.display()
+            )));
+        }
+        walk(&self.root, &canon_root, &decl.path, &meta, out)
+    }
+
+    /// Computes every layer's manifest and tag and asks the engine which exist.
+    pub fn plan(&self, engine: &dyn Engine) -> Result<Plan> {
+        let from_img = engine.image(&self.def.from)?.ok_or_else(|| {
+            Error::new(
+                Exit::NoInput,
+                format!(
+                    "image '{}' ('from' in {RUNTIME_FILE}) is not in the engine; build or load it first (docker pull, docker load, or scripts/test-images)",
+                    self.def.from
+                ),
+            )
+        })?;
+        let mut layers: Vec<Layer> = Vec::new();
+        for def in &self.def.layers {
+            let mut files = BTreeMap::new();
+            let df_decl = InputDecl {
+                path: normalize(&def.dockerfile),
+                line: def.dockerfile_line,
+            };
+            if !self.root.join(&df_decl.path).exists() {
+                return Err(Error::new(
+                    Exit::NoInput,
+                    format!(
+                        "dockerfile '{}' of layer '{}' does not exist ({RUNTIME_FILE}:{})",
+                        def.dockerfile, def.name, def.dockerfile_line
+                    ),
+                ));
+            }
+            self.read_input(def, &df_decl, &mut files)?;
+            let dockerfile = files
+                .remove(&df_decl.path)
+                .filter(|f| f.kind == InputKind::File)
+                .ok_or_else(|| {
+                    Error::config(format!(
+                        "dockerfile '{}' of layer '{}' is not a regular file",
+                        def.dockerfile, def.name
+                    ))
+                })?;
+            for decl in &def.inputs {
+                self.read_input(def, decl, &mut files)?;
+            }
+            files.remove(&dockerfile.path);
+            let (parent_ref, parent_line) = match layers.last() {
+                Some(p) => (p.tag.clone(), p.tag.clone()),
+                None => (
+                    self.def.from.clone(),
+                    format!("{} {}", self.def.from, from_img.id),
+                ),
+            };
+            let mut m = String::new();
+            let _ = writeln!(m, "{MANIFEST_VERSION}");
+            let _ = writeln!(m, "layer {}", def.name);
+            let _ = writeln!(m, "parent {parent_line}");
+            let _ = writeln!(
+                m,
+                "provider {}",
+                def.provider
+                    .as_ref()
+                    .map_or("none".to_string(), Provider::describe)
+            );
+            let _ = writeln!(
+                m,
+                "dockerfile {} {:o} {}",
+                dockerfile.path, dockerfile.mode, dockerfile.sha256
+            );
+            for f in files.values() {
+                let kind = match f.kind {
+                    InputKind::File => "input",
+                    InputKind::Symlink => "link",
+                    InputKind::Dir => "dir",
+                };
+                let _ = writeln!(m, "{kind} {} {:o} {}", f.path, f.mode, f.sha256);
+            }
+            let hash = sha256_hex(m.as_bytes());
+            let repo = format!("{}-{}", self.image, def.name);
+            let tag = format!("{repo}:{}", &hash[..TAG_HEX]);
+            let image = engine.image(&tag)?;
+            layers.push(Layer {
+                def: def.clone(),
+                parent: parent_ref,
+                manifest: m,
+                hash,
+                repo,
+                tag,
+                dockerfile,
+                files: files.into_values().collect(),
+                image_id: image.map(|i| i.id),
+            });
+        }
+        Ok(Plan { layers })
+    }
+}
+
+/// Lower-case repository component made of a directory's name.
+pub(super) fn repo_component(root: &Path) -> String {
+    let name = fs::canonicalize(root)
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_default();
+    let mut s: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    s = s.trim_matches('-').to_string();
+    if s.is_empty() { "project".into() } else { s }
+}
+
+pub(super) fn walk(
+    root: &Path,
+    canon_root: &Path,
+    rel: &str,
+    meta: &fs::Metadata,
+    out: &mut BTreeMap<String, InputFile>,
+) -> Result<()> {
+    let path = root.join(rel);
+    let ft = meta.file_type();
+    if ft.is_symlink() {
+        let target = fs::read_link(&path)
+            .map_err(|e| Error::io_as(Exit::NoInput, "cannot read link", &path, e))?;
+        if let Ok(r) = fs::canonicalize(&path)
+            && !r.starts_with(canon_root)
+        {
+            return Err(Error::config(format!(
+                "input '{rel}' links to '{}', outside the project; refused",
+                r.display()
+            )));
+        }
+        let data = target.as_os_str().as_encoded_bytes().to_vec();
+        let sha256 = sha256_hex(&data);
+        out.insert(
+            rel.to_string(),
+            InputFile {
+                path: rel.to_string(),
+                mode: 0o777,
+                data,
+                kind: InputKind::Symlink,
+                sha256,
+            },
+        );
+    } else if ft.is_dir() {
+        let mut names: Vec<String> = Vec::new();
+        for ent in fs::read_dir(&path)
+            .map_err(|e| Error::io_as(Exit::NoInput, "cannot read directory", &path, e))?
+        {
+            let ent =
+                ent.map_err(|e| Error::io_as(Exit::NoInput, "cannot read directory", &path, e))?;
+            names.push(ent.file_name().to_string_lossy().into_owned());
+        }
+        names.sort();
+        let sha256 = sha256_hex(b"");
+        out.insert(
+            rel.to_string(),
+            InputFile {
+                path: rel.to_string(),
+                mode: 0o755,
+                data: Vec::new(),
+                kind: InputKind::Dir,
+                sha256,
+            },
+        );
+        for name in names {
+            let child = format!("{rel}/{name}");
+            let cp = root.join(&child);
+            let m = fs::symlink_metadata(&cp)
+                .map_err(|e| Error::io_as(Exit::NoInput, "cannot read input", &cp, e))?;
+            walk(root, canon_root, &child, &m, out)?;
+        }
+    } else if ft.is_file() {
+        let data = fs::read(&path)
+            .map_err(|e| Error::io_as(Exit::NoInput, "cannot read input", &path, e))?;
+        let mode = if meta.permissions().mode() & 0o111 != 0 {
+            0o755
+        } else {
+            0o644
+        };
+        let sha256 = sha256_hex(&data);
+        out.insert(
+            rel.to_string(),
+            InputFile {
+                path: rel.to_string(),
+                mode,
+                data,
+                kind: InputKind::File,
+                sha256,
+            },
+        );
+    } else {
+        return Err(Error::config(format!(
+            "input '{rel}' is neither a file, a directory nor a symlink"
+        )));
+    }
+    Ok(())
+}
+
+/// A layer with its tag computed.
+#[derive(Clone, Debug)]
+pub struct Layer {
+    pub def: LayerDef,
+    /// What its Dockerfile starts FROM (`LW_PARENT`).
+    pub parent: String,
+    pub manifest: String,
+    pub hash: String,
+    /// `IMAGE-LAYER`.
+    pub repo: String,
+    /// `IMAGE-LAYER:HASH`.
+    pub tag: String,
+    pub dockerfile: InputFile,
+    pub files: Vec<InputFile>,
+    /// The image the tag points at, when it exists.
+    pub image_id: Option<String>,
+}
+
+impl Layer {
+    pub fn cached(&self) -> bool {
+        self.image_id.is_some()
+    }
+
+    pub(super) fn labels(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (LABEL_LAYER.to_string(), self.repo.clone()),
+            (LABEL_MANIFEST.to_string(), self.manifest.clone()),
+        ])
+    }
+
+    pub(super) fn build_args(&self) -> BTreeMap<String, String> {
+        let mut a = BTreeMap::from([("LW_PARENT".to_string(), self.parent.clone())]);
+        match &self.def.provider {
+            Some(Provider::Mise { version }) => {
+                a.insert("LW_MISE_VERSION".into(), version.clone());
+            }
+            Some(Provider::Custom { script }) => {
+                a.insert("LW_TOOLCHAIN_SCRIPT".into(), script.clone());
+            }
+            Some(Provider::Native) | None => {}
+        }
+        a
+    }
+
+    /// The tar archive sent as build context: the Dockerfile and the inputs,
+    /// from the bytes that were hashed, with fixed owners and times.
+    pub fn context(&self) -> Result<Vec<u8>> {
+        let mut b = tar::Builder::new(Vec::new());
+        let tar_err = |e: std::io::Error| {
+            Error::new(Exit::Software, "cannot make the build context").with_source(e)
+        };
+        for f in std::iter::once(&self.dockerfile).chain(self.files.iter()) {
+            let mut h = tar::Header::new_gnu();
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_mtime(0);
+            h.set_mode(f.mode);
+            if f.kind == InputKind::Dir {
+                h.set_entry_type(tar::EntryType::Directory);
+                h.set_size(0);
+                b.append_data(&mut h, format!("{}/", f.path), std::io::empty())
+                    .map_err(tar_err)?;
+            } else if f.kind == InputKind::Symlink {
+                h.set_entry_type(tar::EntryType::Symlink);
+                h.set_size(0);
+                let target = String::from_utf8_lossy(&f.data).into_owned();
+                b.append_link(&mut h, &f.path, target).map_err(tar_err)?;
+            } else {
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_size(f.data.len() as u64);
+                b.append_data(&mut h, &f.path, f.data.as_slice())
+                    .map_err(tar_err)?;
+            }
+        }
+        b.into_inner().map_err(tar_err)
+    }
+}
+
+/// Every layer of a runtime, in build order.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub layers: Vec<Layer>,
+}
+
+impl Plan {
+    /// The tag of the last layer: the image a sandbox runs.
+    pub fn final_tag(&self) -> &str {
+        &self
+            .layers
+            .last()
+            .expect("a definition has at least one layer")
+            .tag
+    }
+}
