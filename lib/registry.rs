@@ -174,6 +174,29 @@ impl Registry {
         }
     }
 
+    /// Removes the temporary files a writer of `name`'s record left when it
+    /// was killed mid-write (lib/fs's `.NAME.json.HEX.tmp`); returns their
+    /// paths.  Only for a name whose writers are known dead (lw-sandbox gc
+    /// holds its lock).
+    pub fn remove_partial(&self, name: &str) -> Vec<PathBuf> {
+        let prefix = format!(".{name}.json.");
+        let mut gone = Vec::new();
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return gone;
+        };
+        for ent in rd.flatten() {
+            let n = ent.file_name();
+            let n = n.to_string_lossy();
+            if n.starts_with(&prefix)
+                && n.ends_with(".tmp")
+                && std::fs::remove_file(ent.path()).is_ok()
+            {
+                gone.push(ent.path());
+            }
+        }
+        gone
+    }
+
     /// The record of `name`, or None when it is not registered.
     pub fn get(&self, name: &str) -> Result<Option<Sandbox>> {
         if check_name(name).is_err() {
@@ -298,6 +321,24 @@ mod tests {
         let d = std::env::temp_dir().join(format!("lw-registry-{}", crate::id::new_id()));
         std::fs::create_dir_all(&d).unwrap();
         Root::new(d)
+    }
+
+    #[test]
+    fn partial_writes_of_one_name_are_removed_and_no_other() {
+        let r = root();
+        let reg = Registry::new(&r);
+        reg.register(&Sandbox::new("k1", None, vec![])).unwrap();
+        let dir = r.registry_dir();
+        for n in [".k1.json.0a.tmp", ".k10.json.0b.tmp", ".k1.json.0c.tmp"] {
+            std::fs::write(dir.join(n), b"{").unwrap();
+        }
+        let gone = reg.remove_partial("k1");
+        assert_eq!(gone.len(), 2, "{gone:?}");
+        assert!(
+            dir.join(".k10.json.0b.tmp").exists(),
+            "another name's file went"
+        );
+        assert!(dir.join("k1.json").exists(), "the record itself went");
     }
 
     #[test]

@@ -687,8 +687,12 @@ impl<'a> Sandboxes<'a> {
         for p in self.leases().release(name)? {
             out(&format!("port {p}"));
         }
-        if Registry::new(&self.root).unregister(name)? {
+        let reg = Registry::new(&self.root);
+        if reg.unregister(name)? {
             out(&format!("registry {name}"));
+        }
+        for p in reg.remove_partial(name) {
+            out(&format!("partial {}", p.display()));
         }
         // The mail dir goes whole; what it still holds is archived first
         // (lib/sandbox/mailbox.rs), never kept live for nobody to read.
