@@ -126,27 +126,31 @@ mod tests {
     use super::*;
     use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 
-    #[test]
-    fn a_single_link_is_renamed_whole_without_its_setuid_bit() {
-        let d = std::env::temp_dir().join(format!("lw-quarantine1-{}", crate::id::new_id()));
+    /// A scratch directory with `out/bad`, a setuid file, and an empty `q/`.
+    fn planted(tag: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("{tag}-{}", crate::id::new_id()));
         std::fs::create_dir_all(d.join("out")).unwrap();
         std::fs::create_dir_all(d.join("q")).unwrap();
         std::fs::write(d.join("out/bad"), b"junk").unwrap();
         std::fs::set_permissions(d.join("out/bad"), std::fs::Permissions::from_mode(0o4755))
             .unwrap();
+        d
+    }
+
+    fn dir(d: &std::path::Path, name: &str) -> OwnedFd {
+        rfs::open(
+            d.join(name),
+            OFlags::DIRECTORY | OFlags::RDONLY,
+            Mode::empty(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_single_link_is_renamed_whole_without_its_setuid_bit() {
+        let d = planted("lw-quarantine1");
         let ino = std::fs::metadata(d.join("out/bad")).unwrap().ino();
-        let from = rfs::open(
-            d.join("out"),
-            OFlags::DIRECTORY | OFlags::RDONLY,
-            Mode::empty(),
-        )
-        .unwrap();
-        let to = rfs::open(
-            d.join("q"),
-            OFlags::DIRECTORY | OFlags::RDONLY,
-            Mode::empty(),
-        )
-        .unwrap();
+        let (from, to) = (dir(&d, "out"), dir(&d, "q"));
         assert!(take(&from, OsStr::new("bad"), &to, OsStr::new("Q1")).unwrap());
         let m = std::fs::metadata(d.join("q/Q1")).unwrap();
         assert_eq!((m.ino(), m.mode() & 0o7777), (ino, 0o600));
@@ -155,25 +159,9 @@ mod tests {
 
     #[test]
     fn a_hard_link_kept_by_the_sender_cannot_write_the_quarantined_copy() {
-        let d = std::env::temp_dir().join(format!("lw-quarantine-{}", crate::id::new_id()));
-        std::fs::create_dir_all(d.join("out")).unwrap();
-        std::fs::create_dir_all(d.join("q")).unwrap();
-        std::fs::write(d.join("out/bad"), b"junk").unwrap();
-        std::fs::set_permissions(d.join("out/bad"), std::fs::Permissions::from_mode(0o4755))
-            .unwrap();
+        let d = planted("lw-quarantine");
         std::fs::hard_link(d.join("out/bad"), d.join("keep")).unwrap();
-        let from = rfs::open(
-            d.join("out"),
-            OFlags::DIRECTORY | OFlags::RDONLY,
-            Mode::empty(),
-        )
-        .unwrap();
-        let to = rfs::open(
-            d.join("q"),
-            OFlags::DIRECTORY | OFlags::RDONLY,
-            Mode::empty(),
-        )
-        .unwrap();
+        let (from, to) = (dir(&d, "out"), dir(&d, "q"));
         assert!(take(&from, OsStr::new("bad"), &to, OsStr::new("Q1")).unwrap());
         assert!(!take(&from, OsStr::new("bad"), &to, OsStr::new("Q1")).unwrap());
         std::fs::write(d.join("keep"), b"changed through the link").unwrap();

@@ -26,26 +26,6 @@ use std::time::Instant;
 
 use sandbox_support::*;
 
-struct World {
-    label: String,
-    net: String,
-}
-
-impl Drop for World {
-    fn drop(&mut self) {
-        let ids = text(&docker(&[
-            "ps",
-            "-aq",
-            "--filter",
-            &format!("label={}", self.label),
-        ]));
-        for id in ids.split_whitespace() {
-            let _ = docker(&["rm", "-f", id]);
-        }
-        let _ = docker(&["network", "rm", &self.net]);
-    }
-}
-
 fn openssl(dir: &Path, args: &[&str]) {
     let o = Command::new("openssl")
         .args(args)

@@ -21,28 +21,6 @@ use std::time::{Duration, Instant};
 use egress_support::{counted, counter_server};
 use sandbox_support::*;
 
-/// Removes the world's servers and network (after the fixture's drop has
-/// removed the proxies attached to it).
-struct World {
-    label: String,
-    net: String,
-}
-
-impl Drop for World {
-    fn drop(&mut self) {
-        let ids = text(&docker(&[
-            "ps",
-            "-aq",
-            "--filter",
-            &format!("label={}", self.label),
-        ]));
-        for id in ids.split_whitespace() {
-            let _ = docker(&["rm", "-f", id]);
-        }
-        let _ = docker(&["network", "rm", &self.net]);
-    }
-}
-
 fn exists(what: &str, name: &str) -> bool {
     docker(&[what, "inspect", name]).status.success()
 }

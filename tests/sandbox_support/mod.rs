@@ -303,3 +303,26 @@ pub fn unmount_under(dir: &Path) {
         let _ = Command::new("umount").arg("-l").arg(p).output();
     }
 }
+
+/// A test's own Docker network and the servers on it (labelled `label`):
+/// removed when dropped, after the fixture's drop has removed the proxies
+/// attached to it.
+pub struct World {
+    pub label: String,
+    pub net: String,
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        let ids = text(&docker(&[
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("label={}", self.label),
+        ]));
+        for id in ids.split_whitespace() {
+            let _ = docker(&["rm", "-f", id]);
+        }
+        let _ = docker(&["network", "rm", &self.net]);
+    }
+}
