@@ -4,17 +4,28 @@
 //! nearest directory at or above the current one that has it, or `-C DIR`),
 //! computes every layer's tag from the hash of its declared inputs, and builds
 //! the missing ones through the container engine, in order.  Prints one line
-//! per layer on stdout: `LAYER TAG cached|built`.  Nothing is tagged unless its
-//! build succeeded, so a failed run is simply retried by the next one.
+//! per layer on stdout: `LAYER TAG cached|pulled|built`.  Nothing is tagged
+//! unless its build succeeded, so a failed run is simply retried by the next one.
+//!
+//! With an image cache (`build.cache = HOST[:PORT]/REPO` in
+//! `.loopwright/config`, or `--cache`), a missing layer is first pulled from
+//! the cache by its input hash and built only when the cache lacks it; a
+//! cached image whose recorded inputs differ is refused and built, with a
+//! warning; a cache that cannot be reached is warned about and the build goes
+//! on locally.  `push` and `pull` move every layer to and from the cache;
+//! `save FILE` and `load FILE` carry them in one archive instead.
 //!
 //! `--print-tag` prints the final layer's tag without building; `--explain`
-//! says, per layer, whether it is cached, its inputs and what changed since
-//! the image it would replace.  `init` writes the default runtime.
+//! says, per layer, whether it is cached, would be pulled or built, its inputs
+//! and what changed since the image it would replace.  `init` writes the
+//! default runtime.
 //!
-//! Exit status: 0 done; 64 usage; 65 a build step failed (its output shown);
-//! 66 a declared input or the `from` image is missing; 69 the engine cannot be
-//! reached; 73 `init` would overwrite a file; 78 the runtime definition is
-//! wrong (the line is named), including a Dockerfile reading an undeclared file.
+//! Exit status: 0 done; 64 usage; 65 a build step failed (its output shown),
+//! a pulled layer was refused (`pull`), or an archive is incomplete (`load`,
+//! nothing loaded); 66 a declared input, the `from` image or a layer to push
+//! or save is missing; 69 the engine, or for `push`/`pull` the cache, cannot be
+//! reached; 73 `init` would overwrite a file; 77 the cache refused the
+//! credentials; 78 the runtime definition or the cache setting is wrong.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -23,9 +34,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use loopwright::agent;
 use loopwright::cli::out_err;
+use loopwright::distribution::Client;
 use loopwright::engine::{BuildEvent, DockerEngine};
 use loopwright::error::{Error, Exit, Result};
-use loopwright::image::{self, BuildOptions, InputKind, Layer, LayerResult, Runtime};
+use loopwright::image::cache::{self, Fetch, Probe, Puller, Push};
+use loopwright::image::{self, BuildOptions, InputKind, Layer, LayerResult, Plan, Runtime};
 use serde_json::json;
 
 const PROG: &str = "lw-build";
@@ -54,6 +67,12 @@ struct Args {
     /// Also build the agent layer of this kit (repeatable; lw-sandbox kits lists them).
     #[arg(long, value_name = "KIT")]
     agent: Vec<String>,
+    /// The image cache, HOST[:PORT]/REPO (default: build.cache in .loopwright/config; '' for none).
+    #[arg(long, value_name = "REF", global = true)]
+    cache: Option<String>,
+    /// Trust the CA certificates in this PEM file for the cache (default: build.cache-ca, else the system's).
+    #[arg(long, value_name = "FILE", global = true)]
+    cache_ca: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -66,6 +85,20 @@ enum Cmd {
         /// Replace existing files of the default runtime.
         #[arg(long)]
         force: bool,
+    },
+    /// Push every layer to the image cache (each built first by lw-build).
+    Push,
+    /// Pull every missing layer from the image cache; build nothing.
+    Pull,
+    /// Write the layers and the `from` image, with their tags, into one archive FILE.
+    Save {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
+    /// Load an archive made by `lw-build save`, after checking it whole.
+    Load {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
     },
 }
 
@@ -80,6 +113,18 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     };
     if let Some(Cmd::Init { from, force }) = &args.cmd {
         return init(&start, from, *force, out);
+    }
+    if let Some(Cmd::Load { file }) = &args.cmd {
+        let engine = DockerEngine::connect()?;
+        for tag in image::archive::load_file(&engine, file)? {
+            let line = if args.json {
+                json!({"type": "loaded", "tag": tag}).to_string()
+            } else {
+                tag
+            };
+            writeln!(out, "{line}").map_err(out_err)?;
+        }
+        return Ok(Exit::Ok);
     }
     let root = image::find_root(&start).ok_or_else(|| {
         Error::new(
@@ -100,6 +145,13 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         .collect::<Result<Vec<_>>>()?;
     let engine = DockerEngine::connect()?;
     let mut plan = runtime.plan(&engine)?;
+    let client = cache::configured(&root, args.cache.as_deref(), args.cache_ca.as_deref())?;
+    match &args.cmd {
+        Some(Cmd::Push) => return push(&engine, client.as_ref(), &plan, args.json, out),
+        Some(Cmd::Pull) => return pull(&engine, client.as_ref(), &plan, args.json, out),
+        Some(Cmd::Save { file }) => return save(&engine, &runtime, &plan, file, args.json, out),
+        _ => {}
+    }
     if args.print_tag {
         let line = if args.json {
             json!({"type": "tag", "tag": plan.final_tag()}).to_string()
@@ -110,34 +162,68 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         return Ok(Exit::Ok);
     }
     if args.explain {
+        let mut online = false;
+        if let Some(c) = &client {
+            match c.login(false) {
+                Ok(()) => online = true,
+                Err(e) if e.exit == Exit::Unavailable => {
+                    eprintln!("{PROG}: warning: {}; explaining a build without it", e.msg)
+                }
+                Err(e) => return Err(e),
+            }
+        }
         for layer in &plan.layers {
-            explain(&engine, layer, args.json, out)?;
+            let probe = match &client {
+                Some(c) if online && !layer.cached() => Some(cache::probe(c, layer)?),
+                _ => None,
+            };
+            explain(&engine, layer, probe, args.json, out)?;
         }
         return Ok(Exit::Ok);
     }
     let mut progress = Progress::new(args.verbose);
+    let mut warn = |w: &str| eprintln!("{PROG}: warning: {w}");
+    let mut puller = Puller::new(&engine, client.as_ref(), &mut warn);
     let results = {
         let progress = std::cell::RefCell::new(&mut progress);
         let mut on_event = |l: &Layer, ev: &BuildEvent| progress.borrow_mut().event(l, ev);
         let mut on_start = |l: &Layer| progress.borrow_mut().start(l);
+        let mut fetch = |l: &Layer| {
+            progress.borrow_mut().pulling(l);
+            puller.fetch(l)
+        };
         image::build(
             &engine,
             &mut plan,
             &mut BuildOptions {
                 on_event: &mut on_event,
                 on_start: &mut on_start,
+                fetch: Some(&mut fetch),
             },
         )
     };
     progress.clear();
     let results = results?;
     for (layer, r) in plan.layers.iter().zip(&results) {
-        let (state, id) = match r {
-            LayerResult::Cached(id) => ("cached", id),
-            LayerResult::Built(id) => ("built", id),
+        let (state, id, bytes) = match r {
+            LayerResult::Cached(id) => ("cached", id, None),
+            LayerResult::Pulled(id, n) => ("pulled", id, Some(*n)),
+            LayerResult::Built(id) => ("built", id, None),
         };
+        let refused = puller
+            .refused
+            .iter()
+            .find(|(t, _)| t == &layer.tag)
+            .map(|(_, why)| why);
         let line = if args.json {
-            json!({"type": "layer", "layer": layer.def.name, "tag": layer.tag, "state": state, "id": id}).to_string()
+            let mut v = json!({"type": "layer", "layer": layer.def.name, "tag": layer.tag, "state": state, "id": id});
+            if let Some(n) = bytes {
+                v["bytes"] = json!(n);
+            }
+            if let Some(why) = refused {
+                v["refused"] = json!(why);
+            }
+            v.to_string()
         } else {
             format!("{} {} {state}", layer.def.name, layer.tag)
         };
@@ -191,19 +277,152 @@ fn init(dir: &Path, from: &str, force: bool, out: &mut dyn Write) -> Result<Exit
     Ok(Exit::Ok)
 }
 
-fn explain(engine: &DockerEngine, layer: &Layer, as_json: bool, out: &mut dyn Write) -> Result<()> {
+/// `lw-build push`: every layer, which must be built, to the cache.
+fn push(
+    engine: &DockerEngine,
+    client: Option<&Client>,
+    plan: &Plan,
+    as_json: bool,
+    out: &mut dyn Write,
+) -> Result<Exit> {
+    let client = client.ok_or_else(no_cache)?;
+    if let Some(l) = plan.layers.iter().find(|l| !l.cached()) {
+        return Err(not_built(l, "push"));
+    }
+    client.login(true)?;
+    for layer in &plan.layers {
+        let (state, bytes) = match cache::push(engine, client, layer)? {
+            Push::Pushed { bytes } => ("pushed", bytes),
+            Push::Present => ("present", 0),
+        };
+        let remote = format!("{}:{}", client.cache, cache::remote_tag(layer));
+        let line = if as_json {
+            json!({"type": "push", "layer": layer.def.name, "tag": layer.tag, "remote": remote, "state": state, "bytes": bytes}).to_string()
+        } else {
+            format!("{} {} {state} {remote}", layer.def.name, layer.tag)
+        };
+        writeln!(out, "{line}").map_err(out_err)?;
+    }
+    Ok(Exit::Ok)
+}
+
+/// `lw-build pull`: every missing layer from the cache; builds nothing.
+fn pull(
+    engine: &DockerEngine,
+    client: Option<&Client>,
+    plan: &Plan,
+    as_json: bool,
+    out: &mut dyn Write,
+) -> Result<Exit> {
+    let client = client.ok_or_else(no_cache)?;
+    client.login(false)?;
+    let mut exit = Exit::Ok;
+    for layer in &plan.layers {
+        let (state, bytes, why) = if layer.cached() {
+            ("cached", None, None)
+        } else {
+            match cache::pull(engine, client, layer)? {
+                Fetch::Pulled { bytes, .. } => ("pulled", Some(bytes), None),
+                Fetch::Missing => ("missing", None, None),
+                Fetch::Refused(why) => {
+                    eprintln!(
+                        "{PROG}: refused {}:{} from the image cache: {why}",
+                        client.cache,
+                        cache::remote_tag(layer)
+                    );
+                    exit = Exit::DataErr;
+                    ("refused", None, Some(why))
+                }
+            }
+        };
+        let line = if as_json {
+            let mut v = json!({"type": "layer", "layer": layer.def.name, "tag": layer.tag, "state": state});
+            if let Some(n) = bytes {
+                v["bytes"] = json!(n);
+            }
+            if let Some(w) = why {
+                v["refused"] = json!(w);
+            }
+            v.to_string()
+        } else {
+            format!("{} {} {state}", layer.def.name, layer.tag)
+        };
+        writeln!(out, "{line}").map_err(out_err)?;
+    }
+    Ok(exit)
+}
+
+/// `lw-build save FILE`: the `from` image and every layer in one archive.
+fn save(
+    engine: &DockerEngine,
+    runtime: &Runtime,
+    plan: &Plan,
+    file: &Path,
+    as_json: bool,
+    out: &mut dyn Write,
+) -> Result<Exit> {
+    if let Some(l) = plan.layers.iter().find(|l| !l.cached()) {
+        return Err(not_built(l, "save"));
+    }
+    let mut refs: Vec<&str> = vec![runtime.def.from.as_str()];
+    refs.extend(plan.layers.iter().map(|l| l.tag.as_str()));
+    let bytes = image::archive::save_file(engine, &refs, file)?;
+    if as_json {
+        let v = json!({"type": "save", "file": file, "bytes": bytes, "tags": refs});
+        writeln!(out, "{v}").map_err(out_err)?;
+    } else {
+        for r in refs {
+            writeln!(out, "{r}").map_err(out_err)?;
+        }
+    }
+    Ok(Exit::Ok)
+}
+
+fn no_cache() -> Error {
+    Error::config(
+        "no image cache: set build.cache = HOST[:PORT]/REPO in .loopwright/config or pass --cache",
+    )
+}
+
+fn not_built(l: &Layer, what: &str) -> Error {
+    Error::new(
+        Exit::NoInput,
+        format!(
+            "layer '{}' ({}) is not built; run lw-build first, then {what} again",
+            l.def.name, l.tag
+        ),
+    )
+}
+
+fn explain(
+    engine: &DockerEngine,
+    layer: &Layer,
+    probe: Option<Probe>,
+    as_json: bool,
+    out: &mut dyn Write,
+) -> Result<()> {
     let replaces = if layer.cached() {
         None
     } else {
         image::explain(engine, layer)?.replaces
     };
     let inputs = layer.files.iter().filter(|f| f.kind != InputKind::Dir);
+    let refused = match &probe {
+        Some(Probe::Refused(why)) => Some(why.clone()),
+        _ => None,
+    };
+    let state = match (layer.cached(), &probe) {
+        (true, _) => "cached",
+        (false, Some(Probe::Present)) => "to-pull",
+        _ => "to-build",
+    };
     if as_json {
         let v = json!({
             "type": "explain",
             "layer": layer.def.name,
             "tag": layer.tag,
-            "state": if layer.cached() { "cached" } else { "to-build" },
+            "state": state,
+            "refused": refused,
             "parent": layer.parent,
             "provider": layer.def.provider.as_ref().map(|p| p.describe()),
             "dockerfile": layer.dockerfile.path,
@@ -213,8 +432,10 @@ fn explain(engine: &DockerEngine, layer: &Layer, as_json: bool, out: &mut dyn Wr
         });
         return writeln!(out, "{v}").map_err(out_err);
     }
-    let state = if layer.cached() { "cached" } else { "to build" };
-    let mut text = format!("{} {} {state}\n", layer.def.name, layer.tag);
+    let mut text = format!("{} {} {}\n", layer.def.name, layer.tag, state.replace('-', " "));
+    if let Some(why) = &refused {
+        text += &format!("  refused the image cache's copy: {why}\n");
+    }
     text += &format!("  parent {}\n", layer.parent);
     if let Some(p) = &layer.def.provider {
         text += &format!("  provider {}\n", p.describe());
@@ -258,6 +479,13 @@ impl Progress {
         if self.verbose || self.tty {
             self.clear();
             eprintln!("{PROG}: building {} as {}", l.def.name, l.tag);
+        }
+    }
+
+    fn pulling(&mut self, l: &Layer) {
+        if self.verbose || self.tty {
+            self.clear();
+            eprintln!("{PROG}: looking for {} in the image cache", l.tag);
         }
     }
 

@@ -108,6 +108,7 @@ pub fn run(inp: &Inputs) -> Vec<Finding> {
     if let Some(p) = &project {
         out.push(mirror(p, inp.fresh));
         out.extend(image(p, engine.as_ref()));
+        out.push(image_cache(p));
         out.extend(crate::agent::doctor::checks(
             p,
             engine.as_ref().map(|e| e as &dyn Engine),
@@ -502,6 +503,53 @@ fn github(dir: &Path) -> Finding {
             Status::Warn,
             format!("{who} at {base}; {e}"),
             None,
+        ),
+    }
+}
+
+/// The image cache (`build.cache`): reachable over TLS, credentials accepted.
+fn image_cache(p: &Project) -> Finding {
+    if p.config.get("build.cache").is_none_or(|v| v.trim().is_empty()) {
+        return f(
+            "image-cache",
+            Status::Skip,
+            "no build.cache in .loopwright/config; layers are built on this machine only",
+            None,
+        );
+    }
+    let client = match crate::image::cache::configured(&p.top, None, None) {
+        Ok(Some(c)) => c,
+        Ok(None) => return f("image-cache", Status::Skip, "no image cache", None),
+        Err(e) => {
+            return f(
+                "image-cache",
+                Status::Fail,
+                e.to_string(),
+                Some("fix build.cache / build.cache-ca in .loopwright/config".into()),
+            );
+        }
+    };
+    match client.login(false) {
+        Ok(()) => f(
+            "image-cache",
+            Status::Ok,
+            format!("{} reachable, access granted", client.cache),
+            None,
+        ),
+        Err(e) if e.exit == crate::Exit::NoPerm => f(
+            "image-cache",
+            Status::Fail,
+            e.to_string(),
+            Some(format!("docker login {}", client.cache.host)),
+        ),
+        Err(e) => f(
+            "image-cache",
+            Status::Fail,
+            e.to_string(),
+            Some(
+                "start the registry, or check build.cache and build.cache-ca (lw-build builds locally meanwhile)"
+                    .into(),
+            ),
         ),
     }
 }

@@ -7,6 +7,7 @@ pub mod agent;
 pub mod cli;
 pub mod config;
 pub mod digest;
+pub mod distribution;
 pub mod doctor;
 pub mod egress;
 pub mod engine;

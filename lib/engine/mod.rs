@@ -312,3 +312,21 @@ pub trait NetworkEngine: Engine {
         done: &mut dyn FnMut(&str) -> bool,
     ) -> Result<bool>;
 }
+
+/// Moving images in and out of an engine as archives, the format of
+/// `docker save` (a tar of `manifest.json`, one config per image and one
+/// `layer.tar` per layer): how the image cache (lib/image/cache.rs) carries
+/// layers between an engine and a registry or a file.
+pub trait ImageTransfer: Engine {
+    /// Writes one archive of `references` (tags or ids; shared layers once)
+    /// to `out`; returns its size in bytes.
+    fn save_images(&self, references: &[&str], out: &mut dyn std::io::Write) -> Result<u64>;
+    /// Loads the archive in `archive` (read from its current position);
+    /// returns the references the engine says it loaded.  A layer the
+    /// engine already holds (same chain of layer digests) may be absent from
+    /// the archive: the engine does not read it.
+    fn load_images(&self, archive: std::fs::File) -> Result<Vec<String>>;
+    /// The layer digests (`sha256:...` of each uncompressed layer tar, in
+    /// order) of the image `reference`, `None` when there is no such image.
+    fn image_layers(&self, reference: &str) -> Result<Option<Vec<String>>>;
+}

@@ -13,12 +13,18 @@ pub struct BuildOptions<'a> {
     pub on_event: &'a mut dyn FnMut(&Layer, &BuildEvent),
     /// Called before a layer builds.
     pub on_start: &'a mut dyn FnMut(&Layer),
+    /// Asked first for a missing layer (the image cache): `Some((id,
+    /// bytes))` when it brought the image under the layer's tag, `None` to
+    /// build it.
+    pub fetch: Option<&'a mut dyn FnMut(&Layer) -> Result<Option<(String, u64)>>>,
 }
 
 /// What happened to a layer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LayerResult {
     Cached(String),
+    /// Pulled from the image cache: the id and the bytes read.
+    Pulled(String, u64),
     Built(String),
 }
 
@@ -33,6 +39,13 @@ pub fn build(
     for layer in plan.layers.iter_mut() {
         if let Some(id) = &layer.image_id {
             results.push(LayerResult::Cached(id.clone()));
+            continue;
+        }
+        if let Some(fetch) = opts.fetch.as_mut()
+            && let Some((id, bytes)) = fetch(layer)?
+        {
+            layer.image_id = Some(id.clone());
+            results.push(LayerResult::Pulled(id, bytes));
             continue;
         }
         let df_text = String::from_utf8_lossy(&layer.dockerfile.data).into_owned();

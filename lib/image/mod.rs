@@ -24,9 +24,12 @@
 
 // The image builder by concern: the definition file (definition), the
 // inputs found and hashed into tags (inputs), building a layer (build) and
-// explaining a rebuild (explain).  This file holds the constants, `init`
+// explaining a rebuild (explain); the image cache off the machine: a
+// registry (cache) and archives (archive).  This file holds the constants, `init`
 // and the project's root.
+pub mod archive;
 mod build;
+pub mod cache;
 mod definition;
 mod explain;
 mod inputs;

@@ -9,6 +9,7 @@
 //! labelled containers, exec with stdin and a terminal) and networks in
 //! `network.rs`.
 
+mod image;
 mod network;
 mod sandbox;
 
