@@ -62,7 +62,7 @@ struct Args {
     #[arg(short, long)]
     verbose: bool,
     /// Write JSON Lines (one object per layer, with a "type" field) instead of text.
-    #[arg(long)]
+    #[arg(long, global = true)]
     json: bool,
     /// Also build the agent layer of this kit (repeatable; lw-sandbox kits lists them).
     #[arg(long, value_name = "KIT")]

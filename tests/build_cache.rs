@@ -76,9 +76,10 @@ fn layers_travel_between_engines_through_the_registry() {
     let p = project("cache");
     let cache = reg.cache("lw/layers");
     let ca = reg.ca.to_str().expect("utf-8").to_string();
+    // Subcommands first: the options follow them.
     let with_cache = |extra: &[&str]| -> Vec<String> {
-        let mut a: Vec<String> = vec!["--cache".into(), cache.clone(), "--cache-ca".into(), ca.clone()];
-        a.extend(extra.iter().map(|s| s.to_string()));
+        let mut a: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        a.extend(["--cache".into(), cache.clone(), "--cache-ca".into(), ca.clone()]);
         a
     };
     let good = reg.good_config.clone();
@@ -215,8 +216,8 @@ fn bad_cache_input_is_survived() {
     };
     docker_rmi(&tag);
     for args in [vec![], vec!["push"], vec!["pull"]] {
-        let mut a = vec!["--cache", &cache, "--cache-ca", ca];
-        a.extend(args.iter().copied());
+        let mut a: Vec<&str> = args.clone();
+        a.extend(["--cache", &cache, "--cache-ca", ca]);
         let o = lw(&p, None, &reg.bad_config, &a);
         if args == ["push"] {
             // Nothing to push before a build: 66 comes first.
