@@ -336,7 +336,8 @@ fn pull(
             }
         };
         let line = if as_json {
-            let mut v = json!({"type": "layer", "layer": layer.def.name, "tag": layer.tag, "state": state});
+            let mut v =
+                json!({"type": "layer", "layer": layer.def.name, "tag": layer.tag, "state": state});
             if let Some(n) = bytes {
                 v["bytes"] = json!(n);
             }
@@ -432,7 +433,12 @@ fn explain(
         });
         return writeln!(out, "{v}").map_err(out_err);
     }
-    let mut text = format!("{} {} {}\n", layer.def.name, layer.tag, state.replace('-', " "));
+    let mut text = format!(
+        "{} {} {}\n",
+        layer.def.name,
+        layer.tag,
+        state.replace('-', " ")
+    );
     if let Some(why) = &refused {
         text += &format!("  refused the image cache's copy: {why}\n");
     }

@@ -509,7 +509,10 @@ fn github(dir: &Path) -> Finding {
 
 /// The image cache (`build.cache`): reachable over TLS, credentials accepted.
 fn image_cache(p: &Project) -> Finding {
-    if p.config.get("build.cache").is_none_or(|v| v.trim().is_empty()) {
+    if p.config
+        .get("build.cache")
+        .is_none_or(|v| v.trim().is_empty())
+    {
         return f(
             "image-cache",
             Status::Skip,

@@ -17,9 +17,9 @@ use build_support::{Project, image_id, lw_build, stderr, stdout, test_image};
 use serde_json::Value;
 
 const BASE: &str = "ARG LW_PARENT\nFROM ${LW_PARENT}\nRUN dd if=/dev/urandom of=/base.bin bs=1024 count=4096 2>/dev/null\n";
-const TOOLCHAIN: &str =
-    "ARG LW_PARENT\nFROM ${LW_PARENT}\nRUN echo tool > /tool && dd if=/dev/urandom of=/tool.bin bs=1024 count=2048 2>/dev/null\n";
-const DEPS: &str = "ARG LW_PARENT\nFROM ${LW_PARENT}\nCOPY deps.lock /deps.lock\nRUN cat /deps.lock > /deps.out\n";
+const TOOLCHAIN: &str = "ARG LW_PARENT\nFROM ${LW_PARENT}\nRUN echo tool > /tool && dd if=/dev/urandom of=/tool.bin bs=1024 count=2048 2>/dev/null\n";
+const DEPS: &str =
+    "ARG LW_PARENT\nFROM ${LW_PARENT}\nCOPY deps.lock /deps.lock\nRUN cat /deps.lock > /deps.out\n";
 
 fn project(tag: &str) -> Project {
     let p = Project::new(tag);
@@ -79,7 +79,12 @@ fn layers_travel_between_engines_through_the_registry() {
     // Subcommands first: the options follow them.
     let with_cache = |extra: &[&str]| -> Vec<String> {
         let mut a: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        a.extend(["--cache".into(), cache.clone(), "--cache-ca".into(), ca.clone()]);
+        a.extend([
+            "--cache".into(),
+            cache.clone(),
+            "--cache-ca".into(),
+            ca.clone(),
+        ]);
         a
     };
     let good = reg.good_config.clone();
@@ -90,7 +95,10 @@ fn layers_travel_between_engines_through_the_registry() {
 
     // A cold build on B, with no cache, for the figures; then B forgets it.
     let t = Instant::now();
-    let cold = records(&run(Some(&b.host), vec!["--json".into(), "--cache".into(), String::new()]));
+    let cold = records(&run(
+        Some(&b.host),
+        vec!["--json".into(), "--cache".into(), String::new()],
+    ));
     let cold_b = t.elapsed();
     assert_eq!(states(&cold), ["built", "built", "built"]);
     b.remove_images(&p.repo);
@@ -100,7 +108,10 @@ fn layers_travel_between_engines_through_the_registry() {
     assert_eq!(states(&a_built), ["built", "built", "built"]);
     let pushed = records(&run(None, with_cache(&["push", "--json"])));
     assert_eq!(states(&pushed), ["pushed", "pushed", "pushed"]);
-    assert!(pushed.iter().all(|r| r["bytes"].as_u64() > Some(0)), "{pushed:?}");
+    assert!(
+        pushed.iter().all(|r| r["bytes"].as_u64() > Some(0)),
+        "{pushed:?}"
+    );
     let again = records(&run(None, with_cache(&["push", "--json"])));
     assert_eq!(states(&again), ["present", "present", "present"]);
 
@@ -110,20 +121,34 @@ fn layers_travel_between_engines_through_the_registry() {
     let t = Instant::now();
     let warm = records(&run(Some(&b.host), with_cache(&["--json"])));
     let warm_b = t.elapsed();
-    assert_eq!(states(&warm), ["pulled", "pulled", "pulled"], "B builds none");
+    assert_eq!(
+        states(&warm),
+        ["pulled", "pulled", "pulled"],
+        "B builds none"
+    );
     for (w, a) in warm.iter().zip(&a_built) {
         assert_eq!(w["id"], a["id"], "B holds the very image A built");
     }
     let pulled: u64 = warm.iter().map(|r| r["bytes"].as_u64().unwrap_or(0)).sum();
     let final_tag = warm[2]["tag"].as_str().expect("tag").to_string();
     let size: u64 = String::from_utf8_lossy(
-        &b.docker(&["image", "inspect", "-f", "{{.Size}}", &final_tag]).stdout,
+        &b.docker(&["image", "inspect", "-f", "{{.Size}}", &final_tag])
+            .stdout,
     )
     .trim()
     .parse()
     .expect("image size");
     // A container from the pulled layers.
-    let o = b.docker(&["run", "--rm", "--network", "none", &final_tag, "cat", "/tool", "/deps.out"]);
+    let o = b.docker(&[
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        &final_tag,
+        "cat",
+        "/tool",
+        "/deps.out",
+    ]);
     assert!(o.status.success(), "container on B: {}", stderr(&o));
     assert_eq!(stdout(&o), "tool\ndeps 1\n");
     let again = records(&run(Some(&b.host), with_cache(&["--json"])));
@@ -137,7 +162,8 @@ fn layers_travel_between_engines_through_the_registry() {
 
     // A tampered tag: the cache's base tag now holds the toolchain image.
     let client = reg.client("lw/layers");
-    let rtag = |layer: &str, tag: &str| format!("{layer}-{}", tag.rsplit(':').next().expect("hash"));
+    let rtag =
+        |layer: &str, tag: &str| format!("{layer}-{}", tag.rsplit(':').next().expect("hash"));
     let base_remote = rtag("base", warm[0]["tag"].as_str().expect("tag"));
     let tool_remote = rtag("toolchain", warm[1]["tag"].as_str().expect("tag"));
     let (mt, bytes) = client
@@ -151,15 +177,28 @@ fn layers_travel_between_engines_through_the_registry() {
     let out = run(Some(&b.host), with_cache(&["--json"]));
     let tampered = records(&out);
     assert_eq!(states(&tampered), ["built", "pulled", "built"]);
-    assert_eq!(tampered[0]["state"], "built", "the tampered base is refused and built");
+    assert_eq!(
+        tampered[0]["state"], "built",
+        "the tampered base is refused and built"
+    );
     assert!(
-        tampered[0]["refused"].as_str().unwrap_or("").contains("label records input hash"),
+        tampered[0]["refused"]
+            .as_str()
+            .unwrap_or("")
+            .contains("label records input hash"),
         "{:?}",
         tampered[0]
     );
-    let refused = tampered.iter().filter(|r| r.get("refused").is_some()).count();
+    let refused = tampered
+        .iter()
+        .filter(|r| r.get("refused").is_some())
+        .count();
     assert_eq!(refused, 1, "{tampered:?}");
-    assert!(stderr(&out).contains("warning: refused"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("warning: refused"),
+        "{}",
+        stderr(&out)
+    );
 
     let ratio = warm_b.as_secs_f64() / cold_b.as_secs_f64();
     println!(
@@ -170,7 +209,10 @@ fn layers_travel_between_engines_through_the_registry() {
         warm_b.as_secs_f64(),
         100.0 * pulled as f64 / size as f64
     );
-    assert!(warm_b < cold_b, "pulling ({warm_b:?}) is faster than building ({cold_b:?})");
+    assert!(
+        warm_b < cold_b,
+        "pulling ({warm_b:?}) is faster than building ({cold_b:?})"
+    );
 }
 
 fn one_layer(tag: &str) -> Project {
@@ -199,7 +241,12 @@ fn bad_cache_input_is_survived() {
 
     // Registry down: warn, build locally, exit 0.
     let down = format!("127.0.0.1:{}/lw/layers", free_port());
-    let o = lw(&p, None, &reg.good_config, &["--cache", &down, "--cache-ca", ca]);
+    let o = lw(
+        &p,
+        None,
+        &reg.good_config,
+        &["--cache", &down, "--cache-ca", ca],
+    );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stdout(&o).ends_with(" built\n"), "{}", stdout(&o));
     assert!(
@@ -207,12 +254,18 @@ fn bad_cache_input_is_survived() {
         "{}",
         stderr(&o)
     );
-    let tag = stdout(&o).split_whitespace().nth(1).expect("tag").to_string();
+    let tag = stdout(&o)
+        .split_whitespace()
+        .nth(1)
+        .expect("tag")
+        .to_string();
 
     // Wrong credentials: 77, naming the registry (pull, build, push).
     let cache = reg.cache("lw/layers");
     let docker_rmi = |t: &str| {
-        let _ = std::process::Command::new("docker").args(["rmi", "-f", t]).output();
+        let _ = std::process::Command::new("docker")
+            .args(["rmi", "-f", t])
+            .output();
     };
     docker_rmi(&tag);
     for args in [vec![], vec!["push"], vec!["pull"]] {
@@ -231,13 +284,27 @@ fn bad_cache_input_is_survived() {
     // A CA the registry's certificate is not from: unreachable, build on.
     let o = lw(&p, None, &reg.good_config, &["--cache", &cache]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert!(stderr(&o).contains("warning: cannot reach"), "{}", stderr(&o));
-    let o = lw(&p, None, &reg.bad_config, &["push", "--cache", &cache, "--cache-ca", ca]);
+    assert!(
+        stderr(&o).contains("warning: cannot reach"),
+        "{}",
+        stderr(&o)
+    );
+    let o = lw(
+        &p,
+        None,
+        &reg.bad_config,
+        &["push", "--cache", &cache, "--cache-ca", ca],
+    );
     assert_eq!(o.status.code(), Some(77), "{}", stderr(&o));
 
     // save, then a truncated archive: 65 and nothing loaded; the whole one loads.
     let file = p.dir.join("layers.tar");
-    let o = lw(&p, None, &reg.good_config, &["save", file.to_str().expect("utf-8")]);
+    let o = lw(
+        &p,
+        None,
+        &reg.good_config,
+        &["save", file.to_str().expect("utf-8")],
+    );
     assert!(o.status.success(), "save: {}", stderr(&o));
     assert!(stdout(&o).contains(&tag), "{}", stdout(&o));
     let whole = std::fs::read(&file).expect("archive");

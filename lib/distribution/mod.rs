@@ -534,7 +534,8 @@ fn challenge_params(h: &str) -> std::collections::BTreeMap<String, String> {
 }
 
 fn read_pem(path: &Path) -> Result<Option<Vec<ureq::tls::Certificate<'static>>>> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io_as(Exit::Config, "cannot read", path, e))?;
+    let bytes =
+        std::fs::read(path).map_err(|e| Error::io_as(Exit::Config, "cannot read", path, e))?;
     let certs = pem_certs(&bytes);
     if certs.is_empty() {
         return Err(Error::config(format!(

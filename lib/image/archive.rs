@@ -33,7 +33,8 @@ impl Scratch {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
-        let dir = std::env::temp_dir().join(format!("lw-build-{what}-{}-{t:x}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("lw-build-{what}-{}-{t:x}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("cannot create", &dir, e))?;
         Ok(Scratch(dir))
     }
@@ -83,7 +84,11 @@ pub fn scan(r: impl Read, what: &str) -> Result<Scan> {
     let mut s = Scan::default();
     for ent in ar.entries().map_err(|e| bad(e.to_string()))? {
         let mut ent = ent.map_err(|e| bad(e.to_string()))?;
-        let name = clean(&ent.path().map_err(|e| bad(e.to_string()))?.to_string_lossy());
+        let name = clean(
+            &ent.path()
+                .map_err(|e| bad(e.to_string()))?
+                .to_string_lossy(),
+        );
         match ent.header().entry_type() {
             tar::EntryType::Symlink | tar::EntryType::Link => {
                 let target = ent
@@ -107,7 +112,9 @@ pub fn scan(r: impl Read, what: &str) -> Result<Scan> {
                 let keep = name.ends_with(".json") || name.starts_with("blobs/");
                 let mut small = Vec::new();
                 loop {
-                    let k = ent.read(&mut buf).map_err(|e| bad(format!("{name}: {e}")))?;
+                    let k = ent
+                        .read(&mut buf)
+                        .map_err(|e| bad(format!("{name}: {e}")))?;
                     if k == 0 {
                         break;
                     }
@@ -212,8 +219,8 @@ impl Scan {
                 .json
                 .get(&img.config)
                 .ok_or_else(|| bad(format!("{} is not a readable config", img.config)))?;
-            let config: Value = serde_json::from_slice(bytes)
-                .map_err(|e| bad(format!("{}: {e}", img.config)))?;
+            let config: Value =
+                serde_json::from_slice(bytes).map_err(|e| bad(format!("{}: {e}", img.config)))?;
             let diff_ids: Vec<&str> = config
                 .pointer("/rootfs/diff_ids")
                 .and_then(Value::as_array)
@@ -236,7 +243,7 @@ impl Scan {
                 }
             }
             for t in &img.repo_tags {
-                check_tag_label(t, &config).map_err(|why| bad(why))?;
+                check_tag_label(t, &config).map_err(&bad)?;
                 tags.push(t.clone());
             }
         }
@@ -356,7 +363,7 @@ mod tests {
             .expect("scans")
             .verify("a")
             .expect("whole");
-        assert_eq!(tags, [tag.clone()]);
+        assert_eq!(tags, [tag]);
         for cut in [a.len() / 3, a.len() - 1100, 700] {
             let e = scan(&a[..cut], "a")
                 .and_then(|s| s.verify("a"))
@@ -368,7 +375,10 @@ mod tests {
 
     #[test]
     fn a_tag_whose_label_hashes_elsewhere_is_refused() {
-        let a = archive("loopwright-layer 1\nlayer base\n", "loopwright/x-base:0123456789abcdef01234567");
+        let a = archive(
+            "loopwright-layer 1\nlayer base\n",
+            "loopwright/x-base:0123456789abcdef01234567",
+        );
         let e = scan(a.as_slice(), "a")
             .expect("scans")
             .verify("a")

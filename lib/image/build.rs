@@ -7,6 +7,10 @@ use std::collections::BTreeSet;
 
 use super::*;
 
+/// Brings a missing layer's image from elsewhere: `Some((id, bytes))` when
+/// its tag now points at it, `None` to build it.
+pub type Fetcher<'a> = dyn FnMut(&Layer) -> Result<Option<(String, u64)>> + 'a;
+
 /// Options of one build run.
 pub struct BuildOptions<'a> {
     /// Every line of build output, as it arrives (`-v`, terminal progress).
@@ -16,7 +20,7 @@ pub struct BuildOptions<'a> {
     /// Asked first for a missing layer (the image cache): `Some((id,
     /// bytes))` when it brought the image under the layer's tag, `None` to
     /// build it.
-    pub fetch: Option<&'a mut dyn FnMut(&Layer) -> Result<Option<(String, u64)>>>,
+    pub fetch: Option<&'a mut Fetcher<'a>>,
 }
 
 /// What happened to a layer.

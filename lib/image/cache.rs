@@ -57,7 +57,10 @@ pub enum Probe {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fetch {
     /// Loaded under the layer's tag: the image id and the blob bytes read.
-    Pulled { id: String, bytes: u64 },
+    Pulled {
+        id: String,
+        bytes: u64,
+    },
     Missing,
     /// Not loaded: why.
     Refused(String),
@@ -162,9 +165,8 @@ pub fn pull(engine: &dyn ImageTransfer, client: &Client, layer: &Layer) -> Resul
             continue;
         }
         let blob = scratch.0.join(format!("{i}.blob"));
-        let mut f = BufWriter::new(
-            File::create(&blob).map_err(|e| Error::io("cannot create", &blob, e))?,
-        );
+        let mut f =
+            BufWriter::new(File::create(&blob).map_err(|e| Error::io("cannot create", &blob, e))?);
         client.get_blob(digest, &mut f)?;
         drop(f);
         tar.append_path_with_name(&blob, &name)
@@ -193,10 +195,7 @@ pub fn pull(engine: &dyn ImageTransfer, client: &Client, layer: &Layer) -> Resul
         .map_err(|e| Error::io("cannot write", &archive, e))?;
     let f = File::open(&archive).map_err(|e| Error::io("cannot read", &archive, e))?;
     engine.load_images(f)?;
-    let id = engine
-        .image(&layer.tag)?
-        .map(|i| i.id)
-        .unwrap_or_default();
+    let id = engine.image(&layer.tag)?.map(|i| i.id).unwrap_or_default();
     if id != m.config {
         return Err(Error::data(format!(
             "loaded {tag} from the image cache at {}, but the engine has '{}' as {} (expected {})",

@@ -93,20 +93,45 @@ pub struct Registry {
 
 impl Registry {
     pub fn start(tag: &str) -> Registry {
-        require("docker-registry", "the reference registry the cache is tested against");
+        require(
+            "docker-registry",
+            "the reference registry the cache is tested against",
+        );
         require("openssl", "the test CA");
         require("perl", "a bcrypt password hash for htpasswd");
         let dir = std::env::temp_dir().join(format!("lw-registry-{tag}-{}", nonce()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let ossl = |args: &[&str]| run_ok("openssl", args, &dir);
         ossl(&[
-            "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-            "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
             "/CN=loopwright cache test CA",
         ]);
         ossl(&[
-            "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-            "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1",
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=127.0.0.1",
         ]);
         std::fs::write(
             dir.join("ext"),
@@ -114,17 +139,38 @@ impl Registry {
         )
         .expect("write ext");
         ossl(&[
-            "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", "server.crt", "-days", "2", "-extfile", "ext",
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "ext",
         ]);
         let (user, password) = ("lw".to_string(), format!("pw-{}", nonce()));
         // libxcrypt's bcrypt, through perl's crypt(): the registry takes bcrypt only.
         let hash = run_ok(
             "perl",
-            &["-e", "print crypt($ARGV[0], '$2b$05$' . $ARGV[1])", &password, "loopwrightcachetestsalt"],
+            &[
+                "-e",
+                "print crypt($ARGV[0], '$2b$05$' . $ARGV[1])",
+                &password,
+                "loopwrightcachetestsalt",
+            ],
             &dir,
         );
-        assert!(hash.starts_with("$2b$"), "perl crypt made a bcrypt hash: {hash}");
+        assert!(
+            hash.starts_with("$2b$"),
+            "perl crypt made a bcrypt hash: {hash}"
+        );
         std::fs::write(dir.join("htpasswd"), format!("{user}:{hash}\n")).expect("htpasswd");
         let port = free_port();
         let addr = format!("127.0.0.1:{port}");
@@ -144,7 +190,12 @@ impl Registry {
             .stderr(Stdio::piped())
             .spawn()
             .expect("docker-registry starts");
-        wait_for_stderr(&mut child, "listening on", Duration::from_secs(30), "docker-registry");
+        wait_for_stderr(
+            &mut child,
+            "listening on",
+            Duration::from_secs(30),
+            "docker-registry",
+        );
         let write_config = |name: &str, pw: &str| {
             let p = dir.join(name);
             std::fs::create_dir_all(&p).expect("config dir");
@@ -240,8 +291,17 @@ impl EngineB {
         let d = |s: &str| dir.join(s).display().to_string();
         let child = Command::new("dockerd")
             .args(["--data-root", &d("data"), "--exec-root", &d("exec")])
-            .args(["--pidfile", &d("pid"), "-H", &format!("unix://{}", sock.display())])
-            .args([&format!("--bridge={bridge}"), "--iptables=false", "--ip6tables=false"])
+            .args([
+                "--pidfile",
+                &d("pid"),
+                "-H",
+                &format!("unix://{}", sock.display()),
+            ])
+            .args([
+                &format!("--bridge={bridge}"),
+                "--iptables=false",
+                "--ip6tables=false",
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -255,7 +315,12 @@ impl EngineB {
             host,
             bridge,
         };
-        wait_for_stderr(&mut e.child, "API listen on", Duration::from_secs(60), "the second dockerd");
+        wait_for_stderr(
+            &mut e.child,
+            "API listen on",
+            Duration::from_secs(60),
+            "the second dockerd",
+        );
         e
     }
 
@@ -278,7 +343,11 @@ impl EngineB {
             ])
             .output()
             .expect("sh runs");
-        assert!(o.status.success(), "copy {tag}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "copy {tag}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
 
     /// Removes every image whose reference starts with `prefix`.
@@ -293,7 +362,11 @@ impl EngineB {
             let mut args = vec!["rmi", "-f"];
             args.extend(tags.iter().map(String::as_str));
             let o = self.docker(&args);
-            assert!(o.status.success(), "rmi: {}", String::from_utf8_lossy(&o.stderr));
+            assert!(
+                o.status.success(),
+                "rmi: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
         }
     }
 }
@@ -301,10 +374,17 @@ impl EngineB {
 impl Drop for EngineB {
     fn drop(&mut self) {
         // SIGTERM: dockerd stops its containerd and unmounts its layers.
-        let _ = Command::new("kill").arg(self.child.id().to_string()).status();
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
         let _ = self.child.wait();
-        let _ = Command::new("ip").args(["link", "del", &self.bridge]).status();
-        let _ = Command::new("umount").arg("-R").arg(self.dir.join("exec")).output();
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.bridge])
+            .status();
+        let _ = Command::new("umount")
+            .arg("-R")
+            .arg(self.dir.join("exec"))
+            .output();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

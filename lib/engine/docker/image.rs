@@ -56,9 +56,9 @@ impl ImageTransfer for DockerEngine {
             let mut loaded = Vec::new();
             while let Some(info) = stream.next().await {
                 let info = info.map_err(|e| match e {
-                    bollard::errors::Error::DockerStreamError { error } => Error::data(format!(
-                        "the engine refused the image archive: {error}"
-                    )),
+                    bollard::errors::Error::DockerStreamError { error } => {
+                        Error::data(format!("the engine refused the image archive: {error}"))
+                    }
                     e => self.err("cannot load the image archive", e),
                 })?;
                 if let Some(s) = info.stream.as_deref() {
@@ -78,9 +78,7 @@ impl ImageTransfer for DockerEngine {
 
     fn image_layers(&self, reference: &str) -> Result<Option<Vec<String>>> {
         match self.block_on(self.client().inspect_image(reference)) {
-            Ok(i) => Ok(Some(
-                i.root_fs.and_then(|r| r.layers).unwrap_or_default(),
-            )),
+            Ok(i) => Ok(Some(i.root_fs.and_then(|r| r.layers).unwrap_or_default())),
             Err(e) if status_of(&e) == Some(404) => Ok(None),
             Err(e) => Err(self.err(&format!("cannot inspect image '{reference}'"), e)),
         }
