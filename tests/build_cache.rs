@@ -326,4 +326,33 @@ fn bad_cache_input_is_survived() {
     assert!(image_id(&tag).is_some());
     let o = lw(&p, None, &reg.good_config, &["--cache", ""]);
     assert_eq!(stdout(&o), format!("base {tag} cached\n"));
+
+    // lw doctor: the cache named in .loopwright/config is reachable and the
+    // credentials work; wrong ones fail, naming docker login.
+    run_ok("git", &["init", "-q"], &p.dir);
+    p.write(
+        ".loopwright/config",
+        &format!("build.cache = {cache}\nbuild.cache-ca = {ca}\n"),
+    );
+    let doctor = |config: &std::path::Path| -> Value {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_lw-doctor"))
+            .args(["--json", "-C", p.dir.to_str().expect("utf-8")])
+            .env("DOCKER_CONFIG", config)
+            .output()
+            .expect("lw-doctor runs");
+        stdout(&o)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|v| v["check"] == "image-cache")
+            .unwrap_or_else(|| panic!("an image-cache finding: {}", stdout(&o)))
+    };
+    let ok = doctor(&reg.good_config);
+    assert_eq!(ok["status"], "ok", "{ok}");
+    let bad = doctor(&reg.bad_config);
+    assert_eq!(bad["status"], "fail", "{bad}");
+    assert!(bad["detail"].as_str().unwrap_or("").contains(&reg.addr), "{bad}");
+    // And lw-build reads the same setting.
+    let o = lw(&p, None, &reg.good_config, &["--explain"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).starts_with("base "), "{}", stdout(&o));
 }
