@@ -350,9 +350,51 @@ fn bad_cache_input_is_survived() {
     assert_eq!(ok["status"], "ok", "{ok}");
     let bad = doctor(&reg.bad_config);
     assert_eq!(bad["status"], "fail", "{bad}");
-    assert!(bad["detail"].as_str().unwrap_or("").contains(&reg.addr), "{bad}");
+    assert!(
+        bad["detail"].as_str().unwrap_or("").contains(&reg.addr),
+        "{bad}"
+    );
     // And lw-build reads the same setting.
     let o = lw(&p, None, &reg.good_config, &["--explain"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).starts_with("base "), "{}", stdout(&o));
+
+    // A credential helper named in credHelpers answers for the registry.
+    let helper_dir = p.dir.join("helper");
+    std::fs::create_dir_all(&helper_dir).expect("helper dir");
+    let script = helper_dir.join("docker-credential-lwtest");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nread host\n[ \"$host\" = {addr} ] || exit 1\necho '{{\"Username\":\"{user}\",\"Secret\":\"{pw}\"}}'\n",
+            addr = reg.addr,
+            user = reg.user,
+            pw = reg.password
+        ),
+    )
+    .expect("helper");
+    run_ok("chmod", &["755", script.to_str().expect("utf-8")], &p.dir);
+    std::fs::write(
+        helper_dir.join("config.json"),
+        format!("{{\"credHelpers\": {{\"{}\": \"lwtest\"}}}}", reg.addr),
+    )
+    .expect("config.json");
+    let path = format!(
+        "{}:{}",
+        helper_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let o = p.lw_build_env(
+        &["pull"],
+        &[
+            ("DOCKER_CONFIG", helper_dir.to_str().expect("utf-8")),
+            ("PATH", &path),
+        ],
+    );
+    assert!(
+        o.status.success(),
+        "pull with a credential helper: {}",
+        stderr(&o)
+    );
+    assert_eq!(stdout(&o), format!("base {tag} cached\n"));
 }

@@ -123,6 +123,8 @@ pub struct Manifest {
 pub struct Client {
     pub cache: CacheRef,
     agent: ureq::Agent,
+    /// Given ones; otherwise looked up when the registry asks (a build whose
+    /// layers are all here runs no credential helper).
     creds: Option<Credentials>,
     auth: RefCell<Option<String>>,
     /// Blob bytes read from and written to the registry so far.
@@ -138,8 +140,8 @@ fn unreachable(cache: &CacheRef, e: impl std::fmt::Display) -> Error {
 }
 
 impl Client {
-    /// A client of `cache`.  Nothing is sent yet; [`Client::login`] is the
-    /// first request.
+    /// A client of `cache`.  Nothing is sent and no credential is looked up
+    /// yet; [`Client::login`] is the first request.
     pub fn new(cache: &CacheRef, opts: &Options) -> Result<Client> {
         let roots = match &opts.ca_file {
             Some(p) => read_pem(p)?,
@@ -158,14 +160,10 @@ impl Client {
             .user_agent(concat!("loopwright/", env!("CARGO_PKG_VERSION")))
             .build()
             .into();
-        let creds = match &opts.credentials {
-            Some(c) => Some(c.clone()),
-            None => credentials::lookup(&cache.host)?,
-        };
         Ok(Client {
             cache: cache.clone(),
             agent,
-            creds,
+            creds: opts.credentials.clone(),
             auth: RefCell::new(None),
             bytes_down: Cell::new(0),
             bytes_up: Cell::new(0),
@@ -197,7 +195,11 @@ impl Client {
             .and_then(|h| h.to_str().ok())
             .unwrap_or("")
             .to_string();
-        let Some(creds) = &self.creds else {
+        let creds = match &self.creds {
+            Some(c) => Some(c.clone()),
+            None => credentials::lookup(&self.cache.host)?,
+        };
+        let Some(creds) = &creds else {
             return Err(self.denied("needs credentials and none are configured"));
         };
         let basic = format!(
