@@ -119,6 +119,9 @@ enum Cmd {
         /// Add HOST:PORT to the project's egress allow-list (repeatable)
         #[arg(long, value_name = "HOST:PORT")]
         allow: Vec<String>,
+        /// Attach to this shared service's network; it answers to NAME (repeatable; lw-service)
+        #[arg(long, value_name = "NAME")]
+        service: Vec<String>,
         /// Run this image instead of the project's current one
         #[arg(long, value_name = "REF")]
         image: Option<String>,
@@ -161,7 +164,7 @@ enum Cmd {
     },
     /// An interactive shell in the sandbox's clone
     Shell { name: String },
-    /// List sandboxes: name, branch, state, ports, age, unpushed commits
+    /// List sandboxes: name, branch, state, ports, network, age, unpushed commits, services
     Ls {
         /// Print JSON Lines records
         #[arg(long)]
@@ -281,6 +284,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
             agent,
             credential,
             allow,
+            service,
             image,
             allow_stale,
             no_fetch,
@@ -319,6 +323,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
                 agent,
                 allow_install_change: limits.allow_install_change,
                 limits: limits.overrides(),
+                services: service,
             };
             let c = sb.create(&opts, project.as_ref(), &mirror_path, &bins, &mut |m| {
                 warn(m)

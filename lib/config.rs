@@ -47,6 +47,12 @@ pub struct Config {
 impl Config {
     /// Parses `text`; `path` names the file in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Config> {
+        Config::parse_keys(text, path, &valid_key)
+    }
+
+    /// Parses `text` with `key_ok` deciding which keys are valid (a service
+    /// declaration's `env.NAME` keeps the variable's case, lib/service).
+    pub fn parse_keys(text: &str, path: &Path, key_ok: &dyn Fn(&str) -> bool) -> Result<Config> {
         let mut values = BTreeMap::new();
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();
@@ -58,7 +64,7 @@ impl Config {
                 return Err(bad("expected 'key = value'"));
             };
             let key = key.trim();
-            if !valid_key(key) {
+            if !key_ok(key) {
                 return Err(bad(&format!(
                     "invalid key '{key}' (use lower-case letters, digits, '-', '_' and '.')"
                 )));
@@ -101,7 +107,8 @@ impl Config {
     }
 }
 
-fn valid_key(key: &str) -> bool {
+/// The keys of `.loopwright/config`: lower-case letters, digits, `-`, `_`, `.`.
+pub fn valid_key(key: &str) -> bool {
     !key.is_empty()
         && !key.starts_with('.')
         && !key.ends_with('.')

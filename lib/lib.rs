@@ -37,6 +37,7 @@ pub mod redact;
 pub mod registry;
 pub mod sandbox;
 pub mod secrets;
+pub mod service;
 pub mod sync;
 pub mod time;
 pub mod tty;

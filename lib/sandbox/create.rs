@@ -444,6 +444,7 @@ impl<'a> Sandboxes<'a> {
             _ => None,
         };
         secrets::check_allowed(&opts.secrets, &settings.allowed_secrets)?;
+        crate::service::attach::require(self.engine, &self.id, &opts.services)?;
         let secret_values = secrets::resolve(&opts.secrets, &|n| std::env::var_os(n))?;
         for (p, _) in bins {
             if !p.is_file() {
@@ -588,6 +589,7 @@ impl<'a> Sandboxes<'a> {
                 created: crate::time::rfc3339(crate::time::now()),
                 ready: false,
                 agent: agent.as_ref().map(|a| a.record()),
+                services: opts.services.clone(),
             };
             self.write_record(&rec)?;
             let mut drift = Vec::new();
@@ -652,6 +654,13 @@ impl<'a> Sandboxes<'a> {
                     !secret_values.is_empty(),
                 );
                 self.engine.create(&spec)?;
+                crate::service::attach::connect(
+                    self.engine,
+                    &self.id,
+                    &rec.container,
+                    &rec.services,
+                    spec.network.as_deref(),
+                )?;
                 clock.mark("container");
                 self.engine.start(&rec.container).map_err(|e| {
                     let mut e = e;

@@ -173,6 +173,9 @@ pub struct Record {
     /// The agent kit it was made for (`create --agent`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<crate::agent::AgentRecord>,
+    /// The shared services it is attached to (`create --service`, lib/service).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<String>,
 }
 
 /// The id of a mailbox root: 8 hex digits of the sha256 of its canonical
@@ -217,6 +220,8 @@ pub struct CreateOptions {
     /// Run the install script of the task's branch when it differs from
     /// the image's (create.rs, "Incremental install").
     pub allow_install_change: bool,
+    /// Shared services to attach it to (`--service NAME`, lib/service).
+    pub services: Vec<String>,
 }
 
 /// What `create` made.
@@ -247,6 +252,8 @@ pub struct Status {
     pub container: String,
     pub image: String,
     pub network: Network,
+    /// The shared services it is attached to.
+    pub services: Vec<String>,
 }
 
 /// What `gc` reclaimed, one line each: `KIND WHAT`.
@@ -602,6 +609,7 @@ impl<'a> Sandboxes<'a> {
                 container: rec.container.clone(),
                 image: rec.image.clone(),
                 network: rec.network,
+                services: rec.services.clone(),
             });
         }
         Ok(out)
@@ -977,11 +985,12 @@ impl Status {
         serde_json::json!({
             "type": "sandbox", "name": self.name, "branch": self.branch, "state": self.state, "created": self.created,
             "age_secs": self.age.as_secs(), "unpushed": self.unpushed, "container": self.container, "image": self.image,
-            "network": self.network.as_str(), "ports": ports_json(&self.ports),
+            "network": self.network.as_str(), "ports": ports_json(&self.ports), "services": self.services,
         })
     }
 
-    /// The `ls` line: name, branch, state, ports, age, unpushed; tab-separated.
+    /// The `ls` line: name, branch, state, ports, network, age, unpushed,
+    /// services; tab-separated.
     pub fn line(&self) -> String {
         let ports: Vec<String> = self
             .ports
@@ -994,8 +1003,13 @@ impl Status {
             ports.join(",")
         };
         let unpushed = self.unpushed.map_or("-".to_string(), |n| n.to_string());
+        let services = if self.services.is_empty() {
+            "-".to_string()
+        } else {
+            self.services.join(",")
+        };
         format!(
-            "{}\t{}\t{}\t{ports}\t{}\t{}\t{unpushed}",
+            "{}\t{}\t{}\t{ports}\t{}\t{}\t{unpushed}\t{services}",
             self.name,
             self.branch,
             self.state,
@@ -1233,6 +1247,11 @@ pub fn container_spec(
         Network::Egress => {
             env.extend(egress::proxy_env());
             egress::network_name(&rec.container)
+        }
+        // No network of its own: the first service's is its only one.
+        Network::None if !rec.services.is_empty() => {
+            crate::service::attach::primary_network(&sb.id, &rec.services)
+                .expect("services is not empty")
         }
         n => n.as_str().to_string(),
     };
