@@ -455,6 +455,13 @@ impl<'a> Services<'a> {
             .into(),
             cpu_shares: Some(512),
             ulimits: vec![("core".into(), 0, 0)],
+            // Only the IPv4 its networks give it: no link-local IPv6 chatter
+            // or address that the networks' rules do not govern.
+            sysctls: [(
+                "net.ipv6.conf.all.disable_ipv6".to_string(),
+                "1".to_string(),
+            )]
+            .into(),
             ..Default::default()
         };
         self.engine.create(&spec)?;
