@@ -104,6 +104,14 @@ fn need(p: Option<Project>) -> Result<Project, Error> {
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
     let root = Root::resolve(args.root.as_deref())?;
+    // A bad name is refused before the engine is asked anything.
+    if let Cmd::Up { name, .. }
+    | Cmd::Down { name }
+    | Cmd::Logs { name }
+    | Cmd::Rm { name, .. } = &args.cmd
+    {
+        decl::check_name(name)?;
+    }
     let proj = project(args.project.as_deref())?;
     let engine = DockerEngine::connect()?;
     let svc = Services::new(&root.dir, &engine);
@@ -111,7 +119,6 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
     let mut say = |m: &str| eprintln!("{PROG}: {m}");
     match args.cmd {
         Cmd::Up { name, json } => {
-            decl::check_name(&name)?;
             let p = need(proj)?;
             let d = decl::load(&p, &name)?;
             let up = svc.up(&p, &d, &mut say)?;
@@ -144,7 +151,6 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
                 .map_err(out_err)?;
         }
         Cmd::Rm { name, volumes } => {
-            decl::check_name(&name)?;
             svc.remove(&name, volumes, &mut |what| {
                 if what.starts_with("detached ") || what.starts_with("kept ") {
                     say(what)

@@ -41,6 +41,10 @@ fn cli_goldens() {
             std::path::Path::new(env!("CARGO_BIN_EXE_lw-sandbox")),
         )
         .register_bin(
+            "lw-service",
+            std::path::Path::new(env!("CARGO_BIN_EXE_lw-service")),
+        )
+        .register_bin(
             "lw-sync",
             std::path::Path::new(env!("CARGO_BIN_EXE_lw-sync")),
         )
