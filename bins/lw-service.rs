@@ -105,10 +105,8 @@ fn need(p: Option<Project>) -> Result<Project, Error> {
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
     let root = Root::resolve(args.root.as_deref())?;
     // A bad name is refused before the engine is asked anything.
-    if let Cmd::Up { name, .. }
-    | Cmd::Down { name }
-    | Cmd::Logs { name }
-    | Cmd::Rm { name, .. } = &args.cmd
+    if let Cmd::Up { name, .. } | Cmd::Down { name } | Cmd::Logs { name } | Cmd::Rm { name, .. } =
+        &args.cmd
     {
         decl::check_name(name)?;
     }

@@ -118,6 +118,9 @@ pub fn run(inp: &Inputs) -> Vec<Finding> {
         .root
         .clone()
         .or_else(|| project.as_ref().map(|p| p.cache().join("mailbox")));
+    if let (Some(r), Some(e)) = (&root, &engine) {
+        out.extend(services(r, e, project.as_ref()));
+    }
     match root {
         Some(r) => out.extend(mailbox(&Root::new(r))),
         None => out.push(f(
@@ -134,6 +137,49 @@ pub fn run(inp: &Inputs) -> Vec<Finding> {
             .unwrap_or(&inp.cwd),
     ));
     out
+}
+
+/// Each shared service (lib/service): its state and the sandboxes using it.
+fn services(root: &Path, engine: &DockerEngine, project: Option<&Project>) -> Vec<Finding> {
+    let svc = crate::service::Services::new(root, engine);
+    match svc.list(project) {
+        Err(e) => vec![f(
+            "service",
+            Status::Fail,
+            e.to_string(),
+            Some("check the engine, then lw-service ls".into()),
+        )],
+        Ok(list) => list
+            .into_iter()
+            .map(|s| {
+                let users = if s.sandboxes.is_empty() {
+                    "no sandbox uses it".to_string()
+                } else {
+                    format!("used by sandbox(es) {}", s.sandboxes.join(", "))
+                };
+                let detail = format!(
+                    "{} {}{}; {users}",
+                    s.name,
+                    s.state,
+                    if s.detail.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", s.detail)
+                    }
+                );
+                let (status, fix) = match s.state.as_str() {
+                    "ready" | "down" => (Status::Ok, None),
+                    "orphan" => (Status::Warn, Some("lw-service gc".to_string())),
+                    "invalid" => (
+                        Status::Fail,
+                        Some(format!("fix .loopwright/services/{}", s.name)),
+                    ),
+                    _ => (Status::Warn, Some(format!("lw-service logs {}", s.name))),
+                };
+                f("service", status, detail, fix)
+            })
+            .collect(),
+    }
 }
 
 fn git() -> Finding {

@@ -491,6 +491,18 @@ fn bad_declarations_crashes_and_missing_services_are_refused_clearly() {
     assert_eq!(svc.state("slow")["state"], "ready");
     f.ok(&["create", "y", "-b", "lw/y", "--service", "slow"]);
     assert_eq!(svc.state("slow")["sandboxes"], serde_json::json!(["y"]));
+    // lw doctor says which sandboxes use which service.
+    let o = Command::new(bin("lw-doctor"))
+        .current_dir(&f.proj)
+        .env("LW_ROOT", &f.root)
+        .output()
+        .expect("lw-doctor runs");
+    let report = text(&o);
+    assert!(
+        report.contains("slow ready; used by sandbox(es) y"),
+        "{report}"
+    );
+    assert!(report.contains("crash failed"), "{report}");
 
     // A service that does not exist: 64.
     let o = f.sb(&["create", "z", "-b", "lw/z", "--service", "nosuch"]);
