@@ -1262,6 +1262,13 @@ pub fn container_spec(
         env.push(format!("no_proxy={}", crate::agent::no_proxy()));
         env.extend(a.env.iter().cloned());
     }
+    // A shared service is reached directly, never through the egress proxy.
+    for e in env.iter_mut() {
+        if !rec.services.is_empty() && (e.starts_with("NO_PROXY=") || e.starts_with("no_proxy=")) {
+            e.push(',');
+            e.push_str(&rec.services.join(","));
+        }
+    }
     ContainerSpec {
         name: Some(rec.container.clone()),
         image: rec.image.clone(),
