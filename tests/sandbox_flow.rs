@@ -100,7 +100,8 @@ fn create_clones_onto_the_branch_and_push_sends_only_it() {
     let ls = f.ok(&["ls"]);
     assert!(ls.starts_with("api\tlw/api\trunning\t-\t"), "{ls}");
     assert!(
-        ls.trim_end().ends_with("\t0"),
+        // ... unpushed, then services (none).
+        ls.trim_end().ends_with("\t0\t-"),
         "pushed work counts as pushed: {ls}"
     );
     // A second push is a no-op.

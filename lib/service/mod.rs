@@ -231,7 +231,12 @@ impl<'a> Services<'a> {
                         }],
                     },
                 };
-                let mut plan = runtime.plan(self.engine)?;
+                let mut plan = runtime.plan(self.engine).map_err(|e| {
+                    Error::new(
+                        e.exit,
+                        format!("service '{}' ({}): {}", d.name, d.path.display(), e.msg),
+                    )
+                })?;
                 let tag = plan.final_tag().to_string();
                 if plan.layers.iter().all(|l| l.cached()) {
                     return Ok((tag, false));
@@ -387,7 +392,8 @@ impl<'a> Services<'a> {
             Some(allow) => {
                 let eg = crate::egress::Settings::from_config(&project.config)?;
                 let mut o = crate::egress::Options::from(&eg);
-                o.labels.insert(LABEL_ROOT.into(), self.id.clone());
+                // Not the root's label: lw-sandbox gc tears down the egress
+                // objects of that label that no sandbox record names.
                 o.labels.insert(LABEL_SERVICE.into(), d.name.clone());
                 let plan = crate::egress::prepare(nets, &container, allow, &o, &mut |_| {})?;
                 env.extend(plan.env);
