@@ -6,6 +6,8 @@
 //! outlives three `down`/`up` cycles.  Figures: `up` cold and warm, the
 //! query round trip from a sandbox and from the host through the published
 //! port (same run, same client, pgbench), bytes from the unlisted sandbox.
+//! Also: bad input (an unknown field, a port taken, a crash at start, an
+//! unready service, a missing one, gc) and a service's own egress list.
 //!
 //! Needs the Docker engine and Debian's package archive (the image's build
 //! runs apt-get); `.ci/run` provides both.
@@ -518,4 +520,74 @@ fn bad_declarations_crashes_and_missing_services_are_refused_clearly() {
         "{out}"
     );
     assert!(svc.ls().iter().all(|s| s["name"] != "crash"));
+}
+
+#[test]
+fn a_service_reaches_its_own_egress_list_and_nothing_else() {
+    let n = nonce();
+    let world = World {
+        label: format!("org.loopwright.test=svceg-{n}"),
+        net: format!("lw-svceg-{n}"),
+    };
+    let o = docker(&[
+        "network",
+        "create",
+        "--label",
+        &world.label,
+        "--label",
+        "org.loopwright.egress=outside",
+        &world.net,
+    ]);
+    assert!(o.status.success(), "{}", err(&o));
+    let f = Fixture::with_config(
+        "svceg",
+        &format!(
+            "egress.proxy-from = {}\negress.network = {}\n",
+            debian(),
+            world.net
+        ),
+    );
+    let svc = Svc { f: &f };
+    declare(
+        &f,
+        "web",
+        &format!(
+            "image = {}\nuser = 1000\ncommand = exec sleep 600\negress = allowed.example:80\n",
+            debian()
+        ),
+    );
+    svc.ok(&["up", "web"]);
+    let c = format!("lw-svc-{}-web", f.root_id());
+    // Through its proxy: the listed host:port is let through (the name
+    // does not resolve on this machine: 503 from the proxy, not 403), any
+    // other refused; no DNS of its own.
+    let o = docker(&[
+        "exec",
+        &c,
+        "bash",
+        "-c",
+        "for h in allowed.example:80 denied.example:80; do exec 3<>/dev/tcp/lw-egress-proxy/3128; \
+         printf \"CONNECT $h HTTP/1.1\\r\\nHost: $h\\r\\n\\r\\n\" >&3; head -1 <&3; exec 3<&-; done; \
+         getent hosts deb.debian.org || echo no-dns; id -u",
+    ]);
+    let out = text(&o);
+    let lines: Vec<&str> = out.lines().map(str::trim).collect();
+    assert_eq!(lines.len(), 4, "{out}{}", err(&o));
+    assert!(
+        !lines[0].contains(" 403 "),
+        "the listed host was refused: {out}"
+    );
+    assert!(
+        lines[1].contains(" 403 "),
+        "an unlisted host was let through: {out}"
+    );
+    assert_eq!(&lines[2..], ["no-dns", "1000"], "{out}");
+    // rm takes the proxy and its network along.
+    svc.ok(&["rm", "web"]);
+    assert!(
+        !docker(&["inspect", &format!("{c}-proxy")]).status.success(),
+        "the service's proxy outlived rm"
+    );
+    drop(f);
+    drop(world);
 }
