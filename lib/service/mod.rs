@@ -254,6 +254,8 @@ impl<'a> Services<'a> {
                             }
                         },
                         on_start: &mut |_| {},
+                        // Built here, not pulled: the image cache is lw-build's.
+                        fetch: None,
                     },
                 )?;
                 Ok((tag, true))
