@@ -13,7 +13,6 @@ pub mod egress;
 pub mod engine;
 pub mod error;
 pub mod fs;
-pub mod ghserver;
 pub mod git;
 pub mod github;
 pub mod glob;

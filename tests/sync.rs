@@ -356,7 +356,7 @@ fn an_answer_on_the_issue_reaches_the_human_outbox_once() {
 fn the_token_never_leaves_the_environment() {
     let canary = "ghp_CANARY5f1e2d3c4b5a69788796a5b4c3d2e1f0";
     let env = Env::new("canary");
-    env.server.add_token("lw-bot", canary, true);
+    env.add_token("lw-bot", canary);
     let q = message("api", "human", Kind::Question, "q", "body");
     env.log().append(&entry(&q, Action::Escalate)).unwrap();
     append_n(&env.log(), 3, "x");

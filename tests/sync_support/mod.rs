@@ -1,11 +1,12 @@
-//! Shared by the lw-sync tests: a GitHub-compatible server on 127.0.0.1,
-//! log entries written with `Log::append`, and `lw-sync` runs.
+//! Shared by the lw-sync tests: a GitHub-compatible server on 127.0.0.1
+//! (the real lw-github-sink binary, one per test), log entries written with
+//! `Log::append`, and `lw-sync` runs.
 #![allow(dead_code)]
 
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 
-use loopwright::ghserver::{Options, Server};
 use loopwright::log::{Action, Decision, Entry, Log};
 use loopwright::message::{Kind, Message};
 use serde_json::{Value, json};
@@ -21,7 +22,8 @@ pub fn tempdir(tag: &str) -> PathBuf {
 pub struct Env {
     pub dir: PathBuf,
     pub root: PathBuf,
-    pub server: Server,
+    /// The lw-github-sink process; killed when the test ends.
+    pub server: Child,
     pub url: String,
     pub agent: ureq::Agent,
 }
@@ -31,16 +33,7 @@ impl Env {
         let dir = tempdir(tag);
         let root = dir.join("root");
         std::fs::create_dir_all(root.join("log")).unwrap();
-        let server = Server::start(Options {
-            dir: dir.join("sink"),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            hourly_limit: 100_000,
-            default_per_page: 30,
-        })
-        .unwrap();
-        server.add_repo("octo/proj", 3);
-        server.add_token("lw-bot", TOKEN, true);
-        let url = server.url();
+        let (server, url) = start_sink(&dir);
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .build()
@@ -52,6 +45,16 @@ impl Env {
             url,
             agent,
         }
+    }
+
+    /// Accepts `token` for `login` (read-write), through the control API.
+    pub fn add_token(&self, login: &str, token: &str) {
+        let v = self.ctl(
+            "POST",
+            "tokens",
+            json!({ "token": token, "login": login, "write": true }),
+        );
+        assert_eq!(v["ok"], true, "{v}");
     }
 
     pub fn log(&self) -> Log {
@@ -173,9 +176,40 @@ impl Env {
     }
 }
 
+/// Starts lw-github-sink on a free loopback port with its state in
+/// `dir/sink`, octo/proj issues 1..3 and the token TOKEN for lw-bot, and
+/// waits for the base URL it prints once it listens.
+fn start_sink(dir: &Path) -> (Child, String) {
+    let tokens = dir.join("sink-tokens");
+    std::fs::write(&tokens, format!("lw-bot {TOKEN}\n")).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lw-github-sink"))
+        .arg("--dir")
+        .arg(dir.join("sink"))
+        .args(["--listen", "127.0.0.1:0", "--repo", "octo/proj:3"])
+        .arg("--tokens")
+        .arg(&tokens)
+        .args(["--hourly-limit", "100000"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start lw-github-sink");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line.trim().to_string();
+    if !url.starts_with("http://") {
+        let _ = child.kill();
+        panic!("lw-github-sink did not print its URL (got {line:?}): {:?}", child.wait());
+    }
+    (child, url)
+}
+
 impl Drop for Env {
     /// A failed test leaves its directory for inspection; a passing one does not.
     fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);
         }

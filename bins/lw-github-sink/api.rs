@@ -1,0 +1,627 @@
+//! GitHub's issue-comment REST API as lw-sync uses it: authentication, the
+//! primary rate limit and its headers, injected faults, and the routes.
+
+use std::time::Duration;
+
+use loopwright::digest::sha256_hex;
+use serde_json::{Value, json};
+
+use crate::state::{Fault, Op, Record, State, StoredComment, TokenInfo, Window};
+
+const DOCS: &str = "https://docs.github.com/rest";
+
+/// A request as the handlers see it (the HTTP layer reads the body whole).
+pub struct Request {
+    pub method: String,
+    /// The request target: path and query, as sent.
+    pub target: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Request {
+    pub fn header(&self, n: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(n))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    /// Close the connection without sending anything.
+    pub drop: bool,
+}
+
+/// Fixed settings of the API.
+pub struct Limits {
+    /// Requests per hour per token before the primary limit answers 403.
+    pub hourly_limit: u64,
+}
+
+pub fn now_s() -> u64 {
+    loopwright::time::now().as_secs()
+}
+
+fn now_ms_f() -> f64 {
+    loopwright::time::now().as_secs_f64() * 1000.0
+}
+
+fn gh_time(s: u64) -> String {
+    // GitHub's timestamps have whole seconds.
+    let t = loopwright::time::rfc3339(Duration::from_secs(s));
+    format!("{}Z", &t[..19])
+}
+
+pub fn resp(status: u16, v: Value) -> Response {
+    Response {
+        status,
+        headers: vec![],
+        body: serde_json::to_vec(&v).expect("JSON values serialise"),
+        drop: false,
+    }
+}
+
+pub fn gh_error(status: u16, msg: &str) -> Response {
+    resp(
+        status,
+        json!({ "message": msg, "documentation_url": DOCS, "status": status.to_string() }),
+    )
+}
+
+fn empty(status: u16, drop: bool) -> Response {
+    Response {
+        status,
+        headers: vec![],
+        body: vec![],
+        drop,
+    }
+}
+
+pub fn query(target: &str) -> (String, Vec<(String, String)>) {
+    let (path, q) = target.split_once('?').unwrap_or((target, ""));
+    let params = q
+        .split('&')
+        .filter(|s| !s.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (k.to_string(), v.replace("%3A", ":").replace("%3a", ":"))
+        })
+        .collect();
+    (path.to_string(), params)
+}
+
+pub fn param<'a>(q: &'a [(String, String)], k: &str) -> Option<&'a str> {
+    q.iter().find(|(a, _)| a == k).map(|(_, v)| v.as_str())
+}
+
+/// Who sent a request, as far as the server knows.
+struct Caller {
+    login: Option<String>,
+    info: Option<TokenInfo>,
+    host: String,
+}
+
+/// Answers one request: the control API, or the REST API with its record.
+pub fn handle(st: &mut State, limits: &Limits, req: &Request) -> Response {
+    let (path, q) = query(&req.target);
+    if let Some(ctl) = path.strip_prefix("/_sink/") {
+        return crate::control::control(st, req, ctl);
+    }
+    st.seq += 1;
+    let t_ms = now_ms_f();
+    let token = req
+        .header("authorization")
+        .and_then(|a| {
+            a.strip_prefix("Bearer ")
+                .or_else(|| a.strip_prefix("token "))
+        })
+        .map(str::trim);
+    let info = token.and_then(|t| st.tokens.get(&sha256_hex(t.as_bytes())).cloned());
+    let login = info
+        .as_ref()
+        .filter(|i| !i.revoked)
+        .map(|i| i.login.clone());
+    let in_window = login.as_ref().is_some_and(|l| {
+        st.windows
+            .iter()
+            .any(|(who, w)| who == l && w.from_ms <= t_ms && t_ms < w.until_ms)
+    });
+    let mut rec = Record {
+        seq: st.seq,
+        t_ms,
+        method: req.method.clone(),
+        path: req.target.clone(),
+        status: 0,
+        login: login.clone(),
+        fault: None,
+        write: req.method != "GET",
+        in_window,
+    };
+    let caller = Caller {
+        login,
+        info,
+        host: req.header("host").unwrap_or("127.0.0.1").to_string(),
+    };
+    let mut res = dispatch(st, limits, req, &path, &q, &caller, &mut rec);
+    rate_headers(st, limits, caller.login.as_deref(), &mut res);
+    rec.status = if res.drop { 0 } else { res.status };
+    st.records.push(rec);
+    res
+}
+
+/// The `x-ratelimit-*` headers GitHub sends on every answer.
+fn rate_headers(st: &State, limits: &Limits, login: Option<&str>, res: &mut Response) {
+    let h = &mut res.headers;
+    if let Some(l) = login {
+        let limit = limits.hourly_limit;
+        let (remaining, reset) = *st.primary.get(l).unwrap_or(&(limit, now_s() + 3600));
+        h.push(("x-ratelimit-limit".into(), limit.to_string()));
+        h.push(("x-ratelimit-remaining".into(), remaining.to_string()));
+        let used = limit - remaining.min(limit);
+        h.push(("x-ratelimit-used".into(), used.to_string()));
+        h.push(("x-ratelimit-reset".into(), reset.to_string()));
+        h.push(("x-ratelimit-resource".into(), "core".into()));
+    } else {
+        h.push(("x-ratelimit-limit".into(), "60".into()));
+        h.push(("x-ratelimit-remaining".into(), "59".into()));
+        h.push(("x-ratelimit-reset".into(), (now_s() + 3600).to_string()));
+    }
+    h.push((
+        "x-github-media-type".into(),
+        "github.v3; format=json".into(),
+    ));
+}
+
+/// Picks the first fault that matches and is due.
+fn take_fault(st: &mut State, req: &Request, path: &str) -> Option<Fault> {
+    for (f, fired, seen) in st.faults.iter_mut() {
+        if f.method
+            .as_deref()
+            .is_some_and(|m| !m.eq_ignore_ascii_case(&req.method))
+        {
+            continue;
+        }
+        if f.path_contains
+            .as_deref()
+            .is_some_and(|p| !path.contains(p))
+        {
+            continue;
+        }
+        if f.count != 0 && *fired >= f.count {
+            continue;
+        }
+        *seen += 1;
+        if *seen <= f.skip {
+            continue;
+        }
+        if let Some(p) = f.probability {
+            let r = (loopwright::id::random128() >> 64) as u64 as f64 / u64::MAX as f64;
+            if r >= p {
+                continue;
+            }
+        }
+        *fired += 1;
+        return Some(f.clone());
+    }
+    None
+}
+
+/// Spends one request of `login`'s primary limit, or answers 403 when it is
+/// exhausted.
+fn spend_primary(
+    st: &mut State,
+    limits: &Limits,
+    login: &str,
+    rec: &mut Record,
+) -> Option<Response> {
+    let now = now_s();
+    let entry = st
+        .primary
+        .entry(login.to_string())
+        .or_insert((limits.hourly_limit, now + 3600));
+    if entry.1 <= now {
+        *entry = (limits.hourly_limit, now + 3600);
+    }
+    if entry.0 == 0 {
+        rec.fault = Some("primary-exhausted".into());
+        return Some(gh_error(
+            403,
+            &format!(
+                "API rate limit exceeded for user ID 1. [rate limit reset at {}]",
+                gh_time(entry.1)
+            ),
+        ));
+    }
+    entry.0 -= 1;
+    None
+}
+
+fn dispatch(
+    st: &mut State,
+    limits: &Limits,
+    req: &Request,
+    path: &str,
+    q: &[(String, String)],
+    caller: &Caller,
+    rec: &mut Record,
+) -> Response {
+    let Some(login) = caller.login.as_deref() else {
+        return if req.header("authorization").is_none() {
+            gh_error(401, "Requires authentication")
+        } else {
+            gh_error(401, "Bad credentials")
+        };
+    };
+    if let Some(r) = spend_primary(st, limits, login, rec) {
+        return r;
+    }
+    let mut commit_then: Option<Fault> = None;
+    if let Some(f) = take_fault(st, req, path) {
+        rec.fault = Some(f.kind.clone());
+        match fault_answer(st, &f, login, rec) {
+            Some(r) => return r,
+            None => commit_then = Some(f),
+        }
+    }
+    let route = Route {
+        req,
+        path,
+        q,
+        host: &caller.host,
+        login,
+        can_write: caller.info.as_ref().is_some_and(|i| i.write),
+    };
+    let mut res = route.answer(st);
+    if let Some(f) = commit_then
+        && res.status < 300
+    {
+        if f.kind == "drop_after_commit" {
+            res.drop = true;
+        } else {
+            res = gh_error(f.status.unwrap_or(502), "Server Error");
+        }
+    }
+    res
+}
+
+/// The answer of a fault that fires before the request is done, or None for
+/// one that lets it be done first (`commit`, `drop_after_commit`).
+fn fault_answer(st: &mut State, f: &Fault, login: &str, rec: &Record) -> Option<Response> {
+    let window = |until_ms: f64, why: &str| Window {
+        from_ms: rec.t_ms,
+        until_ms,
+        why: why.into(),
+    };
+    match f.kind.as_str() {
+        "secondary" => {
+            let mut r = gh_error(
+                f.status.unwrap_or(403),
+                "You have exceeded a secondary rate limit. Please wait a few minutes before you try again.",
+            );
+            if let Some(s) = f.retry_after {
+                r.headers.push(("retry-after".into(), s.to_string()));
+                let w = window(rec.t_ms + s as f64 * 1000.0, "retry-after");
+                st.windows.push((login.into(), w));
+            } else {
+                // GitHub: without headers, wait at least one minute.
+                let w = window(rec.t_ms + 60_000.0, "secondary");
+                st.windows.push((login.into(), w));
+            }
+            Some(r)
+        }
+        "primary" => {
+            let reset = now_s() + f.retry_after.unwrap_or(2);
+            st.primary.insert(login.into(), (0, reset));
+            let w = window(reset as f64 * 1000.0, "primary");
+            st.windows.push((login.into(), w));
+            // The headers added in `handle` report remaining 0 and the reset.
+            Some(gh_error(403, "API rate limit exceeded for user ID 1."))
+        }
+        "drop" => Some(empty(0, true)),
+        "not_json" => Some(Response {
+            status: 200,
+            headers: vec![("Content-Type".into(), "text/html".into())],
+            body: b"<html><body>Unicorn! This page is taking too long to load.</body></html>"
+                .to_vec(),
+            drop: false,
+        }),
+        "status" if !f.commit && f.status == Some(422) => Some(too_long()),
+        "status" if !f.commit => Some(gh_error(
+            f.status.unwrap_or(502),
+            f.message.as_deref().unwrap_or("Server Error"),
+        )),
+        _ => None,
+    }
+}
+
+/// One authenticated REST request being routed.
+struct Route<'a> {
+    req: &'a Request,
+    path: &'a str,
+    q: &'a [(String, String)],
+    host: &'a str,
+    login: &'a str,
+    can_write: bool,
+}
+
+fn forbidden() -> Response {
+    let mut r = gh_error(403, "Resource not accessible by personal access token");
+    r.headers.push((
+        "x-accepted-github-permissions".into(),
+        "issues=write; pull_requests=write".into(),
+    ));
+    r
+}
+
+fn not_found() -> Response {
+    gh_error(404, "Not Found")
+}
+
+fn journal_failed() -> Response {
+    gh_error(500, "journal write failed")
+}
+
+impl Route<'_> {
+    fn answer(&self, st: &mut State) -> Response {
+        let seg: Vec<&str> = self.path.trim_matches('/').split('/').collect();
+        match (self.req.method.as_str(), seg.as_slice()) {
+            ("GET", ["user"]) => resp(
+                200,
+                json!({ "login": self.login, "id": 1, "type": "User" }),
+            ),
+            ("GET", ["rate_limit"]) => {
+                let (rem, reset) = st.primary.get(self.login).copied().unwrap_or((0, 0));
+                resp(
+                    200,
+                    json!({ "resources": { "core": { "remaining": rem, "reset": reset } }, "rate": { "remaining": rem, "reset": reset } }),
+                )
+            }
+            ("GET", ["repos", o, r]) => {
+                let full = format!("{o}/{r}");
+                if st.repos.contains_key(&full) {
+                    resp(200, json!({ "full_name": full, "has_issues": true }))
+                } else {
+                    not_found()
+                }
+            }
+            (_, ["repos", o, r, rest @ ..]) => {
+                let full = format!("{o}/{r}");
+                if !st.repos.contains_key(&full) {
+                    return not_found();
+                }
+                self.in_repo(st, &full, rest)
+            }
+            _ => not_found(),
+        }
+    }
+
+    /// Routes under `/repos/{full}/`.
+    fn in_repo(&self, st: &mut State, full: &str, rest: &[&str]) -> Response {
+        let m = self.req.method.as_str();
+        let issues = &st.repos[full];
+        match (m, rest) {
+            ("POST", ["issues"]) => self.new_issue(st, full),
+            ("GET", ["issues", n]) => match n
+                .parse::<u64>()
+                .ok()
+                .and_then(|n| issues.get(&n).map(|t| (n, t.clone())))
+            {
+                Some((n, t)) => resp(200, json!({ "number": n, "title": t, "state": "open" })),
+                None => not_found(),
+            },
+            (_, ["issues", n, "comments"]) => {
+                let Some(n) = n.parse::<u64>().ok().filter(|n| issues.contains_key(n)) else {
+                    return not_found();
+                };
+                match m {
+                    "GET" => list(st, full, n, self.path, self.q, self.host),
+                    "POST" if !self.can_write => forbidden(),
+                    "POST" => create(st, full, n, &self.req.body, self.login, self.host),
+                    _ => not_found(),
+                }
+            }
+            (_, ["issues", "comments", id]) => {
+                let Some(id) = id
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|id| st.comments.get(id).is_some_and(|c| c.repo == full))
+                else {
+                    return not_found();
+                };
+                self.comment(st, id)
+            }
+            _ => not_found(),
+        }
+    }
+
+    fn new_issue(&self, st: &mut State, full: &str) -> Response {
+        if !self.can_write {
+            return forbidden();
+        }
+        let title = serde_json::from_slice::<Value>(&self.req.body)
+            .ok()
+            .and_then(|v| v["title"].as_str().map(str::to_string));
+        let Some(title) = title else {
+            return gh_error(422, "Validation Failed");
+        };
+        let number = st.repos[full].keys().next_back().copied().unwrap_or(0) + 1;
+        let op = Op::Issue {
+            repo: full.into(),
+            number,
+            title: title.clone(),
+        };
+        if st.commit(op).is_err() {
+            return journal_failed();
+        }
+        resp(201, json!({ "number": number, "title": title }))
+    }
+
+    /// `/repos/{o}/{r}/issues/comments/{id}` of an existing comment.
+    fn comment(&self, st: &mut State, id: u64) -> Response {
+        match self.req.method.as_str() {
+            "GET" => resp(200, comment_json(&st.comments[&id], self.host)),
+            "PATCH" | "DELETE" if !self.can_write => forbidden(),
+            "PATCH" => {
+                let body = match body_field(&self.req.body) {
+                    Ok(b) => b,
+                    Err(r) => return r,
+                };
+                let at = now_s();
+                if st.commit(Op::Edit { id, body, at }).is_err() {
+                    return journal_failed();
+                }
+                resp(200, comment_json(&st.comments[&id], self.host))
+            }
+            "DELETE" => {
+                if st.commit(Op::Delete { id }).is_err() {
+                    return journal_failed();
+                }
+                empty(204, false)
+            }
+            _ => not_found(),
+        }
+    }
+}
+
+fn body_field(body: &[u8]) -> std::result::Result<String, Response> {
+    let v: Value =
+        serde_json::from_slice(body).map_err(|_| gh_error(400, "Problems parsing JSON"))?;
+    let Some(b) = v.get("body").and_then(|b| b.as_str()) else {
+        return Err(resp(
+            422,
+            json!({ "message": "Invalid request.\n\n\"body\" wasn't supplied.", "documentation_url": DOCS, "status": "422" }),
+        ));
+    };
+    if b.chars().count() > loopwright::github::MAX_COMMENT_CHARS {
+        return Err(too_long());
+    }
+    Ok(b.to_string())
+}
+
+/// GitHub's answer to a comment over 65,536 characters.
+fn too_long() -> Response {
+    resp(
+        422,
+        json!({
+            "message": "Validation Failed",
+            "errors": [{ "resource": "IssueComment", "code": "custom", "field": "body", "message": "body is too long (maximum is 65536 characters)" }],
+            "documentation_url": DOCS,
+            "status": "422"
+        }),
+    )
+}
+
+fn create(
+    st: &mut State,
+    repo: &str,
+    issue: u64,
+    body: &[u8],
+    login: &str,
+    host: &str,
+) -> Response {
+    let body = match body_field(body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let now = now_s();
+    let c = StoredComment {
+        id: st.next_id,
+        repo: repo.into(),
+        issue,
+        body,
+        login: login.into(),
+        association: "OWNER".into(),
+        created: now,
+        updated: now,
+    };
+    let id = c.id;
+    if st.commit(Op::Comment { c }).is_err() {
+        return journal_failed();
+    }
+    let mut r = resp(201, comment_json(&st.comments[&id], host));
+    r.headers.push((
+        "Location".into(),
+        format!("http://{host}/repos/{repo}/issues/comments/{id}"),
+    ));
+    r
+}
+
+fn comment_json(c: &StoredComment, host: &str) -> Value {
+    json!({
+        "id": c.id,
+        "node_id": format!("IC_{}", c.id),
+        "url": format!("http://{host}/repos/{}/issues/comments/{}", c.repo, c.id),
+        "html_url": format!("http://{host}/{}/issues/{}#issuecomment-{}", c.repo, c.issue, c.id),
+        "issue_url": format!("http://{host}/repos/{}/issues/{}", c.repo, c.issue),
+        "body": c.body,
+        "user": { "login": c.login, "id": 1, "type": "User" },
+        "created_at": gh_time(c.created),
+        "updated_at": gh_time(c.updated),
+        "author_association": c.association,
+    })
+}
+
+fn list(
+    st: &State,
+    repo: &str,
+    issue: u64,
+    path: &str,
+    q: &[(String, String)],
+    host: &str,
+) -> Response {
+    let per_page = param(q, "per_page")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(30)
+        .clamp(1, 100);
+    let page = param(q, "page")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(1)
+        .max(1);
+    let since = param(q, "since")
+        .and_then(loopwright::time::parse_rfc3339)
+        .map(|d| d.as_secs());
+    let all: Vec<&StoredComment> = st
+        .comments
+        .values()
+        .filter(|c| c.repo == repo && c.issue == issue && since.is_none_or(|s| c.updated >= s))
+        .collect();
+    let last = all.len().div_ceil(per_page).max(1);
+    let items: Vec<Value> = all
+        .iter()
+        .skip((page - 1) * per_page)
+        .take(per_page)
+        .map(|c| comment_json(c, host))
+        .collect();
+    let mut r = resp(200, Value::Array(items));
+    let links = page_links(page, last, |p| {
+        let mut qs: Vec<String> = q
+            .iter()
+            .filter(|(k, _)| k != "page")
+            .map(|(k, v)| format!("{k}={}", v.replace(':', "%3A")))
+            .collect();
+        qs.push(format!("page={p}"));
+        format!("<http://{host}{path}?{}>", qs.join("&"))
+    });
+    if !links.is_empty() {
+        r.headers.push(("Link".into(), links.join(", ")));
+    }
+    r
+}
+
+/// The `Link` header's parts for `page` of `last`.
+fn page_links(page: usize, last: usize, link_for: impl Fn(usize) -> String) -> Vec<String> {
+    let mut links = Vec::new();
+    if page < last {
+        links.push(format!("{}; rel=\"next\"", link_for(page + 1)));
+        links.push(format!("{}; rel=\"last\"", link_for(last)));
+    }
+    if page > 1 {
+        links.push(format!("{}; rel=\"prev\"", link_for(page - 1)));
+        links.push(format!("{}; rel=\"first\"", link_for(1)));
+    }
+    links
+}
