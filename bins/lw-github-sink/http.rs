@@ -38,12 +38,14 @@ pub fn serve(listener: TcpListener, state: State, limits: Limits) -> Result<Infa
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
-        .map_err(|e| Error::new(Exit::Unavailable, "cannot start the I/O runtime").with_source(e))?;
+        .map_err(|e| {
+            Error::new(Exit::Unavailable, "cannot start the I/O runtime").with_source(e)
+        })?;
     let shared = Arc::new((Mutex::new(state), limits));
     rt.block_on(async move {
-        listener.set_nonblocking(true).map_err(|e| {
-            Error::new(Exit::Unavailable, "cannot listen").with_source(e)
-        })?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::new(Exit::Unavailable, "cannot listen").with_source(e))?;
         let listener = tokio::net::TcpListener::from_std(listener)
             .map_err(|e| Error::new(Exit::Unavailable, "cannot listen").with_source(e))?;
         loop {
@@ -97,8 +99,8 @@ async fn answer(
 
 fn to_hyper(res: Response) -> hyper::Response<Full<Bytes>> {
     let mut out = hyper::Response::new(Full::new(Bytes::from(res.body)));
-    *out.status_mut() = hyper::StatusCode::from_u16(res.status)
-        .unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    *out.status_mut() =
+        hyper::StatusCode::from_u16(res.status).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
     let h = out.headers_mut();
     if !res
         .headers

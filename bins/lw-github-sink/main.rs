@@ -14,7 +14,7 @@
 //! `GET|PATCH|DELETE /repos/{o}/{r}/issues/comments/{id}`; `x-ratelimit-*`
 //! headers on every answer; 401 for a missing or revoked token, 403 with
 //! `x-accepted-github-permissions` for a read-only one, 404 for an unknown
-//! repository or issue, 422 for a body over 65,536 characters (`api`).
+//! repository or issue, 422 for a body over 65,536 characters (`api`, `comments`).
 //!
 //! The control API under `/_sink/` (no token) sets up repositories, tokens
 //! and human comments, injects faults, and returns the record of every
@@ -23,6 +23,7 @@
 //! journal: `state`; HTTP: `http`.
 
 mod api;
+mod comments;
 mod control;
 mod http;
 mod state;
@@ -91,7 +92,9 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     }
     if let Some(f) = &args.tokens {
         for (login, token, write) in read_tokens(f)? {
-            state.add_token(&login, &token, write).map_err(journal_err)?;
+            state
+                .add_token(&login, &token, write)
+                .map_err(journal_err)?;
         }
     }
     writeln!(out, "http://{addr}").map_err(out_err)?;
@@ -126,9 +129,7 @@ fn read_tokens(f: &Path) -> Result<Vec<(String, String, bool)>> {
         match w.as_slice() {
             [] => {}
             [login, token] => out.push((login.to_string(), token.to_string(), true)),
-            [login, token, "read-only"] => {
-                out.push((login.to_string(), token.to_string(), false))
-            }
+            [login, token, "read-only"] => out.push((login.to_string(), token.to_string(), false)),
             _ => {
                 return Err(Error::data(format!(
                     "tokens file '{}' line {}: want LOGIN TOKEN [read-only]",

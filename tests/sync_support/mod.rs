@@ -200,7 +200,10 @@ fn start_sink(dir: &Path) -> (Child, String) {
     let url = line.trim().to_string();
     if !url.starts_with("http://") {
         let _ = child.kill();
-        panic!("lw-github-sink did not print its URL (got {line:?}): {:?}", child.wait());
+        panic!(
+            "lw-github-sink did not print its URL (got {line:?}): {:?}",
+            child.wait()
+        );
     }
     (child, url)
 }

@@ -1,0 +1,146 @@
+//! Issue comments as GitHub shows them: the JSON of a comment, creating
+//! one, and listing an issue's comments in pages with `Link` headers.
+
+use serde_json::{Value, json};
+
+use crate::api::{DOCS, Response, gh_error, gh_time, journal_failed, now_s, param, resp};
+use crate::state::{Op, State, StoredComment};
+
+pub fn body_field(body: &[u8]) -> std::result::Result<String, Response> {
+    let v: Value =
+        serde_json::from_slice(body).map_err(|_| gh_error(400, "Problems parsing JSON"))?;
+    let Some(b) = v.get("body").and_then(|b| b.as_str()) else {
+        return Err(resp(
+            422,
+            json!({ "message": "Invalid request.\n\n\"body\" wasn't supplied.", "documentation_url": DOCS, "status": "422" }),
+        ));
+    };
+    if b.chars().count() > loopwright::github::MAX_COMMENT_CHARS {
+        return Err(too_long());
+    }
+    Ok(b.to_string())
+}
+
+/// GitHub's answer to a comment over 65,536 characters.
+pub fn too_long() -> Response {
+    resp(
+        422,
+        json!({
+            "message": "Validation Failed",
+            "errors": [{ "resource": "IssueComment", "code": "custom", "field": "body", "message": "body is too long (maximum is 65536 characters)" }],
+            "documentation_url": DOCS,
+            "status": "422"
+        }),
+    )
+}
+
+pub fn create(
+    st: &mut State,
+    repo: &str,
+    issue: u64,
+    body: &[u8],
+    login: &str,
+    host: &str,
+) -> Response {
+    let body = match body_field(body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let now = now_s();
+    let c = StoredComment {
+        id: st.next_id,
+        repo: repo.into(),
+        issue,
+        body,
+        login: login.into(),
+        association: "OWNER".into(),
+        created: now,
+        updated: now,
+    };
+    let id = c.id;
+    if st.commit(Op::Comment { c }).is_err() {
+        return journal_failed();
+    }
+    let mut r = resp(201, comment_json(&st.comments[&id], host));
+    r.headers.push((
+        "Location".into(),
+        format!("http://{host}/repos/{repo}/issues/comments/{id}"),
+    ));
+    r
+}
+
+pub fn comment_json(c: &StoredComment, host: &str) -> Value {
+    json!({
+        "id": c.id,
+        "node_id": format!("IC_{}", c.id),
+        "url": format!("http://{host}/repos/{}/issues/comments/{}", c.repo, c.id),
+        "html_url": format!("http://{host}/{}/issues/{}#issuecomment-{}", c.repo, c.issue, c.id),
+        "issue_url": format!("http://{host}/repos/{}/issues/{}", c.repo, c.issue),
+        "body": c.body,
+        "user": { "login": c.login, "id": 1, "type": "User" },
+        "created_at": gh_time(c.created),
+        "updated_at": gh_time(c.updated),
+        "author_association": c.association,
+    })
+}
+
+pub fn list(
+    st: &State,
+    repo: &str,
+    issue: u64,
+    path: &str,
+    q: &[(String, String)],
+    host: &str,
+) -> Response {
+    let per_page = param(q, "per_page")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(30)
+        .clamp(1, 100);
+    let page = param(q, "page")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(1)
+        .max(1);
+    let since = param(q, "since")
+        .and_then(loopwright::time::parse_rfc3339)
+        .map(|d| d.as_secs());
+    let all: Vec<&StoredComment> = st
+        .comments
+        .values()
+        .filter(|c| c.repo == repo && c.issue == issue && since.is_none_or(|s| c.updated >= s))
+        .collect();
+    let last = all.len().div_ceil(per_page).max(1);
+    let items: Vec<Value> = all
+        .iter()
+        .skip((page - 1) * per_page)
+        .take(per_page)
+        .map(|c| comment_json(c, host))
+        .collect();
+    let mut r = resp(200, Value::Array(items));
+    let links = page_links(page, last, |p| {
+        let mut qs: Vec<String> = q
+            .iter()
+            .filter(|(k, _)| k != "page")
+            .map(|(k, v)| format!("{k}={}", v.replace(':', "%3A")))
+            .collect();
+        qs.push(format!("page={p}"));
+        format!("<http://{host}{path}?{}>", qs.join("&"))
+    });
+    if !links.is_empty() {
+        r.headers.push(("Link".into(), links.join(", ")));
+    }
+    r
+}
+
+/// The `Link` header's parts for `page` of `last`.
+fn page_links(page: usize, last: usize, link_for: impl Fn(usize) -> String) -> Vec<String> {
+    let mut links = Vec::new();
+    if page < last {
+        links.push(format!("{}; rel=\"next\"", link_for(page + 1)));
+        links.push(format!("{}; rel=\"last\"", link_for(last)));
+    }
+    if page > 1 {
+        links.push(format!("{}; rel=\"prev\"", link_for(page - 1)));
+        links.push(format!("{}; rel=\"first\"", link_for(1)));
+    }
+    links
+}
