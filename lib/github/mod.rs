@@ -51,7 +51,6 @@ pub const DEFAULT_API: &str = "https://api.github.com";
 /// minute and hour windows by the same factor).  Documented in lw-sync(1).
 pub const INTERVAL_ENV: &str = "LW_SYNC_MIN_WRITE_INTERVAL_MS";
 
-
 /// One issue comment as GitHub returns it (the fields lw-sync reads).
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 pub struct Comment {

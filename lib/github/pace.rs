@@ -7,8 +7,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::Client;
-use super::client::Reply;
 use super::INTERVAL_ENV;
+use super::client::Reply;
 use crate::error::{Error, Exit, Result};
 
 /// Pacing limits (GitHub, "Best practices for using the REST API" and
@@ -277,7 +277,6 @@ pub fn next_write_at(l: &Limits, writes: &[u64], now: u64) -> u64 {
     }
     earliest
 }
-
 
 #[cfg(test)]
 mod tests {

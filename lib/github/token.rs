@@ -67,7 +67,6 @@ impl Token {
     }
 }
 
-
 /// The default token file: `$XDG_CONFIG_HOME/loopwright/token`.
 pub fn default_token_file() -> Option<PathBuf> {
     let base = std::env::var_os("XDG_CONFIG_HOME")
@@ -76,7 +75,6 @@ pub fn default_token_file() -> Option<PathBuf> {
     let p = base.join("loopwright").join("token");
     p.is_file().then_some(p)
 }
-
 
 #[cfg(test)]
 mod tests {

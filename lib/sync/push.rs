@@ -3,9 +3,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::format::{SEPARATOR, render_entry};
 use super::state::{complete_partials, mark_part, save_state};
 use super::{Event, MAX_UNKNOWN, Planned, Syncer};
-use super::format::{SEPARATOR, render_entry};
 use super::{Head, Pending};
 use crate::error::{Error, Exit, Result};
 use crate::github::{Budget, Comment, MAX_COMMENT_CHARS, Posted, Target};
