@@ -1,14 +1,13 @@
-//! The comment format (mailbox-spec.md, "GITHUB COMMENT FORMAT"): rendering
-//! log entries as comment sections with hidden headers, splitting large ones
-//! into parts, parsing comments back structurally, and reassembling entries.
-
-use std::collections::BTreeMap;
+//! The comment format (mailbox-spec.md, "GITHUB COMMENT FORMAT"): the
+//! headers, and rendering log entries as comment sections with hidden
+//! headers, splitting large ones into parts.  Reading comments back is in
+//! `parse`.
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::log::{Action, Decision, Entry, LOG_VERSION};
-use crate::message::{self, Kind, Message};
+use crate::log::{Action, Entry};
+use crate::message::Kind;
 
 pub const HEADER_PREFIX: &str = "<!-- loopwright ";
 pub const HEADER_SUFFIX: &str = " -->";
@@ -298,251 +297,13 @@ fn too_big(e: &Entry) -> Error {
     ))
 }
 
-/// Parses a comment written by lw-sync.  None when the comment does not
-/// start with a header (a person's comment); Err when it starts like one but
-/// its structure is broken.
-pub fn parse_comment(text: &str) -> Option<std::result::Result<Vec<Section>, String>> {
-    let mut rest = text;
-    let mut sections = Vec::new();
-    loop {
-        // Skip blank lines and separators.
-        loop {
-            let (line, after) = split_line(rest);
-            if rest.is_empty() || !(line.trim().is_empty() || line.trim() == "---") {
-                break;
-            }
-            rest = after;
-        }
-        if rest.is_empty() {
-            return Some(Ok(sections));
-        }
-        let (line, after) = split_line(rest);
-        let line = line.trim_end_matches('\r');
-        let Some(json) = line
-            .strip_prefix(HEADER_PREFIX)
-            .and_then(|l| l.strip_suffix(HEADER_SUFFIX))
-        else {
-            if sections.is_empty() {
-                return None;
-            }
-            return Some(Err(format!(
-                "text after section {} is not a header",
-                sections.len()
-            )));
-        };
-        let head: Head = match serde_json::from_str(json) {
-            Ok(h) => h,
-            Err(e) if sections.is_empty() => return Some(Err(format!("header is not valid: {e}"))),
-            Err(e) => {
-                return Some(Err(format!(
-                    "header {} is not valid: {e}",
-                    sections.len() + 1
-                )));
-            }
-        };
-        rest = after;
-        let fence = match &head {
-            Head::Entry(h) => h.fence.clone(),
-            Head::Notice(_) => String::new(),
-        };
-        let mut chunk = String::new();
-        if fence.is_empty() {
-            // Readable lines up to the next header or the end.
-            loop {
-                let (l, a) = split_line(rest);
-                if rest.is_empty() || l.starts_with(HEADER_PREFIX) {
-                    break;
-                }
-                rest = a;
-            }
-        } else {
-            if fence.len() < 3
-                || !(fence.bytes().all(|b| b == b'`') || fence.bytes().all(|b| b == b'~'))
-            {
-                return Some(Err(format!(
-                    "section {} names an invalid fence",
-                    sections.len() + 1
-                )));
-            }
-            let open = format!("{fence}text");
-            loop {
-                let (l, a) = split_line(rest);
-                if rest.is_empty() {
-                    return Some(Err(format!("section {} has no body", sections.len() + 1)));
-                }
-                rest = a;
-                if l.trim_end_matches('\r') == open {
-                    break;
-                }
-            }
-            // The closing fence: a line that is exactly the fence.
-            let mut search = 0;
-            let close_at = loop {
-                let Some(i) = rest[search..].find(&format!("\n{fence}")) else {
-                    // An empty body closes on the very next line.
-                    if rest.starts_with(&fence) && search == 0 {
-                        break None;
-                    }
-                    return Some(Err(format!(
-                        "section {} body is not closed",
-                        sections.len() + 1
-                    )));
-                };
-                let end = search + i + 1 + fence.len();
-                let tail = &rest[end..];
-                if tail.is_empty() || tail.starts_with('\n') || tail.starts_with("\r\n") {
-                    break Some(search + i);
-                }
-                search = end;
-            };
-            match close_at {
-                Some(i) => {
-                    chunk = rest[..i].to_string();
-                    rest = &rest[i + 1 + fence.len()..];
-                }
-                None => {
-                    return Some(Err(format!(
-                        "section {} body is not closed",
-                        sections.len() + 1
-                    )));
-                }
-            }
-        }
-        sections.push(Section { head, chunk });
-    }
-}
-
-fn split_line(s: &str) -> (&str, &str) {
-    match s.find('\n') {
-        Some(i) => (&s[..i], &s[i + 1..]),
-        None => (s, ""),
-    }
-}
-
-/// Entry name -> the entry rebuilt from GitHub and the ids of its comments.
-pub type Rebuilt = BTreeMap<String, (Entry, Vec<u64>)>;
-
-/// Rebuilds log entries from the sections of a list of comments.
-/// Returns the complete entries and, for incomplete ones, the parts found.
-pub fn reassemble(sections: &[(u64, Section)]) -> (Rebuilt, BTreeMap<String, String>) {
-    let mut parts: BTreeMap<String, BTreeMap<u32, (EntryHead, String, u64)>> = BTreeMap::new();
-    for (cid, s) in sections {
-        if let Head::Entry(h) = &s.head {
-            parts
-                .entry(h.entry.clone())
-                .or_default()
-                .entry(h.part[0])
-                .or_insert((h.clone(), s.chunk.clone(), *cid));
-        }
-    }
-    let mut done = BTreeMap::new();
-    let mut broken = BTreeMap::new();
-    for (name, ps) in parts {
-        let first = &ps
-            .values()
-            .next()
-            .expect("a map entry has at least one part")
-            .0;
-        let n = first.part[1];
-        if ps.len() as u32 != n || !(1..=n).all(|i| ps.contains_key(&i)) {
-            broken.insert(name, format!("{} of {n} parts on GitHub", ps.len()));
-            continue;
-        }
-        let body: String = ps.values().map(|(_, c, _)| c.as_str()).collect();
-        let h = &ps[&1].0;
-        if h.v < 2
-            && h.sha256
-                .as_deref()
-                .is_some_and(|s| s != sha256_hex(body.as_bytes()))
-        {
-            broken.insert(
-                name,
-                "body does not match its SHA-256 (edited on GitHub?)".into(),
-            );
-            continue;
-        }
-        if h.v >= 2 && ps.values().any(|(p, _, _)| p.sha256 != h.sha256) {
-            broken.insert(
-                name,
-                "its parts carry different digests (edited on GitHub?)".into(),
-            );
-            continue;
-        }
-        let message = h.msg.as_ref().map(|m| Message {
-            version: message::VERSION,
-            id: h.id.clone(),
-            from: m.from.clone(),
-            to: m.to.clone(),
-            kind: m.kind,
-            subject: m.subject.clone(),
-            body: body.clone(),
-            refs: m.refs.clone(),
-            in_reply_to: m.in_reply_to.clone(),
-            created: m.created.clone(),
-        });
-        let e = Entry {
-            version: LOG_VERSION,
-            name: h.entry.clone(),
-            logged: h.logged.clone(),
-            message_id: h.id.clone(),
-            sender: h.sender.clone(),
-            message,
-            decision: Decision {
-                quiet: false,
-                action: h.action,
-                to: h.parties.clone(),
-                reason: h.reason.clone(),
-            },
-        };
-        if h.v >= 2 && h.sha256.as_deref() != Some(entry_digest(&e).as_str()) {
-            broken.insert(
-                name,
-                "header or body does not match its SHA-256 (edited on GitHub?)".into(),
-            );
-            continue;
-        }
-        done.insert(name, (e, ps.values().map(|(_, _, c)| *c).collect()));
-    }
-    (done, broken)
-}
-
-/// `/lw answer ID` lines and the text after each, up to the next such line.
-pub fn parse_answers(text: &str) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = Vec::new();
-    let mut in_code = false;
-    for line in text.lines() {
-        let l = line.trim_end_matches('\r');
-        if l.trim_start().starts_with("```") || l.trim_start().starts_with("~~~") {
-            in_code = !in_code;
-        }
-        let cmd = if in_code {
-            None
-        } else {
-            l.trim().strip_prefix("/lw answer ").map(str::trim)
-        };
-        match cmd {
-            Some(id) if !id.is_empty() && !id.contains(char::is_whitespace) => {
-                out.push((id.to_string(), String::new()))
-            }
-            _ => {
-                if let Some((_, body)) = out.last_mut() {
-                    body.push_str(l);
-                    body.push('\n');
-                }
-            }
-        }
-    }
-    for (_, body) in &mut out {
-        let t = body.trim_matches('\n').to_string();
-        *body = t;
-    }
-    out
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
     use crate::github::MAX_COMMENT_CHARS;
+    use crate::log::Decision;
+    use crate::message::Message;
+    use crate::sync::parse::{parse_answers, parse_comment, reassemble};
 
     pub(crate) fn entry(body: &str, action: Action) -> Entry {
         let id = crate::id::new_id();

@@ -35,11 +35,13 @@
 //!
 //! The files: `push` (reconcile, plan, post with intent), `pull` (answers
 //! and notices), `verify` (both ways, restore), `watch` (the watch loop),
-//! `format` (the comment format), `state` (sync.json), `config` (sync.json
+//! `format` (the comment format and rendering), `parse` (reading
+//! comments back, reassembly), `state` (sync.json), `config` (sync.json
 //! of the project).
 
 mod config;
 mod format;
+mod parse;
 mod pull;
 mod push;
 mod state;
@@ -53,10 +55,10 @@ use serde::Serialize;
 
 pub use config::{CONFIG_DIR, CONFIG_FILE, Config, TargetConfig};
 pub use format::{
-    EntryHead, FORMAT_VERSION, HEADER_PREFIX, HEADER_SUFFIX, Head, MsgHead, NoticeHead, Rebuilt,
-    Section, body_withheld, entry_digest, parse_answers, parse_comment, reassemble, render_entry,
-    sha256_hex,
+    EntryHead, FORMAT_VERSION, HEADER_PREFIX, HEADER_SUFFIX, Head, MsgHead, NoticeHead, Section,
+    body_withheld, entry_digest, render_entry, sha256_hex,
 };
+pub use parse::{Rebuilt, parse_answers, parse_comment, reassemble};
 pub use state::{Pending, State, TargetState, load_state, lock, state_path, write_atomic};
 pub use watch::watch_dir;
 
