@@ -175,14 +175,18 @@ impl Policy {
 
     /// Parses a policy file's text.  `source` names it in reasons.
     pub fn parse(text: &str, source: Option<String>) -> Result<Policy, Vec<LineError>> {
-        let mut p = Policy {
-            source,
-            ..Policy::default()
+        let mut r = Reader {
+            p: Policy {
+                source,
+                ..Policy::default()
+            },
+            routed: Vec::new(),
+            rate_line: 0,
+            dup_line: 0,
+            cap_line: 0,
         };
         let mut errs = Vec::new();
         let mut version_seen = false;
-        let mut routed: Vec<(Kind, usize)> = Vec::new();
-        let (mut rate_line, mut dup_line, mut cap_line) = (0, 0, 0);
         for (i, raw) in text.lines().enumerate() {
             let line = i + 1;
             let content = raw.split('#').next().unwrap_or("");
@@ -190,134 +194,18 @@ impl Policy {
             if words.is_empty() {
                 continue;
             }
-            let mut err = |msg: String| errs.push(LineError { line, msg });
             if !version_seen {
                 version_seen = true;
-                match words.as_slice() {
-                    ["loopwright-policy", v] if *v == POLICY_VERSION.to_string() => continue,
-                    ["loopwright-policy", v] => {
-                        err(format!(
-                            "unsupported policy version '{v}'; this mediator reads version {POLICY_VERSION}"
-                        ));
-                        return Err(errs);
-                    }
-                    _ => {
-                        err(format!(
-                            "the first directive must be 'loopwright-policy {POLICY_VERSION}', found '{}'",
-                            words.join(" ")
-                        ));
+                match version_line(&words) {
+                    Ok(()) => continue,
+                    Err(msg) => {
+                        errs.push(LineError { line, msg });
                         return Err(errs);
                     }
                 }
             }
-            match words.as_slice() {
-                ["route", kind, target] => {
-                    let Some(k) = Kind::parse(kind) else {
-                        err(format!(
-                            "unknown kind '{kind}'; expected one of {}",
-                            postable_kinds()
-                        ));
-                        continue;
-                    };
-                    if !k.postable() {
-                        err(format!(
-                            "kind '{kind}' is the mediator's own and cannot be routed"
-                        ));
-                        continue;
-                    }
-                    let Some(r) = Route::parse(target) else {
-                        err(format!(
-                            "unknown route '{target}'; expected scope, named, human, asker or hold"
-                        ));
-                        continue;
-                    };
-                    if let Some((_, first)) = routed.iter().find(|(kk, _)| *kk == k) {
-                        err(format!(
-                            "kind '{kind}' is routed twice (first on line {first}); keep one route line"
-                        ));
-                        continue;
-                    }
-                    routed.push((k, line));
-                    p.routes.retain(|(kk, _)| *kk != k);
-                    p.routes.push((k, Ruled { value: r, line }));
-                }
-                ["rate", "off"] => {
-                    p.rate = None;
-                    rate_line = line;
-                }
-                ["rate", spec] => match parse_rate(spec) {
-                    Ok(r) if rate_line == 0 => {
-                        p.rate = Some(Ruled { value: r, line });
-                        rate_line = line;
-                    }
-                    Ok(_) => err(format!("rate is set twice (first on line {rate_line})")),
-                    Err(m) => err(m),
-                },
-                ["duplicates", "off"] => {
-                    p.duplicates = None;
-                    dup_line = line;
-                }
-                ["duplicates", spec] => match parse_duration(spec) {
-                    Ok(d) if dup_line == 0 => {
-                        p.duplicates = Some(Ruled { value: d, line });
-                        dup_line = line;
-                    }
-                    Ok(_) => err(format!(
-                        "duplicates is set twice (first on line {dup_line})"
-                    )),
-                    Err(m) => err(format!("duplicates: {m}")),
-                },
-                ["held-max", _] if cap_line != 0 => {
-                    err(format!("held-max is set twice (first on line {cap_line})"))
-                }
-                ["held-max", "off"] => {
-                    p.held_max = None;
-                    cap_line = line;
-                }
-                ["held-max", n] => match n.parse::<u32>() {
-                    Ok(v) if v > 0 => {
-                        p.held_max = Some(Ruled { value: v, line });
-                        cap_line = line;
-                    }
-                    _ => err(format!(
-                        "held-max '{n}' is not a count of messages; expected 'held-max COUNT' (at least 1) or 'held-max off'"
-                    )),
-                },
-                ["held-max", ..] => {
-                    err("expected 'held-max COUNT' (e.g. 20) or 'held-max off'".into())
-                }
-                ["hold", "kind", kind] => match Kind::parse(kind) {
-                    Some(k) if k.postable() => p.hold_kinds.push(Ruled { value: k, line }),
-                    _ => err(format!(
-                        "unknown kind '{kind}'; expected one of {}",
-                        postable_kinds()
-                    )),
-                },
-                ["hold", "sender", name] => {
-                    if crate::layout::valid_name(name) {
-                        p.hold_senders.push(Ruled {
-                            value: name.to_string(),
-                            line,
-                        });
-                    } else {
-                        err(format!("'{name}' is not a valid sender name"));
-                    }
-                }
-                ["hold", ..] => err("expected 'hold kind KIND' or 'hold sender NAME'".into()),
-                ["route", ..] => err("expected 'route KIND ROUTE'".into()),
-                ["rate", ..] => {
-                    err("expected 'rate COUNT/DURATION' (e.g. 120/60s) or 'rate off'".into())
-                }
-                ["duplicates", ..] => {
-                    err("expected 'duplicates DURATION' (e.g. 10m) or 'duplicates off'".into())
-                }
-                ["loopwright-policy", ..] => {
-                    err("the version line may appear only once, first".into())
-                }
-                [word, ..] => err(format!(
-                    "unknown directive '{word}'; expected route, rate, duplicates, hold or held-max"
-                )),
-                [] => {}
+            if let Err(msg) = r.directive(&words, line) {
+                errs.push(LineError { line, msg });
             }
         }
         if !version_seen {
@@ -328,7 +216,7 @@ impl Policy {
                 ),
             });
         }
-        if errs.is_empty() { Ok(p) } else { Err(errs) }
+        if errs.is_empty() { Ok(r.p) } else { Err(errs) }
     }
 
     /// Reads and parses a file.  Errors are `FILE:LINE: message`, exit 78.
@@ -403,6 +291,167 @@ impl Policy {
             None => s.push_str("held-max off\n"),
         }
         s
+    }
+}
+
+/// The first directive: `loopwright-policy VERSION`.
+fn version_line(words: &[&str]) -> Result<(), String> {
+    match words {
+        ["loopwright-policy", v] if *v == POLICY_VERSION.to_string() => Ok(()),
+        ["loopwright-policy", v] => Err(format!(
+            "unsupported policy version '{v}'; this mediator reads version {POLICY_VERSION}"
+        )),
+        _ => Err(format!(
+            "the first directive must be 'loopwright-policy {POLICY_VERSION}', found '{}'",
+            words.join(" ")
+        )),
+    }
+}
+
+/// What `Policy::parse` has read so far: the policy, and where each
+/// directive that may appear once was first seen.
+struct Reader {
+    p: Policy,
+    routed: Vec<(Kind, usize)>,
+    rate_line: usize,
+    dup_line: usize,
+    cap_line: usize,
+}
+
+impl Reader {
+    /// One directive after the version line; Err is that line's one error.
+    fn directive(&mut self, words: &[&str], line: usize) -> Result<(), String> {
+        match words {
+            ["route", kind, target] => self.route(kind, target, line),
+            ["rate", "off"] => {
+                self.p.rate = None;
+                self.rate_line = line;
+                Ok(())
+            }
+            ["rate", spec] => {
+                let r = parse_rate(spec)?;
+                if self.rate_line != 0 {
+                    return Err(format!(
+                        "rate is set twice (first on line {})",
+                        self.rate_line
+                    ));
+                }
+                self.p.rate = Some(Ruled { value: r, line });
+                self.rate_line = line;
+                Ok(())
+            }
+            ["duplicates", "off"] => {
+                self.p.duplicates = None;
+                self.dup_line = line;
+                Ok(())
+            }
+            ["duplicates", spec] => {
+                let d = parse_duration(spec).map_err(|m| format!("duplicates: {m}"))?;
+                if self.dup_line != 0 {
+                    return Err(format!(
+                        "duplicates is set twice (first on line {})",
+                        self.dup_line
+                    ));
+                }
+                self.p.duplicates = Some(Ruled { value: d, line });
+                self.dup_line = line;
+                Ok(())
+            }
+            ["held-max", ..] => self.held_max(words, line),
+            ["hold", ..] => self.hold(words, line),
+            ["route", ..] => Err("expected 'route KIND ROUTE'".into()),
+            ["rate", ..] => {
+                Err("expected 'rate COUNT/DURATION' (e.g. 120/60s) or 'rate off'".into())
+            }
+            ["duplicates", ..] => {
+                Err("expected 'duplicates DURATION' (e.g. 10m) or 'duplicates off'".into())
+            }
+            ["loopwright-policy", ..] => Err("the version line may appear only once, first".into()),
+            [word, ..] => Err(format!(
+                "unknown directive '{word}'; expected route, rate, duplicates, hold or held-max"
+            )),
+            [] => Ok(()),
+        }
+    }
+
+    /// `route KIND ROUTE`, once per kind.
+    fn route(&mut self, kind: &str, target: &str, line: usize) -> Result<(), String> {
+        let Some(k) = Kind::parse(kind) else {
+            return Err(format!(
+                "unknown kind '{kind}'; expected one of {}",
+                postable_kinds()
+            ));
+        };
+        if !k.postable() {
+            return Err(format!(
+                "kind '{kind}' is the mediator's own and cannot be routed"
+            ));
+        }
+        let Some(r) = Route::parse(target) else {
+            return Err(format!(
+                "unknown route '{target}'; expected scope, named, human, asker or hold"
+            ));
+        };
+        if let Some((_, first)) = self.routed.iter().find(|(kk, _)| *kk == k) {
+            return Err(format!(
+                "kind '{kind}' is routed twice (first on line {first}); keep one route line"
+            ));
+        }
+        self.routed.push((k, line));
+        self.p.routes.retain(|(kk, _)| *kk != k);
+        self.p.routes.push((k, Ruled { value: r, line }));
+        Ok(())
+    }
+
+    /// `held-max COUNT` or `held-max off`, once.
+    fn held_max(&mut self, words: &[&str], line: usize) -> Result<(), String> {
+        match words {
+            ["held-max", _] if self.cap_line != 0 => Err(format!(
+                "held-max is set twice (first on line {})",
+                self.cap_line
+            )),
+            ["held-max", "off"] => {
+                self.p.held_max = None;
+                self.cap_line = line;
+                Ok(())
+            }
+            ["held-max", n] => match n.parse::<u32>() {
+                Ok(v) if v > 0 => {
+                    self.p.held_max = Some(Ruled { value: v, line });
+                    self.cap_line = line;
+                    Ok(())
+                }
+                _ => Err(format!(
+                    "held-max '{n}' is not a count of messages; expected 'held-max COUNT' (at least 1) or 'held-max off'"
+                )),
+            },
+            _ => Err("expected 'held-max COUNT' (e.g. 20) or 'held-max off'".into()),
+        }
+    }
+
+    /// `hold kind KIND` or `hold sender NAME`.
+    fn hold(&mut self, words: &[&str], line: usize) -> Result<(), String> {
+        match words {
+            ["hold", "kind", kind] => match Kind::parse(kind) {
+                Some(k) if k.postable() => {
+                    self.p.hold_kinds.push(Ruled { value: k, line });
+                    Ok(())
+                }
+                _ => Err(format!(
+                    "unknown kind '{kind}'; expected one of {}",
+                    postable_kinds()
+                )),
+            },
+            ["hold", "sender", name] if crate::layout::valid_name(name) => {
+                self.p.hold_senders.push(Ruled {
+                    value: name.to_string(),
+                    line,
+                });
+                Ok(())
+            }
+            ["hold", "sender", name] => Err(format!("'{name}' is not a valid sender name")),
+            _ => Err("expected 'hold kind KIND' or 'hold sender NAME'".into()),
+        }
     }
 }
 
