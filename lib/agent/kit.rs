@@ -13,6 +13,10 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use super::grammar::{
+    Fields, check_env_name, check_package, check_program, check_relative, parse_endpoint, parse_env,
+};
+pub use super::grammar::{exact_version, parse_upstream, valid_name};
 use crate::config::Config;
 use crate::digest::sha256_hex;
 use crate::error::{Error, Exit, Result};
@@ -115,86 +119,10 @@ const KEYS: &[&str] = &[
     "env",
 ];
 
-/// True for a kit name: lower-case letters, digits and `-`, starting with a letter.
-pub fn valid_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 32
-        && s.as_bytes()[0].is_ascii_lowercase()
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-}
-
-/// An exact version: `MAJOR.MINOR.PATCH` with an optional `-pre` part.
-/// Ranges, tags (`latest`) and wildcards are refused.
-pub fn exact_version(v: &str) -> bool {
-    let (core, pre) = match v.split_once('-') {
-        Some((c, p)) => (c, Some(p)),
-        None => (v, None),
-    };
-    let nums: Vec<&str> = core.split('.').collect();
-    nums.len() == 3
-        && nums
-            .iter()
-            .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-        && pre.is_none_or(|p| {
-            !p.is_empty()
-                && p.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
-        })
-}
-
-fn env_name(s: &str) -> bool {
-    !s.is_empty()
-        && !s.as_bytes()[0].is_ascii_digit()
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-}
-
-/// Checks an `upstream` value: `https://HOST[:PORT]` (or `http://`), no
-/// path, query or credentials.  Returns (scheme, host, port).
-pub fn parse_upstream(v: &str) -> std::result::Result<(String, String, u16), String> {
-    let (scheme, rest) = v
-        .split_once("://")
-        .ok_or_else(|| format!("'{v}' is not https://HOST[:PORT]"))?;
-    let default_port = match scheme {
-        "https" => 443,
-        "http" => 80,
-        _ => return Err(format!("'{v}': the scheme must be https (or http)")),
-    };
-    let rest = rest.strip_suffix('/').unwrap_or(rest);
-    if rest.is_empty() || rest.contains(['/', '@', '?', '#', ' ']) {
-        return Err(format!(
-            "'{v}' is not https://HOST[:PORT] (no path, user or query)"
-        ));
-    }
-    let (host, port) = match rest.rsplit_once(':') {
-        Some((h, p)) => (
-            h,
-            p.parse::<u16>()
-                .ok()
-                .filter(|p| *p > 0)
-                .ok_or_else(|| format!("'{v}': bad port '{p}'"))?,
-        ),
-        None => (rest, default_port),
-    };
-    let ok = !host.is_empty()
-        && host
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-');
-    if !ok {
-        return Err(format!("'{v}': bad host '{host}'"));
-    }
-    Ok((scheme.to_string(), host.to_ascii_lowercase(), port))
-}
-
-fn words(v: &str) -> Vec<String> {
-    v.split_whitespace().map(str::to_string).collect()
-}
-
 impl Kit {
     /// Parses the text of kit `name`; `source` names it in errors.
     pub fn parse(name: &str, text: &str, source: &str) -> Result<Kit> {
         let cfg = Config::parse(text, Path::new(source))?;
-        let bad = |key: &str, why: String| Error::config(format!("{source}: {key}: {why}"));
         for (k, _) in cfg.iter() {
             if !KEYS.contains(&k) {
                 return Err(Error::config(format!(
@@ -203,19 +131,15 @@ impl Kit {
                 )));
             }
         }
-        let need = |key: &str| -> Result<String> {
-            cfg.get(key)
-                .map(str::to_string)
-                .ok_or_else(|| bad(key, "missing; every kit names it".into()))
-        };
-        let version = need("version")?;
+        let f = Fields { cfg: &cfg, source };
+        let version = f.need("version")?;
         for (key, v) in [
             ("version", version.as_str()),
-            ("node", &need("node")?),
-            ("npm", &need("npm")?),
+            ("node", &f.need("node")?),
+            ("npm", &f.need("npm")?),
         ] {
             if !exact_version(v) {
-                return Err(bad(
+                return Err(f.bad(
                     key,
                     format!(
                         "'{v}' is not an exact version (ranges, tags and wildcards float); write one like 2.1.332"
@@ -223,132 +147,45 @@ impl Kit {
                 ));
             }
         }
-        let package = need("package")?;
-        let pkg_ok = {
-            let body = package.strip_prefix('@').unwrap_or(&package);
-            let parts: Vec<&str> = body.split('/').collect();
-            let scoped = package.starts_with('@');
-            (parts.len() == if scoped { 2 } else { 1 })
-                && parts.iter().all(|p| {
-                    !p.is_empty()
-                        && p.bytes().all(|b| {
-                            b.is_ascii_lowercase() || b.is_ascii_digit() || b"-._".contains(&b)
-                        })
-                })
-        };
-        if !pkg_ok {
-            return Err(bad(
-                "package",
-                format!("'{package}' is not an npm package name (name or @scope/name)"),
-            ));
-        }
-        let program = need("program")?;
-        if !program
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-            || program.is_empty()
-        {
-            return Err(bad("program", format!("'{program}' is not a command name")));
-        }
-        let upstream = need("upstream")?;
-        parse_upstream(&upstream).map_err(|m| bad("upstream", m))?;
-        let endpoint = need("endpoint")?;
-        let (method, path) = match endpoint.split_whitespace().collect::<Vec<_>>().as_slice() {
-            [m, p]
-                if m.bytes().all(|b| b.is_ascii_uppercase())
-                    && p.starts_with('/')
-                    && !p.contains(['?', '#']) =>
-            {
-                (m.to_string(), p.to_string())
-            }
-            _ => {
-                return Err(bad(
-                    "endpoint",
-                    format!("'{endpoint}' is not 'METHOD /path', e.g. 'POST /v1/messages'"),
-                ));
-            }
-        };
-        let key_env = need("key-env")?;
-        if !env_name(&key_env) {
-            return Err(bad(
-                "key-env",
-                format!("'{key_env}' is not a variable name"),
-            ));
-        }
-        let key_header = match need("key-header")?.as_str() {
+        let package = f.check("package", check_package)?;
+        let program = f.check("program", check_program)?;
+        let upstream = f.check("upstream", |u| parse_upstream(u).map(|_| ()))?;
+        let (method, path) =
+            parse_endpoint(&f.need("endpoint")?).map_err(|m| f.bad("endpoint", m))?;
+        let key_env = f.check("key-env", check_env_name)?;
+        let key_header = match f.need("key-header")?.as_str() {
             "x-api-key" => KeyHeader::XApiKey,
             "bearer" => KeyHeader::Bearer,
             other => {
-                return Err(bad(
+                return Err(f.bad(
                     "key-header",
                     format!("'{other}' is not x-api-key or bearer"),
                 ));
             }
         };
         let base_url_env = cfg.get("base-url-env").map(str::to_string);
-        if let Some(b) = &base_url_env
-            && !env_name(b)
-        {
-            return Err(bad("base-url-env", format!("'{b}' is not a variable name")));
+        if let Some(b) = &base_url_env {
+            check_env_name(b).map_err(|m| f.bad("base-url-env", m))?;
         }
-        let rel = |key: &str| -> Result<String> {
-            let v = need(key)?;
-            let ok =
-                !v.starts_with('/') && v.split('/').all(|c| !c.is_empty() && c != "." && c != "..");
-            if ok {
-                Ok(v)
-            } else {
-                Err(bad(
-                    key,
-                    format!("'{v}' must be a path relative to the agent's HOME"),
-                ))
-            }
-        };
-        let context_file = rel("context-file")?;
-        let state_dir = rel("state-dir")?;
-        let mcp = match need("mcp")?.as_str() {
+        let context_file = f.check("context-file", check_relative)?;
+        let state_dir = f.check("state-dir", check_relative)?;
+        let mcp = match f.need("mcp")?.as_str() {
             "claude-json" => McpFormat::ClaudeJson,
             "codex-toml" => McpFormat::CodexToml,
             other => {
-                return Err(bad(
-                    "mcp",
-                    format!("'{other}' is not claude-json or codex-toml"),
-                ));
+                return Err(f.bad("mcp", format!("'{other}' is not claude-json or codex-toml")));
             }
         };
-        let command = |key: &str| -> Result<Vec<String>> {
-            let w = words(&need(key)?);
-            if w.iter().filter(|x| *x == "{prompt}").count() != 1 {
-                return Err(bad(
-                    key,
-                    "must hold the word {prompt} exactly once".to_string(),
-                ));
-            }
-            if w.iter().any(|x| x.contains(['\'', '"', '\\', '$', '`'])) {
-                return Err(bad(
-                    key,
-                    "words are split at spaces; quotes, '$', '`' and '\\' are not interpreted"
-                        .to_string(),
-                ));
-            }
-            Ok(w)
-        };
-        let run = command("run")?;
-        let resume = command("resume")?;
-        let mut env = Vec::new();
-        for pair in words(cfg.get("env").unwrap_or("")) {
-            match pair.split_once('=') {
-                Some((k, v)) if env_name(k) => env.push((k.to_string(), v.to_string())),
-                _ => return Err(bad("env", format!("'{pair}' is not NAME=VALUE"))),
-            }
-        }
+        let run = f.command("run")?;
+        let resume = f.command("resume")?;
+        let env = parse_env(cfg.get("env").unwrap_or("")).map_err(|m| f.bad("env", m))?;
         Ok(Kit {
             name: name.to_string(),
             source: source.to_string(),
             package,
             version,
-            node: need("node")?,
-            npm: need("npm")?,
+            node: f.need("node")?,
+            npm: f.need("npm")?,
             program,
             upstream,
             method,
