@@ -1,7 +1,7 @@
 //! Real coding-agent CLIs inside the wall.
 //!
 //! - [`kit`]: the declarative kit files (runtime/agents/*.kit, a project's
-//!   .loopwright/agents/*.kit); [`grammar`]: the grammar of their values.
+//!   .loopwright/agents/*.kit); `grammar`: the grammar of their values.
 //! - [`layer`]: the kit's CLI as its own image, copied above the deps layer.
 //! - [`proxy`]: the model proxy that holds the key so the sandbox never does.
 //! - [`context`]: the context file and MCP registration in the agent's HOME.
