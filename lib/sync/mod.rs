@@ -178,7 +178,7 @@ impl Syncer {
         let (state, state_existed) = load_state(&state_path)?;
         let mut client = client;
         client.budget = state.budget.clone();
-        // A blocked window goes to disk before any wait (lib/github.rs).
+        // A blocked window goes to disk before any wait (lib/github/pace.rs).
         let path = state_path.clone();
         client.persist = Some(Box::new(move |b: &Budget| {
             let (mut st, _) = load_state(&path)?;
