@@ -104,6 +104,9 @@ pub fn run(inp: &Inputs) -> Vec<Finding> {
     };
     out.push(git());
     let engine = docker(&mut out);
+    if let Some(e) = &engine {
+        out.push(host_files(e));
+    }
     out.push(apparmor());
     if let Some(p) = &project {
         out.push(mirror(p, inp.fresh));
@@ -234,6 +237,42 @@ fn docker(out: &mut Vec<Finding>) -> Option<DockerEngine> {
             out.push(f("docker", Status::Fail, err.to_string(), Some(fix.into())));
             None
         }
+    }
+}
+
+/// Whether the engine sees this host's files (a nonce written in a temp dir,
+/// read back through a bind mount; lib/sandbox/hostpaths), and so which mode
+/// sandboxes get.
+fn host_files(engine: &DockerEngine) -> Finding {
+    use crate::sandbox::hostpaths::{Sharing, probe};
+    let tmp = std::env::temp_dir();
+    match probe(engine, &tmp) {
+        Ok(Sharing::Shared) => f(
+            "engine-files",
+            Status::Ok,
+            format!(
+                "the engine at {} sees this host's files (a nonce written in {} read back through a bind mount): local mode, sandboxes bind-mount their mail dir, mirror, clone and tools",
+                engine.host(),
+                tmp.display()
+            ),
+            None,
+        ),
+        Ok(Sharing::Separate) => f(
+            "engine-files",
+            Status::Warn,
+            format!(
+                "the engine at {} does not share this host's filesystem (a nonce written in {} was not there through a bind mount): remote mode, which needs the volume transport loopwright does not have yet; lw-sandbox create refuses on this engine (exit 69)",
+                engine.host(),
+                tmp.display()
+            ),
+            Some("create sandboxes on an engine on this machine (unset DOCKER_HOST), or run loopwright on the engine's machine".into()),
+        ),
+        Err(e) => f(
+            "engine-files",
+            Status::Warn,
+            format!("cannot tell whether the engine sees this host's files: {e}"),
+            None,
+        ),
     }
 }
 

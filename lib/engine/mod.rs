@@ -29,12 +29,14 @@
 //! since only the engine knows why.
 
 pub mod docker;
+mod paths;
 
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::time::Duration;
 
 pub use docker::DockerEngine;
+pub use paths::HostPaths;
 
 use crate::error::Result;
 
@@ -241,7 +243,7 @@ pub struct ExecIo<'a> {
 
 /// The runtime contract of lw-sandbox: the base contract and networks, plus
 /// what a sandbox's life needs.
-pub trait SandboxEngine: Engine + NetworkEngine {
+pub trait SandboxEngine: Engine + NetworkEngine + HostPaths {
     /// Every container, running or not, carrying `label` (`key` or `key=value`).
     fn containers_with_label(&self, label: &str) -> Result<Vec<Container>>;
     /// Creates the volume `name`; an existing one is reused.

@@ -473,6 +473,8 @@ impl<'a> Sandboxes<'a> {
             notes.push(n);
         }
 
+        // Every mount below is of a host path: an engine elsewhere would see none.
+        super::hostpaths::require_shared(self.engine, &self.root)?;
         clock.mark("check");
         let mut image = resolve_image(
             self.engine,

@@ -54,6 +54,7 @@
 //! are not its to remove.
 
 pub mod disk;
+pub mod hostpaths;
 pub mod limits;
 pub mod mailbox;
 pub mod push;

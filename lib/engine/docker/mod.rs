@@ -9,8 +9,10 @@
 //! labelled containers, exec with stdin and a terminal) and networks in
 //! `network.rs`.
 
+mod connect;
 mod image;
 mod network;
+mod paths;
 mod sandbox;
 
 use std::collections::{BTreeMap, HashMap};
@@ -45,25 +47,17 @@ impl DockerEngine {
     /// Connects to the engine `DOCKER_HOST` names (the local socket when
     /// unset) and agrees on an API version with it.
     pub fn connect() -> Result<DockerEngine> {
-        let host = std::env::var("DOCKER_HOST")
-            .ok()
-            .filter(|h| !h.is_empty())
-            .unwrap_or_else(|| "unix:///var/run/docker.sock".to_string());
+        let host = connect::host();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| {
                 Error::new(Exit::Software, "cannot start the I/O runtime").with_source(e)
             })?;
-        let docker = Docker::connect_with_host(&host).map_err(|e| match e {
-            bollard::errors::Error::UnsupportedURISchemeError { .. } => Error::config(format!(
-                "DOCKER_HOST '{host}' is not an engine address; use unix:///PATH or tcp://HOST:PORT"
-            )),
-            e => unreachable_err(&host, &e),
-        })?;
+        let (docker, tls) = connect::client(&host)?;
         let docker = rt
             .block_on(docker.negotiate_version())
-            .map_err(|e| unreachable_err(&host, &e))?;
+            .map_err(|e| connect::first_request_err(&host, tls.as_ref(), &e))?;
         Ok(DockerEngine { rt, docker, host })
     }
 
