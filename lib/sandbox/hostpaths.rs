@@ -75,7 +75,13 @@ pub fn probe(engine: &dyn HostPaths, dir: &Path) -> Result<Sharing> {
 pub fn record_path(root: &Root, id: &str) -> PathBuf {
     let safe: String = id
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     root.state_dir().join("engines").join(safe)
 }
@@ -95,7 +101,10 @@ pub fn cached(engine: &dyn HostPaths, root: &Root) -> Result<Sharing> {
     }
     let state = root.state_dir();
     std::fs::create_dir_all(&state).map_err(|e| {
-        Error::new(Exit::IoErr, format!("cannot make '{}': {e}", state.display()))
+        Error::new(
+            Exit::IoErr,
+            format!("cannot make '{}': {e}", state.display()),
+        )
     })?;
     let s = probe(engine, &state)?;
     let path = record_path(root, &id);

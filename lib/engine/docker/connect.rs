@@ -132,7 +132,11 @@ pub(super) fn client(host: &str) -> Result<(Docker, Option<Tls>)> {
 
 /// The first request's failure, naming the certificate file to fix when the
 /// TLS handshake is what failed.
-pub(super) fn first_request_err(host: &str, tls: Option<&Tls>, e: &bollard::errors::Error) -> Error {
+pub(super) fn first_request_err(
+    host: &str,
+    tls: Option<&Tls>,
+    e: &bollard::errors::Error,
+) -> Error {
     let Some(tls) = tls else {
         return super::unreachable_err(host, e);
     };

@@ -25,7 +25,10 @@ impl HostPaths for DockerEngine {
         let info = self
             .block_on(self.client().info())
             .map_err(|e| self.err("cannot ask the engine its identity", e))?;
-        Ok(info.id.filter(|i| !i.is_empty()).unwrap_or_else(|| self.host().to_string()))
+        Ok(info
+            .id
+            .filter(|i| !i.is_empty())
+            .unwrap_or_else(|| self.host().to_string()))
     }
 
     fn read_through_bind(&self, dir: &Path, name: &str) -> Result<Option<Vec<u8>>> {
@@ -42,7 +45,10 @@ impl HostPaths for DockerEngine {
                 ),
             ));
         };
-        let cname = format!("lw-probe-{}", name.replace(|c: char| !c.is_ascii_alphanumeric(), "-"));
+        let cname = format!(
+            "lw-probe-{}",
+            name.replace(|c: char| !c.is_ascii_alphanumeric(), "-")
+        );
         let body = ContainerCreateBody {
             image: Some(image),
             cmd: Some(vec![format!("{TARGET}/{name}")]),
@@ -104,7 +110,10 @@ impl HostPaths for DockerEngine {
         removed.map_err(|e| self.err(&format!("cannot remove probe container '{cname}'"), e))?;
         let mut archive = tar::Archive::new(&tar[..]);
         let bad = |e: std::io::Error| {
-            Error::new(Exit::Unavailable, format!("the engine's archive of the probe file is unreadable: {e}"))
+            Error::new(
+                Exit::Unavailable,
+                format!("the engine's archive of the probe file is unreadable: {e}"),
+            )
         };
         for entry in archive.entries().map_err(bad)? {
             let mut entry = entry.map_err(bad)?;

@@ -1,0 +1,592 @@
+//! A remote engine over TLS: engine B is a second dockerd (Debian's
+//! docker.io) in a privileged container on the shared engine, listening on
+//! tcp://IP:2376 with certificates this test makes with openssl, on a
+//! network this test creates (the host reaches the container's address
+//! directly).  B keeps its own storage, so it does not see this host's files.
+//!
+//! Asserted: the engine code connects over TLS as the Docker CLI's variables
+//! say and runs a plain container there (create, start, exec, remove);
+//! `lw doctor` says B does not share the host's filesystem and the local
+//! engine does; `lw-sandbox create` on B refuses with 69 and says why,
+//! making nothing; a wrong CA, a missing key and a client certificate B does
+//! not trust are 69 naming the host and the file.  Figures: connect+version
+//! latency and container create+start time, B against the local engine, same
+//! run.
+//!
+//! Needs: the shared engine, privileged containers, openssl, and Debian's
+//! package archive reachable from a build (the image of B is cached by the
+//! hash of its inputs: loopwright/test-dockerd:HASH).
+
+mod build_support;
+mod sandbox_support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use loopwright::engine::{ContainerSpec, DockerEngine, Engine, ExecRequest, HostPaths};
+use loopwright::sandbox::hostpaths::{Sharing, probe};
+
+const DOCKERFILE: &str = "\
+RUN apt-get update \\
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends docker.io iptables \\
+ && rm -rf /var/lib/apt/lists/*
+CMD [\"sleep\", \"infinity\"]
+";
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let o = cmd.output().expect("command runs");
+    assert!(o.status.success(), "{cmd:?}: {}", text(&o));
+    o
+}
+
+fn docker(args: &[&str]) -> Output {
+    run(Command::new("docker").args(args))
+}
+
+/// The image of engine B, built once per recipe (base image + Dockerfile).
+fn dockerd_image() -> String {
+    let base = build_support::test_image("debian");
+    let hash = loopwright::digest::sha256_hex(format!("{base}\n{DOCKERFILE}").as_bytes());
+    let tag = format!("loopwright/test-dockerd:{}", &hash[..16]);
+    let have = Command::new("docker")
+        .args(["image", "inspect", &tag])
+        .output()
+        .expect("docker runs");
+    if !have.status.success() {
+        let dir =
+            std::env::temp_dir().join(format!("lw-dockerd-build-{}", sandbox_support::nonce()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("Dockerfile"), format!("FROM {base}\n{DOCKERFILE}")).unwrap();
+        let o = Command::new("docker")
+            .args(["build", "-q", "-t", &tag])
+            .arg(&dir)
+            .env("DOCKER_BUILDKIT", "0")
+            .output()
+            .expect("docker build runs");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            o.status.success(),
+            "cannot build engine B's image (needs Debian's archive): {}",
+            text(&o)
+        );
+    }
+    tag
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let o = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("openssl runs (apt-get install openssl)");
+    assert!(o.status.success(), "openssl {args:?}: {}", text(&o));
+}
+
+/// A CA in `dir/NAME-ca.pem` (key `NAME-ca-key.pem`).
+fn make_ca(dir: &Path, name: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN={name} test CA"),
+            "-keyout",
+            &format!("{name}-ca-key.pem"),
+            "-out",
+            &format!("{name}-ca.pem"),
+        ],
+    );
+}
+
+/// A certificate `OUT.pem` (key `OUT-key.pem`) signed by CA `ca`.
+fn sign(dir: &Path, ca: &str, out: &str, cn: &str, ext: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            &format!("/CN={cn}"),
+            "-keyout",
+            &format!("{out}-key.pem"),
+            "-out",
+            &format!("{out}.csr"),
+        ],
+    );
+    std::fs::write(dir.join(format!("{out}.ext")), ext).unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{out}.csr"),
+            "-days",
+            "2",
+            "-CA",
+            &format!("{ca}-ca.pem"),
+            "-CAkey",
+            &format!("{ca}-ca-key.pem"),
+            "-CAcreateserial",
+            "-extfile",
+            &format!("{out}.ext"),
+            "-out",
+            &format!("{out}.pem"),
+        ],
+    );
+}
+
+/// A DOCKER_CERT_PATH directory with the three files the CLI reads.
+fn cert_path(dir: &Path, name: &str, ca: &str, cert: &str) -> PathBuf {
+    let d = dir.join(name);
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::copy(dir.join(format!("{ca}-ca.pem")), d.join("ca.pem")).unwrap();
+    std::fs::copy(dir.join(format!("{cert}.pem")), d.join("cert.pem")).unwrap();
+    std::fs::copy(dir.join(format!("{cert}-key.pem")), d.join("key.pem")).unwrap();
+    d
+}
+
+/// Engine B and everything made for it, removed on drop.
+struct EngineB {
+    container: String,
+    network: String,
+    dir: PathBuf,
+    /// B's containers' cgroup parent in the host's hierarchy.
+    cgroup: String,
+}
+
+impl Drop for EngineB {
+    fn drop(&mut self) {
+        let _ = Command::new("docker")
+            .args(["rm", "-f", "-v", &self.container])
+            .output();
+        let _ = Command::new("docker")
+            .args(["network", "rm", &self.network])
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        if let Ok(ctrls) = std::fs::read_dir("/sys/fs/cgroup") {
+            for c in ctrls.flatten() {
+                let _ = std::fs::remove_dir(c.path().join(&self.cgroup));
+            }
+        }
+    }
+}
+
+/// Points this process's engine variables at `host` with certificates `certs`
+/// (None: the local engine).  One test function per binary, so no other
+/// thread reads the environment meanwhile.
+fn use_engine(host: Option<&str>, certs: Option<&Path>) {
+    // SAFETY: this test binary has one test, on one thread.
+    unsafe {
+        match host {
+            Some(h) => std::env::set_var("DOCKER_HOST", h),
+            None => std::env::remove_var("DOCKER_HOST"),
+        }
+        match certs {
+            Some(c) => {
+                std::env::set_var("DOCKER_TLS_VERIFY", "1");
+                std::env::set_var("DOCKER_CERT_PATH", c);
+            }
+            None => {
+                std::env::remove_var("DOCKER_TLS_VERIFY");
+                std::env::remove_var("DOCKER_CERT_PATH");
+            }
+        }
+    }
+}
+
+fn with_engine<'a>(cmd: &'a mut Command, host: &str, certs: &Path) -> &'a mut Command {
+    cmd.env("DOCKER_HOST", host)
+        .env("DOCKER_TLS_VERIFY", "1")
+        .env("DOCKER_CERT_PATH", certs)
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Connect + version, `n` times: the median.
+fn connect_latency(n: usize) -> Duration {
+    median(
+        (0..n)
+            .map(|_| {
+                let t = Instant::now();
+                let e = DockerEngine::connect().expect("connects");
+                e.version().expect("version");
+                t.elapsed()
+            })
+            .collect(),
+    )
+}
+
+/// Create + start of a busybox container, exec in it, remove: the median
+/// create+start time of `n`.
+fn create_start(e: &DockerEngine, image: &str, tag: &str, n: usize) -> Duration {
+    median(
+        (0..n)
+            .map(|i| {
+                let name = format!("lw-test-remote-{tag}-{}-{i}", sandbox_support::nonce());
+                let spec = ContainerSpec {
+                    name: Some(name.clone()),
+                    image: image.to_string(),
+                    cmd: vec!["sleep".into(), "600".into()],
+                    network: Some("none".into()),
+                    ..Default::default()
+                };
+                let t = Instant::now();
+                e.create(&spec).expect("create on the engine");
+                e.start(&name).expect("start on the engine");
+                let took = t.elapsed();
+                let req = ExecRequest {
+                    cmd: vec!["sh".into(), "-c".into(), "echo from-$(hostname)".into()],
+                    ..Default::default()
+                };
+                let mut out = Vec::new();
+                let status = e
+                    .exec(&name, &req, &mut |_, b| out.extend_from_slice(b))
+                    .expect("exec on the engine");
+                assert_eq!(status, 0, "exec status");
+                assert!(
+                    String::from_utf8_lossy(&out).starts_with("from-"),
+                    "exec output: {:?}",
+                    String::from_utf8_lossy(&out)
+                );
+                e.remove(&name, true).expect("remove on the engine");
+                took
+            })
+            .collect(),
+    )
+}
+
+#[test]
+fn remote_engine_over_tls() {
+    let ping = Command::new("docker")
+        .args(["version", "--format", "{{.Server.Version}}"])
+        .output()
+        .expect("docker CLI runs");
+    assert!(
+        ping.status.success(),
+        "the Docker engine is not reachable (.ci/run starts dockerd): {}",
+        text(&ping)
+    );
+    let image_b = dockerd_image();
+    let busybox = build_support::test_image("busybox");
+    let n = sandbox_support::nonce();
+    let b = EngineB {
+        container: format!("lw-test-engine-b-{n}"),
+        network: format!("lw-test-remote-{n}"),
+        dir: std::env::temp_dir().join(format!("lw-test-remote-{n}")),
+        cgroup: format!("lw-test-engine-b-{n}"),
+    };
+    let cgroup = b.cgroup.clone();
+    std::fs::create_dir_all(&b.dir).unwrap();
+    docker(&[
+        "network",
+        "create",
+        "--label",
+        "loopwright.test=remote",
+        &b.network,
+    ]);
+    let certs_in = b.dir.join("server");
+    std::fs::create_dir_all(&certs_in).unwrap();
+    docker(&[
+        "run",
+        "-d",
+        "--name",
+        &b.container,
+        "--network",
+        &b.network,
+        "--label",
+        "loopwright.test=remote",
+        // What --privileged gives, less CAP_SYS_RESOURCE, which the shared
+        // engine itself may lack (then --privileged fails to start).
+        "--cap-add",
+        "ALL",
+        "--cap-drop",
+        "SYS_RESOURCE",
+        "--security-opt",
+        "seccomp=unconfined",
+        "--security-opt",
+        "apparmor=unconfined",
+        "--security-opt",
+        "systempaths=unconfined",
+        "--tmpfs",
+        "/run",
+        "-v",
+        "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+        "-v",
+        &format!("{}:/certs:ro", certs_in.display()),
+        &image_b,
+    ]);
+    let ip = String::from_utf8(
+        docker(&[
+            "inspect",
+            "-f",
+            &format!(
+                "{{{{(index .NetworkSettings.Networks \"{}\").IPAddress}}}}",
+                b.network
+            ),
+            &b.container,
+        ])
+        .stdout,
+    )
+    .unwrap()
+    .trim()
+    .to_string();
+    assert!(!ip.is_empty(), "engine B has an address on {}", b.network);
+
+    // Certificates: B's CA signs B's server certificate (its IP in
+    // subjectAltName) and the client's; another CA plays the wrong one.
+    make_ca(&b.dir, "b");
+    make_ca(&b.dir, "other");
+    sign(
+        &b.dir,
+        "b",
+        "server",
+        &ip,
+        &format!("subjectAltName=IP:{ip}\nextendedKeyUsage=serverAuth\n"),
+    );
+    sign(
+        &b.dir,
+        "b",
+        "client",
+        "client",
+        "extendedKeyUsage=clientAuth\n",
+    );
+    sign(
+        &b.dir,
+        "other",
+        "stranger",
+        "stranger",
+        "extendedKeyUsage=clientAuth\n",
+    );
+    for f in ["b-ca.pem", "server.pem", "server-key.pem"] {
+        std::fs::copy(b.dir.join(f), certs_in.join(f)).unwrap();
+    }
+    let good = cert_path(&b.dir, "good", "b", "client");
+    let wrong_ca = cert_path(&b.dir, "wrong-ca", "other", "client");
+    let untrusted = cert_path(&b.dir, "untrusted", "b", "stranger");
+    let no_key = cert_path(&b.dir, "no-key", "b", "client");
+    std::fs::remove_file(no_key.join("key.pem")).unwrap();
+
+    docker(&[
+        "exec",
+        "-d",
+        &b.container,
+        "sh",
+        "-c",
+        &format!(
+            "dockerd --cgroup-parent /{cgroup} --host tcp://0.0.0.0:2376 --tlsverify --tlscacert /certs/b-ca.pem \
+         --tlscert /certs/server.pem --tlskey /certs/server-key.pem \
+         --iptables=false --ip-masq=false --storage-driver vfs >/var/log/dockerd.log 2>&1"
+        ),
+    ]);
+    let host = format!("tcp://{ip}:2376");
+    // Ready when it answers (a process in another network namespace: no
+    // event of ours to wait on; bounded).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let o = with_engine(&mut Command::new("docker"), &host, &good)
+            .args(["version", "--format", "{{.Server.Version}}"])
+            .output()
+            .unwrap();
+        if o.status.success() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let log = Command::new("docker")
+                .args(["exec", &b.container, "cat", "/var/log/dockerd.log"])
+                .output()
+                .unwrap();
+            panic!(
+                "engine B did not answer in 120 s: {}\n{}",
+                text(&o),
+                text(&log)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // B gets the busybox test image, through the docker CLI with the same
+    // variables (the CLI as the witness that they mean what we read).
+    let save = Command::new("docker")
+        .args(["save", &busybox])
+        .output()
+        .expect("docker save");
+    assert!(save.status.success(), "docker save: {}", text(&save));
+    let mut load = with_engine(&mut Command::new("docker"), &host, &good)
+        .args(["load", "-q"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut load.stdin.take().unwrap(), &save.stdout).unwrap();
+    let loaded = load.wait_with_output().unwrap();
+    assert!(
+        loaded.status.success(),
+        "docker load on B: {}",
+        text(&loaded)
+    );
+
+    // The engine code over TLS: connect, probe, containers.
+    use_engine(Some(&host), Some(&good));
+    let eb = DockerEngine::connect().expect("connects to B over TLS");
+    assert_eq!(eb.host(), host);
+    let probe_dir = b.dir.join("probe");
+    std::fs::create_dir_all(&probe_dir).unwrap();
+    assert_eq!(
+        probe(&eb, &probe_dir).expect("probe on B"),
+        Sharing::Separate,
+        "B keeps its own filesystem"
+    );
+    let id_b = eb.engine_id().expect("B's id");
+    let lat_b = connect_latency(15);
+    let cs_b = create_start(&eb, &busybox, "b", 5);
+
+    use_engine(None, None);
+    let el = DockerEngine::connect().expect("connects to the local engine");
+    assert_eq!(
+        probe(&el, &probe_dir).expect("probe locally"),
+        Sharing::Shared,
+        "the local engine sees the host's files"
+    );
+    assert_ne!(el.engine_id().unwrap(), id_b, "two engines, two ids");
+    let lat_l = connect_latency(15);
+    let cs_l = create_start(&el, &busybox, "local", 5);
+
+    // lw doctor, on each engine.
+    let lw = sandbox_support::bin("lw");
+    let doc_b = with_engine(&mut Command::new(&lw), &host, &good)
+        .arg("doctor")
+        .current_dir(&b.dir)
+        .output()
+        .unwrap();
+    let out_b = text(&doc_b);
+    assert!(
+        out_b.contains("does not share this host's filesystem") && out_b.contains(&host),
+        "lw doctor on B: {out_b}"
+    );
+    let doc_l = Command::new(&lw)
+        .arg("doctor")
+        .current_dir(&b.dir)
+        .env_remove("DOCKER_HOST")
+        .env_remove("DOCKER_TLS_VERIFY")
+        .output()
+        .unwrap();
+    let out_l = text(&doc_l);
+    assert!(
+        out_l.contains("sees this host's files"),
+        "lw doctor locally: {out_l}"
+    );
+
+    // lw-sandbox create on B: refused, 69, why, nothing made.
+    let fx = sandbox_support::Fixture::new("remote");
+    let o = with_engine(
+        &mut fx.cmd(&["create", "a", "--branch", "a", "--image", &busybox]),
+        &host,
+        &good,
+    )
+    .output()
+    .unwrap();
+    let msg = text(&o);
+    assert_eq!(o.status.code(), Some(69), "create on B: {msg}");
+    assert!(
+        msg.contains("does not see this host's files")
+            && msg.contains(&host)
+            && msg.contains("unset DOCKER_HOST"),
+        "create on B says why and what to do: {msg}"
+    );
+    let on_b = with_engine(&mut Command::new("docker"), &host, &good)
+        .args(["ps", "-aq", "--filter", "label=loopwright.sandbox"])
+        .output()
+        .unwrap();
+    assert!(
+        text(&on_b).trim().is_empty(),
+        "nothing made on B: {}",
+        text(&on_b)
+    );
+    // The answer is kept per engine id under the root.
+    let rec = loopwright::sandbox::hostpaths::record_path(
+        &loopwright::layout::Root::new(&fx.root),
+        &id_b,
+    );
+    let kept = std::fs::read_to_string(&rec).unwrap_or_default();
+    assert!(
+        kept.starts_with("separate\n"),
+        "record {}: {kept:?}",
+        rec.display()
+    );
+    let t = Instant::now();
+    let again = with_engine(
+        &mut fx.cmd(&["create", "a", "--branch", "a", "--image", &busybox]),
+        &host,
+        &good,
+    )
+    .output()
+    .unwrap();
+    let refuse_cached = t.elapsed();
+    assert_eq!(again.status.code(), Some(69), "again: {}", text(&again));
+
+    // Bad certificates: 69, naming the host and the file.
+    let ls = |certs: &Path| {
+        with_engine(&mut fx.cmd(&["ls"]), &host, certs)
+            .output()
+            .unwrap()
+    };
+    let o = ls(&wrong_ca);
+    let m = text(&o);
+    let ca = wrong_ca.join("ca.pem").display().to_string();
+    assert_eq!(o.status.code(), Some(69), "wrong CA: {m}");
+    assert!(
+        m.contains(&host) && m.contains(&ca),
+        "wrong CA names host and {ca}: {m}"
+    );
+    let o = ls(&no_key);
+    let m = text(&o);
+    let key = no_key.join("key.pem").display().to_string();
+    assert_eq!(o.status.code(), Some(69), "missing key: {m}");
+    assert!(
+        m.contains(&host) && m.contains(&key),
+        "missing key names host and {key}: {m}"
+    );
+    let o = ls(&untrusted);
+    let m = text(&o);
+    let cert = untrusted.join("cert.pem").display().to_string();
+    assert_eq!(o.status.code(), Some(69), "untrusted client: {m}");
+    assert!(
+        m.contains(&host) && m.contains(&cert),
+        "untrusted client names host and {cert}: {m}"
+    );
+
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "figures: connect+version median of 15: TLS engine B {:.1} ms, local {:.1} ms ({:.2}x); \
+         container create+start median of 5: B {:.1} ms, local {:.1} ms ({:.2}x); \
+         create refused from the kept record: {:.0} ms (whole lw-sandbox run)",
+        ms(lat_b),
+        ms(lat_l),
+        ms(lat_b) / ms(lat_l),
+        ms(cs_b),
+        ms(cs_l),
+        ms(cs_b) / ms(cs_l),
+        ms(refuse_cached),
+    );
+}
