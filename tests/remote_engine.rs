@@ -452,19 +452,21 @@ fn remote_engine_over_tls() {
     assert_eq!(eb.host(), host);
     let probe_dir = b.dir.join("probe");
     std::fs::create_dir_all(&probe_dir).unwrap();
-    assert_eq!(
-        probe(&eb, &probe_dir).expect("probe on B"),
-        Sharing::Separate,
-        "B keeps its own filesystem"
-    );
+    let t = Instant::now();
+    let sharing_b = probe(&eb, &probe_dir).expect("probe on B");
+    let probe_b = t.elapsed();
+    assert_eq!(sharing_b, Sharing::Separate, "B keeps its own filesystem");
     let id_b = eb.engine_id().expect("B's id");
     let lat_b = connect_latency(15);
     let cs_b = create_start(&eb, &busybox, "b", 5);
 
     use_engine(None, None);
     let el = DockerEngine::connect().expect("connects to the local engine");
+    let t = Instant::now();
+    let sharing_l = probe(&el, &probe_dir).expect("probe locally");
+    let probe_l = t.elapsed();
     assert_eq!(
-        probe(&el, &probe_dir).expect("probe locally"),
+        sharing_l,
         Sharing::Shared,
         "the local engine sees the host's files"
     );
@@ -580,6 +582,7 @@ fn remote_engine_over_tls() {
     println!(
         "figures: connect+version median of 15: TLS engine B {:.1} ms, local {:.1} ms ({:.2}x); \
          container create+start median of 5: B {:.1} ms, local {:.1} ms ({:.2}x); \
+         host-files probe: B {:.0} ms, local {:.0} ms; \
          create refused from the kept record: {:.0} ms (whole lw-sandbox run)",
         ms(lat_b),
         ms(lat_l),
@@ -587,6 +590,8 @@ fn remote_engine_over_tls() {
         ms(cs_b),
         ms(cs_l),
         ms(cs_b) / ms(cs_l),
+        ms(probe_b),
+        ms(probe_l),
         ms(refuse_cached),
     );
 }
