@@ -183,10 +183,23 @@ impl Drop for EngineB {
         let _ = std::fs::remove_dir_all(&self.dir);
         if let Ok(ctrls) = std::fs::read_dir("/sys/fs/cgroup") {
             for c in ctrls.flatten() {
-                let _ = std::fs::remove_dir(c.path().join(&self.cgroup));
+                rmdir_cgroup(&c.path().join(&self.cgroup));
             }
         }
     }
+}
+
+/// Removes a cgroup directory and the (empty) cgroups under it, deepest
+/// first: what B's containers leave when B is killed before removing them.
+fn rmdir_cgroup(dir: &Path) {
+    if let Ok(subs) = std::fs::read_dir(dir) {
+        for s in subs.flatten() {
+            if s.file_type().is_ok_and(|t| t.is_dir()) {
+                rmdir_cgroup(&s.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
 }
 
 /// Points this process's engine variables at `host` with certificates `certs`
