@@ -9,7 +9,8 @@
 //! `lw doctor` says B does not share the host's filesystem and the local
 //! engine does; `lw-sandbox create` on B refuses with 69 and says why,
 //! making nothing; a wrong CA, a missing key and a client certificate B does
-//! not trust are 69 naming the host and the file.  Figures: connect+version
+//! not trust are 69 naming the host and the file; `ssh://` and unverified
+//! `DOCKER_TLS` are 78.  Figures: connect+version
 //! latency and container create+start time, B against the local engine, same
 //! run.
 //!
@@ -589,6 +590,32 @@ fn remote_engine_over_tls() {
     assert!(
         m.contains(&host) && m.contains(&cert),
         "untrusted client names host and {cert}: {m}"
+    );
+
+    // What is not built in is refused as configuration (78), not tried.
+    let o = fx
+        .cmd(&["ls"])
+        .env("DOCKER_HOST", format!("ssh://root@{ip}"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(78), "ssh://: {}", text(&o));
+    assert!(
+        text(&o).contains("ssh -NL"),
+        "ssh:// says what to do: {}",
+        text(&o)
+    );
+    let o = fx
+        .cmd(&["ls"])
+        .env("DOCKER_HOST", &host)
+        .env("DOCKER_TLS", "1")
+        .env_remove("DOCKER_TLS_VERIFY")
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(78),
+        "DOCKER_TLS unverified: {}",
+        text(&o)
     );
 
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
