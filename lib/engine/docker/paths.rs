@@ -49,25 +49,7 @@ impl HostPaths for DockerEngine {
             "lw-probe-{}",
             name.replace(|c: char| !c.is_ascii_alphanumeric(), "-")
         );
-        let body = ContainerCreateBody {
-            image: Some(image),
-            cmd: Some(vec![format!("{TARGET}/{name}")]),
-            entrypoint: Some(vec![]),
-            network_disabled: Some(true),
-            labels: Some([("loopwright.probe".to_string(), "1".to_string())].into()),
-            host_config: Some(HostConfig {
-                mounts: Some(vec![Mount {
-                    target: Some(TARGET.to_string()),
-                    source: Some(dir.display().to_string()),
-                    typ: Some(MountType::BIND),
-                    read_only: Some(true),
-                    ..Default::default()
-                }]),
-                network_mode: Some("none".to_string()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
+        let body = probe_body(image, dir, name);
         let opts = qp::CreateContainerOptions {
             name: Some(cname.clone()),
             ..Default::default()
@@ -108,21 +90,50 @@ impl HostPaths for DockerEngine {
             Err(e) => return Err(self.err("cannot read through the probe container", e)),
         };
         removed.map_err(|e| self.err(&format!("cannot remove probe container '{cname}'"), e))?;
-        let mut archive = tar::Archive::new(&tar[..]);
-        let bad = |e: std::io::Error| {
-            Error::new(
-                Exit::Unavailable,
-                format!("the engine's archive of the probe file is unreadable: {e}"),
-            )
-        };
-        for entry in archive.entries().map_err(bad)? {
-            let mut entry = entry.map_err(bad)?;
-            if entry.header().entry_type().is_file() {
-                let mut out = Vec::new();
-                entry.read_to_end(&mut out).map_err(bad)?;
-                return Ok(Some(out));
-            }
-        }
-        Ok(None)
+        first_file(&tar)
     }
+}
+
+/// A container of `image` that would show `dir` at [`TARGET`], read-only,
+/// with no network; its command is never run.
+fn probe_body(image: String, dir: &Path, name: &str) -> ContainerCreateBody {
+    ContainerCreateBody {
+        image: Some(image),
+        cmd: Some(vec![format!("{TARGET}/{name}")]),
+        entrypoint: Some(vec![]),
+        network_disabled: Some(true),
+        labels: Some([("loopwright.probe".to_string(), "1".to_string())].into()),
+        host_config: Some(HostConfig {
+            mounts: Some(vec![Mount {
+                target: Some(TARGET.to_string()),
+                source: Some(dir.display().to_string()),
+                typ: Some(MountType::BIND),
+                read_only: Some(true),
+                ..Default::default()
+            }]),
+            network_mode: Some("none".to_string()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The content of the first regular file in a tar archive.
+fn first_file(tar: &[u8]) -> Result<Option<Vec<u8>>> {
+    let bad = |e: std::io::Error| {
+        Error::new(
+            Exit::Unavailable,
+            format!("the engine's archive of the probe file is unreadable: {e}"),
+        )
+    };
+    let mut archive = tar::Archive::new(tar);
+    for entry in archive.entries().map_err(bad)? {
+        let mut entry = entry.map_err(bad)?;
+        if entry.header().entry_type().is_file() {
+            let mut out = Vec::new();
+            entry.read_to_end(&mut out).map_err(bad)?;
+            return Ok(Some(out));
+        }
+    }
+    Ok(None)
 }
