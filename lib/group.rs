@@ -10,13 +10,17 @@
 //! each had gone through `Maildir::deliver_once`; before it returns, none is
 //! visible half-written.
 //!
-//! How the batch is flushed is a [`Sync`] choice.  `Sync::FileSystem` (the
-//! default) calls syncfs(2) once for the files and once for the directories,
-//! per file system touched, instead of one fsync per file and per directory:
-//! on ext4 every fsync is a journal commit and a cache flush, so a batch of
-//! 256 messages costs a few commits instead of several hundred.  The price is
-//! that syncfs also flushes whatever else is dirty on that file system.
-//! `Sync::File` does exactly what Maildir::deliver does, file by file.
+//! How the batch is flushed is a [`Sync`] choice.  `Sync::File` (the
+//! default) fsyncs exactly the files and directories the batch touched, as
+//! Maildir::deliver does, but issues those fsyncs concurrently from up to
+//! [`FSYNC_WORKERS`] threads: ext4 (jbd2) lets every fsync that arrives
+//! while a journal commit is forming wait on that one commit, so a batch of
+//! 256 files costs a few commits instead of 256, and nothing but the
+//! batch's own inodes is written back.  `Sync::FileSystem` calls syncfs(2)
+//! once per phase and file system instead; it is about as fast on an idle
+//! disk, but it also waits for every other process's dirty data on that
+//! file system, so a busy neighbour slows the mediator down (measured in
+//! mailbox-spec.md, "THE MEDIATOR").
 //!
 //! Directories are opened from the mailbox root down, one component at a
 //! time, with O_NOFOLLOW: a sandbox can replace anything inside its own
@@ -74,10 +78,51 @@ pub fn ensure_dir_at(dir: &OwnedFd, name: &str) -> rustix::io::Result<OwnedFd> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Sync {
     /// syncfs(2) once per phase and file system.
-    #[default]
     FileSystem,
-    /// fsync(2) of every file and every directory.
+    /// fsync(2) of every file and every directory touched, concurrently.
+    #[default]
     File,
+}
+
+/// Threads that issue a batch's fsyncs at once (see the module docs).
+pub const FSYNC_WORKERS: usize = 32;
+
+/// fsync(2) of every descriptor in `fds`, issued from up to
+/// [`FSYNC_WORKERS`] threads at once so that the file system can commit
+/// them together.  The first failure is returned, naming its path.
+pub fn fsync_all(fds: &[(&OwnedFd, &Path)]) -> Result<()> {
+    let fail = |i: usize, e: Errno| {
+        Error::io_as(Exit::IoErr, "cannot fsync", fds[i].1, errno_io(e))
+    };
+    if fds.len() <= 1 {
+        for (i, (fd, _)) in fds.iter().enumerate() {
+            rfs::fsync(fd).map_err(|e| fail(i, e))?;
+        }
+        return Ok(());
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let first: std::sync::Mutex<Option<(usize, Errno)>> = std::sync::Mutex::new(None);
+    let work = || {
+        loop {
+            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some((fd, _)) = fds.get(i) else { break };
+            if let Err(e) = rfs::fsync(fd) {
+                let mut f = first.lock().unwrap_or_else(|p| p.into_inner());
+                f.get_or_insert((i, e));
+            }
+        }
+    };
+    let workers = fds.len().min(FSYNC_WORKERS);
+    std::thread::scope(|s| {
+        for _ in 1..workers {
+            s.spawn(work);
+        }
+        work();
+    });
+    match first.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some((i, e)) => Err(fail(i, e)),
+        None => Ok(()),
+    }
 }
 
 /// An open Maildir: its `tmp/`, `new/` and `cur/` held as descriptors.
@@ -302,12 +347,14 @@ impl Group {
                 return Err(e);
             }
         } else {
-            for s in &staged {
-                if let Err(e) = rfs::fsync(&s.fd) {
-                    unlink_all(&staged);
-                    let p = boxes[s.boxkey].path.join("tmp").join(&s.name);
-                    return Err(Error::io_as(Exit::IoErr, "cannot fsync", &p, errno_io(e)));
-                }
+            let fds: Vec<(&OwnedFd, PathBuf)> = staged
+                .iter()
+                .map(|s| (&s.fd, boxes[s.boxkey].path.join("tmp").join(&s.name)))
+                .collect();
+            let refs: Vec<(&OwnedFd, &Path)> = fds.iter().map(|(f, p)| (*f, p.as_path())).collect();
+            if let Err(e) = fsync_all(&refs) {
+                unlink_all(&staged);
+                return Err(e);
             }
         }
         let mut dirty: HashMap<usize, ()> = HashMap::new();
@@ -343,9 +390,12 @@ impl Group {
                     .map(|k| (boxes[*k].dev, &boxes[*k].new, boxes[*k].path.as_path())),
             )?;
         } else {
-            for key in dirty.keys() {
-                boxes[*key].fsync_new()?;
-            }
+            let dirs: Vec<(&OwnedFd, PathBuf)> = dirty
+                .keys()
+                .map(|k| (&boxes[*k].new, boxes[*k].path.join("new")))
+                .collect();
+            let refs: Vec<(&OwnedFd, &Path)> = dirs.iter().map(|(f, p)| (*f, p.as_path())).collect();
+            fsync_all(&refs)?;
         }
         Ok(done)
     }

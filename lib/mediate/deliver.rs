@@ -13,7 +13,8 @@ use rustix::io::Errno;
 use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::io::Write;
-use std::path::Path;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
 
 use super::*;
 
@@ -142,18 +143,26 @@ impl Mediator {
         Ok(Some((ob, names)))
     }
 
-    pub(super) fn route_chunk(
+    /// Routes one batch of outbox entries, taken from any number of
+    /// outboxes (`items` index `obs`): decide each, log all durably, deliver
+    /// all durably, claim all, with one sync point per step for the whole
+    /// batch.  Returns the entries put off to the next batch: a message
+    /// whose id another entry of this batch already uses waits until that
+    /// one's decision is logged, so that it meets it as before.
+    pub(super) fn route_batch(
         &mut self,
         boxes: &mut Boxes,
-        ob: &Box3,
-        sender: &str,
-        names: &[OsString],
+        obs: &[(String, Box3)],
+        items: &[(usize, OsString)],
         out: &mut dyn Write,
-    ) -> Result<()> {
+    ) -> Result<Vec<(usize, OsString)>> {
         let resumed_before = self.stats.resumed;
-        let mut work = Vec::new();
+        let mut work: Vec<(usize, Work)> = Vec::new();
         let mut to_log: Vec<Entry> = Vec::new();
-        for name in names {
+        let mut ids: HashSet<String> = HashSet::new();
+        let mut later = Vec::new();
+        for (k, name) in items {
+            let (sender, ob) = (obs[*k].0.as_str(), &obs[*k].1);
             let quarantine = |why: String, st: &rfs::Stat, sender: &str| {
                 let qid = quarantine_id(sender, name, st);
                 let e = Entry {
@@ -185,10 +194,14 @@ impl Mediator {
                 Inspected::Gone => {}
                 Inspected::Bad(why, st) => {
                     let (w, e) = quarantine(why, &st, sender);
-                    work.push(w);
+                    work.push((*k, w));
                     to_log.push(e);
                 }
+                Inspected::Message(m) if ids.contains(&m.id) => {
+                    later.push((*k, name.clone()));
+                }
                 Inspected::Message(mut m) => {
+                    ids.insert(m.id.clone());
                     let claimed = std::mem::replace(&mut m.from, sender.to_string());
                     let (main, bounce) = self.decision_of(&m.id);
                     let prior = main.clone().or(bounce.clone());
@@ -213,7 +226,7 @@ impl Mediator {
                         let st = rfs::statat(&ob.new, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW);
                         if let Ok(st) = st {
                             let (w, e) = quarantine(why, &st, sender);
-                            work.push(w);
+                            work.push((*k, w));
                             to_log.push(e);
                         }
                         continue;
@@ -235,12 +248,15 @@ impl Mediator {
                         _ => None,
                     };
                     to_log.extend(entries.iter().cloned());
-                    work.push(Work::Route {
-                        name: name.clone(),
-                        message: Box::new(m),
-                        entries,
-                        claim_question,
-                    });
+                    work.push((
+                        *k,
+                        Work::Route {
+                            name: name.clone(),
+                            message: Box::new(m),
+                            entries,
+                            claim_question,
+                        },
+                    ));
                 }
             }
         }
@@ -263,7 +279,7 @@ impl Mediator {
         // it: they stay unclaimed, to be carried out again by a later pass.
         let mut g = Group::with_sync(self.sync);
         let mut failed = HashSet::new();
-        for (i, w) in work.iter().enumerate() {
+        for (i, (k, w)) in work.iter().enumerate() {
             let Work::Route {
                 name,
                 entries,
@@ -273,6 +289,7 @@ impl Mediator {
             else {
                 continue;
             };
+            let sender = obs[*k].0.as_str();
             for e in entries {
                 if let Err(err) = self.stage_deliveries(boxes, &mut g, e, message) {
                     self.warn_once(format!(
@@ -287,11 +304,13 @@ impl Mediator {
         }
         g.commit(&boxes.list)?;
         // 3. Claim (or move to quarantine).
-        let (mut claimed, mut quarantined, mut questions) = (false, false, false);
-        for (i, w) in work.iter().enumerate() {
+        let (mut quarantined, mut questions) = (false, false);
+        let mut claimed: Vec<usize> = Vec::new();
+        for (i, (k, w)) in work.iter().enumerate() {
             if failed.contains(&i) {
                 continue;
             }
+            let (sender, ob) = (obs[*k].0.as_str(), &obs[*k].1);
             match w {
                 Work::Route {
                     name,
@@ -303,7 +322,7 @@ impl Mediator {
                     // a source it fails to move.
                     match group::move_noreplace(&ob.new, name, &ob.cur, name) {
                         Ok(true) => {
-                            claimed = true;
+                            claimed.push(*k);
                             self.stats.routed += 1;
                         }
                         Ok(false) => {}
@@ -337,15 +356,23 @@ impl Mediator {
                 }
             }
         }
-        if claimed {
-            ob.fsync_cur()?;
-        }
+        // One sync point for every directory the claims touched.
+        claimed.sort_unstable();
+        claimed.dedup();
+        let mut dirs: Vec<(&OwnedFd, PathBuf)> = claimed
+            .iter()
+            .map(|k| (&obs[*k].1.cur, obs[*k].1.path.join("cur")))
+            .collect();
         if quarantined {
-            boxes.list[QUARANTINE].fsync_new()?;
+            let q = &boxes.list[QUARANTINE];
+            dirs.push((&q.new, q.path.join("new")));
         }
         if questions {
-            boxes.list[HUMAN].fsync_cur()?;
+            let h = &boxes.list[HUMAN];
+            dirs.push((&h.cur, h.path.join("cur")));
         }
-        Ok(())
+        let refs: Vec<(&OwnedFd, &Path)> = dirs.iter().map(|(f, p)| (*f, p.as_path())).collect();
+        group::fsync_all(&refs)?;
+        Ok(later)
     }
 }

@@ -352,12 +352,20 @@ impl Mediator {
         self.finish_operator_actions(&mut boxes, out)?;
         self.archive_removed(&mut boxes, out)?;
         self.count_held(&boxes);
-        // One batch of each outbox in turn, so that a flood from one sender
-        // never keeps another's question waiting behind it.
-        let mut open = Vec::new();
+        // Batches span outboxes: each takes one entry of each outbox in
+        // turn until it is full, so a flood from one sender never keeps
+        // another's question waiting behind it, and a thousand outboxes
+        // with one message each cost a handful of sync points, not a
+        // thousand.  A lone message is routed at once: nothing waits for a
+        // batch to fill.
+        let mut obs: Vec<(String, Box3)> = Vec::new();
+        let mut queues: Vec<(Vec<OsString>, usize)> = Vec::new();
         for (sender, rel) in self.outboxes() {
             match self.open_outbox(&rel) {
-                Ok(Some((ob, names))) => open.push((sender, ob, names, 0usize)),
+                Ok(Some((ob, names))) => {
+                    obs.push((sender, ob));
+                    queues.push((names, 0));
+                }
                 Ok(None) => {}
                 Err(e) => {
                     // One sender's broken outbox never stops the others.
@@ -367,18 +375,39 @@ impl Mediator {
             }
         }
         let step = self.batch.max(1);
-        while !open.is_empty() {
-            open.retain_mut(|(sender, ob, names, at)| {
-                let end = (*at + step).min(names.len());
-                let chunk = &names[*at..end];
-                *at = end;
-                if let Err(e) = self.route_chunk(&mut boxes, ob, sender, chunk, out) {
-                    self.warn_once(format!("outbox of {sender} skipped: {e}"));
-                    self.stats.waiting += 1;
-                    return false;
+        let mut turn = 0usize;
+        let mut later: Vec<(usize, OsString)> = Vec::new();
+        loop {
+            let mut items = std::mem::take(&mut later);
+            let mut idle = 0;
+            while items.len() < step && idle < queues.len() {
+                let k = turn;
+                turn = (turn + 1) % queues.len();
+                let (names, at) = &mut queues[k];
+                if *at < names.len() {
+                    items.push((k, names[*at].clone()));
+                    *at += 1;
+                    idle = 0;
+                } else {
+                    idle += 1;
                 }
-                *at < names.len()
-            });
+            }
+            if items.is_empty() {
+                break;
+            }
+            match self.route_batch(&mut boxes, &obs, &items, out) {
+                Ok(put_off) => later = put_off,
+                Err(e) => {
+                    // A batch that fails is left where it is; a later pass
+                    // carries out what it logged.
+                    let mut who: Vec<&str> = items.iter().map(|(k, _)| obs[*k].0.as_str()).collect();
+                    who.sort_unstable();
+                    who.dedup();
+                    self.stats.waiting += who.len() as u64;
+                    let who = who.join(", ");
+                    self.warn_once(format!("a batch from {who} waits: {e}"));
+                }
+            }
         }
         self.take_receipts(&mut boxes, out)?;
         self.sweep_tmp();
