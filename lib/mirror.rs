@@ -30,6 +30,18 @@
 //!   before it moves refs; the fetch record is rewritten only after a fetch
 //!   succeeded.
 //!
+//! * **Refs packed, redundant reflogs gone.**  A fetch writes each new or
+//!   moved ref as a loose file, and every later git command that reads refs
+//!   opens them all; a mirror of git.git would carry thousands.  So, under
+//!   the lock, the first sync packs every ref into `packed-refs` and removes
+//!   the reflogs of its creation (each records only that its ref was made,
+//!   pointing at the ref's own tip, so it keeps nothing reachable), and a
+//!   later sync packs again once [`LOOSE_REFS_MAX`] refs are loose.  Packing
+//!   moves refs and never touches objects; the reflogs of later updates,
+//!   which keep the old tip of a force-pushed branch, stay.  A pack that
+//!   fails (another git process holds `packed-refs.lock`) is reported and
+//!   left for the next sync: the fetch succeeded.
+//!
 //! * **Credentials stay out.**  The URL stored in the mirror's config and in
 //!   its state has no user name or password; see [`crate::git::Remote`].
 
@@ -59,6 +71,43 @@ pub const KEY_URL: &str = "mirror.url";
 pub const STATE: &str = "lw-mirror.state";
 /// The record of the last successful fetch inside the mirror.
 pub const FETCHED: &str = "lw-mirror.fetched";
+
+/// The configuration key for how old a mirror `lw-sandbox create` uses
+/// without fetching first (a duration: `90s`, `5m`, `0` to always fetch).
+pub const KEY_FRESH: &str = "mirror.fresh-within";
+/// The default of [`KEY_FRESH`].
+pub const DEFAULT_FRESH: Duration = Duration::from_secs(300);
+
+/// The freshness a new sandbox's base gets, as `lw-sandbox create` asks for
+/// it: a mirror whose last fetch finished within this window is used as it
+/// is; an older one is fetched (while the container is made and started)
+/// before the branch is resolved.  `project`'s [`KEY_FRESH`], else
+/// [`DEFAULT_FRESH`].  A value that is not a duration is an error naming
+/// the key.
+pub fn create_freshness(project: Option<&Project>) -> Result<Duration> {
+    let Some(p) = project else {
+        return Ok(DEFAULT_FRESH);
+    };
+    match p.config.get(KEY_FRESH) {
+        None => Ok(DEFAULT_FRESH),
+        Some(v) => crate::config::parse_duration(v).ok_or_else(|| {
+            Error::new(
+                Exit::Config,
+                format!(
+                    "'{KEY_FRESH} = {v}' in '{}' is not a duration; write e.g. 90s, 5m or 0",
+                    p.config
+                        .path
+                        .as_deref()
+                        .unwrap_or(Path::new(crate::config::FILE))
+                        .display()
+                ),
+            )
+        }),
+    }
+}
+
+/// Loose refs a sync leaves before it packs them (see the module docs).
+pub const LOOSE_REFS_MAX: usize = 32;
 
 /// The git configuration every mirror carries, and why.
 pub const NEVER_PRUNE: &[(&str, &str)] = &[
@@ -431,7 +480,11 @@ impl Mirror {
         state.url = remote.url.clone();
         state.fetch_started = started;
         state.fetch_finished = time::now();
-        write_state(&self.path, &state, false)
+        write_state(&self.path, &state, false)?;
+        if loose_refs(&self.path, LOOSE_REFS_MAX) >= LOOSE_REFS_MAX {
+            pack_refs(&self.path);
+        }
+        Ok(())
     }
 
     fn create(&self, remote: &Remote, progress: bool) -> Result<()> {
@@ -477,6 +530,12 @@ impl Mirror {
                 }
             }
             fetch(&tmp, remote, progress)?;
+            // The reflogs of a fresh fetch only say each ref was created.
+            let logs = tmp.join("logs");
+            if logs.exists() {
+                fs::remove_dir_all(&logs).map_err(|e| Error::io("cannot remove", &logs, e))?;
+            }
+            pack_refs(&tmp);
             let now = time::now();
             let state = State {
                 url: remote.url.clone(),
@@ -653,6 +712,51 @@ fn fetch(git_dir: &Path, remote: &Remote, progress: bool) -> Result<()> {
             git_dir.display()
         ),
     ))
+}
+
+/// How many loose ref files `refs/` holds, counting up to `max`.
+pub fn loose_refs(git_dir: &Path, max: usize) -> usize {
+    fn walk(dir: &Path, n: &mut usize, max: usize) {
+        let Ok(rd) = fs::read_dir(dir) else { return };
+        for e in rd.flatten() {
+            if *n >= max {
+                return;
+            }
+            match e.file_type() {
+                Ok(t) if t.is_dir() => walk(&e.path(), n, max),
+                Ok(t) if t.is_file() => *n += 1,
+                _ => {}
+            }
+        }
+    }
+    let mut n = 0;
+    walk(&git_dir.join("refs"), &mut n, max);
+    n
+}
+
+/// `git pack-refs --all`: every ref into `packed-refs`; objects are not
+/// touched.  A failure (another git holds `packed-refs.lock`) is reported
+/// and otherwise ignored: the refs stay loose and correct.
+fn pack_refs(git_dir: &Path) {
+    let res = git::output(
+        git::command(None)
+            .arg("--git-dir")
+            .arg(git_dir)
+            .args(["pack-refs", "--all", "--prune"]),
+        "pack refs",
+    );
+    match res {
+        Ok(out) if out.status.success() => {}
+        Ok(out) => eprintln!(
+            "lw-mirror: refs of '{}' left loose for the next sync to pack: {}",
+            git_dir.display(),
+            git::last_words(&out.stderr)
+        ),
+        Err(e) => eprintln!(
+            "lw-mirror: refs of '{}' left loose for the next sync to pack: {e}",
+            git_dir.display()
+        ),
+    }
 }
 
 /// Kept refs named in git's `cannot lock ref 'NEW': 'OLD' exists; cannot

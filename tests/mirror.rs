@@ -1083,3 +1083,119 @@ fn every_long_flag_in_the_help_is_in_the_man_page() {
         );
     }
 }
+
+/// Loose ref files under `refs/` of a bare repository.
+fn loose_refs(git_dir: &Path) -> Vec<PathBuf> {
+    let mut all = Vec::new();
+    let mut stack = vec![git_dir.join("refs")];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                all.push(p);
+            }
+        }
+    }
+    all
+}
+
+#[test]
+fn refs_are_packed_and_creation_reflogs_gone_but_no_object_is_pruned() {
+    let t = TempDir::new("pack");
+    let up = upstream(&t);
+    let m = t.join("m.git");
+    let ms = m.to_str().unwrap();
+    sync_ok(&t.0, &[up.to_str().unwrap(), "--mirror", ms]);
+    assert_eq!(
+        loose_refs(&m),
+        Vec::<PathBuf>::new(),
+        "first sync left loose refs"
+    );
+    assert!(m.join("packed-refs").is_file());
+    assert!(!m.join("logs").exists(), "creation reflogs kept");
+    let clone = reference_clone(&t, &m, &up, "borrower");
+
+    // A force-push after creation: its reflog entry keeps the old tip.
+    let old = git(&m, &["rev-parse", "refs/heads/feature"])
+        .trim()
+        .to_string();
+    git(&up, &["branch", "-f", "feature", "main~2"]);
+    commit(&up, "feature", "rewritten");
+    // Enough new refs to be packed again by the next sync.
+    for i in 0..(40) {
+        git(&up, &["branch", &format!("many/b{i}"), "main"]);
+    }
+    git(&up, &["checkout", "-q", "main"]);
+    sync_ok(&t.0, &["--mirror", ms]);
+    assert_eq!(
+        loose_refs(&m),
+        Vec::<PathBuf>::new(),
+        "loose refs not packed"
+    );
+    let mut want = refs(&up);
+    want.retain(|r| !r.contains("refs/remotes/"));
+    let have = refs(&m);
+    assert!(
+        want.is_subset(&have),
+        "missing {:?}",
+        want.difference(&have).collect::<Vec<_>>()
+    );
+    // Each reflog line is "OLD NEW ...": the old tip is its first field.
+    let log = fs::read_to_string(m.join("logs/refs/heads/feature")).unwrap();
+    assert!(
+        log.lines().any(|l| l.starts_with(&old)),
+        "the force-pushed tip is not in the reflog: {log}"
+    );
+    // Even a gc by hand keeps what clones borrow.
+    git(&m, &["gc", "--quiet"]);
+    git(&m, &["cat-file", "-e", &old]);
+    fsck(&m);
+    fsck(&clone);
+}
+
+#[test]
+fn a_mirror_whose_refs_another_git_packed_meanwhile_still_syncs() {
+    let t = TempDir::new("packed-meanwhile");
+    let up = upstream(&t);
+    let m = t.join("m.git");
+    let ms = m.to_str().unwrap();
+    sync_ok(&t.0, &[up.to_str().unwrap(), "--mirror", ms]);
+    let first = commit(&up, "main", "first-new");
+    sync_ok(&t.0, &["--mirror", ms]);
+    // Another git packs the mirror's refs between two syncs.
+    git(&m, &["pack-refs", "--all"]);
+    let second = commit(&up, "main", "second-new");
+    sync_ok(&t.0, &["--mirror", ms]);
+    assert_eq!(git(&m, &["rev-parse", "refs/heads/main"]).trim(), second);
+    git(&m, &["merge-base", "--is-ancestor", &first, &second]);
+
+    // Another git is packing while this sync wants to: its packed-refs.lock
+    // stands.  The sync succeeds, says so, and the next one packs.
+    for i in 0..40 {
+        git(&up, &["branch", &format!("more/b{i}"), "main"]);
+    }
+    fs::write(m.join("packed-refs.lock"), "").unwrap();
+    let out = run(lw(&t.0).args(["sync", "--mirror", ms]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("left loose for the next sync to pack"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        git(&m, &["rev-parse", "refs/heads/more/b39"]).trim(),
+        second
+    );
+    fs::remove_file(m.join("packed-refs.lock")).unwrap();
+    let third = commit(&up, "main", "third-new");
+    sync_ok(&t.0, &["--mirror", ms]);
+    assert_eq!(git(&m, &["rev-parse", "refs/heads/main"]).trim(), third);
+    assert_eq!(
+        loose_refs(&m),
+        Vec::<PathBuf>::new(),
+        "not packed once the lock went"
+    );
+    fsck(&m);
+}
