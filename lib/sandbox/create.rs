@@ -502,6 +502,7 @@ impl<'a> Sandboxes<'a> {
         // would leave an empty directory there); otherwise refreshed while the
         // container is made and started, and waited for before the clone.
         let m = Mirror::new(mirror_path);
+        let fresh_within = mirror::create_freshness(project)?;
         let fetch_later = if opts.no_fetch {
             m.ready()?;
             false
@@ -524,7 +525,7 @@ impl<'a> Sandboxes<'a> {
                     let mut remote =
                         |stored: Option<&str>| mirror::default_remote(project, stored, mirror_path);
                     m.sync(&mut SyncOptions {
-                        if_older_than: None,
+                        if_older_than: Some(fresh_within),
                         progress: false,
                         remote: &mut remote,
                     })
