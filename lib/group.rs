@@ -91,9 +91,8 @@ pub const FSYNC_WORKERS: usize = 32;
 /// [`FSYNC_WORKERS`] threads at once so that the file system can commit
 /// them together.  The first failure is returned, naming its path.
 pub fn fsync_all(fds: &[(&OwnedFd, &Path)]) -> Result<()> {
-    let fail = |i: usize, e: Errno| {
-        Error::io_as(Exit::IoErr, "cannot fsync", fds[i].1, errno_io(e))
-    };
+    let fail =
+        |i: usize, e: Errno| Error::io_as(Exit::IoErr, "cannot fsync", fds[i].1, errno_io(e));
     if fds.len() <= 1 {
         for (i, (fd, _)) in fds.iter().enumerate() {
             rfs::fsync(fd).map_err(|e| fail(i, e))?;
@@ -394,7 +393,8 @@ impl Group {
                 .keys()
                 .map(|k| (&boxes[*k].new, boxes[*k].path.join("new")))
                 .collect();
-            let refs: Vec<(&OwnedFd, &Path)> = dirs.iter().map(|(f, p)| (*f, p.as_path())).collect();
+            let refs: Vec<(&OwnedFd, &Path)> =
+                dirs.iter().map(|(f, p)| (*f, p.as_path())).collect();
             fsync_all(&refs)?;
         }
         Ok(done)

@@ -131,6 +131,16 @@ impl Mediator {
         let newfd = match open_dir_at(Some(&self.rootfd), &rel.join("new")) {
             Ok(fd) => fd,
             Err(Errno::NOENT) => return Ok(None),
+            Err(e @ (Errno::NOTDIR | Errno::LOOP)) => {
+                let p = path.join("new");
+                let msg = format!(
+                    "cannot open '{}' (a symbolic link or not a directory; not followed)",
+                    p.display()
+                );
+                return Err(
+                    Error::new(crate::error::io_exit(&errno_io(e)), msg).with_source(errno_io(e))
+                );
+            }
             Err(e) => return Err(Error::io("cannot open", &path.join("new"), errno_io(e))),
         };
         let mut names = read_names(&newfd)
@@ -141,6 +151,16 @@ impl Mediator {
         names.sort();
         let ob = Box3::open(&self.rootfd, &self.root.dir, rel)?;
         Ok(Some((ob, names)))
+    }
+
+    fn call_hook(&mut self, step: &str, obs: &[(String, Box3)], items: &[(usize, OsString)]) {
+        if let Some(h) = self.batch_hook.as_mut() {
+            let mut dirs: Vec<PathBuf> =
+                items.iter().map(|(k, _)| obs[*k].1.path.clone()).collect();
+            dirs.sort();
+            dirs.dedup();
+            h(step, &dirs);
+        }
     }
 
     /// Routes one batch of outbox entries, taken from any number of
@@ -156,6 +176,7 @@ impl Mediator {
         items: &[(usize, OsString)],
         out: &mut dyn Write,
     ) -> Result<Vec<(usize, OsString)>> {
+        self.call_hook("collected", obs, items);
         let resumed_before = self.stats.resumed;
         let mut work: Vec<(usize, Work)> = Vec::new();
         let mut to_log: Vec<Entry> = Vec::new();
@@ -303,6 +324,7 @@ impl Mediator {
             }
         }
         g.commit(&boxes.list)?;
+        self.call_hook("delivered", obs, items);
         // 3. Claim (or move to quarantine).
         let (mut quarantined, mut questions) = (false, false);
         let mut claimed: Vec<usize> = Vec::new();

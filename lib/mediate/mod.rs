@@ -194,7 +194,14 @@ pub struct Mediator {
     pub secrets: Secrets,
     /// Sender -> messages of theirs in `held/new/`, counted at each pass.
     held_count: HashMap<String, u32>,
+    /// Called with a step of a batch (`collected`, `delivered`) and the
+    /// outbox directories the batch takes from: tests change the disk there.
+    #[doc(hidden)]
+    pub batch_hook: Option<BatchHook>,
 }
+
+/// See [`Mediator::batch_hook`].
+pub type BatchHook = Box<dyn FnMut(&str, &[PathBuf])>;
 
 impl Mediator {
     /// Opens a root.  `policy_path` is the policy file; when `explicit` is
@@ -224,6 +231,7 @@ impl Mediator {
             sync: group::Sync::default(),
             secrets: Secrets::new(),
             held_count: HashMap::new(),
+            batch_hook: None,
         };
         m.load_policy()?;
         m.load_memory();
@@ -400,7 +408,8 @@ impl Mediator {
                 Err(e) => {
                     // A batch that fails is left where it is; a later pass
                     // carries out what it logged.
-                    let mut who: Vec<&str> = items.iter().map(|(k, _)| obs[*k].0.as_str()).collect();
+                    let mut who: Vec<&str> =
+                        items.iter().map(|(k, _)| obs[*k].0.as_str()).collect();
                     who.sort_unstable();
                     who.dedup();
                     self.stats.waiting += who.len() as u64;

@@ -1,0 +1,159 @@
+//! Many outboxes at once: a thousand senders with one message each are
+//! routed in batches that span outboxes, an unreadable outbox among them is
+//! reported and skipped while the rest are delivered, and an outbox removed
+//! while its batch is in flight loses nothing and stops nothing.
+
+mod mediate_util;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use loopwright::layout::Root;
+use loopwright::log::Action;
+use loopwright::maildir::Sub;
+use loopwright::mediate::Mediator;
+use loopwright::message::Kind;
+use mediate_util::*;
+
+/// Writes `m` into `new/` of `sender`'s outbox, making the Maildir if
+/// needed (not fsynced: this test never crashes the machine).
+fn drop_in(root: &Root, sender: &str, m: &loopwright::message::Message) {
+    let ob = root.sandbox(sender).outbox();
+    for s in [Sub::Tmp, Sub::New, Sub::Cur] {
+        std::fs::create_dir_all(ob.sub(s)).unwrap();
+    }
+    let tmp = ob.sub(Sub::Tmp).join(&m.id);
+    std::fs::write(&tmp, m.to_bytes()).unwrap();
+    std::fs::rename(&tmp, ob.sub(Sub::New).join(&m.id)).unwrap();
+}
+
+fn forwards(root: &Root) -> Vec<String> {
+    let mut v: Vec<String> = entries(root)
+        .into_iter()
+        .filter(|e| e.decision.action == Action::Forward)
+        .map(|e| e.message_id)
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_thousand_outboxes_with_one_unreadable_deliver_the_rest_and_report_it() {
+    let root = root_with("thousand", &["dst"]);
+    let mut ids = Vec::new();
+    for i in 0..1000 {
+        let s = format!("s{i:04}");
+        let m = message(&s, &["dst"], Kind::Request, &format!("from {s}"));
+        drop_in(&root, &s, &m);
+        ids.push(m.id);
+    }
+    // s0500's new/ becomes a symbolic link to a directory elsewhere: the
+    // mediator never follows it, so to it the outbox cannot be read.
+    let bad = root.sandbox("s0500").outbox();
+    let elsewhere = root.dir.parent().unwrap().join("elsewhere");
+    std::fs::rename(bad.sub(Sub::New), &elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, bad.sub(Sub::New)).unwrap();
+
+    let p = root.dir.parent().unwrap().join("policy");
+    std::fs::write(&p, OPEN_POLICY).unwrap();
+    let t = Instant::now();
+    let out = mediate(&root, &["--once", "--policy", p.to_str().unwrap()]);
+    let took = t.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    println!("1,000 outboxes, one message each: routed in {took:?}");
+    assert_eq!(out.status.code(), Some(75), "stderr: {err}");
+    assert!(
+        err.contains("outbox of s0500 skipped") && err.contains("not followed"),
+        "the unreadable outbox is not named: {err}"
+    );
+    let mut want: Vec<String> = ids.clone();
+    let held_back = want.remove(500);
+    want.sort();
+    assert_eq!(delivered(&root.sandbox("dst").inbox()), want);
+    assert_eq!(forwards(&root), want, "each logged once");
+    assert!(
+        elsewhere.join(&held_back).is_file(),
+        "the unreadable outbox's message was touched"
+    );
+
+    // Once the outbox is whole again its message goes too.
+    std::fs::remove_file(bad.sub(Sub::New)).unwrap();
+    std::fs::rename(&elsewhere, bad.sub(Sub::New)).unwrap();
+    once(&root, OPEN_POLICY);
+    let mut all = ids.clone();
+    all.sort();
+    assert_eq!(delivered(&root.sandbox("dst").inbox()), all);
+    assert_eq!(forwards(&root), all);
+}
+
+/// Two senders with five messages each, routed in one batch; at `step` of
+/// that batch the hook removes the outbox of `gone`.  Returns the root and
+/// the ids of each sender.
+fn remove_in_flight(step: &'static str) -> (Root, Vec<String>, Vec<String>) {
+    let root = root_with(step, &["a", "gone", "dst"]);
+    let (mut a, mut g) = (Vec::new(), Vec::new());
+    for i in 0..5 {
+        let m = message("a", &["dst"], Kind::Request, &format!("a {i}"));
+        post(&root, "a", &m);
+        a.push(m.id);
+        let m = message("gone", &["dst"], Kind::Request, &format!("gone {i}"));
+        post(&root, "gone", &m);
+        g.push(m.id);
+    }
+    a.sort();
+    g.sort();
+    let p = root.dir.parent().unwrap().join("policy");
+    std::fs::write(&p, OPEN_POLICY).unwrap();
+    let mut m = Mediator::open(root.clone(), Some(p), true).unwrap();
+    let target: PathBuf = root.sandbox("gone").outbox().path;
+    let fired = Arc::new(Mutex::new(Vec::new()));
+    let seen = fired.clone();
+    m.batch_hook = Some(Box::new(move |at: &str, dirs: &[PathBuf]| {
+        let mut seen = seen.lock().unwrap();
+        seen.push((at.to_string(), dirs.len()));
+        if at == step && dirs.iter().any(|d| d == &target) && target.exists() {
+            std::fs::remove_dir_all(&target).unwrap();
+        }
+    }));
+    let mut sink = Vec::new();
+    let s = m
+        .drain(&mut sink)
+        .expect("a removed outbox does not fail the pass");
+    let fired = fired.lock().unwrap().clone();
+    println!("{step}: hook calls {fired:?}, stats {s:?}");
+    assert!(
+        fired.iter().any(|(at, n)| at == step && *n == 2),
+        "no batch spanned both outboxes: {fired:?}"
+    );
+    assert!(!Path::new(&root.sandbox("gone").outbox().path).exists());
+    (root, a, g)
+}
+
+#[test]
+fn an_outbox_removed_after_delivery_but_before_the_claim_loses_nothing() {
+    let (root, a, g) = remove_in_flight("delivered");
+    // Logged and delivered before the outbox went: every message arrived once.
+    let mut all: Vec<String> = a.iter().chain(&g).cloned().collect();
+    all.sort();
+    assert_eq!(delivered(&root.sandbox("dst").inbox()), all);
+    assert_eq!(forwards(&root), all);
+    // The next pass finds nothing to do again.
+    let out = once(&root, OPEN_POLICY);
+    assert!(out.status.success());
+    assert_eq!(forwards(&root), all);
+}
+
+#[test]
+fn an_outbox_removed_before_its_messages_were_read_stops_nobody_else() {
+    let (root, a, _g) = remove_in_flight("collected");
+    // The removed outbox took its unread messages with it (they were never
+    // the mediator's); the other sender's were all delivered, once.
+    assert_eq!(delivered(&root.sandbox("dst").inbox()), a);
+    assert_eq!(forwards(&root), a);
+    // The sender can post again into a new outbox.
+    let m = message("gone", &["dst"], Kind::Request, "after");
+    post(&root, "gone", &m);
+    once(&root, OPEN_POLICY);
+    assert!(delivered(&root.sandbox("dst").inbox()).contains(&m.id));
+}
