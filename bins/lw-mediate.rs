@@ -49,9 +49,9 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = mediate::DEFAULT_BATCH)]
     batch: usize,
 
-    /// How a batch is made durable: `fs` (one syncfs per phase) or `file`
-    /// (an fsync per file and directory, as lw-post does)
-    #[arg(long, value_name = "HOW", default_value = "fs", value_parser = ["fs", "file"])]
+    /// How a batch is made durable: `file` (an fsync of each file and
+    /// directory it touched, issued together) or `fs` (one syncfs per phase)
+    #[arg(long, value_name = "HOW", default_value = "file", value_parser = ["file", "fs"])]
     sync: String,
 
     /// Print one line per logged event
@@ -205,10 +205,10 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             m.secrets = door_secrets()?;
             m.batch = args.batch;
             m.verbose = args.verbose;
-            m.sync = if args.sync == "file" {
-                loopwright::group::Sync::File
-            } else {
+            m.sync = if args.sync == "fs" {
                 loopwright::group::Sync::FileSystem
+            } else {
+                loopwright::group::Sync::File
             };
             if args.once {
                 let s = m.drain(out)?;

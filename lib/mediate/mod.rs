@@ -198,6 +198,9 @@ pub struct Mediator {
     /// outbox directories the batch takes from: tests change the disk there.
     #[doc(hidden)]
     pub batch_hook: Option<BatchHook>,
+    /// Inbox owner -> keys of the names in its `cur/` that have their
+    /// receipt or never get one (see `take_receipts`).
+    receipts_seen: HashMap<String, HashSet<u128>>,
 }
 
 /// See [`Mediator::batch_hook`].
@@ -232,6 +235,7 @@ impl Mediator {
             secrets: Secrets::new(),
             held_count: HashMap::new(),
             batch_hook: None,
+            receipts_seen: HashMap::new(),
         };
         m.load_policy()?;
         m.load_memory();

@@ -190,7 +190,10 @@ impl Mediator {
 
     /// Records receipts: a message in a recipient's `inbox/cur/` was acked.
     /// An inbox whose `cur/` did not change since the last look is skipped,
-    /// and names are streamed, so memory does not grow with the inbox.
+    /// and names are streamed.  The names already looked at are remembered
+    /// (16 bytes each, for this run): a changed `cur/` costs one read of the
+    /// directory and a look at the new names only, so acking N messages one
+    /// by one costs O(N) file operations, not O(N^2).
     pub(super) fn take_receipts(&mut self, boxes: &mut Boxes, out: &mut dyn Write) -> Result<()> {
         let mut names: Vec<String> = self.known.keys().cloned().collect();
         names.sort();
@@ -209,6 +212,7 @@ impl Mediator {
             }
             let mut g = Group::with_sync(self.sync);
             let mut pending: Vec<Entry> = Vec::new();
+            let mut fresh: Vec<u128> = Vec::new();
             let dir = rfs::Dir::read_from(&fd)
                 .map_err(|e| Error::io("cannot read", &self.root.dir.join(&rel), errno_io(e)))?;
             for ent in dir {
@@ -219,20 +223,42 @@ impl Mediator {
                 if !crate::id::is_valid(id) {
                     continue;
                 }
-                let rname = Entry::name_for(id, Action::Read, Some(&r));
-                if self.log.has(&rname) {
+                // Names looked at before cost a hash lookup, not a stat: a
+                // pass costs one read of the directory plus the new names.
+                let key = id_key(id);
+                if self.receipts_seen.get(&r).is_some_and(|s| s.contains(&key)) {
                     continue;
                 }
+                let rname = Entry::name_for(id, Action::Read, Some(&r));
+                if self.log.has(&rname) {
+                    self.receipts_seen.entry(r.clone()).or_default().insert(key);
+                    continue;
+                }
+                let mut unreadable = false;
                 let routed = [Action::Forward, Action::Release]
                     .into_iter()
                     .find_map(|a| {
                         let n = Entry::name_for(id, a, None);
-                        self.log
-                            .read(OsStr::new(&n))
-                            .ok()
-                            .filter(|e| e.decision.to.contains(&r))
+                        if !self.log.has(&n) {
+                            return None;
+                        }
+                        match self.log.read(OsStr::new(&n)) {
+                            Ok(e) => Some(e).filter(|e| e.decision.to.contains(&r)),
+                            Err(_) => {
+                                unreadable = true;
+                                None
+                            }
+                        }
                     });
-                let Some(src) = routed else { continue };
+                let Some(src) = routed else {
+                    // Not routed to r (a bounce, a stray file): never a
+                    // receipt.  An entry that could not be read is looked
+                    // at again next time.
+                    if !unreadable {
+                        self.receipts_seen.entry(r.clone()).or_default().insert(key);
+                    }
+                    continue;
+                };
                 let e = Entry {
                     version: LOG_VERSION,
                     name: rname,
@@ -250,6 +276,8 @@ impl Mediator {
                 if g.stage(&boxes.list, LOG, &e.name, &e.to_bytes())? {
                     pending.push(e);
                 }
+                // Remembered once committed, below.
+                fresh.push(key);
                 if pending.len() >= self.batch {
                     g.commit(&boxes.list)?;
                     for e in pending.drain(..) {
@@ -263,9 +291,25 @@ impl Mediator {
                 self.count(&e);
                 self.print(out, &e)?;
             }
+            self.receipts_seen
+                .entry(r.clone())
+                .or_default()
+                .extend(fresh);
             self.memory.receipts.insert(r, mtime);
             self.memory_dirty = true;
         }
         Ok(())
     }
+}
+
+/// A name's key in [`Mediator::receipts_seen`]: its 128 random bits mixed
+/// with its time, unique for ids the mediator writes.
+fn id_key(id: &str) -> u128 {
+    let rand = id
+        .rsplit('.')
+        .next()
+        .and_then(|h| u128::from_str_radix(h, 16).ok())
+        .unwrap_or(0);
+    let t = crate::id::time_of(id).unwrap_or_default().as_nanos();
+    rand ^ t.rotate_left(64)
 }
