@@ -1023,6 +1023,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn create_freshness_defaults_reads_the_key_and_names_a_bad_value() {
+        let project = |text: &str| Project {
+            top: PathBuf::from("/p"),
+            git_dir: PathBuf::from("/p/.git"),
+            config: Config::parse(text, Path::new("/p/.loopwright/config")).unwrap(),
+        };
+        assert_eq!(create_freshness(None).unwrap(), DEFAULT_FRESH);
+        assert_eq!(create_freshness(Some(&project(""))).unwrap(), DEFAULT_FRESH);
+        let p = project("mirror.fresh-within = 90s\n");
+        assert_eq!(create_freshness(Some(&p)).unwrap(), Duration::from_secs(90));
+        let p = project("mirror.fresh-within = 0\n");
+        assert_eq!(create_freshness(Some(&p)).unwrap(), Duration::ZERO);
+        let p = project("mirror.fresh-within = soon\n");
+        let e = create_freshness(Some(&p)).unwrap_err();
+        assert_eq!(e.exit, Exit::Config);
+        assert!(e.to_string().contains("mirror.fresh-within = soon"), "{e}");
+    }
+
+    #[test]
     fn state_round_trips() {
         let s = State {
             url: "https://h/x.git".into(),
