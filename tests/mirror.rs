@@ -1124,7 +1124,7 @@ fn refs_are_packed_and_creation_reflogs_gone_but_no_object_is_pruned() {
     git(&up, &["branch", "-f", "feature", "main~2"]);
     commit(&up, "feature", "rewritten");
     // Enough new refs to be packed again by the next sync.
-    for i in 0..(40) {
+    for i in 0..40 {
         git(&up, &["branch", &format!("many/b{i}"), "main"]);
     }
     git(&up, &["checkout", "-q", "main"]);
