@@ -157,3 +157,47 @@ fn an_outbox_removed_before_its_messages_were_read_stops_nobody_else() {
     once(&root, OPEN_POLICY);
     assert!(delivered(&root.sandbox("dst").inbox()).contains(&m.id));
 }
+
+#[test]
+fn receipts_taken_in_waves_are_each_logged_once() {
+    let root = root_with("acks", &["a", "b"]);
+    let mut ids = Vec::new();
+    for i in 0..300 {
+        let m = message("a", &["b"], Kind::Request, &format!("m {i}"));
+        drop_in(&root, "a", &m);
+        ids.push(m.id);
+    }
+    let p = root.dir.parent().unwrap().join("policy");
+    std::fs::write(&p, OPEN_POLICY).unwrap();
+    let mut m = Mediator::open(root.clone(), Some(p), true).unwrap();
+    let mut sink = Vec::new();
+    m.drain(&mut sink).unwrap();
+    let inbox = root.sandbox("b").inbox();
+    // A file in cur/ that was never routed to b: never a receipt.
+    let stray = loopwright::id::new_id();
+    std::fs::write(inbox.sub(Sub::Cur).join(&stray), b"x").unwrap();
+    let reads = |root: &Root| {
+        let mut v: Vec<String> = entries(root)
+            .into_iter()
+            .filter(|e| e.decision.action == Action::Read)
+            .map(|e| e.message_id)
+            .collect();
+        v.sort();
+        v
+    };
+    for wave in ids.chunks(100) {
+        for id in wave {
+            std::fs::rename(inbox.sub(Sub::New).join(id), inbox.sub(Sub::Cur).join(id)).unwrap();
+        }
+        let s = m.drain(&mut sink).unwrap();
+        assert_eq!(s.receipts, wave.len() as u64, "{s:?}");
+    }
+    let mut want = ids.clone();
+    want.sort();
+    assert_eq!(reads(&root), want);
+    // A new mediator (nothing remembered) finds nothing more to log.
+    let s = m.drain(&mut sink).unwrap();
+    assert_eq!(s.receipts, 0);
+    once(&root, OPEN_POLICY);
+    assert_eq!(reads(&root), want);
+}
