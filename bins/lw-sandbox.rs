@@ -112,6 +112,10 @@ enum Cmd {
         /// Install and set up this agent kit (lw-sandbox kits lists them)
         #[arg(long, value_name = "KIT")]
         agent: Option<String>,
+        /// The OCI runtime: runc (the host's kernel) or runsc (gVisor, a
+        /// user-space kernel) [default: sandbox.runtime, else the engine's]
+        #[arg(long, value_name = "NAME")]
+        runtime: Option<String>,
         /// proxy: the model proxy holds the key; env: the key is in the
         /// agent's environment, inside the sandbox (weaker, warned)
         #[arg(long, value_enum, default_value = "proxy", requires = "agent")]
@@ -263,13 +267,23 @@ fn root_of(args: &Args) -> Result<Root, Error> {
     Root::resolve(args.root.as_deref())
 }
 
+/// The engine: `DOCKER_HOST`, else the project's `engine.host`, else dockerd.
+fn connect(args: &Args) -> Result<DockerEngine, Error> {
+    let start = match &args.project {
+        Some(p) => p.clone(),
+        None => std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
+    };
+    let project = loopwright::config::Project::find(&start).ok().flatten();
+    DockerEngine::connect_for(project.as_ref().map(|p| &p.config))
+}
+
 fn warn(msg: &str) {
     eprintln!("{PROG}: warning: {msg}");
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
     let root = root_of(&args)?;
-    let engine = DockerEngine::connect()?;
+    let engine = connect(&args)?;
     let sb = Sandboxes::new(root, &engine);
     let line = |out: &mut dyn Write, s: &str| writeln!(out, "{s}").map_err(out_err);
     match args.cmd {
@@ -282,6 +296,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
             secret,
             network,
             agent,
+            runtime,
             credential,
             allow,
             service,
@@ -324,6 +339,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
                 allow_install_change: limits.allow_install_change,
                 limits: limits.overrides(),
                 services: service,
+                runtime,
             };
             let c = sb.create(&opts, project.as_ref(), &mirror_path, &bins, &mut |m| {
                 warn(m)
@@ -446,7 +462,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
 /// `exec` and `shell`: the command's status is ours.
 fn exec(args: Args) -> Result<u8, Error> {
     let root = root_of(&args)?;
-    let engine = DockerEngine::connect()?;
+    let engine = connect(&args)?;
     let sb = Sandboxes::new(root, &engine);
     let code = match args.cmd {
         Cmd::Exec {

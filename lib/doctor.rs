@@ -103,9 +103,10 @@ pub fn run(inp: &Inputs) -> Vec<Finding> {
         }
     };
     out.push(git());
-    let engine = docker(&mut out);
+    let engine = docker(&mut out, project.as_ref());
     if let Some(e) = &engine {
         out.push(host_files(e));
+        out.extend(runtimes(e, project.as_ref()));
     }
     out.push(apparmor());
     if let Some(p) = &project {
@@ -217,8 +218,10 @@ fn git() -> Finding {
     }
 }
 
-fn docker(out: &mut Vec<Finding>) -> Option<DockerEngine> {
-    match DockerEngine::connect().and_then(|e| e.version().map(|v| (e, v))) {
+fn docker(out: &mut Vec<Finding>, project: Option<&Project>) -> Option<DockerEngine> {
+    match DockerEngine::connect_for(project.map(|p| &p.config))
+        .and_then(|e| e.version().map(|v| (e, v)))
+    {
         Ok((e, v)) => {
             out.push(f(
                 "docker",
@@ -274,6 +277,95 @@ fn host_files(engine: &DockerEngine) -> Finding {
             None,
         ),
     }
+}
+
+/// The runtimes the engine offers (with their isolation level and what
+/// limits them here), its security options, `sandbox.runtime` checked
+/// against them, and the isolation of each live sandbox.
+fn runtimes(e: &DockerEngine, project: Option<&Project>) -> Vec<Finding> {
+    use crate::engine::{Isolation, SandboxEngine};
+    let info = match e.info() {
+        Ok(i) => i,
+        Err(err) => return vec![f("runtimes", Status::Fail, err.to_string(), None)],
+    };
+    let local = info.host.starts_with("unix://");
+    let list: Vec<String> = info
+        .runtimes
+        .iter()
+        .map(|r| {
+            let mut notes = vec![Isolation::of(&r.name).as_str().to_string()];
+            if r.name == info.default_runtime {
+                notes.insert(0, "default".into());
+            }
+            if info.runtime_without_network(&r.name) {
+                notes.push("network none only".into());
+            }
+            if info.installed(r, local) == Some(false) {
+                notes.push(format!("{} not installed", r.path));
+            }
+            format!("{} ({})", r.name, notes.join(", "))
+        })
+        .collect();
+    let mut out = vec![f(
+        "runtimes",
+        Status::Ok,
+        format!(
+            "{} {}: {}; security: {}",
+            info.product,
+            info.version,
+            list.join(", "),
+            info.security_names().join(", ")
+        ),
+        None,
+    )];
+    if info.runtime(crate::engine::runtime::GVISOR).is_none() {
+        out[0].status = Status::Warn;
+        out[0].fix = Some(format!(
+            "for gVisor (lw-sandbox create --runtime runsc): {}",
+            crate::engine::runtime::RUNSC_INSTALL
+        ));
+    }
+    if let Some(want) = project.and_then(|p| p.config.get(crate::sandbox::KEY_RUNTIME))
+        && let Err(err) = info.check(want)
+    {
+        out.push(f(
+            "sandbox.runtime",
+            Status::Fail,
+            err.to_string(),
+            Some("fix sandbox.runtime in .loopwright/config or the engine".into()),
+        ));
+    }
+    if let Ok(cs) = e.containers_with_label(crate::sandbox::LABEL_SANDBOX) {
+        let mut live: Vec<String> = cs
+            .iter()
+            .filter(|c| c.running)
+            .filter_map(|c| e.inspect(&c.name).ok().flatten())
+            .map(|c| {
+                let name = c
+                    .labels
+                    .get(crate::sandbox::LABEL_SANDBOX)
+                    .cloned()
+                    .unwrap_or(c.name);
+                format!(
+                    "{name} {}({})",
+                    Isolation::of(&c.runtime).as_str(),
+                    c.runtime
+                )
+            })
+            .collect();
+        live.sort();
+        out.push(f(
+            "isolation",
+            Status::Ok,
+            if live.is_empty() {
+                "no live sandboxes".to_string()
+            } else {
+                live.join(", ")
+            },
+            None,
+        ));
+    }
+    out
 }
 
 /// Sandboxes run under AppArmor's docker-default where the host has

@@ -397,7 +397,10 @@ impl Maildir {
     /// Blocks until `ready()` says so or `timeout` passes; true when ready.
     /// `ready` is asked once at the start and again after every change in
     /// `new/`.  Uses inotify, not polling: the watch is set before the first
-    /// check, so an arrival between the two is not missed.
+    /// check, so an arrival between the two is not missed.  On a 9P
+    /// filesystem (a gVisor sandbox's mounts, [`shared_from_outside`]) it
+    /// also rescans every [`OUTSIDE_TICK`], since the host's deliveries
+    /// raise no event there.
     pub fn wait_until(
         &self,
         timeout: Option<Duration>,
@@ -410,6 +413,7 @@ impl Maildir {
             .add(&dir)
             .map_err(|e| Error::io_as(Exit::NoInput, "cannot watch", &dir, e))?;
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        let tick = shared_from_outside(&dir).then_some(OUTSIDE_TICK);
         loop {
             if ready()? {
                 return Ok(true);
@@ -420,6 +424,12 @@ impl Maildir {
                     _ => return Ok(false),
                 },
                 None => None,
+            };
+            // On a filesystem whose changes from outside inotify never
+            // reports, wake on a short tick too (see `shared_from_outside`).
+            let left = match (left, tick) {
+                (Some(l), Some(t)) => Some(l.min(t)),
+                (l, t) => l.or(t),
             };
             // Whatever woke us, the directory itself is the truth.
             match watcher
@@ -540,6 +550,19 @@ pub fn is_errno(e: &Error, errno: Errno) -> bool {
         .and_then(|s| s.downcast_ref::<io::Error>())
         .and_then(|e| e.raw_os_error())
         == Some(errno.raw_os_error())
+}
+
+/// How often a waiter rescans a directory whose outside changes inotify
+/// does not report.
+pub const OUTSIDE_TICK: Duration = Duration::from_millis(100);
+
+/// True when `dir` is on a 9P filesystem: a gVisor sandbox's bind mounts
+/// (runsc's gofer) and other 9P shares, where inotify reports the changes
+/// made inside the sandbox but never those made by the host (the mediator's
+/// deliveries).  A waiter there also rescans every [`OUTSIDE_TICK`].
+pub fn shared_from_outside(dir: &Path) -> bool {
+    const V9FS_MAGIC: u64 = 0x0102_1997;
+    rustix::fs::statfs(dir).is_ok_and(|s| s.f_type as u64 == V9FS_MAGIC)
 }
 
 #[cfg(test)]

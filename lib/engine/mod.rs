@@ -30,6 +30,7 @@
 
 pub mod docker;
 mod paths;
+pub mod runtime;
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -37,6 +38,7 @@ use std::time::Duration;
 
 pub use docker::DockerEngine;
 pub use paths::HostPaths;
+pub use runtime::{EngineInfo, Isolation, RuntimeInfo};
 
 use crate::error::Result;
 
@@ -145,6 +147,9 @@ pub struct ContainerSpec {
     pub ulimits: Vec<(String, i64, i64)>,
     /// A health check: the command (exec form) and its interval.
     pub healthcheck: Option<(Vec<String>, std::time::Duration)>,
+    /// The OCI runtime to run it under (`runsc` for gVisor); `None` is the
+    /// engine's default (runc).  See [`EngineInfo::runtimes`].
+    pub runtime: Option<String>,
 }
 
 /// A container as loopwright needs it.
@@ -161,6 +166,8 @@ pub struct Container {
     pub exit_code: Option<i64>,
     pub labels: BTreeMap<String, String>,
     pub ports: Vec<PortMap>,
+    /// The OCI runtime it runs under, as the engine names it (`runc`, `runsc`).
+    pub runtime: String,
 }
 
 /// A command to run in a running container.
@@ -220,6 +227,9 @@ pub trait Engine {
         req: &ExecRequest,
         on_output: &mut dyn FnMut(OutStream, &[u8]),
     ) -> Result<i64>;
+    /// What the engine is (Docker or Podman), the OCI runtimes it offers and
+    /// its security options; see [`runtime`].
+    fn info(&self) -> Result<EngineInfo>;
 }
 
 /// A named volume.

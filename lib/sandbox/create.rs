@@ -420,6 +420,10 @@ impl<'a> Sandboxes<'a> {
                 "--allow extends the egress allow-list; add --network egress",
             ));
         }
+        let runtime = self.check_runtime(
+            opts.runtime.as_deref().or(settings.runtime.as_deref()),
+            opts.network,
+        )?;
         // Read (and refused when bad, exit 78) before anything is made.
         let agent = match &opts.agent {
             Some((kit, cred)) => Some(crate::agent::setup::Prepared::check(
@@ -593,6 +597,7 @@ impl<'a> Sandboxes<'a> {
                 ready: false,
                 agent: agent.as_ref().map(|a| a.record()),
                 services: opts.services.clone(),
+                runtime,
             };
             self.write_record(&rec)?;
             let mut drift = Vec::new();

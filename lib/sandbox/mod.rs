@@ -72,7 +72,7 @@ use sha2::{Digest, Sha256};
 use crate::config::Project;
 use crate::egress;
 use crate::engine::{Bind, Container, ContainerSpec, ExecRequest, OutStream, PortMap};
-use crate::engine::{ExecIo, NetworkEngine, SandboxEngine};
+use crate::engine::{ExecIo, Isolation, NetworkEngine, SandboxEngine};
 use crate::error::{Error, Exit, Result};
 use crate::layout::Root;
 use crate::ports::{Leases, Range};
@@ -177,6 +177,10 @@ pub struct Record {
     /// The shared services it is attached to (`create --service`, lib/service).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<String>,
+    /// The OCI runtime its container runs under (`runsc` for gVisor); absent
+    /// in records older than the choice, which ran under the default, runc.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
 }
 
 /// The id of a mailbox root: 8 hex digits of the sha256 of its canonical
@@ -223,6 +227,8 @@ pub struct CreateOptions {
     pub allow_install_change: bool,
     /// Shared services to attach it to (`--service NAME`, lib/service).
     pub services: Vec<String>,
+    /// The OCI runtime (`--runtime`); `None` takes `sandbox.runtime`.
+    pub runtime: Option<String>,
 }
 
 /// What `create` made.
@@ -255,6 +261,9 @@ pub struct Status {
     pub network: Network,
     /// The shared services it is attached to.
     pub services: Vec<String>,
+    /// The OCI runtime its container runs under (the engine's word when the
+    /// container exists, else the record's).
+    pub runtime: String,
 }
 
 /// What `gc` reclaimed, one line each: `KIND WHAT`.
@@ -574,6 +583,30 @@ impl<'a> Sandboxes<'a> {
         }
     }
 
+    /// The runtime `wanted` (`--runtime` or `sandbox.runtime`), checked
+    /// against what the engine offers before anything is made: unknown is
+    /// 64 listing the known ones, gVisor missing 69 with its install line,
+    /// and a runtime the engine starts without networking (runsc's
+    /// `--network=none`) refuses every network but `none` (64).
+    pub fn check_runtime(&self, wanted: Option<&str>, network: Network) -> Result<Option<String>> {
+        let Some(name) = wanted else {
+            return Ok(None);
+        };
+        let info = self.engine.info()?;
+        info.check(name)?;
+        if network != Network::None && info.runtime_without_network(name) {
+            return Err(Error::usage(format!(
+                "runtime '{name}' runs with its network switched off on the engine at {} \
+                 (registered with --network=none), so a --network {} sandbox would reach nothing; \
+                 create it with --network none (the default; an agent needs egress, so it runs \
+                 under runc), or register {name} with a network that works on this host",
+                info.host,
+                network.as_str()
+            )));
+        }
+        Ok(Some(name.to_string()))
+    }
+
     /// `ls`: every sandbox of the root.
     pub fn list(&self, count_unpushed: bool) -> Result<Vec<Status>> {
         let containers = self.engine.containers_with_label(&self.root_label())?;
@@ -611,6 +644,11 @@ impl<'a> Sandboxes<'a> {
                 image: rec.image.clone(),
                 network: rec.network,
                 services: rec.services.clone(),
+                runtime: c
+                    .and_then(|c| self.engine.inspect(&c.name).ok().flatten())
+                    .map(|i| i.runtime)
+                    .filter(|r| !r.is_empty())
+                    .unwrap_or_else(|| rec.runtime_name().to_string()),
             });
         }
         Ok(out)
@@ -987,11 +1025,21 @@ impl Status {
             "type": "sandbox", "name": self.name, "branch": self.branch, "state": self.state, "created": self.created,
             "age_secs": self.age.as_secs(), "unpushed": self.unpushed, "container": self.container, "image": self.image,
             "network": self.network.as_str(), "ports": ports_json(&self.ports), "services": self.services,
+            "runtime": self.runtime, "isolation": Isolation::of(&self.runtime).as_str(),
         })
     }
 
+    /// The isolation column of `ls`: the level and its runtime, `gvisor(runsc)`.
+    pub fn isolation(&self) -> String {
+        format!(
+            "{}({})",
+            Isolation::of(&self.runtime).as_str(),
+            self.runtime
+        )
+    }
+
     /// The `ls` line: name, branch, state, ports, network, age, unpushed,
-    /// services; tab-separated.
+    /// isolation, services; tab-separated.
     pub fn line(&self) -> String {
         let ports: Vec<String> = self
             .ports
@@ -1010,12 +1058,13 @@ impl Status {
             self.services.join(",")
         };
         format!(
-            "{}\t{}\t{}\t{ports}\t{}\t{}\t{unpushed}\t{services}",
+            "{}\t{}\t{}\t{ports}\t{}\t{}\t{unpushed}\t{}\t{services}",
             self.name,
             self.branch,
             self.state,
             self.network.as_str(),
-            crate::time::human_age(self.age)
+            crate::time::human_age(self.age),
+            self.isolation()
         )
     }
 }
@@ -1097,6 +1146,18 @@ pub fn check_branch(branch: &str) -> Result<()> {
 mod create;
 pub use create::resolve_image;
 
+/// The `.loopwright/config` key of the sandboxes' OCI runtime.
+pub const KEY_RUNTIME: &str = "sandbox.runtime";
+
+impl Record {
+    /// The runtime it was made under (`runc` for records older than the choice).
+    pub fn runtime_name(&self) -> &str {
+        self.runtime
+            .as_deref()
+            .unwrap_or(crate::engine::runtime::DEFAULT_RUNTIME)
+    }
+}
+
 /// The sandbox settings read from the project's configuration.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -1112,6 +1173,8 @@ pub struct Settings {
     pub install: Option<String>,
     /// CPUs, disk, log and push limits (lib/sandbox/limits.rs).
     pub limits: limits::Limits,
+    /// `sandbox.runtime`: the OCI runtime, `None` for the engine's default.
+    pub runtime: Option<String>,
 }
 
 impl Settings {
@@ -1164,6 +1227,17 @@ impl Settings {
             git_email: c.get("sandbox.git-email").map(str::to_string),
             install: c.get("sandbox.install").map(str::to_string),
             limits: limits::Limits::from_config(c)?,
+            runtime: match c.get(KEY_RUNTIME) {
+                None => None,
+                Some(v)
+                    if !v.is_empty()
+                        && v.chars()
+                            .all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch)) =>
+                {
+                    Some(v.to_string())
+                }
+                Some(v) => return Err(bad(KEY_RUNTIME, v, "a runtime name such as runc or runsc")),
+            },
         })
     }
 }
@@ -1310,6 +1384,7 @@ pub fn container_spec(
             vec!["/bin/sh".into(), "-c".into(), format!("test -w {WORK}")],
             Duration::from_secs(300),
         )),
+        runtime: rec.runtime.clone(),
     }
 }
 

@@ -13,6 +13,7 @@ mod connect;
 mod image;
 mod network;
 mod paths;
+mod runtime;
 mod sandbox;
 
 use std::collections::{BTreeMap, HashMap};
@@ -37,7 +38,12 @@ pub struct DockerEngine {
     rt: tokio::runtime::Runtime,
     docker: Docker,
     host: String,
+    /// Whether the engine is Podman, once asked (lib/engine/docker/runtime.rs).
+    podman: std::sync::OnceLock<bool>,
 }
+
+/// The `.loopwright/config` key naming the engine when `DOCKER_HOST` does not.
+pub const HOST_KEY: &str = "engine.host";
 
 /// Builds can run apt-get for minutes; bollard's default of two minutes per
 /// request would cut them off.
@@ -47,7 +53,18 @@ impl DockerEngine {
     /// Connects to the engine `DOCKER_HOST` names (the local socket when
     /// unset) and agrees on an API version with it.
     pub fn connect() -> Result<DockerEngine> {
-        let host = connect::host();
+        DockerEngine::connect_for(None)
+    }
+
+    /// Connects to the engine `DOCKER_HOST` names, else to the one the
+    /// project's `engine.host` names (e.g. Podman's socket,
+    /// `unix:///run/podman/podman.sock`), else to the local dockerd.
+    pub fn connect_for(config: Option<&crate::config::Config>) -> Result<DockerEngine> {
+        let from_config = config
+            .and_then(|c| c.get(HOST_KEY))
+            .filter(|_| std::env::var("DOCKER_HOST").map_or(true, |h| h.is_empty()))
+            .map(str::to_string);
+        let host = from_config.unwrap_or_else(connect::host);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -58,7 +75,12 @@ impl DockerEngine {
         let docker = rt
             .block_on(docker.negotiate_version())
             .map_err(|e| connect::first_request_err(&host, tls.as_ref(), &e))?;
-        Ok(DockerEngine { rt, docker, host })
+        Ok(DockerEngine {
+            rt,
+            docker,
+            host,
+            podman: std::sync::OnceLock::new(),
+        })
     }
 
     /// The engine's address, as `DOCKER_HOST` would write it.
@@ -104,11 +126,22 @@ fn exec_config(req: &ExecRequest) -> ExecConfig {
 }
 
 fn unreachable_err(host: &str, e: &bollard::errors::Error) -> Error {
+    if host.contains("podman") {
+        return Error::new(
+            Exit::Unavailable,
+            format!(
+                "cannot reach the Podman socket at {host}: {e}; start it (podman system service \
+                 --time=0 {host}, or systemctl start podman.socket) or point DOCKER_HOST at a \
+                 running engine"
+            ),
+        );
+    }
     Error::new(
         Exit::Unavailable,
         format!(
             "cannot reach the Docker engine at {host}: {e}; start it (sudo systemctl start docker, \
-             or run dockerd) or point DOCKER_HOST at a running engine"
+             or run dockerd; for Podman: podman system service --time=0 unix://PATH) or point \
+             DOCKER_HOST at a running engine"
         ),
     )
 }
@@ -333,6 +366,8 @@ impl Engine for DockerEngine {
         }
         let port_bindings: HashMap<String, Option<Vec<PortBinding>>> =
             by_port.into_iter().map(|(k, v)| (k, Some(v))).collect();
+        let mut ulimits = spec.ulimits.clone();
+        ulimits.extend(self.podman_ulimits(&spec.ulimits));
         let host = HostConfig {
             readonly_rootfs: Some(spec.read_only_root),
             cap_drop: opt_vec(&spec.cap_drop),
@@ -361,8 +396,9 @@ impl Engine for DockerEngine {
             network_mode: spec.network.clone(),
             nano_cpus: spec.nano_cpus,
             cpu_shares: spec.cpu_shares,
-            ulimits: (!spec.ulimits.is_empty()).then(|| {
-                spec.ulimits
+            runtime: spec.runtime.clone(),
+            ulimits: (!ulimits.is_empty()).then(|| {
+                ulimits
                     .iter()
                     .map(|(name, soft, hard)| ResourcesUlimits {
                         name: Some(name.clone()),
@@ -485,6 +521,7 @@ impl Engine for DockerEngine {
                     exit_code: state.exit_code,
                     labels: labels_of(c.config.and_then(|c| c.labels)),
                     ports: ports_of(c.network_settings.and_then(|n| n.ports)),
+                    runtime: c.host_config.and_then(|h| h.runtime).unwrap_or_default(),
                 }))
             }
             Err(e) if status_of(&e) == Some(404) => Ok(None),
@@ -540,6 +577,10 @@ impl Engine for DockerEngine {
                 )
             })
         })
+    }
+
+    fn info(&self) -> Result<crate::engine::EngineInfo> {
+        self.engine_info()
     }
 }
 

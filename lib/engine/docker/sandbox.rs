@@ -65,6 +65,8 @@ impl SandboxEngine for DockerEngine {
                     exit_code: None,
                     labels: c.labels.unwrap_or_default().into_iter().collect(),
                     ports,
+                    // The list does not say; inspect does.
+                    runtime: String::new(),
                 }
             })
             .collect();
