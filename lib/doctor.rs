@@ -300,6 +300,9 @@ fn runtimes(e: &DockerEngine, project: Option<&Project>) -> Vec<Finding> {
             if info.runtime_without_network(&r.name) {
                 notes.push("network none only".into());
             }
+            if !info.runtime_applies_seccomp(&r.name) {
+                notes.push("NO --oci-seccomp: refused for sandboxes".into());
+            }
             if info.installed(r, local) == Some(false) {
                 notes.push(format!("{} not installed", r.path));
             }

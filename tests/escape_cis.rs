@@ -15,7 +15,56 @@ use sandbox_support::*;
 
 #[test]
 fn cis_docker_section_5_on_a_live_sandbox() {
-    let f = Fixture::new("cis");
+    let runtimes = wall_runtimes();
+    let tables: Vec<Vec<(&str, &str, String, bool)>> =
+        runtimes.iter().map(|r| cis_checks(r)).collect();
+    let apparmor = loopwright::sandbox::host_has_apparmor();
+    let selinux = std::path::Path::new("/sys/fs/selinux/enforce").exists();
+    let apt = Command::new("apt-cache")
+        .args(["policy", "docker-bench-security"])
+        .output()
+        .map(|o| text(&o).trim().to_string())
+        .unwrap_or_default();
+    println!(
+        "cis: docker-bench-security: {}",
+        if apt.contains("Candidate: (none)") || apt.is_empty() {
+            "not packaged here; counted by hand"
+        } else {
+            "packaged (not used: the count is by hand)"
+        }
+    );
+    println!(
+        "cis: {:<36} | {:<26} | {}",
+        "check",
+        "want",
+        runtimes.join(" | ")
+    );
+    for (i, (what, want, _, _)) in tables[0].iter().enumerate() {
+        let cols: Vec<String> = tables
+            .iter()
+            .map(|t| {
+                let (_, _, got, ok) = &t[i];
+                format!("{got}{}", if *ok { "" } else { "  <-- FAIL" })
+            })
+            .collect();
+        println!("cis: {what:<36} | {want:<26} | {}", cols.join(" | "));
+    }
+    // Those two pass only where the host has the mechanism.
+    let want = 29 + usize::from(apparmor) + usize::from(selinux);
+    for (rt, checks) in runtimes.iter().zip(&tables) {
+        let passed = checks.iter().filter(|c| c.3).count();
+        println!(
+            "cis: {rt}: {passed} of {} pass (host AppArmor: {apparmor}, SELinux: {selinux})",
+            checks.len()
+        );
+        assert_eq!(checks.len(), 31);
+        assert!(passed >= want, "{rt}: {passed} of 31 pass; want {want}");
+    }
+}
+
+/// The checks against a live sandbox under `runtime`.
+fn cis_checks(runtime: &str) -> Vec<(&'static str, &'static str, String, bool)> {
+    let f = Fixture::with_config(&format!("cis-{runtime}"), &runtime_config(runtime));
     f.ok(&["create", "c", "--branch", "c"]);
     let c = f.container("c");
     let ins: Value =
@@ -296,35 +345,6 @@ fn cis_docker_section_5_on_a_live_sandbox() {
             !mounts.iter().any(|m| m.0.ends_with("docker.sock")),
         ),
     ];
-    let apparmor = loopwright::sandbox::host_has_apparmor();
-    let selinux = std::path::Path::new("/sys/fs/selinux/enforce").exists();
-    let apt = Command::new("apt-cache")
-        .args(["policy", "docker-bench-security"])
-        .output()
-        .map(|o| text(&o).trim().to_string())
-        .unwrap_or_default();
-    println!(
-        "cis: docker-bench-security: {}",
-        if apt.contains("Candidate: (none)") || apt.is_empty() {
-            "not packaged here; counted by hand"
-        } else {
-            "packaged (not used: the count is by hand)"
-        }
-    );
-    for (what, want, got, ok) in &checks {
-        println!(
-            "cis: {what:<36} | {want:<26} | {got} {}",
-            if *ok { "" } else { "  <-- FAIL" }
-        );
-    }
-    let passed = checks.iter().filter(|c| c.3).count();
-    println!(
-        "cis: {passed} of {} pass (host AppArmor: {apparmor}, SELinux: {selinux})",
-        checks.len()
-    );
-    assert_eq!(checks.len(), 31);
-    // Those two pass only where the host has the mechanism.
-    let want = 29 + usize::from(apparmor) + usize::from(selinux);
-    assert!(passed >= want, "{passed} of 31 pass; want {want}");
     f.ok(&["rm", "c"]);
+    checks
 }

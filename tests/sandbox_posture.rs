@@ -180,7 +180,62 @@ fn posture_from_inside_and_from_the_host_has_no_deviation() {
 
 #[test]
 fn escape_probes_all_fail() {
-    let f = Fixture::new("escape");
+    let runtimes = wall_runtimes();
+    let tables: Vec<(Vec<(String, String, bool)>, usize)> =
+        runtimes.iter().map(|r| escape_probes(r)).collect();
+    println!("escape table: {:<60} | {}", "probe", runtimes.join(" | "));
+    for (i, (what, _, _)) in tables[0].0.iter().enumerate() {
+        let cols: Vec<String> = tables
+            .iter()
+            .map(|(t, _)| t.get(i).map_or("-".into(), |r| r.1.clone()))
+            .collect();
+        println!("escape table: {what:<60} | {}", cols.join(" | "));
+    }
+    let mut escaped = Vec::new();
+    for (rt, (t, hits)) in runtimes.iter().zip(&tables) {
+        let e: Vec<String> = t
+            .iter()
+            .filter(|r| !r.2)
+            .filter(|r| !(*rt == "runsc" && GVISOR_GAPS.contains(&r.0.as_str())))
+            .map(|r| format!("{rt}: {}", r.0))
+            .collect();
+        for r in t.iter().filter(|r| !r.2) {
+            if *rt == "runsc" && GVISOR_GAPS.contains(&r.0.as_str()) {
+                println!(
+                    "escape probes {rt}: KNOWN GVISOR GAP, succeeded inside gVisor's kernel: {} (runsc 2022-12; see GVISOR_GAPS and docs/engines.md)",
+                    r.0
+                );
+            }
+        }
+        println!(
+            "escape probes {rt}: tried {}, succeeded {}, connections that reached the host server {hits}",
+            t.len(),
+            e.len()
+        );
+        assert_eq!(*hits, 0, "{rt}: a probe reached the host's server");
+        escaped.extend(e);
+    }
+    assert!(escaped.is_empty(), "escaped: {escaped:?}");
+}
+
+/// Probes the gVisor of this machine (Debian's runsc of 2022-12) lets
+/// through while runc holds them: counted and printed apart, never hidden
+/// (docs/engines.md says why).  Anything else that succeeds fails the test.
+/// Both stay inside gVisor's own kernel: a `docker exec`'d process carries
+/// no seccomp filter under this runsc (Seccomp 0; PID 1 has the profile,
+/// with --oci-seccomp), so `unshare -Ur` makes a gVisor user namespace; and
+/// gVisor does not refuse an executable mapping of a file on a noexec
+/// mount, so ld.so runs a copy in /tmp.
+const GVISOR_GAPS: &[&str] = &[
+    "new user namespace (unshare -Ur)",
+    "exec from /tmp through the dynamic loader",
+];
+
+/// Every probe from a sandbox under `runtime`: (probe, result, held) and the
+/// connections that reached the host's server.
+fn escape_probes(runtime: &str) -> (Vec<(String, String, bool)>, usize) {
+    let f = Fixture::with_config(&format!("escape-{runtime}"), &runtime_config(runtime));
+    let mut table: Vec<(String, String, bool)> = Vec::new();
     f.ok(&["create", "a", "--branch", "a"]);
     f.ok(&["create", "b", "--branch", "b"]);
     // A server on the host that counts every connection that reaches it.
@@ -280,9 +335,11 @@ fn escape_probes_all_fail() {
         let (code, out, e) = f.sh("a", &format!("cd /work/repo; {script}"));
         if code != 0 {
             failed += 1;
-            println!("probe: {what:<60} failed as it must (exit {code})");
+            println!("probe [{runtime}]: {what:<60} failed as it must (exit {code})");
+            table.push((what.to_string(), format!("failed (exit {code})"), true));
         } else {
-            println!("probe: {what:<60} SUCCEEDED: {out}{e}");
+            println!("probe [{runtime}]: {what:<60} SUCCEEDED: {out}{e}");
+            table.push((what.to_string(), "SUCCEEDED".into(), false));
             escaped.push(*what);
         }
     }
@@ -295,6 +352,17 @@ fn escape_probes_all_fail() {
         &f.upstream,
         &["for-each-ref", "--format=%(refname)", "refs/heads/"],
     );
+    let what = "push a branch other than its own";
+    let held = !(heads.contains("other") || heads.contains("evil"));
+    table.push((
+        what.into(),
+        if held {
+            "refused".into()
+        } else {
+            "SUCCEEDED".into()
+        },
+        held,
+    ));
     if heads.contains("other") || heads.contains("evil") {
         escaped.push("push a branch other than its own");
         println!("probe: push a branch other than its own SUCCEEDED: {heads}");
@@ -316,10 +384,8 @@ fn escape_probes_all_fail() {
     );
     let hits = reached.load(Ordering::SeqCst);
     println!(
-        "escape probes: tried {tried}, failed {failed}, connections that reached the host server {hits}"
+        "escape probes [{runtime}]: tried {tried}, failed {failed}, escaped {escaped:?}, connections that reached the host server {hits}"
     );
-    assert!(escaped.is_empty(), "escaped: {escaped:?}");
-    assert_eq!(tried, failed);
-    assert_eq!(hits, 0);
     f.ok(&["rm", "--force", "a", "b"]);
+    (table, hits)
 }

@@ -269,7 +269,11 @@ fn runc_and_runsc_side_by_side_door_exec_push_and_figures() {
     row("exec, mean of 5 (ms)", ms(a.exec), ms(b.exec));
     row("lw-post, mean of 20 (ms)", a.post_ms, b.post_ms);
     row("5,000-file tree + commit (ms)", a.tree_ms, b.tree_ms);
-    row("git status on it, warm, best of 3", a.status_ms, b.status_ms);
+    row(
+        "git status on it, warm, best of 3",
+        a.status_ms,
+        b.status_ms,
+    );
     row("perl -c 20,000 subs, best of 3", a.compile_ms, b.compile_ms);
     println!(
         "  lw-inbox --wait under runsc woke {:.0} ms after the post (mediator pass included)",

@@ -78,7 +78,7 @@ pub const GVISOR: &str = "runsc";
 
 /// How to install gVisor and register it with dockerd.
 pub const RUNSC_INSTALL: &str = "install and register gVisor: apt-get install runsc; add \
-{\"runtimes\": {\"runsc\": {\"path\": \"/usr/bin/runsc\", \"runtimeArgs\": [\"--network=none\"]}}} \
+{\"runtimes\": {\"runsc\": {\"path\": \"/usr/bin/runsc\", \"runtimeArgs\": [\"--network=none\", \"--oci-seccomp\"]}}} \
 to /etc/docker/daemon.json (keeping its other keys) and reload dockerd (kill -HUP $(pidof dockerd))";
 
 impl EngineInfo {
@@ -146,6 +146,23 @@ impl EngineInfo {
                 .any(|w| w[0] == "--network" && w[1] == "none")
                 || r.args.iter().any(|a| a == "--network=none")
         })
+    }
+
+    /// False when `runtime` is gVisor registered without `--oci-seccomp`:
+    /// runsc then ignores the container's seccomp profile (a user namespace,
+    /// for one, is allowed inside), so the wall lacks a layer it promises.
+    pub fn runtime_applies_seccomp(&self, runtime: &str) -> bool {
+        match self.runtime(runtime) {
+            Some(r)
+                if Isolation::of(&r.name) == Isolation::Gvisor
+                    || Isolation::of(&r.path) == Isolation::Gvisor =>
+            {
+                r.args
+                    .iter()
+                    .any(|a| a == "--oci-seccomp" || a == "--oci-seccomp=true")
+            }
+            _ => true,
+        }
     }
 
     /// The engine's security options as short names (`seccomp`, `apparmor`,
@@ -226,6 +243,8 @@ mod tests {
             ("runsc-net", "/usr/bin/runsc", &["--network", "sandbox"]),
         ]);
         assert!(i.runtime_without_network("runsc"));
+        assert!(!i.runtime_applies_seccomp("runsc"));
+        assert!(i.runtime_applies_seccomp("runc"));
         assert!(!i.runtime_without_network("runsc-net"));
         assert!(!i.runtime_without_network("runc"));
         assert_eq!(i.security_names(), vec!["seccomp", "rootless"]);

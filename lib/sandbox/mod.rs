@@ -586,6 +586,7 @@ impl<'a> Sandboxes<'a> {
     /// The runtime `wanted` (`--runtime` or `sandbox.runtime`), checked
     /// against what the engine offers before anything is made: unknown is
     /// 64 listing the known ones, gVisor missing 69 with its install line,
+    /// gVisor without `--oci-seccomp` 69 (the profile would not apply),
     /// and a runtime the engine starts without networking (runsc's
     /// `--network=none`) refuses every network but `none` (64).
     pub fn check_runtime(&self, wanted: Option<&str>, network: Network) -> Result<Option<String>> {
@@ -594,6 +595,18 @@ impl<'a> Sandboxes<'a> {
         };
         let info = self.engine.info()?;
         info.check(name)?;
+        if !info.runtime_applies_seccomp(name) {
+            return Err(Error::new(
+                Exit::Unavailable,
+                format!(
+                    "runtime '{name}' is registered with the engine at {} without --oci-seccomp, so \
+                     gVisor would not apply the sandbox's seccomp profile (user namespaces, for \
+                     one, would be allowed inside); add \"--oci-seccomp\" to its runtimeArgs in \
+                     /etc/docker/daemon.json and reload dockerd (kill -HUP $(pidof dockerd))",
+                    info.host
+                ),
+            ));
+        }
         if network != Network::None && info.runtime_without_network(name) {
             return Err(Error::usage(format!(
                 "runtime '{name}' runs with its network switched off on the engine at {} \

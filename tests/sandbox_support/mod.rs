@@ -326,3 +326,27 @@ impl Drop for World {
         let _ = docker(&["network", "rm", &self.net]);
     }
 }
+
+/// The runtimes the wall suites run under, in one run: runc always, and
+/// gVisor's runsc (registered by `.ci/run`; without it the suite fails
+/// saying how to register it, unless LW_TEST_RUNTIMES=runc narrows the run).
+pub fn wall_runtimes() -> Vec<&'static str> {
+    let only_runc = std::env::var("LW_TEST_RUNTIMES").is_ok_and(|v| v.trim() == "runc");
+    if only_runc {
+        return vec!["runc"];
+    }
+    let registered =
+        text(&docker(&["info", "--format", "{{json .Runtimes}}"])).contains("\"runsc\"");
+    assert!(
+        registered,
+        "runsc (gVisor) is not registered with the engine, so the runsc column cannot run: {} \
+         (or set LW_TEST_RUNTIMES=runc to run the runc column alone)",
+        loopwright::engine::runtime::RUNSC_INSTALL
+    );
+    vec!["runc", "runsc"]
+}
+
+/// The configuration line that puts a fixture's sandboxes under `runtime`.
+pub fn runtime_config(runtime: &str) -> String {
+    format!("sandbox.runtime = {runtime}\n")
+}

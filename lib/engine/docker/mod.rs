@@ -371,7 +371,7 @@ impl Engine for DockerEngine {
         let host = HostConfig {
             readonly_rootfs: Some(spec.read_only_root),
             cap_drop: opt_vec(&spec.cap_drop),
-            security_opt: opt_vec(&spec.security_opt),
+            security_opt: opt_vec(&self.engine_security_opt(&spec.security_opt)?),
             pids_limit: spec.pids_limit,
             memory: spec.memory_bytes,
             tmpfs: if spec.tmpfs.is_empty() {

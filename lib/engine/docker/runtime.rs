@@ -4,19 +4,26 @@
 //! Podman 4's compatible API gives a container without explicit `nofile`
 //! and `nproc` limits its own defaults, which a host without
 //! CAP_SYS_RESOURCE refuses ("error setting rlimit type 7"); on Podman a
-//! container spec without them gets the host's own hard limits (capped),
-//! which any process may keep.
+//! container spec without them gets the host's own hard limits, capped
+//! below what Podman's service keeps for itself.  And Podman 4 reads `seccomp=VALUE` as the
+//! path of a profile where dockerd takes the profile itself, so on Podman
+//! an inline profile is written to a file of its own first.
+
+use std::path::PathBuf;
 
 use crate::engine::{EngineInfo, RuntimeInfo};
-use crate::error::Result;
+use crate::error::{Error, Exit, Result};
 
 use super::DockerEngine;
 
 /// Podman names its engine component this way in `/version`.
 const PODMAN_COMPONENT: &str = "Podman Engine";
 
-/// The ceiling of the limits given on Podman (Docker's own default).
-const ULIMIT_CAP: u64 = 1 << 20;
+/// The ceilings of the limits given on Podman: below what its service keeps
+/// for itself (it lowers its own `nproc` to 32768 on these hosts), and
+/// `nproc` counts every process of the user across all its containers.
+const NOFILE_CAP: u64 = 1 << 16;
+const NPROC_CAP: u64 = 1 << 14;
 
 impl DockerEngine {
     /// `/info` and `/version`, as the contract's [`EngineInfo`].
@@ -71,20 +78,84 @@ impl DockerEngine {
     }
 
     /// The `nofile` and `nproc` limits a container spec lacks, on Podman:
-    /// this host's hard limits, at most [`ULIMIT_CAP`].
+    /// this host's hard limits, at most [`NOFILE_CAP`] and [`NPROC_CAP`].
     pub(crate) fn podman_ulimits(&self, have: &[(String, i64, i64)]) -> Vec<(String, i64, i64)> {
         if !self.host().starts_with("unix://") || !self.is_podman() {
             return Vec::new();
         }
         use rustix::process::{Resource, getrlimit};
         let mut out = Vec::new();
-        for (name, res) in [("nofile", Resource::Nofile), ("nproc", Resource::Nproc)] {
+        for (name, res, cap) in [
+            ("nofile", Resource::Nofile, NOFILE_CAP),
+            ("nproc", Resource::Nproc, NPROC_CAP),
+        ] {
             if have.iter().any(|(n, _, _)| n == name) {
                 continue;
             }
-            let hard = getrlimit(res).maximum.unwrap_or(ULIMIT_CAP).min(ULIMIT_CAP) as i64;
+            let hard = getrlimit(res).maximum.unwrap_or(cap).min(cap) as i64;
             out.push((name.to_string(), hard, hard));
         }
         out
     }
+
+    /// `opts` as the engine takes them: on Podman an inline seccomp profile
+    /// (`seccomp={...}`) becomes the path of a file holding it, in a
+    /// directory of this user's alone, named by the profile's digest.
+    pub(crate) fn engine_security_opt(&self, opts: &[String]) -> Result<Vec<String>> {
+        if !opts.iter().any(|o| o.starts_with("seccomp={"))
+            || !self.host().starts_with("unix://")
+            || !self.is_podman()
+        {
+            return Ok(opts.to_vec());
+        }
+        let dir = profile_dir()?;
+        opts.iter()
+            .map(|o| match o.strip_prefix("seccomp=") {
+                Some(p) if p.starts_with('{') => {
+                    let path = dir.join(format!(
+                        "seccomp-{}.json",
+                        &crate::digest::sha256_hex(p.as_bytes())[..16]
+                    ));
+                    if std::fs::read(&path).ok().as_deref() != Some(p.as_bytes()) {
+                        crate::fs::write_replace(
+                            &path,
+                            p.as_bytes(),
+                            0o644,
+                            crate::fs::Durability::Unsynced,
+                        )
+                        .map_err(|e| Error::io("cannot write", &path, e))?;
+                    }
+                    Ok(format!("seccomp={}", path.display()))
+                }
+                _ => Ok(o.clone()),
+            })
+            .collect()
+    }
+}
+
+/// `$XDG_RUNTIME_DIR/loopwright`, else `TMPDIR/loopwright-UID`: made 0700
+/// and refused unless this user owns it (no one else may swap a profile).
+fn profile_dir() -> Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let uid = rustix::process::getuid().as_raw();
+    let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d).join("loopwright"),
+        None => std::env::temp_dir().join(format!("loopwright-{uid}")),
+    };
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(Error::io("cannot create", &dir, e)),
+    }
+    let m = std::fs::symlink_metadata(&dir).map_err(|e| Error::io("cannot stat", &dir, e))?;
+    if !m.is_dir() || m.uid() != uid || m.mode() & 0o022 != 0 {
+        return Err(Error::new(
+            Exit::NoPerm,
+            format!(
+                "'{}' is not a directory of this user's alone; remove it so that the seccomp profile for Podman can be written there",
+                dir.display()
+            ),
+        ));
+    }
+    Ok(dir)
 }
