@@ -660,7 +660,8 @@ impl<'a> Sandboxes<'a> {
                 runtime: c
                     .and_then(|c| self.engine.inspect(&c.name).ok().flatten())
                     .map(|i| i.runtime)
-                    .filter(|r| !r.is_empty())
+                    // Podman names every runtime "oci" here: the record knows.
+                    .filter(|r| !r.is_empty() && r != "oci")
                     .unwrap_or_else(|| rec.runtime_name().to_string()),
             });
         }
