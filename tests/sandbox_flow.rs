@@ -101,7 +101,7 @@ fn create_clones_onto_the_branch_and_push_sends_only_it() {
     assert!(ls.starts_with("api\tlw/api\trunning\t-\t"), "{ls}");
     assert!(
         // ... the unpushed column (7th), and services (none) last.
-        ls.trim_end().split('	').nth(6) == Some("0") && ls.trim_end().ends_with("	-"),
+        ls.trim_end().split('\t').nth(6) == Some("0") && ls.trim_end().ends_with("\t-"),
         "pushed work counts as pushed: {ls}"
     );
     // A second push is a no-op.
