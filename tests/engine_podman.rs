@@ -193,7 +193,12 @@ fn the_sandbox_life_on_podman() {
         "from podman"
     );
     let ls = f.ok(&["ls"]);
-    assert!(ls.lines().all(|l| l.ends_with("\tcontainer(runc)")), "{ls}");
+    // The isolation column (8th), before services.
+    assert!(
+        ls.lines()
+            .all(|l| l.split('\t').nth(7) == Some("container(runc)")),
+        "{ls}"
+    );
     let o = f.sb(&["create", "x", "--branch", "x", "--runtime", "nosuch"]);
     assert_eq!(o.status.code(), Some(64), "{}", err(&o));
     assert!(err(&o).contains("crun"), "{}", err(&o));

@@ -149,7 +149,7 @@ fn runc_and_runsc_side_by_side_door_exec_push_and_figures() {
     let col = |n: &str| {
         ls.lines()
             .find(|l| l.starts_with(&format!("{n}\t")))
-            .and_then(|l| l.rsplit('\t').next())
+            .and_then(|l| l.split('\t').nth(7)) // isolation, before services
             .unwrap_or("?")
             .to_string()
     };

@@ -308,6 +308,19 @@ fn mirror_head_branch(mirror: &Path) -> String {
         .unwrap_or_default()
 }
 
+/// Whether `--from` names a ref the mirror lacks while the branch itself is
+/// not there either (so `--from` would be used, and would fail).
+fn from_is_missing(mirror: &Path, opts: &CreateOptions) -> Result<bool> {
+    let Some(f) = &opts.from else {
+        return Ok(false);
+    };
+    Ok(
+        mirror_commit(mirror, &format!("refs/heads/{}", opts.branch))?.is_none()
+            && mirror_commit(mirror, &format!("refs/heads/{f}"))?.is_none()
+            && mirror_commit(mirror, f)?.is_none(),
+    )
+}
+
 /// Where the task's branch starts: its upstream tip when it exists (the
 /// first value), else `--from`, else the upstream's HEAD.
 fn start_commit(
@@ -686,6 +699,18 @@ impl<'a> Sandboxes<'a> {
                     h.join()
                         .map_err(|_| Error::new(Exit::Software, "the mirror fetch panicked"))??;
                     clock.mark("fetch-wait");
+                }
+                // The window let the mirror be used as it was, but --from
+                // names a ref it lacks: that ref is needed, so fetch now.
+                if fetch_later && from_is_missing(&m.path, opts)? {
+                    let mut remote =
+                        |stored: Option<&str>| mirror::default_remote(project, stored, mirror_path);
+                    m.sync(&mut SyncOptions {
+                        if_older_than: None,
+                        progress: false,
+                        remote: &mut remote,
+                    })?;
+                    clock.mark("fetch-needed");
                 }
                 let (exists, base) = start_commit(&m.path, opts, warn)?;
                 rec.base = exists.is_none().then(|| base.clone());
