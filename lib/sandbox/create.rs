@@ -520,34 +520,27 @@ impl<'a> Sandboxes<'a> {
         // container is made and started, and waited for before the clone.
         let m = Mirror::new(mirror_path);
         let fresh_within = mirror::create_freshness(project)?;
+        let sync_now = |if_older_than: Option<std::time::Duration>| {
+            let mut remote =
+                |stored: Option<&str>| mirror::default_remote(project, stored, mirror_path);
+            m.sync(&mut SyncOptions {
+                if_older_than,
+                progress: false,
+                remote: &mut remote,
+            })
+        };
         let fetch_later = if opts.no_fetch {
             m.ready()?;
             false
         } else if matches!(m.find()?, mirror::Found::Ready(_)) {
             true
         } else {
-            let mut remote =
-                |stored: Option<&str>| mirror::default_remote(project, stored, mirror_path);
-            m.sync(&mut SyncOptions {
-                if_older_than: None,
-                progress: false,
-                remote: &mut remote,
-            })?;
+            sync_now(None)?;
             false
         };
         clock.mark("mirror");
         std::thread::scope(|scope| -> Result<Created> {
-            let mut fetch = fetch_later.then(|| {
-                scope.spawn(|| {
-                    let mut remote =
-                        |stored: Option<&str>| mirror::default_remote(project, stored, mirror_path);
-                    m.sync(&mut SyncOptions {
-                        if_older_than: Some(fresh_within),
-                        progress: false,
-                        remote: &mut remote,
-                    })
-                })
-            });
+            let mut fetch = fetch_later.then(|| scope.spawn(|| sync_now(Some(fresh_within))));
             if !self.root.dir.exists() {
                 // A new root is its owner's alone (lw doctor checks it).
                 fs::create_dir_all(&self.root.dir)
@@ -703,13 +696,7 @@ impl<'a> Sandboxes<'a> {
                 // The window let the mirror be used as it was, but --from
                 // names a ref it lacks: that ref is needed, so fetch now.
                 if fetch_later && from_is_missing(&m.path, opts)? {
-                    let mut remote =
-                        |stored: Option<&str>| mirror::default_remote(project, stored, mirror_path);
-                    m.sync(&mut SyncOptions {
-                        if_older_than: None,
-                        progress: false,
-                        remote: &mut remote,
-                    })?;
+                    sync_now(None)?;
                     clock.mark("fetch-needed");
                 }
                 let (exists, base) = start_commit(&m.path, opts, warn)?;
