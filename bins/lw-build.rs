@@ -215,18 +215,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             .iter()
             .find(|(t, _)| t == &layer.tag)
             .map(|(_, why)| why);
-        let line = if args.json {
-            let mut v = json!({"type": "layer", "layer": layer.def.name, "tag": layer.tag, "state": state, "id": id});
-            if let Some(n) = bytes {
-                v["bytes"] = json!(n);
-            }
-            if let Some(why) = refused {
-                v["refused"] = json!(why);
-            }
-            v.to_string()
-        } else {
-            format!("{} {} {state}", layer.def.name, layer.tag)
-        };
+        let line = layer_line(args.json, layer, state, Some(id), bytes, refused);
         writeln!(out, "{line}").map_err(out_err)?;
     }
     for kit in &kits {
@@ -307,6 +296,33 @@ fn push(
 }
 
 /// `lw-build pull`: every missing layer from the cache; builds nothing.
+/// One layer's line of `lw-build` and `lw-build pull`: `LAYER TAG STATE`, or
+/// its JSON record (with the image id, the bytes pulled and why the cache's
+/// copy was refused, where known).
+fn layer_line(
+    as_json: bool,
+    layer: &Layer,
+    state: &str,
+    id: Option<&String>,
+    bytes: Option<u64>,
+    refused: Option<&String>,
+) -> String {
+    if !as_json {
+        return format!("{} {} {state}", layer.def.name, layer.tag);
+    }
+    let mut v = json!({"type": "layer", "layer": layer.def.name, "tag": layer.tag, "state": state});
+    if let Some(id) = id {
+        v["id"] = json!(id);
+    }
+    if let Some(n) = bytes {
+        v["bytes"] = json!(n);
+    }
+    if let Some(why) = refused {
+        v["refused"] = json!(why);
+    }
+    v.to_string()
+}
+
 fn pull(
     engine: &DockerEngine,
     client: Option<&Client>,
@@ -335,19 +351,7 @@ fn pull(
                 }
             }
         };
-        let line = if as_json {
-            let mut v =
-                json!({"type": "layer", "layer": layer.def.name, "tag": layer.tag, "state": state});
-            if let Some(n) = bytes {
-                v["bytes"] = json!(n);
-            }
-            if let Some(w) = why {
-                v["refused"] = json!(w);
-            }
-            v.to_string()
-        } else {
-            format!("{} {} {state}", layer.def.name, layer.tag)
-        };
+        let line = layer_line(as_json, layer, state, None, bytes, why.as_ref());
         writeln!(out, "{line}").map_err(out_err)?;
     }
     Ok(exit)
