@@ -316,23 +316,9 @@ impl Client {
     /// The manifest `tag` points at, `None` when there is no such tag.
     pub fn manifest(&self, tag: &str) -> Result<Option<Manifest>> {
         let what = format!("GET manifest '{tag}'");
-        let mut resp = self.send(
-            self.authed(self.agent.get(&self.repo_url(&format!("manifests/{tag}"))))
-                .header("Accept", &format!("{OCI_MANIFEST}, {DOCKER_MANIFEST}"))
-                .call(),
-        )?;
-        if resp.status() == 404 {
+        let Some((_, bytes)) = self.manifest_bytes(tag)? else {
             return Ok(None);
-        }
-        if resp.status() != 200 {
-            return Err(self.unexpected(&what, resp));
-        }
-        let bytes = resp
-            .body_mut()
-            .with_config()
-            .limit(4 << 20)
-            .read_to_vec()
-            .map_err(|e| unreachable(&self.cache, e))?;
+        };
         let digest = format!("sha256:{}", crate::digest::sha256_hex(&bytes));
         let v: Value = serde_json::from_slice(&bytes)
             .map_err(|e| Error::data(format!("{what}: not JSON: {e}")))?;
