@@ -192,20 +192,7 @@ fn scenario(k: &Case) {
     let kit = k.kit;
     let started = Instant::now();
     let n = nonce();
-    let world = World {
-        label: format!("org.loopwright.test=agent-{n}"),
-        net: format!("lw-agent-{n}"),
-    };
-    let o = docker(&[
-        "network",
-        "create",
-        "--label",
-        &world.label,
-        "--label",
-        "org.loopwright.egress=outside",
-        &world.net,
-    ]);
-    assert!(o.status.success(), "{}", err(&o));
+    let world = World::outside(&format!("agent-{n}"), &format!("lw-agent-{n}"));
     let tmp = std::env::temp_dir().join(format!("lw-agent-{n}"));
     let tls = tmp.join("tls");
     let out_dir = tmp.join("out");

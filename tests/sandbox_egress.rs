@@ -29,20 +29,7 @@ fn exists(what: &str, name: &str) -> bool {
 fn egress_sandbox_reaches_its_allow_list_only_and_leaves_nothing_behind() {
     let started = Instant::now();
     let n = nonce();
-    let world = World {
-        label: format!("org.loopwright.test=sbeg-{n}"),
-        net: format!("lw-sbeg-{n}"),
-    };
-    let o = docker(&[
-        "network",
-        "create",
-        "--label",
-        &world.label,
-        "--label",
-        "org.loopwright.egress=outside",
-        &world.net,
-    ]);
-    assert!(o.status.success(), "{}", err(&o));
+    let world = World::outside(&format!("sbeg-{n}"), &format!("lw-sbeg-{n}"));
     let busybox = build_support::test_image("busybox");
     let api = format!("lw-sbeg-{n}-api");
     let bad = format!("lw-sbeg-{n}-forbidden");

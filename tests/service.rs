@@ -150,20 +150,7 @@ fn latency(out: &str) -> f64 {
 fn postgres_is_shared_by_the_sandboxes_listed_and_no_other() {
     let n = nonce();
     // The egress sandbox's way out: a network of this test's own.
-    let world = World {
-        label: format!("org.loopwright.test=svc-{n}"),
-        net: format!("lw-svc-test-{n}"),
-    };
-    let o = docker(&[
-        "network",
-        "create",
-        "--label",
-        &world.label,
-        "--label",
-        "org.loopwright.egress=outside",
-        &world.net,
-    ]);
-    assert!(o.status.success(), "{}", err(&o));
+    let world = World::outside(&format!("svc-{n}"), &format!("lw-svc-test-{n}"));
     let f = Fixture::with_config(
         "svc",
         &format!(
@@ -525,20 +512,7 @@ fn bad_declarations_crashes_and_missing_services_are_refused_clearly() {
 #[test]
 fn a_service_reaches_its_own_egress_list_and_nothing_else() {
     let n = nonce();
-    let world = World {
-        label: format!("org.loopwright.test=svceg-{n}"),
-        net: format!("lw-svceg-{n}"),
-    };
-    let o = docker(&[
-        "network",
-        "create",
-        "--label",
-        &world.label,
-        "--label",
-        "org.loopwright.egress=outside",
-        &world.net,
-    ]);
-    assert!(o.status.success(), "{}", err(&o));
+    let world = World::outside(&format!("svceg-{n}"), &format!("lw-svceg-{n}"));
     let f = Fixture::with_config(
         "svceg",
         &format!(

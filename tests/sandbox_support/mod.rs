@@ -312,6 +312,29 @@ pub struct World {
     pub net: String,
 }
 
+impl World {
+    /// Creates the network `net`, labelled `org.loopwright.test=TEST` and as
+    /// the egress proxy's way out; it and every container with the label go
+    /// when the World is dropped.
+    pub fn outside(test: &str, net: &str) -> World {
+        let world = World {
+            label: format!("org.loopwright.test={test}"),
+            net: net.to_string(),
+        };
+        let o = docker(&[
+            "network",
+            "create",
+            "--label",
+            &world.label,
+            "--label",
+            "org.loopwright.egress=outside",
+            &world.net,
+        ]);
+        assert!(o.status.success(), "{}", err(&o));
+        world
+    }
+}
+
 impl Drop for World {
     fn drop(&mut self) {
         let ids = text(&docker(&[
