@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use loopwright::agent::run::{self as agent_run, RunOptions};
+use loopwright::agent::run::RunOptions;
 use loopwright::agent::{Credential, kit};
 use loopwright::cli::{self, out_err};
 use loopwright::engine::DockerEngine;
@@ -491,7 +491,7 @@ fn exec(args: Args) -> Result<u8, Error> {
                 timeout,
             };
             let mut stdout = std::io::stdout().lock();
-            let ran = agent_run::run(&sb, &name, &opts, &mut stdout, &mut |m| warn(m))?;
+            let ran = sb.run_agent(&name, &opts, &mut stdout, &mut |m| warn(m))?;
             if !json {
                 eprintln!("{PROG}: transcript {}", ran.transcript.display());
             }

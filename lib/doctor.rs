@@ -9,41 +9,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Serialize;
-
 use crate::config::Project;
 use crate::engine::{DockerEngine, Engine};
 use crate::layout::Root;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Status {
-    Ok,
-    Warn,
-    Fail,
-    Skip,
-}
-
-impl Status {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Ok => "ok",
-            Status::Warn => "warn",
-            Status::Fail => "FAIL",
-            Status::Skip => "skip",
-        }
-    }
-}
-
-/// One finding: which check, how it went, what was seen, and the fix.
-#[derive(Clone, Debug, Serialize)]
-pub struct Finding {
-    pub check: &'static str,
-    pub status: Status,
-    pub detail: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub fix: Option<String>,
-}
+pub use crate::finding::{Finding, Status};
 
 fn f(
     check: &'static str,

@@ -12,6 +12,7 @@ pub mod doctor;
 pub mod egress;
 pub mod engine;
 pub mod error;
+pub mod finding;
 pub mod fs;
 pub mod git;
 pub mod github;
@@ -41,5 +42,6 @@ pub mod sync;
 pub mod time;
 pub mod tty;
 pub mod visible;
+pub mod wall;
 
 pub use error::{Error, Exit, Result};

@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use super::kit::{Kit, McpFormat};
 use super::{Credential, proxy};
 use crate::registry;
-use crate::sandbox::{HOME, REPO};
+use crate::wall::{HOME, REPO};
 
 /// The MCP server every agent gets.
 pub const MCP_COMMAND: &str = "/usr/local/bin/lw-mcp";

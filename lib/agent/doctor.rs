@@ -9,8 +9,8 @@
 use super::kit::{self, Kit};
 use super::{KeySource, Settings, layer};
 use crate::config::Project;
-use crate::doctor::{Finding, Status};
 use crate::engine::Engine;
+use crate::finding::{Finding, Status};
 use crate::image::Runtime;
 
 fn finding(status: Status, detail: String, fix: Option<String>) -> Finding {

@@ -16,13 +16,14 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::kit::{self, Kit};
-use super::{Credential, Settings, proxy};
+use super::{AgentRecord, Credential, Settings, proxy};
 use crate::config::Project;
-use crate::engine::{ExecIo, NetworkEngine};
+use crate::engine::{ExecIo, NetworkEngine, SandboxEngine};
 use crate::engine::{ExecRequest, OutStream};
 use crate::error::{Error, Exit, Result};
-use crate::sandbox::{REPO, Record, Sandboxes};
+use crate::layout::Root;
 use crate::visible::visible_line;
+use crate::wall::REPO;
 
 /// Status when `--timeout` ended the agent (as timeout(1)).
 pub const TIMED_OUT: i64 = 124;
@@ -40,9 +41,20 @@ pub struct Ran {
     pub transcript: PathBuf,
 }
 
+/// The sandbox an agent runs in, as its record says (lib/sandbox/agent.rs
+/// makes one from a sandbox's record).
+pub struct Target<'a> {
+    pub name: &'a str,
+    pub container: &'a str,
+    pub uid: u32,
+    /// The project's top directory; empty when the sandbox was made outside one.
+    pub project: &'a Path,
+    pub agent: Option<&'a AgentRecord>,
+}
+
 /// The kit and settings of an agent sandbox.
-pub fn kit_of(rec: &Record) -> Result<(Kit, Settings, Credential)> {
-    let Some(agent) = &rec.agent else {
+pub fn kit_of(rec: &Target) -> Result<(Kit, Settings, Credential)> {
+    let Some(agent) = rec.agent else {
         return Err(Error::usage(format!(
             "sandbox '{}' has no agent; create one with lw-sandbox create NAME --branch B --agent KIT",
             rec.name
@@ -51,7 +63,7 @@ pub fn kit_of(rec: &Record) -> Result<(Kit, Settings, Credential)> {
     let project = if rec.project.as_os_str().is_empty() {
         None
     } else {
-        Project::find(&rec.project)?
+        Project::find(rec.project)?
     };
     let kit = kit::find(project.as_ref().map(|p| p.top.as_path()), &agent.kit)?;
     let settings = Settings::from_project(project.as_ref(), &kit)?;
@@ -65,21 +77,22 @@ fn transcript_path(root: &Path, name: &str) -> PathBuf {
         .join(format!("{t}-{:08x}.jsonl", crate::id::random128() as u32))
 }
 
-/// Runs the agent of sandbox `name`; progress goes to `out`, warnings to `warn`.
+/// Runs the agent of the sandbox `rec`; progress goes to `out`, warnings to `warn`.
 pub fn run(
-    sb: &Sandboxes,
-    name: &str,
+    engine: &dyn SandboxEngine,
+    root: &Root,
+    rec: &Target,
     opts: &RunOptions,
     out: &mut dyn Write,
     warn: &mut dyn FnMut(&str),
 ) -> Result<Ran> {
-    let rec = sb.get(name)?;
-    let (kit, settings, credential) = kit_of(&rec)?;
+    let name = rec.name;
+    let (kit, settings, credential) = kit_of(rec)?;
     for w in &settings.warnings {
         warn(w);
     }
     let key = settings.read_key(&kit)?;
-    let c = sb.engine.inspect(&rec.container)?.ok_or_else(|| {
+    let c = engine.inspect(rec.container)?.ok_or_else(|| {
         Error::new(
             Exit::NoInput,
             format!("the container of sandbox '{name}' is gone; lw-sandbox gc reclaims the rest"),
@@ -91,18 +104,14 @@ pub fn run(
             format!("sandbox '{name}' is stopped; lw-sandbox start {name}"),
         ));
     }
-    let mut env = rec
-        .agent
-        .as_ref()
-        .map(|a| a.env.clone())
-        .unwrap_or_default();
+    let mut env = rec.agent.map(|a| a.env.clone()).unwrap_or_default();
     match credential {
         Credential::Proxy => {
-            let dir = proxy::key_dir(&sb.root.state_dir(), name);
+            let dir = proxy::key_dir(&root.state_dir(), name);
             proxy::prepare_dir(&dir, &settings)?;
             proxy::write_key(&dir, &key)?;
-            let nets: &dyn NetworkEngine = sb.engine;
-            proxy::start(nets, &rec.container)?;
+            let nets: &dyn NetworkEngine = engine;
+            proxy::start(nets, rec.container)?;
         }
         Credential::Env => {
             warn(&format!(
@@ -124,7 +133,7 @@ pub fn run(
         w.append(&mut cmd);
         cmd = w;
     }
-    let path = transcript_path(&sb.root.dir, name);
+    let path = transcript_path(&root.dir, name);
     if let Some(d) = path.parent() {
         fs::create_dir_all(d).map_err(|e| Error::io("cannot create", d, e))?;
     }
@@ -161,8 +170,8 @@ pub fn run(
             emit(i, &text, &mut |l| record(l, out, &mut file));
         }
     };
-    let status = sb.engine.exec_io(
-        &rec.container,
+    let status = engine.exec_io(
+        rec.container,
         &req,
         ExecIo {
             stdin: None,

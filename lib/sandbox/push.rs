@@ -41,6 +41,13 @@ pub struct Pushed {
     pub outcome: String,
 }
 
+impl Pushed {
+    /// The `push --json` record.
+    pub fn json(&self, name: &str) -> serde_json::Value {
+        serde_json::json!({"type": "push", "name": name, "branch": self.branch, "commit": self.commit, "url": self.url, "outcome": self.outcome})
+    }
+}
+
 fn quarantine_dir(state: &Path) -> PathBuf {
     state.join("push")
 }

@@ -238,7 +238,7 @@ pub fn parse(name: &str, text: &str, file: &Path) -> Result<Declaration> {
     };
     let memory = match c.get("memory") {
         None => 1 << 30,
-        Some(v) => crate::sandbox::parse_bytes(v)
+        Some(v) => crate::wall::parse_bytes(v)
             .ok_or_else(|| bad("memory", v, "a size such as 512m or 2g"))?,
     };
     let pids = match c.get("pids") {

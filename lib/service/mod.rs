@@ -60,7 +60,7 @@ use crate::config::Project;
 use crate::engine::{Bind, ContainerSpec, ExecIo, ExecRequest, NetworkSpec, OutStream, PortMap};
 use crate::engine::{NetworkEngine, SandboxEngine};
 use crate::error::{Error, Exit, Result};
-use crate::sandbox::{LABEL_ROOT, LABEL_ROOT_PATH};
+use crate::wall::{LABEL_ROOT, LABEL_ROOT_PATH};
 
 /// The service an engine object belongs to.
 pub const LABEL_SERVICE: &str = "org.loopwright.service";
@@ -165,7 +165,7 @@ fn tail(text: &[u8], n: usize) -> String {
 impl<'a> Services<'a> {
     pub fn new(root: &Path, engine: &'a dyn SandboxEngine) -> Services<'a> {
         Services {
-            id: crate::sandbox::root_id(root),
+            id: crate::wall::root_id(root),
             root_path: root.to_path_buf(),
             engine,
         }
@@ -441,7 +441,7 @@ impl<'a> Services<'a> {
             labels,
             read_only_root: true,
             cap_drop: vec!["ALL".into()],
-            security_opt: crate::sandbox::security_options(),
+            security_opt: crate::wall::security_options(),
             pids_limit: Some(d.pids),
             memory_bytes: Some(d.memory),
             nano_cpus: Some((d.cpus * 1e9) as i64),

@@ -1,0 +1,230 @@
+//! `create`'s checks, all made before anything is: the name, the branch,
+//! the settings and limit flags, ports against the network, the runtime,
+//! the agent, the egress allow-list, secrets, services, the mailbox
+//! commands and whether the engine sees this host's files.  Their warnings
+//! (no disk quota, the bridge network) become the create's notes.
+
+use std::path::PathBuf;
+
+use super::super::settings::apply_overrides;
+use super::super::{CreateOptions, Network, Sandboxes, Settings};
+use crate::agent::setup::Prepared;
+use crate::config::{Config, Project};
+use crate::egress;
+use crate::error::{Error, Exit, Result};
+use crate::registry;
+use crate::secrets::{self, Secret};
+
+/// What the checks found: everything the making steps need.
+pub(in crate::sandbox) struct Checked {
+    pub settings: Settings,
+    /// The container ports to publish, `8080/tcp` form.
+    pub ports: Vec<String>,
+    pub runtime: Option<String>,
+    pub agent: Option<Prepared>,
+    /// The egress settings and the allow-list, for `--network egress`.
+    pub egress: Option<(egress::Settings, egress::AllowList)>,
+    pub secrets: Vec<Secret>,
+    /// Warnings already shown.
+    pub notes: Vec<String>,
+}
+
+impl<'a> Sandboxes<'a> {
+    /// All of `create`'s checks, in order; nothing is made.
+    pub(super) fn check(
+        &self,
+        opts: &CreateOptions,
+        project: Option<&Project>,
+        bins: &[(PathBuf, &str)],
+        warn: &mut dyn FnMut(&str),
+    ) -> Result<Checked> {
+        registry::check_name(&opts.name).map_err(Error::usage)?;
+        check_branch(&opts.branch)?;
+        let mut settings = Settings::from_project(project)?;
+        apply_overrides(&mut settings, &opts.limits)?;
+        let ports = check_ports(opts)?;
+        let runtime = self.check_runtime(
+            opts.runtime.as_deref().or(settings.runtime.as_deref()),
+            opts.network,
+        )?;
+        let agent = super::super::agent::check(project, opts, warn)?;
+        let egress = match opts.network {
+            Network::Egress => {
+                let eg = egress::Settings::from_config(
+                    project.map_or(&Config::default(), |p| &p.config),
+                )?;
+                let mut extra = opts.allow.clone();
+                extra.extend(agent.iter().flat_map(|a| a.allow()));
+                let allow = eg.allow_with(&extra)?;
+                Some((eg, allow))
+            }
+            _ => None,
+        };
+        secrets::check_allowed(&opts.secrets, &settings.allowed_secrets)?;
+        crate::service::attach::require(self.engine, &self.id, &opts.services)?;
+        let secrets = secrets::resolve(&opts.secrets, &|n| std::env::var_os(n))?;
+        check_bins(bins)?;
+        let notes = notes(&opts.name, &settings, opts.network, warn);
+        // Every mount below is of a host path: an engine elsewhere would see none.
+        super::super::hostpaths::require_shared(self.engine, &self.root)?;
+        Ok(Checked {
+            settings,
+            ports,
+            runtime,
+            agent,
+            egress,
+            secrets,
+            notes,
+        })
+    }
+
+    /// The runtime `wanted` (`--runtime` or `sandbox.runtime`), checked
+    /// against what the engine offers before anything is made: unknown is
+    /// 64 listing the known ones, gVisor missing 69 with its install line,
+    /// gVisor without `--oci-seccomp` 69 (the profile would not apply),
+    /// and a runtime the engine starts without networking (runsc's
+    /// `--network=none`) refuses every network but `none` (64).
+    pub fn check_runtime(&self, wanted: Option<&str>, network: Network) -> Result<Option<String>> {
+        let Some(name) = wanted else {
+            return Ok(None);
+        };
+        let info = self.engine.info()?;
+        info.check(name)?;
+        if !info.runtime_applies_seccomp(name) {
+            return Err(Error::new(
+                Exit::Unavailable,
+                format!(
+                    "runtime '{name}' is registered with the engine at {} without --oci-seccomp, so \
+                     gVisor would not apply the sandbox's seccomp profile (user namespaces, for \
+                     one, would be allowed inside); add \"--oci-seccomp\" to its runtimeArgs in \
+                     /etc/docker/daemon.json and reload dockerd (kill -HUP $(pidof dockerd))",
+                    info.host
+                ),
+            ));
+        }
+        if network != Network::None && info.runtime_without_network(name) {
+            return Err(Error::usage(format!(
+                "runtime '{name}' runs with its network switched off on the engine at {} \
+                 (registered with --network=none), so a --network {} sandbox would reach nothing; \
+                 create it with --network none (the default; an agent needs egress, so it runs \
+                 under runc), or register {name} with a network that works on this host",
+                info.host,
+                network.as_str()
+            )));
+        }
+        Ok(Some(name.to_string()))
+    }
+}
+
+/// `--port` and `--allow` against the network: the ports, parsed.
+fn check_ports(opts: &CreateOptions) -> Result<Vec<String>> {
+    let whats = opts
+        .ports
+        .iter()
+        .map(|p| parse_port(p))
+        .collect::<Result<Vec<_>>>()?;
+    if !whats.is_empty() && opts.network != Network::Bridge {
+        return Err(Error::usage(format!(
+            "--port publishes on 127.0.0.1 through the engine's bridge, which --network {} has not; add --network bridge",
+            opts.network.as_str()
+        )));
+    }
+    if !opts.allow.is_empty() && opts.network != Network::Egress {
+        return Err(Error::usage(
+            "--allow extends the egress allow-list; add --network egress",
+        ));
+    }
+    Ok(whats)
+}
+
+/// The mailbox commands to mount must exist.
+fn check_bins(bins: &[(PathBuf, &str)]) -> Result<()> {
+    for (p, _) in bins {
+        if !p.is_file() {
+            return Err(Error::new(
+                Exit::Unavailable,
+                format!(
+                    "'{}' is missing; install lw-post, lw-inbox and lw-mcp beside lw-sandbox",
+                    p.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The warnings of a create that goes on: no disk quota, the bridge network.
+fn notes(
+    name: &str,
+    settings: &Settings,
+    network: Network,
+    warn: &mut dyn FnMut(&str),
+) -> Vec<String> {
+    let mut notes = Vec::new();
+    if settings.limits.disk.is_none() {
+        let n = format!(
+            "sandbox '{name}' has no disk quota (sandbox.disk = off): it can fill the host's disk, and its mail dir is mounted without nosuid,nodev,noexec"
+        );
+        warn(&n);
+        notes.push(n);
+    }
+    if network == Network::Bridge {
+        let n = format!(
+            "sandbox '{name}' gets the bridge network: it can reach anything this host reaches"
+        );
+        warn(&n);
+        notes.push(n);
+    }
+    notes
+}
+
+/// Parses `8080`, `8080/tcp`, `53/udp` into `8080/tcp` form.
+pub fn parse_port(s: &str) -> Result<String> {
+    let (num, proto) = s.split_once('/').unwrap_or((s, "tcp"));
+    match (num.parse::<u16>(), proto) {
+        (Ok(n), "tcp" | "udp") if n > 0 => Ok(format!("{n}/{proto}")),
+        _ => Err(Error::usage(format!(
+            "'{s}' is not a container port (PORT or PORT/tcp or PORT/udp)"
+        ))),
+    }
+}
+
+/// Checks a branch name the way git does.
+pub fn check_branch(branch: &str) -> Result<()> {
+    let bad = || {
+        Error::usage(format!(
+            "'{}' is not a valid branch name (see git check-ref-format); e.g. lw/api-change",
+            branch.escape_debug()
+        ))
+    };
+    if branch.is_empty() || branch.starts_with('-') || branch == "HEAD" {
+        return Err(bad());
+    }
+    let out = crate::git::output(
+        crate::git::command(None).args(["check-ref-format", &format!("refs/heads/{branch}")]),
+        "check a branch name",
+    )?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(bad())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_and_branches() {
+        assert_eq!(parse_port("8080").unwrap(), "8080/tcp");
+        assert_eq!(parse_port("53/udp").unwrap(), "53/udp");
+        for bad in ["0", "x", "80/sctp", "70000"] {
+            assert_eq!(parse_port(bad).unwrap_err().exit, Exit::Usage, "{bad}");
+        }
+        assert!(check_branch("lw/api-1").is_ok());
+        for bad in ["", "-x", "a..b", "a b", "x.lock", "HEAD", "a~1", "a:b"] {
+            assert_eq!(check_branch(bad).unwrap_err().exit, Exit::Usage, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! The image a sandbox is made from: the project's current one (lw-build's
+//! final tag), `--image`, or with `--allow-stale` the newest earlier one;
+//! with the inputs its last layer was built from, and which of them the
+//! task's branch changed (what the incremental install is for).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::Stdio;
+
+use sha2::{Digest, Sha256};
+
+use crate::config::Project;
+use crate::engine::Engine;
+use crate::error::{Error, Exit, Result};
+use crate::image::{LABEL_LAYER, LABEL_MANIFEST, Layer, Plan, Runtime};
+
+/// The image a sandbox runs and what it was built from.
+#[derive(Clone, Debug)]
+pub struct ImageChoice {
+    pub reference: String,
+    /// Set when the image is not the current one: what to tell the user.
+    pub stale: Option<String>,
+    /// The last layer's inputs: project path and sha256.
+    pub inputs: Vec<(String, String)>,
+}
+
+/// The project's current image (lw-build's final tag), or `flag`.  A current
+/// tag that is not built is refused (66) unless `allow_stale`, which takes
+/// the newest earlier image of the same layer, saying so.
+pub fn resolve_image(
+    engine: &dyn Engine,
+    project: Option<&Project>,
+    flag: Option<&str>,
+    allow_stale: bool,
+) -> Result<ImageChoice> {
+    if let Some(r) = flag {
+        if !engine.image_exists(r)? {
+            return Err(Error::new(
+                Exit::NoInput,
+                format!("image '{r}' is not in the engine; build it (lw-build) or load it"),
+            ));
+        }
+        return Ok(ImageChoice {
+            reference: r.to_string(),
+            stale: None,
+            inputs: image_inputs(engine, r)?,
+        });
+    }
+    let Some(project) = project else {
+        return Err(Error::usage(
+            "not inside a project: run in the project's checkout, pass --project DIR, or name an --image",
+        ));
+    };
+    let runtime = Runtime::load(&project.top)
+        .map_err(|e| Error::new(e.exit, format!("{}; or name an image with --image", e.msg)))?;
+    let plan = runtime.plan(engine)?;
+    let last = plan
+        .layers
+        .last()
+        .expect("a runtime definition has at least one layer");
+    if last.cached() {
+        return Ok(ImageChoice {
+            reference: last.tag.clone(),
+            stale: None,
+            inputs: image_inputs(engine, &last.tag)?,
+        });
+    }
+    not_built(engine, last, &plan, allow_stale)
+}
+
+/// The current image is not built: the newest earlier one when
+/// `allow_stale`, else 66 saying what to run.
+fn not_built(
+    engine: &dyn Engine,
+    last: &Layer,
+    plan: &Plan,
+    allow_stale: bool,
+) -> Result<ImageChoice> {
+    let missing: Vec<&str> = plan
+        .layers
+        .iter()
+        .filter(|l| !l.cached())
+        .map(|l| l.def.name.as_str())
+        .collect();
+    let older = engine.images_with_label(&format!("{LABEL_LAYER}={}", last.repo))?;
+    let why = format!(
+        "the project's image '{}' is not built (layer(s) {} changed; lw-build --explain says which input)",
+        last.tag,
+        missing.join(", ")
+    );
+    match older.first() {
+        Some(img) if allow_stale => {
+            let reference = img
+                .tags
+                .iter()
+                .find(|t| t.starts_with(&last.repo))
+                .cloned()
+                .unwrap_or_else(|| img.id.clone());
+            Ok(ImageChoice {
+                stale: Some(format!(
+                    "{why}; using the stale image '{reference}' as --allow-stale asks"
+                )),
+                inputs: image_inputs(engine, &reference)?,
+                reference,
+            })
+        }
+        Some(img) => Err(Error::new(
+            Exit::NoInput,
+            format!(
+                "{why}; run lw-build, or pass --allow-stale to use the stale image '{}'",
+                img.tags.first().cloned().unwrap_or_else(|| img.id.clone())
+            ),
+        )),
+        None => Err(Error::new(
+            Exit::NoInput,
+            format!("{why}; no earlier image exists either; run lw-build"),
+        )),
+    }
+}
+
+/// The last layer's inputs, from the manifest label lw-build wrote on the image.
+fn image_inputs(engine: &dyn Engine, reference: &str) -> Result<Vec<(String, String)>> {
+    let img = engine.image(reference)?;
+    let manifest = img
+        .and_then(|i| i.labels.get(LABEL_MANIFEST).cloned())
+        .unwrap_or_default();
+    Ok(manifest
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next()? == "input").then_some(())?;
+            let path = w.next()?.to_string();
+            let _mode = w.next()?;
+            Some((path, w.next()?.to_string()))
+        })
+        .collect())
+}
+
+/// Inputs whose content at `commit` differs from the image's.  Read from
+/// the mirror (which lw-mirror made; no sandbox writes it).
+pub(super) fn drifted_inputs(
+    mirror: &Path,
+    commit: &str,
+    inputs: &[(String, String)],
+) -> Result<Vec<String>> {
+    if inputs.is_empty() {
+        return Ok(vec![]);
+    }
+    let mut child = crate::git::command(None)
+        .arg("--git-dir")
+        .arg(mirror)
+        .args(["cat-file", "--batch"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| Error::new(Exit::Unavailable, "cannot run git cat-file").with_source(e))?;
+    let mut stdin = child.stdin.take().expect("stdin is piped");
+    let queries: String = inputs
+        .iter()
+        .map(|(p, _)| format!("{commit}:{p}\n"))
+        .collect();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(queries.as_bytes());
+    });
+    let mut r = BufReader::new(child.stdout.take().expect("stdout is piped"));
+    let mut drift = Vec::new();
+    for (path, sha) in inputs {
+        let mut header = String::new();
+        if r.read_line(&mut header).unwrap_or(0) == 0 {
+            break;
+        }
+        let w: Vec<&str> = header.split_whitespace().collect();
+        if w.len() == 3 && w[1] == "blob" {
+            let size: usize = w[2].parse().unwrap_or(0);
+            let mut data = vec![0u8; size + 1];
+            if r.read_exact(&mut data).is_err() {
+                break;
+            }
+            data.pop();
+            let got: String = Sha256::digest(&data)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            if &got != sha {
+                drift.push(path.clone());
+            }
+        }
+    }
+    let _ = writer.join();
+    let _ = child.wait();
+    Ok(drift)
+}

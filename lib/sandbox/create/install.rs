@@ -1,0 +1,158 @@
+//! The incremental install: dependencies for a branch whose lockfiles
+//! differ from the image's.
+//!
+//! The image's last layer carries the manifest of its inputs (a label written
+//! by lw-build): each lockfile's path and sha256.  When a file of that list
+//! exists at the commit the sandbox starts from and its content differs, the
+//! dependencies baked into the image are not the branch's.  Rather than
+//! rebuild the image for one branch, lw-sandbox runs the layer's install step
+//! in `/work/repo` of this sandbox's workspace, in a one-shot container made
+//! from the same image, with the same hardening, user, limits and network as
+//! the sandbox itself.  That container is labelled like the sandbox, removed
+//! when the step ends, and its output goes to standard error with its
+//! control characters made visible.  What the step installs must land under
+//! `/work` (the only writable place): `node_modules`, `$HOME/.cargo`, a
+//! virtualenv under `/work`.
+//!
+//! The rule: nothing from the task's branch runs with more reach than the
+//! sandbox has.  The step is `sandbox.install` (the host's configuration)
+//! or else the install script (the layer's input whose name ends in
+//! `deps.sh`) as the image holds it, `sh /opt/loopwright/deps/PATH
+//! /work/repo` — never the branch's copy, which the sandbox's agent may have
+//! written.  A branch whose script differs from the image's is reported;
+//! `--allow-install-change` runs the branch's copy instead.  Either runs on
+//! the sandbox's own network: `none` has none (an install that must
+//! download fails, saying so), `egress` reaches only its allow-list.
+
+use std::io::Write as _;
+
+use super::super::{Network, Record, Sandboxes, Settings};
+use super::ImageChoice;
+use crate::engine::{ContainerSpec, ExecIo, ExecRequest, OutStream};
+use crate::error::{Error, Result};
+use crate::wall::REPO;
+
+/// Where the deps layer (runtime/deps.Dockerfile) keeps its inputs in the
+/// image, the install script among them at its project path.
+const IMAGE_DEPS: &str = "/opt/loopwright/deps";
+
+impl<'a> Sandboxes<'a> {
+    /// Runs the deps layer's install step for this sandbox (module documentation).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn incremental_install(
+        &self,
+        rec: &Record,
+        settings: &Settings,
+        spec: &ContainerSpec,
+        image: &ImageChoice,
+        drift: &[String],
+        allow_change: bool,
+        warn: &mut dyn FnMut(&str),
+    ) -> Result<()> {
+        let Some(cmd) = install_command(rec, settings, image, drift, allow_change, warn) else {
+            return Ok(());
+        };
+        // The step runs on the sandbox's own network: none stays none, an
+        // egress sandbox's step goes through the same allow-list.
+        let net = match rec.network {
+            Network::Egress => "egress network, through its allow-list",
+            Network::Bridge => "bridge network",
+            Network::None => "no network, as the sandbox",
+        };
+        warn(&format!(
+            "{} differ(s) from the image's; running '{cmd}' for sandbox '{}' ({net})",
+            drift.join(", "),
+            rec.name
+        ));
+        let mut s = spec.clone();
+        let name = format!("{}-install", rec.container);
+        s.name = Some(name.clone());
+        s.ports.clear();
+        self.engine.create(&s)?;
+        let res = (|| {
+            self.engine.start(&name)?;
+            let req = ExecRequest {
+                cmd: vec!["/bin/sh".into(), "-c".into(), cmd.clone()],
+                env: vec![],
+                user: Some(format!("{0}:{0}", rec.uid)),
+                workdir: Some(REPO.into()),
+            };
+            let mut err = std::io::stderr();
+            // The output is the sandbox's text: control characters shown.
+            let mut on = |_: OutStream, b: &[u8]| {
+                let text = String::from_utf8_lossy(b);
+                let _ = err.write_all(crate::visible::visible(&text).as_bytes());
+            };
+            let code = self.engine.exec_io(
+                &name,
+                &req,
+                ExecIo {
+                    stdin: None,
+                    tty: false,
+                    size: None,
+                    on_output: &mut on,
+                },
+            )?;
+            if code != 0 {
+                let hint = if rec.network == Network::None {
+                    "; the sandbox has no network, and neither has its install: create it with --network egress (the package registry in the allow-list), or rebuild the image with lw-build"
+                } else {
+                    ""
+                };
+                return Err(Error::data(format!(
+                    "the incremental install '{cmd}' failed (exit {code}); its output is above{hint}"
+                )));
+            }
+            Ok(())
+        })();
+        self.engine.remove(&name, true)?;
+        res
+    }
+}
+
+/// The install command: `sandbox.install`, else the image's install script
+/// (the branch's with `allow_change`); None, warned about, when nothing runs.
+fn install_command(
+    rec: &Record,
+    settings: &Settings,
+    image: &ImageChoice,
+    drift: &[String],
+    allow_change: bool,
+    warn: &mut dyn FnMut(&str),
+) -> Option<String> {
+    let script = image.inputs.iter().find(|(p, _)| p.ends_with("deps.sh"));
+    let changed = script.is_some_and(|(p, _)| drift.contains(p));
+    let q = |p: &str| p.replace('\'', "'\\''");
+    let cmd = match (&settings.install, script) {
+        (Some(c), _) => c.clone(),
+        // The task's branch changed the install script: reported, and run
+        // only when asked (it runs with the sandbox's reach, no more).
+        (None, Some((p, _))) if changed && allow_change => {
+            warn(&format!(
+                "the install script '{p}' differs on branch '{}' from the image's; running the branch's as --allow-install-change asks",
+                rec.branch
+            ));
+            format!("sh '{}' {REPO}", q(p))
+        }
+        (None, Some((p, _))) => {
+            if changed {
+                warn(&format!(
+                    "the install script '{p}' differs on branch '{}' from the image's; the image's copy runs (pass --allow-install-change to run the branch's)",
+                    rec.branch
+                ));
+                if drift.len() == 1 {
+                    return None;
+                }
+            }
+            format!("sh '{IMAGE_DEPS}/{}' {REPO}", q(p))
+        }
+        (None, None) => {
+            warn(&format!(
+                "{} differ(s) from the image's but no install step is known (set sandbox.install); run lw-build to rebuild the image",
+                drift.join(", ")
+            ));
+            return None;
+        }
+    };
+    Some(cmd)
+}

@@ -1,0 +1,142 @@
+//! What `create` makes before the clone, in order: the port leases, the
+//! mailbox (its disk, registry record and owner), the egress network with
+//! its proxy and the agent's model proxy, the workspace, and the container,
+//! attached to its services and started.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use super::super::{Port, Record, Sandboxes, Settings, container_spec, disk, io_err};
+use super::Clock;
+use super::checks::Checked;
+use crate::egress;
+use crate::engine::{ContainerSpec, NetworkEngine};
+use crate::error::{Error, Exit, Result};
+use crate::registry::{self, Registry};
+use crate::wall::{LABEL_ROOT, LABEL_ROOT_PATH, LABEL_SANDBOX};
+
+impl<'a> Sandboxes<'a> {
+    /// Everything but the clone, up to the started container; returns its spec.
+    pub(super) fn make_parts(
+        &self,
+        rec: &mut Record,
+        c: &Checked,
+        bins: &[(PathBuf, &str)],
+        clock: &mut Clock,
+    ) -> Result<ContainerSpec> {
+        let boxdir = self.make_mailbox(rec, c)?;
+        clock.mark("record");
+        self.make_egress(rec, c, clock)?;
+        let work = disk::work(&self.root, &rec.name);
+        match c.settings.limits.disk {
+            Some(bytes) => work.make(bytes, c.settings.uid, 0o755)?,
+            None => work.plain(c.settings.uid)?,
+        }
+        let spec = container_spec(self, rec, &c.settings, &boxdir, bins, !c.secrets.is_empty());
+        self.engine.create(&spec)?;
+        crate::service::attach::connect(
+            self.engine,
+            &self.id,
+            &rec.container,
+            &rec.services,
+            spec.network.as_deref(),
+        )?;
+        clock.mark("container");
+        self.engine.start(&rec.container).map_err(|e| {
+            let mut e = e;
+            if e.msg.contains("port is already allocated")
+                || e.msg.contains("address already in use")
+            {
+                e.exit = Exit::TempFail;
+                e.msg += "; a leased port was taken by something else: try again";
+            }
+            e
+        })?;
+        clock.mark("start");
+        Ok(spec)
+    }
+
+    /// Port leases (into the record), the mail disk, the registry record and
+    /// the mailbox, given to the sandbox's user; returns the mailbox.
+    fn make_mailbox(&self, rec: &mut Record, c: &Checked) -> Result<PathBuf> {
+        let name = rec.name.clone();
+        let settings: &Settings = &c.settings;
+        let hosts = self.leases().lease(settings.ports, &name, &c.ports)?;
+        rec.ports = c
+            .ports
+            .iter()
+            .zip(&hosts)
+            .map(|(w, h)| Port {
+                container: w.clone(),
+                host: *h,
+            })
+            .collect();
+        if !rec.ports.is_empty() {
+            self.write_record(rec)?;
+        }
+        // The mail dir on its own filesystem (lib/sandbox/disk.rs),
+        // mounted before the registry makes its boxes on it.
+        if let Some(bytes) = settings.limits.mail_disk {
+            disk::mail(&self.root, &name).make(bytes, settings.uid, 0o700)?;
+        }
+        let reg = Registry::new(&self.root);
+        reg.register(&registry::Sandbox::new(
+            &name,
+            Some(rec.branch.clone()),
+            rec.scope.clone(),
+        ))?;
+        let boxdir = self.root.sandbox(&name).dir;
+        chown_tree(&boxdir, settings.uid)?;
+        Ok(boxdir)
+    }
+
+    /// The egress network and proxy, and beside it the agent's model proxy.
+    fn make_egress(&self, rec: &Record, c: &Checked, clock: &mut Clock) -> Result<()> {
+        let Some((eg, allow)) = &c.egress else {
+            return Ok(());
+        };
+        let nets: &dyn NetworkEngine = self.engine;
+        let mut o = egress::Options::from(eg);
+        o.labels.insert(LABEL_ROOT.into(), self.id.clone());
+        egress::prepare(nets, &rec.container, allow, &o, &mut |_| {})?;
+        clock.mark("egress");
+        if let Some(a) = &c.agent {
+            let labels = BTreeMap::from([
+                (LABEL_SANDBOX.to_string(), rec.name.clone()),
+                (LABEL_ROOT.to_string(), self.id.clone()),
+                (
+                    LABEL_ROOT_PATH.to_string(),
+                    self.root.dir.to_string_lossy().into_owned(),
+                ),
+            ]);
+            a.start_proxy(nets, &rec.name, &rec.container, eg, &self.root, &labels)?;
+            clock.mark("model-proxy");
+        }
+        Ok(())
+    }
+}
+
+/// Gives `dir` and everything below it to `uid`.
+fn chown_tree(dir: &Path, uid: u32) -> Result<()> {
+    std::os::unix::fs::lchown(dir, Some(uid), Some(uid)).map_err(|e| {
+        Error::io_as(
+            Exit::NoPerm,
+            &format!("cannot give the mailbox to uid {uid} (run lw-sandbox as root, or set sandbox.uid to your uid); chown"),
+            dir,
+            e,
+        )
+    })?;
+    if fs::symlink_metadata(dir)
+        .map(|m| m.is_dir())
+        .unwrap_or(false)
+    {
+        for ent in fs::read_dir(dir)
+            .map_err(io_err("cannot read", dir))?
+            .flatten()
+        {
+            chown_tree(&ent.path(), uid)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,233 @@
+//! `rm` and `gc`: reclaiming everything a sandbox owns (its containers,
+//! egress network and proxy, volume, agent key, port leases, registry record,
+//! mailbox, archived first, disk images, record and lock), for one sandbox
+//! or for every one a dead create or a vanished container left.
+
+use std::collections::BTreeMap;
+use std::fs;
+
+use super::{Network, Record, Sandboxes, disk, mailbox, push};
+use crate::egress;
+use crate::engine::NetworkEngine;
+use crate::error::{Error, Exit, Result};
+use crate::registry::{self, Registry};
+use crate::wall::{LABEL_SANDBOX, REPO};
+
+impl<'a> Sandboxes<'a> {
+    /// `rm`: refuses while work would be lost, unless `force`.
+    pub fn remove(&self, name: &str, force: bool, out: &mut dyn FnMut(&str)) -> Result<()> {
+        // Refuse an unknown name before making its lock file.
+        self.get(name)?;
+        let lock = self.lock(name, false)?.ok_or_else(|| {
+            Error::new(
+                Exit::TempFail,
+                format!("sandbox '{name}' is busy (another lw-sandbox holds it); try again"),
+            )
+        })?;
+        let rec = self.get(name)?;
+        if !force && self.engine.inspect(&rec.container)?.is_some() {
+            self.running(&rec)?;
+            let (n, dirty, log) = self.unpushed(&rec)?;
+            if n > 0 || dirty > 0 {
+                let mut msg = format!("sandbox '{name}' has work that would be lost:");
+                if n > 0 {
+                    msg += &format!(
+                        " {n} unpushed commit(s) on '{}':\n{}\n",
+                        rec.branch,
+                        crate::visible::visible(&log)
+                    );
+                }
+                if dirty > 0 {
+                    msg += &format!(" {dirty} uncommitted change(s) in {REPO};");
+                }
+                msg += &format!(" push it (lw-sandbox push {name}) or remove anyway with --force");
+                return Err(Error::new(Exit::TempFail, msg));
+            }
+        }
+        self.reclaim(&rec.name, Some(&rec), out)?;
+        lock.remove();
+        Ok(())
+    }
+
+    /// Removes everything of sandbox `name`; the caller holds its lock.
+    pub(super) fn reclaim(
+        &self,
+        name: &str,
+        rec: Option<&Record>,
+        out: &mut dyn FnMut(&str),
+    ) -> Result<()> {
+        self.reclaim_engine_parts(name, rec, out)?;
+        self.remove_agent_key(name, out)?;
+        for p in self.leases().release(name)? {
+            out(&format!("port {p}"));
+        }
+        let reg = Registry::new(&self.root);
+        if reg.unregister(name)? {
+            out(&format!("registry {name}"));
+        }
+        for p in reg.remove_partial(name) {
+            out(&format!("partial {}", p.display()));
+        }
+        self.reclaim_mailbox_and_disks(name, out)?;
+        if self.record_path(name).exists() {
+            self.remove_record(name)?;
+            out(&format!("record {name}"));
+        }
+        Ok(())
+    }
+
+    /// The engine's part: its containers, egress network and proxy, volume.
+    fn reclaim_engine_parts(
+        &self,
+        name: &str,
+        rec: Option<&Record>,
+        out: &mut dyn FnMut(&str),
+    ) -> Result<()> {
+        let container = rec
+            .map(|r| r.container.clone())
+            .unwrap_or_else(|| self.container_name(name));
+        let volume = rec
+            .map(|r| r.volume.clone())
+            .unwrap_or_else(|| self.volume_name(name));
+        // Its container, and any other this root labelled for it (an install step's).
+        let mut doomed: Vec<String> = self
+            .engine
+            .containers_with_label(&self.root_label())?
+            .into_iter()
+            .filter(|c| c.labels.get(LABEL_SANDBOX).map(String::as_str) == Some(name))
+            .map(|c| c.name)
+            .collect();
+        if !doomed.contains(&container) && self.engine.inspect(&container)?.is_some() {
+            doomed.push(container.clone());
+        }
+        for c in doomed {
+            self.engine.remove(&c, true)?;
+            out(&format!("container {c}"));
+        }
+        if rec.is_some_and(|r| r.network == Network::Egress) {
+            let nets: &dyn NetworkEngine = self.engine;
+            egress::teardown(nets, &container)?;
+            out(&format!("egress {}", egress::proxy_name(&container)));
+        }
+        let had_volume = self
+            .engine
+            .volumes_with_label(&format!("{LABEL_SANDBOX}={name}"))?
+            .iter()
+            .any(|v| v.name == volume);
+        if had_volume {
+            self.engine.remove_volume(&volume)?;
+            out(&format!("volume {volume}"));
+        }
+        Ok(())
+    }
+
+    /// The mail dir (archived first) and the disk images.
+    fn reclaim_mailbox_and_disks(&self, name: &str, out: &mut dyn FnMut(&str)) -> Result<()> {
+        // The mail dir goes whole; what it still holds is archived first
+        // (lib/sandbox/mailbox.rs), never kept live for nobody to read.
+        let boxdir = self.root.sandbox(name).dir;
+        if boxdir.exists() {
+            if let Some((dir, n)) = mailbox::archive(&self.root, name, &boxdir)? {
+                out(&format!(
+                    "archived mailbox {} to {} ({n} unread message(s))",
+                    boxdir.display(),
+                    dir.display()
+                ));
+            }
+            disk::mail(&self.root, name).remove()?;
+            out(&format!("mailbox {}", boxdir.display()));
+        } else if disk::mail(&self.root, name).remove()? {
+            out(&format!(
+                "disk {}",
+                disk::mail(&self.root, name).image.display()
+            ));
+        }
+        if disk::work(&self.root, name).remove()? {
+            out(&format!(
+                "disk {}",
+                disk::work(&self.root, name).image.display()
+            ));
+        }
+        Ok(())
+    }
+
+    /// `gc`: reclaims what dead creates and vanished containers left.
+    pub fn gc(&self, out: &mut dyn FnMut(&str)) -> Result<()> {
+        let mut names: BTreeMap<String, Option<Record>> = BTreeMap::new();
+        for r in self.records()? {
+            names.insert(r.name.clone(), Some(r));
+        }
+        let containers = self.engine.containers_with_label(&self.root_label())?;
+        let volumes = self.engine.volumes_with_label(&self.root_label())?;
+        for l in containers
+            .iter()
+            .map(|c| &c.labels)
+            .chain(volumes.iter().map(|v| &v.labels))
+        {
+            if let Some(n) = l.get(LABEL_SANDBOX) {
+                names.entry(n.clone()).or_insert(None);
+            }
+        }
+        for l in self.leases().list()? {
+            names.entry(l.owner).or_insert(None);
+        }
+        // Disk images, and mail dirs no sandbox and no registry record own
+        // (a `lw-mediate register`ed party keeps its mail dir).
+        for n in disk::names(&self.root) {
+            names.entry(n).or_insert(None);
+        }
+        let reg = Registry::new(&self.root);
+        if let Ok(rd) = fs::read_dir(self.root.sandboxes_dir()) {
+            for ent in rd.flatten() {
+                let n = ent.file_name().to_string_lossy().into_owned();
+                if registry::check_name(&n).is_ok() && matches!(reg.get(&n), Ok(None)) {
+                    names.entry(n).or_insert(None);
+                }
+            }
+        }
+        // Unreadable or stray record files and lock files of vanished names.
+        if let Ok(rd) = fs::read_dir(self.state_dir()) {
+            for ent in rd.flatten() {
+                let n = ent.file_name().to_string_lossy().into_owned();
+                if let Some(stem) = n.strip_suffix(".json").or_else(|| n.strip_suffix(".lock"))
+                    && registry::check_name(stem).is_ok()
+                {
+                    names.entry(stem.to_string()).or_insert(None);
+                } else if n.starts_with('.') && n.ends_with(".tmp") {
+                    let _ = fs::remove_file(ent.path());
+                }
+            }
+        }
+        for (name, rec) in names {
+            let Some(lock) = self.lock(&name, false)? else {
+                out(&format!("busy {name}"));
+                continue;
+            };
+            // Re-read under the lock: a create may have finished meanwhile.
+            let rec = match self.record(&name) {
+                Ok(r) => r,
+                Err(_) => rec,
+            };
+            let dead = match &rec {
+                None => true,
+                Some(r) if !r.ready => true,
+                Some(r) => self.engine.inspect(&r.container)?.is_none(),
+            };
+            if dead {
+                self.reclaim(&name, rec.as_ref(), out)?;
+                lock.remove();
+            }
+        }
+        // Egress networks and proxies whose sandbox no record names any more.
+        let nets: &dyn NetworkEngine = self.engine;
+        let known: Vec<String> = self.records()?.into_iter().map(|r| r.container).collect();
+        for key in egress::leftovers(nets, Some(&self.root_label()))? {
+            if !known.contains(&key) {
+                egress::teardown(nets, &key)?;
+                out(&format!("egress {}", egress::proxy_name(&key)));
+            }
+        }
+        push::remove_leftovers(&self.root.state_dir(), out);
+        Ok(())
+    }
+}

@@ -1,0 +1,210 @@
+//! What lw-sandbox shows of the sandboxes of a root: `ls` (state, ports,
+//! unpushed commits, isolation level, services), `port`, `logs --egress`,
+//! and the JSON records of `ls` and `create`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::{Created, Network, Port, Sandboxes, gone};
+use crate::egress;
+use crate::engine::{Isolation, NetworkEngine, PortMap};
+use crate::error::{Error, Result};
+
+/// The state of a sandbox as `ls` shows it.
+#[derive(Clone, Debug)]
+pub struct Status {
+    pub name: String,
+    pub branch: String,
+    /// `running`, `exited`, `created`, `creating`, `missing` (the container
+    /// is gone), `broken` (a dead create, for gc).
+    pub state: String,
+    pub ports: Vec<Port>,
+    pub created: String,
+    pub age: Duration,
+    /// Commits on the branch no upstream ref has; None when not running.
+    pub unpushed: Option<u64>,
+    pub container: String,
+    pub image: String,
+    pub network: Network,
+    /// The shared services it is attached to.
+    pub services: Vec<String>,
+    /// The OCI runtime its container runs under (the engine's word when the
+    /// container exists, else the record's).
+    pub runtime: String,
+}
+
+impl<'a> Sandboxes<'a> {
+    /// `ls`: every sandbox of the root.
+    pub fn list(&self, count_unpushed: bool) -> Result<Vec<Status>> {
+        let containers = self.engine.containers_with_label(&self.root_label())?;
+        let now = crate::time::now();
+        let mut out = Vec::new();
+        for rec in self.records()? {
+            let c = containers.iter().find(|c| c.name == rec.container);
+            let state = match (rec.ready, c) {
+                (false, _) => {
+                    if self.lock(&rec.name, false)?.is_some() {
+                        "broken"
+                    } else {
+                        "creating"
+                    }
+                }
+                (true, None) => "missing",
+                (true, Some(c)) => c.status.as_str(),
+            }
+            .to_string();
+            let created = crate::time::parse_rfc3339(&rec.created).unwrap_or(now);
+            let unpushed = if count_unpushed && state == "running" {
+                self.unpushed(&rec).ok().map(|u| u.0)
+            } else {
+                None
+            };
+            out.push(Status {
+                name: rec.name.clone(),
+                branch: rec.branch.clone(),
+                state,
+                ports: rec.ports.clone(),
+                created: rec.created.clone(),
+                age: now.saturating_sub(created),
+                unpushed,
+                container: rec.container.clone(),
+                image: rec.image.clone(),
+                network: rec.network,
+                services: rec.services.clone(),
+                runtime: c
+                    .and_then(|c| self.engine.inspect(&c.name).ok().flatten())
+                    .map(|i| i.runtime)
+                    // Podman names every runtime "oci" here: the record knows.
+                    .filter(|r| !r.is_empty() && r != "oci")
+                    .unwrap_or_else(|| rec.runtime_name().to_string()),
+            });
+        }
+        Ok(out)
+    }
+
+    /// `logs --egress`: the requests the sandbox's proxy refused, oldest first.
+    pub fn egress_denials(&self, name: &str) -> Result<Vec<egress::Request>> {
+        let rec = self.get(name)?;
+        if rec.network != Network::Egress {
+            return Err(Error::usage(format!(
+                "sandbox '{name}' has network '{}', not egress; only egress sandboxes have a proxy log",
+                rec.network.as_str()
+            )));
+        }
+        let nets: &dyn NetworkEngine = self.engine;
+        egress::denials(nets, &rec.container)
+    }
+
+    /// `port`: the published ports, as the engine reports them.
+    pub fn ports(&self, name: &str) -> Result<Vec<PortMap>> {
+        let rec = self.get(name)?;
+        let c = self
+            .engine
+            .inspect(&rec.container)?
+            .ok_or_else(|| gone(&rec))?;
+        if c.ports.is_empty() {
+            // A stopped container reports no bindings; the record knows them.
+            return Ok(rec
+                .ports
+                .iter()
+                .map(|p| PortMap {
+                    container: p.container.clone(),
+                    host_ip: "127.0.0.1".into(),
+                    host_port: p.host,
+                })
+                .collect());
+        }
+        Ok(c.ports)
+    }
+}
+
+fn ports_json(ports: &[Port]) -> serde_json::Value {
+    ports.iter().map(|p| serde_json::json!({"container": p.container, "host": format!("127.0.0.1:{}", p.host)})).collect()
+}
+
+impl Created {
+    /// `created NAME in Tms: step Tms, ...` (`create --verbose`).
+    pub fn timings_line(&self) -> String {
+        let steps: Vec<String> = self
+            .timings
+            .iter()
+            .map(|(s, d)| format!("{s} {:.1}ms", d.as_secs_f64() * 1e3))
+            .collect();
+        let total: f64 = self
+            .timings
+            .iter()
+            .map(|(_, d)| d.as_secs_f64() * 1e3)
+            .sum();
+        format!(
+            "created {} in {total:.1}ms: {}",
+            self.record.name,
+            steps.join(", ")
+        )
+    }
+
+    /// The `create --json` record (man page, JSON OUTPUT).
+    pub fn json(&self, mailbox: &Path) -> serde_json::Value {
+        let r = &self.record;
+        let timings: serde_json::Map<String, serde_json::Value> = self
+            .timings
+            .iter()
+            .map(|(s, d)| (s.to_string(), serde_json::json!(d.as_secs_f64() * 1e3)))
+            .collect();
+        serde_json::json!({
+            "type": "sandbox", "name": r.name, "branch": r.branch, "head": self.head, "container": r.container,
+            "image": r.image, "network": r.network.as_str(), "ports": ports_json(&r.ports), "mailbox": mailbox,
+            "notes": self.notes, "timings_ms": timings,
+        })
+    }
+}
+
+impl Status {
+    /// The `ls --json` record.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "type": "sandbox", "name": self.name, "branch": self.branch, "state": self.state, "created": self.created,
+            "age_secs": self.age.as_secs(), "unpushed": self.unpushed, "container": self.container, "image": self.image,
+            "network": self.network.as_str(), "ports": ports_json(&self.ports), "services": self.services,
+            "runtime": self.runtime, "isolation": Isolation::of(&self.runtime).as_str(),
+        })
+    }
+
+    /// The isolation column of `ls`: the level and its runtime, `gvisor(runsc)`.
+    pub fn isolation(&self) -> String {
+        format!(
+            "{}({})",
+            Isolation::of(&self.runtime).as_str(),
+            self.runtime
+        )
+    }
+
+    /// The `ls` line: name, branch, state, ports, network, age, unpushed,
+    /// isolation, services; tab-separated.
+    pub fn line(&self) -> String {
+        let ports: Vec<String> = self
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{}->{}", p.host, p.container))
+            .collect();
+        let ports = if ports.is_empty() {
+            "-".to_string()
+        } else {
+            ports.join(",")
+        };
+        let unpushed = self.unpushed.map_or("-".to_string(), |n| n.to_string());
+        let services = if self.services.is_empty() {
+            "-".to_string()
+        } else {
+            self.services.join(",")
+        };
+        format!(
+            "{}\t{}\t{}\t{ports}\t{}\t{}\t{unpushed}\t{}\t{services}",
+            self.name,
+            self.branch,
+            self.state,
+            self.network.as_str(),
+            crate::time::human_age(self.age),
+            self.isolation()
+        )
+    }
+}

@@ -1,0 +1,216 @@
+//! A made sandbox at work: started and stopped (its egress and model
+//! proxies with it), and commands run in it as its user: lw-sandbox's own
+//! (the secrets, counting unpushed work) and the user's (`exec`, `shell`).
+
+use std::io::Write as _;
+use std::time::Duration;
+
+use super::{Network, Record, Sandboxes, disk, gone};
+use crate::egress;
+use crate::engine::{Container, ExecIo, ExecRequest, NetworkEngine, OutStream};
+use crate::error::{Error, Exit, Result};
+use crate::secrets::{self, Secret};
+use crate::wall::{REPO, WORK};
+
+impl<'a> Sandboxes<'a> {
+    /// Runs a command in a sandbox as its user, capturing its output.
+    pub fn run(
+        &self,
+        rec: &Record,
+        cmd: &[&str],
+        stdin: Option<Vec<u8>>,
+    ) -> Result<(i64, Vec<u8>, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut err = Vec::new();
+        let req = ExecRequest {
+            cmd: cmd.iter().map(|s| s.to_string()).collect(),
+            env: vec![],
+            user: Some(format!("{0}:{0}", rec.uid)),
+            workdir: Some(WORK.into()),
+        };
+        let mut on = |s: OutStream, b: &[u8]| match s {
+            OutStream::Stdout => out.extend_from_slice(b),
+            OutStream::Stderr => err.extend_from_slice(b),
+        };
+        let io = ExecIo {
+            stdin: stdin
+                .map(|b| Box::new(std::io::Cursor::new(b)) as Box<dyn std::io::Read + Send>),
+            tty: false,
+            size: None,
+            on_output: &mut on,
+        };
+        let code = self.engine.exec_io(&rec.container, &req, io)?;
+        Ok((code, out, err))
+    }
+
+    /// The container of a ready sandbox, started (without its secrets: only
+    /// lw-sandbox's own git runs) if it was stopped; `Container::running`
+    /// says whether it was running before.
+    pub(super) fn running(&self, rec: &Record) -> Result<Container> {
+        let c = self.engine.inspect(&rec.container)?.ok_or_else(|| {
+            Error::new(
+                Exit::NoInput,
+                format!(
+                    "the container of sandbox '{}' ('{}') is gone; its workspace cannot be reached; lw-sandbox gc reclaims the rest",
+                    rec.name, rec.container
+                ),
+            )
+        })?;
+        if !c.running {
+            self.mount_disks(&rec.name)?;
+            self.engine.start(&rec.container)?;
+        }
+        Ok(c)
+    }
+
+    /// Mounts the sandbox's disk images again (after a reboot) before its
+    /// container starts: started without them, it would write the host's disk.
+    pub(super) fn mount_disks(&self, name: &str) -> Result<()> {
+        for d in [disk::work(&self.root, name), disk::mail(&self.root, name)] {
+            if d.image.exists() {
+                d.mount()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the sandbox's secrets from the environment into its tmpfs.
+    pub(super) fn install_secrets(&self, rec: &Record, secrets: &[Secret]) -> Result<()> {
+        for s in secrets {
+            let cmd = secrets::install_cmd(&s.name);
+            let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+            let (code, _, err) = self.run(rec, &cmd, Some(s.value.clone()))?;
+            if code != 0 {
+                return Err(Error::new(
+                    Exit::Software,
+                    format!(
+                        "cannot write secret '{}' into sandbox '{}': {}",
+                        s.name,
+                        rec.name,
+                        crate::visible::visible(String::from_utf8_lossy(&err).trim())
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts a stopped sandbox and writes its secrets again.
+    pub fn start(&self, name: &str) -> Result<Record> {
+        let rec = self.get(name)?;
+        let secrets = secrets::resolve(&rec.secrets, &|n| std::env::var_os(n))?;
+        let c = self
+            .engine
+            .inspect(&rec.container)?
+            .ok_or_else(|| gone(&rec))?;
+        // The proxy first: a sandbox started without it has no network.
+        if rec.network == Network::Egress {
+            let nets: &dyn NetworkEngine = self.engine;
+            egress::start_proxy(nets, &rec.container, Duration::from_secs(30))?;
+            self.start_model_proxy(&rec)?;
+        }
+        if !c.running {
+            self.mount_disks(&rec.name)?;
+            self.engine.start(&rec.container)?;
+        }
+        self.install_secrets(&rec, &secrets)?;
+        Ok(rec)
+    }
+
+    pub fn stop(&self, name: &str) -> Result<Record> {
+        let rec = self.get(name)?;
+        match self.engine.inspect(&rec.container)? {
+            None => Err(gone(&rec)),
+            Some(_) => {
+                self.engine.stop(&rec.container, Duration::from_secs(10))?;
+                let proxy = egress::proxy_name(&rec.container);
+                if rec.network == Network::Egress && self.engine.inspect(&proxy)?.is_some() {
+                    self.engine.stop(&proxy, Duration::from_secs(10))?;
+                }
+                self.stop_model_proxy(&rec)?;
+                Ok(rec)
+            }
+        }
+    }
+
+    /// Commits on the sandbox's branch that no upstream ref holds, and
+    /// uncommitted changes, as the sandbox's own git sees them after a fetch
+    /// from the mirror.  The numbers are parsed strictly: the sandbox writes them.
+    pub fn unpushed(&self, rec: &Record) -> Result<(u64, u64, String)> {
+        let script = "cd /work/repo || exit 3; git fetch -q origin 2>/dev/null; \
+            echo \"$(git rev-list --count \"refs/heads/$1\" --not --remotes=origin)\"; \
+            echo \"$(git status --porcelain | wc -l)\"; \
+            git log --oneline -n 20 \"refs/heads/$1\" --not --remotes=origin";
+        let (code, out, err) = self.run(
+            rec,
+            &["/bin/sh", "-c", script, "lw-unpushed", &rec.branch],
+            None,
+        )?;
+        let text = String::from_utf8_lossy(&out);
+        let mut lines = text.lines();
+        let n = lines.next().and_then(|l| l.trim().parse::<u64>().ok());
+        let dirty = lines.next().and_then(|l| l.trim().parse::<u64>().ok());
+        match (code, n, dirty) {
+            (0, Some(n), Some(d)) => Ok((n, d, lines.collect::<Vec<_>>().join("\n"))),
+            _ => Err(Error::new(
+                Exit::Software,
+                format!(
+                    "cannot count unpushed commits in sandbox '{}' (exit {code}): {}",
+                    rec.name,
+                    crate::visible::visible(String::from_utf8_lossy(&err).trim())
+                ),
+            )),
+        }
+    }
+
+    /// `exec` and `shell`: runs `cmd` in a running sandbox as its user, with
+    /// this process's standard input, output and error (a terminal in raw
+    /// mode when `tty`); returns the command's status.
+    pub fn attach(
+        &self,
+        name: &str,
+        cmd: Vec<String>,
+        tty: bool,
+        workdir: Option<String>,
+    ) -> Result<i64> {
+        let rec = self.get(name)?;
+        match self.engine.inspect(&rec.container)? {
+            Some(c) if c.running => {}
+            Some(_) => {
+                return Err(Error::new(
+                    Exit::Unavailable,
+                    format!("sandbox '{name}' is stopped; lw-sandbox start {name}"),
+                ));
+            }
+            None => return Err(gone(&rec)),
+        }
+        let term = std::env::var("TERM").unwrap_or_else(|_| "xterm".into());
+        let req = ExecRequest {
+            cmd,
+            env: if tty {
+                vec![format!("TERM={term}")]
+            } else {
+                vec![]
+            },
+            user: Some(format!("{0}:{0}", rec.uid)),
+            workdir: Some(workdir.unwrap_or_else(|| REPO.into())),
+        };
+        let _raw = tty.then(crate::tty::RawMode::enter);
+        let mut stdout = std::io::stdout().lock();
+        let mut stderr = std::io::stderr();
+        let mut on = |s: OutStream, b: &[u8]| {
+            // Flushed at once: git's transport (push) converses through us.
+            let _ = match s {
+                OutStream::Stdout => stdout.write_all(b).and_then(|_| stdout.flush()),
+                OutStream::Stderr => stderr.write_all(b),
+            };
+        };
+        let io = ExecIo {
+            stdin: Some(Box::new(std::io::stdin())),
+            tty,
+            size: crate::tty::size(),
+            on_output: &mut on,
+        };
+        self.engine.exec_io(&rec.container, &req, io)
+    }
+}
