@@ -225,6 +225,12 @@ fn report(s: &mut Syncer, out: &mut dyn Write, json: bool, stats: bool) -> Resul
                 reason,
             } => writeln!(out, "incomplete {target} {entry}: {reason}").map_err(out_err)?,
             Event::Restored { entry } => writeln!(out, "restored {entry}").map_err(out_err)?,
+            Event::Federated { id, from, to, .. } => {
+                writeln!(out, "{id} from {from} to {}", to.join(",")).map_err(out_err)?
+            }
+            Event::Refused { name, host, reason } => {
+                eprintln!("{PROG}: sandbox {name} of host {host} refused: {reason}")
+            }
             Event::Duplicate {
                 entry,
                 target,

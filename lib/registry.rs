@@ -39,6 +39,11 @@ pub struct Sandbox {
     pub scope: Vec<String>,
     /// When the record was written (RFC 3339 UTC).
     pub registered: String,
+    /// Set for a sandbox of another host (federation, lw-sync(1)): lw-sync
+    /// keeps this record after that host's announcement, and delivers that
+    /// sandbox's messages into this mailbox's outbox.  Absent: this host's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 impl Sandbox {
@@ -49,6 +54,7 @@ impl Sandbox {
             branch,
             scope,
             registered: crate::time::rfc3339(crate::time::now()),
+            host: None,
         }
     }
 
@@ -60,6 +66,9 @@ impl Sandbox {
             ));
         }
         check_name(&self.name)?;
+        if let Some(h) = &self.host {
+            check_name(h).map_err(|e| format!("host: {e}"))?;
+        }
         if let Some(b) = &self.branch
             && (b.is_empty() || b.len() > 255 || b.chars().any(|c| c.is_control() || c == ' '))
         {

@@ -57,6 +57,42 @@ pub struct Config {
     /// A sandbox's own task issue or pull request.
     #[serde(default)]
     pub sandboxes: BTreeMap<String, TargetConfig>,
+    /// Federation: this host's name among `hosts` (lw-sync(1), FEDERATION).
+    #[serde(default)]
+    pub host: Option<String>,
+    /// Federation: host name -> the GitHub login its lw-sync posts as.  Only
+    /// comments by these logins are read as hosts' comments.
+    #[serde(default)]
+    pub hosts: BTreeMap<String, String>,
+}
+
+/// The federation part of the configuration, checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Federation {
+    /// This host's name.
+    pub me: String,
+    /// Host name -> login, this host's included.
+    pub hosts: BTreeMap<String, String>,
+}
+
+impl Federation {
+    /// The host whose lw-sync posts as `login`, if any.
+    pub fn host_of(&self, login: &str) -> Option<&str> {
+        self.hosts
+            .iter()
+            .find(|(_, l)| l.as_str() == login)
+            .map(|(h, _)| h.as_str())
+    }
+    /// This host's own login.
+    pub fn my_login(&self) -> &str {
+        &self.hosts[&self.me]
+    }
+}
+
+fn valid_login(l: &str) -> bool {
+    !l.is_empty()
+        && l.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'[' | b']'))
 }
 
 impl Config {
@@ -79,6 +115,46 @@ impl Config {
         })
     }
 
+    /// The federation settings, or None when `host` is unset.  Each host
+    /// needs a login of its own: entries are named by message id, so two
+    /// hosts posting as one login would take each other's entries for their
+    /// own.
+    pub fn federation(&self) -> Result<Option<Federation>> {
+        let Some(me) = &self.host else {
+            if !self.hosts.is_empty() {
+                return Err(Error::config(
+                    "\"hosts\" is set but \"host\" is not: name this host (one of the keys of \"hosts\") in .loopwright/sync.json",
+                ));
+            }
+            return Ok(None);
+        };
+        let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
+        for (h, l) in &self.hosts {
+            crate::registry::check_name(h)
+                .map_err(|e| Error::config(format!("host name in \"hosts\": {e}")))?;
+            if !valid_login(l) {
+                return Err(Error::config(format!(
+                    "host '{h}' maps to '{}', which is not a GitHub login",
+                    l.escape_debug()
+                )));
+            }
+            if let Some(other) = seen.insert(l, h) {
+                return Err(Error::config(format!(
+                    "hosts '{other}' and '{h}' both post as '{l}'; give each host a token of its own login"
+                )));
+            }
+        }
+        if !self.hosts.contains_key(me) {
+            return Err(Error::config(format!(
+                "\"host\" is '{me}', which is not among \"hosts\"; add \"{me}\": \"LOGIN\" (the login this host's token posts as)"
+            )));
+        }
+        Ok(Some(Federation {
+            me: me.clone(),
+            hosts: self.hosts.clone(),
+        }))
+    }
+
     pub fn batch(&self) -> usize {
         self.batch.unwrap_or(20).max(1)
     }
@@ -98,10 +174,7 @@ impl Config {
             }
         }
         if let Some(l) = &self.login
-            && (l.is_empty()
-                || !l
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'[' | b']')))
+            && !valid_login(l)
         {
             return Err(Error::config(format!(
                 "login '{}' is not a GitHub login (e.g. octocat, github-actions[bot])",

@@ -75,10 +75,32 @@ pub fn body_withheld(e: &Entry) -> bool {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 pub struct NoticeHead {
     pub v: u32,
-    /// The key it is recorded under: `notice/COMMENT/K`.
+    /// The key it is recorded under: `notice/COMMENT/K`, or
+    /// `clash/NAME/HOST` for a refused sandbox name (federation).
     pub key: String,
     pub about: u64,
 }
+
+/// One sandbox a host announces: its name and scope (as its registry record).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HostSandbox {
+    pub name: String,
+    #[serde(default)]
+    pub scope: Vec<String>,
+}
+
+/// A host's announcement of its own sandboxes (federation): one comment per
+/// host, edited to stay current.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+pub struct HostHead {
+    pub v: u32,
+    /// The host's name (the key of `hosts` its login maps from).
+    pub host: String,
+    pub sandboxes: Vec<HostSandbox>,
+}
+
+/// Format version of a host announcement.
+pub const HOST_VERSION: u32 = 1;
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(tag = "t", rename_all = "kebab-case")]
@@ -86,6 +108,7 @@ pub struct NoticeHead {
 pub enum Head {
     Entry(EntryHead),
     Notice(NoticeHead),
+    Host(HostHead),
 }
 
 /// One parsed section: its header and its body part.

@@ -40,6 +40,7 @@
 //! of the project).
 
 mod config;
+mod federate;
 mod format;
 mod parse;
 mod pull;
@@ -53,9 +54,10 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-pub use config::{CONFIG_DIR, CONFIG_FILE, Config, TargetConfig};
+pub use config::{CONFIG_DIR, CONFIG_FILE, Config, Federation, TargetConfig};
 pub use format::{
-    EntryHead, FORMAT_VERSION, HEADER_PREFIX, HEADER_SUFFIX, Head, MsgHead, NoticeHead, Section,
+    EntryHead, FORMAT_VERSION, HEADER_PREFIX, HEADER_SUFFIX, Head, HostHead, HostSandbox, MsgHead,
+    NoticeHead, Section,
     body_withheld, entry_digest, render_entry, sha256_hex,
 };
 pub use parse::{Rebuilt, parse_answers, parse_comment, reassemble};
@@ -154,6 +156,20 @@ pub enum Event {
         target: String,
         comments: Vec<u64>,
     },
+    /// A message of another host's sandbox (`from` is `HOST/SANDBOX`)
+    /// delivered into the outbox of its proxy here.
+    Federated {
+        id: String,
+        from: String,
+        to: Vec<String>,
+        comment: u64,
+    },
+    /// A sandbox name another host announced, refused here.
+    Refused {
+        name: String,
+        host: String,
+        reason: String,
+    },
 }
 
 pub struct Syncer {
@@ -229,6 +245,10 @@ impl Syncer {
             .login
             .clone()
             .or_else(|| self.cfg.login.clone())
+            .or_else(|| {
+                let f = self.cfg.federation().ok().flatten()?;
+                Some(f.my_login().to_string())
+            })
             .or_else(|| {
                 (std::env::var("GITHUB_ACTIONS").as_deref() == Ok("true"))
                     .then(|| ACTIONS_LOGIN.to_string())

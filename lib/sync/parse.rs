@@ -33,7 +33,7 @@ pub fn parse_comment(text: &str) -> Option<std::result::Result<Vec<Section>, Str
         rest = after;
         let fence = match &head {
             Head::Entry(h) => h.fence.clone(),
-            Head::Notice(_) => String::new(),
+            Head::Notice(_) | Head::Host(_) => String::new(),
         };
         let chunk = if fence.is_empty() {
             // Readable lines up to the next header or the end.

@@ -27,6 +27,7 @@ impl Syncer {
                     .or_insert((e.sender.clone(), m.subject.clone()));
             }
         }
+        self.announce()?;
         for t in self.cfg.targets()? {
             self.pull_target(&t, &known)?;
         }
@@ -36,6 +37,8 @@ impl Syncer {
     fn pull_target(&mut self, t: &Target, known: &HashMap<String, (String, String)>) -> Result<()> {
         let key = t.to_string();
         let (ts, comments) = self.pull_listing(t)?;
+        self.federate(t, &comments)?;
+        let fed = self.cfg.federation()?;
         let mut known = known.clone();
         for (_, s) in self.own_sections(t, &comments) {
             if let Head::Entry(h) = s.head
@@ -53,8 +56,10 @@ impl Syncer {
             if newest.as_deref().is_none_or(|n| c.updated_at.as_str() > n) {
                 newest = Some(c.updated_at.clone());
             }
+            let a_host = fed.as_ref().is_some_and(|f| f.host_of(c.login()).is_some());
             if ts.answered.contains(&c.id)
-                || (self.trusted(c, login.as_deref(), &ids) && parse_comment(c.text()).is_some())
+                || ((a_host || self.trusted(c, login.as_deref(), &ids))
+                    && parse_comment(c.text()).is_some())
             {
                 continue;
             }

@@ -73,6 +73,13 @@ impl Syncer {
                 Head::Notice(n) => {
                     ts.synced.entry(n.key.clone()).or_insert_with(|| vec![*cid]);
                 }
+                Head::Host(h) => {
+                    // The newest announcement is the one kept current.
+                    let v = ts.synced.entry(super::federate::host_key(&h.host)).or_default();
+                    if v.first().is_none_or(|&c| c < *cid) {
+                        *v = vec![*cid];
+                    }
+                }
             }
         }
         complete_partials(ts, &sections);
@@ -84,6 +91,9 @@ impl Syncer {
 
     /// One pass over the log: everything not yet on GitHub is posted.
     pub fn sync(&mut self) -> Result<()> {
+        self.announce()?;
+        // A proxy's messages are its own host's to mirror (lib/sync/federate.rs).
+        let proxies = self.proxy_names()?;
         let log = Log::new(self.root.log_dir());
         let (entries, bad) = log.entries()?;
         for b in bad {
@@ -97,7 +107,7 @@ impl Syncer {
         for e in entries {
             // Refusals over the held-queue cap are not mirrored one by one:
             // one status message to a person stands for them.
-            if e.decision.quiet {
+            if e.decision.quiet || proxies.contains(&e.sender) {
                 continue;
             }
             let e = self.outgoing(&e);

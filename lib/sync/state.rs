@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::format::{Head, Section};
+use super::format::{Head, HostSandbox, Section};
 use crate::error::{Error, Exit, Result};
 use crate::github::Budget;
 use crate::layout::Root;
@@ -51,6 +51,28 @@ pub struct State {
     pub targets: BTreeMap<String, TargetState>,
     #[serde(default)]
     pub budget: Budget,
+    /// Federation: what other hosts announced and what was taken from them.
+    #[serde(default)]
+    pub fed: FedState,
+}
+
+/// Federation state (lw-sync(1), FEDERATION).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct FedState {
+    /// Comments of other hosts whose entries were all dealt with (delivered
+    /// or found not addressed here).  A cache: delivery itself is once by
+    /// the message id (see `federate`).
+    #[serde(default)]
+    pub taken: BTreeSet<u64>,
+    /// Host -> (announcement comment, its sandboxes), as last read.
+    #[serde(default)]
+    pub roster: BTreeMap<String, (u64, Vec<HostSandbox>)>,
+    /// SHA-256 of this host's announcement as last posted or edited.
+    #[serde(default)]
+    pub announced: Option<String>,
+    /// Refused names (`NAME/HOST`) already told to this root.
+    #[serde(default)]
+    pub told: BTreeSet<String>,
 }
 
 pub fn state_path(root: &Root) -> PathBuf {
