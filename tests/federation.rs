@@ -1,0 +1,513 @@
+//! Hosts that coordinate through the run's issue (issue 22, item 3;
+//! lw-sync(1), FEDERATION): two roots, host A and host B, each with its own
+//! mediator and its own lw-sync login, and one lw-github-sink on 127.0.0.1
+//! between them.  The sandboxes are mailbox-only (registry records and
+//! their Maildirs, as the mediator tests make them): no Docker.
+//!
+//! * a contract-change from A's sandbox reaches B's sandbox exactly once
+//!   while either side's lw-sync is SIGKILLed 50 times (seeded);
+//! * a comment with a forged header, by a login that is no host (or by a
+//!   host for a sandbox it did not announce), delivers nothing;
+//! * a sandbox name announced by two hosts is refused, and both are told;
+//! * figures: A->B latency per sync interval, requests per message.
+
+mod seeded;
+mod sync_support;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use loopwright::layout::Root;
+use loopwright::log::{Action, Log};
+use loopwright::maildir::Sub;
+use loopwright::message::{Kind, Message};
+use loopwright::registry::{Registry, Sandbox};
+use serde_json::json;
+use sync_support::{Env, text};
+
+const TOKEN_A: &str = "ghp_hostatoken0123456789";
+const TOKEN_B: &str = "ghp_hostbtoken0123456789";
+const LOGIN_A: &str = "host-a-bot";
+const LOGIN_B: &str = "host-b-bot";
+const POLICY: &str = "loopwright-policy 1\nrate off\nduplicates off\n";
+
+/// One host: its root, its configuration and its token.
+struct Host {
+    name: &'static str,
+    root: Root,
+    config: PathBuf,
+    policy: PathBuf,
+    token: &'static str,
+}
+
+fn host(env: &Env, name: &'static str, token: &'static str, own: &[(&str, &[&str])]) -> Host {
+    let dir = env.dir.join(name);
+    let root = Root::new(dir.join("root"));
+    std::fs::create_dir_all(&root.dir).unwrap();
+    root.init().unwrap();
+    let reg = Registry::new(&root);
+    for (n, scope) in own {
+        reg.register(&Sandbox::new(
+            n,
+            None,
+            scope.iter().map(|s| s.to_string()).collect(),
+        ))
+        .unwrap();
+    }
+    let config = dir.join("sync.json");
+    std::fs::write(
+        &config,
+        json!({ "host": name, "hosts": { "hosta": LOGIN_A, "hostb": LOGIN_B } }).to_string(),
+    )
+    .unwrap();
+    let policy = dir.join("policy");
+    std::fs::write(&policy, POLICY).unwrap();
+    Host {
+        name,
+        root,
+        config,
+        policy,
+        token,
+    }
+}
+
+impl Host {
+    fn sync_cmd(&self, env: &Env, args: &[&str]) -> Command {
+        let mut c = env.sync_cmd_at(&self.root.dir, "octo/proj", 1, args);
+        c.env("GH_TOKEN", self.token).arg("--config").arg(&self.config);
+        c
+    }
+    fn sync(&self, env: &Env, args: &[&str]) -> Output {
+        let o = self.sync_cmd(env, args).output().unwrap();
+        assert!(
+            o.status.success(),
+            "{}: lw-sync {args:?}: {}{}",
+            self.name,
+            text(&o.stdout),
+            text(&o.stderr)
+        );
+        o
+    }
+    fn mediate(&self) {
+        let o = Command::new(env!("CARGO_BIN_EXE_lw-mediate"))
+            .arg("--root")
+            .arg(&self.root.dir)
+            .arg("--policy")
+            .arg(&self.policy)
+            .arg("--once")
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{}: lw-mediate --once: {}",
+            self.name,
+            text(&o.stderr)
+        );
+    }
+    fn mediator_watch(&self) -> Child {
+        Command::new(env!("CARGO_BIN_EXE_lw-mediate"))
+            .arg("--root")
+            .arg(&self.root.dir)
+            .arg("--policy")
+            .arg(&self.policy)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    }
+    fn record(&self, name: &str) -> Option<Sandbox> {
+        Registry::new(&self.root).get(name).unwrap()
+    }
+    /// The names in `dir/{new,cur}` of a Maildir under the root.
+    fn names(&self, rel: &str) -> Vec<String> {
+        let mut v = Vec::new();
+        for s in [Sub::New, Sub::Cur] {
+            let d = loopwright::maildir::Maildir::new(self.root.dir.join(rel)).sub(s);
+            if let Ok(rd) = std::fs::read_dir(d) {
+                v.extend(rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()));
+            }
+        }
+        v.sort();
+        v
+    }
+}
+
+fn two_hosts(tag: &str) -> (Env, Host, Host) {
+    let env = Env::new(tag);
+    env.add_token(LOGIN_A, TOKEN_A);
+    env.add_token(LOGIN_B, TOKEN_B);
+    let a = host(&env, "hosta", TOKEN_A, &[("api", &["src/api/**"])]);
+    let b = host(&env, "hostb", TOKEN_B, &[("web", &["schema/**"])]);
+    (env, a, b)
+}
+
+fn contract_change(subject: &str) -> Message {
+    Message {
+        version: 1,
+        id: loopwright::id::new_id(),
+        from: "api".into(),
+        to: vec!["mediator".into()],
+        kind: Kind::ContractChange,
+        subject: subject.into(),
+        body: format!("{subject}: user.name is now user.full_name\n"),
+        refs: vec!["schema/users.json".into()],
+        in_reply_to: None,
+        created: loopwright::time::rfc3339(loopwright::time::now()),
+    }
+}
+
+/// Both hosts announce, then each pulls the other's announcement.
+fn introduce(env: &Env, a: &Host, b: &Host) {
+    a.sync(env, &["pull"]);
+    b.sync(env, &["pull"]);
+    a.sync(env, &["pull"]);
+}
+
+#[test]
+fn announcements_make_proxies_and_a_contract_change_crosses() {
+    let (env, a, b) = two_hosts("fed-basic");
+    introduce(&env, &a, &b);
+    let web = a.record("web").expect("A keeps a proxy of B's web");
+    assert_eq!(web.host.as_deref(), Some("hostb"));
+    assert_eq!(web.scope, ["schema/**"]);
+    assert_eq!(b.record("api").unwrap().host.as_deref(), Some("hosta"));
+    assert!(a.record("api").unwrap().host.is_none());
+
+    let m = contract_change("users schema");
+    a.root.sandbox("api").outbox().deliver_message(&m).unwrap();
+    a.mediate();
+    a.sync(&env, &["--once"]);
+    let o = b.sync(&env, &["pull"]);
+    assert!(
+        text(&o.stdout).contains(&format!("{} from hosta/api to web", m.id)),
+        "{}",
+        text(&o.stdout)
+    );
+    b.mediate();
+    assert_eq!(b.names("sandboxes/web/inbox"), [m.id.clone()]);
+    let got = Message::parse(
+        &std::fs::read(b.root.sandbox("web").inbox().sub(Sub::New).join(&m.id)).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(got.from, "api");
+    assert_eq!((got.subject.as_str(), got.body.as_str()), (m.subject.as_str(), m.body.as_str()));
+    // B's mediator decided, with B's policy, as from the proxy of hosta/api.
+    let e = Log::new(b.root.log_dir())
+        .read(std::ffi::OsStr::new(&format!("{}.forward", m.id)))
+        .unwrap();
+    assert_eq!(e.sender, "api");
+    assert_eq!(e.decision.to, ["web"]);
+    // B does not mirror what A's sandbox sent: A already did.
+    b.sync(&env, &["--once"]);
+    let counts = env.section_counts(1);
+    assert_eq!(counts.get(&format!("{}.forward", m.id)), Some(&1));
+    // Pulled again: nothing new.
+    let o = b.sync(&env, &["pull"]);
+    assert!(!text(&o.stdout).contains(&m.id), "{}", text(&o.stdout));
+    b.mediate();
+    assert_eq!(b.names("sandboxes/api/outbox"), [m.id.clone()]);
+    assert!(b.names("quarantine").is_empty());
+}
+
+#[test]
+fn forged_headers_deliver_nothing() {
+    let (env, a, b) = two_hosts("fed-forged");
+    introduce(&env, &a, &b);
+    // A real message, so that its comment can be copied.
+    let m = contract_change("real one");
+    a.root.sandbox("api").outbox().deliver_message(&m).unwrap();
+    a.mediate();
+    a.sync(&env, &["--once"]);
+    let real = env
+        .comments(1)
+        .into_iter()
+        .find(|(_, body, login)| login == LOGIN_A && body.contains(&m.id))
+        .expect("A's comment")
+        .1;
+    let forge = |body: String, login: &str| {
+        let v = env.ctl(
+            "POST",
+            "comments",
+            json!({ "repo": "octo/proj", "issue": 1, "login": login, "body": body, "association": "OWNER" }),
+        );
+        assert!(v["id"].as_u64().is_some(), "{v}");
+    };
+    let other = loopwright::id::new_id();
+    // 1. The same comment with a fresh id, by a login that is no host.
+    forge(real.replace(&m.id, &other), "mallory");
+    // 2. A host announcement for hosta by that login, naming another sandbox.
+    let ann = env
+        .comments(1)
+        .into_iter()
+        .find(|(_, body, login)| login == LOGIN_A && body.contains("\"t\":\"host\""))
+        .unwrap()
+        .1;
+    forge(ann.replace("\"api\"", "\"evil\""), "mallory");
+    // 3. By hosta's login itself, an entry from a sandbox hosta never announced.
+    let third = loopwright::id::new_id();
+    forge(
+        real.replace(&m.id, &third)
+            .replace("\"sender\":\"api\"", "\"sender\":\"ghost\""),
+        LOGIN_A,
+    );
+    b.sync(&env, &["pull"]);
+    b.mediate();
+    assert_eq!(b.names("sandboxes/web/inbox"), [m.id.clone()], "only the real message");
+    assert_eq!(b.names("sandboxes/api/outbox"), [m.id.clone()]);
+    assert!(b.record("evil").is_none() && b.record("ghost").is_none());
+    assert!(!b.root.sandboxes_dir().join("ghost").exists());
+}
+
+#[test]
+fn a_name_taken_on_two_hosts_is_refused_and_both_are_told() {
+    let env = Env::new("fed-clash");
+    env.add_token(LOGIN_A, TOKEN_A);
+    env.add_token(LOGIN_B, TOKEN_B);
+    let a = host(&env, "hosta", TOKEN_A, &[("api", &["src/api/**"]), ("docs", &[])]);
+    let b = host(&env, "hostb", TOKEN_B, &[("api", &["src/other/**"]), ("web", &[])]);
+    for _ in 0..2 {
+        introduce(&env, &a, &b);
+        b.sync(&env, &["pull"]);
+    }
+    for (h, other) in [(&a, "hostb"), (&b, "hosta")] {
+        // The name stays the local sandbox's; the other's is refused.
+        assert!(h.record("api").unwrap().host.is_none(), "{}", h.name);
+        // Told once, in the human queue, and logged.
+        let told = h.names("human");
+        assert_eq!(told.len(), 1, "{}: {told:?}", h.name);
+        let q = Message::parse(
+            &std::fs::read(h.root.human().sub(Sub::New).join(&told[0])).unwrap(),
+        )
+        .unwrap();
+        assert!(
+            q.subject.contains(&format!("api of host {other} refused")),
+            "{}",
+            q.subject
+        );
+        assert!(Log::new(h.root.log_dir()).has(&format!("{}.escalate", told[0])));
+    }
+    // The other names still federate.
+    assert_eq!(a.record("web").unwrap().host.as_deref(), Some("hostb"));
+    assert_eq!(b.record("docs").unwrap().host.as_deref(), Some("hosta"));
+    // And each host said so on the issue, once.
+    let notices: Vec<(String, String)> = env
+        .comments(1)
+        .into_iter()
+        .filter(|(_, body, _)| body.contains("\"key\":\"clash/"))
+        .map(|(_, body, login)| (login, body))
+        .collect();
+    assert_eq!(notices.len(), 2, "{notices:?}");
+    assert!(notices.iter().any(|(l, b)| l == LOGIN_A && b.contains("clash/api/hostb")));
+    assert!(notices.iter().any(|(l, b)| l == LOGIN_B && b.contains("clash/api/hosta")));
+    // A message from A's api goes nowhere on B.
+    let m = contract_change("clash");
+    a.root.sandbox("api").outbox().deliver_message(&m).unwrap();
+    a.mediate();
+    a.sync(&env, &["--once"]);
+    b.sync(&env, &["pull"]);
+    b.mediate();
+    assert!(b.names("sandboxes/web/inbox").is_empty());
+}
+
+#[test]
+fn contract_changes_cross_exactly_once_through_50_kills() {
+    let (env, a, b) = two_hosts("fed-kill");
+    env.faults(
+        json!([{ "kind": "drop_after_commit", "method": "POST", "count": 0, "probability": 0.1 }]),
+    );
+    introduce(&env, &a, &b);
+    let mut sent = Vec::new();
+    let (mut kills, mut runs, mut finished) = ([0u32; 2], 0u32, 0u32);
+    while kills[0] + kills[1] < 50 {
+        if seeded::below(3) == 0 && sent.len() < 60 {
+            for _ in 0..1 + seeded::below(3) {
+                let m = contract_change(&format!("change {}", sent.len()));
+                a.root.sandbox("api").outbox().deliver_message(&m).unwrap();
+                sent.push(m.id);
+            }
+            a.mediate();
+        }
+        let side = seeded::below(2) as usize;
+        let mut child = if side == 0 {
+            a.sync_cmd(&env, &["--once", "--batch", "3"])
+        } else {
+            b.sync_cmd(&env, &["pull"])
+        }
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+        runs += 1;
+        // The moment of the kill is what is random here; nothing waits on it.
+        std::thread::sleep(Duration::from_micros(seeded::below(80_000)));
+        match child.try_wait().unwrap() {
+            Some(_) => finished += 1,
+            None => {
+                child.kill().unwrap(); // SIGKILL
+                kills[side] += 1;
+            }
+        }
+        child.wait().unwrap();
+        if seeded::below(4) == 0 {
+            b.mediate();
+        }
+        assert!(runs < 3000, "too few kills landed: {kills:?} in {runs} runs");
+    }
+    // Undisturbed to the end (the dropped answers go on).
+    let mut done = false;
+    for _ in 0..30 {
+        let pa = a.sync_cmd(&env, &["--once", "--batch", "3"]).output().unwrap();
+        let pb = b.sync_cmd(&env, &["pull"]).output().unwrap();
+        b.mediate();
+        let inbox = b.names("sandboxes/web/inbox");
+        if pa.status.success() && pb.status.success() && sent.iter().all(|id| inbox.contains(id)) {
+            done = true;
+            break;
+        }
+    }
+    assert!(done, "not every message arrived");
+    let inbox = b.names("sandboxes/web/inbox");
+    let lost = sent.iter().filter(|id| !inbox.contains(id)).count();
+    // A second copy of a routed id would be quarantined by B's mediator,
+    // and a second section on the issue would show in the counts.
+    let quarantined = b.names("quarantine").len();
+    let counts = env.section_counts(1);
+    let dup_sections = counts.values().filter(|&&c| c > 1).count();
+    let b_log = Log::new(b.root.log_dir()).entries().unwrap().0;
+    let mut forwards: BTreeMap<&str, usize> = BTreeMap::new();
+    for e in &b_log {
+        if e.decision.action == Action::Forward {
+            *forwards.entry(e.message_id.as_str()).or_default() += 1;
+        }
+    }
+    let extra = inbox.iter().filter(|id| !sent.contains(id)).count();
+    println!(
+        "federation kill test: seed {}, messages {}, kills {} (A push {}, B pull {}), runs {runs} ({finished} ended before the kill), delivered {}, lost {lost}, duplicated {}, extra {extra}",
+        seeded::seed(),
+        sent.len(),
+        kills[0] + kills[1],
+        kills[0],
+        kills[1],
+        inbox.len(),
+        quarantined + dup_sections,
+    );
+    assert!(sent.len() >= 10);
+    assert_eq!(lost, 0);
+    assert_eq!(quarantined, 0, "{:?}", b.names("quarantine"));
+    assert_eq!(dup_sections, 0);
+    assert_eq!(extra, 0);
+    assert!(forwards.values().all(|&n| n == 1));
+    assert_eq!(forwards.len(), sent.len());
+    assert!(kills[0] >= 10 && kills[1] >= 10, "both sides killed: {kills:?}");
+}
+
+/// Arrival times of the messages in `dir/new` (watched with inotify).
+fn watch_arrivals(dir: PathBuf, n: usize, deadline: Duration) -> BTreeMap<String, Instant> {
+    let md = loopwright::maildir::Maildir::new(dir);
+    let mut seen: BTreeMap<String, Instant> = BTreeMap::new();
+    md.wait_until(Some(deadline), || {
+        for e in std::fs::read_dir(md.sub(Sub::New)).unwrap().flatten() {
+            seen.entry(e.file_name().to_string_lossy().into_owned())
+                .or_insert_with(Instant::now);
+        }
+        Ok(seen.len() >= n)
+    })
+    .unwrap();
+    seen
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+#[test]
+fn figures_latency_per_sync_interval_and_requests_per_message() {
+    let (env, a, b) = two_hosts("fed-figures");
+    introduce(&env, &a, &b);
+    let mut ma = a.mediator_watch();
+    let mut mb = b.mediator_watch();
+    let mut rows = Vec::new();
+    for (k, interval_ms) in [250u64, 500, 1000].into_iter().enumerate() {
+        let inbox = b.root.sandbox("web").inbox().path.clone();
+        let before = b.names("sandboxes/web/inbox").len();
+        let n = 24;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // Each host runs `lw-sync --once` and `lw-sync pull` every interval, as cron would.
+        let loops: Vec<_> = [&a, &b]
+            .iter()
+            .map(|h| {
+                let push = h.sync_cmd(&env, &["--once"]);
+                let pull = h.sync_cmd(&env, &["pull"]);
+                let stop = stop.clone();
+                let (mut push, mut pull) = (push, pull);
+                for c in [&mut push, &mut pull] {
+                    c.stdout(Stdio::null()).stderr(Stdio::null());
+                }
+                std::thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let t = Instant::now();
+                        push.status().unwrap();
+                        pull.status().unwrap();
+                        let left = Duration::from_millis(interval_ms).saturating_sub(t.elapsed());
+                        std::thread::sleep(left); // the sync interval itself
+                    }
+                })
+            })
+            .collect();
+        env.ctl("DELETE", "requests", serde_json::Value::Null);
+        let watcher = {
+            let dir = inbox.clone();
+            std::thread::spawn(move || watch_arrivals(dir, before + n, Duration::from_secs(60)))
+        };
+        let mut posted: BTreeMap<String, Instant> = BTreeMap::new();
+        for i in 0..n {
+            let m = contract_change(&format!("interval {interval_ms} message {i}"));
+            a.root.sandbox("api").outbox().deliver_message(&m).unwrap();
+            posted.insert(m.id.clone(), Instant::now());
+            std::thread::sleep(Duration::from_millis(100)); // the offered rate: 10/s
+        }
+        let arrived = watcher.join().unwrap();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for l in loops {
+            l.join().unwrap();
+        }
+        let (reqs, _) = env.requests();
+        let lat: Vec<f64> = posted
+            .iter()
+            .filter_map(|(id, t)| arrived.get(id).map(|a| a.duration_since(*t).as_secs_f64()))
+            .collect();
+        let lost = n - lat.len();
+        let per_msg = reqs.len() as f64 / n as f64;
+        let writes = reqs
+            .iter()
+            .filter(|r| r["method"] != "GET")
+            .count();
+        println!(
+            "federation figures: sync interval {interval_ms} ms, messages {n} at 10/s, A->B latency median {:.2} s max {:.2} s, requests {} ({writes} writes), requests per message {per_msg:.2}, lost {lost}",
+            median(lat.clone()),
+            lat.iter().cloned().fold(0.0, f64::max),
+            reqs.len()
+        );
+        rows.push((interval_ms, per_msg, lost));
+        let _ = k;
+    }
+    let _ = ma.kill();
+    let _ = mb.kill();
+    let _ = ma.wait();
+    let _ = mb.wait();
+    // Duplicates: every id at most once in B's inbox (names are ids) and
+    // nothing quarantined by B's mediator.
+    assert!(b.names("quarantine").is_empty());
+    // Each interval costs both hosts' listings (2 GETs) plus A's comments
+    // (one per up to `batch` messages): (2 + posts) / messages, so at
+    // least 3 messages per interval are needed to stay under 1.1.
+    for (interval, per_msg, lost) in rows {
+        assert_eq!(lost, 0, "interval {interval} ms");
+        if interval >= 500 {
+            assert!(per_msg <= 1.1, "interval {interval} ms: {per_msg:.2} requests per message");
+        }
+    }
+}
