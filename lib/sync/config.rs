@@ -265,3 +265,32 @@ impl Config {
         Ok(set.into_iter().collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(v: serde_json::Value) -> Config {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn federation_needs_a_login_per_host_and_names_this_one() {
+        assert_eq!(Config::default().federation().unwrap(), None);
+        let ok = cfg(serde_json::json!({"host": "a", "hosts": {"a": "bot-a", "b": "app[bot]"}}));
+        let f = ok.federation().unwrap().unwrap();
+        assert_eq!((f.my_login(), f.host_of("app[bot]")), ("bot-a", Some("b")));
+        assert_eq!(f.host_of("mallory"), None);
+        for (bad, says) in [
+            (serde_json::json!({"hosts": {"a": "x"}}), "\"host\" is not"),
+            (serde_json::json!({"host": "c", "hosts": {"a": "x"}}), "not among"),
+            (serde_json::json!({"host": "a", "hosts": {"a": "x", "b": "x"}}), "both post as 'x'"),
+            (serde_json::json!({"host": "a", "hosts": {"a": "x y"}}), "not a GitHub login"),
+            (serde_json::json!({"host": "A", "hosts": {"A": "x"}}), "not a valid sandbox name"),
+        ] {
+            let e = cfg(bad).federation().unwrap_err();
+            assert_eq!(e.exit, Exit::Config);
+            assert!(e.msg.contains(says), "{}", e.msg);
+        }
+    }
+}
