@@ -81,7 +81,7 @@ struct Args {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Deliver `/lw answer ID` replies on the issues into ROOT/human-outbox.
+    /// Deliver `/lw answer ID` replies into ROOT/human-outbox, and other hosts' messages (federation).
     Pull,
     /// Compare the log with GitHub both ways; report what is missing where.
     Verify {

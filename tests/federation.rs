@@ -76,7 +76,9 @@ fn host(env: &Env, name: &'static str, token: &'static str, own: &[(&str, &[&str
 impl Host {
     fn sync_cmd(&self, env: &Env, args: &[&str]) -> Command {
         let mut c = env.sync_cmd_at(&self.root.dir, "octo/proj", 1, args);
-        c.env("GH_TOKEN", self.token).arg("--config").arg(&self.config);
+        c.env("GH_TOKEN", self.token)
+            .arg("--config")
+            .arg(&self.config);
         c
     }
     fn sync(&self, env: &Env, args: &[&str]) -> Output {
@@ -126,7 +128,10 @@ impl Host {
         for s in [Sub::New, Sub::Cur] {
             let d = loopwright::maildir::Maildir::new(self.root.dir.join(rel)).sub(s);
             if let Ok(rd) = std::fs::read_dir(d) {
-                v.extend(rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()));
+                v.extend(
+                    rd.flatten()
+                        .map(|e| e.file_name().to_string_lossy().into_owned()),
+                );
             }
         }
         v.sort();
@@ -192,7 +197,10 @@ fn announcements_make_proxies_and_a_contract_change_crosses() {
     )
     .unwrap();
     assert_eq!(got.from, "api");
-    assert_eq!((got.subject.as_str(), got.body.as_str()), (m.subject.as_str(), m.body.as_str()));
+    assert_eq!(
+        (got.subject.as_str(), got.body.as_str()),
+        (m.subject.as_str(), m.body.as_str())
+    );
     // B's mediator decided, with B's policy, as from the proxy of hosta/api.
     let e = Log::new(b.root.log_dir())
         .read(std::ffi::OsStr::new(&format!("{}.forward", m.id)))
@@ -209,6 +217,30 @@ fn announcements_make_proxies_and_a_contract_change_crosses() {
     b.mediate();
     assert_eq!(b.names("sandboxes/api/outbox"), [m.id.clone()]);
     assert!(b.names("quarantine").is_empty());
+
+    // The answer travels back the same way: B's mediator routes it to the
+    // asker, A's proxy there; A takes B's entry.
+    let mut ans = contract_change("re: users schema");
+    ans.from = "web".into();
+    ans.to = vec!["api".into()];
+    ans.kind = Kind::Answer;
+    ans.refs = vec![];
+    ans.in_reply_to = Some(m.id.clone());
+    b.root
+        .sandbox("web")
+        .outbox()
+        .deliver_message(&ans)
+        .unwrap();
+    b.mediate();
+    b.sync(&env, &["--once"]);
+    let o = a.sync(&env, &["pull"]);
+    assert!(
+        text(&o.stdout).contains(&format!("{} from hostb/web to api", ans.id)),
+        "{}",
+        text(&o.stdout)
+    );
+    a.mediate();
+    assert_eq!(a.names("sandboxes/api/inbox"), [ans.id.clone()]);
 }
 
 #[test]
@@ -254,7 +286,11 @@ fn forged_headers_deliver_nothing() {
     );
     b.sync(&env, &["pull"]);
     b.mediate();
-    assert_eq!(b.names("sandboxes/web/inbox"), [m.id.clone()], "only the real message");
+    assert_eq!(
+        b.names("sandboxes/web/inbox"),
+        [m.id.clone()],
+        "only the real message"
+    );
     assert_eq!(b.names("sandboxes/api/outbox"), [m.id.clone()]);
     assert!(b.record("evil").is_none() && b.record("ghost").is_none());
     assert!(!b.root.sandboxes_dir().join("ghost").exists());
@@ -265,8 +301,18 @@ fn a_name_taken_on_two_hosts_is_refused_and_both_are_told() {
     let env = Env::new("fed-clash");
     env.add_token(LOGIN_A, TOKEN_A);
     env.add_token(LOGIN_B, TOKEN_B);
-    let a = host(&env, "hosta", TOKEN_A, &[("api", &["src/api/**"]), ("docs", &[])]);
-    let b = host(&env, "hostb", TOKEN_B, &[("api", &["src/other/**"]), ("web", &[])]);
+    let a = host(
+        &env,
+        "hosta",
+        TOKEN_A,
+        &[("api", &["src/api/**"]), ("docs", &[])],
+    );
+    let b = host(
+        &env,
+        "hostb",
+        TOKEN_B,
+        &[("api", &["src/other/**"]), ("web", &[])],
+    );
     for _ in 0..2 {
         introduce(&env, &a, &b);
         b.sync(&env, &["pull"]);
@@ -277,10 +323,9 @@ fn a_name_taken_on_two_hosts_is_refused_and_both_are_told() {
         // Told once, in the human queue, and logged.
         let told = h.names("human");
         assert_eq!(told.len(), 1, "{}: {told:?}", h.name);
-        let q = Message::parse(
-            &std::fs::read(h.root.human().sub(Sub::New).join(&told[0])).unwrap(),
-        )
-        .unwrap();
+        let q =
+            Message::parse(&std::fs::read(h.root.human().sub(Sub::New).join(&told[0])).unwrap())
+                .unwrap();
         assert!(
             q.subject.contains(&format!("api of host {other} refused")),
             "{}",
@@ -299,8 +344,16 @@ fn a_name_taken_on_two_hosts_is_refused_and_both_are_told() {
         .map(|(_, body, login)| (login, body))
         .collect();
     assert_eq!(notices.len(), 2, "{notices:?}");
-    assert!(notices.iter().any(|(l, b)| l == LOGIN_A && b.contains("clash/api/hostb")));
-    assert!(notices.iter().any(|(l, b)| l == LOGIN_B && b.contains("clash/api/hosta")));
+    assert!(
+        notices
+            .iter()
+            .any(|(l, b)| l == LOGIN_A && b.contains("clash/api/hostb"))
+    );
+    assert!(
+        notices
+            .iter()
+            .any(|(l, b)| l == LOGIN_B && b.contains("clash/api/hosta"))
+    );
     // A message from A's api goes nowhere on B.
     let m = contract_change("clash");
     a.root.sandbox("api").outbox().deliver_message(&m).unwrap();
@@ -353,12 +406,18 @@ fn contract_changes_cross_exactly_once_through_50_kills() {
         if seeded::below(4) == 0 {
             b.mediate();
         }
-        assert!(runs < 3000, "too few kills landed: {kills:?} in {runs} runs");
+        assert!(
+            runs < 3000,
+            "too few kills landed: {kills:?} in {runs} runs"
+        );
     }
     // Undisturbed to the end (the dropped answers go on).
     let mut done = false;
     for _ in 0..30 {
-        let pa = a.sync_cmd(&env, &["--once", "--batch", "3"]).output().unwrap();
+        let pa = a
+            .sync_cmd(&env, &["--once", "--batch", "3"])
+            .output()
+            .unwrap();
         let pb = b.sync_cmd(&env, &["pull"]).output().unwrap();
         b.mediate();
         let inbox = b.names("sandboxes/web/inbox");
@@ -400,7 +459,10 @@ fn contract_changes_cross_exactly_once_through_50_kills() {
     assert_eq!(extra, 0);
     assert!(forwards.values().all(|&n| n == 1));
     assert_eq!(forwards.len(), sent.len());
-    assert!(kills[0] >= 10 && kills[1] >= 10, "both sides killed: {kills:?}");
+    assert!(
+        kills[0] >= 10 && kills[1] >= 10,
+        "both sides killed: {kills:?}"
+    );
 }
 
 /// Arrival times of the messages in `dir/new` (watched with inotify).
@@ -481,10 +543,7 @@ fn figures_latency_per_sync_interval_and_requests_per_message() {
             .collect();
         let lost = n - lat.len();
         let per_msg = reqs.len() as f64 / n as f64;
-        let writes = reqs
-            .iter()
-            .filter(|r| r["method"] != "GET")
-            .count();
+        let writes = reqs.iter().filter(|r| r["method"] != "GET").count();
         println!(
             "federation figures: sync interval {interval_ms} ms, messages {n} at 10/s, A->B latency median {:.2} s max {:.2} s, requests {} ({writes} writes), requests per message {per_msg:.2}, lost {lost}",
             median(lat.clone()),
@@ -507,7 +566,10 @@ fn figures_latency_per_sync_interval_and_requests_per_message() {
     for (interval, per_msg, lost) in rows {
         assert_eq!(lost, 0, "interval {interval} ms");
         if interval >= 500 {
-            assert!(per_msg <= 1.1, "interval {interval} ms: {per_msg:.2} requests per message");
+            assert!(
+                per_msg <= 1.1,
+                "interval {interval} ms: {per_msg:.2} requests per message"
+            );
         }
     }
 }

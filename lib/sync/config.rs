@@ -283,10 +283,22 @@ mod tests {
         assert_eq!(f.host_of("mallory"), None);
         for (bad, says) in [
             (serde_json::json!({"hosts": {"a": "x"}}), "\"host\" is not"),
-            (serde_json::json!({"host": "c", "hosts": {"a": "x"}}), "not among"),
-            (serde_json::json!({"host": "a", "hosts": {"a": "x", "b": "x"}}), "both post as 'x'"),
-            (serde_json::json!({"host": "a", "hosts": {"a": "x y"}}), "not a GitHub login"),
-            (serde_json::json!({"host": "A", "hosts": {"A": "x"}}), "not a valid sandbox name"),
+            (
+                serde_json::json!({"host": "c", "hosts": {"a": "x"}}),
+                "not among",
+            ),
+            (
+                serde_json::json!({"host": "a", "hosts": {"a": "x", "b": "x"}}),
+                "both post as 'x'",
+            ),
+            (
+                serde_json::json!({"host": "a", "hosts": {"a": "x y"}}),
+                "not a GitHub login",
+            ),
+            (
+                serde_json::json!({"host": "A", "hosts": {"A": "x"}}),
+                "not a valid sandbox name",
+            ),
         ] {
             let e = cfg(bad).federation().unwrap_err();
             assert_eq!(e.exit, Exit::Config);

@@ -188,7 +188,10 @@ impl Syncer {
         }
         Err(Error::new(
             Exit::TempFail,
-            format!("the announcement of host {} on {t} could not be written; try again later", fed.me),
+            format!(
+                "the announcement of host {} on {t} could not be written; try again later",
+                fed.me
+            ),
         ))
     }
 
@@ -227,10 +230,7 @@ impl Syncer {
                 {
                     let mut list = a.sandboxes;
                     list.retain(|sb| crate::registry::check_name(&sb.name).is_ok());
-                    self.state
-                        .fed
-                        .roster
-                        .insert(h.to_string(), (c.id, list));
+                    self.state.fed.roster.insert(h.to_string(), (c.id, list));
                 }
             }
         }
@@ -344,9 +344,14 @@ impl Syncer {
             .iter()
             .any(|s| ob.sub(*s).join(&m.id).symlink_metadata().is_ok());
         if !in_outbox
-            && [Action::Forward, Action::Escalate, Action::Hold, Action::Bounce]
-                .iter()
-                .any(|a| log.has(&Entry::name_for(&m.id, *a, None)))
+            && [
+                Action::Forward,
+                Action::Escalate,
+                Action::Hold,
+                Action::Bounce,
+            ]
+            .iter()
+            .any(|a| log.has(&Entry::name_for(&m.id, *a, None)))
         {
             // Decided here already, from another outbox: not this host's to take.
             return Ok(());
@@ -474,7 +479,8 @@ impl Syncer {
             let rand = u128::from_str_radix(&seed[..32], 16).expect("hex digest");
             let id = crate::id::id_at(at, rand);
             let created = crate::time::rfc3339(at);
-            let mut subject = format!("sandbox name {name} of host {host} refused: taken by {taken_by}");
+            let mut subject =
+                format!("sandbox name {name} of host {host} refused: taken by {taken_by}");
             while subject.len() > message::MAX_SUBJECT {
                 subject.pop();
             }

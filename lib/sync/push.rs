@@ -75,7 +75,10 @@ impl Syncer {
                 }
                 Head::Host(h) => {
                     // The newest announcement is the one kept current.
-                    let v = ts.synced.entry(super::federate::host_key(&h.host)).or_default();
+                    let v = ts
+                        .synced
+                        .entry(super::federate::host_key(&h.host))
+                        .or_default();
                     if v.first().is_none_or(|&c| c < *cid) {
                         *v = vec![*cid];
                     }
