@@ -241,6 +241,35 @@ fn announcements_make_proxies_and_a_contract_change_crosses() {
     );
     a.mediate();
     assert_eq!(a.names("sandboxes/api/inbox"), [ans.id.clone()]);
+    // Each host's mirror is whole: what a proxy sent is its host's to mirror.
+    for h in [&a, &b] {
+        h.sync(&env, &["--once"]);
+        h.sync(&env, &["verify"]);
+    }
+}
+
+#[test]
+fn tokens_that_cannot_name_their_user_still_federate() {
+    // App installation and Actions tokens: GET /user answers 403, so each
+    // host's own login comes from "hosts".
+    let (env, a, b) = two_hosts("fed-app");
+    env.faults(
+        json!([{ "kind": "status", "status": 403, "method": "GET", "path_contains": "/user",
+        "count": 0, "message": "Resource not accessible by integration" }]),
+    );
+    introduce(&env, &a, &b);
+    let m = contract_change("app tokens");
+    a.root.sandbox("api").outbox().deliver_message(&m).unwrap();
+    a.mediate();
+    a.sync(&env, &["--once"]);
+    b.sync(&env, &["pull"]);
+    b.mediate();
+    assert_eq!(b.names("sandboxes/web/inbox"), [m.id.clone()]);
+    let (reqs, _) = env.requests();
+    assert!(
+        reqs.iter()
+            .any(|r| r["path"].as_str().unwrap().contains("/user"))
+    );
 }
 
 #[test]

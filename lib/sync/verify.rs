@@ -36,7 +36,12 @@ impl Syncer {
             .iter()
             .map(|e| (e.name.clone(), e.clone()))
             .collect();
-        for e in entries.iter().filter(|e| !e.decision.quiet) {
+        // A proxy's messages are mirrored by their own host (federate.rs).
+        let proxies = self.proxy_names()?;
+        for e in entries
+            .iter()
+            .filter(|e| !e.decision.quiet && !proxies.contains(&e.sender))
+        {
             let e = self.outgoing(e);
             local
                 .entry(self.cfg.target_for(&e)?)
