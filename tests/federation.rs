@@ -191,7 +191,7 @@ fn announcements_make_proxies_and_a_contract_change_crosses() {
         text(&o.stdout)
     );
     b.mediate();
-    assert_eq!(b.names("sandboxes/web/inbox"), [m.id.clone()]);
+    assert_eq!(b.names("sandboxes/web/inbox"), [m.id.as_str()]);
     let got = Message::parse(
         &std::fs::read(b.root.sandbox("web").inbox().sub(Sub::New).join(&m.id)).unwrap(),
     )
@@ -215,7 +215,7 @@ fn announcements_make_proxies_and_a_contract_change_crosses() {
     let o = b.sync(&env, &["pull"]);
     assert!(!text(&o.stdout).contains(&m.id), "{}", text(&o.stdout));
     b.mediate();
-    assert_eq!(b.names("sandboxes/api/outbox"), [m.id.clone()]);
+    assert_eq!(b.names("sandboxes/api/outbox"), [m.id.as_str()]);
     assert!(b.names("quarantine").is_empty());
 
     // The answer travels back the same way: B's mediator routes it to the
@@ -240,7 +240,7 @@ fn announcements_make_proxies_and_a_contract_change_crosses() {
         text(&o.stdout)
     );
     a.mediate();
-    assert_eq!(a.names("sandboxes/api/inbox"), [ans.id.clone()]);
+    assert_eq!(a.names("sandboxes/api/inbox"), [ans.id.as_str()]);
     // Each host's mirror is whole: what a proxy sent is its host's to mirror.
     for h in [&a, &b] {
         h.sync(&env, &["--once"]);
@@ -264,7 +264,7 @@ fn tokens_that_cannot_name_their_user_still_federate() {
     a.sync(&env, &["--once"]);
     b.sync(&env, &["pull"]);
     b.mediate();
-    assert_eq!(b.names("sandboxes/web/inbox"), [m.id.clone()]);
+    assert_eq!(b.names("sandboxes/web/inbox"), [m.id.as_str()]);
     let (reqs, _) = env.requests();
     assert!(
         reqs.iter()
@@ -317,10 +317,10 @@ fn forged_headers_deliver_nothing() {
     b.mediate();
     assert_eq!(
         b.names("sandboxes/web/inbox"),
-        [m.id.clone()],
+        [m.id.as_str()],
         "only the real message"
     );
-    assert_eq!(b.names("sandboxes/api/outbox"), [m.id.clone()]);
+    assert_eq!(b.names("sandboxes/api/outbox"), [m.id.as_str()]);
     assert!(b.record("evil").is_none() && b.record("ghost").is_none());
     assert!(!b.root.sandboxes_dir().join("ghost").exists());
 }
