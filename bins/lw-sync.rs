@@ -69,7 +69,7 @@ struct Args {
     /// Keep running: sync whenever the log changes.
     #[arg(long)]
     watch: bool,
-    /// With --watch: pass over the log (and retry) at least every SECS.
+    /// With --watch: pass over the log (and retry) at least every SECS; a federated host also pulls.
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     interval: u64,
     /// Most log entries in one comment when a backlog is batched.
@@ -159,9 +159,17 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             drop(_lock);
             let dir = root.log_dir().join("new");
             let period = Duration::from_secs(args.interval.max(1));
+            // A host of a federation also pulls, at most once per interval:
+            // other hosts' messages raise no event here.
+            let federated = s.cfg.federation()?.is_some();
+            let mut last_pull: Option<std::time::Instant> = None;
             sync::watch_dir(&dir, period, || {
                 let _l = sync::lock(&root, true)?;
-                let r = s.reload().and_then(|()| s.sync());
+                let mut r = s.reload().and_then(|()| s.sync());
+                if r.is_ok() && federated && last_pull.is_none_or(|t| t.elapsed() >= period) {
+                    last_pull = Some(std::time::Instant::now());
+                    r = s.pull();
+                }
                 report(&mut s, out, json, false)?;
                 r
             })

@@ -249,6 +249,51 @@ fn announcements_make_proxies_and_a_contract_change_crosses() {
 }
 
 #[test]
+fn watching_hosts_push_and_pull_by_themselves() {
+    let (env, a, b) = two_hosts("fed-watch");
+    let mut procs: Vec<Child> = [&a, &b]
+        .iter()
+        .map(|h| {
+            h.sync_cmd(&env, &["--watch", "--interval", "1"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    procs.push(a.mediator_watch());
+    procs.push(b.mediator_watch());
+    // The proxy appears once A's watcher has pulled B's announcement.
+    let w = loopwright::fs::Watcher::new().unwrap();
+    w.add(&a.root.registry_dir()).unwrap();
+    let t = Instant::now();
+    while a.record("web").is_none() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "A never learnt of web"
+        );
+        w.wait(Some(Duration::from_secs(1))).unwrap();
+    }
+    let m = contract_change("watched");
+    a.root.sandbox("api").outbox().deliver_message(&m).unwrap();
+    let sent = Instant::now();
+    let arrived = watch_arrivals(
+        b.root.sandbox("web").inbox().path.clone(),
+        1,
+        Duration::from_secs(30),
+    );
+    for mut p in procs {
+        let _ = p.kill();
+        let _ = p.wait();
+    }
+    assert!(arrived.contains_key(&m.id), "{arrived:?}");
+    println!(
+        "federation watch: A->B latency {:.2} s with --watch --interval 1",
+        arrived[&m.id].duration_since(sent).as_secs_f64()
+    );
+}
+
+#[test]
 fn tokens_that_cannot_name_their_user_still_federate() {
     // App installation and Actions tokens: GET /user answers 403, so each
     // host's own login comes from "hosts".
