@@ -33,17 +33,18 @@
 //! again finds the file and writes nothing; the mediator itself refuses an
 //! id it routed before.  The set of taken comment ids in the sync state,
 //! written after the deliveries, only spares a later pull the work.
+//!
+//! Proxy records and refused names are kept in `clash`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use super::format::{HOST_VERSION, HostHead, HostSandbox, header_line, inline};
-use super::{Event, FORMAT_VERSION, Head, MAX_UNKNOWN, NoticeHead, Syncer};
+use super::{Event, Head, MAX_UNKNOWN, Syncer};
 use super::{parse_comment, reassemble, sha256_hex};
 use crate::error::{Error, Exit, Result};
 use crate::github::{Comment, Posted, Target};
-use crate::layout;
-use crate::log::{Action, Decision, Entry, LOG_VERSION, Log};
-use crate::message::{self, Kind, Message};
+use crate::log::{Action, Entry, Log};
+use crate::message::{Kind, Message};
 use crate::registry::{Registry, Sandbox};
 
 use super::config::Federation;
@@ -98,7 +99,7 @@ fn addressed(m: &Message, parties: &[String], own: &[Sandbox]) -> Vec<String> {
 impl Syncer {
     /// This host's own sandboxes (registry records without `host`) and the
     /// proxies of other hosts' (with).
-    fn records(&self) -> Result<(Vec<Sandbox>, Vec<Sandbox>)> {
+    pub(super) fn records(&self) -> Result<(Vec<Sandbox>, Vec<Sandbox>)> {
         let (good, _) = Registry::new(&self.root).list()?;
         Ok(good.into_iter().partition(|s| s.host.is_none()))
     }
@@ -207,8 +208,22 @@ impl Syncer {
         self.check_login(&fed)?;
         let mut by_id: Vec<&Comment> = comments.iter().collect();
         by_id.sort_by_key(|c| c.id);
-        // 1. Announcements: the newest of each host, by its own login only.
-        for c in &by_id {
+        self.read_announcements(&fed, &by_id);
+        let refused = self.apply_roster(t, &fed, &by_id)?;
+        self.save()?;
+        let mut full: Option<Vec<Comment>> = None;
+        for (host, login) in &fed.hosts {
+            if *host != fed.me {
+                self.take_from(t, host, login, &by_id, &mut full, &refused)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The newest announcement of each other host, by that host's own login
+    /// only, into the roster.
+    fn read_announcements(&mut self, fed: &Federation, by_id: &[&Comment]) {
+        for c in by_id {
             let Some(h) = fed.host_of(c.login()) else {
                 continue;
             };
@@ -234,76 +249,82 @@ impl Syncer {
                 }
             }
         }
-        let refused = self.apply_roster(t, &fed, &by_id)?;
-        self.save()?;
-        // 2. Entries, per host (parts are reassembled only from one login's comments).
-        let mut full: Option<Vec<Comment>> = None;
-        for (host, login) in fed.hosts.clone() {
-            if host == fed.me {
-                continue;
-            }
-            let mine: Vec<&Comment> = by_id
-                .iter()
-                .copied()
-                .filter(|c| c.login() == login && !self.state.fed.taken.contains(&c.id))
-                .collect();
-            if mine.is_empty() {
-                continue;
-            }
-            let mut sections = Vec::new();
-            for c in &mine {
-                if let Some(Ok(ss)) = parse_comment(c.text()) {
-                    sections.extend(
+    }
+
+    /// The entries in `host`'s comments (by `login`) not taken yet: parts
+    /// are reassembled from that login's comments only; an entry with a part
+    /// outside this listing (it lists since the last pull) is looked for in
+    /// the whole issue, read at most once a pull (`full`), and its comments
+    /// wait for a later pull while a part is still missing.
+    fn take_from(
+        &mut self,
+        t: &Target,
+        host: &str,
+        login: &str,
+        by_id: &[&Comment],
+        full: &mut Option<Vec<Comment>>,
+        refused: &BTreeSet<String>,
+    ) -> Result<()> {
+        let entry_sections = |cs: &mut dyn Iterator<Item = &Comment>| {
+            let mut v = Vec::new();
+            for c in cs {
+                if c.login() == login
+                    && let Some(Ok(ss)) = parse_comment(c.text())
+                {
+                    v.extend(
                         ss.into_iter()
                             .filter(|s| matches!(s.head, Head::Entry(_)))
                             .map(|s| (c.id, s)),
                     );
                 }
             }
-            let (mut done, mut broken) = reassemble(&sections);
-            if !broken.is_empty() {
-                // A part outside this listing (it lists since the last pull):
-                // read the whole issue once and reassemble from it.
-                if full.is_none() {
-                    full = Some(self.client.list_comments(t, None)?);
-                }
-                let mut all = Vec::new();
-                for c in full.as_deref().unwrap_or_default() {
-                    if c.login() == login
-                        && let Some(Ok(ss)) = parse_comment(c.text())
-                    {
-                        all.extend(ss.into_iter().map(|s| (c.id, s)));
-                    }
-                }
-                let (d2, b2) = reassemble(&all);
-                for (n, v) in d2 {
-                    if broken.remove(&n).is_some() {
-                        done.insert(n, v);
-                    }
-                }
-                broken.retain(|n, _| b2.contains_key(n));
-            }
-            // Comments holding a part still missing wait for a later pull.
-            let waiting: BTreeSet<u64> = sections
-                .iter()
-                .filter_map(|(cid, s)| match &s.head {
-                    Head::Entry(h) if broken.contains_key(&h.entry) => Some(*cid),
-                    _ => None,
-                })
-                .collect();
-            let mut order: Vec<(Entry, Vec<u64>)> = done.into_values().collect();
-            order.sort_by(|a, b| (a.1.first(), &a.0.name).cmp(&(b.1.first(), &b.0.name)));
-            for (e, cids) in order {
-                self.take_entry(&host, &e, cids.first().copied().unwrap_or(0), &refused)?;
-            }
-            for c in mine {
-                if !waiting.contains(&c.id) {
-                    self.state.fed.taken.insert(c.id);
-                }
-            }
-            self.save()?;
+            v
+        };
+        let mine: Vec<&Comment> = by_id
+            .iter()
+            .copied()
+            .filter(|c| c.login() == login && !self.state.fed.taken.contains(&c.id))
+            .collect();
+        if mine.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        let sections = entry_sections(&mut mine.iter().copied());
+        let (mut done, broken) = reassemble(&sections);
+        // Edited entries (digest mismatch) are never taken; missing parts wait.
+        let mut missing: BTreeSet<String> = broken
+            .into_iter()
+            .filter(|(_, why)| why.ends_with("parts on GitHub"))
+            .map(|(n, _)| n)
+            .collect();
+        if !missing.is_empty() {
+            if full.is_none() {
+                *full = Some(self.client.list_comments(t, None)?);
+            }
+            let all = entry_sections(&mut full.iter().flatten());
+            for (n, v) in reassemble(&all).0 {
+                if missing.remove(&n) {
+                    done.insert(n, v);
+                }
+            }
+        }
+        let waiting: BTreeSet<u64> = sections
+            .iter()
+            .filter_map(|(cid, s)| match &s.head {
+                Head::Entry(h) if missing.contains(&h.entry) => Some(*cid),
+                _ => None,
+            })
+            .collect();
+        let mut order: Vec<(Entry, Vec<u64>)> = done.into_values().collect();
+        order.sort_by(|a, b| (a.1.first(), &a.0.name).cmp(&(b.1.first(), &b.0.name)));
+        for (e, cids) in order {
+            self.take_entry(host, &e, cids.first().copied().unwrap_or(0), refused)?;
+        }
+        for c in mine {
+            if !waiting.contains(&c.id) {
+                self.state.fed.taken.insert(c.id);
+            }
+        }
+        self.save()
     }
 
     /// Delivers entry `e` of host `host` into this root when it carries a
@@ -381,195 +402,6 @@ impl Syncer {
             });
         }
         Ok(())
-    }
-
-    /// Keeps one proxy record per sandbox other hosts announced, refusing a
-    /// name taken here or announced by two hosts; returns the refused names.
-    fn apply_roster(
-        &mut self,
-        t: &Target,
-        fed: &Federation,
-        comments: &[&Comment],
-    ) -> Result<BTreeSet<String>> {
-        let reg = Registry::new(&self.root);
-        let (own, proxies) = self.records()?;
-        let own_names: BTreeSet<&str> = own.iter().map(|s| s.name.as_str()).collect();
-        let mut claims: BTreeMap<String, Vec<(String, HostSandbox, u64)>> = BTreeMap::new();
-        for (h, (cid, list)) in &self.state.fed.roster {
-            if !fed.hosts.contains_key(h) || *h == fed.me {
-                continue;
-            }
-            for sb in list {
-                claims
-                    .entry(sb.name.clone())
-                    .or_default()
-                    .push((h.clone(), sb.clone(), *cid));
-            }
-        }
-        let mut refused = BTreeSet::new();
-        let mut clashes = Vec::new();
-        for (name, cl) in &claims {
-            if own_names.contains(name.as_str()) || cl.len() > 1 {
-                refused.insert(name.clone());
-                for (h, _, cid) in cl {
-                    let taken_by = if own_names.contains(name.as_str()) {
-                        format!("this host {}", fed.me)
-                    } else {
-                        let others: Vec<&str> = cl
-                            .iter()
-                            .map(|(o, _, _)| o.as_str())
-                            .filter(|o| o != h)
-                            .collect();
-                        format!("host {}", others.join(", host "))
-                    };
-                    clashes.push((name.clone(), h.clone(), *cid, taken_by));
-                }
-                continue;
-            }
-            let (h, sb, _) = &cl[0];
-            let have = proxies.iter().find(|p| p.name == *name);
-            if have.is_none_or(|p| p.host.as_deref() != Some(h) || p.scope != sb.scope) {
-                let mut rec = Sandbox::new(name, None, sb.scope.clone());
-                rec.host = Some(h.clone());
-                reg.register(&rec)?;
-            }
-        }
-        for p in &proxies {
-            if !claims.contains_key(&p.name) || refused.contains(&p.name) {
-                // No longer announced (or now refused): messages to it bounce;
-                // its mailbox stays, as for any unregistered party.
-                reg.unregister(&p.name)?;
-            }
-        }
-        for (name, h, cid, by) in clashes {
-            let when = comments
-                .iter()
-                .find(|c| c.id == cid)
-                .map(|c| c.created_at.clone())
-                .unwrap_or_default();
-            self.tell_clash(t, fed, &name, &h, cid, &by, &when)?;
-        }
-        Ok(refused)
-    }
-
-    /// Tells this root (an escalation from the mediator in the human queue,
-    /// logged) and the issue (a notice, once) that host `host`'s sandbox
-    /// `name` was refused.
-    #[allow(clippy::too_many_arguments)]
-    fn tell_clash(
-        &mut self,
-        t: &Target,
-        fed: &Federation,
-        name: &str,
-        host: &str,
-        cid: u64,
-        taken_by: &str,
-        when: &str,
-    ) -> Result<()> {
-        let told = format!("{name}/{host}");
-        let problem = format!(
-            "sandbox name {name} announced by host {host} is already taken by {taken_by}; \
-             host {} refuses it: no message goes to or comes from {host}/{name} here. \
-             Rename one of the sandboxes (lw-sandbox rm, then create with another name)",
-            fed.me
-        );
-        if !self.state.fed.told.contains(&told) {
-            let at = crate::time::parse_rfc3339(when).unwrap_or_default();
-            let seed = sha256_hex(format!("clash/{name}/{host}/{cid}/{}", fed.me).as_bytes());
-            let rand = u128::from_str_radix(&seed[..32], 16).expect("hex digest");
-            let id = crate::id::id_at(at, rand);
-            let created = crate::time::rfc3339(at);
-            let mut subject =
-                format!("sandbox name {name} of host {host} refused: taken by {taken_by}");
-            while subject.len() > message::MAX_SUBJECT {
-                subject.pop();
-            }
-            let m = Message {
-                version: message::VERSION,
-                id: id.clone(),
-                from: layout::MEDIATOR.into(),
-                to: vec![layout::HUMAN.into()],
-                kind: Kind::Status,
-                subject,
-                body: format!("{problem}.\n"),
-                refs: vec![],
-                in_reply_to: None,
-                created: created.clone(),
-            };
-            let e = Entry {
-                version: LOG_VERSION,
-                name: Entry::name_for(&id, Action::Escalate, None),
-                logged: crate::time::rfc3339(crate::time::now()),
-                message_id: id.clone(),
-                sender: layout::MEDIATOR.into(),
-                message: Some(m.clone()),
-                decision: Decision {
-                    quiet: false,
-                    action: Action::Escalate,
-                    to: vec![layout::HUMAN.into()],
-                    reason: format!("lw-sync federation: host {host} announced a name taken here"),
-                },
-            };
-            // The human queue's one writer is whoever holds the route lock.
-            let _routes = crate::mediate::lock_routes(&self.root)?;
-            Log::new(self.root.log_dir()).append(&e)?;
-            self.root.human().deliver_once(&id, &m.to_bytes())?;
-            drop(_routes);
-            self.state.fed.told.insert(told);
-            self.save()?;
-            self.events.push(Event::Refused {
-                name: name.into(),
-                host: host.into(),
-                reason: problem.clone(),
-            });
-        }
-        let key = format!("clash/{name}/{host}");
-        let body = format!(
-            "{}\n**lw-sync** on host {}: {}\n",
-            header_line(&Head::Notice(NoticeHead {
-                v: FORMAT_VERSION,
-                key: key.clone(),
-                about: cid,
-            })),
-            inline(&fed.me),
-            inline(&problem)
-        );
-        self.post_keyed(t, &key, &body)
-    }
-
-    /// Posts `body` under `key` once (intent first, reconciled on an
-    /// unknown outcome).
-    pub(super) fn post_keyed(&mut self, t: &Target, key: &str, body: &str) -> Result<()> {
-        let tkey = t.to_string();
-        for _ in 0..MAX_UNKNOWN {
-            if self
-                .state
-                .targets
-                .get(&tkey)
-                .is_some_and(|ts| ts.synced.contains_key(key))
-            {
-                return Ok(());
-            }
-            match self.post_with_intent(t, &tkey, vec![(key.to_string(), 1)], body)? {
-                Posted::Created(nc) => {
-                    let ts = self.state.targets.get_mut(&tkey).expect("target state");
-                    ts.synced.insert(key.to_string(), vec![nc.id]);
-                    ts.pending = None;
-                    return self.save();
-                }
-                Posted::Unknown(reason) => {
-                    self.events.push(Event::Unknown {
-                        target: tkey.clone(),
-                        reason,
-                    });
-                    self.reconcile(t)?;
-                }
-            }
-        }
-        Err(Error::new(
-            Exit::TempFail,
-            format!("the notice {key} on {t} could not be posted; try again later"),
-        ))
     }
 }
 

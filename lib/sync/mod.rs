@@ -37,8 +37,11 @@
 //! and notices), `verify` (both ways, restore), `watch` (the watch loop),
 //! `format` (the comment format and rendering), `parse` (reading
 //! comments back, reassembly), `state` (sync.json), `config` (sync.json
-//! of the project).
+//! of the project), `federate` (hosts that coordinate through the issue:
+//! announcements and taking other hosts' messages) and `clash` (their
+//! proxy records and refused names).
 
+mod clash;
 mod config;
 mod federate;
 mod format;
