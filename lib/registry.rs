@@ -351,6 +351,26 @@ mod tests {
     }
 
     #[test]
+    fn a_proxy_record_names_its_host_and_older_records_have_none() {
+        let r = root();
+        let reg = Registry::new(&r);
+        let mut sb = Sandbox::new("web", None, vec!["schema/**".into()]);
+        sb.host = Some("hostb".into());
+        reg.register(&sb).unwrap();
+        assert_eq!(
+            reg.get("web").unwrap().unwrap().host.as_deref(),
+            Some("hostb")
+        );
+        sb.host = Some("Host B".into());
+        assert!(reg.register(&sb).is_err());
+        let old = r#"{"version":1,"name":"api","scope":[],"registered":"2026-11-30T17:06:45Z"}"#;
+        std::fs::write(reg.dir.join("api.json"), old).unwrap();
+        assert_eq!(reg.get("api").unwrap().unwrap().host, None);
+        let text = std::fs::read_to_string(reg.dir.join("web.json")).unwrap();
+        assert!(text.contains("\"host\": \"hostb\""), "{text}");
+    }
+
+    #[test]
     fn register_get_list_unregister() {
         let r = root();
         let reg = Registry::new(&r);

@@ -318,6 +318,57 @@ fn tokens_that_cannot_name_their_user_still_federate() {
 }
 
 #[test]
+fn a_message_in_parts_is_taken_once_all_parts_are_there() {
+    let (env, a, b) = two_hosts("fed-parts");
+    introduce(&env, &a, &b);
+    // An entry as A's lw-sync would mirror it, in parts, posted by A's login
+    // one part at a time, with B pulling in between.
+    let mut m = contract_change("large");
+    m.body = "0123456789abcdef\n".repeat(9000); // 153 kB: three parts
+    let e = loopwright::log::Entry {
+        version: 1,
+        name: format!("{}.forward", m.id),
+        logged: loopwright::time::rfc3339(loopwright::time::now()),
+        message_id: m.id.clone(),
+        sender: "api".into(),
+        message: Some(m.clone()),
+        decision: loopwright::log::Decision {
+            quiet: false,
+            action: Action::Forward,
+            to: vec!["web".into()],
+            reason: "test".into(),
+        },
+    };
+    let parts =
+        loopwright::sync::render_entry(&e, &[], loopwright::github::MAX_COMMENT_CHARS).unwrap();
+    assert!(parts.len() >= 3, "{} parts", parts.len());
+    let post = |body: &str| {
+        env.ctl(
+            "POST",
+            "comments",
+            json!({ "repo": "octo/proj", "issue": 1, "login": LOGIN_A, "body": body }),
+        );
+    };
+    post(&parts[0]);
+    b.sync(&env, &["pull"]);
+    b.mediate();
+    assert!(b.names("sandboxes/api/outbox").is_empty());
+    for p in &parts[1..] {
+        post(p);
+    }
+    let o = b.sync(&env, &["pull"]);
+    assert!(text(&o.stdout).contains(&m.id), "{}", text(&o.stdout));
+    b.sync(&env, &["pull"]);
+    b.mediate();
+    assert_eq!(b.names("sandboxes/web/inbox"), [m.id.as_str()]);
+    let got = Message::parse(
+        &std::fs::read(b.root.sandbox("web").inbox().sub(Sub::New).join(&m.id)).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(got.body, m.body);
+}
+
+#[test]
 fn forged_headers_deliver_nothing() {
     let (env, a, b) = two_hosts("fed-forged");
     introduce(&env, &a, &b);
