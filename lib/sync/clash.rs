@@ -12,7 +12,7 @@ use super::config::Federation;
 use super::format::{HostSandbox, header_line, inline};
 use super::{Event, FORMAT_VERSION, Head, MAX_UNKNOWN, NoticeHead, Syncer, sha256_hex};
 use crate::error::{Error, Exit, Result};
-use crate::github::{Comment, Posted, Target};
+use crate::github::{Posted, Target};
 use crate::layout;
 use crate::log::{Action, Decision, Entry, LOG_VERSION, Log};
 use crate::message::{self, Kind, Message};
@@ -25,21 +25,20 @@ impl Syncer {
         &mut self,
         t: &Target,
         fed: &Federation,
-        comments: &[&Comment],
     ) -> Result<BTreeSet<String>> {
         let reg = Registry::new(&self.root);
         let (own, proxies) = self.records()?;
         let own_names: BTreeSet<&str> = own.iter().map(|s| s.name.as_str()).collect();
         let mut claims: BTreeMap<String, Vec<(String, HostSandbox, u64)>> = BTreeMap::new();
-        for (h, (cid, list)) in &self.state.fed.roster {
+        for (h, a) in &self.state.fed.roster {
             if !fed.hosts.contains_key(h) || *h == fed.me {
                 continue;
             }
-            for sb in list {
+            for sb in &a.sandboxes {
                 claims
                     .entry(sb.name.clone())
                     .or_default()
-                    .push((h.clone(), sb.clone(), *cid));
+                    .push((h.clone(), sb.clone(), a.comment));
             }
         }
         let mut refused = BTreeSet::new();
@@ -78,11 +77,7 @@ impl Syncer {
             }
         }
         for (name, h, cid, by) in clashes {
-            let when = comments
-                .iter()
-                .find(|c| c.id == cid)
-                .map(|c| c.created_at.clone())
-                .unwrap_or_default();
+            let when = self.state.fed.roster[&h].at.clone();
             self.tell_clash(t, fed, &name, &h, cid, &by, &when)?;
         }
         Ok(refused)

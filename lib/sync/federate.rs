@@ -48,6 +48,7 @@ use crate::message::{Kind, Message};
 use crate::registry::{Registry, Sandbox};
 
 use super::config::Federation;
+use super::state::Announced;
 
 /// The state key of a host's announcement comment.
 pub(super) fn host_key(host: &str) -> String {
@@ -209,7 +210,7 @@ impl Syncer {
         let mut by_id: Vec<&Comment> = comments.iter().collect();
         by_id.sort_by_key(|c| c.id);
         self.read_announcements(&fed, &by_id);
-        let refused = self.apply_roster(t, &fed, &by_id)?;
+        let refused = self.apply_roster(t, &fed)?;
         self.save()?;
         let mut full: Option<Vec<Comment>> = None;
         for (host, login) in &fed.hosts {
@@ -241,11 +242,16 @@ impl Syncer {
                         .fed
                         .roster
                         .get(h)
-                        .is_none_or(|(cid, _)| *cid <= c.id)
+                        .is_none_or(|a| a.comment <= c.id)
                 {
                     let mut list = a.sandboxes;
                     list.retain(|sb| crate::registry::check_name(&sb.name).is_ok());
-                    self.state.fed.roster.insert(h.to_string(), (c.id, list));
+                    let seen = Announced {
+                        comment: c.id,
+                        at: c.created_at.clone(),
+                        sandboxes: list,
+                    };
+                    self.state.fed.roster.insert(h.to_string(), seen);
                 }
             }
         }
@@ -348,7 +354,7 @@ impl Syncer {
             .fed
             .roster
             .get(host)
-            .is_some_and(|(_, l)| l.iter().any(|s| s.name == e.sender));
+            .is_some_and(|a| a.sandboxes.iter().any(|s| s.name == e.sender));
         if !announced || refused.contains(&e.sender) {
             return Ok(());
         }

@@ -56,6 +56,18 @@ pub struct State {
     pub fed: FedState,
 }
 
+/// Another host's announcement, as last read.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Announced {
+    /// Its comment.
+    pub comment: u64,
+    /// When the comment was made (RFC 3339): the time part of the ids
+    /// derived from it, so that a rerun derives the same ones.
+    #[serde(default)]
+    pub at: String,
+    pub sandboxes: Vec<HostSandbox>,
+}
+
 /// Federation state (lw-sync(1), FEDERATION).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct FedState {
@@ -64,9 +76,9 @@ pub struct FedState {
     /// the message id (see `federate`).
     #[serde(default)]
     pub taken: BTreeSet<u64>,
-    /// Host -> (announcement comment, its sandboxes), as last read.
+    /// Host -> its announcement as last read.
     #[serde(default)]
-    pub roster: BTreeMap<String, (u64, Vec<HostSandbox>)>,
+    pub roster: BTreeMap<String, Announced>,
     /// SHA-256 of this host's announcement as last posted or edited.
     #[serde(default)]
     pub announced: Option<String>,
