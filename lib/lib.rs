@@ -36,6 +36,7 @@ pub mod quarantine;
 pub mod redact;
 pub mod registry;
 pub mod sandbox;
+pub mod seccomp;
 pub mod secrets;
 pub mod service;
 pub mod sync;

@@ -155,7 +155,7 @@ pub fn run(
     };
     record(&header.to_string(), out, &mut file);
     let req = ExecRequest {
-        cmd,
+        cmd: crate::sandbox::confine::command(rec.runtime_name(), cmd),
         env,
         user: Some(format!("{0}:{0}", rec.uid)),
         workdir: Some(REPO.into()),

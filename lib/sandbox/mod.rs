@@ -16,7 +16,7 @@
 //! | `/lw/mirror`                   | the project's bare mirror (lw-mirror)     | ro   |
 //! | `/lw/mailbox`                  | `ROOT/sandboxes/NAME` (`LW_MAILBOX`), nosuid,nodev,noexec | rw |
 //! | `/lw/registry`                 | `ROOT/registry` (`LW_REGISTRY`)           | ro   |
-//! | `/usr/local/bin/lw-{post,inbox,mcp}` | the static mailbox commands         | ro   |
+//! | `/usr/local/bin/lw-{post,inbox,mcp,confine}` | the static mailbox commands, the seccomp launcher | ro |
 //! | `/tmp`                         | tmpfs, noexec, nosuid, nodev              | rw   |
 //! | `/run/secrets`                 | tmpfs with its secrets, if any            | ro files |
 //!
@@ -68,6 +68,7 @@
 
 mod agent;
 mod create;
+pub mod confine;
 pub mod disk;
 mod gc;
 pub mod hostpaths;
@@ -249,8 +250,9 @@ pub fn find_project(
     Ok((found, path))
 }
 
-/// lw-post, lw-inbox and lw-mcp, beside the running program: mounted into sandboxes.
-pub fn mailbox_commands() -> [(PathBuf, &'static str); 3] {
+/// lw-post, lw-inbox, lw-mcp and lw-confine, beside the running program:
+/// mounted into sandboxes.
+pub fn mailbox_commands() -> [(PathBuf, &'static str); 4] {
     let dir = std::env::current_exe()
         .ok()
         .and_then(|p| p.parent().map(PathBuf::from))
@@ -259,6 +261,7 @@ pub fn mailbox_commands() -> [(PathBuf, &'static str); 3] {
         (dir.join("lw-post"), "lw-post"),
         (dir.join("lw-inbox"), "lw-inbox"),
         (dir.join("lw-mcp"), "lw-mcp"),
+        (dir.join(confine::CONFINE), confine::CONFINE),
     ]
 }
 

@@ -23,7 +23,10 @@ impl<'a> Sandboxes<'a> {
         let mut out = Vec::new();
         let mut err = Vec::new();
         let req = ExecRequest {
-            cmd: cmd.iter().map(|s| s.to_string()).collect(),
+            cmd: super::confine::command(
+                rec.runtime_name(),
+                cmd.iter().map(|s| s.to_string()).collect(),
+            ),
             env: vec![],
             user: Some(format!("{0}:{0}", rec.uid)),
             workdir: Some(WORK.into()),
@@ -186,7 +189,7 @@ impl<'a> Sandboxes<'a> {
         }
         let term = std::env::var("TERM").unwrap_or_else(|_| "xterm".into());
         let req = ExecRequest {
-            cmd,
+            cmd: super::confine::command(rec.runtime_name(), cmd),
             env: if tty {
                 vec![format!("TERM={term}")]
             } else {

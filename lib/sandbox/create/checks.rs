@@ -144,7 +144,7 @@ fn check_bins(bins: &[(PathBuf, &str)]) -> Result<()> {
             return Err(Error::new(
                 Exit::Unavailable,
                 format!(
-                    "'{}' is missing; install lw-post, lw-inbox and lw-mcp beside lw-sandbox",
+                    "'{}' is missing; install lw-post, lw-inbox, lw-mcp and lw-confine beside lw-sandbox",
                     p.display()
                 ),
             ));

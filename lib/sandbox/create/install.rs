@@ -72,7 +72,10 @@ impl<'a> Sandboxes<'a> {
         let res = (|| {
             self.engine.start(&name)?;
             let req = ExecRequest {
-                cmd: vec!["/bin/sh".into(), "-c".into(), cmd.clone()],
+                cmd: crate::sandbox::confine::command(
+                    rec.runtime_name(),
+                    vec!["/bin/sh".into(), "-c".into(), cmd.clone()],
+                ),
                 env: vec![],
                 user: Some(format!("{0}:{0}", rec.uid)),
                 workdir: Some(REPO.into()),

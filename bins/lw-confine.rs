@@ -1,0 +1,63 @@
+//! lw-confine: `lw-confine [--] COMMAND [ARG...]` installs the sandboxes'
+//! seccomp profile (runtime/seccomp.json, the one every sandbox container
+//! is given) on itself, with no-new-privileges, then execs COMMAND (found
+//! on PATH), which keeps the filter and passes it to all it starts.
+//!
+//! Mounted read-only at /usr/local/bin/lw-confine in every sandbox.
+//! lw-sandbox starts every command it runs in a gVisor (runsc) sandbox
+//! through it: that runsc applies the container's profile to its first
+//! process only, never to one started by `docker exec` (lib/seccomp says
+//! more).  Under runc the container's own filter is already there; a second
+//! one is harmless.
+//!
+//! Exit status: COMMAND's own (it replaces this process); 64 without a
+//! command; 77 when the filter cannot be installed (nothing is run
+//! unconfined); 78 when the profile does not compile; 126 when COMMAND
+//! cannot be run; 127 when it is not found.
+
+use std::os::unix::process::CommandExt;
+use std::process::{Command, ExitCode};
+
+const USAGE: &str = "usage: lw-confine [--] <command> [<args>...]\n       lw-confine --version\n";
+
+fn main() -> ExitCode {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    match args.first().and_then(|a| a.to_str()) {
+        Some("--") => {
+            args.remove(0);
+        }
+        Some("--help" | "-h") => {
+            print!(
+                "{USAGE}\nRuns <command> under the sandboxes' seccomp profile (with no-new-privileges).\n"
+            );
+            return ExitCode::SUCCESS;
+        }
+        Some("--version" | "-V") => {
+            println!("lw-confine {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
+        _ => {}
+    }
+    if args.is_empty() {
+        eprint!("{USAGE}");
+        return ExitCode::from(64);
+    }
+    let prog = match loopwright::seccomp::compile(loopwright::sandbox::SECCOMP_PROFILE) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("lw-confine: {e}");
+            return ExitCode::from(e.exit.code());
+        }
+    };
+    if let Err(e) = loopwright::seccomp::install(&prog) {
+        eprintln!("lw-confine: {e}; not running {:?}", args[0]);
+        return ExitCode::from(e.exit.code());
+    }
+    let err = Command::new(&args[0]).args(&args[1..]).exec();
+    eprintln!("lw-confine: cannot run {:?}: {err}", args[0]);
+    ExitCode::from(if err.kind() == std::io::ErrorKind::NotFound {
+        127
+    } else {
+        126
+    })
+}
