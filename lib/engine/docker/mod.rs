@@ -377,7 +377,7 @@ impl Engine for DockerEngine {
             tmpfs: if spec.tmpfs.is_empty() {
                 None
             } else {
-                Some(spec.tmpfs.clone().into_iter().collect())
+                Some(self.engine_tmpfs(&spec.tmpfs, spec.user.as_deref())?)
             },
             binds: opt_vec(
                 &spec

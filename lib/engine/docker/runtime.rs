@@ -7,7 +7,10 @@
 //! container spec without them gets the host's own hard limits, capped
 //! below what Podman's service keeps for itself.  And Podman 4 reads `seccomp=VALUE` as the
 //! path of a profile where dockerd takes the profile itself, so on Podman
-//! an inline profile is written to a file of its own first.
+//! an inline profile is written to a file of its own first.  Podman 4.3
+//! refuses a tmpfs's `uid=`/`gid=` ("unknown mount option"); its own `U`
+//! gives the tmpfs to the container's user, so on Podman a tmpfs owned by
+//! that user is asked for with `U` instead.
 
 use std::path::PathBuf;
 
@@ -133,6 +136,68 @@ impl DockerEngine {
     }
 }
 
+/// A tmpfs's options as Podman takes them: `uid=N,gid=M` naming the
+/// container's own user `N:M` become `U` (Podman chowns the tmpfs to it);
+/// other owners cannot be said to Podman 4.3 and are refused (69).
+pub(crate) fn podman_tmpfs_options(
+    target: &str,
+    opts: &str,
+    user: Option<&str>,
+) -> Result<String> {
+    let (uid, gid) = match user.map(|u| u.split_once(':').unwrap_or((u, u))) {
+        Some((u, g)) => (u, g),
+        None => ("0", "0"),
+    };
+    let mut out: Vec<&str> = Vec::new();
+    let mut owned = false;
+    for o in opts.split(',').filter(|o| !o.is_empty()) {
+        match o.split_once('=') {
+            Some(("uid", v)) | Some(("gid", v)) => {
+                let want = if o.starts_with("uid=") { uid } else { gid };
+                if v != want {
+                    return Err(Error::new(
+                        Exit::Unavailable,
+                        format!(
+                            "Podman cannot give the tmpfs at {target} the owner {o} (only the container's user, {uid}:{gid}, through its 'U' option)"
+                        ),
+                    ));
+                }
+                owned = true;
+            }
+            _ => out.push(o),
+        }
+    }
+    if owned {
+        out.push("U");
+    }
+    Ok(out.join(","))
+}
+
+impl DockerEngine {
+    /// The container's tmpfs mounts as the engine takes them (on Podman:
+    /// [`podman_tmpfs_options`]).
+    pub(crate) fn engine_tmpfs(
+        &self,
+        tmpfs: &std::collections::BTreeMap<String, String>,
+        user: Option<&str>,
+    ) -> Result<std::collections::HashMap<String, String>> {
+        let podman = tmpfs.values().any(|o| o.contains("uid=") || o.contains("gid="))
+            && self.host().starts_with("unix://")
+            && self.is_podman();
+        tmpfs
+            .iter()
+            .map(|(t, o)| {
+                let o = if podman {
+                    podman_tmpfs_options(t, o, user)?
+                } else {
+                    o.clone()
+                };
+                Ok((t.clone(), o))
+            })
+            .collect()
+    }
+}
+
 /// `$XDG_RUNTIME_DIR/loopwright`, else `TMPDIR/loopwright-UID`: made 0700
 /// and refused unless this user owns it (no one else may swap a profile).
 fn profile_dir() -> Result<PathBuf> {
@@ -158,4 +223,25 @@ fn profile_dir() -> Result<PathBuf> {
         ));
     }
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn podman_tmpfs_owner_becomes_u() {
+        let o = "rw,noexec,nosuid,nodev,size=1m,mode=0700,uid=100000,gid=100000";
+        assert_eq!(
+            podman_tmpfs_options("/run/secrets", o, Some("100000:100000")).unwrap(),
+            "rw,noexec,nosuid,nodev,size=1m,mode=0700,U"
+        );
+        assert_eq!(
+            podman_tmpfs_options("/tmp", "rw,size=1m", Some("100000:100000")).unwrap(),
+            "rw,size=1m"
+        );
+        let e = podman_tmpfs_options("/run/secrets", o, Some("1:1")).unwrap_err();
+        assert_eq!(e.exit, Exit::Unavailable);
+        assert!(e.msg.contains("/run/secrets"), "{}", e.msg);
+    }
 }
