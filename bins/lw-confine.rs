@@ -11,7 +11,7 @@
 //! one is harmless.
 //!
 //! Exit status: COMMAND's own (it replaces this process); 64 without a
-//! command; 77 when the filter cannot be installed (nothing is run
+//! command or with an unknown option before it; 77 when the filter cannot be installed (nothing is run
 //! unconfined); 78 when the profile does not compile; 126 when COMMAND
 //! cannot be run; 127 when it is not found.
 
@@ -35,6 +35,10 @@ fn main() -> ExitCode {
         Some("--version" | "-V") => {
             println!("lw-confine {}", env!("CARGO_PKG_VERSION"));
             return ExitCode::SUCCESS;
+        }
+        Some(flag) if flag.starts_with('-') => {
+            eprint!("lw-confine: unknown option '{flag}'\n{USAGE}");
+            return ExitCode::from(64);
         }
         _ => {}
     }

@@ -13,6 +13,10 @@ fn cli_goldens() {
             std::path::Path::new(env!("CARGO_BIN_EXE_lw-build")),
         )
         .register_bin(
+            "lw-confine",
+            std::path::Path::new(env!("CARGO_BIN_EXE_lw-confine")),
+        )
+        .register_bin(
             "lw-doctor",
             std::path::Path::new(env!("CARGO_BIN_EXE_lw-doctor")),
         )

@@ -203,7 +203,8 @@ impl Disk {
     }
 }
 
-/// Names with a disk image under the root (for gc).
+/// Names with a disk image or a gVisor scratch mount (scratch.rs) under
+/// the root (for gc).
 pub fn names(root: &Root) -> Vec<String> {
     let mut out: Vec<String> = fs::read_dir(disk_dir(root))
         .into_iter()
@@ -213,6 +214,7 @@ pub fn names(root: &Root) -> Vec<String> {
             let n = e.file_name().to_string_lossy().into_owned();
             n.strip_suffix(".work.img")
                 .or_else(|| n.strip_suffix(".mail.img"))
+                .or_else(|| n.strip_suffix(".scratch"))
                 .map(str::to_string)
         })
         .collect();

@@ -142,6 +142,12 @@ impl<'a> Sandboxes<'a> {
                 disk::mail(&self.root, name).image.display()
             ));
         }
+        if super::scratch::remove(&self.root, name)? {
+            out(&format!(
+                "scratch {}",
+                super::scratch::dir(&self.root, name).display()
+            ));
+        }
         if disk::work(&self.root, name).remove()? {
             out(&format!(
                 "disk {}",

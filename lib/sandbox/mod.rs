@@ -76,6 +76,7 @@ pub mod limits;
 mod ls;
 pub mod mailbox;
 pub mod push;
+pub mod scratch;
 mod record;
 mod running;
 mod settings;

@@ -60,7 +60,7 @@ impl<'a> Sandboxes<'a> {
             )
         })?;
         if !c.running {
-            self.mount_disks(&rec.name)?;
+            self.mount_disks(rec)?;
             self.engine.start(&rec.container)?;
         }
         Ok(c)
@@ -68,11 +68,17 @@ impl<'a> Sandboxes<'a> {
 
     /// Mounts the sandbox's disk images again (after a reboot) before its
     /// container starts: started without them, it would write the host's disk.
-    pub(super) fn mount_disks(&self, name: &str) -> Result<()> {
+    pub(super) fn mount_disks(&self, rec: &Record) -> Result<()> {
+        let name = &rec.name;
         for d in [disk::work(&self.root, name), disk::mail(&self.root, name)] {
             if d.image.exists() {
                 d.mount()?;
             }
+        }
+        if super::scratch::needed(rec.runtime_name()) {
+            // Still mounted unless the host rebooted; then at the default
+            // size (the record does not keep the project's).
+            super::scratch::make(&self.root, name, super::DEFAULT_TMP_SIZE)?;
         }
         Ok(())
     }
@@ -113,7 +119,7 @@ impl<'a> Sandboxes<'a> {
             self.start_model_proxy(&rec)?;
         }
         if !c.running {
-            self.mount_disks(&rec.name)?;
+            self.mount_disks(&rec)?;
             self.engine.start(&rec.container)?;
         }
         self.install_secrets(&rec, &secrets)?;

@@ -41,11 +41,11 @@ pub fn container_spec(
         read_only_root: true,
         cap_drop: vec!["ALL".into()],
         security_opt: security_options(),
-        pids_limit: Some(settings.pids),
+        pids_limit: Some(super::scratch::host_pids(rec.runtime_name(), settings.pids)),
         memory_bytes: Some(settings.memory),
         nano_cpus: Some((settings.limits.cpus * 1e9) as i64),
         log_options: settings.limits.log_options().into_iter().collect(),
-        tmpfs: tmpfs(settings, with_secrets),
+        tmpfs: tmpfs(settings, rec, with_secrets),
         binds: binds(sb, rec, mailbox, bins),
         network: Some(network),
         ports: rec
@@ -88,12 +88,16 @@ fn labels(sb: &Sandboxes, rec: &Record) -> BTreeMap<String, String> {
     labels
 }
 
-/// `/tmp`, and the secrets' tmpfs when it has secrets.
-fn tmpfs(settings: &Settings, with_secrets: bool) -> BTreeMap<String, String> {
-    let mut tmpfs = BTreeMap::from([(
-        "/tmp".to_string(),
-        format!("rw,noexec,nosuid,nodev,size={}", settings.tmp_size),
-    )]);
+/// `/tmp` (under gVisor a bind of the host's, see `binds`), and the
+/// secrets' tmpfs when it has secrets.
+fn tmpfs(settings: &Settings, rec: &Record, with_secrets: bool) -> BTreeMap<String, String> {
+    let mut tmpfs = BTreeMap::new();
+    if !super::scratch::needed(rec.runtime_name()) {
+        tmpfs.insert(
+            "/tmp".to_string(),
+            format!("rw,noexec,nosuid,nodev,size={}", settings.tmp_size),
+        );
+    }
     if with_secrets {
         tmpfs.insert(
             secrets::DIR.to_string(),
@@ -106,7 +110,8 @@ fn tmpfs(settings: &Settings, with_secrets: bool) -> BTreeMap<String, String> {
     tmpfs
 }
 
-/// The host paths it sees: workspace, mirror, mailbox, registry, the mailbox commands.
+/// The host paths it sees: workspace, mirror, mailbox, registry, the mailbox
+/// commands (and under gVisor its scratch places).
 fn binds(sb: &Sandboxes, rec: &Record, mailbox: &Path, bins: &[(PathBuf, &str)]) -> Vec<Bind> {
     let mut binds = vec![
         Bind {
@@ -142,6 +147,10 @@ fn binds(sb: &Sandboxes, rec: &Record, mailbox: &Path, bins: &[(PathBuf, &str)])
             target: format!("{BIN_DIR}/{name}"),
             read_only: true,
         });
+    }
+    // Under gVisor, /tmp and /dev/shm from the host's noexec tmpfs (scratch.rs).
+    if super::scratch::needed(rec.runtime_name()) {
+        binds.extend(super::scratch::binds(&sb.root, &rec.name));
     }
     binds
 }

@@ -28,6 +28,9 @@ impl<'a> Sandboxes<'a> {
         let boxdir = self.make_mailbox(rec, c)?;
         clock.mark("record");
         self.make_egress(rec, c, clock)?;
+        if crate::sandbox::scratch::needed(rec.runtime_name()) {
+            crate::sandbox::scratch::make(&self.root, &rec.name, &c.settings.tmp_size)?;
+        }
         let work = disk::work(&self.root, &rec.name);
         match c.settings.limits.disk {
             Some(bytes) => work.make(bytes, c.settings.uid, 0o755)?,
