@@ -46,7 +46,7 @@ fn main() -> ExitCode {
         eprint!("{USAGE}");
         return ExitCode::from(64);
     }
-    let prog = match loopwright::seccomp::compile(loopwright::sandbox::SECCOMP_PROFILE) {
+    let prog = match loopwright::seccomp::compile(loopwright::wall::SECCOMP_PROFILE) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("lw-confine: {e}");

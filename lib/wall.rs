@@ -74,9 +74,40 @@ pub fn security_options() -> Vec<String> {
     v
 }
 
+/// The launcher that installs the sandbox's seccomp profile before it execs
+/// a command (bins/lw-confine.rs, lib/seccomp), mounted at
+/// `BIN_DIR/lw-confine` in every sandbox.  Every command loopwright runs in a
+/// gVisor sandbox starts through it: the runsc of these hosts gives a
+/// process started by `docker exec` no filter at all.  Under runc the
+/// container's own filter applies to every exec, so the command runs as
+/// given.  A user's own `docker exec` is not wrapped (docs/engines.md).
+pub const CONFINE: &str = "lw-confine";
+
+/// `cmd` as it must be started in a sandbox under `runtime`.
+pub fn confined(runtime: &str, cmd: Vec<String>) -> Vec<String> {
+    if crate::engine::Isolation::of(runtime) != crate::engine::Isolation::Gvisor {
+        return cmd;
+    }
+    let mut v = Vec::with_capacity(cmd.len() + 2);
+    v.push(format!("{BIN_DIR}/{CONFINE}"));
+    v.push("--".into());
+    v.extend(cmd);
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_gvisor_commands_are_confined() {
+        let c = vec!["sh".to_string(), "-c".into(), "true".into()];
+        assert_eq!(confined("runc", c.clone()), c);
+        assert_eq!(
+            confined("runsc", c.clone()),
+            ["/usr/local/bin/lw-confine", "--", "sh", "-c", "true"]
+        );
+    }
 
     #[test]
     fn sizes() {

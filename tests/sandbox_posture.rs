@@ -6,9 +6,9 @@ mod sandbox_support;
 use std::io::Read;
 use std::net::TcpListener;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use sandbox_support::*;
 
@@ -41,7 +41,10 @@ fn sh_within(f: &Fixture, name: &str, script: &str, secs: u64, step: &str) -> (i
         std::thread::sleep(Duration::from_millis(100));
     };
     let Some(st) = status else {
-        return (-1, format!("TIMEOUT: {step} did not finish within {secs} s"));
+        return (
+            -1,
+            format!("TIMEOUT: {step} did not finish within {secs} s"),
+        );
     };
     (st.code().unwrap_or(-1), reader.join().unwrap_or_default())
 }
@@ -66,15 +69,16 @@ fn posture_from_inside_and_from_the_host_has_no_deviation() {
         let cols: Vec<String> = all
             .iter()
             .map(|c| {
-                c.iter()
-                    .find(|(w, _, _)| *w == what)
-                    .map_or("(not checked)".into(), |(_, want, got)| {
+                c.iter().find(|(w, _, _)| *w == what).map_or(
+                    "(not checked)".into(),
+                    |(_, want, got)| {
                         if want == got {
                             format!("ok ({got})")
                         } else {
                             format!("DEVIATES (want {want}, got {got})")
                         }
-                    })
+                    },
+                )
             })
             .collect();
         println!("posture table: {what:<44} | {}", cols.join(" | "));
@@ -136,21 +140,25 @@ fn posture(rt: &str) -> Vec<(&'static str, String, String)> {
     if gvisor {
         // gVisor's status has no such line: runsc takes no-new-privileges
         // as always set (and lw-confine sets it).
-        checks.push(("inside NoNewPrivs line (gVisor has none)", "?".into(), get("NoNewPrivs")));
+        checks.push((
+            "inside NoNewPrivs line (gVisor has none)",
+            "?".into(),
+            get("NoNewPrivs"),
+        ));
     } else {
         checks.push(("inside NoNewPrivs", "1".into(), get("NoNewPrivs")));
     }
     checks.push(("inside Seccomp (2 = filter)", "2".into(), get("Seccomp")));
-    checks.push((
-        "inside a child's Seccomp",
-        "Seccomp:2".into(),
-        get("child"),
-    ));
+    checks.push(("inside a child's Seccomp", "Seccomp:2".into(), get("child")));
     checks.push(("inside root mount", "ro".into(), get("root")));
     if gvisor {
         // /tmp is the host's noexec scratch tmpfs, bound in (gVisor shows
         // a bind without the host's options): checked from the host below.
-        checks.push(("inside /tmp a bind of the host's (9p)", "9p".into(), get("tmptype")));
+        checks.push((
+            "inside /tmp a bind of the host's (9p)",
+            "9p".into(),
+            get("tmptype"),
+        ));
     } else {
         let tmp = get("tmp");
         checks.push((
@@ -225,21 +233,25 @@ fn posture(rt: &str) -> Vec<(&'static str, String, String)> {
         // the sandbox's shell: it runs under gVisor's own seccomp filter
         // with no-new-privileges, and no program of the sandbox runs on
         // the host's kernel.
-        checks.push(("host view (sentry) NoNewPrivs", "1".into(), field("NoNewPrivs")));
+        checks.push((
+            "host view (sentry) NoNewPrivs",
+            "1".into(),
+            field("NoNewPrivs"),
+        ));
         checks.push(("host view (sentry) Seccomp", "2".into(), field("Seccomp")));
         let argv0 = std::fs::read(format!("/proc/{}/cmdline", v[8])).unwrap_or_default();
         let argv0 = String::from_utf8_lossy(argv0.split(|b| *b == 0).next().unwrap_or_default())
             .into_owned();
-        checks.push(("host view PID 1 is the sentry", "runsc-sandbox".into(), argv0));
-        let scratch = f.root.join("state/disk/p.scratch");
         checks.push((
-            "host scratch tmpfs noexec,nosuid,nodev",
-            "true".into(),
-            {
-                let o = mount_options(&scratch);
-                (o.contains("noexec") && o.contains("nosuid") && o.contains("nodev")).to_string()
-            },
+            "host view PID 1 is the sentry",
+            "runsc-sandbox".into(),
+            argv0,
         ));
+        let scratch = f.root.join("state/disk/p.scratch");
+        checks.push(("host scratch tmpfs noexec,nosuid,nodev", "true".into(), {
+            let o = mount_options(&scratch);
+            (o.contains("noexec") && o.contains("nosuid") && o.contains("nodev")).to_string()
+        }));
     } else {
         checks.push((
             "host view CapEff",
@@ -337,11 +349,8 @@ fn posture(rt: &str) -> Vec<(&'static str, String, String)> {
         checks.push((
             "fork bomb: the host's limit was reached",
             "true".into(),
-            (state == "exited"
-                || host_events
-                    .as_deref()
-                    .is_some_and(|e| e.trim() != "max 0"))
-            .to_string(),
+            (state == "exited" || host_events.as_deref().is_some_and(|e| e.trim() != "max 0"))
+                .to_string(),
         ));
         // Whatever the bomb left (a sentry that ended, or 60 s sleeps
         // holding the budget): a stop and a start bring the sandbox back.

@@ -50,6 +50,8 @@ pub struct Target<'a> {
     /// The project's top directory; empty when the sandbox was made outside one.
     pub project: &'a Path,
     pub agent: Option<&'a AgentRecord>,
+    /// The OCI runtime of its container (gVisor's execs go through lw-confine).
+    pub runtime: &'a str,
 }
 
 /// The kit and settings of an agent sandbox.
@@ -155,7 +157,7 @@ pub fn run(
     };
     record(&header.to_string(), out, &mut file);
     let req = ExecRequest {
-        cmd: crate::sandbox::confine::command(rec.runtime_name(), cmd),
+        cmd: crate::wall::confined(rec.runtime, cmd),
         env,
         user: Some(format!("{0}:{0}", rec.uid)),
         workdir: Some(REPO.into()),

@@ -28,6 +28,7 @@ impl Record {
             uid: self.uid,
             project: &self.project,
             agent: self.agent.as_ref(),
+            runtime: self.runtime_name(),
         }
     }
 }

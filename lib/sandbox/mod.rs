@@ -68,7 +68,6 @@
 
 mod agent;
 mod create;
-pub mod confine;
 pub mod disk;
 mod gc;
 pub mod hostpaths;
@@ -76,9 +75,9 @@ pub mod limits;
 mod ls;
 pub mod mailbox;
 pub mod push;
-pub mod scratch;
 mod record;
 mod running;
+pub mod scratch;
 mod settings;
 mod spec;
 
@@ -262,7 +261,7 @@ pub fn mailbox_commands() -> [(PathBuf, &'static str); 4] {
         (dir.join("lw-post"), "lw-post"),
         (dir.join("lw-inbox"), "lw-inbox"),
         (dir.join("lw-mcp"), "lw-mcp"),
-        (dir.join(confine::CONFINE), confine::CONFINE),
+        (dir.join(crate::wall::CONFINE), crate::wall::CONFINE),
     ]
 }
 

@@ -23,7 +23,7 @@ impl<'a> Sandboxes<'a> {
         let mut out = Vec::new();
         let mut err = Vec::new();
         let req = ExecRequest {
-            cmd: super::confine::command(
+            cmd: crate::wall::confined(
                 rec.runtime_name(),
                 cmd.iter().map(|s| s.to_string()).collect(),
             ),
@@ -195,7 +195,7 @@ impl<'a> Sandboxes<'a> {
         }
         let term = std::env::var("TERM").unwrap_or_else(|_| "xterm".into());
         let req = ExecRequest {
-            cmd: super::confine::command(rec.runtime_name(), cmd),
+            cmd: crate::wall::confined(rec.runtime_name(), cmd),
             env: if tty {
                 vec![format!("TERM={term}")]
             } else {

@@ -166,8 +166,7 @@ pub fn syscall_number(name: &str) -> Option<u32> {
 /// The profile's rules for a process without capabilities on x86_64:
 /// each system call's cases in the profile's order, and the default action.
 fn cases(json: &str) -> Result<(Vec<(u32, Vec<Case>)>, u32)> {
-    let p: Profile =
-        serde_json::from_str(json).map_err(|e| bad(format!("not a profile: {e}")))?;
+    let p: Profile = serde_json::from_str(json).map_err(|e| bad(format!("not a profile: {e}")))?;
     let default = action(&p.default_action, p.default_errno)?;
     let mut by_nr: std::collections::BTreeMap<u32, Vec<Case>> = Default::default();
     for r in &p.syscalls {
@@ -377,12 +376,8 @@ pub fn compile(json: &str) -> Result<Vec<Insn>> {
 /// Sets no-new-privileges and installs `prog` on the calling thread; every
 /// process it then execs keeps the filter.
 pub fn install(prog: &[Insn]) -> Result<()> {
-    rustix::thread::set_no_new_privs(true).map_err(|e| {
-        Error::new(
-            Exit::NoPerm,
-            format!("cannot set no-new-privileges: {e}"),
-        )
-    })?;
+    rustix::thread::set_no_new_privs(true)
+        .map_err(|e| Error::new(Exit::NoPerm, format!("cannot set no-new-privileges: {e}")))?;
     #[repr(C)]
     struct Fprog {
         len: u16,
@@ -467,10 +462,29 @@ mod tests {
     fn the_sandbox_profile_denies_namespaces_and_mounts_and_allows_the_rest() {
         let p = compile(PROFILE).expect("the sandbox profile compiles");
         let eperm = RET_ERRNO | EPERM;
-        for name in ["read", "write", "openat", "execve", "mmap", "ptrace", "arch_prctl"] {
+        for name in [
+            "read",
+            "write",
+            "openat",
+            "execve",
+            "mmap",
+            "ptrace",
+            "arch_prctl",
+        ] {
             assert_eq!(run(&p, name, [0; 6]), RET_ALLOW, "{name}");
         }
-        for name in ["unshare", "setns", "mount", "umount2", "pivot_root", "bpf", "io_uring_setup", "kexec_load", "open_by_handle_at", "chroot"] {
+        for name in [
+            "unshare",
+            "setns",
+            "mount",
+            "umount2",
+            "pivot_root",
+            "bpf",
+            "io_uring_setup",
+            "kexec_load",
+            "open_by_handle_at",
+            "chroot",
+        ] {
             assert_eq!(run(&p, name, [0; 6]), eperm, "{name}");
         }
         // clone: a thread or a fork, not a namespace (CLONE_NEWUSER, NEWNS).
@@ -481,9 +495,15 @@ mod tests {
         assert_eq!(run(&p, "clone3", [0; 6]), RET_ERRNO | 38);
         // personality: only the listed values, all 64 bits compared.
         assert_eq!(run(&p, "personality", [8, 0, 0, 0, 0, 0]), RET_ALLOW);
-        assert_eq!(run(&p, "personality", [0xffff_ffff, 0, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(
+            run(&p, "personality", [0xffff_ffff, 0, 0, 0, 0, 0]),
+            RET_ALLOW
+        );
         assert_eq!(run(&p, "personality", [1, 0, 0, 0, 0, 0]), eperm);
-        assert_eq!(run(&p, "personality", [8 | (1 << 32), 0, 0, 0, 0, 0]), eperm);
+        assert_eq!(
+            run(&p, "personality", [8 | (1 << 32), 0, 0, 0, 0, 0]),
+            eperm
+        );
         // Another architecture's or x32's numbers: the default.
         let nr = syscall_number("read").expect("read");
         assert_eq!(evaluate(&p, nr, 0x4000_0003, [0; 6]), eperm);

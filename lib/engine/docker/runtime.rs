@@ -139,11 +139,7 @@ impl DockerEngine {
 /// A tmpfs's options as Podman takes them: `uid=N,gid=M` naming the
 /// container's own user `N:M` become `U` (Podman chowns the tmpfs to it);
 /// other owners cannot be said to Podman 4.3 and are refused (69).
-pub(crate) fn podman_tmpfs_options(
-    target: &str,
-    opts: &str,
-    user: Option<&str>,
-) -> Result<String> {
+pub(crate) fn podman_tmpfs_options(target: &str, opts: &str, user: Option<&str>) -> Result<String> {
     let (uid, gid) = match user.map(|u| u.split_once(':').unwrap_or((u, u))) {
         Some((u, g)) => (u, g),
         None => ("0", "0"),
@@ -181,7 +177,9 @@ impl DockerEngine {
         tmpfs: &std::collections::BTreeMap<String, String>,
         user: Option<&str>,
     ) -> Result<std::collections::HashMap<String, String>> {
-        let podman = tmpfs.values().any(|o| o.contains("uid=") || o.contains("gid="))
+        let podman = tmpfs
+            .values()
+            .any(|o| o.contains("uid=") || o.contains("gid="))
             && self.host().starts_with("unix://")
             && self.is_podman();
         tmpfs

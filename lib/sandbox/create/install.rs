@@ -72,7 +72,7 @@ impl<'a> Sandboxes<'a> {
         let res = (|| {
             self.engine.start(&name)?;
             let req = ExecRequest {
-                cmd: crate::sandbox::confine::command(
+                cmd: crate::wall::confined(
                     rec.runtime_name(),
                     vec!["/bin/sh".into(), "-c".into(), cmd.clone()],
                 ),
