@@ -58,7 +58,9 @@ fn main() -> ExitCode {
         return ExitCode::from(e.exit.code());
     }
     let err = Command::new(&args[0]).args(&args[1..]).exec();
-    eprintln!("lw-confine: cannot run {:?}: {err}", args[0]);
+    let cause = err.to_string();
+    let cause = cause.split(" (os error").next().unwrap_or_default();
+    eprintln!("lw-confine: cannot run {:?}: {cause}", args[0]);
     ExitCode::from(if err.kind() == std::io::ErrorKind::NotFound {
         127
     } else {
