@@ -121,6 +121,9 @@ struct Cond {
 /// The conditions (all must hold) and the action of one rule.
 type Case = (Vec<Cond>, u32);
 
+/// Each system call's cases, by number, and the default action.
+type Rules = (Vec<(u32, Vec<Case>)>, u32);
+
 fn bad(msg: String) -> Error {
     Error::new(Exit::Config, format!("seccomp profile: {msg}"))
 }
@@ -165,7 +168,7 @@ pub fn syscall_number(name: &str) -> Option<u32> {
 
 /// The profile's rules for a process without capabilities on x86_64:
 /// each system call's cases in the profile's order, and the default action.
-fn cases(json: &str) -> Result<(Vec<(u32, Vec<Case>)>, u32)> {
+fn cases(json: &str) -> Result<Rules> {
     let p: Profile = serde_json::from_str(json).map_err(|e| bad(format!("not a profile: {e}")))?;
     let default = action(&p.default_action, p.default_errno)?;
     let mut by_nr: std::collections::BTreeMap<u32, Vec<Case>> = Default::default();
@@ -417,7 +420,7 @@ pub fn evaluate(prog: &[Insn], nr: u32, arch: u32, args: [u64; 6]) -> u32 {
             OFF_ARCH => arch,
             o if o >= OFF_ARGS => {
                 let i = ((o - OFF_ARGS) / 8) as usize;
-                if (o - OFF_ARGS) % 8 == 0 {
+                if (o - OFF_ARGS).is_multiple_of(8) {
                     args[i] as u32
                 } else {
                     (args[i] >> 32) as u32
