@@ -174,123 +174,25 @@ fn policy_of(args: &Args) -> (PathBuf, bool) {
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
-    let w = |out: &mut dyn Write, s: String| writeln!(out, "{s}").map_err(out_err);
-    match &args.cmd {
-        Some(Cmd::Policy(PolicyCmd::Check { file })) => {
-            Policy::load(file)?;
-            w(out, format!("{}: ok", file.display()))?;
-            return Ok(Exit::Ok);
-        }
-        Some(Cmd::Policy(PolicyCmd::Show { file })) => {
-            let (p, explicit) = match file {
-                Some(f) => (f.clone(), true),
-                None => policy_of(&args),
-            };
-            let pol = if explicit || p.exists() {
-                Policy::load(&p)?
-            } else {
-                Policy::default()
-            };
-            write!(out, "{}", pol.render()).map_err(out_err)?;
-            return Ok(Exit::Ok);
-        }
-        _ => {}
+    if let Some(Cmd::Policy(p)) = &args.cmd {
+        // Policy commands need no root.
+        return run_policy(&args, p, out);
     }
     let root = root_of(&args)?;
     match &args.cmd {
-        None => {
-            let _lock = mediate::lock_mediator(&root)?;
-            let (p, explicit) = policy_of(&args);
-            let mut m = Mediator::open(root, Some(p), explicit)?;
-            m.secrets = door_secrets()?;
-            m.batch = args.batch;
-            m.verbose = args.verbose;
-            m.sync = if args.sync == "fs" {
-                loopwright::group::Sync::FileSystem
-            } else {
-                loopwright::group::Sync::File
-            };
-            if args.once {
-                let s = m.drain(out)?;
-                if args.verbose {
-                    w(
-                        out,
-                        format!(
-                            "routed {} forwarded {} escalated {} held {} bounced {} quarantined {} receipts {}",
-                            s.routed,
-                            s.forwarded,
-                            s.escalated,
-                            s.held,
-                            s.bounced,
-                            s.quarantined,
-                            s.receipts
-                        ),
-                    )?;
-                }
-                if s.waiting > 0 {
-                    eprintln!(
-                        "lw-mediate: {} messages or outboxes could not be routed yet (see above); they wait",
-                        s.waiting
-                    );
-                    return Ok(Exit::TempFail);
-                }
-                return Ok(Exit::Ok);
-            }
-            m.watch(Duration::from_secs(args.rescan.max(1)), out)?;
-            Ok(Exit::Ok)
-        }
+        None => run_mediator(&args, root, out),
         Some(Cmd::Held { json }) | Some(Cmd::Human { json }) => {
-            operator::print_queue(
-                out,
-                &root,
-                matches!(args.cmd, Some(Cmd::Held { .. })),
-                *json,
-            )?;
+            let held = matches!(args.cmd, Some(Cmd::Held { .. }));
+            operator::print_queue(out, &root, held, *json)?;
             Ok(Exit::Ok)
         }
         Some(Cmd::Release { ids }) | Some(Cmd::Drop { ids, .. }) => {
-            let (p, explicit) = policy_of(&args);
-            let mut m = Mediator::open(root, Some(p), explicit)?;
-            m.secrets = door_secrets()?;
-            for id in ids {
-                let e = match &args.cmd {
-                    Some(Cmd::Drop { reason, .. }) => m.drop_held(id, reason, out)?,
-                    _ => m.release(id, out)?,
-                };
-                w(
-                    out,
-                    format!(
-                        "{} {} {}",
-                        e.message_id,
-                        e.decision.action.as_str(),
-                        e.decision.to.join(",")
-                    ),
-                )?;
-            }
-            Ok(Exit::Ok)
+            run_release_or_drop(&args, root, ids, out)
         }
         Some(Cmd::Answer { id, text }) => {
-            let body = match text.as_deref() {
-                Some("-") | None if cli::stdin_is_tty() && text.is_none() => {
-                    return Err(Error::usage(
-                        "no answer given: pass TEXT, or pipe it to standard input",
-                    ));
-                }
-                Some("-") | None => {
-                    let mut b = Vec::new();
-                    std::io::stdin()
-                        .take(loopwright::message::MAX_BODY as u64 + 1)
-                        .read_to_end(&mut b)
-                        .map_err(|e| {
-                            Error::new(Exit::IoErr, "cannot read standard input").with_source(e)
-                        })?;
-                    String::from_utf8(b)
-                        .map_err(|_| Error::data("the answer on standard input is not UTF-8"))?
-                }
-                Some(t) => t.to_string(),
-            };
+            let body = answer_body(text.as_deref())?;
             let m = operator::answer(&root, &Log::new(root.log_dir()), id, &body)?;
-            w(out, m.id)?;
+            writeln!(out, "{}", m.id).map_err(out_err)?;
             Ok(Exit::Ok)
         }
         Some(Cmd::Log { json }) => operator::print_log(out, &root, *json),
@@ -300,12 +202,9 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             scope,
         }) => {
             root.init()?;
-            let p = Registry::new(&root).register(&Sandbox::new(
-                name,
-                branch.clone(),
-                scope.clone(),
-            ))?;
-            w(out, p.display().to_string())?;
+            let s = Sandbox::new(name, branch.clone(), scope.clone());
+            let p = Registry::new(&root).register(&s)?;
+            writeln!(out, "{}", p.display()).map_err(out_err)?;
             Ok(Exit::Ok)
         }
         Some(Cmd::Unregister { name }) => {
@@ -319,5 +218,104 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         }
         Some(Cmd::Sandboxes { json }) => operator::print_sandboxes(out, &root, *json),
         Some(Cmd::Policy(_)) => unreachable!("handled above because policy commands need no root"),
+    }
+}
+
+fn run_policy(args: &Args, cmd: &PolicyCmd, out: &mut dyn Write) -> Result<Exit> {
+    match cmd {
+        PolicyCmd::Check { file } => {
+            Policy::load(file)?;
+            writeln!(out, "{}: ok", file.display()).map_err(out_err)?;
+        }
+        PolicyCmd::Show { file } => {
+            let (p, explicit) = match file {
+                Some(f) => (f.clone(), true),
+                None => policy_of(args),
+            };
+            let pol = if explicit || p.exists() {
+                Policy::load(&p)?
+            } else {
+                Policy::default()
+            };
+            write!(out, "{}", pol.render()).map_err(out_err)?;
+        }
+    }
+    Ok(Exit::Ok)
+}
+
+/// The mediator itself: drains once (`--once`) or watches.
+fn run_mediator(args: &Args, root: Root, out: &mut dyn Write) -> Result<Exit> {
+    let _lock = mediate::lock_mediator(&root)?;
+    let (p, explicit) = policy_of(args);
+    let mut m = Mediator::open(root, Some(p), explicit)?;
+    m.secrets = door_secrets()?;
+    m.batch = args.batch;
+    m.verbose = args.verbose;
+    m.sync = if args.sync == "fs" {
+        loopwright::group::Sync::FileSystem
+    } else {
+        loopwright::group::Sync::File
+    };
+    if !args.once {
+        m.watch(Duration::from_secs(args.rescan.max(1)), out)?;
+        return Ok(Exit::Ok);
+    }
+    let s = m.drain(out)?;
+    if args.verbose {
+        writeln!(
+            out,
+            "routed {} forwarded {} escalated {} held {} bounced {} quarantined {} receipts {}",
+            s.routed, s.forwarded, s.escalated, s.held, s.bounced, s.quarantined, s.receipts
+        )
+        .map_err(out_err)?;
+    }
+    if s.waiting > 0 {
+        eprintln!(
+            "lw-mediate: {} messages or outboxes could not be routed yet (see above); they wait",
+            s.waiting
+        );
+        return Ok(Exit::TempFail);
+    }
+    Ok(Exit::Ok)
+}
+
+fn run_release_or_drop(
+    args: &Args,
+    root: Root,
+    ids: &[String],
+    out: &mut dyn Write,
+) -> Result<Exit> {
+    let (p, explicit) = policy_of(args);
+    let mut m = Mediator::open(root, Some(p), explicit)?;
+    m.secrets = door_secrets()?;
+    for id in ids {
+        let e = match &args.cmd {
+            Some(Cmd::Drop { reason, .. }) => m.drop_held(id, reason, out)?,
+            _ => m.release(id, out)?,
+        };
+        let to = e.decision.to.join(",");
+        writeln!(out, "{} {} {to}", e.message_id, e.decision.action.as_str()).map_err(out_err)?;
+    }
+    Ok(Exit::Ok)
+}
+
+/// The text of an answer: TEXT, or standard input for `-` or no TEXT.
+fn answer_body(text: Option<&str>) -> Result<String> {
+    match text {
+        Some("-") | None if cli::stdin_is_tty() && text.is_none() => Err(Error::usage(
+            "no answer given: pass TEXT, or pipe it to standard input",
+        )),
+        Some("-") | None => {
+            let mut b = Vec::new();
+            std::io::stdin()
+                .take(loopwright::message::MAX_BODY as u64 + 1)
+                .read_to_end(&mut b)
+                .map_err(|e| {
+                    Error::new(Exit::IoErr, "cannot read standard input").with_source(e)
+                })?;
+            String::from_utf8(b)
+                .map_err(|_| Error::data("the answer on standard input is not UTF-8"))
+        }
+        Some(t) => Ok(t.to_string()),
     }
 }

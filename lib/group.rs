@@ -91,35 +91,18 @@ pub const FSYNC_WORKERS: usize = 32;
 /// [`FSYNC_WORKERS`] threads at once so that the file system can commit
 /// them together.  The first failure is returned, naming its path.
 pub fn fsync_all(fds: &[(&OwnedFd, &Path)]) -> Result<()> {
-    let fail =
-        |i: usize, e: Errno| Error::io_as(Exit::IoErr, "cannot fsync", fds[i].1, errno_io(e));
-    if fds.len() <= 1 {
-        for (i, (fd, _)) in fds.iter().enumerate() {
-            rfs::fsync(fd).map_err(|e| fail(i, e))?;
-        }
-        return Ok(());
-    }
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let first: std::sync::Mutex<Option<(usize, Errno)>> = std::sync::Mutex::new(None);
-    let work = || {
-        loop {
-            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let Some((fd, _)) = fds.get(i) else { break };
-            if let Err(e) = rfs::fsync(fd) {
-                let mut f = first.lock().unwrap_or_else(|p| p.into_inner());
-                f.get_or_insert((i, e));
-            }
-        }
-    };
-    let workers = fds.len().min(FSYNC_WORKERS);
-    std::thread::scope(|s| {
-        for _ in 1..workers {
-            s.spawn(work);
-        }
-        work();
-    });
-    match first.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        Some((i, e)) => Err(fail(i, e)),
+    let results = parallel(fds.len(), |i| rfs::fsync(fds[i].0));
+    match results
+        .into_iter()
+        .enumerate()
+        .find_map(|(i, r)| r.err().map(|e| (i, e)))
+    {
+        Some((i, e)) => Err(Error::io_as(
+            Exit::IoErr,
+            "cannot fsync",
+            fds[i].1,
+            errno_io(e),
+        )),
         None => Ok(()),
     }
 }
@@ -221,6 +204,110 @@ struct Staged {
     boxkey: usize,
     name: String,
     fd: OwnedFd,
+    /// Written and fsynced by [`write_tmp`]: its data is durable already.
+    synced: bool,
+}
+
+/// One file for [`write_tmp`]: `bytes` as `tmp/NAME` of `boxes[key]`.
+pub struct Write {
+    pub key: usize,
+    pub name: String,
+    pub bytes: Vec<u8>,
+}
+
+/// Creates and writes each file in `tmp/` of its box, and fsyncs it when
+/// `fsync` (the group's [`Sync::File`]), from up to [`FSYNC_WORKERS`]
+/// threads at once: creating a file costs CPU (on ext4
+/// without a journal, a scan past recently deleted inodes) and its fsync
+/// waits on the disk, so a batch's files overlap both.  One result per
+/// write, in order; a file that failed is unlinked.  Nothing is visible
+/// in `new/` yet: [`Group::adopt`] and [`Group::commit`] do that.
+pub fn write_tmp(boxes: &[Box3], writes: &[Write], fsync: bool) -> Vec<Result<OwnedFd>> {
+    let one = |w: &Write| -> Result<OwnedFd> {
+        let fd = create_tmp(boxes, w.key, &w.name, &w.bytes)?;
+        let b = &boxes[w.key];
+        if !fsync {
+            return Ok(fd);
+        }
+        if let Err(e) = rfs::fsync(&fd) {
+            let _ = rfs::unlinkat(&b.tmp, w.name.as_str(), AtFlags::empty());
+            let p = b.path.join("tmp").join(&w.name);
+            return Err(Error::io_as(Exit::IoErr, "cannot fsync", &p, errno_io(e)));
+        }
+        Ok(fd)
+    };
+    parallel(writes.len(), |i| one(&writes[i]))
+}
+
+/// `f(0..n)` from up to [`FSYNC_WORKERS`] threads; the results in order.
+fn parallel<T: Send>(n: usize, f: impl Fn(usize) -> T + std::marker::Sync) -> Vec<T> {
+    if n <= 1 {
+        return (0..n).map(f).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let out: Vec<std::sync::Mutex<Option<T>>> =
+        (0..n).map(|_| std::sync::Mutex::new(None)).collect();
+    let work = || {
+        loop {
+            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if i >= n {
+                break;
+            }
+            let r = f(i);
+            *out[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        }
+    };
+    std::thread::scope(|s| {
+        for _ in 1..n.min(FSYNC_WORKERS) {
+            s.spawn(work);
+        }
+        work();
+    });
+    out.into_iter()
+        .map(|m| {
+            m.into_inner()
+                .unwrap_or_else(|p| p.into_inner())
+                .expect("every index is run once")
+        })
+        .collect()
+}
+
+/// Creates `tmp/NAME` of `boxes[key]` exclusively (mode 0600, never
+/// through a link), gives it to the owner of `tmp/` and writes `bytes`; a
+/// stray file of a crashed earlier attempt is replaced (nobody reads tmp/).
+fn create_tmp(boxes: &[Box3], key: usize, name: &str, bytes: &[u8]) -> Result<OwnedFd> {
+    let b = &boxes[key];
+    let tmp_path = || b.path.join("tmp").join(name);
+    let open = || {
+        rfs::openat(
+            &b.tmp,
+            name,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+    };
+    let fd = match open() {
+        Ok(fd) => fd,
+        Err(Errno::EXIST) => {
+            let _ = rfs::unlinkat(&b.tmp, name, AtFlags::empty());
+            open().map_err(|e| Error::io("cannot create", &tmp_path(), errno_io(e)))?
+        }
+        Err(e) => return Err(Error::io("cannot create", &tmp_path(), errno_io(e))),
+    };
+    if let Err(e) = crate::maildir::give_to_owner(&b.tmp, &fd) {
+        let _ = rfs::unlinkat(&b.tmp, name, AtFlags::empty());
+        return Err(Error::io_as(
+            Exit::NoPerm,
+            "cannot give the message to the owner of",
+            &b.path.join("tmp"),
+            errno_io(e),
+        ));
+    }
+    if let Err(e) = crate::maildir::write_all(&fd, bytes) {
+        let _ = rfs::unlinkat(&b.tmp, name, AtFlags::empty());
+        return Err(Error::io_as(Exit::IoErr, "cannot write", &tmp_path(), e));
+    }
+    Ok(fd)
 }
 
 /// A batch of deliveries to one or more Maildirs.
@@ -278,48 +365,46 @@ impl Group {
     /// there already (in `new/` or `cur/`, or staged in this group): the
     /// delivery is idempotent by name.  Returns false when nothing was staged.
     pub fn stage(&mut self, boxes: &[Box3], key: usize, name: &str, bytes: &[u8]) -> Result<bool> {
-        let b = &boxes[key];
-        if self.seen.contains(&(key, name.to_string())) || b.has(name) {
+        if !self.wants(boxes, key, name) {
             return Ok(false);
         }
-        let tmp_path = b.path.join("tmp").join(name);
-        let open = || {
-            rfs::openat(
-                &b.tmp,
-                name,
-                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::from_raw_mode(0o600),
-            )
-        };
-        let fd = match open() {
-            Ok(fd) => fd,
-            // A stray file of a crashed earlier attempt: nobody reads tmp/.
-            Err(Errno::EXIST) => {
-                let _ = rfs::unlinkat(&b.tmp, name, AtFlags::empty());
-                open().map_err(|e| Error::io("cannot create", &tmp_path, errno_io(e)))?
-            }
-            Err(e) => return Err(Error::io("cannot create", &tmp_path, errno_io(e))),
-        };
-        if let Err(e) = crate::maildir::give_to_owner(&b.tmp, &fd) {
-            let _ = rfs::unlinkat(&b.tmp, name, AtFlags::empty());
-            return Err(Error::io_as(
-                Exit::NoPerm,
-                "cannot give the message to the owner of",
-                &b.path.join("tmp"),
-                errno_io(e),
-            ));
-        }
-        if let Err(e) = crate::maildir::write_all(&fd, bytes) {
-            let _ = rfs::unlinkat(&b.tmp, name, AtFlags::empty());
-            return Err(Error::io_as(Exit::IoErr, "cannot write", &tmp_path, e));
-        }
-        self.seen.insert((key, name.to_string()));
+        let fd = create_tmp(boxes, key, name, bytes)?;
         self.staged.push(Staged {
             boxkey: key,
             name: name.to_string(),
             fd,
+            synced: false,
         });
         Ok(true)
+    }
+
+    /// True when `name` is neither in `new/` or `cur/` of `boxes[key]` nor
+    /// wanted already by this group; the name is then reserved in it, for a
+    /// file that [`write_tmp`] writes and [`Group::adopt`] takes.
+    pub fn wants(&mut self, boxes: &[Box3], key: usize, name: &str) -> bool {
+        if self.seen.contains(&(key, name.to_string())) || boxes[key].has(name) {
+            return false;
+        }
+        self.seen.insert((key, name.to_string()));
+        true
+    }
+
+    /// Takes a file that [`write_tmp`] wrote (`synced`: and fsynced).
+    pub fn adopt(&mut self, key: usize, name: &str, fd: OwnedFd, synced: bool) {
+        self.staged.push(Staged {
+            boxkey: key,
+            name: name.to_string(),
+            fd,
+            synced,
+        });
+    }
+
+    /// Unlinks what was staged and not committed (a batch that failed).
+    pub fn discard(&mut self, boxes: &[Box3]) {
+        for s in std::mem::take(&mut self.staged) {
+            let _ = rfs::unlinkat(&boxes[s.boxkey].tmp, s.name.as_str(), AtFlags::empty());
+        }
+        self.seen.clear();
     }
 
     /// Makes every staged message durable and visible; see the module docs.
@@ -332,7 +417,8 @@ impl Group {
                 let _ = rfs::unlinkat(&boxes[s.boxkey].tmp, s.name.as_str(), AtFlags::empty());
             }
         };
-        let by_fs = self.sync == Sync::FileSystem && staged.len() > 1;
+        let unsynced = staged.iter().filter(|s| !s.synced).count();
+        let by_fs = self.sync == Sync::FileSystem && unsynced > 1;
         if by_fs {
             let fds = staged.iter().map(|s| {
                 (
@@ -348,6 +434,7 @@ impl Group {
         } else {
             let fds: Vec<(&OwnedFd, PathBuf)> = staged
                 .iter()
+                .filter(|s| !s.synced)
                 .map(|s| (&s.fd, boxes[s.boxkey].path.join("tmp").join(&s.name)))
                 .collect();
             let refs: Vec<(&OwnedFd, &Path)> = fds.iter().map(|(f, p)| (*f, p.as_path())).collect();

@@ -65,6 +65,51 @@ pub(super) fn content_digest(m: &Message) -> String {
     hex(&Sha256::digest(v.to_string().as_bytes())[..16])
 }
 
+/// What a route rule made of a message: a finished answer (main decision,
+/// bounced recipients, why they bounce), or the targets to check against
+/// the registry (targets, why, why the unknown ones bounce).
+pub(super) enum Routed {
+    Done(Option<Decision>, Vec<String>, String),
+    Targets(Vec<String>, String, String),
+}
+
+/// Routes `human` (and `hold` when released): to a person.
+fn to_person(m: &Message, release: bool, at: &str) -> Decision {
+    Decision {
+        quiet: false,
+        action: if release {
+            Action::Release
+        } else {
+            Action::Escalate
+        },
+        to: vec![layout::HUMAN.to_string()],
+        reason: format!("kind {} goes to a person ({at})", m.kind),
+    }
+}
+
+/// Route `named`: the recipients the message names.
+fn route_named(m: &Message, named: &[String], at: &str) -> Routed {
+    if named.is_empty() && m.kind != Kind::Status {
+        return Routed::Done(
+            None,
+            vec![layout::MEDIATOR.to_string()],
+            format!(
+                "{} names no recipient but the mediator; name a sandbox with --to ({at})",
+                m.kind
+            ),
+        );
+    }
+    let why = if named.is_empty() {
+        format!(
+            "{} addressed to the mediator only: logged, delivered to nobody ({at})",
+            m.kind
+        )
+    } else {
+        format!("{} to its named recipients ({at})", m.kind)
+    };
+    Routed::Targets(named.to_vec(), why, "not a registered sandbox".into())
+}
+
 impl Mediator {
     /// Where a message goes by its kind's route, ignoring hold rules.
     /// Returns the main decision (None when every recipient bounced) and the
@@ -82,122 +127,27 @@ impl Mediator {
                 .filter(|t| *t != layout::MEDIATOR)
                 .cloned()
                 .collect();
-        let main_action = if release {
-            Action::Release
-        } else {
-            Action::Forward
-        };
-        let (mut targets, why, bounce_why): (Vec<String>, String, String) = match rule.value {
-            Route::Hold if !release => {
-                return (
-                    Some(Decision {
-                        quiet: false,
-                        action: Action::Hold,
-                        to: vec![],
-                        reason: format!("kind {} is routed to hold ({at})", m.kind),
-                    }),
-                    vec![],
-                    String::new(),
-                );
-            }
+        let routed = match rule.value {
+            Route::Hold if !release => Routed::Done(
+                Some(Decision {
+                    quiet: false,
+                    action: Action::Hold,
+                    to: vec![],
+                    reason: format!("kind {} is routed to hold ({at})", m.kind),
+                }),
+                vec![],
+                String::new(),
+            ),
             Route::Human | Route::Hold => {
-                let action = if release {
-                    Action::Release
-                } else {
-                    Action::Escalate
-                };
-                return (
-                    Some(Decision {
-                        quiet: false,
-                        action,
-                        to: vec![layout::HUMAN.to_string()],
-                        reason: format!("kind {} goes to a person ({at})", m.kind),
-                    }),
-                    vec![],
-                    String::new(),
-                );
+                Routed::Done(Some(to_person(m, release, &at)), vec![], String::new())
             }
-            Route::Named => {
-                if named.is_empty() && m.kind != Kind::Status {
-                    return (
-                        None,
-                        vec![layout::MEDIATOR.to_string()],
-                        format!(
-                            "{} names no recipient but the mediator; name a sandbox with --to ({at})",
-                            m.kind
-                        ),
-                    );
-                }
-                let why = if named.is_empty() {
-                    format!(
-                        "{} addressed to the mediator only: logged, delivered to nobody ({at})",
-                        m.kind
-                    )
-                } else {
-                    format!("{} to its named recipients ({at})", m.kind)
-                };
-                (named.clone(), why, "not a registered sandbox".into())
-            }
-            Route::Scope => {
-                let mut t: Vec<String> = self
-                    .known
-                    .values()
-                    .filter(|s| s.name != sender)
-                    .filter(|s| {
-                        s.scope.is_empty()
-                            || m.refs.is_empty()
-                            || s.scope
-                                .iter()
-                                .any(|sc| m.refs.iter().any(|r| policy::overlaps(sc, r)))
-                    })
-                    .map(|s| s.name.clone())
-                    .collect();
-                t.extend(named.iter().cloned());
-                let why = if m.refs.is_empty() {
-                    format!("{} without refs goes to every other sandbox ({at})", m.kind)
-                } else {
-                    format!(
-                        "{} goes to sandboxes whose scope overlaps its refs or that declared none ({at})",
-                        m.kind
-                    )
-                };
-                (t, why, "not a registered sandbox".into())
-            }
-            Route::Asker => {
-                let Some(q) = &m.in_reply_to else {
-                    return (
-                        None,
-                        named
-                            .clone()
-                            .into_iter()
-                            .chain([layout::MEDIATOR.into()])
-                            .take(1)
-                            .collect(),
-                        format!(
-                            "{} has no in_reply_to, so it has nobody to go to ({at})",
-                            m.kind
-                        ),
-                    );
-                };
-                match self.sender_of(q) {
-                    Some(asker) => {
-                        let mut t = vec![asker.clone()];
-                        t.extend(named.iter().cloned());
-                        (
-                            t,
-                            format!("{} goes to {asker}, who sent {q} ({at})", m.kind),
-                            "not a registered sandbox".into(),
-                        )
-                    }
-                    None => {
-                        return (
-                            None,
-                            vec![layout::MEDIATOR.to_string()],
-                            format!("in_reply_to {q} names no message in the log ({at})"),
-                        );
-                    }
-                }
-            }
+            Route::Named => route_named(m, &named, &at),
+            Route::Scope => self.route_scope(m, sender, &named, &at),
+            Route::Asker => self.route_asker(m, &named, &at),
+        };
+        let (mut targets, why, bounce_why) = match routed {
+            Routed::Done(main, bounce, why) => return (main, bounce, why),
+            Routed::Targets(t, why, bounce_why) => (t, why, bounce_why),
         };
         targets.sort();
         targets.dedup();
@@ -209,12 +159,74 @@ impl Mediator {
         } else {
             Some(Decision {
                 quiet: false,
-                action: main_action,
+                action: if release {
+                    Action::Release
+                } else {
+                    Action::Forward
+                },
                 to: known,
                 reason: why,
             })
         };
         (main, unknown, bounce_why)
+    }
+
+    /// Route `scope`: every other sandbox whose scope overlaps the refs (or
+    /// that declared none), and the named recipients.
+    fn route_scope(&self, m: &Message, sender: &str, named: &[String], at: &str) -> Routed {
+        let mut t: Vec<String> = self
+            .known
+            .values()
+            .filter(|s| s.name != sender)
+            .filter(|s| {
+                s.scope.is_empty()
+                    || m.refs.is_empty()
+                    || s.scope
+                        .iter()
+                        .any(|sc| m.refs.iter().any(|r| policy::overlaps(sc, r)))
+            })
+            .map(|s| s.name.clone())
+            .collect();
+        t.extend(named.iter().cloned());
+        let why = if m.refs.is_empty() {
+            format!("{} without refs goes to every other sandbox ({at})", m.kind)
+        } else {
+            format!(
+                "{} goes to sandboxes whose scope overlaps its refs or that declared none ({at})",
+                m.kind
+            )
+        };
+        Routed::Targets(t, why, "not a registered sandbox".into())
+    }
+
+    /// Route `asker`: whoever sent the message this one replies to, and the
+    /// named recipients.
+    fn route_asker(&self, m: &Message, named: &[String], at: &str) -> Routed {
+        let Some(q) = &m.in_reply_to else {
+            let to = named
+                .iter()
+                .cloned()
+                .chain([layout::MEDIATOR.into()])
+                .take(1);
+            let why = format!(
+                "{} has no in_reply_to, so it has nobody to go to ({at})",
+                m.kind
+            );
+            return Routed::Done(None, to.collect(), why);
+        };
+        match self.sender_of(q) {
+            Some(asker) => {
+                let mut t = vec![asker.clone()];
+                t.extend(named.iter().cloned());
+                let why = format!("{} goes to {asker}, who sent {q} ({at})", m.kind);
+                Routed::Targets(t, why, "not a registered sandbox".into())
+            }
+            None => Routed::Done(
+                None,
+                vec![layout::MEDIATOR.to_string()],
+                format!("in_reply_to {q} names no message in the log ({at})"),
+            ),
+        }
     }
 
     /// The hold rules, in order: sender, kind, duplicate, rate.  Updates the

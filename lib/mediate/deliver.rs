@@ -65,6 +65,41 @@ impl Mediator {
         Ok(boxes.list.len() - 1)
     }
 
+    /// The copies a logged entry calls for that are not delivered yet,
+    /// their names reserved in `g` (see [`Group::wants`]).
+    pub(super) fn plan_copies(
+        &mut self,
+        boxes: &mut Boxes,
+        g: &mut Group,
+        e: &Entry,
+        full: &Message,
+    ) -> Result<Vec<group::Write>> {
+        let Some(m) = &e.message else {
+            return Ok(vec![]);
+        };
+        let mut want: Vec<(usize, String, Vec<u8>)> = Vec::new();
+        match e.decision.action {
+            Action::Forward | Action::Release | Action::Escalate => {
+                let bytes = m.to_bytes();
+                for party in &e.decision.to {
+                    want.push((self.party_box(boxes, party)?, m.id.clone(), bytes.clone()));
+                }
+            }
+            Action::Hold => want.push((HELD, m.id.clone(), full.to_bytes())),
+            Action::Bounce => {
+                let b = Self::bounce_message(e);
+                let key = self.party_box(boxes, &e.sender)?;
+                want.push((key, b.id.clone(), b.to_bytes()));
+            }
+            _ => {}
+        }
+        Ok(want
+            .into_iter()
+            .filter(|(key, name, _)| g.wants(&boxes.list, *key, name))
+            .map(|(key, name, bytes)| group::Write { key, name, bytes })
+            .collect())
+    }
+
     /// Stages the copies a logged entry calls for.
     pub(super) fn stage_deliveries(
         &mut self,
@@ -73,24 +108,13 @@ impl Mediator {
         e: &Entry,
         full: &Message,
     ) -> Result<()> {
-        let Some(m) = &e.message else { return Ok(()) };
-        match e.decision.action {
-            Action::Forward | Action::Release | Action::Escalate => {
-                let bytes = m.to_bytes();
-                for party in &e.decision.to {
-                    let key = self.party_box(boxes, party)?;
-                    g.stage(&boxes.list, key, &m.id, &bytes)?;
-                }
-            }
-            Action::Hold => {
-                g.stage(&boxes.list, HELD, &m.id, &full.to_bytes())?;
-            }
-            Action::Bounce => {
-                let b = Self::bounce_message(e);
-                let key = self.party_box(boxes, &e.sender)?;
-                g.stage(&boxes.list, key, &b.id, &b.to_bytes())?;
-            }
-            _ => {}
+        let writes = self.plan_copies(boxes, g, e, full)?;
+        let fsync = self.sync == group::Sync::File;
+        for (w, fd) in writes
+            .iter()
+            .zip(group::write_tmp(&boxes.list, &writes, fsync))
+        {
+            g.adopt(w.key, &w.name, fd?, fsync);
         }
         Ok(())
     }
@@ -164,11 +188,13 @@ impl Mediator {
     }
 
     /// Routes one batch of outbox entries, taken from any number of
-    /// outboxes (`items` index `obs`): decide each, log all durably, deliver
-    /// all durably, claim all, with one sync point per step for the whole
-    /// batch.  Returns the entries put off to the next batch: a message
-    /// whose id another entry of this batch already uses waits until that
-    /// one's decision is logged, so that it meets it as before.
+    /// outboxes (`items` index `obs`): decide each, then log all durably,
+    /// deliver all durably, claim all.  The log entries and the copies are
+    /// written and fsynced together, from many threads; the copies become
+    /// visible only once the log entries are durable, and the claims only
+    /// once the copies are.  Returns the entries put off to the next batch:
+    /// a message whose id another entry of this batch already uses waits
+    /// until that one's decision is logged, so that it meets it as before.
     pub(super) fn route_batch(
         &mut self,
         boxes: &mut Boxes,
@@ -177,107 +203,29 @@ impl Mediator {
         out: &mut dyn Write,
     ) -> Result<Vec<(usize, OsString)>> {
         self.call_hook("collected", obs, items);
+        let c = self.collect(obs, items);
+        let mut copies = Group::with_sync(self.sync);
+        let failed = self.log_and_stage(boxes, obs, &c, &mut copies, out)?;
+        copies.commit(&boxes.list)?;
+        self.call_hook("delivered", obs, items);
+        self.claim_all(boxes, obs, &c.work, &failed)?;
+        Ok(c.later)
+    }
+
+    /// Inspects and decides every entry of a batch.
+    fn collect(&mut self, obs: &[(String, Box3)], items: &[(usize, OsString)]) -> Collected {
         let resumed_before = self.stats.resumed;
-        let mut work: Vec<(usize, Work)> = Vec::new();
-        let mut to_log: Vec<Entry> = Vec::new();
+        let mut c = Collected::default();
         let mut ids: HashSet<String> = HashSet::new();
-        let mut later = Vec::new();
         for (k, name) in items {
             let (sender, ob) = (obs[*k].0.as_str(), &obs[*k].1);
-            let quarantine = |why: String, st: &rfs::Stat, sender: &str| {
-                let qid = quarantine_id(sender, name, st);
-                let e = Entry {
-                    version: LOG_VERSION,
-                    name: Entry::name_for(&qid, Action::Quarantine, None),
-                    logged: crate::time::rfc3339(crate::time::now()),
-                    message_id: qid.clone(),
-                    sender: sender.to_string(),
-                    message: None,
-                    decision: Decision {
-                        quiet: false,
-                        action: Action::Quarantine,
-                        to: vec![],
-                        reason: format!(
-                            "'{}' in the outbox of {sender}: {why}; kept as quarantine/new/{qid}",
-                            escape_name(name)
-                        ),
-                    },
-                };
-                (
-                    Work::Quarantine {
-                        name: name.clone(),
-                        qid,
-                    },
-                    e,
-                )
-            };
             match inspect(&ob.new, name) {
                 Inspected::Gone => {}
-                Inspected::Bad(why, st) => {
-                    let (w, e) = quarantine(why, &st, sender);
-                    work.push((*k, w));
-                    to_log.push(e);
-                }
-                Inspected::Message(m) if ids.contains(&m.id) => {
-                    later.push((*k, name.clone()));
-                }
-                Inspected::Message(mut m) => {
+                Inspected::Bad(why, st) => c.quarantine(*k, sender, name, why, &st),
+                Inspected::Message(m) if ids.contains(&m.id) => c.later.push((*k, name.clone())),
+                Inspected::Message(m) => {
                     ids.insert(m.id.clone());
-                    let claimed = std::mem::replace(&mut m.from, sender.to_string());
-                    let (main, bounce) = self.decision_of(&m.id);
-                    let prior = main.clone().or(bounce.clone());
-                    let clash = prior.as_ref().and_then(|p| {
-                        if p.sender != sender {
-                            Some(format!(
-                                "id {} is already used by a message from {}",
-                                m.id, p.sender
-                            ))
-                        } else if !self.records(p, &m) {
-                            Some(format!(
-                                "id {} is already used by an earlier, different message",
-                                m.id
-                            ))
-                        } else if ob.has_cur(name) {
-                            Some(format!("posted again after {} was routed", m.id))
-                        } else {
-                            None
-                        }
-                    });
-                    if let Some(why) = clash {
-                        let st = rfs::statat(&ob.new, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW);
-                        if let Ok(st) = st {
-                            let (w, e) = quarantine(why, &st, sender);
-                            work.push((*k, w));
-                            to_log.push(e);
-                        }
-                        continue;
-                    }
-                    let entries = match (main, bounce) {
-                        (Some(a), b) => {
-                            self.stats.resumed += 1;
-                            std::iter::once(a).chain(b).collect()
-                        }
-                        (None, b) => {
-                            if b.is_some() {
-                                self.stats.resumed += 1;
-                            }
-                            self.decide(&m, sender, &claimed, b)
-                        }
-                    };
-                    let claim_question = match (sender, m.kind, &m.in_reply_to) {
-                        (layout::HUMAN, Kind::Answer, Some(q)) => Some(q.clone()),
-                        _ => None,
-                    };
-                    to_log.extend(entries.iter().cloned());
-                    work.push((
-                        *k,
-                        Work::Route {
-                            name: name.clone(),
-                            message: Box::new(m),
-                            entries,
-                            claim_question,
-                        },
-                    ));
+                    self.collect_message(&mut c, *k, sender, ob, name, m);
                 }
             }
         }
@@ -290,45 +238,235 @@ impl Mediator {
             );
             let _ = std::io::stderr().write_all(line.as_bytes());
         }
-        // 1. Log.
-        let refs: Vec<&Entry> = to_log.iter().collect();
-        self.log_entries(boxes, &refs, out)?;
+        c
+    }
+
+    /// Decides one message (or carries out the decision an earlier run
+    /// logged), or quarantines it when its id clashes with the log.
+    fn collect_message(
+        &mut self,
+        c: &mut Collected,
+        k: usize,
+        sender: &str,
+        ob: &Box3,
+        name: &OsString,
+        mut m: Message,
+    ) {
+        let claimed = std::mem::replace(&mut m.from, sender.to_string());
+        let (main, bounce) = self.decision_of(&m.id);
+        let prior = main.as_ref().or(bounce.as_ref());
+        if let Some(why) = prior.and_then(|p| self.clash(p, &m, sender, ob, name)) {
+            if let Ok(st) = rfs::statat(&ob.new, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW) {
+                c.quarantine(k, sender, name, why, &st);
+            }
+            return;
+        }
+        let entries: Vec<Entry> = match (main, bounce) {
+            (Some(a), b) => {
+                self.stats.resumed += 1;
+                std::iter::once(a).chain(b).collect()
+            }
+            (None, b) => {
+                if b.is_some() {
+                    self.stats.resumed += 1;
+                }
+                self.decide(&m, sender, &claimed, b)
+            }
+        };
+        let claim_question = match (sender, m.kind, &m.in_reply_to) {
+            (layout::HUMAN, Kind::Answer, Some(q)) => Some(q.clone()),
+            _ => None,
+        };
+        c.to_log.extend(entries.iter().cloned());
+        let name = name.clone();
+        let message = Box::new(m);
+        c.work.push((
+            k,
+            Work::Route {
+                name,
+                message,
+                entries,
+                claim_question,
+            },
+        ));
+    }
+
+    /// Why a message cannot be routed although the log knows its id: another
+    /// sender's, different content, or posted again after it was routed.
+    fn clash(
+        &self,
+        p: &Entry,
+        m: &Message,
+        sender: &str,
+        ob: &Box3,
+        name: &OsStr,
+    ) -> Option<String> {
+        if p.sender != sender {
+            Some(format!(
+                "id {} is already used by a message from {}",
+                m.id, p.sender
+            ))
+        } else if !self.records(p, m) {
+            Some(format!(
+                "id {} is already used by an earlier, different message",
+                m.id
+            ))
+        } else if ob.has_cur(name) {
+            Some(format!("posted again after {} was routed", m.id))
+        } else {
+            None
+        }
+    }
+
+    /// Writes the batch's log entries and copies (one parallel write and
+    /// fsync of every file), makes the log entries visible and durable
+    /// (bounces first), and leaves the copies staged in `copies`.  Returns
+    /// the work items whose copies cannot be written: they wait.
+    fn log_and_stage(
+        &mut self,
+        boxes: &mut Boxes,
+        obs: &[(String, Box3)],
+        c: &Collected,
+        copies: &mut Group,
+        out: &mut dyn Write,
+    ) -> Result<HashSet<usize>> {
+        let mut logs = [Group::with_sync(self.sync), Group::with_sync(self.sync)];
+        let mut writes: Vec<group::Write> = Vec::new();
+        let mut tags: Vec<Tag> = Vec::new();
+        for (j, e) in c.to_log.iter().enumerate() {
+            let class =
+                usize::from(!(e.decision.action == Action::Bounce || e.sender == layout::MEDIATOR));
+            if logs[class].wants(&boxes.list, LOG, &e.name) {
+                writes.push(group::Write {
+                    key: LOG,
+                    name: e.name.clone(),
+                    bytes: e.to_bytes(),
+                });
+                tags.push(Tag::Log(class, j));
+            }
+        }
+        let mut failed = HashSet::new();
+        self.plan_batch_copies(boxes, obs, c, copies, &mut writes, &mut tags, &mut failed);
+        let fsync = self.sync == group::Sync::File;
+        let fds = group::write_tmp(&boxes.list, &writes, fsync);
+        let mut written: [Vec<usize>; 2] = [vec![], vec![]];
+        let mut log_err = None;
+        for ((w, tag), fd) in writes.iter().zip(&tags).zip(fds) {
+            match (tag, fd) {
+                (Tag::Log(class, j), Ok(fd)) => {
+                    logs[*class].adopt(w.key, &w.name, fd, fsync);
+                    written[*class].push(*j);
+                }
+                (Tag::Copy(_), Ok(fd)) => copies.adopt(w.key, &w.name, fd, fsync),
+                (Tag::Log(..), Err(e)) => drop(log_err.get_or_insert(e)),
+                (Tag::Copy(i), Err(e)) => self.copy_waits(obs, &c.work, *i, &e, &mut failed),
+            }
+        }
+        let committed = match log_err {
+            Some(e) => Err(e),
+            None => self.commit_log(boxes, &mut logs, &written, &c.to_log, out),
+        };
+        if let Err(e) = committed {
+            logs.iter_mut().for_each(|g| g.discard(&boxes.list));
+            copies.discard(&boxes.list);
+            return Err(e);
+        }
         // A cap notice was logged: remember at once that it was said, so a
         // restart does not say it twice.
-        if to_log.iter().any(|e| e.sender == layout::MEDIATOR) {
+        if c.to_log.iter().any(|e| e.sender == layout::MEDIATOR) {
             self.save_memory()?;
         }
-        // 2. Deliver.  A recipient whose inbox cannot be written (removed,
-        // or replaced by a link) holds up only the messages addressed to
-        // it: they stay unclaimed, to be carried out again by a later pass.
-        let mut g = Group::with_sync(self.sync);
-        let mut failed = HashSet::new();
-        for (i, (k, w)) in work.iter().enumerate() {
+        Ok(failed)
+    }
+
+    /// Plans the copies of every routed message of a batch into `writes`.
+    /// A recipient whose inbox cannot be opened (removed, or replaced by a
+    /// link) holds up only the messages addressed to it: they stay
+    /// unclaimed, and a later pass carries them out again.
+    #[allow(clippy::too_many_arguments)]
+    fn plan_batch_copies(
+        &mut self,
+        boxes: &mut Boxes,
+        obs: &[(String, Box3)],
+        c: &Collected,
+        copies: &mut Group,
+        writes: &mut Vec<group::Write>,
+        tags: &mut Vec<Tag>,
+        failed: &mut HashSet<usize>,
+    ) {
+        for (i, (_, w)) in c.work.iter().enumerate() {
             let Work::Route {
-                name,
-                entries,
-                message,
-                ..
+                entries, message, ..
             } = w
             else {
                 continue;
             };
-            let sender = obs[*k].0.as_str();
             for e in entries {
-                if let Err(err) = self.stage_deliveries(boxes, &mut g, e, message) {
-                    self.warn_once(format!(
-                        "message {} of {sender} waits: {err}",
-                        escape_name(name)
-                    ));
-                    if failed.insert(i) {
-                        self.stats.waiting += 1;
+                match self.plan_copies(boxes, copies, e, message) {
+                    Ok(v) => {
+                        tags.extend(v.iter().map(|_| Tag::Copy(i)));
+                        writes.extend(v);
                     }
+                    Err(err) => self.copy_waits(obs, &c.work, i, &err, failed),
                 }
             }
         }
-        g.commit(&boxes.list)?;
-        self.call_hook("delivered", obs, items);
-        // 3. Claim (or move to quarantine).
+    }
+
+    fn copy_waits(
+        &mut self,
+        obs: &[(String, Box3)],
+        work: &[(usize, Work)],
+        i: usize,
+        err: &Error,
+        failed: &mut HashSet<usize>,
+    ) {
+        let (k, w) = &work[i];
+        let name = match w {
+            Work::Route { name, .. } | Work::Quarantine { name, .. } => name,
+        };
+        let sender = obs[*k].0.as_str();
+        self.warn_once(format!(
+            "message {} of {sender} waits: {err}",
+            escape_name(name)
+        ));
+        if failed.insert(i) {
+            self.stats.waiting += 1;
+        }
+    }
+
+    /// Commits the two log groups, bounces first, each durable before the
+    /// next; counts and prints what was written.
+    fn commit_log(
+        &mut self,
+        boxes: &Boxes,
+        logs: &mut [Group; 2],
+        written: &[Vec<usize>; 2],
+        to_log: &[Entry],
+        out: &mut dyn Write,
+    ) -> Result<()> {
+        for class in 0..2 {
+            if !logs[class].is_empty() {
+                logs[class].commit(&boxes.list)?;
+            }
+            for j in &written[class] {
+                self.count(&to_log[*j]);
+                self.print(out, &to_log[*j])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Claims every message of the batch whose copies were delivered (or
+    /// moves it to quarantine), then makes every directory that changed
+    /// durable at one sync point.
+    fn claim_all(
+        &mut self,
+        boxes: &Boxes,
+        obs: &[(String, Box3)],
+        work: &[(usize, Work)],
+        failed: &HashSet<usize>,
+    ) -> Result<()> {
         let (mut quarantined, mut questions) = (false, false);
         let mut claimed: Vec<usize> = Vec::new();
         for (i, (k, w)) in work.iter().enumerate() {
@@ -343,29 +481,15 @@ impl Mediator {
                     entries,
                     ..
                 } => {
-                    // Counted only when claimed, so that `drain` cannot spin on
-                    // a source it fails to move.
-                    match group::move_noreplace(&ob.new, name, &ob.cur, name) {
-                        Ok(true) => {
-                            claimed.push(*k);
-                            self.stats.routed += 1;
-                        }
-                        Ok(false) => {}
-                        Err(e) => self.warn_once(format!(
-                            "cannot claim '{}' into '{}': {}",
-                            escape_name(name),
-                            ob.path.join("cur").display(),
-                            errno_io(e)
-                        )),
+                    if self.claim(ob, name) {
+                        claimed.push(*k);
                     }
                     let forwarded = entries.iter().any(|e| e.decision.action == Action::Forward);
                     if let (Some(q), true) = (claim_question, forwarded) {
                         let h = &boxes.list[HUMAN];
-                        if let Ok(true) =
-                            group::move_noreplace(&h.new, OsStr::new(q), &h.cur, OsStr::new(q))
-                        {
-                            questions = true;
-                        }
+                        let q = OsStr::new(q);
+                        questions |=
+                            matches!(group::move_noreplace(&h.new, q, &h.cur, q), Ok(true));
                     }
                 }
                 Work::Quarantine { name, qid } => {
@@ -381,7 +505,6 @@ impl Mediator {
                 }
             }
         }
-        // One sync point for every directory the claims touched.
         claimed.sort_unstable();
         claimed.dedup();
         let mut dirs: Vec<(&OwnedFd, PathBuf)> = claimed
@@ -397,7 +520,75 @@ impl Mediator {
             dirs.push((&h.cur, h.path.join("cur")));
         }
         let refs: Vec<(&OwnedFd, &Path)> = dirs.iter().map(|(f, p)| (*f, p.as_path())).collect();
-        group::fsync_all(&refs)?;
-        Ok(later)
+        group::fsync_all(&refs)
+    }
+
+    /// Moves a routed message from its outbox's `new/` to `cur/`; true when
+    /// it moved.  Counted only when claimed, so that `drain` cannot spin on
+    /// a source it fails to move.
+    fn claim(&mut self, ob: &Box3, name: &OsStr) -> bool {
+        match group::move_noreplace(&ob.new, name, &ob.cur, name) {
+            Ok(true) => {
+                self.stats.routed += 1;
+                true
+            }
+            Ok(false) => false,
+            Err(e) => {
+                self.warn_once(format!(
+                    "cannot claim '{}' into '{}': {}",
+                    escape_name(name),
+                    ob.path.join("cur").display(),
+                    errno_io(e)
+                ));
+                false
+            }
+        }
+    }
+}
+
+/// What a file of a batch's parallel write is for: a log entry (its group,
+/// bounces first, and its index in `to_log`) or a copy (its work item).
+enum Tag {
+    Log(usize, usize),
+    Copy(usize),
+}
+
+/// What inspecting and deciding made of a batch.
+#[derive(Default)]
+struct Collected {
+    work: Vec<(usize, Work)>,
+    to_log: Vec<Entry>,
+    later: Vec<(usize, OsString)>,
+}
+
+impl Collected {
+    /// A bad entry: logged as `QID.quarantine`, then moved to quarantine.
+    fn quarantine(&mut self, k: usize, sender: &str, name: &OsString, why: String, st: &rfs::Stat) {
+        let qid = quarantine_id(sender, name, st);
+        let reason = format!(
+            "'{}' in the outbox of {sender}: {why}; kept as quarantine/new/{qid}",
+            escape_name(name)
+        );
+        self.to_log.push(Entry {
+            version: LOG_VERSION,
+            name: Entry::name_for(&qid, Action::Quarantine, None),
+            logged: crate::time::rfc3339(crate::time::now()),
+            message_id: qid.clone(),
+            sender: sender.to_string(),
+            message: None,
+            decision: Decision {
+                quiet: false,
+                action: Action::Quarantine,
+                to: vec![],
+                reason,
+            },
+        });
+        self.work.push((
+            k,
+            Work::Quarantine {
+                name: name.clone(),
+                qid,
+            },
+        ));
     }
 }

@@ -9,7 +9,10 @@ use rustix::fs::{self as rfs, AtFlags};
 use rustix::io::Errno;
 use std::ffi::OsStr;
 use std::io::Write;
+use std::os::fd::OwnedFd;
 use std::path::Path;
+
+use crate::message::Message;
 
 use super::*;
 
@@ -74,88 +77,8 @@ impl Mediator {
         drop_reason: Option<&str>,
         out: &mut dyn Write,
     ) -> Result<Entry> {
-        let held = &boxes.list[HELD];
-        if !crate::id::is_valid(id) {
-            return Err(Error::usage(format!(
-                "'{}' is not a message id",
-                id.escape_debug()
-            )));
-        }
-        let m = match inspect(&held.new, OsStr::new(id)) {
-            Inspected::Message(m) => m,
-            Inspected::Gone => {
-                for (a, done) in [(Action::Release, "released"), (Action::Drop, "dropped")] {
-                    let n = Entry::name_for(id, a, None);
-                    if self.log.has(&n) {
-                        return Err(Error::new(
-                            Exit::DataErr,
-                            format!("message {id} was {done} already (log entry {n})"),
-                        ));
-                    }
-                }
-                return Err(Error::new(
-                    Exit::NoInput,
-                    format!("no held message {id}; see 'lw-mediate held'"),
-                ));
-            }
-            Inspected::Bad(why, _) => return Err(Error::data(format!("held message {id} {why}"))),
-        };
-        let sender = m.from.clone();
-        let existing = |a: Action| {
-            let n = Entry::name_for(id, a, None);
-            if self.log.has(&n) {
-                self.log.read(OsStr::new(&n)).ok()
-            } else {
-                None
-            }
-        };
-        let mut entries = Vec::new();
-        if let Some(e) = existing(Action::Drop) {
-            entries.push(e);
-        } else if let Some(e) = existing(Action::Release) {
-            entries.push(e);
-            entries.extend(existing(Action::Bounce));
-        } else if let Some(reason) = drop_reason {
-            let d = Decision {
-                quiet: false,
-                action: Action::Drop,
-                to: vec![],
-                reason: reason.to_string(),
-            };
-            let mut e = self.entry(&m, &sender, d);
-            e.name = Entry::name_for(id, Action::Drop, None);
-            entries.push(e);
-        } else {
-            let (main, unknown, why) = self.route(&m, &sender, true);
-            if !unknown.is_empty() && existing(Action::Bounce).is_none() {
-                let d = Decision {
-                    quiet: false,
-                    action: Action::Bounce,
-                    to: unknown.clone(),
-                    reason: format!(
-                        "released, but cannot deliver to {}: {why}; a bounce went back to {sender}",
-                        unknown.join(", ")
-                    ),
-                };
-                entries.push(self.entry(&m, &sender, d));
-            }
-            let mut d = main.unwrap_or(Decision {
-                quiet: false,
-                action: Action::Release,
-                to: vec![],
-                reason: String::new(),
-            });
-            d.action = Action::Release;
-            d.reason = format!(
-                "released by an operator; {}",
-                if d.reason.is_empty() {
-                    "no recipient is left".into()
-                } else {
-                    d.reason
-                }
-            );
-            entries.push(self.entry(&m, &sender, d));
-        }
+        let m = self.held_message(boxes, id)?;
+        let mut entries = self.operator_entries(&m, id, drop_reason);
         let refs: Vec<&Entry> = entries.iter().collect();
         self.log_entries(boxes, &refs, out)?;
         let mut g = Group::with_sync(self.sync);
@@ -170,6 +93,106 @@ impl Mediator {
         Ok(entries
             .pop()
             .expect("a release or drop logs at least one entry"))
+    }
+
+    /// The held message `id`, or why an operator cannot act on it.
+    fn held_message(&self, boxes: &Boxes, id: &str) -> Result<Message> {
+        if !crate::id::is_valid(id) {
+            return Err(Error::usage(format!(
+                "'{}' is not a message id",
+                id.escape_debug()
+            )));
+        }
+        match inspect(&boxes.list[HELD].new, OsStr::new(id)) {
+            Inspected::Message(m) => Ok(m),
+            Inspected::Gone => {
+                for (a, done) in [(Action::Release, "released"), (Action::Drop, "dropped")] {
+                    let n = Entry::name_for(id, a, None);
+                    if self.log.has(&n) {
+                        return Err(Error::new(
+                            Exit::DataErr,
+                            format!("message {id} was {done} already (log entry {n})"),
+                        ));
+                    }
+                }
+                Err(Error::new(
+                    Exit::NoInput,
+                    format!("no held message {id}; see 'lw-mediate held'"),
+                ))
+            }
+            Inspected::Bad(why, _) => Err(Error::data(format!("held message {id} {why}"))),
+        }
+    }
+
+    /// The entries of a release or drop: those an earlier, unfinished one
+    /// logged, else new ones (the main entry last).
+    fn operator_entries(&mut self, m: &Message, id: &str, drop_reason: Option<&str>) -> Vec<Entry> {
+        let existing = |a: Action| {
+            let n = Entry::name_for(id, a, None);
+            if self.log.has(&n) {
+                self.log.read(OsStr::new(&n)).ok()
+            } else {
+                None
+            }
+        };
+        if let Some(e) = existing(Action::Drop) {
+            return vec![e];
+        }
+        if let Some(e) = existing(Action::Release) {
+            return std::iter::once(e).chain(existing(Action::Bounce)).collect();
+        }
+        let had_bounce = existing(Action::Bounce).is_some();
+        let sender = m.from.clone();
+        match drop_reason {
+            Some(reason) => {
+                let d = Decision {
+                    quiet: false,
+                    action: Action::Drop,
+                    to: vec![],
+                    reason: reason.to_string(),
+                };
+                let mut e = self.entry(m, &sender, d);
+                e.name = Entry::name_for(id, Action::Drop, None);
+                vec![e]
+            }
+            None => self.release_entries(m, &sender, had_bounce),
+        }
+    }
+
+    /// New entries releasing `m` to the recipients its route names now: a
+    /// bounce for the unknown ones (unless one was logged), then the release.
+    fn release_entries(&mut self, m: &Message, sender: &str, had_bounce: bool) -> Vec<Entry> {
+        let mut entries = Vec::new();
+        let (main, unknown, why) = self.route(m, sender, true);
+        if !unknown.is_empty() && !had_bounce {
+            let d = Decision {
+                quiet: false,
+                action: Action::Bounce,
+                to: unknown.clone(),
+                reason: format!(
+                    "released, but cannot deliver to {}: {why}; a bounce went back to {sender}",
+                    unknown.join(", ")
+                ),
+            };
+            entries.push(self.entry(m, sender, d));
+        }
+        let mut d = main.unwrap_or(Decision {
+            quiet: false,
+            action: Action::Release,
+            to: vec![],
+            reason: String::new(),
+        });
+        d.action = Action::Release;
+        d.reason = format!(
+            "released by an operator; {}",
+            if d.reason.is_empty() {
+                "no recipient is left".into()
+            } else {
+                d.reason
+            }
+        );
+        entries.push(self.entry(m, sender, d));
+        entries
     }
 
     /// Releases a held message to the recipients its route names now.
@@ -210,95 +233,126 @@ impl Mediator {
             if self.memory.receipts.get(&r) == Some(&mtime) && now_ns - mtime > 2_000_000_000 {
                 continue;
             }
-            let mut g = Group::with_sync(self.sync);
-            let mut pending: Vec<Entry> = Vec::new();
-            let mut fresh: Vec<u128> = Vec::new();
-            let dir = rfs::Dir::read_from(&fd)
-                .map_err(|e| Error::io("cannot read", &self.root.dir.join(&rel), errno_io(e)))?;
-            for ent in dir {
-                let Ok(ent) = ent else { break };
-                let Ok(id) = ent.file_name().to_str() else {
-                    continue;
-                };
-                if !crate::id::is_valid(id) {
-                    continue;
-                }
-                // Names looked at before cost a hash lookup, not a stat: a
-                // pass costs one read of the directory plus the new names.
-                let key = id_key(id);
-                if self.receipts_seen.get(&r).is_some_and(|s| s.contains(&key)) {
-                    continue;
-                }
-                let rname = Entry::name_for(id, Action::Read, Some(&r));
-                if self.log.has(&rname) {
-                    self.receipts_seen.entry(r.clone()).or_default().insert(key);
-                    continue;
-                }
-                let mut unreadable = false;
-                let routed = [Action::Forward, Action::Release]
-                    .into_iter()
-                    .find_map(|a| {
-                        let n = Entry::name_for(id, a, None);
-                        if !self.log.has(&n) {
-                            return None;
-                        }
-                        match self.log.read(OsStr::new(&n)) {
-                            Ok(e) => Some(e).filter(|e| e.decision.to.contains(&r)),
-                            Err(_) => {
-                                unreadable = true;
-                                None
-                            }
-                        }
-                    });
-                let Some(src) = routed else {
-                    // Not routed to r (a bounce, a stray file): never a
-                    // receipt.  An entry that could not be read is looked
-                    // at again next time.
-                    if !unreadable {
-                        self.receipts_seen.entry(r.clone()).or_default().insert(key);
-                    }
-                    continue;
-                };
-                let e = Entry {
-                    version: LOG_VERSION,
-                    name: rname,
-                    logged: crate::time::rfc3339(crate::time::now()),
-                    message_id: id.to_string(),
-                    sender: src.sender.clone(),
-                    message: None,
-                    decision: Decision {
-                        quiet: false,
-                        action: Action::Read,
-                        to: vec![r.clone()],
-                        reason: format!("{r} acked it (moved it to inbox/cur)"),
-                    },
-                };
-                if g.stage(&boxes.list, LOG, &e.name, &e.to_bytes())? {
-                    pending.push(e);
-                }
-                // Remembered once committed, below.
-                fresh.push(key);
-                if pending.len() >= self.batch {
-                    g.commit(&boxes.list)?;
-                    for e in pending.drain(..) {
-                        self.count(&e);
-                        self.print(out, &e)?;
-                    }
-                }
-            }
-            g.commit(&boxes.list)?;
-            for e in pending.drain(..) {
-                self.count(&e);
-                self.print(out, &e)?;
-            }
-            self.receipts_seen
-                .entry(r.clone())
-                .or_default()
-                .extend(fresh);
+            self.receipts_in(boxes, &r, &fd, &rel, out)?;
             self.memory.receipts.insert(r, mtime);
             self.memory_dirty = true;
         }
         Ok(())
+    }
+
+    /// Logs the receipts for the names in `r`'s `inbox/cur/` (open as
+    /// `fd`) not looked at before, in batches.
+    fn receipts_in(
+        &mut self,
+        boxes: &mut Boxes,
+        r: &str,
+        fd: &OwnedFd,
+        rel: &Path,
+        out: &mut dyn Write,
+    ) -> Result<()> {
+        let mut g = Group::with_sync(self.sync);
+        let mut pending: Vec<Entry> = Vec::new();
+        let mut fresh: Vec<u128> = Vec::new();
+        let dir = rfs::Dir::read_from(fd)
+            .map_err(|e| Error::io("cannot read", &self.root.dir.join(rel), errno_io(e)))?;
+        for ent in dir {
+            let Ok(ent) = ent else { break };
+            let Ok(id) = ent.file_name().to_str() else {
+                continue;
+            };
+            if !crate::id::is_valid(id) {
+                continue;
+            }
+            // Names looked at before cost a hash lookup, not a stat: a
+            // pass costs one read of the directory plus the new names.
+            let key = id_key(id);
+            if self.receipts_seen.get(r).is_some_and(|s| s.contains(&key)) {
+                continue;
+            }
+            let Some(e) = self.receipt_for(r, id, key) else {
+                continue;
+            };
+            if g.stage(&boxes.list, LOG, &e.name, &e.to_bytes())? {
+                pending.push(e);
+            }
+            // Remembered once committed, below.
+            fresh.push(key);
+            if pending.len() >= self.batch {
+                self.commit_receipts(boxes, &mut g, &mut pending, out)?;
+            }
+        }
+        self.commit_receipts(boxes, &mut g, &mut pending, out)?;
+        self.receipts_seen
+            .entry(r.to_string())
+            .or_default()
+            .extend(fresh);
+        Ok(())
+    }
+
+    fn commit_receipts(
+        &mut self,
+        boxes: &Boxes,
+        g: &mut Group,
+        pending: &mut Vec<Entry>,
+        out: &mut dyn Write,
+    ) -> Result<()> {
+        g.commit(&boxes.list)?;
+        for e in pending.drain(..) {
+            self.count(&e);
+            self.print(out, &e)?;
+        }
+        Ok(())
+    }
+
+    /// The receipt entry `r` acking message `id` calls for: None when it is
+    /// logged already, or the message was not routed to `r` (a bounce, a
+    /// stray file: never a receipt), which is then remembered under `key`.
+    /// An entry that could not be read is looked at again next time.
+    fn receipt_for(&mut self, r: &str, id: &str, key: u128) -> Option<Entry> {
+        let rname = Entry::name_for(id, Action::Read, Some(r));
+        let mut unreadable = false;
+        let routed = if self.log.has(&rname) {
+            None
+        } else {
+            [Action::Forward, Action::Release]
+                .into_iter()
+                .find_map(|a| {
+                    let n = Entry::name_for(id, a, None);
+                    if !self.log.has(&n) {
+                        return None;
+                    }
+                    match self.log.read(OsStr::new(&n)) {
+                        Ok(e) => Some(e).filter(|e| e.decision.to.iter().any(|t| t == r)),
+                        Err(_) => {
+                            unreadable = true;
+                            None
+                        }
+                    }
+                })
+        };
+        let Some(src) = routed else {
+            if !unreadable {
+                self.receipts_seen
+                    .entry(r.to_string())
+                    .or_default()
+                    .insert(key);
+            }
+            return None;
+        };
+        Some(Entry {
+            version: LOG_VERSION,
+            name: rname,
+            logged: crate::time::rfc3339(crate::time::now()),
+            message_id: id.to_string(),
+            sender: src.sender.clone(),
+            message: None,
+            decision: Decision {
+                quiet: false,
+                action: Action::Read,
+                to: vec![r.to_string()],
+                reason: format!("{r} acked it (moved it to inbox/cur)"),
+            },
+        })
     }
 }
 
