@@ -246,6 +246,7 @@ fn run_policy(args: &Args, cmd: &PolicyCmd, out: &mut dyn Write) -> Result<Exit>
 /// The mediator itself: drains once (`--once`) or watches.
 fn run_mediator(args: &Args, root: Root, out: &mut dyn Write) -> Result<Exit> {
     let _lock = mediate::lock_mediator(&root)?;
+    mediate::raise_open_files_limit();
     let (p, explicit) = policy_of(args);
     let mut m = Mediator::open(root, Some(p), explicit)?;
     m.secrets = door_secrets()?;

@@ -203,9 +203,9 @@ impl Box3 {
 struct Staged {
     boxkey: usize,
     name: String,
-    fd: OwnedFd,
-    /// Written and fsynced by [`write_tmp`]: its data is durable already.
-    synced: bool,
+    /// Open until its fsync; None once the data is durable (a batch of
+    /// thousands of files holds no descriptor for each).
+    fd: Option<OwnedFd>,
 }
 
 /// One file for [`write_tmp`]: `bytes` as `tmp/NAME` of `boxes[key]`.
@@ -372,8 +372,7 @@ impl Group {
         self.staged.push(Staged {
             boxkey: key,
             name: name.to_string(),
-            fd,
-            synced: false,
+            fd: Some(fd),
         });
         Ok(true)
     }
@@ -394,8 +393,7 @@ impl Group {
         self.staged.push(Staged {
             boxkey: key,
             name: name.to_string(),
-            fd,
-            synced,
+            fd: (!synced).then_some(fd),
         });
     }
 
@@ -417,7 +415,7 @@ impl Group {
                 let _ = rfs::unlinkat(&boxes[s.boxkey].tmp, s.name.as_str(), AtFlags::empty());
             }
         };
-        let unsynced = staged.iter().filter(|s| !s.synced).count();
+        let unsynced = staged.iter().filter(|s| s.fd.is_some()).count();
         let by_fs = self.sync == Sync::FileSystem && unsynced > 1;
         if by_fs {
             let fds = staged.iter().map(|s| {
@@ -434,8 +432,8 @@ impl Group {
         } else {
             let fds: Vec<(&OwnedFd, PathBuf)> = staged
                 .iter()
-                .filter(|s| !s.synced)
-                .map(|s| (&s.fd, boxes[s.boxkey].path.join("tmp").join(&s.name)))
+                .filter_map(|s| Some((s.fd.as_ref()?, s)))
+                .map(|(fd, s)| (fd, boxes[s.boxkey].path.join("tmp").join(&s.name)))
                 .collect();
             let refs: Vec<(&OwnedFd, &Path)> = fds.iter().map(|(f, p)| (*f, p.as_path())).collect();
             if let Err(e) = fsync_all(&refs) {

@@ -217,13 +217,18 @@ impl Mediator {
         let resumed_before = self.stats.resumed;
         let mut c = Collected::default();
         let mut ids: HashSet<String> = HashSet::new();
+        let mut bytes = 0usize;
         for (k, name) in items {
             let (sender, ob) = (obs[*k].0.as_str(), &obs[*k].1);
             match inspect(&ob.new, name) {
                 Inspected::Gone => {}
                 Inspected::Bad(why, st) => c.quarantine(*k, sender, name, why, &st),
-                Inspected::Message(m) if ids.contains(&m.id) => c.later.push((*k, name.clone())),
+                // The same id again, or the batch holds enough text: later.
+                Inspected::Message(m) if ids.contains(&m.id) || bytes > BATCH_BYTES => {
+                    c.later.push((*k, name.clone()))
+                }
                 Inspected::Message(m) => {
+                    bytes += m.body.len() + m.subject.len() + 512;
                     ids.insert(m.id.clone());
                     self.collect_message(&mut c, *k, sender, ob, name, m);
                 }

@@ -55,7 +55,7 @@ mod queues;
 mod watch;
 
 pub use decide::{bounce_id, cap_notice_id};
-pub use watch::{lock_mediator, lock_routes};
+pub use watch::{lock_mediator, lock_routes, raise_open_files_limit};
 
 // The submodules share the mediator's private helpers with each other.
 #[allow(unused_imports)]
@@ -82,8 +82,12 @@ use crate::policy::Policy;
 use crate::redact::Secrets;
 use crate::registry::{Registry, Sandbox};
 
-/// Messages per batch: each batch costs a handful of directory fsyncs.
-pub const DEFAULT_BATCH: usize = 256;
+/// Messages per batch: each batch costs four sync points, and one fsync
+/// of each directory it touched, however many of its messages share it.
+pub const DEFAULT_BATCH: usize = 1024;
+/// Text a batch holds at most (bodies and subjects, about): a batch of
+/// messages near the size limit is cut short, so memory stays bounded.
+pub const BATCH_BYTES: usize = 64 << 20;
 /// Distinct messages remembered for duplicate detection.
 pub const MAX_REMEMBERED: usize = 10_000;
 

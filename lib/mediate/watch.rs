@@ -26,6 +26,18 @@ pub fn lock_mediator(root: &Root) -> Result<std::fs::File> {
         })
 }
 
+/// Raises this process's soft limit on open files to its hard limit: a pass
+/// holds three descriptors for each outbox and inbox it touches (a thousand
+/// sandboxes need some 6,000, more than the usual soft limit of 1,024).
+pub fn raise_open_files_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut l = getrlimit(Resource::Nofile);
+    if l.current != l.maximum {
+        l.current = l.maximum;
+        let _ = setrlimit(Resource::Nofile, l);
+    }
+}
+
 /// Takes the lock that serialises writers of inboxes and queues (a pass of
 /// the mediator, an operator's release or drop); waits for it.
 pub fn lock_routes(root: &Root) -> Result<std::fs::File> {
