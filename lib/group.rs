@@ -13,10 +13,12 @@
 //! How the batch is flushed is a [`Sync`] choice.  `Sync::File` (the
 //! default) fsyncs exactly the files and directories the batch touched, as
 //! Maildir::deliver does, but issues those fsyncs concurrently from up to
-//! [`FSYNC_WORKERS`] threads: ext4 (jbd2) lets every fsync that arrives
-//! while a journal commit is forming wait on that one commit, so a batch of
-//! 256 files costs a few commits instead of 256, and nothing but the
-//! batch's own inodes is written back.  `Sync::FileSystem` calls syncfs(2)
+//! [`FSYNC_WORKERS`] threads (the disk serves them together; on ext4 with
+//! a journal they also share commits), and nothing but the batch's own
+//! inodes is written back.  [`write_tmp`] creates, writes and fsyncs many
+//! files from those threads at once, for a caller that stages several
+//! groups in one go (the mediator writes a batch's log entries and copies
+//! together, then commits them in order).  `Sync::FileSystem` calls syncfs(2)
 //! once per phase and file system instead; it is about as fast on an idle
 //! disk, but it also waits for every other process's dirty data on that
 //! file system, so a busy neighbour slows the mediator down (measured in

@@ -27,7 +27,9 @@
 //!
 //! Each step finishes durably for a whole batch before the next starts (see
 //! lib/group.rs), so a SIGKILL at any instant followed by a restart gives
-//! each log entry and each inbox copy exactly once.
+//! each log entry and each inbox copy exactly once.  The files of steps 1
+//! and 2 are written and fsynced together, in `tmp/`, where nobody reads
+//! them; the copies are renamed into view only once the log is durable.
 //!
 //! The held queue is bounded per sender (`held-max`): a post that would be
 //! held beyond it is refused with a quiet bounce, and the first refusal of
