@@ -201,3 +201,43 @@ fn receipts_taken_in_waves_are_each_logged_once() {
     once(&root, OPEN_POLICY);
     assert_eq!(reads(&root), want);
 }
+
+#[test]
+fn a_copy_that_cannot_be_written_waits_and_goes_on_the_next_pass() {
+    // Two senders to one inbox, one message per batch.  Before the second
+    // batch the inbox's tmp/ vanishes (its descriptor is held open from the
+    // first): the second copy cannot be created, so that message waits,
+    // logged but unclaimed, and the next pass carries its decision out.
+    let root = root_with("copyfails", &["a", "b", "dst"]);
+    let (ma, mb) = (
+        message("a", &["dst"], Kind::Request, "from a"),
+        message("b", &["dst"], Kind::Request, "from b"),
+    );
+    post(&root, "a", &ma);
+    post(&root, "b", &mb);
+    let p = root.dir.parent().unwrap().join("policy");
+    std::fs::write(&p, OPEN_POLICY).unwrap();
+    let mut m = Mediator::open(root.clone(), Some(p), true).unwrap();
+    m.batch = 1;
+    let tmp = root.sandbox("dst").inbox().sub(Sub::Tmp);
+    let batches = Arc::new(Mutex::new(0));
+    let seen = batches.clone();
+    m.batch_hook = Some(Box::new(move |at: &str, _dirs: &[PathBuf]| {
+        let mut n = seen.lock().unwrap();
+        if at == "collected" {
+            *n += 1;
+            if *n == 2 {
+                std::fs::remove_dir(&tmp).unwrap();
+            }
+        }
+    }));
+    let mut sink = Vec::new();
+    let s = m.drain(&mut sink).unwrap();
+    println!("stats {s:?}, batches {}", batches.lock().unwrap());
+    assert_eq!(s.resumed, 1, "the second copy did not fail once: {s:?}");
+    assert_eq!(s.waiting, 0, "{s:?}");
+    let mut want = vec![ma.id.clone(), mb.id.clone()];
+    want.sort();
+    assert_eq!(delivered(&root.sandbox("dst").inbox()), want);
+    assert_eq!(forwards(&root), want, "each logged once");
+}
