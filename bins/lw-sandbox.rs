@@ -206,6 +206,16 @@ enum Cmd {
     },
     /// Reclaim what crashed creates and vanished containers left behind
     Gc,
+    /// Carry the mail of sandboxes on a remote engine (volume mode) between
+    /// their engine and the root, until stopped
+    Courier {
+        /// One pass, then exit
+        #[arg(long)]
+        once: bool,
+        /// How often the engine's outboxes are looked at, in milliseconds
+        #[arg(long, value_name = "MS", default_value = "200")]
+        interval: u64,
+    },
 }
 
 /// `create`'s limits (over `.loopwright/config`'s) and install rule.
@@ -429,6 +439,25 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
             for l in lines {
                 line(out, &l)?;
             }
+        }
+        Cmd::Courier { once, interval } => {
+            let mut report = |c: &sandbox::courier::Carried| {
+                if once || *c != sandbox::courier::Carried::default() {
+                    let _ = writeln!(
+                        out,
+                        "out {} in {} read {} junk {}",
+                        c.out, c.into, c.read, c.junk
+                    )
+                    .and_then(|()| out.flush());
+                }
+            };
+            sandbox::courier::run(
+                &sb,
+                std::time::Duration::from_millis(interval.max(1)),
+                once,
+                &mut report,
+                &mut |m| warn(m),
+            )?;
         }
         Cmd::Kits { json } => {
             let (project, _) =

@@ -102,6 +102,16 @@ pub struct Bind {
     pub read_only: bool,
 }
 
+/// A named volume of the engine mounted into a container (`create_volume`
+/// makes it): what a sandbox mounts when the engine does not see the host's
+/// files (lib/sandbox/volume.rs).
+#[derive(Clone, Debug, Default)]
+pub struct VolumeMount {
+    pub volume: String,
+    pub target: String,
+    pub read_only: bool,
+}
+
 /// A published port: container port (`8080/tcp`) to host address and port.
 #[derive(Clone, Debug, Default)]
 pub struct PortMap {
@@ -130,6 +140,8 @@ pub struct ContainerSpec {
     /// Mount point to options, e.g. `/tmp` -> `rw,noexec,nosuid,size=64m`.
     pub tmpfs: BTreeMap<String, String>,
     pub binds: Vec<Bind>,
+    /// Named volumes of the engine, mounted beside the binds.
+    pub volumes: Vec<VolumeMount>,
     /// `none`, `bridge` or a network name; `None` is the engine's default.
     pub network: Option<String>,
     pub ports: Vec<PortMap>,
@@ -265,6 +277,118 @@ pub trait SandboxEngine: Engine + NetworkEngine + HostPaths {
     /// Runs `req` in a running container with `io` attached; returns its exit
     /// status (128+n when a signal ended it).
     fn exec_io(&self, container: &str, req: &ExecRequest, io: ExecIo<'_>) -> Result<i64>;
+    /// Unpacks the tar archive `tar` into the directory `dir` of `container`
+    /// (created or running; `dir` on a writable volume when its root is
+    /// read-only), keeping each entry's owner and mode as the archive says.
+    /// How files reach an engine that does not see the host's
+    /// (lib/sandbox/volume.rs).  The default runs `tar -x` in the running
+    /// container through [`SandboxEngine::exec_io`]; the Docker engine uses
+    /// its archive endpoint (`docker cp`) instead.
+    fn copy_in(&self, container: &str, dir: &str, tar: Box<dyn Read + Send>) -> Result<()> {
+        let req = ExecRequest {
+            cmd: ["tar", "-x", "-p", "-f", "-", "-C", dir]
+                .map(String::from)
+                .to_vec(),
+            user: Some("0".into()),
+            ..Default::default()
+        };
+        let mut err = Vec::new();
+        let mut on = |s: OutStream, b: &[u8]| {
+            if s == OutStream::Stderr {
+                err.extend_from_slice(b)
+            }
+        };
+        let io = ExecIo {
+            stdin: Some(tar),
+            tty: false,
+            size: None,
+            on_output: &mut on,
+        };
+        match self.exec_io(container, &req, io)? {
+            0 => Ok(()),
+            n => Err(crate::error::Error::new(
+                crate::error::Exit::Unavailable,
+                format!(
+                    "cannot copy into '{dir}' of container '{container}': tar exited {n}: {}",
+                    String::from_utf8_lossy(&err).trim()
+                ),
+            )),
+        }
+    }
+    /// Writes a tar archive of `path` (a file or a directory, by its last
+    /// component, never following a link at its end) in `container`
+    /// (created or running) to `out`; returns the bytes written.  A missing
+    /// `path` is 66.  The default runs `tar -c` in the running container.
+    fn copy_out(&self, container: &str, path: &str, out: &mut dyn std::io::Write) -> Result<u64> {
+        let p = std::path::Path::new(path);
+        let parent = p
+            .parent()
+            .map(|d| d.to_string_lossy().into_owned())
+            .filter(|d| !d.is_empty())
+            .unwrap_or_else(|| "/".into());
+        let base = p
+            .file_name()
+            .map(|b| b.to_string_lossy().into_owned())
+            .unwrap_or_else(|| ".".into());
+        let req = ExecRequest {
+            cmd: vec![
+                "tar".into(),
+                "-c".into(),
+                "-f".into(),
+                "-".into(),
+                "-C".into(),
+                parent,
+                "--".into(),
+                base,
+            ],
+            user: Some("0".into()),
+            ..Default::default()
+        };
+        let mut n = 0u64;
+        let mut err = Vec::new();
+        let mut failed = None;
+        let mut on = |s: OutStream, b: &[u8]| match s {
+            OutStream::Stdout => {
+                if failed.is_none() {
+                    match out.write_all(b) {
+                        Ok(()) => n += b.len() as u64,
+                        Err(e) => failed = Some(e),
+                    }
+                }
+            }
+            OutStream::Stderr => err.extend_from_slice(b),
+        };
+        let io = ExecIo {
+            stdin: None,
+            tty: false,
+            size: None,
+            on_output: &mut on,
+        };
+        let code = self.exec_io(container, &req, io)?;
+        if let Some(e) = failed {
+            return Err(crate::error::Error::new(
+                crate::error::Exit::IoErr,
+                format!("cannot write the archive of '{path}': {e}"),
+            ));
+        }
+        match code {
+            0 => Ok(n),
+            n => {
+                let why = String::from_utf8_lossy(&err).trim().to_string();
+                let exit = if why.contains("No such file") {
+                    crate::error::Exit::NoInput
+                } else {
+                    crate::error::Exit::Unavailable
+                };
+                Err(crate::error::Error::new(
+                    exit,
+                    format!(
+                        "cannot copy '{path}' out of container '{container}': tar exited {n}: {why}"
+                    ),
+                ))
+            }
+        }
+    }
 }
 
 /// A network to create.

@@ -44,6 +44,13 @@ impl<'a> Sandboxes<'a> {
                 return Err(Error::new(Exit::TempFail, msg));
             }
         }
+        if rec.volume_mode {
+            // What its mail volume still holds comes to the root first, to
+            // be archived like a local mail dir's (lib/sandbox/courier.rs).
+            if let Err(e) = super::courier::Courier::new(self).carry_locked(&rec, &mut |m| out(m)) {
+                out(&format!("archived nothing from its mail volume: {e}"));
+            }
+        }
         self.reclaim(&rec.name, Some(&rec), out)?;
         lock.remove();
         Ok(())
@@ -109,14 +116,15 @@ impl<'a> Sandboxes<'a> {
             egress::teardown(nets, &container)?;
             out(&format!("egress {}", egress::proxy_name(&container)));
         }
-        let had_volume = self
+        // Its workspace volume, and in volume mode its mail volume.
+        for v in self
             .engine
             .volumes_with_label(&format!("{LABEL_SANDBOX}={name}"))?
             .iter()
-            .any(|v| v.name == volume);
-        if had_volume {
-            self.engine.remove_volume(&volume)?;
-            out(&format!("volume {volume}"));
+            .filter(|v| v.name == volume || v.labels.get(crate::wall::LABEL_ROOT) == Some(&self.id))
+        {
+            self.engine.remove_volume(&v.name)?;
+            out(&format!("volume {}", v.name));
         }
         Ok(())
     }

@@ -2,8 +2,7 @@
 //! (its mail dir, the mirror, its clone, the in-sandbox tools); an engine on
 //! another machine resolves them on its own side, where they are missing, so
 //! the sandbox would start with an empty mailbox (`lw-post` exits 73) and no
-//! clone.  Until the volume transport exists (issue: remote engines), such an
-//! engine is refused at `create` with a message saying why.
+//! clone.  Such an engine gets its sandboxes in volume mode (volume.rs).
 //!
 //! The probe writes a random nonce in a fresh directory on the host and asks
 //! the engine to read it back through a bind mount ([`HostPaths`]).  Its
@@ -119,20 +118,4 @@ pub fn cached(engine: &dyn HostPaths, root: &Root) -> Result<Sharing> {
     // A record that cannot be written costs a probe next time, nothing more.
     let _ = write;
     Ok(s)
-}
-
-/// Refuses (69) an engine that does not see the host's files, before
-/// anything is made on it.
-pub fn require_shared(engine: &dyn HostPaths, root: &Root) -> Result<()> {
-    if cached(engine, root)? == Sharing::Shared {
-        return Ok(());
-    }
-    Err(Error::new(
-        Exit::Unavailable,
-        format!(
-            "the engine at {} does not see this host's files (a file written under '{}' was not there through a bind mount), so a sandbox on it would get an empty mailbox and no clone; loopwright cannot yet carry them to a remote engine; create sandboxes on an engine on this machine (unset DOCKER_HOST), or run loopwright on the engine's machine",
-            engine.address(),
-            root.state_dir().display()
-        ),
-    ))
 }

@@ -64,9 +64,12 @@
 //! * `ls`: what `ls`, `port` and `logs --egress` show;
 //! * `gc`: `rm` and `gc`, reclaiming everything a sandbox owns;
 //! * `agent`: the agent's steps of a sandbox (lib/agent knows no sandbox);
+//! * `volume`, `courier`: a sandbox on an engine that does not see the
+//!   host's files (volume mode), and the carrier of its mail;
 //! * `push`, `disk`, `limits`, `mailbox`, `hostpaths`: as their names say.
 
 mod agent;
+pub mod courier;
 mod create;
 pub mod disk;
 mod gc;
@@ -80,6 +83,7 @@ mod running;
 pub mod scratch;
 mod settings;
 mod spec;
+pub mod volume;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

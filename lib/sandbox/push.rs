@@ -161,6 +161,22 @@ impl<'a> Sandboxes<'a> {
             &["/bin/sh", "-c", "cd /work/repo && git fetch -q origin"],
             None,
         );
+        if rec.volume_mode {
+            // No mirror inside (lib/sandbox/volume.rs): the pushed tip is
+            // what the upstream's branch now is.
+            let _ = self.run(
+                &rec,
+                &[
+                    "git",
+                    "-C",
+                    super::REPO,
+                    "update-ref",
+                    &format!("refs/remotes/origin/{}", rec.branch),
+                    &pushed.commit,
+                ],
+                None,
+            );
+        }
         Ok(pushed)
     }
 

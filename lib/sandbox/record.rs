@@ -54,6 +54,10 @@ pub struct Record {
     /// in records older than the choice, which ran under the default, runc.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
+    /// On an engine that does not see the host's files: its workspace and
+    /// mail dir are volumes on the engine's side (lib/sandbox/volume.rs).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub volume_mode: bool,
 }
 
 impl Record {

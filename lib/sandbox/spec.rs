@@ -16,7 +16,7 @@ use crate::wall::{
 };
 
 /// PID 1 of a sandbox: waits, and leaves at once on SIGTERM so `stop` is quick.
-const KEEPALIVE: &str = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done";
+pub(super) const KEEPALIVE: &str = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done";
 
 /// The hardened container of a sandbox.
 #[allow(clippy::too_many_arguments)]
@@ -47,6 +47,7 @@ pub fn container_spec(
         log_options: settings.limits.log_options().into_iter().collect(),
         tmpfs: tmpfs(settings, rec, with_secrets),
         binds: binds(sb, rec, mailbox, bins),
+        volumes: vec![],
         network: Some(network),
         ports: rec
             .ports

@@ -391,6 +391,15 @@ impl Engine for DockerEngine {
                             if b.read_only { "ro" } else { "rw" }
                         )
                     })
+                    // A named volume is a bind whose source is its name.
+                    .chain(spec.volumes.iter().map(|v| {
+                        format!(
+                            "{}:{}:{}",
+                            v.volume,
+                            v.target,
+                            if v.read_only { "ro" } else { "rw" }
+                        )
+                    }))
                     .collect(),
             ),
             network_mode: spec.network.clone(),

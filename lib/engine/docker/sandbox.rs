@@ -4,7 +4,7 @@
 //! secrets written without touching argv).
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Read;
+use std::io::{Read, Write};
 use std::time::Duration;
 
 use bollard::models::{ExecConfig, VolumeCreateRequest};
@@ -112,6 +112,53 @@ impl SandboxEngine for DockerEngine {
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
+    }
+
+    fn copy_in(&self, container: &str, dir: &str, tar: Box<dyn Read + Send>) -> Result<()> {
+        let docker = self.client().clone().with_timeout(LONG);
+        let what = format!("cannot copy into '{dir}' of container '{container}'");
+        let body = futures_util::stream::unfold(tar, |mut r| async move {
+            let mut buf = vec![0u8; 256 * 1024];
+            match r.read(&mut buf) {
+                Ok(0) => None,
+                Ok(k) => {
+                    buf.truncate(k);
+                    Some((Ok::<_, std::io::Error>(bytes::Bytes::from(buf)), r))
+                }
+                Err(e) => Some((Err(e), r)),
+            }
+        });
+        let opts = qp::UploadToContainerOptions {
+            path: dir.to_string(),
+            ..Default::default()
+        };
+        self.block_on(docker.upload_to_container(
+            container,
+            Some(opts),
+            bollard::body_try_stream(body),
+        ))
+        .map_err(|e| self.err(&what, e))
+    }
+
+    fn copy_out(&self, container: &str, path: &str, out: &mut dyn Write) -> Result<u64> {
+        let docker = self.client().clone().with_timeout(LONG);
+        let what = format!("cannot copy '{path}' out of container '{container}'");
+        self.block_on(async {
+            let mut stream = docker.download_from_container(
+                container,
+                Some(qp::DownloadFromContainerOptions {
+                    path: path.to_string(),
+                }),
+            );
+            let mut n = 0u64;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| self.err(&what, e))?;
+                out.write_all(&chunk)
+                    .map_err(|e| Error::new(Exit::IoErr, format!("{what}: cannot write: {e}")))?;
+                n += chunk.len() as u64;
+            }
+            Ok(n)
+        })
     }
 
     fn exec_io(&self, container: &str, req: &ExecRequest, io: ExecIo<'_>) -> Result<i64> {

@@ -27,6 +27,9 @@ pub(in crate::sandbox) struct Checked {
     pub secrets: Vec<Secret>,
     /// Warnings already shown.
     pub notes: Vec<String>,
+    /// The engine does not see this host's files: volume mode
+    /// (lib/sandbox/volume.rs).
+    pub on_volumes: bool,
 }
 
 impl<'a> Sandboxes<'a> {
@@ -64,9 +67,20 @@ impl<'a> Sandboxes<'a> {
         crate::service::attach::require(self.engine, &self.id, &opts.services)?;
         let secrets = secrets::resolve(&opts.secrets, &|n| std::env::var_os(n))?;
         check_bins(bins)?;
-        let notes = notes(&opts.name, &settings, opts.network, warn);
-        // Every mount below is of a host path: an engine elsewhere would see none.
-        super::super::hostpaths::require_shared(self.engine, &self.root)?;
+        let mut notes = notes(&opts.name, &settings, opts.network, warn);
+        // An engine that does not see the host's paths gets volumes instead
+        // of binds (lib/sandbox/volume.rs).
+        let on_volumes = super::super::volume::volume_mode(self)?;
+        if on_volumes {
+            super::super::volume::check(opts, &self.engine.address())?;
+            let n = format!(
+                "sandbox '{}' is on the engine at {}, which does not see this host's files: its workspace and mail dir are volumes there, without disk quotas; its mail moves while 'lw-sandbox courier' runs",
+                opts.name,
+                self.engine.address()
+            );
+            warn(&n);
+            notes.push(n);
+        }
         Ok(Checked {
             settings,
             ports,
@@ -75,6 +89,7 @@ impl<'a> Sandboxes<'a> {
             egress,
             secrets,
             notes,
+            on_volumes,
         })
     }
 

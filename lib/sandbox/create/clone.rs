@@ -12,15 +12,21 @@ use crate::error::{Error, Exit, Result};
 use crate::wall::{MIRROR, WORK};
 
 /// The clone, run inside the sandbox as its user.  Arguments: branch,
-/// start commit, 1 when the branch exists upstream, user name, email.
+/// start commit, 1 when the branch exists upstream, the gitconfig, the
+/// mirror's default branch, and where from: the mirror (shared objects) or
+/// a bundle (volume mode; removed once cloned).
 const CLONE: &str = r#"set -eu
-B=$1 BASE=$2 EXISTS=$3 DEFAULT=$5
+B=$1 BASE=$2 EXISTS=$3 DEFAULT=$5 SRC=$6
 mkdir -p /work/home
 # Identity, and trust in the mirror (it belongs to the host's user; git reads
 # safe.directory only from global configuration).
 [ -e /work/home/.gitconfig ] || printf '%s' "$4" > /work/home/.gitconfig
 if [ ! -e /work/repo/.git ]; then
-    git clone --quiet --shared --no-checkout /lw/mirror /work/repo
+    if [ "$SRC" = /lw/mirror ]; then
+        git clone --quiet --shared --no-checkout "$SRC" /work/repo
+    else
+        git clone --quiet --no-checkout "$SRC" /work/repo
+    fi
     cd /work/repo
     if [ "$EXISTS" = 1 ]; then
         git checkout --quiet -B "$B" --track "origin/$B"
@@ -30,6 +36,7 @@ if [ ! -e /work/repo/.git ]; then
     # The clone made a local branch for the mirror's HEAD: only B is the task's.
     if [ -n "$DEFAULT" ] && [ "$DEFAULT" != "$B" ]; then git branch --quiet -D "$DEFAULT" 2>/dev/null || true; fi
 fi
+[ "$SRC" = /lw/mirror ] || rm -f "$SRC"
 git -C /work/repo rev-parse HEAD
 "#;
 
@@ -57,6 +64,10 @@ impl<'a> Sandboxes<'a> {
         let default = mirror_head_branch(mirror);
         let (user_name, email) = identity(settings, project, &name);
         let exists_flag = if exists.is_some() { "1" } else { "0" };
+        if rec.volume_mode {
+            self.volume_bundle(rec, mirror)?;
+            clock.mark("bundle");
+        }
         let (code, out, err) = self.run(
             rec,
             &[
@@ -69,6 +80,11 @@ impl<'a> Sandboxes<'a> {
                 exists_flag,
                 &gitconfig(&user_name, &email),
                 &default,
+                if rec.volume_mode {
+                    super::super::volume::BUNDLE
+                } else {
+                    MIRROR
+                },
             ],
             None,
         )?;

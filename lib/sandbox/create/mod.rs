@@ -244,6 +244,7 @@ impl<'a> Sandboxes<'a> {
             agent: c.agent.as_ref().map(|a| a.record()),
             services: opts.services.clone(),
             runtime: c.runtime.clone(),
+            volume_mode: c.on_volumes,
         };
         self.write_record(&rec)?;
         Ok(rec)

@@ -33,10 +33,15 @@ impl<'a> Sandboxes<'a> {
         }
         let work = disk::work(&self.root, &rec.name);
         match c.settings.limits.disk {
+            _ if c.on_volumes => {}
             Some(bytes) => work.make(bytes, c.settings.uid, 0o755)?,
             None => work.plain(c.settings.uid)?,
         }
-        let spec = container_spec(self, rec, &c.settings, &boxdir, bins, !c.secrets.is_empty());
+        let mut spec = container_spec(self, rec, &c.settings, &boxdir, bins, !c.secrets.is_empty());
+        if c.on_volumes {
+            self.volume_prepare(rec, &mut spec, bins)?;
+            clock.mark("volumes");
+        }
         self.engine.create(&spec)?;
         crate::service::attach::connect(
             self.engine,
@@ -80,7 +85,7 @@ impl<'a> Sandboxes<'a> {
         }
         // The mail dir on its own filesystem (lib/sandbox/disk.rs),
         // mounted before the registry makes its boxes on it.
-        if let Some(bytes) = settings.limits.mail_disk {
+        if let Some(bytes) = settings.limits.mail_disk.filter(|_| !c.on_volumes) {
             disk::mail(&self.root, &name).make(bytes, settings.uid, 0o700)?;
         }
         let reg = Registry::new(&self.root);
@@ -90,7 +95,9 @@ impl<'a> Sandboxes<'a> {
             rec.scope.clone(),
         ))?;
         let boxdir = self.root.sandbox(&name).dir;
-        chown_tree(&boxdir, settings.uid)?;
+        if !c.on_volumes {
+            chown_tree(&boxdir, settings.uid)?;
+        }
         Ok(boxdir)
     }
 

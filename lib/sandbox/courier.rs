@@ -1,0 +1,460 @@
+//! The courier: carries the mail of volume-mode sandboxes (volume.rs)
+//! between their mail volumes on the engine's side and the root on this
+//! host, through the engine contract only (`copy_out`, `copy_in`,
+//! `exec_io`).  mailbox-spec.md, "REMOTE ENGINES", is the normative text;
+//! in short, per sandbox and pass:
+//!
+//! * **out**: an archive of the volume's `outbox/new/` is read as it
+//!   streams; each regular file named by the id grammar and within the
+//!   message-file limit is delivered into `ROOT/sandboxes/NAME/outbox/`
+//!   with deliver-once (no-replace rename, skipped when the name is in
+//!   `new/` or `cur/` already), so a copy carried twice (a crash before the
+//!   acknowledgement) lands once.  Only when that delivery is durable is the
+//!   engine's copy acknowledged: linked into `outbox/cur/` and removed from
+//!   `outbox/new/`, inside the sandbox, as its user.  Anything else in
+//!   `outbox/new/` (links, directories, other names, oversized files) is
+//!   moved to `outbox/junk/` there and reported.  The sender is the
+//!   sandbox whose volume it came from: the courier writes only into that
+//!   sandbox's own outbox on the host.
+//! * **in**: the names in the host's `inbox/new/` (the mediator's
+//!   deliveries) are looked up in the volume's inbox.  A name in its `cur/`
+//!   was acked inside: the host's copy is claimed into `inbox/cur/`, which
+//!   is what the mediator's read receipts read.  A name in neither `new/`
+//!   nor `cur/` is copied into the volume's `inbox/tmp/`, fsynced, linked
+//!   into `inbox/new/` (link(2) never replaces) and removed from `tmp/`,
+//!   and `new/` is fsynced: `lw-inbox --wait` inside wakes on the link.
+//!
+//! One courier per root (`ROOT/state/courier.lock`).  The host side is
+//! watched (inotify on the inboxes); the engine side is polled, since its
+//! API raises no event for a file in a volume.
+
+use std::collections::HashSet;
+use std::io::Read as _;
+use std::os::unix::fs::MetadataExt as _;
+use std::time::Duration;
+
+use super::{MAILBOX, Record, Sandboxes};
+use crate::error::{Error, Exit, Result};
+use crate::maildir::{Delivered, Maildir, Sub};
+use crate::message;
+
+/// What one pass carried.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Carried {
+    /// Messages delivered into the root's outboxes.
+    pub out: usize,
+    /// Messages delivered into the engine's inboxes.
+    pub into: usize,
+    /// Host inbox copies claimed because the sandbox acked them.
+    pub read: usize,
+    /// Entries of the engine's outboxes moved aside as junk.
+    pub junk: usize,
+}
+
+impl std::ops::AddAssign for Carried {
+    fn add_assign(&mut self, o: Carried) {
+        self.out += o.out;
+        self.into += o.into;
+        self.read += o.read;
+        self.junk += o.junk;
+    }
+}
+
+/// Acknowledges carried messages inside the sandbox: linked into `cur/`
+/// (a name already there is left), removed from `new/`.  Names are of the
+/// id grammar, so they are plain words.
+const ACK: &str = "cd /lw/mailbox/outbox/new || exit 3
+ln -- \"$@\" ../cur/ 2>/dev/null
+rm -f -- \"$@\"";
+
+/// Moves junk out of `outbox/new/`.
+const JUNK: &str = "cd /lw/mailbox/outbox || exit 3
+mkdir -p junk && cd new && mv -f -- \"$@\" ../junk/";
+
+/// Says which of the names are in the volume's `inbox/cur/` or `inbox/new/`.
+const STATUS: &str = "cd /lw/mailbox/inbox || exit 3
+for n; do if [ -e \"cur/$n\" ]; then echo \"cur $n\"; elif [ -e \"new/$n\" ]; then echo \"new $n\"; fi; done";
+
+/// Delivers the files just copied into `inbox/tmp/`: fsync, link into
+/// `new/` (never replacing), remove from `tmp/`, fsync `new/`.  An old
+/// `sync` that takes no file names syncs everything, which is more.
+const DELIVER: &str = "cd /lw/mailbox/inbox/tmp || exit 3
+sync -- \"$@\" 2>/dev/null || sync
+ln -- \"$@\" ../new/
+st=$?
+rm -f -- \"$@\"
+sync -- ../new 2>/dev/null || sync
+exit $st";
+
+/// How many names one exec carries.
+const BATCH: usize = 400;
+
+/// The courier of one root.
+pub struct Courier<'s, 'a> {
+    sb: &'s Sandboxes<'a>,
+    /// Junk already reported, per sandbox: reported once.
+    reported: HashSet<(String, String)>,
+}
+
+impl<'s, 'a> Courier<'s, 'a> {
+    pub fn new(sb: &'s Sandboxes<'a>) -> Courier<'s, 'a> {
+        Courier {
+            sb,
+            reported: HashSet::new(),
+        }
+    }
+
+    /// The ready volume-mode sandboxes of the root.
+    pub fn sandboxes(&self) -> Result<Vec<Record>> {
+        Ok(self
+            .sb
+            .records()?
+            .into_iter()
+            .filter(|r| r.ready && r.volume_mode)
+            .collect())
+    }
+
+    /// One pass over every volume-mode sandbox; a sandbox whose carry fails
+    /// is reported through `warn` and the others go on.
+    pub fn pass(&mut self, warn: &mut dyn FnMut(&str)) -> Result<Carried> {
+        let mut total = Carried::default();
+        for rec in self.sandboxes()? {
+            match self.carry(&rec, warn) {
+                Ok(c) => total += c,
+                Err(e) => warn(&format!("sandbox '{}': {e}", rec.name)),
+            }
+        }
+        Ok(total)
+    }
+
+    /// Carries one sandbox's mail both ways, under its name's lock (so a
+    /// `rm`'s last carry and this one are never two writers of one
+    /// outbox); a sandbox being created or removed is skipped.
+    pub fn carry(&mut self, rec: &Record, warn: &mut dyn FnMut(&str)) -> Result<Carried> {
+        let Some(lock) = self.sb.lock(&rec.name, false)? else {
+            return Ok(Carried::default());
+        };
+        match self.sb.record(&rec.name) {
+            Ok(Some(r)) if r.ready => self.carry_locked(&r, warn),
+            _ => {
+                // Removed meanwhile: the lock file is a leftover of ours.
+                lock.remove();
+                Ok(Carried::default())
+            }
+        }
+    }
+
+    /// [`Courier::carry`] for a caller that holds the name's lock (`rm`).
+    pub(super) fn carry_locked(
+        &mut self,
+        rec: &Record,
+        warn: &mut dyn FnMut(&str),
+    ) -> Result<Carried> {
+        let Some(c) = self.sb.engine.inspect(&rec.container)? else {
+            return Ok(Carried::default());
+        };
+        let mut done = self.carry_out(rec, c.running, warn)?;
+        if c.running {
+            done += self.carry_in(rec)?;
+        }
+        Ok(done)
+    }
+
+    fn user(rec: &Record) -> String {
+        format!("{0}:{0}", rec.uid)
+    }
+
+    fn carry_out(
+        &mut self,
+        rec: &Record,
+        running: bool,
+        warn: &mut dyn FnMut(&str),
+    ) -> Result<Carried> {
+        let outbox = self.sb.root.sandbox(&rec.name).outbox();
+        // The archive is read as it streams, by a thread: an outbox of any
+        // size never sits in memory, only each message in turn.
+        let (reader, mut writer) = std::io::pipe()
+            .map_err(|e| Error::new(Exit::IoErr, format!("cannot make a pipe: {e}")))?;
+        let target = outbox.clone();
+        let parser = std::thread::spawn(move || read_outbox(reader, &target));
+        let copied = self.sb.engine.copy_out(
+            &rec.container,
+            &format!("{MAILBOX}/outbox/new"),
+            &mut writer,
+        );
+        drop(writer);
+        let parsed = parser
+            .join()
+            .map_err(|_| Error::new(Exit::Software, "the outbox reader panicked"))?;
+        copied?;
+        let (carried, junk) = parsed?;
+        let mut done = Carried {
+            out: carried.iter().filter(|(_, new)| *new).count(),
+            ..Default::default()
+        };
+        let mut moved = Vec::new();
+        for (name, why) in &junk {
+            if self.reported.insert((rec.name.clone(), name.clone())) {
+                warn(&format!(
+                    "sandbox '{}': outbox/new/{} is not a message ({why}); moved to outbox/junk/ in its mail volume",
+                    rec.name,
+                    crate::visible::visible_line(name)
+                ));
+            }
+            // Names that a shell word cannot hold are left and reported once.
+            if !name.is_empty() && !name.contains('/') && !name.starts_with('-') {
+                moved.push(name.clone());
+            }
+        }
+        if !running {
+            // Carried all the same (idempotent); acknowledged once it runs.
+            return Ok(done);
+        }
+        let names: Vec<String> = carried.into_iter().map(|(n, _)| n).collect();
+        for chunk in names.chunks(BATCH) {
+            let (code, _, err) = self
+                .sb
+                .exec_args(&rec.container, &Self::user(rec), ACK, chunk)?;
+            if code != 0 {
+                return Err(Error::new(
+                    Exit::Unavailable,
+                    format!(
+                        "cannot acknowledge carried messages in the mail volume (exit {code}): {}",
+                        crate::visible::visible(err.trim())
+                    ),
+                ));
+            }
+        }
+        for chunk in moved.chunks(BATCH) {
+            let (code, _, _) = self
+                .sb
+                .exec_args(&rec.container, &Self::user(rec), JUNK, chunk)?;
+            if code == 0 {
+                done.junk += chunk.len();
+            }
+        }
+        Ok(done)
+    }
+
+    fn carry_in(&mut self, rec: &Record) -> Result<Carried> {
+        let inbox = self.sb.root.sandbox(&rec.name).inbox();
+        let pending = pending(&inbox);
+        let mut done = Carried::default();
+        for chunk in pending.chunks(BATCH) {
+            let (code, out, err) =
+                self.sb
+                    .exec_args(&rec.container, &Self::user(rec), STATUS, chunk)?;
+            if code != 0 {
+                return Err(Error::new(
+                    Exit::Unavailable,
+                    format!(
+                        "cannot read the inbox of the mail volume (exit {code}): {}",
+                        crate::visible::visible(err.trim())
+                    ),
+                ));
+            }
+            let mut there = HashSet::new();
+            for l in out.lines() {
+                if let Some(n) = l.strip_prefix("cur ") {
+                    // Acked inside: the host's copy is read.
+                    if inbox.claim(std::ffi::OsStr::new(n))? {
+                        done.read += 1;
+                    }
+                    there.insert(n.to_string());
+                } else if let Some(n) = l.strip_prefix("new ") {
+                    there.insert(n.to_string());
+                }
+            }
+            let missing: Vec<String> = chunk
+                .iter()
+                .filter(|n| !there.contains(*n))
+                .cloned()
+                .collect();
+            if missing.is_empty() {
+                continue;
+            }
+            let mut t = super::volume::TarBuf::new();
+            let mut sent = Vec::new();
+            for n in &missing {
+                match read_message_file(&inbox.sub(Sub::New).join(n)) {
+                    Some(bytes) => {
+                        t.file(n, &bytes, 0o600, rec.uid);
+                        sent.push(n.clone());
+                    }
+                    // Claimed or removed meanwhile: the next pass says.
+                    None => continue,
+                }
+            }
+            if sent.is_empty() {
+                continue;
+            }
+            self.sb.engine.copy_in(
+                &rec.container,
+                &format!("{MAILBOX}/inbox/tmp"),
+                Box::new(t.finish()),
+            )?;
+            let (code, _, err) =
+                self.sb
+                    .exec_args(&rec.container, &Self::user(rec), DELIVER, &sent)?;
+            if code != 0 {
+                return Err(Error::new(
+                    Exit::Unavailable,
+                    format!(
+                        "cannot deliver into the inbox of the mail volume (exit {code}): {}",
+                        crate::visible::visible(err.trim())
+                    ),
+                ));
+            }
+            done.into += sent.len();
+        }
+        Ok(done)
+    }
+}
+
+/// The names in the host inbox's `new/` that are messages to carry:
+/// regular files named by the id grammar (the mediator writes nothing else).
+fn pending(inbox: &Maildir) -> Vec<String> {
+    let Ok(names) = inbox.names(Sub::New) else {
+        return vec![];
+    };
+    names
+        .into_iter()
+        .filter_map(|n| n.into_string().ok())
+        .filter(|n| crate::id::is_valid(n))
+        .filter(|n| {
+            std::fs::symlink_metadata(inbox.sub(Sub::New).join(n))
+                .is_ok_and(|m| m.file_type().is_file() && m.nlink() == 1)
+        })
+        .collect()
+}
+
+/// A message file of the host's inbox, read without following links, at
+/// most the message-file limit.
+fn read_message_file(p: &std::path::Path) -> Option<Vec<u8>> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let f = std::fs::File::options()
+        .read(true)
+        .custom_flags((rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32)
+        .open(p)
+        .ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut b = Vec::new();
+    f.take(message::MAX_FILE + 1).read_to_end(&mut b).ok()?;
+    (b.len() as u64 <= message::MAX_FILE).then_some(b)
+}
+
+/// Carried names (and whether this pass delivered them) and junk (name, why).
+type Outbox = (Vec<(String, bool)>, Vec<(String, String)>);
+
+/// Reads the archive of `outbox/new` and delivers each message into
+/// `target` (deliver-once).
+fn read_outbox(reader: std::io::PipeReader, target: &Maildir) -> Result<Outbox> {
+    let mut carried = Vec::new();
+    let mut junk = Vec::new();
+    let mut a = tar::Archive::new(reader);
+    let bad = |e: std::io::Error| {
+        Error::new(
+            Exit::Unavailable,
+            format!("the engine's archive of the outbox is unreadable: {e}"),
+        )
+    };
+    let mut first = true;
+    for entry in a.entries().map_err(bad)? {
+        let mut entry = entry.map_err(bad)?;
+        let path = entry.path_bytes().into_owned();
+        let path = String::from_utf8_lossy(&path).into_owned();
+        let path = path.trim_end_matches('/');
+        // The first entry is `new` itself.
+        if first && !path.contains('/') {
+            first = false;
+            continue;
+        }
+        first = false;
+        let Some(name) = path.strip_prefix("new/") else {
+            continue;
+        };
+        if name.contains('/') {
+            // Inside a directory planted in new/: moved with it.
+            continue;
+        }
+        let kind = entry.header().entry_type();
+        let size = entry.header().size().unwrap_or(u64::MAX);
+        let why = if !kind.is_file() {
+            Some("not a regular file".to_string())
+        } else if !crate::id::is_valid(name) {
+            Some("its name does not follow the id grammar".to_string())
+        } else if size > message::MAX_FILE {
+            Some(format!("{size} bytes; the limit is {}", message::MAX_FILE))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            junk.push((name.to_string(), why));
+            continue;
+        }
+        let mut bytes = Vec::with_capacity(size as usize);
+        entry.read_to_end(&mut bytes).map_err(bad)?;
+        let new = matches!(target.deliver_once(name, &bytes)?, Delivered::New(_));
+        carried.push((name.to_string(), new));
+    }
+    Ok((carried, junk))
+}
+
+/// `lw-sandbox courier`: passes until killed (or one, `once`), waking when
+/// the mediator delivers into a volume-mode sandbox's inbox on this host
+/// and every `interval` otherwise.  Holds `ROOT/state/courier.lock`.
+pub fn run(
+    sb: &Sandboxes,
+    interval: Duration,
+    once: bool,
+    report: &mut dyn FnMut(&Carried),
+    warn: &mut dyn FnMut(&str),
+) -> Result<()> {
+    let state = sb.root.state_dir();
+    std::fs::create_dir_all(&state).map_err(|e| Error::io("cannot create", &state, e))?;
+    let lock_path = state.join("courier.lock");
+    let _lock = crate::fs::try_lock(&lock_path)
+        .map_err(|e| Error::lock(&lock_path, e))?
+        .ok_or_else(|| {
+            Error::new(
+                Exit::TempFail,
+                format!(
+                    "another courier carries the mail of '{}' (it holds '{}')",
+                    sb.root.dir.display(),
+                    lock_path.display()
+                ),
+            )
+        })?;
+    let mut courier = Courier::new(sb);
+    let watcher = crate::fs::Watcher::new()
+        .map_err(|e| Error::new(Exit::IoErr, format!("cannot watch the inboxes: {e}")))?;
+    let mut watched = HashSet::new();
+    loop {
+        match courier.sandboxes() {
+            Ok(recs) => {
+                for r in recs {
+                    let dir = sb.root.sandbox(&r.name).inbox().sub(Sub::New);
+                    if !watched.contains(&dir) && watcher.add(&dir).is_ok() {
+                        watched.insert(dir);
+                    }
+                }
+            }
+            Err(e) => warn(&e.to_string()),
+        }
+        match courier.pass(warn) {
+            Ok(c) => report(&c),
+            Err(e) => {
+                if once {
+                    return Err(e);
+                }
+                warn(&e.to_string());
+            }
+        }
+        if once {
+            return Ok(());
+        }
+        let _ = watcher.wait(Some(interval));
+    }
+}
