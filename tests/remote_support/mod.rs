@@ -1,0 +1,551 @@
+//! Sandboxes on engine B (volume mode), beside the same on the local engine:
+//! create, exec, post -> deliver through the mediator and the courier, a
+//! waiting lw-inbox woken by the delivery, push, rm; the figures (create
+//! time, post->deliver latency, 1,000 messages), and kill -9 of the courier
+//! while it carries, with the seed and the counts.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::sandbox_support::{Fixture, bin, git};
+use crate::seeded;
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Where a command runs: engine B (address and certificates) or local.
+#[derive(Clone)]
+pub struct Target {
+    pub host: Option<(String, PathBuf)>,
+    pub root: PathBuf,
+}
+
+impl Target {
+    fn env<'c>(&self, c: &'c mut Command) -> &'c mut Command {
+        c.env("LW_ROOT", &self.root);
+        match &self.host {
+            Some((h, certs)) => c
+                .env("DOCKER_HOST", h)
+                .env("DOCKER_TLS_VERIFY", "1")
+                .env("DOCKER_CERT_PATH", certs),
+            None => c
+                .env_remove("DOCKER_HOST")
+                .env_remove("DOCKER_TLS_VERIFY")
+                .env_remove("DOCKER_CERT_PATH"),
+        }
+    }
+    fn sb(&self, fx: &Fixture, args: &[&str]) -> Output {
+        self.env(&mut fx.cmd(args))
+            .output()
+            .expect("lw-sandbox runs")
+    }
+    fn ok(&self, fx: &Fixture, args: &[&str]) -> String {
+        let o = self.sb(fx, args);
+        assert!(
+            o.status.success(),
+            "lw-sandbox {args:?} ({}) exited {:?}: {}",
+            self.name(),
+            o.status.code(),
+            text(&o)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+    fn name(&self) -> &str {
+        if self.host.is_some() { "B" } else { "local" }
+    }
+    fn mediator(&self, policy: &Path) -> Child {
+        Command::new(bin("lw-mediate"))
+            .arg("--root")
+            .arg(&self.root)
+            .arg("--policy")
+            .arg(policy)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("lw-mediate runs")
+    }
+    fn mediate_once(&self, policy: &Path) {
+        let o = Command::new(bin("lw-mediate"))
+            .arg("--root")
+            .arg(&self.root)
+            .arg("--policy")
+            .arg(policy)
+            .arg("--once")
+            .output()
+            .expect("lw-mediate runs");
+        assert!(o.status.success(), "lw-mediate --once: {}", text(&o));
+    }
+}
+
+/// A running `lw-sandbox courier`, its lines arriving with their time.
+struct Courier {
+    child: Child,
+    lines: mpsc::Receiver<(SystemTime, String)>,
+}
+
+impl Courier {
+    fn start(fx: &Fixture, t: &Target, interval_ms: u32) -> Courier {
+        let mut child = t
+            .env(&mut fx.cmd(&["courier", "--interval", &interval_ms.to_string()]))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("lw-sandbox courier runs");
+        let out = child.stdout.take().expect("piped");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines() {
+                let Ok(l) = l else { return };
+                if tx.send((SystemTime::now(), l)).is_err() {
+                    return;
+                }
+            }
+        });
+        Courier { child, lines: rx }
+    }
+    /// Waits for lines until `n` messages were carried in; the time of the last.
+    fn until_in(&self, n: usize, timeout: Duration) -> SystemTime {
+        let deadline = Instant::now() + timeout;
+        let mut got = 0;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let (at, l) = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("the courier carried {got} of {n} in {timeout:?}"));
+            let w: Vec<&str> = l.split_whitespace().collect();
+            if let Some(i) = w.iter().position(|x| *x == "in") {
+                got += w[i + 1].parse::<usize>().unwrap_or(0);
+            }
+            if got >= n {
+                return at;
+            }
+        }
+    }
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Courier {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The time encoded in a message id (`SECONDS.NANOS.RANDOM`).
+fn id_time(id: &str) -> SystemTime {
+    let mut p = id.split('.');
+    let s: u64 = p.next().unwrap().parse().unwrap();
+    let n: u32 = p.next().unwrap().parse().unwrap();
+    SystemTime::UNIX_EPOCH + Duration::new(s, n)
+}
+
+fn post(fx: &Fixture, t: &Target, from: &str, to: &str, subject: &str) -> String {
+    let out = t.ok(
+        fx,
+        &[
+            "exec",
+            from,
+            "--",
+            "lw-post",
+            "--to",
+            to,
+            "--kind",
+            "request",
+            "--subject",
+            subject,
+            "body",
+        ],
+    );
+    out.trim().to_string()
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Post -> delivered into the recipient's inbox, `n` times: the median.
+/// On B the courier's line says when; locally the mediator's file appears
+/// in the host's inbox, seen by a watch.
+fn latency(
+    fx: &Fixture,
+    t: &Target,
+    courier: Option<&Courier>,
+    to_box: &Path,
+    n: usize,
+) -> Duration {
+    let w = loopwright::fs::Watcher::new().unwrap();
+    w.add(to_box).unwrap();
+    median(
+        (0..n)
+            .map(|i| {
+                let id = post(fx, t, "a", "b", &format!("latency {i}"));
+                let at = match courier {
+                    Some(c) => c.until_in(1, Duration::from_secs(60)),
+                    None => loop {
+                        if to_box.join(&id).exists() {
+                            break SystemTime::now();
+                        }
+                        w.wait(Some(Duration::from_secs(60))).unwrap();
+                    },
+                };
+                at.duration_since(id_time(&id)).unwrap_or_default()
+            })
+            .collect(),
+    )
+}
+
+/// 1,000 messages posted by one loop in `a` to `b`: from the loop's start
+/// to the last one delivered.
+fn throughput(fx: &Fixture, t: &Target, courier: Option<&Courier>, to_box: &Path) -> Duration {
+    let before = std::fs::read_dir(to_box).map_or(0, |r| r.count());
+    let w = loopwright::fs::Watcher::new().unwrap();
+    w.add(to_box).unwrap();
+    let start = SystemTime::now();
+    let poster = t
+        .env(&mut fx.cmd(&[
+            "exec",
+            "a",
+            "--",
+            "sh",
+            "-c",
+            "for i in $(seq 1000); do lw-post --to b --kind status --subject \"flood $i\" x >/dev/null || exit 1; done",
+        ]))
+        .spawn()
+        .unwrap();
+    let end = match courier {
+        Some(c) => c.until_in(1000, Duration::from_secs(600)),
+        None => loop {
+            if std::fs::read_dir(to_box).map_or(0, |r| r.count()) >= before + 1000 {
+                break SystemTime::now();
+            }
+            w.wait(Some(Duration::from_secs(60))).unwrap();
+        },
+    };
+    let o = poster.wait_with_output().unwrap();
+    assert!(o.status.success(), "the flood's poster: {}", text(&o));
+    end.duration_since(start).unwrap()
+}
+
+/// Names in a directory of sandbox `name` on the target.
+fn ls_in(fx: &Fixture, t: &Target, name: &str, dir: &str) -> Vec<String> {
+    t.ok(fx, &["exec", name, "--", "ls", "-1", dir])
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+pub struct Figures {
+    /// The first sandbox of a root on the engine (B copies the tools once).
+    pub create: (Duration, Duration),
+    /// The second.
+    pub create2: (Duration, Duration),
+    pub latency: (Duration, Duration),
+    pub thousand: (Duration, Duration),
+    pub crash: String,
+}
+
+/// The whole story; `b_docker` runs the docker CLI against B.
+pub fn volume_mode(
+    fx: &Fixture,
+    host: &str,
+    certs: &Path,
+    image: &str,
+    b_docker: &dyn Fn(&[&str]) -> Output,
+) -> Figures {
+    let policy = fx.dir.join("policy");
+    std::fs::write(&policy, "loopwright-policy 1\nrate off\nduplicates off\n").unwrap();
+    let tb = Target {
+        host: Some((host.to_string(), certs.to_path_buf())),
+        root: fx.root.clone(),
+    };
+    let tl = Target {
+        host: None,
+        root: fx.dir.join("root-local"),
+    };
+    std::fs::create_dir_all(&tl.root).unwrap();
+
+    // A port on B is refused before anything is made: its lease could not
+    // be checked where it is bound.
+    let o = tb.sb(
+        fx,
+        &[
+            "create",
+            "p",
+            "--branch",
+            "p",
+            "--image",
+            image,
+            "--network",
+            "bridge",
+            "--port",
+            "8080",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(69), "--port on B: {}", text(&o));
+    assert!(
+        text(&o).contains("--port") && text(&o).contains(host),
+        "--port on B says why: {}",
+        text(&o)
+    );
+
+    // create: B (volume mode) and local, same run.
+    let create = |t: &Target, name: &str| {
+        let s = Instant::now();
+        t.ok(fx, &["create", name, "--branch", name, "--image", image]);
+        s.elapsed()
+    };
+    let create_b = create(&tb, "a");
+    let create_b2 = create(&tb, "b");
+    let create_l = create(&tl, "a");
+    let create_l2 = create(&tl, "b");
+    let rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fx.root.join("state/sandbox/a.json")).unwrap())
+            .unwrap();
+    assert_eq!(rec["volume_mode"], true, "a on B is in volume mode: {rec}");
+    let vols = String::from_utf8_lossy(
+        &b_docker(&[
+            "volume",
+            "ls",
+            "-q",
+            "--filter",
+            "label=org.loopwright.sandbox=a",
+        ])
+        .stdout,
+    )
+    .into_owned();
+    assert!(
+        vols.contains("-a-work") && vols.contains("-a-mail"),
+        "a's workspace and mail dir are volumes on B: {vols}"
+    );
+
+    // exec: the clone on its branch, from the bundle, as the sandbox's user.
+    let o = tb.ok(
+        fx,
+        &[
+            "exec",
+            "a",
+            "--",
+            "sh",
+            "-c",
+            "id -u; git rev-parse --abbrev-ref HEAD; git rev-parse HEAD; command -v lw-post",
+        ],
+    );
+    let l: Vec<&str> = o.lines().collect();
+    assert_eq!(l[0], "100000", "exec on B: {o}");
+    assert_eq!(l[1], "a", "the clone is on branch a: {o}");
+    assert_eq!(
+        l[2],
+        git(&fx.proj, &["rev-parse", "HEAD"]),
+        "it starts at the upstream's HEAD: {o}"
+    );
+    assert_eq!(l[3], "/lw/bin/lw-post", "the tools are on PATH: {o}");
+
+    // post -> the mediator on this host -> b's inbox on B; a waiting
+    // lw-inbox in b wakes on the delivery.
+    let mut med_b = tb.mediator(&policy);
+    let courier = Courier::start(fx, &tb, 100);
+    let mut waiter = tb
+        .env(&mut fx.cmd(&[
+            "exec",
+            "b",
+            "--",
+            "sh",
+            "-c",
+            "echo waiting; exec lw-inbox --wait --timeout 120",
+        ]))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut wout = BufReader::new(waiter.stdout.take().unwrap());
+    let mut first = String::new();
+    wout.read_line(&mut first).unwrap();
+    assert_eq!(first.trim(), "waiting");
+    let id = post(fx, &tb, "a", "b", "hello from a on B");
+    let mut listed = String::new();
+    wout.read_line(&mut listed).unwrap();
+    let st = waiter.wait().unwrap();
+    assert!(st.success(), "lw-inbox --wait in b: {st:?}");
+    assert!(
+        listed.starts_with(&id) && listed.contains("hello from a on B") && listed.contains("\ta\t"),
+        "b's waiting lw-inbox lists a's message, from a: {listed:?}"
+    );
+    courier.until_in(1, Duration::from_secs(5));
+    // Acked inside b: the host's copy is claimed, the mediator logs the read.
+    tb.ok(fx, &["exec", "b", "--", "lw-inbox", "ack", &id]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let read_entry = fx.root.join(format!("log/new/{id}.read.b"));
+    let w = loopwright::fs::Watcher::new().unwrap();
+    w.add(&fx.root.join("log/new")).unwrap();
+    while !read_entry.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "no read receipt for {id} in 30 s"
+        );
+        w.wait(Some(Duration::from_secs(1))).unwrap();
+    }
+
+    // Figures, B then local.
+    let lat_b = latency(
+        fx,
+        &tb,
+        Some(&courier),
+        &fx.root.join("sandboxes/b/inbox/new"),
+        7,
+    );
+    let mut med_l = tl.mediator(&policy);
+    let lat_l = latency(fx, &tl, None, &tl.root.join("sandboxes/b/inbox/new"), 7);
+    let thousand_b = throughput(
+        fx,
+        &tb,
+        Some(&courier),
+        &fx.root.join("sandboxes/b/inbox/new"),
+    );
+    let thousand_l = throughput(fx, &tl, None, &tl.root.join("sandboxes/b/inbox/new"));
+    let _ = med_l.kill();
+    let _ = med_l.wait();
+    courier.kill();
+    let _ = med_b.kill();
+    let _ = med_b.wait();
+
+    let crash = crash_courier(fx, &tb, &policy);
+
+    // push: the branch leaves through exec (git's ext:: transport), as locally.
+    tb.ok(
+        fx,
+        &[
+            "exec",
+            "a",
+            "--",
+            "sh",
+            "-c",
+            "echo remote > remote.txt && git add remote.txt && git commit -qm 'from B'",
+        ],
+    );
+    let pushed = tb.ok(fx, &["push", "a"]);
+    let tip = tb.ok(fx, &["exec", "a", "--", "git", "rev-parse", "HEAD"]);
+    assert!(
+        pushed.starts_with(&format!("a {} new", tip.trim())),
+        "push from B: {pushed}"
+    );
+    assert_eq!(
+        git(&fx.upstream, &["rev-parse", "refs/heads/a"]),
+        tip.trim(),
+        "the upstream has a's commit"
+    );
+    let ls = tb.ok(fx, &["ls"]);
+    let a_line = ls.lines().find(|l| l.starts_with("a\t")).unwrap();
+    assert_eq!(
+        a_line.split('\t').nth(6),
+        Some("0"),
+        "nothing unpushed after the push: {ls}"
+    );
+
+    // rm: everything of theirs on B goes (the shared tools volume stays).
+    tb.ok(fx, &["rm", "a"]);
+    tb.ok(fx, &["rm", "--force", "b"]);
+    let label = format!("label=org.loopwright.root={}", fx.root_id());
+    let left =
+        String::from_utf8_lossy(&b_docker(&["ps", "-aq", "--filter", &label]).stdout).into_owned();
+    assert!(left.trim().is_empty(), "containers left on B: {left}");
+    let vols =
+        String::from_utf8_lossy(&b_docker(&["volume", "ls", "-q", "--filter", &label]).stdout)
+            .into_owned();
+    assert!(
+        vols.lines().all(|v| v.contains("-tools-")),
+        "volumes left on B: {vols}"
+    );
+    tl.ok(fx, &["rm", "--force", "a", "b"]);
+
+    Figures {
+        create: (create_b, create_l),
+        create2: (create_b2, create_l2),
+        latency: (lat_b, lat_l),
+        thousand: (thousand_b, thousand_l),
+        crash,
+    }
+}
+
+/// kill -9 of the courier while it carries, out then in: every message
+/// reaches b once.  Returns the line of counts.
+fn crash_courier(fx: &Fixture, tb: &Target, policy: &Path) -> String {
+    let seed = seeded::seed();
+    const N: usize = 200;
+    let ids: Vec<String> = tb
+        .ok(
+            fx,
+            &[
+                "exec",
+                "a",
+                "--",
+                "sh",
+                "-c",
+                &format!("for i in $(seq {N}); do lw-post --to b --kind request --subject \"crash $i\" x || exit 1; done"),
+            ],
+        )
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(ids.len(), N);
+    let mut kills = Vec::new();
+    let rounds = |kills: &mut Vec<u64>| {
+        for _ in 0..6 {
+            let c = Courier::start(fx, tb, 50);
+            let ms = seeded::below(700);
+            std::thread::sleep(Duration::from_millis(ms));
+            kills.push(ms);
+            let mut c = c;
+            // SIGKILL: no chance to finish what it was carrying.
+            let _ = c.child.kill();
+            let _ = c.child.wait();
+        }
+    };
+    rounds(&mut kills);
+    tb.ok(fx, &["courier", "--once"]);
+    tb.mediate_once(policy);
+    rounds(&mut kills);
+    tb.ok(fx, &["courier", "--once"]);
+
+    let want: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
+    let inbox = ls_in(fx, tb, "b", "/lw/mailbox/inbox/new");
+    let got: Vec<&str> = inbox
+        .iter()
+        .map(String::as_str)
+        .filter(|n| want.contains(n))
+        .collect();
+    let got_set: BTreeSet<&str> = got.iter().copied().collect();
+    let lost = want.difference(&got_set).count();
+    let mut per_id: BTreeMap<&str, usize> = BTreeMap::new();
+    for g in &got {
+        *per_id.entry(g).or_default() += 1;
+    }
+    // A copy carried twice after the mediator claimed the first would be
+    // quarantined as a repeat: none may be.
+    let quarantined = std::fs::read_dir(fx.root.join("quarantine/new")).map_or(0, |r| r.count());
+    let forwards = ids
+        .iter()
+        .filter(|id| fx.root.join(format!("log/new/{id}.forward")).exists())
+        .count();
+    let duplicated = per_id.values().filter(|n| **n > 1).count() + quarantined;
+    let line = format!(
+        "kill -9 of the courier: seed {seed}, {} kills at {kills:?} ms, posted {N}, delivered {}, forwarded {forwards}, lost {lost}, duplicated {duplicated}",
+        kills.len(),
+        got_set.len()
+    );
+    eprintln!("{line}");
+    assert_eq!((lost, duplicated, forwards), (0, 0, N), "{line}");
+    line
+}
