@@ -16,22 +16,29 @@
 //!   moved to `outbox/junk/` there and reported.  The sender is the
 //!   sandbox whose volume it came from: the courier writes only into that
 //!   sandbox's own outbox on the host.
-//! * **in**: the names in the host's `inbox/new/` (the mediator's
-//!   deliveries) are looked up in the volume's inbox.  A name in its `cur/`
-//!   was acked inside: the host's copy is claimed into `inbox/cur/`, which
-//!   is what the mediator's read receipts read.  A name in neither `new/`
-//!   nor `cur/` is copied into the volume's `inbox/tmp/`, fsynced, linked
-//!   into `inbox/new/` (link(2) never replaces) and removed from `tmp/`,
-//!   and `new/` is fsynced: `lw-inbox --wait` inside wakes on the link.
+//! * **in**: each name in the host's `inbox/new/` (the mediator's
+//!   deliveries) that this courier has not delivered yet is copied into the
+//!   volume's `inbox/tmp/`; inside, a name already in `cur/` (acked: the
+//!   host's copy is then claimed into `inbox/cur/`, which is what the
+//!   mediator's read receipts read) or in `new/` is dropped from `tmp/`, the
+//!   others are fsynced, linked into `inbox/new/` (link(2) never replaces)
+//!   and removed from `tmp/`, and `new/` is fsynced: `lw-inbox --wait`
+//!   inside wakes on the link.  Names delivered and not acked are looked up
+//!   again every second, for the receipts.
+//!
+//! Passes do every sandbox's deliveries first, then the outboxes.  Each
+//! engine request is a round trip (over TLS, a handshake: bollard keeps no
+//! idle connection), so a pass is a handful of requests per sandbox: the
+//! outbox's archive, and an exec only when there is something to do.
 //!
 //! One courier per root (`ROOT/state/courier.lock`).  The host side is
 //! watched (inotify on the inboxes); the engine side is polled, since its
 //! API raises no event for a file in a volume.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::Read as _;
 use std::os::unix::fs::MetadataExt as _;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{MAILBOX, Record, Sandboxes};
 use crate::error::{Error, Exit, Result};
@@ -75,16 +82,29 @@ mkdir -p junk && cd new && mv -f -- \"$@\" ../junk/";
 const STATUS: &str = "cd /lw/mailbox/inbox || exit 3
 for n; do if [ -e \"cur/$n\" ]; then echo \"cur $n\"; elif [ -e \"new/$n\" ]; then echo \"new $n\"; fi; done";
 
-/// Delivers the files just copied into `inbox/tmp/`: fsync, link into
-/// `new/` (never replacing), remove from `tmp/`, fsync `new/`.  An old
-/// `sync` that takes no file names syncs everything, which is more.
+/// Delivers the files just copied into `inbox/tmp/`: a name already in
+/// `cur/` (said) or `new/` is dropped from `tmp/`; the others are fsynced,
+/// linked into `new/` (never replacing), removed from `tmp/`, and `new/` is
+/// fsynced.  An old `sync` that takes no file names syncs everything, which
+/// is more.  Names are of the id grammar: plain words.
 const DELIVER: &str = "cd /lw/mailbox/inbox/tmp || exit 3
-sync -- \"$@\" 2>/dev/null || sync
-ln -- \"$@\" ../new/
+go=
+for n; do
+    if [ -e \"../cur/$n\" ]; then echo \"cur $n\"; rm -f -- \"$n\"
+    elif [ -e \"../new/$n\" ]; then rm -f -- \"$n\"
+    else go=\"$go $n\"; fi
+done
+[ -n \"$go\" ] || exit 0
+sync -- $go 2>/dev/null || sync
+ln -- $go ../new/
 st=$?
-rm -f -- \"$@\"
+rm -f -- $go
 sync -- ../new 2>/dev/null || sync
 exit $st";
+
+/// How often the names delivered into a volume and not acked yet are
+/// looked up again (for the read receipts).
+const RECHECK: Duration = Duration::from_secs(1);
 
 /// How many names one exec carries.
 const BATCH: usize = 400;
@@ -94,6 +114,9 @@ pub struct Courier<'s, 'a> {
     sb: &'s Sandboxes<'a>,
     /// Junk already reported, per sandbox: reported once.
     reported: HashSet<(String, String)>,
+    /// Per sandbox: names delivered into its volume and not seen acked, and
+    /// when they were last looked up.
+    inside: HashMap<String, (HashSet<String>, Instant)>,
 }
 
 impl<'s, 'a> Courier<'s, 'a> {
@@ -101,6 +124,7 @@ impl<'s, 'a> Courier<'s, 'a> {
         Courier {
             sb,
             reported: HashSet::new(),
+            inside: HashMap::new(),
         }
     }
 
@@ -116,10 +140,34 @@ impl<'s, 'a> Courier<'s, 'a> {
 
     /// One pass over every volume-mode sandbox; a sandbox whose carry fails
     /// is reported through `warn` and the others go on.
+    /// Deliveries go first, so a message the mediator just routed waits
+    /// for no outbox.
     pub fn pass(&mut self, warn: &mut dyn FnMut(&str)) -> Result<Carried> {
         let mut total = Carried::default();
-        for rec in self.sandboxes()? {
-            match self.carry(&rec, warn) {
+        let recs = self.sandboxes()?;
+        let mut running = HashMap::new();
+        for rec in &recs {
+            let r = self.with_lock(rec, &mut |me, r| {
+                let Some(c) = me.sb.engine.inspect(&r.container)? else {
+                    return Ok(Carried::default());
+                };
+                running.insert(r.name.clone(), c.running);
+                if c.running {
+                    me.carry_in(r)
+                } else {
+                    Ok(Carried::default())
+                }
+            });
+            match r {
+                Ok(c) => total += c,
+                Err(e) => warn(&format!("sandbox '{}': {e}", rec.name)),
+            }
+        }
+        for rec in &recs {
+            let Some(&run) = running.get(&rec.name) else {
+                continue;
+            };
+            match self.with_lock(rec, &mut |me, r| me.carry_out(r, run, warn)) {
                 Ok(c) => total += c,
                 Err(e) => warn(&format!("sandbox '{}': {e}", rec.name)),
             }
@@ -127,21 +175,31 @@ impl<'s, 'a> Courier<'s, 'a> {
         Ok(total)
     }
 
-    /// Carries one sandbox's mail both ways, under its name's lock (so a
-    /// `rm`'s last carry and this one are never two writers of one
-    /// outbox); a sandbox being created or removed is skipped.
-    pub fn carry(&mut self, rec: &Record, warn: &mut dyn FnMut(&str)) -> Result<Carried> {
+    /// Runs `f` on the current record of `rec`'s sandbox under its lock; a
+    /// sandbox being created or removed (or gone) is skipped.
+    fn with_lock(
+        &mut self,
+        rec: &Record,
+        f: &mut dyn FnMut(&mut Self, &Record) -> Result<Carried>,
+    ) -> Result<Carried> {
         let Some(lock) = self.sb.lock(&rec.name, false)? else {
             return Ok(Carried::default());
         };
         match self.sb.record(&rec.name) {
-            Ok(Some(r)) if r.ready => self.carry_locked(&r, warn),
+            Ok(Some(r)) if r.ready => f(self, &r),
             _ => {
                 // Removed meanwhile: the lock file is a leftover of ours.
                 lock.remove();
                 Ok(Carried::default())
             }
         }
+    }
+
+    /// Carries one sandbox's mail both ways, under its name's lock (so a
+    /// `rm`'s last carry and this one are never two writers of one
+    /// outbox); a sandbox being created or removed is skipped.
+    pub fn carry(&mut self, rec: &Record, warn: &mut dyn FnMut(&str)) -> Result<Carried> {
+        self.with_lock(rec, &mut |me, r| me.carry_locked(r, warn))
     }
 
     /// [`Courier::carry`] for a caller that holds the name's lock (`rm`).
@@ -240,74 +298,112 @@ impl<'s, 'a> Courier<'s, 'a> {
         let inbox = self.sb.root.sandbox(&rec.name).inbox();
         let pending = pending(&inbox);
         let mut done = Carried::default();
-        for chunk in pending.chunks(BATCH) {
-            let (code, out, err) =
-                self.sb
-                    .exec_args(&rec.container, &Self::user(rec), STATUS, chunk)?;
-            if code != 0 {
-                return Err(Error::new(
-                    Exit::Unavailable,
-                    format!(
-                        "cannot read the inbox of the mail volume (exit {code}): {}",
-                        crate::visible::visible(err.trim())
-                    ),
-                ));
-            }
-            let mut there = HashSet::new();
-            for l in out.lines() {
-                if let Some(n) = l.strip_prefix("cur ") {
-                    // Acked inside: the host's copy is read.
-                    if inbox.claim(std::ffi::OsStr::new(n))? {
-                        done.read += 1;
-                    }
-                    there.insert(n.to_string());
-                } else if let Some(n) = l.strip_prefix("new ") {
-                    there.insert(n.to_string());
-                }
-            }
-            let missing: Vec<String> = chunk
-                .iter()
-                .filter(|n| !there.contains(*n))
-                .cloned()
-                .collect();
-            if missing.is_empty() {
-                continue;
-            }
-            let mut t = super::volume::TarBuf::new();
-            let mut sent = Vec::new();
-            for n in &missing {
-                match read_message_file(&inbox.sub(Sub::New).join(n)) {
-                    Some(bytes) => {
+        let (mut known, mut looked) = self
+            .inside
+            .remove(&rec.name)
+            .unwrap_or_else(|| (HashSet::new(), Instant::now()));
+        // Claimed, or gone from the root: nothing to remember.
+        let now: HashSet<&String> = pending.iter().collect();
+        known.retain(|n| now.contains(n));
+        let fresh: Vec<String> = pending
+            .iter()
+            .filter(|n| !known.contains(*n))
+            .cloned()
+            .collect();
+        let res = (|| -> Result<()> {
+            for chunk in fresh.chunks(BATCH) {
+                let mut t = super::volume::TarBuf::new();
+                let mut sent = Vec::new();
+                for n in chunk {
+                    // Claimed or removed meanwhile: the next pass says.
+                    if let Some(bytes) = read_message_file(&inbox.sub(Sub::New).join(n)) {
                         t.file(n, &bytes, 0o600, rec.uid);
                         sent.push(n.clone());
                     }
-                    // Claimed or removed meanwhile: the next pass says.
-                    None => continue,
+                }
+                if sent.is_empty() {
+                    continue;
+                }
+                self.sb.engine.copy_in(
+                    &rec.container,
+                    &format!("{MAILBOX}/inbox/tmp"),
+                    Box::new(t.finish()),
+                )?;
+                let (code, out, err) =
+                    self.sb
+                        .exec_args(&rec.container, &Self::user(rec), DELIVER, &sent)?;
+                if code != 0 {
+                    return Err(Error::new(
+                        Exit::Unavailable,
+                        format!(
+                            "cannot deliver into the inbox of the mail volume (exit {code}): {}",
+                            crate::visible::visible(err.trim())
+                        ),
+                    ));
+                }
+                let acked = self.claim_acked(&inbox, &out, &mut done)?;
+                for n in sent {
+                    if !acked.contains(&n) {
+                        done.into += 1;
+                        known.insert(n);
+                    }
                 }
             }
-            if sent.is_empty() {
-                continue;
+            // The ones inside and not acked yet: looked up now and then.
+            let old: Vec<String> = known
+                .iter()
+                .filter(|n| !fresh.contains(*n))
+                .cloned()
+                .collect();
+            if old.is_empty() || looked.elapsed() < RECHECK {
+                return Ok(());
             }
-            self.sb.engine.copy_in(
-                &rec.container,
-                &format!("{MAILBOX}/inbox/tmp"),
-                Box::new(t.finish()),
-            )?;
-            let (code, _, err) =
-                self.sb
-                    .exec_args(&rec.container, &Self::user(rec), DELIVER, &sent)?;
-            if code != 0 {
-                return Err(Error::new(
-                    Exit::Unavailable,
-                    format!(
-                        "cannot deliver into the inbox of the mail volume (exit {code}): {}",
-                        crate::visible::visible(err.trim())
-                    ),
-                ));
+            looked = Instant::now();
+            for chunk in old.chunks(BATCH) {
+                let (code, out, err) =
+                    self.sb
+                        .exec_args(&rec.container, &Self::user(rec), STATUS, chunk)?;
+                if code != 0 {
+                    return Err(Error::new(
+                        Exit::Unavailable,
+                        format!(
+                            "cannot read the inbox of the mail volume (exit {code}): {}",
+                            crate::visible::visible(err.trim())
+                        ),
+                    ));
+                }
+                let acked = self.claim_acked(&inbox, &out, &mut done)?;
+                let there: HashSet<&str> =
+                    out.lines().filter_map(|l| l.strip_prefix("new ")).collect();
+                // Neither acked nor there (removed inside): sent again.
+                for n in chunk {
+                    if acked.contains(n) || !there.contains(n.as_str()) {
+                        known.remove(n);
+                    }
+                }
             }
-            done.into += sent.len();
+            Ok(())
+        })();
+        self.inside.insert(rec.name.clone(), (known, looked));
+        res.map(|()| done)
+    }
+
+    /// Claims the root's copy of each `cur NAME` line (acked inside): the
+    /// names claimed.
+    fn claim_acked(
+        &self,
+        inbox: &Maildir,
+        out: &str,
+        done: &mut Carried,
+    ) -> Result<HashSet<String>> {
+        let mut acked = HashSet::new();
+        for n in out.lines().filter_map(|l| l.strip_prefix("cur ")) {
+            if inbox.claim(std::ffi::OsStr::new(n))? {
+                done.read += 1;
+            }
+            acked.insert(n.to_string());
         }
-        Ok(done)
+        Ok(acked)
     }
 }
 
