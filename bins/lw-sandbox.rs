@@ -206,8 +206,7 @@ enum Cmd {
     },
     /// Reclaim what crashed creates and vanished containers left behind
     Gc,
-    /// Carry the mail of sandboxes on a remote engine (volume mode) between
-    /// their engine and the root, until stopped
+    /// Carry mail between remote-engine sandboxes and the root, until stopped
     Courier {
         /// One pass, then exit
         #[arg(long)]
