@@ -238,6 +238,58 @@ fn with_engine<'a>(cmd: &'a mut Command, host: &str, certs: &Path) -> &'a mut Co
         .env("DOCKER_CERT_PATH", certs)
 }
 
+/// Starts B's dockerd in its container and waits until it answers.
+fn start_dockerd(container: &str, cgroup: &str, host: &str, certs: &Path) {
+    docker(&[
+        "exec",
+        "-d",
+        container,
+        "sh",
+        "-c",
+        &format!(
+            "dockerd --cgroup-parent /{cgroup} --host tcp://0.0.0.0:2376 --tlsverify --tlscacert /certs/b-ca.pem \
+         --tlscert /certs/server.pem --tlskey /certs/server-key.pem \
+         --iptables=false --ip-masq=false --storage-driver overlay2 >>/var/log/dockerd.log 2>&1"
+        ),
+    ]);
+    // Ready when it answers (a process in another network namespace: no
+    // event of ours to wait on; bounded).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let o = with_engine(&mut Command::new("docker"), host, certs)
+            .args(["version", "--format", "{{.Server.Version}}"])
+            .output()
+            .unwrap();
+        if o.status.success() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let log = Command::new("docker")
+                .args(["exec", container, "cat", "/var/log/dockerd.log"])
+                .output()
+                .unwrap();
+            panic!(
+                "engine B did not answer in 120 s: {}\n{}",
+                text(&o),
+                text(&log)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Stops B's dockerd (SIGTERM, as a restart does) and starts it again.
+fn restart_dockerd(container: &str, cgroup: &str, host: &str, certs: &Path) {
+    docker(&[
+        "exec",
+        container,
+        "sh",
+        "-c",
+        "kill $(cat /var/run/docker.pid); while [ -e /var/run/docker.pid ]; do sleep 0.1; done",
+    ]);
+    start_dockerd(container, cgroup, host, certs);
+}
+
 /// `docker save` here, `docker load` on B (whose CLI reads the same
 /// variables the engine code does).
 fn load_into_b(image: &str, host: &str, certs: &Path) {
@@ -437,43 +489,8 @@ fn remote_engine_over_tls() {
     let no_key = cert_path(&b.dir, "no-key", "b", "client");
     std::fs::remove_file(no_key.join("key.pem")).unwrap();
 
-    docker(&[
-        "exec",
-        "-d",
-        &b.container,
-        "sh",
-        "-c",
-        &format!(
-            "dockerd --cgroup-parent /{cgroup} --host tcp://0.0.0.0:2376 --tlsverify --tlscacert /certs/b-ca.pem \
-         --tlscert /certs/server.pem --tlskey /certs/server-key.pem \
-         --iptables=false --ip-masq=false --storage-driver overlay2 >/var/log/dockerd.log 2>&1"
-        ),
-    ]);
     let host = format!("tcp://{ip}:2376");
-    // Ready when it answers (a process in another network namespace: no
-    // event of ours to wait on; bounded).
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let o = with_engine(&mut Command::new("docker"), &host, &good)
-            .args(["version", "--format", "{{.Server.Version}}"])
-            .output()
-            .unwrap();
-        if o.status.success() {
-            break;
-        }
-        if Instant::now() > deadline {
-            let log = Command::new("docker")
-                .args(["exec", &b.container, "cat", "/var/log/dockerd.log"])
-                .output()
-                .unwrap();
-            panic!(
-                "engine B did not answer in 120 s: {}\n{}",
-                text(&o),
-                text(&log)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    start_dockerd(&b.container, &cgroup, &host, &good);
     // B gets the busybox test image, through the docker CLI with the same
     // variables (the CLI as the witness that they mean what we read).
     load_into_b(&busybox, &host, &good);
@@ -547,7 +564,8 @@ fn remote_engine_over_tls() {
             .output()
             .unwrap()
     };
-    let figures = remote_support::volume_mode(&fx, &host, &good, &image, &b_docker);
+    let restart_b = || restart_dockerd(&b.container, &cgroup, &host, &good);
+    let figures = remote_support::volume_mode(&fx, &host, &good, &image, &b_docker, &restart_b);
     // The probe's answer is kept per engine id under the root.
     let rec = loopwright::sandbox::hostpaths::record_path(
         &loopwright::layout::Root::new(&fx.root),

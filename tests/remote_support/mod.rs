@@ -265,6 +265,7 @@ pub fn volume_mode(
     certs: &Path,
     image: &str,
     b_docker: &dyn Fn(&[&str]) -> Output,
+    restart_b: &dyn Fn(),
 ) -> Figures {
     let policy = fx.dir.join("policy");
     std::fs::write(&policy, "loopwright-policy 1\nrate off\nduplicates off\n").unwrap();
@@ -422,6 +423,33 @@ pub fn volume_mode(
     let _ = med_b.wait();
 
     let crash = crash_courier(fx, &tb, &policy);
+
+    // Engine B restarted with mail in the volumes: the sandboxes are listed
+    // as stopped, start again, and the mail moves on, none lost.
+    let waiting: Vec<String> = (0..3)
+        .map(|i| post(fx, &tb, "a", "b", &format!("across a restart {i}")))
+        .collect();
+    restart_b();
+    let ls = tb.ok(fx, &["ls"]);
+    for n in ["a", "b"] {
+        let l = ls
+            .lines()
+            .find(|l| l.starts_with(&format!("{n}\t")))
+            .unwrap();
+        assert_eq!(
+            l.split('\t').nth(2),
+            Some("exited"),
+            "{n} after B's restart: {ls}"
+        );
+    }
+    tb.ok(fx, &["start", "a", "b"]);
+    tb.ok(fx, &["courier", "--once"]);
+    tb.mediate_once(&policy);
+    tb.ok(fx, &["courier", "--once"]);
+    let inbox = ls_in(fx, &tb, "b", "/lw/mailbox/inbox/new");
+    for id in &waiting {
+        assert!(inbox.contains(id), "{id} reached b across B's restart");
+    }
 
     // push: the branch leaves through exec (git's ext:: transport), as locally.
     tb.ok(
