@@ -28,8 +28,9 @@
 //!
 //! Not in volume mode (refused, 69): published ports (the port would be
 //! leased on this host but bound on the engine's), the egress proxy and the
-//! agent kits (they bind-mount host files), shared services, and the disk
-//! quotas (a volume takes what the engine's disk has).
+//! agent kits (they bind-mount host files), shared services, gVisor
+//! (its scratch tmpfs is the host's), and the disk quotas (a volume takes
+//! what the engine's disk has).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

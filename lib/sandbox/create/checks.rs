@@ -73,6 +73,18 @@ impl<'a> Sandboxes<'a> {
         let on_volumes = super::super::volume::volume_mode(self)?;
         if on_volumes {
             super::super::volume::check(opts, &self.engine.address())?;
+            if let Some(r) = runtime
+                .as_deref()
+                .filter(|r| super::super::scratch::needed(r))
+            {
+                return Err(Error::new(
+                    Exit::Unavailable,
+                    format!(
+                        "runtime '{r}' is not available on the engine at {}, which does not see this host's files (volume mode): its /tmp and /dev/shm are host tmpfs mounts; use runc there",
+                        self.engine.address()
+                    ),
+                ));
+            }
             let n = format!(
                 "sandbox '{}' is on the engine at {}, which does not see this host's files: its workspace and mail dir are volumes there, without disk quotas; its mail moves while 'lw-sandbox courier' runs",
                 opts.name,
