@@ -24,7 +24,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use loopwright::agent::run::RunOptions;
 use loopwright::agent::{Credential, kit};
 use loopwright::cli::{self, out_err};
-use loopwright::engine::DockerEngine;
+use loopwright::engine::SandboxEngine;
 use loopwright::layout::Root;
 use loopwright::sandbox::{self, CreateOptions, Network, Sandboxes};
 use loopwright::{Error, Exit};
@@ -276,14 +276,15 @@ fn root_of(args: &Args) -> Result<Root, Error> {
     Root::resolve(args.root.as_deref())
 }
 
-/// The engine: `DOCKER_HOST`, else the project's `engine.host`, else dockerd.
-fn connect(args: &Args) -> Result<DockerEngine, Error> {
+/// The engine the project's `engine` names (Docker: `DOCKER_HOST`, else
+/// `engine.host`, else dockerd; Kubernetes: its kubeconfig and context).
+fn connect(args: &Args) -> Result<Box<dyn SandboxEngine>, Error> {
     let start = match &args.project {
         Some(p) => p.clone(),
         None => std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
     };
     let project = loopwright::config::Project::find(&start).ok().flatten();
-    DockerEngine::connect_for(project.as_ref().map(|p| &p.config))
+    loopwright::engine::connect_sandbox_engine(project.as_ref().map(|p| &p.config))
 }
 
 fn warn(msg: &str) {
@@ -293,7 +294,7 @@ fn warn(msg: &str) {
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
     let root = root_of(&args)?;
     let engine = connect(&args)?;
-    let sb = Sandboxes::new(root, &engine);
+    let sb = Sandboxes::new(root, &*engine);
     let line = |out: &mut dyn Write, s: &str| writeln!(out, "{s}").map_err(out_err);
     match args.cmd {
         Cmd::Create {
@@ -491,7 +492,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
 fn exec(args: Args) -> Result<u8, Error> {
     let root = root_of(&args)?;
     let engine = connect(&args)?;
-    let sb = Sandboxes::new(root, &engine);
+    let sb = Sandboxes::new(root, &*engine);
     let code = match args.cmd {
         Cmd::Exec {
             name,

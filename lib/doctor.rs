@@ -73,7 +73,16 @@ pub fn run(inp: &Inputs) -> Vec<Finding> {
         }
     };
     out.push(git());
-    let engine = docker(&mut out, project.as_ref());
+    let kind = crate::engine::EngineKind::of(project.as_ref().map(|p| &p.config));
+    let on_docker = matches!(kind, Ok(crate::engine::EngineKind::Docker));
+    if !on_docker {
+        out.extend(kubernetes(kind, project.as_ref()));
+    }
+    let engine = if on_docker {
+        docker(&mut out, project.as_ref())
+    } else {
+        None
+    };
     if let Some(e) = &engine {
         out.push(host_files(e));
         out.extend(runtimes(e, project.as_ref()));
@@ -186,6 +195,97 @@ fn git() -> Finding {
             Some("apt-get install git".into()),
         ),
     }
+}
+
+/// `engine = kubernetes`: the API server and context, what RBAC lets this
+/// user do, the runtime classes, and the two things the API cannot promise
+/// (this host's files; NetworkPolicy enforcement, the network plugin's).
+fn kubernetes(
+    kind: crate::error::Result<crate::engine::EngineKind>,
+    project: Option<&Project>,
+) -> Vec<Finding> {
+    use crate::engine::{HostPaths, KubeEngine};
+    if let Err(e) = kind {
+        return vec![f(
+            "engine",
+            Status::Fail,
+            e.to_string(),
+            Some("set engine to docker or kubernetes".into()),
+        )];
+    }
+    let e = match KubeEngine::connect_for(project.map(|p| &p.config)) {
+        Ok(e) => e,
+        Err(err) => {
+            return vec![f(
+                "engine",
+                Status::Fail,
+                err.to_string(),
+                Some("set KUBECONFIG (or engine.kubeconfig) and engine.context to a reachable cluster".into()),
+            )];
+        }
+    };
+    let mut out = Vec::new();
+    let t = e.target().clone();
+    let v = e
+        .version()
+        .map(|v| v.version)
+        .unwrap_or_else(|err| err.to_string());
+    out.push(f(
+        "engine",
+        Status::Ok,
+        format!(
+            "kubernetes {v} at {} (context {}, namespace {}, kubeconfig {})",
+            t.server, t.context, t.namespace, t.kubeconfig
+        ),
+        None,
+    ));
+    let mut denied = Vec::new();
+    for (verb, res) in crate::engine::kubernetes::NEEDED {
+        match e.can(verb, res) {
+            Ok(true) => {}
+            Ok(false) => denied.push(format!("{verb} {res}")),
+            Err(err) => denied.push(format!("{verb} {res} ({err})")),
+        }
+    }
+    out.push(if denied.is_empty() {
+        f(
+            "kube-rbac",
+            Status::Ok,
+            format!(
+                "this user may do all a sandbox needs in namespace {}",
+                t.namespace
+            ),
+            None,
+        )
+    } else {
+        f(
+            "kube-rbac",
+            Status::Fail,
+            format!(
+                "RBAC forbids in namespace {}: {}",
+                t.namespace,
+                denied.join(", ")
+            ),
+            Some("grant them with a Role and RoleBinding (docs/engines.md lists the rules)".into()),
+        )
+    });
+    out.push(f(
+        "engine-files",
+        Status::Warn,
+        format!("the cluster at {} does not share this host's files: remote mode; lw-sandbox create needs the volume transport", e.address()),
+        None,
+    ));
+    out.push(f(
+        "kube-network",
+        Status::Warn,
+        "networks are NetworkPolicy objects (default deny for every pod of loopwright's); whether they are enforced is the cluster network plugin's doing, which the API does not say (the reference bridge plugin enforces none)",
+        Some("run a plugin that enforces NetworkPolicy (Calico, Cilium, kube-router)".into()),
+    ));
+    match e.info() {
+        Ok(i) => out.push(f("runtimes", Status::Ok, i.names().join(", "), None)),
+        Err(err) => out.push(f("runtimes", Status::Warn, err.to_string(), None)),
+    }
+    out
 }
 
 fn docker(out: &mut Vec<Finding>, project: Option<&Project>) -> Option<DockerEngine> {

@@ -1,12 +1,13 @@
 //! The runtime contract: what loopwright asks of a container engine.
 //!
 //! Commands and the library speak to these traits, never to an engine's API:
-//! this module is the boundary, and [`docker`] (bollard, the Docker Engine
-//! API) is the one implementation today.  A second engine (a gVisor runtime
-//! is only a `runtime` name in [`ContainerSpec`]; Podman's compatible socket
-//! and a remote `DOCKER_HOST` go through [`docker`] as they are; Kubernetes
-//! would be `engine/kubernetes.rs`) is a new file implementing the traits,
-//! not a change to the modules that use them.  docs/architecture.md draws it.
+//! this module is the boundary.  [`docker`] (bollard, the Docker Engine API)
+//! and [`kubernetes`] (kube-rs, the Kubernetes API) implement it; a gVisor
+//! runtime is only a `runtime` name in [`ContainerSpec`], and Podman's
+//! compatible socket and a remote `DOCKER_HOST` go through [`docker`] as they
+//! are.  The project's `engine` key chooses ([`select`]); another engine is a
+//! new module implementing the traits, not a change to the modules that use
+//! them.  docs/architecture.md draws it.
 //!
 //! * [`Engine`]: images (inspect, list by label, tag, remove, build from a tar
 //!   context with streamed output) and containers (create, start, stop,
@@ -29,16 +30,20 @@
 //! since only the engine knows why.
 
 pub mod docker;
+pub mod kubernetes;
 mod paths;
 pub mod runtime;
+mod select;
 
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::time::Duration;
 
 pub use docker::DockerEngine;
+pub use kubernetes::KubeEngine;
 pub use paths::HostPaths;
 pub use runtime::{EngineInfo, Isolation, RuntimeInfo};
+pub use select::{ENGINE_KEY, EngineKind, connect_sandbox_engine};
 
 use crate::error::Result;
 

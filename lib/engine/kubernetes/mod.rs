@@ -1,0 +1,759 @@
+//! The runtime contract (lib/engine) on the Kubernetes API, through kube-rs
+//! and the generated k8s-openapi types: the only module that names them.
+//!
+//! A container is a Pod of one container named `main` (pod.rs: non-root,
+//! read-only root when asked, every capability dropped, seccomp
+//! `RuntimeDefault`, no privilege escalation, limits from the spec,
+//! `runtimeClassName` from its runtime); exec and logs go through the
+//! API's subresources (exec over WebSocket, `v5.channel.k8s.io`); a named
+//! volume is a PersistentVolumeClaim, a tmpfs an `emptyDir` in memory; a
+//! network is a NetworkPolicy (network.rs); the cluster never sees this
+//! host's files (paths.rs).  Images are the cluster's business: the contract's
+//! image methods answer from what the nodes report (`status.images`) and
+//! refuse to build, tag or remove (image.rs).
+//!
+//! [`KubeEngine`] keeps one client and a current-thread tokio runtime, so its
+//! methods block like the contract says.  The kubeconfig is found the usual
+//! way (`KUBECONFIG`, else `~/.kube/config`; the project's `engine.kubeconfig`
+//! when `KUBECONFIG` is unset), the context is `engine.context` or the
+//! kubeconfig's current one, the namespace `engine.namespace` or the
+//! context's.  Errors: no kubeconfig, or an API server that does not answer,
+//! is 69 naming the context; a request RBAC forbids is 77 naming the verb
+//! and the resource; a namespace quota that refuses a pod is 75, and nothing
+//! of that pod is left.
+
+mod image;
+mod network;
+mod paths;
+mod pod;
+mod sandbox;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures_util::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::engine::{
+    BuildEvent, BuildOutcome, BuildRequest, Container, ContainerSpec, Engine, EngineInfo,
+    EngineVersion, ExecRequest, Image, OutStream, RuntimeInfo,
+};
+use crate::error::{Error, Exit, Result};
+
+pub use pod::{MANAGED_BY, MANAGED_BY_VALUE, NET_PREFIX};
+
+/// The `.loopwright/config` keys of this engine.
+pub const KUBECONFIG_KEY: &str = "engine.kubeconfig";
+pub const CONTEXT_KEY: &str = "engine.context";
+pub const NAMESPACE_KEY: &str = "engine.namespace";
+
+/// How long `start` waits for a pod to run: the image is on the node (or
+/// pulled by then) and the scheduler has placed it.
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long `remove` waits for a pod to be gone.
+const REMOVE_TIMEOUT: Duration = Duration::from_secs(60);
+/// An API server that does not accept a connection in this time is down.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where the connection's settings came from.
+#[derive(Clone, Debug, Default)]
+pub struct Target {
+    /// The kubeconfig file read (`KUBECONFIG` may name several).
+    pub kubeconfig: String,
+    pub context: String,
+    pub namespace: String,
+    /// The API server's URL.
+    pub server: String,
+}
+
+/// A Kubernetes cluster through kube-rs.
+pub struct KubeEngine {
+    rt: tokio::runtime::Runtime,
+    client: kube::Client,
+    target: Target,
+    /// Whether the default-deny policy is known to exist.
+    deny_made: std::sync::atomic::AtomicBool,
+}
+
+impl KubeEngine {
+    /// Connects as the project's configuration says (see the module's
+    /// documentation) and checks the API server answers.
+    pub fn connect_for(config: Option<&crate::config::Config>) -> Result<KubeEngine> {
+        let get = |k: &str| {
+            config
+                .and_then(|c| c.get(k))
+                .filter(|v| !v.is_empty())
+                .map(str::to_string)
+        };
+        let kubeconfig = std::env::var("KUBECONFIG")
+            .ok()
+            .filter(|v| !v.is_empty())
+            .or_else(|| get(KUBECONFIG_KEY));
+        KubeEngine::connect_with(kubeconfig.as_deref(), get(CONTEXT_KEY), get(NAMESPACE_KEY))
+    }
+
+    /// Connects with `kubeconfig` (a path, or several joined by `:`; `None`
+    /// is `~/.kube/config`), `context` (`None`: the current one) and
+    /// `namespace` (`None`: the context's, else `default`).
+    pub fn connect_with(
+        kubeconfig: Option<&str>,
+        context: Option<String>,
+        namespace: Option<String>,
+    ) -> Result<KubeEngine> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                Error::new(Exit::Software, "cannot start the I/O runtime").with_source(e)
+            })?;
+        let files: Vec<std::path::PathBuf> = match kubeconfig {
+            Some(list) => std::env::split_paths(list)
+                .filter(|p| !p.as_os_str().is_empty())
+                .collect(),
+            None => match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+                Some(h) => vec![std::path::Path::new(&h).join(".kube/config")],
+                None => Vec::new(),
+            },
+        };
+        let shown = files
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(":");
+        let ctx_shown = context.clone().unwrap_or_else(|| "(current)".into());
+        let no_config = |why: String| {
+            Error::new(
+                Exit::Unavailable,
+                format!(
+                    "cannot reach Kubernetes context '{ctx_shown}': {why}; set KUBECONFIG (or engine.kubeconfig in .loopwright/config) to a kubeconfig naming the cluster, and engine.context to one of its contexts"
+                ),
+            )
+        };
+        let mut merged: Option<Kubeconfig> = None;
+        for f in &files {
+            if !f.exists() {
+                continue;
+            }
+            let k = Kubeconfig::read_from(f)
+                .map_err(|e| no_config(format!("kubeconfig {} is unreadable: {e}", f.display())))?;
+            merged = Some(match merged {
+                None => k,
+                Some(m) => m.merge(k).map_err(|e| no_config(e.to_string()))?,
+            });
+        }
+        let Some(kc) = merged else {
+            return Err(no_config(if shown.is_empty() {
+                "no kubeconfig (KUBECONFIG is unset and HOME is not set)".into()
+            } else {
+                format!("no kubeconfig at {shown}")
+            }));
+        };
+        let context = match context.or_else(|| kc.current_context.clone()) {
+            Some(c) => c,
+            None => return Err(no_config(format!("{shown} names no current context"))),
+        };
+        if !kc.contexts.iter().any(|c| c.name == context) {
+            let known: Vec<&str> = kc.contexts.iter().map(|c| c.name.as_str()).collect();
+            return Err(Error::new(
+                Exit::Unavailable,
+                format!(
+                    "cannot reach Kubernetes context '{context}': {shown} has no such context (it has: {}); set engine.context to one of them",
+                    known.join(", ")
+                ),
+            ));
+        }
+        let opts = KubeConfigOptions {
+            context: Some(context.clone()),
+            ..Default::default()
+        };
+        let mut cfg = rt
+            .block_on(kube::Config::from_custom_kubeconfig(kc, &opts))
+            .map_err(|e| {
+                Error::new(
+                    Exit::Unavailable,
+                    format!("cannot reach Kubernetes context '{context}': {shown}: {e}"),
+                )
+            })?;
+        cfg.connect_timeout = Some(CONNECT_TIMEOUT);
+        let namespace = namespace.unwrap_or_else(|| cfg.default_namespace.clone());
+        cfg.default_namespace = namespace.clone();
+        let target = Target {
+            kubeconfig: shown,
+            context: context.clone(),
+            namespace,
+            server: cfg.cluster_url.to_string(),
+        };
+        let client = {
+            let _g = rt.enter();
+            kube::Client::try_from(cfg).map_err(|e| {
+                Error::new(
+                    Exit::Unavailable,
+                    format!(
+                        "cannot reach Kubernetes context '{context}' at {}: {e}",
+                        target.server
+                    ),
+                )
+            })?
+        };
+        let engine = KubeEngine {
+            rt,
+            client,
+            target,
+            deny_made: std::sync::atomic::AtomicBool::new(false),
+        };
+        // The first request says whether the server answers at all.
+        engine
+            .block_on(engine.client.apiserver_version())
+            .map_err(|e| engine.unreachable(&e))?;
+        Ok(engine)
+    }
+
+    /// Where this engine points.
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// The client, for tests and tools beside the contract.
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    /// Drives `f` to completion on the engine's runtime.
+    pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.target.namespace)
+    }
+
+    fn stopped(&self) -> Api<ConfigMap> {
+        Api::namespaced(self.client.clone(), &self.target.namespace)
+    }
+
+    fn unreachable(&self, e: &kube::Error) -> Error {
+        Error::new(
+            Exit::Unavailable,
+            format!(
+                "cannot reach Kubernetes context '{}' at {}: {e}; start the cluster or point KUBECONFIG / engine.context at a running one",
+                self.target.context, self.target.server
+            ),
+        )
+    }
+
+    /// An API error as the house exit statuses say: 403 is 77 naming `verb`
+    /// and `resource` (a quota's refusal, also 403, is 75), 404 is 66, 409
+    /// is 73, a lost connection 69 naming the context, the rest 69.
+    pub(crate) fn err(&self, verb: &str, resource: &str, what: &str, e: kube::Error) -> Error {
+        match &e {
+            kube::Error::Api(s) => {
+                let ns = &self.target.namespace;
+                let exit = match s.code {
+                    403 if s.message.contains("exceeded quota") => {
+                        return Error::new(
+                            Exit::TempFail,
+                            format!(
+                                "{what}: namespace '{ns}' is at its quota ({}); nothing was made; remove sandboxes or raise the ResourceQuota",
+                                s.message
+                            ),
+                        );
+                    }
+                    403 => {
+                        return Error::new(
+                            Exit::NoPerm,
+                            format!(
+                                "{what}: Kubernetes RBAC forbids '{verb}' on '{resource}' in namespace '{ns}' for context '{}' ({}); grant it with a Role and RoleBinding",
+                                self.target.context, s.message
+                            ),
+                        );
+                    }
+                    401 => {
+                        return Error::new(
+                            Exit::NoPerm,
+                            format!(
+                                "{what}: the API server of context '{}' does not accept these credentials ({}); renew them in the kubeconfig",
+                                self.target.context, s.message
+                            ),
+                        );
+                    }
+                    404 => Exit::NoInput,
+                    409 => Exit::CantCreat,
+                    422 | 400 => Exit::DataErr,
+                    _ => Exit::Unavailable,
+                };
+                Error::new(exit, format!("{what}: {}", s.message))
+            }
+            kube::Error::HyperError(_) | kube::Error::Service(_) => self.unreachable(&e),
+            _ => Error::new(Exit::Unavailable, format!("{what}: {e}")),
+        }
+    }
+
+    /// Waits until `name`'s container runs (true), or the pod ends or fails
+    /// to start (an error saying why).
+    fn wait_running(&self, name: &str) -> Result<()> {
+        let pods = self.pods();
+        let what = format!("pod '{name}' did not start");
+        self.block_on(async {
+            let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+            loop {
+                let p = pods
+                    .get(name)
+                    .await
+                    .map_err(|e| self.err("get", "pods", &what, e))?;
+                if let Some(done) = pod::start_outcome(&p) {
+                    return done
+                        .map_err(|why| Error::new(Exit::Unavailable, format!("{what}: {why}")));
+                }
+                let rv = p.metadata.resource_version.clone().unwrap_or_default();
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                if left.is_zero() {
+                    return Err(Error::new(
+                        Exit::TempFail,
+                        format!(
+                            "{what} within {} s: {}",
+                            START_TIMEOUT.as_secs(),
+                            pod::pending_reason(&p)
+                        ),
+                    ));
+                }
+                let wp = WatchParams::default()
+                    .fields(&format!("metadata.name={name}"))
+                    .timeout(left.as_secs().clamp(1, 290) as u32);
+                let mut s = pods
+                    .watch(&wp, &rv)
+                    .await
+                    .map_err(|e| self.err("watch", "pods", &what, e))?
+                    .boxed();
+                while let Some(ev) = s
+                    .try_next()
+                    .await
+                    .map_err(|e| self.err("watch", "pods", &what, e))?
+                {
+                    match ev {
+                        WatchEvent::Added(p) | WatchEvent::Modified(p) => {
+                            if let Some(done) = pod::start_outcome(&p) {
+                                return done.map_err(|why| {
+                                    Error::new(Exit::Unavailable, format!("{what}: {why}"))
+                                });
+                            }
+                        }
+                        WatchEvent::Deleted(_) => {
+                            return Err(Error::new(
+                                Exit::NoInput,
+                                format!("{what}: it was deleted"),
+                            ));
+                        }
+                        // An expired version: read the pod again.
+                        WatchEvent::Error(_) => break,
+                        WatchEvent::Bookmark(_) => {}
+                    }
+                }
+            }
+        })
+    }
+
+    /// Deletes pod `name` (`grace` seconds to end) and waits until it is gone.
+    fn delete_pod(&self, name: &str, grace: u32) -> Result<()> {
+        let pods = self.pods();
+        let what = format!("cannot remove pod '{name}'");
+        self.block_on(async {
+            let dp = DeleteParams {
+                grace_period_seconds: Some(grace),
+                ..Default::default()
+            };
+            let uid = match pods.delete(name, &dp).await {
+                Ok(either) => either.left().and_then(|p| p.metadata.uid),
+                Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+                Err(e) => return Err(self.err("delete", "pods", &what, e)),
+            };
+            let deadline =
+                tokio::time::Instant::now() + REMOVE_TIMEOUT + Duration::from_secs(grace.into());
+            loop {
+                let rv = match pods
+                    .get_opt(name)
+                    .await
+                    .map_err(|e| self.err("get", "pods", &what, e))?
+                {
+                    None => return Ok(()),
+                    // A pod made again under the same name is another one.
+                    Some(p) if uid.is_some() && p.metadata.uid != uid => return Ok(()),
+                    Some(p) => p.metadata.resource_version.unwrap_or_default(),
+                };
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                if left.is_zero() {
+                    return Err(Error::new(
+                        Exit::TempFail,
+                        format!(
+                            "{what}: still terminating after {} s",
+                            REMOVE_TIMEOUT.as_secs()
+                        ),
+                    ));
+                }
+                let wp = WatchParams::default()
+                    .fields(&format!("metadata.name={name}"))
+                    .timeout(left.as_secs().clamp(1, 290) as u32);
+                let mut s = pods
+                    .watch(&wp, &rv)
+                    .await
+                    .map_err(|e| self.err("watch", "pods", &what, e))?
+                    .boxed();
+                while let Some(ev) = s
+                    .try_next()
+                    .await
+                    .map_err(|e| self.err("watch", "pods", &what, e))?
+                {
+                    match ev {
+                        WatchEvent::Deleted(_) => return Ok(()),
+                        WatchEvent::Error(_) => break,
+                        _ => {}
+                    }
+                }
+            }
+        })
+    }
+
+    /// Runs `cmd` in pod `name` with the streams `io` wires; returns the
+    /// exit status.  Kubernetes' exec has no user, directory or environment
+    /// of its own: a working directory and variables are set by wrapping the
+    /// command (`env`, `sh -c 'cd'`), a user other than the pod's is refused.
+    pub(crate) fn exec_streams(
+        &self,
+        container: &str,
+        req: &ExecRequest,
+        io: crate::engine::ExecIo<'_>,
+    ) -> Result<i64> {
+        sandbox::exec_streams(self, container, req, io)
+    }
+}
+
+impl Engine for KubeEngine {
+    fn version(&self) -> Result<EngineVersion> {
+        let v = self
+            .block_on(self.client.apiserver_version())
+            .map_err(|e| self.err("get", "version", "cannot ask the API server its version", e))?;
+        Ok(EngineVersion {
+            version: v.git_version,
+            api: format!("{}.{}", v.major, v.minor),
+        })
+    }
+
+    fn image(&self, reference: &str) -> Result<Option<Image>> {
+        self.node_image(reference)
+    }
+
+    fn images_with_label(&self, _label: &str) -> Result<Vec<Image>> {
+        // Nodes report names and sizes, not labels.
+        Ok(Vec::new())
+    }
+
+    fn tag(&self, image: &str, repo: &str, tag: &str) -> Result<()> {
+        Err(image::not_here(&format!("tag '{image}' as '{repo}:{tag}'")))
+    }
+
+    fn remove_image(&self, reference: &str, _force: bool) -> Result<()> {
+        Err(image::not_here(&format!("remove image '{reference}'")))
+    }
+
+    fn build(
+        &self,
+        req: &BuildRequest,
+        _on_event: &mut dyn FnMut(BuildEvent),
+    ) -> Result<BuildOutcome> {
+        Err(image::not_here(&format!("build '{}'", req.tag)))
+    }
+
+    fn create(&self, spec: &ContainerSpec) -> Result<String> {
+        let runtime_class = match spec.runtime.as_deref() {
+            None => None,
+            Some(r) => self.runtime_class(r)?,
+        };
+        let p = pod::pod_of(spec, runtime_class)?;
+        let name = p.metadata.name.clone().unwrap_or_default();
+        let what = format!("cannot create pod '{name}'");
+        self.ensure_default_deny()?;
+        if spec.network.as_deref() == Some("bridge") {
+            self.ensure_bridge()?;
+        }
+        let made = self
+            .block_on(self.pods().create(&PostParams::default(), &p))
+            .map_err(|e| self.err("create", "pods", &what, e))?;
+        Ok(made.metadata.name.unwrap_or(name))
+    }
+
+    fn start(&self, container: &str) -> Result<()> {
+        // A pod runs once made; one stopped (kept as its manifest) is made again.
+        let what = format!("cannot start pod '{container}'");
+        let pod = self
+            .block_on(self.pods().get_opt(container))
+            .map_err(|e| self.err("get", "pods", &what, e))?;
+        if pod.is_none() {
+            let kept = self
+                .block_on(self.stopped().get_opt(container))
+                .map_err(|e| self.err("get", "configmaps", &what, e))?;
+            let Some(cm) = kept.filter(pod::is_stopped_record) else {
+                return Err(Error::new(Exit::NoInput, format!("{what}: no such pod")));
+            };
+            let p = pod::pod_from_record(&cm)?;
+            self.block_on(self.pods().create(&PostParams::default(), &p))
+                .map_err(|e| self.err("create", "pods", &what, e))?;
+            self.block_on(self.stopped().delete(container, &DeleteParams::default()))
+                .map_err(|e| self.err("delete", "configmaps", &what, e))?;
+        }
+        self.wait_running(container)
+    }
+
+    fn stop(&self, container: &str, timeout: Duration) -> Result<()> {
+        // A pod cannot be stopped and kept: its manifest is kept in a
+        // ConfigMap of the same name (labelled as the pod was) and the pod
+        // ends; `start` makes it again.  What it wrote outside its volumes
+        // is gone, as after a restart.
+        let what = format!("cannot stop pod '{container}'");
+        let Some(p) = self
+            .block_on(self.pods().get_opt(container))
+            .map_err(|e| self.err("get", "pods", &what, e))?
+        else {
+            return Ok(());
+        };
+        let cm = pod::stopped_record(&p)?;
+        match self.block_on(self.stopped().create(&PostParams::default(), &cm)) {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(self.err("create", "configmaps", &what, e)),
+        }
+        self.delete_pod(container, timeout.as_secs().min(u32::MAX as u64) as u32)
+    }
+
+    fn remove(&self, container: &str, force: bool) -> Result<()> {
+        self.delete_pod(container, if force { 0 } else { 10 })?;
+        match self.block_on(self.stopped().get_opt(container)) {
+            Ok(Some(cm)) if pod::is_stopped_record(&cm) => {
+                match self.block_on(self.stopped().delete(container, &DeleteParams::default())) {
+                    Ok(_) => Ok(()),
+                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                    Err(e) => Err(self.err(
+                        "delete",
+                        "configmaps",
+                        &format!("cannot remove the stopped pod '{container}'"),
+                        e,
+                    )),
+                }
+            }
+            Ok(_) => Ok(()),
+            Err(e) => Err(self.err(
+                "get",
+                "configmaps",
+                &format!("cannot remove the stopped pod '{container}'"),
+                e,
+            )),
+        }
+    }
+
+    fn inspect(&self, name_or_id: &str) -> Result<Option<Container>> {
+        let what = format!("cannot inspect pod '{name_or_id}'");
+        if let Some(p) = self
+            .block_on(self.pods().get_opt(name_or_id))
+            .map_err(|e| self.err("get", "pods", &what, e))?
+        {
+            return Ok(Some(pod::container_of(&p)));
+        }
+        match self
+            .block_on(self.stopped().get_opt(name_or_id))
+            .map_err(|e| self.err("get", "configmaps", &what, e))?
+        {
+            Some(cm) if pod::is_stopped_record(&cm) => Ok(Some(pod::container_of_record(&cm))),
+            _ => Ok(None),
+        }
+    }
+
+    fn exec(
+        &self,
+        container: &str,
+        req: &ExecRequest,
+        on_output: &mut dyn FnMut(OutStream, &[u8]),
+    ) -> Result<i64> {
+        self.exec_streams(
+            container,
+            req,
+            crate::engine::ExecIo {
+                stdin: None,
+                tty: false,
+                size: None,
+                on_output,
+            },
+        )
+    }
+
+    fn info(&self) -> Result<EngineInfo> {
+        let v = self.version()?;
+        let mut runtimes = vec![RuntimeInfo {
+            name: crate::engine::runtime::DEFAULT_RUNTIME.into(),
+            path: "(the node's default handler)".into(),
+            args: Vec::new(),
+        }];
+        for (name, handler) in self.runtime_classes()? {
+            if name != crate::engine::runtime::DEFAULT_RUNTIME {
+                runtimes.push(RuntimeInfo {
+                    name,
+                    path: handler,
+                    args: Vec::new(),
+                });
+            }
+        }
+        runtimes.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(EngineInfo {
+            host: self.target.server.clone(),
+            product: "kubernetes".into(),
+            version: v.version,
+            runtimes,
+            default_runtime: crate::engine::runtime::DEFAULT_RUNTIME.into(),
+            security: vec!["name=seccomp,profile=RuntimeDefault".into()],
+        })
+    }
+}
+
+impl KubeEngine {
+    /// RuntimeClasses: name to handler.
+    fn runtime_classes(&self) -> Result<BTreeMap<String, String>> {
+        use k8s_openapi::api::node::v1::RuntimeClass;
+        let api: Api<RuntimeClass> = Api::all(self.client.clone());
+        let list = self
+            .block_on(api.list(&ListParams::default()))
+            .map_err(|e| self.err("list", "runtimeclasses", "cannot list RuntimeClasses", e))?;
+        Ok(list
+            .items
+            .into_iter()
+            .map(|r| (r.metadata.name.unwrap_or_default(), r.handler))
+            .collect())
+    }
+
+    /// The RuntimeClass a spec's runtime names: one of that name, else one
+    /// whose handler it is (`runsc` is usually the class `gvisor`).  The
+    /// default runtime is no class at all.
+    fn runtime_class(&self, runtime: &str) -> Result<Option<String>> {
+        if runtime == crate::engine::runtime::DEFAULT_RUNTIME {
+            return Ok(None);
+        }
+        let classes = self.runtime_classes()?;
+        if classes.contains_key(runtime) {
+            return Ok(Some(runtime.to_string()));
+        }
+        if let Some((name, _)) = classes.iter().find(|(_, h)| h.as_str() == runtime) {
+            return Ok(Some(name.clone()));
+        }
+        let known: Vec<&str> = classes.keys().map(String::as_str).collect();
+        Err(Error::new(
+            Exit::Unavailable,
+            format!(
+                "runtime '{runtime}': context '{}' has no RuntimeClass of that name or handler (it has: {}); add one (for gVisor: a RuntimeClass 'gvisor' with handler 'runsc', and runsc configured in the nodes' containerd)",
+                self.target.context,
+                if known.is_empty() {
+                    "none".into()
+                } else {
+                    known.join(", ")
+                }
+            ),
+        ))
+    }
+
+    /// Reads the whole log of `container` (both streams: the API merges them).
+    pub(crate) fn read_log(&self, container: &str) -> Result<Vec<u8>> {
+        let what = format!("cannot read the log of pod '{container}'");
+        let lp = kube::api::LogParams {
+            container: Some(pod::MAIN.into()),
+            ..Default::default()
+        };
+        self.block_on(async {
+            let mut s = self
+                .pods()
+                .log_stream(container, &lp)
+                .await
+                .map_err(|e| self.err("get", "pods/log", &what, e))?;
+            let mut out = Vec::new();
+            use futures_util::AsyncReadExt;
+            s.read_to_end(&mut out)
+                .await
+                .map_err(|e| Error::new(Exit::Unavailable, format!("{what}: {e}")))?;
+            Ok(out)
+        })
+    }
+
+    /// Every pod carrying `label`, and the stopped ones kept as manifests.
+    pub(crate) fn labelled(&self, label: &str) -> Result<Vec<Container>> {
+        let what = format!("cannot list pods labelled '{label}'");
+        let lp = ListParams::default().labels(&pod::selector(label)?);
+        let pods = self
+            .block_on(self.pods().list(&lp))
+            .map_err(|e| self.err("list", "pods", &what, e))?;
+        let mut out: Vec<Container> = pods.items.iter().map(pod::container_of).collect();
+        let kept = self
+            .block_on(self.stopped().list(&lp))
+            .map_err(|e| self.err("list", "configmaps", &what, e))?;
+        for cm in kept.items.iter().filter(|c| pod::is_stopped_record(c)) {
+            let c = pod::container_of_record(cm);
+            if !out.iter().any(|o| o.name == c.name) {
+                out.push(c);
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+}
+
+impl KubeEngine {
+    /// Whether this user may `verb` the `resource` (`pods`, `pods/exec`) in
+    /// the engine's namespace, as the API server's own review says.
+    pub fn can(&self, verb: &str, resource: &str) -> Result<bool> {
+        use k8s_openapi::api::authorization::v1::{
+            ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+        };
+        let (res, sub) = match resource.split_once('/') {
+            Some((r, s)) => (r, Some(s.to_string())),
+            None => (resource, None),
+        };
+        let group = match res {
+            "networkpolicies" => "networking.k8s.io",
+            _ => "",
+        };
+        let review = SelfSubjectAccessReview {
+            spec: SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(ResourceAttributes {
+                    namespace: Some(self.target.namespace.clone()),
+                    verb: Some(verb.into()),
+                    group: Some(group.into()),
+                    resource: Some(res.into()),
+                    subresource: sub,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api: Api<SelfSubjectAccessReview> = Api::all(self.client.clone());
+        let r = self
+            .block_on(api.create(&PostParams::default(), &review))
+            .map_err(|e| {
+                self.err(
+                    "create",
+                    "selfsubjectaccessreviews",
+                    "cannot ask the API server what this user may do",
+                    e,
+                )
+            })?;
+        Ok(r.status.is_some_and(|s| s.allowed))
+    }
+}
+
+/// What a sandbox's life asks of the API, as (verb, resource).
+pub const NEEDED: &[(&str, &str)] = &[
+    ("create", "pods"),
+    ("delete", "pods"),
+    ("list", "pods"),
+    ("create", "pods/exec"),
+    ("get", "pods/log"),
+    ("create", "persistentvolumeclaims"),
+    ("create", "networkpolicies"),
+    ("create", "configmaps"),
+];
