@@ -473,6 +473,14 @@ impl Engine for KubeEngine {
         let p = pod::pod_of(spec, runtime_class)?;
         let name = p.metadata.name.clone().unwrap_or_default();
         let what = format!("cannot create pod '{name}'");
+        // A dry run first: RBAC, the quota and the name are checked before
+        // anything is made (the default-deny policy included).
+        let dry = PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        self.block_on(self.pods().create(&dry, &p))
+            .map_err(|e| self.err("create", "pods", &what, e))?;
         self.ensure_default_deny()?;
         if spec.network.as_deref() == Some("bridge") {
             self.ensure_bridge()?;
