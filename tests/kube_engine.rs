@@ -253,6 +253,7 @@ fn the_kubernetes_engine_on_a_real_cluster() {
     enforcement(&e, &root);
     figures(&e, &root);
     gc_after_kill(&e, &kc, &ns, &root, &id);
+    commands(&kc, &ns, &root);
     bad_input(&admin, &e, &kc, &ns, &root);
 
     // Nothing of ours left in the namespace; then the namespace goes.
@@ -730,6 +731,88 @@ fn gc_after_kill(e: &KubeEngine, kc: &str, ns: &str, root: &Root, id: &str) {
             .collect::<Vec<_>>()
     );
     assert!(live_claims.is_empty(), "claims left");
+}
+
+/// The same commands on the project's `engine = kubernetes`: lw doctor
+/// reports the engine, lw-sandbox ls and gc talk to the cluster.
+fn commands(kc: &str, ns: &str, root: &Root) {
+    let proj = std::env::temp_dir().join(format!("lw-kube-proj-{}", nonce()));
+    std::fs::create_dir_all(proj.join(".loopwright")).unwrap();
+    assert!(
+        Command::new("git")
+            .args(["init", "-q"])
+            .current_dir(&proj)
+            .status()
+            .unwrap()
+            .success()
+    );
+    std::fs::write(
+        proj.join(".loopwright/config"),
+        format!("engine = kubernetes\nengine.kubeconfig = {kc}\nengine.namespace = {ns}\n"),
+    )
+    .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_lw-doctor"))
+        .current_dir(&proj)
+        .env_remove("KUBECONFIG")
+        .env_remove("LW_ENGINE")
+        .env("LW_ROOT", &root.dir)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let line = |check: &str| {
+        out.lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(check))
+            .unwrap_or("")
+            .to_string()
+    };
+    eprintln!(
+        "lw doctor:\n{}",
+        out.lines()
+            .filter(|l| l.contains("engine") || l.contains("kube"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(
+        line("engine").contains("kubernetes")
+            && line("engine").contains(&format!("namespace {ns}")),
+        "{out}"
+    );
+    assert!(line("kube-rbac").starts_with("ok"), "{out}");
+    assert!(line("kube-network").starts_with("warn"), "{out}");
+    assert!(
+        !out.lines()
+            .any(|l| l.split_whitespace().nth(1) == Some("docker")),
+        "no Docker check on kubernetes: {out}"
+    );
+    for cmd in [["ls"], ["gc"]] {
+        let o = Command::new(env!("CARGO_BIN_EXE_lw-sandbox"))
+            .args(["--root", root.dir.to_str().unwrap()])
+            .args(cmd)
+            .current_dir(&proj)
+            .env_remove("KUBECONFIG")
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "lw-sandbox {cmd:?} on kubernetes: {o:?}"
+        );
+    }
+    // A project naming an unreachable context is 69 naming it.
+    std::fs::write(
+        proj.join(".loopwright/config"),
+        format!("engine = kubernetes\nengine.kubeconfig = {kc}\nengine.context = elsewhere\n"),
+    )
+    .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_lw-sandbox"))
+        .args(["--root", root.dir.to_str().unwrap(), "ls"])
+        .current_dir(&proj)
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(69), "{err}");
+    assert!(err.contains("'elsewhere'"), "{err}");
+    let _ = std::fs::remove_dir_all(&proj);
 }
 
 /// RBAC without create pods (77), unreachable (69), no kubeconfig (69),
