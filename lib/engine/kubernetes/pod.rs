@@ -215,6 +215,24 @@ pub fn pod_of(spec: &ContainerSpec, runtime_class: Option<String>) -> Result<Pod
             ..Default::default()
         });
     }
+    for (i, v) in spec.volumes.iter().enumerate() {
+        check_name("volume", &v.volume)?;
+        let vname = format!("named{i}");
+        volumes.push(Volume {
+            name: vname.clone(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: v.volume.clone(),
+                read_only: Some(v.read_only),
+            }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            name: vname,
+            mount_path: v.target.clone(),
+            read_only: Some(v.read_only),
+            ..Default::default()
+        });
+    }
     for (i, (target, opts)) in spec.tmpfs.iter().enumerate() {
         let size = opts
             .split(',')
