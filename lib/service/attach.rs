@@ -6,6 +6,8 @@
 //! besides its own.
 
 use super::*;
+use crate::engine::{NetworkEngine, SandboxEngine};
+use crate::error::{Error, Exit, Result};
 
 /// Checks each service of `names` for a sandbox of root `root_id`: a name no
 /// service of the root has is 64; a service down, failed or not ready is
