@@ -87,13 +87,39 @@ pub(super) fn pinned_version(v: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || b".-+".contains(&c))
 }
 
+/// One line of a definition: its number, keyword and arguments.
+struct Line<'a> {
+    file: &'a str,
+    n: usize,
+    key: &'a str,
+    args: Vec<&'a str>,
+}
+
+impl Line<'_> {
+    fn err(&self, msg: impl std::fmt::Display) -> Error {
+        conf_err(self.file, self.n, msg)
+    }
+
+    /// The one argument of the keyword; `what` names it in the error.
+    fn one(&self, what: &str) -> Result<String> {
+        match self.args.as_slice() {
+            [a] => Ok(a.to_string()),
+            [] => Err(self.err(format!("'{}' needs {what}", self.key))),
+            _ => Err(self.err(format!(
+                "'{}' takes one {what}, got {}",
+                self.key,
+                self.args.len()
+            ))),
+        }
+    }
+}
+
 /// Parses the text of a runtime definition; `file` names it in errors.
 pub fn parse(text: &str, file: &str) -> Result<Definition> {
     let mut image = None;
     let mut from: Option<String> = None;
     let mut layers: Vec<LayerDef> = Vec::new();
     for (i, raw) in text.lines().enumerate() {
-        let n = i + 1;
         let line = match raw.find(" #").or_else(|| raw.find("\t#")) {
             Some(at) => &raw[..at],
             None => raw,
@@ -104,181 +130,159 @@ pub fn parse(text: &str, file: &str) -> Result<Definition> {
         }
         let mut words = line.split_whitespace();
         let key = words.next().expect("a non-empty line has a first word");
-        let args: Vec<&str> = words.collect();
-        let one = |what: &str| -> Result<String> {
-            match args.as_slice() {
-                [a] => Ok(a.to_string()),
-                [] => Err(conf_err(file, n, format!("'{key}' needs {what}"))),
-                _ => Err(conf_err(
-                    file,
-                    n,
-                    format!("'{key}' takes one {what}, got {}", args.len()),
-                )),
-            }
+        let l = Line {
+            file,
+            n: i + 1,
+            key,
+            args: words.collect(),
         };
         match key {
-            "image" => {
-                if !layers.is_empty() {
-                    return Err(conf_err(
-                        file,
-                        n,
-                        "'image' belongs before the first 'layer'",
-                    ));
-                }
-                let v = one("repository name")?;
-                if !valid_repo(&v) {
-                    return Err(conf_err(
-                        file,
-                        n,
-                        format!(
-                            "invalid repository name '{v}' (lower case letters, digits, '._-', '/')"
-                        ),
-                    ));
-                }
-                image = Some(v);
-            }
+            "image" => image = Some(image_line(&l, &layers)?),
             "from" => {
                 if !layers.is_empty() {
-                    return Err(conf_err(file, n, "'from' belongs before the first 'layer'"));
+                    return Err(l.err("'from' belongs before the first 'layer'"));
                 }
                 if from.is_some() {
-                    return Err(conf_err(file, n, "'from' given twice"));
+                    return Err(l.err("'from' given twice"));
                 }
-                from = Some(one("image reference")?);
+                from = Some(l.one("image reference")?);
             }
-            "layer" => {
-                let name = one("name")?;
-                if !valid_layer_name(&name) {
-                    return Err(conf_err(
-                        file,
-                        n,
-                        format!(
-                            "invalid layer name '{name}' (lower case letters, digits, '-', '_')"
-                        ),
-                    ));
-                }
-                if let Some(prev) = layers.iter().find(|l| l.name == name) {
-                    return Err(conf_err(
-                        file,
-                        n,
-                        format!("layer '{name}' already defined on line {}", prev.line),
-                    ));
-                }
-                layers.push(LayerDef {
-                    name,
-                    line: n,
-                    dockerfile: String::new(),
-                    dockerfile_line: 0,
-                    provider: None,
-                    inputs: Vec::new(),
-                });
-            }
+            "layer" => layers.push(layer_line(&l, &layers)?),
             "dockerfile" | "input" | "provider" => {
                 let Some(layer) = layers.last_mut() else {
-                    return Err(conf_err(
-                        file,
-                        n,
-                        format!("'{key}' outside a layer; start one with 'layer NAME'"),
-                    ));
+                    return Err(l.err(format!(
+                        "'{key}' outside a layer; start one with 'layer NAME'"
+                    )));
                 };
-                match key {
-                    "dockerfile" => {
-                        if !layer.dockerfile.is_empty() {
-                            return Err(conf_err(
-                                file,
-                                n,
-                                format!("layer '{}' has two dockerfiles", layer.name),
-                            ));
-                        }
-                        let p = one("path")?;
-                        check_rel_path(&p).map_err(|m| conf_err(file, n, m))?;
-                        layer.dockerfile = p;
-                        layer.dockerfile_line = n;
-                    }
-                    "input" => {
-                        if args.is_empty() {
-                            return Err(conf_err(file, n, "'input' needs at least one path"));
-                        }
-                        for a in &args {
-                            check_rel_path(a).map_err(|m| conf_err(file, n, m))?;
-                            layer.inputs.push(InputDecl {
-                                path: normalize(a),
-                                line: n,
-                            });
-                        }
-                    }
-                    _ => {
-                        if layer.provider.is_some() {
-                            return Err(conf_err(
-                                file,
-                                n,
-                                format!("layer '{}' has two providers", layer.name),
-                            ));
-                        }
-                        let p = match args.as_slice() {
-                            ["mise", v] if pinned_version(v) => Provider::Mise {
-                                version: v.to_string(),
-                            },
-                            ["mise", v] => {
-                                return Err(conf_err(
-                                    file,
-                                    n,
-                                    format!(
-                                        "mise version '{v}' is not pinned; write one like 'provider mise 2026.9.15'"
-                                    ),
-                                ));
-                            }
-                            ["mise"] => {
-                                return Err(conf_err(
-                                    file,
-                                    n,
-                                    "the mise provider needs a pinned version, e.g. 'provider mise 2026.9.15'",
-                                ));
-                            }
-                            ["native"] => Provider::Native,
-                            ["custom", script] => {
-                                check_rel_path(script).map_err(|m| conf_err(file, n, m))?;
-                                let script = normalize(script);
-                                // The script decides what gets installed: it is an input.
-                                layer.inputs.push(InputDecl {
-                                    path: script.clone(),
-                                    line: n,
-                                });
-                                Provider::Custom { script }
-                            }
-                            ["custom"] => {
-                                return Err(conf_err(
-                                    file,
-                                    n,
-                                    "the custom provider needs a script path",
-                                ));
-                            }
-                            _ => {
-                                return Err(conf_err(
-                                    file,
-                                    n,
-                                    format!(
-                                        "unknown provider '{}' (mise VERSION, native, custom SCRIPT)",
-                                        args.join(" ")
-                                    ),
-                                ));
-                            }
-                        };
-                        layer.provider = Some(p);
-                    }
-                }
+                in_layer(&l, layer)?;
             }
             other => {
-                return Err(conf_err(
-                    file,
-                    n,
-                    format!(
-                        "unknown keyword '{other}' (image, from, layer, dockerfile, input, provider)"
-                    ),
-                ));
+                return Err(l.err(format!(
+                    "unknown keyword '{other}' (image, from, layer, dockerfile, input, provider)"
+                )));
             }
         }
     }
+    complete(text, file, image, from, layers)
+}
+
+/// `image REPO`, before the first layer.
+fn image_line(l: &Line, layers: &[LayerDef]) -> Result<String> {
+    if !layers.is_empty() {
+        return Err(l.err("'image' belongs before the first 'layer'"));
+    }
+    let v = l.one("repository name")?;
+    if !valid_repo(&v) {
+        return Err(l.err(format!(
+            "invalid repository name '{v}' (lower case letters, digits, '._-', '/')"
+        )));
+    }
+    Ok(v)
+}
+
+/// `layer NAME`: a new layer, its name valid and not taken.
+fn layer_line(l: &Line, layers: &[LayerDef]) -> Result<LayerDef> {
+    let name = l.one("name")?;
+    if !valid_layer_name(&name) {
+        return Err(l.err(format!(
+            "invalid layer name '{name}' (lower case letters, digits, '-', '_')"
+        )));
+    }
+    if let Some(prev) = layers.iter().find(|p| p.name == name) {
+        return Err(l.err(format!(
+            "layer '{name}' already defined on line {}",
+            prev.line
+        )));
+    }
+    Ok(LayerDef {
+        name,
+        line: l.n,
+        dockerfile: String::new(),
+        dockerfile_line: 0,
+        provider: None,
+        inputs: Vec::new(),
+    })
+}
+
+/// `dockerfile`, `input` and `provider`, inside the current layer.
+fn in_layer(l: &Line, layer: &mut LayerDef) -> Result<()> {
+    match l.key {
+        "dockerfile" => {
+            if !layer.dockerfile.is_empty() {
+                return Err(l.err(format!("layer '{}' has two dockerfiles", layer.name)));
+            }
+            let p = l.one("path")?;
+            check_rel_path(&p).map_err(|m| l.err(m))?;
+            layer.dockerfile = p;
+            layer.dockerfile_line = l.n;
+        }
+        "input" => {
+            if l.args.is_empty() {
+                return Err(l.err("'input' needs at least one path"));
+            }
+            for a in &l.args {
+                check_rel_path(a).map_err(|m| l.err(m))?;
+                layer.inputs.push(InputDecl {
+                    path: normalize(a),
+                    line: l.n,
+                });
+            }
+        }
+        _ => {
+            if layer.provider.is_some() {
+                return Err(l.err(format!("layer '{}' has two providers", layer.name)));
+            }
+            layer.provider = Some(provider(l, layer)?);
+        }
+    }
+    Ok(())
+}
+
+/// `provider mise VERSION | native | custom SCRIPT` (the script becomes an input).
+fn provider(l: &Line, layer: &mut LayerDef) -> Result<Provider> {
+    Ok(match l.args.as_slice() {
+        ["mise", v] if pinned_version(v) => Provider::Mise {
+            version: v.to_string(),
+        },
+        ["mise", v] => {
+            return Err(l.err(format!(
+                "mise version '{v}' is not pinned; write one like 'provider mise 2026.9.15'"
+            )));
+        }
+        ["mise"] => {
+            return Err(
+                l.err("the mise provider needs a pinned version, e.g. 'provider mise 2026.9.15'")
+            );
+        }
+        ["native"] => Provider::Native,
+        ["custom", script] => {
+            check_rel_path(script).map_err(|m| l.err(m))?;
+            let script = normalize(script);
+            // The script decides what gets installed: it is an input.
+            layer.inputs.push(InputDecl {
+                path: script.clone(),
+                line: l.n,
+            });
+            Provider::Custom { script }
+        }
+        ["custom"] => return Err(l.err("the custom provider needs a script path")),
+        _ => {
+            return Err(l.err(format!(
+                "unknown provider '{}' (mise VERSION, native, custom SCRIPT)",
+                l.args.join(" ")
+            )));
+        }
+    })
+}
+
+/// The whole definition's checks: a `from`, a layer, a dockerfile per layer.
+fn complete(
+    text: &str,
+    file: &str,
+    image: Option<String>,
+    from: Option<String>,
+    layers: Vec<LayerDef>,
+) -> Result<Definition> {
     let last = text.lines().count().max(1);
     let Some(from) = from else {
         return Err(conf_err(
