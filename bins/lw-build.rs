@@ -115,16 +115,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         return init(&start, from, *force, out);
     }
     if let Some(Cmd::Load { file }) = &args.cmd {
-        let engine = DockerEngine::connect()?;
-        for tag in image::archive::load_file(&engine, file)? {
-            let line = if args.json {
-                json!({"type": "loaded", "tag": tag}).to_string()
-            } else {
-                tag
-            };
-            writeln!(out, "{line}").map_err(out_err)?;
-        }
-        return Ok(Exit::Ok);
+        return load(file, args.json, out);
     }
     let root = image::find_root(&start).ok_or_else(|| {
         Error::new(
@@ -162,28 +153,76 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         return Ok(Exit::Ok);
     }
     if args.explain {
-        let mut online = false;
-        if let Some(c) = &client {
-            match c.login(false) {
-                Ok(()) => online = true,
-                Err(e) if e.exit == Exit::Unavailable => {
-                    eprintln!("{PROG}: warning: {}; explaining a build without it", e.msg)
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        for layer in &plan.layers {
-            let probe = match &client {
-                Some(c) if online && !layer.cached() => Some(cache::probe(c, layer)?),
-                _ => None,
-            };
-            explain(&engine, layer, probe, args.json, out)?;
-        }
-        return Ok(Exit::Ok);
+        return explain_plan(&engine, client.as_ref(), &plan, args.json, out);
     }
-    let mut progress = Progress::new(args.verbose);
+    build(
+        &engine,
+        client.as_ref(),
+        &mut plan,
+        args.verbose,
+        args.json,
+        out,
+    )?;
+    for kit in &kits {
+        build_kit(&engine, &runtime, &plan, kit, args.verbose, args.json, out)?;
+    }
+    Ok(Exit::Ok)
+}
+
+/// `load FILE`: the archive checked, then loaded; prints the tags.
+fn load(file: &Path, as_json: bool, out: &mut dyn Write) -> Result<Exit> {
+    let engine = DockerEngine::connect()?;
+    for tag in image::archive::load_file(&engine, file)? {
+        let line = if as_json {
+            json!({"type": "loaded", "tag": tag}).to_string()
+        } else {
+            tag
+        };
+        writeln!(out, "{line}").map_err(out_err)?;
+    }
+    Ok(Exit::Ok)
+}
+
+/// `--explain`: why each layer is cached or not, and what the cache holds.
+fn explain_plan(
+    engine: &DockerEngine,
+    client: Option<&Client>,
+    plan: &Plan,
+    as_json: bool,
+    out: &mut dyn Write,
+) -> Result<Exit> {
+    let mut online = false;
+    if let Some(c) = client {
+        match c.login(false) {
+            Ok(()) => online = true,
+            Err(e) if e.exit == Exit::Unavailable => {
+                eprintln!("{PROG}: warning: {}; explaining a build without it", e.msg)
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    for layer in &plan.layers {
+        let probe = match client {
+            Some(c) if online && !layer.cached() => Some(cache::probe(c, layer)?),
+            _ => None,
+        };
+        explain(engine, layer, probe, as_json, out)?;
+    }
+    Ok(Exit::Ok)
+}
+
+/// Builds (or pulls) the missing layers, then prints one line per layer.
+fn build(
+    engine: &DockerEngine,
+    client: Option<&Client>,
+    plan: &mut Plan,
+    verbose: bool,
+    as_json: bool,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let mut progress = Progress::new(verbose);
     let mut warn = |w: &str| eprintln!("{PROG}: warning: {w}");
-    let mut puller = Puller::new(&engine, client.as_ref(), &mut warn);
+    let mut puller = Puller::new(engine, client, &mut warn);
     let results = {
         let progress = std::cell::RefCell::new(&mut progress);
         let mut on_event = |l: &Layer, ev: &BuildEvent| progress.borrow_mut().event(l, ev);
@@ -193,8 +232,8 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             puller.fetch(l)
         };
         image::build(
-            &engine,
-            &mut plan,
+            engine,
+            plan,
             &mut BuildOptions {
                 on_event: &mut on_event,
                 on_start: &mut on_start,
@@ -215,43 +254,53 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             .iter()
             .find(|(t, _)| t == &layer.tag)
             .map(|(_, why)| why);
-        let line = layer_line(args.json, layer, state, Some(id), bytes, refused);
+        let line = layer_line(as_json, layer, state, Some(id), bytes, refused);
         writeln!(out, "{line}").map_err(out_err)?;
     }
-    for kit in &kits {
-        let name = &kit.name;
-        let first = plan
-            .layers
-            .first()
-            .expect("a runtime definition has at least one layer")
-            .tag
-            .clone();
-        let planned = agent::layer::plan(&engine, &runtime.image, kit, &first, plan.final_tag())?;
-        let verbose = args.verbose;
-        let (_, built) = agent::layer::ensure(
-            &engine,
-            &planned,
-            &mut |p| eprintln!("{PROG}: building {}", p.tag),
-            &mut |ev| {
-                if let (true, BuildEvent::Output(s)) = (verbose, &ev) {
-                    eprint!("{s}");
-                }
-            },
-        )?;
-        for (p, b, layer) in [
-            (&planned.0, built[0], format!("agent-{name}-cli")),
-            (&planned.1, built[1], format!("agent-{name}")),
-        ] {
-            let state = if b { "built" } else { "cached" };
-            let line = if args.json {
-                json!({"type": "layer", "layer": layer, "tag": p.tag, "state": state}).to_string()
-            } else {
-                format!("{layer} {} {state}", p.tag)
-            };
-            writeln!(out, "{line}").map_err(out_err)?;
-        }
+    Ok(())
+}
+
+/// `--agent KIT`: the kit's CLI layer and agent image above the project's.
+fn build_kit(
+    engine: &DockerEngine,
+    runtime: &Runtime,
+    plan: &Plan,
+    kit: &agent::Kit,
+    verbose: bool,
+    as_json: bool,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let name = &kit.name;
+    let first = plan
+        .layers
+        .first()
+        .expect("a runtime definition has at least one layer")
+        .tag
+        .clone();
+    let planned = agent::layer::plan(engine, &runtime.image, kit, &first, plan.final_tag())?;
+    let (_, built) = agent::layer::ensure(
+        engine,
+        &planned,
+        &mut |p| eprintln!("{PROG}: building {}", p.tag),
+        &mut |ev| {
+            if let (true, BuildEvent::Output(s)) = (verbose, &ev) {
+                eprint!("{s}");
+            }
+        },
+    )?;
+    for (p, b, layer) in [
+        (&planned.0, built[0], format!("agent-{name}-cli")),
+        (&planned.1, built[1], format!("agent-{name}")),
+    ] {
+        let state = if b { "built" } else { "cached" };
+        let line = if as_json {
+            json!({"type": "layer", "layer": layer, "tag": p.tag, "state": state}).to_string()
+        } else {
+            format!("{layer} {} {state}", p.tag)
+        };
+        writeln!(out, "{line}").map_err(out_err)?;
     }
-    Ok(Exit::Ok)
+    Ok(())
 }
 
 fn init(dir: &Path, from: &str, force: bool, out: &mut dyn Write) -> Result<Exit> {

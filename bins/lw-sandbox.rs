@@ -297,74 +297,14 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
     let sb = Sandboxes::new(root, &*engine);
     let line = |out: &mut dyn Write, s: &str| writeln!(out, "{s}").map_err(out_err);
     match args.cmd {
-        Cmd::Create {
-            name,
-            branch,
-            from,
-            scope,
-            port,
-            secret,
-            network,
-            agent,
-            runtime,
-            credential,
-            allow,
-            service,
-            image,
-            allow_stale,
-            no_fetch,
-            json,
-            verbose,
-            limits,
-        } => {
-            let (project, mirror_path) =
-                sandbox::find_project(args.project.as_deref(), args.mirror.as_deref())?;
-            let bins = sandbox::mailbox_commands();
-            let network = match network {
-                None if agent.is_some() => Network::Egress,
-                None | Some(Net::None) => Network::None,
-                Some(Net::Bridge) => Network::Bridge,
-                Some(Net::Egress) => Network::Egress,
-            };
-            let agent = agent.map(|k| {
-                let c = match credential {
-                    Cred::Proxy => Credential::Proxy,
-                    Cred::Env => Credential::Env,
-                };
-                (k, c)
-            });
-            let opts = CreateOptions {
-                name,
-                branch,
-                from,
-                scope,
-                ports: port,
-                secrets: secret,
-                network,
-                allow,
-                image,
-                allow_stale,
-                no_fetch,
-                agent,
-                allow_install_change: limits.allow_install_change,
-                limits: limits.overrides(),
-                services: service,
-                runtime,
-            };
-            let c = sb.create(&opts, project.as_ref(), &mirror_path, &bins, &mut |m| {
-                warn(m)
-            })?;
-            if verbose {
-                eprintln!("{PROG}: {}", c.timings_line());
-            }
-            if json {
-                line(
-                    out,
-                    &c.json(&sb.root.sandbox(&c.record.name).dir).to_string(),
-                )?;
-            } else {
-                line(out, &c.record.name)?;
-            }
+        cmd @ Cmd::Create { .. } => {
+            create(
+                &sb,
+                args.project.as_deref(),
+                args.mirror.as_deref(),
+                cmd,
+                out,
+            )?;
         }
         Cmd::Push { name, force, json } => {
             let me = std::env::current_exe().map_err(|e| {
@@ -416,21 +356,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
             json,
         } => {
             for d in sb.egress_denials(&name)? {
-                let text = if json {
-                    serde_json::json!({
-                        "type": "denial", "sandbox": name, "time": d.time, "client": d.client, "method": d.method,
-                        "host": d.host, "port": d.port, "status": d.status, "result": d.result,
-                    })
-                    .to_string()
-                } else {
-                    // What the sandbox asked for: its control characters shown.
-                    loopwright::visible::visible_line(&format!(
-                        "{} {} {} {}:{}",
-                        d.time, d.client, d.method, d.host, d.port
-                    ))
-                    .into_owned()
-                };
-                line(out, &text)?;
+                line(out, &denial_line(&name, &d, json))?;
             }
         }
         Cmd::Gc => {
@@ -464,21 +390,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
                 sandbox::find_project(args.project.as_deref(), args.mirror.as_deref())
                     .unwrap_or((None, PathBuf::new()));
             for k in kit::all(project.as_ref().map(|p| p.top.as_path()))? {
-                let text = if json {
-                    serde_json::json!({
-                        "type": "kit", "name": k.name, "package": k.package, "version": k.version,
-                        "node": k.node, "upstream": k.upstream, "endpoint": format!("{} {}", k.method, k.path),
-                        "key_env": k.key_env, "context_file": k.context_file, "state_dir": k.state_dir,
-                        "mcp": k.mcp.as_str(), "source": k.source,
-                    })
-                    .to_string()
-                } else {
-                    format!(
-                        "{}\t{}@{}\t{}\t{}",
-                        k.name, k.package, k.version, k.key_env, k.source
-                    )
-                };
-                line(out, &text)?;
+                line(out, &kit_line(&k, json))?;
             }
         }
         Cmd::Exec { .. } | Cmd::Shell { .. } | Cmd::Run { .. } => {
@@ -486,6 +398,124 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
         }
     }
     Ok(Exit::Ok)
+}
+
+/// One refused request of `logs --egress`.
+fn denial_line(name: &str, d: &loopwright::egress::Request, json: bool) -> String {
+    if json {
+        serde_json::json!({
+            "type": "denial", "sandbox": name, "time": d.time, "client": d.client, "method": d.method,
+            "host": d.host, "port": d.port, "status": d.status, "result": d.result,
+        })
+        .to_string()
+    } else {
+        // What the sandbox asked for: its control characters shown.
+        loopwright::visible::visible_line(&format!(
+            "{} {} {} {}:{}",
+            d.time, d.client, d.method, d.host, d.port
+        ))
+        .into_owned()
+    }
+}
+
+/// One kit of `kits`.
+fn kit_line(k: &kit::Kit, json: bool) -> String {
+    if json {
+        serde_json::json!({
+            "type": "kit", "name": k.name, "package": k.package, "version": k.version,
+            "node": k.node, "upstream": k.upstream, "endpoint": format!("{} {}", k.method, k.path),
+            "key_env": k.key_env, "context_file": k.context_file, "state_dir": k.state_dir,
+            "mcp": k.mcp.as_str(), "source": k.source,
+        })
+        .to_string()
+    } else {
+        format!(
+            "{}\t{}@{}\t{}\t{}",
+            k.name, k.package, k.version, k.key_env, k.source
+        )
+    }
+}
+
+/// `create`: makes the sandbox, prints its name (or its JSON record).
+fn create(
+    sb: &Sandboxes,
+    project: Option<&std::path::Path>,
+    mirror: Option<&std::path::Path>,
+    cmd: Cmd,
+    out: &mut dyn Write,
+) -> Result<(), Error> {
+    let Cmd::Create {
+        name,
+        branch,
+        from,
+        scope,
+        port,
+        secret,
+        network,
+        agent,
+        runtime,
+        credential,
+        allow,
+        service,
+        image,
+        allow_stale,
+        no_fetch,
+        json,
+        verbose,
+        limits,
+    } = cmd
+    else {
+        unreachable!("create is given a create command")
+    };
+    let line = |out: &mut dyn Write, s: &str| writeln!(out, "{s}").map_err(out_err);
+    let (project, mirror_path) = sandbox::find_project(project, mirror)?;
+    let bins = sandbox::mailbox_commands();
+    let network = match network {
+        None if agent.is_some() => Network::Egress,
+        None | Some(Net::None) => Network::None,
+        Some(Net::Bridge) => Network::Bridge,
+        Some(Net::Egress) => Network::Egress,
+    };
+    let agent = agent.map(|k| {
+        let c = match credential {
+            Cred::Proxy => Credential::Proxy,
+            Cred::Env => Credential::Env,
+        };
+        (k, c)
+    });
+    let opts = CreateOptions {
+        name,
+        branch,
+        from,
+        scope,
+        ports: port,
+        secrets: secret,
+        network,
+        allow,
+        image,
+        allow_stale,
+        no_fetch,
+        agent,
+        allow_install_change: limits.allow_install_change,
+        limits: limits.overrides(),
+        services: service,
+        runtime,
+    };
+    let c = sb.create(&opts, project.as_ref(), &mirror_path, &bins, &mut |m| {
+        warn(m)
+    })?;
+    if verbose {
+        eprintln!("{PROG}: {}", c.timings_line());
+    }
+    if json {
+        line(
+            out,
+            &c.json(&sb.root.sandbox(&c.record.name).dir).to_string(),
+        )?;
+    } else {
+        line(out, &c.record.name)?;
+    }
+    Ok(())
 }
 
 /// `exec` and `shell`: the command's status is ours.
