@@ -145,8 +145,7 @@ pub fn load(project: &Project, name: &str) -> Result<Declaration> {
 pub fn parse(name: &str, text: &str, file: &Path) -> Result<Declaration> {
     let c = Config::parse_keys(text, file, &key_ok)?;
     let f = file.display();
-    let bad =
-        |k: &str, v: &str, want: &str| Error::config(format!("{f}: '{k} = {v}': expected {want}"));
+    let bad = |k: &str, v: &str, want: &str| bad(file, k, v, want);
     let mut env = Vec::new();
     for (k, v) in c.iter() {
         if let Some(var) = k.strip_prefix("env.") {
@@ -158,58 +157,9 @@ pub fn parse(name: &str, text: &str, file: &Path) -> Result<Declaration> {
             )));
         }
     }
-    let source = match (c.get("image"), c.get("build")) {
-        (Some(i), None) => Source::Image(i.to_string()),
-        (None, Some(d)) => {
-            let from = c.get("from").ok_or_else(|| {
-                Error::config(format!(
-                    "{f}: 'build = {d}' needs 'from = IMAGE', the image its Dockerfile's FROM ${{LW_PARENT}} names"
-                ))
-            })?;
-            Source::Build {
-                dir: d.trim_end_matches('/').to_string(),
-                from: from.to_string(),
-            }
-        }
-        (Some(_), Some(_)) => {
-            return Err(Error::config(format!(
-                "{f}: give either 'image' or 'build', not both"
-            )));
-        }
-        (None, None) => {
-            return Err(Error::config(format!(
-                "{f}: no 'image' and no 'build': name a local image or a directory holding a Dockerfile"
-            )));
-        }
-    };
-    let (port, publish) = match c.get("port") {
-        None => (None, None),
-        Some(v) => {
-            let num = |s: &str| s.trim().parse::<u16>().ok().filter(|n| *n > 0);
-            match v.split_once(':') {
-                None => (
-                    Some(num(v).ok_or_else(|| bad("port", v, "PORT or HOST-PORT:PORT"))?),
-                    None,
-                ),
-                Some((h, p)) => match (num(h), num(p)) {
-                    (Some(h), Some(p)) => (Some(p), Some(h)),
-                    _ => return Err(bad("port", v, "PORT or HOST-PORT:PORT")),
-                },
-            }
-        }
-    };
-    let secrets: Vec<String> = c
-        .get("secret")
-        .unwrap_or("")
-        .split(|ch: char| ch.is_whitespace() || ch == ',')
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-        .collect();
-    for s in &secrets {
-        if !crate::secrets::valid_name(s) {
-            return Err(bad("secret", s, "secret names (letters, digits and '_')"));
-        }
-    }
+    let source = source(&c, file)?;
+    let (port, publish) = port(&c, file)?;
+    let secrets = secrets(&c, file)?;
     let command = c.get("command").map(str::to_string);
     if !secrets.is_empty() && command.is_none() {
         return Err(Error::config(format!(
@@ -236,6 +186,108 @@ pub fn parse(name: &str, text: &str, file: &Path) -> Result<Declaration> {
         None => None,
         Some(v) => Some(AllowList::parse(v, &format!("{f}: egress"))?),
     };
+    let (memory, pids, cpus) = limits(&c, file)?;
+    Ok(Declaration {
+        name: name.to_string(),
+        path: file.to_path_buf(),
+        text: text.to_string(),
+        source,
+        command,
+        port,
+        publish,
+        env,
+        secrets,
+        volume,
+        ready: c.get("ready").map(str::to_string),
+        ready_timeout,
+        egress,
+        user: c.get("user").map(str::to_string),
+        memory,
+        pids,
+        cpus,
+    })
+}
+
+/// `'KEY = VALUE': expected WANT`, naming the file (78).
+fn bad(file: &Path, k: &str, v: &str, want: &str) -> Error {
+    Error::config(format!("{}: '{k} = {v}': expected {want}", file.display()))
+}
+
+/// `image = REF`, or `build = DIR` with `from = IMAGE`.
+fn source(c: &Config, file: &Path) -> Result<Source> {
+    let f = file.display();
+    Ok(match (c.get("image"), c.get("build")) {
+        (Some(i), None) => Source::Image(i.to_string()),
+        (None, Some(d)) => {
+            let from = c.get("from").ok_or_else(|| {
+                Error::config(format!(
+                    "{f}: 'build = {d}' needs 'from = IMAGE', the image its Dockerfile's FROM ${{LW_PARENT}} names"
+                ))
+            })?;
+            Source::Build {
+                dir: d.trim_end_matches('/').to_string(),
+                from: from.to_string(),
+            }
+        }
+        (Some(_), Some(_)) => {
+            return Err(Error::config(format!(
+                "{f}: give either 'image' or 'build', not both"
+            )));
+        }
+        (None, None) => {
+            return Err(Error::config(format!(
+                "{f}: no 'image' and no 'build': name a local image or a directory holding a Dockerfile"
+            )));
+        }
+    })
+}
+
+/// `port = PORT` or `HOST-PORT:PORT`: (the service's port, the published one).
+fn port(c: &Config, file: &Path) -> Result<(Option<u16>, Option<u16>)> {
+    let bad = |k: &str, v: &str, want: &str| bad(file, k, v, want);
+    Ok(match c.get("port") {
+        None => (None, None),
+        Some(v) => {
+            let num = |s: &str| s.trim().parse::<u16>().ok().filter(|n| *n > 0);
+            match v.split_once(':') {
+                None => (
+                    Some(num(v).ok_or_else(|| bad("port", v, "PORT or HOST-PORT:PORT"))?),
+                    None,
+                ),
+                Some((h, p)) => match (num(h), num(p)) {
+                    (Some(h), Some(p)) => (Some(p), Some(h)),
+                    _ => return Err(bad("port", v, "PORT or HOST-PORT:PORT")),
+                },
+            }
+        }
+    })
+}
+
+/// `secret = NAME ...`: names of secrets, checked.
+fn secrets(c: &Config, file: &Path) -> Result<Vec<String>> {
+    let secrets: Vec<String> = c
+        .get("secret")
+        .unwrap_or("")
+        .split(|ch: char| ch.is_whitespace() || ch == ',')
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect();
+    for s in &secrets {
+        if !crate::secrets::valid_name(s) {
+            return Err(bad(
+                file,
+                "secret",
+                s,
+                "secret names (letters, digits and '_')",
+            ));
+        }
+    }
+    Ok(secrets)
+}
+
+/// `memory`, `pids` and `cpus`, with their defaults.
+fn limits(c: &Config, file: &Path) -> Result<(i64, i64, f64)> {
+    let bad = |k: &str, v: &str, want: &str| bad(file, k, v, want);
     let memory = match c.get("memory") {
         None => 1 << 30,
         Some(v) => crate::wall::parse_bytes(v)
@@ -257,25 +309,7 @@ pub fn parse(name: &str, text: &str, file: &Path) -> Result<Declaration> {
             .filter(|n: &f64| *n > 0.0 && n.is_finite())
             .ok_or_else(|| bad("cpus", v, "a positive number such as 0.5"))?,
     };
-    Ok(Declaration {
-        name: name.to_string(),
-        path: file.to_path_buf(),
-        text: text.to_string(),
-        source,
-        command,
-        port,
-        publish,
-        env,
-        secrets,
-        volume,
-        ready: c.get("ready").map(str::to_string),
-        ready_timeout,
-        egress,
-        user: c.get("user").map(str::to_string),
-        memory,
-        pids,
-        cpus,
-    })
+    Ok((memory, pids, cpus))
 }
 
 #[cfg(test)]
