@@ -65,67 +65,7 @@ pub fn checks(p: &Project, engine: Option<&dyn Engine>) -> Vec<Finding> {
             idle.push(k.name.as_str());
             continue;
         }
-        let name = &k.name;
-        out.push(match &built {
-            Some((tag, true)) => finding(
-                Status::Ok,
-                format!("{name}: {}@{} layer {tag}", k.package, k.version),
-                None,
-            ),
-            Some((tag, false)) => finding(
-                Status::Warn,
-                format!("{name}: {}@{} layer {tag} is not built", k.package, k.version),
-                Some(format!("lw-build --agent {name} (or the first lw-sandbox create --agent {name} builds it)")),
-            ),
-            None => finding(
-                Status::Skip,
-                format!("{name}: no engine or runtime definition; layer not checked"),
-                None,
-            ),
-        });
-        out.push(if key_set {
-            finding(
-                Status::Ok,
-                format!(
-                    "{name}: key in {} (the model proxy reads it; the sandbox never does)",
-                    settings.key_source()
-                ),
-                None,
-            )
-        } else {
-            finding(
-                Status::Warn,
-                format!(
-                    "{name}: no key in {}; lw-sandbox run will refuse",
-                    settings.key_source()
-                ),
-                Some(match &settings.key {
-                    KeySource::Env(v) => format!("export {v}=... on the host"),
-                    KeySource::File(f) => format!("write the key into {}", f.display()),
-                }),
-            )
-        });
-        let tls = if settings.upstream.starts_with("http://") {
-            Status::Warn
-        } else {
-            Status::Ok
-        };
-        out.push(finding(
-            tls,
-            format!(
-                "{name}: model proxy forwards {} {} to {}{}",
-                k.method,
-                k.path,
-                settings.upstream,
-                settings
-                    .ca
-                    .as_ref()
-                    .map(|c| format!(" (CA {})", c.display()))
-                    .unwrap_or_default()
-            ),
-            (tls == Status::Warn)
-                .then(|| "use https:// unless the gateway is on a private network".into()),
-        ));
+        kit_findings(k, &settings, built.as_ref(), key_set, &mut out);
     }
     if !idle.is_empty() {
         out.push(finding(
@@ -135,4 +75,80 @@ pub fn checks(p: &Project, engine: Option<&dyn Engine>) -> Vec<Finding> {
         ));
     }
     out
+}
+
+/// The layer, key and upstream findings of a kit in use.
+fn kit_findings(
+    k: &Kit,
+    settings: &Settings,
+    built: Option<&(String, bool)>,
+    key_set: bool,
+    out: &mut Vec<Finding>,
+) {
+    let name = &k.name;
+    out.push(match built {
+        Some((tag, true)) => finding(
+            Status::Ok,
+            format!("{name}: {}@{} layer {tag}", k.package, k.version),
+            None,
+        ),
+        Some((tag, false)) => finding(
+            Status::Warn,
+            format!(
+                "{name}: {}@{} layer {tag} is not built",
+                k.package, k.version
+            ),
+            Some(format!(
+                "lw-build --agent {name} (or the first lw-sandbox create --agent {name} builds it)"
+            )),
+        ),
+        None => finding(
+            Status::Skip,
+            format!("{name}: no engine or runtime definition; layer not checked"),
+            None,
+        ),
+    });
+    out.push(if key_set {
+        finding(
+            Status::Ok,
+            format!(
+                "{name}: key in {} (the model proxy reads it; the sandbox never does)",
+                settings.key_source()
+            ),
+            None,
+        )
+    } else {
+        finding(
+            Status::Warn,
+            format!(
+                "{name}: no key in {}; lw-sandbox run will refuse",
+                settings.key_source()
+            ),
+            Some(match &settings.key {
+                KeySource::Env(v) => format!("export {v}=... on the host"),
+                KeySource::File(f) => format!("write the key into {}", f.display()),
+            }),
+        )
+    });
+    let tls = if settings.upstream.starts_with("http://") {
+        Status::Warn
+    } else {
+        Status::Ok
+    };
+    out.push(finding(
+        tls,
+        format!(
+            "{name}: model proxy forwards {} {} to {}{}",
+            k.method,
+            k.path,
+            settings.upstream,
+            settings
+                .ca
+                .as_ref()
+                .map(|c| format!(" (CA {})", c.display()))
+                .unwrap_or_default()
+        ),
+        (tls == Status::Warn)
+            .then(|| "use https:// unless the gateway is on a private network".into()),
+    ));
 }

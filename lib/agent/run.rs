@@ -94,47 +94,19 @@ pub fn run(
         warn(w);
     }
     let key = settings.read_key(&kit)?;
-    let c = engine.inspect(rec.container)?.ok_or_else(|| {
-        Error::new(
-            Exit::NoInput,
-            format!("the container of sandbox '{name}' is gone; lw-sandbox gc reclaims the rest"),
-        )
-    })?;
-    if !c.running {
-        return Err(Error::new(
-            Exit::Unavailable,
-            format!("sandbox '{name}' is stopped; lw-sandbox start {name}"),
-        ));
-    }
+    running(engine, rec)?;
     let mut env = rec.agent.map(|a| a.env.clone()).unwrap_or_default();
-    match credential {
-        Credential::Proxy => {
-            let dir = proxy::key_dir(&root.state_dir(), name);
-            proxy::prepare_dir(&dir, &settings)?;
-            proxy::write_key(&dir, &key)?;
-            let nets: &dyn NetworkEngine = engine;
-            proxy::start(nets, rec.container)?;
-        }
-        Credential::Env => {
-            warn(&format!(
-                "--credential env: the key from {} is in the agent's environment INSIDE the sandbox; the agent can read it and send it to any host its allow-list reaches",
-                settings.key_source()
-            ));
-            env.push(format!("{}={}", kit.key_env, String::from_utf8_lossy(&key)));
-        }
-    }
+    hand_key(
+        engine,
+        root,
+        rec,
+        (&kit, &settings, credential),
+        &key,
+        &mut env,
+        warn,
+    )?;
     drop(key);
-    let mut cmd = kit.command(&opts.prompt, opts.resume);
-    if let Some(t) = opts.timeout {
-        let mut w = vec![
-            "timeout".to_string(),
-            "-k".into(),
-            "10".into(),
-            format!("{}", t.as_secs().max(1)),
-        ];
-        w.append(&mut cmd);
-        cmd = w;
-    }
+    let cmd = command(&kit, opts);
     let path = transcript_path(&root.dir, name);
     if let Some(d) = path.parent() {
         fs::create_dir_all(d).map_err(|e| Error::io("cannot create", d, e))?;
@@ -202,6 +174,71 @@ pub fn run(
         status,
         transcript: path,
     })
+}
+
+/// The sandbox's container must exist and run.
+fn running(engine: &dyn SandboxEngine, rec: &Target) -> Result<()> {
+    let name = rec.name;
+    let c = engine.inspect(rec.container)?.ok_or_else(|| {
+        Error::new(
+            Exit::NoInput,
+            format!("the container of sandbox '{name}' is gone; lw-sandbox gc reclaims the rest"),
+        )
+    })?;
+    if !c.running {
+        return Err(Error::new(
+            Exit::Unavailable,
+            format!("sandbox '{name}' is stopped; lw-sandbox start {name}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Hands the key over: to the model proxy (which is started), or into the
+/// agent's environment with `--credential env`.
+fn hand_key(
+    engine: &dyn SandboxEngine,
+    root: &Root,
+    rec: &Target,
+    (kit, settings, credential): (&Kit, &Settings, Credential),
+    key: &[u8],
+    env: &mut Vec<String>,
+    warn: &mut dyn FnMut(&str),
+) -> Result<()> {
+    let name = rec.name;
+    match credential {
+        Credential::Proxy => {
+            let dir = proxy::key_dir(&root.state_dir(), name);
+            proxy::prepare_dir(&dir, settings)?;
+            proxy::write_key(&dir, key)?;
+            let nets: &dyn NetworkEngine = engine;
+            proxy::start(nets, rec.container)?;
+        }
+        Credential::Env => {
+            warn(&format!(
+                "--credential env: the key from {} is in the agent's environment INSIDE the sandbox; the agent can read it and send it to any host its allow-list reaches",
+                settings.key_source()
+            ));
+            env.push(format!("{}={}", kit.key_env, String::from_utf8_lossy(key)));
+        }
+    }
+    Ok(())
+}
+
+/// The kit's headless command, under timeout(1) with `--timeout`.
+fn command(kit: &Kit, opts: &RunOptions) -> Vec<String> {
+    let mut cmd = kit.command(&opts.prompt, opts.resume);
+    if let Some(t) = opts.timeout {
+        let mut w = vec![
+            "timeout".to_string(),
+            "-k".into(),
+            "10".into(),
+            format!("{}", t.as_secs().max(1)),
+        ];
+        w.append(&mut cmd);
+        cmd = w;
+    }
+    cmd
 }
 
 /// One line of the agent's output as a transcript line: stdout lines that
