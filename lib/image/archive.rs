@@ -75,11 +75,7 @@ fn clean(name: &str) -> String {
 /// Reads an archive from `r` to its end, hashing every file.  An archive
 /// that ends early or is not a tar is 65.
 pub fn scan(r: impl Read, what: &str) -> Result<Scan> {
-    let bad = |why: String| {
-        Error::data(format!(
-            "{what} is not a complete image archive ({why}); nothing was loaded"
-        ))
-    };
+    let bad = |why: String| incomplete(what, why);
     let mut ar = tar::Archive::new(r);
     let mut s = Scan::default();
     for ent in ar.entries().map_err(|e| bad(e.to_string()))? {
@@ -106,31 +102,15 @@ pub fn scan(r: impl Read, what: &str) -> Result<Scan> {
                 s.links.insert(name, joined);
             }
             t if t.is_file() => {
-                let mut h = Sha256::new();
-                let mut buf = vec![0u8; 256 << 10];
-                let mut n = 0u64;
                 let keep = name.ends_with(".json") || name.starts_with("blobs/");
-                let mut small = Vec::new();
-                loop {
-                    let k = ent
-                        .read(&mut buf)
-                        .map_err(|e| bad(format!("{name}: {e}")))?;
-                    if k == 0 {
-                        break;
-                    }
-                    h.update(&buf[..k]);
-                    if keep && small.len() < (4 << 20) {
-                        small.extend_from_slice(&buf[..k]);
-                    }
-                    n += k as u64;
-                }
+                let (sha, n, small) = hash_entry(&mut ent, &name, keep, what)?;
                 if n != ent.header().size().unwrap_or(n) {
                     return Err(bad(format!("{name} ends after {n} bytes")));
                 }
-                if keep && small.len() as u64 == n {
+                if let Some(small) = small {
                     s.json.insert(name.clone(), small);
                 }
-                s.files.insert(name, (hex(&h.finalize()), n));
+                s.files.insert(name, (sha, n));
             }
             _ => {}
         }
@@ -139,13 +119,59 @@ pub fn scan(r: impl Read, what: &str) -> Result<Scan> {
         .json
         .get("manifest.json")
         .ok_or_else(|| bad("no manifest.json".into()))?;
-    let list: Vec<Value> =
-        serde_json::from_slice(manifest).map_err(|e| bad(format!("manifest.json: {e}")))?;
+    s.images = entries(manifest, what)?;
+    Ok(s)
+}
+
+/// `what is not a complete image archive (why)` (65).
+fn incomplete(what: &str, why: String) -> Error {
+    Error::data(format!(
+        "{what} is not a complete image archive ({why}); nothing was loaded"
+    ))
+}
+
+/// A file of the archive read to its end: its sha256, its size, and its
+/// bytes when `keep` and small enough (at most 4 MiB).
+fn hash_entry(
+    ent: &mut impl Read,
+    name: &str,
+    keep: bool,
+    what: &str,
+) -> Result<(String, u64, Option<Vec<u8>>)> {
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 256 << 10];
+    let mut n = 0u64;
+    let mut small = Vec::new();
+    loop {
+        let k = ent
+            .read(&mut buf)
+            .map_err(|e| incomplete(what, format!("{name}: {e}")))?;
+        if k == 0 {
+            break;
+        }
+        h.update(&buf[..k]);
+        if keep && small.len() < (4 << 20) {
+            small.extend_from_slice(&buf[..k]);
+        }
+        n += k as u64;
+    }
+    Ok((
+        hex(&h.finalize()),
+        n,
+        (keep && small.len() as u64 == n).then_some(small),
+    ))
+}
+
+/// The images `manifest.json` lists.
+fn entries(manifest: &[u8], what: &str) -> Result<Vec<Entry>> {
+    let mut out = Vec::new();
+    let list: Vec<Value> = serde_json::from_slice(manifest)
+        .map_err(|e| incomplete(what, format!("manifest.json: {e}")))?;
     for m in list {
         let config = m
             .get("Config")
             .and_then(Value::as_str)
-            .ok_or_else(|| bad("manifest.json: an image without Config".into()))?;
+            .ok_or_else(|| incomplete(what, "manifest.json: an image without Config".into()))?;
         let strs = |k: &str| -> Vec<String> {
             m.get(k)
                 .and_then(Value::as_array)
@@ -156,13 +182,13 @@ pub fn scan(r: impl Read, what: &str) -> Result<Scan> {
                 })
                 .unwrap_or_default()
         };
-        s.images.push(Entry {
+        out.push(Entry {
             config: clean(config),
             repo_tags: strs("RepoTags"),
             layers: strs("Layers"),
         });
     }
-    Ok(s)
+    Ok(out)
 }
 
 fn normalize(p: &Path) -> String {

@@ -17,12 +17,13 @@
 
 use std::fs::File;
 use std::io::BufWriter;
+use std::path::PathBuf;
 
 use serde_json::Value;
 
 use super::archive::{Scratch, scan};
 use super::*;
-use crate::distribution::Client;
+use crate::distribution::{Client, Manifest};
 use crate::engine::ImageTransfer;
 use crate::error::{Error, Result};
 
@@ -153,6 +154,33 @@ pub fn pull(engine: &dyn ImageTransfer, client: &Client, layer: &Layer) -> Resul
         .take_while(|(a, b)| a == b)
         .count();
     let scratch = Scratch::new("pull")?;
+    let archive = load_archive(client, layer, &m, &config_bytes, skip, &scratch)?;
+    let f = File::open(&archive).map_err(|e| Error::io("cannot read", &archive, e))?;
+    engine.load_images(f)?;
+    let id = engine.image(&layer.tag)?.map(|i| i.id).unwrap_or_default();
+    if id != m.config {
+        return Err(Error::data(format!(
+            "loaded {tag} from the image cache at {}, but the engine has '{}' as {} (expected {})",
+            client.cache.host, id, layer.tag, m.config
+        )));
+    }
+    Ok(Fetch::Pulled {
+        id,
+        bytes: client.bytes_down.get() - before,
+    })
+}
+
+/// An archive for the engine to load: the config, a manifest naming the
+/// layer's tag, and every layer blob but the first `skip` (the engine has
+/// those), written under `scratch`.
+fn load_archive(
+    client: &Client,
+    layer: &Layer,
+    m: &Manifest,
+    config_bytes: &[u8],
+    skip: usize,
+    scratch: &Scratch,
+) -> Result<PathBuf> {
     let cfg_hex = m.config.trim_start_matches("sha256:").to_string();
     let archive = scratch.0.join("load.tar");
     let out = File::create(&archive).map_err(|e| Error::io("cannot create", &archive, e))?;
@@ -180,7 +208,7 @@ pub fn pull(engine: &dyn ImageTransfer, client: &Client, layer: &Layer) -> Resul
     }])
     .to_string();
     for (name, data) in [
-        (format!("{cfg_hex}.json"), config_bytes.as_slice()),
+        (format!("{cfg_hex}.json"), config_bytes),
         ("manifest.json".to_string(), manifest.as_bytes()),
     ] {
         let mut h = tar::Header::new_gnu();
@@ -193,19 +221,7 @@ pub fn pull(engine: &dyn ImageTransfer, client: &Client, layer: &Layer) -> Resul
     tar.into_inner()
         .and_then(|w| w.into_inner().map_err(|e| e.into_error()))
         .map_err(|e| Error::io("cannot write", &archive, e))?;
-    let f = File::open(&archive).map_err(|e| Error::io("cannot read", &archive, e))?;
-    engine.load_images(f)?;
-    let id = engine.image(&layer.tag)?.map(|i| i.id).unwrap_or_default();
-    if id != m.config {
-        return Err(Error::data(format!(
-            "loaded {tag} from the image cache at {}, but the engine has '{}' as {} (expected {})",
-            client.cache.host, id, layer.tag, m.config
-        )));
-    }
-    Ok(Fetch::Pulled {
-        id,
-        bytes: client.bytes_down.get() - before,
-    })
+    Ok(archive)
 }
 
 /// Pushes the local image of `layer` (which must exist) to the cache.

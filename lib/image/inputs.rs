@@ -126,34 +126,7 @@ impl Runtime {
         })?;
         let mut layers: Vec<Layer> = Vec::new();
         for def in &self.def.layers {
-            let mut files = BTreeMap::new();
-            let df_decl = InputDecl {
-                path: normalize(&def.dockerfile),
-                line: def.dockerfile_line,
-            };
-            if !self.root.join(&df_decl.path).exists() {
-                return Err(Error::new(
-                    Exit::NoInput,
-                    format!(
-                        "dockerfile '{}' of layer '{}' does not exist ({RUNTIME_FILE}:{})",
-                        def.dockerfile, def.name, def.dockerfile_line
-                    ),
-                ));
-            }
-            self.read_input(def, &df_decl, &mut files)?;
-            let dockerfile = files
-                .remove(&df_decl.path)
-                .filter(|f| f.kind == InputKind::File)
-                .ok_or_else(|| {
-                    Error::config(format!(
-                        "dockerfile '{}' of layer '{}' is not a regular file",
-                        def.dockerfile, def.name
-                    ))
-                })?;
-            for decl in &def.inputs {
-                self.read_input(def, decl, &mut files)?;
-            }
-            files.remove(&dockerfile.path);
+            let (dockerfile, files) = self.layer_inputs(def)?;
             let (parent_ref, parent_line) = match layers.last() {
                 Some(p) => (p.tag.clone(), p.tag.clone()),
                 None => (
@@ -161,30 +134,7 @@ impl Runtime {
                     format!("{} {}", self.def.from, from_img.id),
                 ),
             };
-            let mut m = String::new();
-            let _ = writeln!(m, "{MANIFEST_VERSION}");
-            let _ = writeln!(m, "layer {}", def.name);
-            let _ = writeln!(m, "parent {parent_line}");
-            let _ = writeln!(
-                m,
-                "provider {}",
-                def.provider
-                    .as_ref()
-                    .map_or("none".to_string(), Provider::describe)
-            );
-            let _ = writeln!(
-                m,
-                "dockerfile {} {:o} {}",
-                dockerfile.path, dockerfile.mode, dockerfile.sha256
-            );
-            for f in files.values() {
-                let kind = match f.kind {
-                    InputKind::File => "input",
-                    InputKind::Symlink => "link",
-                    InputKind::Dir => "dir",
-                };
-                let _ = writeln!(m, "{kind} {} {:o} {}", f.path, f.mode, f.sha256);
-            }
+            let m = manifest(def, &parent_line, &dockerfile, &files);
             let hash = sha256_hex(m.as_bytes());
             let repo = format!("{}-{}", self.image, def.name);
             let tag = format!("{repo}:{}", &hash[..TAG_HEX]);
@@ -203,6 +153,73 @@ impl Runtime {
         }
         Ok(Plan { layers })
     }
+
+    /// A layer's Dockerfile and its other inputs, read and hashed.
+    fn layer_inputs(&self, def: &LayerDef) -> Result<(InputFile, BTreeMap<String, InputFile>)> {
+        let mut files = BTreeMap::new();
+        let df_decl = InputDecl {
+            path: normalize(&def.dockerfile),
+            line: def.dockerfile_line,
+        };
+        if !self.root.join(&df_decl.path).exists() {
+            return Err(Error::new(
+                Exit::NoInput,
+                format!(
+                    "dockerfile '{}' of layer '{}' does not exist ({RUNTIME_FILE}:{})",
+                    def.dockerfile, def.name, def.dockerfile_line
+                ),
+            ));
+        }
+        self.read_input(def, &df_decl, &mut files)?;
+        let dockerfile = files
+            .remove(&df_decl.path)
+            .filter(|f| f.kind == InputKind::File)
+            .ok_or_else(|| {
+                Error::config(format!(
+                    "dockerfile '{}' of layer '{}' is not a regular file",
+                    def.dockerfile, def.name
+                ))
+            })?;
+        for decl in &def.inputs {
+            self.read_input(def, decl, &mut files)?;
+        }
+        files.remove(&dockerfile.path);
+        Ok((dockerfile, files))
+    }
+}
+
+/// The manifest of a layer: what its tag hashes.
+fn manifest(
+    def: &LayerDef,
+    parent_line: &str,
+    dockerfile: &InputFile,
+    files: &BTreeMap<String, InputFile>,
+) -> String {
+    let mut m = String::new();
+    let _ = writeln!(m, "{MANIFEST_VERSION}");
+    let _ = writeln!(m, "layer {}", def.name);
+    let _ = writeln!(m, "parent {parent_line}");
+    let _ = writeln!(
+        m,
+        "provider {}",
+        def.provider
+            .as_ref()
+            .map_or("none".to_string(), Provider::describe)
+    );
+    let _ = writeln!(
+        m,
+        "dockerfile {} {:o} {}",
+        dockerfile.path, dockerfile.mode, dockerfile.sha256
+    );
+    for f in files.values() {
+        let kind = match f.kind {
+            InputKind::File => "input",
+            InputKind::Symlink => "link",
+            InputKind::Dir => "dir",
+        };
+        let _ = writeln!(m, "{kind} {} {:o} {}", f.path, f.mode, f.sha256);
+    }
+    m
 }
 
 /// Lower-case repository component made of a directory's name.
@@ -258,33 +275,7 @@ pub(super) fn walk(
             },
         );
     } else if ft.is_dir() {
-        let mut names: Vec<String> = Vec::new();
-        for ent in fs::read_dir(&path)
-            .map_err(|e| Error::io_as(Exit::NoInput, "cannot read directory", &path, e))?
-        {
-            let ent =
-                ent.map_err(|e| Error::io_as(Exit::NoInput, "cannot read directory", &path, e))?;
-            names.push(ent.file_name().to_string_lossy().into_owned());
-        }
-        names.sort();
-        let sha256 = sha256_hex(b"");
-        out.insert(
-            rel.to_string(),
-            InputFile {
-                path: rel.to_string(),
-                mode: 0o755,
-                data: Vec::new(),
-                kind: InputKind::Dir,
-                sha256,
-            },
-        );
-        for name in names {
-            let child = format!("{rel}/{name}");
-            let cp = root.join(&child);
-            let m = fs::symlink_metadata(&cp)
-                .map_err(|e| Error::io_as(Exit::NoInput, "cannot read input", &cp, e))?;
-            walk(root, canon_root, &child, &m, out)?;
-        }
+        walk_dir(root, canon_root, rel, out)?;
     } else if ft.is_file() {
         let data = fs::read(&path)
             .map_err(|e| Error::io_as(Exit::NoInput, "cannot read input", &path, e))?;
@@ -308,6 +299,44 @@ pub(super) fn walk(
         return Err(Error::config(format!(
             "input '{rel}' is neither a file, a directory nor a symlink"
         )));
+    }
+    Ok(())
+}
+
+/// A directory input: itself, then everything under it in name order.
+fn walk_dir(
+    root: &Path,
+    canon_root: &Path,
+    rel: &str,
+    out: &mut BTreeMap<String, InputFile>,
+) -> Result<()> {
+    let path = root.join(rel);
+    let mut names: Vec<String> = Vec::new();
+    for ent in fs::read_dir(&path)
+        .map_err(|e| Error::io_as(Exit::NoInput, "cannot read directory", &path, e))?
+    {
+        let ent =
+            ent.map_err(|e| Error::io_as(Exit::NoInput, "cannot read directory", &path, e))?;
+        names.push(ent.file_name().to_string_lossy().into_owned());
+    }
+    names.sort();
+    let sha256 = sha256_hex(b"");
+    out.insert(
+        rel.to_string(),
+        InputFile {
+            path: rel.to_string(),
+            mode: 0o755,
+            data: Vec::new(),
+            kind: InputKind::Dir,
+            sha256,
+        },
+    );
+    for name in names {
+        let child = format!("{rel}/{name}");
+        let cp = root.join(&child);
+        let m = fs::symlink_metadata(&cp)
+            .map_err(|e| Error::io_as(Exit::NoInput, "cannot read input", &cp, e))?;
+        walk(root, canon_root, &child, &m, out)?;
     }
     Ok(())
 }

@@ -235,11 +235,20 @@ pub fn classify(raw: &[u8]) -> Line {
             format!("invalid request: {what}"),
         ));
     };
+    if let Some(refused) = check_envelope(obj) {
+        return refused;
+    }
+    decode(&v, obj)
+}
+
+/// The JSON-RPC envelope: `jsonrpc` is "2.0", `method` a string, a
+/// request's id a string or a number.  The answer refusing it, if any.
+fn check_envelope(obj: &serde_json::Map<String, Value>) -> Option<Line> {
     let id = obj.get("id").cloned();
     let id_ok = matches!(&id, Some(Value::Number(_)) | Some(Value::String(_)));
     let method = obj.get("method");
     if obj.get("jsonrpc") != Some(&Value::String("2.0".into())) {
-        return Line::Reply(error_reply(
+        return Some(Line::Reply(error_reply(
             if id_ok {
                 id.unwrap_or_default()
             } else {
@@ -247,12 +256,12 @@ pub fn classify(raw: &[u8]) -> Line {
             },
             INVALID_REQUEST,
             "invalid request: \"jsonrpc\" must be \"2.0\"".into(),
-        ));
+        )));
     }
     match method {
         Some(Value::String(_)) | None => {}
         Some(_) => {
-            return Line::Reply(error_reply(
+            return Some(Line::Reply(error_reply(
                 if id_ok {
                     id.unwrap_or_default()
                 } else {
@@ -260,16 +269,24 @@ pub fn classify(raw: &[u8]) -> Line {
                 },
                 INVALID_REQUEST,
                 "invalid request: \"method\" must be a string".into(),
-            ));
+            )));
         }
     }
     if method.is_some() && id.is_some() && !id_ok {
-        return Line::Reply(error_reply(
+        return Some(Line::Reply(error_reply(
             Value::Null,
             INVALID_REQUEST,
             "invalid request: \"id\" must be a string or a number".into(),
-        ));
+        )));
     }
+    None
+}
+
+/// A sound envelope decoded as a client message, or the answer refusing it.
+fn decode(v: &Value, obj: &serde_json::Map<String, Value>) -> Line {
+    let id = obj.get("id").cloned();
+    let id_ok = matches!(&id, Some(Value::Number(_)) | Some(Value::String(_)));
+    let method = obj.get("method");
     match serde_json::from_value::<ClientJsonRpcMessage>(v.clone()) {
         // rmcp falls back to a custom request when a known method's params
         // do not decode; that is -32602, not an unknown method.
