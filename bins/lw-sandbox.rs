@@ -306,17 +306,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
                 out,
             )?;
         }
-        Cmd::Push { name, force, json } => {
-            let me = std::env::current_exe().map_err(|e| {
-                Error::new(Exit::Software, "cannot find lw-sandbox itself").with_source(e)
-            })?;
-            let p = sb.push(&name, &me, force)?;
-            if json {
-                line(out, &p.json(&name).to_string())?;
-            } else {
-                line(out, &format!("{} {} {}", p.branch, p.commit, p.outcome))?;
-            }
-        }
+        Cmd::Push { name, force, json } => line(out, &push(&sb, &name, force, json)?)?,
         Cmd::Ls { json } => {
             for s in sb.list(true)? {
                 line(out, &if json { s.json().to_string() } else { s.line() })?;
@@ -398,6 +388,18 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
         }
     }
     Ok(Exit::Ok)
+}
+
+/// `push`: the sandbox's branch to the upstream; its line (or JSON record).
+fn push(sb: &Sandboxes, name: &str, force: bool, json: bool) -> Result<String, Error> {
+    let me = std::env::current_exe()
+        .map_err(|e| Error::new(Exit::Software, "cannot find lw-sandbox itself").with_source(e))?;
+    let p = sb.push(name, &me, force)?;
+    Ok(if json {
+        p.json(name).to_string()
+    } else {
+        format!("{} {} {}", p.branch, p.commit, p.outcome)
+    })
 }
 
 /// One refused request of `logs --egress`.

@@ -134,33 +134,9 @@ pub fn run(
         user: Some(format!("{0}:{0}", rec.uid)),
         workdir: Some(REPO.into()),
     };
-    let mut pending = [Vec::new(), Vec::new()];
-    let mut on = |s: OutStream, b: &[u8]| {
-        let i = if s == OutStream::Stdout { 0 } else { 1 };
-        pending[i].extend_from_slice(b);
-        while let Some(n) = pending[i].iter().position(|&c| c == b'\n') {
-            let raw: Vec<u8> = pending[i].drain(..=n).collect();
-            let text = String::from_utf8_lossy(&raw[..raw.len() - 1]).into_owned();
-            emit(i, &text, &mut |l| record(l, out, &mut file));
-        }
-    };
-    let status = engine.exec_io(
-        rec.container,
-        &req,
-        ExecIo {
-            stdin: None,
-            tty: false,
-            size: None,
-            on_output: &mut on,
-        },
-    )?;
-    for (i, rest) in pending.iter().enumerate() {
-        if !rest.is_empty() {
-            emit(i, &String::from_utf8_lossy(rest), &mut |l| {
-                record(l, out, &mut file)
-            });
-        }
-    }
+    let status = exec_lines(engine, rec.container, &req, &mut |l| {
+        record(l, out, &mut file)
+    })?;
     let timed_out = opts.timeout.is_some() && status == TIMED_OUT;
     let end = serde_json::json!({"type": "lw-exit", "status": status, "timed_out": timed_out, "transcript": path});
     record(&end.to_string(), out, &mut file);
@@ -239,6 +215,42 @@ fn command(kit: &Kit, opts: &RunOptions) -> Vec<String> {
         cmd = w;
     }
     cmd
+}
+
+/// Runs `req` in `container`, handing each line of its output, made a
+/// transcript line, to `sink`; returns the command's status.
+fn exec_lines(
+    engine: &dyn SandboxEngine,
+    container: &str,
+    req: &ExecRequest,
+    sink: &mut dyn FnMut(&str),
+) -> Result<i64> {
+    let mut pending = [Vec::new(), Vec::new()];
+    let mut on = |s: OutStream, b: &[u8]| {
+        let i = if s == OutStream::Stdout { 0 } else { 1 };
+        pending[i].extend_from_slice(b);
+        while let Some(n) = pending[i].iter().position(|&c| c == b'\n') {
+            let raw: Vec<u8> = pending[i].drain(..=n).collect();
+            let text = String::from_utf8_lossy(&raw[..raw.len() - 1]).into_owned();
+            emit(i, &text, &mut *sink);
+        }
+    };
+    let status = engine.exec_io(
+        container,
+        req,
+        ExecIo {
+            stdin: None,
+            tty: false,
+            size: None,
+            on_output: &mut on,
+        },
+    )?;
+    for (i, rest) in pending.iter().enumerate() {
+        if !rest.is_empty() {
+            emit(i, &String::from_utf8_lossy(rest), &mut *sink);
+        }
+    }
+    Ok(status)
 }
 
 /// One line of the agent's output as a transcript line: stdout lines that
