@@ -16,19 +16,28 @@
 //! Reading opens entries with O_NOFOLLOW|O_NONBLOCK and checks with fstat that
 //! they are regular files, so a planted symlink is never followed and a FIFO
 //! never blocks the reader; such entries are reported, not opened.
+//!
+//! By file: this one holds the directory, reading and claim; `deliver` the
+//! delivery; `wait` waiting for arrivals; `sweep` the cleaning of `tmp/`.
 
 use std::ffi::{OsStr, OsString};
 use std::io::{self, Read as _};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use rustix::fs::{self as rfs, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::error::{Error, Exit, Result, errno_io};
 use crate::message::{self, Message};
+
+mod deliver;
+mod sweep;
+mod wait;
+
+pub use sweep::{TMP_MAX_AGE, sweep_tmp};
+pub use wait::{OUTSIDE_TICK, shared_from_outside};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sub {
@@ -133,138 +142,6 @@ impl Maildir {
             }
         }
         Ok(())
-    }
-
-    /// Delivers `bytes` as `new/NAME` by the delivery procedure.  The
-    /// directories are created on first use when the Maildir's parent exists.
-    pub fn deliver(&self, name: &str, bytes: &[u8]) -> Result<PathBuf> {
-        let tmp = match open_dir(&self.sub(Sub::Tmp)) {
-            Ok(fd) => fd,
-            Err(Errno::NOENT) => {
-                self.create_checked()?;
-                open_dir(&self.sub(Sub::Tmp))
-                    .map_err(|e| Error::io("cannot open", &self.sub(Sub::Tmp), errno_io(e)))?
-            }
-            Err(e) => return Err(Error::io("cannot open", &self.sub(Sub::Tmp), errno_io(e))),
-        };
-        let new = open_dir(&self.sub(Sub::New))
-            .map_err(|e| Error::io("cannot open", &self.sub(Sub::New), errno_io(e)))?;
-        self.deliver_at(&tmp, &new, name, bytes)
-    }
-
-    fn create_checked(&self) -> Result<()> {
-        let parent = self.path.parent().unwrap_or(Path::new("."));
-        if !parent.as_os_str().is_empty() && !parent.is_dir() {
-            return Err(Error::new(
-                Exit::CantCreat,
-                format!(
-                    "mailbox '{}' does not exist; create it or point LW_MAILBOX/--mailbox at an existing mailbox",
-                    parent.display()
-                ),
-            ));
-        }
-        self.create()
-    }
-
-    fn deliver_at(
-        &self,
-        tmp: &OwnedFd,
-        new: &OwnedFd,
-        name: &str,
-        bytes: &[u8],
-    ) -> Result<PathBuf> {
-        let tmp_path = self.sub(Sub::Tmp).join(name);
-        let fd = rfs::openat(
-            tmp,
-            name,
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o600),
-        )
-        .map_err(|e| Error::io("cannot create", &tmp_path, errno_io(e)))?;
-        let cleanup = |err: Error| {
-            let _ = rfs::unlinkat(tmp, name, rfs::AtFlags::empty());
-            err
-        };
-        give_to_owner(tmp, &fd).map_err(|e| {
-            cleanup(Error::io_as(
-                Exit::NoPerm,
-                "cannot give the message to the owner of",
-                &self.sub(Sub::Tmp),
-                errno_io(e),
-            ))
-        })?;
-        write_all(&fd, bytes)
-            .map_err(|e| cleanup(Error::io_as(Exit::IoErr, "cannot write", &tmp_path, e)))?;
-        rfs::fsync(&fd).map_err(|e| {
-            cleanup(Error::io_as(
-                Exit::IoErr,
-                "cannot fsync",
-                &tmp_path,
-                errno_io(e),
-            ))
-        })?;
-        drop(fd);
-        let new_path = self.sub(Sub::New).join(name);
-        crate::fs::rename_noreplace_at(tmp, OsStr::new(name), new, OsStr::new(name)).map_err(
-            |e| {
-                cleanup(Error::io_as(
-                    if e == Errno::EXIST {
-                        Exit::Software
-                    } else {
-                        crate::error::io_exit(&errno_io(e))
-                    },
-                    "cannot move message into",
-                    &new_path,
-                    errno_io(e),
-                ))
-            },
-        )?;
-        // The message is visible now; if this fsync fails the caller must not
-        // report success, but the file stays (removing it could lose a message
-        // a reader already took).
-        rfs::fsync(new).map_err(|e| {
-            Error::io_as(
-                Exit::IoErr,
-                "cannot fsync",
-                &self.sub(Sub::New),
-                errno_io(e),
-            )
-        })?;
-        Ok(new_path)
-    }
-
-    /// Delivers unless a message of that name is already in `new/` or `cur/`:
-    /// the idempotent delivery the mediator uses, so that a crash between
-    /// delivering and recording gives one copy, not two.  Only one writer may
-    /// use this on a Maildir at a time (the mediator holds its lock).
-    pub fn deliver_once(&self, name: &str, bytes: &[u8]) -> Result<Delivered> {
-        // new/ before cur/: a reader moves new -> cur, never back, so this
-        // order cannot miss a message that moves between the two checks.
-        for s in [Sub::New, Sub::Cur] {
-            let p = self.sub(s).join(name);
-            if p.symlink_metadata().is_ok() {
-                return Ok(Delivered::Already(p));
-            }
-        }
-        match self.deliver(name, bytes) {
-            Ok(p) => Ok(Delivered::New(p)),
-            Err(e) if is_errno(&e, Errno::EXIST) => {
-                // A stray tmp file from a crashed earlier attempt, or the
-                // message appeared in new/ meanwhile.
-                let p = self.sub(Sub::New).join(name);
-                if p.symlink_metadata().is_ok() {
-                    return Ok(Delivered::Already(p));
-                }
-                let _ = std::fs::remove_file(self.sub(Sub::Tmp).join(name));
-                self.deliver(name, bytes).map(Delivered::New)
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Posts a message under its id.
-    pub fn deliver_message(&self, m: &Message) -> Result<PathBuf> {
-        self.deliver(&m.id, &m.to_bytes())
     }
 
     /// The names in `new/` or `cur/`, sorted (so by time for well-formed names).
@@ -393,118 +270,6 @@ impl Maildir {
         })?;
         Ok(true)
     }
-
-    /// Blocks until `ready()` says so or `timeout` passes; true when ready.
-    /// `ready` is asked once at the start and again after every change in
-    /// `new/`.  Uses inotify, not polling: the watch is set before the first
-    /// check, so an arrival between the two is not missed.  On a 9P
-    /// filesystem (a gVisor sandbox's mounts, [`shared_from_outside`]) it
-    /// also rescans every [`OUTSIDE_TICK`], since the host's deliveries
-    /// raise no event there.
-    pub fn wait_until(
-        &self,
-        timeout: Option<Duration>,
-        mut ready: impl FnMut() -> Result<bool>,
-    ) -> Result<bool> {
-        use crate::fs::{Watcher, Woke};
-        let dir = self.sub(Sub::New);
-        let watcher = Watcher::new().map_err(|e| Error::io("cannot watch", &dir, e))?;
-        watcher
-            .add(&dir)
-            .map_err(|e| Error::io_as(Exit::NoInput, "cannot watch", &dir, e))?;
-        let deadline = timeout.map(|t| std::time::Instant::now() + t);
-        let tick = shared_from_outside(&dir).then_some(OUTSIDE_TICK);
-        loop {
-            if ready()? {
-                return Ok(true);
-            }
-            let left = match deadline {
-                Some(d) => match d.checked_duration_since(std::time::Instant::now()) {
-                    Some(l) if !l.is_zero() => Some(l),
-                    _ => return Ok(false),
-                },
-                None => None,
-            };
-            // On a filesystem whose changes from outside inotify never
-            // reports, wake on a short tick too (see `shared_from_outside`).
-            let left = match (left, tick) {
-                (Some(l), Some(t)) => Some(l.min(t)),
-                (l, t) => l.or(t),
-            };
-            // Whatever woke us, the directory itself is the truth.
-            match watcher
-                .wait(left)
-                .map_err(|e| Error::io("cannot wait on", &dir, e))?
-            {
-                Woke::Gone(_) => {
-                    return Err(Error::io_as(
-                        Exit::NoInput,
-                        "mailbox directory was removed while waiting",
-                        &dir,
-                        errno_io(Errno::NOENT),
-                    ));
-                }
-                Woke::Timeout | Woke::Changed | Woke::Overflow => {}
-            }
-        }
-    }
-
-    /// Blocks until `new/` has any entry or `timeout` passes.
-    pub fn wait_new(&self, timeout: Option<Duration>) -> Result<bool> {
-        self.wait_until(timeout, || self.has_new())
-    }
-
-    /// True when `new/` has at least one entry, of any kind.
-    pub fn has_new(&self) -> Result<bool> {
-        let dir = self.sub(Sub::New);
-        let mut rd = std::fs::read_dir(&dir)
-            .map_err(|e| Error::io_as(Exit::NoInput, "cannot read mailbox directory", &dir, e))?;
-        Ok(rd.next().is_some())
-    }
-}
-
-/// How old a file in `tmp/` must be before [`sweep_tmp`] removes it: a
-/// writer killed mid-delivery leaves one there, and nobody reads `tmp/`
-/// (mailbox-spec.md, "Delivery"; the same 36 hours as Maildir).
-pub const TMP_MAX_AGE: Duration = Duration::from_secs(36 * 3600);
-
-/// Removes the plain files in `M/tmp/` last modified longer ago than
-/// `max_age`; returns how many.  Nothing else is touched: a directory, a
-/// link or a FIFO planted in `tmp/` stays (it is reported elsewhere), links
-/// are never followed, and a missing `tmp/` is no error.
-pub fn sweep_tmp(maildir: &Path, max_age: Duration) -> io::Result<usize> {
-    let tmp = maildir.join("tmp");
-    let dir = match rfs::open(
-        &tmp,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) {
-        Ok(d) => d,
-        Err(Errno::NOENT) | Err(Errno::NOTDIR) | Err(Errno::LOOP) => return Ok(0),
-        Err(e) => return Err(errno_io(e)),
-    };
-    let now = crate::time::now();
-    let mut removed = 0;
-    for ent in rfs::Dir::read_from(&dir).map_err(errno_io)? {
-        let ent = ent.map_err(errno_io)?;
-        let name = ent.file_name();
-        if name.to_bytes() == b"." || name.to_bytes() == b".." {
-            continue;
-        }
-        let Ok(st) = rfs::statat(&dir, name, rfs::AtFlags::SYMLINK_NOFOLLOW) else {
-            continue;
-        };
-        if rfs::FileType::from_raw_mode(st.st_mode) != rfs::FileType::RegularFile {
-            continue;
-        }
-        let changed = Duration::from_secs(st.st_mtime.max(0) as u64);
-        if now.saturating_sub(changed) > max_age
-            && rfs::unlinkat(&dir, name, rfs::AtFlags::empty()).is_ok()
-        {
-            removed += 1;
-        }
-    }
-    Ok(removed)
 }
 
 /// Gives the file `fd` to the owner and group of the directory `dir` when
@@ -552,23 +317,11 @@ pub fn is_errno(e: &Error, errno: Errno) -> bool {
         == Some(errno.raw_os_error())
 }
 
-/// How often a waiter rescans a directory whose outside changes inotify
-/// does not report.
-pub const OUTSIDE_TICK: Duration = Duration::from_millis(100);
-
-/// True when `dir` is on a 9P filesystem: a gVisor sandbox's bind mounts
-/// (runsc's gofer) and other 9P shares, where inotify reports the changes
-/// made inside the sandbox but never those made by the host (the mediator's
-/// deliveries).  A waiter there also rescans every [`OUTSIDE_TICK`].
-pub fn shared_from_outside(dir: &Path) -> bool {
-    const V9FS_MAGIC: u64 = 0x0102_1997;
-    rustix::fs::statfs(dir).is_ok_and(|s| s.f_type as u64 == V9FS_MAGIC)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::message::Kind;
+    use std::time::Duration;
 
     fn tempdir() -> PathBuf {
         let d = std::env::temp_dir().join(format!("lw-maildir-{}", crate::id::new_id()));

@@ -1,0 +1,55 @@
+//! Cleaning `tmp/`: what a writer killed mid-delivery left there, removed
+//! once older than [`TMP_MAX_AGE`] (mailbox-spec.md, "Delivery").
+
+use std::io;
+use std::path::Path;
+use std::time::Duration;
+
+use rustix::fs::{self as rfs, Mode, OFlags};
+use rustix::io::Errno;
+
+use crate::error::errno_io;
+
+/// How old a file in `tmp/` must be before [`sweep_tmp`] removes it: a
+/// writer killed mid-delivery leaves one there, and nobody reads `tmp/`
+/// (mailbox-spec.md, "Delivery"; the same 36 hours as Maildir).
+pub const TMP_MAX_AGE: Duration = Duration::from_secs(36 * 3600);
+
+/// Removes the plain files in `M/tmp/` last modified longer ago than
+/// `max_age`; returns how many.  Nothing else is touched: a directory, a
+/// link or a FIFO planted in `tmp/` stays (it is reported elsewhere), links
+/// are never followed, and a missing `tmp/` is no error.
+pub fn sweep_tmp(maildir: &Path, max_age: Duration) -> io::Result<usize> {
+    let tmp = maildir.join("tmp");
+    let dir = match rfs::open(
+        &tmp,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(d) => d,
+        Err(Errno::NOENT) | Err(Errno::NOTDIR) | Err(Errno::LOOP) => return Ok(0),
+        Err(e) => return Err(errno_io(e)),
+    };
+    let now = crate::time::now();
+    let mut removed = 0;
+    for ent in rfs::Dir::read_from(&dir).map_err(errno_io)? {
+        let ent = ent.map_err(errno_io)?;
+        let name = ent.file_name();
+        if name.to_bytes() == b"." || name.to_bytes() == b".." {
+            continue;
+        }
+        let Ok(st) = rfs::statat(&dir, name, rfs::AtFlags::SYMLINK_NOFOLLOW) else {
+            continue;
+        };
+        if rfs::FileType::from_raw_mode(st.st_mode) != rfs::FileType::RegularFile {
+            continue;
+        }
+        let changed = Duration::from_secs(st.st_mtime.max(0) as u64);
+        if now.saturating_sub(changed) > max_age
+            && rfs::unlinkat(&dir, name, rfs::AtFlags::empty()).is_ok()
+        {
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
