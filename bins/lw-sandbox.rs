@@ -356,25 +356,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
                 line(out, &l)?;
             }
         }
-        Cmd::Courier { once, interval } => {
-            let mut report = |c: &sandbox::courier::Carried| {
-                if once || *c != sandbox::courier::Carried::default() {
-                    let _ = writeln!(
-                        out,
-                        "out {} in {} read {} junk {}",
-                        c.out, c.into, c.read, c.junk
-                    )
-                    .and_then(|()| out.flush());
-                }
-            };
-            sandbox::courier::run(
-                &sb,
-                std::time::Duration::from_millis(interval.max(1)),
-                once,
-                &mut report,
-                &mut |m| warn(m),
-            )?;
-        }
+        Cmd::Courier { once, interval } => courier(&sb, once, interval, out)?,
         Cmd::Kits { json } => {
             let (project, _) =
                 sandbox::find_project(args.project.as_deref(), args.mirror.as_deref())
@@ -388,6 +370,28 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
         }
     }
     Ok(Exit::Ok)
+}
+
+/// `courier`: carries the mail of volume-mode sandboxes, reporting each pass.
+fn courier(sb: &Sandboxes, once: bool, interval: u64, out: &mut dyn Write) -> Result<(), Error> {
+    let mut report = |c: &sandbox::courier::Carried| {
+        if once || *c != sandbox::courier::Carried::default() {
+            let _ = writeln!(
+                out,
+                "out {} in {} read {} junk {}",
+                c.out, c.into, c.read, c.junk
+            )
+            .and_then(|()| out.flush());
+        }
+    };
+    sandbox::courier::run(
+        sb,
+        std::time::Duration::from_millis(interval.max(1)),
+        once,
+        &mut report,
+        &mut |m| warn(m),
+    )?;
+    Ok(())
 }
 
 /// `push`: the sandbox's branch to the upstream; its line (or JSON record).
