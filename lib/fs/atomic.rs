@@ -56,6 +56,20 @@ pub fn write_replace(
     mode: u32,
     durability: Durability,
 ) -> io::Result<()> {
+    write_replace_with(path, mode, durability, |f| f.write_all(bytes))
+}
+
+/// [`write_replace`] for content written by `fill` (a stream, say): `fill`
+/// writes into a new temporary file beside `path`, which replaces `path`
+/// only when `fill` succeeded (then fsynced first with
+/// [`Durability::Synced`]).  On any failure the temporary file is removed
+/// and `path` is untouched.  Returns what `fill` returned.
+pub fn write_replace_with<T, E: From<io::Error>>(
+    path: &Path,
+    mode: u32,
+    durability: Durability,
+    fill: impl FnOnce(&mut File) -> Result<T, E>,
+) -> Result<T, E> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -68,7 +82,7 @@ pub fn write_replace(
         name.to_string_lossy(),
         crate::id::random128()
     ));
-    let res = (|| {
+    let res = (|| -> Result<T, E> {
         let mut f = OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -77,21 +91,22 @@ pub fn write_replace(
             .open(&tmp)?;
         // Exactly `mode`, whatever the umask: callers name the mode they mean.
         f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-        f.write_all(bytes)?;
+        let made = fill(&mut f)?;
         if durability == Durability::Synced {
             f.sync_all()?;
         }
         drop(f);
-        std::fs::rename(&tmp, path)
+        std::fs::rename(&tmp, path)?;
+        Ok(made)
     })();
-    if let Err(e) = res {
+    if res.is_err() {
         let _ = std::fs::remove_file(&tmp);
-        return Err(e);
+        return res;
     }
     if durability == Durability::Synced {
         sync_dir(dir)?;
     }
-    Ok(())
+    res
 }
 
 /// fsyncs a directory, so the names created, renamed or removed in it last.
@@ -142,6 +157,27 @@ mod tests {
         assert_eq!(std::fs::read(d.join("b")).expect("b"), b"b");
         rename_noreplace_at(&dir, OsStr::new("a"), &dir, OsStr::new("c")).expect("move");
         assert!(!d.join("a").exists() && d.join("c").exists());
+        std::fs::remove_dir_all(d).ok();
+    }
+
+    #[test]
+    fn a_failed_fill_leaves_the_old_file_and_no_temporary() {
+        let d = tempdir();
+        let p = d.join("archive");
+        write_replace(&p, b"old", 0o644, Durability::Synced).expect("first write");
+        let e = write_replace_with(&p, 0o644, Durability::Synced, |f| {
+            f.write_all(b"half of the new")?;
+            Err::<(), io::Error>(io::Error::other("the stream broke"))
+        });
+        assert_eq!(e.expect_err("the fill failed").to_string(), "the stream broke");
+        assert_eq!(std::fs::read(&p).expect("read back"), b"old");
+        let n = write_replace_with(&p, 0o600, Durability::Synced, |f| {
+            f.write_all(b"new").map(|()| 3)
+        })
+        .expect("second write");
+        assert_eq!((n, std::fs::read(&p).expect("read back")), (3, b"new".to_vec()));
+        let names: Vec<_> = std::fs::read_dir(&d).expect("list").collect();
+        assert_eq!(names.len(), 1, "a temporary file was left behind");
         std::fs::remove_dir_all(d).ok();
     }
 }

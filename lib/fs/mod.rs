@@ -22,6 +22,6 @@ mod atomic;
 mod lock;
 mod watch;
 
-pub use atomic::{Durability, rename_noreplace_at, sync_dir, write_replace};
+pub use atomic::{Durability, rename_noreplace_at, sync_dir, write_replace, write_replace_with};
 pub use lock::{lock, try_lock};
 pub use watch::{Watcher, Woke};

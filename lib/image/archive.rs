@@ -303,32 +303,23 @@ fn check_tag_label(tag: &str, config: &Value) -> std::result::Result<(), String>
 /// Writes one archive of `references` to `path`, replacing it only once the
 /// archive is whole.  Returns its size.
 pub fn save_file(engine: &dyn ImageTransfer, references: &[&str], path: &Path) -> Result<u64> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "archive".into());
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let mut f = File::create(&tmp).map_err(|e| Error::io("cannot create", &tmp, e))?;
-    let n = engine
-        .save_images(references, &mut f)
-        .and_then(|n| {
-            f.sync_all()
-                .map_err(|e| Error::io("cannot write", &tmp, e))?;
-            Ok(n)
-        })
-        .inspect_err(|_| {
-            let _ = std::fs::remove_file(&tmp);
-        })?;
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::io("cannot rename into", path, e)
-    })?;
-    let _ = crate::fs::sync_dir(&dir);
-    Ok(n)
+    /// Why the archive was not written: the file, or the engine's save.
+    enum Failed {
+        File(std::io::Error),
+        Save(Error),
+    }
+    impl From<std::io::Error> for Failed {
+        fn from(e: std::io::Error) -> Self {
+            Failed::File(e)
+        }
+    }
+    crate::fs::write_replace_with(path, 0o644, crate::fs::Durability::Synced, |f| {
+        engine.save_images(references, f).map_err(Failed::Save)
+    })
+    .map_err(|e| match e {
+        Failed::File(e) => Error::io("cannot write", path, e),
+        Failed::Save(e) => e,
+    })
 }
 
 /// Checks the archive at `path` whole, then loads it.  Returns the tags

@@ -1,0 +1,298 @@
+//! The doctor's engine checks: Docker or Kubernetes, whether the engine sees
+//! this host's files, its OCI runtimes, and the shared services on it.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::config::Project;
+use crate::engine::{DockerEngine, Engine};
+use crate::layout::Root;
+
+use super::{Finding, Status, f};
+
+/// Each shared service (lib/service): its state and the sandboxes using it.
+pub(super) fn services(root: &Path, engine: &DockerEngine, project: Option<&Project>) -> Vec<Finding> {
+    let svc = crate::service::Services::new(root, engine);
+    match svc.list(project) {
+        Err(e) => vec![f(
+            "service",
+            Status::Fail,
+            e.to_string(),
+            Some("check the engine, then lw-service ls".into()),
+        )],
+        Ok(list) => list
+            .into_iter()
+            .map(|s| {
+                let users = if s.sandboxes.is_empty() {
+                    "no sandbox uses it".to_string()
+                } else {
+                    format!("used by sandbox(es) {}", s.sandboxes.join(", "))
+                };
+                let detail = format!(
+                    "{} {}{}; {users}",
+                    s.name,
+                    s.state,
+                    if s.detail.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", s.detail)
+                    }
+                );
+                let (status, fix) = match s.state.as_str() {
+                    "ready" | "down" => (Status::Ok, None),
+                    "orphan" => (Status::Warn, Some("lw-service gc".to_string())),
+                    "invalid" => (
+                        Status::Fail,
+                        Some(format!("fix .loopwright/services/{}", s.name)),
+                    ),
+                    _ => (Status::Warn, Some(format!("lw-service logs {}", s.name))),
+                };
+                f("service", status, detail, fix)
+            })
+            .collect(),
+    }
+}
+
+/// `engine = kubernetes`: the API server and context, what RBAC lets this
+/// user do, the runtime classes, and the two things the API cannot promise
+/// (this host's files; NetworkPolicy enforcement, the network plugin's).
+pub(super) fn kubernetes(
+    kind: crate::error::Result<crate::engine::EngineKind>,
+    project: Option<&Project>,
+) -> Vec<Finding> {
+    use crate::engine::{HostPaths, KubeEngine};
+    if let Err(e) = kind {
+        return vec![f(
+            "engine",
+            Status::Fail,
+            e.to_string(),
+            Some("set engine to docker or kubernetes".into()),
+        )];
+    }
+    let e = match KubeEngine::connect_for(project.map(|p| &p.config)) {
+        Ok(e) => e,
+        Err(err) => {
+            return vec![f(
+                "engine",
+                Status::Fail,
+                err.to_string(),
+                Some("set KUBECONFIG (or engine.kubeconfig) and engine.context to a reachable cluster".into()),
+            )];
+        }
+    };
+    let mut out = Vec::new();
+    let t = e.target().clone();
+    let v = e
+        .version()
+        .map(|v| v.version)
+        .unwrap_or_else(|err| err.to_string());
+    out.push(f(
+        "engine",
+        Status::Ok,
+        format!(
+            "kubernetes {v} at {} (context {}, namespace {}, kubeconfig {})",
+            t.server, t.context, t.namespace, t.kubeconfig
+        ),
+        None,
+    ));
+    let mut denied = Vec::new();
+    for (verb, res) in crate::engine::kubernetes::NEEDED {
+        match e.can(verb, res) {
+            Ok(true) => {}
+            Ok(false) => denied.push(format!("{verb} {res}")),
+            Err(err) => denied.push(format!("{verb} {res} ({err})")),
+        }
+    }
+    out.push(if denied.is_empty() {
+        f(
+            "kube-rbac",
+            Status::Ok,
+            format!(
+                "this user may do all a sandbox needs in namespace {}",
+                t.namespace
+            ),
+            None,
+        )
+    } else {
+        f(
+            "kube-rbac",
+            Status::Fail,
+            format!(
+                "RBAC forbids in namespace {}: {}",
+                t.namespace,
+                denied.join(", ")
+            ),
+            Some("grant them with a Role and RoleBinding (docs/engines.md lists the rules)".into()),
+        )
+    });
+    out.push(f(
+        "engine-files",
+        Status::Warn,
+        format!("the cluster at {} does not share this host's files: remote mode; lw-sandbox create needs the volume transport", e.address()),
+        None,
+    ));
+    out.push(f(
+        "kube-network",
+        Status::Warn,
+        "networks are NetworkPolicy objects (default deny for every pod of loopwright's); whether they are enforced is the cluster network plugin's doing, which the API does not say (the reference bridge plugin enforces none)",
+        Some("run a plugin that enforces NetworkPolicy (Calico, Cilium, kube-router)".into()),
+    ));
+    match e.info() {
+        Ok(i) => out.push(f("runtimes", Status::Ok, i.names().join(", "), None)),
+        Err(err) => out.push(f("runtimes", Status::Warn, err.to_string(), None)),
+    }
+    out
+}
+
+pub(super) fn docker(out: &mut Vec<Finding>, project: Option<&Project>) -> Option<DockerEngine> {
+    match DockerEngine::connect_for(project.map(|p| &p.config))
+        .and_then(|e| e.version().map(|v| (e, v)))
+    {
+        Ok((e, v)) => {
+            out.push(f(
+                "docker",
+                Status::Ok,
+                format!("engine {} (API {}) at {}", v.version, v.api, e.host()),
+                None,
+            ));
+            Some(e)
+        }
+        Err(err) => {
+            let fix = if rustix::process::geteuid().is_root() {
+                "install and start it: apt-get install -y docker.io && dockerd &"
+            } else {
+                "ask an administrator to install docker.io and add you to the docker group, or set DOCKER_HOST"
+            };
+            out.push(f("docker", Status::Fail, err.to_string(), Some(fix.into())));
+            None
+        }
+    }
+}
+
+/// Whether the engine sees this host's files (a nonce written in a temp dir,
+/// read back through a bind mount; lib/sandbox/hostpaths), and so which mode
+/// sandboxes get.
+pub(super) fn host_files(engine: &DockerEngine) -> Finding {
+    use crate::sandbox::hostpaths::{Sharing, probe};
+    let tmp = std::env::temp_dir();
+    match probe(engine, &tmp) {
+        Ok(Sharing::Shared) => f(
+            "engine-files",
+            Status::Ok,
+            format!(
+                "the engine at {} sees this host's files (a nonce written in {} read back through a bind mount): local mode, sandboxes bind-mount their mail dir, mirror, clone and tools",
+                engine.host(),
+                tmp.display()
+            ),
+            None,
+        ),
+        Ok(Sharing::Separate) => f(
+            "engine-files",
+            Status::Warn,
+            format!(
+                "the engine at {} does not share this host's filesystem (a nonce written in {} was not there through a bind mount): remote mode, which needs the volume transport loopwright does not have yet; lw-sandbox create refuses on this engine (exit 69)",
+                engine.host(),
+                tmp.display()
+            ),
+            Some("create sandboxes on an engine on this machine (unset DOCKER_HOST), or run loopwright on the engine's machine".into()),
+        ),
+        Err(e) => f(
+            "engine-files",
+            Status::Warn,
+            format!("cannot tell whether the engine sees this host's files: {e}"),
+            None,
+        ),
+    }
+}
+
+/// The runtimes the engine offers (with their isolation level and what
+/// limits them here), its security options, `sandbox.runtime` checked
+/// against them, and the isolation of each live sandbox.
+pub(super) fn runtimes(e: &DockerEngine, project: Option<&Project>) -> Vec<Finding> {
+    use crate::engine::{Isolation, SandboxEngine};
+    let info = match e.info() {
+        Ok(i) => i,
+        Err(err) => return vec![f("runtimes", Status::Fail, err.to_string(), None)],
+    };
+    let local = info.host.starts_with("unix://");
+    let list: Vec<String> = info
+        .runtimes
+        .iter()
+        .map(|r| {
+            let mut notes = vec![Isolation::of(&r.name).as_str().to_string()];
+            if r.name == info.default_runtime {
+                notes.insert(0, "default".into());
+            }
+            if info.runtime_without_network(&r.name) {
+                notes.push("network none only".into());
+            }
+            if !info.runtime_applies_seccomp(&r.name) {
+                notes.push("NO --oci-seccomp: refused for sandboxes".into());
+            }
+            if info.installed(r, local) == Some(false) {
+                notes.push(format!("{} not installed", r.path));
+            }
+            format!("{} ({})", r.name, notes.join(", "))
+        })
+        .collect();
+    let mut out = vec![f(
+        "runtimes",
+        Status::Ok,
+        format!(
+            "{} {}: {}; security: {}",
+            info.product,
+            info.version,
+            list.join(", "),
+            info.security_names().join(", ")
+        ),
+        None,
+    )];
+    if info.runtime(crate::engine::runtime::GVISOR).is_none() {
+        out[0].status = Status::Warn;
+        out[0].fix = Some(format!(
+            "for gVisor (lw-sandbox create --runtime runsc): {}",
+            crate::engine::runtime::RUNSC_INSTALL
+        ));
+    }
+    if let Some(want) = project.and_then(|p| p.config.get(crate::sandbox::KEY_RUNTIME))
+        && let Err(err) = info.check(want)
+    {
+        out.push(f(
+            "sandbox.runtime",
+            Status::Fail,
+            err.to_string(),
+            Some("fix sandbox.runtime in .loopwright/config or the engine".into()),
+        ));
+    }
+    if let Ok(cs) = e.containers_with_label(crate::sandbox::LABEL_SANDBOX) {
+        let mut live: Vec<String> = cs
+            .iter()
+            .filter(|c| c.running)
+            .filter_map(|c| e.inspect(&c.name).ok().flatten())
+            .map(|c| {
+                let name = c
+                    .labels
+                    .get(crate::sandbox::LABEL_SANDBOX)
+                    .cloned()
+                    .unwrap_or(c.name);
+                format!(
+                    "{name} {}({})",
+                    Isolation::of(&c.runtime).as_str(),
+                    c.runtime
+                )
+            })
+            .collect();
+        live.sort();
+        out.push(f(
+            "isolation",
+            Status::Ok,
+            if live.is_empty() {
+                "no live sandboxes".to_string()
+            } else {
+                live.join(", ")
+            },
+            None,
+        ));
+    }
+    out
+}
