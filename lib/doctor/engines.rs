@@ -1,17 +1,19 @@
 //! The doctor's engine checks: Docker or Kubernetes, whether the engine sees
 //! this host's files, its OCI runtimes, and the shared services on it.
 
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::Path;
 
 use crate::config::Project;
 use crate::engine::{DockerEngine, Engine};
-use crate::layout::Root;
 
 use super::{Finding, Status, f};
 
 /// Each shared service (lib/service): its state and the sandboxes using it.
-pub(super) fn services(root: &Path, engine: &DockerEngine, project: Option<&Project>) -> Vec<Finding> {
+pub(super) fn services(
+    root: &Path,
+    engine: &DockerEngine,
+    project: Option<&Project>,
+) -> Vec<Finding> {
     let svc = crate::service::Services::new(root, engine);
     match svc.list(project) {
         Err(e) => vec![f(

@@ -6,11 +6,11 @@
 //! about.  A check that cannot run (no project, no token configured) says so
 //! as `skip`, not as a failure.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::config::Project;
-use crate::engine::{DockerEngine, Engine};
+use crate::engine::Engine;
 use crate::layout::Root;
 
 pub use crate::finding::{Finding, Status};

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::config::Project;
-use crate::engine::{DockerEngine, Engine};
+use crate::engine::DockerEngine;
 use crate::layout::Root;
 
 use super::{Finding, Status, f};

@@ -169,13 +169,19 @@ mod tests {
             f.write_all(b"half of the new")?;
             Err::<(), io::Error>(io::Error::other("the stream broke"))
         });
-        assert_eq!(e.expect_err("the fill failed").to_string(), "the stream broke");
+        assert_eq!(
+            e.expect_err("the fill failed").to_string(),
+            "the stream broke"
+        );
         assert_eq!(std::fs::read(&p).expect("read back"), b"old");
         let n = write_replace_with(&p, 0o600, Durability::Synced, |f| {
             f.write_all(b"new").map(|()| 3)
         })
         .expect("second write");
-        assert_eq!((n, std::fs::read(&p).expect("read back")), (3, b"new".to_vec()));
+        assert_eq!(
+            (n, std::fs::read(&p).expect("read back")),
+            (3, b"new".to_vec())
+        );
         let names: Vec<_> = std::fs::read_dir(&d).expect("list").collect();
         assert_eq!(names.len(), 1, "a temporary file was left behind");
         std::fs::remove_dir_all(d).ok();
