@@ -243,6 +243,26 @@ impl KubeEngine {
         api_err(&self.target, verb, resource, what, e)
     }
 
+    /// The changes of pod `name` after resource version `rv`, for at most
+    /// `left` (the API server ends a watch after 290 s at most).
+    async fn watch_pod(
+        &self,
+        pods: &Api<Pod>,
+        name: &str,
+        rv: &str,
+        left: Duration,
+        what: &str,
+    ) -> Result<futures_util::stream::BoxStream<'static, kube::Result<WatchEvent<Pod>>>> {
+        let wp = WatchParams::default()
+            .fields(&format!("metadata.name={name}"))
+            .timeout(left.as_secs().clamp(1, 290) as u32);
+        Ok(pods
+            .watch(&wp, rv)
+            .await
+            .map_err(|e| self.err("watch", "pods", what, e))?
+            .boxed())
+    }
+
     /// Waits until `name`'s container runs (true), or the pod ends or fails
     /// to start (an error saying why).
     fn wait_running(&self, name: &str) -> Result<()> {
@@ -271,14 +291,7 @@ impl KubeEngine {
                         ),
                     ));
                 }
-                let wp = WatchParams::default()
-                    .fields(&format!("metadata.name={name}"))
-                    .timeout(left.as_secs().clamp(1, 290) as u32);
-                let mut s = pods
-                    .watch(&wp, &rv)
-                    .await
-                    .map_err(|e| self.err("watch", "pods", &what, e))?
-                    .boxed();
+                let mut s = self.watch_pod(&pods, name, &rv, left, &what).await?;
                 while let Some(ev) = s
                     .try_next()
                     .await
@@ -344,14 +357,7 @@ impl KubeEngine {
                         ),
                     ));
                 }
-                let wp = WatchParams::default()
-                    .fields(&format!("metadata.name={name}"))
-                    .timeout(left.as_secs().clamp(1, 290) as u32);
-                let mut s = pods
-                    .watch(&wp, &rv)
-                    .await
-                    .map_err(|e| self.err("watch", "pods", &what, e))?
-                    .boxed();
+                let mut s = self.watch_pod(&pods, name, &rv, left, &what).await?;
                 while let Some(ev) = s
                     .try_next()
                     .await

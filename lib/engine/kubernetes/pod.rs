@@ -175,6 +175,26 @@ fn size_quantity(s: &str) -> Option<Quantity> {
     Some(Quantity(format!("{num}{suffix}")))
 }
 
+/// The pod volume `name` for the PersistentVolumeClaim `claim`, and its
+/// mount at `target`.
+fn claim_mount(name: String, claim: &str, target: &str, read_only: bool) -> (Volume, VolumeMount) {
+    let volume = Volume {
+        name: name.clone(),
+        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+            claim_name: claim.to_string(),
+            read_only: Some(read_only),
+        }),
+        ..Default::default()
+    };
+    let mount = VolumeMount {
+        name,
+        mount_path: target.to_string(),
+        read_only: Some(read_only),
+        ..Default::default()
+    };
+    (volume, mount)
+}
+
 /// The pod `spec` describes, with `runtime_class` (already resolved).
 pub fn pod_of(spec: &ContainerSpec, runtime_class: Option<String>) -> Result<Pod> {
     if let Some(n) = &spec.name {
@@ -199,39 +219,15 @@ pub fn pod_of(spec: &ContainerSpec, runtime_class: Option<String>) -> Result<Pod
             ));
         }
         check_name("volume", &b.source)?;
-        let vname = format!("vol{i}");
-        volumes.push(Volume {
-            name: vname.clone(),
-            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                claim_name: b.source.clone(),
-                read_only: Some(b.read_only),
-            }),
-            ..Default::default()
-        });
-        mounts.push(VolumeMount {
-            name: vname,
-            mount_path: b.target.clone(),
-            read_only: Some(b.read_only),
-            ..Default::default()
-        });
+        let (v, m) = claim_mount(format!("vol{i}"), &b.source, &b.target, b.read_only);
+        volumes.push(v);
+        mounts.push(m);
     }
     for (i, v) in spec.volumes.iter().enumerate() {
         check_name("volume", &v.volume)?;
-        let vname = format!("named{i}");
-        volumes.push(Volume {
-            name: vname.clone(),
-            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                claim_name: v.volume.clone(),
-                read_only: Some(v.read_only),
-            }),
-            ..Default::default()
-        });
-        mounts.push(VolumeMount {
-            name: vname,
-            mount_path: v.target.clone(),
-            read_only: Some(v.read_only),
-            ..Default::default()
-        });
+        let (v, m) = claim_mount(format!("named{i}"), &v.volume, &v.target, v.read_only);
+        volumes.push(v);
+        mounts.push(m);
     }
     for (i, (target, opts)) in spec.tmpfs.iter().enumerate() {
         let size = opts
