@@ -34,6 +34,7 @@ pub mod kubernetes;
 mod paths;
 pub mod runtime;
 mod select;
+mod stdin;
 
 use std::collections::BTreeMap;
 use std::io::Read;

@@ -181,29 +181,7 @@ impl SandboxEngine for DockerEngine {
             ..super::exec_config(req)
         };
         let docker = self.client().clone().with_timeout(LONG);
-        // Standard input is read by a plain thread (a terminal or a pipe
-        // blocks) and handed over in chunks; None marks its end.
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Option<Vec<u8>>>(16);
-        if let Some(mut input) = stdin {
-            std::thread::spawn(move || {
-                let mut buf = vec![0u8; 64 * 1024];
-                loop {
-                    match input.read(&mut buf) {
-                        Ok(0) | Err(_) => {
-                            let _ = tx.blocking_send(None);
-                            return;
-                        }
-                        Ok(n) => {
-                            if tx.blocking_send(Some(buf[..n].to_vec())).is_err() {
-                                return;
-                            }
-                        }
-                    }
-                }
-            });
-        } else {
-            drop(tx);
-        }
+        let mut rx = crate::engine::stdin::pump(stdin);
         self.block_on(async {
             let created = docker.create_exec(container, cfg).await.map_err(|e| super::api_err(&host, &what, e))?;
             let opts = StartExecOptions { detach: false, tty, output_capacity: Some(64 * 1024) };

@@ -11,7 +11,6 @@
 //! `emptyDir` (pod.rs).
 
 use std::collections::BTreeMap;
-use std::io::Read;
 
 use k8s_openapi::api::core::v1::{
     PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod, VolumeResourceRequirements,
@@ -217,30 +216,8 @@ pub(super) fn exec_streams(
         max_stdout_buf_size: Some(64 * 1024),
         max_stderr_buf_size: Some(64 * 1024),
     };
-    // Standard input is read by a plain thread (a terminal or a pipe
-    // blocks) and handed over in chunks; None marks its end.
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Option<Vec<u8>>>(16);
     let has_stdin = stdin.is_some();
-    if let Some(mut input) = stdin {
-        std::thread::spawn(move || {
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                match input.read(&mut buf) {
-                    Ok(0) | Err(_) => {
-                        let _ = tx.blocking_send(None);
-                        return;
-                    }
-                    Ok(n) => {
-                        if tx.blocking_send(Some(buf[..n].to_vec())).is_err() {
-                            return;
-                        }
-                    }
-                }
-            }
-        });
-    } else {
-        drop(tx);
-    }
+    let mut rx = crate::engine::stdin::pump(stdin);
     let cmd = wrapped(req);
     engine.block_on(async {
         let mut proc = pods
