@@ -11,164 +11,20 @@
 //! * a sandbox name announced by two hosts is refused, and both are told;
 //! * figures: A->B latency per sync interval, requests per message.
 
+mod federation_support;
 mod seeded;
 mod sync_support;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use loopwright::layout::Root;
+use federation_support::*;
 use loopwright::log::{Action, Log};
 use loopwright::maildir::Sub;
 use loopwright::message::{Kind, Message};
-use loopwright::registry::{Registry, Sandbox};
 use serde_json::json;
 use sync_support::{Env, text};
-
-const TOKEN_A: &str = "ghp_hostatoken0123456789";
-const TOKEN_B: &str = "ghp_hostbtoken0123456789";
-const LOGIN_A: &str = "host-a-bot";
-const LOGIN_B: &str = "host-b-bot";
-const POLICY: &str = "loopwright-policy 1\nrate off\nduplicates off\n";
-
-/// One host: its root, its configuration and its token.
-struct Host {
-    name: &'static str,
-    root: Root,
-    config: PathBuf,
-    policy: PathBuf,
-    token: &'static str,
-}
-
-fn host(env: &Env, name: &'static str, token: &'static str, own: &[(&str, &[&str])]) -> Host {
-    let dir = env.dir.join(name);
-    let root = Root::new(dir.join("root"));
-    std::fs::create_dir_all(&root.dir).unwrap();
-    root.init().unwrap();
-    let reg = Registry::new(&root);
-    for (n, scope) in own {
-        reg.register(&Sandbox::new(
-            n,
-            None,
-            scope.iter().map(|s| s.to_string()).collect(),
-        ))
-        .unwrap();
-    }
-    let config = dir.join("sync.json");
-    std::fs::write(
-        &config,
-        json!({ "host": name, "hosts": { "hosta": LOGIN_A, "hostb": LOGIN_B } }).to_string(),
-    )
-    .unwrap();
-    let policy = dir.join("policy");
-    std::fs::write(&policy, POLICY).unwrap();
-    Host {
-        name,
-        root,
-        config,
-        policy,
-        token,
-    }
-}
-
-impl Host {
-    fn sync_cmd(&self, env: &Env, args: &[&str]) -> Command {
-        let mut c = env.sync_cmd_at(&self.root.dir, "octo/proj", 1, args);
-        c.env("GH_TOKEN", self.token)
-            .arg("--config")
-            .arg(&self.config);
-        c
-    }
-    fn sync(&self, env: &Env, args: &[&str]) -> Output {
-        let o = self.sync_cmd(env, args).output().unwrap();
-        assert!(
-            o.status.success(),
-            "{}: lw-sync {args:?}: {}{}",
-            self.name,
-            text(&o.stdout),
-            text(&o.stderr)
-        );
-        o
-    }
-    fn mediate(&self) {
-        let o = Command::new(env!("CARGO_BIN_EXE_lw-mediate"))
-            .arg("--root")
-            .arg(&self.root.dir)
-            .arg("--policy")
-            .arg(&self.policy)
-            .arg("--once")
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "{}: lw-mediate --once: {}",
-            self.name,
-            text(&o.stderr)
-        );
-    }
-    fn mediator_watch(&self) -> Child {
-        Command::new(env!("CARGO_BIN_EXE_lw-mediate"))
-            .arg("--root")
-            .arg(&self.root.dir)
-            .arg("--policy")
-            .arg(&self.policy)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
-    }
-    fn record(&self, name: &str) -> Option<Sandbox> {
-        Registry::new(&self.root).get(name).unwrap()
-    }
-    /// The names in `dir/{new,cur}` of a Maildir under the root.
-    fn names(&self, rel: &str) -> Vec<String> {
-        let mut v = Vec::new();
-        for s in [Sub::New, Sub::Cur] {
-            let d = loopwright::maildir::Maildir::new(self.root.dir.join(rel)).sub(s);
-            if let Ok(rd) = std::fs::read_dir(d) {
-                v.extend(
-                    rd.flatten()
-                        .map(|e| e.file_name().to_string_lossy().into_owned()),
-                );
-            }
-        }
-        v.sort();
-        v
-    }
-}
-
-fn two_hosts(tag: &str) -> (Env, Host, Host) {
-    let env = Env::new(tag);
-    env.add_token(LOGIN_A, TOKEN_A);
-    env.add_token(LOGIN_B, TOKEN_B);
-    let a = host(&env, "hosta", TOKEN_A, &[("api", &["src/api/**"])]);
-    let b = host(&env, "hostb", TOKEN_B, &[("web", &["schema/**"])]);
-    (env, a, b)
-}
-
-fn contract_change(subject: &str) -> Message {
-    Message {
-        version: 1,
-        id: loopwright::id::new_id(),
-        from: "api".into(),
-        to: vec!["mediator".into()],
-        kind: Kind::ContractChange,
-        subject: subject.into(),
-        body: format!("{subject}: user.name is now user.full_name\n"),
-        refs: vec!["schema/users.json".into()],
-        in_reply_to: None,
-        created: loopwright::time::rfc3339(loopwright::time::now()),
-    }
-}
-
-/// Both hosts announce, then each pulls the other's announcement.
-fn introduce(env: &Env, a: &Host, b: &Host) {
-    a.sync(env, &["pull"]);
-    b.sync(env, &["pull"]);
-    a.sync(env, &["pull"]);
-}
 
 #[test]
 fn announcements_make_proxies_and_a_contract_change_crosses() {
@@ -588,26 +444,6 @@ fn contract_changes_cross_exactly_once_through_50_kills() {
         kills[0] >= 10 && kills[1] >= 10,
         "both sides killed: {kills:?}"
     );
-}
-
-/// Arrival times of the messages in `dir/new` (watched with inotify).
-fn watch_arrivals(dir: PathBuf, n: usize, deadline: Duration) -> BTreeMap<String, Instant> {
-    let md = loopwright::maildir::Maildir::new(dir);
-    let mut seen: BTreeMap<String, Instant> = BTreeMap::new();
-    md.wait_until(Some(deadline), || {
-        for e in std::fs::read_dir(md.sub(Sub::New)).unwrap().flatten() {
-            seen.entry(e.file_name().to_string_lossy().into_owned())
-                .or_insert_with(Instant::now);
-        }
-        Ok(seen.len() >= n)
-    })
-    .unwrap();
-    seen
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
 }
 
 #[test]

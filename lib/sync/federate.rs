@@ -31,8 +31,13 @@
 //! in the proxy outbox's `new/` or `cur/` is the durable record, made
 //! atomically by the no-replace rename), so a pull killed anywhere and run
 //! again finds the file and writes nothing; the mediator itself refuses an
-//! id it routed before.  The set of taken comment ids in the sync state,
-//! written after the deliveries, only spares a later pull the work.
+//! id it routed before.  The record of taken comments in the sync state
+//! (a high-water mark of comment ids plus the ids still waiting for parts,
+//! so its size does not grow with the run), written after the deliveries,
+//! only spares a later pull the work.  The mark assumes what GitHub's
+//! increasing ids promise: a listing that shows a comment shows the older
+//! ones of the same period too (a comment listed only after a newer one was
+//! taken would be passed over).
 //!
 //! Proxy records and refused names are kept in `clash`.
 
@@ -213,9 +218,15 @@ impl Syncer {
         let refused = self.apply_roster(t, &fed)?;
         self.save()?;
         let mut full: Option<Vec<Comment>> = None;
+        // Chosen before any is marked: the mark is one for every host.
+        let fresh: Vec<&Comment> = by_id
+            .iter()
+            .copied()
+            .filter(|c| !self.state.fed.is_taken(c.id))
+            .collect();
         for (host, login) in &fed.hosts {
             if *host != fed.me {
-                self.take_from(t, host, login, &by_id, &mut full, &refused)?;
+                self.take_from(t, host, login, &fresh, &mut full, &refused)?;
             }
         }
         Ok(())
@@ -257,7 +268,8 @@ impl Syncer {
         }
     }
 
-    /// The entries in `host`'s comments (by `login`) not taken yet: parts
+    /// The entries in `host`'s comments (by `login`) among `fresh` (those
+    /// not taken yet): parts
     /// are reassembled from that login's comments only; an entry with a part
     /// outside this listing (it lists since the last pull) is looked for in
     /// the whole issue, read at most once a pull (`full`), and its comments
@@ -267,7 +279,7 @@ impl Syncer {
         t: &Target,
         host: &str,
         login: &str,
-        by_id: &[&Comment],
+        fresh: &[&Comment],
         full: &mut Option<Vec<Comment>>,
         refused: &BTreeSet<String>,
     ) -> Result<()> {
@@ -286,10 +298,10 @@ impl Syncer {
             }
             v
         };
-        let mine: Vec<&Comment> = by_id
+        let mine: Vec<&Comment> = fresh
             .iter()
             .copied()
-            .filter(|c| c.login() == login && !self.state.fed.taken.contains(&c.id))
+            .filter(|c| c.login() == login)
             .collect();
         if mine.is_empty() {
             return Ok(());
@@ -322,12 +334,18 @@ impl Syncer {
             .collect();
         let mut order: Vec<(Entry, Vec<u64>)> = done.into_values().collect();
         order.sort_by(|a, b| (a.1.first(), &a.0.name).cmp(&(b.1.first(), &b.0.name)));
+        let mut finished = Vec::new();
         for (e, cids) in order {
             self.take_entry(host, &e, cids.first().copied().unwrap_or(0), refused)?;
+            finished.extend(cids);
         }
         for c in mine {
-            if !waiting.contains(&c.id) {
-                self.state.fed.taken.insert(c.id);
+            self.state.fed.mark(c.id, !waiting.contains(&c.id));
+        }
+        // Parts read from the whole issue, older than this listing, wait no more.
+        for cid in finished {
+            if !waiting.contains(&cid) {
+                self.state.fed.waiting.remove(&cid);
             }
         }
         self.save()

@@ -71,10 +71,21 @@ pub struct Announced {
 /// Federation state (lw-sync(1), FEDERATION).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct FedState {
-    /// Comments of other hosts whose entries were all dealt with (delivered
-    /// or found not addressed here).  A cache: delivery itself is once by
-    /// the message id (see `federate`).
+    /// The high-water mark of the comments of other hosts taken: every one
+    /// with an id up to it had its entries dealt with (delivered or found
+    /// not addressed here), except those in `waiting`.  GitHub's comment
+    /// ids increase, so a mark and the few incomplete ids keep this record
+    /// the same size however long the run.  A cache: delivery itself is
+    /// once by the message id (see `federate`).
     #[serde(default)]
+    pub taken_through: u64,
+    /// Comments at or below the mark holding parts of an entry whose other
+    /// parts are not on the issue yet: looked at again by every pull.
+    #[serde(default)]
+    pub waiting: BTreeSet<u64>,
+    /// The record before the mark (every taken id): read from an older
+    /// state file and folded into the mark when loaded, never written.
+    #[serde(default, skip_serializing)]
     pub taken: BTreeSet<u64>,
     /// Host -> its announcement as last read.
     #[serde(default)]
@@ -85,6 +96,34 @@ pub struct FedState {
     /// Refused names (`NAME/HOST`) already told to this root.
     #[serde(default)]
     pub told: BTreeSet<String>,
+}
+
+impl FedState {
+    /// Whether comment `id` was dealt with already.
+    pub fn is_taken(&self, id: u64) -> bool {
+        id <= self.taken_through && !self.waiting.contains(&id)
+    }
+
+    /// Records comment `id` as dealt with (`done`) or as waiting for parts.
+    pub fn mark(&mut self, id: u64, done: bool) {
+        if done {
+            self.waiting.remove(&id);
+        } else {
+            self.waiting.insert(id);
+        }
+        self.taken_through = self.taken_through.max(id);
+    }
+
+    /// Folds an older state's set of taken ids into the mark.  The ids
+    /// below it that the set lacks were comments still waiting for parts,
+    /// or never listed: an entry in parts is taken again when its last
+    /// part's comment (a new id) is read, which looks up the earlier ones.
+    fn compact(&mut self) {
+        if let Some(&max) = self.taken.last() {
+            self.taken_through = self.taken_through.max(max);
+        }
+        self.taken.clear();
+    }
 }
 
 pub fn state_path(root: &Root) -> PathBuf {
@@ -111,6 +150,7 @@ pub fn load_state(path: &Path) -> Result<(State, bool)> {
                 s.login_checked = false;
             }
             s.version = STATE_VERSION;
+            s.fed.compact();
             Ok((s, true))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((
@@ -189,5 +229,37 @@ pub(crate) fn complete_partials(ts: &mut TargetState, sections: &[(u64, Section)
     for n in done {
         let ps = ts.partial.remove(&n).expect("listed above");
         ts.synced.insert(n, ps.values().copied().collect());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_older_set_of_taken_ids_folds_into_the_mark() {
+        let dir = std::env::temp_dir().join(format!("lw-state-{}", crate::id::new_id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("sync.json");
+        std::fs::write(&p, r#"{"version":2,"fed":{"taken":[3,5,9]}}"#).unwrap();
+        let (mut st, existed) = load_state(&p).unwrap();
+        assert!(existed);
+        assert_eq!((st.fed.taken_through, st.fed.taken.len()), (9, 0));
+        assert!(st.fed.is_taken(4) && st.fed.is_taken(9) && !st.fed.is_taken(10));
+        st.fed.mark(12, false);
+        st.fed.mark(11, true);
+        assert!(!st.fed.is_taken(12) && st.fed.is_taken(11));
+        save_state(&p, &st).unwrap();
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(!text.contains("\"taken\""), "{text}");
+        let (again, _) = load_state(&p).unwrap();
+        assert_eq!(again.fed.taken_through, 12);
+        assert_eq!(again.fed.waiting.iter().copied().collect::<Vec<_>>(), [12]);
+        again
+            .fed
+            .waiting
+            .iter()
+            .for_each(|&w| assert!(!again.fed.is_taken(w)));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
