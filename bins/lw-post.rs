@@ -31,7 +31,7 @@ struct Args {
     #[arg(short, long, value_name = "TEXT")]
     subject: String,
 
-    /// Recipient, repeatable or comma-separated [default: mediator]
+    /// Recipient (NAME, or HOST/NAME on another host), repeatable or comma-separated [default: mediator]
     #[arg(short, long = "to", value_name = "NAME", value_delimiter = ',')]
     to: Vec<String>,
 

@@ -236,6 +236,9 @@ fn report(s: &mut Syncer, out: &mut dyn Write, json: bool, stats: bool) -> Resul
             Event::Federated { id, from, to, .. } => {
                 writeln!(out, "{id} from {from} to {}", to.join(",")).map_err(out_err)?
             }
+            Event::Receipt { id, reader, .. } => {
+                writeln!(out, "{id} read by {reader}").map_err(out_err)?
+            }
             Event::Refused { name, host, reason } => {
                 eprintln!("{PROG}: sandbox {name} of host {host} refused: {reason}")
             }

@@ -116,9 +116,23 @@ fn bad(s: impl Into<String>) -> Invalid {
     Invalid(s.into())
 }
 
-/// A recipient or sender: a sandbox name, `mediator` or `human`.
+/// A recipient or sender: a sandbox name, `mediator` or `human`, or the
+/// qualified name `HOST/SANDBOX` of another host's sandbox
+/// (mailbox-spec.md, FEDERATION).
 pub fn valid_party(name: &str) -> bool {
-    crate::id::valid_name(name)
+    crate::id::valid_name(name) || split_qualified(name).is_some()
+}
+
+/// `HOST/SANDBOX` as (host, sandbox): both in the sandbox-name grammar,
+/// neither `mediator` nor `human`.  None for any other text.  A party is
+/// qualified only across hosts; a mailbox, a file name and a registry name
+/// never are.
+pub fn split_qualified(name: &str) -> Option<(&str, &str)> {
+    let (h, n) = name.split_once('/')?;
+    let plain = |x: &str| {
+        crate::id::valid_name(x) && x != crate::layout::MEDIATOR && x != crate::layout::HUMAN
+    };
+    (plain(h) && plain(n)).then_some((h, n))
 }
 
 impl Message {
@@ -138,7 +152,7 @@ impl Message {
         }
         if !valid_party(&self.from) {
             return Err(bad(format!(
-                "from '{}' is not a valid sandbox name",
+                "from '{}' is not a valid sandbox name (or HOST/SANDBOX)",
                 self.from.escape_debug()
             )));
         }
@@ -154,7 +168,7 @@ impl Message {
         for t in &self.to {
             if !valid_party(t) {
                 return Err(bad(format!(
-                    "recipient '{}' is not a valid name (1-63 of a-z 0-9 . _ -, starting with a letter or digit)",
+                    "recipient '{}' is not a valid name (1-63 of a-z 0-9 . _ -, starting with a letter or digit; HOST/SANDBOX for another host's sandbox)",
                     t.escape_debug()
                 )));
             }
@@ -336,7 +350,9 @@ mod tests {
             ("id", Box::new(|m| m.id = "x".into())),
             ("from", Box::new(|m| m.from = "../x".into())),
             ("to is empty", Box::new(|m| m.to.clear())),
-            ("recipient", Box::new(|m| m.to = vec!["a/b".into()])),
+            ("recipient", Box::new(|m| m.to = vec!["a/b/c".into()])),
+            ("recipient", Box::new(|m| m.to = vec!["a/human".into()])),
+            ("recipient", Box::new(|m| m.to = vec!["/b".into()])),
             ("subject is empty", Box::new(|m| m.subject = " ".into())),
             ("subject contains", Box::new(|m| m.subject = "a\nb".into())),
             ("body is", Box::new(|m| m.body = "x".repeat(MAX_BODY + 1))),
@@ -352,6 +368,25 @@ mod tests {
             let err = Message::parse(&m.to_bytes()).unwrap_err();
             assert!(err.0.contains(want), "{want}: {err}");
         }
+    }
+
+    #[test]
+    fn another_hosts_sandbox_is_named_host_slash_sandbox() {
+        assert_eq!(split_qualified("hosta/api"), Some(("hosta", "api")));
+        for bad in [
+            "api",
+            "hosta/",
+            "/api",
+            "a/b/c",
+            "hosta/mediator",
+            "Hosta/api",
+        ] {
+            assert_eq!(split_qualified(bad), None, "{bad}");
+        }
+        let mut m = sample();
+        m.from = "hosta/api".into();
+        m.to = vec!["hostb/web".into(), "db".into()];
+        assert_eq!(Message::parse(&m.to_bytes()).unwrap(), m);
     }
 
     #[test]

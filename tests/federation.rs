@@ -52,7 +52,7 @@ fn announcements_make_proxies_and_a_contract_change_crosses() {
         &std::fs::read(b.root.sandbox("web").inbox().sub(Sub::New).join(&m.id)).unwrap(),
     )
     .unwrap();
-    assert_eq!(got.from, "api");
+    assert_eq!(got.from, "hosta/api");
     assert_eq!(
         (got.subject.as_str(), got.body.as_str()),
         (m.subject.as_str(), m.body.as_str())
@@ -61,7 +61,7 @@ fn announcements_make_proxies_and_a_contract_change_crosses() {
     let e = Log::new(b.root.log_dir())
         .read(std::ffi::OsStr::new(&format!("{}.forward", m.id)))
         .unwrap();
-    assert_eq!(e.sender, "api");
+    assert_eq!(e.sender, "hosta/api");
     assert_eq!(e.decision.to, ["web"]);
     // B does not mirror what A's sandbox sent: A already did.
     b.sync(&env, &["--once"]);

@@ -2,6 +2,7 @@
 //! hold, refuse, bounce), and the entries that record it.  Reads the
 //! mediator's memory and policy; writes nothing to disk.
 
+use super::mailbox_name;
 use crate::digest::hex;
 use crate::layout;
 use crate::log::{Action, Decision, Entry, LOG_VERSION};
@@ -125,7 +126,7 @@ impl Mediator {
         let named: Vec<String> =
             m.to.iter()
                 .filter(|t| *t != layout::MEDIATOR)
-                .cloned()
+                .map(|t| self.resolve(t))
                 .collect();
         let routed = match rule.value {
             Route::Hold if !release => Routed::Done(
@@ -174,10 +175,11 @@ impl Mediator {
     /// Route `scope`: every other sandbox whose scope overlaps the refs (or
     /// that declared none), and the named recipients.
     fn route_scope(&self, m: &Message, sender: &str, named: &[String], at: &str) -> Routed {
+        let own = mailbox_name(sender);
         let mut t: Vec<String> = self
             .known
             .values()
-            .filter(|s| s.name != sender)
+            .filter(|s| s.name != own)
             .filter(|s| {
                 s.scope.is_empty()
                     || m.refs.is_empty()
@@ -216,7 +218,7 @@ impl Mediator {
         };
         match self.sender_of(q) {
             Some(asker) => {
-                let mut t = vec![asker.clone()];
+                let mut t = vec![self.resolve(&asker)];
                 t.extend(named.iter().cloned());
                 let why = format!("{} goes to {asker}, who sent {q} ({at})", m.kind);
                 Routed::Targets(t, why, "not a registered sandbox".into())

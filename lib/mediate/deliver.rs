@@ -34,6 +34,7 @@ impl Mediator {
 
     /// The Maildir a party receives in: the human queue or a sandbox inbox.
     pub(super) fn party_box(&self, boxes: &mut Boxes, party: &str) -> Result<usize> {
+        let party = super::mailbox_name(party);
         if party == layout::HUMAN {
             return Ok(HUMAN);
         }
@@ -257,6 +258,9 @@ impl Mediator {
         name: &OsString,
         mut m: Message,
     ) {
+        // Another host's sandbox, by its proxy's outbox, is HOST/NAME.
+        let sender = self.qualified(sender);
+        let sender = sender.as_str();
         let claimed = std::mem::replace(&mut m.from, sender.to_string());
         let (main, bounce) = self.decision_of(&m.id);
         let prior = main.as_ref().or(bounce.as_ref());
@@ -306,7 +310,8 @@ impl Mediator {
         ob: &Box3,
         name: &OsStr,
     ) -> Option<String> {
-        if p.sender != sender {
+        // A proxy's message logged before senders were qualified has its bare name.
+        if p.sender != sender && p.sender != super::mailbox_name(sender) {
             Some(format!(
                 "id {} is already used by a message from {}",
                 m.id, p.sender

@@ -334,6 +334,29 @@ impl Mediator {
         (main, read(Action::Bounce))
     }
 
+    /// The party the owner of a mailbox is to messages and the log: a
+    /// proxy of another host's sandbox (its record has `host`) is
+    /// `HOST/NAME`, any other owner its bare name (mailbox-spec.md,
+    /// FEDERATION).
+    pub(super) fn qualified(&self, owner: &str) -> String {
+        match self.known.get(owner).and_then(|s| s.host.as_deref()) {
+            Some(h) => format!("{h}/{owner}"),
+            None => owner.to_string(),
+        }
+    }
+
+    /// The recipient a party names here: `HOST/NAME` is the proxy NAME
+    /// when its record says HOST; anything else is itself (and an unknown
+    /// qualified name stays as it is, to bounce).
+    pub(super) fn resolve(&self, party: &str) -> String {
+        match crate::message::split_qualified(party) {
+            Some((h, n)) if self.known.get(n).and_then(|s| s.host.as_deref()) == Some(h) => {
+                n.to_string()
+            }
+            _ => party.to_string(),
+        }
+    }
+
     /// Who sent message `id`, by the log.
     fn sender_of(&self, id: &str) -> Option<String> {
         let (a, b) = self.decision_of(id);
@@ -533,6 +556,12 @@ impl Box3 {
 }
 
 /// The names in a directory, without `.` and `..`.
+/// The mailbox a party's messages sit in: `HOST/NAME` is the proxy NAME
+/// (names are unique across hosts), any other party itself.
+pub(crate) fn mailbox_name(party: &str) -> &str {
+    crate::message::split_qualified(party).map_or(party, |(_, n)| n)
+}
+
 fn read_names(fd: &OwnedFd) -> rustix::io::Result<Vec<OsString>> {
     let mut v = Vec::new();
     for ent in rfs::Dir::read_from(fd)? {

@@ -29,10 +29,10 @@ impl Mediator {
         for n in names {
             if let Inspected::Message(m) = inspect(&held.new, &n)
                 && m.from != layout::HUMAN
-                && !self.known.contains_key(&m.from)
+                && !self.known.contains_key(super::mailbox_name(&m.from))
                 && rfs::statat(
                     &self.rootfd,
-                    Path::new("sandboxes").join(&m.from),
+                    Path::new("sandboxes").join(super::mailbox_name(&m.from)),
                     AtFlags::SYMLINK_NOFOLLOW,
                 )
                 .is_err_and(|e| e == Errno::NOENT)
@@ -350,7 +350,7 @@ impl Mediator {
                 quiet: false,
                 action: Action::Read,
                 to: vec![r.to_string()],
-                reason: format!("{r} acked it (moved it to inbox/cur)"),
+                reason: format!("{} acked it (moved it to inbox/cur)", self.qualified(r)),
             },
         })
     }

@@ -153,7 +153,7 @@ impl Reader {
                     postable_kinds()
                 )),
             },
-            ["hold", "sender", name] if crate::layout::valid_name(name) => {
+            ["hold", "sender", name] if crate::message::valid_party(name) => {
                 self.p.hold_senders.push(Ruled {
                     value: name.to_string(),
                     line,

@@ -49,11 +49,23 @@ use super::{parse_comment, reassemble, sha256_hex};
 use crate::error::{Error, Exit, Result};
 use crate::github::{Comment, Posted, Target};
 use crate::log::{Action, Entry, Log};
-use crate::message::{Kind, Message};
+use crate::message::{Kind, Message, split_qualified};
 use crate::registry::{Registry, Sandbox};
 
 use super::config::Federation;
 use super::state::Announced;
+
+/// Whether log entry `e` is another host's to mirror: a message whose
+/// sender is another host's sandbox (`HOST/NAME`, or a proxy's bare name in
+/// entries logged before senders were qualified), or the receipt of a
+/// proxy's reading (the reader's host mirrors its own).  The receipt of a
+/// sandbox of this host reading another host's message is this host's news.
+pub(super) fn foreign(e: &Entry, proxies: &BTreeSet<String>) -> bool {
+    if e.decision.action == Action::Read {
+        return e.decision.to.iter().any(|r| proxies.contains(r));
+    }
+    split_qualified(&e.sender).is_some() || proxies.contains(&e.sender)
+}
 
 /// The state key of a host's announcement comment.
 pub(super) fn host_key(host: &str) -> String {
@@ -325,7 +337,7 @@ impl Syncer {
                 }
             }
         }
-        let waiting: BTreeSet<u64> = sections
+        let mut waiting: BTreeSet<u64> = sections
             .iter()
             .filter_map(|(cid, s)| match &s.head {
                 Head::Entry(h) if missing.contains(&h.entry) => Some(*cid),
@@ -336,8 +348,11 @@ impl Syncer {
         order.sort_by(|a, b| (a.1.first(), &a.0.name).cmp(&(b.1.first(), &b.0.name)));
         let mut finished = Vec::new();
         for (e, cids) in order {
-            self.take_entry(host, &e, cids.first().copied().unwrap_or(0), refused)?;
-            finished.extend(cids);
+            if self.take_entry(host, &e, cids.first().copied().unwrap_or(0), refused)? {
+                waiting.extend(cids);
+            } else {
+                finished.extend(cids);
+            }
         }
         for c in mine {
             self.state.fed.mark(c.id, !waiting.contains(&c.id));
@@ -351,38 +366,48 @@ impl Syncer {
         self.save()
     }
 
+    /// Whether `name` is a sandbox `host` announced, not refused here, and
+    /// so a proxy here marked with that host.
+    fn proxy_of(&self, host: &str, name: &str, refused: &BTreeSet<String>) -> Result<bool> {
+        let announced = self
+            .state
+            .fed
+            .roster
+            .get(host)
+            .is_some_and(|a| a.sandboxes.iter().any(|s| s.name == name));
+        if !announced || refused.contains(name) {
+            return Ok(false);
+        }
+        let (_, proxies) = self.records()?;
+        Ok(proxies
+            .iter()
+            .any(|p| p.name == name && p.host.as_deref() == Some(host)))
+    }
+
     /// Delivers entry `e` of host `host` into this root when it carries a
-    /// message addressed here.
+    /// message addressed here, or takes its receipt; true when it must wait
+    /// for a later pull.
     fn take_entry(
         &mut self,
         host: &str,
         e: &Entry,
         comment: u64,
         refused: &BTreeSet<String>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
+        if e.decision.action == Action::Read {
+            return self.take_receipt(host, e, comment, refused);
+        }
         if !matches!(e.decision.action, Action::Forward | Action::Release) {
-            return Ok(());
+            return Ok(false);
         }
         let Some(m) = &e.message else {
-            return Ok(());
+            return Ok(false);
         };
         // Only a sandbox its host announced, and not a name refused here.
-        let announced = self
-            .state
-            .fed
-            .roster
-            .get(host)
-            .is_some_and(|a| a.sandboxes.iter().any(|s| s.name == e.sender));
-        if !announced || refused.contains(&e.sender) {
-            return Ok(());
+        if !self.proxy_of(host, &e.sender, refused)? {
+            return Ok(false);
         }
-        let (own, proxies) = self.records()?;
-        if !proxies
-            .iter()
-            .any(|p| p.name == e.sender && p.host.as_deref() == Some(host))
-        {
-            return Ok(());
-        }
+        let (own, _) = self.records()?;
         let log = Log::new(self.root.log_dir());
         let ob = self.root.sandbox(&e.sender).outbox();
         let in_outbox = [crate::maildir::Sub::New, crate::maildir::Sub::Cur]
@@ -399,14 +424,14 @@ impl Syncer {
             .any(|a| log.has(&Entry::name_for(&m.id, *a, None)))
         {
             // Decided here already, from another outbox: not this host's to take.
-            return Ok(());
+            return Ok(false);
         }
         let to = addressed(m, &e.decision.to, &own);
         if to.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let copy = Message {
-            from: e.sender.clone(),
+            from: format!("{host}/{}", e.sender),
             to: to.clone(),
             ..m.clone()
         };
@@ -415,7 +440,7 @@ impl Syncer {
                 entry: e.name.clone(),
                 reason: format!("from host {host}: {why}"),
             });
-            return Ok(());
+            return Ok(false);
         }
         if let crate::maildir::Delivered::New(_) = ob.deliver_once(&copy.id, &copy.to_bytes())? {
             self.events.push(Event::Federated {
@@ -425,7 +450,54 @@ impl Syncer {
                 comment,
             });
         }
-        Ok(())
+        Ok(false)
+    }
+
+    /// Takes the receipt `e` of `host`: its sandbox READER (a proxy here)
+    /// read a message this host routed to that proxy.  The copy in the
+    /// proxy's inbox is acked (`new/` to `cur/`, the no-replace rename
+    /// lw-inbox uses), so this host's mediator logs `ID.read.READER` as for
+    /// a reader of its own, once (it writes a name only when it is not
+    /// logged).  True (wait) while the decision is logged but the copy not
+    /// delivered yet.
+    fn take_receipt(
+        &mut self,
+        host: &str,
+        e: &Entry,
+        comment: u64,
+        refused: &BTreeSet<String>,
+    ) -> Result<bool> {
+        let [reader] = e.decision.to.as_slice() else {
+            return Ok(false);
+        };
+        if !self.proxy_of(host, reader, refused)? || !crate::id::is_valid(&e.message_id) {
+            return Ok(false);
+        }
+        let log = Log::new(self.root.log_dir());
+        let routed = [Action::Forward, Action::Release].iter().any(|a| {
+            let n = Entry::name_for(&e.message_id, *a, None);
+            log.has(&n)
+                && log
+                    .read(std::ffi::OsStr::new(&n))
+                    .is_ok_and(|f| f.decision.to.contains(reader))
+        });
+        if !routed {
+            return Ok(false);
+        }
+        match crate::inbox::ack(&self.root.sandbox(reader).inbox(), &e.message_id) {
+            Ok(moved) => {
+                if moved {
+                    self.events.push(Event::Receipt {
+                        id: e.message_id.clone(),
+                        reader: format!("{host}/{reader}"),
+                        comment,
+                    });
+                }
+                Ok(false)
+            }
+            Err(err) if err.exit == Exit::NoInput => Ok(true),
+            Err(err) => Err(err),
+        }
     }
 }
 

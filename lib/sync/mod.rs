@@ -166,6 +166,14 @@ pub enum Event {
         to: Vec<String>,
         comment: u64,
     },
+    /// Another host's sandbox (`reader` is `HOST/SANDBOX`) read message
+    /// `id` this host routed to it: its copy in the proxy's inbox was acked,
+    /// for this host's mediator to log the receipt.
+    Receipt {
+        id: String,
+        reader: String,
+        comment: u64,
+    },
     /// A sandbox name another host announced, refused here.
     Refused {
         name: String,

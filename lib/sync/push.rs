@@ -110,7 +110,7 @@ impl Syncer {
         for e in entries {
             // Refusals over the held-queue cap are not mirrored one by one:
             // one status message to a person stands for them.
-            if e.decision.quiet || proxies.contains(&e.sender) {
+            if e.decision.quiet || super::federate::foreign(&e, &proxies) {
                 continue;
             }
             let e = self.outgoing(&e);

@@ -40,7 +40,7 @@ impl Syncer {
         let proxies = self.proxy_names()?;
         for e in entries
             .iter()
-            .filter(|e| !e.decision.quiet && !proxies.contains(&e.sender))
+            .filter(|e| !e.decision.quiet && !super::federate::foreign(e, &proxies))
         {
             let e = self.outgoing(e);
             local
