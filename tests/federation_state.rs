@@ -111,3 +111,27 @@ fn the_taken_record_stays_bounded_and_exactly_once_through_kills() {
         "the state grew: {sizes:?} then {last}"
     );
 }
+
+#[test]
+fn an_idle_pull_asks_with_the_etag_and_a_304_costs_nothing() {
+    let (env, a, b) = two_hosts("fed-etag");
+    introduce(&env, &a, &b);
+    b.sync(&env, &["pull"]);
+    env.ctl("DELETE", "requests", serde_json::Value::Null);
+    for _ in 0..3 {
+        b.sync(&env, &["pull"]);
+    }
+    let (reqs, _) = env.requests();
+    let statuses: Vec<u64> = reqs.iter().map(|r| r["status"].as_u64().unwrap()).collect();
+    assert_eq!(statuses, [304, 304, 304], "{reqs:?}");
+    // Something new: listed again in full, and taken.
+    let m = contract_change("after the quiet");
+    a.root.sandbox("api").outbox().deliver_message(&m).unwrap();
+    a.mediate();
+    a.sync(&env, &["--once"]);
+    b.sync(&env, &["pull"]);
+    b.mediate();
+    assert_eq!(b.names("sandboxes/web/inbox"), [m.id.as_str()]);
+    let (reqs, _) = env.requests();
+    assert_eq!(reqs.last().unwrap()["status"], 200, "{reqs:?}");
+}

@@ -148,10 +148,41 @@ pub fn handle(st: &mut State, limits: &Limits, req: &Request) -> Response {
         host: req.header("host").unwrap_or("127.0.0.1").to_string(),
     };
     let mut res = dispatch(st, limits, req, &path, &q, &caller, &mut rec);
+    if req.method == "GET" && res.status == 200 && !res.drop {
+        conditional(st, req, caller.login.as_deref(), &mut res);
+    }
     rate_headers(st, limits, caller.login.as_deref(), &mut res);
     rec.status = if res.drop { 0 } else { res.status };
     st.records.push(rec);
     res
+}
+
+/// GitHub's conditional requests: every 200 to a GET carries an `ETag`
+/// (a digest of the body and the `Link` header); a GET whose
+/// `If-None-Match` names the current one is answered 304 without a body,
+/// and, as on GitHub, does not count against the primary limit.
+fn conditional(st: &mut State, req: &Request, login: Option<&str>, res: &mut Response) {
+    let links: Vec<&str> = res
+        .headers
+        .iter()
+        .filter(|(k, _)| k.eq_ignore_ascii_case("link"))
+        .map(|(_, v)| v.as_str())
+        .collect();
+    let digest = sha256_hex(&[res.body.as_slice(), links.join("\n").as_bytes()].concat());
+    let tag = format!("\"{}\"", &digest[..40]);
+    let asked = req.header("if-none-match").is_some_and(|v| {
+        v.split(',')
+            .any(|t| t.trim().trim_start_matches("W/") == tag)
+    });
+    res.headers.push(("ETag".into(), tag));
+    if asked {
+        res.status = 304;
+        res.body.clear();
+        res.headers.retain(|(k, _)| !k.eq_ignore_ascii_case("link"));
+        if let Some(e) = login.and_then(|l| st.primary.get_mut(l)) {
+            e.0 += 1;
+        }
+    }
 }
 
 /// The `x-ratelimit-*` headers GitHub sends on every answer.

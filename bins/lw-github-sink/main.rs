@@ -12,7 +12,8 @@
 //! `GET /repos/{o}/{r}/issues/{n}`, `GET|POST /repos/{o}/{r}/issues/{n}/comments`
 //! (`per_page`, `page`, `since`, `Link` with rel next/prev/first/last),
 //! `GET|PATCH|DELETE /repos/{o}/{r}/issues/comments/{id}`; `x-ratelimit-*`
-//! headers on every answer; 401 for a missing or revoked token, 403 with
+//! headers on every answer; an `ETag` on every 200 to a GET, and 304 (not
+//! counted against the limit) for a GET whose `If-None-Match` names it; 401 for a missing or revoked token, 403 with
 //! `x-accepted-github-permissions` for a read-only one, 404 for an unknown
 //! repository or issue, 422 for a body over 65,536 characters (`api`, `comments`).
 //!

@@ -30,6 +30,8 @@ pub struct Client {
     pub budget: Budget,
     /// Requests sent by this client (for the figures the commands print).
     pub requests: u64,
+    /// Of those, conditional GETs answered 304 (free under the rate limit).
+    pub not_modified: u64,
     pub writes: u64,
     pub clock: Box<dyn Clock>,
     /// Writes the budget durably before a wait (see [`Persist`]).
@@ -82,6 +84,18 @@ fn transport(e: ureq::Error) -> Transport {
     }
 }
 
+/// A GET's JSON, `Link` and `ETag`.
+type Got = (serde_json::Value, Option<String>, Option<String>);
+
+/// A conditional listing's answer.
+pub enum Listing {
+    /// 304: nothing changed since the listing whose ETag was sent.
+    NotModified,
+    /// The comments, and the ETag to send next time (only for a listing of
+    /// one page: a later page can change while the first does not).
+    Comments(Vec<Comment>, Option<String>),
+}
+
 /// Called with the time a write is about to be sent; the caller persists it
 /// (and its intent) before the request leaves.
 pub type BeforeSend<'a> = &'a mut dyn FnMut(&Budget) -> Result<()>;
@@ -111,6 +125,7 @@ impl Client {
             limits,
             budget,
             requests: 0,
+            not_modified: 0,
             writes: 0,
             clock: Box::new(SystemClock),
             persist: None,
@@ -135,17 +150,23 @@ impl Client {
         method: &str,
         url: &str,
         body: Option<&serde_json::Value>,
+        if_none_match: Option<&str>,
     ) -> std::result::Result<Reply, Transport> {
         self.requests += 1;
         let auth = self.token.header();
         let res = match (method, body) {
-            ("GET", _) => self
-                .agent
-                .get(url)
-                .header("Authorization", &auth)
-                .header("Accept", "application/vnd.github+json")
-                .header("X-GitHub-Api-Version", "2022-11-28")
-                .call(),
+            ("GET", _) => {
+                let mut req = self
+                    .agent
+                    .get(url)
+                    .header("Authorization", &auth)
+                    .header("Accept", "application/vnd.github+json")
+                    .header("X-GitHub-Api-Version", "2022-11-28");
+                if let Some(tag) = if_none_match {
+                    req = req.header("If-None-Match", tag);
+                }
+                req.call()
+            }
             (_, Some(b)) => {
                 let req = if method == "PATCH" {
                     self.agent.patch(url)
@@ -266,6 +287,22 @@ impl Client {
         what: &str,
         perm: &str,
     ) -> Result<(serde_json::Value, Option<String>)> {
+        let got = self.get_json_if(url, what, perm, None)?;
+        let got = got.expect("an unconditional GET is never answered 304");
+        Ok((got.0, got.1))
+    }
+
+    /// A GET as [`Client::get_json`], conditional on `if_none_match` (an
+    /// ETag of an earlier answer): None when GitHub answers 304 Not
+    /// Modified, which its rate limit does not count; else the JSON, the
+    /// `Link` header and the answer's `ETag`.
+    fn get_json_if(
+        &mut self,
+        url: &str,
+        what: &str,
+        perm: &str,
+        if_none_match: Option<&str>,
+    ) -> Result<Option<Got>> {
         let mut attempt = 0;
         let mut limited = 0;
         let mut timeouts = 0;
@@ -273,7 +310,7 @@ impl Client {
             attempt += 1;
             self.wait_blocked()?;
             self.check_deadline(Duration::ZERO)?;
-            let transient = match self.exchange("GET", url, None) {
+            let transient = match self.exchange("GET", url, None, if_none_match) {
                 Err(Transport::Unreachable(e)) => return Err(unreachable(&self.base, what, &e)),
                 Err(Transport::TimedOut(e)) => {
                     timeouts += 1;
@@ -296,6 +333,9 @@ impl Client {
                     }
                     if r.status >= 500 {
                         format!("GitHub answered {}", r.status)
+                    } else if r.status == 304 && if_none_match.is_some() {
+                        self.not_modified += 1;
+                        return Ok(None);
                     } else if r.status != 200 {
                         return Err(self.error_for(&r, what, perm));
                     } else {
@@ -303,7 +343,8 @@ impl Client {
                         let v = serde_json::from_slice(&r.body).map_err(|e| {
                             Error::new(Exit::Unavailable, format!("GitHub's answer to {what} is not JSON ({e}); is the API URL '{}' right?", self.base))
                         })?;
-                        return Ok((v, r.header("link").map(str::to_string)));
+                        let link = r.header("link").map(str::to_string);
+                        return Ok(Some((v, link, r.header("etag").map(str::to_string))));
                     }
                 }
             };
@@ -339,6 +380,20 @@ impl Client {
     /// Every comment of an issue, following `Link: rel="next"` to the last
     /// page.  `since` (RFC 3339) limits the list to comments updated since.
     pub fn list_comments(&mut self, t: &Target, since: Option<&str>) -> Result<Vec<Comment>> {
+        match self.list_comments_if(t, since, None)? {
+            Listing::Comments(all, _) => Ok(all),
+            Listing::NotModified => unreachable!("an unconditional listing is never 304"),
+        }
+    }
+
+    /// [`Client::list_comments`], conditional on the ETag of an earlier
+    /// listing of the same `since`: GitHub answers 304 when nothing changed.
+    pub fn list_comments_if(
+        &mut self,
+        t: &Target,
+        since: Option<&str>,
+        etag: Option<&str>,
+    ) -> Result<Listing> {
         let mut url = format!("{}?per_page=100", self.comments_url(t));
         if let Some(s) = since {
             url.push_str("&since=");
@@ -347,13 +402,22 @@ impl Client {
         let what = format!("the comments of {t}");
         let mut all = Vec::new();
         let mut pages = 0;
+        let mut first_tag = None;
         loop {
             pages += 1;
-            let (v, link) = self.get_json(
+            let cond = if pages == 1 { etag } else { None };
+            let Some((v, link, tag)) = self.get_json_if(
                 &url,
                 &what,
                 "issues: read (pull requests: read for a pull request)",
-            )?;
+                cond,
+            )?
+            else {
+                return Ok(Listing::NotModified);
+            };
+            if pages == 1 {
+                first_tag = tag;
+            }
             let page: Vec<Comment> = serde_json::from_value(v).map_err(|e| {
                 Error::new(
                     Exit::Unavailable,
@@ -380,7 +444,10 @@ impl Client {
                     }
                     url = next;
                 }
-                None => return Ok(all),
+                None => {
+                    let tag = first_tag.filter(|_| pages == 1);
+                    return Ok(Listing::Comments(all, tag));
+                }
             }
         }
     }
@@ -445,7 +512,7 @@ impl Client {
                 .push(self.clock.now_ms() + self.limits.min_write_interval.as_millis() as u64 / 4);
             before_send(&self.budget)?;
             self.writes += 1;
-            let sent = self.exchange(method, url, Some(payload));
+            let sent = self.exchange(method, url, Some(payload), None);
             if let Some(last) = self.budget.writes.last_mut() {
                 *last = self.clock.now_ms();
             }

@@ -35,7 +35,7 @@ mod token;
 
 use serde::{Deserialize, Serialize};
 
-pub use client::{BeforeSend, Client, next_link};
+pub use client::{BeforeSend, Client, Listing, next_link};
 pub use pace::{
     Budget, Clock, DEFAULT_CONNECT_TIMEOUT, DEFAULT_READ_TIMEOUT, Limits, Persist, SystemClock,
     next_write_at,

@@ -8,9 +8,12 @@ use super::format::{header_line, inline};
 use super::{Event, FORMAT_VERSION, Head, MAX_UNKNOWN, NoticeHead, Syncer, TargetState};
 use super::{parse_answers, parse_comment, sha256_hex};
 use crate::error::{Error, Exit, Result};
-use crate::github::{Comment, Posted, Target};
+use crate::github::{Comment, Listing, Posted, Target};
 use crate::log::Log;
 use crate::message::{self, Kind, Message};
+
+/// Comments listed, and the `since` and ETag of the listing.
+type Listed = (Vec<Comment>, Option<(String, String)>);
 
 impl Syncer {
     /// The way back: `/lw answer ID` lines in people's comments become
@@ -36,7 +39,9 @@ impl Syncer {
 
     fn pull_target(&mut self, t: &Target, known: &HashMap<String, (String, String)>) -> Result<()> {
         let key = t.to_string();
-        let (ts, comments) = self.pull_listing(t)?;
+        // The ETag is kept only with the cursor, once every comment was
+        // handled: a pull killed before must list them again, not get a 304.
+        let (ts, (comments, etag)) = self.pull_listing(t)?;
         self.federate(t, &comments)?;
         let fed = self.cfg.federation()?;
         let mut known = known.clone();
@@ -76,18 +81,21 @@ impl Syncer {
                 .insert(c.id);
             self.save()?;
         }
-        self.state
+        let tsm = self
+            .state
             .targets
             .get_mut(&key)
-            .expect("target state exists")
-            .pull_since = newest;
+            .expect("target state exists");
+        tsm.pull_etag = etag;
+        tsm.pull_since = newest;
         self.save()
     }
 
-    /// The comments of `t` to look at: after a reconciliation (which must
+    /// The comments of `t` to look at, and the `since` and ETag of their
+    /// listing: after a reconciliation (which must
     /// come before any notice is posted) its whole listing when nothing was
     /// pulled yet, else those updated since the last pull.
-    fn pull_listing(&mut self, t: &Target) -> Result<(TargetState, Vec<Comment>)> {
+    fn pull_listing(&mut self, t: &Target) -> Result<(TargetState, Listed)> {
         let key = t.to_string();
         let ts = self.state.targets.entry(key.clone()).or_default().clone();
         let mut listed = None;
@@ -97,7 +105,7 @@ impl Syncer {
         }
         let ts = self.state.targets[&key].clone();
         let comments = match listed {
-            Some(all) if ts.pull_since.is_none() => all,
+            Some(all) if ts.pull_since.is_none() => (all, None),
             _ => {
                 // A minute of overlap: a comment GitHub indexes late, with an
                 // older updated_at, is still seen.  Handled ones are skipped.
@@ -111,10 +119,31 @@ impl Syncer {
                         );
                         format!("{}Z", &t[..19])
                     });
-                self.client.list_comments(t, since.as_deref())?
+                self.conditional_listing(t, since)?
             }
         };
         Ok((ts, comments))
+    }
+
+    /// The comments updated `since`, asked with the ETag of the last pull
+    /// when it sent the same `since`: a 304 means nothing new, so no
+    /// comment to look at.  Not while comments wait for parts or a copy to
+    /// deliver: those are looked at again whatever changed.
+    fn conditional_listing(&mut self, t: &Target, since: Option<String>) -> Result<Listed> {
+        let key = t.to_string();
+        let since_key = since.clone().unwrap_or_default();
+        let tag = self.state.targets[&key]
+            .pull_etag
+            .as_ref()
+            .filter(|(s, _)| *s == since_key && self.state.fed.waiting.is_empty())
+            .map(|(_, e)| e.clone());
+        let listing = self
+            .client
+            .list_comments_if(t, since.as_deref(), tag.as_deref())?;
+        Ok(match listing {
+            Listing::NotModified => (vec![], tag.map(|e| (since_key, e))),
+            Listing::Comments(all, etag) => (all, etag.map(|e| (since_key, e))),
+        })
     }
 
     /// Delivers each `/lw answer` of comment `c`, or tells its author on the

@@ -34,6 +34,12 @@ pub struct TargetState {
     /// `since` for the next pull.
     #[serde(default)]
     pub pull_since: Option<String>,
+    /// The `since` sent by the last pull and the ETag of its answer (a
+    /// listing of one page): the next pull with the same `since` asks
+    /// with If-None-Match, and a 304 - nothing changed, and free under
+    /// GitHub's rate limit - means nothing to look at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_etag: Option<(String, String)>,
     /// People's comments whose `/lw answer` lines were handled.
     #[serde(default)]
     pub answered: BTreeSet<u64>,
