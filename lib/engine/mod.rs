@@ -283,19 +283,32 @@ pub trait SandboxEngine: Engine + NetworkEngine + HostPaths {
     /// Runs `req` in a running container with `io` attached; returns its exit
     /// status (128+n when a signal ended it).
     fn exec_io(&self, container: &str, req: &ExecRequest, io: ExecIo<'_>) -> Result<i64>;
+    /// Whether a container (and an exec in it) may run as root.  Kubernetes
+    /// runs every pod as non-root and an exec as the pod's own user, so
+    /// volume mode fills its volumes as the sandbox's user there (the
+    /// volumes made writable to it by the pod's `fsGroup`), and the default
+    /// [`SandboxEngine::copy_in`] and [`SandboxEngine::copy_out`] run `tar`
+    /// as that user, which keeps modes but cannot give files away.
+    fn runs_as_root(&self) -> bool {
+        true
+    }
     /// Unpacks the tar archive `tar` into the directory `dir` of `container`
     /// (created or running; `dir` on a writable volume when its root is
     /// read-only), keeping each entry's owner and mode as the archive says.
     /// How files reach an engine that does not see the host's
     /// (lib/sandbox/volume.rs).  The default runs `tar -x` in the running
-    /// container through [`SandboxEngine::exec_io`]; the Docker engine uses
-    /// its archive endpoint (`docker cp`) instead.
+    /// container through [`SandboxEngine::exec_io`], as root, or where
+    /// containers run as non-root ([`SandboxEngine::runs_as_root`]) as the
+    /// container's user with the files its own (`-o`); the Docker engine
+    /// uses its archive endpoint (`docker cp`) instead.
     fn copy_in(&self, container: &str, dir: &str, tar: Box<dyn Read + Send>) -> Result<()> {
+        let root = self.runs_as_root();
+        let owner = if root { "-p" } else { "-o" };
         let req = ExecRequest {
-            cmd: ["tar", "-x", "-p", "-f", "-", "-C", dir]
+            cmd: ["tar", "-x", owner, "-f", "-", "-C", dir]
                 .map(String::from)
                 .to_vec(),
-            user: Some("0".into()),
+            user: root.then(|| "0".into()),
             ..Default::default()
         };
         let mut err = Vec::new();
@@ -345,9 +358,9 @@ pub trait SandboxEngine: Engine + NetworkEngine + HostPaths {
                 "-C".into(),
                 parent,
                 "--".into(),
-                base,
+                base.clone(),
             ],
-            user: Some("0".into()),
+            user: self.runs_as_root().then(|| "0".into()),
             ..Default::default()
         };
         let mut n = 0u64;
@@ -377,8 +390,17 @@ pub trait SandboxEngine: Engine + NetworkEngine + HostPaths {
                 format!("cannot write the archive of '{path}': {e}"),
             ));
         }
+        // GNU tar exits 1 when the directory it was asked for gained or
+        // lost entries while it read it; what it archived is whole (a
+        // Maildir's files appear by rename), so that is a success.
+        let grew = format!("tar: {base}: file changed as we read it");
+        let only_grew = |e: &[u8]| {
+            let e = String::from_utf8_lossy(e);
+            e.lines().count() > 0 && e.lines().all(|l| l.trim() == grew)
+        };
         match code {
             0 => Ok(n),
+            1 if only_grew(&err) => Ok(n),
             n => {
                 let why = String::from_utf8_lossy(&err).trim().to_string();
                 let exit = if why.contains("No such file") {

@@ -9,7 +9,8 @@
 //! service links; `restartPolicy: Never`, as a container is not restarted
 //! either.  From the spec: the read-only root, the memory and CPU limits
 //! (requests default to them), tmpfs as `emptyDir` in memory with its size,
-//! named volumes as PersistentVolumeClaims, the runtime as
+//! named volumes as PersistentVolumeClaims (writable to the pod's user
+//! through `fsGroup`, its group or uid), the runtime as
 //! `runtimeClassName`, sysctls the kubelet counts as safe, a health check as
 //! a readiness probe.  Not expressible per pod and so left out: the pids
 //! limit (the kubelet's `podPidsLimit` is per node), ulimits, the CPU
@@ -365,6 +366,12 @@ pub fn pod_of(spec: &ContainerSpec, runtime_class: Option<String>) -> Result<Pod
                 run_as_non_root: Some(true),
                 run_as_user: uid,
                 run_as_group: gid,
+                // The volumes are the user's to write (a claim's storage
+                // applies it; the test cluster's provisioner makes them as
+                // the sandbox's user, scripts/k8s-cluster): nothing in a pod
+                // runs as root to give them away.
+                fs_group: gid.or(uid),
+                fs_group_change_policy: uid.map(|_| "OnRootMismatch".into()),
                 seccomp_profile: Some(SeccompProfile {
                     type_: "RuntimeDefault".into(),
                     ..Default::default()
@@ -454,9 +461,15 @@ pub fn start_outcome(p: &Pod) -> Option<std::result::Result<(), String>> {
         .into_iter()
         .flatten()
     {
+        // Claims not bound yet are a provisioner at work (or none: the
+        // start's timeout then says so), not a pod no node can take.
         if c.type_ == "PodScheduled"
             && c.status == "False"
             && c.reason.as_deref() == Some("Unschedulable")
+            && !c
+                .message
+                .as_deref()
+                .is_some_and(|m| m.contains("unbound immediate PersistentVolumeClaims"))
         {
             return Some(Err(format!(
                 "no node can take it: {}",
@@ -665,6 +678,7 @@ mod tests {
         let psc = s.security_context.as_ref().unwrap();
         assert_eq!(psc.run_as_non_root, Some(true));
         assert_eq!(psc.run_as_user, Some(100000));
+        assert_eq!(psc.fs_group, Some(100000), "the volumes are the user's");
         assert_eq!(
             psc.seccomp_profile.as_ref().unwrap().type_,
             "RuntimeDefault"
@@ -740,5 +754,34 @@ mod tests {
         let c = container_of_record(&cm);
         assert!(!c.running);
         assert_eq!(c.status, "exited");
+    }
+
+    #[test]
+    fn unbound_claims_wait_and_other_unschedulable_pods_fail() {
+        use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+        let pending = |msg: &str| Pod {
+            status: Some(PodStatus {
+                phase: Some("Pending".into()),
+                conditions: Some(vec![PodCondition {
+                    type_: "PodScheduled".into(),
+                    status: "False".into(),
+                    reason: Some("Unschedulable".into()),
+                    message: Some(msg.into()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            start_outcome(&pending(
+                "0/1 nodes are available: pod has unbound immediate PersistentVolumeClaims. not found"
+            )),
+            None
+        );
+        assert!(matches!(
+            start_outcome(&pending("0/1 nodes are available: 1 Insufficient memory.")),
+            Some(Err(m)) if m.contains("Insufficient memory")
+        ));
     }
 }

@@ -111,6 +111,10 @@ impl SandboxEngine for KubeEngine {
     fn exec_io(&self, container: &str, req: &ExecRequest, io: ExecIo<'_>) -> Result<i64> {
         exec_streams(self, container, req, io)
     }
+
+    fn runs_as_root(&self) -> bool {
+        false
+    }
 }
 
 /// The command that gives `req` its directory and environment, which the
