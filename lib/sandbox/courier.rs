@@ -495,6 +495,9 @@ fn read_outbox(reader: std::io::PipeReader, target: &Maildir) -> Result<Outbox> 
         let new = matches!(target.deliver_once(name, &bytes)?, Delivered::New(_));
         carried.push((name.to_string(), new));
     }
+    // tar pads its archive past the end marker (to its record size): read
+    // it all, so the engine's side is not cut off mid-write.
+    std::io::copy(&mut a.into_inner(), &mut std::io::sink()).map_err(bad)?;
     Ok((carried, junk))
 }
 

@@ -137,6 +137,15 @@ impl<'a> Sandboxes<'a> {
             },
         ];
         let helper = format!("{}-setup", rec.container);
+        // As root where the engine allows it, to give the volumes to the
+        // sandbox's user; as that user where it does not (Kubernetes: the
+        // pod's fsGroup makes them its), the chown then left out.
+        let root = self.engine.runs_as_root();
+        let as_user = if root {
+            "0:0".to_string()
+        } else {
+            format!("{0}:{0}", rec.uid)
+        };
         let mut h = ContainerSpec {
             name: Some(helper.clone()),
             image: rec.image.clone(),
@@ -145,7 +154,7 @@ impl<'a> Sandboxes<'a> {
                 "-c".into(),
                 super::spec::KEEPALIVE.into(),
             ]),
-            user: Some("0:0".into()),
+            user: Some(as_user.clone()),
             labels: spec.labels.clone(),
             network: Some("none".into()),
             volumes: mounts.clone(),
@@ -166,11 +175,20 @@ impl<'a> Sandboxes<'a> {
         let res = (|| -> Result<String> {
             self.engine.start(&helper)?;
             let uid = rec.uid;
+            let own = if root {
+                format!(
+                    "mkdir -p {WORK}/home && chown {uid}:{uid} {WORK} {WORK}/home {MAILBOX} && chmod 0755 {WORK} && chmod 0700 {MAILBOX} && "
+                )
+            } else {
+                format!(
+                    "for d in {WORK} {MAILBOX} {TOOLS_DIR}; do [ -w \"$d\" ] || {{ echo \"$d is not writable by uid $(id -u): the engine's storage does not give it to the pod's fsGroup\" >&2; exit 1; }}; done && mkdir -p {WORK}/home && "
+                )
+            };
             let script = format!(
-                "mkdir -p {WORK}/home && chown {uid}:{uid} {WORK} {WORK}/home {MAILBOX} && chmod 0755 {WORK} && chmod 0700 {MAILBOX} && \
+                "{own}\
                  printf 'PATH=%s\\n' \"$PATH\" && if [ -e {TOOLS_DIR}/.complete-{key} ]; then echo tools; fi"
             );
-            let (code, out, err) = self.exec_capture(&helper, "0:0", &script)?;
+            let (code, out, err) = self.exec_capture(&helper, &as_user, &script)?;
             if code != 0 {
                 return Err(Error::new(
                     Exit::Unavailable,
