@@ -14,8 +14,11 @@
 //!
 //! The volumes are filled before the sandbox starts, through a short-lived
 //! helper container of the sandbox's own image (no network, labelled like
-//! the sandbox so `gc` finds it when a create dies): it gives `/work` and
-//! `/lw/mailbox` to the sandbox's user, receives the mail dir's Maildirs,
+//! the sandbox so `gc` finds it when a create dies): as root it gives
+//! `/work` and `/lw/mailbox` to the sandbox's user; where the engine runs
+//! nothing as root (Kubernetes) it runs as that user, the pod's `fsGroup`
+//! having made the volumes its, and checks it can write them.  It receives
+//! the mail dir's Maildirs,
 //! the tools (once per root and version: a marker file says the volume is
 //! complete) and a git bundle of the mirror, and says the image's `PATH`.
 //! The clone is then made inside the sandbox from the bundle, as its user,
