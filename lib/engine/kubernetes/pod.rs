@@ -461,15 +461,18 @@ pub fn start_outcome(p: &Pod) -> Option<std::result::Result<(), String>> {
         .into_iter()
         .flatten()
     {
-        // Claims not bound yet are a provisioner at work (or none: the
-        // start's timeout then says so), not a pod no node can take.
+        // Claims not bound yet are a provisioner at work, and one "not
+        // found" just made is the scheduler's cache behind (either way
+        // the start's timeout says when it lasts), not a pod no node can
+        // take.
+        let claims_pending = |m: &str| {
+            m.contains("unbound immediate PersistentVolumeClaims")
+                || (m.contains("persistentvolumeclaim \"") && m.contains("not found"))
+        };
         if c.type_ == "PodScheduled"
             && c.status == "False"
             && c.reason.as_deref() == Some("Unschedulable")
-            && !c
-                .message
-                .as_deref()
-                .is_some_and(|m| m.contains("unbound immediate PersistentVolumeClaims"))
+            && !c.message.as_deref().is_some_and(claims_pending)
         {
             return Some(Err(format!(
                 "no node can take it: {}",
@@ -776,6 +779,12 @@ mod tests {
         assert_eq!(
             start_outcome(&pending(
                 "0/1 nodes are available: pod has unbound immediate PersistentVolumeClaims. not found"
+            )),
+            None
+        );
+        assert_eq!(
+            start_outcome(&pending(
+                "0/1 nodes are available: persistentvolumeclaim \"lw-sb-x-a-work\" not found. not found"
             )),
             None
         );
