@@ -118,6 +118,47 @@ fn not_built(
     }
 }
 
+/// The project's image for a cluster, whose nodes build nothing: chosen on
+/// `builder` (the Docker engine lw-build builds on), with its inputs from
+/// there.  The pod names the image cache's copy when the project has
+/// `build.cache` (`lw-build push` puts each layer there, as
+/// `HOST/REPO:LAYER-HASH`, and the nodes pull it); without a cache, the
+/// local tag, which must then be on the nodes (imported into their runtime).
+pub fn resolve_for_cluster(
+    builder: &dyn Engine,
+    nodes: &dyn Engine,
+    project: &Project,
+    allow_stale: bool,
+) -> Result<ImageChoice> {
+    let mut choice = resolve_image(builder, Some(project), None, allow_stale)?;
+    let cache = project
+        .config
+        .get("build.cache")
+        .filter(|c| !c.trim().is_empty());
+    if let (Some(spec), None) = (cache, &choice.stale) {
+        let cache = crate::distribution::CacheRef::parse(spec)?;
+        let plan = Runtime::load(&project.top)?.plan(builder)?;
+        let last = plan.layers.last().expect("a runtime has a layer");
+        choice.reference = format!(
+            "{}/{}:{}",
+            cache.host,
+            cache.repo,
+            crate::image::cache::remote_tag(last)
+        );
+        return Ok(choice);
+    }
+    if !nodes.image_exists(&choice.reference)? {
+        let r = &choice.reference;
+        return Err(Error::new(
+            Exit::NoInput,
+            format!(
+                "image '{r}' is not on the cluster's nodes: import it into their runtime (docker save {r} | ctr -n k8s.io images import -), or set build.cache in .loopwright/config and run lw-build push, so the nodes pull it from there"
+            ),
+        ));
+    }
+    Ok(choice)
+}
+
 /// The last layer's inputs, from the manifest label lw-build wrote on the image.
 fn image_inputs(engine: &dyn Engine, reference: &str) -> Result<Vec<(String, String)>> {
     let img = engine.image(reference)?;

@@ -142,12 +142,31 @@ impl<'a> Sandboxes<'a> {
         clock: &mut Clock,
         warn: &mut dyn FnMut(&str),
     ) -> Result<ImageChoice> {
-        let mut image = resolve_image(
-            self.engine,
-            project,
-            opts.image.as_deref(),
-            opts.allow_stale,
-        )?;
+        // A cluster builds nothing: the image is lw-build's, on Docker.
+        let cluster = crate::engine::EngineKind::of(project.map(|p| &p.config))?
+            == crate::engine::EngineKind::Kubernetes;
+        let mut image = match (project, opts.image.as_deref()) {
+            (Some(p), None) if cluster => image::resolve_for_cluster(
+                &crate::engine::DockerEngine::connect().map_err(|e| {
+                    Error::new(
+                        e.exit,
+                        format!(
+                            "{}; a cluster's sandbox image is chosen where lw-build builds it, or named with --image",
+                            e.msg
+                        ),
+                    )
+                })?,
+                self.engine,
+                p,
+                opts.allow_stale,
+            )?,
+            _ => resolve_image(
+                self.engine,
+                project,
+                opts.image.as_deref(),
+                opts.allow_stale,
+            )?,
+        };
         clock.mark("image");
         if let Some(a) = &c.agent {
             image.reference = a.image(
