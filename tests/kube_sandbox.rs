@@ -302,6 +302,7 @@ fn sandboxes_as_pods() {
         .reference;
     let cluster = kube_support::Cluster::start("kube_sandbox", &[&image])
         .expect("the cached binaries are there");
+    let started = Instant::now();
     let ke = KubeEngine::connect_with(Some(cluster.kubeconfig.to_str().unwrap()), None, None)
         .expect("connects to the test cluster");
     let tk = Target {
@@ -327,8 +328,28 @@ fn sandboxes_as_pods() {
         s.elapsed()
     };
     let create_k = create(&tk, "a");
-    let create_k2 = create(&tk, "b");
+    // Without --image: the project's image, chosen where lw-build built it.
+    let s = Instant::now();
+    tk.ok(&fx, &["create", "b", "--branch", "b"]);
+    let create_k2 = s.elapsed();
     let create_d = create(&tl, "a");
+
+    // With build.cache, the pod names the cache's copy of the last layer
+    // (here a registry that is not there: the pull fails, nothing is left).
+    let config = fx.proj.join(".loopwright/config");
+    std::fs::write(&config, "build.cache = 127.0.0.1:9/lw/layers\n").unwrap();
+    let o = tk.sb(&fx, &["create", "c", "--branch", "c"]);
+    std::fs::write(&config, "").unwrap();
+    assert_eq!(o.status.code(), Some(69), "a pull that fails: {}", text(&o));
+    assert!(
+        text(&o).contains("127.0.0.1:9/lw/layers:deps-"),
+        "the pod named the cache's reference: {}",
+        text(&o)
+    );
+    assert!(
+        !tk.ok(&fx, &["ls"]).lines().any(|l| l.starts_with("c\t")),
+        "nothing of c is left"
+    );
     let rec: serde_json::Value =
         serde_json::from_slice(&std::fs::read(fx.root.join("state/sandbox/a.json")).unwrap())
             .unwrap();
@@ -601,8 +622,9 @@ fn sandboxes_as_pods() {
     );
 
     eprintln!(
-        "figure: cluster start (node Ready, images imported) {:.1} s",
-        cluster.started_in.as_secs_f64()
+        "figure: cluster start (node Ready, images imported) {:.1} s; the suite on it {:.1} s",
+        cluster.started_in.as_secs_f64(),
+        started.elapsed().as_secs_f64()
     );
     eprintln!(
         "figure: lw-sandbox create: pod {:.1} s (second {:.1} s), Docker {:.1} s: pod/Docker {:.1}x",
