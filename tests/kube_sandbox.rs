@@ -7,7 +7,9 @@
 //! as the sandbox's non-root user, and `lw-sandbox courier` carries the mail
 //! through the pods/exec subresource.
 //!
-//! Asserted: create, exec (uid, branch, HEAD, tools on PATH), post ->
+//! Asserted: create (with `--image`, and without: the project's image as
+//! lw-build made it; with `build.cache` the pod names the cache's copy),
+//! exec (uid, branch, HEAD, tools on PATH), post ->
 //! mediator -> courier -> a waiting `lw-inbox --wait`, a contract change
 //! between two pod sandboxes and its answer back, 1,000 messages with 0
 //! lost and 0 duplicated, push (checked with git in the upstream), a pod
