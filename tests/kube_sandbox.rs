@@ -14,8 +14,9 @@
 //! between two pod sandboxes and its answer back, 1,000 messages with 0
 //! lost and 0 duplicated, push (checked with git in the upstream), a pod
 //! evicted mid-run (Eviction API): `ls` no longer lists it running, its
-//! mail is kept on its claim and in the root, and rm (nothing of the root
-//! left in the cluster but the shared tools claim).  Figures: cluster
+//! mail is kept on its claim and in the root, rm, and kill -9 of a create
+//! at a seeded moment followed by gc (nothing of the root left in the
+//! cluster but the shared tools claim).  Figures: cluster
 //! start, pod sandbox create against a Docker sandbox create (same run),
 //! post->deliver latency through the courier, 1,000 messages.
 //!
@@ -24,6 +25,7 @@
 
 mod kube_support;
 mod sandbox_support;
+mod seeded;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
@@ -610,6 +612,34 @@ fn sandboxes_as_pods() {
     tk.ok(&fx, &["rm", "a"]);
     tk.ok(&fx, &["rm", "--force", "b"]);
     tl.ok(&fx, &["rm", "--force", "a"]);
+
+    // kill -9 of a create at a seeded moment, then gc: nothing of it left.
+    let kill_at = Duration::from_millis(500 + seeded::below(4000));
+    let mut c = tk
+        .env(&mut fx.cmd(&["create", "k", "--branch", "k"]))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The kill's moment is the point (seeded), so this sleep waits for no event.
+    std::thread::sleep(kill_at);
+    let finished = match c.try_wait().unwrap() {
+        Some(st) => format!("finished first ({st:?})"),
+        None => {
+            c.kill().unwrap();
+            c.wait().unwrap();
+            "killed".to_string()
+        }
+    };
+    eprintln!(
+        "figure: create of k {finished} at {} ms (seed {})",
+        kill_at.as_millis(),
+        seeded::seed()
+    );
+    tk.ok(&fx, &["gc"]);
+    if finished != "killed" {
+        tk.ok(&fx, &["rm", "--force", "k"]);
+    }
     let left = cluster.kubectl(&[
         "get",
         "pods,pvc,configmaps",
