@@ -168,6 +168,9 @@ pub struct ContainerSpec {
     /// The OCI runtime to run it under (`runsc` for gVisor); `None` is the
     /// engine's default (runc).  See [`EngineInfo::runtimes`].
     pub runtime: Option<String>,
+    /// Extra lines of the container's /etc/hosts: name -> address (Docker's
+    /// `--add-host`, a pod's `hostAliases`), for names no DNS serves.
+    pub hosts: BTreeMap<String, String>,
 }
 
 /// A container as loopwright needs it.
@@ -475,6 +478,27 @@ pub trait NetworkEngine: Engine {
         timeout: Duration,
         done: &mut dyn FnMut(&str) -> bool,
     ) -> Result<bool>;
+    /// Gives `container`'s `port` a stable address that the members of its
+    /// networks use, and returns that address's host; `None` when the
+    /// engine needs no object for it because the aliases given to
+    /// [`connect`](NetworkEngine::connect) resolve (Docker).  On Kubernetes
+    /// it is a Service named as the container, labelled `labels`, and the
+    /// host is its cluster address (there is no per-network name service).
+    fn publish(
+        &self,
+        container: &str,
+        port: u16,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<Option<String>> {
+        let _ = (container, port, labels);
+        Ok(None)
+    }
+    /// Removes what [`publish`](NetworkEngine::publish) made for
+    /// `container`; nothing there is not an error.
+    fn unpublish(&self, container: &str) -> Result<()> {
+        let _ = container;
+        Ok(())
+    }
 }
 
 /// Moving images in and out of an engine as archives, the format of

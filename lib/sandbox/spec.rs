@@ -71,6 +71,7 @@ pub fn container_spec(
             Duration::from_secs(300),
         )),
         runtime: rec.runtime.clone(),
+        hosts: BTreeMap::new(),
     }
 }
 

@@ -421,6 +421,8 @@ impl Engine for DockerEngine {
                 config: Some(spec.log_options.clone().into_iter().collect()),
             }),
             sysctls: (!spec.sysctls.is_empty()).then(|| spec.sysctls.clone().into_iter().collect()),
+            extra_hosts: (!spec.hosts.is_empty())
+                .then(|| spec.hosts.iter().map(|(n, a)| format!("{n}:{a}")).collect()),
             port_bindings: if port_bindings.is_empty() {
                 None
             } else {

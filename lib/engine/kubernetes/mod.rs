@@ -27,6 +27,7 @@ mod network;
 mod paths;
 mod pod;
 mod sandbox;
+mod service;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -7,14 +7,17 @@
 //! pods labelled `net.loopwright.org/NAME=1` and allows traffic among them
 //! (none when `isolate_containers`), and out of the cluster too unless
 //! `internal`.  `connect`/`disconnect` set and remove that label on a
-//! running pod; aliases have no place in a policy (a Service gives a
-//! name; not built).  `bridge` is [`BRIDGE`]: egress anywhere.
+//! running pod; aliases have no place in a policy: `publish` puts a
+//! Service in front of a pod instead (service.rs).  `bridge` is [`BRIDGE`]:
+//! egress anywhere.
 //!
 //! NetworkPolicy is enforced by the cluster's network plugin, not by the
 //! API server: a plugin without policy support (the reference `bridge`
-//! CNI plugin, flannel) accepts the objects and enforces nothing.  lw doctor
-//! and the tests say which holds; these objects are the request, the plugin
-//! is the wall.
+//! CNI plugin, flannel) accepts the objects and enforces nothing.  The test
+//! cluster (scripts/k8s-cluster) runs kube-router's firewall beside the
+//! bridge plugin when it is cached, and then enforces them
+//! (tests/kube_network.rs); these objects are the request, the plugin is
+//! the wall.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -132,7 +135,9 @@ impl KubeEngine {
             .and_then(|j| serde_json::from_str(j).ok())
             .unwrap_or_else(|| np.metadata.labels.clone().unwrap_or_default());
         Ok(Network {
-            id: np.metadata.uid.clone().unwrap_or_default(),
+            // A policy's name is unique in its namespace and is what the
+            // API takes: callers that pass ids back (egress) must reach it.
+            id: name.clone(),
             internal: flags.split(',').any(|f| f == "internal"),
             options: flags
                 .split(',')
@@ -313,6 +318,19 @@ impl NetworkEngine for KubeEngine {
 
     fn disconnect(&self, network: &str, container: &str) -> Result<()> {
         self.label_pod(network, container, false)
+    }
+
+    fn publish(
+        &self,
+        container: &str,
+        port: u16,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<Option<String>> {
+        self.publish_service(container, port, labels).map(Some)
+    }
+
+    fn unpublish(&self, container: &str) -> Result<()> {
+        self.unpublish_service(container)
     }
 
     fn logs(&self, container: &str, stdout: bool) -> Result<Vec<u8>> {

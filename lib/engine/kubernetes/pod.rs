@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, Container as KContainer, EmptyDirVolumeSource, EnvVar, ExecAction,
-    PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, Probe,
+    HostAlias, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, Probe,
     ResourceRequirements, SeccompProfile, SecurityContext, Sysctl, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -380,9 +380,28 @@ pub fn pod_of(spec: &ContainerSpec, runtime_class: Option<String>) -> Result<Pod
                 ..Default::default()
             }),
             volumes: (!volumes.is_empty()).then_some(volumes),
+            host_aliases: host_aliases(&spec.hosts),
             ..Default::default()
         }),
         status: None,
+    })
+}
+
+/// `name -> address` as the kubelet writes them into /etc/hosts: one
+/// alias per address, naming each of its names.
+fn host_aliases(hosts: &BTreeMap<String, String>) -> Option<Vec<HostAlias>> {
+    let mut by_ip: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for (name, ip) in hosts {
+        by_ip.entry(ip).or_default().push(name.clone());
+    }
+    (!by_ip.is_empty()).then(|| {
+        by_ip
+            .into_iter()
+            .map(|(ip, names)| HostAlias {
+                hostnames: Some(names),
+                ip: ip.to_string(),
+            })
+            .collect()
     })
 }
 
