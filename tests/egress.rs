@@ -359,6 +359,7 @@ fn egress_matrix_reaches_the_allowed_host_and_nothing_else() {
         outside: out_net.clone(),
         ready_timeout: Duration::from_secs(60),
         labels: Default::default(),
+        hosts: Default::default(),
     };
     let key_a = format!("lw-egt-{nonce}-a");
     let key_b = format!("lw-egt-{nonce}-b");
@@ -995,6 +996,7 @@ fn prepare_makes_an_isolated_way_out_and_teardown_leaves_nothing() {
         outside: outside.clone(),
         ready_timeout: Duration::from_secs(60),
         labels: [(TEST_LABEL.to_string(), world.nonce.clone())].into(),
+        hosts: Default::default(),
     };
     // A network of that name made by someone else is not taken over.
     docker(&["network", "create", "--label", &world.label(), &outside]);
@@ -1098,6 +1100,7 @@ fn concurrent_prepares_settle_on_one_outside_network() {
                         outside,
                         ready_timeout: Duration::from_secs(60),
                         labels: Default::default(),
+                        hosts: Default::default(),
                     };
                     egress::prepare(&engine, key, &AllowList::none(), &opts, &mut |_| {})
                         .map(|p| p.proxy)

@@ -47,7 +47,7 @@ use std::time::Duration;
 pub use crate::engine::{Network, NetworkEngine, NetworkSpec};
 pub use allow::{AllowList, Entry, HostPattern};
 pub use image::{PROXY_FILES, ensure_proxy_image, proxy_tag};
-pub use proxy::{denials, leftovers, prepare, requests, start_proxy, teardown};
+pub use proxy::{denials, leftovers, prepare, prepare_with_image, requests, start_proxy, teardown};
 pub use squid::Request;
 
 use crate::config::Config;
@@ -167,6 +167,9 @@ pub struct Options {
     /// Labels added to the sandbox's network and proxy (e.g. the caller's
     /// project label, so its `gc` finds them among its own objects).
     pub labels: BTreeMap<String, String>,
+    /// Names the proxy resolves from its /etc/hosts (name -> address)
+    /// before any DNS: hosts the resolver does not know.
+    pub hosts: BTreeMap<String, String>,
 }
 
 impl From<&Settings> for Options {
@@ -176,6 +179,7 @@ impl From<&Settings> for Options {
             outside: s.outside.clone(),
             ready_timeout: Duration::from_secs(30),
             labels: BTreeMap::new(),
+            hosts: BTreeMap::new(),
         }
     }
 }
@@ -192,7 +196,13 @@ pub fn proxy_name(key: &str) -> String {
 
 /// The environment that sends a sandbox's HTTP(S) through its proxy.
 pub fn proxy_env() -> Vec<String> {
-    let url = format!("http://{PROXY_HOST}:{}", squid::PORT);
+    proxy_env_at(PROXY_HOST)
+}
+
+/// The same, with the proxy at `host` (an engine that names it otherwise:
+/// a Service's address on Kubernetes, see [`NetworkPlan::env`]).
+pub fn proxy_env_at(host: &str) -> Vec<String> {
+    let url = format!("http://{host}:{}", squid::PORT);
     let no_proxy = "localhost,127.0.0.1,::1";
     let mut env = Vec::new();
     for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {

@@ -8,8 +8,11 @@ use std::time::Duration;
 use super::AllowList;
 use super::{
     LABEL_EGRESS, LABEL_KEY, NetworkPlan, Options, PROXY_HOST, Request, check_key,
-    ensure_proxy_image, network_name, proxy_env, proxy_name, squid,
+    ensure_proxy_image, network_name, proxy_env_at, proxy_name, squid,
 };
+
+/// The uid (and gid) of Debian's `proxy` user, the proxy image's `USER`.
+const PROXY_UID: u32 = 13;
 use crate::engine::ContainerSpec;
 use crate::engine::{BuildEvent, Network, NetworkEngine, NetworkSpec};
 use crate::error::{Error, Exit, Result};
@@ -30,9 +33,24 @@ pub fn prepare(
 ) -> Result<NetworkPlan> {
     check_key(key)?;
     let image = ensure_proxy_image(engine, &opts.proxy_from, on_event)?;
+    prepare_with_image(engine, key, allow, &image, opts)
+}
+
+/// [`prepare`] with a proxy image the engine already has.  A Kubernetes
+/// engine builds no images: there the image is built on a Docker engine
+/// ([`ensure_proxy_image`]) and reaches the nodes through a registry
+/// (`build.cache`) or an import into their runtime.
+pub fn prepare_with_image(
+    engine: &dyn NetworkEngine,
+    key: &str,
+    allow: &AllowList,
+    image: &str,
+    opts: &Options,
+) -> Result<NetworkPlan> {
+    check_key(key)?;
     let outside = outside_network(engine, &opts.outside)?;
     teardown(engine, key)?;
-    let made = make(engine, key, allow, &image, &outside, opts);
+    let made = make(engine, key, allow, image, &outside, opts);
     if made.is_err() {
         let _ = teardown(engine, key);
     }
@@ -67,6 +85,10 @@ fn make(
         image: image.to_string(),
         env: vec![format!("LW_EGRESS_CONF={}", squid::render(allow))],
         labels: labels("proxy"),
+        // The image's user `proxy`, by number: Kubernetes checks that a
+        // non-root user is one only when it is numeric.
+        user: Some(format!("{PROXY_UID}:{PROXY_UID}")),
+        hosts: opts.hosts.clone(),
         read_only_root: true,
         cap_drop: vec!["ALL".into()],
         security_opt: vec!["no-new-privileges".into()],
@@ -86,10 +108,12 @@ fn make(
     engine.create(&spec)?;
     engine.connect(&network, &proxy, &[PROXY_HOST])?;
     start_proxy(engine, key, opts.ready_timeout)?;
+    // Docker resolves the alias; Kubernetes gives a Service's address.
+    let host = engine.publish(&proxy, squid::PORT, &labels("proxy"))?;
     Ok(NetworkPlan {
         network,
         proxy,
-        env: proxy_env(),
+        env: proxy_env_at(host.as_deref().unwrap_or(PROXY_HOST)),
         sysctls: [(
             "net.ipv6.conf.all.disable_ipv6".to_string(),
             "1".to_string(),
@@ -200,6 +224,7 @@ fn outside_network(engine: &dyn NetworkEngine, name: &str) -> Result<String> {
 /// at all.  Missing pieces are not an error.
 pub fn teardown(engine: &dyn NetworkEngine, key: &str) -> Result<()> {
     check_key(key)?;
+    engine.unpublish(&proxy_name(key))?;
     engine.remove(&proxy_name(key), true)?;
     let label = format!("{LABEL_KEY}={key}");
     for net in engine.networks_with_label(&label)? {
