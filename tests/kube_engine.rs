@@ -7,8 +7,8 @@
 //! Through the engine contract: a hardened pod from the imported image (uid,
 //! read-only root, no capabilities, no new privileges, seccomp), exec and its
 //! exit status, exec_io with standard input, logs, inspect and ls by label, a
-//! named volume (PVC), a network (NetworkPolicy; enforcement reported as the
-//! plugin gives it), stop and start, remove; `Sandboxes::gc` after kill -9 of
+//! named volume (PVC), a network (NetworkPolicy; enforced when kube-router
+//! is cached, reported as the bridge plugin gives it otherwise), stop and start, remove; `Sandboxes::gc` after kill -9 of
 //! a process making pods leaves nothing labelled with the root; RBAC without
 //! `create pods` is 77, an unreachable API server or no kubeconfig 69 naming
 //! the context, a namespace quota 75 with nothing made.  Figures: cluster
@@ -20,11 +20,13 @@
 //! hour on 2 cores).  One test, so nothing else in this binary starts the
 //! cluster; a lock file keeps two runs on one machine apart.
 
+#[path = "kube_support/mod.rs"]
+mod kube_support;
 mod seeded;
 
 use std::collections::BTreeMap;
 use std::io::Cursor;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -38,28 +40,15 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use loopwright::engine::{
     ContainerSpec, DockerEngine, Engine, ExecIo, ExecRequest, HostPaths, KubeEngine, NetworkEngine,
-    NetworkSpec, OutStream, SandboxEngine,
+    NetworkSpec, SandboxEngine,
 };
 use loopwright::error::Exit;
 use loopwright::layout::Root;
 use loopwright::sandbox::{LABEL_ROOT, LABEL_ROOT_PATH, LABEL_SANDBOX, Sandboxes, root_id};
 
-const VERSION: &str = "1.35.4";
-const IMAGE: &str = "loopwright/test-busybox:latest";
+use kube_support::{Cluster, IMAGE, network_cached, nonce, run};
+
 const CHILD: &str = "LW_KUBE_TEST_CHILD";
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn cache_bin() -> PathBuf {
-    let cache = std::env::var("LW_K8S_CACHE").unwrap_or_else(|_| "/opt/loopwright-k8s".into());
-    Path::new(&cache).join(VERSION).join("bin")
-}
-
-fn nonce() -> String {
-    format!("{:08x}", loopwright::id::random128() as u32)
-}
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
@@ -68,102 +57,6 @@ fn median(mut v: Vec<Duration>) -> Duration {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
-}
-
-/// The cluster, stopped (and its pods deleted) when dropped.
-struct Cluster {
-    kubeconfig: PathBuf,
-    _lock: std::fs::File,
-}
-
-impl Cluster {
-    fn start() -> Option<Cluster> {
-        let missing: Vec<&str> = [
-            "kube-apiserver",
-            "kubelet",
-            "kube-controller-manager",
-            "kube-scheduler",
-            "kubectl",
-        ]
-        .into_iter()
-        .filter(|b| !cache_bin().join(b).exists())
-        .collect();
-        if !missing.is_empty() {
-            eprintln!(
-                "kube_engine: CANNOT RUN: Kubernetes {VERSION} is not cached in {} (missing: {}); scripts/k8s-build builds it (about an hour on 2 cores), after which this suite and .ci/run use it",
-                cache_bin().display(),
-                missing.join(", ")
-            );
-            return None;
-        }
-        for tool in ["containerd", "ctr", "docker"] {
-            assert!(
-                Command::new("sh")
-                    .args(["-c", &format!("command -v {tool}")])
-                    .stdout(Stdio::null())
-                    .status()
-                    .unwrap()
-                    .success(),
-                "kube_engine: {tool} is not installed, so the cluster cannot start: apt-get install containerd docker.io (.ci/run installs them)"
-            );
-        }
-        let lock =
-            loopwright::fs::lock(Path::new("/tmp/lw-k8s.lock")).expect("the cluster's lock file");
-        let t0 = Instant::now();
-        let out = Command::new(repo().join("scripts/k8s-cluster"))
-            .arg("start")
-            .env("LW_K8S_IMAGES", IMAGE)
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("scripts/k8s-cluster runs");
-        assert!(
-            out.status.success(),
-            "scripts/k8s-cluster start failed: {out:?}"
-        );
-        eprintln!(
-            "figure: cluster start (node Ready, image imported) {:.1} s",
-            t0.elapsed().as_secs_f64()
-        );
-        let kubeconfig = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-        assert!(
-            kubeconfig.exists(),
-            "no kubeconfig at {}",
-            kubeconfig.display()
-        );
-        Some(Cluster {
-            kubeconfig,
-            _lock: lock,
-        })
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = Command::new(repo().join("scripts/k8s-cluster"))
-            .arg("stop")
-            .stdout(Stdio::null())
-            .status();
-    }
-}
-
-fn run(e: &dyn SandboxEngine, pod: &str, cmd: &[&str]) -> (i64, String, String) {
-    let mut out = Vec::new();
-    let mut err = Vec::new();
-    let req = ExecRequest {
-        cmd: cmd.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    };
-    let code = e
-        .exec(pod, &req, &mut |s, b| match s {
-            OutStream::Stdout => out.extend_from_slice(b),
-            OutStream::Stderr => err.extend_from_slice(b),
-        })
-        .unwrap_or_else(|e| panic!("exec {cmd:?} in {pod}: {e}"));
-    (
-        code,
-        String::from_utf8_lossy(&out).into_owned(),
-        String::from_utf8_lossy(&err).into_owned(),
-    )
 }
 
 /// The hardened spec a sandbox asks for, labelled as lw-sandbox labels.
@@ -224,10 +117,14 @@ fn child_makes_pods_until_killed() {
 
 #[test]
 fn the_kubernetes_engine_on_a_real_cluster() {
-    let Some(cluster) = Cluster::start() else {
+    let Some(cluster) = Cluster::start("kube_engine", &[IMAGE]) else {
         return;
     };
-    let kc = cluster.kubeconfig.to_str().unwrap().to_string();
+    let kc = cluster.kubeconfig();
+    eprintln!(
+        "figure: cluster start (node Ready, image imported) {:.1} s",
+        cluster.started_in.as_secs_f64()
+    );
     let ns = format!("lw-test-{}", nonce());
     let admin = KubeEngine::connect_with(Some(&kc), None, None).expect("the admin connects");
     let namespaces: Api<Namespace> = Api::all(admin.client().clone());
@@ -540,8 +437,10 @@ fn life(e: &KubeEngine, root: &Root, id: &str) {
 
 /// Default deny as the cluster gives it: the policy objects are made; a
 /// pod without a network asks another pod for a file, and the bytes it gets
-/// say whether the network plugin enforces them (the bridge plugin of
-/// scripts/k8s-cluster enforces none, and the figure says so).
+/// say whether the network plugin enforces them: kube-router's firewall
+/// when scripts/k8s-build-net cached it (asserted; tests/kube_network.rs
+/// counts the bytes), else the bridge plugin alone, which enforces none
+/// (the figure says so).
 fn enforcement(e: &KubeEngine, root: &Root) {
     use k8s_openapi::api::networking::v1::NetworkPolicy;
     let server = format!("lw-kt-srv-{}", nonce());
@@ -595,10 +494,20 @@ fn enforcement(e: &KubeEngine, root: &Root) {
     .unwrap();
     e.connect(&net, &server, &[]).unwrap();
     e.connect(&net, &client, &[]).unwrap();
-    let (_, allowed, _) = run(e, &client, &["nc", "-w", "3", &ip, "8080"]);
+    // With a policy controller (kube-router), a change takes effect a
+    // moment after the API call: wait for it, 0.2 s a try, 10 s at most.
+    let enforcing = network_cached();
+    let tries = if enforcing { 50 } else { 1 };
+    let fetch = |want: &str| {
+        let script = format!(
+            "i=0; while true; do r=$(nc -w 3 {ip} 8080); i=$((i+1)); if [ \"$r\" = '{want}' ] || [ $i -ge {tries} ]; then printf %s \"$r\"; exit 0; fi; sleep 0.2; done"
+        );
+        run(e, &client, &["sh", "-c", &script])
+    };
+    let (_, allowed, _) = fetch("secret");
     // The client leaves it: only the default deny selects it now.
     e.disconnect(&net, &client).unwrap();
-    let (code, out, err) = run(e, &client, &["nc", "-w", "3", &ip, "8080"]);
+    let (code, out, err) = fetch("");
     let verdict = match (allowed.trim() == "secret", out.is_empty()) {
         (true, true) => "enforced",
         (true, false) => "NOT enforced by this cluster's network plugin (bridge CNI)",
@@ -612,6 +521,12 @@ fn enforcement(e: &KubeEngine, root: &Root) {
         out.len(),
         err.trim()
     );
+    if enforcing {
+        assert_eq!(
+            verdict, "enforced",
+            "kube-router is cached, so scripts/k8s-cluster runs it"
+        );
+    }
     e.remove_network(&net).unwrap();
     e.remove(&client, true).unwrap();
     e.remove(&server, true).unwrap();

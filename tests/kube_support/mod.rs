@@ -1,14 +1,23 @@
 //! The single-node cluster of scripts/k8s-cluster for the Kubernetes
 //! suites: started under /tmp/lw-k8s.lock with images imported from the
 //! Docker engine (no registry), stopped when dropped; `None` (and a line
-//! saying why) when the cached binaries are absent.
+//! saying why) when the cached binaries are absent.  Also what the suites
+//! share: a fresh namespace, exec that returns status and output, a pod's
+//! address, whether the network components are cached.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Api;
+use kube::api::PostParams;
+use loopwright::engine::{ExecRequest, KubeEngine, OutStream, SandboxEngine};
+
 pub const VERSION: &str = "1.35.4";
+pub const IMAGE: &str = "loopwright/test-busybox:latest";
 
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -91,6 +100,10 @@ impl Cluster {
         })
     }
 
+    pub fn kubeconfig(&self) -> String {
+        self.kubeconfig.to_str().unwrap().to_string()
+    }
+
     /// `kubectl ARGS` against the cluster: its stdout (it must succeed).
     pub fn kubectl(&self, args: &[&str]) -> String {
         let o = Command::new(cache_bin().join("kubectl"))
@@ -115,4 +128,74 @@ impl Drop for Cluster {
             .stdout(Stdio::null())
             .status();
     }
+}
+
+pub fn nonce() -> String {
+    format!("{:08x}", loopwright::id::random128() as u32)
+}
+
+/// Whether scripts/k8s-build-net has cached kube-router and kube-proxy, so
+/// the cluster enforces NetworkPolicy and routes Services (unless
+/// LW_K8S_NO_NETPOL tells scripts/k8s-cluster to leave them out).
+pub fn network_cached() -> bool {
+    if std::env::var_os("LW_K8S_NO_NETPOL").is_some_and(|v| !v.is_empty()) {
+        return false;
+    }
+    Command::new(repo().join("scripts/k8s-build-net"))
+        .env("LW_K8S_ONLY_CACHED", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// Makes a namespace named `prefix-NONCE` as `admin`; returns its name.
+pub fn namespace(admin: &KubeEngine, prefix: &str) -> String {
+    let ns = format!("{prefix}-{}", nonce());
+    let namespaces: Api<Namespace> = Api::all(admin.client().clone());
+    admin
+        .block_on(namespaces.create(
+            &PostParams::default(),
+            &Namespace {
+                metadata: ObjectMeta {
+                    name: Some(ns.clone()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        ))
+        .expect("namespace");
+    ns
+}
+
+/// Runs `cmd` in `pod`: exit status, stdout, stderr.
+pub fn run(e: &dyn SandboxEngine, pod: &str, cmd: &[&str]) -> (i64, String, String) {
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    let req = ExecRequest {
+        cmd: cmd.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    };
+    let code = e
+        .exec(pod, &req, &mut |s, b| match s {
+            OutStream::Stdout => out.extend_from_slice(b),
+            OutStream::Stderr => err.extend_from_slice(b),
+        })
+        .unwrap_or_else(|e| panic!("exec {cmd:?} in {pod}: {e}"));
+    (
+        code,
+        String::from_utf8_lossy(&out).into_owned(),
+        String::from_utf8_lossy(&err).into_owned(),
+    )
+}
+
+/// The address of a running pod.
+pub fn pod_ip(e: &KubeEngine, pod: &str) -> String {
+    let pods: Api<Pod> = Api::namespaced(e.client().clone(), &e.target().namespace);
+    e.block_on(pods.get(pod))
+        .unwrap()
+        .status
+        .and_then(|s| s.pod_ip)
+        .unwrap_or_else(|| panic!("pod {pod} has no address"))
 }

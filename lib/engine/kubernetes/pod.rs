@@ -686,6 +686,32 @@ mod tests {
     }
 
     #[test]
+    fn hosts_become_one_alias_per_address() {
+        let mut sp = spec();
+        sp.hosts = BTreeMap::from([
+            ("a.test".to_string(), "10.0.0.7".to_string()),
+            ("b.test".to_string(), "10.0.0.7".to_string()),
+            ("c.test".to_string(), "10.0.0.8".to_string()),
+        ]);
+        let p = pod_of(&sp, None).unwrap();
+        let aliases = p.spec.unwrap().host_aliases.unwrap();
+        assert_eq!(aliases.len(), 2);
+        assert_eq!(aliases[0].ip, "10.0.0.7");
+        assert_eq!(
+            aliases[0].hostnames.as_deref(),
+            Some(&["a.test".to_string(), "b.test".to_string()][..])
+        );
+        assert!(
+            pod_of(&spec(), None)
+                .unwrap()
+                .spec
+                .unwrap()
+                .host_aliases
+                .is_none()
+        );
+    }
+
+    #[test]
     fn a_spec_becomes_a_hardened_pod() {
         let p = pod_of(&spec(), Some("gvisor".into())).unwrap();
         let s = p.spec.as_ref().unwrap();
