@@ -1041,7 +1041,8 @@ fn prepare_makes_an_isolated_way_out_and_teardown_leaves_nothing() {
     ]);
     println!("proxy posture: {posture}");
     assert!(
-        posture.starts_with("true [ALL] [no-new-privileges] proxy"),
+        // Debian's `proxy` user, by number (Kubernetes checks a numeric one).
+        posture.starts_with("true [ALL] [no-new-privileges] 13:13"),
         "{posture}"
     );
     assert!(egress::leftovers(&engine, None).unwrap().contains(&key));
