@@ -243,7 +243,7 @@ fn a_container_removed_behind_our_back_is_shown_and_reclaimed() {
     let rm = docker(&["rm", "-f", &f.container("g")]);
     assert!(rm.status.success());
     let ls = f.ok(&["ls"]);
-    assert!(ls.starts_with("g\tg\tmissing\t"), "{ls}");
+    assert!(ls.starts_with("g\tg\tlost\t"), "{ls}");
     let o = f.sb(&["exec", "g", "--", "true"]);
     assert_eq!(code(&o), Some(66), "{}", err(&o));
     assert!(err(&o).contains("gc"), "{}", err(&o));

@@ -15,8 +15,8 @@ use crate::error::{Error, Result};
 pub struct Status {
     pub name: String,
     pub branch: String,
-    /// `running`, `exited`, `created`, `creating`, `missing` (the container
-    /// is gone), `broken` (a dead create, for gc).
+    /// `running`, `exited`, `created`, `creating`, `lost` (the engine
+    /// answered and its container is gone), `broken` (a dead create, for gc).
     pub state: String,
     pub ports: Vec<Port>,
     pub created: String,
@@ -34,7 +34,9 @@ pub struct Status {
 }
 
 impl<'a> Sandboxes<'a> {
-    /// `ls`: every sandbox of the root.
+    /// `ls`: every sandbox of the root.  A sandbox is `lost` only on the
+    /// engine's word: when the engine does not answer, the listing fails
+    /// (69, naming it) rather than calling every sandbox lost.
     pub fn list(&self, count_unpushed: bool) -> Result<Vec<Status>> {
         let containers = self.engine.containers_with_label(&self.root_label())?;
         let now = crate::time::now();
@@ -49,7 +51,7 @@ impl<'a> Sandboxes<'a> {
                         "creating"
                     }
                 }
-                (true, None) => "missing",
+                (true, None) => "lost",
                 (true, Some(c)) => c.status.as_str(),
             }
             .to_string();

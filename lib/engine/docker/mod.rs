@@ -136,6 +136,17 @@ fn unreachable_err(host: &str, e: &bollard::errors::Error) -> Error {
             ),
         );
     }
+    if host.starts_with("tcp://") || host.starts_with("ssh://") {
+        // Another machine's engine: this host can neither start nor see it.
+        return Error::new(
+            Exit::Unavailable,
+            format!(
+                "cannot reach the Docker engine at {host}: {e}; start the engine on that host \
+                 (dockerd --host tcp://0.0.0.0:2376 --tlsverify ...), check that this host \
+                 reaches it, or point DOCKER_HOST at a running engine"
+            ),
+        );
+    }
     Error::new(
         Exit::Unavailable,
         format!(
