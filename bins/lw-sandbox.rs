@@ -209,11 +209,20 @@ enum Cmd {
     /// Carry mail between remote-engine sandboxes and the root, until stopped
     Courier {
         /// One pass, then exit
-        #[arg(long)]
+        #[arg(long, conflicts_with_all = ["ensure", "stop"])]
         once: bool,
         /// How often the engine's outboxes are looked at, in milliseconds
         #[arg(long, value_name = "MS", default_value = "200")]
         interval: u64,
+        /// Start the root's detached courier unless one runs; print its pid
+        #[arg(long, conflicts_with = "stop")]
+        ensure: bool,
+        /// Stop the root's courier and wait until it is gone
+        #[arg(long)]
+        stop: bool,
+        /// Run as the root's detached courier (what --ensure starts)
+        #[arg(long, hide = true)]
+        detached: bool,
     },
 }
 
@@ -293,6 +302,29 @@ fn warn(msg: &str) {
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
     let root = root_of(&args)?;
+    if let Cmd::Courier {
+        ensure,
+        stop,
+        interval,
+        ..
+    } = args.cmd
+        && (ensure || stop)
+    {
+        // Neither needs the engine: the courier it starts connects itself.
+        let l = if stop {
+            match sandbox::courier_daemon::stop(&root)? {
+                Some(pid) => format!("stopped {pid}"),
+                None => "none".to_string(),
+            }
+        } else {
+            match ensure_courier(&root, args.project.as_deref(), interval)? {
+                sandbox::courier_daemon::Ensured::Started(pid) => format!("started {pid}"),
+                sandbox::courier_daemon::Ensured::Running(pid) => format!("running {pid}"),
+            }
+        };
+        writeln!(out, "{l}").map_err(out_err)?;
+        return Ok(Exit::Ok);
+    }
     let engine = connect(&args)?;
     let sb = Sandboxes::new(root, &*engine);
     let line = |out: &mut dyn Write, s: &str| writeln!(out, "{s}").map_err(out_err);
@@ -356,7 +388,15 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
                 line(out, &l)?;
             }
         }
-        Cmd::Courier { once, interval } => courier(&sb, once, interval, out)?,
+        Cmd::Courier {
+            detached: true,
+            interval,
+            ..
+        } => sandbox::courier_daemon::detached(
+            &sb,
+            std::time::Duration::from_millis(interval.max(1)),
+        )?,
+        Cmd::Courier { once, interval, .. } => courier(&sb, once, interval, out)?,
         Cmd::Kits { json } => {
             let (project, _) =
                 sandbox::find_project(args.project.as_deref(), args.mirror.as_deref())
@@ -370,6 +410,23 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
         }
     }
     Ok(Exit::Ok)
+}
+
+/// Makes sure the root's detached courier runs (lib/sandbox/courier_daemon.rs).
+fn ensure_courier(
+    root: &Root,
+    project: Option<&std::path::Path>,
+    interval: u64,
+) -> Result<sandbox::courier_daemon::Ensured, Error> {
+    let me = std::env::current_exe()
+        .map_err(|e| Error::new(Exit::Software, "cannot find lw-sandbox itself").with_source(e))?;
+    let mut args = Vec::new();
+    if let Some(p) = project {
+        // Absolute: the courier runs in this directory too, but says so.
+        let p = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+        args.extend(["--project".into(), p.into_os_string()]);
+    }
+    sandbox::courier_daemon::ensure(root, &me, &args, interval)
 }
 
 /// `courier`: carries the mail of volume-mode sandboxes, reporting each pass.
@@ -474,6 +531,7 @@ fn create(
         unreachable!("create is given a create command")
     };
     let line = |out: &mut dyn Write, s: &str| writeln!(out, "{s}").map_err(out_err);
+    let project_flag = project;
     let (project, mirror_path) = sandbox::find_project(project, mirror)?;
     let bins = sandbox::mailbox_commands();
     let network = match network {
@@ -510,6 +568,16 @@ fn create(
     let c = sb.create(&opts, project.as_ref(), &mirror_path, &bins, &mut |m| {
         warn(m)
     })?;
+    if c.record.volume_mode {
+        // Its mail moves only while a courier runs: one is made sure of.
+        // The sandbox stands either way; `courier --ensure` tries again.
+        if let Err(e) = ensure_courier(&sb.root, project_flag, 200) {
+            warn(&format!(
+                "sandbox '{}' was made, but its mail does not move until a courier runs: {e}; run 'lw-sandbox courier --ensure'",
+                c.record.name
+            ));
+        }
+    }
     if verbose {
         eprintln!("{PROG}: {}", c.timings_line());
     }

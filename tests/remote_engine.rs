@@ -238,8 +238,9 @@ fn with_engine<'a>(cmd: &'a mut Command, host: &str, certs: &Path) -> &'a mut Co
         .env("DOCKER_CERT_PATH", certs)
 }
 
-/// Starts B's dockerd in its container and waits until it answers.
-fn start_dockerd(container: &str, cgroup: &str, host: &str, certs: &Path) {
+/// Starts B's dockerd in its container and waits until it answers;
+/// `data_root` (a fresh directory) makes it an engine whose state was wiped.
+fn start_dockerd(container: &str, cgroup: &str, host: &str, certs: &Path, data_root: &str) {
     docker(&[
         "exec",
         "-d",
@@ -247,7 +248,7 @@ fn start_dockerd(container: &str, cgroup: &str, host: &str, certs: &Path) {
         "sh",
         "-c",
         &format!(
-            "dockerd --cgroup-parent /{cgroup} --host tcp://0.0.0.0:2376 --tlsverify --tlscacert /certs/b-ca.pem \
+            "dockerd --data-root {data_root} --cgroup-parent /{cgroup} --host tcp://0.0.0.0:2376 --tlsverify --tlscacert /certs/b-ca.pem \
          --tlscert /certs/server.pem --tlskey /certs/server-key.pem \
          --iptables=false --ip-masq=false --storage-driver overlay2 >>/var/log/dockerd.log 2>&1"
         ),
@@ -278,8 +279,8 @@ fn start_dockerd(container: &str, cgroup: &str, host: &str, certs: &Path) {
     }
 }
 
-/// Stops B's dockerd (SIGTERM, as a restart does) and starts it again.
-fn restart_dockerd(container: &str, cgroup: &str, host: &str, certs: &Path) {
+/// Stops B's dockerd (SIGTERM, as a restart does) and waits until it is gone.
+fn stop_dockerd(container: &str) {
     docker(&[
         "exec",
         container,
@@ -287,8 +288,10 @@ fn restart_dockerd(container: &str, cgroup: &str, host: &str, certs: &Path) {
         "-c",
         "kill $(cat /var/run/docker.pid); while [ -e /var/run/docker.pid ]; do sleep 0.1; done",
     ]);
-    start_dockerd(container, cgroup, host, certs);
 }
+
+/// The data root B's dockerd keeps its state in (on B's volume).
+const DATA_ROOT: &str = "/var/lib/docker";
 
 /// `docker save` here, `docker load` on B (whose CLI reads the same
 /// variables the engine code does).
@@ -490,7 +493,7 @@ fn remote_engine_over_tls() {
     std::fs::remove_file(no_key.join("key.pem")).unwrap();
 
     let host = format!("tcp://{ip}:2376");
-    start_dockerd(&b.container, &cgroup, &host, &good);
+    start_dockerd(&b.container, &cgroup, &host, &good, DATA_ROOT);
     // B gets the busybox test image, through the docker CLI with the same
     // variables (the CLI as the witness that they mean what we read).
     load_into_b(&busybox, &host, &good);
@@ -564,8 +567,26 @@ fn remote_engine_over_tls() {
             .output()
             .unwrap()
     };
-    let restart_b = || restart_dockerd(&b.container, &cgroup, &host, &good);
-    let figures = remote_support::volume_mode(&fx, &host, &good, &image, &b_docker, &restart_b);
+    let restart_b = || {
+        stop_dockerd(&b.container);
+        start_dockerd(&b.container, &cgroup, &host, &good, DATA_ROOT);
+    };
+    let stop_b = || stop_dockerd(&b.container);
+    // A new data root on the same volume: B comes back knowing nothing.
+    let start_b_wiped =
+        || start_dockerd(&b.container, &cgroup, &host, &good, "/var/lib/docker/wiped");
+    let figures = remote_support::volume_mode(
+        &fx,
+        &host,
+        &good,
+        &image,
+        &remote_support::EngineB {
+            docker: &b_docker,
+            restart: &restart_b,
+            stop: &stop_b,
+            start_wiped: &start_b_wiped,
+        },
+    );
     // The probe's answer is kept per engine id under the root.
     let rec = loopwright::sandbox::hostpaths::record_path(
         &loopwright::layout::Root::new(&fx.root),

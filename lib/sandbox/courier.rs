@@ -31,7 +31,9 @@
 //! idle connection), so a pass is a handful of requests per sandbox: the
 //! outbox's archive, and an exec only when there is something to do.
 //!
-//! One courier per root (`ROOT/state/courier.lock`).  The host side is
+//! One courier per root (`ROOT/state/courier.lock`, its pid in
+//! `ROOT/state/courier.pid`); a volume-mode `create` starts one detached
+//! (courier_daemon.rs).  The host side is
 //! watched (inotify on the inboxes); the engine side is polled, since its
 //! API raises no event for a file in a volume.
 
@@ -511,21 +513,48 @@ pub fn run(
     report: &mut dyn FnMut(&Carried),
     warn: &mut dyn FnMut(&str),
 ) -> Result<()> {
-    let state = sb.root.state_dir();
+    let lock_path = lock_path(&sb.root);
+    let lock = take_lock(&sb.root)?.ok_or_else(|| {
+        Error::new(
+            Exit::TempFail,
+            format!(
+                "another courier carries the mail of '{}' (it holds '{}')",
+                sb.root.dir.display(),
+                lock_path.display()
+            ),
+        )
+    })?;
+    let pid = super::courier_daemon::PidFile::write(&sb.root)?;
+    serve(sb, interval, once, report, warn, &mut |_| false)?;
+    pid.remove();
+    drop(lock);
+    Ok(())
+}
+
+/// `ROOT/state/courier.lock`: held by the root's one courier.
+pub fn lock_path(root: &crate::layout::Root) -> std::path::PathBuf {
+    root.state_dir().join("courier.lock")
+}
+
+/// The courier lock of the root, or None when another courier holds it.
+pub fn take_lock(root: &crate::layout::Root) -> Result<Option<std::fs::File>> {
+    let state = root.state_dir();
     std::fs::create_dir_all(&state).map_err(|e| Error::io("cannot create", &state, e))?;
-    let lock_path = state.join("courier.lock");
-    let _lock = crate::fs::try_lock(&lock_path)
-        .map_err(|e| Error::lock(&lock_path, e))?
-        .ok_or_else(|| {
-            Error::new(
-                Exit::TempFail,
-                format!(
-                    "another courier carries the mail of '{}' (it holds '{}')",
-                    sb.root.dir.display(),
-                    lock_path.display()
-                ),
-            )
-        })?;
+    let path = lock_path(root);
+    crate::fs::try_lock(&path).map_err(|e| Error::lock(&path, e))
+}
+
+/// The passes of a courier that holds the lock; before each, `idle` is
+/// told how many volume-mode sandboxes the root has, and ends the loop by
+/// answering true (the detached courier, courier_daemon.rs).
+pub fn serve(
+    sb: &Sandboxes,
+    interval: Duration,
+    once: bool,
+    report: &mut dyn FnMut(&Carried),
+    warn: &mut dyn FnMut(&str),
+    idle: &mut dyn FnMut(usize) -> bool,
+) -> Result<()> {
     let mut courier = Courier::new(sb);
     let watcher = crate::fs::Watcher::new()
         .map_err(|e| Error::new(Exit::IoErr, format!("cannot watch the inboxes: {e}")))?;
@@ -533,6 +562,9 @@ pub fn run(
     loop {
         match courier.sandboxes() {
             Ok(recs) => {
+                if idle(recs.len()) {
+                    return Ok(());
+                }
                 for r in recs {
                     let dir = sb.root.sandbox(&r.name).inbox().sub(Sub::New);
                     if !watched.contains(&dir) && watcher.add(&dir).is_ok() {

@@ -17,8 +17,8 @@ impl<'a> Sandboxes<'a> {
     /// `rm`: refuses while work would be lost, unless `force`.
     pub fn remove(&self, name: &str, force: bool, out: &mut dyn FnMut(&str)) -> Result<()> {
         // Refuse an unknown name before making its lock file.
-        self.get(name)?;
-        let lock = self.lock(name, false)?.ok_or_else(|| {
+        let known = self.get(name)?;
+        let lock = self.lock(name, courier_holds(&known))?.ok_or_else(|| {
             Error::new(
                 Exit::TempFail,
                 format!("sandbox '{name}' is busy (another lw-sandbox holds it); try again"),
@@ -213,7 +213,8 @@ impl<'a> Sandboxes<'a> {
             }
         }
         for (name, rec) in names {
-            let Some(lock) = self.lock(&name, false)? else {
+            let wait = rec.as_ref().is_some_and(courier_holds);
+            let Some(lock) = self.lock(&name, wait)? else {
                 out(&format!("busy {name}"));
                 continue;
             };
@@ -244,4 +245,11 @@ impl<'a> Sandboxes<'a> {
         push::remove_leftovers(&self.root.state_dir(), out);
         Ok(())
     }
+}
+
+/// Whether the lock of `rec`'s sandbox is one the root's courier takes for
+/// a pass (a ready volume-mode sandbox, whose create is over): then `rm`
+/// and `gc` wait for it instead of calling the sandbox busy.
+fn courier_holds(rec: &Record) -> bool {
+    rec.ready && rec.volume_mode
 }

@@ -177,31 +177,78 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-/// Post -> delivered into the recipient's inbox, `n` times: the median.
-/// On B the courier's line says when; locally the mediator's file appears
-/// in the host's inbox, seen by a watch.
-fn latency(
-    fx: &Fixture,
-    t: &Target,
-    courier: Option<&Courier>,
-    to_box: &Path,
-    n: usize,
-) -> Duration {
-    let w = loopwright::fs::Watcher::new().unwrap();
-    w.add(to_box).unwrap();
+/// A `lw-inbox --wait` in sandbox `name`, started and waiting.
+struct Waiter {
+    child: Child,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl Waiter {
+    fn start(fx: &Fixture, t: &Target, name: &str) -> Waiter {
+        let mut child = t
+            .env(&mut fx.cmd(&[
+                "exec",
+                name,
+                "--",
+                "sh",
+                "-c",
+                "echo waiting; exec lw-inbox --wait --timeout 120",
+            ]))
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut first = String::new();
+        out.read_line(&mut first).unwrap();
+        assert_eq!(first.trim(), "waiting");
+        Waiter { child, out }
+    }
+    /// The line it lists and when it came; it must be `id`'s (the inbox
+    /// was empty when it started).
+    fn listed(mut self, id: &str) -> (String, SystemTime) {
+        let mut line = String::new();
+        self.out.read_line(&mut line).unwrap();
+        let at = SystemTime::now();
+        assert!(line.starts_with(id), "the waiter lists {id}: {line:?}");
+        let st = self.child.wait().unwrap();
+        assert!(st.success(), "lw-inbox --wait: {st:?}");
+        (line, at)
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Acks everything in sandbox `name`'s inbox, so that a waiter waits.
+fn ack_all(fx: &Fixture, t: &Target, name: &str) {
+    t.ok(
+        fx,
+        &[
+            "exec",
+            name,
+            "--",
+            "sh",
+            "-c",
+            "ls /lw/mailbox/inbox/new | lw-inbox ack - >/dev/null",
+        ],
+    );
+}
+
+/// Post from a -> listed by a `lw-inbox --wait` waiting in b, `n` times
+/// (each acked inside b after): the median.  On B the mail moves through
+/// the courier that `create` started; locally through the mediator alone.
+fn latency(fx: &Fixture, t: &Target, n: usize) -> Duration {
     median(
         (0..n)
             .map(|i| {
+                let w = Waiter::start(fx, t, "b");
                 let id = post(fx, t, "a", "b", &format!("latency {i}"));
-                let at = match courier {
-                    Some(c) => c.until_in(1, Duration::from_secs(60)),
-                    None => loop {
-                        if to_box.join(&id).exists() {
-                            break SystemTime::now();
-                        }
-                        w.wait(Some(Duration::from_secs(60))).unwrap();
-                    },
-                };
+                let (_, at) = w.listed(&id);
+                t.ok(fx, &["exec", "b", "--", "lw-inbox", "ack", &id]);
                 at.duration_since(id_time(&id)).unwrap_or_default()
             })
             .collect(),
@@ -258,15 +305,20 @@ pub struct Figures {
     pub crash: String,
 }
 
-/// The whole story; `b_docker` runs the docker CLI against B.
-pub fn volume_mode(
-    fx: &Fixture,
-    host: &str,
-    certs: &Path,
-    image: &str,
-    b_docker: &dyn Fn(&[&str]) -> Output,
-    restart_b: &dyn Fn(),
-) -> Figures {
+/// The whole story on B beside the same locally.
+/// What the test can do to engine B from outside.
+pub struct EngineB<'a> {
+    /// The docker CLI against B.
+    pub docker: &'a dyn Fn(&[&str]) -> Output,
+    /// B's dockerd stopped and started with its state.
+    pub restart: &'a dyn Fn(),
+    /// B's dockerd stopped.
+    pub stop: &'a dyn Fn(),
+    /// B's dockerd started on a fresh data root: its state wiped.
+    pub start_wiped: &'a dyn Fn(),
+}
+
+pub fn volume_mode(fx: &Fixture, host: &str, certs: &Path, image: &str, b: &EngineB) -> Figures {
     let policy = fx.dir.join("policy");
     std::fs::write(&policy, "loopwright-policy 1\nrate off\nduplicates off\n").unwrap();
     let tb = Target {
@@ -318,7 +370,7 @@ pub fn volume_mode(
             .unwrap();
     assert_eq!(rec["volume_mode"], true, "a on B is in volume mode: {rec}");
     let vols = String::from_utf8_lossy(
-        &b_docker(&[
+        &(b.docker)(&[
             "volume",
             "ls",
             "-q",
@@ -355,36 +407,25 @@ pub fn volume_mode(
     );
     assert_eq!(l[3], "/lw/bin/lw-post", "the tools are on PATH: {o}");
 
-    // post -> the mediator on this host -> b's inbox on B; a waiting
-    // lw-inbox in b wakes on the delivery.
+    // create started the root's courier, detached, once: its pid is in
+    // ROOT/state/courier.pid and `courier --ensure` finds it running.
+    let pid = courier_pid(fx);
+    assert_eq!(
+        tb.ok(fx, &["courier", "--ensure"]).trim(),
+        format!("running {pid}"),
+        "one courier for the root, started by create"
+    );
+
+    // post -> the mediator on this host -> b's inbox on B, by that courier
+    // (none started by hand); a waiting lw-inbox in b wakes on the delivery.
     let mut med_b = tb.mediator(&policy);
-    let courier = Courier::start(fx, &tb, 100);
-    let mut waiter = tb
-        .env(&mut fx.cmd(&[
-            "exec",
-            "b",
-            "--",
-            "sh",
-            "-c",
-            "echo waiting; exec lw-inbox --wait --timeout 120",
-        ]))
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut wout = BufReader::new(waiter.stdout.take().unwrap());
-    let mut first = String::new();
-    wout.read_line(&mut first).unwrap();
-    assert_eq!(first.trim(), "waiting");
+    let w = Waiter::start(fx, &tb, "b");
     let id = post(fx, &tb, "a", "b", "hello from a on B");
-    let mut listed = String::new();
-    wout.read_line(&mut listed).unwrap();
-    let st = waiter.wait().unwrap();
-    assert!(st.success(), "lw-inbox --wait in b: {st:?}");
+    let (listed, _) = w.listed(&id);
     assert!(
-        listed.starts_with(&id) && listed.contains("hello from a on B") && listed.contains("\ta\t"),
+        listed.contains("hello from a on B") && listed.contains("\ta\t"),
         "b's waiting lw-inbox lists a's message, from a: {listed:?}"
     );
-    courier.until_in(1, Duration::from_secs(5));
     // Acked inside b: the host's copy is claimed, the mediator logs the read.
     tb.ok(fx, &["exec", "b", "--", "lw-inbox", "ack", &id]);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -399,16 +440,17 @@ pub fn volume_mode(
         w.wait(Some(Duration::from_secs(1))).unwrap();
     }
 
-    // Figures, B then local.
-    let lat_b = latency(
-        fx,
-        &tb,
-        Some(&courier),
-        &fx.root.join("sandboxes/b/inbox/new"),
-        7,
-    );
+    // Figures, B then local: post->deliver through the auto-started courier.
+    let lat_b = latency(fx, &tb, 7);
     let mut med_l = tl.mediator(&policy);
-    let lat_l = latency(fx, &tl, None, &tl.root.join("sandboxes/b/inbox/new"), 7);
+    let lat_l = latency(fx, &tl, 7);
+    // The flood counts the courier's lines: the root's courier is stopped
+    // and one run by hand in its place.
+    assert_eq!(
+        tb.ok(fx, &["courier", "--stop"]).trim(),
+        format!("stopped {pid}")
+    );
+    let courier = Courier::start(fx, &tb, 100);
     let thousand_b = throughput(
         fx,
         &tb,
@@ -429,7 +471,7 @@ pub fn volume_mode(
     let waiting: Vec<String> = (0..3)
         .map(|i| post(fx, &tb, "a", "b", &format!("across a restart {i}")))
         .collect();
-    restart_b();
+    (b.restart)();
     let ls = tb.ok(fx, &["ls"]);
     for n in ["a", "b"] {
         let l = ls
@@ -482,15 +524,19 @@ pub fn volume_mode(
         "nothing unpushed after the push: {ls}"
     );
 
-    // rm: everything of theirs on B goes (the shared tools volume stays).
+    let auto_kill = kill_auto_courier(fx, &tb, &policy);
+
+    // rm: everything of theirs on B goes (the shared tools volume stays),
+    // and the root's courier leaves by itself with the last of them.
     tb.ok(fx, &["rm", "a"]);
     tb.ok(fx, &["rm", "--force", "b"]);
+    courier_gone(fx);
     let label = format!("label=org.loopwright.root={}", fx.root_id());
-    let left =
-        String::from_utf8_lossy(&b_docker(&["ps", "-aq", "--filter", &label]).stdout).into_owned();
+    let left = String::from_utf8_lossy(&(b.docker)(&["ps", "-aq", "--filter", &label]).stdout)
+        .into_owned();
     assert!(left.trim().is_empty(), "containers left on B: {left}");
     let vols =
-        String::from_utf8_lossy(&b_docker(&["volume", "ls", "-q", "--filter", &label]).stdout)
+        String::from_utf8_lossy(&(b.docker)(&["volume", "ls", "-q", "--filter", &label]).stdout)
             .into_owned();
     assert!(
         vols.lines().all(|v| v.contains("-tools-")),
@@ -498,12 +544,14 @@ pub fn volume_mode(
     );
     tl.ok(fx, &["rm", "--force", "a", "b"]);
 
+    let lost = engine_lost(fx, &tb, &policy, image, b);
+
     Figures {
         create: (create_b, create_l),
         create2: (create_b2, create_l2),
         latency: (lat_b, lat_l),
         thousand: (thousand_b, thousand_l),
-        crash,
+        crash: format!("{crash}; {auto_kill}; {lost}"),
     }
 }
 
@@ -576,4 +624,154 @@ fn crash_courier(fx: &Fixture, tb: &Target, policy: &Path) -> String {
     eprintln!("{line}");
     assert_eq!((lost, duplicated, forwards), (0, 0, N), "{line}");
     line
+}
+
+/// The pid of the root's courier, from ROOT/state/courier.pid.
+fn courier_pid(fx: &Fixture) -> u32 {
+    let p = fx.root.join("state/courier.pid");
+    std::fs::read_to_string(&p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Waits (up to 60 s) until no courier holds the root's lock: the courier
+/// left by itself.  Its pid file goes first.
+fn courier_gone(fx: &Fixture) {
+    let lock = fx.root.join("state/courier.lock");
+    let (tx, rx) = mpsc::channel();
+    let l = lock.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(loopwright::fs::lock(&l).map(drop));
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| {
+            panic!(
+                "the root's courier still holds {} after 60 s",
+                lock.display()
+            )
+        })
+        .unwrap();
+    assert!(
+        !fx.root.join("state/courier.pid").exists(),
+        "the courier's pid file went with it"
+    );
+}
+
+/// kill -9 of the courier that create started, with b waiting and a
+/// posting meanwhile: `courier --ensure` starts another (a new pid) and the
+/// message reaches b.  Returns the line of what happened.
+fn kill_auto_courier(fx: &Fixture, tb: &Target, policy: &Path) -> String {
+    let started = tb.ok(fx, &["courier", "--ensure"]);
+    let pid: u32 = started
+        .trim()
+        .strip_prefix("started ")
+        .unwrap_or_else(|| panic!("--ensure starts one when none runs: {started:?}"))
+        .parse()
+        .unwrap();
+    assert_eq!(courier_pid(fx), pid);
+    ack_all(fx, tb, "b");
+    let mut med = tb.mediator(policy);
+    let w = Waiter::start(fx, tb, "b");
+    let k = Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(k.success(), "kill -9 {pid}");
+    let id = post(fx, tb, "a", "b", "while no courier runs");
+    let again = tb.ok(fx, &["courier", "--ensure"]);
+    let pid2: u32 = again
+        .trim()
+        .strip_prefix("started ")
+        .unwrap_or_else(|| panic!("--ensure restarts a killed courier: {again:?}"))
+        .parse()
+        .unwrap();
+    assert_ne!(pid, pid2, "a new courier");
+    let (_, at) = w.listed(&id);
+    let _ = med.kill();
+    let _ = med.wait();
+    tb.ok(fx, &["exec", "b", "--", "lw-inbox", "ack", &id]);
+    let took = at.duration_since(id_time(&id)).unwrap_or_default();
+    format!(
+        "kill -9 of the auto-started courier {pid}: --ensure started {pid2}, the message posted meanwhile listed in b {:.0} ms after its post",
+        took.as_secs_f64() * 1e3
+    )
+}
+
+/// Engine B down, then back with its state wiped: while it is down `ls`,
+/// `gc` and `rm` exit 69 naming it and nothing is reclaimed; once it
+/// answers without the containers, `ls` says `lost`, the root still holds
+/// their mail, and `gc` archives it.
+fn engine_lost(fx: &Fixture, tb: &Target, policy: &Path, image: &str, b: &EngineB) -> String {
+    let (host, _) = tb.host.clone().unwrap();
+    for n in ["v", "w"] {
+        tb.ok(fx, &["create", n, "--branch", n, "--image", image]);
+    }
+    // A message for w, in the root's inbox of w (the courier carries a copy
+    // into w's volume; the root's stays until w acks it).
+    let id = post(fx, tb, "v", "w", "before the wipe");
+    let w_new = fx.root.join("sandboxes/w/inbox/new");
+    let watch = loopwright::fs::Watcher::new().unwrap();
+    watch.add(&w_new).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !w_new.join(&id).exists() {
+        assert!(Instant::now() < deadline, "{id} not delivered in 60 s");
+        tb.mediate_once(policy);
+        let _ = watch.wait(Some(Duration::from_millis(200)));
+    }
+    (b.stop)();
+    for args in [&["ls"][..], &["gc"], &["rm", "--force", "w"]] {
+        let o = tb.sb(fx, args);
+        assert_eq!(
+            o.status.code(),
+            Some(69),
+            "{args:?} with B down: {}",
+            text(&o)
+        );
+        assert!(
+            text(&o).contains(&host) && text(&o).contains("DOCKER_HOST"),
+            "{args:?} names the engine and the fix: {}",
+            text(&o)
+        );
+        assert!(!text(&o).contains("lost"), "{args:?}: {}", text(&o));
+    }
+    for n in ["v", "w"] {
+        assert!(
+            fx.root.join(format!("state/sandbox/{n}.json")).exists(),
+            "{n}'s record stays while B is down"
+        );
+    }
+    (b.start_wiped)();
+    let ls = tb.ok(fx, &["ls"]);
+    for n in ["v", "w"] {
+        assert!(
+            ls.lines()
+                .any(|l| l.starts_with(&format!("{n}\t{n}\tlost\t"))),
+            "{n} is lost on the wiped B: {ls}"
+        );
+    }
+    assert!(w_new.join(&id).exists(), "{id} is still in the root");
+    let gc = tb.ok(fx, &["gc"]);
+    assert!(
+        gc.contains("archived mailbox") && gc.contains("record w"),
+        "{gc}"
+    );
+    let archived = std::fs::read_dir(fx.root.join("archive"))
+        .unwrap()
+        .flatten()
+        .filter(|d| d.file_name().to_string_lossy().starts_with("w."))
+        .any(|d| walk_has(&d.path(), &id));
+    assert!(archived, "{id} is in w's archive: {gc}");
+    courier_gone(fx);
+    format!("B down: ls/gc/rm 69 naming {host}; B wiped: v, w lost, {id} archived by gc")
+}
+
+fn walk_has(dir: &Path, name: &str) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|rd| {
+        rd.flatten().any(|e| {
+            e.file_name().to_string_lossy() == name
+                || (e.file_type().is_ok_and(|t| t.is_dir()) && walk_has(&e.path(), name))
+        })
+    })
 }

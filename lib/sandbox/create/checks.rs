@@ -86,7 +86,7 @@ impl<'a> Sandboxes<'a> {
                 ));
             }
             let n = format!(
-                "sandbox '{}' is on the engine at {}, which does not see this host's files: its workspace and mail dir are volumes there, without disk quotas; its mail moves while 'lw-sandbox courier' runs",
+                "sandbox '{}' is on the engine at {}, which does not see this host's files: its workspace and mail dir are volumes there, without disk quotas; its mail moves through the root's courier (lw-sandbox courier --ensure), which create starts",
                 opts.name,
                 self.engine.address()
             );
