@@ -143,6 +143,19 @@ impl Leases {
     /// Leases one port of `range` for each of `whats`, for `owner`.  Exit 75
     /// when the range has too few free ports.
     pub fn lease(&self, range: Range, owner: &str, whats: &[String]) -> Result<Vec<u16>> {
+        self.lease_where(range, owner, whats, &|p| !free_on_host(p), "the host")
+    }
+
+    /// [`Leases::lease`] for ports bound elsewhere: `taken` says which ports
+    /// are in use where they will be bound (`place`, for the error).
+    pub fn lease_where(
+        &self,
+        range: Range,
+        owner: &str,
+        whats: &[String],
+        taken: &dyn Fn(u16) -> bool,
+        place: &str,
+    ) -> Result<Vec<u16>> {
         if whats.is_empty() {
             return Ok(vec![]);
         }
@@ -153,7 +166,7 @@ impl Leases {
             if got.len() == whats.len() {
                 break;
             }
-            if leases.iter().any(|l| l.port == port) || !free_on_host(port) {
+            if leases.iter().any(|l| l.port == port) || taken(port) {
                 continue;
             }
             got.push(port);
@@ -166,7 +179,7 @@ impl Leases {
             return Err(Error::new(
                 Exit::TempFail,
                 format!(
-                    "port range {range} is exhausted: {} wanted, {held} of {} leased, the rest in use on the host; \
+                    "port range {range} is exhausted: {} wanted, {held} of {} leased, the rest in use on {place}; \
                      widen '{KEY_RANGE}' in .loopwright/config or remove sandboxes (lw-sandbox rm, lw-sandbox gc)",
                     whats.len(),
                     range.len()

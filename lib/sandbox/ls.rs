@@ -111,7 +111,7 @@ impl<'a> Sandboxes<'a> {
                 .iter()
                 .map(|p| PortMap {
                     container: p.container.clone(),
-                    host_ip: "127.0.0.1".into(),
+                    host_ip: p.ip.clone().unwrap_or_else(|| "127.0.0.1".into()),
                     host_port: p.host,
                 })
                 .collect());
@@ -121,7 +121,10 @@ impl<'a> Sandboxes<'a> {
 }
 
 fn ports_json(ports: &[Port]) -> serde_json::Value {
-    ports.iter().map(|p| serde_json::json!({"container": p.container, "host": format!("127.0.0.1:{}", p.host)})).collect()
+    ports
+        .iter()
+        .map(|p| serde_json::json!({"container": p.container, "host": p.address()}))
+        .collect()
 }
 
 impl Created {
@@ -186,7 +189,7 @@ impl Status {
         let ports: Vec<String> = self
             .ports
             .iter()
-            .map(|p| format!("127.0.0.1:{}->{}", p.host, p.container))
+            .map(|p| format!("{}->{}", p.address(), p.container))
             .collect();
         let ports = if ports.is_empty() {
             "-".to_string()

@@ -133,12 +133,28 @@ impl Network {
     }
 }
 
-/// A published port: container port to leased host port on 127.0.0.1.
+/// A published port: container port to leased host port on 127.0.0.1,
+/// or, in volume mode, on the engine's host.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Port {
     /// `8080/tcp`.
     pub container: String,
     pub host: u16,
+    /// Where it is reached when not on 127.0.0.1 of this host: the engine's
+    /// host (volume mode, where it is published on all its addresses).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<String>,
+}
+
+impl Port {
+    /// `ADDRESS:PORT`, as a client reaches it.
+    pub fn address(&self) -> String {
+        format!(
+            "{}:{}",
+            self.ip.as_deref().unwrap_or("127.0.0.1"),
+            self.host
+        )
+    }
 }
 
 /// Where lw-sandbox works: a mailbox root and an engine.

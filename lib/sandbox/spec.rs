@@ -54,7 +54,13 @@ pub fn container_spec(
             .iter()
             .map(|p| PortMap {
                 container: p.container.clone(),
-                host_ip: "127.0.0.1".into(),
+                // Volume mode: on the engine's host, for this host to reach.
+                host_ip: if rec.volume_mode {
+                    "0.0.0.0"
+                } else {
+                    "127.0.0.1"
+                }
+                .into(),
                 host_port: p.host,
             })
             .collect(),

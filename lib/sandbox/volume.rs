@@ -29,8 +29,12 @@
 //! `push` needs nothing new: it already reaches the sandbox's repository
 //! only through `exec` (git's `ext::` transport, push.rs).
 //!
-//! Not in volume mode (refused, 69): published ports (the port would be
-//! leased on this host but bound on the engine's), the egress proxy and the
+//! Published ports are bound on the engine's host, on all its addresses
+//! (this host reaches them there), at ports leased against what the
+//! engine's loopwright containers publish, not against this host's
+//! listeners ([`lease_ports`]).
+//!
+//! Not in volume mode (refused, 69): the egress proxy and the
 //! agent kits (they bind-mount host files), shared services, gVisor
 //! (its scratch tmpfs is the host's), and the disk quotas (a volume takes
 //! what the engine's disk has).
@@ -64,12 +68,6 @@ pub fn check(opts: &CreateOptions, address: &str) -> Result<()> {
             ),
         ))
     };
-    if !opts.ports.is_empty() {
-        return no(
-            "--port",
-            "a published port is bound on the engine's host, where this host's port leases cannot look; reach the sandbox through lw-sandbox exec, or run loopwright on the engine's machine",
-        );
-    }
     if opts.network == Network::Egress {
         return no(
             "--network egress",
@@ -451,9 +449,62 @@ fn tools_tar(bins: &[(PathBuf, &str)], key: &str) -> Result<Box<dyn Read + Send>
     Ok(Box::new(t.finish()))
 }
 
+/// Leases host ports for `whats` on the engine's host: a port is free when
+/// no lease of this root holds it and no container of any loopwright root
+/// on that engine publishes it now (something else listening there is
+/// found when the engine refuses to publish it, at start).  Also returns
+/// the engine's host, where the ports are reached.
+pub fn lease_ports(
+    sb: &Sandboxes,
+    range: crate::ports::Range,
+    owner: &str,
+    whats: &[String],
+) -> Result<(Vec<u16>, Option<String>)> {
+    if whats.is_empty() {
+        return Ok((vec![], None));
+    }
+    let address = sb.engine.address();
+    let published: std::collections::HashSet<u16> = sb
+        .engine
+        .containers_with_label(LABEL_ROOT)?
+        .iter()
+        .flat_map(|c| c.ports.iter().map(|p| p.host_port))
+        .collect();
+    let place = format!("the engine's host ({address})");
+    let got = sb
+        .leases()
+        .lease_where(range, owner, whats, &|p| published.contains(&p), &place)?;
+    Ok((got, Some(engine_host(&address))))
+}
+
+/// The host of an engine address: `tcp://HOST:PORT` and `ssh://USER@HOST`
+/// give HOST (an IPv6 address keeps its brackets).
+fn engine_host(address: &str) -> String {
+    let rest = address.split_once("://").map_or(address, |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    let rest = rest.split('/').next().unwrap_or(rest);
+    match rest.rsplit_once(':') {
+        Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) && !h.is_empty() => h.to_string(),
+        _ => rest.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_engine_host_of_an_address() {
+        for (a, h) in [
+            ("tcp://172.18.0.2:2376", "172.18.0.2"),
+            ("tcp://build.example:2376", "build.example"),
+            ("ssh://me@build.example", "build.example"),
+            ("ssh://me@build.example:2222", "build.example"),
+            ("tcp://[fd00::2]:2376", "[fd00::2]"),
+        ] {
+            assert_eq!(engine_host(a), h, "{a}");
+        }
+    }
 
     #[test]
     fn the_bundle_tar_is_a_tar_of_the_file() {

@@ -331,29 +331,7 @@ pub fn volume_mode(fx: &Fixture, host: &str, certs: &Path, image: &str, b: &Engi
     };
     std::fs::create_dir_all(&tl.root).unwrap();
 
-    // A port on B is refused before anything is made: its lease could not
-    // be checked where it is bound.
-    let o = tb.sb(
-        fx,
-        &[
-            "create",
-            "p",
-            "--branch",
-            "p",
-            "--image",
-            image,
-            "--network",
-            "bridge",
-            "--port",
-            "8080",
-        ],
-    );
-    assert_eq!(o.status.code(), Some(69), "--port on B: {}", text(&o));
-    assert!(
-        text(&o).contains("--port") && text(&o).contains(host),
-        "--port on B says why: {}",
-        text(&o)
-    );
+    let ports = ports_on_b(fx, &tb, image, b);
 
     // create: B (volume mode) and local, same run.
     let create = |t: &Target, name: &str| {
@@ -551,7 +529,7 @@ pub fn volume_mode(fx: &Fixture, host: &str, certs: &Path, image: &str, b: &Engi
         create2: (create_b2, create_l2),
         latency: (lat_b, lat_l),
         thousand: (thousand_b, thousand_l),
-        crash: format!("{crash}; {auto_kill}; {lost}"),
+        crash: format!("{crash}; {auto_kill}; {lost}; {ports}"),
     }
 }
 
@@ -774,4 +752,124 @@ fn walk_has(dir: &Path, name: &str) -> bool {
                 || (e.file_type().is_ok_and(|t| t.is_dir()) && walk_has(&e.path(), name))
         })
     })
+}
+
+/// The port `name` publishes for 8080/tcp, from `ls`: (address, port).
+fn published(fx: &Fixture, t: &Target, name: &str) -> (String, u16) {
+    let ls = t.ok(fx, &["ls"]);
+    let line = ls
+        .lines()
+        .find(|l| l.starts_with(&format!("{name}\t")))
+        .unwrap_or_else(|| panic!("{name} in ls: {ls}"));
+    let col = line.split('\t').nth(3).unwrap();
+    let (addr, _) = col
+        .split_once("->8080/tcp")
+        .unwrap_or_else(|| panic!("{name} publishes 8080: {line}"));
+    let (ip, port) = addr.rsplit_once(':').unwrap();
+    (ip.to_string(), port.parse().unwrap())
+}
+
+/// `--port` on B: leased against what B's containers publish (a second
+/// root, whose own leases are empty, does not take the first's port), bound
+/// on B's host and reached there from this one; a port something else
+/// holds on B is refused by B at start: 75 naming the port and the engine,
+/// nothing left.
+fn ports_on_b(fx: &Fixture, tb: &Target, image: &str, b: &EngineB) -> String {
+    let (host, _) = tb.host.clone().unwrap();
+    let mk = |t: &Target, n: &str| {
+        t.sb(
+            fx,
+            &[
+                "create",
+                n,
+                "--branch",
+                n,
+                "--image",
+                image,
+                "--network",
+                "bridge",
+                "--port",
+                "8080",
+            ],
+        )
+    };
+    let o = mk(tb, "p");
+    assert!(o.status.success(), "--port on B: {}", text(&o));
+    let (ip, port) = published(fx, tb, "p");
+    assert!(
+        host.contains(&format!("//{ip}:")),
+        "p's port is on B's host {host}: {ip}"
+    );
+    // A listener in p, reached from this host at B's address.
+    let mut listener = tb
+        .env(&mut fx.cmd(&[
+            "exec",
+            "p",
+            "--",
+            "perl",
+            "-MIO::Socket::INET",
+            "-e",
+            "$|=1; my $s = IO::Socket::INET->new(LocalPort => 8080, Listen => 1, ReuseAddr => 1) or die $!; \
+             print qq(listening\n); my $c = $s->accept; print $c qq(hello from p\n); close $c;",
+        ]))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lout = BufReader::new(listener.stdout.take().unwrap());
+    let mut l = String::new();
+    lout.read_line(&mut l).unwrap();
+    assert_eq!(l.trim(), "listening");
+    let mut conn = std::net::TcpStream::connect((ip.as_str(), port)).expect("p's port on B");
+    conn.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut got = String::new();
+    std::io::Read::read_to_string(&mut conn, &mut got).unwrap();
+    assert_eq!(got, "hello from p\n", "through {ip}:{port}");
+    assert!(listener.wait().unwrap().success());
+
+    // A second root on B: its leases are empty, B's view is not.  The next
+    // port is held on B by a container that is not loopwright's.
+    let t2 = Target {
+        host: tb.host.clone(),
+        root: fx.dir.join("root-b2"),
+    };
+    std::fs::create_dir_all(&t2.root).unwrap();
+    let next = port + 1;
+    let occupier = format!("lw-test-occupier-{}", crate::sandbox_support::nonce());
+    let run = (b.docker)(&[
+        "run",
+        "-d",
+        "--name",
+        &occupier,
+        "-p",
+        &format!("{next}:9"),
+        "--entrypoint",
+        "sleep",
+        image,
+        "600",
+    ]);
+    assert!(run.status.success(), "occupier on B: {}", text(&run));
+    let o = mk(&t2, "q");
+    assert_eq!(o.status.code(), Some(75), "a port held on B: {}", text(&o));
+    assert!(
+        text(&o).contains(&next.to_string()) && text(&o).contains(&host),
+        "the refusal names port {next} and {host}: {}",
+        text(&o)
+    );
+    assert_eq!(t2.ok(fx, &["ls"]), "", "nothing left of q");
+    let leases = std::fs::read_to_string(t2.root.join("state/ports")).unwrap_or_default();
+    assert!(
+        leases.lines().all(|l| l.starts_with('#')),
+        "q's lease is released: {leases}"
+    );
+    let _ = (b.docker)(&["rm", "-f", &occupier]);
+    let o = mk(&t2, "q");
+    assert!(o.status.success(), "q once the port is free: {}", text(&o));
+    let (_, q_port) = published(fx, &t2, "q");
+    assert_ne!(q_port, port, "q does not take p's port on B");
+    t2.ok(fx, &["rm", "--force", "q"]);
+    tb.ok(fx, &["rm", "--force", "p"]);
+    format!(
+        "--port on B: p at {ip}:{port} reached from here; q (another root) refused 75 on {next} held on B, then got {q_port}"
+    )
 }

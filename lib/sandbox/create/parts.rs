@@ -57,7 +57,16 @@ impl<'a> Sandboxes<'a> {
                 || e.msg.contains("address already in use")
             {
                 e.exit = Exit::TempFail;
-                e.msg += "; a leased port was taken by something else: try again";
+                e.msg += &if c.on_volumes {
+                    let ports: Vec<String> = rec.ports.iter().map(|p| p.host.to_string()).collect();
+                    format!(
+                        "; the engine at {} refused to publish port {} on its host, where something else holds it: free it there, or try again",
+                        self.engine.address(),
+                        ports.join(", ")
+                    )
+                } else {
+                    "; a leased port was taken by something else: try again".to_string()
+                };
             }
             e
         })?;
@@ -70,7 +79,11 @@ impl<'a> Sandboxes<'a> {
     fn make_mailbox(&self, rec: &mut Record, c: &Checked) -> Result<PathBuf> {
         let name = rec.name.clone();
         let settings: &Settings = &c.settings;
-        let hosts = self.leases().lease(settings.ports, &name, &c.ports)?;
+        let (hosts, ip) = if c.on_volumes {
+            crate::sandbox::volume::lease_ports(self, settings.ports, &name, &c.ports)?
+        } else {
+            (self.leases().lease(settings.ports, &name, &c.ports)?, None)
+        };
         rec.ports = c
             .ports
             .iter()
@@ -78,6 +91,7 @@ impl<'a> Sandboxes<'a> {
             .map(|(w, h)| Port {
                 container: w.clone(),
                 host: *h,
+                ip: ip.clone(),
             })
             .collect();
         if !rec.ports.is_empty() {
