@@ -136,7 +136,7 @@ impl<'s, 'a> Courier<'s, 'a> {
             .sb
             .records()?
             .into_iter()
-            .filter(|r| r.ready && r.volume_mode)
+            .filter(|r| r.ready && r.volume_mode && !self.sb.elsewhere(r))
             .collect())
     }
 

@@ -224,6 +224,8 @@ impl<'a> Sandboxes<'a> {
                 Err(_) => rec,
             };
             let dead = match &rec {
+                // Another engine's: its container is looked for there.
+                Some(r) if self.elsewhere(r) => false,
                 None => true,
                 Some(r) if !r.ready => true,
                 Some(r) => self.engine.inspect(&r.container)?.is_none(),

@@ -16,7 +16,8 @@ pub struct Status {
     pub name: String,
     pub branch: String,
     /// `running`, `exited`, `created`, `creating`, `lost` (the engine
-    /// answered and its container is gone), `broken` (a dead create, for gc).
+    /// answered and its container is gone), `broken` (a dead create, for gc),
+    /// `elsewhere` (made on another engine than this command reaches).
     pub state: String,
     pub ports: Vec<Port>,
     pub created: String,
@@ -42,8 +43,12 @@ impl<'a> Sandboxes<'a> {
         let now = crate::time::now();
         let mut out = Vec::new();
         for rec in self.records()? {
-            let c = containers.iter().find(|c| c.name == rec.container);
+            let elsewhere = self.elsewhere(&rec);
+            let c = containers
+                .iter()
+                .find(|c| c.name == rec.container && !elsewhere);
             let state = match (rec.ready, c) {
+                _ if elsewhere => "elsewhere",
                 (false, _) => {
                     if self.lock(&rec.name, false)?.is_some() {
                         "broken"

@@ -58,6 +58,12 @@ pub struct Record {
     /// mail dir are volumes on the engine's side (lib/sandbox/volume.rs).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub volume_mode: bool,
+    /// The address of the engine it was made on (`DOCKER_HOST` or the
+    /// local socket); absent in older records.  A command that reaches
+    /// another engine leaves it alone: its container is not there, and
+    /// that does not make it lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
 }
 
 impl Record {
@@ -137,6 +143,7 @@ impl<'a> Sandboxes<'a> {
     pub fn get(&self, name: &str) -> Result<Record> {
         registry::check_name(name).map_err(Error::usage)?;
         match self.record(name)? {
+            Some(r) if self.elsewhere(&r) => Err(self.elsewhere_err(&r)),
             Some(r) if r.ready => Ok(r),
             Some(_) => Err(Error::new(
                 Exit::TempFail,
@@ -152,6 +159,26 @@ impl<'a> Sandboxes<'a> {
                 ),
             )),
         }
+    }
+
+    /// Whether `r` was made on another engine than the one this command
+    /// reaches (a root may hold sandboxes on several).
+    pub fn elsewhere(&self, r: &Record) -> bool {
+        r.engine
+            .as_deref()
+            .is_some_and(|e| e != self.engine.address())
+    }
+
+    fn elsewhere_err(&self, r: &Record) -> Error {
+        let at = r.engine.as_deref().unwrap_or_default();
+        Error::new(
+            Exit::Unavailable,
+            format!(
+                "sandbox '{}' is on the engine at {at}, not the one at {} that this command reaches; run it with DOCKER_HOST={at} (and that engine's TLS variables)",
+                r.name,
+                self.engine.address()
+            ),
+        )
     }
 
     pub(super) fn write_record(&self, r: &Record) -> Result<()> {

@@ -363,6 +363,34 @@ pub fn volume_mode(fx: &Fixture, host: &str, certs: &Path, image: &str, b: &Engi
         "a's workspace and mail dir are volumes on B: {vols}"
     );
 
+    // The same root through the local engine: a and b are B's, neither
+    // lost nor collected there.
+    let here = Target {
+        host: None,
+        root: fx.root.clone(),
+    };
+    let ls = here.ok(fx, &["ls"]);
+    for n in ["a", "b"] {
+        assert!(
+            ls.lines()
+                .any(|l| l.starts_with(&format!("{n}\t{n}\telsewhere\t"))),
+            "{n} is elsewhere for the local engine: {ls}"
+        );
+    }
+    let gc = here.ok(fx, &["gc"]);
+    assert!(
+        !gc.contains("record"),
+        "a local gc leaves B's sandboxes: {gc}"
+    );
+    let o = here.sb(fx, &["exec", "a", "--", "true"]);
+    assert_eq!(
+        o.status.code(),
+        Some(69),
+        "exec through another engine: {}",
+        text(&o)
+    );
+    assert!(text(&o).contains(host), "it names B: {}", text(&o));
+
     // exec: the clone on its branch, from the bundle, as the sandbox's user.
     let o = tb.ok(
         fx,

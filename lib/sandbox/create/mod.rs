@@ -264,6 +264,7 @@ impl<'a> Sandboxes<'a> {
             services: opts.services.clone(),
             runtime: c.runtime.clone(),
             volume_mode: c.on_volumes,
+            engine: Some(self.engine.address()),
         };
         self.write_record(&rec)?;
         Ok(rec)
