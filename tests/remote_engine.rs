@@ -9,8 +9,9 @@
 //! `lw doctor` says B does not share the host's filesystem and the local
 //! engine does; sandboxes on B work in volume mode (tests/remote_support:
 //! create, exec, post -> mediator -> courier -> a waiting lw-inbox, read
-//! receipts, push, rm, `--port` refused with 69, kill -9 of the courier
-//! while it carries: 0 lost, 0 duplicated); a wrong CA, a missing key and a client certificate B does
+//! receipts, push, rm, `--port` on B's host, the courier create starts,
+//! B down and wiped, a root with a sandbox on each engine, kill -9 of the
+//! courier while it carries: 0 lost, 0 duplicated); a wrong CA, a missing key and a client certificate B does
 //! not trust are 69 naming the host and the file; `ssh://` and unverified
 //! `DOCKER_TLS` are 78.  Figures: connect+version
 //! latency, container create+start time, `lw-sandbox create` time,

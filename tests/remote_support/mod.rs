@@ -1,8 +1,12 @@
 //! Sandboxes on engine B (volume mode), beside the same on the local engine:
-//! create, exec, post -> deliver through the mediator and the courier, a
-//! waiting lw-inbox woken by the delivery, push, rm; the figures (create
-//! time, post->deliver latency, 1,000 messages), and kill -9 of the courier
-//! while it carries, with the seed and the counts.
+//! create (which starts the root's courier), exec, post -> deliver through
+//! the mediator and that courier, a waiting lw-inbox woken by the delivery,
+//! push, rm (the courier leaves with the last); `--port` leased against B's
+//! view and reached on B's address; one root with a sandbox on each engine
+//! (`elsewhere` through the other); the figures (create time, post->deliver
+//! latency, 1,000 messages); kill -9 of the courier while it carries, and of
+//! the auto-started one (`courier --ensure` restarts it); B down (69) and
+//! back wiped (`lost`, mail archived by gc).
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -391,6 +395,8 @@ pub fn volume_mode(fx: &Fixture, host: &str, certs: &Path, image: &str, b: &Engi
     );
     assert!(text(&o).contains(host), "it names B: {}", text(&o));
 
+    let story = two_engines(fx, &tb, &here, &policy, image);
+
     // exec: the clone on its branch, from the bundle, as the sandbox's user.
     let o = tb.ok(
         fx,
@@ -557,7 +563,7 @@ pub fn volume_mode(fx: &Fixture, host: &str, certs: &Path, image: &str, b: &Engi
         create2: (create_b2, create_l2),
         latency: (lat_b, lat_l),
         thousand: (thousand_b, thousand_l),
-        crash: format!("{crash}; {auto_kill}; {lost}; {ports}"),
+        crash: format!("{crash}; {auto_kill}; {lost}; {ports}; {story}"),
     }
 }
 
@@ -899,5 +905,49 @@ fn ports_on_b(fx: &Fixture, tb: &Target, image: &str, b: &EngineB) -> String {
     tb.ok(fx, &["rm", "--force", "p"]);
     format!(
         "--port on B: p at {ip}:{port} reached from here; q (another root) refused 75 on {next} held on B, then got {q_port}"
+    )
+}
+
+/// One root, one mediator, a sandbox on each engine: l on the local engine
+/// (bind mounts), b on B (volume mode, the courier create started).  l asks
+/// b, b answers l; `ls` through each engine shows its own sandboxes and the
+/// other's as `elsewhere`.
+fn two_engines(fx: &Fixture, tb: &Target, here: &Target, policy: &Path, image: &str) -> String {
+    here.ok(fx, &["create", "l", "--branch", "l", "--image", image]);
+    let mut med = tb.mediator(policy);
+    let w = Waiter::start(fx, tb, "b");
+    let ask = post(fx, here, "l", "b", "from the local engine to B");
+    let (line, at_b) = w.listed(&ask);
+    assert!(line.contains("\tl\t"), "from l: {line:?}");
+    tb.ok(fx, &["exec", "b", "--", "lw-inbox", "ack", &ask]);
+    let w = Waiter::start(fx, here, "l");
+    let answer = post(fx, tb, "b", "l", "from B to the local engine");
+    let (line, at_l) = w.listed(&answer);
+    assert!(line.contains("\tb\t"), "from b: {line:?}");
+    here.ok(fx, &["exec", "l", "--", "lw-inbox", "ack", &answer]);
+    let state = |t: &Target, n: &str| {
+        let ls = t.ok(fx, &["ls"]);
+        ls.lines()
+            .find(|l| l.starts_with(&format!("{n}\t")))
+            .and_then(|l| l.split('\t').nth(2))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(state(here, "l"), "running");
+    assert_eq!(state(here, "b"), "elsewhere");
+    assert_eq!(state(tb, "b"), "running");
+    assert_eq!(state(tb, "l"), "elsewhere");
+    let _ = med.kill();
+    let _ = med.wait();
+    here.ok(fx, &["rm", "--force", "l"]);
+    let ms = |at: SystemTime, id: &str| {
+        at.duration_since(id_time(id))
+            .unwrap_or_default()
+            .as_millis()
+    };
+    format!(
+        "one root, a sandbox on each engine: local->B {} ms, B->local {} ms",
+        ms(at_b, &ask),
+        ms(at_l, &answer)
     )
 }
