@@ -311,17 +311,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
         && (ensure || stop)
     {
         // Neither needs the engine: the courier it starts connects itself.
-        let l = if stop {
-            match sandbox::courier_daemon::stop(&root)? {
-                Some(pid) => format!("stopped {pid}"),
-                None => "none".to_string(),
-            }
-        } else {
-            match ensure_courier(&root, args.project.as_deref(), interval)? {
-                sandbox::courier_daemon::Ensured::Started(pid) => format!("started {pid}"),
-                sandbox::courier_daemon::Ensured::Running(pid) => format!("running {pid}"),
-            }
-        };
+        let l = sandbox::courier_daemon::control(&root, args.project.as_deref(), interval, stop)?;
         writeln!(out, "{l}").map_err(out_err)?;
         return Ok(Exit::Ok);
     }
@@ -396,7 +386,9 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
             &sb,
             std::time::Duration::from_millis(interval.max(1)),
         )?,
-        Cmd::Courier { once, interval, .. } => courier(&sb, once, interval, out)?,
+        Cmd::Courier { once, interval, .. } => {
+            sandbox::courier_daemon::foreground(&sb, once, interval, out, &mut |m| warn(m))?
+        }
         Cmd::Kits { json } => {
             let (project, _) =
                 sandbox::find_project(args.project.as_deref(), args.mirror.as_deref())
@@ -410,45 +402,6 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
         }
     }
     Ok(Exit::Ok)
-}
-
-/// Makes sure the root's detached courier runs (lib/sandbox/courier_daemon.rs).
-fn ensure_courier(
-    root: &Root,
-    project: Option<&std::path::Path>,
-    interval: u64,
-) -> Result<sandbox::courier_daemon::Ensured, Error> {
-    let me = std::env::current_exe()
-        .map_err(|e| Error::new(Exit::Software, "cannot find lw-sandbox itself").with_source(e))?;
-    let mut args = Vec::new();
-    if let Some(p) = project {
-        // Absolute: the courier runs in this directory too, but says so.
-        let p = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
-        args.extend(["--project".into(), p.into_os_string()]);
-    }
-    sandbox::courier_daemon::ensure(root, &me, &args, interval)
-}
-
-/// `courier`: carries the mail of volume-mode sandboxes, reporting each pass.
-fn courier(sb: &Sandboxes, once: bool, interval: u64, out: &mut dyn Write) -> Result<(), Error> {
-    let mut report = |c: &sandbox::courier::Carried| {
-        if once || *c != sandbox::courier::Carried::default() {
-            let _ = writeln!(
-                out,
-                "out {} in {} read {} junk {}",
-                c.out, c.into, c.read, c.junk
-            )
-            .and_then(|()| out.flush());
-        }
-    };
-    sandbox::courier::run(
-        sb,
-        std::time::Duration::from_millis(interval.max(1)),
-        once,
-        &mut report,
-        &mut |m| warn(m),
-    )?;
-    Ok(())
 }
 
 /// `push`: the sandbox's branch to the upstream; its line (or JSON record).
@@ -571,7 +524,7 @@ fn create(
     if c.record.volume_mode {
         // Its mail moves only while a courier runs: one is made sure of.
         // The sandbox stands either way; `courier --ensure` tries again.
-        if let Err(e) = ensure_courier(&sb.root, project_flag, 200) {
+        if let Err(e) = sandbox::courier_daemon::ensure_from(&sb.root, project_flag, 200) {
             warn(&format!(
                 "sandbox '{}' was made, but its mail does not move until a courier runs: {e}; run 'lw-sandbox courier --ensure'",
                 c.record.name

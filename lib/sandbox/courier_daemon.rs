@@ -140,6 +140,58 @@ pub fn ensure(root: &Root, me: &Path, args: &[OsString], interval_ms: u64) -> Re
     }
 }
 
+/// [`ensure`] from lw-sandbox itself: this program, with `--project`
+/// (made absolute) when the caller was given one.
+pub fn ensure_from(root: &Root, project: Option<&Path>, interval_ms: u64) -> Result<Ensured> {
+    let me = std::env::current_exe()
+        .map_err(|e| Error::new(Exit::Software, "cannot find lw-sandbox itself").with_source(e))?;
+    let mut args: Vec<OsString> = Vec::new();
+    if let Some(p) = project {
+        let p = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+        args.extend(["--project".into(), p.into_os_string()]);
+    }
+    ensure(root, &me, &args, interval_ms)
+}
+
+/// `courier --ensure` (`started PID`, `running PID`) or `--stop`
+/// (`stopped PID`, `none`): the line to print.
+pub fn control(
+    root: &Root,
+    project: Option<&Path>,
+    interval_ms: u64,
+    stop: bool,
+) -> Result<String> {
+    if stop {
+        return Ok(match self::stop(root)? {
+            Some(pid) => format!("stopped {pid}"),
+            None => "none".to_string(),
+        });
+    }
+    Ok(match ensure_from(root, project, interval_ms)? {
+        Ensured::Started(pid) => format!("started {pid}"),
+        Ensured::Running(pid) => format!("running {pid}"),
+    })
+}
+
+/// `lw-sandbox courier` in the foreground: a line `out N in N read N junk
+/// N` for each pass that moved something (every pass with `once`).
+pub fn foreground(
+    sb: &Sandboxes,
+    once: bool,
+    interval_ms: u64,
+    out: &mut dyn std::io::Write,
+    warn: &mut dyn FnMut(&str),
+) -> Result<()> {
+    let mut report = |c: &super::courier::Carried| {
+        if once || *c != super::courier::Carried::default() {
+            let (o, i, r, j) = (c.out, c.into, c.read, c.junk);
+            let _ = writeln!(out, "out {o} in {i} read {r} junk {j}").and_then(|()| out.flush());
+        }
+    };
+    let interval = std::time::Duration::from_millis(interval_ms.max(1));
+    super::courier::run(sb, interval, once, &mut report, warn)
+}
+
 /// The log, opened for appending; the older half moved to `.1` past [`LOG_MAX`].
 fn open_log(root: &Root) -> Result<File> {
     let p = log_path(root);
