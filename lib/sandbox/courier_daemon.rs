@@ -235,18 +235,24 @@ pub fn detached(sb: &Sandboxes, interval: std::time::Duration) -> Result<()> {
     let mut held = Some((lock, PidFile::write(&sb.root)?));
     handshake(&format!("started {}", std::process::id()));
     let _ = writeln!(log, "{} courier {} started", stamp(), std::process::id());
+    // An engine that is down says so for every sandbox every pass: each
+    // warning is logged once while passes keep warning, again after a
+    // pass without any.
+    let seen = std::cell::RefCell::new(std::collections::HashSet::<String>::new());
+    let warned = std::cell::Cell::new(false);
     let mut report = |c: &super::courier::Carried| {
+        if !warned.replace(false) {
+            seen.borrow_mut().clear();
+        }
         if *c != super::courier::Carried::default() {
             let (o, i, r, j) = (c.out, c.into, c.read, c.junk);
             let _ = writeln!(log, "{} out {o} in {i} read {r} junk {j}", stamp());
         }
     };
-    // An engine that is down says so every pass: logged once per change.
-    let mut last = String::new();
     let mut warn = |m: &str| {
-        if m != last {
+        warned.set(true);
+        if seen.borrow_mut().insert(m.to_string()) {
             let _ = writeln!(log2, "{} warning: {m}", stamp());
-            last = m.to_string();
         }
     };
     let mut idle = |n: usize| n == 0 && may_leave(sb, &mut held);

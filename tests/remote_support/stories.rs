@@ -134,6 +134,17 @@ pub(super) fn engine_lost(
             "{n}'s record stays while B is down"
         );
     }
+    // The courier, passing every 200 ms meanwhile, logged B's absence once
+    // per sandbox, not once per pass.
+    let log = std::fs::read_to_string(fx.root.join("state/courier.log")).unwrap_or_default();
+    let down = log
+        .lines()
+        .filter(|l| l.contains("warning: sandbox 'w'") && l.contains("cannot reach"))
+        .count();
+    assert!(
+        (1..=2).contains(&down),
+        "B down is logged once for w, not every pass: {down} lines"
+    );
     (b.start_wiped)();
     let ls = tb.ok(fx, &["ls"]);
     for n in ["v", "w"] {
