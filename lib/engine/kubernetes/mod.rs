@@ -10,7 +10,8 @@
 //! network is a NetworkPolicy (network.rs); the cluster never sees this
 //! host's files (paths.rs).  Images are the cluster's business: the contract's
 //! image methods answer from what the nodes report (`status.images`) and
-//! refuse to build, tag or remove (image.rs).
+//! refuse to build, tag or remove (image.rs); a pod pulling from a registry
+//! the Docker CLI has credentials for names them as a pull secret (pull.rs).
 //!
 //! [`KubeEngine`] keeps one client and a current-thread tokio runtime, so its
 //! methods block like the contract says.  The kubeconfig is found the usual
@@ -26,6 +27,7 @@ mod image;
 mod network;
 mod paths;
 mod pod;
+mod pull;
 mod sandbox;
 mod service;
 
@@ -33,7 +35,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures_util::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, LocalObjectReference, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -487,7 +489,7 @@ impl Engine for KubeEngine {
             None => None,
             Some(r) => self.runtime_class(r)?,
         };
-        let p = pod::pod_of(spec, runtime_class)?;
+        let mut p = pod::pod_of(spec, runtime_class)?;
         let name = p.metadata.name.clone().unwrap_or_default();
         let what = format!("cannot create pod '{name}'");
         // A dry run first: RBAC, the quota and the name are checked before
@@ -499,6 +501,9 @@ impl Engine for KubeEngine {
         self.block_on(self.pods().create(&dry, &p))
             .map_err(|e| self.err("create", "pods", &what, e))?;
         self.ensure_default_deny()?;
+        if let (Some(secret), Some(ps)) = (self.pull_secret(&spec.image)?, p.spec.as_mut()) {
+            ps.image_pull_secrets = Some(vec![LocalObjectReference { name: secret }]);
+        }
         if spec.network.as_deref() == Some("bridge") {
             self.ensure_bridge()?;
         }

@@ -449,7 +449,7 @@ pub fn start_outcome(p: &Pod) -> Option<std::result::Result<(), String>> {
                     "{reason}: {}{}",
                     w.message.as_deref().unwrap_or(""),
                     if reason == "ErrImageNeverPull" || reason.contains("Pull") {
-                        "; import the image into the node's runtime (docker save IMAGE | ctr -n k8s.io images import -) or push it where the cluster pulls from"
+                        "; import the image into the node's runtime (docker save IMAGE | ctr -n k8s.io images import -) or push it where the cluster pulls from (lw-build push, with build.cache): the nodes must reach that registry and trust its CA, and 'docker login HOST' gives lw-sandbox the credentials it passes them as a pull secret"
                     } else {
                         ""
                     }
