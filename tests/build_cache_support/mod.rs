@@ -8,7 +8,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 /// Runs a program that must succeed; returns its stdout.
@@ -49,11 +49,19 @@ pub fn free_port() -> u16 {
 }
 
 /// Waits until a line of `child`'s stderr contains `needle`; panics with
-/// what it said when it exits or `timeout` passes first.
-fn wait_for_stderr(child: &mut Child, needle: &str, timeout: Duration, what: &str) {
+/// what it said when it exits or `timeout` passes first.  Every line said
+/// after that is kept in the returned log.
+fn wait_for_stderr(
+    child: &mut Child,
+    needle: &str,
+    timeout: Duration,
+    what: &str,
+) -> Arc<Mutex<Vec<String>>> {
     let stderr = child.stderr.take().expect("stderr is piped");
     let (tx, rx) = mpsc::channel();
     let needle = needle.to_string();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let kept = log.clone();
     std::thread::spawn(move || {
         let mut seen = Vec::new();
         let mut sent = false;
@@ -65,6 +73,8 @@ fn wait_for_stderr(child: &mut Child, needle: &str, timeout: Duration, what: &st
             }
             if !sent {
                 seen.push(line);
+            } else {
+                kept.lock().expect("the log's lock").push(line);
             }
         }
         if !sent {
@@ -72,7 +82,7 @@ fn wait_for_stderr(child: &mut Child, needle: &str, timeout: Duration, what: &st
         }
     });
     match rx.recv_timeout(timeout) {
-        Ok(Ok(())) => {}
+        Ok(Ok(())) => log,
         Ok(Err(log)) => panic!("{what} exited before it was ready:\n{log}"),
         Err(_) => panic!("{what} was not ready within {timeout:?}"),
     }
@@ -89,6 +99,8 @@ pub struct Registry {
     /// DOCKER_CONFIG directories: right and wrong credentials.
     pub good_config: PathBuf,
     pub bad_config: PathBuf,
+    /// What the registry said once listening (a line per request).
+    pub log: Arc<Mutex<Vec<String>>>,
 }
 
 impl Registry {
@@ -190,7 +202,7 @@ impl Registry {
             .stderr(Stdio::piped())
             .spawn()
             .expect("docker-registry starts");
-        wait_for_stderr(
+        let log = wait_for_stderr(
             &mut child,
             "listening on",
             Duration::from_secs(30),
@@ -220,6 +232,7 @@ impl Registry {
             password,
             good_config,
             bad_config,
+            log,
         }
     }
 
@@ -315,7 +328,7 @@ impl EngineB {
             host,
             bridge,
         };
-        wait_for_stderr(
+        let _ = wait_for_stderr(
             &mut e.child,
             "API listen on",
             Duration::from_secs(60),

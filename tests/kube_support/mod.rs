@@ -54,6 +54,12 @@ impl Cluster {
     /// Starts the cluster with `images` imported; `suite` names the caller
     /// in the line said when it cannot run.
     pub fn start(suite: &str, images: &[&str]) -> Option<Cluster> {
+        Cluster::start_with(suite, images, &[])
+    }
+
+    /// [`Cluster::start`] with scripts/k8s-cluster's environment `env`
+    /// (such as the registry its containerd trusts).
+    pub fn start_with(suite: &str, images: &[&str], env: &[(&str, &str)]) -> Option<Cluster> {
         let missing = missing();
         if !missing.is_empty() {
             eprintln!(
@@ -80,6 +86,7 @@ impl Cluster {
         let out = Command::new(repo().join("scripts/k8s-cluster"))
             .arg("start")
             .env("LW_K8S_IMAGES", images.join(" "))
+            .envs(env.iter().copied())
             .stderr(Stdio::inherit())
             .output()
             .expect("scripts/k8s-cluster runs");
@@ -102,6 +109,28 @@ impl Cluster {
 
     pub fn kubeconfig(&self) -> String {
         self.kubeconfig.to_str().unwrap().to_string()
+    }
+
+    /// `ctr ARGS` against the node's containerd (namespace k8s.io): its stdout.
+    pub fn ctr(&self, args: &[&str]) -> String {
+        let sock = self
+            .kubeconfig
+            .parent()
+            .expect("the kubeconfig is in the state dir")
+            .join("containerd.sock");
+        let o = Command::new("ctr")
+            .arg("-a")
+            .arg(&sock)
+            .args(["-n", "k8s.io"])
+            .args(args)
+            .output()
+            .expect("ctr runs");
+        assert!(
+            o.status.success(),
+            "ctr {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
     }
 
     /// `kubectl ARGS` against the cluster: its stdout (it must succeed).
