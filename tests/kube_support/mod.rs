@@ -47,6 +47,8 @@ pub struct Cluster {
     pub kubeconfig: PathBuf,
     /// Start time: node Ready with the images imported.
     pub started_in: std::time::Duration,
+    env: Vec<(String, String)>,
+    fresh: Option<PathBuf>,
     _lock: std::fs::File,
 }
 
@@ -54,12 +56,33 @@ impl Cluster {
     /// Starts the cluster with `images` imported; `suite` names the caller
     /// in the line said when it cannot run.
     pub fn start(suite: &str, images: &[&str]) -> Option<Cluster> {
-        Cluster::start_with(suite, images, &[])
+        Cluster::start_with(suite, images, &[], false)
     }
 
     /// [`Cluster::start`] with scripts/k8s-cluster's environment `env`
-    /// (such as the registry its containerd trusts).
-    pub fn start_with(suite: &str, images: &[&str], env: &[(&str, &str)]) -> Option<Cluster> {
+    /// (such as the registry its containerd trusts); with `fresh`, in a
+    /// state directory of its own, removed when dropped, so that its node
+    /// holds no image but the pause image (the shared state's containerd
+    /// keeps what earlier runs imported).
+    pub fn start_with(
+        suite: &str,
+        images: &[&str],
+        env: &[(&str, &str)],
+        fresh: bool,
+    ) -> Option<Cluster> {
+        let mut env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let fresh = fresh.then(|| {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("the clock is after 1970");
+            std::env::temp_dir().join(format!("lw-k8s-{suite}-{}", t.as_nanos()))
+        });
+        if let Some(dir) = &fresh {
+            env.push(("LW_K8S_STATE".into(), dir.display().to_string()));
+        }
         let missing = missing();
         if !missing.is_empty() {
             eprintln!(
@@ -86,7 +109,7 @@ impl Cluster {
         let out = Command::new(repo().join("scripts/k8s-cluster"))
             .arg("start")
             .env("LW_K8S_IMAGES", images.join(" "))
-            .envs(env.iter().copied())
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stderr(Stdio::inherit())
             .output()
             .expect("scripts/k8s-cluster runs");
@@ -103,6 +126,8 @@ impl Cluster {
         Some(Cluster {
             kubeconfig,
             started_in: t0.elapsed(),
+            env,
+            fresh,
             _lock: lock,
         })
     }
@@ -154,8 +179,12 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         let _ = Command::new(repo().join("scripts/k8s-cluster"))
             .arg("stop")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .status();
+        if let Some(dir) = &self.fresh {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
