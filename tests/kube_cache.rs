@@ -183,10 +183,10 @@ fn a_pod_sandbox_pulls_its_image_from_the_cache() {
     let warm = create(&fx, &kc, &good, &["create", "c", "--branch", "c"]);
 
     // The import the test cluster's other suites do instead, timed into a
-    // namespace of its own: containerd 1.6's CRI does not see a reference
-    // imported beside a pulled image with the same ID (the config digest,
-    // the same here), so it cannot be imported into `k8s.io` now.  A create
-    // with it imported is the create above with the image present.
+    // namespace of its own, so that it leaves the node's images as they
+    // are (in `k8s.io` it would be the pulled image again under another
+    // name: the same ID).  A create with the image imported is the create
+    // above with the image on the node.
     let docker = loopwright::engine::DockerEngine::connect().expect("the Docker engine");
     let project = loopwright::config::Project::find(&fx.proj)
         .expect("the project")
