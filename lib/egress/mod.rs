@@ -78,6 +78,10 @@ pub struct Settings {
     pub proxy_from: String,
     /// `egress.network`: the shared network that leads out.
     pub outside: String,
+    /// `egress.host.NAME = ADDRESS`: names the proxy resolves itself,
+    /// for hosts no resolver it can reach knows (a cluster without DNS,
+    /// a private server); the allow-list still names them.
+    pub hosts: BTreeMap<String, String>,
 }
 
 impl Default for Settings {
@@ -86,6 +90,7 @@ impl Default for Settings {
             allow: AllowList::none(),
             proxy_from: DEFAULT_PROXY_FROM.into(),
             outside: DEFAULT_OUTSIDE.into(),
+            hosts: BTreeMap::new(),
         }
     }
 }
@@ -117,17 +122,37 @@ impl Settings {
                         .map_err(|e| Error::config(format!("{file}: {key}: {}", e.msg)))?;
                     s.outside = value.to_string()
                 }
+                r if r.starts_with("host.") => {
+                    let (name, addr) = host_entry(&r["host.".len()..], value)
+                        .map_err(|why| Error::config(format!("{file}: {key}: {why}")))?;
+                    s.hosts.insert(name, addr);
+                }
                 "proxy-from" | "network" => {}
                 _ => {
                     return Err(Error::config(format!(
                         "{file}: unknown key '{key}'; egress keys are egress.allow, egress.allow.NAME, \
-                         egress.proxy-from and egress.network"
+                         egress.host.NAME, egress.proxy-from and egress.network"
                     )));
                 }
             }
         }
         Ok(s)
     }
+}
+
+/// An `egress.host.NAME = ADDRESS` entry checked: a host name and an IP
+/// address (the proxy's /etc/hosts takes nothing else).
+fn host_entry(name: &str, value: &str) -> std::result::Result<(String, String), String> {
+    let ok = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '.';
+    if name.is_empty() || !name.chars().all(ok) || name.starts_with(['-', '.']) {
+        return Err(format!(
+            "'{name}' is not a host name (letters, digits, '-' and '.'); write egress.host.NAME = ADDRESS"
+        ));
+    }
+    let addr: std::net::IpAddr = value.trim().parse().map_err(|_| {
+        format!("'{value}' is not an IP address; write egress.host.{name} = ADDRESS, e.g. 10.0.0.5")
+    })?;
+    Ok((name.to_ascii_lowercase(), addr.to_string()))
 }
 
 impl Settings {
@@ -179,7 +204,7 @@ impl From<&Settings> for Options {
             outside: s.outside.clone(),
             ready_timeout: Duration::from_secs(30),
             labels: BTreeMap::new(),
-            hosts: BTreeMap::new(),
+            hosts: s.hosts.clone(),
         }
     }
 }
@@ -255,6 +280,37 @@ mod tests {
         let e = Settings::from_config(&c).unwrap_err();
         assert_eq!(e.exit, Exit::Config);
         assert!(e.msg.contains("unknown key 'egress.alow'"), "{}", e.msg);
+    }
+
+    #[test]
+    fn host_keys_reach_the_proxy_options_and_a_bad_one_is_78() {
+        let c = Config::parse(
+            "egress.host.web.test = 10.0.0.5\negress.host.v6.test = ::1\n",
+            Path::new("cfg"),
+        )
+        .unwrap();
+        let o = Options::from(&Settings::from_config(&c).unwrap());
+        assert_eq!(
+            o.hosts.get("web.test").map(String::as_str),
+            Some("10.0.0.5")
+        );
+        assert_eq!(o.hosts.get("v6.test").map(String::as_str), Some("::1"));
+        for (text, says) in [
+            (
+                "egress.host.web.test = nowhere\n",
+                "'nowhere' is not an IP address",
+            ),
+            ("egress.host.a_b = 10.0.0.5\n", "'a_b' is not a host name"),
+        ] {
+            let c = Config::parse(text, Path::new("cfg")).unwrap();
+            let e = Settings::from_config(&c).unwrap_err();
+            assert_eq!(e.exit, Exit::Config);
+            assert!(
+                e.msg.starts_with("cfg: egress.host.") && e.msg.contains(says),
+                "{}",
+                e.msg
+            );
+        }
     }
 
     #[test]
