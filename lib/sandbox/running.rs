@@ -2,6 +2,7 @@
 //! proxies with it), and commands run in it as its user: lw-sandbox's own
 //! (the secrets, counting unpushed work) and the user's (`exec`, `shell`).
 
+use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use crate::egress;
 use crate::engine::{Container, ExecIo, ExecRequest, NetworkEngine, OutStream};
 use crate::error::{Error, Exit, Result};
 use crate::secrets::{self, Secret};
-use crate::wall::{REPO, WORK};
+use crate::wall::{LABEL_ROOT, REPO, WORK};
 
 impl<'a> Sandboxes<'a> {
     /// Runs a command in a sandbox as its user, capturing its output.
@@ -116,6 +117,19 @@ impl<'a> Sandboxes<'a> {
         if rec.network == Network::Egress {
             let nets: &dyn NetworkEngine = self.engine;
             egress::start_proxy(nets, &rec.container, Duration::from_secs(30))?;
+            // On Kubernetes the proxy's pod was made again: it goes back
+            // behind its Service (made again, labelled as create made it,
+            // if it was lost; a no-op on Docker, whose alias stays).
+            let labels = BTreeMap::from([
+                (egress::LABEL_EGRESS.to_string(), "proxy".to_string()),
+                (egress::LABEL_KEY.to_string(), rec.container.clone()),
+                (LABEL_ROOT.to_string(), self.id.clone()),
+            ]);
+            nets.publish(
+                &egress::proxy_name(&rec.container),
+                egress::squid::PORT,
+                &labels,
+            )?;
             self.start_model_proxy(&rec)?;
         }
         if !c.running {

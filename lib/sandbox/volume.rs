@@ -34,8 +34,12 @@
 //! engine's loopwright containers publish, not against this host's
 //! listeners ([`lease_ports`]).
 //!
-//! Not in volume mode (refused, 69): the egress proxy and the
-//! agent kits (they bind-mount host files), shared services, gVisor
+//! The egress proxy is carried on Kubernetes (its allow-list travels in its
+//! environment, its address is a Service: lib/egress); on a remote Docker
+//! engine it is refused (69), as no test covers it there yet.
+//!
+//! Not in volume mode (refused, 69): the agent kits (they bind-mount host
+//! files), shared services, gVisor
 //! (its scratch tmpfs is the host's), and the disk quotas (a volume takes
 //! what the engine's disk has).
 
@@ -58,8 +62,9 @@ pub fn volume_mode(sb: &Sandboxes) -> Result<bool> {
     Ok(super::hostpaths::cached(sb.engine, &sb.root)? == super::hostpaths::Sharing::Separate)
 }
 
-/// Refuses (69) what volume mode cannot carry yet, before anything is made.
-pub fn check(opts: &CreateOptions, address: &str) -> Result<()> {
+/// Refuses (69) what volume mode cannot carry yet, before anything is made;
+/// `cluster`: the engine is Kubernetes, which carries the egress proxy.
+pub fn check(opts: &CreateOptions, address: &str, cluster: bool) -> Result<()> {
     let no = |what: &str, why: &str| {
         Err(Error::new(
             Exit::Unavailable,
@@ -68,10 +73,10 @@ pub fn check(opts: &CreateOptions, address: &str) -> Result<()> {
             ),
         ))
     };
-    if opts.network == Network::Egress {
+    if opts.network == Network::Egress && !cluster {
         return no(
             "--network egress",
-            "the egress proxy mounts its allow-list from this host; use --network none or bridge",
+            "the egress proxy is carried only on Kubernetes so far; use --network none or bridge, or a cluster",
         );
     }
     if opts.agent.is_some() {

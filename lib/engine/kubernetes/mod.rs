@@ -786,6 +786,11 @@ pub const NEEDED: &[(&str, &str)] = &[
     ("create", "persistentvolumeclaims"),
     ("create", "networkpolicies"),
     ("create", "configmaps"),
+    // The egress proxy's Service (service.rs), and the label that puts its
+    // pod behind it.
+    ("create", "services"),
+    ("delete", "services"),
+    ("patch", "pods"),
 ];
 
 #[cfg(test)]

@@ -30,6 +30,9 @@ pub(in crate::sandbox) struct Checked {
     /// The engine does not see this host's files: volume mode
     /// (lib/sandbox/volume.rs).
     pub on_volumes: bool,
+    /// The engine is Kubernetes: it builds no images (the egress proxy's
+    /// is built on lw-build's Docker engine).
+    pub cluster: bool,
 }
 
 impl<'a> Sandboxes<'a> {
@@ -71,8 +74,10 @@ impl<'a> Sandboxes<'a> {
         // An engine that does not see the host's paths gets volumes instead
         // of binds (lib/sandbox/volume.rs).
         let on_volumes = super::super::volume::volume_mode(self)?;
+        let cluster = crate::engine::EngineKind::of(project.map(|p| &p.config))?
+            == crate::engine::EngineKind::Kubernetes;
         if on_volumes {
-            super::super::volume::check(opts, &self.engine.address())?;
+            super::super::volume::check(opts, &self.engine.address(), cluster)?;
             if let Some(r) = runtime
                 .as_deref()
                 .filter(|r| super::super::scratch::needed(r))
@@ -102,6 +107,7 @@ impl<'a> Sandboxes<'a> {
             secrets,
             notes,
             on_volumes,
+            cluster,
         })
     }
 

@@ -27,7 +27,7 @@ impl<'a> Sandboxes<'a> {
     ) -> Result<ContainerSpec> {
         let boxdir = self.make_mailbox(rec, c)?;
         clock.mark("record");
-        self.make_egress(rec, c, clock)?;
+        let plan = self.make_egress(rec, c, clock)?;
         if crate::sandbox::scratch::needed(rec.runtime_name()) {
             crate::sandbox::scratch::make(&self.root, &rec.name, &c.settings.tmp_size)?;
         }
@@ -38,6 +38,9 @@ impl<'a> Sandboxes<'a> {
             None => work.plain(c.settings.uid)?,
         }
         let mut spec = container_spec(self, rec, &c.settings, &boxdir, bins, !c.secrets.is_empty());
+        if let Some(p) = &plan {
+            use_proxy_address(&mut spec.env, p);
+        }
         if c.on_volumes {
             self.volume_prepare(rec, &mut spec, bins)?;
             clock.mark("volumes");
@@ -116,14 +119,35 @@ impl<'a> Sandboxes<'a> {
     }
 
     /// The egress network and proxy, and beside it the agent's model proxy.
-    fn make_egress(&self, rec: &Record, c: &Checked, clock: &mut Clock) -> Result<()> {
+    fn make_egress(
+        &self,
+        rec: &Record,
+        c: &Checked,
+        clock: &mut Clock,
+    ) -> Result<Option<egress::NetworkPlan>> {
         let Some((eg, allow)) = &c.egress else {
-            return Ok(());
+            return Ok(None);
         };
         let nets: &dyn NetworkEngine = self.engine;
         let mut o = egress::Options::from(eg);
         o.labels.insert(LABEL_ROOT.into(), self.id.clone());
-        egress::prepare(nets, &rec.container, allow, &o, &mut |_| {})?;
+        let plan = if c.cluster {
+            // A cluster builds no images: the proxy's is built where
+            // lw-build builds, and the nodes must have it (as the sandbox's).
+            let docker = crate::engine::DockerEngine::connect().map_err(|e| {
+                Error::new(
+                    e.exit,
+                    format!(
+                        "{}; a cluster's egress proxy image is built on Docker",
+                        e.msg
+                    ),
+                )
+            })?;
+            let image = egress::ensure_proxy_image(&docker, &o.proxy_from, &mut |_| {})?;
+            egress::prepare_with_image(nets, &rec.container, allow, &image, &o)?
+        } else {
+            egress::prepare(nets, &rec.container, allow, &o, &mut |_| {})?
+        };
         clock.mark("egress");
         if let Some(a) = &c.agent {
             let labels = BTreeMap::from([
@@ -137,7 +161,7 @@ impl<'a> Sandboxes<'a> {
             a.start_proxy(nets, &rec.name, &rec.container, eg, &self.root, &labels)?;
             clock.mark("model-proxy");
         }
-        Ok(())
+        Ok(Some(plan))
     }
 }
 
@@ -163,4 +187,49 @@ fn chown_tree(dir: &Path, uid: u32) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Points the proxy variables of `env` at the address `plan` gives: the
+/// Docker alias by default, a Service's cluster address on Kubernetes.
+/// `NO_PROXY` is left as the spec made it (it may name services).
+fn use_proxy_address(env: &mut [String], plan: &egress::NetworkPlan) {
+    for e in env.iter_mut() {
+        let key = e.split('=').next().unwrap_or_default();
+        let proxied = ["http_proxy", "https_proxy"].contains(&key.to_ascii_lowercase().as_str());
+        if let Some(v) = plan
+            .env
+            .iter()
+            .find(|p| proxied && p.split('=').next() == Some(key))
+        {
+            e.clone_from(v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proxy_variables_take_the_plans_address_and_keep_no_proxy() {
+        let plan = egress::NetworkPlan {
+            network: "n".into(),
+            proxy: "p".into(),
+            env: egress::proxy_env_at("10.96.0.7"),
+            sysctls: BTreeMap::new(),
+            allow: egress::AllowList::none(),
+        };
+        let mut env = egress::proxy_env();
+        env.push("NO_PROXY=localhost,db".into());
+        env.push("LW_SANDBOX=a".into());
+        use_proxy_address(&mut env, &plan);
+        assert!(env.contains(&"HTTPS_PROXY=http://10.96.0.7:3128".to_string()));
+        assert!(env.contains(&"http_proxy=http://10.96.0.7:3128".to_string()));
+        assert!(env.contains(&"NO_PROXY=localhost,db".to_string()));
+        assert!(env.contains(&"LW_SANDBOX=a".to_string()));
+        assert!(
+            !env.iter().any(|e| e.contains(egress::PROXY_HOST)),
+            "{env:?}"
+        );
+    }
 }
