@@ -20,11 +20,19 @@
 //! proxy to either server or the node gets 0 bytes there.  Teardown leaves
 //! no pod, Service or policy of the sandbox.
 //!
-//! Without the cached binaries the test says it cannot run and why.  One
-//! test, so nothing else in this binary starts the cluster.
+//! `lw-sandbox create --network egress` (a second test, its own cluster):
+//! the same, through the command on a pod sandbox of a project whose
+//! `egress.host.*` keys name the two servers (the test cluster has no DNS);
+//! the sandbox's `HTTP_PROXY` is the proxy's Service, it still works after
+//! `stop` and `start`, and `lw-sandbox rm` leaves no pod, Service or policy
+//! of it.
+//!
+//! Without the cached binaries the tests say they cannot run and why; each
+//! takes the cluster's lock (tests/kube_support).
 
 #[path = "kube_support/mod.rs"]
 mod kube_support;
+mod sandbox_support;
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -425,4 +433,202 @@ fn egress_through_the_service(e: &KubeEngine, run_id: &str, image: &str) {
         e.remove(p, true).unwrap();
     }
     e.remove_network(&world).unwrap();
+}
+
+fn both(o: &std::process::Output) -> String {
+    sandbox_support::text(o) + &sandbox_support::err(o)
+}
+
+/// Sends `request` to the proxy named by the sandbox's own `HTTP_PROXY`
+/// and prints the answer (bash's /dev/tcp: the image has no nc).
+fn through_proxy(host: &str) -> String {
+    format!(
+        "h=${{HTTP_PROXY#http://}}; h=${{h%:*}}; exec 3<>/dev/tcp/$h/3128 || exit 9; \
+         printf 'GET http://{host}:8080/ HTTP/1.0\\r\\nHost: {host}:8080\\r\\n\\r\\n' >&3; timeout 5 cat <&3"
+    )
+}
+
+#[test]
+fn sandbox_created_with_network_egress_on_a_real_cluster() {
+    if !network_cached() {
+        eprintln!(
+            "kube_network: CANNOT RUN: kube-router and kube-proxy are not cached (scripts/k8s-build-net)"
+        );
+        return;
+    }
+    let proxy_image = proxy_image();
+    let world = format!("lw-kn-world-{}", nonce());
+    let fx = sandbox_support::Fixture::new("kegress");
+    let project = loopwright::config::Project::find(&fx.proj)
+        .unwrap()
+        .expect("a project");
+    let docker = DockerEngine::connect().expect("the Docker engine is reachable");
+    let image = loopwright::sandbox::resolve_image(&docker, Some(&project), None, false)
+        .expect("the fixture's image is built")
+        .reference;
+    let Some(cluster) = Cluster::start("kube_network", &[IMAGE, &proxy_image, &image]) else {
+        return;
+    };
+    let kc = cluster.kubeconfig();
+    let e = KubeEngine::connect_with(Some(&kc), None, None).expect("connects");
+    let run_id = nonce();
+    e.create_network(&NetworkSpec {
+        name: world.clone(),
+        labels: [(egress::LABEL_EGRESS.to_string(), "outside".to_string())].into(),
+        ..Default::default()
+    })
+    .unwrap();
+    let web_script = "mkdir -p /tmp/www; echo hello-allowed > /tmp/www/index.html; touch /tmp/in9090; \
+         (while true; do nc -l -p 9090 >> /tmp/in9090; done) & exec httpd -f -p 8080 -h /tmp/www";
+    let web = up(&e, &pod_spec("lw-kn-sweb", &run_id, &world, web_script));
+    let bad = up(&e, &pod_spec("lw-kn-sbad", &run_id, &world, SERVER));
+    let (web_ip, bad_ip) = (pod_ip(&e, &web), pod_ip(&e, &bad));
+    std::fs::write(
+        fx.proj.join(".loopwright/config"),
+        format!(
+            "egress.proxy-from = {DEBIAN}\negress.network = {world}\negress.host.web.test = {web_ip}\negress.host.forbidden.test = {bad_ip}\n"
+        ),
+    )
+    .unwrap();
+    let sb = |args: &[&str]| {
+        fx.cmd(args)
+            .env("LW_ENGINE", "kubernetes")
+            .env("KUBECONFIG", &kc)
+            .output()
+            .expect("lw-sandbox runs")
+    };
+    let t0 = Instant::now();
+    let o = sb(&[
+        "create",
+        "egr",
+        "--branch",
+        "egr",
+        "--image",
+        &image,
+        "--network",
+        "egress",
+        "--allow",
+        "web.test:8080",
+    ]);
+    assert!(o.status.success(), "create --network egress: {}", both(&o));
+    eprintln!(
+        "figure: pod sandbox with egress created in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    let container = fx.container("egr");
+    let services: Api<Service> = Api::namespaced(e.client().clone(), &e.target().namespace);
+    let svc = e
+        .block_on(services.get(&egress::proxy_name(&container)))
+        .expect("the proxy's Service");
+    let ip = svc.spec.unwrap().cluster_ip.unwrap();
+    let exec = |script: &str| sb(&["exec", "egr", "--", "timeout", "10", "bash", "-c", script]);
+    let env = String::from_utf8_lossy(&exec("echo $HTTP_PROXY").stdout)
+        .trim()
+        .to_string();
+    assert_eq!(
+        env,
+        format!("http://{ip}:3128"),
+        "HTTP_PROXY is the Service"
+    );
+    // A new pod's traffic passes once kube-router has classified it.
+    let fetch_allowed = |after: &str| {
+        let t0 = Instant::now();
+        let mut fetched = String::new();
+        for _ in 0..50 {
+            fetched =
+                String::from_utf8_lossy(&exec(&through_proxy("web.test")).stdout).into_owned();
+            if fetched.contains("hello-allowed") {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert!(
+            fetched.contains("hello-allowed"),
+            "the allowed host through the proxy after {after}: {fetched:?}"
+        );
+        eprintln!(
+            "figure: allowed host fetched {:.2} s after {after} returned",
+            t0.elapsed().as_secs_f64()
+        );
+    };
+    fetch_allowed("create");
+    let before = (
+        received(&e, &web, "/tmp/in9090"),
+        received(&e, &bad, "/tmp/in"),
+    );
+    let refused =
+        String::from_utf8_lossy(&exec(&through_proxy("forbidden.test")).stdout).into_owned();
+    assert!(
+        refused.starts_with("HTTP/1.1 403"),
+        "the forbidden host is refused: {refused:?}"
+    );
+    let node = counter();
+    let gw = gateway(&web_ip);
+    for (ip, port) in [
+        (web_ip.as_str(), 9090),
+        (bad_ip.as_str(), 8080),
+        (gw.as_str(), node.port),
+    ] {
+        exec(&format!("echo leak > /dev/tcp/{ip}/{port}"));
+    }
+    let after = (
+        received(&e, &web, "/tmp/in9090"),
+        received(&e, &bad, "/tmp/in"),
+    );
+    eprintln!(
+        "figure: sandbox bypass bytes: allowed host {}, forbidden host {}, node {}",
+        after.0 - before.0,
+        after.1 - before.1,
+        node.bytes.load(Ordering::SeqCst)
+    );
+    assert_eq!(after, before, "bytes went around the proxy");
+    assert_eq!(node.bytes.load(Ordering::SeqCst), 0);
+    let logs = sb(&["logs", "--egress", "egr"]);
+    assert!(
+        both(&logs).contains("forbidden.test"),
+        "logs --egress: {}",
+        both(&logs)
+    );
+
+    // stop makes the pods end; start makes them again, the proxy's back
+    // behind its Service, whose address the sandbox keeps.
+    for verb in ["stop", "start"] {
+        let o = sb(&[verb, "egr"]);
+        assert!(o.status.success(), "{verb}: {}", both(&o));
+    }
+    fetch_allowed("stop and start");
+
+    let o = sb(&["rm", "egr"]);
+    assert!(o.status.success(), "rm: {}", both(&o));
+    let pods: Api<Pod> = Api::namespaced(e.client().clone(), &e.target().namespace);
+    let policies: Api<NetworkPolicy> = Api::namespaced(e.client().clone(), &e.target().namespace);
+    let lp = ListParams::default();
+    let mut left: Vec<String> = e
+        .block_on(pods.list(&lp))
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    left.extend(
+        e.block_on(services.list(&lp))
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|p| p.metadata.name),
+    );
+    left.extend(
+        e.block_on(policies.list(&lp))
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|p| p.metadata.name),
+    );
+    left.retain(|n| n.starts_with(&container));
+    assert!(left.is_empty(), "rm left {left:?}");
+    for p in [&web, &bad] {
+        e.remove(p, true).unwrap();
+    }
+    e.remove_network(&world).unwrap();
+    drop(cluster);
 }
