@@ -499,6 +499,37 @@ mod tests {
     use super::*;
 
     #[test]
+    fn egress_is_refused_in_volume_mode_only_off_kubernetes() {
+        let opts = CreateOptions {
+            name: "a".into(),
+            branch: "a".into(),
+            from: None,
+            scope: vec![],
+            ports: vec![],
+            secrets: vec![],
+            network: Network::Egress,
+            allow: vec![],
+            image: None,
+            allow_stale: false,
+            no_fetch: false,
+            agent: None,
+            limits: Default::default(),
+            allow_install_change: false,
+            services: vec![],
+            runtime: None,
+        };
+        check(&opts, "tcp://b:2376", true).expect("a cluster carries the proxy");
+        let e = check(&opts, "tcp://b:2376", false).unwrap_err();
+        assert_eq!(e.exit, Exit::Unavailable);
+        assert!(
+            e.msg
+                .starts_with("--network egress is not available on the engine at tcp://b:2376"),
+            "{}",
+            e.msg
+        );
+    }
+
+    #[test]
     fn the_engine_host_of_an_address() {
         for (a, h) in [
             ("tcp://172.18.0.2:2376", "172.18.0.2"),
