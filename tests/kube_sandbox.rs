@@ -23,6 +23,7 @@
 //! Without the cached binaries (scripts/k8s-build) the test says it cannot
 //! run and why, and passes.
 
+mod courier_support;
 mod kube_support;
 mod sandbox_support;
 mod seeded;
@@ -31,7 +32,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::{StreamExt, TryStreamExt};
@@ -121,58 +121,11 @@ impl Target {
     }
 }
 
-/// A running `lw-sandbox courier`, its lines arriving with their time.
-struct Courier {
-    child: Child,
-    lines: mpsc::Receiver<(SystemTime, String)>,
-}
+use crate::courier_support::Courier;
 
-impl Courier {
-    fn start(fx: &Fixture, t: &Target, interval_ms: u32) -> Courier {
-        let mut child = t
-            .env(&mut fx.cmd(&["courier", "--interval", &interval_ms.to_string()]))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("lw-sandbox courier runs");
-        let out = child.stdout.take().expect("piped");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines() {
-                let Ok(l) = l else { return };
-                if tx.send((SystemTime::now(), l)).is_err() {
-                    return;
-                }
-            }
-        });
-        Courier { child, lines: rx }
-    }
-    /// Waits until `n` messages were carried into volumes; the time of the last.
-    fn until_in(&self, n: usize, timeout: Duration) -> SystemTime {
-        let deadline = Instant::now() + timeout;
-        let mut got = 0;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let (at, l) = self
-                .lines
-                .recv_timeout(left)
-                .unwrap_or_else(|_| panic!("the courier carried {got} of {n} in {timeout:?}"));
-            let w: Vec<&str> = l.split_whitespace().collect();
-            if let Some(i) = w.iter().position(|x| *x == "in") {
-                got += w[i + 1].parse::<usize>().unwrap_or(0);
-            }
-            if got >= n {
-                return at;
-            }
-        }
-    }
-}
-
-impl Drop for Courier {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `lw-sandbox courier --interval MS` for `t`.
+fn start_courier(fx: &Fixture, t: &Target, interval_ms: u32) -> Courier {
+    Courier::spawn(t.env(&mut fx.cmd(&["courier", "--interval", &interval_ms.to_string()])))
 }
 
 /// The time encoded in a message id (`SECONDS.NANOS.RANDOM`).
@@ -404,7 +357,7 @@ fn sandboxes_as_pods() {
     // create started the root's courier (volume mode); the one run here
     // counts its lines, so that one is stopped first.
     tk.ok(&fx, &["courier", "--stop"]);
-    let courier = Courier::start(&fx, &tk, 100);
+    let courier = start_courier(&fx, &tk, 100);
     let wb = waiter(&fx, &tk, "b");
     let change = tk.post(
         &fx,

@@ -24,6 +24,7 @@
 //! (overlay2) on an anonymous volume of the shared engine, removed with it.
 
 mod build_support;
+mod courier_support;
 mod remote_support;
 mod sandbox_support;
 mod seeded;

@@ -10,10 +10,8 @@
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::sandbox_support::{Fixture, bin, git};
@@ -95,62 +93,11 @@ impl Target {
     }
 }
 
-/// A running `lw-sandbox courier`, its lines arriving with their time.
-struct Courier {
-    child: Child,
-    lines: mpsc::Receiver<(SystemTime, String)>,
-}
+use crate::courier_support::Courier;
 
-impl Courier {
-    fn start(fx: &Fixture, t: &Target, interval_ms: u32) -> Courier {
-        let mut child = t
-            .env(&mut fx.cmd(&["courier", "--interval", &interval_ms.to_string()]))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("lw-sandbox courier runs");
-        let out = child.stdout.take().expect("piped");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines() {
-                let Ok(l) = l else { return };
-                if tx.send((SystemTime::now(), l)).is_err() {
-                    return;
-                }
-            }
-        });
-        Courier { child, lines: rx }
-    }
-    /// Waits for lines until `n` messages were carried in; the time of the last.
-    fn until_in(&self, n: usize, timeout: Duration) -> SystemTime {
-        let deadline = Instant::now() + timeout;
-        let mut got = 0;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let (at, l) = self
-                .lines
-                .recv_timeout(left)
-                .unwrap_or_else(|_| panic!("the courier carried {got} of {n} in {timeout:?}"));
-            let w: Vec<&str> = l.split_whitespace().collect();
-            if let Some(i) = w.iter().position(|x| *x == "in") {
-                got += w[i + 1].parse::<usize>().unwrap_or(0);
-            }
-            if got >= n {
-                return at;
-            }
-        }
-    }
-    fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Courier {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `lw-sandbox courier --interval MS` for `t`.
+fn start_courier(fx: &Fixture, t: &Target, interval_ms: u32) -> Courier {
+    Courier::spawn(t.env(&mut fx.cmd(&["courier", "--interval", &interval_ms.to_string()])))
 }
 
 /// The time encoded in a message id (`SECONDS.NANOS.RANDOM`).
@@ -406,7 +353,7 @@ pub fn volume_mode(fx: &Fixture, host: &str, certs: &Path, image: &str, b: &Engi
         tb.ok(fx, &["courier", "--stop"]).trim(),
         format!("stopped {pid}")
     );
-    let courier = Courier::start(fx, &tb, 100);
+    let courier = start_courier(fx, &tb, 100);
     let thousand_b = throughput(
         fx,
         &tb,
@@ -535,14 +482,12 @@ fn crash_courier(fx: &Fixture, tb: &Target, policy: &Path) -> String {
     let mut kills = Vec::new();
     let rounds = |kills: &mut Vec<u64>| {
         for _ in 0..6 {
-            let c = Courier::start(fx, tb, 50);
+            let c = start_courier(fx, tb, 50);
             let ms = seeded::below(700);
             std::thread::sleep(Duration::from_millis(ms));
             kills.push(ms);
-            let mut c = c;
             // SIGKILL: no chance to finish what it was carrying.
-            let _ = c.child.kill();
-            let _ = c.child.wait();
+            c.kill();
         }
     };
     rounds(&mut kills);
