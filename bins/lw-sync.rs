@@ -236,6 +236,10 @@ fn report(s: &mut Syncer, out: &mut dyn Write, json: bool, stats: bool) -> Resul
             Event::Federated { id, from, to, .. } => {
                 writeln!(out, "{id} from {from} to {}", to.join(",")).map_err(out_err)?
             }
+            Event::LeftTo { id, comment, host } => {
+                writeln!(out, "{id} answered in comment {comment}: left to {host}")
+                    .map_err(out_err)?
+            }
             Event::Receipt { id, reader, .. } => {
                 writeln!(out, "{id} read by {reader}").map_err(out_err)?
             }

@@ -553,3 +553,75 @@ fn figures_latency_per_sync_interval_and_requests_per_message() {
         }
     }
 }
+
+/// A person answers on the issue all hosts share: the host whose log holds
+/// the question delivers the answer and says what went wrong; the others
+/// leave it, and an id no host logged is told once, by the first host.
+#[test]
+fn a_persons_answer_is_taken_by_the_host_that_asked_and_told_once() {
+    let (env, a, b) = two_hosts("fed-answer");
+    introduce(&env, &a, &b);
+    let mut q = contract_change("v1 or v2?");
+    q.kind = Kind::Question;
+    q.to = vec!["human".into()];
+    q.refs = vec![];
+    // Asked on B, the second host by name: the first (A) must stay quiet.
+    q.from = "web".into();
+    b.root.sandbox("web").outbox().deliver_message(&q).unwrap();
+    b.mediate();
+    b.sync(&env, &["--once"]);
+    let bogus = "1796058405.000000000.00000000000000000000000000000bad";
+    post_as(
+        &env,
+        "alice",
+        &format!(
+            "Looks fine.\n\n/lw answer {}\nv2\n\n/lw answer {bogus}\nhm\n",
+            q.id
+        ),
+    );
+    env.ctl(
+        "POST",
+        "comments",
+        json!({ "repo": "octo/proj", "issue": 1, "login": "mallory", "association": "NONE", "body": format!("/lw answer {}\nv9", q.id) }),
+    );
+    let oa = a.sync(&env, &["pull"]);
+    let ob = b.sync(&env, &["pull"]);
+    // Pulled again, by both: nothing more.
+    a.sync(&env, &["pull"]);
+    b.sync(&env, &["pull"]);
+    assert_eq!(b.names("human-outbox").len(), 1);
+    assert!(a.names("human-outbox").is_empty());
+    assert!(
+        text(&oa.stdout).contains(&format!("{} answered in comment", q.id))
+            && text(&oa.stdout).contains("left to hostb"),
+        "{}",
+        text(&oa.stdout)
+    );
+    b.mediate();
+    assert_eq!(b.names("sandboxes/web/inbox").len(), 1);
+    let notices: Vec<(u64, String, String)> = env
+        .comments(1)
+        .into_iter()
+        .filter(|c| c.1.contains("did not deliver the answer"))
+        .collect();
+    let by = |login: &str, what: &str| {
+        notices
+            .iter()
+            .filter(|c| c.2 == login && c.1.contains(what))
+            .count()
+    };
+    // The unknown id: told by A, the first host; mallory: by B, who asked.
+    assert_eq!(
+        (by(LOGIN_A, bogus), by(LOGIN_B, bogus)),
+        (1, 0),
+        "{notices:?}\n{}{}",
+        text(&oa.stderr),
+        text(&ob.stderr)
+    );
+    assert_eq!(
+        (by(LOGIN_A, "@mallory"), by(LOGIN_B, "@mallory")),
+        (0, 1),
+        "{notices:?}"
+    );
+    assert_eq!(notices.len(), 2, "{notices:?}");
+}

@@ -132,6 +132,13 @@ pub enum Event {
         target: String,
         reason: String,
     },
+    /// A person's answer to message `id` on an issue hosts share, left to
+    /// `host`: its sandbox asked, or (an id no host logged) it tells.
+    LeftTo {
+        id: String,
+        comment: u64,
+        host: String,
+    },
     MissingOnGithub {
         entry: String,
         target: String,

@@ -3,7 +3,9 @@
 //! on the issue saying why.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
+use super::config::Federation;
 use super::format::{header_line, inline};
 use super::{Event, FORMAT_VERSION, Head, MAX_UNKNOWN, NoticeHead, Syncer, TargetState};
 use super::{parse_answers, parse_comment, sha256_hex};
@@ -14,6 +16,16 @@ use crate::message::{self, Kind, Message};
 
 /// Comments listed, and the `since` and ETag of the listing.
 type Listed = (Vec<Comment>, Option<(String, String)>);
+
+/// Whose a person's answer is, on an issue hosts share.
+enum Owner {
+    /// This host delivers it and tells what went wrong.
+    Here,
+    /// This host delivers it (to a proxy) but another host tells.
+    HereQuietly,
+    /// Another host's: this one leaves it.
+    Host(String),
+}
 
 impl Syncer {
     /// The way back: `/lw answer ID` lines in people's comments become
@@ -163,7 +175,28 @@ impl Syncer {
         } else {
             self.cfg.answerers.iter().any(|a| a == c.login())
         };
+        let fed = match self.cfg.federation()? {
+            Some(f) if *t == self.cfg.default_target()? => Some(f),
+            _ => None,
+        };
         for (k, (id, text)) in cmds.iter().enumerate() {
+            // On an issue hosts share, each answer is one host's to deliver
+            // and to tell about: see `answer_owner`.
+            let mut tell = true;
+            if let Some(fed) = &fed {
+                match self.answer_owner(t, fed, known.get(id), id)? {
+                    Owner::Here => {}
+                    Owner::HereQuietly => tell = false,
+                    Owner::Host(host) => {
+                        self.events.push(Event::LeftTo {
+                            id: id.clone(),
+                            comment: c.id,
+                            host,
+                        });
+                        continue;
+                    }
+                }
+            }
             let problem = if !allowed {
                 Some(format!(
                     "@{} may not answer for this repository (configure \"answerers\")",
@@ -192,10 +225,69 @@ impl Syncer {
                     target: t.to_string(),
                     reason: p.clone(),
                 });
-                self.notice(t, c, k, &p)?;
+                if tell {
+                    self.notice(t, c, k, &p)?;
+                }
             }
         }
         Ok(())
+    }
+
+    /// Which host delivers a person's answer to message `id`, and tells the
+    /// person what went wrong, on an issue several hosts share (every host's
+    /// pull reads the same comment):
+    ///
+    /// - a message of this host's own sandbox (`known` here with a bare
+    ///   sender): this host;
+    /// - one this host took from another host's sandbox (sender
+    ///   `HOST/NAME`): that host delivers it to its sandbox; this host
+    ///   delivers too, to the proxy (so its human queue is done with the
+    ///   question), but tells nothing;
+    /// - one unknown here: the host whose entries on the issue name it;
+    ///   when no host's do, the first host by name tells the person.
+    ///
+    /// Looking for another host's entry lists the comments since an hour
+    /// before the time in the id (the message cannot have been mirrored
+    /// before it was made), once per unknown id.
+    fn answer_owner(
+        &mut self,
+        t: &Target,
+        fed: &Federation,
+        known: Option<&(String, String)>,
+        id: &str,
+    ) -> Result<Owner> {
+        match known {
+            Some((sender, _)) if sender.contains('/') => return Ok(Owner::HereQuietly),
+            Some(_) => return Ok(Owner::Here),
+            None => {}
+        }
+        let since = id
+            .split('.')
+            .next()
+            .and_then(|s| s.parse::<u64>().ok())
+            .map(|secs| crate::time::rfc3339(Duration::from_secs(secs.saturating_sub(3600))));
+        let comments = self.client.list_comments(t, since.as_deref())?;
+        for c in &comments {
+            let Some(host) = fed.host_of(c.login()) else {
+                continue;
+            };
+            if host == fed.me {
+                continue;
+            }
+            let Some(Ok(sections)) = parse_comment(c.text()) else {
+                continue;
+            };
+            if sections
+                .iter()
+                .any(|s| matches!(&s.head, Head::Entry(h) if h.id == id))
+            {
+                return Ok(Owner::Host(host.to_string()));
+            }
+        }
+        match fed.hosts.keys().next() {
+            Some(first) if *first != fed.me => Ok(Owner::Host(first.clone())),
+            _ => Ok(Owner::Here),
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
