@@ -18,11 +18,14 @@
 //! way (`KUBECONFIG`, else `~/.kube/config`; the project's `engine.kubeconfig`
 //! when `KUBECONFIG` is unset), the context is `engine.context` or the
 //! kubeconfig's current one, the namespace `engine.namespace` or the
-//! context's.  Errors: no kubeconfig, or an API server that does not answer,
+//! context's (connect.rs).  Errors (errors.rs): no kubeconfig, or an API server that does not answer,
 //! is 69 naming the context; a request RBAC forbids is 77 naming the verb
 //! and the resource; a namespace quota that refuses a pod is 75, and nothing
 //! of that pod is left.
 
+mod access;
+mod connect;
+mod errors;
 mod image;
 mod network;
 mod paths;
@@ -38,7 +41,6 @@ use futures_util::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, LocalObjectReference, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::engine::{
     BuildEvent, BuildOutcome, BuildRequest, Container, ContainerSpec, Engine, EngineInfo,
@@ -46,6 +48,9 @@ use crate::engine::{
 };
 use crate::error::{Error, Exit, Result};
 
+pub use access::NEEDED;
+pub(crate) use errors::api_err;
+use errors::unreachable;
 pub use pod::{MANAGED_BY, MANAGED_BY_VALUE, NET_PREFIX};
 
 /// The `.loopwright/config` keys of this engine.
@@ -82,138 +87,6 @@ pub struct KubeEngine {
 }
 
 impl KubeEngine {
-    /// Connects as the project's configuration says (see the module's
-    /// documentation) and checks the API server answers.
-    pub fn connect_for(config: Option<&crate::config::Config>) -> Result<KubeEngine> {
-        let get = |k: &str| {
-            config
-                .and_then(|c| c.get(k))
-                .filter(|v| !v.is_empty())
-                .map(str::to_string)
-        };
-        let kubeconfig = std::env::var("KUBECONFIG")
-            .ok()
-            .filter(|v| !v.is_empty())
-            .or_else(|| get(KUBECONFIG_KEY));
-        KubeEngine::connect_with(kubeconfig.as_deref(), get(CONTEXT_KEY), get(NAMESPACE_KEY))
-    }
-
-    /// Connects with `kubeconfig` (a path, or several joined by `:`; `None`
-    /// is `~/.kube/config`), `context` (`None`: the current one) and
-    /// `namespace` (`None`: the context's, else `default`).
-    pub fn connect_with(
-        kubeconfig: Option<&str>,
-        context: Option<String>,
-        namespace: Option<String>,
-    ) -> Result<KubeEngine> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| {
-                Error::new(Exit::Software, "cannot start the I/O runtime").with_source(e)
-            })?;
-        let files: Vec<std::path::PathBuf> = match kubeconfig {
-            Some(list) => std::env::split_paths(list)
-                .filter(|p| !p.as_os_str().is_empty())
-                .collect(),
-            None => match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
-                Some(h) => vec![std::path::Path::new(&h).join(".kube/config")],
-                None => Vec::new(),
-            },
-        };
-        let shown = files
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(":");
-        let ctx_shown = context.clone().unwrap_or_else(|| "(current)".into());
-        let no_config = |why: String| {
-            Error::new(
-                Exit::Unavailable,
-                format!(
-                    "cannot reach Kubernetes context '{ctx_shown}': {why}; set KUBECONFIG (or engine.kubeconfig in .loopwright/config) to a kubeconfig naming the cluster, and engine.context to one of its contexts"
-                ),
-            )
-        };
-        let mut merged: Option<Kubeconfig> = None;
-        for f in &files {
-            if !f.exists() {
-                continue;
-            }
-            let k = Kubeconfig::read_from(f)
-                .map_err(|e| no_config(format!("kubeconfig {} is unreadable: {e}", f.display())))?;
-            merged = Some(match merged {
-                None => k,
-                Some(m) => m.merge(k).map_err(|e| no_config(e.to_string()))?,
-            });
-        }
-        let Some(kc) = merged else {
-            return Err(no_config(if shown.is_empty() {
-                "no kubeconfig (KUBECONFIG is unset and HOME is not set)".into()
-            } else {
-                format!("no kubeconfig at {shown}")
-            }));
-        };
-        let context = match context.or_else(|| kc.current_context.clone()) {
-            Some(c) => c,
-            None => return Err(no_config(format!("{shown} names no current context"))),
-        };
-        if !kc.contexts.iter().any(|c| c.name == context) {
-            let known: Vec<&str> = kc.contexts.iter().map(|c| c.name.as_str()).collect();
-            return Err(Error::new(
-                Exit::Unavailable,
-                format!(
-                    "cannot reach Kubernetes context '{context}': {shown} has no such context (it has: {}); set engine.context to one of them",
-                    known.join(", ")
-                ),
-            ));
-        }
-        let opts = KubeConfigOptions {
-            context: Some(context.clone()),
-            ..Default::default()
-        };
-        let mut cfg = rt
-            .block_on(kube::Config::from_custom_kubeconfig(kc, &opts))
-            .map_err(|e| {
-                Error::new(
-                    Exit::Unavailable,
-                    format!("cannot reach Kubernetes context '{context}': {shown}: {e}"),
-                )
-            })?;
-        cfg.connect_timeout = Some(CONNECT_TIMEOUT);
-        let namespace = namespace.unwrap_or_else(|| cfg.default_namespace.clone());
-        cfg.default_namespace = namespace.clone();
-        let target = Target {
-            kubeconfig: shown,
-            context: context.clone(),
-            namespace,
-            server: cfg.cluster_url.to_string(),
-        };
-        let client = {
-            let _g = rt.enter();
-            kube::Client::try_from(cfg).map_err(|e| {
-                Error::new(
-                    Exit::Unavailable,
-                    format!(
-                        "cannot reach Kubernetes context '{context}' at {}: {e}",
-                        target.server
-                    ),
-                )
-            })?
-        };
-        let engine = KubeEngine {
-            rt,
-            client,
-            target,
-            deny_made: std::sync::atomic::AtomicBool::new(false),
-        };
-        // The first request says whether the server answers at all.
-        engine
-            .block_on(engine.client.apiserver_version())
-            .map_err(|e| engine.unreachable(&e))?;
-        Ok(engine)
-    }
-
     /// Where this engine points.
     pub fn target(&self) -> &Target {
         &self.target
@@ -387,64 +260,6 @@ impl KubeEngine {
         io: crate::engine::ExecIo<'_>,
     ) -> Result<i64> {
         sandbox::exec_streams(self, container, req, io)
-    }
-}
-
-/// The API server of `t` did not answer.
-fn unreachable(t: &Target, e: &kube::Error) -> Error {
-    Error::new(
-        Exit::Unavailable,
-        format!(
-            "cannot reach Kubernetes context '{}' at {}: {e}; start the cluster or point KUBECONFIG / engine.context at a running one",
-            t.context, t.server
-        ),
-    )
-}
-
-/// An API error as the house exit statuses say: 403 is 77 naming `verb`
-/// and `resource` (a quota's refusal, also 403, is 75), 404 is 66, 409
-/// is 73, a lost connection 69 naming the context, the rest 69.
-pub(crate) fn api_err(t: &Target, verb: &str, resource: &str, what: &str, e: kube::Error) -> Error {
-    match &e {
-        kube::Error::Api(s) => {
-            let ns = &t.namespace;
-            let exit = match s.code {
-                403 if s.message.contains("exceeded quota") => {
-                    return Error::new(
-                        Exit::TempFail,
-                        format!(
-                            "{what}: namespace '{ns}' is at its quota ({}); nothing was made; remove sandboxes or raise the ResourceQuota",
-                            s.message
-                        ),
-                    );
-                }
-                403 => {
-                    return Error::new(
-                        Exit::NoPerm,
-                        format!(
-                            "{what}: Kubernetes RBAC forbids '{verb}' on '{resource}' in namespace '{ns}' for context '{}' ({}); grant it with a Role and RoleBinding",
-                            t.context, s.message
-                        ),
-                    );
-                }
-                401 => {
-                    return Error::new(
-                        Exit::NoPerm,
-                        format!(
-                            "{what}: the API server of context '{}' does not accept these credentials ({}); renew them in the kubeconfig",
-                            t.context, s.message
-                        ),
-                    );
-                }
-                404 => Exit::NoInput,
-                409 => Exit::CantCreat,
-                422 | 400 => Exit::DataErr,
-                _ => Exit::Unavailable,
-            };
-            Error::new(exit, format!("{what}: {}", s.message))
-        }
-        kube::Error::HyperError(_) | kube::Error::Service(_) => unreachable(t, &e),
-        _ => Error::new(Exit::Unavailable, format!("{what}: {e}")),
     }
 }
 
@@ -729,152 +544,5 @@ impl KubeEngine {
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
-    }
-}
-
-impl KubeEngine {
-    /// Whether this user may `verb` the `resource` (`pods`, `pods/exec`) in
-    /// the engine's namespace, as the API server's own review says.
-    pub fn can(&self, verb: &str, resource: &str) -> Result<bool> {
-        use k8s_openapi::api::authorization::v1::{
-            ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
-        };
-        let (res, sub) = match resource.split_once('/') {
-            Some((r, s)) => (r, Some(s.to_string())),
-            None => (resource, None),
-        };
-        let group = match res {
-            "networkpolicies" => "networking.k8s.io",
-            _ => "",
-        };
-        let review = SelfSubjectAccessReview {
-            spec: SelfSubjectAccessReviewSpec {
-                resource_attributes: Some(ResourceAttributes {
-                    namespace: Some(self.target.namespace.clone()),
-                    verb: Some(verb.into()),
-                    group: Some(group.into()),
-                    resource: Some(res.into()),
-                    subresource: sub,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let api: Api<SelfSubjectAccessReview> = Api::all(self.client.clone());
-        let r = self
-            .block_on(api.create(&PostParams::default(), &review))
-            .map_err(|e| {
-                self.err(
-                    "create",
-                    "selfsubjectaccessreviews",
-                    "cannot ask the API server what this user may do",
-                    e,
-                )
-            })?;
-        Ok(r.status.is_some_and(|s| s.allowed))
-    }
-}
-
-/// What a sandbox's life asks of the API, as (verb, resource).
-pub const NEEDED: &[(&str, &str)] = &[
-    ("create", "pods"),
-    ("delete", "pods"),
-    ("list", "pods"),
-    ("create", "pods/exec"),
-    ("get", "pods/log"),
-    ("create", "persistentvolumeclaims"),
-    ("create", "networkpolicies"),
-    ("create", "configmaps"),
-    // The egress proxy's Service (service.rs), and the label that puts its
-    // pod behind it.
-    ("create", "services"),
-    ("delete", "services"),
-    ("patch", "pods"),
-];
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn api(code: u16, message: &str) -> kube::Error {
-        kube::Error::Api(Box::new(kube::core::Status {
-            code,
-            message: message.into(),
-            ..Default::default()
-        }))
-    }
-
-    #[test]
-    fn rbac_quota_and_missing_objects_have_their_exits() {
-        let t = Target {
-            context: "prod".into(),
-            namespace: "team".into(),
-            ..Default::default()
-        };
-        let e = api_err(
-            &t,
-            "create",
-            "pods",
-            "cannot create pod 'x'",
-            api(
-                403,
-                "pods is forbidden: User \"u\" cannot create resource \"pods\"",
-            ),
-        );
-        assert_eq!(e.exit, Exit::NoPerm);
-        assert!(
-            e.msg.contains("'create' on 'pods'")
-                && e.msg.contains("'prod'")
-                && e.msg.contains("'team'"),
-            "{}",
-            e.msg
-        );
-        let e = api_err(
-            &t,
-            "create",
-            "pods",
-            "x",
-            api(
-                403,
-                "pods \"x\" is forbidden: exceeded quota: q, requested: pods=1",
-            ),
-        );
-        assert_eq!(e.exit, Exit::TempFail);
-        assert!(
-            e.msg.contains("quota") && e.msg.contains("nothing was made"),
-            "{}",
-            e.msg
-        );
-        assert_eq!(
-            api_err(&t, "get", "pods", "x", api(404, "not found")).exit,
-            Exit::NoInput
-        );
-        assert_eq!(
-            api_err(&t, "create", "pods", "x", api(409, "exists")).exit,
-            Exit::CantCreat
-        );
-        assert_eq!(
-            api_err(&t, "create", "pods", "x", api(422, "invalid")).exit,
-            Exit::DataErr
-        );
-        assert_eq!(
-            api_err(&t, "get", "pods", "x", api(401, "Unauthorized")).exit,
-            Exit::NoPerm
-        );
-    }
-
-    #[test]
-    fn no_kubeconfig_is_unavailable_naming_the_context() {
-        let e =
-            KubeEngine::connect_with(Some("/nonexistent/kubeconfig"), Some("prod".into()), None)
-                .err()
-                .unwrap();
-        assert_eq!(e.exit, Exit::Unavailable);
-        assert!(
-            e.msg.contains("'prod'") && e.msg.contains("/nonexistent/kubeconfig"),
-            "{}",
-            e.msg
-        );
     }
 }

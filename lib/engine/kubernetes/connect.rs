@@ -1,0 +1,161 @@
+//! Connecting: the kubeconfig, context and namespace found the usual way
+//! (the module's documentation in mod.rs), and the first request that says
+//! whether the API server answers.
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use super::{CONNECT_TIMEOUT, CONTEXT_KEY, KUBECONFIG_KEY, KubeEngine, NAMESPACE_KEY, Target};
+use crate::error::{Error, Exit, Result};
+
+impl KubeEngine {
+    /// Connects as the project's configuration says (see the module's
+    /// documentation) and checks the API server answers.
+    pub fn connect_for(config: Option<&crate::config::Config>) -> Result<KubeEngine> {
+        let get = |k: &str| {
+            config
+                .and_then(|c| c.get(k))
+                .filter(|v| !v.is_empty())
+                .map(str::to_string)
+        };
+        let kubeconfig = std::env::var("KUBECONFIG")
+            .ok()
+            .filter(|v| !v.is_empty())
+            .or_else(|| get(KUBECONFIG_KEY));
+        KubeEngine::connect_with(kubeconfig.as_deref(), get(CONTEXT_KEY), get(NAMESPACE_KEY))
+    }
+
+    /// Connects with `kubeconfig` (a path, or several joined by `:`; `None`
+    /// is `~/.kube/config`), `context` (`None`: the current one) and
+    /// `namespace` (`None`: the context's, else `default`).
+    pub fn connect_with(
+        kubeconfig: Option<&str>,
+        context: Option<String>,
+        namespace: Option<String>,
+    ) -> Result<KubeEngine> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                Error::new(Exit::Software, "cannot start the I/O runtime").with_source(e)
+            })?;
+        let files: Vec<std::path::PathBuf> = match kubeconfig {
+            Some(list) => std::env::split_paths(list)
+                .filter(|p| !p.as_os_str().is_empty())
+                .collect(),
+            None => match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+                Some(h) => vec![std::path::Path::new(&h).join(".kube/config")],
+                None => Vec::new(),
+            },
+        };
+        let shown = files
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(":");
+        let ctx_shown = context.clone().unwrap_or_else(|| "(current)".into());
+        let no_config = |why: String| {
+            Error::new(
+                Exit::Unavailable,
+                format!(
+                    "cannot reach Kubernetes context '{ctx_shown}': {why}; set KUBECONFIG (or engine.kubeconfig in .loopwright/config) to a kubeconfig naming the cluster, and engine.context to one of its contexts"
+                ),
+            )
+        };
+        let mut merged: Option<Kubeconfig> = None;
+        for f in &files {
+            if !f.exists() {
+                continue;
+            }
+            let k = Kubeconfig::read_from(f)
+                .map_err(|e| no_config(format!("kubeconfig {} is unreadable: {e}", f.display())))?;
+            merged = Some(match merged {
+                None => k,
+                Some(m) => m.merge(k).map_err(|e| no_config(e.to_string()))?,
+            });
+        }
+        let Some(kc) = merged else {
+            return Err(no_config(if shown.is_empty() {
+                "no kubeconfig (KUBECONFIG is unset and HOME is not set)".into()
+            } else {
+                format!("no kubeconfig at {shown}")
+            }));
+        };
+        let context = match context.or_else(|| kc.current_context.clone()) {
+            Some(c) => c,
+            None => return Err(no_config(format!("{shown} names no current context"))),
+        };
+        if !kc.contexts.iter().any(|c| c.name == context) {
+            let known: Vec<&str> = kc.contexts.iter().map(|c| c.name.as_str()).collect();
+            return Err(Error::new(
+                Exit::Unavailable,
+                format!(
+                    "cannot reach Kubernetes context '{context}': {shown} has no such context (it has: {}); set engine.context to one of them",
+                    known.join(", ")
+                ),
+            ));
+        }
+        let opts = KubeConfigOptions {
+            context: Some(context.clone()),
+            ..Default::default()
+        };
+        let mut cfg = rt
+            .block_on(kube::Config::from_custom_kubeconfig(kc, &opts))
+            .map_err(|e| {
+                Error::new(
+                    Exit::Unavailable,
+                    format!("cannot reach Kubernetes context '{context}': {shown}: {e}"),
+                )
+            })?;
+        cfg.connect_timeout = Some(CONNECT_TIMEOUT);
+        let namespace = namespace.unwrap_or_else(|| cfg.default_namespace.clone());
+        cfg.default_namespace = namespace.clone();
+        let target = Target {
+            kubeconfig: shown,
+            context: context.clone(),
+            namespace,
+            server: cfg.cluster_url.to_string(),
+        };
+        let client = {
+            let _g = rt.enter();
+            kube::Client::try_from(cfg).map_err(|e| {
+                Error::new(
+                    Exit::Unavailable,
+                    format!(
+                        "cannot reach Kubernetes context '{context}' at {}: {e}",
+                        target.server
+                    ),
+                )
+            })?
+        };
+        let engine = KubeEngine {
+            rt,
+            client,
+            target,
+            deny_made: std::sync::atomic::AtomicBool::new(false),
+        };
+        // The first request says whether the server answers at all.
+        engine
+            .block_on(engine.client.apiserver_version())
+            .map_err(|e| engine.unreachable(&e))?;
+        Ok(engine)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_kubeconfig_is_unavailable_naming_the_context() {
+        let e =
+            KubeEngine::connect_with(Some("/nonexistent/kubeconfig"), Some("prod".into()), None)
+                .err()
+                .unwrap();
+        assert_eq!(e.exit, Exit::Unavailable);
+        assert!(
+            e.msg.contains("'prod'") && e.msg.contains("/nonexistent/kubeconfig"),
+            "{}",
+            e.msg
+        );
+    }
+}
