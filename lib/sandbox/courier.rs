@@ -84,25 +84,47 @@ mkdir -p junk && cd new && mv -f -- \"$@\" ../junk/";
 const STATUS: &str = "cd /lw/mailbox/inbox || exit 3
 for n; do if [ -e \"cur/$n\" ]; then echo \"cur $n\"; elif [ -e \"new/$n\" ]; then echo \"new $n\"; fi; done";
 
-/// Delivers the files just copied into `inbox/tmp/`: a name already in
-/// `cur/` (said) or `new/` is dropped from `tmp/`; the others are fsynced,
-/// linked into `new/` (never replacing), removed from `tmp/`, and `new/` is
-/// fsynced.  An old `sync` that takes no file names syncs everything, which
-/// is more.  Names are of the id grammar: plain words.
+/// Delivers the files just copied into `inbox/tmp/` as `NAME.TAG` (`$1`
+/// is TAG, unique to the copy; the names follow): a name already in `cur/`
+/// (said) or `new/` is dropped from `tmp/`; the others are fsynced, linked
+/// into `new/` as NAME (never replacing: a name another delivery linked
+/// meanwhile is delivered), removed from `tmp/`, and `new/` is fsynced.
+/// The tag keeps each copy's files its own: the script of a courier
+/// killed mid-pass may still be running in the sandbox, and must not remove
+/// or link what the next courier is copying.  Files a killed pass left in
+/// `tmp/` are removed after an hour.  An old `sync` that takes no file
+/// names syncs everything, which is more.  Names are of the id grammar,
+/// tags digits: plain words.
 const DELIVER: &str = "cd /lw/mailbox/inbox/tmp || exit 3
+tag=$1; shift
+find . -maxdepth 1 -type f -mmin +60 -exec rm -f -- {} + 2>/dev/null
 go=
 for n; do
-    if [ -e \"../cur/$n\" ]; then echo \"cur $n\"; rm -f -- \"$n\"
-    elif [ -e \"../new/$n\" ]; then rm -f -- \"$n\"
+    if [ -e \"../cur/$n\" ]; then echo \"cur $n\"; rm -f -- \"$n.$tag\"
+    elif [ -e \"../new/$n\" ]; then rm -f -- \"$n.$tag\"
     else go=\"$go $n\"; fi
 done
 [ -n \"$go\" ] || exit 0
-sync -- $go 2>/dev/null || sync
-ln -- $go ../new/
-st=$?
-rm -f -- $go
+t=
+for n in $go; do t=\"$t $n.$tag\"; done
+sync -- $t 2>/dev/null || sync
+st=0
+for n in $go; do ln -- \"$n.$tag\" \"../new/$n\" || [ -e \"../new/$n\" ] || st=1; done
+rm -f -- $t
 sync -- ../new 2>/dev/null || sync
 exit $st";
+
+/// A tag for one copy into an inbox's `tmp/` (DELIVER): this process and
+/// the time, digits only.
+fn copy_tag() -> String {
+    let now = crate::time::now();
+    format!(
+        "{}{:09}{}",
+        now.as_secs(),
+        now.subsec_nanos(),
+        std::process::id()
+    )
+}
 
 /// How often the names delivered into a volume and not acked yet are
 /// looked up again (for the read receipts).
@@ -315,11 +337,12 @@ impl<'s, 'a> Courier<'s, 'a> {
         let res = (|| -> Result<()> {
             for chunk in fresh.chunks(BATCH) {
                 let mut t = super::volume::TarBuf::new();
+                let tag = copy_tag();
                 let mut sent = Vec::new();
                 for n in chunk {
                     // Claimed or removed meanwhile: the next pass says.
                     if let Some(bytes) = read_message_file(&inbox.sub(Sub::New).join(n)) {
-                        t.file(n, &bytes, 0o600, rec.uid);
+                        t.file(&format!("{n}.{tag}"), &bytes, 0o600, rec.uid);
                         sent.push(n.clone());
                     }
                 }
@@ -331,9 +354,11 @@ impl<'s, 'a> Courier<'s, 'a> {
                     &format!("{MAILBOX}/inbox/tmp"),
                     Box::new(t.finish()),
                 )?;
+                let mut args = vec![tag];
+                args.extend(sent.iter().cloned());
                 let (code, out, err) =
                     self.sb
-                        .exec_args(&rec.container, &Self::user(rec), DELIVER, &sent)?;
+                        .exec_args(&rec.container, &Self::user(rec), DELIVER, &args)?;
                 if code != 0 {
                     return Err(Error::new(
                         Exit::Unavailable,
