@@ -11,10 +11,8 @@
 //! unverified), this refuses at once: a missing or unreadable file, and a
 //! handshake the certificates do not pass, are exit 69 naming the engine and
 //! the file to fix.  `DOCKER_TLS` alone (TLS without verification) is refused
-//! (78): loopwright always verifies.  `ssh://` is not built in (bollard 0.21
-//! has it behind its `ssh` feature, which spawns `ssh`); forward the socket
-//! (`ssh -NL /tmp/engine.sock:/var/run/docker.sock HOST`, then
-//! `DOCKER_HOST=unix:///tmp/engine.sock`) or use TLS.
+//! (78): loopwright always verifies.  `ssh://[USER@]HOST[:PORT][/SOCKET]`
+//! goes through the system's `ssh` client (ssh.rs).
 
 use std::path::{Path, PathBuf};
 
@@ -79,12 +77,35 @@ fn check_pem(host: &str, path: &Path, marker: &str, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// A client for `host`, and its certificate files when it speaks TLS.
-pub(super) fn client(host: &str) -> Result<(Docker, Option<Tls>)> {
+/// How a client reaches its engine, kept as long as the client is.
+pub(super) enum Via {
+    Direct,
+    /// Over TLS, with these certificate files.
+    Tls(Tls),
+    /// Through an ssh tunnel, ended when this is dropped.
+    Ssh(#[allow(dead_code, reason = "held for its Drop")] super::ssh::Tunnel),
+}
+
+impl Via {
+    pub(super) fn tls(&self) -> Option<&Tls> {
+        match self {
+            Via::Tls(t) => Some(t),
+            _ => None,
+        }
+    }
+}
+
+/// A client for `host`, and how it reaches it.
+pub(super) fn client(host: &str) -> Result<(Docker, Via)> {
     if host.starts_with("ssh://") {
-        return Err(Error::config(format!(
-            "DOCKER_HOST '{host}': ssh:// engines are not built in; forward the engine's socket (ssh -NL /tmp/engine.sock:/var/run/docker.sock HOST, then DOCKER_HOST=unix:///tmp/engine.sock) or use tcp://HOST:2376 with DOCKER_TLS_VERIFY=1"
-        )));
+        let tunnel = super::ssh::Tunnel::open(host)?;
+        let docker = Docker::connect_with_unix(
+            &tunnel.socket().to_string_lossy(),
+            TIMEOUT_SECS,
+            API_DEFAULT_VERSION,
+        )
+        .map_err(|e| super::unreachable_err(host, &e))?;
+        return Ok((docker, Via::Ssh(tunnel)));
     }
     let tcp = host.starts_with("tcp://");
     if tcp && non_empty("DOCKER_TLS_VERIFY").is_none() && non_empty("DOCKER_TLS").is_some() {
@@ -119,15 +140,15 @@ pub(super) fn client(host: &str) -> Result<(Docker, Option<Tls>)> {
                 ),
             )
         })?;
-        return Ok((docker, Some(tls)));
+        return Ok((docker, Via::Tls(tls)));
     }
     let docker = Docker::connect_with_host(host).map_err(|e| match e {
         bollard::errors::Error::UnsupportedURISchemeError { .. } => Error::config(format!(
-            "DOCKER_HOST '{host}' is not an engine address; use unix:///PATH or tcp://HOST:PORT"
+            "DOCKER_HOST '{host}' is not an engine address; use unix:///PATH, tcp://HOST:PORT or ssh://[USER@]HOST"
         )),
         e => super::unreachable_err(host, &e),
     })?;
-    Ok((docker, None))
+    Ok((docker, Via::Direct))
 }
 
 /// The first request's failure, naming the certificate file to fix when the

@@ -15,6 +15,7 @@ mod network;
 mod paths;
 mod runtime;
 mod sandbox;
+mod ssh;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -40,6 +41,8 @@ pub struct DockerEngine {
     host: String,
     /// Whether the engine is Podman, once asked (lib/engine/docker/runtime.rs).
     podman: std::sync::OnceLock<bool>,
+    /// Kept for the client's life: an ssh tunnel ends when this is dropped.
+    _via: connect::Via,
 }
 
 /// The `.loopwright/config` key naming the engine when `DOCKER_HOST` does not.
@@ -71,15 +74,16 @@ impl DockerEngine {
             .map_err(|e| {
                 Error::new(Exit::Software, "cannot start the I/O runtime").with_source(e)
             })?;
-        let (docker, tls) = connect::client(&host)?;
+        let (docker, via) = connect::client(&host)?;
         let docker = rt
             .block_on(docker.negotiate_version())
-            .map_err(|e| connect::first_request_err(&host, tls.as_ref(), &e))?;
+            .map_err(|e| connect::first_request_err(&host, via.tls(), &e))?;
         Ok(DockerEngine {
             rt,
             docker,
             host,
             podman: std::sync::OnceLock::new(),
+            _via: via,
         })
     }
 
@@ -136,7 +140,18 @@ fn unreachable_err(host: &str, e: &bollard::errors::Error) -> Error {
             ),
         );
     }
-    if host.starts_with("tcp://") || host.starts_with("ssh://") {
+    if host.starts_with("ssh://") {
+        // The tunnel is up (ssh.rs says so otherwise): the far socket is not.
+        return Error::new(
+            Exit::Unavailable,
+            format!(
+                "cannot reach the Docker engine at {host}: {e}; ssh logged in, but no engine \
+                 answers on its socket there: start dockerd on that host (with its unix socket), \
+                 or name the socket it listens on (ssh://USER@HOST/PATH)"
+            ),
+        );
+    }
+    if host.starts_with("tcp://") {
         // Another machine's engine: this host can neither start nor see it.
         return Error::new(
             Exit::Unavailable,
