@@ -366,6 +366,15 @@ fn start_sshd(container: &str, ip: &str, certs_in: &Path, dir: &Path) -> String 
     config("config", "id", "known_hosts")
 }
 
+/// Whether process `pid` runs (exists, and is not a zombie).
+fn running(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+        st.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
+}
+
 /// The `ssh` processes whose command line names `dir` (its config files).
 fn ssh_processes(dir: &Path) -> Vec<String> {
     let o = Command::new("pgrep")
@@ -804,6 +813,19 @@ fn remote_engine_over_tls() {
     }
     let o = via_ssh(&ssh_cmd, &["ls"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // The courier ended by SIGTERM left its tunnel's directory; the next
+    // tunnel swept it: none is left of a process that has ended.
+    let stale: Vec<String> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| {
+            n.strip_prefix("lw-ssh-")
+                .and_then(|r| r.split('-').next())
+                .is_some_and(|pid| pid.parse::<u32>().is_ok() && !running(pid))
+        })
+        .collect();
+    assert!(stale.is_empty(), "tunnel directories left: {stale:?}");
     let o = fx
         .cmd(&["ls"])
         .env("DOCKER_HOST", format!("ssh://-oProxyCommand=x@{ip}"))

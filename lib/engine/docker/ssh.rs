@@ -133,7 +133,8 @@ impl Tunnel {
     /// [`Tunnel::open`] with the `ssh` command line `words`.
     fn open_with(addr: &str, words: Vec<String>) -> Result<Tunnel> {
         let a = parse(addr)?;
-        let dir = std::env::temp_dir().join(format!(
+        let tmp = std::env::temp_dir();
+        let dir = tmp.join(format!(
             "lw-ssh-{}-{}",
             std::process::id(),
             crate::id::new_id().rsplit('.').next().unwrap_or("0")
@@ -147,6 +148,7 @@ impl Tunnel {
                     format!("cannot make {} for the ssh tunnel: {e}", dir.display()),
                 )
             })?;
+        sweep(&tmp, &dir);
         let socket = dir.join("engine.sock");
         let log = dir.join("ssh.err");
         let mut cmd = Command::new(&words[0]);
@@ -227,6 +229,47 @@ impl Tunnel {
     }
 }
 
+/// Removes the tunnel directories (`lw-ssh-PID-*` in `tmp`, owned by the
+/// owner of `mine`) of processes that ended without dropping their tunnel:
+/// a courier ended by SIGTERM, anything SIGKILLed.  Their ssh ended with
+/// them (its standard input closed); the directory and its dead socket
+/// stay until the next tunnel is opened.
+fn sweep(tmp: &Path, mine: &Path) {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(uid) = std::fs::metadata(mine).map(|m| m.uid()) else {
+        return;
+    };
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("lw-ssh-"))
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        let Some(pid) = pid else {
+            continue;
+        };
+        let alive = running(pid);
+        let own = e.metadata().is_ok_and(|m| m.is_dir() && m.uid() == uid);
+        if !alive && own {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// Whether process `pid` runs: it exists and is not a zombie (a courier
+/// ended by SIGTERM stays one until whoever adopted it reaps it).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+        st.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
+}
+
 /// ssh's own reason: its last lines that are not warnings about known hosts.
 fn last_words(stderr: &str, stdout: &str) -> String {
     let lines: Vec<&str> = stderr
@@ -286,6 +329,28 @@ mod tests {
             assert_eq!(e.exit, Exit::Config, "{bad}: {}", e.msg);
             assert!(e.msg.contains(bad), "{}", e.msg);
         }
+    }
+
+    #[test]
+    fn tunnel_dirs_of_ended_processes_are_swept() {
+        let tmp = std::env::temp_dir().join(format!("lw-ssh-sweep-test-{}", std::process::id()));
+        std::fs::create_dir_all(&tmp).unwrap();
+        // A pid that has ended: a child, waited for.
+        let mut c = std::process::Command::new("true").spawn().unwrap();
+        let dead = c.id();
+        c.wait().unwrap();
+        let mine = tmp.join(format!("lw-ssh-{}-a", std::process::id()));
+        let stale = tmp.join(format!("lw-ssh-{dead}-b"));
+        let other = tmp.join("lw-ssh-notapid-c");
+        for d in [&mine, &stale, &other] {
+            std::fs::create_dir_all(d).unwrap();
+            std::fs::write(d.join("ssh.err"), "").unwrap();
+        }
+        assert!(running(std::process::id()) && !running(dead));
+        sweep(&tmp, &mine);
+        assert!(mine.exists() && other.exists());
+        assert!(!stale.exists(), "{} was swept", stale.display());
+        std::fs::remove_dir_all(&tmp).unwrap();
     }
 
     #[test]
