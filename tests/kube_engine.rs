@@ -125,21 +125,9 @@ fn the_kubernetes_engine_on_a_real_cluster() {
         "figure: cluster start (node Ready, image imported) {:.1} s",
         cluster.started_in.as_secs_f64()
     );
-    let ns = format!("lw-test-{}", nonce());
     let admin = KubeEngine::connect_with(Some(&kc), None, None).expect("the admin connects");
+    let ns = kube_support::namespace(&admin, "lw-test");
     let namespaces: Api<Namespace> = Api::all(admin.client().clone());
-    admin
-        .block_on(namespaces.create(
-            &PostParams::default(),
-            &Namespace {
-                metadata: ObjectMeta {
-                    name: Some(ns.clone()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        ))
-        .expect("namespace");
     let e = KubeEngine::connect_with(Some(&kc), None, Some(ns.clone())).expect("connects");
     let tmp = std::env::temp_dir().join(format!("lw-kube-{}", nonce()));
     std::fs::create_dir_all(&tmp).unwrap();

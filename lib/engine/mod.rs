@@ -48,6 +48,18 @@ pub use select::{ENGINE_KEY, EngineKind, connect_sandbox_engine};
 
 use crate::error::Result;
 
+/// The current-thread tokio runtime an engine client keeps, so that its
+/// methods block as the contract says.
+pub(crate) fn io_runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            crate::error::Error::new(crate::error::Exit::Software, "cannot start the I/O runtime")
+                .with_source(e)
+        })
+}
+
 /// What the engine says about itself.
 #[derive(Clone, Debug)]
 pub struct EngineVersion {

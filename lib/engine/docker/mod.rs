@@ -68,12 +68,7 @@ impl DockerEngine {
             .filter(|_| std::env::var("DOCKER_HOST").map_or(true, |h| h.is_empty()))
             .map(str::to_string);
         let host = from_config.unwrap_or_else(connect::host);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| {
-                Error::new(Exit::Software, "cannot start the I/O runtime").with_source(e)
-            })?;
+        let rt = crate::engine::io_runtime()?;
         let (docker, via) = connect::client(&host)?;
         let docker = rt
             .block_on(docker.negotiate_version())

@@ -32,12 +32,7 @@ impl KubeEngine {
         context: Option<String>,
         namespace: Option<String>,
     ) -> Result<KubeEngine> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| {
-                Error::new(Exit::Software, "cannot start the I/O runtime").with_source(e)
-            })?;
+        let rt = crate::engine::io_runtime()?;
         let files: Vec<std::path::PathBuf> = match kubeconfig {
             Some(list) => std::env::split_paths(list)
                 .filter(|p| !p.as_os_str().is_empty())
