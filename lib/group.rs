@@ -32,7 +32,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::os::fd::OwnedFd;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 use rustix::io::Errno;
@@ -41,28 +41,11 @@ use crate::error::{Error, Exit, Result, errno_io};
 
 /// Opens a directory relative to `base` (or an absolute/relative path from
 /// the working directory when `base` is None) without following a symbolic
-/// link in any component below `base`.
+/// link in any component (lib/fs's one rule for sandbox-writable trees).
 pub fn open_dir_at(base: Option<&OwnedFd>, rel: &Path) -> rustix::io::Result<OwnedFd> {
-    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW;
-    let mut cur: Option<OwnedFd> = None;
-    for comp in rel.components() {
-        let next = match comp {
-            Component::RootDir => rfs::open("/", flags, Mode::empty())?,
-            Component::CurDir => continue,
-            Component::ParentDir => return Err(Errno::INVAL),
-            Component::Normal(n) => match (&cur, base) {
-                (Some(fd), _) => rfs::openat(fd, n, flags, Mode::empty())?,
-                (None, Some(b)) => rfs::openat(b, n, flags, Mode::empty())?,
-                (None, None) => rfs::openat(rfs::CWD, n, flags, Mode::empty())?,
-            },
-            Component::Prefix(_) => return Err(Errno::INVAL),
-        };
-        cur = Some(next);
-    }
-    match (cur, base) {
-        (Some(fd), _) => Ok(fd),
-        (None, Some(b)) => rfs::openat(b, ".", flags, Mode::empty()),
-        (None, None) => rfs::open(".", flags, Mode::empty()),
+    match base {
+        Some(b) => crate::fs::open_dir_beneath(b, rel),
+        None => crate::fs::open_dir_no_links(rel),
     }
 }
 

@@ -12,6 +12,11 @@
 //! * [`lock`]: an advisory `flock(2)` on a lock file, released by the kernel
 //!   when its holder dies; callers choose to wait or to be told it is busy
 //!   (and then exit 75, try again later).
+//! * [`open_beneath`]: resolve a path a sandbox can write beneath a
+//!   directory descriptor, refusing a symbolic link at every component
+//!   (openat2, or a component walk where it is missing); with
+//!   [`remove_tree_at`], the only way host-side code opens or removes
+//!   anything in a sandbox's tree.
 //! * [`Watcher`]: a directory watch on inotify, woken by arrivals, with a
 //!   queue overflow reported as "rescan" rather than lost.
 //!
@@ -19,9 +24,11 @@
 //! the step in its own typed error, as it always did.
 
 mod atomic;
+mod beneath;
 mod lock;
 mod watch;
 
 pub use atomic::{Durability, rename_noreplace_at, sync_dir, write_replace, write_replace_with};
+pub use beneath::{open_beneath, open_dir_beneath, open_dir_no_links, remove_tree, remove_tree_at};
 pub use lock::{lock, try_lock};
 pub use watch::{Watcher, Woke};

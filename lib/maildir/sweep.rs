@@ -2,10 +2,11 @@
 //! once older than [`TMP_MAX_AGE`] (mailbox-spec.md, "Delivery").
 
 use std::io;
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::time::Duration;
 
-use rustix::fs::{self as rfs, Mode, OFlags};
+use rustix::fs as rfs;
 use rustix::io::Errno;
 
 use crate::error::errno_io;
@@ -16,16 +17,15 @@ use crate::error::errno_io;
 pub const TMP_MAX_AGE: Duration = Duration::from_secs(36 * 3600);
 
 /// Removes the plain files in `M/tmp/` last modified longer ago than
-/// `max_age`; returns how many.  Nothing else is touched: a directory, a
-/// link or a FIFO planted in `tmp/` stays (it is reported elsewhere), links
-/// are never followed, and a missing `tmp/` is no error.
-pub fn sweep_tmp(maildir: &Path, max_age: Duration) -> io::Result<usize> {
-    let tmp = maildir.join("tmp");
-    let dir = match rfs::open(
-        &tmp,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) {
+/// `max_age`, where `maildir` is `M`'s path beneath the directory `base`;
+/// returns how many.  Nothing else is touched: a directory, a link or a
+/// FIFO planted in `tmp/` stays (it is reported elsewhere), a symbolic link
+/// at any component of `M/tmp` (a sandbox owns what is inside its mail
+/// dir and may replace `outbox` or `outbox/tmp` with a link to a host
+/// directory) means there is nothing to sweep, and a missing `tmp/` is no
+/// error.
+pub fn sweep_tmp(base: impl AsFd, maildir: &Path, max_age: Duration) -> io::Result<usize> {
+    let dir = match crate::fs::open_dir_beneath(base, &maildir.join("tmp")) {
         Ok(d) => d,
         Err(Errno::NOENT) | Err(Errno::NOTDIR) | Err(Errno::LOOP) => return Ok(0),
         Err(e) => return Err(errno_io(e)),

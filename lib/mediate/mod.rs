@@ -470,19 +470,26 @@ impl Mediator {
             return;
         }
         self.last_sweep = Some(Instant::now());
+        // Paths beneath the root's descriptor: a sandbox can replace its
+        // `outbox`, `inbox` or their `tmp` with a link to a host directory,
+        // and this removes files as root (lib/fs::open_beneath).
         let mut dirs: Vec<PathBuf> = ["log", "human", "held", "quarantine", "human-outbox"]
             .iter()
-            .map(|d| self.root.dir.join(d))
+            .map(PathBuf::from)
             .collect();
         for (s, rel) in self.outboxes() {
             if s != layout::HUMAN {
-                dirs.push(self.root.dir.join(rel));
-                dirs.push(self.root.sandbox(&s).inbox().path);
+                dirs.push(rel);
+                dirs.push(Path::new("sandboxes").join(&s).join("inbox"));
             }
         }
         for d in dirs {
-            if let Err(e) = crate::maildir::sweep_tmp(&d, crate::maildir::TMP_MAX_AGE) {
-                self.warn_once(format!("cannot sweep '{}': {e}", d.join("tmp").display()));
+            if let Err(e) = crate::maildir::sweep_tmp(&self.rootfd, &d, crate::maildir::TMP_MAX_AGE)
+            {
+                self.warn_once(format!(
+                    "cannot sweep '{}': {e}",
+                    self.root.dir.join(&d).join("tmp").display()
+                ));
             }
         }
     }

@@ -186,9 +186,10 @@ impl Disk {
             })?;
         }
         // Unmounted now (a lazy unmount detaches at once): what is left is
-        // the host's own directory; remove_dir_all follows no link in it.
+        // the host's own directory, whose inside the sandbox may have
+        // written (sandbox.disk = off): removed through descriptors.
         if !is_mounted(&self.mount) {
-            match fs::remove_dir_all(&self.mount) {
+            match crate::fs::remove_tree(&self.mount) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(Error::io("cannot remove", &self.mount, e)),

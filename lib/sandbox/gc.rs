@@ -135,7 +135,7 @@ impl<'a> Sandboxes<'a> {
         // (lib/sandbox/mailbox.rs), never kept live for nobody to read.
         let boxdir = self.root.sandbox(name).dir;
         if boxdir.exists() {
-            if let Some((dir, n)) = mailbox::archive(&self.root, name, &boxdir)? {
+            if let Some((dir, n)) = mailbox::archive(&self.root, name)? {
                 out(&format!(
                     "archived mailbox {} to {} ({n} unread message(s))",
                     boxdir.display(),

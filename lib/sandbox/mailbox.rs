@@ -1,5 +1,11 @@
-//! A sandbox's mail dir when the sandbox goes: what counts as unread, and
-//! where it is kept.
+//! A sandbox's mail dir: how it is given to the sandbox, and when the
+//! sandbox goes, what counts as unread and where it is kept.
+//!
+//! Given ([`give`]): the mail dir's top and its `inbox/` and `outbox/`
+//! stay root's, mode 0711, so the sandbox passes through them but cannot
+//! rename, remove or replace them (with a link to a host directory, say);
+//! only the six Maildir directories below (`tmp/`, `new/`, `cur/` of each)
+//! are its user's, mode 0700, which is all lw-post and lw-inbox need.
 //!
 //! Only a valid message counts as unread: a regular, singly linked file
 //! without setuid, setgid, sticky or execute bits, within the size limit,
@@ -13,118 +19,252 @@
 //! `quarantine/` with one line per file in `quarantine/REASONS`.  Copies,
 //! never renames: the mail dir is another filesystem (lib/sandbox/disk.rs),
 //! and a copy shares no inode the sandbox could still write through.
+//!
+//! This runs as root over a tree the sandbox owns, so nothing here is
+//! opened by path: the mail dir is opened beneath the root's descriptor
+//! and every directory and file beneath it with lib/fs's `open_beneath`
+//! (a symbolic link at any component refused), each entry checked with
+//! fstat(2) on the descriptor it was read from.  A `new/` (or `inbox`,
+//! `outbox`) replaced by a link is reported as junk, not followed.
 
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::{Read as _, Write as _};
-use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt as _;
+use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Result};
+use rustix::fs::{self as rfs, Mode, OFlags};
+use rustix::io::Errno;
+
+use crate::error::{Error, Result, errno_io};
 use crate::layout::Root;
 use crate::message::{self, Message};
 use crate::visible::visible_line;
 
-/// Why `path` is not a valid message, or Ok.
-pub fn check(path: &Path) -> std::result::Result<Message, String> {
-    let st = fs::symlink_metadata(path).map_err(|e| format!("cannot stat: {e}"))?;
-    if !st.file_type().is_file() {
-        return Err("not a regular file".into());
+/// The entry `name` of the directory `dir` as a valid message (with its
+/// bytes), or why it is not one (with its bytes when it was a regular
+/// file that could be read).
+fn check_at(
+    dir: &OwnedFd,
+    name: &OsStr,
+) -> (std::result::Result<Message, String>, Option<Vec<u8>>) {
+    // Only a regular file is opened (a device or FIFO never is); the
+    // descriptor's own fstat below is what counts.
+    match rfs::statat(dir, name, rfs::AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) if rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::RegularFile => {}
+        Ok(_) => return (Err("not a regular file".into()), None),
+        Err(e) => return (Err(format!("cannot stat: {}", errno_io(e))), None),
     }
-    if st.nlink() > 1 {
-        return Err(format!("{} hard links; a message has one", st.nlink()));
+    let f = match rfs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
+        Mode::empty(),
+    ) {
+        Ok(f) => f,
+        Err(Errno::LOOP) => return (Err("a symbolic link; not followed".into()), None),
+        Err(e) => return (Err(format!("cannot open: {}", errno_io(e))), None),
+    };
+    let st = match rfs::fstat(&f) {
+        Ok(st) => st,
+        Err(e) => return (Err(format!("cannot stat: {}", errno_io(e))), None),
+    };
+    if rfs::FileType::from_raw_mode(st.st_mode) != rfs::FileType::RegularFile {
+        return (Err("not a regular file".into()), None);
     }
-    if st.mode() & 0o7111 != 0 {
-        return Err(format!(
-            "mode {:o} has setuid, setgid, sticky or execute bits",
-            st.mode() & 0o7777
-        ));
-    }
-    if st.len() > message::MAX_FILE {
-        return Err(format!(
-            "{} bytes; the limit is {}",
-            st.len(),
-            message::MAX_FILE
-        ));
-    }
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .filter(|n| crate::id::is_valid(n))
-        .ok_or("file name does not follow the id grammar")?;
-    let bytes = read_bounded(path, message::MAX_FILE)?;
-    let m = Message::parse(&bytes).map_err(|e| e.0)?;
-    if m.id != name {
-        return Err(format!("id '{}' inside does not match the file name", m.id));
-    }
-    Ok(m)
-}
-
-/// At most `max` bytes of the regular file `path`, never following it.
-fn read_bounded(path: &Path, max: u64) -> std::result::Result<Vec<u8>, String> {
-    let f = fs::File::options()
-        .read(true)
-        .custom_flags((rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32)
-        .open(path)
-        .map_err(|e| format!("cannot open: {e}"))?;
     let mut buf = Vec::new();
-    f.take(max)
-        .read_to_end(&mut buf)
-        .map_err(|e| format!("cannot read: {e}"))?;
-    Ok(buf)
+    let read = std::fs::File::from(f)
+        .take(message::MAX_FILE)
+        .read_to_end(&mut buf);
+    if let Err(e) = read {
+        return (Err(format!("cannot read: {e}")), None);
+    }
+    let why = if st.st_nlink > 1 {
+        Some(format!("{} hard links; a message has one", st.st_nlink))
+    } else if st.st_mode & 0o7111 != 0 {
+        Some(format!(
+            "mode {:o} has setuid, setgid, sticky or execute bits",
+            st.st_mode & 0o7777
+        ))
+    } else if st.st_size as u64 > message::MAX_FILE {
+        Some(format!(
+            "{} bytes; the limit is {}",
+            st.st_size,
+            message::MAX_FILE
+        ))
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        return (Err(why), Some(buf));
+    }
+    let Some(name) = name.to_str().filter(|n| crate::id::is_valid(n)) else {
+        return (
+            Err("file name does not follow the id grammar".into()),
+            Some(buf),
+        );
+    };
+    match Message::parse(&buf) {
+        Ok(m) if m.id == name => (Ok(m), Some(buf)),
+        Ok(m) => (
+            Err(format!("id '{}' inside does not match the file name", m.id)),
+            Some(buf),
+        ),
+        Err(e) => (Err(e.0), Some(buf)),
+    }
 }
 
 /// What `new/` of a mail dir's inbox and outbox holds.
 #[derive(Debug, Default)]
 pub struct Unread {
-    /// (`inbox` or `outbox`, path) of each valid message.
-    pub messages: Vec<(&'static str, PathBuf)>,
-    /// (path, reason) of everything else.
-    pub junk: Vec<(PathBuf, String)>,
+    /// (`inbox` or `outbox`, file name, content) of each valid message.
+    pub messages: Vec<(&'static str, OsString, Vec<u8>)>,
+    /// (path inside the mail dir, reason, content when it was a regular
+    /// file) of everything else.
+    pub junk: Vec<(String, String, Option<Vec<u8>>)>,
 }
 
-pub fn unread(boxdir: &Path) -> Unread {
+/// Reads `new/` of sandbox `name`'s inbox and outbox beneath the root, never
+/// following a link (see the module docs).  A mail dir that is missing
+/// holds nothing.
+pub fn unread(root: &Root, name: &str) -> Result<Unread> {
     let mut u = Unread::default();
+    let dir = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let rootfd = rfs::open(&root.dir, dir, Mode::empty()); // trusted: the root, no sandbox's
+    let rootfd = rootfd.map_err(|e| Error::io("cannot open", &root.dir, errno_io(e)))?;
+    let boxdir = Path::new("sandboxes").join(name);
+    let boxfd = match crate::fs::open_dir_beneath(&rootfd, &boxdir) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => return Ok(u),
+        Err(e) => {
+            return Err(Error::io(
+                "cannot open",
+                &root.dir.join(&boxdir),
+                errno_io(e),
+            ));
+        }
+    };
     for which in ["inbox", "outbox"] {
-        let dir = boxdir.join(which).join("new");
-        let Ok(rd) = fs::read_dir(&dir) else { continue };
-        let mut paths: Vec<PathBuf> = rd.flatten().map(|e| e.path()).collect();
-        paths.sort();
-        for p in paths {
-            match check(&p) {
-                Ok(_) => u.messages.push((which, p)),
-                Err(why) => u.junk.push((p, why)),
+        let rel = Path::new(which).join("new");
+        let dir = match crate::fs::open_dir_beneath(&boxfd, &rel) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => continue,
+            Err(e @ (Errno::LOOP | Errno::NOTDIR)) => {
+                u.junk.push((
+                    rel.display().to_string(),
+                    format!(
+                        "{} or a directory above it is a symbolic link or not a directory; not followed ({})",
+                        rel.display(),
+                        errno_io(e)
+                    ),
+                    None,
+                ));
+                continue;
+            }
+            Err(e) => {
+                return Err(Error::io(
+                    "cannot open",
+                    &root.dir.join(&boxdir).join(&rel),
+                    errno_io(e),
+                ));
+            }
+        };
+        let mut names: Vec<OsString> = Vec::new();
+        for ent in rfs::Dir::read_from(&dir).map_err(|e| {
+            Error::io(
+                "cannot read",
+                &root.dir.join(&boxdir).join(&rel),
+                errno_io(e),
+            )
+        })? {
+            let Ok(ent) = ent else { break };
+            let n = ent.file_name().to_bytes();
+            if n != b"." && n != b".." {
+                names.push(OsStr::from_bytes(n).to_os_string());
+            }
+        }
+        names.sort();
+        for n in names {
+            match check_at(&dir, &n) {
+                (Ok(_), Some(bytes)) => u.messages.push((which, n, bytes)),
+                (Ok(_), None) => unreachable!("a valid message was read"),
+                (Err(why), bytes) => u.junk.push((
+                    format!("{}/{}", rel.display(), n.to_string_lossy()),
+                    why,
+                    bytes,
+                )),
             }
         }
     }
-    u
+    Ok(u)
+}
+
+/// Gives the mail dir at `boxdir` (below `ROOT/sandboxes`, made by the
+/// registry) to the sandbox's user `uid` as the module docs say, through
+/// descriptors opened without following a link.
+pub fn give(boxdir: &Path, uid: u32) -> Result<()> {
+    let no_perm = |what: &str, p: &Path, e: Errno| {
+        Error::io_as(
+            crate::error::Exit::NoPerm,
+            &format!(
+                "cannot give the mailbox to uid {uid} (run lw-sandbox as root, or set sandbox.uid to your uid); {what}"
+            ),
+            p,
+            errno_io(e),
+        )
+    };
+    let top = crate::fs::open_dir_no_links(boxdir).map_err(|e| no_perm("open", boxdir, e))?;
+    let set = |fd: &OwnedFd, p: &Path, owner: u32, mode: u32| -> Result<()> {
+        rfs::fchown(
+            fd,
+            Some(rfs::Uid::from_raw(owner)),
+            Some(rfs::Gid::from_raw(owner)),
+        )
+        .map_err(|e| no_perm("chown", p, e))?;
+        rfs::fchmod(fd, Mode::from_raw_mode(mode)).map_err(|e| no_perm("chmod", p, e))
+    };
+    set(&top, boxdir, 0, 0o711)?;
+    for which in ["inbox", "outbox"] {
+        let p = boxdir.join(which);
+        let fd = crate::fs::open_dir_beneath(&top, Path::new(which))
+            .map_err(|e| no_perm("open", &p, e))?;
+        set(&fd, &p, 0, 0o711)?;
+        for sub in ["tmp", "new", "cur"] {
+            let p = p.join(sub);
+            let leaf = crate::fs::open_dir_beneath(&fd, Path::new(sub))
+                .map_err(|e| no_perm("open", &p, e))?;
+            set(&leaf, &p, uid, 0o700)?;
+        }
+    }
+    Ok(())
 }
 
 fn mkdir_private(p: &Path) -> Result<()> {
-    fs::create_dir_all(p).map_err(|e| Error::io("cannot create", p, e))?;
-    fs::set_permissions(p, fs::Permissions::from_mode(0o700))
+    fs::create_dir_all(p).map_err(|e| Error::io("cannot create", p, e))?; // trusted: ROOT/archive
+    fs::set_permissions(p, fs::Permissions::from_mode(0o700)) // trusted: ROOT/archive
         .map_err(|e| Error::io("cannot set the mode of", p, e))
 }
 
-/// Copies at most `max` bytes of `from` into a new file `to` (mode 0600).
-fn copy_bounded(from: &Path, to: &Path, max: u64) -> std::result::Result<u64, String> {
-    let bytes = read_bounded(from, max)?;
-    let mut f = fs::File::options()
+/// Writes `bytes` into a new file `to` (mode 0600) in the root's archive.
+fn write_new(to: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = fs::File::options() // trusted: ROOT/archive
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(to)
-        .map_err(|e| format!("cannot create '{}': {e}", to.display()))?;
-    f.write_all(&bytes)
+        .map_err(|e| Error::io("cannot create", to, e))?;
+    f.write_all(bytes)
         .and_then(|_| f.sync_all())
-        .map_err(|e| format!("cannot write '{}': {e}", to.display()))?;
-    Ok(bytes.len() as u64)
+        .map_err(|e| Error::io("cannot write", to, e))
 }
 
-/// Copies what `boxdir` still holds to the root's archive; returns the
-/// archive directory and the number of unread messages, or None when there
-/// was nothing to keep.
-pub fn archive(root: &Root, name: &str, boxdir: &Path) -> Result<Option<(PathBuf, usize)>> {
-    let u = unread(boxdir);
+/// Copies what sandbox `name`'s mail dir still holds to the root's
+/// archive; returns the archive directory and the number of unread
+/// messages, or None when there was nothing to keep.
+pub fn archive(root: &Root, name: &str) -> Result<Option<(PathBuf, usize)>> {
+    let u = unread(root, name)?;
     if u.messages.is_empty() && u.junk.is_empty() {
         return Ok(None);
     }
@@ -135,32 +275,27 @@ pub fn archive(root: &Root, name: &str, boxdir: &Path) -> Result<Option<(PathBuf
     ));
     mkdir_private(&root.dir.join("archive"))?;
     mkdir_private(&dir)?;
-    for (which, p) in &u.messages {
+    for (which, n, bytes) in &u.messages {
         let to_dir = dir.join("unread").join(which);
         mkdir_private(&to_dir)?;
-        let to = to_dir.join(p.file_name().expect("a listed entry has a name"));
-        copy_bounded(p, &to, message::MAX_FILE).map_err(Error::data)?;
+        write_new(&to_dir.join(n), bytes)?;
     }
     if !u.junk.is_empty() {
         let q = dir.join("quarantine");
         mkdir_private(&q)?;
         let mut reasons = String::new();
-        for (i, (p, why)) in u.junk.iter().enumerate() {
-            let shown =
-                visible_line(&p.strip_prefix(boxdir).unwrap_or(p).to_string_lossy()).into_owned();
-            let kept = match fs::symlink_metadata(p) {
-                Ok(m) if m.file_type().is_file() => {
-                    match copy_bounded(p, &q.join(format!("{i}")), message::MAX_FILE) {
-                        Ok(n) => format!("kept as quarantine/{i} ({n} bytes)"),
-                        Err(e) => format!("not kept: {}", visible_line(&e)),
-                    }
-                }
-                _ => "not kept: not a regular file".to_string(),
+        for (i, (shown, why, bytes)) in u.junk.iter().enumerate() {
+            let kept = match bytes {
+                Some(b) => match write_new(&q.join(format!("{i}")), b) {
+                    Ok(()) => format!("kept as quarantine/{i} ({} bytes)", b.len()),
+                    Err(e) => format!("not kept: {}", visible_line(&e.to_string())),
+                },
+                None => "not kept: not a regular file".to_string(),
             };
-            reasons += &format!("{shown}: {}; {kept}\n", visible_line(why));
+            reasons += &format!("{}: {}; {kept}\n", visible_line(shown), visible_line(why));
         }
         let r = q.join("REASONS");
-        fs::write(&r, reasons).map_err(|e| Error::io("cannot write", &r, e))?;
+        fs::write(&r, reasons).map_err(|e| Error::io("cannot write", &r, e))?; // trusted: ROOT/archive
     }
     Ok(Some((dir, u.messages.len())))
 }

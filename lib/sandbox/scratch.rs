@@ -119,7 +119,7 @@ pub fn remove(root: &Root, name: &str) -> Result<bool> {
         }
     }
     if !is_mounted(&d) {
-        match fs::remove_dir_all(&d) {
+        match crate::fs::remove_tree(&d) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io("cannot remove", &d, e)),
