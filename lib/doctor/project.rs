@@ -165,18 +165,30 @@ pub(super) fn mailbox(root: &Root) -> Vec<Finding> {
             None,
         ));
     }
-    // Each sandbox's mailbox must belong to one user and be closed to others.
+    // Each sandbox's mailbox must be closed to others: a sandbox's is root's
+    // with mode 0711 (it passes through to its Maildirs, which are its
+    // user's), a party's registered by hand its owner's with 0700.
     if let Ok(rd) = std::fs::read_dir(root.sandboxes_dir()) {
         for e in rd.flatten() {
             let p = e.path();
             if let Ok(m) = std::fs::symlink_metadata(&p) {
                 let mode = m.permissions().mode() & 0o777;
-                if !m.is_dir() || mode & 0o077 != 0 {
+                if !m.is_dir() || mode & 0o066 != 0 {
                     out.push(f(
                         "mailbox",
                         Status::Fail,
-                        format!("{} is {} (mode {mode:o}); a sandbox's mailbox must be a directory only its owner can open", p.display(), if m.is_dir() { "open to others" } else { "not a directory" }),
+                        format!("{} is {} (mode {mode:o}); a sandbox's mailbox must be a directory others can neither list nor write", p.display(), if m.is_dir() { "open to others" } else { "not a directory" }),
                         Some(format!("chmod 700 {}", p.display())),
+                    ));
+                } else if let Some(at) = planted_link(&p) {
+                    out.push(f(
+                        "mailbox",
+                        Status::Fail,
+                        format!("{} holds a symbolic link or a non-directory at '{at}', where a Maildir directory belongs: planted by the sandbox (its mail dir predates the root-owned layout); loopwright never follows it, and that mailbox's mail waits", p.display()),
+                        Some(format!(
+                            "lw-sandbox rm --force {} (its mail is archived), then create it again",
+                            p.file_name().unwrap_or_default().to_string_lossy()
+                        )),
                     ));
                 }
             }
@@ -188,6 +200,23 @@ pub(super) fn mailbox(root: &Root) -> Vec<Finding> {
     ));
     out.push(lock_finding("sync", &root.state_dir().join("sync.lock")));
     out
+}
+
+/// The first of a mail dir's Maildir directories that is a symbolic link
+/// or not a directory (opened beneath it, no link followed), if any.
+fn planted_link(boxdir: &Path) -> Option<String> {
+    let top = crate::fs::open_dir_no_links(boxdir).ok()?;
+    for m in ["inbox", "outbox"] {
+        for d in ["", "tmp", "new", "cur"] {
+            let rel = Path::new(m).join(d);
+            if let Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) =
+                crate::fs::open_dir_beneath(&top, &rel)
+            {
+                return Some(rel.display().to_string().trim_end_matches('/').to_string());
+            }
+        }
+    }
+    None
 }
 
 pub(super) fn lock_finding(what: &'static str, path: &Path) -> Finding {

@@ -4,10 +4,9 @@
 //! attached to its services and started.
 
 use std::collections::BTreeMap;
-use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use super::super::{Port, Record, Sandboxes, Settings, container_spec, disk, io_err};
+use super::super::{Port, Record, Sandboxes, Settings, container_spec, disk};
 use super::Clock;
 use super::checks::Checked;
 use crate::egress;
@@ -103,7 +102,7 @@ impl<'a> Sandboxes<'a> {
         // The mail dir on its own filesystem (lib/sandbox/disk.rs),
         // mounted before the registry makes its boxes on it.
         if let Some(bytes) = settings.limits.mail_disk.filter(|_| !c.on_volumes) {
-            disk::mail(&self.root, &name).make(bytes, settings.uid, 0o700)?;
+            disk::mail(&self.root, &name).make(bytes, 0, 0o711)?;
         }
         let reg = Registry::new(&self.root);
         reg.register(&registry::Sandbox::new(
@@ -113,7 +112,7 @@ impl<'a> Sandboxes<'a> {
         ))?;
         let boxdir = self.root.sandbox(&name).dir;
         if !c.on_volumes {
-            chown_tree(&boxdir, settings.uid)?;
+            super::super::mailbox::give(&boxdir, settings.uid)?;
         }
         Ok(boxdir)
     }
@@ -163,30 +162,6 @@ impl<'a> Sandboxes<'a> {
         }
         Ok(Some(plan))
     }
-}
-
-/// Gives `dir` and everything below it to `uid`.
-fn chown_tree(dir: &Path, uid: u32) -> Result<()> {
-    std::os::unix::fs::lchown(dir, Some(uid), Some(uid)).map_err(|e| {
-        Error::io_as(
-            Exit::NoPerm,
-            &format!("cannot give the mailbox to uid {uid} (run lw-sandbox as root, or set sandbox.uid to your uid); chown"),
-            dir,
-            e,
-        )
-    })?;
-    if fs::symlink_metadata(dir)
-        .map(|m| m.is_dir())
-        .unwrap_or(false)
-    {
-        for ent in fs::read_dir(dir)
-            .map_err(io_err("cannot read", dir))?
-            .flatten()
-        {
-            chown_tree(&ent.path(), uid)?;
-        }
-    }
-    Ok(())
 }
 
 /// Points the proxy variables of `env` at the address `plan` gives: the
