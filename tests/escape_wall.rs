@@ -267,10 +267,10 @@ fn wall_rows(runtime: &str) -> Vec<Row> {
     // 2. Setuid through the mailbox.
     let (code, _, e) = f.sh(
         "a",
-        &format!("cp /bin/sh /lw/mailbox/outbox/new/{suid} && chmod 4755 /lw/mailbox/outbox/new/{suid} && cp /bin/sh /lw/mailbox/suid2 && chmod 4755 /lw/mailbox/suid2"),
+        &format!("cp /bin/sh /lw/mailbox/outbox/new/{suid} && chmod 4755 /lw/mailbox/outbox/new/{suid} && cp /bin/sh /lw/mailbox/outbox/tmp/suid2 && chmod 4755 /lw/mailbox/outbox/tmp/suid2"),
     );
     assert_eq!(code, 0, "plant: {e}");
-    let planted = boxdir.join("suid2");
+    let planted = boxdir.join("outbox/tmp/suid2");
     let owner = std::fs::metadata(&planted).expect("planted").uid();
     let account = std::process::Command::new("getent")
         .args(["passwd", &owner.to_string()])
@@ -292,7 +292,7 @@ fn wall_rows(runtime: &str) -> Vec<Row> {
             Err(e) => format!("refused ({})", e.kind()),
         }
     );
-    let (icode, _, _) = f.sh("a", "/lw/mailbox/suid2 -c true");
+    let (icode, _, _) = f.sh("a", "/lw/mailbox/outbox/tmp/suid2 -c true");
     row(
         &mut rows,
         "setuid file via the mailbox (host runs it)",
@@ -319,11 +319,11 @@ fn wall_rows(runtime: &str) -> Vec<Row> {
     // 3. Hard link into the quarantine, and the mediator's refusal of setuid files.
     let (code, _, e) = f.sh(
         "a",
-        &format!("printf junk > /lw/mailbox/outbox/new/{junk_id} && ln /lw/mailbox/outbox/new/{junk_id} /lw/mailbox/keep"),
+        &format!("printf junk > /lw/mailbox/outbox/new/{junk_id} && ln /lw/mailbox/outbox/new/{junk_id} /lw/mailbox/outbox/tmp/keep"),
     );
     assert_eq!(code, 0, "link: {e}");
     mediate(&f);
-    let (code, _, e) = f.sh("a", "printf pwned > /lw/mailbox/keep");
+    let (code, _, e) = f.sh("a", "printf pwned > /lw/mailbox/outbox/tmp/keep");
     assert_eq!(code, 0, "write through the link: {e}");
     let (reasons, kept) = quarantine(&f);
     let through = kept.iter().any(|(b, _, _)| b.starts_with(b"pwned"));
@@ -357,7 +357,7 @@ fn wall_rows(runtime: &str) -> Vec<Row> {
     let before = free_bytes(&f.root);
     let (_, out, e) = f.sh(
         "a",
-        "dd if=/dev/zero of=/work/fill bs=1M count=200 2>&1 | grep -o 'No space left on device'; dd if=/dev/zero of=/lw/mailbox/fill bs=1M count=100 2>&1 | grep -o 'No space left on device'; du -sm /work/fill /lw/mailbox/fill",
+        "dd if=/dev/zero of=/work/fill bs=1M count=200 2>&1 | grep -o 'No space left on device'; dd if=/dev/zero of=/lw/mailbox/outbox/tmp/fill bs=1M count=100 2>&1 | grep -o 'No space left on device'; du -sm /work/fill /lw/mailbox/outbox/tmp/fill",
     );
     let after = free_bytes(&f.root);
     let images: u64 = ["a.work.img", "a.mail.img"]
@@ -397,7 +397,7 @@ fn wall_rows(runtime: &str) -> Vec<Row> {
         enospc == 2 && images <= quota && bcode == 0,
     );
     assert_eq!(bcode, 0, "{be}");
-    f.sh("a", "rm -f /work/fill /lw/mailbox/fill");
+    f.sh("a", "rm -f /work/fill /lw/mailbox/outbox/tmp/fill");
 
     // 5. Log flood: 20 MB into PID 1's stdout, the engine's log.
     let (code, _, e) = f.sh(
@@ -668,4 +668,219 @@ fn wall_rows(runtime: &str) -> Vec<Row> {
     f.ok(&["rm", "b"]);
 
     rows
+}
+
+/// What a canary file is: its bytes, modification time and mode.
+fn canary_state(p: &Path) -> Option<(Vec<u8>, i64, u32)> {
+    let m = std::fs::symlink_metadata(p).ok()?;
+    Some((std::fs::read(p).ok()?, m.mtime(), m.mode()))
+}
+
+/// Files under `dir` whose content is `bytes` (followed links aside).
+fn copies_under(dir: &Path, bytes: &[u8]) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let t = e.file_type().expect("file type");
+            if t.is_dir() {
+                stack.push(e.path());
+            } else if t.is_file() && std::fs::read(e.path()).is_ok_and(|b| b == bytes) {
+                found.push(e.path().display().to_string());
+            }
+        }
+    }
+    found
+}
+
+/// Issue 29, break 1: a sandbox that replaces its mail dir's directories
+/// with symbolic links to the host's `/` (or `/tmp`) steers none of the
+/// commands that run as root over it: the mediator (its routing and its
+/// `tmp/` sweep), `lw doctor`, the courier, `gc` and `rm` (its archive).
+/// A canary where the links point — an old file the sweep would delete, a
+/// valid message the mediator would route and `rm` would archive — is
+/// checked byte for byte.  First, the layout that stops it at the source:
+/// nothing at the top of a new sandbox's mail dir can be renamed, removed
+/// or added from inside.  Then an older root's layout (top, `inbox/` and
+/// `outbox/` the sandbox user's), where the sandbox plants the links.
+#[test]
+fn planted_links_to_the_host_steer_no_command_that_runs_as_root() {
+    let f = Fixture::new("links");
+    for n in ["a", "b", "c"] {
+        f.ok(&["create", n, "--branch", n]);
+    }
+    let mut rows: Vec<Row> = Vec::new();
+    let uid: u32 = f.sh("a", "id -u").1.trim().parse().expect("uid");
+
+    // 1. Today's layout: the sandbox cannot touch what lies above its Maildirs.
+    let tries = [
+        "mv /lw/mailbox/outbox /lw/mailbox/o.x",
+        "mv /lw/mailbox/inbox/tmp /lw/mailbox/inbox/t.x",
+        "rm -rf /lw/mailbox/outbox/new",
+        "ln -s / /lw/mailbox/planted",
+        "ln -s / /lw/mailbox/outbox/planted",
+    ];
+    let script: String = tries
+        .iter()
+        .map(|t| format!("{t} 2>/dev/null && echo 'done: {t}'; "))
+        .collect();
+    let done = f.sh("a", &script).1;
+    row(
+        &mut rows,
+        "rename/replace mail dir directories (new layout)",
+        "0 of 5 done",
+        format!("{} of {} done", done.lines().count(), tries.len()),
+        done.trim().is_empty(),
+    );
+
+    // 2. An older root's layout, and the links planted from inside.
+    for n in ["b", "c"] {
+        let top = f.root.join("sandboxes").join(n);
+        for d in [top.clone(), top.join("inbox"), top.join("outbox")] {
+            std::os::unix::fs::chown(&d, Some(uid), Some(uid)).expect("chown");
+            std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+                .expect("chmod");
+        }
+    }
+    let (code, _, e) = f.sh(
+        "b",
+        "cd /lw/mailbox && mv outbox o.x && ln -s / outbox && mv inbox i.x && ln -s / inbox",
+    );
+    assert_eq!(code, 0, "plant in b: {e}");
+    let (code, _, e) = f.sh(
+        "c",
+        "cd /lw/mailbox && for m in inbox outbox; do for d in tmp new cur; do mv $m/$d $m/$d.x && ln -s /tmp $m/$d || exit 1; done; done",
+    );
+    assert_eq!(code, 0, "plant in c: {e}");
+
+    // The canary: in /tmp (b's tmp/ and all of c's directories point
+    // there), older than the sweep's 36 hours.
+    let m = loopwright::message::Message {
+        version: 1,
+        id: loopwright::id::new_id(),
+        from: "c".into(),
+        to: vec!["a".into()],
+        kind: loopwright::message::Kind::Status,
+        subject: "canary".into(),
+        body: "the host's own file".into(),
+        refs: vec![],
+        in_reply_to: None,
+        created: loopwright::time::rfc3339(loopwright::time::now()),
+    };
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(40 * 3600);
+    let canaries = [
+        (Path::new("/tmp").join(&m.id), m.to_bytes()),
+        (
+            Path::new("/tmp").join(format!("lw-canary-{}", nonce())),
+            b"an old host file\n".to_vec(),
+        ),
+    ];
+    for (p, bytes) in &canaries {
+        std::fs::write(p, bytes).expect("write canary");
+        std::fs::File::options()
+            .write(true)
+            .open(p)
+            .and_then(|fh| fh.set_modified(old))
+            .expect("age canary");
+    }
+    let before: Vec<_> = canaries.iter().map(|(p, _)| canary_state(p)).collect();
+
+    // 3. Every command that runs as root over the mail dirs.
+    let root = f.root.to_str().expect("utf-8 root");
+    let mut ran = Vec::new();
+    for (what, mut c) in [
+        ("lw-mediate --once", {
+            let mut c = std::process::Command::new(bin("lw-mediate"));
+            c.args(["--root", root, "--once"]);
+            c
+        }),
+        ("lw doctor", {
+            let mut c = std::process::Command::new(bin("lw-doctor"));
+            c.current_dir(&f.proj).env("LW_ROOT", root);
+            c
+        }),
+        ("lw-sandbox courier --once", f.cmd(&["courier", "--once"])),
+        ("lw-sandbox gc", f.cmd(&["gc"])),
+        (
+            "lw-sandbox rm --force b c",
+            f.cmd(&["rm", "--force", "b", "c"]),
+        ),
+    ] {
+        let o = c.output().expect("runs");
+        ran.push(format!(
+            "{what}: exit {:?} {}",
+            o.status.code(),
+            (text(&o) + &err(&o))
+                .lines()
+                .filter(|l| l.contains("sandboxes/") || l.contains("rm --force"))
+                .take(4)
+                .collect::<Vec<_>>()
+                .join(" / ")
+        ));
+    }
+    let after: Vec<_> = canaries.iter().map(|(p, _)| canary_state(p)).collect();
+    let archived = copies_under(&f.root, &m.to_bytes());
+    let logged = copies_under(&f.root.join("log"), &[]).len();
+    let in_log = std::process::Command::new("grep")
+        .args(["-rl", &m.id])
+        .arg(&f.root)
+        .output()
+        .expect("grep");
+    for r in &ran {
+        println!("wall: ran {r}");
+    }
+    println!("wall: {logged} empty files in the log; canary copies in the root: {archived:?}");
+    let doctor = ran
+        .iter()
+        .find(|r| r.starts_with("lw doctor"))
+        .expect("doctor ran");
+    row(
+        &mut rows,
+        "lw doctor on planted links",
+        "FAIL naming the link, and the fix",
+        if doctor.contains("inbox") && doctor.contains("lw-sandbox rm --force") {
+            "FAIL naming the link, and the fix".into()
+        } else {
+            doctor.clone()
+        },
+        doctor.contains("inbox") && doctor.contains("lw-sandbox rm --force"),
+    );
+    row(
+        &mut rows,
+        "links to / and /tmp in old-layout mail dirs",
+        "canaries untouched, 0 copies in the root",
+        format!(
+            "{} of {} canaries untouched, {} copies, id named in {} file(s)",
+            before
+                .iter()
+                .zip(&after)
+                .filter(|(b, a)| b.is_some() && b == a)
+                .count(),
+            canaries.len(),
+            archived.len(),
+            text(&in_log).lines().count()
+        ),
+        before
+            .iter()
+            .zip(&after)
+            .all(|(b, a)| b.is_some() && b == a)
+            && archived.is_empty()
+            && text(&in_log).trim().is_empty(),
+    );
+    for (p, _) in &canaries {
+        let _ = std::fs::remove_file(p);
+    }
+    f.ok(&["rm", "--force", "a"]);
+    for r in &rows {
+        println!(
+            "wall: {:<50} | {:<45} | {}{}",
+            r.probe,
+            r.expected,
+            r.got,
+            if r.held { "" } else { "  <-- ESCAPED" }
+        );
+    }
+    let held = rows.iter().filter(|r| r.held).count();
+    println!("wall: links: {} probes, {held} held", rows.len());
+    assert_eq!(held, rows.len(), "probes that got through");
 }

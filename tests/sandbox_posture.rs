@@ -560,7 +560,7 @@ fn escape_probes(runtime: &str) -> (Vec<Probe>, usize) {
         ),
         (
             "exec from the mailbox through the dynamic loader",
-            "cp /bin/true /lw/mailbox/t4 && /lib64/ld-linux-x86-64.so.2 /lw/mailbox/t4; r=$?; rm -f /lw/mailbox/t4; exit $r".into(),
+            "cp /bin/true /lw/mailbox/outbox/tmp/t4 && /lib64/ld-linux-x86-64.so.2 /lw/mailbox/outbox/tmp/t4; r=$?; rm -f /lw/mailbox/outbox/tmp/t4; exit $r".into(),
         ),
         (
             "new user namespace from a child process (sh -c unshare)",
