@@ -127,6 +127,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             ),
         )
     })?;
+    host_authorities(&root)?;
     let runtime = Runtime::load(&root)?;
     // Named kits are checked before anything is built (64 unknown, 78 bad).
     let kits = args
@@ -167,6 +168,35 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         build_kit(&engine, &runtime, &plan, kit, args.verbose, args.json, out)?;
     }
     Ok(Exit::Ok)
+}
+
+/// `build.ca = host`: the host's extra certificate authorities copied into
+/// the base layer's inputs before the plan is made (lib/init.rs), so a new
+/// or changed one rebuilds the image; `none` (or unset) leaves them out.
+fn host_authorities(root: &Path) -> Result<()> {
+    let path = root.join(loopwright::config::FILE);
+    let config = loopwright::config::Config::load(&path)?;
+    match config.get(loopwright::init::KEY_CA) {
+        None | Some("none") => Ok(()),
+        Some("host") => {
+            let cas = loopwright::init::host_authorities(Path::new(loopwright::init::HOST_CA_DIR));
+            let changed = loopwright::init::sync_authorities(root, &cas)?;
+            if changed > 0 {
+                eprintln!(
+                    "{PROG}: {} host certificate authorit{} copied into {} (build.ca = host)",
+                    cas.len(),
+                    if cas.len() == 1 { "y" } else { "ies" },
+                    loopwright::init::HOST_CA_COPY
+                );
+            }
+            Ok(())
+        }
+        Some(v) => Err(Error::config(format!(
+            "'{} = {v}' in '{}' is neither 'host' nor 'none'",
+            loopwright::init::KEY_CA,
+            path.display()
+        ))),
+    }
 }
 
 /// `load FILE`: the archive checked, then loaded; prints the tags.
