@@ -23,8 +23,7 @@ use crate::error::{Error, Exit, Result};
 use crate::maildir::Maildir;
 
 /// Reserved recipient names: the mediator itself and the human queue.
-pub const MEDIATOR: &str = "mediator";
-pub const HUMAN: &str = "human";
+pub use crate::id::{HUMAN, MEDIATOR};
 
 /// The mailbox of one sandbox: the directory holding its `outbox/` and `inbox/`.
 #[derive(Clone, Debug)]
