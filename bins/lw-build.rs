@@ -25,7 +25,8 @@
 //! nothing loaded); 66 a declared input, the `from` image or a layer to push
 //! or save is missing; 69 the engine, or for `push`/`pull` the cache, cannot be
 //! reached; 73 `init` would overwrite a file; 77 the cache refused the
-//! credentials; 78 the runtime definition or the cache setting is wrong.
+//! credentials; 78 the runtime definition or the cache setting is wrong, or
+//! `.loopwright/config` holds an unknown key.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -127,6 +128,9 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             ),
         )
     })?;
+    // The project's configuration is checked before anything is built or
+    // the engine is reached: an unknown key is 78 naming it.
+    loopwright::config::Config::load(&root.join(loopwright::config::FILE))?;
     let runtime = Runtime::load(&root)?;
     // Named kits are checked before anything is built (64 unknown, 78 bad).
     let kits = args
