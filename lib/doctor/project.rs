@@ -230,6 +230,18 @@ fn closed(root: &Root) -> Vec<Finding> {
             ),
             Some(format!("chmod 755 {}", reg.display())),
         ));
+    } else if let Some((_, m)) = mode(&reg)
+        && m & 0o005 != 0o005
+    {
+        out.push(f(
+            "mailbox",
+            Status::Warn,
+            format!(
+                "{} is closed to the sandboxes' user (mode {m:o}): lw-mcp's whoami inside them sees no peers",
+                reg.display()
+            ),
+            Some(format!("chmod 755 {}", reg.display())),
+        ));
     }
     let state = root.state_dir();
     let mut open: Vec<PathBuf> = Vec::new();
@@ -471,6 +483,15 @@ mod tests {
             let m = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
             assert_eq!(m, mode, "{}", p.display());
         }
+
+        chmod(&dir.join("registry"), 0o700);
+        let warns: Vec<Finding> = mailbox(&root)
+            .into_iter()
+            .filter(|x| x.status == Status::Warn)
+            .collect();
+        assert_eq!(warns.len(), 1, "{warns:?}");
+        assert!(warns[0].detail.contains("whoami"), "{warns:?}");
+        chmod(&dir.join("registry"), 0o755);
 
         chmod(&dir, 0o755);
         let fx = fails(&root);
