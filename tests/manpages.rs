@@ -1,6 +1,7 @@
 //! Flags and man pages stay in step: every long flag a command's help shows
 //! (for the command and each subcommand) appears in its man page, and every
-//! page has the sections the project promises.
+//! page has the sections the project promises, and loopwright(7) lists every
+//! key .loopwright/config may hold.
 
 use std::path::Path;
 use std::process::Command;
@@ -132,6 +133,25 @@ fn overview_page_names_every_command() {
         assert!(
             page.contains(&format!(".BR {name} (1)")),
             "loopwright.7 does not mention {name}"
+        );
+    }
+}
+
+#[test]
+fn every_configuration_key_is_in_loopwright_7() {
+    let page =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("man/loopwright.7"))
+            .unwrap()
+            .replace("\\-", "-");
+    let section = page
+        .split(".SH CONFIGURATION")
+        .nth(1)
+        .and_then(|s| s.split("\n.SH ").next())
+        .expect("loopwright.7 has a CONFIGURATION section");
+    for key in loopwright::config::KNOWN {
+        assert!(
+            section.contains(key),
+            "loopwright.7 CONFIGURATION does not list {key}"
         );
     }
 }
