@@ -25,7 +25,8 @@
 //! nothing loaded); 66 a declared input, the `from` image or a layer to push
 //! or save is missing; 69 the engine, or for `push`/`pull` the cache, cannot be
 //! reached; 73 `init` would overwrite a file; 77 the cache refused the
-//! credentials; 78 the runtime definition or the cache setting is wrong.
+//! credentials; 78 the runtime definition or the cache setting is wrong, or
+//! `.loopwright/config` holds an unknown key.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -127,7 +128,10 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             ),
         )
     })?;
-    host_authorities(&root)?;
+    // The project's configuration is checked before anything is built or
+    // the engine is reached: an unknown key is 78 naming it.
+    let config = loopwright::config::Config::load(&root.join(loopwright::config::FILE))?;
+    host_authorities(&root, &config)?;
     let runtime = Runtime::load(&root)?;
     // Named kits are checked before anything is built (64 unknown, 78 bad).
     let kits = args
@@ -173,9 +177,8 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
 /// `build.ca = host`: the host's extra certificate authorities copied into
 /// the base layer's inputs before the plan is made (lib/init.rs), so a new
 /// or changed one rebuilds the image; `none` (or unset) leaves them out.
-fn host_authorities(root: &Path) -> Result<()> {
+fn host_authorities(root: &Path, config: &loopwright::config::Config) -> Result<()> {
     let path = root.join(loopwright::config::FILE);
-    let config = loopwright::config::Config::load(&path)?;
     match config.get(loopwright::init::KEY_CA) {
         None | Some("none") => Ok(()),
         Some("host") => {

@@ -146,7 +146,7 @@ impl Registry {
     /// (`sandboxes/NAME/{inbox,outbox}`) when missing.
     pub fn register(&self, sb: &Sandbox) -> Result<PathBuf> {
         sb.validate().map_err(Error::usage)?;
-        mkdir(&self.dir)?;
+        layout::make_registry_dir(&self.dir)?;
         mkdir(&self.sandboxes)?;
         let boxdir = layout::SandboxBox::new(self.sandboxes.join(&sb.name));
         mkdir(&boxdir.dir)?;
@@ -308,7 +308,7 @@ fn read_record(path: &Path) -> std::result::Result<Option<Sandbox>, String> {
     Ok(Some(sb))
 }
 
-/// Makes `p` with mode 0700: the registry, and the mail dirs under it.
+/// Makes `p` with mode 0700: `sandboxes/`, and the mail dirs in it.
 fn mkdir(p: &Path) -> Result<()> {
     use std::os::unix::fs::DirBuilderExt as _;
     match std::fs::DirBuilder::new().mode(0o700).create(p) {

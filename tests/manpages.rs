@@ -1,6 +1,7 @@
 //! Flags and man pages stay in step: every long flag a command's help shows
 //! (for the command and each subcommand) appears in its man page, and every
-//! page has the sections the project promises.
+//! page has the sections the project promises, and loopwright(7) lists every
+//! key .loopwright/config may hold.
 
 use std::path::Path;
 use std::process::Command;
@@ -190,4 +191,23 @@ fn every_exit_status_the_goldens_pin_is_in_the_man_page() {
     println!("exit statuses checked against man pages: {checked}");
     assert!(checked > 20, "only {checked} golden cases with a status");
     assert!(missing.is_empty(), "{missing:#?}");
+}
+
+#[test]
+fn every_configuration_key_is_in_loopwright_7() {
+    let page =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("man/loopwright.7"))
+            .unwrap()
+            .replace("\\-", "-");
+    let section = page
+        .split(".SH CONFIGURATION")
+        .nth(1)
+        .and_then(|s| s.split("\n.SH ").next())
+        .expect("loopwright.7 has a CONFIGURATION section");
+    for key in loopwright::config::KNOWN {
+        assert!(
+            section.contains(key),
+            "loopwright.7 CONFIGURATION does not list {key}"
+        );
+    }
 }

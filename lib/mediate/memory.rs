@@ -36,7 +36,7 @@ impl Mediator {
         let p = self.memory_path();
         let bytes = serde_json::to_vec(&self.memory)
             .expect("the state serialises because it is plain data");
-        crate::fs::write_replace(&p, &bytes, 0o644, crate::fs::Durability::Synced)
+        crate::fs::write_replace(&p, &bytes, 0o600, crate::fs::Durability::Synced)
             .map_err(|e| Error::io("cannot write state", &p, e))?;
         self.memory_dirty = false;
         self.last_save = Instant::now();

@@ -48,11 +48,8 @@ pub fn lock_routes(root: &Root) -> Result<std::fs::File> {
 pub(super) fn lock_path(root: &Root, name: &str) -> Result<PathBuf> {
     root.check_exists()?;
     let dir = root.state_dir();
-    match std::fs::create_dir(&dir) {
-        Ok(()) | Err(_) if dir.is_dir() => {}
-        Ok(()) => {}
-        Err(e) => return Err(Error::io("cannot create", &dir, e)),
-    }
+    root.make_dir(&dir)
+        .map_err(|e| Error::io("cannot create", &dir, e))?;
     Ok(dir.join(name))
 }
 
