@@ -83,6 +83,7 @@ impl fmt::Display for Died {
         } else {
             match (self.code, self.runtime.as_str()) {
                 (Some(0), _) => f.write_str("it was stopped")?,
+                (Some(n), _) if n > 128 => write!(f, "it was killed (signal {})", n - 128)?,
                 (Some(n), "runsc") => write!(f, "gVisor's kernel (runsc) ended with status {n}")?,
                 (Some(n), _) => write!(f, "its main process ended with status {n}")?,
                 (None, _) => f.write_str("it is no longer running")?,
@@ -148,5 +149,11 @@ mod tests {
             sentry.to_string(),
             "gVisor's kernel (runsc) ended with status 2 (the engine says: x)"
         );
+        let killed = Died {
+            code: Some(137),
+            error: String::new(),
+            ..sentry
+        };
+        assert_eq!(killed.to_string(), "it was killed (signal 9)");
     }
 }

@@ -261,7 +261,7 @@ pub(crate) fn died_under(name: &str, cmd: Option<&str>, e: Error) -> Error {
             "lw-sandbox start {name} brings it back; give it more memory (sandbox.memory, \
              create --memory) or make the command use less"
         )
-    } else if d.runtime == "runsc" && d.code != Some(0) {
+    } else if d.runtime == "runsc" && d.code.is_some_and(|c| (1..=128).contains(&c)) {
         // lib/sandbox/scratch.rs: gVisor's kernel needs host tasks of
         // its own, and dies when its pids limit refuses one.
         format!(
@@ -317,6 +317,18 @@ mod tests {
             e.msg
         );
         assert!(e.msg.contains("pids limit"), "{}", e.msg);
+        let killed = Died {
+            code: Some(137),
+            runtime: "runsc".into(),
+            ..Default::default()
+        };
+        let e = died_under("b", Some("make"), killed.into_error());
+        assert!(
+            e.msg
+                .ends_with("it was killed (signal 9); lw-sandbox start b brings it back"),
+            "{}",
+            e.msg
+        );
         let other = Error::new(Exit::NoInput, "x");
         assert_eq!(died_under("a", None, other).msg, "x");
     }
