@@ -9,8 +9,22 @@
 //! was to it (lw-sandbox names the sandbox).
 
 use std::fmt;
+use std::time::Duration;
 
 use crate::error::{Error, Exit};
+
+/// How long output still in flight is read once the container is dead
+/// (under runsc Docker's stream never ends by itself).
+pub(crate) const DRAIN: Duration = Duration::from_millis(300);
+
+/// How long the container's death may come after the end of an exec that
+/// SIGKILL ended (under runc, what the container's death does to it: the
+/// engine may file the exec's end before the container's).
+pub(crate) const KILLED: Duration = Duration::from_secs(1);
+
+/// How often the container is asked about when the engine cannot be asked
+/// to tell (its wait or watch failed).
+pub(crate) const POLL: Duration = Duration::from_secs(1);
 
 /// How a stopped container ended, as `ls` says it: `exited` (status 0,
 /// what a stop leaves), `exited (N)` (its main process, or gVisor's
@@ -55,6 +69,12 @@ impl Died {
         }
     }
 
+    /// Whether it ran under gVisor, whose kernel is a process of its own
+    /// that a storm of processes at the pids limit can end.
+    pub fn gvisor(&self) -> bool {
+        super::Isolation::of(&self.runtime) == super::Isolation::Gvisor
+    }
+
     /// The error an exec returns: 69, naming the container, its state and
     /// the command, with this as its source.
     pub fn into_error(self) -> Error {
@@ -81,12 +101,16 @@ impl fmt::Display for Died {
                 "its processes went over its memory limit and the kernel's OOM killer ended it",
             )?;
         } else {
-            match (self.code, self.runtime.as_str()) {
-                (Some(0), _) => f.write_str("it was stopped")?,
-                (Some(n), _) if n > 128 => write!(f, "it was killed (signal {})", n - 128)?,
-                (Some(n), "runsc") => write!(f, "gVisor's kernel (runsc) ended with status {n}")?,
-                (Some(n), _) => write!(f, "its main process ended with status {n}")?,
-                (None, _) => f.write_str("it is no longer running")?,
+            match self.code {
+                Some(0) => f.write_str("it was stopped")?,
+                Some(n) if n > 128 => write!(f, "it was killed (signal {})", n - 128)?,
+                Some(n) if self.gvisor() => write!(
+                    f,
+                    "gVisor's kernel ({}) ended with status {n}",
+                    self.runtime
+                )?,
+                Some(n) => write!(f, "its main process ended with status {n}")?,
+                None => f.write_str("it is no longer running")?,
             }
         }
         if !self.error.is_empty() {

@@ -261,7 +261,7 @@ pub(crate) fn died_under(name: &str, cmd: Option<&str>, e: Error) -> Error {
             "lw-sandbox start {name} brings it back; give it more memory (sandbox.memory, \
              create --memory) or make the command use less"
         )
-    } else if d.runtime == "runsc" && d.code.is_some_and(|c| (1..=128).contains(&c)) {
+    } else if d.gvisor() && d.code.is_some_and(|c| (1..=128).contains(&c)) {
         // lib/sandbox/scratch.rs: gVisor's kernel needs host tasks of
         // its own, and dies when its pids limit refuses one.
         format!(

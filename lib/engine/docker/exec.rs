@@ -34,23 +34,12 @@ use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
 use super::{DockerEngine, api_err, status_of};
+use crate::engine::died::{DRAIN, KILLED, POLL};
 use crate::engine::{Died, ExecIo, ExecRequest, OutStream};
 use crate::error::{Error, Exit, Result};
 
 /// An exec may stream a whole repository's pack (push) or run for hours (shell).
 const LONG: Duration = Duration::from_secs(24 * 3600);
-
-/// How long output still in flight is read once the container is dead
-/// (under runsc the stream never ends by itself).
-const DRAIN: Duration = Duration::from_millis(300);
-
-/// How long the container's death may come after the end of an exec that
-/// SIGKILL ended (under runc, what the container's death does to it).
-const KILLED: Duration = Duration::from_secs(1);
-
-/// How often the container is inspected when the engine cannot be asked
-/// to wait on it.
-const POLL: Duration = Duration::from_secs(1);
 
 impl DockerEngine {
     /// Runs `req` in `container` with `io` attached; returns its status, or
