@@ -12,10 +12,11 @@
 //! container (`POST /containers/ID/wait?condition=not-running`, the engine's
 //! own notice, no polling) and, when that answers first, reads what output
 //! is still in flight for at most [`DRAIN`], then asks the engine how the
-//! container ended and returns it as a [`Died`] (69).  Where the wait
-//! fails (an engine that refuses it, a connection that broke), an inspect
-//! every [`POLL`] stands in for it; the exec itself is never ended by a
-//! failed watch.
+//! container ended and returns it as a [`Died`] (69).  An inspect must
+//! agree that it is not running; where the wait fails or answers early (an
+//! engine that refuses it, a connection that broke), an inspect every
+//! [`POLL`] stands in for it: the exec itself is never ended by a failed
+//! watch.
 //!
 //! The exec's own status passes through while the container lives.  Under
 //! runc a container's death kills the exec's processes (137), and the
@@ -181,25 +182,17 @@ async fn dead_err(docker: &Docker, container: &str, cmd: &str) -> Error {
     d.into_error()
 }
 
-/// Resolves once `container` is no longer running: the engine's wait, else
-/// (the wait failed) an inspect every [`POLL`].
+/// Resolves once `container` is no longer running: when the engine's
+/// wait answers and an inspect agrees; while they disagree (an engine that
+/// answers the wait at once, or refuses it), an inspect every [`POLL`].
 async fn dead(docker: &Docker, container: &str) {
     let opts = qp::WaitContainerOptions {
         condition: "not-running".into(),
     };
-    match docker.wait_container(container, Some(opts)).next().await {
-        // A status other than 0 comes back as an error of its own.
-        Some(Ok(_)) | Some(Err(bollard::errors::Error::DockerContainerWaitError { .. })) => {
-            return;
-        }
-        Some(Err(e)) if status_of(&e) == Some(404) => return,
-        Some(Err(_)) | None => {}
-    }
-    loop {
+    // Any answer, a status other than 0 (an error of bollard's) included.
+    let _ = docker.wait_container(container, Some(opts)).next().await;
+    while ended(docker, container, "").await.is_none() {
         tokio::time::sleep(POLL).await;
-        if ended(docker, container, "").await.is_some() {
-            return;
-        }
     }
 }
 
