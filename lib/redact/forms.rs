@@ -253,10 +253,7 @@ fn match_at(units: &[Unit], t: &[u8], start: usize) -> Option<usize> {
                 }
             }
         }
-        (u, p) = match next.or_else(|| stack.pop()) {
-            Some(s) => s,
-            None => return None,
-        };
+        (u, p) = next.or_else(|| stack.pop())?;
     }
 }
 

@@ -302,10 +302,7 @@ mod tests {
             ("json, mixed with plain", json_u(KEY, 2)),
             (
                 "json, upper hex",
-                json_u(KEY, 1)
-                    .replace("\\u00", "\\u00")
-                    .to_uppercase()
-                    .replace("\\U", "\\u"),
+                json_u(KEY, 1).to_uppercase().replace("\\U", "\\u"),
             ),
             ("hex, lower", hex(KEY.as_bytes(), false)),
             ("hex, upper", hex(KEY.as_bytes(), true)),
@@ -428,7 +425,7 @@ mod tests {
         let mut text = String::new();
         while text.len() < 64 * 1024 {
             text.push_str(prose);
-            if text.len() % 7 == 0 {
+            if text.len().is_multiple_of(7) {
                 text.push_str(&values[text.len() % 8]);
             }
         }
