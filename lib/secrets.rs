@@ -166,6 +166,13 @@ mod tests {
     }
 
     #[test]
+    fn the_door_reads_the_same_key() {
+        // lib/redact reads the allowed names itself (the door does not
+        // import the wall); both must name one key.
+        assert_eq!(KEY_ALLOWED, crate::redact::KEY_SANDBOX);
+    }
+
+    #[test]
     fn bad_config_names_are_config_errors() {
         let c = Config::parse("sandbox.secrets = 9LIVES\n", Path::new("c")).unwrap();
         assert_eq!(allowed(&c).unwrap_err().exit, Exit::Config);
