@@ -8,6 +8,11 @@
 //! --secret` does by hand.  Values are never recorded: the door reads them
 //! from its own environment, where lw-sandbox read them.
 //!
+//! Sandboxes made before registry records carried names have them only in
+//! lw-sandbox's own record, `ROOT/state/sandbox/NAME.json` (its `secrets`
+//! field, names only); the door reads that field too, at start, so an
+//! upgrade leaves no sandbox's secrets unwatched.
+//!
 //! A name a sandbox was given, or one its project's `door.secrets` lists,
 //! must resolve: the sandbox holds that value, or the operator asked the
 //! door to watch for it, and a door that cannot see it would pass it
@@ -18,7 +23,7 @@
 //! source.
 
 use std::ffi::OsString;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::Secrets;
 use crate::config::{Config, valid_var_name};
@@ -93,6 +98,17 @@ impl Secrets {
             })
             .collect();
         warnings.extend(s.add_recorded(&root.registry_dir(), good.iter(), env)?);
+        for (path, name, names) in sandbox_records(root) {
+            for n in &names {
+                if s.knows(n) {
+                    continue;
+                }
+                match env(n).filter(|v| !v.is_empty()) {
+                    Some(v) => warnings.extend(s.add(n, &v.into_encoded_bytes())),
+                    None => return Err(unresolved(n, &path, "it was given to sandbox", &name)),
+                }
+            }
+        }
         warnings.extend(s.add_project(cwd, env)?);
         Ok((s, warnings))
     }
@@ -125,13 +141,7 @@ impl Secrets {
                     Some(v) => warnings.extend(self.add(n, &v.into_encoded_bytes())),
                     None => {
                         let path = registry_dir.join(format!("{}.json", r.name));
-                        return Err(Error::config(format!(
-                            "cannot resolve secret {n} named by '{}': {n} is not set in this environment, and {why} {}; \
-                             export {n} where lw-mediate and lw-sync run (they must know every value they keep from leaving), \
-                             or remove the sandbox",
-                            path.display(),
-                            r.name
-                        )));
+                        return Err(unresolved(n, &path, why, &r.name));
                     }
                 }
             }
@@ -145,6 +155,54 @@ impl Secrets {
         }
         Ok(warnings)
     }
+}
+
+fn unresolved(n: &str, path: &Path, why: &str, sandbox: &str) -> Error {
+    Error::config(format!(
+        "cannot resolve secret {n} named by '{}': {n} is not set in this environment, and {why} {sandbox}; \
+         export {n} where lw-mediate and lw-sync run (they must know every value they keep from leaving), \
+         or remove the sandbox",
+        path.display()
+    ))
+}
+
+/// The `secrets` of lw-sandbox's records, `ROOT/state/sandbox/*.json`
+/// (path, sandbox, names).  Only that field is read: the door does not
+/// depend on the rest of the wall's record.  A record that does not parse
+/// is lw-sandbox's to report (`lw-sandbox gc`).
+fn sandbox_records(root: &Root) -> Vec<(PathBuf, String, Vec<String>)> {
+    #[derive(serde::Deserialize)]
+    struct Names {
+        name: String,
+        #[serde(default)]
+        secrets: Vec<String>,
+    }
+    let dir = root.state_dir().join("sandbox");
+    let Ok(rd) = std::fs::read_dir(&dir) else {
+        return vec![];
+    };
+    let mut out = Vec::new();
+    for ent in rd.flatten() {
+        let p = ent.path();
+        let f = ent.file_name();
+        let f = f.to_string_lossy();
+        if f.starts_with('.') || !f.ends_with(".json") {
+            continue;
+        }
+        let Ok(b) = std::fs::read(&p) else { continue };
+        if let Ok(r) = serde_json::from_slice::<Names>(&b) {
+            let names: Vec<String> = r
+                .secrets
+                .into_iter()
+                .filter(|n| valid_var_name(n))
+                .collect();
+            if !names.is_empty() {
+                out.push((p, r.name, names));
+            }
+        }
+    }
+    out.sort();
+    out
 }
 
 #[cfg(test)]
@@ -216,6 +274,25 @@ mod tests {
             assert!(e.msg.contains("'/r/registry/web.json'"), "{e}");
             assert!(e.msg.contains(&format!("export {n}")), "{e}");
         }
+        // lw-sandbox's own record of a sandbox made before registry
+        // records carried names.
+        let root =
+            Root::new(std::env::temp_dir().join(format!("lw-redact-{}", crate::id::new_id())));
+        std::fs::create_dir_all(root.state_dir().join("sandbox")).unwrap();
+        std::fs::write(
+            root.state_dir().join("sandbox/old.json"),
+            r#"{"version":1,"name":"old","secrets":["OLD_KEY"],"other":"fields"}"#,
+        )
+        .unwrap();
+        let here = root.dir.clone();
+        let e = Secrets::for_root(&root, &here, &env).unwrap_err();
+        assert_eq!(e.exit, Exit::Config);
+        assert!(e.msg.contains("secret OLD_KEY named by '"), "{e}");
+        assert!(e.msg.contains("state/sandbox/old.json'"), "{e}");
+        let env2 = |n: &str| (n == "OLD_KEY").then(|| OsString::from("0ld-k3y-value"));
+        let (s2, _) = Secrets::for_root(&root, &here, &env2).unwrap();
+        assert_eq!(s2.find("MGxkLWszeS12YWx1ZQ"), Some("OLD_KEY"));
+        std::fs::remove_dir_all(&root.dir).unwrap();
         // Merely allowed and unset: skipped.
         let mut s = Secrets::new();
         assert!(
