@@ -117,16 +117,6 @@ pub fn valid_key(key: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
 }
 
-/// True for a name usable as an environment variable and a file name
-/// (secret names: letters, digits and `_`, not starting with a digit).
-pub fn valid_var_name(name: &str) -> bool {
-    let b = name.as_bytes();
-    !b.is_empty()
-        && b.len() <= 128
-        && (b[0].is_ascii_alphabetic() || b[0] == b'_')
-        && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
-}
-
 /// A project: the top of a git checkout and its `.loopwright/config`.
 #[derive(Clone, Debug)]
 pub struct Project {
@@ -195,6 +185,16 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
         total = total.checked_add(n.checked_mul(unit)?)?;
     }
     Some(Duration::from_secs(total))
+}
+
+/// True for a name usable as an environment variable and a file name
+/// (secret names: letters, digits and `_`, not starting with a digit).
+pub fn valid_var_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 128
+        && (b[0].is_ascii_alphabetic() || b[0] == b'_')
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
 }
 
 #[cfg(test)]
