@@ -113,6 +113,9 @@ enum Cmd {
         /// A path glob or named contract the sandbox owns, repeatable
         #[arg(long, value_name = "GLOB")]
         scope: Vec<String>,
+        /// A secret the sandbox holds, by name, repeatable (its value: the door's environment)
+        #[arg(long, value_name = "NAME")]
+        secret: Vec<String>,
     },
     /// Remove a sandbox from the registry (messages to it then bounce)
     Unregister {
@@ -148,13 +151,13 @@ fn main() -> ExitCode {
     loopwright::cli::run_main("lw-mediate", run)
 }
 
-/// The secret values the mediator keeps from leaving (lib/redact.rs): the
-/// project's `sandbox.secrets` and `door.secrets`, and the sync token, as
-/// this process's environment has them.
-fn door_secrets() -> Result<Secrets> {
+/// The secret values the mediator keeps from leaving (lib/redact): the
+/// names the root records (each sandbox's secrets and its project's), the
+/// project here, and the sync token, as this process's environment has them.
+fn door_secrets(root: &Root) -> Result<Secrets> {
     let env = |n: &str| std::env::var_os(n);
     let here = std::env::current_dir().unwrap_or_default();
-    let (mut s, mut warnings) = Secrets::for_project(&here, &env)?;
+    let (mut s, mut warnings) = Secrets::for_root(root, &here, &env)?;
     warnings.extend(s.add_env(&["GH_TOKEN".into(), "GITHUB_TOKEN".into()], &env));
     for w in warnings {
         eprintln!("lw-mediate: warning: {w}");
@@ -200,9 +203,11 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             name,
             branch,
             scope,
+            secret,
         }) => {
             root.init()?;
-            let s = Sandbox::new(name, branch.clone(), scope.clone());
+            let mut s = Sandbox::new(name, branch.clone(), scope.clone());
+            s.secrets = secret.clone();
             let p = Registry::new(&root).register(&s)?;
             writeln!(out, "{}", p.display()).map_err(out_err)?;
             Ok(Exit::Ok)
@@ -248,8 +253,8 @@ fn run_mediator(args: &Args, root: Root, out: &mut dyn Write) -> Result<Exit> {
     let _lock = mediate::lock_mediator(&root)?;
     mediate::raise_open_files_limit();
     let (p, explicit) = policy_of(args);
-    let mut m = Mediator::open(root, Some(p), explicit)?;
-    m.secrets = door_secrets()?;
+    let mut m = Mediator::open(root.clone(), Some(p), explicit)?;
+    m.secrets = door_secrets(&root)?;
     m.batch = args.batch;
     m.verbose = args.verbose;
     m.sync = if args.sync == "fs" {
@@ -287,8 +292,8 @@ fn run_release_or_drop(
     out: &mut dyn Write,
 ) -> Result<Exit> {
     let (p, explicit) = policy_of(args);
-    let mut m = Mediator::open(root, Some(p), explicit)?;
-    m.secrets = door_secrets()?;
+    let mut m = Mediator::open(root.clone(), Some(p), explicit)?;
+    m.secrets = door_secrets(&root)?;
     for id in ids {
         let e = match &args.cmd {
             Some(Cmd::Drop { reason, .. }) => m.drop_held(id, reason, out)?,

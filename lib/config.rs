@@ -343,6 +343,16 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
     Some(Duration::from_secs(total))
 }
 
+/// True for a name usable as an environment variable and a file name
+/// (secret names: letters, digits and `_`, not starting with a digit).
+pub fn valid_var_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 128
+        && (b[0].is_ascii_alphabetic() || b[0] == b'_')
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

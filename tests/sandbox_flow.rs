@@ -288,6 +288,58 @@ fn secrets_reach_only_the_sandbox_tmpfs() {
         .expect("runs");
     assert!(o.status.success(), "{}", err(&o));
     assert!(!err(&o).contains(&value) && !text(&o).contains(&value));
+    // The root records the name (never the value), so the door knows it
+    // from any directory: from / without the value it refuses (78), with
+    // it, it masks it (issue 29).
+    let rec: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(f.root.join("registry/s.json")).expect("a registry record"),
+    )
+    .unwrap();
+    assert_eq!(
+        rec["secrets"],
+        serde_json::json!(["LW_TEST_TOKEN"]),
+        "{rec}"
+    );
+    assert_eq!(
+        rec["allowed_secrets"],
+        serde_json::json!(["LW_TEST_TOKEN"]),
+        "{rec}"
+    );
+    let door = |value: Option<&str>| {
+        let mut c = std::process::Command::new(bin("lw-mediate"));
+        c.args(["--once", "--root"]).arg(&f.root).current_dir("/");
+        match value {
+            Some(v) => c.env("LW_TEST_TOKEN", v),
+            None => c.env_remove("LW_TEST_TOKEN"),
+        };
+        c.output().expect("lw-mediate runs")
+    };
+    let o = door(None);
+    assert_eq!(o.status.code(), Some(78), "{}", err(&o));
+    assert!(
+        err(&o).contains("cannot resolve secret LW_TEST_TOKEN"),
+        "{}",
+        err(&o)
+    );
+    let (code, _, e) = f.sh(
+        "s",
+        "lw-post --to human --kind question --subject q \"$(base64 /run/secrets/LW_TEST_TOKEN)\"",
+    );
+    assert_eq!(code, 0, "{e}");
+    let o = door(Some(&value));
+    assert!(o.status.success(), "{}", err(&o));
+    let log = std::process::Command::new(bin("lw-mediate"))
+        .args(["log", "--root"])
+        .arg(&f.root)
+        .current_dir("/")
+        .env("LW_TEST_TOKEN", &value)
+        .output()
+        .expect("lw-mediate runs");
+    assert!(
+        text(&log).contains("contains secret LW_TEST_TOKEN"),
+        "{}",
+        text(&log)
+    );
     let (code, out, e) = f.sh("s", "cat /run/secrets/LW_TEST_TOKEN; echo; stat -c '%a %u' /run/secrets/LW_TEST_TOKEN; grep -c LW_TEST_TOKEN /proc/1/environ || true");
     assert_eq!(code, 0, "{e}");
     let lines: Vec<&str> = out.lines().collect();

@@ -314,6 +314,14 @@ impl Mediator {
             ));
         }
         self.known = good.into_iter().map(|s| (s.name.clone(), s)).collect();
+        // A sandbox made since the last pass may hold a secret the door
+        // has not looked up yet (lib/redact/names.rs); one it cannot
+        // resolve stops the door (78) rather than let the value through.
+        let env = |n: &str| std::env::var_os(n);
+        let dir = self.registry.dir.clone();
+        for w in self.secrets.add_recorded(&dir, self.known.values(), &env)? {
+            self.warn_once(w);
+        }
         Ok(())
     }
 
