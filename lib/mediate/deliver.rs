@@ -223,6 +223,8 @@ impl Mediator {
             let (sender, ob) = (obs[*k].0.as_str(), &obs[*k].1);
             match inspect(&ob.new, name) {
                 Inspected::Gone => {}
+                // A planted directory that could not be taken stays, quietly.
+                Inspected::Bad(_, st) if self.is_left(&quarantine_id(sender, name, &st)) => {}
                 Inspected::Bad(why, st) => c.quarantine(*k, sender, name, why, &st),
                 // The same id again, or the batch holds enough text: later.
                 Inspected::Message(m) if ids.contains(&m.id) || bytes > BATCH_BYTES => {
@@ -502,14 +504,23 @@ impl Mediator {
                             matches!(group::move_noreplace(&h.new, q, &h.cur, q), Ok(true));
                     }
                 }
-                Work::Quarantine { name, qid } => {
+                Work::Quarantine { name, qid, dir } => {
                     let q = &boxes.list[QUARANTINE];
                     match crate::quarantine::take(&ob.new, name, &q.new, OsStr::new(qid)) {
                         Ok(_) => quarantined = true,
+                        Err(e) if *dir => {
+                            // Said once, remembered, never tried again: a
+                            // directory that cannot go now will not later.
+                            self.leave(qid);
+                            self.warn_once(format!(
+                                "cannot take directory '{}' of {sender} into quarantine: {e}; left in '{}' and not tried again",
+                                escape_name(name),
+                                ob.path.join("new").display()
+                            ));
+                        }
                         Err(e) => self.warn_once(format!(
-                            "cannot move '{}' of {sender} into quarantine: {}; left in place",
+                            "cannot move '{}' of {sender} into quarantine: {e}; left in place",
                             escape_name(name),
-                            errno_io(e)
                         )),
                     }
                 }
@@ -593,11 +604,13 @@ impl Collected {
                 reason,
             },
         });
+        let dir = rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::Directory;
         self.work.push((
             k,
             Work::Quarantine {
                 name: name.clone(),
                 qid,
+                dir,
             },
         ));
     }

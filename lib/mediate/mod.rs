@@ -150,6 +150,11 @@ struct Memory {
     /// status message per episode; forgotten once they are below the cap).
     #[serde(default)]
     capped: std::collections::BTreeSet<String>,
+    /// Quarantine ids of planted directories that could not be taken:
+    /// left where they are, said once, never tried again (at most
+    /// MAX_REMEMBERED, oldest forgotten first).
+    #[serde(default)]
+    left: VecDeque<String>,
     #[serde(skip)]
     dup_index: HashMap<String, u64>,
 }
@@ -166,6 +171,8 @@ enum Work {
     Quarantine {
         name: OsString,
         qid: String,
+        /// A directory: one that cannot be taken is left for good.
+        dir: bool,
     },
 }
 
