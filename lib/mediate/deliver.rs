@@ -208,6 +208,7 @@ impl Mediator {
         let mut copies = Group::with_sync(self.sync);
         let failed = self.log_and_stage(boxes, obs, &c, &mut copies, out)?;
         copies.commit(&boxes.list)?;
+        self.count_refusals(&c.refused)?;
         self.call_hook("delivered", obs, items);
         self.claim_all(boxes, obs, &c.work, &failed)?;
         Ok(c.later)
@@ -216,6 +217,8 @@ impl Mediator {
     /// Inspects and decides every entry of a batch.
     fn collect(&mut self, obs: &[(String, Box3)], items: &[(usize, OsString)]) -> Collected {
         let resumed_before = self.stats.resumed;
+        // Charged by now, or never logged: nothing is held in reserve.
+        self.reserved.clear();
         let mut c = Collected::default();
         let mut ids: HashSet<String> = HashSet::new();
         let mut bytes = 0usize;
@@ -225,7 +228,15 @@ impl Mediator {
                 Inspected::Gone => {}
                 // A planted directory that could not be taken stays, quietly.
                 Inspected::Bad(_, st) if self.is_left(&quarantine_id(sender, name, &st)) => {}
-                Inspected::Bad(why, st) => c.quarantine(*k, sender, name, why, &st),
+                Inspected::Bad(..)
+                    if !self.fits(&self.qualified(sender), Mediator::QUARANTINE_COST) =>
+                {
+                    self.stats.waiting += 1
+                }
+                Inspected::Bad(why, st) => {
+                    c.quarantine(*k, sender, name, why, &st);
+                    self.reserve(&c.to_log[c.to_log.len() - 1..]);
+                }
                 // The same id again, or the batch holds enough text: later.
                 Inspected::Message(m) if ids.contains(&m.id) || bytes > BATCH_BYTES => {
                     c.later.push((*k, name.clone()))
@@ -277,11 +288,28 @@ impl Mediator {
                 self.stats.resumed += 1;
                 std::iter::once(a).chain(b).collect()
             }
+            // Refused and counted by a run that did not claim it: claimed
+            // now, not counted again.
+            (None, None) if self.was_refused(&m.id) => vec![],
+            (None, None) if !self.fits(sender, self.most_cost(&m)) => {
+                // The sender's log budget is used up: it waits.
+                self.stats.waiting += 1;
+                return;
+            }
             (None, b) => {
                 if b.is_some() {
                     self.stats.resumed += 1;
                 }
-                self.decide(&m, sender, &claimed, b)
+                let mut es = self.decide(&m, sender, &claimed, b.clone());
+                // A new refusal is counted, not logged (lib/mediate/budget.rs).
+                if b.is_none()
+                    && let Some(i) = es.iter().position(|e| e.decision.quiet)
+                {
+                    let e = es.remove(i);
+                    c.refused.push((sender.to_string(), m.id.clone(), e));
+                }
+                self.reserve(&es);
+                es
             }
         };
         let claim_question = match (sender, m.kind, &m.in_reply_to) {
@@ -580,6 +608,8 @@ struct Collected {
     work: Vec<(usize, Work)>,
     to_log: Vec<Entry>,
     later: Vec<(usize, OsString)>,
+    /// New refusals: sender, post, the entry they are counted instead of.
+    refused: Vec<(String, String, Entry)>,
 }
 
 impl Collected {
