@@ -336,13 +336,29 @@ impl Mediator {
     }
 
     /// Tells a person and each sender whose budget is used up, once per
-    /// hour: one status message to both, from the mediator.
+    /// hour: one status message to both, from the mediator; and the
+    /// operator, on standard error, once per hour and run.
     pub(super) fn tell_full(
         &mut self,
         boxes: &mut Boxes,
         waiting: &HashMap<String, u64>,
         out: &mut dyn Write,
     ) -> Result<()> {
+        let cap = size_text(self.log_max);
+        let mut full: Vec<(String, u64)> = self
+            .memory
+            .budget
+            .iter()
+            .filter(|(_, b)| b.full)
+            .map(|(s, b)| (s.clone(), b.start + BUDGET_WINDOW_MS))
+            .collect();
+        full.sort();
+        for (sender, until) in full {
+            let until = crate::time::rfc3339(std::time::Duration::from_millis(until));
+            self.warn_once(format!(
+                "the posts of {sender} wait in its outbox until {until}: it used its log budget of {cap} for the hour (door.log-max)"
+            ));
+        }
         let mut due: Vec<(String, Budget)> = self
             .memory
             .budget
