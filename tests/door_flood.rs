@@ -565,3 +565,26 @@ fn the_held_messages_of_a_removed_sandbox_are_archived() {
     );
     assert_eq!(drop.message.unwrap().body, "", "a drop entry keeps no body");
 }
+
+#[test]
+fn a_door_log_max_that_is_not_a_size_exits_78_naming_the_key() {
+    let env = Env::new("logmax");
+    let root = Root::new(&env.root);
+    register(&root, &["api"]);
+    let proj = project(&env.dir);
+    for bad in ["lots", "0", "-1m"] {
+        std::fs::write(
+            proj.join(".loopwright/config"),
+            format!("door.log-max = {bad}\n"),
+        )
+        .unwrap();
+        let o = mediate(&root, &proj, &[], &["--once"]);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(78), "{bad}: {err}");
+        assert!(
+            err.starts_with(&format!("lw-mediate: 'door.log-max = {bad}' in "))
+                && err.contains("expected a size above 0, such as 512k or 8m"),
+            "{err}"
+        );
+    }
+}
