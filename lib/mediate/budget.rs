@@ -444,6 +444,64 @@ impl Mediator {
 mod tests {
     use super::*;
 
+    fn mediator(tag: &str) -> Mediator {
+        let d = std::env::temp_dir().join(format!("lw-budget-{tag}-{}", crate::id::new_id()));
+        let root = crate::layout::Root::new(d.join("root"));
+        std::fs::create_dir_all(&root.dir).unwrap();
+        Mediator::open(root, None, false).unwrap()
+    }
+
+    fn entry(sender: &str, action: Action, to: &[&str], bytes: usize) -> Entry {
+        Entry {
+            version: LOG_VERSION,
+            name: format!("x.{}", action.as_str()),
+            logged: String::new(),
+            message_id: "x".into(),
+            sender: sender.into(),
+            message: None,
+            decision: Decision {
+                quiet: false,
+                action,
+                to: to.iter().map(|t| t.to_string()).collect(),
+                reason: "r".repeat(bytes),
+            },
+        }
+    }
+
+    #[test]
+    fn a_sender_is_full_for_the_rest_of_its_hour_once_a_post_does_not_fit() {
+        let mut m = mediator("full");
+        m.log_max = 64 << 10;
+        // A fresh hour admits even a post that could cost more than all of it.
+        assert!(m.fits("api", 1 << 20));
+        // 4 KiB for the entry and 4 KiB for each receipt to come.
+        m.charge(&entry("api", Action::Forward, &["web", "db"], 100));
+        assert_eq!(m.memory.budget["api"].bytes, 3 * BLOCK);
+        m.charge(&entry("api", Action::Read, &["web"], 100));
+        m.charge(&entry("api", Action::Hold, &[], 5000));
+        assert_eq!(
+            m.memory.budget["api"].bytes,
+            5 * BLOCK,
+            "receipts not again"
+        );
+        // 20 KiB used, 8 KiB kept for a count of refusals: 36 KiB fit.
+        assert!(m.fits("api", 36 << 10));
+        assert!(!m.fits("api", (36 << 10) + 1));
+        assert!(
+            m.is_full("api") && !m.fits("api", 1),
+            "full until the hour ends"
+        );
+        // Others, a person and the mediator's own notices are not held back.
+        assert!(m.fits("web", 8 << 10) && m.fits(layout::HUMAN, 1 << 30));
+        m.charge(&entry(layout::MEDIATOR, Action::Escalate, &["human"], 100));
+        assert!(!m.memory.budget.contains_key(layout::MEDIATOR));
+        // The next hour starts afresh.
+        m.memory.budget.get_mut("api").unwrap().start -= BUDGET_WINDOW_MS;
+        assert!(!m.is_full("api") && m.fits("api", 36 << 10));
+        assert_eq!(m.memory.budget["api"].bytes, 0);
+        std::fs::remove_dir_all(m.root.dir.parent().unwrap()).unwrap();
+    }
+
     #[test]
     fn entries_are_charged_by_the_block() {
         assert_eq!(blocks(1), 4096);
