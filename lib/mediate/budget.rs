@@ -1,5 +1,5 @@
 //! What one sender may make the door write on the root's disk
-//! (mailbox-spec.md, "THE LOG", budget and refusals).
+//! (mailbox-spec.md, "BUDGET AND REFUSALS").
 //!
 //! Every post used to leave at least one log entry (a 4 KiB block), and
 //! each refusal over the held-queue cap a bounce entry and a bounce file:
@@ -110,10 +110,14 @@ fn size_text(n: u64) -> String {
 }
 
 impl Mediator {
-    /// Senders whose log is not budgeted: a person, and the mediator's own
-    /// notices (one per sender and hour or episode).
+    /// Senders whose log is not budgeted: a person, the mediator's own
+    /// notices (one per sender and hour or episode), and another host's
+    /// sandbox (`HOST/NAME`), whose posts its own host's mediator budgeted
+    /// before lw-sync brought them here.
     fn unbudgeted(sender: &str) -> bool {
-        sender == layout::HUMAN || sender == layout::MEDIATOR
+        sender == layout::HUMAN
+            || sender == layout::MEDIATOR
+            || crate::message::split_qualified(sender).is_some()
     }
 
     /// `sender`'s budget, a fresh one when its hour is over.
@@ -491,8 +495,10 @@ mod tests {
             m.is_full("api") && !m.fits("api", 1),
             "full until the hour ends"
         );
-        // Others, a person and the mediator's own notices are not held back.
+        // Others, a person, another host's sandbox and the mediator's own
+        // notices are not held back.
         assert!(m.fits("web", 8 << 10) && m.fits(layout::HUMAN, 1 << 30));
+        assert!(m.fits("hosta/api", 1 << 30) && m.fits("hosta/api", 1 << 30));
         m.charge(&entry(layout::MEDIATOR, Action::Escalate, &["human"], 100));
         assert!(!m.memory.budget.contains_key(layout::MEDIATOR));
         // The next hour starts afresh.
