@@ -165,6 +165,26 @@ fn door_secrets(root: &Root) -> Result<Secrets> {
     Ok(s)
 }
 
+/// Log bytes a sender may cause per hour: the project's `door.log-max`
+/// (`8m`, `512k`), else 8 MiB (lib/mediate/budget.rs).
+fn door_log_max() -> Result<u64> {
+    let here = std::env::current_dir().unwrap_or_default();
+    let Some(p) = loopwright::config::Project::find(&here)? else {
+        return Ok(mediate::DEFAULT_LOG_MAX);
+    };
+    match p.config.get("door.log-max") {
+        None => Ok(mediate::DEFAULT_LOG_MAX),
+        Some(v) => loopwright::wall::parse_bytes(v)
+            .and_then(|n| u64::try_from(n).ok())
+            .ok_or_else(|| {
+                Error::config(format!(
+                    "'door.log-max = {v}' in {}: expected a size above 0, such as 512k or 8m",
+                    p.top.join(loopwright::config::FILE).display()
+                ))
+            }),
+    }
+}
+
 fn root_of(args: &Args) -> Result<Root> {
     Root::resolve(args.root.as_deref())
 }
@@ -255,6 +275,7 @@ fn run_mediator(args: &Args, root: Root, out: &mut dyn Write) -> Result<Exit> {
     let (p, explicit) = policy_of(args);
     let mut m = Mediator::open(root.clone(), Some(p), explicit)?;
     m.secrets = door_secrets(&root)?;
+    m.log_max = door_log_max()?;
     m.batch = args.batch;
     m.verbose = args.verbose;
     m.sync = if args.sync == "fs" {

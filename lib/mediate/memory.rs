@@ -70,4 +70,21 @@ impl Mediator {
         }
         self.held_count = count;
     }
+
+    /// Whether the entry of quarantine id `qid` was left for good.
+    pub(super) fn is_left(&self, qid: &str) -> bool {
+        self.memory.left.iter().any(|q| q == qid)
+    }
+
+    /// Remembers that the entry of quarantine id `qid` is left for good,
+    /// durably at the next save.
+    pub(super) fn leave(&mut self, qid: &str) {
+        if !self.is_left(qid) {
+            self.memory.left.push_back(qid.to_string());
+            while self.memory.left.len() > MAX_REMEMBERED {
+                self.memory.left.pop_front();
+            }
+            self.memory_dirty = true;
+        }
+    }
 }
