@@ -173,6 +173,9 @@ enum Cmd {
         /// Print JSON Lines records
         #[arg(long)]
         json: bool,
+        /// Leave out the header line (for scripts that read the columns)
+        #[arg(long, conflicts_with = "json")]
+        no_header: bool,
     },
     /// Print a sandbox's published ports: CONTAINER-PORT -> 127.0.0.1:HOST-PORT
     Port { name: String },
@@ -331,8 +334,13 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
             )?;
         }
         Cmd::Push { name, force, json } => line(out, &push(&sb, &name, force, json)?)?,
-        Cmd::Ls { json } => {
-            for s in sb.list(true)? {
+        Cmd::Ls { json, no_header } => {
+            // Listed first: an engine that fails leaves no header behind.
+            let listed = sb.list(true)?;
+            if !json && !no_header {
+                line(out, sandbox::LS_HEADER)?;
+            }
+            for s in listed {
                 line(out, &if json { s.json().to_string() } else { s.line() })?;
             }
         }

@@ -192,7 +192,7 @@ fn the_sandbox_life_on_podman() {
         git(&f.upstream, &["log", "--format=%s", "-1", "lw/a"]),
         "from podman"
     );
-    let ls = f.ok(&["ls"]);
+    let ls = f.ok(&["ls", "--no-header"]);
     // The isolation column (8th), before services.
     assert!(
         ls.lines()

@@ -242,7 +242,7 @@ fn a_container_removed_behind_our_back_is_shown_and_reclaimed() {
     f.ok(&["create", "g", "--branch", "g"]);
     let rm = docker(&["rm", "-f", &f.container("g")]);
     assert!(rm.status.success());
-    let ls = f.ok(&["ls"]);
+    let ls = f.ok(&["ls", "--no-header"]);
     assert!(ls.starts_with("g\tg\tlost\t"), "{ls}");
     let o = f.sb(&["exec", "g", "--", "true"]);
     assert_eq!(code(&o), Some(66), "{}", err(&o));
@@ -254,7 +254,8 @@ fn a_container_removed_behind_our_back_is_shown_and_reclaimed() {
     );
     assert!(f.leftovers().is_empty(), "{:?}", f.leftovers());
     assert!(f.host_leftovers().is_empty(), "{:?}", f.host_leftovers());
-    assert_eq!(f.ok(&["ls"]), "");
+    assert_eq!(f.ok(&["ls", "--no-header"]), "");
+    assert_eq!(f.ok(&["ls"]).lines().count(), 1, "the header alone");
     // A second gc has nothing to do.
     assert_eq!(f.ok(&["gc"]), "");
 }

@@ -79,7 +79,7 @@ fn egress_sandbox_reaches_its_allow_list_only_and_leaves_nothing_behind() {
         exists("container", &proxy) && exists("network", &network),
         "create made the proxy and the network"
     );
-    let ls = f.ok(&["ls"]);
+    let ls = f.ok(&["ls", "--no-header"]);
     assert!(ls.starts_with("t\tt\trunning\t-\tegress\t"), "{ls}");
     // The proxy relays requests, never packets (issue 15).
     let fwd = text(&docker(&[

@@ -97,7 +97,14 @@ fn create_clones_onto_the_branch_and_push_sends_only_it() {
     );
     assert_eq!(git(&f.proj, &["rev-parse", "--abbrev-ref", "HEAD"]), "main");
 
-    let ls = f.ok(&["ls"]);
+    // A header names the columns; --no-header leaves it out for scripts.
+    let with_header = f.ok(&["ls"]);
+    assert!(
+        with_header.starts_with("NAME\tBRANCH\tSTATE\tPORTS\tNETWORK\tAGE\tUNPUSHED\tISOLATION\tSERVICES\n"),
+        "{with_header}"
+    );
+    let ls = f.ok(&["ls", "--no-header"]);
+    assert_eq!(with_header.lines().skip(1).count(), ls.lines().count());
     assert!(ls.starts_with("api\tlw/api\trunning\t-\t"), "{ls}");
     assert!(
         // ... the unpushed column (7th), and services (none) last.

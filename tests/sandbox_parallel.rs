@@ -198,7 +198,7 @@ fn gc_after_kill_9_mid_create_leaves_nothing_behind() {
     let gc = f.ok(&["gc"]);
     let reclaimed = gc.lines().count();
     // What survived a finished create is a real sandbox: only those may stay.
-    let ls = f.ok(&["ls"]);
+    let ls = f.ok(&["ls", "--no-header"]);
     let live: Vec<&str> = ls.lines().filter_map(|l| l.split('\t').next()).collect();
     for l in ls.lines() {
         assert!(

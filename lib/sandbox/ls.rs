@@ -10,6 +10,11 @@ use crate::egress;
 use crate::engine::{Isolation, NetworkEngine, PortMap};
 use crate::error::{Error, Result};
 
+
+/// The header `ls` prints above its lines (not with `--json` or
+/// `--no-header`): the columns of [`Status::line`], tab-separated.
+pub const HEADER: &str = "NAME\tBRANCH\tSTATE\tPORTS\tNETWORK\tAGE\tUNPUSHED\tISOLATION\tSERVICES";
+
 /// The state of a sandbox as `ls` shows it.
 #[derive(Clone, Debug)]
 pub struct Status {
@@ -208,7 +213,7 @@ impl Status {
     }
 
     /// The `ls` line: name, branch, state, ports, network, age, unpushed,
-    /// isolation, services; tab-separated.
+    /// isolation, services; tab-separated, under [`HEADER`].
     pub fn line(&self) -> String {
         let ports: Vec<String> = self
             .ports

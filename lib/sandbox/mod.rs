@@ -103,7 +103,7 @@ pub use crate::wall::{
     security_options,
 };
 pub use create::{ImageChoice, check_branch, parse_port, resolve_image};
-pub use ls::Status;
+pub use ls::{HEADER as LS_HEADER, Status};
 pub use record::{NameLock, Record};
 pub use settings::{
     DEFAULT_MEMORY, DEFAULT_PIDS, DEFAULT_TMP_SIZE, DEFAULT_UID, KEY_RUNTIME, Settings,
