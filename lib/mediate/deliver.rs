@@ -221,7 +221,7 @@ impl Mediator {
         let mut bytes = 0usize;
         for (k, name) in items {
             let (sender, ob) = (obs[*k].0.as_str(), &obs[*k].1);
-            match inspect(&ob.new, name) {
+            match inspect(&ob.new, name, sender == layout::MEDIATOR) {
                 Inspected::Gone => {}
                 Inspected::Bad(why, st) => c.quarantine(*k, sender, name, why, &st),
                 // The same id again, or the batch holds enough text: later.
