@@ -29,6 +29,7 @@ impl Mediator {
         for n in names {
             if let Inspected::Message(m) = inspect(&held.new, &n, true)
                 && m.from != layout::HUMAN
+                && m.from != layout::MEDIATOR
                 && !self.known.contains_key(super::mailbox_name(&m.from))
                 && rfs::statat(
                     &self.rootfd,
