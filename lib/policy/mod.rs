@@ -501,6 +501,22 @@ mod tests {
     }
 
     #[test]
+    fn the_radars_kinds_route_and_hold_but_bounce_does_not() {
+        let d = Policy::default();
+        assert_eq!(d.route(Kind::Conflict).value, Route::Named);
+        assert_eq!(d.route(Kind::ConflictCleared).value, Route::Named);
+        let p = Policy::parse(
+            "loopwright-policy 1\nroute conflict human\nhold kind conflict-cleared\n",
+            None,
+        )
+        .unwrap();
+        assert_eq!(p.route(Kind::Conflict).value, Route::Human);
+        assert_eq!(p.hold_kinds[0].value, Kind::ConflictCleared);
+        let errs = Policy::parse("loopwright-policy 1\nroute bounce named\n", None).unwrap_err();
+        assert!(errs[0].msg.contains("mediator's own"), "{errs:?}");
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
         assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));

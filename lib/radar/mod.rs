@@ -36,8 +36,12 @@
 //! crash, so a kill at any point neither loses nor repeats an announcement.
 //! One pass at a time: `ROOT/state/radar.lock`.
 
+mod pair;
 pub mod run;
+mod tell;
 pub mod verdict;
+
+pub use pair::compute_pair;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
@@ -49,8 +53,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Exit, Result};
-use crate::layout::{self, Root};
-use crate::message::{self, Kind, Message};
+use crate::layout::Root;
+use crate::message::{Kind, Message};
 pub use run::Limits;
 pub use verdict::{News, Verdict};
 
@@ -488,164 +492,6 @@ impl Radar {
             compute_pair(all, &self.limits, a, b, &heads[&a.name], &heads[&b.name])
         })
     }
-
-    fn recipients(&self, a: &Live, b: &Live) -> Vec<String> {
-        let mut to = vec![a.name.clone(), b.name.clone()];
-        if self.cc_human {
-            to.push(layout::HUMAN.into());
-        }
-        to
-    }
-
-    fn conflict_message(
-        &self,
-        a: &Live,
-        b: &Live,
-        heads: &[String; 2],
-        base: &str,
-        v: &Verdict,
-    ) -> Message {
-        let files: Vec<String> = v.files.iter().map(|f| f.path.clone()).collect();
-        let mut what = Vec::new();
-        if !v.files.is_empty() {
-            what.push(format!(
-                "{} file{} conflict",
-                v.files.len(),
-                if v.files.len() == 1 { "" } else { "s" }
-            ));
-        }
-        let scoped = v.a_in_b_scope.len() + v.b_in_a_scope.len();
-        if scoped > 0 {
-            what.push(format!(
-                "{scoped} path{} in the other's scope",
-                if scoped == 1 { "" } else { "s" }
-            ));
-        }
-        let mut subject = format!(
-            "conflict: {} ({}) and {} ({}): {}",
-            a.name,
-            a.branch,
-            b.name,
-            b.branch,
-            what.join(", ")
-        );
-        fit(&mut subject, message::MAX_SUBJECT);
-        let mut body = format!(
-            "The radar merged branch {} of {} (commit {}) with branch {} of {} (commit {}),\nfrom their merge base {}.\n",
-            a.branch, a.name, heads[0], b.branch, b.name, heads[1], base
-        );
-        if !v.files.is_empty() {
-            body.push_str("\nReal conflicts (what git merge would stop on):\n");
-            for f in &v.files {
-                let hunks = if f.hunks.is_empty() {
-                    String::new()
-                } else {
-                    let l: Vec<String> = f.hunks.iter().map(u32::to_string).collect();
-                    format!(
-                        ", {} hunk{} at merged line{} {}",
-                        f.hunks.len(),
-                        if f.hunks.len() == 1 { "" } else { "s" },
-                        if f.hunks.len() == 1 { "" } else { "s" },
-                        l.join(", ")
-                    )
-                };
-                body.push_str(&format!("  {} ({}{hunks})\n", f.path, f.kind));
-            }
-        }
-        for (who, other, paths) in [(a, b, &v.a_in_b_scope), (b, a, &v.b_in_a_scope)] {
-            if !paths.is_empty() {
-                body.push_str(&format!(
-                    "\n{} changed paths in the scope {} declared ({}):\n",
-                    who.name,
-                    other.name,
-                    other.scope.join(", ")
-                ));
-                for p in paths {
-                    body.push_str(&format!("  {p}\n"));
-                }
-            }
-        }
-        body.push_str(&format!(
-            "\nSee it yourself: git merge-tree --write-tree {} {}\nThis is said once; a change of the set is said again, and its end as conflict-cleared.\n",
-            heads[0], heads[1]
-        ));
-        fit(&mut body, message::MAX_BODY);
-        let mut refs: Vec<String> = files;
-        refs.extend(v.a_in_b_scope.iter().cloned());
-        refs.extend(v.b_in_a_scope.iter().cloned());
-        refs.sort();
-        refs.dedup();
-        refs.retain(|r| {
-            !r.is_empty() && r.len() <= message::MAX_REF && !r.chars().any(char::is_control)
-        });
-        refs.truncate(message::MAX_REFS);
-        self.message(a, b, Kind::Conflict, subject, body, refs)
-    }
-
-    fn cleared_message(
-        &self,
-        a: &Live,
-        b: &Live,
-        heads: &[String; 2],
-        prev: &PairState,
-    ) -> Message {
-        let mut subject = format!(
-            "conflict-cleared: {} ({}) and {} ({})",
-            a.name, a.branch, b.name, b.branch
-        );
-        fit(&mut subject, message::MAX_SUBJECT);
-        let mut refs: Vec<String> = prev.verdict.files.iter().map(|f| f.path.clone()).collect();
-        refs.extend(prev.verdict.a_in_b_scope.iter().cloned());
-        refs.extend(prev.verdict.b_in_a_scope.iter().cloned());
-        refs.sort();
-        refs.dedup();
-        refs.retain(|r| {
-            !r.is_empty() && r.len() <= message::MAX_REF && !r.chars().any(char::is_control)
-        });
-        refs.truncate(message::MAX_REFS);
-        let mut body = format!(
-            "Branch {} of {} (now commit {}) and branch {} of {} (now commit {}) merge cleanly,\nand neither changes paths in the other's scope.  What was announced before\n(commits {} and {}) is over: {}.\n",
-            a.branch,
-            a.name,
-            heads[0],
-            b.branch,
-            b.name,
-            heads[1],
-            prev.heads[0],
-            prev.heads[1],
-            if refs.is_empty() {
-                "-".to_string()
-            } else {
-                refs.join(", ")
-            }
-        );
-        fit(&mut body, message::MAX_BODY);
-        self.message(a, b, Kind::ConflictCleared, subject, body, refs)
-    }
-
-    fn message(
-        &self,
-        a: &Live,
-        b: &Live,
-        kind: Kind,
-        subject: String,
-        body: String,
-        refs: Vec<String>,
-    ) -> Message {
-        let now = crate::time::now();
-        Message {
-            version: message::VERSION,
-            id: crate::id::id_at(now, crate::id::random128()),
-            from: layout::MEDIATOR.into(),
-            to: self.recipients(a, b),
-            kind,
-            subject,
-            body,
-            refs,
-            in_reply_to: None,
-            created: crate::time::rfc3339(now),
-        }
-    }
 }
 
 /// Cuts `s` to at most `max` bytes, on a character boundary.
@@ -683,90 +529,6 @@ fn parallel<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T) -> R +
         .into_iter()
         .map(|r| r.expect("every item was computed"))
         .collect()
-}
-
-/// Runs one capped git in `repo`; its stdout, or why not.
-fn git_out(
-    repo: &Path,
-    limits: &Limits,
-    args: &[&str],
-    ok: &[i32],
-) -> std::result::Result<(i32, Vec<u8>), String> {
-    let mut c = run::git(repo);
-    c.args(args);
-    let r = run::run(c, limits).map_err(|e| format!("{}: {e}", args[0]))?;
-    let code = r.status.code().unwrap_or(-1);
-    if !ok.contains(&code) {
-        return Err(format!(
-            "{}: {}",
-            args[0],
-            crate::visible::visible(&crate::git::last_words(&r.stderr))
-        ));
-    }
-    Ok((code, r.stdout))
-}
-
-/// The merge base and verdict of one pair, computed in `all`.
-pub fn compute_pair(
-    all: &Path,
-    limits: &Limits,
-    a: &Live,
-    b: &Live,
-    ha: &str,
-    hb: &str,
-) -> std::result::Result<(String, Verdict), String> {
-    let (code, base) = git_out(all, limits, &["merge-base", ha, hb], &[0, 1])?;
-    if code == 1 {
-        return Err("no common history".into());
-    }
-    let base = String::from_utf8_lossy(&base).trim().to_string();
-    let (_, out) = git_out(
-        all,
-        limits,
-        &["merge-tree", "--write-tree", "-z", ha, hb],
-        &[0, 1],
-    )?;
-    let mt = verdict::parse_merge_tree(&out).map_err(|e| format!("merge-tree: {}", e.0))?;
-    let mut reads = 0;
-    let mut v = Verdict::from_merge(&mt, |p| {
-        reads += 1;
-        if reads > MAX_HUNK_FILES {
-            return vec![];
-        }
-        let spec = format!("{}:{p}", mt.tree);
-        match git_out(all, limits, &["cat-file", "blob", &spec], &[0]) {
-            Ok((_, blob)) => verdict::hunks(&blob),
-            Err(_) => vec![],
-        }
-    });
-    let changed = |h: &str| -> std::result::Result<Vec<String>, String> {
-        let (_, out) = git_out(
-            all,
-            limits,
-            &[
-                "diff-tree",
-                "-r",
-                "-z",
-                "--name-only",
-                "--no-renames",
-                &base,
-                h,
-            ],
-            &[0],
-        )?;
-        Ok(String::from_utf8_lossy(&out)
-            .split('\0')
-            .filter(|p| !p.is_empty())
-            .map(str::to_string)
-            .collect())
-    };
-    if !b.scope.is_empty() {
-        v.a_in_b_scope = verdict::in_scope(&changed(ha)?, &b.scope);
-    }
-    if !a.scope.is_empty() {
-        v.b_in_a_scope = verdict::in_scope(&changed(hb)?, &a.scope);
-    }
-    Ok((base, v))
 }
 
 /// Bytes of regular files under `dir` (links not followed).
