@@ -72,8 +72,7 @@ pub fn parse_merge_tree(out: &[u8]) -> Result<MergeTree, Unparsable> {
     r.conflicted.sort();
     r.conflicted.dedup();
     // Messages.
-    loop {
-        let Some(n) = fields.next() else { break };
+    while let Some(n) = fields.next() {
         if n.is_empty() {
             // The trailing NUL after the last message.
             continue;
@@ -312,7 +311,8 @@ mod tests {
             "CONFLICT (rename/rename): x renamed to y in A and to z in B.\n",
         ]);
         let clean_msgs = z(&[T, "", "1", "a.rs", "Auto-merging", "Auto-merging a.rs\n"]);
-        let cases: Vec<(&str, Vec<u8>, Vec<&str>, Vec<&str>)> = vec![
+        type Case<'a> = (&'a str, Vec<u8>, Vec<&'a str>, Vec<&'a str>);
+        let cases: Vec<Case> = vec![
             (
                 "clean, tree only",
                 format!("{T}\0").into_bytes(),
