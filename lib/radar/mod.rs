@@ -268,37 +268,53 @@ impl Radar {
                     continue;
                 }
             };
-            let prev = self.state.pairs.remove(&key).unwrap_or_default();
             let hs = [heads[&a.name].clone(), heads[&b.name].clone()];
-            let mut announced = prev.announced.clone();
-            match verdict::news(&prev.announced, &v) {
-                News::Quiet => {}
-                News::Conflict => {
-                    let m = self.conflict_message(a, b, &hs, &base, &v);
-                    self.state.outgoing.push(m);
-                    announced = v.key();
-                }
-                News::Cleared => {
-                    let m = self.cleared_message(a, b, &hs, &prev);
-                    self.state.outgoing.push(m);
-                    announced = vec![];
-                }
-            }
-            self.state.pairs.insert(
-                key,
-                PairState {
-                    input: input.clone(),
-                    heads: hs,
-                    base,
-                    verdict: v,
-                    announced,
-                },
-            );
+            self.judge(a, b, key, input.clone(), hs, base, v);
         }
         // Durable before delivered: a crash now delivers these next pass.
         self.save()?;
         self.deliver_outgoing(&mut report)?;
         Ok(report)
+    }
+
+    /// Records a pair's new verdict, and decides what to announce against
+    /// what was announced last (saved as outgoing, delivered after the save).
+    #[allow(clippy::too_many_arguments)]
+    fn judge(
+        &mut self,
+        a: &Live,
+        b: &Live,
+        key: String,
+        input: String,
+        hs: [String; 2],
+        base: String,
+        v: Verdict,
+    ) {
+        let prev = self.state.pairs.remove(&key).unwrap_or_default();
+        let mut announced = prev.announced.clone();
+        match verdict::news(&prev.announced, &v) {
+            News::Quiet => {}
+            News::Conflict => {
+                let m = self.conflict_message(a, b, &hs, &base, &v);
+                self.state.outgoing.push(m);
+                announced = v.key();
+            }
+            News::Cleared => {
+                let m = self.cleared_message(a, b, &hs, &prev);
+                self.state.outgoing.push(m);
+                announced = vec![];
+            }
+        }
+        self.state.pairs.insert(
+            key,
+            PairState {
+                input,
+                heads: hs,
+                base,
+                verdict: v,
+                announced,
+            },
+        );
     }
 
     /// Delivers the saved outgoing messages into the mediator's outbox,
