@@ -25,7 +25,8 @@
 //! nothing loaded); 66 a declared input, the `from` image or a layer to push
 //! or save is missing; 69 the engine, or for `push`/`pull` the cache, cannot be
 //! reached; 73 `init` would overwrite a file; 77 the cache refused the
-//! credentials; 78 the runtime definition or the cache setting is wrong.
+//! credentials; 78 the runtime definition or the cache setting is wrong, or
+//! `.loopwright/config` holds an unknown key.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -127,6 +128,10 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             ),
         )
     })?;
+    // The project's configuration is checked before anything is built or
+    // the engine is reached: an unknown key is 78 naming it.
+    let config = loopwright::config::Config::load(&root.join(loopwright::config::FILE))?;
+    host_authorities(&root, &config)?;
     let runtime = Runtime::load(&root)?;
     // Named kits are checked before anything is built (64 unknown, 78 bad).
     let kits = args
@@ -167,6 +172,34 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         build_kit(&engine, &runtime, &plan, kit, args.verbose, args.json, out)?;
     }
     Ok(Exit::Ok)
+}
+
+/// `build.ca = host`: the host's extra certificate authorities copied into
+/// the base layer's inputs before the plan is made (lib/init.rs), so a new
+/// or changed one rebuilds the image; `none` (or unset) leaves them out.
+fn host_authorities(root: &Path, config: &loopwright::config::Config) -> Result<()> {
+    let path = root.join(loopwright::config::FILE);
+    match config.get(loopwright::init::KEY_CA) {
+        None | Some("none") => Ok(()),
+        Some("host") => {
+            let cas = loopwright::init::host_authorities(Path::new(loopwright::init::HOST_CA_DIR));
+            let changed = loopwright::init::sync_authorities(root, &cas)?;
+            if changed > 0 {
+                eprintln!(
+                    "{PROG}: {} host certificate authorit{} copied into {} (build.ca = host)",
+                    cas.len(),
+                    if cas.len() == 1 { "y" } else { "ies" },
+                    loopwright::init::HOST_CA_COPY
+                );
+            }
+            Ok(())
+        }
+        Some(v) => Err(Error::config(format!(
+            "'{} = {v}' in '{}' is neither 'host' nor 'none'",
+            loopwright::init::KEY_CA,
+            path.display()
+        ))),
+    }
 }
 
 /// `load FILE`: the archive checked, then loaded; prints the tags.

@@ -27,8 +27,10 @@ fn main() -> ExitCode {
             args.remove(0);
         }
         Some("--help" | "-h") => {
+            // The description first, as clap's commands print it: `lw help`
+            // lists each command by the first line of its help.
             print!(
-                "{USAGE}\nRuns <command> under the sandboxes' seccomp profile (with no-new-privileges).\n"
+                "Run a command under the sandboxes' seccomp profile, with no-new-privileges\n\n{USAGE}"
             );
             return ExitCode::SUCCESS;
         }

@@ -72,9 +72,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
-    let dir = args
-        .mailbox
-        .ok_or_else(|| Error::usage("no mailbox: set LW_MAILBOX or pass --mailbox DIR"))?;
+    let dir = loopwright::post::mailbox_given(args.mailbox)?;
     if !dir.is_dir() {
         return Err(Error::new(
             Exit::NoInput,

@@ -24,7 +24,7 @@ use rmcp::ServiceExt;
 struct Args {
     /// The sandbox's mailbox directory (holds outbox/ and inbox/)
     #[arg(short, long, env = "LW_MAILBOX", value_name = "DIR")]
-    mailbox: PathBuf,
+    mailbox: Option<PathBuf>,
 
     /// Sender name written into posted messages; the mediator always uses
     /// the outbox's owner instead [default: $LW_SANDBOX, else the mailbox directory's name]
@@ -62,7 +62,8 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> Result<Exit> {
     let rate = Rate::parse(&args.rate).map_err(|m| Error::usage(format!("--rate: {m}")))?;
-    let from = loopwright::post::sender(&args.mailbox, args.from);
+    let mailbox = loopwright::post::mailbox_given(args.mailbox)?;
+    let from = loopwright::post::sender(&mailbox, args.from);
     let registry = args.registry.or_else(|| {
         let d = PathBuf::from(mcp::REGISTRY_DIR);
         d.is_dir().then_some(d)
@@ -75,7 +76,7 @@ fn run(args: Args) -> Result<Exit> {
     rt.block_on(async move {
         let (closed_tx, closed_rx) = tokio::sync::watch::channel(false);
         let transport = Stdio::new(tokio::io::stdin(), tokio::io::stdout(), closed_tx);
-        let door = Door::new(args.mailbox, from, branch, registry, rate, closed_rx);
+        let door = Door::new(mailbox, from, branch, registry, rate, closed_rx);
         let running = match door.serve(transport).await {
             Ok(r) => r,
             // The client left before initializing: nothing was asked.

@@ -113,6 +113,9 @@ enum Cmd {
         /// A path glob or named contract the sandbox owns, repeatable
         #[arg(long, value_name = "GLOB")]
         scope: Vec<String>,
+        /// A secret the sandbox holds, by name, repeatable (its value: the door's environment)
+        #[arg(long, value_name = "NAME")]
+        secret: Vec<String>,
     },
     /// Remove a sandbox from the registry (messages to it then bounce)
     Unregister {
@@ -148,18 +151,38 @@ fn main() -> ExitCode {
     loopwright::cli::run_main("lw-mediate", run)
 }
 
-/// The secret values the mediator keeps from leaving (lib/redact.rs): the
-/// project's `sandbox.secrets` and `door.secrets`, and the sync token, as
-/// this process's environment has them.
-fn door_secrets() -> Result<Secrets> {
+/// The secret values the mediator keeps from leaving (lib/redact): the
+/// names the root records (each sandbox's secrets and its project's), the
+/// project here, and the sync token, as this process's environment has them.
+fn door_secrets(root: &Root) -> Result<Secrets> {
     let env = |n: &str| std::env::var_os(n);
     let here = std::env::current_dir().unwrap_or_default();
-    let (mut s, mut warnings) = Secrets::for_project(&here, &env)?;
+    let (mut s, mut warnings) = Secrets::for_root(root, &here, &env)?;
     warnings.extend(s.add_env(&["GH_TOKEN".into(), "GITHUB_TOKEN".into()], &env));
     for w in warnings {
         eprintln!("lw-mediate: warning: {w}");
     }
     Ok(s)
+}
+
+/// Log bytes a sender may cause per hour: the project's `door.log-max`
+/// (`8m`, `512k`), else 8 MiB (lib/mediate/budget.rs).
+fn door_log_max() -> Result<u64> {
+    let here = std::env::current_dir().unwrap_or_default();
+    let Some(p) = loopwright::config::Project::find(&here)? else {
+        return Ok(mediate::DEFAULT_LOG_MAX);
+    };
+    match p.config.get("door.log-max") {
+        None => Ok(mediate::DEFAULT_LOG_MAX),
+        Some(v) => loopwright::wall::parse_bytes(v)
+            .and_then(|n| u64::try_from(n).ok())
+            .ok_or_else(|| {
+                Error::config(format!(
+                    "'door.log-max = {v}' in {}: expected a size above 0, such as 512k or 8m",
+                    p.top.join(loopwright::config::FILE).display()
+                ))
+            }),
+    }
 }
 
 fn root_of(args: &Args) -> Result<Root> {
@@ -200,9 +223,11 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             name,
             branch,
             scope,
+            secret,
         }) => {
             root.init()?;
-            let s = Sandbox::new(name, branch.clone(), scope.clone());
+            let mut s = Sandbox::new(name, branch.clone(), scope.clone());
+            s.secrets = secret.clone();
             let p = Registry::new(&root).register(&s)?;
             writeln!(out, "{}", p.display()).map_err(out_err)?;
             Ok(Exit::Ok)
@@ -248,8 +273,9 @@ fn run_mediator(args: &Args, root: Root, out: &mut dyn Write) -> Result<Exit> {
     let _lock = mediate::lock_mediator(&root)?;
     mediate::raise_open_files_limit();
     let (p, explicit) = policy_of(args);
-    let mut m = Mediator::open(root, Some(p), explicit)?;
-    m.secrets = door_secrets()?;
+    let mut m = Mediator::open(root.clone(), Some(p), explicit)?;
+    m.secrets = door_secrets(&root)?;
+    m.log_max = door_log_max()?;
     m.batch = args.batch;
     m.verbose = args.verbose;
     m.sync = if args.sync == "fs" {
@@ -287,8 +313,8 @@ fn run_release_or_drop(
     out: &mut dyn Write,
 ) -> Result<Exit> {
     let (p, explicit) = policy_of(args);
-    let mut m = Mediator::open(root, Some(p), explicit)?;
-    m.secrets = door_secrets()?;
+    let mut m = Mediator::open(root.clone(), Some(p), explicit)?;
+    m.secrets = door_secrets(&root)?;
     for id in ids {
         let e = match &args.cmd {
             Some(Cmd::Drop { reason, .. }) => m.drop_held(id, reason, out)?,

@@ -45,7 +45,7 @@ struct Args {
 
     /// The sandbox's mailbox directory (holds outbox/ and inbox/)
     #[arg(short, long, env = "LW_MAILBOX", value_name = "DIR")]
-    mailbox: PathBuf,
+    mailbox: Option<PathBuf>,
 
     /// Sender name written into the message; the mediator always uses the
     /// outbox's owner instead [default: $LW_SANDBOX, else the mailbox directory's name]
@@ -66,15 +66,17 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
-    // The kind is checked before a body is read from standard input.
+    // The kind and the mailbox are checked before a body is read from
+    // standard input.
     post::postable_kind(&args.kind)?;
+    let mailbox = post::mailbox_given(args.mailbox)?;
     let body = match args.body.as_deref() {
         Some("-") => message::read_body(&mut std::io::stdin().lock())?,
         Some(b) => b.to_string(),
         None if !cli::stdin_is_tty() => message::read_body(&mut std::io::stdin().lock())?,
         None => String::new(),
     };
-    let from = post::sender(&args.mailbox, args.from);
+    let from = post::sender(&mailbox, args.from);
     let req = post::Request {
         kind: args.kind,
         subject: args.subject,
@@ -83,7 +85,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         refs: args.refs,
         in_reply_to: args.reply_to,
     };
-    let posted = post::post(&args.mailbox, &from, req)?;
+    let posted = post::post(&mailbox, &from, req)?;
     let m = posted.message;
     let line = if args.json {
         serde_json::json!({

@@ -292,7 +292,9 @@ fn connect(args: &Args) -> Result<Box<dyn SandboxEngine>, Error> {
         Some(p) => p.clone(),
         None => std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
     };
-    let project = loopwright::config::Project::find(&start).ok().flatten();
+    // A configuration that does not parse (an unknown key) is refused here,
+    // before any engine is reached: 78, not a 69 that hides it.
+    let project = loopwright::config::Project::find(&start)?;
     loopwright::engine::connect_sandbox_engine(project.as_ref().map(|p| &p.config))
 }
 

@@ -18,6 +18,7 @@ use loopwright::cli::out_err;
 use loopwright::github::{Client, DEFAULT_API, Limits, Token, default_token_file};
 use loopwright::layout::Root;
 use loopwright::redact::Secrets;
+use loopwright::registry::Registry;
 use loopwright::sync::{self, Config, Event, Syncer};
 use loopwright::{Error, Exit, Result};
 
@@ -133,7 +134,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     limits.max_wait = Duration::from_secs(args.max_wait);
     limits.connect_timeout = Duration::from_secs(args.connect_timeout.max(1));
     limits.read_timeout = Duration::from_secs(args.read_timeout.max(1));
-    let mut secrets = door_secrets(&token)?;
+    let mut secrets = door_secrets(&root, &token)?;
     let mut client = Client::new(&api, token, limits, Default::default())?;
     if args.watch && args.time_limit.is_some() {
         return Err(Error::usage(
@@ -165,7 +166,10 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             let mut last_pull: Option<std::time::Instant> = None;
             sync::watch_dir(&dir, period, || {
                 let _l = sync::lock(&root, true)?;
-                let mut r = s.reload().and_then(|()| s.sync());
+                let mut r = s
+                    .reload()
+                    .and_then(|()| learn_secrets(&mut s))
+                    .and_then(|()| s.sync());
                 if r.is_ok() && federated && last_pull.is_none_or(|t| t.elapsed() >= period) {
                     last_pull = Some(std::time::Instant::now());
                     r = s.pull();
@@ -189,17 +193,30 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     Ok(status)
 }
 
-/// The secret values masked in everything posted: the token, and the
-/// project's `sandbox.secrets` and `door.secrets` as the environment has them.
-fn door_secrets(token: &Token) -> Result<Secrets> {
+/// The secret values masked in everything posted (lib/redact): the token,
+/// the names the root records (each sandbox's secrets and its project's)
+/// and the project here, as the environment has them.
+fn door_secrets(root: &Root, token: &Token) -> Result<Secrets> {
     let env = |n: &str| std::env::var_os(n);
     let here = std::env::current_dir().unwrap_or_default();
-    let (mut s, mut warnings) = Secrets::for_project(&here, &env)?;
+    let (mut s, mut warnings) = Secrets::for_root(root, &here, &env)?;
     warnings.extend(s.add("SYNC_TOKEN", token.value_for_masking()));
     for w in warnings {
         eprintln!("{PROG}: warning: {w}");
     }
     Ok(s)
+}
+
+/// Looks up the secrets of sandboxes registered since the last pass (a
+/// watcher's); one that cannot be resolved ends the watch with 78.
+fn learn_secrets(s: &mut Syncer) -> Result<()> {
+    let env = |n: &str| std::env::var_os(n);
+    let (good, _) = Registry::new(&s.root).list()?;
+    let dir = s.root.registry_dir();
+    for w in s.secrets.add_recorded(&dir, good.iter(), &env)? {
+        eprintln!("{PROG}: warning: {w}");
+    }
+    Ok(())
 }
 
 /// Prints the events gathered so far: records on stdout, problems on stderr.

@@ -15,7 +15,10 @@
 //! space around the key and the value is trimmed; the value is the rest of
 //! the line, taken literally (no quoting, no escapes, no inline comments).  A
 //! key given twice is an error, so that the file never means two things.
-//! Unknown keys are kept: each command reads the keys it knows.
+//! An unknown key is an error too (exit 78, naming the key, the file, the
+//! line and the closest known key): a misspelt `sandbx.memory` would
+//! otherwise be ignored and the sandbox silently get the default.  Every
+//! known key is in [`KNOWN`], the one table loopwright(7) lists.
 //!
 //! The project is found from the git top level (the nearest directory up
 //! from the current one that holds `.git`, as `git rev-parse --show-toplevel`
@@ -53,6 +56,30 @@ impl Config {
     /// Parses `text` with `key_ok` deciding which keys are valid (a service
     /// declaration's `env.NAME` keeps the variable's case, lib/service).
     pub fn parse_keys(text: &str, path: &Path, key_ok: &dyn Fn(&str) -> bool) -> Result<Config> {
+        Config::parse_checked(text, path, key_ok, &|_, _| None)
+    }
+
+    /// Parses a project's `.loopwright/config`: [`Config::parse`], and
+    /// every key must be a known one ([`KNOWN`]).
+    pub fn parse_project(text: &str, path: &Path) -> Result<Config> {
+        Config::parse_checked(text, path, &valid_key, &|key, line| {
+            unknown_key(key).map(|hint| {
+                Error::config(format!(
+                    "unknown key '{key}' in '{}' line {line}; {hint}",
+                    path.display()
+                ))
+            })
+        })
+    }
+
+    /// `key_ok` checks a key's syntax, `refuse` (given the key and its line
+    /// number) whether it is known.
+    fn parse_checked(
+        text: &str,
+        path: &Path,
+        key_ok: &dyn Fn(&str) -> bool,
+        refuse: &dyn Fn(&str, usize) -> Option<Error>,
+    ) -> Result<Config> {
         let mut values = BTreeMap::new();
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();
@@ -69,6 +96,9 @@ impl Config {
                     "invalid key '{key}' (use lower-case letters, digits, '-', '_' and '.')"
                 )));
             }
+            if let Some(e) = refuse(key, i + 1) {
+                return Err(e);
+            }
             if values
                 .insert(key.to_string(), value.trim().to_string())
                 .is_some()
@@ -82,10 +112,11 @@ impl Config {
         })
     }
 
-    /// Reads `path`; a missing file is an empty configuration.
+    /// Reads a project's `.loopwright/config` at `path` (every key known,
+    /// [`Config::parse_project`]); a missing file is an empty configuration.
     pub fn load(path: &Path) -> Result<Config> {
         match std::fs::read_to_string(path) {
-            Ok(text) => Config::parse(&text, path),
+            Ok(text) => Config::parse_project(&text, path),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Config {
                 values: BTreeMap::new(),
                 path: Some(path.to_path_buf()),
@@ -115,6 +146,131 @@ pub fn valid_key(key: &str) -> bool {
         && key
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
+}
+
+/// Every key `.loopwright/config` may hold.  An upper-case part stands
+/// for any name (`agent.KIT.ca`: `agent.claude.ca`); a last one may itself
+/// hold dots (`egress.host.NAME`: `egress.host.api.internal`).  The man
+/// page that documents each is named in loopwright(7), CONFIGURATION.
+pub const KNOWN: &[&str] = &[
+    // lw-sandbox(1), lw-service(1), lw-build(1): which engine and where.
+    "engine",
+    "engine.host",
+    "engine.kubeconfig",
+    "engine.context",
+    "engine.namespace",
+    // lw-mirror(1)
+    "mirror.path",
+    "mirror.url",
+    "mirror.fresh-within",
+    // lw-build(1)
+    "build.cache",
+    "build.cache-ca",
+    "build.ca",
+    // lw-sandbox(1)
+    "sandbox.cpus",
+    "sandbox.memory",
+    "sandbox.pids",
+    "sandbox.disk",
+    "sandbox.mail-disk",
+    "sandbox.tmp-size",
+    "sandbox.log-max-size",
+    "sandbox.log-max-file",
+    "sandbox.push-max",
+    "sandbox.uid",
+    "sandbox.ports",
+    "sandbox.runtime",
+    "sandbox.secrets",
+    "sandbox.install",
+    "sandbox.git-name",
+    "sandbox.git-email",
+    // lw-sandbox(1), AGENTS
+    "agent.KIT.upstream",
+    "agent.KIT.ca",
+    "agent.KIT.key-env",
+    "agent.KIT.key-file",
+    // lw-sandbox(1), EGRESS
+    "egress.allow",
+    "egress.allow.NAME",
+    "egress.host.NAME",
+    "egress.proxy-from",
+    "egress.network",
+    // lw-mediate(1), lw-sync(1): the door
+    "door.secrets",
+    "door.log-max",
+];
+
+/// Whether `key` is `pattern` ([`KNOWN`]) with its upper-case part, if any,
+/// filled in by a non-empty name.
+fn matches(pattern: &str, key: &str) -> bool {
+    let Some(at) = pattern.find(|c: char| c.is_ascii_uppercase()) else {
+        return pattern == key;
+    };
+    let end = pattern[at..]
+        .find(|c: char| !c.is_ascii_uppercase())
+        .map_or(pattern.len(), |n| at + n);
+    let (prefix, suffix) = (&pattern[..at], &pattern[end..]);
+    key.len() > prefix.len() + suffix.len()
+        && key.starts_with(prefix)
+        && key.ends_with(suffix)
+        && !key[prefix.len()..key.len() - suffix.len()].starts_with('.')
+        && !key[prefix.len()..key.len() - suffix.len()].ends_with('.')
+}
+
+/// `pattern` with its upper-case part filled from `key`, part for part (the
+/// last part takes the rest of `key`), so that `agnt.claude.ca` is compared
+/// with `agent.claude.ca` and not with `agent.KIT.ca`.
+fn fill(pattern: &str, key: &str) -> String {
+    let parts: Vec<&str> = pattern.split('.').collect();
+    let theirs: Vec<&str> = key.split('.').collect();
+    let mut out = Vec::with_capacity(parts.len());
+    for (i, p) in parts.iter().enumerate() {
+        let placeholder = p.bytes().all(|b| b.is_ascii_uppercase());
+        out.push(match (placeholder, i + 1 == parts.len()) {
+            (true, true) if theirs.len() > i => theirs[i..].join("."),
+            (true, false) if theirs.len() > i => theirs[i].to_string(),
+            _ => p.to_string(),
+        });
+    }
+    out.join(".")
+}
+
+/// None when `key` is known; else the hint that follows the refusal: the
+/// closest known key when it is close enough to be a slip.
+pub fn unknown_key(key: &str) -> Option<String> {
+    if KNOWN.iter().any(|p| matches(p, key)) {
+        return None;
+    }
+    let (best, d) = KNOWN
+        .iter()
+        .map(|p| fill(p, key))
+        .map(|c| (edit_distance(key, &c), c))
+        .min()
+        .map(|(d, c)| (c, d))
+        .expect("KNOWN is not empty");
+    Some(if d <= 3.max(key.len() / 3) {
+        format!("did you mean '{best}'?")
+    } else {
+        "loopwright(7) lists the known keys".to_string()
+    })
+}
+
+/// Levenshtein distance in characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (row[j + 1] + 1)
+                .min(row[j] + 1)
+                .min(diag + usize::from(ca != *cb));
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
 }
 
 /// A project: the top of a git checkout and its `.loopwright/config`.
@@ -187,6 +343,16 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
     Some(Duration::from_secs(total))
 }
 
+/// True for a name usable as an environment variable and a file name
+/// (secret names: letters, digits and `_`, not starting with a digit).
+pub fn valid_var_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 128
+        && (b[0].is_ascii_alphabetic() || b[0] == b'_')
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,6 +388,66 @@ mod tests {
         );
         let e = Config::parse("a = 1\na = 2\n", Path::new("f")).unwrap_err();
         assert_eq!(e.to_string(), "f:2: key 'a' given twice");
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_with_the_file_the_line_and_the_closest_key() {
+        let p = Path::new("/p/.loopwright/config");
+        for (text, msg) in [
+            (
+                "# c\nsandbox.cpus = 2\nsandbx.memory = 2g\n",
+                "unknown key 'sandbx.memory' in '/p/.loopwright/config' line 3; did you mean 'sandbox.memory'?",
+            ),
+            (
+                "sandbox.cpuz = 2\n",
+                "unknown key 'sandbox.cpuz' in '/p/.loopwright/config' line 1; did you mean 'sandbox.cpus'?",
+            ),
+            (
+                "agent.claude.upstrem = https://x\n",
+                "unknown key 'agent.claude.upstrem' in '/p/.loopwright/config' line 1; did you mean 'agent.claude.upstream'?",
+            ),
+            (
+                "egress.alow.npm = registry.npmjs.org:443\n",
+                "unknown key 'egress.alow.npm' in '/p/.loopwright/config' line 1; did you mean 'egress.allow.npm'?",
+            ),
+            (
+                "colour = blue\n",
+                "unknown key 'colour' in '/p/.loopwright/config' line 1; loopwright(7) lists the known keys",
+            ),
+        ] {
+            let e = Config::parse_project(text, p).unwrap_err();
+            assert_eq!(e.exit, Exit::Config, "{text}");
+            assert_eq!(e.msg, msg, "{text}");
+        }
+    }
+
+    #[test]
+    fn every_known_key_and_pattern_is_accepted() {
+        let text = "engine = docker\nengine.host = unix:///x\nmirror.fresh-within = 0\n\
+            build.cache-ca = ca.pem\nsandbox.git-email = a@b\nagent.claude.ca = c.pem\n\
+            agent.my-kit.key-file = k\negress.allow = a:443\negress.allow.npm = b:443\n\
+            egress.host.api.internal = 10.0.0.1\ndoor.secrets = A\ndoor.log-max = 1g\n";
+        let c = Config::parse_project(text, Path::new("c")).unwrap();
+        assert_eq!(c.iter().count(), 12);
+        for k in KNOWN
+            .iter()
+            .filter(|k| !k.bytes().any(|b| b.is_ascii_uppercase()))
+        {
+            assert!(unknown_key(k).is_none(), "{k}");
+        }
+        for bad in ["agent.ca", "agent..ca", "agent.x", "egress.host", "mirror"] {
+            assert!(unknown_key(bad).is_some(), "{bad}");
+        }
+        // Config::parse (kit files, mirror state) keeps any key.
+        assert!(Config::parse("colour = blue\n", Path::new("c")).is_ok());
+    }
+
+    #[test]
+    fn edit_distances() {
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("sandbx", "sandbox"), 1);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("é", "e"), 1);
     }
 
     #[test]

@@ -70,6 +70,11 @@ pub fn time_of(id: &str) -> Option<Duration> {
     ))
 }
 
+/// Reserved recipient names: the mediator itself and the human queue (here,
+/// not in `layout`, so that `message` needs no `layout`: no import circle).
+pub const MEDIATOR: &str = "mediator";
+pub const HUMAN: &str = "human";
+
 /// True for a valid sandbox name: 1-63 of `[a-z0-9._-]`, starting with a letter
 /// or digit.  Names become directory names, container names and git ref parts.
 pub fn valid_name(name: &str) -> bool {

@@ -16,6 +16,11 @@
 //!   state/                                mediator and sync state, lock files
 //! ```
 //!
+//! The root, `sandboxes/` and `state/` are mode 0700 and the records in
+//! `state/` 0600; `registry/` is 0755 with 0644 records, readable by the
+//! sandboxes' user through their read-only mount of it and by nobody else
+//! past the closed root.
+//!
 //! A sandbox sees only `sandboxes/NAME` (mounted as its `LW_MAILBOX`), which is
 //! why lw-post and lw-inbox take that directory and not the root.
 
@@ -25,8 +30,7 @@ use crate::error::{Error, Exit, Result};
 use crate::maildir::Maildir;
 
 /// Reserved recipient names: the mediator itself and the human queue.
-pub const MEDIATOR: &str = "mediator";
-pub const HUMAN: &str = "human";
+pub use crate::id::{HUMAN, MEDIATOR};
 
 /// The mailbox of one sandbox: the directory holding its `outbox/` and `inbox/`.
 #[derive(Clone, Debug)]
@@ -115,17 +119,36 @@ impl Root {
         Ok(())
     }
 
+    /// Makes `dir`, the root or a directory in it, with whatever is missing
+    /// between them: the root and each directory made in it mode 0700 (the
+    /// root's own parents as usual).  Existing ones keep their mode: `lw
+    /// doctor` fails one open to others.
+    pub fn make_dir(&self, dir: &Path) -> std::io::Result<()> {
+        if dir.is_dir() {
+            return Ok(());
+        }
+        if !self.dir.exists()
+            && let Some(parent) = self.dir.parent()
+            && !parent.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(parent)?;
+        }
+        crate::fs::private_dir(&self.dir)?;
+        crate::fs::private_dir(dir)
+    }
+
     /// Creates the directories and Maildirs a root holds (mailbox-spec.md,
     /// "The tree"); those already there are kept.  The root itself must exist.
+    /// `sandboxes/` and `state/` are closed (0700); `registry/` is 0755, its
+    /// records 0644, because each sandbox's user reads it through its own
+    /// read-only mount (`LW_REGISTRY`), which the closed root does not hinder.
     pub fn init(&self) -> Result<()> {
         self.check_exists()?;
-        for d in [self.sandboxes_dir(), self.registry_dir(), self.state_dir()] {
-            match std::fs::create_dir(&d) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(Error::io("cannot create", &d, e)),
-            }
+        for d in [self.sandboxes_dir(), self.state_dir()] {
+            self.make_dir(&d)
+                .map_err(|e| Error::io("cannot create", &d, e))?;
         }
+        make_registry_dir(&self.registry_dir())?;
         for m in [
             self.human(),
             self.human_outbox(),
@@ -144,6 +167,18 @@ impl Root {
     }
     pub fn path(&self) -> &Path {
         &self.dir
+    }
+}
+
+/// Makes the registry directory, mode 0755 whatever the umask, when it is
+/// missing (see [`Root::init`]).
+pub fn make_registry_dir(d: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    match std::fs::create_dir(d) {
+        Ok(()) => std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| Error::io("cannot set the mode of", d, e)),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(Error::io("cannot create", d, e)),
     }
 }
 

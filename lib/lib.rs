@@ -21,6 +21,7 @@ pub mod group;
 pub mod id;
 pub mod image;
 pub mod inbox;
+pub mod init;
 pub mod layout;
 pub mod log;
 pub mod maildir;

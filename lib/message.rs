@@ -146,9 +146,8 @@ pub fn valid_party(name: &str) -> bool {
 /// never are.
 pub fn split_qualified(name: &str) -> Option<(&str, &str)> {
     let (h, n) = name.split_once('/')?;
-    let plain = |x: &str| {
-        crate::id::valid_name(x) && x != crate::layout::MEDIATOR && x != crate::layout::HUMAN
-    };
+    let plain =
+        |x: &str| crate::id::valid_name(x) && x != crate::id::MEDIATOR && x != crate::id::HUMAN;
     (plain(h) && plain(n)).then_some((h, n))
 }
 

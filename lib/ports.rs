@@ -100,7 +100,7 @@ impl Leases {
 
     fn locked(&self) -> Result<File> {
         if let Some(dir) = self.path.parent() {
-            fs::create_dir_all(dir).map_err(|e| Error::io("cannot create", dir, e))?;
+            crate::fs::private_dir(dir).map_err(|e| Error::io("cannot create", dir, e))?;
         }
         crate::fs::lock(&self.lock).map_err(|e| Error::lock(&self.lock, e))
     }
@@ -222,7 +222,7 @@ impl Leases {
         crate::fs::write_replace(
             &self.path,
             text.as_bytes(),
-            0o644,
+            0o600,
             crate::fs::Durability::Synced,
         )
         .map_err(|e| Error::io("cannot write", &self.path, e))

@@ -67,9 +67,28 @@ pub fn sender(mailbox: &Path, from: Option<String>) -> String {
     }
 }
 
+/// The mailbox a command was given (`--mailbox`, else `LW_MAILBOX`), or the
+/// usage error that says how to give one: inside a sandbox `LW_MAILBOX` is
+/// set; on the host it must name `ROOT/sandboxes/NAME`.
+pub fn mailbox_given(flag: Option<PathBuf>) -> Result<PathBuf> {
+    flag.filter(|m| !m.as_os_str().is_empty()).ok_or_else(|| {
+        Error::usage(
+            "no mailbox: LW_MAILBOX is not set (a sandbox sets it); on the host pass --mailbox ROOT/sandboxes/NAME or set LW_MAILBOX to it",
+        )
+    })
+}
+
 /// Validates `req` completely, then delivers it into `mailbox`'s outbox.
+/// A `request` or `handoff` names its recipients: with none it would only
+/// reach the mediator and bounce later, so it is refused now (64).
 pub fn post(mailbox: &Path, from: &str, req: Request) -> Result<Posted> {
     let kind = postable_kind(&req.kind)?;
+    if req.to.is_empty() && matches!(kind, Kind::Request | Kind::Handoff) {
+        return Err(Error::usage(format!(
+            "a {} needs a recipient: name it with --to NAME (lw-mcp: the `to` argument)",
+            kind.as_str()
+        )));
+    }
     let to = if req.to.is_empty() {
         vec![layout::MEDIATOR.to_string()]
     } else {

@@ -9,17 +9,32 @@
 //! (lib/sandbox/disk.rs), which is also why nothing there can be linked from
 //! elsewhere.  A symbolic link is made again, unfollowed.  A
 //! FIFO or socket leaves a note in its place.  The source goes once its
-//! replacement is durable.  A directory is renamed when it can be and left
-//! where it is when it cannot (another filesystem).
+//! replacement is durable.  A directory is renamed when it can be.  On
+//! another filesystem (a sandbox's mail dir always is) it cannot: a note
+//! listing what it held (at most [`NOTE_LINES`] lines) takes its place, and
+//! the directory is removed by a walk of directory descriptors, each opened
+//! `O_DIRECTORY|O_NOFOLLOW` beneath its parent's, so a link inside is
+//! unlinked, never followed (this runs as root, on a tree the sandbox owns).
+//! The walk is bounded ([`MAX_DEPTH`] levels, [`MAX_ENTRIES`] entries); a
+//! tree beyond the bounds, or one that cannot be removed, is an error and
+//! the caller leaves it (lib/mediate says it once and never tries again).
 
 use std::ffi::OsStr;
+use std::io;
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
 /// The most of a bad file the quarantine keeps.
 pub const KEEP: u64 = 16 << 20;
+/// Lines of a planted directory's note that name what it held.
+pub const NOTE_LINES: usize = 100;
+/// Levels below a planted directory that are walked to remove it.
+pub const MAX_DEPTH: usize = 32;
+/// Entries of a planted directory that are walked to remove it.
+pub const MAX_ENTRIES: usize = 100_000;
 
 /// Takes `name` from `from_dir` into `to_dir` as `to_name`.  Ok(false) when
 /// the source is gone (taken already).
@@ -28,11 +43,11 @@ pub fn take(
     name: &OsStr,
     to_dir: &OwnedFd,
     to_name: &OsStr,
-) -> rustix::io::Result<bool> {
+) -> io::Result<bool> {
     let st = match rfs::statat(from_dir, name, AtFlags::SYMLINK_NOFOLLOW) {
         Ok(st) => st,
         Err(Errno::NOENT) => return Ok(false),
-        Err(e) => return Err(e),
+        Err(e) => return Err(e.into()),
     };
     match FileType::from_raw_mode(st.st_mode) {
         FileType::RegularFile => {
@@ -45,7 +60,7 @@ pub fn take(
                     }
                     Err(Errno::NOENT) => return Ok(false),
                     Err(Errno::XDEV) => {}
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(e.into()),
                 }
             }
             let src = rfs::openat(
@@ -86,7 +101,8 @@ pub fn take(
             ) {
                 Ok(()) => Ok(true),
                 Err(Errno::NOENT) => Ok(false),
-                Err(e) => Err(e),
+                Err(Errno::XDEV) => note_and_remove(from_dir, name, &st, to_dir, to_name),
+                Err(e) => Err(e.into()),
             };
         }
         _ => {
@@ -100,8 +116,153 @@ pub fn take(
     }
     match rfs::unlinkat(from_dir, name, AtFlags::empty()) {
         Ok(()) | Err(Errno::NOENT) => Ok(true),
-        Err(e) => Err(e),
+        Err(e) => Err(e.into()),
     }
+}
+
+/// A planted directory on another filesystem: a note of what it held, made
+/// durable, then the directory removed.  The note is kept when a crash came
+/// between the two (a later call finds it and goes on with the removal).
+fn note_and_remove(
+    from_dir: &OwnedFd,
+    name: &OsStr,
+    st: &rfs::Stat,
+    to_dir: &OwnedFd,
+    to_name: &OsStr,
+) -> io::Result<bool> {
+    let dir = match open_beneath(from_dir, name) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    // The directory may have been swapped since it was looked at.
+    let now = rfs::fstat(&dir)?;
+    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) {
+        return Err(io::Error::other("changed while being taken"));
+    }
+    let mut w = Walk::default();
+    walk(&dir, "", 0, &mut w, false)?;
+    let mut note = String::from(
+        "a directory, not a message file, on another file system than the quarantine: \
+         not kept; what it held is listed below, and the directory is removed from the outbox\n",
+    );
+    note += &format!("it held {} entries ({} listed)\n", w.entries, w.lines.len());
+    for l in &w.lines {
+        note += l;
+        note.push('\n');
+    }
+    if let Some(why) = &w.beyond {
+        note += &format!("not walked further: {why}\n");
+    }
+    match create(to_dir, to_name) {
+        Ok(dst) => {
+            write_all(&dst, note.as_bytes())?;
+            rfs::fsync(&dst)?;
+            rfs::fsync(to_dir)?;
+        }
+        Err(Errno::EXIST) => {}
+        Err(e) => return Err(e.into()),
+    }
+    walk(&dir, "", 0, &mut Walk::default(), true)?;
+    drop(dir);
+    match rfs::unlinkat(from_dir, name, AtFlags::REMOVEDIR) {
+        Ok(()) | Err(Errno::NOENT) => Ok(true),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A directory beneath `dir`, never through a link.
+fn open_beneath(dir: &OwnedFd, name: &OsStr) -> rustix::io::Result<OwnedFd> {
+    rfs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+}
+
+/// What a walk of a planted directory saw.
+#[derive(Default)]
+struct Walk {
+    entries: usize,
+    lines: Vec<String>,
+    /// Why the walk stopped short, if it did.
+    beyond: Option<String>,
+}
+
+/// Walks `dir` (at `prefix` below the planted directory): lists what it
+/// holds into `w`, or, with `remove`, unlinks it all, depth first.  Nothing
+/// is opened but directories, each beneath its parent's descriptor.
+fn walk(dir: &OwnedFd, prefix: &str, depth: usize, w: &mut Walk, remove: bool) -> io::Result<()> {
+    // Beyond the bounds a listing says so and stops; a removal fails.
+    let beyond = |w: &mut Walk, why: String| {
+        if remove {
+            return Err(io::Error::other(why));
+        }
+        w.beyond.get_or_insert(why);
+        Ok(())
+    };
+    if depth >= MAX_DEPTH {
+        return beyond(
+            w,
+            format!("'{prefix}' is more than {MAX_DEPTH} levels deep"),
+        );
+    }
+    let mut names = Vec::new();
+    for ent in rfs::Dir::read_from(dir)? {
+        let ent = ent?;
+        let n = ent.file_name().to_bytes();
+        if n == b"." || n == b".." {
+            continue;
+        }
+        w.entries += 1;
+        if w.entries > MAX_ENTRIES {
+            return beyond(w, format!("it holds more than {MAX_ENTRIES} entries"));
+        }
+        names.push(OsStr::from_bytes(n).to_os_string());
+    }
+    for n in names {
+        let st = match rfs::statat(dir, &n, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(Errno::NOENT) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let path = format!("{prefix}{}", crate::maildir::escape_name(&n));
+        let ft = FileType::from_raw_mode(st.st_mode);
+        if !remove && w.lines.len() < NOTE_LINES {
+            w.lines.push(match ft {
+                FileType::Directory => format!("{path}/"),
+                FileType::Symlink => {
+                    let to = rfs::readlinkat(dir, &n, Vec::new())
+                        .map(|t| crate::maildir::escape_name(OsStr::from_bytes(t.as_bytes())))
+                        .unwrap_or_default();
+                    format!("{path} -> {to} (a symbolic link, not followed)")
+                }
+                FileType::RegularFile => format!("{path} ({} bytes)", st.st_size),
+                _ => format!("{path} (a FIFO, socket or device)"),
+            });
+        }
+        if ft == FileType::Directory {
+            let sub = match open_beneath(dir, &n) {
+                Ok(fd) => fd,
+                Err(Errno::NOENT) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            walk(&sub, &format!("{path}/"), depth + 1, w, remove)?;
+        }
+        if remove {
+            let flags = if ft == FileType::Directory {
+                AtFlags::REMOVEDIR
+            } else {
+                AtFlags::empty()
+            };
+            match rfs::unlinkat(dir, &n, flags) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(())
 }
 
 fn create(dir: &OwnedFd, name: &OsStr) -> rustix::io::Result<OwnedFd> {
@@ -170,5 +331,70 @@ mod tests {
         assert_eq!((m.mode() & 0o7777, m.nlink()), (0o600, 1));
         assert!(!d.join("out/bad").exists());
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A planted directory on another filesystem than `q/`: `/dev/shm` is a
+    /// tmpfs of its own where the scratch directory is not (else None).
+    fn across_filesystems(tag: &str) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+        let d = planted(tag);
+        let shm = std::path::Path::new("/dev/shm").join(format!("{tag}-{}", crate::id::new_id()));
+        std::fs::create_dir_all(shm.join("out")).ok()?;
+        let dev = |p: &std::path::Path| std::fs::metadata(p).unwrap().dev();
+        if dev(&shm) == dev(&d) {
+            eprintln!("{tag}: /dev/shm and the temporary directory are one file system; skipped");
+            return None;
+        }
+        Some((d, shm))
+    }
+
+    #[test]
+    fn a_directory_on_another_filesystem_leaves_a_note_and_goes_without_following_a_link() {
+        let Some((d, shm)) = across_filesystems("lw-quarantine-dir") else {
+            return;
+        };
+        let canary = d.join("canary");
+        std::fs::write(&canary, b"host file").unwrap();
+        let planted = shm.join("out/P");
+        std::fs::create_dir_all(planted.join("sub/deeper")).unwrap();
+        std::fs::write(planted.join("a"), b"aaa").unwrap();
+        std::fs::write(planted.join("sub/deeper/b"), b"b").unwrap();
+        std::os::unix::fs::symlink(&canary, planted.join("sub/link")).unwrap();
+        std::os::unix::fs::symlink(&d, planted.join("dirlink")).unwrap();
+        let (from, to) = (dir(&shm, "out"), dir(&d, "q"));
+        assert!(take(&from, OsStr::new("P"), &to, OsStr::new("Q1")).unwrap());
+        assert!(!planted.exists(), "removed");
+        assert_eq!(std::fs::read(&canary).unwrap(), b"host file");
+        assert!(d.join("q").is_dir() && d.join("out/bad").is_file());
+        let note = std::fs::read_to_string(d.join("q/Q1")).unwrap();
+        println!("{note}");
+        assert!(note.contains("it held 6 entries (6 listed)"), "{note}");
+        assert!(note.contains("sub/link -> ") && note.contains("not followed"));
+        assert!(note.contains("a (3 bytes)") && note.contains("sub/deeper/"));
+        let m = std::fs::metadata(d.join("q/Q1")).unwrap();
+        assert_eq!(m.mode() & 0o7777, 0o600);
+        // Taken already: nothing to do.
+        assert!(!take(&from, OsStr::new("P"), &to, OsStr::new("Q1")).unwrap());
+        std::fs::remove_dir_all(&d).unwrap();
+        std::fs::remove_dir_all(&shm).unwrap();
+    }
+
+    #[test]
+    fn a_directory_deeper_than_the_walk_goes_is_noted_and_left() {
+        let Some((d, shm)) = across_filesystems("lw-quarantine-deep") else {
+            return;
+        };
+        let mut p = shm.join("out/P");
+        for i in 0..MAX_DEPTH + 2 {
+            p = p.join(format!("d{i}"));
+        }
+        std::fs::create_dir_all(&p).unwrap();
+        let (from, to) = (dir(&shm, "out"), dir(&d, "q"));
+        let e = take(&from, OsStr::new("P"), &to, OsStr::new("Q1")).unwrap_err();
+        assert!(e.to_string().contains("levels deep"), "{e}");
+        assert!(shm.join("out/P").is_dir(), "left where it was");
+        let note = std::fs::read_to_string(d.join("q/Q1")).unwrap();
+        assert!(note.contains("not walked further"), "{note}");
+        std::fs::remove_dir_all(&d).unwrap();
+        std::fs::remove_dir_all(&shm).unwrap();
     }
 }

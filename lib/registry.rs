@@ -44,6 +44,18 @@ pub struct Sandbox {
     /// sandbox's messages into this mailbox's outbox.  Absent: this host's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// Names of the secrets the sandbox was given (values never are
+    /// recorded): the door must resolve each (lib/redact/names.rs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
+    /// Its project's `door.secrets` when it was made: the door must
+    /// resolve each too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub door_secrets: Vec<String>,
+    /// Its project's `sandbox.secrets` when it was made: the door watches
+    /// for those that are set.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_secrets: Vec<String>,
 }
 
 impl Sandbox {
@@ -55,6 +67,9 @@ impl Sandbox {
             scope,
             registered: crate::time::rfc3339(crate::time::now()),
             host: None,
+            secrets: Vec::new(),
+            door_secrets: Vec::new(),
+            allowed_secrets: Vec::new(),
         }
     }
 
@@ -89,6 +104,24 @@ impl Sandbox {
                 return Err(format!(
                     "scope entry '{}' is empty, too long or has a control character",
                     s.escape_debug()
+                ));
+            }
+        }
+        for (field, names) in [
+            ("secrets", &self.secrets),
+            ("door_secrets", &self.door_secrets),
+            ("allowed_secrets", &self.allowed_secrets),
+        ] {
+            if names.len() > MAX_SCOPE {
+                return Err(format!(
+                    "{field} has {} names; the limit is {MAX_SCOPE}",
+                    names.len()
+                ));
+            }
+            if let Some(n) = names.iter().find(|n| !crate::config::valid_var_name(n)) {
+                return Err(format!(
+                    "{field}: '{}' is not a secret name (letters, digits and '_', not starting with a digit)",
+                    n.escape_debug()
                 ));
             }
         }
@@ -146,7 +179,7 @@ impl Registry {
     /// (`sandboxes/NAME/{inbox,outbox}`) when missing.
     pub fn register(&self, sb: &Sandbox) -> Result<PathBuf> {
         sb.validate().map_err(Error::usage)?;
-        mkdir(&self.dir)?;
+        layout::make_registry_dir(&self.dir)?;
         mkdir(&self.sandboxes)?;
         let boxdir = layout::SandboxBox::new(self.sandboxes.join(&sb.name));
         mkdir(&boxdir.dir)?;
@@ -308,7 +341,7 @@ fn read_record(path: &Path) -> std::result::Result<Option<Sandbox>, String> {
     Ok(Some(sb))
 }
 
-/// Makes `p` with mode 0700: the registry, and the mail dirs under it.
+/// Makes `p` with mode 0700: `sandboxes/`, and the mail dirs in it.
 fn mkdir(p: &Path) -> Result<()> {
     use std::os::unix::fs::DirBuilderExt as _;
     match std::fs::DirBuilder::new().mode(0o700).create(p) {

@@ -51,11 +51,7 @@ impl fmt::Debug for Secret {
 
 /// True for a name usable as an environment variable and a file name.
 pub fn valid_name(name: &str) -> bool {
-    let b = name.as_bytes();
-    !b.is_empty()
-        && b.len() <= 128
-        && (b[0].is_ascii_alphabetic() || b[0] == b'_')
-        && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
+    crate::config::valid_var_name(name)
 }
 
 /// The names the project allows, in the order written.
@@ -167,6 +163,13 @@ mod tests {
             resolve(&["NPM_TOKEN".into()], &env).unwrap_err().exit,
             Exit::NoInput
         );
+    }
+
+    #[test]
+    fn the_door_reads_the_same_key() {
+        // lib/redact reads the allowed names itself (the door does not
+        // import the wall); both must name one key.
+        assert_eq!(KEY_ALLOWED, crate::redact::KEY_SANDBOX);
     }
 
     #[test]

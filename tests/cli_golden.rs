@@ -1,6 +1,7 @@
 //! Golden CLI tests: every command's `--help`, each subcommand's help, an
 //! unknown flag (exit 64) and the first errors a user meets, with their exit
-//! statuses (tests/cmd; cases written by scripts/goldens).  A change in
+//! statuses (tests/cmd; cases written by scripts/goldens, and `.trycmd`
+//! sequences written by hand).  A change in
 //! what a person sees fails here until the golden files are updated with
 //! `TRYCMD=overwrite cargo test --test cli_golden` and reviewed.
 
@@ -52,5 +53,18 @@ fn cli_goldens() {
             "lw-sync",
             std::path::Path::new(env!("CARGO_BIN_EXE_lw-sync")),
         )
-        .case("tests/cmd/*.toml");
+        .register_bin("git", on_path("git"))
+        .case("tests/cmd/*.toml")
+        .case("tests/cmd/*.trycmd");
+}
+
+/// `name` as found on PATH (a `.trycmd` case sets up a checkout with git).
+fn on_path(name: &str) -> std::path::PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(name))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| name.into())
 }

@@ -76,7 +76,7 @@ fn ok(o: &Output) {
 }
 
 #[test]
-fn a_flood_of_10000_posts_makes_at_most_2_comments_and_a_question_goes_first() {
+fn a_flood_of_10000_posts_makes_at_most_3_comments_and_a_question_goes_first() {
     let env = Env::new("flood");
     let root = Root::new(&env.root);
     register(&root, &["flood", "web", "api"]);
@@ -107,28 +107,37 @@ fn a_flood_of_10000_posts_makes_at_most_2_comments_and_a_question_goes_first() {
             .filter(|e| e.sender == "flood" && e.decision.action == a && e.decision.quiet == quiet)
             .count()
     };
-    let (fwd, held, refused) = (
+    let (fwd, held, quiet) = (
         count(Action::Forward, false),
         count(Action::Hold, false),
         count(Action::Bounce, true),
     );
+    // Refusals are counted, one entry a minute (issue 29, item 4): each
+    // used to be an entry of its own and a bounce file.
+    let counted: Vec<&Entry> = es
+        .iter()
+        .filter(|e| e.sender == "flood" && e.decision.action == Action::Bounce)
+        .collect();
+    let refused: usize = counted.iter().map(|e| refusals_in(e)).sum();
     let notices: Vec<&Entry> = es.iter().filter(|e| e.sender == "mediator").collect();
+    let log_bytes = du(&root.log_dir());
     println!(
-        "flood: {N} posts -> forwarded {fwd} (rate 120/60s), held {held} (cap 20), refused {refused}, notices {}; mediator {mediate_s:.1} s",
-        notices.len()
+        "flood: {N} posts -> forwarded {fwd} (rate 120/60s), held {held} (cap 20), refused {refused} in {} entries, notices {}; log {} KiB on disk ({} entries); mediator {mediate_s:.1} s",
+        counted.len(),
+        notices.len(),
+        log_bytes >> 10,
+        es.len()
     );
     assert_eq!(fwd, 120);
     assert_eq!(held, 20);
+    assert_eq!(quiet, 0, "no refusal is logged alone");
+    assert!((1..=2).contains(&counted.len()), "{}", counted.len());
     assert_eq!(fwd + held + refused, N);
     assert_eq!(notices.len(), 1, "one status message tells a person");
-    let reason = &es
-        .iter()
-        .find(|e| e.decision.quiet)
-        .unwrap()
-        .decision
-        .reason;
+    assert!(log_bytes < 2 << 20, "{log_bytes}");
+    let reason = &counted[0].decision.reason;
     assert!(reason.contains("the most allowed"), "{reason}");
-    // The refused posts went back to their sender, with the reason.
+    // The sender is told, once per counted entry, with the reason.
     let bounces = std::fs::read_dir(
         root.sandbox("flood")
             .inbox()
@@ -136,7 +145,7 @@ fn a_flood_of_10000_posts_makes_at_most_2_comments_and_a_question_goes_first() {
     )
     .unwrap()
     .count();
-    assert_eq!(bounces, refused);
+    assert_eq!(bounces, counted.len());
     // Copies of a flood body the root keeps outside the sender's own mailbox:
     // the 120 forwarded ones (log + web's inbox) and the 20 held ones (held/).
     let mut copies = 0;
@@ -155,7 +164,7 @@ fn a_flood_of_10000_posts_makes_at_most_2_comments_and_a_question_goes_first() {
     assert_eq!(copies, 120 * 2 + 20);
 
     // One sync run: the question and the notice are on GitHub, the flood
-    // makes at most two comments of held headers and the notice.
+    // makes at most three comments: held headers, the notice, the count.
     let t = Instant::now();
     let o = env.sync(&["--once", "--json"]);
     ok(&o);
@@ -163,6 +172,7 @@ fn a_flood_of_10000_posts_makes_at_most_2_comments_and_a_question_goes_first() {
     let comments = env.comments(1);
     let mut about_flood = 0;
     let mut question_in = None;
+    let mut counted_mirrored = 0;
     for (i, (_, body, _)) in comments.iter().enumerate() {
         let Some(Ok(secs)) = loopwright::sync::parse_comment(body) else {
             continue;
@@ -173,10 +183,15 @@ fn a_flood_of_10000_posts_makes_at_most_2_comments_and_a_question_goes_first() {
                 if h.id == q.id {
                     question_in = Some(i);
                 }
+                counted_mirrored += counted.iter().filter(|e| e.name == h.entry).count();
                 if h.sender == "mediator" || (h.sender == "flood" && h.action != Action::Forward) {
                     flood = true;
                     if h.sender == "flood" {
-                        assert!(s.chunk.is_empty(), "a held body left: {}", s.chunk);
+                        assert!(
+                            !s.chunk.contains("flood body"),
+                            "a held body left: {}",
+                            s.chunk
+                        );
                     }
                 }
             }
@@ -189,9 +204,147 @@ fn a_flood_of_10000_posts_makes_at_most_2_comments_and_a_question_goes_first() {
         comments.len() - about_flood,
         question_in.map_or("none".into(), |i| (i + 1).to_string())
     );
-    assert!(about_flood <= 2, "{about_flood}");
+    // The held headers, the status message to a person, and the counted
+    // refusals, each of these mirrored once.
+    assert!(about_flood <= 3, "{about_flood}");
+    assert_eq!(
+        counted_mirrored,
+        counted.len(),
+        "what was refused, mirrored once"
+    );
     assert_eq!(question_in, Some(0), "the question goes first");
     assert!(!comments.iter().any(|c| c.1.contains("flood body 9999")));
+}
+
+/// Issue 29, item 4: every post left a log entry of its own on the root's
+/// disk, outside every quota.  A sender's log bytes per hour are capped
+/// (`door.log-max`); past the cap its posts wait in its outbox, and a
+/// person (and the sender) are told once.
+#[test]
+fn a_flood_grows_the_log_by_at_most_door_log_max_and_the_rest_waits() {
+    let env = Env::new("budget");
+    let root = Root::new(&env.root);
+    register(&root, &["flood", "web"]);
+    let proj = env.dir.join("project");
+    std::fs::create_dir_all(proj.join(".loopwright")).unwrap();
+    assert!(
+        Command::new("git")
+            .args(["init", "-q"])
+            .arg(&proj)
+            .status()
+            .unwrap()
+            .success()
+    );
+    const CAP: u64 = 1 << 20;
+    std::fs::write(proj.join(".loopwright/config"), "door.log-max = 1m\n").unwrap();
+    // Nothing held or refused: every post would be forwarded and logged.
+    let policy = env.dir.join("policy");
+    std::fs::write(&policy, "loopwright-policy 1\nrate off\nduplicates off\n").unwrap();
+    let policy = policy.to_str().unwrap();
+    const N: usize = 10_000;
+    let flood: Vec<Message> = (0..N)
+        .map(|i| {
+            msg(
+                "web",
+                Kind::Request,
+                &format!("flood {i}"),
+                &format!("body {i}"),
+            )
+        })
+        .collect();
+    post_fast(&root, "flood", &flood);
+    let outbox = root
+        .sandbox("flood")
+        .outbox()
+        .sub(loopwright::maildir::Sub::New);
+    let before = du(&root.log_dir());
+
+    let t = Instant::now();
+    let o = mediate(&root, &proj, &[], &["--once", "--policy", policy]);
+    let secs = t.elapsed().as_secs_f64();
+    let after = du(&root.log_dir());
+    let es = entries(&root);
+    let fwd = es
+        .iter()
+        .filter(|e| e.sender == "flood" && e.decision.action == Action::Forward)
+        .count();
+    let waiting = std::fs::read_dir(&outbox).unwrap().count();
+    let notices: Vec<&Entry> = es.iter().filter(|e| e.sender == "mediator").collect();
+    println!(
+        "budget: {N} posts, door.log-max {} KiB: log {} KiB before, {} KiB after (+{} KiB on disk, {} entries); forwarded {fwd}, waiting {waiting}; notices {}; mediator {secs:.1} s",
+        CAP >> 10,
+        before >> 10,
+        after >> 10,
+        (after - before) >> 10,
+        es.len(),
+        notices.len()
+    );
+    assert!(
+        after - before <= CAP,
+        "the log grew by {} bytes",
+        after - before
+    );
+    assert_eq!(o.status.code(), Some(75), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("the posts of flood wait in its outbox until")
+            && text(&o.stderr).contains("log budget of 1 MiB for the hour (door.log-max)"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert!(fwd > 0, "the budget admits posts");
+    assert_eq!(fwd + waiting, N, "nothing lost: the rest waits");
+    assert_eq!(notices.len(), 1, "a person is told once");
+    let n = notices[0];
+    assert_eq!(
+        n.decision.to,
+        vec!["human".to_string(), "flood".to_string()]
+    );
+    assert!(
+        n.decision.reason.contains("door.log-max"),
+        "{}",
+        n.decision.reason
+    );
+    let in_queue = |d: loopwright::maildir::Maildir| {
+        std::fs::read_dir(d.sub(loopwright::maildir::Sub::New))
+            .unwrap()
+            .count()
+    };
+    assert_eq!(in_queue(root.human()), 1);
+    assert_eq!(
+        in_queue(root.sandbox("flood").inbox()),
+        1,
+        "the sender is told once"
+    );
+
+    // Another run in the same hour: the posts still wait, nobody is told again.
+    let o = mediate(&root, &proj, &[], &["--once", "--policy", policy]);
+    assert_eq!(o.status.code(), Some(75), "{}", text(&o.stderr));
+    assert_eq!(entries(&root).len(), es.len(), "nothing more logged");
+    assert_eq!(std::fs::read_dir(&outbox).unwrap().count(), waiting);
+    assert_eq!(in_queue(root.human()), 1);
+    assert_eq!(du(&root.log_dir()), after);
+}
+
+/// The posts a counted refusal entry stands for (`N posts refused`).
+fn refusals_in(e: &Entry) -> usize {
+    let m = e
+        .message
+        .as_ref()
+        .expect("a counted refusal carries its summary");
+    m.subject
+        .strip_suffix(" posts refused")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("not a counted refusal: {}", m.subject))
+}
+
+/// Bytes the files under `dir` take on disk.
+fn du(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    files_under(dir)
+        .iter()
+        .filter_map(|f| f.symlink_metadata().ok())
+        .map(|m| m.blocks() * 512)
+        .sum()
 }
 
 /// A git checkout with `.loopwright/config` naming secrets.
@@ -411,4 +564,27 @@ fn the_held_messages_of_a_removed_sandbox_are_archived() {
         drop.decision.reason
     );
     assert_eq!(drop.message.unwrap().body, "", "a drop entry keeps no body");
+}
+
+#[test]
+fn a_door_log_max_that_is_not_a_size_exits_78_naming_the_key() {
+    let env = Env::new("logmax");
+    let root = Root::new(&env.root);
+    register(&root, &["api"]);
+    let proj = project(&env.dir);
+    for bad in ["lots", "0", "-1m"] {
+        std::fs::write(
+            proj.join(".loopwright/config"),
+            format!("door.log-max = {bad}\n"),
+        )
+        .unwrap();
+        let o = mediate(&root, &proj, &[], &["--once"]);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(78), "{bad}: {err}");
+        assert!(
+            err.starts_with(&format!("lw-mediate: 'door.log-max = {bad}' in "))
+                && err.contains("expected a size above 0, such as 512k or 8m"),
+            "{err}"
+        );
+    }
 }

@@ -619,7 +619,10 @@ fn a_persons_answer_is_taken_by_the_host_that_asked_and_told_once() {
         text(&ob.stderr)
     );
     assert_eq!(
-        (by(LOGIN_A, "@mallory"), by(LOGIN_B, "@mallory")),
+        (
+            by(LOGIN_A, "mallory may not answer"),
+            by(LOGIN_B, "mallory may not answer")
+        ),
         (0, 1),
         "{notices:?}"
     );

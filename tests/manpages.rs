@@ -1,6 +1,7 @@
 //! Flags and man pages stay in step: every long flag a command's help shows
 //! (for the command and each subcommand) appears in its man page, and every
-//! page has the sections the project promises.
+//! page has the sections the project promises, and loopwright(7) lists every
+//! key .loopwright/config may hold.
 
 use std::path::Path;
 use std::process::Command;
@@ -132,6 +133,81 @@ fn overview_page_names_every_command() {
         assert!(
             page.contains(&format!(".BR {name} (1)")),
             "loopwright.7 does not mention {name}"
+        );
+    }
+}
+
+/// The man page's EXIT STATUS section of `bin` (to the next `.SH`).
+fn exit_status_section(bin: &str) -> String {
+    let page = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("man/{bin}.1"));
+    let text = std::fs::read_to_string(&page).unwrap_or_default();
+    text.split("\n.SH ")
+        .find(|s| s.starts_with("EXIT STATUS"))
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Every exit status a golden case pins (tests/cmd: what a command really
+/// exits for that input) is one its man page documents under EXIT STATUS.
+#[test]
+fn every_exit_status_the_goldens_pin_is_in_the_man_page() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cmd");
+    let mut missing = Vec::new();
+    let mut checked = 0;
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        let p = e.path();
+        if p.extension().is_none_or(|x| x != "toml") {
+            continue;
+        }
+        let case = std::fs::read_to_string(&p).unwrap();
+        let field = |k: &str| {
+            case.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map(|v| v.trim().trim_matches('"').to_string())
+        };
+        let (Some(bin), Some(code)) = (field("bin.name = "), field("status.code = ")) else {
+            continue;
+        };
+        let section = exit_status_section(&bin);
+        // Each status is the tag of a `.TP` paragraph: `64`, `.B 64`, or
+        // several at once, `.B 126, 127`.
+        let lines: Vec<&str> = section.lines().collect();
+        let documented = lines.windows(2).any(|w| {
+            w[0] == ".TP"
+                && w[1]
+                    .trim_start_matches(".BR ")
+                    .trim_start_matches(".B ")
+                    .split([' ', ','])
+                    .any(|t| t.trim_matches('"') == code)
+        });
+        checked += 1;
+        if !documented {
+            missing.push(format!(
+                "{}: {bin} exits {code}, which man/{bin}.1 EXIT STATUS does not document",
+                p.file_name().unwrap().to_string_lossy()
+            ));
+        }
+    }
+    println!("exit statuses checked against man pages: {checked}");
+    assert!(checked > 20, "only {checked} golden cases with a status");
+    assert!(missing.is_empty(), "{missing:#?}");
+}
+
+#[test]
+fn every_configuration_key_is_in_loopwright_7() {
+    let page =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("man/loopwright.7"))
+            .unwrap()
+            .replace("\\-", "-");
+    let section = page
+        .split(".SH CONFIGURATION")
+        .nth(1)
+        .and_then(|s| s.split("\n.SH ").next())
+        .expect("loopwright.7 has a CONFIGURATION section");
+    for key in loopwright::config::KNOWN {
+        assert!(
+            section.contains(key),
+            "loopwright.7 CONFIGURATION does not list {key}"
         );
     }
 }

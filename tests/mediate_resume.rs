@@ -146,3 +146,58 @@ fn an_interrupted_release_is_finished_by_the_next_pass() {
         .collect();
     assert_eq!(acts, [Action::Hold, Action::Release]);
 }
+
+/// Issue 29, item 4: refusals are counted, not logged one by one.  A crash
+/// after the count was made durable and before the posts were claimed must
+/// not count them twice: the restart claims them, and the count logged at
+/// the end says each once.
+#[test]
+fn refusals_counted_before_a_crash_are_counted_once() {
+    let root = root_with("resume-refused", &["a", "b"]);
+    let policy = root.dir.parent().unwrap().join("policy");
+    let text = "loopwright-policy 1\nrate off\nduplicates off\nhold sender a\nheld-max 2\n";
+    std::fs::write(&policy, text).unwrap();
+    const N: usize = 10;
+    for i in 0..N {
+        post(
+            &root,
+            "a",
+            &message("a", &["b"], Kind::Request, &format!("r{i}")),
+        );
+    }
+    let mut m =
+        loopwright::mediate::Mediator::open(root.clone(), Some(policy.clone()), true).unwrap();
+    m.batch_hook = Some(Box::new(|step, _| {
+        if step == "delivered" {
+            panic!("killed after delivery, before the claim");
+        }
+    }));
+    let crashed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        m.drain(&mut std::io::sink())
+    }));
+    assert!(crashed.is_err(), "the hook ends the run");
+    drop(m);
+    let new = root.sandbox("a").outbox().sub(Sub::New);
+    assert_eq!(names(&new).len(), N, "nothing claimed before the crash");
+
+    once(&root, text);
+    assert!(names(&new).is_empty());
+    let es = entries(&root);
+    let held = es
+        .iter()
+        .filter(|e| e.decision.action == Action::Hold)
+        .count();
+    let counts: Vec<&str> = es
+        .iter()
+        .filter(|e| e.sender == "a" && e.decision.action == Action::Bounce)
+        .map(|e| e.message.as_ref().unwrap().subject.as_str())
+        .collect();
+    println!("after the crash: held {held}, counted {counts:?}");
+    assert_eq!(held, 2);
+    assert_eq!(counts, vec![format!("{} posts refused", N - 2)]);
+    assert_eq!(
+        names(&root.sandbox("a").inbox().sub(Sub::New)).len(),
+        1,
+        "one bounce tells the sender"
+    );
+}

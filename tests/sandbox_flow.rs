@@ -288,6 +288,58 @@ fn secrets_reach_only_the_sandbox_tmpfs() {
         .expect("runs");
     assert!(o.status.success(), "{}", err(&o));
     assert!(!err(&o).contains(&value) && !text(&o).contains(&value));
+    // The root records the name (never the value), so the door knows it
+    // from any directory: from / without the value it refuses (78), with
+    // it, it masks it (issue 29).
+    let rec: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(f.root.join("registry/s.json")).expect("a registry record"),
+    )
+    .unwrap();
+    assert_eq!(
+        rec["secrets"],
+        serde_json::json!(["LW_TEST_TOKEN"]),
+        "{rec}"
+    );
+    assert_eq!(
+        rec["allowed_secrets"],
+        serde_json::json!(["LW_TEST_TOKEN"]),
+        "{rec}"
+    );
+    let door = |value: Option<&str>| {
+        let mut c = std::process::Command::new(bin("lw-mediate"));
+        c.args(["--once", "--root"]).arg(&f.root).current_dir("/");
+        match value {
+            Some(v) => c.env("LW_TEST_TOKEN", v),
+            None => c.env_remove("LW_TEST_TOKEN"),
+        };
+        c.output().expect("lw-mediate runs")
+    };
+    let o = door(None);
+    assert_eq!(o.status.code(), Some(78), "{}", err(&o));
+    assert!(
+        err(&o).contains("cannot resolve secret LW_TEST_TOKEN"),
+        "{}",
+        err(&o)
+    );
+    let (code, _, e) = f.sh(
+        "s",
+        "lw-post --to human --kind question --subject q \"$(base64 /run/secrets/LW_TEST_TOKEN)\"",
+    );
+    assert_eq!(code, 0, "{e}");
+    let o = door(Some(&value));
+    assert!(o.status.success(), "{}", err(&o));
+    let log = std::process::Command::new(bin("lw-mediate"))
+        .args(["log", "--root"])
+        .arg(&f.root)
+        .current_dir("/")
+        .env("LW_TEST_TOKEN", &value)
+        .output()
+        .expect("lw-mediate runs");
+    assert!(
+        text(&log).contains("contains secret LW_TEST_TOKEN"),
+        "{}",
+        text(&log)
+    );
     let (code, out, e) = f.sh("s", "cat /run/secrets/LW_TEST_TOKEN; echo; stat -c '%a %u' /run/secrets/LW_TEST_TOKEN; grep -c LW_TEST_TOKEN /proc/1/environ || true");
     assert_eq!(code, 0, "{e}");
     let lines: Vec<&str> = out.lines().collect();
@@ -423,6 +475,72 @@ fn a_message_posted_in_one_sandbox_is_read_in_another_through_the_mediator() {
     assert_eq!(code, 0, "{e}");
     assert_eq!(f.sh("b", "lw-inbox").1, "");
     f.ok(&["rm", "a", "b"]);
+}
+
+/// Issue 29, item 7: `create` on a new root made the root, `sandboxes/`,
+/// `state/` 0755 and the records 0644, and `lw doctor` passed a root open to
+/// everyone.  Now they are 0700/0600, the registry stays readable by the
+/// sandbox through its mount, and doctor fails a wider root with the fix.
+#[test]
+fn a_new_root_is_closed_and_the_sandbox_still_reads_the_registry() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let f = Fixture::new("modes");
+    std::fs::remove_dir(&f.root).expect("the fixture's root is empty");
+    f.ok(&[
+        "create",
+        "api",
+        "--branch",
+        "lw/api",
+        "--scope",
+        "src/api/**",
+    ]);
+    let mode = |p: &str| {
+        std::fs::metadata(f.root.join(p))
+            .unwrap_or_else(|e| panic!("{p}: {e}"))
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    for (p, want) in [
+        ("", 0o700),
+        ("sandboxes", 0o700),
+        ("state", 0o700),
+        ("state/sandbox", 0o700),
+        ("state/sandbox/api.json", 0o600),
+        ("registry", 0o755),
+        ("registry/api.json", 0o644),
+    ] {
+        assert_eq!(mode(p), want, "{p} is {:o}", mode(p));
+    }
+    // The sandbox's user reads its peers through its read-only mount.
+    let (code, out, e) = f.sh("api", "cat $LW_REGISTRY/api.json");
+    assert_eq!(code, 0, "{e}");
+    assert!(out.contains("src/api/**"), "{out}");
+
+    let doctor = |f: &Fixture| {
+        let o = std::process::Command::new(bin("lw-doctor"))
+            .args(["--json", "--root"])
+            .arg(&f.root)
+            .current_dir(&f.proj)
+            .output()
+            .expect("lw doctor runs");
+        text(&o)
+            .lines()
+            .filter(|l| l.contains(r#""check":"mailbox""#) && l.contains(r#""status":"fail""#))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(doctor(&f), Vec::<String>::new());
+    // A root an older version made: open to others, doctor fails it with the fix.
+    std::fs::set_permissions(&f.root, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let fails = doctor(&f);
+    assert_eq!(fails.len(), 1, "{fails:?}");
+    assert!(
+        fails[0].contains(&format!("chmod 700 {}", f.root.display())),
+        "{fails:?}"
+    );
+    std::fs::set_permissions(&f.root, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    f.ok(&["rm", "api", "--force"]);
 }
 
 /// Issue 32: lw-radar reads two real sandboxes' task branches (through

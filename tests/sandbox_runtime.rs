@@ -360,3 +360,188 @@ fn runtime_bad_input_is_refused_before_anything_is_made() {
     assert!(f.leftovers().is_empty(), "{:?}", f.leftovers());
     assert_eq!(f.host_leftovers(), Vec::<String>::new());
 }
+
+/// How an exec ended, and when (the host's clock).
+struct Ended {
+    code: Option<i32>,
+    stderr: String,
+    at: std::time::SystemTime,
+    took: Duration,
+}
+
+/// Waits for `child` (an `lw-sandbox exec`) at most `bound`: a hung exec
+/// fails the test instead of hanging it.
+fn ended_within(child: std::process::Child, bound: Duration) -> Ended {
+    let pid = child.id();
+    let t = Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let o = child.wait_with_output();
+        let _ = tx.send((o, std::time::SystemTime::now()));
+    });
+    match rx.recv_timeout(bound) {
+        Ok((o, at)) => {
+            let o = o.expect("lw-sandbox exec is waited for");
+            Ended {
+                code: o.status.code(),
+                stderr: err(&o),
+                at,
+                took: t.elapsed(),
+            }
+        }
+        Err(_) => {
+            let _ = Command::new("kill").arg(pid.to_string()).status();
+            panic!("lw-sandbox exec still runs after {bound:?}: it hangs");
+        }
+    }
+}
+
+/// The container's end as the engine filed it: (ExitCode, OOMKilled,
+/// FinishedAt).
+fn finished(f: &Fixture, name: &str) -> (i64, bool, std::time::SystemTime) {
+    let o = docker(&[
+        "inspect",
+        "-f",
+        "{{.State.Running}} {{.State.ExitCode}} {{.State.OOMKilled}} {{.State.FinishedAt}}",
+        &f.container(name),
+    ]);
+    let t = text(&o);
+    let v: Vec<&str> = t.split_whitespace().collect();
+    assert_eq!(v.first(), Some(&"false"), "{name} still runs: {t}");
+    let at = loopwright::time::parse_rfc3339(v[3]).expect("FinishedAt is RFC 3339");
+    (
+        v[1].parse().expect("ExitCode"),
+        v[2] == "true",
+        std::time::UNIX_EPOCH + at,
+    )
+}
+
+/// Asserts that `e` is the 69 of an exec whose sandbox `name` died under
+/// it, within 5 s of its death; prints the figure and returns the state.
+fn died_under_exec(f: &Fixture, rt: &str, case: &str, name: &str, e: &Ended) -> String {
+    let (code, oom, at) = finished(f, name);
+    let state = loopwright::engine::exit_state(Some(code), oom);
+    let after = e.at.duration_since(at).unwrap_or_default();
+    println!(
+        "  {rt:<5} {case:<12} container {state}; exec exited {:?} {:.0} ms after the death \
+         (the exec ran {:.1} s)",
+        e.code,
+        ms(after),
+        e.took.as_secs_f64()
+    );
+    assert_eq!(e.code, Some(69), "{rt} {case}: {}", e.stderr);
+    println!("        {}", e.stderr.trim());
+    let said = format!("lw-sandbox: sandbox '{name}' {state} while ");
+    assert!(e.stderr.contains(&said), "{rt} {case}: {}", e.stderr);
+    assert!(
+        e.stderr.contains(&format!("lw-sandbox start {name}")),
+        "{}",
+        e.stderr
+    );
+    assert!(
+        after < Duration::from_secs(5),
+        "{rt} {case}: exec ended {after:?} after its sandbox died"
+    );
+    state
+}
+
+/// `ls`'s state column for sandbox `name`.
+fn ls_state(f: &Fixture, name: &str) -> String {
+    let ls = f.ok(&["ls"]);
+    ls.lines()
+        .find(|l| l.starts_with(&format!("{name}\t")))
+        .and_then(|l| l.split('\t').nth(2))
+        .unwrap_or_else(|| panic!("{name} not in ls: {ls}"))
+        .to_string()
+}
+
+/// Issue 29, item 6: under runsc a fork bomb at the pids limit (gVisor's
+/// kernel exits 2) and a memory hog over the limit (the whole sandbox
+/// OOM-killed) left `lw-sandbox exec` hanging for minutes: Docker never
+/// ends the exec's stream.  Now the exec ends with 69 naming the sandbox
+/// and how it ended within 5 s of the death, and `ls` says `exited (OOM)`.
+/// Under runc the same two only end the offending processes, and the
+/// exec's own status passes through; a container killed under an exec
+/// there is 69 as well.  Tight limits (32 processes, 256 MiB) keep the host
+/// safe.
+#[test]
+fn exec_ends_with_69_when_its_sandbox_dies_under_it() {
+    let runtimes = wall_runtimes();
+    let f = Fixture::new("death");
+    let limits = ["--pids", "32", "--memory", "256m"];
+    let bomb = "f() { f | f & }; (f) >/dev/null 2>&1; sleep 3; exit 3";
+    let hog = "dd if=/dev/zero of=/dev/null bs=600M count=1 2>/dev/null; exit 4";
+    println!("an exec whose sandbox dies under it (issue 29.6):");
+    for rt in runtimes {
+        let (b, h) = (format!("bomb-{rt}"), format!("hog-{rt}"));
+        for n in [&b, &h] {
+            let mut args = vec!["create", n.as_str(), "--branch", n, "--runtime", rt];
+            args.extend(limits);
+            f.ok(&args);
+        }
+        let exec = |n: &str, script: &str| {
+            f.cmd(&["exec", n, "--", "sh", "-c", script])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("lw-sandbox runs")
+        };
+        let bound = Duration::from_secs(60);
+        let e = ended_within(exec(&b, bomb), bound);
+        let running = |n: &str| {
+            text(&docker(&[
+                "inspect",
+                "-f",
+                "{{.State.Running}}",
+                &f.container(n),
+            ]))
+            .trim()
+                == "true"
+        };
+        if running(&b) {
+            // runc: the pids limit stops the bomb, not the sandbox.
+            assert_eq!(e.code, Some(3), "{rt} fork bomb: {}", e.stderr);
+            println!("  {rt:<5} fork bomb    sandbox lives; exec passed its status 3 through");
+        } else {
+            let state = died_under_exec(&f, rt, "fork bomb", &b, &e);
+            assert_eq!(ls_state(&f, &b), state);
+        }
+        let e = ended_within(exec(&h, hog), bound);
+        if running(&h) {
+            assert_eq!(e.code, Some(4), "{rt} memory hog: {}", e.stderr);
+            println!("  {rt:<5} memory hog   sandbox lives; exec passed its status 4 through");
+        } else {
+            let state = died_under_exec(&f, rt, "memory hog", &h, &e);
+            assert_eq!(state, "exited (OOM)", "{rt}");
+            assert_eq!(ls_state(&f, &h), "exited (OOM)");
+            let json = f.ok(&["ls", "--json"]);
+            let rec = json
+                .lines()
+                .find(|l| l.contains(&format!("\"name\":\"{h}\"")))
+                .expect("ls --json lists it");
+            assert!(
+                rec.contains("\"oom_killed\":true") && rec.contains("\"state\":\"exited\""),
+                "{rec}"
+            );
+            // The fix the message gives brings it back.
+            f.ok(&["start", &h]);
+        }
+        // Killed from outside while an exec waits in it (the bomb's
+        // sandbox: the hog's, under runc, saw an OOM, which Docker keeps
+        // as OOMKilled until it starts again).
+        if !running(&b) {
+            f.ok(&["start", &b]);
+        }
+        let mut child = exec(&b, "echo armed; sleep 60");
+        let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut out, &mut line).expect("read");
+        assert_eq!(line.trim(), "armed");
+        let k = docker(&["kill", &f.container(&b)]);
+        assert!(k.status.success(), "{}", err(&k));
+        let e = ended_within(child, bound);
+        let state = died_under_exec(&f, rt, "docker kill", &b, &e);
+        assert_eq!(state, "exited (137)");
+        assert_eq!(ls_state(&f, &b), "exited (137)");
+    }
+}

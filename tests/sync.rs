@@ -42,12 +42,80 @@ fn mirrors_each_entry_once_and_a_second_run_sends_nothing() {
     append_n(&env.log(), 1, "more");
     assert_ok(&env.sync(&["--once"]));
     assert_eq!(env.requests().0.len(), before + 1);
-    // Mentions and refs of agents are inert: only inside code.
+    // Mentions and refs of agents are inert: inside code, and broken.
     let body = &env.comments(1)[0].1;
-    assert!(body.contains("hello 0 @someone #12"));
-    for line in body.lines().filter(|l| l.contains("@someone")) {
-        assert!(!line.starts_with("**"), "{line}");
+    assert!(
+        body.contains("hello 0 @\u{200d}someone #\u{200d}12"),
+        "{body}"
+    );
+    assert!(
+        !body.contains("@someone") && !body.contains("#12"),
+        "{body}"
+    );
+}
+
+/// Issue 29, item 8: `@login`, `@org/team`, `#123`, `GH-12` and issue URLs an
+/// agent wrote went to GitHub verbatim, where anything reading the raw text
+/// (mail, webhooks, bots, other forges) saw them live.
+#[test]
+fn an_agents_pings_and_references_are_not_live_in_the_posted_comment() {
+    let env = Env::new("pings");
+    let cfg = env.dir.join(".loopwright");
+    std::fs::create_dir_all(&cfg).unwrap();
+    std::fs::write(cfg.join("sync.json"), r#"{"mention": ["alice"]}"#).unwrap();
+    let refs = "@octocat @org/team #123 GH-12 gh-13 octo/proj#1 https://github.com/octo/proj/issues/1 www.github.com/octo/proj/issues/1";
+    let mut q = message(
+        "api",
+        "human",
+        Kind::Question,
+        &format!("see {refs}"),
+        &format!("{refs}\n"),
+    );
+    q.refs = vec!["#7".into()];
+    let e = entry(&q, Action::Escalate);
+    env.log().append(&e).unwrap();
+    let f = entry(
+        &message("api", "web", Kind::Status, "s", refs),
+        Action::Forward,
+    );
+    env.log().append(&f).unwrap();
+    assert_ok(&env.sync(&["--once"]));
+    let posted: String = env.comments(1).iter().map(|c| c.1.clone()).collect();
+    assert!(posted.contains("cc @alice"), "{posted}");
+    let live = |needle: &str| {
+        posted
+            .to_ascii_lowercase()
+            .contains(&needle.to_ascii_lowercase())
+    };
+    for dead in [
+        "@octocat", "@org", "#123", "#1", "#7", "gh-12", "gh-13", "://", "www.",
+    ] {
+        assert!(!live(dead), "'{dead}' is live in:\n{posted}");
     }
+    let ats = posted.matches('@').count();
+    let joined = posted.matches("@\u{200d}").count();
+    assert_eq!(
+        ats - joined,
+        1,
+        "only cc @alice is a live mention:\n{posted}"
+    );
+    // lw-sync reads its comments back exactly: verify agrees, and a
+    // person's answer (which lw-sync never alters) arrives as written.
+    assert_ok(&env.sync(&["verify"]));
+    env.ctl(
+        "POST",
+        "comments",
+        json!({ "repo": "octo/proj", "issue": 1, "login": "alice", "body": format!("/lw answer {}\nask @bob about #5\n", q.id) }),
+    );
+    assert_ok(&env.sync(&["pull"]));
+    let outbox = env.root.join("human-outbox/new");
+    let files: Vec<_> = std::fs::read_dir(&outbox)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let m = loopwright::message::Message::parse(&std::fs::read(&files[0]).unwrap()).unwrap();
+    assert_eq!(m.body, "ask @bob about #5");
 }
 
 #[test]

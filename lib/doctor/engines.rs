@@ -190,13 +190,13 @@ pub(super) fn host_files(engine: &DockerEngine) -> Finding {
         ),
         Ok(Sharing::Separate) => f(
             "engine-files",
-            Status::Warn,
+            Status::Ok,
             format!(
-                "the engine at {} does not share this host's filesystem (a nonce written in {} was not there through a bind mount): remote mode, which needs the volume transport loopwright does not have yet; lw-sandbox create refuses on this engine (exit 69)",
+                "the engine at {} does not share this host's filesystem (a nonce written in {} was not there through a bind mount): remote mode, sandboxes keep their mail dir, clone and tools in engine volumes and the courier (lw-sandbox courier) carries their mail",
                 engine.host(),
                 tmp.display()
             ),
-            Some("create sandboxes on an engine on this machine (unset DOCKER_HOST), or run loopwright on the engine's machine".into()),
+            None,
         ),
         Err(e) => f(
             "engine-files",

@@ -141,14 +141,14 @@ pub(super) fn mailbox(root: &Root) -> Vec<Finding> {
                 "{} is writable by group or others (mode {mode:o}): anyone could plant messages",
                 root.dir.display()
             ),
-            Some(format!("chmod go-w {}", root.dir.display())),
+            Some(format!("chmod 700 {}", root.dir.display())),
         ));
     } else if mode & 0o077 != 0 {
         out.push(f(
             "mailbox",
-            Status::Warn,
+            Status::Fail,
             format!(
-                "{} is open to group or others (mode {mode:o}); lw-sandbox makes a root 0700",
+                "{} is open to group or others (mode {mode:o}): they could read every message; lw-sandbox makes a root 0700",
                 root.dir.display()
             ),
             Some(format!("chmod 700 {}", root.dir.display())),
@@ -165,6 +165,7 @@ pub(super) fn mailbox(root: &Root) -> Vec<Finding> {
             None,
         ));
     }
+    out.extend(closed(root));
     // Each sandbox's mailbox must be closed to others: a sandbox's is root's
     // with mode 0711 (it passes through to its Maildirs, which are its
     // user's), a party's registered by hand its owner's with 0700.
@@ -217,6 +218,95 @@ fn planted_link(boxdir: &Path) -> Option<String> {
         }
     }
     None
+}
+
+/// `sandboxes/` and `state/` closed (0700), the records in `state/` 0600,
+/// `registry/` writable by its owner only (it is 0755: the sandboxes read it
+/// through their read-only mount).  Older versions made them 0755 and 0644.
+fn closed(root: &Root) -> Vec<Finding> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| {
+        std::fs::symlink_metadata(p)
+            .ok()
+            .map(|m| (m.is_dir(), m.permissions().mode() & 0o777))
+    };
+    let mut out = Vec::new();
+    for d in [root.sandboxes_dir(), root.state_dir()] {
+        if let Some((_, m)) = mode(&d)
+            && m & 0o077 != 0
+        {
+            out.push(f(
+                "mailbox",
+                Status::Fail,
+                format!(
+                    "{} is open to group or others (mode {m:o}); it must be 0700",
+                    d.display()
+                ),
+                Some(format!("chmod 700 {}", d.display())),
+            ));
+        }
+    }
+    let reg = root.registry_dir();
+    if let Some((_, m)) = mode(&reg)
+        && m & 0o022 != 0
+    {
+        out.push(f(
+            "mailbox",
+            Status::Fail,
+            format!(
+                "{} is writable by group or others (mode {m:o}): anyone could change what sandboxes see of their peers",
+                reg.display()
+            ),
+            Some(format!("chmod 755 {}", reg.display())),
+        ));
+    } else if let Some((_, m)) = mode(&reg)
+        && m & 0o005 != 0o005
+    {
+        out.push(f(
+            "mailbox",
+            Status::Warn,
+            format!(
+                "{} is closed to the sandboxes' user (mode {m:o}): lw-mcp's whoami inside them sees no peers",
+                reg.display()
+            ),
+            Some(format!("chmod 755 {}", reg.display())),
+        ));
+    }
+    let state = root.state_dir();
+    let mut open: Vec<PathBuf> = Vec::new();
+    for dir in [state.clone(), state.join("sandbox")] {
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "json")
+                && let Some((false, m)) = mode(&p)
+                && m & 0o077 != 0
+            {
+                open.push(p);
+            }
+        }
+    }
+    if !open.is_empty() {
+        open.sort();
+        let m = mode(&open[0]).map_or(0, |x| x.1);
+        out.push(f(
+            "mailbox",
+            Status::Fail,
+            format!(
+                "{} record(s) in {} are open to group or others ({}, mode {m:o}); records are 0600",
+                open.len(),
+                state.display(),
+                open[0].display()
+            ),
+            Some(format!(
+                "find {} -maxdepth 2 -name '*.json' -exec chmod 600 {{}} +",
+                state.display()
+            )),
+        ));
+    }
+    out
 }
 
 pub(super) fn lock_finding(what: &'static str, path: &Path) -> Finding {
@@ -382,5 +472,80 @@ pub(super) fn image_cache(p: &Project) -> Finding {
                     .into(),
             ),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn chmod(p: &Path, mode: u32) {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    fn fails(root: &Root) -> Vec<(String, String)> {
+        mailbox(root)
+            .into_iter()
+            .filter(|x| x.status == Status::Fail)
+            .map(|x| (x.detail, x.fix.unwrap_or_default()))
+            .collect()
+    }
+
+    /// Issue 29, item 7: a root older versions made 0755, with 0755 state
+    /// and 0644 records, passed lw doctor.
+    #[test]
+    fn a_root_open_to_others_fails_with_the_chmod_that_closes_it() {
+        let dir = std::env::temp_dir().join(format!("lw-doctor-{}", crate::id::new_id()));
+        let root = Root::new(&dir);
+        root.make_dir(&dir.join("state/sandbox")).unwrap();
+        root.init().unwrap();
+        std::fs::write(dir.join("state/sandbox/a.json"), "{}").unwrap();
+        chmod(&dir.join("state/sandbox/a.json"), 0o600);
+        assert_eq!(fails(&root), vec![], "a root as init makes it");
+        for (p, mode) in [
+            (dir.clone(), 0o700),
+            (dir.join("sandboxes"), 0o700),
+            (dir.join("state"), 0o700),
+            (dir.join("registry"), 0o755),
+        ] {
+            let m = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+            assert_eq!(m, mode, "{}", p.display());
+        }
+
+        chmod(&dir.join("registry"), 0o700);
+        let warns: Vec<Finding> = mailbox(&root)
+            .into_iter()
+            .filter(|x| x.status == Status::Warn)
+            .collect();
+        assert_eq!(warns.len(), 1, "{warns:?}");
+        assert!(warns[0].detail.contains("whoami"), "{warns:?}");
+        chmod(&dir.join("registry"), 0o755);
+
+        chmod(&dir, 0o755);
+        let fx = fails(&root);
+        assert_eq!(fx.len(), 1, "{fx:?}");
+        assert!(fx[0].0.contains("mode 755"), "{fx:?}");
+        assert_eq!(fx[0].1, format!("chmod 700 {}", dir.display()));
+        chmod(&dir, 0o700);
+
+        chmod(&dir.join("state"), 0o755);
+        chmod(&dir.join("sandboxes"), 0o750);
+        chmod(&dir.join("registry"), 0o775);
+        chmod(&dir.join("state/sandbox/a.json"), 0o644);
+        let fixes: Vec<String> = fails(&root).into_iter().map(|x| x.1).collect();
+        assert_eq!(
+            fixes,
+            vec![
+                format!("chmod 700 {}", dir.join("sandboxes").display()),
+                format!("chmod 700 {}", dir.join("state").display()),
+                format!("chmod 755 {}", dir.join("registry").display()),
+                format!(
+                    "find {} -maxdepth 2 -name '*.json' -exec chmod 600 {{}} +",
+                    dir.join("state").display()
+                ),
+            ]
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -27,8 +27,11 @@
 //! Errors follow the house exit statuses: an engine that cannot be reached is
 //! 69 (unavailable) with a hint on how to start it; a missing object is 66; a
 //! name already taken is 73; anything else the engine refuses is 69 as well,
-//! since only the engine knows why.
+//! since only the engine knows why.  An exec whose container dies under it
+//! ends at once with 69 too, whether or not the engine ends its stream, with
+//! the way the container ended as a [`Died`] ([`died`]).
 
+mod died;
 pub mod docker;
 pub mod kubernetes;
 mod paths;
@@ -40,6 +43,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::time::Duration;
 
+pub use died::{Died, died, exit_state};
 pub use docker::DockerEngine;
 pub use kubernetes::KubeEngine;
 pub use paths::HostPaths;
@@ -197,6 +201,9 @@ pub struct Container {
     /// `created`, `running`, `exited`, ...
     pub status: String,
     pub exit_code: Option<i64>,
+    /// The kernel's OOM killer ended it at its memory limit (inspect says;
+    /// a listing does not).
+    pub oom_killed: bool,
     pub labels: BTreeMap<String, String>,
     pub ports: Vec<PortMap>,
     /// The OCI runtime it runs under, as the engine names it (`runc`, `runsc`).
@@ -253,7 +260,9 @@ pub trait Engine {
     /// The container `name_or_id`, `None` when there is none.
     fn inspect(&self, name_or_id: &str) -> Result<Option<Container>>;
     /// Runs `req` in a running container, passing its output to `on_output`
-    /// as it arrives, and returns its exit status.
+    /// as it arrives, and returns its exit status.  When the container ends
+    /// while it runs, the exec ends too (within seconds) with 69 and a
+    /// [`Died`] as its error's source.
     fn exec(
         &self,
         container: &str,
@@ -296,7 +305,8 @@ pub trait SandboxEngine: Engine + NetworkEngine + HostPaths {
     /// Every volume carrying `label`.
     fn volumes_with_label(&self, label: &str) -> Result<Vec<Volume>>;
     /// Runs `req` in a running container with `io` attached; returns its exit
-    /// status (128+n when a signal ended it).
+    /// status (128+n when a signal ended it).  When the container ends while
+    /// it runs: 69 with a [`Died`], as [`Engine::exec`].
     fn exec_io(&self, container: &str, req: &ExecRequest, io: ExecIo<'_>) -> Result<i64>;
     /// Whether a container (and an exec in it) may run as root.  Kubernetes
     /// runs every pod as non-root and an exec as the pod's own user, so

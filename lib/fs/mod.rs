@@ -20,6 +20,9 @@
 //! * [`Watcher`]: a directory watch on inotify, woken by arrivals, with a
 //!   queue overflow reported as "rescan" rather than lost.
 //!
+//! * [`private_dir`]: make a directory, and any missing parent, mode 0700
+//!   whatever the umask (a mailbox root and its state).
+//!
 //! These functions return `std::io::Error`; the caller names the path and
 //! the step in its own typed error, as it always did.
 
@@ -31,4 +34,14 @@ mod watch;
 pub use atomic::{Durability, rename_noreplace_at, sync_dir, write_replace, write_replace_with};
 pub use beneath::{open_beneath, open_dir_beneath, open_dir_no_links, remove_tree, remove_tree_at};
 pub use lock::{lock, try_lock};
+
+/// Makes `dir` and its missing parents, each mode 0700 whatever the umask;
+/// an existing one is left as it is.
+pub fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
 pub use watch::{Watcher, Woke};

@@ -208,6 +208,7 @@ impl Mediator {
         let mut copies = Group::with_sync(self.sync);
         let failed = self.log_and_stage(boxes, obs, &c, &mut copies, out)?;
         copies.commit(&boxes.list)?;
+        self.count_refusals(&c.refused)?;
         self.call_hook("delivered", obs, items);
         self.claim_all(boxes, obs, &c.work, &failed)?;
         Ok(c.later)
@@ -216,6 +217,8 @@ impl Mediator {
     /// Inspects and decides every entry of a batch.
     fn collect(&mut self, obs: &[(String, Box3)], items: &[(usize, OsString)]) -> Collected {
         let resumed_before = self.stats.resumed;
+        // Charged by now, or never logged: nothing is held in reserve.
+        self.reserved.clear();
         let mut c = Collected::default();
         let mut ids: HashSet<String> = HashSet::new();
         let mut bytes = 0usize;
@@ -223,7 +226,17 @@ impl Mediator {
             let (sender, ob) = (obs[*k].0.as_str(), &obs[*k].1);
             match inspect(&ob.new, name, sender == layout::MEDIATOR) {
                 Inspected::Gone => {}
-                Inspected::Bad(why, st) => c.quarantine(*k, sender, name, why, &st),
+                // A planted directory that could not be taken stays, quietly.
+                Inspected::Bad(_, st) if self.is_left(&quarantine_id(sender, name, &st)) => {}
+                Inspected::Bad(..)
+                    if !self.fits(&self.qualified(sender), Mediator::QUARANTINE_COST) =>
+                {
+                    self.stats.waiting += 1
+                }
+                Inspected::Bad(why, st) => {
+                    c.quarantine(*k, sender, name, why, &st);
+                    self.reserve(&c.to_log[c.to_log.len() - 1..]);
+                }
                 // The same id again, or the batch holds enough text: later.
                 Inspected::Message(m) if ids.contains(&m.id) || bytes > BATCH_BYTES => {
                     c.later.push((*k, name.clone()))
@@ -275,11 +288,28 @@ impl Mediator {
                 self.stats.resumed += 1;
                 std::iter::once(a).chain(b).collect()
             }
+            // Refused and counted by a run that did not claim it: claimed
+            // now, not counted again.
+            (None, None) if self.was_refused(&m.id) => vec![],
+            (None, None) if !self.fits(sender, self.most_cost(&m)) => {
+                // The sender's log budget is used up: it waits.
+                self.stats.waiting += 1;
+                return;
+            }
             (None, b) => {
                 if b.is_some() {
                     self.stats.resumed += 1;
                 }
-                self.decide(&m, sender, &claimed, b)
+                let mut es = self.decide(&m, sender, &claimed, b.clone());
+                // A new refusal is counted, not logged (lib/mediate/budget.rs).
+                if b.is_none()
+                    && let Some(i) = es.iter().position(|e| e.decision.quiet)
+                {
+                    let e = es.remove(i);
+                    c.refused.push((sender.to_string(), m.id.clone(), e));
+                }
+                self.reserve(&es);
+                es
             }
         };
         let claim_question = match (sender, m.kind, &m.in_reply_to) {
@@ -502,14 +532,23 @@ impl Mediator {
                             matches!(group::move_noreplace(&h.new, q, &h.cur, q), Ok(true));
                     }
                 }
-                Work::Quarantine { name, qid } => {
+                Work::Quarantine { name, qid, dir } => {
                     let q = &boxes.list[QUARANTINE];
                     match crate::quarantine::take(&ob.new, name, &q.new, OsStr::new(qid)) {
                         Ok(_) => quarantined = true,
+                        Err(e) if *dir => {
+                            // Said once, remembered, never tried again: a
+                            // directory that cannot go now will not later.
+                            self.leave(qid);
+                            self.warn_once(format!(
+                                "cannot take directory '{}' of {sender} into quarantine: {e}; left in '{}' and not tried again",
+                                escape_name(name),
+                                ob.path.join("new").display()
+                            ));
+                        }
                         Err(e) => self.warn_once(format!(
-                            "cannot move '{}' of {sender} into quarantine: {}; left in place",
+                            "cannot move '{}' of {sender} into quarantine: {e}; left in place",
                             escape_name(name),
-                            errno_io(e)
                         )),
                     }
                 }
@@ -569,6 +608,8 @@ struct Collected {
     work: Vec<(usize, Work)>,
     to_log: Vec<Entry>,
     later: Vec<(usize, OsString)>,
+    /// New refusals: sender, post, the entry they are counted instead of.
+    refused: Vec<(String, String, Entry)>,
 }
 
 impl Collected {
@@ -593,11 +634,13 @@ impl Collected {
                 reason,
             },
         });
+        let dir = rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::Directory;
         self.work.push((
             k,
             Work::Quarantine {
                 name: name.clone(),
                 qid,
+                dir,
             },
         ));
     }

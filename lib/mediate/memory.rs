@@ -36,7 +36,7 @@ impl Mediator {
         let p = self.memory_path();
         let bytes = serde_json::to_vec(&self.memory)
             .expect("the state serialises because it is plain data");
-        crate::fs::write_replace(&p, &bytes, 0o644, crate::fs::Durability::Synced)
+        crate::fs::write_replace(&p, &bytes, 0o600, crate::fs::Durability::Synced)
             .map_err(|e| Error::io("cannot write state", &p, e))?;
         self.memory_dirty = false;
         self.last_save = Instant::now();
@@ -69,5 +69,22 @@ impl Mediator {
             self.memory_dirty = true;
         }
         self.held_count = count;
+    }
+
+    /// Whether the entry of quarantine id `qid` was left for good.
+    pub(super) fn is_left(&self, qid: &str) -> bool {
+        self.memory.left.iter().any(|q| q == qid)
+    }
+
+    /// Remembers that the entry of quarantine id `qid` is left for good,
+    /// durably at the next save.
+    pub(super) fn leave(&mut self, qid: &str) {
+        if !self.is_left(qid) {
+            self.memory.left.push_back(qid.to_string());
+            while self.memory.left.len() > MAX_REMEMBERED {
+                self.memory.left.pop_front();
+            }
+            self.memory_dirty = true;
+        }
     }
 }

@@ -49,7 +49,9 @@
 // The mediator by concern: deciding by policy (decide), looking at an entry
 // before trusting it (inspect), its durable memory (memory), routing and
 // delivery of batches (deliver), the person's queues (queues), and the watch
-// loop with its locks (watch).  This file holds the state and the pass.
+// loop with its locks (watch), and what a sender may make it write
+// (budget).  This file holds the state and the pass.
+mod budget;
 mod decide;
 mod deliver;
 mod inspect;
@@ -57,6 +59,7 @@ mod memory;
 mod queues;
 mod watch;
 
+pub use budget::{DEFAULT_LOG_MAX, refusals_id};
 pub use decide::{bounce_id, cap_notice_id};
 pub use watch::{lock_mediator, lock_routes, raise_open_files_limit};
 
@@ -151,6 +154,21 @@ struct Memory {
     /// status message per episode; forgotten once they are below the cap).
     #[serde(default)]
     capped: std::collections::BTreeSet<String>,
+    /// Quarantine ids of planted directories that could not be taken:
+    /// left where they are, said once, never tried again (at most
+    /// MAX_REMEMBERED, oldest forgotten first).
+    #[serde(default)]
+    left: VecDeque<String>,
+    /// Sender -> its log budget this hour (lib/mediate/budget.rs).
+    #[serde(default)]
+    budget: HashMap<String, budget::Budget>,
+    /// Sender -> its refusals counted and not yet logged.
+    #[serde(default)]
+    refused: std::collections::BTreeMap<String, budget::Refused>,
+    /// The posts of the last batch with refusals that were counted: a
+    /// restart claims them without counting them again.
+    #[serde(default)]
+    refusing: Vec<String>,
     #[serde(skip)]
     dup_index: HashMap<String, u64>,
 }
@@ -167,6 +185,8 @@ enum Work {
     Quarantine {
         name: OsString,
         qid: String,
+        /// A directory: one that cannot be taken is left for good.
+        dir: bool,
     },
 }
 
@@ -193,6 +213,11 @@ pub struct Mediator {
     last_sweep: Option<Instant>,
     warned: HashSet<String>,
     pub batch: usize,
+    /// Log bytes a sender may cause per hour (`door.log-max`).
+    pub log_max: u64,
+    /// Sender -> the most the posts admitted into the batch being routed
+    /// can cost, until they are logged and charged.
+    reserved: HashMap<String, u64>,
     pub verbose: bool,
     pub stats: Stats,
     /// How batches are made durable (lib/group.rs).
@@ -236,6 +261,8 @@ impl Mediator {
             last_sweep: None,
             warned: HashSet::new(),
             batch: DEFAULT_BATCH,
+            log_max: DEFAULT_LOG_MAX,
+            reserved: HashMap::new(),
             verbose: false,
             stats: Stats::default(),
             sync: group::Sync::default(),
@@ -315,6 +342,14 @@ impl Mediator {
             ));
         }
         self.known = good.into_iter().map(|s| (s.name.clone(), s)).collect();
+        // A sandbox made since the last pass may hold a secret the door
+        // has not looked up yet (lib/redact/names.rs); one it cannot
+        // resolve stops the door (78) rather than let the value through.
+        let env = |n: &str| std::env::var_os(n);
+        let dir = self.registry.dir.clone();
+        for w in self.secrets.add_recorded(&dir, self.known.values(), &env)? {
+            self.warn_once(w);
+        }
         Ok(())
     }
 
@@ -365,6 +400,7 @@ impl Mediator {
     }
 
     fn count(&mut self, e: &Entry) {
+        self.charge(e);
         match e.decision.action {
             Action::Forward => self.stats.forwarded += 1,
             Action::Escalate => self.stats.escalated += 1,
@@ -402,8 +438,15 @@ impl Mediator {
         // batch to fill.
         let mut obs: Vec<(String, Box3)> = Vec::new();
         let mut queues: Vec<(Vec<OsString>, usize)> = Vec::new();
+        // Sender -> its posts that wait because its log budget is used up.
+        let mut full: HashMap<String, u64> = HashMap::new();
         for (sender, rel) in self.outboxes() {
             match self.open_outbox(&rel) {
+                Ok(Some((_, names))) if self.is_full(&self.qualified(&sender)) => {
+                    // Not even read: they wait for the next hour.
+                    self.stats.waiting += names.len() as u64;
+                    full.insert(self.qualified(&sender), names.len() as u64);
+                }
                 Ok(Some((ob, names))) => {
                     obs.push((sender, ob));
                     queues.push((names, 0));
@@ -426,7 +469,14 @@ impl Mediator {
                 let k = turn;
                 turn = (turn + 1) % queues.len();
                 let (names, at) = &mut queues[k];
-                if *at < names.len() {
+                if *at < names.len() && self.is_full(&self.qualified(&obs[k].0)) {
+                    // Went over its budget in this pass: the rest waits.
+                    let left = (names.len() - *at) as u64;
+                    *at = names.len();
+                    self.stats.waiting += left;
+                    *full.entry(self.qualified(&obs[k].0)).or_default() += left;
+                    idle += 1;
+                } else if *at < names.len() {
                     items.push((k, names[*at].clone()));
                     *at += 1;
                     idle = 0;
@@ -453,6 +503,8 @@ impl Mediator {
             }
         }
         self.take_receipts(&mut boxes, out)?;
+        self.tell_full(&mut boxes, &full, out)?;
+        self.log_refusals(&mut boxes, false, out)?;
         self.sweep_tmp();
         if self.memory_dirty && self.last_save.elapsed() > Duration::from_secs(2) {
             self.save_memory()?;
@@ -513,6 +565,12 @@ impl Mediator {
                 break s;
             }
         };
+        // What was refused is logged before exiting, not a minute later.
+        if !self.memory.refused.is_empty() {
+            let _routes = lock_routes(&self.root)?;
+            let mut boxes = self.open_boxes()?;
+            self.log_refusals(&mut boxes, true, out)?;
+        }
         self.save_memory()?;
         // `waiting` is what is still stuck after the last pass, not a difference.
         Ok(Stats {

@@ -48,11 +48,8 @@ pub fn lock_routes(root: &Root) -> Result<std::fs::File> {
 pub(super) fn lock_path(root: &Root, name: &str) -> Result<PathBuf> {
     root.check_exists()?;
     let dir = root.state_dir();
-    match std::fs::create_dir(&dir) {
-        Ok(()) | Err(_) if dir.is_dir() => {}
-        Ok(()) => {}
-        Err(e) => return Err(Error::io("cannot create", &dir, e)),
-    }
+    root.make_dir(&dir)
+        .map_err(|e| Error::io("cannot create", &dir, e))?;
     Ok(dir.join(name))
 }
 
@@ -90,8 +87,12 @@ impl Mediator {
             // A failing pass (a full disk, a removed directory) is reported
             // and tried again on the next event or re-scan; the watcher
             // does not exit over it.
-            if let Err(e) = self.pass(out) {
-                eprintln!("lw-mediate: {e}; trying again");
+            match self.pass(out) {
+                // A recorded secret the door cannot resolve (78) does not
+                // resolve by waiting: this process's environment is fixed.
+                Err(e) if e.exit == crate::error::Exit::Config => return Err(e),
+                Err(e) => eprintln!("lw-mediate: {e}; trying again"),
+                Ok(_) => {}
             }
             out.flush().map_err(crate::error::out_err)?;
             // The directories are the truth, not the events: any wake-up

@@ -86,6 +86,7 @@ impl<'a> Sandboxes<'a> {
             out,
             warn,
         )
+        .map_err(|e| super::running::died_under(name, None, e))
     }
 
     /// Writes the context file and the MCP registration into the sandbox's HOME.

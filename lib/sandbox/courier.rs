@@ -564,7 +564,8 @@ pub fn lock_path(root: &crate::layout::Root) -> std::path::PathBuf {
 /// The courier lock of the root, or None when another courier holds it.
 pub fn take_lock(root: &crate::layout::Root) -> Result<Option<std::fs::File>> {
     let state = root.state_dir();
-    std::fs::create_dir_all(&state).map_err(|e| Error::io("cannot create", &state, e))?;
+    root.make_dir(&state)
+        .map_err(|e| Error::io("cannot create", &state, e))?;
     let path = lock_path(root);
     crate::fs::try_lock(&path).map_err(|e| Error::lock(&path, e))
 }

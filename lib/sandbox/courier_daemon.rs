@@ -25,6 +25,7 @@
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::{BufRead as _, BufReader, Write as _};
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -54,7 +55,7 @@ impl PidFile {
     pub fn write(root: &Root) -> Result<PidFile> {
         let p = pid_path(root);
         let pid = format!("{}\n", std::process::id());
-        crate::fs::write_replace(&p, pid.as_bytes(), 0o644, crate::fs::Durability::Unsynced)
+        crate::fs::write_replace(&p, pid.as_bytes(), 0o600, crate::fs::Durability::Unsynced)
             .map_err(|e| Error::io("cannot write", &p, e))?;
         Ok(PidFile(p))
     }
@@ -201,11 +202,12 @@ fn open_log(root: &Root) -> Result<File> {
         // The previous `.1` goes: two halves are kept, never more.
         let _ = std::fs::rename(&p, &old);
     }
-    std::fs::create_dir_all(root.state_dir())
+    root.make_dir(&root.state_dir())
         .map_err(|e| Error::io("cannot create", &root.state_dir(), e))?;
     File::options()
         .create(true)
         .append(true)
+        .mode(0o600)
         .open(&p)
         .map_err(|e| Error::io("cannot open", &p, e))
 }

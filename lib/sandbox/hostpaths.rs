@@ -99,7 +99,7 @@ pub fn cached(engine: &dyn HostPaths, root: &Root) -> Result<Sharing> {
         return Ok(s);
     }
     let state = root.state_dir();
-    std::fs::create_dir_all(&state).map_err(|e| {
+    root.make_dir(&state).map_err(|e| {
         Error::new(
             Exit::IoErr,
             format!("cannot make '{}': {e}", state.display()),
@@ -107,14 +107,16 @@ pub fn cached(engine: &dyn HostPaths, root: &Root) -> Result<Sharing> {
     })?;
     let s = probe(engine, &state)?;
     let path = record_path(root, &id);
-    let write = std::fs::create_dir_all(path.parent().unwrap_or(&state)).and_then(|()| {
-        write_replace(
-            &path,
-            format!("{}\n{}\n", s.as_str(), engine.address()).as_bytes(),
-            0o644,
-            Durability::Unsynced,
-        )
-    });
+    let write = root
+        .make_dir(path.parent().unwrap_or(&state))
+        .and_then(|()| {
+            write_replace(
+                &path,
+                format!("{}\n{}\n", s.as_str(), engine.address()).as_bytes(),
+                0o600,
+                Durability::Unsynced,
+            )
+        });
     // A record that cannot be written costs a probe next time, nothing more.
     let _ = write;
     Ok(s)

@@ -19,6 +19,11 @@ pub struct Status {
     /// answered and its container is gone), `broken` (a dead create, for gc),
     /// `elsewhere` (made on another engine than this command reaches).
     pub state: String,
+    /// How an `exited` one ended: its status (0 after a stop) and whether
+    /// the OOM killer ended it at its memory limit; `line` shows them as
+    /// `exited (N)` and `exited (OOM)` ([`crate::engine::exit_state`]).
+    pub exit_code: Option<i64>,
+    pub oom_killed: bool,
     pub ports: Vec<Port>,
     pub created: String,
     pub age: Duration,
@@ -61,6 +66,8 @@ impl<'a> Sandboxes<'a> {
             }
             .to_string();
             let created = crate::time::parse_rfc3339(&rec.created).unwrap_or(now);
+            let inspected = c.and_then(|c| self.engine.inspect(&c.name).ok().flatten());
+            let exited = inspected.as_ref().filter(|_| state == "exited");
             let unpushed = if count_unpushed && state == "running" {
                 self.unpushed(&rec).ok().map(|u| u.0)
             } else {
@@ -70,6 +77,8 @@ impl<'a> Sandboxes<'a> {
                 name: rec.name.clone(),
                 branch: rec.branch.clone(),
                 state,
+                exit_code: exited.and_then(|i| i.exit_code),
+                oom_killed: exited.is_some_and(|i| i.oom_killed),
                 ports: rec.ports.clone(),
                 created: rec.created.clone(),
                 age: now.saturating_sub(created),
@@ -78,8 +87,7 @@ impl<'a> Sandboxes<'a> {
                 image: rec.image.clone(),
                 network: rec.network,
                 services: rec.services.clone(),
-                runtime: c
-                    .and_then(|c| self.engine.inspect(&c.name).ok().flatten())
+                runtime: inspected
                     .map(|i| i.runtime)
                     // Podman names every runtime "oci" here: the record knows.
                     .filter(|r| !r.is_empty() && r != "oci")
@@ -172,11 +180,22 @@ impl Status {
     /// The `ls --json` record.
     pub fn json(&self) -> serde_json::Value {
         serde_json::json!({
-            "type": "sandbox", "name": self.name, "branch": self.branch, "state": self.state, "created": self.created,
+            "type": "sandbox", "name": self.name, "branch": self.branch, "state": self.state,
+            "exit_code": self.exit_code, "oom_killed": self.oom_killed, "created": self.created,
             "age_secs": self.age.as_secs(), "unpushed": self.unpushed, "container": self.container, "image": self.image,
             "network": self.network.as_str(), "ports": ports_json(&self.ports), "services": self.services,
             "runtime": self.runtime, "isolation": Isolation::of(&self.runtime).as_str(),
         })
+    }
+
+    /// The state column of `ls`: an exited sandbox says how it ended
+    /// (`exited (2)`, `exited (OOM)`; plain `exited` after a stop).
+    pub fn state_text(&self) -> String {
+        if self.state == "exited" {
+            crate::engine::exit_state(self.exit_code, self.oom_killed)
+        } else {
+            self.state.clone()
+        }
     }
 
     /// The isolation column of `ls`: the level and its runtime, `gvisor(runsc)`.
@@ -211,7 +230,7 @@ impl Status {
             "{}\t{}\t{}\t{ports}\t{}\t{}\t{unpushed}\t{}\t{services}",
             self.name,
             self.branch,
-            self.state,
+            self.state_text(),
             self.network.as_str(),
             crate::time::human_age(self.age),
             self.isolation()

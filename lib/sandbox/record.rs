@@ -102,7 +102,9 @@ impl<'a> Sandboxes<'a> {
     /// Takes the lock of `name`; `wait` false returns None when it is held.
     pub fn lock(&self, name: &str, wait: bool) -> Result<Option<NameLock>> {
         let dir = self.state_dir();
-        fs::create_dir_all(&dir).map_err(io_err("cannot create", &dir))?;
+        self.root
+            .make_dir(&dir)
+            .map_err(io_err("cannot create", &dir))?;
         let path = dir.join(format!("{name}.lock"));
         loop {
             let f = if wait {
@@ -183,12 +185,14 @@ impl<'a> Sandboxes<'a> {
 
     pub(super) fn write_record(&self, r: &Record) -> Result<()> {
         let dir = self.state_dir();
-        fs::create_dir_all(&dir).map_err(io_err("cannot create", &dir))?;
+        self.root
+            .make_dir(&dir)
+            .map_err(io_err("cannot create", &dir))?;
         let path = self.record_path(&r.name);
         let mut bytes = serde_json::to_vec_pretty(r)
             .expect("a Record serialises because all its fields are plain data");
         bytes.push(b'\n');
-        crate::fs::write_replace(&path, &bytes, 0o644, crate::fs::Durability::Synced)
+        crate::fs::write_replace(&path, &bytes, 0o600, crate::fs::Durability::Synced)
             .map_err(|e| Error::io("cannot write", &path, e))
     }
 

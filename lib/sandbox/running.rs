@@ -43,7 +43,10 @@ impl<'a> Sandboxes<'a> {
             size: None,
             on_output: &mut on,
         };
-        let code = self.engine.exec_io(&rec.container, &req, io)?;
+        let code = self
+            .engine
+            .exec_io(&rec.container, &req, io)
+            .map_err(|e| died_under(&rec.name, Some(&cmd.join(" ")), e))?;
         Ok((code, out, err))
     }
 
@@ -208,6 +211,7 @@ impl<'a> Sandboxes<'a> {
             None => return Err(gone(&rec)),
         }
         let term = std::env::var("TERM").unwrap_or_else(|_| "xterm".into());
+        let shown = cmd.join(" ");
         let req = ExecRequest {
             cmd: crate::wall::confined(rec.runtime_name(), cmd),
             env: if tty {
@@ -234,6 +238,98 @@ impl<'a> Sandboxes<'a> {
             size: crate::tty::size(),
             on_output: &mut on,
         };
-        self.engine.exec_io(&rec.container, &req, io)
+        self.engine
+            .exec_io(&rec.container, &req, io)
+            .map_err(|e| died_under(name, Some(&shown), e))
+    }
+}
+
+/// An exec's error as the sandbox's own: when its container died under
+/// the command (the engine's [`crate::engine::Died`]), 69 naming the sandbox,
+/// how it ended and how to bring it back; any other error as it is.  `cmd`
+/// is the command as its caller knows it (else the engine's, unconfined).
+pub(crate) fn died_under(name: &str, cmd: Option<&str>, e: Error) -> Error {
+    let Some(d) = crate::engine::died(&e) else {
+        return e;
+    };
+    let confine = format!("{}/{} -- ", crate::wall::BIN_DIR, crate::wall::CONFINE);
+    let cmd = cmd.unwrap_or_else(|| d.cmd.strip_prefix(&confine).unwrap_or(&d.cmd));
+    let fix = if d.removed {
+        "lw-sandbox gc reclaims the rest".to_string()
+    } else if d.oom_killed {
+        format!(
+            "lw-sandbox start {name} brings it back; give it more memory (sandbox.memory, \
+             create --memory) or make the command use less"
+        )
+    } else if d.gvisor() && d.code.is_some_and(|c| (1..=128).contains(&c)) {
+        // lib/sandbox/scratch.rs: gVisor's kernel needs host tasks of
+        // its own, and dies when its pids limit refuses one.
+        format!(
+            "lw-sandbox start {name} brings it back; under gVisor a storm of processes at \
+             its pids limit (sandbox.pids, create --pids) ends its kernel"
+        )
+    } else {
+        format!("lw-sandbox start {name} brings it back")
+    };
+    Error::new(
+        Exit::Unavailable,
+        format!(
+            "sandbox '{name}' {} while '{cmd}' ran in it: {d}; {fix}",
+            d.state()
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Died;
+
+    #[test]
+    fn a_container_that_died_under_an_exec_is_named_as_its_sandbox() {
+        let d = Died {
+            container: "lw-sb-0-a".into(),
+            cmd: "/usr/local/bin/lw-confine -- sh -c x".into(),
+            code: Some(137),
+            oom_killed: true,
+            runtime: "runsc".into(),
+            ..Default::default()
+        };
+        let e = died_under("a", None, d.into_error());
+        assert_eq!(e.exit, Exit::Unavailable);
+        assert!(
+            e.msg
+                .starts_with("sandbox 'a' exited (OOM) while 'sh -c x' ran in it: "),
+            "{}",
+            e.msg
+        );
+        assert!(e.msg.contains("lw-sandbox start a"), "{}", e.msg);
+        assert!(!e.msg.contains("lw-confine"), "{}", e.msg);
+        let sentry = Died {
+            code: Some(2),
+            runtime: "runsc".into(),
+            ..Default::default()
+        };
+        let e = died_under("b", Some("make"), sentry.into_error());
+        assert!(
+            e.msg.starts_with("sandbox 'b' exited (2) while 'make'"),
+            "{}",
+            e.msg
+        );
+        assert!(e.msg.contains("pids limit"), "{}", e.msg);
+        let killed = Died {
+            code: Some(137),
+            runtime: "runsc".into(),
+            ..Default::default()
+        };
+        let e = died_under("b", Some("make"), killed.into_error());
+        assert!(
+            e.msg
+                .ends_with("it was killed (signal 9); lw-sandbox start b brings it back"),
+            "{}",
+            e.msg
+        );
+        let other = Error::new(Exit::NoInput, "x");
+        assert_eq!(died_under("a", None, other).msg, "x");
     }
 }

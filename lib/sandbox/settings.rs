@@ -31,6 +31,9 @@ pub struct Settings {
     pub tmp_size: String,
     pub ports: Range,
     pub allowed_secrets: Vec<String>,
+    /// `door.secrets`: recorded in the registry so that the door knows
+    /// them whatever its working directory (lib/redact/names.rs).
+    pub door_secrets: Vec<String>,
     pub git_name: Option<String>,
     pub git_email: Option<String>,
     /// The incremental install command (default: the deps layer's deps.sh).
@@ -87,6 +90,7 @@ impl Settings {
             tmp_size,
             ports,
             allowed_secrets: secrets::allowed(c)?,
+            door_secrets: crate::redact::door_names(c)?,
             git_name: c.get("sandbox.git-name").map(str::to_string),
             git_email: c.get("sandbox.git-email").map(str::to_string),
             install: c.get("sandbox.install").map(str::to_string),

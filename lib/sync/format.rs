@@ -11,9 +11,12 @@ use crate::message::Kind;
 
 pub const HEADER_PREFIX: &str = "<!-- loopwright ";
 pub const HEADER_SUFFIX: &str = " -->";
+/// 3: as 2, and the body is [`quiet`]ed (read back with [`unquiet`]);
 /// 2: `sha256` covers the whole entry (header fields and body); 1: the
 /// body only (comments of earlier versions, still read).
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
+/// The invisible character [`quiet`] puts inside a reference.
+const JOINER: char = '\u{200d}';
 /// Between the sections of a batched comment.
 pub const SEPARATOR: &str = "\n\n---\n\n";
 
@@ -126,12 +129,89 @@ pub(crate) fn header_line(h: &Head) -> String {
         .replace('<', "\\u003c")
         .replace('>', "\\u003e")
         .replace('&', "\\u0026");
-    format!("{HEADER_PREFIX}{json}{HEADER_SUFFIX}")
+    format!("{HEADER_PREFIX}{}{HEADER_SUFFIX}", quiet_json(&json))
 }
 
-/// Text for a code span: one line, no backticks.
+/// `json` with what [`quiet`] breaks written as escapes (`@` as `\u0040`,
+/// `#` as `\u0023`, `://` as `:\/\/`, the `-` of `GH-` and the `.` of
+/// `www.` as `\u002d` and `\u002e`): the header keeps the exact text and
+/// the raw comment still shows no live reference.  These characters and
+/// sequences occur only inside a header's strings (its keys are plain
+/// words, its numbers unsigned), where an escape means the same.
+fn quiet_json(json: &str) -> String {
+    let c: Vec<char> = json.chars().collect();
+    let is = |i: usize, want: char| c.get(i).is_some_and(|x| x.eq_ignore_ascii_case(&want));
+    let mut out = String::with_capacity(json.len());
+    for (i, &ch) in c.iter().enumerate() {
+        match ch {
+            '@' => out.push_str("\\u0040"),
+            '#' => out.push_str("\\u0023"),
+            '/' if (i > 0 && c[i - 1] == ':' && is(i + 1, '/'))
+                || (i > 1 && c[i - 2] == ':' && c[i - 1] == '/') =>
+            {
+                out.push_str("\\/")
+            }
+            '-' if i > 1 && is(i - 2, 'g') && is(i - 1, 'h') => out.push_str("\\u002d"),
+            '.' if i > 2 && is(i - 3, 'w') && is(i - 2, 'w') && is(i - 1, 'w') => {
+                out.push_str("\\u002e")
+            }
+            _ => out.push(ch),
+        }
+    }
+    out
+}
+
+/// `text` with every reference GitHub would make live broken by a
+/// zero-width joiner (U+200D): after each `@` (`@login`, `@org/team`, which
+/// notify) and `#` (`#12`, `owner/repo#12`, which cross-link), between `GH`
+/// and `-` (`GH-12`), after the `:` of `://` and inside `www.` (a URL naming
+/// an issue cross-links it).  Code spans and fenced blocks already keep
+/// GitHub's page from linking them; the joiner keeps them dead in the raw
+/// text too, which notification mail, webhooks, bots and other forges read.
+/// A joiner already in `text` is doubled, so [`unquiet`] gives `text` back
+/// exactly: a run of N joiners came from N/2 (rounded down).
+pub(crate) fn quiet(text: &str) -> String {
+    let c: Vec<char> = text.chars().collect();
+    let is = |i: usize, want: char| c.get(i).is_some_and(|x| x.eq_ignore_ascii_case(&want));
+    let mut out = String::with_capacity(text.len() + text.len() / 16);
+    for (i, &ch) in c.iter().enumerate() {
+        out.push(ch);
+        let live = match ch {
+            JOINER => true,
+            '@' | '#' => true,
+            'h' | 'H' => i > 0 && is(i - 1, 'g') && is(i + 1, '-'),
+            ':' => is(i + 1, '/') && is(i + 2, '/'),
+            'w' | 'W' => i > 1 && is(i - 1, 'w') && is(i - 2, 'w') && is(i + 1, '.'),
+            _ => false,
+        };
+        if live {
+            out.push(JOINER);
+        }
+    }
+    out
+}
+
+/// The inverse of [`quiet`]: each run of N joiners becomes N/2.
+pub(crate) fn unquiet(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut run = 0;
+    for ch in text.chars() {
+        if ch == JOINER {
+            run += 1;
+            continue;
+        }
+        out.extend(std::iter::repeat_n(JOINER, run / 2));
+        run = 0;
+        out.push(ch);
+    }
+    out.extend(std::iter::repeat_n(JOINER, run / 2));
+    out
+}
+
+/// Text for a code span: one line, no backticks, [`quiet`]ed (the header
+/// keeps the exact text).
 pub(crate) fn inline(s: &str) -> String {
-    let t: String = s
+    let t: String = quiet(s)
         .chars()
         .map(|c| {
             if c.is_control() {
@@ -271,13 +351,16 @@ pub fn render_entry(e: &Entry, mention: &[String], limit: usize) -> Result<Vec<S
             Err(too_big(e))
         };
     }
-    let whole = render_section(&head_for(e, [1, 1], fence_for(&m.body)), &m.body, mention);
+    let body = quiet(&m.body);
+    let whole = render_section(&head_for(e, [1, 1], fence_for(&body)), &body, mention);
     if whole.chars().count() <= limit {
         return Ok(vec![whole]);
     }
     // Split on character boundaries; size each chunk with the widest header
     // it can get (part 9999/9999) so the final numbering only shrinks it.
-    let chars: Vec<char> = m.body.chars().collect();
+    // A joiner may land at the start of a part: unquiet reads the parts
+    // joined.
+    let chars: Vec<char> = body.chars().collect();
     let mut chunks: Vec<String> = Vec::new();
     let mut at = 0;
     while at < chars.len() {
@@ -450,6 +533,72 @@ pub(crate) mod tests {
             .unwrap()
             .remove(0);
         assert!(!t.contains("@alice"));
+    }
+
+    /// What GitHub would link or notify in `text` outside the configured
+    /// mentions: `@x`, `#1`, `GH-1`, `://`, `www.`.
+    pub(crate) fn live_refs(text: &str, mention: &[&str]) -> Vec<String> {
+        let c: Vec<char> = text.chars().collect();
+        let mut found = Vec::new();
+        for (i, w) in c.windows(2).enumerate() {
+            let word: String = c[i + 1..]
+                .iter()
+                .take_while(|x| x.is_ascii_alphanumeric() || **x == '-')
+                .collect();
+            if (w[0] == '@' && w[1].is_ascii_alphanumeric() && !mention.contains(&word.as_str()))
+                || (w[0] == '#' && w[1].is_ascii_digit())
+            {
+                found.push(format!("{}{word}", w[0]));
+            }
+        }
+        let lower = text.to_ascii_lowercase();
+        for pat in ["gh-", "://", "www."] {
+            if lower.contains(pat) {
+                found.push(pat.to_string());
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn quiet_kills_every_reference_and_unquiet_gives_the_text_back() {
+        let texts = [
+            "@octocat @org/team #123 o/r#7 GH-12 gh-3 https://github.com/o/r/issues/5 www.github.com/o/r/issues/6 WWW.x.org mail@example.com",
+            "",
+            "\u{200d}",
+            "@\u{200d}x #\u{200d}\u{200d}1 G\u{200d}H-2 g\u{200d}\u{200d}",
+            "@@##::// wwww. GHH-- ghgh- é@ü",
+        ];
+        for t in texts {
+            let q = quiet(t);
+            assert_eq!(unquiet(&q), t, "{q:?}");
+            assert_eq!(live_refs(&q, &[]), Vec::<String>::new(), "{q:?}");
+        }
+        assert_eq!(
+            live_refs(texts[0], &[]).len(),
+            8,
+            "the checker sees them all"
+        );
+        assert_eq!(quiet("plain text, no refs"), "plain text, no refs");
+    }
+
+    #[test]
+    fn an_agents_references_are_dead_in_the_comment_and_the_entry_reads_back() {
+        let body = "ping @octocat and @org/team about #123, GH-12, o/r#7 and https://github.com/o/r/issues/5 \u{200d}";
+        let mut e = entry(body, Action::Escalate);
+        let m = e.message.as_mut().unwrap();
+        m.subject = "@octocat #9".into();
+        m.to = vec!["human".into()];
+        e.decision.reason = "policy: @org/team said #4".into();
+        let text = render_entry(&e, &["alice".into()], MAX_COMMENT_CHARS)
+            .unwrap()
+            .remove(0);
+        assert_eq!(live_refs(&text, &["alice"]), Vec::<String>::new(), "{text}");
+        assert!(text.contains("cc @alice"), "{text}");
+        assert_eq!(roundtrip(&e, MAX_COMMENT_CHARS), e);
+        // Split into parts (a joiner may open a part), it still reads back.
+        let long = entry(&"@x#1 ".repeat(20_000), Action::Forward);
+        assert_eq!(roundtrip(&long, 20_000), long);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use super::format::{
-    EntryHead, HEADER_PREFIX, HEADER_SUFFIX, Head, Section, entry_digest, sha256_hex,
+    EntryHead, HEADER_PREFIX, HEADER_SUFFIX, Head, Section, entry_digest, sha256_hex, unquiet,
 };
 use crate::log::{Decision, Entry, LOG_VERSION};
 use crate::message::{self, Message};
@@ -169,6 +169,7 @@ pub fn reassemble(sections: &[(u64, Section)]) -> (Rebuilt, BTreeMap<String, Str
         }
         let body: String = ps.values().map(|(_, c, _)| c.as_str()).collect();
         let h = &ps[&1].0;
+        let body = if h.v >= 3 { unquiet(&body) } else { body };
         if h.v < 2
             && h.sha256
                 .as_deref()

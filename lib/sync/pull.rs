@@ -364,7 +364,7 @@ impl Syncer {
             "{}\n**lw-sync** did not deliver the answer in comment {} ({}): {}\n",
             header_line(&head),
             c.id,
-            inline(&format!("@{}", c.login())).replace('@', "@\u{200b}"),
+            inline(&format!("@{}", c.login())),
             inline(problem)
         );
         for _ in 0..MAX_UNKNOWN {

@@ -187,7 +187,8 @@ pub(crate) fn save_state(path: &Path, st: &State) -> Result<()> {
 /// until it is free; released when the file is closed (or the process dies).
 pub fn lock(root: &Root, wait: bool) -> Result<std::fs::File> {
     let dir = root.state_dir();
-    std::fs::create_dir_all(&dir).map_err(|e| Error::io("cannot create", &dir, e))?;
+    root.make_dir(&dir)
+        .map_err(|e| Error::io("cannot create", &dir, e))?;
     let p = dir.join("sync.lock");
     if wait {
         return crate::fs::lock(&p).map_err(|e| Error::lock(&p, e));

@@ -140,7 +140,10 @@ impl Fixture {
         git(&proj, &["add", "-A"]);
         git(&proj, &["commit", "-qm", "init"]);
         git(&proj, &["push", "-q", "origin", "main"]);
-        std::fs::create_dir_all(&root).expect("mkdir root");
+        // Closed, as lw-sandbox makes a root and lw doctor wants it.
+        std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+            .create(&root)
+            .expect("mkdir root");
         let f = Fixture {
             dir,
             upstream,

@@ -6,10 +6,12 @@
 //! `DOCKER_HOST` chooses the engine, local or remote; the API version is
 //! negotiated (bollard 0.21 speaks to dockerd 20.10, API 1.41).  The base
 //! contract is implemented here, the sandbox part in `sandbox.rs` (volumes,
-//! labelled containers, exec with stdin and a terminal) and networks in
+//! labelled containers), exec in `exec.rs` (stdin, a terminal, and the
+//! container's death raced against the stream) and networks in
 //! `network.rs`.
 
 mod connect;
+mod exec;
 mod image;
 mod network;
 mod paths;
@@ -551,6 +553,7 @@ impl Engine for DockerEngine {
                     running: state.running.unwrap_or(false),
                     status: state.status.map(|s| s.to_string()).unwrap_or_default(),
                     exit_code: state.exit_code,
+                    oom_killed: state.oom_killed.unwrap_or(false),
                     labels: labels_of(c.config.and_then(|c| c.labels)),
                     ports: ports_of(c.network_settings.and_then(|n| n.ports)),
                     runtime: c.host_config.and_then(|h| h.runtime).unwrap_or_default(),
@@ -567,48 +570,13 @@ impl Engine for DockerEngine {
         req: &ExecRequest,
         on_output: &mut dyn FnMut(OutStream, &[u8]),
     ) -> Result<i64> {
-        use bollard::container::LogOutput;
-        use bollard::exec::StartExecResults;
-        let what = format!(
-            "cannot run {:?} in container '{container}'",
-            req.cmd.join(" ")
-        );
-        let cfg = exec_config(req);
-        let docker = self.docker.clone().with_timeout(BUILD_TIMEOUT);
-        self.rt.block_on(async {
-            let created = docker
-                .create_exec(container, cfg)
-                .await
-                .map_err(|e| api_err(&self.host, &what, e))?;
-            match docker
-                .start_exec(&created.id, None)
-                .await
-                .map_err(|e| api_err(&self.host, &what, e))?
-            {
-                StartExecResults::Attached { mut output, .. } => {
-                    while let Some(chunk) = output.next().await {
-                        match chunk.map_err(|e| api_err(&self.host, &what, e))? {
-                            LogOutput::StdOut { message } | LogOutput::Console { message } => {
-                                on_output(OutStream::Stdout, &message)
-                            }
-                            LogOutput::StdErr { message } => on_output(OutStream::Stderr, &message),
-                            LogOutput::StdIn { .. } => {}
-                        }
-                    }
-                }
-                StartExecResults::Detached => {}
-            }
-            let inspected = docker
-                .inspect_exec(&created.id)
-                .await
-                .map_err(|e| api_err(&self.host, &what, e))?;
-            inspected.exit_code.ok_or_else(|| {
-                Error::new(
-                    Exit::Software,
-                    format!("{what}: the engine reported no exit status"),
-                )
-            })
-        })
+        let io = crate::engine::ExecIo {
+            stdin: None,
+            tty: false,
+            size: None,
+            on_output,
+        };
+        self.exec_attached(container, req, io)
     }
 
     fn info(&self) -> Result<crate::engine::EngineInfo> {

@@ -1,19 +1,18 @@
 //! [`SandboxEngine`] on the Docker Engine: containers and volumes by label,
 //! named volumes, and an exec whose standard input is fed from the caller,
 //! with a terminal when asked (`shell`, `exec`, the transport of `push`,
-//! secrets written without touching argv).
+//! secrets written without touching argv; exec.rs runs it).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::time::Duration;
 
-use bollard::models::{ExecConfig, VolumeCreateRequest};
+use bollard::models::VolumeCreateRequest;
 use bollard::query_parameters as qp;
 use futures_util::StreamExt;
-use tokio::io::AsyncWriteExt;
 
 use super::DockerEngine;
-use crate::engine::{Container, ExecIo, ExecRequest, OutStream, PortMap, SandboxEngine, Volume};
+use crate::engine::{Container, ExecIo, ExecRequest, PortMap, SandboxEngine, Volume};
 use crate::error::{Error, Exit, Result};
 
 /// An exec may stream a whole repository's pack (push) or run for hours (shell).
@@ -63,6 +62,7 @@ impl SandboxEngine for DockerEngine {
                     running: state == "running",
                     status: state,
                     exit_code: None,
+                    oom_killed: false,
                     labels: c.labels.unwrap_or_default().into_iter().collect(),
                     ports,
                     // The list does not say; inspect does.
@@ -162,79 +162,6 @@ impl SandboxEngine for DockerEngine {
     }
 
     fn exec_io(&self, container: &str, req: &ExecRequest, io: ExecIo<'_>) -> Result<i64> {
-        use bollard::container::LogOutput;
-        use bollard::exec::{StartExecOptions, StartExecResults};
-        let host = self.host().to_string();
-        let what = format!(
-            "cannot run {:?} in container '{container}'",
-            req.cmd.join(" ")
-        );
-        let ExecIo {
-            stdin,
-            tty,
-            size,
-            on_output,
-        } = io;
-        let cfg = ExecConfig {
-            attach_stdin: Some(stdin.is_some()),
-            tty: Some(tty),
-            ..super::exec_config(req)
-        };
-        let docker = self.client().clone().with_timeout(LONG);
-        let mut rx = crate::engine::stdin::pump(stdin);
-        self.block_on(async {
-            let created = docker.create_exec(container, cfg).await.map_err(|e| super::api_err(&host, &what, e))?;
-            let opts = StartExecOptions { detach: false, tty, output_capacity: Some(64 * 1024) };
-            match docker.start_exec(&created.id, Some(opts)).await.map_err(|e| super::api_err(&host, &what, e))? {
-                StartExecResults::Attached { mut output, mut input } => {
-                    if let Some((h, w)) = size {
-                        let _ = docker.resize_exec(&created.id, qp::ResizeExecOptions { h: h.into(), w: w.into() }).await;
-                    }
-                    let mut stdin_open = true;
-                    // A local terminal's resizes follow it to the remote one.
-                    let mut winch = if tty && size.is_some() {
-                        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change()).ok()
-                    } else {
-                        None
-                    };
-                    loop {
-                        tokio::select! {
-                            Some(()) = async { match winch.as_mut() { Some(w) => w.recv().await, None => None } } => {
-                                if let Some((h, w)) = crate::tty::size() {
-                                    let _ = docker.resize_exec(&created.id, qp::ResizeExecOptions { h: h.into(), w: w.into() }).await;
-                                }
-                            }
-                            chunk = output.next() => match chunk {
-                                None => break,
-                                Some(c) => match c.map_err(|e| super::api_err(&host, &what, e))? {
-                                    LogOutput::StdOut { message } | LogOutput::Console { message } => {
-                                        on_output(OutStream::Stdout, &message)
-                                    }
-                                    LogOutput::StdErr { message } => on_output(OutStream::Stderr, &message),
-                                    LogOutput::StdIn { .. } => {}
-                                },
-                            },
-                            data = rx.recv(), if stdin_open => match data {
-                                Some(Some(bytes)) => {
-                                    // The command may have closed its stdin; its output says the rest.
-                                    if input.write_all(&bytes).await.is_err() {
-                                        stdin_open = false;
-                                    }
-                                }
-                                _ => {
-                                    stdin_open = false;
-                                    let _ = input.shutdown().await;
-                                }
-                            },
-                        }
-                    }
-                }
-                StartExecResults::Detached => {}
-            }
-            let inspected = docker.inspect_exec(&created.id).await.map_err(|e| super::api_err(&host, &what, e))?;
-            inspected
-                .exit_code
-                .ok_or_else(|| Error::new(Exit::Software, format!("{what}: the engine reported no exit status")))
-        })
+        self.exec_attached(container, req, io)
     }
 }

@@ -584,6 +584,9 @@ pub fn container_of(p: &Pod) -> Container {
         exit_code: state
             .and_then(|s| s.terminated.as_ref())
             .map(|t| i64::from(t.exit_code)),
+        oom_killed: state
+            .and_then(|s| s.terminated.as_ref())
+            .is_some_and(|t| t.reason.as_deref() == Some("OOMKilled")),
         labels: labels_of(&p.metadata),
         ports: Vec::new(),
         runtime: spec

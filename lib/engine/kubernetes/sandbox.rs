@@ -3,6 +3,11 @@
 //! the pods/exec subresource over WebSocket with standard input fed from
 //! the caller and a terminal when asked.
 //!
+//! An exec watches its pod meanwhile, as the Docker engine's does
+//! (docker/exec.rs): when the pod's container ends or the pod goes first,
+//! the exec ends with 69 and a [`Died`] rather than wait on a stream the
+//! runtime may never close (gVisor's, when its kernel dies).
+//!
 //! A named volume is a PVC of [`VOLUME_SIZE`] in the cluster's default
 //! StorageClass: it outlives pods like a Docker volume does, which a
 //! sandbox's clone must.  A cluster without a dynamic provisioner leaves the
@@ -12,17 +17,21 @@
 
 use std::collections::BTreeMap;
 
+use futures_util::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{
     PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
-use kube::api::{AttachParams, DeleteParams, ListParams, PostParams, TerminalSize};
+use kube::api::{
+    AttachParams, DeleteParams, ListParams, PostParams, TerminalSize, WatchEvent, WatchParams,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{KubeEngine, pod};
-use crate::engine::{Container, ExecIo, ExecRequest, OutStream, SandboxEngine, Volume};
+use crate::engine::died::{DRAIN, KILLED, POLL};
+use crate::engine::{Container, Died, ExecIo, ExecRequest, OutStream, SandboxEngine, Volume};
 use crate::error::{Error, Exit, Result};
 
 /// The size a named volume's claim asks for.
@@ -244,8 +253,20 @@ pub(super) fn exec_streams(
         let mut obuf = vec![0u8; 64 * 1024];
         let mut ebuf = vec![0u8; 64 * 1024];
         let mut stdin_open = has_stdin;
+        let shown = req.cmd.join(" ");
+        let death = pod_death(&pods, container, &shown);
+        tokio::pin!(death);
+        let mut died: Option<Died> = None;
+        let mut drained = tokio::time::Instant::now();
         while out.is_some() || err.is_some() {
             tokio::select! {
+                d = &mut death, if died.is_none() => {
+                    // What the container wrote before it died may still
+                    // be on its way.
+                    died = Some(d);
+                    drained = tokio::time::Instant::now() + DRAIN;
+                }
+                () = tokio::time::sleep_until(drained), if died.is_some() => break,
                 n = async { out.as_mut().unwrap().read(&mut obuf).await }, if out.is_some() => match n {
                     Ok(0) | Err(_) => out = None,
                     Ok(n) => on_output(OutStream::Stdout, &obuf[..n]),
@@ -271,17 +292,115 @@ pub(super) fn exec_streams(
                 },
             }
         }
+        if let Some(d) = died {
+            return Err(d.into_error());
+        }
         let status = match status {
             Some(s) => s.await,
             None => None,
         };
         let joined = proc.join().await;
-        match (exit_status(status, &what), joined) {
+        let ended = match (exit_status(status, &what), joined) {
             (Ok(code), _) => Ok(code),
             (Err(e), Err(j)) => Err(Error::new(e.exit, format!("{} ({j})", e.msg))),
             (Err(e), Ok(())) => Err(e),
+        };
+        // Killed, or no status: the container's death may be why, filed a
+        // moment after the exec's end.
+        if !matches!(ended, Ok(c) if c != 128 + 9)
+            && let Ok(d) = tokio::time::timeout(KILLED, &mut death).await
+        {
+            return Err(d.into_error());
         }
+        ended
     })
+}
+
+/// Resolves, with how it ended, once pod `name`'s container no longer runs
+/// or the pod is gone: a get, then a watch from its version (again when a
+/// watch times out).  A failed get or watch ends nothing: it is asked
+/// again after [`POLL`], or, forbidden, never (the exec runs on unwatched,
+/// as it did before).
+async fn pod_death(pods: &Api<Pod>, name: &str, cmd: &str) -> Died {
+    let gone = || Died {
+        container: name.to_string(),
+        cmd: cmd.to_string(),
+        removed: true,
+        ..Default::default()
+    };
+    loop {
+        let rv = match pods.get_opt(name).await {
+            Ok(None) => return gone(),
+            Ok(Some(p)) => match pod_ended(&p, cmd) {
+                Some(d) => return d,
+                None => p.metadata.resource_version.unwrap_or_default(),
+            },
+            Err(kube::Error::Api(s)) if s.code == 403 => std::future::pending().await,
+            Err(_) => {
+                tokio::time::sleep(POLL).await;
+                continue;
+            }
+        };
+        let wp = WatchParams::default()
+            .fields(&format!("metadata.name={name}"))
+            .timeout(290);
+        let mut events = match pods.watch(&wp, &rv).await {
+            Ok(s) => s.boxed(),
+            Err(_) => {
+                tokio::time::sleep(POLL).await;
+                continue;
+            }
+        };
+        while let Ok(Some(ev)) = events.try_next().await {
+            match ev {
+                // A stop deletes the pod: its last state says how it ended.
+                WatchEvent::Deleted(p) => return pod_ended(&p, cmd).unwrap_or_else(gone),
+                WatchEvent::Added(p) | WatchEvent::Modified(p) => {
+                    if let Some(d) = pod_ended(&p, cmd) {
+                        return d;
+                    }
+                }
+                WatchEvent::Error(_) => break,
+                WatchEvent::Bookmark(_) => {}
+            }
+        }
+    }
+}
+
+/// How pod `p`'s container ended, `None` while it runs.
+fn pod_ended(p: &Pod, cmd: &str) -> Option<Died> {
+    let c = pod::container_of(p);
+    if c.running {
+        return None;
+    }
+    Some(Died {
+        container: c.name,
+        cmd: cmd.to_string(),
+        code: c.exit_code,
+        oom_killed: c.oom_killed,
+        runtime: c.runtime,
+        error: main_message(p),
+        ..Default::default()
+    })
+}
+
+/// The reason and message the kubelet gave for the main container's end.
+fn main_message(p: &Pod) -> String {
+    let t = p
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.name == pod::MAIN))
+        .and_then(|c| c.state.as_ref()?.terminated.as_ref());
+    match t {
+        Some(t) => [t.reason.as_deref(), t.message.as_deref()]
+            .into_iter()
+            .flatten()
+            .filter(|s| !s.is_empty() && *s != "OOMKilled" && *s != "Completed" && *s != "Error")
+            .collect::<Vec<_>>()
+            .join(": "),
+        None => String::new(),
+    }
 }
 
 #[cfg(test)]
@@ -309,6 +428,63 @@ mod tests {
                 "id",
                 "-u"
             ]
+        );
+    }
+
+    #[test]
+    fn a_pod_whose_container_ended_is_a_death_and_a_running_one_is_not() {
+        use k8s_openapi::api::core::v1::{
+            ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus,
+            PodStatus,
+        };
+        let pod = |phase: &str, state: ContainerState| Pod {
+            metadata: ObjectMeta {
+                name: Some("lw-sb-x-a".into()),
+                ..Default::default()
+            },
+            status: Some(PodStatus {
+                phase: Some(phase.into()),
+                container_statuses: Some(vec![ContainerStatus {
+                    name: pod::MAIN.into(),
+                    state: Some(state),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let running = ContainerState {
+            running: Some(ContainerStateRunning::default()),
+            ..Default::default()
+        };
+        assert_eq!(pod_ended(&pod("Running", running), "make"), None);
+        let oom = ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: 137,
+                reason: Some("OOMKilled".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let d = pod_ended(&pod("Failed", oom), "make").expect("a death");
+        assert_eq!(
+            (d.container.as_str(), d.code, d.oom_killed, d.error.as_str()),
+            ("lw-sb-x-a", Some(137), true, "")
+        );
+        assert_eq!(d.state(), "exited (OOM)");
+        let crashed = ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: 2,
+                reason: Some("Error".into()),
+                message: Some("sentry died".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let d = pod_ended(&pod("Failed", crashed), "make").expect("a death");
+        assert_eq!(
+            (d.state().as_str(), d.error.as_str()),
+            ("exited (2)", "sentry died")
         );
     }
 

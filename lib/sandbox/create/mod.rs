@@ -23,7 +23,6 @@ mod install;
 mod parts;
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 pub use checks::{check_branch, parse_port};
@@ -188,12 +187,10 @@ impl<'a> Sandboxes<'a> {
     /// Makes the root when it is new, and takes the name's lock: refused
     /// when the name is taken, half made, or its container exists.
     fn claim(&self, name: &str) -> Result<NameLock> {
-        if !self.root.dir.exists() {
-            // A new root is its owner's alone (lw doctor checks it).
-            fs::create_dir_all(&self.root.dir).map_err(io_err("cannot create", &self.root.dir))?;
-            fs::set_permissions(&self.root.dir, fs::Permissions::from_mode(0o700))
-                .map_err(io_err("cannot set the mode of", &self.root.dir))?;
-        }
+        // A new root is its owner's alone (lw doctor checks it).
+        self.root
+            .make_dir(&self.root.dir)
+            .map_err(io_err("cannot create", &self.root.dir))?;
         self.root.init()?;
         let lock = self.lock(name, false)?.ok_or_else(|| {
             Error::new(

@@ -105,11 +105,14 @@ impl<'a> Sandboxes<'a> {
             disk::mail(&self.root, &name).make(bytes, 0, 0o711)?;
         }
         let reg = Registry::new(&self.root);
-        reg.register(&registry::Sandbox::new(
-            &name,
-            Some(rec.branch.clone()),
-            rec.scope.clone(),
-        ))?;
+        // The names of its secrets, and its project's, go into the record
+        // before any value goes into the sandbox: the door resolves them
+        // from there whatever its working directory (lib/redact/names.rs).
+        let mut sb = registry::Sandbox::new(&name, Some(rec.branch.clone()), rec.scope.clone());
+        sb.secrets = rec.secrets.clone();
+        sb.door_secrets = settings.door_secrets.clone();
+        sb.allowed_secrets = settings.allowed_secrets.clone();
+        reg.register(&sb)?;
         let boxdir = self.root.sandbox(&name).dir;
         if !c.on_volumes {
             super::super::mailbox::give(&boxdir, settings.uid)?;

@@ -1,0 +1,167 @@
+//! lw-init: make a git repository ready for loopwright.
+//!
+//! Contract: finds the top of the git checkout around DIR, the stacks it
+//! holds and the host's extra certificate authorities, picks the base image
+//! (`--from`, else the first Debian image the engine already has), and
+//! writes `.loopwright/` — the runtime lw-build(1) builds, a commented
+//! config, the built-in policy to edit — plus the `.gitignore` line for the
+//! cache; one path per line on stdout, what it found and what to run next on
+//! stderr.  `--dry-run` prints what it would write and writes nothing.
+//! Nothing is overwritten without `--force` (73, naming the file).  Not in a
+//! git checkout: 66.  No `origin` remote: a warning with the fix, since
+//! lw-mirror(1) needs one.  The plan and its files are lib/init.rs.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, ValueEnum};
+use loopwright::cli::out_err;
+use loopwright::engine::{DockerEngine, Engine};
+use loopwright::init::{self, Options};
+use loopwright::{Error, Exit, Result};
+
+const PROG: &str = "lw-init";
+
+/// Make a git repository ready for loopwright: write .loopwright/ to fit its stack
+#[derive(Parser, Debug)]
+#[command(name = "lw-init", version, max_term_width = 100)]
+struct Args {
+    /// Print what would be written; write nothing
+    #[arg(long)]
+    dry_run: bool,
+
+    /// The image the base layer starts from [default: debian:bookworm-slim,
+    /// else the first Debian image the engine has]
+    #[arg(long, value_name = "IMAGE")]
+    from: Option<String>,
+
+    /// Replace the files lw init writes when they exist
+    #[arg(long)]
+    force: bool,
+
+    /// The host's extra certificate authorities (/usr/local/share/ca-certificates):
+    /// copied into every build (build.ca = host), or left out
+    #[arg(long, value_enum, default_value = "host", value_name = "WHICH")]
+    ca: Ca,
+
+    /// A directory inside the repository [default: the current one]
+    #[arg(value_name = "DIR")]
+    dir: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Ca {
+    Host,
+    None,
+}
+
+/// Base images tried in the engine, in order, when `--from` is not given.
+const BASES: &[&str] = &[
+    "debian:bookworm-slim",
+    "debian:bookworm",
+    "debian:12-slim",
+    "debian:12",
+    "debian:stable-slim",
+    "loopwright/test-debian:latest",
+];
+
+fn main() -> ExitCode {
+    loopwright::cli::run_main(PROG, run)
+}
+
+fn say(m: &str) {
+    eprintln!("{PROG}: {m}");
+}
+
+fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
+    let start = match &args.dir {
+        Some(d) => d.clone(),
+        None => std::env::current_dir().map_err(|e| Error::io("cannot read", Path::new("."), e))?,
+    };
+    let Some((top, _)) = loopwright::git::find_checkout(&start) else {
+        return Err(Error::new(
+            Exit::NoInput,
+            format!(
+                "'{}' is not in a git repository; run 'git init' there (and 'git remote add origin URL') first",
+                start.display()
+            ),
+        ));
+    };
+    let from = args.from.clone().unwrap_or_else(pick_base);
+    let authorities = match args.ca {
+        Ca::Host => init::host_authorities(Path::new(init::HOST_CA_DIR)),
+        Ca::None => vec![],
+    };
+    let plan = init::plan(
+        &top,
+        &Options {
+            from: from.clone(),
+            authorities: authorities.clone(),
+        },
+    )?;
+    for s in &plan.stacks {
+        say(&format!("found {} ({})", s.name, s.evidence));
+    }
+    if plan.stacks.is_empty() {
+        say(
+            "found no stack (Cargo.toml, package.json, pyproject.toml, requirements*.txt, go.mod); the toolchain layer installs nothing yet",
+        );
+    }
+    match &plan.mise {
+        Some(f) => say(&format!("toolchain: the tools of {f}, through mise")),
+        None => say("toolchain: Debian's packages for the stacks found"),
+    }
+    say(&format!("base image: {from}"));
+    if !authorities.is_empty() {
+        say(&format!(
+            "copied {} certificate authorit{} from {} into the base layer (build.ca = host: lw-build copies them again when they change)",
+            authorities.len(),
+            if authorities.len() == 1 { "y" } else { "ies" },
+            init::HOST_CA_DIR
+        ));
+    }
+    if !has_origin(&top) {
+        say(
+            "warning: no remote 'origin'; lw-mirror needs one: git remote add origin URL (or set mirror.url in .loopwright/config)",
+        );
+    }
+    if args.dry_run {
+        for f in &plan.files {
+            let verb = if top.join(&f.path).exists() {
+                "would replace"
+            } else {
+                "would write"
+            };
+            writeln!(out, "{verb} {}", f.path).map_err(out_err)?;
+        }
+        if plan.gitignore {
+            writeln!(out, "would add {} to .gitignore", init::GITIGNORE_LINE).map_err(out_err)?;
+        }
+        return Ok(Exit::Ok);
+    }
+    for p in plan.write(args.force)? {
+        writeln!(out, "{p}").map_err(out_err)?;
+    }
+    say("next: lw-mirror sync && lw-build, then lw-sandbox create NAME --branch BRANCH");
+    Ok(Exit::Ok)
+}
+
+/// The first of [`BASES`] the engine has, else the first of them (lw-build
+/// then says it is missing); an engine that cannot be reached is not
+/// lw init's concern.
+fn pick_base() -> String {
+    let found = DockerEngine::connect().ok().and_then(|e| {
+        BASES
+            .iter()
+            .find(|b| e.image(b).ok().flatten().is_some())
+            .map(|b| b.to_string())
+    });
+    found.unwrap_or_else(|| BASES[0].to_string())
+}
+
+fn has_origin(top: &Path) -> bool {
+    let mut c = loopwright::git::command(Some(top));
+    c.args(["config", "--get", "remote.origin.url"]);
+    loopwright::git::output(&mut c, "read the origin remote").is_ok_and(|o| o.status.success())
+}

@@ -1,0 +1,227 @@
+//! An exec on the Docker Engine, raced against its container's death:
+//! [`Engine::exec`](crate::engine::Engine::exec) and
+//! [`SandboxEngine::exec_io`](crate::engine::SandboxEngine::exec_io) both
+//! run here (stdin fed from the caller, a terminal when asked).
+//!
+//! Docker does not always end an exec's stream when its container dies.
+//! Under gVisor (runsc), a sandbox kernel that dies (a fork bomb at the pids
+//! limit: status 2; the memory limit's OOM kill of the whole sandbox) leaves
+//! dockerd unable to file the exec's exit ("exit event ... no such
+//! container" in its log), and the attach stream stays open for ever (an
+//! exec hung 3 and 10 minutes, issue 29).  So every exec also waits on its
+//! container (`POST /containers/ID/wait?condition=not-running`, the engine's
+//! own notice, no polling) and, when that answers first, reads what output
+//! is still in flight for at most [`DRAIN`], then asks the engine how the
+//! container ended and returns it as a [`Died`] (69).  An inspect must
+//! agree that it is not running; where the wait fails or answers early (an
+//! engine that refuses it, a connection that broke), an inspect every
+//! [`POLL`] stands in for it: the exec itself is never ended by a failed
+//! watch.
+//!
+//! The exec's own status passes through while the container lives.  Under
+//! runc a container's death kills the exec's processes (137), and the
+//! engine may file that before the container's end, so an exec that
+//! SIGKILL ended waits up to [`KILLED`] for the wait to answer before its
+//! status is believed.
+
+use std::time::Duration;
+
+use bollard::Docker;
+use bollard::container::LogOutput;
+use bollard::exec::{StartExecOptions, StartExecResults};
+use bollard::models::ExecConfig;
+use bollard::query_parameters as qp;
+use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
+
+use super::{DockerEngine, api_err, status_of};
+use crate::engine::died::{DRAIN, KILLED, POLL};
+use crate::engine::{Died, ExecIo, ExecRequest, OutStream};
+use crate::error::{Error, Exit, Result};
+
+/// An exec may stream a whole repository's pack (push) or run for hours (shell).
+const LONG: Duration = Duration::from_secs(24 * 3600);
+
+impl DockerEngine {
+    /// Runs `req` in `container` with `io` attached; returns its status, or
+    /// 69 with a [`Died`] when the container ended while it ran.
+    pub(crate) fn exec_attached(
+        &self,
+        container: &str,
+        req: &ExecRequest,
+        io: ExecIo<'_>,
+    ) -> Result<i64> {
+        let host = self.host().to_string();
+        let cmd = req.cmd.join(" ");
+        let what = format!("cannot run {cmd:?} in container '{container}'");
+        let ExecIo {
+            stdin,
+            tty,
+            size,
+            on_output,
+        } = io;
+        let cfg = ExecConfig {
+            attach_stdin: Some(stdin.is_some()),
+            tty: Some(tty),
+            ..super::exec_config(req)
+        };
+        let docker = self.client().clone().with_timeout(LONG);
+        let mut rx = crate::engine::stdin::pump(stdin);
+        let err = |e| api_err(&host, &what, e);
+        self.block_on(async {
+            let created = docker.create_exec(container, cfg).await.map_err(err)?;
+            let death = dead(&docker, container);
+            tokio::pin!(death);
+            let mut died = false;
+            let opts = StartExecOptions {
+                detach: false,
+                tty,
+                output_capacity: Some(64 * 1024),
+            };
+            if let StartExecResults::Attached {
+                mut output,
+                mut input,
+            } = docker
+                .start_exec(&created.id, Some(opts))
+                .await
+                .map_err(err)?
+            {
+                let resize = |(h, w): (u16, u16)| qp::ResizeExecOptions {
+                    h: h.into(),
+                    w: w.into(),
+                };
+                if let Some(s) = size {
+                    let _ = docker.resize_exec(&created.id, resize(s)).await;
+                }
+                let mut stdin_open = true;
+                // A local terminal's resizes follow it to the remote one.
+                let mut winch = if tty && size.is_some() {
+                    use tokio::signal::unix::{SignalKind, signal};
+                    signal(SignalKind::window_change()).ok()
+                } else {
+                    None
+                };
+                let mut on_chunk = |c: LogOutput| match c {
+                    LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                        on_output(OutStream::Stdout, &message)
+                    }
+                    LogOutput::StdErr { message } => on_output(OutStream::Stderr, &message),
+                    LogOutput::StdIn { .. } => {}
+                };
+                loop {
+                    tokio::select! {
+                        () = &mut death, if !died => {
+                            died = true;
+                            // What the container wrote before it died may
+                            // still be on its way.
+                            let until = tokio::time::Instant::now() + DRAIN;
+                            while let Ok(Some(Ok(c))) =
+                                tokio::time::timeout_at(until, output.next()).await
+                            {
+                                on_chunk(c);
+                            }
+                            break;
+                        }
+                        Some(()) = async { match winch.as_mut() { Some(w) => w.recv().await, None => None } } => {
+                            if let Some(s) = crate::tty::size() {
+                                let _ = docker.resize_exec(&created.id, resize(s)).await;
+                            }
+                        }
+                        chunk = output.next() => match chunk {
+                            None => break,
+                            Some(c) => on_chunk(c.map_err(err)?),
+                        },
+                        data = rx.recv(), if stdin_open => match data {
+                            Some(Some(bytes)) => {
+                                // The command may have closed its stdin; its output says the rest.
+                                if input.write_all(&bytes).await.is_err() {
+                                    stdin_open = false;
+                                }
+                            }
+                            _ => {
+                                stdin_open = false;
+                                let _ = input.shutdown().await;
+                            }
+                        },
+                    }
+                }
+            }
+            if died {
+                return Err(dead_err(&docker, container, &cmd).await);
+            }
+            let code = docker
+                .inspect_exec(&created.id)
+                .await
+                .map_err(err)?
+                .exit_code;
+            // Killed (SIGKILL), or never filed as ended: the container's
+            // death may be why, and the engine may file the exec's end
+            // before the container's.
+            if code.is_none_or(|c| c == 128 + 9)
+                && tokio::time::timeout(KILLED, &mut death).await.is_ok()
+            {
+                return Err(dead_err(&docker, container, &cmd).await);
+            }
+            code.ok_or_else(|| {
+                Error::new(
+                    Exit::Software,
+                    format!("{what}: the engine reported no exit status"),
+                )
+            })
+        })
+    }
+}
+
+/// The error of an exec whose container is no longer running.
+async fn dead_err(docker: &Docker, container: &str, cmd: &str) -> Error {
+    let d = ended(docker, container, cmd).await.unwrap_or_else(|| Died {
+        container: container.to_string(),
+        cmd: cmd.to_string(),
+        ..Default::default()
+    });
+    d.into_error()
+}
+
+/// Resolves once `container` is no longer running: when the engine's
+/// wait answers and an inspect agrees; while they disagree (an engine that
+/// answers the wait at once, or refuses it), an inspect every [`POLL`].
+async fn dead(docker: &Docker, container: &str) {
+    let opts = qp::WaitContainerOptions {
+        condition: "not-running".into(),
+    };
+    // Any answer, a status other than 0 (an error of bollard's) included.
+    let _ = docker.wait_container(container, Some(opts)).next().await;
+    while ended(docker, container, "").await.is_none() {
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// How `container` ended, as the engine says; `None` while it runs (or
+/// when the engine cannot say: a watch that cannot see must not end an
+/// exec).
+async fn ended(docker: &Docker, container: &str, cmd: &str) -> Option<Died> {
+    let mut d = Died {
+        container: container.to_string(),
+        cmd: cmd.to_string(),
+        ..Default::default()
+    };
+    match docker
+        .inspect_container(container, None::<qp::InspectContainerOptions>)
+        .await
+    {
+        Ok(c) => {
+            let s = c.state.unwrap_or_default();
+            if s.running.unwrap_or(false) {
+                return None;
+            }
+            d.code = s.exit_code;
+            d.oom_killed = s.oom_killed.unwrap_or(false);
+            d.error = s.error.unwrap_or_default();
+            d.finished = s.finished_at.unwrap_or_default();
+            d.runtime = c.host_config.and_then(|h| h.runtime).unwrap_or_default();
+        }
+        Err(e) if status_of(&e) == Some(404) => d.removed = true,
+        Err(_) => return None,
+    }
+    Some(d)
+}

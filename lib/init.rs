@@ -1,0 +1,581 @@
+//! `lw init`: loopwright for a repository it has never seen.
+//!
+//! It looks at the top of the git checkout for the files that name a stack
+//! (`Cargo.toml`, `package.json`, `pyproject.toml`/`requirements*.txt`,
+//! `go.mod`, `mise.toml`/`.tool-versions`) and plans `.loopwright/`: the
+//! runtime of lw-build(1) with a toolchain layer that fits (the project's
+//! own mise tools when it has them, else Debian's packages for the stacks
+//! found, which need no download site but Debian's) and a deps layer whose
+//! inputs are the lockfiles found; a commented configuration; the built-in
+//! policy as a starting point; and the `.gitignore` line for the cache.
+//!
+//! The plan is made first and written only when nothing would be
+//! overwritten (or `--force`), so `--dry-run` prints exactly what a run
+//! writes.  Nothing here talks to an engine or a network: the caller picks
+//! the base image (lib/init takes it as given) and the host's extra
+//! certificate authorities ([`host_authorities`]).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Exit, Result};
+use crate::image::{DEFAULT_RUNTIME, KNOWN_DEPS_FILES, RUNTIME_DIR};
+
+/// Where the host keeps certificate authorities it added to the system's
+/// (Debian's `update-ca-certificates` input): a TLS-intercepting proxy's,
+/// a company's.  `build.ca = host` copies them into every build.
+pub const HOST_CA_DIR: &str = "/usr/local/share/ca-certificates";
+
+/// The `.loopwright/config` key: `host` copies [`HOST_CA_DIR`]'s
+/// certificates into the base layer's inputs at each `lw-build`.
+pub const KEY_CA: &str = "build.ca";
+
+/// Where host certificates are copied, inside the base layer's inputs.
+pub const HOST_CA_COPY: &str = ".loopwright/runtime/ca-certificates/host";
+
+/// One stack found, and the file that says so.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stack {
+    pub name: &'static str,
+    pub evidence: String,
+    /// Debian packages that give its toolchain.
+    pub packages: &'static [&'static str],
+}
+
+const STACKS: &[(&str, &[&str], &[&str])] = &[
+    ("rust", &["Cargo.toml"], &["cargo", "rustc"]),
+    ("node", &["package.json"], &["nodejs", "npm"]),
+    (
+        "python",
+        &["pyproject.toml", "requirements.txt", "setup.py"],
+        &["python3", "python3-venv", "python3-pip"],
+    ),
+    ("go", &["go.mod"], &["golang-go"]),
+];
+
+/// Lockfiles the deps layer takes as inputs besides lw-build's own list.
+const MORE_DEPS_FILES: &[&str] = &["yarn.lock", "pnpm-lock.yaml", "poetry.lock", "uv.lock"];
+
+/// The stacks whose files are at `top`, in a fixed order.
+pub fn detect(top: &Path) -> Vec<Stack> {
+    let mut found = Vec::new();
+    for (name, files, packages) in STACKS {
+        let evidence = files
+            .iter()
+            .find(|f| top.join(f).is_file())
+            .map(|f| f.to_string())
+            .or_else(|| {
+                (*name == "python")
+                    .then(|| requirements(top).into_iter().next())
+                    .flatten()
+            });
+        if let Some(evidence) = evidence {
+            found.push(Stack {
+                name,
+                evidence,
+                packages,
+            });
+        }
+    }
+    found
+}
+
+/// `requirements*.txt` at `top`, sorted.
+fn requirements(top: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(top)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with("requirements") && n.ends_with(".txt"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// The lockfiles and manifests at `top` the deps layer declares as inputs.
+pub fn deps_inputs(top: &Path) -> Vec<String> {
+    let mut v: Vec<String> = KNOWN_DEPS_FILES
+        .iter()
+        .chain(MORE_DEPS_FILES)
+        .filter(|f| top.join(f).is_file())
+        .map(|f| f.to_string())
+        .collect();
+    for r in requirements(top) {
+        if !v.contains(&r) {
+            v.push(r);
+        }
+    }
+    v
+}
+
+/// The host's extra certificate authorities: `(file name, PEM)` of each
+/// `*.crt` directly in `dir` (normally [`HOST_CA_DIR`]), sorted by name.
+pub fn host_authorities(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let n = e.file_name().into_string().ok()?;
+            let is_file = e.file_type().ok()?.is_file();
+            (is_file && n.ends_with(".crt"))
+                .then(|| std::fs::read(e.path()).ok().map(|b| (n, b)))
+                .flatten()
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Makes `top/HOST_CA_COPY` hold exactly `cas` (files written when their
+/// content changed, others removed); returns how many changed.  lw-build
+/// calls it for `build.ca = host`: the copies are inputs of the base layer,
+/// so a new or changed authority rebuilds it.
+pub fn sync_authorities(top: &Path, cas: &[(String, Vec<u8>)]) -> Result<usize> {
+    let dir = top.join(HOST_CA_COPY);
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io("cannot create", &dir, e))?;
+    let mut changed = 0;
+    for (name, pem) in cas {
+        let p = dir.join(name);
+        if std::fs::read(&p).ok().as_deref() != Some(pem.as_slice()) {
+            crate::fs::write_replace(&p, pem, 0o644, crate::fs::Durability::Synced)
+                .map_err(|e| Error::io("cannot write", &p, e))?;
+            changed += 1;
+        }
+    }
+    for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        if !cas.iter().any(|(c, _)| *c == n) {
+            std::fs::remove_file(e.path())
+                .map_err(|er| Error::io("cannot remove", &e.path(), er))?;
+            changed += 1;
+        }
+    }
+    Ok(changed)
+}
+
+/// What `lw init` decides.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// The image the base layer starts from.
+    pub from: String,
+    /// The host's extra authorities, copied in (and `build.ca = host`).
+    pub authorities: Vec<(String, Vec<u8>)>,
+}
+
+/// One file `lw init` writes: path relative to the checkout's top.
+#[derive(Clone, Debug)]
+pub struct File {
+    pub path: String,
+    pub bytes: Vec<u8>,
+    pub mode: u32,
+}
+
+/// Everything `lw init` writes, and what it found.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub top: PathBuf,
+    pub stacks: Vec<Stack>,
+    pub deps: Vec<String>,
+    /// The project's own mise file the toolchain follows, if any.
+    pub mise: Option<String>,
+    pub files: Vec<File>,
+    /// Whether `.gitignore` gains the cache's line.
+    pub gitignore: bool,
+}
+
+/// The `.gitignore` line that keeps the cache (mirror, mailbox) out of git.
+pub const GITIGNORE_LINE: &str = ".loopwright/cache/";
+
+/// Plans `.loopwright/` for the checkout at `top`.
+pub fn plan(top: &Path, o: &Options) -> Result<Plan> {
+    let stacks = detect(top);
+    let deps = deps_inputs(top);
+    let mise = ["mise.toml", ".mise.toml", ".tool-versions"]
+        .into_iter()
+        .find(|f| top.join(f).is_file())
+        .map(str::to_string);
+    let mut files = Vec::new();
+    for (name, text, mode) in DEFAULT_RUNTIME {
+        let path = format!("{RUNTIME_DIR}/{name}");
+        let text = match *name {
+            "runtime.conf" => runtime_conf(text, &o.from, &deps, mise.is_some(), &stacks),
+            "toolchain.Dockerfile" if mise.is_none() => native_toolchain(&stacks),
+            "mise.toml" => match &mise {
+                Some(f) => mise_tools(top, f)?,
+                None => continue,
+            },
+            "deps.sh" => format!("{text}{DEPS_GO}"),
+            _ => text.to_string(),
+        };
+        files.push(File {
+            path,
+            bytes: text.into_bytes(),
+            mode: *mode,
+        });
+    }
+    for (name, pem) in &o.authorities {
+        files.push(File {
+            path: format!("{HOST_CA_COPY}/{name}"),
+            bytes: pem.clone(),
+            mode: 0o644,
+        });
+    }
+    files.push(File {
+        path: crate::config::FILE.to_string(),
+        bytes: config_text(&stacks, !o.authorities.is_empty()).into_bytes(),
+        mode: 0o644,
+    });
+    files.push(File {
+        path: crate::policy::DEFAULT_PATH.to_string(),
+        bytes: format!(
+            "# The mediator's policy: the built-in one, written out to edit.\n# See mailbox-spec.md, POLICY, and lw-mediate policy check.\n{}",
+            crate::policy::Policy::default().render()
+        )
+        .into_bytes(),
+        mode: 0o644,
+    });
+    let ignored = std::fs::read_to_string(top.join(".gitignore")).unwrap_or_default();
+    let gitignore = !ignored.lines().any(|l| {
+        matches!(
+            l.trim(),
+            ".loopwright/cache/" | ".loopwright/cache" | "/.loopwright/cache/"
+        )
+    });
+    Ok(Plan {
+        top: top.to_path_buf(),
+        stacks,
+        deps,
+        mise,
+        files,
+        gitignore,
+    })
+}
+
+/// Go modules, added to the default deps.sh (whose own cases are npm, pip
+/// and cargo).
+const DEPS_GO: &str = "if [ -f go.mod ] && command -v go >/dev/null; then
+    go mod download
+    echo \"deps.sh: go modules downloaded\"
+fi
+";
+
+fn runtime_conf(
+    template: &str,
+    from: &str,
+    deps: &[String],
+    mise: bool,
+    stacks: &[Stack],
+) -> String {
+    let mut text = template.replace("@FROM@", from);
+    let mut extra = String::new();
+    for i in deps {
+        let _ = writeln!(extra, "    input {i}");
+    }
+    text = text.replace("@DEPS_INPUTS@\n", &extra);
+    if !mise {
+        let names: Vec<&str> = stacks.iter().map(|s| s.name).collect();
+        text = text.replace(
+            "# Language toolchains, as declared in mise.toml.\nlayer toolchain\n    dockerfile .loopwright/runtime/toolchain.Dockerfile\n    provider mise 2026.9.15\n    input .loopwright/runtime/mise.toml\n",
+            &format!(
+                "# Language toolchains: Debian's packages for {} (lw init; edit\n# toolchain.Dockerfile, or switch to mise: see lw-build(1)).\nlayer toolchain\n    dockerfile .loopwright/runtime/toolchain.Dockerfile\n    provider native\n",
+                if names.is_empty() {
+                    "no stack found".to_string()
+                } else {
+                    names.join(", ")
+                }
+            ),
+        );
+    }
+    text
+}
+
+fn native_toolchain(stacks: &[Stack]) -> String {
+    let mut pkgs: Vec<&str> = stacks
+        .iter()
+        .flat_map(|s| s.packages.iter().copied())
+        .collect();
+    pkgs.dedup();
+    let install = if pkgs.is_empty() {
+        "# No stack was found: nothing to install yet.\nRUN true\n".to_string()
+    } else {
+        format!(
+            "RUN set -eu; export DEBIAN_FRONTEND=noninteractive; \\\n    apt-get update; \\\n    apt-get install -y --no-install-recommends {}; \\\n    rm -rf /var/lib/apt/lists/*\n",
+            pkgs.join(" ")
+        )
+    };
+    format!(
+        "# Toolchain layer (written by lw init): Debian's packages for the stacks\n# it found, from the package registry sandboxes' builds can reach.\nARG LW_PARENT\nFROM ${{LW_PARENT}}\n{install}"
+    )
+}
+
+/// The runtime's mise.toml from the project's own mise file: a copy of
+/// `mise.toml`, or `.tool-versions` (`TOOL VERSION` lines) as `[tools]`.
+fn mise_tools(top: &Path, file: &str) -> Result<String> {
+    let p = top.join(file);
+    let text = std::fs::read_to_string(&p).map_err(|e| Error::io("cannot read", &p, e))?;
+    if file != ".tool-versions" {
+        return Ok(format!(
+            "# Copied from {file} by lw init: the toolchain layer installs these.\n{text}"
+        ));
+    }
+    let mut out =
+        format!("# From {file}, by lw init: the toolchain layer installs these.\n[tools]\n");
+    for l in text.lines() {
+        let l = l.split('#').next().unwrap_or("").trim();
+        let mut it = l.split_whitespace();
+        if let (Some(tool), Some(version)) = (it.next(), it.next()) {
+            let _ = writeln!(out, "\"{tool}\" = \"{version}\"");
+        }
+    }
+    Ok(out)
+}
+
+fn config_text(stacks: &[Stack], host_ca: bool) -> String {
+    let mut s = String::from(
+        "# loopwright's settings for this project (written by lw init).\n# Every key is in loopwright(7), CONFIGURATION; an unknown key is refused.\n",
+    );
+    if host_ca {
+        s.push_str(
+            "\n# The host's extra certificate authorities (a TLS-intercepting proxy's)\n# are copied into the base layer at each lw-build, so a change rebuilds it.\nbuild.ca = host\n",
+        );
+    }
+    s.push_str("\n# Each sandbox's limits (lw-sandbox(1), LIMITS):\n# sandbox.memory = 2g\n# sandbox.cpus = 1\n# sandbox.disk = 4g\n");
+    if !stacks.is_empty() {
+        let _ = writeln!(
+            s,
+            "\n# Stacks found: {}.",
+            stacks
+                .iter()
+                .map(|st| format!("{} ({})", st.name, st.evidence))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    s
+}
+
+impl Plan {
+    /// The files that exist already (and would be replaced).
+    pub fn existing(&self) -> Vec<&File> {
+        self.files
+            .iter()
+            .filter(|f| self.top.join(&f.path).exists())
+            .collect()
+    }
+
+    /// Writes the plan; refuses (73) when a file exists, unless `force`.
+    /// Returns the paths written, `.gitignore` last when it changed.
+    pub fn write(&self, force: bool) -> Result<Vec<String>> {
+        if !force && let Some(f) = self.existing().first() {
+            return Err(Error::new(
+                Exit::CantCreat,
+                format!(
+                    "'{}' exists; not overwriting it (lw init --force replaces what lw init writes, --dry-run shows it)",
+                    self.top.join(&f.path).display()
+                ),
+            ));
+        }
+        let mut written = Vec::new();
+        for f in &self.files {
+            let p = self.top.join(&f.path);
+            let parent = p.parent().expect("a planned file has a parent");
+            std::fs::create_dir_all(parent).map_err(|e| Error::io("cannot create", parent, e))?;
+            crate::fs::write_replace(&p, &f.bytes, f.mode, crate::fs::Durability::Synced)
+                .map_err(|e| Error::io("cannot write", &p, e))?;
+            written.push(f.path.clone());
+        }
+        if self.gitignore {
+            let p = self.top.join(".gitignore");
+            let mut text = std::fs::read_to_string(&p).unwrap_or_default();
+            if !text.is_empty() && !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text.push_str(GITIGNORE_LINE);
+            text.push('\n');
+            crate::fs::write_replace(&p, text.as_bytes(), 0o644, crate::fs::Durability::Synced)
+                .map_err(|e| Error::io("cannot write", &p, e))?;
+            written.push(".gitignore".to_string());
+        }
+        Ok(written)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(files: &[(&str, &str)]) -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "lw-init-{}-{:x}",
+            std::process::id(),
+            crate::id::random128() as u32
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        for (n, t) in files {
+            std::fs::write(d.join(n), t).unwrap();
+        }
+        d
+    }
+
+    fn file<'a>(p: &'a Plan, path: &str) -> &'a str {
+        let f = p.files.iter().find(|f| f.path == path).expect(path);
+        std::str::from_utf8(&f.bytes).unwrap()
+    }
+
+    #[test]
+    fn each_stack_is_found_by_its_file_and_gets_its_packages_and_lockfiles() {
+        // (files, stacks found, deps inputs, in the toolchain's Dockerfile)
+        type Case<'a> = (
+            &'a [(&'a str, &'a str)],
+            &'a [&'a str],
+            &'a [&'a str],
+            &'a str,
+        );
+        let cases: &[Case] = &[
+            (
+                &[("Cargo.toml", ""), ("Cargo.lock", "")],
+                &["rust"],
+                &["Cargo.toml", "Cargo.lock"],
+                "cargo rustc",
+            ),
+            (
+                &[("package.json", "{}"), ("package-lock.json", "{}")],
+                &["node"],
+                &["package.json", "package-lock.json"],
+                "nodejs npm",
+            ),
+            (
+                &[("pyproject.toml", ""), ("poetry.lock", "")],
+                &["python"],
+                &["pyproject.toml", "poetry.lock"],
+                "python3 python3-venv python3-pip",
+            ),
+            (
+                &[("requirements-dev.txt", "")],
+                &["python"],
+                &["requirements-dev.txt"],
+                "python3",
+            ),
+            (
+                &[("go.mod", "module x"), ("go.sum", "")],
+                &["go"],
+                &["go.mod", "go.sum"],
+                "golang-go",
+            ),
+            (
+                &[("Cargo.toml", ""), ("package.json", "{}")],
+                &["rust", "node"],
+                &["package.json", "Cargo.toml"],
+                "cargo rustc nodejs npm",
+            ),
+            (&[("README", "")], &[], &[], "RUN true"),
+        ];
+        for (files, stacks, deps, pkgs) in cases {
+            let d = dir(files);
+            let p = plan(
+                &d,
+                &Options {
+                    from: "debian:bookworm-slim".into(),
+                    authorities: vec![],
+                },
+            )
+            .unwrap();
+            let names: Vec<&str> = p.stacks.iter().map(|s| s.name).collect();
+            assert_eq!(&names, stacks, "{files:?}");
+            assert_eq!(&p.deps, deps, "{files:?}");
+            let conf = file(&p, ".loopwright/runtime/runtime.conf");
+            for dep in *deps {
+                assert!(conf.contains(&format!("    input {dep}\n")), "{conf}");
+            }
+            assert!(conf.contains("provider native"), "{conf}");
+            assert!(conf.contains("from debian:bookworm-slim"));
+            assert!(
+                file(&p, ".loopwright/runtime/toolchain.Dockerfile").contains(pkgs),
+                "{files:?}"
+            );
+            assert!(!p.files.iter().any(|f| f.path.ends_with("mise.toml")));
+            // What lw-build reads must parse.
+            crate::image::parse(conf, "runtime.conf").expect("lw-build reads it");
+            std::fs::remove_dir_all(&d).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_project_with_mise_tools_keeps_them_and_the_mise_provider() {
+        let d = dir(&[(".tool-versions", "node 22.11.0 # lts\npython 3.12.7\n")]);
+        let p = plan(
+            &d,
+            &Options {
+                from: "img".into(),
+                authorities: vec![],
+            },
+        )
+        .unwrap();
+        assert_eq!(p.mise.as_deref(), Some(".tool-versions"));
+        let conf = file(&p, ".loopwright/runtime/runtime.conf");
+        assert!(conf.contains("provider mise"), "{conf}");
+        let m = file(&p, ".loopwright/runtime/mise.toml");
+        assert!(
+            m.contains("[tools]\n\"node\" = \"22.11.0\"\n\"python\" = \"3.12.7\"\n"),
+            "{m}"
+        );
+        crate::image::parse(conf, "runtime.conf").expect("lw-build reads it");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn authorities_the_config_policy_and_gitignore() {
+        let d = dir(&[(".gitignore", "target/")]);
+        let cas = vec![("corp.crt".to_string(), b"PEM".to_vec())];
+        let p = plan(
+            &d,
+            &Options {
+                from: "img".into(),
+                authorities: cas.clone(),
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            file(&p, ".loopwright/runtime/ca-certificates/host/corp.crt"),
+            "PEM"
+        );
+        let c = file(&p, ".loopwright/config");
+        let cfg = crate::config::Config::parse(c, Path::new("config")).unwrap();
+        assert_eq!(cfg.get(KEY_CA), Some("host"));
+        crate::policy::Policy::parse(file(&p, ".loopwright/policy"), None)
+            .expect("the policy parses");
+        assert!(p.gitignore);
+        let w = p.write(false).unwrap();
+        assert_eq!(w.last().map(String::as_str), Some(".gitignore"));
+        assert_eq!(
+            std::fs::read_to_string(d.join(".gitignore")).unwrap(),
+            "target/\n.loopwright/cache/\n"
+        );
+        // A second run refuses, names the file, and --force replaces.
+        let again = plan(
+            &d,
+            &Options {
+                from: "img".into(),
+                authorities: cas,
+            },
+        )
+        .unwrap();
+        assert!(!again.gitignore);
+        let e = again.write(false).unwrap_err();
+        assert_eq!(e.exit, Exit::CantCreat);
+        assert!(again.write(true).is_ok());
+        // A changed authority is copied again, a gone one removed.
+        assert_eq!(
+            sync_authorities(&d, &[("corp.crt".into(), b"PEM".to_vec())]).unwrap(),
+            0
+        );
+        assert_eq!(
+            sync_authorities(&d, &[("new.crt".into(), b"NEW".to_vec())]).unwrap(),
+            2
+        );
+        assert!(!d.join(HOST_CA_COPY).join("corp.crt").exists());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
