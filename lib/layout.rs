@@ -7,6 +7,8 @@
 //!   human/{tmp,new,cur}                   questions escalated to a person
 //!   human-outbox/{tmp,new,cur}            what a person answers (lw-mediate answer, lw-sync pull);
 //!                                         the mediator routes it like a sandbox outbox, sender `human`
+//!   mediator-outbox/{tmp,new,cur}         the mediator's own generated messages (lw-radar);
+//!                                         routed like an outbox, sender `mediator`
 //!   held/{tmp,new,cur}                    messages the policy held
 //!   quarantine/{tmp,new,cur}              files that could not be read, with reasons
 //!   log/{tmp,new}                         one file per logged event (message + decision)
@@ -85,6 +87,12 @@ impl Root {
     pub fn human_outbox(&self) -> Maildir {
         Maildir::new(self.dir.join("human-outbox"))
     }
+    /// Where the mediator's own generated messages wait to be routed (the
+    /// radar's `conflict` and `conflict-cleared`); the mediator reads it as
+    /// the outbox of `mediator`.  Only host commands write it.
+    pub fn mediator_outbox(&self) -> Maildir {
+        Maildir::new(self.dir.join("mediator-outbox"))
+    }
     pub fn held(&self) -> Maildir {
         Maildir::new(self.dir.join("held"))
     }
@@ -144,6 +152,7 @@ impl Root {
         for m in [
             self.human(),
             self.human_outbox(),
+            self.mediator_outbox(),
             self.held(),
             self.quarantine(),
             Maildir::new(self.log_dir()),

@@ -34,6 +34,7 @@ pub mod policy;
 pub mod ports;
 pub mod post;
 pub mod quarantine;
+pub mod radar;
 pub mod redact;
 pub mod registry;
 pub mod sandbox;

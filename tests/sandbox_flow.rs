@@ -549,3 +549,113 @@ fn a_new_root_is_closed_and_the_sandbox_still_reads_the_registry() {
     std::fs::set_permissions(&f.root, std::fs::Permissions::from_mode(0o700)).expect("chmod");
     f.ok(&["rm", "api", "--force"]);
 }
+
+/// Issue 32: lw-radar reads two real sandboxes' task branches (through
+/// push's transport: upload-pack inside, never git in their clone on the
+/// host), both get one `conflict` through the mediator, nothing more on
+/// further passes, and one `conflict-cleared` once one side resolves it.
+#[test]
+fn radar_tells_both_sandboxes_of_a_conflict_once_and_of_its_end() {
+    let f = Fixture::new("radar");
+    f.ok(&[
+        "create",
+        "api",
+        "--branch",
+        "lw/api",
+        "--scope",
+        "src/api/**",
+    ]);
+    f.ok(&["create", "web", "--branch", "lw/web"]);
+    for (n, users) in [("api", 2), ("web", 3)] {
+        let (code, _, e) = f.sh(
+            n,
+            &format!("echo '{{\"users\": {users}}}' > src/api/schema.json && git commit -qam '{n}: users {users}'"),
+        );
+        assert_eq!(code, 0, "{e}");
+    }
+    let radar = || {
+        let o = std::process::Command::new(bin("lw-radar"))
+            .arg("--root")
+            .arg(&f.root)
+            .output()
+            .expect("lw-radar runs");
+        assert!(o.status.success(), "lw-radar: {}", err(&o));
+        text(&o)
+    };
+    let mediate = || {
+        let o = std::process::Command::new(bin("lw-mediate"))
+            .arg("--root")
+            .arg(&f.root)
+            .arg("--once")
+            .output()
+            .expect("lw-mediate runs");
+        assert!(o.status.success(), "lw-mediate: {}", err(&o));
+    };
+    let kinds = |n: &str| -> Vec<String> {
+        let dir = f.root.join("sandboxes").join(n).join("inbox/new");
+        let mut v: Vec<(String, String)> = std::fs::read_dir(dir)
+            .map(|rd| {
+                rd.map(|e| {
+                    let m = loopwright::message::Message::parse(
+                        &std::fs::read(e.expect("entry").path()).expect("read"),
+                    )
+                    .expect("a message");
+                    (m.id, m.kind.to_string())
+                })
+                .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v.into_iter().map(|(_, k)| k).collect()
+    };
+    let t = std::time::Instant::now();
+    let out = radar();
+    assert!(
+        out.starts_with("conflict ") && out.contains("src/api/schema.json"),
+        "{out}"
+    );
+    mediate();
+    println!(
+        "radar: 2 sandboxes -> conflict in both inboxes in {:.2}s",
+        t.elapsed().as_secs_f32()
+    );
+    for n in ["api", "web"] {
+        assert_eq!(kinds(n), ["conflict"], "{n}");
+    }
+    let body = std::fs::read_dir(f.root.join("sandboxes/web/inbox/new"))
+        .expect("inbox")
+        .map(|e| std::fs::read_to_string(e.expect("entry").path()).expect("read"))
+        .next()
+        .expect("one message");
+    assert!(
+        body.contains("lw/api") && body.contains("lw/web") && body.contains("contents, 1 hunk"),
+        "{body}"
+    );
+    assert!(
+        body.contains("web changed paths in the scope api declared"),
+        "{body}"
+    );
+
+    assert_eq!(radar(), "");
+    mediate();
+    assert_eq!(kinds("api"), ["conflict"]);
+
+    // web leaves the schema to api: the branches merge cleanly, and web
+    // no longer changes api's scope.
+    let (code, _, e) = f.sh(
+        "web",
+        "git checkout -q HEAD~1 -- src/api/schema.json && git commit -qm 'web: leave the schema to api'",
+    );
+    assert_eq!(code, 0, "{e}");
+    let out = radar();
+    assert!(out.starts_with("conflict-cleared "), "{out}");
+    mediate();
+    assert_eq!(radar(), "");
+    mediate();
+    for n in ["api", "web"] {
+        assert_eq!(kinds(n), ["conflict", "conflict-cleared"], "{n}");
+    }
+    println!(
+        "radar: 1 conflict and 1 conflict-cleared in each inbox, 0 repeats over 2 more passes"
+    );
+}

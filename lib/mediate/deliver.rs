@@ -224,7 +224,7 @@ impl Mediator {
         let mut bytes = 0usize;
         for (k, name) in items {
             let (sender, ob) = (obs[*k].0.as_str(), &obs[*k].1);
-            match inspect(&ob.new, name) {
+            match inspect(&ob.new, name, sender == layout::MEDIATOR) {
                 Inspected::Gone => {}
                 // A planted directory that could not be taken stays, quietly.
                 Inspected::Bad(_, st) if self.is_left(&quarantine_id(sender, name, &st)) => {}

@@ -22,7 +22,7 @@ pub(super) enum Inspected {
 
 /// Examines `name` in the directory `dir` without following it, blocking on
 /// it, or reading more than the size limit.
-pub(super) fn inspect(dir: &OwnedFd, name: &OsStr) -> Inspected {
+pub(super) fn inspect(dir: &OwnedFd, name: &OsStr, own: bool) -> Inspected {
     let st = match rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
         Ok(st) => st,
         Err(_) => return Inspected::Gone,
@@ -89,7 +89,7 @@ pub(super) fn inspect(dir: &OwnedFd, name: &OsStr) -> Inspected {
     }
     match Message::parse(&buf) {
         Ok(m) if m.id != text => bad(format!("id '{}' inside does not match the file name", m.id)),
-        Ok(m) if !m.kind.postable() => bad(format!(
+        Ok(m) if !own && !m.kind.postable() => bad(format!(
             "kind '{}' is the mediator's own and cannot be posted",
             m.kind
         )),

@@ -55,7 +55,7 @@ impl Mediator {
         };
         if let Ok(names) = names {
             for n in names {
-                if let Inspected::Message(m) = inspect(&held.new, &n) {
+                if let Inspected::Message(m) = inspect(&held.new, &n, true) {
                     *count.entry(m.from).or_default() += 1;
                 }
             }

@@ -2,7 +2,8 @@
 //! (mailbox-spec.md, "THE MEDIATOR" and "DECISIONS AND BOUNCES").
 //!
 //! The sender of a message is the owner of the outbox it sits in
-//! (`sandboxes/NAME/outbox`, or `human-outbox` for a person); the `from`
+//! (`sandboxes/NAME/outbox`, `human-outbox` for a person, `mediator-outbox`
+//! for the mediator's own generated messages, lw-radar's); the `from`
 //! field inside the file is overwritten, and a differing one is noted in the
 //! decision's reason.
 //!
@@ -525,12 +526,19 @@ impl Mediator {
         // Paths beneath the root's descriptor: a sandbox can replace its
         // `outbox`, `inbox` or their `tmp` with a link to a host directory,
         // and this removes files as root (lib/fs::open_beneath).
-        let mut dirs: Vec<PathBuf> = ["log", "human", "held", "quarantine", "human-outbox"]
-            .iter()
-            .map(PathBuf::from)
-            .collect();
+        let mut dirs: Vec<PathBuf> = [
+            "log",
+            "human",
+            "held",
+            "quarantine",
+            "human-outbox",
+            "mediator-outbox",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
         for (s, rel) in self.outboxes() {
-            if s != layout::HUMAN {
+            if s != layout::HUMAN && s != layout::MEDIATOR {
                 dirs.push(rel);
                 dirs.push(Path::new("sandboxes").join(&s).join("inbox"));
             }
@@ -571,9 +579,16 @@ impl Mediator {
         })
     }
 
-    /// Every outbox: `(sender, path relative to the root)`, the human's first.
+    /// Every outbox: `(sender, path relative to the root)`, the human's
+    /// first, then the mediator's own (the radar's messages).
     fn outboxes(&mut self) -> Vec<(String, PathBuf)> {
-        let mut v = vec![(layout::HUMAN.to_string(), PathBuf::from("human-outbox"))];
+        let mut v = vec![
+            (layout::HUMAN.to_string(), PathBuf::from("human-outbox")),
+            (
+                layout::MEDIATOR.to_string(),
+                PathBuf::from("mediator-outbox"),
+            ),
+        ];
         let sdir = self.root.sandboxes_dir();
         let rd = match std::fs::read_dir(&sdir) {
             Ok(rd) => rd,

@@ -27,8 +27,9 @@ impl Mediator {
         };
         let mut gone = Vec::new();
         for n in names {
-            if let Inspected::Message(m) = inspect(&held.new, &n)
+            if let Inspected::Message(m) = inspect(&held.new, &n, true)
                 && m.from != layout::HUMAN
+                && m.from != layout::MEDIATOR
                 && !self.known.contains_key(super::mailbox_name(&m.from))
                 && rfs::statat(
                     &self.rootfd,
@@ -103,7 +104,7 @@ impl Mediator {
                 id.escape_debug()
             )));
         }
-        match inspect(&boxes.list[HELD].new, OsStr::new(id)) {
+        match inspect(&boxes.list[HELD].new, OsStr::new(id), true) {
             Inspected::Message(m) => Ok(m),
             Inspected::Gone => {
                 for (a, done) in [(Action::Release, "released"), (Action::Drop, "dropped")] {

@@ -68,7 +68,7 @@ impl Mediator {
             ];
             for (s, rel) in self.outboxes() {
                 dirs.push(self.root.dir.join(rel).join("new"));
-                if s != layout::HUMAN {
+                if s != layout::HUMAN && s != layout::MEDIATOR {
                     dirs.push(self.root.sandbox(&s).inbox().sub(crate::maildir::Sub::Cur));
                 }
             }

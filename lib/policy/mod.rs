@@ -13,6 +13,7 @@
 //! hold kind status                 # hold every message of a kind
 //! hold sender noisy                # hold everything a sandbox posts
 //! held-max 20                      # at most 20 held per sender; more bounce
+//! route conflict human              # the radar's kinds route and hold like any other
 //! ```
 //!
 //! A file that does not parse is never half-applied: `Policy::parse` returns
@@ -132,6 +133,8 @@ impl Default for Policy {
                 r(Kind::Question, Route::Human),
                 r(Kind::Answer, Route::Asker),
                 r(Kind::Status, Route::Named),
+                r(Kind::Conflict, Route::Named),
+                r(Kind::ConflictCleared, Route::Named),
             ],
             rate: Some(Ruled {
                 value: Rate {
@@ -297,10 +300,10 @@ impl Policy {
     }
 }
 
-fn postable_kinds() -> String {
+fn routable_kinds() -> String {
     crate::message::KINDS
         .iter()
-        .filter(|k| k.postable())
+        .filter(|k| k.routable())
         .map(|k| k.as_str())
         .collect::<Vec<_>>()
         .join(", ")
@@ -495,6 +498,22 @@ mod tests {
         assert!(overlaps("src/api/user.rs", "src/api/**"));
         assert!(!overlaps("src/web/**", "src/api/user.rs"));
         assert!(!overlaps("src/api/**", "src/apiv2/x"));
+    }
+
+    #[test]
+    fn the_radars_kinds_route_and_hold_but_bounce_does_not() {
+        let d = Policy::default();
+        assert_eq!(d.route(Kind::Conflict).value, Route::Named);
+        assert_eq!(d.route(Kind::ConflictCleared).value, Route::Named);
+        let p = Policy::parse(
+            "loopwright-policy 1\nroute conflict human\nhold kind conflict-cleared\n",
+            None,
+        )
+        .unwrap();
+        assert_eq!(p.route(Kind::Conflict).value, Route::Human);
+        assert_eq!(p.hold_kinds[0].value, Kind::ConflictCleared);
+        let errs = Policy::parse("loopwright-policy 1\nroute bounce named\n", None).unwrap_err();
+        assert!(errs[0].msg.contains("mediator's own"), "{errs:?}");
     }
 
     #[test]

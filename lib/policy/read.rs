@@ -2,7 +2,7 @@
 //! each checked with a message naming what is wrong (mailbox-spec.md,
 //! "POLICY").
 
-use super::{POLICY_VERSION, Policy, Route, Ruled, parse_duration, parse_rate, postable_kinds};
+use super::{POLICY_VERSION, Policy, Route, Ruled, parse_duration, parse_rate, routable_kinds};
 use crate::message::Kind;
 
 /// The first directive: `loopwright-policy VERSION`.
@@ -90,10 +90,10 @@ impl Reader {
         let Some(k) = Kind::parse(kind) else {
             return Err(format!(
                 "unknown kind '{kind}'; expected one of {}",
-                postable_kinds()
+                routable_kinds()
             ));
         };
-        if !k.postable() {
+        if !k.routable() {
             return Err(format!(
                 "kind '{kind}' is the mediator's own and cannot be routed"
             ));
@@ -144,13 +144,13 @@ impl Reader {
     fn hold(&mut self, words: &[&str], line: usize) -> Result<(), String> {
         match words {
             ["hold", "kind", kind] => match Kind::parse(kind) {
-                Some(k) if k.postable() => {
+                Some(k) if k.routable() => {
                     self.p.hold_kinds.push(Ruled { value: k, line });
                     Ok(())
                 }
                 _ => Err(format!(
                     "unknown kind '{kind}'; expected one of {}",
-                    postable_kinds()
+                    routable_kinds()
                 )),
             },
             ["hold", "sender", name] if crate::message::valid_party(name) => {

@@ -1,0 +1,560 @@
+//! The radar: conflicts between live task branches, seen before anyone
+//! merges (issue 32; lw-radar(1); mailbox-spec.md, "THE RADAR").
+//!
+//! A pass:
+//!
+//! 1. **Heads.**  Each live sandbox's task branch (the branch its record
+//!    names, never one the sandbox chooses) is fetched as data into a
+//!    host-owned bare repository, `ROOT/state/radar/sandboxes/NAME.git`,
+//!    whose objects borrow from the mirror through alternates, so only the
+//!    sandbox's new objects travel.  The transport is the one push uses
+//!    (`git upload-pack` run *inside* the sandbox through `lw-sandbox
+//!    exec`), so the host never runs git in a sandbox's repository;
+//!    objects are fsck'd on the way in.  A fetch over the time cap, or
+//!    bringing more than the size cap, skips that sandbox for the pass
+//!    (`skipped NAME: why`), and its pairs keep their last verdict.
+//! 2. **Pairs.**  For every pair of live sandboxes whose heads or scopes
+//!    changed since the pair was last computed (and only those: the cost of
+//!    a pass after one commit is the pairs of one sandbox), in
+//!    `ROOT/state/radar/all.git` (alternates: the mirror and every
+//!    sandbox's repository): `git merge-base`, `git merge-tree
+//!    --write-tree -z` (the real conflicts, files and kinds; the merged
+//!    file's markers give the hunks), and, when the other side declared a
+//!    scope, `git diff-tree` from the merge base (the changed paths that
+//!    lie in it).  Every git is capped in time and output (radar/run.rs).
+//! 3. **News.**  A verdict whose set (conflicted files and kinds, scope
+//!    overlaps) differs from the one last announced for the pair makes one
+//!    `conflict` message to both sandboxes; a set that became empty makes
+//!    one `conflict-cleared`.  Messages go into `ROOT/mediator-outbox/`,
+//!    which lw-mediate routes as the mediator's own: policy, log and sync
+//!    apply as to any message.
+//!
+//! State, `ROOT/state/radar.json` (written through `fs::write_replace`):
+//! each sandbox's last head, each pair's inputs, verdict and announced
+//! set, and the messages decided but not yet delivered.  Those are saved
+//! before they are delivered, and delivered under their saved ids after a
+//! crash, so a kill at any point neither loses nor repeats an announcement.
+//! One pass at a time: `ROOT/state/radar.lock`.
+
+mod pair;
+pub mod run;
+mod tell;
+pub mod verdict;
+
+pub use pair::compute_pair;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Exit, Result};
+use crate::layout::Root;
+use crate::message::{Kind, Message};
+pub use run::Limits;
+pub use verdict::{News, Verdict};
+
+pub const STATE_VERSION: u32 = 1;
+/// Conflicted files whose hunks are read (each is one more git).
+const MAX_HUNK_FILES: usize = 16;
+
+/// Where a sandbox's branch is fetched from.
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// A git URL of the `ext::` transport (push's: `git upload-pack` run
+    /// inside the sandbox).
+    Ext(String),
+    /// A repository on this host that the host trusts (tests and
+    /// benchmarks: git runs upload-pack in it).
+    Path(PathBuf),
+}
+
+/// One live sandbox as the radar sees it.
+#[derive(Clone, Debug)]
+pub struct Live {
+    pub name: String,
+    pub branch: String,
+    pub scope: Vec<String>,
+    pub source: Source,
+}
+
+/// What a pass did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Report {
+    pub sandboxes: usize,
+    /// Sandboxes whose head changed since the last pass.
+    pub heads_changed: usize,
+    pub pairs: usize,
+    /// Pairs computed in this pass (the others kept their verdict).
+    pub pairs_computed: usize,
+    pub conflicts: usize,
+    pub cleared: usize,
+    pub events: Vec<Event>,
+}
+
+/// One line of a pass's report.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum Event {
+    /// A `conflict` or `conflict-cleared` message was put in the mediator's outbox.
+    Sent {
+        kind: Kind,
+        id: String,
+        a: String,
+        b: String,
+        files: Vec<String>,
+    },
+    /// A sandbox, or a pair, was left out of this pass.
+    Skipped { name: String, why: String },
+}
+
+/// What `radar.json` keeps of a pair.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct PairState {
+    /// Digest of the heads and scopes it was computed from.
+    input: String,
+    heads: [String; 2],
+    base: String,
+    verdict: Verdict,
+    /// The set last announced (empty: nothing, or cleared).
+    announced: Vec<String>,
+}
+
+#[derive(Default, Serialize, Deserialize)]
+struct State {
+    version: u32,
+    heads: BTreeMap<String, String>,
+    /// "A B", A before B by name.
+    pairs: BTreeMap<String, PairState>,
+    /// Decided, not yet delivered (see the module documentation).
+    #[serde(default)]
+    outgoing: Vec<Message>,
+}
+
+pub struct Radar {
+    pub root: Root,
+    dir: PathBuf,
+    mirrors: Vec<PathBuf>,
+    pub limits: Limits,
+    /// Also address the person (`human`) in every message.
+    pub cc_human: bool,
+    /// Threads computing pairs and fetching heads.
+    pub threads: usize,
+    state: State,
+    _lock: fs::File,
+}
+
+fn io<'a>(what: &str, p: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
+    let what = what.to_string();
+    move |e| Error::io(&what, p, e)
+}
+
+fn pair_key(a: &str, b: &str) -> String {
+    format!("{a} {b}")
+}
+
+impl Radar {
+    /// Opens the radar of a root, taking its lock (75 when another pass
+    /// holds it).  `mirrors` are the object stores the sandboxes' clones
+    /// borrow from.
+    pub fn open(root: Root, mirrors: Vec<PathBuf>) -> Result<Radar> {
+        root.init()?;
+        let state_dir = root.state_dir();
+        let lock_path = state_dir.join("radar.lock");
+        let lock = crate::fs::try_lock(&lock_path)
+            .map_err(|e| Error::lock(&lock_path, e))?
+            .ok_or_else(|| {
+                Error::new(
+                    Exit::TempFail,
+                    format!(
+                        "another radar pass holds '{}'; try again later",
+                        lock_path.display()
+                    ),
+                )
+            })?;
+        let dir = state_dir.join("radar");
+        fs::create_dir_all(dir.join("sandboxes")).map_err(io("cannot create", &dir))?;
+        let path = state_dir.join("radar.json");
+        let state = match fs::read(&path) {
+            Ok(b) => serde_json::from_slice::<State>(&b)
+                .ok()
+                .filter(|s| s.version == STATE_VERSION)
+                // An unreadable state costs one recomputation and, at worst,
+                // one repeated announcement; it never stops the radar.
+                .unwrap_or_default(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => State::default(),
+            Err(e) => return Err(Error::io("cannot read", &path, e)),
+        };
+        Ok(Radar {
+            root,
+            dir,
+            mirrors,
+            limits: Limits::default(),
+            cc_human: false,
+            threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            state,
+            _lock: lock,
+        })
+    }
+
+    fn save(&mut self) -> Result<()> {
+        self.state.version = STATE_VERSION;
+        let path = self.root.state_dir().join("radar.json");
+        let mut bytes = serde_json::to_vec_pretty(&self.state)
+            .expect("the radar's state serialises because all its fields are plain data");
+        bytes.push(b'\n');
+        crate::fs::write_replace(&path, &bytes, 0o600, crate::fs::Durability::Synced)
+            .map_err(io("cannot write", &path))
+    }
+
+    /// One pass over the live sandboxes (see the module documentation).
+    pub fn pass(&mut self, live: &[Live]) -> Result<Report> {
+        let mut report = Report {
+            sandboxes: live.len(),
+            ..Report::default()
+        };
+        // What an earlier pass decided and did not deliver goes first.
+        self.deliver_outgoing(&mut report)?;
+
+        let heads = self.heads(live, &mut report)?;
+        report.heads_changed = heads
+            .iter()
+            .filter(|(n, h)| self.state.heads.get(*n) != Some(*h))
+            .count();
+
+        // Pairs of live sandboxes; a skipped sandbox's pairs stay as they were.
+        let mut names: Vec<&Live> = live.iter().collect();
+        names.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut todo: Vec<(&Live, &Live, String)> = Vec::new();
+        let mut keep: Vec<String> = Vec::new();
+        for (i, a) in names.iter().enumerate() {
+            for b in &names[i + 1..] {
+                report.pairs += 1;
+                let key = pair_key(&a.name, &b.name);
+                keep.push(key.clone());
+                let (Some(ha), Some(hb)) = (heads.get(&a.name), heads.get(&b.name)) else {
+                    continue;
+                };
+                let input = input_digest(ha, hb, &a.scope, &b.scope);
+                if self.state.pairs.get(&key).map(|p| p.input.as_str()) != Some(input.as_str()) {
+                    todo.push((a, b, input));
+                }
+            }
+        }
+        self.state.pairs.retain(|k, _| keep.contains(k));
+        self.state
+            .heads
+            .retain(|n, _| live.iter().any(|l| &l.name == n));
+        for (n, h) in &heads {
+            self.state.heads.insert(n.clone(), h.clone());
+        }
+
+        let all = self.all_repo(live)?;
+        let computed = self.compute(&all, &todo, &heads);
+        report.pairs_computed = todo.len();
+        for ((a, b, input), res) in todo.iter().zip(computed) {
+            let key = pair_key(&a.name, &b.name);
+            let (base, v) = match res {
+                Ok(x) => x,
+                Err(why) => {
+                    report.events.push(Event::Skipped {
+                        name: key.replace(' ', "+"),
+                        why,
+                    });
+                    continue;
+                }
+            };
+            let hs = [heads[&a.name].clone(), heads[&b.name].clone()];
+            self.judge(a, b, key, input.clone(), hs, base, v);
+        }
+        // Durable before delivered: a crash now delivers these next pass.
+        self.save()?;
+        self.deliver_outgoing(&mut report)?;
+        Ok(report)
+    }
+
+    /// Records a pair's new verdict, and decides what to announce against
+    /// what was announced last (saved as outgoing, delivered after the save).
+    #[allow(clippy::too_many_arguments)]
+    fn judge(
+        &mut self,
+        a: &Live,
+        b: &Live,
+        key: String,
+        input: String,
+        hs: [String; 2],
+        base: String,
+        v: Verdict,
+    ) {
+        let prev = self.state.pairs.remove(&key).unwrap_or_default();
+        let mut announced = prev.announced.clone();
+        match verdict::news(&prev.announced, &v) {
+            News::Quiet => {}
+            News::Conflict => {
+                let m = self.conflict_message(a, b, &hs, &base, &v);
+                self.state.outgoing.push(m);
+                announced = v.key();
+            }
+            News::Cleared => {
+                let m = self.cleared_message(a, b, &hs, &prev);
+                self.state.outgoing.push(m);
+                announced = vec![];
+            }
+        }
+        self.state.pairs.insert(
+            key,
+            PairState {
+                input,
+                heads: hs,
+                base,
+                verdict: v,
+                announced,
+            },
+        );
+    }
+
+    /// Delivers the saved outgoing messages into the mediator's outbox,
+    /// each once: one already there (new or taken) is not written again.
+    fn deliver_outgoing(&mut self, report: &mut Report) -> Result<()> {
+        if self.state.outgoing.is_empty() {
+            return Ok(());
+        }
+        let ob = self.root.mediator_outbox();
+        for m in &self.state.outgoing {
+            let there = [crate::maildir::Sub::New, crate::maildir::Sub::Cur]
+                .iter()
+                .any(|s| ob.sub(*s).join(&m.id).exists());
+            if !there {
+                ob.deliver_message(m)?;
+            }
+            let (a, b) = (m.to[0].clone(), m.to[1].clone());
+            match m.kind {
+                Kind::Conflict => report.conflicts += 1,
+                _ => report.cleared += 1,
+            }
+            report.events.push(Event::Sent {
+                kind: m.kind,
+                id: m.id.clone(),
+                a,
+                b,
+                files: m.refs.clone(),
+            });
+        }
+        self.state.outgoing.clear();
+        self.save()
+    }
+
+    /// A host-owned bare repository (no hooks: `--template=`), its objects
+    /// borrowed from `alternates`.
+    fn bare(&self, path: &Path, alternates: &[PathBuf]) -> Result<()> {
+        if !path.join("objects").is_dir() {
+            let r = run::run(
+                {
+                    let mut c = crate::git::command(None);
+                    c.args(["init", "--quiet", "--bare", "--template="])
+                        .arg(path);
+                    c
+                },
+                &Limits::default(),
+            )
+            .map_err(|e| {
+                Error::new(
+                    Exit::CantCreat,
+                    format!("cannot make '{}': {e}", path.display()),
+                )
+            })?;
+            if !r.status.success() {
+                return Err(Error::new(
+                    Exit::CantCreat,
+                    format!(
+                        "cannot make '{}': {}",
+                        path.display(),
+                        crate::git::last_words(&r.stderr)
+                    ),
+                ));
+            }
+        }
+        let alt = path.join("objects/info/alternates");
+        let text: String = alternates
+            .iter()
+            .map(|p| format!("{}\n", p.display()))
+            .collect();
+        if fs::read_to_string(&alt).ok().as_deref() != Some(text.as_str()) {
+            fs::create_dir_all(path.join("objects/info")).map_err(io("cannot create", &alt))?;
+            crate::fs::write_replace(
+                &alt,
+                text.as_bytes(),
+                0o644,
+                crate::fs::Durability::Unsynced,
+            )
+            .map_err(io("cannot write", &alt))?;
+        }
+        Ok(())
+    }
+
+    fn mirror_objects(&self) -> Vec<PathBuf> {
+        self.mirrors.iter().map(|m| m.join("objects")).collect()
+    }
+
+    fn sandbox_repo(&self, name: &str) -> PathBuf {
+        self.dir.join("sandboxes").join(format!("{name}.git"))
+    }
+
+    /// The repository pairs are computed in: it sees the mirror and every
+    /// live sandbox's fetched objects.
+    fn all_repo(&self, live: &[Live]) -> Result<PathBuf> {
+        let all = self.dir.join("all.git");
+        let mut alts = self.mirror_objects();
+        alts.extend(
+            live.iter()
+                .map(|l| self.sandbox_repo(&l.name).join("objects")),
+        );
+        self.bare(&all, &alts)?;
+        Ok(all)
+    }
+
+    /// Fetches every live sandbox's branch; returns name -> head.
+    /// Skipped sandboxes are reported and left out.
+    fn heads(&self, live: &[Live], report: &mut Report) -> Result<HashMap<String, String>> {
+        let alts = self.mirror_objects();
+        for l in live {
+            self.bare(&self.sandbox_repo(&l.name), &alts)?;
+        }
+        let results: Vec<std::result::Result<String, String>> =
+            parallel(live, self.threads, |l| self.fetch_head(l));
+        let mut heads = HashMap::new();
+        for (l, r) in live.iter().zip(results) {
+            match r {
+                Ok(h) => {
+                    heads.insert(l.name.clone(), h);
+                }
+                Err(why) => report.events.push(Event::Skipped {
+                    name: l.name.clone(),
+                    why,
+                }),
+            }
+        }
+        Ok(heads)
+    }
+
+    fn fetch_head(&self, l: &Live) -> std::result::Result<String, String> {
+        let repo = self.sandbox_repo(&l.name);
+        let mut c = run::git(&repo);
+        let src = match &l.source {
+            Source::Ext(url) => {
+                c.args(["-c", "protocol.ext.allow=always"]);
+                url.clone()
+            }
+            Source::Path(p) => {
+                c.args(["-c", "protocol.file.allow=always"]);
+                p.display().to_string()
+            }
+        };
+        c.args([
+            "fetch",
+            "--quiet",
+            "--no-tags",
+            "--no-write-fetch-head",
+            "--no-auto-maintenance",
+            "--no-recurse-submodules",
+        ])
+        .arg(src)
+        .arg(format!("+refs/heads/{}:refs/radar/head", l.branch));
+        let r = run::run(c, &self.limits).map_err(|e| format!("fetch: {e}"))?;
+        if !r.status.success() {
+            return Err(format!(
+                "cannot fetch branch '{}': {}",
+                l.branch,
+                crate::visible::visible(&crate::git::last_words(&r.stderr))
+            ));
+        }
+        let size = tree_size(&repo.join("objects"));
+        if size > self.limits.fetch {
+            // Start afresh next time: what was fetched is not kept.
+            let _ = fs::remove_dir_all(&repo);
+            return Err(format!(
+                "branch '{}' brought {size} bytes of objects; the cap is {}",
+                l.branch, self.limits.fetch
+            ));
+        }
+        let mut c = run::git(&repo);
+        c.args([
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            "refs/radar/head^{commit}",
+        ]);
+        let r = run::run(c, &self.limits).map_err(|e| format!("rev-parse: {e}"))?;
+        let h = String::from_utf8_lossy(&r.stdout).trim().to_string();
+        if !r.status.success() || h.len() < 40 {
+            return Err(format!("branch '{}' names no commit", l.branch));
+        }
+        Ok(h)
+    }
+
+    /// Computes the pairs of `todo` in parallel: (merge base, verdict) or why not.
+    #[allow(clippy::type_complexity)]
+    fn compute(
+        &self,
+        all: &Path,
+        todo: &[(&Live, &Live, String)],
+        heads: &HashMap<String, String>,
+    ) -> Vec<std::result::Result<(String, Verdict), String>> {
+        parallel(todo, self.threads, |(a, b, _)| {
+            compute_pair(all, &self.limits, a, b, &heads[&a.name], &heads[&b.name])
+        })
+    }
+}
+
+/// Cuts `s` to at most `max` bytes, on a character boundary.
+fn fit(s: &mut String, max: usize) {
+    while s.len() > max {
+        s.pop();
+    }
+}
+
+fn input_digest(ha: &str, hb: &str, sa: &[String], sb: &[String]) -> String {
+    let v = serde_json::json!([ha, hb, sa, sb]);
+    crate::digest::hex(&Sha256::digest(v.to_string().as_bytes())[..16])
+}
+
+/// Runs `f` over `items` on `threads` threads; results in order.
+fn parallel<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let next = AtomicUsize::new(0);
+    let out: Mutex<Vec<Option<R>>> = Mutex::new((0..items.len()).map(|_| None).collect());
+    std::thread::scope(|s| {
+        for _ in 0..threads.clamp(1, items.len().max(1)) {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= items.len() {
+                        break;
+                    }
+                    let r = f(&items[i]);
+                    out.lock().expect("no thread panics holding the results")[i] = Some(r);
+                }
+            });
+        }
+    });
+    out.into_inner()
+        .expect("no thread panics holding the results")
+        .into_iter()
+        .map(|r| r.expect("every item was computed"))
+        .collect()
+}
+
+/// Bytes of regular files under `dir` (links not followed).
+fn tree_size(dir: &Path) -> u64 {
+    let Ok(rd) = fs::read_dir(dir) else { return 0 };
+    rd.flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => tree_size(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
+}

@@ -1,0 +1,204 @@
+//! Issue 32, the radar through the door: lw-radar puts `conflict` into the
+//! mediator's outbox, lw-mediate routes it as its own (sender `mediator`,
+//! logged), both sandboxes find it in their inbox, a further pass says
+//! nothing, a resolution gives `conflict-cleared`; the policy can hold or
+//! escalate the kind; a sandbox cannot post it.  Branches come from host
+//! repositories (`--from`); tests/sandbox_flow.rs reaches real sandboxes.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{TempDir, run, stderr, stdout};
+use loopwright::message::{Kind, Message};
+
+fn git(dir: &Path, args: &[&str]) {
+    let o = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@t")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@t")
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+fn commit(repo: &Path, file: &str, text: &str) {
+    std::fs::write(repo.join(file), text).unwrap();
+    git(repo, &["add", "-A"]);
+    git(repo, &["commit", "-qm", file]);
+}
+
+fn radar(root: &Path, from: &Path) -> String {
+    let o = run(Command::new(env!("CARGO_BIN_EXE_lw-radar"))
+        .arg("--root")
+        .arg(root)
+        .arg("--from")
+        .arg(from));
+    assert!(o.status.success(), "{}", stderr(&o));
+    stdout(&o)
+}
+
+fn mediate(root: &Path, policy: Option<&Path>) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_lw-mediate"));
+    c.arg("--root").arg(root).arg("--once");
+    if let Some(p) = policy {
+        c.arg("--policy").arg(p);
+    }
+    let o = run(&mut c);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+fn inbox(root: &Path, name: &str) -> Vec<Message> {
+    let d = root.join("sandboxes").join(name).join("inbox/new");
+    let mut v: Vec<Message> = std::fs::read_dir(d)
+        .map(|rd| {
+            rd.map(|e| Message::parse(&std::fs::read(e.unwrap().path()).unwrap()).unwrap())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort_by(|a, b| a.id.cmp(&b.id));
+    v
+}
+
+/// A root with sandboxes a and b registered, each with a clone in
+/// `from/NAME` on its own branch, both editing line 1 of f.txt.
+fn setup(t: &TempDir) -> (std::path::PathBuf, std::path::PathBuf) {
+    let root = t.join("root");
+    let from = t.join("from");
+    std::fs::create_dir_all(&root).unwrap();
+    let up = t.join("up");
+    std::fs::create_dir_all(&up).unwrap();
+    git(&up, &["init", "-q", "-b", "main"]);
+    commit(&up, "f.txt", "one\ntwo\nthree\n");
+    for (n, text) in [("a", "A\ntwo\nthree\n"), ("b", "B\ntwo\nthree\n")] {
+        let d = from.join(n);
+        git(
+            t.path(),
+            &[
+                "clone",
+                "-q",
+                &up.display().to_string(),
+                &d.display().to_string(),
+            ],
+        );
+        git(&d, &["checkout", "-q", "-b", &format!("task-{n}")]);
+        commit(&d, "f.txt", text);
+        let o = run(Command::new(env!("CARGO_BIN_EXE_lw-mediate"))
+            .arg("--root")
+            .arg(&root)
+            .args(["register", n, "--branch", &format!("task-{n}")]));
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    (root, from)
+}
+
+#[test]
+fn conflict_reaches_both_inboxes_once_then_clears() {
+    let t = TempDir::new("radar-mediate");
+    let (root, from) = setup(&t);
+    let out = radar(&root, &from);
+    assert!(out.starts_with("conflict "), "{out}");
+    mediate(&root, None);
+    for n in ["a", "b"] {
+        let got = inbox(&root, n);
+        assert_eq!(got.len(), 1, "{n}: {got:?}");
+        assert_eq!(
+            (got[0].kind, got[0].from.as_str()),
+            (Kind::Conflict, "mediator")
+        );
+        assert!(
+            got[0].subject.contains("task-a") && got[0].body.contains("f.txt (contents, 1 hunk"),
+            "{}",
+            got[0].body
+        );
+    }
+    let log = run(Command::new(env!("CARGO_BIN_EXE_lw-mediate"))
+        .arg("--root")
+        .arg(&root)
+        .arg("log"));
+    assert!(stdout(&log).contains("conflict"), "{}", stdout(&log));
+
+    // Nothing new: nothing said.
+    assert_eq!(radar(&root, &from), "");
+    mediate(&root, None);
+    assert_eq!(inbox(&root, "a").len(), 1);
+
+    // b takes a's line: cleared, to both.
+    commit(&from.join("b"), "f.txt", "A\ntwo\nthree\n");
+    let out = radar(&root, &from);
+    assert!(out.starts_with("conflict-cleared "), "{out}");
+    mediate(&root, None);
+    for n in ["a", "b"] {
+        let kinds: Vec<Kind> = inbox(&root, n).iter().map(|m| m.kind).collect();
+        assert_eq!(kinds, [Kind::Conflict, Kind::ConflictCleared], "{n}");
+    }
+    assert_eq!(radar(&root, &from), "");
+    println!(
+        "radar via the mediator: 1 conflict and 1 conflict-cleared in each of 2 inboxes, 0 repeats"
+    );
+}
+
+#[test]
+fn the_policy_holds_or_escalates_conflicts() {
+    for (rule, held, human, inboxed) in [
+        ("route conflict hold\n", 1, 0, 0),
+        ("route conflict human\n", 0, 1, 0),
+        ("hold kind conflict\n", 1, 0, 0),
+    ] {
+        let t = TempDir::new("radar-policy");
+        let (root, from) = setup(&t);
+        let policy = t.join("policy");
+        std::fs::write(&policy, format!("loopwright-policy 1\n{rule}")).unwrap();
+        radar(&root, &from);
+        mediate(&root, Some(&policy));
+        let count = |d: &str| common::ls(&root.join(d).join("new")).len();
+
+        assert_eq!(
+            (count("held"), count("human"), inbox(&root, "a").len()),
+            (held, human, inboxed),
+            "{rule}"
+        );
+    }
+}
+
+#[test]
+fn a_sandbox_cannot_post_the_radars_kinds() {
+    let t = TempDir::new("radar-post");
+    let (root, _) = setup(&t);
+    for kind in ["conflict", "conflict-cleared"] {
+        let o = run(common::lw_post()
+            .env("LW_MAILBOX", root.join("sandboxes/a"))
+            .args(["--kind", kind, "--subject", "fake", "--to", "b", "x"]));
+        assert_eq!(o.status.code(), Some(65), "{kind}: {}", stderr(&o));
+        assert!(stderr(&o).contains("unknown kind"), "{}", stderr(&o));
+    }
+    // Planted in an outbox past lw-post: quarantined, not routed.
+    let m = Message::compose(
+        "a",
+        vec!["b".into()],
+        Kind::Conflict,
+        "fake".into(),
+        "x".into(),
+        vec![],
+        None,
+    )
+    .unwrap();
+    let ob = root.join("sandboxes/a/outbox");
+    for d in ["tmp", "new", "cur"] {
+        std::fs::create_dir_all(ob.join(d)).unwrap();
+    }
+    std::fs::write(ob.join("new").join(&m.id), m.to_bytes()).unwrap();
+    mediate(&root, None);
+    assert!(inbox(&root, "b").is_empty());
+    assert_eq!(common::ls(&root.join("quarantine/new")).len(), 1);
+}
