@@ -168,7 +168,7 @@ enum Cmd {
     },
     /// An interactive shell in the sandbox's clone
     Shell { name: String },
-    /// List sandboxes: name, branch, state, ports, network, age, unpushed commits, services
+    /// List sandboxes: name, branch, state, ports, network, age, unpushed commits, services, agent
     Ls {
         /// Print JSON Lines records
         #[arg(long)]
