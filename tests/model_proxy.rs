@@ -76,12 +76,13 @@ struct Door {
     dir: TempDir,
     model: Proc,
     proxy: Proc,
+    env: Vec<(&'static str, String)>,
 }
 
 impl Door {
     /// The scripted model and a proxy in front of it with `caps`
     /// (`LW_MODEL_MAX_*` variables).
-    fn new(tag: &str, caps: &[(&str, &str)]) -> Door {
+    fn new(tag: &str, caps: &[(&'static str, &str)]) -> Door {
         let dir = TempDir::new(tag);
         std::fs::create_dir_all(dir.join("key")).unwrap();
         std::fs::create_dir_all(dir.join("usage")).unwrap();
@@ -119,7 +120,24 @@ impl Door {
             &env,
             "lw-model-proxy: listening",
         );
-        Door { dir, model, proxy }
+        Door {
+            dir,
+            model,
+            proxy,
+            env,
+        }
+    }
+
+    /// Kills the proxy (SIGKILL, as the OOM killer would) and starts another
+    /// on the same directories, as the engine does.
+    fn restart(&mut self) {
+        self.proxy.child.kill().unwrap();
+        self.proxy.child.wait().unwrap();
+        self.proxy = spawn(
+            "runtime/agents/model-proxy.py",
+            &self.env,
+            "lw-model-proxy: listening",
+        );
     }
 
     fn connect(&self) -> TcpStream {
@@ -561,6 +579,10 @@ fn a_token_cap_crossed_mid_stream_refuses_the_next_requests() {
         door.upstream()
     );
     assert_eq!(u["tokens_run"], 1005);
+    assert_eq!(
+        (u["forwarded"].as_u64(), u["refused"].as_u64()),
+        (Some(1), Some(1))
+    );
     assert_eq!(door.upstream(), 1);
     // A new run (lw-sandbox run writes the file) starts at 0, and a
     // non-streamed answer is counted too.
@@ -613,5 +635,11 @@ fn an_hour_cap_answers_429_with_the_wait_and_the_latency_added_is_small() {
     let wait: u64 = r.header("retry-after").unwrap().parse().unwrap();
     assert!((1..=3660).contains(&wait), "{wait}");
     assert!(r.body.contains("max-tokens-hour"));
+    assert_eq!(door.upstream(), before + 15 + 1);
+    // A restarted proxy keeps its hour.
+    let mut door = door;
+    door.restart();
+    let r = door.post("after the restart");
+    assert_eq!(r.status, 429, "{r:?}");
     assert_eq!(door.upstream(), before + 15 + 1);
 }

@@ -266,6 +266,7 @@ class Meter:
             self.starts.append(mono)
             self.forwarded += 1
             self.capped = False
+            self.save()
             return
         cap, limit, what, retry = over
         retry = max(1, retry)
