@@ -21,7 +21,8 @@
 #   LW_MODEL_MAX_REQUEST bytes (413 as soon as it is known to be larger,
 #   while it streams, never buffered beyond the cap), and all bodies held at
 #   once within BUDGET (else 503, try again); an idle body read ends after
-#   30 s.  Answers stream back with backpressure.
+#   30 s.  Answers stream back with backpressure; of an answer at most
+#   64 KiB is held, to read its usage.
 # - The head is read strictly: a folded header line, a bare CR or LF, a
 #   malformed line, a duplicate hop or framing header (host, content-length,
 #   transfer-encoding, connection, ...), both content-length and
@@ -88,6 +89,7 @@ KEEPALIVE = 60
 BODY_IDLE = 30
 UPSTREAM_TIMEOUT = 600
 CHUNK = 64 << 10
+TAIL = 64 << 10  # of a whole (not streamed) answer, kept to read its usage
 # Usage fields that are tokens the provider processed (OpenAI's input_tokens
 # already holds its cached ones; Anthropic's cache fields are beside it).
 TOKEN_FIELDS = ("input_tokens", "output_tokens", "cache_creation_input_tokens",
@@ -323,38 +325,45 @@ class Usage:
             if isinstance(doc.get(k), dict):
                 self.usage(doc[k].get("usage"))
 
+    def tail_usage(self, data):
+        """The last `usage` object in `data` (the tail of a long line or answer)."""
+        text = bytes(data).decode("utf-8", "replace")
+        i = text.rfind('"usage"')
+        j = text.find("{", i) if i >= 0 else -1
+        if j >= 0:
+            try:
+                self.usage(json.JSONDecoder().raw_decode(text, j)[0])
+            except ValueError:
+                pass
+
     def feed(self, data):
-        if not self.sse:
-            if len(self.buf) + len(data) <= 4 << 20:
-                self.buf += data
-            else:
-                self.skip = True
-            return
         self.buf += data
+        if not self.sse:
+            # A whole answer: its usage is near its end; keep only a tail.
+            if len(self.buf) > TAIL:
+                del self.buf[:len(self.buf) - TAIL]
+            return
         while True:
             i = self.buf.find(b"\n")
             if i < 0:
+                if len(self.buf) > TAIL:  # a long line: keep its tail only
+                    del self.buf[:len(self.buf) - TAIL]
+                    self.skip = True
                 break
             line = bytes(self.buf[:i]).strip()
             del self.buf[:i + 1]
-            if self.skip:
+            if self.skip:  # the end of a long line (OpenAI's whole response)
                 self.skip = False
-                continue
-            if line.startswith(b"data:"):
+                self.tail_usage(line)
+            elif line.startswith(b"data:"):
                 try:
                     self.event(json.loads(line[5:]))
                 except ValueError:
                     pass
-        if len(self.buf) > 1 << 20:  # a line too long to be a usage event
-            self.buf.clear()
-            self.skip = True
 
     def finish(self):
-        if not self.sse and not self.skip:
-            try:
-                self.event(json.loads(bytes(self.buf)))
-            except ValueError:
-                pass
+        if not self.sse:
+            self.tail_usage(self.buf)
 
 
 def parse_head(raw):
