@@ -168,7 +168,7 @@ enum Cmd {
     },
     /// An interactive shell in the sandbox's clone
     Shell { name: String },
-    /// List sandboxes: name, branch, state, ports, network, age, unpushed commits, services
+    /// List sandboxes: name, branch, state, ports, network, age, unpushed commits, services, agent
     Ls {
         /// Print JSON Lines records
         #[arg(long)]
@@ -306,6 +306,15 @@ fn warn(msg: &str) {
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
+    if let Cmd::Kits { json } = args.cmd {
+        // The kits are the toolkit's and the project's: no root, no engine.
+        let (project, _) = sandbox::find_project(args.project.as_deref(), args.mirror.as_deref())
+            .unwrap_or((None, PathBuf::new()));
+        for k in kit::all(project.as_ref().map(|p| p.top.as_path()))? {
+            writeln!(out, "{}", kit_line(&k, json)).map_err(out_err)?;
+        }
+        return Ok(Exit::Ok);
+    }
     let root = root_of(&args)?;
     if let Cmd::Courier {
         ensure,
@@ -399,14 +408,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
         Cmd::Courier { once, interval, .. } => {
             sandbox::courier_daemon::foreground(&sb, once, interval, out, &mut |m| warn(m))?
         }
-        Cmd::Kits { json } => {
-            let (project, _) =
-                sandbox::find_project(args.project.as_deref(), args.mirror.as_deref())
-                    .unwrap_or((None, PathBuf::new()));
-            for k in kit::all(project.as_ref().map(|p| p.top.as_path()))? {
-                line(out, &kit_line(&k, json))?;
-            }
-        }
+        Cmd::Kits { .. } => unreachable!("kits needs neither a root nor an engine"),
         Cmd::Exec { .. } | Cmd::Shell { .. } | Cmd::Run { .. } => {
             unreachable!("exec, shell and run are run by main")
         }

@@ -189,6 +189,10 @@ pub const KNOWN: &[&str] = &[
     "agent.KIT.ca",
     "agent.KIT.key-env",
     "agent.KIT.key-file",
+    "agent.KIT.max-request",
+    "agent.KIT.max-rpm",
+    "agent.KIT.max-tokens-hour",
+    "agent.KIT.max-tokens-run",
     // lw-sandbox(1), EGRESS
     "egress.allow",
     "egress.allow.NAME",

@@ -32,7 +32,13 @@ pub struct Posted {
 
 /// The kind named `name`, if an agent may post it (bounce is the mediator's).
 pub fn postable_kind(name: &str) -> Result<Kind> {
-    Kind::parse(name).filter(|k| k.postable()).ok_or_else(|| {
+    if Kind::parse(name).is_some_and(|k| !k.postable()) {
+        return Err(Error::data(format!(
+            "kind '{name}' is the mediator's: agents may not post it; use one of: {}",
+            postable_kinds().join(", ")
+        )));
+    }
+    Kind::parse(name).ok_or_else(|| {
         Error::data(format!(
             "unknown kind '{}'; use one of: {}",
             name.escape_debug(),

@@ -22,7 +22,7 @@ mod sandbox_support;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sandbox_support::*;
 
@@ -587,6 +587,96 @@ fn scenario(k: &Case) {
     );
     assert_eq!(left.trim(), "0", "the agent was stopped");
 
+    // Issue 35: the largest request the CLI sent (agent.KIT.max-request's
+    // default is 8 MiB); the tokens the proxy counted, in ls --json.
+    let reqs = requests(&out_dir);
+    let largest = reqs
+        .iter()
+        .map(|r| r["body"].as_str().unwrap().len())
+        .max()
+        .unwrap();
+    println!(
+        "figure [{kit}]: largest request the CLI sent {largest} bytes ({} KiB) of {} requests",
+        largest >> 10,
+        reqs.len()
+    );
+    let a1 = |f: &Fixture| -> serde_json::Value {
+        f.ok(&["ls", "--json"])
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .find(|v| v["name"] == "a1")
+            .expect("a1 is listed")
+    };
+    let listed = a1(&f);
+    let tokens = listed["agent"]["tokens_total"].as_u64().unwrap();
+    assert!(tokens > 0, "{listed}");
+    assert_eq!(listed["agent"]["model_proxy"], "running", "{listed}");
+    println!(
+        "figure [{kit}]: tokens counted by the model proxy {tokens} ({} requests forwarded)",
+        listed["agent"]["requests_forwarded"]
+    );
+    // (The runs below start a new session: the last one holds HANG-STEP,
+    // which the scripted model would hang on again.)
+    // The proxy killed as the OOM killer would (SIGKILL from the host): the
+    // engine starts it again within 5 s, and the agent's next run works.
+    let pid = text(&docker(&["inspect", "-f", "{{.State.Pid}}", &model_proxy]));
+    let mut events = Command::new("docker")
+        .args([
+            "events",
+            "--filter",
+            &format!("container={model_proxy}"),
+            "--filter",
+            "event=start",
+            "--format",
+            "{{.Status}}",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut restarts = std::io::BufReader::new(events.stdout.take().unwrap());
+    let t = Instant::now();
+    assert!(
+        Command::new("kill")
+            .args(["-KILL", pid.trim()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut restarts, &mut line).unwrap();
+    let back = t.elapsed();
+    let _ = events.kill();
+    let _ = events.wait();
+    println!(
+        "figure [{kit}]: model proxy killed (SIGKILL): started again by the engine after {:.2} s",
+        back.as_secs_f64()
+    );
+    assert!(back < Duration::from_secs(5), "{back:?}");
+    let o = f
+        .cmd(&["run", "a1", "--", "RESUME-CHECK"])
+        .env(k.key_env, &key)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}\n{}", text(&o), err(&o));
+    // Stopped by hand, the engine leaves it stopped: ls says so, and the
+    // next run starts it.
+    docker(&["stop", &model_proxy]);
+    let line = f
+        .ok(&["ls"])
+        .lines()
+        .find(|l| l.starts_with("a1\t"))
+        .unwrap()
+        .to_string();
+    assert!(line.contains(&format!("{kit},model-DOWN,")), "{line}");
+    assert_eq!(a1(&f)["agent"]["model_proxy_down"], true);
+    let o = f
+        .cmd(&["run", "a1", "--", "RESUME-CHECK"])
+        .env(k.key_env, &key)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}\n{}", text(&o), err(&o));
+    assert_eq!(a1(&f)["agent"]["model_proxy"], "running");
+
     // Latency: first byte through the proxy vs straight to the model, from the world network.
     let (body, path) = (k.probe, k.path);
     let direct = format!(
@@ -639,6 +729,10 @@ fn scenario(k: &Case) {
     assert!(
         !f.root.join("state/agent-key/a1").exists(),
         "rm removed the key"
+    );
+    assert!(
+        !f.root.join("state/agent-usage/a1").exists(),
+        "rm removed the usage counts"
     );
     assert!(
         docker(&["inspect", &model_proxy]).status.code() != Some(0),

@@ -141,7 +141,7 @@ fn invalid_posts_exit_65_and_leave_nothing() {
         (
             vec!["-k", "bounce", "-s", "x"],
             None,
-            "unknown kind 'bounce'",
+            "kind 'bounce' is the mediator's: agents may not post it",
         ),
         (vec!["-k", "status", "-s", ""], None, "subject is empty"),
         (

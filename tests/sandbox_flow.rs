@@ -100,7 +100,9 @@ fn create_clones_onto_the_branch_and_push_sends_only_it() {
     // A header names the columns; --no-header leaves it out for scripts.
     let with_header = f.ok(&["ls"]);
     assert!(
-        with_header.starts_with("NAME\tBRANCH\tSTATE\tPORTS\tNETWORK\tAGE\tUNPUSHED\tISOLATION\tSERVICES\n"),
+        with_header.starts_with(
+            "NAME\tBRANCH\tSTATE\tPORTS\tNETWORK\tAGE\tUNPUSHED\tISOLATION\tSERVICES\tAGENT\n"
+        ),
         "{with_header}"
     );
     let ls = f.ok(&["ls", "--no-header"]);

@@ -11,17 +11,27 @@
 # carried, so a test can see that a resumed run sent the earlier ones.
 # A prompt holding STATUS-401 is answered 401 (a provider refusing the
 # key); one holding HANG-STEP gets the start of an answer and then nothing
-# for an hour (an agent that never finishes).
+# for an hour (an agent that never finishes).  USAGE-IN=N sets the input
+# tokens of the answer's usage (default 10; output is 5); NO-STREAM answers
+# one JSON message instead of SSE; PAUSE-UNTIL=PATH sends the answer's
+# first event (with its usage) and the rest once PATH exists.
+#
+# LW_MODEL_PORT (8443), LW_MODEL_TLS (1; 0 is plain HTTP on 127.0.0.1) and
+# LW_MODEL_OUT (/srv/out/requests.jsonl) let a test run it on the host, as
+# the upstream of the model proxy (tests/model_proxy.rs).
 import http.server
 import json
 import os
+import re
 import ssl
 import sys
 import threading
 import time
 
 SCRIPT = json.loads(os.environ["LW_SCRIPT"])
-OUT = "/srv/out/requests.jsonl"
+OUT = os.environ.get("LW_MODEL_OUT", "/srv/out/requests.jsonl")
+PORT = int(os.environ.get("LW_MODEL_PORT", "8443"))
+TLS = os.environ.get("LW_MODEL_TLS", "1") != "0"
 LOCK = threading.Lock()
 
 
@@ -38,7 +48,12 @@ def sse(events):
     return "".join("event: %s\ndata: %s\n\n" % (e["type"], json.dumps(e)) for e in events).encode()
 
 
-def anthropic(req):
+def input_tokens(last):
+    m = re.search(r"USAGE-IN=([0-9]+)", last)
+    return int(m.group(1)) if m else 10
+
+
+def anthropic(req, events=False):
     msgs = req.get("messages", [])
     script = SCRIPT
     results = sum(1 for m in msgs if isinstance(m.get("content"), list)
@@ -48,7 +63,7 @@ def anthropic(req):
     start = {"type": "message_start", "message": {
         "id": "msg_%d" % results, "type": "message", "role": "assistant", "model": model,
         "content": [], "stop_reason": None, "stop_sequence": None,
-        "usage": {"input_tokens": 10, "output_tokens": 1}}}
+        "usage": {"input_tokens": input_tokens(last), "output_tokens": 1}}}
     if "RESUME-CHECK" in last or results >= len(script) or not req.get("tools"):
         text = "done" if "RESUME-CHECK" not in last else "resumed with %d messages" % len(msgs)
         block = [{"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
@@ -70,6 +85,8 @@ def anthropic(req):
         stop = "tool_use"
     end = [{"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
             "usage": {"output_tokens": 5}}, {"type": "message_stop"}]
+    if events:
+        return [start] + block + end
     return sse([start] + block + end)
 
 
@@ -96,7 +113,8 @@ def openai(req):
         {"type": "response.created", "response": {"id": rid, "status": "in_progress", "output": []}},
         {"type": "response.output_item.done", "output_index": 0, "item": item},
         {"type": "response.completed", "response": {"id": rid, "status": "completed", "output": [item],
-            "usage": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15,
+            "usage": {"input_tokens": input_tokens(last), "output_tokens": 5,
+                      "total_tokens": input_tokens(last) + 5,
                       "input_tokens_details": {"cached_tokens": 0},
                       "output_tokens_details": {"reasoning_tokens": 0}}}},
     ]
@@ -136,6 +154,32 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.flush()
             time.sleep(3600)
             return
+        pause = re.search(rb"PAUSE-UNTIL=([^\s\"\\]+)", body)
+        if path == "/v1/messages" and (pause or b"NO-STREAM" in body):
+            events = anthropic(req, events=True)
+            if b"NO-STREAM" in body:
+                msg = dict(events[0]["message"], content=[{"type": "text", "text": "done"}],
+                           stop_reason="end_turn")
+                msg["usage"] = {"input_tokens": msg["usage"]["input_tokens"], "output_tokens": 5}
+                out = json.dumps(msg).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i, part in enumerate([sse(events[:1]), sse(events[1:])]):
+                if i == 1:
+                    while not os.path.exists(pause.group(1).decode()):
+                        time.sleep(0.02)
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+            return
         if path == "/v1/messages":
             out = anthropic(req)
         elif path == "/v1/responses":
@@ -156,9 +200,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
     do_GET = do_POST = do_any
 
 
-srv = http.server.ThreadingHTTPServer(("0.0.0.0", 8443), Handler)
-ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-ctx.load_cert_chain("/srv/tls/server.pem", "/srv/tls/server.key")
-srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
-print("scripted model ready", flush=True)
+srv = http.server.ThreadingHTTPServer(("0.0.0.0" if TLS else "127.0.0.1", PORT), Handler)
+srv.daemon_threads = True
+if TLS:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain("/srv/tls/server.pem", "/srv/tls/server.key")
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+print("scripted model ready on port %d" % srv.server_address[1], flush=True)
 srv.serve_forever()

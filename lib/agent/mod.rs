@@ -3,7 +3,9 @@
 //! - [`kit`]: the declarative kit files (runtime/agents/*.kit, a project's
 //!   .loopwright/agents/*.kit); `grammar`: the grammar of their values.
 //! - [`layer`]: the kit's CLI as its own image, copied above the deps layer.
-//! - [`proxy`]: the model proxy that holds the key so the sandbox never does.
+//! - [`proxy`]: the model proxy that holds the key so the sandbox never does,
+//!   and caps what the agent sends and spends; [`notice`]: a cap reached,
+//!   told to the person.
 //! - [`context`]: the context file and MCP registration in the agent's HOME.
 //! - [`run`]: `lw-sandbox run`, the headless command, its transcript.
 //!
@@ -15,13 +17,20 @@
 //! agent.claude.ca       = certs/gateway-ca.pem              # a private CA
 //! agent.claude.key-env  = CORP_ANTHROPIC_KEY                # default: the kit's key-env
 //! agent.claude.key-file = /etc/loopwright/anthropic.key     # instead of key-env
+//! agent.claude.max-request     = 8m         # a request body, at most (413 above)
+//! agent.claude.max-rpm         = 60         # requests forwarded a minute (429 above)
+//! agent.claude.max-tokens-hour = 10000000   # tokens the provider reports, an hour
+//! agent.claude.max-tokens-run  = off        # ... and in one `lw-sandbox run`
 //! ```
+//!
+//! The caps are the model proxy's (lib/agent/proxy.rs); `off` (or 0) lifts one.
 
 pub mod context;
 pub mod doctor;
 mod grammar;
 pub mod kit;
 pub mod layer;
+pub mod notice;
 pub mod proxy;
 pub mod run;
 pub mod setup;
@@ -60,6 +69,61 @@ pub struct Settings {
     pub key: KeySource,
     /// Warnings to show (an `http://` upstream).
     pub warnings: Vec<String>,
+    pub caps: Caps,
+}
+
+/// What the model proxy lets one sandbox send (`agent.KIT.max-*`); 0 is no cap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caps {
+    /// Bytes of one request body.
+    pub max_request: u64,
+    /// Requests forwarded in any minute.
+    pub max_rpm: u64,
+    /// Tokens (input, cache and output, as the provider's usage says) in any hour.
+    pub max_tokens_hour: u64,
+    /// Tokens in one `lw-sandbox run`.
+    pub max_tokens_run: u64,
+}
+
+impl Default for Caps {
+    /// Guards against a looping agent, not a budget: the largest request
+    /// the kits sent in tests/agent_cli.rs is well under 1 MiB and a full
+    /// 200k-token context about 1 MiB of JSON, so 8 MiB leaves room for an
+    /// image or two; 60 requests a minute is above a busy CLI's pace; ten
+    /// million tokens an hour (cache reads included) above a busy session's.
+    fn default() -> Caps {
+        Caps {
+            max_request: 8 << 20,
+            max_rpm: 60,
+            max_tokens_hour: 10_000_000,
+            max_tokens_run: 0,
+        }
+    }
+}
+
+impl Caps {
+    /// The proxy container's environment.
+    pub fn env(&self) -> Vec<String> {
+        vec![
+            format!("LW_MODEL_MAX_REQUEST={}", self.max_request),
+            format!("LW_MODEL_MAX_RPM={}", self.max_rpm),
+            format!("LW_MODEL_MAX_TOKENS_HOUR={}", self.max_tokens_hour),
+            format!("LW_MODEL_MAX_TOKENS_RUN={}", self.max_tokens_run),
+        ]
+    }
+}
+
+/// A size above 0 (`8m`: bytes; the proxy's memory is bounded by it), or
+/// for the other caps `off`, `0` or a count.
+fn parse_cap(v: &str, size: bool) -> Option<u64> {
+    let v = v.trim();
+    if size {
+        return crate::wall::parse_bytes(v).and_then(|n| u64::try_from(n).ok());
+    }
+    if v == "off" {
+        return Some(0);
+    }
+    v.replace('_', "").parse::<u64>().ok()
 }
 
 impl Settings {
@@ -70,6 +134,7 @@ impl Settings {
             ca: None,
             key: KeySource::Env(kit.key_env.clone()),
             warnings: vec![],
+            caps: Caps::default(),
         };
         let Some(p) = project else { return Ok(s) };
         let file = crate::config::FILE;
@@ -100,9 +165,28 @@ impl Settings {
                 }
                 "key-env" => key_env = Some(v.to_string()),
                 "key-file" => key_file = Some(p.path(v)),
+                "max-request" | "max-rpm" | "max-tokens-hour" | "max-tokens-run" => {
+                    let size = rest == "max-request";
+                    let n = parse_cap(v, size).ok_or_else(|| {
+                        Error::config(format!(
+                            "{file}: {k} = {v}: expected {}",
+                            if size {
+                                "a size above 0 such as 8m (bytes)"
+                            } else {
+                                "a whole number, or off"
+                            }
+                        ))
+                    })?;
+                    match rest {
+                        "max-request" => s.caps.max_request = n,
+                        "max-rpm" => s.caps.max_rpm = n,
+                        "max-tokens-hour" => s.caps.max_tokens_hour = n,
+                        _ => s.caps.max_tokens_run = n,
+                    }
+                }
                 _ => {
                     return Err(Error::config(format!(
-                        "{file}: unknown key '{k}'; agent keys are {prefix}upstream, {prefix}ca, {prefix}key-env and {prefix}key-file"
+                        "{file}: unknown key '{k}'; agent keys are {prefix}upstream, {prefix}ca, {prefix}key-env, {prefix}key-file, {prefix}max-request, {prefix}max-rpm, {prefix}max-tokens-hour and {prefix}max-tokens-run"
                     )));
                 }
             }
@@ -199,4 +283,37 @@ pub fn sandbox_env(kit: &Kit, credential: Credential) -> Vec<String> {
 /// The `NO_PROXY` value of an agent sandbox: the model proxy is reached directly.
 pub fn no_proxy() -> String {
     format!("localhost,127.0.0.1,::1,{}", proxy::HOST)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caps_read_sizes_counts_and_off_and_max_request_is_never_off() {
+        assert_eq!(parse_cap("8m", true), Some(8 << 20));
+        assert_eq!(parse_cap("300000", true), Some(300_000));
+        assert_eq!(parse_cap("off", true), None, "the body cap bounds memory");
+        assert_eq!(parse_cap("0", true), None);
+        assert_eq!(parse_cap("20", false), Some(20));
+        assert_eq!(parse_cap("10_000_000", false), Some(10_000_000));
+        assert_eq!(parse_cap("off", false), Some(0));
+        assert_eq!(parse_cap("lots", false), None);
+        assert_eq!(parse_cap("-1", false), None);
+        let env = Caps::default().env();
+        assert!(
+            env.contains(&"LW_MODEL_MAX_REQUEST=8388608".to_string()),
+            "{env:?}"
+        );
+        assert!(
+            env.contains(&"LW_MODEL_MAX_TOKENS_RUN=0".to_string()),
+            "{env:?}"
+        );
+        assert_eq!(
+            proxy::memory(8 << 20),
+            128 << 20,
+            "the old limit for the default"
+        );
+        assert_eq!(proxy::memory(64 << 20), (96 + 256) << 20);
+    }
 }

@@ -23,6 +23,16 @@
 //! written by `lw-sandbox run` from the host's variable (or copied from
 //! `agent.KIT.key-file`) and removed by `rm`.  The container runs as the
 //! user that runs lw-sandbox, read-only, without capabilities.
+//!
+//! It is also the sandbox's guard on spending (issue 35): a body cap
+//! (`agent.KIT.max-request`, 413), strict heads (400), bounded memory, and
+//! caps on requests a minute and tokens an hour and a run (429 with
+//! retry-after); see the head of model-proxy.py.  Its counts live in
+//! `ROOT/state/agent-usage/NAME/usage.json` (mounted read-write at
+//! `/run/lw-usage`, the only thing it may write), which `lw-sandbox ls`
+//! shows and `lw-sandbox run` reads to tell the person of a cap reached.
+//! The engine restarts it when it dies (`restart_on_failure`), so an agent
+//! is never cut off for good.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -72,6 +82,45 @@ pub fn url() -> String {
 /// The host directory holding a sandbox's key (and CA), mounted into its proxy.
 pub fn key_dir(state: &Path, sandbox: &str) -> PathBuf {
     state.join("agent-key").join(sandbox)
+}
+
+/// The host directory of a sandbox's usage counts, written by its proxy.
+pub fn usage_dir(state: &Path, sandbox: &str) -> PathBuf {
+    state.join("agent-usage").join(sandbox)
+}
+
+/// A cap reached: the first refusal after a forward, once per episode.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+pub struct CapEpisode {
+    /// `max-rpm`, `max-tokens-hour` or `max-tokens-run`.
+    pub cap: String,
+    pub limit: u64,
+    /// Unix time of the first refusal.
+    pub at: i64,
+    pub retry_after: u64,
+    /// Counts episodes since the counts began.
+    pub n: u64,
+}
+
+/// What a proxy's `usage.json` says.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(default)]
+pub struct Usage {
+    /// Unix time of the last update.
+    pub updated: i64,
+    pub tokens_run: u64,
+    /// The hour up to `updated`.
+    pub tokens_hour: u64,
+    pub tokens_total: u64,
+    pub forwarded: u64,
+    pub refused: u64,
+    pub caps: Vec<CapEpisode>,
+}
+
+/// The usage counts of sandbox `sandbox`, if its proxy wrote any.
+pub fn usage(state: &Path, sandbox: &str) -> Option<Usage> {
+    let text = fs::read(usage_dir(state, sandbox).join("usage.json")).ok()?;
+    serde_json::from_slice(&text).ok()
 }
 
 /// Makes sure the proxy image on `from` exists; returns its tag.
@@ -143,8 +192,8 @@ pub fn ensure_image(
     }
 }
 
-/// Makes the key directory (0700) and copies the CA into it.
-pub fn prepare_dir(dir: &Path, settings: &Settings) -> Result<()> {
+/// Makes `dir` (0700) and its parents.
+fn private_dir(dir: &Path) -> Result<()> {
     if let Some(parent) = dir.parent() {
         fs::create_dir_all(parent).map_err(|e| Error::io("cannot create", parent, e))?;
     }
@@ -154,7 +203,12 @@ pub fn prepare_dir(dir: &Path, settings: &Settings) -> Result<()> {
         Err(e) => return Err(Error::io("cannot create", dir, e)),
     }
     fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
-        .map_err(|e| Error::io("cannot set the mode of", dir, e))?;
+        .map_err(|e| Error::io("cannot set the mode of", dir, e))
+}
+
+/// Makes the key directory (0700) and copies the CA into it.
+pub fn prepare_dir(dir: &Path, settings: &Settings) -> Result<()> {
+    private_dir(dir)?;
     let ca = dir.join("ca.pem");
     match &settings.ca {
         Some(src) => {
@@ -176,6 +230,37 @@ pub fn write_key(dir: &Path, key: &[u8]) -> Result<()> {
         .map_err(|e| Error::io("cannot write the key file", &path, e))
 }
 
+/// Writes the rate and token caps for the proxy to read at each request
+/// (`max-request` is fixed when the proxy is made: its memory limit
+/// follows from it).
+pub fn write_caps(dir: &Path, caps: &super::Caps) -> Result<()> {
+    let path = dir.join("caps");
+    let doc = serde_json::json!({
+        "max-rpm": caps.max_rpm, "max-tokens-hour": caps.max_tokens_hour,
+        "max-tokens-run": caps.max_tokens_run,
+    });
+    crate::fs::write_replace(
+        &path,
+        format!("{doc}\n").as_bytes(),
+        0o600,
+        crate::fs::Durability::Unsynced,
+    )
+    .map_err(|e| Error::io("cannot write", &path, e))
+}
+
+/// Names the run that starts (its transcript's stem): the proxy counts
+/// `agent.KIT.max-tokens-run` from 0 again when this changes.
+pub fn write_run(dir: &Path, run: &str) -> Result<()> {
+    let path = dir.join("run");
+    crate::fs::write_replace(
+        &path,
+        format!("{run}\n").as_bytes(),
+        0o600,
+        crate::fs::Durability::Unsynced,
+    )
+    .map_err(|e| Error::io("cannot write", &path, e))
+}
+
 /// Creates and starts the proxy of sandbox container `key`, attached to the
 /// shared network `outside` and to the sandbox's internal network.
 #[allow(clippy::too_many_arguments)]
@@ -187,9 +272,11 @@ pub fn create(
     kit: &Kit,
     settings: &Settings,
     dir: &Path,
+    usage: &Path,
     labels: &BTreeMap<String, String>,
 ) -> Result<()> {
     let proxy = name(key);
+    private_dir(usage)?;
     engine.remove(&proxy, true)?;
     let mut labels = labels.clone();
     labels.insert(LABEL_AGENT.to_string(), kit.name.clone());
@@ -198,29 +285,48 @@ pub fn create(
     let spec = ContainerSpec {
         name: Some(proxy.clone()),
         image: image.to_string(),
-        env: vec![
+        env: [
             format!("LW_MODEL_UPSTREAM={}", settings.upstream),
             format!("LW_MODEL_ENDPOINT={} {}", kit.method, kit.path),
             format!("LW_MODEL_KEY_HEADER={}", kit.key_header.as_str()),
-        ],
+        ]
+        .into_iter()
+        .chain(settings.caps.env())
+        .collect(),
         user: Some(format!("{uid}:{gid}")),
         labels,
         read_only_root: true,
         cap_drop: vec!["ALL".into()],
         security_opt: vec!["no-new-privileges".into()],
         pids_limit: Some(64),
-        memory_bytes: Some(128 << 20),
-        binds: vec![Bind {
-            source: dir.to_string_lossy().into_owned(),
-            target: "/run/lw-agent".into(),
-            read_only: true,
-        }],
+        memory_bytes: Some(memory(settings.caps.max_request)),
+        binds: vec![
+            Bind {
+                source: dir.to_string_lossy().into_owned(),
+                target: "/run/lw-agent".into(),
+                read_only: true,
+            },
+            Bind {
+                source: usage.to_string_lossy().into_owned(),
+                target: "/run/lw-usage".into(),
+                read_only: false,
+            },
+        ],
         network: Some(outside.to_string()),
+        restart_on_failure: true,
         ..Default::default()
     };
     engine.create(&spec)?;
     engine.connect(&crate::egress::network_name(key), &proxy, &[HOST])?;
     start(engine, key)
+}
+
+/// The proxy's memory limit: what python needs (tests/model_proxy.rs
+/// measures under 40 MiB with 256 connections open) plus the bodies it may
+/// hold at once (model-proxy.py's BUDGET: four of the largest, at least 32 MiB).
+pub fn memory(max_request: u64) -> i64 {
+    let budget = (4 * max_request).max(32 << 20);
+    i64::try_from(96 * (1 << 20) + budget).unwrap_or(i64::MAX)
 }
 
 /// Starts the proxy of `key` if it is not running and waits until it listens.
@@ -264,7 +370,7 @@ pub fn start(engine: &dyn NetworkEngine, key: &str) -> Result<()> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Logged {
     pub time: String,
-    /// `forward`, `deny`, `nokey`, `fail`.
+    /// `forward`, `deny`, `nokey`, `fail`, `refuse` (400, 413, 429, 503).
     pub action: String,
     pub method: String,
     pub path: String,
@@ -280,7 +386,9 @@ pub fn requests(engine: &dyn NetworkEngine, key: &str) -> Result<Vec<Logged>> {
         .filter_map(|l| {
             let w: Vec<&str> = l.split_whitespace().collect();
             match w.as_slice() {
-                [t, a, m, p, u, rest @ ..] if ["forward", "deny", "nokey", "fail"].contains(a) => {
+                [t, a, m, p, u, rest @ ..]
+                    if ["forward", "deny", "nokey", "fail", "refuse"].contains(a) =>
+                {
                     Some(Logged {
                         time: t.to_string(),
                         action: a.to_string(),

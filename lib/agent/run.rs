@@ -96,18 +96,22 @@ pub fn run(
     let key = settings.read_key(&kit)?;
     running(engine, rec)?;
     let mut env = rec.agent.map(|a| a.env.clone()).unwrap_or_default();
+    let path = transcript_path(&root.dir, name);
+    let run_id = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
     hand_key(
         engine,
         root,
         rec,
         (&kit, &settings, credential),
-        &key,
+        (&key, &run_id),
         &mut env,
         warn,
     )?;
     drop(key);
     let cmd = command(&kit, opts);
-    let path = transcript_path(&root.dir, name);
     if let Some(d) = path.parent() {
         fs::create_dir_all(d).map_err(|e| Error::io("cannot create", d, e))?;
     }
@@ -134,9 +138,17 @@ pub fn run(
         user: Some(format!("{0}:{0}", rec.uid)),
         workdir: Some(REPO.into()),
     };
+    // A cap the proxy reached is told to the person while the agent runs
+    // (each line it prints may be its CLI retrying a 429), and at the end.
+    let mut caps = CapWatch::new(root, name, &kit.name);
     let status = exec_lines(engine, rec.container, &req, &mut |l| {
-        record(l, out, &mut file)
+        record(l, out, &mut file);
+        caps.check(false);
     })?;
+    caps.check(true);
+    for w in caps.said {
+        warn(&w);
+    }
     let timed_out = opts.timeout.is_some() && status == TIMED_OUT;
     let end = serde_json::json!({"type": "lw-exit", "status": status, "timed_out": timed_out, "transcript": path});
     record(&end.to_string(), out, &mut file);
@@ -177,7 +189,7 @@ fn hand_key(
     root: &Root,
     rec: &Target,
     (kit, settings, credential): (&Kit, &Settings, Credential),
-    key: &[u8],
+    (key, run_id): (&[u8], &str),
     env: &mut Vec<String>,
     warn: &mut dyn FnMut(&str),
 ) -> Result<()> {
@@ -187,6 +199,8 @@ fn hand_key(
             let dir = proxy::key_dir(&root.state_dir(), name);
             proxy::prepare_dir(&dir, settings)?;
             proxy::write_key(&dir, key)?;
+            proxy::write_caps(&dir, &settings.caps)?;
+            proxy::write_run(&dir, run_id)?;
             let nets: &dyn NetworkEngine = engine;
             proxy::start(nets, rec.container)?;
         }
@@ -199,6 +213,53 @@ fn hand_key(
         }
     }
     Ok(())
+}
+
+/// Watches the proxy's usage file for cap episodes to tell the person of,
+/// at most once a second; what it told (or failed to) becomes warnings.
+struct CapWatch<'a> {
+    root: &'a Root,
+    name: &'a str,
+    kit: &'a str,
+    last: Option<std::time::Instant>,
+    said: Vec<String>,
+}
+
+impl<'a> CapWatch<'a> {
+    fn new(root: &'a Root, name: &'a str, kit: &'a str) -> Self {
+        CapWatch {
+            root,
+            name,
+            kit,
+            last: None,
+            said: vec![],
+        }
+    }
+
+    fn check(&mut self, now: bool) {
+        if !now
+            && self
+                .last
+                .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
+            return;
+        }
+        self.last = Some(std::time::Instant::now());
+        let Some(u) = proxy::usage(&self.root.state_dir(), self.name) else {
+            return;
+        };
+        match super::notice::tell_caps(self.root, self.name, self.kit, &u) {
+            Ok(told) => self
+                .said
+                .extend(told.into_iter().map(|s| format!("told the person: {s}"))),
+            Err(e) => {
+                let w = format!("cannot tell the person of a cap reached: {e}");
+                if !self.said.contains(&w) {
+                    self.said.push(w);
+                }
+            }
+        }
+    }
 }
 
 /// The kit's headless command, under timeout(1) with `--timeout`.

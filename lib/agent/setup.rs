@@ -147,6 +147,7 @@ impl Prepared {
             &self.kit,
             &self.settings,
             &dir,
+            &proxy::usage_dir(&root.state_dir(), name),
             labels,
         )
     }

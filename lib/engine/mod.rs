@@ -187,6 +187,11 @@ pub struct ContainerSpec {
     /// Extra lines of the container's /etc/hosts: name -> address (Docker's
     /// `--add-host`, a pod's `hostAliases`), for names no DNS serves.
     pub hosts: BTreeMap<String, String>,
+    /// The engine starts it again when its process ends with a failure
+    /// (killed, out of memory), not when it is stopped (Docker's
+    /// `--restart on-failure`: after 100 ms, doubling while it keeps failing
+    /// within 10 s).
+    pub restart_on_failure: bool,
 }
 
 /// A container as loopwright needs it.

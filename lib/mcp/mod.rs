@@ -400,7 +400,7 @@ fn with_fix(e: &Error) -> String {
         "shorten the body, or write the text to a file in the repository and name it in refs"
     } else if msg.starts_with("subject") {
         "give a subject of one line, 1 to 200 bytes, without control characters"
-    } else if msg.starts_with("unknown kind") {
+    } else if msg.starts_with("unknown kind") || msg.starts_with("kind '") {
         "use one of the kinds listed"
     } else if msg.starts_with("recipient") || msg.starts_with("to has") {
         "name recipients as whoami lists its peers, or mediator or human"
@@ -561,7 +561,8 @@ mod tests {
         let e = crate::post::postable_kind("bounce").expect_err("bounce is the mediator's");
         let t = with_fix(&e);
         assert!(
-            t.starts_with("unknown kind 'bounce'") && t.contains(". Fix: "),
+            t.starts_with("kind 'bounce' is the mediator's: agents may not post it")
+                && t.contains(". Fix: "),
             "{t}"
         );
         let e = Error::new(Exit::CantCreat, "mailbox '/x' is not a directory");

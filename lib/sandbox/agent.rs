@@ -139,12 +139,17 @@ impl<'a> Sandboxes<'a> {
         Ok(())
     }
 
-    /// Removes the agent key directory of sandbox `name`, if any.
+    /// Removes the agent key and usage directories of sandbox `name`, if any.
     pub(super) fn remove_agent_key(&self, name: &str, out: &mut dyn FnMut(&str)) -> Result<()> {
         let keys = proxy::key_dir(&self.root.state_dir(), name);
         if keys.exists() {
             fs::remove_dir_all(&keys).map_err(io_err("cannot remove", &keys))?;
             out(&format!("agent-key {}", keys.display()));
+        }
+        let usage = proxy::usage_dir(&self.root.state_dir(), name);
+        if usage.exists() {
+            fs::remove_dir_all(&usage).map_err(io_err("cannot remove", &usage))?;
+            out(&format!("agent-usage {}", usage.display()));
         }
         Ok(())
     }

@@ -6,14 +6,15 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::{Created, Network, Port, Sandboxes, gone};
+use crate::agent::{Credential, proxy};
 use crate::egress;
 use crate::engine::{Isolation, NetworkEngine, PortMap};
 use crate::error::{Error, Result};
 
-
 /// The header `ls` prints above its lines (not with `--json` or
 /// `--no-header`): the columns of [`Status::line`], tab-separated.
-pub const HEADER: &str = "NAME\tBRANCH\tSTATE\tPORTS\tNETWORK\tAGE\tUNPUSHED\tISOLATION\tSERVICES";
+pub const HEADER: &str =
+    "NAME\tBRANCH\tSTATE\tPORTS\tNETWORK\tAGE\tUNPUSHED\tISOLATION\tSERVICES\tAGENT";
 
 /// The state of a sandbox as `ls` shows it.
 #[derive(Clone, Debug)]
@@ -42,6 +43,26 @@ pub struct Status {
     /// The OCI runtime its container runs under (the engine's word when the
     /// container exists, else the record's).
     pub runtime: String,
+    /// Its agent, when it has one.
+    pub agent: Option<AgentStatus>,
+}
+
+/// The agent of a sandbox as `ls` shows it: its model proxy and what it spent.
+#[derive(Clone, Debug)]
+pub struct AgentStatus {
+    pub kit: String,
+    /// The model proxy container's state (`running`, `restarting`,
+    /// `exited`, ...; `missing` when it is gone; `none` with `--credential env`).
+    pub model: String,
+    /// The proxy's counts (ROOT/state/agent-usage/NAME/usage.json), if any.
+    pub usage: Option<proxy::Usage>,
+}
+
+impl AgentStatus {
+    /// The proxy is not serving while its sandbox runs.
+    pub fn model_down(&self, sandbox_state: &str) -> bool {
+        sandbox_state == "running" && self.model != "running" && self.model != "none"
+    }
 }
 
 impl<'a> Sandboxes<'a> {
@@ -73,6 +94,19 @@ impl<'a> Sandboxes<'a> {
             let created = crate::time::parse_rfc3339(&rec.created).unwrap_or(now);
             let inspected = c.and_then(|c| self.engine.inspect(&c.name).ok().flatten());
             let exited = inspected.as_ref().filter(|_| state == "exited");
+            let agent = rec.agent.as_ref().map(|a| AgentStatus {
+                kit: a.kit.clone(),
+                model: if a.credential == Credential::Env {
+                    "none".into()
+                } else {
+                    let model = proxy::name(&rec.container);
+                    containers
+                        .iter()
+                        .find(|c| c.name == model)
+                        .map_or("missing".into(), |c| c.status.clone())
+                },
+                usage: proxy::usage(&self.root.state_dir(), &rec.name),
+            });
             let unpushed = if count_unpushed && state == "running" {
                 self.unpushed(&rec).ok().map(|u| u.0)
             } else {
@@ -97,6 +131,7 @@ impl<'a> Sandboxes<'a> {
                     // Podman names every runtime "oci" here: the record knows.
                     .filter(|r| !r.is_empty() && r != "oci")
                     .unwrap_or_else(|| rec.runtime_name().to_string()),
+                agent,
             });
         }
         Ok(out)
@@ -190,6 +225,15 @@ impl Status {
             "age_secs": self.age.as_secs(), "unpushed": self.unpushed, "container": self.container, "image": self.image,
             "network": self.network.as_str(), "ports": ports_json(&self.ports), "services": self.services,
             "runtime": self.runtime, "isolation": Isolation::of(&self.runtime).as_str(),
+            "agent": self.agent.as_ref().map(|a| {
+                let u = a.usage.clone().unwrap_or_default();
+                serde_json::json!({
+                    "kit": a.kit, "model_proxy": a.model, "model_proxy_down": a.model_down(&self.state),
+                    "tokens_hour": u.tokens_hour, "tokens_run": u.tokens_run, "tokens_total": u.tokens_total,
+                    "requests_forwarded": u.forwarded, "requests_refused": u.refused,
+                    "caps_reached": u.caps.len(),
+                })
+            }),
         })
     }
 
@@ -203,6 +247,24 @@ impl Status {
         }
     }
 
+    /// The agent column of `ls`: `-`, or the kit, its model proxy's state
+    /// (`model-DOWN` when it is not serving a running sandbox) and the tokens
+    /// of the last hour, `claude,model-up,1234-tokens/h`.
+    pub fn agent_column(&self) -> String {
+        let Some(a) = &self.agent else {
+            return "-".into();
+        };
+        let model = if a.model_down(&self.state) {
+            "model-DOWN".to_string()
+        } else if a.model == "running" {
+            "model-up".to_string()
+        } else {
+            format!("model-{}", a.model)
+        };
+        let tokens = a.usage.as_ref().map_or(0, |u| u.tokens_hour);
+        format!("{},{model},{tokens}-tokens/h", a.kit)
+    }
+
     /// The isolation column of `ls`: the level and its runtime, `gvisor(runsc)`.
     pub fn isolation(&self) -> String {
         format!(
@@ -213,7 +275,7 @@ impl Status {
     }
 
     /// The `ls` line: name, branch, state, ports, network, age, unpushed,
-    /// isolation, services; tab-separated, under [`HEADER`].
+    /// isolation, services, agent; tab-separated, under [`HEADER`].
     pub fn line(&self) -> String {
         let ports: Vec<String> = self
             .ports
@@ -232,13 +294,14 @@ impl Status {
             self.services.join(",")
         };
         format!(
-            "{}\t{}\t{}\t{ports}\t{}\t{}\t{unpushed}\t{}\t{services}",
+            "{}\t{}\t{}\t{ports}\t{}\t{}\t{unpushed}\t{}\t{services}\t{}",
             self.name,
             self.branch,
             self.state_text(),
             self.network.as_str(),
             crate::time::human_age(self.age),
-            self.isolation()
+            self.isolation(),
+            self.agent_column()
         )
     }
 }

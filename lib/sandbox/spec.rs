@@ -78,6 +78,7 @@ pub fn container_spec(
         )),
         runtime: rec.runtime.clone(),
         hosts: BTreeMap::new(),
+        restart_on_failure: false,
     }
 }
 

@@ -25,7 +25,7 @@ use std::time::Duration;
 use bollard::Docker;
 use bollard::models::{
     ContainerCreateBody, ExecConfig, HealthConfig, HostConfig, HostConfigLogConfig, PortBinding,
-    ResourcesUlimits,
+    ResourcesUlimits, RestartPolicy, RestartPolicyNameEnum,
 };
 use bollard::query_parameters as qp;
 use futures_util::StreamExt;
@@ -451,6 +451,10 @@ impl Engine for DockerEngine {
             } else {
                 Some(port_bindings)
             },
+            restart_policy: spec.restart_on_failure.then_some(RestartPolicy {
+                name: Some(RestartPolicyNameEnum::ON_FAILURE),
+                maximum_retry_count: None,
+            }),
             ..Default::default()
         };
         let exposed: Vec<String> = spec.ports.iter().map(|p| p.container.clone()).collect();

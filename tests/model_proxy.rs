@@ -1,0 +1,645 @@
+//! The model proxy as a guarded door (issue 35): runtime/agents/model-proxy.py
+//! run on 127.0.0.1 in front of the project's scripted model
+//! (examples/scripted-model/model.py, plain HTTP), both as host processes, so
+//! the red-team cases need neither Docker nor a real CLI.  Each test prints
+//! the proxy's peak RSS (VmHWM from /proc) and how many requests reached the
+//! upstream.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::TempDir;
+use loopwright::agent::{notice, proxy};
+use loopwright::layout::Root;
+use loopwright::log::{Action, Log};
+use loopwright::maildir::Sub;
+use loopwright::message::Kind;
+
+const SRC: &str = env!("CARGO_MANIFEST_DIR");
+/// The proxy's peak RSS may not pass this, whatever the agent sends (its
+/// container is limited to 128 MiB).
+const RSS_BOUND_KIB: u64 = 96 << 10;
+
+struct Proc {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `script` and waits for the line holding `ready`; the port is the
+/// number after the last ':' or "port " on that line.
+fn spawn(script: &str, env: &[(&str, String)], ready: &str) -> Proc {
+    let mut cmd = Command::new("python3");
+    cmd.arg(Path::new(SRC).join(script))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
+        .spawn()
+        .expect("python3 runs the proxy and the scripted model");
+    let out: Box<dyn Read + Send> = if script.contains("scripted-model") {
+        Box::new(child.stdout.take().unwrap())
+    } else {
+        Box::new(child.stderr.take().unwrap())
+    };
+    let mut lines = BufReader::new(out).lines();
+    let line = lines
+        .by_ref()
+        .map_while(|l| l.ok())
+        .find(|l| l.contains(ready))
+        .unwrap_or_else(|| panic!("{script} ended before saying '{ready}'"));
+    // Keep draining its output so it never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines.map_while(|l| l.ok()) {});
+    let port = line
+        .split([':', ' ', ','])
+        .filter_map(|w| w.parse::<u16>().ok())
+        .find(|p| *p > 1024)
+        .expect("a port on the ready line");
+    Proc { child, port }
+}
+
+struct Door {
+    dir: TempDir,
+    model: Proc,
+    proxy: Proc,
+    env: Vec<(&'static str, String)>,
+}
+
+impl Door {
+    /// The scripted model and a proxy in front of it with `caps`
+    /// (`LW_MODEL_MAX_*` variables).
+    fn new(tag: &str, caps: &[(&'static str, &str)]) -> Door {
+        let dir = TempDir::new(tag);
+        std::fs::create_dir_all(dir.join("key")).unwrap();
+        std::fs::create_dir_all(dir.join("usage")).unwrap();
+        std::fs::write(dir.join("key/key"), "sk-the-real-key\n").unwrap();
+        let model = spawn(
+            "examples/scripted-model/model.py",
+            &[
+                ("LW_SCRIPT", "[]".into()),
+                ("LW_MODEL_TLS", "0".into()),
+                ("LW_MODEL_PORT", "0".into()),
+                (
+                    "LW_MODEL_OUT",
+                    dir.join("requests.jsonl").display().to_string(),
+                ),
+            ],
+            "scripted model ready",
+        );
+        let mut env = vec![
+            (
+                "LW_MODEL_UPSTREAM",
+                format!("http://127.0.0.1:{}", model.port),
+            ),
+            ("LW_MODEL_ENDPOINT", "POST /v1/messages".into()),
+            ("LW_MODEL_KEY_HEADER", "x-api-key".into()),
+            ("LW_MODEL_DIR", dir.join("key").display().to_string()),
+            ("LW_MODEL_USAGE", dir.join("usage").display().to_string()),
+            ("LW_MODEL_LISTEN", "127.0.0.1".into()),
+            ("LW_MODEL_PORT", "0".into()),
+        ];
+        for (k, v) in caps {
+            env.push((k, v.to_string()));
+        }
+        let proxy = spawn(
+            "runtime/agents/model-proxy.py",
+            &env,
+            "lw-model-proxy: listening",
+        );
+        Door {
+            dir,
+            model,
+            proxy,
+            env,
+        }
+    }
+
+    /// Kills the proxy (SIGKILL, as the OOM killer would) and starts another
+    /// on the same directories, as the engine does.
+    fn restart(&mut self) {
+        self.proxy.child.kill().unwrap();
+        self.proxy.child.wait().unwrap();
+        self.proxy = spawn(
+            "runtime/agents/model-proxy.py",
+            &self.env,
+            "lw-model-proxy: listening",
+        );
+    }
+
+    fn connect(&self) -> TcpStream {
+        let s = TcpStream::connect(("127.0.0.1", self.proxy.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        s
+    }
+
+    /// Requests that reached the scripted model.
+    fn upstream(&self) -> usize {
+        std::fs::read_to_string(self.dir.join("requests.jsonl"))
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    }
+
+    /// The proxy's (current, peak) resident memory in KiB.
+    fn rss(&self) -> (u64, u64) {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.proxy.child.id()))
+            .expect("the proxy is alive");
+        let field = |name: &str| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0)
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+
+    fn alive(&mut self) -> bool {
+        self.proxy.child.try_wait().unwrap().is_none()
+    }
+
+    fn usage(&self) -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(self.dir.join("usage/usage.json")).unwrap()).unwrap()
+    }
+
+    /// One whole request on a connection of its own.
+    fn post(&self, prompt: &str) -> Reply {
+        let body = serde_json::json!({"model": "m", "stream": true,
+            "messages": [{"role": "user", "content": prompt}]})
+        .to_string();
+        let mut s = self.connect();
+        write!(
+            s,
+            "POST /v1/messages?beta=true HTTP/1.1\r\nHost: lw-model:8080\r\nx-api-key: placeholder\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        read_reply(&mut s)
+    }
+}
+
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Reads one answer to the end of the connection; decodes chunks.
+fn read_reply(s: &mut TcpStream) -> Reply {
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    parse_reply(&raw)
+}
+
+fn parse_reply(raw: &[u8]) -> Reply {
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no answer head in {:?}", String::from_utf8_lossy(raw)));
+    let head = String::from_utf8_lossy(&raw[..end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let mut rest = &raw[end + 4..];
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let mut body = Vec::new();
+    if chunked {
+        while let Some(i) = rest.windows(2).position(|w| w == b"\r\n") {
+            let n =
+                usize::from_str_radix(std::str::from_utf8(&rest[..i]).unwrap().trim(), 16).unwrap();
+            if n == 0 {
+                break;
+            }
+            body.extend_from_slice(&rest[i + 2..i + 2 + n]);
+            rest = &rest[i + 4 + n..];
+        }
+    } else {
+        body = rest.to_vec();
+    }
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+/// Sends a head, then `total` bytes of body from a thread of its own while
+/// this thread reads the answer; returns it and the bytes the proxy took.
+fn flood(door: &Door, head: &str, total: u64, chunked: bool) -> (Reply, u64) {
+    let mut s = door.connect();
+    s.write_all(head.as_bytes()).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        let block = vec![b'x'; 1 << 20];
+        let mut sent = 0u64;
+        while sent < total {
+            let r = if chunked {
+                write!(w, "{:x}\r\n", block.len())
+                    .and_then(|_| w.write_all(&block))
+                    .and_then(|_| w.write_all(b"\r\n"))
+            } else {
+                w.write_all(&block)
+            };
+            if r.is_err() {
+                break;
+            }
+            sent += block.len() as u64;
+        }
+        sent
+    });
+    let reply = read_reply(&mut s);
+    let _ = s.shutdown(std::net::Shutdown::Both);
+    (reply, sender.join().unwrap())
+}
+
+#[test]
+fn a_300_mib_body_is_refused_413_while_it_streams_and_the_proxy_stays_up() {
+    let mut door = Door::new("proxy-300mib", &[]);
+    let total = 300u64 << 20;
+    let t = Instant::now();
+    let (r, sent) = flood(
+        &door,
+        &format!("POST /v1/messages HTTP/1.1\r\nHost: lw-model\r\nContent-Length: {total}\r\n\r\n"),
+        total,
+        false,
+    );
+    assert_eq!(r.status, 413, "{r:?}");
+    assert!(r.body.contains("request_too_large"), "{}", r.body);
+    assert!(r.body.contains("max-request"), "{}", r.body);
+    let (chunked, sent_chunked) = flood(
+        &door,
+        "POST /v1/messages HTTP/1.1\r\nHost: lw-model\r\nTransfer-Encoding: chunked\r\n\r\n",
+        total,
+        true,
+    );
+    assert_eq!(
+        chunked.status, 413,
+        "a chunked body is counted as it streams: {chunked:?}"
+    );
+    assert!(door.alive(), "the proxy is still running");
+    let (rss, peak) = door.rss();
+    let ok = door.post("after the flood");
+    assert_eq!(ok.status, 200, "the next request is forwarded: {ok:?}");
+    println!(
+        "figure: 300 MiB body (content-length): 413, {} MiB sent before the proxy closed; chunked: 413, {} MiB sent; {:.1} s; proxy RSS {rss} KiB, peak {peak} KiB (bound {RSS_BOUND_KIB} KiB); requests that reached the upstream: {}",
+        sent >> 20,
+        sent_chunked >> 20,
+        t.elapsed().as_secs_f64(),
+        door.upstream()
+    );
+    assert!(peak < RSS_BOUND_KIB, "peak RSS {peak} KiB");
+    assert_eq!(
+        door.upstream(),
+        1,
+        "only the request after the flood reached the model"
+    );
+}
+
+#[test]
+fn a_thousand_slow_parallel_requests_leave_the_proxy_up_and_small() {
+    let mut door = Door::new("proxy-slow", &[]);
+    let (_, before) = door.rss();
+    let mut conns = Vec::new();
+    for i in 0..1000 {
+        let mut s = door.connect();
+        // Half send a head that never ends (slowloris); half a whole head
+        // announcing 1 MiB, then a trickle.  Every one holds its place as
+        // long as the proxy lets it.
+        let _ = if i % 2 == 0 {
+            write!(
+                s,
+                "POST /v1/messages HTTP/1.1\r\nHost: lw-model\r\nx-slow: {i}\r\n"
+            )
+        } else {
+            write!(
+                s,
+                "POST /v1/messages HTTP/1.1\r\nHost: lw-model\r\nContent-Length: {}\r\n\r\n{{\"slow\":{i},",
+                1 << 20
+            )
+        };
+        conns.push(s);
+    }
+    // Each connection is held or answered 503 at once; an answer not in
+    // within 20 ms counts as held.
+    let mut refused = 0;
+    let mut held = 0;
+    for s in &mut conns {
+        s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        let mut buf = [0u8; 512];
+        match s.read(&mut buf) {
+            Ok(n) if n > 0 => {
+                let r = parse_reply(&buf[..n]);
+                assert_eq!(r.status, 503, "{r:?}");
+                assert_eq!(r.header("retry-after"), Some("1"));
+                refused += 1;
+            }
+            _ => held += 1,
+        }
+    }
+    assert!(door.alive(), "the proxy is still running");
+    let (rss, peak) = door.rss();
+    println!(
+        "figure: 1000 parallel slow requests (500 endless heads, 500 bodies of 1 MiB trickling): {held} held, {refused} answered 503 (over 256 connections or 32 MiB of bodies at once); proxy RSS {before} KiB before, {rss} KiB with them open, peak {peak} KiB (bound {RSS_BOUND_KIB} KiB); requests that reached the upstream: {}",
+        door.upstream()
+    );
+    assert!(refused > 0 && held > 0, "{held} held, {refused} refused");
+    assert!(
+        held <= 256,
+        "at most 256 connections are served at once: {held}"
+    );
+    assert!(peak < RSS_BOUND_KIB, "peak RSS {peak} KiB");
+    assert_eq!(door.upstream(), 0);
+    drop(conns);
+    // The proxy notices the closed ones as it goes; meanwhile it answers
+    // 503 with retry-after, which the agent's CLI honours, as here.
+    let mut ok = door.post("after the slow ones");
+    for _ in 0..10 {
+        if ok.status != 503 {
+            break;
+        }
+        let wait: u64 = ok.header("retry-after").unwrap().parse().unwrap();
+        std::thread::sleep(Duration::from_secs(wait));
+        ok = door.post("after the slow ones");
+    }
+    assert_eq!(ok.status, 200, "{ok:?}");
+    assert_eq!(door.upstream(), 1);
+}
+
+#[test]
+fn folded_and_duplicate_hop_headers_are_refused_400() {
+    let door = Door::new("proxy-headers", &[]);
+    let cases = [
+        (
+            "folded",
+            "POST /v1/messages HTTP/1.1\r\nHost: lw-model\r\nx-note: a\r\n b\r\nContent-Length: 2\r\n\r\n{}",
+            400,
+        ),
+        (
+            "two content-length",
+            "POST /v1/messages HTTP/1.1\r\nHost: lw-model\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}",
+            400,
+        ),
+        (
+            "two host",
+            "POST /v1/messages HTTP/1.1\r\nHost: lw-model\r\nHost: api.anthropic.com\r\nContent-Length: 2\r\n\r\n{}",
+            400,
+        ),
+        (
+            "length and chunked",
+            "POST /v1/messages HTTP/1.1\r\nHost: lw-model\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+            400,
+        ),
+        (
+            "two transfer-encoding",
+            "POST /v1/messages HTTP/1.1\r\nHost: lw-model\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            400,
+        ),
+        (
+            "bare LF in a header",
+            "POST /v1/messages HTTP/1.1\r\nHost: lw-model\nX: y\r\nContent-Length: 2\r\n\r\n{}",
+            400,
+        ),
+        (
+            "other path",
+            "POST /v1/complete HTTP/1.1\r\nHost: lw-model\r\nContent-Length: 2\r\n\r\n{}",
+            403,
+        ),
+        (
+            "absolute URL",
+            "POST https://api.anthropic.com/v1/messages HTTP/1.1\r\nHost: lw-model\r\nContent-Length: 2\r\n\r\n{}",
+            403,
+        ),
+        (
+            "connect",
+            "CONNECT api.anthropic.com:443 HTTP/1.1\r\n\r\n",
+            501,
+        ),
+    ];
+    for (what, raw, want) in cases {
+        let mut s = door.connect();
+        s.write_all(raw.as_bytes()).unwrap();
+        let r = read_reply(&mut s);
+        assert_eq!(r.status, want, "{what}: {r:?}");
+        assert!(
+            r.body.contains("\"type\": \"error\""),
+            "{what}: the provider's shape: {}",
+            r.body
+        );
+    }
+    assert_eq!(door.upstream(), 0);
+    let ok = door.post("fine");
+    assert_eq!(ok.status, 200);
+    let seen = std::fs::read_to_string(door.dir.join("requests.jsonl")).unwrap();
+    assert!(seen.contains("sk-the-real-key") && !seen.contains("placeholder"));
+}
+
+#[test]
+fn fifty_requests_in_three_seconds_over_a_cap_of_20_a_minute() {
+    let door = Door::new("proxy-rpm", &[("LW_MODEL_MAX_RPM", "20")]);
+    let t = Instant::now();
+    let mut statuses = Vec::new();
+    let mut retry = Vec::new();
+    for i in 0..50 {
+        let r = door.post(&format!("request {i}"));
+        if r.status == 429 {
+            assert!(
+                r.body.contains("rate_limit_error") && r.body.contains("max-rpm"),
+                "{}",
+                r.body
+            );
+            retry.push(r.header("retry-after").unwrap().parse::<u64>().unwrap());
+        }
+        statuses.push(r.status);
+    }
+    let took = t.elapsed();
+    let forwarded = statuses.iter().filter(|s| **s == 200).count();
+    println!(
+        "figure: 50 requests in {:.2} s over max-rpm 20: {forwarded} forwarded, {} answered 429 (retry-after {}-{} s); requests that reached the upstream: {}",
+        took.as_secs_f64(),
+        retry.len(),
+        retry.iter().min().unwrap(),
+        retry.iter().max().unwrap(),
+        door.upstream()
+    );
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    assert_eq!(forwarded, 20);
+    assert_eq!(door.upstream(), 20);
+    assert!(retry.iter().all(|r| (1..=60).contains(r)));
+    let u = door.usage();
+    assert_eq!(u["forwarded"], 20);
+    assert_eq!(u["refused"], 30);
+    let caps = u["caps"].as_array().unwrap();
+    assert_eq!(caps.len(), 1, "one episode, told once: {caps:?}");
+    assert_eq!(caps[0]["cap"], "max-rpm");
+
+    // What lw-sandbox run does with it: one status to the person, logged as
+    // an escalation and delivered into human/, however often it is told.
+    std::fs::create_dir_all(door.dir.join("root")).unwrap();
+    let root = Root::new(door.dir.join("root"));
+    root.init().unwrap();
+    let usage: proxy::Usage =
+        serde_json::from_slice(&std::fs::read(door.dir.join("usage/usage.json")).unwrap()).unwrap();
+    let told = notice::tell_caps(&root, "api", "claude", &usage).unwrap();
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert!(
+        told[0].contains("agent.claude.max-rpm (20 requests a minute)"),
+        "{told:?}"
+    );
+    assert!(
+        notice::tell_caps(&root, "api", "claude", &usage)
+            .unwrap()
+            .is_empty()
+    );
+    let human = common::ls(&root.human().sub(Sub::New));
+    assert_eq!(human.len(), 1, "{human:?}");
+    let (entries, _) = Log::new(root.log_dir()).entries().unwrap();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].decision.action, Action::Escalate);
+    let m = entries[0].message.as_ref().unwrap();
+    assert_eq!(
+        (m.kind, m.to.clone()),
+        (Kind::Status, vec!["human".to_string()])
+    );
+    println!("figure: the person is told once: {}", m.subject);
+}
+
+#[test]
+fn a_token_cap_crossed_mid_stream_refuses_the_next_requests() {
+    let door = Door::new("proxy-tokens", &[("LW_MODEL_MAX_TOKENS_RUN", "1000")]);
+    std::fs::write(door.dir.join("key/run"), "run-1\n").unwrap();
+    let gate: PathBuf = door.dir.join("go");
+    // Answer A: its first event says 1000 input tokens; the rest waits on `gate`.
+    let body = serde_json::json!({"model": "m", "stream": true, "messages": [{"role": "user",
+        "content": format!("USAGE-IN=1000 PAUSE-UNTIL={}", gate.display())}]})
+    .to_string();
+    let mut a = door.connect();
+    write!(
+        a,
+        "POST /v1/messages HTTP/1.1\r\nHost: lw-model\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("message_start") {
+        let n = a.read(&mut buf).unwrap();
+        assert!(n > 0, "A ended early");
+        got.extend_from_slice(&buf[..n]);
+    }
+    // A is mid-stream; its usage crossed the cap.
+    let b = door.post("B");
+    assert_eq!(b.status, 429, "{b:?}");
+    assert!(b.body.contains("max-tokens-run"), "{}", b.body);
+    assert!(b.header("retry-after").is_some());
+    std::fs::write(&gate, "").unwrap();
+    let mut rest = Vec::new();
+    a.read_to_end(&mut rest).unwrap();
+    got.extend_from_slice(&rest);
+    let a = parse_reply(&got);
+    assert_eq!(a.status, 200);
+    assert!(a.body.contains("message_stop"), "A is delivered whole");
+    let u = door.usage();
+    println!(
+        "figure: token cap 1000 a run crossed mid-stream: tokens counted {} (run), answer delivered whole, next request 429; requests that reached the upstream: {}",
+        u["tokens_run"],
+        door.upstream()
+    );
+    assert_eq!(u["tokens_run"], 1005);
+    assert_eq!(
+        (u["forwarded"].as_u64(), u["refused"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert_eq!(door.upstream(), 1);
+    // A new run (lw-sandbox run writes the file) starts at 0, and a
+    // non-streamed answer is counted too.
+    std::fs::write(door.dir.join("key/run"), "run-2\n").unwrap();
+    let c = door.post("NO-STREAM USAGE-IN=40");
+    assert_eq!(c.status, 200, "{c:?}");
+    assert_eq!(door.usage()["tokens_run"], 45);
+    assert_eq!(door.usage()["tokens_total"], 1050);
+    assert_eq!(door.upstream(), 2);
+}
+
+#[test]
+fn an_hour_cap_answers_429_with_the_wait_and_the_latency_added_is_small() {
+    let door = Door::new("proxy-hour", &[("LW_MODEL_MAX_TOKENS_HOUR", "100")]);
+    // Latency: straight to the model vs through the proxy (median of 15).
+    let direct = |prompt: &str| {
+        let body =
+            serde_json::json!({"messages": [{"role": "user", "content": prompt}]}).to_string();
+        let mut s = TcpStream::connect(("127.0.0.1", door.model.port)).unwrap();
+        write!(
+            s,
+            "POST /v1/messages HTTP/1.1\r\nHost: m\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        read_reply(&mut s)
+    };
+    let median = |f: &dyn Fn() -> Reply| {
+        let mut t: Vec<f64> = (0..15)
+            .map(|_| {
+                let s = Instant::now();
+                assert_eq!(f().status, 200);
+                s.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        t.sort_by(f64::total_cmp);
+        t[7]
+    };
+    let d = median(&|| direct("USAGE-IN=0"));
+    let before = door.upstream();
+    let p = median(&|| door.post("USAGE-IN=0"));
+    println!(
+        "figure: whole answer straight from the model vs through the proxy (median of 15): {d:.1} vs {p:.1} ms ({:+.1})",
+        p - d
+    );
+    let r = door.post("USAGE-IN=200");
+    assert_eq!(r.status, 200);
+    let r = door.post("next");
+    assert_eq!(r.status, 429, "{r:?}");
+    let wait: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=3660).contains(&wait), "{wait}");
+    assert!(r.body.contains("max-tokens-hour"));
+    assert_eq!(door.upstream(), before + 15 + 1);
+    // A restarted proxy keeps its hour.
+    let mut door = door;
+    door.restart();
+    let r = door.post("after the restart");
+    assert_eq!(r.status, 429, "{r:?}");
+    assert_eq!(door.upstream(), before + 15 + 1);
+}
