@@ -79,7 +79,7 @@ use rustix::fs::{self as rfs, AtFlags};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Exit, Result, errno_io};
-use crate::group::{self, Box3, open_dir_at};
+use crate::group::{self, Box3};
 use crate::layout::{self, Root};
 use crate::log::{Action, Entry, Log};
 use crate::maildir::escape_name;
@@ -243,8 +243,17 @@ impl Mediator {
     /// false a missing file means the default policy.
     pub fn open(root: Root, policy_path: Option<PathBuf>, explicit: bool) -> Result<Mediator> {
         root.init()?;
-        let rootfd = open_dir_at(None, &root.dir)
-            .map_err(|e| Error::io("cannot open", &root.dir, errno_io(e)))?;
+        // The root's own path is the person's (`--root ../r`, a link to
+        // it): opened as given.  Everything beneath it is opened through
+        // this descriptor with no link followed (lib/fs::open_beneath).
+        let rootfd = rustix::fs::open(
+            &root.dir,
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| Error::io("cannot open", &root.dir, errno_io(e)))?;
         let mut m = Mediator {
             log: Log::new(root.log_dir()),
             registry: Registry::new(&root),
