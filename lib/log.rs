@@ -93,6 +93,51 @@ pub struct Entry {
     pub decision: Decision,
 }
 
+/// What the door says by itself (the held-queue cap, a sender's log
+/// budget, the model proxy's caps): a `status` from `mediator` to `to`,
+/// logged as an escalation with `reason`.  `id` derives from what caused
+/// it, so a restart writes the same entry.
+pub struct Notice {
+    pub id: String,
+    pub to: Vec<String>,
+    pub subject: String,
+    pub body: String,
+    /// When it happened (the message's `created`).
+    pub at: std::time::Duration,
+    pub reason: String,
+}
+
+impl Notice {
+    pub fn entry(self) -> Entry {
+        let m = Message {
+            version: crate::message::VERSION,
+            id: self.id.clone(),
+            from: crate::layout::MEDIATOR.into(),
+            to: self.to.clone(),
+            kind: crate::message::Kind::Status,
+            subject: self.subject,
+            body: self.body,
+            refs: vec![],
+            in_reply_to: None,
+            created: crate::time::rfc3339(self.at),
+        };
+        Entry {
+            version: LOG_VERSION,
+            name: Entry::name_for(&self.id, Action::Escalate, None),
+            logged: crate::time::rfc3339(crate::time::now()),
+            message_id: self.id,
+            sender: crate::layout::MEDIATOR.into(),
+            message: Some(m),
+            decision: Decision {
+                quiet: false,
+                action: Action::Escalate,
+                to: self.to,
+                reason: self.reason,
+            },
+        }
+    }
+}
+
 impl Entry {
     /// The file name for an event about a message: `MSGID.ACTION[.PARTY]`.
     pub fn name_for(message_id: &str, action: Action, party: Option<&str>) -> String {

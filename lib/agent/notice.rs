@@ -15,8 +15,8 @@ use super::proxy::{CapEpisode, Usage};
 use crate::digest::sha256_hex;
 use crate::error::Result;
 use crate::layout::{self, Root};
-use crate::log::{Action, Decision, Entry, LOG_VERSION, Log};
-use crate::message::{self, Kind, Message};
+use crate::log::{Entry, Log};
+use crate::message;
 
 /// The message of one episode.
 fn entry(sandbox: &str, kit: &str, ep: &CapEpisode) -> Entry {
@@ -60,35 +60,18 @@ fn entry(sandbox: &str, kit: &str, ep: &CapEpisode) -> Entry {
         ep.limit,
         ep.cap
     );
-    let m = Message {
-        version: message::VERSION,
-        id: id.clone(),
-        from: layout::MEDIATOR.into(),
+    crate::log::Notice {
+        id,
         to: vec![layout::HUMAN.into()],
-        kind: Kind::Status,
         subject,
         body,
-        refs: vec![],
-        in_reply_to: None,
-        created: crate::time::rfc3339(at),
-    };
-    Entry {
-        version: LOG_VERSION,
-        name: Entry::name_for(&id, Action::Escalate, None),
-        logged: crate::time::rfc3339(crate::time::now()),
-        message_id: id,
-        sender: layout::MEDIATOR.into(),
-        message: Some(m),
-        decision: Decision {
-            quiet: false,
-            action: Action::Escalate,
-            to: vec![layout::HUMAN.into()],
-            reason: format!(
-                "the model proxy of sandbox {sandbox} reached agent.{kit}.{}; said once per episode",
-                ep.cap
-            ),
-        },
+        at,
+        reason: format!(
+            "the model proxy of sandbox {sandbox} reached agent.{kit}.{}; said once per episode",
+            ep.cap
+        ),
     }
+    .entry()
 }
 
 /// Tells the person of every episode in `usage` not told yet; returns the
@@ -127,7 +110,7 @@ mod tests {
         let b = entry("api", "claude", &ep);
         assert_eq!(a.name, b.name, "the same episode, the same entry");
         let m = a.message.unwrap();
-        assert_eq!(m.kind, Kind::Status);
+        assert_eq!(m.kind, crate::message::Kind::Status);
         assert_eq!(m.to, vec!["human".to_string()]);
         assert!(m.subject.contains("agent.claude.max-rpm"), "{}", m.subject);
         assert!(m.body.contains("about 42 s"), "{}", m.body);

@@ -390,12 +390,9 @@ impl Mediator {
         let until =
             crate::time::rfc3339(std::time::Duration::from_millis(b.start + BUDGET_WINDOW_MS));
         let to = vec![layout::HUMAN.to_string(), sender.to_string()];
-        let m = Message {
-            version: message::VERSION,
-            id: id.clone(),
-            from: layout::MEDIATOR.into(),
-            to: to.clone(),
-            kind: Kind::Status,
+        crate::log::Notice {
+            id,
+            to,
             subject: format!("{sender} used its log budget of {cap} for the hour; its posts wait"),
             body: format!(
                 "The log entries {sender}'s posts caused this hour take {} of the {cap} a sender may use\n\
@@ -405,26 +402,12 @@ impl Mediator {
                  This is said once an hour, to a person and to {sender}.\n",
                 size_text(b.bytes)
             ),
-            refs: vec![],
-            in_reply_to: None,
-            created: crate::time::rfc3339(std::time::Duration::from_millis(b.start)),
-        };
-        Entry {
-            version: LOG_VERSION,
-            name: Entry::name_for(&id, Action::Escalate, None),
-            logged: crate::time::rfc3339(crate::time::now()),
-            message_id: id,
-            sender: layout::MEDIATOR.into(),
-            message: Some(m),
-            decision: Decision {
-                quiet: false,
-                action: Action::Escalate,
-                to,
-                reason: format!(
+            at: std::time::Duration::from_millis(b.start),
+            reason: format!(
                     "sender {sender} used its log budget of {cap} for the hour (door.log-max); its posts wait in its outbox; said once an hour"
                 ),
-            },
         }
+        .entry()
     }
 
     /// Logs one entry and delivers its copies, each durable, each at most

@@ -399,12 +399,9 @@ impl Mediator {
     /// post that found the cap, so a restart writes the same one.
     pub(super) fn cap_notice(&self, trigger: &Message, sender: &str, n: u32, at: &str) -> Entry {
         let id = cap_notice_id(&trigger.id);
-        let m = Message {
-            version: message::VERSION,
-            id: id.clone(),
-            from: layout::MEDIATOR.into(),
+        crate::log::Notice {
+            id,
             to: vec![layout::HUMAN.into()],
-            kind: Kind::Status,
             subject: format!(
                 "{sender} reached the cap of {n} held messages; its further posts bounce"
             ),
@@ -418,26 +415,12 @@ impl Mediator {
                  \n\
                  This is said once; it is said again only after {sender} went below the cap.\n"
             ),
-            refs: vec![],
-            in_reply_to: None,
-            created: crate::time::rfc3339(crate::time::now()),
-        };
-        Entry {
-            version: LOG_VERSION,
-            name: Entry::name_for(&id, Action::Escalate, None),
-            logged: crate::time::rfc3339(crate::time::now()),
-            message_id: id,
-            sender: layout::MEDIATOR.into(),
-            message: Some(m),
-            decision: Decision {
-                quiet: false,
-                action: Action::Escalate,
-                to: vec![layout::HUMAN.into()],
-                reason: format!(
+            at: crate::time::now(),
+            reason: format!(
                     "sender {sender} reached the held-queue cap ({at}); said once per episode"
                 ),
-            },
         }
+        .entry()
     }
 
     /// A new decision for a message nobody decided on yet.  `bounced`, when
