@@ -54,6 +54,11 @@ struct Args {
     #[arg(long, value_name = "HOW", default_value = "file", value_parser = ["file", "fs"])]
     sync: String,
 
+    /// Log bytes one sender may cause per hour, e.g. 8m [default:
+    /// door.log-max of the project around the current directory, else 8m]
+    #[arg(long, value_name = "SIZE")]
+    log_max: Option<String>,
+
     /// Print one line per logged event
     #[arg(short, long)]
     verbose: bool,
@@ -167,21 +172,31 @@ fn door_secrets(root: &Root) -> Result<Secrets> {
 
 /// Log bytes a sender may cause per hour: the project's `door.log-max`
 /// (`8m`, `512k`), else 8 MiB (lib/mediate/budget.rs).
-fn door_log_max() -> Result<u64> {
+fn door_log_max(flag: Option<&str>) -> Result<u64> {
+    let size = |v: &str| {
+        loopwright::wall::parse_bytes(v)
+            .and_then(|n| u64::try_from(n).ok())
+            .filter(|n| *n > 0)
+    };
+    if let Some(v) = flag {
+        return size(v).ok_or_else(|| {
+            Error::usage(format!(
+                "--log-max '{v}': expected a size above 0, such as 512k or 8m"
+            ))
+        });
+    }
     let here = std::env::current_dir().unwrap_or_default();
     let Some(p) = loopwright::config::Project::find(&here)? else {
         return Ok(mediate::DEFAULT_LOG_MAX);
     };
     match p.config.get("door.log-max") {
         None => Ok(mediate::DEFAULT_LOG_MAX),
-        Some(v) => loopwright::wall::parse_bytes(v)
-            .and_then(|n| u64::try_from(n).ok())
-            .ok_or_else(|| {
-                Error::config(format!(
-                    "'door.log-max = {v}' in {}: expected a size above 0, such as 512k or 8m",
-                    p.top.join(loopwright::config::FILE).display()
-                ))
-            }),
+        Some(v) => size(v).ok_or_else(|| {
+            Error::config(format!(
+                "'door.log-max = {v}' in {}: expected a size above 0, such as 512k or 8m",
+                p.top.join(loopwright::config::FILE).display()
+            ))
+        }),
     }
 }
 
@@ -275,7 +290,7 @@ fn run_mediator(args: &Args, root: Root, out: &mut dyn Write) -> Result<Exit> {
     let (p, explicit) = policy_of(args);
     let mut m = Mediator::open(root.clone(), Some(p), explicit)?;
     m.secrets = door_secrets(&root)?;
-    m.log_max = door_log_max()?;
+    m.log_max = door_log_max(args.log_max.as_deref())?;
     m.batch = args.batch;
     m.verbose = args.verbose;
     m.sync = if args.sync == "fs" {

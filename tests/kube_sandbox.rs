@@ -86,6 +86,8 @@ impl Target {
             .arg(&self.root)
             .arg("--policy")
             .arg(policy)
+            // Storms post more than the default log budget allows.
+            .args(["--log-max", "64m"])
             .stdout(Stdio::null())
             .spawn()
             .expect("lw-mediate runs")
@@ -96,7 +98,7 @@ impl Target {
             .arg(&self.root)
             .arg("--policy")
             .arg(policy)
-            .arg("--once")
+            .args(["--log-max", "64m", "--once"])
             .output()
             .expect("lw-mediate runs");
         assert!(o.status.success(), "lw-mediate --once: {}", text(&o));
