@@ -8,6 +8,14 @@
 //! never follows a symlink, never blocks on a FIFO, never stops the listing
 //! for one bad entry.  `--wait` blocks on an inotify watch until a message
 //! arrives; it never polls.
+//!
+//! `--hook claude` is the bell (lib/bell.rs): Claude Code runs it as a hook
+//! (the claude kit installs it in the sandbox's `~/.claude/settings.json`);
+//! it reads the hook's JSON on stdin and prints the answer that puts new
+//! messages before the model, or blocks a stop while one that asks is
+//! unread.  A hook that fails must never break the agent: on any error it
+//! prints nothing, says why on stderr and exits 0.  It keeps what it
+//! announced in `~/.lw-bell/claude.json`.
 
 use loopwright::visible::{visible, visible_line};
 use std::io::{BufRead, Write};
@@ -20,7 +28,7 @@ use loopwright::layout::SandboxBox;
 use loopwright::maildir::{Entry, Found, Maildir, Sub};
 use loopwright::message::Message;
 use loopwright::{Error, Exit, Result};
-use loopwright::{cli, inbox};
+use loopwright::{bell, cli, inbox};
 
 /// List, show and acknowledge the messages delivered to this sandbox.
 #[derive(Parser, Debug)]
@@ -45,6 +53,16 @@ struct Args {
     /// Also list messages already acknowledged (in cur/)
     #[arg(short, long)]
     all: bool,
+
+    /// Answer a hook of the agent's CLI: read its JSON on stdin, print new
+    /// messages for the model or block its stop (always exit 0)
+    #[arg(long, value_name = "CLI", value_parser = ["claude"],
+          conflicts_with_all = ["wait", "all", "json"])]
+    hook: Option<String>,
+
+    /// With --hook: block the agent's stop at most N times a session [default: 3]
+    #[arg(long, value_name = "N", requires = "hook")]
+    max_blocks: Option<u32>,
 
     #[command(subcommand)]
     cmd: Option<Cmd>,
@@ -72,6 +90,17 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
+    if let Some(cli) = &args.hook {
+        if args.cmd.is_some() {
+            return Err(Error::usage("--hook takes no subcommand"));
+        }
+        let max = args.max_blocks.unwrap_or(bell::DEFAULT_MAX_BLOCKS);
+        // Whatever fails, the agent goes on: nothing on stdout, exit 0.
+        if let Err(e) = hook(cli, args.mailbox, max, out) {
+            eprintln!("lw-inbox: --hook {cli}: {e:#}; the agent goes on without the bell");
+        }
+        return Ok(Exit::Ok);
+    }
     let dir = loopwright::post::mailbox_given(args.mailbox)?;
     if !dir.is_dir() {
         return Err(Error::new(
@@ -234,4 +263,69 @@ fn read_ids() -> Result<Vec<String>> {
         }
     }
     Ok(ids)
+}
+
+/// The bell: the hook's JSON in, its answer out, the state under a lock in
+/// `~/.lw-bell/CLI.json` (written to a temporary file, then renamed).
+fn hook(cli: &str, mailbox: Option<PathBuf>, max: u32, out: &mut dyn Write) -> Result<()> {
+    let mut raw = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut raw).map_err(|e| {
+        Error::new(
+            Exit::IoErr,
+            "cannot read the hook's input from standard input",
+        )
+        .with_source(e)
+    })?;
+    let input: bell::Input = serde_json::from_slice(&raw)
+        .map_err(|e| Error::data(format!("the hook's input is not its JSON: {e}")))?;
+    let dir = loopwright::post::mailbox_given(mailbox)?;
+    let inbox = SandboxBox::new(&dir).inbox();
+    let home = std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| Error::usage("HOME is not set: the bell keeps its state there"))?;
+    let state_dir = PathBuf::from(home).join(".lw-bell");
+    std::fs::create_dir_all(&state_dir)
+        .map_err(|e| Error::io_as(Exit::CantCreat, "cannot create", &state_dir, e))?;
+    let lock_path = state_dir.join(format!("{cli}.lock"));
+    let lock = std::fs::File::create(&lock_path)
+        .map_err(|e| Error::io_as(Exit::CantCreat, "cannot open", &lock_path, e))?;
+    // Two hooks at once (parallel tool calls) would both announce a message.
+    lock.lock()
+        .map_err(|e| Error::io_as(Exit::IoErr, "cannot lock", &lock_path, e))?;
+    let path = state_dir.join(format!("{cli}.json"));
+    let state = match std::fs::read(&path) {
+        Ok(b) => serde_json::from_slice(&b).unwrap_or_else(|e| {
+            eprintln!(
+                "lw-inbox: --hook: '{}' is not the bell's state ({e}); starting afresh",
+                path.display()
+            );
+            bell::State::default()
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bell::State::default(),
+        Err(e) => return Err(Error::io_as(Exit::IoErr, "cannot read", &path, e)),
+    };
+    let new: Vec<Message> = if inbox.path.is_dir() {
+        inbox
+            .scan(Sub::New)?
+            .into_iter()
+            .filter_map(|Entry { found, .. }| match found {
+                Found::Message(m) => Some(m),
+                _ => None,
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let (answer, state) = bell::answer(&input, state, &new, max);
+    // Told first, remembered second: a state that cannot be saved means a
+    // message told twice, never one lost.
+    if let Some(v) = answer {
+        writeln!(out, "{v}").map_err(cli::out_err)?;
+    }
+    let tmp = state_dir.join(format!("{cli}.json.tmp"));
+    std::fs::write(&tmp, serde_json::to_vec(&state)?)
+        .map_err(|e| Error::io_as(Exit::IoErr, "cannot write", &tmp, e))?;
+    std::fs::rename(&tmp, &path)
+        .map_err(|e| Error::io_as(Exit::IoErr, "cannot rename", &tmp, e))?;
+    Ok(())
 }
