@@ -266,7 +266,7 @@ fn read_ids() -> Result<Vec<String>> {
 }
 
 /// The bell: the hook's JSON in, its answer out, the state under a lock in
-/// `~/.lw-bell/CLI.json` (written to a temporary file, then renamed).
+/// `~/.lw-bell/CLI.json` (replaced atomically).
 fn hook(cli: &str, mailbox: Option<PathBuf>, max: u32, out: &mut dyn Write) -> Result<()> {
     let mut raw = Vec::new();
     std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut raw).map_err(|e| {
@@ -284,13 +284,11 @@ fn hook(cli: &str, mailbox: Option<PathBuf>, max: u32, out: &mut dyn Write) -> R
         .filter(|h| !h.is_empty())
         .ok_or_else(|| Error::usage("HOME is not set: the bell keeps its state there"))?;
     let state_dir = PathBuf::from(home).join(".lw-bell");
-    std::fs::create_dir_all(&state_dir)
+    loopwright::fs::private_dir(&state_dir)
         .map_err(|e| Error::io_as(Exit::CantCreat, "cannot create", &state_dir, e))?;
-    let lock_path = state_dir.join(format!("{cli}.lock"));
-    let lock = std::fs::File::create(&lock_path)
-        .map_err(|e| Error::io_as(Exit::CantCreat, "cannot open", &lock_path, e))?;
     // Two hooks at once (parallel tool calls) would both announce a message.
-    lock.lock()
+    let lock_path = state_dir.join(format!("{cli}.lock"));
+    let _lock = loopwright::fs::lock(&lock_path)
         .map_err(|e| Error::io_as(Exit::IoErr, "cannot lock", &lock_path, e))?;
     let path = state_dir.join(format!("{cli}.json"));
     let state = match std::fs::read(&path) {
@@ -322,10 +320,9 @@ fn hook(cli: &str, mailbox: Option<PathBuf>, max: u32, out: &mut dyn Write) -> R
     if let Some(v) = answer {
         writeln!(out, "{v}").map_err(cli::out_err)?;
     }
-    let tmp = state_dir.join(format!("{cli}.json.tmp"));
-    std::fs::write(&tmp, serde_json::to_vec(&state)?)
-        .map_err(|e| Error::io_as(Exit::IoErr, "cannot write", &tmp, e))?;
-    std::fs::rename(&tmp, &path)
-        .map_err(|e| Error::io_as(Exit::IoErr, "cannot rename", &tmp, e))?;
+    // A lost state costs a message told twice, never one lost: no fsync.
+    let bytes = serde_json::to_vec(&state)?;
+    loopwright::fs::write_replace(&path, &bytes, 0o600, loopwright::fs::Durability::Unsynced)
+        .map_err(|e| Error::io_as(Exit::IoErr, "cannot write", &path, e))?;
     Ok(())
 }
