@@ -1113,6 +1113,41 @@ fn claude_hears_a_contract_change_mid_task_and_its_stop_is_blocked_until_it_read
         started.elapsed().as_secs_f64()
     );
 
+    // Announced once across `run --resume`: a status posted between runs is
+    // told to the resumed session, and not again to the next resume (it
+    // stays unread: a status asks nothing, so no stop is blocked).
+    let (code, sid, e) = f.sh(
+        "p1",
+        &format!("lw-post --kind status --to c1 --subject 'FYI (BELL2-{n})' 'news'"),
+    );
+    assert_eq!(code, 0, "{e}");
+    let sid = sid.trim().to_string();
+    let m = Command::new(bin("lw-mediate"))
+        .arg("--once")
+        .env("LW_ROOT", &f.root)
+        .current_dir(&f.proj)
+        .output()
+        .unwrap();
+    assert!(m.status.success(), "{}", err(&m));
+    let status_label = format!(r#"<lw-message id=\"{sid}\" from=\"p1\" kind=\"status\""#);
+    for (i, want) in [1, 1].into_iter().enumerate() {
+        let o = f
+            .cmd(&["run", "c1", "--resume", "--", "RESUME-CHECK"])
+            .env("ANTHROPIC_API_KEY", &key)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}\n{}", text(&o), err(&o));
+        let last = body(requests(&out_dir).last().unwrap());
+        assert_eq!(
+            last.matches(&status_label).count(),
+            want,
+            "resume {i}: the status announced once in the conversation: {last}"
+        );
+    }
+    let (_, state, _) = f.sh("c1", "cat ~/.lw-bell/claude.json");
+    assert!(state.contains(&sid), "{state}");
+    println!("figure [bell]: a status posted between runs announced once over two `run --resume`");
+
     let _ = docker(&["rm", "-f", &model]);
     f.ok(&["rm", "--force", "c1", "p1"]);
     drop(f);
