@@ -198,6 +198,7 @@ pub fn answer(
     // Only what is still unread is remembered.
     let ids: BTreeSet<&str> = new.iter().map(|m| m.id.as_str()).collect();
     state.announced.retain(|id| ids.contains(id.as_str()));
+    state.blocked_for.retain(|id| ids.contains(id.as_str()));
     let fresh: Vec<&Message> = new
         .iter()
         .filter(|m| !state.announced.contains(&m.id))
@@ -455,8 +456,9 @@ mod tests {
         let (out, st) = answer(&stop, st, std::slice::from_ref(&c), 3);
         assert!(out.is_none(), "never more than max-blocks");
         // Read and acked: nothing waits.
-        let (out, _) = answer(&stop, st, &[], 3);
+        let (out, st) = answer(&stop, st, &[], 3);
         assert!(out.is_none());
+        assert!(st.blocked_for.is_empty(), "acked ids are forgotten: {st:?}");
         // max-blocks 0: the bell never blocks.
         let (out, _) = answer(&stop, State::default(), &[c], 0);
         assert!(out.is_none());
