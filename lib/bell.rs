@@ -204,73 +204,69 @@ pub fn answer(
         .filter(|m| !state.announced.contains(&m.id))
         .take(MAX_PER_ANSWER)
         .collect();
-    let mut told = String::new();
-    for m in &fresh {
-        told += &render(m);
-        state.announced.insert(m.id.clone());
-    }
-    match event {
-        "PostToolUse" | "UserPromptSubmit" | "SessionStart" => {
-            if fresh.is_empty() {
-                return (None, state);
-            }
+    let told: String = fresh.iter().map(|m| render(m)).collect();
+    let (out, delivered) = match event {
+        "PostToolUse" | "UserPromptSubmit" | "SessionStart" if !fresh.is_empty() => {
             let v = serde_json::json!({"hookSpecificOutput": {
                 "hookEventName": event,
                 "additionalContext": format!("{PREAMBLE}{told}"),
             }});
-            (Some(v), state)
+            (Some(v), true)
         }
-        "Stop" => {
-            let waiting: BTreeSet<String> = new
-                .iter()
-                .filter(|m| needs_reading(m.kind))
-                .map(|m| m.id.clone())
-                .collect();
-            let again = input.stop_hook_active && waiting.is_subset(&state.blocked_for);
-            if waiting.is_empty() || again || state.blocks >= max_blocks {
-                // Announced here or not, the stop goes on: what was told is
-                // lost, so nothing is marked announced.
-                for m in &fresh {
-                    state.announced.remove(&m.id);
-                }
-                return (None, state);
-            }
-            state.blocks += 1;
-            let list: Vec<String> = new
-                .iter()
-                .filter(|m| waiting.contains(&m.id))
-                .map(|m| {
-                    format!(
-                        "{} ({} from {})",
-                        m.id,
-                        m.kind,
-                        sanitize(&m.from, false, 128)
-                    )
-                })
-                .collect();
-            let mut reason = format!(
-                "loopwright: before you stop, read the unread messages waiting in your inbox: {}. \
-                 Run `lw-inbox show ID` for each, act on it or answer it (`lw-post --kind answer --reply-to ID`), \
-                 then `lw-inbox ack ID`. (Stop blocked {} of at most {max_blocks} times.)\n",
-                list.join(", "),
-                state.blocks
-            );
-            if !told.is_empty() {
-                reason += &format!("\n{PREAMBLE}{told}");
-            }
-            state.blocked_for = waiting;
-            (
-                Some(serde_json::json!({"decision": "block", "reason": reason})),
-                state,
-            )
-        }
-        _ => {
-            for m in &fresh {
-                state.announced.remove(&m.id);
-            }
-            (None, state)
-        }
+        "Stop" => stop(input, &mut state, new, &told, max_blocks),
+        _ => (None, false),
+    };
+    // Marked announced only when the text reached the model: a stop that
+    // goes on tells nobody.
+    if delivered {
+        state.announced.extend(fresh.iter().map(|m| m.id.clone()));
     }
+    (out, state)
+}
+
+/// The `Stop` answer: a block while a message that asks is unread (its
+/// reason carries `told`, what was not announced yet), or none.  True when
+/// `told` went out with it.
+fn stop(
+    input: &Input,
+    state: &mut State,
+    new: &[Message],
+    told: &str,
+    max_blocks: u32,
+) -> (Option<serde_json::Value>, bool) {
+    let waiting: Vec<&Message> = new.iter().filter(|m| needs_reading(m.kind)).collect();
+    let ids: BTreeSet<String> = waiting.iter().map(|m| m.id.clone()).collect();
+    let again = input.stop_hook_active && ids.is_subset(&state.blocked_for);
+    if ids.is_empty() || again || state.blocks >= max_blocks {
+        return (None, false);
+    }
+    state.blocks += 1;
+    let list: Vec<String> = waiting
+        .iter()
+        .map(|m| {
+            format!(
+                "{} ({} from {})",
+                m.id,
+                m.kind,
+                sanitize(&m.from, false, 128)
+            )
+        })
+        .collect();
+    let mut reason = format!(
+        "loopwright: before you stop, read the unread messages waiting in your inbox: {}. \
+         Run `lw-inbox show ID` for each, act on it or answer it (`lw-post --kind answer --reply-to ID`), \
+         then `lw-inbox ack ID`. (Stop blocked {} of at most {max_blocks} times.)\n",
+        list.join(", "),
+        state.blocks
+    );
+    if !told.is_empty() {
+        reason += &format!("\n{PREAMBLE}{told}");
+    }
+    state.blocked_for = ids;
+    (
+        Some(serde_json::json!({"decision": "block", "reason": reason})),
+        !told.is_empty(),
+    )
 }
 
 #[cfg(test)]
