@@ -9,13 +9,14 @@
 //! for one bad entry.  `--wait` blocks on an inotify watch until a message
 //! arrives; it never polls.
 //!
-//! `--hook claude` is the bell (lib/bell.rs): Claude Code runs it as a hook
-//! (the claude kit installs it in the sandbox's `~/.claude/settings.json`);
+//! `--hook claude|codex` is the bell (lib/bell.rs): the agent's CLI runs it
+//! as a hook (the kits install it in the sandbox's `~/.claude/settings.json`
+//! or `~/.codex/hooks.json`);
 //! it reads the hook's JSON on stdin and prints the answer that puts new
 //! messages before the model, or blocks a stop while one that asks is
 //! unread.  A hook that fails must never break the agent: on any error it
 //! prints nothing, says why on stderr and exits 0.  It keeps what it
-//! announced in `~/.lw-bell/claude.json`.
+//! announced in `~/.lw-bell/CLI.json`.
 
 use loopwright::visible::{visible, visible_line};
 use std::io::{BufRead, Write};
@@ -56,7 +57,7 @@ struct Args {
 
     /// Answer a hook of the agent's CLI: read its JSON on stdin, print new
     /// messages for the model or block its stop (always exit 0)
-    #[arg(long, value_name = "CLI", value_parser = ["claude"],
+    #[arg(long, value_name = "CLI", value_parser = ["claude", "codex"],
           conflicts_with_all = ["wait", "all", "json"])]
     hook: Option<String>,
 

@@ -936,32 +936,43 @@ fn epoch() -> f64 {
 /// of a multi-step task (a slow tool, called again and again), the producer
 /// posts a contract-change; the mediator routes it; the next request the
 /// consumer's CLI sends carries it, fenced and labelled, by its PostToolUse
-/// hook (`lw-inbox --hook claude`), without the agent asking.  When the
+/// hook (`lw-inbox --hook KIT`), without the agent asking.  When the
 /// agent then tries to stop with the message unread, its Stop hook blocks
 /// the stop once; the agent reads and acks it, and the run ends.
 #[test]
 fn claude_hears_a_contract_change_mid_task_and_its_stop_is_blocked_until_it_reads_it() {
+    bell("claude", "ANTHROPIC_API_KEY", "~/.claude/settings.json");
+}
+
+#[test]
+fn codex_hears_a_contract_change_mid_task_and_its_stop_is_blocked_until_it_reads_it() {
+    bell("codex", "OPENAI_API_KEY", "~/.codex/hooks.json");
+}
+
+fn bell(kit: &str, key_env: &str, hooks: &str) {
     let started = Instant::now();
     let n = nonce();
-    let world = World::outside(&format!("bell-{n}"), &format!("lw-bell-{n}"));
+    let world = World::outside(&format!("bell-{kit}-{n}"), &format!("lw-bell-{n}"));
     let tmp = std::env::temp_dir().join(format!("lw-bell-{n}"));
     let tls = tmp.join("tls");
     let out_dir = tmp.join("out");
     std::fs::create_dir_all(&out_dir).unwrap();
     test_ca(&tls, "api.model.test");
-    let f = agent_fixture("claude", "bell", &world, &tls);
+    let f = agent_fixture(kit, "bell", &world, &tls);
     f.ok(&["create", "p1", "--branch", "lw/p1", "--scope", "src/api/**"]);
     f.ok(&[
-        "create", "c1", "--branch", "lw/c1", "--scope", "src/**", "--agent", "claude",
+        "create", "c1", "--branch", "lw/c1", "--scope", "src/**", "--agent", kit,
     ]);
     // The hooks are in the agent's HOME, not in the repository.
     let (code, settings, e) = f.sh(
         "c1",
-        "cat ~/.claude/settings.json; git -C /work/repo status --porcelain",
+        &format!("cat {hooks}; git -C /work/repo status --porcelain"),
     );
     assert_eq!(code, 0, "{e}");
     assert!(
-        settings.contains("/usr/local/bin/lw-inbox --hook claude --max-blocks 3"),
+        settings.contains(&format!(
+            "/usr/local/bin/lw-inbox --hook {kit} --max-blocks 3"
+        )),
         "{settings}"
     );
     assert!(!settings.contains("?? "), "{settings}");
@@ -1002,7 +1013,7 @@ fn claude_hears_a_contract_change_mid_task_and_its_stop_is_blocked_until_it_read
             "--",
             "Do the slow task.",
         ])
-        .env("ANTHROPIC_API_KEY", &key)
+        .env(key_env, &key)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -1070,7 +1081,7 @@ fn claude_hears_a_contract_change_mid_task_and_its_stop_is_blocked_until_it_read
     );
     let delay = t(&reqs[carrying]) - posted;
     println!(
-        "figure [bell]: lw-post exit to the request carrying it {:.2} s (mediator pass {:.2} s, then {:.2} s until the running slow step (2 s) ended and the CLI asked again); request {carrying} of {}",
+        "figure [bell {kit}]: lw-post exit to the request carrying it {:.2} s (mediator pass {:.2} s, then {:.2} s until the running slow step (2 s) ended and the CLI asked again); request {carrying} of {}",
         delay,
         mediated - posted,
         t(&reqs[carrying]) - mediated,
@@ -1096,7 +1107,7 @@ fn claude_hears_a_contract_change_mid_task_and_its_stop_is_blocked_until_it_read
     );
     let (code, state, e) = f.sh(
         "c1",
-        "cat ~/.lw-bell/claude.json; echo; lw-inbox; lw-inbox --all",
+        &format!("cat ~/.lw-bell/{kit}.json; echo; lw-inbox; lw-inbox --all"),
     );
     assert_eq!(code, 0, "{e}");
     let st: serde_json::Value =
@@ -1107,7 +1118,7 @@ fn claude_hears_a_contract_change_mid_task_and_its_stop_is_blocked_until_it_read
         "acked, listed by --all: {state}"
     );
     println!(
-        "figure [bell]: stop blocked {} time(s); the agent acked; {} requests; test took {:.1}s",
+        "figure [bell {kit}]: stop blocked {} time(s); the agent acked; {} requests; test took {:.1}s",
         st["blocks"],
         reqs.len(),
         started.elapsed().as_secs_f64()
@@ -1133,7 +1144,7 @@ fn claude_hears_a_contract_change_mid_task_and_its_stop_is_blocked_until_it_read
     for (i, want) in [1, 1].into_iter().enumerate() {
         let o = f
             .cmd(&["run", "c1", "--resume", "--", "RESUME-CHECK"])
-            .env("ANTHROPIC_API_KEY", &key)
+            .env(key_env, &key)
             .output()
             .unwrap();
         assert_eq!(o.status.code(), Some(0), "{}\n{}", text(&o), err(&o));
@@ -1144,9 +1155,11 @@ fn claude_hears_a_contract_change_mid_task_and_its_stop_is_blocked_until_it_read
             "resume {i}: the status announced once in the conversation: {last}"
         );
     }
-    let (_, state, _) = f.sh("c1", "cat ~/.lw-bell/claude.json");
+    let (_, state, _) = f.sh("c1", &format!("cat ~/.lw-bell/{kit}.json"));
     assert!(state.contains(&sid), "{state}");
-    println!("figure [bell]: a status posted between runs announced once over two `run --resume`");
+    println!(
+        "figure [bell {kit}]: a status posted between runs announced once over two `run --resume`"
+    );
 
     let _ = docker(&["rm", "-f", &model]);
     f.ok(&["rm", "--force", "c1", "p1"]);

@@ -105,9 +105,13 @@ def openai(req):
     items = req.get("input", [])
     script = SCRIPT
     results = sum(1 for i in items if isinstance(i, dict) and i.get("type") == "function_call_output")
+    if "STOP" in script:
+        results += sum(1 for i in items if isinstance(i, dict) and i.get("role") == "assistant"
+                       and isinstance(i.get("content"), list)
+                       for c in i["content"] if c.get("text") == "done")
     last = json.dumps(items[-1]) if items else ""
     rid = "resp_%d" % results
-    if "RESUME-CHECK" in last or results >= len(script):
+    if "RESUME-CHECK" in last or results >= len(script) or script[results] == "STOP":
         text = "done" if "RESUME-CHECK" not in last else "resumed with %d items" % len(items)
         item = {"type": "message", "id": "msg_%d" % results, "role": "assistant", "status": "completed",
                 "content": [{"type": "output_text", "text": text, "annotations": []}]}

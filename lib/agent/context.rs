@@ -8,9 +8,9 @@
 //! scopes, peers from the registry) and how to use the door.  The MCP
 //! registration names `/usr/local/bin/lw-mcp`; a CLI that cannot start it
 //! (an older toolkit without lw-mcp) reports the server as failed and goes on.
-//! For Claude Code, `~/.claude/settings.json` installs the bell
-//! (lib/bell.rs): `lw-inbox --hook claude` after every tool call, before
-//! each prompt, at session start, and at a stop.
+//! `~/.claude/settings.json` (Claude Code) or `~/.codex/hooks.json` (Codex)
+//! installs the bell (lib/bell.rs): `lw-inbox --hook CLI` after every tool
+//! call, before each prompt, at session start, and at a stop.
 
 use std::fmt::Write as _;
 
@@ -25,15 +25,21 @@ pub const MCP_COMMAND: &str = "/usr/local/bin/lw-mcp";
 /// The bell every Claude Code agent gets, run by its hooks.
 pub const INBOX_COMMAND: &str = "/usr/local/bin/lw-inbox";
 
-/// Claude Code's user settings: the bell's hooks (lib/bell.rs).  A hook
-/// that fails or times out only costs the agent that turn's news.
-pub fn hooks(max_blocks: u32) -> String {
+/// The bell's hooks (lib/bell.rs) for `cli`: Claude Code's user settings,
+/// or Codex's `hooks.json`, which has the same shape (Codex matches every
+/// tool when the matcher is left out).  A hook that fails or times out
+/// only costs the agent that turn's news.
+pub fn hooks(cli: &str, max_blocks: u32) -> String {
     let hook = serde_json::json!([{"hooks": [{
         "type": "command",
-        "command": format!("{INBOX_COMMAND} --hook claude --max-blocks {max_blocks}"),
+        "command": format!("{INBOX_COMMAND} --hook {cli} --max-blocks {max_blocks}"),
         "timeout": 10,
     }]}]);
-    let after_tools = serde_json::json!([{"matcher": "*", "hooks": hook[0]["hooks"].clone()}]);
+    let after_tools = if cli == "claude" {
+        serde_json::json!([{"matcher": "*", "hooks": hook[0]["hooks"].clone()}])
+    } else {
+        hook.clone()
+    };
     let v = serde_json::json!({"hooks": {
         "SessionStart": hook.clone(),
         "UserPromptSubmit": hook.clone(),
@@ -181,12 +187,16 @@ pub fn files(
         ),
         registration(kit, credential),
     ];
-    if kit.mcp == McpFormat::ClaudeJson {
-        v.push((
+    v.push(match kit.mcp {
+        McpFormat::ClaudeJson => (
             format!("{}/settings.json", kit.state_dir),
-            hooks(bell_max_blocks),
-        ));
-    }
+            hooks("claude", bell_max_blocks),
+        ),
+        McpFormat::CodexToml => (
+            format!("{}/hooks.json", kit.state_dir),
+            hooks("codex", bell_max_blocks),
+        ),
+    });
     v
 }
 
@@ -246,7 +256,7 @@ mod tests {
     }
 
     #[test]
-    fn claude_gets_the_bell_in_its_settings_and_codex_does_not() {
+    fn claude_and_codex_get_the_bell_in_their_hooks() {
         let kit = super::super::kit::find(None, "claude").unwrap();
         let f = files(&kit, Credential::Proxy, "a", "b", &[], &[], 5);
         let (path, text) = f.last().unwrap();
@@ -262,6 +272,13 @@ mod tests {
         assert_eq!(v["hooks"]["PostToolUse"][0]["matcher"], "*");
         let codex = super::super::kit::find(None, "codex").unwrap();
         let f = files(&codex, Credential::Proxy, "a", "b", &[], &[], 5);
-        assert_eq!(f.len(), 2, "codex's pinned version gets no bell yet");
+        let (path, text) = f.last().unwrap();
+        assert_eq!(path, ".codex/hooks.json");
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        assert_eq!(
+            v["hooks"]["PostToolUse"][0]["hooks"][0]["command"],
+            "/usr/local/bin/lw-inbox --hook codex --max-blocks 5"
+        );
+        assert!(v["hooks"]["PostToolUse"][0].get("matcher").is_none());
     }
 }
