@@ -1,6 +1,7 @@
-//! The bell: what `lw-inbox --hook claude` answers when the agent's CLI
+//! The bell: what `lw-inbox --hook CLI` answers when the agent's CLI
 //! calls it as a hook, so that a message delivered to the sandbox's inbox
-//! reaches the model on its next turn without the agent asking.
+//! reaches the model on its next turn without the agent asking.  Claude
+//! Code and Codex read hooks of the same shape and take the same answers.
 //!
 //! The CLI runs the hook after every tool call (`PostToolUse`), before each
 //! prompt (`UserPromptSubmit`), when a session starts or resumes
