@@ -180,7 +180,7 @@ fn a_sandbox_cannot_post_the_radars_kinds() {
             .env("LW_MAILBOX", root.join("sandboxes/a"))
             .args(["--kind", kind, "--subject", "fake", "--to", "b", "x"]));
         assert_eq!(o.status.code(), Some(65), "{kind}: {}", stderr(&o));
-        assert!(stderr(&o).contains("unknown kind"), "{}", stderr(&o));
+        assert!(stderr(&o).contains("is the mediator's"), "{}", stderr(&o));
     }
     // Planted in an outbox past lw-post: quarantined, not routed.
     let m = Message::compose(

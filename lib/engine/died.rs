@@ -21,6 +21,9 @@ pub(crate) const DRAIN: Duration = Duration::from_millis(300);
 /// SIGKILL ended (under runc, what the container's death does to it: the
 /// engine may file the exec's end before the container's).
 pub(crate) const KILLED: Duration = Duration::from_secs(1);
+/// How long an exec the runtime itself failed (status 128) waits for its
+/// container's death to be filed: within the 5 s lw-sandbox(1) promises.
+pub(crate) const RUNTIME_FAILED: Duration = Duration::from_secs(4);
 
 /// How often the container is asked about when the engine cannot be asked
 /// to tell (its wait or watch failed).

@@ -45,3 +45,18 @@ pub fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
         .create(dir)
 }
 pub use watch::{Watcher, Woke};
+
+/// Bytes of the regular files under `dir`, not following links (a host
+/// directory git filled: push's and the radar's quarantine repositories).
+pub fn tree_size(dir: &std::path::Path) -> u64 {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    rd.flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => tree_size(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
+}

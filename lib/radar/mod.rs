@@ -472,7 +472,7 @@ impl Radar {
                 crate::visible::visible(&crate::git::last_words(&r.stderr))
             ));
         }
-        let size = tree_size(&repo.join("objects"));
+        let size = crate::fs::tree_size(&repo.join("objects"));
         if size > self.limits.fetch {
             // Start afresh next time: what was fetched is not kept.
             let _ = fs::remove_dir_all(&repo);
@@ -545,16 +545,4 @@ fn parallel<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T) -> R +
         .into_iter()
         .map(|r| r.expect("every item was computed"))
         .collect()
-}
-
-/// Bytes of regular files under `dir` (links not followed).
-fn tree_size(dir: &Path) -> u64 {
-    let Ok(rd) = fs::read_dir(dir) else { return 0 };
-    rd.flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => tree_size(&e.path()),
-            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
-            _ => 0,
-        })
-        .sum()
 }

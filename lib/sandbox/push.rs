@@ -265,7 +265,7 @@ impl<'a> Sandboxes<'a> {
         let sha = sha.trim().to_string();
         // The new objects are all the quarantine holds (the rest is borrowed
         // from the mirror): over the cap, nothing goes upstream.
-        let size = tree_size(&q.join("objects"));
+        let size = crate::fs::tree_size(&q.join("objects"));
         if size > cap {
             return Err(Error::data(format!(
                 "the push of branch '{}' from sandbox '{}' is {size} bytes of new objects; the cap is {cap} (sandbox.push-max); nothing was pushed",
@@ -338,18 +338,6 @@ impl<'a> Sandboxes<'a> {
             outcome: outcome.into(),
         })
     }
-}
-
-/// Bytes of the regular files under `dir`, not following links.
-fn tree_size(dir: &Path) -> u64 {
-    let Ok(rd) = fs::read_dir(dir) else { return 0 };
-    rd.flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => tree_size(&e.path()),
-            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
-            _ => 0,
-        })
-        .sum()
 }
 
 #[cfg(test)]

@@ -281,7 +281,7 @@ pub(super) fn ports_on_b(fx: &Fixture, tb: &Target, image: &str, b: &EngineB) ->
         "the refusal names port {next} and {host}: {}",
         text(&o)
     );
-    assert_eq!(t2.ok(fx, &["ls"]), "", "nothing left of q");
+    assert_eq!(t2.ok(fx, &["ls", "--no-header"]), "", "nothing left of q");
     let leases = std::fs::read_to_string(t2.root.join("state/ports")).unwrap_or_default();
     assert!(
         leases.lines().all(|l| l.starts_with('#')),

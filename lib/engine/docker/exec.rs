@@ -35,7 +35,7 @@ use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
 use super::{DockerEngine, api_err, status_of};
-use crate::engine::died::{DRAIN, KILLED, POLL};
+use crate::engine::died::{DRAIN, KILLED, POLL, RUNTIME_FAILED};
 use crate::engine::{Died, ExecIo, ExecRequest, OutStream};
 use crate::error::{Error, Exit, Result};
 
@@ -156,9 +156,17 @@ impl DockerEngine {
                 .exit_code;
             // Killed (SIGKILL), or never filed as ended: the container's
             // death may be why, and the engine may file the exec's end
-            // before the container's.
-            if code.is_none_or(|c| c == 128 + 9)
-                && tokio::time::timeout(KILLED, &mut death).await.is_ok()
+            // before the container's.  128 is the runtime failing the
+            // exec itself (gVisor's `waiting on pid N ... EOF` when its
+            // kernel went down with the OOM-killed sandbox): its death
+            // may take longer to be filed, so it is waited for longer.
+            let grace = match code {
+                None | Some(137) => Some(KILLED),
+                Some(128) => Some(RUNTIME_FAILED),
+                _ => None,
+            };
+            if let Some(grace) = grace
+                && tokio::time::timeout(grace, &mut death).await.is_ok()
             {
                 return Err(dead_err(&docker, container, &cmd).await);
             }
