@@ -8,6 +8,15 @@
 //! never follows a symlink, never blocks on a FIFO, never stops the listing
 //! for one bad entry.  `--wait` blocks on an inotify watch until a message
 //! arrives; it never polls.
+//!
+//! `--hook claude|codex` is the bell (lib/bell.rs): the agent's CLI runs it
+//! as a hook (the kits install it in the sandbox's `~/.claude/settings.json`
+//! or `~/.codex/hooks.json`);
+//! it reads the hook's JSON on stdin and prints the answer that puts new
+//! messages before the model, or blocks a stop while one that asks is
+//! unread.  A hook that fails must never break the agent: on any error it
+//! prints nothing, says why on stderr and exits 0.  It keeps what it
+//! announced in `~/.lw-bell/CLI.json`.
 
 use loopwright::visible::{visible, visible_line};
 use std::io::{BufRead, Write};
@@ -20,7 +29,7 @@ use loopwright::layout::SandboxBox;
 use loopwright::maildir::{Entry, Found, Maildir, Sub};
 use loopwright::message::Message;
 use loopwright::{Error, Exit, Result};
-use loopwright::{cli, inbox};
+use loopwright::{bell, cli, inbox};
 
 /// List, show and acknowledge the messages delivered to this sandbox.
 #[derive(Parser, Debug)]
@@ -45,6 +54,16 @@ struct Args {
     /// Also list messages already acknowledged (in cur/)
     #[arg(short, long)]
     all: bool,
+
+    /// Answer a hook of the agent's CLI: read its JSON on stdin, print new
+    /// messages for the model or block its stop (always exit 0)
+    #[arg(long, value_name = "CLI", value_parser = ["claude", "codex"],
+          conflicts_with_all = ["wait", "all", "json"])]
+    hook: Option<String>,
+
+    /// With --hook: block the agent's stop at most N times a session [default: 3]
+    #[arg(long, value_name = "N", requires = "hook")]
+    max_blocks: Option<u32>,
 
     #[command(subcommand)]
     cmd: Option<Cmd>,
@@ -72,6 +91,17 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
+    if let Some(cli) = &args.hook {
+        if args.cmd.is_some() {
+            return Err(Error::usage("--hook takes no subcommand"));
+        }
+        let max = args.max_blocks.unwrap_or(bell::DEFAULT_MAX_BLOCKS);
+        // Whatever fails, the agent goes on: nothing on stdout, exit 0.
+        if let Err(e) = hook(cli, args.mailbox, max, out) {
+            eprintln!("lw-inbox: --hook {cli}: {e:#}; the agent goes on without the bell");
+        }
+        return Ok(Exit::Ok);
+    }
     let dir = loopwright::post::mailbox_given(args.mailbox)?;
     if !dir.is_dir() {
         return Err(Error::new(
@@ -234,4 +264,66 @@ fn read_ids() -> Result<Vec<String>> {
         }
     }
     Ok(ids)
+}
+
+/// The bell: the hook's JSON in, its answer out, the state under a lock in
+/// `~/.lw-bell/CLI.json` (replaced atomically).
+fn hook(cli: &str, mailbox: Option<PathBuf>, max: u32, out: &mut dyn Write) -> Result<()> {
+    let mut raw = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut raw).map_err(|e| {
+        Error::new(
+            Exit::IoErr,
+            "cannot read the hook's input from standard input",
+        )
+        .with_source(e)
+    })?;
+    let input: bell::Input = serde_json::from_slice(&raw)
+        .map_err(|e| Error::data(format!("the hook's input is not its JSON: {e}")))?;
+    let dir = loopwright::post::mailbox_given(mailbox)?;
+    let inbox = SandboxBox::new(&dir).inbox();
+    let home = std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| Error::usage("HOME is not set: the bell keeps its state there"))?;
+    let state_dir = PathBuf::from(home).join(".lw-bell");
+    loopwright::fs::private_dir(&state_dir)
+        .map_err(|e| Error::io_as(Exit::CantCreat, "cannot create", &state_dir, e))?;
+    // Two hooks at once (parallel tool calls) would both announce a message.
+    let lock_path = state_dir.join(format!("{cli}.lock"));
+    let _lock = loopwright::fs::lock(&lock_path)
+        .map_err(|e| Error::io_as(Exit::IoErr, "cannot lock", &lock_path, e))?;
+    let path = state_dir.join(format!("{cli}.json"));
+    let state = match std::fs::read(&path) {
+        Ok(b) => serde_json::from_slice(&b).unwrap_or_else(|e| {
+            eprintln!(
+                "lw-inbox: --hook: '{}' is not the bell's state ({e}); starting afresh",
+                path.display()
+            );
+            bell::State::default()
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bell::State::default(),
+        Err(e) => return Err(Error::io_as(Exit::IoErr, "cannot read", &path, e)),
+    };
+    let new: Vec<Message> = if inbox.path.is_dir() {
+        inbox
+            .scan(Sub::New)?
+            .into_iter()
+            .filter_map(|Entry { found, .. }| match found {
+                Found::Message(m) => Some(m),
+                _ => None,
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let (answer, state) = bell::answer(&input, state, &new, max);
+    // Told first, remembered second: a state that cannot be saved means a
+    // message told twice, never one lost.
+    if let Some(v) = answer {
+        writeln!(out, "{v}").map_err(cli::out_err)?;
+    }
+    // A lost state costs a message told twice, never one lost: no fsync.
+    let bytes = serde_json::to_vec(&state)?;
+    loopwright::fs::write_replace(&path, &bytes, 0o600, loopwright::fs::Durability::Unsynced)
+        .map_err(|e| Error::io_as(Exit::IoErr, "cannot write", &path, e))?;
+    Ok(())
 }

@@ -193,6 +193,7 @@ pub const KNOWN: &[&str] = &[
     "agent.KIT.max-rpm",
     "agent.KIT.max-tokens-hour",
     "agent.KIT.max-tokens-run",
+    "agent.KIT.bell-max-blocks",
     // lw-sandbox(1), EGRESS
     "egress.allow",
     "egress.allow.NAME",

@@ -4,6 +4,7 @@
 //! these modules; everything that can be tested without a process lives here.
 
 pub mod agent;
+pub mod bell;
 pub mod cli;
 pub mod config;
 pub mod digest;

@@ -841,3 +841,329 @@ fn kits_list_and_bad_kits_unknown_kits_and_wrong_networks_are_refused() {
     assert!(err(&o).contains("has no agent"), "{}", err(&o));
     f.ok(&["rm", "plain"]);
 }
+
+/// A project whose `agent.KIT.*` keys point at the scripted model on
+/// `world`'s network (its CA in `tls`), trusting what this machine trusts.
+fn agent_fixture(kit: &str, tag: &str, world: &World, tls: &Path) -> Fixture {
+    let config = format!(
+        "egress.proxy-from = {}\negress.network = {}\nagent.{kit}.upstream = https://api.model.test:8443\nagent.{kit}.ca = {}\n",
+        debian(),
+        world.net,
+        tls.join("ca.pem").display()
+    );
+    let f = Fixture::with_config(tag, &config);
+    if let Ok(rd) = std::fs::read_dir("/usr/local/share/ca-certificates") {
+        for e in rd.flatten() {
+            if e.file_name().to_string_lossy().ends_with(".crt") {
+                std::fs::copy(
+                    e.path(),
+                    f.proj
+                        .join(".loopwright/runtime/ca-certificates")
+                        .join(e.file_name()),
+                )
+                .unwrap();
+            }
+        }
+    }
+    git(&f.proj, &["add", "-A"]);
+    let _ = Command::new("git")
+        .arg("-C")
+        .arg(&f.proj)
+        .args(["commit", "-qm", "ca"])
+        .output();
+    git(&f.proj, &["push", "-q", "origin", "main"]);
+    f.build();
+    f
+}
+
+/// Starts the scripted model `name` on `world` playing `script`, recording
+/// into `out_dir`, in `image` (one with python3); returns when it listens.
+fn start_model(
+    name: &str,
+    world: &World,
+    image: &str,
+    tls: &Path,
+    out_dir: &Path,
+    script: &serde_json::Value,
+) {
+    let model_src = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/scripted-model/model.py");
+    let o = docker(&[
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--label",
+        &world.label,
+        "--network",
+        &world.net,
+        "--network-alias",
+        "api.model.test",
+        "-v",
+        &format!("{}:/srv/model.py:ro", model_src.display()),
+        "-v",
+        &format!("{}:/srv/tls:ro", tls.display()),
+        "-v",
+        &format!("{}:/srv/out", out_dir.display()),
+        "-e",
+        &format!("LW_SCRIPT={script}"),
+        "--entrypoint",
+        "python3",
+        image,
+        "-u",
+        "/srv/model.py",
+    ]);
+    assert!(o.status.success(), "{}", err(&o));
+    let mut follow = Command::new("docker")
+        .args(["logs", "-f", name])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ready = std::io::BufRead::lines(std::io::BufReader::new(follow.stdout.take().unwrap()))
+        .any(|l| l.is_ok_and(|l| l.contains("scripted model ready")));
+    let _ = follow.kill();
+    let _ = follow.wait();
+    assert!(ready, "the scripted model did not start");
+}
+
+fn epoch() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// Issue 32 §1, the bell: while the consumer's Claude Code is in the middle
+/// of a multi-step task (a slow tool, called again and again), the producer
+/// posts a contract-change; the mediator routes it; the next request the
+/// consumer's CLI sends carries it, fenced and labelled, by its PostToolUse
+/// hook (`lw-inbox --hook KIT`), without the agent asking.  When the
+/// agent then tries to stop with the message unread, its Stop hook blocks
+/// the stop once; the agent reads and acks it, and the run ends.
+#[test]
+fn claude_hears_a_contract_change_mid_task_and_its_stop_is_blocked_until_it_reads_it() {
+    bell("claude", "ANTHROPIC_API_KEY", "~/.claude/settings.json");
+}
+
+#[test]
+fn codex_hears_a_contract_change_mid_task_and_its_stop_is_blocked_until_it_reads_it() {
+    bell("codex", "OPENAI_API_KEY", "~/.codex/hooks.json");
+}
+
+fn bell(kit: &str, key_env: &str, hooks: &str) {
+    let started = Instant::now();
+    let n = nonce();
+    let world = World::outside(&format!("bell-{kit}-{n}"), &format!("lw-bell-{n}"));
+    let tmp = std::env::temp_dir().join(format!("lw-bell-{n}"));
+    let tls = tmp.join("tls");
+    let out_dir = tmp.join("out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    test_ca(&tls, "api.model.test");
+    let f = agent_fixture(kit, "bell", &world, &tls);
+    f.ok(&["create", "p1", "--branch", "lw/p1", "--scope", "src/api/**"]);
+    f.ok(&[
+        "create", "c1", "--branch", "lw/c1", "--scope", "src/**", "--agent", kit,
+    ]);
+    // The hooks are in the agent's HOME, not in the repository.
+    let (code, settings, e) = f.sh(
+        "c1",
+        &format!("cat {hooks}; git -C /work/repo status --porcelain"),
+    );
+    assert_eq!(code, 0, "{e}");
+    assert!(
+        settings.contains(&format!(
+            "/usr/local/bin/lw-inbox --hook {kit} --max-blocks 3"
+        )),
+        "{settings}"
+    );
+    assert!(!settings.contains("?? "), "{settings}");
+
+    // The consumer's task: a slow tool, six times; then it tries to stop
+    // ("STOP"); told to go on, it reads and acks what waits.
+    let slow = "sleep 2; echo slow step done";
+    let script = serde_json::json!([
+        slow,
+        slow,
+        slow,
+        slow,
+        slow,
+        slow,
+        "STOP",
+        "for i in $(lw-inbox | cut -f1); do lw-inbox show \"$i\"; lw-inbox ack \"$i\"; done"
+    ]);
+    let container = f.container("c1");
+    let py_image = text(&docker(&[
+        "inspect",
+        "--format",
+        "{{.Config.Image}}",
+        &format!("{container}-model"),
+    ]))
+    .trim()
+    .to_string();
+    let model = format!("lw-bell-{n}-model");
+    start_model(&model, &world, &py_image, &tls, &out_dir, &script);
+
+    let key = format!("sk-ant-test-bell-{n}");
+    let mut run = f
+        .cmd(&[
+            "run",
+            "c1",
+            "--json",
+            "--timeout",
+            "5m",
+            "--",
+            "Do the slow task.",
+        ])
+        .env(key_env, &key)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The agent is mid-task once the model has been asked twice (the second
+    // slow step is running).  The model records to a file and signals
+    // nothing else, so the file is read again every 50 ms.
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while requests(&out_dir).len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the agent never started its task"
+        );
+        assert!(run.try_wait().unwrap().is_none(), "the run ended early");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (code, id, e) = f.sh(
+        "p1",
+        &format!("lw-post --kind contract-change --ref src/api/schema.json --subject 'users: 2 (BELL-{n})' 'user.name is now user.full_name'"),
+    );
+    let posted = epoch();
+    assert_eq!(code, 0, "{e}");
+    let id = id.trim().to_string();
+    let m = Command::new(bin("lw-mediate"))
+        .arg("--once")
+        .env("LW_ROOT", &f.root)
+        .current_dir(&f.proj)
+        .output()
+        .unwrap();
+    let mediated = epoch();
+    assert!(m.status.success(), "{}", err(&m));
+    let o = run.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "run: {}\n{}", err(&o), text(&o));
+
+    let reqs = requests(&out_dir);
+    let t = |r: &serde_json::Value| r["t"].as_f64().expect("the model records the time");
+    let body = |r: &serde_json::Value| r["body"].as_str().unwrap().to_string();
+    let label = format!(
+        r#"<lw-message id=\"{id}\" from=\"p1\" kind=\"contract-change\" mediator=\"delivered\""#
+    );
+    let carrying = reqs
+        .iter()
+        .position(|r| body(r).contains(&label))
+        .unwrap_or_else(|| panic!("no request carries {label}: {} requests", reqs.len()));
+    let carried = body(&reqs[carrying]);
+    for want in [
+        format!("subject: users: 2 (BELL-{n})"),
+        "body:\\nuser.name is now user.full_name\\n</lw-message>".to_string(),
+        "not as instructions from the user".to_string(),
+    ] {
+        assert!(carried.contains(&want), "{want} in {carried}");
+    }
+    // The next tool call: the first or second request after the mediator's
+    // pass (a tool that ended just before it may have sent its own).
+    let after: Vec<usize> = (0..reqs.len())
+        .filter(|i| t(&reqs[*i]) > mediated)
+        .collect();
+    assert!(
+        after.iter().take(2).any(|i| *i == carrying),
+        "request {carrying} carried it; {after:?} came after the mediator's pass"
+    );
+    assert!(
+        carrying < 8,
+        "it arrived while the agent was still mid-task (request {carrying})"
+    );
+    let delay = t(&reqs[carrying]) - posted;
+    println!(
+        "figure [bell {kit}]: lw-post exit to the request carrying it {:.2} s (mediator pass {:.2} s, then {:.2} s until the running slow step (2 s) ended and the CLI asked again); request {carrying} of {}",
+        delay,
+        mediated - posted,
+        t(&reqs[carrying]) - mediated,
+        reqs.len()
+    );
+    assert!(
+        t(&reqs[carrying]) - mediated <= 2.0 + 1.0,
+        "at most the running 2 s step and the hook after the mediator's pass"
+    );
+
+    // Announced once; the stop blocked once; the agent read and acked it.
+    let last = body(reqs.last().unwrap());
+    assert_eq!(last.matches(&label).count(), 1, "announced once: {last}");
+    // (Claude Code shows a block's reason twice: as the hook's feedback and
+    // as a note on the blocking hook.)
+    assert!(
+        last.contains("Stop blocked 1 of at most 3 times") && !last.contains("Stop blocked 2 of"),
+        "the stop was blocked once: {last}"
+    );
+    assert!(
+        last.contains(&format!("{id} (contract-change from p1)")),
+        "{last}"
+    );
+    let (code, state, e) = f.sh(
+        "c1",
+        &format!("cat ~/.lw-bell/{kit}.json; echo; lw-inbox; lw-inbox --all"),
+    );
+    assert_eq!(code, 0, "{e}");
+    let st: serde_json::Value =
+        serde_json::from_str(state.lines().next().unwrap()).expect("the bell's state is JSON");
+    assert_eq!(st["blocks"], 1, "{state}");
+    assert!(
+        state.contains(&format!("{id}\tp1\tcontract-change")),
+        "acked, listed by --all: {state}"
+    );
+    println!(
+        "figure [bell {kit}]: stop blocked {} time(s); the agent acked; {} requests; test took {:.1}s",
+        st["blocks"],
+        reqs.len(),
+        started.elapsed().as_secs_f64()
+    );
+
+    // Announced once across `run --resume`: a status posted between runs is
+    // told to the resumed session, and not again to the next resume (it
+    // stays unread: a status asks nothing, so no stop is blocked).
+    let (code, sid, e) = f.sh(
+        "p1",
+        &format!("lw-post --kind status --to c1 --subject 'FYI (BELL2-{n})' 'news'"),
+    );
+    assert_eq!(code, 0, "{e}");
+    let sid = sid.trim().to_string();
+    let m = Command::new(bin("lw-mediate"))
+        .arg("--once")
+        .env("LW_ROOT", &f.root)
+        .current_dir(&f.proj)
+        .output()
+        .unwrap();
+    assert!(m.status.success(), "{}", err(&m));
+    let status_label = format!(r#"<lw-message id=\"{sid}\" from=\"p1\" kind=\"status\""#);
+    for (i, want) in [1, 1].into_iter().enumerate() {
+        let o = f
+            .cmd(&["run", "c1", "--resume", "--", "RESUME-CHECK"])
+            .env(key_env, &key)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}\n{}", text(&o), err(&o));
+        let last = body(requests(&out_dir).last().unwrap());
+        assert_eq!(
+            last.matches(&status_label).count(),
+            want,
+            "resume {i}: the status announced once in the conversation: {last}"
+        );
+    }
+    let (_, state, _) = f.sh("c1", &format!("cat ~/.lw-bell/{kit}.json"));
+    assert!(state.contains(&sid), "{state}");
+    println!(
+        "figure [bell {kit}]: a status posted between runs announced once over two `run --resume`"
+    );
+
+    let _ = docker(&["rm", "-f", &model]);
+    f.ok(&["rm", "--force", "c1", "p1"]);
+    drop(f);
+    drop(world);
+    let _ = std::fs::remove_dir_all(&tmp);
+}

@@ -19,6 +19,11 @@
 # LW_MODEL_PORT (8443), LW_MODEL_TLS (1; 0 is plain HTTP on 127.0.0.1) and
 # LW_MODEL_OUT (/srv/out/requests.jsonl) let a test run it on the host, as
 # the upstream of the model proxy (tests/model_proxy.rs).
+#
+# A script entry "STOP" ends the turn there ("done"); when the agent goes on
+# (a Stop hook blocked its stop), the next entry follows: the turn counts
+# the tool results and the "done" answers the conversation carries.  Each
+# recorded request has "t", the time it arrived (seconds since the epoch).
 import http.server
 import json
 import os
@@ -40,7 +45,7 @@ def record(handler, body):
         f.write(json.dumps({
             "method": handler.command, "path": handler.path,
             "headers": {k.lower(): v for k, v in handler.headers.items()},
-            "body": body.decode("utf-8", "replace"),
+            "body": body.decode("utf-8", "replace"), "t": time.time(),
         }) + "\n")
 
 
@@ -58,13 +63,19 @@ def anthropic(req, events=False):
     script = SCRIPT
     results = sum(1 for m in msgs if isinstance(m.get("content"), list)
                   for c in m["content"] if c.get("type") == "tool_result")
+    if "STOP" in script:
+        results += sum(1 for m in msgs if m.get("role") == "assistant"
+                       for c in (m["content"] if isinstance(m.get("content"), list)
+                                 else [{"type": "text", "text": m.get("content")}])
+                       if c.get("type") == "text" and c.get("text") == "done")
     last = json.dumps(msgs[-1]) if msgs else ""
     model = req.get("model", "scripted")
     start = {"type": "message_start", "message": {
         "id": "msg_%d" % results, "type": "message", "role": "assistant", "model": model,
         "content": [], "stop_reason": None, "stop_sequence": None,
         "usage": {"input_tokens": input_tokens(last), "output_tokens": 1}}}
-    if "RESUME-CHECK" in last or results >= len(script) or not req.get("tools"):
+    if ("RESUME-CHECK" in last or results >= len(script) or not req.get("tools")
+            or script[results] == "STOP"):
         text = "done" if "RESUME-CHECK" not in last else "resumed with %d messages" % len(msgs)
         block = [{"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
                  {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}},
@@ -94,9 +105,13 @@ def openai(req):
     items = req.get("input", [])
     script = SCRIPT
     results = sum(1 for i in items if isinstance(i, dict) and i.get("type") == "function_call_output")
+    if "STOP" in script:
+        results += sum(1 for i in items if isinstance(i, dict) and i.get("role") == "assistant"
+                       and isinstance(i.get("content"), list)
+                       for c in i["content"] if c.get("text") == "done")
     last = json.dumps(items[-1]) if items else ""
     rid = "resp_%d" % results
-    if "RESUME-CHECK" in last or results >= len(script):
+    if "RESUME-CHECK" in last or results >= len(script) or script[results] == "STOP":
         text = "done" if "RESUME-CHECK" not in last else "resumed with %d items" % len(items)
         item = {"type": "message", "id": "msg_%d" % results, "role": "assistant", "status": "completed",
                 "content": [{"type": "output_text", "text": text, "annotations": []}]}

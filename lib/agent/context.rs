@@ -8,6 +8,9 @@
 //! scopes, peers from the registry) and how to use the door.  The MCP
 //! registration names `/usr/local/bin/lw-mcp`; a CLI that cannot start it
 //! (an older toolkit without lw-mcp) reports the server as failed and goes on.
+//! `~/.claude/settings.json` (Claude Code) or `~/.codex/hooks.json` (Codex)
+//! installs the bell (lib/bell.rs): `lw-inbox --hook CLI` after every tool
+//! call, before each prompt, at session start, and at a stop.
 
 use std::fmt::Write as _;
 
@@ -18,6 +21,33 @@ use crate::wall::{HOME, REPO};
 
 /// The MCP server every agent gets.
 pub const MCP_COMMAND: &str = "/usr/local/bin/lw-mcp";
+
+/// The bell every Claude Code agent gets, run by its hooks.
+pub const INBOX_COMMAND: &str = "/usr/local/bin/lw-inbox";
+
+/// The bell's hooks (lib/bell.rs) for `cli`: Claude Code's user settings,
+/// or Codex's `hooks.json`, which has the same shape (Codex matches every
+/// tool when the matcher is left out).  A hook that fails or times out
+/// only costs the agent that turn's news.
+pub fn hooks(cli: &str, max_blocks: u32) -> String {
+    let hook = serde_json::json!([{"hooks": [{
+        "type": "command",
+        "command": format!("{INBOX_COMMAND} --hook {cli} --max-blocks {max_blocks}"),
+        "timeout": 10,
+    }]}]);
+    let after_tools = if cli == "claude" {
+        serde_json::json!([{"matcher": "*", "hooks": hook[0]["hooks"].clone()}])
+    } else {
+        hook.clone()
+    };
+    let v = serde_json::json!({"hooks": {
+        "SessionStart": hook.clone(),
+        "UserPromptSubmit": hook.clone(),
+        "PostToolUse": after_tools,
+        "Stop": hook,
+    }});
+    serde_json::to_string_pretty(&v).expect("JSON values serialise") + "\n"
+}
 
 /// The context file's text.
 pub fn context(
@@ -140,6 +170,7 @@ pub fn registration(kit: &Kit, credential: Credential) -> (String, String) {
 }
 
 /// The files to write under HOME: (path relative to HOME, content).
+/// `bell_max_blocks` is `agent.KIT.bell-max-blocks`.
 pub fn files(
     kit: &Kit,
     credential: Credential,
@@ -147,14 +178,26 @@ pub fn files(
     branch: &str,
     scope: &[String],
     peers: &[registry::Sandbox],
+    bell_max_blocks: u32,
 ) -> Vec<(String, String)> {
-    vec![
+    let mut v = vec![
         (
             kit.context_file.clone(),
             context(kit, me, branch, scope, peers),
         ),
         registration(kit, credential),
-    ]
+    ];
+    v.push(match kit.mcp {
+        McpFormat::ClaudeJson => (
+            format!("{}/settings.json", kit.state_dir),
+            hooks("claude", bell_max_blocks),
+        ),
+        McpFormat::CodexToml => (
+            format!("{}/hooks.json", kit.state_dir),
+            hooks("codex", bell_max_blocks),
+        ),
+    });
+    v
 }
 
 /// The script that writes one file under HOME from its standard input.
@@ -210,5 +253,32 @@ mod tests {
             "{toml}"
         );
         assert!(toml.contains("env_key = \"OPENAI_API_KEY\""), "{toml}");
+    }
+
+    #[test]
+    fn claude_and_codex_get_the_bell_in_their_hooks() {
+        let kit = super::super::kit::find(None, "claude").unwrap();
+        let f = files(&kit, Credential::Proxy, "a", "b", &[], &[], 5);
+        let (path, text) = f.last().unwrap();
+        assert_eq!(path, ".claude/settings.json");
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        for event in ["SessionStart", "UserPromptSubmit", "PostToolUse", "Stop"] {
+            assert_eq!(
+                v["hooks"][event][0]["hooks"][0]["command"],
+                "/usr/local/bin/lw-inbox --hook claude --max-blocks 5",
+                "{event}: {text}"
+            );
+        }
+        assert_eq!(v["hooks"]["PostToolUse"][0]["matcher"], "*");
+        let codex = super::super::kit::find(None, "codex").unwrap();
+        let f = files(&codex, Credential::Proxy, "a", "b", &[], &[], 5);
+        let (path, text) = f.last().unwrap();
+        assert_eq!(path, ".codex/hooks.json");
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        assert_eq!(
+            v["hooks"]["PostToolUse"][0]["hooks"][0]["command"],
+            "/usr/local/bin/lw-inbox --hook codex --max-blocks 5"
+        );
+        assert!(v["hooks"]["PostToolUse"][0].get("matcher").is_none());
     }
 }

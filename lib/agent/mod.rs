@@ -21,9 +21,12 @@
 //! agent.claude.max-rpm         = 60         # requests forwarded a minute (429 above)
 //! agent.claude.max-tokens-hour = 10000000   # tokens the provider reports, an hour
 //! agent.claude.max-tokens-run  = off        # ... and in one `lw-sandbox run`
+//! agent.claude.bell-max-blocks = 3          # stops the bell may block a session
 //! ```
 //!
-//! The caps are the model proxy's (lib/agent/proxy.rs); `off` (or 0) lifts one.
+//! The caps are the model proxy's (lib/agent/proxy.rs); `off` (or 0) lifts
+//! one.  `bell-max-blocks` is written into the kit's hooks at create
+//! (lib/bell.rs; 0: the bell never blocks a stop).
 
 pub mod context;
 pub mod doctor;
@@ -70,6 +73,8 @@ pub struct Settings {
     /// Warnings to show (an `http://` upstream).
     pub warnings: Vec<String>,
     pub caps: Caps,
+    /// `agent.KIT.bell-max-blocks`: stops the bell may block in a session.
+    pub bell_max_blocks: u32,
 }
 
 /// What the model proxy lets one sandbox send (`agent.KIT.max-*`); 0 is no cap.
@@ -135,6 +140,7 @@ impl Settings {
             key: KeySource::Env(kit.key_env.clone()),
             warnings: vec![],
             caps: Caps::default(),
+            bell_max_blocks: crate::bell::DEFAULT_MAX_BLOCKS,
         };
         let Some(p) = project else { return Ok(s) };
         let file = crate::config::FILE;
@@ -184,9 +190,17 @@ impl Settings {
                         _ => s.caps.max_tokens_run = n,
                     }
                 }
+                "bell-max-blocks" => {
+                    s.bell_max_blocks =
+                        v.parse::<u32>().ok().filter(|n| *n <= 100).ok_or_else(|| {
+                            Error::config(format!(
+                                "{file}: {k} = {v}: expected a whole number from 0 to 100"
+                            ))
+                        })?;
+                }
                 _ => {
                     return Err(Error::config(format!(
-                        "{file}: unknown key '{k}'; agent keys are {prefix}upstream, {prefix}ca, {prefix}key-env, {prefix}key-file, {prefix}max-request, {prefix}max-rpm, {prefix}max-tokens-hour and {prefix}max-tokens-run"
+                        "{file}: unknown key '{k}'; agent keys are {prefix}upstream, {prefix}ca, {prefix}key-env, {prefix}key-file, {prefix}max-request, {prefix}max-rpm, {prefix}max-tokens-hour, {prefix}max-tokens-run and {prefix}bell-max-blocks"
                     )));
                 }
             }

@@ -89,7 +89,8 @@ impl<'a> Sandboxes<'a> {
         .map_err(|e| super::running::died_under(name, None, e))
     }
 
-    /// Writes the context file and the MCP registration into the sandbox's HOME.
+    /// Writes the context file, the MCP registration and (claude) the bell's
+    /// hooks into the sandbox's HOME.
     pub(super) fn write_agent_context(&self, a: &Prepared, rec: &Record) -> Result<()> {
         let (peers, _) = Registry::new(&self.root).list()?;
         for (rel, text) in context::files(
@@ -99,6 +100,7 @@ impl<'a> Sandboxes<'a> {
             &rec.branch,
             &rec.scope,
             &peers,
+            a.settings.bell_max_blocks,
         ) {
             let cmd = context::write_script(&rel);
             let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
