@@ -199,36 +199,9 @@ fn scenario(k: &Case) {
     std::fs::create_dir_all(&out_dir).unwrap();
     test_ca(&tls, "api.model.test");
 
-    let config = format!(
-        "egress.proxy-from = {}\negress.network = {}\nagent.{kit}.upstream = https://api.model.test:8443\nagent.{kit}.ca = {}\n",
-        debian(),
-        world.net,
-        tls.join("ca.pem").display()
-    );
-    let f = Fixture::with_config("agent", &config);
     // The registry may be reached through a proxy that inspects TLS: the
     // image trusts what this machine trusts (as scripts/main-job does).
-    if let Ok(rd) = std::fs::read_dir("/usr/local/share/ca-certificates") {
-        for e in rd.flatten() {
-            if e.file_name().to_string_lossy().ends_with(".crt") {
-                std::fs::copy(
-                    e.path(),
-                    f.proj
-                        .join(".loopwright/runtime/ca-certificates")
-                        .join(e.file_name()),
-                )
-                .unwrap();
-            }
-        }
-    }
-    git(&f.proj, &["add", "-A"]);
-    let _ = Command::new("git")
-        .arg("-C")
-        .arg(&f.proj)
-        .args(["commit", "-qm", "ca"])
-        .output();
-    git(&f.proj, &["push", "-q", "origin", "main"]);
-    f.build();
+    let f = agent_fixture(kit, "agent", &world, &tls);
 
     // Same run: a create without a kit, then the cold create with one.
     let t = Instant::now();
