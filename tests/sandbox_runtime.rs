@@ -469,7 +469,10 @@ fn exec_ends_with_69_when_its_sandbox_dies_under_it() {
     let runtimes = wall_runtimes();
     let f = Fixture::new("death");
     let limits = ["--pids", "32", "--memory", "256m"];
-    let bomb = "f() { f | f & }; (f) >/dev/null 2>&1; sleep 3; exit 3";
+    // The shell forks nothing after the bomb: with the pids limit full, a
+    // fork for `sleep` would fail and dash would exit 2 instead of 3.  The
+    // sleep starts first and the builtin `wait` waits for it.
+    let bomb = "sleep 3 & (f() { f | f & }; f) >/dev/null 2>&1; wait; exit 3";
     let hog = "dd if=/dev/zero of=/dev/null bs=600M count=1 2>/dev/null; exit 4";
     println!("an exec whose sandbox dies under it (issue 29.6):");
     for rt in runtimes {
