@@ -18,18 +18,18 @@
 //! prints nothing, says why on stderr and exits 0.  It keeps what it
 //! announced in `~/.lw-bell/CLI.json`.
 
-use loopwright::visible::{visible, visible_line};
+use mailbox::visible::{visible, visible_line};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use loopwright::layout::SandboxBox;
-use loopwright::maildir::{Entry, Found, Maildir, Sub};
-use loopwright::message::Message;
-use loopwright::{Error, Exit, Result};
-use loopwright::{bell, cli, inbox};
+use mailbox::layout::SandboxBox;
+use mailbox::maildir::{Entry, Found, Maildir, Sub};
+use mailbox::message::Message;
+use mailbox::{Error, Exit, Result};
+use mailbox::{bell, cli, inbox};
 
 /// List, show and acknowledge the messages delivered to this sandbox.
 #[derive(Parser, Debug)]
@@ -87,7 +87,7 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    loopwright::cli::run_main("lw-inbox", run)
+    mailbox::cli::run_main("lw-inbox", run)
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
@@ -102,7 +102,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         }
         return Ok(Exit::Ok);
     }
-    let dir = loopwright::post::mailbox_given(args.mailbox)?;
+    let dir = mailbox::post::mailbox_given(args.mailbox)?;
     if !dir.is_dir() {
         return Err(Error::new(
             Exit::NoInput,
@@ -167,7 +167,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
 
 fn list(inbox: &Maildir, sub: Sub, json: bool, out: &mut dyn Write) -> Result<()> {
     for Entry { name, found } in inbox.scan(sub)? {
-        let shown = loopwright::maildir::escape_name(&name);
+        let shown = mailbox::maildir::escape_name(&name);
         match found {
             Found::Message(m) => {
                 let line = if json {
@@ -279,17 +279,17 @@ fn hook(cli: &str, mailbox: Option<PathBuf>, max: u32, out: &mut dyn Write) -> R
     })?;
     let input: bell::Input = serde_json::from_slice(&raw)
         .map_err(|e| Error::data(format!("the hook's input is not its JSON: {e}")))?;
-    let dir = loopwright::post::mailbox_given(mailbox)?;
+    let dir = mailbox::post::mailbox_given(mailbox)?;
     let inbox = SandboxBox::new(&dir).inbox();
     let home = std::env::var_os("HOME")
         .filter(|h| !h.is_empty())
         .ok_or_else(|| Error::usage("HOME is not set: the bell keeps its state there"))?;
     let state_dir = PathBuf::from(home).join(".lw-bell");
-    loopwright::fs::private_dir(&state_dir)
+    mailbox::fs::private_dir(&state_dir)
         .map_err(|e| Error::io_as(Exit::CantCreat, "cannot create", &state_dir, e))?;
     // Two hooks at once (parallel tool calls) would both announce a message.
     let lock_path = state_dir.join(format!("{cli}.lock"));
-    let _lock = loopwright::fs::lock(&lock_path)
+    let _lock = mailbox::fs::lock(&lock_path)
         .map_err(|e| Error::io_as(Exit::IoErr, "cannot lock", &lock_path, e))?;
     let path = state_dir.join(format!("{cli}.json"));
     let state = match std::fs::read(&path) {
@@ -323,7 +323,7 @@ fn hook(cli: &str, mailbox: Option<PathBuf>, max: u32, out: &mut dyn Write) -> R
     }
     // A lost state costs a message told twice, never one lost: no fsync.
     let bytes = serde_json::to_vec(&state)?;
-    loopwright::fs::write_replace(&path, &bytes, 0o600, loopwright::fs::Durability::Unsynced)
+    mailbox::fs::write_replace(&path, &bytes, 0o600, mailbox::fs::Durability::Unsynced)
         .map_err(|e| Error::io_as(Exit::IoErr, "cannot write", &path, e))?;
     Ok(())
 }

@@ -15,15 +15,15 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use loopwright::cli::{self, out_err};
-use loopwright::layout::Root;
-use loopwright::log::Log;
-use loopwright::mediate::{self, Mediator};
-use loopwright::operator;
-use loopwright::policy::{self, Policy};
-use loopwright::redact::Secrets;
-use loopwright::registry::{Registry, Sandbox};
-use loopwright::{Error, Exit, Result};
+use mailbox::cli::{self, out_err};
+use mailbox::layout::Root;
+use mailbox::log::Log;
+use mailbox::mediate::{self, Mediator};
+use mailbox::operator;
+use mailbox::policy::{self, Policy};
+use mailbox::redact::Secrets;
+use mailbox::registry::{Registry, Sandbox};
+use mailbox::{Error, Exit, Result};
 
 /// Route messages between sandboxes by policy, and run the held and human queues.
 #[derive(Parser, Debug)]
@@ -153,7 +153,7 @@ enum PolicyCmd {
 }
 
 fn main() -> ExitCode {
-    loopwright::cli::run_main("lw-mediate", run)
+    mailbox::cli::run_main("lw-mediate", run)
 }
 
 /// The secret values the mediator keeps from leaving (lib/redact): the
@@ -174,7 +174,7 @@ fn door_secrets(root: &Root) -> Result<Secrets> {
 /// (`8m`, `512k`), else 8 MiB (lib/mediate/budget.rs).
 fn door_log_max(flag: Option<&str>) -> Result<u64> {
     let size = |v: &str| {
-        loopwright::wall::parse_bytes(v)
+        mailbox::config::parse_bytes(v)
             .and_then(|n| u64::try_from(n).ok())
             .filter(|n| *n > 0)
     };
@@ -186,7 +186,7 @@ fn door_log_max(flag: Option<&str>) -> Result<u64> {
         });
     }
     let here = std::env::current_dir().unwrap_or_default();
-    let Some(p) = loopwright::config::Project::find(&here)? else {
+    let Some(p) = mailbox::config::Project::find(&here)? else {
         return Ok(mediate::DEFAULT_LOG_MAX);
     };
     match p.config.get("door.log-max") {
@@ -194,7 +194,7 @@ fn door_log_max(flag: Option<&str>) -> Result<u64> {
         Some(v) => size(v).ok_or_else(|| {
             Error::config(format!(
                 "'door.log-max = {v}' in {}: expected a size above 0, such as 512k or 8m",
-                p.top.join(loopwright::config::FILE).display()
+                p.top.join(mailbox::config::FILE).display()
             ))
         }),
     }
@@ -294,9 +294,9 @@ fn run_mediator(args: &Args, root: Root, out: &mut dyn Write) -> Result<Exit> {
     m.batch = args.batch;
     m.verbose = args.verbose;
     m.sync = if args.sync == "fs" {
-        loopwright::group::Sync::FileSystem
+        mailbox::group::Sync::FileSystem
     } else {
-        loopwright::group::Sync::File
+        mailbox::group::Sync::File
     };
     if !args.once {
         m.watch(Duration::from_secs(args.rescan.max(1)), out)?;
@@ -350,7 +350,7 @@ fn answer_body(text: Option<&str>) -> Result<String> {
         Some("-") | None => {
             let mut b = Vec::new();
             std::io::stdin()
-                .take(loopwright::message::MAX_BODY as u64 + 1)
+                .take(mailbox::message::MAX_BODY as u64 + 1)
                 .read_to_end(&mut b)
                 .map_err(|e| {
                     Error::new(Exit::IoErr, "cannot read standard input").with_source(e)

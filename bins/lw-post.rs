@@ -12,9 +12,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use loopwright::message;
-use loopwright::{Exit, Result};
-use loopwright::{cli, post};
+use mailbox::message;
+use mailbox::{Exit, Result};
+use mailbox::{cli, post};
 
 /// Post one message to the mediator (or named recipients) through the outbox.
 ///
@@ -62,7 +62,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    loopwright::cli::run_main("lw-post", run)
+    mailbox::cli::run_main("lw-post", run)
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {

@@ -1,51 +1,36 @@
-//! loopwright: the library behind the `lw-*` commands.
+//! loopwright: the product layer behind the `lw-*` commands (sandboxes,
+//! images, services, agents, the mirror, sync, doctor, MCP, the radar).
 //!
 //! One module per concern.  The binaries in `bins/` parse flags and call into
 //! these modules; everything that can be tested without a process lives here.
+//! It builds on two crates below it, re-exported under the names the code has
+//! always used: `mailbox` (crates/mailbox: messages, Maildirs, the log, the
+//! policy, the mediator) and `engine` (crates/engine: the container-engine
+//! contract, Docker, Kubernetes).  docs/architecture.md draws the layers.
 
 pub mod agent;
-pub mod bell;
-pub mod cli;
-pub mod config;
-pub mod digest;
-pub mod distribution;
 pub mod doctor;
 pub mod egress;
-pub mod engine;
-pub mod error;
 pub mod finding;
-pub mod fs;
-pub mod git;
 pub mod github;
-pub mod glob;
-pub mod group;
-pub mod id;
 pub mod image;
-pub mod inbox;
 pub mod init;
-pub mod layout;
-pub mod log;
-pub mod maildir;
 pub mod mcp;
-pub mod mediate;
-pub mod message;
 pub mod mirror;
-pub mod operator;
-pub mod policy;
 pub mod ports;
-pub mod post;
-pub mod quarantine;
 pub mod radar;
-pub mod redact;
-pub mod registry;
 pub mod sandbox;
 pub mod seccomp;
 pub mod secrets;
 pub mod service;
 pub mod sync;
-pub mod time;
-pub mod tty;
-pub mod visible;
 pub mod wall;
+
+pub use engine;
+pub use engine::{distribution, tty};
+pub use mailbox::{
+    bell, cli, config, digest, error, fs, git, glob, group, id, inbox, layout, log, maildir,
+    mediate, message, operator, policy, post, quarantine, redact, registry, time, visible,
+};
 
 pub use error::{Error, Exit, Result};

@@ -36,20 +36,7 @@ pub fn root_id(root: &Path) -> String {
     d[..4].iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Parses `512m`, `2g`, `1073741824` into bytes.
-pub fn parse_bytes(s: &str) -> Option<i64> {
-    let s = s.trim().to_ascii_lowercase();
-    let (num, mul) = match s.chars().last()? {
-        'k' => (&s[..s.len() - 1], 1i64 << 10),
-        'm' => (&s[..s.len() - 1], 1 << 20),
-        'g' => (&s[..s.len() - 1], 1 << 30),
-        _ => (&s[..], 1),
-    };
-    num.parse::<i64>()
-        .ok()
-        .filter(|n| *n > 0)
-        .and_then(|n| n.checked_mul(mul))
-}
+pub use crate::config::parse_bytes;
 
 /// The sandboxes' seccomp profile: Docker's default without io_uring
 /// (runtime/seccomp.json, made by scripts/seccomp-profile).

@@ -21,26 +21,14 @@ fn cli_goldens() {
             "lw-doctor",
             std::path::Path::new(env!("CARGO_BIN_EXE_lw-doctor")),
         )
-        .register_bin(
-            "lw-github-sink",
-            std::path::Path::new(env!("CARGO_BIN_EXE_lw-github-sink")),
-        )
-        .register_bin(
-            "lw-inbox",
-            std::path::Path::new(env!("CARGO_BIN_EXE_lw-inbox")),
-        )
-        .register_bin(
-            "lw-mediate",
-            std::path::Path::new(env!("CARGO_BIN_EXE_lw-mediate")),
-        )
+        .register_bin("lw-github-sink", support::bin("lw-github-sink"))
+        .register_bin("lw-inbox", support::bin("lw-inbox"))
+        .register_bin("lw-mediate", support::bin("lw-mediate"))
         .register_bin(
             "lw-mirror",
             std::path::Path::new(env!("CARGO_BIN_EXE_lw-mirror")),
         )
-        .register_bin(
-            "lw-post",
-            std::path::Path::new(env!("CARGO_BIN_EXE_lw-post")),
-        )
+        .register_bin("lw-post", support::bin("lw-post"))
         .register_bin(
             "lw-sandbox",
             std::path::Path::new(env!("CARGO_BIN_EXE_lw-sandbox")),

@@ -50,12 +50,12 @@ fn post_and_inbox_run_in_a_busybox_only_container() {
         .arg("-v")
         .arg(format!(
             "{}:/lw/bin/lw-post:ro",
-            env!("CARGO_BIN_EXE_lw-post")
+            support::bin("lw-post").display()
         ))
         .arg("-v")
         .arg(format!(
             "{}:/lw/bin/lw-inbox:ro",
-            env!("CARGO_BIN_EXE_lw-inbox")
+            support::bin("lw-inbox").display()
         ))
         .arg("-v")
         .arg(format!("{}:/lw/mailbox", mb.display()))

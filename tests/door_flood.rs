@@ -14,9 +14,6 @@ use loopwright::message::{Kind, Message};
 use loopwright::registry::{Registry, Sandbox};
 use sync_support::{Env, TOKEN, files_under, text};
 
-const MEDIATE: &str = env!("CARGO_BIN_EXE_lw-mediate");
-const INBOX: &str = env!("CARGO_BIN_EXE_lw-inbox");
-
 fn msg(to: &str, kind: Kind, subject: &str, body: &str) -> Message {
     sync_support::message("x", to, kind, subject, body)
 }
@@ -46,7 +43,7 @@ fn register(root: &Root, names: &[&str]) {
 
 /// lw-mediate in `dir` (the project, or a directory outside any) with `env`.
 fn mediate(root: &Root, dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
-    let mut c = Command::new(MEDIATE);
+    let mut c = Command::new(support::bin("lw-mediate"));
     c.env_remove("GH_TOKEN")
         .env_remove("GITHUB_TOKEN")
         .current_dir(dir)
@@ -496,7 +493,7 @@ fn control_characters_are_shown_not_sent_to_the_operator() {
     post(&root, "api", &h);
     let p = policy.to_str().unwrap();
     ok(&mediate(&root, &outside, &[], &["--once", "--policy", p]));
-    let shown = Command::new(INBOX)
+    let shown = Command::new(support::bin("lw-inbox"))
         .env("LW_MAILBOX", root.sandbox("web").dir.as_os_str())
         .args(["show", &m.id])
         .output()

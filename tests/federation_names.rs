@@ -16,7 +16,7 @@ use loopwright::message::{Kind, Message};
 use sync_support::text;
 
 fn inbox_list(h: &Host, sandbox: &str) -> String {
-    let o = Command::new(env!("CARGO_BIN_EXE_lw-inbox"))
+    let o = Command::new(support::bin("lw-inbox"))
         .arg("--mailbox")
         .arg(h.root.sandbox(sandbox).inbox().path.parent().unwrap())
         .arg("--json")

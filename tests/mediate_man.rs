@@ -5,10 +5,14 @@ mod mediate_util;
 
 use std::process::Command;
 
-use mediate_util::BIN;
+use mediate_util::lw_mediate;
 
 fn help(args: &[&str]) -> String {
-    let out = Command::new(BIN).args(args).arg("--help").output().unwrap();
+    let out = Command::new(lw_mediate())
+        .args(args)
+        .arg("--help")
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{args:?}");
     String::from_utf8(out.stdout).unwrap()
 }

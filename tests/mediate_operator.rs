@@ -261,19 +261,19 @@ fn policy_check_and_show() {
     let dir = tempdir("policy");
     let p = dir.join("policy");
     std::fs::write(&p, "loopwright-policy 1\nroute status hold\n").unwrap();
-    let ok = Command::new(BIN)
+    let ok = Command::new(lw_mediate())
         .args(["policy", "check"])
         .arg(&p)
         .output()
         .unwrap();
     assert!(ok.status.success());
-    let show = Command::new(BIN)
+    let show = Command::new(lw_mediate())
         .args(["policy", "show"])
         .arg(&p)
         .output()
         .unwrap();
     assert!(stdout(&show).contains("route status hold\n"));
-    let def = Command::new(BIN)
+    let def = Command::new(lw_mediate())
         .current_dir(&dir)
         .args(["policy", "show"])
         .arg("--policy")
@@ -285,7 +285,7 @@ fn policy_check_and_show() {
         Some(66),
         "an explicit missing file is an error"
     );
-    let def = Command::new(BIN)
+    let def = Command::new(lw_mediate())
         .current_dir(&dir)
         .args(["policy", "show"])
         .output()
@@ -294,7 +294,7 @@ fn policy_check_and_show() {
         stdout(&def).starts_with("loopwright-policy 1\n")
             && stdout(&def).contains("route question human")
     );
-    let no_root = Command::new(BIN)
+    let no_root = Command::new(lw_mediate())
         .env_remove("LW_ROOT")
         .arg("held")
         .output()
@@ -330,7 +330,7 @@ fn defined_symbols(elf: &[u8]) -> Vec<&[u8]> {
 fn the_binary_links_no_async_runtime_or_engine_client() {
     // Symbols, not bytes: debug information may still name types of code
     // that the linker dropped.
-    let bin = std::fs::read(BIN).unwrap();
+    let bin = std::fs::read(lw_mediate()).unwrap();
     let symbols = defined_symbols(&bin);
     assert!(
         symbols
@@ -365,7 +365,7 @@ fn an_answer_can_come_from_standard_input() {
     let q = message("a", &["mediator"], Kind::Question, "why?");
     post(&root, "a", &q);
     once(&root, OPEN_POLICY);
-    let mut child = Command::new(BIN)
+    let mut child = Command::new(lw_mediate())
         .arg("--root")
         .arg(&root.dir)
         .args(["answer", &q.id])
@@ -408,7 +408,7 @@ fn usage_errors_exit_64_and_say_what_is_wrong() {
             "{args:?}: {err}"
         );
     }
-    let missing = Command::new(BIN)
+    let missing = Command::new(lw_mediate())
         .args(["--root", "/nonexistent/lw-root", "--once"])
         .output()
         .unwrap();

@@ -82,7 +82,7 @@ fn kill_storm_loses_and_duplicates_nothing() {
         .open(&stderr_path)
         .unwrap();
     while kills < MIN_KILLS || posted.load(Ordering::Relaxed) < POSTERS.len() * PER_POSTER {
-        let mut child = Command::new(BIN)
+        let mut child = Command::new(lw_mediate())
             .arg("--root")
             .arg(&root.dir)
             .arg("--policy")

@@ -49,7 +49,7 @@ fn radar(root: &Path, from: &Path) -> String {
 }
 
 fn mediate(root: &Path, policy: Option<&Path>) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_lw-mediate"));
+    let mut c = Command::new(support::bin("lw-mediate"));
     c.arg("--root").arg(root).arg("--once");
     if let Some(p) = policy {
         c.arg("--policy").arg(p);
@@ -93,7 +93,7 @@ fn setup(t: &TempDir) -> (std::path::PathBuf, std::path::PathBuf) {
         );
         git(&d, &["checkout", "-q", "-b", &format!("task-{n}")]);
         commit(&d, "f.txt", text);
-        let o = run(Command::new(env!("CARGO_BIN_EXE_lw-mediate"))
+        let o = run(Command::new(support::bin("lw-mediate"))
             .arg("--root")
             .arg(&root)
             .args(["register", n, "--branch", &format!("task-{n}")]));
@@ -122,7 +122,7 @@ fn conflict_reaches_both_inboxes_once_then_clears() {
             got[0].body
         );
     }
-    let log = run(Command::new(env!("CARGO_BIN_EXE_lw-mediate"))
+    let log = run(Command::new(support::bin("lw-mediate"))
         .arg("--root")
         .arg(&root)
         .arg("log"));

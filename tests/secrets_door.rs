@@ -19,7 +19,6 @@ use loopwright::message::{Kind, Message};
 use loopwright::registry::{Registry, Sandbox};
 use sync_support::{Env, files_under, text};
 
-const MEDIATE: &str = env!("CARGO_BIN_EXE_lw-mediate");
 /// Its base64 has '+' and '/' at offsets 1 and 2, so the URL-safe forms differ.
 const KEY: &str = "sk-live~7f3a?9c2b41>";
 const DEPLOY: &str = "d3pl0y~k3y?>>";
@@ -34,7 +33,7 @@ fn post(root: &Root, sender: &str, m: &Message) {
 
 /// lw-mediate run from `/`, with only `env` of the secrets set.
 fn mediate(root: &Root, env: &[(&str, &str)], args: &[&str]) -> Output {
-    let mut c = Command::new(MEDIATE);
+    let mut c = Command::new(support::bin("lw-mediate"));
     c.current_dir("/")
         .env_remove("GH_TOKEN")
         .env_remove("GITHUB_TOKEN")
@@ -448,7 +447,7 @@ fn a_recorded_secret_the_door_cannot_resolve_is_78_never_a_silent_pass() {
 
     // A watching mediator that sees a sandbox registered with a secret it
     // cannot resolve stops with 78 instead of routing past it.
-    let watcher = Command::new(MEDIATE)
+    let watcher = Command::new(support::bin("lw-mediate"))
         .current_dir("/")
         .env_remove("GH_TOKEN")
         .env_remove("GITHUB_TOKEN")

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use sync_support::*;
 
 fn start(dir: &std::path::Path, tokens: &std::path::Path, listen: &str) -> (Child, String) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_lw-github-sink"))
+    let mut c = Command::new(support::bin("lw-github-sink"))
         .arg("--dir")
         .arg(dir)
         .arg("--listen")
@@ -221,7 +221,7 @@ fn the_sink_refuses_to_listen_beyond_loopback() {
     let d = tempdir("sink-lo");
     let tokens = d.join("tokens");
     std::fs::write(&tokens, "").unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_lw-github-sink"))
+    let o = Command::new(support::bin("lw-github-sink"))
         .arg("--dir")
         .arg(&d)
         .args(["--listen", "0.0.0.0:0"])
@@ -281,8 +281,11 @@ fn usage_errors_and_help() {
 #[test]
 fn man_pages_cover_every_flag() {
     for (bin, page) in [
-        (env!("CARGO_BIN_EXE_lw-sync"), "man/lw-sync.1"),
-        (env!("CARGO_BIN_EXE_lw-github-sink"), "man/lw-github-sink.1"),
+        (
+            std::path::PathBuf::from(env!("CARGO_BIN_EXE_lw-sync")),
+            "man/lw-sync.1",
+        ),
+        (support::bin("lw-github-sink"), "man/lw-github-sink.1"),
     ] {
         let man =
             std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(page))
@@ -301,12 +304,12 @@ fn man_pages_cover_every_flag() {
             assert!(man.contains(&format!(".SH {sec}\n")), "{page}: {sec}");
         }
         let mut helps = vec![text(
-            &Command::new(bin).arg("--help").output().unwrap().stdout,
+            &Command::new(&bin).arg("--help").output().unwrap().stdout,
         )];
         if page.ends_with("lw-sync.1") {
             for sub in ["pull", "verify"] {
                 helps.push(text(
-                    &Command::new(bin)
+                    &Command::new(&bin)
                         .args([sub, "--help"])
                         .output()
                         .unwrap()

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use loopwright::digest::sha256_hex;
+use mailbox::digest::sha256_hex;
 use serde_json::{Value, json};
 
 use crate::comments::{body_field, comment_json, create, list, too_long};
@@ -44,16 +44,16 @@ pub struct Limits {
 }
 
 pub fn now_s() -> u64 {
-    loopwright::time::now().as_secs()
+    mailbox::time::now().as_secs()
 }
 
 fn now_ms_f() -> f64 {
-    loopwright::time::now().as_secs_f64() * 1000.0
+    mailbox::time::now().as_secs_f64() * 1000.0
 }
 
 pub fn gh_time(s: u64) -> String {
     // GitHub's timestamps have whole seconds.
-    let t = loopwright::time::rfc3339(Duration::from_secs(s));
+    let t = mailbox::time::rfc3339(Duration::from_secs(s));
     format!("{}Z", &t[..19])
 }
 
@@ -231,7 +231,7 @@ fn take_fault(st: &mut State, req: &Request, path: &str) -> Option<Fault> {
             continue;
         }
         if let Some(p) = f.probability {
-            let r = (loopwright::id::random128() >> 64) as u64 as f64 / u64::MAX as f64;
+            let r = (mailbox::id::random128() >> 64) as u64 as f64 / u64::MAX as f64;
             if r >= p {
                 continue;
             }

@@ -6,6 +6,11 @@ use serde_json::{Value, json};
 use crate::api::{DOCS, Response, gh_error, gh_time, journal_failed, now_s, param, resp};
 use crate::state::{Op, State, StoredComment};
 
+/// GitHub's documented limit on a comment body, in characters (the same
+/// figure lw-sync keeps in lib/github; the sink speaks as GitHub does, not
+/// as loopwright's client expects).
+const MAX_COMMENT_CHARS: usize = 65_536;
+
 pub fn body_field(body: &[u8]) -> std::result::Result<String, Response> {
     let v: Value =
         serde_json::from_slice(body).map_err(|_| gh_error(400, "Problems parsing JSON"))?;
@@ -15,7 +20,7 @@ pub fn body_field(body: &[u8]) -> std::result::Result<String, Response> {
             json!({ "message": "Invalid request.\n\n\"body\" wasn't supplied.", "documentation_url": DOCS, "status": "422" }),
         ));
     };
-    if b.chars().count() > loopwright::github::MAX_COMMENT_CHARS {
+    if b.chars().count() > MAX_COMMENT_CHARS {
         return Err(too_long());
     }
     Ok(b.to_string())
@@ -101,7 +106,7 @@ pub fn list(
         .unwrap_or(1)
         .max(1);
     let since = param(q, "since")
-        .and_then(loopwright::time::parse_rfc3339)
+        .and_then(mailbox::time::parse_rfc3339)
         .map(|d| d.as_secs());
     let all: Vec<&StoredComment> = st
         .comments

@@ -13,7 +13,7 @@ use hyper::header::{HeaderName, HeaderValue};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use loopwright::{Error, Exit, Result};
+use mailbox::{Error, Exit, Result};
 
 use crate::api::{self, Limits, Request, Response};
 use crate::state::State;

@@ -35,8 +35,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Parser;
-use loopwright::cli::out_err;
-use loopwright::{Error, Exit, Result};
+use mailbox::cli::out_err;
+use mailbox::{Error, Exit, Result};
 
 use crate::state::State;
 
@@ -64,7 +64,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    loopwright::cli::run_main(PROG, run)
+    mailbox::cli::run_main(PROG, run)
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
@@ -116,8 +116,22 @@ fn parse_repo_arg(r: &str) -> Result<(&str, u64)> {
         ),
         None => (r, 1),
     };
-    loopwright::github::Target::parse_repo(name).map_err(|e| Error::usage(e.msg))?;
-    Ok((name, n))
+    // GitHub's rule for owner and repository names (lw-sync's own check is
+    // in lib/github; the sink keeps GitHub's, not loopwright's).
+    let part = |s: &str| {
+        !s.is_empty()
+            && s != "."
+            && s != ".."
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    };
+    match name.split_once('/') {
+        Some((o, r)) if part(o) && part(r) => Ok((name, n)),
+        _ => Err(Error::usage(format!(
+            "repository '{}' is not of the form OWNER/NAME",
+            name.escape_debug()
+        ))),
+    }
 }
 
 /// The tokens file: one `LOGIN TOKEN [read-only]` per line.

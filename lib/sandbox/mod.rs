@@ -67,7 +67,8 @@
 //! * `volume`, `courier`, `courier_daemon`: a sandbox on an engine that
 //!   does not see the host's files (volume mode), the carrier of its mail,
 //!   and the one detached courier per root that `create` starts;
-//! * `push`, `disk`, `limits`, `mailbox`, `hostpaths`: as their names say.
+//! * `push`, `disk`, `limits`, `mailbox`: as their names say; `hostpaths` is
+//!   the engine crate's, re-exported.
 
 mod agent;
 pub mod courier;
@@ -75,7 +76,7 @@ pub mod courier_daemon;
 mod create;
 pub mod disk;
 mod gc;
-pub mod hostpaths;
+pub use crate::engine::hostpaths;
 pub mod limits;
 mod ls;
 pub mod mailbox;

@@ -32,11 +32,11 @@ impl Drop for TempDir {
 }
 
 pub fn lw_post() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_lw-post"))
+    Command::new(support::bin("lw-post"))
 }
 
 pub fn lw_inbox() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_lw-inbox"))
+    Command::new(support::bin("lw-inbox"))
 }
 
 /// Runs a command with stdin closed (not a terminal) and returns its output.

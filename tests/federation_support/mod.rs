@@ -80,7 +80,7 @@ impl Host {
         o
     }
     pub fn mediate(&self) {
-        let o = Command::new(env!("CARGO_BIN_EXE_lw-mediate"))
+        let o = Command::new(support::bin("lw-mediate"))
             .arg("--root")
             .arg(&self.root.dir)
             .arg("--policy")
@@ -96,7 +96,7 @@ impl Host {
         );
     }
     pub fn mediator_watch(&self) -> Child {
-        Command::new(env!("CARGO_BIN_EXE_lw-mediate"))
+        Command::new(support::bin("lw-mediate"))
             .arg("--root")
             .arg(&self.root.dir)
             .arg("--policy")

@@ -11,7 +11,10 @@ use loopwright::maildir::{Maildir, Sub};
 use loopwright::message::{Kind, Message};
 use loopwright::registry::{Registry, Sandbox};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_lw-mediate");
+/// lw-mediate in the target directory.
+pub fn lw_mediate() -> std::path::PathBuf {
+    support::bin("lw-mediate")
+}
 
 pub fn tempdir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!(
@@ -54,7 +57,7 @@ pub fn post(root: &Root, sender: &str, m: &Message) {
 }
 
 pub fn mediate(root: &Root, args: &[&str]) -> Output {
-    Command::new(BIN)
+    Command::new(lw_mediate())
         .arg("--root")
         .arg(&root.dir)
         .args(args)
@@ -108,7 +111,7 @@ pub struct Watcher(pub std::process::Child);
 
 impl Watcher {
     pub fn start(root: &Root, policy: &Path, rescan: &str) -> Watcher {
-        let child = Command::new(BIN)
+        let child = Command::new(lw_mediate())
             .arg("--root")
             .arg(&root.dir)
             .arg("--policy")

@@ -182,7 +182,7 @@ impl Env {
 fn start_sink(dir: &Path) -> (Child, String) {
     let tokens = dir.join("sink-tokens");
     std::fs::write(&tokens, format!("lw-bot {TOKEN}\n")).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_lw-github-sink"))
+    let mut child = Command::new(support::bin("lw-github-sink"))
         .arg("--dir")
         .arg(dir.join("sink"))
         .args(["--listen", "127.0.0.1:0", "--repo", "octo/proj:3"])

@@ -42,11 +42,11 @@ use k8s_openapi::api::core::v1::{ConfigMap, LocalObjectReference, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 
-use crate::engine::{
+use crate::error::{Error, Exit, Result};
+use crate::{
     BuildEvent, BuildOutcome, BuildRequest, Container, ContainerSpec, Engine, EngineInfo,
     EngineVersion, ExecRequest, Image, OutStream, RuntimeInfo,
 };
-use crate::error::{Error, Exit, Result};
 
 pub use access::NEEDED;
 pub(crate) use errors::api_err;
@@ -257,7 +257,7 @@ impl KubeEngine {
         &self,
         container: &str,
         req: &ExecRequest,
-        io: crate::engine::ExecIo<'_>,
+        io: crate::ExecIo<'_>,
     ) -> Result<i64> {
         sandbox::exec_streams(self, container, req, io)
     }
@@ -422,7 +422,7 @@ impl Engine for KubeEngine {
         self.exec_streams(
             container,
             req,
-            crate::engine::ExecIo {
+            crate::ExecIo {
                 stdin: None,
                 tty: false,
                 size: None,
@@ -434,12 +434,12 @@ impl Engine for KubeEngine {
     fn info(&self) -> Result<EngineInfo> {
         let v = self.version()?;
         let mut runtimes = vec![RuntimeInfo {
-            name: crate::engine::runtime::DEFAULT_RUNTIME.into(),
+            name: crate::runtime::DEFAULT_RUNTIME.into(),
             path: "(the node's default handler)".into(),
             args: Vec::new(),
         }];
         for (name, handler) in self.runtime_classes()? {
-            if name != crate::engine::runtime::DEFAULT_RUNTIME {
+            if name != crate::runtime::DEFAULT_RUNTIME {
                 runtimes.push(RuntimeInfo {
                     name,
                     path: handler,
@@ -453,7 +453,7 @@ impl Engine for KubeEngine {
             product: "kubernetes".into(),
             version: v.version,
             runtimes,
-            default_runtime: crate::engine::runtime::DEFAULT_RUNTIME.into(),
+            default_runtime: crate::runtime::DEFAULT_RUNTIME.into(),
             security: vec!["name=seccomp,profile=RuntimeDefault".into()],
         })
     }
@@ -478,7 +478,7 @@ impl KubeEngine {
     /// whose handler it is (`runsc` is usually the class `gvisor`).  The
     /// default runtime is no class at all.
     fn runtime_class(&self, runtime: &str) -> Result<Option<String>> {
-        if runtime == crate::engine::runtime::DEFAULT_RUNTIME {
+        if runtime == crate::runtime::DEFAULT_RUNTIME {
             return Ok(None);
         }
         let classes = self.runtime_classes()?;

@@ -32,12 +32,20 @@
 //! the way the container ended as a [`Died`] ([`died`]).
 
 mod died;
+pub mod distribution;
 pub mod docker;
+pub mod hostpaths;
 pub mod kubernetes;
 mod paths;
 pub mod runtime;
 mod select;
 mod stdin;
+pub mod tty;
+
+// The mailbox layer's modules this crate builds on, under the names the
+// code has always used (`crate::error`, `crate::config`, ...).  The engine
+// reaches down to them; nothing in the mailbox crate can reach up here.
+pub(crate) use mailbox::{config, digest, error, fs, id, layout, time};
 
 use std::collections::BTreeMap;
 use std::io::Read;

@@ -32,7 +32,7 @@ impl KubeEngine {
         context: Option<String>,
         namespace: Option<String>,
     ) -> Result<KubeEngine> {
-        let rt = crate::engine::io_runtime()?;
+        let rt = crate::io_runtime()?;
         let files: Vec<std::path::PathBuf> = match kubeconfig {
             Some(list) => std::env::split_paths(list)
                 .filter(|p| !p.as_os_str().is_empty())

@@ -12,7 +12,7 @@ use bollard::query_parameters as qp;
 use futures_util::StreamExt;
 
 use super::{BUILD_TIMEOUT, DockerEngine, status_of};
-use crate::engine::ImageTransfer;
+use crate::ImageTransfer;
 use crate::error::{Error, Exit, Result};
 
 const CHUNK: usize = 1 << 20;

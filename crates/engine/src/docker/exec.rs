@@ -1,6 +1,6 @@
 //! An exec on the Docker Engine, raced against its container's death:
-//! [`Engine::exec`](crate::engine::Engine::exec) and
-//! [`SandboxEngine::exec_io`](crate::engine::SandboxEngine::exec_io) both
+//! [`Engine::exec`](crate::Engine::exec) and
+//! [`SandboxEngine::exec_io`](crate::SandboxEngine::exec_io) both
 //! run here (stdin fed from the caller, a terminal when asked).
 //!
 //! Docker does not always end an exec's stream when its container dies.
@@ -35,9 +35,9 @@ use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
 use super::{DockerEngine, api_err, status_of};
-use crate::engine::died::{DRAIN, KILLED, POLL, RUNTIME_FAILED};
-use crate::engine::{Died, ExecIo, ExecRequest, OutStream};
+use crate::died::{DRAIN, KILLED, POLL, RUNTIME_FAILED};
 use crate::error::{Error, Exit, Result};
+use crate::{Died, ExecIo, ExecRequest, OutStream};
 
 /// An exec may stream a whole repository's pack (push) or run for hours (shell).
 const LONG: Duration = Duration::from_secs(24 * 3600);
@@ -66,7 +66,7 @@ impl DockerEngine {
             ..super::exec_config(req)
         };
         let docker = self.client().clone().with_timeout(LONG);
-        let mut rx = crate::engine::stdin::pump(stdin);
+        let mut rx = crate::stdin::pump(stdin);
         let err = |e| api_err(&host, &what, e);
         self.block_on(async {
             let created = docker.create_exec(container, cfg).await.map_err(err)?;

@@ -30,9 +30,9 @@ use kube::api::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{KubeEngine, pod};
-use crate::engine::died::{DRAIN, KILLED, POLL};
-use crate::engine::{Container, Died, ExecIo, ExecRequest, OutStream, SandboxEngine, Volume};
+use crate::died::{DRAIN, KILLED, POLL};
 use crate::error::{Error, Exit, Result};
+use crate::{Container, Died, ExecIo, ExecRequest, OutStream, SandboxEngine, Volume};
 
 /// The size a named volume's claim asks for.
 pub const VOLUME_SIZE: &str = "1Gi";
@@ -230,7 +230,7 @@ pub(super) fn exec_streams(
         max_stderr_buf_size: Some(64 * 1024),
     };
     let has_stdin = stdin.is_some();
-    let mut rx = crate::engine::stdin::pump(stdin);
+    let mut rx = crate::stdin::pump(stdin);
     let cmd = wrapped(req);
     engine.block_on(async {
         let mut proc = pods

@@ -14,8 +14,8 @@
 
 use std::path::PathBuf;
 
-use crate::engine::{EngineInfo, RuntimeInfo};
 use crate::error::{Error, Exit, Result};
+use crate::{EngineInfo, RuntimeInfo};
 
 use super::DockerEngine;
 

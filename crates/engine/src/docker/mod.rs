@@ -30,11 +30,11 @@ use bollard::models::{
 use bollard::query_parameters as qp;
 use futures_util::StreamExt;
 
-use crate::engine::{
+use crate::error::{Error, Exit, Result};
+use crate::{
     BuildEvent, BuildOutcome, BuildRequest, Container, ContainerSpec, Engine, EngineVersion,
     ExecRequest, Image, OutStream, PortMap,
 };
-use crate::error::{Error, Exit, Result};
 
 /// The Docker Engine through bollard.
 pub struct DockerEngine {
@@ -70,7 +70,7 @@ impl DockerEngine {
             .filter(|_| std::env::var("DOCKER_HOST").map_or(true, |h| h.is_empty()))
             .map(str::to_string);
         let host = from_config.unwrap_or_else(connect::host);
-        let rt = crate::engine::io_runtime()?;
+        let rt = crate::io_runtime()?;
         let (docker, via) = connect::client(&host)?;
         let docker = rt
             .block_on(docker.negotiate_version())
@@ -574,7 +574,7 @@ impl Engine for DockerEngine {
         req: &ExecRequest,
         on_output: &mut dyn FnMut(OutStream, &[u8]),
     ) -> Result<i64> {
-        let io = crate::engine::ExecIo {
+        let io = crate::ExecIo {
             stdin: None,
             tty: false,
             size: None,
@@ -583,7 +583,7 @@ impl Engine for DockerEngine {
         self.exec_attached(container, req, io)
     }
 
-    fn info(&self) -> Result<crate::engine::EngineInfo> {
+    fn info(&self) -> Result<crate::EngineInfo> {
         self.engine_info()
     }
 }

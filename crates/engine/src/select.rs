@@ -3,8 +3,8 @@
 //! `LW_ENGINE` in the environment, so the same commands work on either.
 
 use crate::config::Config;
-use crate::engine::{DockerEngine, KubeEngine, SandboxEngine};
 use crate::error::{Error, Result};
+use crate::{DockerEngine, KubeEngine, SandboxEngine};
 
 /// The `.loopwright/config` key naming the engine.
 pub const ENGINE_KEY: &str = "engine";

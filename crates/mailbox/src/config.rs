@@ -358,6 +358,21 @@ pub fn valid_var_name(name: &str) -> bool {
         && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
 }
 
+/// Parses `512m`, `2g`, `1073741824` into bytes.
+pub fn parse_bytes(s: &str) -> Option<i64> {
+    let s = s.trim().to_ascii_lowercase();
+    let (num, mul) = match s.chars().last()? {
+        'k' => (&s[..s.len() - 1], 1i64 << 10),
+        'm' => (&s[..s.len() - 1], 1 << 20),
+        'g' => (&s[..s.len() - 1], 1 << 30),
+        _ => (&s[..], 1),
+    };
+    num.parse::<i64>()
+        .ok()
+        .filter(|n| *n > 0)
+        .and_then(|n| n.checked_mul(mul))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 
 use super::KubeEngine;
-use crate::engine::HostPaths;
+use crate::HostPaths;
 use crate::error::Result;
 
 impl HostPaths for KubeEngine {

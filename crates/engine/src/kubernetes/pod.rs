@@ -33,8 +33,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::engine::{Container, ContainerSpec};
 use crate::error::{Error, Exit, Result};
+use crate::{Container, ContainerSpec};
 
 /// The one container of a pod.
 pub const MAIN: &str = "main";
@@ -591,7 +591,7 @@ pub fn container_of(p: &Pod) -> Container {
         ports: Vec::new(),
         runtime: spec
             .and_then(|s| s.runtime_class_name.clone())
-            .unwrap_or_else(|| crate::engine::runtime::DEFAULT_RUNTIME.into()),
+            .unwrap_or_else(|| crate::runtime::DEFAULT_RUNTIME.into()),
     }
 }
 
@@ -667,7 +667,7 @@ pub fn container_of_record(cm: &ConfigMap) -> Container {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::Bind;
+    use crate::Bind;
 
     fn spec() -> ContainerSpec {
         ContainerSpec {

@@ -11,7 +11,7 @@ use bollard::query_parameters as qp;
 use futures_util::StreamExt;
 
 use super::{DockerEngine, status_of};
-use crate::engine::HostPaths;
+use crate::HostPaths;
 use crate::error::{Error, Exit, Result};
 
 const TARGET: &str = "/lw-probe";

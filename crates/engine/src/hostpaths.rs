@@ -15,7 +15,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::engine::HostPaths;
+use crate::HostPaths;
 use crate::error::{Error, Exit, Result};
 use crate::fs::{Durability, write_replace};
 use crate::layout::Root;

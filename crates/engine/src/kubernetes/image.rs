@@ -11,7 +11,7 @@ use kube::Api;
 use kube::api::ListParams;
 
 use super::KubeEngine;
-use crate::engine::Image;
+use crate::Image;
 use crate::error::{Error, Exit, Result};
 
 /// The refusal of an image operation the API does not have.

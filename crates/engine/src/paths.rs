@@ -3,12 +3,12 @@
 //! A sandbox bind-mounts host paths (its mail dir, the mirror, its clone,
 //! the in-sandbox tools).  An engine on another machine (a remote
 //! `DOCKER_HOST`) resolves those paths on its own side, where they are
-//! missing or other files; [`crate::sandbox::hostpaths`] asks through
+//! missing or other files; [`crate::hostpaths`] asks through
 //! [`HostPaths`] which case holds.
 
 use std::path::Path;
 
-use crate::engine::Engine;
+use crate::Engine;
 use crate::error::Result;
 
 /// What an engine can tell about the host's paths.

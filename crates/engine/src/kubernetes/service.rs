@@ -1,4 +1,4 @@
-//! [`NetworkEngine::publish`](crate::engine::NetworkEngine::publish) on
+//! [`NetworkEngine::publish`](crate::NetworkEngine::publish) on
 //! Kubernetes: a Service in front of one pod.
 //!
 //! A pod's address changes whenever it is made again (a `stop` and `start`

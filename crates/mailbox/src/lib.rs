@@ -1,0 +1,36 @@
+//! The mailbox layer of loopwright: messages, Maildirs, the root's layout,
+//! the log, the policy and the mediator, and the small modules they stand on
+//! (errors and exit statuses, ids, time, durable files, config).
+//!
+//! lw-post, lw-inbox and lw-mediate depend on this crate alone, so it never
+//! links an async runtime, a container engine's client, an HTTP client or
+//! the MCP server: its dependencies are clap, rustix, libc, serde, sha2 and
+//! globset.  The engine crate and the product crate build on it; nothing
+//! here can name them (docs/architecture.md draws the layers).
+
+pub mod bell;
+pub mod cli;
+pub mod config;
+pub mod digest;
+pub mod error;
+pub mod fs;
+pub mod git;
+pub mod glob;
+pub mod group;
+pub mod id;
+pub mod inbox;
+pub mod layout;
+pub mod log;
+pub mod maildir;
+pub mod mediate;
+pub mod message;
+pub mod operator;
+pub mod policy;
+pub mod post;
+pub mod quarantine;
+pub mod redact;
+pub mod registry;
+pub mod time;
+pub mod visible;
+
+pub use error::{Error, Exit, Result};

@@ -1,0 +1,43 @@
+//! What loopwright's integration tests share.
+//!
+//! [`bin`] finds a command of the workspace in the target directory the
+//! test runs from.  Cargo hands a test only its own package's commands
+//! (`CARGO_BIN_EXE_*`), but the stories run lw-post and lw-mediate (the
+//! `mailbox` crate's) beside lw-sandbox (the product's), and the sync tests
+//! lw-github-sink (its own package).  `cargo test` at the top builds every
+//! default member, so they are there; a command that is missing fails the
+//! test with the command that builds it.  `cargo test --test X` builds only
+//! the product's commands: after changing crates/mailbox or
+//! bins/lw-github-sink, run `cargo build --workspace` first (cargo may
+//! leave a binary older than its sources when nothing it links changed, so
+//! an mtime check here would cry wolf).
+
+use std::path::{Path, PathBuf};
+
+/// The workspace's top directory (this crate is crates/test-support).
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("crates/test-support sits two levels below the workspace")
+        .to_path_buf()
+}
+
+/// The path of command `name` in the target directory this test runs from
+/// (target/<profile>/deps/TEST → target/<profile>/NAME).  Panics, naming
+/// the fix, when it is missing.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test knows its path");
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("tests live in target/<profile>/deps")
+        .join(name);
+    assert!(
+        path.is_file(),
+        "{name} is not built at {}: run `cargo test` at the workspace's top \
+         (or `cargo build --workspace` before `cargo test --test ...`)",
+        path.display()
+    );
+    path
+}
