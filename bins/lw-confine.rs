@@ -48,14 +48,14 @@ fn main() -> ExitCode {
         eprint!("{USAGE}");
         return ExitCode::from(64);
     }
-    let prog = match loopwright::seccomp::compile(loopwright::wall::SECCOMP_PROFILE) {
+    let prog = match confine::seccomp::compile(confine::SECCOMP_PROFILE) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("lw-confine: {e}");
             return ExitCode::from(e.exit.code());
         }
     };
-    if let Err(e) = loopwright::seccomp::install(&prog) {
+    if let Err(e) = confine::seccomp::install(&prog) {
         eprintln!("lw-confine: {e}; not running {:?}", args[0]);
         return ExitCode::from(e.exit.code());
     }

@@ -20,12 +20,12 @@ pub mod mirror;
 pub mod ports;
 pub mod radar;
 pub mod sandbox;
-pub mod seccomp;
 pub mod secrets;
 pub mod service;
 pub mod sync;
 pub mod wall;
 
+pub use confine::seccomp;
 pub use engine;
 pub use engine::{distribution, tty};
 pub use mailbox::{

@@ -38,9 +38,9 @@ pub fn root_id(root: &Path) -> String {
 
 pub use crate::config::parse_bytes;
 
-/// The sandboxes' seccomp profile: Docker's default without io_uring
-/// (runtime/seccomp.json, made by scripts/seccomp-profile).
-pub const SECCOMP_PROFILE: &str = include_str!("../runtime/seccomp.json");
+/// The sandboxes' seccomp profile (the confine crate's, which lw-confine
+/// installs inside gVisor sandboxes).
+pub use confine::SECCOMP_PROFILE;
 
 /// True when the host's kernel has AppArmor enabled.
 pub fn host_has_apparmor() -> bool {

@@ -310,7 +310,8 @@ fn may_leave(sb: &Sandboxes, held: &mut Option<(File, PidFile)>) -> bool {
 }
 
 /// `courier --stop`: ends the root's courier (SIGTERM; its state is safe
-/// at any instant) and waits until its lock is free.  The pid it stopped,
+/// at any instant) and waits until its lock is free and its children (an
+/// ssh tunnel) have ended.  The pid it stopped,
 /// or None when none ran.
 pub fn stop(root: &Root) -> Result<Option<u32>> {
     let Some(pid) = running(root)? else {
@@ -327,11 +328,52 @@ pub fn stop(root: &Root) -> Result<Option<u32>> {
             ),
         ));
     }
+    // Its children (an ssh tunnel to a remote engine) end when it does, as
+    // their standard input closes, but after its lock is free: wait for
+    // them too, so nothing of the courier outlives `--stop`.
+    let children = children_of(pid);
     if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
         let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);
     }
     let path = super::courier::lock_path(root);
     let waited = crate::fs::lock(&path).map_err(|e| Error::lock(&path, e))?;
     drop(waited);
+    for fd in children {
+        let mut polled = [rustix::event::PollFd::new(
+            &fd,
+            rustix::event::PollFlags::IN,
+        )];
+        let bound = rustix::event::Timespec {
+            tv_sec: CHILD_WAIT_SECS,
+            tv_nsec: 0,
+        };
+        let _ = rustix::event::poll(&mut polled, Some(&bound));
+    }
     Ok(Some(pid))
+}
+
+/// How long `--stop` waits for each of the courier's children to end.
+const CHILD_WAIT_SECS: i64 = 5;
+
+/// Process descriptors (pidfds: readable once the process ends) of the
+/// children of `pid`, found by their parent in /proc.
+fn children_of(pid: u32) -> Vec<rustix::fd::OwnedFd> {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|st| {
+                st.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                    .is_some_and(|ppid| ppid == pid.to_string())
+            })
+        })
+        .filter_map(|child| {
+            let p = rustix::process::Pid::from_raw(child)?;
+            rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
+        })
+        .collect()
 }

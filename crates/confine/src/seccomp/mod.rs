@@ -454,7 +454,7 @@ pub fn evaluate(prog: &[Insn], nr: u32, arch: u32, args: [u64; 6]) -> u32 {
 mod tests {
     use super::*;
 
-    const PROFILE: &str = include_str!("../../runtime/seccomp.json");
+    const PROFILE: &str = crate::SECCOMP_PROFILE;
 
     fn run(prog: &[Insn], name: &str, args: [u64; 6]) -> u32 {
         let nr = syscall_number(name).expect(name);
