@@ -787,8 +787,9 @@ fn bad_input(admin: &KubeEngine, e: &KubeEngine, kc: &str, ns: &str, root: &Root
     std::fs::write(
         &reader_kc,
         format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: lw, cluster: {{server: \"https://127.0.0.1:6443\", certificate-authority: \"{}\"}}}}]\nusers: [{{name: reader, user: {{token: \"{token}\"}}}}]\ncontexts: [{{name: lw-reader, context: {{cluster: lw, user: reader, namespace: {ns}}}}}]\ncurrent-context: lw-reader\n",
-            ca.display()
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: lw, cluster: {{server: \"https://127.0.0.1:{port}\", certificate-authority: \"{}\"}}}}]\nusers: [{{name: reader, user: {{token: \"{token}\"}}}}]\ncontexts: [{{name: lw-reader, context: {{cluster: lw, user: reader, namespace: {ns}}}}}]\ncurrent-context: lw-reader\n",
+            ca.display(),
+            port = kube_support::plan_port(Path::new(kc), "apiserver"),
         ),
     )
     .unwrap();

@@ -173,7 +173,7 @@ fn network_policy_is_enforced_on_a_real_cluster() {
     let e = KubeEngine::connect_with(Some(&kc), None, Some(ns.clone())).expect("connects");
     let run_id = nonce();
 
-    denied_pod_reaches_nothing(&e, &run_id);
+    denied_pod_reaches_nothing(&e, &run_id, cluster.port("apiserver"));
     egress_through_the_service(&e, &run_id, &proxy_image);
 
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.client().clone());
@@ -181,7 +181,8 @@ fn network_policy_is_enforced_on_a_real_cluster() {
     drop(cluster);
 }
 
-fn denied_pod_reaches_nothing(e: &KubeEngine, run_id: &str) {
+/// `apiserver`: the API server's port (scripts/k8s-cluster's plan).
+fn denied_pod_reaches_nothing(e: &KubeEngine, run_id: &str, apiserver: u16) {
     let open = format!("lw-kn-open-{}", nonce());
     let other = format!("lw-kn-other-{}", nonce());
     for n in [&open, &other] {
@@ -223,7 +224,7 @@ fn denied_pod_reaches_nothing(e: &KubeEngine, run_id: &str) {
         (far_ip.clone(), 8080, "a pod of another network"),
         (pod_ip(e, &ok), 8080, "an allowed pod"),
         (gw.clone(), node.port, "the node (counted)"),
-        (gw.clone(), 6443, "the API server's port on the node"),
+        (gw.clone(), apiserver, "the API server's port on the node"),
         ("10.0.0.1".into(), 443, "the kubernetes Service"),
     ];
     for (ip, port, what) in &targets {

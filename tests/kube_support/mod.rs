@@ -1,6 +1,7 @@
 //! The single-node cluster of scripts/k8s-cluster for the Kubernetes
 //! suites: started under /tmp/lw-k8s.lock with images imported from the
-//! Docker engine (no registry), stopped when dropped; `None` (and a line
+//! Docker engine (no registry), stopped when dropped; its ports are the
+//! ones the script chose for its state directory (`Cluster::port`); `None` (and a line
 //! saying why) when the cached binaries are absent.  Also what the suites
 //! share: a fresh namespace, exec that returns status and output, a pod's
 //! address, whether the network components are cached.
@@ -137,6 +138,12 @@ impl Cluster {
         self.kubeconfig.to_str().unwrap().to_string()
     }
 
+    /// The port scripts/k8s-cluster gave `component` (`apiserver`,
+    /// `kubelet`, ...; the `port.NAME` lines of its state's plan).
+    pub fn port(&self, component: &str) -> u16 {
+        plan_port(&self.kubeconfig, component)
+    }
+
     /// `ctr ARGS` against the node's containerd (namespace k8s.io): its stdout.
     pub fn ctr(&self, args: &[&str]) -> String {
         let sock = self
@@ -187,6 +194,23 @@ impl Drop for Cluster {
             let _ = std::fs::remove_dir_all(dir);
         }
     }
+}
+
+/// The port of `component` in the plan of the cluster whose state
+/// directory holds `kubeconfig` (scripts/k8s-cluster writes both there).
+pub fn plan_port(kubeconfig: &Path, component: &str) -> u16 {
+    let plan = kubeconfig
+        .parent()
+        .expect("the kubeconfig is in the state dir")
+        .join("plan");
+    let text = std::fs::read_to_string(&plan)
+        .unwrap_or_else(|e| panic!("the cluster's plan {}: {e}", plan.display()));
+    let key = format!("port.{component} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .unwrap_or_else(|| panic!("{} has no {key}line", plan.display()))
+        .parse()
+        .expect("a port number")
 }
 
 pub fn nonce() -> String {
