@@ -6,6 +6,7 @@
 pub mod agent;
 pub mod bell;
 pub mod cli;
+pub mod cockpit;
 pub mod config;
 pub mod digest;
 pub mod distribution;
