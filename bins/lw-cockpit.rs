@@ -32,8 +32,8 @@ struct Args {
     root: Option<PathBuf>,
 
     /// The port on 127.0.0.1 [default: a free one]
-    #[arg(long, value_name = "PORT", default_value_t = 0)]
-    port: u16,
+    #[arg(long, value_name = "PORT")]
+    port: Option<u16>,
 
     /// The address to serve; only a loopback address is accepted (another
     /// would need TLS, which lw-cockpit does not have)
@@ -70,7 +70,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         .unwrap_or_else(|| "operator".into());
     let (listener, c) = cockpit::bind(Options {
         root: Root::resolve(args.root.as_deref())?,
-        port: args.port,
+        port: args.port.unwrap_or(0),
         operator,
         policy: args.policy,
         token: None,
