@@ -97,14 +97,21 @@ fn http(port: u16, req: &str) -> (u16, String, String) {
     let mut buf = String::new();
     s.read_to_string(&mut buf).unwrap();
     let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((&buf, ""));
-    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
     (status, head.to_ascii_lowercase(), body.to_string())
 }
 
 fn get(c: &Cockpit, path: &str, extra: &str) -> (u16, String, String) {
     http(
         c.port,
-        &format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n{extra}Connection: close\r\n\r\n", c.port),
+        &format!(
+            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n{extra}Connection: close\r\n\r\n",
+            c.port
+        ),
     )
 }
 
@@ -135,7 +142,12 @@ fn post_as(root: &Root, sandbox: &str, kind: &str, subject: &str, body: &str) ->
 fn no_token_cross_origin_and_other_hosts_get_403_and_every_answer_has_the_csp() {
     let root = root("auth", &[("api", None)]);
     let qid = post_as(&root, "api", "question", "which database?", "pg?");
-    let o = Command::new(MEDIATE).arg("--root").arg(&root.dir).arg("--once").output().unwrap();
+    let o = Command::new(MEDIATE)
+        .arg("--root")
+        .arg(&root.dir)
+        .arg("--once")
+        .output()
+        .unwrap();
     assert!(o.status.success());
     let c = cockpit(&root, "ada");
     let tok = format!("x-lw-token: {}\r\n", c.token);
@@ -143,14 +155,23 @@ fn no_token_cross_origin_and_other_hosts_get_403_and_every_answer_has_the_csp() 
 
     for (what, (status, head, _)) in [
         ("the page without a token", get(&c, "/", "")),
-        ("the page with a wrong token", get(&c, "/?token=0123456789abcdef0123456789abcdef", "")),
+        (
+            "the page with a wrong token",
+            get(&c, "/?token=0123456789abcdef0123456789abcdef", ""),
+        ),
         ("the log without a token", get(&c, "/api/log", "")),
-        ("the event stream without a token", get(&c, "/api/events", "")),
+        (
+            "the event stream without a token",
+            get(&c, "/api/events", ""),
+        ),
         (
             "the page with the token but another Host",
             http(
                 c.port,
-                &format!("GET /?token={} HTTP/1.1\r\nHost: rebound.example:{}\r\nConnection: close\r\n\r\n", c.token, c.port),
+                &format!(
+                    "GET /?token={} HTTP/1.1\r\nHost: rebound.example:{}\r\nConnection: close\r\n\r\n",
+                    c.token, c.port
+                ),
             ),
         ),
     ] {
@@ -162,8 +183,14 @@ fn no_token_cross_origin_and_other_hosts_get_403_and_every_answer_has_the_csp() 
     for (what, extra) in [
         ("an answer without a token", String::new()),
         ("an answer with only the cookie", cookie.clone()),
-        ("an answer from another origin", format!("{tok}Origin: http://evil.example\r\n")),
-        ("an answer from another site", format!("{tok}Sec-Fetch-Site: cross-site\r\n")),
+        (
+            "an answer from another origin",
+            format!("{tok}Origin: http://evil.example\r\n"),
+        ),
+        (
+            "an answer from another site",
+            format!("{tok}Sec-Fetch-Site: cross-site\r\n"),
+        ),
     ] {
         let (status, head, _) = post_json(&c, "/api/answer", &extra, &body);
         assert_eq!(status, 403, "{what}");
@@ -174,13 +201,24 @@ fn no_token_cross_origin_and_other_hosts_get_403_and_every_answer_has_the_csp() 
         1,
         "no refused request reached the mailbox"
     );
-    assert!(root.human_outbox().names(Sub::New).unwrap_or_default().is_empty());
+    assert!(
+        root.human_outbox()
+            .names(Sub::New)
+            .unwrap_or_default()
+            .is_empty()
+    );
 
     // With the token: the page sets the cookie, which then opens the API.
     let (status, head, page) = get(&c, &format!("/?token={}", c.token), "");
     assert_eq!(status, 200);
-    assert!(head.contains(csp) && head.contains("x-content-type-options: nosniff"), "{head}");
-    assert!(head.contains("set-cookie: lw-cockpit-token=") && head.contains("httponly"), "{head}");
+    assert!(
+        head.contains(csp) && head.contains("x-content-type-options: nosniff"),
+        "{head}"
+    );
+    assert!(
+        head.contains("set-cookie: lw-cockpit-token=") && head.contains("httponly"),
+        "{head}"
+    );
     assert!(!page.contains("<script>") && page.contains(r#"<script src="/app.js" defer>"#));
     let (status, _, log) = get(&c, "/api/log", &cookie);
     assert_eq!(status, 200);
@@ -232,7 +270,10 @@ fn browser(mode: &str, c: &Cockpit, root: &Root, env: &[(&str, String)]) -> serd
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     );
-    eprintln!("screenshot: {}", shots.join(format!("{mode}.png")).display());
+    eprintln!(
+        "screenshot: {}",
+        shots.join(format!("{mode}.png")).display()
+    );
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
@@ -240,7 +281,10 @@ fn browser(mode: &str, c: &Cockpit, root: &Root, env: &[(&str, String)]) -> serd
 fn the_main_job_story_on_the_page_live_and_the_answer_names_the_person() {
     let root = root(
         "story",
-        &[("producer", Some("task/producer")), ("consumer", Some("task/consumer"))],
+        &[
+            ("producer", Some("task/producer")),
+            ("consumer", Some("task/consumer")),
+        ],
     );
     let _m = mediator(&root);
     let c = cockpit(&root, "Ada Lovelace");
@@ -280,7 +324,12 @@ fn the_main_job_story_on_the_page_live_and_the_answer_names_the_person() {
         .find(|e| e.message_id == a.id)
         .expect("the answer is logged");
     assert!(
-        logged.message.as_ref().unwrap().body.contains("Ada Lovelace"),
+        logged
+            .message
+            .as_ref()
+            .unwrap()
+            .body
+            .contains("Ada Lovelace"),
         "the log names the person"
     );
 }
@@ -340,13 +389,24 @@ fn a_corpus_of_xss_and_terminal_payloads_renders_inert() {
         };
         post_as(&root, "evil", "status", &subject, p);
     }
-    let o = Command::new(MEDIATE).arg("--root").arg(&root.dir).arg("--once").output().unwrap();
+    let o = Command::new(MEDIATE)
+        .arg("--root")
+        .arg(&root.dir)
+        .arg("--once")
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let c = cockpit(&root, "ada");
     let r = browser("xss", &c, &root, &[("CORPUS", CORPUS.len().to_string())]);
     let text = r["text"].as_str().unwrap();
     // Shown as the text it is.
-    for p in ["<script>alert(1)</script>", "<img src=x onerror=alert(2)>", "<img/src=x/onerror=alert(30)>", "<script>alert(31)</script>", "\\u{202e}"] {
+    for p in [
+        "<script>alert(1)</script>",
+        "<img src=x onerror=alert(2)>",
+        "<img/src=x/onerror=alert(30)>",
+        "<script>alert(31)</script>",
+        "\\u{202e}",
+    ] {
         assert!(text.contains(p), "{p:?} is not shown as text");
     }
 }

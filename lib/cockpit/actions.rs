@@ -21,7 +21,9 @@ pub const MAX_OPERATOR: usize = 64;
 pub fn check_operator(name: &str) -> Result<()> {
     if name.is_empty()
         || name.chars().count() > MAX_OPERATOR
-        || name.chars().any(|c| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'))
+        || name.chars().any(|c| {
+            c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+        })
     {
         return Err(Error::usage(format!(
             "--operator '{}': expected a name of 1 to {MAX_OPERATOR} printable characters",
@@ -97,7 +99,10 @@ fn check_id(id: &str) -> Result<()> {
     if crate::id::is_valid(id) {
         Ok(())
     } else {
-        Err(Error::usage(format!("'{}' is not a message id", id.escape_debug())))
+        Err(Error::usage(format!(
+            "'{}' is not a message id",
+            id.escape_debug()
+        )))
     }
 }
 

@@ -29,7 +29,11 @@ fn decode(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        match (b[i], b.get(i + 1).copied().and_then(hex), b.get(i + 2).copied().and_then(hex)) {
+        match (
+            b[i],
+            b.get(i + 1).copied().and_then(hex),
+            b.get(i + 2).copied().and_then(hex),
+        ) {
             (b'%', Some(h), Some(l)) => {
                 out.push(h << 4 | l);
                 i += 2;
@@ -77,7 +81,10 @@ pub fn get(
         "/api/state" => json!({ "sync": data::sync_state(&c.root), "radar": data::radar(&c.root) }),
         "/api/diff" => {
             let name = p.get("sandbox").map_or("", String::as_str);
-            return Ok(Some(("text/plain; charset=utf-8", diff::diff(&c.root, name))));
+            return Ok(Some((
+                "text/plain; charset=utf-8",
+                diff::diff(&c.root, name),
+            )));
         }
         _ => return Ok(None),
     };
@@ -102,7 +109,9 @@ pub fn post(c: &Cockpit, path: &str, v: &Value) -> Result<Option<Value>> {
         }
         "/api/drop" => {
             let reason = v["reason"].as_str().unwrap_or("");
-            let e = c.door.drop_held(&c.root, field(v, "id")?, reason, &c.operator)?;
+            let e = c
+                .door
+                .drop_held(&c.root, field(v, "id")?, reason, &c.operator)?;
             json!({ "action": e.decision.action.as_str(), "reason": e.decision.reason })
         }
         _ => return Ok(None),

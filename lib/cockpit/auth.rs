@@ -122,32 +122,76 @@ mod tests {
         let t = "abc123";
         let host = ("host", "127.0.0.1:8000");
         let allow = Verdict::Allow;
-        let cases: &[(&[(&'static str, &str)], &str, Option<&str>, bool, bool)] = &[
+        // (headers, path, ?token=, a change, allowed)
+        type Case<'a> = (
+            &'a [(&'static str, &'a str)],
+            &'a str,
+            Option<&'a str>,
+            bool,
+            bool,
+        );
+        let cases: &[Case] = &[
             (&[host], "/", Some("abc123"), false, true),
             (&[host], "/", Some("abc124"), false, false),
             (&[host], "/", None, false, false),
             (&[host], "/api/log", Some("abc123"), false, false),
-            (&[host, ("cookie", "a=b; lw-cockpit-token=abc123")], "/api/log", None, false, true),
+            (
+                &[host, ("cookie", "a=b; lw-cockpit-token=abc123")],
+                "/api/log",
+                None,
+                false,
+                true,
+            ),
             (&[host], "/app.js", None, false, true),
-            (&[("host", "evil.example:8000")], "/", Some("abc123"), false, false),
-            (&[host, ("cookie", "lw-cockpit-token=abc123")], "/api/answer", None, true, false),
-            (&[host, ("x-lw-token", "abc123")], "/api/answer", None, true, true),
             (
-                &[host, ("x-lw-token", "abc123"), ("origin", "http://evil.example")],
+                &[("host", "evil.example:8000")],
+                "/",
+                Some("abc123"),
+                false,
+                false,
+            ),
+            (
+                &[host, ("cookie", "lw-cockpit-token=abc123")],
                 "/api/answer",
                 None,
                 true,
                 false,
             ),
             (
-                &[host, ("x-lw-token", "abc123"), ("sec-fetch-site", "cross-site")],
+                &[host, ("x-lw-token", "abc123")],
+                "/api/answer",
+                None,
+                true,
+                true,
+            ),
+            (
+                &[
+                    host,
+                    ("x-lw-token", "abc123"),
+                    ("origin", "http://evil.example"),
+                ],
                 "/api/answer",
                 None,
                 true,
                 false,
             ),
             (
-                &[host, ("x-lw-token", "abc123"), ("origin", "http://127.0.0.1:8000")],
+                &[
+                    host,
+                    ("x-lw-token", "abc123"),
+                    ("sec-fetch-site", "cross-site"),
+                ],
+                "/api/answer",
+                None,
+                true,
+                false,
+            ),
+            (
+                &[
+                    host,
+                    ("x-lw-token", "abc123"),
+                    ("origin", "http://127.0.0.1:8000"),
+                ],
                 "/api/answer",
                 None,
                 true,

@@ -339,23 +339,38 @@ mod tests {
     #[test]
     fn pages_go_newest_first_and_filters_apply() {
         let d = std::env::temp_dir().join(format!("lw-cockpit-data-{}", crate::id::new_id()));
+        std::fs::create_dir_all(&d).unwrap();
         let log = Log::new(d.join("log"));
         log.create().unwrap();
         use crate::message::Kind;
         let mut ids = vec![];
         for i in 0..7u128 {
             let id = crate::id::id_at(std::time::Duration::from_secs(1_700_000_000 + i as u64), i);
-            let kind = if i % 2 == 0 { Kind::Status } else { Kind::Question };
+            let kind = if i % 2 == 0 {
+                Kind::Status
+            } else {
+                Kind::Question
+            };
             let sender = if i < 3 { "api" } else { "web" };
             log.append(&entry_of(&id, sender, "human", kind)).unwrap();
             ids.push(id);
         }
-        let q = LogQuery { limit: 3, ..Default::default() };
+        let q = LogQuery {
+            limit: 3,
+            ..Default::default()
+        };
         let p = log_page(&log, &q).unwrap();
         assert_eq!(p.total, 7);
         let got: Vec<_> = p.entries.iter().map(|l| l.message_id.clone()).collect();
         assert_eq!(got, vec![ids[6].clone(), ids[5].clone(), ids[4].clone()]);
-        let p2 = log_page(&log, &LogQuery { before: p.next, ..q.clone() }).unwrap();
+        let p2 = log_page(
+            &log,
+            &LogQuery {
+                before: p.next,
+                ..q.clone()
+            },
+        )
+        .unwrap();
         let got: Vec<_> = p2.entries.iter().map(|l| l.message_id.clone()).collect();
         assert_eq!(got, vec![ids[3].clone(), ids[2].clone(), ids[1].clone()]);
         let f = LogQuery {

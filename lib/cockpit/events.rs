@@ -26,7 +26,12 @@ fn dirs(root: &Root, topic: &str) -> Vec<PathBuf> {
         // cur/: the watcher sees arrivals only, so cur/ is watched too.
         "queues" => [root.human(), root.held()]
             .iter()
-            .flat_map(|m| [m.sub(crate::maildir::Sub::New), m.sub(crate::maildir::Sub::Cur)])
+            .flat_map(|m| {
+                [
+                    m.sub(crate::maildir::Sub::New),
+                    m.sub(crate::maildir::Sub::Cur),
+                ]
+            })
             .collect(),
         "sandboxes" => vec![root.registry_dir(), root.state_dir().join("sandbox")],
         _ => vec![root.state_dir()],

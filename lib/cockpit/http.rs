@@ -40,7 +40,9 @@ pub fn serve(listener: std::net::TcpListener, cockpit: Cockpit) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| Error::new(Exit::Unavailable, "cannot start the I/O runtime").with_source(e))?;
+        .map_err(|e| {
+            Error::new(Exit::Unavailable, "cannot start the I/O runtime").with_source(e)
+        })?;
     let cockpit = Arc::new(cockpit);
     rt.block_on(async move {
         listener
@@ -79,11 +81,20 @@ fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
 fn harden(r: &mut Response<Body>) {
     let h = r.headers_mut();
     h.insert("content-security-policy", HeaderValue::from_static(CSP));
-    h.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+    h.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
     h.insert("x-frame-options", HeaderValue::from_static("DENY"));
     h.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
-    h.insert("cross-origin-opener-policy", HeaderValue::from_static("same-origin"));
-    h.insert("cross-origin-resource-policy", HeaderValue::from_static("same-origin"));
+    h.insert(
+        "cross-origin-opener-policy",
+        HeaderValue::from_static("same-origin"),
+    );
+    h.insert(
+        "cross-origin-resource-policy",
+        HeaderValue::from_static("same-origin"),
+    );
     h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
 }
 
@@ -94,7 +105,11 @@ async fn answer(c: Arc<Cockpit>, req: Request<Incoming>) -> Result<Response<Body
     let qtok = auth::query_token(query.as_deref());
     let verdict = auth::judge(req.headers(), c.port, &c.token, &path, qtok, changes);
     let mut r = match verdict {
-        Verdict::Deny(why) => full(StatusCode::FORBIDDEN, "text/plain; charset=utf-8", format!("403 forbidden: {why}\n")),
+        Verdict::Deny(why) => full(
+            StatusCode::FORBIDDEN,
+            "text/plain; charset=utf-8",
+            format!("403 forbidden: {why}\n"),
+        ),
         Verdict::Allow if changes => post(c, &path, req).await,
         Verdict::Allow => get(c, &path, query.as_deref(), qtok.is_some()).await,
     };
@@ -139,7 +154,11 @@ async fn get(c: Arc<Cockpit>, path: &str, query: Option<&str>, set_cookie: bool)
 }
 
 fn not_found() -> Response<Body> {
-    full(StatusCode::NOT_FOUND, "text/plain; charset=utf-8", "404 not found\n")
+    full(
+        StatusCode::NOT_FOUND,
+        "text/plain; charset=utf-8",
+        "404 not found\n",
+    )
 }
 
 /// An error as JSON, its status from the exit code it maps to.
@@ -190,7 +209,10 @@ async fn post(c: Arc<Cockpit>, path: &str, req: Request<Incoming>) -> Response<B
         );
     };
     let Ok(v) = serde_json::from_slice::<Value>(&body.to_bytes()) else {
-        return json_response(StatusCode::BAD_REQUEST, &json!({ "error": "the body is not JSON" }));
+        return json_response(
+            StatusCode::BAD_REQUEST,
+            &json!({ "error": "the body is not JSON" }),
+        );
     };
     let path = path.to_string();
     match tokio::task::spawn_blocking(move || api::post(&c, &path, &v)).await {
