@@ -9,6 +9,7 @@
 //! contract, Docker, Kubernetes).  docs/architecture.md draws the layers.
 
 pub mod agent;
+pub mod cockpit;
 pub mod doctor;
 pub mod egress;
 pub mod finding;

@@ -1,0 +1,263 @@
+// The cockpit's page (lw-cockpit(1)).  Everything shown that an agent
+// could have written goes in as text (textContent / text nodes), never as
+// markup: there is no innerHTML in this file.  Control characters and
+// bidirectional overrides are shown as visible escapes, so a subject can
+// neither move the cursor of a terminal it is pasted into nor reorder
+// what the person reads.
+"use strict";
+
+const token = document.querySelector('meta[name="lw-token"]').content;
+if (location.search) history.replaceState(null, "", location.pathname);
+
+const $ = (id) => document.getElementById(id);
+const PAGE = 50;
+const state = { log: [], next: null, busy: {}, dirty: {}, sandboxes: [] };
+
+// Controls, DEL, C1 controls, zero-width and bidi marks, overrides, isolates.
+const UNSAFE = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]/g;
+function vis(s, keepLines) {
+  if (s === null || s === undefined) return "";
+  s = String(s);
+  const re = keepLines ? UNSAFE : /[\u0000-\u001f\u007f-\u009f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]/g;
+  return s.replace(re, (c) => "\\u{" + c.charCodeAt(0).toString(16).padStart(4, "0") + "}");
+}
+
+// el("td", {class: "x"}, "text", otherNode): strings become text nodes.
+function el(tag, attrs, ...kids) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") e.className = v;
+    else if (k === "on") for (const [ev, f] of Object.entries(v)) e.addEventListener(ev, f);
+    else e.setAttribute(k, v);
+  }
+  for (const k of kids) e.append(k instanceof Node ? k : vis(k));
+  return e;
+}
+
+async function api(path, body) {
+  const opts = { headers: { "x-lw-token": token }, credentials: "same-origin" };
+  if (body !== undefined) {
+    opts.method = "POST";
+    opts.headers["content-type"] = "application/json";
+    opts.body = JSON.stringify(body);
+  }
+  const r = await fetch(path, opts);
+  const ctype = r.headers.get("content-type") || "";
+  const data = ctype.startsWith("application/json") ? await r.json() : await r.text();
+  if (!r.ok) throw new Error((data && data.error) || String(data) || r.statusText);
+  return data;
+}
+
+// Runs the fetch of one topic at a time; an event during it runs it again after.
+async function refresh(topic) {
+  if (state.busy[topic]) { state.dirty[topic] = true; return; }
+  state.busy[topic] = true;
+  try {
+    do {
+      state.dirty[topic] = false;
+      await LOADERS[topic]();
+    } while (state.dirty[topic]);
+  } catch (e) {
+    note("cannot load " + topic + ": " + e.message, true);
+  } finally {
+    state.busy[topic] = false;
+  }
+}
+
+function note(text, bad) {
+  const n = $("action-result");
+  n.textContent = vis(text);
+  n.className = bad ? "note error" : "note";
+}
+
+function clear(node) { while (node.firstChild) node.removeChild(node.firstChild); }
+
+// A link to a published port, built from numbers only.
+function portLink(p) {
+  const host = p.ip && /^[0-9.]+$/.test(p.ip) ? p.ip : "127.0.0.1";
+  const port = Number(p.host);
+  if (!Number.isInteger(port) || port <= 0 || port > 65535) return el("span", {}, p.container);
+  return el("a", { href: "http://" + host + ":" + port + "/", rel: "noopener noreferrer", target: "_blank" },
+    p.container + " → " + host + ":" + port);
+}
+
+async function loadSandboxes() {
+  const d = await api("/api/sandboxes");
+  state.sandboxes = d.sandboxes;
+  const body = $("sandboxes").tBodies[0];
+  clear(body);
+  for (const s of d.sandboxes) {
+    const ports = el("td", {});
+    s.ports.forEach((p, i) => { if (i) ports.append(", "); ports.append(portLink(p)); });
+    const diff = el("button", { type: "button", on: { click: () => showDiff(s.name) } }, "diff");
+    body.append(el("tr", { "data-name": vis(s.name) },
+      el("td", { class: "name" }, s.name + (s.host ? " @" + s.host : "")),
+      el("td", {}, s.state),
+      el("td", {}, (s.engine || "-") + " / " + (s.runtime || "-")),
+      el("td", {}, s.kit || "-"),
+      el("td", { class: "branch" }, s.branch || "-"),
+      el("td", {}, s.scope.join(", ") || "-"),
+      ports,
+      el("td", {}, diff)));
+  }
+  $("sandbox-count").textContent = "(" + d.sandboxes.length + ")";
+  const sel = $("filter-sandbox");
+  const keep = sel.value;
+  while (sel.options.length > 1) sel.remove(1);
+  for (const s of d.sandboxes) sel.append(el("option", { value: s.name }, s.name));
+  sel.value = keep;
+}
+
+function logQuery(before) {
+  const q = new URLSearchParams({ limit: String(PAGE) });
+  if ($("filter-sandbox").value) q.set("sandbox", $("filter-sandbox").value);
+  if ($("filter-kind").value) q.set("kind", $("filter-kind").value);
+  if (before) q.set("before", before);
+  return "/api/log?" + q.toString();
+}
+
+function logRow(e) {
+  const to = e.to.length ? e.to.join(", ") : "-";
+  return el("tr", { "data-name": vis(e.name), class: "entry", on: { click: () => showEntry(e.name) } },
+    el("td", {}, e.logged),
+    el("td", { class: "route" }, e.sender + " → " + to),
+    el("td", { class: "kind" }, e.kind || "-"),
+    el("td", { class: "subject" }, e.subject || ""),
+    el("td", { class: "decision decision-" + e.action.replace(/[^a-z-]/g, "") }, e.action),
+    el("td", { class: "rule" }, e.reason));
+}
+
+function drawLog() {
+  const body = $("log").tBodies[0];
+  clear(body);
+  for (const e of state.log) body.append(logRow(e));
+  $("older").hidden = !state.next;
+}
+
+// The newest page again; older pages already loaded stay below it.
+async function loadLog() {
+  const d = await api(logQuery());
+  const last = d.entries.length ? d.entries[d.entries.length - 1].name : null;
+  const older = last && d.next ? state.log.filter((e) => e.name < last) : [];
+  state.log = d.entries.concat(older);
+  if (!older.length) state.next = d.next;
+  $("log-count").textContent = "(" + d.total + " entries)";
+  drawLog();
+}
+
+async function loadOlder() {
+  const d = await api(logQuery(state.next));
+  state.log = state.log.concat(d.entries);
+  state.next = d.next;
+  drawLog();
+}
+
+function showDetail(title, text) {
+  $("detail-section").hidden = false;
+  $("detail-title").textContent = vis(title);
+  $("detail").textContent = vis(text, true);
+  $("detail-section").scrollIntoView();
+}
+
+async function showEntry(name) {
+  const e = await api("/api/entry?name=" + encodeURIComponent(name));
+  const m = e.message;
+  const head = [
+    "entry:   " + e.name, "logged:  " + e.logged, "from:    " + e.sender,
+    "to:      " + e.decision.to.join(", "), "action:  " + e.decision.action,
+    "rule:    " + e.decision.reason,
+  ];
+  if (m) head.push("kind:    " + m.kind, "subject: " + m.subject, "refs:    " + m.refs.join(", "), "", m.body);
+  showDetail("Message " + e.message_id, head.join("\n"));
+}
+
+async function showDiff(name) {
+  showDetail("Diff of " + name, "loading…");
+  showDetail("Diff of " + name, await api("/api/diff?sandbox=" + encodeURIComponent(name)));
+}
+
+async function act(path, body, what) {
+  try {
+    const r = await api(path, body);
+    note(what + ": " + JSON.stringify(r));
+  } catch (e) {
+    note(what + " failed: " + e.message, true);
+  }
+  refresh("queues");
+}
+
+function questionItem(q) {
+  const text = el("textarea", { "aria-label": "answer", class: "answer-text" });
+  const send = el("button", { type: "button", class: "answer", on: { click: () => {
+    if (text.value.trim()) act("/api/answer", { id: q.id, text: text.value }, "answered " + q.id);
+  } } }, "answer");
+  return el("li", { "data-id": vis(q.id) },
+    el("div", { class: "subject" }, q.sender + ": " + q.kind + " “" + q.subject + "”"),
+    el("div", { class: "note" }, q.reason), text, send);
+}
+
+function heldItem(h) {
+  const reason = el("input", { type: "text", placeholder: "reason to drop", class: "drop-reason" });
+  const release = el("button", { type: "button", class: "release", on: { click: () =>
+    act("/api/release", { id: h.id }, "released " + h.id) } }, "release");
+  const drop = el("button", { type: "button", class: "drop", on: { click: () =>
+    act("/api/drop", { id: h.id, reason: reason.value }, "dropped " + h.id) } }, "drop");
+  return el("li", { "data-id": vis(h.id) },
+    el("div", { class: "subject" }, h.sender + ": " + h.kind + " “" + h.subject + "”"),
+    el("div", { class: "note" }, h.reason), reason, release, drop);
+}
+
+async function loadQueues() {
+  const d = await api("/api/queues");
+  for (const [id, items, make] of [["human", d.human, questionItem], ["held", d.held, heldItem]]) {
+    const list = $(id);
+    // Keep a half-written answer: only items that changed are redrawn.
+    const want = new Set(items.map((q) => vis(q.id)));
+    for (const li of Array.from(list.children)) if (!want.has(li.dataset.id)) li.remove();
+    const have = new Set(Array.from(list.children).map((li) => li.dataset.id));
+    for (const q of items) if (!have.has(vis(q.id))) list.append(make(q));
+    $(id + "-count").textContent = "(" + items.length + ")";
+  }
+}
+
+async function loadState() {
+  const d = await api("/api/state");
+  const sync = $("sync");
+  clear(sync);
+  if (!d.sync) sync.append(el("p", { class: "note" }, "lw-sync has not run on this root"));
+  else if (d.sync.error) sync.append(el("p", { class: "error" }, d.sync.error));
+  else for (const t of d.sync.targets)
+    sync.append(el("p", {}, t.target + ": " + t.synced + " synced, " + t.pending + " in flight"));
+  const radar = $("radar");
+  clear(radar);
+  if (!d.radar) radar.append(el("p", { class: "note" }, "lw-radar has not run on this root"));
+  else if (!d.radar.pairs.length) radar.append(el("p", { class: "note" }, "no conflicts between task branches"));
+  else for (const p of d.radar.pairs)
+    radar.append(el("p", { class: "conflict" }, p.a + " × " + p.b + ": " + p.announced.join(", ")));
+}
+
+const LOADERS = { sandboxes: loadSandboxes, log: loadLog, queues: loadQueues, state: loadState };
+
+function listen() {
+  const es = new EventSource("/api/events");
+  es.addEventListener("open", () => { $("live").textContent = "live"; $("live").className = "live"; });
+  es.addEventListener("error", () => { $("live").textContent = "reconnecting"; $("live").className = "live off"; });
+  es.addEventListener("change", (ev) => { if (LOADERS[ev.data]) refresh(ev.data); });
+}
+
+async function start() {
+  const meta = await api("/api/meta");
+  $("root").textContent = vis(meta.root);
+  $("operator").textContent = vis("acting as " + meta.operator);
+  for (const k of meta.kinds) $("filter-kind").append(el("option", { value: k }, k));
+  const refilter = () => { state.log = []; state.next = null; refresh("log"); };
+  $("filter-sandbox").addEventListener("change", refilter);
+  $("filter-kind").addEventListener("change", refilter);
+  $("older").addEventListener("click", () => loadOlder().catch((e) => note(e.message, true)));
+  $("detail-close").addEventListener("click", () => { $("detail-section").hidden = true; });
+  listen();
+  await Promise.all(Object.keys(LOADERS).map(refresh));
+  document.body.dataset.ready = "1";
+}
+
+start().catch((e) => note("cannot start: " + e.message, true));

@@ -1,0 +1,392 @@
+//! What the page shows, read from the root as data: the sandboxes (the
+//! registry and lw-sandbox's records), the log a page at a time, one entry
+//! whole, the queues, the sync state and the radar's verdicts.
+//!
+//! Everything here is read fresh on each request: the directories are the
+//! truth (as for the mediator), and a request costs one directory listing
+//! plus the files it shows, never the whole log.  The log is paged by entry
+//! name, newest first; names start with the message id, whose fixed-width
+//! time prefix makes name order time order (lib/id.rs).
+
+use std::ffi::OsString;
+use std::path::Path;
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::error::{Exit, Result};
+use crate::layout::Root;
+use crate::log::{Entry, Log};
+use crate::maildir::Sub;
+use crate::registry::Registry;
+use crate::sandbox::Record;
+
+/// Entries in one page at most.
+pub const MAX_PAGE: usize = 200;
+/// Entries one filtered page reads at most before it answers with what it
+/// found and a cursor (so a filter that matches nothing stays cheap).
+pub const MAX_SCAN: usize = 5000;
+
+/// One sandbox as the page lists it.
+#[derive(Debug, Serialize)]
+pub struct SandboxView {
+    pub name: String,
+    pub branch: Option<String>,
+    pub scope: Vec<String>,
+    /// Another host's sandbox (federation): its name.
+    pub host: Option<String>,
+    /// `ready`, `creating` (a record not yet ready), or `registered` (no
+    /// lw-sandbox record on this host: a mailbox party only).
+    pub state: String,
+    pub engine: Option<String>,
+    pub runtime: Option<String>,
+    pub kit: Option<String>,
+    pub image: Option<String>,
+    pub base: Option<String>,
+    pub created: Option<String>,
+    /// Host ports, with the container's side (`8080/tcp`).
+    pub ports: Vec<PortView>,
+    pub services: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PortView {
+    pub container: String,
+    pub host: u16,
+    /// Where it is reached when not 127.0.0.1.
+    pub ip: Option<String>,
+}
+
+/// lw-sandbox's record of `name` (ROOT/state/sandbox/NAME.json), if any.
+pub fn record(root: &Root, name: &str) -> Option<Record> {
+    if !crate::id::valid_name(name) {
+        return None;
+    }
+    let p = root
+        .state_dir()
+        .join("sandbox")
+        .join(format!("{name}.json"));
+    let bytes = std::fs::read(p).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// Every registered sandbox, by name, with what its record says.
+pub fn sandboxes(root: &Root) -> Result<Vec<SandboxView>> {
+    let (good, _bad) = Registry::new(root).list()?;
+    let mut v: Vec<SandboxView> = good
+        .into_iter()
+        .map(|s| {
+            let rec = record(root, &s.name);
+            view(s, rec)
+        })
+        .collect();
+    v.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(v)
+}
+
+fn view(s: crate::registry::Sandbox, rec: Option<Record>) -> SandboxView {
+    let state = match &rec {
+        None => "registered",
+        Some(r) if r.ready => "ready",
+        Some(_) => "creating",
+    };
+    SandboxView {
+        state: state.into(),
+        engine: rec.as_ref().and_then(|r| r.engine.clone()),
+        runtime: rec.as_ref().map(|r| r.runtime_name().to_string()),
+        kit: rec
+            .as_ref()
+            .and_then(|r| r.agent.as_ref().map(|a| a.kit.clone())),
+        image: rec.as_ref().map(|r| r.image.clone()),
+        base: rec.as_ref().and_then(|r| r.base.clone()),
+        created: rec.as_ref().map(|r| r.created.clone()),
+        ports: rec
+            .as_ref()
+            .map(|r| {
+                r.ports
+                    .iter()
+                    .map(|p| PortView {
+                        container: p.container.clone(),
+                        host: p.host,
+                        ip: p.ip.clone(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        services: rec.as_ref().map(|r| r.services.clone()).unwrap_or_default(),
+        branch: s.branch.or(rec.map(|r| r.branch)),
+        scope: s.scope,
+        host: s.host,
+        name: s.name,
+    }
+}
+
+/// What a log request asks for.
+#[derive(Debug, Default, Clone)]
+pub struct LogQuery {
+    /// Entries whose name sorts before this one (the previous page's cursor).
+    pub before: Option<String>,
+    pub limit: usize,
+    /// Entries sent by or addressed to this party.
+    pub party: Option<String>,
+    /// Entries about a message of this kind.
+    pub kind: Option<String>,
+}
+
+/// One log entry as the timeline shows it: no body.
+#[derive(Debug, Serialize)]
+pub struct Line {
+    pub name: String,
+    pub logged: String,
+    pub message_id: String,
+    pub sender: String,
+    pub to: Vec<String>,
+    pub kind: Option<String>,
+    pub subject: Option<String>,
+    pub action: String,
+    pub reason: String,
+    pub in_reply_to: Option<String>,
+}
+
+impl Line {
+    fn of(e: &Entry) -> Line {
+        Line {
+            name: e.name.clone(),
+            logged: e.logged.clone(),
+            message_id: e.message_id.clone(),
+            sender: e.sender.clone(),
+            to: e.decision.to.clone(),
+            kind: e.message.as_ref().map(|m| m.kind.as_str().to_string()),
+            subject: e.message.as_ref().map(|m| m.subject.clone()),
+            action: e.decision.action.as_str().to_string(),
+            reason: e.decision.reason.clone(),
+            in_reply_to: e.message.as_ref().and_then(|m| m.in_reply_to.clone()),
+        }
+    }
+
+    fn matches(&self, q: &LogQuery) -> bool {
+        let party = q
+            .party
+            .as_ref()
+            .is_none_or(|p| &self.sender == p || self.to.iter().any(|t| t == p));
+        let kind = q
+            .kind
+            .as_ref()
+            .is_none_or(|k| self.kind.as_deref() == Some(k.as_str()));
+        party && kind
+    }
+}
+
+/// A page of the timeline, newest first; `next` continues it.
+#[derive(Debug, Serialize)]
+pub struct Page {
+    pub entries: Vec<Line>,
+    pub next: Option<String>,
+    /// Entries in the log (all of them, unfiltered).
+    pub total: usize,
+}
+
+/// The names in `log/new/`, newest first (dot names and names that are
+/// not UTF-8 are not entries the mediator writes, so they are left out).
+fn names_newest_first(log: &Log) -> Result<Vec<String>> {
+    let names = match log.dir.names(Sub::New) {
+        Ok(n) => n,
+        Err(e) if e.exit == Exit::NoInput && !log.dir.sub(Sub::New).exists() => vec![],
+        Err(e) => return Err(e),
+    };
+    let mut v: Vec<String> = names
+        .into_iter()
+        .filter_map(|n: OsString| n.into_string().ok())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    v.sort_unstable_by(|a, b| b.cmp(a));
+    Ok(v)
+}
+
+/// One page of the log (see [`LogQuery`]).
+pub fn log_page(log: &Log, q: &LogQuery) -> Result<Page> {
+    let names = names_newest_first(log)?;
+    let start = match &q.before {
+        // Descending order: the first name below the cursor.
+        Some(b) => names.partition_point(|n| n.as_str() >= b.as_str()),
+        None => 0,
+    };
+    let limit = q.limit.clamp(1, MAX_PAGE);
+    let mut entries = Vec::new();
+    let mut next = None;
+    for (scanned, n) in names[start..].iter().enumerate() {
+        if entries.len() == limit || scanned == MAX_SCAN {
+            next = Some(names[start + scanned - 1].clone());
+            break;
+        }
+        let Ok(e) = log.read(std::ffi::OsStr::new(n)) else {
+            continue;
+        };
+        let line = Line::of(&e);
+        if line.matches(q) {
+            entries.push(line);
+        }
+    }
+    Ok(Page {
+        entries,
+        next,
+        total: names.len(),
+    })
+}
+
+/// One entry whole (the message with its body), by name.
+pub fn entry(log: &Log, name: &str) -> Option<Entry> {
+    if name.is_empty() || name.starts_with('.') || name.contains('/') {
+        return None;
+    }
+    log.read(std::ffi::OsStr::new(name)).ok()
+}
+
+/// The human and held queues.
+pub fn queues(root: &Root) -> Result<Value> {
+    let log = Log::new(root.log_dir());
+    let human = crate::operator::queue(root, &log, false)?;
+    let held = crate::operator::queue(root, &log, true)?;
+    Ok(json!({ "human": human, "held": held }))
+}
+
+/// The sync state (ROOT/state/sync.json): per target, the entries synced
+/// and whether a comment is in flight; `null` when lw-sync never ran.
+pub fn sync_state(root: &Root) -> Value {
+    let path = crate::sync::state_path(root);
+    let Ok((st, _)) = crate::sync::load_state(&path) else {
+        return json!({ "error": format!("cannot read {}", path.display()) });
+    };
+    if st.targets.is_empty() && st.login.is_none() {
+        return Value::Null;
+    }
+    let targets: Vec<Value> = st
+        .targets
+        .iter()
+        .map(|(t, s)| {
+            json!({
+                "target": t,
+                "synced": s.synced.len(),
+                "pending": s.pending.as_ref().map_or(0, |p| p.items.len()),
+                "reconciled": s.reconciled,
+            })
+        })
+        .collect();
+    json!({ "login": st.login, "targets": targets })
+}
+
+/// The radar's pairs with a non-empty announced set (ROOT/state/radar.json);
+/// `null` when the radar never ran.
+pub fn radar(root: &Root) -> Value {
+    let path = root.state_dir().join("radar.json");
+    let Some(v) = read_json(&path) else {
+        return Value::Null;
+    };
+    let pairs: Vec<Value> = v["pairs"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter(|(_, p)| p["announced"].as_array().is_some_and(|a| !a.is_empty()))
+                .map(|(k, p)| {
+                    let (a, b) = k.split_once(' ').unwrap_or((k, ""));
+                    json!({ "a": a, "b": b, "announced": p["announced"], "verdict": p["verdict"] })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    json!({ "pairs": pairs })
+}
+
+fn read_json(path: &Path) -> Option<Value> {
+    let bytes = std::fs::read(path).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::{Action, Decision, LOG_VERSION};
+
+    fn entry_of(id: &str, sender: &str, to: &str, kind: crate::message::Kind) -> Entry {
+        let m = crate::message::Message {
+            version: 1,
+            id: id.into(),
+            from: sender.into(),
+            to: vec![to.into()],
+            kind,
+            subject: "s".into(),
+            body: "b".into(),
+            refs: vec![],
+            in_reply_to: None,
+            created: "2024-01-01T00:00:00Z".into(),
+        };
+        Entry {
+            version: LOG_VERSION,
+            name: Entry::name_for(id, Action::Forward, None),
+            logged: "2024-01-01T00:00:00Z".into(),
+            message_id: id.into(),
+            sender: sender.into(),
+            message: Some(m),
+            decision: Decision {
+                action: Action::Forward,
+                to: vec![to.into()],
+                reason: "r".into(),
+                quiet: false,
+            },
+        }
+    }
+
+    #[test]
+    fn pages_go_newest_first_and_filters_apply() {
+        let d = std::env::temp_dir().join(format!("lw-cockpit-data-{}", crate::id::new_id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let log = Log::new(d.join("log"));
+        log.create().unwrap();
+        use crate::message::Kind;
+        let mut ids = vec![];
+        for i in 0..7u128 {
+            let id = crate::id::id_at(std::time::Duration::from_secs(1_700_000_000 + i as u64), i);
+            let kind = if i % 2 == 0 {
+                Kind::Status
+            } else {
+                Kind::Question
+            };
+            let sender = if i < 3 { "api" } else { "web" };
+            log.append(&entry_of(&id, sender, "human", kind)).unwrap();
+            ids.push(id);
+        }
+        let q = LogQuery {
+            limit: 3,
+            ..Default::default()
+        };
+        let p = log_page(&log, &q).unwrap();
+        assert_eq!(p.total, 7);
+        let got: Vec<_> = p.entries.iter().map(|l| l.message_id.clone()).collect();
+        assert_eq!(got, vec![ids[6].clone(), ids[5].clone(), ids[4].clone()]);
+        let p2 = log_page(
+            &log,
+            &LogQuery {
+                before: p.next,
+                ..q.clone()
+            },
+        )
+        .unwrap();
+        let got: Vec<_> = p2.entries.iter().map(|l| l.message_id.clone()).collect();
+        assert_eq!(got, vec![ids[3].clone(), ids[2].clone(), ids[1].clone()]);
+        let f = LogQuery {
+            limit: 10,
+            party: Some("api".into()),
+            kind: Some("status".into()),
+            ..Default::default()
+        };
+        let got: Vec<_> = log_page(&log, &f)
+            .unwrap()
+            .entries
+            .into_iter()
+            .map(|l| l.message_id)
+            .collect();
+        assert_eq!(got, vec![ids[2].clone(), ids[0].clone()]);
+        assert!(entry(&log, "../x").is_none());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
