@@ -272,11 +272,10 @@ fn main_job_with_claude_the_consumer_hears_the_contract_change_by_the_bell() {
         .iter()
         .position(|r| body(r).contains(&label))
         .unwrap_or_else(|| panic!("no request of the consumer's carries {label}"));
-    // Mid-task: it had run its first step and at least one slow work step,
-    // and the request before the one carrying it asked for nothing else.
-    let works = reqs[..carrying]
-        .iter()
-        .filter(|r| body(r).contains("checked consumer/greet.sh against the stored records"))
+    // Mid-task: the request carrying it brings back the output of at
+    // least one slow work step, and the one before did not carry it.
+    let works = body(&reqs[carrying])
+        .matches("checked consumer/greet.sh against the stored records")
         .count();
     assert!(
         works >= 1,
@@ -307,6 +306,7 @@ fn main_job_with_claude_the_consumer_hears_the_contract_change_by_the_bell() {
             &[
                 "Bell: the consumer's claude heard of contract-change",
                 id,
+                &format!("mid-task, after {works} slow work step(s)"),
                 &format!("its model request {} of {}", carrying + 1, reqs.len()),
                 "stop was then blocked 1 time(s)",
             ]
