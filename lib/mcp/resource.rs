@@ -98,3 +98,57 @@ impl Bell {
         Ok(n)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::{Kind, Message};
+
+    fn msg(id: &str) -> Message {
+        Message {
+            version: 1,
+            id: id.into(),
+            from: "web".into(),
+            to: vec!["api".into()],
+            kind: Kind::Status,
+            subject: "news".into(),
+            body: String::new(),
+            refs: vec![],
+            in_reply_to: None,
+            created: "2026-12-03T14:00:00Z".into(),
+        }
+    }
+
+    #[test]
+    fn rings_once_per_delivered_message_and_not_for_old_bad_or_acked_ones() {
+        let dir = std::env::temp_dir().join(format!("lw-mcp-bell-{}", crate::id::new_id()));
+        let inbox = Maildir::new(&dir);
+        inbox.create().expect("a fresh maildir");
+        let old = crate::id::new_id();
+        inbox.deliver_message(&msg(&old)).expect("delivered");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        rt.block_on(async {
+            let mut bell = Bell::start(Maildir::new(&dir)).expect("the watch is set");
+            let (a, b) = (crate::id::new_id(), crate::id::new_id());
+            inbox.deliver_message(&msg(&a)).expect("delivered");
+            inbox.deliver_message(&msg(&b)).expect("delivered");
+            // Not a message: left for the quarantine, rings nothing.
+            inbox.deliver("garbage", b"not json").expect("delivered");
+            // Acked: moves out of new/, rings nothing.
+            inbox.claim(std::ffi::OsStr::new(&old)).expect("claimed");
+            let mut rung = 0;
+            while rung < 2 {
+                rung += bell.next().await.expect("the watch works");
+            }
+            assert_eq!(rung, 2, "a and b, once each");
+            assert_eq!(bell.fresh().expect("listed"), 0, "nothing rings twice");
+            let c = crate::id::new_id();
+            inbox.deliver_message(&msg(&c)).expect("delivered");
+            assert_eq!(bell.next().await.expect("the watch works"), 1);
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
