@@ -1,11 +1,19 @@
 //! The main job end to end (scripts/main-job), twice in a row, on the real
 //! Docker engine, real git and the local GitHub-compatible sink: two sandboxes
-//! coordinate a contract change through the mediator, a person's answer comes
-//! back, both branches are pushed, the log lands on the issue; the second run
-//! rebuilds nothing, and neither leaves anything behind.
+//! coordinate a contract change through the mediator, lw-radar tells both of
+//! the conflict their branches hold before either is pushed and then that it
+//! is cleared, a person's answer comes back, both branches are pushed, the
+//! log lands on the issue; the second run rebuilds nothing, and neither
+//! leaves anything behind.  Then once with `--agent claude`: both agents are
+//! the real Claude Code against the scripted model, and the consumer's hears
+//! of the contract change by the bell while it works (issue 32 §3).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
+
+/// The runs share the project's image names and Docker's two cores: one at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// scripts/main-job, non-interactive (`--yes`), on the binaries under test.
 fn main_job(work: &Path) -> Command {
@@ -33,11 +41,100 @@ fn has_line(t: &str, parts: &[&str]) -> bool {
     t.lines().any(|l| parts.iter().all(|p| l.contains(p)))
 }
 
+/// `lw-mediate log --json` of the run in `work`.
+fn log(work: &Path) -> Vec<serde_json::Value> {
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_lw")).parent().unwrap();
+    let o = Command::new(bin_dir.join("lw-mediate"))
+        .arg("--root")
+        .arg(work.join("mailbox"))
+        .args(["log", "--json"])
+        .output()
+        .expect("lw-mediate runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("the log is JSON Lines"))
+        .collect()
+}
+
+fn epoch(rfc3339: &serde_json::Value) -> f64 {
+    let s = rfc3339.as_str().expect("a time");
+    loopwright::time::parse_rfc3339(s)
+        .unwrap_or_else(|| panic!("'{s}' is not RFC 3339"))
+        .as_secs_f64()
+}
+
+/// Issue 32 §3, the radar's part, on the run's own records: lw-radar's
+/// `conflict` (the consumer's edit and the producer's rename touch the same
+/// line of contract/user.schema.json) was logged and forwarded to both
+/// sandboxes before the push, then its `conflict-cleared` once the consumer
+/// dropped its edit, and both reached both inboxes.
+fn radar_told_both_before_the_push(work: &Path) {
+    let entries = log(work);
+    let of = |kind: &str| -> Vec<&serde_json::Value> {
+        entries
+            .iter()
+            .filter(|e| e["message"]["kind"] == kind)
+            .collect()
+    };
+    let pushed: f64 = std::fs::read_to_string(work.join("pushed-at"))
+        .expect("the job records when it pushed")
+        .trim()
+        .parse()
+        .expect("pushed-at holds seconds");
+    for kind in ["conflict", "conflict-cleared"] {
+        let e = of(kind);
+        assert_eq!(e.len(), 1, "one {kind} entry: {entries:#?}");
+        let e = e[0];
+        assert_eq!(e["sender"], "mediator", "{e:#}");
+        assert_eq!(e["decision"]["action"], "forward", "{e:#}");
+        let mut to: Vec<&str> = e["decision"]["to"]
+            .as_array()
+            .unwrap_or_else(|| panic!("forwarded to whom? {e:#}"))
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
+        to.sort();
+        assert_eq!(to, ["consumer", "producer"], "{e:#}");
+        assert!(
+            epoch(&e["logged"]) < pushed,
+            "{kind} logged after the push: {e:#}"
+        );
+    }
+    let conflict = of("conflict")[0];
+    let text = conflict["message"].to_string();
+    for want in [
+        "contract/user.schema.json",
+        "task/consumer",
+        "task/producer",
+    ] {
+        assert!(text.contains(want), "{want} in {text}");
+    }
+    assert!(
+        epoch(&conflict["logged"]) < epoch(&of("conflict-cleared")[0]["logged"]),
+        "cleared after the conflict"
+    );
+    let cid = conflict["message_id"].as_str().unwrap();
+    let xid = of("conflict-cleared")[0]["message_id"].as_str().unwrap();
+    for sb in ["producer", "consumer"] {
+        let inbox = std::fs::read_to_string(work.join(format!("inbox-{sb}.txt")))
+            .expect("the job lists each inbox");
+        for (id, kind) in [(cid, "conflict"), (xid, "conflict-cleared")] {
+            assert!(
+                inbox.contains(&format!("{id}\tmediator\t{kind}\t")),
+                "{sb}'s inbox holds {kind} {id}:\n{inbox}"
+            );
+        }
+    }
+}
+
 #[test]
 fn main_job_runs_twice_and_leaves_nothing_behind() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join("main-job");
     let first = run_main_job(&work);
     println!("{first}");
+    radar_told_both_before_the_push(&work);
     // Every message's path through the system.
     assert!(
         has_line(
@@ -84,7 +181,7 @@ fn main_job_runs_twice_and_leaves_nothing_behind() {
     assert!(
         has_line(
             &first,
-            &["lw-sync verify: the issue holds all 5 log entries, each once"]
+            &["lw-sync verify: the issue holds all 8 log entries, each once"]
         ),
         "{first}"
     );
@@ -115,4 +212,112 @@ fn main_job_runs_twice_and_leaves_nothing_behind() {
         );
         assert!(!doctor.contains("FAIL"), "{doctor}");
     }
+}
+
+/// Issue 32 §3 with the real Claude Code playing both agents against the
+/// scripted model: the consumer's agent is in the middle of its task (a
+/// slow step, again and again) when the producer's agent posts the contract
+/// change; the consumer's next model request carries it, put there by its
+/// PostToolUse hook (`lw-inbox --hook claude`), without the agent asking;
+/// its stop is blocked once until it reads it.  Asserted on the requests
+/// the scripted model recorded and on the mediator's log; the radar's part
+/// as in the scripted run.
+#[test]
+fn main_job_with_claude_the_consumer_hears_the_contract_change_by_the_bell() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join("main-job-claude");
+    let mut c = main_job(&work);
+    c.arg("--agent")
+        .arg("claude")
+        .env_remove("ANTHROPIC_API_KEY");
+    let o = c.output().expect("bash runs scripts/main-job");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "scripts/main-job --agent claude failed ({:?}):\n{out}\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    println!("{out}");
+    radar_told_both_before_the_push(&work);
+    assert!(
+        out.contains("merged check:  ok: Hello, Ada Lovelace"),
+        "{out}"
+    );
+
+    let entries = log(&work);
+    let change = entries
+        .iter()
+        .find(|e| e["message"]["kind"] == "contract-change")
+        .expect("the contract change is in the log");
+    assert_eq!(change["decision"]["action"], "forward", "{change:#}");
+    let id = change["message_id"].as_str().unwrap();
+    let posted = epoch(&change["message"]["created"]);
+    let forwarded = epoch(&change["logged"]);
+
+    // The consumer's requests, as the scripted model recorded them.
+    let reqs: Vec<serde_json::Value> =
+        std::fs::read_to_string(work.join("model/out/requests.jsonl"))
+            .expect("the scripted model recorded its requests")
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("JSON lines"))
+            .filter(|r: &serde_json::Value| r["role"] == "You are the consumer")
+            .collect();
+    let body = |r: &serde_json::Value| r["body"].as_str().unwrap_or("").to_string();
+    let t = |r: &serde_json::Value| r["t"].as_f64().expect("the model records the time");
+    let label = format!(
+        r#"<lw-message id=\"{id}\" from=\"producer\" kind=\"contract-change\" mediator=\"delivered\""#
+    );
+    let carrying = reqs
+        .iter()
+        .position(|r| body(r).contains(&label))
+        .unwrap_or_else(|| panic!("no request of the consumer's carries {label}"));
+    // Mid-task: the request carrying it brings back the output of at
+    // least one slow work step, and the one before did not carry it.
+    let works = body(&reqs[carrying])
+        .matches("checked consumer/greet.sh against the stored records")
+        .count();
+    assert!(
+        works >= 1,
+        "the consumer was mid-task: {works} work steps before request {carrying}"
+    );
+    assert!(
+        !body(&reqs[carrying - 1]).contains(&label),
+        "announced by the bell, not read before"
+    );
+    // The next tool call after the mediator's pass: at most the running
+    // 2 s step and its hook after the forward.
+    let after_forward = t(&reqs[carrying]) - forwarded;
+    assert!(
+        after_forward <= 2.0 + 1.0,
+        "{after_forward:.2}s from the forward to the request carrying it"
+    );
+    // Stopping with it unread was blocked once; announced once.
+    let last = body(reqs.last().unwrap());
+    assert_eq!(last.matches(&label).count(), 1, "announced once: {last}");
+    assert!(
+        last.contains("Stop blocked 1 of at most 3 times") && !last.contains("Stop blocked 2 of"),
+        "the stop was blocked once: {last}"
+    );
+    // The transcript says when.
+    assert!(
+        has_line(
+            &out,
+            &[
+                "Bell: the consumer's claude heard of contract-change",
+                id,
+                &format!("mid-task, after {works} slow work step(s)"),
+                &format!("its model request {} of {}", carrying + 1, reqs.len()),
+                "stop was then blocked 1 time(s)",
+            ]
+        ),
+        "{out}"
+    );
+    println!(
+        "figure [main job bell claude]: lw-post exit to the consumer's request carrying it {:.2} s (forwarded at +{:.2} s); request {} of {}, after {works} work step(s)",
+        t(&reqs[carrying]) - posted,
+        forwarded - posted,
+        carrying + 1,
+        reqs.len()
+    );
 }

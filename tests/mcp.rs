@@ -212,3 +212,108 @@ fn inspector_cli_lists_the_tools_and_posts() {
         "inspector cli: tools/list shows 6 tools with schemas; post delivered {id}; bounce refused"
     );
 }
+
+/// Issue 32, the bell for MCP clients: a client subscribed to `inbox://`
+/// gets one notifications/resources/updated per message the real
+/// lw-mediate delivers, none for what was there before it subscribed, none
+/// for an ack, none after it unsubscribed; reading the resource shows the
+/// message whole.
+#[test]
+fn a_client_subscribed_to_the_inbox_is_told_once_per_delivered_message() {
+    let root = Root::new("bell");
+    root.register("api", "lw/api", &["src/api/**"]);
+    root.register("web", "lw/web", &["web/**"]);
+    let post = |subject: &str| {
+        let o = Command::new(bin("lw-post"))
+            .arg("--mailbox")
+            .arg(root.mailbox("web"))
+            .args(["-k", "status", "-t", "api", "-s", subject, "before"])
+            .output()
+            .expect("lw-post runs");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    // Delivered before the client subscribes: not news.
+    post("waiting already");
+    root.mediate_once();
+    assert_eq!(ls(&root.mailbox("api").join("inbox/new")).len(), 1);
+
+    let hook = format!(
+        "{} --mailbox {} -k request -t api -s \"bell $1\" \"body $1\" >/dev/null && {} --root {} --once",
+        sq(&bin("lw-post").to_string_lossy()),
+        sq(&root.mailbox("web").to_string_lossy()),
+        sq(&bin("lw-mediate").to_string_lossy()),
+        sq(&root.dir.to_string_lossy()),
+    );
+    let env = root.env("api");
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let o = client(
+        "bell",
+        &["--hook", &hook],
+        &[&bin("lw-mcp").to_string_lossy()],
+        &env,
+    );
+    let r = report(&o);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(r.get("client_error").is_none(), "{r:#}\n{stderr}");
+    assert_eq!(r["subscribe_capability"], true, "{r:#}");
+    assert_eq!(r["resources"], serde_json::json!(["inbox://"]));
+    assert_eq!(r["mime"], serde_json::json!(["application/json"]));
+    for k in ["subscribe_unknown", "read_unknown"] {
+        assert_eq!(r[k]["error"], -32002, "{k}: {r:#}");
+        assert!(
+            r[k]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("no resource 'outbox://'")),
+            "{k}: {r:#}"
+        );
+    }
+    let rounds = r["rounds"].as_array().expect("rounds");
+    assert_eq!(rounds.len(), 4, "{r:#}");
+    for (i, round) in rounds.iter().enumerate() {
+        assert_eq!(
+            round["hook_status"], 0,
+            "round {i}: {}",
+            round["hook_stderr"]
+        );
+    }
+    // One notification per delivery, counted after a ping went round: the
+    // message waiting before, the ack before the third delivery and the
+    // fourth, after the unsubscribe, rang nothing.
+    let counts: Vec<&serde_json::Value> = rounds.iter().map(|r| &r["updated"]).collect();
+    assert_eq!(counts, [1, 2, 3, 3], "{r:#}");
+    for round in &rounds[..3] {
+        assert_eq!(round["arrived"], true, "{r:#}");
+    }
+    assert_eq!(r["uris"], serde_json::json!(["inbox://"]));
+    assert_eq!(r["ack"]["ok"]["already"], false, "{r:#}");
+    // The wait returns what the session was not shown: bells 1 to 3.
+    let waited: Vec<&str> = rounds[3]["wait"]["ok"]["messages"]
+        .as_array()
+        .expect("the wait returned messages")
+        .iter()
+        .filter_map(|m| m["subject"].as_str())
+        .collect();
+    assert_eq!(waited, ["bell 1", "bell 2", "bell 3"], "{r:#}");
+
+    // The read after the first delivery: both unread messages, whole.
+    assert_eq!(r["read1_mime"], "application/json");
+    let read = r["read1"]["messages"].as_array().expect("messages");
+    let subjects: Vec<&str> = read.iter().filter_map(|m| m["subject"].as_str()).collect();
+    assert_eq!(subjects, ["waiting already", "bell 0"], "{r:#}");
+    assert_eq!(
+        (&read[1]["from"], &read[1]["kind"], &read[1]["body"]),
+        (
+            &serde_json::Value::from("web"),
+            &serde_json::Value::from("request"),
+            &serde_json::Value::from("body 0")
+        )
+    );
+    let latency: Vec<f64> = rounds[..3]
+        .iter()
+        .filter_map(|r| r["latency_s"].as_f64())
+        .collect();
+    println!(
+        "figure [mcp bell] (protocol {}): 3 deliveries by lw-mediate, 3 resources/updated; notification time minus the exit of the hook that delivered (lw-post, lw-mediate --once; negative: before it had exited): {latency:?} s",
+        r["protocol"]
+    );
+}

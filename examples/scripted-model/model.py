@@ -34,19 +34,76 @@ import threading
 import time
 
 SCRIPT = json.loads(os.environ["LW_SCRIPT"])
+SEEN = {}    # role -> the turn of its first request holding a step's "until"
+ASKED = {}   # role -> requests so far
 OUT = os.environ.get("LW_MODEL_OUT", "/srv/out/requests.jsonl")
 PORT = int(os.environ.get("LW_MODEL_PORT", "8443"))
 TLS = os.environ.get("LW_MODEL_TLS", "1") != "0"
 LOCK = threading.Lock()
 
 
-def record(handler, body):
+def record(handler, body, role):
     with LOCK, open(OUT, "a") as f:
         f.write(json.dumps({
             "method": handler.command, "path": handler.path,
             "headers": {k.lower(): v for k, v in handler.headers.items()},
-            "body": body.decode("utf-8", "replace"), "t": time.time(),
+            "body": body.decode("utf-8", "replace"), "t": time.time(), "role": role,
         }) + "\n")
+
+
+def strings(o):
+    """Every string in a decoded request, joined: what the model reads."""
+    if isinstance(o, str):
+        return o
+    if isinstance(o, dict):
+        return "\n".join(strings(v) for v in o.values())
+    if isinstance(o, list):
+        return "\n".join(strings(v) for v in o)
+    return ""
+
+
+def role_of(req):
+    if not isinstance(SCRIPT, dict):
+        return None
+    text = strings(req)
+    return next((k for k in SCRIPT if k in text), None)
+
+
+def script_of(role):
+    if isinstance(SCRIPT, dict):
+        return SCRIPT.get(role) or []
+    return SCRIPT
+
+
+def has_stop(script):
+    return "STOP" in script
+
+
+def step_at(req, role, turn):
+    """The entry for this turn of the role's script (None: done)."""
+    script = script_of(role)
+    with LOCK:
+        ASKED[role] = ASKED.get(role, 0) + 1
+        for e in script:
+            if isinstance(e, dict) and "until" in e and role not in SEEN and e["until"] in strings(req):
+                SEEN[role] = turn
+                print("scripted model: %s request %d (turn %d) first holds %s at %.3f" % (
+                    role, ASKED[role], turn, e["until"], time.time()), flush=True)
+        seen = SEEN.get(role)
+    at = 0
+    for e in script:
+        if isinstance(e, dict) and "repeat" in e:
+            n = e.get("max", 60)
+            if seen is not None:
+                n = min(n, max(0, seen - at))
+            if turn < at + n:
+                return e["repeat"]
+            at += n
+        else:
+            if turn == at:
+                return e
+            at += 1
+    return None
 
 
 def sse(events):
@@ -60,10 +117,10 @@ def input_tokens(last):
 
 def anthropic(req, events=False):
     msgs = req.get("messages", [])
-    script = SCRIPT
+    role = role_of(req)
     results = sum(1 for m in msgs if isinstance(m.get("content"), list)
                   for c in m["content"] if c.get("type") == "tool_result")
-    if "STOP" in script:
+    if has_stop(script_of(role)):
         results += sum(1 for m in msgs if m.get("role") == "assistant"
                        for c in (m["content"] if isinstance(m.get("content"), list)
                                  else [{"type": "text", "text": m.get("content")}])
@@ -74,15 +131,14 @@ def anthropic(req, events=False):
         "id": "msg_%d" % results, "type": "message", "role": "assistant", "model": model,
         "content": [], "stop_reason": None, "stop_sequence": None,
         "usage": {"input_tokens": input_tokens(last), "output_tokens": 1}}}
-    if ("RESUME-CHECK" in last or results >= len(script) or not req.get("tools")
-            or script[results] == "STOP"):
+    step = step_at(req, role, results)
+    if "RESUME-CHECK" in last or step is None or not req.get("tools") or step == "STOP":
         text = "done" if "RESUME-CHECK" not in last else "resumed with %d messages" % len(msgs)
         block = [{"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
                  {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}},
                  {"type": "content_block_stop", "index": 0}]
         stop = "end_turn"
     else:
-        step = script[results]
         if isinstance(step, dict):
             # A tool of the loopwright MCP server (lw-mcp), as Claude Code names it.
             name, args = "mcp__loopwright__" + step["mcp"], json.dumps(step["args"])
@@ -103,20 +159,20 @@ def anthropic(req, events=False):
 
 def openai(req):
     items = req.get("input", [])
-    script = SCRIPT
+    role = role_of(req)
     results = sum(1 for i in items if isinstance(i, dict) and i.get("type") == "function_call_output")
-    if "STOP" in script:
+    if has_stop(script_of(role)):
         results += sum(1 for i in items if isinstance(i, dict) and i.get("role") == "assistant"
                        and isinstance(i.get("content"), list)
                        for c in i["content"] if c.get("text") == "done")
     last = json.dumps(items[-1]) if items else ""
     rid = "resp_%d" % results
-    if "RESUME-CHECK" in last or results >= len(script) or script[results] == "STOP":
+    step = step_at(req, role, results)
+    if "RESUME-CHECK" in last or step is None or step == "STOP":
         text = "done" if "RESUME-CHECK" not in last else "resumed with %d items" % len(items)
         item = {"type": "message", "id": "msg_%d" % results, "role": "assistant", "status": "completed",
                 "content": [{"type": "output_text", "text": text, "annotations": []}]}
     else:
-        step = script[results]
         item = {"type": "function_call", "id": "fc_%d" % results, "call_id": "call_%d" % results,
                 "name": "exec_command", "status": "completed"}
         if isinstance(step, dict):
@@ -145,12 +201,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_any(self):
         n = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(n)
-        record(self, body)
         path = self.path.split("?")[0]
         try:
             req = json.loads(body or b"{}")
         except ValueError:
             req = {}
+        record(self, body, role_of(req))
         if b"STATUS-401" in body:
             out = b'{"type":"error","error":{"type":"authentication_error","message":"scripted: invalid key"}}'
             self.send_response(401)

@@ -4,7 +4,10 @@
 //! library code as the commands: `post` is lw-post (lib/post.rs), `inbox`,
 //! `show` and `ack` are lw-inbox (lib/inbox.rs), `wait` is lw-inbox --wait
 //! for messages this session has not been shown yet (wait.rs), `whoami` reads the
-//! registry that lw-sandbox mounts read-only into the sandbox.
+//! registry that lw-sandbox mounts read-only into the sandbox.  The inbox is
+//! also the resource `inbox://`, which a client can subscribe to: each
+//! message delivered while it is subscribed is announced by one
+//! `notifications/resources/updated` (resource.rs).
 //!
 //! Two kinds of failure, as MCP separates them: a request that cannot be
 //! routed or decoded (unknown tool, arguments of the wrong type or with an
@@ -17,6 +20,7 @@
 //! The protocol itself is rmcp's (the official Rust SDK); the stdio framing
 //! is stdio.rs, which answers malformed input as JSON-RPC asks.
 
+pub mod resource;
 pub mod stdio;
 pub mod tools;
 pub mod wait;
@@ -29,8 +33,10 @@ use std::time::{Duration, Instant};
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CustomRequest,
-    CustomResult, ErrorCode, Implementation, ListToolsResult, PaginatedRequestParams,
-    ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+    CustomResult, ErrorCode, Implementation, ListResourcesResult, ListToolsResult,
+    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
+    Resource, ResourceContents, ResourceUpdatedNotificationParam, ServerCapabilities, ServerConfig,
+    SubscribeRequestParams, Tool, ToolAnnotations, UnsubscribeRequestParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -89,6 +95,8 @@ pub struct Door {
     posts: Mutex<VecDeque<Instant>>,
     /// Names in `inbox/new/` this session has shown the client (see wait.rs).
     reported: Mutex<HashSet<OsString>>,
+    /// The task ringing `inbox://` for a subscribed client (resource.rs).
+    bell: Mutex<Option<tokio::task::AbortHandle>>,
     closed: watch::Receiver<bool>,
 }
 
@@ -110,6 +118,7 @@ impl Door {
             rate,
             posts: Mutex::new(VecDeque::new()),
             reported: Mutex::new(HashSet::new()),
+            bell: Mutex::new(None),
             closed,
         }
     }
@@ -350,6 +359,78 @@ impl Door {
         ok(v)
     }
 
+    /// `inbox://`: the unread messages, whole; they count as shown.
+    fn read_inbox(&self) -> Result<Value, String> {
+        self.ready()?;
+        let inbox = self.boxdir().inbox();
+        let mut messages = Vec::new();
+        let mut bad = Vec::new();
+        for e in inbox.scan(Sub::New).map_err(|e| with_fix(&e))? {
+            let name = e.display_name();
+            match e.found {
+                Found::Message(m) => {
+                    self.report(e.name);
+                    messages.push(message_json(&m, "new"));
+                }
+                Found::Gone => {}
+                Found::Bad(r) => bad.push(json!({"name": name, "reason": r})),
+                Found::NotFile(w) => bad
+                    .push(json!({"name": name, "reason": format!("is a {w}, not a regular file")})),
+            }
+        }
+        let mut v = json!({"messages": messages});
+        if !bad.is_empty() {
+            v["unreadable"] = bad.into();
+        }
+        Ok(v)
+    }
+
+    /// Starts ringing `inbox://` for this client, once (a second subscribe
+    /// changes nothing).  The watch is set before this returns, so every
+    /// message delivered after the subscription's answer is announced.
+    fn subscribe_inbox(&self, peer: rmcp::Peer<RoleServer>) -> Result<(), String> {
+        self.ready()?;
+        let mut slot = self
+            .bell
+            .lock()
+            .expect("the bell slot is never poisoned because nothing panics holding it");
+        if slot.as_ref().is_some_and(|h| !h.is_finished()) {
+            return Ok(());
+        }
+        let mut bell = resource::Bell::start(self.boxdir().inbox()).map_err(|e| with_fix(&e))?;
+        let mut closed = self.closed.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let n = tokio::select! {
+                    n = bell.next() => n,
+                    _ = closed.wait_for(|c| *c) => return,
+                };
+                // A watch that fails (the inbox removed) ends the ringing;
+                // the tools report the missing mailbox on their next call.
+                let Ok(n) = n else { return };
+                for _ in 0..n {
+                    let note = ResourceUpdatedNotificationParam::new(resource::URI);
+                    if peer.notify_resource_updated(note).await.is_err() {
+                        return; // the client is gone
+                    }
+                }
+            }
+        });
+        *slot = Some(task.abort_handle());
+        Ok(())
+    }
+
+    fn unsubscribe_inbox(&self) {
+        if let Some(h) = self
+            .bell
+            .lock()
+            .expect("the bell slot is never poisoned because nothing panics holding it")
+            .take()
+        {
+            h.abort();
+        }
+    }
+
     /// Records that the client has been shown message `name`.
     fn report(&self, name: OsString) {
         self.reported
@@ -423,6 +504,21 @@ fn with_fix(e: &Error) -> String {
     format!("{msg}. Fix: {fix}.")
 }
 
+/// The one resource; any other URI is -32002 (MCP's "resource not found").
+fn known_uri(uri: &str) -> Result<(), ErrorData> {
+    if uri == resource::URI {
+        return Ok(());
+    }
+    Err(ErrorData::resource_not_found(
+        format!(
+            "no resource '{}'; lw-mcp serves {} (see resources/list)",
+            crate::visible::visible(uri),
+            resource::URI
+        ),
+        None,
+    ))
+}
+
 /// Decodes a tool's arguments; a mismatch is -32602 naming the problem.
 fn args<T: serde::de::DeserializeOwned>(
     tool: &str,
@@ -438,17 +534,24 @@ fn args<T: serde::de::DeserializeOwned>(
 
 impl ServerHandler for Door {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(
-                Implementation::new("lw-mcp", env!("CARGO_PKG_VERSION"))
-                    .with_title("loopwright mailbox"),
-            )
-            .with_instructions(
-                "The loopwright mailbox of this sandbox: the only way to reach other sandboxes \
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .enable_resources_subscribe()
+                .build(),
+        )
+        .with_server_info(
+            Implementation::new("lw-mcp", env!("CARGO_PKG_VERSION"))
+                .with_title("loopwright mailbox"),
+        )
+        .with_instructions(
+            "The loopwright mailbox of this sandbox: the only way to reach other sandboxes \
                  and people. post sends a message through the mediator; inbox, show and ack read \
                  what was delivered to you; wait blocks until something arrives; whoami names \
-                 you and your peers.",
-            )
+                 you and your peers. The resource inbox:// holds your unread messages; subscribe \
+                 to it to be told when one arrives.",
+        )
     }
 
     async fn list_tools(
@@ -484,11 +587,65 @@ impl ServerHandler for Door {
         Err(ErrorData::new(
             ErrorCode::METHOD_NOT_FOUND,
             format!(
-                "method not found: {}; lw-mcp serves initialize, ping, tools/list and tools/call",
+                "method not found: {}; lw-mcp serves initialize, ping, tools/list, tools/call, \
+                 resources/list, resources/read, resources/subscribe and resources/unsubscribe",
                 crate::visible::visible(&request.method)
             ),
             None,
         ))
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let r = Resource::new(resource::URI, "inbox")
+            .with_title("Inbox")
+            .with_description(
+                "The messages delivered to this sandbox and not yet acknowledged (JSON). \
+                 Subscribe to be notified when one arrives.",
+            )
+            .with_mime_type("application/json");
+        Ok(ListResourcesResult::with_all_items(vec![r]))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        known_uri(&request.uri)?;
+        let v = self
+            .read_inbox()
+            .map_err(|m| ErrorData::internal_error(m, None))?;
+        let text = serde_json::to_string_pretty(&v).expect("plain JSON serialises");
+        Ok(ReadResourceResult::new(vec![
+            ResourceContents::text(text, resource::URI).with_mime_type("application/json"),
+        ])
+        .into())
+    }
+
+    #[allow(deprecated)] // the 2025 protocols' subscription, which lw-mcp speaks
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        known_uri(&request.uri)?;
+        self.subscribe_inbox(context.peer)
+            .map_err(|m| ErrorData::internal_error(m, None))
+    }
+
+    #[allow(deprecated)]
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        known_uri(&request.uri)?;
+        self.unsubscribe_inbox();
+        Ok(())
     }
 
     async fn call_tool(

@@ -20,6 +20,12 @@ what is right.  Scenarios:
   latency --count N posts through the tool and N runs of --lw-post BIN as a
           process, alternating rounds of 20; prints each call's time.
   idle    initialize, tools/list, whoami, one second idle: the server's RSS.
+  bell    resources/list, resources/subscribe to inbox://, then rounds of
+          --hook (run as `sh -c HOOK sh N`, delivering message N): after
+          each, the resources/updated notifications counted once the
+          expected one arrived and a ping went round; reads inbox:// after
+          the first, acks it before the third, unsubscribes before the
+          fourth; a subscribe and a read of an unknown URI.
 """
 
 import argparse
@@ -31,6 +37,18 @@ import time
 import anyio
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+
+
+# notifications/resources/updated as the session surfaced them: (uri, time).
+UPDATED = []
+_updated_send, _updated_recv = anyio.create_memory_object_stream(100)
+
+
+async def on_message(m):
+    root = getattr(m, "root", m)
+    if getattr(root, "method", "") == "notifications/resources/updated":
+        UPDATED.append((str(root.params.uri), time.time()))
+        await _updated_send.send(len(UPDATED))
 
 
 def structured(result):
@@ -234,9 +252,71 @@ async def idle(session, opts, out):
             out[line.split(":")[0]] = int(line.split()[1])
 
 
+async def until_updated(n, timeout=20.0):
+    """Waits for the n-th resources/updated notification (False on timeout)."""
+    with anyio.move_on_after(timeout):
+        while len(UPDATED) < n:
+            await _updated_recv.receive()
+        return True
+    return False
+
+
+async def protocol_error(coro):
+    try:
+        await coro
+    except Exception as e:
+        err = getattr(e, "error", None)
+        return {"error": getattr(err, "code", None) if err is not None else getattr(e, "code", None),
+                "message": str(e)}
+    return {"ok": True}
+
+
+async def bell(session, opts, out):
+    import warnings
+
+    warnings.simplefilter("ignore")  # resources/subscribe is the 2025 protocols' way
+    init = await session.initialize()
+    out["protocol"] = init.protocol_version
+    caps = init.capabilities.resources
+    out["subscribe_capability"] = bool(caps and caps.subscribe)
+    listed = await session.list_resources()
+    out["resources"] = [str(r.uri) for r in listed.resources]
+    out["mime"] = [r.mime_type for r in listed.resources]
+    out["subscribe_unknown"] = await protocol_error(session.subscribe_resource("outbox://"))
+    out["read_unknown"] = await protocol_error(session.read_resource("outbox://"))
+    await session.subscribe_resource("inbox://")
+    rounds = out["rounds"] = []
+    for i in range(4):
+        if i == 2:
+            first = out["read1"]["messages"][0]["id"]
+            out["ack"] = await call(session, "ack", {"id": first})
+        if i == 3:
+            await session.unsubscribe_resource("inbox://")
+        t0 = time.time()
+        proc = await anyio.run_process(["sh", "-c", opts.hook, "sh", str(i)], check=False)
+        done = time.time()
+        r = {"hook_status": proc.returncode, "hook_stderr": proc.stderr.decode(errors="replace")}
+        if i < 3:
+            r["arrived"] = await until_updated(i + 1)
+            r["latency_s"] = round(UPDATED[-1][1] - done, 3) if r["arrived"] else None
+        else:
+            # Unsubscribed: the wait tool sees the delivery; the bell must not.
+            r["wait"] = await call(session, "wait", {"timeout": 20})
+        await session.send_ping()
+        r["updated"] = len(UPDATED)
+        r["hook_s"] = round(done - t0, 3)
+        rounds.append(r)
+        if i == 0:
+            got = await session.read_resource("inbox://")
+            c = got.contents[0]
+            out["read1_mime"] = c.mime_type
+            out["read1"] = json.loads(c.text)
+    out["uris"] = sorted({u for u, _ in UPDATED})
+
+
 async def main():
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["flow", "posts", "wake", "killposts", "latency", "idle"])
+    p.add_argument("scenario", choices=["flow", "posts", "wake", "killposts", "latency", "idle", "bell"])
     p.add_argument("--lw-post", default="lw-post")
     p.add_argument("--hook", default="true")
     p.add_argument("--peer", default="mediator")
@@ -259,8 +339,9 @@ async def main():
         return
     try:
         async with stdio_client(params) as (r, w):
-            async with ClientSession(r, w) as session:
-                scenarios = {"flow": flow, "posts": posts, "wake": wake, "latency": latency, "idle": idle}
+            async with ClientSession(r, w, message_handler=on_message) as session:
+                scenarios = {"flow": flow, "posts": posts, "wake": wake, "latency": latency, "idle": idle,
+                             "bell": bell}
                 await scenarios[opts.scenario](session, opts, out)
     except Exception as e:
         import traceback

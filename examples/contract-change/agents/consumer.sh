@@ -1,39 +1,92 @@
 #!/bin/sh
-# The consumer's scripted agent, run inside its sandbox (lw-sandbox exec).
-# It waits on its inbox for the contract change, adapts its side, acks,
-# commits, asks a person a question, and waits for the answer.
+# The consumer's scripted agent, run inside its sandbox (lw-sandbox exec, or
+# a real agent CLI's tool calls).  Usage: consumer.sh [start|work|adapt]
+#
+#   start  its own task first: it tightens the contract (a user's name must
+#          not be empty) on the very line the producer is about to rename,
+#          and commits: a deliberate conflict for lw-radar to find
+#   work   one slow step of its task (an agent CLI runs it again and again
+#          until the bell tells it of the contract change)
+#   adapt  handles its mail as it comes: the contract change (adapt
+#          consumer/greet.sh, ack, commit, ask a person a question), the
+#          radar's conflict (drop its own edit of the contract: the
+#          producer's rename wins), and the person's answer
+#
+# Without an argument: start, then adapt.
 set -eu
 cd /work/repo
 say() { printf 'consumer: %s\n' "$*"; }
 
-line=$(lw-inbox --wait --timeout "${WAIT:-300}" | head -n 1)
-id=$(printf '%s\n' "$line" | cut -f 1)
-say "received $(printf '%s\n' "$line" | cut -f 2-)"
-lw-inbox show "$id" | sed 's/^/consumer:   | /'
-# Adapt to the new field, the same change the contract made.
-sed -i 's/"name"/"full_name"/' consumer/greet.sh
-lw-inbox ack "$id" >/dev/null
-git commit -qam "consumer: read user.full_name (contract change $id)"
-say "adapted consumer/greet.sh and committed $(git rev-parse --short HEAD)"
+start() {
+    sed -i 's/"name": { "type": "string" }/"name": { "type": "string", "minLength": 1 }/' contract/user.schema.json
+    git commit -qam "consumer: a user's name must not be empty"
+    say "tightened contract/user.schema.json (name: minLength 1) and committed $(git rev-parse --short HEAD)"
+}
 
-q=$(lw-post --kind question --subject "keep reading the old 'name' field as a fallback?" \
-    "Records written before the contract change still carry 'name'. Should greet.sh fall back to it?")
-say "asked a person: $q"
-line=$(lw-inbox --wait --timeout "${WAIT:-300}" | head -n 1)
-aid=$(printf '%s\n' "$line" | cut -f 1)
-answer=$(lw-inbox show "$aid" | sed '1,/^$/d')
-lw-inbox ack "$aid" >/dev/null
-say "answer: $answer"
-case $answer in
-[Yy]*)
-    cat > consumer/greet.sh <<'SCRIPT'
+work() {
+    sleep 2
+    say "checked consumer/greet.sh against the stored records"
+}
+
+adapt() {
+    adapted='' resolved='' answered=''
+    while [ -z "$adapted" ] || [ -z "$resolved" ] || [ -z "$answered" ]; do
+        line=$(lw-inbox --wait --timeout "${WAIT:-300}" | head -n 1)
+        id=$(printf '%s\n' "$line" | cut -f 1)
+        kind=$(printf '%s\n' "$line" | cut -f 3)
+        say "received $(printf '%s\n' "$line" | cut -f 2-)"
+        case $kind in
+        contract-change)
+            lw-inbox show "$id" | sed 's/^/consumer:   | /'
+            # Adapt to the new field, the same change the contract made.
+            sed -i 's/"name"/"full_name"/' consumer/greet.sh
+            lw-inbox ack "$id" >/dev/null
+            git commit -qam "consumer: read user.full_name (contract change $id)"
+            say "adapted consumer/greet.sh and committed $(git rev-parse --short HEAD)"
+            q=$(lw-post --kind question --subject "keep reading the old 'name' field as a fallback?" \
+                "Records written before the contract change still carry 'name'. Should greet.sh fall back to it?")
+            say "asked a person: $q"
+            adapted=$id
+            ;;
+        conflict)
+            lw-inbox show "$id" | sed 's/^/consumer:   | /'
+            mine=$(git log --format=%h --grep="a user's name must not be empty" -n 1)
+            git revert --no-edit "$mine" >/dev/null
+            lw-inbox ack "$id" >/dev/null
+            say "dropped its own edit of the contract ($mine): the producer's rename wins; committed $(git rev-parse --short HEAD)"
+            resolved=$id
+            ;;
+        answer)
+            answer=$(lw-inbox show "$id" | sed '1,/^$/d')
+            lw-inbox ack "$id" >/dev/null
+            say "answer: $answer"
+            case $answer in
+            [Yy]*)
+                cat > consumer/greet.sh <<'SCRIPT'
 #!/bin/sh
 # The consumer side of the contract: greets the user read from stdin.
 # Reads full_name, and falls back to name for records written before the change.
 sed -n -e 's/.*"full_name": *"\([^"]*\)".*/Hello, \1/p;t' -e 's/.*"name": *"\([^"]*\)".*/Hello, \1/p'
 SCRIPT
-    git commit -qam "consumer: fall back to user.name, as answered in $aid"
-    say "added the fallback and committed $(git rev-parse --short HEAD)"
-    ;;
-*) say "no fallback" ;;
+                git commit -qam "consumer: fall back to user.name, as answered in $id"
+                say "added the fallback and committed $(git rev-parse --short HEAD)"
+                ;;
+            *) say "no fallback" ;;
+            esac
+            answered=$id
+            ;;
+        *)
+            # Anything else (a conflict-cleared, a status) is news, not work.
+            lw-inbox ack "$id" >/dev/null
+            ;;
+        esac
+    done
+}
+
+case ${1:-all} in
+start) start ;;
+work) work ;;
+adapt) adapt ;;
+all) start && adapt ;;
+*) echo "consumer.sh: unknown step '$1' (start, work, adapt)" >&2; exit 64 ;;
 esac
