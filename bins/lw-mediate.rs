@@ -294,9 +294,9 @@ fn run_mediator(args: &Args, root: Root, out: &mut dyn Write) -> Result<Exit> {
     m.batch = args.batch;
     m.verbose = args.verbose;
     m.sync = if args.sync == "fs" {
-        mailbox::group::Sync::FileSystem
+        mailbox::batch::Sync::FileSystem
     } else {
-        mailbox::group::Sync::File
+        mailbox::batch::Sync::File
     };
     if !args.once {
         m.watch(Duration::from_secs(args.rescan.max(1)), out)?;

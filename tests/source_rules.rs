@@ -8,7 +8,7 @@ const SANDBOX_TREE_READERS: [&str; 5] = [
     "lib/sandbox/mailbox.rs",
     "crates/mailbox/src/mediate/deliver.rs",
     "crates/mailbox/src/mediate/inspect.rs",
-    "crates/mailbox/src/group.rs",
+    "crates/mailbox/src/batch.rs",
 ];
 
 #[test]

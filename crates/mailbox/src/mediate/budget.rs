@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use super::decide::derived_id;
 use super::*;
 use crate::error::Result;
-use crate::group::Group;
+use crate::batch::Batch;
 use crate::log::{Action, Decision, Entry, LOG_VERSION};
 use crate::message::{self, Kind, Message};
 
@@ -414,7 +414,7 @@ impl Mediator {
     /// once (a restart writes the same names).
     fn log_and_deliver(&mut self, boxes: &mut Boxes, e: &Entry, out: &mut dyn Write) -> Result<()> {
         self.log_entries(boxes, &[e], out)?;
-        let mut g = Group::with_sync(self.sync);
+        let mut g = Batch::with_sync(self.sync);
         let m = e
             .message
             .clone()

@@ -1,9 +1,9 @@
 //! Routing and delivery: a batch of outbox entries is decided, logged,
 //! delivered and claimed, each step durable for the whole batch before the
-//! next (lib/group.rs), so a crash anywhere gives each effect once.
+//! next (crates/mailbox/src/batch.rs), so a crash anywhere gives each effect once.
 
 use crate::error::{Error, Exit, Result, errno_io};
-use crate::group::{self, Box3, Group, open_dir_at};
+use crate::batch::{self, OpenMaildir, Batch, open_dir_at};
 use crate::layout;
 use crate::log::{Action, Decision, Entry, LOG_VERSION};
 use crate::maildir::escape_name;
@@ -20,7 +20,7 @@ use super::*;
 
 impl Mediator {
     pub(super) fn open_boxes(&self) -> Result<Boxes> {
-        let open = |rel: &str| Box3::open(&self.rootfd, &self.root.dir, Path::new(rel));
+        let open = |rel: &str| OpenMaildir::open(&self.rootfd, &self.root.dir, Path::new(rel));
         Ok(Boxes {
             list: vec![
                 open("log")?,
@@ -47,16 +47,16 @@ impl Mediator {
                 format!("'{}' is not a party name", party.escape_debug()),
             ));
         }
-        let sfd = group::ensure_dir_at(&self.rootfd, "sandboxes")
+        let sfd = batch::ensure_dir_at(&self.rootfd, "sandboxes")
             .map_err(|e| Error::io("cannot open", &self.root.sandboxes_dir(), errno_io(e)))?;
-        let _ = group::ensure_dir_at(&sfd, party).map_err(|e| {
+        let _ = batch::ensure_dir_at(&sfd, party).map_err(|e| {
             Error::io(
                 "cannot open",
                 &self.root.sandboxes_dir().join(party),
                 errno_io(e),
             )
         })?;
-        let b = Box3::open(
+        let b = OpenMaildir::open(
             &self.rootfd,
             &self.root.dir,
             &Path::new("sandboxes").join(party).join("inbox"),
@@ -67,14 +67,14 @@ impl Mediator {
     }
 
     /// The copies a logged entry calls for that are not delivered yet,
-    /// their names reserved in `g` (see [`Group::wants`]).
+    /// their names reserved in `g` (see [`Batch::wants`]).
     pub(super) fn plan_copies(
         &mut self,
         boxes: &mut Boxes,
-        g: &mut Group,
+        g: &mut Batch,
         e: &Entry,
         full: &Message,
-    ) -> Result<Vec<group::Write>> {
+    ) -> Result<Vec<batch::Write>> {
         let Some(m) = &e.message else {
             return Ok(vec![]);
         };
@@ -97,7 +97,7 @@ impl Mediator {
         Ok(want
             .into_iter()
             .filter(|(key, name, _)| g.wants(&boxes.list, *key, name))
-            .map(|(key, name, bytes)| group::Write { key, name, bytes })
+            .map(|(key, name, bytes)| batch::Write { key, name, bytes })
             .collect())
     }
 
@@ -105,15 +105,15 @@ impl Mediator {
     pub(super) fn stage_deliveries(
         &mut self,
         boxes: &mut Boxes,
-        g: &mut Group,
+        g: &mut Batch,
         e: &Entry,
         full: &Message,
     ) -> Result<()> {
         let writes = self.plan_copies(boxes, g, e, full)?;
-        let fsync = self.sync == group::Sync::File;
+        let fsync = self.sync == batch::Sync::File;
         for (w, fd) in writes
             .iter()
-            .zip(group::write_tmp(&boxes.list, &writes, fsync))
+            .zip(batch::write_tmp(&boxes.list, &writes, fsync))
         {
             g.adopt(w.key, &w.name, fd?, fsync);
         }
@@ -129,7 +129,7 @@ impl Mediator {
         out: &mut dyn Write,
     ) -> Result<()> {
         for first in [true, false] {
-            let mut g = Group::with_sync(self.sync);
+            let mut g = Batch::with_sync(self.sync);
             let mut written = Vec::new();
             for e in entries.iter().filter(|e| {
                 (e.decision.action == Action::Bounce || e.sender == layout::MEDIATOR) == first
@@ -151,7 +151,7 @@ impl Mediator {
 
     /// An outbox and the names waiting in its `new/`, oldest first; None
     /// when nothing waits.
-    pub(super) fn open_outbox(&mut self, rel: &Path) -> Result<Option<(Box3, Vec<OsString>)>> {
+    pub(super) fn open_outbox(&mut self, rel: &Path) -> Result<Option<(OpenMaildir, Vec<OsString>)>> {
         let path = self.root.dir.join(rel);
         let newfd = match open_dir_at(Some(&self.rootfd), &rel.join("new")) {
             Ok(fd) => fd,
@@ -174,11 +174,11 @@ impl Mediator {
             return Ok(None);
         }
         names.sort();
-        let ob = Box3::open(&self.rootfd, &self.root.dir, rel)?;
+        let ob = OpenMaildir::open(&self.rootfd, &self.root.dir, rel)?;
         Ok(Some((ob, names)))
     }
 
-    fn call_hook(&mut self, step: &str, obs: &[(String, Box3)], items: &[(usize, OsString)]) {
+    fn call_hook(&mut self, step: &str, obs: &[(String, OpenMaildir)], items: &[(usize, OsString)]) {
         if let Some(h) = self.batch_hook.as_mut() {
             let mut dirs: Vec<PathBuf> =
                 items.iter().map(|(k, _)| obs[*k].1.path.clone()).collect();
@@ -199,13 +199,13 @@ impl Mediator {
     pub(super) fn route_batch(
         &mut self,
         boxes: &mut Boxes,
-        obs: &[(String, Box3)],
+        obs: &[(String, OpenMaildir)],
         items: &[(usize, OsString)],
         out: &mut dyn Write,
     ) -> Result<Vec<(usize, OsString)>> {
         self.call_hook("collected", obs, items);
         let c = self.collect(obs, items);
-        let mut copies = Group::with_sync(self.sync);
+        let mut copies = Batch::with_sync(self.sync);
         let failed = self.log_and_stage(boxes, obs, &c, &mut copies, out)?;
         copies.commit(&boxes.list)?;
         self.count_refusals(&c.refused)?;
@@ -215,7 +215,7 @@ impl Mediator {
     }
 
     /// Inspects and decides every entry of a batch.
-    fn collect(&mut self, obs: &[(String, Box3)], items: &[(usize, OsString)]) -> Collected {
+    fn collect(&mut self, obs: &[(String, OpenMaildir)], items: &[(usize, OsString)]) -> Collected {
         let resumed_before = self.stats.resumed;
         // Charged by now, or never logged: nothing is held in reserve.
         self.reserved.clear();
@@ -267,7 +267,7 @@ impl Mediator {
         c: &mut Collected,
         k: usize,
         sender: &str,
-        ob: &Box3,
+        ob: &OpenMaildir,
         name: &OsString,
         mut m: Message,
     ) {
@@ -337,7 +337,7 @@ impl Mediator {
         p: &Entry,
         m: &Message,
         sender: &str,
-        ob: &Box3,
+        ob: &OpenMaildir,
         name: &OsStr,
     ) -> Option<String> {
         // A proxy's message logged before senders were qualified has its bare name.
@@ -365,19 +365,19 @@ impl Mediator {
     fn log_and_stage(
         &mut self,
         boxes: &mut Boxes,
-        obs: &[(String, Box3)],
+        obs: &[(String, OpenMaildir)],
         c: &Collected,
-        copies: &mut Group,
+        copies: &mut Batch,
         out: &mut dyn Write,
     ) -> Result<HashSet<usize>> {
-        let mut logs = [Group::with_sync(self.sync), Group::with_sync(self.sync)];
-        let mut writes: Vec<group::Write> = Vec::new();
+        let mut logs = [Batch::with_sync(self.sync), Batch::with_sync(self.sync)];
+        let mut writes: Vec<batch::Write> = Vec::new();
         let mut tags: Vec<Tag> = Vec::new();
         for (j, e) in c.to_log.iter().enumerate() {
             let class =
                 usize::from(!(e.decision.action == Action::Bounce || e.sender == layout::MEDIATOR));
             if logs[class].wants(&boxes.list, LOG, &e.name) {
-                writes.push(group::Write {
+                writes.push(batch::Write {
                     key: LOG,
                     name: e.name.clone(),
                     bytes: e.to_bytes(),
@@ -387,8 +387,8 @@ impl Mediator {
         }
         let mut failed = HashSet::new();
         self.plan_batch_copies(boxes, obs, c, copies, &mut writes, &mut tags, &mut failed);
-        let fsync = self.sync == group::Sync::File;
-        let fds = group::write_tmp(&boxes.list, &writes, fsync);
+        let fsync = self.sync == batch::Sync::File;
+        let fds = batch::write_tmp(&boxes.list, &writes, fsync);
         let mut written: [Vec<usize>; 2] = [vec![], vec![]];
         let mut log_err = None;
         for ((w, tag), fd) in writes.iter().zip(&tags).zip(fds) {
@@ -427,10 +427,10 @@ impl Mediator {
     fn plan_batch_copies(
         &mut self,
         boxes: &mut Boxes,
-        obs: &[(String, Box3)],
+        obs: &[(String, OpenMaildir)],
         c: &Collected,
-        copies: &mut Group,
-        writes: &mut Vec<group::Write>,
+        copies: &mut Batch,
+        writes: &mut Vec<batch::Write>,
         tags: &mut Vec<Tag>,
         failed: &mut HashSet<usize>,
     ) {
@@ -455,7 +455,7 @@ impl Mediator {
 
     fn copy_waits(
         &mut self,
-        obs: &[(String, Box3)],
+        obs: &[(String, OpenMaildir)],
         work: &[(usize, Work)],
         i: usize,
         err: &Error,
@@ -480,7 +480,7 @@ impl Mediator {
     fn commit_log(
         &mut self,
         boxes: &Boxes,
-        logs: &mut [Group; 2],
+        logs: &mut [Batch; 2],
         written: &[Vec<usize>; 2],
         to_log: &[Entry],
         out: &mut dyn Write,
@@ -503,7 +503,7 @@ impl Mediator {
     fn claim_all(
         &mut self,
         boxes: &Boxes,
-        obs: &[(String, Box3)],
+        obs: &[(String, OpenMaildir)],
         work: &[(usize, Work)],
         failed: &HashSet<usize>,
     ) -> Result<()> {
@@ -529,7 +529,7 @@ impl Mediator {
                         let h = &boxes.list[HUMAN];
                         let q = OsStr::new(q);
                         questions |=
-                            matches!(group::move_noreplace(&h.new, q, &h.cur, q), Ok(true));
+                            matches!(batch::move_noreplace(&h.new, q, &h.cur, q), Ok(true));
                     }
                 }
                 Work::Quarantine { name, qid, dir } => {
@@ -569,14 +569,14 @@ impl Mediator {
             dirs.push((&h.cur, h.path.join("cur")));
         }
         let refs: Vec<(&OwnedFd, &Path)> = dirs.iter().map(|(f, p)| (*f, p.as_path())).collect();
-        group::fsync_all(&refs)
+        batch::fsync_all(&refs)
     }
 
     /// Moves a routed message from its outbox's `new/` to `cur/`; true when
     /// it moved.  Counted only when claimed, so that `drain` cannot spin on
     /// a source it fails to move.
-    fn claim(&mut self, ob: &Box3, name: &OsStr) -> bool {
-        match group::move_noreplace(&ob.new, name, &ob.cur, name) {
+    fn claim(&mut self, ob: &OpenMaildir, name: &OsStr) -> bool {
+        match batch::move_noreplace(&ob.new, name, &ob.cur, name) {
             Ok(true) => {
                 self.stats.routed += 1;
                 true

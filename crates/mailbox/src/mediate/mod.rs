@@ -27,7 +27,7 @@
 //!    which write nothing new.
 //!
 //! Each step finishes durably for a whole batch before the next starts (see
-//! lib/group.rs), so a SIGKILL at any instant followed by a restart gives
+//! crates/mailbox/src/batch.rs), so a SIGKILL at any instant followed by a restart gives
 //! each log entry and each inbox copy exactly once.  The files of steps 1
 //! and 2 are written and fsynced together, in `tmp/`, where nobody reads
 //! them; the copies are renamed into view only once the log is durable.
@@ -79,7 +79,7 @@ use rustix::fs::{self as rfs, AtFlags};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Exit, Result, errno_io};
-use crate::group::{self, Box3};
+use crate::batch::{self, OpenMaildir};
 use crate::layout::{self, Root};
 use crate::log::{Action, Entry, Log};
 use crate::maildir::escape_name;
@@ -192,7 +192,7 @@ enum Work {
 
 /// The open Maildirs of one pass: the fixed ones, then inboxes on demand.
 struct Boxes {
-    list: Vec<Box3>,
+    list: Vec<OpenMaildir>,
     inbox: HashMap<String, usize>,
 }
 
@@ -220,8 +220,8 @@ pub struct Mediator {
     reserved: HashMap<String, u64>,
     pub verbose: bool,
     pub stats: Stats,
-    /// How batches are made durable (lib/group.rs).
-    pub sync: group::Sync,
+    /// How batches are made durable (crates/mailbox/src/batch.rs).
+    pub sync: batch::Sync,
     /// Secret values that never leave through the door (lib/redact.rs).
     pub secrets: Secrets,
     /// Sender -> messages of theirs in `held/new/`, counted at each pass.
@@ -274,7 +274,7 @@ impl Mediator {
             reserved: HashMap::new(),
             verbose: false,
             stats: Stats::default(),
-            sync: group::Sync::default(),
+            sync: batch::Sync::default(),
             secrets: Secrets::new(),
             held_count: HashMap::new(),
             batch_hook: None,
@@ -445,7 +445,7 @@ impl Mediator {
         // with one message each cost a handful of sync points, not a
         // thousand.  A lone message is routed at once: nothing waits for a
         // batch to fill.
-        let mut obs: Vec<(String, Box3)> = Vec::new();
+        let mut obs: Vec<(String, OpenMaildir)> = Vec::new();
         let mut queues: Vec<(Vec<OsString>, usize)> = Vec::new();
         // Sender -> its posts that wait because its log budget is used up.
         let mut full: HashMap<String, u64> = HashMap::new();
@@ -638,7 +638,7 @@ impl Mediator {
     }
 }
 
-impl Box3 {
+impl OpenMaildir {
     fn has_cur(&self, name: &OsStr) -> bool {
         rfs::statat(&self.cur, name, AtFlags::SYMLINK_NOFOLLOW).is_ok()
     }

@@ -2,7 +2,7 @@
 //! receipts for acknowledged messages, and what a removed sandbox left.
 
 use crate::error::{Error, Exit, Result, errno_io};
-use crate::group::{self, Group, open_dir_at};
+use crate::batch::{self, Batch, open_dir_at};
 use crate::layout;
 use crate::log::{Action, Decision, Entry, LOG_VERSION};
 use rustix::fs::{self as rfs, AtFlags};
@@ -82,13 +82,13 @@ impl Mediator {
         let mut entries = self.operator_entries(&m, id, drop_reason);
         let refs: Vec<&Entry> = entries.iter().collect();
         self.log_entries(boxes, &refs, out)?;
-        let mut g = Group::with_sync(self.sync);
+        let mut g = Batch::with_sync(self.sync);
         for e in &entries {
             self.stage_deliveries(boxes, &mut g, e, &m)?;
         }
         g.commit(&boxes.list)?;
         let held = &boxes.list[HELD];
-        group::move_noreplace(&held.new, OsStr::new(id), &held.cur, OsStr::new(id))
+        batch::move_noreplace(&held.new, OsStr::new(id), &held.cur, OsStr::new(id))
             .map_err(|e| Error::io("cannot move", &held.path.join("new").join(id), errno_io(e)))?;
         held.fsync_cur()?;
         Ok(entries
@@ -251,7 +251,7 @@ impl Mediator {
         rel: &Path,
         out: &mut dyn Write,
     ) -> Result<()> {
-        let mut g = Group::with_sync(self.sync);
+        let mut g = Batch::with_sync(self.sync);
         let mut pending: Vec<Entry> = Vec::new();
         let mut fresh: Vec<u128> = Vec::new();
         let dir = rfs::Dir::read_from(fd)
@@ -293,7 +293,7 @@ impl Mediator {
     fn commit_receipts(
         &mut self,
         boxes: &Boxes,
-        g: &mut Group,
+        g: &mut Batch,
         pending: &mut Vec<Entry>,
         out: &mut dyn Write,
     ) -> Result<()> {
