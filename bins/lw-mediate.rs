@@ -289,14 +289,14 @@ fn run_mediator(args: &Args, root: Root, out: &mut dyn Write) -> Result<Exit> {
     mediate::raise_open_files_limit();
     let (p, explicit) = policy_of(args);
     let mut m = Mediator::open(root.clone(), Some(p), explicit)?;
-    m.secrets = door_secrets(&root)?;
-    m.log_max = door_log_max(args.log_max.as_deref())?;
+    m.state.secrets = door_secrets(&root)?;
+    m.state.log_max = door_log_max(args.log_max.as_deref())?;
     m.batch = args.batch;
     m.verbose = args.verbose;
     m.sync = if args.sync == "fs" {
-        mailbox::group::Sync::FileSystem
+        mailbox::batch::Sync::FileSystem
     } else {
-        mailbox::group::Sync::File
+        mailbox::batch::Sync::File
     };
     if !args.once {
         m.watch(Duration::from_secs(args.rescan.max(1)), out)?;
@@ -329,7 +329,7 @@ fn run_release_or_drop(
 ) -> Result<Exit> {
     let (p, explicit) = policy_of(args);
     let mut m = Mediator::open(root.clone(), Some(p), explicit)?;
-    m.secrets = door_secrets(&root)?;
+    m.state.secrets = door_secrets(&root)?;
     for id in ids {
         let e = match &args.cmd {
             Some(Cmd::Drop { reason, .. }) => m.drop_held(id, reason, out)?,

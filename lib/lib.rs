@@ -30,7 +30,7 @@ pub use confine::seccomp;
 pub use engine;
 pub use engine::{distribution, tty};
 pub use mailbox::{
-    bell, cli, config, digest, error, fs, git, glob, group, id, inbox, layout, log, maildir,
+    batch, bell, cli, config, digest, error, fs, git, glob, id, inbox, layout, log, maildir,
     mediate, message, operator, policy, post, quarantine, redact, registry, time, visible,
 };
 

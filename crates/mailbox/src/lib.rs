@@ -8,6 +8,7 @@
 //! globset.  The engine crate and the product crate build on it; nothing
 //! here can name them (docs/architecture.md draws the layers).
 
+pub mod batch;
 pub mod bell;
 pub mod cli;
 pub mod config;
@@ -16,7 +17,6 @@ pub mod error;
 pub mod fs;
 pub mod git;
 pub mod glob;
-pub mod group;
 pub mod id;
 pub mod inbox;
 pub mod layout;

@@ -27,15 +27,18 @@
 //! numbers per sender, so it survives restarts at the cost of a forgotten
 //! second or two after a crash.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::io::Write;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use super::decide::derived_id;
-use super::*;
+use super::state::State;
+use super::{Boxes, Mediator};
+use crate::batch::Batch;
 use crate::error::Result;
-use crate::group::Group;
+use crate::layout;
 use crate::log::{Action, Decision, Entry, LOG_VERSION};
 use crate::message::{self, Kind, Message};
 
@@ -109,66 +112,95 @@ fn size_text(n: u64) -> String {
     }
 }
 
-impl Mediator {
-    /// Senders whose log is not budgeted: a person, the mediator's own
-    /// notices (one per sender and hour or episode), and another host's
-    /// sandbox (`HOST/NAME`), whose posts its own host's mediator budgeted
-    /// before lw-sync brought them here.
-    fn unbudgeted(sender: &str) -> bool {
-        sender == layout::HUMAN
-            || sender == layout::MEDIATOR
-            || crate::message::split_qualified(sender).is_some()
+/// Senders whose log is not budgeted: a person, the mediator's own
+/// notices (one per sender and hour or episode), and another host's
+/// sandbox (`HOST/NAME`), whose posts its own host's mediator budgeted
+/// before lw-sync brought them here.
+fn unbudgeted(sender: &str) -> bool {
+    sender == layout::HUMAN
+        || sender == layout::MEDIATOR
+        || crate::message::split_qualified(sender).is_some()
+}
+
+/// The most a quarantine entry can take.
+pub(super) const QUARANTINE_COST: u64 = 2 * BLOCK;
+
+/// What a logged entry costs its sender: the blocks it takes, and for
+/// a forward or release one for each receipt to come.
+fn cost(e: &Entry) -> u64 {
+    if unbudgeted(&e.sender) || e.decision.action == Action::Read {
+        // Receipts were charged with their forward.
+        return 0;
+    }
+    let mut cost = blocks(e.to_bytes().len() as u64);
+    if matches!(e.decision.action, Action::Forward | Action::Release) {
+        cost += BLOCK * e.decision.to.len() as u64;
+    }
+    cost
+}
+
+impl Budget {
+    /// Whether its hour is over at `now` (ms).
+    fn over(&self, now: u64) -> bool {
+        now.saturating_sub(self.start) >= BUDGET_WINDOW_MS
+    }
+}
+
+impl State {
+    /// `sender`'s budget as it stands at `now`: used up, and the bytes
+    /// charged (none when its hour is over).
+    fn budget_at(&self, sender: &str, now: Duration) -> (bool, u64) {
+        match self.memory.budget.get(sender) {
+            Some(b) if !b.over(now.as_millis() as u64) => (b.full, b.bytes),
+            _ => (false, 0),
+        }
     }
 
-    /// `sender`'s budget, a fresh one when its hour is over.
-    fn budget(&mut self, sender: &str) -> &mut Budget {
-        let now = crate::time::now_ms();
+    /// `sender`'s budget, a fresh one when its hour is over at `now` (ms).
+    fn budget_mut(&mut self, sender: &str, now: u64) -> &mut Budget {
         let b = self.memory.budget.entry(sender.to_string()).or_default();
-        if now.saturating_sub(b.start) >= BUDGET_WINDOW_MS {
+        if b.over(now) {
             *b = Budget {
                 start: now,
                 ..Budget::default()
             };
-            self.memory_dirty = true;
+            self.memory.dirty = true;
         }
         b
     }
 
     /// Whether `sender`'s posts wait for the rest of its hour.
-    pub(super) fn is_full(&mut self, sender: &str) -> bool {
-        !Self::unbudgeted(sender) && self.budget(sender).full
+    pub(super) fn is_full(&self, sender: &str, now: Duration) -> bool {
+        !unbudgeted(sender) && self.budget_at(sender, now).0
     }
 
     /// Whether a post that can cost `most` bytes of log fits in `sender`'s
-    /// budget; when it does not, the sender is full for the rest of the hour.
-    pub(super) fn fits(&mut self, sender: &str, most: u64) -> bool {
-        if Self::unbudgeted(sender) {
+    /// budget at `now`.  What earlier posts of the batch may cost is
+    /// charged only when the batch is logged: until then it is held in
+    /// reserve, and counted here.
+    pub(super) fn fits(&self, sender: &str, most: u64, now: Duration) -> bool {
+        if unbudgeted(sender) {
             return true;
         }
-        let cap = self.log_max;
-        // What earlier posts of the batch may cost is charged only when
-        // the batch is logged: until then it is held in reserve.
-        let held = self.reserved.get(sender).copied().unwrap_or(0);
-        let b = self.budget(sender);
-        if b.full {
-            return false;
-        }
-        let used = b.bytes + held;
-        if used == 0 || used + most + RESERVE <= cap {
-            return true;
-        }
-        b.full = true;
-        self.memory_dirty = true;
-        false
+        let (full, bytes) = self.budget_at(sender, now);
+        let used = bytes + self.reserved.get(sender).copied().unwrap_or(0);
+        !full && (used == 0 || used + most + RESERVE <= self.log_max)
+    }
+
+    /// Makes `sender` full for the rest of its hour (from `now`, ms, when
+    /// its last hour is over).
+    pub(super) fn mark_full(&mut self, sender: &str, now: u64) {
+        self.budget_mut(sender, now).full = true;
+        self.memory.dirty = true;
     }
 
     /// The most the entries of a new decision on `m` can take: its main
     /// entry with the message, a bounce entry too when a recipient may not
     /// exist, and a receipt for each recipient it can reach.
-    pub(super) fn most_cost(&self, m: &Message) -> u64 {
+    pub(super) fn most_cost(&self, policy: &crate::policy::Policy, m: &Message) -> u64 {
         use crate::policy::Route;
         let msg = serde_json::to_vec(&self.logged_message(m, true)).map_or(0, |v| v.len() as u64);
-        let route = self.policy.route(m.kind).value;
+        let route = policy.route(m.kind).value;
         let mut reach = m.to.len() as u64;
         match route {
             Route::Scope => reach += self.known.len() as u64,
@@ -187,61 +219,45 @@ impl Mediator {
         entries * blocks(ENTRY_OVERHEAD + msg + 80 * reach) + BLOCK * reach
     }
 
-    /// The most a quarantine entry can take.
-    pub(super) const QUARANTINE_COST: u64 = 2 * BLOCK;
-
-    /// What a logged entry costs its sender: the blocks it takes, and for
-    /// a forward or release one for each receipt to come.
-    fn cost(e: &Entry) -> u64 {
-        if Self::unbudgeted(&e.sender) || e.decision.action == Action::Read {
-            // Receipts were charged with their forward.
-            return 0;
-        }
-        let mut cost = blocks(e.to_bytes().len() as u64);
-        if matches!(e.decision.action, Action::Forward | Action::Release) {
-            cost += BLOCK * e.decision.to.len() as u64;
-        }
-        cost
-    }
-
     /// Holds what the entries of a post admitted into the batch will cost
     /// in reserve, until the batch is logged and they are charged.
     pub(super) fn reserve(&mut self, entries: &[Entry]) {
         for e in entries {
-            let c = Self::cost(e);
+            let c = cost(e);
             if c > 0 {
                 *self.reserved.entry(e.sender.clone()).or_default() += c;
             }
         }
     }
 
-    /// Charges a logged entry to the sender that caused it.
-    pub(super) fn charge(&mut self, e: &Entry) {
-        let cost = Self::cost(e);
+    /// Charges a logged entry to the sender that caused it, at `now` (ms).
+    pub(super) fn charge(&mut self, e: &Entry, now: u64) {
+        let cost = cost(e);
         if cost == 0 {
             return;
         }
-        let b = self.budget(&e.sender);
-        b.bytes += cost;
-        self.memory_dirty = true;
+        self.budget_mut(&e.sender, now).bytes += cost;
+        self.memory.dirty = true;
     }
+}
 
-    /// Whether post `id` was refused and counted by a run that did not
-    /// claim it.
-    pub(super) fn was_refused(&self, id: &str) -> bool {
-        self.memory.refusing.iter().any(|r| r == id)
+impl Mediator {
+    /// Whether `sender`'s posts wait for the rest of its hour; a budget
+    /// whose hour is over starts afresh.
+    pub(super) fn budget_full(&mut self, sender: &str) -> bool {
+        !unbudgeted(sender) && self.state.budget_mut(sender, crate::time::now_ms()).full
     }
 
     /// Counts a batch's refusals (`(sender, post, refusal entry)`) and makes
     /// the count durable, before their posts are claimed.
     pub(super) fn count_refusals(&mut self, refused: &[(String, String, Entry)]) -> Result<()> {
-        if refused.is_empty() && self.memory.refusing.is_empty() {
+        if refused.is_empty() && self.state.memory.refusing.is_empty() {
             return Ok(());
         }
         let now = crate::time::now_ms();
-        self.memory.refusing.clear();
+        self.state.memory.refusing.clear();
         for (sender, id, e) in refused {
-            let r = self.memory.refused.entry(sender.clone()).or_default();
+            let r = self.state.memory.refused.entry(sender.clone()).or_default();
             if r.count == 0 {
                 *r = Refused {
                     start: now,
@@ -257,9 +273,9 @@ impl Mediator {
                     r.to.insert(t.clone());
                 }
             }
-            self.memory.refusing.push(id.clone());
+            self.state.memory.refusing.push(id.clone());
         }
-        self.memory_dirty = true;
+        self.state.memory.dirty = true;
         self.save_memory()
     }
 
@@ -273,6 +289,7 @@ impl Mediator {
     ) -> Result<()> {
         let now = crate::time::now_ms();
         let due: Vec<String> = self
+            .state
             .memory
             .refused
             .iter()
@@ -280,13 +297,13 @@ impl Mediator {
             .map(|(s, _)| s.clone())
             .collect();
         for sender in due {
-            let r = self.memory.refused[&sender].clone();
+            let r = self.state.memory.refused[&sender].clone();
             let e = self.refusals_entry(&sender, &r);
             self.log_and_deliver(boxes, &e, out)?;
             // `refusing` stays: a post of the run a failed claim left is
             // claimed later without being counted again.
-            self.memory.refused.remove(&sender);
-            self.memory_dirty = true;
+            self.state.memory.refused.remove(&sender);
+            self.state.memory.dirty = true;
             self.save_memory()?;
         }
         Ok(())
@@ -348,8 +365,9 @@ impl Mediator {
         waiting: &HashMap<String, u64>,
         out: &mut dyn Write,
     ) -> Result<()> {
-        let cap = size_text(self.log_max);
+        let cap = size_text(self.state.log_max);
         let mut full: Vec<(String, u64)> = self
+            .state
             .memory
             .budget
             .iter()
@@ -364,6 +382,7 @@ impl Mediator {
             ));
         }
         let mut due: Vec<(String, Budget)> = self
+            .state
             .memory
             .budget
             .iter()
@@ -375,10 +394,10 @@ impl Mediator {
             let n = waiting.get(&sender).copied().unwrap_or(0);
             let e = self.full_notice(&sender, &b, n);
             self.log_and_deliver(boxes, &e, out)?;
-            if let Some(b) = self.memory.budget.get_mut(&sender) {
+            if let Some(b) = self.state.memory.budget.get_mut(&sender) {
                 b.told = true;
             }
-            self.memory_dirty = true;
+            self.state.memory.dirty = true;
             self.save_memory()?;
         }
         Ok(())
@@ -386,7 +405,7 @@ impl Mediator {
 
     fn full_notice(&self, sender: &str, b: &Budget, waiting: u64) -> Entry {
         let id = full_notice_id(sender, b.start);
-        let cap = size_text(self.log_max);
+        let cap = size_text(self.state.log_max);
         let until =
             crate::time::rfc3339(std::time::Duration::from_millis(b.start + BUDGET_WINDOW_MS));
         let to = vec![layout::HUMAN.to_string(), sender.to_string()];
@@ -414,7 +433,7 @@ impl Mediator {
     /// once (a restart writes the same names).
     fn log_and_deliver(&mut self, boxes: &mut Boxes, e: &Entry, out: &mut dyn Write) -> Result<()> {
         self.log_entries(boxes, &[e], out)?;
-        let mut g = Group::with_sync(self.sync);
+        let mut g = Batch::with_sync(self.sync);
         let m = e
             .message
             .clone()
@@ -430,13 +449,6 @@ impl Mediator {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn mediator(tag: &str) -> Mediator {
-        let d = std::env::temp_dir().join(format!("lw-budget-{tag}-{}", crate::id::new_id()));
-        let root = crate::layout::Root::new(d.join("root"));
-        std::fs::create_dir_all(&root.dir).unwrap();
-        Mediator::open(root, None, false).unwrap()
-    }
 
     fn entry(sender: &str, action: Action, to: &[&str], bytes: usize) -> Entry {
         Entry {
@@ -457,38 +469,54 @@ mod tests {
 
     #[test]
     fn a_sender_is_full_for_the_rest_of_its_hour_once_a_post_does_not_fit() {
-        let mut m = mediator("full");
-        m.log_max = 64 << 10;
+        let mut s = State {
+            log_max: 64 << 10,
+            ..State::default()
+        };
+        let t = Duration::from_secs(1_800_000_000);
+        let ms = t.as_millis() as u64;
         // A fresh hour admits even a post that could cost more than all of it.
-        assert!(m.fits("api", 1 << 20));
+        assert!(s.fits("api", 1 << 20, t));
         // 4 KiB for the entry and 4 KiB for each receipt to come.
-        m.charge(&entry("api", Action::Forward, &["web", "db"], 100));
-        assert_eq!(m.memory.budget["api"].bytes, 3 * BLOCK);
-        m.charge(&entry("api", Action::Read, &["web"], 100));
-        m.charge(&entry("api", Action::Hold, &[], 5000));
+        s.charge(&entry("api", Action::Forward, &["web", "db"], 100), ms);
+        assert_eq!(s.memory.budget["api"].bytes, 3 * BLOCK);
+        s.charge(&entry("api", Action::Read, &["web"], 100), ms);
+        s.charge(&entry("api", Action::Hold, &[], 5000), ms);
         assert_eq!(
-            m.memory.budget["api"].bytes,
+            s.memory.budget["api"].bytes,
             5 * BLOCK,
             "receipts not again"
         );
         // 20 KiB used, 8 KiB kept for a count of refusals: 36 KiB fit.
-        assert!(m.fits("api", 36 << 10));
-        assert!(!m.fits("api", (36 << 10) + 1));
+        assert!(s.fits("api", 36 << 10, t));
+        assert!(!s.fits("api", (36 << 10) + 1, t));
+        // What the batch being routed holds in reserve counts too.
+        s.reserve(&[entry("api", Action::Hold, &[], 100)]);
+        assert!(!s.fits("api", 36 << 10, t) && s.fits("api", 32 << 10, t));
+        s.reserved.clear();
+        s.mark_full("api", ms);
         assert!(
-            m.is_full("api") && !m.fits("api", 1),
+            s.is_full("api", t) && !s.fits("api", 1, t),
             "full until the hour ends"
         );
         // Others, a person, another host's sandbox and the mediator's own
         // notices are not held back.
-        assert!(m.fits("web", 8 << 10) && m.fits(layout::HUMAN, 1 << 30));
-        assert!(m.fits("hosta/api", 1 << 30) && m.fits("hosta/api", 1 << 30));
-        m.charge(&entry(layout::MEDIATOR, Action::Escalate, &["human"], 100));
-        assert!(!m.memory.budget.contains_key(layout::MEDIATOR));
+        assert!(s.fits("web", 8 << 10, t) && s.fits(layout::HUMAN, 1 << 30, t));
+        assert!(s.fits("hosta/api", 1 << 30, t) && !s.is_full("hosta/api", t));
+        s.charge(
+            &entry(layout::MEDIATOR, Action::Escalate, &["human"], 100),
+            ms,
+        );
+        assert!(!s.memory.budget.contains_key(layout::MEDIATOR));
         // The next hour starts afresh.
-        m.memory.budget.get_mut("api").unwrap().start -= BUDGET_WINDOW_MS;
-        assert!(!m.is_full("api") && m.fits("api", 36 << 10));
-        assert_eq!(m.memory.budget["api"].bytes, 0);
-        std::fs::remove_dir_all(m.root.dir.parent().unwrap()).unwrap();
+        let later = t + Duration::from_millis(BUDGET_WINDOW_MS);
+        assert!(!s.is_full("api", later) && s.fits("api", 36 << 10, later));
+        s.charge(
+            &entry("api", Action::Hold, &[], 100),
+            later.as_millis() as u64,
+        );
+        assert_eq!(s.memory.budget["api"].bytes, BLOCK);
+        assert!(!s.memory.budget["api"].full);
     }
 
     #[test]

@@ -1,18 +1,189 @@
-//! Deciding: what the policy says of one message from one sender (route,
-//! hold, refuse, bounce), and the entries that record it.  Reads the
-//! mediator's memory and policy; writes nothing to disk.
+//! Deciding: what the policy makes of one outbox entry from one sender
+//! (forward, escalate, hold, refuse, bounce, wait for the log budget,
+//! quarantine, carry out an earlier decision), as a pure function of the
+//! mediator's [`State`], the entry with what the log says of its id, the
+//! policy and the time.  Nothing here reads the disk, the log or the
+//! clock, and nothing changes the state: what a decision changes comes
+//! back in it, for the caller to apply ([`State::apply`]) once it took it.
+//! deliver.rs reads what [`Found`] needs, calls [`decide`] and carries the
+//! [`Verdict`] out.
 
-use super::mailbox_name;
-use crate::digest::hex;
-use crate::layout;
-use crate::log::{Action, Decision, Entry, LOG_VERSION};
-use crate::message::{self, Kind, Message};
-use crate::policy::{self, Route};
-use sha2::{Digest, Sha256};
-use std::ffi::OsStr;
 use std::time::Duration;
 
-use super::*;
+use sha2::{Digest, Sha256};
+
+use super::budget::QUARANTINE_COST;
+use super::mailbox_name;
+use super::state::{Change, State};
+use crate::digest::hex;
+use crate::layout;
+use crate::log::{Action, Decision, Entry};
+use crate::message::{Kind, Message};
+use crate::policy::{self, Policy, Route};
+
+/// An outbox entry as the caller found it.
+pub(super) enum Found {
+    /// A message.
+    Message(Box<Post>),
+    /// A file that is not a message (inspect.rs): its sender (qualified),
+    /// its quarantine id, and why it is not a message.
+    Bad {
+        sender: String,
+        qid: String,
+        why: String,
+    },
+}
+
+/// A message taken from an outbox, with what the log says of it.
+pub(super) struct Post {
+    /// The message, its `from` already its sender.
+    pub(super) message: Message,
+    /// The owner of the outbox (qualified: `HOST/NAME` for a proxy).
+    pub(super) sender: String,
+    /// What `from` said in the file.
+    pub(super) claimed: String,
+    /// The decision the log holds for its id.
+    pub(super) logged: Logged,
+    /// Its file is in the outbox's `cur/` too: it was routed, and posted again.
+    pub(super) in_cur: bool,
+    /// Who sent the message its `in_reply_to` names, by the log (looked up
+    /// for a kind routed to the asker).
+    pub(super) asker: Option<String>,
+}
+
+/// The entries the log holds for a message's id.
+#[derive(Clone, Default)]
+pub(super) struct Logged {
+    /// Its forward, escalation or hold.
+    pub(super) main: Option<Entry>,
+    /// Its bounce.
+    pub(super) bounce: Option<Entry>,
+    /// The held-queue cap notice it triggered.
+    pub(super) notice: Option<Entry>,
+}
+
+/// What to do with an outbox entry.
+#[derive(Debug)]
+pub(super) enum Outcome {
+    /// Nothing: a planted directory that was left for good.
+    Skip,
+    /// Nothing yet: the sender's log budget is used up; it stays in the outbox.
+    Wait,
+    /// Log a quarantine entry with this reason, and move the file there.
+    Quarantine(String),
+    /// Claim it, logging nothing: refused and counted by an earlier run.
+    Claim,
+    /// Carry out the decision an earlier run logged (these entries).
+    Resume(Vec<Entry>),
+    /// Log these entries and carry them out; `refused` is a refusal,
+    /// counted instead of logged (budget.rs); `resumed`: an earlier run
+    /// logged the bounce among them.
+    Route {
+        entries: Vec<Entry>,
+        refused: Option<Box<Entry>>,
+        resumed: bool,
+    },
+}
+
+/// A decision: what to do, and what it changes in the state.
+#[derive(Debug)]
+pub(super) struct Verdict {
+    pub(super) outcome: Outcome,
+    pub(super) changes: Vec<Change>,
+}
+
+/// Decides on an outbox entry (see the module docs).
+pub(super) fn decide(state: &State, found: &Found, policy: &Policy, now: Duration) -> Verdict {
+    let mut changes = Vec::new();
+    let outcome = match found {
+        Found::Bad { sender, qid, why } => {
+            if state.memory.is_left(qid) {
+                Outcome::Skip
+            } else if !admit(state, sender, QUARANTINE_COST, now, &mut changes) {
+                Outcome::Wait
+            } else {
+                Outcome::Quarantine(why.clone())
+            }
+        }
+        Found::Message(p) => decide_post(state, p, policy, now, &mut changes),
+    };
+    Verdict { outcome, changes }
+}
+
+/// Whether `sender` can afford a post that costs at most `most`; when it
+/// cannot, its budget is used up for the hour.
+fn admit(state: &State, sender: &str, most: u64, now: Duration, changes: &mut Vec<Change>) -> bool {
+    if state.fits(sender, most, now) {
+        return true;
+    }
+    if !state.is_full(sender, now) {
+        changes.push(Change::Full(sender.to_string()));
+    }
+    false
+}
+
+fn decide_post(
+    state: &State,
+    p: &Post,
+    policy: &Policy,
+    now: Duration,
+    changes: &mut Vec<Change>,
+) -> Outcome {
+    let m = &p.message;
+    let Logged { main, bounce, .. } = &p.logged;
+    if let Some(why) = main
+        .as_ref()
+        .or(bounce.as_ref())
+        .and_then(|e| clash(state, e, p))
+    {
+        return Outcome::Quarantine(why);
+    }
+    match (main, bounce) {
+        (Some(a), b) => Outcome::Resume(std::iter::once(a.clone()).chain(b.clone()).collect()),
+        (None, None) if state.memory.was_refused(&m.id) => Outcome::Claim,
+        (None, None) if !admit(state, &p.sender, state.most_cost(policy, m), now, changes) => {
+            Outcome::Wait
+        }
+        (None, Some(b)) => Outcome::Route {
+            entries: decide_again(state, p, b, policy, now),
+            refused: None,
+            resumed: true,
+        },
+        (None, None) => {
+            let mut entries = decide_new(state, p, policy, now, changes);
+            let refused = entries
+                .iter()
+                .position(|e| e.decision.quiet)
+                .map(|i| Box::new(entries.remove(i)));
+            Outcome::Route {
+                entries,
+                refused,
+                resumed: false,
+            }
+        }
+    }
+}
+
+/// Why a message cannot be routed although the log knows its id: another
+/// sender's, different content, or posted again after it was routed.
+fn clash(state: &State, logged: &Entry, p: &Post) -> Option<String> {
+    let id = &p.message.id;
+    // A proxy's message logged before senders were qualified has its bare name.
+    if logged.sender != p.sender && logged.sender != mailbox_name(&p.sender) {
+        Some(format!(
+            "id {id} is already used by a message from {}",
+            logged.sender
+        ))
+    } else if !state.records(logged, &p.message) {
+        Some(format!(
+            "id {id} is already used by an earlier, different message"
+        ))
+    } else if p.in_cur {
+        Some(format!("posted again after {id} was routed"))
+    } else {
+        None
+    }
+}
 
 /// A derived id: the time part of `base` (or `t`), 128 bits of a digest.
 pub(super) fn derived_id(t: Duration, parts: &[&[u8]]) -> String {
@@ -34,13 +205,6 @@ pub fn cap_notice_id(id: &str) -> String {
         crate::id::time_of(id).unwrap_or_default(),
         &[b"held-cap", id.as_bytes()],
     )
-}
-
-/// Cuts `s` to at most `max` bytes, on a character boundary.
-pub(super) fn fit(s: &mut String, max: usize) {
-    while s.len() > max {
-        s.pop();
-    }
 }
 
 /// The id of the bounce sent back for message `id`.
@@ -66,12 +230,86 @@ pub(super) fn content_digest(m: &Message) -> String {
     hex(&Sha256::digest(v.to_string().as_bytes())[..16])
 }
 
-/// What a route rule made of a message: a finished answer (main decision,
-/// bounced recipients, why they bounce), or the targets to check against
-/// the registry (targets, why, why the unknown ones bounce).
-pub(super) enum Routed {
-    Done(Option<Decision>, Vec<String>, String),
+/// Where a message goes by its kind's route, ignoring hold rules: the
+/// main decision (None when every recipient bounced), the recipients that
+/// bounce, and why.
+pub(super) struct Routing {
+    pub(super) main: Option<Decision>,
+    pub(super) unknown: Vec<String>,
+    pub(super) why: String,
+}
+
+/// What a route rule made of a message: a finished answer, or the targets
+/// to check against the registry (targets, why, why the unknown ones bounce).
+enum Routed {
+    Done(Routing),
     Targets(Vec<String>, String, String),
+}
+
+fn done(main: Option<Decision>, unknown: Vec<String>, why: String) -> Routed {
+    Routed::Done(Routing { main, unknown, why })
+}
+
+/// Routes a message by its kind (`release`: an operator released it from
+/// the held queue).  Its `from` is its sender; `asker` is who sent the
+/// message it replies to.
+pub(super) fn route(
+    state: &State,
+    policy: &Policy,
+    m: &Message,
+    asker: Option<&str>,
+    release: bool,
+) -> Routing {
+    let rule = policy.route(m.kind);
+    let at = policy.at(rule.line);
+    let named: Vec<String> =
+        m.to.iter()
+            .filter(|t| *t != layout::MEDIATOR)
+            .map(|t| state.resolve(t))
+            .collect();
+    let routed = match rule.value {
+        Route::Hold if !release => {
+            let hold = Decision {
+                quiet: false,
+                action: Action::Hold,
+                to: vec![],
+                reason: format!("kind {} is routed to hold ({at})", m.kind),
+            };
+            done(Some(hold), vec![], String::new())
+        }
+        Route::Human | Route::Hold => done(Some(to_person(m, release, &at)), vec![], String::new()),
+        Route::Named => route_named(m, &named, &at),
+        Route::Scope => route_scope(state, m, &named, &at),
+        Route::Asker => route_asker(state, m, asker, &named, &at),
+    };
+    let (mut targets, why, bounce_why) = match routed {
+        Routed::Done(r) => return r,
+        Routed::Targets(t, why, bounce_why) => (t, why, bounce_why),
+    };
+    targets.sort();
+    targets.dedup();
+    let (known, unknown): (Vec<String>, Vec<String>) = targets
+        .into_iter()
+        .partition(|t| t == layout::HUMAN || state.known.contains_key(t));
+    let main = if known.is_empty() && !(rule.value == Route::Named && named.is_empty()) {
+        None
+    } else {
+        Some(Decision {
+            quiet: false,
+            action: if release {
+                Action::Release
+            } else {
+                Action::Forward
+            },
+            to: known,
+            reason: why,
+        })
+    };
+    Routing {
+        main,
+        unknown,
+        why: bounce_why,
+    }
 }
 
 /// Routes `human` (and `hold` when released): to a person.
@@ -91,7 +329,7 @@ fn to_person(m: &Message, release: bool, at: &str) -> Decision {
 /// Route `named`: the recipients the message names.
 fn route_named(m: &Message, named: &[String], at: &str) -> Routed {
     if named.is_empty() && m.kind != Kind::Status {
-        return Routed::Done(
+        return done(
             None,
             vec![layout::MEDIATOR.to_string()],
             format!(
@@ -111,424 +349,308 @@ fn route_named(m: &Message, named: &[String], at: &str) -> Routed {
     Routed::Targets(named.to_vec(), why, "not a registered sandbox".into())
 }
 
-impl Mediator {
-    /// Where a message goes by its kind's route, ignoring hold rules.
-    /// Returns the main decision (None when every recipient bounced) and the
-    /// recipients that bounce, with the reason.
-    pub(super) fn route(
-        &self,
-        m: &Message,
-        sender: &str,
-        release: bool,
-    ) -> (Option<Decision>, Vec<String>, String) {
-        let rule = self.policy.route(m.kind);
-        let at = self.policy.at(rule.line);
-        let named: Vec<String> =
-            m.to.iter()
-                .filter(|t| *t != layout::MEDIATOR)
-                .map(|t| self.resolve(t))
-                .collect();
-        let routed = match rule.value {
-            Route::Hold if !release => Routed::Done(
-                Some(Decision {
-                    quiet: false,
-                    action: Action::Hold,
-                    to: vec![],
-                    reason: format!("kind {} is routed to hold ({at})", m.kind),
-                }),
-                vec![],
-                String::new(),
-            ),
-            Route::Human | Route::Hold => {
-                Routed::Done(Some(to_person(m, release, &at)), vec![], String::new())
-            }
-            Route::Named => route_named(m, &named, &at),
-            Route::Scope => self.route_scope(m, sender, &named, &at),
-            Route::Asker => self.route_asker(m, &named, &at),
-        };
-        let (mut targets, why, bounce_why) = match routed {
-            Routed::Done(main, bounce, why) => return (main, bounce, why),
-            Routed::Targets(t, why, bounce_why) => (t, why, bounce_why),
-        };
-        targets.sort();
-        targets.dedup();
-        let (known, unknown): (Vec<String>, Vec<String>) = targets
-            .into_iter()
-            .partition(|t| t == layout::HUMAN || self.known.contains_key(t));
-        let main = if known.is_empty() && !(rule.value == Route::Named && named.is_empty()) {
-            None
-        } else {
-            Some(Decision {
-                quiet: false,
-                action: if release {
-                    Action::Release
-                } else {
-                    Action::Forward
-                },
-                to: known,
-                reason: why,
-            })
-        };
-        (main, unknown, bounce_why)
-    }
+/// Route `scope`: every other sandbox whose scope overlaps the refs (or
+/// that declared none), and the named recipients.
+fn route_scope(state: &State, m: &Message, named: &[String], at: &str) -> Routed {
+    let own = mailbox_name(&m.from);
+    let mut t: Vec<String> = state
+        .known
+        .values()
+        .filter(|s| s.name != own)
+        .filter(|s| {
+            s.scope.is_empty()
+                || m.refs.is_empty()
+                || s.scope
+                    .iter()
+                    .any(|sc| m.refs.iter().any(|r| policy::overlaps(sc, r)))
+        })
+        .map(|s| s.name.clone())
+        .collect();
+    t.extend(named.iter().cloned());
+    let why = if m.refs.is_empty() {
+        format!("{} without refs goes to every other sandbox ({at})", m.kind)
+    } else {
+        format!(
+            "{} goes to sandboxes whose scope overlaps its refs or that declared none ({at})",
+            m.kind
+        )
+    };
+    Routed::Targets(t, why, "not a registered sandbox".into())
+}
 
-    /// Route `scope`: every other sandbox whose scope overlaps the refs (or
-    /// that declared none), and the named recipients.
-    fn route_scope(&self, m: &Message, sender: &str, named: &[String], at: &str) -> Routed {
-        let own = mailbox_name(sender);
-        let mut t: Vec<String> = self
-            .known
-            .values()
-            .filter(|s| s.name != own)
-            .filter(|s| {
-                s.scope.is_empty()
-                    || m.refs.is_empty()
-                    || s.scope
-                        .iter()
-                        .any(|sc| m.refs.iter().any(|r| policy::overlaps(sc, r)))
-            })
-            .map(|s| s.name.clone())
-            .collect();
-        t.extend(named.iter().cloned());
-        let why = if m.refs.is_empty() {
-            format!("{} without refs goes to every other sandbox ({at})", m.kind)
-        } else {
-            format!(
-                "{} goes to sandboxes whose scope overlaps its refs or that declared none ({at})",
-                m.kind
-            )
-        };
-        Routed::Targets(t, why, "not a registered sandbox".into())
-    }
-
-    /// Route `asker`: whoever sent the message this one replies to, and the
-    /// named recipients.
-    fn route_asker(&self, m: &Message, named: &[String], at: &str) -> Routed {
-        let Some(q) = &m.in_reply_to else {
-            let to = named
-                .iter()
-                .cloned()
-                .chain([layout::MEDIATOR.into()])
-                .take(1);
-            let why = format!(
-                "{} has no in_reply_to, so it has nobody to go to ({at})",
-                m.kind
-            );
-            return Routed::Done(None, to.collect(), why);
-        };
-        match self.sender_of(q) {
-            Some(asker) => {
-                let mut t = vec![self.resolve(&asker)];
-                t.extend(named.iter().cloned());
-                let why = format!("{} goes to {asker}, who sent {q} ({at})", m.kind);
-                Routed::Targets(t, why, "not a registered sandbox".into())
-            }
-            None => Routed::Done(
-                None,
-                vec![layout::MEDIATOR.to_string()],
-                format!("in_reply_to {q} names no message in the log ({at})"),
-            ),
+/// Route `asker`: whoever sent the message this one replies to, and the
+/// named recipients.
+fn route_asker(
+    state: &State,
+    m: &Message,
+    asker: Option<&str>,
+    named: &[String],
+    at: &str,
+) -> Routed {
+    let Some(q) = &m.in_reply_to else {
+        let to = named
+            .iter()
+            .cloned()
+            .chain([layout::MEDIATOR.into()])
+            .take(1);
+        let why = format!(
+            "{} has no in_reply_to, so it has nobody to go to ({at})",
+            m.kind
+        );
+        return done(None, to.collect(), why);
+    };
+    match asker {
+        Some(asker) => {
+            let mut t = vec![state.resolve(asker)];
+            t.extend(named.iter().cloned());
+            let why = format!("{} goes to {asker}, who sent {q} ({at})", m.kind);
+            Routed::Targets(t, why, "not a registered sandbox".into())
         }
+        None => done(
+            None,
+            vec![layout::MEDIATOR.to_string()],
+            format!("in_reply_to {q} names no message in the log ({at})"),
+        ),
     }
+}
 
-    /// The hold rules, in order: sender, kind, duplicate, rate.  Updates the
-    /// rate and duplicate memory.
-    pub(super) fn hold_reason(&mut self, m: &Message, sender: &str) -> Option<String> {
-        if let Some(r) = self.policy.hold_senders.iter().find(|r| r.value == sender) {
+/// The hold rules, in order: sender, kind, duplicate, rate.  What they
+/// remember of the message (its digest, its time against the rate) goes
+/// into `changes`.
+fn hold_reason(
+    state: &State,
+    p: &Post,
+    policy: &Policy,
+    now: Duration,
+    changes: &mut Vec<Change>,
+) -> Option<String> {
+    let (m, sender) = (&p.message, p.sender.as_str());
+    if let Some(r) = policy.hold_senders.iter().find(|r| r.value == sender) {
+        return Some(format!("sender {sender} is held ({})", policy.at(r.line)));
+    }
+    if let Some(r) = policy.hold_kinds.iter().find(|r| r.value == m.kind) {
+        return Some(format!("kind {} is held ({})", m.kind, policy.at(r.line)));
+    }
+    let now = now.as_millis() as u64;
+    if let Some(d) = &policy.duplicates {
+        let window = d.value.as_millis() as u64;
+        let digest = content_digest(m);
+        if let Some(t) = state.memory.dup_time(&digest, now, window) {
+            let ago = now.saturating_sub(t) / 1000;
             return Some(format!(
-                "sender {sender} is held ({})",
-                self.policy.at(r.line)
+                "exact duplicate of a message {sender} posted {ago}s ago (within {}s, {})",
+                d.value.as_secs(),
+                policy.at(d.line)
             ));
         }
-        if let Some(r) = self.policy.hold_kinds.iter().find(|r| r.value == m.kind) {
+        changes.push(Change::Remember { digest, window });
+    }
+    if let Some(r) = &policy.rate {
+        let window = r.value.window.as_millis() as u64;
+        if state.memory.rate_count(sender, now, window) >= r.value.count as usize {
             return Some(format!(
-                "kind {} is held ({})",
-                m.kind,
-                self.policy.at(r.line)
+                "sender {sender} went over {} messages in {}s ({})",
+                r.value.count,
+                r.value.window.as_secs(),
+                policy.at(r.line)
             ));
         }
-        let now = crate::time::now_ms();
-        if let Some(d) = self.policy.duplicates.clone() {
-            let window = d.value.as_millis() as u64;
-            let mem = &mut self.memory;
-            while let Some((h, t)) = mem.dups.front().cloned() {
-                if now.saturating_sub(t) > window || mem.dups.len() > MAX_REMEMBERED {
-                    mem.dups.pop_front();
-                    if mem.dup_index.get(&h) == Some(&t) {
-                        mem.dup_index.remove(&h);
-                    }
-                } else {
-                    break;
-                }
-            }
-            let digest = content_digest(m);
-            if let Some(t) = mem.dup_index.get(&digest)
-                && now.saturating_sub(*t) <= window
-            {
-                let ago = now.saturating_sub(*t) / 1000;
-                return Some(format!(
-                    "exact duplicate of a message {sender} posted {ago}s ago (within {}s, {})",
-                    d.value.as_secs(),
-                    self.policy.at(d.line)
-                ));
-            }
-            mem.dups.push_back((digest.clone(), now));
-            mem.dup_index.insert(digest, now);
-            self.memory_dirty = true;
-        }
-        if let Some(r) = self.policy.rate.clone() {
-            let window = r.value.window.as_millis() as u64;
-            let q = self.memory.rate.entry(sender.to_string()).or_default();
-            while q.front().is_some_and(|t| now.saturating_sub(*t) >= window) {
-                q.pop_front();
-            }
-            if q.len() >= r.value.count as usize {
-                return Some(format!(
-                    "sender {sender} went over {} messages in {}s ({})",
-                    r.value.count,
-                    r.value.window.as_secs(),
-                    self.policy.at(r.line)
-                ));
-            }
-            q.push_back(now);
-            self.memory_dirty = true;
-        }
-        None
+        let sender = sender.to_string();
+        changes.push(Change::Rate { sender, window });
     }
+    None
+}
 
-    pub(super) fn entry(&self, m: &Message, sender: &str, mut d: Decision) -> Entry {
-        let keep_body = !(d.quiet || matches!(d.action, Action::Hold | Action::Drop));
-        self.secrets.mask_in(&mut d.reason);
-        Entry {
-            version: LOG_VERSION,
-            name: Entry::name_for(&m.id, d.action, None),
-            logged: crate::time::rfc3339(crate::time::now()),
-            message_id: m.id.clone(),
-            sender: sender.to_string(),
-            message: Some(self.logged_message(m, keep_body)),
-            decision: d,
-        }
-    }
-
-    /// A message as the log keeps it: secret values masked, and the body
-    /// left out of hold, drop and refusal entries (the held queue keeps the
-    /// body of a held message; a refused one goes back to its sender).
-    pub(super) fn logged_message(&self, m: &Message, keep_body: bool) -> Message {
-        let mut m = m.clone();
-        if !keep_body {
-            m.body.clear();
-        }
-        if !self.secrets.is_empty() {
-            self.secrets.mask_in(&mut m.subject);
-            fit(&mut m.subject, message::MAX_SUBJECT);
-            self.secrets.mask_in(&mut m.body);
-            fit(&mut m.body, message::MAX_BODY);
-            for r in &mut m.refs {
-                self.secrets.mask_in(r);
-                fit(r, message::MAX_REF);
-            }
-        }
-        m
-    }
-
-    /// Whether a logged entry records `m` (as [`Mediator::logged_message`] keeps it).
-    pub(super) fn records(&self, e: &Entry, m: &Message) -> bool {
-        match &e.message {
-            Some(l) => {
-                l == m || *l == self.logged_message(m, true) || *l == self.logged_message(m, false)
-            }
-            None => false,
-        }
-    }
-
-    /// The name of a secret the message carries, if any.
-    pub(super) fn secret_in(&self, m: &Message) -> Option<String> {
-        if self.secrets.is_empty() {
-            return None;
-        }
-        [&m.subject, &m.body]
-            .into_iter()
-            .chain(m.refs.iter())
-            .find_map(|t| self.secrets.find(t))
-            .map(str::to_string)
-    }
-
-    /// Holds a message, or refuses it when its sender is at the cap of the
-    /// held queue: a quiet bounce, and the first time in an episode, one
-    /// status message to a person.
-    pub(super) fn hold_or_refuse(
-        &mut self,
-        m: &Message,
-        sender: &str,
-        reason: String,
-    ) -> Vec<Entry> {
-        let n = self.held_count.get(sender).copied().unwrap_or(0);
-        match self.policy.held_max.clone() {
-            Some(cap) if sender != layout::HUMAN && n >= cap.value => {
-                let at = self.policy.at(cap.line);
-                let d = Decision {
-                    quiet: true,
-                    action: Action::Bounce,
-                    to: m.to.clone(),
-                    reason: format!(
-                        "sender {sender} has {n} messages in the held queue, the most allowed ({at}); this one would have been held ({reason}), so it bounced instead; an operator releases or drops held messages with lw-mediate release or drop"
-                    ),
-                };
-                let mut out = vec![self.entry(m, sender, d)];
-                if self.memory.capped.insert(sender.to_string()) {
-                    self.memory_dirty = true;
-                    out.push(self.cap_notice(m, sender, n, &at));
-                }
-                out
-            }
-            _ => {
-                *self.held_count.entry(sender.to_string()).or_default() += 1;
-                let d = Decision {
-                    quiet: false,
-                    action: Action::Hold,
-                    to: vec![],
-                    reason,
-                };
-                vec![self.entry(m, sender, d)]
-            }
-        }
-    }
-
-    /// The status message that tells a person a sender reached the cap,
-    /// logged as an escalation from the mediator; its id derives from the
-    /// post that found the cap, so a restart writes the same one.
-    pub(super) fn cap_notice(&self, trigger: &Message, sender: &str, n: u32, at: &str) -> Entry {
-        let id = cap_notice_id(&trigger.id);
-        crate::log::Notice {
-            id,
-            to: vec![layout::HUMAN.into()],
-            subject: format!(
-                "{sender} reached the cap of {n} held messages; its further posts bounce"
-            ),
-            body: format!(
-                "Sandbox {sender} has {n} messages in the held queue, the most the policy allows ({at}).\n\
-                 Until an operator releases or drops some of them, every further post of {sender} that\n\
-                 would be held bounces back to it instead, and is logged without its body.\n\
-                 \n\
-                 See them:   lw-mediate held\n\
-                 Act:        lw-mediate release ID ...   or   lw-mediate drop ID ... --reason TEXT\n\
-                 \n\
-                 This is said once; it is said again only after {sender} went below the cap.\n"
-            ),
-            at: crate::time::now(),
-            reason: format!(
-                    "sender {sender} reached the held-queue cap ({at}); said once per episode"
+/// Holds a message, or refuses it when its sender is at the cap of the
+/// held queue: a quiet bounce, and the first time in an episode, one
+/// status message to a person.
+fn hold_or_refuse(
+    state: &State,
+    p: &Post,
+    reason: String,
+    policy: &Policy,
+    now: Duration,
+    changes: &mut Vec<Change>,
+) -> Vec<Entry> {
+    let (m, sender) = (&p.message, p.sender.as_str());
+    let n = state.held_count.get(sender).copied().unwrap_or(0);
+    match &policy.held_max {
+        Some(cap) if sender != layout::HUMAN && n >= cap.value => {
+            let at = policy.at(cap.line);
+            let d = Decision {
+                quiet: true,
+                action: Action::Bounce,
+                to: m.to.clone(),
+                reason: format!(
+                    "sender {sender} has {n} messages in the held queue, the most allowed ({at}); this one would have been held ({reason}), so it bounced instead; an operator releases or drops held messages with lw-mediate release or drop"
                 ),
-        }
-        .entry()
-    }
-
-    /// A new decision for a message nobody decided on yet.  `bounced`, when
-    /// given, is the bounce of an earlier run that must stand.
-    pub(super) fn decide(
-        &mut self,
-        m: &Message,
-        sender: &str,
-        claimed: &str,
-        bounced: Option<Entry>,
-    ) -> Vec<Entry> {
-        let spoof = if claimed != sender {
-            format!(
-                "; 'from' in the file said '{}', ignored: the sender is the owner of the outbox",
-                claimed.escape_debug()
-            )
-        } else {
-            String::new()
-        };
-        if let Some(b) = &bounced
-            && b.decision.quiet
-        {
-            // A refusal an earlier run logged: it stands, with its notice.
-            let notice = Entry::name_for(&cap_notice_id(&m.id), Action::Escalate, None);
-            let mut out = vec![b.clone()];
-            if self.log.has(&notice) {
-                out.extend(self.log.read(OsStr::new(&notice)).ok());
-            }
-            return out;
-        }
-        if bounced.is_none() {
-            let why = match self.secret_in(m) {
-                Some(name) => Some(format!("contains secret {name}")),
-                None => self.hold_reason(m, sender),
             };
-            if let Some(reason) = why {
-                return self.hold_or_refuse(m, sender, reason + &spoof);
+            let mut out = vec![state.entry(m, sender, d, now)];
+            if !state.memory.capped.contains(sender) {
+                changes.push(Change::Capped(sender.to_string()));
+                out.push(cap_notice(m, sender, n, &at, now));
             }
+            out
         }
-        let (main, unknown, why) = self.route(m, sender, false);
-        if bounced.is_none()
-            && let Some(d) = &main
-            && d.action == Action::Hold
-        {
-            return self.hold_or_refuse(m, sender, d.reason.clone() + &spoof);
+        _ => {
+            changes.push(Change::Held(sender.to_string()));
+            let d = Decision {
+                quiet: false,
+                action: Action::Hold,
+                to: vec![],
+                reason,
+            };
+            vec![state.entry(m, sender, d, now)]
         }
-        let mut out = Vec::new();
-        match bounced {
-            Some(b) => {
-                // An earlier run bounced these; deliver only to the rest.
-                if let Some(mut d) = main {
-                    d.to.retain(|t| !b.decision.to.contains(t));
-                    if !d.to.is_empty() {
-                        out.push(self.entry(m, sender, d));
-                    }
-                }
-                out.push(b);
-            }
-            None => {
-                if !unknown.is_empty() {
-                    let d = Decision {
-                        quiet: false,
-                        action: Action::Bounce,
-                        to: unknown.clone(),
-                        reason: format!(
-                            "cannot deliver to {}: {why}; a bounce went back to {sender}{spoof}",
-                            unknown.join(", ")
-                        ),
-                    };
-                    out.push(self.entry(m, sender, d));
-                }
-                if let Some(mut d) = main {
-                    d.reason += &spoof;
-                    out.push(self.entry(m, sender, d));
-                }
-            }
-        }
-        out
     }
+}
 
-    /// The bounce message for a bounce entry.
-    pub(super) fn bounce_message(e: &Entry) -> Message {
-        let m = e
-            .message
-            .as_ref()
-            .expect("bounce entries carry their message");
-        let mut subject = format!("undeliverable: {}", m.subject);
-        while subject.len() > message::MAX_SUBJECT {
-            subject.pop();
-        }
-        Message {
-            version: message::VERSION,
-            id: bounce_id(&m.id),
-            from: layout::MEDIATOR.into(),
-            to: vec![e.sender.clone()],
-            kind: Kind::Bounce,
-            subject,
-            body: format!(
-                "Your {} message {} (\"{}\") was not delivered to {}.\nReason: {}\n",
-                m.kind,
-                m.id,
-                m.subject,
-                e.decision.to.join(", "),
-                e.decision.reason
+/// The status message that tells a person a sender reached the cap,
+/// logged as an escalation from the mediator; its id derives from the
+/// post that found the cap, so a restart writes the same one.
+fn cap_notice(trigger: &Message, sender: &str, n: u32, at: &str, now: Duration) -> Entry {
+    let id = cap_notice_id(&trigger.id);
+    let mut e = crate::log::Notice {
+        id,
+        to: vec![layout::HUMAN.into()],
+        subject: format!("{sender} reached the cap of {n} held messages; its further posts bounce"),
+        body: format!(
+            "Sandbox {sender} has {n} messages in the held queue, the most the policy allows ({at}).\n\
+             Until an operator releases or drops some of them, every further post of {sender} that\n\
+             would be held bounces back to it instead, and is logged without its body.\n\
+             \n\
+             See them:   lw-mediate held\n\
+             Act:        lw-mediate release ID ...   or   lw-mediate drop ID ... --reason TEXT\n\
+             \n\
+             This is said once; it is said again only after {sender} went below the cap.\n"
+        ),
+        at: now,
+        reason: format!("sender {sender} reached the held-queue cap ({at}); said once per episode"),
+    }
+    .entry();
+    e.logged = crate::time::rfc3339(now);
+    e
+}
+
+/// `; 'from' ... ignored` when the file's `from` was not the sender.
+fn spoof_note(p: &Post) -> String {
+    if p.claimed != p.sender {
+        format!(
+            "; 'from' in the file said '{}', ignored: the sender is the owner of the outbox",
+            p.claimed.escape_debug()
+        )
+    } else {
+        String::new()
+    }
+}
+
+/// A new decision for a message nobody decided on yet.
+fn decide_new(
+    state: &State,
+    p: &Post,
+    policy: &Policy,
+    now: Duration,
+    changes: &mut Vec<Change>,
+) -> Vec<Entry> {
+    let (m, sender) = (&p.message, p.sender.as_str());
+    let spoof = spoof_note(p);
+    let why = match state.secret_in(m) {
+        Some(name) => Some(format!("contains secret {name}")),
+        None => hold_reason(state, p, policy, now, changes),
+    };
+    if let Some(reason) = why {
+        return hold_or_refuse(state, p, reason + &spoof, policy, now, changes);
+    }
+    let r = route(state, policy, m, p.asker.as_deref(), false);
+    if let Some(d) = &r.main
+        && d.action == Action::Hold
+    {
+        return hold_or_refuse(state, p, d.reason.clone() + &spoof, policy, now, changes);
+    }
+    let mut out = Vec::new();
+    if !r.unknown.is_empty() {
+        let d = Decision {
+            quiet: false,
+            action: Action::Bounce,
+            to: r.unknown.clone(),
+            reason: format!(
+                "cannot deliver to {}: {}; a bounce went back to {sender}{spoof}",
+                r.unknown.join(", "),
+                r.why
             ),
-            refs: vec![],
-            in_reply_to: Some(m.id.clone()),
-            created: e.logged.clone(),
+        };
+        out.push(state.entry(m, sender, d, now));
+    }
+    if let Some(mut d) = r.main {
+        d.reason += &spoof;
+        out.push(state.entry(m, sender, d, now));
+    }
+    out
+}
+
+/// The decision for a message whose bounce an earlier run logged (and
+/// whose main entry it did not): the bounce stands, and the message goes
+/// to the rest of its recipients.  A refusal stands with its notice.
+fn decide_again(state: &State, p: &Post, b: &Entry, policy: &Policy, now: Duration) -> Vec<Entry> {
+    if b.decision.quiet {
+        return std::iter::once(b.clone())
+            .chain(p.logged.notice.clone())
+            .collect();
+    }
+    let (m, sender) = (&p.message, p.sender.as_str());
+    let mut out = Vec::new();
+    if let Some(mut d) = route(state, policy, m, p.asker.as_deref(), false).main {
+        d.to.retain(|t| !b.decision.to.contains(t));
+        if !d.to.is_empty() {
+            out.push(state.entry(m, sender, d, now));
         }
     }
+    out.push(b.clone());
+    out
+}
+
+/// New entries releasing held message `m` to the recipients its route
+/// names now: a bounce for the unknown ones (unless `had_bounce`: one was
+/// logged), then the release.
+pub(super) fn release(
+    state: &State,
+    policy: &Policy,
+    m: &Message,
+    asker: Option<&str>,
+    had_bounce: bool,
+    now: Duration,
+) -> Vec<Entry> {
+    let sender = m.from.as_str();
+    let mut entries = Vec::new();
+    let r = route(state, policy, m, asker, true);
+    if !r.unknown.is_empty() && !had_bounce {
+        let d = Decision {
+            quiet: false,
+            action: Action::Bounce,
+            to: r.unknown.clone(),
+            reason: format!(
+                "released, but cannot deliver to {}: {}; a bounce went back to {sender}",
+                r.unknown.join(", "),
+                r.why
+            ),
+        };
+        entries.push(state.entry(m, sender, d, now));
+    }
+    let mut d = r.main.unwrap_or(Decision {
+        quiet: false,
+        action: Action::Release,
+        to: vec![],
+        reason: String::new(),
+    });
+    d.action = Action::Release;
+    d.reason = format!(
+        "released by an operator; {}",
+        if d.reason.is_empty() {
+            "no recipient is left".into()
+        } else {
+            d.reason
+        }
+    );
+    entries.push(state.entry(m, sender, d, now));
+    entries
 }

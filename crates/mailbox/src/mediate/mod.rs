@@ -27,7 +27,7 @@
 //!    which write nothing new.
 //!
 //! Each step finishes durably for a whole batch before the next starts (see
-//! lib/group.rs), so a SIGKILL at any instant followed by a restart gives
+//! crates/mailbox/src/batch.rs), so a SIGKILL at any instant followed by a restart gives
 //! each log entry and each inbox copy exactly once.  The files of steps 1
 //! and 2 are written and fsynced together, in `tmp/`, where nobody reads
 //! them; the copies are renamed into view only once the log is durable.
@@ -46,28 +46,31 @@
 //! the two steps finds the same entry.  Such files are never opened unless
 //! they are regular, singly linked and within the size limit.
 
-// The mediator by concern: deciding by policy (decide), looking at an entry
-// before trusting it (inspect), its durable memory (memory), routing and
-// delivery of batches (deliver), the person's queues (queues), and the watch
-// loop with its locks (watch), and what a sender may make it write
-// (budget).  This file holds the state and the pass.
+// The mediator by concern: what it decides from (state) and deciding by
+// policy, a pure step (decide); looking at an entry before trusting it
+// (inspect); taking a batch from the outboxes and deciding on each entry,
+// the shell around decide (collect); logging, delivering and claiming a
+// batch (deliver); its durable memory (memory); the person's queues
+// (queues); what a sender may make it write (budget); the watch loop with
+// its locks (watch).  This file holds the mediator's handles and the pass.
 mod budget;
+mod collect;
 mod decide;
 mod deliver;
 mod inspect;
 mod memory;
 mod queues;
+mod state;
+#[cfg(test)]
+mod tests;
 mod watch;
 
 pub use budget::{DEFAULT_LOG_MAX, refusals_id};
 pub use decide::{bounce_id, cap_notice_id};
+pub use state::State;
 pub use watch::{lock_mediator, lock_routes, raise_open_files_limit};
 
-// The submodules share the mediator's private helpers with each other.
-#[allow(unused_imports)]
-use {decide::*, inspect::*};
-
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::io::Write;
 use std::os::fd::OwnedFd;
@@ -75,18 +78,16 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use rustix::fs::{self as rfs, AtFlags};
-use serde::{Deserialize, Serialize};
+use rustix::fs as rfs;
+use serde::Serialize;
 
+use crate::batch::{self, OpenMaildir};
 use crate::error::{Error, Exit, Result, errno_io};
-use crate::group::{self, Box3};
 use crate::layout::{self, Root};
 use crate::log::{Action, Entry, Log};
 use crate::maildir::escape_name;
-use crate::message::Message;
 use crate::policy::Policy;
-use crate::redact::Secrets;
-use crate::registry::{Registry, Sandbox};
+use crate::registry::Registry;
 
 /// Messages per batch: each batch costs four sync points, and one fsync
 /// of each directory it touched, however many of its messages share it.
@@ -139,93 +140,34 @@ impl Stats {
     }
 }
 
-/// Rate and duplicate memory.  Bounded: a sender keeps at most the policy's
-/// rate count of times, and at most MAX_REMEMBERED digests are kept.
-#[derive(Default, Serialize, Deserialize)]
-struct Memory {
-    version: u32,
-    /// Sender -> times (ms since the epoch) of its recent admitted messages.
-    rate: HashMap<String, VecDeque<u64>>,
-    /// Digest (hex) and time (ms) of recent messages, oldest first.
-    dups: VecDeque<(String, u64)>,
-    /// Inbox owner -> mtime (ns) of its `cur/` when receipts were last taken.
-    receipts: HashMap<String, i128>,
-    /// Senders over their held-queue cap who were told about it (one
-    /// status message per episode; forgotten once they are below the cap).
-    #[serde(default)]
-    capped: std::collections::BTreeSet<String>,
-    /// Quarantine ids of planted directories that could not be taken:
-    /// left where they are, said once, never tried again (at most
-    /// MAX_REMEMBERED, oldest forgotten first).
-    #[serde(default)]
-    left: VecDeque<String>,
-    /// Sender -> its log budget this hour (lib/mediate/budget.rs).
-    #[serde(default)]
-    budget: HashMap<String, budget::Budget>,
-    /// Sender -> its refusals counted and not yet logged.
-    #[serde(default)]
-    refused: std::collections::BTreeMap<String, budget::Refused>,
-    /// The posts of the last batch with refusals that were counted: a
-    /// restart claims them without counting them again.
-    #[serde(default)]
-    refusing: Vec<String>,
-    #[serde(skip)]
-    dup_index: HashMap<String, u64>,
-}
-
-/// One message (or non-message) taken from an outbox.
-enum Work {
-    Route {
-        name: OsString,
-        /// The message as posted (the held queue keeps it whole).
-        message: Box<Message>,
-        entries: Vec<Entry>,
-        claim_question: Option<String>,
-    },
-    Quarantine {
-        name: OsString,
-        qid: String,
-        /// A directory: one that cannot be taken is left for good.
-        dir: bool,
-    },
-}
-
 /// The open Maildirs of one pass: the fixed ones, then inboxes on demand.
 struct Boxes {
-    list: Vec<Box3>,
+    list: Vec<OpenMaildir>,
     inbox: HashMap<String, usize>,
 }
 
+/// The mediator: its handles on the root and the log, the policy in
+/// force, and the [`State`] it decides from.
 pub struct Mediator {
     pub root: Root,
     rootfd: OwnedFd,
     pub log: Log,
     pub policy: Policy,
-    policy_path: Option<PathBuf>,
-    policy_explicit: bool,
-    policy_stamp: Option<(u64, i64, i64, u64)>,
+    /// Where the policy comes from.
+    policy_file: PolicyFile,
     registry: Registry,
-    known: HashMap<String, Sandbox>,
-    memory: Memory,
-    memory_dirty: bool,
+    /// What the mediator decides from (state.rs): the registry as last
+    /// read, the memory, the secret values, the log budget.
+    pub state: State,
     last_save: Instant,
     /// When `tmp/` directories were last swept (see [`Mediator::sweep_tmp`]).
     last_sweep: Option<Instant>,
     warned: HashSet<String>,
     pub batch: usize,
-    /// Log bytes a sender may cause per hour (`door.log-max`).
-    pub log_max: u64,
-    /// Sender -> the most the posts admitted into the batch being routed
-    /// can cost, until they are logged and charged.
-    reserved: HashMap<String, u64>,
     pub verbose: bool,
     pub stats: Stats,
-    /// How batches are made durable (lib/group.rs).
-    pub sync: group::Sync,
-    /// Secret values that never leave through the door (lib/redact.rs).
-    pub secrets: Secrets,
-    /// Sender -> messages of theirs in `held/new/`, counted at each pass.
-    held_count: HashMap<String, u32>,
+    /// How batches are made durable (crates/mailbox/src/batch.rs).
+    pub sync: batch::Sync,
     /// Called with a step of a batch (`collected`, `delivered`) and the
     /// outbox directories the batch takes from: tests change the disk there.
     #[doc(hidden)]
@@ -237,6 +179,46 @@ pub struct Mediator {
 
 /// See [`Mediator::batch_hook`].
 pub type BatchHook = Box<dyn FnMut(&str, &[PathBuf])>;
+
+/// What tells one version of a file from another: inode, mtime, size.
+type Stamp = (u64, i64, i64, u64);
+
+/// The policy file: its path, whether it was named (a missing file is an
+/// error then, else the default policy), and the stamp of the version read.
+struct PolicyFile {
+    path: Option<PathBuf>,
+    explicit: bool,
+    stamp: Option<Stamp>,
+}
+
+impl PolicyFile {
+    fn stamp_now(&self) -> Option<Stamp> {
+        let p = self.path.as_ref()?;
+        let st = rfs::stat(p).ok()?;
+        Some((
+            st.st_ino,
+            st.st_mtime,
+            st.st_mtime_nsec as i64,
+            st.st_size as u64,
+        ))
+    }
+
+    /// The policy the file holds now, and its stamp.
+    fn load(&self) -> Result<(Policy, Option<Stamp>)> {
+        let stamp = self.stamp_now();
+        let policy = match (&self.path, stamp) {
+            (Some(p), Some(_)) => Policy::load(p)?,
+            (Some(p), None) if self.explicit => {
+                return Err(Error::new(
+                    Exit::NoInput,
+                    format!("policy '{}' does not exist", p.display()),
+                ));
+            }
+            _ => Policy::default(),
+        };
+        Ok((policy, stamp))
+    }
+}
 
 impl Mediator {
     /// Opens a root.  `policy_path` is the policy file; when `explicit` is
@@ -254,84 +236,57 @@ impl Mediator {
             rustix::fs::Mode::empty(),
         )
         .map_err(|e| Error::io("cannot open", &root.dir, errno_io(e)))?;
+        let mut policy_file = PolicyFile {
+            path: policy_path,
+            explicit,
+            stamp: None,
+        };
+        let (policy, stamp) = policy_file.load()?;
+        policy_file.stamp = stamp;
         let mut m = Mediator {
             log: Log::new(root.log_dir()),
             registry: Registry::new(&root),
             rootfd,
             root,
-            policy: Policy::default(),
-            policy_path,
-            policy_explicit: explicit,
-            policy_stamp: None,
-            known: HashMap::new(),
-            memory: Memory::default(),
-            memory_dirty: false,
+            policy,
+            policy_file,
+            state: State::default(),
             last_save: Instant::now(),
             last_sweep: None,
             warned: HashSet::new(),
             batch: DEFAULT_BATCH,
-            log_max: DEFAULT_LOG_MAX,
-            reserved: HashMap::new(),
             verbose: false,
             stats: Stats::default(),
-            sync: group::Sync::default(),
-            secrets: Secrets::new(),
-            held_count: HashMap::new(),
+            sync: batch::Sync::default(),
             batch_hook: None,
             receipts_seen: HashMap::new(),
         };
-        m.load_policy()?;
         m.load_memory();
         Ok(m)
-    }
-
-    fn policy_file_stamp(&self) -> Option<(u64, i64, i64, u64)> {
-        let p = self.policy_path.as_ref()?;
-        let st = rfs::stat(p).ok()?;
-        Some((
-            st.st_ino,
-            st.st_mtime,
-            st.st_mtime_nsec as i64,
-            st.st_size as u64,
-        ))
-    }
-
-    fn load_policy(&mut self) -> Result<()> {
-        let stamp = self.policy_file_stamp();
-        self.policy = match (&self.policy_path, stamp) {
-            (Some(p), Some(_)) => Policy::load(p)?,
-            (Some(p), None) if self.policy_explicit => {
-                return Err(Error::new(
-                    Exit::NoInput,
-                    format!("policy '{}' does not exist", p.display()),
-                ));
-            }
-            _ => Policy::default(),
-        };
-        self.policy_stamp = stamp;
-        Ok(())
     }
 
     /// Re-reads the policy when its file changed.  A file with errors is
     /// reported and the previous policy stays in force.
     pub fn reload_policy_if_changed(&mut self) {
-        let stamp = self.policy_file_stamp();
-        if stamp == self.policy_stamp {
+        let stamp = self.policy_file.stamp_now();
+        if stamp == self.policy_file.stamp {
             return;
         }
-        let old = std::mem::take(&mut self.policy);
-        match self.load_policy() {
-            Ok(()) => eprintln!(
-                "lw-mediate: policy reloaded from {}",
-                self.policy
-                    .source
-                    .clone()
-                    .unwrap_or_else(|| "the built-in default".into())
-            ),
+        match self.policy_file.load() {
+            Ok((policy, stamp)) => {
+                self.policy = policy;
+                self.policy_file.stamp = stamp;
+                eprintln!(
+                    "lw-mediate: policy reloaded from {}",
+                    self.policy
+                        .source
+                        .clone()
+                        .unwrap_or_else(|| "the built-in default".into())
+                )
+            }
             Err(e) => {
                 eprintln!("lw-mediate: {e}\nlw-mediate: keeping the previous policy");
-                self.policy = old;
-                self.policy_stamp = stamp;
+                self.policy_file.stamp = stamp;
             }
         }
     }
@@ -350,13 +305,17 @@ impl Mediator {
                 b.file, b.reason
             ));
         }
-        self.known = good.into_iter().map(|s| (s.name.clone(), s)).collect();
+        let state = &mut self.state;
+        state.known = good.into_iter().map(|s| (s.name.clone(), s)).collect();
         // A sandbox made since the last pass may hold a secret the door
         // has not looked up yet (lib/redact/names.rs); one it cannot
         // resolve stops the door (78) rather than let the value through.
         let env = |n: &str| std::env::var_os(n);
         let dir = self.registry.dir.clone();
-        for w in self.secrets.add_recorded(&dir, self.known.values(), &env)? {
+        let warnings = state
+            .secrets
+            .add_recorded(&dir, state.known.values(), &env)?;
+        for w in warnings {
             self.warn_once(w);
         }
         Ok(())
@@ -365,51 +324,26 @@ impl Mediator {
     /// Looks up the logged decision of a message: the main entry and the
     /// bounce entry, either of which may be absent.
     pub fn decision_of(&self, id: &str) -> (Option<Entry>, Option<Entry>) {
-        let read = |a: Action| {
-            let n = Entry::name_for(id, a, None);
-            if self.log.has(&n) {
-                self.log.read(OsStr::new(&n)).ok()
-            } else {
-                None
-            }
-        };
-        let main = read(Action::Forward)
-            .or_else(|| read(Action::Escalate))
-            .or_else(|| read(Action::Hold));
-        (main, read(Action::Bounce))
+        let main = self
+            .logged(id, Action::Forward)
+            .or_else(|| self.logged(id, Action::Escalate))
+            .or_else(|| self.logged(id, Action::Hold));
+        (main, self.logged(id, Action::Bounce))
     }
 
-    /// The party the owner of a mailbox is to messages and the log: a
-    /// proxy of another host's sandbox (its record has `host`) is
-    /// `HOST/NAME`, any other owner its bare name (mailbox-spec.md,
-    /// FEDERATION).
-    pub(super) fn qualified(&self, owner: &str) -> String {
-        match self.known.get(owner).and_then(|s| s.host.as_deref()) {
-            Some(h) => format!("{h}/{owner}"),
-            None => owner.to_string(),
+    /// The log entry of message `id` for `action`, if it was logged (and
+    /// can be read).
+    pub(super) fn logged(&self, id: &str, action: Action) -> Option<Entry> {
+        let n = Entry::name_for(id, action, None);
+        if self.log.has(&n) {
+            self.log.read(OsStr::new(&n)).ok()
+        } else {
+            None
         }
-    }
-
-    /// The recipient a party names here: `HOST/NAME` is the proxy NAME
-    /// when its record says HOST; anything else is itself (and an unknown
-    /// qualified name stays as it is, to bounce).
-    pub(super) fn resolve(&self, party: &str) -> String {
-        match crate::message::split_qualified(party) {
-            Some((h, n)) if self.known.get(n).and_then(|s| s.host.as_deref()) == Some(h) => {
-                n.to_string()
-            }
-            _ => party.to_string(),
-        }
-    }
-
-    /// Who sent message `id`, by the log.
-    fn sender_of(&self, id: &str) -> Option<String> {
-        let (a, b) = self.decision_of(id);
-        a.or(b).map(|e| e.sender)
     }
 
     fn count(&mut self, e: &Entry) {
-        self.charge(e);
+        self.state.charge(e, crate::time::now_ms());
         match e.decision.action {
             Action::Forward => self.stats.forwarded += 1,
             Action::Escalate => self.stats.escalated += 1,
@@ -445,16 +379,16 @@ impl Mediator {
         // with one message each cost a handful of sync points, not a
         // thousand.  A lone message is routed at once: nothing waits for a
         // batch to fill.
-        let mut obs: Vec<(String, Box3)> = Vec::new();
+        let mut obs: Vec<(String, OpenMaildir)> = Vec::new();
         let mut queues: Vec<(Vec<OsString>, usize)> = Vec::new();
         // Sender -> its posts that wait because its log budget is used up.
         let mut full: HashMap<String, u64> = HashMap::new();
         for (sender, rel) in self.outboxes() {
             match self.open_outbox(&rel) {
-                Ok(Some((_, names))) if self.is_full(&self.qualified(&sender)) => {
+                Ok(Some((_, names))) if self.budget_full(&self.state.qualified(&sender)) => {
                     // Not even read: they wait for the next hour.
                     self.stats.waiting += names.len() as u64;
-                    full.insert(self.qualified(&sender), names.len() as u64);
+                    full.insert(self.state.qualified(&sender), names.len() as u64);
                 }
                 Ok(Some((ob, names))) => {
                     obs.push((sender, ob));
@@ -478,12 +412,12 @@ impl Mediator {
                 let k = turn;
                 turn = (turn + 1) % queues.len();
                 let (names, at) = &mut queues[k];
-                if *at < names.len() && self.is_full(&self.qualified(&obs[k].0)) {
+                if *at < names.len() && self.budget_full(&self.state.qualified(&obs[k].0)) {
                     // Went over its budget in this pass: the rest waits.
                     let left = (names.len() - *at) as u64;
                     *at = names.len();
                     self.stats.waiting += left;
-                    *full.entry(self.qualified(&obs[k].0)).or_default() += left;
+                    *full.entry(self.state.qualified(&obs[k].0)).or_default() += left;
                     idle += 1;
                 } else if *at < names.len() {
                     items.push((k, names[*at].clone()));
@@ -515,7 +449,7 @@ impl Mediator {
         self.tell_full(&mut boxes, &full, out)?;
         self.log_refusals(&mut boxes, false, out)?;
         self.sweep_tmp();
-        if self.memory_dirty && self.last_save.elapsed() > Duration::from_secs(2) {
+        if self.state.memory.dirty && self.last_save.elapsed() > Duration::from_secs(2) {
             self.save_memory()?;
         }
         Ok(self.stats.since(before))
@@ -575,7 +509,7 @@ impl Mediator {
             }
         };
         // What was refused is logged before exiting, not a minute later.
-        if !self.memory.refused.is_empty() {
+        if !self.state.memory.refused.is_empty() {
             let _routes = lock_routes(&self.root)?;
             let mut boxes = self.open_boxes()?;
             self.log_refusals(&mut boxes, true, out)?;
@@ -638,12 +572,6 @@ impl Mediator {
     }
 }
 
-impl Box3 {
-    fn has_cur(&self, name: &OsStr) -> bool {
-        rfs::statat(&self.cur, name, AtFlags::SYMLINK_NOFOLLOW).is_ok()
-    }
-}
-
 /// The names in a directory, without `.` and `..`.
 /// The mailbox a party's messages sit in: `HOST/NAME` is the proxy NAME
 /// (names are unique across hosts), any other party itself.
@@ -662,17 +590,4 @@ fn read_names(fd: &OwnedFd) -> rustix::io::Result<Vec<OsString>> {
         v.push(OsStr::from_bytes(n).to_os_string());
     }
     Ok(v)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn derived_ids_are_valid_and_stable() {
-        let id = crate::id::new_id();
-        assert_eq!(bounce_id(&id), bounce_id(&id));
-        assert!(crate::id::is_valid(&bounce_id(&id)));
-        assert_ne!(bounce_id(&id), id);
-    }
 }

@@ -1,8 +1,8 @@
 //! The queues a person works: releasing and dropping held messages,
 //! receipts for acknowledged messages, and what a removed sandbox left.
 
+use crate::batch::{self, Batch, open_dir_at};
 use crate::error::{Error, Exit, Result, errno_io};
-use crate::group::{self, Group, open_dir_at};
 use crate::layout;
 use crate::log::{Action, Decision, Entry, LOG_VERSION};
 use rustix::fs::{self as rfs, AtFlags};
@@ -14,7 +14,9 @@ use std::path::Path;
 
 use crate::message::Message;
 
-use super::*;
+use super::decide::release;
+use super::inspect::{Inspected, inspect};
+use super::{Boxes, HELD, LOG, Mediator, lock_routes, mailbox_name, read_names};
 
 impl Mediator {
     /// Drops the held messages of removed sandboxes (no registry record and
@@ -30,10 +32,10 @@ impl Mediator {
             if let Inspected::Message(m) = inspect(&held.new, &n, true)
                 && m.from != layout::HUMAN
                 && m.from != layout::MEDIATOR
-                && !self.known.contains_key(super::mailbox_name(&m.from))
+                && !self.state.known.contains_key(mailbox_name(&m.from))
                 && rfs::statat(
                     &self.rootfd,
-                    Path::new("sandboxes").join(super::mailbox_name(&m.from)),
+                    Path::new("sandboxes").join(mailbox_name(&m.from)),
                     AtFlags::SYMLINK_NOFOLLOW,
                 )
                 .is_err_and(|e| e == Errno::NOENT)
@@ -82,13 +84,13 @@ impl Mediator {
         let mut entries = self.operator_entries(&m, id, drop_reason);
         let refs: Vec<&Entry> = entries.iter().collect();
         self.log_entries(boxes, &refs, out)?;
-        let mut g = Group::with_sync(self.sync);
+        let mut g = Batch::with_sync(self.sync);
         for e in &entries {
             self.stage_deliveries(boxes, &mut g, e, &m)?;
         }
         g.commit(&boxes.list)?;
         let held = &boxes.list[HELD];
-        group::move_noreplace(&held.new, OsStr::new(id), &held.cur, OsStr::new(id))
+        batch::move_noreplace(&held.new, OsStr::new(id), &held.cur, OsStr::new(id))
             .map_err(|e| Error::io("cannot move", &held.path.join("new").join(id), errno_io(e)))?;
         held.fsync_cur()?;
         Ok(entries
@@ -127,23 +129,17 @@ impl Mediator {
 
     /// The entries of a release or drop: those an earlier, unfinished one
     /// logged, else new ones (the main entry last).
-    fn operator_entries(&mut self, m: &Message, id: &str, drop_reason: Option<&str>) -> Vec<Entry> {
-        let existing = |a: Action| {
-            let n = Entry::name_for(id, a, None);
-            if self.log.has(&n) {
-                self.log.read(OsStr::new(&n)).ok()
-            } else {
-                None
-            }
-        };
-        if let Some(e) = existing(Action::Drop) {
+    fn operator_entries(&self, m: &Message, id: &str, drop_reason: Option<&str>) -> Vec<Entry> {
+        if let Some(e) = self.logged(id, Action::Drop) {
             return vec![e];
         }
-        if let Some(e) = existing(Action::Release) {
-            return std::iter::once(e).chain(existing(Action::Bounce)).collect();
+        if let Some(e) = self.logged(id, Action::Release) {
+            return std::iter::once(e)
+                .chain(self.logged(id, Action::Bounce))
+                .collect();
         }
-        let had_bounce = existing(Action::Bounce).is_some();
-        let sender = m.from.clone();
+        let had_bounce = self.logged(id, Action::Bounce).is_some();
+        let now = crate::time::now();
         match drop_reason {
             Some(reason) => {
                 let d = Decision {
@@ -152,48 +148,16 @@ impl Mediator {
                     to: vec![],
                     reason: reason.to_string(),
                 };
-                let mut e = self.entry(m, &sender, d);
+                let mut e = self.state.entry(m, &m.from, d, now);
                 e.name = Entry::name_for(id, Action::Drop, None);
                 vec![e]
             }
-            None => self.release_entries(m, &sender, had_bounce),
-        }
-    }
-
-    /// New entries releasing `m` to the recipients its route names now: a
-    /// bounce for the unknown ones (unless one was logged), then the release.
-    fn release_entries(&mut self, m: &Message, sender: &str, had_bounce: bool) -> Vec<Entry> {
-        let mut entries = Vec::new();
-        let (main, unknown, why) = self.route(m, sender, true);
-        if !unknown.is_empty() && !had_bounce {
-            let d = Decision {
-                quiet: false,
-                action: Action::Bounce,
-                to: unknown.clone(),
-                reason: format!(
-                    "released, but cannot deliver to {}: {why}; a bounce went back to {sender}",
-                    unknown.join(", ")
-                ),
-            };
-            entries.push(self.entry(m, sender, d));
-        }
-        let mut d = main.unwrap_or(Decision {
-            quiet: false,
-            action: Action::Release,
-            to: vec![],
-            reason: String::new(),
-        });
-        d.action = Action::Release;
-        d.reason = format!(
-            "released by an operator; {}",
-            if d.reason.is_empty() {
-                "no recipient is left".into()
-            } else {
-                d.reason
+            None => {
+                let asker = self.asker_of(m);
+                let (state, policy) = (&self.state, &self.policy);
+                release(state, policy, m, asker.as_deref(), had_bounce, now)
             }
-        );
-        entries.push(self.entry(m, sender, d));
-        entries
+        }
     }
 
     /// Releases a held message to the recipients its route names now.
@@ -219,7 +183,7 @@ impl Mediator {
     /// directory and a look at the new names only, so acking N messages one
     /// by one costs O(N) file operations, not O(N^2).
     pub(super) fn take_receipts(&mut self, boxes: &mut Boxes, out: &mut dyn Write) -> Result<()> {
-        let mut names: Vec<String> = self.known.keys().cloned().collect();
+        let mut names: Vec<String> = self.state.known.keys().cloned().collect();
         names.sort();
         let now_ns = crate::time::now().as_nanos() as i128;
         for r in names {
@@ -231,12 +195,13 @@ impl Mediator {
             let mtime = st.st_mtime as i128 * 1_000_000_000 + st.st_mtime_nsec as i128;
             // A change within the file system's timestamp granularity of the
             // last look could hide behind an equal mtime: look again then.
-            if self.memory.receipts.get(&r) == Some(&mtime) && now_ns - mtime > 2_000_000_000 {
+            if self.state.memory.receipts.get(&r) == Some(&mtime) && now_ns - mtime > 2_000_000_000
+            {
                 continue;
             }
             self.receipts_in(boxes, &r, &fd, &rel, out)?;
-            self.memory.receipts.insert(r, mtime);
-            self.memory_dirty = true;
+            self.state.memory.receipts.insert(r, mtime);
+            self.state.memory.dirty = true;
         }
         Ok(())
     }
@@ -251,7 +216,7 @@ impl Mediator {
         rel: &Path,
         out: &mut dyn Write,
     ) -> Result<()> {
-        let mut g = Group::with_sync(self.sync);
+        let mut g = Batch::with_sync(self.sync);
         let mut pending: Vec<Entry> = Vec::new();
         let mut fresh: Vec<u128> = Vec::new();
         let dir = rfs::Dir::read_from(fd)
@@ -293,7 +258,7 @@ impl Mediator {
     fn commit_receipts(
         &mut self,
         boxes: &Boxes,
-        g: &mut Group,
+        g: &mut Batch,
         pending: &mut Vec<Entry>,
         out: &mut dyn Write,
     ) -> Result<()> {
@@ -351,7 +316,10 @@ impl Mediator {
                 quiet: false,
                 action: Action::Read,
                 to: vec![r.to_string()],
-                reason: format!("{} acked it (moved it to inbox/cur)", self.qualified(r)),
+                reason: format!(
+                    "{} acked it (moved it to inbox/cur)",
+                    self.state.qualified(r)
+                ),
             },
         })
     }

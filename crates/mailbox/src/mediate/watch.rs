@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::*;
+use super::Mediator;
 
 /// Takes the lock that keeps two mediators off one root.  Held until the
 /// returned file is dropped (or the process dies).
@@ -72,7 +72,7 @@ impl Mediator {
                     dirs.push(self.root.sandbox(&s).inbox().sub(crate::maildir::Sub::Cur));
                 }
             }
-            if let Some(parent) = self.policy_path.as_ref().and_then(|p| p.parent()) {
+            if let Some(parent) = self.policy_file.path.as_ref().and_then(|p| p.parent()) {
                 dirs.push(if parent.as_os_str().is_empty() {
                     PathBuf::from(".")
                 } else {

@@ -1,4 +1,5 @@
-//! Group commit: Maildir's delivery procedure for many messages at once.
+//! Batched delivery: Maildir's delivery procedure for many messages at
+//! once (a group commit).
 //!
 //! lib/maildir.rs delivers one message with two fsyncs (file, then `new/`).
 //! The mediator moves thousands of messages and every one is written twice
@@ -6,7 +7,7 @@
 //! phases over a batch instead: create every `tmp/` file exclusively (mode
 //! 0600, O_NOFOLLOW) and write it, fsync every file, rename each into `new/`
 //! with RENAME_NOREPLACE, then fsync each `new/` directory once.  After
-//! [`Group::commit`] returns, every staged message is durable, exactly as if
+//! [`Batch::commit`] returns, every staged message is durable, exactly as if
 //! each had gone through `Maildir::deliver_once`; before it returns, none is
 //! visible half-written.
 //!
@@ -59,7 +60,7 @@ pub fn ensure_dir_at(dir: &OwnedFd, name: &str) -> rustix::io::Result<OwnedFd> {
     open_dir_at(Some(dir), Path::new(name))
 }
 
-/// How a group makes its writes durable (see the module docs).
+/// How a batch makes its writes durable (see the module docs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Sync {
     /// syncfs(2) once per phase and file system.
@@ -94,7 +95,7 @@ pub fn fsync_all(fds: &[(&OwnedFd, &Path)]) -> Result<()> {
 
 /// An open Maildir: its `tmp/`, `new/` and `cur/` held as descriptors.
 #[derive(Debug)]
-pub struct Box3 {
+pub struct OpenMaildir {
     pub path: PathBuf,
     pub tmp: OwnedFd,
     pub new: OwnedFd,
@@ -103,10 +104,10 @@ pub struct Box3 {
     pub dev: u64,
 }
 
-impl Box3 {
+impl OpenMaildir {
     /// Opens (creating the three subdirectories when missing) the Maildir
     /// at `rel` below the directory `base`, never following a link.
-    pub fn open(base: &OwnedFd, base_path: &Path, rel: &Path) -> Result<Box3> {
+    pub fn open(base: &OwnedFd, base_path: &Path, rel: &Path) -> Result<OpenMaildir> {
         let path = base_path.join(rel);
         let err = |what: &str, e: Errno| {
             let msg = if e == Errno::LOOP || e == Errno::NOTDIR {
@@ -141,7 +142,7 @@ impl Box3 {
         let dev = rfs::fstat(&new)
             .map_err(|e| err("cannot stat new/ of", e))?
             .st_dev as u64;
-        Ok(Box3 {
+        Ok(OpenMaildir {
             path,
             tmp,
             new,
@@ -201,13 +202,13 @@ pub struct Write {
 }
 
 /// Creates and writes each file in `tmp/` of its box, and fsyncs it when
-/// `fsync` (the group's [`Sync::File`]), from up to [`FSYNC_WORKERS`]
+/// `fsync` (the batch's [`Sync::File`]), from up to [`FSYNC_WORKERS`]
 /// threads at once: creating a file costs CPU (on ext4
 /// without a journal, a scan past recently deleted inodes) and its fsync
 /// waits on the disk, so a batch's files overlap both.  One result per
 /// write, in order; a file that failed is unlinked.  Nothing is visible
-/// in `new/` yet: [`Group::adopt`] and [`Group::commit`] do that.
-pub fn write_tmp(boxes: &[Box3], writes: &[Write], fsync: bool) -> Vec<Result<OwnedFd>> {
+/// in `new/` yet: [`Batch::adopt`] and [`Batch::commit`] do that.
+pub fn write_tmp(boxes: &[OpenMaildir], writes: &[Write], fsync: bool) -> Vec<Result<OwnedFd>> {
     let one = |w: &Write| -> Result<OwnedFd> {
         let fd = create_tmp(boxes, w.key, &w.name, &w.bytes)?;
         let b = &boxes[w.key];
@@ -260,7 +261,7 @@ fn parallel<T: Send>(n: usize, f: impl Fn(usize) -> T + std::marker::Sync) -> Ve
 /// Creates `tmp/NAME` of `boxes[key]` exclusively (mode 0600, never
 /// through a link), gives it to the owner of `tmp/` and writes `bytes`; a
 /// stray file of a crashed earlier attempt is replaced (nobody reads tmp/).
-fn create_tmp(boxes: &[Box3], key: usize, name: &str, bytes: &[u8]) -> Result<OwnedFd> {
+fn create_tmp(boxes: &[OpenMaildir], key: usize, name: &str, bytes: &[u8]) -> Result<OwnedFd> {
     let b = &boxes[key];
     let tmp_path = || b.path.join("tmp").join(name);
     let open = || {
@@ -297,7 +298,7 @@ fn create_tmp(boxes: &[Box3], key: usize, name: &str, bytes: &[u8]) -> Result<Ow
 
 /// A batch of deliveries to one or more Maildirs.
 #[derive(Default)]
-pub struct Group {
+pub struct Batch {
     staged: Vec<Staged>,
     seen: HashSet<(usize, String)>,
     pub sync: Sync,
@@ -330,15 +331,15 @@ pub struct Committed {
     pub already: usize,
 }
 
-impl Group {
-    pub fn new() -> Group {
-        Group::default()
+impl Batch {
+    pub fn new() -> Batch {
+        Batch::default()
     }
 
-    pub fn with_sync(sync: Sync) -> Group {
-        Group {
+    pub fn with_sync(sync: Sync) -> Batch {
+        Batch {
             sync,
-            ..Group::default()
+            ..Batch::default()
         }
     }
 
@@ -347,9 +348,15 @@ impl Group {
     }
 
     /// Writes `bytes` to `tmp/NAME` of `boxes[key]` unless the message is
-    /// there already (in `new/` or `cur/`, or staged in this group): the
+    /// there already (in `new/` or `cur/`, or staged in this batch): the
     /// delivery is idempotent by name.  Returns false when nothing was staged.
-    pub fn stage(&mut self, boxes: &[Box3], key: usize, name: &str, bytes: &[u8]) -> Result<bool> {
+    pub fn stage(
+        &mut self,
+        boxes: &[OpenMaildir],
+        key: usize,
+        name: &str,
+        bytes: &[u8],
+    ) -> Result<bool> {
         if !self.wants(boxes, key, name) {
             return Ok(false);
         }
@@ -363,9 +370,9 @@ impl Group {
     }
 
     /// True when `name` is neither in `new/` or `cur/` of `boxes[key]` nor
-    /// wanted already by this group; the name is then reserved in it, for a
-    /// file that [`write_tmp`] writes and [`Group::adopt`] takes.
-    pub fn wants(&mut self, boxes: &[Box3], key: usize, name: &str) -> bool {
+    /// wanted already by this batch; the name is then reserved in it, for a
+    /// file that [`write_tmp`] writes and [`Batch::adopt`] takes.
+    pub fn wants(&mut self, boxes: &[OpenMaildir], key: usize, name: &str) -> bool {
         if self.seen.contains(&(key, name.to_string())) || boxes[key].has(name) {
             return false;
         }
@@ -383,7 +390,7 @@ impl Group {
     }
 
     /// Unlinks what was staged and not committed (a batch that failed).
-    pub fn discard(&mut self, boxes: &[Box3]) {
+    pub fn discard(&mut self, boxes: &[OpenMaildir]) {
         for s in std::mem::take(&mut self.staged) {
             let _ = rfs::unlinkat(&boxes[s.boxkey].tmp, s.name.as_str(), AtFlags::empty());
         }
@@ -391,7 +398,7 @@ impl Group {
     }
 
     /// Makes every staged message durable and visible; see the module docs.
-    pub fn commit(&mut self, boxes: &[Box3]) -> Result<Committed> {
+    pub fn commit(&mut self, boxes: &[OpenMaildir]) -> Result<Committed> {
         let staged = std::mem::take(&mut self.staged);
         self.seen.clear();
         let mut done = Committed::default();
@@ -491,7 +498,7 @@ mod tests {
     use super::*;
 
     fn tempdir() -> PathBuf {
-        let d = std::env::temp_dir().join(format!("lw-group-{}", crate::id::new_id()));
+        let d = std::env::temp_dir().join(format!("lw-batch-{}", crate::id::new_id()));
         std::fs::create_dir_all(&d).unwrap();
         d
     }
@@ -501,10 +508,10 @@ mod tests {
         let d = tempdir();
         let base = open_dir_at(None, &d).unwrap();
         let boxes = vec![
-            Box3::open(&base, &d, Path::new("a")).unwrap(),
-            Box3::open(&base, &d, Path::new("b")).unwrap(),
+            OpenMaildir::open(&base, &d, Path::new("a")).unwrap(),
+            OpenMaildir::open(&base, &d, Path::new("b")).unwrap(),
         ];
-        let mut g = Group::new();
+        let mut g = Batch::new();
         for i in 0..10 {
             assert!(g.stage(&boxes, i % 2, &format!("m{i}"), b"x").unwrap());
         }
@@ -530,10 +537,10 @@ mod tests {
         std::fs::create_dir_all(d.join("box")).unwrap();
         std::os::unix::fs::symlink(&outside, d.join("box/new")).unwrap();
         let base = open_dir_at(None, &d).unwrap();
-        let err = Box3::open(&base, &d, Path::new("box")).unwrap_err();
+        let err = OpenMaildir::open(&base, &d, Path::new("box")).unwrap_err();
         assert!(err.to_string().contains("not followed"), "{err}");
         std::os::unix::fs::symlink(&outside, d.join("link")).unwrap();
-        assert!(Box3::open(&base, &d, Path::new("link/inbox")).is_err());
+        assert!(OpenMaildir::open(&base, &d, Path::new("link/inbox")).is_err());
         assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
     }
 }
