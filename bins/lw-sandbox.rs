@@ -420,7 +420,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
 fn push(sb: &Sandboxes, name: &str, force: bool, json: bool) -> Result<String, Error> {
     let me = std::env::current_exe()
         .map_err(|e| Error::new(Exit::Software, "cannot find lw-sandbox itself").with_source(e))?;
-    let p = sb.push(name, &me, force)?;
+    let p = sb.push(name, &me, force, &loopwright::cli::stderr_report(PROG))?;
     Ok(if json {
         p.json(name).to_string()
     } else {
@@ -530,9 +530,7 @@ fn create(
         services: service,
         runtime,
     };
-    let c = sb.create(&opts, project.as_ref(), &mirror_path, &bins, &mut |m| {
-        warn(m)
-    })?;
+    let c = sb.create(&opts, project.as_ref(), &mirror_path, &bins, &warn)?;
     if c.record.volume_mode {
         // Its mail moves only while a courier runs: one is made sure of.
         // The sandbox stands either way; `courier --ensure` tries again.

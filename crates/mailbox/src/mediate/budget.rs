@@ -435,7 +435,7 @@ mod tests {
         let d = std::env::temp_dir().join(format!("lw-budget-{tag}-{}", crate::id::new_id()));
         let root = crate::layout::Root::new(d.join("root"));
         std::fs::create_dir_all(&root.dir).unwrap();
-        Mediator::open(root, None, false).unwrap()
+        Mediator::open(root, None, false, Box::new(|_| {})).unwrap()
     }
 
     fn entry(sender: &str, action: Action, to: &[&str], bytes: usize) -> Entry {
