@@ -307,12 +307,7 @@ fn warn(msg: &str) {
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
     if let Cmd::Kits { json } = args.cmd {
-        // The kits are the toolkit's and the project's: no root, no engine.
-        let (project, _) = sandbox::find_project(args.project.as_deref(), args.mirror.as_deref())
-            .unwrap_or((None, PathBuf::new()));
-        for k in kit::all(project.as_ref().map(|p| p.top.as_path()))? {
-            writeln!(out, "{}", kit_line(&k, json)).map_err(out_err)?;
-        }
+        kits(&args, json, out)?;
         return Ok(Exit::Ok);
     }
     let root = root_of(&args)?;
@@ -343,16 +338,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
             )?;
         }
         Cmd::Push { name, force, json } => line(out, &push(&sb, &name, force, json)?)?,
-        Cmd::Ls { json, no_header } => {
-            // Listed first: an engine that fails leaves no header behind.
-            let listed = sb.list(true)?;
-            if !json && !no_header {
-                line(out, sandbox::LS_HEADER)?;
-            }
-            for s in listed {
-                line(out, &if json { s.json().to_string() } else { s.line() })?;
-            }
-        }
+        Cmd::Ls { json, no_header } => ls(&sb, json, no_header, out)?,
         Cmd::Port { name } => {
             for p in sb.ports(&name)? {
                 line(
@@ -371,16 +357,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
                 line(out, &sb.start(&n)?.name)?;
             }
         }
-        Cmd::Rm { names, force } => {
-            for n in names {
-                sb.remove(&n, force, &mut |what| {
-                    if what.starts_with("archived ") {
-                        warn(what);
-                    }
-                })?;
-                line(out, &n)?;
-            }
-        }
+        Cmd::Rm { names, force } => rm(&sb, &names, force, out)?,
         Cmd::Logs {
             name,
             egress: _,
@@ -414,6 +391,42 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
         }
     }
     Ok(Exit::Ok)
+}
+
+/// `kits`: the toolkit's and the project's; no root, no engine.
+fn kits(args: &Args, json: bool, out: &mut dyn Write) -> Result<(), Error> {
+    let (project, _) = sandbox::find_project(args.project.as_deref(), args.mirror.as_deref())
+        .unwrap_or((None, PathBuf::new()));
+    for k in kit::all(project.as_ref().map(|p| p.top.as_path()))? {
+        writeln!(out, "{}", kit_line(&k, json)).map_err(out_err)?;
+    }
+    Ok(())
+}
+
+/// `ls`: listed first, so that an engine that fails leaves no header behind.
+fn ls(sb: &Sandboxes, json: bool, no_header: bool, out: &mut dyn Write) -> Result<(), Error> {
+    let listed = sb.list(true)?;
+    if !json && !no_header {
+        writeln!(out, "{}", sandbox::LS_HEADER).map_err(out_err)?;
+    }
+    for s in listed {
+        let l = if json { s.json().to_string() } else { s.line() };
+        writeln!(out, "{l}").map_err(out_err)?;
+    }
+    Ok(())
+}
+
+/// `rm`: each name once removed; an archive kept is warned about.
+fn rm(sb: &Sandboxes, names: &[String], force: bool, out: &mut dyn Write) -> Result<(), Error> {
+    for n in names {
+        sb.remove(n, force, &mut |what| {
+            if what.starts_with("archived ") {
+                warn(what);
+            }
+        })?;
+        writeln!(out, "{n}").map_err(out_err)?;
+    }
+    Ok(())
 }
 
 /// `push`: the sandbox's branch to the upstream; its line (or JSON record).
