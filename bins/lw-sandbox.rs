@@ -320,7 +320,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
         && (ensure || stop)
     {
         // Neither needs the engine: the courier it starts connects itself.
-        let l = sandbox::courier_daemon::control(&root, args.project.as_deref(), interval, stop)?;
+        let l = sandbox::courier::control(&root, args.project.as_deref(), interval, stop)?;
         writeln!(out, "{l}").map_err(out_err)?;
         return Ok(Exit::Ok);
     }
@@ -378,12 +378,9 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
             detached: true,
             interval,
             ..
-        } => sandbox::courier_daemon::detached(
-            &sb,
-            std::time::Duration::from_millis(interval.max(1)),
-        )?,
+        } => sandbox::courier::detached(&sb, std::time::Duration::from_millis(interval.max(1)))?,
         Cmd::Courier { once, interval, .. } => {
-            sandbox::courier_daemon::foreground(&sb, once, interval, out, &mut |m| warn(m))?
+            sandbox::courier::foreground(&sb, once, interval, out, &mut |m| warn(m))?
         }
         Cmd::Kits { .. } => unreachable!("kits needs neither a root nor an engine"),
         Cmd::Exec { .. } | Cmd::Shell { .. } | Cmd::Run { .. } => {
@@ -547,7 +544,7 @@ fn create(
     if c.record.volume_mode {
         // Its mail moves only while a courier runs: one is made sure of.
         // The sandbox stands either way; `courier --ensure` tries again.
-        if let Err(e) = sandbox::courier_daemon::ensure_from(&sb.root, project_flag, 200) {
+        if let Err(e) = sandbox::courier::ensure_from(&sb.root, project_flag, 200) {
             warn(&format!(
                 "sandbox '{}' was made, but its mail does not move until a courier runs: {e}; run 'lw-sandbox courier --ensure'",
                 c.record.name
