@@ -74,6 +74,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         operator,
         policy: args.policy,
         token: None,
+        report: std::sync::Arc::new(|line: &str| eprintln!("lw-cockpit: {line}")),
     })?;
     writeln!(out, "{}", c.url()).map_err(out_err)?;
     out.flush().map_err(out_err)?;

@@ -152,8 +152,15 @@ enum PolicyCmd {
     },
 }
 
+const PROG: &str = "lw-mediate";
+
 fn main() -> ExitCode {
-    mailbox::cli::run_main("lw-mediate", run)
+    mailbox::cli::run_main(PROG, run)
+}
+
+/// Where the library's warnings and notes go: `lw-mediate: ...` on stderr.
+fn reporter() -> mediate::Reporter {
+    Box::new(cli::stderr_report(PROG))
 }
 
 /// The secret values the mediator keeps from leaving (lib/redact): the
@@ -233,7 +240,9 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             writeln!(out, "{}", m.id).map_err(out_err)?;
             Ok(Exit::Ok)
         }
-        Some(Cmd::Log { json }) => operator::print_log(out, &root, *json),
+        Some(Cmd::Log { json }) => {
+            operator::print_log(out, &root, *json, &cli::stderr_report(PROG))
+        }
         Some(Cmd::Register {
             name,
             branch,
@@ -256,7 +265,9 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             }
             Ok(Exit::Ok)
         }
-        Some(Cmd::Sandboxes { json }) => operator::print_sandboxes(out, &root, *json),
+        Some(Cmd::Sandboxes { json }) => {
+            operator::print_sandboxes(out, &root, *json, &cli::stderr_report(PROG))
+        }
         Some(Cmd::Policy(_)) => unreachable!("handled above because policy commands need no root"),
     }
 }
@@ -288,7 +299,7 @@ fn run_mediator(args: &Args, root: Root, out: &mut dyn Write) -> Result<Exit> {
     let _lock = mediate::lock_mediator(&root)?;
     mediate::raise_open_files_limit();
     let (p, explicit) = policy_of(args);
-    let mut m = Mediator::open(root.clone(), Some(p), explicit)?;
+    let mut m = Mediator::open(root.clone(), Some(p), explicit, reporter())?;
     m.state.secrets = door_secrets(&root)?;
     m.state.log_max = door_log_max(args.log_max.as_deref())?;
     m.batch = args.batch;
@@ -328,7 +339,7 @@ fn run_release_or_drop(
     out: &mut dyn Write,
 ) -> Result<Exit> {
     let (p, explicit) = policy_of(args);
-    let mut m = Mediator::open(root.clone(), Some(p), explicit)?;
+    let mut m = Mediator::open(root.clone(), Some(p), explicit, reporter())?;
     m.state.secrets = door_secrets(&root)?;
     for id in ids {
         let e = match &args.cmd {

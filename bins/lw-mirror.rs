@@ -142,6 +142,7 @@ fn sync(
     let outcome = m.sync(&mut SyncOptions {
         if_older_than,
         progress,
+        report: &loopwright::cli::stderr_report(PROG),
         remote: &mut remote,
     })?;
     if json {

@@ -307,12 +307,7 @@ fn warn(msg: &str) {
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
     if let Cmd::Kits { json } = args.cmd {
-        // The kits are the toolkit's and the project's: no root, no engine.
-        let (project, _) = sandbox::find_project(args.project.as_deref(), args.mirror.as_deref())
-            .unwrap_or((None, PathBuf::new()));
-        for k in kit::all(project.as_ref().map(|p| p.top.as_path()))? {
-            writeln!(out, "{}", kit_line(&k, json)).map_err(out_err)?;
-        }
+        kits(&args, json, out)?;
         return Ok(Exit::Ok);
     }
     let root = root_of(&args)?;
@@ -325,7 +320,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
         && (ensure || stop)
     {
         // Neither needs the engine: the courier it starts connects itself.
-        let l = sandbox::courier_daemon::control(&root, args.project.as_deref(), interval, stop)?;
+        let l = sandbox::courier::control(&root, args.project.as_deref(), interval, stop)?;
         writeln!(out, "{l}").map_err(out_err)?;
         return Ok(Exit::Ok);
     }
@@ -343,16 +338,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
             )?;
         }
         Cmd::Push { name, force, json } => line(out, &push(&sb, &name, force, json)?)?,
-        Cmd::Ls { json, no_header } => {
-            // Listed first: an engine that fails leaves no header behind.
-            let listed = sb.list(true)?;
-            if !json && !no_header {
-                line(out, sandbox::LS_HEADER)?;
-            }
-            for s in listed {
-                line(out, &if json { s.json().to_string() } else { s.line() })?;
-            }
-        }
+        Cmd::Ls { json, no_header } => ls(&sb, json, no_header, out)?,
         Cmd::Port { name } => {
             for p in sb.ports(&name)? {
                 line(
@@ -371,16 +357,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
                 line(out, &sb.start(&n)?.name)?;
             }
         }
-        Cmd::Rm { names, force } => {
-            for n in names {
-                sb.remove(&n, force, &mut |what| {
-                    if what.starts_with("archived ") {
-                        warn(what);
-                    }
-                })?;
-                line(out, &n)?;
-            }
-        }
+        Cmd::Rm { names, force } => rm(&sb, &names, force, out)?,
         Cmd::Logs {
             name,
             egress: _,
@@ -401,12 +378,9 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
             detached: true,
             interval,
             ..
-        } => sandbox::courier_daemon::detached(
-            &sb,
-            std::time::Duration::from_millis(interval.max(1)),
-        )?,
+        } => sandbox::courier::detached(&sb, std::time::Duration::from_millis(interval.max(1)))?,
         Cmd::Courier { once, interval, .. } => {
-            sandbox::courier_daemon::foreground(&sb, once, interval, out, &mut |m| warn(m))?
+            sandbox::courier::foreground(&sb, once, interval, out, &mut |m| warn(m))?
         }
         Cmd::Kits { .. } => unreachable!("kits needs neither a root nor an engine"),
         Cmd::Exec { .. } | Cmd::Shell { .. } | Cmd::Run { .. } => {
@@ -416,11 +390,47 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
     Ok(Exit::Ok)
 }
 
+/// `kits`: the toolkit's and the project's; no root, no engine.
+fn kits(args: &Args, json: bool, out: &mut dyn Write) -> Result<(), Error> {
+    let (project, _) = sandbox::find_project(args.project.as_deref(), args.mirror.as_deref())
+        .unwrap_or((None, PathBuf::new()));
+    for k in kit::all(project.as_ref().map(|p| p.top.as_path()))? {
+        writeln!(out, "{}", kit_line(&k, json)).map_err(out_err)?;
+    }
+    Ok(())
+}
+
+/// `ls`: listed first, so that an engine that fails leaves no header behind.
+fn ls(sb: &Sandboxes, json: bool, no_header: bool, out: &mut dyn Write) -> Result<(), Error> {
+    let listed = sb.list(true)?;
+    if !json && !no_header {
+        writeln!(out, "{}", sandbox::LS_HEADER).map_err(out_err)?;
+    }
+    for s in listed {
+        let l = if json { s.json().to_string() } else { s.line() };
+        writeln!(out, "{l}").map_err(out_err)?;
+    }
+    Ok(())
+}
+
+/// `rm`: each name once removed; an archive kept is warned about.
+fn rm(sb: &Sandboxes, names: &[String], force: bool, out: &mut dyn Write) -> Result<(), Error> {
+    for n in names {
+        sb.remove(n, force, &mut |what| {
+            if what.starts_with("archived ") {
+                warn(what);
+            }
+        })?;
+        writeln!(out, "{n}").map_err(out_err)?;
+    }
+    Ok(())
+}
+
 /// `push`: the sandbox's branch to the upstream; its line (or JSON record).
 fn push(sb: &Sandboxes, name: &str, force: bool, json: bool) -> Result<String, Error> {
     let me = std::env::current_exe()
         .map_err(|e| Error::new(Exit::Software, "cannot find lw-sandbox itself").with_source(e))?;
-    let p = sb.push(name, &me, force)?;
+    let p = sb.push(name, &me, force, &loopwright::cli::stderr_report(PROG))?;
     Ok(if json {
         p.json(name).to_string()
     } else {
@@ -530,13 +540,11 @@ fn create(
         services: service,
         runtime,
     };
-    let c = sb.create(&opts, project.as_ref(), &mirror_path, &bins, &mut |m| {
-        warn(m)
-    })?;
+    let c = sb.create(&opts, project.as_ref(), &mirror_path, &bins, &warn)?;
     if c.record.volume_mode {
         // Its mail moves only while a courier runs: one is made sure of.
         // The sandbox stands either way; `courier --ensure` tries again.
-        if let Err(e) = sandbox::courier_daemon::ensure_from(&sb.root, project_flag, 200) {
+        if let Err(e) = sandbox::courier::ensure_from(&sb.root, project_flag, 200) {
             warn(&format!(
                 "sandbox '{}' was made, but its mail does not move until a courier runs: {e}; run 'lw-sandbox courier --ensure'",
                 c.record.name

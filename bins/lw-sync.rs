@@ -164,7 +164,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             // other hosts' messages raise no event here.
             let federated = s.cfg.federation()?.is_some();
             let mut last_pull: Option<std::time::Instant> = None;
-            sync::watch_dir(&dir, period, || {
+            sync::watch_dir(&dir, period, &loopwright::cli::stderr_report(PROG), || {
                 let _l = sync::lock(&root, true)?;
                 let mut r = s
                     .reload()

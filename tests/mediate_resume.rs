@@ -165,8 +165,13 @@ fn refusals_counted_before_a_crash_are_counted_once() {
             &message("a", &["b"], Kind::Request, &format!("r{i}")),
         );
     }
-    let mut m =
-        loopwright::mediate::Mediator::open(root.clone(), Some(policy.clone()), true).unwrap();
+    let mut m = loopwright::mediate::Mediator::open(
+        root.clone(),
+        Some(policy.clone()),
+        true,
+        Box::new(|_| {}),
+    )
+    .unwrap();
     m.batch_hook = Some(Box::new(|step, _| {
         if step == "delivered" {
             panic!("killed after delivery, before the claim");

@@ -105,7 +105,7 @@ fn remove_in_flight(step: &'static str) -> (Root, Vec<String>, Vec<String>) {
     g.sort();
     let p = root.dir.parent().unwrap().join("policy");
     std::fs::write(&p, OPEN_POLICY).unwrap();
-    let mut m = Mediator::open(root.clone(), Some(p), true).unwrap();
+    let mut m = Mediator::open(root.clone(), Some(p), true, Box::new(|_| {})).unwrap();
     let target: PathBuf = root.sandbox("gone").outbox().path;
     let fired = Arc::new(Mutex::new(Vec::new()));
     let seen = fired.clone();
@@ -169,7 +169,7 @@ fn receipts_taken_in_waves_are_each_logged_once() {
     }
     let p = root.dir.parent().unwrap().join("policy");
     std::fs::write(&p, OPEN_POLICY).unwrap();
-    let mut m = Mediator::open(root.clone(), Some(p), true).unwrap();
+    let mut m = Mediator::open(root.clone(), Some(p), true, Box::new(|_| {})).unwrap();
     let mut sink = Vec::new();
     m.drain(&mut sink).unwrap();
     let inbox = root.sandbox("b").inbox();
@@ -217,7 +217,7 @@ fn a_copy_that_cannot_be_written_waits_and_goes_on_the_next_pass() {
     post(&root, "b", &mb);
     let p = root.dir.parent().unwrap().join("policy");
     std::fs::write(&p, OPEN_POLICY).unwrap();
-    let mut m = Mediator::open(root.clone(), Some(p), true).unwrap();
+    let mut m = Mediator::open(root.clone(), Some(p), true, Box::new(|_| {})).unwrap();
     m.batch = 1;
     let tmp = root.sandbox("dst").inbox().sub(Sub::Tmp);
     let batches = Arc::new(Mutex::new(0));

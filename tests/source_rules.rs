@@ -61,3 +61,143 @@ fn code_that_reads_sandbox_trees_as_root_opens_nothing_by_path() {
         "path-based calls in code that reads sandbox trees as root (use lib/fs::open_beneath, or say `// trusted: WHY`): {found:#?}"
     );
 }
+
+/// The print macros the library never uses: what it has to say goes to the
+/// reporter its command passes down (`cli::Report`), and the command prints.
+const PRINTS: [&str; 5] = ["println!", "eprintln!", "print!", "eprint!", "dbg!"];
+
+/// The one library file that prints: the commands' own side
+/// (`cli::main_with`, `cli::stderr_report`), which the binaries call.
+const PRINTS_FOR_COMMANDS: &str = "crates/mailbox/src/cli.rs";
+
+#[test]
+fn the_library_never_prints() {
+    let ws = support::workspace();
+    let mut dirs = vec![ws.join("lib")];
+    for c in std::fs::read_dir(ws.join("crates")).unwrap() {
+        dirs.push(c.unwrap().path().join("src"));
+    }
+    let mut files = Vec::new();
+    while let Some(d) = dirs.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                files.push(p);
+            }
+        }
+    }
+    assert!(files.len() > 50, "the sources were not found: {files:?}");
+    let mut found = Vec::new();
+    for p in files {
+        let rel = p.strip_prefix(&ws).unwrap().to_string_lossy().into_owned();
+        if rel == PRINTS_FOR_COMMANDS {
+            continue;
+        }
+        let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{rel}: {e}"));
+        for (i, line) in without_test_code(&text).lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            if let Some(m) = PRINTS.iter().find(|m| prints(code, m)) {
+                found.push(format!("{rel}:{}: {m}", i + 1));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "print macros in the library (pass a cli::Report down from the command instead): {found:#?}"
+    );
+}
+
+/// Whether `code` calls macro `m` (`print!` is not the end of `eprint!`).
+fn prints(code: &str, m: &str) -> bool {
+    code.match_indices(m).any(|(i, _)| {
+        !code[..i]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_')
+    })
+}
+
+/// `text` with every item under `#[cfg(test)]` blanked (its lines kept
+/// empty, so line numbers stay): braces counted, outside strings and
+/// character literals.
+fn without_test_code(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("#[cfg(test)]") {
+        out.push_str(&rest[..at]);
+        let item = &rest[at..];
+        let end = item_end(item);
+        out.extend(item[..end].chars().filter(|c| *c == '\n'));
+        rest = &item[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Where the item that starts `s` ends: after its `;` or its closing brace.
+fn item_end(s: &str) -> usize {
+    let b = s.as_bytes();
+    let (mut depth, mut i) = (0usize, 0usize);
+    let ident = |i: usize| i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_');
+    while i < b.len() {
+        match b[i] {
+            // A raw string: r"..." or r#"..."#, as many hashes as it opened with.
+            b'r' if !ident(i) && matches!(b.get(i + 1), Some(b'"' | b'#')) => {
+                let hashes = b[i + 1..].iter().take_while(|c| **c == b'#').count();
+                if b.get(i + 1 + hashes) == Some(&b'"') {
+                    let close = format!("\"{}", "#".repeat(hashes));
+                    let from = i + 2 + hashes;
+                    i = s[from..]
+                        .find(&close)
+                        .map_or(b.len(), |k| from + k + close.len());
+                    continue;
+                }
+            }
+            b'"' => {
+                i += 1;
+                while i < b.len() && b[i] != b'"' {
+                    i += if b[i] == b'\\' { 2 } else { 1 };
+                }
+            }
+            // A character literal ('x', '\n', '\u{7f}'), not a lifetime.
+            b'\'' if b.get(i + 1) == Some(&b'\\') || b.get(i + 2) == Some(&b'\'') => {
+                i += 2;
+                while i < b.len() && b[i] != b'\'' {
+                    i += 1;
+                }
+            }
+            b'/' if b.get(i + 1) == Some(&b'/') => {
+                while i < b.len() && b[i] != b'\n' {
+                    i += 1;
+                }
+                continue;
+            }
+            b';' if depth == 0 => return i + 1,
+            b'{' => depth += 1,
+            b'}' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return i + 1;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    b.len()
+}
+
+#[test]
+fn test_code_is_told_apart_from_the_code_beside_it() {
+    let text = "fn a() {}\n#[cfg(test)]\nmod t {\n    fn f() { println!(\"{}}\", '}', r#\"}\"#); }\n}\nfn b() { eprintln!(\"x\"); }\n";
+    let code = without_test_code(text);
+    assert_eq!(code.lines().count(), text.lines().count(), "{code}");
+    assert!(!code.contains("fn f"), "{code}");
+    assert!(code.contains("fn b() { eprintln!"), "{code}");
+    assert!(prints("eprint!(\"x\")", "eprint!") && !prints("eprint!(\"x\")", "print!"));
+}

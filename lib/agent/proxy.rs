@@ -42,9 +42,9 @@ use std::time::Duration;
 
 use super::Settings;
 use super::kit::Kit;
-use crate::digest::sha256_hex;
 use crate::egress::NetworkEngine;
-use crate::engine::{Bind, BuildEvent, BuildOutcome, BuildRequest, ContainerSpec};
+use crate::egress::sidecar::{self, Recipe};
+use crate::engine::{Bind, BuildEvent, ContainerSpec};
 use crate::error::{Error, Exit, Result};
 
 /// The proxy's name on the sandbox's internal network.
@@ -123,6 +123,16 @@ pub fn usage(state: &Path, sandbox: &str) -> Option<Usage> {
     serde_json::from_slice(&text).ok()
 }
 
+/// How the proxy image is made (lib/egress/sidecar.rs).
+const RECIPE: Recipe = Recipe {
+    what: "the model proxy",
+    version: "loopwright-model-proxy 1",
+    repo: REPO,
+    files: FILES,
+    dockerfile: "model-proxy.Dockerfile",
+    from_arg: "LW_MODEL_FROM",
+};
+
 /// Makes sure the proxy image on `from` exists; returns its tag.
 pub fn ensure_image(
     engine: &dyn NetworkEngine,
@@ -137,59 +147,13 @@ pub fn ensure_image(
             ),
         ));
     };
-    let mut recipe = format!("loopwright-model-proxy 1\nfrom {from} {}\n", base.id);
-    for (p, text, mode) in FILES {
-        recipe.push_str(&format!(
-            "file {p} {mode:o} {}\n",
-            sha256_hex(text.as_bytes())
-        ));
-    }
-    let tag = format!("{REPO}:{}", &sha256_hex(recipe.as_bytes())[..24]);
+    let (tag, _) = RECIPE.tag(from, &base.id);
     if engine.image_exists(&tag)? {
         return Ok(tag);
     }
-    let mut b = tar::Builder::new(Vec::new());
-    let tar_err = |e: std::io::Error| {
-        Error::new(Exit::Software, "cannot make the build context").with_source(e)
-    };
-    for (p, text, mode) in FILES {
-        let mut h = tar::Header::new_gnu();
-        h.set_mode(*mode);
-        h.set_mtime(0);
-        h.set_size(text.len() as u64);
-        h.set_entry_type(tar::EntryType::Regular);
-        b.append_data(&mut h, p, text.as_bytes()).map_err(tar_err)?;
-    }
-    let req = BuildRequest {
-        context: b.into_inner().map_err(tar_err)?,
-        dockerfile: "model-proxy.Dockerfile".into(),
-        tag: tag.clone(),
-        labels: BTreeMap::from([(LABEL_AGENT.to_string(), "model-proxy".to_string())]),
-        args: BTreeMap::from([("LW_MODEL_FROM".to_string(), from.to_string())]),
-    };
-    let mut tail = String::new();
-    match engine.build(&req, &mut |ev| {
-        if let BuildEvent::Output(s) = &ev {
-            tail.push_str(s);
-        }
-        on_event(ev);
-    })? {
-        BuildOutcome::Built(_) => Ok(tag),
-        BuildOutcome::Failed(msg) => Err(Error::new(
-            Exit::Unavailable,
-            format!(
-                "cannot build the model proxy image '{tag}' from '{from}': {msg}\n{}",
-                tail.lines()
-                    .rev()
-                    .take(15)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            ),
-        )),
-    }
+    let labels = BTreeMap::from([(LABEL_AGENT.to_string(), "model-proxy".to_string())]);
+    RECIPE.build(engine, from, &tag, labels, "", on_event)?;
+    Ok(tag)
 }
 
 /// Makes `dir` (0700) and its parents.
@@ -332,35 +296,12 @@ pub fn memory(max_request: u64) -> i64 {
 /// Starts the proxy of `key` if it is not running and waits until it listens.
 pub fn start(engine: &dyn NetworkEngine, key: &str) -> Result<()> {
     let proxy = name(key);
-    match engine.inspect(&proxy)? {
-        None => {
-            return Err(Error::new(
-                Exit::NoInput,
-                format!(
-                    "the model proxy '{proxy}' is gone; remove the sandbox and create it again"
-                ),
-            ));
-        }
-        Some(c) if c.running => return Ok(()),
-        Some(_) => {}
-    }
-    let before = String::from_utf8_lossy(&engine.logs(&proxy, false)?)
-        .matches(READY)
-        .count();
-    engine.start(&proxy)?;
-    let mut seen = 0;
-    let ready = engine.wait_for_line(&proxy, Duration::from_secs(30), &mut |l| {
-        if l.contains(READY) {
-            seen += 1;
-            return seen > before;
-        }
-        false
-    })?;
-    if !ready {
-        let log = String::from_utf8_lossy(&engine.logs(&proxy, false)?).into_owned();
+    let what = "the model proxy";
+    let timeout = Duration::from_secs(30);
+    if let Some(log) = sidecar::start_until_ready(engine, what, &proxy, READY, timeout)? {
         return Err(Error::new(
             Exit::Unavailable,
-            format!("the model proxy '{proxy}' did not start listening within 30s:\n{log}"),
+            format!("{what} '{proxy}' did not start listening within 30s:\n{log}"),
         ));
     }
     Ok(())

@@ -56,6 +56,7 @@ pub fn answer(root: &Root, qid: &str, text: &str, operator: &str) -> Result<Mess
 /// The policy lw-mediate would use: `path`, else its default path.
 pub struct Door {
     pub policy: Option<PathBuf>,
+    pub report: super::Notes,
 }
 
 impl Door {
@@ -66,12 +67,21 @@ impl Door {
             Some(p) => (p.clone(), true),
             None => (PathBuf::from(crate::policy::DEFAULT_PATH), false),
         };
-        let mut m = Mediator::open(root.clone(), Some(p), explicit)?;
+        let report = self.report.clone();
+        let mut m = Mediator::open(
+            root.clone(),
+            Some(p),
+            explicit,
+            Box::new(move |l| report(l)),
+        )?;
         let env = |n: &str| std::env::var_os(n);
         let here = std::env::current_dir().unwrap_or_default();
-        let (mut s, _warnings): (Secrets, _) = Secrets::for_root(root, &here, &env)?;
-        s.add_env(&["GH_TOKEN".into(), "GITHUB_TOKEN".into()], &env);
-        m.secrets = s;
+        let (mut s, mut warnings): (Secrets, _) = Secrets::for_root(root, &here, &env)?;
+        warnings.extend(s.add_env(&["GH_TOKEN".into(), "GITHUB_TOKEN".into()], &env));
+        for w in warnings {
+            (self.report)(&format!("warning: {w}"));
+        }
+        m.state.secrets = s;
         Ok(m)
     }
 

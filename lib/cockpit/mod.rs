@@ -56,7 +56,12 @@ pub struct Options {
     pub policy: Option<PathBuf>,
     /// Use this token instead of a random one (tests and benchmarks).
     pub token: Option<String>,
+    /// Where the mediator's notes go (a policy reloaded, a record skipped).
+    pub report: Notes,
 }
+
+/// A reporter the server's threads share (the binary prints its lines).
+pub type Notes = std::sync::Arc<dyn Fn(&str) + Send + Sync>;
 
 /// A new random token: 128 bits as hex.
 pub fn new_token() -> String {
@@ -90,7 +95,10 @@ pub fn bind(o: Options) -> Result<(TcpListener, Cockpit)> {
             token,
             port,
             operator: o.operator,
-            door: actions::Door { policy: o.policy },
+            door: actions::Door {
+                policy: o.policy,
+                report: o.report,
+            },
             events,
         },
     ))

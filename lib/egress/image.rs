@@ -2,10 +2,9 @@
 //! (squid from Debian's packages) on the configured base image, and tagged
 //! by the hash of the recipe and the base image's id, so it is built once.
 
-use sha2::{Digest, Sha256};
-
+use super::sidecar::Recipe;
 use super::{LABEL_EGRESS, LABEL_RECIPE, PROXY_REPO};
-use crate::engine::{BuildEvent, BuildOutcome, BuildRequest, Engine};
+use crate::engine::{BuildEvent, Engine};
 use crate::error::{Error, Exit, Result};
 
 /// The proxy image's recipe: its build context, from the toolkit's runtime/egress.
@@ -22,8 +21,16 @@ pub const PROXY_FILES: &[(&str, &str, u32)] = &[
     ),
 ];
 
-/// Bump when the recipe's meaning changes without its files changing.
-const RECIPE_VERSION: &str = "loopwright-egress-proxy 1";
+/// How the proxy image is made (lib/egress/sidecar.rs).
+const RECIPE: Recipe = Recipe {
+    what: "the egress proxy",
+    // Bump when the recipe's meaning changes without its files changing.
+    version: "loopwright-egress-proxy 1",
+    repo: PROXY_REPO,
+    files: PROXY_FILES,
+    dockerfile: "proxy.Dockerfile",
+    from_arg: "LW_EGRESS_FROM",
+};
 
 /// The proxy image's tag for the base image `from` (by its id), and the
 /// recipe text it hashes.
@@ -38,15 +45,7 @@ pub fn proxy_tag(engine: &dyn Engine, from: &str) -> Result<(String, String)> {
             ),
         ));
     };
-    let mut recipe = format!("{RECIPE_VERSION}\nfrom {from} {}\n", base.id);
-    for (path, text, mode) in PROXY_FILES {
-        let h = Sha256::digest(text.as_bytes());
-        let hex: String = h.iter().map(|b| format!("{b:02x}")).collect();
-        recipe.push_str(&format!("file {path} {mode:o} {hex}\n"));
-    }
-    let h = Sha256::digest(recipe.as_bytes());
-    let hex: String = h.iter().take(12).map(|b| format!("{b:02x}")).collect();
-    Ok((format!("{PROXY_REPO}:{hex}"), recipe))
+    Ok(RECIPE.tag(from, &base.id))
 }
 
 /// Makes sure the proxy image for `from` exists, building it when missing;
@@ -60,49 +59,12 @@ pub fn ensure_proxy_image(
     if engine.image_exists(&tag)? {
         return Ok(tag);
     }
-    let mut b = tar::Builder::new(Vec::new());
-    let tar_err = |e: std::io::Error| {
-        Error::new(Exit::Software, "cannot make the proxy's build context").with_source(e)
-    };
-    for (path, text, mode) in PROXY_FILES {
-        let mut h = tar::Header::new_gnu();
-        h.set_mode(*mode);
-        h.set_mtime(0);
-        h.set_size(text.len() as u64);
-        h.set_entry_type(tar::EntryType::Regular);
-        b.append_data(&mut h, path, text.as_bytes())
-            .map_err(tar_err)?;
-    }
-    let context = b.into_inner().map_err(tar_err)?;
-    let req = BuildRequest {
-        context,
-        dockerfile: "proxy.Dockerfile".into(),
-        tag: tag.clone(),
-        labels: [
-            (LABEL_EGRESS.to_string(), "proxy".to_string()),
-            (LABEL_RECIPE.to_string(), recipe),
-        ]
-        .into(),
-        args: [("LW_EGRESS_FROM".to_string(), from.to_string())].into(),
-    };
-    let mut tail: Vec<String> = Vec::new();
-    let outcome = engine.build(&req, &mut |ev| {
-        if let BuildEvent::Output(s) = &ev {
-            tail.extend(s.lines().map(str::to_string));
-            let n = tail.len().saturating_sub(15);
-            tail.drain(..n);
-        }
-        on_event(ev);
-    })?;
-    match outcome {
-        BuildOutcome::Built(_) => Ok(tag),
-        BuildOutcome::Failed(msg) => Err(Error::new(
-            Exit::Unavailable,
-            format!(
-                "cannot build the egress proxy image '{tag}' from '{from}': {msg}\n{}\n(the build installs squid with \
-                 apt-get: the base must be Debian-like and reach its package archive)",
-                tail.join("\n")
-            ),
-        )),
-    }
+    let labels = [
+        (LABEL_EGRESS.to_string(), "proxy".to_string()),
+        (LABEL_RECIPE.to_string(), recipe),
+    ]
+    .into();
+    let hint = "\n(the build installs squid with apt-get: the base must be Debian-like and reach its package archive)";
+    RECIPE.build(engine, from, &tag, labels, hint, on_event)?;
+    Ok(tag)
 }

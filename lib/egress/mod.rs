@@ -39,6 +39,7 @@
 pub mod allow;
 mod image;
 mod proxy;
+pub mod sidecar;
 pub mod squid;
 
 use std::collections::BTreeMap;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::AllowList;
 use super::{
     LABEL_EGRESS, LABEL_KEY, NetworkPlan, Options, PROXY_HOST, Request, check_key,
-    ensure_proxy_image, network_name, proxy_env_at, proxy_name, squid,
+    ensure_proxy_image, network_name, proxy_env_at, proxy_name, sidecar, squid,
 };
 
 /// The uid (and gid) of Debian's `proxy` user, the proxy image's `USER`.
@@ -127,35 +127,9 @@ fn make(
 /// accepts connections.  lw-sandbox calls it from `start`.
 pub fn start_proxy(engine: &dyn NetworkEngine, key: &str, timeout: Duration) -> Result<()> {
     let proxy = proxy_name(key);
-    match engine.inspect(&proxy)? {
-        None => {
-            return Err(Error::new(
-                Exit::NoInput,
-                format!(
-                    "the egress proxy '{proxy}' is gone; remove the sandbox and create it again"
-                ),
-            ));
-        }
-        Some(c) if c.running => return Ok(()),
-        Some(_) => {}
-    }
-    // Only lines logged since this start count: an earlier run's ready line
-    // is in the same log.
-    let before = String::from_utf8_lossy(&engine.logs(&proxy, false)?)
-        .matches(READY_LINE)
-        .count();
-    engine.start(&proxy)?;
-    let mut seen_before = 0usize;
-    let ready = engine.wait_for_line(&proxy, timeout, &mut |line| {
-        if line.contains(READY_LINE) {
-            seen_before += 1;
-            return seen_before > before;
-        }
-        false
-    })?;
-    if !ready {
-        let err = String::from_utf8_lossy(&engine.logs(&proxy, false)?).into_owned();
-        let tail: Vec<&str> = err
+    let what = "the egress proxy";
+    if let Some(log) = sidecar::start_until_ready(engine, what, &proxy, READY_LINE, timeout)? {
+        let tail: Vec<&str> = log
             .lines()
             .rev()
             .take(10)
@@ -166,7 +140,7 @@ pub fn start_proxy(engine: &dyn NetworkEngine, key: &str, timeout: Duration) -> 
         return Err(Error::new(
             Exit::Unavailable,
             format!(
-                "the egress proxy '{proxy}' did not start accepting connections within {}s:\n{}",
+                "{what} '{proxy}' did not start accepting connections within {}s:\n{}",
                 timeout.as_secs(),
                 tail.join("\n")
             ),

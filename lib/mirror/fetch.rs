@@ -8,6 +8,7 @@ use std::io::{self, Read, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use crate::cli::Report;
 use crate::error::{Error, Exit, Result};
 use crate::git::{self, Remote};
 
@@ -22,7 +23,8 @@ pub(super) fn unreachable(remote: &Remote, stderr: &[u8]) -> Error {
     )
 }
 
-/// `git fetch origin` into `git_dir`, with progress on stderr when asked.
+/// `git fetch origin` into `git_dir`, with progress on stderr when asked
+/// (a ref moved aside is then told to `report`).
 /// A stale ref lock left by a killed fetch is removed and the fetch retried
 /// once; the caller holds the mirror's lock, so no live git owns it.
 ///
@@ -30,7 +32,7 @@ pub(super) fn unreachable(remote: &Remote, stderr: &[u8]) -> Error {
 /// new upstream ref (`refs/heads/a` kept, `refs/heads/a/b` new: git cannot
 /// hold both).  The kept ref is then moved to `refs/lw-mirror/deleted/...`,
 /// where it keeps its objects reachable, and the fetch retried.
-pub(super) fn fetch(git_dir: &Path, remote: &Remote, progress: bool) -> Result<()> {
+pub(super) fn fetch(git_dir: &Path, remote: &Remote, progress: bool, report: Report) -> Result<()> {
     let mut locks_cleared = false;
     for _ in 0..4 {
         let Some(stderr) = run_fetch(git_dir, remote, progress)? else {
@@ -48,7 +50,7 @@ pub(super) fn fetch(git_dir: &Path, remote: &Remote, progress: bool) -> Result<(
             return Err(fetch_error(git_dir, remote, &stderr));
         }
         for old in conflicts {
-            move_deleted_ref(git_dir, &old, progress)?;
+            move_deleted_ref(git_dir, &old, progress.then_some(report))?;
         }
     }
     Err(Error::new(
@@ -80,7 +82,8 @@ fn ref_conflicts(stderr: &str) -> Vec<String> {
 /// The prefix under which kept refs that block new upstream refs are moved.
 pub const DELETED_PREFIX: &str = "refs/lw-mirror/deleted/";
 
-fn move_deleted_ref(git_dir: &Path, old: &str, progress: bool) -> Result<()> {
+/// Moves `old` aside, telling `tell` where to.
+fn move_deleted_ref(git_dir: &Path, old: &str, tell: Option<Report>) -> Result<()> {
     let out = git::output(
         git::command(None).arg("--git-dir").arg(git_dir).args([
             "rev-parse",
@@ -134,8 +137,10 @@ fn move_deleted_ref(git_dir: &Path, old: &str, progress: bool) -> Result<()> {
             ),
         ));
     }
-    if progress {
-        eprintln!("lw-mirror: '{old}' was deleted upstream and blocks a new ref; kept as '{new}'");
+    if let Some(report) = tell {
+        report(&format!(
+            "'{old}' was deleted upstream and blocks a new ref; kept as '{new}'"
+        ));
     }
     Ok(())
 }

@@ -4,6 +4,7 @@
 use std::fs;
 use std::path::Path;
 
+use crate::cli::Report;
 use crate::git;
 
 /// Loose refs a sync leaves before it packs them (see the module docs).
@@ -32,7 +33,7 @@ pub fn loose_refs(git_dir: &Path, max: usize) -> usize {
 /// `git pack-refs --all`: every ref into `packed-refs`; objects are not
 /// touched.  A failure (another git holds `packed-refs.lock`) is reported
 /// and otherwise ignored: the refs stay loose and correct.
-pub(super) fn pack_refs(git_dir: &Path) {
+pub(super) fn pack_refs(git_dir: &Path, report: Report) {
     let res = git::output(
         git::command(None)
             .arg("--git-dir")
@@ -42,14 +43,14 @@ pub(super) fn pack_refs(git_dir: &Path) {
     );
     match res {
         Ok(out) if out.status.success() => {}
-        Ok(out) => eprintln!(
-            "lw-mirror: refs of '{}' left loose for the next sync to pack: {}",
+        Ok(out) => report(&format!(
+            "refs of '{}' left loose for the next sync to pack: {}",
             git_dir.display(),
             git::last_words(&out.stderr)
-        ),
-        Err(e) => eprintln!(
-            "lw-mirror: refs of '{}' left loose for the next sync to pack: {e}",
+        )),
+        Err(e) => report(&format!(
+            "refs of '{}' left loose for the next sync to pack: {e}",
             git_dir.display()
-        ),
+        )),
     }
 }

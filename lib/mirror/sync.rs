@@ -13,6 +13,7 @@ use super::fetch::{fetch, unreachable};
 use super::refs::{LOOSE_REFS_MAX, loose_refs, pack_refs};
 use super::state::{State, fsync_dir, write_state};
 use super::{Found, Mirror};
+use crate::cli::Report;
 use crate::error::{Error, Exit, Result};
 use crate::git::{self, Remote};
 use crate::time;
@@ -71,8 +72,11 @@ impl Outcome {
 pub struct SyncOptions<'a> {
     /// Return at once when the last fetch finished less than this ago.
     pub if_older_than: Option<Duration>,
-    /// Show git's progress and notices on stderr.
+    /// Show git's progress on stderr, and report notices (waiting for
+    /// another sync, an upstream that moved, a ref moved aside).
     pub progress: bool,
+    /// Where the sync's notes and warnings go (refs left loose always).
+    pub report: Report<'a>,
     /// The upstream, asked for only when a fetch will happen; gets the URL
     /// the mirror was made from, if it exists.
     pub remote: &'a mut dyn FnMut(Option<&str>) -> Result<Remote>,
@@ -97,10 +101,10 @@ impl Mirror {
             Some(held) => held,
             None => {
                 if opts.progress {
-                    eprintln!(
-                        "lw-mirror: waiting for another sync of '{}'",
+                    (opts.report)(&format!(
+                        "waiting for another sync of '{}'",
                         self.path.display()
-                    );
+                    ));
                 }
                 crate::fs::lock(&lock_path).map_err(lock_err)?
             }
@@ -117,13 +121,13 @@ impl Mirror {
                     Outcome::Fresh
                 } else {
                     let remote = (opts.remote)(Some(&state.url))?;
-                    self.update(state, &remote, opts.progress)?;
+                    self.update(state, &remote, opts.progress, opts.report)?;
                     Outcome::Fetched
                 }
             }
             Found::Absent => {
                 let remote = (opts.remote)(None)?;
-                self.create(&remote, opts.progress)?;
+                self.create(&remote, opts.progress, opts.report)?;
                 Outcome::Created
             }
             Found::Foreign => return Err(self.foreign()),
@@ -133,13 +137,19 @@ impl Mirror {
         Ok(outcome)
     }
 
-    fn update(&self, mut state: State, remote: &Remote, progress: bool) -> Result<()> {
+    fn update(
+        &self,
+        mut state: State,
+        remote: &Remote,
+        progress: bool,
+        report: Report,
+    ) -> Result<()> {
         let moved = remote.url != state.url;
         if moved {
             set_config(&self.path, "remote.origin.url", &remote.url)?;
         }
         let started = time::now();
-        if let Err(e) = fetch(&self.path, remote, progress) {
+        if let Err(e) = fetch(&self.path, remote, progress, report) {
             // A URL that does not work is not kept: the mirror stays as it was.
             if moved {
                 set_config(&self.path, "remote.origin.url", &state.url)?;
@@ -147,23 +157,23 @@ impl Mirror {
             return Err(e);
         }
         if moved && progress {
-            eprintln!(
-                "lw-mirror: upstream of '{}' is now '{}'",
+            report(&format!(
+                "upstream of '{}' is now '{}'",
                 self.path.display(),
                 remote.url
-            );
+            ));
         }
         state.url = remote.url.clone();
         state.fetch_started = started;
         state.fetch_finished = time::now();
         write_state(&self.path, &state, false)?;
         if loose_refs(&self.path, LOOSE_REFS_MAX) >= LOOSE_REFS_MAX {
-            pack_refs(&self.path);
+            pack_refs(&self.path, report);
         }
         Ok(())
     }
 
-    fn create(&self, remote: &Remote, progress: bool) -> Result<()> {
+    fn create(&self, remote: &Remote, progress: bool, report: Report) -> Result<()> {
         let parent = self.parent();
         self.remove_leftovers()?;
         let tmp = parent.join(format!("{}{}", self.tmp_prefix(), std::process::id()));
@@ -205,13 +215,13 @@ impl Mirror {
                     )));
                 }
             }
-            fetch(&tmp, remote, progress)?;
+            fetch(&tmp, remote, progress, report)?;
             // The reflogs of a fresh fetch only say each ref was created.
             let logs = tmp.join("logs");
             if logs.exists() {
                 fs::remove_dir_all(&logs).map_err(|e| Error::io("cannot remove", &logs, e))?;
             }
-            pack_refs(&tmp);
+            pack_refs(&tmp, report);
             let now = time::now();
             let state = State {
                 url: remote.url.clone(),

@@ -46,7 +46,7 @@ impl<'a> Sandboxes<'a> {
         }
         if rec.volume_mode {
             // What its mail volume still holds comes to the root first, to
-            // be archived like a local mail dir's (lib/sandbox/courier.rs).
+            // be archived like a local mail dir's (lib/sandbox/courier/).
             if let Err(e) = super::courier::Courier::new(self).carry_locked(&rec, &mut |m| out(m)) {
                 out(&format!("archived nothing from its mail volume: {e}"));
             }

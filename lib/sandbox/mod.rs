@@ -64,15 +64,14 @@
 //! * `ls`: what `ls`, `port` and `logs --egress` show;
 //! * `gc`: `rm` and `gc`, reclaiming everything a sandbox owns;
 //! * `agent`: the agent's steps of a sandbox (lib/agent knows no sandbox);
-//! * `volume`, `courier`, `courier_daemon`: a sandbox on an engine that
-//!   does not see the host's files (volume mode), the carrier of its mail,
-//!   and the one detached courier per root that `create` starts;
+//! * `volume`, `courier`: a sandbox on an engine that does not see the
+//!   host's files (volume mode), and the carrier of its mail (with the one
+//!   detached courier per root that `create` starts);
 //! * `push`, `disk`, `limits`, `mailbox`: as their names say; `hostpaths` is
 //!   the engine crate's, re-exported.
 
 mod agent;
 pub mod courier;
-pub mod courier_daemon;
 mod create;
 pub mod disk;
 mod gc;

@@ -26,6 +26,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::{Record, Sandboxes};
+use crate::cli::Report;
 use crate::config::Project;
 use crate::error::{Error, Exit, Result};
 use crate::git;
@@ -107,11 +108,18 @@ const HARDENED: &[&str] = &[
 
 impl<'a> Sandboxes<'a> {
     /// Pushes the sandbox's branch to the upstream; `lw_sandbox` is this
-    /// program, run by git as the transport.
-    pub fn push(&self, name: &str, lw_sandbox: &Path, force: bool) -> Result<Pushed> {
+    /// program, run by git as the transport.  A mirror that could not be
+    /// refreshed after the push is told to `report`.
+    pub fn push(
+        &self,
+        name: &str,
+        lw_sandbox: &Path,
+        force: bool,
+        report: Report,
+    ) -> Result<Pushed> {
         let rec = self.get(name)?;
         let was_running = self.running(&rec)?.running;
-        let res = self.push_running(&rec, lw_sandbox, force);
+        let res = self.push_running(&rec, lw_sandbox, force, report);
         if !was_running {
             // Back as it was: a stopped sandbox stays stopped.
             let _ = self
@@ -121,7 +129,13 @@ impl<'a> Sandboxes<'a> {
         res
     }
 
-    fn push_running(&self, rec: &Record, lw_sandbox: &Path, force: bool) -> Result<Pushed> {
+    fn push_running(
+        &self,
+        rec: &Record,
+        lw_sandbox: &Path,
+        force: bool,
+        report: Report,
+    ) -> Result<Pushed> {
         let name = rec.name.as_str();
         let rec = rec.clone();
         let project = if rec.project.as_os_str().is_empty() {
@@ -152,9 +166,10 @@ impl<'a> Sandboxes<'a> {
         if let Err(e) = m.sync(&mut SyncOptions {
             if_older_than: None,
             progress: false,
+            report,
             remote: &mut again,
         }) {
-            eprintln!("lw-sandbox: pushed, but could not refresh the mirror: {e}");
+            report(&format!("pushed, but could not refresh the mirror: {e}"));
         }
         let _ = self.run(
             &rec,
@@ -180,6 +195,7 @@ impl<'a> Sandboxes<'a> {
         Ok(pushed)
     }
 
+    /// Steps 1 to 3 of the module documentation, in quarantine `q`.
     #[allow(clippy::too_many_arguments)]
     fn push_through(
         &self,
@@ -191,28 +207,36 @@ impl<'a> Sandboxes<'a> {
         force: bool,
         cap: u64,
     ) -> Result<Pushed> {
-        let (ok, _, err) = run_git(
-            git::command(None)
-                .args(["init", "--quiet", "--bare", "--template="])
-                .arg(q),
-            "make a quarantine",
-        )?;
-        if !ok {
-            return Err(Error::new(
-                Exit::CantCreat,
-                format!(
-                    "cannot make the quarantine '{}': {}",
-                    q.display(),
-                    err.trim()
-                ),
-            ));
+        make_quarantine(q, mirror)?;
+        let local = format!("refs/lw-sandbox/{}", rec.branch);
+        let sha = self.fetch_from_sandbox(rec, q, &local, lw_sandbox)?;
+        // The new objects are all the quarantine holds (the rest is borrowed
+        // from the mirror): over the cap, nothing goes upstream.
+        let size = crate::fs::tree_size(&q.join("objects"));
+        if size > cap {
+            return Err(Error::data(format!(
+                "the push of branch '{}' from sandbox '{}' is {size} bytes of new objects; the cap is {cap} (sandbox.push-max); nothing was pushed",
+                rec.branch, rec.name
+            )));
         }
-        let alt = q.join("objects/info/alternates");
-        fs::create_dir_all(q.join("objects/info"))
-            .map_err(|e| Error::io("cannot create", &alt, e))?;
-        fs::write(&alt, format!("{}\n", mirror.join("objects").display()))
-            .map_err(|e| Error::io("cannot write", &alt, e))?;
+        let outcome = push_upstream(rec, q, &local, remote, force)?;
+        Ok(Pushed {
+            branch: rec.branch.clone(),
+            commit: sha,
+            url: remote.url.clone(),
+            outcome: outcome.into(),
+        })
+    }
 
+    /// Fetches the recorded branch out of the sandbox into `local` of the
+    /// quarantine, through `lw-sandbox exec` as git's transport; its tip.
+    fn fetch_from_sandbox(
+        &self,
+        rec: &Record,
+        q: &Path,
+        local: &str,
+        lw_sandbox: &Path,
+    ) -> Result<String> {
         let transport = format!(
             "ext::{} exec --root {} {} -- git upload-pack {}",
             ext_escape(&lw_sandbox.to_string_lossy()),
@@ -220,7 +244,6 @@ impl<'a> Sandboxes<'a> {
             ext_escape(&rec.name),
             super::REPO
         );
-        let local = format!("refs/lw-sandbox/{}", rec.branch);
         let mut fetch = git::command(None);
         fetch.arg("--git-dir").arg(q);
         for c in HARDENED {
@@ -259,85 +282,111 @@ impl<'a> Sandboxes<'a> {
             git::command(None)
                 .arg("--git-dir")
                 .arg(q)
-                .args(["rev-parse", "--verify", &local]),
+                .args(["rev-parse", "--verify", local]),
             "read the fetched tip",
         )?;
-        let sha = sha.trim().to_string();
-        // The new objects are all the quarantine holds (the rest is borrowed
-        // from the mirror): over the cap, nothing goes upstream.
-        let size = crate::fs::tree_size(&q.join("objects"));
-        if size > cap {
-            return Err(Error::data(format!(
-                "the push of branch '{}' from sandbox '{}' is {size} bytes of new objects; the cap is {cap} (sandbox.push-max); nothing was pushed",
-                rec.branch, rec.name
-            )));
-        }
-
-        let spec = format!(
-            "{}{local}:refs/heads/{}",
-            if force { "+" } else { "" },
-            rec.branch
-        );
-        let mut push = git::command(None);
-        push.arg("--git-dir").arg(q);
-        for c in &HARDENED[..2] {
-            push.args(["-c", c]);
-        }
-        push.args([
-            "push",
-            "--porcelain",
-            "--no-verify",
-            "--no-recurse-submodules",
-            &remote.url,
-            &spec,
-        ]);
-        remote.authorize(&mut push);
-        let (ok, out, err) = run_git(&mut push, "push to the upstream")?;
-        let line = out
-            .lines()
-            .find(|l| l.contains(&format!("refs/heads/{}", rec.branch)))
-            .unwrap_or("")
-            .to_string();
-        if !ok {
-            let why = remote.scrub(&format!(
-                "{} {}",
-                line.trim(),
-                git::last_words(err.as_bytes())
-            ));
-            let exit = if line.contains("non-fast-forward")
-                || line.contains("fetch first")
-                || line.contains("rejected")
-            {
-                Exit::TempFail
-            } else {
-                Exit::Unavailable
-            };
-            let hint = if exit == Exit::TempFail {
-                "; the upstream branch moved: merge it into the sandbox's branch, or push with --force"
-            } else {
-                ""
-            };
-            return Err(Error::new(
-                exit,
-                format!(
-                    "cannot push '{}' to '{}': {why}{hint}",
-                    rec.branch, remote.url
-                ),
-            ));
-        }
-        let outcome = match line.chars().next() {
-            Some('*') => "new",
-            Some('+') => "forced",
-            Some('=') => "up-to-date",
-            _ => "updated",
-        };
-        Ok(Pushed {
-            branch: rec.branch.clone(),
-            commit: sha,
-            url: remote.url.clone(),
-            outcome: outcome.into(),
-        })
+        Ok(sha.trim().to_string())
     }
+}
+
+/// An empty bare repository at `q`, with no hooks, borrowing the mirror's
+/// objects through alternates.
+fn make_quarantine(q: &Path, mirror: &Path) -> Result<()> {
+    let (ok, _, err) = run_git(
+        git::command(None)
+            .args(["init", "--quiet", "--bare", "--template="])
+            .arg(q),
+        "make a quarantine",
+    )?;
+    if !ok {
+        return Err(Error::new(
+            Exit::CantCreat,
+            format!(
+                "cannot make the quarantine '{}': {}",
+                q.display(),
+                err.trim()
+            ),
+        ));
+    }
+    let alt = q.join("objects/info/alternates");
+    fs::create_dir_all(q.join("objects/info")).map_err(|e| Error::io("cannot create", &alt, e))?;
+    fs::write(&alt, format!("{}\n", mirror.join("objects").display()))
+        .map_err(|e| Error::io("cannot write", &alt, e))
+}
+
+/// Pushes `local` of the quarantine to the upstream's branch with the
+/// host's credentials; the outcome (`new`, `forced`, `up-to-date`,
+/// `updated`).  A branch that moved upstream is 75, with a hint.
+fn push_upstream(
+    rec: &Record,
+    q: &Path,
+    local: &str,
+    remote: &git::Remote,
+    force: bool,
+) -> Result<&'static str> {
+    let spec = format!(
+        "{}{local}:refs/heads/{}",
+        if force { "+" } else { "" },
+        rec.branch
+    );
+    let mut push = git::command(None);
+    push.arg("--git-dir").arg(q);
+    for c in &HARDENED[..2] {
+        push.args(["-c", c]);
+    }
+    push.args([
+        "push",
+        "--porcelain",
+        "--no-verify",
+        "--no-recurse-submodules",
+        &remote.url,
+        &spec,
+    ]);
+    remote.authorize(&mut push);
+    let (ok, out, err) = run_git(&mut push, "push to the upstream")?;
+    let line = out
+        .lines()
+        .find(|l| l.contains(&format!("refs/heads/{}", rec.branch)))
+        .unwrap_or("");
+    if !ok {
+        return Err(push_refused(rec, remote, line, &err));
+    }
+    Ok(match line.chars().next() {
+        Some('*') => "new",
+        Some('+') => "forced",
+        Some('=') => "up-to-date",
+        _ => "updated",
+    })
+}
+
+/// The error of a push the upstream refused (`line`, git's porcelain line
+/// of the branch, and `err`, its stderr): 75 when the branch moved.
+fn push_refused(rec: &Record, remote: &git::Remote, line: &str, err: &str) -> Error {
+    let why = remote.scrub(&format!(
+        "{} {}",
+        line.trim(),
+        git::last_words(err.as_bytes())
+    ));
+    let exit = if line.contains("non-fast-forward")
+        || line.contains("fetch first")
+        || line.contains("rejected")
+    {
+        Exit::TempFail
+    } else {
+        Exit::Unavailable
+    };
+    let hint = if exit == Exit::TempFail {
+        "; the upstream branch moved: merge it into the sandbox's branch, or push with --force"
+    } else {
+        ""
+    };
+    Error::new(
+        exit,
+        format!(
+            "cannot push '{}' to '{}': {why}{hint}",
+            rec.branch, remote.url
+        ),
+    )
 }
 
 #[cfg(test)]

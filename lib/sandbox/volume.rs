@@ -122,36 +122,15 @@ impl<'a> Sandboxes<'a> {
         spec: &mut ContainerSpec,
         bins: &[(PathBuf, &str)],
     ) -> Result<()> {
-        let name = rec.name.as_str();
         let key = tools_key(bins);
         let tools = format!("lw-sb-{}-tools-{key}", self.id);
-        self.engine
-            .create_volume(&rec.volume, &self.labels_for(Some(name)))?;
-        self.engine
-            .create_volume(&self.mail_volume(name), &self.labels_for(Some(name)))?;
-        self.engine.create_volume(&tools, &self.labels_for(None))?;
-        let mounts = vec![
-            VolumeMount {
-                volume: rec.volume.clone(),
-                target: WORK.into(),
-                read_only: false,
-            },
-            VolumeMount {
-                volume: self.mail_volume(name),
-                target: MAILBOX.into(),
-                read_only: false,
-            },
-        ];
+        let mounts = self.make_volumes(rec, &tools)?;
         let helper = format!("{}-setup", rec.container);
         // As root where the engine allows it, to give the volumes to the
         // sandbox's user; as that user where it does not (Kubernetes: the
         // pod's fsGroup makes them its), the chown then left out.
         let root = self.engine.runs_as_root();
-        let as_user = if root {
-            "0:0".to_string()
-        } else {
-            format!("{0}:{0}", rec.uid)
-        };
+        let as_user = helper_user(root, rec.uid);
         let mut h = ContainerSpec {
             name: Some(helper.clone()),
             image: rec.image.clone(),
@@ -175,50 +154,10 @@ impl<'a> Sandboxes<'a> {
         // A helper left by a killed create is this create's to replace.
         self.engine.remove(&helper, true)?;
         self.engine.create(&h)?;
-        // `home` keeps the workspace volume from being empty when the
-        // sandbox's container first mounts it: an engine copies the image's
-        // directory (and its owner) into an empty volume.
-        let res = (|| -> Result<String> {
-            self.engine.start(&helper)?;
-            let uid = rec.uid;
-            let own = if root {
-                format!(
-                    "mkdir -p {WORK}/home && chown {uid}:{uid} {WORK} {WORK}/home {MAILBOX} && chmod 0755 {WORK} && chmod 0700 {MAILBOX} && "
-                )
-            } else {
-                format!(
-                    "for d in {WORK} {MAILBOX} {TOOLS_DIR}; do [ -w \"$d\" ] || {{ echo \"$d is not writable by uid $(id -u): the engine's storage does not give it to the pod's fsGroup\" >&2; exit 1; }}; done && mkdir -p {WORK}/home && "
-                )
-            };
-            let script = format!(
-                "{own}\
-                 printf 'PATH=%s\\n' \"$PATH\" && if [ -e {TOOLS_DIR}/.complete-{key} ]; then echo tools; fi"
-            );
-            let (code, out, err) = self.exec_capture(&helper, &as_user, &script)?;
-            if code != 0 {
-                return Err(Error::new(
-                    Exit::Unavailable,
-                    format!(
-                        "cannot prepare the volumes of sandbox '{name}' (exit {code}): {}",
-                        crate::visible::visible(err.trim())
-                    ),
-                ));
-            }
-            let path = out
-                .lines()
-                .find_map(|l| l.strip_prefix("PATH="))
-                .filter(|p| !p.is_empty())
-                .unwrap_or("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-                .to_string();
-            let have_tools = out.lines().any(|l| l == "tools");
-            self.engine
-                .copy_in(&helper, MAILBOX, Box::new(mail_skeleton(self, uid)?))?;
-            if !have_tools {
-                self.engine
-                    .copy_in(&helper, TOOLS_DIR, tools_tar(bins, &key)?)?;
-            }
-            Ok(path)
-        })();
+        let res = self
+            .engine
+            .start(&helper)
+            .and_then(|()| self.fill_volumes(rec, &helper, root, &key, bins));
         let removed = self.engine.remove(&helper, true);
         let path = res?;
         removed?;
@@ -234,6 +173,85 @@ impl<'a> Sandboxes<'a> {
         spec.env.push(format!("LW_REGISTRY={REGISTRY_COPY}"));
         spec.env.push(format!("PATH={TOOLS_DIR}:{path}"));
         Ok(())
+    }
+
+    /// Makes the workspace, mail and `tools` volumes of `rec`; the mounts
+    /// of the first two.
+    fn make_volumes(&self, rec: &Record, tools: &str) -> Result<Vec<VolumeMount>> {
+        let name = rec.name.as_str();
+        self.engine
+            .create_volume(&rec.volume, &self.labels_for(Some(name)))?;
+        self.engine
+            .create_volume(&self.mail_volume(name), &self.labels_for(Some(name)))?;
+        self.engine.create_volume(tools, &self.labels_for(None))?;
+        Ok(vec![
+            VolumeMount {
+                volume: rec.volume.clone(),
+                target: WORK.into(),
+                read_only: false,
+            },
+            VolumeMount {
+                volume: self.mail_volume(name),
+                target: MAILBOX.into(),
+                read_only: false,
+            },
+        ])
+    }
+
+    /// In the started `helper`: gives the volumes to the sandbox's user
+    /// (as `root`) or checks that user may write them, then copies in the
+    /// mailbox skeleton and, unless the tools volume of `key` holds them,
+    /// the tools.  The image's PATH.
+    fn fill_volumes(
+        &self,
+        rec: &Record,
+        helper: &str,
+        root: bool,
+        key: &str,
+        bins: &[(PathBuf, &str)],
+    ) -> Result<String> {
+        let name = rec.name.as_str();
+        let uid = rec.uid;
+        // `home` keeps the workspace volume from being empty when the
+        // sandbox's container first mounts it: an engine copies the image's
+        // directory (and its owner) into an empty volume.
+        let own = if root {
+            format!(
+                "mkdir -p {WORK}/home && chown {uid}:{uid} {WORK} {WORK}/home {MAILBOX} && chmod 0755 {WORK} && chmod 0700 {MAILBOX} && "
+            )
+        } else {
+            format!(
+                "for d in {WORK} {MAILBOX} {TOOLS_DIR}; do [ -w \"$d\" ] || {{ echo \"$d is not writable by uid $(id -u): the engine's storage does not give it to the pod's fsGroup\" >&2; exit 1; }}; done && mkdir -p {WORK}/home && "
+            )
+        };
+        let script = format!(
+            "{own}\
+             printf 'PATH=%s\\n' \"$PATH\" && if [ -e {TOOLS_DIR}/.complete-{key} ]; then echo tools; fi"
+        );
+        let (code, out, err) = self.exec_capture(helper, &helper_user(root, uid), &script)?;
+        if code != 0 {
+            return Err(Error::new(
+                Exit::Unavailable,
+                format!(
+                    "cannot prepare the volumes of sandbox '{name}' (exit {code}): {}",
+                    crate::visible::visible(err.trim())
+                ),
+            ));
+        }
+        let path = out
+            .lines()
+            .find_map(|l| l.strip_prefix("PATH="))
+            .filter(|p| !p.is_empty())
+            .unwrap_or("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+            .to_string();
+        let have_tools = out.lines().any(|l| l == "tools");
+        self.engine
+            .copy_in(helper, MAILBOX, Box::new(mail_skeleton(self, uid)?))?;
+        if !have_tools {
+            self.engine
+                .copy_in(helper, TOOLS_DIR, tools_tar(bins, key)?)?;
+        }
+        Ok(path)
     }
 
     /// Puts a bundle of the mirror at [`BUNDLE`] in the (started) sandbox,
@@ -335,6 +353,16 @@ pub fn make_bundle(mirror: &Path, to: &Path) -> Result<()> {
 }
 
 /// Which build of the tools `bins` are: their names, sizes and mtimes.
+/// The user the setup helper runs as: root where the engine allows it,
+/// else the sandbox's own.
+fn helper_user(root: bool, uid: u32) -> String {
+    if root {
+        "0:0".to_string()
+    } else {
+        format!("{uid}:{uid}")
+    }
+}
+
 fn tools_key(bins: &[(PathBuf, &str)]) -> String {
     let mut s = String::new();
     for (p, n) in bins {

@@ -3,14 +3,17 @@
 
 use std::path::Path;
 
+use crate::cli::Report;
 use crate::error::{Error, Exit, Result};
 
 /// Runs `pass` now, then again whenever something is renamed into or
 /// created in `dir` (debounced), on a rescan request, and every `period`.
-/// Returns when `pass` fails with an error it cannot wait out.
+/// A failure that waiting cures is told to `report`; returns when `pass`
+/// fails with an error it cannot wait out.
 pub fn watch_dir(
     dir: &Path,
     period: std::time::Duration,
+    report: Report,
     mut pass: impl FnMut() -> Result<()>,
 ) -> Result<()> {
     use crate::fs::{Watcher, Woke};
@@ -29,7 +32,7 @@ pub fn watch_dir(
             Ok(()) => {}
             // Waiting is what a watcher does; the next pass retries.
             Err(e) if matches!(e.exit, Exit::TempFail | Exit::Unavailable) => {
-                eprintln!("lw-sync: {e}")
+                report(&e.to_string())
             }
             Err(e) => return Err(e),
         }

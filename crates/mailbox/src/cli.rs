@@ -1,11 +1,28 @@
 //! What every `lw-*` binary does around its `run` function: print errors as
 //! `lw-post: what 'path': cause`, map them to exit statuses, and leave quietly
-//! when stdout is a closed pipe (`lw-inbox | head -1`).
+//! when stdout is a closed pipe (`lw-inbox | head -1`); and the [`Report`]
+//! a command passes down, through which the library says what it has to say
+//! besides its result (the library itself never prints).
 
 use std::io::{self, IsTerminal, Write};
 use std::process::ExitCode;
 
 use crate::error::{Error, Exit};
+
+/// Where a library step sends a diagnostic (a warning, a note of progress,
+/// a record skipped): one line, without the command's name, which the
+/// command adds when it prints it.  `Sync`, so a step may report from the
+/// threads it runs.
+pub type Report<'a> = &'a (dyn Fn(&str) + Sync);
+
+/// The reporter of command `prog`: each line as `PROG: LINE` on standard
+/// error, in one write(2), so that a kill never leaves half of it.
+pub fn stderr_report(prog: &str) -> impl Fn(&str) + Sync + '_ {
+    move |line: &str| {
+        let text = format!("{prog}: {line}\n");
+        let _ = io::stderr().lock().write_all(text.as_bytes());
+    }
+}
 
 /// Runs `f` and turns its result into the process exit status.
 pub fn main_with(prog: &str, f: impl FnOnce(&mut dyn Write) -> Result<Exit, Error>) -> ExitCode {

@@ -7,6 +7,7 @@ use std::io::Write;
 
 use serde::Serialize;
 
+use crate::cli::Report;
 use crate::error::out_err;
 use crate::error::{Error, Exit, Result};
 use crate::layout::{self, Root};
@@ -50,8 +51,8 @@ pub fn print_queue(out: &mut dyn Write, root: &Root, held: bool, json: bool) -> 
 }
 
 /// Prints the log, oldest first; entries that cannot be read are reported
-/// on standard error and make the result `Exit::DataErr`.
-pub fn print_log(out: &mut dyn Write, root: &Root, json: bool) -> Result<Exit> {
+/// to `report` and make the result `Exit::DataErr`.
+pub fn print_log(out: &mut dyn Write, root: &Root, json: bool, report: Report) -> Result<Exit> {
     let (entries, bad) = Log::new(root.log_dir()).entries()?;
     for e in &entries {
         if json {
@@ -61,7 +62,7 @@ pub fn print_log(out: &mut dyn Write, root: &Root, json: bool) -> Result<Exit> {
         }
     }
     for b in &bad {
-        eprintln!("lw-mediate: log entry '{}' skipped: {}", b.name, b.reason);
+        report(&format!("log entry '{}' skipped: {}", b.name, b.reason));
     }
     Ok(if bad.is_empty() {
         Exit::Ok
@@ -70,8 +71,14 @@ pub fn print_log(out: &mut dyn Write, root: &Root, json: bool) -> Result<Exit> {
     })
 }
 
-/// Prints the registry: `NAME BRANCH SCOPE,...` (`-` for none).
-pub fn print_sandboxes(out: &mut dyn Write, root: &Root, json: bool) -> Result<Exit> {
+/// Prints the registry: `NAME BRANCH SCOPE,...` (`-` for none); records
+/// that cannot be read are reported to `report` and make it `Exit::DataErr`.
+pub fn print_sandboxes(
+    out: &mut dyn Write,
+    root: &Root,
+    json: bool,
+    report: Report,
+) -> Result<Exit> {
     let (good, bad) = Registry::new(root).list()?;
     for s in &good {
         if json {
@@ -87,10 +94,10 @@ pub fn print_sandboxes(out: &mut dyn Write, root: &Root, json: bool) -> Result<E
         }
     }
     for b in &bad {
-        eprintln!(
-            "lw-mediate: registry record '{}' skipped: {}",
+        report(&format!(
+            "registry record '{}' skipped: {}",
             b.file, b.reason
-        );
+        ));
     }
     Ok(if bad.is_empty() {
         Exit::Ok

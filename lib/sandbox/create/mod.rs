@@ -30,6 +30,7 @@ pub use image::{ImageChoice, resolve_image};
 
 use super::record::RECORD_VERSION;
 use super::{CreateOptions, Created, NameLock, Record, Sandboxes, io_err};
+use crate::cli::Report;
 use crate::config::Project;
 use crate::engine::ContainerSpec;
 use crate::error::{Error, Exit, Result};
@@ -57,16 +58,19 @@ impl Clock {
 }
 
 impl<'a> Sandboxes<'a> {
-    /// Makes sandbox `opts.name`; see the module documentation.
-    #[allow(clippy::too_many_arguments)]
+    /// Makes sandbox `opts.name`; see the module documentation.  Its
+    /// warnings (and the mirror's, from the thread that fetches) go to
+    /// `report`.
     pub fn create(
         &self,
         opts: &CreateOptions,
         project: Option<&Project>,
         mirror_path: &Path,
         bins: &[(PathBuf, &str)],
-        warn: &mut dyn FnMut(&str),
+        report: Report,
     ) -> Result<Created> {
+        let mut warn_each = |m: &str| report(m);
+        let warn: &mut dyn FnMut(&str) = &mut warn_each;
         let mut clock = Clock::new();
         let mut c = self.check(opts, project, bins, warn)?;
         clock.mark("check");
@@ -83,6 +87,7 @@ impl<'a> Sandboxes<'a> {
             m.sync(&mut SyncOptions {
                 if_older_than,
                 progress: false,
+                report,
                 remote: &mut remote,
             })
         };

@@ -6,7 +6,6 @@
 
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
-use std::io::Write;
 
 use rustix::fs::{self as rfs, AtFlags};
 
@@ -82,13 +81,10 @@ impl Mediator {
             }
         }
         if self.stats.resumed > resumed_before {
-            // One write(2) for the whole line, so that a kill cannot leave
-            // half of it (eprintln! writes its pieces one by one).
-            let line = format!(
-                "lw-mediate: carrying out {} decisions that an earlier run had logged\n",
+            (self.report)(&format!(
+                "carrying out {} decisions that an earlier run had logged",
                 self.stats.resumed - resumed_before
-            );
-            let _ = std::io::stderr().write_all(line.as_bytes());
+            ));
         }
         c
     }

@@ -175,7 +175,13 @@ pub struct Mediator {
     /// Inbox owner -> keys of the names in its `cur/` that have their
     /// receipt or never get one (see `take_receipts`).
     receipts_seen: HashMap<String, HashSet<u128>>,
+    /// Where warnings and notes go (the command prints them).
+    report: Reporter,
 }
+
+/// What a mediator reports through: the command's [`crate::cli::Report`],
+/// owned, since the mediator keeps it.
+pub type Reporter = Box<dyn Fn(&str)>;
 
 /// See [`Mediator::batch_hook`].
 pub type BatchHook = Box<dyn FnMut(&str, &[PathBuf])>;
@@ -222,8 +228,14 @@ impl PolicyFile {
 
 impl Mediator {
     /// Opens a root.  `policy_path` is the policy file; when `explicit` is
-    /// false a missing file means the default policy.
-    pub fn open(root: Root, policy_path: Option<PathBuf>, explicit: bool) -> Result<Mediator> {
+    /// false a missing file means the default policy.  Warnings and notes
+    /// (a policy reloaded, a record skipped) go to `report`.
+    pub fn open(
+        root: Root,
+        policy_path: Option<PathBuf>,
+        explicit: bool,
+        report: Reporter,
+    ) -> Result<Mediator> {
         root.init()?;
         // The root's own path is the person's (`--root ../r`, a link to
         // it): opened as given.  Everything beneath it is opened through
@@ -260,6 +272,7 @@ impl Mediator {
             sync: batch::Sync::default(),
             batch_hook: None,
             receipts_seen: HashMap::new(),
+            report,
         };
         m.load_memory();
         Ok(m)
@@ -276,16 +289,17 @@ impl Mediator {
             Ok((policy, stamp)) => {
                 self.policy = policy;
                 self.policy_file.stamp = stamp;
-                eprintln!(
-                    "lw-mediate: policy reloaded from {}",
+                (self.report)(&format!(
+                    "policy reloaded from {}",
                     self.policy
                         .source
                         .clone()
                         .unwrap_or_else(|| "the built-in default".into())
-                )
+                ))
             }
             Err(e) => {
-                eprintln!("lw-mediate: {e}\nlw-mediate: keeping the previous policy");
+                (self.report)(&e.to_string());
+                (self.report)("keeping the previous policy");
                 self.policy_file.stamp = stamp;
             }
         }
@@ -293,7 +307,7 @@ impl Mediator {
 
     fn warn_once(&mut self, msg: String) {
         if self.warned.len() < 10_000 && self.warned.insert(msg.clone()) {
-            eprintln!("lw-mediate: {msg}");
+            (self.report)(&msg);
         }
     }
 

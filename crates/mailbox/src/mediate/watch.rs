@@ -91,7 +91,7 @@ impl Mediator {
                 // A recorded secret the door cannot resolve (78) does not
                 // resolve by waiting: this process's environment is fixed.
                 Err(e) if e.exit == crate::error::Exit::Config => return Err(e),
-                Err(e) => eprintln!("lw-mediate: {e}; trying again"),
+                Err(e) => (self.report)(&format!("{e}; trying again")),
                 Ok(_) => {}
             }
             out.flush().map_err(crate::error::out_err)?;

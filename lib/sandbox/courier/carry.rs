@@ -1,51 +1,15 @@
-//! The courier: carries the mail of volume-mode sandboxes (volume.rs)
-//! between their mail volumes on the engine's side and the root on this
-//! host, through the engine contract only (`copy_out`, `copy_in`,
-//! `exec_io`).  mailbox-spec.md, "REMOTE ENGINES", is the normative text;
-//! in short, per sandbox and pass:
-//!
-//! * **out**: an archive of the volume's `outbox/new/` is read as it
-//!   streams; each regular file named by the id grammar and within the
-//!   message-file limit is delivered into `ROOT/sandboxes/NAME/outbox/`
-//!   with deliver-once (no-replace rename, skipped when the name is in
-//!   `new/` or `cur/` already), so a copy carried twice (a crash before the
-//!   acknowledgement) lands once.  Only when that delivery is durable is the
-//!   engine's copy acknowledged: linked into `outbox/cur/` and removed from
-//!   `outbox/new/`, inside the sandbox, as its user.  Anything else in
-//!   `outbox/new/` (links, directories, other names, oversized files) is
-//!   moved to `outbox/junk/` there and reported.  The sender is the
-//!   sandbox whose volume it came from: the courier writes only into that
-//!   sandbox's own outbox on the host.
-//! * **in**: each name in the host's `inbox/new/` (the mediator's
-//!   deliveries) that this courier has not delivered yet is copied into the
-//!   volume's `inbox/tmp/`; inside, a name already in `cur/` (acked: the
-//!   host's copy is then claimed into `inbox/cur/`, which is what the
-//!   mediator's read receipts read) or in `new/` is dropped from `tmp/`, the
-//!   others are fsynced, linked into `inbox/new/` (link(2) never replaces)
-//!   and removed from `tmp/`, and `new/` is fsynced: `lw-inbox --wait`
-//!   inside wakes on the link.  Names delivered and not acked are looked up
-//!   again every second, for the receipts.
-//!
-//! Passes do every sandbox's deliveries first, then the outboxes.  Each
-//! engine request is a round trip (over TLS, a handshake: bollard keeps no
-//! idle connection), so a pass is a handful of requests per sandbox: the
-//! outbox's archive, and an exec only when there is something to do.
-//!
-//! One courier per root (`ROOT/state/courier.lock`, its pid in
-//! `ROOT/state/courier.pid`); a volume-mode `create` starts one detached
-//! (courier_daemon.rs).  The host side is
-//! watched (inotify on the inboxes); the engine side is polled, since its
-//! API raises no event for a file in a volume.
+//! The mail of volume-mode sandboxes carried, pass by pass, between their
+//! mail volumes and the root (the module documentation, "out" and "in").
 
 use std::collections::{HashMap, HashSet};
 use std::io::Read as _;
 use std::os::unix::fs::MetadataExt as _;
 use std::time::{Duration, Instant};
 
-use super::{MAILBOX, Record, Sandboxes};
 use crate::error::{Error, Exit, Result};
 use crate::maildir::{Delivered, Maildir, Sub};
 use crate::message;
+use crate::sandbox::{MAILBOX, Record, Sandboxes};
 
 /// What one pass carried.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -227,7 +191,7 @@ impl<'s, 'a> Courier<'s, 'a> {
     }
 
     /// [`Courier::carry`] for a caller that holds the name's lock (`rm`).
-    pub(super) fn carry_locked(
+    pub(in crate::sandbox) fn carry_locked(
         &mut self,
         rec: &Record,
         warn: &mut dyn FnMut(&str),
@@ -336,7 +300,7 @@ impl<'s, 'a> Courier<'s, 'a> {
             .collect();
         let res = (|| -> Result<()> {
             for chunk in fresh.chunks(BATCH) {
-                let mut t = super::volume::TarBuf::new();
+                let mut t = crate::sandbox::volume::TarBuf::new();
                 let tag = copy_tag();
                 let mut sent = Vec::new();
                 for n in chunk {
@@ -526,92 +490,4 @@ fn read_outbox(reader: std::io::PipeReader, target: &Maildir) -> Result<Outbox> 
     // it all, so the engine's side is not cut off mid-write.
     std::io::copy(&mut a.into_inner(), &mut std::io::sink()).map_err(bad)?;
     Ok((carried, junk))
-}
-
-/// `lw-sandbox courier`: passes until killed (or one, `once`), waking when
-/// the mediator delivers into a volume-mode sandbox's inbox on this host
-/// and every `interval` otherwise.  Holds `ROOT/state/courier.lock`.
-pub fn run(
-    sb: &Sandboxes,
-    interval: Duration,
-    once: bool,
-    report: &mut dyn FnMut(&Carried),
-    warn: &mut dyn FnMut(&str),
-) -> Result<()> {
-    let lock_path = lock_path(&sb.root);
-    let lock = take_lock(&sb.root)?.ok_or_else(|| {
-        Error::new(
-            Exit::TempFail,
-            format!(
-                "another courier carries the mail of '{}' (it holds '{}')",
-                sb.root.dir.display(),
-                lock_path.display()
-            ),
-        )
-    })?;
-    let pid = super::courier_daemon::PidFile::write(&sb.root)?;
-    serve(sb, interval, once, report, warn, &mut |_| false)?;
-    pid.remove();
-    drop(lock);
-    Ok(())
-}
-
-/// `ROOT/state/courier.lock`: held by the root's one courier.
-pub fn lock_path(root: &crate::layout::Root) -> std::path::PathBuf {
-    root.state_dir().join("courier.lock")
-}
-
-/// The courier lock of the root, or None when another courier holds it.
-pub fn take_lock(root: &crate::layout::Root) -> Result<Option<std::fs::File>> {
-    let state = root.state_dir();
-    root.make_dir(&state)
-        .map_err(|e| Error::io("cannot create", &state, e))?;
-    let path = lock_path(root);
-    crate::fs::try_lock(&path).map_err(|e| Error::lock(&path, e))
-}
-
-/// The passes of a courier that holds the lock; before each, `idle` is
-/// told how many volume-mode sandboxes the root has, and ends the loop by
-/// answering true (the detached courier, courier_daemon.rs).
-pub fn serve(
-    sb: &Sandboxes,
-    interval: Duration,
-    once: bool,
-    report: &mut dyn FnMut(&Carried),
-    warn: &mut dyn FnMut(&str),
-    idle: &mut dyn FnMut(usize) -> bool,
-) -> Result<()> {
-    let mut courier = Courier::new(sb);
-    let watcher = crate::fs::Watcher::new()
-        .map_err(|e| Error::new(Exit::IoErr, format!("cannot watch the inboxes: {e}")))?;
-    let mut watched = HashSet::new();
-    loop {
-        match courier.sandboxes() {
-            Ok(recs) => {
-                if idle(recs.len()) {
-                    return Ok(());
-                }
-                for r in recs {
-                    let dir = sb.root.sandbox(&r.name).inbox().sub(Sub::New);
-                    if !watched.contains(&dir) && watcher.add(&dir).is_ok() {
-                        watched.insert(dir);
-                    }
-                }
-            }
-            Err(e) => warn(&e.to_string()),
-        }
-        match courier.pass(warn) {
-            Ok(c) => report(&c),
-            Err(e) => {
-                if once {
-                    return Err(e);
-                }
-                warn(&e.to_string());
-            }
-        }
-        if once {
-            return Ok(());
-        }
-        let _ = watcher.wait(Some(interval));
-    }
 }
