@@ -269,12 +269,7 @@ impl Drop for Registry {
     }
 }
 
-pub fn nonce() -> String {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("the clock is after 1970");
-    format!("{:x}{:x}", std::process::id(), t.as_nanos() % 0xff_ffff)
-}
+pub use support::nonce;
 
 /// A second Docker engine.  `--bridge=none` would make dockerd delete the
 /// host's `docker0` (the shared engine's default bridge) as it starts, so it

@@ -10,13 +10,7 @@ pub fn lw_build() -> &'static str {
     env!("CARGO_BIN_EXE_lw-build")
 }
 
-/// A name no other run shares, for image repositories and directories.
-pub fn nonce() -> String {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("the clock is after 1970");
-    format!("{}{:x}", std::process::id(), t.as_nanos() % 0xffff_ffff)
-}
+pub use support::nonce;
 
 /// Tag of a test base image made by scripts/test-images (cached by hash).
 pub fn test_image(name: &str) -> String {

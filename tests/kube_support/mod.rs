@@ -213,9 +213,7 @@ pub fn plan_port(kubeconfig: &Path, component: &str) -> u16 {
         .expect("a port number")
 }
 
-pub fn nonce() -> String {
-    format!("{:08x}", loopwright::id::random128() as u32)
-}
+pub use support::nonce;
 
 /// Whether scripts/k8s-build-net has cached kube-router and kube-proxy, so
 /// the cluster enforces NetworkPolicy and routes Services (unless

@@ -48,13 +48,7 @@ pub fn client_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_support/client.py")
 }
 
-pub fn bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("the test knows its path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("tests live in target/<profile>/deps")
-        .join(name)
-}
+pub use support::bin;
 
 /// Runs the Python SDK client: `scenario`, its options, then the server command.
 /// `env` is added to the client's environment, which the server inherits.

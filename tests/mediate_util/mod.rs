@@ -2,7 +2,7 @@
 //! into an outbox (as lw-post does), running the binary, reading the log.
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use loopwright::layout::Root;
@@ -16,14 +16,7 @@ pub fn lw_mediate() -> std::path::PathBuf {
     support::bin("lw-mediate")
 }
 
-pub fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "lw-mediate-test-{tag}-{}",
-        loopwright::id::new_id()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+pub use support::tempdir;
 
 /// A root with the named sandboxes registered (no scope).
 pub fn root_with(tag: &str, sandboxes: &[&str]) -> Root {

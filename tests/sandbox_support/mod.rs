@@ -8,20 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
-pub fn bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("the test knows its path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("tests live in target/<profile>/deps")
-        .join(name)
-}
+pub use support::bin;
 
-pub fn nonce() -> String {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("the clock is after 1970");
-    format!("{}{:x}", std::process::id(), t.as_nanos() % 0xffff_ffff)
-}
+pub use support::nonce;
 
 pub fn git(dir: &Path, args: &[&str]) -> String {
     let o = Command::new("git")

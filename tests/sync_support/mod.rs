@@ -13,11 +13,7 @@ use serde_json::{Value, json};
 
 pub const TOKEN: &str = "ghp_testtoken0123456789";
 
-pub fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("lw-sync-{tag}-{}", loopwright::id::new_id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+pub use support::tempdir;
 
 pub struct Env {
     pub dir: PathBuf,

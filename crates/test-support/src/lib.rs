@@ -1,4 +1,5 @@
-//! What loopwright's integration tests share.
+//! What loopwright's integration tests share: [`bin`], [`nonce`] and
+//! [`tempdir`], once (the suites' own `*_support` modules re-export them).
 //!
 //! [`bin`] finds a command of the workspace in the target directory the
 //! test runs from.  Cargo hands a test only its own package's commands
@@ -40,4 +41,23 @@ pub fn bin(name: &str) -> PathBuf {
         path.display()
     );
     path
+}
+
+/// A short random tag for names that must not meet another test's or run's
+/// (containers, networks, sandboxes, branches): the process id and 32 random
+/// bits, in hex, at most 16 characters.
+pub fn nonce() -> String {
+    let mut b = [0u8; 4];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+        .expect("/dev/urandom is readable");
+    format!("{:x}{:08x}", std::process::id(), u32::from_ne_bytes(b))
+}
+
+/// A new empty directory under the system's temporary directory, named
+/// `lw-TAG-NONCE`; left for the test (or the machine) to remove.
+pub fn tempdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("lw-{tag}-{}", nonce()));
+    std::fs::create_dir_all(&d).expect("the temporary directory is writable");
+    d
 }
