@@ -44,7 +44,7 @@ use super::Settings;
 use super::kit::Kit;
 use crate::digest::sha256_hex;
 use crate::egress::NetworkEngine;
-use crate::engine::{Bind, BuildEvent, BuildOutcome, BuildRequest, ContainerSpec};
+use crate::engine::{Bind, BuildEvent, BuildOutcome, BuildRequest, ContainerSpec, ImageBuilder};
 use crate::error::{Error, Exit, Result};
 
 /// The proxy's name on the sandbox's internal network.
@@ -125,7 +125,7 @@ pub fn usage(state: &Path, sandbox: &str) -> Option<Usage> {
 
 /// Makes sure the proxy image on `from` exists; returns its tag.
 pub fn ensure_image(
-    engine: &dyn NetworkEngine,
+    engine: &dyn ImageBuilder,
     from: &str,
     on_event: &mut dyn FnMut(BuildEvent),
 ) -> Result<String> {

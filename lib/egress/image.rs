@@ -5,7 +5,7 @@
 use sha2::{Digest, Sha256};
 
 use super::{LABEL_EGRESS, LABEL_RECIPE, PROXY_REPO};
-use crate::engine::{BuildEvent, BuildOutcome, BuildRequest, Engine};
+use crate::engine::{BuildEvent, BuildOutcome, BuildRequest, ImageBuilder, Images};
 use crate::error::{Error, Exit, Result};
 
 /// The proxy image's recipe: its build context, from the toolkit's runtime/egress.
@@ -27,7 +27,7 @@ const RECIPE_VERSION: &str = "loopwright-egress-proxy 1";
 
 /// The proxy image's tag for the base image `from` (by its id), and the
 /// recipe text it hashes.
-pub fn proxy_tag(engine: &dyn Engine, from: &str) -> Result<(String, String)> {
+pub fn proxy_tag(engine: &dyn Images, from: &str) -> Result<(String, String)> {
     let Some(base) = engine.image(from)? else {
         return Err(Error::new(
             Exit::NoInput,
@@ -52,7 +52,7 @@ pub fn proxy_tag(engine: &dyn Engine, from: &str) -> Result<(String, String)> {
 /// Makes sure the proxy image for `from` exists, building it when missing;
 /// build output goes to `on_event`.  Returns its tag.
 pub fn ensure_proxy_image(
-    engine: &dyn Engine,
+    engine: &dyn ImageBuilder,
     from: &str,
     on_event: &mut dyn FnMut(BuildEvent),
 ) -> Result<String> {
