@@ -36,7 +36,7 @@ use clap::{Parser, Subcommand};
 use loopwright::agent;
 use loopwright::cli::out_err;
 use loopwright::distribution::Client;
-use loopwright::engine::{BuildEvent, DockerEngine};
+use loopwright::engine::{BuildEvent, DockerEngine, connect_docker};
 use loopwright::error::{Error, Exit, Result};
 use loopwright::image::cache::{self, Fetch, Probe, Puller, Push};
 use loopwright::image::{self, BuildOptions, InputKind, Layer, LayerResult, Plan, Runtime};
@@ -116,7 +116,14 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         return init(&start, from, *force, out);
     }
     if let Some(Cmd::Load { file }) = &args.cmd {
-        return load(file, args.json, out);
+        // Outside a project too: then DOCKER_HOST, else the local engine.
+        let config = match image::find_root(&start) {
+            Some(root) => Some(loopwright::config::Config::load(
+                &root.join(loopwright::config::FILE),
+            )?),
+            None => None,
+        };
+        return load(&connect_docker(config.as_ref())?, file, args.json, out);
     }
     let root = image::find_root(&start).ok_or_else(|| {
         Error::new(
@@ -139,7 +146,10 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         .iter()
         .map(|n| agent::kit::find(Some(&root), n))
         .collect::<Result<Vec<_>>>()?;
-    let engine = DockerEngine::connect()?;
+    // The image builder the project's settings choose (engine::select:
+    // DOCKER_HOST, else engine.host, else the local engine), the one
+    // lw-sandbox and lw-service pair with their runner.
+    let engine = connect_docker(Some(&config))?;
     let mut plan = runtime.plan(&engine)?;
     let client = cache::configured(&root, args.cache.as_deref(), args.cache_ca.as_deref())?;
     match &args.cmd {
@@ -203,9 +213,8 @@ fn host_authorities(root: &Path, config: &loopwright::config::Config) -> Result<
 }
 
 /// `load FILE`: the archive checked, then loaded; prints the tags.
-fn load(file: &Path, as_json: bool, out: &mut dyn Write) -> Result<Exit> {
-    let engine = DockerEngine::connect()?;
-    for tag in image::archive::load_file(&engine, file)? {
+fn load(engine: &DockerEngine, file: &Path, as_json: bool, out: &mut dyn Write) -> Result<Exit> {
+    for tag in image::archive::load_file(engine, file)? {
         let line = if as_json {
             json!({"type": "loaded", "tag": tag}).to_string()
         } else {

@@ -17,7 +17,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
 use loopwright::cli::out_err;
-use loopwright::engine::{DockerEngine, Engine};
+use loopwright::engine::{DockerEngine, Images};
 use loopwright::init::{self, Options};
 use loopwright::{Error, Exit, Result};
 

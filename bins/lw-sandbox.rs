@@ -24,7 +24,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use loopwright::agent::run::RunOptions;
 use loopwright::agent::{Credential, kit};
 use loopwright::cli::{self, out_err};
-use loopwright::engine::SandboxEngine;
+use loopwright::engine::Engines;
 use loopwright::layout::Root;
 use loopwright::sandbox::{self, CreateOptions, Network, Sandboxes};
 use loopwright::{Error, Exit};
@@ -288,9 +288,9 @@ fn root_of(args: &Args) -> Result<Root, Error> {
     Root::resolve(args.root.as_deref())
 }
 
-/// The engine the project's `engine` names (Docker: `DOCKER_HOST`, else
-/// `engine.host`, else dockerd; Kubernetes: its kubeconfig and context).
-fn connect(args: &Args) -> Result<Box<dyn SandboxEngine>, Error> {
+/// The engines the project's settings choose (engine::select: the runner,
+/// Docker or Kubernetes, and the builder paired with it).
+fn connect(args: &Args) -> Result<Engines, Error> {
     let start = match &args.project {
         Some(p) => p.clone(),
         None => std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
@@ -298,7 +298,7 @@ fn connect(args: &Args) -> Result<Box<dyn SandboxEngine>, Error> {
     // A configuration that does not parse (an unknown key) is refused here,
     // before any engine is reached: 78, not a 69 that hides it.
     let project = loopwright::config::Project::find(&start)?;
-    loopwright::engine::connect_sandbox_engine(project.as_ref().map(|p| &p.config))
+    Engines::connect(project.as_ref().map(|p| &p.config))
 }
 
 fn warn(msg: &str) {
@@ -324,8 +324,8 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
         writeln!(out, "{l}").map_err(out_err)?;
         return Ok(Exit::Ok);
     }
-    let engine = connect(&args)?;
-    let sb = Sandboxes::new(root, &*engine);
+    let engines = connect(&args)?;
+    let sb = Sandboxes::new(root, engines.pair());
     let line = |out: &mut dyn Write, s: &str| writeln!(out, "{s}").map_err(out_err);
     match args.cmd {
         cmd @ Cmd::Create { .. } => {
@@ -568,8 +568,8 @@ fn create(
 /// `exec` and `shell`: the command's status is ours.
 fn exec(args: Args) -> Result<u8, Error> {
     let root = root_of(&args)?;
-    let engine = connect(&args)?;
-    let sb = Sandboxes::new(root, &*engine);
+    let engines = connect(&args)?;
+    let sb = Sandboxes::new(root, engines.pair());
     let code = match args.cmd {
         Cmd::Exec {
             name,

@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use loopwright::cli::{self, out_err};
 use loopwright::config::Project;
-use loopwright::engine::DockerEngine;
+use loopwright::engine::Engines;
 use loopwright::layout::Root;
 use loopwright::service::{Services, decl};
 use loopwright::{Error, Exit};
@@ -111,8 +111,10 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
         decl::check_name(name)?;
     }
     let proj = project(args.project.as_deref())?;
-    let engine = DockerEngine::connect()?;
-    let svc = Services::new(&root.dir, &engine);
+    // The engines lw-sandbox chooses for the same project (engine::select),
+    // so that its sandboxes find the services on their own runner.
+    let engines = Engines::connect(proj.as_ref().map(|p| &p.config))?;
+    let svc = Services::new(&root.dir, engines.pair());
     let line = |out: &mut dyn Write, s: &str| writeln!(out, "{s}").map_err(out_err);
     let mut say = |m: &str| eprintln!("{PROG}: {m}");
     match args.cmd {

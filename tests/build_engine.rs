@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use build_support::{nonce, test_image};
-use loopwright::engine::{ContainerSpec, DockerEngine, Engine, ExecRequest, OutStream};
+use loopwright::engine::{
+    ContainerSpec, DockerEngine, Engine, ExecRequest, ImageBuilder, Images, OutStream,
+};
 
 struct Cleanup<'a>(&'a DockerEngine, String);
 

@@ -5,17 +5,91 @@
 //! of the sandbox suite runs against Podman with DOCKER_HOST set; the pass
 //! counts are in docs/engines.md.
 //!
+//! Also: a project that names Podman in its `.loopwright/config`
+//! (`engine.host`), with DOCKER_HOST unset, gets Podman from all three
+//! commands that choose an engine (engine::select): lw-build's image is in
+//! Podman's store and not dockerd's, lw-service's container and
+//! lw-sandbox's are Podman's, and the sandbox finds the service there.
+//!
 //! Needs podman (`.ci/run` installs it); without it the test fails saying so.
-//! One test in this binary: it sets DOCKER_HOST for the whole process.
+//! The tests of this binary run one at a time: the first sets DOCKER_HOST
+//! for the whole process, the second needs it unset.
 
 mod sandbox_support;
 
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use sandbox_support::*;
+
+/// The environment is the process's: one test at a time, each leaving
+/// DOCKER_HOST unset (also when it fails).
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+struct Alone(#[allow(dead_code, reason = "held for its Drop")] MutexGuard<'static, ()>);
+
+impl Alone {
+    fn take() -> Alone {
+        let g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the lock is held; no other test of this binary runs.
+        unsafe { std::env::remove_var("DOCKER_HOST") };
+        Alone(g)
+    }
+}
+
+impl Drop for Alone {
+    fn drop(&mut self) {
+        // SAFETY: the lock is still held (dropped after this).
+        unsafe { std::env::remove_var("DOCKER_HOST") };
+    }
+}
+
+/// The Debian test image, made in dockerd, copied into Podman's store.
+fn load_debian() {
+    let tag = debian().to_string();
+    let t = Instant::now();
+    let mut save = Command::new("docker")
+        .args(["save", &tag])
+        .env_remove("DOCKER_HOST")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("docker save runs");
+    let load = Command::new("podman")
+        .args(["load", "-q"])
+        .stdin(save.stdout.take().expect("pipe"))
+        .output()
+        .expect("podman load runs");
+    assert!(save.wait().expect("docker save ends").success());
+    assert!(load.status.success(), "podman load: {}", err(&load));
+    println!(
+        "podman: test image loaded in {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+}
+
+fn podman(args: &[&str]) -> Output {
+    Command::new("podman")
+        .args(args)
+        .output()
+        .expect("podman runs")
+}
+
+/// Whether podman's store (`podman image|container exists`) and dockerd's
+/// (`docker image|container inspect`, DOCKER_HOST unset) hold `what`.
+fn held(kind: &str, what: &str) -> (bool, bool) {
+    let in_podman = podman(&[kind, "exists", what]).status.success();
+    let in_dockerd = Command::new("docker")
+        .args([kind, "inspect", what])
+        .env_remove("DOCKER_HOST")
+        .output()
+        .expect("docker runs")
+        .status
+        .success();
+    (in_podman, in_dockerd)
+}
 
 /// `podman system service` on a private socket; stopped when dropped.
 struct Service {
@@ -78,28 +152,10 @@ impl Drop for Service {
 
 #[test]
 fn the_sandbox_life_on_podman() {
-    // The Debian test image, made in dockerd, then copied into Podman's store.
-    let tag = debian().to_string();
+    let _alone = Alone::take();
     let svc = Service::start();
-    let t = Instant::now();
-    let mut save = Command::new("docker")
-        .args(["save", &tag])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("docker save runs");
-    let load = Command::new("podman")
-        .args(["load", "-q"])
-        .stdin(save.stdout.take().expect("pipe"))
-        .output()
-        .expect("podman load runs");
-    assert!(save.wait().expect("docker save ends").success());
-    assert!(load.status.success(), "podman load: {}", err(&load));
-    println!(
-        "podman: test image loaded in {:.1}s",
-        t.elapsed().as_secs_f64()
-    );
-    // SAFETY: this binary holds this one test; no other thread reads the
-    // environment while it is set.
+    load_debian();
+    // SAFETY: `_alone` holds the binary's lock: no other test runs.
     unsafe { std::env::set_var("DOCKER_HOST", svc.host()) };
 
     // The engine is Podman, and lw doctor says so with its runtimes.
@@ -209,5 +265,81 @@ fn the_sandbox_life_on_podman() {
         create.as_secs_f64() * 1000.0,
         svc.host()
     );
+    drop(f);
+}
+
+#[test]
+fn engine_host_in_the_project_takes_build_service_and_sandbox_to_podman() {
+    let _alone = Alone::take();
+    let svc = Service::start();
+    load_debian();
+    // Podman named by the project alone: DOCKER_HOST is unset (Alone).
+    let f = Fixture::with_config("podhost", &format!("engine.host = {}\n", svc.host()));
+
+    // lw-build: a layer no other test builds (its input changed by a
+    // nonce), so where it lands says which engine built it.
+    std::fs::write(f.proj.join("deps.lock"), format!("lock {}\n", nonce())).expect("write");
+    git(&f.proj, &["commit", "-qam", "a lock of its own"]);
+    f.build();
+    let o = Command::new(bin("lw-build"))
+        .arg("--print-tag")
+        .current_dir(&f.proj)
+        .output()
+        .expect("lw-build runs");
+    assert!(o.status.success(), "lw-build --print-tag: {}", err(&o));
+    let tag = text(&o).trim().to_string();
+    assert_eq!(
+        held("image", &tag),
+        (true, false),
+        "lw-build's image {tag} (in podman, in dockerd)"
+    );
+
+    // lw-service: its container is Podman's.
+    let dir = f.proj.join(".loopwright/services");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    std::fs::write(
+        dir.join("web"),
+        format!("image = {}\ncommand = exec sleep 600\n", debian()),
+    )
+    .expect("write");
+    let service = |args: &[&str]| {
+        let o = Command::new(bin("lw-service"))
+            .args(args)
+            .current_dir(&f.proj)
+            .env("LW_ROOT", &f.root)
+            .stdin(Stdio::null())
+            .output()
+            .expect("lw-service runs");
+        assert!(
+            o.status.success(),
+            "lw-service {args:?} exited {:?}: {}",
+            o.status.code(),
+            err(&o)
+        );
+    };
+    service(&["up", "web"]);
+    let web = format!("lw-svc-{}-web", f.root_id());
+    assert_eq!(
+        held("container", &web),
+        (true, false),
+        "lw-service's container {web} (in podman, in dockerd)"
+    );
+
+    // lw-sandbox: its container is Podman's, and it finds the service there.
+    f.ok(&["create", "a", "--branch", "lw/a", "--service", "web"]);
+    assert_eq!(
+        held("container", &f.container("a")),
+        (true, false),
+        "lw-sandbox's container (in podman, in dockerd)"
+    );
+    let (code, out, e) = f.sh("a", "git rev-parse --abbrev-ref HEAD");
+    assert_eq!((code, out.trim()), (0, "lw/a"), "{e}");
+
+    f.ok(&["rm", "--force", "a"]);
+    service(&["rm", "web", "--volumes"]);
+    let label = format!("label=org.loopwright.root={}", f.root_id());
+    let left = text(&podman(&["ps", "-aq", "--filter", &label]));
+    assert!(left.trim().is_empty(), "podman containers left: {left}");
+    let _ = podman(&["rmi", &tag]);
     drop(f);
 }

@@ -38,9 +38,10 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
+use loopwright::engine::select::{PairedBuilder, docker_host};
 use loopwright::engine::{
-    ContainerSpec, DockerEngine, Engine, ExecIo, ExecRequest, HostPaths, KubeEngine, NetworkEngine,
-    NetworkSpec, SandboxEngine,
+    ContainerSpec, DockerEngine, Engine, EngineKind, ExecIo, ExecRequest, HostPaths, Images,
+    KubeEngine, NetworkEngine, NetworkSpec, Pair, SandboxEngine,
 };
 use loopwright::error::Exit;
 use loopwright::layout::Root;
@@ -100,7 +101,8 @@ fn child_makes_pods_until_killed() {
     let e =
         KubeEngine::connect_with(Some(kubeconfig), None, Some(ns.to_string())).expect("connects");
     let root = Root::new(root);
-    let sb = Sandboxes::new(root.clone(), &e);
+    let builder = PairedBuilder::new(docker_host(None));
+    let sb = Sandboxes::new(root.clone(), on_cluster(&e, &builder));
     let labels: BTreeMap<String, String> = [
         (LABEL_ROOT.to_string(), sb.id.clone()),
         (LABEL_SANDBOX.to_string(), "crash".to_string()),
@@ -152,6 +154,16 @@ fn the_kubernetes_engine_on_a_real_cluster() {
 }
 
 /// A hardened pod's life through the contract.
+/// The cluster as lw-sandbox pairs it (engine::select): the runner, and
+/// the Docker builder of this machine.
+fn on_cluster<'a>(e: &'a KubeEngine, builder: &'a PairedBuilder) -> Pair<'a> {
+    Pair {
+        runner: e,
+        builder,
+        kind: EngineKind::Kubernetes,
+    }
+}
+
 fn life(e: &KubeEngine, root: &Root, id: &str) {
     let v = e.version().expect("version");
     let info = e.info().expect("info");
@@ -602,7 +614,8 @@ fn gc_after_kill(e: &KubeEngine, kc: &str, ns: &str, root: &Root, id: &str) {
     let before = e.containers_with_label(&label).unwrap().len();
     assert!(before >= made, "the pods it made are there ({before})");
     assert_eq!(e.volumes_with_label(&label).unwrap().len(), 1);
-    let sb = Sandboxes::new(root.clone(), e);
+    let builder = PairedBuilder::new(docker_host(None));
+    let sb = Sandboxes::new(root.clone(), on_cluster(e, &builder));
     let mut said = Vec::new();
     sb.gc(&mut |l| said.push(l.to_string())).expect("gc");
     let pods: Api<Pod> = Api::namespaced(e.client().clone(), ns);

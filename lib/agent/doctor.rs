@@ -9,7 +9,7 @@
 use super::kit::{self, Kit};
 use super::{KeySource, Settings, layer};
 use crate::config::Project;
-use crate::engine::Engine;
+use crate::engine::Images;
 use crate::finding::{Finding, Status};
 use crate::image::Runtime;
 
@@ -23,7 +23,7 @@ fn finding(status: Status, detail: String, fix: Option<String>) -> Finding {
 }
 
 /// The CLI layer's tag for `kit` on the project's first layer, and whether it exists.
-fn layer_of(p: &Project, engine: &dyn Engine, kit: &Kit) -> Option<(String, bool)> {
+fn layer_of(p: &Project, engine: &dyn Images, kit: &Kit) -> Option<(String, bool)> {
     let rt = Runtime::load(&p.top).ok()?;
     let plan = rt.plan(engine).ok()?;
     let first = plan.layers.first()?.tag.clone();
@@ -31,7 +31,7 @@ fn layer_of(p: &Project, engine: &dyn Engine, kit: &Kit) -> Option<(String, bool
     Some((cli.tag, cli.built))
 }
 
-pub fn checks(p: &Project, engine: Option<&dyn Engine>) -> Vec<Finding> {
+pub fn checks(p: &Project, engine: Option<&dyn Images>) -> Vec<Finding> {
     let kits = match kit::all(Some(&p.top)) {
         Ok(k) => k,
         Err(e) => {

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 
 use super::kit::Kit;
 use crate::digest::sha256_hex;
-use crate::engine::{BuildEvent, BuildOutcome, BuildRequest, Engine};
+use crate::engine::{BuildEvent, BuildOutcome, BuildRequest, ImageBuilder, Images};
 use crate::error::{Error, Exit, Result};
 use crate::image::{LABEL_LAYER, LABEL_MANIFEST};
 
@@ -44,7 +44,7 @@ pub struct Planned {
 /// The two images for `kit`: `cli_parent` is the project's first layer,
 /// `parent` its final image; `repo` the project's image prefix.
 pub fn plan(
-    engine: &dyn Engine,
+    engine: &dyn Images,
     repo: &str,
     kit: &Kit,
     cli_parent: &str,
@@ -115,7 +115,7 @@ pub fn recipe(repo: &str, kit: &Kit, cli_parent: &str, parent: &str) -> (Planned
 /// Builds what is missing of the two images; returns the final tag and,
 /// per image, whether it was built now.  Build output goes to `on_event`.
 pub fn ensure(
-    engine: &dyn Engine,
+    engine: &dyn ImageBuilder,
     images: &(Planned, Planned),
     on_start: &mut dyn FnMut(&Planned),
     on_event: &mut dyn FnMut(BuildEvent),
@@ -132,7 +132,11 @@ pub fn ensure(
     Ok((images.1.tag.clone(), built))
 }
 
-fn build_one(engine: &dyn Engine, p: &Planned, on_event: &mut dyn FnMut(BuildEvent)) -> Result<()> {
+fn build_one(
+    engine: &dyn ImageBuilder,
+    p: &Planned,
+    on_event: &mut dyn FnMut(BuildEvent),
+) -> Result<()> {
     let mut b = tar::Builder::new(Vec::new());
     let tar_err = |e: std::io::Error| {
         Error::new(Exit::Software, "cannot make the build context").with_source(e)

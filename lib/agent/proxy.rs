@@ -44,7 +44,7 @@ use super::Settings;
 use super::kit::Kit;
 use crate::egress::NetworkEngine;
 use crate::egress::sidecar::{self, Recipe};
-use crate::engine::{Bind, BuildEvent, ContainerSpec};
+use crate::engine::{Bind, BuildEvent, ContainerSpec, ImageBuilder};
 use crate::error::{Error, Exit, Result};
 
 /// The proxy's name on the sandbox's internal network.
@@ -135,7 +135,7 @@ const RECIPE: Recipe = Recipe {
 
 /// Makes sure the proxy image on `from` exists; returns its tag.
 pub fn ensure_image(
-    engine: &dyn NetworkEngine,
+    engine: &dyn ImageBuilder,
     from: &str,
     on_event: &mut dyn FnMut(BuildEvent),
 ) -> Result<String> {

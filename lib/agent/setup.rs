@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use super::kit::{self, Kit};
 use super::{AgentRecord, Credential, Settings, layer, proxy};
 use crate::config::Project;
-use crate::engine::{BuildEvent, Engine};
+use crate::engine::{BuildEvent, ImageBuilder};
 use crate::error::Result;
 use crate::image::Runtime;
 use crate::layout::Root;
@@ -74,7 +74,7 @@ impl Prepared {
     /// built when missing; its CLI image starts from the project's first layer.
     pub fn image(
         &self,
-        engine: &dyn Engine,
+        engine: &dyn ImageBuilder,
         project: Option<&Project>,
         parent: &str,
         flag: Option<&str>,
@@ -122,6 +122,7 @@ impl Prepared {
     pub fn start_proxy(
         &self,
         nets: &dyn crate::engine::NetworkEngine,
+        images: &dyn ImageBuilder,
         name: &str,
         container: &str,
         eg: &crate::egress::Settings,
@@ -131,7 +132,7 @@ impl Prepared {
         if self.credential != Credential::Proxy {
             return Ok(());
         }
-        let image = proxy::ensure_image(nets, &eg.proxy_from, &mut |_| {})?;
+        let image = proxy::ensure_image(images, &eg.proxy_from, &mut |_| {})?;
         let dir = proxy::key_dir(&root.state_dir(), name);
         proxy::prepare_dir(&dir, &self.settings)?;
         // A key already on the host is handed to the proxy now, so that

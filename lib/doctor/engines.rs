@@ -14,7 +14,7 @@ pub(super) fn services(
     engine: &DockerEngine,
     project: Option<&Project>,
 ) -> Vec<Finding> {
-    let svc = crate::service::Services::new(root, engine);
+    let svc = crate::service::Services::new(root, crate::engine::Pair::docker(engine));
     match svc.list(project) {
         Err(e) => vec![f(
             "service",
@@ -147,7 +147,7 @@ pub(super) fn kubernetes(
 }
 
 pub(super) fn docker(out: &mut Vec<Finding>, project: Option<&Project>) -> Option<DockerEngine> {
-    match DockerEngine::connect_for(project.map(|p| &p.config))
+    match crate::engine::connect_docker(project.map(|p| &p.config))
         .and_then(|e| e.version().map(|v| (e, v)))
     {
         Ok((e, v)) => {

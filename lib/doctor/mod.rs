@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::config::Project;
-use crate::engine::Engine;
+use crate::engine::Images;
 use crate::layout::Root;
 
 pub use crate::finding::{Finding, Status};
@@ -100,7 +100,7 @@ pub fn run(inp: &Inputs) -> Vec<Finding> {
         out.push(image_cache(p));
         out.extend(crate::agent::doctor::checks(
             p,
-            engine.as_ref().map(|e| e as &dyn Engine),
+            engine.as_ref().map(|e| e as &dyn Images),
         ));
     }
     let root = inp

@@ -4,7 +4,7 @@
 
 use super::sidecar::Recipe;
 use super::{LABEL_EGRESS, LABEL_RECIPE, PROXY_REPO};
-use crate::engine::{BuildEvent, Engine};
+use crate::engine::{BuildEvent, ImageBuilder, Images};
 use crate::error::{Error, Exit, Result};
 
 /// The proxy image's recipe: its build context, from the toolkit's runtime/egress.
@@ -34,7 +34,7 @@ const RECIPE: Recipe = Recipe {
 
 /// The proxy image's tag for the base image `from` (by its id), and the
 /// recipe text it hashes.
-pub fn proxy_tag(engine: &dyn Engine, from: &str) -> Result<(String, String)> {
+pub fn proxy_tag(engine: &dyn Images, from: &str) -> Result<(String, String)> {
     let Some(base) = engine.image(from)? else {
         return Err(Error::new(
             Exit::NoInput,
@@ -51,7 +51,7 @@ pub fn proxy_tag(engine: &dyn Engine, from: &str) -> Result<(String, String)> {
 /// Makes sure the proxy image for `from` exists, building it when missing;
 /// build output goes to `on_event`.  Returns its tag.
 pub fn ensure_proxy_image(
-    engine: &dyn Engine,
+    engine: &dyn ImageBuilder,
     from: &str,
     on_event: &mut dyn FnMut(BuildEvent),
 ) -> Result<String> {

@@ -14,7 +14,7 @@ use super::{
 /// The uid (and gid) of Debian's `proxy` user, the proxy image's `USER`.
 const PROXY_UID: u32 = 13;
 use crate::engine::ContainerSpec;
-use crate::engine::{BuildEvent, Network, NetworkEngine, NetworkSpec};
+use crate::engine::{BuildEvent, ImageBuilder, Network, NetworkEngine, NetworkSpec};
 use crate::error::{Error, Exit, Result};
 
 /// The line squid writes once it accepts connections.
@@ -23,9 +23,12 @@ const READY_LINE: &str = "Accepting HTTP Socket connections";
 /// Makes the egress topology of the sandbox `key` for `allow` and starts its
 /// proxy; lw-sandbox then creates the sandbox with the returned plan.  Left
 /// over objects of an earlier, interrupted attempt are removed first; on
-/// failure, whatever this call made is removed again.
+/// failure, whatever this call made is removed again.  `engine` builds the
+/// proxy image too (Docker); a runner paired with another builder makes
+/// the image there ([`ensure_proxy_image`]) and calls
+/// [`prepare_with_image`].
 pub fn prepare(
-    engine: &dyn NetworkEngine,
+    engine: &(impl NetworkEngine + ImageBuilder),
     key: &str,
     allow: &AllowList,
     opts: &Options,
@@ -37,9 +40,9 @@ pub fn prepare(
 }
 
 /// [`prepare`] with a proxy image the engine already has.  A Kubernetes
-/// engine builds no images: there the image is built on a Docker engine
-/// ([`ensure_proxy_image`]) and reaches the nodes through a registry
-/// (`build.cache`) or an import into their runtime.
+/// runner builds no images: there the image is built on the Docker builder
+/// paired with it ([`ensure_proxy_image`]) and reaches the nodes through a
+/// registry (`build.cache`) or an import into their runtime.
 pub fn prepare_with_image(
     engine: &dyn NetworkEngine,
     key: &str,

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::digest::sha256_hex;
-use crate::engine::{BuildEvent, BuildOutcome, BuildRequest, Engine, NetworkEngine};
+use crate::engine::{BuildEvent, BuildOutcome, BuildRequest, ImageBuilder, NetworkEngine};
 use crate::error::{Error, Exit, Result};
 
 /// A proxy image's recipe.
@@ -46,7 +46,7 @@ impl Recipe<'_> {
     /// and `hint` after them.
     pub fn build(
         &self,
-        engine: &dyn Engine,
+        engine: &dyn ImageBuilder,
         from: &str,
         tag: &str,
         labels: BTreeMap<String, String>,

@@ -19,7 +19,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::digest::hex;
-use crate::engine::ImageTransfer;
+use crate::engine::ImageBuilder;
 use crate::error::{Error, Exit, Result};
 
 use super::{LABEL_MANIFEST, TAG_HEX};
@@ -302,7 +302,7 @@ fn check_tag_label(tag: &str, config: &Value) -> std::result::Result<(), String>
 
 /// Writes one archive of `references` to `path`, replacing it only once the
 /// archive is whole.  Returns its size.
-pub fn save_file(engine: &dyn ImageTransfer, references: &[&str], path: &Path) -> Result<u64> {
+pub fn save_file(engine: &dyn ImageBuilder, references: &[&str], path: &Path) -> Result<u64> {
     /// Why the archive was not written: the file, or the engine's save.
     enum Failed {
         File(std::io::Error),
@@ -324,7 +324,7 @@ pub fn save_file(engine: &dyn ImageTransfer, references: &[&str], path: &Path) -
 
 /// Checks the archive at `path` whole, then loads it.  Returns the tags
 /// loaded.
-pub fn load_file(engine: &dyn ImageTransfer, path: &Path) -> Result<Vec<String>> {
+pub fn load_file(engine: &dyn ImageBuilder, path: &Path) -> Result<Vec<String>> {
     let what = format!("'{}'", path.display());
     let f = File::open(path).map_err(|e| Error::io_as(Exit::NoInput, "cannot read", path, e))?;
     let scan = scan(std::io::BufReader::new(f), &what)?;

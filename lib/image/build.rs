@@ -1,7 +1,7 @@
 //! Building a layer: the context holds exactly the declared inputs, a
 //! Dockerfile that reads anything else is refused before the engine is asked.
 
-use crate::engine::{BuildEvent, BuildOutcome, BuildRequest, Engine};
+use crate::engine::{BuildEvent, BuildOutcome, BuildRequest, ImageBuilder};
 use crate::error::{Error, Exit, Result};
 use std::collections::BTreeSet;
 
@@ -35,7 +35,7 @@ pub enum LayerResult {
 /// Builds the layers whose tags are missing, in order.  Stops at the first
 /// failure: a failed step is exit 65 with the step's output in the error.
 pub fn build(
-    engine: &dyn Engine,
+    engine: &dyn ImageBuilder,
     plan: &mut Plan,
     opts: &mut BuildOptions<'_>,
 ) -> Result<Vec<LayerResult>> {

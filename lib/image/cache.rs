@@ -9,7 +9,7 @@
 //! instead.  Every blob is checked against its digest as it arrives.
 //!
 //! Bytes move between the registry (lib/distribution) and the engine's image
-//! archives (lib/engine, [`ImageTransfer`]): a push saves the layer image and
+//! archives (lib/engine, [`ImageBuilder`]): a push saves the layer image and
 //! uploads the blobs the registry lacks; a pull downloads only the layers the
 //! engine lacks (those under the parent image, which is already there, are
 //! named in the archive but not carried: the engine skips a layer it holds)
@@ -24,7 +24,7 @@ use serde_json::Value;
 use super::archive::{Scratch, scan};
 use super::*;
 use crate::distribution::{Client, Manifest};
-use crate::engine::ImageTransfer;
+use crate::engine::ImageBuilder;
 use crate::error::{Error, Result};
 
 /// The tag a layer has in the cache repository: `LAYER-HASH`.
@@ -120,7 +120,7 @@ pub fn probe(client: &Client, layer: &Layer) -> Result<Probe> {
 }
 
 /// Pulls `layer` from the cache into the engine under its tag.
-pub fn pull(engine: &dyn ImageTransfer, client: &Client, layer: &Layer) -> Result<Fetch> {
+pub fn pull(engine: &dyn ImageBuilder, client: &Client, layer: &Layer) -> Result<Fetch> {
     let tag = remote_tag(layer);
     let Some(m) = client.manifest(&tag)? else {
         return Ok(Fetch::Missing);
@@ -225,7 +225,7 @@ fn load_archive(
 }
 
 /// Pushes the local image of `layer` (which must exist) to the cache.
-pub fn push(engine: &dyn ImageTransfer, client: &Client, layer: &Layer) -> Result<Push> {
+pub fn push(engine: &dyn ImageBuilder, client: &Client, layer: &Layer) -> Result<Push> {
     let tag = remote_tag(layer);
     let id = layer.image_id.clone().unwrap_or_default();
     if let Some(m) = client.manifest(&tag)?
@@ -305,7 +305,7 @@ pub fn configured(
 /// warned about once and then left alone (the build goes on locally); a
 /// refused tag is warned about and built; refused credentials stop the run.
 pub struct Puller<'a> {
-    pub engine: &'a dyn ImageTransfer,
+    pub engine: &'a dyn ImageBuilder,
     pub client: Option<&'a Client>,
     online: bool,
     logged_in: bool,
@@ -316,7 +316,7 @@ pub struct Puller<'a> {
 
 impl<'a> Puller<'a> {
     pub fn new(
-        engine: &'a dyn ImageTransfer,
+        engine: &'a dyn ImageBuilder,
         client: Option<&'a Client>,
         warn: &'a mut dyn FnMut(&str),
     ) -> Puller<'a> {

@@ -1,7 +1,7 @@
 //! Why a layer would rebuild: the manifest recorded in its label against
 //! the one computed now.
 
-use crate::engine::Engine;
+use crate::engine::Images;
 use crate::error::Result;
 use std::collections::BTreeMap;
 
@@ -130,7 +130,7 @@ pub struct Explanation {
 }
 
 /// Finds the image a build of `layer` would replace and what changed since.
-pub fn explain(engine: &dyn Engine, layer: &Layer) -> Result<Explanation> {
+pub fn explain(engine: &dyn Images, layer: &Layer) -> Result<Explanation> {
     let label = format!("{LABEL_LAYER}={}", layer.repo);
     let prev = engine
         .images_with_label(&label)?

@@ -3,7 +3,7 @@
 //! its provider, so only a changed layer rebuilds.
 
 use crate::digest::sha256_hex;
-use crate::engine::Engine;
+use crate::engine::Images;
 use crate::error::{Error, Exit, Result};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -114,7 +114,7 @@ impl Runtime {
     }
 
     /// Computes every layer's manifest and tag and asks the engine which exist.
-    pub fn plan(&self, engine: &dyn Engine) -> Result<Plan> {
+    pub fn plan(&self, engine: &dyn Images) -> Result<Plan> {
         let from_img = engine.image(&self.def.from)?.ok_or_else(|| {
             Error::new(
                 Exit::NoInput,

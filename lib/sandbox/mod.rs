@@ -93,7 +93,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Project;
-use crate::engine::SandboxEngine;
+use crate::engine::{EngineKind, ImageBuilder, Pair, SandboxEngine};
 use crate::error::{Error, Exit, Result};
 use crate::layout::Root;
 use crate::ports::Leases;
@@ -157,11 +157,18 @@ impl Port {
     }
 }
 
-/// Where lw-sandbox works: a mailbox root and an engine.
+/// Where lw-sandbox works: a mailbox root and the engines its binary chose
+/// (engine::select): the runner, and the builder the images come from.
 pub struct Sandboxes<'a> {
     pub root: Root,
     pub id: String,
+    /// The sandbox runner.
     pub engine: &'a dyn SandboxEngine,
+    /// The image builder paired with it (the runner itself on Docker).
+    pub images: &'a dyn ImageBuilder,
+    /// What the runner is: on Kubernetes the builder's images reach the
+    /// nodes through the image cache or an import.
+    pub kind: EngineKind,
 }
 
 /// Options of `create`.
@@ -217,9 +224,24 @@ fn io_err<'p>(what: &str, p: &'p Path) -> impl FnOnce(std::io::Error) -> Error +
 }
 
 impl<'a> Sandboxes<'a> {
-    pub fn new(root: Root, engine: &'a dyn SandboxEngine) -> Sandboxes<'a> {
+    pub fn new(root: Root, engines: Pair<'a>) -> Sandboxes<'a> {
         let id = root_id(&root.dir);
-        Sandboxes { root, id, engine }
+        Sandboxes {
+            root,
+            id,
+            engine: engines.runner,
+            images: engines.builder,
+            kind: engines.kind,
+        }
+    }
+
+    /// The runner and builder it was given.
+    pub fn engines(&self) -> Pair<'a> {
+        Pair {
+            runner: self.engine,
+            builder: self.images,
+            kind: self.kind,
+        }
     }
 
     pub fn leases(&self) -> Leases {

@@ -6,13 +6,14 @@
 //! besides its own.
 
 use super::*;
-use crate::engine::{NetworkEngine, SandboxEngine};
+use crate::engine::{NetworkEngine, Pair};
 use crate::error::{Error, Exit, Result};
 
 /// Checks each service of `names` for a sandbox of root `root_id`: a name no
 /// service of the root has is 64; a service down, failed or not ready is
 /// 69, saying which and what to do.  Nothing is made.
-pub fn require(engine: &dyn SandboxEngine, root_id: &str, names: &[String]) -> Result<()> {
+pub fn require(engines: Pair<'_>, root_id: &str, names: &[String]) -> Result<()> {
+    let engine = engines.runner;
     for name in names {
         decl::check_name(name)?;
         let nets: &dyn NetworkEngine = engine;
@@ -36,6 +37,7 @@ pub fn require(engine: &dyn SandboxEngine, root_id: &str, names: &[String]) -> R
             id: root_id.to_string(),
             root_path: PathBuf::new(),
             engine,
+            images: engines.builder,
         };
         if let Some(why) = svc.check(name, ready.map(String::as_str))? {
             let state = if why.starts_with("exited") {

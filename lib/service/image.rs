@@ -51,7 +51,7 @@ impl<'a> Services<'a> {
                         }],
                     },
                 };
-                let mut plan = runtime.plan(self.engine).map_err(|e| {
+                let mut plan = runtime.plan(self.images).map_err(|e| {
                     Error::new(
                         e.exit,
                         format!("service '{}' ({}): {}", d.name, d.path.display(), e.msg),
@@ -63,7 +63,7 @@ impl<'a> Services<'a> {
                 }
                 progress(&format!("building image {tag} for service '{}'", d.name));
                 crate::image::build(
-                    self.engine,
+                    self.images,
                     &mut plan,
                     &mut crate::image::BuildOptions {
                         on_event: &mut |_, ev| {

@@ -62,7 +62,7 @@ pub use decl::{Declaration, Source};
 pub use state::Status;
 pub use up::Up;
 
-use crate::engine::SandboxEngine;
+use crate::engine::{ImageBuilder, Pair, SandboxEngine};
 use crate::wall::{LABEL_ROOT, LABEL_ROOT_PATH};
 
 /// The service an engine object belongs to.
@@ -82,7 +82,10 @@ pub struct Services<'a> {
     /// The root's id (`wall::root_id`).
     pub id: String,
     pub root_path: PathBuf,
+    /// The runner the services run on (the sandboxes' own).
     pub engine: &'a dyn SandboxEngine,
+    /// The builder paired with it, for `build = DIR` and the egress proxy.
+    pub images: &'a dyn ImageBuilder,
 }
 
 /// The object names of service NAME in root ID.
@@ -106,11 +109,12 @@ fn tail(text: &[u8], n: usize) -> String {
 }
 
 impl<'a> Services<'a> {
-    pub fn new(root: &Path, engine: &'a dyn SandboxEngine) -> Services<'a> {
+    pub fn new(root: &Path, engines: Pair<'a>) -> Services<'a> {
         Services {
             id: crate::wall::root_id(root),
             root_path: root.to_path_buf(),
-            engine,
+            engine: engines.runner,
+            images: engines.builder,
         }
     }
 

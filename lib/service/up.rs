@@ -196,7 +196,9 @@ impl<'a> Services<'a> {
                 // Not the root's label: lw-sandbox gc tears down the egress
                 // objects of that label that no sandbox record names.
                 o.labels.insert(LABEL_SERVICE.into(), d.name.clone());
-                let plan = crate::egress::prepare(nets, container, allow, &o, &mut |_| {})?;
+                let image =
+                    crate::egress::ensure_proxy_image(self.images, &o.proxy_from, &mut |_| {})?;
+                let plan = crate::egress::prepare_with_image(nets, container, allow, &image, &o)?;
                 env.extend(plan.env);
                 Some(plan.network)
             }

@@ -1,24 +1,37 @@
-//! The runtime contract: what loopwright asks of a container engine.
+//! The runtime contracts: what loopwright asks of a container engine.
 //!
 //! Commands and the library speak to these traits, never to an engine's API:
-//! this module is the boundary.  [`docker`] (bollard, the Docker Engine API)
-//! and [`kubernetes`] (kube-rs, the Kubernetes API) implement it; a gVisor
-//! runtime is only a `runtime` name in [`ContainerSpec`], and Podman's
-//! compatible socket and a remote `DOCKER_HOST` go through [`docker`] as they
-//! are.  The project's `engine` key chooses ([`select`]); another engine is a
-//! new module implementing the traits, not a change to the modules that use
-//! them.  docs/architecture.md draws it.
+//! this module is the boundary.  There are two contracts, for two jobs:
 //!
-//! * [`Engine`]: images (inspect, list by label, tag, remove, build from a tar
-//!   context with streamed output) and containers (create, start, stop,
-//!   remove, inspect, exec with its exit status);
+//! * the **sandbox runner** ([`SandboxEngine`], on [`Engine`] and
+//!   [`NetworkEngine`]): containers, exec, volumes, networks;
+//! * the **image builder** ([`ImageBuilder`]): build, tag, remove, save,
+//!   load (what lw-build and the image cache push and pull through).
+//!
+//! Both look images up ([`Images`]).  [`docker`] (bollard, the Docker Engine
+//! API) implements both; [`kubernetes`] (kube-rs) implements the runner
+//! only.  Each command chooses its engines once, in its binary, through
+//! [`select`] (the `engine` and `engine.host` keys of `.loopwright/config`,
+//! `LW_ENGINE`, `DOCKER_HOST`), and passes them down: on Kubernetes the
+//! runner is paired there with the Docker builder the same settings name.
+//! A gVisor runtime is only a `runtime` name in [`ContainerSpec`], and
+//! Podman's compatible socket and a remote `DOCKER_HOST` go through
+//! [`docker`] as they are.  Another engine is a new module implementing the
+//! traits, not a change to the modules that use them.  docs/architecture.md
+//! draws it.
+//!
+//! * [`Engine`]: containers (create, start, stop, remove, inspect, exec with
+//!   its exit status) and what the engine is;
 //! * [`SandboxEngine`]: what a sandbox's life adds: containers and volumes by
 //!   label (so `ls` and `gc` find what a killed `create` left), named
 //!   volumes, an exec fed from the caller with a terminal when asked; and,
 //!   as a supertrait, every network operation, so a sandbox wires its
 //!   networks through the engine it was given;
 //! * [`NetworkEngine`]: networks (create, inspect, list by label, remove,
-//!   connect, disconnect) and a container's log.
+//!   connect, disconnect) and a container's log;
+//! * [`ImageBuilder`]: images (tag, remove, build from a tar context with
+//!   streamed output, save, load, their layers); [`Images`]: inspect, list
+//!   by label.
 //!
 //! The methods block: an implementation keeps whatever runtime it needs to
 //! itself (the Docker one, a current-thread tokio runtime), so callers are
@@ -31,6 +44,7 @@
 //! ends at once with 69 too, whether or not the engine ends its stream, with
 //! the way the container ended as a [`Died`] ([`died`]).
 
+pub mod credentials;
 mod died;
 pub mod distribution;
 pub mod docker;
@@ -38,7 +52,7 @@ pub mod hostpaths;
 pub mod kubernetes;
 mod paths;
 pub mod runtime;
-mod select;
+pub mod select;
 mod stdin;
 pub mod tty;
 
@@ -56,7 +70,7 @@ pub use docker::DockerEngine;
 pub use kubernetes::KubeEngine;
 pub use paths::HostPaths;
 pub use runtime::{EngineInfo, Isolation, RuntimeInfo};
-pub use select::{ENGINE_KEY, EngineKind, connect_sandbox_engine};
+pub use select::{ENGINE_KEY, EngineKind, Engines, Pair, connect_docker};
 
 use crate::error::Result;
 
@@ -239,10 +253,10 @@ pub enum OutStream {
     Stderr,
 }
 
-/// The runtime contract.
-pub trait Engine {
-    /// Checks the engine answers and says which version it runs.
-    fn version(&self) -> Result<EngineVersion>;
+/// What an engine holds of images: the lookups both contracts share, a
+/// runner to know whether it can run an image (on Kubernetes, what the
+/// nodes report), a builder to know what it built.
+pub trait Images {
     /// The image `reference` (tag or id) points at, `None` when there is none.
     fn image(&self, reference: &str) -> Result<Option<Image>>;
     /// True when `reference` names a local image.
@@ -251,6 +265,16 @@ pub trait Engine {
     }
     /// Local images carrying `label` (`key` or `key=value`), newest first.
     fn images_with_label(&self, label: &str) -> Result<Vec<Image>>;
+}
+
+/// The image builder contract: building, tagging and removing images, and
+/// moving them in and out of the engine as archives, the format of `docker
+/// save` (a tar of `manifest.json`, one config per image and one
+/// `layer.tar` per layer): how lw-build makes a project's layers and the
+/// image cache (lib/image/cache.rs) carries them between an engine and a
+/// registry or a file.  The Docker engine (and Podman's socket) is one;
+/// Kubernetes is not: [`select`] pairs its runner with a Docker builder.
+pub trait ImageBuilder: Images {
     /// Points `repo:tag` at `image`.
     fn tag(&self, image: &str, repo: &str, tag: &str) -> Result<()>;
     /// Removes the tag or image `reference`; a missing one is not an error.
@@ -263,6 +287,24 @@ pub trait Engine {
         req: &BuildRequest,
         on_event: &mut dyn FnMut(BuildEvent),
     ) -> Result<BuildOutcome>;
+    /// Writes one archive of `references` (tags or ids; shared layers once)
+    /// to `out`; returns its size in bytes.
+    fn save_images(&self, references: &[&str], out: &mut dyn std::io::Write) -> Result<u64>;
+    /// Loads the archive in `archive` (read from its current position);
+    /// returns the references the engine says it loaded.  A layer the
+    /// engine already holds (same chain of layer digests) may be absent from
+    /// the archive: the engine does not read it.
+    fn load_images(&self, archive: std::fs::File) -> Result<Vec<String>>;
+    /// The layer digests (`sha256:...` of each uncompressed layer tar, in
+    /// order) of the image `reference`, `None` when there is no such image.
+    fn image_layers(&self, reference: &str) -> Result<Option<Vec<String>>>;
+}
+
+/// The runner's base contract: containers (create, start, stop, remove,
+/// inspect, exec with its exit status), and what the engine is.
+pub trait Engine: Images {
+    /// Checks the engine answers and says which version it runs.
+    fn version(&self) -> Result<EngineVersion>;
     /// Creates a container and returns its id.
     fn create(&self, spec: &ContainerSpec) -> Result<String>;
     fn start(&self, container: &str) -> Result<()>;
@@ -306,7 +348,7 @@ pub struct ExecIo<'a> {
     pub on_output: &'a mut dyn FnMut(OutStream, &[u8]),
 }
 
-/// The runtime contract of lw-sandbox: the base contract and networks, plus
+/// The sandbox runner contract: the base contract and networks, plus
 /// what a sandbox's life needs.
 pub trait SandboxEngine: Engine + NetworkEngine + HostPaths {
     /// Every container, running or not, carrying `label` (`key` or `key=value`).
@@ -534,22 +576,4 @@ pub trait NetworkEngine: Engine {
         let _ = container;
         Ok(())
     }
-}
-
-/// Moving images in and out of an engine as archives, the format of
-/// `docker save` (a tar of `manifest.json`, one config per image and one
-/// `layer.tar` per layer): how the image cache (lib/image/cache.rs) carries
-/// layers between an engine and a registry or a file.
-pub trait ImageTransfer: Engine {
-    /// Writes one archive of `references` (tags or ids; shared layers once)
-    /// to `out`; returns its size in bytes.
-    fn save_images(&self, references: &[&str], out: &mut dyn std::io::Write) -> Result<u64>;
-    /// Loads the archive in `archive` (read from its current position);
-    /// returns the references the engine says it loaded.  A layer the
-    /// engine already holds (same chain of layer digests) may be absent from
-    /// the archive: the engine does not read it.
-    fn load_images(&self, archive: std::fs::File) -> Result<Vec<String>>;
-    /// The layer digests (`sha256:...` of each uncompressed layer tar, in
-    /// order) of the image `reference`, `None` when there is no such image.
-    fn image_layers(&self, reference: &str) -> Result<Option<Vec<String>>>;
 }

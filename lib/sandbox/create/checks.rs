@@ -30,9 +30,6 @@ pub(in crate::sandbox) struct Checked {
     /// The engine does not see this host's files: volume mode
     /// (lib/sandbox/volume.rs).
     pub on_volumes: bool,
-    /// The engine is Kubernetes: it builds no images (the egress proxy's
-    /// is built on lw-build's Docker engine).
-    pub cluster: bool,
 }
 
 impl<'a> Sandboxes<'a> {
@@ -67,15 +64,14 @@ impl<'a> Sandboxes<'a> {
             _ => None,
         };
         secrets::check_allowed(&opts.secrets, &settings.allowed_secrets)?;
-        crate::service::attach::require(self.engine, &self.id, &opts.services)?;
+        crate::service::attach::require(self.engines(), &self.id, &opts.services)?;
         let secrets = secrets::resolve(&opts.secrets, &|n| std::env::var_os(n))?;
         check_bins(bins)?;
         let mut notes = notes(&opts.name, &settings, opts.network, warn);
         // An engine that does not see the host's paths gets volumes instead
         // of binds (lib/sandbox/volume.rs).
         let on_volumes = super::super::volume::volume_mode(self)?;
-        let cluster = crate::engine::EngineKind::of(project.map(|p| &p.config))?
-            == crate::engine::EngineKind::Kubernetes;
+        let cluster = self.kind == crate::engine::EngineKind::Kubernetes;
         if on_volumes {
             super::super::volume::check(opts, &self.engine.address(), cluster)?;
             if let Some(r) = runtime
@@ -107,7 +103,6 @@ impl<'a> Sandboxes<'a> {
             secrets,
             notes,
             on_volumes,
-            cluster,
         })
     }
 

@@ -10,7 +10,7 @@ use std::process::Stdio;
 use sha2::{Digest, Sha256};
 
 use crate::config::Project;
-use crate::engine::Engine;
+use crate::engine::Images;
 use crate::error::{Error, Exit, Result};
 use crate::image::{LABEL_LAYER, LABEL_MANIFEST, Layer, Plan, Runtime};
 
@@ -28,7 +28,7 @@ pub struct ImageChoice {
 /// tag that is not built is refused (66) unless `allow_stale`, which takes
 /// the newest earlier image of the same layer, saying so.
 pub fn resolve_image(
-    engine: &dyn Engine,
+    engine: &dyn Images,
     project: Option<&Project>,
     flag: Option<&str>,
     allow_stale: bool,
@@ -71,7 +71,7 @@ pub fn resolve_image(
 /// The current image is not built: the newest earlier one when
 /// `allow_stale`, else 66 saying what to run.
 fn not_built(
-    engine: &dyn Engine,
+    engine: &dyn Images,
     last: &Layer,
     plan: &Plan,
     allow_stale: bool,
@@ -125,8 +125,8 @@ fn not_built(
 /// `HOST/REPO:LAYER-HASH`, and the nodes pull it); without a cache, the
 /// local tag, which must then be on the nodes (imported into their runtime).
 pub fn resolve_for_cluster(
-    builder: &dyn Engine,
-    nodes: &dyn Engine,
+    builder: &dyn Images,
+    nodes: &dyn Images,
     project: &Project,
     allow_stale: bool,
 ) -> Result<ImageChoice> {
@@ -160,7 +160,7 @@ pub fn resolve_for_cluster(
 }
 
 /// The last layer's inputs, from the manifest label lw-build wrote on the image.
-fn image_inputs(engine: &dyn Engine, reference: &str) -> Result<Vec<(String, String)>> {
+fn image_inputs(engine: &dyn Images, reference: &str) -> Result<Vec<(String, String)>> {
     let img = engine.image(reference)?;
     let manifest = img
         .and_then(|i| i.labels.get(LABEL_MANIFEST).cloned())

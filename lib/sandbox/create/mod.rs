@@ -146,24 +146,13 @@ impl<'a> Sandboxes<'a> {
         clock: &mut Clock,
         warn: &mut dyn FnMut(&str),
     ) -> Result<ImageChoice> {
-        // A cluster builds nothing: the image is lw-build's, on Docker.
-        let cluster = crate::engine::EngineKind::of(project.map(|p| &p.config))?
-            == crate::engine::EngineKind::Kubernetes;
+        // A cluster builds nothing: the image is lw-build's, on the builder
+        // paired with it.
+        let cluster = self.kind == crate::engine::EngineKind::Kubernetes;
         let mut image = match (project, opts.image.as_deref()) {
-            (Some(p), None) if cluster => image::resolve_for_cluster(
-                &crate::engine::DockerEngine::connect().map_err(|e| {
-                    Error::new(
-                        e.exit,
-                        format!(
-                            "{}; a cluster's sandbox image is chosen where lw-build builds it, or named with --image",
-                            e.msg
-                        ),
-                    )
-                })?,
-                self.engine,
-                p,
-                opts.allow_stale,
-            )?,
+            (Some(p), None) if cluster => {
+                image::resolve_for_cluster(self.images, self.engine, p, opts.allow_stale)?
+            }
             _ => resolve_image(
                 self.engine,
                 project,
@@ -174,7 +163,7 @@ impl<'a> Sandboxes<'a> {
         clock.mark("image");
         if let Some(a) = &c.agent {
             image.reference = a.image(
-                self.engine,
+                self.images,
                 project,
                 &image.reference,
                 opts.image.as_deref(),

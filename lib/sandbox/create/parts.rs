@@ -11,7 +11,7 @@ use super::Clock;
 use super::checks::Checked;
 use crate::egress;
 use crate::engine::{ContainerSpec, NetworkEngine};
-use crate::error::{Error, Exit, Result};
+use crate::error::{Exit, Result};
 use crate::registry::{self, Registry};
 use crate::wall::{LABEL_ROOT, LABEL_ROOT_PATH, LABEL_SANDBOX};
 
@@ -133,23 +133,10 @@ impl<'a> Sandboxes<'a> {
         let nets: &dyn NetworkEngine = self.engine;
         let mut o = egress::Options::from(eg);
         o.labels.insert(LABEL_ROOT.into(), self.id.clone());
-        let plan = if c.cluster {
-            // A cluster builds no images: the proxy's is built where
-            // lw-build builds, and the nodes must have it (as the sandbox's).
-            let docker = crate::engine::DockerEngine::connect().map_err(|e| {
-                Error::new(
-                    e.exit,
-                    format!(
-                        "{}; a cluster's egress proxy image is built on Docker",
-                        e.msg
-                    ),
-                )
-            })?;
-            let image = egress::ensure_proxy_image(&docker, &o.proxy_from, &mut |_| {})?;
-            egress::prepare_with_image(nets, &rec.container, allow, &image, &o)?
-        } else {
-            egress::prepare(nets, &rec.container, allow, &o, &mut |_| {})?
-        };
+        // The proxy's image is the builder's; on a cluster the nodes must
+        // have it (as the sandbox's).
+        let image = egress::ensure_proxy_image(self.images, &o.proxy_from, &mut |_| {})?;
+        let plan = egress::prepare_with_image(nets, &rec.container, allow, &image, &o)?;
         clock.mark("egress");
         if let Some(a) = &c.agent {
             let labels = BTreeMap::from([
@@ -160,7 +147,15 @@ impl<'a> Sandboxes<'a> {
                     self.root.dir.to_string_lossy().into_owned(),
                 ),
             ]);
-            a.start_proxy(nets, &rec.name, &rec.container, eg, &self.root, &labels)?;
+            a.start_proxy(
+                nets,
+                self.images,
+                &rec.name,
+                &rec.container,
+                eg,
+                &self.root,
+                &labels,
+            )?;
             clock.mark("model-proxy");
         }
         Ok(Some(plan))

@@ -21,7 +21,9 @@
 //! which `lw-build` treats as "build locally"; credentials refused is 77
 //! naming the registry; an answer that makes no sense is 65.
 
-pub mod credentials;
+/// The Docker CLI's credential store, a module of its own (the Kubernetes
+/// runner's pull secrets read it too), here under the name it always had.
+pub use crate::credentials;
 
 use std::cell::{Cell, RefCell};
 use std::fs::File;

@@ -42,6 +42,15 @@ use crate::{Died, ExecIo, ExecRequest, OutStream};
 /// An exec may stream a whole repository's pack (push) or run for hours (shell).
 const LONG: Duration = Duration::from_secs(24 * 3600);
 
+/// An exec's attached streams.
+type Output = std::pin::Pin<
+    Box<
+        dyn futures_util::Stream<Item = std::result::Result<LogOutput, bollard::errors::Error>>
+            + Send,
+    >,
+>;
+type Input = std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
+
 impl DockerEngine {
     /// Runs `req` in `container` with `io` attached; returns its status, or
     /// 69 with a [`Died`] when the container ended while it ran.
@@ -66,85 +75,34 @@ impl DockerEngine {
             ..super::exec_config(req)
         };
         let docker = self.client().clone().with_timeout(LONG);
-        let mut rx = crate::stdin::pump(stdin);
+        let rx = crate::stdin::pump(stdin);
         let err = |e| api_err(&host, &what, e);
         self.block_on(async {
             let created = docker.create_exec(container, cfg).await.map_err(err)?;
             let death = dead(&docker, container);
             tokio::pin!(death);
-            let mut died = false;
             let opts = StartExecOptions {
                 detach: false,
                 tty,
                 output_capacity: Some(64 * 1024),
             };
-            if let StartExecResults::Attached {
-                mut output,
-                mut input,
-            } = docker
+            let mut died = false;
+            if let StartExecResults::Attached { output, input } = docker
                 .start_exec(&created.id, Some(opts))
                 .await
                 .map_err(err)?
             {
-                let resize = |(h, w): (u16, u16)| qp::ResizeExecOptions {
-                    h: h.into(),
-                    w: w.into(),
+                let streams = Streams {
+                    docker: &docker,
+                    exec: &created.id,
+                    tty,
+                    size,
+                    on_output,
                 };
-                if let Some(s) = size {
-                    let _ = docker.resize_exec(&created.id, resize(s)).await;
-                }
-                let mut stdin_open = true;
-                // A local terminal's resizes follow it to the remote one.
-                let mut winch = if tty && size.is_some() {
-                    use tokio::signal::unix::{SignalKind, signal};
-                    signal(SignalKind::window_change()).ok()
-                } else {
-                    None
-                };
-                let mut on_chunk = |c: LogOutput| match c {
-                    LogOutput::StdOut { message } | LogOutput::Console { message } => {
-                        on_output(OutStream::Stdout, &message)
-                    }
-                    LogOutput::StdErr { message } => on_output(OutStream::Stderr, &message),
-                    LogOutput::StdIn { .. } => {}
-                };
-                loop {
-                    tokio::select! {
-                        () = &mut death, if !died => {
-                            died = true;
-                            // What the container wrote before it died may
-                            // still be on its way.
-                            let until = tokio::time::Instant::now() + DRAIN;
-                            while let Ok(Some(Ok(c))) =
-                                tokio::time::timeout_at(until, output.next()).await
-                            {
-                                on_chunk(c);
-                            }
-                            break;
-                        }
-                        Some(()) = async { match winch.as_mut() { Some(w) => w.recv().await, None => None } } => {
-                            if let Some(s) = crate::tty::size() {
-                                let _ = docker.resize_exec(&created.id, resize(s)).await;
-                            }
-                        }
-                        chunk = output.next() => match chunk {
-                            None => break,
-                            Some(c) => on_chunk(c.map_err(err)?),
-                        },
-                        data = rx.recv(), if stdin_open => match data {
-                            Some(Some(bytes)) => {
-                                // The command may have closed its stdin; its output says the rest.
-                                if input.write_all(&bytes).await.is_err() {
-                                    stdin_open = false;
-                                }
-                            }
-                            _ => {
-                                stdin_open = false;
-                                let _ = input.shutdown().await;
-                            }
-                        },
-                    }
-                }
+                died = streams
+                    .run(output, input, rx, &mut death)
+                    .await
+                    .map_err(err)?;
             }
             if died {
                 return Err(dead_err(&docker, container, &cmd).await);
@@ -177,6 +135,96 @@ impl DockerEngine {
                 )
             })
         })
+    }
+}
+
+/// An attached exec's streams, and where its output goes.
+struct Streams<'a, 'o> {
+    docker: &'a Docker,
+    exec: &'a str,
+    tty: bool,
+    size: Option<(u16, u16)>,
+    on_output: &'o mut dyn FnMut(OutStream, &[u8]),
+}
+
+fn resize((h, w): (u16, u16)) -> qp::ResizeExecOptions {
+    qp::ResizeExecOptions {
+        h: h.into(),
+        w: w.into(),
+    }
+}
+
+impl Streams<'_, '_> {
+    /// Passes output on and feeds stdin (from `rx`) until the output ends
+    /// (false) or `death` resolves first (true, after what was in flight is
+    /// drained).  A local terminal's resizes follow it to the exec's.
+    async fn run<D: std::future::Future<Output = ()>>(
+        self,
+        mut output: Output,
+        mut input: Input,
+        mut rx: tokio::sync::mpsc::Receiver<Option<Vec<u8>>>,
+        death: &mut std::pin::Pin<&mut D>,
+    ) -> std::result::Result<bool, bollard::errors::Error> {
+        let Streams {
+            docker,
+            exec,
+            tty,
+            size,
+            on_output,
+        } = self;
+        if let Some(s) = size {
+            let _ = docker.resize_exec(exec, resize(s)).await;
+        }
+        let mut stdin_open = true;
+        let mut winch = if tty && size.is_some() {
+            use tokio::signal::unix::{SignalKind, signal};
+            signal(SignalKind::window_change()).ok()
+        } else {
+            None
+        };
+        let mut on_chunk = |c: LogOutput| match c {
+            LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                on_output(OutStream::Stdout, &message)
+            }
+            LogOutput::StdErr { message } => on_output(OutStream::Stderr, &message),
+            LogOutput::StdIn { .. } => {}
+        };
+        loop {
+            tokio::select! {
+                () = &mut *death => {
+                    // What the container wrote before it died may still
+                    // be on its way.
+                    let until = tokio::time::Instant::now() + DRAIN;
+                    while let Ok(Some(Ok(c))) =
+                        tokio::time::timeout_at(until, output.next()).await
+                    {
+                        on_chunk(c);
+                    }
+                    return Ok(true);
+                }
+                Some(()) = async { match winch.as_mut() { Some(w) => w.recv().await, None => None } } => {
+                    if let Some(s) = crate::tty::size() {
+                        let _ = docker.resize_exec(exec, resize(s)).await;
+                    }
+                }
+                chunk = output.next() => match chunk {
+                    None => return Ok(false),
+                    Some(c) => on_chunk(c?),
+                },
+                data = rx.recv(), if stdin_open => match data {
+                    Some(Some(bytes)) => {
+                        // The command may have closed its stdin; its output says the rest.
+                        if input.write_all(&bytes).await.is_err() {
+                            stdin_open = false;
+                        }
+                    }
+                    _ => {
+                        stdin_open = false;
+                        let _ = input.shutdown().await;
+                    }
+                },
+            }
+        }
     }
 }
 

@@ -1,23 +1,167 @@
-//! Image archives in and out of the Docker engine (`docker save`, `docker
-//! load`) and an image's layer digests: [`ImageTransfer`] on the Engine API.
+//! The image builder contract on the Engine API: lookups, tags, builds
+//! with their output streamed, and image archives in and out of the engine
+//! (`docker save`, `docker load`) with an image's layer digests.
 //!
 //! Archives stream: a save is written to the caller's writer chunk by chunk
 //! and a load reads the caller's file in chunks, so an image of gigabytes
 //! never sits in memory.  Both take as long as the bytes take, so they run
 //! without bollard's two-minute request limit.
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
 
 use bollard::query_parameters as qp;
 use futures_util::StreamExt;
 
-use super::{BUILD_TIMEOUT, DockerEngine, status_of};
-use crate::ImageTransfer;
+use super::{BUILD_TIMEOUT, DockerEngine, api_err, labels_of, status_of};
 use crate::error::{Error, Exit, Result};
+use crate::{BuildEvent, BuildOutcome, BuildRequest, Image, ImageBuilder, Images};
 
 const CHUNK: usize = 1 << 20;
 
-impl ImageTransfer for DockerEngine {
+impl Images for DockerEngine {
+    fn image(&self, reference: &str) -> Result<Option<Image>> {
+        match self.rt.block_on(self.docker.inspect_image(reference)) {
+            Ok(i) => Ok(Some(Image {
+                id: i.id.unwrap_or_default(),
+                tags: i.repo_tags.unwrap_or_default(),
+                labels: labels_of(i.config.and_then(|c| c.labels)),
+                created: i
+                    .created
+                    .and_then(|d| crate::time::parse_rfc3339(&d.to_string()))
+                    .map_or(0, |t| t.as_secs() as i64),
+            })),
+            Err(e) if status_of(&e) == Some(404) => Ok(None),
+            Err(e) => Err(self.err(&format!("cannot inspect image '{reference}'"), e)),
+        }
+    }
+
+    fn images_with_label(&self, label: &str) -> Result<Vec<Image>> {
+        let mut filters = HashMap::new();
+        filters.insert("label".to_string(), vec![label.to_string()]);
+        let opts = qp::ListImagesOptions {
+            filters: Some(filters),
+            ..Default::default()
+        };
+        let list = self
+            .rt
+            .block_on(self.docker.list_images(Some(opts)))
+            .map_err(|e| self.err(&format!("cannot list images labelled '{label}'"), e))?;
+        let mut out: Vec<Image> = list
+            .into_iter()
+            .map(|s| Image {
+                id: s.id,
+                tags: s.repo_tags,
+                labels: s.labels.into_iter().collect(),
+                created: s.created,
+            })
+            .collect();
+        out.sort_by(|a, b| b.created.cmp(&a.created).then_with(|| a.id.cmp(&b.id)));
+        Ok(out)
+    }
+}
+
+impl ImageBuilder for DockerEngine {
+    fn tag(&self, image: &str, repo: &str, tag: &str) -> Result<()> {
+        let opts = qp::TagImageOptions {
+            repo: Some(repo.to_string()),
+            tag: Some(tag.to_string()),
+        };
+        self.rt
+            .block_on(self.docker.tag_image(image, Some(opts)))
+            .map_err(|e| self.err(&format!("cannot tag '{image}' as '{repo}:{tag}'"), e))
+    }
+
+    fn remove_image(&self, reference: &str, force: bool) -> Result<()> {
+        let opts = qp::RemoveImageOptions {
+            force,
+            ..Default::default()
+        };
+        match self
+            .rt
+            .block_on(self.docker.remove_image(reference, Some(opts), None))
+        {
+            Ok(_) => Ok(()),
+            Err(e) if status_of(&e) == Some(404) => Ok(()),
+            Err(e) => Err(self.err(&format!("cannot remove image '{reference}'"), e)),
+        }
+    }
+
+    fn build(
+        &self,
+        req: &BuildRequest,
+        on_event: &mut dyn FnMut(BuildEvent),
+    ) -> Result<BuildOutcome> {
+        let opts = qp::BuildImageOptions {
+            dockerfile: req.dockerfile.clone(),
+            t: Some(req.tag.clone()),
+            rm: true,
+            forcerm: true,
+            labels: Some(req.labels.clone().into_iter().collect()),
+            buildargs: Some(req.args.clone().into_iter().collect()),
+            ..Default::default()
+        };
+        let docker = self.docker.clone().with_timeout(BUILD_TIMEOUT);
+        let body = bollard::body_full(req.context.clone().into());
+        self.rt.block_on(async {
+            let mut stream = docker.build_image(opts, None, Some(body));
+            let mut id = None;
+            while let Some(item) = stream.next().await {
+                match item {
+                    Ok(info) => {
+                        if let Some(s) = info.stream {
+                            on_event(BuildEvent::Output(s));
+                        }
+                        if let Some(s) = info.status {
+                            on_event(BuildEvent::Status(s));
+                        }
+                        if let Some(d) = info.error_detail {
+                            return Ok(BuildOutcome::Failed(d.message.unwrap_or_default()));
+                        }
+                        if let Some(aux) = info.aux
+                            && let Some(i) = aux.id
+                        {
+                            id = Some(i);
+                        }
+                    }
+                    Err(bollard::errors::Error::DockerStreamError { error }) => {
+                        return Ok(BuildOutcome::Failed(error));
+                    }
+                    Err(e) if status_of(&e).is_some_and(|s| s < 500) => {
+                        // The engine refused the request itself: a bad Dockerfile path,
+                        // a syntax error; the build never ran.
+                        let msg = match e {
+                            bollard::errors::Error::DockerResponseServerError {
+                                message, ..
+                            } => message,
+                            other => other.to_string(),
+                        };
+                        return Ok(BuildOutcome::Failed(msg));
+                    }
+                    Err(e) => {
+                        return Err(api_err(
+                            &self.host,
+                            &format!("cannot build '{}'", req.tag),
+                            e,
+                        ));
+                    }
+                }
+            }
+            match id {
+                Some(id) => Ok(BuildOutcome::Built(id)),
+                // The legacy builder reports the id as text only: trust the tag.
+                None => match self.docker.inspect_image(&req.tag).await {
+                    Ok(i) => Ok(BuildOutcome::Built(i.id.unwrap_or_default())),
+                    Err(e) => Err(api_err(
+                        &self.host,
+                        &format!("build of '{}' left no image", req.tag),
+                        e,
+                    )),
+                },
+            }
+        })
+    }
+
     fn save_images(&self, references: &[&str], out: &mut dyn Write) -> Result<u64> {
         let docker = self.client().clone().with_timeout(BUILD_TIMEOUT);
         let what = format!("cannot save {}", references.join(" "));

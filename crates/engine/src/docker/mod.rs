@@ -4,11 +4,12 @@
 //! [`DockerEngine`] keeps one client and a current-thread tokio runtime and
 //! drives bollard on it, so its methods block like the contract says.
 //! `DOCKER_HOST` chooses the engine, local or remote; the API version is
-//! negotiated (bollard 0.21 speaks to dockerd 20.10, API 1.41).  The base
-//! contract is implemented here, the sandbox part in `sandbox.rs` (volumes,
-//! labelled containers), exec in `exec.rs` (stdin, a terminal, and the
-//! container's death raced against the stream) and networks in
-//! `network.rs`.
+//! negotiated (bollard 0.21 speaks to dockerd 20.10, API 1.41).  It is both
+//! a sandbox runner and an image builder.  The runner's base contract is
+//! implemented here (the create body in `spec.rs`), the sandbox part in
+//! `sandbox.rs` (volumes, labelled containers), exec in `exec.rs` (stdin, a
+//! terminal, and the container's death raced against the stream) and
+//! networks in `network.rs`; the builder in `image.rs`.
 
 mod connect;
 mod exec;
@@ -17,24 +18,18 @@ mod network;
 mod paths;
 mod runtime;
 mod sandbox;
+mod spec;
 mod ssh;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use bollard::Docker;
-use bollard::models::{
-    ContainerCreateBody, ExecConfig, HealthConfig, HostConfig, HostConfigLogConfig, PortBinding,
-    ResourcesUlimits, RestartPolicy, RestartPolicyNameEnum,
-};
+use bollard::models::{ExecConfig, PortBinding};
 use bollard::query_parameters as qp;
-use futures_util::StreamExt;
 
 use crate::error::{Error, Exit, Result};
-use crate::{
-    BuildEvent, BuildOutcome, BuildRequest, Container, ContainerSpec, Engine, EngineVersion,
-    ExecRequest, Image, OutStream, PortMap,
-};
+use crate::{Container, ContainerSpec, Engine, EngineVersion, ExecRequest, OutStream, PortMap};
 
 /// The Docker Engine through bollard.
 pub struct DockerEngine {
@@ -56,20 +51,17 @@ const BUILD_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
 
 impl DockerEngine {
     /// Connects to the engine `DOCKER_HOST` names (the local socket when
-    /// unset) and agrees on an API version with it.
+    /// unset) and agrees on an API version with it.  A command chooses its
+    /// engine with the project's settings too, through `select`.
     pub fn connect() -> Result<DockerEngine> {
-        DockerEngine::connect_for(None)
+        DockerEngine::connect_to(&connect::host())
     }
 
-    /// Connects to the engine `DOCKER_HOST` names, else to the one the
-    /// project's `engine.host` names (e.g. Podman's socket,
-    /// `unix:///run/podman/podman.sock`), else to the local dockerd.
-    pub fn connect_for(config: Option<&crate::config::Config>) -> Result<DockerEngine> {
-        let from_config = config
-            .and_then(|c| c.get(HOST_KEY))
-            .filter(|_| std::env::var("DOCKER_HOST").map_or(true, |h| h.is_empty()))
-            .map(str::to_string);
-        let host = from_config.unwrap_or_else(connect::host);
+    /// Connects to the engine at `host` (`unix://PATH`, `tcp://HOST:PORT`,
+    /// `ssh://[USER@]HOST`; TLS as `DOCKER_TLS_VERIFY` says) and agrees on
+    /// an API version with it.
+    pub fn connect_to(host: &str) -> Result<DockerEngine> {
+        let host = host.to_string();
         let rt = crate::io_runtime()?;
         let (docker, via) = connect::client(&host)?;
         let docker = rt
@@ -235,254 +227,8 @@ impl Engine for DockerEngine {
         })
     }
 
-    fn image(&self, reference: &str) -> Result<Option<Image>> {
-        match self.rt.block_on(self.docker.inspect_image(reference)) {
-            Ok(i) => Ok(Some(Image {
-                id: i.id.unwrap_or_default(),
-                tags: i.repo_tags.unwrap_or_default(),
-                labels: labels_of(i.config.and_then(|c| c.labels)),
-                created: i
-                    .created
-                    .and_then(|d| crate::time::parse_rfc3339(&d.to_string()))
-                    .map_or(0, |t| t.as_secs() as i64),
-            })),
-            Err(e) if status_of(&e) == Some(404) => Ok(None),
-            Err(e) => Err(self.err(&format!("cannot inspect image '{reference}'"), e)),
-        }
-    }
-
-    fn images_with_label(&self, label: &str) -> Result<Vec<Image>> {
-        let mut filters = HashMap::new();
-        filters.insert("label".to_string(), vec![label.to_string()]);
-        let opts = qp::ListImagesOptions {
-            filters: Some(filters),
-            ..Default::default()
-        };
-        let list = self
-            .rt
-            .block_on(self.docker.list_images(Some(opts)))
-            .map_err(|e| self.err(&format!("cannot list images labelled '{label}'"), e))?;
-        let mut out: Vec<Image> = list
-            .into_iter()
-            .map(|s| Image {
-                id: s.id,
-                tags: s.repo_tags,
-                labels: s.labels.into_iter().collect(),
-                created: s.created,
-            })
-            .collect();
-        out.sort_by(|a, b| b.created.cmp(&a.created).then_with(|| a.id.cmp(&b.id)));
-        Ok(out)
-    }
-
-    fn tag(&self, image: &str, repo: &str, tag: &str) -> Result<()> {
-        let opts = qp::TagImageOptions {
-            repo: Some(repo.to_string()),
-            tag: Some(tag.to_string()),
-        };
-        self.rt
-            .block_on(self.docker.tag_image(image, Some(opts)))
-            .map_err(|e| self.err(&format!("cannot tag '{image}' as '{repo}:{tag}'"), e))
-    }
-
-    fn remove_image(&self, reference: &str, force: bool) -> Result<()> {
-        let opts = qp::RemoveImageOptions {
-            force,
-            ..Default::default()
-        };
-        match self
-            .rt
-            .block_on(self.docker.remove_image(reference, Some(opts), None))
-        {
-            Ok(_) => Ok(()),
-            Err(e) if status_of(&e) == Some(404) => Ok(()),
-            Err(e) => Err(self.err(&format!("cannot remove image '{reference}'"), e)),
-        }
-    }
-
-    fn build(
-        &self,
-        req: &BuildRequest,
-        on_event: &mut dyn FnMut(BuildEvent),
-    ) -> Result<BuildOutcome> {
-        let opts = qp::BuildImageOptions {
-            dockerfile: req.dockerfile.clone(),
-            t: Some(req.tag.clone()),
-            rm: true,
-            forcerm: true,
-            labels: Some(req.labels.clone().into_iter().collect()),
-            buildargs: Some(req.args.clone().into_iter().collect()),
-            ..Default::default()
-        };
-        let docker = self.docker.clone().with_timeout(BUILD_TIMEOUT);
-        let body = bollard::body_full(req.context.clone().into());
-        self.rt.block_on(async {
-            let mut stream = docker.build_image(opts, None, Some(body));
-            let mut id = None;
-            while let Some(item) = stream.next().await {
-                match item {
-                    Ok(info) => {
-                        if let Some(s) = info.stream {
-                            on_event(BuildEvent::Output(s));
-                        }
-                        if let Some(s) = info.status {
-                            on_event(BuildEvent::Status(s));
-                        }
-                        if let Some(d) = info.error_detail {
-                            return Ok(BuildOutcome::Failed(d.message.unwrap_or_default()));
-                        }
-                        if let Some(aux) = info.aux
-                            && let Some(i) = aux.id
-                        {
-                            id = Some(i);
-                        }
-                    }
-                    Err(bollard::errors::Error::DockerStreamError { error }) => {
-                        return Ok(BuildOutcome::Failed(error));
-                    }
-                    Err(e) if status_of(&e).is_some_and(|s| s < 500) => {
-                        // The engine refused the request itself: a bad Dockerfile path,
-                        // a syntax error; the build never ran.
-                        let msg = match e {
-                            bollard::errors::Error::DockerResponseServerError {
-                                message, ..
-                            } => message,
-                            other => other.to_string(),
-                        };
-                        return Ok(BuildOutcome::Failed(msg));
-                    }
-                    Err(e) => {
-                        return Err(api_err(
-                            &self.host,
-                            &format!("cannot build '{}'", req.tag),
-                            e,
-                        ));
-                    }
-                }
-            }
-            match id {
-                Some(id) => Ok(BuildOutcome::Built(id)),
-                // The legacy builder reports the id as text only: trust the tag.
-                None => match self.docker.inspect_image(&req.tag).await {
-                    Ok(i) => Ok(BuildOutcome::Built(i.id.unwrap_or_default())),
-                    Err(e) => Err(api_err(
-                        &self.host,
-                        &format!("build of '{}' left no image", req.tag),
-                        e,
-                    )),
-                },
-            }
-        })
-    }
-
     fn create(&self, spec: &ContainerSpec) -> Result<String> {
-        let opt_vec = |v: &Vec<String>| if v.is_empty() { None } else { Some(v.clone()) };
-        let mut by_port: BTreeMap<String, Vec<PortBinding>> = BTreeMap::new();
-        for p in &spec.ports {
-            by_port
-                .entry(p.container.clone())
-                .or_default()
-                .push(PortBinding {
-                    host_ip: Some(p.host_ip.clone()),
-                    host_port: Some(p.host_port.to_string()),
-                });
-        }
-        let port_bindings: HashMap<String, Option<Vec<PortBinding>>> =
-            by_port.into_iter().map(|(k, v)| (k, Some(v))).collect();
-        let mut ulimits = spec.ulimits.clone();
-        ulimits.extend(self.podman_ulimits(&spec.ulimits));
-        let host = HostConfig {
-            readonly_rootfs: Some(spec.read_only_root),
-            cap_drop: opt_vec(&spec.cap_drop),
-            security_opt: opt_vec(&self.engine_security_opt(&spec.security_opt)?),
-            pids_limit: spec.pids_limit,
-            memory: spec.memory_bytes,
-            tmpfs: if spec.tmpfs.is_empty() {
-                None
-            } else {
-                Some(self.engine_tmpfs(&spec.tmpfs, spec.user.as_deref())?)
-            },
-            binds: opt_vec(
-                &spec
-                    .binds
-                    .iter()
-                    .map(|b| {
-                        format!(
-                            "{}:{}:{}",
-                            b.source,
-                            b.target,
-                            if b.read_only { "ro" } else { "rw" }
-                        )
-                    })
-                    // A named volume is a bind whose source is its name.
-                    .chain(spec.volumes.iter().map(|v| {
-                        format!(
-                            "{}:{}:{}",
-                            v.volume,
-                            v.target,
-                            if v.read_only { "ro" } else { "rw" }
-                        )
-                    }))
-                    .collect(),
-            ),
-            network_mode: spec.network.clone(),
-            nano_cpus: spec.nano_cpus,
-            cpu_shares: spec.cpu_shares,
-            runtime: spec.runtime.clone(),
-            ulimits: (!ulimits.is_empty()).then(|| {
-                ulimits
-                    .iter()
-                    .map(|(name, soft, hard)| ResourcesUlimits {
-                        name: Some(name.clone()),
-                        soft: Some(*soft),
-                        hard: Some(*hard),
-                    })
-                    .collect()
-            }),
-            log_config: (!spec.log_options.is_empty()).then(|| HostConfigLogConfig {
-                typ: Some("json-file".into()),
-                config: Some(spec.log_options.clone().into_iter().collect()),
-            }),
-            sysctls: (!spec.sysctls.is_empty()).then(|| spec.sysctls.clone().into_iter().collect()),
-            extra_hosts: (!spec.hosts.is_empty())
-                .then(|| spec.hosts.iter().map(|(n, a)| format!("{n}:{a}")).collect()),
-            port_bindings: if port_bindings.is_empty() {
-                None
-            } else {
-                Some(port_bindings)
-            },
-            restart_policy: spec.restart_on_failure.then_some(RestartPolicy {
-                name: Some(RestartPolicyNameEnum::ON_FAILURE),
-                maximum_retry_count: None,
-            }),
-            ..Default::default()
-        };
-        let exposed: Vec<String> = spec.ports.iter().map(|p| p.container.clone()).collect();
-        let body = ContainerCreateBody {
-            image: Some(spec.image.clone()),
-            cmd: opt_vec(&spec.cmd),
-            entrypoint: spec.entrypoint.clone(),
-            env: opt_vec(&spec.env),
-            user: spec.user.clone(),
-            working_dir: spec.workdir.clone(),
-            labels: Some(spec.labels.clone().into_iter().collect()),
-            exposed_ports: opt_vec(&exposed),
-            tty: Some(spec.tty),
-            open_stdin: Some(spec.open_stdin),
-            healthcheck: spec.healthcheck.as_ref().map(|(test, every)| HealthConfig {
-                test: Some(
-                    std::iter::once("CMD".to_string())
-                        .chain(test.iter().cloned())
-                        .collect(),
-                ),
-                interval: Some(every.as_nanos() as i64),
-                timeout: Some(10_000_000_000),
-                retries: Some(3),
-                ..Default::default()
-            }),
-            host_config: Some(host),
-            ..Default::default()
-        };
+        let body = self.create_body(spec)?;
         let opts = spec.name.as_ref().map(|n| qp::CreateContainerOptions {
             name: Some(n.clone()),
             ..Default::default()

@@ -33,62 +33,13 @@ impl KubeEngine {
         namespace: Option<String>,
     ) -> Result<KubeEngine> {
         let rt = crate::io_runtime()?;
-        let files: Vec<std::path::PathBuf> = match kubeconfig {
-            Some(list) => std::env::split_paths(list)
-                .filter(|p| !p.as_os_str().is_empty())
-                .collect(),
-            None => match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
-                Some(h) => vec![std::path::Path::new(&h).join(".kube/config")],
-                None => Vec::new(),
-            },
-        };
+        let files = kubeconfig_files(kubeconfig);
         let shown = files
             .iter()
             .map(|p| p.display().to_string())
             .collect::<Vec<_>>()
             .join(":");
-        let ctx_shown = context.clone().unwrap_or_else(|| "(current)".into());
-        let no_config = |why: String| {
-            Error::new(
-                Exit::Unavailable,
-                format!(
-                    "cannot reach Kubernetes context '{ctx_shown}': {why}; set KUBECONFIG (or engine.kubeconfig in .loopwright/config) to a kubeconfig naming the cluster, and engine.context to one of its contexts"
-                ),
-            )
-        };
-        let mut merged: Option<Kubeconfig> = None;
-        for f in &files {
-            if !f.exists() {
-                continue;
-            }
-            let k = Kubeconfig::read_from(f)
-                .map_err(|e| no_config(format!("kubeconfig {} is unreadable: {e}", f.display())))?;
-            merged = Some(match merged {
-                None => k,
-                Some(m) => m.merge(k).map_err(|e| no_config(e.to_string()))?,
-            });
-        }
-        let Some(kc) = merged else {
-            return Err(no_config(if shown.is_empty() {
-                "no kubeconfig (KUBECONFIG is unset and HOME is not set)".into()
-            } else {
-                format!("no kubeconfig at {shown}")
-            }));
-        };
-        let context = match context.or_else(|| kc.current_context.clone()) {
-            Some(c) => c,
-            None => return Err(no_config(format!("{shown} names no current context"))),
-        };
-        if !kc.contexts.iter().any(|c| c.name == context) {
-            let known: Vec<&str> = kc.contexts.iter().map(|c| c.name.as_str()).collect();
-            return Err(Error::new(
-                Exit::Unavailable,
-                format!(
-                    "cannot reach Kubernetes context '{context}': {shown} has no such context (it has: {}); set engine.context to one of them",
-                    known.join(", ")
-                ),
-            ));
-        }
+        let (kc, context) = read_kubeconfig(&files, &shown, context)?;
         let opts = KubeConfigOptions {
             context: Some(context.clone()),
             ..Default::default()
@@ -134,6 +85,73 @@ impl KubeEngine {
             .map_err(|e| engine.unreachable(&e))?;
         Ok(engine)
     }
+}
+
+/// The kubeconfig files: those `kubeconfig` lists (`:`-separated), else
+/// `~/.kube/config`.
+fn kubeconfig_files(kubeconfig: Option<&str>) -> Vec<std::path::PathBuf> {
+    match kubeconfig {
+        Some(list) => std::env::split_paths(list)
+            .filter(|p| !p.as_os_str().is_empty())
+            .collect(),
+        None => match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+            Some(h) => vec![std::path::Path::new(&h).join(".kube/config")],
+            None => Vec::new(),
+        },
+    }
+}
+
+/// The existing `files` read and merged (shown as `shown`), and the context
+/// to use: `context`, else the current one; either must be one of its
+/// contexts.  69 naming the context when there is none.
+fn read_kubeconfig(
+    files: &[std::path::PathBuf],
+    shown: &str,
+    context: Option<String>,
+) -> Result<(Kubeconfig, String)> {
+    let ctx_shown = context.clone().unwrap_or_else(|| "(current)".into());
+    let no_config = |why: String| {
+        Error::new(
+            Exit::Unavailable,
+            format!(
+                "cannot reach Kubernetes context '{ctx_shown}': {why}; set KUBECONFIG (or engine.kubeconfig in .loopwright/config) to a kubeconfig naming the cluster, and engine.context to one of its contexts"
+            ),
+        )
+    };
+    let mut merged: Option<Kubeconfig> = None;
+    for f in files {
+        if !f.exists() {
+            continue;
+        }
+        let k = Kubeconfig::read_from(f)
+            .map_err(|e| no_config(format!("kubeconfig {} is unreadable: {e}", f.display())))?;
+        merged = Some(match merged {
+            None => k,
+            Some(m) => m.merge(k).map_err(|e| no_config(e.to_string()))?,
+        });
+    }
+    let Some(kc) = merged else {
+        return Err(no_config(if shown.is_empty() {
+            "no kubeconfig (KUBECONFIG is unset and HOME is not set)".into()
+        } else {
+            format!("no kubeconfig at {shown}")
+        }));
+    };
+    let context = match context.or_else(|| kc.current_context.clone()) {
+        Some(c) => c,
+        None => return Err(no_config(format!("{shown} names no current context"))),
+    };
+    if !kc.contexts.iter().any(|c| c.name == context) {
+        let known: Vec<&str> = kc.contexts.iter().map(|c| c.name.as_str()).collect();
+        return Err(Error::new(
+            Exit::Unavailable,
+            format!(
+                "cannot reach Kubernetes context '{context}': {shown} has no such context (it has: {}); set engine.context to one of them",
+                known.join(", ")
+            ),
+        ));
+    }
+    Ok((kc, context))
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! Images on Kubernetes: the API builds, tags and removes none; a node's
+//! Images on Kubernetes: the API builds, tags and removes none (select.rs
+//! pairs the runner with a Docker builder); a node's
 //! runtime pulls what a pod names (`imagePullPolicy: IfNotPresent`) from a
 //! registry — in real use the one `build.cache` names — or runs what was
 //! imported into it (`docker save IMAGE | ctr -n k8s.io images import -`,
@@ -12,17 +13,7 @@ use kube::api::ListParams;
 
 use super::KubeEngine;
 use crate::Image;
-use crate::error::{Error, Exit, Result};
-
-/// The refusal of an image operation the API does not have.
-pub fn not_here(what: &str) -> Error {
-    Error::new(
-        Exit::Unavailable,
-        format!(
-            "cannot {what} on Kubernetes: the cluster's nodes pull images from a registry (build.cache) or have them imported into their runtime (docker save IMAGE | ctr -n k8s.io images import -); build with lw-build on a Docker engine"
-        ),
-    )
-}
+use crate::error::Result;
 
 /// `reference` as a runtime names it: `docker.io/library/busybox:latest`.
 pub fn normalize(reference: &str) -> String {

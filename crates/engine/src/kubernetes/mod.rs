@@ -8,10 +8,11 @@
 //! API's subresources (exec over WebSocket, `v5.channel.k8s.io`); a named
 //! volume is a PersistentVolumeClaim, a tmpfs an `emptyDir` in memory; a
 //! network is a NetworkPolicy (network.rs); the cluster never sees this
-//! host's files (paths.rs).  Images are the cluster's business: the contract's
-//! image methods answer from what the nodes report (`status.images`) and
-//! refuse to build, tag or remove (image.rs); a pod pulling from a registry
-//! the Docker CLI has credentials for names them as a pull secret (pull.rs).
+//! host's files (paths.rs).  It is a sandbox runner, not an image builder:
+//! whether an image is there is what the nodes report (`status.images`,
+//! image.rs), and `select` pairs the runner with a Docker builder; a pod
+//! pulling from a registry the Docker CLI has credentials for names them
+//! as a pull secret (pull.rs, with the credentials module).
 //!
 //! [`KubeEngine`] keeps one client and a current-thread tokio runtime, so its
 //! methods block like the contract says.  The kubeconfig is found the usual
@@ -44,8 +45,8 @@ use kube::api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 
 use crate::error::{Error, Exit, Result};
 use crate::{
-    BuildEvent, BuildOutcome, BuildRequest, Container, ContainerSpec, Engine, EngineInfo,
-    EngineVersion, ExecRequest, Image, OutStream, RuntimeInfo,
+    Container, ContainerSpec, Engine, EngineInfo, EngineVersion, ExecRequest, Image, Images,
+    OutStream, RuntimeInfo,
 };
 
 pub use access::NEEDED;
@@ -263,6 +264,17 @@ impl KubeEngine {
     }
 }
 
+impl Images for KubeEngine {
+    fn image(&self, reference: &str) -> Result<Option<Image>> {
+        self.node_image(reference)
+    }
+
+    fn images_with_label(&self, _label: &str) -> Result<Vec<Image>> {
+        // Nodes report names and sizes, not labels.
+        Ok(Vec::new())
+    }
+}
+
 impl Engine for KubeEngine {
     fn version(&self) -> Result<EngineVersion> {
         let v = self
@@ -272,31 +284,6 @@ impl Engine for KubeEngine {
             version: v.git_version,
             api: format!("{}.{}", v.major, v.minor),
         })
-    }
-
-    fn image(&self, reference: &str) -> Result<Option<Image>> {
-        self.node_image(reference)
-    }
-
-    fn images_with_label(&self, _label: &str) -> Result<Vec<Image>> {
-        // Nodes report names and sizes, not labels.
-        Ok(Vec::new())
-    }
-
-    fn tag(&self, image: &str, repo: &str, tag: &str) -> Result<()> {
-        Err(image::not_here(&format!("tag '{image}' as '{repo}:{tag}'")))
-    }
-
-    fn remove_image(&self, reference: &str, _force: bool) -> Result<()> {
-        Err(image::not_here(&format!("remove image '{reference}'")))
-    }
-
-    fn build(
-        &self,
-        req: &BuildRequest,
-        _on_event: &mut dyn FnMut(BuildEvent),
-    ) -> Result<BuildOutcome> {
-        Err(image::not_here(&format!("build '{}'", req.tag)))
     }
 
     fn create(&self, spec: &ContainerSpec) -> Result<String> {

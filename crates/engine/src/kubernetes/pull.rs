@@ -23,7 +23,7 @@ use kube::api::{Patch, PatchParams};
 
 use super::KubeEngine;
 use super::pod::{MANAGED_BY, MANAGED_BY_VALUE};
-use crate::distribution::credentials::{self, Credentials};
+use crate::credentials::{self, Credentials};
 use crate::error::Result;
 
 /// The registry host (`HOST[:PORT]`) `reference` names, if it names one

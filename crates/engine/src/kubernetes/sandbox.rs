@@ -193,6 +193,30 @@ fn exit_status(
     Err(Error::new(Exit::Unavailable, format!("{what}: {msg}")))
 }
 
+/// A user an exec may run as: the pod's own, or none named.
+fn check_user(
+    engine: &KubeEngine,
+    pods: &Api<Pod>,
+    container: &str,
+    req: &ExecRequest,
+    what: &str,
+) -> Result<()> {
+    let Some(user) = &req.user else {
+        return Ok(());
+    };
+    let p = engine
+        .block_on(pods.get(container))
+        .map_err(|e| engine.err("get", "pods", what, e))?;
+    let want: Option<i64> = user.split(':').next().and_then(|u| u.parse().ok());
+    if want.is_none() || want != pod_uid(&p) {
+        return Err(Error::usage(format!(
+            "{what}: Kubernetes runs an exec as the pod's own user ({}), not as '{user}'",
+            pod_uid(&p).map_or("the image's".into(), |u| format!("uid {u}"))
+        )));
+    }
+    Ok(())
+}
+
 pub(super) fn exec_streams(
     engine: &KubeEngine,
     container: &str,
@@ -201,18 +225,7 @@ pub(super) fn exec_streams(
 ) -> Result<i64> {
     let what = format!("cannot run {:?} in pod '{container}'", req.cmd.join(" "));
     let pods: Api<Pod> = Api::namespaced(engine.client().clone(), &engine.target().namespace);
-    if let Some(user) = &req.user {
-        let p = engine
-            .block_on(pods.get(container))
-            .map_err(|e| engine.err("get", "pods", &what, e))?;
-        let want: Option<i64> = user.split(':').next().and_then(|u| u.parse().ok());
-        if want.is_none() || want != pod_uid(&p) {
-            return Err(Error::usage(format!(
-                "{what}: Kubernetes runs an exec as the pod's own user ({}), not as '{user}'",
-                pod_uid(&p).map_or("the image's".into(), |u| format!("uid {u}"))
-            )));
-        }
-    }
+    check_user(engine, &pods, container, req, &what)?;
     let ExecIo {
         stdin,
         tty,
@@ -230,7 +243,7 @@ pub(super) fn exec_streams(
         max_stderr_buf_size: Some(64 * 1024),
     };
     let has_stdin = stdin.is_some();
-    let mut rx = crate::stdin::pump(stdin);
+    let rx = crate::stdin::pump(stdin);
     let cmd = wrapped(req);
     engine.block_on(async {
         let mut proc = pods
@@ -247,52 +260,11 @@ pub(super) fn exec_streams(
                 .await;
         }
         let status = proc.take_status();
-        let mut out = proc.stdout();
-        let mut err = proc.stderr();
-        let mut input = proc.stdin();
-        let mut obuf = vec![0u8; 64 * 1024];
-        let mut ebuf = vec![0u8; 64 * 1024];
-        let mut stdin_open = has_stdin;
         let shown = req.cmd.join(" ");
         let death = pod_death(&pods, container, &shown);
         tokio::pin!(death);
-        let mut died: Option<Died> = None;
-        let mut drained = tokio::time::Instant::now();
-        while out.is_some() || err.is_some() {
-            tokio::select! {
-                d = &mut death, if died.is_none() => {
-                    // What the container wrote before it died may still
-                    // be on its way.
-                    died = Some(d);
-                    drained = tokio::time::Instant::now() + DRAIN;
-                }
-                () = tokio::time::sleep_until(drained), if died.is_some() => break,
-                n = async { out.as_mut().unwrap().read(&mut obuf).await }, if out.is_some() => match n {
-                    Ok(0) | Err(_) => out = None,
-                    Ok(n) => on_output(OutStream::Stdout, &obuf[..n]),
-                },
-                n = async { err.as_mut().unwrap().read(&mut ebuf).await }, if err.is_some() => match n {
-                    Ok(0) | Err(_) => err = None,
-                    Ok(n) => on_output(OutStream::Stderr, &ebuf[..n]),
-                },
-                data = rx.recv(), if stdin_open => match (data, input.as_mut()) {
-                    (Some(Some(bytes)), Some(w)) => {
-                        // The command may have closed its stdin; its output says the rest.
-                        if w.write_all(&bytes).await.is_err() {
-                            stdin_open = false;
-                            input = None;
-                        }
-                    }
-                    _ => {
-                        stdin_open = false;
-                        if let Some(mut w) = input.take() {
-                            let _ = w.shutdown().await;
-                        }
-                    }
-                },
-            }
-        }
-        if let Some(d) = died {
+        let streams = (proc.stdout(), proc.stderr(), proc.stdin());
+        if let Some(d) = relay(streams, (rx, has_stdin), &mut death, on_output).await {
             return Err(d.into_error());
         }
         let status = match status {
@@ -314,6 +286,63 @@ pub(super) fn exec_streams(
         }
         ended
     })
+}
+
+/// Passes an exec's output (stdout, stderr) on and feeds its stdin from
+/// `rx` (when `stdin_open`) until both outputs end (`None`), or `death`
+/// resolves: then what was in flight is read for [`DRAIN`] and the death
+/// returned.
+async fn relay<O, E, I, D>(
+    (mut out, mut err, mut input): (Option<O>, Option<E>, Option<I>),
+    (mut rx, mut stdin_open): (tokio::sync::mpsc::Receiver<Option<Vec<u8>>>, bool),
+    death: &mut std::pin::Pin<&mut D>,
+    on_output: &mut dyn FnMut(OutStream, &[u8]),
+) -> Option<Died>
+where
+    O: tokio::io::AsyncRead + Unpin,
+    E: tokio::io::AsyncRead + Unpin,
+    I: tokio::io::AsyncWrite + Unpin,
+    D: std::future::Future<Output = Died>,
+{
+    let mut obuf = vec![0u8; 64 * 1024];
+    let mut ebuf = vec![0u8; 64 * 1024];
+    let mut died: Option<Died> = None;
+    let mut drained = tokio::time::Instant::now();
+    while out.is_some() || err.is_some() {
+        tokio::select! {
+            d = &mut *death, if died.is_none() => {
+                // What the container wrote before it died may still
+                // be on its way.
+                died = Some(d);
+                drained = tokio::time::Instant::now() + DRAIN;
+            }
+            () = tokio::time::sleep_until(drained), if died.is_some() => break,
+            n = async { out.as_mut().unwrap().read(&mut obuf).await }, if out.is_some() => match n {
+                Ok(0) | Err(_) => out = None,
+                Ok(n) => on_output(OutStream::Stdout, &obuf[..n]),
+            },
+            n = async { err.as_mut().unwrap().read(&mut ebuf).await }, if err.is_some() => match n {
+                Ok(0) | Err(_) => err = None,
+                Ok(n) => on_output(OutStream::Stderr, &ebuf[..n]),
+            },
+            data = rx.recv(), if stdin_open => match (data, input.as_mut()) {
+                (Some(Some(bytes)), Some(w)) => {
+                    // The command may have closed its stdin; its output says the rest.
+                    if w.write_all(&bytes).await.is_err() {
+                        stdin_open = false;
+                        input = None;
+                    }
+                }
+                _ => {
+                    stdin_open = false;
+                    if let Some(mut w) = input.take() {
+                        let _ = w.shutdown().await;
+                    }
+                }
+            },
+        }
+    }
+    died
 }
 
 /// Resolves, with how it ended, once pod `name`'s container no longer runs

@@ -8,6 +8,12 @@
 //! `password`.  A helper is the program `docker-credential-NAME`, run as
 //! `docker-credential-NAME get` with the host on its standard input; it
 //! answers `{"Username": ..., "Secret": ...}` or fails when it has nothing.
+//!
+//! A module of its own, beside the registry client (`distribution`) rather
+//! than inside it: the client logs in with these credentials, and the
+//! Kubernetes runner hands the same ones to the nodes as pull secrets
+//! (kubernetes/pull.rs), so that what `lw-build push` put in `build.cache`
+//! is what a pod pulls.  Neither engine module needs the registry client.
 
 use std::io::Write as _;
 use std::path::PathBuf;
