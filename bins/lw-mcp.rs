@@ -14,8 +14,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use loopwright::mcp::{self, Door, Rate, stdio::Stdio};
-use loopwright::{Error, Exit, Result};
+use mailbox::{Error, Exit, Result};
+use mcp::{self, Door, Rate, stdio::Stdio};
 use rmcp::ServiceExt;
 
 /// Serve this sandbox's mailbox as MCP tools on standard input and output.
@@ -48,7 +48,7 @@ struct Args {
 fn main() -> ExitCode {
     // Not cli::run_main: it holds the stdout lock for the whole run, and
     // here stdout belongs to the protocol, written from the runtime.
-    match loopwright::cli::parse_args::<Args>("lw-mcp") {
+    match mailbox::cli::parse_args::<Args>("lw-mcp") {
         Ok(args) => match run(args) {
             Ok(exit) => ExitCode::from(exit.code()),
             Err(e) => {
@@ -62,8 +62,8 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> Result<Exit> {
     let rate = Rate::parse(&args.rate).map_err(|m| Error::usage(format!("--rate: {m}")))?;
-    let mailbox = loopwright::post::mailbox_given(args.mailbox)?;
-    let from = loopwright::post::sender(&mailbox, args.from);
+    let mailbox = mailbox::post::mailbox_given(args.mailbox)?;
+    let from = mailbox::post::sender(&mailbox, args.from);
     let registry = args.registry.or_else(|| {
         let d = PathBuf::from(mcp::REGISTRY_DIR);
         d.is_dir().then_some(d)

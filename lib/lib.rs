@@ -16,7 +16,6 @@ pub mod finding;
 pub mod github;
 pub mod image;
 pub mod init;
-pub mod mcp;
 pub mod mirror;
 pub mod ports;
 pub mod radar;

@@ -121,10 +121,10 @@ mod tests {
 
     #[test]
     fn rings_once_per_delivered_message_and_not_for_old_bad_or_acked_ones() {
-        let dir = std::env::temp_dir().join(format!("lw-mcp-bell-{}", crate::id::new_id()));
+        let dir = std::env::temp_dir().join(format!("lw-mcp-bell-{}", mailbox::id::new_id()));
         let inbox = Maildir::new(&dir);
         inbox.create().expect("a fresh maildir");
-        let old = crate::id::new_id();
+        let old = mailbox::id::new_id();
         inbox.deliver_message(&msg(&old)).expect("delivered");
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -132,7 +132,7 @@ mod tests {
             .expect("a runtime");
         rt.block_on(async {
             let mut bell = Bell::start(Maildir::new(&dir)).expect("the watch is set");
-            let (a, b) = (crate::id::new_id(), crate::id::new_id());
+            let (a, b) = (mailbox::id::new_id(), mailbox::id::new_id());
             inbox.deliver_message(&msg(&a)).expect("delivered");
             inbox.deliver_message(&msg(&b)).expect("delivered");
             // Not a message: left for the quarantine, rings nothing.
@@ -145,7 +145,7 @@ mod tests {
             }
             assert_eq!(rung, 2, "a and b, once each");
             assert_eq!(bell.fresh().expect("listed"), 0, "nothing rings twice");
-            let c = crate::id::new_id();
+            let c = mailbox::id::new_id();
             inbox.deliver_message(&msg(&c)).expect("delivered");
             assert_eq!(bell.next().await.expect("the watch works"), 1);
         });
