@@ -17,7 +17,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
 use loopwright::cli::out_err;
-use loopwright::engine::{DockerEngine, Images};
+use loopwright::engine::{Images, connect_docker};
 use loopwright::init::{self, Options};
 use loopwright::{Error, Exit, Result};
 
@@ -149,9 +149,11 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
 
 /// The first of [`BASES`] the engine has, else the first of them (lw-build
 /// then says it is missing); an engine that cannot be reached is not
-/// lw init's concern.
+/// lw init's concern.  The engine is chosen as every command chooses it
+/// (engine::select): the project has no `engine.host` yet, so `DOCKER_HOST`
+/// or the local one.
 fn pick_base() -> String {
-    let found = DockerEngine::connect().ok().and_then(|e| {
+    let found = connect_docker(None).ok().and_then(|e| {
         BASES
             .iter()
             .find(|b| e.image(b).ok().flatten().is_some())

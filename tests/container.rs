@@ -3,7 +3,7 @@
 //! proof that the binaries need no dynamic library from the image.
 
 mod build_support;
-mod common;
+use support::common;
 
 use std::process::Command;
 

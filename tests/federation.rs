@@ -12,7 +12,7 @@
 //! * figures: A->B latency per sync interval, requests per message.
 
 mod federation_support;
-mod seeded;
+use support::seeded;
 mod sync_support;
 
 use std::collections::BTreeMap;

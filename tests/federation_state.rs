@@ -6,7 +6,7 @@
 //! while they write it (seeded).
 
 mod federation_support;
-mod seeded;
+use support::seeded;
 mod sync_support;
 
 use std::collections::BTreeMap;

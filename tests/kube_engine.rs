@@ -22,7 +22,7 @@
 
 #[path = "kube_support/mod.rs"]
 mod kube_support;
-mod seeded;
+use support::seeded;
 
 use std::collections::BTreeMap;
 use std::io::Cursor;

@@ -26,7 +26,7 @@
 mod courier_support;
 mod kube_support;
 mod sandbox_support;
-mod seeded;
+use support::seeded;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};

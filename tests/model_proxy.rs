@@ -5,7 +5,7 @@
 //! the proxy's peak RSS (VmHWM from /proc) and how many requests reached the
 //! upstream.
 
-mod common;
+use support::common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

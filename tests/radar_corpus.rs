@@ -7,7 +7,7 @@
 //! driver from the host's config.  No Docker: branches are read from a
 //! repository the test made (`Source::Path`).
 
-mod common;
+use support::common;
 
 use std::collections::BTreeSet;
 use std::path::Path;

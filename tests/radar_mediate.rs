@@ -5,7 +5,7 @@
 //! escalate the kind; a sandbox cannot post it.  Branches come from host
 //! repositories (`--from`); tests/sandbox_flow.rs reaches real sandboxes.
 
-mod common;
+use support::common;
 
 use std::path::Path;
 use std::process::Command;

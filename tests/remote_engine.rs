@@ -27,7 +27,7 @@ mod build_support;
 mod courier_support;
 mod remote_support;
 mod sandbox_support;
-mod seeded;
+use support::seeded;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -5,7 +5,7 @@
 //! LW_SYNC_MIN_WRITE_INTERVAL_MS (the minute and hour windows scale with it);
 //! tests/sync_limits.rs checks the real spacing.
 
-mod seeded;
+use support::seeded;
 
 mod sync_support;
 

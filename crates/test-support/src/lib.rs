@@ -15,6 +15,10 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod common;
+pub mod mediate_util;
+pub mod seeded;
+
 /// The workspace's top directory (this crate is crates/test-support).
 pub fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -59,5 +63,18 @@ pub fn nonce() -> String {
 pub fn tempdir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("lw-{tag}-{}", nonce()));
     std::fs::create_dir_all(&d).expect("the temporary directory is writable");
+    d
+}
+
+/// The target directory's `tmp/` (what cargo names CARGO_TARGET_TMPDIR for
+/// integration tests): target/<triple>/tmp beside target/<triple>/debug.
+pub fn target_tmp() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test knows its path");
+    let d = exe
+        .ancestors()
+        .nth(3)
+        .expect("tests live in target/<triple>/<profile>/deps")
+        .join("tmp");
+    std::fs::create_dir_all(&d).expect("the target directory is writable");
     d
 }

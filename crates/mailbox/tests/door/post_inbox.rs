@@ -1,7 +1,7 @@
 //! lw-post and lw-inbox against the real binaries: the mailbox core's
 //! behaviour, usage and exit statuses, and the bad input they must survive.
 
-mod common;
+use support::common;
 
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-use loopwright::message::{MAX_BODY, Message};
+use mailbox::message::{MAX_BODY, Message};
 
 fn post(mb: &Path, args: &[&str]) -> std::process::Output {
     run(lw_post().arg("--mailbox").arg(mb).args(args))
@@ -19,11 +19,11 @@ fn post(mb: &Path, args: &[&str]) -> std::process::Output {
 /// Copies every posted message of `from` into the inbox of `to`, as the
 /// mediator would (the mediator itself has its own tests).
 fn hand_deliver(from: &Path, to: &Path) -> Vec<String> {
-    let out = loopwright::layout::SandboxBox::new(from).outbox();
-    let inbox = loopwright::layout::SandboxBox::new(to).inbox();
+    let out = mailbox::layout::SandboxBox::new(from).outbox();
+    let inbox = mailbox::layout::SandboxBox::new(to).inbox();
     let mut ids = vec![];
-    for e in out.scan(loopwright::maildir::Sub::New).unwrap() {
-        if let loopwright::maildir::Found::Message(m) = e.found {
+    for e in out.scan(mailbox::maildir::Sub::New).unwrap() {
+        if let mailbox::maildir::Found::Message(m) = e.found {
             inbox.deliver_message(&m).unwrap();
             ids.push(m.id);
         }
@@ -53,7 +53,7 @@ fn post_then_list_show_ack() {
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let id = stdout(&o).trim().to_string();
-    assert!(loopwright::id::is_valid(&id), "{id}");
+    assert!(mailbox::id::is_valid(&id), "{id}");
     assert_eq!(ls(&api.join("outbox/new")), vec![id.clone()]);
     assert!(ls(&api.join("outbox/tmp")).is_empty());
 
@@ -87,7 +87,7 @@ fn post_then_list_show_ack() {
             .code(),
         Some(0)
     );
-    let unknown = loopwright::id::new_id();
+    let unknown = mailbox::id::new_id();
     let o = run(lw_inbox().arg("-m").arg(&web).args(["ack", &unknown]));
     assert_eq!(o.status.code(), Some(66), "{}", stderr(&o));
     assert!(stderr(&o).contains(&unknown));
@@ -121,7 +121,7 @@ fn body_from_stdin_and_json_output() {
     let m = Message::parse(&std::fs::read(t.join("outbox/new").join(id)).unwrap()).unwrap();
     assert_eq!(m.body, "line one\nline two ünïcode\n");
     assert_eq!(m.to, vec!["mediator"]);
-    assert_eq!(m.kind, loopwright::message::Kind::Question);
+    assert_eq!(m.kind, mailbox::message::Kind::Question);
     // With LW_SANDBOX unset the sender defaults to the mailbox directory's name.
     assert!(m.from.starts_with("stdin-"), "{}", m.from);
 }
@@ -386,16 +386,16 @@ fn wait_wakes_on_arrival_and_times_out_with_75() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let inbox = loopwright::maildir::Maildir::new(web.join("inbox"));
+    let inbox = mailbox::maildir::Maildir::new(web.join("inbox"));
     let t0 = std::time::Instant::now();
-    while !inbox.sub(loopwright::maildir::Sub::New).is_dir() {
+    while !inbox.sub(mailbox::maildir::Sub::New).is_dir() {
         assert!(t0.elapsed() < Duration::from_secs(20));
         std::thread::yield_now();
     }
     // A bad entry alone must not wake it into listing nothing.
     std::fs::write(
         inbox
-            .sub(loopwright::maildir::Sub::New)
+            .sub(mailbox::maildir::Sub::New)
             .join("1000000000.000000000.00000000000000000000000000000009"),
         b"junk",
     )

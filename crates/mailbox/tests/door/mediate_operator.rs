@@ -1,16 +1,16 @@
 //! The operator's side: the human queue and answers, held messages, the
 //! log, receipts, the policy rules, watch mode, the lock.
 
-mod mediate_util;
+use support::mediate_util;
 
 use std::ffi::OsStr;
 use std::process::Command;
 use std::time::Duration;
 
-use loopwright::log::Action;
-use loopwright::maildir::{Found, Maildir, Sub};
-use loopwright::message::Kind;
-use loopwright::registry::{Registry, Sandbox};
+use mailbox::log::Action;
+use mailbox::maildir::{Found, Maildir, Sub};
+use mailbox::message::Kind;
+use mailbox::registry::{Registry, Sandbox};
 use mediate_util::*;
 
 fn stdout(o: &std::process::Output) -> String {
@@ -89,7 +89,7 @@ fn held_messages_are_listed_released_and_dropped() {
     let policy = "loopwright-policy 1\nrate 2/1h\nduplicates 1h\nhold sender quiet\n";
     let first = message("a", &["b"], Kind::Request, "one");
     let mut dup = first.clone();
-    dup.id = loopwright::id::new_id();
+    dup.id = mailbox::id::new_id();
     let third = message("a", &["b"], Kind::Request, "three");
     let fourth = message("a", &["b"], Kind::Request, "four");
     for m in [&first, &dup, &third, &fourth] {

@@ -1,22 +1,21 @@
 //! Helpers shared by the lw-mediate tests: a fresh root, posting straight
 //! into an outbox (as lw-post does), running the binary, reading the log.
-#![allow(dead_code)]
 
 use std::path::Path;
 use std::process::{Command, Output};
 
-use loopwright::layout::Root;
-use loopwright::log::{Entry, Log};
-use loopwright::maildir::{Maildir, Sub};
-use loopwright::message::{Kind, Message};
-use loopwright::registry::{Registry, Sandbox};
+use mailbox::layout::Root;
+use mailbox::log::{Entry, Log};
+use mailbox::maildir::{Maildir, Sub};
+use mailbox::message::{Kind, Message};
+use mailbox::registry::{Registry, Sandbox};
 
 /// lw-mediate in the target directory.
 pub fn lw_mediate() -> std::path::PathBuf {
-    support::bin("lw-mediate")
+    crate::bin("lw-mediate")
 }
 
-pub use support::tempdir;
+pub use crate::tempdir;
 
 /// A root with the named sandboxes registered (no scope).
 pub fn root_with(tag: &str, sandboxes: &[&str]) -> Root {
@@ -32,7 +31,7 @@ pub fn root_with(tag: &str, sandboxes: &[&str]) -> Root {
 pub fn message(from: &str, to: &[&str], kind: Kind, subject: &str) -> Message {
     Message {
         version: 1,
-        id: loopwright::id::new_id(),
+        id: mailbox::id::new_id(),
         from: from.into(),
         to: to.iter().map(|s| s.to_string()).collect(),
         kind,
@@ -40,7 +39,7 @@ pub fn message(from: &str, to: &[&str], kind: Kind, subject: &str) -> Message {
         body: format!("body of {subject}"),
         refs: vec![],
         in_reply_to: None,
-        created: loopwright::time::rfc3339(loopwright::time::now()),
+        created: mailbox::time::rfc3339(mailbox::time::now()),
     }
 }
 

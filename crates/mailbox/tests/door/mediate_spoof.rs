@@ -1,10 +1,10 @@
 //! A message claiming another sender is logged and delivered under the
 //! outbox it sat in, every time.  Prints the share.
 
-mod mediate_util;
+use support::mediate_util;
 
-use loopwright::log::Action;
-use loopwright::message::Kind;
+use mailbox::log::Action;
+use mailbox::message::Kind;
 use mediate_util::*;
 
 #[test]
@@ -50,11 +50,11 @@ fn spoofed_from_is_logged_under_the_real_outbox() {
         let copy = std::fs::read(
             root.sandbox("bob")
                 .inbox()
-                .sub(loopwright::maildir::Sub::New)
+                .sub(mailbox::maildir::Sub::New)
                 .join(id),
         )
         .unwrap();
-        let copy = loopwright::message::Message::parse(&copy).unwrap();
+        let copy = mailbox::message::Message::parse(&copy).unwrap();
         assert_eq!(copy.from, "mallory");
     }
     println!(
@@ -64,8 +64,8 @@ fn spoofed_from_is_logged_under_the_real_outbox() {
     );
     assert_eq!(under_real, spoofed.len());
     assert!(
-        loopwright::maildir::Maildir::new(root.human().path.clone())
-            .scan(loopwright::maildir::Sub::New)
+        mailbox::maildir::Maildir::new(root.human().path.clone())
+            .scan(mailbox::maildir::Sub::New)
             .unwrap()
             .is_empty()
     );

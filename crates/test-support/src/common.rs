@@ -1,5 +1,4 @@
 //! Helpers shared by the integration tests.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -10,8 +9,8 @@ pub struct TempDir(pub PathBuf);
 
 impl TempDir {
     pub fn new(tag: &str) -> TempDir {
-        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-        let d = base.join(format!("{tag}-{}", loopwright::id::new_id()));
+        let base = crate::target_tmp();
+        let d = base.join(format!("{tag}-{}", mailbox::id::new_id()));
         std::fs::create_dir_all(&d).expect("target tmp dir is writable");
         TempDir(d)
     }
@@ -32,11 +31,11 @@ impl Drop for TempDir {
 }
 
 pub fn lw_post() -> Command {
-    Command::new(support::bin("lw-post"))
+    Command::new(crate::bin("lw-post"))
 }
 
 pub fn lw_inbox() -> Command {
-    Command::new(support::bin("lw-inbox"))
+    Command::new(crate::bin("lw-inbox"))
 }
 
 /// Runs a command with stdin closed (not a terminal) and returns its output.

@@ -2,20 +2,20 @@
 //! hand: a logged decision is carried out, never taken again, and nothing
 //! is written twice.
 
-mod mediate_util;
+use support::mediate_util;
 
 use std::ffi::OsStr;
 
-use loopwright::log::Action;
-use loopwright::maildir::Sub;
-use loopwright::message::Kind;
+use mailbox::log::Action;
+use mailbox::maildir::Sub;
+use mailbox::message::Kind;
 use mediate_util::*;
 
 /// Routes `m` from `a` once, then puts the source back into `new/` as if
 /// the claim had not happened.
 fn routed_then_unclaimed(
-    root: &loopwright::layout::Root,
-    m: &loopwright::message::Message,
+    root: &mailbox::layout::Root,
+    m: &mailbox::message::Message,
     policy: &str,
 ) {
     post(root, "a", m);
@@ -73,8 +73,8 @@ fn a_logged_partial_bounce_is_not_decided_again() {
     // and ghost has been registered since.
     let fwd = root.log_dir().join("new").join(format!("{}.forward", m.id));
     std::fs::remove_file(&fwd).unwrap();
-    loopwright::registry::Registry::new(&root)
-        .register(&loopwright::registry::Sandbox::new("ghost", None, vec![]))
+    mailbox::registry::Registry::new(&root)
+        .register(&mailbox::registry::Sandbox::new("ghost", None, vec![]))
         .unwrap();
     once(&root, OPEN_POLICY);
     let mut acts: Vec<_> = entries(&root)
@@ -165,7 +165,7 @@ fn refusals_counted_before_a_crash_are_counted_once() {
             &message("a", &["b"], Kind::Request, &format!("r{i}")),
         );
     }
-    let mut m = loopwright::mediate::Mediator::open(
+    let mut m = mailbox::mediate::Mediator::open(
         root.clone(),
         Some(policy.clone()),
         true,

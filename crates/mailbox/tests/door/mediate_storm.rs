@@ -3,9 +3,9 @@
 //! is logged once, sits once in each recipient's inbox, and no outbox holds
 //! anything in `new/`.  Prints its figures.
 
-mod seeded;
+use support::seeded;
 
-mod mediate_util;
+use support::mediate_util;
 
 use std::collections::{BTreeMap, HashMap};
 use std::process::{Command, Stdio};
@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use loopwright::log::Action;
-use loopwright::maildir::{Found, Sub};
-use loopwright::message::Kind;
+use mailbox::log::Action;
+use mailbox::maildir::{Found, Sub};
+use mailbox::message::Kind;
 use mediate_util::*;
 
 const POSTERS: &[&str] = &["api", "web", "db", "ops"];
@@ -60,7 +60,7 @@ fn kill_storm_loses_and_duplicates_nothing() {
                 );
                 post(&root, me, &m);
                 if i == 0 && n % (PER_POSTER / PLANTED) == 0 {
-                    let bad = loopwright::id::new_id();
+                    let bad = mailbox::id::new_id();
                     let tmp = root.sandbox(me).outbox().sub(Sub::Tmp).join(&bad);
                     std::fs::write(&tmp, b"{\"version\": 1, \"broken\"").unwrap();
                     std::fs::rename(&tmp, root.sandbox(me).outbox().sub(Sub::New).join(&bad))

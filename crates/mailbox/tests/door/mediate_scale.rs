@@ -3,22 +3,22 @@
 //! reported and skipped while the rest are delivered, and an outbox removed
 //! while its batch is in flight loses nothing and stops nothing.
 
-mod mediate_util;
+use support::mediate_util;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use loopwright::layout::Root;
-use loopwright::log::Action;
-use loopwright::maildir::Sub;
-use loopwright::mediate::Mediator;
-use loopwright::message::Kind;
+use mailbox::layout::Root;
+use mailbox::log::Action;
+use mailbox::maildir::Sub;
+use mailbox::mediate::Mediator;
+use mailbox::message::Kind;
 use mediate_util::*;
 
 /// Writes `m` into `new/` of `sender`'s outbox, making the Maildir if
 /// needed (not fsynced: this test never crashes the machine).
-fn drop_in(root: &Root, sender: &str, m: &loopwright::message::Message) {
+fn drop_in(root: &Root, sender: &str, m: &mailbox::message::Message) {
     let ob = root.sandbox(sender).outbox();
     for s in [Sub::Tmp, Sub::New, Sub::Cur] {
         std::fs::create_dir_all(ob.sub(s)).unwrap();
@@ -174,7 +174,7 @@ fn receipts_taken_in_waves_are_each_logged_once() {
     m.drain(&mut sink).unwrap();
     let inbox = root.sandbox("b").inbox();
     // A file in cur/ that was never routed to b: never a receipt.
-    let stray = loopwright::id::new_id();
+    let stray = mailbox::id::new_id();
     std::fs::write(inbox.sub(Sub::Cur).join(&stray), b"x").unwrap();
     let reads = |root: &Root| {
         let mut v: Vec<String> = entries(root)

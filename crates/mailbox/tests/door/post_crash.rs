@@ -6,9 +6,9 @@
 //! ever be partial.  `sixteen_posters_times_500` posts 8,000 messages from 16
 //! concurrent posters into one outbox.
 
-mod seeded;
+use support::seeded;
 
-mod common;
+use support::common;
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::process::ExitStatusExt;
@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use loopwright::message::Message;
+use mailbox::message::Message;
 
 /// Reads every file that shows up in `dir` until `stop`, counting the ones
 /// that do not parse.  Returns (files checked, partial files seen).

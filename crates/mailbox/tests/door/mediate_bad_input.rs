@@ -2,19 +2,18 @@
 //! reason logged, is never followed, opened, or read whole, and never stops
 //! another sender's traffic.
 
-#[path = "common/mod.rs"]
-mod common;
-mod mediate_util;
+use support::common;
+use support::mediate_util;
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use loopwright::log::Action;
-use loopwright::maildir::Sub;
-use loopwright::message::Kind;
-use loopwright::registry::{Registry, Sandbox};
+use mailbox::log::Action;
+use mailbox::maildir::Sub;
+use mailbox::message::Kind;
+use mailbox::registry::{Registry, Sandbox};
 use mediate_util::*;
 
 const NAME: &str = "1000000000.000000000.0000000000000000000000000000000a";
@@ -26,7 +25,7 @@ fn case(
     tag: &str,
     want: &str,
     plant: impl FnOnce(&Path, &Path),
-) -> (loopwright::layout::Root, PathBuf) {
+) -> (mailbox::layout::Root, PathBuf) {
     let root = root_with(tag, &["evil", "good", "dst"]);
     let scratch = root.dir.parent().unwrap().join("scratch");
     std::fs::create_dir_all(&scratch).unwrap();
@@ -313,7 +312,7 @@ fn unknown_recipient_bounces_to_the_sender() {
     let inbox = root.sandbox("a").inbox();
     let b = inbox.scan(Sub::New).unwrap();
     assert_eq!(b.len(), 1);
-    let loopwright::maildir::Found::Message(b) = &b[0].found else {
+    let mailbox::maildir::Found::Message(b) = &b[0].found else {
         panic!("{:?}", b[0])
     };
     assert_eq!(
@@ -322,7 +321,7 @@ fn unknown_recipient_bounces_to_the_sender() {
     );
     assert!(b.body.contains("ghost"));
     // A gone (unregistered) recipient bounces the same way.
-    loopwright::registry::Registry::new(&root)
+    mailbox::registry::Registry::new(&root)
         .unregister("b")
         .unwrap();
     post(&root, "a", &message("a", &["b"], Kind::Handoff, "gone"));
@@ -351,7 +350,7 @@ fn links_in_the_tree_are_not_followed() {
     let root = root_with("treelinks", &["a", "dst"]);
     let outside = root.dir.parent().unwrap().join("outside");
     // A sandbox directory that is a link to a mailbox elsewhere.
-    let elsewhere = loopwright::layout::SandboxBox::new(outside.join("box"));
+    let elsewhere = mailbox::layout::SandboxBox::new(outside.join("box"));
     std::fs::create_dir_all(&elsewhere.dir).unwrap();
     elsewhere.outbox().create().unwrap();
     let m = message("x", &["dst"], Kind::Request, "from outside");

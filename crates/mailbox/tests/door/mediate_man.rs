@@ -1,7 +1,7 @@
 //! The man page names every long flag of every subcommand (as `\-\-flag`)
 //! and has the sections every loopwright page has.
 
-mod mediate_util;
+use support::mediate_util;
 
 use std::process::Command;
 
@@ -30,8 +30,7 @@ fn long_flags(text: &str) -> Vec<String> {
 
 #[test]
 fn man_page_lists_every_flag_and_section() {
-    let man =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/man/lw-mediate.1")).unwrap();
+    let man = std::fs::read_to_string(support::workspace().join("man/lw-mediate.1")).unwrap();
     let mut cmds: Vec<Vec<&str>> = vec![vec![]];
     for c in [
         "held",
