@@ -237,7 +237,12 @@ pub fn locate(
         format!("refs/remotes/origin/{}", rec.branch),
     ] {
         if let Some(c) = mirror.refs.get(&r) {
-            return Some((rec.mirror.clone(), base, c.clone(), format!("the mirror's {r}")));
+            return Some((
+                rec.mirror.clone(),
+                base,
+                c.clone(),
+                format!("the mirror's {r}"),
+            ));
         }
     }
     None
@@ -251,7 +256,10 @@ mod tests {
             super::shortstat(" 2 files changed, 3 insertions(+), 1 deletion(-)\n"),
             (2, 3, 1)
         );
-        assert_eq!(super::shortstat(" 1 file changed, 4 deletions(-)"), (1, 0, 4));
+        assert_eq!(
+            super::shortstat(" 1 file changed, 4 deletions(-)"),
+            (1, 0, 4)
+        );
         assert_eq!(super::shortstat(""), (0, 0, 0));
     }
 }
