@@ -75,6 +75,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         policy: args.policy,
         token: None,
         report: std::sync::Arc::new(|line: &str| eprintln!("lw-cockpit: {line}")),
+        project: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
     })?;
     writeln!(out, "{}", c.url()).map_err(out_err)?;
     out.flush().map_err(out_err)?;

@@ -62,10 +62,20 @@ fn mediator(root: &Root) -> Kill {
 }
 
 fn cockpit(root: &Root, operator: &str) -> Cockpit {
+    cockpit_with(root, operator, &[], &[])
+}
+
+/// lw-cockpit with more arguments and environment, run in the root's
+/// parent directory (so no project's configuration is found but the
+/// test's own).
+fn cockpit_with(root: &Root, operator: &str, args: &[&str], env: &[(&str, &str)]) -> Cockpit {
     let mut child = Command::new(COCKPIT)
         .arg("--root")
         .arg(&root.dir)
         .args(["--operator", operator])
+        .args(args)
+        .envs(env.iter().copied())
+        .current_dir(root.dir.parent().unwrap())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -225,6 +235,11 @@ fn no_token_cross_origin_and_other_hosts_get_403_and_every_answer_has_the_csp() 
     let (status, _, answered) = post_json(&c, "/api/answer", &origin, &body);
     assert_eq!(status, 200, "{answered}");
 }
+
+#[path = "cockpit_support/panels.rs"]
+mod panels;
+#[path = "sync_support/mod.rs"]
+mod sync_support;
 
 // ---------------------------------------------------------------------
 // In the browser.

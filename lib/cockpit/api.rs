@@ -63,7 +63,14 @@ pub fn get(
             "root": c.root.dir.display().to_string(),
             "kinds": crate::message::KINDS.iter().map(|k| k.as_str()).collect::<Vec<_>>(),
         }),
-        "/api/sandboxes" => json!({ "sandboxes": data::sandboxes(&c.root)? }),
+        "/api/sandboxes" => {
+            let mut live = c.live.snapshot();
+            json!({
+                "sandboxes": data::sandboxes(&c.root, &mut live)?,
+                "engine": live.engine,
+                "refresh_secs": super::live::PERIOD.as_secs(),
+            })
+        }
         "/api/log" => {
             let q = data::LogQuery {
                 before: opt(p, "before"),

@@ -47,6 +47,15 @@ pub struct SandboxView {
     /// Host ports, with the container's side (`8080/tcp`).
     pub ports: Vec<PortView>,
     pub services: Vec<String>,
+    /// The engine's view: this sandbox's `lw-sandbox ls --json` record with
+    /// `state_text` (lib/cockpit/live.rs); None when the engine was not
+    /// reached (yet) or lists no record of that name.
+    pub listed: Option<Value>,
+    /// Its task branch against its base (commits ahead, diffstat).
+    pub stat: Option<super::diff::BranchStat>,
+    /// When its model proxy last counted a request (RFC 3339): the proxy's
+    /// usage file's `updated`.
+    pub last_model_request: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -70,14 +79,25 @@ pub fn record(root: &Root, name: &str) -> Option<Record> {
     serde_json::from_slice(&bytes).ok()
 }
 
-/// Every registered sandbox, by name, with what its record says.
-pub fn sandboxes(root: &Root) -> Result<Vec<SandboxView>> {
+/// Every registered sandbox, by name, with what its record says and what
+/// the last look at the engine and the branches found (`live`).
+pub fn sandboxes(root: &Root, live: &mut super::live::Snapshot) -> Result<Vec<SandboxView>> {
     let (good, _bad) = Registry::new(root).list()?;
     let mut v: Vec<SandboxView> = good
         .into_iter()
         .map(|s| {
             let rec = record(root, &s.name);
-            view(s, rec)
+            let used = rec
+                .as_ref()
+                .filter(|r| r.agent.is_some())
+                .and_then(|_| crate::agent::proxy::usage(&root.state_dir(), &s.name));
+            let mut v = view(s, rec);
+            v.listed = live.listed.remove(&v.name);
+            v.stat = live.branches.remove(&v.name);
+            v.last_model_request = used
+                .filter(|u| u.updated > 0)
+                .map(|u| crate::time::rfc3339(std::time::Duration::from_secs(u.updated as u64)));
+            v
         })
         .collect();
     v.sort_by(|a, b| a.name.cmp(&b.name));
@@ -114,6 +134,9 @@ fn view(s: crate::registry::Sandbox, rec: Option<Record>) -> SandboxView {
             })
             .unwrap_or_default(),
         services: rec.as_ref().map(|r| r.services.clone()).unwrap_or_default(),
+        listed: None,
+        stat: None,
+        last_model_request: None,
         branch: s.branch.or(rec.map(|r| r.branch)),
         scope: s.scope,
         host: s.host,
@@ -250,12 +273,20 @@ pub fn queues(root: &Root) -> Result<Value> {
     Ok(json!({ "human": human, "held": held }))
 }
 
-/// The sync state (ROOT/state/sync.json): per target, the entries synced
-/// and whether a comment is in flight; `null` when lw-sync never ran.
+/// What the page says of lw-sync's last error: its state file does not
+/// keep one (lw-sync reports errors on its standard error and exit status).
+pub const SYNC_ERROR_NOT_KEPT: &str = "lw-sync does not keep its last error in its state file \
+(ROOT/state/sync.json); it reports errors on its standard error and in its exit status";
+
+/// The sync state (ROOT/state/sync.json): per target (`owner/repo#N`, with
+/// its issue's address) the entries synced and the parts of a comment in
+/// flight, and how many log entries no target holds yet; `null` when
+/// lw-sync never ran.
 pub fn sync_state(root: &Root) -> Value {
     let path = crate::sync::state_path(root);
-    let Ok((st, _)) = crate::sync::load_state(&path) else {
-        return json!({ "error": format!("cannot read {}", path.display()) });
+    let st = match crate::sync::load_state(&path) {
+        Ok((st, _)) => st,
+        Err(e) => return json!({ "error": format!("{e:#}") }),
     };
     if st.targets.is_empty() && st.login.is_none() {
         return Value::Null;
@@ -266,13 +297,41 @@ pub fn sync_state(root: &Root) -> Value {
         .map(|(t, s)| {
             json!({
                 "target": t,
+                "url": issue_url(t),
                 "synced": s.synced.len(),
-                "pending": s.pending.as_ref().map_or(0, |p| p.items.len()),
+                "in_flight": s.pending.as_ref().map_or(0, |p| p.items.len()),
                 "reconciled": s.reconciled,
             })
         })
         .collect();
-    json!({ "login": st.login, "targets": targets })
+    let log = Log::new(root.log_dir());
+    let not_synced = names_newest_first(&log).ok().map(|names| {
+        names
+            .iter()
+            .filter(|n| !st.targets.values().any(|t| t.synced.contains_key(*n)))
+            .count()
+    });
+    json!({
+        "login": st.login,
+        "targets": targets,
+        "not_synced": not_synced,
+        "last_error": Value::Null,
+        "last_error_note": SYNC_ERROR_NOT_KEPT,
+    })
+}
+
+/// `https://github.com/OWNER/REPO/issues/N` for a target `OWNER/REPO#N`
+/// whose parts are plain names and a number; None otherwise.
+fn issue_url(target: &str) -> Option<String> {
+    let (repo, n) = target.rsplit_once('#')?;
+    let (owner, name) = repo.split_once('/')?;
+    let plain = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    };
+    (plain(owner) && plain(name) && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| format!("https://github.com/{owner}/{name}/issues/{n}"))
 }
 
 /// The radar's pairs with a non-empty announced set (ROOT/state/radar.json);

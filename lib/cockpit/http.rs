@@ -175,6 +175,8 @@ fn error_response(e: &Error) -> Response<Body> {
 /// The event stream of one page (see lib/cockpit/events.rs).
 fn events(c: &Cockpit) -> Response<Body> {
     let rx = c.events.subscribe();
+    // The engine's view is refreshed while a page listens: start now.
+    c.live.wake();
     let hello = futures_util::stream::once(async {
         Ok::<_, Infallible>(Frame::data(Bytes::from_static(b": hello\n\n")))
     });

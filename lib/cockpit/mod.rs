@@ -8,7 +8,9 @@
 //! (data.rs, diff.rs) and runs the operator's actions exactly as
 //! lw-mediate's commands do (actions.rs).  Watchers on the root's
 //! directories (events.rs) push a topic name down a server-sent-events
-//! stream; the page then fetches that part again.
+//! stream; the page then fetches that part again.  The engine's view of
+//! the sandboxes (lw-sandbox ls's) and their branches' stats are refreshed
+//! by one thread while a page is open (live.rs), never on a request.
 //!
 //! Trust: everything an agent wrote (subjects, bodies, branch names, file
 //! names in diffs, sandbox names) is data.  The page inserts it as text
@@ -25,6 +27,7 @@ mod data;
 mod diff;
 mod events;
 pub mod http;
+mod live;
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -44,6 +47,7 @@ pub struct Cockpit {
     pub operator: String,
     door: actions::Door,
     events: tokio::sync::broadcast::Sender<&'static str>,
+    live: std::sync::Arc<live::Live>,
 }
 
 /// How to start one.
@@ -58,6 +62,9 @@ pub struct Options {
     pub token: Option<String>,
     /// Where the mediator's notes go (a policy reloaded, a record skipped).
     pub report: Notes,
+    /// Where the project's configuration (which engine) is looked for, as
+    /// lw-sandbox looks from its current directory.
+    pub project: PathBuf,
 }
 
 /// A reporter the server's threads share (the binary prints its lines).
@@ -87,6 +94,8 @@ pub fn bind(o: Options) -> Result<(TcpListener, Cockpit)> {
         .map_err(|e| Error::new(Exit::Unavailable, "cannot read the bound address").with_source(e))?
         .port();
     let events = events::start(&o.root)?;
+    let live = live::start(o.root.clone(), o.project, events.clone())
+        .map_err(|e| Error::new(Exit::Unavailable, "cannot start a thread").with_source(e))?;
     let token = o.token.unwrap_or_else(new_token);
     Ok((
         listener,
@@ -100,6 +109,7 @@ pub fn bind(o: Options) -> Result<(TcpListener, Cockpit)> {
                 report: o.report,
             },
             events,
+            live,
         },
     ))
 }

@@ -1,10 +1,12 @@
 // Drives lw-cockpit's page in headless Chromium through playwright-core,
-// for tests/cockpit.rs.  Usage: node browser.cjs story|xss, with
+// for tests/cockpit.rs.  Usage: node browser.cjs story|xss|held|panels, with
 //   PLAYWRIGHT   the playwright-core module directory
 //   COCKPIT_URL  the URL lw-cockpit printed
 //   LW_POST      the lw-post binary;  LW_ROOT  the mailbox root
 //   SHOT         where to keep a screenshot
 //   CORPUS       (xss) the number of log entries the corpus made
+//   RELEASE, DROP, REASON  (held) the held messages to release and drop
+//   SANDBOX      (panels) a sandbox whose diff to open, once its stat shows
 // Prints one JSON line of results; exits 1 with the reason on a failed check.
 "use strict";
 const { chromium } = require(process.env.PLAYWRIGHT);
@@ -119,5 +121,67 @@ async function xss() {
   console.log(JSON.stringify({ rows: rows.length, text: dom.text }));
 }
 
-(mode === "story" ? story() : mode === "xss" ? xss() : Promise.reject(new Error("mode?")))
+// What a page made of untrusted text must not hold.
+async function inert(page, bad) {
+  const dom = await page.evaluate(() => ({
+    scripts: document.querySelectorAll("script").length,
+    foreign: document.querySelectorAll(
+      "img,svg,iframe,object,embed,video,audio,source,base,math,details,form,style,meta[http-equiv]," +
+      "link:not([href='/app.css']),[onerror],[onload],[onfocus],[ontoggle],[autofocus],a[href^='javascript']").length,
+    raw: /[\u001b\u202e\u0007]/.test(document.body.textContent),
+  }));
+  if (page.url().split("?")[0] !== origin + "/") bad.push("the page navigated to " + page.url());
+  if (dom.scripts !== 1) bad.push(dom.scripts + " script elements");
+  if (dom.foreign) bad.push(dom.foreign + " elements made from untrusted text");
+  if (dom.raw) bad.push("a raw escape or override character reached the page");
+}
+
+async function held() {
+  const { browser, page, bad } = await open();
+  const rel = `#held li[data-id="${process.env.RELEASE}"]`;
+  const drop = `#held li[data-id="${process.env.DROP}"]`;
+  await page.waitForSelector(rel, { timeout: 5000 }).catch(() => fail("the held message to release is not listed"));
+  await page.waitForSelector(drop, { timeout: 5000 }).catch(() => fail("the held message to drop is not listed"));
+  await page.click(`${rel} button.release`);
+  await page.waitForSelector(rel, { state: "detached", timeout: 10_000 })
+    .catch(() => fail("the released message stayed in the held queue"));
+  await page.fill(`${drop} input.drop-reason`, process.env.REASON);
+  await page.click(`${drop} button.drop`);
+  await page.waitForSelector(drop, { state: "detached", timeout: 10_000 })
+    .catch(() => fail("the dropped message stayed in the held queue"));
+  const result = await page.textContent("#action-result");
+  await page.screenshot({ path: process.env.SHOT, fullPage: true });
+  if (bad.length) fail("the page misbehaved: " + bad.join("; "));
+  await browser.close();
+  console.log(JSON.stringify({ result }));
+}
+
+async function panels() {
+  const { browser, page, bad } = await open();
+  await page.waitForFunction(() => !/asking the engine/.test(document.getElementById("engine-status").textContent),
+    null, { timeout: 15_000 }).catch(() => fail("the engine's view never arrived"));
+  let detail = null;
+  const name = process.env.SANDBOX;
+  if (name) {
+    const row = `#sandboxes tbody tr[data-name="${name}"]`;
+    await page.waitForSelector(`${row} td.stat:has-text("ahead")`, { timeout: 15_000 })
+      .catch(() => fail("the branch's stat never showed"));
+    await page.click(`${row} button`);
+    await page.waitForSelector("#detail:has-text('diff --git')", { timeout: 10_000 })
+      .catch(() => fail("the diff did not show"));
+    detail = await page.textContent("#detail");
+  }
+  await inert(page, bad);
+  await page.screenshot({ path: process.env.SHOT, fullPage: true });
+  const text = (id) => page.textContent(id);
+  const out = { engine: await text("#engine-status"), sandboxes: await text("#sandboxes"),
+    sync: await text("#sync"), detail,
+    links: await page.$$eval("#sandboxes a, #sync a", (as) => as.map((a) => a.getAttribute("href"))) };
+  if (bad.length) fail("the page misbehaved: " + bad.join("; "));
+  await browser.close();
+  console.log(JSON.stringify(out));
+}
+
+const MODES = { story, xss, held, panels };
+(MODES[mode] ? MODES[mode]() : Promise.reject(new Error("mode?")))
   .catch((e) => fail(e.stack || String(e)));

@@ -81,21 +81,63 @@ function portLink(p) {
     p.container + " → " + host + ":" + port);
 }
 
+// The state as the engine says it (lw-sandbox ls's word), else the record's
+// with why the engine's word is missing.
+function stateOf(s, engine) {
+  if (s.listed) return s.listed.state_text;
+  if (!s.image) return s.state;
+  if (engine.state === "unreachable") return s.state + " (engine unreachable)";
+  if (engine.state === "checking") return s.state + " (asking the engine)";
+  return s.state + " (not listed by the engine)";
+}
+
+function agentOf(s) {
+  if (!s.kit) return "-";
+  const parts = [s.kit];
+  const a = s.listed && s.listed.agent;
+  if (a) parts.push("model proxy " + (a.model_proxy_down ? "DOWN" : a.model_proxy), a.tokens_hour + " tokens/h");
+  parts.push("last request " + (s.last_model_request || "none"));
+  return parts.join(", ");
+}
+
+function statOf(s) {
+  const t = s.stat;
+  if (!t) return "-";
+  return t.ahead + " ahead; " + t.files + " file" + (t.files === 1 ? "" : "s") + " +" + t.insertions + " −" + t.deletions;
+}
+
+function engineLine(e, every) {
+  const n = $("engine-status");
+  if (e.state === "unreachable") {
+    n.textContent = vis("engine unreachable: " + (e.error || "") + " (showing lw-sandbox's records; asking again every " + every + " s)");
+    n.className = "note error";
+  } else if (e.state === "checking") {
+    n.textContent = "asking the engine…";
+    n.className = "note";
+  } else {
+    n.textContent = vis("engine " + (e.address || "") + ", asked " + (e.checked || "") + " (again every " + every + " s while this page is open)");
+    n.className = "note";
+  }
+}
+
 async function loadSandboxes() {
   const d = await api("/api/sandboxes");
   state.sandboxes = d.sandboxes;
+  engineLine(d.engine, d.refresh_secs);
   const body = $("sandboxes").tBodies[0];
   clear(body);
   for (const s of d.sandboxes) {
     const ports = el("td", {});
     s.ports.forEach((p, i) => { if (i) ports.append(", "); ports.append(portLink(p)); });
     const diff = el("button", { type: "button", on: { click: () => showDiff(s.name) } }, "diff");
+    const runtime = (s.listed && s.listed.runtime) || s.runtime;
     body.append(el("tr", { "data-name": vis(s.name) },
       el("td", { class: "name" }, s.name + (s.host ? " @" + s.host : "")),
-      el("td", {}, s.state),
-      el("td", {}, (s.engine || "-") + " / " + (s.runtime || "-")),
-      el("td", {}, s.kit || "-"),
+      el("td", { class: "state" }, stateOf(s, d.engine)),
+      el("td", { class: "engine" }, (s.engine || (s.image && d.engine.address) || "-") + " / " + (runtime || "-")),
+      el("td", { class: "agent" }, agentOf(s)),
       el("td", { class: "branch" }, s.branch || "-"),
+      el("td", { class: "stat" }, statOf(s)),
       el("td", {}, s.scope.join(", ") || "-"),
       ports,
       el("td", {}, diff)));
@@ -220,14 +262,26 @@ async function loadQueues() {
   }
 }
 
+// A link to a GitHub issue: only the address the server built from a
+// plain OWNER/REPO#N.
+function issueLink(t) {
+  if (!t.url || !/^https:\/\/github\.com\/[\w.-]+\/[\w.-]+\/issues\/[0-9]+$/.test(t.url)) return el("span", {}, t.target);
+  return el("a", { href: t.url, rel: "noopener noreferrer", target: "_blank" }, t.target);
+}
+
 async function loadState() {
   const d = await api("/api/state");
   const sync = $("sync");
   clear(sync);
   if (!d.sync) sync.append(el("p", { class: "note" }, "lw-sync has not run on this root"));
   else if (d.sync.error) sync.append(el("p", { class: "error" }, d.sync.error));
-  else for (const t of d.sync.targets)
-    sync.append(el("p", {}, t.target + ": " + t.synced + " synced, " + t.pending + " in flight"));
+  else {
+    for (const t of d.sync.targets)
+      sync.append(el("p", { class: "target" }, issueLink(t), ": " + t.synced + " entries synced, " + t.in_flight + " in flight"));
+    if (d.sync.not_synced !== null)
+      sync.append(el("p", { class: "pending" }, d.sync.not_synced + " log entries on no issue yet (quiet ones are never posted)"));
+    sync.append(el("p", { class: "note last-error" }, "last error: " + (d.sync.last_error || "not known: " + d.sync.last_error_note)));
+  }
   const radar = $("radar");
   clear(radar);
   if (!d.radar) radar.append(el("p", { class: "note" }, "lw-radar has not run on this root"));
