@@ -117,7 +117,7 @@ fn refresher(
     project: &std::path::Path,
     events: &broadcast::Sender<&'static str>,
 ) {
-    let mut engine: Option<Box<dyn crate::engine::SandboxEngine>> = None;
+    let mut engine: Option<crate::engine::Engines> = None;
     let mut stats: HashMap<(PathBuf, String, String), Option<BranchStat>> = HashMap::new();
     loop {
         live.sleep();
@@ -173,16 +173,17 @@ type Listed = (String, HashMap<String, Value>);
 fn engine_round(
     root: &Root,
     project: &std::path::Path,
-    engine: &mut Option<Box<dyn crate::engine::SandboxEngine>>,
+    engine: &mut Option<crate::engine::Engines>,
 ) -> crate::error::Result<Listed> {
     if engine.is_none() {
         let p = crate::config::Project::find(project)?;
-        *engine = Some(crate::engine::connect_sandbox_engine(
+        *engine = Some(crate::engine::Engines::connect(
             p.as_ref().map(|p| &p.config),
         )?);
     }
-    let e = engine.as_deref().expect("connected above");
-    let sb = Sandboxes::new(root.clone(), e);
+    let engines = engine.as_ref().expect("connected above");
+    let e = engines.runner();
+    let sb = Sandboxes::new(root.clone(), engines.pair());
     let listed = sb
         .list(false)?
         .into_iter()
