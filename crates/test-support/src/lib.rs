@@ -5,8 +5,9 @@
 //! test runs from.  Cargo hands a test only its own package's commands
 //! (`CARGO_BIN_EXE_*`), but the stories run lw-post and lw-mediate (the
 //! `mailbox` crate's) beside lw-sandbox (the product's), and the sync tests
-//! lw-github-sink (its own package).  `cargo test` at the top builds every
-//! default member, so they are there; a command that is missing fails the
+//! lw-github-sink (its own package).  Cargo builds a package's commands
+//! for its integration tests, and every package with commands has some, so
+//! `cargo test` at the top builds them all; a command that is missing fails the
 //! test with the command that builds it.  `cargo test --test X` builds only
 //! the product's commands: after changing crates/mailbox or
 //! bins/lw-github-sink, run `cargo build --workspace` first (cargo may
