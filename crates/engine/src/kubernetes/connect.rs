@@ -21,7 +21,11 @@ impl KubeEngine {
             .ok()
             .filter(|v| !v.is_empty())
             .or_else(|| get(KUBECONFIG_KEY));
-        KubeEngine::connect_with(kubeconfig.as_deref(), get(CONTEXT_KEY), get(NAMESPACE_KEY))
+        let storage = super::Storage::from_config(&get)?;
+        let mut e =
+            KubeEngine::connect_with(kubeconfig.as_deref(), get(CONTEXT_KEY), get(NAMESPACE_KEY))?;
+        e.storage = storage;
+        Ok(e)
     }
 
     /// Connects with `kubeconfig` (a path, or several joined by `:`; `None`
@@ -78,6 +82,7 @@ impl KubeEngine {
             client,
             target,
             deny_made: std::sync::atomic::AtomicBool::new(false),
+            storage: super::Storage::default(),
         };
         // The first request says whether the server answers at all.
         engine
