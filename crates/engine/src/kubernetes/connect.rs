@@ -28,6 +28,33 @@ impl KubeEngine {
         Ok(e)
     }
 
+    /// The namespace the project's configuration names (`engine.namespace`,
+    /// else its context's in the kubeconfig), read without asking the
+    /// cluster; `None` when neither says.
+    pub fn configured_namespace(config: Option<&crate::config::Config>) -> Option<String> {
+        let get = |k: &str| {
+            config
+                .and_then(|c| c.get(k))
+                .filter(|v| !v.is_empty())
+                .map(str::to_string)
+        };
+        if let Some(ns) = get(NAMESPACE_KEY) {
+            return Some(ns);
+        }
+        let kubeconfig = std::env::var("KUBECONFIG")
+            .ok()
+            .filter(|v| !v.is_empty())
+            .or_else(|| get(KUBECONFIG_KEY));
+        let files = kubeconfig_files(kubeconfig.as_deref());
+        let (kc, context) = read_kubeconfig(&files, "", get(CONTEXT_KEY)).ok()?;
+        kc.contexts
+            .into_iter()
+            .find(|c| c.name == context)?
+            .context?
+            .namespace
+            .filter(|n| !n.is_empty())
+    }
+
     /// Connects with `kubeconfig` (a path, or several joined by `:`; `None`
     /// is `~/.kube/config`), `context` (`None`: the current one) and
     /// `namespace` (`None`: the context's, else `default`).
