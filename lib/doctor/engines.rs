@@ -152,7 +152,10 @@ fn rbac(e: &crate::engine::KubeEngine) -> Finding {
         f(
             "kube-rbac",
             Status::Fail,
-            format!("RBAC forbids in namespace {ns}: {}{also}", denied.join(", ")),
+            format!(
+                "RBAC forbids in namespace {ns}: {}{also}",
+                denied.join(", ")
+            ),
             Some(format!(
                 "grant them: lw doctor --kube-role --namespace {ns} | kubectl apply -f -, then bind the Role and ClusterRole it prints"
             )),

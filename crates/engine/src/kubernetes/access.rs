@@ -103,27 +103,71 @@ const NETPOL: &str = "networking.k8s.io";
 
 /// Every request the client makes: the single source of what to grant.
 pub const RULES: &[Rule] = &[
-    ns("create", "pods", "a sandbox, a helper, the egress proxy (also as a dry run)"),
+    ns(
+        "create",
+        "pods",
+        "a sandbox, a helper, the egress proxy (also as a dry run)",
+    ),
     ns("get", "pods", "start, inspect, exec's user, a pod's end"),
     ns("list", "pods", "containers by label, a network's members"),
-    ns("watch", "pods", "wait for a pod to run or be gone; an exec's pod dying"),
+    ns(
+        "watch",
+        "pods",
+        "wait for a pod to run or be gone; an exec's pod dying",
+    ),
     ns("delete", "pods", "stop, remove"),
-    ns("patch", "pods", "connect/disconnect a network, the label a Service selects"),
-    ns("create", "pods/exec", "exec (the WebSocket upgrade, Kubernetes 1.35 on)"),
-    ns("get", "pods/exec", "exec (the WebSocket upgrade, before 1.35)"),
+    ns(
+        "patch",
+        "pods",
+        "connect/disconnect a network, the label a Service selects",
+    ),
+    ns(
+        "create",
+        "pods/exec",
+        "exec (the WebSocket upgrade, Kubernetes 1.35 on)",
+    ),
+    ns(
+        "get",
+        "pods/exec",
+        "exec (the WebSocket upgrade, before 1.35)",
+    ),
     ns("get", "pods/log", "logs"),
-    ns("create", "configmaps", "a stopped pod's manifest, kept to start again"),
+    ns(
+        "create",
+        "configmaps",
+        "a stopped pod's manifest, kept to start again",
+    ),
     ns("get", "configmaps", "start or inspect a stopped pod"),
     ns("list", "configmaps", "stopped containers by label"),
     ns("delete", "configmaps", "start or remove a stopped pod"),
-    ns("create", "persistentvolumeclaims", "a named volume (workspace, mail, tools)"),
-    ns("list", "persistentvolumeclaims", "volumes by label (rm, gc)"),
-    ns("delete", "persistentvolumeclaims", "remove a volume (rm, gc)"),
+    ns(
+        "create",
+        "persistentvolumeclaims",
+        "a named volume (workspace, mail, tools)",
+    ),
+    ns(
+        "list",
+        "persistentvolumeclaims",
+        "volumes by label (rm, gc)",
+    ),
+    ns(
+        "delete",
+        "persistentvolumeclaims",
+        "remove a volume (rm, gc)",
+    ),
     ns("create", "services", "publish: the egress proxy's name"),
     ns("get", "services", "publish: one made before"),
     ns("delete", "services", "unpublish"),
-    ns("create", "secrets", "a registry's pull secret, the first time (server-side apply)"),
-    ns("patch", "secrets", "a registry's pull secret, brought up to date"),
+    ns(
+        "create",
+        "secrets",
+        "a registry's pull secret, the first time (server-side apply)",
+    ),
+    ns(
+        "patch",
+        "secrets",
+        "a registry's pull secret, brought up to date",
+    ),
     Rule {
         group: NETPOL,
         ..ns("create", "networkpolicies", "a network; the default deny")
@@ -142,23 +186,39 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         scope: Scope::Cluster,
-        ..ns("list", "nodes", "whether an image is on a node (without build.cache)")
+        ..ns(
+            "list",
+            "nodes",
+            "whether an image is on a node (without build.cache)",
+        )
     },
     Rule {
         group: "node.k8s.io",
         scope: Scope::Cluster,
-        ..ns("list", "runtimeclasses", "the RuntimeClass of sandbox.runtime")
+        ..ns(
+            "list",
+            "runtimeclasses",
+            "the RuntimeClass of sandbox.runtime",
+        )
     },
     Rule {
         scope: Scope::Cluster,
         required: false,
-        ..ns("get", "namespaces", "the cluster's identity (kube-system's uid; else its address)")
+        ..ns(
+            "get",
+            "namespaces",
+            "the cluster's identity (kube-system's uid; else its address)",
+        )
     },
     Rule {
         group: "authorization.k8s.io",
         scope: Scope::Cluster,
         required: false,
-        ..ns("create", "selfsubjectaccessreviews", "lw doctor's review (every user may)")
+        ..ns(
+            "create",
+            "selfsubjectaccessreviews",
+            "lw doctor's review (every user may)",
+        )
     },
 ];
 

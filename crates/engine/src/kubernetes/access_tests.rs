@@ -20,7 +20,9 @@ fn the_role_grants_every_row_in_its_scope() {
             "- apiGroups: [\"{}\"]\n  resources: [\"{}\"]\n  verbs: [",
             r.group, r.resource
         );
-        let at = part.find(&head).unwrap_or_else(|| panic!("{r:?} not in\n{y}"));
+        let at = part
+            .find(&head)
+            .unwrap_or_else(|| panic!("{r:?} not in\n{y}"));
         let verbs = part[at + head.len()..].lines().next().unwrap();
         assert!(verbs.contains(&format!("\"{}\"", r.verb)), "{r:?}: {verbs}");
     }
@@ -130,8 +132,10 @@ fn every_api_call_of_the_module_is_in_the_table() {
             helpers.insert(n, t);
         }
     }
-    let table: BTreeSet<(&str, &str, &str)> =
-        RULES.iter().map(|r| (r.verb, r.resource, r.group)).collect();
+    let table: BTreeSet<(&str, &str, &str)> = RULES
+        .iter()
+        .map(|r| (r.verb, r.resource, r.group))
+        .collect();
     let mut used: BTreeSet<(String, String)> = BTreeSet::new();
     let mut calls = 0;
     for (path, code) in &files {
@@ -183,7 +187,10 @@ fn every_api_call_of_the_module_is_in_the_table() {
             }
         }
     }
-    assert!(calls >= 40, "found only {calls} API calls: the scan is broken");
+    assert!(
+        calls >= 40,
+        "found only {calls} API calls: the scan is broken"
+    );
     // And no row is left that no call needs.
     for r in RULES {
         assert!(

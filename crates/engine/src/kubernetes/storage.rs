@@ -179,7 +179,9 @@ mod tests {
         let spec = c.spec.unwrap();
         let modes = spec.access_modes.unwrap();
         assert_eq!(modes.len(), 1);
-        let size = spec.resources.unwrap().requests.unwrap()["storage"].0.clone();
+        let size = spec.resources.unwrap().requests.unwrap()["storage"]
+            .0
+            .clone();
         (size, spec.storage_class_name, modes[0].clone())
     }
 
@@ -188,9 +190,18 @@ mod tests {
         let s = storage("").unwrap();
         assert_eq!(s, Storage::default());
         let rwo = "ReadWriteOnce".to_string();
-        assert_eq!(spec(&s, "lw-sb-r1-a", true), ("8Gi".into(), None, rwo.clone()));
-        assert_eq!(spec(&s, "lw-sb-r1-a-mail", true), ("64Mi".into(), None, rwo.clone()));
-        assert_eq!(spec(&s, "lw-sb-r1-tools-k", false), ("1Gi".into(), None, rwo));
+        assert_eq!(
+            spec(&s, "lw-sb-r1-a", true),
+            ("8Gi".into(), None, rwo.clone())
+        );
+        assert_eq!(
+            spec(&s, "lw-sb-r1-a-mail", true),
+            ("64Mi".into(), None, rwo.clone())
+        );
+        assert_eq!(
+            spec(&s, "lw-sb-r1-tools-k", false),
+            ("1Gi".into(), None, rwo)
+        );
     }
 
     #[test]
