@@ -2,6 +2,9 @@
 //! image, the mailbox, the mediator and sync locks, and the GitHub token, and
 //! prints one finding per line with its fix.  It changes nothing.
 //!
+//! With `--kube-role` it prints instead the Role and ClusterRole the
+//! Kubernetes engine needs (from crates/engine/src/kubernetes/access.rs).
+//!
 //! Exit status: 0 when nothing failed (warnings allowed), 69 when a check
 //! failed, 64 on usage errors.
 
@@ -33,6 +36,16 @@ struct Args {
     /// Print JSON Lines ({"type":"finding",...}) instead of text
     #[arg(long)]
     json: bool,
+
+    /// Print the Kubernetes Role (and ClusterRole) loopwright needs, as YAML
+    /// for kubectl apply, instead of checking
+    #[arg(long, conflicts_with_all = ["json", "fresh"])]
+    kube_role: bool,
+
+    /// The Role's namespace [default: engine.namespace, then the kubeconfig
+    /// context's]
+    #[arg(long, value_name = "NS", requires = "kube_role")]
+    namespace: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -52,6 +65,11 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             Error::new(Exit::IoErr, "cannot read the current directory").with_source(e)
         })?,
     };
+    if args.kube_role {
+        out.write_all(doctor::kube_role(&cwd, args.namespace)?.as_bytes())
+            .map_err(cli::out_err)?;
+        return Ok(Exit::Ok);
+    }
     let findings = doctor::run(&doctor::Inputs {
         cwd,
         root: args.root,

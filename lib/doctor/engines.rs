@@ -97,36 +97,7 @@ pub(super) fn kubernetes(
         ),
         None,
     ));
-    let mut denied = Vec::new();
-    for (verb, res) in crate::engine::kubernetes::NEEDED {
-        match e.can(verb, res) {
-            Ok(true) => {}
-            Ok(false) => denied.push(format!("{verb} {res}")),
-            Err(err) => denied.push(format!("{verb} {res} ({err})")),
-        }
-    }
-    out.push(if denied.is_empty() {
-        f(
-            "kube-rbac",
-            Status::Ok,
-            format!(
-                "this user may do all a sandbox needs in namespace {}",
-                t.namespace
-            ),
-            None,
-        )
-    } else {
-        f(
-            "kube-rbac",
-            Status::Fail,
-            format!(
-                "RBAC forbids in namespace {}: {}",
-                t.namespace,
-                denied.join(", ")
-            ),
-            Some("grant them with a Role and RoleBinding (docs/engines.md lists the rules)".into()),
-        )
-    });
+    out.push(rbac(&e));
     out.push(f(
         "engine-files",
         Status::Warn,
@@ -144,6 +115,67 @@ pub(super) fn kubernetes(
         Err(err) => out.push(f("runtimes", Status::Warn, err.to_string(), None)),
     }
     out
+}
+
+/// What RBAC lets this user do, against every rule of the client's table
+/// (crates/engine/src/kubernetes/access.rs): one it cannot do without fails.
+fn rbac(e: &crate::engine::KubeEngine) -> Finding {
+    let ns = &e.target().namespace;
+    let (mut denied, mut degraded) = (Vec::new(), Vec::new());
+    for r in crate::engine::kubernetes::RULES {
+        let what = match r.scope {
+            crate::engine::kubernetes::Scope::Namespace => format!("{} {}", r.verb, r.resource),
+            crate::engine::kubernetes::Scope::Cluster => {
+                format!("{} {} (cluster-wide)", r.verb, r.resource)
+            }
+        };
+        match e.may(r) {
+            Ok(true) => {}
+            Ok(false) if !r.required => degraded.push(format!("{what}: {}", r.why)),
+            Ok(false) => denied.push(what),
+            Err(err) => denied.push(format!("{what} ({err})")),
+        }
+    }
+    let also = if degraded.is_empty() {
+        String::new()
+    } else {
+        format!("; without {}", degraded.join(", "))
+    };
+    if denied.is_empty() {
+        f(
+            "kube-rbac",
+            Status::Ok,
+            format!("this user may do all a sandbox needs in namespace {ns}{also}"),
+            None,
+        )
+    } else {
+        f(
+            "kube-rbac",
+            Status::Fail,
+            format!(
+                "RBAC forbids in namespace {ns}: {}{also}",
+                denied.join(", ")
+            ),
+            Some(format!(
+                "grant them: lw doctor --kube-role --namespace {ns} | kubectl apply -f -, then bind the Role and ClusterRole it prints"
+            )),
+        )
+    }
+}
+
+/// `--kube-role`: the Role and ClusterRole the client needs, for namespace
+/// `namespace`, else the project's (`engine.namespace`, else its
+/// kubeconfig context's), else a placeholder to replace.
+pub fn kube_role(cwd: &Path, namespace: Option<String>) -> crate::error::Result<String> {
+    let ns = match namespace {
+        Some(ns) => ns,
+        None => {
+            let project = Project::find(cwd)?;
+            crate::engine::KubeEngine::configured_namespace(project.as_ref().map(|p| &p.config))
+                .unwrap_or_else(|| "NAMESPACE".to_string())
+        }
+    };
+    Ok(crate::engine::kubernetes::role_yaml(&ns))
 }
 
 pub(super) fn docker(out: &mut Vec<Finding>, project: Option<&Project>) -> Option<DockerEngine> {

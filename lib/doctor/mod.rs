@@ -16,6 +16,7 @@ use crate::layout::Root;
 pub use crate::finding::{Finding, Status};
 
 mod engines;
+pub use engines::kube_role;
 mod project;
 
 use engines::{docker, host_files, kubernetes, runtimes, services};

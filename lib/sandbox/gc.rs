@@ -1,7 +1,8 @@
 //! `rm` and `gc`: reclaiming everything a sandbox owns (its containers,
 //! egress network and proxy, volume, agent key, port leases, registry record,
 //! mailbox, archived first, disk images, record and lock), for one sandbox
-//! or for every one a dead create or a vanished container left.
+//! or for every one a dead create or a vanished container left; and `gc`
+//! the root's tools volume once no sandbox of the root is left.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -245,6 +246,45 @@ impl<'a> Sandboxes<'a> {
             }
         }
         push::remove_leftovers(&self.root.state_dir(), out);
+        self.reclaim_root_leftovers(out)
+    }
+
+    /// What the root made once for all its sandboxes (the tools volumes of
+    /// lib/sandbox/volume.rs, a claim on Kubernetes), once no sandbox of
+    /// the root is left on this engine to use it: no record of this engine
+    /// (another engine's sandboxes use that engine's), no container
+    /// labelled with one.  A service's volumes are the service's (lw-service gc).
+    fn reclaim_root_leftovers(&self, out: &mut dyn FnMut(&str)) -> Result<()> {
+        let in_use = |s: &Self| -> Result<bool> {
+            Ok(s.records()?.iter().any(|r| !s.elsewhere(r))
+                || s.engine
+                    .containers_with_label(&s.root_label())?
+                    .iter()
+                    .any(|c| c.labels.contains_key(LABEL_SANDBOX)))
+        };
+        if in_use(self)? {
+            return Ok(());
+        }
+        let prefix = format!("lw-sb-{}-tools-", self.id);
+        let doomed: Vec<String> = self
+            .engine
+            .volumes_with_label(&self.root_label())?
+            .into_iter()
+            .filter(|v| {
+                v.name.starts_with(&prefix)
+                    && !v.labels.contains_key(LABEL_SANDBOX)
+                    && !v.labels.contains_key(crate::service::LABEL_SERVICE)
+            })
+            .map(|v| v.name)
+            .collect();
+        // A create that began meanwhile has written its record by now.
+        if doomed.is_empty() || in_use(self)? {
+            return Ok(());
+        }
+        for v in doomed {
+            self.engine.remove_volume(&v)?;
+            out(&format!("volume {v}"));
+        }
         Ok(())
     }
 }

@@ -432,7 +432,7 @@ pub fn volume_mode(fx: &Fixture, host: &str, certs: &Path, image: &str, b: &Engi
 
     let auto_kill = kill_auto_courier(fx, &tb, &policy);
 
-    // rm: everything of theirs on B goes (the shared tools volume stays),
+    // rm: everything of theirs on B goes (the shared tools volume stays, for gc),
     // and the root's courier leaves by itself with the last of them.
     tb.ok(fx, &["rm", "a"]);
     tb.ok(fx, &["rm", "--force", "b"]);
@@ -445,9 +445,23 @@ pub fn volume_mode(fx: &Fixture, host: &str, certs: &Path, image: &str, b: &Engi
         String::from_utf8_lossy(&(b.docker)(&["volume", "ls", "-q", "--filter", &label]).stdout)
             .into_owned();
     assert!(
-        vols.lines().all(|v| v.contains("-tools-")),
+        vols.lines().all(|v| v.contains("-tools-")) && vols.lines().count() >= 1,
         "volumes left on B: {vols}"
     );
+    // gc: the root's tools volume goes once no sandbox of it is left on B
+    // (the local engine's a and b use nothing of B's): nothing labelled
+    // with the root remains there.
+    let gc = tb.ok(fx, &["gc"]);
+    assert!(gc.contains("-tools-"), "gc said: {gc}");
+    let after = |what: &[&str]| {
+        let mut args = what.to_vec();
+        args.extend(["-q", "--filter", &label]);
+        String::from_utf8_lossy(&(b.docker)(&args).stdout).into_owned()
+    };
+    for what in [&["ps", "-a"][..], &["volume", "ls"], &["network", "ls"]] {
+        let left = after(what);
+        assert!(left.trim().is_empty(), "{what:?} after gc on B: {left}");
+    }
     tl.ok(fx, &["rm", "--force", "a", "b"]);
 
     let lost = engine_lost(fx, &tb, &policy, image, b);

@@ -159,6 +159,10 @@ pub const KNOWN: &[&str] = &[
     "engine.kubeconfig",
     "engine.context",
     "engine.namespace",
+    // lw-sandbox(1) on Kubernetes: the claims (crates/engine/src/kubernetes/storage.rs)
+    "kube.storage-class",
+    "kube.access-mode",
+    "kube.tools-access-mode",
     // lw-mirror(1)
     "mirror.path",
     "mirror.url",

@@ -21,7 +21,38 @@ impl KubeEngine {
             .ok()
             .filter(|v| !v.is_empty())
             .or_else(|| get(KUBECONFIG_KEY));
-        KubeEngine::connect_with(kubeconfig.as_deref(), get(CONTEXT_KEY), get(NAMESPACE_KEY))
+        let storage = super::Storage::from_config(&get)?;
+        let mut e =
+            KubeEngine::connect_with(kubeconfig.as_deref(), get(CONTEXT_KEY), get(NAMESPACE_KEY))?;
+        e.storage = storage;
+        Ok(e)
+    }
+
+    /// The namespace the project's configuration names (`engine.namespace`,
+    /// else its context's in the kubeconfig), read without asking the
+    /// cluster; `None` when neither says.
+    pub fn configured_namespace(config: Option<&crate::config::Config>) -> Option<String> {
+        let get = |k: &str| {
+            config
+                .and_then(|c| c.get(k))
+                .filter(|v| !v.is_empty())
+                .map(str::to_string)
+        };
+        if let Some(ns) = get(NAMESPACE_KEY) {
+            return Some(ns);
+        }
+        let kubeconfig = std::env::var("KUBECONFIG")
+            .ok()
+            .filter(|v| !v.is_empty())
+            .or_else(|| get(KUBECONFIG_KEY));
+        let files = kubeconfig_files(kubeconfig.as_deref());
+        let (kc, context) = read_kubeconfig(&files, "", get(CONTEXT_KEY)).ok()?;
+        kc.contexts
+            .into_iter()
+            .find(|c| c.name == context)?
+            .context?
+            .namespace
+            .filter(|n| !n.is_empty())
     }
 
     /// Connects with `kubeconfig` (a path, or several joined by `:`; `None`
@@ -78,6 +109,7 @@ impl KubeEngine {
             client,
             target,
             deny_made: std::sync::atomic::AtomicBool::new(false),
+            storage: super::Storage::default(),
         };
         // The first request says whether the server answers at all.
         engine

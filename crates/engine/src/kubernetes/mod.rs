@@ -34,6 +34,7 @@ mod pod;
 mod pull;
 mod sandbox;
 mod service;
+mod storage;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -49,10 +50,11 @@ use crate::{
     OutStream, RuntimeInfo,
 };
 
-pub use access::NEEDED;
+pub use access::{RULES, Rule, Scope, role_yaml};
 pub(crate) use errors::api_err;
 use errors::unreachable;
 pub use pod::{MANAGED_BY, MANAGED_BY_VALUE, NET_PREFIX};
+pub use storage::{ACCESS_MODE_KEY, STORAGE_CLASS_KEY, Storage, TOOLS_ACCESS_MODE_KEY};
 
 /// The `.loopwright/config` keys of this engine.
 pub const KUBECONFIG_KEY: &str = "engine.kubeconfig";
@@ -85,12 +87,19 @@ pub struct KubeEngine {
     target: Target,
     /// Whether the default-deny policy is known to exist.
     deny_made: std::sync::atomic::AtomicBool,
+    /// What a named volume's claim asks for (storage.rs).
+    storage: Storage,
 }
 
 impl KubeEngine {
     /// Where this engine points.
     pub fn target(&self) -> &Target {
         &self.target
+    }
+
+    /// What a named volume's claim asks for.
+    pub fn storage(&self) -> &Storage {
+        &self.storage
     }
 
     /// The client, for tests and tools beside the contract.

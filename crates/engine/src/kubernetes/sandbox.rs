@@ -8,8 +8,8 @@
 //! the exec ends with 69 and a [`Died`] rather than wait on a stream the
 //! runtime may never close (gVisor's, when its kernel dies).
 //!
-//! A named volume is a PVC of [`VOLUME_SIZE`] in the cluster's default
-//! StorageClass: it outlives pods like a Docker volume does, which a
+//! A named volume is a PVC sized, classed and shared as storage.rs says
+//! (`sandbox.disk`, `kube.storage-class`, `kube.access-mode`): it outlives pods like a Docker volume does, which a
 //! sandbox's clone must.  A cluster without a dynamic provisioner leaves the
 //! claim Pending, and a pod mounting it waits; `start` says so when it
 //! gives up.  Scratch space that lives and dies with one pod (tmpfs) is an
@@ -18,11 +18,7 @@
 use std::collections::BTreeMap;
 
 use futures_util::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{
-    PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod, VolumeResourceRequirements,
-};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::Api;
 use kube::api::{
     AttachParams, DeleteParams, ListParams, PostParams, TerminalSize, WatchEvent, WatchParams,
@@ -33,9 +29,6 @@ use super::{KubeEngine, pod};
 use crate::died::{DRAIN, KILLED, POLL};
 use crate::error::{Error, Exit, Result};
 use crate::{Container, Died, ExecIo, ExecRequest, OutStream, SandboxEngine, Volume};
-
-/// The size a named volume's claim asks for.
-pub const VOLUME_SIZE: &str = "1Gi";
 
 impl KubeEngine {
     fn claims(&self) -> Api<PersistentVolumeClaim> {
@@ -51,29 +44,7 @@ impl SandboxEngine for KubeEngine {
     fn create_volume(&self, name: &str, labels: &BTreeMap<String, String>) -> Result<()> {
         pod::check_name("volume", name)?;
         let what = format!("cannot create volume '{name}'");
-        let claim = PersistentVolumeClaim {
-            metadata: ObjectMeta {
-                name: Some(name.to_string()),
-                labels: Some(pod::object_labels(labels)),
-                annotations: Some(BTreeMap::from([(
-                    pod::LABELS_ANNOTATION.to_string(),
-                    serde_json::to_string(labels).unwrap_or_default(),
-                )])),
-                ..Default::default()
-            },
-            spec: Some(PersistentVolumeClaimSpec {
-                access_modes: Some(vec!["ReadWriteOnce".into()]),
-                resources: Some(VolumeResourceRequirements {
-                    requests: Some(BTreeMap::from([(
-                        "storage".to_string(),
-                        Quantity(VOLUME_SIZE.into()),
-                    )])),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            status: None,
-        };
+        let claim = self.storage().claim(name, labels);
         match self.block_on(self.claims().create(&PostParams::default(), &claim)) {
             Ok(_) => Ok(()),
             // An existing one is reused, as the contract says.
@@ -467,7 +438,7 @@ mod tests {
             PodStatus,
         };
         let pod = |phase: &str, state: ContainerState| Pod {
-            metadata: ObjectMeta {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
                 name: Some("lw-sb-x-a".into()),
                 ..Default::default()
             },
