@@ -206,15 +206,7 @@ fn build_one(
         ]),
         args: args.clone(),
     };
-    let mut tail: Vec<String> = Vec::new();
-    let outcome = engine.build(&req, &mut |ev| {
-        if let BuildEvent::Output(s) = &ev {
-            tail.extend(s.lines().map(str::to_string));
-            let n = tail.len().saturating_sub(30);
-            tail.drain(..n);
-        }
-        on_event(ev);
-    })?;
+    let (outcome, tail) = crate::egress::sidecar::build_with_tail(engine, &req, 30, on_event)?;
     match outcome {
         BuildOutcome::Built(_) => Ok(()),
         BuildOutcome::Failed(msg) => Err(Error::new(

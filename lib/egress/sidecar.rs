@@ -60,15 +60,7 @@ impl Recipe<'_> {
             labels,
             args: [(self.from_arg.to_string(), from.to_string())].into(),
         };
-        let mut tail: Vec<String> = Vec::new();
-        let outcome = engine.build(&req, &mut |ev| {
-            if let BuildEvent::Output(s) = &ev {
-                tail.extend(s.lines().map(str::to_string));
-                let n = tail.len().saturating_sub(15);
-                tail.drain(..n);
-            }
-            on_event(ev);
-        })?;
+        let (outcome, tail) = build_with_tail(engine, &req, 15, on_event)?;
         match outcome {
             BuildOutcome::Built(_) => Ok(()),
             BuildOutcome::Failed(msg) => Err(Error::new(
@@ -103,6 +95,26 @@ impl Recipe<'_> {
         }
         b.into_inner().map_err(tar_err)
     }
+}
+
+/// Builds `req`, passing every event on, and keeps the last `keep` lines
+/// of the build's output for the error a failed build becomes.
+pub fn build_with_tail(
+    engine: &dyn ImageBuilder,
+    req: &BuildRequest,
+    keep: usize,
+    on_event: &mut dyn FnMut(BuildEvent),
+) -> Result<(BuildOutcome, Vec<String>)> {
+    let mut tail: Vec<String> = Vec::new();
+    let outcome = engine.build(req, &mut |ev| {
+        if let BuildEvent::Output(s) = &ev {
+            tail.extend(s.lines().map(str::to_string));
+            let n = tail.len().saturating_sub(keep);
+            tail.drain(..n);
+        }
+        on_event(ev);
+    })?;
+    Ok((outcome, tail))
 }
 
 /// Starts container `name` (`what`, in messages) unless it runs, and waits

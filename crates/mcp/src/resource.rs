@@ -22,7 +22,7 @@ use std::ffi::OsString;
 
 use tokio::io::unix::AsyncFd;
 
-use crate::error::{Error, Exit, Result, errno_io};
+use crate::error::{Error, Exit, Result};
 use crate::maildir::{Found, Maildir, Sub};
 
 /// The one resource lw-mcp serves.
@@ -60,24 +60,7 @@ impl Bell {
             if n > 0 {
                 return Ok(n);
             }
-            let mut guard = self
-                .fd
-                .readable()
-                .await
-                .map_err(|e| Error::io("cannot wait on", &dir, e))?;
-            let woke = guard
-                .get_inner()
-                .take_events()
-                .map_err(|e| Error::io("cannot wait on", &dir, e))?;
-            guard.clear_ready();
-            if matches!(woke, crate::fs::Woke::Gone(_)) {
-                return Err(Error::io_as(
-                    Exit::NoInput,
-                    "the inbox was removed while subscribed",
-                    &dir,
-                    errno_io(rustix::io::Errno::NOENT),
-                ));
-            }
+            super::wait::woken(&self.fd, &dir, "the inbox was removed while subscribed").await?;
         }
     }
 

@@ -60,26 +60,38 @@ pub async fn wait(
             return Ok(Waited::Arrived(arrived));
         }
         tokio::select! {
-            ready = fd.readable() => {
-                let mut guard = ready.map_err(|e| Error::io("cannot wait on", &dir, e))?;
-                let woke = guard
-                    .get_inner()
-                    .take_events()
-                    .map_err(|e| Error::io("cannot wait on", &dir, e))?;
-                guard.clear_ready();
-                if matches!(woke, crate::fs::Woke::Gone(_)) {
-                    return Err(Error::io_as(
-                        Exit::NoInput,
-                        "the inbox was removed while waiting",
-                        &dir,
-                        errno_io(rustix::io::Errno::NOENT),
-                    ));
-                }
-            }
+            woke = woken(&fd, &dir, "the inbox was removed while waiting") => woke?,
             _ = tokio::time::sleep_until(deadline) => return Ok(Waited::TimedOut),
             _ = &mut stop => return Ok(Waited::Stopped),
         }
     }
+}
+
+/// Waits until the watch on `dir` (an inbox's `new/`) has events, and takes
+/// them; the inbox gone is 66 with `gone` as the reason.
+pub(crate) async fn woken(
+    fd: &AsyncFd<crate::fs::Watcher>,
+    dir: &std::path::Path,
+    gone: &str,
+) -> Result<()> {
+    let mut guard = fd
+        .readable()
+        .await
+        .map_err(|e| Error::io("cannot wait on", dir, e))?;
+    let woke = guard
+        .get_inner()
+        .take_events()
+        .map_err(|e| Error::io("cannot wait on", dir, e))?;
+    guard.clear_ready();
+    if matches!(woke, crate::fs::Woke::Gone(_)) {
+        return Err(Error::io_as(
+            Exit::NoInput,
+            gone,
+            dir,
+            errno_io(rustix::io::Errno::NOENT),
+        ));
+    }
+    Ok(())
 }
 
 /// The readable messages of `kinds` in `new/` whose names are neither
