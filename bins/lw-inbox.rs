@@ -17,6 +17,10 @@
 //! unread.  A hook that fails must never break the agent: on any error it
 //! prints nothing, says why on stderr and exits 0.  It keeps what it
 //! announced in `~/.lw-bell/CLI.json`.
+//!
+//! `--courier` is the courier's ring (lib ring.rs): in a volume-mode
+//! sandbox the root's courier runs it over one exec that stays open, and
+//! carries that sandbox's mail when it rings.
 
 use mailbox::visible::{visible, visible_line};
 use std::io::{BufRead, Write};
@@ -29,7 +33,7 @@ use mailbox::layout::SandboxBox;
 use mailbox::maildir::{Entry, Found, Maildir, Sub};
 use mailbox::message::Message;
 use mailbox::{Error, Exit, Result};
-use mailbox::{bell, cli, inbox};
+use mailbox::{bell, cli, inbox, ring};
 
 /// List, show and acknowledge the messages delivered to this sandbox.
 #[derive(Parser, Debug)]
@@ -64,6 +68,12 @@ struct Args {
     /// With --hook: block the agent's stop at most N times a session [default: 3]
     #[arg(long, value_name = "N", requires = "hook")]
     max_blocks: Option<u32>,
+
+    /// Serve the root's courier: say `ready`, then `ring` whenever the
+    /// outbox or the acknowledged messages change, `tick` when quiet, until
+    /// stdin ends (used over a long-lived exec; see mailbox-spec.md)
+    #[arg(long, conflicts_with_all = ["wait", "all", "json", "hook"])]
+    courier: bool,
 
     #[command(subcommand)]
     cmd: Option<Cmd>,
@@ -116,6 +126,14 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     // The mediator creates the inbox; creating missing parts here too lets a
     // reader start before the first delivery.
     inbox.create()?;
+    if args.courier {
+        if args.cmd.is_some() {
+            return Err(Error::usage("--courier takes no subcommand"));
+        }
+        let stdin = std::io::stdin();
+        ring::serve(&dir, std::os::fd::AsFd::as_fd(&stdin), out)?;
+        return Ok(Exit::Ok);
+    }
     match args.cmd.unwrap_or(Cmd::List) {
         Cmd::List => {
             if args.wait {

@@ -214,9 +214,12 @@ enum Cmd {
         /// One pass, then exit
         #[arg(long, conflicts_with_all = ["ensure", "stop"])]
         once: bool,
-        /// How often the engine's outboxes are looked at, in milliseconds
+        /// How often the outboxes of sandboxes without a live ring are looked at, in milliseconds
         #[arg(long, value_name = "MS", default_value = "200")]
         interval: u64,
+        /// Keep no ring: look at every outbox each interval
+        #[arg(long, conflicts_with_all = ["ensure", "stop", "once", "detached"])]
+        poll: bool,
         /// Start the root's detached courier unless one runs; print its pid
         #[arg(long, conflicts_with = "stop")]
         ensure: bool,
@@ -379,9 +382,12 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
             interval,
             ..
         } => sandbox::courier::detached(&sb, std::time::Duration::from_millis(interval.max(1)))?,
-        Cmd::Courier { once, interval, .. } => {
-            sandbox::courier::foreground(&sb, once, interval, out, &mut |m| warn(m))?
-        }
+        Cmd::Courier {
+            once,
+            interval,
+            poll,
+            ..
+        } => sandbox::courier::foreground(&sb, once, !poll, interval, out, &mut |m| warn(m))?,
         Cmd::Kits { .. } => unreachable!("kits needs neither a root nor an engine"),
         Cmd::Exec { .. } | Cmd::Shell { .. } | Cmd::Run { .. } => {
             unreachable!("exec, shell and run are run by main")

@@ -125,10 +125,11 @@ fn a_pod_sandbox_pulls_its_image_from_the_cache() {
     let good = reg.good_config.clone();
     let on_node = |r: &str| cluster.ctr(&["images", "ls", "-q"]).lines().any(|l| l == r);
 
-    // Absent from the cache: 69 naming the reference, nothing left.
+    // Absent from the cache: 66 naming the reference (the pod's own
+    // status says the node cannot get it), nothing left.
     set_cache(&fx, &reg.cache("lw/absent"));
     let o = sb(&fx, &kc, &good, &["create", "x", "--branch", "x"]);
-    assert_eq!(o.status.code(), Some(69), "an absent image: {}", text(&o));
+    assert_eq!(o.status.code(), Some(66), "an absent image: {}", text(&o));
     let absent = format!("{}:deps-", reg.cache("lw/absent"));
     assert!(text(&o).contains(&absent), "names {absent}: {}", text(&o));
     let ls = sb(&fx, &kc, &good, &["ls"]);

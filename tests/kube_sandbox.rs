@@ -300,7 +300,7 @@ fn sandboxes_as_pods() {
     std::fs::write(&config, "build.cache = 127.0.0.1:9/lw/layers\n").unwrap();
     let o = tk.sb(&fx, &["create", "c", "--branch", "c"]);
     std::fs::write(&config, "").unwrap();
-    assert_eq!(o.status.code(), Some(69), "a pull that fails: {}", text(&o));
+    assert_eq!(o.status.code(), Some(66), "a pull that fails: {}", text(&o));
     assert!(
         text(&o).contains("127.0.0.1:9/lw/layers:deps-"),
         "the pod named the cache's reference: {}",

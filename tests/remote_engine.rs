@@ -250,7 +250,7 @@ fn start_dockerd(container: &str, cgroup: &str, host: &str, certs: &Path, data_r
         "sh",
         "-c",
         &format!(
-            "dockerd --data-root {data_root} --cgroup-parent /{cgroup} --host unix:///var/run/docker.sock --host tcp://0.0.0.0:2376 --tlsverify --tlscacert /certs/b-ca.pem \
+            "dockerd --debug --data-root {data_root} --cgroup-parent /{cgroup} --host unix:///var/run/docker.sock --host tcp://0.0.0.0:2376 --tlsverify --tlscacert /certs/b-ca.pem \
          --tlscert /certs/server.pem --tlskey /certs/server-key.pem \
          --iptables=false --ip-masq=false --storage-driver overlay2 >>/var/log/dockerd.log 2>&1"
         ),
@@ -644,6 +644,22 @@ fn remote_engine_over_tls() {
     // A new data root on the same volume: B comes back knowing nothing.
     let start_b_wiped =
         || start_dockerd(&b.container, &cgroup, &host, &good, "/var/lib/docker/wiped");
+    // What B's dockerd served: its debug log says "Calling METHOD PATH"
+    // once a request (read from outside B, through the shared engine).
+    let b_requests = || {
+        let o = docker(&[
+            "exec",
+            &b.container,
+            "grep",
+            "-c",
+            "msg=\"Calling ",
+            "/var/log/dockerd.log",
+        ]);
+        String::from_utf8_lossy(&o.stdout)
+            .trim()
+            .parse()
+            .unwrap_or(0)
+    };
     let figures = remote_support::volume_mode(
         &fx,
         &host,
@@ -654,6 +670,7 @@ fn remote_engine_over_tls() {
             restart: &restart_b,
             stop: &stop_b,
             start_wiped: &start_b_wiped,
+            requests: &b_requests,
         },
     );
     // The probe's answer is kept per engine id under the root.

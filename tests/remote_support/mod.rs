@@ -214,6 +214,8 @@ pub struct EngineB<'a> {
     pub stop: &'a dyn Fn(),
     /// B's dockerd started on a fresh data root: its state wiped.
     pub start_wiped: &'a dyn Fn(),
+    /// How many API requests B's dockerd has served (its debug log).
+    pub requests: &'a dyn Fn() -> usize,
 }
 
 pub fn volume_mode(fx: &Fixture, host: &str, certs: &Path, image: &str, b: &EngineB) -> Figures {
@@ -290,6 +292,7 @@ pub fn volume_mode(fx: &Fixture, host: &str, certs: &Path, image: &str, b: &Engi
     assert!(text(&o).contains(host), "it names B: {}", text(&o));
 
     let story = two_engines(fx, &tb, &here, &policy, image);
+    let idle = idle_requests(fx, b);
 
     // exec: the clone on its branch, from the bundle, as the sandbox's user.
     let o = tb.ok(
@@ -471,12 +474,50 @@ pub fn volume_mode(fx: &Fixture, host: &str, certs: &Path, image: &str, b: &Engi
         create2: (create_b2, create_l2),
         latency: (lat_b, lat_l),
         thousand: (thousand_b, thousand_l),
-        crash: format!("{crash}; {auto_kill}; {lost}; {ports}; {story}"),
+        crash: format!("{crash}; {auto_kill}; {lost}; {ports}; {story}; {idle}"),
     }
 }
 
 /// kill -9 of the courier while it carries, out then in: every message
 /// reaches b once.  Returns the line of counts.
+/// The requests B serves while the root's two sandboxes there sit idle,
+/// their rings live (mailbox-spec.md, REMOTE ENGINES): at most 0.1 a
+/// second per sandbox, counted by B itself.
+fn idle_requests(fx: &Fixture, b: &EngineB) -> String {
+    let log = || std::fs::read_to_string(fx.root.join("state/courier.log")).unwrap_or_default();
+    let live = || {
+        log()
+            .lines()
+            .rev()
+            .find(|l| l.contains(" rings "))
+            .is_some_and(|l| l.ends_with("rings 2 of 2 live"))
+    };
+    let t = Instant::now();
+    // The courier's log is another process's file: looked at each 100 ms.
+    while !live() {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the courier's rings are not live in 60 s:\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let r0 = (b.requests)();
+    let t = Instant::now();
+    // The window is the measurement: nothing to wait for but time.
+    std::thread::sleep(Duration::from_secs(10));
+    let r1 = (b.requests)();
+    let per = (r1 - r0) as f64 / t.elapsed().as_secs_f64() / 2.0;
+    let line = format!(
+        "idle with live rings: {} requests to B in {:.1} s, {per:.3}/s per sandbox (goal <= 0.1)",
+        r1 - r0,
+        t.elapsed().as_secs_f64()
+    );
+    eprintln!("{line}");
+    assert!(per <= 0.1, "{line}\n{}", log());
+    line
+}
+
 fn crash_courier(fx: &Fixture, tb: &Target, policy: &Path) -> String {
     let seed = seeded::seed();
     const N: usize = 200;

@@ -350,7 +350,7 @@ pub struct ExecIo<'a> {
 
 /// The sandbox runner contract: the base contract and networks, plus
 /// what a sandbox's life needs.
-pub trait SandboxEngine: Engine + NetworkEngine + HostPaths {
+pub trait SandboxEngine: Engine + NetworkEngine + HostPaths + Sync {
     /// Every container, running or not, carrying `label` (`key` or `key=value`).
     fn containers_with_label(&self, label: &str) -> Result<Vec<Container>>;
     /// Creates the volume `name`; an existing one is reused.

@@ -30,6 +30,7 @@ pub mod post;
 pub mod quarantine;
 pub mod redact;
 pub mod registry;
+pub mod ring;
 pub mod time;
 pub mod visible;
 

@@ -97,6 +97,38 @@ const RECHECK: Duration = Duration::from_secs(1);
 /// How many names one exec carries.
 const BATCH: usize = 400;
 
+/// What a pass does for one sandbox (serve.rs decides it, from the
+/// sandbox's ring).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Due {
+    /// Read the engine's outbox (its archive is one exec).
+    pub out: bool,
+    /// When the names delivered and not acked yet are looked up again.
+    pub status: Status,
+    /// The container is known to run (its ring is live): not inspected.
+    pub running: bool,
+}
+
+impl Due {
+    /// Everything, as a courier without rings does each pass.
+    pub const POLL: Due = Due {
+        out: true,
+        status: Status::Timed,
+        running: false,
+    };
+}
+
+/// When a pass looks up the names delivered into a volume and not acked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// Now (the ring rang: something was acked, or a sweep).
+    Now,
+    /// Once each [`RECHECK`] (no ring to say).
+    Timed,
+    /// Not in this pass (the ring will ring).
+    Later,
+}
+
 /// The courier of one root.
 pub struct Courier<'s, 'a> {
     sb: &'s Sandboxes<'a>,
@@ -126,22 +158,36 @@ impl<'s, 'a> Courier<'s, 'a> {
             .collect())
     }
 
-    /// One pass over every volume-mode sandbox; a sandbox whose carry fails
-    /// is reported through `warn` and the others go on.
-    /// Deliveries go first, so a message the mediator just routed waits
-    /// for no outbox.
-    pub fn pass(&mut self, warn: &mut dyn FnMut(&str)) -> Result<Carried> {
+    /// One pass over the volume-mode sandboxes `due` names (with what to
+    /// do for each); a sandbox whose carry fails is reported through `warn`
+    /// and the others go on.  Deliveries go first, so a message the
+    /// mediator just routed waits for no outbox.
+    pub fn pass(
+        &mut self,
+        due: &dyn Fn(&Record) -> Option<Due>,
+        warn: &mut dyn FnMut(&str),
+    ) -> Result<Carried> {
         let mut total = Carried::default();
-        let recs = self.sandboxes()?;
+        let recs: Vec<(Record, Due)> = self
+            .sandboxes()?
+            .into_iter()
+            .filter_map(|r| due(&r).map(|d| (r, d)))
+            .collect();
         let mut running = HashMap::new();
-        for rec in &recs {
+        for (rec, d) in &recs {
             let r = self.with_lock(rec, &mut |me, r| {
-                let Some(c) = me.sb.engine.inspect(&r.container)? else {
-                    return Ok(Carried::default());
+                // A live ring is a running container: no request to ask.
+                let run = if d.running {
+                    true
+                } else {
+                    match me.sb.engine.inspect(&r.container)? {
+                        Some(c) => c.running,
+                        None => return Ok(Carried::default()),
+                    }
                 };
-                running.insert(r.name.clone(), c.running);
-                if c.running {
-                    me.carry_in(r)
+                running.insert(r.name.clone(), run);
+                if run {
+                    me.carry_in(r, d.status)
                 } else {
                     Ok(Carried::default())
                 }
@@ -151,16 +197,25 @@ impl<'s, 'a> Courier<'s, 'a> {
                 Err(e) => warn(&format!("sandbox '{}': {e}", rec.name)),
             }
         }
-        for rec in &recs {
+        for (rec, d) in &recs {
             let Some(&run) = running.get(&rec.name) else {
                 continue;
             };
+            if !d.out {
+                continue;
+            }
             match self.with_lock(rec, &mut |me, r| me.carry_out(r, run, warn)) {
                 Ok(c) => total += c,
                 Err(e) => warn(&format!("sandbox '{}': {e}", rec.name)),
             }
         }
         Ok(total)
+    }
+
+    /// Whether a sandbox has names delivered into its volume that wait for
+    /// their acknowledgement (looked up each [`RECHECK`] without a ring).
+    pub fn awaits_acks(&self, name: &str) -> bool {
+        self.inside.get(name).is_some_and(|(k, _)| !k.is_empty())
     }
 
     /// Runs `f` on the current record of `rec`'s sandbox under its lock; a
@@ -201,7 +256,7 @@ impl<'s, 'a> Courier<'s, 'a> {
         };
         let mut done = self.carry_out(rec, c.running, warn)?;
         if c.running {
-            done += self.carry_in(rec)?;
+            done += self.carry_in(rec, Status::Now)?;
         }
         Ok(done)
     }
@@ -282,7 +337,7 @@ impl<'s, 'a> Courier<'s, 'a> {
         Ok(done)
     }
 
-    fn carry_in(&mut self, rec: &Record) -> Result<Carried> {
+    fn carry_in(&mut self, rec: &Record, status: Status) -> Result<Carried> {
         let inbox = self.sb.root.sandbox(&rec.name).inbox();
         let pending = pending(&inbox);
         let mut done = Carried::default();
@@ -346,37 +401,54 @@ impl<'s, 'a> Courier<'s, 'a> {
                 .filter(|n| !fresh.contains(*n))
                 .cloned()
                 .collect();
-            if old.is_empty() || looked.elapsed() < RECHECK {
+            let now = match status {
+                Status::Now => true,
+                Status::Timed => looked.elapsed() >= RECHECK,
+                Status::Later => false,
+            };
+            if old.is_empty() || !now {
                 return Ok(());
             }
             looked = Instant::now();
-            for chunk in old.chunks(BATCH) {
-                let (code, out, err) =
-                    self.sb
-                        .exec_args(&rec.container, &Self::user(rec), STATUS, chunk)?;
-                if code != 0 {
-                    return Err(Error::new(
-                        Exit::Unavailable,
-                        format!(
-                            "cannot read the inbox of the mail volume (exit {code}): {}",
-                            crate::visible::visible(err.trim())
-                        ),
-                    ));
-                }
-                let acked = self.claim_acked(&inbox, &out, &mut done)?;
-                let there: HashSet<&str> =
-                    out.lines().filter_map(|l| l.strip_prefix("new ")).collect();
-                // Neither acked nor there (removed inside): sent again.
-                for n in chunk {
-                    if acked.contains(n) || !there.contains(n.as_str()) {
-                        known.remove(n);
-                    }
-                }
-            }
-            Ok(())
+            self.recheck(rec, &inbox, &old, &mut known, &mut done)
         })();
         self.inside.insert(rec.name.clone(), (known, looked));
         res.map(|()| done)
+    }
+
+    /// Looks up `old` (delivered into the volume, not acked when last
+    /// seen): claims the acked ones' root copies, and forgets those acked
+    /// or gone from the volume (removed inside: sent again).
+    fn recheck(
+        &self,
+        rec: &Record,
+        inbox: &Maildir,
+        old: &[String],
+        known: &mut HashSet<String>,
+        done: &mut Carried,
+    ) -> Result<()> {
+        for chunk in old.chunks(BATCH) {
+            let (code, out, err) =
+                self.sb
+                    .exec_args(&rec.container, &Self::user(rec), STATUS, chunk)?;
+            if code != 0 {
+                return Err(Error::new(
+                    Exit::Unavailable,
+                    format!(
+                        "cannot read the inbox of the mail volume (exit {code}): {}",
+                        crate::visible::visible(err.trim())
+                    ),
+                ));
+            }
+            let acked = self.claim_acked(inbox, &out, done)?;
+            let there: HashSet<&str> = out.lines().filter_map(|l| l.strip_prefix("new ")).collect();
+            for n in chunk {
+                if acked.contains(n) || !there.contains(n.as_str()) {
+                    known.remove(n);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Claims the root's copy of each `cur NAME` line (acked inside): the

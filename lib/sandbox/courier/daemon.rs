@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 
 use super::carry::{Carried, Courier};
 use super::lock::{self, PidFile, running, take_lock};
-use super::serve::serve;
+use super::serve::{Told, serve};
 use crate::error::{Error, Exit, Result};
 use crate::layout::Root;
 use crate::sandbox::Sandboxes;
@@ -175,13 +175,18 @@ pub fn detached(sb: &Sandboxes, interval: std::time::Duration) -> Result<()> {
     // pass without any.
     let seen = std::cell::RefCell::new(std::collections::HashSet::<String>::new());
     let warned = std::cell::Cell::new(false);
-    let mut report = |c: &Carried| {
-        if !warned.replace(false) {
-            seen.borrow_mut().clear();
+    let mut report = |t: Told| match t {
+        Told::Pass(c) => {
+            if !warned.replace(false) {
+                seen.borrow_mut().clear();
+            }
+            if *c != Carried::default() {
+                let (o, i, r, j) = (c.out, c.into, c.read, c.junk);
+                let _ = writeln!(log, "{} out {o} in {i} read {r} junk {j}", stamp());
+            }
         }
-        if *c != Carried::default() {
-            let (o, i, r, j) = (c.out, c.into, c.read, c.junk);
-            let _ = writeln!(log, "{} out {o} in {i} read {r} junk {j}", stamp());
+        Told::Rings { live, of } => {
+            let _ = writeln!(log, "{} rings {live} of {of} live", stamp());
         }
     };
     let mut warn = |m: &str| {
@@ -191,7 +196,7 @@ pub fn detached(sb: &Sandboxes, interval: std::time::Duration) -> Result<()> {
         }
     };
     let mut idle = |n: usize| n == 0 && may_leave(sb, &mut held);
-    serve(sb, interval, false, &mut report, &mut warn, &mut idle)?;
+    serve(sb, interval, false, true, &mut report, &mut warn, &mut idle)?;
     if let Some((_, pid)) = held {
         pid.remove();
     }

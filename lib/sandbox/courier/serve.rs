@@ -1,32 +1,50 @@
 //! The courier's loop: a pass now, then whenever the mediator delivers
-//! into a volume-mode sandbox's inbox on this host, and every interval.
+//! into a volume-mode sandbox's inbox on this host or a sandbox's ring
+//! rings, and every interval while a sandbox has no live ring.
 
 use std::collections::HashSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::carry::{Carried, Courier};
+use super::carry::{Carried, Courier, Due};
 use super::lock::{PidFile, lock_path, take_lock};
+use super::ring::Rings;
 use crate::error::{Error, Exit, Result};
 use crate::maildir::Sub;
 use crate::sandbox::Sandboxes;
 
+/// What the loop tells its caller.
+#[derive(Clone, Copy, Debug)]
+pub enum Told<'a> {
+    /// A pass, and what it carried.
+    Pass(&'a Carried),
+    /// How many of the sandboxes' rings are live, when that changed.
+    Rings { live: usize, of: usize },
+}
+
 /// `lw-sandbox courier` in the foreground: a line `out N in N read N junk
-/// N` for each pass that moved something (every pass with `once`).
+/// N` for each pass that moved something (every pass with `once`), and
+/// `rings N of N live` when that changes.
 pub fn foreground(
     sb: &Sandboxes,
     once: bool,
+    rings: bool,
     interval_ms: u64,
     out: &mut dyn std::io::Write,
     warn: &mut dyn FnMut(&str),
 ) -> Result<()> {
-    let mut report = |c: &Carried| {
-        if once || *c != Carried::default() {
-            let (o, i, r, j) = (c.out, c.into, c.read, c.junk);
-            let _ = writeln!(out, "out {o} in {i} read {r} junk {j}").and_then(|()| out.flush());
-        }
+    let mut report = |t: Told| {
+        let line = match t {
+            Told::Pass(c) if once || *c != Carried::default() => {
+                let (o, i, r, j) = (c.out, c.into, c.read, c.junk);
+                format!("out {o} in {i} read {r} junk {j}")
+            }
+            Told::Pass(_) => return,
+            Told::Rings { live, of } => format!("rings {live} of {of} live"),
+        };
+        let _ = writeln!(out, "{line}").and_then(|()| out.flush());
     };
     let interval = std::time::Duration::from_millis(interval_ms.max(1));
-    run(sb, interval, once, &mut report, warn)
+    run(sb, interval, once, rings, &mut report, warn)
 }
 
 /// `lw-sandbox courier`: passes until killed (or one, `once`), waking when
@@ -36,7 +54,8 @@ pub fn run(
     sb: &Sandboxes,
     interval: Duration,
     once: bool,
-    report: &mut dyn FnMut(&Carried),
+    rings: bool,
+    report: &mut dyn FnMut(Told),
     warn: &mut dyn FnMut(&str),
 ) -> Result<()> {
     let lock_path = lock_path(&sb.root);
@@ -51,54 +70,126 @@ pub fn run(
         )
     })?;
     let pid = PidFile::write(&sb.root)?;
-    serve(sb, interval, once, report, warn, &mut |_| false)?;
+    serve(sb, interval, once, rings, report, warn, &mut |_| false)?;
     pid.remove();
     drop(lock);
     Ok(())
 }
 
+/// Every sandbox is carried whole at least this often, whatever its ring
+/// says (a belt for a ring's lost word).
+pub const SWEEP: Duration = Duration::from_secs(300);
+
 /// The passes of a courier that holds the lock; before each, `idle` is
 /// told how many volume-mode sandboxes the root has, and ends the loop by
-/// answering true (the detached courier, daemon.rs).
+/// answering true (the detached courier, daemon.rs).  Between passes it
+/// waits for the mediator's deliveries on this host (the inboxes' watcher)
+/// and the sandboxes' rings (ring.rs), or `interval` while some sandbox has
+/// no live ring.  Without `ring` (`courier --poll`), no ring is kept and
+/// every outbox is looked at each interval.
 pub fn serve(
     sb: &Sandboxes,
     interval: Duration,
     once: bool,
-    report: &mut dyn FnMut(&Carried),
+    ring: bool,
+    report: &mut dyn FnMut(Told),
     warn: &mut dyn FnMut(&str),
     idle: &mut dyn FnMut(usize) -> bool,
 ) -> Result<()> {
     let mut courier = Courier::new(sb);
+    if once {
+        if idle(courier.sandboxes()?.len()) {
+            return Ok(());
+        }
+        let c = courier.pass(&|_| Some(Due::POLL), warn)?;
+        report(Told::Pass(&c));
+        return Ok(());
+    }
     let watcher = crate::fs::Watcher::new()
         .map_err(|e| Error::new(Exit::IoErr, format!("cannot watch the inboxes: {e}")))?;
     let mut watched = HashSet::new();
-    loop {
-        match courier.sandboxes() {
-            Ok(recs) => {
-                if idle(recs.len()) {
-                    return Ok(());
-                }
-                for r in recs {
-                    let dir = sb.root.sandbox(&r.name).inbox().sub(Sub::New);
-                    if !watched.contains(&dir) && watcher.add(&dir).is_ok() {
-                        watched.insert(dir);
+    // A sandbox created meanwhile: its record arrives here (by rename).
+    let records = sb.root.state_dir().join("sandbox");
+    let mut records_watched = false;
+    std::thread::scope(|scope| {
+        let mut rings = Rings::new(scope, sb.engine)?;
+        let mut swept = Instant::now();
+        let mut was_live = (0, 0);
+        let mut count = 0;
+        let res = loop {
+            if !records_watched {
+                records_watched = watcher.add_arrivals(&records).is_ok();
+            }
+            match courier.sandboxes() {
+                Ok(recs) => {
+                    count = recs.len();
+                    if idle(recs.len()) {
+                        break Ok(());
+                    }
+                    for r in &recs {
+                        let dir = sb.root.sandbox(&r.name).inbox().sub(Sub::New);
+                        if !watched.contains(&dir) && watcher.add(&dir).is_ok() {
+                            watched.insert(dir);
+                        }
+                    }
+                    if ring {
+                        rings.keep(&recs);
                     }
                 }
+                Err(e) => warn(&e.to_string()),
             }
-            Err(e) => warn(&e.to_string()),
-        }
-        match courier.pass(warn) {
-            Ok(c) => report(&c),
-            Err(e) => {
-                if once {
-                    return Err(e);
-                }
-                warn(&e.to_string());
+            let rung = rings.take(warn);
+            let now_live = rings.live();
+            if now_live != was_live {
+                was_live = now_live;
+                report(Told::Rings {
+                    live: now_live.0,
+                    of: now_live.1,
+                });
             }
+            let sweep = swept.elapsed() >= SWEEP;
+            if sweep {
+                swept = Instant::now();
+            }
+            match courier.pass(&|r| Some(rings.due(r, &rung, sweep)), warn) {
+                Ok(c) => report(Told::Pass(&c)),
+                Err(e) => warn(&e.to_string()),
+            }
+            let timeout = rings.timeout(count, interval, SWEEP.saturating_sub(swept.elapsed()));
+            if let Err(e) = wait(&watcher, &rings, timeout) {
+                break Err(e);
+            }
+        };
+        rings.end_all();
+        res
+    })
+}
+
+/// Waits up to `timeout` for a delivery into a watched inbox or a ring's
+/// word, and takes the watcher's events (the rings' are taken by the pass).
+fn wait(watcher: &crate::fs::Watcher, rings: &Rings, timeout: Duration) -> Result<()> {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let ino = std::os::fd::AsFd::as_fd(watcher);
+    let bell = rings.fd();
+    let mut fds = [
+        PollFd::new(&ino, PollFlags::IN),
+        PollFd::new(&bell, PollFlags::IN),
+    ];
+    let ts = Timespec {
+        tv_sec: timeout.as_secs() as i64,
+        tv_nsec: timeout.subsec_nanos() as i64,
+    };
+    match poll(&mut fds, Some(&ts)) {
+        Ok(_) | Err(rustix::io::Errno::INTR) => {}
+        Err(e) => {
+            return Err(Error::new(
+                Exit::IoErr,
+                format!("cannot wait for the inboxes: {e}"),
+            ));
         }
-        if once {
-            return Ok(());
-        }
-        let _ = watcher.wait(Some(interval));
     }
+    if !fds[0].revents().is_empty() {
+        let _ = watcher.take_events();
+    }
+    Ok(())
 }

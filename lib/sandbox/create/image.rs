@@ -123,10 +123,10 @@ fn not_built(
 /// there.  The pod names the image cache's copy when the project has
 /// `build.cache` (`lw-build push` puts each layer there, as
 /// `HOST/REPO:LAYER-HASH`, and the nodes pull it); without a cache, the
-/// local tag, which must then be on the nodes (imported into their runtime).
+/// local tag, which must then be on the nodes (imported into their
+/// runtime): a pod whose node has it not is 66 (engine/kubernetes).
 pub fn resolve_for_cluster(
     builder: &dyn Images,
-    nodes: &dyn Images,
     project: &Project,
     allow_stale: bool,
 ) -> Result<ImageChoice> {
@@ -147,16 +147,22 @@ pub fn resolve_for_cluster(
         );
         return Ok(choice);
     }
-    if !nodes.image_exists(&choice.reference)? {
-        let r = &choice.reference;
-        return Err(Error::new(
-            Exit::NoInput,
-            format!(
-                "image '{r}' is not on the cluster's nodes: import it into their runtime (docker save {r} | ctr -n k8s.io images import -), or set build.cache in .loopwright/config and run lw-build push, so the nodes pull it from there"
-            ),
-        ));
-    }
+    // Whether the nodes have it is the pod's to say (its own status:
+    // ErrImageNeverPull, ErrImagePull, ImagePullBackOff are 66 naming the
+    // image): the nodes' `status.images` needs rights to list nodes, lists
+    // only each kubelet's largest images, lags an import by its status
+    // period, and "on some node" is not "on the node the pod lands on".
     Ok(choice)
+}
+
+/// `--image` on a cluster: taken as named (the pod says whether its node
+/// has it); its inputs from the builder when it has the image.
+pub fn named_for_cluster(builder: &dyn Images, reference: &str) -> Result<ImageChoice> {
+    Ok(ImageChoice {
+        reference: reference.to_string(),
+        stale: None,
+        inputs: image_inputs(builder, reference)?,
+    })
 }
 
 /// The last layer's inputs, from the manifest label lw-build wrote on the image.

@@ -151,8 +151,9 @@ impl<'a> Sandboxes<'a> {
         let cluster = self.kind == crate::engine::EngineKind::Kubernetes;
         let mut image = match (project, opts.image.as_deref()) {
             (Some(p), None) if cluster => {
-                image::resolve_for_cluster(self.images, self.engine, p, opts.allow_stale)?
+                image::resolve_for_cluster(self.images, p, opts.allow_stale)?
             }
+            (_, Some(r)) if cluster => image::named_for_cluster(self.images, r)?,
             _ => resolve_image(
                 self.engine,
                 project,

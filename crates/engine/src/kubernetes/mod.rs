@@ -162,8 +162,7 @@ impl KubeEngine {
                     .await
                     .map_err(|e| self.err("get", "pods", &what, e))?;
                 if let Some(done) = pod::start_outcome(&p) {
-                    return done
-                        .map_err(|why| Error::new(Exit::Unavailable, format!("{what}: {why}")));
+                    return done.map_err(|why| not_started(&what, why));
                 }
                 let rv = p.metadata.resource_version.clone().unwrap_or_default();
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -186,9 +185,7 @@ impl KubeEngine {
                     match ev {
                         WatchEvent::Added(p) | WatchEvent::Modified(p) => {
                             if let Some(done) = pod::start_outcome(&p) {
-                                return done.map_err(|why| {
-                                    Error::new(Exit::Unavailable, format!("{what}: {why}"))
-                                });
+                                return done.map_err(|why| not_started(&what, why));
                             }
                         }
                         WatchEvent::Deleted(_) => {
@@ -271,6 +268,18 @@ impl KubeEngine {
     ) -> Result<i64> {
         sandbox::exec_streams(self, container, req, io)
     }
+}
+
+/// A pod that will not start: 66 when its node has not its image and
+/// cannot pull it (the pod's own status says so, the image named in the
+/// kubelet's words), 69 otherwise.
+fn not_started(what: &str, why: String) -> Error {
+    let exit = if pod::image_missing(&why) {
+        Exit::NoInput
+    } else {
+        Exit::Unavailable
+    };
+    Error::new(exit, format!("{what}: {why}"))
 }
 
 impl Images for KubeEngine {

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -53,9 +53,21 @@ impl Watcher {
     /// and a non-directory is refused (`ENOTDIR`), so a planted link cannot
     /// redirect the watch.  Adding a directory twice is harmless.
     pub fn add(&self, dir: &Path) -> io::Result<()> {
+        self.add_flags(dir, WatchFlags::CLOSE_WRITE)
+    }
+
+    /// Like [`add`](Self::add), for names that arrive only (created or moved
+    /// in), not files written in place: a directory of records replaced by
+    /// rename, where files opened for writing and closed (lock files) must
+    /// not wake anyone.
+    pub fn add_arrivals(&self, dir: &Path) -> io::Result<()> {
+        self.add_flags(dir, WatchFlags::empty())
+    }
+
+    fn add_flags(&self, dir: &Path, more: WatchFlags) -> io::Result<()> {
         let flags = WatchFlags::MOVED_TO
             | WatchFlags::CREATE
-            | WatchFlags::CLOSE_WRITE
+            | more
             | WatchFlags::DELETE_SELF
             | WatchFlags::MOVE_SELF
             | WatchFlags::ONLYDIR
@@ -151,6 +163,12 @@ impl Watcher {
 impl AsRawFd for Watcher {
     fn as_raw_fd(&self) -> RawFd {
         self.ino.as_raw_fd()
+    }
+}
+
+impl AsFd for Watcher {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.ino.as_fd()
     }
 }
 

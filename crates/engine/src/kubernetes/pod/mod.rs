@@ -36,7 +36,7 @@ use std::collections::BTreeMap;
 use crate::error::{Error, Result};
 
 pub use spec::pod_of;
-pub use status::{container_of, pending_reason, start_outcome};
+pub use status::{container_of, image_missing, pending_reason, start_outcome};
 pub use stopped::{container_of_record, is_stopped_record, pod_from_record, stopped_record};
 
 /// The one container of a pod.
@@ -300,5 +300,51 @@ mod tests {
             start_outcome(&pending("0/1 nodes are available: 1 Insufficient memory.")),
             Some(Err(m)) if m.contains("Insufficient memory")
         ));
+    }
+
+    #[test]
+    fn an_image_the_node_cannot_get_is_named_and_told_apart() {
+        use k8s_openapi::api::core::v1::{
+            Container as C, ContainerState, ContainerStateWaiting, ContainerStatus, PodSpec,
+            PodStatus,
+        };
+        let waiting = |reason: &str| Pod {
+            spec: Some(PodSpec {
+                containers: vec![C {
+                    name: MAIN.into(),
+                    image: Some("example.test/app:1".into()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some("Pending".into()),
+                container_statuses: Some(vec![ContainerStatus {
+                    name: MAIN.into(),
+                    state: Some(ContainerState {
+                        waiting: Some(ContainerStateWaiting {
+                            reason: Some(reason.into()),
+                            message: Some("kubelet's words".into()),
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        for r in ["ErrImageNeverPull", "ErrImagePull", "ImagePullBackOff"] {
+            let Some(Err(why)) = start_outcome(&waiting(r)) else {
+                panic!("{r} decides the start");
+            };
+            assert!(why.contains("image 'example.test/app:1'"), "{why}");
+            assert!(why.contains("build.cache"), "the fix: {why}");
+            assert!(image_missing(&why), "{why}");
+        }
+        let Some(Err(why)) = start_outcome(&waiting("CrashLoopBackOff")) else {
+            panic!("CrashLoopBackOff decides the start");
+        };
+        assert!(!image_missing(&why) && !why.contains("image '"), "{why}");
     }
 }

@@ -30,6 +30,23 @@ const STUCK: &[&str] = &[
     "CrashLoopBackOff",
 ];
 
+/// The waiting reasons that say a node has not the image and cannot get it.
+const IMAGE_MISSING: &[&str] = &[
+    "ErrImageNeverPull",
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+];
+
+/// Whether a [`start_outcome`] error is an image the node has not and
+/// cannot pull.
+pub fn image_missing(why: &str) -> bool {
+    IMAGE_MISSING.iter().any(|r| {
+        why.strip_prefix(r)
+            .is_some_and(|t| t.starts_with([':', ' ']))
+    })
+}
+
 /// Whether a pod's start is decided: `Ok` when its container runs, `Err`
 /// with the reason when it never will; `None` while it may still.
 pub fn start_outcome(p: &Pod) -> Option<std::result::Result<(), String>> {
@@ -49,10 +66,18 @@ pub fn start_outcome(p: &Pod) -> Option<std::result::Result<(), String>> {
         if let Some(w) = &state.waiting {
             let reason = w.reason.as_deref().unwrap_or("");
             if STUCK.contains(&reason) {
+                let image = p
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.containers.iter().find(|c| c.name == MAIN))
+                    .and_then(|c| c.image.as_deref())
+                    .filter(|_| IMAGE_MISSING.contains(&reason))
+                    .map(|i| format!(" (image '{i}')"))
+                    .unwrap_or_default();
                 return Some(Err(format!(
-                    "{reason}: {}{}",
+                    "{reason}{image}: {}{}",
                     w.message.as_deref().unwrap_or(""),
-                    if reason == "ErrImageNeverPull" || reason.contains("Pull") {
+                    if IMAGE_MISSING.contains(&reason) {
                         "; import the image into the node's runtime (docker save IMAGE | ctr -n k8s.io images import -) or push it where the cluster pulls from (lw-build push, with build.cache): the nodes must reach that registry and trust its CA, and 'docker login HOST' gives lw-sandbox the credentials it passes them as a pull secret"
                     } else {
                         ""
