@@ -5,6 +5,10 @@
 //! small limits, one root, its courier the one `create` started.
 //!
 //! Asserted, each with its figure printed:
+//! * the fleet runs as a ServiceAccount bound to exactly the Role and
+//!   ClusterRole `lw doctor --kube-role` prints (whose `kube-rbac` check
+//!   then passes), from create to rm and gc, which leave nothing labelled
+//!   with the root;
 //! * every sandbox's ring is live (the courier's log says `rings N of N
 //!   live`);
 //! * idle, the API server serves at most 0.1 request a second per sandbox
@@ -161,6 +165,28 @@ fn rings_live(root: &Path, n: usize, within: Duration, since: usize) -> Duration
     t.elapsed()
 }
 
+/// SIGKILL to `pid` (not a child of ours), and its end waited for on a
+/// pidfd: a courier that is still dying holds its lock, and `--ensure`
+/// would find it running.
+fn kill_and_wait(pid: i32) {
+    use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
+    let Some(p) = Pid::from_raw(pid) else { return };
+    let Ok(fd) = pidfd_open(p, PidfdFlags::empty()) else {
+        return; // gone already
+    };
+    pidfd_send_signal(&fd, Signal::KILL).expect("SIGKILL the courier");
+    let mut fds = [rustix::event::PollFd::new(
+        &fd,
+        rustix::event::PollFlags::IN,
+    )];
+    let limit = rustix::event::Timespec {
+        tv_sec: 30,
+        tv_nsec: 0,
+    };
+    let n = rustix::event::poll(&mut fds, Some(&limit)).expect("poll the pidfd");
+    assert_eq!(n, 1, "courier {pid} still runs 30 s after SIGKILL");
+}
+
 fn percentile(v: &mut [Duration], p: usize) -> Duration {
     v.sort();
     v[((v.len() * p).div_ceil(100))
@@ -182,7 +208,10 @@ fn a_fleet_of_pod_sandboxes_idles_without_requests() {
         .unwrap_or(12);
     assert!(n >= 2, "LW_FLEET must be 2 or more");
     let seed = seeded::seed();
-    let fx = Fixture::new("fleet");
+    // Each pod may burst to half a CPU and asks the scheduler for 1% of
+    // one, so a 2-core node holds a hundred (an exec runs in the pod's
+    // cgroup: at a 1% limit a `true` took 2 s).
+    let fx = Fixture::with_config("fleet", "kube.cpu-request = 0.01\n");
     let project = loopwright::config::Project::find(&fx.proj)
         .unwrap()
         .expect("the fixture is a project");
@@ -192,10 +221,26 @@ fn a_fleet_of_pod_sandboxes_idles_without_requests() {
         .reference;
     let cluster = kube_support::Cluster::start("kube_fleet", &[&image])
         .expect("the cached binaries are there");
+    // The whole fleet runs as a ServiceAccount of its own namespace, bound
+    // to exactly the Role and ClusterRole `lw doctor --kube-role` prints.
+    let (sa_kc, ns, _gone) = kube_support::service_account(&cluster, "lw-fleet", &fx.dir);
     let fleet = Fleet {
         fx: &fx,
-        kubeconfig: cluster.kubeconfig(),
+        kubeconfig: sa_kc.display().to_string(),
     };
+    let rbac = Command::new(bin("lw-doctor"))
+        .current_dir(&fx.proj)
+        .env("LW_ROOT", &fx.root)
+        .env("LW_ENGINE", "kubernetes")
+        .env("KUBECONFIG", &sa_kc)
+        .output()
+        .expect("lw doctor runs");
+    let said = text(&rbac);
+    assert!(
+        said.lines()
+            .any(|l| l.contains("kube-rbac") && l.contains("may do all a sandbox needs")),
+        "lw doctor, as the ServiceAccount: {said}"
+    );
     let policy = fx.dir.join("policy");
     std::fs::write(&policy, "loopwright-policy 1\nrate off\nduplicates off\n").unwrap();
     let names: Vec<String> = (0..n).map(|i| format!("s{i:03}")).collect();
@@ -204,8 +249,7 @@ fn a_fleet_of_pod_sandboxes_idles_without_requests() {
     let t = Instant::now();
     let create = |name: &str| {
         fleet.ok(&[
-            "create", name, "--branch", name, "--image", &image, "--memory", "96m", "--cpus",
-            "0.01",
+            "create", name, "--branch", name, "--image", &image, "--memory", "96m", "--cpus", "0.5",
         ]);
     };
     create(&names[0]);
@@ -310,10 +354,14 @@ fn a_fleet_of_pod_sandboxes_idles_without_requests() {
         std::thread::sleep(Duration::from_millis(ms));
         let pid = std::fs::read_to_string(fx.root.join("state/courier.pid")).unwrap_or_default();
         if let Ok(pid) = pid.trim().parse::<i32>() {
-            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            kill_and_wait(pid);
             kills.push(ms);
         }
-        fleet.ok(&["courier", "--ensure"]);
+        let started = fleet.ok(&["courier", "--ensure"]);
+        assert!(
+            started.starts_with("started "),
+            "a courier after the kill: {started}"
+        );
     }
     let mut sent: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (i, c) in storm.into_iter().enumerate() {
@@ -406,6 +454,8 @@ fn a_fleet_of_pod_sandboxes_idles_without_requests() {
     }
     fleet.ok(&["gc"]);
     let left = cluster.kubectl(&[
+        "-n",
+        &ns,
         "get",
         "pods,pvc,networkpolicies,configmaps",
         "-l",

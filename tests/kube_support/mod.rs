@@ -280,3 +280,97 @@ pub fn pod_ip(e: &KubeEngine, pod: &str) -> String {
         .and_then(|s| s.pod_ip)
         .unwrap_or_else(|| panic!("pod {pod} has no address"))
 }
+
+/// A fresh namespace `PREFIX-NONCE` and a ServiceAccount in it bound to
+/// exactly what `lw doctor --kube-role --namespace NS` prints (applied by
+/// the admin): the path of a kubeconfig that is that account (its token,
+/// the namespace its context's), and the namespace.
+pub fn service_account<'c>(
+    cluster: &'c Cluster,
+    prefix: &str,
+    dir: &Path,
+) -> (PathBuf, String, Gone<'c>) {
+    let ns = format!("{prefix}-{}", support::nonce());
+    cluster.kubectl(&["create", "namespace", &ns]);
+    let gone = Gone {
+        cluster,
+        objects: vec![
+            format!("namespace/{ns}"),
+            format!("clusterrolebinding/loopwright-{ns}"),
+        ],
+    };
+    let role = Command::new(env!("CARGO_BIN_EXE_lw-doctor"))
+        .args(["--kube-role", "--namespace", &ns])
+        .output()
+        .expect("lw doctor runs");
+    assert!(role.status.success(), "lw doctor --kube-role: {role:?}");
+    let role_file = dir.join(format!("{ns}-role.yaml"));
+    std::fs::write(&role_file, &role.stdout).unwrap();
+    cluster.kubectl(&["apply", "-f", role_file.to_str().unwrap()]);
+    cluster.kubectl(&["-n", &ns, "create", "serviceaccount", "lw"]);
+    let sa = format!("{ns}:lw");
+    cluster.kubectl(&[
+        "-n",
+        &ns,
+        "create",
+        "rolebinding",
+        "loopwright",
+        "--role=loopwright",
+        &format!("--serviceaccount={sa}"),
+    ]);
+    cluster.kubectl(&[
+        "create",
+        "clusterrolebinding",
+        &format!("loopwright-{ns}"),
+        "--clusterrole=loopwright-cluster",
+        &format!("--serviceaccount={sa}"),
+    ]);
+    let token = cluster.kubectl(&["-n", &ns, "create", "token", "lw", "--duration=2h"]);
+    let server = cluster.kubectl(&[
+        "config",
+        "view",
+        "--minify",
+        "-o",
+        "jsonpath={.clusters[0].cluster.server}",
+    ]);
+    let ca = cluster.kubectl(&[
+        "config",
+        "view",
+        "--minify",
+        "-o",
+        "jsonpath={.clusters[0].cluster.certificate-authority}",
+    ]);
+    let kc = dir.join(format!("{ns}.kubeconfig"));
+    std::fs::write(
+        &kc,
+        format!(
+            "apiVersion: v1\nkind: Config\n\
+             clusters: [{{name: lw, cluster: {{server: \"{server}\", certificate-authority: \"{ca}\"}}}}]\n\
+             users: [{{name: lw, user: {{token: \"{}\"}}}}]\n\
+             contexts: [{{name: lw, context: {{cluster: lw, user: lw, namespace: {ns}}}}}]\n\
+             current-context: lw\n",
+            token.trim()
+        ),
+    )
+    .unwrap();
+    (kc, ns, gone)
+}
+
+/// Cluster objects deleted when dropped (whatever the test's outcome: the
+/// cluster's state outlives the run).
+pub struct Gone<'c> {
+    cluster: &'c Cluster,
+    objects: Vec<String>,
+}
+
+impl Drop for Gone<'_> {
+    fn drop(&mut self) {
+        for o in &self.objects {
+            let _ = Command::new(cache_bin().join("kubectl"))
+                .arg("--kubeconfig")
+                .arg(&self.cluster.kubeconfig)
+                .args(["delete", o, "--ignore-not-found", "--wait=true"])
+                .output();
+        }
+    }
+}

@@ -163,6 +163,8 @@ pub const KNOWN: &[&str] = &[
     "kube.storage-class",
     "kube.access-mode",
     "kube.tools-access-mode",
+    // lw-sandbox(1) on Kubernetes: what a pod asks of the scheduler (pod/spec.rs)
+    "kube.cpu-request",
     // lw-mirror(1)
     "mirror.path",
     "mirror.url",

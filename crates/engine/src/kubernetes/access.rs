@@ -186,10 +186,11 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         scope: Scope::Cluster,
+        required: false,
         ..ns(
             "list",
             "nodes",
-            "whether an image is on a node (without build.cache)",
+            "the images the nodes report (create needs it not: a pod's own status says its node cannot get the image)",
         )
     },
     Rule {

@@ -22,9 +22,19 @@ impl KubeEngine {
             .filter(|v| !v.is_empty())
             .or_else(|| get(KUBECONFIG_KEY));
         let storage = super::Storage::from_config(&get)?;
+        let cpu_request = match get(super::pod::CPU_REQUEST_KEY) {
+            None => None,
+            Some(v) => Some(super::pod::millicores(&v).ok_or_else(|| {
+                Error::config(format!(
+                    "'{} = {v}' in .loopwright/config: expected a number of CPUs above 0, such as 0.05 or 1",
+                    super::pod::CPU_REQUEST_KEY
+                ))
+            })?),
+        };
         let mut e =
             KubeEngine::connect_with(kubeconfig.as_deref(), get(CONTEXT_KEY), get(NAMESPACE_KEY))?;
         e.storage = storage;
+        e.cpu_request = cpu_request;
         Ok(e)
     }
 
@@ -110,6 +120,7 @@ impl KubeEngine {
             target,
             deny_made: std::sync::atomic::AtomicBool::new(false),
             storage: super::Storage::default(),
+            cpu_request: None,
         };
         // The first request says whether the server answers at all.
         engine

@@ -3,9 +3,15 @@
 //! runtime pulls what a pod names (`imagePullPolicy: IfNotPresent`) from a
 //! registry — in real use the one `build.cache` names — or runs what was
 //! imported into it (`docker save IMAGE | ctr -n k8s.io images import -`,
-//! what scripts/k8s-cluster does with `LW_K8S_IMAGES`).  Whether an image
-//! is there is read from the nodes' `status.images`, which the kubelet
-//! reports (its 50 largest by default, refreshed with the node's status).
+//! what scripts/k8s-cluster does with `LW_K8S_IMAGES`).  [`Images::image`]
+//! reads the nodes' `status.images`, which the kubelet reports (its 50
+//! largest by default, refreshed with the node's status, so behind an
+//! import), and which needs the right to list nodes.  `lw-sandbox create`
+//! does not use it: a pod whose node cannot get its image says so in its
+//! own status (ErrImageNeverPull, ErrImagePull, ImagePullBackOff), which is
+//! 66 naming the image (mod.rs, `not_started`).
+//!
+//! [`Images::image`]: crate::Images::image
 
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;

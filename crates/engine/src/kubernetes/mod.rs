@@ -28,6 +28,7 @@ mod access;
 mod connect;
 mod errors;
 mod image;
+pub use image::normalize;
 mod network;
 mod paths;
 mod pod;
@@ -89,6 +90,9 @@ pub struct KubeEngine {
     deny_made: std::sync::atomic::AtomicBool,
     /// What a named volume's claim asks for (storage.rs).
     storage: Storage,
+    /// `kube.cpu-request` in millicores: a pod's CPU request below its
+    /// limit (pod/spec.rs); `None`: the limit.
+    cpu_request: Option<u64>,
 }
 
 impl KubeEngine {
@@ -309,7 +313,7 @@ impl Engine for KubeEngine {
             None => None,
             Some(r) => self.runtime_class(r)?,
         };
-        let mut p = pod::pod_of(spec, runtime_class)?;
+        let mut p = pod::pod_of(spec, runtime_class, self.cpu_request)?;
         let name = p.metadata.name.clone().unwrap_or_default();
         let what = format!("cannot create pod '{name}'");
         // A dry run first: RBAC, the quota and the name are checked before

@@ -35,7 +35,7 @@ use std::collections::BTreeMap;
 
 use crate::error::{Error, Result};
 
-pub use spec::pod_of;
+pub use spec::{CPU_REQUEST_KEY, millicores, pod_of};
 pub use status::{container_of, image_missing, pending_reason, start_outcome};
 pub use stopped::{container_of_record, is_stopped_record, pod_from_record, stopped_record};
 
@@ -156,7 +156,7 @@ mod tests {
             ("b.test".to_string(), "10.0.0.7".to_string()),
             ("c.test".to_string(), "10.0.0.8".to_string()),
         ]);
-        let p = pod_of(&sp, None).unwrap();
+        let p = pod_of(&sp, None, None).unwrap();
         let aliases = p.spec.unwrap().host_aliases.unwrap();
         assert_eq!(aliases.len(), 2);
         assert_eq!(aliases[0].ip, "10.0.0.7");
@@ -165,7 +165,7 @@ mod tests {
             Some(&["a.test".to_string(), "b.test".to_string()][..])
         );
         assert!(
-            pod_of(&spec(), None)
+            pod_of(&spec(), None, None)
                 .unwrap()
                 .spec
                 .unwrap()
@@ -176,7 +176,7 @@ mod tests {
 
     #[test]
     fn a_spec_becomes_a_hardened_pod() {
-        let p = pod_of(&spec(), Some("gvisor".into())).unwrap();
+        let p = pod_of(&spec(), Some("gvisor".into()), None).unwrap();
         let s = p.spec.as_ref().unwrap();
         let c = &s.containers[0];
         let sc = c.security_context.as_ref().unwrap();
@@ -221,14 +221,14 @@ mod tests {
     fn root_host_paths_and_ports_are_refused() {
         let mut s = spec();
         s.user = Some("0".into());
-        assert_eq!(pod_of(&s, None).unwrap_err().exit, Exit::NoPerm);
+        assert_eq!(pod_of(&s, None, None).unwrap_err().exit, Exit::NoPerm);
         let mut s = spec();
         s.binds.push(Bind {
             source: "/home/x/repo".into(),
             target: "/work".into(),
             read_only: false,
         });
-        let e = pod_of(&s, None).unwrap_err();
+        let e = pod_of(&s, None, None).unwrap_err();
         assert_eq!(e.exit, Exit::Unavailable);
         assert!(
             e.msg.contains("does not see this host's files"),
@@ -237,7 +237,7 @@ mod tests {
         );
         let mut s = spec();
         s.name = Some("Bad_Name".into());
-        assert_eq!(pod_of(&s, None).unwrap_err().exit, Exit::Usage);
+        assert_eq!(pod_of(&s, None, None).unwrap_err().exit, Exit::Usage);
     }
 
     #[test]
@@ -256,7 +256,7 @@ mod tests {
 
     #[test]
     fn a_stopped_record_gives_the_pod_back() {
-        let p = pod_of(&spec(), None).unwrap();
+        let p = pod_of(&spec(), None, None).unwrap();
         let cm = stopped_record(&p).unwrap();
         assert!(is_stopped_record(&cm));
         let back = pod_from_record(&cm).unwrap();
@@ -346,5 +346,24 @@ mod tests {
             panic!("CrashLoopBackOff decides the start");
         };
         assert!(!image_missing(&why) && !why.contains("image '"), "{why}");
+    }
+
+    #[test]
+    fn a_cpu_request_below_the_limit_is_asked_for_and_one_above_is_78() {
+        let res = |p: Pod| p.spec.unwrap().containers[0].resources.clone().unwrap();
+        let r = res(pod_of(&spec(), None, None).unwrap());
+        assert_eq!(r.limits.unwrap()["cpu"].0, "500m");
+        assert!(r.requests.is_none(), "the limit is the request");
+        let r = res(pod_of(&spec(), None, Some(millicores("0.05").unwrap())).unwrap());
+        assert_eq!(r.requests.unwrap()["cpu"].0, "50m");
+        assert_eq!(r.limits.unwrap()["cpu"].0, "500m");
+        let e = pod_of(&spec(), None, Some(2000)).unwrap_err();
+        assert_eq!(e.exit, Exit::Config);
+        assert!(e.msg.contains("kube.cpu-request"), "{}", e.msg);
+        for bad in ["0", "-1", "x", "NaN", ""] {
+            assert_eq!(millicores(bad), None, "{bad}");
+        }
+        assert_eq!(millicores("1"), Some(1000));
+        assert_eq!(millicores("0.0001"), Some(1));
     }
 }

@@ -92,8 +92,31 @@ fn claim_mount(name: String, claim: &str, target: &str, read_only: bool) -> (Vol
     (volume, mount)
 }
 
-/// The pod `spec` describes, with `runtime_class` (already resolved).
-pub fn pod_of(spec: &ContainerSpec, runtime_class: Option<String>) -> Result<Pod> {
+/// The `.loopwright/config` key of a pod's CPU request.
+pub const CPU_REQUEST_KEY: &str = "kube.cpu-request";
+
+/// A number of CPUs (`0.05`, `2`) in millicores; `None` unless above 0.
+pub fn millicores(v: &str) -> Option<u64> {
+    let n: f64 = v.trim().parse().ok()?;
+    (n.is_finite() && n > 0.0 && n < 1e6).then(|| ((n * 1000.0).round() as u64).max(1))
+}
+
+/// The pod `spec` describes, with `runtime_class` (already resolved) and
+/// a CPU request of `cpu_request` millicores below its limit (`None`: the
+/// limit, as Kubernetes defaults it); a request above the limit is 78.
+pub fn pod_of(
+    spec: &ContainerSpec,
+    runtime_class: Option<String>,
+    cpu_request: Option<u64>,
+) -> Result<Pod> {
+    if let (Some(req), Some(n)) = (cpu_request, spec.nano_cpus) {
+        let limit = (n / 1_000_000).max(1) as u64;
+        if req > limit {
+            return Err(Error::config(format!(
+                "{CPU_REQUEST_KEY} ({req}m) is above the sandbox's CPU limit ({limit}m, sandbox.cpus or --cpus): lower it or raise the limit"
+            )));
+        }
+    }
     if let Some(n) = &spec.name {
         check_name("pod", n)?;
     }
@@ -124,7 +147,7 @@ pub fn pod_of(spec: &ContainerSpec, runtime_class: Option<String>) -> Result<Pod
             ..Default::default()
         },
         spec: Some(PodSpec {
-            containers: vec![main_container(spec, mounts)],
+            containers: vec![main_container(spec, mounts, cpu_request)],
             automount_service_account_token: Some(false),
             enable_service_links: Some(false),
             restart_policy: Some("Never".into()),
@@ -251,10 +274,17 @@ fn env_of(spec: &ContainerSpec) -> Vec<EnvVar> {
 /// The pod's one container, [`MAIN`]: no privilege, every capability
 /// dropped, the spec's command, limits and mounts, its health check as a
 /// readiness probe.
-fn main_container(spec: &ContainerSpec, mounts: Vec<VolumeMount>) -> KContainer {
+fn main_container(
+    spec: &ContainerSpec,
+    mounts: Vec<VolumeMount>,
+    cpu_request: Option<u64>,
+) -> KContainer {
     let (command, args) = command_of(spec);
     let env = env_of(spec);
     let limits = limits_of(spec);
+    let requests = cpu_request
+        .filter(|_| limits.contains_key("cpu"))
+        .map(|m| BTreeMap::from([("cpu".to_string(), Quantity(format!("{m}m")))]));
     KContainer {
         name: MAIN.into(),
         image: Some(spec.image.clone()),
@@ -277,6 +307,7 @@ fn main_container(spec: &ContainerSpec, mounts: Vec<VolumeMount>) -> KContainer 
         }),
         resources: (!limits.is_empty()).then(|| ResourceRequirements {
             limits: Some(limits),
+            requests,
             ..Default::default()
         }),
         volume_mounts: (!mounts.is_empty()).then_some(mounts),
