@@ -134,12 +134,16 @@ fn two_state_dirs_get_their_own_bridge_network_and_ports_and_keep_them() {
         .parse()
         .unwrap();
     let (porta, portb) = (ports(&pa), ports(&pb));
-    assert_eq!(porta.len(), 9, "a port for each component: {pa:?}");
+    assert_eq!(
+        porta.len(),
+        11,
+        "a port for each component (the second node's kubelet included): {pa:?}"
+    );
     let mut all = porta.clone();
     all.extend(&portb);
     all.sort();
     all.dedup();
-    assert_eq!(all.len(), 18, "ports shared: {porta:?} {portb:?}");
+    assert_eq!(all.len(), 22, "ports shared: {porta:?} {portb:?}");
     assert!(
         all.iter().all(|p| *p < low),
         "ports in the ephemeral range (from {low}): {all:?}"
