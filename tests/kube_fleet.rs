@@ -25,15 +25,16 @@
 //! Without the cached binaries (scripts/k8s-build) it fails saying so; it
 //! is #[ignore]d and `.ci/run` runs it with --ignored when they are cached.
 
+mod courier_support;
 mod kube_support;
 mod sandbox_support;
+use courier_support::{WAIT, Waiter, id_time};
 use support::seeded;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use loopwright::engine::DockerEngine;
 use sandbox_support::{Fixture, bin};
@@ -86,41 +87,24 @@ impl Fleet<'_> {
         .trim()
         .to_string()
     }
-    /// A waiting `lw-inbox --wait` in `name`, once it says it waits.
-    fn waiter(&self, name: &str) -> (Child, BufReader<std::process::ChildStdout>) {
-        let mut w = self
-            .cmd(&[
-                "exec",
-                name,
-                "--",
-                "sh",
-                "-c",
-                "echo waiting; exec lw-inbox --wait --timeout 60",
-            ])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut out = BufReader::new(w.stdout.take().unwrap());
-        let mut first = String::new();
-        out.read_line(&mut first).unwrap();
-        assert_eq!(first.trim(), "waiting", "lw-inbox in {name}");
-        (w, out)
+    /// A waiting `lw-inbox --wait` in `name`.
+    fn waiter(&self, name: &str) -> Waiter {
+        Waiter::start(&mut self.cmd(&["exec", name, "--", "sh", "-c", WAIT]))
     }
 }
 
-/// The time encoded in a message id (`SECONDS.NANOS.RANDOM`).
-fn id_time(id: &str) -> SystemTime {
-    let mut p = id.split('.');
-    let s: u64 = p.next().unwrap().parse().unwrap();
-    let n: u32 = p.next().unwrap().parse().unwrap();
-    SystemTime::UNIX_EPOCH + Duration::new(s, n)
-}
-
-/// Requests the API server counted (`apiserver_request_total`): (for
-/// pods and their subresources, all).
-fn requests(cluster: &kube_support::Cluster) -> (f64, f64) {
+/// Requests the API server counted (`apiserver_request_total`): for pods
+/// and their subresources, all, and the pods' by verb and subresource.
+fn requests(cluster: &kube_support::Cluster) -> (f64, f64, BTreeMap<String, f64>) {
     let m = cluster.kubectl(&["get", "--raw", "/metrics"]);
-    let (mut pods, mut all) = (0.0, 0.0);
+    let (mut pods, mut all, mut by) = (0.0, 0.0, BTreeMap::new());
+    let label = |l: &str, k: &str| {
+        l.split(&format!("{k}=\""))
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .unwrap_or("")
+            .to_string()
+    };
     for l in m
         .lines()
         .filter(|l| l.starts_with("apiserver_request_total{"))
@@ -133,9 +117,25 @@ fn requests(cluster: &kube_support::Cluster) -> (f64, f64) {
         all += v;
         if l.contains("resource=\"pods\"") {
             pods += v;
+            let key = format!("{} {}", label(l, "verb"), label(l, "subresource"));
+            *by.entry(key.trim().to_string()).or_insert(0.0) += v;
         }
     }
-    (pods, all)
+    (pods, all, by)
+}
+
+/// What grew between two [`requests`] readings, largest first.
+fn grown(a: &BTreeMap<String, f64>, b: &BTreeMap<String, f64>) -> String {
+    let mut d: Vec<(f64, &String)> = b
+        .iter()
+        .map(|(k, v)| (v - a.get(k).copied().unwrap_or(0.0), k))
+        .filter(|(d, _)| *d > 0.0)
+        .collect();
+    d.sort_by(|x, y| y.0.total_cmp(&x.0));
+    d.iter()
+        .map(|(d, k)| format!("{k} {d:.0}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The courier's log of the root.
@@ -274,11 +274,12 @@ fn a_fleet_of_pod_sandboxes_idles_without_requests() {
 
     // Idle: every pods request the API server serves in the window.
     let window = Duration::from_secs(30);
-    let (p0, a0) = requests(&cluster);
+    let (p0, a0, by0) = requests(&cluster);
     let t = Instant::now();
     // The window is the measurement: nothing to wait for but time.
     std::thread::sleep(window);
-    let (p1, a1) = requests(&cluster);
+    let (p1, a1, by1) = requests(&cluster);
+    let idle_verbs = grown(&by0, &by1);
     let secs = t.elapsed().as_secs_f64();
     let per_sandbox = (p1 - p0) / secs / n as f64;
     let all_rate = (a1 - a0) / secs;
@@ -291,11 +292,11 @@ fn a_fleet_of_pod_sandboxes_idles_without_requests() {
         .stdout(Stdio::null())
         .spawn()
         .expect("lw-sandbox courier --poll runs");
-    let (q0, _) = requests(&cluster);
+    let (q0, _, _) = requests(&cluster);
     let t = Instant::now();
     // The window is the measurement, as above.
     std::thread::sleep(window / 2);
-    let (q1, _) = requests(&cluster);
+    let (q1, _, _) = requests(&cluster);
     let poll_per_sandbox = (q1 - q0) / t.elapsed().as_secs_f64() / n as f64;
     let _ = poll.kill();
     let _ = poll.wait();
@@ -310,16 +311,7 @@ fn a_fleet_of_pod_sandboxes_idles_without_requests() {
         let to = (from + 1 + seeded::below(n as u64 - 1) as usize) % n;
         let w = fleet.waiter(&names[to]);
         let id = fleet.post(&names[from], &names[to], &format!("latency {k}"));
-        let (mut child, mut out) = w;
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        let at = SystemTime::now();
-        assert!(
-            child.wait().unwrap().success(),
-            "lw-inbox --wait in {}",
-            names[to]
-        );
-        assert!(line.starts_with(&id), "{} listed {id}: {line:?}", names[to]);
+        let (_, at) = w.listed(&id);
         lat.push(at.duration_since(id_time(&id)).unwrap_or_default());
         fleet.ok(&["exec", &names[to], "--", "lw-inbox", "ack", &id]);
     }
@@ -420,7 +412,7 @@ fn a_fleet_of_pod_sandboxes_idles_without_requests() {
     let _ = med.wait();
 
     let figures = format!(
-        "fleet of {n} pod sandboxes (seed {seed}): made in {:.1} s, rings live {:.1} s later; idle {:.0} s: {:.4} pods requests/s per sandbox (goal <= 0.1; the courier without rings, same run: {:.2}, {:.0}x), {:.1} requests/s in all on the API server; post->inbox over 20 pairs p50 {} ms, p95 {} ms (goal <= 2000); storm {posted} messages with {} courier kills at {kills:?} ms: in the volumes {:.1} s after the last post, lost {lost}, duplicated {duplicated}, quarantined {quarantined}",
+        "fleet of {n} pod sandboxes (seed {seed}): made in {:.1} s, rings live {:.1} s later; idle {:.0} s: {:.4} pods requests/s per sandbox (goal <= 0.1; the courier without rings, same run: {:.2}, {:.1}x as many), {:.1} requests/s in all on the API server, pods requests in the window: [{idle_verbs}]; post->inbox over 20 pairs p50 {} ms, p95 {} ms (goal <= 2000); storm {posted} messages with {} courier kills at {kills:?} ms: in the volumes {:.1} s after the last post, lost {lost}, duplicated {duplicated}, quarantined {quarantined}",
         made.as_secs_f64(),
         live_in.as_secs_f64(),
         secs,

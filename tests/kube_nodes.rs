@@ -13,13 +13,14 @@
 //! Without the cached binaries (scripts/k8s-build) it fails saying so; it
 //! is #[ignore]d and `.ci/run` runs it with --ignored when they are cached.
 
+mod courier_support;
 mod kube_support;
 mod sandbox_support;
+use courier_support::{WAIT, Waiter, id_time};
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use loopwright::engine::DockerEngine;
 use sandbox_support::{Fixture, bin};
@@ -30,14 +31,6 @@ fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
-}
-
-/// The time encoded in a message id (`SECONDS.NANOS.RANDOM`).
-fn id_time(id: &str) -> SystemTime {
-    let mut p = id.split('.');
-    let s: u64 = p.next().unwrap().parse().unwrap();
-    let n: u32 = p.next().unwrap().parse().unwrap();
-    SystemTime::UNIX_EPOCH + Duration::new(s, n)
 }
 
 #[test]
@@ -134,24 +127,11 @@ fn sandboxes_of_one_root_on_two_nodes() {
         .map(owned)
         .expect("one on the other node");
     let cross = |from: &str, to: &str| -> Duration {
-        let mut w = fx
-            .cmd(&[
-                "exec",
-                to,
-                "--",
-                "sh",
-                "-c",
-                "echo waiting; exec lw-inbox --wait --timeout 60",
-            ])
-            .env("LW_ENGINE", "kubernetes")
-            .env("KUBECONFIG", &kc)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut out = BufReader::new(w.stdout.take().unwrap());
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "waiting", "lw-inbox in {to}");
+        let w = Waiter::start(
+            fx.cmd(&["exec", to, "--", "sh", "-c", WAIT])
+                .env("LW_ENGINE", "kubernetes")
+                .env("KUBECONFIG", &kc),
+        );
         let id = ok(&[
             "exec",
             from,
@@ -167,11 +147,7 @@ fn sandboxes_of_one_root_on_two_nodes() {
         ])
         .trim()
         .to_string();
-        line.clear();
-        out.read_line(&mut line).unwrap();
-        let at = SystemTime::now();
-        assert!(w.wait().unwrap().success(), "lw-inbox --wait in {to}");
-        assert!(line.starts_with(&id), "{to} listed {id}: {line:?}");
+        let (_, at) = w.listed(&id);
         at.duration_since(id_time(&id)).unwrap_or_default()
     };
     let there = cross(&first.0, &other.0);

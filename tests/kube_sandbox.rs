@@ -32,7 +32,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use futures_util::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
@@ -123,19 +123,11 @@ impl Target {
     }
 }
 
-use crate::courier_support::Courier;
+use crate::courier_support::{Courier, id_time};
 
 /// `lw-sandbox courier --interval MS` for `t`.
 fn start_courier(fx: &Fixture, t: &Target, interval_ms: u32) -> Courier {
     Courier::spawn(t.env(&mut fx.cmd(&["courier", "--interval", &interval_ms.to_string()])))
-}
-
-/// The time encoded in a message id (`SECONDS.NANOS.RANDOM`).
-fn id_time(id: &str) -> SystemTime {
-    let mut p = id.split('.');
-    let s: u64 = p.next().unwrap().parse().unwrap();
-    let n: u32 = p.next().unwrap().parse().unwrap();
-    SystemTime::UNIX_EPOCH + Duration::new(s, n)
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {

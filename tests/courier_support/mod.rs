@@ -1,5 +1,7 @@
-//! A running `lw-sandbox courier` for the volume-mode suites
-//! (remote_engine, kube_sandbox): its report lines arrive with their time.
+//! What the volume-mode suites (remote_engine, kube_sandbox, kube_fleet,
+//! kube_nodes) share of the mail's crossing: a running `lw-sandbox
+//! courier` whose report lines arrive with their time, a `lw-inbox --wait`
+//! waiting in a sandbox, and the time a message id carries.
 #![allow(dead_code)]
 
 use std::io::{BufRead as _, BufReader};
@@ -59,6 +61,54 @@ impl Courier {
 }
 
 impl Drop for Courier {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The time encoded in a message id (`SECONDS.NANOS.RANDOM`).
+pub fn id_time(id: &str) -> SystemTime {
+    let mut p = id.split('.');
+    let s: u64 = p.next().unwrap().parse().unwrap();
+    let n: u32 = p.next().unwrap().parse().unwrap();
+    SystemTime::UNIX_EPOCH + Duration::new(s, n)
+}
+
+/// What a sandbox runs for a [`Waiter`]: `lw-sandbox exec NAME -- sh -c WAIT`.
+pub const WAIT: &str = "echo waiting; exec lw-inbox --wait --timeout 120";
+
+/// A `lw-inbox --wait` in a sandbox, started and waiting.
+pub struct Waiter {
+    child: Child,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl Waiter {
+    /// Runs `cmd` (an `lw-sandbox exec NAME -- sh -c` [`WAIT`]) until it
+    /// says it waits.
+    pub fn start(cmd: &mut Command) -> Waiter {
+        let mut child = cmd.stdout(Stdio::piped()).spawn().unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut first = String::new();
+        out.read_line(&mut first).unwrap();
+        assert_eq!(first.trim(), "waiting", "lw-inbox --wait started");
+        Waiter { child, out }
+    }
+    /// The line it lists and when it came; it must be `id`'s (the inbox
+    /// was empty when it started).
+    pub fn listed(mut self, id: &str) -> (String, SystemTime) {
+        let mut line = String::new();
+        self.out.read_line(&mut line).unwrap();
+        let at = SystemTime::now();
+        assert!(line.starts_with(id), "the waiter lists {id}: {line:?}");
+        let st = self.child.wait().unwrap();
+        assert!(st.success(), "lw-inbox --wait: {st:?}");
+        (line, at)
+    }
+}
+
+impl Drop for Waiter {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

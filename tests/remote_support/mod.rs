@@ -97,18 +97,11 @@ impl Target {
 }
 
 use crate::courier_support::Courier;
+pub(crate) use crate::courier_support::id_time;
 
 /// `lw-sandbox courier --interval MS` for `t`.
 fn start_courier(fx: &Fixture, t: &Target, interval_ms: u32) -> Courier {
     Courier::spawn(t.env(&mut fx.cmd(&["courier", "--interval", &interval_ms.to_string()])))
-}
-
-/// The time encoded in a message id (`SECONDS.NANOS.RANDOM`).
-fn id_time(id: &str) -> SystemTime {
-    let mut p = id.split('.');
-    let s: u64 = p.next().unwrap().parse().unwrap();
-    let n: u32 = p.next().unwrap().parse().unwrap();
-    SystemTime::UNIX_EPOCH + Duration::new(s, n)
 }
 
 fn post(fx: &Fixture, t: &Target, from: &str, to: &str, subject: &str) -> String {

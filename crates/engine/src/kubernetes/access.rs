@@ -109,7 +109,11 @@ pub const RULES: &[Rule] = &[
         "a sandbox, a helper, the egress proxy (also as a dry run)",
     ),
     ns("get", "pods", "start, inspect, exec's user, a pod's end"),
-    ns("list", "pods", "containers by label, a network's members"),
+    ns(
+        "list",
+        "pods",
+        "containers by label, a network's members; a pod and the version to watch it from",
+    ),
     ns(
         "watch",
         "pods",

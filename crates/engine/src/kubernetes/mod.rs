@@ -153,6 +153,22 @@ impl KubeEngine {
             .boxed())
     }
 
+    /// Pod `name` (`None` when there is none) and the version to watch it
+    /// from: the list's, which is the API server's current one.  A pod's
+    /// own version can be older than the server's watch cache still holds
+    /// (a busy namespace: a hundred pods made since), and a watch from it
+    /// ends at once with 410 Gone: asked again in a loop, a get and a
+    /// watch for nothing, hundreds a second over a fleet's execs.
+    pub(super) async fn pod_now(
+        pods: &Api<Pod>,
+        name: &str,
+    ) -> kube::Result<(Option<Pod>, String)> {
+        let lp = ListParams::default().fields(&format!("metadata.name={name}"));
+        let list = pods.list(&lp).await?;
+        let rv = list.metadata.resource_version.clone().unwrap_or_default();
+        Ok((list.items.into_iter().next(), rv))
+    }
+
     /// Waits until `name`'s container runs (true), or the pod ends or fails
     /// to start (an error saying why).
     fn wait_running(&self, name: &str) -> Result<()> {
@@ -161,14 +177,15 @@ impl KubeEngine {
         self.block_on(async {
             let deadline = tokio::time::Instant::now() + START_TIMEOUT;
             loop {
-                let p = pods
-                    .get(name)
+                let (p, rv) = Self::pod_now(&pods, name)
                     .await
-                    .map_err(|e| self.err("get", "pods", &what, e))?;
+                    .map_err(|e| self.err("list", "pods", &what, e))?;
+                let Some(p) = p else {
+                    return Err(Error::new(Exit::NoInput, format!("{what}: it was deleted")));
+                };
                 if let Some(done) = pod::start_outcome(&p) {
                     return done.map_err(|why| not_started(&what, why));
                 }
-                let rv = p.metadata.resource_version.clone().unwrap_or_default();
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 if left.is_zero() {
                     return Err(Error::new(
@@ -224,16 +241,15 @@ impl KubeEngine {
             let deadline =
                 tokio::time::Instant::now() + REMOVE_TIMEOUT + Duration::from_secs(grace.into());
             loop {
-                let rv = match pods
-                    .get_opt(name)
+                let (p, rv) = Self::pod_now(&pods, name)
                     .await
-                    .map_err(|e| self.err("get", "pods", &what, e))?
-                {
+                    .map_err(|e| self.err("list", "pods", &what, e))?;
+                match p {
                     None => return Ok(()),
                     // A pod made again under the same name is another one.
                     Some(p) if uid.is_some() && p.metadata.uid != uid => return Ok(()),
-                    Some(p) => p.metadata.resource_version.unwrap_or_default(),
-                };
+                    Some(_) => {}
+                }
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 if left.is_zero() {
                     return Err(Error::new(

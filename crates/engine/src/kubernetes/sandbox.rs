@@ -317,8 +317,9 @@ where
 }
 
 /// Resolves, with how it ended, once pod `name`'s container no longer runs
-/// or the pod is gone: a get, then a watch from its version (again when a
-/// watch times out).  A failed get or watch ends nothing: it is asked
+/// or the pod is gone: a list of it, then a watch from the list's version
+/// (again when a watch times out; `KubeEngine::pod_now` says why not the
+/// pod's own).  A failed get or watch ends nothing: it is asked
 /// again after [`POLL`], or, forbidden, never (the exec runs on unwatched,
 /// as it did before).
 async fn pod_death(pods: &Api<Pod>, name: &str, cmd: &str) -> Died {
@@ -329,11 +330,11 @@ async fn pod_death(pods: &Api<Pod>, name: &str, cmd: &str) -> Died {
         ..Default::default()
     };
     loop {
-        let rv = match pods.get_opt(name).await {
-            Ok(None) => return gone(),
-            Ok(Some(p)) => match pod_ended(&p, cmd) {
+        let rv = match KubeEngine::pod_now(pods, name).await {
+            Ok((None, _)) => return gone(),
+            Ok((Some(p), rv)) => match pod_ended(&p, cmd) {
                 Some(d) => return d,
-                None => p.metadata.resource_version.unwrap_or_default(),
+                None => rv,
             },
             Err(kube::Error::Api(s)) if s.code == 403 => std::future::pending().await,
             Err(_) => {
@@ -344,6 +345,7 @@ async fn pod_death(pods: &Api<Pod>, name: &str, cmd: &str) -> Died {
         let wp = WatchParams::default()
             .fields(&format!("metadata.name={name}"))
             .timeout(290);
+        let watched = tokio::time::Instant::now();
         let mut events = match pods.watch(&wp, &rv).await {
             Ok(s) => s.boxed(),
             Err(_) => {
@@ -363,6 +365,12 @@ async fn pod_death(pods: &Api<Pod>, name: &str, cmd: &str) -> Died {
                 WatchEvent::Error(_) => break,
                 WatchEvent::Bookmark(_) => {}
             }
+        }
+        // A watch that ended at once (an error event, a broken stream) is
+        // not asked again at once: that would be a get and a watch a loop
+        // for as long as the exec runs (a courier's ring runs for days).
+        if watched.elapsed() < POLL {
+            tokio::time::sleep(POLL).await;
         }
     }
 }
