@@ -36,15 +36,10 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use loopwright::engine::DockerEngine;
 use sandbox_support::{Fixture, bin};
 
 fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    sandbox_support::text(o) + &sandbox_support::err(o)
 }
 
 struct Fleet<'a> {
@@ -212,13 +207,7 @@ fn a_fleet_of_pod_sandboxes_idles_without_requests() {
     // one, so a 2-core node holds a hundred (an exec runs in the pod's
     // cgroup: at a 1% limit a `true` took 2 s).
     let fx = Fixture::with_config("fleet", "kube.cpu-request = 0.01\n");
-    let project = loopwright::config::Project::find(&fx.proj)
-        .unwrap()
-        .expect("the fixture is a project");
-    let docker = DockerEngine::connect().expect("the Docker engine is reachable");
-    let image = loopwright::sandbox::resolve_image(&docker, Some(&project), None, false)
-        .expect("the fixture's image is built")
-        .reference;
+    let image = kube_support::project_image(&fx.proj);
     let cluster = kube_support::Cluster::start("kube_fleet", &[&image])
         .expect("the cached binaries are there");
     // The whole fleet runs as a ServiceAccount of its own namespace, bound

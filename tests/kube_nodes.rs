@@ -22,15 +22,10 @@ use std::collections::BTreeMap;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use loopwright::engine::DockerEngine;
 use sandbox_support::{Fixture, bin};
 
 fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    sandbox_support::text(o) + &sandbox_support::err(o)
 }
 
 #[test]
@@ -42,13 +37,7 @@ fn sandboxes_of_one_root_on_two_nodes() {
         kube_support::missing()
     );
     let fx = Fixture::new("nodes");
-    let project = loopwright::config::Project::find(&fx.proj)
-        .unwrap()
-        .expect("the fixture is a project");
-    let docker = DockerEngine::connect().expect("the Docker engine is reachable");
-    let image = loopwright::sandbox::resolve_image(&docker, Some(&project), None, false)
-        .expect("the fixture's image is built")
-        .reference;
+    let image = kube_support::project_image(&fx.proj);
     let cluster =
         kube_support::Cluster::start_with("kube_nodes", &[&image], &[("LW_K8S_NODES", "2")], true)
             .expect("the cached binaries are there");

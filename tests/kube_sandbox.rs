@@ -302,51 +302,6 @@ fn sandboxes_as_pods() {
         !tk.ok(&fx, &["ls"]).lines().any(|l| l.starts_with("c\t")),
         "nothing of c is left"
     );
-    // An image the node has not and cannot pull: the pod's own status
-    // says so, 66 naming the image and the fix; nothing is left.
-    let o = tk.sb(
-        &fx,
-        &[
-            "create",
-            "n",
-            "--branch",
-            "n",
-            "--image",
-            "loopwright/never-imported:1",
-        ],
-    );
-    assert_eq!(
-        o.status.code(),
-        Some(66),
-        "an image no node has: {}",
-        text(&o)
-    );
-    assert!(
-        text(&o).contains("loopwright/never-imported:1")
-            && text(&o).contains("ctr -n k8s.io images import"),
-        "names the image and the fix: {}",
-        text(&o)
-    );
-    assert!(
-        !tk.ok(&fx, &["ls"]).lines().any(|l| l.starts_with("n\t")),
-        "nothing of n is left"
-    );
-    // Imported a moment ago (a new name on the node, which the kubelet has
-    // not reported yet): made at once.
-    let fresh = format!(
-        "docker.io/loopwright/just-imported:{}",
-        sandbox_support::nonce()
-    );
-    let normal = loopwright::engine::kubernetes::normalize(&image);
-    cluster.ctr(&["images", "tag", &normal, &fresh]);
-    let s = Instant::now();
-    tk.ok(&fx, &["create", "j", "--branch", "j", "--image", &fresh]);
-    eprintln!(
-        "figure: create from an image tagged on the node just before: {:.1} s",
-        s.elapsed().as_secs_f64()
-    );
-    tk.ok(&fx, &["rm", "--force", "j"]);
-
     let rec: serde_json::Value =
         serde_json::from_slice(&std::fs::read(fx.root.join("state/sandbox/a.json")).unwrap())
             .unwrap();
@@ -608,6 +563,57 @@ fn sandboxes_as_pods() {
     tk.ok(&fx, &["rm", "a"]);
     tk.ok(&fx, &["rm", "--force", "b"]);
     tl.ok(&fx, &["rm", "--force", "a"]);
+
+    // (a and b gone, the node has room again.)  An image the node has not
+    // and cannot pull: the pod's own status says so, 66 naming the image
+    // and the fix; nothing is left.
+    let o = tk.sb(
+        &fx,
+        &[
+            "create",
+            "n",
+            "--branch",
+            "n",
+            "--image",
+            "loopwright/never-imported:1",
+        ],
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(66),
+        "an image no node has: {}",
+        text(&o)
+    );
+    assert!(
+        text(&o).contains("loopwright/never-imported:1")
+            && text(&o).contains("ctr -n k8s.io images import"),
+        "names the image and the fix: {}",
+        text(&o)
+    );
+    assert!(
+        !tk.ok(&fx, &["ls"]).lines().any(|l| l.starts_with("n\t")),
+        "nothing of n is left"
+    );
+    // Imported a moment ago (a new name on the node, which the kubelet has
+    // not reported yet): made at once.
+    let fresh = format!(
+        "docker.io/loopwright/just-imported:{}",
+        sandbox_support::nonce()
+    );
+    let normal = loopwright::engine::kubernetes::normalize(&image);
+    cluster.ctr(&["images", "tag", &normal, &fresh]);
+    let s = Instant::now();
+    tk.ok(
+        &fx,
+        &[
+            "create", "j", "--branch", "j", "--image", &fresh, "--cpus", "0.1",
+        ],
+    );
+    eprintln!(
+        "figure: create from an image tagged on the node just before: {:.1} s",
+        s.elapsed().as_secs_f64()
+    );
+    tk.ok(&fx, &["rm", "--force", "j"]);
 
     // kill -9 of a create at a seeded moment, then gc: nothing of it left.
     let kill_at = Duration::from_millis(500 + seeded::below(4000));

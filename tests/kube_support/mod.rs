@@ -374,3 +374,16 @@ impl Drop for Gone<'_> {
         }
     }
 }
+
+/// The image of the project at `proj` (lw-build's, on the Docker engine),
+/// for a cluster to import.
+pub fn project_image(proj: &Path) -> String {
+    let project = loopwright::config::Project::find(proj)
+        .unwrap()
+        .expect("the fixture is a project");
+    let docker =
+        loopwright::engine::DockerEngine::connect().expect("the Docker engine is reachable");
+    loopwright::sandbox::resolve_image(&docker, Some(&project), None, false)
+        .expect("the fixture's image is built")
+        .reference
+}
