@@ -212,10 +212,22 @@ impl<'s, 'a> Courier<'s, 'a> {
         Ok(total)
     }
 
-    /// Whether a sandbox has names delivered into its volume that wait for
-    /// their acknowledgement (looked up each [`RECHECK`] without a ring).
-    pub fn awaits_acks(&self, name: &str) -> bool {
-        self.inside.get(name).is_some_and(|(k, _)| !k.is_empty())
+    /// Runs `script` with `args` in the sandbox as its user: its output,
+    /// or 69 saying it cannot `what` the mail volume, and why.
+    fn script(&self, rec: &Record, script: &str, args: &[String], what: &str) -> Result<String> {
+        let (code, out, err) = self
+            .sb
+            .exec_args(&rec.container, &Self::user(rec), script, args)?;
+        if code != 0 {
+            return Err(Error::new(
+                Exit::Unavailable,
+                format!(
+                    "cannot {what} the mail volume (exit {code}): {}",
+                    crate::visible::visible(err.trim())
+                ),
+            ));
+        }
+        Ok(out)
     }
 
     /// Runs `f` on the current record of `rec`'s sandbox under its lock; a
@@ -313,18 +325,7 @@ impl<'s, 'a> Courier<'s, 'a> {
         }
         let names: Vec<String> = carried.into_iter().map(|(n, _)| n).collect();
         for chunk in names.chunks(BATCH) {
-            let (code, _, err) = self
-                .sb
-                .exec_args(&rec.container, &Self::user(rec), ACK, chunk)?;
-            if code != 0 {
-                return Err(Error::new(
-                    Exit::Unavailable,
-                    format!(
-                        "cannot acknowledge carried messages in the mail volume (exit {code}): {}",
-                        crate::visible::visible(err.trim())
-                    ),
-                ));
-            }
+            self.script(rec, ACK, chunk, "acknowledge carried messages in")?;
         }
         for chunk in moved.chunks(BATCH) {
             let (code, _, _) = self
@@ -375,18 +376,7 @@ impl<'s, 'a> Courier<'s, 'a> {
                 )?;
                 let mut args = vec![tag];
                 args.extend(sent.iter().cloned());
-                let (code, out, err) =
-                    self.sb
-                        .exec_args(&rec.container, &Self::user(rec), DELIVER, &args)?;
-                if code != 0 {
-                    return Err(Error::new(
-                        Exit::Unavailable,
-                        format!(
-                            "cannot deliver into the inbox of the mail volume (exit {code}): {}",
-                            crate::visible::visible(err.trim())
-                        ),
-                    ));
-                }
+                let out = self.script(rec, DELIVER, &args, "deliver into the inbox of")?;
                 let acked = self.claim_acked(&inbox, &out, &mut done)?;
                 for n in sent {
                     if !acked.contains(&n) {
@@ -428,18 +418,7 @@ impl<'s, 'a> Courier<'s, 'a> {
         done: &mut Carried,
     ) -> Result<()> {
         for chunk in old.chunks(BATCH) {
-            let (code, out, err) =
-                self.sb
-                    .exec_args(&rec.container, &Self::user(rec), STATUS, chunk)?;
-            if code != 0 {
-                return Err(Error::new(
-                    Exit::Unavailable,
-                    format!(
-                        "cannot read the inbox of the mail volume (exit {code}): {}",
-                        crate::visible::visible(err.trim())
-                    ),
-                ));
-            }
+            let out = self.script(rec, STATUS, chunk, "read the inbox of")?;
             let acked = self.claim_acked(inbox, &out, done)?;
             let there: HashSet<&str> = out.lines().filter_map(|l| l.strip_prefix("new ")).collect();
             for n in chunk {

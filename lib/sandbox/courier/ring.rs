@@ -299,16 +299,13 @@ impl<'scope, 'env> Rings<'scope, 'env> {
             return interval;
         }
         let now = Instant::now();
-        let mut t = sweep_left;
-        for r in self.rings.values() {
-            match r.state {
-                State::Live { heard, .. } => {
-                    t = t.min((heard + SILENT).saturating_duration_since(now) + BACKOFF)
-                }
-                _ => return interval,
+        let silent = self.rings.values().filter_map(|r| match r.state {
+            State::Live { heard, .. } => {
+                Some((heard + SILENT).saturating_duration_since(now) + BACKOFF)
             }
-        }
-        t
+            _ => None,
+        });
+        silent.fold(sweep_left, Duration::min)
     }
 
     /// How many rings are live, of how many.
