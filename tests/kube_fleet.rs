@@ -28,7 +28,7 @@
 mod courier_support;
 mod kube_support;
 mod sandbox_support;
-use courier_support::{WAIT, Waiter, id_time};
+use courier_support::{LwSandbox, id_time};
 use support::seeded;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -40,52 +40,6 @@ use sandbox_support::{Fixture, bin};
 
 fn text(o: &Output) -> String {
     sandbox_support::text(o) + &sandbox_support::err(o)
-}
-
-struct Fleet<'a> {
-    fx: &'a Fixture,
-    kubeconfig: String,
-}
-
-impl Fleet<'_> {
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = self.fx.cmd(args);
-        c.env("LW_ENGINE", "kubernetes")
-            .env("KUBECONFIG", &self.kubeconfig);
-        c
-    }
-    fn ok(&self, args: &[&str]) -> String {
-        let o = self.cmd(args).output().expect("lw-sandbox runs");
-        assert!(
-            o.status.success(),
-            "lw-sandbox {args:?} exited {:?}: {}",
-            o.status.code(),
-            text(&o)
-        );
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    }
-    /// `lw-post` in `from` to `to`: the id.
-    fn post(&self, from: &str, to: &str, subject: &str) -> String {
-        self.ok(&[
-            "exec",
-            from,
-            "--",
-            "lw-post",
-            "--to",
-            to,
-            "--kind",
-            "status",
-            "--subject",
-            subject,
-            "body",
-        ])
-        .trim()
-        .to_string()
-    }
-    /// A waiting `lw-inbox --wait` in `name`.
-    fn waiter(&self, name: &str) -> Waiter {
-        Waiter::start(&mut self.cmd(&["exec", name, "--", "sh", "-c", WAIT]))
-    }
 }
 
 /// Requests the API server counted (`apiserver_request_total`): for pods
@@ -213,10 +167,12 @@ fn a_fleet_of_pod_sandboxes_idles_without_requests() {
     // The whole fleet runs as a ServiceAccount of its own namespace, bound
     // to exactly the Role and ClusterRole `lw doctor --kube-role` prints.
     let (sa_kc, ns, _gone) = kube_support::service_account(&cluster, "lw-fleet", &fx.dir);
-    let fleet = Fleet {
-        fx: &fx,
-        kubeconfig: sa_kc.display().to_string(),
+    let base = |args: &[&str]| {
+        let mut c = fx.cmd(args);
+        c.env("LW_ENGINE", "kubernetes").env("KUBECONFIG", &sa_kc);
+        c
     };
+    let fleet = LwSandbox { base: &base };
     let rbac = Command::new(bin("lw-doctor"))
         .current_dir(&fx.proj)
         .env("LW_ROOT", &fx.root)

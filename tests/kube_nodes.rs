@@ -16,17 +16,13 @@
 mod courier_support;
 mod kube_support;
 mod sandbox_support;
-use courier_support::{WAIT, Waiter, id_time};
+use courier_support::{LwSandbox, id_time};
 
 use std::collections::BTreeMap;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sandbox_support::{Fixture, bin};
-
-fn text(o: &Output) -> String {
-    sandbox_support::text(o) + &sandbox_support::err(o)
-}
 
 #[test]
 #[ignore = "needs the single-node Kubernetes cached by scripts/k8s-build; .ci/run runs it with --ignored when cached"]
@@ -48,27 +44,16 @@ fn sandboxes_of_one_root_on_two_nodes() {
         .map(|l| l.trim_start_matches("node/").to_string())
         .collect();
     assert_eq!(nodes.len(), 2, "two nodes: {nodes:?}");
-    let sb = |args: &[&str]| -> Output {
-        fx.cmd(args)
-            .env("LW_ENGINE", "kubernetes")
-            .env("KUBECONFIG", &kc)
-            .output()
-            .expect("lw-sandbox runs")
+    let base = |args: &[&str]| {
+        let mut c = fx.cmd(args);
+        c.env("LW_ENGINE", "kubernetes").env("KUBECONFIG", &kc);
+        c
     };
-    let ok = |args: &[&str]| -> String {
-        let o = sb(args);
-        assert!(
-            o.status.success(),
-            "lw-sandbox {args:?} exited {:?}: {}",
-            o.status.code(),
-            text(&o)
-        );
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    };
+    let lw = LwSandbox { base: &base };
 
     let names = ["a", "b", "c", "d"];
     for n in names {
-        ok(&["create", n, "--branch", n, "--image", &image]);
+        lw.ok(&["create", n, "--branch", n, "--image", &image]);
     }
     let placed: BTreeMap<String, String> = cluster
         .kubectl(&[
@@ -116,26 +101,8 @@ fn sandboxes_of_one_root_on_two_nodes() {
         .map(owned)
         .expect("one on the other node");
     let cross = |from: &str, to: &str| -> Duration {
-        let w = Waiter::start(
-            fx.cmd(&["exec", to, "--", "sh", "-c", WAIT])
-                .env("LW_ENGINE", "kubernetes")
-                .env("KUBECONFIG", &kc),
-        );
-        let id = ok(&[
-            "exec",
-            from,
-            "--",
-            "lw-post",
-            "--to",
-            to,
-            "--kind",
-            "status",
-            "--subject",
-            "across",
-            "body",
-        ])
-        .trim()
-        .to_string();
+        let w = lw.waiter(to);
+        let id = lw.post(from, to, "across");
         let (_, at) = w.listed(&id);
         at.duration_since(id_time(&id)).unwrap_or_default()
     };
@@ -146,9 +113,9 @@ fn sandboxes_of_one_root_on_two_nodes() {
 
     let t = Instant::now();
     for n in names {
-        ok(&["rm", "--force", n]);
+        lw.ok(&["rm", "--force", n]);
     }
-    ok(&["gc"]);
+    lw.ok(&["gc"]);
     let left = cluster.kubectl(&[
         "get",
         "pods,pvc,configmaps,networkpolicies",

@@ -1,7 +1,8 @@
 //! What the volume-mode suites (remote_engine, kube_sandbox, kube_fleet,
 //! kube_nodes) share of the mail's crossing: a running `lw-sandbox
 //! courier` whose report lines arrive with their time, a `lw-inbox --wait`
-//! waiting in a sandbox, and the time a message id carries.
+//! waiting in a sandbox, the time a message id carries, and `lw-sandbox`
+//! as a suite runs it (its root, project and engine chosen by the suite).
 #![allow(dead_code)]
 
 use std::io::{BufRead as _, BufReader};
@@ -112,5 +113,51 @@ impl Drop for Waiter {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// `lw-sandbox` as a suite runs it: `base` makes the command for the
+/// arguments, with the suite's root, project and engine.
+pub struct LwSandbox<'a> {
+    pub base: &'a (dyn Fn(&[&str]) -> Command + Sync),
+}
+
+impl LwSandbox<'_> {
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        (self.base)(args)
+    }
+    /// `lw-sandbox ARGS`, which must succeed: its stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let o = self.cmd(args).output().expect("lw-sandbox runs");
+        assert!(
+            o.status.success(),
+            "lw-sandbox {args:?} exited {:?}: {}{}",
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+    /// `lw-post --kind status` in `from` to `to`: the id.
+    pub fn post(&self, from: &str, to: &str, subject: &str) -> String {
+        self.ok(&[
+            "exec",
+            from,
+            "--",
+            "lw-post",
+            "--to",
+            to,
+            "--kind",
+            "status",
+            "--subject",
+            subject,
+            "body",
+        ])
+        .trim()
+        .to_string()
+    }
+    /// A waiting `lw-inbox --wait` in `name`.
+    pub fn waiter(&self, name: &str) -> Waiter {
+        Waiter::start(&mut self.cmd(&["exec", name, "--", "sh", "-c", WAIT]))
     }
 }
