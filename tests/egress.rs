@@ -34,6 +34,7 @@ use loopwright::error::Exit;
 use sha2::{Digest, Sha256};
 
 use egress_support::{counted, counter_script};
+use support::seeded;
 
 const TEST_LABEL: &str = "org.loopwright.test";
 /// Plain HTTP requests the matrix sends to api.example.com:80 on purpose.
@@ -1069,69 +1070,162 @@ fn prepare_makes_an_isolated_way_out_and_teardown_leaves_nothing() {
     assert_eq!(e.exit, Exit::NoInput);
 }
 
+/// Removes every network named exactly `.0` (there may be duplicates, which
+/// `docker network rm NAME` calls ambiguous).
 struct RmNet(String);
 impl Drop for RmNet {
     fn drop(&mut self) {
-        let _ = docker_out(&["network", "rm", &self.0]);
+        for id in networks_named(&self.0) {
+            let _ = docker_out(&["network", "rm", &id]);
+        }
     }
 }
 
-/// The engine does not keep network names unique: two sandboxes prepared at
-/// once on a fresh engine must still end up sharing one way out.
-#[test]
-fn concurrent_prepares_settle_on_one_outside_network() {
-    let nonce = build_support::nonce();
-    let outside = format!("lw-egt-{nonce}-race");
-    let _rm_out = RmNet(outside.clone());
-    let world = World {
-        nonce: format!("egress-{nonce}"),
-        keys: (0..3).map(|i| format!("lw-egt-{nonce}-r{i}")).collect(),
-    };
-    let from = build_support::test_image("debian");
-    let plans: Vec<_> = std::thread::scope(|s| {
-        let hs: Vec<_> = world
-            .keys
-            .iter()
-            .map(|key| {
-                let (outside, from) = (outside.clone(), from.clone());
+/// The ids of every network named exactly `name`, labelled or not.
+fn networks_named(name: &str) -> Vec<String> {
+    let o = docker_out(&[
+        "network",
+        "ls",
+        "--filter",
+        &format!("name={name}"),
+        "--format",
+        "{{.ID}} {{.Name}}",
+    ]);
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(_, n)| *n == name)
+        .map(|(id, _)| id.to_string())
+        .collect()
+}
+
+/// Runs `f(i)` on `n` threads released at once (after a seeded number of
+/// yields each, so the interleaving differs from run to run).
+fn at_once<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let gate = std::sync::Barrier::new(n);
+    let spins: Vec<u64> = (0..n).map(|_| seeded::below(2000)).collect();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|i| {
+                let (gate, f, spins) = (&gate, &f, spins[i]);
                 s.spawn(move || {
-                    let engine = DockerEngine::connect().expect("the Docker engine is reachable");
-                    let opts = Options {
-                        proxy_from: from,
-                        outside,
-                        ready_timeout: Duration::from_secs(60),
-                        labels: Default::default(),
-                        hosts: Default::default(),
-                    };
-                    egress::prepare(&engine, key, &AllowList::none(), &opts, &mut |_| {})
-                        .map(|p| p.proxy)
+                    gate.wait();
+                    for _ in 0..spins {
+                        std::thread::yield_now();
+                    }
+                    f(i)
                 })
             })
             .collect();
         hs.into_iter()
-            .map(|h| h.join().expect("a prepare thread"))
+            .map(|h| h.join().expect("a racing thread"))
             .collect()
-    });
-    let engine = DockerEngine::connect().unwrap();
-    let same_name: Vec<_> = engine
-        .networks_with_label(&format!("{}=outside", egress::LABEL_EGRESS))
-        .unwrap()
-        .into_iter()
-        .filter(|n| n.name == outside)
-        .collect();
-    println!(
-        "3 concurrent prepares: {} ok, {} network(s) named {outside}",
-        plans.iter().filter(|p| p.is_ok()).count(),
-        same_name.len()
-    );
-    for p in &plans {
-        assert!(p.is_ok(), "{p:?}");
-    }
-    assert_eq!(same_name.len(), 1, "{same_name:?}");
-    for p in plans.into_iter().flatten() {
-        assert!(
-            same_name[0].containers.contains_key(&p),
-            "{p} is on the one outside network"
+    })
+}
+
+/// Issue 47: prepares racing for one way out saw a sibling's new network
+/// by name before the list by label did, and called it "not made for
+/// egress" (exit 78); two siblings' duplicates made the name ambiguous.
+/// Many rounds of many callers on a fresh name each: every one must get a
+/// labelled network of that name, and the leftovers are only that.
+#[test]
+fn outside_network_race_never_calls_a_siblings_network_foreign() {
+    let nonce = build_support::nonce();
+    let seed = seeded::seed();
+    let rounds = 8;
+    let mut failed = Vec::new();
+    for round in 0..rounds {
+        // Each racer may make a duplicate, and every duplicate takes one of
+        // the engine's ~30 default address pools, shared with other users.
+        let threads = 12 + seeded::below(5) as usize;
+        let name = format!("lw-egt-{nonce}-or{round}");
+        let _rm = RmNet(name.clone());
+        let got = at_once(threads, |_| {
+            let engine = DockerEngine::connect().expect("the Docker engine is reachable");
+            egress::outside_network(&engine, &name)
+        });
+        let engine = DockerEngine::connect().unwrap();
+        let left = networks_named(&name);
+        let errors: Vec<_> = got.iter().filter_map(|r| r.as_ref().err()).collect();
+        println!(
+            "seed {seed} round {round}: {threads} concurrent, {} failed, {} network(s) left named {name}",
+            errors.len(),
+            left.len()
         );
+        failed.extend(errors.iter().map(|e| format!("round {round}: {e}")));
+        for id in &left {
+            let n = engine.network(id).unwrap().expect("listed just now");
+            assert_eq!(
+                n.labels.get(egress::LABEL_EGRESS).map(String::as_str),
+                Some("outside"),
+                "seed {seed}: {n:?}"
+            );
+        }
+        assert!(
+            !left.is_empty(),
+            "seed {seed}: round {round} left no network"
+        );
+    }
+    assert!(failed.is_empty(), "seed {seed}: {failed:#?}");
+}
+
+/// The engine does not keep network names unique: many sandboxes prepared
+/// at once on a fresh engine must still end up sharing one way out, with
+/// every proxy on it (issue 47: one of three failed with exit 78).
+#[test]
+fn concurrent_prepares_settle_on_one_outside_network() {
+    let nonce = build_support::nonce();
+    let seed = seeded::seed();
+    let from = build_support::test_image("debian");
+    for round in 0..2 {
+        let n = 8 + seeded::below(5) as usize;
+        let outside = format!("lw-egt-{nonce}-race{round}");
+        let _rm_out = RmNet(outside.clone());
+        let world = World {
+            nonce: format!("egress-{nonce}-{round}"),
+            keys: (0..n)
+                .map(|i| format!("lw-egt-{nonce}-{round}r{i}"))
+                .collect(),
+        };
+        let plans = at_once(n, |i| {
+            let engine = DockerEngine::connect().expect("the Docker engine is reachable");
+            let opts = Options {
+                proxy_from: from.clone(),
+                outside: outside.clone(),
+                ready_timeout: Duration::from_secs(120),
+                labels: Default::default(),
+                hosts: Default::default(),
+            };
+            egress::prepare(
+                &engine,
+                &world.keys[i],
+                &AllowList::none(),
+                &opts,
+                &mut |_| {},
+            )
+            .map(|p| p.proxy)
+        });
+        let engine = DockerEngine::connect().unwrap();
+        let same_name: Vec<_> = engine
+            .networks_with_label(&format!("{}=outside", egress::LABEL_EGRESS))
+            .unwrap()
+            .into_iter()
+            .filter(|n| n.name == outside)
+            .collect();
+        println!(
+            "seed {seed} round {round}: {n} concurrent prepares: {} ok, {} network(s) named {outside}",
+            plans.iter().filter(|p| p.is_ok()).count(),
+            same_name.len()
+        );
+        for p in &plans {
+            assert!(p.is_ok(), "seed {seed}: {p:?}");
+        }
+        assert_eq!(same_name.len(), 1, "seed {seed}: {same_name:?}");
+        for p in plans.into_iter().flatten() {
+            assert!(
+                same_name[0].containers.contains_key(&p),
+                "seed {seed}: {p} is on the one outside network"
+            );
+        }
     }
 }

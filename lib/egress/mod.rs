@@ -48,7 +48,10 @@ use std::time::Duration;
 pub use crate::engine::{Network, NetworkEngine, NetworkSpec};
 pub use allow::{AllowList, Entry, HostPattern};
 pub use image::{PROXY_FILES, ensure_proxy_image, proxy_tag};
-pub use proxy::{denials, leftovers, prepare, prepare_with_image, requests, start_proxy, teardown};
+pub use proxy::{
+    denials, leftovers, outside_network, prepare, prepare_with_image, requests, start_proxy,
+    teardown,
+};
 pub use squid::Request;
 
 use crate::config::Config;

@@ -51,13 +51,27 @@ pub fn prepare_with_image(
     opts: &Options,
 ) -> Result<NetworkPlan> {
     check_key(key)?;
-    let outside = outside_network(engine, &opts.outside)?;
-    teardown(engine, key)?;
-    let made = make(engine, key, allow, image, &outside, opts);
-    if made.is_err() {
+    // A sibling settling on the same way out may remove the network this
+    // call chose (a newer duplicate, still empty), or an older one this call
+    // could not see yet may appear: then make again on the oldest.  The
+    // oldest is never removed, so every caller ends on it.
+    for _ in 0..SETTLE_ATTEMPTS {
+        let outside = outside_network(engine, &opts.outside)?;
+        teardown(engine, key)?;
+        match make(engine, key, allow, image, &outside, opts) {
+            Ok(plan) if oldest_outside(engine, &opts.outside)?.as_deref() == Some(&outside) => {
+                return Ok(plan);
+            }
+            Ok(_) => {}
+            Err(e) if engine.network(&outside)?.is_some() => {
+                let _ = teardown(engine, key);
+                return Err(e);
+            }
+            Err(_) => {}
+        }
         let _ = teardown(engine, key);
     }
-    made
+    Err(unsettled(&opts.outside))
 }
 
 fn make(
@@ -152,48 +166,103 @@ pub fn start_proxy(engine: &dyn NetworkEngine, key: &str, timeout: Duration) -> 
     Ok(())
 }
 
-/// Finds or makes the shared network that leads out.  The engine does not
-/// keep network names unique, so two `prepare`s racing may each make one:
-/// every caller then settles on the oldest and removes the others.
-fn outside_network(engine: &dyn NetworkEngine, name: &str) -> Result<String> {
-    let find = || -> Result<Vec<Network>> {
-        Ok(engine
-            .networks_with_label(&format!("{LABEL_EGRESS}=outside"))?
-            .into_iter()
-            .filter(|n| n.name == name)
-            .collect())
-    };
-    let mut found = find()?;
-    if found.is_empty() {
-        if let Some(other) = engine.network(name)?
-            && other.name == name
-        {
-            return Err(Error::config(format!(
-                "network '{name}' exists but was not made for egress (it lacks the label {LABEL_EGRESS}=outside); \
-                 remove it or name another in egress.network"
-            )));
+/// How often a prepare looks again when siblings racing it moved the
+/// ground (a network made or removed between two looks); each look is a
+/// few engine calls, no wait.
+const SETTLE_ATTEMPTS: usize = 16;
+
+fn unsettled(name: &str) -> Error {
+    Error::new(
+        Exit::TempFail,
+        format!(
+            "network '{name}' did not settle after {SETTLE_ATTEMPTS} attempts: \
+             other prepares kept making or removing it; try again"
+        ),
+    )
+}
+
+/// Finds or makes the shared network `name` that leads out and returns its
+/// id.  Names are not unique to every engine (Docker 20.10 keeps
+/// duplicates, newer engines answer 409), so prepares racing one another
+/// may each make one: every caller settles on the oldest labelled one and
+/// removes the empty others.  Only a network by that name that lacks the
+/// label is the user's mistake; one a sibling made after this call listed
+/// (the inspect sees it before the list does) or two siblings' duplicates
+/// (the engine calls the name ambiguous) mean: look again.
+pub fn outside_network(engine: &dyn NetworkEngine, name: &str) -> Result<String> {
+    let mut last = None;
+    for _ in 0..SETTLE_ATTEMPTS {
+        if let Some(id) = settle_outside(engine, name)? {
+            return Ok(id);
         }
-        engine.create_network(&NetworkSpec {
+        match engine.network(name) {
+            Ok(Some(n)) if n.name == name && is_outside(&n) => continue,
+            Ok(Some(n)) if n.name == name => {
+                return Err(Error::config(format!(
+                    "network '{name}' exists but was not made for egress (it lacks the label {LABEL_EGRESS}=outside); \
+                     remove it or name another in egress.network"
+                )));
+            }
+            Ok(_) => {}
+            Err(e) => {
+                last = Some(e);
+                continue;
+            }
+        }
+        match engine.create_network(&NetworkSpec {
             name: name.to_string(),
             internal: false,
             no_host_address: false,
             isolate_containers: true,
             labels: [(LABEL_EGRESS.to_string(), "outside".to_string())].into(),
-        })?;
-        found = find()?;
+        }) {
+            Ok(_) => {}
+            // 409 from an engine that keeps names unique, or no address
+            // pool left after siblings' duplicates: use theirs if it is there.
+            Err(e) => match settle_outside(engine, name)? {
+                Some(id) => return Ok(id),
+                None if e.exit == Exit::CantCreat => last = Some(e),
+                None => return Err(e),
+            },
+        }
     }
+    Err(last.unwrap_or_else(|| unsettled(name)))
+}
+
+fn is_outside(n: &Network) -> bool {
+    n.labels.get(LABEL_EGRESS).map(String::as_str) == Some("outside")
+}
+
+/// The labelled networks named `name`, oldest first.
+fn outside_networks(engine: &dyn NetworkEngine, name: &str) -> Result<Vec<Network>> {
+    Ok(engine
+        .networks_with_label(&format!("{LABEL_EGRESS}=outside"))?
+        .into_iter()
+        .filter(|n| n.name == name)
+        .collect())
+}
+
+fn oldest_outside(engine: &dyn NetworkEngine, name: &str) -> Result<Option<String>> {
+    Ok(outside_networks(engine, name)?
+        .into_iter()
+        .next()
+        .map(|n| n.id))
+}
+
+/// The oldest labelled network named `name`, once the empty younger ones
+/// are removed (one in use stays: the engine refuses, and its user moves
+/// when it checks its choice).
+fn settle_outside(engine: &dyn NetworkEngine, name: &str) -> Result<Option<String>> {
+    let found = outside_networks(engine, name)?;
     let Some(first) = found.first() else {
-        return Err(Error::new(
-            Exit::Unavailable,
-            format!("network '{name}' vanished right after it was made"),
-        ));
+        return Ok(None);
     };
     for extra in &found[1..] {
         if extra.containers.is_empty() {
             let _ = engine.remove_network(&extra.id);
         }
     }
-    Ok(first.id.clone())
+    Ok(Some(first.id.clone()))
 }
 
 /// Removes the proxy and the internal network of `key`.  A sandbox still
