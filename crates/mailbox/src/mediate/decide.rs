@@ -291,7 +291,11 @@ pub(super) fn route(
     let (known, unknown): (Vec<String>, Vec<String>) = targets
         .into_iter()
         .partition(|t| t == layout::HUMAN || state.known.contains_key(t));
-    let main = if known.is_empty() && !(rule.value == Route::Named && named.is_empty()) {
+    // None only when every recipient bounced: a route that found nobody
+    // (no scope overlaps the refs, a status to the mediator alone) is still
+    // a decision, a forward to nobody, so that no claimed message goes
+    // unlogged.
+    let main = if known.is_empty() && !unknown.is_empty() {
         None
     } else {
         Some(Decision {
@@ -367,7 +371,7 @@ fn route_scope(state: &State, m: &Message, named: &[String], at: &str) -> Routed
         .map(|s| s.name.clone())
         .collect();
     t.extend(named.iter().cloned());
-    let why = if m.refs.is_empty() {
+    let mut why = if m.refs.is_empty() {
         format!("{} without refs goes to every other sandbox ({at})", m.kind)
     } else {
         format!(
@@ -375,7 +379,41 @@ fn route_scope(state: &State, m: &Message, named: &[String], at: &str) -> Routed
             m.kind
         )
     };
+    if t.is_empty() {
+        why += &if m.refs.is_empty() {
+            "; there is none: logged, delivered to nobody".to_string()
+        } else {
+            format!(
+                "; none does ({}): logged, delivered to nobody",
+                refs_list(&m.refs)
+            )
+        };
+    }
     Routed::Targets(t, why, "not a registered sandbox".into())
+}
+
+/// The refs for a reason: the first few, and how many more.
+fn refs_list(refs: &[String]) -> String {
+    const SHOWN: usize = 5;
+    let mut s = refs
+        .iter()
+        .take(SHOWN)
+        .map(|r| r.escape_debug().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if refs.len() > SHOWN {
+        s += &format!(" and {} more", refs.len() - SHOWN);
+    }
+    s
+}
+
+/// The id of the receipt sent back for message `id` when it was forwarded
+/// to nobody.
+pub fn nobody_id(id: &str) -> String {
+    derived_id(
+        crate::id::time_of(id).unwrap_or_default(),
+        &[b"nobody", id.as_bytes()],
+    )
 }
 
 /// Route `asker`: whoever sent the message this one replies to, and the

@@ -16,7 +16,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use super::collect::{Collected, Work};
-use super::decide::bounce_id;
+use super::decide::{bounce_id, nobody_id};
 use super::{Boxes, HELD, HUMAN, LOG, Mediator, QUARANTINE, mailbox_name, read_names};
 
 impl Mediator {
@@ -85,6 +85,10 @@ impl Mediator {
                 let bytes = m.to_bytes();
                 for party in &e.decision.to {
                     want.push((self.party_box(boxes, party)?, m.id.clone(), bytes.clone()));
+                }
+                if let Some(r) = nobody_receipt(e) {
+                    let key = self.party_box(boxes, &e.sender)?;
+                    want.push((key, r.id.clone(), r.to_bytes()));
                 }
             }
             Action::Hold => want.push((HELD, m.id.clone(), full.to_bytes())),
@@ -465,6 +469,40 @@ impl Mediator {
 enum Tag {
     Log(usize, usize),
     Copy(usize),
+}
+
+/// The receipt a `forward` to nobody sends back to its sender, so that the
+/// one who said "I changed this contract" learns that no sandbox heard it.
+/// None for a status (a status to the mediator alone is how a note is
+/// logged) and for the mediator's own messages (the radar's).
+fn nobody_receipt(e: &Entry) -> Option<Message> {
+    let m = e.message.as_ref()?;
+    if e.decision.action != Action::Forward
+        || !e.decision.to.is_empty()
+        || m.kind == Kind::Status
+        || e.sender == layout::MEDIATOR
+    {
+        return None;
+    }
+    let mut subject = format!("delivered to nobody: {}", m.subject);
+    while subject.len() > message::MAX_SUBJECT {
+        subject.pop();
+    }
+    Some(Message {
+        version: message::VERSION,
+        id: nobody_id(&m.id),
+        from: layout::MEDIATOR.into(),
+        to: vec![e.sender.clone()],
+        kind: Kind::Status,
+        subject,
+        body: format!(
+            "Your {} message {} (\"{}\") was logged and delivered to nobody.\nReason: {}\n",
+            m.kind, m.id, m.subject, e.decision.reason
+        ),
+        refs: m.refs.clone(),
+        in_reply_to: Some(m.id.clone()),
+        created: e.logged.clone(),
+    })
 }
 
 /// The bounce message for a bounce entry.

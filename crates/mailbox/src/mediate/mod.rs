@@ -66,7 +66,7 @@ mod tests;
 mod watch;
 
 pub use budget::{DEFAULT_LOG_MAX, refusals_id};
-pub use decide::{bounce_id, cap_notice_id};
+pub use decide::{bounce_id, cap_notice_id, nobody_id};
 pub use state::State;
 pub use watch::{lock_mediator, lock_routes, raise_open_files_limit};
 

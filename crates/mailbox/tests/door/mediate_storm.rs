@@ -1,7 +1,9 @@
 //! The kill -9 storm: the mediator is SIGKILLed at random moments while
 //! several posters send 2,000 messages; after a final `--once`, every message
-//! is logged once, sits once in each recipient's inbox, and no outbox holds
-//! anything in `new/`.  Prints its figures.
+//! is logged once (a contract change that reaches nobody too, with its
+//! receipt), sits once in each recipient's inbox, every claimed message has
+//! its decision in the log, and no outbox holds anything in `new/`.  Prints
+//! its figures.
 
 use support::seeded;
 
@@ -31,6 +33,15 @@ fn rand_below(n: u64) -> u64 {
 #[test]
 fn kill_storm_loses_and_duplicates_nothing() {
     let root = root_with("storm", POSTERS);
+    // Each poster owns its own directory, so a contract change whose refs
+    // lie elsewhere reaches nobody: logged as a forward to nobody, with a
+    // receipt back to its sender (issue 48).
+    for p in POSTERS {
+        let scope = vec![format!("{p}/**")];
+        mailbox::registry::Registry::new(&root)
+            .register(&mailbox::registry::Sandbox::new(p, None, scope))
+            .unwrap();
+    }
     let policy = root.dir.parent().unwrap().join("policy");
     std::fs::write(&policy, OPEN_POLICY).unwrap();
 
@@ -47,13 +58,20 @@ fn kill_storm_loses_and_duplicates_nothing() {
                 // One or two recipients other than the poster.
                 let a = POSTERS[(i + 1 + n % 3) % POSTERS.len()];
                 let b = POSTERS[(i + 1 + (n + 1) % 3) % POSTERS.len()];
-                let to: Vec<&str> = if n % 2 == 0 { vec![a] } else { vec![a, b] };
-                let kind = if n % 5 == 0 {
+                let mut to: Vec<&str> = if n % 2 == 0 { vec![a] } else { vec![a, b] };
+                let kind = if n % 7 == 3 {
+                    Kind::ContractChange
+                } else if n % 5 == 0 {
                     Kind::Handoff
                 } else {
                     Kind::Request
                 };
-                let m = message(me, &to, kind, &format!("{me} #{n}"));
+                let mut m = message(me, &to, kind, &format!("{me} #{n}"));
+                if kind == Kind::ContractChange {
+                    m.to = vec!["mediator".into()];
+                    m.refs = vec![format!("nowhere/{me}/{n}")];
+                    to.clear();
+                }
                 expected.lock().unwrap().insert(
                     m.id.clone(),
                     (me.to_string(), to.iter().map(|s| s.to_string()).collect()),
@@ -187,7 +205,16 @@ fn kill_storm_loses_and_duplicates_nothing() {
                 }
             }
         }
-        for (id, (_, to)) in expected.iter() {
+        for (id, (sender, to)) in expected.iter() {
+            if to.is_empty() && sender == who {
+                // The receipt of a forward to nobody.
+                copies += 1;
+                match have.remove(&mailbox::mediate::nobody_id(id)) {
+                    Some(1) => {}
+                    Some(n) => dup_inbox += n - 1,
+                    None => lost_inbox += 1,
+                }
+            }
             if to.iter().any(|t| t == who) {
                 copies += 1;
                 match have.remove(id) {
@@ -208,16 +235,22 @@ fn kill_storm_loses_and_duplicates_nothing() {
         .map(|p| names(&root.sandbox(p).outbox().sub(Sub::Cur)).len())
         .sum();
     let quarantined = names(&root.quarantine().sub(Sub::New)).len();
+    let to_nobody = expected.values().filter(|(_, to)| to.is_empty()).count();
+    let audit = super::mediate_logged::audit(&root);
 
     println!(
         "kill storm: seed={} kills={kills} messages={} inbox_copies={copies} storm={:.1}s routed_during_storm={routed_in_storm} \
          tmp_files_left_by_kills={interrupted} resume_events_after_kills={resumed} \
          lost_log={lost_log} duplicated_log={dup_log} lost_inbox={lost_inbox} duplicated_inbox={dup_inbox} \
          torn={torn} left_in_outbox_new={left_in_new} claimed={claimed} \
-         planted_bad={PLANTED} quarantined={quarantined} quarantine_entries={quarantine_entries}",
+         planted_bad={PLANTED} quarantined={quarantined} quarantine_entries={quarantine_entries} \
+         to_nobody={to_nobody} audit_claimed={} audit_decided={} audit_refused={}",
         seeded::seed(),
         expected.len(),
-        storm.as_secs_f64()
+        storm.as_secs_f64(),
+        audit.claimed,
+        audit.decided,
+        audit.refused
     );
     assert!(kills >= MIN_KILLS);
     assert_eq!(expected.len(), POSTERS.len() * PER_POSTER);
@@ -225,6 +258,12 @@ fn kill_storm_loses_and_duplicates_nothing() {
     assert_eq!((lost_inbox, dup_inbox, torn), (0, 0, 0));
     assert_eq!((left_in_new, claimed), (0, expected.len()));
     assert_eq!((quarantined, quarantine_entries), (PLANTED, PLANTED));
+    assert!(to_nobody > 0);
+    assert_eq!(
+        (audit.claimed, audit.decided, audit.refused),
+        (expected.len(), expected.len(), 0),
+        "{audit:?}"
+    );
     // Passed: the evidence is not needed any more.
     let _ = std::fs::remove_dir_all(root.dir.parent().unwrap());
 }
