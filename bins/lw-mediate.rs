@@ -249,6 +249,9 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             scope,
             secret,
         }) => {
+            for s in scope {
+                policy::check_scope(s)?;
+            }
             root.init()?;
             let mut s = Sandbox::new(name, branch.clone(), scope.clone());
             s.secrets = secret.clone();

@@ -511,6 +511,9 @@ fn create(
     else {
         unreachable!("create is given a create command")
     };
+    for s in &scope {
+        loopwright::policy::check_scope(s)?;
+    }
     let line = |out: &mut dyn Write, s: &str| writeln!(out, "{s}").map_err(out_err);
     let project_flag = project;
     let (project, mirror_path) = sandbox::find_project(project, mirror)?;

@@ -11,7 +11,9 @@
 //!   named contract such as `schema:users` matches only itself.
 //!
 //! A pattern that is not a valid glob (an unclosed `[`) matches only the
-//! identical text, as a literal.  Compiled patterns are kept per thread, so
+//! identical text, as a literal; the commands that take a scope refuse one
+//! ([`check`]), so only a record written by hand or by an older version
+//! holds it.  Compiled patterns are kept per thread, so
 //! a mediator matching the same scopes for every message compiles each once.
 
 use std::cell::RefCell;
@@ -34,12 +36,7 @@ pub fn matches(pat: &str, text: &str) -> bool {
             if c.len() >= CACHE_LIMIT {
                 c.clear();
             }
-            let m = GlobBuilder::new(pat)
-                .literal_separator(true)
-                .backslash_escape(true)
-                .build()
-                .ok()
-                .map(|g| g.compile_matcher());
+            let m = build(pat).ok().map(|g| g.compile_matcher());
             c.insert(pat.to_string(), m);
         }
         match &c[pat] {
@@ -47,6 +44,18 @@ pub fn matches(pat: &str, text: &str) -> bool {
             None => pat == text,
         }
     })
+}
+
+/// Why `pat` is not a valid glob, as globset says it (`None`: it is one).
+pub fn check(pat: &str) -> Option<String> {
+    build(pat).err().map(|e| e.kind().to_string())
+}
+
+fn build(pat: &str) -> Result<globset::Glob, globset::Error> {
+    GlobBuilder::new(pat)
+        .literal_separator(true)
+        .backslash_escape(true)
+        .build()
 }
 
 /// True when `s` holds a character that makes it a pattern, not a literal.
@@ -82,5 +91,15 @@ mod tests {
         // Not a valid glob: only itself.
         assert!(matches("a[b", "a[b"));
         assert!(!matches("a[b", "ab"));
+    }
+
+    #[test]
+    fn check_names_what_is_wrong() {
+        assert_eq!(check("src/**/*.rs"), None);
+        assert_eq!(check("schema:users"), None);
+        assert_eq!(check(r"a\[b"), None);
+        let why = check("[[").expect("an unclosed class is not a glob");
+        assert!(why.contains("unclosed"), "{why}");
+        assert!(check("a{b").is_some());
     }
 }

@@ -366,6 +366,25 @@ pub fn glob_match(pat: &str, text: &str) -> bool {
     crate::glob::matches(pat, text)
 }
 
+/// Refuses a scope entry that is not a valid glob (64, naming it and the
+/// glob error): one would match only its own text and so take its sandbox
+/// out of contract-change routing and the radar's overlap check unseen.
+pub fn check_scope(scope: &str) -> Result<(), Error> {
+    let why = if scope.is_empty() {
+        Some("it is empty".to_string())
+    } else {
+        crate::glob::check(scope)
+    };
+    match why {
+        None => Ok(()),
+        Some(why) => Err(Error::usage(format!(
+            "invalid scope '{}': {why}; a scope is a path glob or a named contract \
+             (mailbox-spec.md, Scopes); write a literal '[', '{{' or '*' as '\\[', '\\{{', '\\*'",
+            scope.escape_debug()
+        ))),
+    }
+}
+
 /// True when a scope entry and a ref concern the same thing: either matches
 /// the other as a glob, or one is a directory holding the other.
 pub fn overlaps(scope: &str, r: &str) -> bool {
@@ -394,6 +413,17 @@ pub fn overlaps(scope: &str, r: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn check_scope_refuses_what_is_not_a_glob() {
+        assert!(check_scope("src/api/**").is_ok());
+        assert!(check_scope("schema:users").is_ok());
+        for bad in ["[[", "", "src/{a,b", "x[!]"] {
+            let e = check_scope(bad).expect_err(bad);
+            assert_eq!(e.exit, Exit::Usage, "{bad}");
+            assert!(e.msg.contains("invalid scope"), "{}", e.msg);
+        }
+    }
 
     #[test]
     fn default_policy_round_trips_through_render() {
