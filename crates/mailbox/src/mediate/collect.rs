@@ -51,7 +51,7 @@ impl Mediator {
         let mut bytes = 0usize;
         for (k, name) in items {
             let (sender, ob) = (obs[*k].0.as_str(), &obs[*k].1);
-            match inspect(&ob.new, name, sender == layout::MEDIATOR) {
+            match inspect(&ob.new, name, sender == layout::MEDIATOR, Some(&ob.tmp)) {
                 Inspected::Gone => {}
                 Inspected::Bad(why, st) => {
                     let found = Found::Bad {

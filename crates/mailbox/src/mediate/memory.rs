@@ -195,7 +195,7 @@ impl Mediator {
         };
         if let Ok(names) = names {
             for n in names {
-                if let Inspected::Message(m) = inspect(&held.new, &n, true) {
+                if let Inspected::Message(m) = inspect(&held.new, &n, true, None) {
                     *count.entry(m.from).or_default() += 1;
                 }
             }

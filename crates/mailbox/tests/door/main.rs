@@ -9,5 +9,6 @@ mod mediate_resume;
 mod mediate_scale;
 mod mediate_spoof;
 mod mediate_storm;
+mod mediate_twin;
 mod post_crash;
 mod post_inbox;
