@@ -7,8 +7,9 @@
 //! the mediator's), of at most [`KEEP`] bytes.  So is a file on another
 //! filesystem — a sandbox's mail dir is one of its own
 //! (lib/sandbox/disk.rs), which is also why nothing there can be linked from
-//! elsewhere.  A symbolic link is made again, unfollowed.  A
-//! FIFO or socket leaves a note in its place.  The source goes once its
+//! elsewhere.  A symbolic link leaves a note naming its target (never a
+//! live link in the root, made by root).  A FIFO or socket leaves a note in
+//! its place.  The source goes once its
 //! replacement is durable.  A directory is renamed when it can be.  On
 //! another filesystem (a sandbox's mail dir always is) it cannot: a note
 //! listing what it held (at most [`NOTE_LINES`] lines) takes its place, and
@@ -88,8 +89,17 @@ pub fn take(
             rfs::fsync(&dst)?;
         }
         FileType::Symlink => {
+            // A note naming the target, never a live link: the root's
+            // quarantine holds no link a sandbox aimed (at `/`, say).
             let target = rfs::readlinkat(from_dir, name, Vec::new())?;
-            rfs::symlinkat(target.as_c_str(), to_dir, to_name)?;
+            let to = crate::maildir::escape_name(OsStr::from_bytes(target.as_bytes()));
+            let dst = create(to_dir, to_name)?;
+            write_all(
+                &dst,
+                format!("a symbolic link to '{to}' (not followed, not kept as a link)\n")
+                    .as_bytes(),
+            )?;
+            rfs::fsync(&dst)?;
         }
         FileType::Directory => {
             return match rfs::renameat_with(
@@ -330,6 +340,25 @@ mod tests {
         let m = std::fs::metadata(d.join("q/Q1")).unwrap();
         assert_eq!((m.mode() & 0o7777, m.nlink()), (0o600, 1));
         assert!(!d.join("out/bad").exists());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_symbolic_link_leaves_a_note_naming_its_target_not_a_link() {
+        let d = planted("lw-quarantine-link");
+        std::os::unix::fs::symlink("/etc/shadow", d.join("out/link")).unwrap();
+        std::os::unix::fs::symlink("/", d.join("out/root")).unwrap();
+        let (from, to) = (dir(&d, "out"), dir(&d, "q"));
+        assert!(take(&from, OsStr::new("link"), &to, OsStr::new("Q1")).unwrap());
+        assert!(take(&from, OsStr::new("root"), &to, OsStr::new("Q2")).unwrap());
+        for (q, target) in [("q/Q1", "'/etc/shadow'"), ("q/Q2", "'/'")] {
+            let m = std::fs::symlink_metadata(d.join(q)).unwrap();
+            assert!(m.file_type().is_file(), "{q} is a live link");
+            assert_eq!(m.mode() & 0o7777, 0o600);
+            let note = std::fs::read_to_string(d.join(q)).unwrap();
+            assert!(note.contains(target), "{note}");
+        }
+        assert!(!d.join("out/link").exists() && d.join("out").read_dir().unwrap().count() == 1);
         std::fs::remove_dir_all(&d).unwrap();
     }
 

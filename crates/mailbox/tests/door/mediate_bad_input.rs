@@ -113,10 +113,13 @@ fn symlink_is_not_followed() {
         std::fs::write(&secret, &bytes).unwrap();
         std::os::unix::fs::symlink(&secret, new.join(NAME)).unwrap();
     });
+    // A note naming the target, not a live link made by root.
     assert!(
-        kept.symlink_metadata().unwrap().file_type().is_symlink(),
-        "the link itself is kept"
+        kept.symlink_metadata().unwrap().file_type().is_file(),
+        "a live link was kept"
     );
+    let note = std::fs::read_to_string(&kept).unwrap();
+    assert!(note.contains(&format!("'{}'", secret.display())), "{note}");
     assert_eq!(std::fs::read(&secret).unwrap(), bytes, "target untouched");
 }
 
