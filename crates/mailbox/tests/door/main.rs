@@ -3,6 +3,7 @@
 //! need no container engine: `cargo test -p mailbox` runs them alone.
 
 mod mediate_bad_input;
+mod mediate_keep;
 mod mediate_man;
 mod mediate_operator;
 mod mediate_resume;
