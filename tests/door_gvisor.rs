@@ -91,7 +91,7 @@ fn poster(f: &Fixture, from: &str, to: &str, tag: &str) -> std::thread::JoinHand
             "sh",
             "-c",
             &format!(
-                "i=0; while [ $i -lt {POSTS} ]; do lw-post --to {to} --kind request --subject '{tag} '$i b >/dev/null || echo FAILED $i; i=$((i+1)); done"
+                "i=0; while [ $i -lt {POSTS} ]; do o=$(lw-post --to {to} --kind request --subject '{tag} '$i b 2>&1) || echo \"FAILED $i: $o\"; i=$((i+1)); done"
             ),
         ])
         .stdout(Stdio::piped())
@@ -101,7 +101,15 @@ fn poster(f: &Fixture, from: &str, to: &str, tag: &str) -> std::thread::JoinHand
     std::thread::spawn(move || {
         let o = cmd.wait_with_output().expect("exec ends");
         assert!(o.status.success(), "poster: {}", err(&o));
-        text(&o).lines().filter(|l| l.starts_with("FAILED")).count()
+        let failed: Vec<String> = text(&o)
+            .lines()
+            .filter(|l| l.starts_with("FAILED"))
+            .map(str::to_string)
+            .collect();
+        for l in &failed {
+            println!("{l}");
+        }
+        failed.len()
     })
 }
 
