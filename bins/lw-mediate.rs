@@ -59,6 +59,12 @@ struct Args {
     #[arg(long, value_name = "SIZE")]
     log_max: Option<String>,
 
+    /// Bytes the quarantine keeps of one sender's bad files, e.g. 16m
+    /// [default: door.quarantine-max of the project around the current
+    /// directory, else 16m]
+    #[arg(long, value_name = "SIZE")]
+    quarantine_max: Option<String>,
+
     /// Print one line per logged event
     #[arg(short, long)]
     verbose: bool,
@@ -175,6 +181,32 @@ fn door_secrets(root: &Root) -> Result<Secrets> {
         eprintln!("lw-mediate: warning: {w}");
     }
     Ok(s)
+}
+
+/// Bytes the quarantine keeps of one sender's bad files: the project's
+/// `door.quarantine-max` (`16m`), else 16 MiB (lib/mediate/keep.rs).
+fn door_quarantine_max(flag: Option<&str>) -> Result<u64> {
+    let size = |v: &str| mailbox::config::parse_bytes(v).and_then(|n| u64::try_from(n).ok());
+    if let Some(v) = flag {
+        return size(v).ok_or_else(|| {
+            Error::usage(format!(
+                "--quarantine-max '{v}': expected a size, such as 16m or 0 (keep nothing)"
+            ))
+        });
+    }
+    let here = std::env::current_dir().unwrap_or_default();
+    let Some(p) = mailbox::config::Project::find(&here)? else {
+        return Ok(mediate::DEFAULT_QUARANTINE_MAX);
+    };
+    match p.config.get("door.quarantine-max") {
+        None => Ok(mediate::DEFAULT_QUARANTINE_MAX),
+        Some(v) => size(v).ok_or_else(|| {
+            Error::config(format!(
+                "'door.quarantine-max = {v}' in {}: expected a size, such as 16m or 0 (keep nothing)",
+                p.top.join(mailbox::config::FILE).display()
+            ))
+        }),
+    }
 }
 
 /// Log bytes a sender may cause per hour: the project's `door.log-max`
@@ -305,6 +337,7 @@ fn run_mediator(args: &Args, root: Root, out: &mut dyn Write) -> Result<Exit> {
     let mut m = Mediator::open(root.clone(), Some(p), explicit, reporter())?;
     m.state.secrets = door_secrets(&root)?;
     m.state.log_max = door_log_max(args.log_max.as_deref())?;
+    m.state.quarantine_max = door_quarantine_max(args.quarantine_max.as_deref())?;
     m.batch = args.batch;
     m.verbose = args.verbose;
     m.sync = if args.sync == "fs" {

@@ -18,7 +18,12 @@
 //! messages under `unread/inbox/` and `unread/outbox/`, junk under
 //! `quarantine/` with one line per file in `quarantine/REASONS`.  Copies,
 //! never renames: the mail dir is another filesystem (lib/sandbox/disk.rs),
-//! and a copy shares no inode the sandbox could still write through.
+//! and a copy shares no inode the sandbox could still write through.  The
+//! junk kept is bounded as the mediator's quarantine is (crates/mailbox's
+//! quarantine.rs): at most [`JUNK_MAX`] bytes of it (each file charged its
+//! kept length in 4 KiB blocks), the first 1 MiB of a file at most, a
+//! block of zeros left a hole; past that a file is listed in `REASONS`, not
+//! kept.
 //!
 //! This runs as root over a tree the sandbox owns, so nothing here is
 //! opened by path: the mail dir is opened beneath the root's descriptor
@@ -29,7 +34,7 @@
 
 use std::ffi::{OsStr, OsString};
 use std::fs;
-use std::io::{Read as _, Write as _};
+use std::io::Read as _;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
@@ -42,6 +47,12 @@ use crate::error::{Error, Result, errno_io};
 use crate::layout::Root;
 use crate::message::{self, Message};
 use crate::visible::visible_line;
+
+/// The most of a sandbox's junk the archive keeps: the default quarantine
+/// budget (`door.quarantine-max`, lw-mediate(1)).
+pub const JUNK_MAX: u64 = mailbox::mediate::DEFAULT_QUARANTINE_MAX;
+/// The unit junk is charged in.
+const BLOCK: u64 = mailbox::quarantine::BLOCK;
 
 /// The entry `name` of the directory `dir` as a valid message (with its
 /// bytes), or why it is not one (with its bytes when it was a regular
@@ -122,8 +133,8 @@ pub struct Unread {
     /// (`inbox` or `outbox`, file name, content) of each valid message.
     pub messages: Vec<(&'static str, OsString, Vec<u8>)>,
     /// (path inside the mail dir, reason, content when it was a regular
-    /// file) of everything else.
-    pub junk: Vec<(String, String, Option<Vec<u8>>)>,
+    /// file kept within [`JUNK_MAX`], else why not) of everything else.
+    pub junk: Vec<(String, String, std::result::Result<Vec<u8>, String>)>,
 }
 
 /// Reads `new/` of sandbox `name`'s inbox and outbox beneath the root, never
@@ -131,6 +142,7 @@ pub struct Unread {
 /// holds nothing.
 pub fn unread(root: &Root, name: &str) -> Result<Unread> {
     let mut u = Unread::default();
+    let mut left = JUNK_MAX;
     let dir = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
     let rootfd = rfs::open(&root.dir, dir, Mode::empty()); // trusted: the root, no sandbox's
     let rootfd = rootfd.map_err(|e| Error::io("cannot open", &root.dir, errno_io(e)))?;
@@ -159,7 +171,7 @@ pub fn unread(root: &Root, name: &str) -> Result<Unread> {
                         rel.display(),
                         errno_io(e)
                     ),
-                    None,
+                    Err("not a regular file".into()),
                 ));
                 continue;
             }
@@ -190,11 +202,28 @@ pub fn unread(root: &Root, name: &str) -> Result<Unread> {
             match check_at(&dir, &n) {
                 (Ok(_), Some(bytes)) => u.messages.push((which, n, bytes)),
                 (Ok(_), None) => unreachable!("a valid message was read"),
-                (Err(why), bytes) => u.junk.push((
-                    format!("{}/{}", rel.display(), n.to_string_lossy()),
-                    why,
-                    bytes,
-                )),
+                (Err(why), bytes) => {
+                    let kept = match bytes {
+                        None => Err("not a regular file".to_string()),
+                        Some(b) => {
+                            let cost = (b.len() as u64).div_ceil(BLOCK).max(1) * BLOCK;
+                            if cost <= left {
+                                left -= cost;
+                                Ok(b)
+                            } else {
+                                Err(format!(
+                                    "past the {} MiB the archive keeps of a sandbox's junk",
+                                    JUNK_MAX >> 20
+                                ))
+                            }
+                        }
+                    };
+                    u.junk.push((
+                        format!("{}/{}", rel.display(), n.to_string_lossy()),
+                        why,
+                        kept,
+                    ))
+                }
             }
         }
     }
@@ -247,17 +276,28 @@ fn mkdir_private(p: &Path) -> Result<()> {
         .map_err(|e| Error::io("cannot set the mode of", p, e))
 }
 
-/// Writes `bytes` into a new file `to` (mode 0600) in the root's archive.
+/// Writes `bytes` into a new file `to` (mode 0600) in the root's archive,
+/// a block of zeros left a hole.
 fn write_new(to: &Path, bytes: &[u8]) -> Result<()> {
-    let mut f = fs::File::options() // trusted: ROOT/archive
+    use std::os::unix::fs::FileExt as _;
+    let f = fs::File::options() // trusted: ROOT/archive
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(to)
         .map_err(|e| Error::io("cannot create", to, e))?;
-    f.write_all(bytes)
-        .and_then(|_| f.sync_all())
-        .map_err(|e| Error::io("cannot write", to, e))
+    let mut off = 0u64;
+    let mut write = || -> std::io::Result<()> {
+        for block in bytes.chunks(BLOCK as usize) {
+            if block.iter().any(|b| *b != 0) {
+                f.write_all_at(block, off)?;
+            }
+            off += block.len() as u64;
+        }
+        f.set_len(off)?;
+        f.sync_all()
+    };
+    write().map_err(|e| Error::io("cannot write", to, e))
 }
 
 /// Copies what sandbox `name`'s mail dir still holds to the root's
@@ -286,11 +326,11 @@ pub fn archive(root: &Root, name: &str) -> Result<Option<(PathBuf, usize)>> {
         let mut reasons = String::new();
         for (i, (shown, why, bytes)) in u.junk.iter().enumerate() {
             let kept = match bytes {
-                Some(b) => match write_new(&q.join(format!("{i}")), b) {
+                Ok(b) => match write_new(&q.join(format!("{i}")), b) {
                     Ok(()) => format!("kept as quarantine/{i} ({} bytes)", b.len()),
                     Err(e) => format!("not kept: {}", visible_line(&e.to_string())),
                 },
-                None => "not kept: not a regular file".to_string(),
+                Err(why) => format!("not kept: {why}"),
             };
             reasons += &format!("{}: {}; {kept}\n", visible_line(shown), visible_line(why));
         }
@@ -298,4 +338,54 @@ pub fn archive(root: &Root, name: &str) -> Result<Option<(PathBuf, usize)>> {
         fs::write(&r, reasons).map_err(|e| Error::io("cannot write", &r, e))?; // trusted: ROOT/archive
     }
     Ok(Some((dir, u.messages.len())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt as _;
+
+    fn du(dir: &Path) -> u64 {
+        fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path().symlink_metadata().unwrap().blocks() * 512)
+            .sum()
+    }
+
+    #[test]
+    fn the_archive_keeps_at_most_the_junk_budget_and_fills_no_hole() {
+        let top = std::env::temp_dir().join(format!("lw-archive-{}", crate::id::new_id()));
+        let root = Root::new(top.join("root"));
+        let new = root.dir.join("sandboxes/evil/outbox/new");
+        fs::create_dir_all(&new).unwrap();
+        // Taken by name: four sparse files first, then the dense ones.
+        for i in 0..40 {
+            let f = fs::File::create(new.join(format!("s{i:02}"))).unwrap();
+            f.set_len(2 << 30).unwrap();
+            fs::write(new.join(format!("d{i:02}")), vec![0x5a; 1_100 << 10]).unwrap();
+        }
+        for i in 0..4 {
+            fs::rename(new.join(format!("s{i:02}")), new.join(format!("a{i:02}"))).unwrap();
+        }
+        let (dir, unread) = archive(&root, "evil").unwrap().unwrap();
+        let q = dir.join("quarantine");
+        let reasons = fs::read_to_string(q.join("REASONS")).unwrap();
+        let kept = du(&q) - fs::metadata(q.join("REASONS")).unwrap().blocks() * 512;
+        let cut = reasons.matches("past the 16 MiB").count();
+        println!(
+            "archive: 80 junk files (40 sparse 2 GiB, 40 dense 1.1 MiB): kept {} KiB, {cut} listed, not kept",
+            kept >> 10
+        );
+        assert_eq!(unread, 0);
+        assert_eq!(reasons.lines().count(), 80, "{reasons}");
+        assert!(kept <= JUNK_MAX, "the archive kept {kept} bytes");
+        assert!(cut > 0, "nothing was cut: {reasons}");
+        for i in 0..4 {
+            let m = fs::metadata(q.join(format!("{i}"))).unwrap();
+            assert_eq!(m.len(), message::MAX_FILE, "a sparse file's head");
+            assert!(m.blocks() * 512 <= BLOCK, "a hole was filled in");
+        }
+        fs::remove_dir_all(&top).unwrap();
+    }
 }

@@ -209,6 +209,7 @@ pub const KNOWN: &[&str] = &[
     // lw-mediate(1), lw-sync(1): the door
     "door.secrets",
     "door.log-max",
+    "door.quarantine-max",
 ];
 
 /// Whether `key` is `pattern` ([`KNOWN`]) with its upper-case part, if any,
@@ -452,9 +453,9 @@ mod tests {
         let text = "engine = docker\nengine.host = unix:///x\nmirror.fresh-within = 0\n\
             build.cache-ca = ca.pem\nsandbox.git-email = a@b\nagent.claude.ca = c.pem\n\
             agent.my-kit.key-file = k\negress.allow = a:443\negress.allow.npm = b:443\n\
-            egress.host.api.internal = 10.0.0.1\ndoor.secrets = A\ndoor.log-max = 1g\n";
+            egress.host.api.internal = 10.0.0.1\ndoor.secrets = A\ndoor.log-max = 1g\ndoor.quarantine-max = 16m\n";
         let c = Config::parse_project(text, Path::new("c")).unwrap();
-        assert_eq!(c.iter().count(), 12);
+        assert_eq!(c.iter().count(), 13);
         for k in KNOWN
             .iter()
             .filter(|k| !k.bytes().any(|b| b.is_ascii_uppercase()))

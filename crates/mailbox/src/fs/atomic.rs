@@ -18,6 +18,9 @@ use rustix::io::Errno;
 /// the same guarantee comes from `linkat` (which never replaces) followed by
 /// `unlinkat` of the source.  Between the two steps the file has two names
 /// and a link count of 2; a reader never sees a partial file either way.
+/// The mediator recognises such an in-flight twin in an outbox (the same
+/// inode at `tmp/NAME`) and finishes the move itself (mediate/inspect.rs),
+/// which is why `ENOENT` from the unlink counts as done.
 pub fn rename_noreplace_at(
     from_dir: impl AsFd,
     from: &OsStr,

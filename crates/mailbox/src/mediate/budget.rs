@@ -104,7 +104,7 @@ fn full_notice_id(sender: &str, start: u64) -> String {
     )
 }
 
-fn size_text(n: u64) -> String {
+pub(super) fn size_text(n: u64) -> String {
     match n {
         n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
         n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
@@ -431,7 +431,12 @@ impl Mediator {
 
     /// Logs one entry and delivers its copies, each durable, each at most
     /// once (a restart writes the same names).
-    fn log_and_deliver(&mut self, boxes: &mut Boxes, e: &Entry, out: &mut dyn Write) -> Result<()> {
+    pub(super) fn log_and_deliver(
+        &mut self,
+        boxes: &mut Boxes,
+        e: &Entry,
+        out: &mut dyn Write,
+    ) -> Result<()> {
         self.log_entries(boxes, &[e], out)?;
         let mut g = Batch::with_sync(self.sync);
         let m = e

@@ -18,6 +18,7 @@ use crate::log::{Action, Decision, Entry, LOG_VERSION};
 use crate::maildir::escape_name;
 use crate::message::{Kind, Message};
 use crate::policy::Route;
+use crate::quarantine::{Keep, Plan};
 
 /// One message (or non-message) taken from an outbox.
 pub(super) enum Work {
@@ -33,6 +34,8 @@ pub(super) enum Work {
         qid: String,
         /// A directory: one that cannot be taken is left for good.
         dir: bool,
+        /// How much of it the quarantine keeps (keep.rs).
+        keep: Keep,
     },
 }
 
@@ -51,7 +54,7 @@ impl Mediator {
         let mut bytes = 0usize;
         for (k, name) in items {
             let (sender, ob) = (obs[*k].0.as_str(), &obs[*k].1);
-            match inspect(&ob.new, name, sender == layout::MEDIATOR) {
+            match inspect(&ob.new, name, sender == layout::MEDIATOR, Some(&ob.tmp)) {
                 Inspected::Gone => {}
                 Inspected::Bad(why, st) => {
                     let found = Found::Bad {
@@ -63,7 +66,8 @@ impl Mediator {
                         // A planted directory that could not be taken stays, quietly.
                         Outcome::Skip => {}
                         Outcome::Quarantine(why) => {
-                            c.quarantine(*k, sender, name, why, &st);
+                            let plan = self.plan_keep(sender, &st);
+                            c.quarantine(*k, sender, name, why, &st, plan);
                             self.state.reserve(&c.to_log[c.to_log.len() - 1..]);
                         }
                         _ => self.stats.waiting += 1,
@@ -142,7 +146,8 @@ impl Mediator {
             Outcome::Quarantine(why) => {
                 let st = rfs::statat(&ob.new, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW);
                 if let Ok(st) = st {
-                    c.quarantine(k, &sender, name, why, &st);
+                    let plan = self.plan_keep(&sender, &st);
+                    c.quarantine(k, &sender, name, why, &st, plan);
                 }
                 return;
             }
@@ -235,10 +240,35 @@ impl Collected {
     }
 
     /// A bad entry: logged as `QID.quarantine`, then moved to quarantine.
-    fn quarantine(&mut self, k: usize, sender: &str, name: &OsString, why: String, st: &rfs::Stat) {
+    fn quarantine(
+        &mut self,
+        k: usize,
+        sender: &str,
+        name: &OsString,
+        why: String,
+        st: &rfs::Stat,
+        plan: Plan,
+    ) {
         let qid = quarantine_id(sender, name, st);
+        let regular = rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::RegularFile;
+        let size = st.st_size.max(0) as u64;
+        let kept = match plan.keep {
+            Keep::Nothing => {
+                format!("not kept: {sender} used its quarantine budget (door.quarantine-max)")
+            }
+            Keep::Up(n) if regular && n < size => format!(
+                "{size} bytes, {} allocated: its first {n} kept as quarantine/new/{qid}{}",
+                (st.st_blocks.max(0) as u64) * 512,
+                if plan.cut {
+                    " (the rest of its sender's quarantine budget)"
+                } else {
+                    ""
+                }
+            ),
+            Keep::Up(_) => format!("kept as quarantine/new/{qid}"),
+        };
         let reason = format!(
-            "'{}' in the outbox of {sender}: {why}; kept as quarantine/new/{qid}",
+            "'{}' in the outbox of {sender}: {why}; {kept}",
             escape_name(name)
         );
         self.to_log.push(Entry {
@@ -262,6 +292,7 @@ impl Collected {
                 name: name.clone(),
                 qid,
                 dir,
+                keep: plan.keep,
             },
         ));
     }

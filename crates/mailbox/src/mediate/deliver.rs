@@ -401,9 +401,14 @@ impl Mediator {
                             matches!(batch::move_noreplace(&h.new, q, &h.cur, q), Ok(true));
                     }
                 }
-                Work::Quarantine { name, qid, dir } => {
+                Work::Quarantine {
+                    name,
+                    qid,
+                    dir,
+                    keep,
+                } => {
                     let q = &boxes.list[QUARANTINE];
-                    match crate::quarantine::take(&ob.new, name, &q.new, OsStr::new(qid)) {
+                    match crate::quarantine::take(&ob.new, name, &q.new, OsStr::new(qid), *keep) {
                         Ok(_) => quarantined = true,
                         Err(e) if *dir => {
                             // Said once, remembered, never tried again: a

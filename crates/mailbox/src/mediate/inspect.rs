@@ -21,12 +21,23 @@ pub(super) enum Inspected {
 }
 
 /// Examines `name` in the directory `dir` without following it, blocking on
-/// it, or reading more than the size limit.
-pub(super) fn inspect(dir: &OwnedFd, name: &OsStr, own: bool) -> Inspected {
-    let st = match rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+/// it, or reading more than the size limit.  `twin` is the `tmp/` of the
+/// same Maildir, where a post still being moved has its other name (see
+/// [`settle_twin`]); None for the door's own queues.
+pub(super) fn inspect(dir: &OwnedFd, name: &OsStr, own: bool, twin: Option<&OwnedFd>) -> Inspected {
+    let mut st = match rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
         Ok(st) => st,
         Err(_) => return Inspected::Gone,
     };
+    if let (2, Some(tmp)) = (st.st_nlink, twin)
+        && rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::RegularFile
+    {
+        match settle_twin(dir, tmp, name, &st) {
+            Some(Some(now)) => st = now,
+            Some(None) => return Inspected::Gone,
+            None => {}
+        }
+    }
     let bad = |why: String| Inspected::Bad(why, st);
     let ft = rfs::FileType::from_raw_mode(st.st_mode);
     if ft != rfs::FileType::RegularFile {
@@ -95,6 +106,39 @@ pub(super) fn inspect(dir: &OwnedFd, name: &OsStr, own: bool) -> Inspected {
         )),
         Ok(m) => Inspected::Message(m),
         Err(e) => bad(e.0),
+    }
+}
+
+/// Finishes a post caught between the two steps of a move by `link` and
+/// `unlink` (fs/atomic.rs: where the file system refuses
+/// `RENAME_NOREPLACE`, as gVisor's does): the file `name` in `new/` has two
+/// links, the other being `tmp/NAME` of the same Maildir, the same inode.
+/// The mediator removes that tmp name itself (beneath the directory's
+/// descriptor; lw-post takes ENOENT on its own unlink as done) and looks
+/// again: Some(Some(stat)) of the same inode, now with the links it has
+/// (one, unless the sandbox made another meanwhile, which is quarantined);
+/// Some(None) when the entry is gone.  None when the other link is not
+/// such a twin: a planted link stays what it is.
+fn settle_twin(
+    new: &OwnedFd,
+    tmp: &OwnedFd,
+    name: &OsStr,
+    st: &rfs::Stat,
+) -> Option<Option<rfs::Stat>> {
+    let same = |s: &rfs::Stat| (s.st_dev, s.st_ino) == (st.st_dev, st.st_ino);
+    match rfs::statat(tmp, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(t) if same(&t) => match rfs::unlinkat(tmp, name, AtFlags::empty()) {
+            Ok(()) | Err(Errno::NOENT) => {}
+            Err(_) => return None,
+        },
+        // lw-post removed its tmp name meanwhile: the move is done.
+        Err(Errno::NOENT) => {}
+        _ => return None,
+    }
+    match rfs::statat(new, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(now) if same(&now) => Some(Some(now)),
+        Ok(_) => None,
+        Err(_) => Some(None),
     }
 }
 

@@ -51,6 +51,10 @@ pub(super) struct Memory {
     /// restart claims them without counting them again.
     #[serde(default)]
     pub(super) refusing: Vec<String>,
+    /// Senders told that their quarantine budget is used, in this episode
+    /// (keep.rs).
+    #[serde(default)]
+    pub(super) quarantine_told: BTreeSet<String>,
     #[serde(skip)]
     pub(super) dup_index: HashMap<String, u64>,
     /// Changed since it was last saved.
@@ -195,7 +199,7 @@ impl Mediator {
         };
         if let Ok(names) = names {
             for n in names {
-                if let Inspected::Message(m) = inspect(&held.new, &n, true) {
+                if let Inspected::Message(m) = inspect(&held.new, &n, true, None) {
                     *count.entry(m.from).or_default() += 1;
                 }
             }

@@ -58,6 +58,7 @@ mod collect;
 mod decide;
 mod deliver;
 mod inspect;
+mod keep;
 mod memory;
 mod queues;
 mod state;
@@ -67,6 +68,7 @@ mod watch;
 
 pub use budget::{DEFAULT_LOG_MAX, refusals_id};
 pub use decide::{bounce_id, cap_notice_id, nobody_id};
+pub use keep::DEFAULT_QUARANTINE_MAX;
 pub use state::State;
 pub use watch::{lock_mediator, lock_routes, raise_open_files_limit};
 
@@ -461,6 +463,7 @@ impl Mediator {
         }
         self.take_receipts(&mut boxes, out)?;
         self.tell_full(&mut boxes, &full, out)?;
+        self.tell_quarantine_full(&mut boxes, out)?;
         self.log_refusals(&mut boxes, false, out)?;
         self.sweep_tmp();
         if self.state.memory.dirty && self.last_save.elapsed() > Duration::from_secs(2) {

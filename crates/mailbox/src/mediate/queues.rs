@@ -29,7 +29,7 @@ impl Mediator {
         };
         let mut gone = Vec::new();
         for n in names {
-            if let Inspected::Message(m) = inspect(&held.new, &n, true)
+            if let Inspected::Message(m) = inspect(&held.new, &n, true, None)
                 && m.from != layout::HUMAN
                 && m.from != layout::MEDIATOR
                 && !self.state.known.contains_key(mailbox_name(&m.from))
@@ -106,7 +106,7 @@ impl Mediator {
                 id.escape_debug()
             )));
         }
-        match inspect(&boxes.list[HELD].new, OsStr::new(id), true) {
+        match inspect(&boxes.list[HELD].new, OsStr::new(id), true, None) {
             Inspected::Message(m) => Ok(m),
             Inspected::Gone => {
                 for (a, done) in [(Action::Release, "released"), (Action::Drop, "dropped")] {

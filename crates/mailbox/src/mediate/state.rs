@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::budget::DEFAULT_LOG_MAX;
+use super::keep::{DEFAULT_QUARANTINE_MAX, Kept};
 use super::memory::Memory;
 use crate::log::{Action, Decision, Entry, LOG_VERSION};
 use crate::message::{self, Message};
@@ -29,6 +30,11 @@ pub struct State {
     pub secrets: Secrets,
     /// Log bytes a sender may cause per hour (`door.log-max`).
     pub log_max: u64,
+    /// Bytes the quarantine keeps of one sender's bad entries
+    /// (`door.quarantine-max`, keep.rs).
+    pub quarantine_max: u64,
+    /// What each sender's entries in the quarantine take (keep.rs).
+    pub(super) kept: Kept,
 }
 
 impl Default for State {
@@ -40,6 +46,8 @@ impl Default for State {
             reserved: HashMap::new(),
             secrets: Secrets::new(),
             log_max: DEFAULT_LOG_MAX,
+            quarantine_max: DEFAULT_QUARANTINE_MAX,
+            kept: Kept::default(),
         }
     }
 }

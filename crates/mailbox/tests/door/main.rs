@@ -3,6 +3,7 @@
 //! need no container engine: `cargo test -p mailbox` runs them alone.
 
 mod mediate_bad_input;
+mod mediate_keep;
 mod mediate_logged;
 mod mediate_man;
 mod mediate_operator;
@@ -10,5 +11,6 @@ mod mediate_resume;
 mod mediate_scale;
 mod mediate_spoof;
 mod mediate_storm;
+mod mediate_twin;
 mod post_crash;
 mod post_inbox;
