@@ -63,7 +63,7 @@ impl Mediator {
                         // A planted directory that could not be taken stays, quietly.
                         Outcome::Skip => {}
                         Outcome::Quarantine(why) => {
-                            c.quarantine(*k, sender, name, why, &st);
+                            c.quarantine(*k, sender, name, why, &st, &self.state.secrets);
                             self.state.reserve(&c.to_log[c.to_log.len() - 1..]);
                         }
                         _ => self.stats.waiting += 1,
@@ -142,7 +142,7 @@ impl Mediator {
             Outcome::Quarantine(why) => {
                 let st = rfs::statat(&ob.new, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW);
                 if let Ok(st) = st {
-                    c.quarantine(k, &sender, name, why, &st);
+                    c.quarantine(k, &sender, name, why, &st, &self.state.secrets);
                 }
                 return;
             }
@@ -235,12 +235,23 @@ impl Collected {
     }
 
     /// A bad entry: logged as `QID.quarantine`, then moved to quarantine.
-    fn quarantine(&mut self, k: usize, sender: &str, name: &OsString, why: String, st: &rfs::Stat) {
+    /// Its reason is masked like a body: a header field or the file name
+    /// may be a secret's value.
+    fn quarantine(
+        &mut self,
+        k: usize,
+        sender: &str,
+        name: &OsString,
+        why: String,
+        st: &rfs::Stat,
+        secrets: &crate::redact::Secrets,
+    ) {
         let qid = quarantine_id(sender, name, st);
-        let reason = format!(
+        let mut reason = format!(
             "'{}' in the outbox of {sender}: {why}; kept as quarantine/new/{qid}",
             escape_name(name)
         );
+        secrets.mask_in(&mut reason);
         self.to_log.push(Entry {
             version: LOG_VERSION,
             name: Entry::name_for(&qid, Action::Quarantine, None),
