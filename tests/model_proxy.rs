@@ -468,6 +468,77 @@ fn folded_and_duplicate_hop_headers_are_refused_400() {
 }
 
 #[test]
+fn a_head_with_bare_lf_line_ends_is_refused_400_at_once() {
+    let door = Door::new("proxy-bare-lf", &[]);
+    for (what, raw) in [
+        (
+            "every line",
+            "POST /v1/messages HTTP/1.1\nHost: lw-model\nContent-Length: 2\n\n{}",
+        ),
+        (
+            "the last",
+            "POST /v1/messages HTTP/1.1\r\nHost: lw-model\r\nContent-Length: 2\r\n\n{}",
+        ),
+    ] {
+        let t = Instant::now();
+        let mut s = door.connect();
+        s.write_all(raw.as_bytes()).unwrap();
+        let r = read_reply(&mut s);
+        println!(
+            "figure: a head with bare LF ({what}) answered {} in {:.3} s",
+            r.status,
+            t.elapsed().as_secs_f64()
+        );
+        assert_eq!(r.status, 400, "{what}: {r:?}");
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{what}: {:?}",
+            t.elapsed()
+        );
+    }
+    assert_eq!(door.upstream(), 0);
+    assert_eq!(door.post("fine").status, 200);
+}
+
+/// Steady traffic over a rate cap: a request slips through each time the
+/// minute frees one, and the person hears of the cap once (issue 40: 6
+/// notices in 75 s).
+#[test]
+fn steady_traffic_over_a_rate_cap_is_one_episode() {
+    let door = Door::new("proxy-steady", &[("LW_MODEL_MAX_RPM", "2")]);
+    let t = Instant::now();
+    let (mut ok, mut refused) = (0, 0);
+    let mut slipped = false;
+    // Until a request slips through after the first refusals, and a
+    // refusal follows it (the minute frees the first two).
+    while t.elapsed() < Duration::from_secs(90) {
+        let r = door.post("steady");
+        match r.status {
+            200 => {
+                ok += 1;
+                slipped = refused > 0;
+            }
+            429 => {
+                refused += 1;
+                if slipped {
+                    break;
+                }
+            }
+            s => panic!("status {s}: {r:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let caps = door.usage()["caps"].as_array().unwrap().clone();
+    println!(
+        "figure: max-rpm 2 under steady traffic for {:.1} s: {ok} forwarded, {refused} answered 429, {} episode(s)",
+        t.elapsed().as_secs_f64(),
+        caps.len()
+    );
+    assert!(slipped, "a request slipped through the freed minute");
+    assert_eq!(caps.len(), 1, "told once: {caps:?}");
+}
+
+#[test]
 fn fifty_requests_in_three_seconds_over_a_cap_of_20_a_minute() {
     let door = Door::new("proxy-rpm", &[("LW_MODEL_MAX_RPM", "20")]);
     let t = Instant::now();
@@ -539,7 +610,13 @@ fn fifty_requests_in_three_seconds_over_a_cap_of_20_a_minute() {
 
 #[test]
 fn a_token_cap_crossed_mid_stream_refuses_the_next_requests() {
-    let door = Door::new("proxy-tokens", &[("LW_MODEL_MAX_TOKENS_RUN", "1000")]);
+    let door = Door::new(
+        "proxy-tokens",
+        &[
+            ("LW_MODEL_MAX_TOKENS_RUN", "1000"),
+            ("LW_MODEL_KIT", "claude"),
+        ],
+    );
     std::fs::write(door.dir.join("key/run"), "run-1\n").unwrap();
     let gate: PathBuf = door.dir.join("go");
     // Answer A: its first event says 1000 input tokens; the rest waits on `gate`.
@@ -563,7 +640,8 @@ fn a_token_cap_crossed_mid_stream_refuses_the_next_requests() {
     // A is mid-stream; its usage crossed the cap.
     let b = door.post("B");
     assert_eq!(b.status, 429, "{b:?}");
-    assert!(b.body.contains("max-tokens-run"), "{}", b.body);
+    // The cap as .loopwright/config spells it, the kit named (issue 40).
+    assert!(b.body.contains("agent.claude.max-tokens-run"), "{}", b.body);
     assert!(b.header("retry-after").is_some());
     std::fs::write(&gate, "").unwrap();
     let mut rest = Vec::new();

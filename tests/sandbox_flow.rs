@@ -184,6 +184,29 @@ fn exec_passes_statuses_signals_and_stdin_through() {
     let o = child.wait_with_output().expect("wait");
     assert_eq!(text(&o).trim(), "200000");
     assert_eq!(err(&o).trim(), "/work/repo");
+    // A command that exits without reading all of its input: its status,
+    // not "cannot reach the Docker engine" (issue 40).
+    let mut c = f.cmd(&[
+        "exec",
+        "x",
+        "--",
+        "sh",
+        "-c",
+        "head -c 10 >/dev/null; exit 3",
+    ]);
+    c.stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().expect("spawn");
+    let mut input = child.stdin.take().expect("piped");
+    let feeder = std::thread::spawn(move || {
+        // 2 MiB, as `head -c 2M /dev/zero |` would: the write fails once
+        // lw-sandbox stops reading, which is fine.
+        let _ = input.write_all(&vec![0u8; 2 << 20]);
+    });
+    let o = child.wait_with_output().expect("wait");
+    feeder.join().expect("feeder");
+    assert_eq!(o.status.code(), Some(3), "{}", err(&o));
     // An existing branch upstream is checked out as it is, tracking it.
     git(&f.proj, &["push", "-q", "origin", "main:feature"]);
     f.ok(&[

@@ -469,3 +469,48 @@ fn a_recorded_secret_the_door_cannot_resolve_is_78_never_a_silent_pass() {
     assert_eq!(code, Some(78), "{err}");
     assert!(err.contains("cannot resolve secret OPS_TOKEN"), "{err}");
 }
+
+/// Issue 40: a secret's value as a header field or as the file name was
+/// quoted raw in the quarantine reason, in ROOT/log and `lw-mediate log`.
+#[test]
+fn a_secret_in_a_quarantined_entry_is_masked_in_its_reason() {
+    let env = Env::new("door-quarantine-reason");
+    let root = Root::new(&env.root);
+    let senv = [("API_KEY", KEY)];
+    ok(&mediate(
+        &root,
+        &[],
+        &["register", "api", "--secret", "API_KEY"],
+    ));
+    Registry::new(&root)
+        .register(&Sandbox::new("web", None, vec![]))
+        .unwrap();
+    let new = root.sandbox("api").outbox().sub(mailbox::maildir::Sub::New);
+    // A header field that is the value (not a valid sender), and a file
+    // name that is the value's hex.
+    let hex: String = KEY.bytes().map(|b| format!("{b:02x}")).collect();
+    std::fs::write(
+        new.join("1.bad"),
+        format!(
+            "{{\"v\":1,\"id\":\"x\",\"from\":\"{KEY}\",\"to\":[\"web\"],\"kind\":\"{KEY}\",\"subject\":\"s\",\"body\":\"b\",\"created\":\"{KEY}\"}}"
+        ),
+    )
+    .unwrap();
+    std::fs::write(new.join(&hex), "not json").unwrap();
+    ok(&mediate(&root, &senv, &["--once"]));
+    let log = mediate(&root, &senv, &["log"]);
+    ok(&log);
+    let mut texts: Vec<String> = entries(&root)
+        .iter()
+        .map(|e| e.decision.reason.clone())
+        .collect();
+    texts.push(text(&log.stdout));
+    texts.extend(files_text(&root.log_dir()));
+    let reasons: Vec<&String> = texts.iter().filter(|t| t.contains("quarantine")).collect();
+    assert!(reasons.len() >= 2, "{texts:?}");
+    assert_eq!(copies(&texts, &[KEY, &hex]), 0, "{texts:#?}");
+    assert!(
+        texts.iter().any(|t| t.contains("[secret API_KEY]")),
+        "{texts:#?}"
+    );
+}

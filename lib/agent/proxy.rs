@@ -253,6 +253,7 @@ pub fn create(
             format!("LW_MODEL_UPSTREAM={}", settings.upstream),
             format!("LW_MODEL_ENDPOINT={} {}", kit.method, kit.path),
             format!("LW_MODEL_KEY_HEADER={}", kit.key_header.as_str()),
+            format!("LW_MODEL_KIT={}", kit.name),
         ]
         .into_iter()
         .chain(settings.caps.env())

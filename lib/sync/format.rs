@@ -146,6 +146,10 @@ fn quiet_json(json: &str) -> String {
         match ch {
             '@' => out.push_str("\\u0040"),
             '#' => out.push_str("\\u0023"),
+            '\u{ff20}' | '\u{fe6b}' | '\u{ff03}' | '\u{fe5f}' => {
+                out.push_str(&format!("\\u{:04x}", ch as u32))
+            }
+            '.' if github_dot(&c, i) => out.push_str("\\u002e"),
             '/' if (i > 0 && c[i - 1] == ':' && is(i + 1, '/'))
                 || (i > 1 && c[i - 2] == ':' && c[i - 1] == '/') =>
             {
@@ -161,11 +165,37 @@ fn quiet_json(json: &str) -> String {
     out
 }
 
+/// True when `c[i]` is the `.` of `github.com` (a URL without a scheme
+/// still names an issue, and cross-links it).
+fn github_dot(c: &[char], i: usize) -> bool {
+    let word = "github";
+    i >= word.len()
+        && c[i] == '.'
+        && c[i - word.len()..i]
+            .iter()
+            .zip(word.chars())
+            .all(|(a, b)| a.eq_ignore_ascii_case(&b))
+}
+
+/// An `&` that begins a named reference to `@` or `#` (`&commat;`,
+/// `&num;`): GitHub's page reads them as the characters.
+fn entity_amp(c: &[char], i: usize) -> bool {
+    let rest = |w: &str| {
+        w.chars()
+            .enumerate()
+            .all(|(k, x)| c.get(i + 1 + k).is_some_and(|y| y.eq_ignore_ascii_case(&x)))
+    };
+    rest("commat;") || rest("num;")
+}
+
 /// `text` with every reference GitHub would make live broken by a
 /// zero-width joiner (U+200D): after each `@` (`@login`, `@org/team`, which
-/// notify) and `#` (`#12`, `owner/repo#12`, which cross-link), between `GH`
-/// and `-` (`GH-12`), after the `:` of `://` and inside `www.` (a URL naming
-/// an issue cross-links it).  Code spans and fenced blocks already keep
+/// notify) and `#` (`#12`, `owner/repo#12`, which cross-link), their
+/// fullwidth and small forms (`＠`, `﹫`, `＃`, `﹟`) and the `&` of their
+/// named references (`&commat;`, `&num;`; a numeric one has its `#`
+/// broken), between `GH` and `-` (`GH-12`), after the `:` of `://`, inside
+/// `www.` and in `github.com` (a URL naming an issue, with or without a
+/// scheme, cross-links it).  Code spans and fenced blocks already keep
 /// GitHub's page from linking them; the joiner keeps them dead in the raw
 /// text too, which notification mail, webhooks, bots and other forges read.
 /// A joiner already in `text` is doubled, so [`unquiet`] gives `text` back
@@ -178,7 +208,9 @@ pub(crate) fn quiet(text: &str) -> String {
         out.push(ch);
         let live = match ch {
             JOINER => true,
-            '@' | '#' => true,
+            '@' | '#' | '\u{ff20}' | '\u{fe6b}' | '\u{ff03}' | '\u{fe5f}' => true,
+            '&' => entity_amp(&c, i),
+            'b' | 'B' => github_dot(&c, i + 1),
             'h' | 'H' => i > 0 && is(i - 1, 'g') && is(i + 1, '-'),
             ':' => is(i + 1, '/') && is(i + 2, '/'),
             'w' | 'W' => i > 1 && is(i - 1, 'w') && is(i - 2, 'w') && is(i + 1, '.'),
@@ -545,14 +577,16 @@ pub(crate) mod tests {
                 .iter()
                 .take_while(|x| x.is_ascii_alphanumeric() || **x == '-')
                 .collect();
-            if (w[0] == '@' && w[1].is_ascii_alphanumeric() && !mention.contains(&word.as_str()))
-                || (w[0] == '#' && w[1].is_ascii_digit())
+            let at = matches!(w[0], '@' | '\u{ff20}' | '\u{fe6b}');
+            let hash = matches!(w[0], '#' | '\u{ff03}' | '\u{fe5f}');
+            if (at && w[1].is_ascii_alphanumeric() && !mention.contains(&word.as_str()))
+                || (hash && w[1].is_ascii_digit())
             {
                 found.push(format!("{}{word}", w[0]));
             }
         }
         let lower = text.to_ascii_lowercase();
-        for pat in ["gh-", "://", "www."] {
+        for pat in ["gh-", "://", "www.", "github.com/", "&commat;", "&num;"] {
             if lower.contains(pat) {
                 found.push(pat.to_string());
             }
@@ -568,6 +602,9 @@ pub(crate) mod tests {
             "\u{200d}",
             "@\u{200d}x #\u{200d}\u{200d}1 G\u{200d}H-2 g\u{200d}\u{200d}",
             "@@##::// wwww. GHH-- ghgh- é@ü",
+            // Issue 40: fullwidth and small forms, named references, a URL
+            // without a scheme.
+            "\u{ff20}login \u{fe6b}login \u{ff03}126 \u{fe5f}7 &commat;login &num;8 github.com/o/r/issues/4 GitHub.Com/x",
         ];
         for t in texts {
             let q = quiet(t);
@@ -576,7 +613,12 @@ pub(crate) mod tests {
         }
         assert_eq!(
             live_refs(texts[0], &[]).len(),
-            8,
+            9,
+            "the checker sees them all"
+        );
+        assert_eq!(
+            live_refs(texts[5], &[]).len(),
+            7,
             "the checker sees them all"
         );
         assert_eq!(quiet("plain text, no refs"), "plain text, no refs");

@@ -23,8 +23,8 @@
 #   once within BUDGET (else 503, try again); an idle body read ends after
 #   30 s.  Answers stream back with backpressure; of an answer at most
 #   64 KiB is held, to read its usage.
-# - The head is read strictly: a folded header line, a bare CR or LF, a
-#   malformed line, a duplicate hop or framing header (host, content-length,
+# - The head is read strictly: a folded header line, a bare CR or LF (a head
+#   ended by bare LFs is refused at once, not waited on), a malformed line, a duplicate hop or framing header (host, content-length,
 #   transfer-encoding, connection, ...), both content-length and
 #   transfer-encoding, or a coding other than chunked are refused 400.
 # - Caps per sandbox: requests forwarded per minute (LW_MODEL_MAX_RPM), tokens
@@ -39,9 +39,12 @@
 #   (lw-sandbox run writes it); a new one starts the run count at 0.
 # - The counts are kept in /run/lw-usage/usage.json (host-side
 #   ROOT/state/agent-usage/NAME, read by lw-sandbox ls and run), so a
-#   restarted proxy keeps its hour and its run; each cap episode (first
-#   refusal after a forward) is listed there once, for lw-sandbox run to
-#   tell the person.
+#   restarted proxy keeps its hour and its run; each cap episode is listed
+#   there once, for lw-sandbox run to tell the person.  An episode of a cap
+#   starts with a refusal after a forward, unless the same cap refused within
+#   its window (a minute for max-rpm, an hour for max-tokens-hour, the same
+#   run for max-tokens-run): under steady traffic a request slips through
+#   each time the window frees one, and that is not news.
 # Errors are in the provider's shape (Anthropic's, or OpenAI's for
 # /v1/responses) so the agent's CLI shows and handles them as its own.
 import asyncio
@@ -70,6 +73,8 @@ HOSTPORT = REST.rstrip("/")
 HOST, _, PORT = HOSTPORT.partition(":")
 PORT = int(PORT or (443 if SCHEME == "https" else 80))
 OPENAI = PATH.endswith("/responses")
+# The agent kit, to name its caps as .loopwright/config spells them.
+KIT = ENV.get("LW_MODEL_KIT") or "KIT"
 
 
 def number(name, default):
@@ -275,13 +280,30 @@ class Meter:
         self.refused += 1
         if not self.capped:
             self.capped = True
-            self.episodes.append({"cap": cap, "limit": limit, "at": int(now), "retry_after": retry,
-                                  "run": self.run,
-                                  "n": (self.episodes[-1]["n"] + 1) if self.episodes else 1})
+            if not self.told(cap, now):
+                self.episodes.append({"cap": cap, "limit": limit, "at": int(now), "retry_after": retry,
+                                      "run": self.run,
+                                      "n": (self.episodes[-1]["n"] + 1) if self.episodes else 1})
+        for ep in reversed(self.episodes):
+            if ep.get("cap") == cap:
+                ep["last"] = int(now)
+                break
         self.save()
         raise Refuse(429, "rate_limit_error",
-                     "over the sandbox's cap agent.KIT.%s: %d %s; try again in %d s" % (cap, limit, what, retry),
+                     "over the sandbox's cap agent.%s.%s: %d %s; try again in %d s" % (KIT, cap, limit, what, retry),
                      retry=retry, close=False)
+
+    def told(self, cap, now):
+        """True when an episode of `cap` is still open: its last refusal is
+        within the cap's window (for the run cap, in this run)."""
+        for ep in reversed(self.episodes):
+            if ep.get("cap") != cap:
+                continue
+            if cap == "max-tokens-run":
+                return ep.get("run") == self.run
+            window = 60 if cap == "max-rpm" else 3600
+            return now - int(ep.get("last", ep.get("at", 0))) < window
+        return False
 
     def charge(self, n):
         if n <= 0:
@@ -445,7 +467,7 @@ async def read_body(reader, length, chunked):
 
 def too_large():
     return Refuse(413, "request_too_large",
-                  "the request is larger than agent.KIT.max-request (%d bytes)" % MAX_REQUEST)
+                  "the request is larger than agent.%s.max-request (%d bytes)" % (KIT, MAX_REQUEST))
 
 
 async def discard(reader, seconds=2.0):
@@ -560,14 +582,31 @@ class Conns:
     open = 0
 
 
+async def read_head(reader, got):
+    """The request head, line by line up to its empty line, into `got`.
+    A head that ends with bare LFs is refused at once (400), not waited on
+    for a CR LF CR LF that never comes."""
+    while True:
+        line = await reader.readuntil(b"\n")
+        got.append(line)
+        if sum(map(len, got)) > HEAD_MAX:
+            raise asyncio.LimitOverrunError("head", HEAD_MAX)
+        if line in (b"\r\n", b"\n"):
+            raw = b"".join(got)
+            if not raw.endswith(b"\r\n\r\n") or len(got) == 1:
+                raise Refuse(400, "invalid_request_error", "a bare CR, LF or NUL in the request head")
+            return raw
+
+
 async def one_request(reader, writer, first):
     """Serves one request; returns whether the connection may serve another."""
+    got = []
     try:
-        raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT if first else KEEPALIVE)
+        raw = await asyncio.wait_for(read_head(reader, got), HEAD_TIMEOUT if first else KEEPALIVE)
     except asyncio.LimitOverrunError:
         raise Refuse(431, "invalid_request_error", "a request head over %d bytes" % HEAD_MAX)
     except asyncio.IncompleteReadError as e:
-        if e.partial.strip():
+        if b"".join(got).strip() or e.partial.strip():
             raise Refuse(400, "invalid_request_error", "an incomplete request head")
         return False
     method, target, version, headers = parse_head(raw)

@@ -31,6 +31,7 @@ pub mod quarantine;
 pub mod redact;
 pub mod registry;
 pub mod ring;
+pub mod text;
 pub mod time;
 pub mod visible;
 

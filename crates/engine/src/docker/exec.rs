@@ -209,7 +209,13 @@ impl Streams<'_, '_> {
                 }
                 chunk = output.next() => match chunk {
                     None => return Ok(false),
-                    Some(c) => on_chunk(c?),
+                    Some(Ok(c)) => on_chunk(c),
+                    // A command that exits with input unread leaves bytes
+                    // in the engine's socket, and its close is then a
+                    // reset: the exec ended, and its status says how.
+                    Some(Err(e)) => {
+                        return if exec_ended(docker, exec).await { Ok(false) } else { Err(e) };
+                    }
                 },
                 data = rx.recv(), if stdin_open => match data {
                     Some(Some(bytes)) => {
@@ -224,6 +230,24 @@ impl Streams<'_, '_> {
                     }
                 },
             }
+        }
+    }
+}
+
+/// True when the engine files `exec`'s end within [`KILLED`] (its stream
+/// may break as it ends, before the end is filed; that is no fault of the
+/// engine's).  An engine that cannot be asked has not.
+async fn exec_ended(docker: &Docker, exec: &str) -> bool {
+    let until = tokio::time::Instant::now() + KILLED;
+    loop {
+        match docker.inspect_exec(exec).await {
+            Ok(i) if i.running == Some(false) && i.exit_code.is_some() => return true,
+            Ok(_) if tokio::time::Instant::now() < until => {
+                // The engine gives no notice of an exec's end but its
+                // stream, which is what broke.
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            _ => return false,
         }
     }
 }

@@ -67,7 +67,7 @@ impl Mediator {
                         Outcome::Skip => {}
                         Outcome::Quarantine(why) => {
                             let plan = self.plan_keep(sender, &st);
-                            c.quarantine(*k, sender, name, why, &st, plan);
+                            c.quarantine(*k, sender, name, why, &st, plan, &self.state.secrets);
                             self.state.reserve(&c.to_log[c.to_log.len() - 1..]);
                         }
                         _ => self.stats.waiting += 1,
@@ -147,7 +147,7 @@ impl Mediator {
                 let st = rfs::statat(&ob.new, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW);
                 if let Ok(st) = st {
                     let plan = self.plan_keep(&sender, &st);
-                    c.quarantine(k, &sender, name, why, &st, plan);
+                    c.quarantine(k, &sender, name, why, &st, plan, &self.state.secrets);
                 }
                 return;
             }
@@ -240,6 +240,8 @@ impl Collected {
     }
 
     /// A bad entry: logged as `QID.quarantine`, then moved to quarantine.
+    /// Its reason is masked like a body: a header field or the file name
+    /// may be a secret's value.
     fn quarantine(
         &mut self,
         k: usize,
@@ -248,6 +250,7 @@ impl Collected {
         why: String,
         st: &rfs::Stat,
         plan: Plan,
+        secrets: &crate::redact::Secrets,
     ) {
         let qid = quarantine_id(sender, name, st);
         let regular = rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::RegularFile;
@@ -267,10 +270,11 @@ impl Collected {
             ),
             Keep::Up(_) => format!("kept as quarantine/new/{qid}"),
         };
-        let reason = format!(
+        let mut reason = format!(
             "'{}' in the outbox of {sender}: {why}; {kept}",
             escape_name(name)
         );
+        secrets.mask_in(&mut reason);
         self.to_log.push(Entry {
             version: LOG_VERSION,
             name: Entry::name_for(&qid, Action::Quarantine, None),

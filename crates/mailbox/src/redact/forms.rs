@@ -116,8 +116,13 @@ impl Matcher {
     pub(super) fn new<'a>(values: impl IntoIterator<Item = &'a str>) -> Matcher {
         let mut patterns = Vec::new();
         for (i, v) in values.into_iter().enumerate() {
-            let mut forms = vec![literal(v), hex(v.as_bytes())];
+            let reversed: String = v.chars().rev().collect();
+            let mut forms = vec![literal(v), hex(v.as_bytes()), literal(&reversed)];
+            if rot13(v) != v {
+                forms.push(literal(&rot13(v)));
+            }
             forms.extend((0..3).map(|a| base64(v.as_bytes(), a)));
+            forms.extend((0..5).map(|a| base32(v.as_bytes(), a)));
             // A pattern of one unit would need no second byte: values
             // are at least 6 bytes, so none is that short.
             for units in forms.into_iter().filter(|u| u.len() >= 2) {
@@ -300,6 +305,9 @@ fn literal(v: &str) -> Vec<Unit> {
         if !short.is_empty() {
             alts.push(Alt::new(short, false));
         }
+        // HTML character references, decimal and hex.
+        alts.push(Alt::new(format!("&#{};", c as u32), false));
+        alts.push(Alt::new(format!("&#x{:x};", c as u32), true));
         units.push(Unit(alts));
     }
     // A pattern neither begins nor ends with a unit that may be empty.
@@ -319,8 +327,57 @@ fn hex(v: &[u8]) -> Vec<Unit> {
             Unit(vec![
                 Alt::new(format!("{b:02x}"), true),
                 Alt::new(format!("\\x{b:02x}"), true),
+                Alt::new(format!("0x{b:02x}"), true),
             ])
         })
+        .collect()
+}
+
+/// ROT13 of `v` (ASCII letters only).
+fn rot13(v: &str) -> String {
+    v.chars()
+        .map(|c| match c {
+            'a'..='m' | 'A'..='M' => (c as u8 + 13) as char,
+            'n'..='z' | 'N'..='Z' => (c as u8 - 13) as char,
+            _ => c,
+        })
+        .collect()
+}
+
+const B32: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+
+/// Base32 (RFC 4648) of `b`, without padding.
+pub(super) fn base32_std(b: &[u8]) -> String {
+    let mut out = String::new();
+    let (mut acc, mut bits) = (0u32, 0);
+    for &x in b {
+        acc = (acc << 8) | x as u32;
+        bits += 8;
+        while bits >= 5 {
+            bits -= 5;
+            out.push(B32[(acc >> bits & 31) as usize] as char);
+        }
+        acc &= (1 << bits) - 1;
+    }
+    if bits > 0 {
+        out.push(B32[(acc << (5 - bits) & 31) as usize] as char);
+    }
+    out
+}
+
+/// The base32 pattern of `v` starting at byte `align` (0-4) of a 5-byte
+/// group: the characters whose five bits all come from `v` (case ignored).
+fn base32(v: &[u8], align: usize) -> Vec<Unit> {
+    let mut buf = vec![0u8; align];
+    buf.extend_from_slice(v);
+    let enc = base32_std(&buf);
+    let (k0, k1) = ((8 * align).div_ceil(5), 8 * (align + v.len()) / 5);
+    if k1 <= k0 {
+        return Vec::new();
+    }
+    enc.as_bytes()[k0..k1]
+        .iter()
+        .map(|&c| Unit(vec![Alt::new([c], true)]))
         .collect()
 }
 
@@ -368,6 +425,12 @@ fn base64(v: &[u8], align: usize) -> Vec<Unit> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn base32_matches_known_encodings() {
+        assert_eq!(base32_std(b"f"), "MY");
+        assert_eq!(base32_std(b"foobar"), "MZXW6YTBOI");
+    }
 
     #[test]
     fn base64_matches_known_encodings() {

@@ -14,7 +14,10 @@
 //! A value shorter than [`MIN_SECRET`] bytes is ignored with a warning:
 //! masking a one-character "secret" would mask every `a` in every text.
 //! A value is matched in its disguises too (forms.rs: case, whitespace and
-//! line breaks, percent and JSON escapes, hex, base64 in any alignment);
+//! line breaks, percent and JSON escapes, HTML references, hex, base64 and
+//! base32 in any alignment, reversed, ROT13), in the text as it is read
+//! (text.rs: NFKC, format characters removed; mailbox-spec.md lists what
+//! stays out of reach);
 //! masking replaces each match (overlapping ones merged, the longest value
 //! naming them) with `[secret NAME]`.
 
@@ -82,7 +85,12 @@ impl Secrets {
     }
 
     fn rebuild(&mut self) {
-        self.matcher = forms::Matcher::new(self.list.iter().map(|(_, v)| v.as_str()));
+        let folded: Vec<String> = self
+            .list
+            .iter()
+            .map(|(_, v)| crate::text::fold(v))
+            .collect();
+        self.matcher = forms::Matcher::new(folded.iter().map(|v| v.as_str()));
     }
 
     /// Adds a value; returns a warning instead when it is too short to
@@ -152,15 +160,22 @@ impl Secrets {
 
     /// The name of a secret whose value, in any disguise, occurs in `text`.
     pub fn find(&self, text: &str) -> Option<&str> {
-        let s = self.matcher.spans(text.as_bytes(), true);
+        let folded = crate::text::Folded::new(text);
+        let s = self.matcher.spans(folded.text.as_bytes(), true);
         s.first().map(|s| self.list[s.secret as usize].0.as_str())
     }
 
     /// `text` with every known value, in any disguise, replaced by `[secret NAME]`.
     pub fn mask<'a>(&self, text: &'a str) -> Cow<'a, str> {
-        let mut spans = self.matcher.spans(text.as_bytes(), false);
+        // Matched in the text as read (NFKC, format characters gone), masked
+        // in the text as written.
+        let folded = crate::text::Folded::new(text);
+        let mut spans = self.matcher.spans(folded.text.as_bytes(), false);
         if spans.is_empty() {
             return Cow::Borrowed(text);
+        }
+        for s in &mut spans {
+            (s.start, s.end) = folded.source(s.start, s.end);
         }
         // Where matches overlap, one mask covers them all, named by the
         // earliest and then longest.
@@ -320,6 +335,51 @@ mod tests {
                 b64("").replace('+', "-").replace('/', "_"),
             ),
             ("base64 wrapped as MIME", split(&b64("u"), 4, "\r\n")),
+            // Issue 40.
+            ("reversed", KEY.chars().rev().collect()),
+            ("rot13", "fx-yvir-7s3n9p2o41".into()),
+            ("base32", forms::base32_std(format!("ab{KEY}").as_bytes())),
+            (
+                "base32, lower case",
+                forms::base32_std(KEY.as_bytes()).to_lowercase(),
+            ),
+            (
+                "0x bytes",
+                KEY.bytes()
+                    .map(|b| format!("0x{b:02x}"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ),
+            (
+                "HTML entities",
+                KEY.chars().map(|c| format!("&#{};", c as u32)).collect(),
+            ),
+            (
+                "HTML hex entities, mixed",
+                KEY.chars()
+                    .enumerate()
+                    .map(|(i, c)| {
+                        if i % 2 == 0 {
+                            format!("&#x{:X};", c as u32)
+                        } else {
+                            c.to_string()
+                        }
+                    })
+                    .collect(),
+            ),
+            (
+                "fullwidth letters",
+                KEY.chars()
+                    .map(|c| char::from_u32(c as u32 + 0xfee0).unwrap())
+                    .collect(),
+            ),
+            (
+                "interleaved with U+200B, U+00AD, U+200D",
+                KEY.chars()
+                    .zip(['\u{200b}', '\u{ad}', '\u{200d}'].into_iter().cycle())
+                    .map(|(c, z)| format!("{c}{z}"))
+                    .collect(),
+            ),
         ];
         for (what, form) in cases {
             let text = format!("see <{form}> here");
