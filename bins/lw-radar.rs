@@ -51,6 +51,12 @@ struct Args {
     #[arg(long, value_name = "PATH")]
     mirror: Vec<PathBuf>,
 
+    /// The current base, a revision of the first mirror: a branch's own
+    /// changes (for scopes) are counted from its merge base with it
+    /// [default: the mirror's HEAD]
+    #[arg(long, value_name = "REV")]
+    base: Option<String>,
+
     /// Address every message to the person (human) as well
     #[arg(long)]
     cc_human: bool,
@@ -62,6 +68,10 @@ struct Args {
     /// Bytes of new objects one sandbox's branch may bring
     #[arg(long, value_name = "BYTES", default_value_t = 256 << 20)]
     size_cap: u64,
+
+    /// Bytes of data memory each git the radar runs may use
+    #[arg(long, value_name = "BYTES", default_value_t = 1 << 30)]
+    memory_cap: u64,
 
     /// Threads fetching heads and merging pairs [default: the CPUs]
     #[arg(long, value_name = "N")]
@@ -84,21 +94,30 @@ fn main() -> ExitCode {
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     let root = Root::resolve(args.root.as_deref())?;
     root.check_exists()?;
-    let (live, mirrors, skipped) = live(&root, &args)?;
-    let mut radar = Radar::open(root, mirrors)?;
+    let mut radar = Radar::open(root.clone(), vec![])?;
     radar.limits = Limits {
         time: args.time_cap,
         output: Limits::default().output,
         fetch: args.size_cap,
+        memory: args.memory_cap,
     };
     radar.cc_human = args.cc_human;
     if let Some(n) = args.threads {
         radar.threads = n.max(1);
     }
-    for (name, why) in &skipped {
-        eprintln!("{PROG}: skipped {name}: {why}");
-    }
+    let mut told: Vec<(String, String)> = vec![];
     loop {
+        // The registry is read again at every pass: a sandbox registered,
+        // removed or rescoped while a daemon runs counts from its next pass.
+        let (live, mirrors, skipped) = live(&root, &args)?;
+        if skipped != told {
+            for (name, why) in &skipped {
+                eprintln!("{PROG}: skipped {name}: {why}");
+            }
+            told = skipped;
+        }
+        radar.upstream = upstream(&mirrors, args.base.as_deref());
+        radar.mirrors = mirrors;
         let report = radar.pass(&live)?;
         print(&report, args.json, out)?;
         out.flush().map_err(out_err)?;
@@ -109,6 +128,17 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             None => return Ok(Exit::Ok),
         }
     }
+}
+
+/// The current base: `rev` (default HEAD) of the first mirror, when it names a commit.
+fn upstream(mirrors: &[PathBuf], rev: Option<&str>) -> Option<String> {
+    let m = mirrors.first()?;
+    let mut c = loopwright::radar::run::git(m);
+    c.args(["rev-parse", "--verify", "--quiet", "--end-of-options"])
+        .arg(format!("{}^{{commit}}", rev.unwrap_or("HEAD")));
+    let r = loopwright::radar::run::run(c, &Limits::default()).ok()?;
+    let h = String::from_utf8_lossy(&r.stdout).trim().to_string();
+    (r.status.success() && h.len() >= 40).then_some(h)
 }
 
 /// The live sandboxes: registered on this host, with a branch, and (unless
@@ -230,6 +260,7 @@ fn print(r: &Report, json: bool, out: &mut dyn Write) -> Result<()> {
             "type": "pass",
             "sandboxes": r.sandboxes,
             "heads_changed": r.heads_changed,
+            "fetched": r.fetched,
             "pairs": r.pairs,
             "pairs_computed": r.pairs_computed,
             "conflicts": r.conflicts,
