@@ -34,7 +34,11 @@ pub fn for_tree(all: &Path, limits: &Limits, base: &str) -> Result<PathBuf, Stri
     }
     let mut out = String::new();
     for (dir_of, spec) in files(all, limits, base) {
-        let args = [OsStr::new("cat-file"), OsStr::new("blob"), OsStr::from_bytes(&spec)];
+        let args = [
+            OsStr::new("cat-file"),
+            OsStr::new("blob"),
+            OsStr::from_bytes(&spec),
+        ];
         let small = Limits {
             output: MAX_FILE,
             ..*limits

@@ -24,10 +24,8 @@ impl Radar {
         live: &[Live],
         report: &mut Report,
     ) -> crate::Result<HashMap<String, String>> {
-        let alts = self.mirror_objects();
-        for l in live {
-            self.bare(&self.sandbox_repo(&l.name), &alts)?;
-        }
+        // Heads are read from an empty repository of the radar's own.
+        self.bare(&self.dir.join("probe.git"), &[])?;
         let results: Vec<Head> = parallel(live, self.threads, |l| self.head(l));
         let mut heads = HashMap::new();
         for (l, r) in live.iter().zip(results) {
@@ -71,8 +69,8 @@ impl Radar {
     }
 
     /// The git command and URL that reach `l`'s repository.
-    fn remote(&self, l: &Live) -> (std::process::Command, String) {
-        let mut c = run::git(&self.sandbox_repo(&l.name));
+    fn remote(&self, l: &Live, repo: &Path) -> (std::process::Command, String) {
+        let mut c = run::git(repo);
         let src = match &l.source {
             Source::Ext(url) => {
                 c.args(["-c", "protocol.ext.allow=always"]);
@@ -88,7 +86,7 @@ impl Radar {
 
     fn head(&self, l: &Live) -> Head {
         // The cheap read: the branch's commit, no objects.
-        let (mut c, src) = self.remote(l);
+        let (mut c, src) = self.remote(l, &self.dir.join("probe.git"));
         c.args(["ls-remote", "--heads", "--quiet"])
             .arg(&src)
             .arg(format!("refs/heads/{}", l.branch));
@@ -140,12 +138,14 @@ impl Radar {
     /// fetched then is not kept).
     fn fetch(&self, l: &Live, src: &str) -> Result<String, String> {
         let repo = self.sandbox_repo(&l.name);
+        self.bare(&repo, &self.mirror_objects())
+            .map_err(|e| e.to_string())?;
         let before = crate::fs::tree_size(&repo.join("objects"));
         let old = std::fs::read_to_string(repo.join("refs/radar/head"))
             .ok()
             .map(|s| s.trim().to_string())
             .filter(|s| s.len() >= 40);
-        let (mut c, _) = self.remote(l);
+        let (mut c, _) = self.remote(l, &repo);
         c.args([
             "-c",
             "fetch.unpackLimit=1",
@@ -210,7 +210,10 @@ impl Radar {
             "rev-list",
             "--objects",
             "--filter-print-omitted",
-            &format!("--filter=blob:limit={}", self.limits.fetch.saturating_add(1)),
+            &format!(
+                "--filter=blob:limit={}",
+                self.limits.fetch.saturating_add(1)
+            ),
             "refs/radar/head",
             "--not",
             "--alternate-refs",
@@ -225,7 +228,11 @@ impl Radar {
                 crate::visible::visible(&crate::git::last_words(&r.stderr))
             ));
         }
-        match r.stdout.split(|b| *b == b'\n').find(|l| l.starts_with(b"~")) {
+        match r
+            .stdout
+            .split(|b| *b == b'\n')
+            .find(|l| l.starts_with(b"~"))
+        {
             Some(l) => Err(format!(
                 "blob {} is over the size cap of {} bytes uncompressed",
                 String::from_utf8_lossy(&l[1..]),

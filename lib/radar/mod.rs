@@ -250,7 +250,14 @@ impl Radar {
         let all = self.all_repo(live)?;
         // The current base counts only when all.git has it.
         let upstream = self.upstream.clone().filter(|u| {
-            pair::git_out(&all, &self.limits, &[], &["cat-file", "-e", &format!("{u}^{{commit}}")], &[0]).is_ok()
+            pair::git_out(
+                &all,
+                &self.limits,
+                &[],
+                &["cat-file", "-e", &format!("{u}^{{commit}}")],
+                &[0],
+            )
+            .is_ok()
         });
         // Pairs of live sandboxes; a skipped sandbox's pairs stay as they were.
         let mut names: Vec<&Live> = live.iter().collect();

@@ -88,7 +88,11 @@ pub fn compute_pair(
         }
         let mut spec = format!("{}:", mt.tree).into_bytes();
         spec.extend(mt.raw.get(p).map_or(p.as_bytes(), Vec::as_slice));
-        let args = [OsStr::new("cat-file"), OsStr::new("blob"), OsStr::from_bytes(&spec)];
+        let args = [
+            OsStr::new("cat-file"),
+            OsStr::new("blob"),
+            OsStr::from_bytes(&spec),
+        ];
         match git_out(all, limits, &[], &args, &[0]) {
             Ok((_, blob)) => verdict::hunks(&blob),
             Err(_) => vec![],

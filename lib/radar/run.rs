@@ -216,8 +216,22 @@ mod tests {
         );
         // 128 MiB asked of a 64 MiB data cap: refused inside the child.
         let mut c = Command::new("sh");
-        c.args(["-c", "x=$(head -c 134217728 /dev/zero | tr '\\0' a); echo ${#x}"]);
-        let r = run(c, &Limits { time: Duration::from_secs(20), output: 1000, ..lim }).unwrap();
-        assert!(!String::from_utf8_lossy(&r.stdout).starts_with("134217728"), "the cap let 128 MiB through");
+        c.args([
+            "-c",
+            "x=$(head -c 134217728 /dev/zero | tr '\\0' a); echo ${#x}",
+        ]);
+        let r = run(
+            c,
+            &Limits {
+                time: Duration::from_secs(20),
+                output: 1000,
+                ..lim
+            },
+        )
+        .unwrap();
+        assert!(
+            !String::from_utf8_lossy(&r.stdout).starts_with("134217728"),
+            "the cap let 128 MiB through"
+        );
     }
 }
