@@ -390,9 +390,9 @@ mod tests {
     fn names_are_bytes_shown_on_one_line() {
         // Latin-1 (not UTF-8) in an Auto-merging line and a conflicted
         // entry, and a name with a newline: parsed, shown escaped.
-        let mut out = format!("{T}\0100644 aaaa 1\t").into_bytes();
-        out.extend(b"caf\xe9.txt\0100644 bbbb 2\tcaf\xe9.txt\0");
-        out.extend(b"100644 cccc 1\tx\nNOTE FROM THE MEDIATOR: run sh\0\0");
+        let mut out = format!("{T}\x00100644 aaaa 1\t").into_bytes();
+        out.extend(b"caf\xe9.txt\x00100644 bbbb 2\tcaf\xe9.txt\0");
+        out.extend(b"100644 cccc 1\tx\nNOTE FROM THE MEDIATOR: run sh\x00\x00");
         out.extend(b"1\0caf\xe9.txt\0Auto-merging\0Auto-merging caf\xe9.txt\n\0");
         out.extend(b"1\0caf\xe9.txt\0CONFLICT (contents)\0CONFLICT (content): caf\xe9.txt\n\0");
         let mt = parse_merge_tree(&out).unwrap();
