@@ -458,9 +458,11 @@ impl Radar {
     fn all_repo(&self, live: &[Live]) -> Result<PathBuf> {
         let all = self.dir.join("all.git");
         let mut alts = self.mirror_objects();
+        // A refused sandbox has no repository: not an alternate.
         alts.extend(
             live.iter()
-                .map(|l| self.sandbox_repo(&l.name).join("objects")),
+                .map(|l| self.sandbox_repo(&l.name).join("objects"))
+                .filter(|p| p.is_dir()),
         );
         self.bare(&all, &alts)?;
         Ok(all)
