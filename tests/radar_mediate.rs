@@ -251,6 +251,24 @@ fn a_daemon_sees_a_sandbox_registered_after_it_started() {
         took.as_secs_f32()
     );
     assert!(took <= every * 2, "{took:?}");
+
+    // b declares a scope a's change lies in: the set of a and b changes,
+    // and the daemon says so (the registry is read again, scopes too).
+    let o = run(Command::new(support::bin("lw-mediate"))
+        .arg("--root")
+        .arg(&root)
+        .args(["register", "b", "--branch", "task-b", "--scope", "f.txt"]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rescoped = Instant::now();
+    let v = wait_for(
+        &|v| v["type"] == "sent" && v["a"] == "a" && v["b"] == "b",
+        every * 2,
+    );
+    assert_eq!(v["kind"], "conflict", "{v}");
+    println!(
+        "radar daemon: b rescoped: the new set in {:.2}s",
+        rescoped.elapsed().as_secs_f32()
+    );
     let _ = child.kill();
     let _ = child.wait();
 }
