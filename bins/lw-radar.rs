@@ -162,6 +162,7 @@ fn live(root: &Root, args: &Args) -> Result<(Vec<Live>, Vec<PathBuf>, Vec<(Strin
             };
             live.push(Live {
                 source: Source::Path(dir.join(&r.name)),
+                refs: Some((dir.join(&r.name), PathBuf::from(".git"))),
                 name: r.name,
                 branch,
                 scope: r.scope,
@@ -192,8 +193,18 @@ fn live(root: &Root, args: &Args) -> Result<(Vec<Live>, Vec<PathBuf>, Vec<(Strin
         if args.mirror.is_empty() && !mirrors.contains(&rec.mirror) {
             mirrors.push(rec.mirror.clone());
         }
+        // Its workspace filesystem, where the host sees it (not in volume
+        // mode): the ref files are the hint that its head did not move.
+        let refs = (!rec.volume_mode).then(|| {
+            let work = loopwright::sandbox::disk::work(root, &rec.name).mount;
+            let repo = Path::new(loopwright::wall::REPO)
+                .strip_prefix(loopwright::wall::WORK)
+                .map_or_else(|_| PathBuf::from("repo"), Path::to_path_buf);
+            (work, repo.join(".git"))
+        });
         live.push(Live {
             source: Source::Ext(transport(&lw_sandbox, &root.dir, &rec.name)),
+            refs,
             name: rec.name,
             branch: rec.branch,
             scope: r.scope,
@@ -260,6 +271,7 @@ fn print(r: &Report, json: bool, out: &mut dyn Write) -> Result<()> {
             "type": "pass",
             "sandboxes": r.sandboxes,
             "heads_changed": r.heads_changed,
+            "heads_read": r.heads_read,
             "fetched": r.fetched,
             "pairs": r.pairs,
             "pairs_computed": r.pairs_computed,

@@ -400,6 +400,7 @@ fn live(name: &str, repo: &Path, branch: &str, scope: &[&str]) -> Live {
         branch: branch.into(),
         scope: scope.iter().map(|s| s.to_string()).collect(),
         source: Source::Path(repo.to_path_buf()),
+        refs: Some((repo.to_path_buf(), ".git".into())),
     }
 }
 
@@ -628,8 +629,8 @@ fn memory_and_clearing(t: &TempDir, repo: &Path) {
     );
     let r = radar.pass(&lives).unwrap();
     assert_eq!((r.pairs_computed, r.conflicts, r.cleared), (0, 0, 0));
-    // An idle pass reads heads and fetches nothing.
-    assert_eq!(r.fetched, 0);
+    // An idle pass runs nothing: the ref files did not change.
+    assert_eq!((r.heads_read, r.fetched), (0, 0));
     let ms = messages(&root);
     let kinds: Vec<Kind> = ms.iter().map(|m| m.kind).collect();
     assert_eq!(kinds, [Kind::Conflict, Kind::ConflictCleared]);

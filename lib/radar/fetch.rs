@@ -1,17 +1,34 @@
-//! Heads: each live sandbox's branch, read cheaply first (`git ls-remote`
-//! over the same transport) and fetched only when it moved since the last
-//! pass; a head refused once (over a cap, unreadable) is remembered with
-//! why, and not fetched again until it changes (issue 46).
+//! Heads: each live sandbox's branch, read cheaply first and fetched only
+//! when it moved since the last pass; a head refused once (over a cap,
+//! unreadable) is remembered with why, and not fetched again until it
+//! changes (issue 46).
+//!
+//! Cheap, in two steps.  Where the host sees the sandbox's repository (its
+//! workspace filesystem, `Live::refs`), the branch's loose ref and its line
+//! of `packed-refs` are read as data, beneath a descriptor, no link
+//! followed, a few KiB at most: while they are what they were when the
+//! head was last read through the transport (and for at most
+//! [`HINT_TTL`]), the head is taken as unchanged and nothing is run.  A
+//! sandbox that forges them only hides its own branch from the radar for
+//! that long, which it could do by not committing.  Otherwise `git
+//! ls-remote` over the transport reads the head (one exec, no objects),
+//! and only a head that moved is fetched.
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use super::{Event, Live, Radar, Refusal, Report, Source, parallel, run};
 
+/// How long an unchanged ref file is taken for an unchanged head.
+pub const HINT_TTL: std::time::Duration = std::time::Duration::from_secs(30);
+/// Bytes of `packed-refs` read for the hint (a larger one gives none).
+const MAX_PACKED_REFS: usize = 1 << 20;
+
 /// What reading one sandbox's head gave.
 enum Head {
-    /// The head, and whether objects were fetched for it.
-    Ok(String, bool),
+    /// The head, whether objects were fetched for it, and the ref hint
+    /// read just before the transport read it (None: the hint answered).
+    Ok(String, bool, Option<String>),
     /// Left out of this pass: the head refused (when known), and why.
     Refused(Option<String>, String),
 }
@@ -30,8 +47,13 @@ impl Radar {
         let mut heads = HashMap::new();
         for (l, r) in live.iter().zip(results) {
             match r {
-                Head::Ok(h, fetched) => {
+                Head::Ok(h, fetched, hint) => {
                     report.fetched += usize::from(fetched);
+                    report.heads_read += usize::from(hint.is_some());
+                    if let Some(hint) = hint {
+                        let at = crate::time::now().as_secs();
+                        self.state.hints.insert(l.name.clone(), (hint, at));
+                    }
                     self.state.refused.remove(&l.name);
                     heads.insert(l.name.clone(), h);
                 }
@@ -84,7 +106,63 @@ impl Radar {
         (c, src)
     }
 
+    /// The ref hint of `l` (see the module documentation): its loose ref
+    /// and its `packed-refs` line, or None when the host cannot read them.
+    fn hint(&self, l: &Live) -> Option<String> {
+        use rustix::fs::OFlags;
+        use std::io::Read as _;
+        let (base, git_dir) = l.refs.as_ref()?;
+        let dir = crate::fs::open_dir_no_links(base).ok()?;
+        let read = |rel: std::path::PathBuf, max: usize| -> Option<Option<Vec<u8>>> {
+            let fd = match crate::fs::open_beneath(&dir, &rel, OFlags::RDONLY | OFlags::NONBLOCK) {
+                Ok(fd) => fd,
+                Err(rustix::io::Errno::NOENT) => return Some(None),
+                Err(_) => return None,
+            };
+            let st = rustix::fs::fstat(&fd).ok()?;
+            if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile
+            {
+                return None;
+            }
+            let mut buf = Vec::new();
+            std::fs::File::from(fd)
+                .take(max as u64 + 1)
+                .read_to_end(&mut buf)
+                .ok()?;
+            (buf.len() <= max).then_some(Some(buf))
+        };
+        let loose = read(git_dir.join("refs/heads").join(&l.branch), 4096)?;
+        let packed = read(git_dir.join("packed-refs"), MAX_PACKED_REFS)?;
+        let want = format!(" refs/heads/{}", l.branch);
+        let line = packed.as_deref().and_then(|p| {
+            p.split(|b| *b == b'\n')
+                .find(|x| x.ends_with(want.as_bytes()))
+                .map(<[u8]>::to_vec)
+        });
+        if loose.is_none() && line.is_none() {
+            return None; // the branch is kept elsewhere (reftable?): no hint
+        }
+        let show = |b: Option<Vec<u8>>| {
+            b.map_or("-".into(), |b| {
+                String::from_utf8_lossy(&b).trim().to_string()
+            })
+        };
+        Some(format!("{}|{}", show(loose), show(line)))
+    }
+
     fn head(&self, l: &Live) -> Head {
+        let hint = self.hint(l);
+        if let (Some(h), Some((old, at)), Some(head)) = (
+            &hint,
+            self.state.hints.get(&l.name),
+            self.state.heads.get(&l.name),
+        ) {
+            let age = crate::time::now().as_secs().saturating_sub(*at);
+            if h == old && age < HINT_TTL.as_secs() && self.has_head(l, head) {
+                return Head::Ok(head.clone(), false, None);
+            }
+        }
+        let hint = hint.unwrap_or_default();
         // The cheap read: the branch's commit, no objects.
         let (mut c, src) = self.remote(l, &self.dir.join("probe.git"));
         c.args(["ls-remote", "--heads", "--quiet"])
@@ -114,7 +192,7 @@ impl Radar {
             return Head::Refused(None, format!("branch '{}' does not exist", l.branch));
         }
         if self.state.heads.get(&l.name) == Some(&now) && self.has_head(l, &now) {
-            return Head::Ok(now, false);
+            return Head::Ok(now, false, Some(hint));
         }
         if let Some(r) = self.state.refused.get(&l.name).filter(|r| r.head == now) {
             return Head::Refused(
@@ -123,7 +201,7 @@ impl Radar {
             );
         }
         match self.fetch(l, &src) {
-            Ok(h) => Head::Ok(h, true),
+            Ok(h) => Head::Ok(h, true, Some(hint)),
             Err(why) => Head::Refused(Some(now), why),
         }
     }

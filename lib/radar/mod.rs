@@ -84,6 +84,11 @@ pub struct Live {
     pub branch: String,
     pub scope: Vec<String>,
     pub source: Source,
+    /// Where the host sees the sandbox's repository, when it does: a
+    /// directory it opens without following links, and the git directory
+    /// beneath it.  Its ref files are a hint that the head did not move
+    /// (radar/fetch.rs); None: the head is read through `source` each pass.
+    pub refs: Option<(PathBuf, PathBuf)>,
 }
 
 /// What a pass did.
@@ -92,6 +97,9 @@ pub struct Report {
     pub sandboxes: usize,
     /// Sandboxes whose head changed since the last pass.
     pub heads_changed: usize,
+    /// Sandboxes whose head was read through the transport (the others'
+    /// ref files showed no change).
+    pub heads_read: usize,
     /// Sandboxes whose objects were fetched (their head moved).
     pub fetched: usize,
     pub pairs: usize,
@@ -156,6 +164,10 @@ struct State {
     /// Heads refused, by sandbox.
     #[serde(default)]
     refused: BTreeMap<String, Refusal>,
+    /// Each sandbox's ref hint when its head was last read through the
+    /// transport, and when (seconds since the epoch).
+    #[serde(default)]
+    hints: BTreeMap<String, (String, u64)>,
 }
 
 pub struct Radar {
@@ -289,6 +301,9 @@ impl Radar {
         self.state.pairs.retain(|k, _| keep.contains(k));
         self.state
             .heads
+            .retain(|n, _| live.iter().any(|l| &l.name == n));
+        self.state
+            .hints
             .retain(|n, _| live.iter().any(|l| &l.name == n));
         for (n, h) in &heads {
             self.state.heads.insert(n.clone(), h.clone());
