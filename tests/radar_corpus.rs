@@ -656,6 +656,43 @@ fn memory_and_clearing(t: &TempDir, repo: &Path) {
     println!(
         "radar comeback: conflict, cleared, conflict at the same commits: 3 distinct messages"
     );
+
+    // c is no longer registered: its repository goes.
+    let sandboxes = root.state_dir().join("radar/sandboxes");
+    assert!(sandboxes.join("c.git").is_dir());
+    radar.pass(&lives[..2]).unwrap();
+    assert!(!sandboxes.join("c.git").exists());
+
+    // A sandbox that makes its ref file a link (here to a copy of the very
+    // same ref): the hint is refused, never followed, and the head is read
+    // through the transport at every pass instead.
+    let h = t.join("hostile");
+    std::fs::create_dir_all(&h).unwrap();
+    git(
+        &h,
+        &[
+            "clone",
+            "-q",
+            "--no-local",
+            &repo.display().to_string(),
+            ".",
+        ],
+    );
+    git(&h, &["checkout", "-q", "-b", "h", "origin/m-a"]);
+    let refp = h.join(".git/refs/heads/h");
+    let copy = t.join("h-ref-copy");
+    std::fs::copy(&refp, &copy).unwrap();
+    std::fs::remove_file(&refp).unwrap();
+    std::os::unix::fs::symlink(&copy, &refp).unwrap();
+    let hl = [live("a", repo, "m-a", &[]), live("h", &h, "h", &[])];
+    for _ in 0..2 {
+        let r = radar.pass(&hl).unwrap();
+        assert!(r.heads_read >= 1, "{r:?}");
+        assert!(
+            !r.events.iter().any(|e| matches!(e, Event::Skipped { .. })),
+            "{r:?}"
+        );
+    }
 }
 
 /// A branch too big for the size cap, and a pass under a time cap no git
