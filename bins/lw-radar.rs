@@ -51,6 +51,12 @@ struct Args {
     #[arg(long, value_name = "PATH")]
     mirror: Vec<PathBuf>,
 
+    /// The current base, a revision of the first mirror: a branch's own
+    /// changes (for scopes) are counted from its merge base with it
+    /// [default: the mirror's HEAD]
+    #[arg(long, value_name = "REV")]
+    base: Option<String>,
+
     /// Address every message to the person (human) as well
     #[arg(long)]
     cc_human: bool,
@@ -62,6 +68,10 @@ struct Args {
     /// Bytes of new objects one sandbox's branch may bring
     #[arg(long, value_name = "BYTES", default_value_t = 256 << 20)]
     size_cap: u64,
+
+    /// Bytes of data memory each git the radar runs may use
+    #[arg(long, value_name = "BYTES", default_value_t = 1 << 30)]
+    memory_cap: u64,
 
     /// Threads fetching heads and merging pairs [default: the CPUs]
     #[arg(long, value_name = "N")]
@@ -84,21 +94,30 @@ fn main() -> ExitCode {
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     let root = Root::resolve(args.root.as_deref())?;
     root.check_exists()?;
-    let (live, mirrors, skipped) = live(&root, &args)?;
-    let mut radar = Radar::open(root, mirrors)?;
+    let mut radar = Radar::open(root.clone(), vec![])?;
     radar.limits = Limits {
         time: args.time_cap,
         output: Limits::default().output,
         fetch: args.size_cap,
+        memory: args.memory_cap,
     };
     radar.cc_human = args.cc_human;
     if let Some(n) = args.threads {
         radar.threads = n.max(1);
     }
-    for (name, why) in &skipped {
-        eprintln!("{PROG}: skipped {name}: {why}");
-    }
+    let mut told: Vec<(String, String)> = vec![];
     loop {
+        // The registry is read again at every pass: a sandbox registered,
+        // removed or rescoped while a daemon runs counts from its next pass.
+        let (live, mirrors, skipped) = live(&root, &args)?;
+        if skipped != told {
+            for (name, why) in &skipped {
+                eprintln!("{PROG}: skipped {name}: {why}");
+            }
+            told = skipped;
+        }
+        radar.upstream = upstream(&mirrors, args.base.as_deref());
+        radar.mirrors = mirrors;
         let report = radar.pass(&live)?;
         print(&report, args.json, out)?;
         out.flush().map_err(out_err)?;
@@ -109,6 +128,17 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             None => return Ok(Exit::Ok),
         }
     }
+}
+
+/// The current base: `rev` (default HEAD) of the first mirror, when it names a commit.
+fn upstream(mirrors: &[PathBuf], rev: Option<&str>) -> Option<String> {
+    let m = mirrors.first()?;
+    let mut c = loopwright::radar::run::git(m);
+    c.args(["rev-parse", "--verify", "--quiet", "--end-of-options"])
+        .arg(format!("{}^{{commit}}", rev.unwrap_or("HEAD")));
+    let r = loopwright::radar::run::run(c, &Limits::default()).ok()?;
+    let h = String::from_utf8_lossy(&r.stdout).trim().to_string();
+    (r.status.success() && h.len() >= 40).then_some(h)
 }
 
 /// The live sandboxes: registered on this host, with a branch, and (unless
@@ -132,6 +162,7 @@ fn live(root: &Root, args: &Args) -> Result<(Vec<Live>, Vec<PathBuf>, Vec<(Strin
             };
             live.push(Live {
                 source: Source::Path(dir.join(&r.name)),
+                refs: Some((dir.join(&r.name), PathBuf::from(".git"))),
                 name: r.name,
                 branch,
                 scope: r.scope,
@@ -162,8 +193,18 @@ fn live(root: &Root, args: &Args) -> Result<(Vec<Live>, Vec<PathBuf>, Vec<(Strin
         if args.mirror.is_empty() && !mirrors.contains(&rec.mirror) {
             mirrors.push(rec.mirror.clone());
         }
+        // Its workspace filesystem, where the host sees it (not in volume
+        // mode): the ref files are the hint that its head did not move.
+        let refs = (!rec.volume_mode).then(|| {
+            let work = loopwright::sandbox::disk::work(root, &rec.name).mount;
+            let repo = Path::new(loopwright::wall::REPO)
+                .strip_prefix(loopwright::wall::WORK)
+                .map_or_else(|_| PathBuf::from("repo"), Path::to_path_buf);
+            (work, repo.join(".git"))
+        });
         live.push(Live {
             source: Source::Ext(transport(&lw_sandbox, &root.dir, &rec.name)),
+            refs,
             name: rec.name,
             branch: rec.branch,
             scope: r.scope,
@@ -230,6 +271,8 @@ fn print(r: &Report, json: bool, out: &mut dyn Write) -> Result<()> {
             "type": "pass",
             "sandboxes": r.sandboxes,
             "heads_changed": r.heads_changed,
+            "heads_read": r.heads_read,
+            "fetched": r.fetched,
             "pairs": r.pairs,
             "pairs_computed": r.pairs_computed,
             "conflicts": r.conflicts,

@@ -146,6 +146,131 @@ fn conflict_reaches_both_inboxes_once_then_clears() {
     println!(
         "radar via the mediator: 1 conflict and 1 conflict-cleared in each of 2 inboxes, 0 repeats"
     );
+
+    // b undoes its resolution: the conflict is back at the very commits
+    // first announced, and reaches both inboxes again (issue 40: it was
+    // held as an exact duplicate of the first announcement).
+    git(&from.join("b"), &["reset", "-q", "--hard", "HEAD~1"]);
+    let out = radar(&root, &from);
+    assert!(out.starts_with("conflict "), "{out}");
+    mediate(&root, None);
+    for n in ["a", "b"] {
+        let kinds: Vec<Kind> = inbox(&root, n).iter().map(|m| m.kind).collect();
+        assert_eq!(
+            kinds,
+            [Kind::Conflict, Kind::ConflictCleared, Kind::Conflict],
+            "{n}"
+        );
+    }
+    assert_eq!(common::ls(&root.join("held/new")).len(), 0);
+    println!("radar comeback via the mediator: in both inboxes, 0 held");
+}
+
+/// Issue 46: a daemon reads the registry at every pass: a sandbox
+/// registered while `lw-radar --every` runs gets its conflict within two
+/// intervals, and a one-shot pass meanwhile is not refused.
+#[test]
+fn a_daemon_sees_a_sandbox_registered_after_it_started() {
+    use std::io::BufRead as _;
+    use std::time::{Duration, Instant};
+    let t = TempDir::new("radar-daemon");
+    let (root, from) = setup(&t);
+    let every = Duration::from_secs(2);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lw-radar"))
+        .arg("--root")
+        .arg(&root)
+        .arg("--from")
+        .arg(&from)
+        .args(["--every", "2s", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(out).lines() {
+            let Ok(l) = l else { break };
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let wait_for = |want: &dyn Fn(&serde_json::Value) -> bool, within: Duration| {
+        let end = Instant::now() + within;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            let l = rx.recv_timeout(left).expect("the daemon said it in time");
+            let v: serde_json::Value = serde_json::from_str(&l).unwrap();
+            if want(&v) {
+                return v;
+            }
+        }
+    };
+    // The first pass: a and b.
+    wait_for(
+        &|v| v["type"] == "sent" && v["a"] == "a" && v["b"] == "b",
+        Duration::from_secs(30),
+    );
+    wait_for(&|v| v["type"] == "pass", Duration::from_secs(30));
+    // c, registered now, edits a's line too.
+    let d = from.join("c");
+    git(
+        t.path(),
+        &[
+            "clone",
+            "-q",
+            &t.join("up").display().to_string(),
+            &d.display().to_string(),
+        ],
+    );
+    git(&d, &["checkout", "-q", "-b", "task-c"]);
+    commit(&d, "f.txt", "C\ntwo\nthree\n");
+    let o = run(Command::new(support::bin("lw-mediate"))
+        .arg("--root")
+        .arg(&root)
+        .args(["register", "c", "--branch", "task-c"]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let registered = Instant::now();
+    wait_for(
+        &|v| v["type"] == "sent" && v["a"] == "a" && v["b"] == "c",
+        every * 2,
+    );
+    let took = registered.elapsed();
+    // A one-shot pass while the daemon runs is not refused (it waits for a
+    // pass in progress), and has nothing new to say.
+    let o = run(Command::new(env!("CARGO_BIN_EXE_lw-radar"))
+        .arg("--root")
+        .arg(&root)
+        .arg("--from")
+        .arg(&from));
+    assert!(o.status.success(), "one-shot: {}", stderr(&o));
+    assert_eq!(stdout(&o), "");
+    println!(
+        "radar daemon: sandbox registered while --every 2s ran: its conflict in {:.2}s; one-shot meanwhile: exit 0",
+        took.as_secs_f32()
+    );
+    assert!(took <= every * 2, "{took:?}");
+
+    // b declares a scope a's change lies in: the set of a and b changes,
+    // and the daemon says so (the registry is read again, scopes too).
+    let o = run(Command::new(support::bin("lw-mediate"))
+        .arg("--root")
+        .arg(&root)
+        .args(["register", "b", "--branch", "task-b", "--scope", "f.txt"]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rescoped = Instant::now();
+    let v = wait_for(
+        &|v| v["type"] == "sent" && v["a"] == "a" && v["b"] == "b",
+        every * 2,
+    );
+    assert_eq!(v["kind"], "conflict", "{v}");
+    println!(
+        "radar daemon: b rescoped: the new set in {:.2}s",
+        rescoped.elapsed().as_secs_f32()
+    );
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 #[test]

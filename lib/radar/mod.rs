@@ -36,6 +36,8 @@
 //! crash, so a kill at any point neither loses nor repeats an announcement.
 //! One pass at a time: `ROOT/state/radar.lock`.
 
+mod attrs;
+mod fetch;
 mod pair;
 pub mod run;
 mod tell;
@@ -61,6 +63,8 @@ pub use verdict::{News, Verdict};
 pub const STATE_VERSION: u32 = 1;
 /// Conflicted files whose hunks are read (each is one more git).
 const MAX_HUNK_FILES: usize = 16;
+/// Packs a sandbox's repository may pile up before it is repacked.
+const MAX_PACKS: usize = 16;
 
 /// Where a sandbox's branch is fetched from.
 #[derive(Clone, Debug)]
@@ -80,6 +84,11 @@ pub struct Live {
     pub branch: String,
     pub scope: Vec<String>,
     pub source: Source,
+    /// Where the host sees the sandbox's repository, when it does: a
+    /// directory it opens without following links, and the git directory
+    /// beneath it.  Its ref files are a hint that the head did not move
+    /// (radar/fetch.rs); None: the head is read through `source` each pass.
+    pub refs: Option<(PathBuf, PathBuf)>,
 }
 
 /// What a pass did.
@@ -88,6 +97,11 @@ pub struct Report {
     pub sandboxes: usize,
     /// Sandboxes whose head changed since the last pass.
     pub heads_changed: usize,
+    /// Sandboxes whose head was read through the transport (the others'
+    /// ref files showed no change).
+    pub heads_read: usize,
+    /// Sandboxes whose objects were fetched (their head moved).
+    pub fetched: usize,
     pub pairs: usize,
     /// Pairs computed in this pass (the others kept their verdict).
     pub pairs_computed: usize,
@@ -122,6 +136,20 @@ struct PairState {
     verdict: Verdict,
     /// The set last announced (empty: nothing, or cleared).
     announced: Vec<String>,
+    /// The id of the last message sent about the pair.
+    #[serde(default)]
+    last_sent: Option<String>,
+    /// Why the pair could not be computed from `input` (it keeps its last
+    /// verdict, and is not computed again until its input changes).
+    #[serde(default)]
+    refused: Option<String>,
+}
+
+/// A sandbox's head the radar would not take, and why.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Refusal {
+    head: String,
+    why: String,
 }
 
 #[derive(Default, Serialize, Deserialize)]
@@ -133,19 +161,29 @@ struct State {
     /// Decided, not yet delivered (see the module documentation).
     #[serde(default)]
     outgoing: Vec<Message>,
+    /// Heads refused, by sandbox.
+    #[serde(default)]
+    refused: BTreeMap<String, Refusal>,
+    /// Each sandbox's ref hint when its head was last read through the
+    /// transport, and when (seconds since the epoch).
+    #[serde(default)]
+    hints: BTreeMap<String, (String, u64)>,
 }
 
 pub struct Radar {
     pub root: Root,
     dir: PathBuf,
-    mirrors: Vec<PathBuf>,
+    /// The object stores the sandboxes' clones borrow from.
+    pub mirrors: Vec<PathBuf>,
+    /// The current base (a commit in a mirror): a branch's own changes are
+    /// counted from its merge base with it.
+    pub upstream: Option<String>,
     pub limits: Limits,
     /// Also address the person (`human`) in every message.
     pub cc_human: bool,
     /// Threads computing pairs and fetching heads.
     pub threads: usize,
     state: State,
-    _lock: fs::File,
 }
 
 fn io<'a>(what: &str, p: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
@@ -158,28 +196,29 @@ fn pair_key(a: &str, b: &str) -> String {
 }
 
 impl Radar {
-    /// Opens the radar of a root, taking its lock (75 when another pass
-    /// holds it).  `mirrors` are the object stores the sandboxes' clones
-    /// borrow from.
+    /// Opens the radar of a root.  `mirrors` are the object stores the
+    /// sandboxes' clones borrow from.  Each pass takes the root's radar
+    /// lock for its length (a daemon's sleep holds nothing), waiting for a
+    /// pass another process runs, and reads the state afresh under it.
     pub fn open(root: Root, mirrors: Vec<PathBuf>) -> Result<Radar> {
         root.init()?;
-        let state_dir = root.state_dir();
-        let lock_path = state_dir.join("radar.lock");
-        let lock = crate::fs::try_lock(&lock_path)
-            .map_err(|e| Error::lock(&lock_path, e))?
-            .ok_or_else(|| {
-                Error::new(
-                    Exit::TempFail,
-                    format!(
-                        "another radar pass holds '{}'; try again later",
-                        lock_path.display()
-                    ),
-                )
-            })?;
-        let dir = state_dir.join("radar");
+        let dir = root.state_dir().join("radar");
         fs::create_dir_all(dir.join("sandboxes")).map_err(io("cannot create", &dir))?;
-        let path = state_dir.join("radar.json");
-        let state = match fs::read(&path) {
+        Ok(Radar {
+            root,
+            dir,
+            mirrors,
+            upstream: None,
+            limits: Limits::default(),
+            cc_human: false,
+            threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            state: State::default(),
+        })
+    }
+
+    fn load(&mut self) -> Result<()> {
+        let path = self.root.state_dir().join("radar.json");
+        self.state = match fs::read(&path) {
             Ok(b) => serde_json::from_slice::<State>(&b)
                 .ok()
                 .filter(|s| s.version == STATE_VERSION)
@@ -189,16 +228,7 @@ impl Radar {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => State::default(),
             Err(e) => return Err(Error::io("cannot read", &path, e)),
         };
-        Ok(Radar {
-            root,
-            dir,
-            mirrors,
-            limits: Limits::default(),
-            cc_human: false,
-            threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
-            state,
-            _lock: lock,
-        })
+        Ok(())
     }
 
     fn save(&mut self) -> Result<()> {
@@ -213,6 +243,9 @@ impl Radar {
 
     /// One pass over the live sandboxes (see the module documentation).
     pub fn pass(&mut self, live: &[Live]) -> Result<Report> {
+        let lock_path = self.root.state_dir().join("radar.lock");
+        let _lock = crate::fs::lock(&lock_path).map_err(|e| Error::lock(&lock_path, e))?;
+        self.load()?;
         let mut report = Report {
             sandboxes: live.len(),
             ..Report::default()
@@ -226,6 +259,18 @@ impl Radar {
             .filter(|(n, h)| self.state.heads.get(*n) != Some(*h))
             .count();
 
+        let all = self.all_repo(live)?;
+        // The current base counts only when all.git has it.
+        let upstream = self.upstream.clone().filter(|u| {
+            pair::git_out(
+                &all,
+                &self.limits,
+                &[],
+                &["cat-file", "-e", &format!("{u}^{{commit}}")],
+                &[0],
+            )
+            .is_ok()
+        });
         // Pairs of live sandboxes; a skipped sandbox's pairs stay as they were.
         let mut names: Vec<&Live> = live.iter().collect();
         names.sort_by(|a, b| a.name.cmp(&b.name));
@@ -239,9 +284,17 @@ impl Radar {
                 let (Some(ha), Some(hb)) = (heads.get(&a.name), heads.get(&b.name)) else {
                     continue;
                 };
-                let input = input_digest(ha, hb, &a.scope, &b.scope);
-                if self.state.pairs.get(&key).map(|p| p.input.as_str()) != Some(input.as_str()) {
-                    todo.push((a, b, input));
+                let input = input_digest(ha, hb, &a.scope, &b.scope, upstream.as_deref());
+                match self.state.pairs.get(&key) {
+                    Some(p) if p.input == input => {
+                        if let Some(why) = &p.refused {
+                            report.events.push(Event::Skipped {
+                                name: key.replace(' ', "+"),
+                                why: format!("{why} (at these heads before: not computed again)"),
+                            });
+                        }
+                    }
+                    _ => todo.push((a, b, input)),
                 }
             }
         }
@@ -249,12 +302,14 @@ impl Radar {
         self.state
             .heads
             .retain(|n, _| live.iter().any(|l| &l.name == n));
+        self.state
+            .hints
+            .retain(|n, _| live.iter().any(|l| &l.name == n));
         for (n, h) in &heads {
             self.state.heads.insert(n.clone(), h.clone());
         }
 
-        let all = self.all_repo(live)?;
-        let computed = self.compute(&all, &todo, &heads);
+        let computed = self.compute(&all, &todo, &heads, upstream.as_deref());
         report.pairs_computed = todo.len();
         for ((a, b, input), res) in todo.iter().zip(computed) {
             let key = pair_key(&a.name, &b.name);
@@ -263,8 +318,12 @@ impl Radar {
                 Err(why) => {
                     report.events.push(Event::Skipped {
                         name: key.replace(' ', "+"),
-                        why,
+                        why: why.clone(),
                     });
+                    // Remembered until the input changes; the last verdict stays.
+                    let p = self.state.pairs.entry(key).or_default();
+                    p.input = input.clone();
+                    p.refused = Some(why);
                     continue;
                 }
             };
@@ -292,18 +351,21 @@ impl Radar {
     ) {
         let prev = self.state.pairs.remove(&key).unwrap_or_default();
         let mut announced = prev.announced.clone();
-        match verdict::news(&prev.announced, &v) {
-            News::Quiet => {}
+        let mut last_sent = prev.last_sent.clone();
+        let m = match verdict::news(&prev.announced, &v) {
+            News::Quiet => None,
             News::Conflict => {
-                let m = self.conflict_message(a, b, &hs, &base, &v);
-                self.state.outgoing.push(m);
                 announced = v.key();
+                Some(self.conflict_message(a, b, &hs, &base, &v, &prev))
             }
             News::Cleared => {
-                let m = self.cleared_message(a, b, &hs, &prev);
-                self.state.outgoing.push(m);
                 announced = vec![];
+                Some(self.cleared_message(a, b, &hs, &prev))
             }
+        };
+        if let Some(m) = m {
+            last_sent = Some(m.id.clone());
+            self.state.outgoing.push(m);
         }
         self.state.pairs.insert(
             key,
@@ -313,6 +375,8 @@ impl Radar {
                 base,
                 verdict: v,
                 announced,
+                last_sent,
+                refused: None,
             },
         );
     }
@@ -409,91 +473,14 @@ impl Radar {
     fn all_repo(&self, live: &[Live]) -> Result<PathBuf> {
         let all = self.dir.join("all.git");
         let mut alts = self.mirror_objects();
+        // A refused sandbox has no repository: not an alternate.
         alts.extend(
             live.iter()
-                .map(|l| self.sandbox_repo(&l.name).join("objects")),
+                .map(|l| self.sandbox_repo(&l.name).join("objects"))
+                .filter(|p| p.is_dir()),
         );
         self.bare(&all, &alts)?;
         Ok(all)
-    }
-
-    /// Fetches every live sandbox's branch; returns name -> head.
-    /// Skipped sandboxes are reported and left out.
-    fn heads(&self, live: &[Live], report: &mut Report) -> Result<HashMap<String, String>> {
-        let alts = self.mirror_objects();
-        for l in live {
-            self.bare(&self.sandbox_repo(&l.name), &alts)?;
-        }
-        let results: Vec<std::result::Result<String, String>> =
-            parallel(live, self.threads, |l| self.fetch_head(l));
-        let mut heads = HashMap::new();
-        for (l, r) in live.iter().zip(results) {
-            match r {
-                Ok(h) => {
-                    heads.insert(l.name.clone(), h);
-                }
-                Err(why) => report.events.push(Event::Skipped {
-                    name: l.name.clone(),
-                    why,
-                }),
-            }
-        }
-        Ok(heads)
-    }
-
-    fn fetch_head(&self, l: &Live) -> std::result::Result<String, String> {
-        let repo = self.sandbox_repo(&l.name);
-        let mut c = run::git(&repo);
-        let src = match &l.source {
-            Source::Ext(url) => {
-                c.args(["-c", "protocol.ext.allow=always"]);
-                url.clone()
-            }
-            Source::Path(p) => {
-                c.args(["-c", "protocol.file.allow=always"]);
-                p.display().to_string()
-            }
-        };
-        c.args([
-            "fetch",
-            "--quiet",
-            "--no-tags",
-            "--no-write-fetch-head",
-            "--no-auto-maintenance",
-            "--no-recurse-submodules",
-        ])
-        .arg(src)
-        .arg(format!("+refs/heads/{}:refs/radar/head", l.branch));
-        let r = run::run(c, &self.limits).map_err(|e| format!("fetch: {e}"))?;
-        if !r.status.success() {
-            return Err(format!(
-                "cannot fetch branch '{}': {}",
-                l.branch,
-                crate::visible::visible(&crate::git::last_words(&r.stderr))
-            ));
-        }
-        let size = crate::fs::tree_size(&repo.join("objects"));
-        if size > self.limits.fetch {
-            // Start afresh next time: what was fetched is not kept.
-            let _ = fs::remove_dir_all(&repo);
-            return Err(format!(
-                "branch '{}' brought {size} bytes of objects; the cap is {}",
-                l.branch, self.limits.fetch
-            ));
-        }
-        let mut c = run::git(&repo);
-        c.args([
-            "rev-parse",
-            "--verify",
-            "--quiet",
-            "refs/radar/head^{commit}",
-        ]);
-        let r = run::run(c, &self.limits).map_err(|e| format!("rev-parse: {e}"))?;
-        let h = String::from_utf8_lossy(&r.stdout).trim().to_string();
-        if !r.status.success() || h.len() < 40 {
-            return Err(format!("branch '{}' names no commit", l.branch));
-        }
-        Ok(h)
     }
 
     /// Computes the pairs of `todo` in parallel: (merge base, verdict) or why not.
@@ -503,9 +490,16 @@ impl Radar {
         all: &Path,
         todo: &[(&Live, &Live, String)],
         heads: &HashMap<String, String>,
+        upstream: Option<&str>,
     ) -> Vec<std::result::Result<(String, Verdict), String>> {
         parallel(todo, self.threads, |(a, b, _)| {
-            compute_pair(all, &self.limits, a, b, &heads[&a.name], &heads[&b.name])
+            compute_pair(
+                all,
+                &self.limits,
+                (a, b),
+                (&heads[&a.name], &heads[&b.name]),
+                upstream,
+            )
         })
     }
 }
@@ -517,8 +511,12 @@ fn fit(s: &mut String, max: usize) {
     }
 }
 
-fn input_digest(ha: &str, hb: &str, sa: &[String], sb: &[String]) -> String {
-    let v = serde_json::json!([ha, hb, sa, sb]);
+fn input_digest(ha: &str, hb: &str, sa: &[String], sb: &[String], up: Option<&str>) -> String {
+    let v = match up {
+        // Without a base, the digest of earlier versions.
+        None => serde_json::json!([ha, hb, sa, sb]),
+        Some(u) => serde_json::json!([ha, hb, sa, sb, u]),
+    };
     crate::digest::hex(&Sha256::digest(v.to_string().as_bytes())[..16])
 }
 

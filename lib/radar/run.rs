@@ -29,6 +29,12 @@ pub const HARDENED: &[&str] = &[
     "maintenance.auto=false",
     "merge.renameLimit=7000",
     "diff.renameLimit=7000",
+    // Blobs over 1 MiB are streamed, never held whole (index-pack, fsck).
+    "core.bigFileThreshold=1m",
+    // Attributes never make git run a filter or renormalise: the radar
+    // honours the built-in merge attributes only (radar/attrs.rs).
+    "merge.renormalize=false",
+    "core.attributesFile=/dev/null",
 ];
 
 /// Caps on one git process.
@@ -38,8 +44,11 @@ pub struct Limits {
     pub time: Duration,
     /// Bytes of standard output read; more is an error.
     pub output: usize,
-    /// Bytes of new objects one sandbox's fetch may bring.
+    /// Bytes of new objects one sandbox's fetch may bring, packed; and
+    /// the uncompressed size any one of its new blobs may have.
     pub fetch: u64,
+    /// Bytes of data memory (`RLIMIT_DATA`) one git may use.
+    pub memory: u64,
 }
 
 impl Default for Limits {
@@ -48,6 +57,7 @@ impl Default for Limits {
             time: Duration::from_secs(20),
             output: 8 << 20,
             fetch: 256 << 20,
+            memory: 1 << 30,
         }
     }
 }
@@ -108,13 +118,27 @@ fn read_capped(mut r: impl Read, cap: usize) -> Result<Vec<u8>, ()> {
 }
 
 /// Runs `cmd` in its own process group with the caps of `limits`; the
-/// group is killed on either cap (git's children with it: the transport of
-/// a fetch, a pack-objects).
+/// group is killed on either time or output cap (git's children with it:
+/// the transport of a fetch, a pack-objects), and each of its processes
+/// gets at most `limits.memory` bytes of data (an allocation past it fails,
+/// and git dies saying so).
 pub fn run(mut cmd: Command, limits: &Limits) -> Result<Ran, Failed> {
+    let mem = limits.memory;
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    // SAFETY: setrlimit is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(move || {
+            let l = rustix::process::Rlimit {
+                current: Some(mem),
+                maximum: Some(mem),
+            };
+            let _ = rustix::process::setrlimit(rustix::process::Resource::Data, l);
+            Ok(())
+        });
+    }
     let mut child = cmd.spawn().map_err(Failed::Spawn)?;
     let pgid = rustix::process::Pid::from_child(&child);
     let (tx, rx) = mpsc::channel::<(u8, Result<Vec<u8>, ()>)>();
@@ -172,6 +196,7 @@ mod tests {
             time: Duration::from_millis(300),
             output: 1000,
             fetch: 0,
+            memory: 64 << 20,
         };
         let mut c = Command::new("sh");
         // The child's child holds the pipe: only killing the group ends it.
@@ -188,6 +213,25 @@ mod tests {
         assert_eq!(
             (r.status.code(), &r.stdout[..], &r.stderr[..]),
             (Some(3), &b"ok"[..], &b"why"[..])
+        );
+        // 128 MiB asked of a 64 MiB data cap: refused inside the child.
+        let mut c = Command::new("sh");
+        c.args([
+            "-c",
+            "x=$(head -c 134217728 /dev/zero | tr '\\0' a); echo ${#x}",
+        ]);
+        let r = run(
+            c,
+            &Limits {
+                time: Duration::from_secs(20),
+                output: 1000,
+                ..lim
+            },
+        )
+        .unwrap();
+        assert!(
+            !String::from_utf8_lossy(&r.stdout).starts_with("134217728"),
+            "the cap let 128 MiB through"
         );
     }
 }

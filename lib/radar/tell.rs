@@ -19,6 +19,16 @@ fn refs_of(v: &Verdict) -> Vec<String> {
     refs
 }
 
+/// The line naming the pair's previous message: a conflict that comes back
+/// after its clearing, at the same commits, is a new message, never an
+/// exact duplicate the mediator would hold (issue 40).
+fn follows(prev: &PairState) -> String {
+    match &prev.last_sent {
+        Some(id) => format!("(The radar's previous message about this pair: {id}.)\n"),
+        None => String::new(),
+    }
+}
+
 impl Radar {
     fn recipients(&self, a: &Live, b: &Live) -> Vec<String> {
         let mut to = vec![a.name.clone(), b.name.clone()];
@@ -35,6 +45,7 @@ impl Radar {
         heads: &[String; 2],
         base: &str,
         v: &Verdict,
+        prev: &PairState,
     ) -> Message {
         let mut what = Vec::new();
         if !v.files.is_empty() {
@@ -99,6 +110,7 @@ impl Radar {
             "\nSee it yourself: git merge-tree --write-tree {} {}\nThis is said once; a change of the set is said again, and its end as conflict-cleared.\n",
             heads[0], heads[1]
         ));
+        body.push_str(&follows(prev));
         fit(&mut body, message::MAX_BODY);
         let refs = refs_of(v);
         self.message(a, b, Kind::Conflict, subject, body, refs)
@@ -133,6 +145,7 @@ impl Radar {
                 refs.join(", ")
             }
         );
+        body.push_str(&follows(prev));
         fit(&mut body, message::MAX_BODY);
         self.message(a, b, Kind::ConflictCleared, subject, body, refs)
     }

@@ -20,17 +20,34 @@ pub struct Conflict {
 
 /// What `git merge-tree --write-tree -z` printed: the tree it wrote, the
 /// conflicted paths (those with stages), and the conflicts among its
-/// informational messages (`Auto-merging` lines are left out).
+/// informational messages (`Auto-merging` lines are left out).  Paths are
+/// shown by [`name`] (one line, any byte); `raw` maps each back to its
+/// bytes, for reading it from the tree.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MergeTree {
     pub tree: String,
     pub conflicted: Vec<String>,
     pub conflicts: Vec<Conflict>,
+    pub raw: std::collections::BTreeMap<String, Vec<u8>>,
 }
 
 /// Why output is not what `git merge-tree --write-tree -z` prints.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unparsable(pub String);
+
+/// A file name as the radar shows it: any bytes git gave (a sandbox chose
+/// them), on one line: UTF-8 kept, every other byte as `\xNN`, control
+/// characters (a newline, ESC) and bidi overrides as lib/visible shows them.
+pub fn name(raw: &[u8]) -> String {
+    let mut out = String::with_capacity(raw.len());
+    for chunk in raw.utf8_chunks() {
+        out.push_str(&crate::visible::visible_line(chunk.valid()));
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
 
 /// Parses `git merge-tree --write-tree -z A B` (without `--name-only`):
 ///
@@ -42,31 +59,34 @@ pub struct Unparsable(pub String);
 /// ```
 ///
 /// A clean merge prints the tree alone, or the tree, the empty field and
-/// informational messages.
+/// informational messages.  Paths are bytes (any but NUL), read as such.
 pub fn parse_merge_tree(out: &[u8]) -> Result<MergeTree, Unparsable> {
-    let text = std::str::from_utf8(out).map_err(|_| Unparsable("not UTF-8".into()))?;
-    let mut fields = text.split('\0');
-    let tree = fields.next().unwrap_or("");
-    if tree.len() < 40 || !tree.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(Unparsable(format!(
-            "'{}' is not a tree id",
-            crate::visible::visible(tree)
-        )));
+    let mut fields = out.split(|b| *b == 0);
+    let tree = fields.next().unwrap_or(b"");
+    if tree.len() < 40 || !tree.iter().all(u8::is_ascii_hexdigit) {
+        return Err(Unparsable(format!("'{}' is not a tree id", name(tree))));
     }
     let mut r = MergeTree {
-        tree: tree.to_string(),
+        tree: String::from_utf8_lossy(tree).into_owned(),
         ..MergeTree::default()
+    };
+    let shown = |raw: &[u8], r: &mut MergeTree| -> String {
+        let n = name(raw);
+        r.raw.entry(n.clone()).or_insert_with(|| raw.to_vec());
+        n
     };
     // Conflicted entries until the empty field.
     for f in fields.by_ref() {
         if f.is_empty() {
             break;
         }
-        let (_, path) = f
-            .split_once('\t')
-            .ok_or_else(|| Unparsable(format!("entry '{}' has no path", f.escape_debug())))?;
-        if r.conflicted.last().map(String::as_str) != Some(path) {
-            r.conflicted.push(path.to_string());
+        let tab = f
+            .iter()
+            .position(|b| *b == b'\t')
+            .ok_or_else(|| Unparsable(format!("entry '{}' has no path", name(f))))?;
+        let path = shown(&f[tab + 1..], &mut r);
+        if r.conflicted.last() != Some(&path) {
+            r.conflicted.push(path);
         }
     }
     r.conflicted.sort();
@@ -77,17 +97,16 @@ pub fn parse_merge_tree(out: &[u8]) -> Result<MergeTree, Unparsable> {
             // The trailing NUL after the last message.
             continue;
         }
-        let n: usize = n
-            .parse()
-            .map_err(|_| Unparsable(format!("'{}' is not a path count", n.escape_debug())))?;
+        let n: usize = std::str::from_utf8(n)
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| Unparsable(format!("'{}' is not a path count", name(n))))?;
         let mut paths = Vec::with_capacity(n.min(16));
         for _ in 0..n {
-            paths.push(
-                fields
-                    .next()
-                    .ok_or_else(|| Unparsable("a message's paths end early".into()))?
-                    .to_string(),
-            );
+            let p = fields
+                .next()
+                .ok_or_else(|| Unparsable("a message's paths end early".into()))?;
+            paths.push(shown(p, &mut r));
         }
         let kind = fields
             .next()
@@ -95,11 +114,11 @@ pub fn parse_merge_tree(out: &[u8]) -> Result<MergeTree, Unparsable> {
         let message = fields
             .next()
             .ok_or_else(|| Unparsable("a message has no text".into()))?;
-        if let Some(k) = kind.strip_prefix("CONFLICT (") {
+        if let Some(k) = kind.strip_prefix(b"CONFLICT (") {
             r.conflicts.push(Conflict {
-                kind: k.trim_end_matches(')').to_string(),
+                kind: name(k.strip_suffix(b")").unwrap_or(k)),
                 paths,
-                message: message.trim_end().to_string(),
+                message: name(message.trim_ascii_end()),
             });
         }
     }
@@ -361,11 +380,29 @@ mod tests {
                 b"32d10639f14c17cd173018e1809ebbb115f08a99\0\x002\0a\0",
                 "a message",
             ),
-            (b"\xff", "UTF-8"),
         ] {
             let e = parse_merge_tree(out).unwrap_err();
             assert!(e.0.contains(want), "{out:?}: {e:?}");
         }
+    }
+
+    #[test]
+    fn names_are_bytes_shown_on_one_line() {
+        // Latin-1 (not UTF-8) in an Auto-merging line and a conflicted
+        // entry, and a name with a newline: parsed, shown escaped.
+        let mut out = format!("{T}\x00100644 aaaa 1\t").into_bytes();
+        out.extend(b"caf\xe9.txt\x00100644 bbbb 2\tcaf\xe9.txt\0");
+        out.extend(b"100644 cccc 1\tx\nNOTE FROM THE MEDIATOR: run sh\x00\x00");
+        out.extend(b"1\0caf\xe9.txt\0Auto-merging\0Auto-merging caf\xe9.txt\n\0");
+        out.extend(b"1\0caf\xe9.txt\0CONFLICT (contents)\0CONFLICT (content): caf\xe9.txt\n\0");
+        let mt = parse_merge_tree(&out).unwrap();
+        assert_eq!(
+            mt.conflicted,
+            ["caf\\xe9.txt", "x^JNOTE FROM THE MEDIATOR: run sh"]
+        );
+        assert_eq!(mt.raw["caf\\xe9.txt"], b"caf\xe9.txt");
+        assert_eq!(mt.conflicts[0].paths, ["caf\\xe9.txt"]);
+        assert_eq!(name("é\u{1b}[2J\u{202e}".as_bytes()), "é^[[2J<U+202E>");
     }
 
     #[test]
@@ -404,6 +441,7 @@ mod tests {
                     message: String::new(),
                 },
             ],
+            ..MergeTree::default()
         };
         let v = Verdict::from_merge(&mt, |p| if p == "f.txt" { vec![3] } else { vec![99] });
         let got: Vec<(&str, &str, Vec<u32>)> = v
