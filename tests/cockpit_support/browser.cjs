@@ -1,12 +1,17 @@
 // Drives lw-cockpit's page in headless Chromium through playwright-core,
-// for tests/cockpit.rs.  Usage: node browser.cjs story|xss|held|panels, with
+// for tests/cockpit.rs.  Usage: node browser.cjs story|xss|held|panels|
+// ports|twice|two, with
 //   PLAYWRIGHT   the playwright-core module directory
 //   COCKPIT_URL  the URL lw-cockpit printed
 //   LW_POST      the lw-post binary;  LW_ROOT  the mailbox root
 //   SHOT         where to keep a screenshot
 //   CORPUS       (xss) the number of log entries the corpus made
 //   RELEASE, DROP, REASON  (held) the held messages to release and drop
-//   SANDBOX      (panels) a sandbox whose diff to open, once its stat shows
+//   SANDBOX      (panels) a sandbox whose diff to open, once its stat shows;
+//                (ports, two) the sandbox that posts
+//   RECORDER     (ports) the URL of a sandbox's published port
+//   COCKPIT_URL2, LW_ROOT2  (two) the second cockpit and its root
+//   BROWSER_SECS how long it may take (default 90)
 // Prints one JSON line of results; exits 1 with the reason on a failed check.
 "use strict";
 const { chromium } = require(process.env.PLAYWRIGHT);
@@ -17,7 +22,8 @@ const path = require("path");
 const url = process.env.COCKPIT_URL;
 const origin = new URL(url).origin;
 const mode = process.argv[2];
-setTimeout(() => fail("the browser test took longer than 90 s"), 90_000).unref();
+const secs = Number(process.env.BROWSER_SECS || 90);
+setTimeout(() => fail(`the browser test took longer than ${secs} s`), secs * 1000).unref();
 
 function fail(why) {
   console.error("browser.cjs: " + why);
@@ -31,15 +37,22 @@ function post(name, kind, subject, body) {
     .toString().trim();
 }
 
-async function open() {
-  const browser = await chromium.launch({
+function launch() {
+  return chromium.launch({
     executablePath: "/usr/bin/chromium",
     headless: true,
     args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
       "--disable-background-networking", "--disable-component-update", "--disable-sync"],
   });
+}
+
+// The page at URL u, loaded, in a new page of `within` (a browser or a
+// context; a new browser when none), its misbehaviour collected in `bad`.
+async function open(u = url, within = null) {
   // A fresh profile each run: launch() makes a temporary user-data-dir.
+  const browser = within || await launch();
   const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
+  const origin = new URL(u).origin;
   const bad = [];
   page.on("dialog", (d) => { bad.push("dialog: " + d.message()); d.dismiss().catch(() => {}); });
   page.on("console", (m) => { if (m.type() === "error") bad.push("console error: " + m.text()); });
@@ -48,10 +61,17 @@ async function open() {
     const u = r.url();
     if (!u.startsWith(origin + "/")) bad.push("request to another origin: " + u);
   });
-  await page.goto(url);
-  await page.waitForSelector("body[data-ready='1']", { timeout: 10_000 })
-    .catch(() => fail("the page did not finish loading; seen: " + bad.join("; ")));
+  await page.goto(u);
+  await ready(page, bad);
   return { browser, page, bad };
+}
+
+async function ready(page, bad) {
+  await page.waitForSelector("body[data-ready='1']", { timeout: 10_000 })
+    .catch(async () => fail("the page did not finish loading; it says: " +
+      await page.textContent("body").catch(() => "?") + "; seen: " + bad.join("; ")));
+  // The ticket is out of the address bar and this history entry.
+  if (page.url() !== new URL(page.url()).origin + "/") fail("the address still holds " + page.url());
 }
 
 async function story() {
@@ -182,6 +202,140 @@ async function panels() {
   console.log(JSON.stringify(out));
 }
 
-const MODES = { story, xss, held, panels };
+// Waits until a log row with `subject` is on `page`, at most `ms`.
+function logged(page, subject, ms) {
+  return page.waitForSelector(`#log tbody tr:has(td.subject:text-is("${subject}"))`, { timeout: ms });
+}
+
+// Uses the page, follows a sandbox's port link to a hostile server there
+// (which plants cookies for 127.0.0.1, a cookie bomb among them), then
+// uses the page again: reloaded, live, answering.
+async function ports() {
+  const { browser, page, bad } = await open();
+  const rec = process.env.RECORDER;
+  const secret = await page.evaluate(() => sessionStorage.getItem("lw-cockpit-session"));
+  const q1 = `#human li[data-id="${process.env.QID}"]`;
+  await page.waitForSelector(q1, { timeout: 5000 }).catch(() => fail("the question is not listed"));
+  await page.fill(`${q1} textarea`, "before the port link");
+  await page.click(`${q1} button.answer`);
+  await page.waitForSelector(q1, { state: "detached", timeout: 10_000 })
+    .catch(() => fail("the answer before the port link did not go"));
+  await page.click("#log tbody tr");
+  await page.waitForFunction(() => document.getElementById("detail").textContent.length > 0, null, { timeout: 5000 });
+  const link = `#sandboxes a[href="${rec}"]`;
+  await page.waitForSelector(link, { timeout: 10_000 }).catch(() => fail("no link to " + rec));
+  const rel = await page.getAttribute(link, "rel");
+  const [tab] = await Promise.all([page.context().waitForEvent("page"), page.click(link)]);
+  await tab.waitForFunction(() => document.title === "planted", null, { timeout: 10_000 })
+    .catch(() => fail("the sandbox's page did not plant its cookies"));
+  const opener = await tab.evaluate(() => window.opener === null);
+  const jar = (await page.context().cookies()).filter((c) => c.domain === "127.0.0.1");
+  const names = jar.map((c) => c.name + " " + c.path);
+  for (const want of ["lw-cockpit-token /api/events", "lw-cockpit-session /", "x-lw-session /api/session"])
+    if (!names.includes(want)) fail("the planted cookie " + want + " is not in the jar: " + names.slice(0, 8));
+  const bytes = jar.reduce((n, c) => n + c.name.length + c.value.length, 0);
+  await tab.close();
+  // The cockpit again, the cookies riding along on its page's request.
+  await page.reload();
+  await ready(page, bad);
+  const subject = "after the plant " + Date.now();
+  post(process.env.SANDBOX, "status", subject, "live still");
+  await logged(page, subject, 2000).catch(() => fail("the live stream stopped after the plant"));
+  const qid2 = post(process.env.SANDBOX, "question", "after the plant too?", "yes");
+  const q2 = `#human li[data-id="${qid2}"]`;
+  await page.waitForSelector(q2, { timeout: 2000 }).catch(() => fail("the second question did not arrive live"));
+  await page.fill(`${q2} textarea`, "after the port link");
+  await page.click(`${q2} button.answer`);
+  await page.waitForSelector(q2, { state: "detached", timeout: 10_000 })
+    .catch(() => fail("the answer after the plant did not go: " + bad.join("; ")));
+  await page.screenshot({ path: process.env.SHOT, fullPage: true });
+  if (bad.length) fail("the page misbehaved: " + bad.join("; "));
+  await browser.close();
+  console.log(JSON.stringify({ secret, rel, opener, cookies: jar.length, cookie_bytes: bytes, qid2 }));
+}
+
+// The printed URL opens one tab, once; a reload keeps it; "new tab" makes
+// another with its own secret.
+async function twice() {
+  const { browser, page, bad } = await open();
+  const a = await page.evaluate(() => sessionStorage.getItem("lw-cockpit-session"));
+  await page.reload();
+  await ready(page, bad);
+  const again = await browser.newPage();
+  await again.goto(url);
+  await again.waitForSelector("body[data-access='denied']", { timeout: 10_000 })
+    .catch(() => fail("the printed URL worked a second time"));
+  const said = await again.textContent("#access");
+  const ready2 = await again.evaluate(() => document.body.dataset.ready || "");
+  const other = await (await browser.newContext()).newPage();
+  await other.goto(url);
+  await other.waitForSelector("body[data-access='denied']", { timeout: 10_000 })
+    .catch(() => fail("the printed URL worked in another profile"));
+  const [tab] = await Promise.all([page.context().waitForEvent("page"), page.click("#new-tab")]);
+  await ready(tab, bad);
+  const b = await tab.evaluate(() => sessionStorage.getItem("lw-cockpit-session"));
+  const opener = await tab.evaluate(() => window.opener === null);
+  if (bad.length) fail("the page misbehaved: " + bad.join("; "));
+  await browser.close();
+  console.log(JSON.stringify({ a, b, said, ready2, opener }));
+}
+
+// Two cockpits (two roots) in one browser: each works after reloads.
+async function two() {
+  const browser = await launch();
+  const context = await browser.newContext();
+  const one = await open(url, context);
+  const two = await open(process.env.COCKPIT_URL2, context);
+  const roots = [process.env.LW_ROOT, process.env.LW_ROOT2];
+  const seen = [];
+  for (let round = 0; round < 2; round++) {
+    for (const p of [one, two]) { await p.page.reload(); await ready(p.page, p.bad); }
+    for (const [i, p] of [one, two].entries()) {
+      const subject = `cockpit ${i + 1} round ${round} ${Date.now()}`;
+      process.env.LW_ROOT = roots[i];
+      post(process.env.SANDBOX, "status", subject, "live");
+      await logged(p.page, subject, 2000).catch(() => fail(`cockpit ${i + 1} is not live after a reload`));
+      seen.push(await p.page.textContent("#root"));
+    }
+  }
+  const bad = one.bad.concat(two.bad);
+  if (bad.length) fail("a page misbehaved: " + bad.join("; "));
+  await browser.close();
+  console.log(JSON.stringify({ seen }));
+}
+
+// scripts/main-job --cockpit: its story as the page shows it, live, from
+// the printed URL (which then does not open the page again).
+async function mainjob() {
+  const { browser, page, bad } = await open();
+  const t0 = Date.now();
+  const at = {};
+  const wait = async (what, sel) => {
+    await page.waitForSelector(sel, { timeout: (secs - 30) * 1000 })
+      .catch(() => fail(what + " never showed; the log shows: " + bad.join("; ")));
+    at[what] = Date.now() - t0;
+  };
+  const row = (kind, route) => `#log tbody tr:has(td.kind:text-is("${kind}"))` +
+    (route ? `:has(td.route:text-is("${route}"))` : "");
+  await wait("producer", '#sandboxes tbody tr[data-name="producer"]');
+  await wait("consumer", '#sandboxes tbody tr[data-name="consumer"]');
+  await wait("contract-change", row("contract-change", "producer → consumer"));
+  await wait("conflict", row("conflict"));
+  await wait("question", row("question", "consumer → human"));
+  await wait("answer", row("answer", "human → consumer"));
+  await page.click(row("answer", "human → consumer"));
+  await page.waitForSelector("#detail:has-text('keep the fallback')", { timeout: 5000 })
+    .catch(() => fail("the answer's body is not shown"));
+  await page.screenshot({ path: process.env.SHOT, fullPage: true });
+  const again = await browser.newPage();
+  await again.goto(url);
+  await again.waitForSelector("body[data-access='denied']", { timeout: 10_000 })
+    .catch(() => fail("the printed URL worked a second time"));
+  if (bad.length) fail("the page misbehaved: " + bad.join("; "));
+  await browser.close();
+  console.log(JSON.stringify({ at }));
+}
+
+const MODES = { story, xss, held, panels, ports, twice, two, mainjob };
 (MODES[mode] ? MODES[mode]() : Promise.reject(new Error("mode?")))
   .catch((e) => fail(e.stack || String(e)));

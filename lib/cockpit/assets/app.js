@@ -4,10 +4,17 @@
 // bidirectional overrides are shown as visible escapes, so a subject can
 // neither move the cursor of a terminal it is pasted into nor reorder
 // what the person reads.
+//
+// Access (lw-cockpit(1), SECURITY): the URL lw-cockpit printed carries a
+// one-time ticket in its fragment; the page takes it out of the address
+// bar and the history entry at once, trades it for this tab's secret,
+// keeps that in sessionStorage (this origin's, this tab's: a reload keeps
+// it, another port never sees it) and sends it in a header.  No cookie is
+// sent: every fetch says credentials "omit".
 "use strict";
 
-const token = document.querySelector('meta[name="lw-token"]').content;
-if (location.search) history.replaceState(null, "", location.pathname);
+const SESSION = "lw-cockpit-session";
+let secret = null;
 
 const $ = (id) => document.getElementById(id);
 const PAGE = 50;
@@ -34,8 +41,37 @@ function el(tag, attrs, ...kids) {
   return e;
 }
 
+// Refused for want of access: the page says how to get it back.
+class AccessError extends Error {}
+
+// This tab's secret: a ticket in the address traded for a new one, else
+// the one this tab kept.
+async function session() {
+  const m = /^#ticket=([0-9a-f]{32})$/.exec(location.hash);
+  if (location.hash || location.search) history.replaceState(null, "", location.pathname);
+  if (m) {
+    const r = await fetch("/api/session", { method: "POST", credentials: "omit", cache: "no-store",
+      headers: { "content-type": "application/json" }, body: JSON.stringify({ ticket: m[1] }) });
+    const d = await r.json().catch(() => ({}));
+    if (!r.ok) throw new AccessError(d.error || "the link's ticket was refused");
+    sessionStorage.setItem(SESSION, d.secret);
+  }
+  secret = sessionStorage.getItem(SESSION);
+  if (!secret) throw new AccessError("open the URL lw-cockpit printed: this tab has no access of its own");
+}
+
+// Access is gone (a ticket used twice, lw-cockpit restarted): say so, once.
+function denied(why) {
+  const n = $("access");
+  n.textContent = vis(why);
+  n.hidden = false;
+  document.body.dataset.access = "denied";
+  $("live").textContent = "no access";
+  $("live").className = "live off";
+}
+
 async function api(path, body) {
-  const opts = { headers: { "x-lw-token": token }, credentials: "same-origin" };
+  const opts = { headers: { "x-lw-session": secret }, credentials: "omit", cache: "no-store" };
   if (body !== undefined) {
     opts.method = "POST";
     opts.headers["content-type"] = "application/json";
@@ -44,6 +80,11 @@ async function api(path, body) {
   const r = await fetch(path, opts);
   const ctype = r.headers.get("content-type") || "";
   const data = ctype.startsWith("application/json") ? await r.json() : await r.text();
+  if (r.status === 403) {
+    const why = "this tab has no access any more (was lw-cockpit restarted?): open a new URL from it. " + String(data).trim();
+    denied(why);
+    throw new AccessError(why);
+  }
   if (!r.ok) throw new Error((data && data.error) || String(data) || r.statusText);
   return data;
 }
@@ -292,14 +333,62 @@ async function loadState() {
 
 const LOADERS = { sandboxes: loadSandboxes, log: loadLog, queues: loadQueues, state: loadState };
 
-function listen() {
-  const es = new EventSource("/api/events");
-  es.addEventListener("open", () => { $("live").textContent = "live"; $("live").className = "live"; });
-  es.addEventListener("error", () => { $("live").textContent = "reconnecting"; $("live").className = "live off"; });
-  es.addEventListener("change", (ev) => { if (LOADERS[ev.data]) refresh(ev.data); });
+const sleep = (ms) => new Promise((ok) => setTimeout(ok, ms));
+
+// The event stream (server-sent events), read with fetch so that it carries
+// this tab's secret in a header.  A dropped stream is opened again, and
+// everything is fetched again then (what changed meanwhile was not told).
+async function listen() {
+  let wait = 250, again = false;
+  for (;;) {
+    try {
+      const r = await fetch("/api/events", { headers: { "x-lw-session": secret }, credentials: "omit", cache: "no-store" });
+      if (r.status === 403) { denied("this tab has no access any more (was lw-cockpit restarted?): open a new URL from it"); return; }
+      if (!r.ok || !r.body) throw new Error("HTTP " + r.status);
+      $("live").textContent = "live"; $("live").className = "live";
+      wait = 250;
+      if (again) for (const t of Object.keys(LOADERS)) refresh(t);
+      again = true;
+      const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
+      let buf = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buf += value.replace(/\r\n?/g, "\n");
+        let i;
+        while ((i = buf.indexOf("\n\n")) >= 0) {
+          const block = buf.slice(0, i);
+          buf = buf.slice(i + 2);
+          let ev = "message", data = "";
+          for (const line of block.split("\n")) {
+            if (line.startsWith("event:")) ev = line.slice(6).trim();
+            else if (line.startsWith("data:")) data += line.slice(5).trim();
+          }
+          if (ev === "change" && LOADERS[data]) refresh(data);
+        }
+      }
+    } catch (e) {
+      // The server is gone or the connection broke: try again below.
+    }
+    $("live").textContent = "reconnecting";
+    $("live").className = "live off";
+    await sleep(wait);
+    wait = Math.min(wait * 2, 4000);
+  }
+}
+
+// Another tab of its own: a new ticket, opened apart from this page.
+async function newTab() {
+  try {
+    const r = await api("/api/ticket", {});
+    window.open(r.url, "_blank", "noopener,noreferrer");
+  } catch (e) {
+    note("cannot open another tab: " + e.message, true);
+  }
 }
 
 async function start() {
+  await session();
   const meta = await api("/api/meta");
   $("root").textContent = vis(meta.root);
   $("operator").textContent = vis("acting as " + meta.operator);
@@ -309,9 +398,13 @@ async function start() {
   $("filter-kind").addEventListener("change", refilter);
   $("older").addEventListener("click", () => loadOlder().catch((e) => note(e.message, true)));
   $("detail-close").addEventListener("click", () => { $("detail-section").hidden = true; });
+  $("new-tab").addEventListener("click", newTab);
   listen();
   await Promise.all(Object.keys(LOADERS).map(refresh));
   document.body.dataset.ready = "1";
 }
 
-start().catch((e) => note("cannot start: " + e.message, true));
+start().catch((e) => {
+  if (e instanceof AccessError) denied(e.message);
+  else note("cannot start: " + e.message, true);
+});
