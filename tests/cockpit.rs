@@ -328,6 +328,8 @@ mod access;
 mod main_job;
 #[path = "cockpit_support/panels.rs"]
 mod panels;
+#[path = "cockpit_support/person.rs"]
+mod person;
 #[path = "sync_support/mod.rs"]
 mod sync_support;
 

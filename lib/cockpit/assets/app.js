@@ -259,12 +259,17 @@ async function showDiff(name) {
   showDetail("Diff of " + name, await api("/api/diff?sandbox=" + encodeURIComponent(name)));
 }
 
-async function act(path, body, what) {
+// Runs an action once: its controls are disabled while it is sent (a
+// double click sends one), and again usable only when it failed.
+async function act(path, body, what, controls) {
+  if (controls.some((c) => c.disabled)) return;
+  for (const c of controls) c.disabled = true;
   try {
     const r = await api(path, body);
     note(what + ": " + JSON.stringify(r));
   } catch (e) {
     note(what + " failed: " + e.message, true);
+    for (const c of controls) c.disabled = false;
   }
   refresh("queues");
 }
@@ -272,7 +277,7 @@ async function act(path, body, what) {
 function questionItem(q) {
   const text = el("textarea", { "aria-label": "answer", class: "answer-text" });
   const send = el("button", { type: "button", class: "answer", on: { click: () => {
-    if (text.value.trim()) act("/api/answer", { id: q.id, text: text.value }, "answered " + q.id);
+    if (text.value.trim()) act("/api/answer", { id: q.id, text: text.value }, "answered " + q.id, [send, text]);
   } } }, "answer");
   return el("li", { "data-id": vis(q.id) },
     el("div", { class: "subject" }, q.sender + ": " + q.kind + " “" + q.subject + "”"),
@@ -282,9 +287,9 @@ function questionItem(q) {
 function heldItem(h) {
   const reason = el("input", { type: "text", placeholder: "reason to drop", class: "drop-reason" });
   const release = el("button", { type: "button", class: "release", on: { click: () =>
-    act("/api/release", { id: h.id }, "released " + h.id) } }, "release");
+    act("/api/release", { id: h.id }, "released " + h.id, [release, drop, reason]) } }, "release");
   const drop = el("button", { type: "button", class: "drop", on: { click: () =>
-    act("/api/drop", { id: h.id, reason: reason.value }, "dropped " + h.id) } }, "drop");
+    act("/api/drop", { id: h.id, reason: reason.value }, "dropped " + h.id, [release, drop, reason]) } }, "drop");
   return el("li", { "data-id": vis(h.id) },
     el("div", { class: "subject" }, h.sender + ": " + h.kind + " “" + h.subject + "”"),
     el("div", { class: "note" }, h.reason), reason, release, drop);

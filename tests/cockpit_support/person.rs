@@ -1,0 +1,57 @@
+//! Issue 40 item 10: the cockpit as a person uses it, in Chromium.
+
+use super::*;
+
+/// The answers in `sandbox`'s inbox that reply to `qid`, once the running
+/// mediator delivered at least one.
+fn replies_to(root: &Root, sandbox: &str, qid: &str) -> usize {
+    let inbox = root.sandbox(sandbox).inbox();
+    let mut n = 0;
+    inbox
+        .wait_until(Some(Duration::from_secs(10)), || {
+            n = inbox
+                .names(Sub::New)?
+                .iter()
+                .filter(|f| {
+                    matches!(inbox.read(Sub::New, f),
+                        Found::Message(m) if m.in_reply_to.as_deref() == Some(qid))
+                })
+                .count();
+            Ok(n > 0)
+        })
+        .unwrap();
+    n
+}
+
+#[test]
+fn one_answer_per_question_a_double_click_and_three_at_once() {
+    let root = root("once", &[("api", None)]);
+    let _m = mediator(&root);
+    let q1 = post_as(&root, "api", "question", "first?", "one");
+    let q2 = post_as(&root, "api", "question", "second?", "two");
+    let c = cockpit(&root, "ada");
+    let r = browser(
+        "once",
+        &c,
+        &root,
+        &[("QID", q1.clone()), ("QID2", q2.clone())],
+    );
+    assert_eq!(r["statuses"], serde_json::json!([200, 409, 409]), "{r}");
+    // Every answer the cockpit took was routed: the outbox is empty, and
+    // each question has exactly one reply.
+    let (a1, a2) = (replies_to(&root, "api", &q1), replies_to(&root, "api", &q2));
+    let outbox = root.human_outbox();
+    outbox
+        .wait_until(Some(Duration::from_secs(10)), || {
+            Ok(outbox.names(Sub::New)?.is_empty())
+        })
+        .unwrap();
+    let answers = Log::new(root.log_dir())
+        .entries()
+        .unwrap()
+        .0
+        .iter()
+        .filter(|e| e.message.as_ref().is_some_and(|m| m.kind == Kind::Answer))
+        .count();
+    assert_eq!((a1, a2, answers), (1, 1, 2));
+}
