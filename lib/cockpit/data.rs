@@ -4,9 +4,12 @@
 //!
 //! Everything here is read fresh on each request: the directories are the
 //! truth (as for the mediator), and a request costs one directory listing
-//! plus the files it shows, never the whole log.  The log is paged by entry
-//! name, newest first; names start with the message id, whose fixed-width
-//! time prefix makes name order time order (lib/id.rs).
+//! plus the files it shows, never the whole log.  The log is paged newest
+//! first by when each entry was logged: its file's modification time (the
+//! mediator writes an entry once, into log/new, and never touches it
+//! again; no sandbox can write there), then its name.  Not by name: a name
+//! starts with the message's id, which is when the message was made, so a
+//! message released days after it was held would land pages down.
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -160,6 +163,8 @@ pub struct LogQuery {
 #[derive(Debug, Serialize)]
 pub struct Line {
     pub name: String,
+    /// Its place in the timeline, a cursor for `LogQuery::before`.
+    pub key: String,
     pub logged: String,
     pub message_id: String,
     pub sender: String,
@@ -172,9 +177,10 @@ pub struct Line {
 }
 
 impl Line {
-    fn of(e: &Entry) -> Line {
+    fn of(e: &Entry, key: &str) -> Line {
         Line {
             name: e.name.clone(),
+            key: key.to_string(),
             logged: e.logged.clone(),
             message_id: e.message_id.clone(),
             sender: e.sender.clone(),
@@ -209,43 +215,61 @@ pub struct Page {
     pub total: usize,
 }
 
-/// The names in `log/new/`, newest first (dot names and names that are
-/// not UTF-8 are not entries the mediator writes, so they are left out).
-fn names_newest_first(log: &Log) -> Result<Vec<String>> {
+/// The names in `log/new/`, in no order (dot names and names that are not
+/// UTF-8 are not entries the mediator writes, so they are left out).
+fn names(log: &Log) -> Result<Vec<String>> {
     let names = match log.dir.names(Sub::New) {
         Ok(n) => n,
         Err(e) if e.exit == Exit::NoInput && !log.dir.sub(Sub::New).exists() => vec![],
         Err(e) => return Err(e),
     };
-    let mut v: Vec<String> = names
+    let v: Vec<String> = names
         .into_iter()
         .filter_map(|n: OsString| n.into_string().ok())
         .filter(|n| !n.starts_with('.'))
         .collect();
-    v.sort_unstable_by(|a, b| b.cmp(a));
+    Ok(v)
+}
+
+/// An entry's place in the timeline as text that sorts in that order:
+/// when its file was last written, in nanoseconds, then its name.
+fn key_of(log: &Log, name: &str) -> Option<String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = log.dir.sub(Sub::New).join(name).symlink_metadata().ok()?;
+    let ns = i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec());
+    Some(format!("{:020}:{name}", ns.max(0)))
+}
+
+/// (key, name) of every entry, newest logged first.
+fn newest_first(log: &Log) -> Result<Vec<(String, String)>> {
+    let mut v: Vec<(String, String)> = names(log)?
+        .into_iter()
+        .filter_map(|n| Some((key_of(log, &n)?, n)))
+        .collect();
+    v.sort_unstable_by(|a, b| b.0.cmp(&a.0));
     Ok(v)
 }
 
 /// One page of the log (see [`LogQuery`]).
 pub fn log_page(log: &Log, q: &LogQuery) -> Result<Page> {
-    let names = names_newest_first(log)?;
+    let names = newest_first(log)?;
     let start = match &q.before {
-        // Descending order: the first name below the cursor.
-        Some(b) => names.partition_point(|n| n.as_str() >= b.as_str()),
+        // Descending order: the first key below the cursor.
+        Some(b) => names.partition_point(|(k, _)| k.as_str() >= b.as_str()),
         None => 0,
     };
     let limit = q.limit.clamp(1, MAX_PAGE);
     let mut entries = Vec::new();
     let mut next = None;
-    for (scanned, n) in names[start..].iter().enumerate() {
+    for (scanned, (k, n)) in names[start..].iter().enumerate() {
         if entries.len() == limit || scanned == MAX_SCAN {
-            next = Some(names[start + scanned - 1].clone());
+            next = Some(names[start + scanned - 1].0.clone());
             break;
         }
         let Ok(e) = log.read(std::ffi::OsStr::new(n)) else {
             continue;
         };
-        let line = Line::of(&e);
+        let line = Line::of(&e, k);
         if line.matches(q) {
             entries.push(line);
         }
@@ -305,7 +329,7 @@ pub fn sync_state(root: &Root) -> Value {
         })
         .collect();
     let log = Log::new(root.log_dir());
-    let not_synced = names_newest_first(&log).ok().map(|names| {
+    let not_synced = names(&log).ok().map(|names| {
         names
             .iter()
             .filter(|n| !st.targets.values().any(|t| t.synced.contains_key(*n)))
@@ -446,6 +470,20 @@ mod tests {
             .collect();
         assert_eq!(got, vec![ids[2].clone(), ids[0].clone()]);
         assert!(entry(&log, "../x").is_none());
+        // A message made before all of them, logged after them (a release
+        // of an old held message): first, by when it was logged.
+        let old = crate::id::id_at(std::time::Duration::from_secs(1_600_000_000), 9);
+        let e = entry_of(&old, "api", "web", Kind::Request);
+        log.append(&e).unwrap();
+        std::fs::File::options()
+            .append(true)
+            .open(log.dir.sub(Sub::New).join(&e.name))
+            .unwrap()
+            .set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(60))
+            .unwrap();
+        let p = log_page(&log, &q).unwrap();
+        assert_eq!(p.entries[0].message_id, old);
+        assert_eq!(p.entries[1].message_id, ids[6]);
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -359,6 +359,24 @@ async function once() {
   console.log(JSON.stringify({ statuses: statuses.sort() }));
 }
 
-const MODES = { story, xss, held, panels, ports, twice, two, mainjob, once };
+// The timeline is in the order things were logged: an old held message,
+// released now, is the newest row, live.
+async function order() {
+  const { browser, page, bad } = await open();
+  const rel = `#held li[data-id="${process.env.RELEASE}"]`;
+  await page.waitForSelector(rel, { timeout: 5000 }).catch(() => fail("the held message is not listed"));
+  await page.click(`${rel} button.release`);
+  await page.waitForFunction(() => {
+    const top = document.querySelector("#log tbody tr");
+    return top && top.querySelector("td.decision").textContent === "release";
+  }, null, { timeout: 5000 }).catch(async () => fail("the release is not the newest row; the top row: " +
+    await page.textContent("#log tbody tr")));
+  const top = await page.textContent("#log tbody tr td.subject");
+  if (bad.length) fail("the page misbehaved: " + bad.join("; "));
+  await browser.close();
+  console.log(JSON.stringify({ top }));
+}
+
+const MODES = { story, xss, held, panels, ports, twice, two, mainjob, once, order };
 (MODES[mode] ? MODES[mode]() : Promise.reject(new Error("mode?")))
   .catch((e) => fail(e.stack || String(e)));

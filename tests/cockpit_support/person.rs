@@ -55,3 +55,42 @@ fn one_answer_per_question_a_double_click_and_three_at_once() {
         .count();
     assert_eq!((a1, a2, answers), (1, 1, 2));
 }
+
+#[test]
+fn the_timeline_is_in_logged_order_a_release_of_an_old_message_is_on_top() {
+    let root = root("order", &[("api", None), ("web", None)]);
+    let policy = root.dir.parent().unwrap().join("policy");
+    std::fs::write(&policy, "loopwright-policy 1\nhold kind request\n").unwrap();
+    let o = Command::new(support::bin("lw-post"))
+        .arg("-m")
+        .arg(root.dir.join("sandboxes/api"))
+        .args([
+            "-k",
+            "request",
+            "-t",
+            "web",
+            "-s",
+            "held since long ago",
+            "x",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let held = String::from_utf8(o.stdout).unwrap().trim().to_string();
+    // More than a page of newer entries.
+    for i in 0..60 {
+        post_as(&root, "web", "status", &format!("newer {i}"), "x");
+    }
+    let o = Command::new(support::bin("lw-mediate"))
+        .arg("--root")
+        .arg(&root.dir)
+        .arg("--policy")
+        .arg(&policy)
+        .arg("--once")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let c = cockpit_with(&root, "ada", &["--policy", policy.to_str().unwrap()], &[]);
+    let r = browser("order", &c, &root, &[("RELEASE", held)]);
+    assert_eq!(r["top"], "held since long ago", "{r}");
+}

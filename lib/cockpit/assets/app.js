@@ -220,8 +220,8 @@ function drawLog() {
 // The newest page again; older pages already loaded stay below it.
 async function loadLog() {
   const d = await api(logQuery());
-  const last = d.entries.length ? d.entries[d.entries.length - 1].name : null;
-  const older = last && d.next ? state.log.filter((e) => e.name < last) : [];
+  const last = d.entries.length ? d.entries[d.entries.length - 1].key : null;
+  const older = last && d.next ? state.log.filter((e) => e.key < last) : [];
   state.log = d.entries.concat(older);
   if (!older.length) state.next = d.next;
   $("log-count").textContent = "(" + d.total + " entries)";
