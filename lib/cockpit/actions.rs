@@ -115,6 +115,12 @@ impl Door {
             explicit,
             Box::new(move |l| report(l)),
         )?;
+        m.state.secrets = self.secrets(root)?;
+        Ok(m)
+    }
+
+    /// The secret values the door masks, as `lw-mediate` loads them.
+    pub fn secrets(&self, root: &Root) -> Result<Secrets> {
         let env = |n: &str| std::env::var_os(n);
         let here = std::env::current_dir().unwrap_or_default();
         let (mut s, mut warnings): (Secrets, _) = Secrets::for_root(root, &here, &env)?;
@@ -122,8 +128,7 @@ impl Door {
         for w in warnings {
             (self.report)(&format!("warning: {w}"));
         }
-        m.state.secrets = s;
-        Ok(m)
+        Ok(s)
     }
 
     /// Releases held message `id`.

@@ -289,11 +289,51 @@ pub fn entry(log: &Log, name: &str) -> Option<Entry> {
     log.read(std::ffi::OsStr::new(name)).ok()
 }
 
-/// The human and held queues.
-pub fn queues(root: &Root) -> Result<Value> {
+/// The human and held queues, each message with its recipients and body,
+/// so a person sees what they answer or release: as the log keeps them,
+/// and for a held message (whose log entry has no body) from the held
+/// copy with the secret values the door knows masked by `mask`.
+pub fn queues(root: &Root, mask: &dyn Fn(&mut String)) -> Result<Value> {
+    use crate::log::Action;
+    use crate::maildir::Found;
     let log = Log::new(root.log_dir());
-    let human = crate::operator::queue(root, &log, false)?;
-    let held = crate::operator::queue(root, &log, true)?;
+    let mut held_bodies = std::collections::HashMap::new();
+    if let Ok(found) = root.held().scan(Sub::New) {
+        for f in found {
+            if let Found::Message(m) = f.found {
+                held_bodies.insert(m.id, m.body);
+            }
+        }
+    }
+    let with_message =
+        |items: Vec<crate::operator::Queued>, action: Action| -> Result<Vec<Value>> {
+            items
+                .into_iter()
+                .map(|q| {
+                    let m = [action, Action::Release, Action::Forward]
+                        .into_iter()
+                        .find_map(|a| {
+                            log.read(std::ffi::OsStr::new(&Entry::name_for(&q.id, a, None)))
+                                .ok()
+                        })
+                        .and_then(|e| e.message);
+                    let body = match held_bodies.get(&q.id) {
+                        Some(b) if action == Action::Hold => {
+                            let mut b = b.clone();
+                            mask(&mut b);
+                            Some(b)
+                        }
+                        _ => m.as_ref().map(|m| m.body.clone()),
+                    };
+                    let mut v = serde_json::to_value(&q)?;
+                    v["to"] = json!(m.map(|m| m.to).unwrap_or_default());
+                    v["body"] = json!(body);
+                    Ok(v)
+                })
+                .collect()
+        };
+    let human = with_message(crate::operator::queue(root, &log, false)?, Action::Escalate)?;
+    let held = with_message(crate::operator::queue(root, &log, true)?, Action::Hold)?;
     Ok(json!({ "human": human, "held": held }))
 }
 

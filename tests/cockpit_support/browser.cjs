@@ -377,6 +377,23 @@ async function order() {
   console.log(JSON.stringify({ top }));
 }
 
-const MODES = { story, xss, held, panels, ports, twice, two, mainjob, once, order };
+// What a held message and a question say before a person acts: their
+// recipients and body, as text.
+async function bodies() {
+  const { browser, page, bad } = await open();
+  const out = {};
+  for (const [k, sel] of [["held", `#held li[data-id="${process.env.HELD}"]`],
+    ["question", `#human li[data-id="${process.env.QID}"]`], ["leak", `#held li[data-id="${process.env.LEAK}"]`]]) {
+    await page.waitForSelector(sel, { timeout: 5000 }).catch(() => fail("the " + k + " is not listed"));
+    out[k] = { to: await page.textContent(`${sel} .to`), body: await page.textContent(`${sel} pre.body`) };
+  }
+  await inert(page, bad);
+  await page.screenshot({ path: process.env.SHOT, fullPage: true });
+  if (bad.length) fail("the page misbehaved: " + bad.join("; "));
+  await browser.close();
+  console.log(JSON.stringify(out));
+}
+
+const MODES = { story, xss, held, panels, ports, twice, two, mainjob, once, order, bodies };
 (MODES[mode] ? MODES[mode]() : Promise.reject(new Error("mode?")))
   .catch((e) => fail(e.stack || String(e)));

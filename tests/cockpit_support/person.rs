@@ -94,3 +94,85 @@ fn the_timeline_is_in_logged_order_a_release_of_an_old_message_is_on_top() {
     let r = browser("order", &c, &root, &[("RELEASE", held)]);
     assert_eq!(r["top"], "held since long ago", "{r}");
 }
+
+#[test]
+fn held_messages_and_questions_show_their_recipients_and_body() {
+    let root = root("bodies", &[("api", None), ("web", None)]);
+    let policy = root.dir.parent().unwrap().join("policy");
+    std::fs::write(&policy, "loopwright-policy 1\nhold kind request\n").unwrap();
+    let held_body = "please DROP TABLE users;\n<img src=x onerror=alert(1)>\u{202e}";
+    let o = Command::new(support::bin("lw-post"))
+        .arg("-m")
+        .arg(root.dir.join("sandboxes/api"))
+        .args([
+            "-k",
+            "request",
+            "-t",
+            "web",
+            "-s",
+            "a schema change",
+            held_body,
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let held = String::from_utf8(o.stdout).unwrap().trim().to_string();
+    let qid = post_as(
+        &root,
+        "web",
+        "question",
+        "may I?",
+        "the body of the question",
+    );
+    // A message holding a secret's value is held for it: its body is shown
+    // with the value masked, as the log would.
+    let (key, value) = ("LW_COCKPIT_TEST_KEY", "sk-cockpit-0123456789abcdef");
+    let o = Command::new(support::bin("lw-mediate"))
+        .arg("--root")
+        .arg(&root.dir)
+        .args(["register", "vault", "--secret", key])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let leak = post_as(
+        &root,
+        "vault",
+        "status",
+        "the key",
+        &format!("the key is {value}"),
+    );
+    let o = Command::new(support::bin("lw-mediate"))
+        .arg("--root")
+        .arg(&root.dir)
+        .arg("--policy")
+        .arg(&policy)
+        .arg("--once")
+        .env(key, value)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let c = cockpit_with(
+        &root,
+        "ada",
+        &["--policy", policy.to_str().unwrap()],
+        &[(key, value)],
+    );
+    let r = browser(
+        "bodies",
+        &c,
+        &root,
+        &[("HELD", held), ("QID", qid), ("LEAK", leak)],
+    );
+    let masked = r["leak"]["body"].as_str().unwrap();
+    assert!(
+        masked.starts_with("the key is ") && !masked.contains(value),
+        "{r}"
+    );
+    assert_eq!(r["held"]["to"], "to: web", "{r}");
+    assert_eq!(
+        r["held"]["body"], "please DROP TABLE users;\n<img src=x onerror=alert(1)>\\u{202e}",
+        "{r}"
+    );
+    assert_eq!(r["question"]["to"], "to: mediator", "{r}");
+    assert_eq!(r["question"]["body"], "the body of the question", "{r}");
+}

@@ -274,6 +274,14 @@ async function act(path, body, what, controls) {
   refresh("queues");
 }
 
+// A queued message's recipients and body (as the log keeps it), as text.
+function message(q) {
+  const to = el("div", { class: "to" }, "to: " + ((q.to || []).join(", ") || "-"));
+  const body = el("pre", { class: "body" });
+  body.textContent = q.body === null || q.body === undefined ? "(no body in the log)" : vis(q.body, true);
+  return [to, body];
+}
+
 function questionItem(q) {
   const text = el("textarea", { "aria-label": "answer", class: "answer-text" });
   const send = el("button", { type: "button", class: "answer", on: { click: () => {
@@ -281,7 +289,7 @@ function questionItem(q) {
   } } }, "answer");
   return el("li", { "data-id": vis(q.id) },
     el("div", { class: "subject" }, q.sender + ": " + q.kind + " “" + q.subject + "”"),
-    el("div", { class: "note" }, q.reason), text, send);
+    ...message(q), el("div", { class: "note" }, q.reason), text, send);
 }
 
 function heldItem(h) {
@@ -292,7 +300,7 @@ function heldItem(h) {
     act("/api/drop", { id: h.id, reason: reason.value }, "dropped " + h.id, [release, drop, reason]) } }, "drop");
   return el("li", { "data-id": vis(h.id) },
     el("div", { class: "subject" }, h.sender + ": " + h.kind + " “" + h.subject + "”"),
-    el("div", { class: "note" }, h.reason), reason, release, drop);
+    ...message(h), el("div", { class: "note" }, h.reason), reason, release, drop);
 }
 
 async function loadQueues() {
