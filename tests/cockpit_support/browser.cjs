@@ -394,6 +394,34 @@ async function bodies() {
   console.log(JSON.stringify(out));
 }
 
-const MODES = { story, xss, held, panels, ports, twice, two, mainjob, once, order, bodies };
+// The sandbox table redraws only what changed: rows whose sandbox did not
+// change stay the same elements, and keep the focus.
+async function churn() {
+  const { browser, page, bad } = await open();
+  let fetched = 0;
+  page.on("requestfinished", (r) => { if (new URL(r.url()).pathname === "/api/sandboxes") fetched++; });
+  await page.waitForSelector('#sandboxes tbody tr[data-name="api"]', { timeout: 5000 });
+  await page.evaluate(() => { for (const r of document.querySelectorAll("#sandboxes tbody tr")) r.lwMark = 1; });
+  await page.focus('#sandboxes tbody tr[data-name="api"] button');
+  const register = (name) => execFileSync(process.env.LW_MEDIATE, ["--root", process.env.LW_ROOT, "register", name]);
+  for (let i = 0; i < 3; i++) {
+    const again = page.waitForResponse((r) => new URL(r.url()).pathname === "/api/sandboxes", { timeout: 5000 });
+    register("api");
+    await again.catch(() => fail("re-registering did not make the page fetch the sandboxes again"));
+  }
+  register("web2");
+  await page.waitForSelector('#sandboxes tbody tr[data-name="web2"]', { timeout: 5000 })
+    .catch(() => fail("a new sandbox did not show"));
+  const out = await page.evaluate(() => ({
+    kept: Array.from(document.querySelectorAll("#sandboxes tbody tr")).map((r) => r.dataset.name + ":" + (r.lwMark || 0)),
+    focus: document.activeElement.closest("tr") ? document.activeElement.closest("tr").dataset.name : document.activeElement.tagName,
+  }));
+  out.fetched = fetched;
+  if (bad.length) fail("the page misbehaved: " + bad.join("; "));
+  await browser.close();
+  console.log(JSON.stringify(out));
+}
+
+const MODES = { story, xss, held, panels, ports, twice, two, mainjob, once, order, bodies, churn };
 (MODES[mode] ? MODES[mode]() : Promise.reject(new Error("mode?")))
   .catch((e) => fail(e.stack || String(e)));

@@ -176,3 +176,21 @@ fn held_messages_and_questions_show_their_recipients_and_body() {
     assert_eq!(r["question"]["to"], "to: mediator", "{r}");
     assert_eq!(r["question"]["body"], "the body of the question", "{r}");
 }
+
+#[test]
+fn the_sandbox_table_redraws_only_what_changed_and_keeps_the_focus() {
+    let root = root("churn", &[("api", None), ("web", None)]);
+    let c = cockpit(&root, "ada");
+    let r = browser(
+        "churn",
+        &c,
+        &root,
+        &[("LW_MEDIATE", support::bin("lw-mediate").display().to_string())],
+    );
+    assert_eq!(
+        r["kept"],
+        serde_json::json!(["api:1", "web:1", "web2:0"]),
+        "{r}"
+    );
+    assert_eq!(r["focus"], "api", "{r}");
+}

@@ -161,34 +161,58 @@ function engineLine(e, every) {
   }
 }
 
+// One sandbox's row.
+function sandboxRow(s, engine) {
+  const ports = el("td", {});
+  s.ports.forEach((p, i) => { if (i) ports.append(", "); ports.append(portLink(p)); });
+  const diff = el("button", { type: "button", on: { click: () => showDiff(s.name) } }, "diff");
+  const runtime = (s.listed && s.listed.runtime) || s.runtime;
+  return el("tr", { "data-name": vis(s.name) },
+    el("td", { class: "name" }, s.name + (s.host ? " @" + s.host : "")),
+    el("td", { class: "state" }, stateOf(s, engine)),
+    el("td", { class: "engine" }, (s.engine || (s.image && engine.address) || "-") + " / " + (runtime || "-")),
+    el("td", { class: "agent" }, agentOf(s)),
+    el("td", { class: "branch" }, s.branch || "-"),
+    el("td", { class: "stat" }, statOf(s)),
+    el("td", {}, s.scope.join(", ") || "-"),
+    ports,
+    el("td", {}, diff));
+}
+
+// Only rows whose sandbox changed are made again, in place: the others
+// (and the focus, a selection in them) stay as they are.
 async function loadSandboxes() {
   const d = await api("/api/sandboxes");
   state.sandboxes = d.sandboxes;
   engineLine(d.engine, d.refresh_secs);
   const body = $("sandboxes").tBodies[0];
-  clear(body);
+  const engine = { state: d.engine.state, address: d.engine.address };
+  const old = new Map(Array.from(body.rows).map((r) => [r.dataset.name, r]));
+  let at = body.firstChild;
   for (const s of d.sandboxes) {
-    const ports = el("td", {});
-    s.ports.forEach((p, i) => { if (i) ports.append(", "); ports.append(portLink(p)); });
-    const diff = el("button", { type: "button", on: { click: () => showDiff(s.name) } }, "diff");
-    const runtime = (s.listed && s.listed.runtime) || s.runtime;
-    body.append(el("tr", { "data-name": vis(s.name) },
-      el("td", { class: "name" }, s.name + (s.host ? " @" + s.host : "")),
-      el("td", { class: "state" }, stateOf(s, d.engine)),
-      el("td", { class: "engine" }, (s.engine || (s.image && d.engine.address) || "-") + " / " + (runtime || "-")),
-      el("td", { class: "agent" }, agentOf(s)),
-      el("td", { class: "branch" }, s.branch || "-"),
-      el("td", { class: "stat" }, statOf(s)),
-      el("td", {}, s.scope.join(", ") || "-"),
-      ports,
-      el("td", {}, diff)));
+    const sig = JSON.stringify([s, engine]);
+    let row = old.get(vis(s.name));
+    if (!row || row.lwSig !== sig) {
+      const fresh = sandboxRow(s, d.engine);
+      fresh.lwSig = sig;
+      if (row) row.replaceWith(fresh);
+      if (at === row) at = fresh;
+      row = fresh;
+    }
+    old.delete(vis(s.name));
+    if (row !== at) body.insertBefore(row, at);
+    at = row.nextSibling;
   }
+  for (const r of old.values()) r.remove();
   $("sandbox-count").textContent = "(" + d.sandboxes.length + ")";
   const sel = $("filter-sandbox");
-  const keep = sel.value;
-  while (sel.options.length > 1) sel.remove(1);
-  for (const s of d.sandboxes) sel.append(el("option", { value: s.name }, s.name));
-  sel.value = keep;
+  const names = d.sandboxes.map((s) => s.name);
+  if (JSON.stringify(names) !== JSON.stringify(Array.from(sel.options).slice(1).map((o) => o.value))) {
+    const keep = sel.value;
+    while (sel.options.length > 1) sel.remove(1);
+    for (const n of names) sel.append(el("option", { value: n }, n));
+    sel.value = keep;
+  }
 }
 
 function logQuery(before) {
