@@ -422,6 +422,31 @@ async function churn() {
   console.log(JSON.stringify(out));
 }
 
-const MODES = { story, xss, held, panels, ports, twice, two, mainjob, once, order, bodies, churn };
+// The log's rows are reached with Tab and opened with Enter, then Space.
+async function keys() {
+  const { browser, page, bad } = await open();
+  await page.waitForSelector("#log tbody tr", { timeout: 5000 });
+  const inRow = () => page.evaluate(() => {
+    const r = document.activeElement && document.activeElement.closest("#log tbody tr");
+    return r ? r.dataset.name : null;
+  });
+  let tabs = 0, row = null;
+  while (!row && tabs < 300) { await page.keyboard.press("Tab"); tabs++; row = await inRow(); }
+  if (!row) fail("no log row is reached with Tab in " + tabs + " presses");
+  await page.keyboard.press("Enter");
+  await page.waitForSelector("#detail:has-text('entry:')", { timeout: 5000 })
+    .catch(() => fail("Enter on a log row did not open it"));
+  const first = await page.textContent("#detail");
+  await page.keyboard.press("Tab");
+  const second = await inRow();
+  await page.keyboard.press(" ");
+  await page.waitForFunction((f) => document.getElementById("detail").textContent !== f, first, { timeout: 5000 })
+    .catch(() => fail("Space on the next log row did not open it"));
+  if (bad.length) fail("the page misbehaved: " + bad.join("; "));
+  await browser.close();
+  console.log(JSON.stringify({ tabs, row, second, first }));
+}
+
+const MODES = { story, xss, held, panels, ports, twice, two, mainjob, once, order, bodies, churn, keys };
 (MODES[mode] ? MODES[mode]() : Promise.reject(new Error("mode?")))
   .catch((e) => fail(e.stack || String(e)));

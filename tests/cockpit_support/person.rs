@@ -194,3 +194,22 @@ fn the_sandbox_table_redraws_only_what_changed_and_keeps_the_focus() {
     );
     assert_eq!(r["focus"], "api", "{r}");
 }
+
+#[test]
+fn log_rows_are_reached_and_opened_from_the_keyboard() {
+    let root = root("keys", &[("api", None)]);
+    post_as(&root, "api", "status", "one", "first body");
+    post_as(&root, "api", "status", "two", "second body");
+    let o = Command::new(support::bin("lw-mediate"))
+        .arg("--root")
+        .arg(&root.dir)
+        .arg("--once")
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let c = cockpit(&root, "ada");
+    let r = browser("keys", &c, &root, &[]);
+    eprintln!("the first log row after {} Tab presses", r["tabs"]);
+    assert!(r["first"].as_str().unwrap().contains("second body"), "{r}");
+    assert_ne!(r["row"], r["second"], "{r}");
+}

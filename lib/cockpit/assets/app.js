@@ -225,7 +225,14 @@ function logQuery(before) {
 
 function logRow(e) {
   const to = e.to.length ? e.to.join(", ") : "-";
-  return el("tr", { "data-name": vis(e.name), class: "entry", on: { click: () => showEntry(e.name) } },
+  // Reached with Tab, opened with Enter or Space, as a button would be.
+  const open = (ev) => {
+    if (ev.type === "keydown" && ev.key !== "Enter" && ev.key !== " ") return;
+    ev.preventDefault();
+    showEntry(e.name).catch((err) => note(err.message, true));
+  };
+  return el("tr", { "data-name": vis(e.name), class: "entry", tabindex: "0",
+    "aria-label": "open " + vis(e.subject || e.kind || e.name), on: { click: open, keydown: open } },
     el("td", {}, e.logged),
     el("td", { class: "route" }, e.sender + " → " + to),
     el("td", { class: "kind" }, e.kind || "-"),
