@@ -447,6 +447,38 @@ async function keys() {
   console.log(JSON.stringify({ tabs, row, second, first }));
 }
 
-const MODES = { story, xss, held, panels, ports, twice, two, mainjob, once, order, bodies, churn, keys };
+// lw-cockpit stops while the page is open, then starts again on its port:
+// the page says what happened and what to do, and the new URL works.
+async function restart() {
+  const { browser, page, bad } = await open();
+  process.kill(Number(process.env.COCKPIT_PID), "SIGKILL");
+  await page.waitForSelector("body[data-conn='lost']", { timeout: 5000 })
+    .catch(() => fail("the page did not notice the server went away"));
+  const down = await page.textContent("#live");
+  const port = new URL(url).port;
+  const child = require("child_process").spawn(process.env.COCKPIT_BIN,
+    ["--root", process.env.LW_ROOT, "--port", port], { stdio: ["ignore", "pipe", "ignore"] });
+  const again = await new Promise((ok) => {
+    let buf = "";
+    child.stdout.on("data", (d) => { buf += d; if (buf.includes("\n")) ok(buf.split("\n")[0]); });
+  });
+  try {
+    await page.waitForSelector("body[data-access='denied']", { timeout: 10_000 })
+      .catch(() => fail("the page did not say its access ended with the old server"));
+    const said = await page.textContent("#access");
+    await page.goto(again);
+    await page.waitForSelector("body[data-ready='1']", { timeout: 10_000 })
+      .catch(() => fail("the new URL did not open the page"));
+    // Console errors of the refused requests (403) are expected here.
+    const unexpected = bad.filter((b) => !/403|ERR_CONNECTION_REFUSED|ERR_INCOMPLETE_CHUNKED_ENCODING|Failed to fetch/.test(b));
+    if (unexpected.length) fail("the page misbehaved: " + unexpected.join("; "));
+    await browser.close();
+    console.log(JSON.stringify({ down, said }));
+  } finally {
+    child.kill("SIGKILL");
+  }
+}
+
+const MODES = { story, xss, held, panels, ports, twice, two, mainjob, once, order, bodies, churn, keys, restart };
 (MODES[mode] ? MODES[mode]() : Promise.reject(new Error("mode?")))
   .catch((e) => fail(e.stack || String(e)));

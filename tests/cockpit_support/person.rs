@@ -185,7 +185,10 @@ fn the_sandbox_table_redraws_only_what_changed_and_keeps_the_focus() {
         "churn",
         &c,
         &root,
-        &[("LW_MEDIATE", support::bin("lw-mediate").display().to_string())],
+        &[(
+            "LW_MEDIATE",
+            support::bin("lw-mediate").display().to_string(),
+        )],
     );
     assert_eq!(
         r["kept"],
@@ -212,4 +215,26 @@ fn log_rows_are_reached_and_opened_from_the_keyboard() {
     eprintln!("the first log row after {} Tab presses", r["tabs"]);
     assert!(r["first"].as_str().unwrap().contains("second body"), "{r}");
     assert_ne!(r["row"], r["second"], "{r}");
+}
+
+#[test]
+fn a_restarted_server_the_page_says_what_happened_and_the_new_url_works() {
+    let root = root("restart", &[("api", None)]);
+    let c = cockpit(&root, "ada");
+    let r = browser(
+        "restart",
+        &c,
+        &root,
+        &[
+            ("COCKPIT_PID", c.child.0.id().to_string()),
+            ("COCKPIT_BIN", COCKPIT.to_string()),
+        ],
+    );
+    let down = r["down"].as_str().unwrap();
+    assert!(down.contains("does not answer"), "{r}");
+    let said = r["said"].as_str().unwrap();
+    assert!(
+        said.contains("was restarted") && said.contains("open the URL"),
+        "{r}"
+    );
 }

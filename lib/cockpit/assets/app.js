@@ -383,13 +383,19 @@ const sleep = (ms) => new Promise((ok) => setTimeout(ok, ms));
 // this tab's secret in a header.  A dropped stream is opened again, and
 // everything is fetched again then (what changed meanwhile was not told).
 async function listen() {
-  let wait = 250, again = false;
+  let wait = 250, again = false, lost = false;
   for (;;) {
     try {
       const r = await fetch("/api/events", { headers: { "x-lw-session": secret }, credentials: "omit", cache: "no-store" });
-      if (r.status === 403) { denied("this tab has no access any more (was lw-cockpit restarted?): open a new URL from it"); return; }
+      if (r.status === 403) {
+        denied(lost ? "lw-cockpit was restarted: this tab's access ended with it; open the URL it printed when it started again"
+          : "this tab has no access any more (was lw-cockpit restarted?): open a new URL from it");
+        return;
+      }
       if (!r.ok || !r.body) throw new Error("HTTP " + r.status);
-      $("live").textContent = "live"; $("live").className = "live";
+      $("live").textContent = "live"; $("live").className = "live"; $("live").title = "";
+      lost = false;
+      delete document.body.dataset.conn;
       wait = 250;
       if (again) for (const t of Object.keys(LOADERS)) refresh(t);
       again = true;
@@ -414,7 +420,12 @@ async function listen() {
     } catch (e) {
       // The server is gone or the connection broke: try again below.
     }
-    $("live").textContent = "reconnecting";
+    // Say why, and what to do: the server may be gone for good.
+    lost = true;
+    document.body.dataset.conn = "lost";
+    $("live").textContent = "reconnecting: lw-cockpit does not answer (stopped, or restarting?); trying again every " +
+      Math.ceil(Math.min(wait * 2, 4000) / 1000) + " s";
+    $("live").title = "if it was restarted, open the URL it printed then: this tab's access ended with the old one";
     $("live").className = "live off";
     await sleep(wait);
     wait = Math.min(wait * 2, 4000);
