@@ -346,7 +346,7 @@ pub const SYNC_ERROR_NOT_KEPT: &str = "lw-sync does not keep its last error in i
 /// its issue's address) the entries synced and the parts of a comment in
 /// flight, and how many log entries no target holds yet; `null` when
 /// lw-sync never ran.
-pub fn sync_state(root: &Root) -> Value {
+pub fn sync_state(root: &Root, web: Option<&str>) -> Value {
     let path = crate::sync::state_path(root);
     let st = match crate::sync::load_state(&path) {
         Ok((st, _)) => st,
@@ -361,7 +361,7 @@ pub fn sync_state(root: &Root) -> Value {
         .map(|(t, s)| {
             json!({
                 "target": t,
-                "url": issue_url(t),
+                "url": web.and_then(|w| issue_url(w, t)),
                 "synced": s.synced.len(),
                 "in_flight": s.pending.as_ref().map_or(0, |p| p.items.len()),
                 "reconciled": s.reconciled,
@@ -384,9 +384,31 @@ pub fn sync_state(root: &Root) -> Value {
     })
 }
 
-/// `https://github.com/OWNER/REPO/issues/N` for a target `OWNER/REPO#N`
-/// whose parts are plain names and a number; None otherwise.
-fn issue_url(target: &str) -> Option<String> {
+/// The web address of the GitHub lw-sync talks to, from its API address
+/// (`--api-url`'s sources: `$LW_GITHUB_API_URL`, else the project's
+/// `api_url`): `https://github.com` for GitHub's API, `https://HOST` for
+/// an Enterprise server's `https://HOST/api/v3`; None for any other (a
+/// local stand-in has no issue pages: no link rather than a wrong one).
+pub fn github_web(api_url: Option<&str>) -> Option<String> {
+    let api = api_url
+        .unwrap_or("https://api.github.com")
+        .trim_end_matches('/');
+    let host = api.strip_prefix("https://")?;
+    let plain = |h: &str| {
+        !h.is_empty()
+            && h.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b':'))
+    };
+    if host.eq_ignore_ascii_case("api.github.com") {
+        return Some("https://github.com".into());
+    }
+    let host = host.strip_suffix("/api/v3")?;
+    plain(host).then(|| format!("https://{host}"))
+}
+
+/// `WEB/OWNER/REPO/issues/N` for a target `OWNER/REPO#N` whose parts are
+/// plain names and a number; None otherwise.
+fn issue_url(web: &str, target: &str) -> Option<String> {
     let (repo, n) = target.rsplit_once('#')?;
     let (owner, name) = repo.split_once('/')?;
     let plain = |s: &str| {
@@ -395,7 +417,7 @@ fn issue_url(target: &str) -> Option<String> {
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
     };
     (plain(owner) && plain(name) && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| format!("https://github.com/{owner}/{name}/issues/{n}"))
+        .then(|| format!("{web}/{owner}/{name}/issues/{n}"))
 }
 
 /// The radar's pairs with a non-empty announced set (ROOT/state/radar.json);
@@ -457,6 +479,28 @@ mod tests {
                 quiet: false,
             },
         }
+    }
+
+    #[test]
+    fn the_issue_link_follows_the_api_url() {
+        for (api, web) in [
+            (None, Some("https://github.com")),
+            (Some("https://api.github.com/"), Some("https://github.com")),
+            (
+                Some("https://ghe.example.com/api/v3"),
+                Some("https://ghe.example.com"),
+            ),
+            (Some("http://127.0.0.1:9/"), None),
+            (Some("https://evil.example/x/api/v3"), None),
+            (Some("https://a b/api/v3"), None),
+        ] {
+            assert_eq!(github_web(api).as_deref(), web, "{api:?}");
+        }
+        assert_eq!(
+            issue_url("https://ghe.example.com", "o/r#4").as_deref(),
+            Some("https://ghe.example.com/o/r/issues/4")
+        );
+        assert_eq!(issue_url("https://github.com", "o/r#x"), None);
     }
 
     #[test]

@@ -49,6 +49,8 @@ pub struct Cockpit {
     pub here: auth::Here,
     /// The person acting from the page, named in the log.
     pub operator: String,
+    /// The web address of the GitHub lw-sync posts to (data::github_web).
+    pub github_web: Option<String>,
     door: actions::Door,
     events: tokio::sync::broadcast::Sender<&'static str>,
     live: std::sync::Arc<live::Live>,
@@ -131,6 +133,13 @@ pub fn bind(o: Options) -> Result<(TcpListener, Cockpit)> {
         Error::new(Exit::Unavailable, "cannot read the bound address").with_source(e)
     })?;
     let events = events::start(&o.root)?;
+    // The API address as lw-sync run from here would take it.
+    let api_url = std::env::var("LW_GITHUB_API_URL").ok().or_else(|| {
+        crate::sync::Config::find(&o.project)
+            .and_then(|p| crate::sync::Config::load(&p).ok())
+            .and_then(|c| c.api_url)
+    });
+    let github_web = data::github_web(api_url.as_deref());
     let live = live::start(o.root.clone(), o.project, events.clone())
         .map_err(|e| Error::new(Exit::Unavailable, "cannot start a thread").with_source(e))?;
     Ok((
@@ -140,6 +149,7 @@ pub fn bind(o: Options) -> Result<(TcpListener, Cockpit)> {
             access: auth::Access::default(),
             here: auth::Here { addr: bound },
             operator: o.operator,
+            github_web,
             door: actions::Door {
                 policy: o.policy,
                 report: o.report,

@@ -453,4 +453,34 @@ fn the_sync_panel_after_a_real_lw_sync_run() {
     // Entries lw-sync has not run for yet are counted as such.
     sync_support::append_n(&env.log(), 2, "later");
     assert_eq!(api(&c, "/api/state")["sync"]["not_synced"], 2);
+
+    // The link goes where lw-sync run from here posts (issue 40 item 10):
+    // an Enterprise server named by the project's api_url; and no link
+    // for an API address with no issue pages ($LW_GITHUB_API_URL first).
+    let cfg = env.dir.join(".loopwright");
+    std::fs::create_dir_all(&cfg).unwrap();
+    std::fs::write(
+        cfg.join("sync.json"),
+        r#"{"api_url": "https://ghe.example.com/api/v3"}"#,
+    )
+    .unwrap();
+    for (extra, want) in [
+        (vec![], Some("https://ghe.example.com/octo/proj/issues/1")),
+        (vec![("LW_GITHUB_API_URL", env.url.as_str())], None),
+    ] {
+        let c = cockpit_with(&root, "ada", &[], &extra);
+        let r = browser("panels", &c, &root, &[]);
+        let links: Vec<&str> = r["links"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
+        assert_eq!(
+            links,
+            want.into_iter().collect::<Vec<_>>(),
+            "{extra:?}: {r}"
+        );
+        assert!(r["sync"].as_str().unwrap().contains("octo/proj#1"), "{r}");
+    }
 }

@@ -348,9 +348,9 @@ async function loadQueues() {
 }
 
 // A link to a GitHub issue: only the address the server built from a
-// plain OWNER/REPO#N.
+// plain OWNER/REPO#N on the GitHub lw-sync posts to (its api_url's).
 function issueLink(t) {
-  if (!t.url || !/^https:\/\/github\.com\/[\w.-]+\/[\w.-]+\/issues\/[0-9]+$/.test(t.url)) return el("span", {}, t.target);
+  if (!t.url || !/^https:\/\/[A-Za-z0-9.:-]+\/[\w.-]+\/[\w.-]+\/issues\/[0-9]+$/.test(t.url)) return el("span", {}, t.target);
   return el("a", { href: t.url, rel: "noopener noreferrer", target: "_blank" }, t.target);
 }
 
