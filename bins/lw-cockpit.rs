@@ -1,19 +1,20 @@
 //! lw-cockpit: one local web page over a mailbox root, live.
 //!
-//! Contract: serves the page for the root (`--root`, else `$LW_ROOT`) on
-//! 127.0.0.1 (`--port`, else a free port) until killed, and prints one
-//! line on stdout: the URL to open, with a random access token, as
-//! Jupyter does.  The page lists the sandboxes, the log (paged, filtered,
+//! Contract: serves the page for the root (`--root`, else `$LW_ROOT`; a
+//! directory that is not a mailbox root is refused, 66) on the loopback
+//! address `--listen` names, exactly (`--port`, else a free port), until
+//! killed, and prints one line on stdout: the URL to open, whose one-time
+//! ticket opens the page once; another line, a new URL, on each SIGUSR1.  The page lists the sandboxes, the log (paged, filtered,
 //! each body on demand), the human and held queues with their actions
 //! (answer, release, drop: lw-mediate's own, the person named in the log
 //! by `--operator`), each sandbox's diff against its base, the sync state
 //! and the radar's conflicts; it follows the root as it changes.  Only
 //! loopback is served: another address would need TLS, which lw-cockpit
-//! does not have (exit 64).  The work is in lib/cockpit; the contract in
+//! does not have (exit 64).  No cookie is ever set (lib/cockpit/auth.rs).  The work is in lib/cockpit; the contract in
 //! man/lw-cockpit.1.
 
 use std::io::Write;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -31,12 +32,12 @@ struct Args {
     #[arg(long, value_name = "DIR")]
     root: Option<PathBuf>,
 
-    /// The port on 127.0.0.1 [default: a free one]
+    /// The port [default: a free one]
     #[arg(long, value_name = "PORT")]
     port: Option<u16>,
 
-    /// The address to serve; only a loopback address is accepted (another
-    /// would need TLS, which lw-cockpit does not have)
+    /// The address to serve, exactly; only a loopback address is accepted
+    /// (another would need TLS, which lw-cockpit does not have)
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
     listen: IpAddr,
 
@@ -56,9 +57,9 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
-    if !args.listen.is_loopback() || args.listen.is_ipv6() {
+    if !args.listen.is_loopback() {
         return Err(Error::usage(format!(
-            "--listen {}: lw-cockpit serves 127.0.0.1 only (another address would need TLS, \
+            "--listen {}: lw-cockpit serves a loopback address only (another would need TLS, \
              which it does not have); reach it from elsewhere through `ssh -L`",
             args.listen
         )));
@@ -70,15 +71,24 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         .unwrap_or_else(|| "operator".into());
     let (listener, c) = cockpit::bind(Options {
         root: Root::resolve(args.root.as_deref())?,
-        port: args.port.unwrap_or(0),
+        listen: SocketAddr::new(args.listen, args.port.unwrap_or(0)),
         operator,
         policy: args.policy,
-        token: None,
         report: std::sync::Arc::new(|line: &str| eprintln!("lw-cockpit: {line}")),
         project: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
     })?;
-    writeln!(out, "{}", c.url()).map_err(out_err)?;
     out.flush().map_err(out_err)?;
-    cockpit::http::serve(listener, c)?;
+    eprintln!(
+        "lw-cockpit: each URL opens the page once, within {} minutes; `kill -USR1 {}` prints another",
+        cockpit::auth::TICKET_LIFE.as_secs() / 60,
+        std::process::id()
+    );
+    // The URLs go to standard output, one a line, as they are made; a
+    // reader that went away does not stop the server.
+    let urls = std::sync::Arc::new(|url: &str| {
+        let mut o = std::io::stdout().lock();
+        let _ = writeln!(o, "{url}").and_then(|()| o.flush());
+    });
+    cockpit::http::serve(listener, c, urls)?;
     Ok(Exit::Ok)
 }

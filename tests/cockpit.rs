@@ -28,16 +28,67 @@ impl Drop for Kill {
 }
 
 struct Cockpit {
-    _child: Kill,
+    child: Kill,
+    /// What lw-cockpit prints: one URL a line.
+    out: BufReader<std::process::ChildStdout>,
+    /// The first URL it printed, not opened yet.
     url: String,
     port: u16,
-    token: String,
+    /// The ticket in `url`.
+    ticket: String,
+    /// A tab's secret of the test's own, traded from a second URL (asked
+    /// for with SIGUSR1), for requests made here.
+    secret: String,
+}
+
+/// (port, ticket) of a URL lw-cockpit printed.
+fn parse_url(url: &str) -> (u16, String) {
+    let rest = url
+        .strip_prefix("http://127.0.0.1:")
+        .unwrap_or_else(|| panic!("lw-cockpit printed {url:?}, not its URL"));
+    let (port, ticket) = rest.split_once("/#ticket=").unwrap();
+    assert_eq!(ticket.len(), 32, "{url}");
+    (port.parse().unwrap(), ticket.to_string())
+}
+
+impl Cockpit {
+    /// A new URL: SIGUSR1, then the line lw-cockpit prints.
+    fn new_url(&mut self) -> String {
+        let o = Command::new("kill")
+            .args(["-USR1", &self.child.0.id().to_string()])
+            .output()
+            .unwrap();
+        assert!(o.status.success());
+        let mut line = String::new();
+        self.out.read_line(&mut line).unwrap();
+        line.trim().to_string()
+    }
+}
+
+/// Trades `ticket` for a tab's secret: (status, body).
+fn trade(port: u16, ticket: &str, extra: &str) -> (u16, String) {
+    let body = format!(r#"{{"ticket":"{ticket}"}}"#);
+    let (status, _, b) = http(
+        port,
+        &format!(
+            "POST /api/session HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n{extra}Connection: close\r\n\r\n{body}",
+            body.len()
+        ),
+    );
+    (status, b)
+}
+
+fn secret_of(body: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    v["secret"].as_str().unwrap().to_string()
 }
 
 fn root(tag: &str, sandboxes: &[(&str, Option<&str>)]) -> Root {
     let dir = std::env::temp_dir().join(format!("lw-cockpit-{tag}-{}", loopwright::id::new_id()));
     let root = Root::new(dir.join("root"));
     std::fs::create_dir_all(&root.dir).unwrap();
+    root.init().unwrap();
     for (name, branch) in sandboxes {
         let mut c = Command::new(support::bin("lw-mediate"));
         c.arg("--root").arg(&root.dir).args(["register", name]);
@@ -79,22 +130,24 @@ fn cockpit_with(root: &Root, operator: &str, args: &[&str], env: &[(&str, &str)]
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    out.read_line(&mut line).unwrap();
     let url = line.trim().to_string();
-    let rest = url
-        .strip_prefix("http://127.0.0.1:")
-        .unwrap_or_else(|| panic!("lw-cockpit printed {line:?}, not its URL"));
-    let (port, token) = rest.split_once("/?token=").unwrap();
-    assert_eq!(token.len(), 32, "{url}");
-    Cockpit {
-        _child: Kill(child),
-        port: port.parse().unwrap(),
-        token: token.to_string(),
+    let (port, ticket) = parse_url(&url);
+    let mut c = Cockpit {
+        child: Kill(child),
+        out,
+        port,
+        ticket,
         url,
-    }
+        secret: String::new(),
+    };
+    let (_, mine) = parse_url(&c.new_url());
+    let (status, body) = trade(c.port, &mine, "");
+    assert_eq!(status, 200, "{body}");
+    c.secret = secret_of(&body);
+    c
 }
 
 /// One HTTP/1.1 request; (status, head, body).
@@ -147,7 +200,7 @@ fn post_as(root: &Root, sandbox: &str, kind: &str, subject: &str, body: &str) ->
 }
 
 #[test]
-fn no_token_cross_origin_and_other_hosts_get_403_and_every_answer_has_the_csp() {
+fn no_session_cross_origin_and_other_hosts_get_403_no_cookie_counts_and_every_answer_has_the_csp() {
     let root = root("auth", &[("api", None)]);
     let qid = post_as(&root, "api", "question", "which database?", "pg?");
     let o = Command::new(support::bin("lw-mediate"))
@@ -158,46 +211,64 @@ fn no_token_cross_origin_and_other_hosts_get_403_and_every_answer_has_the_csp() 
         .unwrap();
     assert!(o.status.success());
     let c = cockpit(&root, "ada");
-    let tok = format!("x-lw-token: {}\r\n", c.token);
+    let mine = format!("x-lw-session: {}\r\n", c.secret);
     let csp = "content-security-policy: default-src 'none'; script-src 'self';";
+    // Every credential there is, as cookies a page on another port of
+    // 127.0.0.1 could plant: none counts.
+    let cookie = format!(
+        "Cookie: lw-cockpit-token={s}; x-lw-session={s}; lw-cockpit-session={s}; ticket={t}\r\n",
+        s = c.secret,
+        t = c.ticket
+    );
 
     for (what, (status, head, _)) in [
-        ("the page without a token", get(&c, "/", "")),
+        ("the log without a session", get(&c, "/api/log", "")),
         (
-            "the page with a wrong token",
-            get(&c, "/?token=0123456789abcdef0123456789abcdef", ""),
+            "the log with the secret as cookies",
+            get(&c, "/api/log", &cookie),
         ),
-        ("the log without a token", get(&c, "/api/log", "")),
         (
-            "the event stream without a token",
+            "the log with the ticket as the secret",
+            get(&c, "/api/log", &format!("x-lw-session: {}\r\n", c.ticket)),
+        ),
+        (
+            "the event stream without a session",
             get(&c, "/api/events", ""),
         ),
         (
-            "the page with the token but another Host",
+            "the event stream with cookies",
+            get(&c, "/api/events", &cookie),
+        ),
+        (
+            "the page through another Host",
             http(
                 c.port,
                 &format!(
-                    "GET /?token={} HTTP/1.1\r\nHost: rebound.example:{}\r\nConnection: close\r\n\r\n",
-                    c.token, c.port
+                    "GET / HTTP/1.1\r\nHost: rebound.example:{}\r\n{mine}Connection: close\r\n\r\n",
+                    c.port
                 ),
             ),
         ),
     ] {
         assert_eq!(status, 403, "{what}");
         assert!(head.contains(csp), "{what}: {head}");
+        assert!(!head.contains("set-cookie"), "{what}: {head}");
     }
     let body = format!(r#"{{"id":"{qid}","text":"pg"}}"#);
-    let cookie = format!("Cookie: lw-cockpit-token={}\r\n", c.token);
     for (what, extra) in [
-        ("an answer without a token", String::new()),
-        ("an answer with only the cookie", cookie.clone()),
+        ("an answer without a session", String::new()),
+        ("an answer with only cookies", cookie.clone()),
         (
             "an answer from another origin",
-            format!("{tok}Origin: http://evil.example\r\n"),
+            format!("{mine}Origin: http://evil.example\r\n"),
+        ),
+        (
+            "an answer from another port",
+            format!("{mine}Origin: http://127.0.0.1:1\r\n"),
         ),
         (
             "an answer from another site",
-            format!("{tok}Sec-Fetch-Site: cross-site\r\n"),
+            format!("{mine}Sec-Fetch-Site: same-site\r\n"),
         ),
     ] {
         let (status, head, _) = post_json(&c, "/api/answer", &extra, &body);
@@ -216,28 +287,49 @@ fn no_token_cross_origin_and_other_hosts_get_403_and_every_answer_has_the_csp() 
             .is_empty()
     );
 
-    // With the token: the page sets the cookie, which then opens the API.
-    let (status, head, page) = get(&c, &format!("/?token={}", c.token), "");
+    // The page is public and holds nothing secret; it sets no cookie.
+    let (status, head, page) = get(&c, "/", &cookie);
     assert_eq!(status, 200);
     assert!(
-        head.contains(csp) && head.contains("x-content-type-options: nosniff"),
+        head.contains(csp)
+            && head.contains("x-content-type-options: nosniff")
+            && head.contains("referrer-policy: no-referrer"),
         "{head}"
     );
-    assert!(
-        head.contains("set-cookie: lw-cockpit-token=") && head.contains("httponly"),
-        "{head}"
-    );
+    assert!(!head.contains("set-cookie"), "{head}");
+    assert!(!page.contains(&c.ticket) && !page.contains(&c.secret));
     assert!(!page.contains("<script>") && page.contains(r#"<script src="/app.js" defer>"#));
-    let (status, _, log) = get(&c, "/api/log", &cookie);
+
+    // The printed ticket: not from another origin (and not spent by that),
+    // then once, then never again.
+    let (status, _) = trade(c.port, &c.ticket, "Origin: http://127.0.0.1:1\r\n");
+    assert_eq!(status, 403, "a ticket traded from another origin");
+    let (status, first) = trade(c.port, &c.ticket, "");
+    assert_eq!(status, 200, "{first}");
+    let tab = secret_of(&first);
+    assert!(tab != c.secret && tab.len() == 32);
+    let (status, again) = trade(c.port, &c.ticket, "");
+    assert_eq!(status, 403, "the printed URL works twice: {again}");
+    assert!(again.contains("used already"), "{again}");
+    let (status, _) = trade(c.port, &tab, "");
+    assert_eq!(status, 403, "a secret is no ticket");
+
+    let (status, _, log) = get(&c, "/api/log", &format!("x-lw-session: {tab}\r\n"));
     assert_eq!(status, 200);
     assert!(log.contains("which database?"), "{log}");
-    let origin = format!("{tok}Origin: http://127.0.0.1:{}\r\n", c.port);
+    let origin = format!("{mine}Origin: http://127.0.0.1:{}\r\n", c.port);
     let (status, _, answered) = post_json(&c, "/api/answer", &origin, &body);
     assert_eq!(status, 200, "{answered}");
 }
 
+#[path = "cockpit_support/access.rs"]
+mod access;
+#[path = "cockpit_support/main_job.rs"]
+mod main_job;
 #[path = "cockpit_support/panels.rs"]
 mod panels;
+#[path = "cockpit_support/person.rs"]
+mod person;
 #[path = "sync_support/mod.rs"]
 mod sync_support;
 
@@ -252,6 +344,11 @@ fn tools() -> PathBuf {
 
 /// Runs tests/cockpit_support/browser.cjs MODE; its JSON line.
 fn browser(mode: &str, c: &Cockpit, root: &Root, env: &[(&str, String)]) -> serde_json::Value {
+    browser_at(mode, &c.url, &root.dir, env)
+}
+
+/// browser.cjs MODE on the page at `url`, over the root `root`.
+fn browser_at(mode: &str, url: &str, root: &Path, env: &[(&str, String)]) -> serde_json::Value {
     let playwright = tools().join("browser/node_modules/playwright-core");
     for (p, how) in [
         (Path::new("/usr/bin/chromium"), "apt-get install chromium"),
@@ -270,9 +367,9 @@ fn browser(mode: &str, c: &Cockpit, root: &Root, env: &[(&str, String)]) -> serd
         .arg(script)
         .arg(mode)
         .env("PLAYWRIGHT", &playwright)
-        .env("COCKPIT_URL", &c.url)
+        .env("COCKPIT_URL", url)
         .env("LW_POST", support::bin("lw-post"))
-        .env("LW_ROOT", &root.dir)
+        .env("LW_ROOT", root)
         .env("SHOT", shots.join(format!("{mode}.png")))
         .envs(env.iter().map(|(k, v)| (k, v)))
         .output()

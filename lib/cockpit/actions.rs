@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Exit, Result};
 use crate::layout::Root;
 use crate::log::{Entry, Log};
 use crate::mediate::Mediator;
@@ -39,6 +39,10 @@ pub fn signed(text: &str, operator: &str) -> String {
 }
 
 /// Answers question `qid` as `operator` (see the module documentation).
+/// One answer per question: the question must still wait in the human
+/// queue, and the first answer claims it (a file made with O_EXCL in
+/// `ROOT/state/cockpit/answered/`), so a double click or answers sent at
+/// once from two tabs give one answer and 409 for the others.
 pub fn answer(root: &Root, qid: &str, text: &str, operator: &str) -> Result<Message> {
     if text.trim().is_empty() {
         return Err(Error::usage("the answer is empty"));
@@ -50,7 +54,44 @@ pub fn answer(root: &Root, qid: &str, text: &str, operator: &str) -> Result<Mess
             body.len()
         )));
     }
-    crate::operator::answer(root, &Log::new(root.log_dir()), qid, &body)
+    check_id(qid)?;
+    let log = Log::new(root.log_dir());
+    let waiting = crate::operator::queue(root, &log, false)?
+        .iter()
+        .any(|q| q.id == qid);
+    if !waiting {
+        return Err(answered(qid));
+    }
+    let claimed = claim(root, qid)?;
+    crate::operator::answer(root, &log, qid, &body).inspect_err(|_| {
+        // Not answered after all: another answer may be tried.
+        let _ = std::fs::remove_file(&claimed);
+    })
+}
+
+fn answered(qid: &str) -> Error {
+    Error::new(
+        Exit::TempFail,
+        format!("question {qid} is answered already (or no longer waits for a person)"),
+    )
+}
+
+/// Claims `qid` for one answer (the claim's path); 409 for every claim
+/// after the first.
+fn claim(root: &Root, qid: &str) -> Result<PathBuf> {
+    let dir = root.state_dir().join("cockpit").join("answered");
+    root.make_dir(&dir)
+        .map_err(|e| Error::io("cannot create", &dir, e))?;
+    let path = dir.join(qid);
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+    {
+        Ok(_) => Ok(path),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(answered(qid)),
+        Err(e) => Err(Error::io("cannot create", &path, e)),
+    }
 }
 
 /// The policy lw-mediate would use: `path`, else its default path.
@@ -74,6 +115,12 @@ impl Door {
             explicit,
             Box::new(move |l| report(l)),
         )?;
+        m.state.secrets = self.secrets(root)?;
+        Ok(m)
+    }
+
+    /// The secret values the door masks, as `lw-mediate` loads them.
+    pub fn secrets(&self, root: &Root) -> Result<Secrets> {
         let env = |n: &str| std::env::var_os(n);
         let here = std::env::current_dir().unwrap_or_default();
         let (mut s, mut warnings): (Secrets, _) = Secrets::for_root(root, &here, &env)?;
@@ -81,8 +128,7 @@ impl Door {
         for w in warnings {
             (self.report)(&format!("warning: {w}"));
         }
-        m.state.secrets = s;
-        Ok(m)
+        Ok(s)
     }
 
     /// Releases held message `id`.

@@ -84,8 +84,14 @@ pub fn get(
             Some(e) => serde_json::to_value(e)?,
             None => return Ok(None),
         },
-        "/api/queues" => data::queues(&c.root)?,
-        "/api/state" => json!({ "sync": data::sync_state(&c.root), "radar": data::radar(&c.root) }),
+        "/api/queues" => {
+            let secrets = c.door.secrets(&c.root)?;
+            data::queues(&c.root, &|b| secrets.mask_in(b))?
+        }
+        "/api/state" => json!({
+            "sync": data::sync_state(&c.root, c.github_web.as_deref()),
+            "radar": data::radar(&c.root),
+        }),
         "/api/diff" => {
             let name = p.get("sandbox").map_or("", String::as_str);
             return Ok(Some((

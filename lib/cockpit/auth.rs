@@ -1,25 +1,46 @@
 //! Who may ask what.  The server listens on loopback, but any page the
 //! person's browser has open can send requests there, and any process of
-//! any user on the host can connect.  So:
+//! any user on the host can connect.
 //!
-//! - every request must name this server in `Host` (a page reached through
-//!   a rebound DNS name says another host, and gets 403);
-//! - everything but the page's static script and style needs the token:
-//!   in the `x-lw-token` header, or in the cookie the page's first load
-//!   set from `?token=` (HttpOnly, SameSite=Strict), so the event stream,
-//!   which cannot send headers, is covered;
-//! - a request that changes state (POST) needs the token in the header
-//!   (a cookie rides along on cross-site requests, a header never does)
-//!   and, when the browser says where it came from (`Origin`,
-//!   `Sec-Fetch-Site`), this origin.
+//! No cookie: a browser sends a cookie set by 127.0.0.1 to every port of
+//! 127.0.0.1, so a sandbox's published port (which the page links to)
+//! would receive it, and a page served there can plant cookies of its own
+//! for this server.  So this server sets none and reads none, and:
+//!
+//! - every request must name this server in `Host`, as it listens (a page
+//!   reached through a rebound DNS name says another host, and gets 403);
+//! - the page, its script and its style are the same for everyone and hold
+//!   nothing secret: they need no credential;
+//! - the URL lw-cockpit prints carries a ticket in its fragment (which a
+//!   browser never sends to any server); the page trades it, once and
+//!   within [`TICKET_LIFE`], for a secret of the tab's own (`POST
+//!   /api/session`), keeps that in the tab's sessionStorage (per origin, so
+//!   per port) and sends it in the `x-lw-session` header of every other
+//!   request, the event stream's included (read with fetch, which can send
+//!   a header, where EventSource cannot);
+//! - a request that changes state (POST, the trade included) must come,
+//!   when the browser says where it came from (`Origin`, `Sec-Fetch-Site`),
+//!   from this origin: a header never rides along on a cross-site request,
+//!   and this check keeps a page elsewhere from trading a ticket it guessed.
+//!
+//! Tickets and secrets are 128 random bits, compared in constant time.
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use hyper::HeaderMap;
-use hyper::header::{COOKIE, HOST, ORIGIN};
+use hyper::header::{HOST, ORIGIN};
 
-/// The cookie the page's first load sets.
-pub const COOKIE_NAME: &str = "lw-cockpit-token";
-/// The header scripts send the token in.
-pub const TOKEN_HEADER: &str = "x-lw-token";
+/// The header a tab sends its secret in.
+pub const SESSION_HEADER: &str = "x-lw-session";
+/// How long a ticket can be traded after it was made.
+pub const TICKET_LIFE: Duration = Duration::from_secs(600);
+/// Tickets not yet traded, and tabs' secrets, kept at most: the oldest
+/// goes first (a secret is made only by trading a ticket, and a ticket
+/// only at start, on SIGUSR1 or by a tab that holds a secret).
+const MAX_KEYS: usize = 64;
 
 /// The verdict on one request.
 #[derive(Debug, PartialEq, Eq)]
@@ -34,74 +55,156 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// The token a request carries in its cookie.
-fn cookie_token(h: &HeaderMap) -> Option<&str> {
-    h.get_all(COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .find_map(|c| c.trim().strip_prefix(COOKIE_NAME)?.strip_prefix('='))
+/// 128 random bits as hex.
+pub fn new_secret() -> String {
+    format!("{:032x}", crate::id::random128())
 }
 
-/// The `token=` parameter of a query string.
-pub fn query_token(query: Option<&str>) -> Option<&str> {
-    query?.split('&').find_map(|p| p.strip_prefix("token="))
+/// The tickets and the tabs' secrets of one server.
+#[derive(Default)]
+pub struct Access {
+    keys: Mutex<Keys>,
 }
 
-/// The hosts this server answers to: `127.0.0.1:PORT`, `localhost:PORT`.
-fn host_ok(h: &HeaderMap, port: u16) -> bool {
-    let Some(host) = h.get(HOST).and_then(|v| v.to_str().ok()) else {
-        return false;
-    };
-    [format!("127.0.0.1:{port}"), format!("localhost:{port}")]
-        .iter()
-        .any(|ok| host.eq_ignore_ascii_case(ok))
+#[derive(Default)]
+struct Keys {
+    tickets: VecDeque<(String, Instant)>,
+    sessions: VecDeque<String>,
 }
 
-/// The request comes from this server's own pages, as far as the browser says.
-fn same_origin(h: &HeaderMap, port: u16) -> bool {
-    let origin_ok = h.get(ORIGIN).is_none_or(|o| {
-        o.to_str().is_ok_and(|o| {
-            o == format!("http://127.0.0.1:{port}") || o == format!("http://localhost:{port}")
-        })
-    });
-    let site_ok = h
-        .get("sec-fetch-site")
-        .is_none_or(|s| s == "same-origin" || s == "none");
-    origin_ok && site_ok
+impl Access {
+    fn keys(&self) -> std::sync::MutexGuard<'_, Keys> {
+        // A panic while holding it leaves nothing half-written.
+        self.keys.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new ticket: good for one trade within [`TICKET_LIFE`].
+    pub fn ticket(&self) -> String {
+        let t = new_secret();
+        let mut k = self.keys();
+        k.tickets.retain(|(_, at)| at.elapsed() < TICKET_LIFE);
+        if k.tickets.len() >= MAX_KEYS {
+            k.tickets.pop_front();
+        }
+        k.tickets.push_back((t.clone(), Instant::now()));
+        t
+    }
+
+    /// Trades `ticket` for a new tab's secret; None when it is not one of
+    /// ours, was traded already, or is older than [`TICKET_LIFE`].
+    pub fn trade(&self, ticket: &str) -> Option<String> {
+        let mut k = self.keys();
+        // Every ticket is compared, each in constant time.
+        let hit = k
+            .tickets
+            .iter()
+            .enumerate()
+            .fold(None, |hit, (i, (t, _))| {
+                if same(t.as_bytes(), ticket.as_bytes()) {
+                    Some(i)
+                } else {
+                    hit
+                }
+            })?;
+        let (_, at) = k.tickets.remove(hit)?;
+        if at.elapsed() >= TICKET_LIFE {
+            return None;
+        }
+        let s = new_secret();
+        if k.sessions.len() >= MAX_KEYS {
+            k.sessions.pop_front();
+        }
+        k.sessions.push_back(s.clone());
+        Some(s)
+    }
+
+    /// True when `secret` is a tab's.
+    pub fn session(&self, secret: &str) -> bool {
+        self.keys()
+            .sessions
+            .iter()
+            .fold(false, |ok, s| ok | same(s.as_bytes(), secret.as_bytes()))
+    }
 }
 
-/// Judges a request: `path` without query, `query_tok` the `?token=` it
-/// carries, `changes` true for a request that changes state.
-pub fn judge(
-    h: &HeaderMap,
-    port: u16,
-    token: &str,
-    path: &str,
-    query_tok: Option<&str>,
-    changes: bool,
-) -> Verdict {
-    if !host_ok(h, port) {
+/// Where this server listens, as a browser names it.
+pub struct Here {
+    pub addr: SocketAddr,
+}
+
+impl Here {
+    /// The `Host` values that name this server: its address and port
+    /// (`127.0.0.2:PORT`, `[::1]:PORT`), and `localhost:PORT` when the
+    /// address is the one localhost names.
+    fn hosts(&self) -> Vec<String> {
+        let mut v = vec![self.addr.to_string()];
+        let localhost = match self.addr.ip() {
+            IpAddr::V4(ip) => ip == std::net::Ipv4Addr::LOCALHOST,
+            IpAddr::V6(ip) => ip == std::net::Ipv6Addr::LOCALHOST,
+        };
+        if localhost {
+            v.push(format!("localhost:{}", self.addr.port()));
+        }
+        v
+    }
+
+    fn host_ok(&self, h: &HeaderMap) -> bool {
+        let Some(host) = h.get(HOST).and_then(|v| v.to_str().ok()) else {
+            return false;
+        };
+        self.hosts().iter().any(|ok| host.eq_ignore_ascii_case(ok))
+    }
+
+    /// The request comes from this server's own pages, as far as the
+    /// browser says.
+    fn same_origin(&self, h: &HeaderMap) -> bool {
+        let origin_ok = h.get(ORIGIN).is_none_or(|o| {
+            o.to_str().is_ok_and(|o| {
+                self.hosts()
+                    .iter()
+                    .any(|ok| o.eq_ignore_ascii_case(&format!("http://{ok}")))
+            })
+        });
+        let site_ok = h
+            .get("sec-fetch-site")
+            .is_none_or(|s| s == "same-origin" || s == "none");
+        origin_ok && site_ok
+    }
+
+    /// The page's address, with `ticket` in its fragment.
+    pub fn url(&self, ticket: &str) -> String {
+        format!("http://{}/#ticket={ticket}", self.addr)
+    }
+}
+
+/// What needs no credential: the page, its script and style.
+const PUBLIC: &[&str] = &["/", "/app.js", "/app.css", "/favicon.ico"];
+/// Where a ticket is traded: the ticket in the body is the credential.
+pub const TRADE: &str = "/api/session";
+
+/// Judges a request: `path` without query, `changes` true for a request
+/// that changes state.  Cookies are never looked at.
+pub fn judge(h: &HeaderMap, here: &Here, access: &Access, path: &str, changes: bool) -> Verdict {
+    if !here.host_ok(h) {
         return Verdict::Deny("the Host header does not name this server");
     }
-    if !changes && matches!(path, "/app.js" | "/app.css" | "/favicon.ico") {
+    if !changes && PUBLIC.contains(&path) {
         return Verdict::Allow;
     }
-    let header = h.get(TOKEN_HEADER).and_then(|v| v.to_str().ok());
-    let has = |t: Option<&str>| t.is_some_and(|t| same(t.as_bytes(), token.as_bytes()));
-    if changes {
-        if !has(header) {
-            return Verdict::Deny("a change needs the token in the x-lw-token header");
-        }
-        if !same_origin(h, port) {
-            return Verdict::Deny("a change must come from this page's own origin");
-        }
+    if changes && !here.same_origin(h) {
+        return Verdict::Deny("a change must come from this page's own origin");
+    }
+    if changes && path == TRADE {
         return Verdict::Allow;
     }
-    if has(header) || has(cookie_token(h)) || (path == "/" && has(query_tok)) {
+    let secret = h.get(SESSION_HEADER).and_then(|v| v.to_str().ok());
+    if secret.is_some_and(|s| access.session(s)) {
         Verdict::Allow
     } else {
-        Verdict::Deny("no valid token: open the URL lw-cockpit printed")
+        Verdict::Deny(
+            "no valid x-lw-session header: open a URL lw-cockpit printed \
+             (each works once; kill -USR1 its pid prints another)",
+        )
     }
 }
 
@@ -118,89 +221,125 @@ mod tests {
     }
 
     #[test]
-    fn the_token_host_and_origin_rules() {
-        let t = "abc123";
+    fn a_ticket_is_traded_once_for_a_secret() {
+        let a = Access::default();
+        let t = a.ticket();
+        assert_eq!(t.len(), 32);
+        assert!(a.trade("0123456789abcdef0123456789abcdef").is_none());
+        assert!(!a.session(&t), "a ticket is not a secret");
+        let s = a.trade(&t).expect("a fresh ticket trades");
+        assert!(a.session(&s) && s != t);
+        assert!(a.trade(&t).is_none(), "twice");
+        let (t1, t2) = (a.ticket(), a.ticket());
+        let (s1, s2) = (a.trade(&t2).unwrap(), a.trade(&t1).unwrap());
+        assert!(a.session(&s1) && a.session(&s2) && a.session(&s) && s1 != s2);
+        assert!(!a.session("") && !a.session(&s[..31]));
+    }
+
+    #[test]
+    fn an_old_ticket_does_not_trade() {
+        let a = Access::default();
+        let t = a.ticket();
+        a.keys().tickets[0].1 -= TICKET_LIFE;
+        assert!(a.trade(&t).is_none());
+        assert!(a.keys().tickets.is_empty(), "and is gone");
+    }
+
+    #[test]
+    fn the_session_host_and_origin_rules() {
+        let a = Access::default();
+        let s = a.trade(&a.ticket()).unwrap();
+        let here = Here {
+            addr: "127.0.0.1:8000".parse().unwrap(),
+        };
         let host = ("host", "127.0.0.1:8000");
-        let allow = Verdict::Allow;
-        // (headers, path, ?token=, a change, allowed)
-        type Case<'a> = (
-            &'a [(&'static str, &'a str)],
-            &'a str,
-            Option<&'a str>,
-            bool,
-            bool,
-        );
-        let cases: &[Case] = &[
-            (&[host], "/", Some("abc123"), false, true),
-            (&[host], "/", Some("abc124"), false, false),
-            (&[host], "/", None, false, false),
-            (&[host], "/api/log", Some("abc123"), false, false),
+        let cookie = format!("lw-cockpit-token={s}; x-lw-session={s}");
+        // (headers, path, a change, allowed)
+        type Case<'a> = (Vec<(&'static str, &'a str)>, &'a str, bool, bool);
+        let cases: Vec<Case> = vec![
+            (vec![host], "/", false, true),
+            (vec![host], "/app.js", false, true),
+            (vec![("host", "localhost:8000")], "/", false, true),
+            (vec![("host", "evil.example:8000")], "/", false, false),
+            (vec![("host", "127.0.0.1:8001")], "/", false, false),
+            (vec![host], "/api/log", false, false),
+            (vec![host, ("x-lw-session", &s)], "/api/log", false, true),
             (
-                &[host, ("cookie", "a=b; lw-cockpit-token=abc123")],
+                vec![host, ("x-lw-session", "abc")],
                 "/api/log",
-                None,
-                false,
-                true,
-            ),
-            (&[host], "/app.js", None, false, true),
-            (
-                &[("host", "evil.example:8000")],
-                "/",
-                Some("abc123"),
                 false,
                 false,
             ),
+            (vec![host, ("cookie", &cookie)], "/api/log", false, false),
+            (vec![host, ("cookie", &cookie)], "/api/events", false, false),
+            (vec![host, ("x-lw-session", &s)], "/api/answer", true, true),
+            (vec![host, ("cookie", &cookie)], "/api/answer", true, false),
             (
-                &[host, ("cookie", "lw-cockpit-token=abc123")],
-                "/api/answer",
-                None,
-                true,
-                false,
-            ),
-            (
-                &[host, ("x-lw-token", "abc123")],
-                "/api/answer",
-                None,
-                true,
-                true,
-            ),
-            (
-                &[
+                vec![
                     host,
-                    ("x-lw-token", "abc123"),
+                    ("x-lw-session", &s),
                     ("origin", "http://evil.example"),
                 ],
                 "/api/answer",
-                None,
                 true,
                 false,
             ),
             (
-                &[
-                    host,
-                    ("x-lw-token", "abc123"),
-                    ("sec-fetch-site", "cross-site"),
-                ],
+                vec![host, ("x-lw-session", &s), ("origin", "http://127.0.0.1:9")],
                 "/api/answer",
-                None,
                 true,
                 false,
             ),
             (
-                &[
+                vec![host, ("x-lw-session", &s), ("sec-fetch-site", "same-site")],
+                "/api/answer",
+                true,
+                false,
+            ),
+            (
+                vec![
                     host,
-                    ("x-lw-token", "abc123"),
+                    ("x-lw-session", &s),
                     ("origin", "http://127.0.0.1:8000"),
                 ],
                 "/api/answer",
-                None,
                 true,
                 true,
             ),
+            (vec![host], TRADE, true, true),
+            (
+                vec![host, ("origin", "http://127.0.0.1:9")],
+                TRADE,
+                true,
+                false,
+            ),
+            (vec![host], TRADE, false, false),
         ];
-        for (h, path, q, changes, ok) in cases {
-            let v = judge(&headers(h), 8000, t, path, *q, *changes);
-            assert_eq!(v == allow, *ok, "{h:?} {path} {q:?} {changes}: {v:?}");
+        for (h, path, changes, ok) in &cases {
+            let v = judge(&headers(h), &here, &a, path, *changes);
+            assert_eq!(v == Verdict::Allow, *ok, "{h:?} {path} {changes}: {v:?}");
         }
+    }
+
+    #[test]
+    fn another_loopback_address_is_named_as_it_is() {
+        let a = Access::default();
+        let here = Here {
+            addr: "127.0.0.2:8000".parse().unwrap(),
+        };
+        for (host, ok) in [
+            ("127.0.0.2:8000", true),
+            ("127.0.0.1:8000", false),
+            ("localhost:8000", false),
+        ] {
+            let v = judge(&headers(&[("host", host)]), &here, &a, "/", false);
+            assert_eq!(v == Verdict::Allow, ok, "{host}");
+        }
+        let six = Here {
+            addr: "[::1]:8000".parse().unwrap(),
+        };
+        assert_eq!(six.url("t"), "http://[::1]:8000/#ticket=t");
+        let h = headers(&[("host", "[::1]:8000"), ("origin", "http://[::1]:8000")]);
+        assert_eq!(judge(&h, &six, &a, TRADE, true), Verdict::Allow);
     }
 }

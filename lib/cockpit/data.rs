@@ -4,9 +4,12 @@
 //!
 //! Everything here is read fresh on each request: the directories are the
 //! truth (as for the mediator), and a request costs one directory listing
-//! plus the files it shows, never the whole log.  The log is paged by entry
-//! name, newest first; names start with the message id, whose fixed-width
-//! time prefix makes name order time order (lib/id.rs).
+//! plus the files it shows, never the whole log.  The log is paged newest
+//! first by when each entry was logged: its file's modification time (the
+//! mediator writes an entry once, into log/new, and never touches it
+//! again; no sandbox can write there), then its name.  Not by name: a name
+//! starts with the message's id, which is when the message was made, so a
+//! message released days after it was held would land pages down.
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -160,6 +163,8 @@ pub struct LogQuery {
 #[derive(Debug, Serialize)]
 pub struct Line {
     pub name: String,
+    /// Its place in the timeline, a cursor for `LogQuery::before`.
+    pub key: String,
     pub logged: String,
     pub message_id: String,
     pub sender: String,
@@ -172,9 +177,10 @@ pub struct Line {
 }
 
 impl Line {
-    fn of(e: &Entry) -> Line {
+    fn of(e: &Entry, key: &str) -> Line {
         Line {
             name: e.name.clone(),
+            key: key.to_string(),
             logged: e.logged.clone(),
             message_id: e.message_id.clone(),
             sender: e.sender.clone(),
@@ -209,43 +215,61 @@ pub struct Page {
     pub total: usize,
 }
 
-/// The names in `log/new/`, newest first (dot names and names that are
-/// not UTF-8 are not entries the mediator writes, so they are left out).
-fn names_newest_first(log: &Log) -> Result<Vec<String>> {
+/// The names in `log/new/`, in no order (dot names and names that are not
+/// UTF-8 are not entries the mediator writes, so they are left out).
+fn names(log: &Log) -> Result<Vec<String>> {
     let names = match log.dir.names(Sub::New) {
         Ok(n) => n,
         Err(e) if e.exit == Exit::NoInput && !log.dir.sub(Sub::New).exists() => vec![],
         Err(e) => return Err(e),
     };
-    let mut v: Vec<String> = names
+    let v: Vec<String> = names
         .into_iter()
         .filter_map(|n: OsString| n.into_string().ok())
         .filter(|n| !n.starts_with('.'))
         .collect();
-    v.sort_unstable_by(|a, b| b.cmp(a));
+    Ok(v)
+}
+
+/// An entry's place in the timeline as text that sorts in that order:
+/// when its file was last written, in nanoseconds, then its name.
+fn key_of(log: &Log, name: &str) -> Option<String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = log.dir.sub(Sub::New).join(name).symlink_metadata().ok()?;
+    let ns = i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec());
+    Some(format!("{:020}:{name}", ns.max(0)))
+}
+
+/// (key, name) of every entry, newest logged first.
+fn newest_first(log: &Log) -> Result<Vec<(String, String)>> {
+    let mut v: Vec<(String, String)> = names(log)?
+        .into_iter()
+        .filter_map(|n| Some((key_of(log, &n)?, n)))
+        .collect();
+    v.sort_unstable_by(|a, b| b.0.cmp(&a.0));
     Ok(v)
 }
 
 /// One page of the log (see [`LogQuery`]).
 pub fn log_page(log: &Log, q: &LogQuery) -> Result<Page> {
-    let names = names_newest_first(log)?;
+    let names = newest_first(log)?;
     let start = match &q.before {
-        // Descending order: the first name below the cursor.
-        Some(b) => names.partition_point(|n| n.as_str() >= b.as_str()),
+        // Descending order: the first key below the cursor.
+        Some(b) => names.partition_point(|(k, _)| k.as_str() >= b.as_str()),
         None => 0,
     };
     let limit = q.limit.clamp(1, MAX_PAGE);
     let mut entries = Vec::new();
     let mut next = None;
-    for (scanned, n) in names[start..].iter().enumerate() {
+    for (scanned, (k, n)) in names[start..].iter().enumerate() {
         if entries.len() == limit || scanned == MAX_SCAN {
-            next = Some(names[start + scanned - 1].clone());
+            next = Some(names[start + scanned - 1].0.clone());
             break;
         }
         let Ok(e) = log.read(std::ffi::OsStr::new(n)) else {
             continue;
         };
-        let line = Line::of(&e);
+        let line = Line::of(&e, k);
         if line.matches(q) {
             entries.push(line);
         }
@@ -265,11 +289,51 @@ pub fn entry(log: &Log, name: &str) -> Option<Entry> {
     log.read(std::ffi::OsStr::new(name)).ok()
 }
 
-/// The human and held queues.
-pub fn queues(root: &Root) -> Result<Value> {
+/// The human and held queues, each message with its recipients and body,
+/// so a person sees what they answer or release: as the log keeps them,
+/// and for a held message (whose log entry has no body) from the held
+/// copy with the secret values the door knows masked by `mask`.
+pub fn queues(root: &Root, mask: &dyn Fn(&mut String)) -> Result<Value> {
+    use crate::log::Action;
+    use crate::maildir::Found;
     let log = Log::new(root.log_dir());
-    let human = crate::operator::queue(root, &log, false)?;
-    let held = crate::operator::queue(root, &log, true)?;
+    let mut held_bodies = std::collections::HashMap::new();
+    if let Ok(found) = root.held().scan(Sub::New) {
+        for f in found {
+            if let Found::Message(m) = f.found {
+                held_bodies.insert(m.id, m.body);
+            }
+        }
+    }
+    let with_message =
+        |items: Vec<crate::operator::Queued>, action: Action| -> Result<Vec<Value>> {
+            items
+                .into_iter()
+                .map(|q| {
+                    let m = [action, Action::Release, Action::Forward]
+                        .into_iter()
+                        .find_map(|a| {
+                            log.read(std::ffi::OsStr::new(&Entry::name_for(&q.id, a, None)))
+                                .ok()
+                        })
+                        .and_then(|e| e.message);
+                    let body = match held_bodies.get(&q.id) {
+                        Some(b) if action == Action::Hold => {
+                            let mut b = b.clone();
+                            mask(&mut b);
+                            Some(b)
+                        }
+                        _ => m.as_ref().map(|m| m.body.clone()),
+                    };
+                    let mut v = serde_json::to_value(&q)?;
+                    v["to"] = json!(m.map(|m| m.to).unwrap_or_default());
+                    v["body"] = json!(body);
+                    Ok(v)
+                })
+                .collect()
+        };
+    let human = with_message(crate::operator::queue(root, &log, false)?, Action::Escalate)?;
+    let held = with_message(crate::operator::queue(root, &log, true)?, Action::Hold)?;
     Ok(json!({ "human": human, "held": held }))
 }
 
@@ -282,7 +346,7 @@ pub const SYNC_ERROR_NOT_KEPT: &str = "lw-sync does not keep its last error in i
 /// its issue's address) the entries synced and the parts of a comment in
 /// flight, and how many log entries no target holds yet; `null` when
 /// lw-sync never ran.
-pub fn sync_state(root: &Root) -> Value {
+pub fn sync_state(root: &Root, web: Option<&str>) -> Value {
     let path = crate::sync::state_path(root);
     let st = match crate::sync::load_state(&path) {
         Ok((st, _)) => st,
@@ -297,7 +361,7 @@ pub fn sync_state(root: &Root) -> Value {
         .map(|(t, s)| {
             json!({
                 "target": t,
-                "url": issue_url(t),
+                "url": web.and_then(|w| issue_url(w, t)),
                 "synced": s.synced.len(),
                 "in_flight": s.pending.as_ref().map_or(0, |p| p.items.len()),
                 "reconciled": s.reconciled,
@@ -305,7 +369,7 @@ pub fn sync_state(root: &Root) -> Value {
         })
         .collect();
     let log = Log::new(root.log_dir());
-    let not_synced = names_newest_first(&log).ok().map(|names| {
+    let not_synced = names(&log).ok().map(|names| {
         names
             .iter()
             .filter(|n| !st.targets.values().any(|t| t.synced.contains_key(*n)))
@@ -320,9 +384,31 @@ pub fn sync_state(root: &Root) -> Value {
     })
 }
 
-/// `https://github.com/OWNER/REPO/issues/N` for a target `OWNER/REPO#N`
-/// whose parts are plain names and a number; None otherwise.
-fn issue_url(target: &str) -> Option<String> {
+/// The web address of the GitHub lw-sync talks to, from its API address
+/// (`--api-url`'s sources: `$LW_GITHUB_API_URL`, else the project's
+/// `api_url`): `https://github.com` for GitHub's API, `https://HOST` for
+/// an Enterprise server's `https://HOST/api/v3`; None for any other (a
+/// local stand-in has no issue pages: no link rather than a wrong one).
+pub fn github_web(api_url: Option<&str>) -> Option<String> {
+    let api = api_url
+        .unwrap_or("https://api.github.com")
+        .trim_end_matches('/');
+    let host = api.strip_prefix("https://")?;
+    let plain = |h: &str| {
+        !h.is_empty()
+            && h.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b':'))
+    };
+    if host.eq_ignore_ascii_case("api.github.com") {
+        return Some("https://github.com".into());
+    }
+    let host = host.strip_suffix("/api/v3")?;
+    plain(host).then(|| format!("https://{host}"))
+}
+
+/// `WEB/OWNER/REPO/issues/N` for a target `OWNER/REPO#N` whose parts are
+/// plain names and a number; None otherwise.
+fn issue_url(web: &str, target: &str) -> Option<String> {
     let (repo, n) = target.rsplit_once('#')?;
     let (owner, name) = repo.split_once('/')?;
     let plain = |s: &str| {
@@ -331,7 +417,7 @@ fn issue_url(target: &str) -> Option<String> {
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
     };
     (plain(owner) && plain(name) && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| format!("https://github.com/{owner}/{name}/issues/{n}"))
+        .then(|| format!("{web}/{owner}/{name}/issues/{n}"))
 }
 
 /// The radar's pairs with a non-empty announced set (ROOT/state/radar.json);
@@ -396,6 +482,28 @@ mod tests {
     }
 
     #[test]
+    fn the_issue_link_follows_the_api_url() {
+        for (api, web) in [
+            (None, Some("https://github.com")),
+            (Some("https://api.github.com/"), Some("https://github.com")),
+            (
+                Some("https://ghe.example.com/api/v3"),
+                Some("https://ghe.example.com"),
+            ),
+            (Some("http://127.0.0.1:9/"), None),
+            (Some("https://evil.example/x/api/v3"), None),
+            (Some("https://a b/api/v3"), None),
+        ] {
+            assert_eq!(github_web(api).as_deref(), web, "{api:?}");
+        }
+        assert_eq!(
+            issue_url("https://ghe.example.com", "o/r#4").as_deref(),
+            Some("https://ghe.example.com/o/r/issues/4")
+        );
+        assert_eq!(issue_url("https://github.com", "o/r#x"), None);
+    }
+
+    #[test]
     fn pages_go_newest_first_and_filters_apply() {
         let d = std::env::temp_dir().join(format!("lw-cockpit-data-{}", crate::id::new_id()));
         std::fs::create_dir_all(&d).unwrap();
@@ -446,6 +554,20 @@ mod tests {
             .collect();
         assert_eq!(got, vec![ids[2].clone(), ids[0].clone()]);
         assert!(entry(&log, "../x").is_none());
+        // A message made before all of them, logged after them (a release
+        // of an old held message): first, by when it was logged.
+        let old = crate::id::id_at(std::time::Duration::from_secs(1_600_000_000), 9);
+        let e = entry_of(&old, "api", "web", Kind::Request);
+        log.append(&e).unwrap();
+        std::fs::File::options()
+            .append(true)
+            .open(log.dir.sub(Sub::New).join(&e.name))
+            .unwrap()
+            .set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(60))
+            .unwrap();
+        let p = log_page(&log, &q).unwrap();
+        assert_eq!(p.entries[0].message_id, old);
+        assert_eq!(p.entries[1].message_id, ids[6]);
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue, SET_COOKIE};
+use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -35,8 +35,16 @@ const INDEX: &str = include_str!("assets/index.html");
 const APP_JS: &str = include_str!("assets/app.js");
 const APP_CSS: &str = include_str!("assets/app.css");
 
-/// Serves `listener` until the process ends.
-pub fn serve(listener: std::net::TcpListener, cockpit: Cockpit) -> Result<()> {
+/// Largest request head read.  A page on another port of the same host
+/// can plant cookies for this one (which the browser then sends with every
+/// request, though they are never read here): a browser keeps at most 180
+/// of 4 KiB each for a host, and this holds them all.
+const MAX_HEAD: usize = 1024 * 1024;
+
+/// Serves `listener` until the process ends.  Each URL a person opens goes
+/// to `urls`: the first at once (once the server can take the signal), a
+/// new one on each SIGUSR1.
+pub fn serve(listener: std::net::TcpListener, cockpit: Cockpit, urls: super::Notes) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -50,6 +58,16 @@ pub fn serve(listener: std::net::TcpListener, cockpit: Cockpit) -> Result<()> {
             .map_err(|e| Error::new(Exit::Unavailable, "cannot listen").with_source(e))?;
         let listener = tokio::net::TcpListener::from_std(listener)
             .map_err(|e| Error::new(Exit::Unavailable, "cannot listen").with_source(e))?;
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut usr1 = signal(SignalKind::user_defined1())
+            .map_err(|e| Error::new(Exit::Unavailable, "cannot take SIGUSR1").with_source(e))?;
+        urls(&cockpit.url());
+        let c = cockpit.clone();
+        tokio::spawn(async move {
+            while usr1.recv().await.is_some() {
+                urls(&c.url());
+            }
+        });
         loop {
             let Ok((conn, _)) = listener.accept().await else {
                 continue;
@@ -58,6 +76,7 @@ pub fn serve(listener: std::net::TcpListener, cockpit: Cockpit) -> Result<()> {
             let svc = service_fn(move |req| answer(c.clone(), req));
             tokio::spawn(async move {
                 let _ = http1::Builder::new()
+                    .max_buf_size(MAX_HEAD)
                     .serve_connection(TokioIo::new(conn), svc)
                     .await;
             });
@@ -102,8 +121,7 @@ async fn answer(c: Arc<Cockpit>, req: Request<Incoming>) -> Result<Response<Body
     let path = req.uri().path().to_string();
     let query = req.uri().query().map(str::to_string);
     let changes = req.method() != Method::GET && req.method() != Method::HEAD;
-    let qtok = auth::query_token(query.as_deref());
-    let verdict = auth::judge(req.headers(), c.port, &c.token, &path, qtok, changes);
+    let verdict = auth::judge(req.headers(), &c.here, &c.access, &path, changes);
     let mut r = match verdict {
         Verdict::Deny(why) => full(
             StatusCode::FORBIDDEN,
@@ -111,29 +129,15 @@ async fn answer(c: Arc<Cockpit>, req: Request<Incoming>) -> Result<Response<Body
             format!("403 forbidden: {why}\n"),
         ),
         Verdict::Allow if changes => post(c, &path, req).await,
-        Verdict::Allow => get(c, &path, query.as_deref(), qtok.is_some()).await,
+        Verdict::Allow => get(c, &path, query.as_deref()).await,
     };
     harden(&mut r);
     Ok(r)
 }
 
-async fn get(c: Arc<Cockpit>, path: &str, query: Option<&str>, set_cookie: bool) -> Response<Body> {
+async fn get(c: Arc<Cockpit>, path: &str, query: Option<&str>) -> Response<Body> {
     match path {
-        "/" => {
-            let page = INDEX.replace("{{TOKEN}}", &c.token);
-            let mut r = full(StatusCode::OK, "text/html; charset=utf-8", page);
-            if set_cookie {
-                let cookie = format!(
-                    "{}={}; Path=/; HttpOnly; SameSite=Strict",
-                    auth::COOKIE_NAME,
-                    c.token
-                );
-                if let Ok(v) = HeaderValue::from_str(&cookie) {
-                    r.headers_mut().insert(SET_COOKIE, v);
-                }
-            }
-            r
-        }
+        "/" => full(StatusCode::OK, "text/html; charset=utf-8", INDEX),
         "/app.js" => full(StatusCode::OK, "text/javascript; charset=utf-8", APP_JS),
         "/app.css" => full(StatusCode::OK, "text/css; charset=utf-8", APP_CSS),
         "/favicon.ico" => full(StatusCode::NO_CONTENT, "image/x-icon", Bytes::new()),
@@ -216,11 +220,33 @@ async fn post(c: Arc<Cockpit>, path: &str, req: Request<Incoming>) -> Response<B
             &json!({ "error": "the body is not JSON" }),
         );
     };
+    match path {
+        auth::TRADE => return trade(&c, &v),
+        "/api/ticket" => return json_response(StatusCode::OK, &json!({ "url": c.url() })),
+        _ => {}
+    }
     let path = path.to_string();
     match tokio::task::spawn_blocking(move || api::post(&c, &path, &v)).await {
         Ok(Ok(Some(v))) => json_response(StatusCode::OK, &v),
         Ok(Ok(None)) => not_found(),
         Ok(Err(e)) => error_response(&e),
         Err(_) => error_response(&Error::new(Exit::Software, "the request's task failed")),
+    }
+}
+
+/// A ticket traded for a tab's secret (lib/cockpit/auth.rs).
+fn trade(c: &Cockpit, v: &Value) -> Response<Body> {
+    match v["ticket"].as_str().and_then(|t| c.access.trade(t)) {
+        Some(secret) => json_response(StatusCode::OK, &json!({ "secret": secret })),
+        None => json_response(
+            StatusCode::FORBIDDEN,
+            &json!({ "error": format!(
+                "this link was used already or is older than {} minutes: each URL lw-cockpit \
+                 prints opens the page once; for another, use \"new tab\" on a page already \
+                 open, or send lw-cockpit SIGUSR1 (kill -USR1 {}) and it prints one",
+                auth::TICKET_LIFE.as_secs() / 60,
+                std::process::id()
+            ) }),
+        ),
     }
 }

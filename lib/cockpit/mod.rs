@@ -2,7 +2,7 @@
 //! where a person sees every sandbox and every message and works the
 //! queues, live.
 //!
-//! Shape: an HTTP server on 127.0.0.1 (http.rs) answers a page, its script
+//! Shape: an HTTP server on a loopback address (http.rs) answers a page, its script
 //! and style (assets/, built into the binary: nothing is fetched from
 //! elsewhere) and a small JSON API (api.rs) that reads the root as data
 //! (data.rs, diff.rs) and runs the operator's actions exactly as
@@ -16,9 +16,11 @@
 //! names in diffs, sandbox names) is data.  The page inserts it as text
 //! (`textContent`), never as markup; the Content-Security-Policy allows
 //! only this origin's own script (no inline script, no eval), so markup
-//! that slipped through would still not run.  Access: a random token
-//! printed in the URL, as Jupyter does, a Host check, and for a change the
-//! token in a header plus a same-origin check (auth.rs).
+//! that slipped through would still not run.  Access: the printed URL
+//! carries a one-time ticket that the page trades for a secret of its tab,
+//! sent in a header, never a cookie (a browser sends cookies to every port
+//! of the host, sandboxes' included); a Host check; and for a change a
+//! same-origin check (auth.rs).
 
 mod actions;
 mod api;
@@ -29,8 +31,8 @@ mod events;
 pub mod http;
 mod live;
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::path::PathBuf;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Exit, Result};
 use crate::layout::Root;
@@ -41,10 +43,14 @@ pub use data::{LogQuery, MAX_PAGE, log_page};
 /// What the server holds for every request.
 pub struct Cockpit {
     pub root: Root,
-    pub token: String,
-    pub port: u16,
+    /// The tickets and the tabs' secrets.
+    pub access: auth::Access,
+    /// The address it listens on.
+    pub here: auth::Here,
     /// The person acting from the page, named in the log.
     pub operator: String,
+    /// The web address of the GitHub lw-sync posts to (data::github_web).
+    pub github_web: Option<String>,
     door: actions::Door,
     events: tokio::sync::broadcast::Sender<&'static str>,
     live: std::sync::Arc<live::Live>,
@@ -53,13 +59,11 @@ pub struct Cockpit {
 /// How to start one.
 pub struct Options {
     pub root: Root,
-    /// 0: a free port.
-    pub port: u16,
+    /// The loopback address and port to listen on (port 0: a free one).
+    pub listen: SocketAddr,
     pub operator: String,
     /// lw-mediate's `--policy` (for release and drop).
     pub policy: Option<PathBuf>,
-    /// Use this token instead of a random one (tests and benchmarks).
-    pub token: Option<String>,
     /// Where the mediator's notes go (a policy reloaded, a record skipped).
     pub report: Notes,
     /// Where the project's configuration (which engine) is looked for, as
@@ -70,17 +74,53 @@ pub struct Options {
 /// A reporter the server's threads share (the binary prints its lines).
 pub type Notes = std::sync::Arc<dyn Fn(&str) + Send + Sync>;
 
-/// A new random token: 128 bits as hex.
-pub fn new_token() -> String {
-    format!("{:032x}", crate::id::random128())
+/// The directories every mailbox root holds (lw-mediate and lw-sandbox
+/// make them); a directory without them is not one.
+const ROOT_MARKS: &[&str] = &["log", "human", "held", "sandboxes"];
+
+/// Fails with 66 when `root` is not a mailbox root: the cockpit shows a
+/// root, it does not make one in whatever directory it was pointed at.
+fn check_is_root(root: &Root) -> Result<()> {
+    root.check_exists()?;
+    let missing: Vec<&str> = ROOT_MARKS
+        .iter()
+        .copied()
+        .filter(|d| !Path::new(&root.dir).join(d).is_dir())
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(Error::new(
+        Exit::NoInput,
+        format!(
+            "'{}' is not a mailbox root (no {} in it); pass the root lw-mediate and lw-sandbox \
+             use, or make one there first with `lw-mediate --root {} --once`",
+            root.dir.display(),
+            missing
+                .iter()
+                .map(|d| format!("{d}/"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            root.dir.display()
+        ),
+    ))
 }
 
-/// Binds 127.0.0.1:PORT and starts the watchers; `serve` then answers.
+/// Binds the loopback address asked for, exactly, and starts the
+/// watchers; `serve` then answers.
 pub fn bind(o: Options) -> Result<(TcpListener, Cockpit)> {
     check_operator(&o.operator)?;
-    o.root.check_exists()?;
+    if !o.listen.ip().is_loopback() {
+        return Err(Error::usage(format!(
+            "--listen {}: lw-cockpit serves a loopback address only",
+            o.listen.ip()
+        )));
+    }
+    check_is_root(&o.root)?;
+    // A root made before a directory was added gets it, as lw-mediate's
+    // first pass would give it.
     o.root.init()?;
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, o.port));
+    let addr = o.listen;
     let listener = TcpListener::bind(addr).map_err(|e| {
         let exit = if e.kind() == std::io::ErrorKind::AddrInUse {
             Exit::TempFail
@@ -89,21 +129,27 @@ pub fn bind(o: Options) -> Result<(TcpListener, Cockpit)> {
         };
         Error::new(exit, format!("cannot listen on {addr}")).with_source(e)
     })?;
-    let port = listener
-        .local_addr()
-        .map_err(|e| Error::new(Exit::Unavailable, "cannot read the bound address").with_source(e))?
-        .port();
+    let bound = listener.local_addr().map_err(|e| {
+        Error::new(Exit::Unavailable, "cannot read the bound address").with_source(e)
+    })?;
     let events = events::start(&o.root)?;
+    // The API address as lw-sync run from here would take it.
+    let api_url = std::env::var("LW_GITHUB_API_URL").ok().or_else(|| {
+        crate::sync::Config::find(&o.project)
+            .and_then(|p| crate::sync::Config::load(&p).ok())
+            .and_then(|c| c.api_url)
+    });
+    let github_web = data::github_web(api_url.as_deref());
     let live = live::start(o.root.clone(), o.project, events.clone())
         .map_err(|e| Error::new(Exit::Unavailable, "cannot start a thread").with_source(e))?;
-    let token = o.token.unwrap_or_else(new_token);
     Ok((
         listener,
         Cockpit {
             root: o.root,
-            token,
-            port,
+            access: auth::Access::default(),
+            here: auth::Here { addr: bound },
             operator: o.operator,
+            github_web,
             door: actions::Door {
                 policy: o.policy,
                 report: o.report,
@@ -115,8 +161,9 @@ pub fn bind(o: Options) -> Result<(TcpListener, Cockpit)> {
 }
 
 impl Cockpit {
-    /// The URL a person opens: the page with the token.
+    /// A URL a person opens: the page with a new ticket, which opens it
+    /// once, within auth::TICKET_LIFE.
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/?token={}", self.port, self.token)
+        self.here.url(&self.access.ticket())
     }
 }

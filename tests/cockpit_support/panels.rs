@@ -13,8 +13,8 @@ fn wait_event(c: &Cockpit, topic: &str, secs: u64) -> bool {
     s.set_read_timeout(Some(Duration::from_secs(secs))).unwrap();
     write!(
         s,
-        "GET /api/events HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nx-lw-token: {}\r\n\r\n",
-        c.port, c.token
+        "GET /api/events HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nx-lw-session: {}\r\n\r\n",
+        c.port, c.secret
     )
     .unwrap();
     let want = format!("data: {topic}");
@@ -25,7 +25,7 @@ fn wait_event(c: &Cockpit, topic: &str, secs: u64) -> bool {
 }
 
 fn api(c: &Cockpit, path: &str) -> Value {
-    let (status, _, body) = get(c, path, &format!("x-lw-token: {}\r\n", c.token));
+    let (status, _, body) = get(c, path, &format!("x-lw-session: {}\r\n", c.secret));
     assert_eq!(status, 200, "{path}: {body}");
     serde_json::from_str(&body).unwrap()
 }
@@ -133,8 +133,8 @@ fn held_messages_released_and_dropped_through_the_api() {
     }
     assert_eq!(root.held().names(Sub::New).unwrap().len(), 2);
     let tok = format!(
-        "x-lw-token: {}\r\nOrigin: http://127.0.0.1:{}\r\n",
-        c.token, c.port
+        "x-lw-session: {}\r\nOrigin: http://127.0.0.1:{}\r\n",
+        c.secret, c.port
     );
     let (status, _, r) = post_json(&c, "/api/release", &tok, &release);
     assert_eq!(status, 200, "{r}");
@@ -256,7 +256,7 @@ fn a_pushed_branch_shows_its_diff_and_stat_with_no_engine_reachable() {
     let (status, _, diff) = get(
         &c,
         "/api/diff?sandbox=evil",
-        &format!("x-lw-token: {}\r\n", c.token),
+        &format!("x-lw-session: {}\r\n", c.secret),
     );
     assert_eq!(status, 200, "{diff}");
     for want in [
@@ -292,7 +292,7 @@ fn a_pushed_branch_shows_its_diff_and_stat_with_no_engine_reachable() {
         (&Value::from(1), &Value::from(3), &Value::from(3)),
         "{s}"
     );
-    let (status, _, _) = get(&c, "/api/log", &format!("x-lw-token: {}\r\n", c.token));
+    let (status, _, _) = get(&c, "/api/log", &format!("x-lw-session: {}\r\n", c.secret));
     assert_eq!(status, 200, "the page keeps serving");
 
     let r = browser("panels", &c, &root, &[("SANDBOX", "evil".into())]);
@@ -408,6 +408,8 @@ fn the_sync_panel_after_a_real_lw_sync_run() {
     let o = env.sync(&["--once"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let root = Root::new(env.root.clone());
+    // What lw-mediate's first pass makes of it (the sink's root has a log only).
+    root.init().unwrap();
     let c = cockpit(&root, "ada");
     let st = api(&c, "/api/state");
     let sync = &st["sync"];
@@ -451,4 +453,34 @@ fn the_sync_panel_after_a_real_lw_sync_run() {
     // Entries lw-sync has not run for yet are counted as such.
     sync_support::append_n(&env.log(), 2, "later");
     assert_eq!(api(&c, "/api/state")["sync"]["not_synced"], 2);
+
+    // The link goes where lw-sync run from here posts (issue 40 item 10):
+    // an Enterprise server named by the project's api_url; and no link
+    // for an API address with no issue pages ($LW_GITHUB_API_URL first).
+    let cfg = env.dir.join(".loopwright");
+    std::fs::create_dir_all(&cfg).unwrap();
+    std::fs::write(
+        cfg.join("sync.json"),
+        r#"{"api_url": "https://ghe.example.com/api/v3"}"#,
+    )
+    .unwrap();
+    for (extra, want) in [
+        (vec![], Some("https://ghe.example.com/octo/proj/issues/1")),
+        (vec![("LW_GITHUB_API_URL", env.url.as_str())], None),
+    ] {
+        let c = cockpit_with(&root, "ada", &[], &extra);
+        let r = browser("panels", &c, &root, &[]);
+        let links: Vec<&str> = r["links"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
+        assert_eq!(
+            links,
+            want.into_iter().collect::<Vec<_>>(),
+            "{extra:?}: {r}"
+        );
+        assert!(r["sync"].as_str().unwrap().contains("octo/proj#1"), "{r}");
+    }
 }

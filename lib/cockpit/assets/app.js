@@ -4,10 +4,17 @@
 // bidirectional overrides are shown as visible escapes, so a subject can
 // neither move the cursor of a terminal it is pasted into nor reorder
 // what the person reads.
+//
+// Access (lw-cockpit(1), SECURITY): the URL lw-cockpit printed carries a
+// one-time ticket in its fragment; the page takes it out of the address
+// bar and the history entry at once, trades it for this tab's secret,
+// keeps that in sessionStorage (this origin's, this tab's: a reload keeps
+// it, another port never sees it) and sends it in a header.  No cookie is
+// sent: every fetch says credentials "omit".
 "use strict";
 
-const token = document.querySelector('meta[name="lw-token"]').content;
-if (location.search) history.replaceState(null, "", location.pathname);
+const SESSION = "lw-cockpit-session";
+let secret = null;
 
 const $ = (id) => document.getElementById(id);
 const PAGE = 50;
@@ -34,8 +41,37 @@ function el(tag, attrs, ...kids) {
   return e;
 }
 
+// Refused for want of access: the page says how to get it back.
+class AccessError extends Error {}
+
+// This tab's secret: a ticket in the address traded for a new one, else
+// the one this tab kept.
+async function session() {
+  const m = /^#ticket=([0-9a-f]{32})$/.exec(location.hash);
+  if (location.hash || location.search) history.replaceState(null, "", location.pathname);
+  if (m) {
+    const r = await fetch("/api/session", { method: "POST", credentials: "omit", cache: "no-store",
+      headers: { "content-type": "application/json" }, body: JSON.stringify({ ticket: m[1] }) });
+    const d = await r.json().catch(() => ({}));
+    if (!r.ok) throw new AccessError(d.error || "the link's ticket was refused");
+    sessionStorage.setItem(SESSION, d.secret);
+  }
+  secret = sessionStorage.getItem(SESSION);
+  if (!secret) throw new AccessError("open the URL lw-cockpit printed: this tab has no access of its own");
+}
+
+// Access is gone (a ticket used twice, lw-cockpit restarted): say so, once.
+function denied(why) {
+  const n = $("access");
+  n.textContent = vis(why);
+  n.hidden = false;
+  document.body.dataset.access = "denied";
+  $("live").textContent = "no access";
+  $("live").className = "live off";
+}
+
 async function api(path, body) {
-  const opts = { headers: { "x-lw-token": token }, credentials: "same-origin" };
+  const opts = { headers: { "x-lw-session": secret }, credentials: "omit", cache: "no-store" };
   if (body !== undefined) {
     opts.method = "POST";
     opts.headers["content-type"] = "application/json";
@@ -44,6 +80,11 @@ async function api(path, body) {
   const r = await fetch(path, opts);
   const ctype = r.headers.get("content-type") || "";
   const data = ctype.startsWith("application/json") ? await r.json() : await r.text();
+  if (r.status === 403) {
+    const why = "this tab has no access any more (was lw-cockpit restarted?): open a new URL from it. " + String(data).trim();
+    denied(why);
+    throw new AccessError(why);
+  }
   if (!r.ok) throw new Error((data && data.error) || String(data) || r.statusText);
   return data;
 }
@@ -120,34 +161,58 @@ function engineLine(e, every) {
   }
 }
 
+// One sandbox's row.
+function sandboxRow(s, engine) {
+  const ports = el("td", {});
+  s.ports.forEach((p, i) => { if (i) ports.append(", "); ports.append(portLink(p)); });
+  const diff = el("button", { type: "button", on: { click: () => showDiff(s.name) } }, "diff");
+  const runtime = (s.listed && s.listed.runtime) || s.runtime;
+  return el("tr", { "data-name": vis(s.name) },
+    el("td", { class: "name" }, s.name + (s.host ? " @" + s.host : "")),
+    el("td", { class: "state" }, stateOf(s, engine)),
+    el("td", { class: "engine" }, (s.engine || (s.image && engine.address) || "-") + " / " + (runtime || "-")),
+    el("td", { class: "agent" }, agentOf(s)),
+    el("td", { class: "branch" }, s.branch || "-"),
+    el("td", { class: "stat" }, statOf(s)),
+    el("td", {}, s.scope.join(", ") || "-"),
+    ports,
+    el("td", {}, diff));
+}
+
+// Only rows whose sandbox changed are made again, in place: the others
+// (and the focus, a selection in them) stay as they are.
 async function loadSandboxes() {
   const d = await api("/api/sandboxes");
   state.sandboxes = d.sandboxes;
   engineLine(d.engine, d.refresh_secs);
   const body = $("sandboxes").tBodies[0];
-  clear(body);
+  const engine = { state: d.engine.state, address: d.engine.address };
+  const old = new Map(Array.from(body.rows).map((r) => [r.dataset.name, r]));
+  let at = body.firstChild;
   for (const s of d.sandboxes) {
-    const ports = el("td", {});
-    s.ports.forEach((p, i) => { if (i) ports.append(", "); ports.append(portLink(p)); });
-    const diff = el("button", { type: "button", on: { click: () => showDiff(s.name) } }, "diff");
-    const runtime = (s.listed && s.listed.runtime) || s.runtime;
-    body.append(el("tr", { "data-name": vis(s.name) },
-      el("td", { class: "name" }, s.name + (s.host ? " @" + s.host : "")),
-      el("td", { class: "state" }, stateOf(s, d.engine)),
-      el("td", { class: "engine" }, (s.engine || (s.image && d.engine.address) || "-") + " / " + (runtime || "-")),
-      el("td", { class: "agent" }, agentOf(s)),
-      el("td", { class: "branch" }, s.branch || "-"),
-      el("td", { class: "stat" }, statOf(s)),
-      el("td", {}, s.scope.join(", ") || "-"),
-      ports,
-      el("td", {}, diff)));
+    const sig = JSON.stringify([s, engine]);
+    let row = old.get(vis(s.name));
+    if (!row || row.lwSig !== sig) {
+      const fresh = sandboxRow(s, d.engine);
+      fresh.lwSig = sig;
+      if (row) row.replaceWith(fresh);
+      if (at === row) at = fresh;
+      row = fresh;
+    }
+    old.delete(vis(s.name));
+    if (row !== at) body.insertBefore(row, at);
+    at = row.nextSibling;
   }
+  for (const r of old.values()) r.remove();
   $("sandbox-count").textContent = "(" + d.sandboxes.length + ")";
   const sel = $("filter-sandbox");
-  const keep = sel.value;
-  while (sel.options.length > 1) sel.remove(1);
-  for (const s of d.sandboxes) sel.append(el("option", { value: s.name }, s.name));
-  sel.value = keep;
+  const names = d.sandboxes.map((s) => s.name);
+  if (JSON.stringify(names) !== JSON.stringify(Array.from(sel.options).slice(1).map((o) => o.value))) {
+    const keep = sel.value;
+    while (sel.options.length > 1) sel.remove(1);
+    for (const n of names) sel.append(el("option", { value: n }, n));
+    sel.value = keep;
+  }
 }
 
 function logQuery(before) {
@@ -160,7 +225,14 @@ function logQuery(before) {
 
 function logRow(e) {
   const to = e.to.length ? e.to.join(", ") : "-";
-  return el("tr", { "data-name": vis(e.name), class: "entry", on: { click: () => showEntry(e.name) } },
+  // Reached with Tab, opened with Enter or Space, as a button would be.
+  const open = (ev) => {
+    if (ev.type === "keydown" && ev.key !== "Enter" && ev.key !== " ") return;
+    ev.preventDefault();
+    showEntry(e.name).catch((err) => note(err.message, true));
+  };
+  return el("tr", { "data-name": vis(e.name), class: "entry", tabindex: "0",
+    "aria-label": "open " + vis(e.subject || e.kind || e.name), on: { click: open, keydown: open } },
     el("td", {}, e.logged),
     el("td", { class: "route" }, e.sender + " → " + to),
     el("td", { class: "kind" }, e.kind || "-"),
@@ -179,8 +251,8 @@ function drawLog() {
 // The newest page again; older pages already loaded stay below it.
 async function loadLog() {
   const d = await api(logQuery());
-  const last = d.entries.length ? d.entries[d.entries.length - 1].name : null;
-  const older = last && d.next ? state.log.filter((e) => e.name < last) : [];
+  const last = d.entries.length ? d.entries[d.entries.length - 1].key : null;
+  const older = last && d.next ? state.log.filter((e) => e.key < last) : [];
   state.log = d.entries.concat(older);
   if (!older.length) state.next = d.next;
   $("log-count").textContent = "(" + d.total + " entries)";
@@ -218,35 +290,48 @@ async function showDiff(name) {
   showDetail("Diff of " + name, await api("/api/diff?sandbox=" + encodeURIComponent(name)));
 }
 
-async function act(path, body, what) {
+// Runs an action once: its controls are disabled while it is sent (a
+// double click sends one), and again usable only when it failed.
+async function act(path, body, what, controls) {
+  if (controls.some((c) => c.disabled)) return;
+  for (const c of controls) c.disabled = true;
   try {
     const r = await api(path, body);
     note(what + ": " + JSON.stringify(r));
   } catch (e) {
     note(what + " failed: " + e.message, true);
+    for (const c of controls) c.disabled = false;
   }
   refresh("queues");
+}
+
+// A queued message's recipients and body (as the log keeps it), as text.
+function message(q) {
+  const to = el("div", { class: "to" }, "to: " + ((q.to || []).join(", ") || "-"));
+  const body = el("pre", { class: "body" });
+  body.textContent = q.body === null || q.body === undefined ? "(no body in the log)" : vis(q.body, true);
+  return [to, body];
 }
 
 function questionItem(q) {
   const text = el("textarea", { "aria-label": "answer", class: "answer-text" });
   const send = el("button", { type: "button", class: "answer", on: { click: () => {
-    if (text.value.trim()) act("/api/answer", { id: q.id, text: text.value }, "answered " + q.id);
+    if (text.value.trim()) act("/api/answer", { id: q.id, text: text.value }, "answered " + q.id, [send, text]);
   } } }, "answer");
   return el("li", { "data-id": vis(q.id) },
     el("div", { class: "subject" }, q.sender + ": " + q.kind + " “" + q.subject + "”"),
-    el("div", { class: "note" }, q.reason), text, send);
+    ...message(q), el("div", { class: "note" }, q.reason), text, send);
 }
 
 function heldItem(h) {
   const reason = el("input", { type: "text", placeholder: "reason to drop", class: "drop-reason" });
   const release = el("button", { type: "button", class: "release", on: { click: () =>
-    act("/api/release", { id: h.id }, "released " + h.id) } }, "release");
+    act("/api/release", { id: h.id }, "released " + h.id, [release, drop, reason]) } }, "release");
   const drop = el("button", { type: "button", class: "drop", on: { click: () =>
-    act("/api/drop", { id: h.id, reason: reason.value }, "dropped " + h.id) } }, "drop");
+    act("/api/drop", { id: h.id, reason: reason.value }, "dropped " + h.id, [release, drop, reason]) } }, "drop");
   return el("li", { "data-id": vis(h.id) },
     el("div", { class: "subject" }, h.sender + ": " + h.kind + " “" + h.subject + "”"),
-    el("div", { class: "note" }, h.reason), reason, release, drop);
+    ...message(h), el("div", { class: "note" }, h.reason), reason, release, drop);
 }
 
 async function loadQueues() {
@@ -263,9 +348,9 @@ async function loadQueues() {
 }
 
 // A link to a GitHub issue: only the address the server built from a
-// plain OWNER/REPO#N.
+// plain OWNER/REPO#N on the GitHub lw-sync posts to (its api_url's).
 function issueLink(t) {
-  if (!t.url || !/^https:\/\/github\.com\/[\w.-]+\/[\w.-]+\/issues\/[0-9]+$/.test(t.url)) return el("span", {}, t.target);
+  if (!t.url || !/^https:\/\/[A-Za-z0-9.:-]+\/[\w.-]+\/[\w.-]+\/issues\/[0-9]+$/.test(t.url)) return el("span", {}, t.target);
   return el("a", { href: t.url, rel: "noopener noreferrer", target: "_blank" }, t.target);
 }
 
@@ -292,14 +377,73 @@ async function loadState() {
 
 const LOADERS = { sandboxes: loadSandboxes, log: loadLog, queues: loadQueues, state: loadState };
 
-function listen() {
-  const es = new EventSource("/api/events");
-  es.addEventListener("open", () => { $("live").textContent = "live"; $("live").className = "live"; });
-  es.addEventListener("error", () => { $("live").textContent = "reconnecting"; $("live").className = "live off"; });
-  es.addEventListener("change", (ev) => { if (LOADERS[ev.data]) refresh(ev.data); });
+const sleep = (ms) => new Promise((ok) => setTimeout(ok, ms));
+
+// The event stream (server-sent events), read with fetch so that it carries
+// this tab's secret in a header.  A dropped stream is opened again, and
+// everything is fetched again then (what changed meanwhile was not told).
+async function listen() {
+  let wait = 250, again = false, lost = false;
+  for (;;) {
+    try {
+      const r = await fetch("/api/events", { headers: { "x-lw-session": secret }, credentials: "omit", cache: "no-store" });
+      if (r.status === 403) {
+        denied(lost ? "lw-cockpit was restarted: this tab's access ended with it; open the URL it printed when it started again"
+          : "this tab has no access any more (was lw-cockpit restarted?): open a new URL from it");
+        return;
+      }
+      if (!r.ok || !r.body) throw new Error("HTTP " + r.status);
+      $("live").textContent = "live"; $("live").className = "live"; $("live").title = "";
+      lost = false;
+      delete document.body.dataset.conn;
+      wait = 250;
+      if (again) for (const t of Object.keys(LOADERS)) refresh(t);
+      again = true;
+      const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
+      let buf = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buf += value.replace(/\r\n?/g, "\n");
+        let i;
+        while ((i = buf.indexOf("\n\n")) >= 0) {
+          const block = buf.slice(0, i);
+          buf = buf.slice(i + 2);
+          let ev = "message", data = "";
+          for (const line of block.split("\n")) {
+            if (line.startsWith("event:")) ev = line.slice(6).trim();
+            else if (line.startsWith("data:")) data += line.slice(5).trim();
+          }
+          if (ev === "change" && LOADERS[data]) refresh(data);
+        }
+      }
+    } catch (e) {
+      // The server is gone or the connection broke: try again below.
+    }
+    // Say why, and what to do: the server may be gone for good.
+    lost = true;
+    document.body.dataset.conn = "lost";
+    $("live").textContent = "reconnecting: lw-cockpit does not answer (stopped, or restarting?); trying again every " +
+      Math.ceil(Math.min(wait * 2, 4000) / 1000) + " s";
+    $("live").title = "if it was restarted, open the URL it printed then: this tab's access ended with the old one";
+    $("live").className = "live off";
+    await sleep(wait);
+    wait = Math.min(wait * 2, 4000);
+  }
+}
+
+// Another tab of its own: a new ticket, opened apart from this page.
+async function newTab() {
+  try {
+    const r = await api("/api/ticket", {});
+    window.open(r.url, "_blank", "noopener,noreferrer");
+  } catch (e) {
+    note("cannot open another tab: " + e.message, true);
+  }
 }
 
 async function start() {
+  await session();
   const meta = await api("/api/meta");
   $("root").textContent = vis(meta.root);
   $("operator").textContent = vis("acting as " + meta.operator);
@@ -309,9 +453,13 @@ async function start() {
   $("filter-kind").addEventListener("change", refilter);
   $("older").addEventListener("click", () => loadOlder().catch((e) => note(e.message, true)));
   $("detail-close").addEventListener("click", () => { $("detail-section").hidden = true; });
+  $("new-tab").addEventListener("click", newTab);
   listen();
   await Promise.all(Object.keys(LOADERS).map(refresh));
   document.body.dataset.ready = "1";
 }
 
-start().catch((e) => note("cannot start: " + e.message, true));
+start().catch((e) => {
+  if (e instanceof AccessError) denied(e.message);
+  else note("cannot start: " + e.message, true);
+});
