@@ -76,10 +76,10 @@ const CORPUS: &[Project] = &[
     p(
         "python",
         Source::Pypi,
-        "iniconfig",
-        "2.0.0",
+        "six",
+        "1.16.0",
         "python3 -m pytest -q",
-        "pyproject (hatch), src layout",
+        "setup.py only, a flat module",
     ),
     p(
         "rust",
@@ -108,10 +108,10 @@ const CORPUS: &[Project] = &[
     p(
         "python",
         Source::Pypi,
-        "six",
-        "1.16.0",
+        "more-itertools",
+        "10.5.0",
         "python3 -m pytest -q",
-        "setup.py only, a flat module",
+        "pyproject (flit), tests in the sdist",
     ),
     p(
         "rust",
