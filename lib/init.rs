@@ -56,7 +56,15 @@ const STACKS: &[(&str, &[&str])] = &[
 pub const TOOLCHAIN_SCRIPT: &str = include_str!("../runtime/toolchain.sh");
 
 /// Lockfiles the deps layer takes as inputs besides lw-build's own list.
-const MORE_DEPS_FILES: &[&str] = &["yarn.lock", "pnpm-lock.yaml", "poetry.lock", "uv.lock"];
+const MORE_DEPS_FILES: &[&str] = &[
+    "yarn.lock",
+    "pnpm-lock.yaml",
+    "poetry.lock",
+    "uv.lock",
+    "pdm.lock",
+    "setup.py",
+    "setup.cfg",
+];
 
 /// The stacks whose files are at `top`, in a fixed order.
 pub fn detect(top: &Path) -> Vec<Stack> {
