@@ -344,7 +344,9 @@ fn runtime_conf(
 /// The sandbox's environment for the stacks' toolchains and dependencies
 /// (toolchain.sh and deps.sh put them there): what is under /work (an
 /// incremental install's) comes before the image's; every tool trusts the
-/// system's authorities (the base layer's, a proxy's among them).
+/// system's authorities (the base layer's, a proxy's among them); temporary
+/// files are under /work, as /tmp is mounted noexec (rustdoc runs its
+/// doctests from there).
 const STACK_ENV: &str = "ENV PATH=/work/.venv/bin:/opt/loopwright/venv/bin:/opt/loopwright/deps/node_modules/.bin:/opt/loopwright/node/bin:/opt/loopwright/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \\
     VIRTUAL_ENV=/opt/loopwright/venv \\
     CARGO_HOME=/work/.cargo \\
@@ -360,7 +362,8 @@ const STACK_ENV: &str = "ENV PATH=/work/.venv/bin:/opt/loopwright/venv/bin:/opt/
     NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt \\
     PIP_CERT=/etc/ssl/certs/ca-certificates.crt \\
     SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \\
-    UV_NATIVE_TLS=1
+    UV_NATIVE_TLS=1 \\
+    TMPDIR=/work
 ";
 
 fn native_toolchain(stacks: &[Stack]) -> String {

@@ -144,7 +144,9 @@ fi
 
 if [ -f go.mod ] && command -v go >/dev/null; then
     if [ -n "$image" ]; then
-        GOMODCACHE=$LW/gomod GOPROXY=https://proxy.golang.org,direct GOFLAGS=-modcacherw go mod download
+        # A module with no dependency still gets its (empty) proxy.
+        mkdir -p "$LW/gomod/cache/download"
+        GOMODCACHE=$LW/gomod GOPROXY=https://proxy.golang.org,direct GOSUMDB=sum.golang.org GOFLAGS=-modcacherw go mod download
         chmod -R a+rX "$LW/gomod"
     else
         go mod download
