@@ -215,8 +215,9 @@ impl Drop for Cleanup {
     }
 }
 
-/// One project through the whole path; returns the toolchain layer's tag.
-fn run(pr: &Project) -> String {
+/// One project through the whole path; returns the toolchain layer's tag
+/// and the toolchain versions it declares.
+fn run(pr: &Project) -> (String, String) {
     let src = fetch(pr);
     let dir = std::env::temp_dir().join(format!("lw-real-{}-{}", pr.stack, nonce()));
     let repo = dir.join("repo");
@@ -322,11 +323,14 @@ fn run(pr: &Project) -> String {
             .collect::<Vec<_>>()
             .join("\n")
     );
-    toolchain
+    let declared = std::fs::read_to_string(repo.join(".loopwright/runtime/toolchain.versions"))
+        .unwrap_or_default();
+    let tag = toolchain
         .split_whitespace()
         .nth(1)
         .unwrap_or_default()
-        .to_string()
+        .to_string();
+    (tag, declared)
 }
 
 #[test]
@@ -337,7 +341,7 @@ fn one_project_per_stack() {
         .take(4)
         .filter(|p| only.is_empty() || only == p.stack)
     {
-        let tag = run(pr);
+        let (tag, _) = run(pr);
         assert!(tag.contains("-toolchain:"), "{}: no toolchain tag", pr.name);
     }
 }
@@ -346,19 +350,27 @@ fn one_project_per_stack() {
 #[ignore = "builds every stack's toolchain cold the first time (long); run where images are cached"]
 fn the_whole_corpus() {
     let only = std::env::var("LW_REAL_ONLY").unwrap_or_default();
-    let mut first: Vec<(&str, String)> = Vec::new();
+    let mut first: Vec<(&str, String, String)> = Vec::new();
     for pr in CORPUS.iter().filter(|p| only.is_empty() || only == p.stack) {
-        let tag = run(pr);
-        match first.iter().find(|(s, _)| *s == pr.stack) {
-            Some((_, t)) => {
-                println!("{}: toolchain {tag}, the stack's first {t}", pr.name);
-                assert_eq!(
-                    &tag, t,
-                    "{}: a second project of {} reuses the toolchain",
+        let (tag, declared) = run(pr);
+        // The same declared versions (toolchain.versions) are the same
+        // toolchain layer: a second project reuses it.
+        match first
+            .iter()
+            .find(|(s, _, d)| *s == pr.stack && *d == declared)
+        {
+            Some((_, t, _)) => {
+                println!(
+                    "{}: toolchain {tag}, as an earlier {} project's {t}",
                     pr.name, pr.stack
                 );
+                assert_eq!(
+                    &tag, t,
+                    "{}: the same declared toolchain is reused",
+                    pr.name
+                );
             }
-            None => first.push((pr.stack, tag)),
+            None => first.push((pr.stack, tag, declared)),
         }
     }
 }
