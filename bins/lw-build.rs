@@ -139,6 +139,23 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     // the engine is reached: an unknown key is 78 naming it.
     let config = loopwright::config::Config::load(&root.join(loopwright::config::FILE))?;
     host_authorities(&root, &config)?;
+    // The toolchain versions the project declares (lib/init/versions.rs),
+    // rewritten from its files so a changed declaration rebuilds the
+    // toolchain layer and a changed dependency does not.
+    if let Some(d) = loopwright::init::versions::sync(&root)? {
+        let list: Vec<String> = d
+            .iter()
+            .map(|x| match x.version.as_str() {
+                "" => format!("{}: none declared", x.stack),
+                v => format!("{} {v} ({})", x.stack, x.from),
+            })
+            .collect();
+        eprintln!(
+            "{PROG}: {} rewritten: {}",
+            loopwright::init::versions::FILE,
+            list.join(", ")
+        );
+    }
     let runtime = Runtime::load(&root)?;
     // Named kits are checked before anything is built (64 unknown, 78 bad).
     let kits = args

@@ -21,6 +21,8 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Exit, Result};
 use crate::image::{DEFAULT_RUNTIME, KNOWN_DEPS_FILES, RUNTIME_DIR};
 
+pub mod versions;
+
 /// Where the host keeps certificate authorities it added to the system's
 /// (Debian's `update-ca-certificates` input): a TLS-intercepting proxy's,
 /// a company's.  `build.ca = host` copies them into every build.
@@ -38,28 +40,36 @@ pub const HOST_CA_COPY: &str = ".loopwright/runtime/ca-certificates/host";
 pub struct Stack {
     pub name: &'static str,
     pub evidence: String,
-    /// Debian packages that give its toolchain.
-    pub packages: &'static [&'static str],
 }
 
-const STACKS: &[(&str, &[&str], &[&str])] = &[
-    ("rust", &["Cargo.toml"], &["cargo", "rustc"]),
-    ("node", &["package.json"], &["nodejs", "npm"]),
+const STACKS: &[(&str, &[&str])] = &[
+    ("rust", &["Cargo.toml"]),
+    ("node", &["package.json"]),
     (
         "python",
         &["pyproject.toml", "requirements.txt", "setup.py"],
-        &["python3", "python3-venv", "python3-pip"],
     ),
-    ("go", &["go.mod"], &["golang-go"]),
+    ("go", &["go.mod"]),
 ];
 
+/// The toolchain layer's script (lw init's native provider).
+pub const TOOLCHAIN_SCRIPT: &str = include_str!("../runtime/toolchain.sh");
+
 /// Lockfiles the deps layer takes as inputs besides lw-build's own list.
-const MORE_DEPS_FILES: &[&str] = &["yarn.lock", "pnpm-lock.yaml", "poetry.lock", "uv.lock"];
+const MORE_DEPS_FILES: &[&str] = &[
+    "yarn.lock",
+    "pnpm-lock.yaml",
+    "poetry.lock",
+    "uv.lock",
+    "pdm.lock",
+    "setup.py",
+    "setup.cfg",
+];
 
 /// The stacks whose files are at `top`, in a fixed order.
 pub fn detect(top: &Path) -> Vec<Stack> {
     let mut found = Vec::new();
-    for (name, files, packages) in STACKS {
+    for (name, files) in STACKS {
         let evidence = files
             .iter()
             .find(|f| top.join(f).is_file())
@@ -70,11 +80,7 @@ pub fn detect(top: &Path) -> Vec<Stack> {
                     .flatten()
             });
         if let Some(evidence) = evidence {
-            found.push(Stack {
-                name,
-                evidence,
-                packages,
-            });
+            found.push(Stack { name, evidence });
         }
     }
     found
@@ -101,10 +107,44 @@ pub fn deps_inputs(top: &Path) -> Vec<String> {
         .filter(|f| top.join(f).is_file())
         .map(|f| f.to_string())
         .collect();
-    for r in requirements(top) {
+    for r in requirements(top)
+        .into_iter()
+        .chain(members(top, Path::new(""), "Cargo.toml", 3))
+    {
         if !v.contains(&r) {
             v.push(r);
         }
+    }
+    v
+}
+
+/// `name` in the directories below `top` (not at its top), `depth` levels
+/// down at most, sorted: a workspace's member manifests.  Only when `top`
+/// has one itself; build output, dependencies and dot-directories are not
+/// looked into, nor are symbolic links followed.
+fn members(top: &Path, rel: &Path, name: &str, depth: usize) -> Vec<String> {
+    if depth == 0 || (rel.as_os_str().is_empty() && !top.join(name).is_file()) {
+        return Vec::new();
+    }
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(top.join(rel))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| !n.starts_with('.') && !matches!(n.as_str(), "target" | "node_modules"))
+        .map(|n| rel.join(n))
+        .collect();
+    dirs.sort();
+    let mut v = Vec::new();
+    for d in dirs {
+        let m = d.join(name);
+        if top.join(&m).is_file()
+            && let Some(s) = m.to_str()
+        {
+            v.push(s.to_string());
+        }
+        v.extend(members(top, &d, name, depth - 1));
     }
     v
 }
@@ -196,17 +236,20 @@ pub fn plan(top: &Path, o: &Options) -> Result<Plan> {
         .into_iter()
         .find(|f| top.join(f).is_file())
         .map(str::to_string);
+    let names: Vec<&str> = stacks.iter().map(|s| s.name).collect();
+    let toolchain = mise
+        .is_none()
+        .then(|| versions::render(&versions::declared(top, &names)));
     let mut files = Vec::new();
     for (name, text, mode) in DEFAULT_RUNTIME {
         let path = format!("{RUNTIME_DIR}/{name}");
         let text = match *name {
-            "runtime.conf" => runtime_conf(text, &o.from, &deps, mise.is_some(), &stacks),
+            "runtime.conf" => runtime_conf(text, &o.from, &deps, mise.is_none(), &stacks),
             "toolchain.Dockerfile" if mise.is_none() => native_toolchain(&stacks),
             "mise.toml" => match &mise {
                 Some(f) => mise_tools(top, f)?,
                 None => continue,
             },
-            "deps.sh" => format!("{text}{DEPS_GO}"),
             _ => text.to_string(),
         };
         files.push(File {
@@ -214,6 +257,20 @@ pub fn plan(top: &Path, o: &Options) -> Result<Plan> {
             bytes: text.into_bytes(),
             mode: *mode,
         });
+        if *name == "toolchain.Dockerfile"
+            && let Some(declared) = &toolchain
+        {
+            files.push(File {
+                path: format!("{RUNTIME_DIR}/toolchain.sh"),
+                bytes: TOOLCHAIN_SCRIPT.as_bytes().to_vec(),
+                mode: 0o755,
+            });
+            files.push(File {
+                path: versions::FILE.to_string(),
+                bytes: declared.clone().into_bytes(),
+                mode: 0o644,
+            });
+        }
     }
     for (name, pem) in &o.authorities {
         files.push(File {
@@ -253,19 +310,11 @@ pub fn plan(top: &Path, o: &Options) -> Result<Plan> {
     })
 }
 
-/// Go modules, added to the default deps.sh (whose own cases are npm, pip
-/// and cargo).
-const DEPS_GO: &str = "if [ -f go.mod ] && command -v go >/dev/null; then
-    go mod download
-    echo \"deps.sh: go modules downloaded\"
-fi
-";
-
 fn runtime_conf(
     template: &str,
     from: &str,
     deps: &[String],
-    mise: bool,
+    native: bool,
     stacks: &[Stack],
 ) -> String {
     let mut text = template.replace("@FROM@", from);
@@ -274,39 +323,61 @@ fn runtime_conf(
         let _ = writeln!(extra, "    input {i}");
     }
     text = text.replace("@DEPS_INPUTS@\n", &extra);
-    if !mise {
+    if native {
         let names: Vec<&str> = stacks.iter().map(|s| s.name).collect();
+        let layer = format!(
+            "# Language toolchains for {}, at the versions the project declares\n# (toolchain.versions, which lw-build rewrites from the project's files;\n# toolchain.sh says where each comes from; see lw-build(1) to switch to\n# mise).\nlayer toolchain\n    dockerfile .loopwright/runtime/toolchain.Dockerfile\n    provider native\n    input .loopwright/runtime/toolchain.sh .loopwright/runtime/toolchain.versions\n",
+            if names.is_empty() {
+                "no stack found".to_string()
+            } else {
+                names.join(", ")
+            }
+        );
         text = text.replace(
             "# Language toolchains, as declared in mise.toml.\nlayer toolchain\n    dockerfile .loopwright/runtime/toolchain.Dockerfile\n    provider mise 2026.9.15\n    input .loopwright/runtime/mise.toml\n",
-            &format!(
-                "# Language toolchains: Debian's packages for {} (lw init; edit\n# toolchain.Dockerfile, or switch to mise: see lw-build(1)).\nlayer toolchain\n    dockerfile .loopwright/runtime/toolchain.Dockerfile\n    provider native\n",
-                if names.is_empty() {
-                    "no stack found".to_string()
-                } else {
-                    names.join(", ")
-                }
-            ),
+            &layer,
         );
     }
     text
 }
 
+/// The sandbox's environment for the stacks' toolchains and dependencies
+/// (toolchain.sh and deps.sh put them there): what is under /work (an
+/// incremental install's) comes before the image's; every tool trusts the
+/// system's authorities (the base layer's, a proxy's among them); temporary
+/// files are under /work, as /tmp is mounted noexec (rustdoc runs its
+/// doctests from there).
+const STACK_ENV: &str = "ENV PATH=/work/.venv/bin:/opt/loopwright/venv/bin:/opt/loopwright/deps/node_modules/.bin:/opt/loopwright/node/bin:/opt/loopwright/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \\
+    VIRTUAL_ENV=/opt/loopwright/venv \\
+    CARGO_HOME=/work/.cargo \\
+    GOMODCACHE=/work/.cache/go-mod \\
+    GOCACHE=/work/.cache/go-build \\
+    GOPROXY=file:///opt/loopwright/gomod/cache/download \\
+    GOSUMDB=off \\
+    GOTOOLCHAIN=local \\
+    GOFLAGS=-modcacherw \\
+    npm_config_cache=/work/.cache/npm \\
+    npm_config_update_notifier=false \\
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \\
+    NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt \\
+    PIP_CERT=/etc/ssl/certs/ca-certificates.crt \\
+    SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \\
+    UV_NATIVE_TLS=1 \\
+    TMPDIR=/work
+";
+
 fn native_toolchain(stacks: &[Stack]) -> String {
-    let mut pkgs: Vec<&str> = stacks
-        .iter()
-        .flat_map(|s| s.packages.iter().copied())
-        .collect();
-    pkgs.dedup();
-    let install = if pkgs.is_empty() {
+    let names: Vec<&str> = stacks.iter().map(|s| s.name).collect();
+    let install = if names.is_empty() {
         "# No stack was found: nothing to install yet.\nRUN true\n".to_string()
     } else {
         format!(
-            "RUN set -eu; export DEBIAN_FRONTEND=noninteractive; \\\n    apt-get update; \\\n    apt-get install -y --no-install-recommends {}; \\\n    rm -rf /var/lib/apt/lists/*\n",
-            pkgs.join(" ")
+            "COPY . /opt/loopwright/toolchain/\nRUN sh /opt/loopwright/toolchain/.loopwright/runtime/toolchain.sh /opt/loopwright/toolchain {}\n",
+            names.join(" ")
         )
     };
     format!(
-        "# Toolchain layer (written by lw init): Debian's packages for the stacks\n# it found, from the package registry sandboxes' builds can reach.\nARG LW_PARENT\nFROM ${{LW_PARENT}}\n{install}"
+        "# Toolchain layer (written by lw init): toolchain.sh installs each stack's\n# toolchain at the version its declared inputs name, from the sources an\n# image build can reach (Debian's package registry, the npm registry, the Go\n# module proxy); the build log and lw doctor say what it took instead where\n# a declared version cannot be had.\nARG LW_PARENT\nFROM ${{LW_PARENT}}\n{install}{STACK_ENV}"
     )
 }
 
@@ -438,37 +509,37 @@ mod tests {
                 &[("Cargo.toml", ""), ("Cargo.lock", "")],
                 &["rust"],
                 &["Cargo.toml", "Cargo.lock"],
-                "cargo rustc",
+                "toolchain rust\n",
             ),
             (
                 &[("package.json", "{}"), ("package-lock.json", "{}")],
                 &["node"],
                 &["package.json", "package-lock.json"],
-                "nodejs npm",
+                "toolchain node\n",
             ),
             (
                 &[("pyproject.toml", ""), ("poetry.lock", "")],
                 &["python"],
                 &["pyproject.toml", "poetry.lock"],
-                "python3 python3-venv python3-pip",
+                "toolchain python\n",
             ),
             (
                 &[("requirements-dev.txt", "")],
                 &["python"],
                 &["requirements-dev.txt"],
-                "python3",
+                "toolchain python\n",
             ),
             (
                 &[("go.mod", "module x"), ("go.sum", "")],
                 &["go"],
                 &["go.mod", "go.sum"],
-                "golang-go",
+                "toolchain go\n",
             ),
             (
                 &[("Cargo.toml", ""), ("package.json", "{}")],
                 &["rust", "node"],
                 &["package.json", "Cargo.toml"],
-                "cargo rustc nodejs npm",
+                "toolchain rust node\n",
             ),
             (&[("README", "")], &[], &[], "RUN true"),
         ];
@@ -496,6 +567,16 @@ mod tests {
                 "{files:?}"
             );
             assert!(!p.files.iter().any(|f| f.path.ends_with("mise.toml")));
+            // The toolchain layer's inputs: its script and the declared
+            // versions, never a lockfile.
+            assert!(
+                conf.contains("    input .loopwright/runtime/toolchain.sh .loopwright/runtime/toolchain.versions\n"),
+                "{conf}"
+            );
+            let versions = file(&p, versions::FILE);
+            for st in *stacks {
+                assert!(versions.contains(&format!("\n{st}\t")), "{versions}");
+            }
             // What lw-build reads must parse.
             crate::image::parse(conf, "runtime.conf").expect("lw-build reads it");
             std::fs::remove_dir_all(&d).unwrap();

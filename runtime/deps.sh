@@ -1,22 +1,156 @@
 #!/bin/sh
-# deps.sh DIR: install the dependencies whose lockfiles DIR holds (the deps
-# layer's declared inputs).  Edit it for your project: it is an input of the
-# deps layer, so a change rebuilds that layer.  lw-sandbox may run it again
-# inside a sandbox whose lockfiles differ from the image's.
+# deps.sh DIR: install the dependencies whose manifests and lockfiles DIR
+# holds (the deps layer's declared inputs).  Edit it for your project: it is
+# an input of the deps layer, so a change rebuilds that layer.  lw-sandbox
+# may run it again inside a sandbox whose lockfiles differ from the image's
+# (DIR is then /work/repo and it runs unprivileged): the same steps then
+# install under /work, which the sandbox's environment looks at first.
+#
+#   node    npm ci / pnpm / yarn by the lockfile, into DIR/node_modules;
+#           the image's is /node_modules, found by Node's own resolution
+#           from /work/repo, its .bin on PATH.
+#   python  a virtual environment (/opt/loopwright/venv, or /work/.venv)
+#           with the project's dependencies and its test dependencies
+#           (dependency groups and optional dependencies named test, tests,
+#           testing or dev, requirements*.txt, uv.lock through uv), pytest
+#           when nothing names it, and /work/repo/src and /work/repo on its
+#           path (the project, editable from the clone).
+#   rust    the lockfile's crates, vendored (/opt/loopwright/vendor, or
+#           /work/.cargo/vendor) with the cargo configuration that uses them.
+#   go      the modules, downloaded into a module cache the sandbox reads as
+#           its proxy (GOPROXY=file://...).
 set -eu
 cd "$1"
+LW=/opt/loopwright
+if [ "$(id -u)" = 0 ]; then
+    image=1
+    # The sandbox's caches are under /work; the image's build keeps none.
+    scratch=$(mktemp -d)
+    trap 'rm -rf "$scratch"' EXIT
+    export npm_config_cache="$scratch/npm" UV_CACHE_DIR="$scratch/uv" GOCACHE="$scratch/go-build"
+else
+    image=
+fi
 did=
-if [ -f package-lock.json ] && command -v npm >/dev/null; then
-    npm ci --ignore-scripts --no-audit --no-fund
+say() { echo "deps.sh: $*"; }
+
+if [ -f package.json ] && command -v npm >/dev/null; then
+    pm=$(tr -d '\n' <package.json | sed -nE 's/.*"packageManager"[[:space:]]*:[[:space:]]*"([a-z]+@[0-9][^"+]*).*/\1/p')
+    if [ -f pnpm-lock.yaml ]; then
+        command -v pnpm >/dev/null || npm install -g --no-audit --no-fund "${pm:-pnpm}"
+        pnpm install --frozen-lockfile --ignore-scripts
+    elif [ -f yarn.lock ]; then
+        command -v yarn >/dev/null || npm install -g --no-audit --no-fund "${pm:-yarn@1}"
+        yarn install --frozen-lockfile --ignore-scripts
+    elif [ -f package-lock.json ] || [ -f npm-shrinkwrap.json ]; then
+        npm ci --ignore-scripts --no-audit --no-fund
+    else
+        say "package.json has no lockfile: npm install resolves it today"
+        npm install --ignore-scripts --no-audit --no-fund --no-package-lock
+    fi
+    if [ -n "$image" ] && [ -d node_modules ]; then ln -sfn "$PWD/node_modules" /node_modules; fi
     did=1
 fi
-if [ -f requirements.txt ] && command -v python3 >/dev/null; then
-    python3 -m venv /opt/loopwright/venv
-    /opt/loopwright/venv/bin/pip install --no-cache-dir -r requirements.txt
+
+if { [ -f pyproject.toml ] || [ -f setup.py ] || ls requirements*.txt >/dev/null 2>&1; } && command -v python3 >/dev/null; then
+    if [ -n "$image" ]; then venv=$LW/venv; else venv=/work/.venv; fi
+    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+    req=$(mktemp -d)
+    if [ -f uv.lock ]; then
+        "$venv/bin/pip" install -q --no-cache-dir uv
+        "$venv/bin/uv" export --frozen --no-hashes --all-groups --all-extras --no-emit-project -o "$req/uv.txt"
+    fi
+    "$venv/bin/python" - "$req/project.txt" <<'EOF'
+import glob, re, sys, tomllib
+norm = lambda s: re.sub(r"[-_.]+", "-", s).lower()
+try:
+    with open("pyproject.toml", "rb") as f:
+        d = tomllib.load(f)
+except FileNotFoundError:
+    d = {}
+p = d.get("project", {})
+reqs = list(p.get("dependencies", []))
+kinds = ("test", "tests", "testing", "dev")
+for k, v in p.get("optional-dependencies", {}).items():
+    if norm(k) in kinds:
+        reqs += v
+groups = d.get("dependency-groups", {})
+def group(g, seen):
+    out = []
+    for r in groups.get(g, []):
+        if isinstance(r, dict):
+            inc = r.get("include-group")
+            if inc and inc not in seen:
+                out += group(inc, seen | {inc})
+        else:
+            out.append(r)
+    return out
+for g in groups:
+    if norm(g) in kinds:
+        reqs += group(g, {g})
+for f in sorted(glob.glob("requirements*.txt")):
+    for line in open(f):
+        line = line.split(" #")[0].strip()
+        # The project itself comes from the clone, not from here.
+        if not line or line.startswith("#") or re.match(r"^(-e|--editable)?\s*\.(\[.*\])?$", line):
+            continue
+        if line.startswith(("-r", "-c", "--requirement", "--constraint")):
+            continue
+        reqs.append(line)
+name = norm(p.get("name", ""))
+out = [r for r in reqs if norm(re.split(r"[\s\[<>=!~;@(]", r, maxsplit=1)[0]) != name]
+if not any(norm(re.split(r"[\s\[<>=!~;@(]", r, maxsplit=1)[0]) == "pytest" for r in out):
+    print("deps.sh: nothing names pytest; adding it", file=sys.stderr)
+    out.append("pytest")
+open(sys.argv[1], "w").write("\n".join(out) + "\n")
+EOF
+    for f in "$req"/*.txt; do
+        "$venv/bin/pip" install --no-cache-dir --disable-pip-version-check -r "$f"
+    done
+    rm -rf "$req"
+    site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    printf '/work/repo/src\n/work/repo\n' >"$site/loopwright-repo.pth"
     did=1
 fi
-if [ -f Cargo.lock ] && command -v cargo >/dev/null; then
-    cargo fetch --locked
+
+if [ -f Cargo.toml ] && command -v cargo >/dev/null; then
+    # cargo reads every member's manifest and wants each target's file: a
+    # copy of the manifests with empty stand-ins for the sources.
+    work=$(mktemp -d)
+    cp -a . "$work/ws"
+    find "$work/ws" -name Cargo.toml | while read -r m; do
+        d=$(dirname "$m")
+        [ -f "$d/src/lib.rs" ] || [ -f "$d/src/main.rs" ] || { mkdir -p "$d/src"; : >"$d/src/lib.rs"; }
+        awk -v d="$d" '
+            /^\[\[bench\]\]/ { k = "benches"; next } /^\[\[test\]\]/ { k = "tests"; next }
+            /^\[\[example\]\]/ { k = "examples"; next } /^\[\[bin\]\]/ { k = "src/bin"; next }
+            /^\[/ { k = "" }
+            /^[ \t]*(path|build)[ \t]*=[ \t]*"[^"]*\.rs"/ { split($0, a, "\""); print d "/" a[2] }
+            k != "" && /^[ \t]*name[ \t]*=/ { split($0, a, "\""); print d "/" k "/" a[2] ".rs" }
+        ' "$m" | while read -r f; do mkdir -p "$(dirname "$f")"; [ -e "$f" ] || : >"$f"; done
+    done
+    if [ -n "$image" ]; then
+        vendor=$LW/vendor; config=/.cargo/config.toml; export CARGO_HOME=$work/home
+    else
+        vendor=/work/.cargo/vendor; config=/work/.cargo/config.toml
+    fi
+    mkdir -p "$(dirname "$config")"
+    (cd "$work/ws" && cargo vendor --locked --versioned-dirs "$vendor") >"$config.new"
+    mv "$config.new" "$config"
+    rm -rf "$work"
+    chmod -R a+rX "$vendor" "$config"
     did=1
 fi
-[ -n "$did" ] || echo "deps.sh: no dependency installed (no lockfile with a matching tool)"
+
+if [ -f go.mod ] && command -v go >/dev/null; then
+    if [ -n "$image" ]; then
+        # A module with no dependency still gets its (empty) proxy.
+        mkdir -p "$LW/gomod/cache/download"
+        GOMODCACHE=$LW/gomod GOPROXY=https://proxy.golang.org,direct GOSUMDB=sum.golang.org GOFLAGS=-modcacherw go mod download
+        chmod -R a+rX "$LW/gomod"
+    else
+        go mod download
+    fi
+    did=1
+fi
+[ -n "$did" ] || say "no dependency installed (no lockfile with a matching tool)"

@@ -1,0 +1,376 @@
+//! Issue 39: real projects' own tests, run inside a sandbox with the network
+//! off.  Each project is fetched from its registry with the ordinary client
+//! (`npm pack`, `pip download`, a crate from static.crates.io, `go mod
+//! download`), pinned to an exact version, unpacked, given the lockfile its
+//! repository would have where the package leaves it out (made by the
+//! stack's own tool) and cached under `LW_REAL_CACHE` (default
+//! `/var/cache/loopwright-real`), so a second run needs no network.  Each
+//! run makes it a git repository with an `origin` and goes `lw init` →
+//! `lw-mirror sync` → `lw-build` → `lw-sandbox create` → the project's test
+//! command (`lw-sandbox exec`, network none), printing each step's time and
+//! the toolchain layer's tag.  All projects share one image repository, so a
+//! second project of a stack that declares the same toolchain finds that
+//! layer built (the tag printed, "cached").
+//!
+//! `one_project_per_stack` runs in `.ci/run`; `the_whole_corpus` is
+//! `#[ignore]`d (a cold build of every toolchain takes long): run it with
+//! `cargo test --test real_projects -- --ignored` where the images are
+//! cached.
+
+mod sandbox_support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Instant;
+
+use sandbox_support::{docker, err, git, nonce, text, unmount_under};
+
+/// How a project comes from its registry.
+#[derive(Clone, Copy)]
+enum Source {
+    Npm,
+    Pypi,
+    Crate,
+    Go,
+}
+
+struct Project {
+    stack: &'static str,
+    source: Source,
+    name: &'static str,
+    version: &'static str,
+    /// The project's own test command, run in /work/repo.
+    test: &'static str,
+    /// What it covers.
+    why: &'static str,
+}
+
+const fn p(
+    stack: &'static str,
+    source: Source,
+    name: &'static str,
+    version: &'static str,
+    test: &'static str,
+    why: &'static str,
+) -> Project {
+    Project {
+        stack,
+        source,
+        name,
+        version,
+        test,
+        why,
+    }
+}
+
+/// The first of each stack is the one `.ci/run` runs.
+const CORPUS: &[Project] = &[
+    p(
+        "node",
+        Source::Npm,
+        "xtend",
+        "4.0.2",
+        "npm test",
+        "npm, package-lock, a dev dependency (tape)",
+    ),
+    p(
+        "python",
+        Source::Pypi,
+        "six",
+        "1.16.0",
+        "python3 -m pytest -q",
+        "setup.py only, a flat module",
+    ),
+    p(
+        "rust",
+        Source::Crate,
+        "itoa",
+        "1.0.11",
+        "cargo test --offline -q",
+        "a crate with no dependency",
+    ),
+    p(
+        "go",
+        Source::Go,
+        "github.com/google/uuid",
+        "v1.6.0",
+        "go test ./...",
+        "a module with no dependency",
+    ),
+    p(
+        "node",
+        Source::Npm,
+        "minimist",
+        "1.2.8",
+        "npm test",
+        "nyc and tape: many dev dependencies, .bin tools",
+    ),
+    p(
+        "python",
+        Source::Pypi,
+        "more-itertools",
+        "10.5.0",
+        "python3 -m pytest -q",
+        "pyproject (flit), tests in the sdist",
+    ),
+    p(
+        "rust",
+        Source::Crate,
+        "semver",
+        "1.0.23",
+        "cargo test --offline -q",
+        "a build script",
+    ),
+    p(
+        "go",
+        Source::Go,
+        "github.com/stretchr/testify",
+        "v1.9.0",
+        "go test ./assert/...",
+        "modules downloaded (yaml, difflib)",
+    ),
+];
+
+fn cache() -> PathBuf {
+    let d = std::env::var_os("LW_REAL_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/loopwright-real"));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn sh(dir: &Path, script: &str) -> Output {
+    Command::new("bash")
+        .args(["-euo", "pipefail", "-c", script])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("bash runs")
+}
+
+fn ok(dir: &Path, script: &str) -> String {
+    let o = sh(dir, script);
+    assert!(o.status.success(), "{script}: {}\n{}", text(&o), err(&o));
+    text(&o)
+}
+
+/// The project's source tree, fetched once into the cache.
+fn fetch(pr: &Project) -> PathBuf {
+    let safe = pr.name.replace('/', "_");
+    let dir = cache().join(format!("{safe}-{}", pr.version));
+    if dir.join(".lw-fetched").exists() {
+        return dir;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let tmp = cache().join(format!(".{safe}-{}.{}", pr.version, nonce()));
+    std::fs::create_dir_all(tmp.join("src")).unwrap();
+    let (n, v) = (pr.name, pr.version);
+    let script = match pr.source {
+        Source::Npm => format!(
+            "npm pack -q {n}@{v} >/dev/null && tar -xzf *.tgz -C src --strip-components=1 && cd src && npm install --package-lock-only --ignore-scripts --no-audit --no-fund -q >/dev/null"
+        ),
+        Source::Pypi => format!(
+            "python3 -m pip download -q --no-binary :all: --no-deps {n}=={v} -d . && tar -xzf *.tar.gz -C src --strip-components=1"
+        ),
+        Source::Crate => format!(
+            "curl -fsSL https://static.crates.io/crates/{n}/{n}-{v}.crate | tar -xzf - -C src --strip-components=1 && cd src && {{ [ -f Cargo.lock ] || cargo generate-lockfile -q; }}"
+        ),
+        Source::Go => format!(
+            "d=$(GOFLAGS=-modcacherw GOMODCACHE=$PWD/mod go mod download -json {n}@{v} | sed -nE 's/^[[:space:]]*\"Dir\": \"(.*)\",?$/\\1/p') && cp -a \"$d\"/. src/ && chmod -R u+w src mod"
+        ),
+    };
+    ok(&tmp, &script);
+    std::fs::write(tmp.join("src/.lw-fetched"), "").unwrap();
+    std::fs::rename(tmp.join("src"), &dir).unwrap();
+    let _ = std::fs::remove_dir_all(&tmp);
+    dir
+}
+
+struct Cleanup {
+    dir: PathBuf,
+    root: PathBuf,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let label = format!(
+            "label=org.loopwright.root={}",
+            loopwright::sandbox::root_id(&self.root)
+        );
+        for what in [&["ps", "-aq"][..], &["volume", "ls", "-q"][..]] {
+            let mut args = what.to_vec();
+            args.extend(["--filter", &label]);
+            let ids: Vec<String> = text(&docker(&args)).lines().map(str::to_string).collect();
+            if !ids.is_empty() {
+                let rm: &[&str] = if what[0] == "ps" {
+                    &["rm", "-fv"]
+                } else {
+                    &["volume", "rm", "-f"]
+                };
+                let _ = Command::new("docker").args(rm).args(&ids).output();
+            }
+        }
+        unmount_under(&self.dir);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One project through the whole path; returns the toolchain layer's tag
+/// and the toolchain versions it declares.
+fn run(pr: &Project) -> (String, String) {
+    let src = fetch(pr);
+    let dir = std::env::temp_dir().join(format!("lw-real-{}-{}", pr.stack, nonce()));
+    let repo = dir.join("repo");
+    std::fs::create_dir_all(&dir).unwrap();
+    let _cleanup = Cleanup {
+        dir: dir.clone(),
+        root: repo.join(".loopwright/cache/mailbox"),
+    };
+    ok(
+        &dir,
+        &format!("cp -a '{}' repo && rm repo/.lw-fetched", src.display()),
+    );
+    git(&dir, &["init", "-q", "--bare", "-b", "main", "up.git"]);
+    git(&repo, &["init", "-q", "-b", "main"]);
+    git(&repo, &["config", "user.name", "A Person"]);
+    git(&repo, &["config", "user.email", "person@example.com"]);
+    git(
+        &repo,
+        &[
+            "remote",
+            "add",
+            "origin",
+            dir.join("up.git").to_str().unwrap(),
+        ],
+    );
+    git(&repo, &["add", "-A", "-f"]);
+    git(&repo, &["commit", "-qm", "as published"]);
+    git(&repo, &["push", "-q", "origin", "main"]);
+    let bins = sandbox_support::bin("lw-init")
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let path = format!(
+        "{}:{}",
+        bins.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let root = repo.join(".loopwright/cache/mailbox");
+    let step = |what: &str, script: &str| {
+        let t = Instant::now();
+        let o = Command::new("bash")
+            .args(["-euo", "pipefail", "-c", script])
+            .current_dir(&repo)
+            .env("PATH", &path)
+            .env("LW_ROOT", &root)
+            .env_remove("LW_MIRROR")
+            .env_remove("LW_MAILBOX")
+            .stdin(Stdio::null())
+            .output()
+            .expect("bash runs");
+        let secs = t.elapsed().as_secs_f64();
+        println!("{} {}: {what} {secs:.1} s", pr.name, pr.version);
+        assert!(
+            o.status.success(),
+            "{} {}: {what} failed:\n{}\n{}",
+            pr.name,
+            pr.version,
+            text(&o),
+            err(&o)
+        );
+        (text(&o), err(&o))
+    };
+    step("lw init", "lw init >/dev/null");
+    // One image repository for the corpus: a toolchain layer's tag is its
+    // inputs' hash, so the same declared toolchain is the same image.
+    ok(
+        &repo,
+        &format!(
+            "sed -i '1i image loopwright/lw-real-{}' .loopwright/runtime/runtime.conf",
+            pr.stack
+        ),
+    );
+    step("lw-mirror sync", "lw-mirror sync >/dev/null");
+    let (built, _) = step("lw-build", "lw-build");
+    let toolchain = built
+        .lines()
+        .find(|l| l.starts_with("toolchain "))
+        .unwrap_or_default()
+        .to_string();
+    println!("{} {}: {toolchain}", pr.name, pr.version);
+    step(
+        "lw-sandbox create",
+        "lw-sandbox create t --branch task/t >/dev/null",
+    );
+    let (out, e) = step(
+        &format!("test ({}, network none)", pr.test),
+        &format!(
+            "lw-sandbox exec t -- sh -c 'cd /work/repo && {} 2>&1'",
+            pr.test
+        ),
+    );
+    println!(
+        "{} {}: {} — last lines:\n{}{e}",
+        pr.name,
+        pr.version,
+        pr.why,
+        out.lines()
+            .rev()
+            .take(3)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let declared = std::fs::read_to_string(repo.join(".loopwright/runtime/toolchain.versions"))
+        .unwrap_or_default();
+    let tag = toolchain
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
+    (tag, declared)
+}
+
+#[test]
+fn one_project_per_stack() {
+    let only = std::env::var("LW_REAL_ONLY").unwrap_or_default();
+    for pr in CORPUS
+        .iter()
+        .take(4)
+        .filter(|p| only.is_empty() || only == p.stack)
+    {
+        let (tag, _) = run(pr);
+        assert!(tag.contains("-toolchain:"), "{}: no toolchain tag", pr.name);
+    }
+}
+
+#[test]
+#[ignore = "builds every stack's toolchain cold the first time (long); run where images are cached"]
+fn the_whole_corpus() {
+    let only = std::env::var("LW_REAL_ONLY").unwrap_or_default();
+    let mut first: Vec<(&str, String, String)> = Vec::new();
+    for pr in CORPUS.iter().filter(|p| only.is_empty() || only == p.stack) {
+        let (tag, declared) = run(pr);
+        // The same declared versions (toolchain.versions) are the same
+        // toolchain layer: a second project reuses it.
+        match first
+            .iter()
+            .find(|(s, _, d)| *s == pr.stack && *d == declared)
+        {
+            Some((_, t, _)) => {
+                println!(
+                    "{}: toolchain {tag}, as an earlier {} project's {t}",
+                    pr.name, pr.stack
+                );
+                assert_eq!(
+                    &tag, t,
+                    "{}: the same declared toolchain is reused",
+                    pr.name
+                );
+            }
+            None => first.push((pr.stack, tag, declared)),
+        }
+    }
+}
