@@ -73,22 +73,37 @@ impl Maildir {
                 errno_io(e),
             ))
         })?;
+        let ours = rfs::fstat(&fd).map(|st| (st.st_dev, st.st_ino)).ok();
         drop(fd);
         let new_path = self.sub(Sub::New).join(name);
-        crate::fs::rename_noreplace_at(tmp, OsStr::new(name), new, OsStr::new(name)).map_err(
-            |e| {
-                cleanup(Error::io_as(
-                    if e == Errno::EXIST {
-                        Exit::Software
-                    } else {
-                        crate::error::io_exit(&errno_io(e))
-                    },
-                    "cannot move message into",
-                    &new_path,
-                    errno_io(e),
-                ))
-            },
-        )?;
+        let moved = crate::fs::rename_noreplace_at(tmp, OsStr::new(name), new, OsStr::new(name))
+            .or_else(|e| {
+                // Where the move is link + unlink (gVisor), the link is the
+                // publication: once new/NAME is this very file, a failed
+                // unlink of the tmp name (a mediator that finished the move
+                // first) must not report a message a reader may already
+                // have taken as not sent.
+                let there = rfs::statat(new, name, rfs::AtFlags::SYMLINK_NOFOLLOW)
+                    .map(|st| (st.st_dev, st.st_ino))
+                    .ok();
+                if ours.is_some() && there == ours {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            });
+        moved.map_err(|e| {
+            cleanup(Error::io_as(
+                if e == Errno::EXIST {
+                    Exit::Software
+                } else {
+                    crate::error::io_exit(&errno_io(e))
+                },
+                "cannot move message into",
+                &new_path,
+                errno_io(e),
+            ))
+        })?;
         // The message is visible now; if this fsync fails the caller must not
         // report success, but the file stays (removing it could lose a message
         // a reader already took).
