@@ -170,7 +170,7 @@ fn quiet_json(json: &str) -> String {
 fn github_dot(c: &[char], i: usize) -> bool {
     let word = "github";
     i >= word.len()
-        && c[i] == '.'
+        && c.get(i) == Some(&'.')
         && c[i - word.len()..i]
             .iter()
             .zip(word.chars())
@@ -622,6 +622,37 @@ pub(crate) mod tests {
             "the checker sees them all"
         );
         assert_eq!(quiet("plain text, no refs"), "plain text, no refs");
+    }
+
+    /// Every text of up to four characters from the ones the rules look
+    /// at, alone and after `github` and `ghwww` (a `b` ending a text of six
+    /// or more once read past its end and crashed lw-sync): no panic, and
+    /// `unquiet` gives each back.
+    #[test]
+    fn every_short_text_of_the_rules_characters_round_trips() {
+        let alphabet: Vec<char> = "gb.hH-:/w@#&\u{200d}".chars().collect();
+        let mut texts = vec![String::new()];
+        let mut checked = 0;
+        for _ in 0..4 {
+            let mut longer = Vec::new();
+            for t in &texts {
+                for &ch in &alphabet {
+                    let mut n = t.clone();
+                    n.push(ch);
+                    for t in [n.clone(), format!("github{n}"), format!("ghwww{n}")] {
+                        assert_eq!(unquiet(&quiet(&t)), t);
+                        quiet_json(&t);
+                        checked += 1;
+                    }
+                    longer.push(n);
+                }
+            }
+            texts = longer;
+        }
+        assert_eq!(
+            checked,
+            3 * (13 + 13 * 13 + 13 * 13 * 13 + 13 * 13 * 13 * 13)
+        );
     }
 
     #[test]
