@@ -89,6 +89,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         let mut o = std::io::stdout().lock();
         let _ = writeln!(o, "{url}").and_then(|()| o.flush());
     });
-    cockpit::http::serve(listener, c, urls)?;
+    let signal = cockpit::http::serve(listener, c, urls)?;
+    eprintln!("lw-cockpit: stopped by {signal}; its port is free");
     Ok(Exit::Ok)
 }

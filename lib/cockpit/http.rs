@@ -41,10 +41,18 @@ const APP_CSS: &str = include_str!("assets/app.css");
 /// of 4 KiB each for a host, and this holds them all.
 const MAX_HEAD: usize = 1024 * 1024;
 
-/// Serves `listener` until the process ends.  Each URL a person opens goes
-/// to `urls`: the first at once (once the server can take the signal), a
-/// new one on each SIGUSR1.
-pub fn serve(listener: std::net::TcpListener, cockpit: Cockpit, urls: super::Notes) -> Result<()> {
+/// Serves `listener` until SIGTERM or SIGINT, whose name it returns.  Each
+/// URL a person opens goes to `urls`: the first at once (once the server can
+/// take the signal), a new one on each SIGUSR1.  On a stop the port is
+/// closed before anything else, so a cockpit started again on it at once
+/// can bind it: a killed process holds its port until every thread has
+/// ended, and the kernel can keep one closing a directory watcher for
+/// seconds or longer (its marks wait for a grace period).
+pub fn serve(
+    listener: std::net::TcpListener,
+    cockpit: Cockpit,
+    urls: super::Notes,
+) -> Result<&'static str> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -59,8 +67,14 @@ pub fn serve(listener: std::net::TcpListener, cockpit: Cockpit, urls: super::Not
         let listener = tokio::net::TcpListener::from_std(listener)
             .map_err(|e| Error::new(Exit::Unavailable, "cannot listen").with_source(e))?;
         use tokio::signal::unix::{SignalKind, signal};
-        let mut usr1 = signal(SignalKind::user_defined1())
-            .map_err(|e| Error::new(Exit::Unavailable, "cannot take SIGUSR1").with_source(e))?;
+        let take = |kind: SignalKind, name: &str| {
+            signal(kind).map_err(|e| {
+                Error::new(Exit::Unavailable, format!("cannot take {name}")).with_source(e)
+            })
+        };
+        let mut usr1 = take(SignalKind::user_defined1(), "SIGUSR1")?;
+        let mut term = take(SignalKind::terminate(), "SIGTERM")?;
+        let mut int = take(SignalKind::interrupt(), "SIGINT")?;
         urls(&cockpit.url());
         let c = cockpit.clone();
         tokio::spawn(async move {
@@ -69,7 +83,12 @@ pub fn serve(listener: std::net::TcpListener, cockpit: Cockpit, urls: super::Not
             }
         });
         loop {
-            let Ok((conn, _)) = listener.accept().await else {
+            let conn = tokio::select! {
+                _ = term.recv() => return Ok("SIGTERM"),
+                _ = int.recv() => return Ok("SIGINT"),
+                conn = listener.accept() => conn,
+            };
+            let Ok((conn, _)) = conn else {
                 continue;
             };
             let c = cockpit.clone();

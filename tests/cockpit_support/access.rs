@@ -273,3 +273,54 @@ fn walk(d: &Path) -> Vec<String> {
     }
     v
 }
+
+/// SIGTERM and SIGINT stop lw-cockpit with exit 0, saying so, and its port
+/// is free for a cockpit started again on it at once (a killed one can keep
+/// it while the kernel closes its directory watchers).
+#[test]
+fn sigterm_and_sigint_free_the_port_and_exit_0() {
+    let root = root("stop", &[("api", None)]);
+    for name in ["SIGTERM", "SIGINT"] {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut child = Command::new(COCKPIT)
+            .arg("--root")
+            .arg(&root.dir)
+            .args(["--operator", "ada", "--port", &port.to_string()])
+            .current_dir(root.dir.parent().unwrap())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut url = String::new();
+        out.read_line(&mut url).unwrap();
+        assert!(url.contains(&format!(":{port}/")), "{url}");
+        // An open event stream, as a page holds.
+        let mut page = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(page, "GET /api/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+        let said = Command::new("kill")
+            .args([&format!("-{}", &name[3..]), &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(said.success());
+        let status = child.wait().unwrap();
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert_eq!(status.code(), Some(0), "{name}: {err}");
+        assert!(
+            err.contains(&format!("stopped by {name}; its port is free")),
+            "{err}"
+        );
+        TcpListener::bind(("127.0.0.1", port))
+            .unwrap_or_else(|e| panic!("after {name} port {port} is not free: {e}"));
+    }
+}

@@ -451,7 +451,9 @@ async function keys() {
 // the page says what happened and what to do, and the new URL works.
 async function restart() {
   const { browser, page, bad } = await open();
-  process.kill(Number(process.env.COCKPIT_PID), "SIGKILL");
+  // As a person stops it (Ctrl-C, or systemd's SIGTERM): it closes its port
+  // first, so it can be started again on it at once.
+  process.kill(Number(process.env.COCKPIT_PID), "SIGTERM");
   // Generous: on a loaded 2-core machine the page's next read can lag.
   await page.waitForSelector("body[data-conn='lost']", { timeout: 20_000 })
     .catch(() => fail("the page did not notice the server went away"));
@@ -459,11 +461,13 @@ async function restart() {
   const port = new URL(url).port;
   const child = require("child_process").spawn(process.env.COCKPIT_BIN,
     ["--root", process.env.LW_ROOT, "--port", port], { stdio: ["ignore", "pipe", "ignore"] });
+  const early = (code) => fail("the restarted lw-cockpit exited " + code + " before printing its URL");
+  child.on("exit", early);
   const again = await new Promise((ok) => {
     let buf = "";
     child.stdout.on("data", (d) => { buf += d; if (buf.includes("\n")) ok(buf.split("\n")[0]); });
-    child.on("exit", (code) => fail("the restarted lw-cockpit exited " + code + " before printing its URL"));
   });
+  child.off("exit", early);
   try {
     await page.waitForSelector("body[data-access='denied']", { timeout: 30_000 })
       .catch(() => fail("the page did not say its access ended with the old server"));
@@ -471,14 +475,14 @@ async function restart() {
     await page.goto(again);
     await page.waitForSelector("body[data-ready='1']", { timeout: 30_000 })
       .catch(() => fail("the new URL did not open the page"));
-    // Console errors of the refused requests (403) and of the killed
+    // Console errors of the refused requests (403) and of the stopped
     // server's cut connections are expected here.
     const unexpected = bad.filter((b) => !/403|ERR_CONNECTION_REFUSED|ERR_CONNECTION_RESET|ERR_EMPTY_RESPONSE|ERR_INCOMPLETE_CHUNKED_ENCODING|Failed to fetch/.test(b));
     if (unexpected.length) fail("the page misbehaved: " + unexpected.join("; "));
     await browser.close();
     console.log(JSON.stringify({ down, said }));
   } finally {
-    child.kill("SIGKILL");
+    child.kill("SIGTERM");
   }
 }
 

@@ -220,7 +220,13 @@ fn log_rows_are_reached_and_opened_from_the_keyboard() {
 #[test]
 fn a_restarted_server_the_page_says_what_happened_and_the_new_url_works() {
     let root = root("restart", &[("api", None)]);
-    let c = cockpit(&root, "ada");
+    // A port below the kernel's ephemeral range (32768 and up here): one
+    // taken from that range can be the local end of another test's loopback
+    // connection by the time the cockpit binds it again (exit 75).
+    let port = (20_000..32_000)
+        .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .expect("a free port below 32000");
+    let c = cockpit_with(&root, "ada", &["--port", &port.to_string()], &[]);
     let r = browser(
         "restart",
         &c,
