@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use mailbox::cli::{self, out_err};
+use mailbox::door_record::DoorRecord;
 use mailbox::layout::Root;
 use mailbox::log::Log;
 use mailbox::mediate::{self, Mediator};
@@ -55,13 +56,14 @@ struct Args {
     sync: String,
 
     /// Log bytes one sender may cause per hour, e.g. 8m [default:
-    /// door.log-max of the project around the current directory, else 8m]
+    /// door.log-max as the root records it, else of the project around the
+    /// current directory, else 8m]
     #[arg(long, value_name = "SIZE")]
     log_max: Option<String>,
 
     /// Bytes the quarantine keeps of one sender's bad files, e.g. 16m
-    /// [default: door.quarantine-max of the project around the current
-    /// directory, else 16m]
+    /// [default: door.quarantine-max as the root records it, else of the
+    /// project around the current directory, else 16m]
     #[arg(long, value_name = "SIZE")]
     quarantine_max: Option<String>,
 
@@ -183,60 +185,66 @@ fn door_secrets(root: &Root) -> Result<Secrets> {
     Ok(s)
 }
 
-/// Bytes the quarantine keeps of one sender's bad files: the project's
-/// `door.quarantine-max` (`16m`), else 16 MiB (lib/mediate/keep.rs).
-fn door_quarantine_max(flag: Option<&str>) -> Result<u64> {
-    let size = |v: &str| mailbox::config::parse_bytes(v).and_then(|n| u64::try_from(n).ok());
-    if let Some(v) = flag {
-        return size(v).ok_or_else(|| {
-            Error::usage(format!(
-                "--quarantine-max '{v}': expected a size, such as 16m or 0 (keep nothing)"
-            ))
-        });
-    }
+/// The door's budgets: the flags, else what the root records (lw-sandbox
+/// create records its project's `door.log-max` and `door.quarantine-max`),
+/// else the project around the current directory's, else 8 MiB of log per
+/// sender and hour and 16 MiB of quarantine (lib/mediate/budget.rs,
+/// keep.rs).  The root wins over the project here, which warns when it
+/// sets other values (crates/mailbox/src/door_record.rs).
+fn door_budgets(root: &Root, log: Option<&str>, quarantine: Option<&str>) -> Result<(u64, u64)> {
+    let size = mailbox::door_record::size;
+    let log = log
+        .map(|v| {
+            size(v).filter(|n| *n > 0).ok_or_else(|| {
+                Error::usage(format!(
+                    "--log-max '{v}': expected a size above 0, such as 512k or 8m"
+                ))
+            })
+        })
+        .transpose()?;
+    let quarantine = quarantine
+        .map(|v| {
+            size(v).ok_or_else(|| {
+                Error::usage(format!(
+                    "--quarantine-max '{v}': expected a size, such as 16m or 0 (keep nothing)"
+                ))
+            })
+        })
+        .transpose()?;
     let here = std::env::current_dir().unwrap_or_default();
-    let Some(p) = mailbox::config::Project::find(&here)? else {
-        return Ok(mediate::DEFAULT_QUARANTINE_MAX);
-    };
-    match p.config.get("door.quarantine-max") {
-        None => Ok(mediate::DEFAULT_QUARANTINE_MAX),
-        Some(v) => size(v).ok_or_else(|| {
-            Error::config(format!(
-                "'door.quarantine-max = {v}' in {}: expected a size, such as 16m or 0 (keep nothing)",
-                p.top.join(mailbox::config::FILE).display()
-            ))
-        }),
+    let (f, warnings) = DoorRecord::new(root).in_force(&here)?;
+    for w in warnings {
+        eprintln!("{PROG}: warning: {w}");
     }
+    Ok((
+        log.or(f.budgets.log_max)
+            .unwrap_or(mediate::DEFAULT_LOG_MAX),
+        quarantine
+            .or(f.budgets.quarantine_max)
+            .unwrap_or(mediate::DEFAULT_QUARANTINE_MAX),
+    ))
 }
 
-/// Log bytes a sender may cause per hour: the project's `door.log-max`
-/// (`8m`, `512k`), else 8 MiB (lib/mediate/budget.rs).
-fn door_log_max(flag: Option<&str>) -> Result<u64> {
-    let size = |v: &str| {
-        mailbox::config::parse_bytes(v)
-            .and_then(|n| u64::try_from(n).ok())
-            .filter(|n| *n > 0)
-    };
-    if let Some(v) = flag {
-        return size(v).ok_or_else(|| {
-            Error::usage(format!(
-                "--log-max '{v}': expected a size above 0, such as 512k or 8m"
-            ))
-        });
-    }
+/// `register`: the record, the digests of its secrets set here, and, run
+/// in a project, that project's door budgets (as lw-sandbox create does).
+fn register(root: &Root, s: &Sandbox) -> Result<PathBuf> {
+    root.init()?;
+    let door = DoorRecord::new(root);
+    let values: Vec<(String, Vec<u8>)> = s
+        .secrets
+        .iter()
+        .filter_map(|n| {
+            let v = std::env::var_os(n).filter(|v| !v.is_empty())?;
+            Some((n.clone(), v.into_encoded_bytes()))
+        })
+        .collect();
+    door.record_secrets(&s.name, &values)?;
     let here = std::env::current_dir().unwrap_or_default();
-    let Some(p) = mailbox::config::Project::find(&here)? else {
-        return Ok(mediate::DEFAULT_LOG_MAX);
-    };
-    match p.config.get("door.log-max") {
-        None => Ok(mediate::DEFAULT_LOG_MAX),
-        Some(v) => size(v).ok_or_else(|| {
-            Error::config(format!(
-                "'door.log-max = {v}' in {}: expected a size above 0, such as 512k or 8m",
-                p.top.join(mailbox::config::FILE).display()
-            ))
-        }),
+    if let Some(p) = mailbox::config::Project::find(&here)? {
+        let b = mailbox::door_record::Budgets::of_project(&p)?;
+        door.record_budgets(&b, &p.top.join(mailbox::config::FILE))?;
     }
+    Registry::new(root).register(s)
 }
 
 fn root_of(args: &Args) -> Result<Root> {
@@ -284,10 +292,9 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             for s in scope {
                 policy::check_scope(s)?;
             }
-            root.init()?;
             let mut s = Sandbox::new(name, branch.clone(), scope.clone());
             s.secrets = secret.clone();
-            let p = Registry::new(&root).register(&s)?;
+            let p = register(&root, &s)?;
             writeln!(out, "{}", p.display()).map_err(out_err)?;
             Ok(Exit::Ok)
         }
@@ -336,8 +343,11 @@ fn run_mediator(args: &Args, root: Root, out: &mut dyn Write) -> Result<Exit> {
     let (p, explicit) = policy_of(args);
     let mut m = Mediator::open(root.clone(), Some(p), explicit, reporter())?;
     m.state.secrets = door_secrets(&root)?;
-    m.state.log_max = door_log_max(args.log_max.as_deref())?;
-    m.state.quarantine_max = door_quarantine_max(args.quarantine_max.as_deref())?;
+    (m.state.log_max, m.state.quarantine_max) = door_budgets(
+        &root,
+        args.log_max.as_deref(),
+        args.quarantine_max.as_deref(),
+    )?;
     m.batch = args.batch;
     m.verbose = args.verbose;
     m.sync = if args.sync == "fs" {

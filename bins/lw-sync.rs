@@ -212,8 +212,7 @@ fn door_secrets(root: &Root, token: &Token) -> Result<Secrets> {
 fn learn_secrets(s: &mut Syncer) -> Result<()> {
     let env = |n: &str| std::env::var_os(n);
     let (good, _) = Registry::new(&s.root).list()?;
-    let dir = s.root.registry_dir();
-    for w in s.secrets.add_recorded(&dir, good.iter(), &env)? {
+    for w in s.secrets.add_recorded(&s.root, good.iter(), &env)? {
         eprintln!("{PROG}: warning: {w}");
     }
     Ok(())

@@ -29,8 +29,8 @@ pub use confine::seccomp;
 pub use engine;
 pub use engine::{distribution, tty};
 pub use mailbox::{
-    batch, bell, cli, config, digest, error, fs, git, glob, id, inbox, layout, log, maildir,
-    mediate, message, operator, policy, post, quarantine, redact, registry, time, visible,
+    batch, bell, cli, config, digest, door_record, error, fs, git, glob, id, inbox, layout, log,
+    maildir, mediate, message, operator, policy, post, quarantine, redact, registry, time, visible,
 };
 
 pub use error::{Error, Exit, Result};

@@ -34,6 +34,11 @@ pub struct Settings {
     /// `door.secrets`: recorded in the registry so that the door knows
     /// them whatever its working directory (lib/redact/names.rs).
     pub door_secrets: Vec<String>,
+    /// `door.log-max` and `door.quarantine-max`, with the file they are
+    /// in: recorded in the root with the secrets' names, so that the
+    /// mediator applies them whatever its working directory.  None
+    /// outside a project.
+    pub door_budgets: Option<(crate::door_record::Budgets, std::path::PathBuf)>,
     pub git_name: Option<String>,
     pub git_email: Option<String>,
     /// The incremental install command (default: the deps layer's deps.sh).
@@ -91,6 +96,13 @@ impl Settings {
             ports,
             allowed_secrets: secrets::allowed(c)?,
             door_secrets: crate::redact::door_names(c)?,
+            door_budgets: match p {
+                Some(p) => Some((
+                    crate::door_record::Budgets::of_project(p)?,
+                    p.top.join(crate::config::FILE),
+                )),
+                None => None,
+            },
             git_name: c.get("sandbox.git-name").map(str::to_string),
             git_email: c.get("sandbox.git-email").map(str::to_string),
             install: c.get("sandbox.install").map(str::to_string),

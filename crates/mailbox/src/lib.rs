@@ -13,6 +13,7 @@ pub mod bell;
 pub mod cli;
 pub mod config;
 pub mod digest;
+pub mod door_record;
 pub mod error;
 pub mod fs;
 pub mod git;

@@ -161,6 +161,8 @@ pub struct BadRecord {
 pub struct Registry {
     pub dir: PathBuf,
     sandboxes: PathBuf,
+    /// The digests of the secrets each record names (crate::door_record).
+    door: crate::door_record::DoorRecord,
 }
 
 impl Registry {
@@ -168,6 +170,7 @@ impl Registry {
         Registry {
             dir: root.registry_dir(),
             sandboxes: root.sandboxes_dir(),
+            door: crate::door_record::DoorRecord::new(root),
         }
     }
 
@@ -201,14 +204,16 @@ impl Registry {
         Ok(path)
     }
 
-    /// Removes the record of `name`; true when there was one.  The sandbox's
-    /// mailbox stays: messages already delivered are not lost.
+    /// Removes the record of `name`, then the digests of its secrets; true
+    /// when there was one.  The sandbox's mailbox stays: messages already
+    /// delivered are not lost.
     pub fn unregister(&self, name: &str) -> Result<bool> {
         check_name(name).map_err(Error::usage)?;
         let path = self.record_path(name);
         match std::fs::remove_file(&path) {
             Ok(()) => {
                 sync_dir(&self.dir)?;
+                self.door.forget(name)?;
                 Ok(true)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),

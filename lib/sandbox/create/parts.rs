@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use super::super::{Port, Record, Sandboxes, Settings, container_spec, disk};
 use super::Clock;
 use super::checks::Checked;
+use crate::door_record::DoorRecord;
 use crate::egress;
 use crate::engine::{ContainerSpec, NetworkEngine};
 use crate::error::{Exit, Result};
@@ -105,9 +106,18 @@ impl<'a> Sandboxes<'a> {
             disk::mail(&self.root, &name).make(bytes, 0, 0o711)?;
         }
         let reg = Registry::new(&self.root);
-        // The names of its secrets, and its project's, go into the record
-        // before any value goes into the sandbox: the door resolves them
-        // from there whatever its working directory (lib/redact/names.rs).
+        // The keyed digests of the values it is given (and of its project's
+        // door.secrets this command has), then the names of its secrets and
+        // its project's, go into the root before any value goes into the
+        // sandbox: the door resolves them from there whatever its working
+        // directory, and refuses a value that is not this one
+        // (lib/redact/names.rs, crates/mailbox/src/door_record.rs); the
+        // project's door budgets too.
+        let door = DoorRecord::new(&self.root);
+        door.record_secrets(&name, &given_values(&c.secrets, &settings.door_secrets))?;
+        if let Some((b, file)) = &settings.door_budgets {
+            door.record_budgets(b, file)?;
+        }
         let mut sb = registry::Sandbox::new(&name, Some(rec.branch.clone()), rec.scope.clone());
         sb.secrets = rec.secrets.clone();
         sb.door_secrets = settings.door_secrets.clone();
@@ -160,6 +170,25 @@ impl<'a> Sandboxes<'a> {
         }
         Ok(Some(plan))
     }
+}
+
+/// The (name, value) pairs whose digests the root records for a sandbox:
+/// the secrets it is given, and those of `door` (its project's
+/// `door.secrets`) set in this command's environment.
+fn given_values(given: &[crate::secrets::Secret], door: &[String]) -> Vec<(String, Vec<u8>)> {
+    let mut out: Vec<(String, Vec<u8>)> = given
+        .iter()
+        .map(|s| (s.name.clone(), s.value.clone()))
+        .collect();
+    for n in door {
+        if out.iter().any(|(m, _)| m == n) {
+            continue;
+        }
+        if let Some(v) = std::env::var_os(n).filter(|v| !v.is_empty()) {
+            out.push((n.clone(), v.into_encoded_bytes()));
+        }
+    }
+    out
 }
 
 /// Points the proxy variables of `env` at the address `plan` gives: the

@@ -325,12 +325,13 @@ impl Mediator {
         state.known = good.into_iter().map(|s| (s.name.clone(), s)).collect();
         // A sandbox made since the last pass may hold a secret the door
         // has not looked up yet (lib/redact/names.rs); one it cannot
-        // resolve stops the door (78) rather than let the value through.
+        // resolve, or whose value is not the one it was made with
+        // (crate::door_record), stops the door (78) rather than let the
+        // value through.
         let env = |n: &str| std::env::var_os(n);
-        let dir = self.registry.dir.clone();
         let warnings = state
             .secrets
-            .add_recorded(&dir, state.known.values(), &env)?;
+            .add_recorded(&self.root, state.known.values(), &env)?;
         for w in warnings {
             self.warn_once(w);
         }

@@ -44,6 +44,9 @@ pub struct Secrets {
     list: Vec<(String, String)>,
     /// Every name already looked up (resolved, or warned about).
     looked_up: BTreeSet<String>,
+    /// The registry records (name, registered) whose recorded digests the
+    /// values were checked against (names.rs).
+    checked: BTreeSet<(String, String)>,
     matcher: forms::Matcher,
 }
 
@@ -52,6 +55,7 @@ impl Clone for Secrets {
         let mut s = Secrets {
             list: self.list.clone(),
             looked_up: self.looked_up.clone(),
+            checked: self.checked.clone(),
             matcher: Default::default(),
         };
         s.rebuild();

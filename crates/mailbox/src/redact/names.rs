@@ -13,6 +13,12 @@
 //! field, names only); the door reads that field too, at start, so an
 //! upgrade leaves no sandbox's secrets unwatched.
 //!
+//! The value must be the one the sandbox was made with: lw-sandbox create
+//! (and `lw-mediate register`) records a keyed digest of each value it had
+//! (crate::door_record), and a value here whose digest differs is a
+//! configuration error (78) naming the secret, never the value: the door
+//! would mask its own value and pass the sandbox's.
+//!
 //! A name a sandbox was given, or one its project's `door.secrets` lists,
 //! must resolve: the sandbox holds that value, or the operator asked the
 //! door to watch for it, and a door that cannot see it would pass it
@@ -27,6 +33,7 @@ use std::path::{Path, PathBuf};
 
 use super::Secrets;
 use crate::config::{Config, valid_var_name};
+use crate::door_record::DoorRecord;
 use crate::error::{Error, Result};
 use crate::layout::Root;
 use crate::registry::{Registry, Sandbox};
@@ -97,7 +104,7 @@ impl Secrets {
                 )
             })
             .collect();
-        warnings.extend(s.add_recorded(&root.registry_dir(), good.iter(), env)?);
+        warnings.extend(s.add_recorded(root, good.iter(), env)?);
         for (path, name, names) in sandbox_records(root) {
             for n in &names {
                 if s.knows(n) {
@@ -114,14 +121,18 @@ impl Secrets {
     }
 
     /// Looks up the names `records` (this host's registry records, in
-    /// `registry_dir`) carry that were not looked up yet.  Fails with 78 on
-    /// the first that must resolve and is unset or empty in `env`.
+    /// `root`) carry that were not looked up yet, and checks the values
+    /// against the digests `root` records for each record not checked yet.
+    /// Fails with 78 on the first that must resolve and is unset or empty
+    /// in `env`, and on a value whose digest differs.
     pub fn add_recorded<'a>(
         &mut self,
-        registry_dir: &Path,
+        root: &Root,
         records: impl IntoIterator<Item = &'a Sandbox>,
         env: &dyn Fn(&str) -> Option<OsString>,
     ) -> Result<Vec<String>> {
+        let registry_dir = root.registry_dir();
+        let door = DoorRecord::new(root);
         let mut warnings = Vec::new();
         for r in records.into_iter().filter(|r| r.host.is_none()) {
             let must = r
@@ -144,6 +155,11 @@ impl Secrets {
                         return Err(unresolved(n, &path, why, &r.name));
                     }
                 }
+            }
+            let seen = (r.name.clone(), r.registered.clone());
+            if !self.checked.contains(&seen) {
+                door.check(&r.name, env)?;
+                self.checked.insert(seen);
             }
             let optional: Vec<String> = r
                 .allowed_secrets
@@ -238,7 +254,7 @@ mod tests {
 
     #[test]
     fn recorded_names_resolve_or_fail_with_78_naming_the_secret() {
-        let dir = Path::new("/r/registry");
+        let dir = &Root::new("/r");
         let env = |n: &str| match n {
             "API_KEY" => Some(OsString::from("sk-live-0123456789")),
             "DEPLOY_KEY" => Some(OsString::from("d3pl0y-k3y")),
