@@ -238,8 +238,6 @@ fn a_mediator_run_from_the_root_directory_applies_the_projects_door_log_max() {
     let proj = project(&env.dir, "door.log-max = 16k\ndoor.quarantine-max = 0\n");
     ok(&mediate(&root, &proj, &[], &["register", "flood"]));
     ok(&mediate(&root, &proj, &[], &["register", "web"]));
-    let rec = std::fs::read_to_string(root.dir.join("state/door/budgets.json")).unwrap();
-    assert!(rec.contains("\"log_max\": 16384"), "{rec}");
     const N: usize = 20;
     for i in 0..N {
         let m = sync_support::message("flood", "web", Kind::Request, &format!("post {i}"), "x");
@@ -264,6 +262,8 @@ fn a_mediator_run_from_the_root_directory_applies_the_projects_door_log_max() {
     let waiting = in_new(root.sandbox("flood").outbox());
     println!("door.log-max 16k from /: forwarded {forwarded}, waiting {waiting}");
     assert_eq!((forwarded, forwarded + waiting), (1, N));
+    let rec = std::fs::read_to_string(root.dir.join("state/door/budgets.json")).unwrap();
+    assert!(rec.contains("\"log_max\": 16384"), "{rec}");
 
     // The project changed since: the root's value applies, with a warning,
     // until lw-sandbox create (or register) records the new one.
