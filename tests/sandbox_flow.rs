@@ -298,7 +298,10 @@ fn ports_are_leased_published_on_loopback_and_released() {
 
 #[test]
 fn secrets_reach_only_the_sandbox_tmpfs() {
-    let f = Fixture::with_config("secrets", "sandbox.secrets = LW_TEST_TOKEN\n");
+    let f = Fixture::with_config(
+        "secrets",
+        "sandbox.secrets = LW_TEST_TOKEN\ndoor.log-max = 64k\n",
+    );
     let value = format!("tok-{}", nonce());
     let o = f
         .cmd(&["create", "s", "--branch", "s", "--secret", "HOME"])
@@ -353,6 +356,22 @@ fn secrets_reach_only_the_sandbox_tmpfs() {
         "{}",
         err(&o)
     );
+    // Another value: create recorded its keyed digest, and the door
+    // refuses one that differs (issue 40, item 5), naming no value.
+    let other = format!("other-{}", nonce());
+    let o = door(Some(&other));
+    assert_eq!(o.status.code(), Some(78), "{}", err(&o));
+    assert!(
+        err(&o).contains(
+            "secret LW_TEST_TOKEN in this environment is not the value sandbox 's' was made with"
+        ) && !err(&o).contains(&other),
+        "{}",
+        err(&o)
+    );
+    assert!(f.root.join("state/door/secrets/s.json").is_file());
+    // And the project's door budget, which a mediator from / applies.
+    let budgets = std::fs::read_to_string(f.root.join("state/door/budgets.json")).unwrap();
+    assert!(budgets.contains("\"log_max\": 65536"), "{budgets}");
     let (code, _, e) = f.sh(
         "s",
         "lw-post --to human --kind question --subject q \"$(base64 /run/secrets/LW_TEST_TOKEN)\"",
@@ -391,15 +410,23 @@ fn secrets_reach_only_the_sandbox_tmpfs() {
             text(&hit)
         );
     }
-    // Gone when stopped; written again by start, from start's environment.
+    // Gone when stopped; written again by start, from start's environment,
+    // which must hold the value the door knows (issue 40, item 5).
     f.ok(&["stop", "s"]);
     let o = f
         .cmd(&["start", "s"])
         .env("LW_TEST_TOKEN", "second")
         .output()
         .expect("runs");
+    assert_eq!(o.status.code(), Some(78), "{}", err(&o));
+    assert!(err(&o).contains("secret LW_TEST_TOKEN in this environment is not the value"));
+    let o = f
+        .cmd(&["start", "s"])
+        .env("LW_TEST_TOKEN", &value)
+        .output()
+        .expect("runs");
     assert!(o.status.success(), "{}", err(&o));
-    assert_eq!(f.sh("s", "cat /run/secrets/LW_TEST_TOKEN").1, "second");
+    assert_eq!(f.sh("s", "cat /run/secrets/LW_TEST_TOKEN").1, value);
     // A stopped sandbox pushes without its secrets in the environment, and stays stopped.
     f.ok(&["stop", "s"]);
     let o = f
@@ -415,6 +442,10 @@ fn secrets_reach_only_the_sandbox_tmpfs() {
         .output()
         .expect("runs");
     assert!(o.status.success(), "{}", err(&o));
+    assert!(
+        !f.root.join("state/door/secrets/s.json").exists(),
+        "its digests go with its record"
+    );
 }
 
 #[test]

@@ -112,6 +112,9 @@ impl<'a> Sandboxes<'a> {
     pub fn start(&self, name: &str) -> Result<Record> {
         let rec = self.get(name)?;
         let secrets = secrets::resolve(&rec.secrets, &|n| std::env::var_os(n))?;
+        // The values it was made with, or none: the door knows those
+        // (crates/mailbox/src/door_record.rs), and would pass another.
+        crate::door_record::DoorRecord::new(&self.root).check(name, &|n| std::env::var_os(n))?;
         let c = self
             .engine
             .inspect(&rec.container)?

@@ -143,6 +143,18 @@ impl DoorRecord {
         self.dir.join("secrets").join(format!("{name}.json"))
     }
 
+    /// [`Self::secrets_path`] of a valid sandbox name (64 otherwise): a
+    /// name is a file name here.
+    fn secrets_file(&self, name: &str) -> Result<PathBuf> {
+        if !crate::layout::valid_name(name) {
+            return Err(Error::usage(format!(
+                "'{}' is not a valid sandbox name",
+                name.escape_debug()
+            )));
+        }
+        Ok(self.secrets_path(name))
+    }
+
     pub fn budgets_path(&self) -> PathBuf {
         self.dir.join("budgets.json")
     }
@@ -200,6 +212,7 @@ impl DoorRecord {
     /// Records the keyed digests of `values` (name, value) for sandbox
     /// `sandbox`, replacing what it had; with no values, removes its file.
     pub fn record_secrets(&self, sandbox: &str, values: &[(String, Vec<u8>)]) -> Result<()> {
+        let path = self.secrets_file(sandbox)?;
         if values.is_empty() {
             return self.forget(sandbox);
         }
@@ -213,7 +226,6 @@ impl DoorRecord {
                 .map(|(n, v)| (n.clone(), digest(&key, n, v)))
                 .collect(),
         };
-        let path = self.secrets_path(sandbox);
         self.make_dir(path.parent().expect("secrets/NAME.json has a parent"))?;
         let mut bytes = serde_json::to_vec_pretty(&d).expect("digests are plain data");
         bytes.push(b'\n');
@@ -223,7 +235,7 @@ impl DoorRecord {
 
     /// Removes sandbox `sandbox`'s digests (its record went).
     pub fn forget(&self, sandbox: &str) -> Result<()> {
-        let path = self.secrets_path(sandbox);
+        let path = self.secrets_file(sandbox)?;
         match std::fs::remove_file(&path) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -238,7 +250,7 @@ impl DoorRecord {
     /// (redact/names.rs).  No file: nothing was recorded (a sandbox made
     /// before digests were), nothing to check.
     pub fn check(&self, sandbox: &str, env: &dyn Fn(&str) -> Option<OsString>) -> Result<()> {
-        let path = self.secrets_path(sandbox);
+        let path = self.secrets_file(sandbox)?;
         let Some(text) = read_small(&path)? else {
             return Ok(());
         };
@@ -270,8 +282,8 @@ impl DoorRecord {
                 return Err(Error::config(format!(
                     "secret {name} in this environment is not the value sandbox '{sandbox}' was made with \
                      (its keyed digest, recorded in '{}', differs), so the door would pass that value unmasked; \
-                     export {name} with the value lw-sandbox create was given, where lw-mediate and lw-sync run, \
-                     or remove the sandbox",
+                     export {name} with the value the sandbox was made with (for lw-mediate, lw-sync \
+                     and lw-sandbox start), or remove the sandbox",
                     path.display()
                 )));
             }
@@ -493,6 +505,10 @@ mod tests {
         std::fs::remove_file(d.key_path()).unwrap();
         let e = d.check("api", &env(VALUE)).unwrap_err();
         assert!(e.msg.contains("the key"), "{e}");
+        for bad in ["../x", "A", ""] {
+            let e = d.record_secrets(bad, &[("K".into(), b"value1".to_vec())]);
+            assert_eq!(e.unwrap_err().exit, Exit::Usage, "{bad}");
+        }
         // No values: the file goes.
         d.record_secrets("api", &[]).unwrap();
         assert!(!d.secrets_path("api").exists());
