@@ -102,6 +102,34 @@ fn a_mediator_with_another_value_of_a_recorded_secret_exits_78_and_forwards_noth
             f.display()
         );
     }
+    // The key and digests: the owner's alone, in the closed state/, and
+    // the digest in no file a sandbox mounts (its mail dir, the registry).
+    use std::os::unix::fs::PermissionsExt as _;
+    let door = root.dir.join("state/door");
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    for (p, want) in [
+        (root.dir.join("state"), 0o700),
+        (door.clone(), 0o700),
+        (door.join("key"), 0o600),
+        (door.join("secrets/api.json"), 0o600),
+    ] {
+        assert_eq!(mode(&p), want, "{}", p.display());
+    }
+    let rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(door.join("secrets/api.json")).unwrap()).unwrap();
+    let digest = rec["secrets"]["API_KEY"].as_str().unwrap().to_string();
+    assert_eq!(digest.len(), 64, "{rec}");
+    for f in sync_support::files_under(&root.dir) {
+        if f.starts_with(&door) {
+            continue;
+        }
+        let b = std::fs::read(&f).unwrap_or_default();
+        assert!(
+            !b.windows(64).any(|w| w == digest.as_bytes()),
+            "{}",
+            f.display()
+        );
+    }
     let leak = sync_support::message("api", "web", Kind::Request, "the key", VALUE);
     let plain = sync_support::message("api", "web", Kind::Request, "hello", "no secret");
     for m in [&leak, &plain] {
