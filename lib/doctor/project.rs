@@ -274,13 +274,20 @@ fn closed(root: &Root) -> Vec<Finding> {
     }
     let state = root.state_dir();
     let mut open: Vec<PathBuf> = Vec::new();
-    for dir in [state.clone(), state.join("sandbox")] {
+    // The door's record too: its key and the digests of secret values.
+    let door = state.join("door");
+    for dir in [
+        state.clone(),
+        state.join("sandbox"),
+        door.clone(),
+        door.join("secrets"),
+    ] {
         let Ok(rd) = std::fs::read_dir(&dir) else {
             continue;
         };
         for e in rd.flatten() {
             let p = e.path();
-            if p.extension().is_some_and(|x| x == "json")
+            if (p.extension().is_some_and(|x| x == "json") || p == door.join("key"))
                 && let Some((false, m)) = mode(&p)
                 && m & 0o077 != 0
             {
