@@ -65,11 +65,13 @@
 mod carry;
 mod daemon;
 mod lock;
+mod outbox;
 mod ring;
 mod serve;
 
 pub use carry::{Carried, Courier, Due, Status};
 pub use daemon::{Ensured, LOG_MAX, control, detached, ensure, ensure_from, log_path};
 pub use lock::{PidFile, lock_path, pid_path, running, stop, take_lock};
+pub use outbox::PASS_MAX;
 pub use ring::SILENT;
 pub use serve::{SWEEP, Told, foreground, run, serve};
