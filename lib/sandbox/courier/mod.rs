@@ -13,7 +13,10 @@
 //!   engine's copy acknowledged: linked into `outbox/cur/` and removed from
 //!   `outbox/new/`, inside the sandbox, as its user.  Anything else in
 //!   `outbox/new/` (links, directories, other names, oversized files) is
-//!   moved to `outbox/junk/` there and reported.  The sender is the
+//!   moved to `outbox/junk/` there and reported.  Each pass reads at most
+//!   [`PASS_MAX`] of a sandbox's outbox, and never the data of an entry
+//!   over the limit (outbox.rs): what a sandbox plants costs the courier,
+//!   and the other sandboxes' mail, a bounded read.  The sender is the
 //!   sandbox whose volume it came from: the courier writes only into that
 //!   sandbox's own outbox on the host.
 //! * **in**: each name in the host's `inbox/new/` (the mediator's
@@ -58,7 +61,7 @@
 //!   `courier --ensure` starts another.  `courier --stop` ends it (SIGTERM)
 //!   and returns once its lock is free.
 //!
-//! By concern: `carry` (the passes), `lock` (one courier per root),
+//! By concern: `carry` (the passes), `outbox` (its bounded read), `lock` (one courier per root),
 //! `serve` (the loop, and `lw-sandbox courier` in the foreground) and
 //! `daemon` (the detached courier, started and stopped).
 

@@ -89,10 +89,11 @@ impl<R: Read> Read for Counted<R> {
 /// entries' data (and [`HEADERS`] more).
 pub fn read_outbox(reader: impl Read, target: &Maildir, room: u64) -> Result<Read1> {
     let read = Rc::new(Cell::new(0));
+    let cap = room.saturating_add(HEADERS);
     let counted = Counted {
         inner: reader,
         read: read.clone(),
-        left: room.saturating_add(HEADERS),
+        left: cap,
     };
     let mut a = tar::Archive::new(counted);
     let mut r = Read1 {
@@ -101,90 +102,36 @@ pub fn read_outbox(reader: impl Read, target: &Maildir, room: u64) -> Result<Rea
         end: End::Whole,
         bytes: 0,
     };
-    let cap = room.saturating_add(HEADERS);
-    let bad = |e: std::io::Error| {
+    // An archive that breaks off once the bound is read was cut by it,
+    // not by the engine.
+    let cut = |e: std::io::Error| {
         if read.get() >= cap {
-            // Cut by the bound, not by the engine.
-            return None;
+            return Ok(End::Full);
         }
-        Some(Error::new(
+        Err(Error::new(
             Exit::Unavailable,
             format!("the engine's archive of the outbox is unreadable: {e}"),
         ))
     };
     let mut data = 0u64;
-    let mut first = true;
-    let entries = match a.entries() {
-        Ok(e) => e,
-        Err(e) => return Err(bad(e).expect("nothing was read yet")),
-    };
-    for entry in entries {
-        let mut entry = match entry {
-            Ok(e) => e,
-            Err(e) => match bad(e) {
-                Some(e) => return Err(e),
-                None => {
-                    r.end = End::Full;
-                    break;
-                }
-            },
-        };
-        let path = entry.path_bytes().into_owned();
-        let path = String::from_utf8_lossy(&path).into_owned();
-        let path = path.trim_end_matches('/');
-        let size = entry.header().size().unwrap_or(u64::MAX);
-        // Nothing of an entry over the limit is read, wherever it is.
-        if size > message::MAX_FILE {
-            if let Some(name) = path.strip_prefix("new/") {
-                let top = name.split('/').next().unwrap_or(name);
-                let why = format!("{size} bytes; the limit is {}", message::MAX_FILE);
-                r.junk.push((top.to_string(), why));
-            }
-            r.end = End::Over;
-            break;
-        }
-        if data + size > room {
-            r.end = End::Full;
-            break;
-        }
-        data += size;
-        // The first entry is `new` itself.
-        if first && !path.contains('/') {
-            first = false;
-            continue;
-        }
-        first = false;
-        let Some(name) = path.strip_prefix("new/") else {
-            continue;
-        };
-        if name.contains('/') {
-            // Inside a directory planted in new/: moved with it.
-            continue;
-        }
-        let kind = entry.header().entry_type();
-        let why = if !kind.is_file() {
-            Some("not a regular file")
-        } else if !crate::id::is_valid(name) {
-            Some("its name does not follow the id grammar")
-        } else {
-            None
-        };
-        if let Some(why) = why {
-            r.junk.push((name.to_string(), why.to_string()));
-            continue;
-        }
-        let mut bytes = Vec::with_capacity(size as usize);
-        if let Err(e) = entry.read_to_end(&mut bytes) {
-            match bad(e) {
-                Some(e) => return Err(e),
-                None => {
-                    r.end = End::Full;
-                    break;
-                }
+    match a.entries() {
+        Ok(entries) => {
+            for entry in entries {
+                let step = match entry {
+                    Ok(entry) => one(entry, target, room, &mut data, &mut r),
+                    Err(e) => Err(Failed::Read(e)),
+                };
+                let end = match step {
+                    Ok(None) => continue,
+                    Ok(Some(end)) => end,
+                    Err(Failed::Read(e)) => cut(e)?,
+                    Err(Failed::Door(e)) => return Err(e),
+                };
+                r.end = end;
+                break;
             }
         }
-        let new = matches!(target.deliver_once(name, &bytes)?, Delivered::New(_));
-        r.carried.push((name.to_string(), new));
+        Err(e) => r.end = cut(e)?,
     }
     if r.end == End::Whole {
         // tar pads its archive past the end marker (to its record size):
@@ -194,6 +141,64 @@ pub fn read_outbox(reader: impl Read, target: &Maildir, room: u64) -> Result<Rea
     }
     r.bytes = read.get();
     Ok(r)
+}
+
+enum Failed {
+    /// The archive could not be read.
+    Read(std::io::Error),
+    /// A message could not be delivered into the root.
+    Door(Error),
+}
+
+/// Takes one entry of the archive: carried, counted as junk, or the end
+/// of the read (over the limit, or past the room).  `data`: the entries'
+/// data read so far.
+fn one<R: Read>(
+    mut entry: tar::Entry<R>,
+    target: &Maildir,
+    room: u64,
+    data: &mut u64,
+    r: &mut Read1,
+) -> std::result::Result<Option<End>, Failed> {
+    let path = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+    let path = path.trim_end_matches('/');
+    let size = entry.header().size().unwrap_or(u64::MAX);
+    // `new` itself, and what a directory planted in new/ holds (moved
+    // with it), are not messages.
+    let name = path.strip_prefix("new/");
+    // Nothing of an entry over the limit is read, wherever it is.
+    if size > message::MAX_FILE {
+        if let Some(name) = name {
+            let top = name.split('/').next().unwrap_or(name);
+            let why = format!("{size} bytes; the limit is {}", message::MAX_FILE);
+            r.junk.push((top.to_string(), why));
+        }
+        return Ok(Some(End::Over));
+    }
+    if *data + size > room {
+        return Ok(Some(End::Full));
+    }
+    *data += size;
+    let Some(name) = name.filter(|n| !n.contains('/')) else {
+        return Ok(None);
+    };
+    let why = if !entry.header().entry_type().is_file() {
+        Some("not a regular file")
+    } else if !crate::id::is_valid(name) {
+        Some("its name does not follow the id grammar")
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        r.junk.push((name.to_string(), why.to_string()));
+        return Ok(None);
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    entry.read_to_end(&mut bytes).map_err(Failed::Read)?;
+    let new = target.deliver_once(name, &bytes).map_err(Failed::Door)?;
+    r.carried
+        .push((name.to_string(), matches!(new, Delivered::New(_))));
+    Ok(None)
 }
 
 #[cfg(test)]
@@ -250,6 +255,17 @@ mod tests {
             "only headers past the first: {}",
             r.bytes
         );
+        let _ = std::fs::remove_dir_all(&t.path);
+    }
+
+    #[test]
+    fn a_big_file_inside_a_planted_directory_names_the_directory() {
+        let t = target("dir");
+        let a = archive(&[("d/x", 2 << 20), (&id(1), 10)]);
+        let r = read_outbox(&a[..], &t, 64 << 20).unwrap();
+        assert_eq!(r.end, End::Over);
+        assert_eq!(r.junk[0].0, "d", "the sweep moves d: {:?}", r.junk);
+        assert!(r.carried.is_empty());
         let _ = std::fs::remove_dir_all(&t.path);
     }
 
