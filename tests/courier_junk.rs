@@ -5,6 +5,10 @@
 //! Five sparse 2 GiB files used to make the courier stream 10 GiB per pass,
 //! and another pair's message took 50 s instead of 0.75 s.
 //!
+//! Each round also plants a tenth as many 1 MiB files, all holes (no
+//! message: junk in the volume, never expanded in the root) and dense but
+//! not JSON (carried; the mediator quarantines them within x's budget).
+//!
 //! Asserted, each round: what the courier process read (its `rchar`,
 //! sockets included) is at most what a pass may carry; the junk leaves
 //! `outbox/new/` for the volume's `outbox/junk/` and no byte of it reaches
@@ -68,23 +72,56 @@ fn scale(var: &str, default: usize) -> usize {
 }
 
 /// Plants `n` sparse 2 GiB files and `n` dense 1.1 MiB files in the
-/// outbox of the sandbox, named by the id grammar and renamed in from
-/// `tmp/` as lw-post does, so each is whole when the courier sees it.
-fn plant(round: usize, n: usize) -> String {
+/// outbox of the sandbox, and `q` of 1 MiB each, sparse (all holes) and
+/// dense (not JSON), named by the id grammar and renamed in from `tmp/` as
+/// lw-post does, so each is whole when the courier sees it.
+fn plant(round: usize, n: usize, q: usize) -> String {
     format!(
         "set -e; cd /lw/mailbox/outbox
 for i in $(seq {n}); do
   k=$(( {round} * 100000 + i ))
   s=$(printf '1800000000.%09d.%032x' $k $k); truncate -s 2G tmp/$s; mv tmp/$s new/$s
   d=$(printf '1800000001.%09d.%032x' $k $k); head -c 1153434 /dev/urandom > tmp/$d; mv tmp/$d new/$d
+done
+for i in $(seq {q}); do
+  k=$(( {round} * 100000 + i ))
+  s=$(printf '1800000002.%09d.%032x' $k $k); truncate -s 1M tmp/$s; mv tmp/$s new/$s
+  d=$(printf '1800000003.%09d.%032x' $k $k); head -c 1048576 /dev/zero | tr '\\0' x > tmp/$d; mv tmp/$d new/$d
 done"
     )
+}
+
+/// Files under `dirs` of the root that hold `text`.
+fn holding(root: &Path, dirs: &[&str], text: &str) -> usize {
+    dirs.iter()
+        .filter_map(|d| std::fs::read_dir(root.join(d)).ok())
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+        .filter(|s| s.contains(text))
+        .count()
+}
+
+/// Waits until the root's copy of `name`'s outbox holds nothing for the
+/// mediator.
+fn taken(root: &Path, name: &str) {
+    let new = root.join(format!("sandboxes/{name}/outbox/new"));
+    let w = loopwright::fs::Watcher::new().unwrap();
+    w.add(&new).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while std::fs::read_dir(&new).unwrap().count() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the mediator took {name}'s posts"
+        );
+        w.wait(Some(Duration::from_secs(5))).unwrap();
+    }
 }
 
 #[test]
 fn junk_in_a_volume_outbox_is_never_streamed_and_delays_no_other_pair() {
     let rounds = scale("LW_JUNK_ROUNDS", 10);
     let n = scale("LW_JUNK_FILES", 100);
+    let q = n.div_ceil(10);
     let fx = Fixture::new("cjunk");
     // The local engine, taken for one that does not see this host's files.
     let id = text(&docker(&["info", "--format", "{{.ID}}"]))
@@ -139,11 +176,11 @@ fn junk_in_a_volume_outbox_is_never_streamed_and_delays_no_other_pair() {
     for r in 0..rounds {
         let read0 = rchar(pid);
         let t = Instant::now();
-        let (code, out, err) = fx.sh("x", &plant(r, n));
+        let (code, out, err) = fx.sh("x", &plant(r, n, q));
         assert_eq!(code, 0, "planting in x: {out}{err}");
         let planted = t.elapsed();
         with_junk.push(cross("a", "b", &format!("round {r}")));
-        junk = courier.until("junk", junk, junk + 2 * n, Duration::from_secs(300));
+        junk = courier.until("junk", junk, junk + 2 * n + q, Duration::from_secs(300));
         let read = rchar(pid) - read0;
         println!(
             "round {r}: planted in {planted:?}, a->b {:?}, the junk gone after {:?}, the courier read {read} bytes",
@@ -165,16 +202,17 @@ fn junk_in_a_volume_outbox_is_never_streamed_and_delays_no_other_pair() {
         assert_eq!(l.count(), 0, "x's outbox/new is empty: {left}");
         assert_eq!(
             moved,
-            2 * n,
+            2 * n + q,
             "round {r}: all junk in x's outbox/junk: {left}"
         );
     }
     let took = started.elapsed();
+    taken(&fx.root, "x");
     let grew = allocated(&fx.root).saturating_sub(root_before);
     // The planter's own message still crosses.
     let from_x = cross("x", "a", "x still talks");
     println!(
-        "courier_junk: {rounds} rounds of {n} sparse 2 GiB + {n} dense 1.1 MiB files in {took:?}; \
+        "courier_junk: {rounds} rounds of {n} sparse 2 GiB + {n} dense 1.1 MiB + {q} sparse 1 MiB + {q} dense 1 MiB files in {took:?}; \
          a->b before {usual:?}, with the junk {with_junk:?}; x->a after {from_x:?}; \
          most the courier read in a round {most_read} bytes; the root grew {grew} bytes"
     );
@@ -187,9 +225,22 @@ fn junk_in_a_volume_outbox_is_never_streamed_and_delays_no_other_pair() {
             "round {r}: a->b took {d:?} with the junk, {usual_max:?} at most before"
         );
     }
+    // x's budgets: what the quarantine keeps of it, and its log.
+    let budget = mailbox::mediate::DEFAULT_QUARANTINE_MAX + mailbox::mediate::DEFAULT_LOG_MAX;
     assert!(
-        grew <= mailbox::mediate::DEFAULT_QUARANTINE_MAX,
-        "the root grew {grew} bytes"
+        grew <= budget,
+        "the root grew {grew} bytes, x's budgets are {budget}"
     );
+    // Told once, when x's bad files passed its quarantine budget.
+    let said = "x used its quarantine budget";
+    let once =
+        usize::from((rounds * q) as u64 * (1 << 20) > mailbox::mediate::DEFAULT_QUARANTINE_MAX);
+    assert_eq!(
+        holding(&fx.root, &["human/new", "human/cur"], said),
+        once,
+        "a person is told"
+    );
+    let x_inbox = ["sandboxes/x/inbox/new", "sandboxes/x/inbox/cur"];
+    assert_eq!(holding(&fx.root, &x_inbox, said), once, "x is told");
     courier.kill();
 }

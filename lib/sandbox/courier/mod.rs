@@ -5,8 +5,8 @@
 //! in short, per sandbox and pass:
 //!
 //! * **out**: an archive of the volume's `outbox/new/` is read as it
-//!   streams; each regular file named by the id grammar and within the
-//!   message-file limit is delivered into `ROOT/sandboxes/NAME/outbox/`
+//!   streams; each regular file named by the id grammar, within the
+//!   message-file limit and without a NUL byte is delivered into `ROOT/sandboxes/NAME/outbox/`
 //!   with deliver-once (no-replace rename, skipped when the name is in
 //!   `new/` or `cur/` already), so a copy carried twice (a crash before the
 //!   acknowledgement) lands once.  Only when that delivery is durable is the

@@ -16,6 +16,9 @@
 //!   room the caller gives (what the sandbox may carry in a pass); an
 //!   entry that does not fit ends the read ([`End::Full`]) and waits for
 //!   the next pass.
+//! * A file within the limit that holds a NUL byte is no message (a
+//!   sparse one's holes read as zeros): it is junk, so the root never
+//!   holds a hole expanded.
 //! * The whole archive read, headers and padding too, is at most that room
 //!   and [`HEADERS`]: a hostile `tar` that says more is cut there.
 //!
@@ -195,6 +198,13 @@ fn one<R: Read>(
     }
     let mut bytes = Vec::with_capacity(size as usize);
     entry.read_to_end(&mut bytes).map_err(Failed::Read)?;
+    if bytes.contains(&0) {
+        // No message holds a NUL byte (JSON has none outside escapes): a
+        // sparse file's holes stay in the volume, never expanded here.
+        let why = "it holds NUL bytes (a sparse file's holes, say)";
+        r.junk.push((name.to_string(), why.to_string()));
+        return Ok(None);
+    }
     let new = target.deliver_once(name, &bytes).map_err(Failed::Door)?;
     r.carried
         .push((name.to_string(), matches!(new, Delivered::New(_))));
@@ -255,6 +265,28 @@ mod tests {
             "only headers past the first: {}",
             r.bytes
         );
+        let _ = std::fs::remove_dir_all(&t.path);
+    }
+
+    #[test]
+    fn a_file_with_holes_within_the_limit_is_junk_and_never_delivered() {
+        let t = target("holes");
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(1 << 20);
+        h.set_mode(0o600);
+        h.set_cksum();
+        b.append_data(
+            &mut h,
+            format!("new/{}", id(1)),
+            std::io::repeat(0).take(1 << 20),
+        )
+        .unwrap();
+        let a = b.into_inner().unwrap();
+        let r = read_outbox(&a[..], &t, 64 << 20).unwrap();
+        assert_eq!(r.end, End::Whole);
+        assert!(r.carried.is_empty() && r.junk.len() == 1, "{r:?}");
+        assert!(!t.sub(crate::maildir::Sub::New).join(id(1)).exists());
         let _ = std::fs::remove_dir_all(&t.path);
     }
 
