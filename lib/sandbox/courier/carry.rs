@@ -324,9 +324,10 @@ impl<'s, 'a> Courier<'s, 'a> {
         // pass: the root holds at most a pass's worth of one sandbox's
         // posts, whatever the sandbox plants.
         let room = PASS_MAX.saturating_sub(waiting(&outbox));
-        self.behind.remove(&rec.name);
+        // Behind until this pass read it to its end (an error on the way
+        // leaves it so: read again next interval).
+        self.behind.insert(rec.name.clone());
         if room < crate::message::MAX_FILE {
-            self.behind.insert(rec.name.clone());
             return Ok(Carried::default());
         }
         let mut read = self.archive(rec, &outbox, room)?;
@@ -362,9 +363,7 @@ impl<'s, 'a> Courier<'s, 'a> {
             read.junk = again.junk;
             read.end = again.end;
         }
-        if read.end != End::Whole {
-            self.behind.insert(rec.name.clone());
-        }
+        let mut whole = read.end == End::Whole;
         done.out = read.carried.iter().filter(|(_, new)| *new).count();
         let mut moved = Vec::new();
         for (name, why) in &read.junk {
@@ -378,6 +377,9 @@ impl<'s, 'a> Courier<'s, 'a> {
         }
         if !running {
             // Carried all the same (idempotent); acknowledged once it runs.
+            if whole {
+                self.behind.remove(&rec.name);
+            }
             return Ok(done);
         }
         let names: Vec<String> = read.carried.into_iter().map(|(n, _)| n).collect();
@@ -391,9 +393,11 @@ impl<'s, 'a> Courier<'s, 'a> {
             if code == 0 {
                 done.junk += moved.len();
             }
-            if read.junk.len() > moved.len() {
-                self.behind.insert(rec.name.clone());
-            }
+            // More than one exec's worth: the rest next pass.
+            whole &= moved.len() < BATCH;
+        }
+        if whole {
+            self.behind.remove(&rec.name);
         }
         Ok(done)
     }
