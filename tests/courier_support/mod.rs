@@ -38,22 +38,38 @@ impl Courier {
     }
     /// Waits for lines until `n` messages were carried in; the time of the last.
     pub fn until_in(&self, n: usize, timeout: Duration) -> SystemTime {
+        self.until_count("in", 0, n, timeout).1
+    }
+    /// Waits for pass lines until their `word` counts (`out`, `in`,
+    /// `read`, `junk`), added to `from`, reach `n`: the sum.
+    pub fn until(&self, word: &str, from: usize, n: usize, timeout: Duration) -> usize {
+        self.until_count(word, from, n, timeout).0
+    }
+    fn until_count(
+        &self,
+        word: &str,
+        from: usize,
+        n: usize,
+        timeout: Duration,
+    ) -> (usize, SystemTime) {
         let deadline = Instant::now() + timeout;
-        let mut got = 0;
+        let mut got = from;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let (at, l) = self
-                .lines
-                .recv_timeout(left)
-                .unwrap_or_else(|_| panic!("the courier carried {got} of {n} in {timeout:?}"));
+            let (at, l) = self.lines.recv_timeout(left).unwrap_or_else(|_| {
+                panic!("the courier's {word} counted {got} of {n} in {timeout:?}")
+            });
             let w: Vec<&str> = l.split_whitespace().collect();
-            if let Some(i) = w.iter().position(|x| *x == "in") {
+            if let Some(i) = w.iter().position(|x| *x == word) {
                 got += w[i + 1].parse::<usize>().unwrap_or(0);
             }
             if got >= n {
-                return at;
+                return (got, at);
             }
         }
+    }
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
     pub fn kill(mut self) {
         let _ = self.child.kill();

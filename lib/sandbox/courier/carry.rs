@@ -6,8 +6,9 @@ use std::io::Read as _;
 use std::os::unix::fs::MetadataExt as _;
 use std::time::{Duration, Instant};
 
+use super::outbox::{End, PASS_MAX, Read1, read_outbox};
 use crate::error::{Error, Exit, Result};
-use crate::maildir::{Delivered, Maildir, Sub};
+use crate::maildir::{Maildir, Sub};
 use crate::message;
 use crate::sandbox::{MAILBOX, Record, Sandboxes};
 
@@ -43,6 +44,21 @@ rm -f -- \"$@\"";
 /// Moves junk out of `outbox/new/`.
 const JUNK: &str = "cd /lw/mailbox/outbox || exit 3
 mkdir -p junk && cd new && mv -f -- \"$@\" ../junk/";
+
+/// Moves every entry of `outbox/new/` that is not a regular file, or is
+/// over `$1` bytes (the message-file limit; a sparse file by its apparent
+/// size), to `outbox/junk/`, and says how many went: an archive cut at
+/// such an entry (outbox.rs) is read again without it, whatever their
+/// number.
+const SWEEP: &str = "cd /lw/mailbox/outbox || exit 3
+mkdir -p junk || exit 3
+find new -mindepth 1 -maxdepth 1 \\( ! -type f -o -size +\"$1\"c \\) -exec sh -c '
+mv -f -- \"$@\" junk/ 2>/dev/null
+n=0; for f; do [ -e \"$f\" ] || [ -L \"$f\" ] || n=$((n+1)); done; echo $n' sh {} +";
+
+/// Entries of one sandbox's outbox that are not messages named in the
+/// courier's warnings; past them, one warning says further ones go unnamed.
+const NAMED: usize = 20;
 
 /// Says which of the names are in the volume's `inbox/cur/` or `inbox/new/`.
 const STATUS: &str = "cd /lw/mailbox/inbox || exit 3
@@ -134,6 +150,11 @@ pub struct Courier<'s, 'a> {
     sb: &'s Sandboxes<'a>,
     /// Junk already reported, per sandbox: reported once.
     reported: HashSet<(String, String)>,
+    /// Per sandbox: junk warnings said (at most [`NAMED`] and one more).
+    said: HashMap<String, usize>,
+    /// Sandboxes whose outbox was not read to its end in the last pass (it
+    /// held more than a pass may carry): read again in the next.
+    behind: HashSet<String>,
     /// Per sandbox: names delivered into its volume and not seen acked, and
     /// when they were last looked up.
     inside: HashMap<String, (HashSet<String>, Instant)>,
@@ -144,8 +165,15 @@ impl<'s, 'a> Courier<'s, 'a> {
         Courier {
             sb,
             reported: HashSet::new(),
+            said: HashMap::new(),
+            behind: HashSet::new(),
             inside: HashMap::new(),
         }
+    }
+
+    /// Whether an outbox was left behind (more than a pass may carry).
+    pub fn behind(&self) -> bool {
+        !self.behind.is_empty()
     }
 
     /// The ready volume-mode sandboxes of the root.
@@ -171,7 +199,15 @@ impl<'s, 'a> Courier<'s, 'a> {
         let recs: Vec<(Record, Due)> = self
             .sandboxes()?
             .into_iter()
-            .filter_map(|r| due(&r).map(|d| (r, d)))
+            .filter_map(|r| {
+                let d = due(&r);
+                // An outbox left behind is read again, ring or not.
+                if self.behind.contains(&r.name) {
+                    let d = d.unwrap_or(Due::POLL);
+                    return Some((r, Due { out: true, ..d }));
+                }
+                d.map(|d| (r, d))
+            })
             .collect();
         let mut running = HashMap::new();
         for (rec, d) in &recs {
@@ -284,58 +320,143 @@ impl<'s, 'a> Courier<'s, 'a> {
         warn: &mut dyn FnMut(&str),
     ) -> Result<Carried> {
         let outbox = self.sb.root.sandbox(&rec.name).outbox();
+        // What still waits in the root for the mediator counts against the
+        // pass: the root holds at most a pass's worth of one sandbox's
+        // posts, whatever the sandbox plants.
+        let room = PASS_MAX.saturating_sub(waiting(&outbox));
+        // Behind until this pass read it to its end (an error on the way
+        // leaves it so: read again next interval).
+        self.behind.insert(rec.name.clone());
+        if room < crate::message::MAX_FILE {
+            return Ok(Carried::default());
+        }
+        let mut read = self.archive(rec, &outbox, room)?;
+        let mut done = Carried::default();
+        if read.end == End::Over && running {
+            // Moved aside inside, all at once; then read once more.
+            let out = self.script(
+                rec,
+                SWEEP,
+                &[crate::message::MAX_FILE.to_string()],
+                "move junk aside in",
+            )?;
+            let n: usize = out
+                .lines()
+                .filter_map(|l| l.trim().parse::<usize>().ok())
+                .sum();
+            done.junk += n;
+            let over: Vec<(String, String)> = std::mem::take(&mut read.junk);
+            for (name, why) in &over {
+                self.report(rec, name, why, warn);
+            }
+            if n > over.len() {
+                let line = format!(
+                    "sandbox '{}': {} more entries of outbox/new over {} bytes or not regular files; moved to outbox/junk/ in its mail volume",
+                    rec.name,
+                    n - over.len(),
+                    crate::message::MAX_FILE
+                );
+                self.say(rec, &line, line.clone(), warn);
+            }
+            let again = self.archive(rec, &outbox, room.saturating_sub(read.bytes))?;
+            read.carried.extend(again.carried);
+            read.junk = again.junk;
+            read.end = again.end;
+        }
+        let mut whole = read.end == End::Whole;
+        done.out = read.carried.iter().filter(|(_, new)| *new).count();
+        let mut moved = Vec::new();
+        for (name, why) in &read.junk {
+            self.report(rec, name, why, warn);
+            // Names that a shell word cannot hold are left and reported once.
+            let word = !name.is_empty() && !name.contains('/') && !name.starts_with('-');
+            // Over the limit: the sweep of the next pass takes it.
+            if word && read.end != End::Over && moved.len() < BATCH {
+                moved.push(name.clone());
+            }
+        }
+        if !running {
+            // Carried all the same (idempotent); acknowledged once it runs.
+            if whole {
+                self.behind.remove(&rec.name);
+            }
+            return Ok(done);
+        }
+        let names: Vec<String> = read.carried.into_iter().map(|(n, _)| n).collect();
+        for chunk in names.chunks(BATCH) {
+            self.script(rec, ACK, chunk, "acknowledge carried messages in")?;
+        }
+        if !moved.is_empty() {
+            let (code, _, _) = self
+                .sb
+                .exec_args(&rec.container, &Self::user(rec), JUNK, &moved)?;
+            if code == 0 {
+                done.junk += moved.len();
+            }
+            // More than one exec's worth: the rest next pass.
+            whole &= moved.len() < BATCH;
+        }
+        if whole {
+            self.behind.remove(&rec.name);
+        }
+        Ok(done)
+    }
+
+    /// Reads the archive of the volume's `outbox/new/`, carrying at most
+    /// `room` bytes of it (outbox.rs).
+    fn archive(&self, rec: &Record, outbox: &Maildir, room: u64) -> Result<Read1> {
         // The archive is read as it streams, by a thread: an outbox of any
         // size never sits in memory, only each message in turn.
         let (reader, mut writer) = std::io::pipe()
             .map_err(|e| Error::new(Exit::IoErr, format!("cannot make a pipe: {e}")))?;
         let target = outbox.clone();
-        let parser = std::thread::spawn(move || read_outbox(reader, &target));
+        let parser = std::thread::spawn(move || read_outbox(reader, &target, room));
         let copied = self.sb.engine.copy_out(
             &rec.container,
             &format!("{MAILBOX}/outbox/new"),
             &mut writer,
         );
         drop(writer);
-        let parsed = parser
+        let read = parser
             .join()
-            .map_err(|_| Error::new(Exit::Software, "the outbox reader panicked"))?;
-        copied?;
-        let (carried, junk) = parsed?;
-        let mut done = Carried {
-            out: carried.iter().filter(|(_, new)| *new).count(),
-            ..Default::default()
-        };
-        let mut moved = Vec::new();
-        for (name, why) in &junk {
-            if self.reported.insert((rec.name.clone(), name.clone())) {
-                warn(&format!(
-                    "sandbox '{}': outbox/new/{} is not a message ({why}); moved to outbox/junk/ in its mail volume",
-                    rec.name,
-                    crate::visible::visible_line(name)
-                ));
-            }
-            // Names that a shell word cannot hold are left and reported once.
-            if !name.is_empty() && !name.contains('/') && !name.starts_with('-') {
-                moved.push(name.clone());
-            }
+            .map_err(|_| Error::new(Exit::Software, "the outbox reader panicked"))??;
+        // A read ended early broke the pipe on purpose.
+        if read.end == End::Whole {
+            copied?;
         }
-        if !running {
-            // Carried all the same (idempotent); acknowledged once it runs.
-            return Ok(done);
+        Ok(read)
+    }
+
+    /// Says once that `name` in the sandbox's `outbox/new/` is not a
+    /// message; past [`NAMED`] names, says once that further ones go
+    /// unnamed.
+    fn report(&mut self, rec: &Record, name: &str, why: &str, warn: &mut dyn FnMut(&str)) {
+        let line = format!(
+            "sandbox '{}': outbox/new/{} is not a message ({why}); moved to outbox/junk/ in its mail volume",
+            rec.name,
+            crate::visible::visible_line(name)
+        );
+        self.say(rec, name, line, warn);
+    }
+
+    /// Says `line` once per `key` of the sandbox, at most [`NAMED`] lines
+    /// of it, then once that further junk goes unnamed: a sandbox that
+    /// plants without end costs the courier's log a bounded number of lines.
+    fn say(&mut self, rec: &Record, key: &str, line: String, warn: &mut dyn FnMut(&str)) {
+        let said = self.said.entry(rec.name.clone()).or_default();
+        if *said > NAMED || self.reported.contains(&(rec.name.clone(), key.to_string())) {
+            return;
         }
-        let names: Vec<String> = carried.into_iter().map(|(n, _)| n).collect();
-        for chunk in names.chunks(BATCH) {
-            self.script(rec, ACK, chunk, "acknowledge carried messages in")?;
+        *said += 1;
+        if *said > NAMED {
+            warn(&format!(
+                "sandbox '{}': more entries of outbox/new are not messages; they are moved to outbox/junk/ in its mail volume, no longer named here",
+                rec.name
+            ));
+            return;
         }
-        for chunk in moved.chunks(BATCH) {
-            let (code, _, _) = self
-                .sb
-                .exec_args(&rec.container, &Self::user(rec), JUNK, chunk)?;
-            if code == 0 {
-                done.junk += chunk.len();
-            }
-        }
-        Ok(done)
+        self.reported.insert((rec.name.clone(), key.to_string()));
+        warn(&line);
     }
 
     fn carry_in(&mut self, rec: &Record, status: Status) -> Result<Carried> {
@@ -483,62 +604,15 @@ fn read_message_file(p: &std::path::Path) -> Option<Vec<u8>> {
     (b.len() as u64 <= message::MAX_FILE).then_some(b)
 }
 
-/// Carried names (and whether this pass delivered them) and junk (name, why).
-type Outbox = (Vec<(String, bool)>, Vec<(String, String)>);
-
-/// Reads the archive of `outbox/new` and delivers each message into
-/// `target` (deliver-once).
-fn read_outbox(reader: std::io::PipeReader, target: &Maildir) -> Result<Outbox> {
-    let mut carried = Vec::new();
-    let mut junk = Vec::new();
-    let mut a = tar::Archive::new(reader);
-    let bad = |e: std::io::Error| {
-        Error::new(
-            Exit::Unavailable,
-            format!("the engine's archive of the outbox is unreadable: {e}"),
-        )
+/// Bytes of the root's copy of a sandbox's outbox waiting for the mediator.
+fn waiting(outbox: &Maildir) -> u64 {
+    let Ok(names) = outbox.names(Sub::New) else {
+        return 0;
     };
-    let mut first = true;
-    for entry in a.entries().map_err(bad)? {
-        let mut entry = entry.map_err(bad)?;
-        let path = entry.path_bytes().into_owned();
-        let path = String::from_utf8_lossy(&path).into_owned();
-        let path = path.trim_end_matches('/');
-        // The first entry is `new` itself.
-        if first && !path.contains('/') {
-            first = false;
-            continue;
-        }
-        first = false;
-        let Some(name) = path.strip_prefix("new/") else {
-            continue;
-        };
-        if name.contains('/') {
-            // Inside a directory planted in new/: moved with it.
-            continue;
-        }
-        let kind = entry.header().entry_type();
-        let size = entry.header().size().unwrap_or(u64::MAX);
-        let why = if !kind.is_file() {
-            Some("not a regular file".to_string())
-        } else if !crate::id::is_valid(name) {
-            Some("its name does not follow the id grammar".to_string())
-        } else if size > message::MAX_FILE {
-            Some(format!("{size} bytes; the limit is {}", message::MAX_FILE))
-        } else {
-            None
-        };
-        if let Some(why) = why {
-            junk.push((name.to_string(), why));
-            continue;
-        }
-        let mut bytes = Vec::with_capacity(size as usize);
-        entry.read_to_end(&mut bytes).map_err(bad)?;
-        let new = matches!(target.deliver_once(name, &bytes)?, Delivered::New(_));
-        carried.push((name.to_string(), new));
-    }
-    // tar pads its archive past the end marker (to its record size): read
-    // it all, so the engine's side is not cut off mid-write.
-    std::io::copy(&mut a.into_inner(), &mut std::io::sink()).map_err(bad)?;
-    Ok((carried, junk))
+    let new = outbox.sub(Sub::New);
+    names
+        .iter()
+        .filter_map(|n| std::fs::symlink_metadata(new.join(n)).ok())
+        .map(|m| m.len())
+        .sum()
 }

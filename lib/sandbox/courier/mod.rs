@@ -5,15 +5,18 @@
 //! in short, per sandbox and pass:
 //!
 //! * **out**: an archive of the volume's `outbox/new/` is read as it
-//!   streams; each regular file named by the id grammar and within the
-//!   message-file limit is delivered into `ROOT/sandboxes/NAME/outbox/`
+//!   streams; each regular file named by the id grammar, within the
+//!   message-file limit and without a NUL byte is delivered into `ROOT/sandboxes/NAME/outbox/`
 //!   with deliver-once (no-replace rename, skipped when the name is in
 //!   `new/` or `cur/` already), so a copy carried twice (a crash before the
 //!   acknowledgement) lands once.  Only when that delivery is durable is the
 //!   engine's copy acknowledged: linked into `outbox/cur/` and removed from
 //!   `outbox/new/`, inside the sandbox, as its user.  Anything else in
 //!   `outbox/new/` (links, directories, other names, oversized files) is
-//!   moved to `outbox/junk/` there and reported.  The sender is the
+//!   moved to `outbox/junk/` there and reported.  Each pass reads at most
+//!   [`PASS_MAX`] of a sandbox's outbox, and never the data of an entry
+//!   over the limit (outbox.rs): what a sandbox plants costs the courier,
+//!   and the other sandboxes' mail, a bounded read.  The sender is the
 //!   sandbox whose volume it came from: the courier writes only into that
 //!   sandbox's own outbox on the host.
 //! * **in**: each name in the host's `inbox/new/` (the mediator's
@@ -58,18 +61,20 @@
 //!   `courier --ensure` starts another.  `courier --stop` ends it (SIGTERM)
 //!   and returns once its lock is free.
 //!
-//! By concern: `carry` (the passes), `lock` (one courier per root),
+//! By concern: `carry` (the passes), `outbox` (its bounded read), `lock` (one courier per root),
 //! `serve` (the loop, and `lw-sandbox courier` in the foreground) and
 //! `daemon` (the detached courier, started and stopped).
 
 mod carry;
 mod daemon;
 mod lock;
+mod outbox;
 mod ring;
 mod serve;
 
 pub use carry::{Carried, Courier, Due, Status};
 pub use daemon::{Ensured, LOG_MAX, control, detached, ensure, ensure_from, log_path};
 pub use lock::{PidFile, lock_path, pid_path, running, stop, take_lock};
+pub use outbox::PASS_MAX;
 pub use ring::SILENT;
 pub use serve::{SWEEP, Told, foreground, run, serve};

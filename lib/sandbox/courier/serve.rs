@@ -155,7 +155,11 @@ pub fn serve(
                 Ok(c) => report(Told::Pass(&c)),
                 Err(e) => warn(&e.to_string()),
             }
-            let timeout = rings.timeout(count, interval, SWEEP.saturating_sub(swept.elapsed()));
+            let mut timeout = rings.timeout(count, interval, SWEEP.saturating_sub(swept.elapsed()));
+            if courier.behind() {
+                // An outbox left behind is read again next interval.
+                timeout = timeout.min(interval);
+            }
             if let Err(e) = wait(&watcher, &rings, timeout) {
                 break Err(e);
             }
