@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Exit, Result};
 use crate::image::{DEFAULT_RUNTIME, KNOWN_DEPS_FILES, RUNTIME_DIR};
 
+pub mod check;
 pub mod versions;
 
 /// Where the host keeps certificate authorities it added to the system's

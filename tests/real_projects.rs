@@ -215,94 +215,129 @@ impl Drop for Cleanup {
     }
 }
 
-/// One project through the whole path; returns the toolchain layer's tag
-/// and the toolchain versions it declares.
-fn run(pr: &Project) -> (String, String) {
-    let src = fetch(pr);
-    let dir = std::env::temp_dir().join(format!("lw-real-{}-{}", pr.stack, nonce()));
-    let repo = dir.join("repo");
-    std::fs::create_dir_all(&dir).unwrap();
-    let _cleanup = Cleanup {
-        dir: dir.clone(),
-        root: repo.join(".loopwright/cache/mailbox"),
-    };
-    ok(
-        &dir,
-        &format!("cp -a '{}' repo && rm repo/.lw-fetched", src.display()),
-    );
-    git(&dir, &["init", "-q", "--bare", "-b", "main", "up.git"]);
-    git(&repo, &["init", "-q", "-b", "main"]);
-    git(&repo, &["config", "user.name", "A Person"]);
-    git(&repo, &["config", "user.email", "person@example.com"]);
-    git(
-        &repo,
-        &[
-            "remote",
-            "add",
-            "origin",
-            dir.join("up.git").to_str().unwrap(),
-        ],
-    );
-    git(&repo, &["add", "-A", "-f"]);
-    git(&repo, &["commit", "-qm", "as published"]);
-    git(&repo, &["push", "-q", "origin", "main"]);
-    let bins = sandbox_support::bin("lw-init")
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let path = format!(
-        "{}:{}",
-        bins.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let root = repo.join(".loopwright/cache/mailbox");
-    let step = |what: &str, script: &str| {
+/// One project's checkout, pushed to its own upstream, with the built
+/// binaries on PATH; removed (and its sandboxes) when dropped.
+struct Checkout {
+    name: String,
+    repo: PathBuf,
+    path: String,
+    root: PathBuf,
+    _cleanup: Cleanup,
+}
+
+impl Checkout {
+    fn new(pr: &Project) -> Checkout {
+        let src = fetch(pr);
+        let dir = std::env::temp_dir().join(format!("lw-real-{}-{}", pr.stack, nonce()));
+        let repo = dir.join("repo");
+        std::fs::create_dir_all(&dir).unwrap();
+        let root = repo.join(".loopwright/cache/mailbox");
+        let cleanup = Cleanup {
+            dir: dir.clone(),
+            root: root.clone(),
+        };
+        ok(
+            &dir,
+            &format!("cp -a '{}' repo && rm repo/.lw-fetched", src.display()),
+        );
+        git(&dir, &["init", "-q", "--bare", "-b", "main", "up.git"]);
+        git(&repo, &["init", "-q", "-b", "main"]);
+        git(&repo, &["config", "user.name", "A Person"]);
+        git(&repo, &["config", "user.email", "person@example.com"]);
+        git(
+            &repo,
+            &[
+                "remote",
+                "add",
+                "origin",
+                dir.join("up.git").to_str().unwrap(),
+            ],
+        );
+        git(&repo, &["add", "-A", "-f"]);
+        git(&repo, &["commit", "-qm", "as published"]);
+        git(&repo, &["push", "-q", "origin", "main"]);
+        let bins = sandbox_support::bin("lw-init")
+            .parent()
+            .unwrap()
+            .to_path_buf();
+        let path = format!(
+            "{}:{}",
+            bins.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        Checkout {
+            name: format!("{} {}", pr.name, pr.version),
+            repo,
+            path,
+            root,
+            _cleanup: cleanup,
+        }
+    }
+
+    /// `script` in the checkout, its time printed: its output.
+    fn sh(&self, what: &str, script: &str) -> Output {
         let t = Instant::now();
         let o = Command::new("bash")
             .args(["-euo", "pipefail", "-c", script])
-            .current_dir(&repo)
-            .env("PATH", &path)
-            .env("LW_ROOT", &root)
+            .current_dir(&self.repo)
+            .env("PATH", &self.path)
+            .env("LW_ROOT", &self.root)
             .env_remove("LW_MIRROR")
             .env_remove("LW_MAILBOX")
             .stdin(Stdio::null())
             .output()
             .expect("bash runs");
         let secs = t.elapsed().as_secs_f64();
-        println!("{} {}: {what} {secs:.1} s", pr.name, pr.version);
+        println!("{}: {what} {secs:.1} s", self.name);
+        o
+    }
+
+    /// `script`, which must succeed: its stdout and stderr.
+    fn step(&self, what: &str, script: &str) -> (String, String) {
+        let o = self.sh(what, script);
         assert!(
             o.status.success(),
-            "{} {}: {what} failed:\n{}\n{}",
-            pr.name,
-            pr.version,
+            "{}: {what} failed:\n{}\n{}",
+            self.name,
             text(&o),
             err(&o)
         );
         (text(&o), err(&o))
-    };
-    step("lw init", "lw init >/dev/null");
-    // One image repository for the corpus: a toolchain layer's tag is its
-    // inputs' hash, so the same declared toolchain is the same image.
-    ok(
-        &repo,
-        &format!(
-            "sed -i '1i image loopwright/lw-real-{}' .loopwright/runtime/runtime.conf",
-            pr.stack
-        ),
-    );
-    step("lw-mirror sync", "lw-mirror sync >/dev/null");
-    let (built, _) = step("lw-build", "lw-build");
+    }
+
+    /// lw init, lw-mirror sync, lw-build in the corpus's image repository
+    /// for `stack`: lw-build's output.
+    fn build(&self, stack: &str) -> String {
+        self.step("lw init", "lw init >/dev/null");
+        // One image repository for the corpus: a toolchain layer's tag is
+        // its inputs' hash, so the same toolchain is the same image.
+        ok(
+            &self.repo,
+            &format!(
+                "sed -i '1i image loopwright/lw-real-{stack}' .loopwright/runtime/runtime.conf"
+            ),
+        );
+        self.step("lw-mirror sync", "lw-mirror sync >/dev/null");
+        self.step("lw-build", "lw-build").0
+    }
+}
+
+/// One project through the whole path; returns the toolchain layer's tag
+/// and the toolchain versions it declares.
+fn run(pr: &Project) -> (String, String) {
+    let c = Checkout::new(pr);
+    let built = c.build(pr.stack);
     let toolchain = built
         .lines()
         .find(|l| l.starts_with("toolchain "))
         .unwrap_or_default()
         .to_string();
-    println!("{} {}: {toolchain}", pr.name, pr.version);
-    step(
+    println!("{}: {toolchain}", c.name);
+    c.step(
         "lw-sandbox create",
         "lw-sandbox create t --branch task/t >/dev/null",
     );
-    let (out, e) = step(
+    let (out, e) = c.step(
         &format!("test ({}, network none)", pr.test),
         &format!(
             "lw-sandbox exec t -- sh -c 'cd /work/repo && {} 2>&1'",
@@ -310,9 +345,8 @@ fn run(pr: &Project) -> (String, String) {
         ),
     );
     println!(
-        "{} {}: {} — last lines:\n{}{e}",
-        pr.name,
-        pr.version,
+        "{}: {} — last lines:\n{}{e}",
+        c.name,
         pr.why,
         out.lines()
             .rev()
@@ -323,7 +357,7 @@ fn run(pr: &Project) -> (String, String) {
             .collect::<Vec<_>>()
             .join("\n")
     );
-    let declared = std::fs::read_to_string(repo.join(".loopwright/runtime/toolchain.versions"))
+    let declared = std::fs::read_to_string(c.repo.join(".loopwright/runtime/toolchain.versions"))
         .unwrap_or_default();
     let tag = toolchain
         .split_whitespace()
@@ -331,6 +365,74 @@ fn run(pr: &Project) -> (String, String) {
         .unwrap_or_default()
         .to_string();
     (tag, declared)
+}
+
+/// The sandboxes (containers) of a checkout's mailbox root.
+fn containers(c: &Checkout) -> Vec<String> {
+    let label = format!(
+        "label=org.loopwright.root={}",
+        loopwright::sandbox::root_id(&c.root)
+    );
+    text(&docker(&["ps", "-aq", "--filter", &label]))
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// `lw init --check` (issue 39): the detected test command once in a
+/// sandbox made for it and removed after; pass is 0, and a failing test
+/// (one that prints terminal escapes, as a hostile suite may) is 1 with
+/// the command, status, time and the output's tail, escapes shown.
+#[test]
+fn init_check_reports_the_project_s_tests() {
+    let pr = CORPUS
+        .iter()
+        .find(|p| p.name == "six")
+        .expect("six is in the corpus");
+    let c = Checkout::new(pr);
+    c.build(pr.stack);
+    let o = c.sh("lw init --check (as published)", "lw init --check");
+    let out = text(&o);
+    println!("{out}{}", err(&o));
+    assert_eq!(o.status.code(), Some(0), "{out}{}", err(&o));
+    assert!(
+        out.starts_with("pass\ncommand python3 -m pytest -q\nexit 0\ntime "),
+        "{out}"
+    );
+    assert!(
+        out.contains(" passed"),
+        "pytest's summary in the tail: {out}"
+    );
+    assert!(containers(&c).is_empty(), "the check's sandbox is removed");
+
+    // A test that fails, and says so with a terminal's title escape.
+    std::fs::write(
+        c.repo.join("test_lw_check.py"),
+        "def test_breaks():\n    print('\\x1b]0;owned\\x07')\n    assert 1 == 2, 'lw-check-broke'\n",
+    )
+    .unwrap();
+    git(&c.repo, &["add", "test_lw_check.py"]);
+    git(&c.repo, &["commit", "-qm", "a failing test"]);
+    git(&c.repo, &["push", "-q", "origin", "main"]);
+    c.step("lw-mirror sync", "lw-mirror sync >/dev/null");
+    let o = c.sh("lw init --check (a failing test)", "lw init --check");
+    let out = text(&o);
+    println!("{out}{}", err(&o));
+    assert_eq!(o.status.code(), Some(1), "{out}{}", err(&o));
+    assert!(
+        out.starts_with("fail\ncommand python3 -m pytest -q\nexit 1\ntime "),
+        "{out}"
+    );
+    assert!(out.contains("failed"), "{out}");
+    assert!(
+        !out.contains('\x1b'),
+        "no raw escape reaches the terminal: {out}"
+    );
+    assert!(
+        out.contains("| \\x1b]0;owned\\x07"),
+        "the escape, shown: {out}"
+    );
+    assert!(containers(&c).is_empty(), "the check's sandbox is removed");
 }
 
 #[test]
