@@ -201,7 +201,17 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     }
     match &plan.mise {
         Some(f) => say(&format!("toolchain: the tools of {f}, through mise")),
-        None => say("toolchain: Debian's packages for the stacks found"),
+        None => {
+            say("toolchain: Debian's packages for the stacks found");
+            // What a declaration that cannot be had takes instead (lw-build
+            // and lw doctor say it again).
+            let names: Vec<&str> = plan.stacks.iter().map(|s| s.name).collect();
+            for d in init::versions::declared(&top, &names) {
+                if let Some(n) = init::versions::resolve(&d).note {
+                    say(&format!("toolchain: {n}"));
+                }
+            }
+        }
     }
     say(&format!("base image: {from}"));
     if !authorities.is_empty() {

@@ -323,7 +323,7 @@ impl Checkout {
 }
 
 /// One project through the whole path; returns the toolchain layer's tag
-/// and the toolchain versions it declares.
+/// and what its declared toolchain versions resolve to.
 fn run(pr: &Project) -> (String, String) {
     let c = Checkout::new(pr);
     let built = c.build(pr.stack);
@@ -453,10 +453,12 @@ fn one_project_per_stack() {
 fn the_whole_corpus() {
     let only = std::env::var("LW_REAL_ONLY").unwrap_or_default();
     let mut first: Vec<(&str, String, String)> = Vec::new();
+    let mut reused: Vec<&str> = Vec::new();
     for pr in CORPUS.iter().filter(|p| only.is_empty() || only == p.stack) {
         let (tag, declared) = run(pr);
-        // The same declared versions (toolchain.versions) are the same
-        // toolchain layer: a second project reuses it.
+        // Declarations that resolve alike (toolchain.versions: six's none
+        // and more-itertools' requires-python >=3.8 are both Python 3.13)
+        // are the same toolchain layer: a second project reuses it.
         match first
             .iter()
             .find(|(s, _, d)| *s == pr.stack && *d == declared)
@@ -468,11 +470,117 @@ fn the_whole_corpus() {
                 );
                 assert_eq!(
                     &tag, t,
-                    "{}: the same declared toolchain is reused",
+                    "{}: the same resolved toolchain is reused",
                     pr.name
                 );
+                reused.push(pr.name);
             }
             None => first.push((pr.stack, tag, declared)),
         }
     }
+    // six declares nothing, more-itertools >=3.8: one Python, one layer.
+    if only.is_empty() || only == "python" {
+        assert!(reused.contains(&"more-itertools"), "reused: {reused:?}");
+    }
+}
+
+/// `npm ls --all --json` in `dir` of sandbox `name`: the installed tree
+/// (every package and version, as npm reads node_modules).
+fn npm_tree(c: &Checkout, name: &str, dir: &str) -> serde_json::Value {
+    let (out, _) = c.step(
+        &format!("npm ls in {name}:{dir}"),
+        &format!("lw-sandbox exec {name} -- sh -c 'cd {dir} && npm ls --all --json'"),
+    );
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("npm ls: {e}: {out}"))
+}
+
+/// Every `name@version` of a `npm ls --json` tree, sorted.
+fn packages(tree: &serde_json::Value) -> Vec<String> {
+    fn walk(deps: &serde_json::Value, out: &mut Vec<String>) {
+        for (n, d) in deps.as_object().into_iter().flatten() {
+            out.push(format!(
+                "{n}@{}",
+                d["version"].as_str().unwrap_or("MISSING")
+            ));
+            walk(&d["dependencies"], out);
+        }
+    }
+    let mut v = Vec::new();
+    walk(&tree["dependencies"], &mut v);
+    v.sort();
+    v
+}
+
+/// Issue 39: a sandbox whose branch adds a dependency to the lockfile gets
+/// the incremental install, and it installs what a rebuilt deps layer
+/// holds: the same packages at the same versions.  The install reaches the
+/// npm registry through the sandbox's egress allow-list and nothing else;
+/// with the network off it fails and says so.
+#[test]
+#[ignore = "builds the node toolchain and two deps layers, and reaches the npm registry (minutes); run with -- --ignored"]
+fn the_incremental_install_gives_what_a_rebuilt_deps_layer_holds() {
+    let pr = CORPUS
+        .iter()
+        .find(|p| p.name == "xtend")
+        .expect("xtend is in the corpus");
+    let c = Checkout::new(pr);
+    c.build(pr.stack);
+    // The branch adds a dependency (is-number, one package) to the lockfile.
+    c.step(
+        "add a dependency on a branch",
+        "git checkout -q -b task/dep && npm install -q --package-lock-only --ignore-scripts --no-audit --no-fund is-number@7.0.0 >/dev/null && git commit -qam 'is-number' && git push -q origin task/dep && git checkout -q main && lw-mirror sync >/dev/null",
+    );
+    // The egress proxy starts from the image the base layer does.
+    c.step(
+        "egress.proxy-from",
+        "echo \"egress.proxy-from = $(sed -n 's/^from //p' .loopwright/runtime/runtime.conf)\" >> .loopwright/config",
+    );
+    // With the network off the install cannot download: it fails, saying so.
+    let o = c.sh(
+        "lw-sandbox create (network none)",
+        "lw-sandbox create n --branch task/dep --network none",
+    );
+    assert_eq!(o.status.code(), Some(65), "{}", err(&o));
+    assert!(err(&o).contains("has no network"), "{}", err(&o));
+    let (_, e) = c.step(
+        "lw-sandbox create (egress to the npm registry)",
+        "lw-sandbox create d --branch task/dep --network egress --allow registry.npmjs.org:443 >/dev/null",
+    );
+    assert!(
+        e.contains("package-lock.json, package.json differ(s) from the image's"),
+        "{e}"
+    );
+    let installed = npm_tree(&c, "d", "/work/repo");
+    let image_before = npm_tree(&c, "d", "/opt/loopwright/deps");
+    // The deps layer rebuilt from the branch's lockfile.
+    c.step(
+        "lw-build on the branch",
+        "git checkout -q task/dep && lw-build >/dev/null",
+    );
+    c.step(
+        "lw-sandbox create (the rebuilt image)",
+        "out=$(lw-sandbox create r --branch task/dep 2>&1); echo \"$out\"; case \"$out\" in *differ*) exit 1 ;; esac",
+    );
+    let rebuilt = npm_tree(&c, "r", "/opt/loopwright/deps");
+    let (a, b, before) = (
+        packages(&installed),
+        packages(&rebuilt),
+        packages(&image_before),
+    );
+    println!(
+        "xtend: {} packages after the incremental install, {} in the rebuilt deps layer, {} in the image before",
+        a.len(),
+        b.len(),
+        before.len()
+    );
+    assert!(a.contains(&"is-number@7.0.0".to_string()), "{a:?}");
+    assert!(
+        !before.contains(&"is-number@7.0.0".to_string()),
+        "{before:?}"
+    );
+    assert_eq!(a, b, "the incremental install is the rebuilt layer");
+    assert_eq!(installed, rebuilt, "the whole trees, as npm reads them");
+    // What the install reached, nothing refused: the allow-list was enough.
+    let (denied, _) = c.step("egress denials", "lw-sandbox logs d --egress");
+    assert_eq!(denied.trim(), "", "{denied}");
 }
