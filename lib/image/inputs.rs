@@ -2,8 +2,8 @@
 //! is the hash of its Dockerfile, its parent's hash, its declared inputs and
 //! its provider, so only a changed layer rebuilds.  The parent is named by
 //! its hash, not its repository: two projects whose chains are the same
-//! (the same base, the same resolved toolchain) get the same tags, and the
-//! engine's build cache makes the second one's layers from the first's.
+//! (the same base, the same resolved toolchain) get the same hashes, and
+//! the same tags where they share an `image` repository.
 
 use crate::digest::sha256_hex;
 use crate::engine::Images;
