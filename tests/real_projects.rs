@@ -433,6 +433,31 @@ fn init_check_reports_the_project_s_tests() {
         "the escape, shown: {out}"
     );
     assert!(containers(&c).is_empty(), "the check's sandbox is removed");
+
+    // A test that never ends is ended at --timeout: 124, said, and removed.
+    std::fs::write(
+        c.repo.join("test_lw_check.py"),
+        "import time\n\ndef test_hangs():\n    time.sleep(3600)\n",
+    )
+    .unwrap();
+    git(&c.repo, &["commit", "-qam", "a test that never ends"]);
+    git(&c.repo, &["push", "-q", "origin", "main"]);
+    c.step("lw-mirror sync", "lw-mirror sync >/dev/null");
+    let t = Instant::now();
+    let o = c.sh(
+        "lw init --check --timeout 5 (a hanging test)",
+        "lw init --check --timeout 5",
+    );
+    let secs = t.elapsed().as_secs_f64();
+    let out = text(&o);
+    println!("{out}{}", err(&o));
+    assert_eq!(o.status.code(), Some(1), "{out}{}", err(&o));
+    assert!(out.contains("\nexit 124 (timed out)\n"), "{out}");
+    assert!(
+        secs < 120.0,
+        "ended at its timeout, not the test's hour: {secs:.1} s"
+    );
+    assert!(containers(&c).is_empty(), "the check's sandbox is removed");
 }
 
 #[test]
