@@ -139,23 +139,11 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     // the engine is reached: an unknown key is 78 naming it.
     let config = loopwright::config::Config::load(&root.join(loopwright::config::FILE))?;
     host_authorities(&root, &config)?;
-    // The toolchain versions the project declares (lib/init/versions.rs),
-    // rewritten from its files so a changed declaration rebuilds the
-    // toolchain layer and a changed dependency does not.
-    if let Some(d) = loopwright::init::versions::sync(&root)? {
-        let list: Vec<String> = d
-            .iter()
-            .map(|x| match x.version.as_str() {
-                "" => format!("{}: none declared", x.stack),
-                v => format!("{} {v} ({})", x.stack, x.from),
-            })
-            .collect();
-        eprintln!(
-            "{PROG}: {} rewritten: {}",
-            loopwright::init::versions::FILE,
-            list.join(", ")
-        );
-    }
+    // The toolchain the project's declarations resolve to
+    // (lib/init/versions.rs), rewritten from its files so that what the
+    // toolchain layer installs, not how it is asked for, is its input; and
+    // where a declaration cannot be had, what is taken instead.
+    toolchain_versions(&root)?;
     let runtime = Runtime::load(&root)?;
     // Named kits are checked before anything is built (64 unknown, 78 bad).
     let kits = args
@@ -268,6 +256,28 @@ fn explain_plan(
         explain(engine, layer, probe, as_json, out)?;
     }
     Ok(Exit::Ok)
+}
+
+/// Rewrites toolchain.versions when what it resolves to changed, saying
+/// so; says each declaration that cannot be had as asked (lw doctor says
+/// it again).
+fn toolchain_versions(root: &Path) -> Result<()> {
+    use loopwright::init::versions;
+    let resolved = match versions::sync(root)? {
+        Some(r) => {
+            let list: Vec<String> = r
+                .iter()
+                .map(|x| format!("{} {}", x.stack, x.toolchain))
+                .collect();
+            eprintln!("{PROG}: {} rewritten: {}", versions::FILE, list.join(", "));
+            r
+        }
+        None => versions::current(root),
+    };
+    for note in resolved.iter().filter_map(|r| r.note.as_deref()) {
+        eprintln!("{PROG}: toolchain: {note}");
+    }
+    Ok(())
 }
 
 /// Builds (or pulls) the missing layers, then prints one line per layer.

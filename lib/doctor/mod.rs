@@ -20,7 +20,7 @@ pub use engines::kube_role;
 mod project;
 
 use engines::{docker, host_files, kubernetes, runtimes, services};
-use project::{github, image, image_cache, mailbox, mirror};
+use project::{github, image, image_cache, mailbox, mirror, toolchain};
 
 fn f(
     check: &'static str,
@@ -97,6 +97,7 @@ pub fn run(inp: &Inputs) -> Vec<Finding> {
     out.push(apparmor());
     if let Some(p) = &project {
         out.push(mirror(p, inp.fresh));
+        out.extend(toolchain(p));
         out.extend(image(p, engine.as_ref()));
         out.push(image_cache(p));
         out.extend(crate::agent::doctor::checks(

@@ -54,6 +54,41 @@ pub(super) fn mirror(p: &Project, fresh: Duration) -> Finding {
     }
 }
 
+/// What the toolchain layer takes for each declaration (lib/init/versions:
+/// the same words lw-build prints): a warning for each that cannot be had
+/// as asked, else one `ok` line; nothing without lw init's toolchain.
+pub(super) fn toolchain(p: &Project) -> Vec<Finding> {
+    let resolved = crate::init::versions::current(&p.top);
+    let notes: Vec<Finding> = resolved
+        .iter()
+        .filter_map(|r| r.note.as_ref())
+        .map(|n| {
+            f(
+                "toolchain",
+                Status::Warn,
+                n.clone(),
+                Some("declare a version the build can have, or accept this one".into()),
+            )
+        })
+        .collect();
+    if !notes.is_empty() || resolved.is_empty() {
+        return notes;
+    }
+    let list: Vec<String> = resolved
+        .iter()
+        .map(|r| format!("{} {}", r.stack, r.toolchain))
+        .collect();
+    vec![f(
+        "toolchain",
+        Status::Ok,
+        format!(
+            "{}: as the project declares (toolchain.versions)",
+            list.join(", ")
+        ),
+        None,
+    )]
+}
+
 pub(super) fn image(p: &Project, engine: Option<&DockerEngine>) -> Vec<Finding> {
     let rt = match crate::image::Runtime::load(&p.top) {
         Ok(rt) => rt,

@@ -1,6 +1,9 @@
 //! The inputs of each layer, found on disk and hashed: the tag of a layer
-//! is the hash of its Dockerfile, its parent's tag, its declared inputs and
-//! its provider, so only a changed layer rebuilds.
+//! is the hash of its Dockerfile, its parent's hash, its declared inputs and
+//! its provider, so only a changed layer rebuilds.  The parent is named by
+//! its hash, not its repository: two projects whose chains are the same
+//! (the same base, the same resolved toolchain) get the same hashes, and
+//! the same tags where they share an `image` repository.
 
 use crate::digest::sha256_hex;
 use crate::engine::Images;
@@ -128,7 +131,7 @@ impl Runtime {
         for def in &self.def.layers {
             let (dockerfile, files) = self.layer_inputs(def)?;
             let (parent_ref, parent_line) = match layers.last() {
-                Some(p) => (p.tag.clone(), p.tag.clone()),
+                Some(p) => (p.tag.clone(), p.hash.clone()),
                 None => (
                     self.def.from.clone(),
                     format!("{} {}", self.def.from, from_img.id),

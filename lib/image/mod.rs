@@ -5,7 +5,7 @@
 //! default), each with a Dockerfile and an explicit list of inputs.  A layer's
 //! tag is the sha256 of its *manifest*, a small text that names:
 //!
-//! - the layer and its parent (the parent's tag, or the `from` image's id),
+//! - the layer and its parent (the parent's hash, or the `from` image's id),
 //! - the toolchain provider and its pinned version,
 //! - the Dockerfile and every input file: path, mode and content hash.
 //!

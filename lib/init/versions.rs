@@ -1,16 +1,20 @@
-//! The toolchain versions a project declares, as one small file that is the
-//! toolchain layer's input (`.loopwright/runtime/toolchain.versions`).
+//! The toolchain a project's declarations resolve to, as one small file
+//! that is the toolchain layer's input (`.loopwright/runtime/toolchain.versions`).
 //!
 //! A version is declared in a file of its own (`rust-toolchain.toml`,
 //! `.nvmrc`, `.python-version`) or in a manifest that also lists the
 //! dependencies (`Cargo.toml`'s `rust-version`, `package.json`'s
 //! `engines.node`, `pyproject.toml`'s `requires-python`, `go.mod`'s `go` and
 //! `toolchain` lines).  Were the manifests the toolchain layer's inputs, a
-//! new dependency would rebuild the toolchain; so `lw init` writes what they
-//! declare, one line a stack, and lw-build rewrites the file from them
-//! before each build ([`sync`]): the toolchain layer rebuilds exactly when a
-//! declared version changes, and two projects that declare the same
-//! versions share it.
+//! new dependency would rebuild the toolchain; were the declarations, two
+//! projects asking for `>=3.9` and `>=3.10` would each build the same Debian
+//! Python.  So the file holds what the declarations resolve to ([`resolve`]:
+//! the toolchain toolchain.sh installs, from the sources an image build
+//! reaches), one line a stack; lw-build rewrites it before each build
+//! ([`sync`]): the toolchain layer rebuilds exactly when what it installs
+//! changes, and projects whose declarations resolve alike share it.  Where a
+//! declaration cannot be had as asked, [`Resolved::note`] says what is taken
+//! instead and why: lw-build prints it, lw doctor repeats it.
 
 use std::path::Path;
 
@@ -19,7 +23,14 @@ use crate::error::{Error, Result};
 /// The file, relative to the checkout's top.
 pub const FILE: &str = ".loopwright/runtime/toolchain.versions";
 
-const HEADER: &str = "# The toolchain versions this project declares: STACK<tab>VERSION<tab>WHERE\n# (no VERSION: none declared).  Written by lw init and rewritten by lw-build\n# from the files named, before each build; toolchain.sh reads it.\n";
+const HEADER: &str = "# The toolchain this project's declarations resolve to: STACK<tab>TOOLCHAIN.\n# Written by lw init and rewritten by lw-build from the project's files\n# before each build; toolchain.sh installs it (lw-init(1)).\n";
+
+/// Debian trixie's rustc, the only Rust an image build here can have.
+pub const DEBIAN_RUST: &str = "1.85.0";
+/// Debian trixie's Go; a newer declared Go comes from the Go module proxy.
+pub const DEBIAN_GO: &str = "1.24.4";
+/// The Node major taken when none is named, or a lower bound below it.
+pub const NODE_LTS: u32 = 22;
 
 /// One stack's declaration: `version` empty when none.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,6 +38,18 @@ pub struct Declared {
     pub stack: String,
     pub version: String,
     pub from: String,
+}
+
+/// What a declaration resolves to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resolved {
+    pub stack: String,
+    /// What toolchain.sh installs: `debian` (rust, go), `3.11` or `3.13`
+    /// (python), a Node version or major, `go1.25.0`.
+    pub toolchain: String,
+    /// Where the declaration cannot be had as asked: what is taken
+    /// instead and why.
+    pub note: Option<String>,
 }
 
 /// What `top` declares for each of `stacks`.
@@ -44,22 +67,20 @@ pub fn declared(top: &Path, stacks: &[&str]) -> Vec<Declared> {
         .collect()
 }
 
-/// The file's text for `d`.
-pub fn render(d: &[Declared]) -> String {
+/// The file's text for `r`.
+pub fn render(r: &[Resolved]) -> String {
     let mut s = HEADER.to_string();
-    for x in d {
-        s.push_str(&format!("{}\t{}\t{}\n", x.stack, x.version, x.from));
+    for x in r {
+        s.push_str(&format!("{}\t{}\n", x.stack, x.toolchain));
     }
     s
 }
 
-/// Rewrites `top`'s [`FILE`] from the files its stacks' lines name, when
-/// it exists and what they declare changed.  Returns the new declarations
-/// when it wrote.
-pub fn sync(top: &Path) -> Result<Option<Vec<Declared>>> {
-    let p = top.join(FILE);
-    let Ok(old) = std::fs::read_to_string(&p) else {
-        return Ok(None);
+/// What `top`'s stacks resolve to, the stacks as its [`FILE`] lists them;
+/// empty when there is no such file (a mise toolchain, no lw init).
+pub fn current(top: &Path) -> Vec<Resolved> {
+    let Ok(old) = std::fs::read_to_string(top.join(FILE)) else {
+        return Vec::new();
     };
     let stacks: Vec<&str> = old
         .lines()
@@ -67,14 +88,189 @@ pub fn sync(top: &Path) -> Result<Option<Vec<Declared>>> {
         .filter_map(|l| l.split('\t').next())
         .filter(|s| matches!(*s, "rust" | "node" | "python" | "go"))
         .collect();
-    let d = declared(top, &stacks);
-    let new = render(&d);
+    declared(top, &stacks).iter().map(resolve).collect()
+}
+
+/// Rewrites `top`'s [`FILE`] from the files its stacks' lines name, when
+/// it exists and what they resolve to changed.  Returns the resolutions
+/// when it wrote.
+pub fn sync(top: &Path) -> Result<Option<Vec<Resolved>>> {
+    let p = top.join(FILE);
+    let Ok(old) = std::fs::read_to_string(&p) else {
+        return Ok(None);
+    };
+    let r = current(top);
+    let new = render(&r);
     if new == old {
         return Ok(None);
     }
     crate::fs::write_replace(&p, new.as_bytes(), 0o644, crate::fs::Durability::Synced)
         .map_err(|e| Error::io("cannot write", &p, e))?;
-    Ok(Some(d))
+    Ok(Some(r))
+}
+
+/// The toolchain `d` resolves to (what toolchain.sh installs for it).
+pub fn resolve(d: &Declared) -> Resolved {
+    let (toolchain, note) = match d.stack.as_str() {
+        "rust" => ("debian".to_string(), rust_note(d)),
+        "python" => python(d),
+        "node" => (node(&d.version), None),
+        "go" => go(&d.version),
+        _ => (String::new(), None),
+    };
+    Resolved {
+        stack: d.stack.clone(),
+        toolchain,
+        note,
+    }
+}
+
+fn rust_note(d: &Declared) -> Option<String> {
+    let (want, from) = (&d.version, &d.from);
+    let why = "rustup's downloads are not reachable from an image build";
+    match want.as_str() {
+        "" | "stable" => None,
+        w if w.starts_with(|c: char| c.is_ascii_digit()) => {
+            let got = DEBIAN_RUST;
+            match cmp_version(w, got) {
+                std::cmp::Ordering::Greater => Some(format!(
+                    "rust: {from} asks for {w}; takes Debian's rustc {got}, the newest Debian has ({why})"
+                )),
+                // 1.85 and 1.85.0 ask for what Debian has.
+                _ if got.starts_with(w) && got[w.len()..].chars().all(|c| c == '.' || c == '0') => {
+                    None
+                }
+                _ => Some(format!(
+                    "rust: {from} asks for {w}; takes Debian's rustc {got}, newer ({why})"
+                )),
+            }
+        }
+        w => Some(format!(
+            "rust: {from} asks for '{w}'; takes Debian's stable rustc {DEBIAN_RUST} ({why})"
+        )),
+    }
+}
+
+/// Debian has 3.11 (bookworm) and 3.13 (trixie): 3.13 unless the
+/// declaration excludes it and admits 3.11.
+fn python(d: &Declared) -> (String, Option<String>) {
+    let w = d.version.as_str();
+    let (new, old) = (python_admits(w, 13), python_admits(w, 11));
+    let take = if !new && old { "3.11" } else { "3.13" };
+    let asked = if w.starts_with(|c: char| c.is_ascii_digit()) {
+        w.to_string()
+    } else {
+        format!("'{w}'")
+    };
+    let note = (!new && !old).then(|| {
+        format!(
+            "python: {} asks for {asked}; takes Debian's {take} (Debian has 3.11 and 3.13; python.org's builds are not reachable from an image build)",
+            d.from
+        )
+    });
+    (take.to_string(), note)
+}
+
+/// Whether Python 3.`minor` satisfies `spec`: an exact version (`3.12`,
+/// `3.12.4`) or comma-separated PEP 440 clauses (`>=3.9,<3.13`, `~=3.10`,
+/// `==3.11.*`, `!=3.12`), compared on major.minor; what is not understood
+/// admits it.
+fn python_admits(spec: &str, minor: u32) -> bool {
+    let have = (3u32, minor);
+    let mm = |v: &str| -> Option<(u32, u32)> {
+        let mut it = v.trim().trim_end_matches(".*").split('.');
+        let a = it.next()?.parse().ok()?;
+        let b = it.next().map_or(Some(0), |b| b.parse().ok())?;
+        Some((a, b))
+    };
+    if spec.is_empty() {
+        return true;
+    }
+    if spec.starts_with(|c: char| c.is_ascii_digit()) {
+        return mm(spec).is_none_or(|v| v == have);
+    }
+    spec.split(',').all(|clause| {
+        let c = clause.trim();
+        let (op, v) = match c.find(|ch: char| ch.is_ascii_digit()) {
+            Some(i) => c.split_at(i),
+            None => return true,
+        };
+        let Some(v) = mm(v) else { return true };
+        match op.trim() {
+            ">=" => have >= v,
+            // >3.12 admits 3.12.1.
+            ">" => have >= v,
+            "<=" => have <= v,
+            "<" => have < v,
+            "==" | "===" => have == v,
+            // !=3.12.4 leaves the rest of 3.12.
+            "!=" => have != v || c.matches('.').count() > 1,
+            // ~=3.11.2 is 3.11.*, ~=3.11 is 3.*.
+            "~=" if c.matches('.').count() > 1 => have == v,
+            "~=" => have >= v && have.0 == v.0,
+            _ => true,
+        }
+    })
+}
+
+/// An exact `x.y.z` is taken as it is; otherwise the highest major named
+/// (`>=18`, `^20.1`, `20.x`, `18 || 20`), [`NODE_LTS`] for a lower bound
+/// below it or nothing named.
+fn node(w: &str) -> String {
+    let parts: Vec<&str> = w.split('.').collect();
+    if parts.len() == 3
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+    {
+        return w.to_string();
+    }
+    // The first number of each version named is its major.
+    let top = w
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .filter_map(|v| v.split('.').next()?.parse::<u32>().ok())
+        .max();
+    match top {
+        Some(m) if !(w.contains('>') && m < NODE_LTS) => m.to_string(),
+        _ => NODE_LTS.to_string(),
+    }
+}
+
+/// Debian's Go when it is as new as the declaration, else that Go from
+/// the Go module proxy.
+fn go(w: &str) -> (String, Option<String>) {
+    if w.is_empty() || cmp_version(w, DEBIAN_GO) != std::cmp::Ordering::Greater {
+        return ("debian".to_string(), None);
+    }
+    let full = match w.matches('.').count() {
+        0 => format!("{w}.0.0"),
+        1 if cmp_version(w, "1.21") != std::cmp::Ordering::Less => format!("{w}.0"),
+        _ => w.to_string(),
+    };
+    (format!("go{full}"), None)
+}
+
+/// Dotted versions compared number by number (a missing one is 0).
+fn cmp_version(a: &str, b: &str) -> std::cmp::Ordering {
+    let n = |s: &str| -> Vec<u64> {
+        s.split('.')
+            .map(|p| {
+                p.chars()
+                    .take_while(char::is_ascii_digit)
+                    .collect::<String>()
+                    .parse()
+                    .unwrap_or(0)
+            })
+            .collect()
+    };
+    let (a, b) = (n(a), n(b));
+    for i in 0..a.len().max(b.len()) {
+        let o = a.get(i).unwrap_or(&0).cmp(b.get(i).unwrap_or(&0));
+        if o != std::cmp::Ordering::Equal {
+            return o;
+        }
+    }
+    std::cmp::Ordering::Equal
 }
 
 /// A version as a declaration may spell it: digits, letters, dots and the
@@ -204,18 +400,112 @@ mod tests {
         w("go.mod", "module x\ngo 1.22 `x`\n");
         let v: Vec<String> = declared(&d, &all).into_iter().map(|x| x.version).collect();
         assert_eq!(v, ["1.82.0", ">=18", ">=3.9", ""]);
-        // sync rewrites the file only when a declaration changed.
-        std::fs::write(d.join(FILE), render(&declared(&d, &["node"]))).unwrap();
-        assert_eq!(sync(&d).unwrap(), None);
+        // sync rewrites the file only when what the declarations resolve
+        // to changed: 22 and >=18 are both Node 22, 20 is not.
         w(".nvmrc", "22\n");
+        std::fs::write(
+            d.join(FILE),
+            render(&[resolve(&declared(&d, &["node"])[0])]),
+        )
+        .unwrap();
+        assert_eq!(sync(&d).unwrap(), None);
+        w(".nvmrc", "");
+        assert_eq!(declared(&d, &["node"])[0].version, ">=18");
+        assert_eq!(sync(&d).unwrap(), None, ">=18 resolves as 22 does");
+        w(".nvmrc", "20\n");
         let new = sync(&d).unwrap().expect("rewritten");
-        assert_eq!(new[0].version, "22");
+        assert_eq!(new[0].toolchain, "20");
         assert!(
             std::fs::read_to_string(d.join(FILE))
                 .unwrap()
-                .contains("node\t22\t.nvmrc\n")
+                .ends_with("\nnode\t20\n")
         );
         assert_eq!(sync(&d).unwrap(), None);
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    fn resolved(stack: &str, version: &str) -> (String, Option<String>) {
+        let r = resolve(&Declared {
+            stack: stack.into(),
+            version: version.into(),
+            from: "F".into(),
+        });
+        (r.toolchain, r.note)
+    }
+
+    #[test]
+    fn declarations_resolve_to_what_toolchain_sh_installs_with_a_note_where_not_had() {
+        // (stack, declared, toolchain, note)
+        let cases: &[(&str, &str, &str, Option<&str>)] = &[
+            ("rust", "", "debian", None),
+            ("rust", "stable", "debian", None),
+            ("rust", "1.85", "debian", None),
+            (
+                "rust",
+                "1.70",
+                "debian",
+                Some(
+                    "rust: F asks for 1.70; takes Debian's rustc 1.85.0, newer (rustup's downloads are not reachable from an image build)",
+                ),
+            ),
+            (
+                "rust",
+                "1.90.0",
+                "debian",
+                Some(
+                    "rust: F asks for 1.90.0; takes Debian's rustc 1.85.0, the newest Debian has (rustup's downloads are not reachable from an image build)",
+                ),
+            ),
+            (
+                "rust",
+                "nightly",
+                "debian",
+                Some(
+                    "rust: F asks for 'nightly'; takes Debian's stable rustc 1.85.0 (rustup's downloads are not reachable from an image build)",
+                ),
+            ),
+            ("python", "", "3.13", None),
+            ("python", ">=3.8", "3.13", None),
+            ("python", ">=3.9,<4", "3.13", None),
+            ("python", "3.13.1", "3.13", None),
+            ("python", "3.11", "3.11", None),
+            ("python", ">=3.8, <3.12", "3.11", None),
+            ("python", "~=3.11.2", "3.11", None),
+            (
+                "python",
+                "3.12",
+                "3.13",
+                Some(
+                    "python: F asks for 3.12; takes Debian's 3.13 (Debian has 3.11 and 3.13; python.org's builds are not reachable from an image build)",
+                ),
+            ),
+            (
+                "python",
+                "==3.10.*",
+                "3.13",
+                Some(
+                    "python: F asks for '==3.10.*'; takes Debian's 3.13 (Debian has 3.11 and 3.13; python.org's builds are not reachable from an image build)",
+                ),
+            ),
+            ("node", "", "22", None),
+            ("node", ">=18", "22", None),
+            ("node", ">=24", "24", None),
+            ("node", "^20.1", "20", None),
+            ("node", "18 || 20", "20", None),
+            ("node", "20.x", "20", None),
+            ("node", "20.11.1", "20.11.1", None),
+            ("go", "", "debian", None),
+            ("go", "1.22", "debian", None),
+            ("go", "1.24.4", "debian", None),
+            ("go", "1.24.6", "go1.24.6", None),
+            ("go", "1.25", "go1.25.0", None),
+        ];
+        for (stack, v, t, n) in cases {
+            assert_eq!(
+                resolved(stack, v),
+                (t.to_string(), n.map(str::to_string)),
+                "{stack} {v}"
+            );
+        }
     }
 }
