@@ -1140,3 +1140,112 @@ fn bell(kit: &str, key_env: &str, hooks: &str) {
     drop(world);
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// Issue 40: `docker kill` of the model proxy while the agent works.  The
+/// engine treats a kill as a person's stop and leaves it exited (its
+/// restart policy restarts only a proxy that died by itself); `lw-sandbox
+/// run` starts it again, and the agent's next request reaches the model.
+/// Prints the time from the kill to the proxy's start and to the next
+/// request the model received.
+#[test]
+fn a_docker_killed_model_proxy_is_started_again_while_the_agent_runs() {
+    let kit = "claude";
+    let n = nonce();
+    let world = World::outside(&format!("kill-{n}"), &format!("lw-kill-{n}"));
+    let tmp = std::env::temp_dir().join(format!("lw-kill-{n}"));
+    let tls = tmp.join("tls");
+    let out_dir = tmp.join("out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    test_ca(&tls, "api.model.test");
+    let f = agent_fixture(kit, "kill", &world, &tls);
+    f.ok(&["create", "c1", "--branch", "lw/c1", "--agent", kit]);
+    let slow = "sleep 3; echo slow step done";
+    let script = serde_json::json!([slow, slow, slow]);
+    let container = f.container("c1");
+    let model_proxy = format!("{container}-model");
+    let py_image = text(&docker(&[
+        "inspect",
+        "--format",
+        "{{.Config.Image}}",
+        &model_proxy,
+    ]))
+    .trim()
+    .to_string();
+    let model = format!("lw-kill-{n}-model");
+    start_model(&model, &world, &py_image, &tls, &out_dir, &script);
+    let mut run = f
+        .cmd(&["run", "c1", "--timeout", "5m", "--", "Do the slow task."])
+        .env("ANTHROPIC_API_KEY", format!("sk-ant-test-kill-{n}"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Mid-task: the model was asked once and the first slow step runs.  The
+    // model records to a file and signals nothing else: read every 50 ms.
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while requests(&out_dir).is_empty() {
+        assert!(Instant::now() < deadline, "the agent never started");
+        assert!(run.try_wait().unwrap().is_none(), "the run ended early");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut events = Command::new("docker")
+        .args([
+            "events",
+            "--filter",
+            &format!("container={model_proxy}"),
+            "--filter",
+            "event=start",
+            "--format",
+            "{{.Status}}",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = events.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(started), &mut line);
+        let _ = tx.send(Instant::now());
+    });
+    let killed = Instant::now();
+    let killed_at = epoch();
+    let o = docker(&["kill", &model_proxy]);
+    assert!(o.status.success(), "{}", err(&o));
+    let back = rx.recv_timeout(Duration::from_secs(30));
+    let _ = events.kill();
+    let _ = events.wait();
+    let back = back.expect("the killed model proxy was not started again within 30 s") - killed;
+    let o = run.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "run: {}\n{}", err(&o), text(&o));
+    assert!(
+        err(&o).contains(&format!(
+            "the model proxy '{model_proxy}' was stopped from outside the run"
+        )),
+        "{}",
+        err(&o)
+    );
+    let reqs = requests(&out_dir);
+    let next = reqs
+        .iter()
+        .filter_map(|r| r["t"].as_f64())
+        .find(|t| *t > killed_at)
+        .expect("the model was asked again after the kill");
+    assert_eq!(
+        reqs.len(),
+        4,
+        "every step reached the model: {}",
+        reqs.len()
+    );
+    println!(
+        "figure [kill {kit}]: docker kill of the model proxy: started again after {:.2} s; the agent's next request reached the model {:.2} s after the kill (a 3 s step was running)",
+        back.as_secs_f64(),
+        next - killed_at
+    );
+    assert!(back < Duration::from_secs(5), "{back:?}");
+    let _ = docker(&["rm", "-f", &model]);
+    f.ok(&["rm", "--force", "c1"]);
+    drop(f);
+    drop(world);
+    let _ = std::fs::remove_dir_all(&tmp);
+}

@@ -13,6 +13,7 @@
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::kit::{self, Kit};
@@ -141,12 +142,30 @@ pub fn run(
     // A cap the proxy reached is told to the person while the agent runs
     // (each line it prints may be its CLI retrying a 429), and at the end.
     let mut caps = CapWatch::new(root, name, &kit.name);
-    let status = exec_lines(engine, rec.container, &req, &mut |l| {
-        record(l, out, &mut file);
-        caps.check(false);
-    })?;
+    // The model proxy is kept running while the agent runs (issue 40: a
+    // `docker kill` of it left the agent without a model until the next run).
+    let done = AtomicBool::new(false);
+    let (status, kept) = std::thread::scope(|s| {
+        let keeper = (credential == Credential::Proxy).then(|| {
+            let nets: &(dyn NetworkEngine + Sync) = engine;
+            s.spawn(|| proxy::keep(nets, rec.container, &done))
+        });
+        let status = exec_lines(engine, rec.container, &req, &mut |l| {
+            record(l, out, &mut file);
+            caps.check(false);
+        });
+        done.store(true, Ordering::Release);
+        let kept = keeper
+            .map(|k| {
+                k.join()
+                    .unwrap_or_else(|_| vec!["the model proxy's watch failed".into()])
+            })
+            .unwrap_or_default();
+        (status, kept)
+    });
+    let status = status?;
     caps.check(true);
-    for w in caps.said {
+    for w in caps.said.into_iter().chain(kept) {
         warn(&w);
     }
     let timed_out = opts.timeout.is_some() && status == TIMED_OUT;
