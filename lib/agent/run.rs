@@ -142,26 +142,10 @@ pub fn run(
     // A cap the proxy reached is told to the person while the agent runs
     // (each line it prints may be its CLI retrying a 429), and at the end.
     let mut caps = CapWatch::new(root, name, &kit.name);
-    // The model proxy is kept running while the agent runs (issue 40: a
-    // `docker kill` of it left the agent without a model until the next run).
-    let done = AtomicBool::new(false);
-    let (status, kept) = std::thread::scope(|s| {
-        let keeper = (credential == Credential::Proxy).then(|| {
-            let nets: &(dyn NetworkEngine + Sync) = engine;
-            s.spawn(|| proxy::keep(nets, rec.container, &done))
-        });
-        let status = exec_lines(engine, rec.container, &req, &mut |l| {
-            record(l, out, &mut file);
-            caps.check(false);
-        });
-        done.store(true, Ordering::Release);
-        let kept = keeper
-            .map(|k| {
-                k.join()
-                    .unwrap_or_else(|_| vec!["the model proxy's watch failed".into()])
-            })
-            .unwrap_or_default();
-        (status, kept)
+    let keep = credential == Credential::Proxy;
+    let (status, kept) = exec_kept(engine, rec.container, &req, keep, &mut |l| {
+        record(l, out, &mut file);
+        caps.check(false);
     });
     let status = status?;
     caps.check(true);
@@ -295,6 +279,34 @@ fn command(kit: &Kit, opts: &RunOptions) -> Vec<String> {
         cmd = w;
     }
     cmd
+}
+
+/// [`exec_lines`], with the model proxy kept running meanwhile when `keep`
+/// (issue 40: a `docker kill` of it left the agent without a model until
+/// the next run); returns the status and what the watch did.
+fn exec_kept(
+    engine: &dyn SandboxEngine,
+    container: &str,
+    req: &ExecRequest,
+    keep: bool,
+    sink: &mut dyn FnMut(&str),
+) -> (Result<i64>, Vec<String>) {
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let keeper = keep.then(|| {
+            let nets: &(dyn NetworkEngine + Sync) = engine;
+            s.spawn(|| proxy::keep(nets, container, &done))
+        });
+        let status = exec_lines(engine, container, req, sink);
+        done.store(true, Ordering::Release);
+        let kept = keeper
+            .map(|k| {
+                k.join()
+                    .unwrap_or_else(|_| vec!["the model proxy's watch failed".into()])
+            })
+            .unwrap_or_default();
+        (status, kept)
+    })
 }
 
 /// Runs `req` in `container`, handing each line of its output, made a
