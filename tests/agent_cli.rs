@@ -1249,3 +1249,112 @@ fn a_docker_killed_model_proxy_is_started_again_while_the_agent_runs() {
     drop(world);
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// Issue 40, a burst: ten contract-changes with 2,500-character bodies
+/// reach the consumer mid-task.  Every one is before the model (in full or
+/// as a digest), and no hook answer was cut by the CLI (Claude Code's "Output
+/// too large" preview, Codex's "truncated output").
+#[test]
+fn claude_hears_every_message_of_a_burst() {
+    burst("claude", "ANTHROPIC_API_KEY");
+}
+
+#[test]
+fn codex_hears_every_message_of_a_burst() {
+    burst("codex", "OPENAI_API_KEY");
+}
+
+fn burst(kit: &str, key_env: &str) {
+    let n = nonce();
+    let world = World::outside(&format!("burst-{kit}-{n}"), &format!("lw-burst-{n}"));
+    let tmp = std::env::temp_dir().join(format!("lw-burst-{n}"));
+    let tls = tmp.join("tls");
+    let out_dir = tmp.join("out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    test_ca(&tls, "api.model.test");
+    let f = agent_fixture(kit, "burst", &world, &tls);
+    f.ok(&["create", "p1", "--branch", "lw/p1", "--scope", "src/api/**"]);
+    f.ok(&[
+        "create", "c1", "--branch", "lw/c1", "--scope", "src/**", "--agent", kit,
+    ]);
+    let slow = "sleep 2; echo slow step done";
+    let script = serde_json::json!([
+        slow,
+        slow,
+        slow,
+        slow,
+        slow,
+        slow,
+        "STOP",
+        "for i in $(lw-inbox | cut -f1); do lw-inbox show \"$i\" >/dev/null; lw-inbox ack \"$i\"; done"
+    ]);
+    let container = f.container("c1");
+    let py_image = text(&docker(&[
+        "inspect",
+        "--format",
+        "{{.Config.Image}}",
+        &format!("{container}-model"),
+    ]))
+    .trim()
+    .to_string();
+    let model = format!("lw-burst-{n}-model");
+    start_model(&model, &world, &py_image, &tls, &out_dir, &script);
+    let mut run = f
+        .cmd(&["run", "c1", "--timeout", "5m", "--", "Do the slow task."])
+        .env(key_env, format!("sk-test-burst-{n}"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Mid-task (the model records to a file and signals nothing else).
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while requests(&out_dir).len() < 2 {
+        assert!(Instant::now() < deadline, "the agent never started");
+        assert!(run.try_wait().unwrap().is_none(), "the run ended early");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (code, ids, e) = f.sh(
+        "p1",
+        "for i in $(seq 10); do lw-post --kind contract-change --ref src/api/schema.json --subject \"burst $i\" \"$(printf 'line %03d of the change. ' $(seq 104))END$i\" || exit 1; done",
+    );
+    assert_eq!(code, 0, "{e}");
+    let ids: Vec<String> = ids.lines().map(str::to_string).collect();
+    assert_eq!(ids.len(), 10, "{ids:?}");
+    let m = Command::new(bin("lw-mediate"))
+        .arg("--once")
+        .env("LW_ROOT", &f.root)
+        .current_dir(&f.proj)
+        .output()
+        .unwrap();
+    assert!(m.status.success(), "{}", err(&m));
+    let o = run.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "run: {}\n{}", err(&o), text(&o));
+    let reqs = requests(&out_dir);
+    let last = reqs.last().unwrap()["body"].as_str().unwrap().to_string();
+    for cut in ["Output too large", "truncated output"] {
+        assert!(!last.contains(cut), "a hook answer was cut ({cut}): {last}");
+    }
+    for id in &ids {
+        let label = format!(r#"<lw-message id=\"{id}\" from=\"p1\" kind=\"contract-change\""#);
+        assert!(
+            last.contains(&label),
+            "{id} never reached the model: {last}"
+        );
+    }
+    let shown_digest = last.matches(r#"shown=\"digest\""#).count();
+    println!(
+        "figure [burst {kit}]: 10 contract-changes of 2,500 characters: all 10 before the model, {shown_digest} digest label(s) in the conversation, over {} requests; no answer cut",
+        reqs.len()
+    );
+    let (code, left, e) = f.sh("c1", "lw-inbox | wc -l");
+    assert_eq!(code, 0, "{e}");
+    println!(
+        "figure [burst {kit}]: {} left unread after the run",
+        left.trim()
+    );
+    let _ = docker(&["rm", "-f", &model]);
+    f.ok(&["rm", "--force", "c1", "p1"]);
+    drop(f);
+    drop(world);
+    let _ = std::fs::remove_dir_all(&tmp);
+}
