@@ -104,10 +104,11 @@ pub fn needs_reading(kind: Kind) -> bool {
 
 /// `s` with control characters (but newline, when `lines`) and characters
 /// that render as nothing removed (bidi controls, U+061C, zero-width ones,
-/// variation selectors, [`crate::text::is_invisible`]: U+200B between `<`
-/// and `/` would otherwise leave a closing fence that reads as the real one), tabs as spaces, line and paragraph separators as
-/// newlines (spaces on one line), the fence's tag neutralised, and at most
-/// `cap` characters kept.
+/// variation selectors: [`crate::text::is_invisible`]; U+200B between `<`
+/// and `/` would otherwise leave a closing fence that reads as the real
+/// one), tabs as spaces, line and paragraph separators as newlines (spaces
+/// on one line), the fence's tag neutralised, and at most `cap` characters
+/// kept.
 pub fn sanitize(s: &str, lines: bool, cap: usize) -> String {
     let mut out = String::with_capacity(s.len().min(cap * 4));
     let mut kept = 0;

@@ -1,10 +1,10 @@
 //! Text as a person (or a model) reads it: what renders as nothing, and one
 //! spelling for characters that render alike.
 //!
-//! The bell drops format characters so a fence cannot be spelt to look like
-//! the real one; the door folds text before looking for secrets, so a value
-//! written in fullwidth letters or interleaved with zero-width characters is
-//! still the value (issue 40).
+//! The bell drops what renders as nothing so a fence cannot be spelt to
+//! look like the real one; the door folds text before looking for secrets,
+//! so a value written in fullwidth letters or interleaved with zero-width
+//! characters is still the value (issue 40).
 
 use unicode_general_category::{GeneralCategory, get_general_category};
 use unicode_normalization::UnicodeNormalization;
