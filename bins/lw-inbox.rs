@@ -333,7 +333,7 @@ fn hook(cli: &str, mailbox: Option<PathBuf>, max: u32, out: &mut dyn Write) -> R
     } else {
         Vec::new()
     };
-    let (answer, state) = bell::answer(&input, state, &new, max);
+    let (answer, state) = bell::answer(&input, state, &new, max, bell::budget(cli));
     // Told first, remembered second: a state that cannot be saved means a
     // message told twice, never one lost.
     if let Some(v) = answer {

@@ -1140,3 +1140,221 @@ fn bell(kit: &str, key_env: &str, hooks: &str) {
     drop(world);
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// Issue 40: `docker kill` of the model proxy while the agent works.  The
+/// engine treats a kill as a person's stop and leaves it exited (its
+/// restart policy restarts only a proxy that died by itself); `lw-sandbox
+/// run` starts it again, and the agent's next request reaches the model.
+/// Prints the time from the kill to the proxy's start and to the next
+/// request the model received.
+#[test]
+fn a_docker_killed_model_proxy_is_started_again_while_the_agent_runs() {
+    let kit = "claude";
+    let n = nonce();
+    let world = World::outside(&format!("kill-{n}"), &format!("lw-kill-{n}"));
+    let tmp = std::env::temp_dir().join(format!("lw-kill-{n}"));
+    let tls = tmp.join("tls");
+    let out_dir = tmp.join("out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    test_ca(&tls, "api.model.test");
+    let f = agent_fixture(kit, "kill", &world, &tls);
+    f.ok(&["create", "c1", "--branch", "lw/c1", "--agent", kit]);
+    let slow = "sleep 3; echo slow step done";
+    let script = serde_json::json!([slow, slow, slow]);
+    let container = f.container("c1");
+    let model_proxy = format!("{container}-model");
+    let py_image = text(&docker(&[
+        "inspect",
+        "--format",
+        "{{.Config.Image}}",
+        &model_proxy,
+    ]))
+    .trim()
+    .to_string();
+    let model = format!("lw-kill-{n}-model");
+    start_model(&model, &world, &py_image, &tls, &out_dir, &script);
+    let mut run = f
+        .cmd(&["run", "c1", "--timeout", "5m", "--", "Do the slow task."])
+        .env("ANTHROPIC_API_KEY", format!("sk-ant-test-kill-{n}"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Mid-task: the model was asked once and the first slow step runs.  The
+    // model records to a file and signals nothing else: read every 50 ms.
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while requests(&out_dir).is_empty() {
+        assert!(Instant::now() < deadline, "the agent never started");
+        assert!(run.try_wait().unwrap().is_none(), "the run ended early");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut events = Command::new("docker")
+        .args([
+            "events",
+            "--filter",
+            &format!("container={model_proxy}"),
+            "--filter",
+            "event=start",
+            "--format",
+            "{{.Status}}",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = events.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(started), &mut line);
+        let _ = tx.send(Instant::now());
+    });
+    let killed = Instant::now();
+    let killed_at = epoch();
+    let o = docker(&["kill", &model_proxy]);
+    assert!(o.status.success(), "{}", err(&o));
+    let back = rx.recv_timeout(Duration::from_secs(30));
+    let _ = events.kill();
+    let _ = events.wait();
+    let back = back.expect("the killed model proxy was not started again within 30 s") - killed;
+    let o = run.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "run: {}\n{}", err(&o), text(&o));
+    assert!(
+        err(&o).contains(&format!(
+            "the model proxy '{model_proxy}' was stopped from outside the run"
+        )),
+        "{}",
+        err(&o)
+    );
+    let reqs = requests(&out_dir);
+    let next = reqs
+        .iter()
+        .filter_map(|r| r["t"].as_f64())
+        .find(|t| *t > killed_at)
+        .expect("the model was asked again after the kill");
+    assert_eq!(
+        reqs.len(),
+        4,
+        "every step reached the model: {}",
+        reqs.len()
+    );
+    println!(
+        "figure [kill {kit}]: docker kill of the model proxy: started again after {:.2} s; the agent's next request reached the model {:.2} s after the kill (a 3 s step was running)",
+        back.as_secs_f64(),
+        next - killed_at
+    );
+    assert!(back < Duration::from_secs(5), "{back:?}");
+    let _ = docker(&["rm", "-f", &model]);
+    f.ok(&["rm", "--force", "c1"]);
+    drop(f);
+    drop(world);
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// Issue 40, a burst: ten contract-changes with 2,500-character bodies
+/// reach the consumer mid-task.  Every one is before the model (in full or
+/// as a digest), and no hook answer was cut by the CLI (Claude Code's "Output
+/// too large" preview, Codex's "truncated output").
+#[test]
+fn claude_hears_every_message_of_a_burst() {
+    burst("claude", "ANTHROPIC_API_KEY");
+}
+
+#[test]
+fn codex_hears_every_message_of_a_burst() {
+    burst("codex", "OPENAI_API_KEY");
+}
+
+fn burst(kit: &str, key_env: &str) {
+    let n = nonce();
+    let world = World::outside(&format!("burst-{kit}-{n}"), &format!("lw-burst-{n}"));
+    let tmp = std::env::temp_dir().join(format!("lw-burst-{n}"));
+    let tls = tmp.join("tls");
+    let out_dir = tmp.join("out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    test_ca(&tls, "api.model.test");
+    let f = agent_fixture(kit, "burst", &world, &tls);
+    f.ok(&["create", "p1", "--branch", "lw/p1", "--scope", "src/api/**"]);
+    f.ok(&[
+        "create", "c1", "--branch", "lw/c1", "--scope", "src/**", "--agent", kit,
+    ]);
+    let slow = "sleep 2; echo slow step done";
+    let script = serde_json::json!([
+        slow,
+        slow,
+        slow,
+        slow,
+        slow,
+        slow,
+        "STOP",
+        "for i in $(lw-inbox | cut -f1); do lw-inbox show \"$i\" >/dev/null; lw-inbox ack \"$i\"; done"
+    ]);
+    let container = f.container("c1");
+    let py_image = text(&docker(&[
+        "inspect",
+        "--format",
+        "{{.Config.Image}}",
+        &format!("{container}-model"),
+    ]))
+    .trim()
+    .to_string();
+    let model = format!("lw-burst-{n}-model");
+    start_model(&model, &world, &py_image, &tls, &out_dir, &script);
+    let mut run = f
+        .cmd(&["run", "c1", "--timeout", "5m", "--", "Do the slow task."])
+        .env(key_env, format!("sk-test-burst-{n}"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Mid-task (the model records to a file and signals nothing else).
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while requests(&out_dir).len() < 2 {
+        assert!(Instant::now() < deadline, "the agent never started");
+        assert!(run.try_wait().unwrap().is_none(), "the run ended early");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (code, ids, e) = f.sh(
+        "p1",
+        "for i in $(seq 10); do lw-post --kind contract-change --ref src/api/schema.json --subject \"burst $i\" \"$(printf 'line %03d of the change. ' $(seq 104))END$i\" || exit 1; done",
+    );
+    assert_eq!(code, 0, "{e}");
+    let ids: Vec<String> = ids.lines().map(str::to_string).collect();
+    assert_eq!(ids.len(), 10, "{ids:?}");
+    let m = Command::new(bin("lw-mediate"))
+        .arg("--once")
+        .env("LW_ROOT", &f.root)
+        .current_dir(&f.proj)
+        .output()
+        .unwrap();
+    assert!(m.status.success(), "{}", err(&m));
+    let o = run.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "run: {}\n{}", err(&o), text(&o));
+    let reqs = requests(&out_dir);
+    let last = reqs.last().unwrap()["body"].as_str().unwrap().to_string();
+    for cut in ["Output too large", "truncated output"] {
+        assert!(!last.contains(cut), "a hook answer was cut ({cut}): {last}");
+    }
+    for id in &ids {
+        let label = format!(r#"<lw-message id=\"{id}\" from=\"p1\" kind=\"contract-change\""#);
+        assert!(
+            last.contains(&label),
+            "{id} never reached the model: {last}"
+        );
+    }
+    let shown_digest = last.matches(r#"shown=\"digest\""#).count();
+    println!(
+        "figure [burst {kit}]: 10 contract-changes of 2,500 characters: all 10 before the model, {shown_digest} digest label(s) in the conversation, over {} requests; no answer cut",
+        reqs.len()
+    );
+    let (code, left, e) = f.sh("c1", "lw-inbox | wc -l");
+    assert_eq!(code, 0, "{e}");
+    println!(
+        "figure [burst {kit}]: {} left unread after the run",
+        left.trim()
+    );
+    let _ = docker(&["rm", "-f", &model]);
+    f.ok(&["rm", "--force", "c1", "p1"]);
+    drop(f);
+    drop(world);
+    let _ = std::fs::remove_dir_all(&tmp);
+}

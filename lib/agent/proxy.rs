@@ -32,12 +32,15 @@
 //! `/run/lw-usage`, the only thing it may write), which `lw-sandbox ls`
 //! shows and `lw-sandbox run` reads to tell the person of a cap reached.
 //! The engine restarts it when it dies (`restart_on_failure`), so an agent
-//! is never cut off for good.
+//! is never cut off for good.  The engine does not restart one that was
+//! stopped or killed through it (`docker kill` counts as a stop, issue 40):
+//! while `lw-sandbox run` runs, [`keep`] starts such a one again at once.
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::Settings;
@@ -306,6 +309,60 @@ pub fn start(engine: &dyn NetworkEngine, key: &str) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// How often [`keep`] looks at `done` while the proxy runs.
+const KEEP_TICK: Duration = Duration::from_millis(500);
+
+/// Keeps the proxy of sandbox container `key` running until `done`, and
+/// says what it did.  The engine answers when the proxy exits; one left
+/// stopped (a `docker kill` or `docker stop`, which the engine's restart
+/// policy leaves alone) is started again while the sandbox runs.  Not when
+/// the sandbox stopped: `lw-sandbox stop` stops the sandbox first, then the
+/// proxy.  Nothing to do on an engine that restarts containers itself.
+pub fn keep(engine: &dyn NetworkEngine, key: &str, done: &AtomicBool) -> Vec<String> {
+    let proxy = name(key);
+    let mut said = Vec::new();
+    while !done.load(Ordering::Acquire) {
+        let c = match engine.inspect(&proxy) {
+            Ok(Some(c)) => c,
+            Ok(None) => break,
+            Err(e) => {
+                said.push(format!("cannot watch the model proxy '{proxy}': {e}"));
+                break;
+            }
+        };
+        if !c.running && c.status != "restarting" {
+            if !engine
+                .inspect(key)
+                .is_ok_and(|s| s.is_some_and(|s| s.running))
+            {
+                break;
+            }
+            let t = std::time::Instant::now();
+            match start(engine, key) {
+                Ok(()) => said.push(format!(
+                    "the model proxy '{proxy}' was stopped from outside the run ({}, exit {}); started again in {:.1}s",
+                    c.status,
+                    c.exit_code.unwrap_or(-1),
+                    t.elapsed().as_secs_f64()
+                )),
+                Err(e) => {
+                    said.push(format!("cannot start the model proxy again: {e}"));
+                    break;
+                }
+            }
+        }
+        match engine.wait_exit(&proxy, KEEP_TICK) {
+            Ok(Some(_)) => {}
+            Ok(None) => break,
+            Err(e) => {
+                said.push(format!("cannot watch the model proxy '{proxy}': {e}"));
+                break;
+            }
+        }
+    }
+    said
 }
 
 /// One line of the proxy's log.

@@ -13,6 +13,7 @@
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::kit::{self, Kit};
@@ -141,12 +142,14 @@ pub fn run(
     // A cap the proxy reached is told to the person while the agent runs
     // (each line it prints may be its CLI retrying a 429), and at the end.
     let mut caps = CapWatch::new(root, name, &kit.name);
-    let status = exec_lines(engine, rec.container, &req, &mut |l| {
+    let keep = credential == Credential::Proxy;
+    let (status, kept) = exec_kept(engine, rec.container, &req, keep, &mut |l| {
         record(l, out, &mut file);
         caps.check(false);
-    })?;
+    });
+    let status = status?;
     caps.check(true);
-    for w in caps.said {
+    for w in caps.said.into_iter().chain(kept) {
         warn(&w);
     }
     let timed_out = opts.timeout.is_some() && status == TIMED_OUT;
@@ -276,6 +279,34 @@ fn command(kit: &Kit, opts: &RunOptions) -> Vec<String> {
         cmd = w;
     }
     cmd
+}
+
+/// [`exec_lines`], with the model proxy kept running meanwhile when `keep`
+/// (issue 40: a `docker kill` of it left the agent without a model until
+/// the next run); returns the status and what the watch did.
+fn exec_kept(
+    engine: &dyn SandboxEngine,
+    container: &str,
+    req: &ExecRequest,
+    keep: bool,
+    sink: &mut dyn FnMut(&str),
+) -> (Result<i64>, Vec<String>) {
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let keeper = keep.then(|| {
+            let nets: &(dyn NetworkEngine + Sync) = engine;
+            s.spawn(|| proxy::keep(nets, container, &done))
+        });
+        let status = exec_lines(engine, container, req, sink);
+        done.store(true, Ordering::Release);
+        let kept = keeper
+            .map(|k| {
+                k.join()
+                    .unwrap_or_else(|_| vec!["the model proxy's watch failed".into()])
+            })
+            .unwrap_or_default();
+        (status, kept)
+    })
 }
 
 /// Runs `req` in `container`, handing each line of its output, made a

@@ -327,6 +327,14 @@ pub trait Engine: Images {
     /// What the engine is (Docker or Podman), the OCI runtimes it offers and
     /// its security options; see [`runtime`].
     fn info(&self) -> Result<EngineInfo>;
+    /// Waits until `container` next stops running (it exits, is killed, or
+    /// is removed), at most `timeout`: `Some(true)` when it did, `Some(false)`
+    /// when the time passed.  `None`: the engine cannot tell, as on
+    /// Kubernetes, whose kubelet restarts a pod's container whatever ended it.
+    fn wait_exit(&self, container: &str, timeout: Duration) -> Result<Option<bool>> {
+        let _ = (container, timeout);
+        Ok(None)
+    }
 }
 
 /// A named volume.

@@ -1,10 +1,10 @@
 //! Text as a person (or a model) reads it: what renders as nothing, and one
 //! spelling for characters that render alike.
 //!
-//! The bell drops format characters so a fence cannot be spelt to look like
-//! the real one; the door folds text before looking for secrets, so a value
-//! written in fullwidth letters or interleaved with zero-width characters is
-//! still the value (issue 40).
+//! The bell drops what renders as nothing so a fence cannot be spelt to
+//! look like the real one; the door folds text before looking for secrets,
+//! so a value written in fullwidth letters or interleaved with zero-width
+//! characters is still the value (issue 40).
 
 use unicode_general_category::{GeneralCategory, get_general_category};
 use unicode_normalization::UnicodeNormalization;
@@ -14,6 +14,20 @@ use unicode_normalization::UnicodeNormalization;
 /// U+2066..9), the byte-order mark.  They render as nothing.
 pub fn is_format(c: char) -> bool {
     get_general_category(c) == GeneralCategory::Format
+}
+
+/// True for a character that renders as nothing: a format character, or
+/// one of the other default-ignorable code points (the combining grapheme
+/// joiner U+034F, variation selectors, the Hangul and Khmer fillers, the
+/// Mongolian free variation selectors).  Between `<` and `/` any of them
+/// would leave a fence that reads as the real one.
+pub fn is_invisible(c: char) -> bool {
+    is_format(c)
+        || matches!(c,
+            '\u{34f}' | '\u{115f}' | '\u{1160}' | '\u{17b4}' | '\u{17b5}'
+            | '\u{180b}'..='\u{180f}' | '\u{2060}'..='\u{206f}' | '\u{3164}'
+            | '\u{fe00}'..='\u{fe0f}' | '\u{ffa0}' | '\u{fff0}'..='\u{fff8}'
+            | '\u{e0000}'..='\u{e0fff}')
 }
 
 /// `s` folded: format characters removed and each character in its NFKC
@@ -81,5 +95,16 @@ mod tests {
         assert_eq!(&s[a..b], "li\u{ad}ve\u{200d}！");
         assert_eq!(fold("﹫login ＃126"), "@login #126");
         assert!(is_format('\u{61c}') && is_format('\u{feff}') && !is_format('a'));
+        for c in [
+            '\u{200b}',
+            '\u{34f}',
+            '\u{fe0f}',
+            '\u{3164}',
+            '\u{e0100}',
+            '\u{2064}',
+        ] {
+            assert!(is_invisible(c), "{c:?}");
+        }
+        assert!(!is_invisible('<') && !is_invisible('\u{e9}') && !is_invisible('\u{301}'));
     }
 }

@@ -285,6 +285,26 @@ impl Engine for DockerEngine {
         }
     }
 
+    fn wait_exit(&self, container: &str, timeout: Duration) -> Result<Option<bool>> {
+        // The engine answers when the container next exits: a docker kill or
+        // stop, a crash (then it may be `restarting`), or its removal (404).
+        let opts = qp::WaitContainerOptions {
+            condition: "next-exit".into(),
+        };
+        let docker = self
+            .docker
+            .clone()
+            .with_timeout(timeout + Duration::from_secs(5));
+        let answer = self.rt.block_on(async {
+            tokio::time::timeout(
+                timeout,
+                futures_util::StreamExt::next(&mut docker.wait_container(container, Some(opts))),
+            )
+            .await
+        });
+        Ok(Some(answer.is_ok()))
+    }
+
     fn inspect(&self, name_or_id: &str) -> Result<Option<Container>> {
         match self.rt.block_on(
             self.docker
