@@ -104,7 +104,8 @@ ratio_report() {
         rs+=("$(awk -v a="${_ra[r]}" -v b="${_rb[r]}" 'BEGIN { printf "%.2f", a / b }')")
     done
     local lo mid hi verdict
-    lo=$(printf '%s\n' "${rs[@]}" | best); mid=$(printf '%s\n' "${rs[@]}" | median); hi=$(printf '%s\n' "${rs[@]}" | worst)
+    lo=$(printf '%s\n' "${rs[@]}" | best); hi=$(printf '%s\n' "${rs[@]}" | worst)
+    mid=$(printf '%s\n' "${rs[@]}" | median | awk '{ printf "%.2f", $1 }')
     if [[ -z $goal ]]; then
         verdict="no goal" goal=none
     else
