@@ -50,7 +50,7 @@ fn every_bench_runs_small_and_leaves_nothing() {
         "a bench failed or left something:\n{out}"
     );
     // Each bench with a peer printed its per-run ratios and a table row.
-    for bench in ["post", "mirror", "mediate", "sandbox", "radar"] {
+    for bench in ["build", "post", "mirror", "mediate", "sandbox", "radar"] {
         let row = format!("bench-{bench} ");
         assert!(
             out.lines().any(|l| l.starts_with(&row)),
