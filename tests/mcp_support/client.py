@@ -14,11 +14,16 @@ what is right.  Scenarios:
           concurrency and kill tests; a dead server ends the run early).
   wake    --count N rounds of: wait, then --hook delivers; prints for each
           the time from the file's arrival in inbox/new (--inbox DIR, its
-          ctime) to the result reaching the client.
+          ctime) to the result reaching the client.  With --watcher BIN,
+          each round also runs the peer: BIN watches inbox/new, --hook
+          delivers, and the time until BIN names the message is taken the
+          same way (the message then moved to cur/); rounds alternate
+          which of the two goes first.
   killposts  like posts, but starts a new server whenever the one in use
           dies (the test kills it with SIGKILL).
   latency --count N posts through the tool and N runs of --lw-post BIN as a
-          process, alternating rounds of 20; prints each call's time.
+          process, in rounds of 20 alternating which goes first; prints each
+          call's time.
   idle    initialize, tools/list, whoami, one second idle: the server's RSS.
   bell    resources/list, resources/subscribe to inbox://, then rounds of
           --hook (run as `sh -c HOOK sh N`, delivering message N): after
@@ -35,6 +40,7 @@ import sys
 import time
 
 import anyio
+from anyio.streams.text import TextReceiveStream
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
@@ -183,25 +189,57 @@ async def killposts(params, opts, out):
 
 async def wake(session, opts, out):
     await session.initialize()
-    out["wake_ms"] = []
-    for _ in range(opts.count):
-        got = {}
+    out["wake_ms"], out["watcher_ms"] = [], []
+    for i in range(opts.count):
+        sides = [wake_mcp, wake_watcher] if opts.watcher else [wake_mcp]
+        for side in sides if i % 2 == 0 else sides[::-1]:
+            if not await side(session, opts, out):
+                return
 
-        async def waiter():
-            got["r"] = await call(session, "wait", {"timeout": 30})
-            got["at"] = time.time()
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(waiter)
-            await anyio.sleep(0.5)  # the wait is blocking in the server by then
-            await anyio.run_process(opts.hook, check=True)
-        msgs = got["r"].get("ok", {}).get("messages", [])
-        if not msgs:
-            out["error"] = got["r"]
-            return
-        arrived = os.stat(os.path.join(opts.inbox, "new", msgs[0]["id"])).st_ctime
-        out["wake_ms"].append((got["at"] - arrived) * 1e3)
-        await call(session, "ack", {"id": msgs[0]["id"]})
+async def wake_mcp(session, opts, out):
+    got = {}
+
+    async def waiter():
+        got["r"] = await call(session, "wait", {"timeout": 30})
+        got["at"] = time.time()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await anyio.sleep(0.5)  # the wait is blocking in the server by then
+        await anyio.run_process(opts.hook, check=True)
+    msgs = got["r"].get("ok", {}).get("messages", [])
+    if not msgs:
+        out["error"] = got["r"]
+        return False
+    arrived = os.stat(os.path.join(opts.inbox, "new", msgs[0]["id"])).st_ctime
+    out["wake_ms"].append((got["at"] - arrived) * 1e3)
+    await call(session, "ack", {"id": msgs[0]["id"]})
+    return True
+
+
+async def wake_watcher(session, opts, out):
+    """The peer: --watcher BIN (scripts/bench.d/wake.c) on inbox/new."""
+    new = os.path.join(opts.inbox, "new")
+    async with await anyio.open_process([opts.watcher, new]) as w:
+        lines = TextReceiveStream(w.stdout)
+        buf = ""
+        while "\n" not in buf:
+            buf += await lines.receive()
+        if not buf.startswith("ready"):
+            out["error"] = f"watcher: {buf!r}"
+            return False
+        buf = buf.split("\n", 1)[1]
+        await anyio.run_process(opts.hook, check=True)
+        while "\n" not in buf:
+            buf += await lines.receive()
+        at = time.time()
+        await w.wait()
+    name = buf.split("\n", 1)[0]
+    arrived = os.stat(os.path.join(new, name)).st_ctime
+    out["watcher_ms"].append((at - arrived) * 1e3)
+    os.rename(os.path.join(new, name), os.path.join(opts.inbox, "cur", name))
+    return True
 
 
 async def latency(session, opts, out):
@@ -210,18 +248,23 @@ async def latency(session, opts, out):
     await session.initialize()
     mcp_ms, proc_ms = [], []
     env = dict(os.environ)
-    for r in range(0, opts.count, 20):
+
+    async def by_mcp(r):
         for i in range(r, min(r + 20, opts.count)):
             t0 = time.perf_counter()
             res = await session.call_tool("post", {"kind": "status", "subject": f"mcp {i}", "body": "x"})
             mcp_ms.append((time.perf_counter() - t0) * 1e3)
             assert not res.is_error, text(res)
+
+    async def by_process(r):
         for i in range(r, min(r + 20, opts.count)):
             t0 = time.perf_counter()
-            p = await anyio.run_process(
-                [opts.lw_post, "-k", "status", "-s", f"proc {i}", "x"], env=env, check=True
-            )
+            await anyio.run_process([opts.lw_post, "-k", "status", "-s", f"proc {i}", "x"], env=env, check=True)
             proc_ms.append((time.perf_counter() - t0) * 1e3)
+
+    for r in range(0, opts.count, 20):
+        for side in (by_mcp, by_process) if r // 20 % 2 == 0 else (by_process, by_mcp):
+            await side(r)
     out["mcp_ms"], out["proc_ms"] = mcp_ms, proc_ms
 
 
@@ -324,6 +367,7 @@ async def main():
     p.add_argument("--start", type=int, default=0)
     p.add_argument("--tag", default="post")
     p.add_argument("--inbox", default="")
+    p.add_argument("--watcher", default="")
     p.add_argument("--progress", action="store_true")
     argv = sys.argv[1:]
     if "--" not in argv:
