@@ -28,8 +28,8 @@ use bollard::Docker;
 use bollard::models::{ExecConfig, PortBinding};
 use bollard::query_parameters as qp;
 
-use crate::error::{Error, Exit, Result};
 use crate::{Container, ContainerSpec, Engine, EngineVersion, ExecRequest, OutStream, PortMap};
+use mailbox::error::{Error, Exit, Result};
 
 /// The Docker Engine through bollard.
 pub struct DockerEngine {

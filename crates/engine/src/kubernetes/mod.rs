@@ -45,11 +45,11 @@ use k8s_openapi::api::core::v1::{ConfigMap, LocalObjectReference, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 
-use crate::error::{Error, Exit, Result};
 use crate::{
     Container, ContainerSpec, Engine, EngineInfo, EngineVersion, ExecRequest, Image, Images,
     OutStream, RuntimeInfo,
 };
+use mailbox::error::{Error, Exit, Result};
 
 pub use access::{RULES, Rule, Scope, role_yaml};
 pub(crate) use errors::api_err;
