@@ -22,8 +22,8 @@ use std::ffi::OsString;
 
 use tokio::io::unix::AsyncFd;
 
-use crate::error::{Error, Exit, Result};
-use crate::maildir::{Found, Maildir, Sub};
+use mailbox::error::{Error, Exit, Result};
+use mailbox::maildir::{Found, Maildir, Sub};
 
 /// The one resource lw-mcp serves.
 pub const URI: &str = "inbox://";
@@ -31,7 +31,7 @@ pub const URI: &str = "inbox://";
 /// A watch on `inbox/new/`, set, with the names already there.
 pub struct Bell {
     inbox: Maildir,
-    fd: AsyncFd<crate::fs::Watcher>,
+    fd: AsyncFd<mailbox::fs::Watcher>,
     known: HashSet<OsString>,
 }
 
@@ -39,7 +39,8 @@ impl Bell {
     /// Sets the watch, then lists what is already delivered (not news).
     pub fn start(inbox: Maildir) -> Result<Bell> {
         let dir = inbox.sub(Sub::New);
-        let watcher = crate::fs::Watcher::new().map_err(|e| Error::io("cannot watch", &dir, e))?;
+        let watcher =
+            mailbox::fs::Watcher::new().map_err(|e| Error::io("cannot watch", &dir, e))?;
         watcher
             .add(&dir)
             .map_err(|e| Error::io_as(Exit::NoInput, "cannot watch", &dir, e))?;
@@ -85,7 +86,7 @@ impl Bell {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::{Kind, Message};
+    use mailbox::message::{Kind, Message};
 
     fn msg(id: &str) -> Message {
         Message {
