@@ -36,7 +36,7 @@ pub fn root_id(root: &Path) -> String {
     d[..4].iter().map(|b| format!("{b:02x}")).collect()
 }
 
-pub use crate::config::parse_bytes;
+pub use mailbox::config::parse_bytes;
 
 /// The sandboxes' seccomp profile (the confine crate's, which lw-confine
 /// installs inside gVisor sandboxes).

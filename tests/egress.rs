@@ -30,7 +30,7 @@ use std::time::Duration;
 use loopwright::egress::{self, AllowList, NetworkEngine, Options};
 use loopwright::engine::DockerEngine;
 use loopwright::engine::{ContainerSpec, Engine, ExecRequest, Images, OutStream};
-use loopwright::error::Exit;
+use mailbox::error::Exit;
 use sha2::{Digest, Sha256};
 
 use egress_support::{counted, counter_script};

@@ -43,9 +43,9 @@ use loopwright::engine::{
     ContainerSpec, DockerEngine, Engine, EngineKind, ExecIo, ExecRequest, HostPaths, Images,
     KubeEngine, NetworkEngine, NetworkSpec, Pair, SandboxEngine,
 };
-use loopwright::error::Exit;
-use loopwright::layout::Root;
 use loopwright::sandbox::{LABEL_ROOT, LABEL_ROOT_PATH, LABEL_SANDBOX, Sandboxes, root_id};
+use mailbox::error::Exit;
+use mailbox::layout::Root;
 
 use kube_support::{Cluster, IMAGE, network_cached, nonce, run};
 

@@ -245,7 +245,7 @@ fn sandboxes_as_pods() {
         kube_support::missing()
     );
     let fx = Fixture::new("kube");
-    let project = loopwright::config::Project::find(&fx.proj)
+    let project = mailbox::config::Project::find(&fx.proj)
         .unwrap()
         .expect("the fixture is a project");
     let docker = DockerEngine::connect().expect("the Docker engine is reachable");

@@ -16,8 +16,8 @@ use std::fmt::Write as _;
 
 use super::kit::{Kit, McpFormat};
 use super::{Credential, proxy};
-use crate::registry;
 use crate::wall::{HOME, REPO};
+use mailbox::registry;
 
 /// The MCP server every agent gets.
 pub const MCP_COMMAND: &str = "/usr/local/bin/lw-mcp";

@@ -42,9 +42,9 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::Project;
-use crate::error::{Error, Exit, Result};
 pub use kit::Kit;
+use mailbox::config::Project;
+use mailbox::error::{Error, Exit, Result};
 
 /// Where the agent's key comes from on the host.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -140,10 +140,10 @@ impl Settings {
             key: KeySource::Env(kit.key_env.clone()),
             warnings: vec![],
             caps: Caps::default(),
-            bell_max_blocks: crate::bell::DEFAULT_MAX_BLOCKS,
+            bell_max_blocks: mailbox::bell::DEFAULT_MAX_BLOCKS,
         };
         let Some(p) = project else { return Ok(s) };
-        let file = crate::config::FILE;
+        let file = mailbox::config::FILE;
         let mut key_env = None;
         let mut key_file = None;
         for (k, v) in p.config.iter() {

@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use crate::config::Project;
 use crate::engine::{DockerEngine, Engine};
+use mailbox::config::Project;
 
 use super::{Finding, Status, f};
 
@@ -59,7 +59,7 @@ pub(super) fn services(
 /// user do, the runtime classes, and the two things the API cannot promise
 /// (this host's files; NetworkPolicy enforcement, the network plugin's).
 pub(super) fn kubernetes(
-    kind: crate::error::Result<crate::engine::EngineKind>,
+    kind: mailbox::error::Result<crate::engine::EngineKind>,
     project: Option<&Project>,
 ) -> Vec<Finding> {
     use crate::engine::{HostPaths, KubeEngine};
@@ -166,7 +166,7 @@ fn rbac(e: &crate::engine::KubeEngine) -> Finding {
 /// `--kube-role`: the Role and ClusterRole the client needs, for namespace
 /// `namespace`, else the project's (`engine.namespace`, else its
 /// kubeconfig context's), else a placeholder to replace.
-pub fn kube_role(cwd: &Path, namespace: Option<String>) -> crate::error::Result<String> {
+pub fn kube_role(cwd: &Path, namespace: Option<String>) -> mailbox::error::Result<String> {
     let ns = match namespace {
         Some(ns) => ns,
         None => {

@@ -9,9 +9,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::config::Project;
 use crate::engine::Images;
-use crate::layout::Root;
+use mailbox::config::Project;
+use mailbox::layout::Root;
 
 pub use crate::finding::{Finding, Status};
 

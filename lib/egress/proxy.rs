@@ -15,7 +15,7 @@ use super::{
 const PROXY_UID: u32 = 13;
 use crate::engine::ContainerSpec;
 use crate::engine::{BuildEvent, ImageBuilder, Network, NetworkEngine, NetworkSpec};
-use crate::error::{Error, Exit, Result};
+use mailbox::error::{Error, Exit, Result};
 
 /// The line squid writes once it accepts connections.
 const READY_LINE: &str = "Accepting HTTP Socket connections";

@@ -25,7 +25,7 @@ use super::archive::{Scratch, scan};
 use super::*;
 use crate::distribution::{Client, Manifest};
 use crate::engine::ImageBuilder;
-use crate::error::{Error, Result};
+use mailbox::error::{Error, Result};
 
 /// The tag a layer has in the cache repository: `LAYER-HASH`.
 pub fn remote_tag(layer: &Layer) -> String {
@@ -83,7 +83,7 @@ pub fn check_label(layer: &Layer, config: &Value) -> std::result::Result<(), Str
         .and_then(|l| l.get(LABEL_MANIFEST))
         .and_then(Value::as_str)
         .ok_or_else(|| format!("it carries no {LABEL_MANIFEST} label"))?;
-    let got = crate::digest::sha256_hex(label.as_bytes());
+    let got = mailbox::digest::sha256_hex(label.as_bytes());
     if got != layer.hash {
         return Err(format!(
             "its label records input hash {}, not {} computed from the local inputs",
@@ -281,7 +281,7 @@ pub fn configured(
     flag: Option<&str>,
     ca_flag: Option<&std::path::Path>,
 ) -> Result<Option<Client>> {
-    let conf = crate::config::Config::load(&root.join(crate::config::FILE))?;
+    let conf = mailbox::config::Config::load(&root.join(mailbox::config::FILE))?;
     let spec = match flag {
         Some(f) => f.to_string(),
         None => conf.get("build.cache").unwrap_or("").to_string(),
@@ -349,7 +349,7 @@ impl<'a> Puller<'a> {
         if !self.logged_in {
             match c.login(false) {
                 Ok(()) => self.logged_in = true,
-                Err(e) if e.exit == crate::error::Exit::Unavailable => {
+                Err(e) if e.exit == mailbox::error::Exit::Unavailable => {
                     self.offline(c, &e);
                     return Ok(None);
                 }
@@ -360,11 +360,11 @@ impl<'a> Puller<'a> {
             Ok(Fetch::Pulled { id, bytes }) => return Ok(Some((id, bytes))),
             Ok(Fetch::Missing) => return Ok(None),
             Ok(Fetch::Refused(why)) => why,
-            Err(e) if e.exit == crate::error::Exit::Unavailable => {
+            Err(e) if e.exit == mailbox::error::Exit::Unavailable => {
                 self.offline(c, &e);
                 return Ok(None);
             }
-            Err(e) if e.exit == crate::error::Exit::DataErr => e.msg,
+            Err(e) if e.exit == mailbox::error::Exit::DataErr => e.msg,
             Err(e) => return Err(e),
         };
         (self.warn)(&format!(

@@ -2,7 +2,7 @@
 //! the one computed now.
 
 use crate::engine::Images;
-use crate::error::Result;
+use mailbox::error::Result;
 use std::collections::BTreeMap;
 
 use super::*;

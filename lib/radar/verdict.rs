@@ -41,7 +41,7 @@ pub struct Unparsable(pub String);
 pub fn name(raw: &[u8]) -> String {
     let mut out = String::with_capacity(raw.len());
     for chunk in raw.utf8_chunks() {
-        out.push_str(&crate::visible::visible_line(chunk.valid()));
+        out.push_str(&mailbox::visible::visible_line(chunk.valid()));
         for b in chunk.invalid() {
             out.push_str(&format!("\\x{b:02x}"));
         }
@@ -143,7 +143,7 @@ pub fn hunks(blob: &[u8]) -> Vec<u32> {
 pub fn in_scope(changed: &[String], scope: &[String]) -> Vec<String> {
     let mut v: Vec<String> = changed
         .iter()
-        .filter(|p| scope.iter().any(|s| crate::policy::overlaps(s, p)))
+        .filter(|p| scope.iter().any(|s| mailbox::policy::overlaps(s, p)))
         .cloned()
         .collect();
     v.sort();

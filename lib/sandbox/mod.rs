@@ -92,16 +92,16 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::Project;
 use crate::engine::{EngineKind, ImageBuilder, Pair, SandboxEngine};
-use crate::error::{Error, Exit, Result};
-use crate::layout::Root;
 use crate::ports::Leases;
 pub use crate::wall::{
     BIN_DIR, HOME, LABEL_BRANCH, LABEL_ROOT, LABEL_ROOT_PATH, LABEL_SANDBOX, MAILBOX, MIRROR,
     REGISTRY, REPO, SECCOMP_PROFILE, WORK, host_has_apparmor, parse_bytes, root_id,
     security_options,
 };
+use ::mailbox::config::Project;
+use ::mailbox::error::{Error, Exit, Result};
+use ::mailbox::layout::Root;
 pub use create::{ImageChoice, check_branch, parse_port, resolve_image};
 pub use ls::{HEADER as LS_HEADER, Status};
 pub use record::{NameLock, Record};

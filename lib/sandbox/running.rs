@@ -9,9 +9,9 @@ use std::time::Duration;
 use super::{Network, Record, Sandboxes, disk, gone};
 use crate::egress;
 use crate::engine::{Container, ExecIo, ExecRequest, NetworkEngine, OutStream};
-use crate::error::{Error, Exit, Result};
 use crate::secrets::{self, Secret};
 use crate::wall::{LABEL_ROOT, REPO, WORK};
+use mailbox::error::{Error, Exit, Result};
 
 impl<'a> Sandboxes<'a> {
     /// Runs a command in a sandbox as its user, capturing its output.
@@ -100,7 +100,7 @@ impl<'a> Sandboxes<'a> {
                         "cannot write secret '{}' into sandbox '{}': {}",
                         s.name,
                         rec.name,
-                        crate::visible::visible(String::from_utf8_lossy(&err).trim())
+                        mailbox::visible::visible(String::from_utf8_lossy(&err).trim())
                     ),
                 ));
             }
@@ -114,7 +114,7 @@ impl<'a> Sandboxes<'a> {
         let secrets = secrets::resolve(&rec.secrets, &|n| std::env::var_os(n))?;
         // The values it was made with, or none: the door knows those
         // (crates/mailbox/src/door_record.rs), and would pass another.
-        crate::door_record::DoorRecord::new(&self.root).check(name, &|n| std::env::var_os(n))?;
+        mailbox::door_record::DoorRecord::new(&self.root).check(name, &|n| std::env::var_os(n))?;
         let c = self
             .engine
             .inspect(&rec.container)?
@@ -186,7 +186,7 @@ impl<'a> Sandboxes<'a> {
                 format!(
                     "cannot count unpushed commits in sandbox '{}' (exit {code}): {}",
                     rec.name,
-                    crate::visible::visible(String::from_utf8_lossy(&err).trim())
+                    mailbox::visible::visible(String::from_utf8_lossy(&err).trim())
                 ),
             )),
         }

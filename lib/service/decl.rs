@@ -7,9 +7,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::config::{Config, Project};
 use crate::egress::AllowList;
-use crate::error::{Error, Exit, Result};
+use mailbox::config::{Config, Project};
+use mailbox::error::{Error, Exit, Result};
 
 /// Where declarations live, relative to the project's top.
 pub const DIR: &str = ".loopwright/services";
@@ -98,7 +98,7 @@ pub fn check_name(name: &str) -> Result<()> {
 fn key_ok(key: &str) -> bool {
     match key.strip_prefix("env.") {
         Some(var) => crate::secrets::valid_name(var),
-        None => crate::config::valid_key(key),
+        None => mailbox::config::valid_key(key),
     }
 }
 
@@ -178,7 +178,7 @@ pub fn parse(name: &str, text: &str, file: &Path) -> Result<Declaration> {
     };
     let ready_timeout = match c.get("ready-timeout") {
         None => Duration::from_secs(60),
-        Some(v) => crate::config::parse_duration(v)
+        Some(v) => mailbox::config::parse_duration(v)
             .filter(|d| !d.is_zero())
             .ok_or_else(|| bad("ready-timeout", v, "a duration such as 30s or 2m"))?,
     };

@@ -3,9 +3,9 @@
 //! its inputs).
 
 use super::{Declaration, Services, Source};
-use crate::config::Project;
-use crate::error::{Error, Exit, Result};
 use crate::image::{InputDecl, LayerDef, Runtime};
+use mailbox::config::Project;
+use mailbox::error::{Error, Exit, Result};
 
 impl<'a> Services<'a> {
     /// The image of `d`: the local one it names, or its build (one lw-build

@@ -66,12 +66,12 @@ pub use parse::{Rebuilt, parse_answers, parse_comment, reassemble};
 pub use state::{Pending, State, TargetState, load_state, lock, state_path, write_atomic};
 pub use watch::watch_dir;
 
-use crate::error::{Error, Result};
 use crate::github::{Budget, Client, Comment, Target};
-use crate::layout::Root;
-use crate::log::Entry;
-use crate::message;
-use crate::redact::Secrets;
+use mailbox::error::{Error, Result};
+use mailbox::layout::Root;
+use mailbox::log::Entry;
+use mailbox::message;
+use mailbox::redact::Secrets;
 use state::save_state;
 
 /// Consecutive unknown outcomes before a run gives up (exit 75).

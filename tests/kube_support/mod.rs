@@ -106,7 +106,7 @@ impl Cluster {
             );
         }
         let lock =
-            loopwright::fs::lock(Path::new("/tmp/lw-k8s.lock")).expect("the cluster's lock file");
+            mailbox::fs::lock(Path::new("/tmp/lw-k8s.lock")).expect("the cluster's lock file");
         let t0 = Instant::now();
         let out = Command::new(repo().join("scripts/k8s-cluster"))
             .arg("start")
@@ -378,7 +378,7 @@ impl Drop for Gone<'_> {
 /// The image of the project at `proj` (lw-build's, on the Docker engine),
 /// for a cluster to import.
 pub fn project_image(proj: &Path) -> String {
-    let project = loopwright::config::Project::find(proj)
+    let project = mailbox::config::Project::find(proj)
         .unwrap()
         .expect("the fixture is a project");
     let docker =

@@ -9,11 +9,11 @@ use std::path::PathBuf;
 use super::super::settings::apply_overrides;
 use super::super::{CreateOptions, Network, Sandboxes, Settings};
 use crate::agent::setup::Prepared;
-use crate::config::{Config, Project};
 use crate::egress;
-use crate::error::{Error, Exit, Result};
-use crate::registry;
 use crate::secrets::{self, Secret};
+use mailbox::config::{Config, Project};
+use mailbox::error::{Error, Exit, Result};
+use mailbox::registry;
 
 /// What the checks found: everything the making steps need.
 pub(in crate::sandbox) struct Checked {
@@ -228,8 +228,8 @@ pub fn check_branch(branch: &str) -> Result<()> {
     if branch.is_empty() || branch.starts_with('-') || branch == "HEAD" {
         return Err(bad());
     }
-    let out = crate::git::output(
-        crate::git::command(None).args(["check-ref-format", &format!("refs/heads/{branch}")]),
+    let out = mailbox::git::output(
+        mailbox::git::command(None).args(["check-ref-format", &format!("refs/heads/{branch}")]),
         "check a branch name",
     )?;
     if out.status.success() {

@@ -9,10 +9,10 @@ use std::process::Stdio;
 
 use sha2::{Digest, Sha256};
 
-use crate::config::Project;
 use crate::engine::Images;
-use crate::error::{Error, Exit, Result};
 use crate::image::{LABEL_LAYER, LABEL_MANIFEST, Layer, Plan, Runtime};
+use mailbox::config::Project;
+use mailbox::error::{Error, Exit, Result};
 
 /// The image a sandbox runs and what it was built from.
 #[derive(Clone, Debug)]
@@ -193,7 +193,7 @@ pub(super) fn drifted_inputs(
     if inputs.is_empty() {
         return Ok(vec![]);
     }
-    let mut child = crate::git::command(None)
+    let mut child = mailbox::git::command(None)
         .arg("--git-dir")
         .arg(mirror)
         .args(["cat-file", "--batch"])

@@ -9,12 +9,12 @@ use std::path::PathBuf;
 use super::super::{Port, Record, Sandboxes, Settings, container_spec, disk};
 use super::Clock;
 use super::checks::Checked;
-use crate::door_record::DoorRecord;
 use crate::egress;
 use crate::engine::{ContainerSpec, NetworkEngine};
-use crate::error::{Exit, Result};
-use crate::registry::{self, Registry};
 use crate::wall::{LABEL_ROOT, LABEL_ROOT_PATH, LABEL_SANDBOX};
+use mailbox::door_record::DoorRecord;
+use mailbox::error::{Exit, Result};
+use mailbox::registry::{self, Registry};
 
 impl<'a> Sandboxes<'a> {
     /// Everything but the clone, up to the started container; returns its spec.
