@@ -33,9 +33,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use engine::distribution::Client;
+use engine::{BuildEvent, DockerEngine, connect_docker};
 use loopwright::agent;
-use loopwright::distribution::Client;
-use loopwright::engine::{BuildEvent, DockerEngine, connect_docker};
 use loopwright::image::cache::{self, Fetch, Probe, Puller, Push};
 use loopwright::image::{self, BuildOptions, InputKind, Layer, LayerResult, Plan, Runtime};
 use mailbox::cli::out_err;

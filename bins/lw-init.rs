@@ -24,7 +24,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use loopwright::engine::{Images, connect_docker};
+use engine::{Images, connect_docker};
 use loopwright::init::{self, Options, check};
 use mailbox::cli::out_err;
 use mailbox::{Error, Exit, Result};

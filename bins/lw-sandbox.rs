@@ -21,9 +21,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use engine::Engines;
 use loopwright::agent::run::RunOptions;
 use loopwright::agent::{Credential, kit};
-use loopwright::engine::Engines;
 use loopwright::sandbox::{self, CreateOptions, Network, Sandboxes};
 use mailbox::cli::{self, out_err};
 use mailbox::layout::Root;

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use loopwright::engine::Engines;
+use engine::Engines;
 use loopwright::service::{Services, decl};
 use mailbox::cli::{self, out_err};
 use mailbox::config::Project;

@@ -26,7 +26,3 @@ pub mod secrets;
 pub mod service;
 pub mod sync;
 pub mod wall;
-
-pub use confine::seccomp;
-pub use engine;
-pub use engine::{distribution, tty};

@@ -72,7 +72,7 @@ pub const CONFINE: &str = "lw-confine";
 
 /// `cmd` as it must be started in a sandbox under `runtime`.
 pub fn confined(runtime: &str, cmd: Vec<String>) -> Vec<String> {
-    if crate::engine::Isolation::of(runtime) != crate::engine::Isolation::Gvisor {
+    if engine::Isolation::of(runtime) != engine::Isolation::Gvisor {
         return cmd;
     }
     let mut v = Vec::with_capacity(cmd.len() + 2);

@@ -8,9 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use build_support::{nonce, test_image};
-use loopwright::engine::{
-    ContainerSpec, DockerEngine, Engine, ExecRequest, ImageBuilder, Images, OutStream,
-};
+use engine::{ContainerSpec, DockerEngine, Engine, ExecRequest, ImageBuilder, Images, OutStream};
 
 struct Cleanup<'a>(&'a DockerEngine, String);
 
@@ -130,7 +128,7 @@ fn published_ports_bind_where_asked_and_are_reported() {
         name: Some(format!("lw-test-engine-ports-{}", nonce())),
         image: test_image("busybox"),
         cmd: vec!["sleep".into(), "300".into()],
-        ports: vec![loopwright::engine::PortMap {
+        ports: vec![engine::PortMap {
             container: "8080/tcp".into(),
             host_ip: "127.0.0.1".into(),
             host_port: 0,

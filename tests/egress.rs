@@ -27,9 +27,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use engine::DockerEngine;
+use engine::{ContainerSpec, Engine, ExecRequest, Images, OutStream};
 use loopwright::egress::{self, AllowList, NetworkEngine, Options};
-use loopwright::engine::DockerEngine;
-use loopwright::engine::{ContainerSpec, Engine, ExecRequest, Images, OutStream};
 use mailbox::error::Exit;
 use sha2::{Digest, Sha256};
 

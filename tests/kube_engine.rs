@@ -30,6 +30,11 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use engine::select::{PairedBuilder, docker_host};
+use engine::{
+    ContainerSpec, DockerEngine, Engine, EngineKind, ExecIo, ExecRequest, HostPaths, Images,
+    KubeEngine, NetworkEngine, NetworkSpec, Pair, SandboxEngine,
+};
 use k8s_openapi::api::core::v1::{
     Namespace, Pod, ResourceQuota, ResourceQuotaSpec, ServiceAccount,
 };
@@ -38,11 +43,6 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
-use loopwright::engine::select::{PairedBuilder, docker_host};
-use loopwright::engine::{
-    ContainerSpec, DockerEngine, Engine, EngineKind, ExecIo, ExecRequest, HostPaths, Images,
-    KubeEngine, NetworkEngine, NetworkSpec, Pair, SandboxEngine,
-};
 use loopwright::sandbox::{LABEL_ROOT, LABEL_ROOT_PATH, LABEL_SANDBOX, Sandboxes, root_id};
 use mailbox::error::Exit;
 use mailbox::layout::Root;

@@ -41,14 +41,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use engine::{ContainerSpec, DockerEngine, Engine, KubeEngine, NetworkEngine, NetworkSpec};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};
 use loopwright::egress::{self, AllowList, Options};
-use loopwright::engine::{
-    ContainerSpec, DockerEngine, Engine, KubeEngine, NetworkEngine, NetworkSpec,
-};
 
 use kube_support::{Cluster, IMAGE, namespace, network_cached, nonce, pod_ip, run};
 

@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use loopwright::engine::{ContainerSpec, DockerEngine, Engine, ExecRequest, HostPaths};
+use engine::{ContainerSpec, DockerEngine, Engine, ExecRequest, HostPaths};
 use loopwright::sandbox::hostpaths::{Sharing, probe};
 
 const DOCKERFILE: &str = "\

@@ -26,8 +26,8 @@
 use std::collections::BTreeMap;
 
 use super::kit::Kit;
-use crate::engine::{BuildEvent, BuildOutcome, BuildRequest, ImageBuilder, Images};
 use crate::image::{LABEL_LAYER, LABEL_MANIFEST};
+use engine::{BuildEvent, BuildOutcome, BuildRequest, ImageBuilder, Images};
 use mailbox::digest::sha256_hex;
 use mailbox::error::{Error, Exit, Result};
 

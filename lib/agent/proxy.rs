@@ -47,7 +47,7 @@ use super::Settings;
 use super::kit::Kit;
 use crate::egress::NetworkEngine;
 use crate::egress::sidecar::{self, Recipe};
-use crate::engine::{Bind, BuildEvent, ContainerSpec, ImageBuilder};
+use engine::{Bind, BuildEvent, ContainerSpec, ImageBuilder};
 use mailbox::error::{Error, Exit, Result};
 
 /// The proxy's name on the sandbox's internal network.

@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use super::kit::{self, Kit};
 use super::{AgentRecord, Credential, Settings, proxy};
-use crate::engine::{ExecIo, NetworkEngine, SandboxEngine};
-use crate::engine::{ExecRequest, OutStream};
 use crate::wall::REPO;
+use engine::{ExecIo, NetworkEngine, SandboxEngine};
+use engine::{ExecRequest, OutStream};
 use mailbox::config::Project;
 use mailbox::error::{Error, Exit, Result};
 use mailbox::layout::Root;

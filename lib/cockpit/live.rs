@@ -117,7 +117,7 @@ fn refresher(
     project: &std::path::Path,
     events: &broadcast::Sender<&'static str>,
 ) {
-    let mut engine: Option<crate::engine::Engines> = None;
+    let mut engine: Option<engine::Engines> = None;
     let mut stats: HashMap<(PathBuf, String, String), Option<BranchStat>> = HashMap::new();
     loop {
         live.sleep();
@@ -173,13 +173,11 @@ type Listed = (String, HashMap<String, Value>);
 fn engine_round(
     root: &Root,
     project: &std::path::Path,
-    engine: &mut Option<crate::engine::Engines>,
+    engine: &mut Option<engine::Engines>,
 ) -> mailbox::error::Result<Listed> {
     if engine.is_none() {
         let p = mailbox::config::Project::find(project)?;
-        *engine = Some(crate::engine::Engines::connect(
-            p.as_ref().map(|p| &p.config),
-        )?);
+        *engine = Some(engine::Engines::connect(p.as_ref().map(|p| &p.config))?);
     }
     let engines = engine.as_ref().expect("connected above");
     let e = engines.runner();

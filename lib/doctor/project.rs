@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::engine::DockerEngine;
+use engine::DockerEngine;
 use mailbox::config::Project;
 use mailbox::layout::Root;
 

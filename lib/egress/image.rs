@@ -4,7 +4,7 @@
 
 use super::sidecar::Recipe;
 use super::{LABEL_EGRESS, LABEL_RECIPE, PROXY_REPO};
-use crate::engine::{BuildEvent, ImageBuilder, Images};
+use engine::{BuildEvent, ImageBuilder, Images};
 use mailbox::error::{Error, Exit, Result};
 
 /// The proxy image's recipe: its build context, from the toolkit's runtime/egress.

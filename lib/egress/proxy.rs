@@ -13,8 +13,8 @@ use super::{
 
 /// The uid (and gid) of Debian's `proxy` user, the proxy image's `USER`.
 const PROXY_UID: u32 = 13;
-use crate::engine::ContainerSpec;
-use crate::engine::{BuildEvent, ImageBuilder, Network, NetworkEngine, NetworkSpec};
+use engine::ContainerSpec;
+use engine::{BuildEvent, ImageBuilder, Network, NetworkEngine, NetworkSpec};
 use mailbox::error::{Error, Exit, Result};
 
 /// The line squid writes once it accepts connections.

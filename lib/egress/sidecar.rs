@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::engine::{BuildEvent, BuildOutcome, BuildRequest, ImageBuilder, NetworkEngine};
+use engine::{BuildEvent, BuildOutcome, BuildRequest, ImageBuilder, NetworkEngine};
 use mailbox::digest::sha256_hex;
 use mailbox::error::{Error, Exit, Result};
 

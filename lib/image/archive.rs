@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::engine::ImageBuilder;
+use engine::ImageBuilder;
 use mailbox::digest::hex;
 use mailbox::error::{Error, Exit, Result};
 

@@ -1,7 +1,7 @@
 //! Building a layer: the context holds exactly the declared inputs, a
 //! Dockerfile that reads anything else is refused before the engine is asked.
 
-use crate::engine::{BuildEvent, BuildOutcome, BuildRequest, ImageBuilder};
+use engine::{BuildEvent, BuildOutcome, BuildRequest, ImageBuilder};
 use mailbox::error::{Error, Exit, Result};
 use std::collections::BTreeSet;
 

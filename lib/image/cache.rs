@@ -23,8 +23,8 @@ use serde_json::Value;
 
 use super::archive::{Scratch, scan};
 use super::*;
-use crate::distribution::{Client, Manifest};
-use crate::engine::ImageBuilder;
+use engine::ImageBuilder;
+use engine::distribution::{Client, Manifest};
 use mailbox::error::{Error, Result};
 
 /// The tag a layer has in the cache repository: `LAYER-HASH`.
@@ -289,12 +289,12 @@ pub fn configured(
     if spec.trim().is_empty() {
         return Ok(None);
     }
-    let cache = crate::distribution::CacheRef::parse(&spec)?;
+    let cache = engine::distribution::CacheRef::parse(&spec)?;
     let ca_file = match ca_flag {
         Some(p) => Some(p.to_path_buf()),
         None => conf.get("build.cache-ca").map(|p| root.join(p)),
     };
-    let opts = crate::distribution::Options {
+    let opts = engine::distribution::Options {
         ca_file,
         credentials: None,
     };

@@ -1,7 +1,7 @@
 //! Why a layer would rebuild: the manifest recorded in its label against
 //! the one computed now.
 
-use crate::engine::Images;
+use engine::Images;
 use mailbox::error::Result;
 use std::collections::BTreeMap;
 

@@ -5,7 +5,7 @@
 //! (the same base, the same resolved toolchain) get the same hashes, and
 //! the same tags where they share an `image` repository.
 
-use crate::engine::Images;
+use engine::Images;
 use mailbox::digest::sha256_hex;
 use mailbox::error::{Error, Exit, Result};
 use std::collections::BTreeMap;

@@ -14,7 +14,7 @@ use super::{CreateOptions, Network, Record, Sandboxes, io_err};
 use crate::agent::run::{Ran, RunOptions, Target};
 use crate::agent::setup::Prepared;
 use crate::agent::{Credential, context, proxy};
-use crate::engine::NetworkEngine;
+use engine::NetworkEngine;
 use mailbox::config::Project;
 use mailbox::error::{Error, Exit, Result};
 use mailbox::registry::Registry;

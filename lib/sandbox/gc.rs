@@ -9,10 +9,10 @@ use std::fs;
 
 use super::{Network, Record, Sandboxes, disk, mailbox, push};
 use crate::egress;
-use crate::engine::NetworkEngine;
 use crate::wall::{LABEL_SANDBOX, REPO};
 use ::mailbox::error::{Error, Exit, Result};
 use ::mailbox::registry::{self, Registry};
+use engine::NetworkEngine;
 
 impl<'a> Sandboxes<'a> {
     /// `rm`: refuses while work would be lost, unless `force`.

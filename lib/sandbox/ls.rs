@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::{Created, Network, Port, Sandboxes, gone};
 use crate::agent::{Credential, proxy};
 use crate::egress;
-use crate::engine::{Isolation, NetworkEngine, PortMap};
+use engine::{Isolation, NetworkEngine, PortMap};
 use mailbox::error::{Error, Result};
 
 /// The header `ls` prints above its lines (not with `--json` or
@@ -27,7 +27,7 @@ pub struct Status {
     pub state: String,
     /// How an `exited` one ended: its status (0 after a stop) and whether
     /// the OOM killer ended it at its memory limit; `line` shows them as
-    /// `exited (N)` and `exited (OOM)` ([`crate::engine::exit_state`]).
+    /// `exited (N)` and `exited (OOM)` ([`engine::exit_state`]).
     pub exit_code: Option<i64>,
     pub oom_killed: bool,
     pub ports: Vec<Port>,
@@ -241,7 +241,7 @@ impl Status {
     /// (`exited (2)`, `exited (OOM)`; plain `exited` after a stop).
     pub fn state_text(&self) -> String {
         if self.state == "exited" {
-            crate::engine::exit_state(self.exit_code, self.oom_killed)
+            engine::exit_state(self.exit_code, self.oom_killed)
         } else {
             self.state.clone()
         }

@@ -75,7 +75,7 @@ pub mod courier;
 mod create;
 pub mod disk;
 mod gc;
-pub use crate::engine::hostpaths;
+pub use engine::hostpaths;
 pub mod limits;
 mod ls;
 pub mod mailbox;
@@ -92,7 +92,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{EngineKind, ImageBuilder, Pair, SandboxEngine};
 use crate::ports::Leases;
 pub use crate::wall::{
     BIN_DIR, HOME, LABEL_BRANCH, LABEL_ROOT, LABEL_ROOT_PATH, LABEL_SANDBOX, MAILBOX, MIRROR,
@@ -103,6 +102,7 @@ use ::mailbox::config::Project;
 use ::mailbox::error::{Error, Exit, Result};
 use ::mailbox::layout::Root;
 pub use create::{ImageChoice, check_branch, parse_port, resolve_image};
+use engine::{EngineKind, ImageBuilder, Pair, SandboxEngine};
 pub use ls::{HEADER as LS_HEADER, Status};
 pub use record::{NameLock, Record};
 pub use settings::{

@@ -71,7 +71,7 @@ impl Record {
     pub fn runtime_name(&self) -> &str {
         self.runtime
             .as_deref()
-            .unwrap_or(crate::engine::runtime::DEFAULT_RUNTIME)
+            .unwrap_or(engine::runtime::DEFAULT_RUNTIME)
     }
 }
 

@@ -27,7 +27,7 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
 use std::process::Command;
 
-use crate::engine::{Bind, Isolation};
+use engine::{Bind, Isolation};
 use mailbox::error::{Error, Exit, Result};
 use mailbox::layout::Root;
 

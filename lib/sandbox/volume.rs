@@ -47,7 +47,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use super::{CreateOptions, LABEL_ROOT, LABEL_SANDBOX, MAILBOX, Network, Record, Sandboxes, WORK};
-use crate::engine::{ContainerSpec, ExecIo, ExecRequest, OutStream, VolumeMount};
+use engine::{ContainerSpec, ExecIo, ExecRequest, OutStream, VolumeMount};
 use mailbox::error::{Error, Exit, Result};
 
 /// Where the tools are inside a volume-mode sandbox (first on its `PATH`).

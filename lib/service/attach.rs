@@ -6,7 +6,7 @@
 //! besides its own.
 
 use super::*;
-use crate::engine::{NetworkEngine, Pair};
+use engine::{NetworkEngine, Pair};
 use mailbox::error::{Error, Exit, Result};
 
 /// Checks each service of `names` for a sandbox of root `root_id`: a name no

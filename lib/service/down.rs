@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use super::{LABEL_SERVICE, Services, container_name, decl, volume_name};
-use crate::engine::NetworkEngine;
 use crate::wall::LABEL_ROOT;
+use engine::NetworkEngine;
 use mailbox::error::Result;
 
 impl<'a> Services<'a> {

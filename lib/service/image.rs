@@ -67,7 +67,7 @@ impl<'a> Services<'a> {
                     &mut plan,
                     &mut crate::image::BuildOptions {
                         on_event: &mut |_, ev| {
-                            if let crate::engine::BuildEvent::Output(s) = ev {
+                            if let engine::BuildEvent::Output(s) = ev {
                                 for l in s.lines().filter(|l| l.starts_with("Step ")) {
                                     progress(l);
                                 }

@@ -62,8 +62,8 @@ pub use decl::{Declaration, Source};
 pub use state::Status;
 pub use up::Up;
 
-use crate::engine::{ImageBuilder, Pair, SandboxEngine};
 use crate::wall::{LABEL_ROOT, LABEL_ROOT_PATH};
+use engine::{ImageBuilder, Pair, SandboxEngine};
 
 /// The service an engine object belongs to.
 pub const LABEL_SERVICE: &str = "org.loopwright.service";

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use super::{Declaration, LABEL_PROJECT, LABEL_SERVICE, Services, container_name, decl};
 use super::{network_name, tail};
-use crate::engine::{ExecRequest, NetworkEngine};
 use crate::wall::LABEL_ROOT;
+use engine::{ExecRequest, NetworkEngine};
 use mailbox::config::Project;
 use mailbox::error::{Error, Exit, Result};
 

@@ -11,11 +11,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
+use engine::{ExecRequest, KubeEngine, OutStream, SandboxEngine};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::PostParams;
-use loopwright::engine::{ExecRequest, KubeEngine, OutStream, SandboxEngine};
 
 pub const VERSION: &str = "1.35.4";
 pub const IMAGE: &str = "loopwright/test-busybox:latest";
@@ -381,8 +381,7 @@ pub fn project_image(proj: &Path) -> String {
     let project = mailbox::config::Project::find(proj)
         .unwrap()
         .expect("the fixture is a project");
-    let docker =
-        loopwright::engine::DockerEngine::connect().expect("the Docker engine is reachable");
+    let docker = engine::DockerEngine::connect().expect("the Docker engine is reachable");
     loopwright::sandbox::resolve_image(&docker, Some(&project), None, false)
         .expect("the fixture's image is built")
         .reference

@@ -21,9 +21,9 @@ use std::thread::Scope;
 use std::time::{Duration, Instant};
 
 use super::carry::{Due, Status};
-use crate::engine::{ExecIo, ExecRequest, OutStream, SandboxEngine};
 use crate::sandbox::volume::TOOLS_DIR;
 use crate::sandbox::{MAILBOX, Record};
+use engine::{ExecIo, ExecRequest, OutStream, SandboxEngine};
 use mailbox::error::{Error, Exit, Result};
 use mailbox::ring::{Lines, READY, RING, TICK};
 

@@ -71,7 +71,7 @@ impl<'a> Sandboxes<'a> {
         // An engine that does not see the host's paths gets volumes instead
         // of binds (lib/sandbox/volume.rs).
         let on_volumes = super::super::volume::volume_mode(self)?;
-        let cluster = self.kind == crate::engine::EngineKind::Kubernetes;
+        let cluster = self.kind == engine::EngineKind::Kubernetes;
         if on_volumes {
             super::super::volume::check(opts, &self.engine.address(), cluster)?;
             if let Some(r) = runtime

@@ -9,8 +9,8 @@ use std::process::Stdio;
 
 use sha2::{Digest, Sha256};
 
-use crate::engine::Images;
 use crate::image::{LABEL_LAYER, LABEL_MANIFEST, Layer, Plan, Runtime};
+use engine::Images;
 use mailbox::config::Project;
 use mailbox::error::{Error, Exit, Result};
 
@@ -136,7 +136,7 @@ pub fn resolve_for_cluster(
         .get("build.cache")
         .filter(|c| !c.trim().is_empty());
     if let (Some(spec), None) = (cache, &choice.stale) {
-        let cache = crate::distribution::CacheRef::parse(spec)?;
+        let cache = engine::distribution::CacheRef::parse(spec)?;
         let plan = Runtime::load(&project.top)?.plan(builder)?;
         let last = plan.layers.last().expect("a runtime has a layer");
         choice.reference = format!(

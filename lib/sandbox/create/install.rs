@@ -28,8 +28,8 @@ use std::io::Write as _;
 
 use super::super::{Network, Record, Sandboxes, Settings};
 use super::ImageChoice;
-use crate::engine::{ContainerSpec, ExecIo, ExecRequest, OutStream};
 use crate::wall::REPO;
+use engine::{ContainerSpec, ExecIo, ExecRequest, OutStream};
 use mailbox::error::{Error, Result};
 
 /// Where the deps layer (runtime/deps.Dockerfile) keeps its inputs in the

@@ -30,9 +30,9 @@ pub use image::{ImageChoice, resolve_image};
 
 use super::record::RECORD_VERSION;
 use super::{CreateOptions, Created, NameLock, Record, Sandboxes, io_err};
-use crate::engine::ContainerSpec;
 use crate::mirror::{self, Mirror, SyncOptions};
 use checks::Checked;
+use engine::ContainerSpec;
 use mailbox::cli::Report;
 use mailbox::config::Project;
 use mailbox::error::{Error, Exit, Result};
@@ -148,7 +148,7 @@ impl<'a> Sandboxes<'a> {
     ) -> Result<ImageChoice> {
         // A cluster builds nothing: the image is lw-build's, on the builder
         // paired with it.
-        let cluster = self.kind == crate::engine::EngineKind::Kubernetes;
+        let cluster = self.kind == engine::EngineKind::Kubernetes;
         let mut image = match (project, opts.image.as_deref()) {
             (Some(p), None) if cluster => {
                 image::resolve_for_cluster(self.images, p, opts.allow_stale)?
