@@ -5,7 +5,7 @@
 //! path` prints the path; `lw-mirror status` describes it.  The mirror never
 //! prunes a ref or an object, so clones that borrow its objects through
 //! alternates stay whole; several syncs at once make one fetch.  The contract
-//! is in lib/mirror.rs and man/lw-mirror.1.
+//! is in lib/mirror/ and man/lw-mirror.1.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};

@@ -193,7 +193,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     Ok(status)
 }
 
-/// The secret values masked in everything posted (lib/redact): the token,
+/// The secret values masked in everything posted (crates/mailbox/src/redact): the token,
 /// the names the root records (each sandbox's secrets and its project's)
 /// and the project here, as the environment has them.
 fn door_secrets(root: &Root, token: &Token) -> Result<Secrets> {

@@ -167,7 +167,7 @@ mod tests {
 
     #[test]
     fn the_door_reads_the_same_key() {
-        // lib/redact reads the allowed names itself (the door does not
+        // crates/mailbox/src/redact reads the allowed names itself (the door does not
         // import the wall); both must name one key.
         assert_eq!(KEY_ALLOWED, mailbox::redact::KEY_SANDBOX);
     }

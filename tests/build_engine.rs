@@ -1,4 +1,4 @@
-//! The runtime contract (lib/engine.rs) against the real Docker engine, on
+//! The runtime contract (crates/engine/src/lib.rs) against the real Docker engine, on
 //! the busybox test image: images, containers, exec status and output, and
 //! the hardening options lw-sandbox relies on.
 

@@ -1,4 +1,4 @@
-//! The Kubernetes engine (lib/engine/kubernetes) on a real single-node
+//! The Kubernetes engine (crates/engine/src/kubernetes) on a real single-node
 //! cluster: scripts/k8s-cluster starts it from the binaries scripts/k8s-build
 //! cached in /opt/loopwright-k8s (etcd, kube-apiserver, controller manager,
 //! scheduler, a private containerd, kubelet; bridge CNI), with the test

@@ -1,7 +1,7 @@
 //! Agent kits: what it takes to run one coding-agent CLI in a sandbox.
 //!
 //! A kit is a small `key = value` file (the format of `.loopwright/config`,
-//! lib/config.rs) named `NAME.kit`.  The toolkit ships `claude` and `codex`
+//! crates/mailbox/src/config.rs) named `NAME.kit`.  The toolkit ships `claude` and `codex`
 //! (runtime/agents/); a project adds or overrides kits in
 //! `.loopwright/agents/`.  Every key is required except `base-url-env` and
 //! `env`; an unknown key, a missing one or a floating version is a

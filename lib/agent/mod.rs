@@ -26,7 +26,7 @@
 //!
 //! The caps are the model proxy's (lib/agent/proxy.rs); `off` (or 0) lifts
 //! one.  `bell-max-blocks` is written into the kit's hooks at create
-//! (lib/bell.rs; 0: the bell never blocks a stop).
+//! (crates/mailbox/src/bell.rs; 0: the bell never blocks a stop).
 
 pub mod context;
 pub mod doctor;

@@ -1,5 +1,5 @@
 //! What a person does from the page: answer a question, release or drop a
-//! held message.  These are lw-mediate's operator commands (lib/operator.rs
+//! held message.  These are lw-mediate's operator commands (crates/mailbox/src/operator.rs
 //! and the mediator's queue steps), called the same way `lw-mediate answer`,
 //! `release` and `drop` call them; the page adds the person's name, so the
 //! log says who acted: an answer is signed in its body (the log keeps the

@@ -1,4 +1,4 @@
-//! Live updates: one watcher thread per topic (lib/fs/watch.rs, inotify)
+//! Live updates: one watcher thread per topic (crates/mailbox/src/fs/watch.rs, inotify)
 //! turns a change on disk into a topic name on a broadcast channel; each
 //! open page holds a server-sent-events stream of those names and fetches
 //! the part that changed.  A topic says "look again", never what changed,

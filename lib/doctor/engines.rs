@@ -204,7 +204,7 @@ pub(super) fn docker(out: &mut Vec<Finding>, project: Option<&Project>) -> Optio
 }
 
 /// Whether the engine sees this host's files (a nonce written in a temp dir,
-/// read back through a bind mount; lib/sandbox/hostpaths), and so which mode
+/// read back through a bind mount; crates/engine/src/hostpaths.rs), and so which mode
 /// sandboxes get.
 pub(super) fn host_files(engine: &DockerEngine) -> Finding {
     use crate::sandbox::hostpaths::{Sharing, probe};

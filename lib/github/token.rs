@@ -61,7 +61,7 @@ impl Token {
         format!("Bearer {}", self.0)
     }
 
-    /// The value, for masking it in text that leaves (lib/redact.rs) only.
+    /// The value, for masking it in text that leaves (crates/mailbox/src/redact/) only.
     pub fn value_for_masking(&self) -> &[u8] {
         self.0.as_bytes()
     }

@@ -8,8 +8,8 @@
 //! local inputs; anything else is refused, and `lw-build` builds the layer
 //! instead.  Every blob is checked against its digest as it arrives.
 //!
-//! Bytes move between the registry (lib/distribution) and the engine's image
-//! archives (lib/engine, [`ImageBuilder`]): a push saves the layer image and
+//! Bytes move between the registry (crates/engine/src/distribution) and the engine's image
+//! archives (crates/engine/src/lib.rs, [`ImageBuilder`]): a push saves the layer image and
 //! uploads the blobs the registry lacks; a pull downloads only the layers the
 //! engine lacks (those under the parent image, which is already there, are
 //! named in the archive but not carried: the engine skips a layer it holds)

@@ -37,7 +37,7 @@ pub struct Unparsable(pub String);
 
 /// A file name as the radar shows it: any bytes git gave (a sandbox chose
 /// them), on one line: UTF-8 kept, every other byte as `\xNN`, control
-/// characters (a newline, ESC) and bidi overrides as lib/visible shows them.
+/// characters (a newline, ESC) and bidi overrides as crates/mailbox/src/visible.rs shows them.
 pub fn name(raw: &[u8]) -> String {
     let mut out = String::with_capacity(raw.len());
     for chunk in raw.utf8_chunks() {
@@ -139,7 +139,7 @@ pub fn hunks(blob: &[u8]) -> Vec<u32> {
 }
 
 /// The paths of `changed` that overlap an entry of `scope`
-/// (lib/policy's `overlaps`, the same rule that routes contract changes).
+/// (crates/mailbox/src/policy's `overlaps`, the same rule that routes contract changes).
 pub fn in_scope(changed: &[String], scope: &[String]) -> Vec<String> {
     let mut v: Vec<String> = changed
         .iter()

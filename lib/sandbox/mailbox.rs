@@ -27,7 +27,7 @@
 //!
 //! This runs as root over a tree the sandbox owns, so nothing here is
 //! opened by path: the mail dir is opened beneath the root's descriptor
-//! and every directory and file beneath it with lib/fs's `open_beneath`
+//! and every directory and file beneath it with crates/mailbox/src/fs's `open_beneath`
 //! (a symbolic link at any component refused), each entry checked with
 //! fstat(2) on the descriptor it was read from.  A `new/` (or `inbox`,
 //! `outbox`) replaced by a link is reported as junk, not followed.

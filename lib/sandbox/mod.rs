@@ -40,7 +40,7 @@
 //!   loop-mounted (disk.rs);
 //! * port leases in `ROOT/state/ports` (lib/ports.rs);
 //! * the registry record `ROOT/registry/NAME.json` and the mailbox
-//!   `ROOT/sandboxes/NAME` (lib/registry.rs).
+//!   `ROOT/sandboxes/NAME` (crates/mailbox/src/registry.rs).
 //!
 //! A `create` killed at any instant leaves a record that is not ready and a
 //! lock nobody holds, or (killed before the record) nothing at all.  `gc`

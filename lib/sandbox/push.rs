@@ -14,7 +14,7 @@
 //!    with `core.hooksPath=/dev/null`, every protocol but `ext` forbidden,
 //!    and `transfer.fsckObjects` on, so malformed objects are refused.
 //! 3. The host's git pushes that one ref to the upstream's
-//!    `refs/heads/BRANCH` with the host's credentials (lib/git.rs hands a
+//!    `refs/heads/BRANCH` with the host's credentials (crates/mailbox/src/git/ hands a
 //!    URL's credentials over in the environment; credential helpers of the
 //!    host's user config work as usual), never forced unless asked.
 //! 4. The mirror is refreshed and the quarantine removed; the sandbox's own

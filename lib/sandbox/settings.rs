@@ -32,7 +32,7 @@ pub struct Settings {
     pub ports: Range,
     pub allowed_secrets: Vec<String>,
     /// `door.secrets`: recorded in the registry so that the door knows
-    /// them whatever its working directory (lib/redact/names.rs).
+    /// them whatever its working directory (crates/mailbox/src/redact/names.rs).
     pub door_secrets: Vec<String>,
     /// `door.log-max` and `door.quarantine-max`, with the file they are
     /// in: recorded in the root with the secrets' names, so that the

@@ -1,5 +1,5 @@
 //! A service's declaration: `.loopwright/services/NAME`, in the `key = value`
-//! format of `.loopwright/config` (lib/config.rs parses it), with the
+//! format of `.loopwright/config` (crates/mailbox/src/config.rs parses it), with the
 //! variable's own case kept in `env.NAME` keys.  Every key is known: an
 //! unknown one is exit 78 naming it and the file, since a misspelt
 //! `volum = /data` would otherwise lose the data at the first `down`.

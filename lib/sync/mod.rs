@@ -198,7 +198,7 @@ pub struct Syncer {
     state_existed: bool,
     pub stats: Stats,
     pub events: Vec<Event>,
-    /// Secret values masked in everything posted (lib/redact.rs).
+    /// Secret values masked in everything posted (crates/mailbox/src/redact/).
     pub secrets: Secrets,
 }
 

@@ -170,7 +170,7 @@ pub fn load_state(path: &Path) -> Result<(State, bool)> {
     }
 }
 
-/// Writes `bytes` to `path` atomically and durably (lib/fs), readable by
+/// Writes `bytes` to `path` atomically and durably (crates/mailbox/src/fs), readable by
 /// its owner only: the state names the issue and comment ids.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     mailbox::fs::write_replace(path, bytes, 0o600, mailbox::fs::Durability::Synced)

@@ -1,8 +1,8 @@
 //! lw-mcp: the sandbox's mailbox door as a Model Context Protocol server.
 //!
 //! Each tool is one mailbox operation of mailbox-spec.md, done by the same
-//! library code as the commands: `post` is lw-post (lib/post.rs), `inbox`,
-//! `show` and `ack` are lw-inbox (lib/inbox.rs), `wait` is lw-inbox --wait
+//! library code as the commands: `post` is lw-post (crates/mailbox/src/post.rs), `inbox`,
+//! `show` and `ack` are lw-inbox (crates/mailbox/src/inbox.rs), `wait` is lw-inbox --wait
 //! for messages this session has not been shown yet (wait.rs), `whoami` reads the
 //! registry that lw-sandbox mounts read-only into the sandbox.  The inbox is
 //! also the resource `inbox://`, which a client can subscribe to: each

@@ -12,7 +12,7 @@
 //! nothing.  The notification names only the URI, as MCP defines it; the
 //! client reads the resource to see what came.
 //!
-//! The watch is the one `wait` uses (lib/fs's inotify watcher on the tokio
+//! The watch is the one `wait` uses (crates/mailbox/src/fs's inotify watcher on the tokio
 //! reactor, no polling), set before `new/` is first listed, so a delivery
 //! between the subscription and the first look is not lost.  The directory
 //! is the truth; events only say when to look.

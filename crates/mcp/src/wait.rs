@@ -1,6 +1,6 @@
 //! `wait`: block until messages arrive in the inbox, on the one directory
-//! watcher (lib/fs, inotify) driven by the tokio reactor (no polling), and stop at once when the
-//! client cancels the call or goes away.
+//! watcher (crates/mailbox/src/fs, inotify) driven by the tokio reactor (no
+//! polling), and stop at once when the client cancels the call or goes away.
 //!
 //! What counts is an unread message (in `new/`) that this session has not
 //! reported yet, by `inbox`, `show` or an earlier `wait`.  So a message

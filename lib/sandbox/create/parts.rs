@@ -111,7 +111,7 @@ impl<'a> Sandboxes<'a> {
         // its project's, go into the root before any value goes into the
         // sandbox: the door resolves them from there whatever its working
         // directory, and refuses a value that is not this one
-        // (lib/redact/names.rs, crates/mailbox/src/door_record.rs); the
+        // (crates/mailbox/src/redact/names.rs, crates/mailbox/src/door_record.rs); the
         // project's door budgets too.
         let door = DoorRecord::new(&self.root);
         door.record_secrets(&name, &given_values(&c.secrets, &settings.door_secrets))?;

@@ -1,4 +1,4 @@
-//! The runtime contract (lib/engine) on the Kubernetes API, through kube-rs
+//! The runtime contract (crates/engine/src/lib.rs) on the Kubernetes API, through kube-rs
 //! and the generated k8s-openapi types: the only module that names them.
 //!
 //! A container is a Pod of one container named `main` (pod.rs: non-root,
