@@ -326,7 +326,7 @@ fn documented_files(ws: &std::path::Path) -> Vec<std::path::PathBuf> {
             let p = e.unwrap().path();
             let name = p.file_name().unwrap().to_string_lossy().into_owned();
             if p.is_dir() {
-                if !name.starts_with('.') && !(d == ws && name == "target") {
+                if !name.starts_with('.') && (d != ws || name != "target") {
                     dirs.push(p);
                 }
             } else if name.ends_with(".rs")
