@@ -127,8 +127,7 @@ fn junk_in_a_volume_outbox_is_never_streamed_and_delays_no_other_pair() {
     let id = text(&docker(&["info", "--format", "{{.ID}}"]))
         .trim()
         .to_string();
-    let rec =
-        loopwright::sandbox::hostpaths::record_path(&mailbox::layout::Root::new(&fx.root), &id);
+    let rec = engine::hostpaths::record_path(&mailbox::layout::Root::new(&fx.root), &id);
     std::fs::create_dir_all(rec.parent().unwrap()).unwrap();
     std::fs::write(&rec, "separate\nlocal\n").unwrap();
     let policy = fx.dir.join("policy");

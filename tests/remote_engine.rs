@@ -33,8 +33,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use engine::hostpaths::{Sharing, probe};
 use engine::{ContainerSpec, DockerEngine, Engine, ExecRequest, HostPaths};
-use loopwright::sandbox::hostpaths::{Sharing, probe};
 
 const DOCKERFILE: &str = "\
 RUN apt-get update \\
@@ -674,8 +674,7 @@ fn remote_engine_over_tls() {
         },
     );
     // The probe's answer is kept per engine id under the root.
-    let rec =
-        loopwright::sandbox::hostpaths::record_path(&mailbox::layout::Root::new(&fx.root), &id_b);
+    let rec = engine::hostpaths::record_path(&mailbox::layout::Root::new(&fx.root), &id_b);
     let kept = std::fs::read_to_string(&rec).unwrap_or_default();
     assert!(
         kept.starts_with("separate\n"),

@@ -207,7 +207,7 @@ pub(super) fn docker(out: &mut Vec<Finding>, project: Option<&Project>) -> Optio
 /// read back through a bind mount; crates/engine/src/hostpaths.rs), and so which mode
 /// sandboxes get.
 pub(super) fn host_files(engine: &DockerEngine) -> Finding {
-    use crate::sandbox::hostpaths::{Sharing, probe};
+    use engine::hostpaths::{Sharing, probe};
     let tmp = std::env::temp_dir();
     match probe(engine, &tmp) {
         Ok(Sharing::Shared) => f(

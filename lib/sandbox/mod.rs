@@ -67,15 +67,14 @@
 //! * `volume`, `courier`: a sandbox on an engine that does not see the
 //!   host's files (volume mode), and the carrier of its mail (with the one
 //!   detached courier per root that `create` starts);
-//! * `push`, `disk`, `limits`, `mailbox`: as their names say; `hostpaths` is
-//!   the engine crate's, re-exported.
+//! * `push`, `disk`, `limits`, `mailbox`: as their names say (whether the
+//!   engine sees the host's files is engine::hostpaths).
 
 mod agent;
 pub mod courier;
 mod create;
 pub mod disk;
 mod gc;
-pub use engine::hostpaths;
 pub mod limits;
 mod ls;
 pub mod mailbox;

@@ -59,7 +59,7 @@ pub const BUNDLE: &str = "/work/.lw/origin.bundle";
 
 /// Whether sandboxes on `engine` bind-mount host paths or live in volumes.
 pub fn volume_mode(sb: &Sandboxes) -> Result<bool> {
-    Ok(super::hostpaths::cached(sb.engine, &sb.root)? == super::hostpaths::Sharing::Separate)
+    Ok(engine::hostpaths::cached(sb.engine, &sb.root)? == engine::hostpaths::Sharing::Separate)
 }
 
 /// Refuses (69) what volume mode cannot carry yet, before anything is made;
