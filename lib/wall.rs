@@ -8,6 +8,7 @@
 use std::fs;
 use std::path::Path;
 
+use confine::SECCOMP_PROFILE;
 use sha2::{Digest, Sha256};
 
 /// Labels on every container and volume lw-sandbox makes.
@@ -35,12 +36,6 @@ pub fn root_id(root: &Path) -> String {
     let d = Sha256::digest(canon.as_os_str().as_encoded_bytes());
     d[..4].iter().map(|b| format!("{b:02x}")).collect()
 }
-
-pub use mailbox::config::parse_bytes;
-
-/// The sandboxes' seccomp profile (the confine crate's, which lw-confine
-/// installs inside gVisor sandboxes).
-pub use confine::SECCOMP_PROFILE;
 
 /// True when the host's kernel has AppArmor enabled.
 pub fn host_has_apparmor() -> bool {
@@ -98,9 +93,9 @@ mod tests {
 
     #[test]
     fn sizes() {
-        assert_eq!(parse_bytes("2g"), Some(2 << 30));
-        assert_eq!(parse_bytes("512M"), Some(512 << 20));
-        assert_eq!(parse_bytes("x"), None);
+        assert_eq!(mailbox::config::parse_bytes("2g"), Some(2 << 30));
+        assert_eq!(mailbox::config::parse_bytes("512M"), Some(512 << 20));
+        assert_eq!(mailbox::config::parse_bytes("x"), None);
     }
 
     #[test]

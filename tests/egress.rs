@@ -28,8 +28,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use engine::DockerEngine;
+use engine::NetworkEngine;
 use engine::{ContainerSpec, Engine, ExecRequest, Images, OutStream};
-use loopwright::egress::{self, AllowList, NetworkEngine, Options};
+use loopwright::egress::{self, AllowList, Options};
 use mailbox::error::Exit;
 use sha2::{Digest, Sha256};
 

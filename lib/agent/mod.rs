@@ -123,7 +123,7 @@ impl Caps {
 fn parse_cap(v: &str, size: bool) -> Option<u64> {
     let v = v.trim();
     if size {
-        return crate::wall::parse_bytes(v).and_then(|n| u64::try_from(n).ok());
+        return mailbox::config::parse_bytes(v).and_then(|n| u64::try_from(n).ok());
     }
     if v == "off" {
         return Some(0);

@@ -45,8 +45,8 @@ use std::time::Duration;
 
 use super::Settings;
 use super::kit::Kit;
-use crate::egress::NetworkEngine;
 use crate::egress::sidecar::{self, Recipe};
+use engine::NetworkEngine;
 use engine::{Bind, BuildEvent, ContainerSpec, ImageBuilder};
 use mailbox::error::{Error, Exit, Result};
 

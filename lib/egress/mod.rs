@@ -46,7 +46,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 pub use allow::{AllowList, Entry, HostPattern};
-pub use engine::{Network, NetworkEngine, NetworkSpec};
 pub use image::{PROXY_FILES, ensure_proxy_image, proxy_tag};
 pub use proxy::{
     denials, leftovers, outside_network, prepare, prepare_with_image, requests, start_proxy,

@@ -64,7 +64,7 @@ pub fn parse_cpus(s: &str) -> Option<f64> {
 
 /// A size (`512m`, `8g`) as bytes, positive.
 pub fn parse_size(s: &str) -> Option<u64> {
-    super::parse_bytes(s).and_then(|n| u64::try_from(n).ok())
+    mailbox::config::parse_bytes(s).and_then(|n| u64::try_from(n).ok())
 }
 
 impl Limits {

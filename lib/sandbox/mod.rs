@@ -94,8 +94,7 @@ use serde::{Deserialize, Serialize};
 use crate::ports::Leases;
 pub use crate::wall::{
     BIN_DIR, HOME, LABEL_BRANCH, LABEL_ROOT, LABEL_ROOT_PATH, LABEL_SANDBOX, MAILBOX, MIRROR,
-    REGISTRY, REPO, SECCOMP_PROFILE, WORK, host_has_apparmor, parse_bytes, root_id,
-    security_options,
+    REGISTRY, REPO, WORK, host_has_apparmor, root_id, security_options,
 };
 use ::mailbox::config::Project;
 use ::mailbox::error::{Error, Exit, Result};

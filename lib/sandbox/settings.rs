@@ -4,8 +4,8 @@
 use super::limits;
 use crate::ports::Range;
 use crate::secrets;
-use crate::wall::parse_bytes;
 use mailbox::config::Project;
+use mailbox::config::parse_bytes;
 use mailbox::error::{Error, Result};
 
 /// Defaults, each overridable in `.loopwright/config`.

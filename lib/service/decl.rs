@@ -290,7 +290,7 @@ fn limits(c: &Config, file: &Path) -> Result<(i64, i64, f64)> {
     let bad = |k: &str, v: &str, want: &str| bad(file, k, v, want);
     let memory = match c.get("memory") {
         None => 1 << 30,
-        Some(v) => crate::wall::parse_bytes(v)
+        Some(v) => mailbox::config::parse_bytes(v)
             .ok_or_else(|| bad("memory", v, "a size such as 512m or 2g"))?,
     };
     let pids = match c.get("pids") {

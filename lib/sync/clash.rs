@@ -10,8 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::config::Federation;
 use super::format::{HostSandbox, header_line, inline};
-use super::{Event, FORMAT_VERSION, Head, MAX_UNKNOWN, NoticeHead, Syncer, sha256_hex};
+use super::{Event, FORMAT_VERSION, Head, MAX_UNKNOWN, NoticeHead, Syncer};
 use crate::github::{Posted, Target};
+use mailbox::digest::sha256_hex;
 use mailbox::error::{Error, Exit, Result};
 use mailbox::layout;
 use mailbox::log::{Action, Decision, Entry, LOG_VERSION, Log};

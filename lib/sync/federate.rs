@@ -45,8 +45,9 @@ use std::collections::BTreeSet;
 
 use super::format::{HOST_VERSION, HostHead, HostSandbox, header_line, inline};
 use super::{Event, Head, MAX_UNKNOWN, Syncer};
-use super::{parse_comment, reassemble, sha256_hex};
+use super::{parse_comment, reassemble};
 use crate::github::{Comment, Posted, Target};
+use mailbox::digest::sha256_hex;
 use mailbox::error::{Error, Exit, Result};
 use mailbox::log::{Action, Entry, Log};
 use mailbox::message::{Kind, Message, split_qualified};

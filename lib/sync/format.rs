@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use mailbox::digest::sha256_hex;
 use mailbox::error::{Error, Result};
 use mailbox::log::{Action, Entry};
 use mailbox::message::Kind;
@@ -337,8 +338,6 @@ fn render_section(h: &EntryHead, chunk: &str, mention: &[String]) -> String {
     }
     s
 }
-
-pub use mailbox::digest::sha256_hex;
 
 fn head_for(e: &Entry, part: [u32; 2], fence: String) -> EntryHead {
     EntryHead {

@@ -60,7 +60,7 @@ use serde::Serialize;
 pub use config::{CONFIG_DIR, CONFIG_FILE, Config, Federation, TargetConfig};
 pub use format::{
     EntryHead, FORMAT_VERSION, HEADER_PREFIX, HEADER_SUFFIX, Head, HostHead, HostSandbox, MsgHead,
-    NoticeHead, Section, body_withheld, entry_digest, render_entry, sha256_hex,
+    NoticeHead, Section, body_withheld, entry_digest, render_entry,
 };
 pub use parse::{Rebuilt, parse_answers, parse_comment, reassemble};
 pub use state::{Pending, State, TargetState, load_state, lock, state_path, write_atomic};

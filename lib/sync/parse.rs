@@ -6,8 +6,9 @@
 use std::collections::BTreeMap;
 
 use super::format::{
-    EntryHead, HEADER_PREFIX, HEADER_SUFFIX, Head, Section, entry_digest, sha256_hex, unquiet,
+    EntryHead, HEADER_PREFIX, HEADER_SUFFIX, Head, Section, entry_digest, unquiet,
 };
+use mailbox::digest::sha256_hex;
 use mailbox::log::{Decision, Entry, LOG_VERSION};
 use mailbox::message::{self, Message};
 
