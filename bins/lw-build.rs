@@ -33,13 +33,13 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use engine::distribution::Client;
+use engine::{BuildEvent, DockerEngine, connect_docker};
 use loopwright::agent;
-use loopwright::cli::out_err;
-use loopwright::distribution::Client;
-use loopwright::engine::{BuildEvent, DockerEngine, connect_docker};
-use loopwright::error::{Error, Exit, Result};
 use loopwright::image::cache::{self, Fetch, Probe, Puller, Push};
 use loopwright::image::{self, BuildOptions, InputKind, Layer, LayerResult, Plan, Runtime};
+use mailbox::cli::out_err;
+use mailbox::error::{Error, Exit, Result};
 use serde_json::json;
 
 const PROG: &str = "lw-build";
@@ -104,7 +104,7 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    loopwright::cli::run_main(PROG, run)
+    mailbox::cli::run_main(PROG, run)
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
@@ -118,8 +118,8 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     if let Some(Cmd::Load { file }) = &args.cmd {
         // Outside a project too: then DOCKER_HOST, else the local engine.
         let config = match image::find_root(&start) {
-            Some(root) => Some(loopwright::config::Config::load(
-                &root.join(loopwright::config::FILE),
+            Some(root) => Some(mailbox::config::Config::load(
+                &root.join(mailbox::config::FILE),
             )?),
             None => None,
         };
@@ -137,7 +137,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     })?;
     // The project's configuration is checked before anything is built or
     // the engine is reached: an unknown key is 78 naming it.
-    let config = loopwright::config::Config::load(&root.join(loopwright::config::FILE))?;
+    let config = mailbox::config::Config::load(&root.join(mailbox::config::FILE))?;
     host_authorities(&root, &config)?;
     // The toolchain the project's declarations resolve to
     // (lib/init/versions.rs), rewritten from its files so that what the
@@ -192,8 +192,8 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
 /// `build.ca = host`: the host's extra certificate authorities copied into
 /// the base layer's inputs before the plan is made (lib/init.rs), so a new
 /// or changed one rebuilds the image; `none` (or unset) leaves them out.
-fn host_authorities(root: &Path, config: &loopwright::config::Config) -> Result<()> {
-    let path = root.join(loopwright::config::FILE);
+fn host_authorities(root: &Path, config: &mailbox::config::Config) -> Result<()> {
+    let path = root.join(mailbox::config::FILE);
     match config.get(loopwright::init::KEY_CA) {
         None | Some("none") => Ok(()),
         Some("host") => {

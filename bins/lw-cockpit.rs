@@ -19,10 +19,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use loopwright::cli::out_err;
 use loopwright::cockpit::{self, Options};
-use loopwright::layout::Root;
-use loopwright::{Error, Exit, Result};
+use mailbox::cli::out_err;
+use mailbox::layout::Root;
+use mailbox::{Error, Exit, Result};
 
 /// Serve a local web page to watch the sandboxes and work the queues.
 #[derive(Parser, Debug)]
@@ -53,7 +53,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    loopwright::cli::run_main("lw-cockpit", run)
+    mailbox::cli::run_main("lw-cockpit", run)
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {

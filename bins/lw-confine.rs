@@ -6,7 +6,7 @@
 //! Mounted read-only at /usr/local/bin/lw-confine in every sandbox.
 //! lw-sandbox starts every command it runs in a gVisor (runsc) sandbox
 //! through it: that runsc applies the container's profile to its first
-//! process only, never to one started by `docker exec` (lib/seccomp says
+//! process only, never to one started by `docker exec` (crates/confine/src/seccomp says
 //! more).  Under runc the container's own filter is already there; a second
 //! one is harmless.
 //!

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use loopwright::doctor::{self, Status};
-use loopwright::{Error, Exit, Result, cli};
+use mailbox::{Error, Exit, Result, cli};
 
 /// Check that everything loopwright needs is in place, and say how to fix what is not
 #[derive(Parser, Debug)]
@@ -49,11 +49,11 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    loopwright::cli::run_main("lw-doctor", run)
+    mailbox::cli::run_main("lw-doctor", run)
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
-    let fresh: Duration = loopwright::config::parse_duration(&args.fresh).ok_or_else(|| {
+    let fresh: Duration = mailbox::config::parse_duration(&args.fresh).ok_or_else(|| {
         Error::usage(format!(
             "--fresh '{}': give a duration such as 90s, 15m or 1h",
             args.fresh

@@ -9,7 +9,7 @@
 //! for one bad entry.  `--wait` blocks on an inotify watch until a message
 //! arrives; it never polls.
 //!
-//! `--hook claude|codex` is the bell (lib/bell.rs): the agent's CLI runs it
+//! `--hook claude|codex` is the bell (crates/mailbox/src/bell.rs): the agent's CLI runs it
 //! as a hook (the kits install it in the sandbox's `~/.claude/settings.json`
 //! or `~/.codex/hooks.json`);
 //! it reads the hook's JSON on stdin and prints the answer that puts new

@@ -24,10 +24,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use loopwright::cli::out_err;
-use loopwright::engine::{Images, connect_docker};
+use engine::{Images, connect_docker};
 use loopwright::init::{self, Options, check};
-use loopwright::{Error, Exit, Result};
+use mailbox::cli::out_err;
+use mailbox::{Error, Exit, Result};
 
 const PROG: &str = "lw-init";
 
@@ -92,7 +92,7 @@ const BASES: &[&str] = &[
 fn main() -> ExitCode {
     // The tests' failing is not lw init's: 1, not one of its 64-78.
     let failed = std::cell::Cell::new(false);
-    let code = loopwright::cli::run_main(PROG, |args: Args, out| {
+    let code = mailbox::cli::run_main(PROG, |args: Args, out| {
         if args.check {
             let (exit, passed) = check(&args, out)?;
             failed.set(!passed);
@@ -116,7 +116,7 @@ fn top(args: &Args) -> Result<PathBuf> {
         Some(d) => d.clone(),
         None => std::env::current_dir().map_err(|e| Error::io("cannot read", Path::new("."), e))?,
     };
-    match loopwright::git::find_checkout(&start) {
+    match mailbox::git::find_checkout(&start) {
         Some((top, _)) => Ok(top),
         None => Err(Error::new(
             Exit::NoInput,
@@ -264,7 +264,7 @@ fn pick_base() -> String {
 }
 
 fn has_origin(top: &Path) -> bool {
-    let mut c = loopwright::git::command(Some(top));
+    let mut c = mailbox::git::command(Some(top));
     c.args(["config", "--get", "remote.origin.url"]);
-    loopwright::git::output(&mut c, "read the origin remote").is_ok_and(|o| o.status.success())
+    mailbox::git::output(&mut c, "read the origin remote").is_ok_and(|o| o.status.success())
 }

@@ -3,7 +3,7 @@
 //!
 //! Contract: one session per process, newline-delimited JSON-RPC 2.0 on
 //! stdin/stdout (the MCP stdio transport); diagnostics only on stderr.  The
-//! tools are post, inbox, show, ack, wait and whoami (lib/mcp/); `post` is
+//! tools are post, inbox, show, ack, wait and whoami (crates/mcp/src/); `post` is
 //! lw-post's code, so when its result reaches the client the message is in
 //! `outbox/new/` and on disk, and a refused or interrupted post leaves
 //! nothing in `new/`.  Malformed input is answered (-32700, -32600, -32601,

@@ -5,7 +5,7 @@
 //! and the decision, delivers, then claims the source; `--once` drains and
 //! exits, otherwise it watches the root.  A SIGKILL at any instant followed
 //! by a restart gives every log entry and every delivered copy exactly once
-//! (lib/mediate.rs).  Two mediators never run on one root (exit 75).  The
+//! (crates/mailbox/src/mediate/).  Two mediators never run on one root (exit 75).  The
 //! subcommands list and act on the queues, the registry, the policy and the
 //! log.  Quiet by default; `-v` prints one line per logged event.
 
@@ -171,7 +171,7 @@ fn reporter() -> mediate::Reporter {
     Box::new(cli::stderr_report(PROG))
 }
 
-/// The secret values the mediator keeps from leaving (lib/redact): the
+/// The secret values the mediator keeps from leaving (crates/mailbox/src/redact): the
 /// names the root records (each sandbox's secrets and its project's), the
 /// project here, and the sync token, as this process's environment has them.
 fn door_secrets(root: &Root) -> Result<Secrets> {
@@ -188,7 +188,7 @@ fn door_secrets(root: &Root) -> Result<Secrets> {
 /// The door's budgets: the flags, else what the root records (lw-sandbox
 /// create records its project's `door.log-max` and `door.quarantine-max`),
 /// else the project around the current directory's, else 8 MiB of log per
-/// sender and hour and 16 MiB of quarantine (lib/mediate/budget.rs,
+/// sender and hour and 16 MiB of quarantine (crates/mailbox/src/mediate/budget.rs,
 /// keep.rs).  The root wins over the project here, which warns when it
 /// sets other values (crates/mailbox/src/door_record.rs).
 fn door_budgets(root: &Root, log: Option<&str>, quarantine: Option<&str>) -> Result<(u64, u64)> {

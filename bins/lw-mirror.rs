@@ -5,7 +5,7 @@
 //! path` prints the path; `lw-mirror status` describes it.  The mirror never
 //! prunes a ref or an object, so clones that borrow its objects through
 //! alternates stay whole; several syncs at once make one fetch.  The contract
-//! is in lib/mirror.rs and man/lw-mirror.1.
+//! is in lib/mirror/ and man/lw-mirror.1.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -13,11 +13,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use loopwright::cli::out_err;
-use loopwright::config::{self, Project};
-use loopwright::git::Remote;
 use loopwright::mirror::{self, Mirror, Outcome, SyncOptions};
-use loopwright::{Error, Exit, time};
+use mailbox::cli::out_err;
+use mailbox::config::{self, Project};
+use mailbox::git::Remote;
+use mailbox::{Error, Exit, time};
 
 const PROG: &str = "lw-mirror";
 
@@ -75,7 +75,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 fn main() -> ExitCode {
-    loopwright::cli::run_main(PROG, run)
+    mailbox::cli::run_main(PROG, run)
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
@@ -142,7 +142,7 @@ fn sync(
     let outcome = m.sync(&mut SyncOptions {
         if_older_than,
         progress,
-        report: &loopwright::cli::stderr_report(PROG),
+        report: &mailbox::cli::stderr_report(PROG),
         remote: &mut remote,
     })?;
     if json {

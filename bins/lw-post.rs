@@ -4,8 +4,8 @@
 //! when lw-post exits 0 the message is in `outbox/new/` and on disk (file and
 //! directory fsynced), and its id is on stdout.  On any error nothing is left
 //! in `new/` and nothing in `tmp/` (a SIGKILL may leave a `tmp/` file, which no
-//! reader ever looks at).  The delivery procedure is in lib/post.rs and
-//! lib/maildir.rs, shared with lw-mcp, and mailbox-spec.md.
+//! reader ever looks at).  The delivery procedure is in crates/mailbox/src/post.rs and
+//! crates/mailbox/src/maildir/, shared with lw-mcp, and mailbox-spec.md.
 
 use std::io::Write;
 use std::path::PathBuf;

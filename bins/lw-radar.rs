@@ -19,12 +19,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use loopwright::cli::out_err;
-use loopwright::layout::Root;
 use loopwright::radar::{Event, Limits, Live, Radar, Report, Source};
-use loopwright::registry::Registry;
 use loopwright::sandbox::Record;
-use loopwright::{Error, Exit, Result, config};
+use mailbox::cli::out_err;
+use mailbox::layout::Root;
+use mailbox::registry::Registry;
+use mailbox::{Error, Exit, Result, config};
 
 const PROG: &str = "lw-radar";
 
@@ -88,7 +88,7 @@ fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
 }
 
 fn main() -> ExitCode {
-    loopwright::cli::run_main(PROG, run)
+    mailbox::cli::run_main(PROG, run)
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {

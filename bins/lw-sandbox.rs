@@ -21,13 +21,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use engine::Engines;
 use loopwright::agent::run::RunOptions;
 use loopwright::agent::{Credential, kit};
-use loopwright::cli::{self, out_err};
-use loopwright::engine::Engines;
-use loopwright::layout::Root;
 use loopwright::sandbox::{self, CreateOptions, Network, Sandboxes};
-use loopwright::{Error, Exit};
+use mailbox::cli::{self, out_err};
+use mailbox::layout::Root;
+use mailbox::{Error, Exit};
 
 const PROG: &str = "lw-sandbox";
 
@@ -300,7 +300,7 @@ fn connect(args: &Args) -> Result<Engines, Error> {
     };
     // A configuration that does not parse (an unknown key) is refused here,
     // before any engine is reached: 78, not a 69 that hides it.
-    let project = loopwright::config::Project::find(&start)?;
+    let project = mailbox::config::Project::find(&start)?;
     Engines::connect(project.as_ref().map(|p| &p.config))
 }
 
@@ -436,7 +436,7 @@ fn rm(sb: &Sandboxes, names: &[String], force: bool, out: &mut dyn Write) -> Res
 fn push(sb: &Sandboxes, name: &str, force: bool, json: bool) -> Result<String, Error> {
     let me = std::env::current_exe()
         .map_err(|e| Error::new(Exit::Software, "cannot find lw-sandbox itself").with_source(e))?;
-    let p = sb.push(name, &me, force, &loopwright::cli::stderr_report(PROG))?;
+    let p = sb.push(name, &me, force, &mailbox::cli::stderr_report(PROG))?;
     Ok(if json {
         p.json(name).to_string()
     } else {
@@ -454,7 +454,7 @@ fn denial_line(name: &str, d: &loopwright::egress::Request, json: bool) -> Strin
         .to_string()
     } else {
         // What the sandbox asked for: its control characters shown.
-        loopwright::visible::visible_line(&format!(
+        mailbox::visible::visible_line(&format!(
             "{} {} {} {}:{}",
             d.time, d.client, d.method, d.host, d.port
         ))
@@ -512,7 +512,7 @@ fn create(
         unreachable!("create is given a create command")
     };
     for s in &scope {
-        loopwright::policy::check_scope(s)?;
+        mailbox::policy::check_scope(s)?;
     }
     let line = |out: &mut dyn Write, s: &str| writeln!(out, "{s}").map_err(out_err);
     let project_flag = project;
@@ -595,7 +595,7 @@ fn exec(args: Args) -> Result<u8, Error> {
         } => {
             let timeout = match timeout {
                 None => None,
-                Some(t) => Some(loopwright::config::parse_duration(&t).ok_or_else(|| {
+                Some(t) => Some(mailbox::config::parse_duration(&t).ok_or_else(|| {
                     Error::usage(format!("--timeout '{t}' is not a duration (90s, 15m, 1h)"))
                 })?),
             };

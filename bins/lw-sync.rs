@@ -14,13 +14,13 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use loopwright::cli::out_err;
 use loopwright::github::{Client, DEFAULT_API, Limits, Token, default_token_file};
-use loopwright::layout::Root;
-use loopwright::redact::Secrets;
-use loopwright::registry::Registry;
 use loopwright::sync::{self, Config, Event, Syncer};
-use loopwright::{Error, Exit, Result};
+use mailbox::cli::out_err;
+use mailbox::layout::Root;
+use mailbox::redact::Secrets;
+use mailbox::registry::Registry;
+use mailbox::{Error, Exit, Result};
 
 const PROG: &str = "lw-sync";
 
@@ -93,7 +93,7 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    loopwright::cli::run_main(PROG, run)
+    mailbox::cli::run_main(PROG, run)
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
@@ -142,7 +142,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         ));
     }
     if let Some(t) = args.time_limit {
-        client.deadline = Some(loopwright::time::now_ms() + t * 1000);
+        client.deadline = Some(mailbox::time::now_ms() + t * 1000);
     }
     let _lock = sync::lock(&root, !args.no_wait)?;
     let mut s = Syncer::new(root.clone(), cfg, client)?;
@@ -164,7 +164,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             // other hosts' messages raise no event here.
             let federated = s.cfg.federation()?.is_some();
             let mut last_pull: Option<std::time::Instant> = None;
-            sync::watch_dir(&dir, period, &loopwright::cli::stderr_report(PROG), || {
+            sync::watch_dir(&dir, period, &mailbox::cli::stderr_report(PROG), || {
                 let _l = sync::lock(&root, true)?;
                 let mut r = s
                     .reload()
@@ -193,7 +193,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     Ok(status)
 }
 
-/// The secret values masked in everything posted (lib/redact): the token,
+/// The secret values masked in everything posted (crates/mailbox/src/redact): the token,
 /// the names the root records (each sandbox's secrets and its project's)
 /// and the project here, as the environment has them.
 fn door_secrets(root: &Root, token: &Token) -> Result<Secrets> {

@@ -18,8 +18,8 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Exit, Result};
 use crate::image::{DEFAULT_RUNTIME, KNOWN_DEPS_FILES, RUNTIME_DIR};
+use mailbox::error::{Error, Exit, Result};
 
 pub mod check;
 pub mod versions;
@@ -180,7 +180,7 @@ pub fn sync_authorities(top: &Path, cas: &[(String, Vec<u8>)]) -> Result<usize> 
     for (name, pem) in cas {
         let p = dir.join(name);
         if std::fs::read(&p).ok().as_deref() != Some(pem.as_slice()) {
-            crate::fs::write_replace(&p, pem, 0o644, crate::fs::Durability::Synced)
+            mailbox::fs::write_replace(&p, pem, 0o644, mailbox::fs::Durability::Synced)
                 .map_err(|e| Error::io("cannot write", &p, e))?;
             changed += 1;
         }
@@ -282,15 +282,15 @@ pub fn plan(top: &Path, o: &Options) -> Result<Plan> {
         });
     }
     files.push(File {
-        path: crate::config::FILE.to_string(),
+        path: mailbox::config::FILE.to_string(),
         bytes: config_text(&stacks, !o.authorities.is_empty()).into_bytes(),
         mode: 0o644,
     });
     files.push(File {
-        path: crate::policy::DEFAULT_PATH.to_string(),
+        path: mailbox::policy::DEFAULT_PATH.to_string(),
         bytes: format!(
             "# The mediator's policy: the built-in one, written out to edit.\n# See mailbox-spec.md, POLICY, and lw-mediate policy check.\n{}",
-            crate::policy::Policy::default().render()
+            mailbox::policy::Policy::default().render()
         )
         .into_bytes(),
         mode: 0o644,
@@ -455,7 +455,7 @@ impl Plan {
             let p = self.top.join(&f.path);
             let parent = p.parent().expect("a planned file has a parent");
             std::fs::create_dir_all(parent).map_err(|e| Error::io("cannot create", parent, e))?;
-            crate::fs::write_replace(&p, &f.bytes, f.mode, crate::fs::Durability::Synced)
+            mailbox::fs::write_replace(&p, &f.bytes, f.mode, mailbox::fs::Durability::Synced)
                 .map_err(|e| Error::io("cannot write", &p, e))?;
             written.push(f.path.clone());
         }
@@ -467,7 +467,7 @@ impl Plan {
             }
             text.push_str(GITIGNORE_LINE);
             text.push('\n');
-            crate::fs::write_replace(&p, text.as_bytes(), 0o644, crate::fs::Durability::Synced)
+            mailbox::fs::write_replace(&p, text.as_bytes(), 0o644, mailbox::fs::Durability::Synced)
                 .map_err(|e| Error::io("cannot write", &p, e))?;
             written.push(".gitignore".to_string());
         }
@@ -483,7 +483,7 @@ mod tests {
         let d = std::env::temp_dir().join(format!(
             "lw-init-{}-{:x}",
             std::process::id(),
-            crate::id::random128() as u32
+            mailbox::id::random128() as u32
         ));
         std::fs::create_dir_all(&d).unwrap();
         for (n, t) in files {
@@ -625,9 +625,9 @@ mod tests {
             "PEM"
         );
         let c = file(&p, ".loopwright/config");
-        let cfg = crate::config::Config::parse(c, Path::new("config")).unwrap();
+        let cfg = mailbox::config::Config::parse(c, Path::new("config")).unwrap();
         assert_eq!(cfg.get(KEY_CA), Some("host"));
-        crate::policy::Policy::parse(file(&p, ".loopwright/policy"), None)
+        mailbox::policy::Policy::parse(file(&p, ".loopwright/policy"), None)
             .expect("the policy parses");
         assert!(p.gitignore);
         let w = p.write(false).unwrap();

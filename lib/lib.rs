@@ -3,10 +3,12 @@
 //!
 //! One module per concern.  The binaries in `bins/` parse flags and call into
 //! these modules; everything that can be tested without a process lives here.
-//! It builds on two crates below it, re-exported under the names the code has
-//! always used: `mailbox` (crates/mailbox: messages, Maildirs, the log, the
-//! policy, the mediator) and `engine` (crates/engine: the container-engine
-//! contract, Docker, Kubernetes).  docs/architecture.md draws the layers.
+//! It builds on the crates below it, named by their own paths so a reader
+//! sees which crate a module lives in: `mailbox::log::Entry` is
+//! crates/mailbox/src/log.rs.  `mailbox` (messages, Maildirs, the log, the
+//! policy, the mediator), `engine` (crates/engine: the container-engine
+//! contract, Docker, Kubernetes) and `confine` (crates/confine: the seccomp
+//! filter).  docs/architecture.md draws the layers.
 
 pub mod agent;
 pub mod cockpit;
@@ -24,13 +26,3 @@ pub mod secrets;
 pub mod service;
 pub mod sync;
 pub mod wall;
-
-pub use confine::seccomp;
-pub use engine;
-pub use engine::{distribution, tty};
-pub use mailbox::{
-    batch, bell, cli, config, digest, door_record, error, fs, git, glob, id, inbox, layout, log,
-    maildir, mediate, message, operator, policy, post, quarantine, redact, registry, time, visible,
-};
-
-pub use error::{Error, Exit, Result};

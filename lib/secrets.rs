@@ -23,8 +23,8 @@
 
 use std::fmt;
 
-use crate::config::Config;
-use crate::error::{Error, Exit, Result};
+use mailbox::config::Config;
+use mailbox::error::{Error, Exit, Result};
 
 /// The configuration key listing the allowed names.
 pub const KEY_ALLOWED: &str = "sandbox.secrets";
@@ -51,7 +51,7 @@ impl fmt::Debug for Secret {
 
 /// True for a name usable as an environment variable and a file name.
 pub fn valid_name(name: &str) -> bool {
-    crate::config::valid_var_name(name)
+    mailbox::config::valid_var_name(name)
 }
 
 /// The names the project allows, in the order written.
@@ -167,9 +167,9 @@ mod tests {
 
     #[test]
     fn the_door_reads_the_same_key() {
-        // lib/redact reads the allowed names itself (the door does not
+        // crates/mailbox/src/redact reads the allowed names itself (the door does not
         // import the wall); both must name one key.
-        assert_eq!(KEY_ALLOWED, crate::redact::KEY_SANDBOX);
+        assert_eq!(KEY_ALLOWED, mailbox::redact::KEY_SANDBOX);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 use std::fs;
 use std::path::Path;
 
+use confine::SECCOMP_PROFILE;
 use sha2::{Digest, Sha256};
 
 /// Labels on every container and volume lw-sandbox makes.
@@ -36,12 +37,6 @@ pub fn root_id(root: &Path) -> String {
     d[..4].iter().map(|b| format!("{b:02x}")).collect()
 }
 
-pub use crate::config::parse_bytes;
-
-/// The sandboxes' seccomp profile (the confine crate's, which lw-confine
-/// installs inside gVisor sandboxes).
-pub use confine::SECCOMP_PROFILE;
-
 /// True when the host's kernel has AppArmor enabled.
 pub fn host_has_apparmor() -> bool {
     fs::read_to_string("/sys/module/apparmor/parameters/enabled")
@@ -62,7 +57,7 @@ pub fn security_options() -> Vec<String> {
 }
 
 /// The launcher that installs the sandbox's seccomp profile before it execs
-/// a command (bins/lw-confine.rs, lib/seccomp), mounted at
+/// a command (bins/lw-confine.rs, crates/confine/src/seccomp), mounted at
 /// `BIN_DIR/lw-confine` in every sandbox.  Every command loopwright runs in a
 /// gVisor sandbox starts through it: the runsc of these hosts gives a
 /// process started by `docker exec` no filter at all.  Under runc the
@@ -72,7 +67,7 @@ pub const CONFINE: &str = "lw-confine";
 
 /// `cmd` as it must be started in a sandbox under `runtime`.
 pub fn confined(runtime: &str, cmd: Vec<String>) -> Vec<String> {
-    if crate::engine::Isolation::of(runtime) != crate::engine::Isolation::Gvisor {
+    if engine::Isolation::of(runtime) != engine::Isolation::Gvisor {
         return cmd;
     }
     let mut v = Vec::with_capacity(cmd.len() + 2);
@@ -98,9 +93,9 @@ mod tests {
 
     #[test]
     fn sizes() {
-        assert_eq!(parse_bytes("2g"), Some(2 << 30));
-        assert_eq!(parse_bytes("512M"), Some(512 << 20));
-        assert_eq!(parse_bytes("x"), None);
+        assert_eq!(mailbox::config::parse_bytes("2g"), Some(2 << 30));
+        assert_eq!(mailbox::config::parse_bytes("512M"), Some(512 << 20));
+        assert_eq!(mailbox::config::parse_bytes("x"), None);
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The runtime contract (lib/engine.rs) against the real Docker engine, on
+//! The runtime contract (crates/engine/src/lib.rs) against the real Docker engine, on
 //! the busybox test image: images, containers, exec status and output, and
 //! the hardening options lw-sandbox relies on.
 
@@ -8,9 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use build_support::{nonce, test_image};
-use loopwright::engine::{
-    ContainerSpec, DockerEngine, Engine, ExecRequest, ImageBuilder, Images, OutStream,
-};
+use engine::{ContainerSpec, DockerEngine, Engine, ExecRequest, ImageBuilder, Images, OutStream};
 
 struct Cleanup<'a>(&'a DockerEngine, String);
 
@@ -84,7 +82,7 @@ fn containers_run_exec_with_status_and_stop() {
     let id = e.create(&spec).expect("create");
     let _cleanup = Cleanup(&e, id.clone());
     let again = e.create(&spec).expect_err("the name is taken");
-    assert_eq!(again.exit, loopwright::Exit::CantCreat, "{again}");
+    assert_eq!(again.exit, mailbox::Exit::CantCreat, "{again}");
 
     e.start(&id).expect("start");
     let c = e.inspect(&name).expect("inspect").expect("exists");
@@ -130,7 +128,7 @@ fn published_ports_bind_where_asked_and_are_reported() {
         name: Some(format!("lw-test-engine-ports-{}", nonce())),
         image: test_image("busybox"),
         cmd: vec!["sleep".into(), "300".into()],
-        ports: vec![loopwright::engine::PortMap {
+        ports: vec![engine::PortMap {
             container: "8080/tcp".into(),
             host_ip: "127.0.0.1".into(),
             host_port: 0,

@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use loopwright::layout::Root;
-use loopwright::log::Log;
-use loopwright::maildir::{Found, Sub};
-use loopwright::message::{Kind, Message};
+use mailbox::layout::Root;
+use mailbox::log::Log;
+use mailbox::maildir::{Found, Sub};
+use mailbox::message::{Kind, Message};
 
 const COCKPIT: &str = env!("CARGO_BIN_EXE_lw-cockpit");
 
@@ -85,7 +85,7 @@ fn secret_of(body: &str) -> String {
 }
 
 fn root(tag: &str, sandboxes: &[(&str, Option<&str>)]) -> Root {
-    let dir = std::env::temp_dir().join(format!("lw-cockpit-{tag}-{}", loopwright::id::new_id()));
+    let dir = std::env::temp_dir().join(format!("lw-cockpit-{tag}-{}", mailbox::id::new_id()));
     let root = Root::new(dir.join("root"));
     std::fs::create_dir_all(&root.dir).unwrap();
     root.init().unwrap();

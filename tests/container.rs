@@ -86,18 +86,17 @@ fn post_and_inbox_run_in_a_busybox_only_container() {
         stderr(&o)
     );
     let id = stdout(&o).trim().to_string();
-    assert!(loopwright::id::is_valid(&id), "{id}");
-    let m = loopwright::message::Message::parse(
-        &std::fs::read(mb.join("outbox/new").join(&id)).unwrap(),
-    )
-    .unwrap();
+    assert!(mailbox::id::is_valid(&id), "{id}");
+    let m =
+        mailbox::message::Message::parse(&std::fs::read(mb.join("outbox/new").join(&id)).unwrap())
+            .unwrap();
     assert_eq!(
         (m.from.as_str(), m.subject.as_str(), m.body.as_str()),
         ("web", "hello from busybox", "posted inside")
     );
 
     // Deliver it back into the same sandbox's inbox and read it from inside.
-    loopwright::layout::SandboxBox::new(&mb)
+    mailbox::layout::SandboxBox::new(&mb)
         .inbox()
         .deliver_message(&m)
         .unwrap();

@@ -105,7 +105,7 @@ fn holding(root: &Path, dirs: &[&str], text: &str) -> usize {
 /// mediator.
 fn taken(root: &Path, name: &str) {
     let new = root.join(format!("sandboxes/{name}/outbox/new"));
-    let w = loopwright::fs::Watcher::new().unwrap();
+    let w = mailbox::fs::Watcher::new().unwrap();
     w.add(&new).unwrap();
     let deadline = Instant::now() + Duration::from_secs(300);
     while std::fs::read_dir(&new).unwrap().count() > 0 {
@@ -127,8 +127,7 @@ fn junk_in_a_volume_outbox_is_never_streamed_and_delays_no_other_pair() {
     let id = text(&docker(&["info", "--format", "{{.ID}}"]))
         .trim()
         .to_string();
-    let rec =
-        loopwright::sandbox::hostpaths::record_path(&loopwright::layout::Root::new(&fx.root), &id);
+    let rec = engine::hostpaths::record_path(&mailbox::layout::Root::new(&fx.root), &id);
     std::fs::create_dir_all(rec.parent().unwrap()).unwrap();
     std::fs::write(&rec, "separate\nlocal\n").unwrap();
     let policy = fx.dir.join("policy");

@@ -8,10 +8,10 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Instant;
 
-use loopwright::layout::Root;
-use loopwright::log::{Action, Entry, Log};
-use loopwright::message::{Kind, Message};
-use loopwright::registry::{Registry, Sandbox};
+use mailbox::layout::Root;
+use mailbox::log::{Action, Entry, Log};
+use mailbox::message::{Kind, Message};
+use mailbox::registry::{Registry, Sandbox};
 use sync_support::{Env, TOKEN, files_under, text};
 
 fn msg(to: &str, kind: Kind, subject: &str, body: &str) -> Message {
@@ -28,9 +28,9 @@ fn post_fast(root: &Root, sender: &str, ms: &[Message]) {
     let ob = root.sandbox(sender).outbox();
     ob.create().unwrap();
     for m in ms {
-        let tmp = ob.sub(loopwright::maildir::Sub::Tmp).join(&m.id);
+        let tmp = ob.sub(mailbox::maildir::Sub::Tmp).join(&m.id);
         std::fs::write(&tmp, m.to_bytes()).unwrap();
-        std::fs::rename(&tmp, ob.sub(loopwright::maildir::Sub::New).join(&m.id)).unwrap();
+        std::fs::rename(&tmp, ob.sub(mailbox::maildir::Sub::New).join(&m.id)).unwrap();
     }
 }
 
@@ -138,7 +138,7 @@ fn a_flood_of_10000_posts_makes_at_most_3_comments_and_a_question_goes_first() {
     let bounces = std::fs::read_dir(
         root.sandbox("flood")
             .inbox()
-            .sub(loopwright::maildir::Sub::New),
+            .sub(mailbox::maildir::Sub::New),
     )
     .unwrap()
     .count();
@@ -253,7 +253,7 @@ fn a_flood_grows_the_log_by_at_most_door_log_max_and_the_rest_waits() {
     let outbox = root
         .sandbox("flood")
         .outbox()
-        .sub(loopwright::maildir::Sub::New);
+        .sub(mailbox::maildir::Sub::New);
     let before = du(&root.log_dir());
 
     let t = Instant::now();
@@ -301,8 +301,8 @@ fn a_flood_grows_the_log_by_at_most_door_log_max_and_the_rest_waits() {
         "{}",
         n.decision.reason
     );
-    let in_queue = |d: loopwright::maildir::Maildir| {
-        std::fs::read_dir(d.sub(loopwright::maildir::Sub::New))
+    let in_queue = |d: mailbox::maildir::Maildir| {
+        std::fs::read_dir(d.sub(mailbox::maildir::Sub::New))
             .unwrap()
             .count()
     };
@@ -416,7 +416,7 @@ fn a_posted_secret_is_held_masked_and_never_reaches_github_or_a_readable_log() {
     let copy = std::fs::read_to_string(
         root.sandbox("web")
             .inbox()
-            .sub(loopwright::maildir::Sub::New)
+            .sub(mailbox::maildir::Sub::New)
             .join(&in_body.id),
     )
     .unwrap();
@@ -544,13 +544,13 @@ fn the_held_messages_of_a_removed_sandbox_are_archived() {
     post(&root, "gone", &m);
     ok(&mediate(&root, &outside, &[], &["--once", "--policy", p]));
     let held = root.held();
-    assert!(held.sub(loopwright::maildir::Sub::New).join(&m.id).exists());
+    assert!(held.sub(mailbox::maildir::Sub::New).join(&m.id).exists());
     // What lw-sandbox rm does: unregister, remove the mailbox.
     assert!(Registry::new(&root).unregister("gone").unwrap());
     std::fs::remove_dir_all(root.sandboxes_dir().join("gone")).unwrap();
     ok(&mediate(&root, &outside, &[], &["--once", "--policy", p]));
-    assert!(!held.sub(loopwright::maildir::Sub::New).join(&m.id).exists());
-    assert!(held.sub(loopwright::maildir::Sub::Cur).join(&m.id).exists());
+    assert!(!held.sub(mailbox::maildir::Sub::New).join(&m.id).exists());
+    assert!(held.sub(mailbox::maildir::Sub::Cur).join(&m.id).exists());
     let drop = entries(&root)
         .into_iter()
         .find(|e| e.message_id == m.id && e.decision.action == Action::Drop)

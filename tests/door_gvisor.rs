@@ -15,9 +15,9 @@ mod sandbox_support;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use loopwright::layout::Root;
-use loopwright::log::{Action, Log};
-use loopwright::maildir::Sub;
+use mailbox::layout::Root;
+use mailbox::log::{Action, Log};
+use mailbox::maildir::Sub;
 use sandbox_support::*;
 
 const POSTS: usize = 1_000;
@@ -179,7 +179,7 @@ fn posts_from_runsc_and_runc_are_all_delivered_to_a_watching_and_a_restarted_med
     // in tmp/, and a twin in tmp/ with a third link beside it.
     let root = Root::new(f.root.clone());
     let q0 = quarantined(&root).len();
-    let (a, b) = (loopwright::id::new_id(), loopwright::id::new_id());
+    let (a, b) = (mailbox::id::new_id(), mailbox::id::new_id());
     let (code, _, e) = f.sh(
         "gv",
         &format!(

@@ -10,10 +10,10 @@ mod sync_support;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use loopwright::layout::Root;
-use loopwright::log::{Action, Log};
-use loopwright::maildir::Sub;
-use loopwright::message::Kind;
+use mailbox::layout::Root;
+use mailbox::log::{Action, Log};
+use mailbox::maildir::Sub;
+use mailbox::message::Kind;
 use sync_support::{Env, text};
 
 const VALUE: &str = "sk-live-7f3a9c2b41";
@@ -44,7 +44,7 @@ fn ok(o: &Output) {
     );
 }
 
-fn in_new(d: loopwright::maildir::Maildir) -> usize {
+fn in_new(d: mailbox::maildir::Maildir) -> usize {
     std::fs::read_dir(d.sub(Sub::New)).map_or(0, |r| r.count())
 }
 

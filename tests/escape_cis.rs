@@ -1,8 +1,8 @@
 //! CIS Docker Benchmark §5 (container runtime), the 31 container checks of
 //! docker-bench-security, counted by hand against `docker inspect` of a
 //! live sandbox (docker-bench-security is not packaged for this system, and
-//! is fetched from nowhere).  Each check is judged the way docker-bench's
-//! tests/5_container_runtime.sh judges it; the table prints check,
+//! is fetched from nowhere).  Each check is judged the way
+//! docker-bench-security/tests/5_container_runtime.sh judges it; the table prints check,
 //! expected, got.  5.1 (AppArmor) passes only where the host has AppArmor;
 //! 5.2 (SELinux) only where it has SELinux.
 

@@ -262,7 +262,7 @@ fn wall_rows(runtime: &str) -> Vec<Row> {
     f.ok(&["create", "b", "--branch", "b"]);
     let boxdir = f.root.join("sandboxes/a");
     // Names that pass the id grammar, so the mediator looks further.
-    let (suid, junk_id) = (loopwright::id::new_id(), loopwright::id::new_id());
+    let (suid, junk_id) = (mailbox::id::new_id(), mailbox::id::new_id());
 
     // 2. Setuid through the mailbox.
     let (code, _, e) = f.sh(
@@ -755,17 +755,17 @@ fn planted_links_to_the_host_steer_no_command_that_runs_as_root() {
 
     // The canary: in /tmp (b's tmp/ and all of c's directories point
     // there), older than the sweep's 36 hours.
-    let m = loopwright::message::Message {
+    let m = mailbox::message::Message {
         version: 1,
-        id: loopwright::id::new_id(),
+        id: mailbox::id::new_id(),
         from: "c".into(),
         to: vec!["a".into()],
-        kind: loopwright::message::Kind::Status,
+        kind: mailbox::message::Kind::Status,
         subject: "canary".into(),
         body: "the host's own file".into(),
         refs: vec![],
         in_reply_to: None,
-        created: loopwright::time::rfc3339(loopwright::time::now()),
+        created: mailbox::time::rfc3339(mailbox::time::now()),
     };
     let old = std::time::SystemTime::now() - std::time::Duration::from_secs(40 * 3600);
     let canaries = [

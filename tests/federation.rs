@@ -20,9 +20,9 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use federation_support::*;
-use loopwright::log::{Action, Log};
-use loopwright::maildir::Sub;
-use loopwright::message::{Kind, Message};
+use mailbox::log::{Action, Log};
+use mailbox::maildir::Sub;
+use mailbox::message::{Kind, Message};
 use serde_json::json;
 use sync_support::{Env, text};
 
@@ -120,7 +120,7 @@ fn watching_hosts_push_and_pull_by_themselves() {
     procs.push(a.mediator_watch());
     procs.push(b.mediator_watch());
     // The proxy appears once A's watcher has pulled B's announcement.
-    let w = loopwright::fs::Watcher::new().unwrap();
+    let w = mailbox::fs::Watcher::new().unwrap();
     w.add(&a.root.registry_dir()).unwrap();
     let t = Instant::now();
     while a.record("web").is_none() {
@@ -181,14 +181,14 @@ fn a_message_in_parts_is_taken_once_all_parts_are_there() {
     // one part at a time, with B pulling in between.
     let mut m = contract_change("large");
     m.body = "0123456789abcdef\n".repeat(9000); // 153 kB: three parts
-    let e = loopwright::log::Entry {
+    let e = mailbox::log::Entry {
         version: 1,
         name: format!("{}.forward", m.id),
-        logged: loopwright::time::rfc3339(loopwright::time::now()),
+        logged: mailbox::time::rfc3339(mailbox::time::now()),
         message_id: m.id.clone(),
         sender: "api".into(),
         message: Some(m.clone()),
-        decision: loopwright::log::Decision {
+        decision: mailbox::log::Decision {
             quiet: false,
             action: Action::Forward,
             to: vec!["web".into()],
@@ -247,7 +247,7 @@ fn forged_headers_deliver_nothing() {
         );
         assert!(v["id"].as_u64().is_some(), "{v}");
     };
-    let other = loopwright::id::new_id();
+    let other = mailbox::id::new_id();
     // 1. The same comment with a fresh id, by a login that is no host.
     forge(real.replace(&m.id, &other), "mallory");
     // 2. A host announcement for hosta by that login, naming another sandbox.
@@ -259,7 +259,7 @@ fn forged_headers_deliver_nothing() {
         .1;
     forge(ann.replace("\"api\"", "\"evil\""), "mallory");
     // 3. By hosta's login itself, an entry from a sandbox hosta never announced.
-    let third = loopwright::id::new_id();
+    let third = mailbox::id::new_id();
     forge(
         real.replace(&m.id, &third)
             .replace("\"sender\":\"api\"", "\"sender\":\"ghost\""),

@@ -10,9 +10,9 @@ mod sync_support;
 use std::process::Command;
 
 use federation_support::*;
-use loopwright::log::{Action, Log};
-use loopwright::maildir::Sub;
-use loopwright::message::{Kind, Message};
+use mailbox::log::{Action, Log};
+use mailbox::maildir::Sub;
+use mailbox::message::{Kind, Message};
 use sync_support::text;
 
 fn inbox_list(h: &Host, sandbox: &str) -> String {
@@ -56,7 +56,7 @@ fn a_foreign_sender_is_host_slash_sandbox_and_its_receipt_travels_back() {
     // web reads it: B's mediator logs the receipt, B mirrors it (its
     // sandbox read), A takes it, and A's mediator logs it as for a local
     // reader.
-    assert!(loopwright::inbox::ack(&b.root.sandbox("web").inbox(), &m.id).unwrap());
+    assert!(mailbox::inbox::ack(&b.root.sandbox("web").inbox(), &m.id).unwrap());
     b.mediate();
     let rname = format!("{}.read.web", m.id);
     assert!(blog.has(&rname));
@@ -128,7 +128,7 @@ fn a_foreign_sender_is_host_slash_sandbox_and_its_receipt_travels_back() {
     assert_eq!(a.names("sandboxes/api/inbox"), [req.id.as_str()]);
     let listed = inbox_list(&a, "api");
     assert!(listed.contains("\"from\":\"hostb/web\""), "{listed}");
-    assert!(loopwright::inbox::ack(&a.root.sandbox("api").inbox(), &req.id).unwrap());
+    assert!(mailbox::inbox::ack(&a.root.sandbox("api").inbox(), &req.id).unwrap());
     a.mediate();
     a.sync(&env, &["--once"]);
     let o = b.sync(&env, &["pull"]);

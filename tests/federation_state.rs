@@ -14,7 +14,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use federation_support::*;
-use loopwright::log::{Action, Log};
+use mailbox::log::{Action, Log};
 
 const ROUNDS: usize = 6;
 const PER_ROUND: usize = 500;

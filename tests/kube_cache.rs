@@ -190,8 +190,8 @@ fn a_pod_sandbox_pulls_its_image_from_the_cache() {
     // are (in `k8s.io` it would be the pulled image again under another
     // name: the same ID).  A create with the image imported is the create
     // above with the image on the node.
-    let docker = loopwright::engine::DockerEngine::connect().expect("the Docker engine");
-    let project = loopwright::config::Project::find(&fx.proj)
+    let docker = engine::DockerEngine::connect().expect("the Docker engine");
+    let project = mailbox::config::Project::find(&fx.proj)
         .expect("the project")
         .expect("a project");
     std::fs::write(fx.proj.join(".loopwright/config"), "").expect("write the config");

@@ -1,4 +1,4 @@
-//! The Kubernetes engine (lib/engine/kubernetes) on a real single-node
+//! The Kubernetes engine (crates/engine/src/kubernetes) on a real single-node
 //! cluster: scripts/k8s-cluster starts it from the binaries scripts/k8s-build
 //! cached in /opt/loopwright-k8s (etcd, kube-apiserver, controller manager,
 //! scheduler, a private containerd, kubelet; bridge CNI), with the test
@@ -30,6 +30,11 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use engine::select::{PairedBuilder, docker_host};
+use engine::{
+    ContainerSpec, DockerEngine, Engine, EngineKind, ExecIo, ExecRequest, HostPaths, Images,
+    KubeEngine, NetworkEngine, NetworkSpec, Pair, SandboxEngine,
+};
 use k8s_openapi::api::core::v1::{
     Namespace, Pod, ResourceQuota, ResourceQuotaSpec, ServiceAccount,
 };
@@ -38,14 +43,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
-use loopwright::engine::select::{PairedBuilder, docker_host};
-use loopwright::engine::{
-    ContainerSpec, DockerEngine, Engine, EngineKind, ExecIo, ExecRequest, HostPaths, Images,
-    KubeEngine, NetworkEngine, NetworkSpec, Pair, SandboxEngine,
-};
-use loopwright::error::Exit;
-use loopwright::layout::Root;
 use loopwright::sandbox::{LABEL_ROOT, LABEL_ROOT_PATH, LABEL_SANDBOX, Sandboxes, root_id};
+use mailbox::error::Exit;
+use mailbox::layout::Root;
 
 use kube_support::{Cluster, IMAGE, network_cached, nonce, run};
 

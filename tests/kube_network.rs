@@ -41,14 +41,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use engine::{ContainerSpec, DockerEngine, Engine, KubeEngine, NetworkEngine, NetworkSpec};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};
 use loopwright::egress::{self, AllowList, Options};
-use loopwright::engine::{
-    ContainerSpec, DockerEngine, Engine, KubeEngine, NetworkEngine, NetworkSpec,
-};
 
 use kube_support::{Cluster, IMAGE, namespace, network_cached, nonce, pod_ip, run};
 
@@ -458,7 +456,7 @@ fn sandbox_created_with_network_egress_on_a_real_cluster() {
     let proxy_image = proxy_image();
     let world = format!("lw-kn-world-{}", nonce());
     let fx = sandbox_support::Fixture::new("kegress");
-    let project = loopwright::config::Project::find(&fx.proj)
+    let project = mailbox::config::Project::find(&fx.proj)
         .unwrap()
         .expect("a project");
     let docker = DockerEngine::connect().expect("the Docker engine is reachable");

@@ -42,7 +42,7 @@ impl Host {
         let dir = std::env::temp_dir().join(format!(
             "lw-kube-plan-{name}-{}-{:08x}",
             std::process::id(),
-            loopwright::id::random128() as u32
+            mailbox::id::random128() as u32
         ));
         std::fs::create_dir_all(&dir).unwrap();
         Host { dir }

@@ -34,13 +34,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use engine::{
+    ContainerSpec, DockerEngine, Engine, ExecRequest, KubeEngine, OutStream, VolumeMount,
+};
 use futures_util::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, EvictParams, WatchEvent, WatchParams};
-use loopwright::engine::{
-    ContainerSpec, DockerEngine, Engine, ExecRequest, KubeEngine, OutStream, VolumeMount,
-};
 use sandbox_support::{Fixture, bin, git};
 
 fn text(o: &Output) -> String {
@@ -245,7 +245,7 @@ fn sandboxes_as_pods() {
         kube_support::missing()
     );
     let fx = Fixture::new("kube");
-    let project = loopwright::config::Project::find(&fx.proj)
+    let project = mailbox::config::Project::find(&fx.proj)
         .unwrap()
         .expect("the fixture is a project");
     let docker = DockerEngine::connect().expect("the Docker engine is reachable");
@@ -600,7 +600,7 @@ fn sandboxes_as_pods() {
         "docker.io/loopwright/just-imported:{}",
         sandbox_support::nonce()
     );
-    let normal = loopwright::engine::kubernetes::normalize(&image);
+    let normal = engine::kubernetes::normalize(&image);
     cluster.ctr(&["images", "tag", &normal, &fresh]);
     let s = Instant::now();
     tk.ok(

@@ -7,11 +7,11 @@ mod mcp_support;
 
 use std::process::Command;
 
-use loopwright::maildir::{Found, Maildir, Sub};
+use mailbox::maildir::{Found, Maildir, Sub};
 use mcp_support::*;
 use serde_json::Value;
 
-fn read(dir: &std::path::Path, id: &str) -> loopwright::message::Message {
+fn read(dir: &std::path::Path, id: &str) -> mailbox::message::Message {
     let md = Maildir::new(dir.parent().expect("a Maildir sub has a parent"));
     let sub = match dir.file_name().and_then(|n| n.to_str()) {
         Some("new") => Sub::New,

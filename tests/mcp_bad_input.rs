@@ -275,17 +275,17 @@ fn a_cancelled_wait_sends_nothing_and_the_session_goes_on() {
     let r = s.call(4, "post", json!({"kind":"status","subject":"after cancel"}));
     assert_eq!(r["result"]["isError"], false, "{r}");
     // A delivery now must not produce a response to the cancelled wait.
-    let m = loopwright::message::Message::compose(
+    let m = mailbox::message::Message::compose(
         "web",
         vec!["api".into()],
-        loopwright::message::Kind::Status,
+        mailbox::message::Kind::Status,
         "late".into(),
         String::new(),
         vec![],
         None,
     )
     .expect("valid");
-    loopwright::layout::SandboxBox::new(root.mailbox("api"))
+    mailbox::layout::SandboxBox::new(root.mailbox("api"))
         .inbox()
         .deliver_message(&m)
         .expect("deliver");
@@ -346,17 +346,17 @@ fn a_vanished_mailbox_is_a_refusal_that_names_it_and_writes_nothing() {
 }
 
 fn deliver(root: &Root, to: &str, subject: &str) -> String {
-    let m = loopwright::message::Message::compose(
+    let m = mailbox::message::Message::compose(
         "web",
         vec![to.into()],
-        loopwright::message::Kind::Request,
+        mailbox::message::Kind::Request,
         subject.into(),
         String::new(),
         vec![],
         None,
     )
     .expect("valid");
-    loopwright::layout::SandboxBox::new(root.mailbox(to))
+    mailbox::layout::SandboxBox::new(root.mailbox(to))
         .inbox()
         .deliver_message(&m)
         .expect("deliver");
@@ -396,17 +396,17 @@ fn wait_returns_what_arrived_between_inbox_and_wait_and_nothing_twice() {
     // Nothing new: the wait times out, and kinds filter.
     let r = s.call(4, "wait", json!({"timeout": 0.2}));
     assert_eq!(r["result"]["structuredContent"]["timed_out"], true, "{r}");
-    let status = loopwright::message::Message::compose(
+    let status = mailbox::message::Message::compose(
         "web",
         vec!["api".into()],
-        loopwright::message::Kind::Status,
+        mailbox::message::Kind::Status,
         "news".into(),
         String::new(),
         vec![],
         None,
     )
     .expect("valid");
-    loopwright::layout::SandboxBox::new(root.mailbox("api"))
+    mailbox::layout::SandboxBox::new(root.mailbox("api"))
         .inbox()
         .deliver_message(&status)
         .expect("deliver");

@@ -12,7 +12,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use loopwright::maildir::{Found, Maildir, Sub};
+use mailbox::maildir::{Found, Maildir, Sub};
 use mcp_support::*;
 
 /// Every message in the outbox (new/ and cur/), by subject: their ids.

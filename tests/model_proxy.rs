@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 
 use common::TempDir;
 use loopwright::agent::{notice, proxy};
-use loopwright::layout::Root;
-use loopwright::log::{Action, Log};
-use loopwright::maildir::Sub;
-use loopwright::message::Kind;
+use mailbox::layout::Root;
+use mailbox::log::{Action, Log};
+use mailbox::maildir::Sub;
+use mailbox::message::Kind;
 
 const SRC: &str = env!("CARGO_MANIFEST_DIR");
 /// The proxy's peak RSS may not pass this, whatever the agent sends (its

@@ -15,9 +15,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::TempDir;
-use loopwright::layout::Root;
-use loopwright::message::{Kind, Message};
 use loopwright::radar::{Event, Limits, Live, Radar, Source, verdict};
+use mailbox::layout::Root;
+use mailbox::message::{Kind, Message};
 
 fn git(dir: &Path, args: &[&str]) -> String {
     let o = Command::new("git")
@@ -405,7 +405,7 @@ fn live(name: &str, repo: &Path, branch: &str, scope: &[&str]) -> Live {
 }
 
 fn messages(root: &Root) -> Vec<Message> {
-    let dir = root.mediator_outbox().sub(loopwright::maildir::Sub::New);
+    let dir = root.mediator_outbox().sub(mailbox::maildir::Sub::New);
     let mut v: Vec<Message> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| Message::parse(&std::fs::read(e.unwrap().path()).unwrap()).unwrap())

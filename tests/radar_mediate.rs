@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 
 use common::{TempDir, run, stderr, stdout};
-use loopwright::message::{Kind, Message};
+use mailbox::message::{Kind, Message};
 
 fn git(dir: &Path, args: &[&str]) {
     let o = Command::new("git")

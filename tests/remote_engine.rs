@@ -33,8 +33,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use loopwright::engine::{ContainerSpec, DockerEngine, Engine, ExecRequest, HostPaths};
-use loopwright::sandbox::hostpaths::{Sharing, probe};
+use engine::hostpaths::{Sharing, probe};
+use engine::{ContainerSpec, DockerEngine, Engine, ExecRequest, HostPaths};
 
 const DOCKERFILE: &str = "\
 RUN apt-get update \\
@@ -64,7 +64,7 @@ fn docker(args: &[&str]) -> Output {
 /// The image of engine B, built once per recipe (base image + Dockerfile).
 fn dockerd_image() -> String {
     let base = build_support::test_image("debian");
-    let hash = loopwright::digest::sha256_hex(format!("{base}\n{DOCKERFILE}").as_bytes());
+    let hash = mailbox::digest::sha256_hex(format!("{base}\n{DOCKERFILE}").as_bytes());
     let tag = format!("loopwright/test-dockerd:{}", &hash[..16]);
     let have = Command::new("docker")
         .args(["image", "inspect", &tag])
@@ -623,7 +623,7 @@ fn remote_engine_over_tls() {
     // Sandboxes on B, in volume mode, beside the same on the local engine
     // (tests/remote_support): the project's image is loaded into B first.
     let fx = sandbox_support::Fixture::new("remote");
-    let project = loopwright::config::Project::find(&fx.proj)
+    let project = mailbox::config::Project::find(&fx.proj)
         .unwrap()
         .expect("the fixture is a project");
     let image = loopwright::sandbox::resolve_image(&el, Some(&project), None, false)
@@ -674,10 +674,7 @@ fn remote_engine_over_tls() {
         },
     );
     // The probe's answer is kept per engine id under the root.
-    let rec = loopwright::sandbox::hostpaths::record_path(
-        &loopwright::layout::Root::new(&fx.root),
-        &id_b,
-    );
+    let rec = engine::hostpaths::record_path(&mailbox::layout::Root::new(&fx.root), &id_b);
     let kept = std::fs::read_to_string(&rec).unwrap_or_default();
     assert!(
         kept.starts_with("separate\n"),
@@ -794,10 +791,10 @@ fn remote_engine_over_tls() {
     ])
     .trim()
     .to_string();
-    let outbox = loopwright::maildir::Maildir::new(fx.root.join("sandboxes/viassh/outbox"));
+    let outbox = mailbox::maildir::Maildir::new(fx.root.join("sandboxes/viassh/outbox"));
     let arrived = outbox
         .wait_until(Some(Duration::from_secs(60)), || {
-            Ok(outbox.sub(loopwright::maildir::Sub::New).join(&id).exists())
+            Ok(outbox.sub(mailbox::maildir::Sub::New).join(&id).exists())
         })
         .unwrap();
     assert!(

@@ -652,7 +652,7 @@ fn radar_tells_both_sandboxes_of_a_conflict_once_and_of_its_end() {
         let mut v: Vec<(String, String)> = std::fs::read_dir(dir)
             .map(|rd| {
                 rd.map(|e| {
-                    let m = loopwright::message::Message::parse(
+                    let m = mailbox::message::Message::parse(
                         &std::fs::read(e.expect("entry").path()).expect("read"),
                     )
                     .expect("a message");

@@ -24,7 +24,7 @@ fn require_runsc() {
     assert!(
         runsc_registered(),
         "runsc (gVisor) is not registered with dockerd: {}",
-        loopwright::engine::runtime::RUNSC_INSTALL
+        engine::runtime::RUNSC_INSTALL
     );
 }
 
@@ -408,7 +408,7 @@ fn finished(f: &Fixture, name: &str) -> (i64, bool, std::time::SystemTime) {
     let t = text(&o);
     let v: Vec<&str> = t.split_whitespace().collect();
     assert_eq!(v.first(), Some(&"false"), "{name} still runs: {t}");
-    let at = loopwright::time::parse_rfc3339(v[3]).expect("FinishedAt is RFC 3339");
+    let at = mailbox::time::parse_rfc3339(v[3]).expect("FinishedAt is RFC 3339");
     (
         v[1].parse().expect("ExitCode"),
         v[2] == "true",
@@ -420,7 +420,7 @@ fn finished(f: &Fixture, name: &str) -> (i64, bool, std::time::SystemTime) {
 /// it, within 5 s of its death; prints the figure and returns the state.
 fn died_under_exec(f: &Fixture, rt: &str, case: &str, name: &str, e: &Ended) -> String {
     let (code, oom, at) = finished(f, name);
-    let state = loopwright::engine::exit_state(Some(code), oom);
+    let state = engine::exit_state(Some(code), oom);
     let after = e.at.duration_since(at).unwrap_or_default();
     println!(
         "  {rt:<5} {case:<12} container {state}; exec exited {:?} {:.0} ms after the death \

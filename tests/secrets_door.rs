@@ -12,11 +12,11 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use loopwright::layout::Root;
-use loopwright::log::{Action, Entry, Log};
-use loopwright::maildir::Sub;
-use loopwright::message::{Kind, Message};
-use loopwright::registry::{Registry, Sandbox};
+use mailbox::layout::Root;
+use mailbox::log::{Action, Entry, Log};
+use mailbox::maildir::Sub;
+use mailbox::message::{Kind, Message};
+use mailbox::registry::{Registry, Sandbox};
 use sync_support::{Env, files_under, text};
 
 /// Its base64 has '+' and '/' at offsets 1 and 2, so the URL-safe forms differ.

@@ -58,7 +58,7 @@ fn code_that_reads_sandbox_trees_as_root_opens_nothing_by_path() {
     }
     assert!(
         found.is_empty(),
-        "path-based calls in code that reads sandbox trees as root (use lib/fs::open_beneath, or say `// trusted: WHY`): {found:#?}"
+        "path-based calls in code that reads sandbox trees as root (use mailbox::fs::open_beneath, or say `// trusted: WHY`): {found:#?}"
     );
 }
 
@@ -69,19 +69,6 @@ const PRINTS: [&str; 5] = ["println!", "eprintln!", "print!", "eprint!", "dbg!"]
 /// The one library file that prints: the commands' own side
 /// (`cli::main_with`, `cli::stderr_report`), which the binaries call.
 const PRINTS_FOR_COMMANDS: &str = "crates/mailbox/src/cli.rs";
-
-/// `DIR/tests.rs` that its parent (`DIR.rs` or `DIR/mod.rs`) declares
-/// only under `#[cfg(test)]`: unit tests, which may print their figures.
-fn is_test_module(p: &std::path::Path) -> bool {
-    if p.file_name().is_none_or(|n| n != "tests.rs") {
-        return false;
-    }
-    let dir = p.parent().unwrap();
-    [dir.with_extension("rs"), dir.join("mod.rs")]
-        .iter()
-        .filter_map(|parent| std::fs::read_to_string(parent).ok())
-        .any(|t| t.contains("#[cfg(test)]\nmod tests;"))
-}
 
 #[test]
 fn the_library_never_prints() {
@@ -109,10 +96,11 @@ fn the_library_never_prints() {
         }
     }
     assert!(files.len() > 50, "the sources were not found: {files:?}");
+    let test_modules: Vec<_> = files.iter().flat_map(|p| test_module_files(p)).collect();
     let mut found = Vec::new();
     for p in files {
         let rel = p.strip_prefix(&ws).unwrap().to_string_lossy().into_owned();
-        if rel == PRINTS_FOR_COMMANDS || is_test_module(&p) {
+        if rel == PRINTS_FOR_COMMANDS || test_modules.iter().any(|t| p.starts_with(t)) {
             continue;
         }
         let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{rel}: {e}"));
@@ -127,6 +115,32 @@ fn the_library_never_prints() {
         found.is_empty(),
         "print macros in the library (pass a cli::Report down from the command instead): {found:#?}"
     );
+}
+
+/// The files of the modules `file` declares under `#[cfg(test)]` in a file
+/// of their own (`#[cfg(test)] mod tests;` in bell.rs is bell/tests.rs, or
+/// bell/tests/): test code, like an inline `mod tests { … }`.
+fn test_module_files(file: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    let name = file.file_name().unwrap_or_default();
+    let dir = if name == "mod.rs" || name == "lib.rs" || name == "main.rs" {
+        file.parent().unwrap().to_path_buf()
+    } else {
+        file.with_extension("")
+    };
+    let mut out = Vec::new();
+    for (at, _) in text.match_indices("#[cfg(test)]") {
+        let next = text[at + "#[cfg(test)]".len()..].trim_start();
+        let Some(decl) = next.strip_prefix("mod ").and_then(|r| r.split_once(';')) else {
+            continue;
+        };
+        let m = decl.0.trim();
+        if m.chars().all(|c| c.is_alphanumeric() || c == '_') {
+            out.push(dir.join(format!("{m}.rs")));
+            out.push(dir.join(m));
+        }
+    }
+    out
 }
 
 /// Whether `code` calls macro `m` (`print!` is not the end of `eprint!`).
@@ -217,4 +231,119 @@ fn test_code_is_told_apart_from_the_code_beside_it() {
     assert!(!code.contains("fn f"), "{code}");
     assert!(code.contains("fn b() { eprintln!"), "{code}");
     assert!(prints("eprint!(\"x\")", "eprint!") && !prints("eprint!(\"x\")", "print!"));
+}
+
+/// The directories of the repository a comment or a document names files in.
+const PATH_ROOTS: [&str; 8] = [
+    "lib/", "crates/", "bins/", "tests/", "scripts/", "runtime/", "docs/", "man/",
+];
+
+/// Every `lib/…`, `crates/…`, `bins/…` (and the other [`PATH_ROOTS`]) path
+/// that a comment in a Rust file or Cargo.toml, a Markdown document or a man
+/// page names exists, so a reader who greps for it finds the file.  A path
+/// may end in `:LINE`, and may leave out a `.rs` (a module or a test target:
+/// `tests/kube_fleet`).  Patterns are not paths: a token with `*`, `{` or
+/// `<` in it (`tests/*_support`) is skipped.  A path inside another
+/// repository is written with that repository in front
+/// (`docker-bench-security/tests/…`), which this rule does not read as ours.
+#[test]
+fn every_path_a_comment_names_exists() {
+    let ws = support::workspace();
+    let mut found = Vec::new();
+    let mut named = 0;
+    for p in documented_files(&ws) {
+        let rel = p.strip_prefix(&ws).unwrap().to_string_lossy().into_owned();
+        let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{rel}: {e}"));
+        for (i, line) in text.lines().enumerate() {
+            let prose = prose(&rel, line);
+            for path in repo_paths(&prose) {
+                named += 1;
+                let exists = ws.join(path).exists() || ws.join(format!("{path}.rs")).exists();
+                if !exists {
+                    found.push(format!("{rel}:{}: {path}", i + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        named > 100,
+        "too few paths named to be the sources: {named}"
+    );
+    assert!(
+        found.is_empty(),
+        "comments and documents name files that do not exist (find where each moved: git log --follow): {found:#?}"
+    );
+}
+
+/// The part of `line` that is prose: a Rust file's comment, a Cargo.toml's
+/// comment, all of a document or a man page (its font escapes dropped).
+fn prose<'a>(rel: &str, line: &'a str) -> std::borrow::Cow<'a, str> {
+    let after = |m: &str| line.find(m).map_or("", |i| &line[i..]);
+    if rel.ends_with(".rs") {
+        after("//").into()
+    } else if rel.ends_with(".toml") {
+        after("#").into()
+    } else if rel.starts_with("man/") {
+        ["\\fB", "\\fI", "\\fR", "\\fP"]
+            .iter()
+            .fold(line.to_owned(), |l, f| l.replace(f, " "))
+            .into()
+    } else {
+        line.into()
+    }
+}
+
+/// The repository paths `text` names: a token that starts with one of
+/// [`PATH_ROOTS`] where no word or path goes on before it, up to the first
+/// character a path here never has, its trailing full stops dropped.
+fn repo_paths(text: &str) -> Vec<&str> {
+    let b = text.as_bytes();
+    let path_char = |c: u8| c.is_ascii_alphanumeric() || b"_./-*{}<>".contains(&c);
+    let mut out = Vec::new();
+    for root in PATH_ROOTS {
+        for (at, _) in text.match_indices(root) {
+            let before = at.checked_sub(1).map(|i| b[i]);
+            if before.is_some_and(|c| path_char(c) || c == b'~' || c == b'$') {
+                continue;
+            }
+            let len = b[at..].iter().take_while(|c| path_char(**c)).count();
+            let path = text[at..at + len].trim_end_matches('.');
+            if !path.contains(['*', '{', '}', '<', '>']) {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+/// The files whose prose names paths: Rust sources, Cargo manifests,
+/// Markdown documents and man pages, outside `target/` and dot directories.
+fn documented_files(ws: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut dirs = vec![ws.to_path_buf()];
+    let mut files = Vec::new();
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display())) {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            if p.is_dir() {
+                if !name.starts_with('.') && (d != ws || name != "target") {
+                    dirs.push(p);
+                }
+            } else if name.ends_with(".rs")
+                || name.ends_with(".md")
+                || name == "Cargo.toml"
+                || p.parent().is_some_and(|d| d.ends_with("man"))
+            {
+                files.push(p);
+            }
+        }
+    }
+    files
+}
+
+#[test]
+fn repo_paths_are_told_from_other_words() {
+    let text = "see lib/a.rs:12, (crates/x/src/y) and tests/*_support; \
+                not /usr/lib/x, a-lib/x, $lib/x or docker-bench/tests/z.sh.";
+    assert_eq!(repo_paths(text), vec!["lib/a.rs", "crates/x/src/y"]);
 }

@@ -3,8 +3,8 @@
 
 mod sync_support;
 
-use loopwright::log::Action;
-use loopwright::message::Kind;
+use mailbox::log::Action;
+use mailbox::message::Kind;
 use serde_json::{Value, json};
 use sync_support::*;
 
@@ -114,7 +114,7 @@ fn an_agents_pings_and_references_are_not_live_in_the_posted_comment() {
         .map(|e| e.unwrap().path())
         .collect();
     assert_eq!(files.len(), 1, "{files:?}");
-    let m = loopwright::message::Message::parse(&std::fs::read(&files[0]).unwrap()).unwrap();
+    let m = mailbox::message::Message::parse(&std::fs::read(&files[0]).unwrap()).unwrap();
     assert_eq!(m.body, "ask @bob about #5");
 }
 
@@ -391,7 +391,7 @@ fn an_answer_on_the_issue_reaches_the_human_outbox_once() {
         .map(|e| e.unwrap().path())
         .collect();
     assert_eq!(files.len(), 1, "{files:?}");
-    let m = loopwright::message::Message::parse(&std::fs::read(&files[0]).unwrap()).unwrap();
+    let m = mailbox::message::Message::parse(&std::fs::read(&files[0]).unwrap()).unwrap();
     assert_eq!(
         (m.from.as_str(), m.kind, m.in_reply_to.as_deref()),
         ("human", Kind::Answer, Some(q.id.as_str()))

@@ -9,15 +9,15 @@
 //! registration names `/usr/local/bin/lw-mcp`; a CLI that cannot start it
 //! (an older toolkit without lw-mcp) reports the server as failed and goes on.
 //! `~/.claude/settings.json` (Claude Code) or `~/.codex/hooks.json` (Codex)
-//! installs the bell (lib/bell.rs): `lw-inbox --hook CLI` after every tool
+//! installs the bell (crates/mailbox/src/bell.rs): `lw-inbox --hook CLI` after every tool
 //! call, before each prompt, at session start, and at a stop.
 
 use std::fmt::Write as _;
 
 use super::kit::{Kit, McpFormat};
 use super::{Credential, proxy};
-use crate::registry;
 use crate::wall::{HOME, REPO};
+use mailbox::registry;
 
 /// The MCP server every agent gets.
 pub const MCP_COMMAND: &str = "/usr/local/bin/lw-mcp";
@@ -25,7 +25,7 @@ pub const MCP_COMMAND: &str = "/usr/local/bin/lw-mcp";
 /// The bell every Claude Code agent gets, run by its hooks.
 pub const INBOX_COMMAND: &str = "/usr/local/bin/lw-inbox";
 
-/// The bell's hooks (lib/bell.rs) for `cli`: Claude Code's user settings,
+/// The bell's hooks (crates/mailbox/src/bell.rs) for `cli`: Claude Code's user settings,
 /// or Codex's `hooks.json`, which has the same shape (Codex matches every
 /// tool when the matcher is left out).  A hook that fails or times out
 /// only costs the agent that turn's news.

@@ -8,10 +8,10 @@
 
 use super::kit::{self, Kit};
 use super::{KeySource, Settings, layer};
-use crate::config::Project;
-use crate::engine::Images;
 use crate::finding::{Finding, Status};
 use crate::image::Runtime;
+use engine::Images;
+use mailbox::config::Project;
 
 fn finding(status: Status, detail: String, fix: Option<String>) -> Finding {
     Finding {

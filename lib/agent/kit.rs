@@ -1,7 +1,7 @@
 //! Agent kits: what it takes to run one coding-agent CLI in a sandbox.
 //!
 //! A kit is a small `key = value` file (the format of `.loopwright/config`,
-//! lib/config.rs) named `NAME.kit`.  The toolkit ships `claude` and `codex`
+//! crates/mailbox/src/config.rs) named `NAME.kit`.  The toolkit ships `claude` and `codex`
 //! (runtime/agents/); a project adds or overrides kits in
 //! `.loopwright/agents/`.  Every key is required except `base-url-env` and
 //! `env`; an unknown key, a missing one or a floating version is a
@@ -17,9 +17,9 @@ use super::grammar::{
     Fields, check_env_name, check_package, check_program, check_relative, parse_endpoint, parse_env,
 };
 pub use super::grammar::{exact_version, parse_upstream, valid_name};
-use crate::config::Config;
-use crate::digest::sha256_hex;
-use crate::error::{Error, Exit, Result};
+use mailbox::config::Config;
+use mailbox::digest::sha256_hex;
+use mailbox::error::{Error, Exit, Result};
 
 /// Where a project keeps its own kits, relative to its top.
 pub const PROJECT_DIR: &str = ".loopwright/agents";
@@ -424,7 +424,7 @@ mod tests {
 
     #[test]
     fn a_project_kit_replaces_a_builtin_one_and_adds_others() {
-        let dir = std::env::temp_dir().join(format!("lw-kits-{}", crate::id::new_id()));
+        let dir = std::env::temp_dir().join(format!("lw-kits-{}", mailbox::id::new_id()));
         std::fs::create_dir_all(dir.join(PROJECT_DIR)).unwrap();
         let bumped = builtin("claude").replace("version = 2.1.332", "version = 2.1.333");
         std::fs::write(dir.join(PROJECT_DIR).join("claude.kit"), &bumped).unwrap();

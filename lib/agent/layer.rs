@@ -26,10 +26,10 @@
 use std::collections::BTreeMap;
 
 use super::kit::Kit;
-use crate::digest::sha256_hex;
-use crate::engine::{BuildEvent, BuildOutcome, BuildRequest, ImageBuilder, Images};
-use crate::error::{Error, Exit, Result};
 use crate::image::{LABEL_LAYER, LABEL_MANIFEST};
+use engine::{BuildEvent, BuildOutcome, BuildRequest, ImageBuilder, Images};
+use mailbox::digest::sha256_hex;
+use mailbox::error::{Error, Exit, Result};
 
 pub const CLI_DOCKERFILE: &str = include_str!("../../runtime/agents/cli.Dockerfile");
 pub const CLI_COPY_DOCKERFILE: &str = include_str!("../../runtime/agents/cli-copy.Dockerfile");

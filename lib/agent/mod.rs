@@ -26,7 +26,7 @@
 //!
 //! The caps are the model proxy's (lib/agent/proxy.rs); `off` (or 0) lifts
 //! one.  `bell-max-blocks` is written into the kit's hooks at create
-//! (lib/bell.rs; 0: the bell never blocks a stop).
+//! (crates/mailbox/src/bell.rs; 0: the bell never blocks a stop).
 
 pub mod context;
 pub mod doctor;
@@ -42,9 +42,9 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::Project;
-use crate::error::{Error, Exit, Result};
 pub use kit::Kit;
+use mailbox::config::Project;
+use mailbox::error::{Error, Exit, Result};
 
 /// Where the agent's key comes from on the host.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -123,7 +123,7 @@ impl Caps {
 fn parse_cap(v: &str, size: bool) -> Option<u64> {
     let v = v.trim();
     if size {
-        return crate::wall::parse_bytes(v).and_then(|n| u64::try_from(n).ok());
+        return mailbox::config::parse_bytes(v).and_then(|n| u64::try_from(n).ok());
     }
     if v == "off" {
         return Some(0);
@@ -140,10 +140,10 @@ impl Settings {
             key: KeySource::Env(kit.key_env.clone()),
             warnings: vec![],
             caps: Caps::default(),
-            bell_max_blocks: crate::bell::DEFAULT_MAX_BLOCKS,
+            bell_max_blocks: mailbox::bell::DEFAULT_MAX_BLOCKS,
         };
         let Some(p) = project else { return Ok(s) };
-        let file = crate::config::FILE;
+        let file = mailbox::config::FILE;
         let mut key_env = None;
         let mut key_file = None;
         for (k, v) in p.config.iter() {

@@ -12,18 +12,18 @@
 //! suppress nor forge it, as it would a post from its own outbox.
 
 use super::proxy::{CapEpisode, Usage};
-use crate::digest::sha256_hex;
-use crate::error::Result;
-use crate::layout::{self, Root};
-use crate::log::{Entry, Log};
-use crate::message;
+use mailbox::digest::sha256_hex;
+use mailbox::error::Result;
+use mailbox::layout::{self, Root};
+use mailbox::log::{Entry, Log};
+use mailbox::message;
 
 /// The message of one episode.
 fn entry(sandbox: &str, kit: &str, ep: &CapEpisode) -> Entry {
     let at = std::time::Duration::from_secs(u64::try_from(ep.at).unwrap_or(0));
     let seed = sha256_hex(format!("model-cap/{sandbox}/{}/{}", ep.n, ep.at).as_bytes());
     let rand = u128::from_str_radix(&seed[..32], 16).expect("a hex digest");
-    let id = crate::id::id_at(at, rand);
+    let id = mailbox::id::id_at(at, rand);
     let (what, until) = match ep.cap.as_str() {
         "max-rpm" => (
             format!("{} requests a minute", ep.limit),
@@ -55,12 +55,12 @@ fn entry(sandbox: &str, kit: &str, ep: &CapEpisode) -> Entry {
          Stop it:            lw-sandbox stop {sandbox}\n\
          \n\
          This is said once for each time the cap is reached after requests went through.\n",
-        crate::time::rfc3339(at),
+        mailbox::time::rfc3339(at),
         ep.cap,
         ep.limit,
         ep.cap
     );
-    crate::log::Notice {
+    mailbox::log::Notice {
         id,
         to: vec![layout::HUMAN.into()],
         subject,
@@ -85,7 +85,7 @@ pub fn tell_caps(root: &Root, sandbox: &str, kit: &str, usage: &Usage) -> Result
             continue;
         }
         let m = e.message.clone().expect("a notice carries its message");
-        let _routes = crate::mediate::lock_routes(root)?;
+        let _routes = mailbox::mediate::lock_routes(root)?;
         log.append(&e)?;
         root.human().deliver_once(&m.id, &m.to_bytes())?;
         told.push(m.subject);
@@ -110,7 +110,7 @@ mod tests {
         let b = entry("api", "claude", &ep);
         assert_eq!(a.name, b.name, "the same episode, the same entry");
         let m = a.message.unwrap();
-        assert_eq!(m.kind, crate::message::Kind::Status);
+        assert_eq!(m.kind, mailbox::message::Kind::Status);
         assert_eq!(m.to, vec!["human".to_string()]);
         assert!(m.subject.contains("agent.claude.max-rpm"), "{}", m.subject);
         assert!(m.body.contains("about 42 s"), "{}", m.body);

@@ -18,13 +18,13 @@ use std::time::Duration;
 
 use super::kit::{self, Kit};
 use super::{AgentRecord, Credential, Settings, proxy};
-use crate::config::Project;
-use crate::engine::{ExecIo, NetworkEngine, SandboxEngine};
-use crate::engine::{ExecRequest, OutStream};
-use crate::error::{Error, Exit, Result};
-use crate::layout::Root;
-use crate::visible::visible_line;
 use crate::wall::REPO;
+use engine::{ExecIo, NetworkEngine, SandboxEngine};
+use engine::{ExecRequest, OutStream};
+use mailbox::config::Project;
+use mailbox::error::{Error, Exit, Result};
+use mailbox::layout::Root;
+use mailbox::visible::visible_line;
 
 /// Status when `--timeout` ended the agent (as timeout(1)).
 pub const TIMED_OUT: i64 = 124;
@@ -74,10 +74,10 @@ pub fn kit_of(rec: &Target) -> Result<(Kit, Settings, Credential)> {
 }
 
 fn transcript_path(root: &Path, name: &str) -> PathBuf {
-    let t = crate::time::rfc3339(crate::time::now()).replace(':', "");
+    let t = mailbox::time::rfc3339(mailbox::time::now()).replace(':', "");
     root.join("transcripts")
         .join(name)
-        .join(format!("{t}-{:08x}.jsonl", crate::id::random128() as u32))
+        .join(format!("{t}-{:08x}.jsonl", mailbox::id::random128() as u32))
 }
 
 /// Runs the agent of the sandbox `rec`; progress goes to `out`, warnings to `warn`.
@@ -119,7 +119,7 @@ pub fn run(
     let mut file = fs::File::create(&path).map_err(|e| Error::io("cannot create", &path, e))?;
     let header = serde_json::json!({
         "type": "lw-run", "sandbox": name, "kit": kit.name, "resume": opts.resume,
-        "prompt": opts.prompt, "started": crate::time::rfc3339(crate::time::now()),
+        "prompt": opts.prompt, "started": mailbox::time::rfc3339(mailbox::time::now()),
         "command": kit.command("{prompt}", opts.resume),
     });
     let record = |line: &str, out: &mut dyn Write, file: &mut fs::File| {

@@ -15,11 +15,11 @@ use std::collections::BTreeMap;
 
 use super::kit::{self, Kit};
 use super::{AgentRecord, Credential, Settings, layer, proxy};
-use crate::config::Project;
-use crate::engine::{BuildEvent, ImageBuilder};
-use crate::error::Result;
 use crate::image::Runtime;
-use crate::layout::Root;
+use engine::{BuildEvent, ImageBuilder};
+use mailbox::config::Project;
+use mailbox::error::Result;
+use mailbox::layout::Root;
 
 pub struct Prepared {
     pub kit: Kit,
@@ -121,7 +121,7 @@ impl Prepared {
     #[allow(clippy::too_many_arguments)]
     pub fn start_proxy(
         &self,
-        nets: &dyn crate::engine::NetworkEngine,
+        nets: &dyn engine::NetworkEngine,
         images: &dyn ImageBuilder,
         name: &str,
         container: &str,

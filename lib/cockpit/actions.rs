@@ -1,5 +1,5 @@
 //! What a person does from the page: answer a question, release or drop a
-//! held message.  These are lw-mediate's operator commands (lib/operator.rs
+//! held message.  These are lw-mediate's operator commands (crates/mailbox/src/operator.rs
 //! and the mediator's queue steps), called the same way `lw-mediate answer`,
 //! `release` and `drop` call them; the page adds the person's name, so the
 //! log says who acted: an answer is signed in its body (the log keeps the
@@ -7,12 +7,12 @@
 
 use std::path::PathBuf;
 
-use crate::error::{Error, Exit, Result};
-use crate::layout::Root;
-use crate::log::{Entry, Log};
-use crate::mediate::Mediator;
-use crate::message::{MAX_BODY, Message};
-use crate::redact::Secrets;
+use mailbox::error::{Error, Exit, Result};
+use mailbox::layout::Root;
+use mailbox::log::{Entry, Log};
+use mailbox::mediate::Mediator;
+use mailbox::message::{MAX_BODY, Message};
+use mailbox::redact::Secrets;
 
 /// Longest name a person gives (`--operator`).
 pub const MAX_OPERATOR: usize = 64;
@@ -56,14 +56,14 @@ pub fn answer(root: &Root, qid: &str, text: &str, operator: &str) -> Result<Mess
     }
     check_id(qid)?;
     let log = Log::new(root.log_dir());
-    let waiting = crate::operator::queue(root, &log, false)?
+    let waiting = mailbox::operator::queue(root, &log, false)?
         .iter()
         .any(|q| q.id == qid);
     if !waiting {
         return Err(answered(qid));
     }
     let claimed = claim(root, qid)?;
-    crate::operator::answer(root, &log, qid, &body).inspect_err(|_| {
+    mailbox::operator::answer(root, &log, qid, &body).inspect_err(|_| {
         // Not answered after all: another answer may be tried.
         let _ = std::fs::remove_file(&claimed);
     })
@@ -106,7 +106,7 @@ impl Door {
     fn mediator(&self, root: &Root) -> Result<Mediator> {
         let (p, explicit) = match &self.policy {
             Some(p) => (p.clone(), true),
-            None => (PathBuf::from(crate::policy::DEFAULT_PATH), false),
+            None => (PathBuf::from(mailbox::policy::DEFAULT_PATH), false),
         };
         let report = self.report.clone();
         let mut m = Mediator::open(
@@ -152,7 +152,7 @@ impl Door {
 }
 
 fn check_id(id: &str) -> Result<()> {
-    if crate::id::is_valid(id) {
+    if mailbox::id::is_valid(id) {
         Ok(())
     } else {
         Err(Error::usage(format!(

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use serde_json::{Value, json};
 
 use super::{Cockpit, actions, data, diff};
-use crate::error::{Error, Result};
-use crate::log::Log;
+use mailbox::error::{Error, Result};
+use mailbox::log::Log;
 
 /// A query string's parameters, percent-decoded (`+` is a space).
 pub fn params(query: Option<&str>) -> HashMap<String, String> {
@@ -61,7 +61,7 @@ pub fn get(
         "/api/meta" => json!({
             "operator": c.operator,
             "root": c.root.dir.display().to_string(),
-            "kinds": crate::message::KINDS.iter().map(|k| k.as_str()).collect::<Vec<_>>(),
+            "kinds": mailbox::message::KINDS.iter().map(|k| k.as_str()).collect::<Vec<_>>(),
         }),
         "/api/sandboxes" => {
             let mut live = c.live.snapshot();

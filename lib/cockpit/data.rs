@@ -17,12 +17,12 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::error::{Exit, Result};
-use crate::layout::Root;
-use crate::log::{Entry, Log};
-use crate::maildir::Sub;
-use crate::registry::Registry;
 use crate::sandbox::Record;
+use mailbox::error::{Exit, Result};
+use mailbox::layout::Root;
+use mailbox::log::{Entry, Log};
+use mailbox::maildir::Sub;
+use mailbox::registry::Registry;
 
 /// Entries in one page at most.
 pub const MAX_PAGE: usize = 200;
@@ -71,7 +71,7 @@ pub struct PortView {
 
 /// lw-sandbox's record of `name` (ROOT/state/sandbox/NAME.json), if any.
 pub fn record(root: &Root, name: &str) -> Option<Record> {
-    if !crate::id::valid_name(name) {
+    if !mailbox::id::valid_name(name) {
         return None;
     }
     let p = root
@@ -99,7 +99,7 @@ pub fn sandboxes(root: &Root, live: &mut super::live::Snapshot) -> Result<Vec<Sa
             v.stat = live.branches.remove(&v.name);
             v.last_model_request = used
                 .filter(|u| u.updated > 0)
-                .map(|u| crate::time::rfc3339(std::time::Duration::from_secs(u.updated as u64)));
+                .map(|u| mailbox::time::rfc3339(std::time::Duration::from_secs(u.updated as u64)));
             v
         })
         .collect();
@@ -107,7 +107,7 @@ pub fn sandboxes(root: &Root, live: &mut super::live::Snapshot) -> Result<Vec<Sa
     Ok(v)
 }
 
-fn view(s: crate::registry::Sandbox, rec: Option<Record>) -> SandboxView {
+fn view(s: mailbox::registry::Sandbox, rec: Option<Record>) -> SandboxView {
     let state = match &rec {
         None => "registered",
         Some(r) if r.ready => "ready",
@@ -294,8 +294,8 @@ pub fn entry(log: &Log, name: &str) -> Option<Entry> {
 /// and for a held message (whose log entry has no body) from the held
 /// copy with the secret values the door knows masked by `mask`.
 pub fn queues(root: &Root, mask: &dyn Fn(&mut String)) -> Result<Value> {
-    use crate::log::Action;
-    use crate::maildir::Found;
+    use mailbox::log::Action;
+    use mailbox::maildir::Found;
     let log = Log::new(root.log_dir());
     let mut held_bodies = std::collections::HashMap::new();
     if let Ok(found) = root.held().scan(Sub::New) {
@@ -306,7 +306,7 @@ pub fn queues(root: &Root, mask: &dyn Fn(&mut String)) -> Result<Value> {
         }
     }
     let with_message =
-        |items: Vec<crate::operator::Queued>, action: Action| -> Result<Vec<Value>> {
+        |items: Vec<mailbox::operator::Queued>, action: Action| -> Result<Vec<Value>> {
             items
                 .into_iter()
                 .map(|q| {
@@ -332,8 +332,11 @@ pub fn queues(root: &Root, mask: &dyn Fn(&mut String)) -> Result<Value> {
                 })
                 .collect()
         };
-    let human = with_message(crate::operator::queue(root, &log, false)?, Action::Escalate)?;
-    let held = with_message(crate::operator::queue(root, &log, true)?, Action::Hold)?;
+    let human = with_message(
+        mailbox::operator::queue(root, &log, false)?,
+        Action::Escalate,
+    )?;
+    let held = with_message(mailbox::operator::queue(root, &log, true)?, Action::Hold)?;
     Ok(json!({ "human": human, "held": held }))
 }
 
@@ -450,10 +453,10 @@ fn read_json(path: &Path) -> Option<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::log::{Action, Decision, LOG_VERSION};
+    use mailbox::log::{Action, Decision, LOG_VERSION};
 
-    fn entry_of(id: &str, sender: &str, to: &str, kind: crate::message::Kind) -> Entry {
-        let m = crate::message::Message {
+    fn entry_of(id: &str, sender: &str, to: &str, kind: mailbox::message::Kind) -> Entry {
+        let m = mailbox::message::Message {
             version: 1,
             id: id.into(),
             from: sender.into(),
@@ -505,14 +508,15 @@ mod tests {
 
     #[test]
     fn pages_go_newest_first_and_filters_apply() {
-        let d = std::env::temp_dir().join(format!("lw-cockpit-data-{}", crate::id::new_id()));
+        let d = std::env::temp_dir().join(format!("lw-cockpit-data-{}", mailbox::id::new_id()));
         std::fs::create_dir_all(&d).unwrap();
         let log = Log::new(d.join("log"));
         log.create().unwrap();
-        use crate::message::Kind;
+        use mailbox::message::Kind;
         let mut ids = vec![];
         for i in 0..7u128 {
-            let id = crate::id::id_at(std::time::Duration::from_secs(1_700_000_000 + i as u64), i);
+            let id =
+                mailbox::id::id_at(std::time::Duration::from_secs(1_700_000_000 + i as u64), i);
             let kind = if i % 2 == 0 {
                 Kind::Status
             } else {
@@ -556,7 +560,7 @@ mod tests {
         assert!(entry(&log, "../x").is_none());
         // A message made before all of them, logged after them (a release
         // of an old held message): first, by when it was logged.
-        let old = crate::id::id_at(std::time::Duration::from_secs(1_600_000_000), 9);
+        let old = mailbox::id::id_at(std::time::Duration::from_secs(1_600_000_000), 9);
         let e = entry_of(&old, "api", "web", Kind::Request);
         log.append(&e).unwrap();
         std::fs::File::options()

@@ -7,8 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::layout::Root;
 use crate::radar::run::{self, Limits};
+use mailbox::layout::Root;
 
 /// Bytes of diff shown at most; the rest is cut with a note.
 pub const MAX_DIFF: usize = 2 << 20;

@@ -1,4 +1,4 @@
-//! Live updates: one watcher thread per topic (lib/fs/watch.rs, inotify)
+//! Live updates: one watcher thread per topic (crates/mailbox/src/fs/watch.rs, inotify)
 //! turns a change on disk into a topic name on a broadcast channel; each
 //! open page holds a server-sent-events stream of those names and fetches
 //! the part that changed.  A topic says "look again", never what changed,
@@ -11,9 +11,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::broadcast;
 
-use crate::error::{Error, Exit, Result};
-use crate::fs::{Watcher, Woke};
-use crate::layout::Root;
+use mailbox::error::{Error, Exit, Result};
+use mailbox::fs::{Watcher, Woke};
+use mailbox::layout::Root;
 
 /// What a page refreshes on an event.
 pub const TOPICS: &[&str] = &["log", "queues", "sandboxes", "state"];
@@ -28,8 +28,8 @@ fn dirs(root: &Root, topic: &str) -> Vec<PathBuf> {
             .iter()
             .flat_map(|m| {
                 [
-                    m.sub(crate::maildir::Sub::New),
-                    m.sub(crate::maildir::Sub::Cur),
+                    m.sub(mailbox::maildir::Sub::New),
+                    m.sub(mailbox::maildir::Sub::Cur),
                 ]
             })
             .collect(),

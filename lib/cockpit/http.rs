@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 
 use super::auth::{self, Verdict};
 use super::{Cockpit, api};
-use crate::error::{Error, Exit, Result};
+use mailbox::error::{Error, Exit, Result};
 
 type Body = BoxBody<Bytes, Infallible>;
 

@@ -27,8 +27,8 @@ use serde_json::Value;
 use tokio::sync::broadcast;
 
 use super::diff::{self, BranchStat, Refs};
-use crate::layout::Root;
 use crate::sandbox::Sandboxes;
+use mailbox::layout::Root;
 
 /// The time between the end of one round and the start of the next.
 pub const PERIOD: Duration = Duration::from_secs(2);
@@ -117,7 +117,7 @@ fn refresher(
     project: &std::path::Path,
     events: &broadcast::Sender<&'static str>,
 ) {
-    let mut engine: Option<crate::engine::Engines> = None;
+    let mut engine: Option<engine::Engines> = None;
     let mut stats: HashMap<(PathBuf, String, String), Option<BranchStat>> = HashMap::new();
     loop {
         live.sleep();
@@ -154,7 +154,7 @@ fn refresher(
             } != engine_view;
         *snap = Snapshot {
             engine: EngineView {
-                checked: Some(crate::time::rfc3339(crate::time::now())),
+                checked: Some(mailbox::time::rfc3339(mailbox::time::now())),
                 ..engine_view
             },
             listed,
@@ -173,13 +173,11 @@ type Listed = (String, HashMap<String, Value>);
 fn engine_round(
     root: &Root,
     project: &std::path::Path,
-    engine: &mut Option<crate::engine::Engines>,
-) -> crate::error::Result<Listed> {
+    engine: &mut Option<engine::Engines>,
+) -> mailbox::error::Result<Listed> {
     if engine.is_none() {
-        let p = crate::config::Project::find(project)?;
-        *engine = Some(crate::engine::Engines::connect(
-            p.as_ref().map(|p| &p.config),
-        )?);
+        let p = mailbox::config::Project::find(project)?;
+        *engine = Some(engine::Engines::connect(p.as_ref().map(|p| &p.config))?);
     }
     let engines = engine.as_ref().expect("connected above");
     let e = engines.runner();

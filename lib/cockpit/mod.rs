@@ -34,8 +34,8 @@ mod live;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Exit, Result};
-use crate::layout::Root;
+use mailbox::error::{Error, Exit, Result};
+use mailbox::layout::Root;
 
 pub use actions::check_operator;
 pub use data::{LogQuery, MAX_PAGE, log_page};

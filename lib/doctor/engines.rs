@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use crate::config::Project;
-use crate::engine::{DockerEngine, Engine};
+use engine::{DockerEngine, Engine};
+use mailbox::config::Project;
 
 use super::{Finding, Status, f};
 
@@ -14,7 +14,7 @@ pub(super) fn services(
     engine: &DockerEngine,
     project: Option<&Project>,
 ) -> Vec<Finding> {
-    let svc = crate::service::Services::new(root, crate::engine::Pair::docker(engine));
+    let svc = crate::service::Services::new(root, engine::Pair::docker(engine));
     match svc.list(project) {
         Err(e) => vec![f(
             "service",
@@ -59,10 +59,10 @@ pub(super) fn services(
 /// user do, the runtime classes, and the two things the API cannot promise
 /// (this host's files; NetworkPolicy enforcement, the network plugin's).
 pub(super) fn kubernetes(
-    kind: crate::error::Result<crate::engine::EngineKind>,
+    kind: mailbox::error::Result<engine::EngineKind>,
     project: Option<&Project>,
 ) -> Vec<Finding> {
-    use crate::engine::{HostPaths, KubeEngine};
+    use engine::{HostPaths, KubeEngine};
     if let Err(e) = kind {
         return vec![f(
             "engine",
@@ -119,13 +119,13 @@ pub(super) fn kubernetes(
 
 /// What RBAC lets this user do, against every rule of the client's table
 /// (crates/engine/src/kubernetes/access.rs): one it cannot do without fails.
-fn rbac(e: &crate::engine::KubeEngine) -> Finding {
+fn rbac(e: &engine::KubeEngine) -> Finding {
     let ns = &e.target().namespace;
     let (mut denied, mut degraded) = (Vec::new(), Vec::new());
-    for r in crate::engine::kubernetes::RULES {
+    for r in engine::kubernetes::RULES {
         let what = match r.scope {
-            crate::engine::kubernetes::Scope::Namespace => format!("{} {}", r.verb, r.resource),
-            crate::engine::kubernetes::Scope::Cluster => {
+            engine::kubernetes::Scope::Namespace => format!("{} {}", r.verb, r.resource),
+            engine::kubernetes::Scope::Cluster => {
                 format!("{} {} (cluster-wide)", r.verb, r.resource)
             }
         };
@@ -166,20 +166,20 @@ fn rbac(e: &crate::engine::KubeEngine) -> Finding {
 /// `--kube-role`: the Role and ClusterRole the client needs, for namespace
 /// `namespace`, else the project's (`engine.namespace`, else its
 /// kubeconfig context's), else a placeholder to replace.
-pub fn kube_role(cwd: &Path, namespace: Option<String>) -> crate::error::Result<String> {
+pub fn kube_role(cwd: &Path, namespace: Option<String>) -> mailbox::error::Result<String> {
     let ns = match namespace {
         Some(ns) => ns,
         None => {
             let project = Project::find(cwd)?;
-            crate::engine::KubeEngine::configured_namespace(project.as_ref().map(|p| &p.config))
+            engine::KubeEngine::configured_namespace(project.as_ref().map(|p| &p.config))
                 .unwrap_or_else(|| "NAMESPACE".to_string())
         }
     };
-    Ok(crate::engine::kubernetes::role_yaml(&ns))
+    Ok(engine::kubernetes::role_yaml(&ns))
 }
 
 pub(super) fn docker(out: &mut Vec<Finding>, project: Option<&Project>) -> Option<DockerEngine> {
-    match crate::engine::connect_docker(project.map(|p| &p.config))
+    match engine::connect_docker(project.map(|p| &p.config))
         .and_then(|e| e.version().map(|v| (e, v)))
     {
         Ok((e, v)) => {
@@ -204,10 +204,10 @@ pub(super) fn docker(out: &mut Vec<Finding>, project: Option<&Project>) -> Optio
 }
 
 /// Whether the engine sees this host's files (a nonce written in a temp dir,
-/// read back through a bind mount; lib/sandbox/hostpaths), and so which mode
+/// read back through a bind mount; crates/engine/src/hostpaths.rs), and so which mode
 /// sandboxes get.
 pub(super) fn host_files(engine: &DockerEngine) -> Finding {
-    use crate::sandbox::hostpaths::{Sharing, probe};
+    use engine::hostpaths::{Sharing, probe};
     let tmp = std::env::temp_dir();
     match probe(engine, &tmp) {
         Ok(Sharing::Shared) => f(
@@ -243,7 +243,7 @@ pub(super) fn host_files(engine: &DockerEngine) -> Finding {
 /// limits them here), its security options, `sandbox.runtime` checked
 /// against them, and the isolation of each live sandbox.
 pub(super) fn runtimes(e: &DockerEngine, project: Option<&Project>) -> Vec<Finding> {
-    use crate::engine::{Isolation, SandboxEngine};
+    use engine::{Isolation, SandboxEngine};
     let info = match e.info() {
         Ok(i) => i,
         Err(err) => return vec![f("runtimes", Status::Fail, err.to_string(), None)],
@@ -281,11 +281,11 @@ pub(super) fn runtimes(e: &DockerEngine, project: Option<&Project>) -> Vec<Findi
         ),
         None,
     )];
-    if info.runtime(crate::engine::runtime::GVISOR).is_none() {
+    if info.runtime(engine::runtime::GVISOR).is_none() {
         out[0].status = Status::Warn;
         out[0].fix = Some(format!(
             "for gVisor (lw-sandbox create --runtime runsc): {}",
-            crate::engine::runtime::RUNSC_INSTALL
+            engine::runtime::RUNSC_INSTALL
         ));
     }
     if let Some(want) = project.and_then(|p| p.config.get(crate::sandbox::KEY_RUNTIME))

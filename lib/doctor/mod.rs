@@ -9,9 +9,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::config::Project;
-use crate::engine::Images;
-use crate::layout::Root;
+use engine::Images;
+use mailbox::config::Project;
+use mailbox::layout::Root;
 
 pub use crate::finding::{Finding, Status};
 
@@ -80,8 +80,8 @@ pub fn run(inp: &Inputs) -> Vec<Finding> {
         }
     };
     out.push(git());
-    let kind = crate::engine::EngineKind::of(project.as_ref().map(|p| &p.config));
-    let on_docker = matches!(kind, Ok(crate::engine::EngineKind::Docker));
+    let kind = engine::EngineKind::of(project.as_ref().map(|p| &p.config));
+    let on_docker = matches!(kind, Ok(engine::EngineKind::Docker));
     if !on_docker {
         out.extend(kubernetes(kind, project.as_ref()));
     }

@@ -4,9 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::config::Project;
-use crate::engine::DockerEngine;
-use crate::layout::Root;
+use engine::DockerEngine;
+use mailbox::config::Project;
+use mailbox::layout::Root;
 
 use super::{Finding, Status, f};
 
@@ -19,13 +19,13 @@ pub(super) fn mirror(p: &Project, fresh: Duration) -> Finding {
     let m = crate::mirror::Mirror::new(&path);
     match m.status() {
         Ok(s) => {
-            let age = crate::time::now().saturating_sub(s.last_fetch);
+            let age = mailbox::time::now().saturating_sub(s.last_fetch);
             let detail = format!(
                 "{} ({} refs, {}, fetched {} ago from {})",
                 path.display(),
                 s.refs,
                 crate::mirror::human_size(s.size),
-                crate::time::human_age(age),
+                mailbox::time::human_age(age),
                 s.url
             );
             if age > fresh {
@@ -92,7 +92,7 @@ pub(super) fn toolchain(p: &Project) -> Vec<Finding> {
 pub(super) fn image(p: &Project, engine: Option<&DockerEngine>) -> Vec<Finding> {
     let rt = match crate::image::Runtime::load(&p.top) {
         Ok(rt) => rt,
-        Err(e) if e.exit == crate::Exit::NoInput => {
+        Err(e) if e.exit == mailbox::Exit::NoInput => {
             return vec![f(
                 "image",
                 Status::Warn,
@@ -241,12 +241,12 @@ pub(super) fn mailbox(root: &Root) -> Vec<Finding> {
 /// The first of a mail dir's Maildir directories that is a symbolic link
 /// or not a directory (opened beneath it, no link followed), if any.
 fn planted_link(boxdir: &Path) -> Option<String> {
-    let top = crate::fs::open_dir_no_links(boxdir).ok()?;
+    let top = mailbox::fs::open_dir_no_links(boxdir).ok()?;
     for m in ["inbox", "outbox"] {
         for d in ["", "tmp", "new", "cur"] {
             let rel = Path::new(m).join(d);
             if let Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) =
-                crate::fs::open_dir_beneath(&top, &rel)
+                mailbox::fs::open_dir_beneath(&top, &rel)
             {
                 return Some(rel.display().to_string().trim_end_matches('/').to_string());
             }
@@ -429,7 +429,7 @@ pub(super) fn github(dir: &Path) -> Finding {
         Ok(Some(login)) => format!("token of {login}"),
         Ok(None) => "token (an installation token: no user)".into(),
         Err(e)
-            if e.exit == crate::Exit::Unavailable
+            if e.exit == mailbox::Exit::Unavailable
                 || e.to_string().contains("connection failed") =>
         {
             return f("github", Status::Fail, format!("{base}: {e}"), Some("check the API URL (LW_GITHUB_API_URL or \"api_url\" in .loopwright/sync.json) and that it is reachable".into()));
@@ -499,7 +499,7 @@ pub(super) fn image_cache(p: &Project) -> Finding {
             format!("{} reachable, access granted", client.cache),
             None,
         ),
-        Err(e) if e.exit == crate::Exit::NoPerm => f(
+        Err(e) if e.exit == mailbox::Exit::NoPerm => f(
             "image-cache",
             Status::Fail,
             e.to_string(),
@@ -538,7 +538,7 @@ mod tests {
     /// and 0644 records, passed lw doctor.
     #[test]
     fn a_root_open_to_others_fails_with_the_chmod_that_closes_it() {
-        let dir = std::env::temp_dir().join(format!("lw-doctor-{}", crate::id::new_id()));
+        let dir = std::env::temp_dir().join(format!("lw-doctor-{}", mailbox::id::new_id()));
         let root = Root::new(&dir);
         root.make_dir(&dir.join("state/sandbox")).unwrap();
         root.init().unwrap();

@@ -45,7 +45,6 @@ pub mod squid;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-pub use crate::engine::{Network, NetworkEngine, NetworkSpec};
 pub use allow::{AllowList, Entry, HostPattern};
 pub use image::{PROXY_FILES, ensure_proxy_image, proxy_tag};
 pub use proxy::{
@@ -54,8 +53,8 @@ pub use proxy::{
 };
 pub use squid::Request;
 
-use crate::config::Config;
-use crate::error::{Error, Result};
+use mailbox::config::Config;
+use mailbox::error::{Error, Result};
 
 /// What each egress object is: `internal`, `proxy` or `outside`.
 pub const LABEL_EGRESS: &str = "org.loopwright.egress";
@@ -105,7 +104,7 @@ impl Settings {
     /// nothing, and a reader would never know why.
     pub fn from_config(cfg: &Config) -> Result<Settings> {
         let file = cfg.path.as_ref().map_or_else(
-            || crate::config::FILE.to_string(),
+            || mailbox::config::FILE.to_string(),
             |p| p.display().to_string(),
         );
         let mut s = Settings::default();
@@ -264,7 +263,7 @@ fn check_key(key: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Exit;
+    use mailbox::error::Exit;
     use std::path::Path;
 
     #[test]

@@ -7,9 +7,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::digest::sha256_hex;
-use crate::engine::{BuildEvent, BuildOutcome, BuildRequest, ImageBuilder, NetworkEngine};
-use crate::error::{Error, Exit, Result};
+use engine::{BuildEvent, BuildOutcome, BuildRequest, ImageBuilder, NetworkEngine};
+use mailbox::digest::sha256_hex;
+use mailbox::error::{Error, Exit, Result};
 
 /// A proxy image's recipe.
 pub struct Recipe<'a> {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::{Budget, Clock, Comment, Limits, Persist, Posted, SystemClock, Target, Token};
-use crate::error::{Error, Exit, Result};
+use mailbox::error::{Error, Exit, Result};
 
 /// A finished exchange.
 pub(super) struct Reply {

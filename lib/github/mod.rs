@@ -42,7 +42,7 @@ pub use pace::{
 };
 pub use token::{Token, default_token_file};
 
-use crate::error::{Error, Result};
+use mailbox::error::{Error, Result};
 
 /// GitHub's documented limit on a comment body, in characters.
 pub const MAX_COMMENT_CHARS: usize = 65_536;

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Exit, Result};
+use mailbox::error::{Error, Exit, Result};
 
 /// An API token.  Never printed: `Debug` shows `Token(..)`.
 #[derive(Clone)]
@@ -61,7 +61,7 @@ impl Token {
         format!("Bearer {}", self.0)
     }
 
-    /// The value, for masking it in text that leaves (lib/redact.rs) only.
+    /// The value, for masking it in text that leaves (crates/mailbox/src/redact/) only.
     pub fn value_for_masking(&self) -> &[u8] {
         self.0.as_bytes()
     }

@@ -1,8 +1,8 @@
 //! Building a layer: the context holds exactly the declared inputs, a
 //! Dockerfile that reads anything else is refused before the engine is asked.
 
-use crate::engine::{BuildEvent, BuildOutcome, BuildRequest, ImageBuilder};
-use crate::error::{Error, Exit, Result};
+use engine::{BuildEvent, BuildOutcome, BuildRequest, ImageBuilder};
+use mailbox::error::{Error, Exit, Result};
 use std::collections::BTreeSet;
 
 use super::*;
@@ -210,7 +210,7 @@ pub(super) fn check_dockerfile(text: &str, layer: &Layer) -> Result<()> {
             present.iter().any(|f| {
                 let depth = p.matches('/').count() + 1;
                 let prefix: Vec<&str> = f.split('/').take(depth).collect();
-                prefix.len() == depth && crate::glob::matches(&p, &prefix.join("/"))
+                prefix.len() == depth && mailbox::glob::matches(&p, &prefix.join("/"))
             })
         } else {
             present.contains(p.as_str()) || present.iter().any(|f| f.starts_with(&format!("{p}/")))

@@ -8,8 +8,8 @@
 //! local inputs; anything else is refused, and `lw-build` builds the layer
 //! instead.  Every blob is checked against its digest as it arrives.
 //!
-//! Bytes move between the registry (lib/distribution) and the engine's image
-//! archives (lib/engine, [`ImageBuilder`]): a push saves the layer image and
+//! Bytes move between the registry (crates/engine/src/distribution) and the engine's image
+//! archives (crates/engine/src/lib.rs, [`ImageBuilder`]): a push saves the layer image and
 //! uploads the blobs the registry lacks; a pull downloads only the layers the
 //! engine lacks (those under the parent image, which is already there, are
 //! named in the archive but not carried: the engine skips a layer it holds)
@@ -23,9 +23,9 @@ use serde_json::Value;
 
 use super::archive::{Scratch, scan};
 use super::*;
-use crate::distribution::{Client, Manifest};
-use crate::engine::ImageBuilder;
-use crate::error::{Error, Result};
+use engine::ImageBuilder;
+use engine::distribution::{Client, Manifest};
+use mailbox::error::{Error, Result};
 
 /// The tag a layer has in the cache repository: `LAYER-HASH`.
 pub fn remote_tag(layer: &Layer) -> String {
@@ -83,7 +83,7 @@ pub fn check_label(layer: &Layer, config: &Value) -> std::result::Result<(), Str
         .and_then(|l| l.get(LABEL_MANIFEST))
         .and_then(Value::as_str)
         .ok_or_else(|| format!("it carries no {LABEL_MANIFEST} label"))?;
-    let got = crate::digest::sha256_hex(label.as_bytes());
+    let got = mailbox::digest::sha256_hex(label.as_bytes());
     if got != layer.hash {
         return Err(format!(
             "its label records input hash {}, not {} computed from the local inputs",
@@ -281,7 +281,7 @@ pub fn configured(
     flag: Option<&str>,
     ca_flag: Option<&std::path::Path>,
 ) -> Result<Option<Client>> {
-    let conf = crate::config::Config::load(&root.join(crate::config::FILE))?;
+    let conf = mailbox::config::Config::load(&root.join(mailbox::config::FILE))?;
     let spec = match flag {
         Some(f) => f.to_string(),
         None => conf.get("build.cache").unwrap_or("").to_string(),
@@ -289,12 +289,12 @@ pub fn configured(
     if spec.trim().is_empty() {
         return Ok(None);
     }
-    let cache = crate::distribution::CacheRef::parse(&spec)?;
+    let cache = engine::distribution::CacheRef::parse(&spec)?;
     let ca_file = match ca_flag {
         Some(p) => Some(p.to_path_buf()),
         None => conf.get("build.cache-ca").map(|p| root.join(p)),
     };
-    let opts = crate::distribution::Options {
+    let opts = engine::distribution::Options {
         ca_file,
         credentials: None,
     };
@@ -349,7 +349,7 @@ impl<'a> Puller<'a> {
         if !self.logged_in {
             match c.login(false) {
                 Ok(()) => self.logged_in = true,
-                Err(e) if e.exit == crate::error::Exit::Unavailable => {
+                Err(e) if e.exit == mailbox::error::Exit::Unavailable => {
                     self.offline(c, &e);
                     return Ok(None);
                 }
@@ -360,11 +360,11 @@ impl<'a> Puller<'a> {
             Ok(Fetch::Pulled { id, bytes }) => return Ok(Some((id, bytes))),
             Ok(Fetch::Missing) => return Ok(None),
             Ok(Fetch::Refused(why)) => why,
-            Err(e) if e.exit == crate::error::Exit::Unavailable => {
+            Err(e) if e.exit == mailbox::error::Exit::Unavailable => {
                 self.offline(c, &e);
                 return Ok(None);
             }
-            Err(e) if e.exit == crate::error::Exit::DataErr => e.msg,
+            Err(e) if e.exit == mailbox::error::Exit::DataErr => e.msg,
             Err(e) => return Err(e),
         };
         (self.warn)(&format!(

@@ -18,7 +18,7 @@
 
 use std::path::Path;
 
-use crate::error::{Error, Result};
+use mailbox::error::{Error, Result};
 
 /// The file, relative to the checkout's top.
 pub const FILE: &str = ".loopwright/runtime/toolchain.versions";
@@ -104,7 +104,7 @@ pub fn sync(top: &Path) -> Result<Option<Vec<Resolved>>> {
     if new == old {
         return Ok(None);
     }
-    crate::fs::write_replace(&p, new.as_bytes(), 0o644, crate::fs::Durability::Synced)
+    mailbox::fs::write_replace(&p, new.as_bytes(), 0o644, mailbox::fs::Durability::Synced)
         .map_err(|e| Error::io("cannot write", &p, e))?;
     Ok(Some(r))
 }
@@ -361,7 +361,7 @@ mod tests {
         let d = std::env::temp_dir().join(format!(
             "lw-versions-{}-{:x}",
             std::process::id(),
-            crate::id::random128() as u32
+            mailbox::id::random128() as u32
         ));
         std::fs::create_dir_all(d.join(".loopwright/runtime")).unwrap();
         let w = |n: &str, t: &str| std::fs::write(d.join(n), t).unwrap();

@@ -43,7 +43,7 @@
 //!   left for the next sync: the fetch succeeded.
 //!
 //! * **Credentials stay out.**  The URL stored in the mirror's config and in
-//!   its state has no user name or password; see [`crate::git::Remote`].
+//!   its state has no user name or password; see [`mailbox::git::Remote`].
 //!
 //! By file: `state` (what is at the path, the state files, `status`),
 //! `sync` (the lock, creation, the fetch into an existing mirror), `fetch`
@@ -59,9 +59,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::config::Project;
-use crate::error::{Error, Exit, Result};
-use crate::git::{self, Remote};
+use mailbox::config::Project;
+use mailbox::error::{Error, Exit, Result};
+use mailbox::git::{self, Remote};
 
 pub use fetch::DELETED_PREFIX;
 pub use refs::{LOOSE_REFS_MAX, loose_refs};
@@ -99,7 +99,7 @@ pub fn create_freshness(project: Option<&Project>) -> Result<Duration> {
     };
     match p.config.get(KEY_FRESH) {
         None => Ok(DEFAULT_FRESH),
-        Some(v) => crate::config::parse_duration(v).ok_or_else(|| {
+        Some(v) => mailbox::config::parse_duration(v).ok_or_else(|| {
             Error::new(
                 Exit::Config,
                 format!(
@@ -107,7 +107,7 @@ pub fn create_freshness(project: Option<&Project>) -> Result<Duration> {
                     p.config
                         .path
                         .as_deref()
-                        .unwrap_or(Path::new(crate::config::FILE))
+                        .unwrap_or(Path::new(mailbox::config::FILE))
                         .display()
                 ),
             )
@@ -161,7 +161,7 @@ pub fn default_remote(
         Some(p) => Error::config(format!(
             "the project '{}' has no remote 'origin' and no '{KEY_URL}' in '{}'; give the URL: lw-mirror sync URL",
             p.top.display(),
-            crate::config::FILE
+            mailbox::config::FILE
         )),
         None => Error::usage("no URL to mirror; give one: lw-mirror sync URL"),
     })
@@ -221,7 +221,7 @@ impl Mirror {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use mailbox::config::Config;
 
     #[test]
     fn create_freshness_defaults_reads_the_key_and_names_a_bad_value() {

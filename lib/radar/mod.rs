@@ -54,9 +54,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::error::{Error, Exit, Result};
-use crate::layout::Root;
-use crate::message::{Kind, Message};
+use mailbox::error::{Error, Exit, Result};
+use mailbox::layout::Root;
+use mailbox::message::{Kind, Message};
 pub use run::Limits;
 pub use verdict::{News, Verdict};
 
@@ -237,14 +237,14 @@ impl Radar {
         let mut bytes = serde_json::to_vec_pretty(&self.state)
             .expect("the radar's state serialises because all its fields are plain data");
         bytes.push(b'\n');
-        crate::fs::write_replace(&path, &bytes, 0o600, crate::fs::Durability::Synced)
+        mailbox::fs::write_replace(&path, &bytes, 0o600, mailbox::fs::Durability::Synced)
             .map_err(io("cannot write", &path))
     }
 
     /// One pass over the live sandboxes (see the module documentation).
     pub fn pass(&mut self, live: &[Live]) -> Result<Report> {
         let lock_path = self.root.state_dir().join("radar.lock");
-        let _lock = crate::fs::lock(&lock_path).map_err(|e| Error::lock(&lock_path, e))?;
+        let _lock = mailbox::fs::lock(&lock_path).map_err(|e| Error::lock(&lock_path, e))?;
         self.load()?;
         let mut report = Report {
             sandboxes: live.len(),
@@ -389,7 +389,7 @@ impl Radar {
         }
         let ob = self.root.mediator_outbox();
         for m in &self.state.outgoing {
-            let there = [crate::maildir::Sub::New, crate::maildir::Sub::Cur]
+            let there = [mailbox::maildir::Sub::New, mailbox::maildir::Sub::Cur]
                 .iter()
                 .any(|s| ob.sub(*s).join(&m.id).exists());
             if !there {
@@ -418,7 +418,7 @@ impl Radar {
         if !path.join("objects").is_dir() {
             let r = run::run(
                 {
-                    let mut c = crate::git::command(None);
+                    let mut c = mailbox::git::command(None);
                     c.args(["init", "--quiet", "--bare", "--template="])
                         .arg(path);
                     c
@@ -437,7 +437,7 @@ impl Radar {
                     format!(
                         "cannot make '{}': {}",
                         path.display(),
-                        crate::git::last_words(&r.stderr)
+                        mailbox::git::last_words(&r.stderr)
                     ),
                 ));
             }
@@ -449,11 +449,11 @@ impl Radar {
             .collect();
         if fs::read_to_string(&alt).ok().as_deref() != Some(text.as_str()) {
             fs::create_dir_all(path.join("objects/info")).map_err(io("cannot create", &alt))?;
-            crate::fs::write_replace(
+            mailbox::fs::write_replace(
                 &alt,
                 text.as_bytes(),
                 0o644,
-                crate::fs::Durability::Unsynced,
+                mailbox::fs::Durability::Unsynced,
             )
             .map_err(io("cannot write", &alt))?;
         }
@@ -517,7 +517,7 @@ fn input_digest(ha: &str, hb: &str, sa: &[String], sb: &[String], up: Option<&st
         None => serde_json::json!([ha, hb, sa, sb]),
         Some(u) => serde_json::json!([ha, hb, sa, sb, u]),
     };
-    crate::digest::hex(&Sha256::digest(v.to_string().as_bytes())[..16])
+    mailbox::digest::hex(&Sha256::digest(v.to_string().as_bytes())[..16])
 }
 
 /// Runs `f` over `items` on `threads` threads; results in order.

@@ -24,7 +24,7 @@ pub(super) fn git_out<S: AsRef<OsStr>>(
     if !ok.contains(&code) {
         return Err(format!(
             "{what}: {}",
-            crate::visible::visible(&crate::git::last_words(&r.stderr))
+            mailbox::visible::visible(&mailbox::git::last_words(&r.stderr))
         ));
     }
     Ok((code, r.stdout))

@@ -91,9 +91,9 @@ impl std::fmt::Display for Failed {
 }
 
 /// A git command for a host-owned repository: scrubbed environment
-/// (lib/git), no system or global config, the hardened `-c` settings.
+/// (crates/mailbox/src/git), no system or global config, the hardened `-c` settings.
 pub fn git(git_dir: &std::path::Path) -> Command {
-    let mut cmd = crate::git::command(None);
+    let mut cmd = mailbox::git::command(None);
     cmd.env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .env_remove("GIT_CONFIG_PARAMETERS")

@@ -2,8 +2,8 @@
 //! own (mailbox-spec.md, "THE RADAR"), addressed to both sandboxes.
 
 use super::{Live, PairState, Radar, Verdict, fit};
-use crate::layout;
-use crate::message::{self, Kind, Message};
+use mailbox::layout;
+use mailbox::message::{self, Kind, Message};
 
 /// The refs of a message: the paths it is about, within the schema's limits.
 fn refs_of(v: &Verdict) -> Vec<String> {
@@ -159,10 +159,10 @@ impl Radar {
         body: String,
         refs: Vec<String>,
     ) -> Message {
-        let now = crate::time::now();
+        let now = mailbox::time::now();
         Message {
             version: message::VERSION,
-            id: crate::id::id_at(now, crate::id::random128()),
+            id: mailbox::id::id_at(now, mailbox::id::random128()),
             from: layout::MEDIATOR.into(),
             to: self.recipients(a, b),
             kind,
@@ -170,7 +170,7 @@ impl Radar {
             body,
             refs,
             in_reply_to: None,
-            created: crate::time::rfc3339(now),
+            created: mailbox::time::rfc3339(now),
         }
     }
 }

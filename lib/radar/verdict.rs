@@ -37,11 +37,11 @@ pub struct Unparsable(pub String);
 
 /// A file name as the radar shows it: any bytes git gave (a sandbox chose
 /// them), on one line: UTF-8 kept, every other byte as `\xNN`, control
-/// characters (a newline, ESC) and bidi overrides as lib/visible shows them.
+/// characters (a newline, ESC) and bidi overrides as crates/mailbox/src/visible.rs shows them.
 pub fn name(raw: &[u8]) -> String {
     let mut out = String::with_capacity(raw.len());
     for chunk in raw.utf8_chunks() {
-        out.push_str(&crate::visible::visible_line(chunk.valid()));
+        out.push_str(&mailbox::visible::visible_line(chunk.valid()));
         for b in chunk.invalid() {
             out.push_str(&format!("\\x{b:02x}"));
         }
@@ -139,11 +139,11 @@ pub fn hunks(blob: &[u8]) -> Vec<u32> {
 }
 
 /// The paths of `changed` that overlap an entry of `scope`
-/// (lib/policy's `overlaps`, the same rule that routes contract changes).
+/// (crates/mailbox/src/policy's `overlaps`, the same rule that routes contract changes).
 pub fn in_scope(changed: &[String], scope: &[String]) -> Vec<String> {
     let mut v: Vec<String> = changed
         .iter()
-        .filter(|p| scope.iter().any(|s| crate::policy::overlaps(s, p)))
+        .filter(|p| scope.iter().any(|s| mailbox::policy::overlaps(s, p)))
         .cloned()
         .collect();
     v.sort();

@@ -14,10 +14,10 @@ use super::{CreateOptions, Network, Record, Sandboxes, io_err};
 use crate::agent::run::{Ran, RunOptions, Target};
 use crate::agent::setup::Prepared;
 use crate::agent::{Credential, context, proxy};
-use crate::config::Project;
-use crate::engine::NetworkEngine;
-use crate::error::{Error, Exit, Result};
-use crate::registry::Registry;
+use engine::NetworkEngine;
+use mailbox::config::Project;
+use mailbox::error::{Error, Exit, Result};
+use mailbox::registry::Registry;
 
 impl Record {
     /// What lib/agent needs to know of this sandbox to run its agent.

@@ -9,10 +9,10 @@ use std::fs;
 
 use super::{Network, Record, Sandboxes, disk, mailbox, push};
 use crate::egress;
-use crate::engine::NetworkEngine;
-use crate::error::{Error, Exit, Result};
-use crate::registry::{self, Registry};
 use crate::wall::{LABEL_SANDBOX, REPO};
+use ::mailbox::error::{Error, Exit, Result};
+use ::mailbox::registry::{self, Registry};
+use engine::NetworkEngine;
 
 impl<'a> Sandboxes<'a> {
     /// `rm`: refuses while work would be lost, unless `force`.
@@ -35,7 +35,7 @@ impl<'a> Sandboxes<'a> {
                     msg += &format!(
                         " {n} unpushed commit(s) on '{}':\n{}\n",
                         rec.branch,
-                        crate::visible::visible(&log)
+                        ::mailbox::visible::visible(&log)
                     );
                 }
                 if dirty > 0 {

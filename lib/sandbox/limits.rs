@@ -10,8 +10,8 @@
 //! cannot mount a loop filesystem (see lib/sandbox/disk.rs); `create` then
 //! warns.
 
-use crate::config::Config;
-use crate::error::{Error, Result};
+use mailbox::config::Config;
+use mailbox::error::{Error, Result};
 
 /// Workspace (`/work`) quota.
 pub const DEFAULT_DISK: &str = "8g";
@@ -64,7 +64,7 @@ pub fn parse_cpus(s: &str) -> Option<f64> {
 
 /// A size (`512m`, `8g`) as bytes, positive.
 pub fn parse_size(s: &str) -> Option<u64> {
-    super::parse_bytes(s).and_then(|n| u64::try_from(n).ok())
+    mailbox::config::parse_bytes(s).and_then(|n| u64::try_from(n).ok())
 }
 
 impl Limits {
@@ -176,7 +176,7 @@ mod tests {
             ("sandbox.push-max = lots", "sandbox.push-max"),
         ] {
             let e = Limits::from_config(&cfg(text)).unwrap_err();
-            assert_eq!(e.exit, crate::error::Exit::Config, "{text}");
+            assert_eq!(e.exit, mailbox::error::Exit::Config, "{text}");
             assert!(e.msg.contains(key), "{text}: {}", e.msg);
         }
     }

@@ -8,8 +8,8 @@ use std::time::Duration;
 use super::{Created, Network, Port, Sandboxes, gone};
 use crate::agent::{Credential, proxy};
 use crate::egress;
-use crate::engine::{Isolation, NetworkEngine, PortMap};
-use crate::error::{Error, Result};
+use engine::{Isolation, NetworkEngine, PortMap};
+use mailbox::error::{Error, Result};
 
 /// The header `ls` prints above its lines (not with `--json` or
 /// `--no-header`): the columns of [`Status::line`], tab-separated.
@@ -27,7 +27,7 @@ pub struct Status {
     pub state: String,
     /// How an `exited` one ended: its status (0 after a stop) and whether
     /// the OOM killer ended it at its memory limit; `line` shows them as
-    /// `exited (N)` and `exited (OOM)` ([`crate::engine::exit_state`]).
+    /// `exited (N)` and `exited (OOM)` ([`engine::exit_state`]).
     pub exit_code: Option<i64>,
     pub oom_killed: bool,
     pub ports: Vec<Port>,
@@ -71,7 +71,7 @@ impl<'a> Sandboxes<'a> {
     /// (69, naming it) rather than calling every sandbox lost.
     pub fn list(&self, count_unpushed: bool) -> Result<Vec<Status>> {
         let containers = self.engine.containers_with_label(&self.root_label())?;
-        let now = crate::time::now();
+        let now = mailbox::time::now();
         let mut out = Vec::new();
         for rec in self.records()? {
             let elsewhere = self.elsewhere(&rec);
@@ -91,7 +91,7 @@ impl<'a> Sandboxes<'a> {
                 (true, Some(c)) => c.status.as_str(),
             }
             .to_string();
-            let created = crate::time::parse_rfc3339(&rec.created).unwrap_or(now);
+            let created = mailbox::time::parse_rfc3339(&rec.created).unwrap_or(now);
             let inspected = c.and_then(|c| self.engine.inspect(&c.name).ok().flatten());
             let exited = inspected.as_ref().filter(|_| state == "exited");
             let agent = rec.agent.as_ref().map(|a| AgentStatus {
@@ -241,7 +241,7 @@ impl Status {
     /// (`exited (2)`, `exited (OOM)`; plain `exited` after a stop).
     pub fn state_text(&self) -> String {
         if self.state == "exited" {
-            crate::engine::exit_state(self.exit_code, self.oom_killed)
+            engine::exit_state(self.exit_code, self.oom_killed)
         } else {
             self.state.clone()
         }
@@ -299,7 +299,7 @@ impl Status {
             self.branch,
             self.state_text(),
             self.network.as_str(),
-            crate::time::human_age(self.age),
+            mailbox::time::human_age(self.age),
             self.isolation(),
             self.agent_column()
         )

@@ -40,7 +40,7 @@
 //!   loop-mounted (disk.rs);
 //! * port leases in `ROOT/state/ports` (lib/ports.rs);
 //! * the registry record `ROOT/registry/NAME.json` and the mailbox
-//!   `ROOT/sandboxes/NAME` (lib/registry.rs).
+//!   `ROOT/sandboxes/NAME` (crates/mailbox/src/registry.rs).
 //!
 //! A `create` killed at any instant leaves a record that is not ready and a
 //! lock nobody holds, or (killed before the record) nothing at all.  `gc`
@@ -67,15 +67,14 @@
 //! * `volume`, `courier`: a sandbox on an engine that does not see the
 //!   host's files (volume mode), and the carrier of its mail (with the one
 //!   detached courier per root that `create` starts);
-//! * `push`, `disk`, `limits`, `mailbox`: as their names say; `hostpaths` is
-//!   the engine crate's, re-exported.
+//! * `push`, `disk`, `limits`, `mailbox`: as their names say (whether the
+//!   engine sees the host's files is engine::hostpaths).
 
 mod agent;
 pub mod courier;
 mod create;
 pub mod disk;
 mod gc;
-pub use crate::engine::hostpaths;
 pub mod limits;
 mod ls;
 pub mod mailbox;
@@ -92,17 +91,16 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::Project;
-use crate::engine::{EngineKind, ImageBuilder, Pair, SandboxEngine};
-use crate::error::{Error, Exit, Result};
-use crate::layout::Root;
 use crate::ports::Leases;
 pub use crate::wall::{
     BIN_DIR, HOME, LABEL_BRANCH, LABEL_ROOT, LABEL_ROOT_PATH, LABEL_SANDBOX, MAILBOX, MIRROR,
-    REGISTRY, REPO, SECCOMP_PROFILE, WORK, host_has_apparmor, parse_bytes, root_id,
-    security_options,
+    REGISTRY, REPO, WORK, host_has_apparmor, root_id, security_options,
 };
+use ::mailbox::config::Project;
+use ::mailbox::error::{Error, Exit, Result};
+use ::mailbox::layout::Root;
 pub use create::{ImageChoice, check_branch, parse_port, resolve_image};
+use engine::{EngineKind, ImageBuilder, Pair, SandboxEngine};
 pub use ls::{HEADER as LS_HEADER, Status};
 pub use record::{NameLock, Record};
 pub use settings::{

@@ -14,7 +14,7 @@
 //!    with `core.hooksPath=/dev/null`, every protocol but `ext` forbidden,
 //!    and `transfer.fsckObjects` on, so malformed objects are refused.
 //! 3. The host's git pushes that one ref to the upstream's
-//!    `refs/heads/BRANCH` with the host's credentials (lib/git.rs hands a
+//!    `refs/heads/BRANCH` with the host's credentials (crates/mailbox/src/git/ hands a
 //!    URL's credentials over in the environment; credential helpers of the
 //!    host's user config work as usual), never forced unless asked.
 //! 4. The mirror is refreshed and the quarantine removed; the sandbox's own
@@ -26,11 +26,11 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::{Record, Sandboxes};
-use crate::cli::Report;
-use crate::config::Project;
-use crate::error::{Error, Exit, Result};
-use crate::git;
 use crate::mirror::{self, Mirror, SyncOptions};
+use mailbox::cli::Report;
+use mailbox::config::Project;
+use mailbox::error::{Error, Exit, Result};
+use mailbox::git;
 
 /// What a push did.
 #[derive(Clone, Debug)]
@@ -73,7 +73,7 @@ pub fn remove_leftovers(state: &Path, out: &mut dyn FnMut(&str)) {
             continue;
         }
         let lock = lock_of(&p);
-        match crate::fs::try_lock(&lock) {
+        match mailbox::fs::try_lock(&lock) {
             Ok(Some(_held)) => {
                 let _ = fs::remove_dir_all(&p);
                 let _ = fs::remove_file(&lock);
@@ -152,9 +152,9 @@ impl<'a> Sandboxes<'a> {
 
         let qdir = quarantine_dir(&self.root.state_dir());
         fs::create_dir_all(&qdir).map_err(|e| Error::io("cannot create", &qdir, e))?;
-        let q = qdir.join(format!("{name}.{:016x}", crate::id::random128() as u64));
+        let q = qdir.join(format!("{name}.{:016x}", mailbox::id::random128() as u64));
         let qlock_path = lock_of(&q);
-        let _qlock = crate::fs::lock(&qlock_path).map_err(|e| Error::lock(&qlock_path, e))?;
+        let _qlock = mailbox::fs::lock(&qlock_path).map_err(|e| Error::lock(&qlock_path, e))?;
         let res = self.push_through(&rec, &q, &m.path, &remote, lw_sandbox, force, cap);
         let _ = fs::remove_dir_all(&q);
         let _ = fs::remove_file(&qlock_path);
@@ -212,7 +212,7 @@ impl<'a> Sandboxes<'a> {
         let sha = self.fetch_from_sandbox(rec, q, &local, lw_sandbox)?;
         // The new objects are all the quarantine holds (the rest is borrowed
         // from the mirror): over the cap, nothing goes upstream.
-        let size = crate::fs::tree_size(&q.join("objects"));
+        let size = mailbox::fs::tree_size(&q.join("objects"));
         if size > cap {
             return Err(Error::data(format!(
                 "the push of branch '{}' from sandbox '{}' is {size} bytes of new objects; the cap is {cap} (sandbox.push-max); nothing was pushed",
@@ -274,7 +274,7 @@ impl<'a> Sandboxes<'a> {
                     "cannot fetch branch '{}' out of sandbox '{}': {}",
                     rec.branch,
                     rec.name,
-                    crate::visible::visible(&why)
+                    mailbox::visible::visible(&why)
                 ),
             ));
         }

@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::{Network, Port, Sandboxes, io_err};
-use crate::error::{Error, Exit, Result};
-use crate::registry;
+use mailbox::error::{Error, Exit, Result};
+use mailbox::registry;
 
 pub(super) const RECORD_VERSION: u32 = 1;
 
@@ -71,7 +71,7 @@ impl Record {
     pub fn runtime_name(&self) -> &str {
         self.runtime
             .as_deref()
-            .unwrap_or(crate::engine::runtime::DEFAULT_RUNTIME)
+            .unwrap_or(engine::runtime::DEFAULT_RUNTIME)
     }
 }
 
@@ -108,9 +108,9 @@ impl<'a> Sandboxes<'a> {
         let path = dir.join(format!("{name}.lock"));
         loop {
             let f = if wait {
-                crate::fs::lock(&path).map(Some)
+                mailbox::fs::lock(&path).map(Some)
             } else {
-                crate::fs::try_lock(&path)
+                mailbox::fs::try_lock(&path)
             };
             let Some(f) = f.map_err(|e| Error::lock(&path, e))? else {
                 return Ok(None);
@@ -192,7 +192,7 @@ impl<'a> Sandboxes<'a> {
         let mut bytes = serde_json::to_vec_pretty(r)
             .expect("a Record serialises because all its fields are plain data");
         bytes.push(b'\n');
-        crate::fs::write_replace(&path, &bytes, 0o600, crate::fs::Durability::Synced)
+        mailbox::fs::write_replace(&path, &bytes, 0o600, mailbox::fs::Durability::Synced)
             .map_err(|e| Error::io("cannot write", &path, e))
     }
 

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use super::{Network, Record, Sandboxes, disk, gone};
 use crate::egress;
-use crate::engine::{Container, ExecIo, ExecRequest, NetworkEngine, OutStream};
-use crate::error::{Error, Exit, Result};
 use crate::secrets::{self, Secret};
 use crate::wall::{LABEL_ROOT, REPO, WORK};
+use engine::{Container, ExecIo, ExecRequest, NetworkEngine, OutStream};
+use mailbox::error::{Error, Exit, Result};
 
 impl<'a> Sandboxes<'a> {
     /// Runs a command in a sandbox as its user, capturing its output.
@@ -100,7 +100,7 @@ impl<'a> Sandboxes<'a> {
                         "cannot write secret '{}' into sandbox '{}': {}",
                         s.name,
                         rec.name,
-                        crate::visible::visible(String::from_utf8_lossy(&err).trim())
+                        mailbox::visible::visible(String::from_utf8_lossy(&err).trim())
                     ),
                 ));
             }
@@ -114,7 +114,7 @@ impl<'a> Sandboxes<'a> {
         let secrets = secrets::resolve(&rec.secrets, &|n| std::env::var_os(n))?;
         // The values it was made with, or none: the door knows those
         // (crates/mailbox/src/door_record.rs), and would pass another.
-        crate::door_record::DoorRecord::new(&self.root).check(name, &|n| std::env::var_os(n))?;
+        mailbox::door_record::DoorRecord::new(&self.root).check(name, &|n| std::env::var_os(n))?;
         let c = self
             .engine
             .inspect(&rec.container)?
@@ -186,7 +186,7 @@ impl<'a> Sandboxes<'a> {
                 format!(
                     "cannot count unpushed commits in sandbox '{}' (exit {code}): {}",
                     rec.name,
-                    crate::visible::visible(String::from_utf8_lossy(&err).trim())
+                    mailbox::visible::visible(String::from_utf8_lossy(&err).trim())
                 ),
             )),
         }
@@ -225,7 +225,7 @@ impl<'a> Sandboxes<'a> {
             user: Some(format!("{0}:{0}", rec.uid)),
             workdir: Some(workdir.unwrap_or_else(|| REPO.into())),
         };
-        let _raw = tty.then(crate::tty::RawMode::enter);
+        let _raw = tty.then(engine::tty::RawMode::enter);
         let mut stdout = std::io::stdout().lock();
         let mut stderr = std::io::stderr();
         let mut on = |s: OutStream, b: &[u8]| {
@@ -238,7 +238,7 @@ impl<'a> Sandboxes<'a> {
         let io = ExecIo {
             stdin: Some(Box::new(std::io::stdin())),
             tty,
-            size: crate::tty::size(),
+            size: engine::tty::size(),
             on_output: &mut on,
         };
         self.engine
@@ -248,11 +248,11 @@ impl<'a> Sandboxes<'a> {
 }
 
 /// An exec's error as the sandbox's own: when its container died under
-/// the command (the engine's [`crate::engine::Died`]), 69 naming the sandbox,
+/// the command (the engine's [`engine::Died`]), 69 naming the sandbox,
 /// how it ended and how to bring it back; any other error as it is.  `cmd`
 /// is the command as its caller knows it (else the engine's, unconfined).
 pub(crate) fn died_under(name: &str, cmd: Option<&str>, e: Error) -> Error {
-    let Some(d) = crate::engine::died(&e) else {
+    let Some(d) = engine::died(&e) else {
         return e;
     };
     let confine = format!("{}/{} -- ", crate::wall::BIN_DIR, crate::wall::CONFINE);
@@ -286,7 +286,7 @@ pub(crate) fn died_under(name: &str, cmd: Option<&str>, e: Error) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::Died;
+    use engine::Died;
 
     #[test]
     fn a_container_that_died_under_an_exec_is_named_as_its_sandbox() {

@@ -2,11 +2,11 @@
 //! their defaults, and `create`'s limit flags over them.
 
 use super::limits;
-use crate::config::Project;
-use crate::error::{Error, Result};
 use crate::ports::Range;
 use crate::secrets;
-use crate::wall::parse_bytes;
+use mailbox::config::Project;
+use mailbox::config::parse_bytes;
+use mailbox::error::{Error, Result};
 
 /// Defaults, each overridable in `.loopwright/config`.
 ///
@@ -32,13 +32,13 @@ pub struct Settings {
     pub ports: Range,
     pub allowed_secrets: Vec<String>,
     /// `door.secrets`: recorded in the registry so that the door knows
-    /// them whatever its working directory (lib/redact/names.rs).
+    /// them whatever its working directory (crates/mailbox/src/redact/names.rs).
     pub door_secrets: Vec<String>,
     /// `door.log-max` and `door.quarantine-max`, with the file they are
     /// in: recorded in the root with the secrets' names, so that the
     /// mediator applies them whatever its working directory.  None
     /// outside a project.
-    pub door_budgets: Option<(crate::door_record::Budgets, std::path::PathBuf)>,
+    pub door_budgets: Option<(mailbox::door_record::Budgets, std::path::PathBuf)>,
     pub git_name: Option<String>,
     pub git_email: Option<String>,
     /// The incremental install command (default: the deps layer's deps.sh).
@@ -51,7 +51,7 @@ pub struct Settings {
 
 impl Settings {
     pub fn from_project(p: Option<&Project>) -> Result<Settings> {
-        let empty = crate::config::Config::default();
+        let empty = mailbox::config::Config::default();
         let c = p.map(|p| &p.config).unwrap_or(&empty);
         let bad = |k: &str, v: &str, want: &str| {
             Error::config(format!(
@@ -95,11 +95,11 @@ impl Settings {
             tmp_size,
             ports,
             allowed_secrets: secrets::allowed(c)?,
-            door_secrets: crate::redact::door_names(c)?,
+            door_secrets: mailbox::redact::door_names(c)?,
             door_budgets: match p {
                 Some(p) => Some((
-                    crate::door_record::Budgets::of_project(p)?,
-                    p.top.join(crate::config::FILE),
+                    mailbox::door_record::Budgets::of_project(p)?,
+                    p.top.join(mailbox::config::FILE),
                 )),
                 None => None,
             },

@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use super::{LABEL_SERVICE, Services, container_name, decl, volume_name};
-use crate::engine::NetworkEngine;
-use crate::error::Result;
 use crate::wall::LABEL_ROOT;
+use engine::NetworkEngine;
+use mailbox::error::Result;
 
 impl<'a> Services<'a> {
     pub(super) fn remove_container(&self, name: &str) -> Result<bool> {

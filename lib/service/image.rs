@@ -3,9 +3,9 @@
 //! its inputs).
 
 use super::{Declaration, Services, Source};
-use crate::config::Project;
-use crate::error::{Error, Exit, Result};
 use crate::image::{InputDecl, LayerDef, Runtime};
+use mailbox::config::Project;
+use mailbox::error::{Error, Exit, Result};
 
 impl<'a> Services<'a> {
     /// The image of `d`: the local one it names, or its build (one lw-build
@@ -67,7 +67,7 @@ impl<'a> Services<'a> {
                     &mut plan,
                     &mut crate::image::BuildOptions {
                         on_event: &mut |_, ev| {
-                            if let crate::engine::BuildEvent::Output(s) = ev {
+                            if let engine::BuildEvent::Output(s) = ev {
                                 for l in s.lines().filter(|l| l.starts_with("Step ")) {
                                     progress(l);
                                 }

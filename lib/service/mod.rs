@@ -62,8 +62,8 @@ pub use decl::{Declaration, Source};
 pub use state::Status;
 pub use up::Up;
 
-use crate::engine::{ImageBuilder, Pair, SandboxEngine};
 use crate::wall::{LABEL_ROOT, LABEL_ROOT_PATH};
+use engine::{ImageBuilder, Pair, SandboxEngine};
 
 /// The service an engine object belongs to.
 pub const LABEL_SERVICE: &str = "org.loopwright.service";
@@ -105,7 +105,7 @@ pub fn volume_name(id: &str, name: &str) -> String {
 fn tail(text: &[u8], n: usize) -> String {
     let t = String::from_utf8_lossy(text);
     let lines: Vec<&str> = t.lines().collect();
-    crate::visible::visible(&lines[lines.len().saturating_sub(n)..].join("\n")).into_owned()
+    mailbox::visible::visible(&lines[lines.len().saturating_sub(n)..].join("\n")).into_owned()
 }
 
 impl<'a> Services<'a> {

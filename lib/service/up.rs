@@ -13,12 +13,12 @@ use sha2::{Digest, Sha256};
 
 use super::{Declaration, LABEL_CONFIG, LABEL_KIND, LABEL_READY, LABEL_SERVICE, Services};
 use super::{container_name, network_name, publish_network_name, tail, volume_name};
-use crate::config::Project;
-use crate::engine::NetworkEngine;
-use crate::engine::{Bind, ContainerSpec, ExecIo, ExecRequest, NetworkSpec, OutStream, PortMap};
-use crate::error::{Error, Exit, Result};
 use crate::secrets::Secret;
 use crate::wall::LABEL_ROOT;
+use engine::NetworkEngine;
+use engine::{Bind, ContainerSpec, ExecIo, ExecRequest, NetworkSpec, OutStream, PortMap};
+use mailbox::config::Project;
+use mailbox::error::{Error, Exit, Result};
 
 /// Where the service's secrets appear, and the file that says all are there.
 const SECRETS_READY: &str = "/run/secrets/.lw-ready";

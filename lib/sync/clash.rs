@@ -10,13 +10,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::config::Federation;
 use super::format::{HostSandbox, header_line, inline};
-use super::{Event, FORMAT_VERSION, Head, MAX_UNKNOWN, NoticeHead, Syncer, sha256_hex};
-use crate::error::{Error, Exit, Result};
+use super::{Event, FORMAT_VERSION, Head, MAX_UNKNOWN, NoticeHead, Syncer};
 use crate::github::{Posted, Target};
-use crate::layout;
-use crate::log::{Action, Decision, Entry, LOG_VERSION, Log};
-use crate::message::{self, Kind, Message};
-use crate::registry::{Registry, Sandbox};
+use mailbox::digest::sha256_hex;
+use mailbox::error::{Error, Exit, Result};
+use mailbox::layout;
+use mailbox::log::{Action, Decision, Entry, LOG_VERSION, Log};
+use mailbox::message::{self, Kind, Message};
+use mailbox::registry::{Registry, Sandbox};
 
 impl Syncer {
     /// Keeps one proxy record per sandbox other hosts announced, refusing a
@@ -105,11 +106,11 @@ impl Syncer {
             fed.me
         );
         if !self.state.fed.told.contains(&told) {
-            let at = crate::time::parse_rfc3339(when).unwrap_or_default();
+            let at = mailbox::time::parse_rfc3339(when).unwrap_or_default();
             let seed = sha256_hex(format!("clash/{name}/{host}/{cid}/{}", fed.me).as_bytes());
             let rand = u128::from_str_radix(&seed[..32], 16).expect("hex digest");
-            let id = crate::id::id_at(at, rand);
-            let created = crate::time::rfc3339(at);
+            let id = mailbox::id::id_at(at, rand);
+            let created = mailbox::time::rfc3339(at);
             let mut subject =
                 format!("sandbox name {name} of host {host} refused: taken by {taken_by}");
             while subject.len() > message::MAX_SUBJECT {
@@ -130,7 +131,7 @@ impl Syncer {
             let e = Entry {
                 version: LOG_VERSION,
                 name: Entry::name_for(&id, Action::Escalate, None),
-                logged: crate::time::rfc3339(crate::time::now()),
+                logged: mailbox::time::rfc3339(mailbox::time::now()),
                 message_id: id.clone(),
                 sender: layout::MEDIATOR.into(),
                 message: Some(m.clone()),
@@ -142,7 +143,7 @@ impl Syncer {
                 },
             };
             // The human queue's one writer is whoever holds the route lock.
-            let _routes = crate::mediate::lock_routes(&self.root)?;
+            let _routes = mailbox::mediate::lock_routes(&self.root)?;
             Log::new(self.root.log_dir()).append(&e)?;
             self.root.human().deliver_once(&id, &m.to_bytes())?;
             drop(_routes);

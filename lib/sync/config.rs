@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Exit, Result};
 use crate::github::Target;
-use crate::log::Entry;
+use mailbox::error::{Error, Exit, Result};
+use mailbox::log::Entry;
 
 pub const CONFIG_DIR: &str = ".loopwright";
 pub const CONFIG_FILE: &str = "sync.json";
@@ -130,7 +130,7 @@ impl Config {
         };
         let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
         for (h, l) in &self.hosts {
-            crate::registry::check_name(h)
+            mailbox::registry::check_name(h)
                 .map_err(|e| Error::config(format!("host name in \"hosts\": {e}")))?;
             if !valid_login(l) {
                 return Err(Error::config(format!(

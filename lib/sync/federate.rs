@@ -45,12 +45,13 @@ use std::collections::BTreeSet;
 
 use super::format::{HOST_VERSION, HostHead, HostSandbox, header_line, inline};
 use super::{Event, Head, MAX_UNKNOWN, Syncer};
-use super::{parse_comment, reassemble, sha256_hex};
-use crate::error::{Error, Exit, Result};
+use super::{parse_comment, reassemble};
 use crate::github::{Comment, Posted, Target};
-use crate::log::{Action, Entry, Log};
-use crate::message::{Kind, Message, split_qualified};
-use crate::registry::{Registry, Sandbox};
+use mailbox::digest::sha256_hex;
+use mailbox::error::{Error, Exit, Result};
+use mailbox::log::{Action, Entry, Log};
+use mailbox::message::{Kind, Message, split_qualified};
+use mailbox::registry::{Registry, Sandbox};
 
 use super::config::Federation;
 use super::state::Announced;
@@ -106,7 +107,7 @@ fn addressed(m: &Message, parties: &[String], own: &[Sandbox]) -> Vec<String> {
                 || m.refs.is_empty()
                 || s.scope
                     .iter()
-                    .any(|sc| m.refs.iter().any(|r| crate::policy::overlaps(sc, r))));
+                    .any(|sc| m.refs.iter().any(|r| mailbox::policy::overlaps(sc, r))));
         if named || scoped {
             t.insert(s.name.clone());
         }
@@ -268,7 +269,7 @@ impl Syncer {
                         .is_none_or(|a| a.comment <= c.id)
                 {
                     let mut list = a.sandboxes;
-                    list.retain(|sb| crate::registry::check_name(&sb.name).is_ok());
+                    list.retain(|sb| mailbox::registry::check_name(&sb.name).is_ok());
                     let seen = Announced {
                         comment: c.id,
                         at: c.created_at.clone(),
@@ -410,7 +411,7 @@ impl Syncer {
         let (own, _) = self.records()?;
         let log = Log::new(self.root.log_dir());
         let ob = self.root.sandbox(&e.sender).outbox();
-        let in_outbox = [crate::maildir::Sub::New, crate::maildir::Sub::Cur]
+        let in_outbox = [mailbox::maildir::Sub::New, mailbox::maildir::Sub::Cur]
             .iter()
             .any(|s| ob.sub(*s).join(&m.id).symlink_metadata().is_ok());
         if !in_outbox
@@ -442,7 +443,7 @@ impl Syncer {
             });
             return Ok(false);
         }
-        if let crate::maildir::Delivered::New(_) = ob.deliver_once(&copy.id, &copy.to_bytes())? {
+        if let mailbox::maildir::Delivered::New(_) = ob.deliver_once(&copy.id, &copy.to_bytes())? {
             self.events.push(Event::Federated {
                 id: copy.id.clone(),
                 from: format!("{host}/{}", e.sender),
@@ -470,7 +471,7 @@ impl Syncer {
         let [reader] = e.decision.to.as_slice() else {
             return Ok(false);
         };
-        if !self.proxy_of(host, reader, refused)? || !crate::id::is_valid(&e.message_id) {
+        if !self.proxy_of(host, reader, refused)? || !mailbox::id::is_valid(&e.message_id) {
             return Ok(false);
         }
         let log = Log::new(self.root.log_dir());
@@ -484,7 +485,7 @@ impl Syncer {
         if !routed {
             return Ok(false);
         }
-        match crate::inbox::ack(&self.root.sandbox(reader).inbox(), &e.message_id) {
+        match mailbox::inbox::ack(&self.root.sandbox(reader).inbox(), &e.message_id) {
             Ok(moved) => {
                 if moved {
                     self.events.push(Event::Receipt {
@@ -512,9 +513,9 @@ mod tests {
     #[test]
     fn addressed_by_name_or_scope() {
         let own = [sb("web", &["schema/**"]), sb("db", &["sql/**"])];
-        let mut m = crate::message::Message {
+        let mut m = mailbox::message::Message {
             version: 1,
-            id: crate::id::new_id(),
+            id: mailbox::id::new_id(),
             from: "api".into(),
             to: vec!["mediator".into()],
             kind: Kind::ContractChange,
@@ -522,7 +523,7 @@ mod tests {
             body: String::new(),
             refs: vec!["schema/users.json".into()],
             in_reply_to: None,
-            created: crate::time::rfc3339(crate::time::now()),
+            created: mailbox::time::rfc3339(mailbox::time::now()),
         };
         assert_eq!(addressed(&m, &[], &own), ["web"]);
         m.kind = Kind::Request;

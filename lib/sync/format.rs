@@ -5,9 +5,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
-use crate::log::{Action, Entry};
-use crate::message::Kind;
+use mailbox::digest::sha256_hex;
+use mailbox::error::{Error, Result};
+use mailbox::log::{Action, Entry};
+use mailbox::message::Kind;
 
 pub const HEADER_PREFIX: &str = "<!-- loopwright ";
 pub const HEADER_SUFFIX: &str = " -->";
@@ -338,8 +339,6 @@ fn render_section(h: &EntryHead, chunk: &str, mention: &[String]) -> String {
     s
 }
 
-pub use crate::digest::sha256_hex;
-
 fn head_for(e: &Entry, part: [u32; 2], fence: String) -> EntryHead {
     EntryHead {
         v: FORMAT_VERSION,
@@ -439,16 +438,16 @@ fn too_big(e: &Entry) -> Error {
 pub(crate) mod tests {
     use super::*;
     use crate::github::MAX_COMMENT_CHARS;
-    use crate::log::Decision;
-    use crate::message::Message;
     use crate::sync::parse::{parse_answers, parse_comment, reassemble};
+    use mailbox::log::Decision;
+    use mailbox::message::Message;
 
     pub(crate) fn entry(body: &str, action: Action) -> Entry {
-        let id = crate::id::new_id();
+        let id = mailbox::id::new_id();
         Entry {
             version: 1,
             name: Entry::name_for(&id, action, None),
-            logged: crate::time::rfc3339(crate::time::now()),
+            logged: mailbox::time::rfc3339(mailbox::time::now()),
             message_id: id.clone(),
             sender: "api".into(),
             message: Some(Message {
@@ -461,7 +460,7 @@ pub(crate) mod tests {
                 body: body.into(),
                 refs: vec!["x".into()],
                 in_reply_to: None,
-                created: crate::time::rfc3339(crate::time::now()),
+                created: mailbox::time::rfc3339(mailbox::time::now()),
             }),
             decision: Decision {
                 quiet: false,

@@ -60,18 +60,18 @@ use serde::Serialize;
 pub use config::{CONFIG_DIR, CONFIG_FILE, Config, Federation, TargetConfig};
 pub use format::{
     EntryHead, FORMAT_VERSION, HEADER_PREFIX, HEADER_SUFFIX, Head, HostHead, HostSandbox, MsgHead,
-    NoticeHead, Section, body_withheld, entry_digest, render_entry, sha256_hex,
+    NoticeHead, Section, body_withheld, entry_digest, render_entry,
 };
 pub use parse::{Rebuilt, parse_answers, parse_comment, reassemble};
 pub use state::{Pending, State, TargetState, load_state, lock, state_path, write_atomic};
 pub use watch::watch_dir;
 
-use crate::error::{Error, Result};
 use crate::github::{Budget, Client, Comment, Target};
-use crate::layout::Root;
-use crate::log::Entry;
-use crate::message;
-use crate::redact::Secrets;
+use mailbox::error::{Error, Result};
+use mailbox::layout::Root;
+use mailbox::log::Entry;
+use mailbox::message;
+use mailbox::redact::Secrets;
 use state::save_state;
 
 /// Consecutive unknown outcomes before a run gives up (exit 75).
@@ -198,7 +198,7 @@ pub struct Syncer {
     state_existed: bool,
     pub stats: Stats,
     pub events: Vec<Event>,
-    /// Secret values masked in everything posted (lib/redact.rs).
+    /// Secret values masked in everything posted (crates/mailbox/src/redact/).
     pub secrets: Secrets,
 }
 

@@ -6,10 +6,11 @@
 use std::collections::BTreeMap;
 
 use super::format::{
-    EntryHead, HEADER_PREFIX, HEADER_SUFFIX, Head, Section, entry_digest, sha256_hex, unquiet,
+    EntryHead, HEADER_PREFIX, HEADER_SUFFIX, Head, Section, entry_digest, unquiet,
 };
-use crate::log::{Decision, Entry, LOG_VERSION};
-use crate::message::{self, Message};
+use mailbox::digest::sha256_hex;
+use mailbox::log::{Decision, Entry, LOG_VERSION};
+use mailbox::message::{self, Message};
 
 /// Parses a comment written by lw-sync.  None when the comment does not
 /// start with a header (a person's comment); Err when it starts like one but

@@ -7,9 +7,9 @@ use super::format::{SEPARATOR, render_entry};
 use super::state::{complete_partials, mark_part, save_state};
 use super::{Event, MAX_UNKNOWN, Planned, Syncer};
 use super::{Head, Pending};
-use crate::error::{Error, Exit, Result};
 use crate::github::{Budget, Comment, MAX_COMMENT_CHARS, Posted, Target};
-use crate::log::{Entry, Log};
+use mailbox::error::{Error, Exit, Result};
+use mailbox::log::{Entry, Log};
 
 /// What one target's posting has learned so far in this pass.
 #[derive(Default)]
@@ -210,8 +210,8 @@ impl Syncer {
         // held headers last, in comments of their own (see `plan`).
         todo.sort_by_key(|e| {
             (
-                e.decision.action != crate::log::Action::Escalate,
-                e.decision.action == crate::log::Action::Hold,
+                e.decision.action != mailbox::log::Action::Escalate,
+                e.decision.action == mailbox::log::Action::Hold,
             )
         });
         if todo.is_empty() {
@@ -282,7 +282,7 @@ impl Syncer {
             state.budget = b.clone();
             state.targets.entry(key.to_string()).or_default().pending = Some(Pending {
                 items: items.clone(),
-                at_ms: crate::time::now_ms(),
+                at_ms: mailbox::time::now_ms(),
             });
             save_state(&path, state)
         };
@@ -400,7 +400,7 @@ impl Syncer {
             let joined = cur.1.chars().count() + SEPARATOR.len() + s.chars().count();
             // Held headers share comments only with each other, so that a
             // burst of them makes as few comments as the batch size allows.
-            let held = e.decision.action == crate::log::Action::Hold;
+            let held = e.decision.action == mailbox::log::Action::Hold;
             let alone = solo.contains(&e.name)
                 || cur.0.first().is_some_and(|(n, _, _)| solo.contains(n))
                 || cur_held != held;

@@ -4,9 +4,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::{Event, Head, Rebuilt, Section, Syncer, reassemble};
-use crate::error::Result;
 use crate::github::Target;
-use crate::log::{Entry, Log};
+use mailbox::error::Result;
+use mailbox::log::{Entry, Log};
 
 /// One target's two sides: the log's entries and what the issue holds.
 struct Compared<'a> {
@@ -169,7 +169,7 @@ fn duplicates(sections: &[(u64, Section)]) -> Vec<(String, Vec<u64>)> {
 /// name must be `MSGID.ACTION[.PARTY]` (it becomes a file name) and its
 /// message must validate.
 fn restorable(e: &Entry) -> std::result::Result<(), String> {
-    if !crate::id::is_valid(&e.message_id) {
+    if !mailbox::id::is_valid(&e.message_id) {
         return Err(format!(
             "message id '{}' does not follow the id grammar",
             e.message_id.escape_debug()
@@ -179,7 +179,7 @@ fn restorable(e: &Entry) -> std::result::Result<(), String> {
     let ok = e.name == base
         || e.name
             .strip_prefix(&format!("{base}."))
-            .is_some_and(crate::layout::valid_name);
+            .is_some_and(mailbox::layout::valid_name);
     if !ok {
         return Err(format!(
             "entry name '{}' is not MSGID.ACTION[.PARTY]; not restored",
@@ -196,7 +196,7 @@ fn restorable(e: &Entry) -> std::result::Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::log::Action;
+    use mailbox::log::Action;
 
     use crate::sync::format::tests::entry;
 

@@ -211,9 +211,8 @@ impl Registry {
         let write_config = |name: &str, pw: &str| {
             let p = dir.join(name);
             std::fs::create_dir_all(&p).expect("config dir");
-            let auth = loopwright::distribution::credentials::base64_encode(
-                format!("{user}:{pw}").as_bytes(),
-            );
+            let auth =
+                engine::distribution::credentials::base64_encode(format!("{user}:{pw}").as_bytes());
             std::fs::write(
                 p.join("config.json"),
                 format!("{{\"auths\": {{\"{addr}\": {{\"auth\": \"{auth}\"}}}}}}"),
@@ -242,13 +241,13 @@ impl Registry {
     }
 
     /// A client of `repo` with the right credentials.
-    pub fn client(&self, repo: &str) -> loopwright::distribution::Client {
-        let cache = loopwright::distribution::CacheRef::parse(&self.cache(repo)).expect("ref");
-        let c = loopwright::distribution::Client::new(
+    pub fn client(&self, repo: &str) -> engine::distribution::Client {
+        let cache = engine::distribution::CacheRef::parse(&self.cache(repo)).expect("ref");
+        let c = engine::distribution::Client::new(
             &cache,
-            &loopwright::distribution::Options {
+            &engine::distribution::Options {
                 ca_file: Some(self.ca.clone()),
-                credentials: Some(loopwright::distribution::Credentials {
+                credentials: Some(engine::distribution::Credentials {
                     user: self.user.clone(),
                     secret: self.password.clone(),
                     source: "the test".into(),

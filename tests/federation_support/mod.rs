@@ -7,10 +7,10 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 
 use crate::sync_support::{Env, text};
-use loopwright::layout::Root;
-use loopwright::maildir::Sub;
-use loopwright::message::{Kind, Message};
-use loopwright::registry::{Registry, Sandbox};
+use mailbox::layout::Root;
+use mailbox::maildir::Sub;
+use mailbox::message::{Kind, Message};
+use mailbox::registry::{Registry, Sandbox};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -113,7 +113,7 @@ impl Host {
     pub fn names(&self, rel: &str) -> Vec<String> {
         let mut v = Vec::new();
         for s in [Sub::New, Sub::Cur] {
-            let d = loopwright::maildir::Maildir::new(self.root.dir.join(rel)).sub(s);
+            let d = mailbox::maildir::Maildir::new(self.root.dir.join(rel)).sub(s);
             if let Ok(rd) = std::fs::read_dir(d) {
                 v.extend(
                     rd.flatten()
@@ -138,7 +138,7 @@ pub fn two_hosts(tag: &str) -> (Env, Host, Host) {
 pub fn contract_change(subject: &str) -> Message {
     Message {
         version: 1,
-        id: loopwright::id::new_id(),
+        id: mailbox::id::new_id(),
         from: "api".into(),
         to: vec!["mediator".into()],
         kind: Kind::ContractChange,
@@ -146,7 +146,7 @@ pub fn contract_change(subject: &str) -> Message {
         body: format!("{subject}: user.name is now user.full_name\n"),
         refs: vec!["schema/users.json".into()],
         in_reply_to: None,
-        created: loopwright::time::rfc3339(loopwright::time::now()),
+        created: mailbox::time::rfc3339(mailbox::time::now()),
     }
 }
 
@@ -159,7 +159,7 @@ pub fn introduce(env: &Env, a: &Host, b: &Host) {
 
 /// Arrival times of the messages in `dir/new` (watched with inotify).
 pub fn watch_arrivals(dir: PathBuf, n: usize, deadline: Duration) -> BTreeMap<String, Instant> {
-    let md = loopwright::maildir::Maildir::new(dir);
+    let md = mailbox::maildir::Maildir::new(dir);
     let mut seen: BTreeMap<String, Instant> = BTreeMap::new();
     md.wait_until(Some(deadline), || {
         for e in std::fs::read_dir(md.sub(Sub::New)).unwrap().flatten() {
@@ -178,17 +178,17 @@ pub fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// The log entry of `m` forwarded to `to`, as its host's lw-sync mirrors it.
-pub fn forward_entry(m: &Message, to: &[&str]) -> loopwright::log::Entry {
-    loopwright::log::Entry {
+pub fn forward_entry(m: &Message, to: &[&str]) -> mailbox::log::Entry {
+    mailbox::log::Entry {
         version: 1,
         name: format!("{}.forward", m.id),
-        logged: loopwright::time::rfc3339(loopwright::time::now()),
+        logged: mailbox::time::rfc3339(mailbox::time::now()),
         message_id: m.id.clone(),
         sender: m.from.clone(),
         message: Some(m.clone()),
-        decision: loopwright::log::Decision {
+        decision: mailbox::log::Decision {
             quiet: false,
-            action: loopwright::log::Action::Forward,
+            action: mailbox::log::Action::Forward,
             to: to.iter().map(|s| s.to_string()).collect(),
             reason: "test".into(),
         },

@@ -11,11 +11,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
+use engine::{ExecRequest, KubeEngine, OutStream, SandboxEngine};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::PostParams;
-use loopwright::engine::{ExecRequest, KubeEngine, OutStream, SandboxEngine};
 
 pub const VERSION: &str = "1.35.4";
 pub const IMAGE: &str = "loopwright/test-busybox:latest";
@@ -106,7 +106,7 @@ impl Cluster {
             );
         }
         let lock =
-            loopwright::fs::lock(Path::new("/tmp/lw-k8s.lock")).expect("the cluster's lock file");
+            mailbox::fs::lock(Path::new("/tmp/lw-k8s.lock")).expect("the cluster's lock file");
         let t0 = Instant::now();
         let out = Command::new(repo().join("scripts/k8s-cluster"))
             .arg("start")
@@ -378,11 +378,10 @@ impl Drop for Gone<'_> {
 /// The image of the project at `proj` (lw-build's, on the Docker engine),
 /// for a cluster to import.
 pub fn project_image(proj: &Path) -> String {
-    let project = loopwright::config::Project::find(proj)
+    let project = mailbox::config::Project::find(proj)
         .unwrap()
         .expect("the fixture is a project");
-    let docker =
-        loopwright::engine::DockerEngine::connect().expect("the Docker engine is reachable");
+    let docker = engine::DockerEngine::connect().expect("the Docker engine is reachable");
     loopwright::sandbox::resolve_image(&docker, Some(&project), None, false)
         .expect("the fixture's image is built")
         .reference

@@ -86,7 +86,7 @@ pub struct Root {
 impl Root {
     pub fn new(tag: &str) -> Root {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("mcp-{tag}-{}", loopwright::id::new_id()));
+            .join(format!("mcp-{tag}-{}", mailbox::id::new_id()));
         std::fs::create_dir_all(&dir).expect("target tmp dir is writable");
         Root { dir }
     }

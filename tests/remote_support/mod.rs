@@ -150,7 +150,7 @@ fn latency(fx: &Fixture, t: &Target, n: usize) -> Duration {
 /// to the last one delivered.
 fn throughput(fx: &Fixture, t: &Target, courier: Option<&Courier>, to_box: &Path) -> Duration {
     let before = std::fs::read_dir(to_box).map_or(0, |r| r.count());
-    let w = loopwright::fs::Watcher::new().unwrap();
+    let w = mailbox::fs::Watcher::new().unwrap();
     w.add(to_box).unwrap();
     let start = SystemTime::now();
     let poster = t
@@ -332,7 +332,7 @@ pub fn volume_mode(fx: &Fixture, host: &str, certs: &Path, image: &str, b: &Engi
     tb.ok(fx, &["exec", "b", "--", "lw-inbox", "ack", &id]);
     let deadline = Instant::now() + Duration::from_secs(30);
     let read_entry = fx.root.join(format!("log/new/{id}.read.b"));
-    let w = loopwright::fs::Watcher::new().unwrap();
+    let w = mailbox::fs::Watcher::new().unwrap();
     w.add(&fx.root.join("log/new")).unwrap();
     while !read_entry.exists() {
         assert!(

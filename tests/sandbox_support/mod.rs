@@ -356,7 +356,7 @@ pub fn wall_runtimes() -> Vec<&'static str> {
         registered,
         "runsc (gVisor) is not registered with the engine, so the runsc column cannot run: {} \
          (or set LW_TEST_RUNTIMES=runc to run the runc column alone)",
-        loopwright::engine::runtime::RUNSC_INSTALL
+        engine::runtime::RUNSC_INSTALL
     );
     vec!["runc", "runsc"]
 }

@@ -7,8 +7,8 @@ use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
-use loopwright::log::{Action, Decision, Entry, Log};
-use loopwright::message::{Kind, Message};
+use mailbox::log::{Action, Decision, Entry, Log};
+use mailbox::message::{Kind, Message};
 use serde_json::{Value, json};
 
 pub const TOKEN: &str = "ghp_testtoken0123456789";
@@ -218,7 +218,7 @@ impl Drop for Env {
 pub fn message(from: &str, to: &str, kind: Kind, subject: &str, body: &str) -> Message {
     Message {
         version: 1,
-        id: loopwright::id::new_id(),
+        id: mailbox::id::new_id(),
         from: from.into(),
         to: vec![to.into()],
         kind,
@@ -226,7 +226,7 @@ pub fn message(from: &str, to: &str, kind: Kind, subject: &str, body: &str) -> M
         body: body.into(),
         refs: vec![],
         in_reply_to: None,
-        created: loopwright::time::rfc3339(loopwright::time::now()),
+        created: mailbox::time::rfc3339(mailbox::time::now()),
     }
 }
 
@@ -235,7 +235,7 @@ pub fn entry(m: &Message, action: Action) -> Entry {
     Entry {
         version: 1,
         name: Entry::name_for(&m.id, action, None),
-        logged: loopwright::time::rfc3339(loopwright::time::now()),
+        logged: mailbox::time::rfc3339(mailbox::time::now()),
         message_id: m.id.clone(),
         sender: m.from.clone(),
         message: Some(m.clone()),

@@ -11,5 +11,3 @@ pub mod seccomp;
 /// The sandboxes' seccomp profile: Docker's default without io_uring
 /// (runtime/seccomp.json, made by scripts/seccomp-profile).
 pub const SECCOMP_PROFILE: &str = include_str!("../../../runtime/seccomp.json");
-
-pub(crate) use mailbox::error;

@@ -16,9 +16,9 @@
 use std::path::{Path, PathBuf};
 
 use crate::HostPaths;
-use crate::error::{Error, Exit, Result};
-use crate::fs::{Durability, write_replace};
-use crate::layout::Root;
+use mailbox::error::{Error, Exit, Result};
+use mailbox::fs::{Durability, write_replace};
+use mailbox::layout::Root;
 
 /// Whether the engine sees the host's files.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,7 +48,7 @@ impl Sharing {
 /// Probes `engine` now with a nonce written in a new directory under `dir`
 /// (removed again).
 pub fn probe(engine: &dyn HostPaths, dir: &Path) -> Result<Sharing> {
-    let nonce = format!("{:032x}", crate::id::random128());
+    let nonce = format!("{:032x}", mailbox::id::random128());
     let probe_dir = dir.join(format!(".lw-probe-{}", &nonce[..16]));
     let io = |what: &str, p: &Path, e: std::io::Error| {
         Error::new(

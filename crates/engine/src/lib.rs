@@ -56,11 +56,6 @@ pub mod select;
 mod stdin;
 pub mod tty;
 
-// The mailbox layer's modules this crate builds on, under the names the
-// code has always used (`crate::error`, `crate::config`, ...).  The engine
-// reaches down to them; nothing in the mailbox crate can reach up here.
-pub(crate) use mailbox::{config, digest, error, fs, id, layout, time};
-
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::time::Duration;
@@ -72,7 +67,7 @@ pub use paths::HostPaths;
 pub use runtime::{EngineInfo, Isolation, RuntimeInfo};
 pub use select::{ENGINE_KEY, EngineKind, Engines, Pair, connect_docker};
 
-use crate::error::Result;
+use mailbox::error::Result;
 
 /// The current-thread tokio runtime an engine client keeps, so that its
 /// methods block as the contract says.
@@ -81,8 +76,11 @@ pub(crate) fn io_runtime() -> Result<tokio::runtime::Runtime> {
         .enable_all()
         .build()
         .map_err(|e| {
-            crate::error::Error::new(crate::error::Exit::Software, "cannot start the I/O runtime")
-                .with_source(e)
+            mailbox::error::Error::new(
+                mailbox::error::Exit::Software,
+                "cannot start the I/O runtime",
+            )
+            .with_source(e)
         })
 }
 
@@ -413,8 +411,8 @@ pub trait SandboxEngine: Engine + NetworkEngine + HostPaths + Sync {
         };
         match self.exec_io(container, &req, io)? {
             0 => Ok(()),
-            n => Err(crate::error::Error::new(
-                crate::error::Exit::Unavailable,
+            n => Err(mailbox::error::Error::new(
+                mailbox::error::Exit::Unavailable,
                 format!(
                     "cannot copy into '{dir}' of container '{container}': tar exited {n}: {}",
                     String::from_utf8_lossy(&err).trim()
@@ -473,8 +471,8 @@ pub trait SandboxEngine: Engine + NetworkEngine + HostPaths + Sync {
         };
         let code = self.exec_io(container, &req, io)?;
         if let Some(e) = failed {
-            return Err(crate::error::Error::new(
-                crate::error::Exit::IoErr,
+            return Err(mailbox::error::Error::new(
+                mailbox::error::Exit::IoErr,
                 format!("cannot write the archive of '{path}': {e}"),
             ));
         }
@@ -492,11 +490,11 @@ pub trait SandboxEngine: Engine + NetworkEngine + HostPaths + Sync {
             n => {
                 let why = String::from_utf8_lossy(&err).trim().to_string();
                 let exit = if why.contains("No such file") {
-                    crate::error::Exit::NoInput
+                    mailbox::error::Exit::NoInput
                 } else {
-                    crate::error::Exit::Unavailable
+                    mailbox::error::Exit::Unavailable
                 };
-                Err(crate::error::Error::new(
+                Err(mailbox::error::Error::new(
                     exit,
                     format!(
                         "cannot copy '{path}' out of container '{container}': tar exited {n}: {why}"

@@ -24,13 +24,13 @@
 
 use std::sync::OnceLock;
 
-use crate::config::Config;
 use crate::docker::HOST_KEY;
-use crate::error::{Error, Result};
 use crate::{
     BuildEvent, BuildOutcome, BuildRequest, DockerEngine, Image, ImageBuilder, Images, KubeEngine,
     SandboxEngine,
 };
+use mailbox::config::Config;
+use mailbox::error::{Error, Result};
 
 /// The `.loopwright/config` key naming the engine.
 pub const ENGINE_KEY: &str = "engine";

@@ -1,7 +1,7 @@
 //! Batched delivery: Maildir's delivery procedure for many messages at
 //! once (a group commit).
 //!
-//! lib/maildir.rs delivers one message with two fsyncs (file, then `new/`).
+//! crates/mailbox/src/maildir/ delivers one message with two fsyncs (file, then `new/`).
 //! The mediator moves thousands of messages and every one is written twice
 //! (the log entry, then the inbox copy), so it runs the same procedure in
 //! phases over a batch instead: create every `tmp/` file exclusively (mode
@@ -42,7 +42,7 @@ use crate::error::{Error, Exit, Result, errno_io};
 
 /// Opens a directory relative to `base` (or an absolute/relative path from
 /// the working directory when `base` is None) without following a symbolic
-/// link in any component (lib/fs's one rule for sandbox-writable trees).
+/// link in any component (crates/mailbox/src/fs's one rule for sandbox-writable trees).
 pub fn open_dir_at(base: Option<&OwnedFd>, rel: &Path) -> rustix::io::Result<OwnedFd> {
     match base {
         Some(b) => crate::fs::open_dir_beneath(b, rel),

@@ -182,7 +182,7 @@ pub fn make_registry_dir(d: &Path) -> Result<()> {
     }
 }
 
-/// Sandbox names are validated where ids are (lib/id.rs), so that message
+/// Sandbox names are validated where ids are (crates/mailbox/src/id.rs), so that message
 /// parsing needs nothing from the root's layout.
 pub use crate::id::valid_name;
 

@@ -3,7 +3,7 @@
 //!
 //! The whole request is checked first (kind, every schema limit, the mailbox
 //! directory); only then is the message delivered by the delivery procedure
-//! of lib/maildir.rs.  When [`post`] returns Ok the message is in
+//! of crates/mailbox/src/maildir/.  When [`post`] returns Ok the message is in
 //! `outbox/new/` and on disk; on any error nothing is in `new/` or `tmp/`.
 
 use std::path::{Path, PathBuf};

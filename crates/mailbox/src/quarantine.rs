@@ -1,6 +1,6 @@
 //! Taking a bad file out of a sandbox's outbox into the root's quarantine,
 //! keeping at most what [`plan`] allowed (the sender's quarantine budget,
-//! lib/mediate/keep.rs).
+//! crates/mailbox/src/mediate/keep.rs).
 //!
 //! A regular file with one link, no bigger than what may be kept and with
 //! no more blocks than its size needs, is renamed, whole, and its mode cut
@@ -24,7 +24,7 @@
 //! unlinked, never followed (this runs as root, on a tree the sandbox owns).
 //! The walk is bounded ([`MAX_DEPTH`] levels, [`MAX_ENTRIES`] entries); a
 //! tree beyond the bounds, or one that cannot be removed, is an error and
-//! the caller leaves it (lib/mediate says it once and never tries again).
+//! the caller leaves it (crates/mailbox/src/mediate says it once and never tries again).
 
 use std::ffi::OsStr;
 use std::io;

@@ -45,7 +45,7 @@ pub struct Sandbox {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
     /// Names of the secrets the sandbox was given (values never are
-    /// recorded): the door must resolve each (lib/redact/names.rs).
+    /// recorded): the door must resolve each (crates/mailbox/src/redact/names.rs).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<String>,
     /// Its project's `door.secrets` when it was made: the door must
@@ -222,7 +222,7 @@ impl Registry {
     }
 
     /// Removes the temporary files a writer of `name`'s record left when it
-    /// was killed mid-write (lib/fs's `.NAME.json.HEX.tmp`); returns their
+    /// was killed mid-write (crates/mailbox/src/fs's `.NAME.json.HEX.tmp`); returns their
     /// paths.  Only for a name whose writers are known dead (lw-sandbox gc
     /// holds its lock).
     pub fn remove_partial(&self, name: &str) -> Vec<PathBuf> {

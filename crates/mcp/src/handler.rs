@@ -23,7 +23,7 @@ fn known_uri(uri: &str) -> Result<(), ErrorData> {
     Err(ErrorData::resource_not_found(
         format!(
             "no resource '{}'; lw-mcp serves {} (see resources/list)",
-            crate::visible::visible(uri),
+            mailbox::visible::visible(uri),
             resource::URI
         ),
         None,
@@ -70,7 +70,7 @@ impl ServerHandler for Door {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let tools = tools::specs(&crate::post::postable_kinds())
+        let tools = tools::specs(&mailbox::post::postable_kinds())
             .into_iter()
             .map(|s| {
                 let schema = match s.schema {
@@ -100,7 +100,7 @@ impl ServerHandler for Door {
             format!(
                 "method not found: {}; lw-mcp serves initialize, ping, tools/list, tools/call, \
                  resources/list, resources/read, resources/subscribe and resources/unsubscribe",
-                crate::visible::visible(&request.method)
+                mailbox::visible::visible(&request.method)
             ),
             None,
         ))
@@ -179,7 +179,7 @@ impl ServerHandler for Door {
                 return Err(ErrorData::invalid_params(
                     format!(
                         "unknown tool '{}'; the tools are post, inbox, show, ack, wait, whoami",
-                        crate::visible::visible(other)
+                        mailbox::visible::visible(other)
                     ),
                     None,
                 ));

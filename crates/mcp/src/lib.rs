@@ -1,8 +1,8 @@
 //! lw-mcp: the sandbox's mailbox door as a Model Context Protocol server.
 //!
 //! Each tool is one mailbox operation of mailbox-spec.md, done by the same
-//! library code as the commands: `post` is lw-post (lib/post.rs), `inbox`,
-//! `show` and `ack` are lw-inbox (lib/inbox.rs), `wait` is lw-inbox --wait
+//! library code as the commands: `post` is lw-post (crates/mailbox/src/post.rs), `inbox`,
+//! `show` and `ack` are lw-inbox (crates/mailbox/src/inbox.rs), `wait` is lw-inbox --wait
 //! for messages this session has not been shown yet (wait.rs), `whoami` reads the
 //! registry that lw-sandbox mounts read-only into the sandbox.  The inbox is
 //! also the resource `inbox://`, which a client can subscribe to: each
@@ -26,11 +26,6 @@ pub mod stdio;
 pub mod tools;
 pub mod wait;
 
-// The mailbox layer's modules, under the names the code has always used.
-pub(crate) use mailbox::{
-    error, fs, inbox, layout, maildir, message, policy, post, registry, visible,
-};
-
 use std::collections::{HashSet, VecDeque};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -43,11 +38,11 @@ use rmcp::service::RequestContext;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use crate::error::{Error, Exit};
-use crate::layout::{Root, SandboxBox};
-use crate::maildir::{Found, Sub};
-use crate::message::{Kind, Message};
-use crate::registry::Registry;
+use mailbox::error::{Error, Exit};
+use mailbox::layout::{Root, SandboxBox};
+use mailbox::maildir::{Found, Sub};
+use mailbox::message::{Kind, Message};
+use mailbox::registry::Registry;
 
 /// Where a sandbox sees the registry (mounted read-only by lw-sandbox).
 pub const REGISTRY_DIR: &str = "/lw/registry";
@@ -80,7 +75,7 @@ impl Rate {
             .ok()
             .filter(|n| *n > 0)
             .ok_or_else(|| format!("rate count '{n}' must be a whole number above 0"))?;
-        let window = crate::policy::parse_duration(w).map_err(|m| format!("rate: {m}"))?;
+        let window = mailbox::policy::parse_duration(w).map_err(|m| format!("rate: {m}"))?;
         Ok(Some(Rate { count, window }))
     }
 }
@@ -173,7 +168,7 @@ impl Door {
                 left.as_secs_f64().ceil()
             ));
         }
-        let req = crate::post::Request {
+        let req = mailbox::post::Request {
             kind: a.kind,
             subject: a.subject,
             body: a.body,
@@ -183,7 +178,7 @@ impl Door {
         };
         let (mailbox, from) = (self.mailbox.clone(), self.from.clone());
         let res =
-            tokio::task::spawn_blocking(move || crate::post::post(&mailbox, &from, req)).await;
+            tokio::task::spawn_blocking(move || mailbox::post::post(&mailbox, &from, req)).await;
         match res {
             Ok(Ok(p)) => {
                 let m = p.message;
@@ -227,7 +222,7 @@ impl Door {
                         messages.push(json!({
                         "id": m.id, "from": m.from, "kind": m.kind, "subject": m.subject,
                         "created": m.created, "in_reply_to": m.in_reply_to,
-                        "state": crate::inbox::state(sub),
+                        "state": mailbox::inbox::state(sub),
                         }));
                     }
                     Found::Gone => {}
@@ -245,7 +240,7 @@ impl Door {
     }
 
     fn show(&self, a: tools::IdArgs) -> CallToolResult {
-        match crate::inbox::find(&self.boxdir().inbox(), &a.id) {
+        match mailbox::inbox::find(&self.boxdir().inbox(), &a.id) {
             Ok((m, state)) => {
                 self.report(OsString::from(&m.id));
                 ok(message_json(&m, state))
@@ -260,7 +255,7 @@ impl Door {
         }
         let inbox = self.boxdir().inbox();
         let id = a.id.clone();
-        match tokio::task::spawn_blocking(move || crate::inbox::ack(&inbox, &id)).await {
+        match tokio::task::spawn_blocking(move || mailbox::inbox::ack(&inbox, &id)).await {
             Ok(Ok(claimed)) => ok(json!({"id": a.id, "already": !claimed})),
             Ok(Err(e)) => refusal(with_fix(&e)),
             Err(e) => refusal(format!("internal error while acknowledging: {e}")),
@@ -283,7 +278,7 @@ impl Door {
                     return refusal(format!(
                         "unknown kind '{}' in kinds; use any of: {}",
                         k.escape_debug(),
-                        crate::message::KINDS
+                        mailbox::message::KINDS
                             .iter()
                             .map(|k| k.as_str())
                             .collect::<Vec<_>>()
@@ -541,7 +536,7 @@ mod tests {
 
     #[test]
     fn refusals_name_the_fix() {
-        let e = crate::post::postable_kind("bounce").expect_err("bounce is the mediator's");
+        let e = mailbox::post::postable_kind("bounce").expect_err("bounce is the mediator's");
         let t = with_fix(&e);
         assert!(
             t.starts_with("kind 'bounce' is the mediator's: agents may not post it")

@@ -12,7 +12,7 @@
 //! nothing.  The notification names only the URI, as MCP defines it; the
 //! client reads the resource to see what came.
 //!
-//! The watch is the one `wait` uses (lib/fs's inotify watcher on the tokio
+//! The watch is the one `wait` uses (crates/mailbox/src/fs's inotify watcher on the tokio
 //! reactor, no polling), set before `new/` is first listed, so a delivery
 //! between the subscription and the first look is not lost.  The directory
 //! is the truth; events only say when to look.
@@ -22,8 +22,8 @@ use std::ffi::OsString;
 
 use tokio::io::unix::AsyncFd;
 
-use crate::error::{Error, Exit, Result};
-use crate::maildir::{Found, Maildir, Sub};
+use mailbox::error::{Error, Exit, Result};
+use mailbox::maildir::{Found, Maildir, Sub};
 
 /// The one resource lw-mcp serves.
 pub const URI: &str = "inbox://";
@@ -31,7 +31,7 @@ pub const URI: &str = "inbox://";
 /// A watch on `inbox/new/`, set, with the names already there.
 pub struct Bell {
     inbox: Maildir,
-    fd: AsyncFd<crate::fs::Watcher>,
+    fd: AsyncFd<mailbox::fs::Watcher>,
     known: HashSet<OsString>,
 }
 
@@ -39,7 +39,8 @@ impl Bell {
     /// Sets the watch, then lists what is already delivered (not news).
     pub fn start(inbox: Maildir) -> Result<Bell> {
         let dir = inbox.sub(Sub::New);
-        let watcher = crate::fs::Watcher::new().map_err(|e| Error::io("cannot watch", &dir, e))?;
+        let watcher =
+            mailbox::fs::Watcher::new().map_err(|e| Error::io("cannot watch", &dir, e))?;
         watcher
             .add(&dir)
             .map_err(|e| Error::io_as(Exit::NoInput, "cannot watch", &dir, e))?;
@@ -85,7 +86,7 @@ impl Bell {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::{Kind, Message};
+    use mailbox::message::{Kind, Message};
 
     fn msg(id: &str) -> Message {
         Message {

@@ -208,5 +208,5 @@ fn whoami_spec() -> Spec {
 }
 
 fn all_kinds() -> Vec<&'static str> {
-    crate::message::KINDS.iter().map(|k| k.as_str()).collect()
+    mailbox::message::KINDS.iter().map(|k| k.as_str()).collect()
 }

@@ -7,10 +7,10 @@ use std::os::unix::fs::MetadataExt as _;
 use std::time::{Duration, Instant};
 
 use super::outbox::{End, PASS_MAX, Read1, read_outbox};
-use crate::error::{Error, Exit, Result};
-use crate::maildir::{Maildir, Sub};
-use crate::message;
 use crate::sandbox::{MAILBOX, Record, Sandboxes};
+use mailbox::error::{Error, Exit, Result};
+use mailbox::maildir::{Maildir, Sub};
+use mailbox::message;
 
 /// What one pass carried.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -97,7 +97,7 @@ exit $st";
 /// A tag for one copy into an inbox's `tmp/` (DELIVER): this process and
 /// the time, digits only.
 fn copy_tag() -> String {
-    let now = crate::time::now();
+    let now = mailbox::time::now();
     format!(
         "{}{:09}{}",
         now.as_secs(),
@@ -259,7 +259,7 @@ impl<'s, 'a> Courier<'s, 'a> {
                 Exit::Unavailable,
                 format!(
                     "cannot {what} the mail volume (exit {code}): {}",
-                    crate::visible::visible(err.trim())
+                    mailbox::visible::visible(err.trim())
                 ),
             ));
         }
@@ -327,7 +327,7 @@ impl<'s, 'a> Courier<'s, 'a> {
         // Behind until this pass read it to its end (an error on the way
         // leaves it so: read again next interval).
         self.behind.insert(rec.name.clone());
-        if room < crate::message::MAX_FILE {
+        if room < mailbox::message::MAX_FILE {
             return Ok(Carried::default());
         }
         let mut read = self.archive(rec, &outbox, room)?;
@@ -337,7 +337,7 @@ impl<'s, 'a> Courier<'s, 'a> {
             let out = self.script(
                 rec,
                 SWEEP,
-                &[crate::message::MAX_FILE.to_string()],
+                &[mailbox::message::MAX_FILE.to_string()],
                 "move junk aside in",
             )?;
             let n: usize = out
@@ -354,7 +354,7 @@ impl<'s, 'a> Courier<'s, 'a> {
                     "sandbox '{}': {} more entries of outbox/new over {} bytes or not regular files; moved to outbox/junk/ in its mail volume",
                     rec.name,
                     n - over.len(),
-                    crate::message::MAX_FILE
+                    mailbox::message::MAX_FILE
                 );
                 self.say(rec, &line, line.clone(), warn);
             }
@@ -434,7 +434,7 @@ impl<'s, 'a> Courier<'s, 'a> {
         let line = format!(
             "sandbox '{}': outbox/new/{} is not a message ({why}); moved to outbox/junk/ in its mail volume",
             rec.name,
-            crate::visible::visible_line(name)
+            mailbox::visible::visible_line(name)
         );
         self.say(rec, name, line, warn);
     }
@@ -579,7 +579,7 @@ fn pending(inbox: &Maildir) -> Vec<String> {
     names
         .into_iter()
         .filter_map(|n| n.into_string().ok())
-        .filter(|n| crate::id::is_valid(n))
+        .filter(|n| mailbox::id::is_valid(n))
         .filter(|n| {
             std::fs::symlink_metadata(inbox.sub(Sub::New).join(n))
                 .is_ok_and(|m| m.file_type().is_file() && m.nlink() == 1)

@@ -14,9 +14,9 @@ use std::process::{Command, Stdio};
 use super::carry::{Carried, Courier};
 use super::lock::{self, PidFile, running, take_lock};
 use super::serve::{Told, serve};
-use crate::error::{Error, Exit, Result};
-use crate::layout::Root;
 use crate::sandbox::Sandboxes;
+use mailbox::error::{Error, Exit, Result};
+use mailbox::layout::Root;
 
 /// The log is cut when it grows past this many bytes.
 pub const LOG_MAX: u64 = 1 << 20;
@@ -160,7 +160,7 @@ pub fn detached(sb: &Sandboxes, interval: std::time::Duration) -> Result<()> {
     let mut log2 = log
         .try_clone()
         .map_err(|e| Error::io("cannot open", &log_path(&sb.root), e))?;
-    let stamp = || crate::time::rfc3339(crate::time::now());
+    let stamp = || mailbox::time::rfc3339(mailbox::time::now());
     let Some(lock) = take_lock(&sb.root)? else {
         let pid = running(&sb.root)?.unwrap_or(0);
         handshake(&format!("running {pid}"));

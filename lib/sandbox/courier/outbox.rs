@@ -29,9 +29,9 @@ use std::cell::Cell;
 use std::io::Read;
 use std::rc::Rc;
 
-use crate::error::{Error, Exit, Result};
-use crate::maildir::{Delivered, Maildir};
-use crate::message;
+use mailbox::error::{Error, Exit, Result};
+use mailbox::maildir::{Delivered, Maildir};
+use mailbox::message;
 
 /// What one sandbox's outbox may carry into the root in a pass, and what
 /// the root holds of it waiting for the mediator: the default mail quota
@@ -187,7 +187,7 @@ fn one<R: Read>(
     };
     let why = if !entry.header().entry_type().is_file() {
         Some("not a regular file")
-    } else if !crate::id::is_valid(name) {
+    } else if !mailbox::id::is_valid(name) {
         Some("its name does not follow the id grammar")
     } else {
         None
@@ -286,7 +286,7 @@ mod tests {
         let r = read_outbox(&a[..], &t, 64 << 20).unwrap();
         assert_eq!(r.end, End::Whole);
         assert!(r.carried.is_empty() && r.junk.len() == 1, "{r:?}");
-        assert!(!t.sub(crate::maildir::Sub::New).join(id(1)).exists());
+        assert!(!t.sub(mailbox::maildir::Sub::New).join(id(1)).exists());
         let _ = std::fs::remove_dir_all(&t.path);
     }
 

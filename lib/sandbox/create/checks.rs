@@ -9,11 +9,11 @@ use std::path::PathBuf;
 use super::super::settings::apply_overrides;
 use super::super::{CreateOptions, Network, Sandboxes, Settings};
 use crate::agent::setup::Prepared;
-use crate::config::{Config, Project};
 use crate::egress;
-use crate::error::{Error, Exit, Result};
-use crate::registry;
 use crate::secrets::{self, Secret};
+use mailbox::config::{Config, Project};
+use mailbox::error::{Error, Exit, Result};
+use mailbox::registry;
 
 /// What the checks found: everything the making steps need.
 pub(in crate::sandbox) struct Checked {
@@ -71,7 +71,7 @@ impl<'a> Sandboxes<'a> {
         // An engine that does not see the host's paths gets volumes instead
         // of binds (lib/sandbox/volume.rs).
         let on_volumes = super::super::volume::volume_mode(self)?;
-        let cluster = self.kind == crate::engine::EngineKind::Kubernetes;
+        let cluster = self.kind == engine::EngineKind::Kubernetes;
         if on_volumes {
             super::super::volume::check(opts, &self.engine.address(), cluster)?;
             if let Some(r) = runtime
@@ -228,8 +228,8 @@ pub fn check_branch(branch: &str) -> Result<()> {
     if branch.is_empty() || branch.starts_with('-') || branch == "HEAD" {
         return Err(bad());
     }
-    let out = crate::git::output(
-        crate::git::command(None).args(["check-ref-format", &format!("refs/heads/{branch}")]),
+    let out = mailbox::git::output(
+        mailbox::git::command(None).args(["check-ref-format", &format!("refs/heads/{branch}")]),
         "check a branch name",
     )?;
     if out.status.success() {

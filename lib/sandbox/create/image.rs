@@ -9,10 +9,10 @@ use std::process::Stdio;
 
 use sha2::{Digest, Sha256};
 
-use crate::config::Project;
-use crate::engine::Images;
-use crate::error::{Error, Exit, Result};
 use crate::image::{LABEL_LAYER, LABEL_MANIFEST, Layer, Plan, Runtime};
+use engine::Images;
+use mailbox::config::Project;
+use mailbox::error::{Error, Exit, Result};
 
 /// The image a sandbox runs and what it was built from.
 #[derive(Clone, Debug)]
@@ -136,7 +136,7 @@ pub fn resolve_for_cluster(
         .get("build.cache")
         .filter(|c| !c.trim().is_empty());
     if let (Some(spec), None) = (cache, &choice.stale) {
-        let cache = crate::distribution::CacheRef::parse(spec)?;
+        let cache = engine::distribution::CacheRef::parse(spec)?;
         let plan = Runtime::load(&project.top)?.plan(builder)?;
         let last = plan.layers.last().expect("a runtime has a layer");
         choice.reference = format!(
@@ -193,7 +193,7 @@ pub(super) fn drifted_inputs(
     if inputs.is_empty() {
         return Ok(vec![]);
     }
-    let mut child = crate::git::command(None)
+    let mut child = mailbox::git::command(None)
         .arg("--git-dir")
         .arg(mirror)
         .args(["cat-file", "--batch"])

@@ -28,9 +28,9 @@ use std::io::Write as _;
 
 use super::super::{Network, Record, Sandboxes, Settings};
 use super::ImageChoice;
-use crate::engine::{ContainerSpec, ExecIo, ExecRequest, OutStream};
-use crate::error::{Error, Result};
 use crate::wall::REPO;
+use engine::{ContainerSpec, ExecIo, ExecRequest, OutStream};
+use mailbox::error::{Error, Result};
 
 /// Where the deps layer (runtime/deps.Dockerfile) keeps its inputs in the
 /// image, the install script among them at its project path.
@@ -84,7 +84,7 @@ impl<'a> Sandboxes<'a> {
             // The output is the sandbox's text: control characters shown.
             let mut on = |_: OutStream, b: &[u8]| {
                 let text = String::from_utf8_lossy(b);
-                let _ = err.write_all(crate::visible::visible(&text).as_bytes());
+                let _ = err.write_all(mailbox::visible::visible(&text).as_bytes());
             };
             let code = self.engine.exec_io(
                 &name,

@@ -30,12 +30,12 @@ pub use image::{ImageChoice, resolve_image};
 
 use super::record::RECORD_VERSION;
 use super::{CreateOptions, Created, NameLock, Record, Sandboxes, io_err};
-use crate::cli::Report;
-use crate::config::Project;
-use crate::engine::ContainerSpec;
-use crate::error::{Error, Exit, Result};
 use crate::mirror::{self, Mirror, SyncOptions};
 use checks::Checked;
+use engine::ContainerSpec;
+use mailbox::cli::Report;
+use mailbox::config::Project;
+use mailbox::error::{Error, Exit, Result};
 
 /// Step timings of a create, for `--verbose` and `--json`.
 pub(super) struct Clock {
@@ -148,7 +148,7 @@ impl<'a> Sandboxes<'a> {
     ) -> Result<ImageChoice> {
         // A cluster builds nothing: the image is lw-build's, on the builder
         // paired with it.
-        let cluster = self.kind == crate::engine::EngineKind::Kubernetes;
+        let cluster = self.kind == engine::EngineKind::Kubernetes;
         let mut image = match (project, opts.image.as_deref()) {
             (Some(p), None) if cluster => {
                 image::resolve_for_cluster(self.images, p, opts.allow_stale)?
@@ -250,7 +250,7 @@ impl<'a> Sandboxes<'a> {
             uid: c.settings.uid,
             project: project.map(|p| p.top.clone()).unwrap_or_default(),
             mirror: fs::canonicalize(&m.path).unwrap_or_else(|_| m.path.clone()),
-            created: crate::time::rfc3339(crate::time::now()),
+            created: mailbox::time::rfc3339(mailbox::time::now()),
             ready: false,
             agent: c.agent.as_ref().map(|a| a.record()),
             services: opts.services.clone(),

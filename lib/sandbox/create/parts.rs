@@ -9,12 +9,12 @@ use std::path::PathBuf;
 use super::super::{Port, Record, Sandboxes, Settings, container_spec, disk};
 use super::Clock;
 use super::checks::Checked;
-use crate::door_record::DoorRecord;
 use crate::egress;
-use crate::engine::{ContainerSpec, NetworkEngine};
-use crate::error::{Exit, Result};
-use crate::registry::{self, Registry};
 use crate::wall::{LABEL_ROOT, LABEL_ROOT_PATH, LABEL_SANDBOX};
+use engine::{ContainerSpec, NetworkEngine};
+use mailbox::door_record::DoorRecord;
+use mailbox::error::{Exit, Result};
+use mailbox::registry::{self, Registry};
 
 impl<'a> Sandboxes<'a> {
     /// Everything but the clone, up to the started container; returns its spec.
@@ -111,7 +111,7 @@ impl<'a> Sandboxes<'a> {
         // its project's, go into the root before any value goes into the
         // sandbox: the door resolves them from there whatever its working
         // directory, and refuses a value that is not this one
-        // (lib/redact/names.rs, crates/mailbox/src/door_record.rs); the
+        // (crates/mailbox/src/redact/names.rs, crates/mailbox/src/door_record.rs); the
         // project's door budgets too.
         let door = DoorRecord::new(&self.root);
         door.record_secrets(&name, &given_values(&c.secrets, &settings.door_secrets))?;

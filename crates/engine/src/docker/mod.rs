@@ -1,4 +1,4 @@
-//! The runtime contract (lib/engine) on the Docker Engine API, through
+//! The runtime contract (crates/engine/src/lib.rs) on the Docker Engine API, through
 //! bollard: the only module that names it.
 //!
 //! [`DockerEngine`] keeps one client and a current-thread tokio runtime and
@@ -28,15 +28,15 @@ use bollard::Docker;
 use bollard::models::{ExecConfig, PortBinding};
 use bollard::query_parameters as qp;
 
-use crate::error::{Error, Exit, Result};
 use crate::{Container, ContainerSpec, Engine, EngineVersion, ExecRequest, OutStream, PortMap};
+use mailbox::error::{Error, Exit, Result};
 
 /// The Docker Engine through bollard.
 pub struct DockerEngine {
     rt: tokio::runtime::Runtime,
     docker: Docker,
     host: String,
-    /// Whether the engine is Podman, once asked (lib/engine/docker/runtime.rs).
+    /// Whether the engine is Podman, once asked (crates/engine/src/docker/runtime.rs).
     podman: std::sync::OnceLock<bool>,
     /// Kept for the client's life: an ssh tunnel ends when this is dropped.
     _via: connect::Via,

@@ -11,8 +11,8 @@ use bollard::query_parameters as qp;
 use futures_util::StreamExt;
 
 use super::DockerEngine;
-use crate::error::{Error, Exit, Result};
 use crate::{Network, NetworkEngine, NetworkSpec};
+use mailbox::error::{Error, Exit, Result};
 
 fn network_of(n: bollard::models::NetworkInspect) -> Network {
     let ipam = n.ipam.and_then(|i| i.config).unwrap_or_default();

@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 
 use super::{DockerEngine, status_of};
 use crate::HostPaths;
-use crate::error::{Error, Exit, Result};
+use mailbox::error::{Error, Exit, Result};
 
 const TARGET: &str = "/lw-probe";
 

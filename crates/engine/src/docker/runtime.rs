@@ -14,8 +14,8 @@
 
 use std::path::PathBuf;
 
-use crate::error::{Error, Exit, Result};
 use crate::{EngineInfo, RuntimeInfo};
+use mailbox::error::{Error, Exit, Result};
 
 use super::DockerEngine;
 
@@ -117,14 +117,14 @@ impl DockerEngine {
                 Some(p) if p.starts_with('{') => {
                     let path = dir.join(format!(
                         "seccomp-{}.json",
-                        &crate::digest::sha256_hex(p.as_bytes())[..16]
+                        &mailbox::digest::sha256_hex(p.as_bytes())[..16]
                     ));
                     if std::fs::read(&path).ok().as_deref() != Some(p.as_bytes()) {
-                        crate::fs::write_replace(
+                        mailbox::fs::write_replace(
                             &path,
                             p.as_bytes(),
                             0o644,
-                            crate::fs::Durability::Unsynced,
+                            mailbox::fs::Durability::Unsynced,
                         )
                         .map_err(|e| Error::io("cannot write", &path, e))?;
                     }

@@ -9,7 +9,7 @@ use kube::Api;
 use kube::api::PostParams;
 
 use super::KubeEngine;
-use crate::error::Result;
+use mailbox::error::Result;
 
 impl KubeEngine {
     /// Whether this user may `verb` the `resource` (`pods`, `pods/exec`) in

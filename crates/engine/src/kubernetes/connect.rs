@@ -5,12 +5,12 @@
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use super::{CONNECT_TIMEOUT, CONTEXT_KEY, KUBECONFIG_KEY, KubeEngine, NAMESPACE_KEY, Target};
-use crate::error::{Error, Exit, Result};
+use mailbox::error::{Error, Exit, Result};
 
 impl KubeEngine {
     /// Connects as the project's configuration says (see the module's
     /// documentation) and checks the API server answers.
-    pub fn connect_for(config: Option<&crate::config::Config>) -> Result<KubeEngine> {
+    pub fn connect_for(config: Option<&mailbox::config::Config>) -> Result<KubeEngine> {
         let get = |k: &str| {
             config
                 .and_then(|c| c.get(k))
@@ -41,7 +41,7 @@ impl KubeEngine {
     /// The namespace the project's configuration names (`engine.namespace`,
     /// else its context's in the kubeconfig), read without asking the
     /// cluster; `None` when neither says.
-    pub fn configured_namespace(config: Option<&crate::config::Config>) -> Option<String> {
+    pub fn configured_namespace(config: Option<&mailbox::config::Config>) -> Option<String> {
         let get = |k: &str| {
             config
                 .and_then(|c| c.get(k))

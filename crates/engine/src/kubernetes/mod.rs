@@ -1,4 +1,4 @@
-//! The runtime contract (lib/engine) on the Kubernetes API, through kube-rs
+//! The runtime contract (crates/engine/src/lib.rs) on the Kubernetes API, through kube-rs
 //! and the generated k8s-openapi types: the only module that names them.
 //!
 //! A container is a Pod of one container named `main` (pod.rs: non-root,
@@ -45,11 +45,11 @@ use k8s_openapi::api::core::v1::{ConfigMap, LocalObjectReference, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 
-use crate::error::{Error, Exit, Result};
 use crate::{
     Container, ContainerSpec, Engine, EngineInfo, EngineVersion, ExecRequest, Image, Images,
     OutStream, RuntimeInfo,
 };
+use mailbox::error::{Error, Exit, Result};
 
 pub use access::{RULES, Rule, Scope, role_yaml};
 pub(crate) use errors::api_err;

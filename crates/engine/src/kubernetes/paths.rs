@@ -12,7 +12,7 @@ use kube::Api;
 
 use super::KubeEngine;
 use crate::HostPaths;
-use crate::error::Result;
+use mailbox::error::Result;
 
 impl HostPaths for KubeEngine {
     fn address(&self) -> String {

@@ -27,8 +27,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{KubeEngine, pod};
 use crate::died::{DRAIN, KILLED, POLL};
-use crate::error::{Error, Exit, Result};
 use crate::{Container, Died, ExecIo, ExecRequest, OutStream, SandboxEngine, Volume};
+use mailbox::error::{Error, Exit, Result};
 
 impl KubeEngine {
     fn claims(&self) -> Api<PersistentVolumeClaim> {

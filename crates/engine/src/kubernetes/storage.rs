@@ -22,7 +22,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::pod;
-use crate::error::{Error, Result};
+use mailbox::error::{Error, Result};
 
 /// The `.loopwright/config` keys of a claim's class and access modes.
 pub const STORAGE_CLASS_KEY: &str = "kube.storage-class";
@@ -88,7 +88,7 @@ impl Storage {
             let v = get(k)
                 .filter(|v| v != "off" || k != "sandbox.disk")
                 .unwrap_or_else(|| default.to_string());
-            crate::config::parse_bytes(&v)
+            mailbox::config::parse_bytes(&v)
                 .map(|n| quantity(n as u64))
                 .ok_or_else(|| bad(k, &v, "a size above 0, such as 512m or 8g"))
         };
@@ -242,7 +242,7 @@ mod tests {
             ("sandbox.mail-disk = 0", "sandbox.mail-disk"),
         ] {
             let e = storage(text).unwrap_err();
-            assert_eq!(e.exit, crate::error::Exit::Config, "{text}");
+            assert_eq!(e.exit, mailbox::error::Exit::Config, "{text}");
             assert!(e.msg.contains(key), "{text}: {}", e.msg);
         }
     }

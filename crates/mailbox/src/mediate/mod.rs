@@ -241,7 +241,7 @@ impl Mediator {
         root.init()?;
         // The root's own path is the person's (`--root ../r`, a link to
         // it): opened as given.  Everything beneath it is opened through
-        // this descriptor with no link followed (lib/fs::open_beneath).
+        // this descriptor with no link followed (mailbox::fs::open_beneath).
         let rootfd = rustix::fs::open(
             &root.dir,
             rustix::fs::OFlags::RDONLY
@@ -324,7 +324,7 @@ impl Mediator {
         let state = &mut self.state;
         state.known = good.into_iter().map(|s| (s.name.clone(), s)).collect();
         // A sandbox made since the last pass may hold a secret the door
-        // has not looked up yet (lib/redact/names.rs); one it cannot
+        // has not looked up yet (crates/mailbox/src/redact/names.rs); one it cannot
         // resolve, or whose value is not the one it was made with
         // (crate::door_record), stops the door (78) rather than let the
         // value through.
@@ -486,7 +486,7 @@ impl Mediator {
         self.last_sweep = Some(Instant::now());
         // Paths beneath the root's descriptor: a sandbox can replace its
         // `outbox`, `inbox` or their `tmp` with a link to a host directory,
-        // and this removes files as root (lib/fs::open_beneath).
+        // and this removes files as root (mailbox::fs::open_beneath).
         let mut dirs: Vec<PathBuf> = [
             "log",
             "human",

@@ -361,7 +361,7 @@ fn render_duration(d: Duration) -> String {
     }
 }
 
-/// True when a glob matches a path (lib/glob.rs has the one semantics).
+/// True when a glob matches a path (crates/mailbox/src/glob.rs has the one semantics).
 pub fn glob_match(pat: &str, text: &str) -> bool {
     crate::glob::matches(pat, text)
 }

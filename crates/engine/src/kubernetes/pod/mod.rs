@@ -33,7 +33,7 @@ mod stopped;
 
 use std::collections::BTreeMap;
 
-use crate::error::{Error, Result};
+use mailbox::error::{Error, Result};
 
 pub use spec::{CPU_REQUEST_KEY, millicores, pod_of};
 pub use status::{container_of, image_missing, pending_reason, start_outcome};
@@ -126,8 +126,8 @@ mod tests {
     use k8s_openapi::api::core::v1::Pod;
 
     use super::*;
-    use crate::error::Exit;
     use crate::{Bind, ContainerSpec};
+    use mailbox::error::Exit;
 
     fn spec() -> ContainerSpec {
         ContainerSpec {
