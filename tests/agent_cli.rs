@@ -267,14 +267,7 @@ fn scenario(k: &Case) {
     // model proxy's image (it has python3).
     let container = f.container("a1");
     let model_proxy = format!("{container}-model");
-    let py_image = text(&docker(&[
-        "inspect",
-        "--format",
-        "{{.Config.Image}}",
-        &model_proxy,
-    ]))
-    .trim()
-    .to_string();
+    let py_image = model_image(&container);
     let script = serde_json::json!([
         "echo 'changed by the agent' >> README && git add README && git commit -qm 'agent: edit README' && git log --oneline -1",
         "lw-post --kind request --to peer --subject 'README changed' 'please read README'",
@@ -849,6 +842,41 @@ fn agent_fixture(kit: &str, tag: &str, world: &World, tls: &Path) -> Fixture {
     f
 }
 
+/// The image of `container`'s model proxy, which has python3 (the scripted
+/// model runs from it).
+fn model_image(container: &str) -> String {
+    text(&docker(&[
+        "inspect",
+        "--format",
+        "{{.Config.Image}}",
+        &format!("{container}-model"),
+    ]))
+    .trim()
+    .to_string()
+}
+
+/// The consumer's task: a slow tool, six times; then it tries to stop
+/// ("STOP"); told to go on, it runs `read` (reads and acks what waits).
+fn slow_task_then_read(read: &str) -> serde_json::Value {
+    let slow = "sleep 2; echo slow step done";
+    serde_json::json!([slow, slow, slow, slow, slow, slow, "STOP", read])
+}
+
+/// Returns once the agent is mid-task: the model has been asked twice (the
+/// second slow step is running).  The model records to a file and signals
+/// nothing else, so the file is read again every 50 ms.
+fn wait_mid_task(run: &mut std::process::Child, out_dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while requests(out_dir).len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the agent never started its task"
+        );
+        assert!(run.try_wait().unwrap().is_none(), "the run ended early");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Starts the scripted model `name` on `world` playing `script`, recording
 /// into `out_dir`, in `image` (one with python3); returns when it listens.
 fn start_model(
@@ -952,26 +980,11 @@ fn bell(kit: &str, key_env: &str, hooks: &str) {
 
     // The consumer's task: a slow tool, six times; then it tries to stop
     // ("STOP"); told to go on, it reads and acks what waits.
-    let slow = "sleep 2; echo slow step done";
-    let script = serde_json::json!([
-        slow,
-        slow,
-        slow,
-        slow,
-        slow,
-        slow,
-        "STOP",
-        "for i in $(lw-inbox | cut -f1); do lw-inbox show \"$i\"; lw-inbox ack \"$i\"; done"
-    ]);
+    let script = slow_task_then_read(
+        "for i in $(lw-inbox | cut -f1); do lw-inbox show \"$i\"; lw-inbox ack \"$i\"; done",
+    );
     let container = f.container("c1");
-    let py_image = text(&docker(&[
-        "inspect",
-        "--format",
-        "{{.Config.Image}}",
-        &format!("{container}-model"),
-    ]))
-    .trim()
-    .to_string();
+    let py_image = model_image(&container);
     let model = format!("lw-bell-{n}-model");
     start_model(&model, &world, &py_image, &tls, &out_dir, &script);
 
@@ -991,18 +1004,7 @@ fn bell(kit: &str, key_env: &str, hooks: &str) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // The agent is mid-task once the model has been asked twice (the second
-    // slow step is running).  The model records to a file and signals
-    // nothing else, so the file is read again every 50 ms.
-    let deadline = Instant::now() + Duration::from_secs(240);
-    while requests(&out_dir).len() < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the agent never started its task"
-        );
-        assert!(run.try_wait().unwrap().is_none(), "the run ended early");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_mid_task(&mut run, &out_dir);
     let (code, id, e) = f.sh(
         "p1",
         &format!("lw-post --kind contract-change --ref src/api/schema.json --subject 'users: 2 (BELL-{n})' 'user.name is now user.full_name'"),
@@ -1163,14 +1165,7 @@ fn a_docker_killed_model_proxy_is_started_again_while_the_agent_runs() {
     let script = serde_json::json!([slow, slow, slow]);
     let container = f.container("c1");
     let model_proxy = format!("{container}-model");
-    let py_image = text(&docker(&[
-        "inspect",
-        "--format",
-        "{{.Config.Image}}",
-        &model_proxy,
-    ]))
-    .trim()
-    .to_string();
+    let py_image = model_image(&container);
     let model = format!("lw-kill-{n}-model");
     start_model(&model, &world, &py_image, &tls, &out_dir, &script);
     let mut run = f
@@ -1277,26 +1272,11 @@ fn burst(kit: &str, key_env: &str) {
     f.ok(&[
         "create", "c1", "--branch", "lw/c1", "--scope", "src/**", "--agent", kit,
     ]);
-    let slow = "sleep 2; echo slow step done";
-    let script = serde_json::json!([
-        slow,
-        slow,
-        slow,
-        slow,
-        slow,
-        slow,
-        "STOP",
-        "for i in $(lw-inbox | cut -f1); do lw-inbox show \"$i\" >/dev/null; lw-inbox ack \"$i\"; done"
-    ]);
+    let script = slow_task_then_read(
+        "for i in $(lw-inbox | cut -f1); do lw-inbox show \"$i\" >/dev/null; lw-inbox ack \"$i\"; done",
+    );
     let container = f.container("c1");
-    let py_image = text(&docker(&[
-        "inspect",
-        "--format",
-        "{{.Config.Image}}",
-        &format!("{container}-model"),
-    ]))
-    .trim()
-    .to_string();
+    let py_image = model_image(&container);
     let model = format!("lw-burst-{n}-model");
     start_model(&model, &world, &py_image, &tls, &out_dir, &script);
     let mut run = f
@@ -1306,13 +1286,7 @@ fn burst(kit: &str, key_env: &str) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Mid-task (the model records to a file and signals nothing else).
-    let deadline = Instant::now() + Duration::from_secs(240);
-    while requests(&out_dir).len() < 2 {
-        assert!(Instant::now() < deadline, "the agent never started");
-        assert!(run.try_wait().unwrap().is_none(), "the run ended early");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_mid_task(&mut run, &out_dir);
     let (code, ids, e) = f.sh(
         "p1",
         "for i in $(seq 10); do lw-post --kind contract-change --ref src/api/schema.json --subject \"burst $i\" \"$(printf 'line %03d of the change. ' $(seq 104))END$i\" || exit 1; done",
