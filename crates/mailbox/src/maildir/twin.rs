@@ -40,7 +40,6 @@ pub fn settle_claimed(new: &OwnedFd, cur: &OwnedFd, name: &OsStr) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use crate::maildir::{Maildir, Sub};
 
     #[test]
