@@ -97,6 +97,11 @@ impl PowerCut {
     pub fn refuse_noreplace(&self, on: bool) {
         self.m().refuse_noreplace = on;
     }
+
+    /// link(2) calls served so far.
+    pub fn links(&self) -> u64 {
+        self.m().links
+    }
 }
 
 impl Drop for PowerCut {

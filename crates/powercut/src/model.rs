@@ -79,6 +79,8 @@ pub struct Model {
     /// Answer RENAME_NOREPLACE with EINVAL, as gVisor's file system does, so
     /// that writers take their link+unlink path.
     pub refuse_noreplace: bool,
+    /// link(2) calls served (the writers' fallback when NOREPLACE is refused).
+    pub links: u64,
 }
 
 impl Default for Model {
@@ -95,6 +97,7 @@ impl Default for Model {
             dead: false,
             cut_at: None,
             refuse_noreplace: false,
+            links: 0,
         }
     }
 }
@@ -166,6 +169,7 @@ impl Model {
             return Err(libc::EEXIST);
         }
         self.node_mut(ino)?.nlink += 1;
+        self.links += 1;
         self.touch_dir(parent, name, Some(ino));
         Ok(())
     }

@@ -311,7 +311,19 @@ fn check(st: &Stage, root: &Root, p: &Promises) -> (Vec<String>, usize) {
 
 #[test]
 fn cut_at_every_durability_point_of_one_story() {
-    let st = Stage::new("powercut-every");
+    every_point("powercut-every", false);
+}
+
+/// The same where the file system refuses RENAME_NOREPLACE (gVisor's
+/// does): every move is a link and an unlink, two names in between.
+#[test]
+fn cut_at_every_durability_point_with_link_and_unlink() {
+    every_point("powercut-link", true);
+}
+
+fn every_point(tag: &str, refuse_noreplace: bool) {
+    let st = Stage::new(tag);
+    st.fs.refuse_noreplace(refuse_noreplace);
     let root = st.root("whole");
     let p = story(&st, &root);
     let points = st.fs.syncs();
@@ -322,6 +334,12 @@ fn cut_at_every_durability_point_of_one_story() {
     assert!(
         points > 10,
         "the story makes its writes durable: {points} points"
+    );
+    let links = st.fs.links();
+    assert_eq!(
+        refuse_noreplace,
+        links > 0,
+        "{links} links: the path under test"
     );
 
     let (mut cuts, mut checks, mut violations) = (0, 0, Vec::new());
@@ -342,7 +360,7 @@ fn cut_at_every_durability_point_of_one_story() {
         violations.extend(bad.into_iter().map(|b| format!("cut at {k}: {b}")));
     }
     eprintln!(
-        "durability points {points}, cuts {cuts}, invariants checked {checks}, violations {}",
+        "{tag}: durability points {points}, cuts {cuts}, invariants checked {checks}, violations {}",
         violations.len()
     );
     assert!(violations.is_empty(), "{violations:#?}");
