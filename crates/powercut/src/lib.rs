@@ -106,8 +106,15 @@ impl PowerCut {
 
 impl Drop for PowerCut {
     fn drop(&mut self) {
-        if let Some(s) = self.session.take() {
-            let _ = s.umount_and_join();
+        if let Some(s) = self.session.take()
+            && s.umount_and_join().is_err()
+        {
+            // Busy (a process still inside): detach it, so no dead mount
+            // outlives the test.
+            if let Ok(p) = std::ffi::CString::new(self.mountpoint.as_os_str().as_encoded_bytes()) {
+                // SAFETY: a valid NUL-terminated path; umount2 reads it only.
+                unsafe { libc::umount2(p.as_ptr(), libc::MNT_DETACH) };
+            }
         }
     }
 }

@@ -395,6 +395,16 @@ fn reader(root: Root, me: &'static str, stop: Arc<AtomicBool>, p: Arc<Mutex<Prom
     }
 }
 
+/// A child killed (and reaped) when dropped, also when a test panics.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn random_round(st: &Stage, round: u64) -> (Vec<String>, usize, usize) {
     let root = st.root(&format!("random-{round}"));
     let o = st.once(&root);
@@ -409,6 +419,7 @@ fn random_round(st: &Stage, round: u64) -> (Vec<String>, usize, usize) {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
+        .map(Killed)
         .expect("lw-mediate starts");
     let stop = Arc::new(AtomicBool::new(false));
     let p = Arc::new(Mutex::new(Promises::default()));
@@ -426,9 +437,7 @@ fn random_round(st: &Stage, round: u64) -> (Vec<String>, usize, usize) {
         t.join().unwrap();
     }
     // Nothing runs on past a power cut: the mediator dies with the power.
-    let mut watcher = watcher;
-    let _ = watcher.kill();
-    let _ = watcher.wait();
+    drop(watcher);
     st.fs.restore();
     let p = p.lock().unwrap();
     let (bad, n) = check(st, &root, &p);
