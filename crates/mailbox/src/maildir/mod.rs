@@ -34,9 +34,11 @@ use crate::message::{self, Message};
 
 mod deliver;
 mod sweep;
+mod twin;
 mod wait;
 
 pub use sweep::{TMP_MAX_AGE, sweep_tmp};
+pub use twin::settle_claimed;
 pub use wait::{OUTSIDE_TICK, shared_from_outside};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,6 +166,12 @@ impl Maildir {
             }
         }
         names.sort();
+        if s == Sub::New
+            && let (Ok(new), Ok(cur)) = (open_dir(&dir), open_dir(&self.sub(Sub::Cur)))
+        {
+            // A claim a power cut half-kept is a claim (twin.rs).
+            names.retain(|n| !settle_claimed(&new, &cur, n));
+        }
         Ok(names)
     }
 

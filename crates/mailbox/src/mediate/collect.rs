@@ -54,6 +54,10 @@ impl Mediator {
         let mut bytes = 0usize;
         for (k, name) in items {
             let (sender, ob) = (obs[*k].0.as_str(), &obs[*k].1);
+            // Claimed before a power cut that brought its new/ name back.
+            if crate::maildir::settle_claimed(&ob.new, &ob.cur, name) {
+                continue;
+            }
             match inspect(&ob.new, name, sender == layout::MEDIATOR, Some(&ob.tmp)) {
                 Inspected::Gone => {}
                 Inspected::Bad(why, st) => {
