@@ -1,4 +1,4 @@
-//! lw-powercut MOUNTPOINT: mounts the power-cut file system (see the
+//! powercut MOUNTPOINT: mounts the power-cut file system (see the
 //! library's docs) and takes commands on standard input, one a line,
 //! answering each on standard output:
 //!
@@ -19,7 +19,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [mnt] = args.as_slice() else {
         eprintln!(
-            "usage: lw-powercut MOUNTPOINT   (commands on stdin: syncs, arm N, cut, restore, sync, refuse-noreplace on|off)"
+            "usage: powercut MOUNTPOINT   (commands on stdin: syncs, arm N, cut, restore, sync, refuse-noreplace on|off)"
         );
         return ExitCode::from(64);
     };
@@ -27,7 +27,7 @@ fn main() -> ExitCode {
         Ok(fs) => fs,
         Err(e) => {
             eprintln!(
-                "lw-powercut: cannot mount {mnt}: {e} (needs /dev/fuse and root or fusermount3)"
+                "powercut: cannot mount {mnt}: {e} (needs /dev/fuse and root or fusermount3)"
             );
             return ExitCode::from(69);
         }
