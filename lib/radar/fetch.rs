@@ -225,18 +225,10 @@ impl Radar {
             .map(|s| s.trim().to_string())
             .filter(|s| s.len() >= 40);
         let (mut c, _) = self.remote(l, &repo);
-        c.args([
-            "-c",
-            "fetch.unpackLimit=1",
-            "fetch",
-            "--quiet",
-            "--no-tags",
-            "--no-write-fetch-head",
-            "--no-auto-maintenance",
-            "--no-recurse-submodules",
-        ])
-        .arg(src)
-        .arg(format!("+refs/heads/{}:refs/radar/head", l.branch));
+        c.args(["-c", "fetch.unpackLimit=1"])
+            .args(mailbox::git::FETCH_UNTRUSTED)
+            .arg(src)
+            .arg(format!("+refs/heads/{}:refs/radar/head", l.branch));
         let refuse = |why: String| {
             let _ = std::fs::remove_dir_all(&repo);
             Err(why)

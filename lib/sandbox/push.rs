@@ -250,14 +250,7 @@ impl<'a> Sandboxes<'a> {
             fetch.args(["-c", c]);
         }
         fetch
-            .args([
-                "fetch",
-                "--quiet",
-                "--no-tags",
-                "--no-write-fetch-head",
-                "--no-auto-maintenance",
-                "--no-recurse-submodules",
-            ])
+            .args(git::FETCH_UNTRUSTED)
             .arg(&transport)
             .arg(format!("+refs/heads/{}:{local}", rec.branch));
         let (ok, _, err) = run_git(&mut fetch, "fetch from the sandbox")?;

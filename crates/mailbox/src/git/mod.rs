@@ -34,6 +34,19 @@ mod remote;
 pub use config::{config_get, origin_url};
 pub use remote::{Remote, redact_text, redact_url};
 
+/// `git fetch` with the flags of every fetch from a repository a sandbox
+/// wrote (the radar's, `lw-sandbox push`'s): no tags, no `FETCH_HEAD`, no
+/// maintenance, no submodules.  The callers add their `-c` settings before
+/// it, the source and the refspec after.
+pub const FETCH_UNTRUSTED: &[&str] = &[
+    "fetch",
+    "--quiet",
+    "--no-tags",
+    "--no-write-fetch-head",
+    "--no-auto-maintenance",
+    "--no-recurse-submodules",
+];
+
 /// Variables that point git at some other repository or object store; git's
 /// own list is `git rev-parse --local-env-vars`.  `GIT_CONFIG_PARAMETERS`
 /// and `GIT_CONFIG_COUNT` stay: they are the caller's `-c` settings.
