@@ -50,12 +50,17 @@ fn opt(p: &HashMap<String, String>, k: &str) -> Option<String> {
     p.get(k).filter(|v| !v.is_empty()).cloned()
 }
 
-/// Answers a GET: (content type, body), or None for an unknown path.
-pub fn get(
-    c: &Cockpit,
-    path: &str,
-    p: &HashMap<String, String>,
-) -> Result<Option<(&'static str, String)>> {
+/// A GET's answer: its content type, its body, and, where a page asks
+/// again for what may not have changed, a tag of what it says (an HTTP
+/// entity tag: the same tag, the same view).
+pub struct Answer {
+    pub ctype: &'static str,
+    pub body: String,
+    pub tag: Option<String>,
+}
+
+/// Answers a GET, or None for an unknown path.
+pub fn get(c: &Cockpit, path: &str, p: &HashMap<String, String>) -> Result<Option<Answer>> {
     let log = Log::new(c.root.log_dir());
     let v = match path {
         "/api/meta" => json!({
@@ -65,11 +70,30 @@ pub fn get(
         }),
         "/api/sandboxes" => {
             let mut live = c.live.snapshot();
-            json!({
+            let mut v = json!({
                 "sandboxes": data::sandboxes(&c.root, &mut live)?,
                 "engine": live.engine,
                 "refresh_secs": super::live::PERIOD.as_secs(),
-            })
+            });
+            // Tagged without the time the engine was last asked, which
+            // changes every round: a page told to look again when nothing
+            // it shows changed gets 304 and no body (at 1,000 sandboxes the
+            // body is most of a megabyte).
+            let checked = v["engine"]
+                .as_object_mut()
+                .and_then(|e| e.remove("checked"));
+            let tag = format!(
+                "\"{}\"",
+                &mailbox::digest::sha256_hex(v.to_string().as_bytes())[..32]
+            );
+            if let Some(t) = checked {
+                v["engine"]["checked"] = t;
+            }
+            return Ok(Some(Answer {
+                ctype: "application/json",
+                body: v.to_string(),
+                tag: Some(tag),
+            }));
         }
         "/api/log" => {
             let q = data::LogQuery {
@@ -94,14 +118,19 @@ pub fn get(
         }),
         "/api/diff" => {
             let name = p.get("sandbox").map_or("", String::as_str);
-            return Ok(Some((
-                "text/plain; charset=utf-8",
-                diff::diff(&c.root, name),
-            )));
+            return Ok(Some(Answer {
+                ctype: "text/plain; charset=utf-8",
+                body: diff::diff(&c.root, name),
+                tag: None,
+            }));
         }
         _ => return Ok(None),
     };
-    Ok(Some(("application/json", v.to_string())))
+    Ok(Some(Answer {
+        ctype: "application/json",
+        body: v.to_string(),
+        tag: None,
+    }))
 }
 
 fn field<'a>(v: &'a Value, k: &str) -> Result<&'a str> {

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue};
+use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, ETAG, HeaderValue, IF_NONE_MATCH};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -148,13 +148,21 @@ async fn answer(c: Arc<Cockpit>, req: Request<Incoming>) -> Result<Response<Body
             format!("403 forbidden: {why}\n"),
         ),
         Verdict::Allow if changes => post(c, &path, req).await,
-        Verdict::Allow => get(c, &path, query.as_deref()).await,
+        Verdict::Allow => {
+            let seen = req.headers().get(IF_NONE_MATCH).cloned();
+            get(c, &path, query.as_deref(), seen).await
+        }
     };
     harden(&mut r);
     Ok(r)
 }
 
-async fn get(c: Arc<Cockpit>, path: &str, query: Option<&str>) -> Response<Body> {
+async fn get(
+    c: Arc<Cockpit>,
+    path: &str,
+    query: Option<&str>,
+    seen: Option<HeaderValue>,
+) -> Response<Body> {
     match path {
         "/" => full(StatusCode::OK, "text/html; charset=utf-8", INDEX),
         "/app.js" => full(StatusCode::OK, "text/javascript; charset=utf-8", APP_JS),
@@ -166,7 +174,7 @@ async fn get(c: Arc<Cockpit>, path: &str, query: Option<&str>) -> Response<Body>
             let params = api::params(query);
             let res = tokio::task::spawn_blocking(move || api::get(&c, &path, &params)).await;
             match res {
-                Ok(Ok(Some((ctype, body)))) => full(StatusCode::OK, ctype, body),
+                Ok(Ok(Some(a))) => tagged(a, seen.as_ref()),
                 Ok(Ok(None)) => not_found(),
                 Ok(Err(e)) => error_response(&e),
                 Err(_) => error_response(&Error::new(Exit::Software, "the request's task failed")),
@@ -174,6 +182,25 @@ async fn get(c: Arc<Cockpit>, path: &str, query: Option<&str>) -> Response<Body>
         }
         _ => not_found(),
     }
+}
+
+/// An answer with its entity tag: 304 and no body when the page already
+/// holds that view (its If-None-Match names the tag).
+fn tagged(a: api::Answer, seen: Option<&HeaderValue>) -> Response<Body> {
+    let Some(tag) = a.tag.and_then(|t| HeaderValue::from_str(&t).ok()) else {
+        return full(StatusCode::OK, a.ctype, a.body);
+    };
+    let same = seen.is_some_and(|s| {
+        s.to_str()
+            .is_ok_and(|s| s.split(',').any(|t| t.trim().as_bytes() == tag.as_bytes()))
+    });
+    let mut r = if same {
+        full(StatusCode::NOT_MODIFIED, a.ctype, Bytes::new())
+    } else {
+        full(StatusCode::OK, a.ctype, a.body)
+    };
+    r.headers_mut().insert(ETAG, tag);
+    r
 }
 
 fn not_found() -> Response<Body> {

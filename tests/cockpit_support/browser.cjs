@@ -399,9 +399,15 @@ async function bodies() {
 async function churn() {
   const { browser, page, bad } = await open();
   let fetched = 0;
+  let same = 0;
   page.on("requestfinished", (r) => { if (new URL(r.url()).pathname === "/api/sandboxes") fetched++; });
+  page.on("response", (r) => { if (new URL(r.url()).pathname === "/api/sandboxes" && r.status() === 304) same++; });
   await page.waitForSelector('#sandboxes tbody tr[data-name="api"]', { timeout: 5000 });
-  await page.evaluate(() => { for (const r of document.querySelectorAll("#sandboxes tbody tr")) r.lwMark = 1; });
+  // Marked before the engine has answered: its answer changes every row's
+  // state cell, and must leave the rest of each row (and the focus) alone.
+  await page.evaluate(() => {
+    for (const r of document.querySelectorAll("#sandboxes tbody tr")) { r.lwMark = 1; r.cells[0].lwMark = 1; r.cells[r.cells.length - 1].lwMark = 1; }
+  });
   await page.focus('#sandboxes tbody tr[data-name="api"] button');
   const register = (name) => execFileSync(process.env.LW_MEDIATE, ["--root", process.env.LW_ROOT, "register", name]);
   for (let i = 0; i < 3; i++) {
@@ -412,11 +418,16 @@ async function churn() {
   register("web2");
   await page.waitForSelector('#sandboxes tbody tr[data-name="web2"]', { timeout: 5000 })
     .catch(() => fail("a new sandbox did not show"));
+  await page.waitForFunction(() => !/asking the engine/.test(document.getElementById("engine-status").textContent),
+    null, { timeout: 20_000 }).catch(() => fail("the engine's answer never showed"));
   const out = await page.evaluate(() => ({
-    kept: Array.from(document.querySelectorAll("#sandboxes tbody tr")).map((r) => r.dataset.name + ":" + (r.lwMark || 0)),
+    kept: Array.from(document.querySelectorAll("#sandboxes tbody tr")).map((r) =>
+      r.dataset.name + ":" + ((r.lwMark || 0) & (r.cells[0].lwMark || 0) & (r.cells[r.cells.length - 1].lwMark || 0))),
+    engine: document.getElementById("engine-status").textContent,
     focus: document.activeElement.closest("tr") ? document.activeElement.closest("tr").dataset.name : document.activeElement.tagName,
   }));
   out.fetched = fetched;
+  out.same = same;
   if (bad.length) fail("the page misbehaved: " + bad.join("; "));
   await browser.close();
   console.log(JSON.stringify(out));

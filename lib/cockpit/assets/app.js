@@ -18,7 +18,7 @@ let secret = null;
 
 const $ = (id) => document.getElementById(id);
 const PAGE = 50;
-const state = { log: [], next: null, busy: {}, dirty: {}, sandboxes: [] };
+const state = { log: [], next: null, busy: {}, dirty: {}, sandboxes: [], tags: {} };
 
 // Controls, DEL, C1 controls, zero-width and bidi marks, overrides, isolates.
 const UNSAFE = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]/g;
@@ -70,14 +70,19 @@ function denied(why) {
   $("live").className = "live off";
 }
 
-async function api(path, body) {
+// A GET given a `tag` (the entity tag of the view the page holds) answers
+// null when that view is still the server's.
+async function api(path, body, tag) {
   const opts = { headers: { "x-lw-session": secret }, credentials: "omit", cache: "no-store" };
+  if (tag) opts.headers["if-none-match"] = tag;
   if (body !== undefined) {
     opts.method = "POST";
     opts.headers["content-type"] = "application/json";
     opts.body = JSON.stringify(body);
   }
   const r = await fetch(path, opts);
+  if (r.status === 304) return null;
+  state.tags[path] = r.headers.get("etag");
   const ctype = r.headers.get("content-type") || "";
   const data = ctype.startsWith("application/json") ? await r.json() : await r.text();
   if (r.status === 403) {
@@ -179,10 +184,12 @@ function sandboxRow(s, engine) {
     el("td", {}, diff));
 }
 
-// Only rows whose sandbox changed are made again, in place: the others
-// (and the focus, a selection in them) stay as they are.
+// Only the cells of a sandbox that changed are made again, in place: the
+// others (and the focus, a selection in them) stay as they are.
 async function loadSandboxes() {
-  const d = await api("/api/sandboxes");
+  // Told to look again when nothing shown changed: 304, nothing to draw.
+  const d = await api("/api/sandboxes", undefined, state.tags["/api/sandboxes"]);
+  if (!d) return;
   state.sandboxes = d.sandboxes;
   engineLine(d.engine, d.refresh_secs);
   const body = $("sandboxes").tBodies[0];
@@ -192,12 +199,20 @@ async function loadSandboxes() {
   for (const s of d.sandboxes) {
     const sig = JSON.stringify([s, engine]);
     let row = old.get(vis(s.name));
-    if (!row || row.lwSig !== sig) {
-      const fresh = sandboxRow(s, d.engine);
-      fresh.lwSig = sig;
-      if (row) row.replaceWith(fresh);
-      if (at === row) at = fresh;
-      row = fresh;
+    if (!row) {
+      row = sandboxRow(s, d.engine);
+      row.lwSig = sig;
+    } else if (row.lwSig !== sig) {
+      // Cell by cell: when the engine's answer changes every row's state,
+      // the name and the diff button (and the focus on it) stay.
+      const fresh = Array.from(sandboxRow(s, d.engine).cells);
+      fresh.forEach((c, i) => {
+        const was = row.cells[i];
+        if (!was) row.append(c);
+        else if (was.outerHTML !== c.outerHTML) was.replaceWith(c);
+      });
+      while (row.cells.length > fresh.length) row.lastChild.remove();
+      row.lwSig = sig;
     }
     old.delete(vis(s.name));
     if (row !== at) body.insertBefore(row, at);
