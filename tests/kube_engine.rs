@@ -278,6 +278,7 @@ fn life(e: &KubeEngine, root: &Root, id: &str) {
                 tty: false,
                 size: None,
                 on_output: &mut |_, b| out.extend_from_slice(b),
+                stop: None,
             },
         )
         .expect("exec_io");
@@ -320,6 +321,7 @@ fn life(e: &KubeEngine, root: &Root, id: &str) {
                 tty: true,
                 size: Some((40, 100)),
                 on_output: &mut |_, b| out.extend_from_slice(b),
+                stop: None,
             },
         )
         .expect("exec with a terminal");

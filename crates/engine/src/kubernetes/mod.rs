@@ -452,6 +452,7 @@ impl Engine for KubeEngine {
                 tty: false,
                 size: None,
                 on_output,
+                stop: None,
             },
         )
     }
