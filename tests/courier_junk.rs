@@ -19,6 +19,13 @@
 //! 5 s for a machine other builds load (the old courier took minutes).
 //! `LW_JUNK_ROUNDS` and `LW_JUNK_FILES` (per round, of each kind) scale it;
 //! the default is 10 rounds of 100 and 100, the 1,000 and 1,000.
+//!
+//! The same read as Kubernetes makes it, without a cluster: the contract's
+//! default `copy_out` (a `tar` exec, crates/engine/src/tar_out.rs) over
+//! Docker's exec, through a wrapper engine, read by the courier's reader.
+//! Asserted: what crosses the exec's connection is within the reader's
+//! bound and no `tar` is left in the container; the contract as it was
+//! (the stop not passed on) is measured beside it, in the same run.
 
 mod courier_support;
 mod sandbox_support;
