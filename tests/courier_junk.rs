@@ -19,6 +19,13 @@
 //! 5 s for a machine other builds load (the old courier took minutes).
 //! `LW_JUNK_ROUNDS` and `LW_JUNK_FILES` (per round, of each kind) scale it;
 //! the default is 10 rounds of 100 and 100, the issue's 1,000 and 1,000.
+//!
+//! The same read as Kubernetes makes it, without a cluster: the contract's
+//! default `copy_out` (a `tar` exec, crates/engine/src/tar_out.rs) over
+//! Docker's exec, through a wrapper engine, read by the courier's reader.
+//! Asserted: what crosses the exec's connection is within the reader's
+//! bound and no `tar` is left in the container; the contract as it was
+//! (the stop not passed on) is measured beside it, in the same run.
 
 mod courier_support;
 mod sandbox_support;
@@ -27,7 +34,17 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use courier_support::{Courier, LwSandbox, id_time};
+use engine::{
+    ContainerSpec, Engine, ExecIo, ExecRequest, HostPaths, Images, NetworkEngine, OutStream,
+    SandboxEngine,
+};
+use loopwright::sandbox::courier::{End, HEADERS, PASS_MAX, read_outbox};
+use mailbox::error::{Exit, Result};
+use mailbox::maildir::Maildir;
 use sandbox_support::{Fixture, bin, docker, text};
 
 /// A child killed when the test ends, passed or not.
@@ -242,4 +259,240 @@ fn junk_in_a_volume_outbox_is_never_streamed_and_delays_no_other_pair() {
     let x_inbox = ["sandboxes/x/inbox/new", "sandboxes/x/inbox/cur"];
     assert_eq!(holding(&fx.root, &x_inbox, said), once, "x is told");
     courier.kill();
+}
+
+/// The Docker engine copying out as the Kubernetes one does: everything is
+/// Docker's but `copy_out`, which is the contract's default (`tar -c`
+/// through `exec_io`, over Docker's exec here).  It counts what crosses
+/// the exec's connection.  `old` hides the caller's stop from Docker's
+/// `exec_io`: the contract as it was, which read the exec to its end.
+struct TarOut {
+    docker: engine::DockerEngine,
+    old: bool,
+    crossed: AtomicU64,
+}
+
+impl Images for TarOut {
+    fn image(&self, r: &str) -> Result<Option<engine::Image>> {
+        self.docker.image(r)
+    }
+    fn images_with_label(&self, l: &str) -> Result<Vec<engine::Image>> {
+        self.docker.images_with_label(l)
+    }
+}
+
+impl Engine for TarOut {
+    fn version(&self) -> Result<engine::EngineVersion> {
+        self.docker.version()
+    }
+    fn create(&self, s: &ContainerSpec) -> Result<String> {
+        self.docker.create(s)
+    }
+    fn start(&self, c: &str) -> Result<()> {
+        self.docker.start(c)
+    }
+    fn stop(&self, c: &str, t: Duration) -> Result<()> {
+        self.docker.stop(c, t)
+    }
+    fn remove(&self, c: &str, f: bool) -> Result<()> {
+        self.docker.remove(c, f)
+    }
+    fn inspect(&self, c: &str) -> Result<Option<engine::Container>> {
+        self.docker.inspect(c)
+    }
+    fn exec(&self, c: &str, r: &ExecRequest, o: &mut dyn FnMut(OutStream, &[u8])) -> Result<i64> {
+        self.docker.exec(c, r, o)
+    }
+    fn info(&self) -> Result<engine::EngineInfo> {
+        self.docker.info()
+    }
+}
+
+impl NetworkEngine for TarOut {
+    fn create_network(&self, s: &engine::NetworkSpec) -> Result<engine::Network> {
+        self.docker.create_network(s)
+    }
+    fn network(&self, n: &str) -> Result<Option<engine::Network>> {
+        self.docker.network(n)
+    }
+    fn networks_with_label(&self, l: &str) -> Result<Vec<engine::Network>> {
+        self.docker.networks_with_label(l)
+    }
+    fn remove_network(&self, n: &str) -> Result<()> {
+        self.docker.remove_network(n)
+    }
+    fn connect(&self, n: &str, c: &str, a: &[&str]) -> Result<()> {
+        self.docker.connect(n, c, a)
+    }
+    fn disconnect(&self, n: &str, c: &str) -> Result<()> {
+        self.docker.disconnect(n, c)
+    }
+    fn logs(&self, c: &str, stdout: bool) -> Result<Vec<u8>> {
+        self.docker.logs(c, stdout)
+    }
+    fn wait_for_line(
+        &self,
+        c: &str,
+        t: Duration,
+        done: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<bool> {
+        self.docker.wait_for_line(c, t, done)
+    }
+}
+
+impl HostPaths for TarOut {
+    fn address(&self) -> String {
+        self.docker.address()
+    }
+    fn engine_id(&self) -> Result<String> {
+        self.docker.engine_id()
+    }
+    fn read_through_bind(&self, d: &Path, n: &str) -> Result<Option<Vec<u8>>> {
+        self.docker.read_through_bind(d, n)
+    }
+}
+
+impl SandboxEngine for TarOut {
+    fn containers_with_label(&self, l: &str) -> Result<Vec<engine::Container>> {
+        self.docker.containers_with_label(l)
+    }
+    fn create_volume(&self, n: &str, l: &BTreeMap<String, String>) -> Result<()> {
+        self.docker.create_volume(n, l)
+    }
+    fn remove_volume(&self, n: &str) -> Result<()> {
+        self.docker.remove_volume(n)
+    }
+    fn volumes_with_label(&self, l: &str) -> Result<Vec<engine::Volume>> {
+        self.docker.volumes_with_label(l)
+    }
+    fn exec_io(&self, c: &str, r: &ExecRequest, io: ExecIo<'_>) -> Result<i64> {
+        let ExecIo {
+            stdin,
+            tty,
+            size,
+            on_output,
+            stop,
+        } = io;
+        let mut counted = |s: OutStream, b: &[u8]| {
+            self.crossed.fetch_add(b.len() as u64, Ordering::Relaxed);
+            on_output(s, b)
+        };
+        let io = ExecIo {
+            stdin,
+            tty,
+            size,
+            on_output: &mut counted,
+            stop: if self.old { None } else { stop },
+        };
+        self.docker.exec_io(c, r, io)
+    }
+    fn copy_in(&self, c: &str, dir: &str, tar: Box<dyn std::io::Read + Send>) -> Result<()> {
+        self.docker.copy_in(c, dir, tar)
+    }
+}
+
+/// A container removed when the test ends, passed or not.
+struct Removed(String);
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        let _ = docker(&["rm", "-f", &self.0]);
+    }
+}
+
+/// One pass's read of `/o/new` in `container`, as the courier reads an
+/// outbox (carry.rs): what crossed the exec's connection, how long it
+/// took, how the reader ended, and what copy_out said.
+fn tar_pass(container: &str, old: bool, into: &Path) -> (u64, Duration, End, Result<u64>) {
+    let e = TarOut {
+        docker: engine::DockerEngine::connect().expect("the local engine"),
+        old,
+        crossed: AtomicU64::new(0),
+    };
+    let _ = std::fs::remove_dir_all(into);
+    let target = Maildir::new(into);
+    target.create().expect("a maildir");
+    let (reader, mut writer) = std::io::pipe().expect("a pipe");
+    let t = Instant::now();
+    let parser = std::thread::spawn(move || read_outbox(reader, &target, PASS_MAX));
+    let copied = e.copy_out(container, "/o/new", &mut writer);
+    drop(writer);
+    let read = parser.join().expect("the reader").expect("a read");
+    (
+        e.crossed.load(Ordering::Relaxed),
+        t.elapsed(),
+        read.end,
+        copied,
+    )
+}
+
+#[test]
+fn a_tar_copy_out_crosses_no_more_than_its_reader_reads() {
+    let docker_engine = engine::DockerEngine::connect().expect("the local engine");
+    let name = format!("lw-tarout-{}", std::process::id());
+    let _removed = Removed(name.clone());
+    let spec = ContainerSpec {
+        name: Some(name.clone()),
+        image: sandbox_support::debian().to_string(),
+        cmd: ["sleep", "infinity"].map(String::from).to_vec(),
+        ..Default::default()
+    };
+    let id = docker_engine.create(&spec).expect("a container");
+    docker_engine.start(&id).expect("it starts");
+    let sh = |script: &str| {
+        let mut out = Vec::new();
+        let req = ExecRequest {
+            cmd: ["sh", "-c", script].map(String::from).to_vec(),
+            ..Default::default()
+        };
+        let code = docker_engine
+            .exec(&id, &req, &mut |s, b| {
+                if s == OutStream::Stdout {
+                    out.extend_from_slice(b)
+                }
+            })
+            .expect("an exec");
+        assert_eq!(code, 0, "{script}");
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    let plant = |from: usize, to: usize| {
+        sh(&format!(
+            "mkdir -p /o/new && for i in $(seq {from} {to}); do truncate -s 2G /o/new/$(printf '1800000000.%09d.%032x' $i $i); done"
+        ))
+    };
+    let tars = || {
+        sh(
+            "for p in /proc/[0-9]*; do c=$(tr '\\0' ' ' 2>/dev/null <$p/cmdline); case $c in 'tar '*) echo \"$c\";; esac; done",
+        )
+    };
+    let into = std::env::temp_dir().join(format!("lw-tarout-{}", std::process::id()));
+    // The contract as it was, on one sparse 2 GiB file: read to its end.
+    plant(1, 1);
+    let (old_bytes, old_took, old_end, _) = tar_pass(&id, true, &into);
+    // As it is, on five (the issue's 10 GiB).
+    plant(2, 5);
+    let (bytes, took, end, copied) = tar_pass(&id, false, &into);
+    let left = tars();
+    let _ = std::fs::remove_dir_all(&into);
+    println!(
+        "tar copy_out: stop not honoured (the old contract), 1 sparse 2 GiB file: {old_bytes} bytes crossed in {old_took:?}; \
+         honoured, 5 such files: {bytes} bytes in {took:?}"
+    );
+    assert_eq!(
+        (old_end, end),
+        (End::Over, End::Over),
+        "both reads end at a 2 GiB header"
+    );
+    assert!(
+        old_bytes > 2 << 30,
+        "the old contract read the file whole: {old_bytes} bytes"
+    );
+    let bound = PASS_MAX + HEADERS;
+    assert!(
+        bytes <= bound,
+        "{bytes} bytes crossed, the reader's bound is {bound}"
+    );
+    assert!(left.is_empty(), "tar still runs in the container: {left}");
+    let e = copied.expect_err("a copy its reader cut short fails");
+    assert_eq!(e.exit, Exit::IoErr, "{e}");
 }

@@ -335,6 +335,7 @@ fn exec_lines(
             tty: false,
             size: None,
             on_output: &mut on,
+            stop: None,
         },
     )?;
     for (i, rest) in pending.iter().enumerate() {

@@ -97,7 +97,7 @@ pub(super) fn kubernetes(
         ),
         None,
     ));
-    out.push(rbac(&e));
+    out.extend(rbac(&e));
     out.push(f(
         "engine-files",
         Status::Warn,
@@ -118,22 +118,41 @@ pub(super) fn kubernetes(
 }
 
 /// What RBAC lets this user do, against every rule of the client's table
-/// (crates/engine/src/kubernetes/access.rs): one it cannot do without fails.
-fn rbac(e: &engine::KubeEngine) -> Finding {
-    let ns = &e.target().namespace;
-    let (mut denied, mut degraded) = (Vec::new(), Vec::new());
-    for r in engine::kubernetes::RULES {
-        let what = match r.scope {
-            engine::kubernetes::Scope::Namespace => format!("{} {}", r.verb, r.resource),
-            engine::kubernetes::Scope::Cluster => {
-                format!("{} {} (cluster-wide)", r.verb, r.resource)
-            }
+/// (crates/engine/src/kubernetes/access.rs).
+fn rbac(e: &engine::KubeEngine) -> Vec<Finding> {
+    let asked: Vec<(engine::kubernetes::Rule, Result<bool, String>)> = engine::kubernetes::RULES
+        .iter()
+        .map(|r| (*r, e.may(r).map_err(|err| err.to_string())))
+        .collect();
+    rbac_findings(&e.target().namespace, &asked)
+}
+
+/// The RBAC findings from each rule's review (`Err`: the review failed).
+/// A namespace's rule the sandbox cannot do without fails (`kube-rbac`,
+/// granted by a Role); a cluster-wide one never does, since an account
+/// bound only to the namespace's Role is a usual setup: it warns
+/// (`kube-rbac-cluster`), naming what is lost without it and that only a
+/// ClusterRole and a ClusterRoleBinding grant it.
+fn rbac_findings(
+    ns: &str,
+    asked: &[(engine::kubernetes::Rule, Result<bool, String>)],
+) -> Vec<Finding> {
+    use engine::kubernetes::Scope;
+    let (mut denied, mut degraded, mut cluster) = (Vec::new(), Vec::new(), Vec::new());
+    for (r, may) in asked {
+        let why = match may {
+            Ok(true) => continue,
+            Ok(false) => None,
+            Err(err) => Some(err),
         };
-        match e.may(r) {
-            Ok(true) => {}
-            Ok(false) if !r.required => degraded.push(format!("{what}: {}", r.why)),
-            Ok(false) => denied.push(what),
-            Err(err) => denied.push(format!("{what} ({err})")),
+        let what = match why {
+            Some(err) => format!("{} {} ({err})", r.verb, r.resource),
+            None => format!("{} {}", r.verb, r.resource),
+        };
+        match r.scope {
+            Scope::Cluster => cluster.push(format!("{what}: {}", r.why)),
+            Scope::Namespace if r.required => denied.push(what),
+            Scope::Namespace => degraded.push(format!("{what}: {}", r.why)),
         }
     }
     let also = if degraded.is_empty() {
@@ -141,7 +160,7 @@ fn rbac(e: &engine::KubeEngine) -> Finding {
     } else {
         format!("; without {}", degraded.join(", "))
     };
-    if denied.is_empty() {
+    let mut out = vec![if denied.is_empty() {
         f(
             "kube-rbac",
             Status::Ok,
@@ -157,10 +176,24 @@ fn rbac(e: &engine::KubeEngine) -> Finding {
                 denied.join(", ")
             ),
             Some(format!(
-                "grant them: lw doctor --kube-role --namespace {ns} | kubectl apply -f -, then bind the Role and ClusterRole it prints"
+                "grant them with a Role and a RoleBinding in namespace {ns}: lw doctor --kube-role --namespace {ns} | kubectl apply -f -, then kubectl -n {ns} create rolebinding loopwright --role=loopwright --user=USER (or --serviceaccount={ns}:NAME)"
             )),
         )
+    }];
+    if !cluster.is_empty() {
+        out.push(f(
+            "kube-rbac-cluster",
+            Status::Warn,
+            format!(
+                "this user may not, cluster-wide: {}",
+                cluster.join("; ")
+            ),
+            Some(format!(
+                "optional; a cluster administrator grants them with a ClusterRole and a ClusterRoleBinding (a Role cannot: these resources have no namespace): the ClusterRole loopwright-cluster that lw doctor --kube-role --namespace {ns} prints, then kubectl create clusterrolebinding loopwright-{ns} --clusterrole=loopwright-cluster --user=USER"
+            )),
+        ));
     }
+    out
 }
 
 /// `--kube-role`: the Role and ClusterRole the client needs, for namespace
@@ -178,7 +211,20 @@ pub fn kube_role(cwd: &Path, namespace: Option<String>) -> mailbox::error::Resul
     Ok(engine::kubernetes::role_yaml(&ns))
 }
 
-pub(super) fn docker(out: &mut Vec<Finding>, project: Option<&Project>) -> Option<DockerEngine> {
+/// The Docker engine the settings name: the runner, or on Kubernetes the
+/// image builder (then one that does not answer only warns: sandboxes
+/// still run, from images a registry holds).
+pub(super) fn docker(
+    out: &mut Vec<Finding>,
+    project: Option<&Project>,
+    role: super::DockerRole,
+) -> Option<DockerEngine> {
+    let builder = role == super::DockerRole::Builder;
+    let what = if builder {
+        "; the image builder paired with the Kubernetes runner"
+    } else {
+        ""
+    };
     match engine::connect_docker(project.map(|p| &p.config))
         .and_then(|e| e.version().map(|v| (e, v)))
     {
@@ -186,7 +232,7 @@ pub(super) fn docker(out: &mut Vec<Finding>, project: Option<&Project>) -> Optio
             out.push(f(
                 "docker",
                 Status::Ok,
-                format!("engine {} (API {}) at {}", v.version, v.api, e.host()),
+                format!("engine {} (API {}) at {}{what}", v.version, v.api, e.host()),
                 None,
             ));
             Some(e)
@@ -197,7 +243,13 @@ pub(super) fn docker(out: &mut Vec<Finding>, project: Option<&Project>) -> Optio
             } else {
                 "ask an administrator to install docker.io and add you to the docker group, or set DOCKER_HOST"
             };
-            out.push(f("docker", Status::Fail, err.to_string(), Some(fix.into())));
+            let status = if builder { Status::Warn } else { Status::Fail };
+            out.push(f(
+                "docker",
+                status,
+                format!("{err}{what}"),
+                Some(fix.into()),
+            ));
             None
         }
     }
@@ -329,4 +381,87 @@ pub(super) fn runtimes(e: &DockerEngine, project: Option<&Project>) -> Vec<Findi
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use engine::kubernetes::{RULES, Scope};
+
+    /// Every rule reviewed: `may` answers for each.
+    fn asked(
+        may: impl Fn(&engine::kubernetes::Rule) -> bool,
+    ) -> Vec<(engine::kubernetes::Rule, Result<bool, String>)> {
+        RULES.iter().map(|r| (*r, Ok(may(r)))).collect()
+    }
+
+    #[test]
+    fn an_account_bound_only_to_the_role_passes_and_is_told_what_it_lacks() {
+        // What `lw doctor --kube-role` prints as the Role, and nothing else.
+        let found = rbac_findings("team", &asked(|r| r.scope == Scope::Namespace));
+        assert_eq!(found[0].check, "kube-rbac");
+        assert_eq!(found[0].status, Status::Ok, "{}", found[0].detail);
+        let cluster = &found[1];
+        assert_eq!(
+            (cluster.check, cluster.status),
+            ("kube-rbac-cluster", Status::Warn)
+        );
+        // Each cluster-wide request is named with what is lost without it.
+        assert!(
+            cluster.detail.contains("list runtimeclasses: the RuntimeClass of sandbox.runtime (without it only the nodes' default runtime, runc: no gVisor)")
+                && cluster.detail.contains("list nodes"),
+            "{}",
+            cluster.detail
+        );
+        let fix = cluster.fix.as_deref().unwrap();
+        assert!(
+            fix.contains("ClusterRole and a ClusterRoleBinding") && fix.contains("a Role cannot"),
+            "{fix}"
+        );
+    }
+
+    #[test]
+    fn a_namespace_request_refused_fails_and_is_granted_by_a_role() {
+        let found = rbac_findings("team", &asked(|r| r.resource != "pods/exec"));
+        assert_eq!(found.len(), 1, "every cluster-wide request allowed");
+        assert_eq!(found[0].status, Status::Fail);
+        assert!(
+            found[0].detail.contains("create pods/exec"),
+            "{}",
+            found[0].detail
+        );
+        let fix = found[0].fix.as_deref().unwrap();
+        assert!(
+            fix.contains("a Role and a RoleBinding in namespace team")
+                && !fix.contains("ClusterRole"),
+            "{fix}"
+        );
+    }
+
+    #[test]
+    fn a_review_that_fails_is_named_with_its_cause() {
+        let mut a = asked(|_| true);
+        for (r, may) in a.iter_mut() {
+            if r.resource == "runtimeclasses" || r.resource == "pods/log" {
+                *may = Err("the API server did not answer".into());
+            }
+        }
+        let found = rbac_findings("team", &a);
+        assert_eq!(found[0].status, Status::Fail);
+        assert!(
+            found[0]
+                .detail
+                .contains("get pods/log (the API server did not answer)"),
+            "{}",
+            found[0].detail
+        );
+        assert_eq!(found[1].status, Status::Warn);
+        assert!(
+            found[1]
+                .detail
+                .contains("list runtimeclasses (the API server"),
+            "{}",
+            found[1].detail
+        );
+    }
 }

@@ -20,6 +20,7 @@ pub use engines::kube_role;
 mod project;
 
 use engines::{docker, host_files, kubernetes, runtimes, services};
+
 use project::{github, image, image_cache, mailbox, mirror, toolchain};
 
 fn f(
@@ -85,12 +86,13 @@ pub fn run(inp: &Inputs) -> Vec<Finding> {
     if !on_docker {
         out.extend(kubernetes(kind, project.as_ref()));
     }
-    let engine = if on_docker {
-        docker(&mut out, project.as_ref())
-    } else {
-        None
-    };
-    if let Some(e) = &engine {
+    // Docker is asked either way: on Kubernetes it is the image builder
+    // the runner is paired with (engine::select), which builds and holds
+    // the images the image and agent checks look at.
+    let role = DockerRole::of(on_docker);
+    let builder = docker(&mut out, project.as_ref(), role);
+    let engine = builder.as_ref().filter(|_| role == DockerRole::Runner);
+    if let Some(e) = engine {
         out.push(host_files(e));
         out.extend(runtimes(e, project.as_ref()));
     }
@@ -98,18 +100,18 @@ pub fn run(inp: &Inputs) -> Vec<Finding> {
     if let Some(p) = &project {
         out.push(mirror(p, inp.fresh));
         out.extend(toolchain(p));
-        out.extend(image(p, engine.as_ref()));
+        out.extend(image(p, builder.as_ref()));
         out.push(image_cache(p));
         out.extend(crate::agent::doctor::checks(
             p,
-            engine.as_ref().map(|e| e as &dyn Images),
+            builder.as_ref().map(|e| e as &dyn Images),
         ));
     }
     let root = inp
         .root
         .clone()
         .or_else(|| project.as_ref().map(|p| p.cache().join("mailbox")));
-    if let (Some(r), Some(e)) = (&root, &engine) {
+    if let (Some(r), Some(e)) = (&root, engine) {
         out.extend(services(r, e, project.as_ref()));
     }
     match root {
@@ -128,6 +130,24 @@ pub fn run(inp: &Inputs) -> Vec<Finding> {
             .unwrap_or(&inp.cwd),
     ));
     out
+}
+
+/// What the Docker engine is to the checks: the sandbox runner (engine
+/// docker), or only the image builder paired with the Kubernetes runner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DockerRole {
+    Runner,
+    Builder,
+}
+
+impl DockerRole {
+    fn of(on_docker: bool) -> DockerRole {
+        if on_docker {
+            DockerRole::Runner
+        } else {
+            DockerRole::Builder
+        }
+    }
 }
 
 fn git() -> Finding {
@@ -179,5 +199,18 @@ fn apparmor() -> Finding {
             "the host has no AppArmor: sandboxes run without an AppArmor profile (no capabilities, no-new-privileges and the seccomp profile still apply)",
             Some("nothing to do unless you want AppArmor: boot a kernel with it enabled".into()),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn on_kubernetes_docker_is_asked_as_the_image_builder() {
+        // It was not asked at all, and the image check then said "the
+        // Docker engine is not reachable" with Docker up.
+        assert_eq!(DockerRole::of(false), DockerRole::Builder);
+        assert_eq!(DockerRole::of(true), DockerRole::Runner);
     }
 }

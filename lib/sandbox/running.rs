@@ -42,6 +42,7 @@ impl<'a> Sandboxes<'a> {
             tty: false,
             size: None,
             on_output: &mut on,
+            stop: None,
         };
         let code = self
             .engine
@@ -240,6 +241,7 @@ impl<'a> Sandboxes<'a> {
             tty,
             size: engine::tty::size(),
             on_output: &mut on,
+            stop: None,
         };
         self.engine
             .exec_io(&rec.container, &req, io)

@@ -315,6 +315,7 @@ impl<'a> Sandboxes<'a> {
                 tty: false,
                 size: None,
                 on_output: &mut on,
+                stop: None,
             },
         )?;
         Ok((

@@ -347,6 +347,7 @@ impl<'a> Services<'a> {
                 tty: false,
                 size: None,
                 on_output: &mut on,
+                stop: None,
             },
         )?;
         if code != 0 {

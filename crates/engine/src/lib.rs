@@ -54,10 +54,12 @@ mod paths;
 pub mod runtime;
 pub mod select;
 mod stdin;
+mod tar_out;
 pub mod tty;
 
 use std::collections::BTreeMap;
 use std::io::Read;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 pub use died::{Died, died, exit_state};
@@ -352,7 +354,20 @@ pub struct ExecIo<'a> {
     /// The terminal's size, rows and columns.
     pub size: Option<(u16, u16)>,
     pub on_output: &'a mut dyn FnMut(OutStream, &[u8]),
+    /// The caller wants no more output: once this is set (by `on_output`,
+    /// typically), the engine reads none past the chunk in hand, closes the
+    /// exec's streams and returns [`STOPPED`] at once, without waiting for
+    /// the command to end.  `None`: the output is read to its end.
+    pub stop: Option<&'a AtomicBool>,
 }
+
+/// What [`SandboxEngine::exec_io`] returns for an exec whose caller set
+/// [`ExecIo::stop`]: 141, what a shell says of a writer whose reader went
+/// away (128 + SIGPIPE).  It is the caller's word, not the command's
+/// status: closing the streams ends the command on one engine and leaves it
+/// running on another (Docker's exec runs on, blocked on its full pipe;
+/// `copy_out` kills its `tar` itself).
+pub const STOPPED: i64 = 128 + 13;
 
 /// The sandbox runner contract: the base contract and networks, plus
 /// what a sandbox's life needs.
@@ -367,7 +382,12 @@ pub trait SandboxEngine: Engine + NetworkEngine + HostPaths + Sync {
     fn volumes_with_label(&self, label: &str) -> Result<Vec<Volume>>;
     /// Runs `req` in a running container with `io` attached; returns its exit
     /// status (128+n when a signal ended it).  When the container ends while
-    /// it runs: 69 with a [`Died`], as [`Engine::exec`].
+    /// it runs: 69 with a [`Died`], as [`Engine::exec`].  When the caller
+    /// sets [`ExecIo::stop`]: [`STOPPED`] at once, the exec's streams closed
+    /// (Docker drops the attach connection, Kubernetes the WebSocket) and
+    /// nothing more read, so what crosses the connection is what the caller
+    /// took and the chunk in flight; the command may still run (Docker does
+    /// not end it), and ending it is the caller's.
     fn exec_io(&self, container: &str, req: &ExecRequest, io: ExecIo<'_>) -> Result<i64>;
     /// Whether a container (and an exec in it) may run as root.  Kubernetes
     /// runs every pod as non-root and an exec as the pod's own user, so
@@ -408,6 +428,7 @@ pub trait SandboxEngine: Engine + NetworkEngine + HostPaths + Sync {
             tty: false,
             size: None,
             on_output: &mut on,
+            stop: None,
         };
         match self.exec_io(container, &req, io)? {
             0 => Ok(()),
@@ -423,85 +444,19 @@ pub trait SandboxEngine: Engine + NetworkEngine + HostPaths + Sync {
     /// Writes a tar archive of `path` (a file or a directory, by its last
     /// component, never following a link at its end) in `container`
     /// (created or running) to `out`; returns the bytes written.  A missing
-    /// `path` is 66.  The default runs `tar -c` in the running container.
+    /// `path` is 66; `out` failing is 74.  The default runs `tar -c` in the
+    /// running container through [`SandboxEngine::exec_io`]; the Docker
+    /// engine uses its archive endpoint (`docker cp`) instead.
+    ///
+    /// Bounded by its reader: once `out` fails (a reader that stops at its
+    /// bound drops its end of the pipe), no more of the archive crosses the
+    /// engine's connection, whatever `path` holds (five sparse 2 GiB files
+    /// are 10 GiB of archive).  The default stops the exec
+    /// ([`ExecIo::stop`]) and then kills its `tar` in a second exec, since
+    /// closing an exec's streams does not end its process on every engine;
+    /// tar_out.rs says why this and not a bound inside the container.
     fn copy_out(&self, container: &str, path: &str, out: &mut dyn std::io::Write) -> Result<u64> {
-        let p = std::path::Path::new(path);
-        let parent = p
-            .parent()
-            .map(|d| d.to_string_lossy().into_owned())
-            .filter(|d| !d.is_empty())
-            .unwrap_or_else(|| "/".into());
-        let base = p
-            .file_name()
-            .map(|b| b.to_string_lossy().into_owned())
-            .unwrap_or_else(|| ".".into());
-        let req = ExecRequest {
-            cmd: vec![
-                "tar".into(),
-                "-c".into(),
-                "-f".into(),
-                "-".into(),
-                "-C".into(),
-                parent,
-                "--".into(),
-                base.clone(),
-            ],
-            user: self.runs_as_root().then(|| "0".into()),
-            ..Default::default()
-        };
-        let mut n = 0u64;
-        let mut err = Vec::new();
-        let mut failed = None;
-        let mut on = |s: OutStream, b: &[u8]| match s {
-            OutStream::Stdout => {
-                if failed.is_none() {
-                    match out.write_all(b) {
-                        Ok(()) => n += b.len() as u64,
-                        Err(e) => failed = Some(e),
-                    }
-                }
-            }
-            OutStream::Stderr => err.extend_from_slice(b),
-        };
-        let io = ExecIo {
-            stdin: None,
-            tty: false,
-            size: None,
-            on_output: &mut on,
-        };
-        let code = self.exec_io(container, &req, io)?;
-        if let Some(e) = failed {
-            return Err(mailbox::error::Error::new(
-                mailbox::error::Exit::IoErr,
-                format!("cannot write the archive of '{path}': {e}"),
-            ));
-        }
-        // GNU tar exits 1 when the directory it was asked for gained or
-        // lost entries while it read it; what it archived is whole (a
-        // Maildir's files appear by rename), so that is a success.
-        let grew = format!("tar: {base}: file changed as we read it");
-        let only_grew = |e: &[u8]| {
-            let e = String::from_utf8_lossy(e);
-            e.lines().count() > 0 && e.lines().all(|l| l.trim() == grew)
-        };
-        match code {
-            0 => Ok(n),
-            1 if only_grew(&err) => Ok(n),
-            n => {
-                let why = String::from_utf8_lossy(&err).trim().to_string();
-                let exit = if why.contains("No such file") {
-                    mailbox::error::Exit::NoInput
-                } else {
-                    mailbox::error::Exit::Unavailable
-                };
-                Err(mailbox::error::Error::new(
-                    exit,
-                    format!(
-                        "cannot copy '{path}' out of container '{container}': tar exited {n}: {why}"
-                    ),
-                ))
-            }
-        }
+        tar_out::copy_out(self, container, path, out)
     }
 }
 

@@ -75,6 +75,6 @@ mod serve;
 pub use carry::{Carried, Courier, Due, Status};
 pub use daemon::{Ensured, LOG_MAX, control, detached, ensure, ensure_from, log_path};
 pub use lock::{PidFile, lock_path, pid_path, running, stop, take_lock};
-pub use outbox::PASS_MAX;
+pub use outbox::{End, HEADERS, PASS_MAX, Read1, read_outbox};
 pub use ring::SILENT;
 pub use serve::{SWEEP, Told, foreground, run, serve};

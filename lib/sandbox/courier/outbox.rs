@@ -23,7 +23,10 @@
 //!   and [`HEADERS`]: a hostile `tar` that says more is cut there.
 //!
 //! Ending a read drops the pipe: the engine's side stops with a broken
-//! pipe, which the caller expects.
+//! pipe, which the caller expects, and no more of the archive crosses the
+//! engine's connection (Docker's archive request is dropped; the
+//! contract's default `copy_out`, Kubernetes', stops its `tar` exec and
+//! kills the `tar`: crates/engine/src/tar_out.rs).
 
 use std::cell::Cell;
 use std::io::Read;

@@ -187,6 +187,7 @@ impl<'scope, 'env> Rings<'scope, 'env> {
                 tty: false,
                 size: None,
                 on_output: &mut on,
+                stop: None,
             };
             let res = engine
                 .exec_io(&container, &req, io)

@@ -94,6 +94,7 @@ impl<'a> Sandboxes<'a> {
                     tty: false,
                     size: None,
                     on_output: &mut on,
+                    stop: None,
                 },
             )?;
             if code != 0 {

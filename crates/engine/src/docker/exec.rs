@@ -68,6 +68,7 @@ impl DockerEngine {
             tty,
             size,
             on_output,
+            stop,
         } = io;
         let cfg = ExecConfig {
             attach_stdin: Some(stdin.is_some()),
@@ -86,7 +87,7 @@ impl DockerEngine {
                 tty,
                 output_capacity: Some(64 * 1024),
             };
-            let mut died = false;
+            let mut ended = Ended::Output;
             if let StartExecResults::Attached { output, input } = docker
                 .start_exec(&created.id, Some(opts))
                 .await
@@ -98,14 +99,19 @@ impl DockerEngine {
                     tty,
                     size,
                     on_output,
+                    stop,
                 };
-                died = streams
+                ended = streams
                     .run(output, input, rx, &mut death)
                     .await
                     .map_err(err)?;
             }
-            if died {
-                return Err(dead_err(&docker, container, &cmd).await);
+            match ended {
+                Ended::Output => {}
+                Ended::Died => return Err(dead_err(&docker, container, &cmd).await),
+                // The attach connection went with the streams; the engine
+                // leaves the command running (it is the caller's to end).
+                Ended::Stopped => return Ok(crate::STOPPED),
             }
             let code = docker
                 .inspect_exec(&created.id)
@@ -145,6 +151,17 @@ struct Streams<'a, 'o> {
     tty: bool,
     size: Option<(u16, u16)>,
     on_output: &'o mut dyn FnMut(OutStream, &[u8]),
+    stop: Option<&'o std::sync::atomic::AtomicBool>,
+}
+
+/// Why an attached exec's streams were let go.
+enum Ended {
+    /// Its output ended.
+    Output,
+    /// Its container died first.
+    Died,
+    /// The caller set [`ExecIo::stop`].
+    Stopped,
 }
 
 fn resize((h, w): (u16, u16)) -> qp::ResizeExecOptions {
@@ -155,23 +172,27 @@ fn resize((h, w): (u16, u16)) -> qp::ResizeExecOptions {
 }
 
 impl Streams<'_, '_> {
-    /// Passes output on and feeds stdin (from `rx`) until the output ends
-    /// (false) or `death` resolves first (true, after what was in flight is
-    /// drained).  A local terminal's resizes follow it to the exec's.
+    /// Passes output on and feeds stdin (from `rx`) until the output ends,
+    /// `death` resolves first (after what was in flight is drained), or the
+    /// caller stops it: then the streams are dropped at once, which closes
+    /// the attach connection.  A local terminal's resizes follow it to the
+    /// exec's.
     async fn run<D: std::future::Future<Output = ()>>(
         self,
         mut output: Output,
         mut input: Input,
         mut rx: tokio::sync::mpsc::Receiver<Option<Vec<u8>>>,
         death: &mut std::pin::Pin<&mut D>,
-    ) -> std::result::Result<bool, bollard::errors::Error> {
+    ) -> std::result::Result<Ended, bollard::errors::Error> {
         let Streams {
             docker,
             exec,
             tty,
             size,
             on_output,
+            stop,
         } = self;
+        let stopped = || stop.is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed));
         if let Some(s) = size {
             let _ = docker.resize_exec(exec, resize(s)).await;
         }
@@ -200,7 +221,7 @@ impl Streams<'_, '_> {
                     {
                         on_chunk(c);
                     }
-                    return Ok(true);
+                    return Ok(Ended::Died);
                 }
                 Some(()) = async { match winch.as_mut() { Some(w) => w.recv().await, None => None } } => {
                     if let Some(s) = crate::tty::size() {
@@ -208,13 +229,18 @@ impl Streams<'_, '_> {
                     }
                 }
                 chunk = output.next() => match chunk {
-                    None => return Ok(false),
-                    Some(Ok(c)) => on_chunk(c),
+                    None => return Ok(Ended::Output),
+                    Some(Ok(c)) => {
+                        on_chunk(c);
+                        if stopped() {
+                            return Ok(Ended::Stopped);
+                        }
+                    }
                     // A command that exits with input unread leaves bytes
                     // in the engine's socket, and its close is then a
                     // reset: the exec ended, and its status says how.
                     Some(Err(e)) => {
-                        return if exec_ended(docker, exec).await { Ok(false) } else { Err(e) };
+                        return if exec_ended(docker, exec).await { Ok(Ended::Output) } else { Err(e) };
                     }
                 },
                 data = rx.recv(), if stdin_open => match data {

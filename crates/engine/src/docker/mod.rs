@@ -345,6 +345,7 @@ impl Engine for DockerEngine {
             tty: false,
             size: None,
             on_output,
+            stop: None,
         };
         self.exec_attached(container, req, io)
     }

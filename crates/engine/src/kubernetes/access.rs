@@ -200,10 +200,11 @@ pub const RULES: &[Rule] = &[
     Rule {
         group: "node.k8s.io",
         scope: Scope::Cluster,
+        required: false,
         ..ns(
             "list",
             "runtimeclasses",
-            "the RuntimeClass of sandbox.runtime",
+            "the RuntimeClass of sandbox.runtime (without it only the nodes' default runtime, runc: no gVisor)",
         )
     },
     Rule {
@@ -226,6 +227,28 @@ pub const RULES: &[Rule] = &[
         )
     },
 ];
+
+/// Where `verb` on `resource` applies, as [`RULES`] says (a request the
+/// table lacks is taken for the namespace's: the table's test keeps every
+/// request in it).
+pub fn scope_of(verb: &str, resource: &str) -> Scope {
+    RULES
+        .iter()
+        .find(|r| r.verb == verb && r.resource == resource)
+        .map_or(Scope::Namespace, |r| r.scope)
+}
+
+/// How what `scope` holds is granted: a Role and RoleBinding in
+/// `namespace`, or, for a resource without a namespace, a ClusterRole and
+/// ClusterRoleBinding, which a Role cannot stand in for.
+pub fn grant(scope: Scope, namespace: &str) -> String {
+    match scope {
+        Scope::Namespace => format!(
+            "grant it with a Role and a RoleBinding in namespace '{namespace}' (lw doctor --kube-role prints the Role)"
+        ),
+        Scope::Cluster => "grant it with a ClusterRole and a ClusterRoleBinding, which a cluster administrator makes (a Role cannot: the resource has no namespace; lw doctor --kube-role prints the ClusterRole)".to_string(),
+    }
+}
 
 /// The Role (namespace `namespace`) and ClusterRole that grant [`RULES`], as
 /// YAML for `kubectl apply -f -`, with how to bind them in comments.

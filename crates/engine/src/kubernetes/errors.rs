@@ -32,11 +32,18 @@ pub(crate) fn api_err(t: &Target, verb: &str, resource: &str, what: &str, e: kub
                     );
                 }
                 403 => {
+                    let scope = super::scope_of(verb, resource);
+                    let place = match scope {
+                        super::Scope::Namespace => format!("in namespace '{ns}'"),
+                        super::Scope::Cluster => "cluster-wide".to_string(),
+                    };
                     return Error::new(
                         Exit::NoPerm,
                         format!(
-                            "{what}: Kubernetes RBAC forbids '{verb}' on '{resource}' in namespace '{ns}' for context '{}' ({}); grant it with a Role and RoleBinding",
-                            t.context, s.message
+                            "{what}: Kubernetes RBAC forbids '{verb}' on '{resource}' {place} for context '{}' ({}); {}",
+                            t.context,
+                            s.message,
+                            super::grant(scope, ns)
                         ),
                     );
                 }
@@ -95,6 +102,24 @@ mod tests {
             e.msg.contains("'create' on 'pods'")
                 && e.msg.contains("'prod'")
                 && e.msg.contains("'team'"),
+            "{}",
+            e.msg
+        );
+        assert!(e.msg.contains("a Role and a RoleBinding"), "{}", e.msg);
+        // A resource without a namespace: what a Role cannot grant.
+        let e = api_err(
+            &t,
+            "list",
+            "runtimeclasses",
+            "cannot list RuntimeClasses",
+            api(403, "runtimeclasses.node.k8s.io is forbidden"),
+        );
+        assert_eq!(e.exit, Exit::NoPerm);
+        assert!(
+            e.msg.contains("cluster-wide")
+                && e.msg.contains("a ClusterRole and a ClusterRoleBinding")
+                && !e.msg.contains("in namespace 'team'")
+                && !e.msg.contains("with a Role and"),
             "{}",
             e.msg
         );

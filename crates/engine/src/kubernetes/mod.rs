@@ -51,7 +51,7 @@ use crate::{
 };
 use mailbox::error::{Error, Exit, Result};
 
-pub use access::{RULES, Rule, Scope, role_yaml};
+pub use access::{RULES, Rule, Scope, grant, role_yaml, scope_of};
 pub(crate) use errors::api_err;
 use errors::unreachable;
 pub use pod::{MANAGED_BY, MANAGED_BY_VALUE, NET_PREFIX};
@@ -452,6 +452,7 @@ impl Engine for KubeEngine {
                 tty: false,
                 size: None,
                 on_output,
+                stop: None,
             },
         )
     }

@@ -202,6 +202,7 @@ pub(super) fn exec_streams(
         tty,
         size,
         on_output,
+        stop,
     } = io;
     let ap = AttachParams {
         container: Some(pod::MAIN.into()),
@@ -235,8 +236,21 @@ pub(super) fn exec_streams(
         let death = pod_death(&pods, container, &shown);
         tokio::pin!(death);
         let streams = (proc.stdout(), proc.stderr(), proc.stdin());
-        if let Some(d) = relay(streams, (rx, has_stdin), &mut death, on_output).await {
-            return Err(d.into_error());
+        match relay(streams, (rx, has_stdin), &mut death, on_output, stop).await {
+            Relayed::Output => {}
+            Relayed::Died(d) => return Err(d.into_error()),
+            Relayed::Stopped => {
+                // The streams went with relay; the task that holds the
+                // WebSocket is ended and awaited, so the connection is
+                // closed before this returns (an aborted task is only
+                // dropped when the runtime next runs it).  The API server
+                // then closes the exec's streams: a command still writing
+                // gets SIGPIPE, one blocked on a kubelet that does not
+                // close them is the caller's to end (as copy_out does).
+                proc.abort();
+                let _ = proc.join().await;
+                return Ok(crate::STOPPED);
+            }
         }
         let status = match status {
             Some(s) => s.await,
@@ -259,16 +273,28 @@ pub(super) fn exec_streams(
     })
 }
 
+/// Why [`relay`] returned.
+#[derive(Debug)]
+enum Relayed {
+    /// Both outputs ended.
+    Output,
+    /// The container died (after what was in flight was read).
+    Died(Died),
+    /// The caller set [`ExecIo::stop`]: nothing more was read.
+    Stopped,
+}
+
 /// Passes an exec's output (stdout, stderr) on and feeds its stdin from
-/// `rx` (when `stdin_open`) until both outputs end (`None`), or `death`
-/// resolves: then what was in flight is read for [`DRAIN`] and the death
-/// returned.
+/// `rx` (when `stdin_open`) until both outputs end, `death` resolves (then
+/// what was in flight is read for [`DRAIN`] and the death returned), or
+/// `stop` is set: then it returns at once, reading nothing more.
 async fn relay<O, E, I, D>(
     (mut out, mut err, mut input): (Option<O>, Option<E>, Option<I>),
     (mut rx, mut stdin_open): (tokio::sync::mpsc::Receiver<Option<Vec<u8>>>, bool),
     death: &mut std::pin::Pin<&mut D>,
     on_output: &mut dyn FnMut(OutStream, &[u8]),
-) -> Option<Died>
+    stop: Option<&std::sync::atomic::AtomicBool>,
+) -> Relayed
 where
     O: tokio::io::AsyncRead + Unpin,
     E: tokio::io::AsyncRead + Unpin,
@@ -279,7 +305,11 @@ where
     let mut ebuf = vec![0u8; 64 * 1024];
     let mut died: Option<Died> = None;
     let mut drained = tokio::time::Instant::now();
+    let stopped = || stop.is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed));
     while out.is_some() || err.is_some() {
+        if stopped() {
+            return Relayed::Stopped;
+        }
         tokio::select! {
             d = &mut *death, if died.is_none() => {
                 // What the container wrote before it died may still
@@ -313,7 +343,10 @@ where
             },
         }
     }
-    died
+    match died {
+        Some(d) => Relayed::Died(d),
+        None => Relayed::Output,
+    }
 }
 
 /// Resolves, with how it ended, once pod `name`'s container no longer runs
@@ -494,6 +527,48 @@ mod tests {
             (d.state().as_str(), d.error.as_str()),
             ("exited (2)", "sentry died")
         );
+    }
+
+    /// Runs `relay` over an output without end (`tokio::io::repeat`), a
+    /// container that never dies and no stdin, for at most 10 s.
+    fn relay_endless(stop_after: u64) -> (Option<Relayed>, u64) {
+        let rt = crate::io_runtime().expect("a runtime");
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let mut seen = 0u64;
+        let mut on = |_: OutStream, b: &[u8]| {
+            seen += b.len() as u64;
+            if seen >= stop_after {
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        };
+        let r = rt.block_on(async {
+            let death = std::future::pending::<Died>();
+            tokio::pin!(death);
+            let (_tx, rx) = tokio::sync::mpsc::channel(1);
+            let streams = (
+                Some(tokio::io::repeat(b'x')),
+                Some(tokio::io::empty()),
+                None::<tokio::io::Sink>,
+            );
+            let relayed = relay(streams, (rx, false), &mut death, &mut on, Some(&stop));
+            tokio::time::timeout(std::time::Duration::from_secs(10), relayed)
+                .await
+                .ok()
+        });
+        (r, seen)
+    }
+
+    #[test]
+    fn a_stopped_exec_reads_no_more_of_an_output_without_end() {
+        // The old relay read to the output's end: here, never (10 s, then
+        // `None`).
+        let (r, seen) = relay_endless(1 << 20);
+        assert!(
+            matches!(r, Some(Relayed::Stopped)),
+            "relay returned {r:?} after {seen} bytes"
+        );
+        // At most the chunk in hand past the stop.
+        assert!(seen < (1 << 20) + (64 << 10), "{seen} bytes read");
     }
 
     #[test]
