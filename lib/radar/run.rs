@@ -11,6 +11,8 @@
 //! (a deep merge base, a huge tree, a rename storm) is bounded by the time
 //! cap; a blob made to be large, by the output cap.
 
+use std::ffi::OsStr;
+use std::path::Path;
 use std::io::Read;
 use std::os::unix::process::CommandExt as _;
 use std::process::{Command, ExitStatus, Stdio};
@@ -92,7 +94,7 @@ impl std::fmt::Display for Failed {
 
 /// A git command for a host-owned repository: scrubbed environment
 /// (crates/mailbox/src/git), no system or global config, the hardened `-c` settings.
-pub fn git(git_dir: &std::path::Path) -> Command {
+pub fn git(git_dir: &Path) -> Command {
     let mut cmd = mailbox::git::command(None);
     cmd.env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
@@ -105,6 +107,28 @@ pub fn git(git_dir: &std::path::Path) -> Command {
     }
     cmd.arg("--git-dir").arg(git_dir);
     cmd
+}
+
+/// Runs one capped git in `repo`; its stdout, or why not.
+pub(super) fn git_out<S: AsRef<OsStr>>(
+    repo: &Path,
+    limits: &Limits,
+    pre: &[&OsStr],
+    args: &[S],
+    ok: &[i32],
+) -> std::result::Result<(i32, Vec<u8>), String> {
+    let mut c = git(repo);
+    c.args(pre).args(args);
+    let what = args[0].as_ref().to_string_lossy().into_owned();
+    let r = run(c, limits).map_err(|e| format!("{what}: {e}"))?;
+    let code = r.status.code().unwrap_or(-1);
+    if !ok.contains(&code) {
+        return Err(format!(
+            "{what}: {}",
+            mailbox::visible::visible(&mailbox::git::last_words(&r.stderr))
+        ));
+    }
+    Ok((code, r.stdout))
 }
 
 /// Reads `r` to its end, at most `cap` bytes; Err(()) when there is more.
