@@ -12,9 +12,9 @@
 //! cap; a blob made to be large, by the output cap.
 
 use std::ffi::OsStr;
-use std::path::Path;
 use std::io::Read;
 use std::os::unix::process::CommandExt as _;
+use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
