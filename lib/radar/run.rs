@@ -19,16 +19,10 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// Settings passed with `-c` to every git the radar runs.
+/// Settings passed with `-c` to every git the radar runs, after
+/// `mailbox::git::untrusted_config` (no hook, no transport, objects checked).
 pub const HARDENED: &[&str] = &[
-    "core.hooksPath=/dev/null",
-    "core.fsmonitor=false",
     "core.untrackedCache=false",
-    "protocol.allow=never",
-    "transfer.fsckObjects=true",
-    "fetch.fsckObjects=true",
-    "gc.auto=0",
-    "maintenance.auto=false",
     "merge.renameLimit=7000",
     "diff.renameLimit=7000",
     // Blobs over 1 MiB are streamed, never held whole (index-pack, fsck).
@@ -102,6 +96,7 @@ pub fn git(git_dir: &Path) -> Command {
         .env_remove("GIT_CONFIG_COUNT")
         .env("GIT_NO_REPLACE_OBJECTS", "1")
         .env("GIT_ATTR_NOSYSTEM", "1");
+    mailbox::git::untrusted_config(&mut cmd);
     for c in HARDENED {
         cmd.args(["-c", c]);
     }

@@ -588,7 +588,6 @@ impl Mediator {
 }
 
 /// The names in a directory, without `.` and `..`.
-
 fn read_names(fd: &OwnedFd) -> rustix::io::Result<Vec<OsString>> {
     let mut v = Vec::new();
     for ent in rfs::Dir::read_from(fd)? {
