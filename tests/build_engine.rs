@@ -39,7 +39,7 @@ fn exec(e: &DockerEngine, c: &str, cmd: &[&str]) -> (i64, String, String) {
 
 #[test]
 fn images_tag_list_and_remove() {
-    let e = DockerEngine::connect().expect("engine reachable");
+    let e = engine::connect_docker(None).expect("engine reachable");
     let v = e.version().expect("version");
     assert!(!v.version.is_empty() && v.api.starts_with("1."), "{v:?}");
     let base = test_image("busybox");
@@ -62,7 +62,7 @@ fn images_tag_list_and_remove() {
 
 #[test]
 fn containers_run_exec_with_status_and_stop() {
-    let e = DockerEngine::connect().expect("engine reachable");
+    let e = engine::connect_docker(None).expect("engine reachable");
     let name = format!("lw-test-engine-{}", nonce());
     let spec = ContainerSpec {
         name: Some(name.clone()),
@@ -123,7 +123,7 @@ fn containers_run_exec_with_status_and_stop() {
 
 #[test]
 fn published_ports_bind_where_asked_and_are_reported() {
-    let e = DockerEngine::connect().expect("engine reachable");
+    let e = engine::connect_docker(None).expect("engine reachable");
     let spec = ContainerSpec {
         name: Some(format!("lw-test-engine-ports-{}", nonce())),
         image: test_image("busybox"),

@@ -110,7 +110,7 @@ impl World {
 
 impl Drop for World {
     fn drop(&mut self) {
-        if let Ok(engine) = DockerEngine::connect() {
+        if let Ok(engine) = engine::connect_docker(None) {
             for k in &self.keys {
                 let _ = docker_out(&["rm", "-f", k]);
                 let _ = egress::teardown(&engine, k);
@@ -280,7 +280,7 @@ struct Probe {
 
 #[test]
 fn egress_matrix_reaches_the_allowed_host_and_nothing_else() {
-    let engine = DockerEngine::connect().expect("the Docker engine is reachable");
+    let engine = engine::connect_docker(None).expect("the Docker engine is reachable");
     let nonce = build_support::nonce();
     let mut world = World {
         nonce: format!("egress-{nonce}"),
@@ -936,7 +936,7 @@ fn proxy_killed_mid_run(engine: &DockerEngine, key: &str, api: &str, forbidden: 
 
 #[test]
 fn proxy_image_missing_is_built_and_a_missing_base_is_a_clear_error() {
-    let engine = DockerEngine::connect().expect("the Docker engine is reachable");
+    let engine = engine::connect_docker(None).expect("the Docker engine is reachable");
     let e = egress::ensure_proxy_image(&engine, "loopwright/no-such-base:none", &mut |_| {})
         .unwrap_err();
     assert_eq!(e.exit, Exit::NoInput);
@@ -983,7 +983,7 @@ fn proxy_image_missing_is_built_and_a_missing_base_is_a_clear_error() {
 
 #[test]
 fn prepare_makes_an_isolated_way_out_and_teardown_leaves_nothing() {
-    let engine = DockerEngine::connect().expect("the Docker engine is reachable");
+    let engine = engine::connect_docker(None).expect("the Docker engine is reachable");
     let nonce = build_support::nonce();
     let outside = format!("lw-egt-{nonce}-out");
     // Dropped last: the proxy must be gone before its network can go.
@@ -1142,10 +1142,10 @@ fn outside_network_race_never_calls_a_siblings_network_foreign() {
         let name = format!("lw-egt-{nonce}-or{round}");
         let _rm = RmNet(name.clone());
         let got = at_once(threads, |_| {
-            let engine = DockerEngine::connect().expect("the Docker engine is reachable");
+            let engine = engine::connect_docker(None).expect("the Docker engine is reachable");
             egress::outside_network(&engine, &name)
         });
-        let engine = DockerEngine::connect().unwrap();
+        let engine = engine::connect_docker(None).unwrap();
         let left = networks_named(&name);
         let errors: Vec<_> = got.iter().filter_map(|r| r.as_ref().err()).collect();
         println!(
@@ -1189,7 +1189,7 @@ fn concurrent_prepares_settle_on_one_outside_network() {
                 .collect(),
         };
         let plans = at_once(n, |i| {
-            let engine = DockerEngine::connect().expect("the Docker engine is reachable");
+            let engine = engine::connect_docker(None).expect("the Docker engine is reachable");
             let opts = Options {
                 proxy_from: from.clone(),
                 outside: outside.clone(),
@@ -1206,7 +1206,7 @@ fn concurrent_prepares_settle_on_one_outside_network() {
             )
             .map(|p| p.proxy)
         });
-        let engine = DockerEngine::connect().unwrap();
+        let engine = engine::connect_docker(None).unwrap();
         let same_name: Vec<_> = engine
             .networks_with_label(&format!("{}=outside", egress::LABEL_EGRESS))
             .unwrap()

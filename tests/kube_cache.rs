@@ -190,7 +190,7 @@ fn a_pod_sandbox_pulls_its_image_from_the_cache() {
     // are (in `k8s.io` it would be the pulled image again under another
     // name: the same ID).  A create with the image imported is the create
     // above with the image on the node.
-    let docker = engine::DockerEngine::connect().expect("the Docker engine");
+    let docker = engine::connect_docker(None).expect("the Docker engine");
     let project = mailbox::config::Project::find(&fx.proj)
         .expect("the project")
         .expect("a project");

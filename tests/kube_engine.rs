@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 
 use engine::select::{PairedBuilder, docker_host};
 use engine::{
-    ContainerSpec, DockerEngine, Engine, EngineKind, ExecIo, ExecRequest, HostPaths, Images,
-    KubeEngine, NetworkEngine, NetworkSpec, Pair, SandboxEngine,
+    ContainerSpec, Engine, EngineKind, ExecIo, ExecRequest, HostPaths, Images, KubeEngine,
+    NetworkEngine, NetworkSpec, Pair, SandboxEngine,
 };
 use k8s_openapi::api::core::v1::{
     Namespace, Pod, ResourceQuota, ResourceQuotaSpec, ServiceAccount,
@@ -535,7 +535,7 @@ fn enforcement(e: &KubeEngine, root: &Root) {
 
 /// Pod create+start against Docker create+start, same run; exec latency.
 fn figures(e: &KubeEngine, root: &Root) {
-    let docker = DockerEngine::connect().expect("the Docker engine is reachable");
+    let docker = engine::connect_docker(None).expect("the Docker engine is reachable");
     let mut kube_t = Vec::new();
     let mut docker_t = Vec::new();
     let mut exec_k = Vec::new();

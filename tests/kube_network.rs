@@ -41,7 +41,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use engine::{ContainerSpec, DockerEngine, Engine, KubeEngine, NetworkEngine, NetworkSpec};
+use engine::{ContainerSpec, Engine, KubeEngine, NetworkEngine, NetworkSpec};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Api;
@@ -277,7 +277,7 @@ fn gateway(pod_ip: &str) -> String {
 
 /// The egress proxy's image, built on Docker (the API builds none).
 fn proxy_image() -> String {
-    let docker = DockerEngine::connect().expect("the Docker engine is reachable");
+    let docker = engine::connect_docker(None).expect("the Docker engine is reachable");
     let t0 = Instant::now();
     let tag = egress::ensure_proxy_image(&docker, DEBIAN, &mut |_| {})
         .expect("the proxy image builds on Docker");
@@ -459,7 +459,7 @@ fn sandbox_created_with_network_egress_on_a_real_cluster() {
     let project = mailbox::config::Project::find(&fx.proj)
         .unwrap()
         .expect("a project");
-    let docker = DockerEngine::connect().expect("the Docker engine is reachable");
+    let docker = engine::connect_docker(None).expect("the Docker engine is reachable");
     let image = loopwright::sandbox::resolve_image(&docker, Some(&project), None, false)
         .expect("the fixture's image is built")
         .reference;

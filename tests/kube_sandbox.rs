@@ -34,9 +34,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use engine::{
-    ContainerSpec, DockerEngine, Engine, ExecRequest, KubeEngine, OutStream, VolumeMount,
-};
+use engine::{ContainerSpec, Engine, ExecRequest, KubeEngine, OutStream, VolumeMount};
 use futures_util::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -248,7 +246,7 @@ fn sandboxes_as_pods() {
     let project = mailbox::config::Project::find(&fx.proj)
         .unwrap()
         .expect("the fixture is a project");
-    let docker = DockerEngine::connect().expect("the Docker engine is reachable");
+    let docker = engine::connect_docker(None).expect("the Docker engine is reachable");
     let image = loopwright::sandbox::resolve_image(&docker, Some(&project), None, false)
         .expect("the fixture's image is built")
         .reference;

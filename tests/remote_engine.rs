@@ -399,7 +399,7 @@ fn connect_latency(n: usize) -> Duration {
         (0..n)
             .map(|_| {
                 let t = Instant::now();
-                let e = DockerEngine::connect().expect("connects");
+                let e = engine::connect_docker(None).expect("connects");
                 e.version().expect("version");
                 t.elapsed()
             })
@@ -569,7 +569,7 @@ fn remote_engine_over_tls() {
 
     // The engine code over TLS: connect, probe, containers.
     use_engine(Some(&host), Some(&good));
-    let eb = DockerEngine::connect().expect("connects to B over TLS");
+    let eb = engine::connect_docker(None).expect("connects to B over TLS");
     assert_eq!(eb.host(), host);
     let probe_dir = b.dir.join("probe");
     std::fs::create_dir_all(&probe_dir).unwrap();
@@ -582,7 +582,7 @@ fn remote_engine_over_tls() {
     let cs_b = create_start(&eb, &busybox, "b", 5);
 
     use_engine(None, None);
-    let el = DockerEngine::connect().expect("connects to the local engine");
+    let el = engine::connect_docker(None).expect("connects to the local engine");
     let t = Instant::now();
     let sharing_l = probe(&el, &probe_dir).expect("probe locally");
     let probe_l = t.elapsed();
@@ -723,7 +723,7 @@ fn remote_engine_over_tls() {
     use_engine(Some(&ssh_host), None);
     // SAFETY: this test binary has one test, on one thread.
     unsafe { std::env::set_var("LW_SSH_COMMAND", &ssh_cmd) };
-    let es = DockerEngine::connect().expect("connects to B through ssh");
+    let es = engine::connect_docker(None).expect("connects to B through ssh");
     assert_eq!(es.host(), ssh_host);
     assert_eq!(es.engine_id().unwrap(), id_b, "the same engine as over TLS");
     assert_eq!(

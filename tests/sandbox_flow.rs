@@ -452,7 +452,7 @@ fn secrets_reach_only_the_sandbox_tmpfs() {
 fn a_branch_whose_lockfile_differs_gets_an_incremental_install() {
     let f = Fixture::with_config(
         "install",
-        "sandbox.install = echo \"installed $(cat deps.lock)\" > /work/home/installed\n",
+        "sandbox.install = echo \"installed $(cat deps.lock)\" | tee /work/home/installed\n",
     );
     // The branch changes the lockfile the image's deps layer was built from.
     git(&f.proj, &["checkout", "-q", "-b", "newdeps"]);
@@ -463,6 +463,14 @@ fn a_branch_whose_lockfile_differs_gets_an_incremental_install() {
     let o = f.sb(&["create", "d", "--branch", "newdeps"]);
     assert!(o.status.success(), "{}", err(&o));
     assert!(err(&o).contains("deps.lock differ"), "{}", err(&o));
+    // Its output goes through lw-sandbox's report, a line at a time.
+    assert!(
+        err(&o)
+            .lines()
+            .any(|l| l.starts_with("lw-sandbox: ") && l.ends_with(" installed lock v2")),
+        "{}",
+        err(&o)
+    );
     assert_eq!(
         f.sh("d", "cat /work/home/installed").1.trim(),
         "installed lock v2"

@@ -348,3 +348,84 @@ fn repo_paths_are_told_from_other_words() {
                 not /usr/lib/x, a-lib/x, $lib/x or docker-bench/tests/z.sh.";
     assert_eq!(repo_paths(text), vec!["lib/a.rs", "crates/x/src/y"]);
 }
+
+/// The `.rs` files under `dirs` (relative to the workspace), recursively.
+fn rust_files(dirs: &[&str]) -> Vec<std::path::PathBuf> {
+    let ws = support::workspace();
+    let mut dirs: Vec<_> = dirs.iter().map(|d| ws.join(d)).collect();
+    let mut files = Vec::new();
+    while let Some(d) = dirs.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd {
+            let p = e.unwrap().path();
+            if p.is_dir() && !p.ends_with("target") {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                files.push(p);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// `needles` found outside comments in `files`, but in the files allowed.
+fn spelled(files: &[std::path::PathBuf], needles: &[&str], allowed: &[&str]) -> Vec<String> {
+    let ws = support::workspace();
+    let mut found = Vec::new();
+    for p in files {
+        let rel = p.strip_prefix(&ws).unwrap().to_string_lossy().into_owned();
+        if allowed.contains(&rel.as_str()) {
+            continue;
+        }
+        let text = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{rel}: {e}"));
+        for (i, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            if let Some(n) = needles.iter().find(|n| code.contains(**n)) {
+                found.push(format!("{rel}:{}: {n}", i + 1));
+            }
+        }
+    }
+    found
+}
+
+/// One place chooses the Docker engine (crates/engine/src/select.rs:
+/// `DOCKER_HOST`, else the project's `engine.host`): no command, library
+/// module or test connects around it, so none can pass `engine.host` by.
+#[test]
+fn only_select_connects_to_a_docker_engine() {
+    let files = rust_files(&["lib", "bins", "crates", "tests"]);
+    assert!(files.len() > 100, "the sources were not found");
+    let found = spelled(
+        &files,
+        &["DockerEngine::connect"],
+        &["crates/engine/src/select.rs", "tests/source_rules.rs"],
+    );
+    assert!(
+        found.is_empty(),
+        "connect through engine::connect_docker(config) or Engines::connect (crates/engine/src/select.rs): {found:#?}"
+    );
+}
+
+/// One way to fetch from a repository a sandbox wrote:
+/// `mailbox::git::fetch_untrusted` (and its `untrusted_config`).  The
+/// settings that make it safe are spelled there only, so a setting added
+/// once protects every such git.
+#[test]
+fn fetch_hardening_is_spelled_once() {
+    let files: Vec<_> = rust_files(&["lib", "bins", "crates"])
+        .into_iter()
+        .filter(|p| !p.components().any(|c| c.as_os_str() == "tests"))
+        .collect();
+    let found = spelled(
+        &files,
+        &["fsckObjects", "core.hooksPath", "protocol.allow=never"],
+        &["crates/mailbox/src/git/mod.rs"],
+    );
+    assert!(
+        found.is_empty(),
+        "use mailbox::git::fetch_untrusted / untrusted_config / NO_HOOKS instead of spelling the settings: {found:#?}"
+    );
+}

@@ -17,6 +17,7 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::record::record;
 use crate::sandbox::Record;
 use mailbox::error::{Exit, Result};
 use mailbox::layout::Root;
@@ -67,19 +68,6 @@ pub struct PortView {
     pub host: u16,
     /// Where it is reached when not 127.0.0.1.
     pub ip: Option<String>,
-}
-
-/// lw-sandbox's record of `name` (ROOT/state/sandbox/NAME.json), if any.
-pub fn record(root: &Root, name: &str) -> Option<Record> {
-    if !mailbox::id::valid_name(name) {
-        return None;
-    }
-    let p = root
-        .state_dir()
-        .join("sandbox")
-        .join(format!("{name}.json"));
-    let bytes = std::fs::read(p).ok()?;
-    serde_json::from_slice(&bytes).ok()
 }
 
 /// Every registered sandbox, by name, with what its record says and what

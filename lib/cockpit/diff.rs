@@ -58,7 +58,7 @@ fn tip(root: &Root, name: &str, branch: &str, mirror: &Path) -> Option<(PathBuf,
 /// The diff of sandbox `name`'s task branch against its base, with a
 /// diffstat first; a sentence when there is nothing to show.
 pub fn diff(root: &Root, name: &str) -> String {
-    let Some(rec) = super::data::record(root, name) else {
+    let Some(rec) = super::record::record(root, name) else {
         return format!("{name}: no lw-sandbox record on this host, so no branch to show\n");
     };
     let Some((repo, head, from)) = tip(root, name, &rec.branch, &rec.mirror) else {

@@ -212,7 +212,7 @@ fn branches(
         let Some(name) = n.strip_suffix(".json").filter(|_| !n.starts_with('.')) else {
             continue;
         };
-        let Some(rec) = super::data::record(root, name) else {
+        let Some(rec) = super::record::record(root, name) else {
             continue;
         };
         let m = mirrors

@@ -30,6 +30,7 @@ mod diff;
 mod events;
 pub mod http;
 mod live;
+mod record;
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};

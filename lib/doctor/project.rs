@@ -428,10 +428,10 @@ pub(super) fn github(dir: &Path) -> Finding {
     let who = match client.user() {
         Ok(Some(login)) => format!("token of {login}"),
         Ok(None) => "token (an installation token: no user)".into(),
-        Err(e)
-            if e.exit == mailbox::Exit::Unavailable
-                || e.to_string().contains("connection failed") =>
-        {
+        // No answer to be had (nothing listens, no answer in time, the
+        // connection dropped, GitHub failing): the exit status says so, and
+        // the fix is the URL or the network, never the token.
+        Err(e) if matches!(e.exit, mailbox::Exit::Unavailable | mailbox::Exit::TempFail) => {
             return f("github", Status::Fail, format!("{base}: {e}"), Some("check the API URL (LW_GITHUB_API_URL or \"api_url\" in .loopwright/sync.json) and that it is reachable".into()));
         }
         Err(e) => {
@@ -532,6 +532,59 @@ mod tests {
             .filter(|x| x.status == Status::Fail)
             .map(|x| (x.detail, x.fix.unwrap_or_default()))
             .collect()
+    }
+
+    /// A GitHub that cannot answer (here: 503 to every request, as a
+    /// dropped connection or a timeout ends too) is the URL's or the
+    /// network's failure: the fix named is the API URL, not the token.
+    #[test]
+    fn a_github_with_no_answer_to_give_is_a_reachability_failure_not_a_token_one() {
+        use std::io::{Read as _, Write as _};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(mut c) = c else { continue };
+                let mut req = Vec::new();
+                let mut b = [0u8; 1024];
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match c.read(&mut b) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => req.extend_from_slice(&b[..n]),
+                    }
+                }
+                let _ = c.write_all(
+                    b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                );
+            }
+        });
+        let dir = std::env::temp_dir().join(format!("lw-doctor-gh-{}", mailbox::id::new_id()));
+        std::fs::create_dir_all(dir.join(".loopwright")).unwrap();
+        std::fs::write(dir.join("token"), "t0ken\n").unwrap();
+        std::fs::write(
+            dir.join(".loopwright/sync.json"),
+            serde_json::json!({
+                "api_url": format!("http://127.0.0.1:{port}"),
+                "repo": "o/r",
+                "issue": 1,
+                "token_file": dir.join("token"),
+            })
+            .to_string(),
+        )
+        .unwrap();
+        if ["GH_TOKEN", "GITHUB_TOKEN", "LW_GITHUB_API_URL"]
+            .iter()
+            .any(|v| std::env::var_os(v).is_some())
+        {
+            eprintln!("skipped: GH_TOKEN, GITHUB_TOKEN or LW_GITHUB_API_URL is set");
+            return;
+        }
+        let x = github(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(x.status, Status::Fail, "{}", x.detail);
+        assert!(x.detail.contains("503"), "{}", x.detail);
+        let fix = x.fix.unwrap_or_default();
+        assert!(fix.contains("check the API URL"), "{fix}");
     }
 
     /// Issue 29, item 7: a root older versions made 0755, with 0755 state

@@ -18,7 +18,7 @@ use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 
 use super::Limits;
-use super::pair::git_out;
+use super::run::git_out;
 
 /// Bytes of one `.gitattributes` read (more is ignored).
 const MAX_FILE: usize = 256 << 10;

@@ -225,8 +225,8 @@ impl Radar {
             .map(|s| s.trim().to_string())
             .filter(|s| s.len() >= 40);
         let (mut c, _) = self.remote(l, &repo);
-        c.args(["-c", "fetch.unpackLimit=1"])
-            .args(mailbox::git::FETCH_UNTRUSTED)
+        c.args(["-c", "fetch.unpackLimit=1"]);
+        mailbox::git::fetch_untrusted(&mut c)
             .arg(src)
             .arg(format!("+refs/heads/{}:refs/radar/head", l.branch));
         let refuse = |why: String| {

@@ -262,7 +262,7 @@ impl Radar {
         let all = self.all_repo(live)?;
         // The current base counts only when all.git has it.
         let upstream = self.upstream.clone().filter(|u| {
-            pair::git_out(
+            run::git_out(
                 &all,
                 &self.limits,
                 &[],

@@ -6,29 +6,8 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::Path;
 
-use super::{Limits, Live, MAX_HUNK_FILES, Verdict, attrs, run, verdict};
-
-/// Runs one capped git in `repo`; its stdout, or why not.
-pub(super) fn git_out<S: AsRef<OsStr>>(
-    repo: &Path,
-    limits: &Limits,
-    pre: &[&OsStr],
-    args: &[S],
-    ok: &[i32],
-) -> std::result::Result<(i32, Vec<u8>), String> {
-    let mut c = run::git(repo);
-    c.args(pre).args(args);
-    let what = args[0].as_ref().to_string_lossy().into_owned();
-    let r = run::run(c, limits).map_err(|e| format!("{what}: {e}"))?;
-    let code = r.status.code().unwrap_or(-1);
-    if !ok.contains(&code) {
-        return Err(format!(
-            "{what}: {}",
-            mailbox::visible::visible(&mailbox::git::last_words(&r.stderr))
-        ));
-    }
-    Ok((code, r.stdout))
-}
+use super::run::git_out;
+use super::{Limits, Live, MAX_HUNK_FILES, Verdict, attrs, verdict};
 
 fn merge_base(all: &Path, limits: &Limits, x: &str, y: &str) -> Result<Option<String>, String> {
     let (code, base) = git_out(all, limits, &[], &["merge-base", x, y], &[0, 1])?;

@@ -11,22 +11,18 @@
 //! (a deep merge base, a huge tree, a rename storm) is bounded by the time
 //! cap; a blob made to be large, by the output cap.
 
+use std::ffi::OsStr;
 use std::io::Read;
 use std::os::unix::process::CommandExt as _;
+use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// Settings passed with `-c` to every git the radar runs.
+/// Settings passed with `-c` to every git the radar runs, after
+/// `mailbox::git::untrusted_config` (no hook, no transport, objects checked).
 pub const HARDENED: &[&str] = &[
-    "core.hooksPath=/dev/null",
-    "core.fsmonitor=false",
     "core.untrackedCache=false",
-    "protocol.allow=never",
-    "transfer.fsckObjects=true",
-    "fetch.fsckObjects=true",
-    "gc.auto=0",
-    "maintenance.auto=false",
     "merge.renameLimit=7000",
     "diff.renameLimit=7000",
     // Blobs over 1 MiB are streamed, never held whole (index-pack, fsck).
@@ -92,7 +88,7 @@ impl std::fmt::Display for Failed {
 
 /// A git command for a host-owned repository: scrubbed environment
 /// (crates/mailbox/src/git), no system or global config, the hardened `-c` settings.
-pub fn git(git_dir: &std::path::Path) -> Command {
+pub fn git(git_dir: &Path) -> Command {
     let mut cmd = mailbox::git::command(None);
     cmd.env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
@@ -100,11 +96,34 @@ pub fn git(git_dir: &std::path::Path) -> Command {
         .env_remove("GIT_CONFIG_COUNT")
         .env("GIT_NO_REPLACE_OBJECTS", "1")
         .env("GIT_ATTR_NOSYSTEM", "1");
+    mailbox::git::untrusted_config(&mut cmd);
     for c in HARDENED {
         cmd.args(["-c", c]);
     }
     cmd.arg("--git-dir").arg(git_dir);
     cmd
+}
+
+/// Runs one capped git in `repo`; its stdout, or why not.
+pub(super) fn git_out<S: AsRef<OsStr>>(
+    repo: &Path,
+    limits: &Limits,
+    pre: &[&OsStr],
+    args: &[S],
+    ok: &[i32],
+) -> std::result::Result<(i32, Vec<u8>), String> {
+    let mut c = git(repo);
+    c.args(pre).args(args);
+    let what = args[0].as_ref().to_string_lossy().into_owned();
+    let r = run(c, limits).map_err(|e| format!("{what}: {e}"))?;
+    let code = r.status.code().unwrap_or(-1);
+    if !ok.contains(&code) {
+        return Err(format!(
+            "{what}: {}",
+            mailbox::visible::visible(&mailbox::git::last_words(&r.stderr))
+        ));
+    }
+    Ok((code, r.stdout))
 }
 
 /// Reads `r` to its end, at most `cap` bytes; Err(()) when there is more.

@@ -10,9 +10,10 @@
 //! 2. The host's git fetches `refs/heads/BRANCH` — the branch recorded at
 //!    create, never one the sandbox names — into it, through git's `ext::`
 //!    transport: the other end is `git upload-pack /work/repo` running
-//!    *inside* the sandbox, reached by `lw-sandbox exec`.  The fetch runs
-//!    with `core.hooksPath=/dev/null`, every protocol but `ext` forbidden,
-//!    and `transfer.fsckObjects` on, so malformed objects are refused.
+//!    *inside* the sandbox, reached by `lw-sandbox exec`.  The fetch is
+//!    `mailbox::git::fetch_untrusted`: no hook runs, every protocol but
+//!    `ext` is forbidden, and every object is checked, so malformed objects
+//!    are refused.
 //! 3. The host's git pushes that one ref to the upstream's
 //!    `refs/heads/BRANCH` with the host's credentials (crates/mailbox/src/git/ hands a
 //!    URL's credentials over in the environment; credential helpers of the
@@ -92,19 +93,6 @@ fn run_git(cmd: &mut std::process::Command, what: &str) -> Result<(bool, String,
         String::from_utf8_lossy(&out.stderr).into_owned(),
     ))
 }
-
-/// Settings no repository-level file of the quarantine can override, since
-/// `-c` beats every config file.
-const HARDENED: &[&str] = &[
-    "core.hooksPath=/dev/null",
-    "core.fsmonitor=false",
-    "protocol.allow=never",
-    "protocol.ext.allow=always",
-    "transfer.fsckObjects=true",
-    "fetch.fsckObjects=true",
-    "gc.auto=0",
-    "maintenance.auto=false",
-];
 
 impl<'a> Sandboxes<'a> {
     /// Pushes the sandbox's branch to the upstream; `lw_sandbox` is this
@@ -246,11 +234,8 @@ impl<'a> Sandboxes<'a> {
         );
         let mut fetch = git::command(None);
         fetch.arg("--git-dir").arg(q);
-        for c in HARDENED {
-            fetch.args(["-c", c]);
-        }
-        fetch
-            .args(git::FETCH_UNTRUSTED)
+        fetch.args(["-c", "protocol.ext.allow=always"]);
+        git::fetch_untrusted(&mut fetch)
             .arg(&transport)
             .arg(format!("+refs/heads/{}:{local}", rec.branch));
         let (ok, _, err) = run_git(&mut fetch, "fetch from the sandbox")?;
@@ -324,7 +309,7 @@ fn push_upstream(
     );
     let mut push = git::command(None);
     push.arg("--git-dir").arg(q);
-    for c in &HARDENED[..2] {
+    for c in git::NO_HOOKS {
         push.args(["-c", c]);
     }
     push.args([

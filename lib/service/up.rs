@@ -228,15 +228,14 @@ impl<'a> Services<'a> {
         if let Some(n) = &egress_net {
             nets.connect(n, container, &[])?;
         }
-        self.engine.start(container).map_err(|e| {
-            if e.msg.contains("port is already allocated")
-                || e.msg.contains("address already in use")
-            {
-                port_taken(d, d.publish.unwrap_or_default(), &e.msg)
-            } else {
-                e
-            }
-        })?;
+        self.engine
+            .start(container)
+            .map_err(|e| match engine::Refusal::of(&e) {
+                Some(engine::Refusal::PortTaken(_)) => {
+                    port_taken(d, d.publish.unwrap_or_default(), &e.to_string())
+                }
+                _ => e,
+            })?;
         for s in secrets {
             self.exec_quiet(
                 container,

@@ -381,7 +381,7 @@ pub fn project_image(proj: &Path) -> String {
     let project = mailbox::config::Project::find(proj)
         .unwrap()
         .expect("the fixture is a project");
-    let docker = engine::DockerEngine::connect().expect("the Docker engine is reachable");
+    let docker = engine::connect_docker(None).expect("the Docker engine is reachable");
     loopwright::sandbox::resolve_image(&docker, Some(&project), None, false)
         .expect("the fixture's image is built")
         .reference

@@ -40,7 +40,8 @@
 //! Errors follow the house exit statuses: an engine that cannot be reached is
 //! 69 (unavailable) with a hint on how to start it; a missing object is 66; a
 //! name already taken is 73; anything else the engine refuses is 69 as well,
-//! since only the engine knows why.  An exec whose container dies under it
+//! since only the engine knows why, and carries a [`Refusal`] when a caller
+//! acts on the reason (a published port held by something else).  An exec whose container dies under it
 //! ends at once with 69 too, whether or not the engine ends its stream, with
 //! the way the container ended as a [`Died`] ([`died`]).
 
@@ -51,6 +52,7 @@ pub mod docker;
 pub mod hostpaths;
 pub mod kubernetes;
 mod paths;
+mod refusal;
 pub mod runtime;
 pub mod select;
 mod stdin;
@@ -66,6 +68,7 @@ pub use died::{Died, died, exit_state};
 pub use docker::DockerEngine;
 pub use kubernetes::KubeEngine;
 pub use paths::HostPaths;
+pub use refusal::Refusal;
 pub use runtime::{EngineInfo, Isolation, RuntimeInfo};
 pub use select::{ENGINE_KEY, EngineKind, Engines, Pair, connect_docker};
 

@@ -24,8 +24,6 @@
 //! the sandbox's own network: `none` has none (an install that must
 //! download fails, saying so), `egress` reaches only its allow-list.
 
-use std::io::Write as _;
-
 use super::super::{Network, Record, Sandboxes, Settings};
 use super::ImageChoice;
 use crate::wall::REPO;
@@ -80,12 +78,10 @@ impl<'a> Sandboxes<'a> {
                 user: Some(format!("{0}:{0}", rec.uid)),
                 workdir: Some(REPO.into()),
             };
-            let mut err = std::io::stderr();
-            // The output is the sandbox's text: control characters shown.
-            let mut on = |_: OutStream, b: &[u8]| {
-                let text = String::from_utf8_lossy(b);
-                let _ = err.write_all(mailbox::visible::visible(&text).as_bytes());
-            };
+            // The output goes to the report a line at a time, as the
+            // sandbox's text: control characters shown.
+            let mut lines = Lines::default();
+            let mut on = |_: OutStream, b: &[u8]| lines.take(b, &mut *warn);
             let code = self.engine.exec_io(
                 &name,
                 &req,
@@ -97,6 +93,7 @@ impl<'a> Sandboxes<'a> {
                     stop: None,
                 },
             )?;
+            lines.finish(&mut *warn);
             if code != 0 {
                 let hint = if rec.network == Network::None {
                     "; the sandbox has no network, and neither has its install: create it with --network egress (the package registry in the allow-list), or rebuild the image with lw-build"
@@ -159,4 +156,59 @@ fn install_command(
         }
     };
     Some(cmd)
+}
+
+/// Output cut into lines for the report; a line longer than this is said in
+/// pieces, so output without newlines stays bounded.
+const LINE_MAX: usize = 16 << 10;
+
+/// What an exec wrote, said a line at a time (`lw-sandbox: LINE`).
+#[derive(Default)]
+struct Lines {
+    pending: Vec<u8>,
+}
+
+impl Lines {
+    fn take(&mut self, b: &[u8], say: &mut dyn FnMut(&str)) {
+        self.pending.extend_from_slice(b);
+        while let Some(i) = self.pending.iter().position(|&c| c == b'\n') {
+            let line: Vec<u8> = self.pending.drain(..=i).collect();
+            say_line(&line[..i], say);
+        }
+        while self.pending.len() >= LINE_MAX {
+            let piece: Vec<u8> = self.pending.drain(..LINE_MAX).collect();
+            say_line(&piece, say);
+        }
+    }
+
+    fn finish(self, say: &mut dyn FnMut(&str)) {
+        if !self.pending.is_empty() {
+            say_line(&self.pending, say);
+        }
+    }
+}
+
+fn say_line(b: &[u8], say: &mut dyn FnMut(&str)) {
+    let text = String::from_utf8_lossy(b);
+    say(&mailbox::visible::visible(text.trim_end_matches('\r')));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_is_said_a_whole_line_at_a_time_with_its_controls_shown() {
+        let mut said = Vec::new();
+        let mut say = |m: &str| said.push(m.to_string());
+        let mut l = Lines::default();
+        l.take(b"fetch", &mut say);
+        l.take(b"ed 3\r\nbad \x1b[2J\nlast", &mut say);
+        l.finish(&mut say);
+        assert_eq!(said, ["fetched 3", "bad ^[[2J", "last"]);
+        let mut n = 0;
+        let mut l = Lines::default();
+        l.take(&vec![b'x'; LINE_MAX + 1], &mut |_: &str| n += 1);
+        assert_eq!((n, l.pending.len()), (1, 1));
+    }
 }

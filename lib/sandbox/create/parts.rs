@@ -11,9 +11,9 @@ use super::Clock;
 use super::checks::Checked;
 use crate::egress;
 use crate::wall::{LABEL_ROOT, LABEL_ROOT_PATH, LABEL_SANDBOX};
-use engine::{ContainerSpec, NetworkEngine};
+use engine::{ContainerSpec, NetworkEngine, Refusal};
 use mailbox::door_record::DoorRecord;
-use mailbox::error::{Exit, Result};
+use mailbox::error::{Error, Exit, Result};
 use mailbox::registry::{self, Registry};
 
 impl<'a> Sandboxes<'a> {
@@ -55,12 +55,8 @@ impl<'a> Sandboxes<'a> {
         )?;
         clock.mark("container");
         self.engine.start(&rec.container).map_err(|e| {
-            let mut e = e;
-            if e.msg.contains("port is already allocated")
-                || e.msg.contains("address already in use")
-            {
-                e.exit = Exit::TempFail;
-                e.msg += &if c.on_volumes {
+            if let Some(Refusal::PortTaken(_)) = Refusal::of(&e) {
+                let hint = if c.on_volumes {
                     let ports: Vec<String> = rec.ports.iter().map(|p| p.host.to_string()).collect();
                     format!(
                         "; the engine at {} refused to publish port {} on its host, where something else holds it: free it there, or try again",
@@ -70,6 +66,7 @@ impl<'a> Sandboxes<'a> {
                 } else {
                     "; a leased port was taken by something else: try again".to_string()
                 };
+                return Error::new(Exit::TempFail, format!("{e}{hint}"));
             }
             e
         })?;

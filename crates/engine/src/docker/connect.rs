@@ -35,11 +35,6 @@ fn non_empty(var: &str) -> Option<String> {
     std::env::var(var).ok().filter(|v| !v.is_empty())
 }
 
-/// The engine address: `DOCKER_HOST`, or the local socket.
-pub(super) fn host() -> String {
-    non_empty("DOCKER_HOST").unwrap_or_else(|| "unix:///var/run/docker.sock".to_string())
-}
-
 /// The directory of the certificates, as the CLI finds it.
 fn cert_dir() -> Result<PathBuf> {
     if let Some(d) = non_empty("DOCKER_CERT_PATH").or_else(|| non_empty("DOCKER_CONFIG")) {

@@ -28,7 +28,9 @@ use bollard::Docker;
 use bollard::models::{ExecConfig, PortBinding};
 use bollard::query_parameters as qp;
 
-use crate::{Container, ContainerSpec, Engine, EngineVersion, ExecRequest, OutStream, PortMap};
+use crate::{
+    Container, ContainerSpec, Engine, EngineVersion, ExecRequest, OutStream, PortMap, Refusal,
+};
 use mailbox::error::{Error, Exit, Result};
 
 /// The Docker Engine through bollard.
@@ -50,16 +52,12 @@ pub const HOST_KEY: &str = "engine.host";
 const BUILD_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
 
 impl DockerEngine {
-    /// Connects to the engine `DOCKER_HOST` names (the local socket when
-    /// unset) and agrees on an API version with it.  A command chooses its
-    /// engine with the project's settings too, through `select`.
-    pub fn connect() -> Result<DockerEngine> {
-        DockerEngine::connect_to(&connect::host())
-    }
-
     /// Connects to the engine at `host` (`unix://PATH`, `tcp://HOST:PORT`,
     /// `ssh://[USER@]HOST`; TLS as `DOCKER_TLS_VERIFY` says) and agrees on
-    /// an API version with it.
+    /// an API version with it.  Which host is the settings' to say
+    /// (`DOCKER_HOST`, else `engine.host`): a command and a test connect
+    /// through `select::connect_docker` or `Engines::connect`, so none
+    /// passes the project's `engine.host` by.
     pub fn connect_to(host: &str) -> Result<DockerEngine> {
         let host = host.to_string();
         let rt = crate::io_runtime()?;
@@ -180,7 +178,10 @@ pub(crate) fn api_err(host: &str, what: &str, e: bollard::errors::Error) -> Erro
                 409 => Exit::CantCreat,
                 _ => Exit::Unavailable,
             };
-            Error::new(exit, format!("{what}: {message}"))
+            match Refusal::in_message(message) {
+                Some(r) => Error::new(exit, what).with_source(r),
+                None => Error::new(exit, format!("{what}: {message}")),
+            }
         }
         B::SocketNotFoundError(_)
         | B::HyperLegacyError { .. }
@@ -382,5 +383,37 @@ mod tests {
             message: "name in use".into(),
         };
         assert_eq!(api_err("h", "x", c).exit, Exit::CantCreat);
+    }
+
+    #[test]
+    fn a_port_held_by_something_else_is_a_typed_refusal_worded_as_the_engine_said() {
+        for message in [
+            "driver failed programming external connectivity on endpoint c: Bind for 127.0.0.1:8080 failed: port is already allocated",
+            "driver failed programming external connectivity on endpoint c: Error starting userland proxy: listen tcp4 127.0.0.1:8080: bind: address already in use",
+        ] {
+            let e = api_err(
+                "h",
+                "cannot start container 'c'",
+                bollard::errors::Error::DockerResponseServerError {
+                    status_code: 500,
+                    message: message.into(),
+                },
+            );
+            assert_eq!(e.exit, Exit::Unavailable);
+            assert_eq!(Refusal::of(&e), Some(&Refusal::PortTaken(message.into())));
+            assert_eq!(
+                e.to_string(),
+                format!("cannot start container 'c': {message}")
+            );
+        }
+        let other = api_err(
+            "h",
+            "x",
+            bollard::errors::Error::DockerResponseServerError {
+                status_code: 500,
+                message: "no space left on device".into(),
+            },
+        );
+        assert_eq!(Refusal::of(&other), None);
     }
 }

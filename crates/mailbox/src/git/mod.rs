@@ -34,11 +34,25 @@ mod remote;
 pub use config::{config_get, origin_url};
 pub use remote::{Remote, redact_text, redact_url};
 
-/// `git fetch` with the flags of every fetch from a repository a sandbox
-/// wrote (the radar's, `lw-sandbox push`'s): no tags, no `FETCH_HEAD`, no
-/// maintenance, no submodules.  The callers add their `-c` settings before
-/// it, the source and the refspec after.
-pub const FETCH_UNTRUSTED: &[&str] = &[
+/// `-c` settings that keep a git from running what a repository's own files
+/// name: no hook, no fsmonitor (`-c` beats every config file).
+pub const NO_HOOKS: &[&str] = &["core.hooksPath=/dev/null", "core.fsmonitor=false"];
+
+/// `-c` settings, after [`NO_HOOKS`], of a git that takes objects a sandbox
+/// wrote: no transport but the one the caller allows by name
+/// (`protocol.ext.allow`, `protocol.file.allow`), every object checked as
+/// it arrives, no maintenance started.
+const CHECK_OBJECTS: &[&str] = &[
+    "protocol.allow=never",
+    "transfer.fsckObjects=true",
+    "fetch.fsckObjects=true",
+    "gc.auto=0",
+    "maintenance.auto=false",
+];
+
+/// The fetch's own flags: no tags, no `FETCH_HEAD`, no maintenance, no
+/// submodules.
+const FETCH_FLAGS: &[&str] = &[
     "fetch",
     "--quiet",
     "--no-tags",
@@ -46,6 +60,25 @@ pub const FETCH_UNTRUSTED: &[&str] = &[
     "--no-auto-maintenance",
     "--no-recurse-submodules",
 ];
+
+/// Adds [`NO_HOOKS`] and the object checks of a git that reads a repository
+/// a sandbox wrote, as `-c` settings (so before the subcommand).
+pub fn untrusted_config(cmd: &mut Command) -> &mut Command {
+    for c in NO_HOOKS.iter().chain(CHECK_OBJECTS) {
+        cmd.args(["-c", c]);
+    }
+    cmd
+}
+
+/// Makes `cmd` (a git with its `--git-dir` and the caller's own `-c`
+/// settings, such as the one transport it allows) a fetch from a
+/// repository a sandbox wrote: [`untrusted_config`], then `fetch` with
+/// [`FETCH_FLAGS`]; the caller adds the source and the refspec.  Every such
+/// fetch (the radar's, `lw-sandbox push`'s) is made here, so a setting or a
+/// flag added once protects them all.
+pub fn fetch_untrusted(cmd: &mut Command) -> &mut Command {
+    untrusted_config(cmd).args(FETCH_FLAGS)
+}
 
 /// Variables that point git at some other repository or object store; git's
 /// own list is `git rev-parse --local-env-vars`.  `GIT_CONFIG_PARAMETERS`

@@ -27,14 +27,12 @@
 //! numbers per sender, so it survives restarts at the cost of a forgotten
 //! second or two after a crash.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::io::Write;
-use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
-use super::decide::derived_id;
-use super::state::State;
+use super::pure::decide::derived_id;
+use super::pure::memory::{BUDGET_WINDOW_MS, Budget, Refused};
+use super::pure::rules::unbudgeted;
 use super::{Boxes, Mediator};
 use crate::batch::Batch;
 use crate::error::Result;
@@ -42,51 +40,8 @@ use crate::layout;
 use crate::log::{Action, Decision, Entry, LOG_VERSION};
 use crate::message::{self, Kind, Message};
 
-/// The default of `door.log-max`: log bytes per sender per hour.
-pub const DEFAULT_LOG_MAX: u64 = 8 << 20;
-/// How long a sender's log budget lasts.
-pub const BUDGET_WINDOW_MS: u64 = 3_600_000;
 /// How long refusals are counted before their entry is logged.
 pub const REFUSAL_WINDOW_MS: u64 = 60_000;
-/// The allocation unit entries are charged by.
-const BLOCK: u64 = 4096;
-/// Kept free for the entry of refusals still being counted.
-const RESERVE: u64 = 2 * BLOCK;
-/// The most an entry adds to its message and recipients (names, ids, the
-/// reason; a spoofed `from` quoted in it is at most a party name).
-const ENTRY_OVERHEAD: u64 = 2048;
-
-/// One sender's log budget for the hour from `start`.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub(super) struct Budget {
-    /// Start of the window (ms since the epoch).
-    start: u64,
-    /// Bytes charged in it.
-    bytes: u64,
-    /// A post did not fit: every post waits until the window ends.
-    full: bool,
-    /// A person and the sender were told that it is full.
-    told: bool,
-}
-
-/// One sender's refusals not yet logged.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub(super) struct Refused {
-    /// When the first was counted (ms since the epoch).
-    start: u64,
-    count: u64,
-    first: String,
-    last: String,
-    /// The recipients they named (at most message::MAX_RECIPIENTS).
-    to: BTreeSet<String>,
-    /// Why the first was refused.
-    reason: String,
-}
-
-/// The blocks `n` bytes take.
-fn blocks(n: u64) -> u64 {
-    n.div_ceil(BLOCK) * BLOCK
-}
 
 /// The id of the entry counting `sender`'s refusals from `first` on.
 pub fn refusals_id(sender: &str, first: &str) -> String {
@@ -109,135 +64,6 @@ pub(super) fn size_text(n: u64) -> String {
         n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
         n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
         n => format!("{n} bytes"),
-    }
-}
-
-/// Senders whose log is not budgeted: a person, the mediator's own
-/// notices (one per sender and hour or episode), and another host's
-/// sandbox (`HOST/NAME`), whose posts its own host's mediator budgeted
-/// before lw-sync brought them here.
-fn unbudgeted(sender: &str) -> bool {
-    sender == layout::HUMAN
-        || sender == layout::MEDIATOR
-        || crate::message::split_qualified(sender).is_some()
-}
-
-/// The most a quarantine entry can take.
-pub(super) const QUARANTINE_COST: u64 = 2 * BLOCK;
-
-/// What a logged entry costs its sender: the blocks it takes, and for
-/// a forward or release one for each receipt to come.
-fn cost(e: &Entry) -> u64 {
-    if unbudgeted(&e.sender) || e.decision.action == Action::Read {
-        // Receipts were charged with their forward.
-        return 0;
-    }
-    let mut cost = blocks(e.to_bytes().len() as u64);
-    if matches!(e.decision.action, Action::Forward | Action::Release) {
-        cost += BLOCK * e.decision.to.len() as u64;
-    }
-    cost
-}
-
-impl Budget {
-    /// Whether its hour is over at `now` (ms).
-    fn over(&self, now: u64) -> bool {
-        now.saturating_sub(self.start) >= BUDGET_WINDOW_MS
-    }
-}
-
-impl State {
-    /// `sender`'s budget as it stands at `now`: used up, and the bytes
-    /// charged (none when its hour is over).
-    fn budget_at(&self, sender: &str, now: Duration) -> (bool, u64) {
-        match self.memory.budget.get(sender) {
-            Some(b) if !b.over(now.as_millis() as u64) => (b.full, b.bytes),
-            _ => (false, 0),
-        }
-    }
-
-    /// `sender`'s budget, a fresh one when its hour is over at `now` (ms).
-    fn budget_mut(&mut self, sender: &str, now: u64) -> &mut Budget {
-        let b = self.memory.budget.entry(sender.to_string()).or_default();
-        if b.over(now) {
-            *b = Budget {
-                start: now,
-                ..Budget::default()
-            };
-            self.memory.dirty = true;
-        }
-        b
-    }
-
-    /// Whether `sender`'s posts wait for the rest of its hour.
-    pub(super) fn is_full(&self, sender: &str, now: Duration) -> bool {
-        !unbudgeted(sender) && self.budget_at(sender, now).0
-    }
-
-    /// Whether a post that can cost `most` bytes of log fits in `sender`'s
-    /// budget at `now`.  What earlier posts of the batch may cost is
-    /// charged only when the batch is logged: until then it is held in
-    /// reserve, and counted here.
-    pub(super) fn fits(&self, sender: &str, most: u64, now: Duration) -> bool {
-        if unbudgeted(sender) {
-            return true;
-        }
-        let (full, bytes) = self.budget_at(sender, now);
-        let used = bytes + self.reserved.get(sender).copied().unwrap_or(0);
-        !full && (used == 0 || used + most + RESERVE <= self.log_max)
-    }
-
-    /// Makes `sender` full for the rest of its hour (from `now`, ms, when
-    /// its last hour is over).
-    pub(super) fn mark_full(&mut self, sender: &str, now: u64) {
-        self.budget_mut(sender, now).full = true;
-        self.memory.dirty = true;
-    }
-
-    /// The most the entries of a new decision on `m` can take: its main
-    /// entry with the message, a bounce entry too when a recipient may not
-    /// exist, and a receipt for each recipient it can reach.
-    pub(super) fn most_cost(&self, policy: &crate::policy::Policy, m: &Message) -> u64 {
-        use crate::policy::Route;
-        let msg = serde_json::to_vec(&self.logged_message(m, true)).map_or(0, |v| v.len() as u64);
-        let route = policy.route(m.kind).value;
-        let mut reach = m.to.len() as u64;
-        match route {
-            Route::Scope => reach += self.known.len() as u64,
-            Route::Asker => reach += 1,
-            _ => {}
-        }
-        let unknown = m.to.iter().any(|t| {
-            let t = self.resolve(t);
-            t != layout::HUMAN && t != layout::MEDIATOR && !self.known.contains_key(&t)
-        });
-        let entries = if unknown || route == Route::Asker {
-            2
-        } else {
-            1
-        };
-        entries * blocks(ENTRY_OVERHEAD + msg + 80 * reach) + BLOCK * reach
-    }
-
-    /// Holds what the entries of a post admitted into the batch will cost
-    /// in reserve, until the batch is logged and they are charged.
-    pub(super) fn reserve(&mut self, entries: &[Entry]) {
-        for e in entries {
-            let c = cost(e);
-            if c > 0 {
-                *self.reserved.entry(e.sender.clone()).or_default() += c;
-            }
-        }
-    }
-
-    /// Charges a logged entry to the sender that caused it, at `now` (ms).
-    pub(super) fn charge(&mut self, e: &Entry, now: u64) {
-        let cost = cost(e);
-        if cost == 0 {
-            return;
-        }
-        self.budget_mut(&e.sender, now).bytes += cost;
-        self.memory.dirty = true;
     }
 }
 
@@ -455,81 +281,10 @@ impl Mediator {
 mod tests {
     use super::*;
 
-    fn entry(sender: &str, action: Action, to: &[&str], bytes: usize) -> Entry {
-        Entry {
-            version: LOG_VERSION,
-            name: format!("x.{}", action.as_str()),
-            logged: String::new(),
-            message_id: "x".into(),
-            sender: sender.into(),
-            message: None,
-            decision: Decision {
-                quiet: false,
-                action,
-                to: to.iter().map(|t| t.to_string()).collect(),
-                reason: "r".repeat(bytes),
-            },
-        }
-    }
-
     #[test]
-    fn a_sender_is_full_for_the_rest_of_its_hour_once_a_post_does_not_fit() {
-        let mut s = State {
-            log_max: 64 << 10,
-            ..State::default()
-        };
-        let t = Duration::from_secs(1_800_000_000);
-        let ms = t.as_millis() as u64;
-        // A fresh hour admits even a post that could cost more than all of it.
-        assert!(s.fits("api", 1 << 20, t));
-        // 4 KiB for the entry and 4 KiB for each receipt to come.
-        s.charge(&entry("api", Action::Forward, &["web", "db"], 100), ms);
-        assert_eq!(s.memory.budget["api"].bytes, 3 * BLOCK);
-        s.charge(&entry("api", Action::Read, &["web"], 100), ms);
-        s.charge(&entry("api", Action::Hold, &[], 5000), ms);
-        assert_eq!(
-            s.memory.budget["api"].bytes,
-            5 * BLOCK,
-            "receipts not again"
-        );
-        // 20 KiB used, 8 KiB kept for a count of refusals: 36 KiB fit.
-        assert!(s.fits("api", 36 << 10, t));
-        assert!(!s.fits("api", (36 << 10) + 1, t));
-        // What the batch being routed holds in reserve counts too.
-        s.reserve(&[entry("api", Action::Hold, &[], 100)]);
-        assert!(!s.fits("api", 36 << 10, t) && s.fits("api", 32 << 10, t));
-        s.reserved.clear();
-        s.mark_full("api", ms);
-        assert!(
-            s.is_full("api", t) && !s.fits("api", 1, t),
-            "full until the hour ends"
-        );
-        // Others, a person, another host's sandbox and the mediator's own
-        // notices are not held back.
-        assert!(s.fits("web", 8 << 10, t) && s.fits(layout::HUMAN, 1 << 30, t));
-        assert!(s.fits("hosta/api", 1 << 30, t) && !s.is_full("hosta/api", t));
-        s.charge(
-            &entry(layout::MEDIATOR, Action::Escalate, &["human"], 100),
-            ms,
-        );
-        assert!(!s.memory.budget.contains_key(layout::MEDIATOR));
-        // The next hour starts afresh.
-        let later = t + Duration::from_millis(BUDGET_WINDOW_MS);
-        assert!(!s.is_full("api", later) && s.fits("api", 36 << 10, later));
-        s.charge(
-            &entry("api", Action::Hold, &[], 100),
-            later.as_millis() as u64,
-        );
-        assert_eq!(s.memory.budget["api"].bytes, BLOCK);
-        assert!(!s.memory.budget["api"].full);
-    }
-
-    #[test]
-    fn entries_are_charged_by_the_block() {
-        assert_eq!(blocks(1), 4096);
-        assert_eq!(blocks(4096), 4096);
-        assert_eq!(blocks(4097), 8192);
+    fn sizes_are_said_in_the_largest_whole_unit() {
         assert_eq!(size_text(8 << 20), "8 MiB");
+        assert_eq!(size_text(16 << 10), "16 KiB");
         assert_eq!(size_text(1536), "1536 bytes");
     }
 }

@@ -1,6 +1,6 @@
 //! Taking a batch from the outboxes: each entry is inspected (inspect.rs),
 //! what the log says of its id is read, the decision is taken by the pure
-//! step (decide.rs) and what it changes is applied to the state.  What
+//! step (pure/decide.rs) and what it changes is applied to the state.  What
 //! comes out is the batch's work: the entries to log and the files to
 //! route, claim or quarantine (deliver.rs carries it out).
 
@@ -9,8 +9,8 @@ use std::ffi::{OsStr, OsString};
 
 use rustix::fs::{self as rfs, AtFlags};
 
-use super::decide::{Found, Logged, Outcome, Post, decide};
 use super::inspect::{Inspected, inspect, quarantine_id};
+use super::pure::decide::{Found, Logged, Outcome, Post, decide};
 use super::{BATCH_BYTES, Mediator, cap_notice_id};
 use crate::batch::OpenMaildir;
 use crate::layout;

@@ -16,7 +16,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use super::collect::{Collected, Work};
-use super::decide::{bounce_id, nobody_id};
+use super::pure::decide::{bounce_id, nobody_id};
 use super::{Boxes, HELD, HUMAN, LOG, Mediator, QUARANTINE, mailbox_name, read_names};
 
 impl Mediator {

@@ -11,7 +11,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::time::Duration;
 
-use super::decide::derived_id;
+use super::pure::decide::derived_id;
 
 /// What an outbox entry turned out to be.
 pub(super) enum Inspected {

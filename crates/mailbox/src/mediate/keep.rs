@@ -15,7 +15,7 @@
 //! per episode, which ends when the count finds the sender's quarantine
 //! below half its budget.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
@@ -23,29 +23,16 @@ use std::time::{Duration, Instant};
 
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 
-use super::decide::derived_id;
+use super::pure::decide::derived_id;
 use super::{Boxes, Mediator};
 use crate::error::Result;
 use crate::layout;
 use crate::log::Action;
 use crate::quarantine::{self, Plan};
 
-/// The default of `door.quarantine-max`: bytes the quarantine keeps of
-/// one sender's bad entries.
-pub const DEFAULT_QUARANTINE_MAX: u64 = 16 << 20;
 /// How often, at most, the quarantine is counted again for a sender over
 /// its budget.
 const RECOUNT: Duration = Duration::from_secs(60);
-
-/// What the sender's entries in the quarantine take, as last counted and
-/// charged since.
-#[derive(Default)]
-pub(super) struct Kept {
-    bytes: HashMap<String, u64>,
-    counted: Option<Instant>,
-    /// Senders cut short in this run and not yet told.
-    over: BTreeSet<String>,
-}
 
 impl Mediator {
     /// Plans the keeping of a bad entry of `sender` (as `st` says) and

@@ -46,30 +46,29 @@
 //! the two steps finds the same entry.  Such files are never opened unless
 //! they are regular, singly linked and within the size limit.
 
-// The mediator by concern: what it decides from (state) and deciding by
-// policy, a pure step (decide); looking at an entry before trusting it
-// (inspect); taking a batch from the outboxes and deciding on each entry,
-// the shell around decide (collect); logging, delivering and claiming a
-// batch (deliver); its durable memory (memory); the person's queues
-// (queues); what a sender may make it write (budget); the watch loop with
-// its locks (watch).  This file holds the mediator's handles and the pass.
+// The mediator by concern: the decision, a pure module (pure/: what it
+// decides from, deciding by policy, the log budget's rules); looking at an
+// entry before trusting it (inspect); taking a batch from the outboxes and
+// deciding on each entry, the shell around decide (collect); logging,
+// delivering and claiming a batch (deliver); its durable memory on disk
+// (memory); the person's queues (queues); what a sender may make it write
+// (budget) and keep in the quarantine (keep); the watch loop with its
+// locks (watch).  This file holds the mediator's handles and the pass.
 mod budget;
 mod collect;
-mod decide;
 mod deliver;
 mod inspect;
 mod keep;
 mod memory;
+mod pure;
 mod queues;
-mod state;
-#[cfg(test)]
-mod tests;
 mod watch;
 
-pub use budget::{DEFAULT_LOG_MAX, refusals_id};
-pub use decide::{bounce_id, cap_notice_id, nobody_id};
-pub use keep::DEFAULT_QUARANTINE_MAX;
-pub use state::State;
+pub use budget::refusals_id;
+pub use pure::decide::{bounce_id, cap_notice_id, nobody_id};
+pub use pure::memory::MAX_REMEMBERED;
+pub(crate) use pure::state::mailbox_name;
+pub use pure::state::{DEFAULT_LOG_MAX, DEFAULT_QUARANTINE_MAX, State};
 pub use watch::{lock_mediator, lock_routes, raise_open_files_limit};
 
 use std::collections::{HashMap, HashSet};
@@ -97,8 +96,6 @@ pub const DEFAULT_BATCH: usize = 1024;
 /// Text a batch holds at most (bodies and subjects, about): a batch of
 /// messages near the size limit is cut short, so memory stays bounded.
 pub const BATCH_BYTES: usize = 64 << 20;
-/// Distinct messages remembered for duplicate detection.
-pub const MAX_REMEMBERED: usize = 10_000;
 
 const LOG: usize = 0;
 const HUMAN: usize = 1;
@@ -158,7 +155,7 @@ pub struct Mediator {
     /// Where the policy comes from.
     policy_file: PolicyFile,
     registry: Registry,
-    /// What the mediator decides from (state.rs): the registry as last
+    /// What the mediator decides from (pure/state.rs): the registry as last
     /// read, the memory, the secret values, the log budget.
     pub state: State,
     last_save: Instant,
@@ -591,12 +588,6 @@ impl Mediator {
 }
 
 /// The names in a directory, without `.` and `..`.
-/// The mailbox a party's messages sit in: `HOST/NAME` is the proxy NAME
-/// (names are unique across hosts), any other party itself.
-pub(crate) fn mailbox_name(party: &str) -> &str {
-    crate::message::split_qualified(party).map_or(party, |(_, n)| n)
-}
-
 fn read_names(fd: &OwnedFd) -> rustix::io::Result<Vec<OsString>> {
     let mut v = Vec::new();
     for ent in rfs::Dir::read_from(fd)? {

@@ -14,8 +14,8 @@ use std::path::Path;
 
 use crate::message::Message;
 
-use super::decide::release;
 use super::inspect::{Inspected, inspect};
+use super::pure::decide::release;
 use super::{Boxes, HELD, LOG, Mediator, lock_routes, mailbox_name, read_names};
 
 impl Mediator {

@@ -12,9 +12,8 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::budget::QUARANTINE_COST;
-use super::mailbox_name;
-use super::state::{Change, State};
+use super::rules::QUARANTINE_COST;
+use super::state::{Change, State, mailbox_name};
 use crate::digest::hex;
 use crate::layout;
 use crate::log::{Action, Decision, Entry};
@@ -22,7 +21,7 @@ use crate::message::{Kind, Message};
 use crate::policy::{self, Policy, Route};
 
 /// An outbox entry as the caller found it.
-pub(super) enum Found {
+pub(in crate::mediate) enum Found {
     /// A message.
     Message(Box<Post>),
     /// A file that is not a message (inspect.rs): its sender (qualified),
@@ -35,36 +34,36 @@ pub(super) enum Found {
 }
 
 /// A message taken from an outbox, with what the log says of it.
-pub(super) struct Post {
+pub(in crate::mediate) struct Post {
     /// The message, its `from` already its sender.
-    pub(super) message: Message,
+    pub(in crate::mediate) message: Message,
     /// The owner of the outbox (qualified: `HOST/NAME` for a proxy).
-    pub(super) sender: String,
+    pub(in crate::mediate) sender: String,
     /// What `from` said in the file.
-    pub(super) claimed: String,
+    pub(in crate::mediate) claimed: String,
     /// The decision the log holds for its id.
-    pub(super) logged: Logged,
+    pub(in crate::mediate) logged: Logged,
     /// Its file is in the outbox's `cur/` too: it was routed, and posted again.
-    pub(super) in_cur: bool,
+    pub(in crate::mediate) in_cur: bool,
     /// Who sent the message its `in_reply_to` names, by the log (looked up
     /// for a kind routed to the asker).
-    pub(super) asker: Option<String>,
+    pub(in crate::mediate) asker: Option<String>,
 }
 
 /// The entries the log holds for a message's id.
 #[derive(Clone, Default)]
-pub(super) struct Logged {
+pub(in crate::mediate) struct Logged {
     /// Its forward, escalation or hold.
-    pub(super) main: Option<Entry>,
+    pub(in crate::mediate) main: Option<Entry>,
     /// Its bounce.
-    pub(super) bounce: Option<Entry>,
+    pub(in crate::mediate) bounce: Option<Entry>,
     /// The held-queue cap notice it triggered.
-    pub(super) notice: Option<Entry>,
+    pub(in crate::mediate) notice: Option<Entry>,
 }
 
 /// What to do with an outbox entry.
 #[derive(Debug)]
-pub(super) enum Outcome {
+pub(in crate::mediate) enum Outcome {
     /// Nothing: a planted directory that was left for good.
     Skip,
     /// Nothing yet: the sender's log budget is used up; it stays in the outbox.
@@ -87,13 +86,18 @@ pub(super) enum Outcome {
 
 /// A decision: what to do, and what it changes in the state.
 #[derive(Debug)]
-pub(super) struct Verdict {
-    pub(super) outcome: Outcome,
-    pub(super) changes: Vec<Change>,
+pub(in crate::mediate) struct Verdict {
+    pub(in crate::mediate) outcome: Outcome,
+    pub(in crate::mediate) changes: Vec<Change>,
 }
 
 /// Decides on an outbox entry (see the module docs).
-pub(super) fn decide(state: &State, found: &Found, policy: &Policy, now: Duration) -> Verdict {
+pub(in crate::mediate) fn decide(
+    state: &State,
+    found: &Found,
+    policy: &Policy,
+    now: Duration,
+) -> Verdict {
     let mut changes = Vec::new();
     let outcome = match found {
         Found::Bad { sender, qid, why } => {
@@ -186,7 +190,7 @@ fn clash(state: &State, logged: &Entry, p: &Post) -> Option<String> {
 }
 
 /// A derived id: the time part of `base` (or `t`), 128 bits of a digest.
-pub(super) fn derived_id(t: Duration, parts: &[&[u8]]) -> String {
+pub(in crate::mediate) fn derived_id(t: Duration, parts: &[&[u8]]) -> String {
     let mut h = Sha256::new();
     for p in parts {
         h.update((p.len() as u64).to_le_bytes());
@@ -217,7 +221,7 @@ pub fn bounce_id(id: &str) -> String {
 
 /// The digest that makes two messages "exact duplicates": everything a
 /// reader sees except the id and the creation time.
-pub(super) fn content_digest(m: &Message) -> String {
+pub(in crate::mediate) fn content_digest(m: &Message) -> String {
     let v = serde_json::json!([
         m.from,
         m.to,
@@ -233,10 +237,10 @@ pub(super) fn content_digest(m: &Message) -> String {
 /// Where a message goes by its kind's route, ignoring hold rules: the
 /// main decision (None when every recipient bounced), the recipients that
 /// bounce, and why.
-pub(super) struct Routing {
-    pub(super) main: Option<Decision>,
-    pub(super) unknown: Vec<String>,
-    pub(super) why: String,
+pub(in crate::mediate) struct Routing {
+    pub(in crate::mediate) main: Option<Decision>,
+    pub(in crate::mediate) unknown: Vec<String>,
+    pub(in crate::mediate) why: String,
 }
 
 /// What a route rule made of a message: a finished answer, or the targets
@@ -253,7 +257,7 @@ fn done(main: Option<Decision>, unknown: Vec<String>, why: String) -> Routed {
 /// Routes a message by its kind (`release`: an operator released it from
 /// the held queue).  Its `from` is its sender; `asker` is who sent the
 /// message it replies to.
-pub(super) fn route(
+pub(in crate::mediate) fn route(
     state: &State,
     policy: &Policy,
     m: &Message,
@@ -650,7 +654,7 @@ fn decide_again(state: &State, p: &Post, b: &Entry, policy: &Policy, now: Durati
 /// New entries releasing held message `m` to the recipients its route
 /// names now: a bounce for the unknown ones (unless `had_bounce`: one was
 /// logged), then the release.
-pub(super) fn release(
+pub(in crate::mediate) fn release(
     state: &State,
     policy: &Policy,
     m: &Message,

@@ -10,8 +10,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::bounce_id;
-use super::decide::{Found, Logged, Outcome, Post, content_digest, decide, release};
+use super::decide::{Found, Logged, Outcome, Post, bounce_id, content_digest, decide, release};
 use super::state::{Change, State};
 use crate::layout::{HUMAN, MEDIATOR};
 use crate::log::{Action, Decision, Entry};

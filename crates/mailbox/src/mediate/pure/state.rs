@@ -5,27 +5,41 @@
 //! the changes a decision returns are applied here, by the caller, once
 //! it has taken the decision.
 
-use std::collections::HashMap;
-use std::time::Duration;
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
 
-use super::budget::DEFAULT_LOG_MAX;
-use super::keep::{DEFAULT_QUARANTINE_MAX, Kept};
 use super::memory::Memory;
 use crate::log::{Action, Decision, Entry, LOG_VERSION};
 use crate::message::{self, Message};
 use crate::redact::Secrets;
 use crate::registry::Sandbox;
 
+/// The default of `door.log-max`: log bytes per sender per hour.
+pub const DEFAULT_LOG_MAX: u64 = 8 << 20;
+/// The default of `door.quarantine-max`: bytes the quarantine keeps of
+/// one sender's bad entries.
+pub const DEFAULT_QUARANTINE_MAX: u64 = 16 << 20;
+
+/// What the sender's entries in the quarantine take, as last counted and
+/// charged since.
+#[derive(Default)]
+pub(in crate::mediate) struct Kept {
+    pub(in crate::mediate) bytes: HashMap<String, u64>,
+    pub(in crate::mediate) counted: Option<Instant>,
+    /// Senders cut short in this run and not yet told.
+    pub(in crate::mediate) over: BTreeSet<String>,
+}
+
 /// The mediator's state (see the module docs).
 pub struct State {
     /// Registered sandboxes by name, as read at the start of the pass.
-    pub(super) known: HashMap<String, Sandbox>,
-    pub(super) memory: Memory,
+    pub(in crate::mediate) known: HashMap<String, Sandbox>,
+    pub(in crate::mediate) memory: Memory,
     /// Sender -> messages of theirs in `held/new/`, counted at each pass.
-    pub(super) held_count: HashMap<String, u32>,
+    pub(in crate::mediate) held_count: HashMap<String, u32>,
     /// Sender -> the most the posts admitted into the batch being routed
     /// can cost, until they are logged and charged.
-    pub(super) reserved: HashMap<String, u64>,
+    pub(in crate::mediate) reserved: HashMap<String, u64>,
     /// Secret values that never leave through the door (crate::redact).
     pub secrets: Secrets,
     /// Log bytes a sender may cause per hour (`door.log-max`).
@@ -34,7 +48,7 @@ pub struct State {
     /// (`door.quarantine-max`, keep.rs).
     pub quarantine_max: u64,
     /// What each sender's entries in the quarantine take (keep.rs).
-    pub(super) kept: Kept,
+    pub(in crate::mediate) kept: Kept,
 }
 
 impl Default for State {
@@ -52,9 +66,15 @@ impl Default for State {
     }
 }
 
+/// The mailbox a party's messages sit in: `HOST/NAME` is the proxy NAME
+/// (names are unique across hosts), any other party itself.
+pub(crate) fn mailbox_name(party: &str) -> &str {
+    crate::message::split_qualified(party).map_or(party, |(_, n)| n)
+}
+
 /// What a decision changes in the state, applied by [`State::apply`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) enum Change {
+pub(in crate::mediate) enum Change {
     /// Remember a message's content digest, for duplicates within `window` (ms).
     Remember { digest: String, window: u64 },
     /// Count a post of a sender against its rate, within `window` (ms).
@@ -69,7 +89,7 @@ pub(super) enum Change {
 
 impl State {
     /// Applies what a decision taken at `now` changes.
-    pub(super) fn apply(&mut self, changes: &[Change], now: Duration) {
+    pub(in crate::mediate) fn apply(&mut self, changes: &[Change], now: Duration) {
         let now_ms = now.as_millis() as u64;
         for c in changes {
             match c {
@@ -91,7 +111,7 @@ impl State {
     /// proxy of another host's sandbox (its record has `host`) is
     /// `HOST/NAME`, any other owner its bare name (mailbox-spec.md,
     /// FEDERATION).
-    pub(super) fn qualified(&self, owner: &str) -> String {
+    pub(in crate::mediate) fn qualified(&self, owner: &str) -> String {
         match self.known.get(owner).and_then(|s| s.host.as_deref()) {
             Some(h) => format!("{h}/{owner}"),
             None => owner.to_string(),
@@ -101,7 +121,7 @@ impl State {
     /// The recipient a party names here: `HOST/NAME` is the proxy NAME
     /// when its record says HOST; anything else is itself (and an unknown
     /// qualified name stays as it is, to bounce).
-    pub(super) fn resolve(&self, party: &str) -> String {
+    pub(in crate::mediate) fn resolve(&self, party: &str) -> String {
         match crate::message::split_qualified(party) {
             Some((h, n)) if self.known.get(n).and_then(|s| s.host.as_deref()) == Some(h) => {
                 n.to_string()
@@ -111,7 +131,13 @@ impl State {
     }
 
     /// The log entry recording decision `d` on `m` from `sender`, at `now`.
-    pub(super) fn entry(&self, m: &Message, sender: &str, mut d: Decision, now: Duration) -> Entry {
+    pub(in crate::mediate) fn entry(
+        &self,
+        m: &Message,
+        sender: &str,
+        mut d: Decision,
+        now: Duration,
+    ) -> Entry {
         let keep_body = !(d.quiet || matches!(d.action, Action::Hold | Action::Drop));
         self.secrets.mask_in(&mut d.reason);
         Entry {
@@ -128,7 +154,7 @@ impl State {
     /// A message as the log keeps it: secret values masked, and the body
     /// left out of hold, drop and refusal entries (the held queue keeps the
     /// body of a held message; a refused one goes back to its sender).
-    pub(super) fn logged_message(&self, m: &Message, keep_body: bool) -> Message {
+    pub(in crate::mediate) fn logged_message(&self, m: &Message, keep_body: bool) -> Message {
         let mut m = m.clone();
         if !keep_body {
             m.body.clear();
@@ -147,7 +173,7 @@ impl State {
     }
 
     /// Whether a logged entry records `m` (as [`State::logged_message`] keeps it).
-    pub(super) fn records(&self, e: &Entry, m: &Message) -> bool {
+    pub(in crate::mediate) fn records(&self, e: &Entry, m: &Message) -> bool {
         match &e.message {
             Some(l) => {
                 l == m || *l == self.logged_message(m, true) || *l == self.logged_message(m, false)
@@ -157,7 +183,7 @@ impl State {
     }
 
     /// The name of a secret the message carries, if any.
-    pub(super) fn secret_in(&self, m: &Message) -> Option<String> {
+    pub(in crate::mediate) fn secret_in(&self, m: &Message) -> Option<String> {
         if self.secrets.is_empty() {
             return None;
         }
