@@ -405,7 +405,7 @@ impl Drop for Removed {
 /// took, how the reader ended, and what copy_out said.
 fn tar_pass(container: &str, old: bool, into: &Path) -> (u64, Duration, End, Result<u64>) {
     let e = TarOut {
-        docker: engine::DockerEngine::connect().expect("the local engine"),
+        docker: engine::connect_docker(None).expect("the local engine"),
         old,
         crossed: AtomicU64::new(0),
     };
@@ -428,7 +428,7 @@ fn tar_pass(container: &str, old: bool, into: &Path) -> (u64, Duration, End, Res
 
 #[test]
 fn a_tar_copy_out_crosses_no_more_than_its_reader_reads() {
-    let docker_engine = engine::DockerEngine::connect().expect("the local engine");
+    let docker_engine = engine::connect_docker(None).expect("the local engine");
     let name = format!("lw-tarout-{}", std::process::id());
     let _removed = Removed(name.clone());
     let spec = ContainerSpec {
