@@ -1,103 +1,15 @@
 //! GitHub's issue-comment REST API as lw-sync uses it: authentication, the
 //! primary rate limit and its headers, injected faults, and the routes.
 
-use std::time::Duration;
-
 use mailbox::digest::sha256_hex;
 use serde_json::{Value, json};
 
 use crate::comments::{body_field, comment_json, create, list, too_long};
 use crate::state::{Fault, Op, Record, State, TokenInfo, Window};
-
-pub const DOCS: &str = "https://docs.github.com/rest";
-
-/// A request as the handlers see it (the HTTP layer reads the body whole).
-pub struct Request {
-    pub method: String,
-    /// The request target: path and query, as sent.
-    pub target: String,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-}
-
-impl Request {
-    pub fn header(&self, n: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(n))
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-pub struct Response {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-    /// Close the connection without sending anything.
-    pub drop: bool,
-}
-
-/// Fixed settings of the API.
-pub struct Limits {
-    /// Requests per hour per token before the primary limit answers 403.
-    pub hourly_limit: u64,
-}
-
-pub fn now_s() -> u64 {
-    mailbox::time::now().as_secs()
-}
-
-fn now_ms_f() -> f64 {
-    mailbox::time::now().as_secs_f64() * 1000.0
-}
-
-pub fn gh_time(s: u64) -> String {
-    // GitHub's timestamps have whole seconds.
-    let t = mailbox::time::rfc3339(Duration::from_secs(s));
-    format!("{}Z", &t[..19])
-}
-
-pub fn resp(status: u16, v: Value) -> Response {
-    Response {
-        status,
-        headers: vec![],
-        body: serde_json::to_vec(&v).expect("JSON values serialise"),
-        drop: false,
-    }
-}
-
-pub fn gh_error(status: u16, msg: &str) -> Response {
-    resp(
-        status,
-        json!({ "message": msg, "documentation_url": DOCS, "status": status.to_string() }),
-    )
-}
-
-fn empty(status: u16, drop: bool) -> Response {
-    Response {
-        status,
-        headers: vec![],
-        body: vec![],
-        drop,
-    }
-}
-
-pub fn query(target: &str) -> (String, Vec<(String, String)>) {
-    let (path, q) = target.split_once('?').unwrap_or((target, ""));
-    let params = q
-        .split('&')
-        .filter(|s| !s.is_empty())
-        .map(|kv| {
-            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            (k.to_string(), v.replace("%3A", ":").replace("%3a", ":"))
-        })
-        .collect();
-    (path.to_string(), params)
-}
-
-pub fn param<'a>(q: &'a [(String, String)], k: &str) -> Option<&'a str> {
-    q.iter().find(|(a, _)| a == k).map(|(_, v)| v.as_str())
-}
+use crate::wire::{
+    Limits, Request, Response, empty, gh_error, gh_time, journal_failed, now_ms_f, now_s, query,
+    resp,
+};
 
 /// Who sent a request, as far as the server knows.
 struct Caller {
@@ -391,10 +303,6 @@ fn forbidden() -> Response {
 
 fn not_found() -> Response {
     gh_error(404, "Not Found")
-}
-
-pub fn journal_failed() -> Response {
-    gh_error(500, "journal write failed")
 }
 
 impl Route<'_> {

@@ -3,8 +3,10 @@
 
 use serde_json::{Value, json};
 
-use crate::api::{DOCS, Response, gh_error, gh_time, journal_failed, now_s, param, resp};
 use crate::state::{Op, State, StoredComment};
+use crate::wire::{
+    DOCS, Response, gh_error, gh_time, journal_failed, now_s, page_links, param, resp,
+};
 
 /// GitHub's documented limit on a comment body, in characters (the same
 /// figure lw-sync keeps in lib/github; the sink speaks as GitHub does, not
@@ -134,18 +136,4 @@ pub fn list(
         r.headers.push(("Link".into(), links.join(", ")));
     }
     r
-}
-
-/// The `Link` header's parts for `page` of `last`.
-fn page_links(page: usize, last: usize, link_for: impl Fn(usize) -> String) -> Vec<String> {
-    let mut links = Vec::new();
-    if page < last {
-        links.push(format!("{}; rel=\"next\"", link_for(page + 1)));
-        links.push(format!("{}; rel=\"last\"", link_for(last)));
-    }
-    if page > 1 {
-        links.push(format!("{}; rel=\"prev\"", link_for(page - 1)));
-        links.push(format!("{}; rel=\"first\"", link_for(1)));
-    }
-    links
 }

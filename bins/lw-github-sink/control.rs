@@ -6,8 +6,8 @@ use mailbox::digest::sha256_hex;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::api::{Request, Response, gh_error, now_s, param, query, resp};
 use crate::state::{Fault, Op, State, StoredComment, TokenInfo, Window};
+use crate::wire::{Request, Response, gh_error, now_s, param, query, resp};
 
 #[derive(Deserialize)]
 struct TokenReq {

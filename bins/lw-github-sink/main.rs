@@ -28,6 +28,7 @@ mod comments;
 mod control;
 mod http;
 mod state;
+mod wire;
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
@@ -100,7 +101,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     }
     writeln!(out, "http://{addr}").map_err(out_err)?;
     out.flush().map_err(out_err)?;
-    let limits = api::Limits {
+    let limits = wire::Limits {
         hourly_limit: args.hourly_limit,
     };
     match http::serve(listener, state, limits)? {}
