@@ -5,6 +5,7 @@ use mailbox::digest::sha256_hex;
 use serde_json::{Value, json};
 
 use crate::comments::{body_field, comment_json, create, list, too_long};
+use crate::pulls;
 use crate::state::{Fault, Op, Record, State, TokenInfo, Window};
 use crate::wire::{
     Limits, Request, Response, empty, gh_error, gh_time, journal_failed, now_ms_f, now_s, query,
@@ -218,6 +219,7 @@ fn dispatch(
         host: &caller.host,
         login,
         can_write: caller.info.as_ref().is_some_and(|i| i.write),
+        pulls: caller.info.as_ref().is_some_and(|i| i.pulls),
     };
     let mut res = route.answer(st);
     if let Some(f) = commit_then
@@ -290,6 +292,8 @@ struct Route<'a> {
     host: &'a str,
     login: &'a str,
     can_write: bool,
+    /// The token has pull-request (and status) rights.
+    pulls: bool,
 }
 
 fn forbidden() -> Response {
@@ -324,6 +328,9 @@ impl Route<'_> {
                 } else {
                     not_found()
                 }
+            }
+            ("POST", ["graphql"]) => {
+                pulls::graphql(st, self.can_write && self.pulls, &self.req.body)
             }
             (_, ["repos", o, r, rest @ ..]) => {
                 let full = format!("{o}/{r}");
@@ -361,6 +368,9 @@ impl Route<'_> {
                     _ => not_found(),
                 }
             }
+            (_, ["pulls", ..] | ["statuses", _] | ["commits", _, "statuses"]) => {
+                self.in_pulls(st, full, rest)
+            }
             (_, ["issues", "comments", id]) => {
                 let Some(id) = id
                     .parse::<u64>()
@@ -371,6 +381,33 @@ impl Route<'_> {
                 };
                 self.comment(st, id)
             }
+            _ => not_found(),
+        }
+    }
+
+    /// Pull requests, their reviews, and commit statuses (`pulls`).
+    fn in_pulls(&self, st: &mut State, full: &str, rest: &[&str]) -> Response {
+        let c = pulls::Ctx {
+            repo: full,
+            login: self.login,
+            host: self.host,
+            path: self.path,
+            q: self.q,
+            body: &self.req.body,
+            can_write: self.can_write && self.pulls,
+        };
+        if !self.pulls {
+            return pulls::forbidden("pull_requests=read");
+        }
+        match (self.req.method.as_str(), rest) {
+            ("GET", ["pulls"]) => pulls::list(st, &c),
+            ("POST", ["pulls"]) => pulls::create(st, &c),
+            ("GET", ["pulls", n]) => pulls::get(st, &c, n),
+            ("PATCH", ["pulls", n]) => pulls::update(st, &c, n),
+            ("GET", ["pulls", n, "reviews"]) => pulls::reviews(st, &c, n, false),
+            ("GET", ["pulls", n, "comments"]) => pulls::reviews(st, &c, n, true),
+            ("POST", ["statuses", sha]) => pulls::create_status(st, &c, sha),
+            ("GET", ["commits", sha, "statuses"]) => pulls::list_statuses(st, &c, sha),
             _ => not_found(),
         }
     }

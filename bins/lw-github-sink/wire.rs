@@ -115,3 +115,36 @@ pub fn page_links(page: usize, last: usize, link_for: impl Fn(usize) -> String) 
     }
     links
 }
+
+/// One page of `items` as GitHub pages a list: `per_page` (default 30, at
+/// most 100) and `page`, with a `Link` header of the pages around it.
+pub fn paged(items: Vec<Value>, q: &[(String, String)], path: &str, host: &str) -> Response {
+    let per_page = param(q, "per_page")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(30)
+        .clamp(1, 100);
+    let page = param(q, "page")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(1)
+        .max(1);
+    let last = items.len().div_ceil(per_page).max(1);
+    let items: Vec<Value> = items
+        .into_iter()
+        .skip((page - 1) * per_page)
+        .take(per_page)
+        .collect();
+    let mut r = resp(200, Value::Array(items));
+    let links = page_links(page, last, |p| {
+        let mut qs: Vec<String> = q
+            .iter()
+            .filter(|(k, _)| k != "page")
+            .map(|(k, v)| format!("{k}={}", v.replace(':', "%3A")))
+            .collect();
+        qs.push(format!("page={p}"));
+        format!("<http://{host}{path}?{}>", qs.join("&"))
+    });
+    if !links.is_empty() {
+        r.headers.push(("Link".into(), links.join(", ")));
+    }
+    r
+}
