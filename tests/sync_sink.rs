@@ -7,7 +7,7 @@ mod sync_support;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
-use serde_json::{Value, json};
+use serde_json::json;
 use sync_support::*;
 
 fn start(dir: &std::path::Path, tokens: &std::path::Path, listen: &str) -> (Child, String) {

@@ -3,38 +3,9 @@
 
 use std::time::Duration;
 
+use super::answer::{Answer, status_of, validation_detail};
 use super::{Budget, Clock, Comment, Limits, Persist, Posted, SystemClock, Target, Token};
 use mailbox::error::{Error, Exit, Result};
-
-/// GitHub's answer to a request that failed: its HTTP status and
-/// `message`, the cause of every error the client makes of an answer, so
-/// callers match the status ([`status_of`]), never the wording.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Answer {
-    pub status: u16,
-    pub message: String,
-}
-
-impl std::fmt::Display for Answer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "HTTP {} {}", self.status, self.message)
-    }
-}
-
-impl std::error::Error for Answer {}
-
-/// The HTTP status GitHub answered, when `e` is made of an answer.
-pub fn status_of(e: &Error) -> Option<u16> {
-    e.source
-        .as_ref()?
-        .downcast_ref::<Answer>()
-        .map(|a| a.status)
-}
-
-/// The `message` GitHub answered, when `e` is made of an answer.
-pub fn answer_of(e: &Error) -> Option<&Answer> {
-    e.source.as_ref()?.downcast_ref::<Answer>()
-}
 
 /// A finished exchange.
 pub(super) struct Reply {
@@ -655,28 +626,6 @@ pub fn next_link(link: &str) -> Option<String> {
     None
 }
 
-fn validation_detail(body: &[u8]) -> String {
-    let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
-        return String::new();
-    };
-    let Some(errs) = v.get("errors").and_then(|e| e.as_array()) else {
-        return String::new();
-    };
-    let parts: Vec<String> = errs
-        .iter()
-        .filter_map(|e| {
-            e.get("message")
-                .and_then(|m| m.as_str())
-                .map(str::to_string)
-        })
-        .collect();
-    if parts.is_empty() {
-        String::new()
-    } else {
-        format!(": {}", parts.join("; "))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -708,6 +657,15 @@ mod tests {
         };
         let e = c.error_for(&reply(401), "the token's user", "");
         assert_eq!(e.msg.matches("valid token").count(), 1, "{}", e.msg);
+        // The status is typed: callers match it, not the text.
+        assert_eq!(status_of(&e), Some(401));
+        let forbidden = c.error_for(&reply(403), "a pull request", "pull requests: write");
+        assert_eq!(
+            (status_of(&forbidden), forbidden.exit),
+            (Some(403), Exit::NoPerm)
+        );
+        assert!(!forbidden.msg.contains("403"), "{}", forbidden.msg);
+        assert!(forbidden.to_string().ends_with("HTTP 403 Bad credentials"));
         let e = c.error_for(&reply(401), "a comment on o/r#1", "issues: write");
         assert!(
             e.msg.ends_with("a valid token with issues: write"),
