@@ -166,6 +166,22 @@ fn a_kill_storm_of_push_pr_makes_exactly_one_pull_request_per_branch() {
     assert_eq!(all.len(), names.len(), "{all:?}");
     assert!(per_branch.values().all(|&c| c == 1), "{per_branch:?}");
 
+    // New commits: the open pull request's text follows them.
+    let (code, _, e) = f.sh(
+        "t2",
+        "echo more > src/more.txt && git add src && git commit -qm 'more for t2'",
+    );
+    assert_eq!(code, 0, "{e}");
+    let o = push(&f, &env, TOKEN, &["push", "t2", "--pr"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.trim_end().ends_with(" draft updated"), "{out}");
+    let t2 = pulls(&env)
+        .into_iter()
+        .find(|p| p["head"]["ref"] == "lw/t2")
+        .unwrap();
+    assert!(t2["body"].as_str().unwrap().contains("more for t2"), "{t2}");
+    assert_eq!(pulls(&env).len(), names.len());
+
     // Each sandbox's record knows its number, and so does lw-sync: t1's
     // entries go to its pull request's conversation.
     let number = |n: &str| {

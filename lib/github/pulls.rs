@@ -26,6 +26,10 @@ pub struct Pull {
     pub merged: bool,
     #[serde(default)]
     pub html_url: String,
+    #[serde(default)]
+    pub title: String,
+    #[serde(default)]
+    pub body: Option<String>,
     pub head: PullRef,
     pub base: PullRef,
 }
@@ -41,7 +45,7 @@ pub struct PullRef {
 /// What a write of a pull request came to.
 #[derive(Debug)]
 pub enum PullWrite {
-    Done(Pull),
+    Done(Box<Pull>),
     /// It may or may not have been done.
     Unknown(String),
 }
@@ -60,7 +64,7 @@ fn pull_of(w: Written, what: &str) -> Result<PullWrite> {
     Ok(match w {
         Written::Unknown(why) => PullWrite::Unknown(why),
         Written::Done(_, v) => match serde_json::from_value(v) {
-            Ok(p) => PullWrite::Done(p),
+            Ok(p) => PullWrite::Done(Box::new(p)),
             Err(e) => PullWrite::Unknown(format!(
                 "GitHub's answer to {what} is not a pull request ({e})"
             )),

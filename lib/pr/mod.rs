@@ -5,8 +5,8 @@
 //!
 //! 1. List the repository's pull requests whose head is the branch, in any
 //!    state (`GET /repos/{o}/{r}/pulls?head=OWNER:BRANCH&state=all`).  An
-//!    open one is adopted (its title and body brought up to date, out of
-//!    draft with `--ready`).  A closed one and no open one is refused: a
+//!    open one is adopted: its title and body brought up to date when the
+//!    commits changed them (`PATCH`), out of draft with `--ready`.  A closed one and no open one is refused: a
 //!    person closed it, and loopwright neither reopens it nor opens a second
 //!    one behind their back (exit 65, naming it and the fix).
 //! 2. None: the intent (`pending` with the time) is written to the record,
@@ -23,7 +23,7 @@
 //! never makes a second one; the record of intent tells a later run (and a
 //! reader) that a create may have been sent.  A new pull request costs two
 //! requests (list, create), three when a create's outcome must be
-//! reconciled; a known one one, two when its text changed.
+//! reconciled; a known one one, two when its text changed (new commits).
 //!
 //! The record is also what lw-sync reads to send the sandbox's later
 //! entries to the pull request's conversation (`sync::Config::learn`).
@@ -115,7 +115,7 @@ pub struct Opened {
     pub number: u64,
     pub url: String,
     pub draft: bool,
-    /// `created`, `found` or `updated`.
+    /// `created`, `found`, or `updated` (its text, or out of draft).
     pub outcome: &'static str,
 }
 
@@ -183,7 +183,7 @@ pub fn open(state: &Path, client: &mut Client, ask: &Ask) -> Result<Opened> {
     };
     let made = client.create_pull(ask.repo, &new, &mut |_| Ok(()));
     let p = match made {
-        Ok(PullWrite::Done(p)) => p,
+        Ok(PullWrite::Done(p)) => *p,
         Ok(PullWrite::Unknown(why)) => reconcile(client, ask, &head, &why)?,
         Err(e) if status_of(&e) == Some(422) && already_exists(&e) => reconcile(
             client,
@@ -286,6 +286,16 @@ fn adopt(
         rec.number = Some(p.number);
         rec.pending = None;
         save(state, ask.name, rec)?;
+    }
+    if p.title != ask.title || p.body.as_deref().unwrap_or("") != ask.body {
+        // Idempotent: a PATCH whose outcome is unknown is sent again by the
+        // next push, so it fails nothing here.
+        let fields = serde_json::json!({ "title": ask.title, "body": ask.body });
+        if let PullWrite::Done(_) =
+            client.update_pull(ask.repo, p.number, &fields, &mut |_| Ok(()))?
+        {
+            outcome = "updated";
+        }
     }
     if ask.ready && p.draft {
         match client.mark_ready(ask.repo, &p, &mut |_| Ok(())) {
