@@ -150,6 +150,15 @@ enum Cmd {
         /// Replace the upstream branch even when it is not an ancestor
         #[arg(long)]
         force: bool,
+        /// Then find or open the branch's pull request (a draft) [default: sandbox.push-pr]
+        #[arg(long, conflicts_with = "no_pr")]
+        pr: bool,
+        /// Do not open a pull request, whatever sandbox.push-pr says
+        #[arg(long)]
+        no_pr: bool,
+        /// With the pull request: mark it ready for review, not a draft
+        #[arg(long)]
+        ready: bool,
         /// Print a JSON Lines record
         #[arg(long)]
         json: bool,
@@ -340,7 +349,17 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
                 out,
             )?;
         }
-        Cmd::Push { name, force, json } => line(out, &push(&sb, &name, force, json)?)?,
+        Cmd::Push {
+            name,
+            force,
+            pr,
+            no_pr,
+            ready,
+            json,
+        } => {
+            let pr = !no_pr && (pr || ready || sb.push_pr_by_default(&name)?);
+            push(&sb, &name, force, (pr, ready), json, out)?
+        }
         Cmd::Ls { json, no_header } => ls(&sb, json, no_header, out)?,
         Cmd::Port { name } => {
             for p in sb.ports(&name)? {
@@ -432,16 +451,42 @@ fn rm(sb: &Sandboxes, names: &[String], force: bool, out: &mut dyn Write) -> Res
     Ok(())
 }
 
-/// `push`: the sandbox's branch to the upstream; its line (or JSON record).
-fn push(sb: &Sandboxes, name: &str, force: bool, json: bool) -> Result<String, Error> {
+/// `push`: the sandbox's branch to the upstream; its line (or JSON
+/// record), then with `pr.0` its pull request's (lib/pr), out of draft
+/// with `pr.1`.
+fn push(
+    sb: &Sandboxes,
+    name: &str,
+    force: bool,
+    pr: (bool, bool),
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), Error> {
     let me = std::env::current_exe()
         .map_err(|e| Error::new(Exit::Software, "cannot find lw-sandbox itself").with_source(e))?;
     let p = sb.push(name, &me, force, &mailbox::cli::stderr_report(PROG))?;
-    Ok(if json {
-        p.json(name).to_string()
-    } else {
-        format!("{} {} {}", p.branch, p.commit, p.outcome)
-    })
+    let line = |out: &mut dyn Write, s: &str| writeln!(out, "{s}").map_err(out_err);
+    line(
+        out,
+        &if json {
+            p.json(name).to_string()
+        } else {
+            format!("{} {} {}", p.branch, p.commit, p.outcome)
+        },
+    )?;
+    if pr.0 {
+        let o = sb.open_pull_request(name, &p.commit, pr.1)?;
+        let draft = if o.draft { "draft" } else { "ready" };
+        line(
+            out,
+            &if json {
+                o.json(name).to_string()
+            } else {
+                format!("pull-request {} {} {draft} {}", o.number, o.url, o.outcome)
+            },
+        )?;
+    }
+    Ok(())
 }
 
 /// One refused request of `logs --egress`.

@@ -118,6 +118,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     cfg.repo = args.repo.clone().or(cfg.repo);
     cfg.issue = args.issue.or(cfg.issue);
     cfg.batch = args.batch.or(cfg.batch);
+    cfg.learn_pulls(&root.state_dir())?;
     let api = args
         .api_url
         .clone()

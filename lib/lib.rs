@@ -20,6 +20,7 @@ pub mod image;
 pub mod init;
 pub mod mirror;
 pub mod ports;
+pub mod pr;
 pub mod radar;
 pub mod sandbox;
 pub mod secrets;

@@ -7,7 +7,7 @@ mod sync_support;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
-use serde_json::{Value, json};
+use serde_json::json;
 use sync_support::*;
 
 fn start(dir: &std::path::Path, tokens: &std::path::Path, listen: &str) -> (Child, String) {
@@ -27,47 +27,6 @@ fn start(dir: &std::path::Path, tokens: &std::path::Path, listen: &str) -> (Chil
         .read_line(&mut line)
         .unwrap();
     (c, line.trim().to_string())
-}
-
-fn call(
-    agent: &ureq::Agent,
-    method: &str,
-    url: &str,
-    token: &str,
-    body: Option<Value>,
-) -> (u16, Vec<(String, String)>, Value) {
-    let auth = format!("Bearer {token}");
-    let mut r = match (method, body) {
-        ("GET", _) => agent
-            .get(url)
-            .header("Authorization", &auth)
-            .call()
-            .unwrap(),
-        ("PATCH", Some(b)) => agent
-            .patch(url)
-            .header("Authorization", &auth)
-            .send_json(&b)
-            .unwrap(),
-        (_, Some(b)) => agent
-            .post(url)
-            .header("Authorization", &auth)
-            .send_json(&b)
-            .unwrap(),
-        _ => unreachable!(),
-    };
-    let headers = r
-        .headers()
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
-        .collect();
-    let v = r.body_mut().read_json().unwrap_or(Value::Null);
-    (r.status().as_u16(), headers, v)
-}
-
-fn header<'a>(h: &'a [(String, String)], k: &str) -> Option<&'a str> {
-    h.iter()
-        .find(|(a, _)| a.eq_ignore_ascii_case(k))
-        .map(|(_, v)| v.as_str())
 }
 
 #[test]

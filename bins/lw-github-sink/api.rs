@@ -1,103 +1,16 @@
 //! GitHub's issue-comment REST API as lw-sync uses it: authentication, the
 //! primary rate limit and its headers, injected faults, and the routes.
 
-use std::time::Duration;
-
 use mailbox::digest::sha256_hex;
 use serde_json::{Value, json};
 
 use crate::comments::{body_field, comment_json, create, list, too_long};
+use crate::pulls;
 use crate::state::{Fault, Op, Record, State, TokenInfo, Window};
-
-pub const DOCS: &str = "https://docs.github.com/rest";
-
-/// A request as the handlers see it (the HTTP layer reads the body whole).
-pub struct Request {
-    pub method: String,
-    /// The request target: path and query, as sent.
-    pub target: String,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-}
-
-impl Request {
-    pub fn header(&self, n: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(n))
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-pub struct Response {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-    /// Close the connection without sending anything.
-    pub drop: bool,
-}
-
-/// Fixed settings of the API.
-pub struct Limits {
-    /// Requests per hour per token before the primary limit answers 403.
-    pub hourly_limit: u64,
-}
-
-pub fn now_s() -> u64 {
-    mailbox::time::now().as_secs()
-}
-
-fn now_ms_f() -> f64 {
-    mailbox::time::now().as_secs_f64() * 1000.0
-}
-
-pub fn gh_time(s: u64) -> String {
-    // GitHub's timestamps have whole seconds.
-    let t = mailbox::time::rfc3339(Duration::from_secs(s));
-    format!("{}Z", &t[..19])
-}
-
-pub fn resp(status: u16, v: Value) -> Response {
-    Response {
-        status,
-        headers: vec![],
-        body: serde_json::to_vec(&v).expect("JSON values serialise"),
-        drop: false,
-    }
-}
-
-pub fn gh_error(status: u16, msg: &str) -> Response {
-    resp(
-        status,
-        json!({ "message": msg, "documentation_url": DOCS, "status": status.to_string() }),
-    )
-}
-
-fn empty(status: u16, drop: bool) -> Response {
-    Response {
-        status,
-        headers: vec![],
-        body: vec![],
-        drop,
-    }
-}
-
-pub fn query(target: &str) -> (String, Vec<(String, String)>) {
-    let (path, q) = target.split_once('?').unwrap_or((target, ""));
-    let params = q
-        .split('&')
-        .filter(|s| !s.is_empty())
-        .map(|kv| {
-            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            (k.to_string(), v.replace("%3A", ":").replace("%3a", ":"))
-        })
-        .collect();
-    (path.to_string(), params)
-}
-
-pub fn param<'a>(q: &'a [(String, String)], k: &str) -> Option<&'a str> {
-    q.iter().find(|(a, _)| a == k).map(|(_, v)| v.as_str())
-}
+use crate::wire::{
+    Limits, Request, Response, empty, gh_error, gh_time, journal_failed, now_ms_f, now_s, query,
+    resp,
+};
 
 /// Who sent a request, as far as the server knows.
 struct Caller {
@@ -306,6 +219,7 @@ fn dispatch(
         host: &caller.host,
         login,
         can_write: caller.info.as_ref().is_some_and(|i| i.write),
+        pulls: caller.info.as_ref().is_some_and(|i| i.pulls),
     };
     let mut res = route.answer(st);
     if let Some(f) = commit_then
@@ -378,6 +292,8 @@ struct Route<'a> {
     host: &'a str,
     login: &'a str,
     can_write: bool,
+    /// The token has pull-request (and status) rights.
+    pulls: bool,
 }
 
 fn forbidden() -> Response {
@@ -391,10 +307,6 @@ fn forbidden() -> Response {
 
 fn not_found() -> Response {
     gh_error(404, "Not Found")
-}
-
-pub fn journal_failed() -> Response {
-    gh_error(500, "journal write failed")
 }
 
 impl Route<'_> {
@@ -416,6 +328,9 @@ impl Route<'_> {
                 } else {
                     not_found()
                 }
+            }
+            ("POST", ["graphql"]) => {
+                pulls::graphql(st, self.can_write && self.pulls, &self.req.body)
             }
             (_, ["repos", o, r, rest @ ..]) => {
                 let full = format!("{o}/{r}");
@@ -453,6 +368,9 @@ impl Route<'_> {
                     _ => not_found(),
                 }
             }
+            (_, ["pulls", ..] | ["statuses", _] | ["commits", _, "statuses"]) => {
+                self.in_pulls(st, full, rest)
+            }
             (_, ["issues", "comments", id]) => {
                 let Some(id) = id
                     .parse::<u64>()
@@ -463,6 +381,33 @@ impl Route<'_> {
                 };
                 self.comment(st, id)
             }
+            _ => not_found(),
+        }
+    }
+
+    /// Pull requests, their reviews, and commit statuses (`pulls`).
+    fn in_pulls(&self, st: &mut State, full: &str, rest: &[&str]) -> Response {
+        let c = pulls::Ctx {
+            repo: full,
+            login: self.login,
+            host: self.host,
+            path: self.path,
+            q: self.q,
+            body: &self.req.body,
+            can_write: self.can_write && self.pulls,
+        };
+        if !self.pulls {
+            return pulls::forbidden("pull_requests=read");
+        }
+        match (self.req.method.as_str(), rest) {
+            ("GET", ["pulls"]) => pulls::list(st, &c),
+            ("POST", ["pulls"]) => pulls::create(st, &c),
+            ("GET", ["pulls", n]) => pulls::get(st, &c, n),
+            ("PATCH", ["pulls", n]) => pulls::update(st, &c, n),
+            ("GET", ["pulls", n, "reviews"]) => pulls::reviews(st, &c, n, false),
+            ("GET", ["pulls", n, "comments"]) => pulls::reviews(st, &c, n, true),
+            ("POST", ["statuses", sha]) => pulls::create_status(st, &c, sha),
+            ("GET", ["commits", sha, "statuses"]) => pulls::list_statuses(st, &c, sha),
             _ => not_found(),
         }
     }

@@ -3,8 +3,8 @@
 
 use serde_json::{Value, json};
 
-use crate::api::{DOCS, Response, gh_error, gh_time, journal_failed, now_s, param, resp};
 use crate::state::{Op, State, StoredComment};
+use crate::wire::{DOCS, Response, gh_error, gh_time, journal_failed, now_s, paged, param, resp};
 
 /// GitHub's documented limit on a comment body, in characters (the same
 /// figure lw-sync keeps in lib/github; the sink speaks as GitHub does, not
@@ -97,55 +97,14 @@ pub fn list(
     q: &[(String, String)],
     host: &str,
 ) -> Response {
-    let per_page = param(q, "per_page")
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(30)
-        .clamp(1, 100);
-    let page = param(q, "page")
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(1)
-        .max(1);
     let since = param(q, "since")
         .and_then(mailbox::time::parse_rfc3339)
         .map(|d| d.as_secs());
-    let all: Vec<&StoredComment> = st
+    let items: Vec<Value> = st
         .comments
         .values()
         .filter(|c| c.repo == repo && c.issue == issue && since.is_none_or(|s| c.updated >= s))
-        .collect();
-    let last = all.len().div_ceil(per_page).max(1);
-    let items: Vec<Value> = all
-        .iter()
-        .skip((page - 1) * per_page)
-        .take(per_page)
         .map(|c| comment_json(c, host))
         .collect();
-    let mut r = resp(200, Value::Array(items));
-    let links = page_links(page, last, |p| {
-        let mut qs: Vec<String> = q
-            .iter()
-            .filter(|(k, _)| k != "page")
-            .map(|(k, v)| format!("{k}={}", v.replace(':', "%3A")))
-            .collect();
-        qs.push(format!("page={p}"));
-        format!("<http://{host}{path}?{}>", qs.join("&"))
-    });
-    if !links.is_empty() {
-        r.headers.push(("Link".into(), links.join(", ")));
-    }
-    r
-}
-
-/// The `Link` header's parts for `page` of `last`.
-fn page_links(page: usize, last: usize, link_for: impl Fn(usize) -> String) -> Vec<String> {
-    let mut links = Vec::new();
-    if page < last {
-        links.push(format!("{}; rel=\"next\"", link_for(page + 1)));
-        links.push(format!("{}; rel=\"last\"", link_for(last)));
-    }
-    if page > 1 {
-        links.push(format!("{}; rel=\"prev\"", link_for(page - 1)));
-        links.push(format!("{}; rel=\"first\"", link_for(1)));
-    }
-    links
+    paged(items, q, path, host)
 }

@@ -6,8 +6,8 @@ use mailbox::digest::sha256_hex;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::api::{Request, Response, gh_error, now_s, param, query, resp};
 use crate::state::{Fault, Op, State, StoredComment, TokenInfo, Window};
+use crate::wire::{Request, Response, gh_error, now_s, param, query, resp};
 
 #[derive(Deserialize)]
 struct TokenReq {
@@ -18,6 +18,9 @@ struct TokenReq {
     write: bool,
     #[serde(default)]
     revoke: bool,
+    /// Pull-request and status rights (default yes).
+    #[serde(default = "yes")]
+    pulls: bool,
 }
 
 fn yes() -> bool {
@@ -49,13 +52,44 @@ pub fn control(st: &mut State, req: &Request, ctl: &str) -> Response {
             let (Some(repo), n) = (v["repo"].as_str(), v["issues"].as_u64().unwrap_or(1)) else {
                 return gh_error(422, "repo missing");
             };
-            match st.add_repo(repo, n) {
+            let git = v["git"].as_str().map(std::path::PathBuf::from);
+            let made = st.add_repo(repo, n).and_then(|()| match git {
+                Some(dir) => st.commit(Op::Git {
+                    repo: repo.into(),
+                    dir,
+                }),
+                None => Ok(()),
+            });
+            match made {
                 Ok(()) => resp(201, json!({ "repo": repo, "issues": n })),
                 Err(e) => io_fail(e),
             }
         }
         ("POST", "tokens") => token(st, v),
         ("POST", "comments") => human_comment(st, v),
+        ("POST", "reviews") => crate::pulls::add_review(st, &v),
+        ("GET", c) if c.starts_with("pulls") => {
+            let (_, q) = query(&req.target);
+            let repo = param(&q, "repo").unwrap_or("");
+            let items: Vec<Value> = st
+                .pulls
+                .values()
+                .filter(|p| p.repo == repo)
+                .map(|p| crate::pulls::pull_json(p, "sink"))
+                .collect();
+            resp(200, Value::Array(items))
+        }
+        ("GET", c) if c.starts_with("statuses") => {
+            let (_, q) = query(&req.target);
+            let repo = param(&q, "repo").unwrap_or("");
+            let items: Vec<Value> = st
+                .statuses
+                .iter()
+                .filter(|s| s.repo == repo)
+                .map(|s| json!({ "sha": s.sha, "state": s.state, "context": s.context, "description": s.description }))
+                .collect();
+            resp(200, Value::Array(items))
+        }
         ("GET", c) if c.starts_with("comments") => {
             let (_, q) = query(&req.target);
             let repo = param(&q, "repo").unwrap_or("");
@@ -104,11 +138,13 @@ fn token(st: &mut State, v: Value) -> Response {
         login: String::new(),
         write: t.write,
         revoked: false,
+        pulls: true,
     });
     if let Some(l) = t.login {
         info.login = l;
     }
     info.write = t.write;
+    info.pulls = t.pulls;
     info.revoked = t.revoke;
     if info.login.is_empty() {
         return gh_error(422, "login missing");

@@ -15,8 +15,10 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use mailbox::{Error, Exit, Result};
 
-use crate::api::{self, Limits, Request, Response};
+use crate::api;
 use crate::state::State;
+use crate::wire::Limits;
+use crate::wire::{Request, Response};
 
 /// Request bodies larger than this close the connection.
 const MAX_BODY: usize = 64 * 1024 * 1024;

@@ -16,18 +16,23 @@
 //! counted against the limit) for a GET whose `If-None-Match` names it; 401 for a missing or revoked token, 403 with
 //! `x-accepted-github-permissions` for a read-only one, 404 for an unknown
 //! repository or issue, 422 for a body over 65,536 characters (`api`, `comments`).
+//! Pull requests, commit statuses, reviews and review comments, and the one
+//! GraphQL mutation that takes a draft out of draft (`pulls`).
 //!
 //! The control API under `/_sink/` (no token) sets up repositories, tokens
 //! and human comments, injects faults, and returns the record of every
 //! request with its time and of every blocked window the server imposed, so
 //! tests can check that a client honoured them (`control`).  State and its
-//! journal: `state`; HTTP: `http`.
+//! journal: `state`; HTTP: `http`; what every module shares (a request, an
+//! answer, GitHub's error shape, pages): `wire`, which names none of them.
 
 mod api;
 mod comments;
 mod control;
 mod http;
+mod pulls;
 mod state;
+mod wire;
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
@@ -100,7 +105,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     }
     writeln!(out, "http://{addr}").map_err(out_err)?;
     out.flush().map_err(out_err)?;
-    let limits = api::Limits {
+    let limits = wire::Limits {
         hourly_limit: args.hourly_limit,
     };
     match http::serve(listener, state, limits)? {}

@@ -93,6 +93,67 @@ pub struct TokenInfo {
     pub login: String,
     pub write: bool,
     pub revoked: bool,
+    /// May read and write pull requests and commit statuses (a fine-grained
+    /// token without `pull_requests` is refused 403 there).
+    #[serde(default = "yes")]
+    pub pulls: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A pull request.  Its number is one of the repository's issue numbers (as
+/// on GitHub, where a pull request is an issue too, whose conversation is
+/// the issue-comments API on that number).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StoredPull {
+    pub repo: String,
+    pub number: u64,
+    pub title: String,
+    pub body: String,
+    /// The head's owner and branch (`owner:branch` is its label).
+    pub head_owner: String,
+    pub head: String,
+    pub head_sha: String,
+    pub base: String,
+    /// `open` or `closed`.
+    pub state: String,
+    pub draft: bool,
+    pub merged: bool,
+    pub login: String,
+    pub created: u64,
+    pub updated: u64,
+}
+
+/// A commit status.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StoredStatus {
+    pub id: u64,
+    pub repo: String,
+    pub sha: String,
+    pub state: String,
+    pub context: String,
+    pub description: Option<String>,
+    pub target_url: Option<String>,
+    pub login: String,
+    pub created: u64,
+}
+
+/// A review (`path` None) or a review comment on a line of a file, written
+/// by a person through the control API.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StoredReview {
+    pub id: u64,
+    pub repo: String,
+    pub pull: u64,
+    pub login: String,
+    /// A review's `APPROVED`, `CHANGES_REQUESTED` or `COMMENTED`.
+    pub state: String,
+    pub body: String,
+    pub path: Option<String>,
+    pub line: Option<u64>,
+    pub created: u64,
 }
 
 /// One journal line.
@@ -122,6 +183,21 @@ pub enum Op {
         sha: String,
         info: TokenInfo,
     },
+    /// The git repository whose branches the repository has.
+    Git {
+        repo: String,
+        dir: std::path::PathBuf,
+    },
+    /// A pull request made or changed (the whole of it).
+    Pull {
+        p: StoredPull,
+    },
+    Status {
+        s: StoredStatus,
+    },
+    Review {
+        r: StoredReview,
+    },
 }
 
 #[derive(Default)]
@@ -130,6 +206,13 @@ pub struct State {
     pub comments: BTreeMap<u64, StoredComment>,
     pub next_id: u64,
     pub tokens: HashMap<String, TokenInfo>,
+    /// Repository -> the git directory holding its branches; a repository
+    /// without one has every branch asked for.
+    pub git: BTreeMap<String, std::path::PathBuf>,
+    /// (repository, number) -> pull request.
+    pub pulls: BTreeMap<(String, u64), StoredPull>,
+    pub statuses: Vec<StoredStatus>,
+    pub reviews: Vec<StoredReview>,
     /// Each fault with how often it fired and how often it matched.
     pub faults: Vec<(Fault, u64, u64)>,
     pub records: Vec<Record>,
@@ -200,6 +283,22 @@ impl State {
             Op::Token { sha, info } => {
                 self.tokens.insert(sha, info);
             }
+            Op::Git { repo, dir } => {
+                self.git.insert(repo, dir);
+            }
+            Op::Pull { p } => {
+                let issues = self.repos.entry(p.repo.clone()).or_default();
+                issues.insert(p.number, p.title.clone());
+                self.pulls.insert((p.repo.clone(), p.number), p);
+            }
+            Op::Status { s } => {
+                self.next_id = self.next_id.max(s.id + 1);
+                self.statuses.push(s);
+            }
+            Op::Review { r } => {
+                self.next_id = self.next_id.max(r.id + 1);
+                self.reviews.push(r);
+            }
         }
     }
 
@@ -232,12 +331,44 @@ impl State {
         Ok(())
     }
 
+    /// The tip of `branch` of `repo`: from its git directory when it has
+    /// one (None when the branch does not exist), else a made-up commit.
+    pub fn branch_tip(&self, repo: &str, branch: &str) -> Option<String> {
+        let Some(dir) = self.git.get(repo) else {
+            return Some(sha256_hex(format!("{repo}:{branch}").as_bytes())[..40].to_string());
+        };
+        let out = std::process::Command::new("git")
+            .arg("--git-dir")
+            .arg(dir)
+            .args(["rev-parse", "--verify", "--quiet"])
+            .arg(format!("refs/heads/{branch}^{{commit}}"))
+            .output()
+            .ok()?;
+        let sha = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        (out.status.success() && !sha.is_empty()).then_some(sha)
+    }
+
+    /// Whether `sha` names a commit of `repo` (always, without a git directory).
+    pub fn has_commit(&self, repo: &str, sha: &str) -> bool {
+        let Some(dir) = self.git.get(repo) else {
+            return true;
+        };
+        std::process::Command::new("git")
+            .arg("--git-dir")
+            .arg(dir)
+            .args(["cat-file", "-e"])
+            .arg(format!("{sha}^{{commit}}"))
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
     /// Accepts `token` for `login` (stored as its digest).
     pub fn add_token(&mut self, login: &str, token: &str, write: bool) -> std::io::Result<()> {
         let info = TokenInfo {
             login: login.into(),
             write,
             revoked: false,
+            pulls: true,
         };
         self.commit(Op::Token {
             sha: sha256_hex(token.as_bytes()),

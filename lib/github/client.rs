@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::answer::{Answer, status_of, validation_detail};
 use super::{Budget, Clock, Comment, Limits, Persist, Posted, SystemClock, Target, Token};
 use mailbox::error::{Error, Exit, Result};
 
@@ -134,6 +135,15 @@ impl Client {
         })
     }
 
+    /// The GraphQL endpoint beside the REST base: `/graphql` on
+    /// api.github.com, `/api/graphql` for GitHub Enterprise's `/api/v3`.
+    pub fn graphql_url(&self) -> String {
+        match self.base.strip_suffix("/api/v3") {
+            Some(host) => format!("{host}/api/graphql"),
+            None => format!("{}/graphql", self.base),
+        }
+    }
+
     pub fn base(&self) -> &str {
         &self.base
     }
@@ -224,41 +234,38 @@ impl Client {
             .header("x-accepted-github-permissions")
             .map(|v| format!(" (GitHub accepts: {v})"))
             .unwrap_or_default();
-        match r.status {
+        let answer = Answer {
+            status: r.status,
+            message: msg,
+        };
+        let e = match r.status {
             401 => Error::new(
                 Exit::NoPerm,
                 format!(
-                    "GitHub rejected the token (401 {msg}) when asked for {what}: it is missing, expired or revoked; set GH_TOKEN to a valid token{with}"
+                    "GitHub rejected the token when asked for {what}: it is missing, expired or revoked; set GH_TOKEN to a valid token{with}"
                 ),
             ),
             403 => Error::new(
                 Exit::NoPerm,
-                format!(
-                    "GitHub refused {what} (403 {msg}): the token lacks a permission{with}{accepted}"
-                ),
+                format!("GitHub refused {what}: the token lacks a permission{with}{accepted}"),
             ),
             404 => Error::new(
                 Exit::Config,
                 format!(
-                    "GitHub answered 404 ({msg}) for {what}: the repository or issue does not exist, or the token cannot see it (it needs {perm})"
+                    "GitHub has no {what}: the repository or issue does not exist, or the token cannot see it (it needs {perm})"
                 ),
             ),
             410 => Error::new(
                 Exit::Config,
-                format!("{what} is gone (410 {msg}): issues may be disabled on the repository"),
+                format!("{what} is gone: issues may be disabled on the repository"),
             ),
             422 => Error::new(
                 Exit::DataErr,
-                format!(
-                    "GitHub did not accept {what} (422 {msg}){}",
-                    validation_detail(&r.body)
-                ),
+                format!("GitHub did not accept {what}{}", validation_detail(&r.body)),
             ),
-            s => Error::new(
-                Exit::Unavailable,
-                format!("GitHub answered {s} to {what}: {msg}"),
-            ),
-        }
+            _ => Error::new(Exit::Unavailable, format!("GitHub failed {what}")),
+        };
+        e.with_source(answer)
     }
 
     /// Notes an answer's rate-limit headers; when the answer is a rate
@@ -281,7 +288,7 @@ impl Client {
 
     /// A GET with retries for transient failures; the parsed JSON and the
     /// answer's `Link` header.
-    fn get_json(
+    pub(super) fn get_json(
         &mut self,
         url: &str,
         what: &str,
@@ -366,13 +373,11 @@ impl Client {
         let url = format!("{}/user", self.base);
         match self.get_json(&url, "the token's user", "") {
             Ok((v, _)) => Ok(v.get("login").and_then(|l| l.as_str()).map(str::to_string)),
-            Err(e) if e.exit == Exit::NoPerm && e.msg.contains("403") => Ok(None),
-            Err(e) if e.exit == Exit::Config && e.msg.contains("404") => {
-                Err(Error::config(format!(
-                    "GitHub answered 404 for the token's user (GET {url}): the API URL '{}' does not look like GitHub's REST API; check --api-url or \"api_url\"",
-                    self.base
-                )))
-            }
+            Err(e) if status_of(&e) == Some(403) => Ok(None),
+            Err(e) if status_of(&e) == Some(404) => Err(Error::config(format!(
+                "GitHub answered 404 for the token's user (GET {url}): the API URL '{}' does not look like GitHub's REST API; check --api-url or \"api_url\"",
+                self.base
+            ))),
             Err(e) => Err(e),
         }
     }
@@ -499,6 +504,32 @@ impl Client {
         before_send: BeforeSend<'_>,
     ) -> Result<Posted> {
         let perm = "issues: write (pull requests: write for a pull request)";
+        Ok(
+            match self.write_json(url, method, payload, what, perm, before_send)? {
+                Written::Unknown(why) => Posted::Unknown(why),
+                Written::Done(status, v) => match serde_json::from_value::<Comment>(v) {
+                    Ok(c) => Posted::Created(c),
+                    Err(e) => Posted::Unknown(format!(
+                        "GitHub answered {status} with a body that is not a comment ({e})"
+                    )),
+                },
+            },
+        )
+    }
+
+    /// A content-creating request, paced, sent once: its answer's status
+    /// and JSON, or [`Written::Unknown`] when it may or may not have been
+    /// done (never retried here).  `perm` names the permission an error
+    /// asks for.
+    pub(super) fn write_json(
+        &mut self,
+        url: &str,
+        method: &str,
+        payload: &serde_json::Value,
+        what: &str,
+        perm: &str,
+        before_send: BeforeSend<'_>,
+    ) -> Result<Written> {
         let mut limited = 0;
         loop {
             self.wait_write_slot()?;
@@ -520,10 +551,10 @@ impl Client {
                 // Nothing listened: nothing can have been created.
                 Err(Transport::Unreachable(e)) => return Err(unreachable(&self.base, what, &e)),
                 Err(Transport::TimedOut(e)) => {
-                    return Ok(Posted::Unknown(format!("no answer in time: {e}")));
+                    return Ok(Written::Unknown(format!("no answer in time: {e}")));
                 }
                 Err(Transport::Other(e)) => {
-                    return Ok(Posted::Unknown(format!("the connection failed: {e}")));
+                    return Ok(Written::Unknown(format!("the connection failed: {e}")));
                 }
                 Ok(r) => r,
             };
@@ -532,21 +563,29 @@ impl Client {
                 continue;
             }
             if r.status >= 500 {
-                return Ok(Posted::Unknown(format!("GitHub answered {}", r.status)));
+                return Ok(Written::Unknown(format!("GitHub answered {}", r.status)));
             }
             if r.status != 200 && r.status != 201 {
                 return Err(self.error_for(&r, what, perm));
             }
             self.budget.strikes = 0;
-            return Ok(match serde_json::from_slice::<Comment>(&r.body) {
-                Ok(c) => Posted::Created(c),
-                Err(e) => Posted::Unknown(format!(
-                    "GitHub answered {} with a body that is not a comment ({e})",
+            return Ok(match serde_json::from_slice(&r.body) {
+                Ok(v) => Written::Done(r.status, v),
+                Err(e) => Written::Unknown(format!(
+                    "GitHub answered {} with a body that is not JSON ({e})",
                     r.status
                 )),
             });
         }
     }
+}
+
+/// The outcome of a content-creating request.
+pub(super) enum Written {
+    /// 200 or 201, and the answer's JSON.
+    Done(u16, serde_json::Value),
+    /// It may or may not have been done.
+    Unknown(String),
 }
 
 /// The error for an API URL nothing answers at: unavailable (69), not a
@@ -587,28 +626,6 @@ pub fn next_link(link: &str) -> Option<String> {
     None
 }
 
-fn validation_detail(body: &[u8]) -> String {
-    let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
-        return String::new();
-    };
-    let Some(errs) = v.get("errors").and_then(|e| e.as_array()) else {
-        return String::new();
-    };
-    let parts: Vec<String> = errs
-        .iter()
-        .filter_map(|e| {
-            e.get("message")
-                .and_then(|m| m.as_str())
-                .map(str::to_string)
-        })
-        .collect();
-    if parts.is_empty() {
-        String::new()
-    } else {
-        format!(": {}", parts.join("; "))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -640,6 +657,15 @@ mod tests {
         };
         let e = c.error_for(&reply(401), "the token's user", "");
         assert_eq!(e.msg.matches("valid token").count(), 1, "{}", e.msg);
+        // The status is typed: callers match it, not the text.
+        assert_eq!(status_of(&e), Some(401));
+        let forbidden = c.error_for(&reply(403), "a pull request", "pull requests: write");
+        assert_eq!(
+            (status_of(&forbidden), forbidden.exit),
+            (Some(403), Exit::NoPerm)
+        );
+        assert!(!forbidden.msg.contains("403"), "{}", forbidden.msg);
+        assert!(forbidden.to_string().ends_with("HTTP 403 Bad credentials"));
         let e = c.error_for(&reply(401), "a comment on o/r#1", "issues: write");
         assert!(
             e.msg.ends_with("a valid token with issues: write"),

@@ -25,21 +25,27 @@
 //!   never sent to another host.
 
 //!
-//! The files: `client` (the exchanges and the endpoints), `pace` (the
-//! limits, the budget, the clock and the waits), `token` (the token and
-//! where it comes from).
+//! The files: `client` (the exchanges and the comment endpoints), `answer`
+//! (every error made of an answer carries it as an [`Answer`], so callers
+//! match [`status_of`], never the wording), `pulls` (pull requests: list, create,
+//! update, ready for review), `pace` (the limits, the budget, the clock and
+//! the waits), `token` (the token and where it comes from).
 
+mod answer;
 mod client;
 mod pace;
+mod pulls;
 mod token;
 
 use serde::{Deserialize, Serialize};
 
+pub use answer::{Answer, answer_of, status_of};
 pub use client::{BeforeSend, Client, Listing, next_link};
 pub use pace::{
     Budget, Clock, DEFAULT_CONNECT_TIMEOUT, DEFAULT_READ_TIMEOUT, Limits, Persist, SystemClock,
     next_write_at,
 };
+pub use pulls::{NewPull, Pull, PullRef, PullWrite};
 pub use token::{Token, default_token_file};
 
 use mailbox::error::{Error, Result};

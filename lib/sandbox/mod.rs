@@ -78,6 +78,7 @@ mod gc;
 pub mod limits;
 mod ls;
 pub mod mailbox;
+pub mod pull;
 pub mod push;
 mod record;
 mod running;

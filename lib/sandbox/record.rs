@@ -64,6 +64,9 @@ pub struct Record {
     /// that does not make it lost.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<String>,
+    /// The number of its branch's pull request (`push --pr`, lib/pr).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_request: Option<u64>,
 }
 
 impl Record {

@@ -192,6 +192,21 @@ impl Config {
         Ok(())
     }
 
+    /// Learns the pull requests `lw-sandbox push --pr` opened (lib/pr's
+    /// records under `state`): a sandbox that sync.json does not map gets
+    /// its branch's pull request as its target, so its later entries go to
+    /// that conversation.  A mapping written in sync.json wins.
+    pub fn learn_pulls(&mut self, state: &Path) -> Result<()> {
+        for (name, rec) in crate::pr::load_all(state)? {
+            let Some(number) = rec.number else { continue };
+            self.sandboxes.entry(name).or_insert(TargetConfig {
+                repo: Some(rec.repo),
+                issue: number,
+            });
+        }
+        Ok(())
+    }
+
     /// The run's issue: `repo` and `issue` must both be set.
     pub fn default_target(&self) -> Result<Target> {
         self.check()?;

@@ -286,3 +286,45 @@ pub fn files_under(d: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// One REST request with `token`: status, headers and JSON body.
+pub fn call(
+    agent: &ureq::Agent,
+    method: &str,
+    url: &str,
+    token: &str,
+    body: Option<Value>,
+) -> (u16, Vec<(String, String)>, Value) {
+    let auth = format!("Bearer {token}");
+    let mut r = match (method, body) {
+        ("GET", _) => agent
+            .get(url)
+            .header("Authorization", &auth)
+            .call()
+            .unwrap(),
+        ("PATCH", Some(b)) => agent
+            .patch(url)
+            .header("Authorization", &auth)
+            .send_json(&b)
+            .unwrap(),
+        (_, Some(b)) => agent
+            .post(url)
+            .header("Authorization", &auth)
+            .send_json(&b)
+            .unwrap(),
+        _ => unreachable!(),
+    };
+    let headers = r
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
+        .collect();
+    let v = r.body_mut().read_json().unwrap_or(Value::Null);
+    (r.status().as_u16(), headers, v)
+}
+
+pub fn header<'a>(h: &'a [(String, String)], k: &str) -> Option<&'a str> {
+    h.iter()
+        .find(|(a, _)| a.eq_ignore_ascii_case(k))
+        .map(|(_, v)| v.as_str())
+}

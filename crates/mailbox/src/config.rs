@@ -183,6 +183,8 @@ pub const KNOWN: &[&str] = &[
     "sandbox.log-max-size",
     "sandbox.log-max-file",
     "sandbox.push-max",
+    "sandbox.push-pr",
+    "sandbox.pr-base",
     "sandbox.uid",
     "sandbox.ports",
     "sandbox.runtime",

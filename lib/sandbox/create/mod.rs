@@ -257,6 +257,7 @@ impl<'a> Sandboxes<'a> {
             runtime: c.runtime.clone(),
             volume_mode: c.on_volumes,
             engine: Some(self.engine.address()),
+            pull_request: None,
         };
         self.write_record(&rec)?;
         Ok(rec)

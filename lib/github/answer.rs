@@ -1,0 +1,57 @@
+//! What GitHub answered to a request that failed: its status and message,
+//! kept as the cause of the error made of it, so callers match the status
+//! and never the wording; and the detail of a validation error.
+
+use mailbox::error::Error;
+
+/// GitHub's answer to a request that failed: its HTTP status and
+/// `message`, the cause of every error the client makes of an answer, so
+/// callers match the status ([`status_of`]), never the wording.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub status: u16,
+    pub message: String,
+}
+
+impl std::fmt::Display for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HTTP {} {}", self.status, self.message)
+    }
+}
+
+impl std::error::Error for Answer {}
+
+/// The HTTP status GitHub answered, when `e` is made of an answer.
+pub fn status_of(e: &Error) -> Option<u16> {
+    e.source
+        .as_ref()?
+        .downcast_ref::<Answer>()
+        .map(|a| a.status)
+}
+
+/// The `message` GitHub answered, when `e` is made of an answer.
+pub fn answer_of(e: &Error) -> Option<&Answer> {
+    e.source.as_ref()?.downcast_ref::<Answer>()
+}
+
+pub(super) fn validation_detail(body: &[u8]) -> String {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return String::new();
+    };
+    let Some(errs) = v.get("errors").and_then(|e| e.as_array()) else {
+        return String::new();
+    };
+    let parts: Vec<String> = errs
+        .iter()
+        .filter_map(|e| {
+            e.get("message")
+                .and_then(|m| m.as_str())
+                .map(str::to_string)
+        })
+        .collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", parts.join("; "))
+    }
+}
