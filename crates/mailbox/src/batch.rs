@@ -53,6 +53,12 @@ pub fn open_dir_at(base: Option<&OwnedFd>, rel: &Path) -> rustix::io::Result<Own
 /// Creates `name` under `dir` (mode 0700) unless it exists, then opens it
 /// without following links.
 pub fn ensure_dir_at(dir: &OwnedFd, name: &str) -> rustix::io::Result<OwnedFd> {
+    // Opened first: a pass opens every box it touches, which nearly always
+    // exists, and a mkdirat that fails with EEXIST costs a lookup too.
+    match open_dir_at(Some(dir), Path::new(name)) {
+        Err(Errno::NOENT) => {}
+        other => return other,
+    }
     match rfs::mkdirat(dir, name, Mode::from_raw_mode(0o700)) {
         Ok(()) | Err(Errno::EXIST) => {}
         Err(e) => return Err(e),
@@ -102,6 +108,9 @@ pub struct OpenMaildir {
     pub cur: OwnedFd,
     /// The device of `new/`, to syncfs each file system once.
     pub dev: u64,
+    /// The owner of `tmp/` when it is not the mediator: each file is given
+    /// to it (Maildir::give_to_owner), asked once per pass, not per file.
+    pub owner: Option<(u32, u32)>,
 }
 
 impl OpenMaildir {
@@ -142,12 +151,16 @@ impl OpenMaildir {
         let dev = rfs::fstat(&new)
             .map_err(|e| err("cannot stat new/ of", e))?
             .st_dev as u64;
+        let st = rfs::fstat(&tmp).map_err(|e| err("cannot stat tmp/ of", e))?;
+        let owner =
+            (st.st_uid != rustix::process::geteuid().as_raw()).then_some((st.st_uid, st.st_gid));
         Ok(OpenMaildir {
             path,
             tmp,
             new,
             cur,
             dev,
+            owner,
         })
     }
 
@@ -280,7 +293,14 @@ fn create_tmp(boxes: &[OpenMaildir], key: usize, name: &str, bytes: &[u8]) -> Re
         }
         Err(e) => return Err(Error::io("cannot create", &tmp_path(), errno_io(e))),
     };
-    if let Err(e) = crate::maildir::give_to_owner(&b.tmp, &fd) {
+    let given = b.owner.map_or(Ok(()), |(uid, gid)| {
+        rfs::fchown(
+            &fd,
+            Some(rustix::process::Uid::from_raw(uid)),
+            Some(rustix::process::Gid::from_raw(gid)),
+        )
+    });
+    if let Err(e) = given {
         let _ = rfs::unlinkat(&b.tmp, name, AtFlags::empty());
         return Err(Error::io_as(
             Exit::NoPerm,

@@ -216,6 +216,27 @@ impl Log {
         Entry::parse(&bytes)
     }
 
+    /// Reads entry `name` of the `new/` directory open as `dir`: None when
+    /// there is no such entry, or it cannot be read as one (the mediator's
+    /// lookups go through one descriptor of `log/new/`: a path would walk
+    /// every component of the root again for each of a message's lookups).
+    pub fn read_in(dir: &impl std::os::fd::AsFd, name: &str) -> Option<Entry> {
+        use rustix::fs::{self as rfs, Mode, OFlags};
+        // NONBLOCK: a FIFO planted under the name is not waited on.
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+        let fd = rfs::openat(dir, name, flags, Mode::empty()).ok()?;
+        let st = rfs::fstat(&fd).ok()?;
+        let len = u64::try_from(st.st_size).ok()?;
+        if rfs::FileType::from_raw_mode(st.st_mode) != rfs::FileType::RegularFile
+            || len > 2 * crate::message::MAX_FILE
+        {
+            return None;
+        }
+        let mut bytes = Vec::with_capacity(len as usize);
+        std::io::Read::read_to_end(&mut std::fs::File::from(fd), &mut bytes).ok()?;
+        Entry::parse(&bytes).ok()
+    }
+
     /// Every entry in log order, plus those that could not be read.  Entries
     /// are streamed in name order by `for_each` when memory matters; this
     /// collects them for the commands that print or sync the whole log.
@@ -250,5 +271,48 @@ impl Log {
 impl From<serde_json::Error> for Error {
     fn from(e: serde_json::Error) -> Error {
         Error::new(Exit::DataErr, "invalid JSON").with_source(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_in_finds_an_entry_and_nothing_that_is_not_one() {
+        let d = std::env::temp_dir().join(format!("lw-log-{}", crate::id::new_id()));
+        let log = Log::new(&d);
+        log.create().unwrap();
+        let e = Notice {
+            id: crate::id::new_id(),
+            to: vec![crate::layout::HUMAN.into()],
+            subject: "s".into(),
+            body: "b\n".into(),
+            at: crate::time::now(),
+            reason: "r".into(),
+        }
+        .entry();
+        assert!(log.append(&e).unwrap());
+        let new = rustix::fs::open(
+            d.join("new"),
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap();
+        assert_eq!(Log::read_in(&new, &e.name), Some(e.clone()));
+        assert_eq!(Log::read_in(&new, "1.forward"), None, "no such entry");
+        // Neither followed nor waited on: a link to the entry, a FIFO.
+        std::os::unix::fs::symlink(d.join("new").join(&e.name), d.join("new/2.forward")).unwrap();
+        assert_eq!(Log::read_in(&new, "2.forward"), None, "a link");
+        rustix::fs::mknodat(
+            &new,
+            "3.forward",
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        assert_eq!(Log::read_in(&new, "3.forward"), None, "a FIFO");
+        std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -151,6 +151,8 @@ pub struct Mediator {
     pub root: Root,
     rootfd: OwnedFd,
     pub log: Log,
+    /// `log/new/` of the root, for looking entries up by name.
+    log_new: OwnedFd,
     pub policy: Policy,
     /// Where the policy comes from.
     policy_file: PolicyFile,
@@ -247,6 +249,8 @@ impl Mediator {
             rustix::fs::Mode::empty(),
         )
         .map_err(|e| Error::io("cannot open", &root.dir, errno_io(e)))?;
+        let log_new = crate::fs::open_dir_beneath(&rootfd, Path::new("log/new"))
+            .map_err(|e| Error::io("cannot open", &root.log_dir().join("new"), errno_io(e)))?;
         let mut policy_file = PolicyFile {
             path: policy_path,
             explicit,
@@ -258,6 +262,7 @@ impl Mediator {
             log: Log::new(root.log_dir()),
             registry: Registry::new(&root),
             rootfd,
+            log_new,
             root,
             policy,
             policy_file,
@@ -348,12 +353,7 @@ impl Mediator {
     /// The log entry of message `id` for `action`, if it was logged (and
     /// can be read).
     pub(super) fn logged(&self, id: &str, action: Action) -> Option<Entry> {
-        let n = Entry::name_for(id, action, None);
-        if self.log.has(&n) {
-            self.log.read(OsStr::new(&n)).ok()
-        } else {
-            None
-        }
+        Log::read_in(&self.log_new, &Entry::name_for(id, action, None))
     }
 
     fn count(&mut self, e: &Entry) {
