@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use engine::{Images, connect_docker};
-use loopwright::init::{self, Options, check};
+use loopwright::init::{self, Options, check, devcontainer};
 use mailbox::cli::out_err;
 use mailbox::{Error, Exit, Result};
 
@@ -43,6 +43,25 @@ struct Args {
     /// else the first Debian image the engine has]
     #[arg(long, value_name = "IMAGE")]
     from: Option<String>,
+
+    /// The devcontainer configuration to start from, when the repository
+    /// has several [default: the only one]
+    #[arg(long, value_name = "PATH", conflicts_with = "no_devcontainer")]
+    devcontainer: Option<PathBuf>,
+
+    /// Ignore the repository's devcontainer configuration; detect the stack
+    #[arg(long)]
+    no_devcontainer: bool,
+
+    /// A host variable the devcontainer configuration may read as
+    /// ${localEnv:NAME}; its value is written into the runtime (repeatable)
+    #[arg(long, value_name = "NAME")]
+    local_env: Vec<String>,
+
+    /// A file the lifecycle commands read, declared as a deps layer input
+    /// beside the lockfiles found (repeatable)
+    #[arg(long, value_name = "PATH")]
+    input: Vec<String>,
 
     /// Replace the files lw init writes when they exist
     #[arg(long)]
@@ -179,7 +198,13 @@ fn check(args: &Args, out: &mut dyn Write) -> Result<(Exit, bool)> {
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     let top = top(&args)?;
-    let from = args.from.clone().unwrap_or_else(pick_base);
+    let dc = devcontainer(&args, &top)?;
+    let from = args
+        .from
+        .clone()
+        .or_else(|| dc.as_ref().and_then(|(m, _)| m.image.clone()))
+        .unwrap_or_else(pick_base);
+    let inputs = inputs(&top, &args.input)?;
     let authorities = match args.ca {
         Ca::Host => init::host_authorities(Path::new(init::HOST_CA_DIR)),
         Ca::None => vec![],
@@ -189,17 +214,23 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         &Options {
             from: from.clone(),
             authorities: authorities.clone(),
+            devcontainer: dc,
+            inputs,
         },
     )?;
     for s in &plan.stacks {
         say(&format!("found {} ({})", s.name, s.evidence));
     }
-    if plan.stacks.is_empty() {
+    let from_devcontainer = plan.files.iter().any(|f| f.path == devcontainer::RECORD);
+    if plan.stacks.is_empty() && !from_devcontainer {
         say(
             "found no stack (Cargo.toml, package.json, pyproject.toml, requirements*.txt, go.mod); the toolchain layer installs nothing yet",
         );
     }
     match &plan.mise {
+        _ if from_devcontainer => {
+            say("toolchain: the devcontainer configuration's image and features")
+        }
         Some(f) => say(&format!("toolchain: the tools of {f}, through mise")),
         None => {
             say("toolchain: Debian's packages for the stacks found");
@@ -246,6 +277,61 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     }
     say("next: lw-mirror sync && lw-build, then lw-sandbox create NAME --branch BRANCH");
     Ok(Exit::Ok)
+}
+
+/// The devcontainer configuration chosen, mapped, with what lw init says
+/// of it; a fatal refusal is the error (78) and nothing is written.
+fn devcontainer(
+    args: &Args,
+    top: &Path,
+) -> Result<Option<(devcontainer::Mapping, Vec<String>)>> {
+    if args.no_devcontainer {
+        return Ok(None);
+    }
+    let Some(rel) = devcontainer::choose(top, args.devcontainer.as_deref())? else {
+        return Ok(None);
+    };
+    let mut allowed = args.local_env.clone();
+    let conf = top.join(mailbox::config::FILE);
+    if let Ok(text) = std::fs::read_to_string(&conf) {
+        let c = mailbox::config::Config::parse_project(&text, &conf)?;
+        allowed.extend(devcontainer::allowed(&c));
+    }
+    allowed.sort();
+    allowed.dedup();
+    let mut m = devcontainer::load(top, &rel, &allowed)?;
+    if let Some(f) = &args.from {
+        m.start_from(f);
+    }
+    for line in devcontainer::report(&m) {
+        say(&line);
+    }
+    match devcontainer::refusal_error(&m) {
+        Some(e) => Err(e),
+        None => Ok(Some((m, allowed))),
+    }
+}
+
+/// `--input` paths: files or folders in the checkout (66 when one is not).
+fn inputs(top: &Path, given: &[String]) -> Result<Vec<String>> {
+    let mut v = Vec::new();
+    for i in given {
+        let rel = i.trim_start_matches("./").trim_end_matches('/');
+        let inside = !rel.is_empty()
+            && !Path::new(rel).is_absolute()
+            && !rel.split('/').any(|p| p == "..");
+        if !inside || !top.join(rel).exists() {
+            return Err(Error::new(
+                Exit::NoInput,
+                format!(
+                    "--input '{i}': no such file in the repository (a path relative to '{}')",
+                    top.display()
+                ),
+            ));
+        }
+        v.push(rel.to_string());
+    }
+    Ok(v)
 }
 
 /// The first of [`BASES`] the engine has, else the first of them (lw-build
