@@ -129,7 +129,6 @@ pub fn digest(top: &Path, rel: &str) -> Option<String> {
 /// The configuration at `rel` read and mapped: the whole step lw init and
 /// lw doctor share.
 pub fn load(top: &Path, rel: &str, allowed: &[String]) -> Result<Mapping> {
-    let v = read(top, rel)?;
     let local = top.to_string_lossy();
     let env = |n: &str| std::env::var(n).ok();
     let cx = vars::Context {
@@ -138,7 +137,14 @@ pub fn load(top: &Path, rel: &str, allowed: &[String]) -> Result<Mapping> {
         allowed,
         local_env: &env,
     };
-    Ok(map(top, rel, &v, &cx))
+    load_with(top, rel, &cx)
+}
+
+/// [`load`] with the variables' context given (tests give the host's
+/// environment; lw init gives the real one).
+pub fn load_with(top: &Path, rel: &str, cx: &vars::Context) -> Result<Mapping> {
+    let v = read(top, rel)?;
+    Ok(map(top, rel, &v, cx))
 }
 
 /// What lw init says about a mapping, one line each: what it took, then
