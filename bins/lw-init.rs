@@ -281,10 +281,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
 
 /// The devcontainer configuration chosen, mapped, with what lw init says
 /// of it; a fatal refusal is the error (78) and nothing is written.
-fn devcontainer(
-    args: &Args,
-    top: &Path,
-) -> Result<Option<(devcontainer::Mapping, Vec<String>)>> {
+fn devcontainer(args: &Args, top: &Path) -> Result<Option<(devcontainer::Mapping, Vec<String>)>> {
     if args.no_devcontainer {
         return Ok(None);
     }
@@ -317,9 +314,8 @@ fn inputs(top: &Path, given: &[String]) -> Result<Vec<String>> {
     let mut v = Vec::new();
     for i in given {
         let rel = i.trim_start_matches("./").trim_end_matches('/');
-        let inside = !rel.is_empty()
-            && !Path::new(rel).is_absolute()
-            && !rel.split('/').any(|p| p == "..");
+        let inside =
+            !rel.is_empty() && !Path::new(rel).is_absolute() && !rel.split('/').any(|p| p == "..");
         if !inside || !top.join(rel).exists() {
             return Err(Error::new(
                 Exit::NoInput,

@@ -39,8 +39,7 @@ fn cases() -> Vec<Case> {
                 match l.split_once(' ') {
                     Some(("config", p)) => c.config = Some(p.to_string()),
                     Some(("allow", names)) => {
-                        c.allow
-                            .extend(names.split_whitespace().map(str::to_string));
+                        c.allow.extend(names.split_whitespace().map(str::to_string));
                     }
                     Some(("env", kv)) => {
                         let (k, v) = kv.split_once('=').expect("env NAME=VALUE");
@@ -94,7 +93,10 @@ fn plan_text(c: &Case) -> String {
         out.push_str(&format!("error {}: {}\n", e.exit.code(), e.msg));
         return out;
     }
-    let from = m.image.clone().expect("a mapping without a fatal refusal has an image");
+    let from = m
+        .image
+        .clone()
+        .expect("a mapping without a fatal refusal has an image");
     let deps = loopwright::init::deps_inputs(&c.dir);
     for (path, text, mode) in render::files(&m, &from, &deps, "DIGEST") {
         if path.ends_with("runtime.conf") {
@@ -105,7 +107,10 @@ fn plan_text(c: &Case) -> String {
             continue;
         }
         out.push_str(&format!("== {path} ({mode:o})\n"));
-        for l in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+        for l in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
             out.push_str(l);
             out.push('\n');
         }
@@ -140,7 +145,10 @@ fn spelled(pieces: &[vars::Piece]) -> String {
         .iter()
         .map(|p| match p {
             vars::Piece::Text(t) => t.clone(),
-            vars::Piece::ContainerEnv { name, default: None } => format!("${{containerEnv:{name}}}"),
+            vars::Piece::ContainerEnv {
+                name,
+                default: None,
+            } => format!("${{containerEnv:{name}}}"),
             vars::Piece::ContainerEnv {
                 name,
                 default: Some(d),
@@ -183,7 +191,11 @@ fn the_reading_matches_the_reference_implementation() {
         let rel = chosen(&c).expect("the reference read it");
         let mut env = c.env.clone();
         env.push(("HOME".into(), "/home/ref".into()));
-        let all: Vec<String> = env.iter().map(|(k, _)| k.clone()).chain(c.allow.clone()).collect();
+        let all: Vec<String> = env
+            .iter()
+            .map(|(k, _)| k.clone())
+            .chain(c.allow.clone())
+            .collect();
         let c2 = Case { env, ..c };
         let local = format!("/tmp/lw-dc-ref/{}", c2.name);
         let m = mapping(&c2, &rel, &local, ws, &all);
@@ -193,7 +205,11 @@ fn the_reading_matches_the_reference_implementation() {
             let theirs = conf[key].as_object().cloned().unwrap_or_default();
             for (k, v) in &theirs {
                 match m.env.iter().find(|e| e.remote == remote && &e.name == k) {
-                    Some(e) => assert_eq!(Some(spelled(&e.value).as_str()), v.as_str(), "{name}: {key}.{k}"),
+                    Some(e) => assert_eq!(
+                        Some(spelled(&e.value).as_str()),
+                        v.as_str(),
+                        "{name}: {key}.{k}"
+                    ),
                     None => assert!(
                         m.refused.iter().any(|f| f.key == format!("{key}.{k}")),
                         "{name}: {key}.{k} neither taken nor refused"
@@ -201,9 +217,14 @@ fn the_reading_matches_the_reference_implementation() {
                 }
             }
             let ours = m.env.iter().filter(|e| e.remote == remote).count();
-            assert!(ours <= theirs.len(), "{name}: {key} has more than the reference's");
+            assert!(
+                ours <= theirs.len(),
+                "{name}: {key} has more than the reference's"
+            );
         }
-        let user = conf["remoteUser"].as_str().or(conf["containerUser"].as_str());
+        let user = conf["remoteUser"]
+            .as_str()
+            .or(conf["containerUser"].as_str());
         assert_eq!(m.user.as_deref(), user, "{name}: user");
         let mut ports: Vec<u16> = conf["forwardPorts"]
             .as_array()
@@ -219,7 +240,11 @@ fn the_reading_matches_the_reference_implementation() {
         mine.sort();
         assert_eq!(mine, ports, "{name}: ports");
         for hook in devcontainer::HOOKS {
-            assert_eq!(commands_of(&m, hook), conf.get(*hook).cloned(), "{name}: {hook}");
+            assert_eq!(
+                commands_of(&m, hook),
+                conf.get(*hook).cloned(),
+                "{name}: {hook}"
+            );
         }
         compared += 1;
     }
@@ -235,7 +260,10 @@ fn lw_init(dir: &Path, args: &[&str]) -> std::process::Output {
         .arg("--from")
         .arg("debian:bookworm-slim")
         .arg(dir)
-        .env("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY")
+        .env(
+            "AWS_SECRET_ACCESS_KEY",
+            "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        )
         .output()
         .expect("lw-init runs")
 }
@@ -244,9 +272,23 @@ fn lw_init(dir: &Path, args: &[&str]) -> std::process::Output {
 fn repo(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("lw-dc-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/devcontainer").join(name);
-    let ok = Command::new("cp").arg("-a").arg(&src).arg(&d).status().unwrap().success()
-        && Command::new("git").arg("init").arg("-q").arg(&d).status().unwrap().success();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/devcontainer")
+        .join(name);
+    let ok = Command::new("cp")
+        .arg("-a")
+        .arg(&src)
+        .arg(&d)
+        .status()
+        .unwrap()
+        .success()
+        && Command::new("git")
+            .arg("init")
+            .arg("-q")
+            .arg(&d)
+            .status()
+            .unwrap()
+            .success();
     assert!(ok, "copy {name}");
     d
 }
@@ -257,9 +299,18 @@ fn lw_init_refuses_a_hostile_secret_and_a_guess_writing_nothing() {
     let o = lw_init(&d, &[]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(78), "{err}");
-    assert!(err.contains("${localEnv:AWS_SECRET_ACCESS_KEY} is not substituted"), "{err}");
-    assert!(err.contains("devcontainer.local-env = AWS_SECRET_ACCESS_KEY"), "{err}");
-    assert!(!err.contains("wJalrXUtnFEMI"), "the secret is never printed: {err}");
+    assert!(
+        err.contains("${localEnv:AWS_SECRET_ACCESS_KEY} is not substituted"),
+        "{err}"
+    );
+    assert!(
+        err.contains("devcontainer.local-env = AWS_SECRET_ACCESS_KEY"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("wJalrXUtnFEMI"),
+        "the secret is never printed: {err}"
+    );
     assert!(!d.join(".loopwright").exists(), "nothing written");
     std::fs::remove_dir_all(&d).unwrap();
 
@@ -267,14 +318,25 @@ fn lw_init_refuses_a_hostile_secret_and_a_guess_writing_nothing() {
     let o = lw_init(&d, &[]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(64), "{err}");
-    assert!(err.contains(".devcontainer/node/devcontainer.json, .devcontainer/python/devcontainer.json"), "{err}");
+    assert!(
+        err.contains(
+            ".devcontainer/node/devcontainer.json, .devcontainer/python/devcontainer.json"
+        ),
+        "{err}"
+    );
     assert!(!d.join(".loopwright").exists(), "nothing written");
-    let o = lw_init(&d, &["--devcontainer", ".devcontainer/python/devcontainer.json"]);
+    let o = lw_init(
+        &d,
+        &["--devcontainer", ".devcontainer/python/devcontainer.json"],
+    );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let deps = std::fs::read_to_string(d.join(".loopwright/runtime/deps.sh")).unwrap();
     assert!(deps.contains("/bin/sh -c 'pip install -e .'"), "{deps}");
     let rec = std::fs::read_to_string(d.join(devcontainer::RECORD)).unwrap();
-    assert!(rec.contains("source .devcontainer/python/devcontainer.json\n"), "{rec}");
+    assert!(
+        rec.contains("source .devcontainer/python/devcontainer.json\n"),
+        "{rec}"
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }
 
@@ -283,7 +345,11 @@ fn lw_init_takes_a_wide_configuration_narrowed_and_says_what_it_refused() {
     let d = repo("privileged");
     let o = lw_init(&d, &["--input", "README"]);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(66), "an --input that is not there: {err}");
+    assert_eq!(
+        o.status.code(),
+        Some(66),
+        "an --input that is not there: {err}"
+    );
     assert!(err.contains("--input 'README'"), "{err}");
     let o = lw_init(&d, &[]);
     let err = String::from_utf8_lossy(&o.stderr);
@@ -299,6 +365,9 @@ fn lw_init_takes_a_wide_configuration_narrowed_and_says_what_it_refused() {
         assert!(err.contains(refused), "{refused}: {err}");
     }
     let conf = std::fs::read_to_string(d.join(".loopwright/runtime/runtime.conf")).unwrap();
-    assert!(conf.contains("\nfrom debian:bookworm-slim\n"), "--from wins: {conf}");
+    assert!(
+        conf.contains("\nfrom debian:bookworm-slim\n"),
+        "--from wins: {conf}"
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -109,7 +109,13 @@ fn local(top: &Path, dir: &Path, opts: &Value, cx: &Context) -> Result<Feature, 
     if !top.join(dir).join("install.sh").is_file() {
         return Err(format!("'{rel}' has no install.sh"));
     }
-    for wide in ["privileged", "capAdd", "securityOpt", "mounts", "entrypoint"] {
+    for wide in [
+        "privileged",
+        "capAdd",
+        "securityOpt",
+        "mounts",
+        "entrypoint",
+    ] {
         if meta.get(wide).is_some_and(|v| v != &Value::Bool(false)) {
             return Err(format!(
                 "its devcontainer-feature.json asks for '{wide}', which the wall refuses"

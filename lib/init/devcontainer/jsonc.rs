@@ -37,7 +37,11 @@ pub fn parse(text: &str) -> Result<serde_json::Value, JsoncError> {
 fn at(b: &[u8], i: usize, msg: &str) -> JsoncError {
     let before = &b[..i];
     let line = before.iter().filter(|&&c| c == b'\n').count() + 1;
-    let column = i - before.iter().rposition(|&c| c == b'\n').map_or(0, |p| p + 1) + 1;
+    let column = i - before
+        .iter()
+        .rposition(|&c| c == b'\n')
+        .map_or(0, |p| p + 1)
+        + 1;
     JsoncError {
         line,
         column,
@@ -127,11 +131,23 @@ mod tests {
             ("\u{feff}{\"a\": 1}", json!({"a": 1})),
             ("// top\n{\"a\": 1, // after\n}", json!({"a": 1})),
             ("{\"a\": [1, 2, ], }", json!({"a": [1, 2]})),
-            ("{\"a\": [1, 2 /* x */ , /* y */ ] , /* z */ }", json!({"a": [1, 2]})),
+            (
+                "{\"a\": [1, 2 /* x */ , /* y */ ] , /* z */ }",
+                json!({"a": [1, 2]}),
+            ),
             ("{\"u\": \"http://x//y\"}", json!({"u": "http://x//y"})),
-            ("{\"c\": \"/* not */ a comment\"}", json!({"c": "/* not */ a comment"})),
-            ("{\"q\": \"say \\\"//\\\" ,}\"}", json!({"q": "say \"//\" ,}"})),
-            ("{\"b\": \"a\\\\\", \"c\": \"//\"}", json!({"b": "a\\", "c": "//"})),
+            (
+                "{\"c\": \"/* not */ a comment\"}",
+                json!({"c": "/* not */ a comment"}),
+            ),
+            (
+                "{\"q\": \"say \\\"//\\\" ,}\"}",
+                json!({"q": "say \"//\" ,}"}),
+            ),
+            (
+                "{\"b\": \"a\\\\\", \"c\": \"//\"}",
+                json!({"b": "a\\", "c": "//"}),
+            ),
             ("{\"k\": \",]\" ,\n}", json!({"k": ",]"})),
             ("{/**/\"a\"/**/:/**/1/**/}", json!({"a": 1})),
             ("{\"a\": \"é // ü\", // ß\n}", json!({"a": "é // ü"})),
@@ -148,7 +164,7 @@ mod tests {
         let cases: &[(&str, usize, &str)] = &[
             ("{\n\"a\": /* open\n}", 2, "unterminated /* comment"),
             ("{\n\n\"a\": \"open}", 3, "unterminated string"),
-            ("{\"a\": 1,,}", 1, "expected"),
+            ("{\"a\": 1,,}", 1, "key must be a string"),
             ("{\n\"a\": 1\n\"b\": 2}", 3, "expected `,`"),
             ("[1, 2", 1, "EOF"),
             // A lone comma is not a trailing one.

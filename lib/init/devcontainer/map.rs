@@ -101,7 +101,11 @@ pub struct Mapping {
 
 /// The lifecycle commands run while the image is made, in the
 /// specification's order.
-pub const HOOKS: &[&str] = &["onCreateCommand", "updateContentCommand", "postCreateCommand"];
+pub const HOOKS: &[&str] = &[
+    "onCreateCommand",
+    "updateContentCommand",
+    "postCreateCommand",
+];
 
 /// Variables lw-sandbox sets itself: a configuration does not replace them.
 const OWN_ENV: &[&str] = &["HOME", "TMPDIR"];
@@ -131,7 +135,10 @@ impl Mapping {
     }
 
     fn var(&mut self, key: &str, e: vars::Refused) {
-        self.fatal(key, format!("{} is not substituted: {}", e.variable, e.reason));
+        self.fatal(
+            key,
+            format!("{} is not substituted: {}", e.variable, e.reason),
+        );
     }
 
     /// Starts from `from` (lw init --from) whatever the configuration
@@ -139,7 +146,12 @@ impl Mapping {
     /// stops lw init; the reasons stay in the report.
     pub fn start_from(&mut self, from: &str) {
         for r in &mut self.refused {
-            if r.fatal && matches!(r.key.as_str(), "image" | "build" | "dockerFile" | "dockerfile" | "dockerComposeFile") {
+            if r.fatal
+                && matches!(
+                    r.key.as_str(),
+                    "image" | "build" | "dockerFile" | "dockerfile" | "dockerComposeFile"
+                )
+            {
                 r.fatal = false;
                 r.reason = format!("{}; starting from {from} (--from) instead", r.reason);
             }
@@ -164,9 +176,17 @@ pub fn map(top: &Path, source: &str, v: &Value, cx: &Context) -> Mapping {
     for (key, val) in &obj {
         let k = key.as_str();
         match k {
-            "$schema" | "customizations" | "waitFor" | "updateRemoteUserUID" | "userEnvProbe"
-            | "shutdownAction" | "overrideCommand" | "init" | "hostRequirements"
-            | "otherPortsAttributes" | "overrideFeatureInstallOrder" => {
+            "$schema"
+            | "customizations"
+            | "waitFor"
+            | "updateRemoteUserUID"
+            | "userEnvProbe"
+            | "shutdownAction"
+            | "overrideCommand"
+            | "init"
+            | "hostRequirements"
+            | "otherPortsAttributes"
+            | "overrideFeatureInstallOrder" => {
                 ignored(&mut m, k);
             }
             "name" => {
@@ -266,7 +286,10 @@ fn build(m: &mut Mapping, k: &str, val: &Value) {
         _ => None,
     };
     let Some(file) = file else {
-        return m.refuse(k, "taken with the Dockerfile it belongs to, which is not built here");
+        return m.refuse(
+            k,
+            "taken with the Dockerfile it belongs to, which is not built here",
+        );
     };
     let dir = Path::new(&m.source)
         .parent()
@@ -329,7 +352,11 @@ fn env(m: &mut Mapping, k: &str, val: &Value, cx: &Context) {
         }
     }
     if !names.is_empty() {
-        let whose = if remote { "every command in a sandbox" } else { "the image" };
+        let whose = if remote {
+            "every command in a sandbox"
+        } else {
+            "the image"
+        };
         m.take(k, format!("{}: set for {whose}", names.join(", ")));
     }
 }
@@ -423,11 +450,33 @@ fn mounts(m: &mut Mapping, val: &Value) {
 /// `runArgs`: each refused, those that widen the container named as such.
 fn run_args(m: &mut Mapping, val: &Value) {
     const WIDEN: &[&str] = &[
-        "--privileged", "--cap-add", "--security-opt", "--device", "--network", "--net",
-        "--pid", "--ipc", "--uts", "--userns", "-v", "--volume", "--mount", "--gpus",
-        "--cgroupns", "--device-cgroup-rule", "--sysctl", "--add-host", "-p", "--publish",
+        "--privileged",
+        "--cap-add",
+        "--security-opt",
+        "--device",
+        "--network",
+        "--net",
+        "--pid",
+        "--ipc",
+        "--uts",
+        "--userns",
+        "-v",
+        "--volume",
+        "--mount",
+        "--gpus",
+        "--cgroupns",
+        "--device-cgroup-rule",
+        "--sysctl",
+        "--add-host",
+        "-p",
+        "--publish",
     ];
-    for a in val.as_array().into_iter().flatten().filter_map(Value::as_str) {
+    for a in val
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+    {
         let flag = a.split('=').next().unwrap_or(a);
         if WIDEN.contains(&flag) {
             m.refuse(&format!("runArgs {a}"), "the wall: it widens the container");
@@ -463,7 +512,10 @@ fn commands(m: &mut Mapping, obj: &serde_json::Map<String, Value>, cx: &Context)
                     .collect::<Result<Vec<_>, _>>()
                     .map(Command::Exec),
                 _ => {
-                    m.refuse(&key, "expected a string, an array of strings or an object of them");
+                    m.refuse(
+                        &key,
+                        "expected a string, an array of strings or an object of them",
+                    );
                     continue;
                 }
             };
@@ -477,7 +529,10 @@ fn commands(m: &mut Mapping, obj: &serde_json::Map<String, Value>, cx: &Context)
             }
         }
         if m.steps.len() > before {
-            m.take(hook, "run by the deps layer's script, and again by an incremental install");
+            m.take(
+                hook,
+                "run by the deps layer's script, and again by an incremental install",
+            );
         }
     }
 }

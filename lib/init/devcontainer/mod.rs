@@ -16,8 +16,8 @@ use std::path::Path;
 
 use mailbox::error::{Error, Exit, Result};
 
-pub mod jsonc;
 mod features;
+pub mod jsonc;
 mod map;
 pub mod render;
 pub mod vars;

@@ -180,16 +180,28 @@ pub fn files(m: &Mapping, from: &str, deps: &[String], digest: &str) -> Vec<(Str
             0o644,
         ));
     }
-    v.push((format!("{dir}/devcontainer.Dockerfile"), devcontainer_dockerfile(m), 0o644));
+    v.push((
+        format!("{dir}/devcontainer.Dockerfile"),
+        devcontainer_dockerfile(m),
+        0o644,
+    ));
     v.push((super::RECORD.to_string(), record(m, digest), 0o644));
     v
 }
 
 /// The lines lw init adds to the config it writes.
 pub fn config_lines(m: &Mapping, allowed: &[String]) -> String {
-    let mut s = format!("\n# The runtime comes from {} (lw init; lw doctor says what it ignored).\n", m.source);
+    let mut s = format!(
+        "\n# The runtime comes from {} (lw init; lw doctor says what it ignored).\n",
+        m.source
+    );
     if !allowed.is_empty() {
-        let _ = writeln!(s, "# The host variables it may read, whose values lw init writes into the runtime:\n{} = {}", super::KEY_LOCAL_ENV, allowed.join(", "));
+        let _ = writeln!(
+            s,
+            "# The host variables it may read, whose values lw init writes into the runtime:\n{} = {}",
+            super::KEY_LOCAL_ENV,
+            allowed.join(", ")
+        );
     }
     if !m.ports.is_empty() {
         let ports: Vec<String> = m
@@ -200,7 +212,11 @@ pub fn config_lines(m: &Mapping, allowed: &[String]) -> String {
                 None => format!("--port {}", p.port),
             })
             .collect();
-        let _ = writeln!(s, "# Its forwarded ports: lw-sandbox create NAME {}", ports.join(" "));
+        let _ = writeln!(
+            s,
+            "# Its forwarded ports: lw-sandbox create NAME {}",
+            ports.join(" ")
+        );
     }
     s
 }

@@ -67,6 +67,7 @@ pub fn substitute(s: &str, cx: &Context) -> Result<Vec<Piece>, Refused> {
     while let Some(at) = rest.find("${") {
         text.push_str(&rest[..at]);
         let Some(len) = rest[at..].find('}') else {
+            rest = &rest[at..];
             break;
         };
         let whole = &rest[at..at + len + 1];
@@ -160,13 +161,20 @@ mod tests {
         let none: Vec<String> = vec![];
         let e = plain("${localEnv:AWS_SECRET_ACCESS_KEY}", &cx(&none, &env), "k").unwrap_err();
         assert_eq!(e.variable, "${localEnv:AWS_SECRET_ACCESS_KEY}");
-        assert!(e.reason.contains("devcontainer.local-env = AWS_SECRET_ACCESS_KEY"), "{e:?}");
+        assert!(
+            e.reason
+                .contains("devcontainer.local-env = AWS_SECRET_ACCESS_KEY"),
+            "{e:?}"
+        );
         assert!(!e.reason.contains("s3cr3t"));
         // The alias is the same variable.
         assert!(plain("x${env:AWS_SECRET_ACCESS_KEY}", &cx(&none, &env), "k").is_err());
         let allowed = vec!["TZ".to_string(), "UNSET".into(), "EMPTY".into()];
         let c = cx(&allowed, &env);
-        assert_eq!(plain("tz=${localEnv:TZ}", &c, "k").unwrap(), "tz=Europe/Paris");
+        assert_eq!(
+            plain("tz=${localEnv:TZ}", &c, "k").unwrap(),
+            "tz=Europe/Paris"
+        );
         assert_eq!(plain("${localEnv:UNSET}", &c, "k").unwrap(), "");
         assert_eq!(plain("${localEnv:UNSET:utc}", &c, "k").unwrap(), "utc");
         assert_eq!(plain("${localEnv:EMPTY:d}", &c, "k").unwrap(), "d");
@@ -214,6 +222,9 @@ mod tests {
         );
         let e = plain("${containerEnv:HOME}/x", &c, "containerEnv.A").unwrap_err();
         assert!(e.reason.contains("only remoteEnv"), "{e:?}");
-        assert_eq!(substitute("", &c).unwrap(), vec![Piece::Text(String::new())]);
+        assert_eq!(
+            substitute("", &c).unwrap(),
+            vec![Piece::Text(String::new())]
+        );
     }
 }
