@@ -369,5 +369,40 @@ fn lw_init_takes_a_wide_configuration_narrowed_and_says_what_it_refused() {
         conf.contains("\nfrom debian:bookworm-slim\n"),
         "--from wins: {conf}"
     );
+    // lw doctor names the configuration and what of it was ignored, then
+    // that it changed since lw init.
+    let doctor = |d: &Path| {
+        let o = Command::new(env!("CARGO_BIN_EXE_lw-doctor"))
+            .args(["--json", "-C"])
+            .arg(d)
+            .env_remove("LW_ROOT")
+            .output()
+            .expect("lw-doctor runs");
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|f| f["check"] == "devcontainer")
+            .expect("a devcontainer finding")
+    };
+    let f = doctor(&d);
+    assert_eq!(f["status"], "ok", "{f}");
+    let detail = f["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("the runtime comes from .devcontainer/devcontainer.json; ignored: capAdd, initializeCommand, mounts[0] (bind)"),
+        "{detail}"
+    );
+    let p = d.join(".devcontainer/devcontainer.json");
+    let text = std::fs::read_to_string(&p).unwrap();
+    std::fs::write(&p, text.replace("docker:27-dind", "docker:28-dind")).unwrap();
+    let f = doctor(&d);
+    assert_eq!(f["status"], "warn", "{f}");
+    assert!(
+        f["detail"].as_str().unwrap().contains("which changed"),
+        "{f}"
+    );
+    assert!(
+        f["fix"].as_str().unwrap().contains("lw init --force"),
+        "{f}"
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }
