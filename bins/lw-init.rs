@@ -198,13 +198,31 @@ fn check(args: &Args, out: &mut dyn Write) -> Result<(Exit, bool)> {
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     let top = top(&args)?;
-    let dc = devcontainer(&args, &top)?;
+    let dc = if args.no_devcontainer {
+        None
+    } else {
+        devcontainer::chosen(
+            &top,
+            args.devcontainer.as_deref(),
+            &args.local_env,
+            args.from.as_deref(),
+        )?
+    };
+    // What it takes and refuses, then the refusals that stop it (78).
+    if let Some((m, _)) = &dc {
+        for line in devcontainer::report(m) {
+            say(&line);
+        }
+        if let Some(e) = devcontainer::refusal_error(m) {
+            return Err(e);
+        }
+    }
     let from = args
         .from
         .clone()
         .or_else(|| dc.as_ref().and_then(|(m, _)| m.image.clone()))
         .unwrap_or_else(pick_base);
-    let inputs = inputs(&top, &args.input)?;
+    let inputs = devcontainer::inputs(&top, &args.input)?;
     let authorities = match args.ca {
         Ca::Host => init::host_authorities(Path::new(init::HOST_CA_DIR)),
         Ca::None => vec![],
@@ -277,57 +295,6 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     }
     say("next: lw-mirror sync && lw-build, then lw-sandbox create NAME --branch BRANCH");
     Ok(Exit::Ok)
-}
-
-/// The devcontainer configuration chosen, mapped, with what lw init says
-/// of it; a fatal refusal is the error (78) and nothing is written.
-fn devcontainer(args: &Args, top: &Path) -> Result<Option<(devcontainer::Mapping, Vec<String>)>> {
-    if args.no_devcontainer {
-        return Ok(None);
-    }
-    let Some(rel) = devcontainer::choose(top, args.devcontainer.as_deref())? else {
-        return Ok(None);
-    };
-    let mut allowed = args.local_env.clone();
-    let conf = top.join(mailbox::config::FILE);
-    if let Ok(text) = std::fs::read_to_string(&conf) {
-        let c = mailbox::config::Config::parse_project(&text, &conf)?;
-        allowed.extend(devcontainer::allowed(&c));
-    }
-    allowed.sort();
-    allowed.dedup();
-    let mut m = devcontainer::load(top, &rel, &allowed)?;
-    if let Some(f) = &args.from {
-        m.start_from(f);
-    }
-    for line in devcontainer::report(&m) {
-        say(&line);
-    }
-    match devcontainer::refusal_error(&m) {
-        Some(e) => Err(e),
-        None => Ok(Some((m, allowed))),
-    }
-}
-
-/// `--input` paths: files or folders in the checkout (66 when one is not).
-fn inputs(top: &Path, given: &[String]) -> Result<Vec<String>> {
-    let mut v = Vec::new();
-    for i in given {
-        let rel = i.trim_start_matches("./").trim_end_matches('/');
-        let inside =
-            !rel.is_empty() && !Path::new(rel).is_absolute() && !rel.split('/').any(|p| p == "..");
-        if !inside || !top.join(rel).exists() {
-            return Err(Error::new(
-                Exit::NoInput,
-                format!(
-                    "--input '{i}': no such file in the repository (a path relative to '{}')",
-                    top.display()
-                ),
-            ));
-        }
-        v.push(rel.to_string());
-    }
-    Ok(v)
 }
 
 /// The first of [`BASES`] the engine has, else the first of them (lw-build

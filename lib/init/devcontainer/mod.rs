@@ -147,6 +147,57 @@ pub fn load_with(top: &Path, rel: &str, cx: &vars::Context) -> Result<Mapping> {
     Ok(map(top, rel, &v, cx))
 }
 
+/// The configuration lw init uses ([`choose`]), mapped with the host
+/// variables allowed (`local_env` and the project's
+/// `devcontainer.local-env`), starting from `from` when given; with the
+/// allowed names, which lw init writes into the config.  Refusals are in
+/// the mapping ([`refusal_error`]).
+pub fn chosen(
+    top: &Path,
+    asked: Option<&Path>,
+    local_env: &[String],
+    from: Option<&str>,
+) -> Result<Option<(Mapping, Vec<String>)>> {
+    let Some(rel) = choose(top, asked)? else {
+        return Ok(None);
+    };
+    let mut allowed = local_env.to_vec();
+    let conf = top.join(mailbox::config::FILE);
+    if let Ok(text) = std::fs::read_to_string(&conf) {
+        let c = mailbox::config::Config::parse_project(&text, &conf)?;
+        allowed.extend(self::allowed(&c));
+    }
+    allowed.sort();
+    allowed.dedup();
+    let mut m = load(top, &rel, &allowed)?;
+    if let Some(f) = from {
+        m.start_from(f);
+    }
+    Ok(Some((m, allowed)))
+}
+
+/// `--input` paths: files or folders in the checkout at `top`, as the
+/// deps layer declares them (66 when one is not there).
+pub fn inputs(top: &Path, given: &[String]) -> Result<Vec<String>> {
+    let mut v = Vec::new();
+    for i in given {
+        let rel = i.trim_start_matches("./").trim_end_matches('/');
+        let inside =
+            !rel.is_empty() && !Path::new(rel).is_absolute() && !rel.split('/').any(|p| p == "..");
+        if !inside || !top.join(rel).exists() {
+            return Err(Error::new(
+                Exit::NoInput,
+                format!(
+                    "--input '{i}': no such file in the repository (a path relative to '{}')",
+                    top.display()
+                ),
+            ));
+        }
+        v.push(rel.to_string());
+    }
+    Ok(v)
+}
+
 /// What lw init says about a mapping, one line each: what it took, then
 /// what it refused and why.
 pub fn report(m: &Mapping) -> Vec<String> {
