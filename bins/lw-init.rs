@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use engine::{Images, connect_docker};
-use loopwright::init::{self, Options, check};
+use loopwright::init::{self, Options, check, devcontainer};
 use mailbox::cli::out_err;
 use mailbox::{Error, Exit, Result};
 
@@ -43,6 +43,25 @@ struct Args {
     /// else the first Debian image the engine has]
     #[arg(long, value_name = "IMAGE")]
     from: Option<String>,
+
+    /// The devcontainer configuration to start from, when the repository
+    /// has several [default: the only one]
+    #[arg(long, value_name = "PATH", conflicts_with = "no_devcontainer")]
+    devcontainer: Option<PathBuf>,
+
+    /// Ignore the repository's devcontainer configuration; detect the stack
+    #[arg(long)]
+    no_devcontainer: bool,
+
+    /// A host variable the devcontainer configuration may read as
+    /// ${localEnv:NAME}; its value is written into the runtime (repeatable)
+    #[arg(long, value_name = "NAME")]
+    local_env: Vec<String>,
+
+    /// A file the lifecycle commands read, declared as a deps layer input
+    /// beside the lockfiles found (repeatable)
+    #[arg(long, value_name = "PATH")]
+    input: Vec<String>,
 
     /// Replace the files lw init writes when they exist
     #[arg(long)]
@@ -179,7 +198,31 @@ fn check(args: &Args, out: &mut dyn Write) -> Result<(Exit, bool)> {
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     let top = top(&args)?;
-    let from = args.from.clone().unwrap_or_else(pick_base);
+    let dc = if args.no_devcontainer {
+        None
+    } else {
+        devcontainer::chosen(
+            &top,
+            args.devcontainer.as_deref(),
+            &args.local_env,
+            args.from.as_deref(),
+        )?
+    };
+    // What it takes and refuses, then the refusals that stop it (78).
+    if let Some((m, _)) = &dc {
+        for line in devcontainer::report(m) {
+            say(&line);
+        }
+        if let Some(e) = devcontainer::refusal_error(m) {
+            return Err(e);
+        }
+    }
+    let from = args
+        .from
+        .clone()
+        .or_else(|| dc.as_ref().and_then(|(m, _)| m.image.clone()))
+        .unwrap_or_else(pick_base);
+    let inputs = devcontainer::inputs(&top, &args.input)?;
     let authorities = match args.ca {
         Ca::Host => init::host_authorities(Path::new(init::HOST_CA_DIR)),
         Ca::None => vec![],
@@ -189,17 +232,23 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         &Options {
             from: from.clone(),
             authorities: authorities.clone(),
+            devcontainer: dc,
+            inputs,
         },
     )?;
     for s in &plan.stacks {
         say(&format!("found {} ({})", s.name, s.evidence));
     }
-    if plan.stacks.is_empty() {
+    let from_devcontainer = plan.files.iter().any(|f| f.path == devcontainer::RECORD);
+    if plan.stacks.is_empty() && !from_devcontainer {
         say(
             "found no stack (Cargo.toml, package.json, pyproject.toml, requirements*.txt, go.mod); the toolchain layer installs nothing yet",
         );
     }
     match &plan.mise {
+        _ if from_devcontainer => {
+            say("toolchain: the devcontainer configuration's image and features")
+        }
         Some(f) => say(&format!("toolchain: the tools of {f}, through mise")),
         None => {
             say("toolchain: Debian's packages for the stacks found");

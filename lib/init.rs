@@ -22,6 +22,7 @@ use crate::image::{DEFAULT_RUNTIME, KNOWN_DEPS_FILES, RUNTIME_DIR};
 use mailbox::error::{Error, Exit, Result};
 
 pub mod check;
+pub mod devcontainer;
 pub mod versions;
 
 /// Where the host keeps certificate authorities it added to the system's
@@ -203,6 +204,11 @@ pub struct Options {
     pub from: String,
     /// The host's extra authorities, copied in (and `build.ca = host`).
     pub authorities: Vec<(String, Vec<u8>)>,
+    /// The devcontainer configuration the runtime comes from, mapped, and
+    /// the host variables it was allowed to read.
+    pub devcontainer: Option<(devcontainer::Mapping, Vec<String>)>,
+    /// More inputs of the deps layer (`--input`).
+    pub inputs: Vec<String>,
 }
 
 /// One file `lw init` writes: path relative to the checkout's top.
@@ -232,7 +238,12 @@ pub const GITIGNORE_LINE: &str = ".loopwright/cache/";
 /// Plans `.loopwright/` for the checkout at `top`.
 pub fn plan(top: &Path, o: &Options) -> Result<Plan> {
     let stacks = detect(top);
-    let deps = deps_inputs(top);
+    let mut deps = deps_inputs(top);
+    for i in &o.inputs {
+        if !deps.contains(i) {
+            deps.push(i.clone());
+        }
+    }
     let mise = ["mise.toml", ".mise.toml", ".tool-versions"]
         .into_iter()
         .find(|f| top.join(f).is_file())
@@ -243,7 +254,17 @@ pub fn plan(top: &Path, o: &Options) -> Result<Plan> {
         versions::render(&declared.iter().map(versions::resolve).collect::<Vec<_>>())
     });
     let mut files = Vec::new();
-    for (name, text, mode) in DEFAULT_RUNTIME {
+    if let Some((dc, _)) = &o.devcontainer {
+        let digest = devcontainer::digest(top, &dc.source).unwrap_or_default();
+        for (path, text, mode) in devcontainer::render::files(dc, &o.from, &deps, &digest) {
+            files.push(File {
+                path,
+                bytes: text.into_bytes(),
+                mode,
+            });
+        }
+    }
+    for (name, text, mode) in DEFAULT_RUNTIME.iter().filter(|_| o.devcontainer.is_none()) {
         let path = format!("{RUNTIME_DIR}/{name}");
         let text = match *name {
             "runtime.conf" => runtime_conf(text, &o.from, &deps, mise.is_none(), &stacks),
@@ -281,9 +302,13 @@ pub fn plan(top: &Path, o: &Options) -> Result<Plan> {
             mode: 0o644,
         });
     }
+    let mut config = config_text(&stacks, !o.authorities.is_empty());
+    if let Some((dc, allowed)) = &o.devcontainer {
+        config.push_str(&devcontainer::render::config_lines(dc, allowed));
+    }
     files.push(File {
         path: mailbox::config::FILE.to_string(),
-        bytes: config_text(&stacks, !o.authorities.is_empty()).into_bytes(),
+        bytes: config.into_bytes(),
         mode: 0o644,
     });
     files.push(File {
@@ -552,6 +577,7 @@ mod tests {
                 &Options {
                     from: "debian:bookworm-slim".into(),
                     authorities: vec![],
+                    ..Default::default()
                 },
             )
             .unwrap();
@@ -593,6 +619,7 @@ mod tests {
             &Options {
                 from: "img".into(),
                 authorities: vec![],
+                ..Default::default()
             },
         )
         .unwrap();
@@ -617,6 +644,7 @@ mod tests {
             &Options {
                 from: "img".into(),
                 authorities: cas.clone(),
+                ..Default::default()
             },
         )
         .unwrap();
@@ -642,6 +670,7 @@ mod tests {
             &Options {
                 from: "img".into(),
                 authorities: cas,
+                ..Default::default()
             },
         )
         .unwrap();

@@ -15,6 +15,7 @@ use mailbox::layout::Root;
 
 pub use crate::finding::{Finding, Status};
 
+mod devcontainer;
 mod engines;
 pub use engines::kube_role;
 mod project;
@@ -99,6 +100,7 @@ pub fn run(inp: &Inputs) -> Vec<Finding> {
     out.push(apparmor());
     if let Some(p) = &project {
         out.push(mirror(p, inp.fresh));
+        out.extend(devcontainer::devcontainer(p));
         out.extend(toolchain(p));
         out.extend(image(p, builder.as_ref()));
         out.push(image_cache(p));

@@ -173,6 +173,8 @@ pub const KNOWN: &[&str] = &[
     "build.cache",
     "build.cache-ca",
     "build.ca",
+    // lw-init(1): the host variables a devcontainer.json may read
+    "devcontainer.local-env",
     // lw-sandbox(1)
     "sandbox.cpus",
     "sandbox.memory",

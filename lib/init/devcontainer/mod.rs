@@ -1,0 +1,286 @@
+//! The devcontainer.json a repository already has, as the source of its
+//! loopwright runtime (#44).
+//!
+//! `find` lists the configurations at the three places the specification
+//! names (`.devcontainer/devcontainer.json`, `.devcontainer.json`,
+//! `.devcontainer/NAME/devcontainer.json`); `choose` takes the one asked
+//! for, or the only one, and refuses to guess between several.  `read`
+//! parses it (jsonc: comments and trailing commas) and `map` turns it into
+//! a [`Mapping`]: each key taken (into the runtime's layers, the sandbox's
+//! environment, the report) or refused with a named reason, the wall
+//! winning.  `render` writes the runtime from a mapping.  Nothing here
+//! talks to an engine or a network; the only files read are the
+//! configuration and the local features it names.
+
+use std::path::Path;
+
+use mailbox::error::{Error, Exit, Result};
+
+mod features;
+pub mod jsonc;
+mod map;
+pub mod render;
+pub mod vars;
+
+pub use map::*;
+
+/// The `.loopwright/config` key naming the host variables a
+/// devcontainer.json may read (`${localEnv:NAME}`); see [`vars`].
+pub const KEY_LOCAL_ENV: &str = "devcontainer.local-env";
+
+/// Where the record of what lw init took from a devcontainer.json is kept
+/// (lw doctor reads it).
+pub const RECORD: &str = ".loopwright/runtime/devcontainer.record";
+
+/// The configurations in the checkout at `top`, relative paths, in the
+/// specification's order of preference (then by NAME).
+pub fn find(top: &Path) -> Vec<String> {
+    let mut v = Vec::new();
+    for p in [".devcontainer/devcontainer.json", ".devcontainer.json"] {
+        if top.join(p).is_file() {
+            v.push(p.to_string());
+        }
+    }
+    let mut named: Vec<String> = std::fs::read_dir(top.join(".devcontainer"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .map(|n| format!(".devcontainer/{n}/devcontainer.json"))
+        .filter(|p| top.join(p).is_file())
+        .collect();
+    named.sort();
+    v.extend(named);
+    v
+}
+
+/// The configuration to use: `asked` (a path relative to `top` or the
+/// current directory, which must exist), else the only one found, else
+/// none; several and none asked for is a usage error naming them.
+pub fn choose(top: &Path, asked: Option<&Path>) -> Result<Option<String>> {
+    let found = find(top);
+    if let Some(a) = asked {
+        let abs = if a.is_absolute() {
+            a.to_path_buf()
+        } else {
+            std::env::current_dir()
+                .map(|d| d.join(a))
+                .unwrap_or_else(|_| a.to_path_buf())
+        };
+        let rel = [abs.as_path(), &top.join(a)].into_iter().find_map(|p| {
+            let p = p.canonicalize().ok()?;
+            let t = top.canonicalize().ok()?;
+            p.strip_prefix(&t)
+                .ok()
+                .map(|r| r.to_string_lossy().into_owned())
+        });
+        return match rel {
+            Some(r) if top.join(&r).is_file() => Ok(Some(r)),
+            _ => Err(Error::new(
+                Exit::NoInput,
+                format!(
+                    "--devcontainer '{}': no such file in the repository{}",
+                    a.display(),
+                    listing(&found)
+                ),
+            )),
+        };
+    }
+    match found.len() {
+        0 | 1 => Ok(found.into_iter().next()),
+        _ => Err(Error::usage(format!(
+            "several devcontainer configurations; choose one with --devcontainer PATH: {}",
+            found.join(", ")
+        ))),
+    }
+}
+
+fn listing(found: &[String]) -> String {
+    if found.is_empty() {
+        " (none found)".into()
+    } else {
+        format!(" (found: {})", found.join(", "))
+    }
+}
+
+/// Reads and parses the configuration at `top/rel` (65 when it is not
+/// JSON with comments, naming the line).
+pub fn read(top: &Path, rel: &str) -> Result<serde_json::Value> {
+    let p = top.join(rel);
+    let text = std::fs::read_to_string(&p).map_err(|e| Error::io("cannot read", &p, e))?;
+    let v = jsonc::parse(&text).map_err(|e| Error::data(format!("'{rel}': {e}")))?;
+    if !v.is_object() {
+        return Err(Error::data(format!(
+            "'{rel}': a devcontainer.json holds one object {{...}}"
+        )));
+    }
+    Ok(v)
+}
+
+/// The sha256 of the configuration's bytes (the record keeps it, so lw
+/// doctor can say the file changed since lw init).
+pub fn digest(top: &Path, rel: &str) -> Option<String> {
+    std::fs::read(top.join(rel))
+        .ok()
+        .map(|b| mailbox::digest::sha256_hex(&b))
+}
+
+/// The configuration at `rel` read and mapped: the whole step lw init and
+/// lw doctor share.
+pub fn load(top: &Path, rel: &str, allowed: &[String]) -> Result<Mapping> {
+    let local = top.to_string_lossy();
+    let env = |n: &str| std::env::var(n).ok();
+    let cx = vars::Context {
+        local_folder: &local,
+        container_folder: crate::wall::REPO,
+        allowed,
+        local_env: &env,
+    };
+    load_with(top, rel, &cx)
+}
+
+/// [`load`] with the variables' context given (tests give the host's
+/// environment; lw init gives the real one).
+pub fn load_with(top: &Path, rel: &str, cx: &vars::Context) -> Result<Mapping> {
+    let v = read(top, rel)?;
+    Ok(map(top, rel, &v, cx))
+}
+
+/// The configuration lw init uses ([`choose`]), mapped with the host
+/// variables allowed (`local_env` and the project's
+/// `devcontainer.local-env`), starting from `from` when given; with the
+/// allowed names, which lw init writes into the config.  Refusals are in
+/// the mapping ([`refusal_error`]).
+pub fn chosen(
+    top: &Path,
+    asked: Option<&Path>,
+    local_env: &[String],
+    from: Option<&str>,
+) -> Result<Option<(Mapping, Vec<String>)>> {
+    let Some(rel) = choose(top, asked)? else {
+        return Ok(None);
+    };
+    let mut allowed = local_env.to_vec();
+    let conf = top.join(mailbox::config::FILE);
+    if let Ok(text) = std::fs::read_to_string(&conf) {
+        let c = mailbox::config::Config::parse_project(&text, &conf)?;
+        allowed.extend(self::allowed(&c));
+    }
+    allowed.sort();
+    allowed.dedup();
+    let mut m = load(top, &rel, &allowed)?;
+    if let Some(f) = from {
+        m.start_from(f);
+    }
+    Ok(Some((m, allowed)))
+}
+
+/// `--input` paths: files or folders in the checkout at `top`, as the
+/// deps layer declares them (66 when one is not there).
+pub fn inputs(top: &Path, given: &[String]) -> Result<Vec<String>> {
+    let mut v = Vec::new();
+    for i in given {
+        let rel = i.trim_start_matches("./").trim_end_matches('/');
+        let inside =
+            !rel.is_empty() && !Path::new(rel).is_absolute() && !rel.split('/').any(|p| p == "..");
+        if !inside || !top.join(rel).exists() {
+            return Err(Error::new(
+                Exit::NoInput,
+                format!(
+                    "--input '{i}': no such file in the repository (a path relative to '{}')",
+                    top.display()
+                ),
+            ));
+        }
+        v.push(rel.to_string());
+    }
+    Ok(v)
+}
+
+/// What lw init says about a mapping, one line each: what it took, then
+/// what it refused and why.
+pub fn report(m: &Mapping) -> Vec<String> {
+    let mut v = vec![format!("devcontainer: {}", m.source)];
+    for t in &m.taken {
+        v.push(format!("devcontainer: took {}: {}", t.key, t.how));
+    }
+    for r in &m.refused {
+        let what = if r.fatal { "cannot take" } else { "refused" };
+        v.push(format!("devcontainer: {what} {}: {}", r.key, r.reason));
+    }
+    v
+}
+
+/// The error that stops lw init when a refusal is fatal (78, naming each).
+pub fn refusal_error(m: &Mapping) -> Option<Error> {
+    let fatal: Vec<String> = m
+        .fatal_refusals()
+        .map(|r| format!("{}: {}", r.key, r.reason))
+        .collect();
+    (!fatal.is_empty()).then(|| {
+        Error::config(format!(
+            "'{}' cannot be the runtime as it is; nothing written: {}",
+            m.source,
+            fatal.join("; ")
+        ))
+    })
+}
+
+/// The host variables a configuration may read: `devcontainer.local-env`
+/// (names separated by commas or spaces).
+pub fn allowed(config: &mailbox::config::Config) -> Vec<String> {
+    config
+        .get(KEY_LOCAL_ENV)
+        .unwrap_or("")
+        .split([',', ' ', '\t'])
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_three_places_and_a_choice_among_several() {
+        let d = std::env::temp_dir().join(format!(
+            "lw-dc-find-{}-{:x}",
+            std::process::id(),
+            mailbox::id::random128() as u32
+        ));
+        std::fs::create_dir_all(d.join(".devcontainer/python")).unwrap();
+        std::fs::create_dir_all(d.join(".devcontainer/node")).unwrap();
+        std::fs::create_dir_all(d.join(".devcontainer/empty")).unwrap();
+        assert_eq!(choose(&d, None).unwrap(), None);
+        std::fs::write(d.join(".devcontainer/python/devcontainer.json"), "{}").unwrap();
+        assert_eq!(
+            choose(&d, None).unwrap().as_deref(),
+            Some(".devcontainer/python/devcontainer.json")
+        );
+        std::fs::write(d.join(".devcontainer/node/devcontainer.json"), "{}").unwrap();
+        std::fs::write(d.join(".devcontainer.json"), "{}").unwrap();
+        assert_eq!(
+            find(&d),
+            [
+                ".devcontainer.json",
+                ".devcontainer/node/devcontainer.json",
+                ".devcontainer/python/devcontainer.json"
+            ]
+        );
+        let e = choose(&d, None).unwrap_err();
+        assert_eq!(e.exit, Exit::Usage);
+        assert!(e.msg.contains("--devcontainer PATH: .devcontainer.json, .devcontainer/node/devcontainer.json, .devcontainer/python/devcontainer.json"), "{}", e.msg);
+        assert_eq!(
+            choose(&d, Some(Path::new(".devcontainer/node/devcontainer.json")))
+                .unwrap()
+                .as_deref(),
+            Some(".devcontainer/node/devcontainer.json")
+        );
+        let e = choose(&d, Some(Path::new(".devcontainer/go/devcontainer.json"))).unwrap_err();
+        assert_eq!(e.exit, Exit::NoInput);
+        assert!(e.msg.contains("found: .devcontainer.json"), "{}", e.msg);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}

@@ -1,0 +1,252 @@
+//! The runtime lw init writes from a [`Mapping`]: `from` the configuration's
+//! image, loopwright's base layer (its packages, user and entry), a layer per
+//! local feature (its folder the input), a `devcontainer` layer with the
+//! configuration's environment, and the deps layer whose script runs the
+//! lifecycle commands in DIR.  Each layer's tag is the hash of what it
+//! declares (lw-build(1)), so a changed lockfile rebuilds only the deps
+//! layer and a changed feature only its layer and those after it.
+
+use std::fmt::Write as _;
+
+use super::features::layer_name;
+use super::map::{Command, Mapping};
+use super::vars::Piece;
+
+/// The runtime.conf's explanation, kept from the default one.
+fn header() -> &'static str {
+    let t = crate::image::DEFAULT_RUNTIME[0].1;
+    &t[..t.find("from @FROM@").unwrap_or(0)]
+}
+
+/// runtime.conf for `m`, the base starting from `from`, the deps layer's
+/// inputs `deps` (beside deps.sh).
+pub fn runtime_conf(m: &Mapping, from: &str, deps: &[String]) -> String {
+    let mut s = header().to_string();
+    let _ = write!(
+        s,
+        "# Written by lw init from {}: lw init --force writes it again.\nfrom {from}\n\n# OS packages, extra certificate authorities, the unprivileged user and the\n# sandbox's entry script.\nlayer base\n    dockerfile .loopwright/runtime/base.Dockerfile\n    input .loopwright/runtime/entry.sh .loopwright/runtime/ca-certificates\n",
+        m.source
+    );
+    for f in &m.features {
+        let n = layer_name(f);
+        let _ = write!(
+            s,
+            "\n# The local feature {} ({}).\nlayer {n}\n    dockerfile .loopwright/runtime/{n}.Dockerfile\n    input {}\n",
+            f.id, f.dir, f.dir
+        );
+    }
+    s.push_str("\n# The configuration's containerEnv and remoteEnv.\nlayer devcontainer\n    dockerfile .loopwright/runtime/devcontainer.Dockerfile\n");
+    s.push_str("\n# The lifecycle commands (deps.sh), with the files they read: the lockfiles\n# found and lw init --input; a command that reads another file must have it\n# declared here.\nlayer deps\n    dockerfile .loopwright/runtime/deps.Dockerfile\n    input .loopwright/runtime/deps.sh\n");
+    for d in deps {
+        let _ = writeln!(s, "    input {d}");
+    }
+    s
+}
+
+/// A Dockerfile ENV value: quoted, the engine's `$` kept literal except
+/// for `${containerEnv:…}`, which is the image's variable.
+fn env_value(pieces: &[Piece]) -> String {
+    let esc = |t: &str| {
+        t.replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('$', "\\$")
+    };
+    let mut v = String::from("\"");
+    for p in pieces {
+        match p {
+            Piece::Text(t) => v.push_str(&esc(t)),
+            Piece::ContainerEnv {
+                name,
+                default: None,
+            } => {
+                let _ = write!(v, "${{{name}}}");
+            }
+            Piece::ContainerEnv {
+                name,
+                default: Some(d),
+            } => {
+                let _ = write!(v, "${{{name}:-{}}}", esc(d).replace('}', ""));
+            }
+        }
+    }
+    v.push('"');
+    v
+}
+
+/// The `devcontainer` layer's Dockerfile: containerEnv, then remoteEnv
+/// (which may name containerEnv's variables, and the image's).
+pub fn devcontainer_dockerfile(m: &Mapping) -> String {
+    let mut s = format!(
+        "# The environment of {} (written by lw init).\nARG LW_PARENT\nFROM ${{LW_PARENT}}\n",
+        m.source
+    );
+    for remote in [false, true] {
+        let vars: Vec<String> = m
+            .env
+            .iter()
+            .filter(|e| e.remote == remote)
+            .map(|e| format!("{}={}", e.name, env_value(&e.value)))
+            .collect();
+        if !vars.is_empty() {
+            let _ = writeln!(s, "ENV {}", vars.join(" \\\n    "));
+        }
+    }
+    s
+}
+
+/// `s` as one word of sh.
+pub fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// A feature's layer: its folder copied in, install.sh run as root with
+/// its options in the environment, as the specification runs it.
+pub fn feature_dockerfile(m: &Mapping, f: &super::map::Feature) -> String {
+    let user = m.user.as_deref().unwrap_or("root");
+    let at = format!("/opt/loopwright/features/{}", layer_name(f));
+    let mut s = format!(
+        "# The local feature {} (written by lw init from {}).\nARG LW_PARENT\nFROM ${{LW_PARENT}}\nCOPY {}/ {at}/\n",
+        f.id, m.source, f.dir
+    );
+    if !f.env.is_empty() {
+        let vars: Vec<String> = f
+            .env
+            .iter()
+            .map(|(k, v)| format!("{k}={}", env_value(&[Piece::Text(v.clone())])))
+            .collect();
+        let _ = writeln!(s, "ENV {}", vars.join(" \\\n    "));
+    }
+    let mut run = format!("cd {at} && chmod +x install.sh && env");
+    for (k, v) in &f.options {
+        let _ = write!(run, " {k}={}", quote(v));
+    }
+    let _ = write!(
+        run,
+        " _REMOTE_USER={u} _CONTAINER_USER={u} _REMOTE_USER_HOME=\"$(getent passwd {u} | cut -d: -f6)\" _CONTAINER_USER_HOME=\"$(getent passwd {u} | cut -d: -f6)\" ./install.sh",
+        u = quote(user)
+    );
+    let _ = writeln!(s, "RUN {run}");
+    s
+}
+
+/// deps.sh: the lifecycle commands, in the specification's order, in DIR.
+pub fn deps_script(m: &Mapping) -> String {
+    let mut s = format!(
+        "#!/bin/sh\n# deps.sh DIR: the lifecycle commands of {} (onCreateCommand,\n# updateContentCommand, postCreateCommand, in that order; an object's\n# commands one after another), written by lw init.  They run in DIR: the\n# deps layer's inputs in the image (/opt/loopwright/deps), the sandbox's\n# clone (/work/repo) when an incremental install runs them again.  They\n# read only the files declared as the deps layer's inputs (runtime.conf).\nset -eu\ncd \"$1\"\n",
+        m.source
+    );
+    if m.steps.is_empty() {
+        s.push_str("echo \"deps.sh: the configuration has no lifecycle command\"\n");
+    }
+    for st in &m.steps {
+        let what = match &st.name {
+            Some(n) => format!("{} ({n})", st.hook),
+            None => st.hook.to_string(),
+        };
+        let _ = writeln!(s, "echo {} >&2", quote(&format!("deps.sh: {what}")));
+        match &st.command {
+            Command::Shell(c) => {
+                let _ = writeln!(s, "/bin/sh -c {}", quote(c));
+            }
+            Command::Exec(a) => {
+                let words: Vec<String> = a.iter().map(|w| quote(w)).collect();
+                let _ = writeln!(s, "{}", words.join(" "));
+            }
+        }
+    }
+    s
+}
+
+/// Every file of the runtime for `m`: `(path, text, mode)`, paths relative
+/// to the checkout's top.  The default runtime's base layer, entry script
+/// and deps Dockerfile are kept; its toolchain layer is not (the
+/// configuration's image and features are the toolchain).
+pub fn files(m: &Mapping, from: &str, deps: &[String], digest: &str) -> Vec<(String, String, u32)> {
+    let dir = crate::image::RUNTIME_DIR;
+    let mut v = Vec::new();
+    for (name, text, mode) in crate::image::DEFAULT_RUNTIME {
+        let text = match *name {
+            "runtime.conf" => runtime_conf(m, from, deps),
+            "deps.sh" => deps_script(m),
+            "toolchain.Dockerfile" | "mise.toml" => continue,
+            _ => text.to_string(),
+        };
+        v.push((format!("{dir}/{name}"), text, *mode));
+    }
+    for f in &m.features {
+        v.push((
+            format!("{dir}/{}.Dockerfile", layer_name(f)),
+            feature_dockerfile(m, f),
+            0o644,
+        ));
+    }
+    v.push((
+        format!("{dir}/devcontainer.Dockerfile"),
+        devcontainer_dockerfile(m),
+        0o644,
+    ));
+    v.push((super::RECORD.to_string(), record(m, digest), 0o644));
+    v
+}
+
+/// The lines lw init adds to the config it writes.
+pub fn config_lines(m: &Mapping, allowed: &[String]) -> String {
+    let mut s = format!(
+        "\n# The runtime comes from {} (lw init; lw doctor says what it ignored).\n",
+        m.source
+    );
+    if !allowed.is_empty() {
+        let _ = writeln!(
+            s,
+            "# The host variables it may read, whose values lw init writes into the runtime:\n{} = {}",
+            super::KEY_LOCAL_ENV,
+            allowed.join(", ")
+        );
+    }
+    if !m.ports.is_empty() {
+        let ports: Vec<String> = m
+            .ports
+            .iter()
+            .map(|p| match &p.label {
+                Some(l) => format!("--port {} ({l})", p.port),
+                None => format!("--port {}", p.port),
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            "# Its forwarded ports: lw-sandbox create NAME {}",
+            ports.join(" ")
+        );
+    }
+    s
+}
+
+/// The record lw doctor reads: the configuration, its digest, what was
+/// taken and refused.
+pub fn record(m: &Mapping, digest: &str) -> String {
+    let mut s = format!(
+        "# What lw init took from a devcontainer configuration (lw doctor reads it).\nsource {}\nsha256 {digest}\n",
+        m.source
+    );
+    for t in &m.taken {
+        let _ = writeln!(s, "took {}: {}", t.key, t.how);
+    }
+    for r in &m.refused {
+        let _ = writeln!(s, "refused {}: {}", r.key, r.reason);
+    }
+    s
+}
+
+/// `(source, sha256)` from a record's text.
+pub fn parse_record(text: &str) -> Option<(String, String)> {
+    let mut source = None;
+    let mut sha = None;
+    for l in text.lines() {
+        if let Some(v) = l.strip_prefix("source ") {
+            source = Some(v.to_string());
+        } else if let Some(v) = l.strip_prefix("sha256 ") {
+            sha = Some(v.to_string());
+        }
+    }
+    Some((source?, sha?))
+}

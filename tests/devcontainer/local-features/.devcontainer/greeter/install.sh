@@ -1,0 +1,4 @@
+#!/bin/sh
+set -eu
+mkdir -p "$TARGET_DIR"
+echo "$GREETING" > "$TARGET_DIR/greeting"

@@ -1,0 +1,2 @@
+#!/bin/sh
+echo "tools $VERSION" > /usr/local/share/tools-version
