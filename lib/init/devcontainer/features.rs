@@ -8,7 +8,7 @@ use std::path::{Component, Path};
 
 use serde_json::Value;
 
-use super::map::{Feature, Mapping};
+use super::mapping::{Feature, Mapping};
 use super::vars::{self, Context};
 
 /// The environment variable an option is given as (the specification's

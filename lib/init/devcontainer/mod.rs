@@ -19,10 +19,12 @@ use mailbox::error::{Error, Exit, Result};
 mod features;
 pub mod jsonc;
 mod map;
+mod mapping;
 pub mod render;
 pub mod vars;
 
 pub use map::*;
+pub use mapping::*;
 
 /// The `.loopwright/config` key naming the host variables a
 /// devcontainer.json may read (`${localEnv:NAME}`); see [`vars`].

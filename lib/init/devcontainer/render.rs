@@ -9,7 +9,7 @@
 use std::fmt::Write as _;
 
 use super::features::layer_name;
-use super::map::{Command, Mapping};
+use super::mapping::{Command, Mapping};
 use super::vars::Piece;
 
 /// The runtime.conf's explanation, kept from the default one.
@@ -101,7 +101,7 @@ pub fn quote(s: &str) -> String {
 
 /// A feature's layer: its folder copied in, install.sh run as root with
 /// its options in the environment, as the specification runs it.
-pub fn feature_dockerfile(m: &Mapping, f: &super::map::Feature) -> String {
+pub fn feature_dockerfile(m: &Mapping, f: &super::mapping::Feature) -> String {
     let user = m.user.as_deref().unwrap_or("root");
     let at = format!("/opt/loopwright/features/{}", layer_name(f));
     let mut s = format!(

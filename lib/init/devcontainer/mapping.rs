@@ -1,0 +1,153 @@
+//! What a devcontainer.json became: the keys taken, the refusals with
+//! their reasons, and the parts of the runtime (map.rs fills it, features.rs
+//! adds the local features, render.rs writes it out).
+
+use super::vars::{self, Piece};
+
+/// A key taken, and what it became.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Taken {
+    pub key: String,
+    pub how: String,
+}
+
+/// A key refused, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub key: String,
+    pub reason: String,
+    /// The runtime cannot be made without it.
+    pub fatal: bool,
+}
+
+/// A lifecycle command in one of its forms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// A string: run by `/bin/sh -c`.
+    Shell(String),
+    /// An array: the program and its arguments, no shell.
+    Exec(Vec<String>),
+}
+
+/// One command of the deps layer's script: its hook
+/// (`onCreateCommand`…), the name it has in the object form, the command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    pub hook: &'static str,
+    pub name: Option<String>,
+    pub command: Command,
+}
+
+/// One environment variable the image sets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvVar {
+    pub name: String,
+    pub value: Vec<Piece>,
+    /// From `remoteEnv` (else `containerEnv`).
+    pub remote: bool,
+}
+
+/// A port the configuration forwards, with its label.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Port {
+    pub port: u16,
+    pub label: Option<String>,
+}
+
+/// A local feature (`./NAME` beside the configuration): a layer of its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Feature {
+    /// As written in `features`.
+    pub id: String,
+    /// Its folder, relative to the checkout's top.
+    pub dir: String,
+    /// The options as install.sh reads them: `NAME=value`, defaults filled.
+    pub options: Vec<(String, String)>,
+    /// The feature's own `containerEnv`.
+    pub env: Vec<(String, String)>,
+}
+
+/// What loopwright takes of one configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Mapping {
+    /// The configuration, relative to the checkout's top.
+    pub source: String,
+    pub name: Option<String>,
+    /// The base image (`image`), when it names one.
+    pub image: Option<String>,
+    pub features: Vec<Feature>,
+    pub env: Vec<EnvVar>,
+    pub steps: Vec<Step>,
+    pub ports: Vec<Port>,
+    /// `remoteUser`, else `containerUser`: the name the configuration
+    /// expects; the sandbox's user stands for it.
+    pub user: Option<String>,
+    pub taken: Vec<Taken>,
+    pub refused: Vec<Refusal>,
+}
+
+/// The lifecycle commands run while the image is made, in the
+/// specification's order.
+pub const HOOKS: &[&str] = &[
+    "onCreateCommand",
+    "updateContentCommand",
+    "postCreateCommand",
+];
+
+/// Variables lw-sandbox sets itself: a configuration does not replace them.
+pub(super) const OWN_ENV: &[&str] = &["HOME", "TMPDIR"];
+
+impl Mapping {
+    pub(super) fn take(&mut self, key: &str, how: impl Into<String>) {
+        self.taken.push(Taken {
+            key: key.into(),
+            how: how.into(),
+        });
+    }
+
+    pub(super) fn refuse(&mut self, key: &str, reason: impl Into<String>) {
+        self.refused.push(Refusal {
+            key: key.into(),
+            reason: reason.into(),
+            fatal: false,
+        });
+    }
+
+    pub(super) fn fatal(&mut self, key: &str, reason: impl Into<String>) {
+        self.refused.push(Refusal {
+            key: key.into(),
+            reason: reason.into(),
+            fatal: true,
+        });
+    }
+
+    pub(super) fn var(&mut self, key: &str, e: vars::Refused) {
+        self.fatal(
+            key,
+            format!("{} is not substituted: {}", e.variable, e.reason),
+        );
+    }
+
+    /// Starts from `from` (lw init --from) whatever the configuration
+    /// names: a missing image, a Dockerfile or a Compose file no longer
+    /// stops lw init; the reasons stay in the report.
+    pub fn start_from(&mut self, from: &str) {
+        for r in &mut self.refused {
+            if r.fatal
+                && matches!(
+                    r.key.as_str(),
+                    "image" | "build" | "dockerFile" | "dockerfile" | "dockerComposeFile"
+                )
+            {
+                r.fatal = false;
+                r.reason = format!("{}; starting from {from} (--from) instead", r.reason);
+            }
+        }
+        self.image = Some(from.to_string());
+    }
+
+    /// The refusals that stop lw init.
+    pub fn fatal_refusals(&self) -> impl Iterator<Item = &Refusal> {
+        self.refused.iter().filter(|r| r.fatal)
+    }
+}
