@@ -1,5 +1,5 @@
 //! `lw-sandbox create --agent KIT` and `run`, end to end, with the real
-//! Claude Code and Codex CLIs (the kits' pinned versions, from npm) against
+//! Claude Code, Codex and opencode CLIs (the kits' pinned versions, from npm) against
 //! a scripted model served over TLS by a test CA
 //! (examples/scripted-model/model.py).
 //!

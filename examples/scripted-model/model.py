@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 # A scripted model for the agent tests and `scripts/main-job --agent`: the Anthropic Messages API (SSE) and
 # the OpenAI Responses API (SSE), over TLS, replaying a script of tool calls
+# (named as the request's tools name them: Claude Code's Bash and
+# mcp__loopwright__TOOL, opencode's bash and loopwright_TOOL)
 # and recording every request it receives (method, path, headers, body) as
 # one JSON line in /srv/out/requests.jsonl.
 #
