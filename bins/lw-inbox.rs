@@ -9,9 +9,9 @@
 //! for one bad entry.  `--wait` blocks on an inotify watch until a message
 //! arrives; it never polls.
 //!
-//! `--hook claude|codex` is the bell (crates/mailbox/src/bell.rs): the agent's CLI runs it
+//! `--hook claude|codex|opencode` is the bell (crates/mailbox/src/bell.rs): the agent's CLI runs it
 //! as a hook (the kits install it in the sandbox's `~/.claude/settings.json`
-//! or `~/.codex/hooks.json`);
+//! or `~/.codex/hooks.json`, or its opencode plugin in `~/.config/opencode/plugin/`);
 //! it reads the hook's JSON on stdin and prints the answer that puts new
 //! messages before the model, or blocks a stop while one that asks is
 //! unread.  A hook that fails must never break the agent: on any error it
@@ -61,7 +61,7 @@ struct Args {
 
     /// Answer a hook of the agent's CLI: read its JSON on stdin, print new
     /// messages for the model or block its stop (always exit 0)
-    #[arg(long, value_name = "CLI", value_parser = ["claude", "codex"],
+    #[arg(long, value_name = "CLI", value_parser = ["claude", "codex", "opencode"],
           conflicts_with_all = ["wait", "all", "json"])]
     hook: Option<String>,
 

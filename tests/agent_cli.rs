@@ -1,5 +1,5 @@
 //! `lw-sandbox create --agent KIT` and `run`, end to end, with the real
-//! Claude Code and Codex CLIs (the kits' pinned versions, from npm) against
+//! Claude Code, Codex and opencode CLIs (the kits' pinned versions, from npm) against
 //! a scripted model served over TLS by a test CA
 //! (examples/scripted-model/model.py).
 //!
@@ -147,6 +147,11 @@ struct Case {
     key_sent: fn(&serde_json::Value) -> Option<String>,
     /// A streaming request for the latency figure.
     probe: &'static str,
+    /// The script also posts through the agent's own MCP client and lw-mcp.
+    via_mcp: bool,
+    /// Crosses a token cap in a run of its own: the CLI gets the 429 in its
+    /// API's shape and the person is told.
+    cap: bool,
 }
 
 #[test]
@@ -164,6 +169,8 @@ fn claude_commits_posts_and_resumes_while_its_key_stays_outside() {
             r["headers"]["x-api-key"].as_str().map(str::to_string)
         },
         probe: r#"{"model":"m","max_tokens":1,"stream":true,"messages":[{"role":"user","content":"RESUME-CHECK"}]}"#,
+        via_mcp: true,
+        cap: false,
     });
 }
 
@@ -185,6 +192,30 @@ fn codex_commits_posts_and_resumes_while_its_key_stays_outside() {
                 .map(str::to_string)
         },
         probe: r#"{"model":"m","stream":true,"input":[{"type":"message","role":"user","content":"RESUME-CHECK"}]}"#,
+        via_mcp: false,
+        cap: false,
+    });
+}
+
+/// opencode through its anthropic provider: the same API, key header and
+/// endpoint as Claude Code, its own config, tools and events.
+#[test]
+fn opencode_commits_posts_and_resumes_while_its_key_stays_outside() {
+    scenario(&Case {
+        kit: "opencode",
+        key_env: "ANTHROPIC_API_KEY",
+        path: "/v1/messages",
+        home: "cat ~/.config/opencode/AGENTS.md; cat ~/.config/opencode/opencode.json",
+        mcp_marker: "\"/usr/local/bin/lw-mcp\"",
+        env_marker: "OPENCODE_DISABLE_MODELS_FETCH=1",
+        result_type: "step_finish",
+        key_sent: |r| {
+            assert!(r["headers"].get("authorization").is_none(), "{r}");
+            r["headers"]["x-api-key"].as_str().map(str::to_string)
+        },
+        probe: r#"{"model":"m","max_tokens":1,"stream":true,"messages":[{"role":"user","content":"RESUME-CHECK"}]}"#,
+        via_mcp: true,
+        cap: true,
     });
 }
 
@@ -275,10 +306,10 @@ fn scenario(k: &Case) {
         "curl -sS -m 20 https://forbidden.example.org/ || echo denied",
     ]);
     // Issue 18: the agent's own MCP client calls lw-mcp's post tool.  Shown
-    // with Claude Code; Codex's function-call form for MCP tools is not
-    // scripted yet (docs/agents.md).
+    // with Claude Code and opencode; Codex's function-call form for MCP
+    // tools is not scripted yet (docs/agents.md).
     let mut script = script;
-    let via_mcp = k.kit == "claude";
+    let via_mcp = k.via_mcp;
     if via_mcp {
         script.as_array_mut().expect("the script is a list").push(serde_json::json!(
             {"mcp": "post", "args": {"kind": "request", "to": ["peer"], "subject": "via lw-mcp", "body": "posted through the MCP door"}}
@@ -553,6 +584,10 @@ fn scenario(k: &Case) {
     );
     assert_eq!(left.trim(), "0", "the agent was stopped");
 
+    if k.cap {
+        cap_crossed(&f, k, &key, &model_proxy);
+    }
+
     // Issue 35: the largest request the CLI sent (agent.KIT.max-request's
     // default is 8 MiB); the tokens the proxy counted, in ls --json.
     let reqs = requests(&out_dir);
@@ -714,6 +749,67 @@ fn scenario(k: &Case) {
     );
 }
 
+/// A run over `agent.KIT.max-tokens-run`: the first request goes through
+/// (the scripted model's answer is 15 tokens), the next is answered 429 in
+/// the API's shape by the model proxy, the CLI shows it, and the person is
+/// told once.  The cap is lifted again for the steps after it.
+fn cap_crossed(f: &Fixture, k: &Case, key: &str, model_proxy: &str) {
+    let kit = k.kit;
+    let config = f.proj.join(".loopwright/config");
+    let before = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("{before}agent.{kit}.max-tokens-run = 10\n"),
+    )
+    .unwrap();
+    let t = Instant::now();
+    let o = f
+        .cmd(&[
+            "run",
+            "a1",
+            "--json",
+            "--timeout",
+            "60s",
+            "--",
+            "Edit README, commit, tell peer.",
+        ])
+        .env(k.key_env, key)
+        .output()
+        .unwrap();
+    let took = t.elapsed().as_secs_f64();
+    std::fs::write(&config, &before).unwrap();
+    let transcript = text(&o);
+    let plog = err(&docker(&["logs", model_proxy]));
+    let refused = plog
+        .lines()
+        .filter(|l| l.contains(&format!(" refuse POST {} ", k.path)) && l.contains(" 429 "))
+        .count();
+    assert!(refused > 0, "the proxy answered 429: {plog}");
+    // The CLI may show the refusal or wait out its retry-after (an hour):
+    // --timeout ends the wait.  Either way nothing more reached the model.
+    let shown = transcript.contains(&format!("agent.{kit}.max-tokens-run"));
+    assert!(
+        shown || o.status.code() == Some(124),
+        "the CLI neither showed the proxy's 429 nor waited on it: {transcript}"
+    );
+    assert!(
+        err(&o).contains(&format!(
+            "told the person: sandbox a1: its agent reached agent.{kit}.max-tokens-run"
+        )),
+        "{}",
+        err(&o)
+    );
+    println!(
+        "figure [{kit}]: max-tokens-run 10 crossed: run exited {:?} after {took:.1} s; {refused} refusal line(s) 429 in the proxy's log; the CLI {} the refusal",
+        o.status.code(),
+        if shown {
+            "showed"
+        } else {
+            "waited on (retry-after) rather than showed"
+        }
+    );
+}
+
 #[test]
 fn kits_list_and_bad_kits_unknown_kits_and_wrong_networks_are_refused() {
     let f = Fixture::new("kits");
@@ -735,7 +831,7 @@ fn kits_list_and_bad_kits_unknown_kits_and_wrong_networks_are_refused() {
     let o = f.sb(&["create", "x", "--branch", "x", "--agent", "gpt"]);
     assert_eq!(o.status.code(), Some(64), "{}", err(&o));
     assert!(
-        err(&o).contains("the kits are: claude, codex"),
+        err(&o).contains("the kits are: claude, codex, opencode"),
         "{}",
         err(&o)
     );
@@ -950,7 +1046,22 @@ fn codex_hears_a_contract_change_mid_task_and_its_stop_is_blocked_until_it_reads
     bell("codex", "OPENAI_API_KEY", "~/.codex/hooks.json");
 }
 
+/// opencode hears it through its plugin (runtime/agents/opencode-bell.js),
+/// appended to the result of the next tool call; it has no stop a plugin
+/// can refuse, so its run ends with the message unread.
+#[test]
+fn opencode_hears_a_contract_change_mid_task_through_its_plugin() {
+    bell(
+        "opencode",
+        "ANTHROPIC_API_KEY",
+        "~/.config/opencode/plugin/loopwright-bell.js",
+    );
+}
+
 fn bell(kit: &str, key_env: &str, hooks: &str) {
+    // Claude Code and Codex run `lw-inbox --hook` as a command hook, stops
+    // included; opencode's plugin runs it after tool calls only.
+    let blocks_stop = kit != "opencode";
     let started = Instant::now();
     let n = nonce();
     let world = World::outside(&format!("bell-{kit}-{n}"), &format!("lw-bell-{n}"));
@@ -970,12 +1081,15 @@ fn bell(kit: &str, key_env: &str, hooks: &str) {
         &format!("cat {hooks}; git -C /work/repo status --porcelain"),
     );
     assert_eq!(code, 0, "{e}");
-    assert!(
+    let installed = if blocks_stop {
         settings.contains(&format!(
             "/usr/local/bin/lw-inbox --hook {kit} --max-blocks 3"
-        )),
-        "{settings}"
-    );
+        ))
+    } else {
+        settings.contains(&format!(r#""--hook", "{kit}""#))
+            && settings.contains(r#"const MAX_BLOCKS = "3";"#)
+    };
+    assert!(installed, "{settings}");
     assert!(!settings.contains("?? "), "{settings}");
 
     // The consumer's task: a slow tool, six times; then it tries to stop
@@ -1062,10 +1176,37 @@ fn bell(kit: &str, key_env: &str, hooks: &str) {
         t(&reqs[carrying]) - mediated,
         reqs.len()
     );
-    assert!(
-        t(&reqs[carrying]) - mediated <= 2.0 + 1.0,
-        "at most the running 2 s step and the hook after the mediator's pass"
+    // At most the running 2 s step and the hook after the mediator's pass;
+    // opencode takes seconds of its own between a tool's end and its next
+    // request (more on a loaded machine), so for it the bound is its own
+    // slowest turn of the run (a slow step and what it adds), plus the hook.
+    let turn = (1..reqs.len())
+        .filter(|i| *i != carrying)
+        .map(|i| t(&reqs[i]) - t(&reqs[i - 1]))
+        .fold(0.0, f64::max);
+    let bound = if blocks_stop { 2.0 } else { turn } + 1.0;
+    println!(
+        "figure [bell {kit}]: the CLI's slowest turn of the run {turn:.2} s; bound {bound:.2} s"
     );
+    assert!(
+        t(&reqs[carrying]) - mediated <= bound,
+        "at most the running step and the hook after the mediator's pass"
+    );
+    if !blocks_stop {
+        let last = body(reqs.last().unwrap());
+        assert_eq!(last.matches(&label).count(), 1, "announced once: {last}");
+        println!(
+            "figure [bell {kit}]: no stop blocked (opencode has none to refuse); {} requests; test took {:.1}s",
+            reqs.len(),
+            started.elapsed().as_secs_f64()
+        );
+        let _ = docker(&["rm", "-f", &model]);
+        f.ok(&["rm", "--force", "c1", "p1"]);
+        drop(f);
+        drop(world);
+        let _ = std::fs::remove_dir_all(&tmp);
+        return;
+    }
 
     // Announced once; the stop blocked once; the agent read and acked it.
     let last = body(reqs.last().unwrap());

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 # A scripted model for the agent tests and `scripts/main-job --agent`: the Anthropic Messages API (SSE) and
 # the OpenAI Responses API (SSE), over TLS, replaying a script of tool calls
+# (named as the request's tools name them: Claude Code's Bash and
+# mcp__loopwright__TOOL, opencode's bash and loopwright_TOOL)
 # and recording every request it receives (method, path, headers, body) as
 # one JSON line in /srv/out/requests.jsonl.
 #
@@ -115,6 +117,18 @@ def input_tokens(last):
     return int(m.group(1)) if m else 10
 
 
+def tool_names(req):
+    return [t.get("name") for t in req.get("tools") or [] if isinstance(t, dict)]
+
+
+def mcp_name(req, tool):
+    names = tool_names(req)
+    for n in ("mcp__loopwright__" + tool, "loopwright_" + tool):
+        if n in names:
+            return n
+    return "mcp__loopwright__" + tool
+
+
 def anthropic(req, events=False):
     msgs = req.get("messages", [])
     role = role_of(req)
@@ -140,10 +154,13 @@ def anthropic(req, events=False):
         stop = "end_turn"
     else:
         if isinstance(step, dict):
-            # A tool of the loopwright MCP server (lw-mcp), as Claude Code names it.
-            name, args = "mcp__loopwright__" + step["mcp"], json.dumps(step["args"])
+            # A tool of the loopwright MCP server (lw-mcp), as the CLI named
+            # it: Claude Code's mcp__loopwright__post, opencode's loopwright_post.
+            name, args = mcp_name(req, step["mcp"]), json.dumps(step["args"])
         else:
-            name = "Bash"
+            # Claude Code's Bash; opencode's bash (it takes Bash too, but
+            # says so in its answer).
+            name = "bash" if "bash" in tool_names(req) else "Bash"
             args = json.dumps({"command": step, "description": "step %d" % results})
         block = [{"type": "content_block_start", "index": 0, "content_block": {
                     "type": "tool_use", "id": "toolu_%d" % results, "name": name, "input": {}}},

@@ -10,7 +10,10 @@
 //! (an older toolkit without lw-mcp) reports the server as failed and goes on.
 //! `~/.claude/settings.json` (Claude Code) or `~/.codex/hooks.json` (Codex)
 //! installs the bell (crates/mailbox/src/bell.rs): `lw-inbox --hook CLI` after every tool
-//! call, before each prompt, at session start, and at a stop.
+//! call, before each prompt, at session start, and at a stop.  opencode has
+//! no command hooks: a plugin (runtime/agents/opencode-bell.js, in
+//! `~/.config/opencode/plugin/`) asks `lw-inbox --hook opencode` after every
+//! tool call and appends the answer to the tool's result.
 
 use std::fmt::Write as _;
 
@@ -24,6 +27,31 @@ pub const MCP_COMMAND: &str = "/usr/local/bin/lw-mcp";
 
 /// The bell every Claude Code agent gets, run by its hooks.
 pub const INBOX_COMMAND: &str = "/usr/local/bin/lw-inbox";
+
+/// opencode's user configuration directory, under HOME.
+pub const OPENCODE_DIR: &str = ".config/opencode";
+
+/// The bell as an opencode plugin; `@MAX_BLOCKS@` is replaced.
+const OPENCODE_BELL: &str = include_str!("../../runtime/agents/opencode-bell.js");
+
+/// opencode's user configuration: the MCP server, and with the proxy
+/// credential its anthropic provider pointed at the model proxy with the
+/// placeholder key (`{env:VAR}` is read from the agent's environment).
+fn opencode_config(kit: &Kit, credential: Credential) -> String {
+    let mut v = serde_json::json!({
+        "$schema": "https://opencode.ai/config.json",
+        "autoupdate": false,
+        "share": "disabled",
+        "mcp": {"loopwright": {"type": "local", "command": [MCP_COMMAND], "enabled": true}},
+    });
+    if credential == Credential::Proxy {
+        v["provider"] = serde_json::json!({"anthropic": {"options": {
+            "baseURL": format!("{}/v1", proxy::url()),
+            "apiKey": format!("{{env:{}}}", kit.key_env),
+        }}});
+    }
+    serde_json::to_string_pretty(&v).expect("JSON values serialise") + "\n"
+}
 
 /// The bell's hooks (crates/mailbox/src/bell.rs) for `cli`: Claude Code's user settings,
 /// or Codex's `hooks.json`, which has the same shape (Codex matches every
@@ -166,6 +194,10 @@ pub fn registration(kit: &Kit, credential: Credential) -> (String, String) {
             );
             (format!("{}/config.toml", kit.state_dir), t)
         }
+        McpFormat::OpencodeJson => (
+            format!("{OPENCODE_DIR}/opencode.json"),
+            opencode_config(kit, credential),
+        ),
     }
 }
 
@@ -195,6 +227,10 @@ pub fn files(
         McpFormat::CodexToml => (
             format!("{}/hooks.json", kit.state_dir),
             hooks("codex", bell_max_blocks),
+        ),
+        McpFormat::OpencodeJson => (
+            format!("{OPENCODE_DIR}/plugin/loopwright-bell.js"),
+            OPENCODE_BELL.replace("@MAX_BLOCKS@", &bell_max_blocks.to_string()),
         ),
     });
     v
@@ -280,5 +316,40 @@ mod tests {
             "/usr/local/bin/lw-inbox --hook codex --max-blocks 5"
         );
         assert!(v["hooks"]["PostToolUse"][0].get("matcher").is_none());
+    }
+
+    #[test]
+    fn opencode_gets_its_provider_mcp_server_and_the_bell_as_a_plugin() {
+        let kit = super::super::kit::find(None, "opencode").unwrap();
+        let f = files(&kit, Credential::Proxy, "a", "b", &[], &[], 4);
+        let paths: Vec<&str> = f.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                ".config/opencode/AGENTS.md",
+                ".config/opencode/opencode.json",
+                ".config/opencode/plugin/loopwright-bell.js"
+            ]
+        );
+        let v: serde_json::Value = serde_json::from_str(&f[1].1).unwrap();
+        assert_eq!(v["mcp"]["loopwright"]["command"][0], MCP_COMMAND);
+        assert_eq!(
+            v["provider"]["anthropic"]["options"]["baseURL"],
+            "http://lw-model:8080/v1"
+        );
+        assert_eq!(
+            v["provider"]["anthropic"]["options"]["apiKey"],
+            "{env:ANTHROPIC_API_KEY}"
+        );
+        assert!(
+            f[2].1.contains(r#"const MAX_BLOCKS = "4";"#)
+                && f[2].1.contains("\"--hook\", \"opencode\""),
+            "{}",
+            f[2].1
+        );
+        // Holding its own key, opencode talks to its provider as it would.
+        let (_, text) = registration(&kit, Credential::Env);
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert!(v.get("provider").is_none(), "{text}");
     }
 }

@@ -1,7 +1,7 @@
 //! Agent kits: what it takes to run one coding-agent CLI in a sandbox.
 //!
 //! A kit is a small `key = value` file (the format of `.loopwright/config`,
-//! crates/mailbox/src/config.rs) named `NAME.kit`.  The toolkit ships `claude` and `codex`
+//! crates/mailbox/src/config.rs) named `NAME.kit`.  The toolkit ships `claude`, `codex` and `opencode`
 //! (runtime/agents/); a project adds or overrides kits in
 //! `.loopwright/agents/`.  Every key is required except `base-url-env` and
 //! `env`; an unknown key, a missing one or a floating version is a
@@ -28,6 +28,10 @@ pub const PROJECT_DIR: &str = ".loopwright/agents";
 pub const BUILTIN: &[(&str, &str)] = &[
     ("claude", include_str!("../../runtime/agents/claude.kit")),
     ("codex", include_str!("../../runtime/agents/codex.kit")),
+    (
+        "opencode",
+        include_str!("../../runtime/agents/opencode.kit"),
+    ),
 ];
 
 /// How the provider wants the key.
@@ -55,6 +59,9 @@ pub enum McpFormat {
     ClaudeJson,
     /// `[mcp_servers.NAME]` (and the provider) in `$CODEX_HOME/config.toml`.
     CodexToml,
+    /// `mcp.NAME` (and the provider) in `~/.config/opencode/opencode.json`,
+    /// the bell as a plugin beside it.
+    OpencodeJson,
 }
 
 impl McpFormat {
@@ -62,6 +69,7 @@ impl McpFormat {
         match self {
             McpFormat::ClaudeJson => "claude-json",
             McpFormat::CodexToml => "codex-toml",
+            McpFormat::OpencodeJson => "opencode-json",
         }
     }
 }
@@ -172,8 +180,12 @@ impl Kit {
         let mcp = match f.need("mcp")?.as_str() {
             "claude-json" => McpFormat::ClaudeJson,
             "codex-toml" => McpFormat::CodexToml,
+            "opencode-json" => McpFormat::OpencodeJson,
             other => {
-                return Err(f.bad("mcp", format!("'{other}' is not claude-json or codex-toml")));
+                return Err(f.bad(
+                    "mcp",
+                    format!("'{other}' is not claude-json, codex-toml or opencode-json"),
+                ));
             }
         };
         let run = f.command("run")?;
@@ -305,7 +317,7 @@ mod tests {
     fn builtin_kits_parse_and_pin_their_versions() {
         let kits = all(None).unwrap();
         let names: Vec<&str> = kits.iter().map(|k| k.name.as_str()).collect();
-        assert_eq!(names, ["claude", "codex"]);
+        assert_eq!(names, ["claude", "codex", "opencode"]);
         let c = &kits[0];
         assert_eq!(
             (c.package.as_str(), c.version.as_str()),
@@ -323,6 +335,28 @@ mod tests {
         );
         assert_eq!(x.path, "/v1/responses");
         assert_eq!(x.key_header, KeyHeader::Bearer);
+        let o = &kits[2];
+        assert_eq!(
+            (o.package.as_str(), o.version.as_str()),
+            ("opencode-ai", "1.18.33")
+        );
+        assert_eq!(
+            (o.path.as_str(), o.key_header),
+            ("/v1/messages", KeyHeader::XApiKey)
+        );
+        assert_eq!(o.mcp, McpFormat::OpencodeJson);
+        assert_eq!(
+            o.command("go", true)[..],
+            [
+                "opencode",
+                "run",
+                "--format",
+                "json",
+                "--auto",
+                "--continue",
+                "go"
+            ]
+        );
         let cmd = c.command("do it", false);
         assert_eq!(&cmd[..3], ["claude", "-p", "do it"]);
     }
@@ -419,7 +453,11 @@ mod tests {
     fn unknown_kit_is_64_listing_the_kits() {
         let e = find(None, "gpt-agent").unwrap_err();
         assert_eq!(e.exit, Exit::Usage);
-        assert!(e.msg.contains("the kits are: claude, codex"), "{}", e.msg);
+        assert!(
+            e.msg.contains("the kits are: claude, codex, opencode"),
+            "{}",
+            e.msg
+        );
     }
 
     #[test]
@@ -431,7 +469,7 @@ mod tests {
         std::fs::write(dir.join(PROJECT_DIR).join("mine.kit"), builtin("codex")).unwrap();
         let kits = all(Some(&dir)).unwrap();
         let names: Vec<&str> = kits.iter().map(|k| k.name.as_str()).collect();
-        assert_eq!(names, ["claude", "codex", "mine"]);
+        assert_eq!(names, ["claude", "codex", "mine", "opencode"]);
         assert_eq!(kits[0].version, "2.1.333");
         assert_ne!(kits[0].install_hash(), all(None).unwrap()[0].install_hash());
         std::fs::remove_dir_all(&dir).unwrap();

@@ -371,7 +371,7 @@ fn clip(s: &str, n: usize) -> String {
 }
 
 /// The one-line summary of a transcript line, for people; None to skip.
-/// Knows Claude Code's stream-json and Codex's --json events.
+/// Knows Claude Code's stream-json, Codex's and opencode's --json events.
 pub fn summary(line: &str) -> Option<String> {
     let v: serde_json::Value = serde_json::from_str(line).ok()?;
     let t = v["type"].as_str().unwrap_or("");
@@ -445,6 +445,13 @@ pub fn summary(line: &str) -> Option<String> {
             v["thread_id"].as_str().unwrap_or("?")
         )),
         "turn.failed" | "error" => Some(format!("error: {}", clip(&v.to_string(), 300))),
+        // opencode.
+        "text" => Some(format!("says: {}", clip(v["part"]["text"].as_str()?, 200))),
+        "tool_use" => Some(format!(
+            "tool {}: {}",
+            v["part"]["tool"].as_str().unwrap_or("?"),
+            clip(&v["part"]["state"]["input"].to_string(), 200)
+        )),
         _ => None,
     }
 }
@@ -462,6 +469,16 @@ mod tests {
         );
         let s = summary(r#"{"type":"item.completed","item":{"type":"command_execution","command":"ls","exit_code":0}}"#).unwrap();
         assert_eq!(s, "ran: ls (exit 0)");
+        let s = summary(
+            r#"{"type":"tool_use","part":{"tool":"bash","state":{"input":{"command":"ls"}}}}"#,
+        )
+        .unwrap();
+        assert_eq!(s, r#"tool bash: {"command":"ls"}"#);
+        let s =
+            summary(r#"{"type":"text","part":{"type":"text","text":"resumed with 5 messages"}}"#)
+                .unwrap();
+        assert_eq!(s, "says: resumed with 5 messages");
+        assert_eq!(summary(r#"{"type":"step_start","part":{}}"#), None);
         let s = summary(r#"{"type":"lw-stderr","text":"a\u001b[31mb"}"#).unwrap();
         assert!(
             !s.contains('\u{1b}'),
