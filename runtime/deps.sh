@@ -8,11 +8,14 @@
 #
 #   node    npm ci / pnpm / yarn by the lockfile, into DIR/node_modules;
 #           the image's is /node_modules, found by Node's own resolution
-#           from /work/repo, its .bin on PATH.
+#           from /work/repo, its .bin on PATH.  pnpm and yarn are the
+#           versions package.json's packageManager names, else the pins
+#           below, installed next to node (so on PATH in the sandbox).
 #   python  a virtual environment (/opt/loopwright/venv, or /work/.venv)
 #           with the project's dependencies and its test dependencies
 #           (dependency groups and optional dependencies named test, tests,
-#           testing or dev, requirements*.txt, uv.lock through uv), pytest
+#           testing or dev, requirements*.txt; with a uv.lock, uv exports
+#           the lock's pins of those same groups and extras), pytest
 #           when nothing names it, and /work/repo/src and /work/repo on its
 #           path (the project, editable from the clone).
 #   rust    the lockfile's crates, vendored (/opt/loopwright/vendor, or
@@ -27,20 +30,27 @@ if [ "$(id -u)" = 0 ]; then
     # The sandbox's caches are under /work; the image's build keeps none.
     scratch=$(mktemp -d)
     trap 'rm -rf "$scratch"' EXIT
-    export npm_config_cache="$scratch/npm" UV_CACHE_DIR="$scratch/uv" GOCACHE="$scratch/go-build"
+    export npm_config_cache="$scratch/npm" npm_config_store_dir="$scratch/pnpm" \
+        UV_CACHE_DIR="$scratch/uv" GOCACHE="$scratch/go-build"
 else
     image=
 fi
 did=
 say() { echo "deps.sh: $*"; }
 
+# The tools a lockfile needs, pinned so that the layer's inputs say what
+# it installs.
+PNPM=pnpm@9.15.9
+YARN=yarn@1.22.22
+UV=uv==0.9.30
+
 if [ -f package.json ] && command -v npm >/dev/null; then
     pm=$(tr -d '\n' <package.json | sed -nE 's/.*"packageManager"[[:space:]]*:[[:space:]]*"([a-z]+@[0-9][^"+]*).*/\1/p')
     if [ -f pnpm-lock.yaml ]; then
-        command -v pnpm >/dev/null || npm install -g --no-audit --no-fund "${pm:-pnpm}"
+        command -v pnpm >/dev/null || npm install -g --no-audit --no-fund "${pm:-$PNPM}"
         pnpm install --frozen-lockfile --ignore-scripts
     elif [ -f yarn.lock ]; then
-        command -v yarn >/dev/null || npm install -g --no-audit --no-fund "${pm:-yarn@1}"
+        command -v yarn >/dev/null || npm install -g --no-audit --no-fund "${pm:-$YARN}"
         yarn install --frozen-lockfile --ignore-scripts
     elif [ -f package-lock.json ] || [ -f npm-shrinkwrap.json ]; then
         npm ci --ignore-scripts --no-audit --no-fund
@@ -57,11 +67,10 @@ if { [ -f pyproject.toml ] || [ -f setup.py ] || ls requirements*.txt >/dev/null
     [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
     req=$(mktemp -d)
     if [ -f uv.lock ]; then
-        "$venv/bin/pip" install -q --no-cache-dir uv
-        "$venv/bin/uv" export --frozen --no-hashes --all-groups --all-extras --no-emit-project -o "$req/uv.txt"
+        "$venv/bin/pip" install -q --no-cache-dir "$UV"
     fi
-    "$venv/bin/python" - "$req/project.txt" <<'EOF'
-import glob, re, sys, tomllib
+    "$venv/bin/python" - "$req" "$venv/bin/uv" <<'EOF'
+import glob, os, re, subprocess, sys, tomllib
 norm = lambda s: re.sub(r"[-_.]+", "-", s).lower()
 try:
     with open("pyproject.toml", "rb") as f:
@@ -71,9 +80,9 @@ except FileNotFoundError:
 p = d.get("project", {})
 reqs = list(p.get("dependencies", []))
 kinds = ("test", "tests", "testing", "dev")
-for k, v in p.get("optional-dependencies", {}).items():
-    if norm(k) in kinds:
-        reqs += v
+extras = [k for k in p.get("optional-dependencies", {}) if norm(k) in kinds]
+for k in extras:
+    reqs += p["optional-dependencies"][k]
 groups = d.get("dependency-groups", {})
 def group(g, seen):
     out = []
@@ -85,9 +94,16 @@ def group(g, seen):
         else:
             out.append(r)
     return out
-for g in groups:
-    if norm(g) in kinds:
-        reqs += group(g, {g})
+tested = [g for g in groups if norm(g) in kinds]
+for g in tested:
+    reqs += group(g, {g})
+# The lock's pins of the same groups and extras (not its docs or lint).
+if os.path.exists("uv.lock"):
+    cmd = [sys.argv[2], "export", "--frozen", "--no-hashes", "--no-emit-project",
+           "--no-default-groups", "-o", sys.argv[1] + "/uv.txt"]
+    cmd += [a for g in tested for a in ("--group", g)]
+    cmd += [a for k in extras for a in ("--extra", k)]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
 for f in sorted(glob.glob("requirements*.txt")):
     for line in open(f):
         line = line.split(" #")[0].strip()
@@ -102,11 +118,12 @@ out = [r for r in reqs if norm(re.split(r"[\s\[<>=!~;@(]", r, maxsplit=1)[0]) !=
 if not any(norm(re.split(r"[\s\[<>=!~;@(]", r, maxsplit=1)[0]) == "pytest" for r in out):
     print("deps.sh: nothing names pytest; adding it", file=sys.stderr)
     out.append("pytest")
-open(sys.argv[1], "w").write("\n".join(out) + "\n")
+open(sys.argv[1] + "/project.txt", "w").write("\n".join(out) + "\n")
 EOF
-    for f in "$req"/*.txt; do
-        "$venv/bin/pip" install --no-cache-dir --disable-pip-version-check -r "$f"
-    done
+    # One resolution: the lock's pins hold the declarations to its versions.
+    set --
+    for f in "$req"/*.txt; do set -- "$@" -r "$f"; done
+    "$venv/bin/pip" install --no-cache-dir --disable-pip-version-check "$@"
     rm -rf "$req"
     site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     printf '/work/repo/src\n/work/repo\n' >"$site/loopwright-repo.pth"

