@@ -23,10 +23,7 @@ impl std::error::Error for Answer {}
 
 /// The HTTP status GitHub answered, when `e` is made of an answer.
 pub fn status_of(e: &Error) -> Option<u16> {
-    e.source
-        .as_ref()?
-        .downcast_ref::<Answer>()
-        .map(|a| a.status)
+    answer_of(e).map(|a| a.status)
 }
 
 /// The `message` GitHub answered, when `e` is made of an answer.
