@@ -33,6 +33,7 @@ pub mod doctor;
 mod grammar;
 pub mod kit;
 pub mod layer;
+mod lines;
 pub mod notice;
 pub mod proxy;
 pub mod run;

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::kit::{self, Kit};
+use super::lines::{Lines, MAX_LINE};
 use super::{AgentRecord, Credential, Settings, proxy};
 use crate::wall::REPO;
 use engine::{ExecIo, NetworkEngine, SandboxEngine};
@@ -317,15 +318,12 @@ fn exec_lines(
     req: &ExecRequest,
     sink: &mut dyn FnMut(&str),
 ) -> Result<i64> {
-    let mut pending = [Vec::new(), Vec::new()];
+    let mut lines = [Lines::new(MAX_LINE), Lines::new(MAX_LINE)];
     let mut on = |s: OutStream, b: &[u8]| {
         let i = if s == OutStream::Stdout { 0 } else { 1 };
-        pending[i].extend_from_slice(b);
-        while let Some(n) = pending[i].iter().position(|&c| c == b'\n') {
-            let raw: Vec<u8> = pending[i].drain(..=n).collect();
-            let text = String::from_utf8_lossy(&raw[..raw.len() - 1]).into_owned();
-            emit(i, &text, &mut *sink);
-        }
+        lines[i].feed(b, &mut |l, cut| {
+            emit(i, &String::from_utf8_lossy(l), cut, &mut *sink)
+        });
     };
     let status = engine.exec_io(
         container,
@@ -338,18 +336,20 @@ fn exec_lines(
             stop: None,
         },
     )?;
-    for (i, rest) in pending.iter().enumerate() {
-        if !rest.is_empty() {
-            emit(i, &String::from_utf8_lossy(rest), &mut *sink);
-        }
+    for (i, rest) in lines.iter_mut().enumerate() {
+        rest.finish(&mut |l, cut| emit(i, &String::from_utf8_lossy(l), cut, &mut *sink));
     }
     Ok(status)
 }
 
 /// One line of the agent's output as a transcript line: stdout lines that
-/// are JSON verbatim, anything else wrapped.
-fn emit(stream: usize, text: &str, sink: &mut dyn FnMut(&str)) {
-    if stream == 0 && serde_json::from_str::<serde_json::Value>(text).is_ok_and(|v| v.is_object()) {
+/// are JSON verbatim, anything else wrapped; a line cut at the bound is
+/// wrapped with the count of its bytes dropped (`cut`).
+fn emit(stream: usize, text: &str, cut: u64, sink: &mut dyn FnMut(&str)) {
+    if cut == 0
+        && stream == 0
+        && serde_json::from_str::<serde_json::Value>(text).is_ok_and(|v| v.is_object())
+    {
         sink(text);
     } else {
         let kind = if stream == 0 {
@@ -357,7 +357,11 @@ fn emit(stream: usize, text: &str, sink: &mut dyn FnMut(&str)) {
         } else {
             "lw-stderr"
         };
-        sink(&serde_json::json!({"type": kind, "text": text}).to_string());
+        let mut v = serde_json::json!({"type": kind, "text": text});
+        if cut > 0 {
+            v["cut"] = cut.into();
+        }
+        sink(&v.to_string());
     }
 }
 
@@ -490,11 +494,16 @@ mod tests {
     #[test]
     fn stdout_json_is_kept_verbatim_and_the_rest_wrapped() {
         let mut got = Vec::new();
-        emit(0, r#"{"type":"x"}"#, &mut |l| got.push(l.to_string()));
-        emit(0, "plain", &mut |l| got.push(l.to_string()));
-        emit(1, r#"{"type":"y"}"#, &mut |l| got.push(l.to_string()));
+        emit(0, r#"{"type":"x"}"#, 0, &mut |l| got.push(l.to_string()));
+        emit(0, "plain", 0, &mut |l| got.push(l.to_string()));
+        emit(1, r#"{"type":"y"}"#, 0, &mut |l| got.push(l.to_string()));
+        emit(0, r#"{"type":"z"}"#, 7, &mut |l| got.push(l.to_string()));
         assert_eq!(got[0], r#"{"type":"x"}"#);
         assert_eq!(got[1], r#"{"text":"plain","type":"lw-stdout"}"#);
         assert!(got[2].contains("lw-stderr"));
+        assert_eq!(
+            got[3],
+            r#"{"cut":7,"text":"{\"type\":\"z\"}","type":"lw-stdout"}"#
+        );
     }
 }
