@@ -9,9 +9,10 @@
 //! for one bad entry.  `--wait` blocks on an inotify watch until a message
 //! arrives; it never polls.
 //!
-//! `--hook claude|codex|opencode` is the bell (crates/mailbox/src/bell.rs): the agent's CLI runs it
-//! as a hook (the kits install it in the sandbox's `~/.claude/settings.json`
-//! or `~/.codex/hooks.json`, or its opencode plugin in `~/.config/opencode/plugin/`);
+//! `--hook claude|codex|opencode|copilot` is the bell (crates/mailbox/src/bell.rs): the agent's CLI runs it
+//! as a hook (the kits install it in the sandbox's `~/.claude/settings.json`,
+//! `~/.codex/hooks.json` or `~/.copilot/hooks/loopwright-bell.json`, or its
+//! opencode plugin in `~/.config/opencode/plugin/`);
 //! it reads the hook's JSON on stdin and prints the answer that puts new
 //! messages before the model, or blocks a stop while one that asks is
 //! unread.  A hook that fails must never break the agent: on any error it
@@ -61,7 +62,7 @@ struct Args {
 
     /// Answer a hook of the agent's CLI: read its JSON on stdin, print new
     /// messages for the model or block its stop (always exit 0)
-    #[arg(long, value_name = "CLI", value_parser = ["claude", "codex", "opencode"],
+    #[arg(long, value_name = "CLI", value_parser = ["claude", "codex", "opencode", "copilot"],
           conflicts_with_all = ["wait", "all", "json"])]
     hook: Option<String>,
 
@@ -337,7 +338,7 @@ fn hook(cli: &str, mailbox: Option<PathBuf>, max: u32, out: &mut dyn Write) -> R
     // Told first, remembered second: a state that cannot be saved means a
     // message told twice, never one lost.
     if let Some(v) = answer {
-        writeln!(out, "{v}").map_err(cli::out_err)?;
+        writeln!(out, "{}", bell::shaped(cli, v)).map_err(cli::out_err)?;
     }
     // A lost state costs a message told twice, never one lost: no fsync.
     let bytes = serde_json::to_vec(&state)?;

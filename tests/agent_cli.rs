@@ -219,6 +219,29 @@ fn opencode_commits_posts_and_resumes_while_its_key_stays_outside() {
     });
 }
 
+/// Copilot CLI through its "bring your own key" variables, offline: the
+/// Anthropic Messages API, key header and endpoint as Claude Code; its own
+/// user-level MCP servers, events and tool names (`loopwright-post`).
+#[test]
+fn copilot_commits_posts_and_resumes_while_its_key_stays_outside() {
+    scenario(&Case {
+        kit: "copilot",
+        key_env: "COPILOT_PROVIDER_API_KEY",
+        path: "/v1/messages",
+        home: "cat ~/.copilot/copilot-instructions.md; cat ~/.copilot/mcp-config.json",
+        mcp_marker: "\"command\":\"/usr/local/bin/lw-mcp\"",
+        env_marker: "COPILOT_PROVIDER_BASE_URL=http://lw-model:8080",
+        result_type: "result",
+        key_sent: |r| {
+            assert!(r["headers"].get("authorization").is_none(), "{r}");
+            r["headers"]["x-api-key"].as_str().map(str::to_string)
+        },
+        probe: r#"{"model":"m","max_tokens":1,"stream":true,"messages":[{"role":"user","content":"RESUME-CHECK"}]}"#,
+        via_mcp: true,
+        cap: true,
+    });
+}
+
 fn scenario(k: &Case) {
     let kit = k.kit;
     let started = Instant::now();
@@ -831,7 +854,7 @@ fn kits_list_and_bad_kits_unknown_kits_and_wrong_networks_are_refused() {
     let o = f.sb(&["create", "x", "--branch", "x", "--agent", "gpt"]);
     assert_eq!(o.status.code(), Some(64), "{}", err(&o));
     assert!(
-        err(&o).contains("the kits are: claude, codex, opencode"),
+        err(&o).contains("the kits are: claude, codex, copilot, opencode"),
         "{}",
         err(&o)
     );
@@ -1055,6 +1078,18 @@ fn opencode_hears_a_contract_change_mid_task_through_its_plugin() {
         "opencode",
         "ANTHROPIC_API_KEY",
         "~/.config/opencode/plugin/loopwright-bell.js",
+    );
+}
+
+/// Copilot CLI hears it through its user-level hooks
+/// (`~/.copilot/hooks/loopwright-bell.json`), whose input is Claude Code's;
+/// its Stop hook blocks as Claude Code's does.
+#[test]
+fn copilot_hears_a_contract_change_mid_task_and_its_stop_is_blocked_until_it_reads_it() {
+    bell(
+        "copilot",
+        "COPILOT_PROVIDER_API_KEY",
+        "~/.copilot/hooks/loopwright-bell.json",
     );
 }
 

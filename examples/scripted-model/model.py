@@ -2,7 +2,8 @@
 # A scripted model for the agent tests and `scripts/main-job --agent`: the Anthropic Messages API (SSE) and
 # the OpenAI Responses API (SSE), over TLS, replaying a script of tool calls
 # (named as the request's tools name them: Claude Code's Bash and
-# mcp__loopwright__TOOL, opencode's bash and loopwright_TOOL)
+# mcp__loopwright__TOOL, opencode's bash and loopwright_TOOL, Copilot CLI's
+# bash and loopwright-TOOL)
 # and recording every request it receives (method, path, headers, body) as
 # one JSON line in /srv/out/requests.jsonl.
 #
@@ -123,7 +124,8 @@ def tool_names(req):
 
 def mcp_name(req, tool):
     names = tool_names(req)
-    for n in ("mcp__loopwright__" + tool, "loopwright_" + tool):
+    # Copilot CLI names them loopwright-TOOL.
+    for n in ("mcp__loopwright__" + tool, "loopwright_" + tool, "loopwright-" + tool):
         if n in names:
             return n
     return "mcp__loopwright__" + tool
@@ -155,7 +157,8 @@ def anthropic(req, events=False):
     else:
         if isinstance(step, dict):
             # A tool of the loopwright MCP server (lw-mcp), as the CLI named
-            # it: Claude Code's mcp__loopwright__post, opencode's loopwright_post.
+            # it: Claude Code's mcp__loopwright__post, opencode's loopwright_post,
+            # Copilot CLI's loopwright-post.
             name, args = mcp_name(req, step["mcp"]), json.dumps(step["args"])
         else:
             # Claude Code's Bash; opencode's bash (it takes Bash too, but

@@ -13,7 +13,8 @@
 //! call, before each prompt, at session start, and at a stop.  opencode has
 //! no command hooks: a plugin (runtime/agents/opencode-bell.js, in
 //! `~/.config/opencode/plugin/`) asks `lw-inbox --hook opencode` after every
-//! tool call and appends the answer to the tool's result.
+//! tool call and appends the answer to the tool's result.  Copilot CLI
+//! reads user-level hooks from `~/.copilot/hooks/*.json` ([`copilot_hooks`]).
 
 use std::fmt::Write as _;
 
@@ -72,6 +73,29 @@ pub fn hooks(cli: &str, max_blocks: u32) -> String {
         "SessionStart": hook.clone(),
         "UserPromptSubmit": hook.clone(),
         "PostToolUse": after_tools,
+        "Stop": hook,
+    }});
+    serde_json::to_string_pretty(&v).expect("JSON values serialise") + "\n"
+}
+
+/// The bell as Copilot CLI's user-level hooks (`$COPILOT_HOME/hooks/`,
+/// loaded in `-p` mode too): the PascalCase event names, whose input is
+/// Claude Code's (`hook_event_name`, `session_id`, `source`,
+/// `stop_hook_active`).  Copilot 1.0.102 drops a command hook's output for
+/// `UserPromptSubmit`, so that event is left out: a message told there would
+/// be marked announced and never reach the model.  `SessionStart` and
+/// `PostToolUse` add `additionalContext` (`lw-inbox --hook copilot` prints
+/// it at the top level, as Copilot reads it); `Stop` blocks with a reason,
+/// which Copilot sends as the next prompt.
+pub fn copilot_hooks(max_blocks: u32) -> String {
+    let hook = serde_json::json!([{
+        "type": "command",
+        "command": format!("{INBOX_COMMAND} --hook copilot --max-blocks {max_blocks}"),
+        "timeoutSec": 10,
+    }]);
+    let v = serde_json::json!({"version": 1, "hooks": {
+        "SessionStart": hook.clone(),
+        "PostToolUse": hook.clone(),
         "Stop": hook,
     }});
     serde_json::to_string_pretty(&v).expect("JSON values serialise") + "\n"
@@ -198,6 +222,16 @@ pub fn registration(kit: &Kit, credential: Credential) -> (String, String) {
             format!("{OPENCODE_DIR}/opencode.json"),
             opencode_config(kit, credential),
         ),
+        // Copilot reads its provider from the environment (the kit's
+        // base-url-env and key-env), its MCP servers from here.
+        McpFormat::CopilotJson => (
+            format!("{}/mcp-config.json", kit.state_dir),
+            serde_json::json!({"mcpServers": {"loopwright": {
+                "type": "local", "command": MCP_COMMAND, "args": [], "tools": ["*"],
+            }}})
+            .to_string()
+                + "\n",
+        ),
     }
 }
 
@@ -231,6 +265,10 @@ pub fn files(
         McpFormat::OpencodeJson => (
             format!("{OPENCODE_DIR}/plugin/loopwright-bell.js"),
             OPENCODE_BELL.replace("@MAX_BLOCKS@", &bell_max_blocks.to_string()),
+        ),
+        McpFormat::CopilotJson => (
+            format!("{}/hooks/loopwright-bell.json", kit.state_dir),
+            copilot_hooks(bell_max_blocks),
         ),
     });
     v
@@ -351,5 +389,34 @@ mod tests {
         let (_, text) = registration(&kit, Credential::Env);
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert!(v.get("provider").is_none(), "{text}");
+    }
+
+    #[test]
+    fn copilot_gets_its_instructions_mcp_servers_and_the_bell_as_user_hooks() {
+        let kit = super::super::kit::find(None, "copilot").unwrap();
+        let f = files(&kit, Credential::Proxy, "a", "b", &[], &[], 4);
+        let paths: Vec<&str> = f.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                ".copilot/copilot-instructions.md",
+                ".copilot/mcp-config.json",
+                ".copilot/hooks/loopwright-bell.json"
+            ]
+        );
+        let v: serde_json::Value = serde_json::from_str(&f[1].1).unwrap();
+        assert_eq!(v["mcpServers"]["loopwright"]["command"], MCP_COMMAND);
+        assert_eq!(v["mcpServers"]["loopwright"]["tools"][0], "*");
+        let h: serde_json::Value = serde_json::from_str(&f[2].1).unwrap();
+        assert_eq!(h["version"], 1);
+        let events: Vec<&String> = h["hooks"].as_object().unwrap().keys().collect();
+        assert_eq!(events, ["PostToolUse", "SessionStart", "Stop"]);
+        assert_eq!(
+            h["hooks"]["Stop"][0]["command"],
+            "/usr/local/bin/lw-inbox --hook copilot --max-blocks 4"
+        );
+        // No key and no URL in a file: Copilot reads both from its
+        // environment, the placeholder and the proxy's address.
+        assert!(!f.iter().any(|(_, t)| t.contains("lw-model")), "{f:?}");
     }
 }

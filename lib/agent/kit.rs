@@ -1,7 +1,7 @@
 //! Agent kits: what it takes to run one coding-agent CLI in a sandbox.
 //!
 //! A kit is a small `key = value` file (the format of `.loopwright/config`,
-//! crates/mailbox/src/config.rs) named `NAME.kit`.  The toolkit ships `claude`, `codex` and `opencode`
+//! crates/mailbox/src/config.rs) named `NAME.kit`.  The toolkit ships `claude`, `codex`, `copilot` and `opencode`
 //! (runtime/agents/); a project adds or overrides kits in
 //! `.loopwright/agents/`.  Every key is required except `base-url-env` and
 //! `env`; an unknown key, a missing one or a floating version is a
@@ -28,6 +28,7 @@ pub const PROJECT_DIR: &str = ".loopwright/agents";
 pub const BUILTIN: &[(&str, &str)] = &[
     ("claude", include_str!("../../runtime/agents/claude.kit")),
     ("codex", include_str!("../../runtime/agents/codex.kit")),
+    ("copilot", include_str!("../../runtime/agents/copilot.kit")),
     (
         "opencode",
         include_str!("../../runtime/agents/opencode.kit"),
@@ -62,6 +63,9 @@ pub enum McpFormat {
     /// `mcp.NAME` (and the provider) in `~/.config/opencode/opencode.json`,
     /// the bell as a plugin beside it.
     OpencodeJson,
+    /// `mcpServers.NAME` in `~/.copilot/mcp-config.json`, the bell as
+    /// user-level hooks in `~/.copilot/hooks/`.
+    CopilotJson,
 }
 
 impl McpFormat {
@@ -70,6 +74,7 @@ impl McpFormat {
             McpFormat::ClaudeJson => "claude-json",
             McpFormat::CodexToml => "codex-toml",
             McpFormat::OpencodeJson => "opencode-json",
+            McpFormat::CopilotJson => "copilot-json",
         }
     }
 }
@@ -181,10 +186,13 @@ impl Kit {
             "claude-json" => McpFormat::ClaudeJson,
             "codex-toml" => McpFormat::CodexToml,
             "opencode-json" => McpFormat::OpencodeJson,
+            "copilot-json" => McpFormat::CopilotJson,
             other => {
                 return Err(f.bad(
                     "mcp",
-                    format!("'{other}' is not claude-json, codex-toml or opencode-json"),
+                    format!(
+                        "'{other}' is not claude-json, codex-toml, opencode-json or copilot-json"
+                    ),
                 ));
             }
         };
@@ -317,7 +325,7 @@ mod tests {
     fn builtin_kits_parse_and_pin_their_versions() {
         let kits = all(None).unwrap();
         let names: Vec<&str> = kits.iter().map(|k| k.name.as_str()).collect();
-        assert_eq!(names, ["claude", "codex", "opencode"]);
+        assert_eq!(names, ["claude", "codex", "copilot", "opencode"]);
         let c = &kits[0];
         assert_eq!(
             (c.package.as_str(), c.version.as_str()),
@@ -335,7 +343,7 @@ mod tests {
         );
         assert_eq!(x.path, "/v1/responses");
         assert_eq!(x.key_header, KeyHeader::Bearer);
-        let o = &kits[2];
+        let o = kits.iter().find(|k| k.name == "opencode").unwrap();
         assert_eq!(
             (o.package.as_str(), o.version.as_str()),
             ("opencode-ai", "1.18.33")
@@ -359,6 +367,30 @@ mod tests {
         );
         let cmd = c.command("do it", false);
         assert_eq!(&cmd[..3], ["claude", "-p", "do it"]);
+    }
+
+    #[test]
+    fn copilot_speaks_anthropic_through_its_byok_variables_offline() {
+        let k = find(None, "copilot").unwrap();
+        assert_eq!(
+            (k.package.as_str(), k.version.as_str()),
+            ("@github/copilot", "1.0.102")
+        );
+        assert_eq!(
+            (k.path.as_str(), k.key_header),
+            ("/v1/messages", KeyHeader::XApiKey)
+        );
+        assert_eq!(k.key_env, "COPILOT_PROVIDER_API_KEY");
+        assert_eq!(k.base_url_env.as_deref(), Some("COPILOT_PROVIDER_BASE_URL"));
+        assert_eq!(k.mcp, McpFormat::CopilotJson);
+        let env: Vec<String> = k.env.iter().map(|(a, b)| format!("{a}={b}")).collect();
+        for v in ["COPILOT_OFFLINE=true", "COPILOT_PROVIDER_TYPE=anthropic"] {
+            assert!(env.contains(&v.to_string()), "{env:?}");
+        }
+        assert_eq!(
+            k.command("go", true)[..5],
+            ["copilot", "-p", "go", "--continue", "--allow-all-tools"]
+        );
     }
 
     #[test]
@@ -454,7 +486,8 @@ mod tests {
         let e = find(None, "gpt-agent").unwrap_err();
         assert_eq!(e.exit, Exit::Usage);
         assert!(
-            e.msg.contains("the kits are: claude, codex, opencode"),
+            e.msg
+                .contains("the kits are: claude, codex, copilot, opencode"),
             "{}",
             e.msg
         );
@@ -469,7 +502,7 @@ mod tests {
         std::fs::write(dir.join(PROJECT_DIR).join("mine.kit"), builtin("codex")).unwrap();
         let kits = all(Some(&dir)).unwrap();
         let names: Vec<&str> = kits.iter().map(|k| k.name.as_str()).collect();
-        assert_eq!(names, ["claude", "codex", "mine", "opencode"]);
+        assert_eq!(names, ["claude", "codex", "copilot", "mine", "opencode"]);
         assert_eq!(kits[0].version, "2.1.333");
         assert_ne!(kits[0].install_hash(), all(None).unwrap()[0].install_hash());
         std::fs::remove_dir_all(&dir).unwrap();

@@ -375,7 +375,8 @@ fn clip(s: &str, n: usize) -> String {
 }
 
 /// The one-line summary of a transcript line, for people; None to skip.
-/// Knows Claude Code's stream-json, Codex's and opencode's --json events.
+/// Knows Claude Code's stream-json, Codex's and opencode's --json events,
+/// and Copilot CLI's `--output-format json` ([`copilot_summary`]).
 pub fn summary(line: &str) -> Option<String> {
     let v: serde_json::Value = serde_json::from_str(line).ok()?;
     let t = v["type"].as_str().unwrap_or("");
@@ -411,6 +412,7 @@ pub fn summary(line: &str) -> Option<String> {
                 .collect();
             (!parts.is_empty()).then(|| parts.join("\n"))
         }
+        "result" if v.get("exitCode").is_some() => copilot_summary(t, &v),
         "result" => Some(format!(
             "result{}: {}",
             if v["is_error"].as_bool() == Some(true) {
@@ -456,6 +458,50 @@ pub fn summary(line: &str) -> Option<String> {
             v["part"]["tool"].as_str().unwrap_or("?"),
             clip(&v["part"]["state"]["input"].to_string(), 200)
         )),
+        _ => copilot_summary(t, &v),
+    }
+}
+
+/// Copilot CLI's events: what it said and asked for, each tool's end, the
+/// result, errors; its many ephemeral progress events are skipped.
+fn copilot_summary(t: &str, v: &serde_json::Value) -> Option<String> {
+    let d = &v["data"];
+    match t {
+        "assistant.message" => {
+            let mut parts: Vec<String> = Vec::new();
+            if let Some(text) = d["content"].as_str().filter(|s| !s.is_empty()) {
+                parts.push(format!("says: {}", clip(text, 200)));
+            }
+            for r in d["toolRequests"].as_array().into_iter().flatten() {
+                parts.push(format!(
+                    "tool {}: {}",
+                    r["name"].as_str().unwrap_or("?"),
+                    clip(&r["arguments"].to_string(), 200)
+                ));
+            }
+            (!parts.is_empty()).then(|| parts.join("\n"))
+        }
+        "tool.execution_complete" => Some(format!(
+            "tool {}: {}",
+            if d["success"].as_bool() == Some(true) {
+                "done"
+            } else {
+                "failed"
+            },
+            clip(
+                d["result"]["content"]
+                    .as_str()
+                    .or(d["error"]["message"].as_str())
+                    .unwrap_or(""),
+                200
+            )
+        )),
+        "result" => Some(format!(
+            "result: exit {} (session {})",
+            v["exitCode"],
+            v["sessionId"].as_str().unwrap_or("?")
+        )),
+        "session.error" => Some(format!("error: {}", clip(&d.to_string(), 300))),
         _ => None,
     }
 }
@@ -478,6 +524,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s, r#"tool bash: {"command":"ls"}"#);
+        let s = summary(r#"{"type":"assistant.message","data":{"content":"","toolRequests":[{"name":"bash","arguments":{"command":"ls"}}]}}"#).unwrap();
+        assert_eq!(s, r#"tool bash: {"command":"ls"}"#);
+        let s = summary(r#"{"type":"result","sessionId":"d5a4","exitCode":0}"#).unwrap();
+        assert_eq!(s, "result: exit 0 (session d5a4)");
+        assert_eq!(
+            summary(r#"{"type":"session.background_tasks_changed","data":{},"ephemeral":true}"#),
+            None
+        );
         let s =
             summary(r#"{"type":"text","part":{"type":"text","text":"resumed with 5 messages"}}"#)
                 .unwrap();

@@ -66,6 +66,18 @@ pub fn budget(cli: &str) -> usize {
         _ => CLAUDE_BUDGET,
     }
 }
+/// The answer as `cli` reads it.  Copilot CLI (1.0.102) takes
+/// `additionalContext` at the top level of a hook's output and ignores
+/// Claude Code's `hookSpecificOutput` (measured against the scripted model:
+/// only the top-level text reached the next request); a stop's
+/// `{"decision":"block","reason"}` is the same for both.
+pub fn shaped(cli: &str, answer: serde_json::Value) -> serde_json::Value {
+    match answer["hookSpecificOutput"]["additionalContext"].as_str() {
+        Some(text) if cli == "copilot" => serde_json::json!({"additionalContext": text}),
+        _ => answer,
+    }
+}
+
 /// The fence's tag.  Inside untrusted text, `<lw-message` and
 /// `</lw-message` lose their `<`, so a body cannot close the fence.
 pub const FENCE: &str = "lw-message";

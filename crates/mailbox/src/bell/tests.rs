@@ -354,3 +354,16 @@ fn a_burst_is_told_within_the_budget_each_message_once() {
     );
     assert!(st.announced.contains("big"));
 }
+
+#[test]
+fn copilot_reads_its_context_at_the_top_level_and_its_stop_as_claude_does() {
+    let told = serde_json::json!({"hookSpecificOutput": {
+        "hookEventName": "PostToolUse", "additionalContext": "news"}});
+    assert_eq!(
+        shaped("copilot", told.clone()),
+        serde_json::json!({"additionalContext": "news"})
+    );
+    assert_eq!(shaped("claude", told.clone()), told);
+    let stop = serde_json::json!({"decision": "block", "reason": "read it"});
+    assert_eq!(shaped("copilot", stop.clone()), stop);
+}
