@@ -1292,7 +1292,11 @@ fn bell(kit: &str, key_env: &str, hooks: &str) {
         .unwrap();
     assert!(m.status.success(), "{}", err(&m));
     let status_label = format!(r#"<lw-message id=\"{sid}\" from=\"p1\" kind=\"status\""#);
-    for (i, want) in [1, 1].into_iter().enumerate() {
+    // Copilot keeps a SessionStart hook's text in the run it starts only:
+    // the session resumed after it no longer carries it, and the bell does
+    // not tell it again (it stays unread in new/; a status blocks no stop).
+    let second = if kit == "copilot" { 0 } else { 1 };
+    for (i, want) in [1, second].into_iter().enumerate() {
         let o = f
             .cmd(&["run", "c1", "--resume", "--", "RESUME-CHECK"])
             .env(key_env, &key)
@@ -1309,7 +1313,8 @@ fn bell(kit: &str, key_env: &str, hooks: &str) {
     let (_, state, _) = f.sh("c1", &format!("cat ~/.lw-bell/{kit}.json"));
     assert!(state.contains(&sid), "{state}");
     println!(
-        "figure [bell {kit}]: a status posted between runs announced once over two `run --resume`"
+        "figure [bell {kit}]: a status posted between runs announced once over two `run --resume` (still in the second resumed conversation: {})",
+        second == 1
     );
 
     let _ = docker(&["rm", "-f", &model]);
