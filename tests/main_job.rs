@@ -4,9 +4,10 @@
 //! the conflict their branches hold before either is pushed and then that it
 //! is cleared, a person's answer comes back, both branches are pushed, the
 //! log lands on the issue; the second run rebuilds nothing, and neither
-//! leaves anything behind.  Then once with `--agent claude`: both agents are
-//! the real Claude Code against the scripted model, and the consumer's hears
-//! of the contract change by the bell while it works (issue 32 §3).
+//! leaves anything behind.  Then once with `--agent claude` and once with
+//! `--agent opencode`: both agents are the real CLI against the scripted
+//! model, and the consumer's hears of the contract change by the bell while
+//! it works (issue 32 §3).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -214,6 +215,43 @@ fn main_job_runs_twice_and_leaves_nothing_behind() {
     }
 }
 
+/// Issue 45: `--agent` takes every built-in kit (runtime/agents/*.kit, so a
+/// new kit joins without an edit to the script) and refuses any other name
+/// with 64, listing them, before it touches Docker or builds anything.
+#[test]
+fn main_job_agent_takes_the_built_in_kits_and_refuses_another_name() {
+    let kits: Vec<String> = {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("runtime/agents");
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .expect("runtime/agents is there")
+            .filter_map(|e| {
+                let name = e.ok()?.file_name().into_string().ok()?;
+                name.strip_suffix(".kit").map(str::to_string)
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert!(kits.len() >= 4, "{kits:?}");
+    for bad in ["gpt", "", "claude codex", "*", "../claude"] {
+        let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join("main-job-bad-agent");
+        let o = main_job(&work)
+            .args(["--agent", bad])
+            .output()
+            .expect("bash runs scripts/main-job");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(64), "{bad:?}: {err}");
+        assert!(
+            err.contains(&format!(
+                "main-job: --agent: '{bad}' is not a built-in kit; the kits are: {}",
+                kits.join(" ")
+            )),
+            "{bad:?}: {err}"
+        );
+        assert!(!work.exists(), "nothing made for {bad:?}");
+    }
+}
+
 /// Issue 32 §3 with the real Claude Code playing both agents against the
 /// scripted model: the consumer's agent is in the middle of its task (a
 /// slow step, again and again) when the producer's agent posts the contract
@@ -224,17 +262,36 @@ fn main_job_runs_twice_and_leaves_nothing_behind() {
 /// as in the scripted run.
 #[test]
 fn main_job_with_claude_the_consumer_hears_the_contract_change_by_the_bell() {
+    agent_job("claude", "ANTHROPIC_API_KEY", true);
+}
+
+/// Issue 45: the same with opencode, whose bell is its plugin (appended to
+/// the next tool's result) and which has no stop a plugin can refuse: its
+/// run ends with the change unread, and the job resumes it to read its
+/// mail.  Ignored by default: a cold run installs opencode's CLI layer
+/// (about 150 s) and opencode spends seconds of its own on each turn, about
+/// 8 minutes in all on this machine; run it with `--ignored`.
+#[test]
+#[ignore = "about 8 minutes: a cold opencode layer and opencode's slow turns; run with --ignored"]
+fn main_job_with_opencode_the_consumer_hears_the_contract_change_by_its_plugin() {
+    agent_job("opencode", "ANTHROPIC_API_KEY", false);
+}
+
+/// `scripts/main-job --agent KIT` against the scripted model (the kit's key
+/// variable removed from the host), asserted on the requests the model
+/// recorded and the mediator's log.  `blocks_stop`: the CLI's stop hook
+/// holds the agent until it reads the message (claude), or its run ends
+/// and the job resumes it (opencode).
+fn agent_job(kit: &str, key_env: &str, blocks_stop: bool) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join("main-job-claude");
+    let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("main-job-{kit}"));
     let mut c = main_job(&work);
-    c.arg("--agent")
-        .arg("claude")
-        .env_remove("ANTHROPIC_API_KEY");
+    c.arg("--agent").arg(kit).env_remove(key_env);
     let o = c.output().expect("bash runs scripts/main-job");
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(
         o.status.success(),
-        "scripts/main-job --agent claude failed ({:?}):\n{out}\n{}",
+        "scripts/main-job --agent {kit} failed ({:?}):\n{out}\n{}",
         o.status,
         String::from_utf8_lossy(&o.stderr)
     );
@@ -286,35 +343,53 @@ fn main_job_with_claude_the_consumer_hears_the_contract_change_by_the_bell() {
         "announced by the bell, not read before"
     );
     // The next tool call after the mediator's pass: at most the running
-    // 2 s step and its hook after the forward.
+    // 2 s step and its hook after the forward (opencode spends seconds of
+    // its own between a tool's end and its next request: its slowest turn).
     let after_forward = t(&reqs[carrying]) - forwarded;
+    // (Its turns before the request carrying it: the run it ends is
+    // resumed only after the producer's and the radar's steps.)
+    let turn = (1..carrying)
+        .map(|i| t(&reqs[i]) - t(&reqs[i - 1]))
+        .fold(0.0, f64::max);
+    let bound = if blocks_stop { 2.0 } else { turn } + 1.0;
     assert!(
-        after_forward <= 2.0 + 1.0,
-        "{after_forward:.2}s from the forward to the request carrying it"
+        after_forward <= bound,
+        "{after_forward:.2}s from the forward to the request carrying it (bound {bound:.2}s)"
     );
-    // Stopping with it unread was blocked once; announced once.
+    // Announced once; stopping with it unread was blocked once, or the run
+    // ended and was resumed.
     let last = body(reqs.last().unwrap());
     assert_eq!(last.matches(&label).count(), 1, "announced once: {last}");
-    assert!(
-        last.contains("Stop blocked 1 of at most 3 times") && !last.contains("Stop blocked 2 of"),
-        "the stop was blocked once: {last}"
-    );
+    let then = if blocks_stop {
+        assert!(
+            last.contains("Stop blocked 1 of at most 3 times")
+                && !last.contains("Stop blocked 2 of"),
+            "the stop was blocked once: {last}"
+        );
+        "stop was then blocked 1 time(s)"
+    } else {
+        assert!(
+            last.contains("A message is waiting in your inbox"),
+            "resumed: {last}"
+        );
+        "was resumed to read it"
+    };
     // The transcript says when.
     assert!(
         has_line(
             &out,
             &[
-                "Bell: the consumer's claude heard of contract-change",
+                &format!("Bell: the consumer's {kit} heard of contract-change"),
                 id,
                 &format!("mid-task, after {works} slow work step(s)"),
                 &format!("its model request {} of {}", carrying + 1, reqs.len()),
-                "stop was then blocked 1 time(s)",
+                then,
             ]
         ),
         "{out}"
     );
     println!(
-        "figure [main job bell claude]: lw-post exit to the consumer's request carrying it {:.2} s (forwarded at +{:.2} s); request {} of {}, after {works} work step(s)",
+        "figure [main job bell {kit}]: lw-post exit to the consumer's request carrying it {:.2} s (forwarded at +{:.2} s); request {} of {}, after {works} work step(s)",
         t(&reqs[carrying]) - posted,
         forwarded - posted,
         carrying + 1,
