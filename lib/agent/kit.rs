@@ -387,6 +387,16 @@ mod tests {
         for v in ["COPILOT_OFFLINE=true", "COPILOT_PROVIDER_TYPE=anthropic"] {
             assert!(env.contains(&v.to_string()), "{env:?}");
         }
+        // A hostile repository's own hooks (.github/hooks/, .claude/settings.json)
+        // and MCP servers (.mcp.json, .vscode/mcp.json) stay unloaded in -p mode
+        // with --allow-all-tools (tried with 1.0.102): only these variables
+        // would trust the folder and load them.
+        assert!(
+            !env.iter().any(|v| v.starts_with("COPILOT_ALLOW_ALL=")
+                || v.starts_with("GITHUB_COPILOT_PROMPT_MODE_")),
+            "{env:?}"
+        );
+        assert!(!k.run.contains(&"--allow-all".to_string()), "{:?}", k.run);
         assert_eq!(
             k.command("go", true)[..5],
             ["copilot", "-p", "go", "--continue", "--allow-all-tools"]
