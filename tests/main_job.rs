@@ -4,10 +4,10 @@
 //! the conflict their branches hold before either is pushed and then that it
 //! is cleared, a person's answer comes back, both branches are pushed, the
 //! log lands on the issue; the second run rebuilds nothing, and neither
-//! leaves anything behind.  Then once with `--agent claude` and once with
-//! `--agent opencode`: both agents are the real CLI against the scripted
-//! model, and the consumer's hears of the contract change by the bell while
-//! it works (issue 32 §3).
+//! leaves anything behind.  Then once with each of `--agent claude`,
+//! `--agent opencode` and `--agent copilot`: both agents are the real CLI
+//! against the scripted model, and the consumer's hears of the contract
+//! change by the bell while it works (issue 32 §3, issue 45).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -273,6 +273,13 @@ fn main_job_with_claude_the_consumer_hears_the_contract_change_by_the_bell() {
 #[test]
 fn main_job_with_opencode_the_consumer_hears_the_contract_change_by_its_plugin() {
     agent_job("opencode", "ANTHROPIC_API_KEY", false);
+}
+
+/// Issue 45: the same with GitHub Copilot CLI, whose bell is its user-level
+/// hooks (the same input as Claude Code's; its stop blocked the same way).
+#[test]
+fn main_job_with_copilot_the_consumer_hears_the_contract_change_by_its_hooks() {
+    agent_job("copilot", "COPILOT_PROVIDER_API_KEY", true);
 }
 
 /// `scripts/main-job --agent KIT` against the scripted model (the kit's key
