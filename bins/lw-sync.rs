@@ -276,6 +276,14 @@ fn report(s: &mut Syncer, out: &mut dyn Write, json: bool, stats: bool) -> Resul
                 )
                 .map_err(out_err)?
             }
+            Event::Status {
+                branch, sha, state, ..
+            } => writeln!(out, "status {branch} {sha} {state}").map_err(out_err)?,
+            Event::StatusRefused {
+                branch,
+                sha,
+                reason,
+            } => eprintln!("{PROG}: status of branch {branch} at {sha} refused: {reason}"),
             Event::Bad { entry, reason } => {
                 eprintln!("{PROG}: skipping log entry '{entry}': {reason}")
             }
