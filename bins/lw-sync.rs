@@ -184,6 +184,13 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     };
     report(&mut s, out, json, true)?;
     res?;
+    if s.stats.statuses_refused > 0 && status == Exit::Ok {
+        eprintln!(
+            "{PROG}: GitHub refused {} commit status(es) (see above); they are not sent again until the branch is pushed again",
+            s.stats.statuses_refused
+        );
+        status = Exit::DataErr;
+    }
     if s.stats.bad > 0 && status == Exit::Ok {
         eprintln!(
             "{PROG}: {} log entries could not be synced (see above); the others were",

@@ -97,6 +97,8 @@ pub struct Stats {
     pub writes: u64,
     /// Commit statuses written (lib/sync/status_post.rs).
     pub statuses: usize,
+    /// ... and refused by GitHub (422): exit 65.
+    pub statuses_refused: usize,
 }
 
 /// One line of output per synced entry, notice or problem.

@@ -12,7 +12,8 @@
 //! A verdict comes from the mediator's own `conflict` and
 //! `conflict-cleared` messages (sender `mediator`, which no sandbox can be,
 //! to the two sandboxes of the pair).  The newest message about a pair
-//! decides: a `conflict` stands until a `conflict-cleared` follows.  A
+//! decides: a `conflict` stands until a `conflict-cleared` follows (a
+//! message the schema refuses counts for nothing, as it is not mirrored).  A
 //! pair whose other sandbox is no longer registered does not stand (the
 //! radar stopped watching it).  A branch the radar never named gets no
 //! status at all.
@@ -47,7 +48,11 @@ impl Verdicts {
 
     fn note(&mut self, e: &Entry) {
         let Some(m) = &e.message else { return };
-        if e.sender != layout::MEDIATOR || !matches!(m.kind, Kind::Conflict | Kind::ConflictCleared)
+        // A message the schema refuses is not mirrored as a comment either
+        // (the radar's own are capped to the schema: 64 refs, one line each).
+        if e.sender != layout::MEDIATOR
+            || !matches!(m.kind, Kind::Conflict | Kind::ConflictCleared)
+            || m.validate().is_err()
         {
             return;
         }

@@ -191,6 +191,7 @@ impl Syncer {
                     b.pending = None;
                     b.refused = Some(w.posting.clone());
                     save_statuses(path, rec)?;
+                    self.stats.statuses_refused += 1;
                     self.events.push(Event::StatusRefused {
                         branch: w.branch.clone(),
                         sha: w.posting.sha.clone(),
