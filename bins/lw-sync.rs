@@ -286,6 +286,16 @@ fn report(s: &mut Syncer, out: &mut dyn Write, json: bool, stats: bool) -> Resul
             Event::Status {
                 branch, sha, state, ..
             } => writeln!(out, "status {branch} {sha} {state}").map_err(out_err)?,
+            Event::StatusDiffers {
+                branch,
+                sha,
+                wanted,
+                found,
+            } => writeln!(
+                out,
+                "status-differs {branch} {sha}: wanted {wanted}, GitHub shows {found}"
+            )
+            .map_err(out_err)?,
             Event::StatusRefused {
                 branch,
                 sha,

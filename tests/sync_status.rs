@@ -221,6 +221,28 @@ fn statuses_follow_the_radar_once_per_change_and_move_with_a_push() {
     ));
     assert_eq!(r.statuses(), want);
     assert_eq!(r.status_requests(), (5, 0));
+
+    // verify: agrees, then finds a head whose newest radar status someone
+    // else replaced (one listing per branch).
+    let o = r.env.sync(&["verify"]);
+    assert!(o.status.success(), "{}{}", text(&o.stdout), text(&o.stderr));
+    let (s, _, v) = call(
+        &r.env.agent,
+        "POST",
+        &format!("{}/repos/octo/proj/statuses/{api}", r.env.url),
+        TOKEN,
+        Some(json!({ "state": "pending", "context": "loopwright/radar", "description": "hand" })),
+    );
+    assert_eq!(s, 201, "{v}");
+    let o = r.env.sync(&["verify"]);
+    assert_eq!(o.status.code(), Some(65), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(
+        out.contains(&format!("status-differs task/api {api}: wanted success"))
+            && out.contains("GitHub shows pending \"hand\""),
+        "{out}"
+    );
+    assert!(!out.contains("task/web"), "{out}");
 }
 
 #[test]

@@ -204,6 +204,14 @@ pub enum Event {
         sha: String,
         reason: String,
     },
+    /// `verify`: a branch's head does not show the radar's status as
+    /// wanted now (`found`: GitHub's newest of the context, or `none`).
+    StatusDiffers {
+        branch: String,
+        sha: String,
+        wanted: String,
+        found: String,
+    },
     /// A sandbox name another host announced, refused here.
     Refused {
         name: String,

@@ -285,4 +285,38 @@ impl Syncer {
         });
         Ok(())
     }
+
+    /// `verify`'s part for statuses: each branch's status as wanted now
+    /// against what the record wrote and what GitHub shows as the newest of
+    /// its context on that commit (one listing per branch).  True when all
+    /// agree.
+    pub fn verify_statuses(&mut self) -> Result<bool> {
+        let log = mailbox::log::Log::new(self.root.log_dir());
+        let (entries, _) = log.entries()?;
+        let wants = self.wanted_statuses(&Verdicts::from_log(&entries))?;
+        let rec = load_statuses(&statuses_path(&self.root.state_dir()))?;
+        let mut same = true;
+        for w in wants {
+            let b = rec.sandboxes.get(&w.name);
+            if b.and_then(|b| b.refused.as_ref()) == Some(&w.posting) {
+                continue; // reported when GitHub refused it
+            }
+            let listed = self.client.list_statuses(&w.posting.repo, &w.posting.sha)?;
+            let found = listed
+                .iter()
+                .find(|s| s.context == CONTEXT)
+                .map(|s| format!("{} \"{}\"", s.state, s.description.as_deref().unwrap_or("")));
+            let wanted = format!("{} \"{}\"", w.posting.state, w.posting.description);
+            if found.as_deref() != Some(wanted.as_str()) {
+                same = false;
+                self.events.push(Event::StatusDiffers {
+                    branch: w.branch.clone(),
+                    sha: w.posting.sha.clone(),
+                    wanted,
+                    found: found.unwrap_or_else(|| "none".into()),
+                });
+            }
+        }
+        Ok(same)
+    }
 }
