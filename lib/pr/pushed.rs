@@ -14,6 +14,9 @@ use mailbox::error::{Error, Result};
 /// `ROOT/state/pushed/NAME.json`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Pushed {
+    /// The sandbox (the file's name, not stored in it).
+    #[serde(skip)]
+    pub name: String,
     pub version: u32,
     pub branch: String,
     /// The commit the upstream's branch was set to.
@@ -33,6 +36,7 @@ pub fn record(state: &Path, name: &str, branch: &str, commit: &str) -> Result<()
     std::fs::create_dir_all(&d).map_err(|e| Error::io("cannot create", &d, e))?;
     let p = d.join(format!("{name}.json"));
     let rec = Pushed {
+        name: name.into(),
         version: 1,
         branch: branch.into(),
         commit: commit.into(),
@@ -43,9 +47,15 @@ pub fn record(state: &Path, name: &str, branch: &str, commit: &str) -> Result<()
         .map_err(|e| Error::io("cannot write", &p, e))
 }
 
+/// A record that cannot be read: its path and why.
+pub struct Unreadable {
+    pub path: PathBuf,
+    pub why: String,
+}
+
 /// Every sandbox's record, by name; a record that cannot be read is
-/// reported in the second list (name, why) and left out.
-pub fn load_all(state: &Path) -> Result<(Vec<(String, Pushed)>, Vec<(String, String)>)> {
+/// reported in the second list and left out.
+pub fn load_all(state: &Path) -> Result<(Vec<Pushed>, Vec<Unreadable>)> {
     let d = dir(state);
     let rd = match std::fs::read_dir(&d) {
         Ok(rd) => rd,
@@ -63,10 +73,13 @@ pub fn load_all(state: &Path) -> Result<(Vec<(String, Pushed)>, Vec<(String, Str
             .map_err(|e| e.to_string())
             .and_then(|b| serde_json::from_slice::<Pushed>(&b).map_err(|e| e.to_string()))
         {
-            Ok(r) => good.push((name.to_string(), r)),
-            Err(why) => bad.push((name.to_string(), why)),
+            Ok(r) => good.push(Pushed {
+                name: name.to_string(),
+                ..r
+            }),
+            Err(why) => bad.push(Unreadable { path: p, why }),
         }
     }
-    good.sort_by(|a, b| a.0.cmp(&b.0));
+    good.sort_by(|a, b| a.name.cmp(&b.name));
     Ok((good, bad))
 }

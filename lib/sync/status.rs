@@ -28,12 +28,15 @@ use mailbox::message::Kind;
 /// The status context loopwright writes.
 pub const CONTEXT: &str = "loopwright/radar";
 
+/// The newest message about a pair: its id and, for a standing conflict,
+/// the paths it named.
+type Said = (String, Option<Vec<String>>);
+
 /// What the log says about each pair of sandboxes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Verdicts {
-    /// `(a, b)` (a before b) -> the newest message's id and, for a
-    /// standing conflict, the paths it named.
-    pairs: BTreeMap<(String, String), (String, Option<Vec<String>>)>,
+    /// `(a, b)` (a before b) -> what was said last.
+    pairs: BTreeMap<(String, String), Said>,
 }
 
 impl Verdicts {

@@ -128,9 +128,18 @@ impl Syncer {
     }
 
     /// The status each pushed branch the radar named should carry.
-    fn wanted_statuses(&self, v: &Verdicts) -> Result<Vec<Want>> {
+    fn wanted_statuses(&mut self, v: &Verdicts) -> Result<Vec<Want>> {
         let state = self.root.state_dir();
-        let (pushed, _) = crate::pr::pushed::load_all(&state)?;
+        let (pushed, unreadable) = crate::pr::pushed::load_all(&state)?;
+        for u in unreadable {
+            self.events.push(Event::Failed {
+                target: u.path.display().to_string(),
+                reason: format!(
+                    "{}; its branch gets no radar status until the next push rewrites it",
+                    u.why
+                ),
+            });
+        }
         let (reg, _) = Registry::new(&self.root).list()?;
         let live: BTreeSet<String> = reg.iter().map(|r| r.name.clone()).collect();
         let branch: BTreeMap<String, String> = reg
@@ -142,7 +151,8 @@ impl Syncer {
             .map(|(n, r)| (n, r.repo))
             .collect();
         let mut out = Vec::new();
-        for (name, p) in pushed {
+        for p in pushed {
+            let name = p.name;
             if !live.contains(&name) || !v.names(&name) {
                 continue;
             }
