@@ -181,7 +181,8 @@ mod tests {
     use mailbox::log::{Action, Decision};
     use mailbox::message::Message;
 
-    fn radar(id: &str, kind: Kind, to: &[&str], refs: &[&str], sender: &str) -> Entry {
+    fn radar(n: u64, kind: Kind, to: &[&str], refs: &[&str], sender: &str) -> Entry {
+        let id = &mailbox::id::id_at(std::time::Duration::from_secs(1_700_000_000 + n), 7);
         let m = Message {
             version: 1,
             id: id.into(),
@@ -217,26 +218,20 @@ mod tests {
     #[test]
     fn the_newest_message_about_a_pair_decides_whatever_the_log_order() {
         let c1 = radar(
-            "0001.a",
+            1,
             Kind::Conflict,
             &["web", "api", "human"],
             &["x.rs"],
             "mediator",
         );
         let cl = radar(
-            "0002.a",
+            2,
             Kind::ConflictCleared,
             &["api", "web"],
             &["x.rs"],
             "mediator",
         );
-        let c3 = radar(
-            "0003.a",
-            Kind::Conflict,
-            &["api", "web"],
-            &["y.rs"],
-            "mediator",
-        );
+        let c3 = radar(3, Kind::Conflict, &["api", "web"], &["y.rs"], "mediator");
         let all = live(&["api", "web"]);
         let v = Verdicts::from_log(&[cl.clone(), c1.clone()]);
         assert!(
@@ -255,15 +250,9 @@ mod tests {
 
     #[test]
     fn only_the_mediators_conflict_messages_count() {
-        let forged = radar("0001.a", Kind::Conflict, &["api", "web"], &["x"], "web");
-        let status = radar("0002.a", Kind::Status, &["api", "web"], &["x"], "mediator");
-        let three = radar(
-            "0003.a",
-            Kind::Conflict,
-            &["a", "b", "c"],
-            &["x"],
-            "mediator",
-        );
+        let forged = radar(1, Kind::Conflict, &["api", "web"], &["x"], "web");
+        let status = radar(2, Kind::Status, &["api", "web"], &["x"], "mediator");
+        let three = radar(3, Kind::Conflict, &["a", "b", "c"], &["x"], "mediator");
         assert!(Verdicts::from_log(&[forged, status, three]).is_empty());
     }
 
