@@ -303,6 +303,45 @@ fn a_commit_github_lacks_is_reported_once_and_not_retried() {
 }
 
 #[test]
+fn a_token_without_status_rights_fails_77_after_the_comments() {
+    let r = Repo::new("status-403");
+    let api = r.commit("task/api", "api.rs");
+    let web = r.commit("task/web", "web.rs");
+    r.sandbox("api", "task/api", &api);
+    r.sandbox("web", "task/web", &web);
+    r.env.ctl(
+        "POST",
+        "tokens",
+        json!({ "token": TOKEN, "login": "lw-bot", "write": true, "pulls": false }),
+    );
+    r.radar(Kind::Conflict, "api", "web", &["a.rs"]);
+    let o = r.env.sync(&["--once"]);
+    let e = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(77), "{e}");
+    assert!(e.contains("Commit statuses: write"), "{e}");
+    assert_eq!(
+        r.env.comments(1).len(),
+        1,
+        "the comment is posted all the same"
+    );
+    assert_eq!(r.statuses(), []);
+    assert_eq!(
+        r.status_requests(),
+        (1, 0),
+        "one refused request, not one per branch"
+    );
+    // Rights given: the next run writes both, once.
+    r.env.ctl(
+        "POST",
+        "tokens",
+        json!({ "token": TOKEN, "login": "lw-bot", "write": true, "pulls": true }),
+    );
+    r.sync();
+    assert_eq!(r.statuses().len(), 2);
+    assert_eq!(r.status_requests(), (3, 0));
+}
+
+#[test]
 fn a_hostile_file_list_is_cut_to_one_safe_line_and_a_forged_one_counts_for_nothing() {
     let r = Repo::new("status-hostile");
     let api = r.commit("task/api", "api.rs");
