@@ -490,4 +490,7 @@ fn sigkill_storm_never_duplicates_a_status_change() {
     );
     assert!(faults > 0, "the faults never fired");
     assert_eq!(dups, 0, "{made:#?}");
+    // Every head shows the verdict as it stands (and the comments agree).
+    let o = r.env.sync(&["verify"]);
+    assert!(o.status.success(), "{}{}", text(&o.stdout), text(&o.stderr));
 }

@@ -9,10 +9,12 @@
 //! under the lock every lw-sync run holds:
 //!
 //! 1. Wanted equals `written`: nothing is sent (steady state: 0 requests).
-//! 2. Wanted equals `pending` (a run died between sending and recording, or
-//!    GitHub's answer was lost): after two write intervals (so a status
-//!    GitHub made is listed), the commit's statuses are listed once; the
-//!    newest `loopwright/radar` one matching is taken as written.
+//! 2. A write is `pending` on the same commit (a run died between sending
+//!    and recording, or GitHub's answer was lost): after two write
+//!    intervals (so a status GitHub made is listed), the commit's statuses
+//!    are listed once; when the newest `loopwright/radar` one is the wanted
+//!    one, it is taken as written.  (Also when wanted equals `written`: the
+//!    write in flight may have put another status over it.)
 //! 3. Else `pending` is written (with the budget) and the status is posted:
 //!    one request per change.  Its answer moves it to `written`.
 //!
@@ -97,6 +99,10 @@ fn save_statuses(p: &Path, s: &Statuses) -> Result<()> {
     super::write_atomic(p, &b)
 }
 
+fn same_commit(a: &Posting, b: &Posting) -> bool {
+    a.repo == b.repo && a.sha == b.sha
+}
+
 /// One branch's wanted status.
 struct Want {
     name: String,
@@ -119,7 +125,15 @@ impl Syncer {
         for w in wants {
             let b = rec.sandboxes.entry(w.name.clone()).or_default();
             b.branch = w.branch.clone();
-            if b.written.as_ref() == Some(&w.posting) || b.refused.as_ref() == Some(&w.posting) {
+            // A write in flight on the same commit may have put another
+            // status over the one written: then GitHub is asked first.
+            let in_flight = b
+                .pending
+                .as_ref()
+                .is_some_and(|p| same_commit(&p.posting, &w.posting));
+            if b.refused.as_ref() == Some(&w.posting)
+                || b.written.as_ref() == Some(&w.posting) && !in_flight
+            {
                 continue;
             }
             self.write_status(&path, &mut rec, &w)?;
@@ -182,8 +196,8 @@ impl Syncer {
     fn write_status(&mut self, path: &Path, rec: &mut Statuses, w: &Want) -> Result<()> {
         for _ in 0..MAX_UNKNOWN {
             let pending = rec.sandboxes[&w.name].pending.clone();
-            if let Some(p) = pending.filter(|p| p.posting == w.posting)
-                && self.settled(&p)?
+            if let Some(p) = pending.filter(|p| same_commit(&p.posting, &w.posting))
+                && self.settled(&p, &w.posting)?
             {
                 return self.written(path, rec, w);
             }
@@ -236,9 +250,10 @@ impl Syncer {
         ))
     }
 
-    /// Whether GitHub already shows `p`: the newest status of its context
-    /// on the commit, listed once, after two write intervals.
-    fn settled(&mut self, p: &InFlight) -> Result<bool> {
+    /// Whether GitHub shows `want` after the write in flight `p` on the
+    /// same commit: the newest status of the context, listed once, two
+    /// write intervals after `p` was sent.
+    fn settled(&mut self, p: &InFlight, want: &Posting) -> Result<bool> {
         let settle = p.at_ms + 2 * self.client.limits.min_write_interval.as_millis() as u64;
         let now = self.client.clock.now_ms();
         if settle > now {
@@ -246,14 +261,13 @@ impl Syncer {
                 .clock
                 .sleep(std::time::Duration::from_millis(settle - now));
         }
-        let listed = self.client.list_statuses(&p.posting.repo, &p.posting.sha)?;
+        let listed = self.client.list_statuses(&want.repo, &want.sha)?;
         self.stats.reconciles += 1;
         Ok(listed
             .iter()
             .find(|s| s.context == CONTEXT)
             .is_some_and(|s| {
-                s.state == p.posting.state
-                    && s.description.as_deref() == Some(p.posting.description.as_str())
+                s.state == want.state && s.description.as_deref() == Some(want.description.as_str())
             }))
     }
 
