@@ -184,6 +184,9 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     };
     report(&mut s, out, json, true)?;
     res?;
+    if status == Exit::Ok {
+        status = refused_statuses(&s);
+    }
     if s.stats.bad > 0 && status == Exit::Ok {
         eprintln!(
             "{PROG}: {} log entries could not be synced (see above); the others were",
@@ -276,6 +279,9 @@ fn report(s: &mut Syncer, out: &mut dyn Write, json: bool, stats: bool) -> Resul
                 )
                 .map_err(out_err)?
             }
+            Event::Status { .. } | Event::StatusRefused { .. } | Event::StatusDiffers { .. } => {
+                status_line(&ev, out)?
+            }
             Event::Bad { entry, reason } => {
                 eprintln!("{PROG}: skipping log entry '{entry}': {reason}")
             }
@@ -304,4 +310,42 @@ fn report(s: &mut Syncer, out: &mut dyn Write, json: bool, stats: bool) -> Resul
         writeln!(out, "{v}").map_err(out_err)?;
     }
     out.flush().map_err(out_err)
+}
+
+/// Exit 65 when GitHub refused a radar status in this run (reported once).
+fn refused_statuses(s: &Syncer) -> Exit {
+    if s.stats.statuses_refused == 0 {
+        return Exit::Ok;
+    }
+    eprintln!(
+        "{PROG}: GitHub refused {} commit status(es) (see above); they are not sent again until the branch is pushed again",
+        s.stats.statuses_refused
+    );
+    Exit::DataErr
+}
+
+/// The line of an event about the radar's commit statuses.
+fn status_line(ev: &Event, out: &mut dyn Write) -> Result<()> {
+    match ev {
+        Event::Status {
+            branch, sha, state, ..
+        } => writeln!(out, "status {branch} {sha} {state}").map_err(out_err)?,
+        Event::StatusDiffers {
+            branch,
+            sha,
+            wanted,
+            found,
+        } => writeln!(
+            out,
+            "status-differs {branch} {sha}: wanted {wanted}, GitHub shows {found}"
+        )
+        .map_err(out_err)?,
+        Event::StatusRefused {
+            branch,
+            sha,
+            reason,
+        } => eprintln!("{PROG}: status of branch {branch} at {sha} refused: {reason}"),
+        _ => {}
+    }
+    Ok(())
 }

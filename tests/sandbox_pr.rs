@@ -235,6 +235,20 @@ fn push_pr_refuses_a_missing_base_a_closed_pull_request_and_a_token_without_righ
     );
     assert!(String::from_utf8_lossy(&o.stdout).starts_with("lw/b "));
     assert!(rest_requests(&env).is_empty());
+    // The head it pushed is recorded for the radar's status (lw-sync).
+    let commit = String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .to_string();
+    let (pushed, _) = loopwright::pr::pushed::load_all(&f.root.join("state")).unwrap();
+    assert_eq!(
+        pushed
+            .iter()
+            .map(|p| (p.name.as_str(), p.branch.as_str(), p.commit.as_str()))
+            .collect::<Vec<_>>(),
+        [("b", "lw/b", commit.as_str())]
+    );
 
     std::fs::write(
         f.proj.join(".loopwright/config"),

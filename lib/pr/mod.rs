@@ -28,6 +28,7 @@
 //! The record is also what lw-sync reads to send the sandbox's later
 //! entries to the pull request's conversation (`sync::Config::learn`).
 
+pub mod pushed;
 mod text;
 
 use std::path::{Path, PathBuf};

@@ -108,6 +108,15 @@ impl<'a> Sandboxes<'a> {
         let rec = self.get(name)?;
         let was_running = self.running(&rec)?.running;
         let res = self.push_running(&rec, lw_sandbox, force, report);
+        // What the upstream has now: lw-sync puts the radar's status there.
+        if let Ok(p) = &res
+            && let Err(e) =
+                crate::pr::pushed::record(&self.root.state_dir(), name, &p.branch, &p.commit)
+        {
+            report(&format!(
+                "pushed, but could not record the pushed head: {e}"
+            ));
+        }
         if !was_running {
             // Back as it was: a stopped sandbox stays stopped.
             let _ = self

@@ -39,7 +39,8 @@
 //! comments back, reassembly), `state` (sync.json), `config` (sync.json
 //! of the project), `federate` (hosts that coordinate through the issue:
 //! announcements and taking other hosts' messages) and `clash` (their
-//! proxy records and refused names).
+//! proxy records and refused names); `status` and `status_post` (the
+//! radar's verdict as a commit status on each pushed task branch).
 
 mod clash;
 mod config;
@@ -49,6 +50,8 @@ mod parse;
 mod pull;
 mod push;
 mod state;
+mod status;
+mod status_post;
 mod verify;
 mod watch;
 
@@ -64,6 +67,8 @@ pub use format::{
 };
 pub use parse::{Rebuilt, parse_answers, parse_comment, reassemble};
 pub use state::{Pending, State, TargetState, load_state, lock, state_path, write_atomic};
+pub use status::{CONTEXT as STATUS_CONTEXT, Verdicts};
+pub use status_post::{Statuses, load_statuses, statuses_path};
 pub use watch::watch_dir;
 
 use crate::github::{Budget, Client, Comment, Target};
@@ -90,6 +95,10 @@ pub struct Stats {
     pub bad: usize,
     pub requests: u64,
     pub writes: u64,
+    /// Commit statuses written (lib/sync/status_post.rs).
+    pub statuses: usize,
+    /// ... and refused by GitHub (422): exit 65.
+    pub statuses_refused: usize,
 }
 
 /// One line of output per synced entry, notice or problem.
@@ -180,6 +189,28 @@ pub enum Event {
         id: String,
         reader: String,
         comment: u64,
+    },
+    /// The radar's commit status written on a branch's head.
+    Status {
+        branch: String,
+        repo: String,
+        sha: String,
+        state: String,
+        description: String,
+    },
+    /// GitHub refused a branch's status (422: the commit is not there).
+    StatusRefused {
+        branch: String,
+        sha: String,
+        reason: String,
+    },
+    /// `verify`: a branch's head does not show the radar's status as
+    /// wanted now (`found`: GitHub's newest of the context, or `none`).
+    StatusDiffers {
+        branch: String,
+        sha: String,
+        wanted: String,
+        found: String,
     },
     /// A sandbox name another host announced, refused here.
     Refused {

@@ -92,13 +92,25 @@ impl Syncer {
         Ok(comments)
     }
 
-    /// One pass over the log: everything not yet on GitHub is posted.
+    /// One pass over the log: everything not yet on GitHub is posted, then
+    /// the radar's verdicts go on the task branches' heads as statuses.
     pub fn sync(&mut self) -> Result<()> {
+        let log = Log::new(self.root.log_dir());
+        let (entries, bad) = log.entries()?;
+        let verdicts = super::Verdicts::from_log(&entries);
+        let posted = self.sync_comments(entries, bad);
+        let statuses = self.sync_statuses(&verdicts);
+        posted.and(statuses)
+    }
+
+    fn sync_comments(
+        &mut self,
+        entries: Vec<Entry>,
+        bad: Vec<mailbox::log::BadEntry>,
+    ) -> Result<()> {
         self.announce()?;
         // A proxy's messages are its own host's to mirror (lib/sync/federate.rs).
         let proxies = self.proxy_names()?;
-        let log = Log::new(self.root.log_dir());
-        let (entries, bad) = log.entries()?;
         for b in bad {
             self.stats.bad += 1;
             self.events.push(Event::Bad {

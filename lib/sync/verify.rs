@@ -74,6 +74,7 @@ impl Syncer {
             same &= self.local_agrees(&cmp, &raw);
             same &= self.remote_agrees(&cmp, restore.then_some(&log))?;
         }
+        same &= self.verify_statuses()?;
         Ok(same)
     }
 

@@ -1,0 +1,85 @@
+//! What `lw-sandbox push` last put upstream for each sandbox:
+//! `ROOT/state/pushed/NAME.json` (the branch and its commit), replaced
+//! whole through `fs::write_replace` (fsynced) after the push succeeded.
+//! lw-sync reads it to put the radar's commit status on the head GitHub
+//! has (lib/sync/status.rs): a commit that was never pushed would be
+//! refused (422), and a new push moves the status to the new head.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use mailbox::error::{Error, Result};
+
+/// `ROOT/state/pushed/NAME.json`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Pushed {
+    /// The sandbox (the file's name, not stored in it).
+    #[serde(skip)]
+    pub name: String,
+    pub version: u32,
+    pub branch: String,
+    /// The commit the upstream's branch was set to.
+    pub commit: String,
+    /// When (RFC 3339 UTC).
+    #[serde(default)]
+    pub at: String,
+}
+
+pub fn dir(state: &Path) -> PathBuf {
+    state.join("pushed")
+}
+
+/// Records that `branch` of sandbox `name` is `commit` upstream now.
+pub fn record(state: &Path, name: &str, branch: &str, commit: &str) -> Result<()> {
+    let d = dir(state);
+    std::fs::create_dir_all(&d).map_err(|e| Error::io("cannot create", &d, e))?;
+    let p = d.join(format!("{name}.json"));
+    let rec = Pushed {
+        name: name.into(),
+        version: 1,
+        branch: branch.into(),
+        commit: commit.into(),
+        at: mailbox::time::rfc3339(mailbox::time::now()),
+    };
+    let bytes = serde_json::to_vec_pretty(&rec).expect("a record serialises");
+    mailbox::fs::write_replace(&p, &bytes, 0o600, mailbox::fs::Durability::Synced)
+        .map_err(|e| Error::io("cannot write", &p, e))
+}
+
+/// A record that cannot be read: its path and why.
+pub struct Unreadable {
+    pub path: PathBuf,
+    pub why: String,
+}
+
+/// Every sandbox's record, by name; a record that cannot be read is
+/// reported in the second list and left out.
+pub fn load_all(state: &Path) -> Result<(Vec<Pushed>, Vec<Unreadable>)> {
+    let d = dir(state);
+    let rd = match std::fs::read_dir(&d) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((vec![], vec![])),
+        Err(e) => return Err(Error::io("cannot read", &d, e)),
+    };
+    let (mut good, mut bad) = (Vec::new(), Vec::new());
+    for ent in rd.flatten() {
+        let f = ent.file_name().to_string_lossy().into_owned();
+        let Some(name) = f.strip_suffix(".json").filter(|n| !n.starts_with('.')) else {
+            continue;
+        };
+        let p = ent.path();
+        match std::fs::read(&p)
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice::<Pushed>(&b).map_err(|e| e.to_string()))
+        {
+            Ok(r) => good.push(Pushed {
+                name: name.to_string(),
+                ..r
+            }),
+            Err(why) => bad.push(Unreadable { path: p, why }),
+        }
+    }
+    good.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok((good, bad))
+}
