@@ -74,6 +74,8 @@ impl Syncer {
             same &= self.local_agrees(&cmp, &raw);
             same &= self.remote_agrees(&cmp, restore.then_some(&log))?;
         }
+        let logged = entries.iter().map(|e| e.message_id.clone()).collect();
+        same &= self.verify_reviews(&logged)?;
         Ok(same)
     }
 
