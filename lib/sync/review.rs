@@ -367,7 +367,11 @@ impl Syncer {
                 item: it.key.clone(),
                 login: it.login.clone(),
             });
-            st.pulls.entry(key).or_default().ignored.insert(it.key.clone());
+            st.pulls
+                .entry(key)
+                .or_default()
+                .ignored
+                .insert(it.key.clone());
             return save(path, st);
         }
         let (m, outside) = request(&key, sandbox, scope, it);
