@@ -267,14 +267,20 @@ fn report(s: &mut Syncer, out: &mut dyn Write, json: bool, stats: bool) -> Resul
                 item,
                 outside_scope,
             } => {
-                let note = if *outside_scope { " (outside its scope)" } else { "" };
+                let note = if *outside_scope {
+                    " (outside its scope)"
+                } else {
+                    ""
+                };
                 writeln!(out, "{id} request to {to} from {target} {item}{note}").map_err(out_err)?
             }
             Event::Ignored {
                 target,
                 item,
                 login,
-            } => eprintln!("{PROG}: {target}: {item} by @{login} ignored: not a trusted login (configure \"answerers\")"),
+            } => eprintln!(
+                "{PROG}: {target}: {item} by @{login} ignored: not a trusted login (configure \"answerers\")"
+            ),
             Event::ReviewMissing { target, item, id } => {
                 writeln!(out, "review-missing {target} {item} {id}").map_err(out_err)?
             }
