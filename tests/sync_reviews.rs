@@ -392,3 +392,46 @@ fn a_kill_storm_delivers_every_review_once() {
         reqs.len()
     );
 }
+
+/// Odd input: an item that makes no valid message (here: a record named
+/// for no valid sandbox) is named, with exit 65, and stops no other pull
+/// request; 130 review comments come in two pages and each is delivered.
+#[test]
+fn a_bad_item_stops_no_other_pull_request_and_every_page_is_read() {
+    let env = Env::new("review-pages");
+    let url = format!("{}/repos/octo/proj/pulls", env.url);
+    let body = json!({ "title": "odd", "head": "odd", "base": "main" });
+    let (_, _, v) = call(&env.agent, "POST", &url, TOKEN, Some(body));
+    let odd = v["number"].as_u64().unwrap();
+    let pr = task_pull(&env, "api", "task-api", &[]);
+    let rec = json!({ "version": 1, "repo": "octo/proj", "branch": "odd", "base": "main", "number": odd });
+    std::fs::write(env.root.join("state/pr/aaa odd.json"), rec.to_string()).unwrap();
+    review(&env, odd, "alice", "OWNER", "APPROVED", "fine");
+    for i in 0..130 {
+        line_comment(&env, pr, "src/lib.rs", i + 1, &format!("comment {i}"));
+    }
+    env.ctl("DELETE", "requests", Value::Null);
+    let o = env.sync(&["pull"]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(65), "{err}");
+    assert!(
+        err.contains("review/") && err.contains(&format!("octo/proj#{odd}")),
+        "{err}"
+    );
+    assert_eq!(outbox(&env).len(), 130, "{err}");
+    let (reqs, _) = env.requests();
+    let pages = reqs
+        .iter()
+        .filter(|r| {
+            r["path"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("/repos/octo/proj/pulls/{pr}/comments"))
+        })
+        .count();
+    assert_eq!(pages, 2, "{reqs:#?}");
+    // Nothing twice when it runs again; the bad item is named again, not lost.
+    let o = env.sync(&["pull"]);
+    assert_eq!(o.status.code(), Some(65));
+    assert_eq!(outbox(&env).len(), 130);
+}

@@ -50,7 +50,7 @@ use serde::{Deserialize, Serialize};
 use super::{Event, Syncer, parse_answers, parse_comment};
 use crate::github::{Comment, Target};
 use mailbox::digest::sha256_hex;
-use mailbox::error::{Error, Result};
+use mailbox::error::{Error, Exit, Result};
 use mailbox::message::{self, Kind, Message};
 use mailbox::registry::Registry;
 
@@ -226,29 +226,57 @@ impl Syncer {
     pub fn pull_reviews(&mut self) -> Result<()> {
         let path = self.review_state_file();
         let mut st = load(&path)?;
+        let mut first_err = None;
         for (name, rec) in crate::pr::load_all(&self.root.state_dir())? {
             let Some(n) = rec.number else { continue };
             let t = Target {
                 repo: rec.repo.clone(),
                 issue: n,
             };
-            let (items, newest) = self.pull_items(&t, &st)?;
+            // A pull request that is gone (404) or an item that makes no
+            // message is this one's problem: the others are still read.
+            // The first is the run's error, the rest are events.
+            let mut fail = |s: &mut Syncer, e: Error| -> Result<()> {
+                if !matches!(e.exit, Exit::Config | Exit::DataErr) {
+                    return Err(e);
+                }
+                match first_err {
+                    None => first_err = Some(e),
+                    Some(_) => s.events.push(Event::Failed {
+                        target: t.to_string(),
+                        reason: e.to_string(),
+                    }),
+                }
+                Ok(())
+            };
+            let (items, newest) = match self.pull_items(&t, &st) {
+                Ok(got) => got,
+                Err(e) => {
+                    fail(self, e)?;
+                    continue;
+                }
+            };
             let scope = Registry::new(&self.root)
                 .get(&name)
                 .ok()
                 .flatten()
                 .map(|s| s.scope)
                 .unwrap_or_default();
+            let mut all = true;
             for it in items {
-                self.deliver_item(&t, &name, &scope, &it, &mut st, &path)?;
+                if let Err(e) = self.deliver_item(&t, &name, &scope, &it, &mut st, &path) {
+                    all = false;
+                    fail(self, e)?;
+                }
             }
-            // The conversation's cursor moves once every comment listed was handled.
-            if newest.is_some() {
+            // The conversation's cursor moves once every comment listed was
+            // delivered (or ignored): one that failed is listed again.
+            if all && newest.is_some() {
                 st.pulls.entry(t.to_string()).or_default().since = newest;
                 save(&path, &st)?;
             }
         }
-        Ok(())
+        first_err.map_or(Ok(()), Err)
     }
 
     /// What people wrote on pull request `t` that was not handled yet, and
