@@ -48,7 +48,7 @@ pub use pace::{
     next_write_at,
 };
 pub use pulls::{NewPull, Pull, PullRef, PullWrite};
-pub use reviews::{Review, ReviewComment};
+pub use reviews::{Listed, Review, ReviewComment};
 pub use token::{Token, default_token_file};
 
 use mailbox::error::{Error, Result};

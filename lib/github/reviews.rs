@@ -1,8 +1,10 @@
 //! A pull request's reviews and review comments, read as GitHub documents
 //! them (docs.github.com/rest/pulls/reviews, /rest/pulls/comments):
 //! `GET /repos/{o}/{r}/pulls/{n}/reviews` and `.../pulls/{n}/comments`,
-//! every page (`Link: rel="next"`, never off the API base).  Only what
-//! lw-sync reads; both are reads, so a failed one is retried like any GET.
+//! every page (`Link: rel="next"`, never off the API base), conditional on
+//! the ETag of the last listing (a 304 costs nothing under the rate limit).
+//! Only what lw-sync reads; both are reads, so a failed one is retried like
+//! any GET.
 
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -72,36 +74,70 @@ impl ReviewComment {
     }
 }
 
+/// A conditional listing's answer: None when GitHub answered 304 (nothing
+/// changed since the listing whose ETag was sent; free under its rate
+/// limit), else every item and the ETag to send next time (for a listing
+/// of one page only: a later page can change while the first does not).
+pub type Listed<T> = Option<(Vec<T>, Option<String>)>;
+
 impl Client {
-    /// Every review of pull request `repo#number`, oldest first.
-    pub fn list_reviews(&mut self, repo: &str, number: u64) -> Result<Vec<Review>> {
+    /// Every review of pull request `repo#number`, oldest first; with
+    /// `etag`, None when nothing changed.
+    pub fn list_reviews(
+        &mut self,
+        repo: &str,
+        number: u64,
+        etag: Option<&str>,
+    ) -> Result<Listed<Review>> {
         let url = format!(
             "{}/repos/{repo}/pulls/{number}/reviews?per_page=100",
             self.base()
         );
-        self.pages(url, &format!("the reviews of {repo}#{number}"))
+        self.pages(url, &format!("the reviews of {repo}#{number}"), etag)
     }
 
-    /// Every review comment of pull request `repo#number`.
-    pub fn list_review_comments(&mut self, repo: &str, number: u64) -> Result<Vec<ReviewComment>> {
+    /// Every review comment of pull request `repo#number`; with `etag`,
+    /// None when nothing changed.
+    pub fn list_review_comments(
+        &mut self,
+        repo: &str,
+        number: u64,
+        etag: Option<&str>,
+    ) -> Result<Listed<ReviewComment>> {
         let url = format!(
             "{}/repos/{repo}/pulls/{number}/comments?per_page=100",
             self.base()
         );
-        self.pages(url, &format!("the review comments of {repo}#{number}"))
+        self.pages(
+            url,
+            &format!("the review comments of {repo}#{number}"),
+            etag,
+        )
     }
 
-    fn pages<T: DeserializeOwned>(&mut self, mut url: String, what: &str) -> Result<Vec<T>> {
+    fn pages<T: DeserializeOwned>(
+        &mut self,
+        mut url: String,
+        what: &str,
+        etag: Option<&str>,
+    ) -> Result<Listed<T>> {
         let mut all = Vec::new();
-        for _ in 0..10_000 {
-            let (v, link) = self.get_json(&url, what, PERM)?;
-            let page: Vec<T> = serde_json::from_value(v).map_err(|e| {
+        let mut first_tag = None;
+        for page in 1..10_000 {
+            let cond = if page == 1 { etag } else { None };
+            let Some((v, link, tag)) = self.get_json_if(&url, what, PERM, cond)? else {
+                return Ok(None);
+            };
+            if page == 1 {
+                first_tag = tag;
+            }
+            let items: Vec<T> = serde_json::from_value(v).map_err(|e| {
                 Error::new(
                     Exit::Unavailable,
                     format!("GitHub's list of {what} is not what GitHub documents: {e}"),
                 )
             })?;
-            all.extend(page);
+            all.extend(items);
             match link.as_deref().and_then(next_link) {
                 Some(next) if next.starts_with(&format!("{}/", self.base())) => url = next,
                 Some(_) => {
@@ -113,7 +149,7 @@ impl Client {
                         ),
                     ));
                 }
-                None => return Ok(all),
+                None => return Ok(Some((all, first_tag.filter(|_| page == 1)))),
             }
         }
         Err(Error::new(

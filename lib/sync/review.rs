@@ -48,7 +48,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::{Event, Syncer, parse_answers, parse_comment};
-use crate::github::{Comment, Target};
+use crate::github::{Comment, Listing, Review, ReviewComment, Target};
 use mailbox::digest::sha256_hex;
 use mailbox::error::{Error, Exit, Result};
 use mailbox::message::{self, Kind, Message};
@@ -75,6 +75,29 @@ pub struct PullSeen {
     /// `since` for the next listing of the conversation.
     #[serde(default)]
     pub since: Option<String>,
+    /// The ETags of the last listings whose every item was handled: the
+    /// next pull asks with If-None-Match, and GitHub's 304 costs nothing.
+    #[serde(default)]
+    pub tags: Tags,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Tags {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reviews: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lines: Option<String>,
+    /// The conversation's, with the `since` it was listed with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<(String, String)>,
+}
+
+/// What one pass found on a pull request: the items not handled yet, the
+/// newest update time of its conversation, and the listings' ETags.
+struct Found {
+    items: Vec<Item>,
+    newest: Option<String>,
+    tags: Tags,
 }
 
 pub fn review_state_path(state_dir: &Path) -> PathBuf {
@@ -216,6 +239,55 @@ fn verdict(state: &str) -> &str {
     }
 }
 
+/// A conversation's items, its newest update time and its ETag.
+type Conversation = (Vec<Item>, Option<String>, Option<(String, String)>);
+
+/// A review as an item; None for one that carries nothing: a draft
+/// (`PENDING`), a dismissed one, or GitHub's `COMMENTED` envelope without
+/// text around review comments.
+fn review_item(t: &Target, r: &Review) -> Option<Item> {
+    let text = r.body.clone().unwrap_or_default();
+    let nothing = matches!(r.state.as_str(), "PENDING" | "DISMISSED")
+        || (r.state == "COMMENTED" && text.trim().is_empty());
+    if nothing {
+        return None;
+    }
+    Some(Item {
+        key: format!("review/{}", r.id),
+        login: r.login().to_string(),
+        association: r.author_association.clone(),
+        created: r.submitted_at.clone().unwrap_or_default(),
+        url: r.html_url.clone(),
+        subject: format!("Review of {t} by @{}: {}", r.login(), verdict(&r.state)),
+        text: if text.trim().is_empty() {
+            format!("({}, without text)", verdict(&r.state))
+        } else {
+            text
+        },
+        place: None,
+    })
+}
+
+/// A review comment as an item: its line, else the line it was made on
+/// (an outdated comment), else the whole file.
+fn line_item(t: &Target, c: &ReviewComment) -> Item {
+    let line = c.line.or(c.original_line);
+    let at = match line {
+        Some(l) => format!("{}:{l}", c.path.escape_debug()),
+        None => c.path.escape_debug().to_string(),
+    };
+    Item {
+        key: format!("line/{}", c.id),
+        login: c.login().to_string(),
+        association: c.author_association.clone(),
+        created: c.created_at.clone(),
+        url: c.html_url.clone(),
+        subject: format!("Review comment by @{} on {at} ({t})", c.login()),
+        text: c.body.clone(),
+        place: Some((c.path.clone(), line)),
+    }
+}
+
 impl Syncer {
     fn review_state_file(&self) -> PathBuf {
         review_state_path(&self.root.state_dir())
@@ -249,7 +321,12 @@ impl Syncer {
                 }
                 Ok(())
             };
-            let (items, newest) = match self.pull_items(&t, &st) {
+            let seen = st.pulls.get(&t.to_string()).cloned().unwrap_or_default();
+            let Found {
+                items,
+                newest,
+                tags,
+            } = match self.pull_items(&t, &seen, true) {
                 Ok(got) => got,
                 Err(e) => {
                     fail(self, e)?;
@@ -269,79 +346,79 @@ impl Syncer {
                     fail(self, e)?;
                 }
             }
-            // The conversation's cursor moves once every comment listed was
-            // delivered (or ignored): one that failed is listed again.
-            if all && newest.is_some() {
-                st.pulls.entry(t.to_string()).or_default().since = newest;
+            // The conversation's cursor and the ETags move once every item
+            // listed was delivered (or ignored): one that failed is listed again.
+            let ps = st.pulls.entry(t.to_string()).or_default();
+            if all && (newest.is_some() || ps.tags != tags) {
+                ps.since = newest.or(ps.since.take());
+                ps.tags = tags;
                 save(&path, &st)?;
             }
         }
         first_err.map_or(Ok(()), Err)
     }
 
-    /// What people wrote on pull request `t` that was not handled yet, and
-    /// the newest update time of its conversation's listing.
-    fn pull_items(&mut self, t: &Target, st: &ReviewState) -> Result<(Vec<Item>, Option<String>)> {
-        let seen = st.pulls.get(&t.to_string()).cloned().unwrap_or_default();
+    /// What people wrote on pull request `t` that `seen` has not handled;
+    /// with `conditional`, asked with the ETags `seen` holds.
+    fn pull_items(&mut self, t: &Target, seen: &PullSeen, conditional: bool) -> Result<Found> {
+        let old = if conditional {
+            seen.tags.clone()
+        } else {
+            Tags::default()
+        };
+        let mut tags = old.clone();
         let mut items = Vec::new();
-        for r in self.client.list_reviews(&t.repo, t.issue)? {
-            let text = r.body.clone().unwrap_or_default();
-            let nothing = matches!(r.state.as_str(), "PENDING" | "DISMISSED")
-                || (r.state == "COMMENTED" && text.trim().is_empty());
-            if nothing {
-                continue;
-            }
-            items.push(Item {
-                key: format!("review/{}", r.id),
-                login: r.login().to_string(),
-                association: r.author_association.clone(),
-                created: r.submitted_at.clone().unwrap_or_default(),
-                url: r.html_url.clone(),
-                subject: format!("Review of {t} by @{}: {}", r.login(), verdict(&r.state)),
-                text: if text.trim().is_empty() {
-                    format!("({}, without text)", verdict(&r.state))
-                } else {
-                    text
-                },
-                place: None,
-            });
+        if let Some((reviews, tag)) =
+            self.client
+                .list_reviews(&t.repo, t.issue, old.reviews.as_deref())?
+        {
+            tags.reviews = tag;
+            items.extend(reviews.iter().filter_map(|r| review_item(t, r)));
         }
-        for c in self.client.list_review_comments(&t.repo, t.issue)? {
-            let line = c.line.or(c.original_line);
-            let at = match line {
-                Some(l) => format!("{}:{l}", c.path.escape_debug()),
-                None => c.path.escape_debug().to_string(),
-            };
-            items.push(Item {
-                key: format!("line/{}", c.id),
-                login: c.login().to_string(),
-                association: c.author_association.clone(),
-                created: c.created_at.clone(),
-                url: c.html_url.clone(),
-                subject: format!("Review comment by @{} on {at} ({t})", c.login()),
-                text: c.body.clone(),
-                place: Some((c.path.clone(), line)),
-            });
+        let lines = self
+            .client
+            .list_review_comments(&t.repo, t.issue, old.lines.as_deref())?;
+        if let Some((comments, tag)) = lines {
+            tags.lines = tag;
+            items.extend(comments.iter().map(|c| line_item(t, c)));
         }
-        let (comments, newest) = self.conversation(t, seen.since.as_deref())?;
+        let (comments, newest, tag) =
+            self.conversation(t, seen.since.as_deref(), old.conversation)?;
+        tags.conversation = tag;
         items.extend(comments);
         let done = |k: &str| seen.delivered.contains_key(k) || seen.ignored.contains(k);
         items.retain(|it| !done(&it.key));
-        Ok((items, newest))
+        Ok(Found {
+            items,
+            newest,
+            tags,
+        })
     }
 
     /// People's comments in the conversation of `t` updated since `since`
-    /// (a minute of overlap), and the newest update time listed.
+    /// (a minute of overlap), the newest update time listed, and the ETag
+    /// for the next listing (`tag` is the last one, with its `since`).
     fn conversation(
         &mut self,
         t: &Target,
         since: Option<&str>,
-    ) -> Result<(Vec<Item>, Option<String>)> {
+        tag: Option<(String, String)>,
+    ) -> Result<Conversation> {
         let since = since.and_then(mailbox::time::parse_rfc3339).map(|d| {
             let s = mailbox::time::rfc3339(d.saturating_sub(std::time::Duration::from_secs(60)));
             format!("{}Z", &s[..19])
         });
-        let comments = self.client.list_comments(t, since.as_deref())?;
+        let since_key = since.clone().unwrap_or_default();
+        let asked = tag.filter(|(s, _)| *s == since_key);
+        let listing = self.client.list_comments_if(
+            t,
+            since.as_deref(),
+            asked.as_ref().map(|(_, e)| e.as_str()),
+        )?;
+        let (comments, tag) = match listing {
+            Listing::NotModified => return Ok((vec![], None, asked)),
+            Listing::Comments(all, etag) => (all, etag.map(|e| (since_key, e))),
+        };
         let login = self.own_login();
         let ids = self.recorded_ids();
         let newest = comments.iter().map(|c| c.updated_at.clone()).max();
@@ -361,7 +438,7 @@ impl Syncer {
                 place: None,
             });
         }
-        Ok((out, newest))
+        Ok((out, newest, tag))
     }
 
     /// lw-sync's own sections and notices (of this host or another of a
@@ -449,8 +526,8 @@ impl Syncer {
                 repo: rec.repo.clone(),
                 issue: n,
             };
-            let (items, _) = self.pull_items(&t, &ReviewState::default())?;
-            for it in items {
+            let found = self.pull_items(&t, &PullSeen::default(), false)?;
+            for it in found.items {
                 if !trusted_person(&self.cfg.answerers, &it.login, &it.association) {
                     continue;
                 }
