@@ -20,7 +20,9 @@
 //! (`deliver_once`) and the mediator's log (one decision per id) both
 //! refuse.  `ROOT/state/reviews.json` (atomic, fsynced) records what was
 //! delivered or ignored, so a later pass neither rebuilds the message nor
-//! counts an ignored item twice, and holds the conversation's `since`.
+//! counts an ignored item twice, and holds the conversation's `since` and
+//! the listings' ETags; both move only once every item listed was handled,
+//! so a pass killed halfway lists the same items again.
 //!
 //! Choices, each documented in lw-sync(1):
 //! - Only trusted people count, as for answers: the configured
@@ -582,6 +584,48 @@ mod tests {
         let mut other = item("x", None);
         other.key = "line/8".into();
         assert_ne!(request("o/r#4", "api", &[], &other).0.id, m.id);
+    }
+
+    #[test]
+    fn an_outdated_or_whole_file_comment_keeps_what_place_it_has() {
+        let t = Target {
+            repo: "o/r".into(),
+            issue: 4,
+        };
+        let c = |line, original_line| ReviewComment {
+            id: 9,
+            user: None,
+            body: "b".into(),
+            path: "src/a.rs".into(),
+            line,
+            original_line,
+            html_url: String::new(),
+            created_at: "2026-12-07T01:02:03Z".into(),
+            updated_at: String::new(),
+            author_association: "OWNER".into(),
+        };
+        let refs = |it: &Item| request("o/r#4", "api", &[], it).0.refs;
+        assert_eq!(refs(&line_item(&t, &c(None, Some(7)))), ["src/a.rs:7"]);
+        assert_eq!(refs(&line_item(&t, &c(None, None))), ["src/a.rs"]);
+        // A draft, a dismissal and GitHub's empty envelope carry nothing.
+        let r = |state: &str, body: Option<&str>| Review {
+            id: 1,
+            user: None,
+            body: body.map(str::to_string),
+            state: state.into(),
+            html_url: String::new(),
+            submitted_at: None,
+            author_association: "OWNER".into(),
+        };
+        for (state, body) in [
+            ("PENDING", Some("x")),
+            ("DISMISSED", Some("x")),
+            ("COMMENTED", None),
+        ] {
+            assert!(review_item(&t, &r(state, body)).is_none(), "{state}");
+        }
+        let ok = review_item(&t, &r("APPROVED", None)).unwrap();
+        assert_eq!(ok.text, "(approved, without text)");
     }
 
     #[test]
