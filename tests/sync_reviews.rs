@@ -309,20 +309,36 @@ fn a_review_reaches_the_sandbox_once_and_the_reply_goes_to_the_pull_request() {
 }
 
 /// Kills `lw-sync` (pull, or the mirror) at random moments while people
-/// review 20 task branches and the server drops a share of the listings:
+/// review 20 task branches and the server drops a share of the listings
+/// and of the mirror's answers after making the comment:
 /// each item reaches its sandbox once, and each log entry is on its pull
 /// request once.
 #[test]
 fn a_kill_storm_delivers_every_review_once() {
     let env = Env::new("review-storm");
     let root = Root::new(&env.root);
-    env.faults(json!([{ "kind": "drop", "method": "GET", "path_contains": "/pulls/", "count": 0, "probability": 0.1 }]));
     let names: Vec<String> = (0..20).map(|i| format!("t{i}")).collect();
+    let mut want: BTreeMap<String, usize> = BTreeMap::new();
     let pulls: Vec<u64> = names
         .iter()
         .map(|n| task_pull(&env, n, &format!("task-{n}"), &[]))
         .collect();
-    let mut want: BTreeMap<String, usize> = BTreeMap::new();
+    // How long a whole pull takes here: the kills land anywhere in it,
+    // the review listings and deliveries at its end included.
+    for (k, p) in pulls.iter().enumerate() {
+        review(&env, *p, "alice", "OWNER", "APPROVED", "first");
+        want.insert(names[k].clone(), 1);
+    }
+    assert_ok(&env.sync(&["pull"]));
+    let t0 = std::time::Instant::now();
+    assert_ok(&env.sync(&["pull"]));
+    let whole = t0.elapsed();
+    let window = (whole.as_micros() as u64).max(50_000);
+    // After the pull requests are made: the faults are the storm's.
+    env.faults(json!([
+        { "kind": "drop", "method": "GET", "path_contains": "/pulls/", "count": 0, "probability": 0.1 },
+        { "kind": "drop_after_commit", "method": "POST", "count": 0, "probability": 0.15 }
+    ]));
     let (mut kills, mut runs, mut finished) = (0u32, 0u32, 0u32);
     while kills < 200 {
         // People keep writing while the runs are killed.
@@ -356,7 +372,7 @@ fn a_kill_storm_delivers_every_review_once() {
             .unwrap();
         runs += 1;
         // The moment of the kill is what is random here; nothing waits on it.
-        std::thread::sleep(Duration::from_micros(seeded::below(250_000)));
+        std::thread::sleep(Duration::from_micros(seeded::below(window)));
         match child.try_wait().unwrap() {
             Some(_) => finished += 1,
             None => {
@@ -393,12 +409,19 @@ fn a_kill_storm_delivers_every_review_once() {
     let o = env.sync(&["verify"]);
     assert_ok(&o);
     let (reqs, _) = env.requests();
+    let fired = |kind: &str| reqs.iter().filter(|r| r["fault"] == kind).count();
+    let listed = reqs
+        .iter()
+        .filter(|r| r["method"] == "GET" && r["path"].as_str().unwrap().contains("/pulls/"))
+        .count();
     println!(
-        "review storm: seed {}, pull requests {}, items {}, delivered {got}, kills {kills}, runs {runs} ({finished} finished before the kill), requests {}, duplicated entries {dup_entries}",
+        "review storm: seed {}, pull requests {}, items {}, delivered {got}, kills {kills}, runs {runs} ({finished} finished before the kill), requests {} (review listings {listed}), listings dropped {}, comments dropped after commit {}, duplicated entries {dup_entries}; a whole pull took {whole:?}, kills within {window} us",
         seeded::seed(),
         pulls.len(),
         want.values().sum::<usize>(),
-        reqs.len()
+        reqs.len(),
+        fired("drop"),
+        fired("drop_after_commit")
     );
 }
 
