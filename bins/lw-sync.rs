@@ -82,7 +82,7 @@ struct Args {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Deliver `/lw answer ID` replies into ROOT/human-outbox, and other hosts' messages (federation).
+    /// Deliver `/lw answer ID` replies and reviews of task pull requests into ROOT/human-outbox, and other hosts' messages (federation).
     Pull,
     /// Compare the log with GitHub both ways; report what is missing where.
     Verify {
@@ -263,6 +263,9 @@ fn report(s: &mut Syncer, out: &mut dyn Write, json: bool, stats: bool) -> Resul
             Event::Receipt { id, reader, .. } => {
                 writeln!(out, "{id} read by {reader}").map_err(out_err)?
             }
+            Event::Review { .. } | Event::Ignored { .. } | Event::ReviewMissing { .. } => {
+                review_line(&ev, out)?
+            }
             Event::Refused { name, host, reason } => {
                 eprintln!("{PROG}: sandbox {name} of host {host} refused: {reason}")
             }
@@ -348,4 +351,39 @@ fn status_line(ev: &Event, out: &mut dyn Write) -> Result<()> {
         _ => {}
     }
     Ok(())
+}
+
+/// The text of a review event (lib/sync/review.rs): a record on stdout, an
+/// ignored item on stderr.
+fn review_line(ev: &Event, out: &mut dyn Write) -> Result<()> {
+    match ev {
+        Event::Review {
+            id,
+            to,
+            target,
+            item,
+            outside_scope,
+        } => {
+            let note = if *outside_scope {
+                " (outside its scope)"
+            } else {
+                ""
+            };
+            writeln!(out, "{id} request to {to} from {target} {item}{note}").map_err(out_err)
+        }
+        Event::Ignored {
+            target,
+            item,
+            login,
+        } => {
+            eprintln!(
+                "{PROG}: {target}: {item} by @{login} ignored: not a trusted login (configure \"answerers\")"
+            );
+            Ok(())
+        }
+        Event::ReviewMissing { target, item, id } => {
+            writeln!(out, "review-missing {target} {item} {id}").map_err(out_err)
+        }
+        _ => Ok(()),
+    }
 }

@@ -253,15 +253,16 @@ fn review_json(r: &StoredReview, host: &str) -> Value {
             "state": r.state, "submitted_at": gh_time(r.created),
             "html_url": format!("http://{host}/{}/pull/{}#pullrequestreview-{}", r.repo, r.pull, r.id),
             "pull_request_url": format!("http://{host}/repos/{}/pulls/{}", r.repo, r.pull),
-            "author_association": "OWNER",
+            "author_association": r.association,
         }),
         Some(path) => json!({
             "id": r.id, "node_id": format!("PRRC_{}", r.id), "user": user, "body": r.body,
-            "path": path, "line": r.line, "side": "RIGHT",
+            "path": path, "line": r.line, "original_line": r.line, "side": "RIGHT",
+            "pull_request_review_id": r.id,
             "created_at": gh_time(r.created), "updated_at": gh_time(r.created),
             "html_url": format!("http://{host}/{}/pull/{}#discussion_r{}", r.repo, r.pull, r.id),
             "pull_request_url": format!("http://{host}/repos/{}/pulls/{}", r.repo, r.pull),
-            "author_association": "OWNER",
+            "author_association": r.association,
         }),
     }
 }
@@ -399,7 +400,8 @@ pub fn graphql(st: &mut State, can_write: bool, body: &[u8]) -> Response {
 }
 
 /// `POST /_sink/reviews`: a person's review or review comment (`path`,
-/// `line`) on a pull request.
+/// `line`) on a pull request; `association` is its author's
+/// `author_association` (default `OWNER`).
 pub fn add_review(st: &mut State, v: &Value) -> Response {
     let (Some(repo), Some(pull), Some(login)) =
         (v["repo"].as_str(), v["pull"].as_u64(), v["login"].as_str())
@@ -419,6 +421,7 @@ pub fn add_review(st: &mut State, v: &Value) -> Response {
         path: v["path"].as_str().map(str::to_string),
         line: v["line"].as_u64(),
         created: now_s(),
+        association: v["association"].as_str().unwrap_or("OWNER").into(),
     };
     let id = r.id;
     if st.commit(Op::Review { r }).is_err() {

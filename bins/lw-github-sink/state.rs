@@ -154,6 +154,13 @@ pub struct StoredReview {
     pub path: Option<String>,
     pub line: Option<u64>,
     pub created: u64,
+    /// GitHub's `author_association` (`OWNER`, `MEMBER`, `NONE`, ...).
+    #[serde(default = "owner")]
+    pub association: String,
+}
+
+fn owner() -> String {
+    "OWNER".into()
 }
 
 /// One journal line.

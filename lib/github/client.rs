@@ -86,7 +86,7 @@ fn transport(e: ureq::Error) -> Transport {
 }
 
 /// A GET's JSON, `Link` and `ETag`.
-type Got = (serde_json::Value, Option<String>, Option<String>);
+pub(super) type Got = (serde_json::Value, Option<String>, Option<String>);
 
 /// A conditional listing's answer.
 pub enum Listing {
@@ -303,7 +303,7 @@ impl Client {
     /// ETag of an earlier answer): None when GitHub answers 304 Not
     /// Modified, which its rate limit does not count; else the JSON, the
     /// `Link` header and the answer's `ETag`.
-    fn get_json_if(
+    pub(super) fn get_json_if(
         &mut self,
         url: &str,
         what: &str,

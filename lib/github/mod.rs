@@ -28,13 +28,15 @@
 //! The files: `client` (the exchanges and the comment endpoints), `answer`
 //! (every error made of an answer carries it as an [`Answer`], so callers
 //! match [`status_of`], never the wording), `pulls` (pull requests: list, create,
-//! update, ready for review), `statuses` (commit statuses: create, list), `pace` (the limits, the budget, the clock and
+//! update, ready for review), `statuses` (commit statuses: create, list), `reviews` (a pull request's reviews and
+//! review comments, read), `pace` (the limits, the budget, the clock and
 //! the waits), `token` (the token and where it comes from).
 
 mod answer;
 mod client;
 mod pace;
 mod pulls;
+mod reviews;
 mod statuses;
 mod token;
 
@@ -47,6 +49,7 @@ pub use pace::{
     next_write_at,
 };
 pub use pulls::{NewPull, Pull, PullRef, PullWrite};
+pub use reviews::{Listed, Review, ReviewComment};
 pub use statuses::{MAX_STATUS_DESCRIPTION, NewStatus, Status, StatusWrite};
 pub use token::{Token, default_token_file};
 

@@ -35,7 +35,8 @@
 //!
 //! The files: `push` (reconcile, plan, post with intent), `pull` (answers
 //! and notices), `verify` (both ways, restore), `watch` (the watch loop),
-//! `format` (the comment format and rendering), `parse` (reading
+//! `review` (people's reviews and comments on a task's pull request,
+//! delivered as requests), `format` (the comment format and rendering), `parse` (reading
 //! comments back, reassembly), `state` (sync.json), `config` (sync.json
 //! of the project), `federate` (hosts that coordinate through the issue:
 //! announcements and taking other hosts' messages) and `clash` (their
@@ -49,6 +50,7 @@ mod format;
 mod parse;
 mod pull;
 mod push;
+mod review;
 mod state;
 mod status;
 mod status_post;
@@ -66,6 +68,7 @@ pub use format::{
     NoticeHead, Section, body_withheld, entry_digest, render_entry,
 };
 pub use parse::{Rebuilt, parse_answers, parse_comment, reassemble};
+pub use review::{ReviewState, review_state_path};
 pub use state::{Pending, State, TargetState, load_state, lock, state_path, write_atomic};
 pub use status::{CONTEXT as STATUS_CONTEXT, Verdicts};
 pub use status_post::{Statuses, load_statuses, statuses_path};
@@ -99,6 +102,10 @@ pub struct Stats {
     pub statuses: usize,
     /// ... and refused by GitHub (422): exit 65.
     pub statuses_refused: usize,
+    /// Reviews, review comments and pull-request comments delivered (review.rs).
+    pub reviews: usize,
+    /// Of those, items by people lw-sync does not trust: ignored.
+    pub untrusted: usize,
 }
 
 /// One line of output per synced entry, notice or problem.
@@ -211,6 +218,29 @@ pub enum Event {
         sha: String,
         wanted: String,
         found: String,
+    },
+    /// A person's review, review comment or comment on a task's pull
+    /// request (`item`: `review/ID`, `line/ID`, `comment/ID`), delivered
+    /// as request `id` to sandbox `to` (review.rs).
+    Review {
+        id: String,
+        to: String,
+        target: String,
+        item: String,
+        outside_scope: bool,
+    },
+    /// An item on a task's pull request by a login lw-sync does not trust.
+    Ignored {
+        target: String,
+        item: String,
+        login: String,
+    },
+    /// A delivered item the log does not have and the human outbox does
+    /// not hold (`lw-sync verify`).
+    ReviewMissing {
+        target: String,
+        item: String,
+        id: String,
     },
     /// A sandbox name another host announced, refused here.
     Refused {

@@ -47,7 +47,8 @@ impl Syncer {
         for t in self.cfg.targets()? {
             self.pull_target(&t, &known)?;
         }
-        Ok(())
+        // People's reviews on task branches' pull requests (review.rs).
+        self.pull_reviews()
     }
 
     fn pull_target(&mut self, t: &Target, known: &HashMap<String, (String, String)>) -> Result<()> {

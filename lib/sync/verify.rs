@@ -75,6 +75,8 @@ impl Syncer {
             same &= self.remote_agrees(&cmp, restore.then_some(&log))?;
         }
         same &= self.verify_statuses()?;
+        let logged = entries.iter().map(|e| e.message_id.clone()).collect();
+        same &= self.verify_reviews(&logged)?;
         Ok(same)
     }
 
