@@ -28,7 +28,10 @@
 //!
 //! Each step finishes durably for a whole batch before the next starts (see
 //! crates/mailbox/src/batch.rs), so a SIGKILL at any instant followed by a restart gives
-//! each log entry and each inbox copy exactly once.  The files of steps 1
+//! each log entry and each inbox copy exactly once.  The claims alone are
+//! made durable once per pass (each outbox's `cur/` once, after the last
+//! batch): a claim a power cut takes back is step 3 again after 1-2,
+//! which write nothing new.  The files of steps 1
 //! and 2 are written and fsynced together, in `tmp/`, where nobody reads
 //! them; the copies are renamed into view only once the log is durable.
 //!
@@ -90,8 +93,9 @@ use crate::maildir::escape_name;
 use crate::policy::Policy;
 use crate::registry::Registry;
 
-/// Messages per batch: each batch costs four sync points, and one fsync
-/// of each directory it touched, however many of its messages share it.
+/// Messages per batch: each batch costs three or four sync points, and one
+/// fsync of each directory it touched, however many of its messages share
+/// it; the outboxes' `cur/` are fsynced once per pass.
 pub const DEFAULT_BATCH: usize = 1024;
 /// Entries of one outbox a batch takes in a turn before it takes from the
 /// next: a message waits behind at most TURN posts of each other sender per
