@@ -476,3 +476,49 @@ fn cut_at_random_moments() {
     assert!(violations.is_empty(), "{violations:#?}");
     assert!(posted > 0, "some posts exited 0 before their cut");
 }
+
+/// Issue 41, group commit: a batch takes a run of posts from one outbox
+/// (up to `TURN`), and each outbox's `cur/` is fsynced once per pass, not
+/// once per batch.  Three senders post 24 each to the next one; a pass in
+/// batches of 8 makes one fsync per file written (a log entry and a copy
+/// per post) and, beside those, at most two directories per batch (the
+/// log's `new/`, the one inbox's `new/`), one `cur/` per outbox and the
+/// mediator's memory.  Before: each batch took one post of each outbox in
+/// turn and fsynced all three inboxes and all three `cur/`, 63 directories.
+#[test]
+fn a_pass_fsyncs_each_outbox_cur_once_and_a_batch_few_inboxes() {
+    const EACH: usize = 24;
+    let st = Stage::new("powercut-syncs");
+    let root = st.root("syncs");
+    let mut posted = Promises::default();
+    for i in 0..EACH {
+        for (k, from) in SANDBOXES.iter().enumerate() {
+            let to = SANDBOXES[(k + 1) % 3];
+            let id = post(&root, from, &[to], &format!("{from} {i}")).expect("lw-post");
+            posted
+                .posted
+                .insert(id, (from.to_string(), vec![to.to_string()]));
+        }
+    }
+    st.fs.sync_all();
+    st.fs.reset_count();
+    let p = st.policy.to_str().unwrap();
+    let o = st.mediate(&root, &["--once", "--policy", p, "--batch", "8"]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let syncs = st.fs.syncs() as usize;
+    let files = 2 * EACH * SANDBOXES.len();
+    let batches = EACH * SANDBOXES.len() / 8;
+    let dirs = syncs.saturating_sub(files);
+    eprintln!(
+        "a pass over {} posts in {batches} batches of 8: {syncs} fsyncs, {files} of files, {dirs} of directories",
+        files / 2
+    );
+    let (bad, _) = check(&st, &root, &posted);
+    assert!(bad.is_empty(), "{bad:#?}");
+    // Memory: its file, its directory, once or twice (drain saves it).
+    let bound = 2 * batches + SANDBOXES.len() + 4;
+    assert!(
+        dirs <= bound,
+        "{dirs} directory fsyncs for {batches} batches (at most {bound})"
+    );
+}

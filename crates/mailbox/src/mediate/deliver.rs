@@ -214,6 +214,7 @@ impl Mediator {
         boxes: &mut Boxes,
         obs: &[(String, OpenMaildir)],
         items: &[(usize, OsString)],
+        claimed: &mut HashSet<usize>,
         out: &mut dyn Write,
     ) -> Result<Vec<(usize, OsString)>> {
         self.call_hook("collected", obs, items);
@@ -223,7 +224,7 @@ impl Mediator {
         copies.commit(&boxes.list)?;
         self.count_refusals(&c.refused)?;
         self.call_hook("delivered", obs, items);
-        self.claim_all(boxes, obs, &c.work, &failed)?;
+        self.claim_all(boxes, obs, &c.work, &failed, claimed)?;
         Ok(c.later)
     }
 
@@ -367,17 +368,19 @@ impl Mediator {
     }
 
     /// Claims every message of the batch whose copies were delivered (or
-    /// moves it to quarantine), then makes every directory that changed
-    /// durable at one sync point.
+    /// moves it to quarantine), then makes the quarantine and the human
+    /// queue's `cur/` durable at one sync point.  The outboxes that took a
+    /// claim are added to `claimed`: their `cur/` is fsynced once per pass
+    /// (`sync_claims`), not once per batch.
     fn claim_all(
         &mut self,
         boxes: &Boxes,
         obs: &[(String, OpenMaildir)],
         work: &[(usize, Work)],
         failed: &HashSet<usize>,
+        claimed: &mut HashSet<usize>,
     ) -> Result<()> {
         let (mut quarantined, mut questions) = (false, false);
-        let mut claimed: Vec<usize> = Vec::new();
         for (i, (k, w)) in work.iter().enumerate() {
             if failed.contains(&i) {
                 continue;
@@ -391,7 +394,7 @@ impl Mediator {
                     ..
                 } => {
                     if self.claim(ob, name) {
-                        claimed.push(*k);
+                        claimed.insert(*k);
                     }
                     let forwarded = entries.iter().any(|e| e.decision.action == Action::Forward);
                     if let (Some(q), true) = (claim_question, forwarded) {
@@ -428,12 +431,7 @@ impl Mediator {
                 }
             }
         }
-        claimed.sort_unstable();
-        claimed.dedup();
-        let mut dirs: Vec<(&OwnedFd, PathBuf)> = claimed
-            .iter()
-            .map(|k| (&obs[*k].1.cur, obs[*k].1.path.join("cur")))
-            .collect();
+        let mut dirs: Vec<(&OwnedFd, PathBuf)> = Vec::new();
         if quarantined {
             let q = &boxes.list[QUARANTINE];
             dirs.push((&q.new, q.path.join("new")));

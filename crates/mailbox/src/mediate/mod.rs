@@ -28,7 +28,10 @@
 //!
 //! Each step finishes durably for a whole batch before the next starts (see
 //! crates/mailbox/src/batch.rs), so a SIGKILL at any instant followed by a restart gives
-//! each log entry and each inbox copy exactly once.  The files of steps 1
+//! each log entry and each inbox copy exactly once.  The claims alone are
+//! made durable once per pass (each outbox's `cur/` once, after the last
+//! batch): a claim a power cut takes back is step 3 again after 1-2,
+//! which write nothing new.  The files of steps 1
 //! and 2 are written and fsynced together, in `tmp/`, where nobody reads
 //! them; the copies are renamed into view only once the log is durable.
 //!
@@ -90,9 +93,15 @@ use crate::maildir::escape_name;
 use crate::policy::Policy;
 use crate::registry::Registry;
 
-/// Messages per batch: each batch costs four sync points, and one fsync
-/// of each directory it touched, however many of its messages share it.
+/// Messages per batch: each batch costs three or four sync points, and one
+/// fsync of each directory it touched, however many of its messages share
+/// it; the outboxes' `cur/` are fsynced once per pass.
 pub const DEFAULT_BATCH: usize = 1024;
+/// Entries of one outbox a batch takes in a turn before it takes from the
+/// next: a message waits behind at most TURN posts of each other sender per
+/// turn of its own outbox, and a batch from a thousand outboxes with a few
+/// posts each claims into (and fsyncs) a few hundred `cur/`, not all.
+pub const TURN: usize = 16;
 /// Text a batch holds at most (bodies and subjects, about): a batch of
 /// messages near the size limit is cut short, so memory stays bounded.
 pub const BATCH_BYTES: usize = 64 << 20;
@@ -387,12 +396,12 @@ impl Mediator {
         self.finish_operator_actions(&mut boxes, out)?;
         self.archive_removed(&mut boxes, out)?;
         self.count_held(&boxes);
-        // Batches span outboxes: each takes one entry of each outbox in
-        // turn until it is full, so a flood from one sender never keeps
-        // another's question waiting behind it, and a thousand outboxes
-        // with one message each cost a handful of sync points, not a
-        // thousand.  A lone message is routed at once: nothing waits for a
-        // batch to fill.
+        // Batches span outboxes: each takes up to TURN entries of each
+        // outbox in turn until it is full, so a flood from one sender keeps
+        // another's question waiting behind at most TURN of its posts, and
+        // a thousand outboxes with one message each cost a handful of sync
+        // points, not a thousand.  A lone message is routed at once:
+        // nothing waits for a batch to fill.
         let mut obs: Vec<(String, OpenMaildir)> = Vec::new();
         let mut queues: Vec<(Vec<OsString>, usize)> = Vec::new();
         // Sender -> its posts that wait because its log budget is used up.
@@ -416,35 +425,18 @@ impl Mediator {
                 }
             }
         }
-        let step = self.batch.max(1);
         let mut turn = 0usize;
         let mut later: Vec<(usize, OsString)> = Vec::new();
+        // Outboxes (by index in `obs`) with a claim whose `cur/` is not yet
+        // fsynced: each once, after the pass's last batch.
+        let mut claimed: HashSet<usize> = HashSet::new();
         loop {
             let mut items = std::mem::take(&mut later);
-            let mut idle = 0;
-            while items.len() < step && idle < queues.len() {
-                let k = turn;
-                turn = (turn + 1) % queues.len();
-                let (names, at) = &mut queues[k];
-                if *at < names.len() && self.budget_full(&self.state.qualified(&obs[k].0)) {
-                    // Went over its budget in this pass: the rest waits.
-                    let left = (names.len() - *at) as u64;
-                    *at = names.len();
-                    self.stats.waiting += left;
-                    *full.entry(self.state.qualified(&obs[k].0)).or_default() += left;
-                    idle += 1;
-                } else if *at < names.len() {
-                    items.push((k, names[*at].clone()));
-                    *at += 1;
-                    idle = 0;
-                } else {
-                    idle += 1;
-                }
-            }
+            self.fill_batch(&obs, &mut queues, &mut turn, &mut items, &mut full);
             if items.is_empty() {
                 break;
             }
-            match self.route_batch(&mut boxes, &obs, &items, out) {
+            match self.route_batch(&mut boxes, &obs, &items, &mut claimed, out) {
                 Ok(put_off) => later = put_off,
                 Err(e) => {
                     // A batch that fails is left where it is; a later pass
@@ -459,6 +451,7 @@ impl Mediator {
                 }
             }
         }
+        self.sync_claims(&obs, &claimed);
         self.take_receipts(&mut boxes, out)?;
         self.tell_full(&mut boxes, &full, out)?;
         self.tell_quarantine_full(&mut boxes, out)?;
@@ -468,6 +461,58 @@ impl Mediator {
             self.save_memory()?;
         }
         Ok(self.stats.since(before))
+    }
+
+    /// Fills `items` up to a batch, taking up to [`TURN`] entries of each
+    /// outbox in turn from `turn` on; a sender that went over its log
+    /// budget in this pass has the rest of its queue counted as waiting.
+    fn fill_batch(
+        &mut self,
+        obs: &[(String, OpenMaildir)],
+        queues: &mut [(Vec<OsString>, usize)],
+        turn: &mut usize,
+        items: &mut Vec<(usize, OsString)>,
+        full: &mut HashMap<String, u64>,
+    ) {
+        let step = self.batch.max(1);
+        let mut idle = 0;
+        while items.len() < step && idle < queues.len() {
+            let k = *turn;
+            *turn = (*turn + 1) % queues.len();
+            let (names, at) = &mut queues[k];
+            if *at < names.len() && self.budget_full(&self.state.qualified(&obs[k].0)) {
+                // Went over its budget in this pass: the rest waits.
+                let left = (names.len() - *at) as u64;
+                *at = names.len();
+                self.stats.waiting += left;
+                *full.entry(self.state.qualified(&obs[k].0)).or_default() += left;
+                idle += 1;
+            } else if *at < names.len() {
+                let n = TURN.min(names.len() - *at).min(step - items.len());
+                items.extend(names[*at..*at + n].iter().map(|name| (k, name.clone())));
+                *at += n;
+                idle = 0;
+            } else {
+                idle += 1;
+            }
+        }
+    }
+
+    /// Makes the pass's claims durable: one fsync of each outbox's `cur/`
+    /// that took a claim, after the last batch (mailbox-spec.md,
+    /// DURABILITY).  A claim lost to a cut before it is carried out again
+    /// from the log, delivering nothing twice; a failure is warned about.
+    fn sync_claims(&mut self, obs: &[(String, OpenMaildir)], claimed: &HashSet<usize>) {
+        let mut ks: Vec<usize> = claimed.iter().copied().collect();
+        ks.sort_unstable();
+        let dirs: Vec<(&OwnedFd, PathBuf)> = ks
+            .iter()
+            .map(|k| (&obs[*k].1.cur, obs[*k].1.path.join("cur")))
+            .collect();
+        let refs: Vec<(&OwnedFd, &Path)> = dirs.iter().map(|(f, p)| (*f, p.as_path())).collect();
+        if let Err(e) = batch::fsync_all(&refs) {
+            self.warn_once(format!("claims wait to be made durable: {e}"));
+        }
     }
 
     /// Removes files older than 36 hours from the `tmp/` of every Maildir

@@ -1,7 +1,8 @@
 //! Many outboxes at once: a thousand senders with one message each are
 //! routed in batches that span outboxes, an unreadable outbox among them is
 //! reported and skipped while the rest are delivered, and an outbox removed
-//! while its batch is in flight loses nothing and stops nothing.
+//! while its batch is in flight loses nothing and stops nothing; a batch
+//! takes runs of up to TURN entries of an outbox, and no more.
 
 use support::mediate_util;
 
@@ -240,4 +241,60 @@ fn a_copy_that_cannot_be_written_waits_and_goes_on_the_next_pass() {
     want.sort();
     assert_eq!(delivered(&root.sandbox("dst").inbox()), want);
     assert_eq!(forwards(&root), want, "each logged once");
+}
+
+#[test]
+fn a_batch_takes_a_run_of_an_outbox_and_a_flood_delays_a_question_by_at_most_a_turn() {
+    // `flood` has 100 posts waiting, `q` one question; batches of 8.  A
+    // turn takes up to TURN (16) entries of an outbox, so the first batch
+    // is 8 of the flood's alone (before: one of each outbox in turn), and
+    // the question is taken after at most TURN of the flood's posts.
+    use mailbox::mediate::TURN;
+    const BATCH: usize = 8;
+    let root = root_with("turns", &["flood", "q", "dst"]);
+    for i in 0..100 {
+        drop_in(
+            &root,
+            "flood",
+            &message("flood", &["dst"], Kind::Request, &format!("flood {i}")),
+        );
+    }
+    let question = message("q", &["dst"], Kind::Request, "a question");
+    drop_in(&root, "q", &question);
+    let p = root.dir.parent().unwrap().join("policy");
+    std::fs::write(&p, OPEN_POLICY).unwrap();
+    let mut m = Mediator::open(root.clone(), Some(p), true, Box::new(|_| {})).unwrap();
+    m.batch = BATCH;
+    let batches: Arc<Mutex<Vec<Vec<PathBuf>>>> = Arc::default();
+    let seen = batches.clone();
+    m.batch_hook = Some(Box::new(move |at: &str, dirs: &[PathBuf]| {
+        if at == "collected" {
+            seen.lock().unwrap().push(dirs.to_vec());
+        }
+    }));
+    let mut sink = Vec::new();
+    m.drain(&mut sink).unwrap();
+    let batches = batches.lock().unwrap().clone();
+    let (flood, q) = (
+        root.sandbox("flood").outbox().path,
+        root.sandbox("q").outbox().path,
+    );
+    let at = batches.iter().position(|b| b.contains(&q));
+    println!(
+        "{} batches of {BATCH}; the question in batch {at:?}; outboxes per batch {:?}",
+        batches.len(),
+        batches.iter().map(Vec::len).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        batches[0],
+        vec![flood],
+        "the first batch is a run of the flood's posts"
+    );
+    let bound = TURN.div_ceil(BATCH) + 1;
+    assert!(
+        at.is_some_and(|a| a < bound),
+        "the question waits behind more than {TURN} posts of the flood: batch {at:?}"
+    );
+    assert_eq!(delivered(&root.sandbox("q").inbox()).len(), 0);
+    assert_eq!(forwards(&root).len(), 101, "each logged once");
 }
