@@ -94,15 +94,19 @@ fn plan_text(c: &Case) -> String {
         return out;
     }
     let from = m
-        .image
-        .clone()
+        .base_image()
         .expect("a mapping without a fatal refusal has an image");
     let deps = loopwright::init::deps_inputs(&c.dir);
     for (path, text, mode) in render::files(&m, &from, &deps, "DIGEST") {
         if path.ends_with("runtime.conf") {
             loopwright::image::parse(&text, &path).expect("lw-build reads the runtime.conf");
         }
-        let kept = ["runtime.conf", "devcontainer.Dockerfile", "deps.sh"];
+        let kept = [
+            "runtime.conf",
+            "devcontainer.Dockerfile",
+            "deps.sh",
+            "deps.Dockerfile",
+        ];
         if !(kept.iter().any(|k| path.ends_with(k)) || path.contains("/feature-")) {
             continue;
         }

@@ -31,6 +31,7 @@ pub mod archive;
 mod build;
 pub mod cache;
 mod definition;
+pub mod dockerfile;
 mod explain;
 mod inputs;
 

@@ -16,6 +16,7 @@ use std::path::Path;
 
 use mailbox::error::{Error, Exit, Result};
 
+mod build;
 mod features;
 pub mod jsonc;
 mod map;
