@@ -243,11 +243,10 @@ fn in_layer(l: &Line, layer: &mut LayerDef) -> Result<()> {
                 return Err(l.err(format!("layer '{}' has two contexts", layer.name)));
             }
             let p = l.one("folder")?;
-            if normalize(&p).is_empty() {
-                layer.context = Some(String::new());
-            } else {
-                check_rel_path(&p).map_err(|m| l.err(m))?;
-                layer.context = Some(normalize(&p));
+            // `.` is the project's top; what climbs out of it is refused.
+            match check_rel_path(&p) {
+                Err(m) if !m.contains("names the whole project") => return Err(l.err(m)),
+                _ => layer.context = Some(normalize(&p)),
             }
         }
         "arg" => {
