@@ -96,6 +96,14 @@ fn plan_text(c: &Case) -> String {
     let from = m
         .base_image()
         .expect("a mapping without a fatal refusal has an image");
+    out.push_str(
+        render::config_lines(&m, &[])
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .map(|l| format!("config: {l}\n"))
+            .collect::<String>()
+            .as_str(),
+    );
     let deps = loopwright::init::deps_inputs(&c.dir);
     for (path, text, mode) in render::files(&m, &from, &deps, "DIGEST") {
         if path.ends_with("runtime.conf") {

@@ -217,6 +217,11 @@ fn ports(m: &mut Mapping, k: &str, val: &Value) {
             Value::String(s) if !s.contains(':') => s.parse().ok(),
             _ => None,
         };
+        let key = format!("{k}[{}]", p.as_str().map_or(p.to_string(), str::to_string));
+        if let (Some(n), None) = (n, n.and_then(|n| u16::try_from(n).ok()).filter(|&n| n > 0)) {
+            m.refuse(&key, format!("{n} is no port (1 to 65535)"));
+            continue;
+        }
         match n.and_then(|n| u16::try_from(n).ok()).filter(|&n| n > 0) {
             Some(port) if !m.ports.iter().any(|q| q.port == port) => {
                 m.ports.push(Port { port, label: None })
@@ -233,7 +238,7 @@ fn ports(m: &mut Mapping, k: &str, val: &Value) {
         m.take(
             k,
             format!(
-                "{}: each published with lw-sandbox create --port (host ports leased from sandbox.ports)",
+                "{}: sandbox.forward-ports, published by lw-sandbox create --network bridge (host ports leased from sandbox.ports)",
                 list.join(", ")
             ),
         );

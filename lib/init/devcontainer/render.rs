@@ -282,18 +282,20 @@ pub fn config_lines(m: &Mapping, allowed: &[String]) -> String {
         );
     }
     if !m.ports.is_empty() {
-        let ports: Vec<String> = m
+        let labels: Vec<String> = m
             .ports
             .iter()
             .map(|p| match &p.label {
-                Some(l) => format!("--port {} ({l})", p.port),
-                None => format!("--port {}", p.port),
+                Some(l) => format!("{} ({l})", p.port),
+                None => p.port.to_string(),
             })
             .collect();
+        let ports: Vec<String> = m.ports.iter().map(|p| p.port.to_string()).collect();
         let _ = writeln!(
             s,
-            "# Its forwarded ports: lw-sandbox create NAME {}",
-            ports.join(" ")
+            "# Its forwarded ports ({}): every sandbox created with --network bridge\n# publishes them on 127.0.0.1, at host ports leased from sandbox.ports.\nsandbox.forward-ports = {}",
+            labels.join(", "),
+            ports.join(", ")
         );
     }
     s

@@ -45,7 +45,7 @@ impl<'a> Sandboxes<'a> {
         check_branch(&opts.branch)?;
         let mut settings = Settings::from_project(project)?;
         apply_overrides(&mut settings, &opts.limits)?;
-        let ports = check_ports(opts)?;
+        let ports = check_ports(opts, project, warn)?;
         let runtime = self.check_runtime(
             opts.runtime.as_deref().or(settings.runtime.as_deref()),
             opts.network,
@@ -144,13 +144,49 @@ impl<'a> Sandboxes<'a> {
     }
 }
 
-/// `--port` and `--allow` against the network: the ports, parsed.
-fn check_ports(opts: &CreateOptions) -> Result<Vec<String>> {
-    let whats = opts
+/// The project's config key of the ports every sandbox publishes (lw init
+/// writes a devcontainer.json's `forwardPorts` there).
+pub const KEY_FORWARD_PORTS: &str = "sandbox.forward-ports";
+
+/// `--port` and `--allow` against the network: the ports, parsed, with the
+/// project's `sandbox.forward-ports` when the network can publish them
+/// (else they are left out, said in a warning: the network chosen wins).
+fn check_ports(
+    opts: &CreateOptions,
+    project: Option<&Project>,
+    warn: &mut dyn FnMut(&str),
+) -> Result<Vec<String>> {
+    let mut whats = opts
         .ports
         .iter()
         .map(|p| parse_port(p))
         .collect::<Result<Vec<_>>>()?;
+    let forward = project.and_then(|p| p.config.get(KEY_FORWARD_PORTS));
+    let forward: Vec<&str> = forward
+        .unwrap_or("")
+        .split([',', ' ', '\t'])
+        .filter(|s| !s.is_empty())
+        .collect();
+    if !forward.is_empty() && opts.network != Network::Bridge {
+        warn(&format!(
+            "{KEY_FORWARD_PORTS} ({}) not published: --network {} has no bridge; add --network bridge to publish them",
+            forward.join(", "),
+            opts.network.as_str()
+        ));
+    } else {
+        for f in forward {
+            let p = parse_port(f).map_err(|e| {
+                Error::config(format!(
+                    "{KEY_FORWARD_PORTS} in {}: {}",
+                    mailbox::config::FILE,
+                    e.msg
+                ))
+            })?;
+            if !whats.contains(&p) {
+                whats.push(p);
+            }
+        }
+    }
     if !whats.is_empty() && opts.network != Network::Bridge {
         return Err(Error::usage(format!(
             "--port publishes on 127.0.0.1 through the engine's bridge, which --network {} has not; add --network bridge",
