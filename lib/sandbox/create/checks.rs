@@ -291,4 +291,64 @@ mod tests {
             assert_eq!(check_branch(bad).unwrap_err().exit, Exit::Usage, "{bad}");
         }
     }
+
+    /// A devcontainer.json's forwardPorts, in the config as
+    /// sandbox.forward-ports: published with --network bridge besides
+    /// --port (once each), left out with a warning on another network; a
+    /// bad one is the config's error, naming the key.
+    #[test]
+    fn forward_ports_join_the_ports_on_a_bridge_only() {
+        let project = |v: &str| Project {
+            top: PathBuf::from("/p"),
+            git_dir: PathBuf::from("/p/.git"),
+            config: Config::parse_project(
+                &format!("{KEY_FORWARD_PORTS} = {v}\n"),
+                std::path::Path::new("/p/.loopwright/config"),
+            )
+            .expect("the key is known"),
+        };
+        let mut opts = CreateOptions {
+            name: "a".into(),
+            branch: "a".into(),
+            from: None,
+            scope: vec![],
+            ports: vec!["3000".into()],
+            secrets: vec![],
+            network: Network::Bridge,
+            allow: vec![],
+            image: None,
+            allow_stale: false,
+            no_fetch: false,
+            agent: None,
+            limits: Default::default(),
+            allow_install_change: false,
+            services: vec![],
+            runtime: None,
+        };
+        let mut warned = Vec::new();
+        let p = project("3000, 8080 53/udp");
+        let got = check_ports(&opts, Some(&p), &mut |w| warned.push(w.to_string())).unwrap();
+        assert_eq!(got, ["3000/tcp", "8080/tcp", "53/udp"]);
+        assert!(warned.is_empty());
+        opts.ports.clear();
+        opts.network = Network::None;
+        let got = check_ports(&opts, Some(&p), &mut |w| warned.push(w.to_string())).unwrap();
+        assert!(got.is_empty());
+        assert_eq!(
+            warned,
+            [
+                "sandbox.forward-ports (3000, 8080, 53/udp) not published: --network none has no bridge; add --network bridge to publish them"
+            ]
+        );
+        opts.network = Network::Bridge;
+        let e = check_ports(&opts, Some(&project("70000")), &mut |_| {}).unwrap_err();
+        assert_eq!(e.exit, Exit::Config);
+        assert!(
+            e.msg.starts_with(
+                "sandbox.forward-ports in .loopwright/config: '70000' is not a container port"
+            ),
+            "{}",
+            e.msg
+        );
+    }
 }
