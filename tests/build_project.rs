@@ -168,3 +168,75 @@ fn reading_outside_the_context_or_the_project_is_refused() {
     assert_eq!(o.status.code(), Some(78), "{err}");
     assert!(err.contains("outside the project; refused"), "{err}");
 }
+
+/// From a devcontainer.json to an image, end to end: lw init takes its
+/// Dockerfile (args, target, a COPY from the context `..`), lw-build builds
+/// it under loopwright's layers, and the lifecycle commands ran as the
+/// sandbox's user (uid 1000), the object's two side by side, in the
+/// specification's order.
+#[test]
+fn a_devcontainer_dockerfile_becomes_the_image_with_its_commands_run_as_the_user() {
+    let p = Project::new("dc-build");
+    let debian = test_image("debian");
+    p.write(
+        ".devcontainer/devcontainer.json",
+        r#"{
+        // The project's own image.
+        "build": {"dockerfile": "Dockerfile", "context": "..", "args": {"GREETING": "hi"}, "target": "dev"},
+        "remoteUser": "dev",
+        "containerEnv": {"FOO": "bar"},
+        "onCreateCommand": "id -u > oncreate.uid",
+        "postCreateCommand": {"a": "cat oncreate.uid > a.txt", "b": ["sh", "-c", "echo b > b.txt"]},
+    }"#,
+    );
+    p.write(
+        ".devcontainer/Dockerfile",
+        &format!(
+            "FROM {debian} AS base\nARG GREETING\nCOPY .devcontainer/hello.txt /hello.txt\nRUN echo \"$GREETING\" > /greeting\nFROM base AS dev\nRUN echo dev > /stage\nFROM base AS prod\nRUN false\n"
+        ),
+    );
+    p.write(".devcontainer/hello.txt", "hello\n");
+    std::fs::remove_dir_all(p.dir.join(".loopwright")).unwrap();
+    assert!(
+        Command::new("git")
+            .args(["init", "-q"])
+            .arg(&p.dir)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_lw-init"))
+        .args(["--ca", "none"])
+        .arg(&p.dir)
+        .output()
+        .expect("lw-init runs");
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("took build: the first layer, 'project', builds .devcontainer/Dockerfile (context ., target dev, GREETING=hi)"), "{err}");
+    let conf = std::fs::read_to_string(p.dir.join(".loopwright/runtime/runtime.conf")).unwrap();
+    p.write(
+        ".loopwright/runtime/runtime.conf",
+        &format!("image {}\n{conf}", p.repo),
+    );
+    let t = std::time::Instant::now();
+    let layers = p.build_ok();
+    println!("figure: cold lw-build {:.1} s", t.elapsed().as_secs_f64());
+    let names: Vec<&str> = layers.iter().map(|(n, _, _)| n.as_str()).collect();
+    assert_eq!(names, ["project", "base", "devcontainer", "deps"]);
+    let top = &layers[3].1;
+    assert_eq!(
+        run_in(
+            top,
+            "cd /opt/loopwright/deps && cat oncreate.uid a.txt b.txt /greeting /hello.txt /stage && echo $FOO && stat -c %u b.txt"
+        ),
+        "1000\n1000\nb\nhi\nhello\ndev\nbar\n1000\n"
+    );
+    // The COPYed file changes: from the project layer; nothing else does.
+    let ids0: Vec<String> = layers
+        .iter()
+        .map(|(_, t, _)| image_id(t).unwrap())
+        .collect();
+    p.write(".devcontainer/hello.txt", "hello again\n");
+    let ids1 = ids(&p);
+    assert!(ids0.iter().zip(&ids1).all(|(a, b)| a != b), "all rebuild");
+}
