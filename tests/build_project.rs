@@ -172,7 +172,7 @@ fn reading_outside_the_context_or_the_project_is_refused() {
 /// From a devcontainer.json to an image, end to end: lw init takes its
 /// Dockerfile (args, target, a COPY from the context `..`), lw-build builds
 /// it under loopwright's layers, and the lifecycle commands ran as the
-/// sandbox's user (uid 1000), the object's two side by side, in the
+/// image's unprivileged user (uid 1000), the object's two side by side, in the
 /// specification's order.
 #[test]
 fn a_devcontainer_dockerfile_becomes_the_image_with_its_commands_run_as_the_user() {

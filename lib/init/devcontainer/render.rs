@@ -72,8 +72,9 @@ fn project_layer(b: &super::mapping::Build) -> String {
 }
 
 /// The deps layer's Dockerfile: the lifecycle commands run as the
-/// sandbox's user (uid 1000, standing for `remoteUser`), never as root.
-pub const DEPS_DOCKERFILE: &str = "# Deps layer (written by lw init from a devcontainer configuration): the\n# lifecycle commands, run by deps.sh as the sandbox's user (uid 1000, who\n# stands for remoteUser), over this layer's declared inputs.\nARG LW_PARENT\nFROM ${LW_PARENT}\nRUN mkdir -p /opt/loopwright/deps && chown 1000:1000 /opt/loopwright/deps\nCOPY --chown=1000:1000 . /opt/loopwright/deps/\nUSER 1000\nRUN sh /opt/loopwright/deps/.loopwright/runtime/deps.sh /opt/loopwright/deps\nUSER root\n";
+/// image's unprivileged user (uid 1000, the base layer's, standing for
+/// `remoteUser`), never as root.
+pub const DEPS_DOCKERFILE: &str = "# Deps layer (written by lw init from a devcontainer configuration): the\n# lifecycle commands, run by deps.sh as the image's unprivileged user\n# (uid 1000, who stands for remoteUser), over this layer's declared inputs.\nARG LW_PARENT\nFROM ${LW_PARENT}\nRUN mkdir -p /opt/loopwright/deps && chown 1000:1000 /opt/loopwright/deps\nCOPY --chown=1000:1000 . /opt/loopwright/deps/\nUSER 1000\nRUN sh /opt/loopwright/deps/.loopwright/runtime/deps.sh /opt/loopwright/deps\nUSER root\n";
 
 /// A Dockerfile ENV value: quoted, the engine's `$` kept literal except
 /// for `${containerEnv:…}`, which is the image's variable.
@@ -167,7 +168,7 @@ pub fn feature_dockerfile(m: &Mapping, f: &super::mapping::Feature) -> String {
 /// A failure names the hook, the command and its status.
 pub fn deps_script(m: &Mapping) -> String {
     let mut s = format!(
-        "#!/bin/sh\n# deps.sh DIR: the lifecycle commands of {} (onCreateCommand,\n# updateContentCommand, postCreateCommand, in that order; an object's\n# commands in parallel), written by lw init.  They run in DIR, as the\n# sandbox's user: the deps layer's inputs in the image\n# (/opt/loopwright/deps), the sandbox's clone (/work/repo) when an\n# incremental install runs them again.  They read only the files declared\n# as the deps layer's inputs (runtime.conf).\nset -eu\ncd \"$1\"\nlw_fail() {{ echo \"deps.sh: $1 failed (exit $2)\" >&2; exit \"$2\"; }}\n",
+        "#!/bin/sh\n# deps.sh DIR: the lifecycle commands of {} (onCreateCommand,\n# updateContentCommand, postCreateCommand, in that order; an object's\n# commands in parallel), written by lw init.  They run in DIR, never as\n# root: the deps layer's inputs in the image (/opt/loopwright/deps), as\n# uid 1000; the sandbox's clone (/work/repo), as the sandbox's user, when\n# an incremental install runs them again.  They read only the files declared\n# as the deps layer's inputs (runtime.conf).\nset -eu\ncd \"$1\"\nlw_fail() {{ echo \"deps.sh: $1 failed (exit $2)\" >&2; exit \"$2\"; }}\n",
         m.source
     );
     if m.steps.is_empty() {
