@@ -171,8 +171,8 @@ fn reading_outside_the_context_or_the_project_is_refused() {
 
 /// From a devcontainer.json to an image, end to end: lw init takes its
 /// Dockerfile (args, target, a COPY from the context `..`), lw-build builds
-/// it under loopwright's layers, and the lifecycle commands ran as the
-/// image's unprivileged user (uid 1000), the object's two side by side, in the
+/// it under loopwright's layers, and the lifecycle commands ran as
+/// remoteUser, uid 1000 ('dev' names it), the object's two side by side, in the
 /// specification's order.
 #[test]
 fn a_devcontainer_dockerfile_becomes_the_image_with_its_commands_run_as_the_user() {
@@ -239,4 +239,41 @@ fn a_devcontainer_dockerfile_becomes_the_image_with_its_commands_run_as_the_user
     p.write(".devcontainer/hello.txt", "hello again\n");
     let ids1 = ids(&p);
     assert!(ids0.iter().zip(&ids1).all(|(a, b)| a != b), "all rebuild");
+}
+
+/// No remoteUser: the lifecycle commands run as the image's user, root, as
+/// the reference implementation runs them (its scripts write to /opt).
+#[test]
+fn with_no_remote_user_the_commands_run_as_root_like_the_reference() {
+    let p = Project::new("dc-root");
+    p.write(
+        ".devcontainer/devcontainer.json",
+        &format!(
+            r#"{{"image": "{}", "onCreateCommand": "mkdir -p /opt/tools && id -u > /opt/tools/uid"}}"#,
+            test_image("debian")
+        ),
+    );
+    std::fs::remove_dir_all(p.dir.join(".loopwright")).unwrap();
+    assert!(
+        Command::new("git")
+            .args(["init", "-q"])
+            .arg(&p.dir)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_lw-init"))
+        .args(["--ca", "none"])
+        .arg(&p.dir)
+        .output()
+        .expect("lw-init runs");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let conf = std::fs::read_to_string(p.dir.join(".loopwright/runtime/runtime.conf")).unwrap();
+    p.write(
+        ".loopwright/runtime/runtime.conf",
+        &format!("image {}\n{conf}", p.repo),
+    );
+    let layers = p.build_ok();
+    let top = &layers.last().expect("layers").1;
+    assert_eq!(run_in(top, "cat /opt/tools/uid"), "0\n");
 }

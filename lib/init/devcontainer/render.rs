@@ -71,10 +71,28 @@ fn project_layer(b: &super::mapping::Build) -> String {
     s
 }
 
-/// The deps layer's Dockerfile: the lifecycle commands run as the
-/// image's unprivileged user (uid 1000, the base layer's, standing for
-/// `remoteUser`), never as root.
-pub const DEPS_DOCKERFILE: &str = "# Deps layer (written by lw init from a devcontainer configuration): the\n# lifecycle commands, run by deps.sh as the image's unprivileged user\n# (uid 1000, who stands for remoteUser), over this layer's declared inputs.\nARG LW_PARENT\nFROM ${LW_PARENT}\nRUN mkdir -p /opt/loopwright/deps && chown 1000:1000 /opt/loopwright/deps\nCOPY --chown=1000:1000 . /opt/loopwright/deps/\nUSER 1000\nRUN sh /opt/loopwright/deps/.loopwright/runtime/deps.sh /opt/loopwright/deps\nUSER root\n";
+/// The deps layer's Dockerfile: the lifecycle commands run as
+/// `remoteUser` (else `containerUser`), as the specification runs them.
+/// A user other than root is uid 1000: the image's unprivileged user, the
+/// base layer's, whom a devcontainer image's remoteUser (vscode, node, dev)
+/// is by convention.  None named, or root: root, the image's own user, as
+/// the reference implementation runs them.
+pub fn deps_dockerfile(m: &Mapping) -> String {
+    let user = match m.user.as_deref() {
+        Some(u) if u != "root" && u != "0" => "1000",
+        _ => "root",
+    };
+    let who = match m.user.as_deref() {
+        Some(u) if user == "1000" => format!("as uid 1000, who stands for\n# remoteUser '{u}'"),
+        _ => {
+            "as root, the user the\n# configuration names (or the image's, none named)".to_string()
+        }
+    };
+    format!(
+        "# Deps layer (written by lw init from {}): the lifecycle\n# commands, run by deps.sh {who}, over this layer's declared inputs.\nARG LW_PARENT\nFROM ${{LW_PARENT}}\nRUN mkdir -p /opt/loopwright/deps && chown {user} /opt/loopwright/deps\nCOPY --chown={user} . /opt/loopwright/deps/\nUSER {user}\nRUN sh /opt/loopwright/deps/.loopwright/runtime/deps.sh /opt/loopwright/deps\nUSER root\n",
+        m.source
+    )
+}
 
 /// A Dockerfile ENV value: quoted, the engine's `$` kept literal except
 /// for `${containerEnv:…}`, which is the image's variable.
@@ -168,7 +186,7 @@ pub fn feature_dockerfile(m: &Mapping, f: &super::mapping::Feature) -> String {
 /// A failure names the hook, the command and its status.
 pub fn deps_script(m: &Mapping) -> String {
     let mut s = format!(
-        "#!/bin/sh\n# deps.sh DIR: the lifecycle commands of {} (onCreateCommand,\n# updateContentCommand, postCreateCommand, in that order; an object's\n# commands in parallel), written by lw init.  They run in DIR, never as\n# root: the deps layer's inputs in the image (/opt/loopwright/deps), as\n# uid 1000; the sandbox's clone (/work/repo), as the sandbox's user, when\n# an incremental install runs them again.  They read only the files declared\n# as the deps layer's inputs (runtime.conf).\nset -eu\ncd \"$1\"\nlw_fail() {{ echo \"deps.sh: $1 failed (exit $2)\" >&2; exit \"$2\"; }}\n",
+        "#!/bin/sh\n# deps.sh DIR: the lifecycle commands of {} (onCreateCommand,\n# updateContentCommand, postCreateCommand, in that order; an object's\n# commands in parallel), written by lw init.  They run in DIR: the deps\n# layer's inputs in the image (/opt/loopwright/deps), as remoteUser\n# (deps.Dockerfile); the sandbox's clone (/work/repo), as the sandbox's\n# user, when an incremental install runs them again.  They read only the files declared\n# as the deps layer's inputs (runtime.conf).\nset -eu\ncd \"$1\"\nlw_fail() {{ echo \"deps.sh: $1 failed (exit $2)\" >&2; exit \"$2\"; }}\n",
         m.source
     );
     if m.steps.is_empty() {
@@ -246,7 +264,7 @@ pub fn files(m: &Mapping, from: &str, deps: &[String], digest: &str) -> Vec<(Str
         let text = match *name {
             "runtime.conf" => runtime_conf(m, from, deps),
             "deps.sh" => deps_script(m),
-            "deps.Dockerfile" => DEPS_DOCKERFILE.to_string(),
+            "deps.Dockerfile" => deps_dockerfile(m),
             "toolchain.Dockerfile" | "mise.toml" => continue,
             _ => text.to_string(),
         };
