@@ -173,7 +173,8 @@ fn reading_outside_the_context_or_the_project_is_refused() {
 /// Dockerfile (args, target, a COPY from the context `..`), lw-build builds
 /// it under loopwright's layers, and the lifecycle commands ran as
 /// remoteUser, uid 1000 ('dev' names it), the object's two side by side, in the
-/// specification's order.
+/// specification's order.  The Dockerfile ends as `USER dev`: the base
+/// layer after it still installs its packages as root.
 #[test]
 fn a_devcontainer_dockerfile_becomes_the_image_with_its_commands_run_as_the_user() {
     let p = Project::new("dc-build");
@@ -192,7 +193,7 @@ fn a_devcontainer_dockerfile_becomes_the_image_with_its_commands_run_as_the_user
     p.write(
         ".devcontainer/Dockerfile",
         &format!(
-            "FROM {debian} AS base\nARG GREETING\nCOPY .devcontainer/hello.txt /hello.txt\nRUN echo \"$GREETING\" > /greeting\nFROM base AS dev\nRUN echo dev > /stage\nFROM base AS prod\nRUN false\n"
+            "FROM {debian} AS base\nARG GREETING\nCOPY .devcontainer/hello.txt /hello.txt\nRUN echo \"$GREETING\" > /greeting\nFROM base AS dev\nRUN echo dev > /stage && useradd -m -u 1000 dev\nUSER dev\nFROM base AS prod\nRUN false\n"
         ),
     );
     p.write(".devcontainer/hello.txt", "hello\n");

@@ -192,6 +192,7 @@ fn take(
             )
         })?;
     let inputs = copied(top, &df, &ctx, &text)?;
+    let user = last_user(&text);
     Ok(Build {
         dockerfile: df,
         context: ctx,
@@ -199,7 +200,22 @@ fn take(
         target,
         inputs,
         from,
+        user,
     })
+}
+
+/// The last `USER` of the last stage of `text`, unless root.
+fn last_user(text: &str) -> Option<String> {
+    let mut user = None;
+    for l in text.lines() {
+        let mut w = l.split_whitespace();
+        match w.next().map(str::to_ascii_uppercase).as_deref() {
+            Some("FROM") => user = None,
+            Some("USER") => user = w.next().map(str::to_string),
+            _ => {}
+        }
+    }
+    user.filter(|u| !matches!(u.split(':').next(), Some("root" | "0")))
 }
 
 /// The Dockerfile's text, when it is a file in the repository (where a

@@ -80,6 +80,9 @@ pub struct Build {
     pub inputs: Vec<String>,
     /// The image its last (or target) stage starts from.
     pub from: String,
+    /// The last stage's last `USER`, when it is not root: the layers after
+    /// it switch back to root (base installs packages).
+    pub user: Option<String>,
 }
 
 /// What loopwright takes of one configuration.

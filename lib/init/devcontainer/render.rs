@@ -263,6 +263,11 @@ pub fn files(m: &Mapping, from: &str, deps: &[String], digest: &str) -> Vec<(Str
     for (name, text, mode) in crate::image::DEFAULT_RUNTIME {
         let text = match *name {
             "runtime.conf" => runtime_conf(m, from, deps),
+            // The project's Dockerfile ended as another user: the base
+            // layer installs packages as root.
+            "base.Dockerfile" if m.build.as_ref().is_some_and(|b| b.user.is_some()) => {
+                text.replacen("FROM ${LW_PARENT}\n", "FROM ${LW_PARENT}\nUSER root\n", 1)
+            }
             "deps.sh" => deps_script(m),
             "deps.Dockerfile" => deps_dockerfile(m),
             "toolchain.Dockerfile" | "mise.toml" => continue,
