@@ -253,4 +253,33 @@ fn the_readme_devcontainer_path_runs_verbatim_on_a_fresh_repository() {
         out.lines().any(|l| l.starts_with("8000/tcp -> 127.0.0.1:")),
         "the forwarded port is published: {out}"
     );
+
+    // Hostile: the only host port the forwarded one could be leased is
+    // taken by something else; create fails with 75 (try again), saying
+    // the range is in use on the host and how to widen it.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let taken = listener.local_addr().unwrap().port();
+    let cfg = repo.join(".loopwright/config");
+    let mut conf = std::fs::read_to_string(&cfg).unwrap();
+    assert!(conf.contains("sandbox.forward-ports = 8000\n"), "{conf}");
+    conf.push_str(&format!("sandbox.ports = {taken}\n"));
+    std::fs::write(&cfg, conf).unwrap();
+    let o = Command::new("bash")
+        .args([
+            "-c",
+            "export LW_ROOT=$PWD/.loopwright/cache/mailbox; lw-sandbox create held --branch task/held --network bridge",
+        ])
+        .current_dir(&repo)
+        .env("PATH", &path)
+        .stdin(Stdio::null())
+        .output()
+        .expect("bash runs");
+    let e = err(&o);
+    assert_eq!(o.status.code(), Some(75), "{e}");
+    assert!(
+        e.contains(&format!("port range {taken}-{taken} is exhausted"))
+            && e.contains("in use on the host; widen 'sandbox.ports'"),
+        "{e}"
+    );
+    drop(listener);
 }
