@@ -220,7 +220,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     let from = args
         .from
         .clone()
-        .or_else(|| dc.as_ref().and_then(|(m, _)| m.image.clone()))
+        .or_else(|| dc.as_ref().and_then(|(m, _)| m.base_image()))
         .unwrap_or_else(pick_base);
     let inputs = devcontainer::inputs(&top, &args.input)?;
     let authorities = match args.ca {

@@ -94,15 +94,27 @@ fn plan_text(c: &Case) -> String {
         return out;
     }
     let from = m
-        .image
-        .clone()
+        .base_image()
         .expect("a mapping without a fatal refusal has an image");
+    out.push_str(
+        render::config_lines(&m, &[])
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .map(|l| format!("config: {l}\n"))
+            .collect::<String>()
+            .as_str(),
+    );
     let deps = loopwright::init::deps_inputs(&c.dir);
     for (path, text, mode) in render::files(&m, &from, &deps, "DIGEST") {
         if path.ends_with("runtime.conf") {
             loopwright::image::parse(&text, &path).expect("lw-build reads the runtime.conf");
         }
-        let kept = ["runtime.conf", "devcontainer.Dockerfile", "deps.sh"];
+        let kept = [
+            "runtime.conf",
+            "devcontainer.Dockerfile",
+            "deps.sh",
+            "deps.Dockerfile",
+        ];
         if !(kept.iter().any(|k| path.ends_with(k)) || path.contains("/feature-")) {
             continue;
         }
@@ -404,5 +416,136 @@ fn lw_init_takes_a_wide_configuration_narrowed_and_says_what_it_refused() {
         f["fix"].as_str().unwrap().contains("lw init --force"),
         "{f}"
     );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// A scratch checkout holding one devcontainer.json.
+fn scratch(name: &str, config: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("lw-dc-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(d.join(".devcontainer")).unwrap();
+    std::fs::write(d.join(".devcontainer/devcontainer.json"), config).unwrap();
+    d
+}
+
+/// deps.sh for the configuration in `d`, run on this host in `d`.
+fn run_deps(d: &Path) -> std::process::Output {
+    let c = Case {
+        name: "scratch".into(),
+        dir: d.to_path_buf(),
+        config: None,
+        allow: vec![],
+        env: vec![],
+    };
+    let m = mapping(
+        &c,
+        ".devcontainer/devcontainer.json",
+        "/x",
+        "/work/repo",
+        &[],
+    );
+    std::fs::write(d.join("deps.sh"), render::deps_script(&m)).unwrap();
+    Command::new("sh")
+        .arg(d.join("deps.sh"))
+        .arg(d)
+        .output()
+        .expect("sh runs")
+}
+
+/// The object form's commands run in parallel, as the specification runs
+/// them: each of 50 waits until all 50 have started (run one after
+/// another, the first would wait for ever and fail), every output is
+/// shown, and the failures are named together with their status.
+#[test]
+fn fifty_object_form_commands_run_in_parallel_and_failures_are_named() {
+    let n = 50;
+    let mut cmds = serde_json::Map::new();
+    for i in 0..n {
+        let fail = if i % 17 == 3 {
+            format!(" && exit {}", 10 + i)
+        } else {
+            String::new()
+        };
+        cmds.insert(
+            format!("c{i:02}"),
+            Value::String(format!(
+                "mkdir -p started && touch started/{i}; t=0; while [ $(ls started | wc -l) -lt {n} ] && [ $t -lt 600 ]; do sleep 0.05; t=$((t+1)); done; [ $(ls started | wc -l) -ge {n} ] || {{ echo alone; exit 99; }}; echo out-{i}{fail}"
+            )),
+        );
+    }
+    let conf = serde_json::json!({"image": "debian:bookworm-slim", "postCreateCommand": cmds, "onCreateCommand": "echo first > order"});
+    let d = scratch("fifty", &conf.to_string());
+    let t = std::time::Instant::now();
+    let o = run_deps(&d);
+    let err = String::from_utf8_lossy(&o.stderr);
+    println!(
+        "figure: {n} parallel commands ran in {:.2} s, exit {:?}",
+        t.elapsed().as_secs_f64(),
+        o.status.code()
+    );
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(!err.contains("alone"), "a command ran alone: {err}");
+    for i in 0..n {
+        assert!(
+            err.contains(&format!("out-{i}\n")),
+            "output of c{i:02}: {err}"
+        );
+    }
+    assert!(
+        err.contains("deps.sh: failed: postCreateCommand (c03) (exit 13), postCreateCommand (c20) (exit 30), postCreateCommand (c37) (exit 47)"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(d.join("order")).unwrap(), "first\n");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// A failing command stops the script, named with its status; the hooks
+/// after it do not run.
+#[test]
+fn a_failing_lifecycle_command_is_named_and_stops_the_rest() {
+    let d = scratch(
+        "fails",
+        r#"{"image": "x", "onCreateCommand": ["sh", "-c", "exit 7"], "postCreateCommand": "touch ran"}"#,
+    );
+    let o = run_deps(&d);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(7), "{err}");
+    assert!(
+        err.contains("deps.sh: onCreateCommand failed (exit 7)"),
+        "{err}"
+    );
+    assert!(!d.join("ran").exists());
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// A 10 MB devcontainer.json is refused before it is read whole: 65,
+/// naming it and the way around it, nothing written.
+#[test]
+fn a_ten_megabyte_configuration_is_refused_unread() {
+    let pad = "x".repeat(10 << 20);
+    let d = scratch(
+        "huge",
+        &format!("{{\"image\": \"x\", \"name\": \"{pad}\"}}"),
+    );
+    assert!(
+        Command::new("git")
+            .arg("init")
+            .arg("-q")
+            .arg(&d)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let t = std::time::Instant::now();
+    let o = lw_init(&d, &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    println!("figure: refused in {:.3} s", t.elapsed().as_secs_f64());
+    assert_eq!(o.status.code(), Some(65), "{err}");
+    assert!(
+        err.contains("'.devcontainer/devcontainer.json': larger than 1024 KiB")
+            && err.contains("--no-devcontainer"),
+        "{err}"
+    );
+    assert!(!d.join(".loopwright").exists(), "nothing written");
     std::fs::remove_dir_all(&d).unwrap();
 }

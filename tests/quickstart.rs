@@ -17,6 +17,11 @@ use sandbox_support::{bin, docker, err, git, nonce, text, unmount_under};
 
 /// The first ```sh block after the heading `## Your own repository`.
 fn quick_start() -> String {
+    nth_block(1)
+}
+
+/// The `n`th ```sh block after the heading `## Your own repository`.
+fn nth_block(n: usize) -> String {
     let readme =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
     let section = readme
@@ -24,8 +29,11 @@ fn quick_start() -> String {
         .nth(1)
         .expect("README.md has a section 'Your own repository'");
     let block = section
+        .split("\n## ")
+        .next()
+        .unwrap_or(section)
         .split("```sh\n")
-        .nth(1)
+        .nth(n)
         .and_then(|b| b.split("\n```").next())
         .expect("the section has a ```sh block");
     block.to_string()
@@ -160,4 +168,118 @@ fn the_readme_quick_start_runs_verbatim_on_a_fresh_repository() {
             .exists(),
         "api's mail dir is gone"
     );
+}
+
+/// The README's devcontainer path (#44), its second block run verbatim on
+/// a fresh repository whose devcontainer.json builds its own Dockerfile
+/// (from the local test image: lw-build asks no registry), sets an
+/// environment variable, forwards a port and runs a postCreateCommand.
+#[test]
+fn the_readme_devcontainer_path_runs_verbatim_on_a_fresh_repository() {
+    let block = nth_block(2);
+    assert!(block.contains("lw init"), "{block}");
+    let dir = std::env::temp_dir().join(format!("lw-quickstart-dc-{}", nonce()));
+    let (upstream, repo) = (dir.join("up.git"), dir.join("myrepo"));
+    std::fs::create_dir_all(repo.join(".devcontainer")).unwrap();
+    let _cleanup = Cleanup {
+        dir: &dir,
+        root: repo.join(".loopwright/cache/mailbox"),
+    };
+    git(&dir, &["init", "-q", "--bare", "-b", "main", "up.git"]);
+    git(&repo, &["init", "-q", "-b", "main"]);
+    git(&repo, &["config", "user.name", "A Person"]);
+    git(&repo, &["config", "user.email", "person@example.com"]);
+    git(
+        &repo,
+        &["remote", "add", "origin", upstream.to_str().unwrap()],
+    );
+    let image = sandbox_support::debian();
+    std::fs::write(
+        repo.join(".devcontainer/Dockerfile"),
+        format!("FROM {image}\nCOPY .devcontainer/motd /etc/motd\n"),
+    )
+    .unwrap();
+    std::fs::write(repo.join(".devcontainer/motd"), "mine\n").unwrap();
+    std::fs::write(
+        repo.join(".devcontainer/devcontainer.json"),
+        r#"{
+	"name": "mine",
+	"build": { "dockerfile": "Dockerfile", "context": ".." },
+	"containerEnv": { "GREETING": "hello from devcontainer.json" },
+	"forwardPorts": [8000],
+	"remoteUser": "vscode",
+	"postCreateCommand": "echo \"set up by uid $(id -u)\" > setup.log",
+}
+"#,
+    )
+    .unwrap();
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "mine"]);
+    git(&repo, &["push", "-q", "origin", "main"]);
+    let bins = bin("lw-init").parent().unwrap().to_path_buf();
+    let path = format!(
+        "{}:{}",
+        bins.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let t = Instant::now();
+    let o = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &block])
+        .current_dir(&repo)
+        .env("PATH", &path)
+        .env_remove("LW_ROOT")
+        .env_remove("LW_MIRROR")
+        .env_remove("LW_MAILBOX")
+        .stdin(Stdio::null())
+        .output()
+        .expect("bash runs");
+    let secs = t.elapsed().as_secs_f64();
+    let (out, e) = (text(&o), err(&o));
+    println!("quick start (devcontainer): the README block {secs:.1} s");
+    assert!(o.status.success(), "the block failed:\n{out}\n{e}");
+    assert!(
+        e.contains("devcontainer: took build: the first layer, 'project'"),
+        "{e}"
+    );
+    for layer in ["project", "base", "devcontainer", "deps"] {
+        assert!(
+            out.lines().any(|l| l.starts_with(&format!("{layer} "))),
+            "{layer}: {out}"
+        );
+    }
+    assert!(out.contains("set up by uid 1000\n"), "{out}");
+    assert!(out.contains("hello from devcontainer.json\n"), "{out}");
+    assert!(
+        out.lines().any(|l| l.starts_with("8000/tcp -> 127.0.0.1:")),
+        "the forwarded port is published: {out}"
+    );
+
+    // Hostile: the only host port the forwarded one could be leased is
+    // taken by something else; create fails with 75 (try again), saying
+    // the range is in use on the host and how to widen it.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let taken = listener.local_addr().unwrap().port();
+    let cfg = repo.join(".loopwright/config");
+    let mut conf = std::fs::read_to_string(&cfg).unwrap();
+    assert!(conf.contains("sandbox.forward-ports = 8000\n"), "{conf}");
+    conf.push_str(&format!("sandbox.ports = {taken}\n"));
+    std::fs::write(&cfg, conf).unwrap();
+    let o = Command::new("bash")
+        .args([
+            "-c",
+            "export LW_ROOT=$PWD/.loopwright/cache/mailbox; lw-sandbox create held --branch task/held --network bridge",
+        ])
+        .current_dir(&repo)
+        .env("PATH", &path)
+        .stdin(Stdio::null())
+        .output()
+        .expect("bash runs");
+    let e = err(&o);
+    assert_eq!(o.status.code(), Some(75), "{e}");
+    assert!(
+        e.contains(&format!("port range {taken}-{taken} is exhausted"))
+            && e.contains("in use on the host; widen 'sandbox.ports'"),
+        "{e}"
+    );
+    drop(listener);
 }

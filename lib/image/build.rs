@@ -56,7 +56,7 @@ pub fn build(
         check_dockerfile(&df_text, layer)?;
         let req = BuildRequest {
             context: layer.context()?,
-            dockerfile: layer.dockerfile.path.clone(),
+            dockerfile: layer.request_dockerfile()?.0,
             tag: layer.tag.clone(),
             labels: layer.labels(),
             args: layer.build_args(),
@@ -191,6 +191,9 @@ pub fn context_sources(dockerfile: &str) -> Vec<Source> {
 /// before the engine is asked, naming the Dockerfile line and the input list.
 pub(super) fn check_dockerfile(text: &str, layer: &Layer) -> Result<()> {
     let df = &layer.dockerfile.path;
+    if let Some(c) = &layer.def.context {
+        return check_own(text, layer, c);
+    }
     if !text.lines().any(|l| {
         let t = l.trim_start();
         t.len() > 5 && t[..5].eq_ignore_ascii_case("FROM ") && t.contains("LW_PARENT")
@@ -231,6 +234,41 @@ pub(super) fn check_dockerfile(text: &str, layer: &Layer) -> Result<()> {
                 p,
                 layer.def.name,
                 layer.def.line
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// [`check_dockerfile`] for the project's own Dockerfile: its FROM lines are
+/// its own, and what it COPYs is read from its context `c`, inside it.
+fn check_own(text: &str, layer: &Layer, c: &str) -> Result<()> {
+    let df = &layer.dockerfile.path;
+    let ctx = if c.is_empty() { "." } else { c };
+    for src in context_sources(text) {
+        let raw = src.path.trim_start_matches('/');
+        if super::definition::check_rel_path(raw).is_err_and(|e| e.contains("escapes")) {
+            return Err(Error::config(format!(
+                "{df}:{}: {} reads '{}', outside the build context '{ctx}'; the engine never sees a file outside it: move the file into '{ctx}'",
+                src.line, src.instruction, src.path
+            )));
+        }
+        let p = normalize(raw);
+        let full = if c.is_empty() || p.is_empty() {
+            format!("{c}{}", p)
+        } else {
+            format!("{c}/{p}")
+        };
+        let found = p.is_empty()
+            || p.contains(['*', '?', '['])
+            || layer
+                .files
+                .iter()
+                .any(|f| f.path == full || f.path.starts_with(&format!("{full}/")));
+        if !found {
+            return Err(Error::config(format!(
+                "{df}:{}: {} reads '{}' ({full}), which is not an input of layer '{}'; add 'input {full}' under 'layer {}' ({RUNTIME_FILE}:{}), or run lw init --force to read the Dockerfile again",
+                src.line, src.instruction, src.path, layer.def.name, layer.def.name, layer.def.line
             )));
         }
     }

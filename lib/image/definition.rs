@@ -42,6 +42,13 @@ pub struct LayerDef {
     pub dockerfile_line: usize,
     pub provider: Option<Provider>,
     pub inputs: Vec<InputDecl>,
+    /// `context DIR`: the project's own Dockerfile, built with DIR as its
+    /// context; its FROM lines name their own images (the first layer only).
+    pub context: Option<String>,
+    /// `arg NAME=VALUE`: build arguments of a `context` layer.
+    pub args: Vec<(String, String)>,
+    /// `target STAGE`: the stage a `context` layer builds.
+    pub target: Option<String>,
 }
 
 /// A parsed runtime definition.
@@ -148,7 +155,7 @@ pub fn parse(text: &str, file: &str) -> Result<Definition> {
                 from = Some(l.one("image reference")?);
             }
             "layer" => layers.push(layer_line(&l, &layers)?),
-            "dockerfile" | "input" | "provider" => {
+            "dockerfile" | "input" | "provider" | "context" | "arg" | "target" => {
                 let Some(layer) = layers.last_mut() else {
                     return Err(l.err(format!(
                         "'{key}' outside a layer; start one with 'layer NAME'"
@@ -158,7 +165,7 @@ pub fn parse(text: &str, file: &str) -> Result<Definition> {
             }
             other => {
                 return Err(l.err(format!(
-                    "unknown keyword '{other}' (image, from, layer, dockerfile, input, provider)"
+                    "unknown keyword '{other}' (image, from, layer, dockerfile, input, provider, context, arg, target)"
                 )));
             }
         }
@@ -201,6 +208,9 @@ fn layer_line(l: &Line, layers: &[LayerDef]) -> Result<LayerDef> {
         dockerfile_line: 0,
         provider: None,
         inputs: Vec::new(),
+        context: None,
+        args: Vec::new(),
+        target: None,
     })
 }
 
@@ -228,6 +238,26 @@ fn in_layer(l: &Line, layer: &mut LayerDef) -> Result<()> {
                 });
             }
         }
+        "context" => {
+            if layer.context.is_some() {
+                return Err(l.err(format!("layer '{}' has two contexts", layer.name)));
+            }
+            let p = l.one("folder")?;
+            // `.` is the project's top; what climbs out of it is refused.
+            match check_rel_path(&p) {
+                Err(m) if !m.contains("names the whole project") => return Err(l.err(m)),
+                _ => layer.context = Some(normalize(&p)),
+            }
+        }
+        "arg" => {
+            for a in &l.args {
+                let Some((k, v)) = a.split_once('=').filter(|(k, _)| valid_arg(k)) else {
+                    return Err(l.err(format!("'arg {a}': write NAME=VALUE")));
+                };
+                layer.args.push((k.to_string(), v.to_string()));
+            }
+        }
+        "target" => layer.target = Some(l.one("stage name")?),
         _ => {
             if layer.provider.is_some() {
                 return Err(l.err(format!("layer '{}' has two providers", layer.name)));
@@ -298,7 +328,7 @@ fn complete(
             "no layers defined; add 'layer NAME' with a 'dockerfile'",
         ));
     }
-    for l in &layers {
+    for (i, l) in layers.iter().enumerate() {
         if l.dockerfile.is_empty() {
             return Err(conf_err(
                 file,
@@ -306,12 +336,67 @@ fn complete(
                 format!("layer '{}' has no 'dockerfile'", l.name),
             ));
         }
+        own_dockerfile(file, i, l)?;
     }
     Ok(Definition {
         image,
         from,
         layers,
     })
+}
+
+fn valid_arg(k: &str) -> bool {
+    !k.is_empty()
+        && !k.as_bytes()[0].is_ascii_digit()
+        && k.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_')
+}
+
+/// A `context` layer (the project's own Dockerfile) comes first and reads
+/// only inside its context; `arg` and `target` belong to one.
+fn own_dockerfile(file: &str, i: usize, l: &LayerDef) -> Result<()> {
+    let Some(ctx) = &l.context else {
+        if !l.args.is_empty() || l.target.is_some() {
+            return Err(conf_err(
+                file,
+                l.line,
+                format!(
+                    "layer '{}': 'arg' and 'target' belong to a layer with a 'context' (the project's own Dockerfile)",
+                    l.name
+                ),
+            ));
+        }
+        return Ok(());
+    };
+    if i > 0 {
+        return Err(conf_err(
+            file,
+            l.line,
+            format!(
+                "layer '{}': only the first layer has a 'context': the project's own Dockerfile starts from its own FROM",
+                l.name
+            ),
+        ));
+    }
+    for inp in &l.inputs {
+        if !within(ctx, &inp.path) {
+            return Err(conf_err(
+                file,
+                inp.line,
+                format!(
+                    "input '{}' of layer '{}' is outside its context '{}'; the build sees only the context",
+                    inp.path,
+                    l.name,
+                    if ctx.is_empty() { "." } else { ctx }
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// True when project path `p` is `dir` or under it (`dir` empty: the top).
+pub(super) fn within(dir: &str, p: &str) -> bool {
+    dir.is_empty() || p == dir || p.starts_with(&format!("{dir}/"))
 }
 
 /// Refuses paths that are absolute or climb out of the project.

@@ -118,24 +118,28 @@ impl Runtime {
 
     /// Computes every layer's manifest and tag and asks the engine which exist.
     pub fn plan(&self, engine: &dyn Images) -> Result<Plan> {
-        let from_img = engine.image(&self.def.from)?.ok_or_else(|| {
-            Error::new(
-                Exit::NoInput,
-                format!(
-                    "image '{}' ('from' in {RUNTIME_FILE}) is not in the engine; build or load it first (docker pull, docker load, or scripts/test-images)",
-                    self.def.from
-                ),
-            )
-        })?;
+        let own = self.def.layers[0].context.is_some();
+        let from_line = if own {
+            String::new()
+        } else {
+            let from_img = engine.image(&self.def.from)?.ok_or_else(|| {
+                Error::new(
+                    Exit::NoInput,
+                    format!(
+                        "image '{}' ('from' in {RUNTIME_FILE}) is not in the engine; build or load it first (docker pull, docker load, or scripts/test-images)",
+                        self.def.from
+                    ),
+                )
+            })?;
+            format!("{} {}", self.def.from, from_img.id)
+        };
         let mut layers: Vec<Layer> = Vec::new();
         for def in &self.def.layers {
             let (dockerfile, files) = self.layer_inputs(def)?;
             let (parent_ref, parent_line) = match layers.last() {
                 Some(p) => (p.tag.clone(), p.hash.clone()),
-                None => (
-                    self.def.from.clone(),
-                    format!("{} {}", self.def.from, from_img.id),
-                ),
+                None if own => (self.def.from.clone(), own_froms(engine, def, &dockerfile)?),
+                None => (self.def.from.clone(), from_line.clone()),
             };
             let m = manifest(def, &parent_line, &dockerfile, &files);
             let hash = sha256_hex(m.as_bytes());
@@ -191,6 +195,36 @@ impl Runtime {
     }
 }
 
+/// The images a project's own Dockerfile starts from, each with its id
+/// (the manifest's parent line), every one found in the engine: lw-build
+/// asks no registry, so a missing one is 66 naming it and the fix.
+fn own_froms(engine: &dyn Images, def: &LayerDef, df: &InputFile) -> Result<String> {
+    let text = String::from_utf8_lossy(&df.data);
+    let mut v = Vec::new();
+    for f in dockerfile::external_images(&text, &def.args) {
+        if f.image.is_empty() || f.image.contains('$') {
+            return Err(Error::config(format!(
+                "{}:{}: FROM names no image once its arguments are substituted; give the argument with 'arg NAME=VALUE' under 'layer {}' ({RUNTIME_FILE}:{})",
+                df.path, f.line, def.name, def.line
+            )));
+        }
+        let Some(img) = engine.image(&f.image)? else {
+            return Err(Error::new(
+                Exit::NoInput,
+                format!(
+                    "image '{}' (FROM in {}:{}) is not in the engine, and lw-build asks no registry; where one is reachable run 'docker pull {}' (or 'docker load -i FILE' with a saved copy), then lw-build again",
+                    f.image, df.path, f.line, f.image
+                ),
+            ));
+        };
+        v.push(format!("{} {}", f.image, img.id));
+    }
+    if v.is_empty() {
+        v.push("scratch".into());
+    }
+    Ok(v.join(", "))
+}
+
 /// The manifest of a layer: what its tag hashes.
 fn manifest(
     def: &LayerDef,
@@ -214,6 +248,17 @@ fn manifest(
         "dockerfile {} {:o} {}",
         dockerfile.path, dockerfile.mode, dockerfile.sha256
     );
+    // Written only for the project's own Dockerfile, so no other layer's
+    // tag changes.
+    if let Some(c) = &def.context {
+        let _ = writeln!(m, "context {}", if c.is_empty() { "." } else { c });
+        for (k, v) in &def.args {
+            let _ = writeln!(m, "arg {k}={v}");
+        }
+        if let Some(t) = &def.target {
+            let _ = writeln!(m, "target {t}");
+        }
+    }
     for f in files.values() {
         let kind = match f.kind {
             InputKind::File => "input",
@@ -375,6 +420,9 @@ impl Layer {
     }
 
     pub(super) fn build_args(&self) -> BTreeMap<String, String> {
+        if self.def.context.is_some() {
+            return self.def.args.iter().cloned().collect();
+        }
         let mut a = BTreeMap::from([("LW_PARENT".to_string(), self.parent.clone())]);
         match &self.def.provider {
             Some(Provider::Mise { version }) => {
@@ -395,7 +443,22 @@ impl Layer {
         let tar_err = |e: std::io::Error| {
             Error::new(Exit::Software, "cannot make the build context").with_source(e)
         };
-        for f in std::iter::once(&self.dockerfile).chain(self.files.iter()) {
+        let (df_path, df_data) = self.request_dockerfile()?;
+        let df = InputFile {
+            path: df_path,
+            data: df_data,
+            ..self.dockerfile.clone()
+        };
+        let ctx = self.def.context.as_deref();
+        let files = self.files.iter().filter_map(|f| match ctx {
+            None => Some(f.clone()),
+            Some(c) => in_context(c, &f.path).map(|p| InputFile {
+                path: p.to_string(),
+                ..f.clone()
+            }),
+        });
+        for f in std::iter::once(df).chain(files) {
+            let f = &f;
             let mut h = tar::Header::new_gnu();
             h.set_uid(0);
             h.set_gid(0);
@@ -419,6 +482,43 @@ impl Layer {
             }
         }
         b.into_inner().map_err(tar_err)
+    }
+}
+
+/// Project path `p` relative to context `c` (`c` empty: the top), when
+/// inside it and not the context itself.
+fn in_context<'a>(c: &str, p: &'a str) -> Option<&'a str> {
+    if c.is_empty() {
+        return Some(p);
+    }
+    p.strip_prefix(c)?
+        .strip_prefix('/')
+        .filter(|r| !r.is_empty())
+}
+
+impl Layer {
+    /// The Dockerfile as the engine is asked to build it: its path in the
+    /// context and its text.  A project's own Dockerfile sits at its path
+    /// inside its context (`.loopwright.Dockerfile` when outside it), cut
+    /// after its `target` stage (the engine request has no target).
+    pub fn request_dockerfile(&self) -> Result<(String, Vec<u8>)> {
+        let Some(c) = &self.def.context else {
+            return Ok((self.dockerfile.path.clone(), self.dockerfile.data.clone()));
+        };
+        let path = in_context(c, &self.dockerfile.path)
+            .unwrap_or(".loopwright.Dockerfile")
+            .to_string();
+        let Some(t) = &self.def.target else {
+            return Ok((path, self.dockerfile.data.clone()));
+        };
+        let text = String::from_utf8_lossy(&self.dockerfile.data);
+        match dockerfile::up_to_target(&text, t) {
+            Some(cut) => Ok((path, cut.into_bytes())),
+            None => Err(Error::config(format!(
+                "layer '{}': target '{t}' is no stage of {} (no 'FROM IMAGE AS {t}'); name one of its stages with 'target' ({RUNTIME_FILE}:{})",
+                self.def.name, self.dockerfile.path, self.def.line
+            ))),
+        }
     }
 }
 

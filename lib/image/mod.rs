@@ -31,6 +31,7 @@ pub mod archive;
 mod build;
 pub mod cache;
 mod definition;
+pub mod dockerfile;
 mod explain;
 mod inputs;
 
@@ -237,6 +238,55 @@ layer deps
                 .msg
                 .starts_with("runtime.conf:4: layer 'a' already defined on line 2")
         );
+    }
+
+    #[test]
+    fn a_context_layer_comes_first_and_reads_inside_its_context() {
+        let d = parse(
+            "from x\nlayer project\n dockerfile .devcontainer/Dockerfile\n context .devcontainer\n arg A=1 B=\n target dev\n input .devcontainer/req.txt\nlayer deps\n dockerfile D\n",
+            "f",
+        )
+        .expect("valid");
+        let l = &d.layers[0];
+        assert_eq!(l.context.as_deref(), Some(".devcontainer"));
+        assert_eq!(
+            l.args,
+            [("A".into(), "1".into()), ("B".into(), String::new())]
+        );
+        assert_eq!(l.target.as_deref(), Some("dev"));
+        assert_eq!(
+            parse("from x\nlayer p\n dockerfile D\n context .\n", "f")
+                .unwrap()
+                .layers[0]
+                .context
+                .as_deref(),
+            Some("")
+        );
+        for (text, want) in [
+            (
+                "from x\nlayer a\n dockerfile D\nlayer p\n dockerfile E\n context .\n",
+                "f:4: layer 'p': only the first layer has a 'context'",
+            ),
+            (
+                "from x\nlayer a\n dockerfile D\n arg A=1\n",
+                "f:2: layer 'a': 'arg' and 'target' belong to a layer with a 'context'",
+            ),
+            (
+                "from x\nlayer p\n dockerfile D\n context sub\n input other/x\n",
+                "f:5: input 'other/x' of layer 'p' is outside its context 'sub'",
+            ),
+            (
+                "from x\nlayer p\n dockerfile D\n context ..\n",
+                "f:4: path '..' escapes the project",
+            ),
+            (
+                "from x\nlayer p\n dockerfile D\n context .\n arg 1A=x\n",
+                "f:5: 'arg 1A=x': write NAME=VALUE",
+            ),
+        ] {
+            let e = parse(text, "f").expect_err(want);
+            assert!(e.msg.starts_with(want), "{want}: {}", e.msg);
+        }
     }
 
     #[test]

@@ -48,6 +48,9 @@ impl<'a> Services<'a> {
                                 path: dir.clone(),
                                 line: 1,
                             }],
+                            context: None,
+                            args: Vec::new(),
+                            target: None,
                         }],
                     },
                 };

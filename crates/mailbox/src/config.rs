@@ -189,6 +189,7 @@ pub const KNOWN: &[&str] = &[
     "sandbox.pr-base",
     "sandbox.uid",
     "sandbox.ports",
+    "sandbox.forward-ports",
     "sandbox.runtime",
     "sandbox.secrets",
     "sandbox.install",

@@ -47,7 +47,7 @@ pub fn map(top: &Path, source: &str, v: &Value, cx: &Context) -> Mapping {
                 m.take(k, "reported");
             }
             "image" => image(&mut m, val, cx),
-            "build" | "dockerFile" | "dockerfile" | "context" => build(&mut m, k, val),
+            "build" | "dockerFile" | "dockerfile" | "context" => {}
             "features" => super::features::features(&mut m, top, source, val, cx),
             "containerEnv" | "remoteEnv" => env(&mut m, k, val, cx),
             "remoteUser" | "containerUser" => user(&mut m, k, val, cx),
@@ -99,11 +99,12 @@ pub fn map(top: &Path, source: &str, v: &Value, cx: &Context) -> Mapping {
             ),
         }
     }
+    super::build::build(&mut m, top, &obj, cx);
     commands(&mut m, &obj, cx);
-    if m.image.is_none() && !m.fatal_refusals().any(|_| true) {
+    if m.image.is_none() && m.build.is_none() && !m.fatal_refusals().any(|_| true) {
         m.fatal(
             "image",
-            "the configuration names no image; add 'image', or build one and give it to lw init --from IMAGE",
+            "the configuration names no image and no Dockerfile; add 'image' or 'build.dockerfile', or give lw init --from IMAGE",
         );
     }
     m
@@ -130,31 +131,6 @@ fn image(m: &mut Mapping, val: &Value, cx: &Context) {
         Some(Err(e)) => m.var("image", e),
         _ => m.fatal("image", "expected an image reference (a string)"),
     }
-}
-
-fn build(m: &mut Mapping, k: &str, val: &Value) {
-    let file = match val {
-        Value::Object(b) => b.get("dockerfile").and_then(Value::as_str),
-        Value::String(s) if k != "context" => Some(s.as_str()),
-        _ => None,
-    };
-    let Some(file) = file else {
-        return m.refuse(
-            k,
-            "taken with the Dockerfile it belongs to, which is not built here",
-        );
-    };
-    let dir = Path::new(&m.source)
-        .parent()
-        .map(|p| p.join(file))
-        .unwrap_or_else(|| Path::new(file).to_path_buf());
-    m.fatal(
-        k,
-        format!(
-            "lw-build does not build the project's own Dockerfile yet; build it and start from it: docker build -f {} -t IMAGE [--target T --build-arg A=V] CONTEXT, then lw init --from IMAGE",
-            dir.display()
-        ),
-    );
 }
 
 fn env(m: &mut Mapping, k: &str, val: &Value, cx: &Context) {
@@ -241,6 +217,11 @@ fn ports(m: &mut Mapping, k: &str, val: &Value) {
             Value::String(s) if !s.contains(':') => s.parse().ok(),
             _ => None,
         };
+        let key = format!("{k}[{}]", p.as_str().map_or(p.to_string(), str::to_string));
+        if let (Some(n), None) = (n, n.and_then(|n| u16::try_from(n).ok()).filter(|&n| n > 0)) {
+            m.refuse(&key, format!("{n} is no port (1 to 65535)"));
+            continue;
+        }
         match n.and_then(|n| u16::try_from(n).ok()).filter(|&n| n > 0) {
             Some(port) if !m.ports.iter().any(|q| q.port == port) => {
                 m.ports.push(Port { port, label: None })
@@ -257,7 +238,7 @@ fn ports(m: &mut Mapping, k: &str, val: &Value) {
         m.take(
             k,
             format!(
-                "{}: each published with lw-sandbox create --port (host ports leased from sandbox.ports)",
+                "{}: sandbox.forward-ports, published by lw-sandbox create --network bridge (host ports leased from sandbox.ports)",
                 list.join(", ")
             ),
         );

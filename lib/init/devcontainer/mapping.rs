@@ -67,6 +67,24 @@ pub struct Feature {
     pub env: Vec<(String, String)>,
 }
 
+/// The configuration's own Dockerfile (`build`): the runtime's first
+/// layer.  Paths are relative to the checkout's top (`context` empty: the
+/// top itself).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Build {
+    pub dockerfile: String,
+    pub context: String,
+    pub args: Vec<(String, String)>,
+    pub target: Option<String>,
+    /// The files its COPY and ADD lines read.
+    pub inputs: Vec<String>,
+    /// The image its last (or target) stage starts from.
+    pub from: String,
+    /// The last stage's last `USER`, when it is not root: the layers after
+    /// it switch back to root (base installs packages).
+    pub user: Option<String>,
+}
+
 /// What loopwright takes of one configuration.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Mapping {
@@ -75,6 +93,8 @@ pub struct Mapping {
     pub name: Option<String>,
     /// The base image (`image`), when it names one.
     pub image: Option<String>,
+    /// The Dockerfile it builds (`build`), when it names one.
+    pub build: Option<Build>,
     pub features: Vec<Feature>,
     pub env: Vec<EnvVar>,
     pub steps: Vec<Step>,
@@ -144,6 +164,21 @@ impl Mapping {
             }
         }
         self.image = Some(from.to_string());
+        if self.build.take().is_some() {
+            for t in &mut self.taken {
+                if matches!(t.key.as_str(), "build" | "dockerFile" | "dockerfile") {
+                    t.how = format!("not built: starting from {from} (--from) instead");
+                }
+            }
+        }
+    }
+
+    /// The image the runtime's chain starts from: `image`, else the one the
+    /// Dockerfile's last stage starts from.
+    pub fn base_image(&self) -> Option<String> {
+        self.image
+            .clone()
+            .or_else(|| self.build.as_ref().map(|b| b.from.clone()))
     }
 
     /// The refusals that stop lw init.

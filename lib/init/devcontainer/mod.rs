@@ -16,6 +16,7 @@ use std::path::Path;
 
 use mailbox::error::{Error, Exit, Result};
 
+mod build;
 mod features;
 pub mod jsonc;
 mod map;
@@ -109,8 +110,21 @@ fn listing(found: &[String]) -> String {
 /// Reads and parses the configuration at `top/rel` (65 when it is not
 /// JSON with comments, naming the line).
 pub fn read(top: &Path, rel: &str) -> Result<serde_json::Value> {
+    use std::io::Read as _;
     let p = top.join(rel);
-    let text = std::fs::read_to_string(&p).map_err(|e| Error::io("cannot read", &p, e))?;
+    let f = std::fs::File::open(&p).map_err(|e| Error::io("cannot read", &p, e))?;
+    let mut bytes = Vec::new();
+    f.take(MAX_CONFIG + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io("cannot read", &p, e))?;
+    if bytes.len() as u64 > MAX_CONFIG {
+        return Err(Error::data(format!(
+            "'{rel}': larger than {} KiB, which no devcontainer.json is; choose another with --devcontainer PATH, or --no-devcontainer",
+            MAX_CONFIG >> 10
+        )));
+    }
+    let text =
+        String::from_utf8(bytes).map_err(|_| Error::data(format!("'{rel}': not UTF-8 text")))?;
     let v = jsonc::parse(&text).map_err(|e| Error::data(format!("'{rel}': {e}")))?;
     if !v.is_object() {
         return Err(Error::data(format!(
@@ -119,6 +133,9 @@ pub fn read(top: &Path, rel: &str) -> Result<serde_json::Value> {
     }
     Ok(v)
 }
+
+/// A devcontainer.json larger than this is refused unread (65).
+pub const MAX_CONFIG: u64 = 1 << 20;
 
 /// The sha256 of the configuration's bytes (the record keeps it, so lw
 /// doctor can say the file changed since lw init).

@@ -9,7 +9,7 @@
 use std::fmt::Write as _;
 
 use super::features::layer_name;
-use super::mapping::{Command, Mapping};
+use super::mapping::{Command, Mapping, Step};
 use super::vars::Piece;
 
 /// The runtime.conf's explanation, kept from the default one.
@@ -24,9 +24,13 @@ pub fn runtime_conf(m: &Mapping, from: &str, deps: &[String]) -> String {
     let mut s = header().to_string();
     let _ = write!(
         s,
-        "# Written by lw init from {}: lw init --force writes it again.\nfrom {from}\n\n# OS packages, extra certificate authorities, the unprivileged user and the\n# sandbox's entry script.\nlayer base\n    dockerfile .loopwright/runtime/base.Dockerfile\n    input .loopwright/runtime/entry.sh .loopwright/runtime/ca-certificates\n",
+        "# Written by lw init from {}: lw init --force writes it again.\nfrom {from}\n",
         m.source
     );
+    if let Some(b) = &m.build {
+        s.push_str(&project_layer(b));
+    }
+    s.push_str("\n# OS packages, extra certificate authorities, the unprivileged user and the\n# sandbox's entry script.\nlayer base\n    dockerfile .loopwright/runtime/base.Dockerfile\n    input .loopwright/runtime/entry.sh .loopwright/runtime/ca-certificates\n");
     for f in &m.features {
         let n = layer_name(f);
         let _ = write!(
@@ -41,6 +45,53 @@ pub fn runtime_conf(m: &Mapping, from: &str, deps: &[String]) -> String {
         let _ = writeln!(s, "    input {d}");
     }
     s
+}
+
+/// The `project` layer: the configuration's own Dockerfile, its context,
+/// arguments and target, the files it COPYs as inputs.
+fn project_layer(b: &super::mapping::Build) -> String {
+    let mut s = format!(
+        "\n# The configuration's own Dockerfile ('build'), built with its context; each\n# image its FROM lines name must be in the engine (lw-build asks no\n# registry).  Its inputs are the files its COPY and ADD lines read.\nlayer project\n    dockerfile {}\n    context {}\n",
+        b.dockerfile,
+        if b.context.is_empty() {
+            "."
+        } else {
+            &b.context
+        }
+    );
+    for (k, v) in &b.args {
+        let _ = writeln!(s, "    arg {k}={v}");
+    }
+    if let Some(t) = &b.target {
+        let _ = writeln!(s, "    target {t}");
+    }
+    for i in &b.inputs {
+        let _ = writeln!(s, "    input {i}");
+    }
+    s
+}
+
+/// The deps layer's Dockerfile: the lifecycle commands run as
+/// `remoteUser` (else `containerUser`), as the specification runs them.
+/// A user other than root is uid 1000: the image's unprivileged user, the
+/// base layer's, whom a devcontainer image's remoteUser (vscode, node, dev)
+/// is by convention.  None named, or root: root, the image's own user, as
+/// the reference implementation runs them.
+pub fn deps_dockerfile(m: &Mapping) -> String {
+    let user = match m.user.as_deref() {
+        Some(u) if u != "root" && u != "0" => "1000",
+        _ => "root",
+    };
+    let who = match m.user.as_deref() {
+        Some(u) if user == "1000" => format!("as uid 1000, who stands for\n# remoteUser '{u}'"),
+        _ => {
+            "as root, the user the\n# configuration names (or the image's, none named)".to_string()
+        }
+    };
+    format!(
+        "# Deps layer (written by lw init from {}): the lifecycle\n# commands, run by deps.sh {who}, over this layer's declared inputs.\nARG LW_PARENT\nFROM ${{LW_PARENT}}\nRUN mkdir -p /opt/loopwright/deps && chown {user} /opt/loopwright/deps\nCOPY --chown={user} . /opt/loopwright/deps/\nUSER {user}\nRUN sh /opt/loopwright/deps/.loopwright/runtime/deps.sh /opt/loopwright/deps\nUSER root\n",
+        m.source
+    )
 }
 
 /// A Dockerfile ENV value: quoted, the engine's `$` kept literal except
@@ -130,31 +181,76 @@ pub fn feature_dockerfile(m: &Mapping, f: &super::mapping::Feature) -> String {
 }
 
 /// deps.sh: the lifecycle commands, in the specification's order, in DIR.
+/// An object's commands run in parallel, as the specification runs them;
+/// their output is shown whole, one command after another, once all ended.
+/// A failure names the hook, the command and its status.
 pub fn deps_script(m: &Mapping) -> String {
     let mut s = format!(
-        "#!/bin/sh\n# deps.sh DIR: the lifecycle commands of {} (onCreateCommand,\n# updateContentCommand, postCreateCommand, in that order; an object's\n# commands one after another), written by lw init.  They run in DIR: the\n# deps layer's inputs in the image (/opt/loopwright/deps), the sandbox's\n# clone (/work/repo) when an incremental install runs them again.  They\n# read only the files declared as the deps layer's inputs (runtime.conf).\nset -eu\ncd \"$1\"\n",
+        "#!/bin/sh\n# deps.sh DIR: the lifecycle commands of {} (onCreateCommand,\n# updateContentCommand, postCreateCommand, in that order; an object's\n# commands in parallel), written by lw init.  They run in DIR: the deps\n# layer's inputs in the image (/opt/loopwright/deps), as remoteUser\n# (deps.Dockerfile); the sandbox's clone (/work/repo), as the sandbox's\n# user, when an incremental install runs them again.  They read only the files declared\n# as the deps layer's inputs (runtime.conf).\nset -eu\ncd \"$1\"\nlw_fail() {{ echo \"deps.sh: $1 failed (exit $2)\" >&2; exit \"$2\"; }}\n",
         m.source
     );
     if m.steps.is_empty() {
         s.push_str("echo \"deps.sh: the configuration has no lifecycle command\"\n");
     }
-    for st in &m.steps {
-        let what = match &st.name {
-            Some(n) => format!("{} ({n})", st.hook),
-            None => st.hook.to_string(),
-        };
-        let _ = writeln!(s, "echo {} >&2", quote(&format!("deps.sh: {what}")));
-        match &st.command {
-            Command::Shell(c) => {
-                let _ = writeln!(s, "/bin/sh -c {}", quote(c));
+    for hook in super::HOOKS {
+        let steps: Vec<&Step> = m.steps.iter().filter(|st| st.hook == *hook).collect();
+        match steps.as_slice() {
+            [] => {}
+            [one] if one.name.is_none() => {
+                let _ = writeln!(s, "echo {} >&2", quote(&format!("deps.sh: {hook}")));
+                let _ = writeln!(
+                    s,
+                    "{} || lw_fail {} $?",
+                    command_line(&one.command),
+                    quote(hook)
+                );
             }
-            Command::Exec(a) => {
-                let words: Vec<String> = a.iter().map(|w| quote(w)).collect();
-                let _ = writeln!(s, "{}", words.join(" "));
-            }
+            many => parallel(&mut s, hook, many),
         }
     }
     s
+}
+
+fn command_line(c: &Command) -> String {
+    match c {
+        Command::Shell(c) => format!("/bin/sh -c {}", quote(c)),
+        Command::Exec(a) => a.iter().map(|w| quote(w)).collect::<Vec<_>>().join(" "),
+    }
+}
+
+/// An object's commands: each started in the background with its output
+/// kept, all waited for, the outputs shown, the failures named together.
+fn parallel(s: &mut String, hook: &str, steps: &[&Step]) {
+    let names: Vec<&str> = steps.iter().filter_map(|st| st.name.as_deref()).collect();
+    let _ = writeln!(
+        s,
+        "echo {} >&2",
+        quote(&format!(
+            "deps.sh: {hook} ({}: in parallel)",
+            names.join(", ")
+        ))
+    );
+    s.push_str("lw_out=$(mktemp -d)\nlw_failed=\n");
+    for (i, st) in steps.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "{} >\"$lw_out/{i}\" 2>&1 </dev/null & lw_p{i}=$!",
+            command_line(&st.command)
+        );
+    }
+    for (i, st) in steps.iter().enumerate() {
+        let what = format!("{hook} ({})", st.name.as_deref().unwrap_or(""));
+        let _ = writeln!(
+            s,
+            "wait \"$lw_p{i}\" || lw_failed=\"$lw_failed, \"{}\" (exit $?)\"\necho {} >&2; cat \"$lw_out/{i}\" >&2",
+            quote(&what),
+            quote(&format!("deps.sh: {what}:"))
+        );
+    }
+    let _ = writeln!(
+        s,
+        "rm -rf \"$lw_out\"\n[ -z \"$lw_failed\" ] || {{ echo \"deps.sh: failed: ${{lw_failed#, }}\" >&2; exit 1; }}"
+    );
 }
 
 /// Every file of the runtime for `m`: `(path, text, mode)`, paths relative
@@ -167,7 +263,13 @@ pub fn files(m: &Mapping, from: &str, deps: &[String], digest: &str) -> Vec<(Str
     for (name, text, mode) in crate::image::DEFAULT_RUNTIME {
         let text = match *name {
             "runtime.conf" => runtime_conf(m, from, deps),
+            // The project's Dockerfile ended as another user: the base
+            // layer installs packages as root.
+            "base.Dockerfile" if m.build.as_ref().is_some_and(|b| b.user.is_some()) => {
+                text.replacen("FROM ${LW_PARENT}\n", "FROM ${LW_PARENT}\nUSER root\n", 1)
+            }
             "deps.sh" => deps_script(m),
+            "deps.Dockerfile" => deps_dockerfile(m),
             "toolchain.Dockerfile" | "mise.toml" => continue,
             _ => text.to_string(),
         };
@@ -204,18 +306,20 @@ pub fn config_lines(m: &Mapping, allowed: &[String]) -> String {
         );
     }
     if !m.ports.is_empty() {
-        let ports: Vec<String> = m
+        let labels: Vec<String> = m
             .ports
             .iter()
             .map(|p| match &p.label {
-                Some(l) => format!("--port {} ({l})", p.port),
-                None => format!("--port {}", p.port),
+                Some(l) => format!("{} ({l})", p.port),
+                None => p.port.to_string(),
             })
             .collect();
+        let ports: Vec<String> = m.ports.iter().map(|p| p.port.to_string()).collect();
         let _ = writeln!(
             s,
-            "# Its forwarded ports: lw-sandbox create NAME {}",
-            ports.join(" ")
+            "# Its forwarded ports ({}): every sandbox created with --network bridge\n# publishes them on 127.0.0.1, at host ports leased from sandbox.ports.\nsandbox.forward-ports = {}",
+            labels.join(", "),
+            ports.join(", ")
         );
     }
     s

@@ -45,7 +45,7 @@ impl<'a> Sandboxes<'a> {
         check_branch(&opts.branch)?;
         let mut settings = Settings::from_project(project)?;
         apply_overrides(&mut settings, &opts.limits)?;
-        let ports = check_ports(opts)?;
+        let ports = check_ports(opts, project, warn)?;
         let runtime = self.check_runtime(
             opts.runtime.as_deref().or(settings.runtime.as_deref()),
             opts.network,
@@ -144,13 +144,49 @@ impl<'a> Sandboxes<'a> {
     }
 }
 
-/// `--port` and `--allow` against the network: the ports, parsed.
-fn check_ports(opts: &CreateOptions) -> Result<Vec<String>> {
-    let whats = opts
+/// The project's config key of the ports every sandbox publishes (lw init
+/// writes a devcontainer.json's `forwardPorts` there).
+pub const KEY_FORWARD_PORTS: &str = "sandbox.forward-ports";
+
+/// `--port` and `--allow` against the network: the ports, parsed, with the
+/// project's `sandbox.forward-ports` when the network can publish them
+/// (else they are left out, said in a warning: the network chosen wins).
+fn check_ports(
+    opts: &CreateOptions,
+    project: Option<&Project>,
+    warn: &mut dyn FnMut(&str),
+) -> Result<Vec<String>> {
+    let mut whats = opts
         .ports
         .iter()
         .map(|p| parse_port(p))
         .collect::<Result<Vec<_>>>()?;
+    let forward = project.and_then(|p| p.config.get(KEY_FORWARD_PORTS));
+    let forward: Vec<&str> = forward
+        .unwrap_or("")
+        .split([',', ' ', '\t'])
+        .filter(|s| !s.is_empty())
+        .collect();
+    if !forward.is_empty() && opts.network != Network::Bridge {
+        warn(&format!(
+            "{KEY_FORWARD_PORTS} ({}) not published: --network {} has no bridge; add --network bridge to publish them",
+            forward.join(", "),
+            opts.network.as_str()
+        ));
+    } else {
+        for f in forward {
+            let p = parse_port(f).map_err(|e| {
+                Error::config(format!(
+                    "{KEY_FORWARD_PORTS} in {}: {}",
+                    mailbox::config::FILE,
+                    e.msg
+                ))
+            })?;
+            if !whats.contains(&p) {
+                whats.push(p);
+            }
+        }
+    }
     if !whats.is_empty() && opts.network != Network::Bridge {
         return Err(Error::usage(format!(
             "--port publishes on 127.0.0.1 through the engine's bridge, which --network {} has not; add --network bridge",
@@ -254,5 +290,65 @@ mod tests {
         for bad in ["", "-x", "a..b", "a b", "x.lock", "HEAD", "a~1", "a:b"] {
             assert_eq!(check_branch(bad).unwrap_err().exit, Exit::Usage, "{bad}");
         }
+    }
+
+    /// A devcontainer.json's forwardPorts, in the config as
+    /// sandbox.forward-ports: published with --network bridge besides
+    /// --port (once each), left out with a warning on another network; a
+    /// bad one is the config's error, naming the key.
+    #[test]
+    fn forward_ports_join_the_ports_on_a_bridge_only() {
+        let project = |v: &str| Project {
+            top: PathBuf::from("/p"),
+            git_dir: PathBuf::from("/p/.git"),
+            config: Config::parse_project(
+                &format!("{KEY_FORWARD_PORTS} = {v}\n"),
+                std::path::Path::new("/p/.loopwright/config"),
+            )
+            .expect("the key is known"),
+        };
+        let mut opts = CreateOptions {
+            name: "a".into(),
+            branch: "a".into(),
+            from: None,
+            scope: vec![],
+            ports: vec!["3000".into()],
+            secrets: vec![],
+            network: Network::Bridge,
+            allow: vec![],
+            image: None,
+            allow_stale: false,
+            no_fetch: false,
+            agent: None,
+            limits: Default::default(),
+            allow_install_change: false,
+            services: vec![],
+            runtime: None,
+        };
+        let mut warned = Vec::new();
+        let p = project("3000, 8080 53/udp");
+        let got = check_ports(&opts, Some(&p), &mut |w| warned.push(w.to_string())).unwrap();
+        assert_eq!(got, ["3000/tcp", "8080/tcp", "53/udp"]);
+        assert!(warned.is_empty());
+        opts.ports.clear();
+        opts.network = Network::None;
+        let got = check_ports(&opts, Some(&p), &mut |w| warned.push(w.to_string())).unwrap();
+        assert!(got.is_empty());
+        assert_eq!(
+            warned,
+            [
+                "sandbox.forward-ports (3000, 8080, 53/udp) not published: --network none has no bridge; add --network bridge to publish them"
+            ]
+        );
+        opts.network = Network::Bridge;
+        let e = check_ports(&opts, Some(&project("70000")), &mut |_| {}).unwrap_err();
+        assert_eq!(e.exit, Exit::Config);
+        assert!(
+            e.msg.starts_with(
+                "sandbox.forward-ports in .loopwright/config: '70000' is not a container port"
+            ),
+            "{}",
+            e.msg
+        );
     }
 }
