@@ -467,3 +467,133 @@ fn the_incremental_install_gives_what_a_rebuilt_deps_layer_holds() {
     let (denied, _) = c.step("egress denials", "lw-sandbox logs d --egress");
     assert_eq!(denied.trim(), "", "{denied}");
 }
+
+/// deps.sh's Python step (the script between `<<'EOF'` and `EOF`), run by
+/// the host's python3 (3.11 or later, for tomllib) in `dir`: its status,
+/// the requirements it wrote (`project.txt`) and the lock's pins
+/// (`lock.pins`).
+fn python_step(dir: &std::path::Path) -> (Output, String, String) {
+    let script = include_str!("../runtime/deps.sh");
+    let body = script
+        .split_once("<<'EOF'\n")
+        .and_then(|(_, rest)| rest.split_once("\nEOF\n"))
+        .expect("deps.sh has its Python step between <<'EOF' and EOF")
+        .0;
+    let req = dir.join("req");
+    std::fs::create_dir_all(&req).unwrap();
+    let o = Command::new("python3")
+        .args(["-c", body, req.to_str().unwrap(), "/nonexistent/uv"])
+        .current_dir(dir)
+        .env_remove("PIP_INDEX_URL")
+        .env_remove("PIP_EXTRA_INDEX_URL")
+        .output()
+        .expect("python3 runs");
+    let read = |f: &str| std::fs::read_to_string(req.join(f)).unwrap_or_default();
+    (o.clone(), read("project.txt"), read("lock.pins"))
+}
+
+/// Issue 39: a poetry.lock and a pdm.lock are installed from: the
+/// declarations of `[tool.poetry]` (main, test and dev groups; not docs)
+/// and PDM's dev groups, held to the lock's versions, a git source as its
+/// locked revision; the build's own requirements too.  A package the lock
+/// takes from a private index stops the step, naming the package and the
+/// fix (65).
+#[test]
+fn deps_sh_installs_from_poetry_and_pdm_locks() {
+    let dir = std::env::temp_dir().join(format!("lw-locks-{}", nonce()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let w = |f: &str, s: &str| std::fs::write(dir.join(f), s).unwrap();
+    w(
+        "pyproject.toml",
+        r#"[tool.poetry]
+name = "app"
+version = "1.0"
+[tool.poetry.dependencies]
+python = "^3.9"
+requests = "^2.31"
+click = { version = "^8.1", extras = ["color"] }
+fancy = { version = "^1", optional = true }
+gitdep = { git = "https://example.com/gitdep.git" }
+[tool.poetry.group.test.dependencies]
+pytest = "^8"
+[tool.poetry.group.docs.dependencies]
+mkdocs = "^1"
+[build-system]
+requires = ["poetry-core>=1.0"]
+build-backend = "poetry.core.masonry.api"
+"#,
+    );
+    let lock = |name: &str, v: &str, groups: &str, extra: &str| {
+        format!("[[package]]\nname = \"{name}\"\nversion = \"{v}\"\ngroups = [{groups}]\nfiles = []\n{extra}\n")
+    };
+    let poetry = [
+        lock("requests", "2.31.0", "\"main\"", ""),
+        lock("urllib3", "2.2.1", "\"main\"", ""),
+        lock("click", "8.1.7", "\"main\"", ""),
+        lock("pytest", "8.3.3", "\"test\"", ""),
+        lock("mkdocs", "1.6.0", "\"docs\"", ""),
+        lock(
+            "gitdep",
+            "0.1.0",
+            "\"main\"",
+            "[package.source]\ntype = \"git\"\nurl = \"https://example.com/gitdep.git\"\nreference = \"HEAD\"\nresolved_reference = \"0123abc\"\n",
+        ),
+    ]
+    .concat();
+    w("poetry.lock", &poetry);
+    let (o, reqs, pins) = python_step(&dir);
+    assert!(o.status.success(), "{}", err(&o));
+    assert_eq!(
+        reqs,
+        "requests\nclick[color]\ngitdep @ git+https://example.com/gitdep.git@0123abc\npytest\npoetry-core>=1.0\n",
+        "{}",
+        err(&o)
+    );
+    assert_eq!(
+        pins,
+        "click==8.1.7\npytest==8.3.3\nrequests==2.31.0\nurllib3==2.2.1\n"
+    );
+
+    // A package from a private index (a test dependency, so installed).
+    let private = "[package.source]\ntype = \"legacy\"\nurl = \"https://pypi.corp.example/simple\"\nreference = \"corp\"\n";
+    w(
+        "poetry.lock",
+        &(poetry.clone() + &lock("corp-fixtures", "2.0.0", "\"test\"", private)),
+    );
+    let (o, _, _) = python_step(&dir);
+    assert_eq!(o.status.code(), Some(65), "{}", err(&o));
+    let e = err(&o);
+    assert!(
+        e.contains("poetry.lock: corp-fixtures 2.0.0 comes from the package source 'corp' (https://pypi.corp.example/simple)")
+            && e.contains("export PIP_EXTRA_INDEX_URL=https://pypi.corp.example/simple")
+            && e.contains(".loopwright/runtime/deps.sh"),
+        "{e}"
+    );
+    // The same package only in a group not installed (docs): no matter.
+    w(
+        "poetry.lock",
+        &(poetry + &lock("corp-theme", "2.0.0", "\"docs\"", private)),
+    );
+    assert!(python_step(&dir).0.status.success());
+
+    // PDM: [project] with its dev groups, pdm.lock's pins.
+    std::fs::remove_file(dir.join("poetry.lock")).unwrap();
+    w(
+        "pyproject.toml",
+        "[project]\nname = \"app\"\ndependencies = [\"attrs>=22\"]\n[tool.pdm.dev-dependencies]\ntest = [\"pytest\", \"-e file:///${PROJECT_ROOT}/sub\"]\nlint = [\"ruff\"]\n",
+    );
+    w(
+        "pdm.lock",
+        &[
+            lock("attrs", "24.2.0", "\"default\"", ""),
+            lock("pytest", "8.3.3", "\"test\"", ""),
+            lock("ruff", "0.6.0", "\"lint\"", ""),
+        ]
+        .concat(),
+    );
+    let (o, reqs, pins) = python_step(&dir);
+    assert!(o.status.success(), "{}", err(&o));
+    assert_eq!(reqs, "attrs>=22\npytest\n");
+    assert_eq!(pins, "attrs==24.2.0\npytest==8.3.3\n");
+    let _ = std::fs::remove_dir_all(&dir);
+}
