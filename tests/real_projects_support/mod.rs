@@ -15,6 +15,10 @@ use crate::sandbox_support::{err, nonce, text};
 /// when `packageManager` names none.
 pub const PNPM: &str = "9.15.9";
 
+/// The yarn that makes a yarn project's lockfile: the one deps.sh installs
+/// when `packageManager` names none.
+pub const YARN: &str = "1.22.22";
+
 /// How a project comes from its registry.
 #[derive(Clone, Copy)]
 pub enum Source {
@@ -22,6 +26,10 @@ pub enum Source {
     Npm,
     /// `npm pack`, with a pnpm-lock.yaml made by pnpm [`PNPM`].
     Pnpm,
+    /// `npm pack`, with a yarn.lock (v1) made by yarn [`YARN`].
+    Yarn,
+    /// `pip download` of the sdist, as published (pyshacl's holds its
+    /// poetry.lock).
     Pypi,
     Crate,
     /// A workspace as its repository lays it out: the crate at the top and
@@ -162,6 +170,30 @@ pub const CORPUS: &[Project] = &[
         "go test ./...",
         "two packages, five modules downloaded (a /v2 path, one only indirect)",
     ),
+    p(
+        "python",
+        Source::Pypi,
+        "pyshacl",
+        "0.40.1",
+        "python3 -m pytest -q",
+        "poetry.lock as published in the sdist (Poetry 2.4.1): [project] and a poetry dev group, held to the lock's pins",
+    ),
+    p(
+        "python",
+        Source::Pypi,
+        "bitarray",
+        "3.0.0",
+        "python3 setup.py -q build_ext --inplace && python3 -m pytest -q bitarray",
+        "a C extension built from source in the sandbox (gcc, Python's headers, setuptools offline)",
+    ),
+    p(
+        "node",
+        Source::Yarn,
+        "duplexer",
+        "0.1.2",
+        "yarn test",
+        "yarn.lock (v1, yarn 1.22.22), dev dependencies (tape, through)",
+    ),
 ];
 
 pub fn cache() -> PathBuf {
@@ -204,6 +236,9 @@ fn fetch_script(pr: &Project) -> String {
         ),
         Source::Pnpm => format!(
             "{npm} && npx -y pnpm@{PNPM} install --lockfile-only --ignore-scripts >/dev/null"
+        ),
+        Source::Yarn => format!(
+            "{npm} && npx -y yarn@{YARN} install --ignore-scripts --no-progress --non-interactive >/dev/null && rm -rf node_modules"
         ),
         Source::Pypi => format!(
             "python3 -m pip download -q --no-binary :all: --no-deps {n}=={v} -d . && tar -xzf *.tar.gz -C src --strip-components=1"
