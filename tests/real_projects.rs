@@ -630,3 +630,47 @@ fn a_dependency_whose_native_build_fails_stops_the_deps_layer() {
         "deps.sh names the step: {e}"
     );
 }
+
+/// Issue 39, Go's build cache: deps.sh builds the standard library into the
+/// image and a sandbox's GOCACHE starts from it, so `go test` compiles no
+/// standard package (compile's `-std` flag) where an empty cache compiles
+/// hundreds.  Both are timed in one sandbox, the empty cache first.
+#[test]
+#[ignore = "builds the go toolchain and deps layers (minutes); run with -- --ignored"]
+fn go_s_standard_library_comes_built_in_the_image() {
+    let go: Vec<&Project> = CORPUS
+        .iter()
+        .filter(|p| p.name.ends_with("/uuid") || p.name.ends_with("/cobra"))
+        .filter(|p| chosen(p))
+        .collect();
+    for pr in go {
+        let c = Checkout::new(pr);
+        c.build(pr.stack);
+        c.step(
+            "lw-sandbox create",
+            "lw-sandbox create t --branch task/t >/dev/null",
+        );
+        let test = |what: &str, cache: &str| {
+            let t = Instant::now();
+            let (out, _) = c.step(
+                what,
+                &format!(
+                    "lw-sandbox exec t -- sh -c 'cd /work/repo && GOCACHE={cache} go test -x -count=1 ./... 2>&1'"
+                ),
+            );
+            let std = out
+                .lines()
+                .filter(|l| l.contains("/compile ") && l.contains(" -std "))
+                .count();
+            (t.elapsed().as_secs_f64(), std)
+        };
+        let (cold, cold_std) = test("go test, an empty build cache", "/work/.cache/cold");
+        let (warm, warm_std) = test("go test, the image's build cache", "/work/.cache/go-build");
+        println!(
+            "{}: go test {cold:.1} s compiling {cold_std} standard packages (an empty cache), {warm:.1} s compiling {warm_std} (the image's)",
+            c.name
+        );
+        assert!(cold_std > 20, "an empty cache compiles the standard library");
+        assert_eq!(warm_std, 0, "the image's cache holds it");
+    }
+}
