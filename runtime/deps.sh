@@ -21,9 +21,7 @@
 #   rust    the lockfile's crates, vendored (/opt/loopwright/vendor, or
 #           /work/.cargo/vendor) with the cargo configuration that uses them.
 #   go      the modules, downloaded into a module cache the sandbox reads as
-#           its proxy (GOPROXY=file://...); the standard library built into
-#           /opt/loopwright/gocache, which a sandbox's GOCACHE
-#           (/work/.cache/go-build) starts from.
+#           its proxy (GOPROXY=file://...).
 set -eu
 cd "$1"
 LW=/opt/loopwright
@@ -252,16 +250,6 @@ if [ -f go.mod ] && command -v go >/dev/null; then
         mkdir -p "$LW/gomod/cache/download"
         GOMODCACHE=$LW/gomod GOPROXY=https://proxy.golang.org,direct GOSUMDB=sum.golang.org GOFLAGS=-modcacherw go mod download
         chmod -R a+rX "$LW/gomod"
-        # The standard library, built (and vetted where a test needs it)
-        # into a build cache a sandbox's GOCACHE starts from, so that its
-        # first go test does not compile it again.  Built with the
-        # sandbox's own Go and environment, as the cache's keys hold them.
-        mkdir -p "$scratch/warm"
-        printf 'module warm\n' >"$scratch/warm/go.mod"
-        printf 'package warm\n\nimport "testing"\n\nfunc TestWarm(t *testing.T) {}\n' >"$scratch/warm/warm_test.go"
-        GOCACHE=$LW/gocache go build std
-        (cd "$scratch/warm" && GOCACHE=$LW/gocache go test . >/dev/null)
-        chmod -R a+rX "$LW/gocache"
     else
         go mod download
     fi

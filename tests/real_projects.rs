@@ -631,7 +631,7 @@ fn a_dependency_whose_native_build_fails_stops_the_deps_layer() {
     );
 }
 
-/// Issue 39, Go's build cache: deps.sh builds the standard library into the
+/// Issue 39, Go's build cache: toolchain.sh builds the standard library into the
 /// image and a sandbox's GOCACHE starts from it, so `go test` compiles no
 /// standard package (compile's `-std` flag) where an empty cache compiles
 /// hundreds.  Both are timed in one sandbox, the empty cache first.

@@ -38,7 +38,7 @@ if [ ! -e /work/repo/.git ]; then
 fi
 [ "$SRC" = /lw/mirror ] || rm -f "$SRC"
 # Go's build cache starts from the image's (the standard library, built by
-# deps.sh): its entries linked, as Go only reads an entry once written, and
+# toolchain.sh): its entries linked, as Go only reads an entry once written, and
 # trim.txt the sandbox's own, so that Go trims none for a day (after that
 # it may, and what it trimmed is compiled again).  Without it, a cold cache.
 G=/opt/loopwright/gocache C=/work/.cache/go-build
