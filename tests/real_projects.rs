@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Instant;
 
-use real_projects_support::{CORPUS, Project, chosen, fetch, ok};
+use real_projects_support::{CORPUS, Project, chosen, fetch, ok, python_step};
 use sandbox_support::{docker, err, git, nonce, text, unmount_under};
 
 struct Cleanup {
@@ -468,30 +468,6 @@ fn the_incremental_install_gives_what_a_rebuilt_deps_layer_holds() {
     assert_eq!(denied.trim(), "", "{denied}");
 }
 
-/// deps.sh's Python step (the script between `<<'EOF'` and `EOF`), run by
-/// the host's python3 (3.11 or later, for tomllib) in `dir`: its status,
-/// the requirements it wrote (`project.txt`) and the lock's pins
-/// (`lock.pins`).
-fn python_step(dir: &std::path::Path) -> (Output, String, String) {
-    let script = include_str!("../runtime/deps.sh");
-    let body = script
-        .split_once("<<'EOF'\n")
-        .and_then(|(_, rest)| rest.split_once("\nEOF\n"))
-        .expect("deps.sh has its Python step between <<'EOF' and EOF")
-        .0;
-    let req = dir.join("req");
-    std::fs::create_dir_all(&req).unwrap();
-    let o = Command::new("python3")
-        .args(["-c", body, req.to_str().unwrap(), "/nonexistent/uv"])
-        .current_dir(dir)
-        .env_remove("PIP_INDEX_URL")
-        .env_remove("PIP_EXTRA_INDEX_URL")
-        .output()
-        .expect("python3 runs");
-    let read = |f: &str| std::fs::read_to_string(req.join(f)).unwrap_or_default();
-    (o.clone(), read("project.txt"), read("lock.pins"))
-}
-
 /// Issue 39: a poetry.lock and a pdm.lock are installed from: the
 /// declarations of `[tool.poetry]` (main, test and dev groups; not docs)
 /// and PDM's dev groups, held to the lock's versions, a git source as its
@@ -524,7 +500,9 @@ build-backend = "poetry.core.masonry.api"
 "#,
     );
     let lock = |name: &str, v: &str, groups: &str, extra: &str| {
-        format!("[[package]]\nname = \"{name}\"\nversion = \"{v}\"\ngroups = [{groups}]\nfiles = []\n{extra}\n")
+        format!(
+            "[[package]]\nname = \"{name}\"\nversion = \"{v}\"\ngroups = [{groups}]\nfiles = []\n{extra}\n"
+        )
     };
     let poetry = [
         lock("requests", "2.31.0", "\"main\"", ""),
@@ -612,16 +590,32 @@ fn a_dependency_whose_native_build_fails_stops_the_deps_layer() {
         .expect("bitarray is in the corpus");
     let c = Checkout::new(pr);
     c.build(pr.stack);
-    c.step("lw-sandbox create", "lw-sandbox create t --branch task/t >/dev/null");
+    c.step(
+        "lw-sandbox create",
+        "lw-sandbox create t --branch task/t >/dev/null",
+    );
     let (out, _) = c.step(
         "the C extension, built and tested in the sandbox",
-        &format!("lw-sandbox exec t -- sh -c 'cd /work/repo && ({}) 2>&1'", pr.test),
+        &format!(
+            "lw-sandbox exec t -- sh -c 'cd /work/repo && ({}) 2>&1'",
+            pr.test
+        ),
     );
     assert!(out.contains(" passed"), "{out}");
     std::fs::write(c.repo.join("requirements.txt"), "pycairo==1.27.0\n").unwrap();
     let o = c.sh("lw-build (pycairo, no cairo headers)", "lw-build");
     let e = err(&o);
-    println!("{}", e.lines().rev().take(12).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n"));
+    println!(
+        "{}",
+        e.lines()
+            .rev()
+            .take(12)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     assert_eq!(o.status.code(), Some(65), "{e}");
     assert!(e.contains("layer 'deps' failed to build"), "{e}");
     assert!(e.contains("pycairo"), "pip names the package: {e}");
@@ -670,7 +664,10 @@ fn go_s_standard_library_comes_built_in_the_image() {
             "{}: go test {cold:.1} s compiling {cold_std} standard packages (an empty cache), {warm:.1} s compiling {warm_std} (the image's)",
             c.name
         );
-        assert!(cold_std > 20, "an empty cache compiles the standard library");
+        assert!(
+            cold_std > 20,
+            "an empty cache compiles the standard library"
+        );
         assert_eq!(warm_std, 0, "the image's cache holds it");
     }
 }

@@ -289,3 +289,27 @@ pub fn chosen(pr: &Project) -> bool {
                 n == pr.name || pr.name.ends_with(&format!("/{n}"))
             }))
 }
+
+/// deps.sh's Python step (the script between `<<'EOF'` and `EOF`), run by
+/// the host's python3 (3.11 or later, for tomllib) in `dir`: its status,
+/// the requirements it wrote (`project.txt`) and the lock's pins
+/// (`lock.pins`).
+pub fn python_step(dir: &std::path::Path) -> (Output, String, String) {
+    let script = include_str!("../../runtime/deps.sh");
+    let body = script
+        .split_once("<<'EOF'\n")
+        .and_then(|(_, rest)| rest.split_once("\nEOF\n"))
+        .expect("deps.sh has its Python step between <<'EOF' and EOF")
+        .0;
+    let req = dir.join("req");
+    std::fs::create_dir_all(&req).unwrap();
+    let o = Command::new("python3")
+        .args(["-c", body, req.to_str().unwrap(), "/nonexistent/uv"])
+        .current_dir(dir)
+        .env_remove("PIP_INDEX_URL")
+        .env_remove("PIP_EXTRA_INDEX_URL")
+        .output()
+        .expect("python3 runs");
+    let read = |f: &str| std::fs::read_to_string(req.join(f)).unwrap_or_default();
+    (o.clone(), read("project.txt"), read("lock.pins"))
+}
