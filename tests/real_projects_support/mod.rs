@@ -178,7 +178,7 @@ pub const CORPUS: &[Project] = &[
         // Left out: the tests that fetch from the web (the network is off)
         // and those of the `js` extra (pyduktape2), which is neither a
         // test nor a dev dependency.
-        "python3 -m pytest -q -p no:warnings --ignore=test/test_js --deselect test/issues/test_108.py::test_108 -k 'not web and not jsonld and not owl_imports and not test_154'",
+        "python3 -m pytest -q -p no:warnings --ignore=test/test_js --deselect test/issues/test_108.py::test_108 -k \"not web and not jsonld and not owl_imports and not test_154\"",
         "poetry.lock as published in the sdist (Poetry 2.4.1): [project] and a poetry dev group, held to the lock's pins",
     ),
     p(
