@@ -1,7 +1,7 @@
 //! Issue 39: real projects' own tests, run inside a sandbox with the network
-//! off.  The corpus (tests/real_projects_support: 3 projects per stack,
-//! chosen for the lockfile and layout kinds they cover) is fetched from the
-//! registries and cached.  Each run makes a project a git repository with
+//! off.  The corpus (tests/real_projects_support: 3 or more projects per
+//! stack, chosen for the lockfile and layout kinds they cover) is fetched
+//! from the registries and cached.  Each run (its checkout.rs) makes a project a git repository with
 //! an `origin` and goes `lw init` → `lw-mirror sync` → `lw-build` →
 //! `lw-sandbox create` → the project's test command (`lw-sandbox exec`,
 //! network none), printing each step's time and the toolchain layer's tag.
@@ -18,219 +18,11 @@
 mod real_projects_support;
 mod sandbox_support;
 
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
 use std::time::Instant;
 
-use real_projects_support::{CORPUS, Project, chosen, fetch, ok, python_step};
-use sandbox_support::{docker, err, git, nonce, text, unmount_under};
-
-struct Cleanup {
-    dir: PathBuf,
-    root: PathBuf,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let label = format!(
-            "label=org.loopwright.root={}",
-            loopwright::sandbox::root_id(&self.root)
-        );
-        for what in [&["ps", "-aq"][..], &["volume", "ls", "-q"][..]] {
-            let mut args = what.to_vec();
-            args.extend(["--filter", &label]);
-            let ids: Vec<String> = text(&docker(&args)).lines().map(str::to_string).collect();
-            if !ids.is_empty() {
-                let rm: &[&str] = if what[0] == "ps" {
-                    &["rm", "-fv"]
-                } else {
-                    &["volume", "rm", "-f"]
-                };
-                let _ = Command::new("docker").args(rm).args(&ids).output();
-            }
-        }
-        unmount_under(&self.dir);
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// One project's checkout, pushed to its own upstream, with the built
-/// binaries on PATH; removed (and its sandboxes) when dropped.
-struct Checkout {
-    name: String,
-    repo: PathBuf,
-    path: String,
-    root: PathBuf,
-    _cleanup: Cleanup,
-}
-
-impl Checkout {
-    fn new(pr: &Project) -> Checkout {
-        let src = fetch(pr);
-        let dir = std::env::temp_dir().join(format!("lw-real-{}-{}", pr.stack, nonce()));
-        let repo = dir.join("repo");
-        std::fs::create_dir_all(&dir).unwrap();
-        let root = repo.join(".loopwright/cache/mailbox");
-        let cleanup = Cleanup {
-            dir: dir.clone(),
-            root: root.clone(),
-        };
-        ok(
-            &dir,
-            &format!("cp -a '{}' repo && rm repo/.lw-fetched", src.display()),
-        );
-        git(&dir, &["init", "-q", "--bare", "-b", "main", "up.git"]);
-        git(&repo, &["init", "-q", "-b", "main"]);
-        git(&repo, &["config", "user.name", "A Person"]);
-        git(&repo, &["config", "user.email", "person@example.com"]);
-        git(
-            &repo,
-            &[
-                "remote",
-                "add",
-                "origin",
-                dir.join("up.git").to_str().unwrap(),
-            ],
-        );
-        git(&repo, &["add", "-A", "-f"]);
-        git(&repo, &["commit", "-qm", "as published"]);
-        git(&repo, &["push", "-q", "origin", "main"]);
-        let bins = sandbox_support::bin("lw-init")
-            .parent()
-            .unwrap()
-            .to_path_buf();
-        let path = format!(
-            "{}:{}",
-            bins.display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
-        Checkout {
-            name: format!("{} {}", pr.name, pr.version),
-            repo,
-            path,
-            root,
-            _cleanup: cleanup,
-        }
-    }
-
-    /// `script` in the checkout, its time printed: its output.
-    fn sh(&self, what: &str, script: &str) -> Output {
-        let t = Instant::now();
-        let o = Command::new("bash")
-            .args(["-euo", "pipefail", "-c", script])
-            .current_dir(&self.repo)
-            .env("PATH", &self.path)
-            .env("LW_ROOT", &self.root)
-            .env_remove("LW_MIRROR")
-            .env_remove("LW_MAILBOX")
-            .stdin(Stdio::null())
-            .output()
-            .expect("bash runs");
-        let secs = t.elapsed().as_secs_f64();
-        println!("{}: {what} {secs:.1} s", self.name);
-        o
-    }
-
-    /// `script`, which must succeed: its stdout and stderr.
-    fn step(&self, what: &str, script: &str) -> (String, String) {
-        let o = self.sh(what, script);
-        assert!(
-            o.status.success(),
-            "{}: {what} failed:\n{}\n{}",
-            self.name,
-            text(&o),
-            err(&o)
-        );
-        (text(&o), err(&o))
-    }
-
-    /// lw init, lw-mirror sync, lw-build in the corpus's image repository
-    /// for `stack`: lw-build's output.
-    fn build(&self, stack: &str) -> String {
-        self.step("lw init", "lw init >/dev/null");
-        // One image repository for the corpus: a toolchain layer's tag is
-        // its inputs' hash, so the same toolchain is the same image.
-        ok(
-            &self.repo,
-            &format!(
-                "sed -i '1i image loopwright/lw-real-{stack}' .loopwright/runtime/runtime.conf"
-            ),
-        );
-        self.step("lw-mirror sync", "lw-mirror sync >/dev/null");
-        self.step("lw-build", "lw-build").0
-    }
-}
-
-/// What one project's run found: its toolchain layer's tag and state
-/// (`cached` or `built`), and what its declared toolchain versions resolve
-/// to.
-struct Ran {
-    tag: String,
-    state: String,
-    declared: String,
-}
-
-/// One project through the whole path.
-fn run(pr: &Project) -> Ran {
-    let c = Checkout::new(pr);
-    let built = c.build(pr.stack);
-    let toolchain = built
-        .lines()
-        .find(|l| l.starts_with("toolchain "))
-        .unwrap_or_default()
-        .to_string();
-    println!("{}: {toolchain}", c.name);
-    c.step(
-        "lw-sandbox create",
-        "lw-sandbox create t --branch task/t >/dev/null",
-    );
-    let (out, e) = c.step(
-        &format!("test ({}, network none)", pr.test),
-        &format!(
-            "lw-sandbox exec t -- sh -c 'cd /work/repo && {} 2>&1'",
-            pr.test
-        ),
-    );
-    println!(
-        "{}: {} — last lines:\n{}{e}",
-        c.name,
-        pr.why,
-        out.lines()
-            .rev()
-            .take(3)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
-    let declared = std::fs::read_to_string(c.repo.join(".loopwright/runtime/toolchain.versions"))
-        .unwrap_or_default();
-    let word = |i: usize| {
-        toolchain
-            .split_whitespace()
-            .nth(i)
-            .unwrap_or_default()
-            .to_string()
-    };
-    Ran {
-        tag: word(1),
-        state: word(2),
-        declared,
-    }
-}
-
-/// The sandboxes (containers) of a checkout's mailbox root.
-fn containers(c: &Checkout) -> Vec<String> {
-    let label = format!(
-        "label=org.loopwright.root={}",
-        loopwright::sandbox::root_id(&c.root)
-    );
-    text(&docker(&["ps", "-aq", "--filter", &label]))
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
+use real_projects_support::checkout::{Checkout, containers, run};
+use real_projects_support::{CORPUS, Project, chosen, ok, python_step};
+use sandbox_support::{err, git, nonce, text};
 
 /// `lw init --check` (issue 39): the detected test command once in a
 /// sandbox made for it and removed after; pass is 0, and a failing test
@@ -676,4 +468,77 @@ fn go_s_standard_library_comes_built_in_the_image() {
         );
         assert_eq!(warm_std, 0, "the image's cache holds it");
     }
+}
+
+/// Issue 39: pyshacl's poetry.lock, as published, is what the sandbox's
+/// environment holds: every installed package the lock names is at the
+/// lock's version (pytest 7, where PyPI's newest is later), and its docs,
+/// lint and type-checking tools are not installed.
+#[test]
+#[ignore = "builds the python toolchain and deps layers (minutes); run with -- --ignored"]
+fn poetry_lock_s_versions_are_what_the_sandbox_holds() {
+    let pr = CORPUS
+        .iter()
+        .find(|p| p.name == "pyshacl")
+        .expect("pyshacl is in the corpus");
+    let c = Checkout::new(pr);
+    c.build(pr.stack);
+    c.step(
+        "lw-sandbox create",
+        "lw-sandbox create t --branch task/t >/dev/null",
+    );
+    let (out, _) = c.step(
+        "pip list",
+        "lw-sandbox exec t -- pip list --format=json --disable-pip-version-check",
+    );
+    let listed: serde_json::Value = serde_json::from_str(&out).expect("pip list's JSON");
+    let norm = |s: &str| s.to_lowercase().replace(['_', '.'], "-");
+    let installed: Vec<(String, String)> = listed
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            let f = |k: &str| p[k].as_str().unwrap_or_default().to_string();
+            (norm(&f("name")), f("version"))
+        })
+        .collect();
+    let lock = std::fs::read_to_string(c.repo.join("poetry.lock")).unwrap();
+    let mut locked: Vec<(String, String)> = Vec::new();
+    let mut name = String::new();
+    for line in lock.lines() {
+        let value = |l: &str| l.split('"').nth(1).unwrap_or_default().to_string();
+        if line.starts_with("name = ") {
+            name = norm(&value(line));
+        } else if line.starts_with("version = ") && !name.is_empty() {
+            locked.push((std::mem::take(&mut name), value(line)));
+        }
+    }
+    let mut checked = 0;
+    for (n, v) in &installed {
+        let at: Vec<&String> = locked
+            .iter()
+            .filter(|(l, _)| l == n)
+            .map(|(_, v)| v)
+            .collect();
+        if at.is_empty() {
+            continue;
+        }
+        assert!(at.contains(&v), "{n} {v} installed, the lock says {at:?}");
+        checked += 1;
+    }
+    let has = |n: &str| installed.iter().any(|(i, _)| i == n);
+    println!(
+        "pyshacl: {checked} installed packages at poetry.lock's versions, of {} installed, {} locked",
+        installed.len(),
+        locked.len()
+    );
+    assert!(
+        has("pytest") && has("rdflib") && has("owlrl"),
+        "{installed:?}"
+    );
+    assert!(
+        !has("mypy") && !has("ruff"),
+        "no lint or type-checking: {installed:?}"
+    );
+    assert!(checked >= 10, "{checked}");
 }

@@ -6,6 +6,8 @@
 //! stack's own tool) and cached under `LW_REAL_CACHE` (default
 //! `/var/cache/loopwright-real`), so a second run needs no network.
 
+pub mod checkout;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
