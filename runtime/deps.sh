@@ -163,9 +163,31 @@ for lock in ("poetry.lock", "pdm.lock"):
                   f"{pkg['name']} from PyPI", file=sys.stderr)
             sys.exit(65)
         else:
-            seen.setdefault(n, set()).add(v)
-# A lock may hold a package at two versions (for two Pythons): pip picks.
-pins = [f"{n}=={vs.pop()}" for n, vs in sorted(seen.items()) if len(vs) == 1]
+            m = pkg.get("markers", pkg.get("marker"))
+            if isinstance(m, dict):
+                # Poetry's per group: what the installed groups' say.
+                ms = [m.get(g) for g in (gs or []) if norm(g) in installed]
+                m = None if not ms or None in ms else " or ".join(f"({x})" for x in ms)
+            seen.setdefault(n, []).append((v, m))
+# A lock may hold a package at two versions, each for its Pythons (its
+# markers): the one whose markers hold here, with the extras installed.
+def holds(m):
+    if not m:
+        return True
+    try:
+        from pip._vendor.packaging.markers import Marker
+        return any(Marker(m).evaluate({"extra": e}) for e in extras + [""])
+    except Exception:
+        return True
+pins = []
+for n, vs in sorted(seen.items()):
+    here = {v for v, _ in vs}
+    if len(here) > 1:
+        here = {v for v, m in vs if holds(m)}
+    if len(here) == 1:
+        pins.append(f"{n}=={here.pop()}")
+    elif here:
+        print(f"deps.sh: {n}: the lock's {', '.join(sorted(here))} all fit here; pip picks", file=sys.stderr)
 # The lock's pins of the same groups and extras (not its docs or lint).
 if os.path.exists("uv.lock"):
     cmd = [sys.argv[2], "export", "--frozen", "--no-hashes", "--no-emit-project",

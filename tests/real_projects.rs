@@ -308,6 +308,14 @@ build-backend = "poetry.core.masonry.api"
             "\"main\"",
             "[package.source]\ntype = \"git\"\nurl = \"https://example.com/gitdep.git\"\nreference = \"HEAD\"\nresolved_reference = \"0123abc\"\n",
         ),
+        // At two versions, each for its Pythons (as pyshacl's iniconfig).
+        lock("tomli", "1.0.0", "\"main\"", "markers = \"python_version < \\\"3\\\"\"\n"),
+        lock(
+            "tomli",
+            "2.0.1",
+            "\"main\", \"test\"",
+            "markers = {main = \"python_version >= \\\"3\\\" and extra == \\\"x\\\"\", test = \"python_version >= \\\"3\\\"\"}\n",
+        ),
     ]
     .concat();
     w("poetry.lock", &poetry);
@@ -321,7 +329,7 @@ build-backend = "poetry.core.masonry.api"
     );
     assert_eq!(
         pins,
-        "click==8.1.7\npytest==8.3.3\nrequests==2.31.0\nurllib3==2.2.1\n"
+        "click==8.1.7\npytest==8.3.3\nrequests==2.31.0\ntomli==2.0.1\nurllib3==2.2.1\n"
     );
 
     // A package from a private index (a test dependency, so installed).
