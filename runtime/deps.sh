@@ -14,10 +14,14 @@
 #   python  a virtual environment (/opt/loopwright/venv, or /work/.venv)
 #           with the project's dependencies and its test dependencies
 #           (dependency groups and optional dependencies named test, tests,
-#           testing or dev, requirements*.txt; with a uv.lock, uv exports
-#           the lock's pins of those same groups and extras), pytest
-#           when nothing names it, and /work/repo/src and /work/repo on its
-#           path (the project, editable from the clone).
+#           testing or dev, requirements*.txt, [tool.poetry]'s and PDM's
+#           groups of those names; with a uv.lock, uv exports the lock's
+#           pins of those same groups and extras; a poetry.lock's or
+#           pdm.lock's pins constrain what pip installs), pytest when
+#           nothing names it, the project's build requirements (its own
+#           extension is built in the sandbox), and /work/repo/src and
+#           /work/repo on its path (the project, editable from the clone).
+#           A lock's package from a private index stops it (65), named.
 #   rust    the lockfile's crates, vendored (/opt/loopwright/vendor, or
 #           /work/.cargo/vendor) with the cargo configuration that uses them.
 #   go      the modules, downloaded into a module cache the sandbox reads as
