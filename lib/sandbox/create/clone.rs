@@ -37,6 +37,16 @@ if [ ! -e /work/repo/.git ]; then
     if [ -n "$DEFAULT" ] && [ "$DEFAULT" != "$B" ]; then git branch --quiet -D "$DEFAULT" 2>/dev/null || true; fi
 fi
 [ "$SRC" = /lw/mirror ] || rm -f "$SRC"
+# Go's build cache starts from the image's (the standard library, built by
+# toolchain.sh): its entries linked, as Go only reads an entry once written, and
+# trim.txt the sandbox's own, so that Go trims none for a day (after that
+# it may, and what it trimmed is compiled again).  Without it, a cold cache.
+G=/opt/loopwright/gocache C=/work/.cache/go-build
+if [ -d "$G" ] && [ ! -e "$C" ]; then
+    mkdir -p /work/.cache
+    { cp -Rs "$G" "$C.new" && rm -f "$C.new/trim.txt" && date +%s >"$C.new/trim.txt" && mv "$C.new" "$C"; } ||
+        rm -rf "$C.new"
+fi
 git -C /work/repo rev-parse HEAD
 "#;
 
