@@ -40,6 +40,7 @@ use loopwright::image::cache::{self, Fetch, Probe, Puller, Push};
 use loopwright::image::{self, BuildOptions, InputKind, Layer, LayerResult, Plan, Runtime};
 use mailbox::cli::out_err;
 use mailbox::error::{Error, Exit, Result};
+use mailbox::visible::{visible, visible_line};
 use serde_json::json;
 
 const PROG: &str = "lw-build";
@@ -353,7 +354,7 @@ fn build_kit(
         &mut |p| eprintln!("{PROG}: building {}", p.tag),
         &mut |ev| {
             if let (true, BuildEvent::Output(s)) = (verbose, &ev) {
-                eprint!("{s}");
+                eprint!("{}", visible(s));
             }
         },
     )?;
@@ -623,7 +624,7 @@ impl Progress {
         };
         if self.verbose {
             let mut e = std::io::stderr().lock();
-            let _ = e.write_all(text.as_bytes());
+            let _ = e.write_all(visible(text).as_bytes());
             if !text.ends_with('\n') && matches!(ev, BuildEvent::Status(_)) {
                 let _ = e.write_all(b"\n");
             }
@@ -631,7 +632,7 @@ impl Progress {
             let Some(step) = text.lines().find(|s| s.starts_with("Step ")) else {
                 return;
             };
-            let line: String = format!("{PROG}: {}: {step}", l.def.name)
+            let line: String = format!("{PROG}: {}: {}", l.def.name, visible_line(step))
                 .chars()
                 .take(100)
                 .collect();

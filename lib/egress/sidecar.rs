@@ -10,6 +10,7 @@ use std::time::Duration;
 use engine::{BuildEvent, BuildOutcome, BuildRequest, ImageBuilder, NetworkEngine};
 use mailbox::digest::sha256_hex;
 use mailbox::error::{Error, Exit, Result};
+use mailbox::visible::visible_line;
 
 /// A proxy image's recipe.
 pub struct Recipe<'a> {
@@ -98,7 +99,8 @@ impl Recipe<'_> {
 }
 
 /// Builds `req`, passing every event on, and keeps the last `keep` lines
-/// of the build's output for the error a failed build becomes.
+/// of the build's output for the error a failed build becomes, each with
+/// its control characters made visible.
 pub fn build_with_tail(
     engine: &dyn ImageBuilder,
     req: &BuildRequest,
@@ -108,7 +110,14 @@ pub fn build_with_tail(
     let mut tail: Vec<String> = Vec::new();
     let outcome = engine.build(req, &mut |ev| {
         if let BuildEvent::Output(s) = &ev {
-            tail.extend(s.lines().map(str::to_string));
+            // Kept as shown: control characters made visible, 4 KiB a line.
+            tail.extend(s.lines().map(|l| {
+                let mut end = l.len().min(4096);
+                while !l.is_char_boundary(end) {
+                    end -= 1;
+                }
+                visible_line(&l[..end]).into_owned()
+            }));
             let n = tail.len().saturating_sub(keep);
             tail.drain(..n);
         }

@@ -3,6 +3,7 @@
 
 use engine::{BuildEvent, BuildOutcome, BuildRequest, ImageBuilder};
 use mailbox::error::{Error, Exit, Result};
+use mailbox::visible::visible_line;
 use std::collections::BTreeSet;
 
 use super::*;
@@ -62,10 +63,10 @@ pub fn build(
             args: layer.build_args(),
         };
         (opts.on_start)(layer);
-        let mut log = String::new();
+        let mut log = Tail::default();
         let outcome = engine.build(&req, &mut |ev| {
             if let BuildEvent::Output(s) = &ev {
-                log.push_str(s);
+                log.push(s);
             }
             (opts.on_event)(layer, &ev);
         })?;
@@ -74,15 +75,64 @@ pub fn build(
                 layer.image_id = Some(id.clone());
                 results.push(LayerResult::Built(id));
             }
-            BuildOutcome::Failed(msg) => return Err(failure(layer, &msg, &log)),
+            BuildOutcome::Failed(msg) => return Err(failure(layer, &msg, &log.lines())),
         }
     }
     Ok(results)
 }
 
+/// The last [`TAIL_LINES`] lines of a build's output, all a failed build
+/// shows: the rest is not held (a project's install step may print without
+/// end).
+#[derive(Default)]
+pub(super) struct Tail {
+    lines: std::collections::VecDeque<String>,
+    /// The line not ended yet, at most [`TAIL_LINE_MAX`] bytes kept.
+    open: String,
+}
+
+const TAIL_LINES: usize = 40;
+const TAIL_LINE_MAX: usize = 4096;
+
+impl Tail {
+    pub(super) fn push(&mut self, chunk: &str) {
+        for piece in chunk.split_inclusive('\n') {
+            let body = piece.strip_suffix('\n');
+            let text = body.unwrap_or(piece);
+            if self.open.len() < TAIL_LINE_MAX {
+                let room = TAIL_LINE_MAX - self.open.len();
+                let mut end = text.len().min(room);
+                while !text.is_char_boundary(end) {
+                    end -= 1;
+                }
+                self.open.push_str(&text[..end]);
+            }
+            if body.is_some() {
+                self.lines.push_back(std::mem::take(&mut self.open));
+                if self.lines.len() > TAIL_LINES {
+                    self.lines.pop_front();
+                }
+            }
+        }
+    }
+
+    /// The kept lines, the unended one last, joined by newlines.
+    pub(super) fn lines(&self) -> String {
+        let mut all: Vec<&str> = self.lines.iter().map(String::as_str).collect();
+        if !self.open.is_empty() {
+            all.push(&self.open);
+        }
+        let start = all.len().saturating_sub(TAIL_LINES);
+        all[start..].join("\n")
+    }
+}
+
 /// The error for a failed build: a missing context file points at the input
-/// list; anything else shows the step's output.
+/// list; anything else shows the step's output, its control characters
+/// made visible (a project's build prints what it likes: no escape
+/// sequence reaches the person's terminal).
 pub(super) fn failure(layer: &Layer, msg: &str, log: &str) -> Error {
+    let msg = &*visible_line(msg);
     let lower = msg.to_ascii_lowercase();
     let copy_step = lower.starts_with("copy failed") || lower.starts_with("add failed");
     if lower.contains("file not found in build context")
@@ -103,13 +153,19 @@ pub(super) fn failure(layer: &Layer, msg: &str, log: &str) -> Error {
         layer.def.name,
         msg.trim()
     );
-    let tail: Vec<&str> = log.lines().collect();
-    let start = tail.len().saturating_sub(40);
-    if !tail.is_empty() {
+    if !log.is_empty() {
         text.push_str("\n--- build output (last lines) ---\n");
-        text.push_str(&tail[start..].join("\n"));
+        text.push_str(&shown(log));
     }
     Error::new(Exit::DataErr, text)
+}
+
+/// The last [`TAIL_LINES`] lines of `log`, each with its control characters
+/// made visible.
+fn shown(log: &str) -> String {
+    let tail: Vec<String> = log.lines().map(|l| visible_line(l).into_owned()).collect();
+    let start = tail.len().saturating_sub(TAIL_LINES);
+    tail[start..].join("\n")
 }
 
 /// One COPY/ADD source found in a Dockerfile.
@@ -273,4 +329,45 @@ fn check_own(text: &str, layer: &Layer, c: &str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tail_tests {
+    use super::*;
+
+    #[test]
+    fn a_build_that_prints_without_end_keeps_forty_short_lines() {
+        let mut t = Tail::default();
+        for i in 0..10_000 {
+            t.push(&format!("line {i}\n"));
+        }
+        // One line of 64 MiB, in chunks, never ended.
+        let chunk = "y".repeat(1 << 20);
+        for _ in 0..64 {
+            t.push(&chunk);
+        }
+        let text = t.lines();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), TAIL_LINES);
+        assert_eq!(lines[0], "line 9961");
+        assert_eq!(lines[TAIL_LINES - 1].len(), TAIL_LINE_MAX);
+        assert!(t.open.capacity() < 1 << 20, "the open line was held whole");
+    }
+
+    #[test]
+    fn a_line_cut_inside_a_character_stays_text() {
+        let mut t = Tail::default();
+        t.push(&"é".repeat(TAIL_LINE_MAX));
+        t.push("\n");
+        assert!(t.lines().len() <= TAIL_LINE_MAX);
+    }
+
+    #[test]
+    fn the_shown_output_carries_no_escape_sequence() {
+        let mut t = Tail::default();
+        t.push("\u{1b}[91mERROR\u{1b}[0m\r\n\u{1b}]0;owned\u{7}\n");
+        let text = shown(&t.lines());
+        assert!(!text.contains('\u{1b}') && !text.contains('\r') && !text.contains('\u{7}'));
+        assert!(text.contains("^[[91mERROR"), "{text}");
+    }
 }
