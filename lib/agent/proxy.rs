@@ -254,7 +254,7 @@ pub fn create(
         image: image.to_string(),
         env: [
             format!("LW_MODEL_UPSTREAM={}", settings.upstream),
-            format!("LW_MODEL_ENDPOINT={} {}", kit.method, kit.path),
+            format!("LW_MODEL_ENDPOINT={}", kit.endpoint()),
             format!("LW_MODEL_KEY_HEADER={}", kit.key_header.as_str()),
             format!("LW_MODEL_KIT={}", kit.name),
         ]

@@ -66,6 +66,19 @@ pub fn budget(cli: &str) -> usize {
         _ => CLAUDE_BUDGET,
     }
 }
+/// The event a CLI's hook names, as the bell knows it: Gemini CLI's hooks
+/// are Claude Code's under other names (`BeforeAgent` for
+/// `UserPromptSubmit`, `AfterTool` for `PostToolUse`, `AfterAgent` for
+/// `Stop`) and take the same answers.
+pub fn event_of<'a>(cli: &str, event: &'a str) -> &'a str {
+    match (cli, event) {
+        ("gemini", "BeforeAgent") => "UserPromptSubmit",
+        ("gemini", "AfterTool") => "PostToolUse",
+        ("gemini", "AfterAgent") => "Stop",
+        _ => event,
+    }
+}
+
 /// The fence's tag.  Inside untrusted text, `<lw-message` and
 /// `</lw-message` lose their `<`, so a body cannot close the fence.
 pub const FENCE: &str = "lw-message";

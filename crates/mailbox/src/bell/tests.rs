@@ -354,3 +354,45 @@ fn a_burst_is_told_within_the_budget_each_message_once() {
     );
     assert!(st.announced.contains("big"));
 }
+
+#[test]
+fn gemini_events_are_claude_codes_under_other_names() {
+    for (gemini, ours) in [
+        ("AfterTool", "PostToolUse"),
+        ("BeforeAgent", "UserPromptSubmit"),
+        ("AfterAgent", "Stop"),
+        ("SessionStart", "SessionStart"),
+        ("BeforeModel", "BeforeModel"),
+    ] {
+        assert_eq!(event_of("gemini", gemini), ours);
+    }
+    // Only Gemini's names are read so: another CLI's AfterAgent is nothing.
+    assert_eq!(event_of("claude", "AfterAgent"), "AfterAgent");
+    let new = [msg("m1", Kind::ContractChange, "the schema changed")];
+    let told = answer(
+        &input(event_of("gemini", "AfterTool")),
+        State::default(),
+        &new,
+        3,
+        budget("gemini"),
+    );
+    let v = told.0.expect("an AfterTool is told what is new");
+    assert!(
+        v["hookSpecificOutput"]["additionalContext"]
+            .as_str()
+            .unwrap()
+            .contains("the schema changed"),
+        "{v}"
+    );
+    let stop = answer(
+        &input(event_of("gemini", "AfterAgent")),
+        told.1,
+        &new,
+        3,
+        budget("gemini"),
+    );
+    assert_eq!(
+        stop.0.expect("an unread change blocks")["decision"],
+        "block"
+    );
+}
