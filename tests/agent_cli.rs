@@ -1148,9 +1148,13 @@ fn bell(kit: &str, key_env: &str, hooks: &str) {
 
     // The consumer's task: a slow tool, six times; then it tries to stop
     // ("STOP"); told to go on, it reads and acks what waits.
-    let script = slow_task_then_read(
-        "for i in $(lw-inbox | cut -f1); do lw-inbox show \"$i\"; lw-inbox ack \"$i\"; done",
-    );
+    // (Gemini CLI's shell tool refuses a command substitution, `$(...)`,
+    // as "command injection": it reads the list through a pipe.)
+    let script = slow_task_then_read(if kit == "gemini" {
+        "lw-inbox | cut -f1 | while read -r i; do lw-inbox show \"$i\"; lw-inbox ack \"$i\"; done"
+    } else {
+        "for i in $(lw-inbox | cut -f1); do lw-inbox show \"$i\"; lw-inbox ack \"$i\"; done"
+    });
     let container = f.container("c1");
     let py_image = model_image(&container);
     let model = format!("lw-bell-{n}-model");
