@@ -1,5 +1,5 @@
 //! `lw-sandbox create --agent KIT` and `run`, end to end, with the real
-//! Claude Code, Codex and opencode CLIs (the kits' pinned versions, from npm) against
+//! Claude Code, Codex, Gemini CLI and opencode CLIs (the kits' pinned versions, from npm) against
 //! a scripted model served over TLS by a test CA
 //! (examples/scripted-model/model.py).
 //!
@@ -1315,7 +1315,12 @@ fn bell(kit: &str, key_env: &str, hooks: &str) {
         .unwrap();
     assert!(m.status.success(), "{}", err(&m));
     let status_label = format!(r#"{lt}lw-message id=\"{sid}\" from=\"p1\" kind=\"status\""#);
-    for (i, want) in [1, 1].into_iter().enumerate() {
+    // Gemini CLI 0.61.0 resuming a resumed chat keeps that run's answer
+    // but drops its prompt, and so the context its hooks put before it:
+    // the second resume's history no longer holds the status, and the bell
+    // (which told it once) does not tell it again.
+    let second = if kit == "gemini" { 0 } else { 1 };
+    for (i, want) in [1, second].into_iter().enumerate() {
         let o = f
             .cmd(&["run", "c1", "--resume", "--", "RESUME-CHECK"])
             .env(key_env, &key)

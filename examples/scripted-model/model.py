@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-# A scripted model for the agent tests and `scripts/main-job --agent`: the Anthropic Messages API (SSE) and
-# the OpenAI Responses API (SSE), over TLS, replaying a script of tool calls
+# A scripted model for the agent tests and `scripts/main-job --agent`: the Anthropic Messages API (SSE),
+# the OpenAI Responses API (SSE) and the Gemini API (generateContent and
+# streamGenerateContent?alt=sse, countTokens), over TLS, replaying a script of tool calls
 # (named as the request's tools name them: Claude Code's Bash and
-# mcp__loopwright__TOOL, opencode's bash and loopwright_TOOL)
+# mcp__loopwright__TOOL, opencode's bash and loopwright_TOOL, Gemini CLI's
+# run_shell_command and mcp_loopwright_TOOL; Gemini CLI's own JSON
+# questions, its model router's, get a value of the schema they ask for)
 # and recording every request it receives (method, path, headers, body) as
 # one JSON line in /srv/out/requests.jsonl.
 #
