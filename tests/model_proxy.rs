@@ -759,7 +759,7 @@ fn gemini_routes_forward_with_the_key_and_refuse_in_googles_shape() {
     let ask = serde_json::json!({"contents": [{"role": "user", "parts": [{"text": "hello"}]}]})
         .to_string();
     let r = send(
-        "POST /v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse&key=lw-smuggled",
+        "POST /v1beta/models/gemini-2.5-pro:streamGenerateContent?key=lw-smuggled&alt=sse&%6Bey=lw-smuggled&API_KEY=lw-smuggled",
         &ask,
     );
     assert_eq!(r.status, 200, "{r:?}");
@@ -814,6 +814,13 @@ fn gemini_routes_forward_with_the_key_and_refuse_in_googles_shape() {
         assert_eq!(v["error"]["code"], 403, "{head}: {}", r.body);
         assert_eq!(v["error"]["status"], "PERMISSION_DENIED", "{}", r.body);
     }
+    // Two keys in one head: the second is how one would be smuggled past.
+    let r = send(
+        "POST /v1beta/models/m:generateContent HTTP/1.1\r\nx-goog-api-key: lw-second\r\nX-Foo: bar",
+        &ask,
+    );
+    assert_eq!(r.status, 400, "{r:?}");
+    assert!(r.body.contains("duplicate x-goog-api-key"), "{}", r.body);
     assert_eq!(door.upstream(), 3, "nothing refused reached the upstream");
     // A body over agent.gemini.max-request.
     let big = "x".repeat(100_001);
@@ -843,7 +850,7 @@ fn gemini_routes_forward_with_the_key_and_refuse_in_googles_shape() {
     );
     assert!(r.header("retry-after").is_some());
     println!(
-        "figure: gemini door: 4 forwarded, 9 paths refused 403, 1 body 413, 1 request 429; tokens counted {}; requests that reached the upstream {}",
+        "figure: gemini door: 4 forwarded, 9 paths refused 403, a second key header 400, 1 body 413, 1 request 429; tokens counted {}; requests that reached the upstream {}",
         door.usage()["tokens_run"],
         door.upstream()
     );

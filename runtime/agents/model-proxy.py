@@ -61,6 +61,7 @@ import socket
 import ssl
 import sys
 import time
+import urllib.parse
 
 ENV = os.environ
 UPSTREAM = ENV["LW_MODEL_UPSTREAM"]
@@ -511,7 +512,9 @@ def without_key(target):
     path, sep, query = target.partition("?")
     if not sep:
         return target
-    kept = [p for p in query.split("&") if p.split("=", 1)[0].lower() not in ("key", "api_key", "")]
+    # A name is compared decoded ("%6Bey" is "key" to the upstream).
+    kept = [p for p in query.split("&")
+            if urllib.parse.unquote_plus(p.split("=", 1)[0]).strip().lower() not in ("key", "api_key", "")]
     return path + ("?" + "&".join(kept) if kept else "")
 
 
