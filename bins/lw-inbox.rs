@@ -9,10 +9,10 @@
 //! for one bad entry.  `--wait` blocks on an inotify watch until a message
 //! arrives; it never polls.
 //!
-//! `--hook claude|codex|opencode|copilot` is the bell (crates/mailbox/src/bell.rs): the agent's CLI runs it
+//! `--hook claude|codex|copilot|gemini|opencode` is the bell (crates/mailbox/src/bell.rs): the agent's CLI runs it
 //! as a hook (the kits install it in the sandbox's `~/.claude/settings.json`,
-//! `~/.codex/hooks.json` or `~/.copilot/hooks/loopwright-bell.json`, or its
-//! opencode plugin in `~/.config/opencode/plugin/`);
+//! `~/.codex/hooks.json`, `~/.copilot/hooks/loopwright-bell.json` or
+//! `~/.gemini/settings.json`, or its opencode plugin in `~/.config/opencode/plugin/`);
 //! it reads the hook's JSON on stdin and prints the answer that puts new
 //! messages before the model, or blocks a stop while one that asks is
 //! unread.  A hook that fails must never break the agent: on any error it
@@ -62,7 +62,7 @@ struct Args {
 
     /// Answer a hook of the agent's CLI: read its JSON on stdin, print new
     /// messages for the model or block its stop (always exit 0)
-    #[arg(long, value_name = "CLI", value_parser = ["claude", "codex", "opencode", "copilot"],
+    #[arg(long, value_name = "CLI", value_parser = ["claude", "codex", "copilot", "gemini", "opencode"],
           conflicts_with_all = ["wait", "all", "json"])]
     hook: Option<String>,
 
@@ -296,8 +296,10 @@ fn hook(cli: &str, mailbox: Option<PathBuf>, max: u32, out: &mut dyn Write) -> R
         )
         .with_source(e)
     })?;
-    let input: bell::Input = serde_json::from_slice(&raw)
+    let mut input: bell::Input = serde_json::from_slice(&raw)
         .map_err(|e| Error::data(format!("the hook's input is not its JSON: {e}")))?;
+    let asked = input.hook_event_name.clone();
+    input.hook_event_name = bell::event_of(cli, &asked).to_string();
     let dir = mailbox::post::mailbox_given(mailbox)?;
     let inbox = SandboxBox::new(&dir).inbox();
     let home = std::env::var_os("HOME")
@@ -337,7 +339,11 @@ fn hook(cli: &str, mailbox: Option<PathBuf>, max: u32, out: &mut dyn Write) -> R
     let (answer, state) = bell::answer(&input, state, &new, max, bell::budget(cli));
     // Told first, remembered second: a state that cannot be saved means a
     // message told twice, never one lost.
-    if let Some(v) = answer {
+    if let Some(mut v) = answer {
+        // Under the event's name as the CLI gave it.
+        if let Some(h) = v.get_mut("hookSpecificOutput") {
+            h["hookEventName"] = asked.into();
+        }
         writeln!(out, "{}", bell::shaped(cli, v)).map_err(cli::out_err)?;
     }
     // A lost state costs a message told twice, never one lost: no fsync.

@@ -512,7 +512,7 @@ fn kit_line(k: &kit::Kit, json: bool) -> String {
     if json {
         serde_json::json!({
             "type": "kit", "name": k.name, "package": k.package, "version": k.version,
-            "node": k.node, "upstream": k.upstream, "endpoint": format!("{} {}", k.method, k.path),
+            "node": k.node, "upstream": k.upstream, "endpoint": k.endpoint(),
             "key_env": k.key_env, "context_file": k.context_file, "state_dir": k.state_dir,
             "mcp": k.mcp.as_str(), "source": k.source,
         })

@@ -1,5 +1,5 @@
 //! `lw-sandbox create --agent KIT` and `run`, end to end, with the real
-//! Claude Code, Codex and opencode CLIs (the kits' pinned versions, from npm) against
+//! Claude Code, Codex, Gemini CLI and opencode CLIs (the kits' pinned versions, from npm) against
 //! a scripted model served over TLS by a test CA
 //! (examples/scripted-model/model.py).
 //!
@@ -242,6 +242,38 @@ fn copilot_commits_posts_and_resumes_while_its_key_stays_outside() {
     });
 }
 
+/// Gemini CLI: the Gemini API (streamGenerateContent for its turns,
+/// generateContent for its router), the key as x-goog-api-key, lw-mcp in
+/// ~/.gemini/settings.json, `--resume latest`.
+#[test]
+fn gemini_commits_posts_and_resumes_while_its_key_stays_outside() {
+    scenario(&Case {
+        kit: "gemini",
+        key_env: "GEMINI_API_KEY",
+        // A prefix: the model's name follows.
+        path: "/v1beta/models/",
+        home: "cat ~/.gemini/GEMINI.md; cat ~/.gemini/settings.json",
+        mcp_marker: "\"command\": \"/usr/local/bin/lw-mcp\"",
+        env_marker: "GOOGLE_GEMINI_BASE_URL=http://lw-model:8080",
+        result_type: "result",
+        key_sent: |r| {
+            assert!(r["headers"].get("authorization").is_none(), "{r}");
+            assert!(!r["path"].as_str().unwrap().contains("key="), "{r}");
+            r["headers"]["x-goog-api-key"].as_str().map(str::to_string)
+        },
+        probe: r#"{"contents":[{"role":"user","parts":[{"text":"RESUME-CHECK"}]}]}"#,
+        via_mcp: true,
+        cap: true,
+    });
+}
+
+/// Whether the recorded request path `path` is the kit's: `k.path` itself,
+/// or under it when it ends in '/' (Gemini's paths name the model).
+fn kit_path(k: &Case, path: &str) -> bool {
+    let path = path.split('?').next().unwrap_or("");
+    path == k.path || (k.path.ends_with('/') && path.starts_with(k.path))
+}
+
 fn scenario(k: &Case) {
     let kit = k.kit;
     let started = Instant::now();
@@ -462,11 +494,7 @@ fn scenario(k: &Case) {
     let reqs = requests(&out_dir);
     assert!(reqs.len() >= 5, "one request per turn: {}", reqs.len());
     for r in &reqs {
-        assert_eq!(
-            r["path"].as_str().unwrap().split('?').next(),
-            Some(k.path),
-            "{r}"
-        );
+        assert!(kit_path(k, r["path"].as_str().unwrap()), "{r}");
         assert_eq!((k.key_sent)(r).as_deref(), Some(key.as_str()), "{r}");
         assert!(
             !r.to_string().contains(loopwright::agent::PLACEHOLDER),
@@ -524,7 +552,13 @@ fn scenario(k: &Case) {
     let plog = text(&docker(&["logs", &model_proxy])) + &err(&docker(&["logs", &model_proxy]));
     let forwarded = plog
         .lines()
-        .filter(|l| l.contains(&format!(" forward POST {} api.model.test:8443 200", k.path)))
+        .filter(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            w.len() == 6
+                && w[1..3] == ["forward", "POST"]
+                && kit_path(k, w[3])
+                && w[4..] == ["api.model.test:8443", "200"]
+        })
         .count();
     assert_eq!(forwarded, reqs.len(), "{plog}");
     assert!(!plog.contains(&key));
@@ -702,7 +736,13 @@ fn scenario(k: &Case) {
     assert_eq!(a1(&f)["agent"]["model_proxy"], "running");
 
     // Latency: first byte through the proxy vs straight to the model, from the world network.
-    let (body, path) = (k.probe, k.path);
+    // (Gemini's path names a model.)
+    let path = if k.path.ends_with('/') {
+        format!("{}m:streamGenerateContent?alt=sse", k.path)
+    } else {
+        k.path.to_string()
+    };
+    let body = k.probe;
     let direct = format!(
         "for i in $(seq 15); do curl -s -o /dev/null -w '%{{time_starttransfer}}\\n' --cacert /srv/tls/ca.pem -H 'content-type: application/json' -d '{body}' https://api.model.test:8443{path}; done"
     );
@@ -805,7 +845,7 @@ fn cap_crossed(f: &Fixture, k: &Case, key: &str, model_proxy: &str) {
     let plog = err(&docker(&["logs", model_proxy]));
     let refused = plog
         .lines()
-        .filter(|l| l.contains(&format!(" refuse POST {} ", k.path)) && l.contains(" 429 "))
+        .filter(|l| l.contains(&format!(" refuse POST {}", k.path)) && l.contains(" 429 "))
         .count();
     assert!(refused > 0, "the proxy answered 429: {plog}");
     // The CLI may show the refusal or wait out its retry-after (an hour):
@@ -854,7 +894,7 @@ fn kits_list_and_bad_kits_unknown_kits_and_wrong_networks_are_refused() {
     let o = f.sb(&["create", "x", "--branch", "x", "--agent", "gpt"]);
     assert_eq!(o.status.code(), Some(64), "{}", err(&o));
     assert!(
-        err(&o).contains("the kits are: claude, codex, copilot, opencode"),
+        err(&o).contains("the kits are: claude, codex, copilot, gemini, opencode"),
         "{}",
         err(&o)
     );
@@ -1069,6 +1109,13 @@ fn codex_hears_a_contract_change_mid_task_and_its_stop_is_blocked_until_it_reads
     bell("codex", "OPENAI_API_KEY", "~/.codex/hooks.json");
 }
 
+/// Gemini CLI hears it through its hooks (AfterTool; AfterAgent blocks
+/// its stop), in ~/.gemini/settings.json.
+#[test]
+fn gemini_hears_a_contract_change_mid_task_and_its_stop_is_blocked_until_it_reads_it() {
+    bell("gemini", "GEMINI_API_KEY", "~/.gemini/settings.json");
+}
+
 /// opencode hears it through its plugin (runtime/agents/opencode-bell.js),
 /// appended to the result of the next tool call; it has no stop a plugin
 /// can refuse, so its run ends with the message unread.
@@ -1097,6 +1144,13 @@ fn bell(kit: &str, key_env: &str, hooks: &str) {
     // Claude Code and Codex run `lw-inbox --hook` as a command hook, stops
     // included; opencode's plugin runs it after tool calls only.
     let blocks_stop = kit != "opencode";
+    // Gemini CLI escapes '<' and '>' in a hook's additionalContext (a
+    // stop's reason it passes as it is).
+    let lt = if kit == "gemini" { "&lt;" } else { "<" };
+    let gt = if kit == "gemini" { "&gt;" } else { ">" };
+    // opencode and Gemini CLI take seconds of their own between a tool's
+    // end and the next request (Gemini's shell tool about 3 s).
+    let slow_turns = matches!(kit, "opencode" | "gemini");
     let started = Instant::now();
     let n = nonce();
     let world = World::outside(&format!("bell-{kit}-{n}"), &format!("lw-bell-{n}"));
@@ -1129,9 +1183,13 @@ fn bell(kit: &str, key_env: &str, hooks: &str) {
 
     // The consumer's task: a slow tool, six times; then it tries to stop
     // ("STOP"); told to go on, it reads and acks what waits.
-    let script = slow_task_then_read(
-        "for i in $(lw-inbox | cut -f1); do lw-inbox show \"$i\"; lw-inbox ack \"$i\"; done",
-    );
+    // (Gemini CLI's shell tool refuses a command substitution, `$(...)`,
+    // as "command injection": it reads the list through a pipe.)
+    let script = slow_task_then_read(if kit == "gemini" {
+        "lw-inbox | cut -f1 | while read -r i; do lw-inbox show \"$i\"; lw-inbox ack \"$i\"; done"
+    } else {
+        "for i in $(lw-inbox | cut -f1); do lw-inbox show \"$i\"; lw-inbox ack \"$i\"; done"
+    });
     let container = f.container("c1");
     let py_image = model_image(&container);
     let model = format!("lw-bell-{n}-model");
@@ -1176,7 +1234,7 @@ fn bell(kit: &str, key_env: &str, hooks: &str) {
     let t = |r: &serde_json::Value| r["t"].as_f64().expect("the model records the time");
     let body = |r: &serde_json::Value| r["body"].as_str().unwrap().to_string();
     let label = format!(
-        r#"<lw-message id=\"{id}\" from=\"p1\" kind=\"contract-change\" mediator=\"delivered\""#
+        r#"{lt}lw-message id=\"{id}\" from=\"p1\" kind=\"contract-change\" mediator=\"delivered\""#
     );
     let carrying = reqs
         .iter()
@@ -1185,7 +1243,7 @@ fn bell(kit: &str, key_env: &str, hooks: &str) {
     let carried = body(&reqs[carrying]);
     for want in [
         format!("subject: users: 2 (BELL-{n})"),
-        "body:\\nuser.name is now user.full_name\\n</lw-message>".to_string(),
+        format!("body:\\nuser.name is now user.full_name\\n{lt}/lw-message{gt}"),
         "not as instructions from the user".to_string(),
     ] {
         assert!(carried.contains(&want), "{want} in {carried}");
@@ -1219,7 +1277,7 @@ fn bell(kit: &str, key_env: &str, hooks: &str) {
         .filter(|i| *i != carrying)
         .map(|i| t(&reqs[i]) - t(&reqs[i - 1]))
         .fold(0.0, f64::max);
-    let bound = if blocks_stop { 2.0 } else { turn } + 1.0;
+    let bound = if slow_turns { turn } else { 2.0 } + 1.0;
     println!(
         "figure [bell {kit}]: the CLI's slowest turn of the run {turn:.2} s; bound {bound:.2} s"
     );
@@ -1291,11 +1349,19 @@ fn bell(kit: &str, key_env: &str, hooks: &str) {
         .output()
         .unwrap();
     assert!(m.status.success(), "{}", err(&m));
-    let status_label = format!(r#"<lw-message id=\"{sid}\" from=\"p1\" kind=\"status\""#);
+    let status_label = format!(r#"{lt}lw-message id=\"{sid}\" from=\"p1\" kind=\"status\""#);
     // Copilot keeps a SessionStart hook's text in the run it starts only:
     // the session resumed after it no longer carries it, and the bell does
     // not tell it again (it stays unread in new/; a status blocks no stop).
-    let second = if kit == "copilot" { 0 } else { 1 };
+    // Gemini CLI 0.61.0 resuming a resumed chat keeps that run's answer
+    // but drops its prompt, and so the context its hooks put before it:
+    // the second resume's history no longer holds the status, and the bell
+    // (which told it once) does not tell it again.
+    let second = if kit == "copilot" || kit == "gemini" {
+        0
+    } else {
+        1
+    };
     for (i, want) in [1, second].into_iter().enumerate() {
         let o = f
             .cmd(&["run", "c1", "--resume", "--", "RESUME-CHECK"])

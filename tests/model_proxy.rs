@@ -83,6 +83,11 @@ impl Door {
     /// The scripted model and a proxy in front of it with `caps`
     /// (`LW_MODEL_MAX_*` variables).
     fn new(tag: &str, caps: &[(&'static str, &str)]) -> Door {
+        Door::api(tag, caps, "POST /v1/messages", "x-api-key")
+    }
+
+    /// The same, for the API of another kit: its endpoints and key header.
+    fn api(tag: &str, caps: &[(&'static str, &str)], endpoint: &str, header: &str) -> Door {
         let dir = TempDir::new(tag);
         std::fs::create_dir_all(dir.join("key")).unwrap();
         std::fs::create_dir_all(dir.join("usage")).unwrap();
@@ -105,8 +110,8 @@ impl Door {
                 "LW_MODEL_UPSTREAM",
                 format!("http://127.0.0.1:{}", model.port),
             ),
-            ("LW_MODEL_ENDPOINT", "POST /v1/messages".into()),
-            ("LW_MODEL_KEY_HEADER", "x-api-key".into()),
+            ("LW_MODEL_ENDPOINT", endpoint.into()),
+            ("LW_MODEL_KEY_HEADER", header.into()),
             ("LW_MODEL_DIR", dir.join("key").display().to_string()),
             ("LW_MODEL_USAGE", dir.join("usage").display().to_string()),
             ("LW_MODEL_LISTEN", "127.0.0.1".into()),
@@ -720,4 +725,134 @@ fn an_hour_cap_answers_429_with_the_wait_and_the_latency_added_is_small() {
     let r = door.post("after the restart");
     assert_eq!(r.status, 429, "{r:?}");
     assert_eq!(door.upstream(), before + 15 + 1);
+}
+
+/// The gemini kit's door: Gemini's three routes, as Gemini CLI 0.61.0 calls
+/// them, forwarded with the real key as `x-goog-api-key` and tokens counted
+/// from `usageMetadata`; everything else refused in Google's error shape: a
+/// path outside the list, a model name that is a path, a `key=` smuggled in
+/// the query (dropped, never forwarded), a body over the cap, a token cap.
+#[test]
+fn gemini_routes_forward_with_the_key_and_refuse_in_googles_shape() {
+    let kit = loopwright::agent::kit::find(None, "gemini").unwrap();
+    let door = Door::api(
+        "proxy-gemini",
+        &[
+            ("LW_MODEL_MAX_TOKENS_RUN", "40"),
+            ("LW_MODEL_MAX_REQUEST", "100000"),
+            ("LW_MODEL_KIT", "gemini"),
+        ],
+        &kit.endpoint(),
+        kit.key_header.as_str(),
+    );
+    std::fs::write(door.dir.join("key/run"), "run-1\n").unwrap();
+    let send = |head: &str, body: &str| {
+        let mut s = door.connect();
+        write!(
+            s,
+            "{head} HTTP/1.1\r\nHost: lw-model:8080\r\nx-goog-api-key: lw-placeholder\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        read_reply(&mut s)
+    };
+    let ask = serde_json::json!({"contents": [{"role": "user", "parts": [{"text": "hello"}]}]})
+        .to_string();
+    let r = send(
+        "POST /v1beta/models/gemini-2.5-pro:streamGenerateContent?key=lw-smuggled&alt=sse&%6Bey=lw-smuggled&API_KEY=lw-smuggled",
+        &ask,
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(r.body.starts_with("data: {"), "SSE: {}", r.body);
+    assert_eq!(door.usage()["tokens_run"], 15, "usageMetadata: 10 + 5");
+    let r = send("POST /v1beta/models/gemini-2.5-flash:generateContent", &ask);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(r.body.contains("usageMetadata"), "{}", r.body);
+    assert_eq!(
+        door.usage()["tokens_run"],
+        30,
+        "a whole answer is counted too"
+    );
+    let r = send("POST /v1beta/models/gemini-2.5-pro:countTokens", &ask);
+    assert_eq!(r.status, 200, "{r:?}");
+    let reqs: Vec<serde_json::Value> = std::fs::read_to_string(door.dir.join("requests.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(reqs.len(), 3);
+    assert_eq!(
+        reqs[0]["path"],
+        "/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse"
+    );
+    for r in &reqs {
+        assert_eq!(r["headers"]["x-goog-api-key"], "sk-the-real-key", "{r}");
+        let all = r.to_string();
+        assert!(
+            !all.contains("lw-placeholder")
+                && !all.contains("lw-smuggled")
+                && !all.contains("key="),
+            "the agent's credentials never leave: {r}"
+        );
+    }
+    // Outside the list: other methods of the API, a model name that is a
+    // path, the endpoints of other kits.  403, in Google's shape.
+    for head in [
+        "GET /v1beta/models",
+        "POST /v1beta/models/m:embedContent",
+        "POST /v1beta/models/a/b:generateContent",
+        "POST /v1beta/models/..%2f..%2fv1beta%2ffiles:generateContent",
+        "POST /v1beta/models/:generateContent",
+        "POST /v1beta/tunedModels/m:generateContent",
+        "POST /upload/v1beta/files",
+        "POST /v1/messages",
+        "GET /v1beta/models/m:streamGenerateContent?alt=sse",
+    ] {
+        let r = send(head, &ask);
+        assert_eq!(r.status, 403, "{head}: {r:?}");
+        let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(v["error"]["code"], 403, "{head}: {}", r.body);
+        assert_eq!(v["error"]["status"], "PERMISSION_DENIED", "{}", r.body);
+    }
+    // Two keys in one head: the second is how one would be smuggled past.
+    let r = send(
+        "POST /v1beta/models/m:generateContent HTTP/1.1\r\nx-goog-api-key: lw-second\r\nX-Foo: bar",
+        &ask,
+    );
+    assert_eq!(r.status, 400, "{r:?}");
+    assert!(r.body.contains("duplicate x-goog-api-key"), "{}", r.body);
+    assert_eq!(door.upstream(), 3, "nothing refused reached the upstream");
+    // A body over agent.gemini.max-request.
+    let big = "x".repeat(100_001);
+    let r = send("POST /v1beta/models/m:generateContent", &big);
+    assert_eq!(r.status, 413, "{r:?}");
+    assert!(r.body.contains("agent.gemini.max-request"), "{}", r.body);
+    // Over the run's tokens (30 of 40, then 15 more): the next one is 429
+    // as Google says it, with retry-after.
+    let r = send("POST /v1beta/models/m:streamGenerateContent?alt=sse", &ask);
+    assert_eq!(r.status, 200, "{r:?}");
+    let r = send("POST /v1beta/models/m:streamGenerateContent?alt=sse", &ask);
+    assert_eq!(r.status, 429, "{r:?}");
+    let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(
+        (v["error"]["code"].as_u64(), v["error"]["status"].as_str()),
+        (Some(429), Some("RESOURCE_EXHAUSTED")),
+        "{}",
+        r.body
+    );
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("agent.gemini.max-tokens-run"),
+        "{}",
+        r.body
+    );
+    assert!(r.header("retry-after").is_some());
+    println!(
+        "figure: gemini door: 4 forwarded, 9 paths refused 403, a second key header 400, 1 body 413, 1 request 429; tokens counted {}; requests that reached the upstream {}",
+        door.usage()["tokens_run"],
+        door.upstream()
+    );
+    assert_eq!(door.upstream(), 4);
 }

@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-# A scripted model for the agent tests and `scripts/main-job --agent`: the Anthropic Messages API (SSE) and
-# the OpenAI Responses API (SSE), over TLS, replaying a script of tool calls
+# A scripted model for the agent tests and `scripts/main-job --agent`: the Anthropic Messages API (SSE),
+# the OpenAI Responses API (SSE) and the Gemini API (generateContent and
+# streamGenerateContent?alt=sse, countTokens), over TLS, replaying a script of tool calls
 # (named as the request's tools name them: Claude Code's Bash and
 # mcp__loopwright__TOOL, opencode's bash and loopwright_TOOL, Copilot CLI's
-# bash and loopwright-TOOL)
+# bash and loopwright-TOOL, Gemini CLI's
+# run_shell_command and mcp_loopwright_TOOL; Gemini CLI's own JSON
+# questions, its model router's, get a value of the schema they ask for)
 # and recording every request it receives (method, path, headers, body) as
 # one JSON line in /srv/out/requests.jsonl.
 #
@@ -212,6 +215,66 @@ def openai(req):
     return sse(events)
 
 
+def gemini_tool_names(req):
+    return [d.get("name") for t in req.get("tools") or [] if isinstance(t, dict)
+            for d in t.get("functionDeclarations") or [] if isinstance(d, dict)]
+
+
+def gemini_parts(req):
+    return [p for c in req.get("contents") or [] if isinstance(c, dict)
+            for p in c.get("parts") or [] if isinstance(p, dict)]
+
+
+def filled(schema):
+    """A value of a JSON schema (Gemini's: types in capitals or not): the
+    CLI's own JSON questions (its model router, its next-speaker check)
+    get a valid answer, the first of an enum."""
+    if not isinstance(schema, dict):
+        return None
+    if schema.get("enum"):
+        return schema["enum"][0]
+    t = str(schema.get("type", "")).upper()
+    if t == "OBJECT":
+        return {k: filled(v) for k, v in (schema.get("properties") or {}).items()}
+    return {"STRING": "scripted", "INTEGER": 1, "NUMBER": 1, "BOOLEAN": False, "ARRAY": []}.get(t)
+
+
+def gemini(req, stream=True):
+    """Gemini's generateContent: one answer (SSE of one chunk when streaming)
+    with text or a functionCall, and its usageMetadata."""
+    contents = req.get("contents") or []
+    role = role_of(req)
+    results = sum(1 for p in gemini_parts(req) if "functionResponse" in p)
+    if has_stop(script_of(role)):
+        results += sum(1 for c in contents if isinstance(c, dict) and c.get("role") == "model"
+                       for p in c.get("parts") or [] if isinstance(p, dict) and p.get("text") == "done")
+    last = json.dumps(contents[-1]) if contents else ""
+    names = gemini_tool_names(req)
+    step = step_at(req, role, results) if names else None
+    config = req.get("generationConfig") or {}
+    if config.get("responseMimeType") == "application/json":
+        part = {"text": json.dumps(filled(config.get("responseJsonSchema") or config.get("responseSchema")))}
+    elif "RESUME-CHECK" in last or step is None or step == "STOP":
+        text = "done" if "RESUME-CHECK" not in last else "resumed with %d contents" % len(contents)
+        part = {"text": text}
+    elif isinstance(step, dict):
+        # A tool of the loopwright MCP server (lw-mcp), as Gemini CLI names
+        # it: mcp_loopwright_post (or the bare name of older versions).
+        name = next((n for n in ("mcp_loopwright_" + step["mcp"], "loopwright__" + step["mcp"], step["mcp"])
+                     if n in names), "mcp_loopwright_" + step["mcp"])
+        part = {"functionCall": {"name": name, "args": step["args"]}}
+    else:
+        part = {"functionCall": {"name": "run_shell_command",
+                                 "args": {"command": step, "description": "step %d" % results}}}
+    n = input_tokens(last)
+    doc = {"candidates": [{"content": {"role": "model", "parts": [part]}, "finishReason": "STOP", "index": 0}],
+           "usageMetadata": {"promptTokenCount": n, "candidatesTokenCount": 5, "totalTokenCount": n + 5},
+           "modelVersion": "scripted", "responseId": "r%d" % results}
+    if not stream:
+        return json.dumps(doc).encode()
+    return ("data: %s\r\n\r\n" % json.dumps(doc)).encode()
+
+
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
@@ -241,6 +304,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             ev = b"event: ping\ndata: {\"type\": \"ping\"}\n\n"
+            if path.startswith("/v1beta/"):
+                ev = b'data: {"candidates": [{"content": {"role": "model", "parts": [{"text": "..."}]}}]}\r\n\r\n'
             self.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
             self.wfile.flush()
             time.sleep(3600)
@@ -275,6 +340,24 @@ class Handler(http.server.BaseHTTPRequestHandler):
             out = anthropic(req)
         elif path == "/v1/responses":
             out = openai(req)
+        elif re.fullmatch(r"/v1beta/models/[^/:]+:(stream)?[gG]enerateContent", path):
+            stream = path.endswith(":streamGenerateContent")
+            out = gemini(req, stream)
+            if not stream:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+                return
+        elif re.fullmatch(r"/v1beta/models/[^/:]+:countTokens", path):
+            out = json.dumps({"totalTokens": len(body) // 4}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+            return
         else:
             out = b'{"error":"not scripted"}'
             self.send_response(404)

@@ -15,6 +15,10 @@
 //! `~/.config/opencode/plugin/`) asks `lw-inbox --hook opencode` after every
 //! tool call and appends the answer to the tool's result.  Copilot CLI
 //! reads user-level hooks from `~/.copilot/hooks/*.json` ([`copilot_hooks`]).
+//! Gemini CLI's
+//! hooks (`~/.gemini/settings.json`, beside its MCP servers) take the same
+//! answers under its own event names: `lw-inbox --hook gemini` at
+//! `SessionStart`, `BeforeAgent`, `AfterTool` and `AfterAgent`.
 
 use std::fmt::Write as _;
 
@@ -51,6 +55,35 @@ fn opencode_config(kit: &Kit, credential: Credential) -> String {
             "apiKey": format!("{{env:{}}}", kit.key_env),
         }}});
     }
+    serde_json::to_string_pretty(&v).expect("JSON values serialise") + "\n"
+}
+
+/// Gemini CLI's user settings: an API key (the placeholder, or the
+/// agent's own with `credential = env`), no usage statistics or update
+/// checks (hosts the sandbox cannot reach), lw-mcp trusted (its tools run
+/// without asking; --yolo would approve them anyway), and the bell as its
+/// hooks: the events are Gemini's names for Claude Code's (BeforeAgent for
+/// UserPromptSubmit, AfterTool for PostToolUse, AfterAgent for Stop), the
+/// answers the same.  A hook's timeout is in milliseconds.
+fn gemini_settings(max_blocks: u32) -> String {
+    let hook = serde_json::json!([{"hooks": [{
+        "type": "command",
+        "name": "loopwright-bell",
+        "command": format!("{INBOX_COMMAND} --hook gemini --max-blocks {max_blocks}"),
+        "timeout": 10000,
+    }]}]);
+    let v = serde_json::json!({
+        "security": {"auth": {"selectedType": "gemini-api-key"}},
+        "privacy": {"usageStatisticsEnabled": false},
+        "general": {"disableAutoUpdate": true, "disableUpdateNag": true},
+        "mcpServers": {"loopwright": {"command": MCP_COMMAND, "args": [], "trust": true}},
+        "hooks": {
+            "SessionStart": hook.clone(),
+            "BeforeAgent": hook.clone(),
+            "AfterTool": [{"matcher": "*", "hooks": hook[0]["hooks"].clone()}],
+            "AfterAgent": hook,
+        },
+    });
     serde_json::to_string_pretty(&v).expect("JSON values serialise") + "\n"
 }
 
@@ -232,6 +265,10 @@ pub fn registration(kit: &Kit, credential: Credential) -> (String, String) {
             .to_string()
                 + "\n",
         ),
+        McpFormat::GeminiJson => (
+            format!("{}/settings.json", kit.state_dir),
+            gemini_settings(mailbox::bell::DEFAULT_MAX_BLOCKS),
+        ),
     }
 }
 
@@ -246,13 +283,19 @@ pub fn files(
     peers: &[registry::Sandbox],
     bell_max_blocks: u32,
 ) -> Vec<(String, String)> {
-    let mut v = vec![
-        (
-            kit.context_file.clone(),
-            context(kit, me, branch, scope, peers),
-        ),
-        registration(kit, credential),
-    ];
+    let mut v = vec![(
+        kit.context_file.clone(),
+        context(kit, me, branch, scope, peers),
+    )];
+    if kit.mcp == McpFormat::GeminiJson {
+        // One file holds the MCP server and the bell's hooks.
+        v.push((
+            format!("{}/settings.json", kit.state_dir),
+            gemini_settings(bell_max_blocks),
+        ));
+        return v;
+    }
+    v.push(registration(kit, credential));
     v.push(match kit.mcp {
         McpFormat::ClaudeJson => (
             format!("{}/settings.json", kit.state_dir),
@@ -270,6 +313,7 @@ pub fn files(
             format!("{}/hooks/loopwright-bell.json", kit.state_dir),
             copilot_hooks(bell_max_blocks),
         ),
+        McpFormat::GeminiJson => unreachable!("returned above"),
     });
     v
 }
@@ -418,5 +462,29 @@ mod tests {
         // No key and no URL in a file: Copilot reads both from its
         // environment, the placeholder and the proxy's address.
         assert!(!f.iter().any(|(_, t)| t.contains("lw-model")), "{f:?}");
+    }
+
+    #[test]
+    fn gemini_gets_its_api_key_auth_mcp_server_and_the_bell_in_one_settings_file() {
+        let kit = super::super::kit::find(None, "gemini").unwrap();
+        let f = files(&kit, Credential::Proxy, "a", "b", &[], &[], 2);
+        let paths: Vec<&str> = f.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(paths, [".gemini/GEMINI.md", ".gemini/settings.json"]);
+        let v: serde_json::Value = serde_json::from_str(&f[1].1).unwrap();
+        assert_eq!(v["security"]["auth"]["selectedType"], "gemini-api-key");
+        assert_eq!(v["privacy"]["usageStatisticsEnabled"], false);
+        assert_eq!(v["mcpServers"]["loopwright"]["command"], MCP_COMMAND);
+        for event in ["SessionStart", "BeforeAgent", "AfterTool", "AfterAgent"] {
+            assert_eq!(
+                v["hooks"][event][0]["hooks"][0]["command"],
+                "/usr/local/bin/lw-inbox --hook gemini --max-blocks 2",
+                "{event}"
+            );
+        }
+        assert_eq!(v["hooks"]["AfterTool"][0]["matcher"], "*");
+        assert_eq!(
+            registration(&kit, Credential::Env).0,
+            ".gemini/settings.json"
+        );
     }
 }

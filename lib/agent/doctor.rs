@@ -138,9 +138,8 @@ fn kit_findings(
     out.push(finding(
         tls,
         format!(
-            "{name}: model proxy forwards {} {} to {}{}",
-            k.method,
-            k.path,
+            "{name}: model proxy forwards {} to {}{}",
+            k.endpoint(),
             settings.upstream,
             settings
                 .ca

@@ -157,20 +157,36 @@ pub(super) fn check_program(program: &str) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// `METHOD /path`.
-pub(super) fn parse_endpoint(endpoint: &str) -> std::result::Result<(String, String), String> {
-    match endpoint.split_whitespace().collect::<Vec<_>>().as_slice() {
-        [m, p]
-            if m.bytes().all(|b| b.is_ascii_uppercase())
-                && p.starts_with('/')
-                && !p.contains(['?', '#']) =>
-        {
-            Ok((m.to_string(), p.to_string()))
+/// `METHOD /path`, or several separated by commas.  A path may hold
+/// `{model}` where the API names the model (Gemini's
+/// `/v1beta/models/{model}:generateContent`): the model proxy matches one
+/// name there (letters, digits, `.`, `_`, `-`), never a `/`, `?` or `:`.
+pub(super) fn parse_endpoints(
+    endpoint: &str,
+) -> std::result::Result<Vec<(String, String)>, String> {
+    let bad = || {
+        format!(
+            "'{endpoint}' is not 'METHOD /path' (or several, separated by commas), e.g. 'POST /v1/messages'"
+        )
+    };
+    let mut out = Vec::new();
+    for one in endpoint.split(',') {
+        match one.split_whitespace().collect::<Vec<_>>().as_slice() {
+            [m, p]
+                if !m.is_empty()
+                    && m.bytes().all(|b| b.is_ascii_uppercase())
+                    && p.starts_with('/')
+                    && !p.contains(['?', '#'])
+                    && p.replace("{model}", "")
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"/-._~:".contains(&b)) =>
+            {
+                out.push((m.to_string(), p.to_string()));
+            }
+            _ => return Err(bad()),
         }
-        _ => Err(format!(
-            "'{endpoint}' is not 'METHOD /path', e.g. 'POST /v1/messages'"
-        )),
     }
+    Ok(out)
 }
 
 pub(super) fn check_env_name(v: &str) -> std::result::Result<(), String> {

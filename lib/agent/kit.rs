@@ -1,7 +1,7 @@
 //! Agent kits: what it takes to run one coding-agent CLI in a sandbox.
 //!
 //! A kit is a small `key = value` file (the format of `.loopwright/config`,
-//! crates/mailbox/src/config.rs) named `NAME.kit`.  The toolkit ships `claude`, `codex`, `copilot` and `opencode`
+//! crates/mailbox/src/config.rs) named `NAME.kit`.  The toolkit ships `claude`, `codex`, `copilot`, `gemini` and `opencode`
 //! (runtime/agents/); a project adds or overrides kits in
 //! `.loopwright/agents/`.  Every key is required except `base-url-env` and
 //! `env`; an unknown key, a missing one or a floating version is a
@@ -14,7 +14,8 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use super::grammar::{
-    Fields, check_env_name, check_package, check_program, check_relative, parse_endpoint, parse_env,
+    Fields, check_env_name, check_package, check_program, check_relative, parse_endpoints,
+    parse_env,
 };
 pub use super::grammar::{exact_version, parse_upstream, valid_name};
 use mailbox::config::Config;
@@ -29,6 +30,7 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("claude", include_str!("../../runtime/agents/claude.kit")),
     ("codex", include_str!("../../runtime/agents/codex.kit")),
     ("copilot", include_str!("../../runtime/agents/copilot.kit")),
+    ("gemini", include_str!("../../runtime/agents/gemini.kit")),
     (
         "opencode",
         include_str!("../../runtime/agents/opencode.kit"),
@@ -42,6 +44,8 @@ pub enum KeyHeader {
     XApiKey,
     /// `Authorization: Bearer KEY` (OpenAI and most gateways).
     Bearer,
+    /// `x-goog-api-key: KEY` (Google's Gemini API).
+    XGoogApiKey,
 }
 
 impl KeyHeader {
@@ -49,6 +53,7 @@ impl KeyHeader {
         match self {
             KeyHeader::XApiKey => "x-api-key",
             KeyHeader::Bearer => "bearer",
+            KeyHeader::XGoogApiKey => "x-goog-api-key",
         }
     }
 }
@@ -66,6 +71,9 @@ pub enum McpFormat {
     /// `mcpServers.NAME` in `~/.copilot/mcp-config.json`, the bell as
     /// user-level hooks in `~/.copilot/hooks/`.
     CopilotJson,
+    /// `mcpServers.NAME`, the auth type and the bell's hooks in
+    /// `~/.gemini/settings.json`.
+    GeminiJson,
 }
 
 impl McpFormat {
@@ -75,6 +83,7 @@ impl McpFormat {
             McpFormat::CodexToml => "codex-toml",
             McpFormat::OpencodeJson => "opencode-json",
             McpFormat::CopilotJson => "copilot-json",
+            McpFormat::GeminiJson => "gemini-json",
         }
     }
 }
@@ -95,9 +104,12 @@ pub struct Kit {
     pub program: String,
     /// The provider's API, `https://HOST[:PORT]`.
     pub upstream: String,
-    /// The one endpoint forwarded: method and path.
+    /// The endpoint forwarded (the first, when the kit names several):
+    /// method and path.
     pub method: String,
     pub path: String,
+    /// Every endpoint forwarded; a path may hold `{model}`.
+    pub endpoints: Vec<(String, String)>,
     pub key_env: String,
     pub key_header: KeyHeader,
     /// The variable that points the agent at its model, if it has one.
@@ -163,16 +175,17 @@ impl Kit {
         let package = f.check("package", check_package)?;
         let program = f.check("program", check_program)?;
         let upstream = f.check("upstream", |u| parse_upstream(u).map(|_| ()))?;
-        let (method, path) =
-            parse_endpoint(&f.need("endpoint")?).map_err(|m| f.bad("endpoint", m))?;
+        let endpoints = parse_endpoints(&f.need("endpoint")?).map_err(|m| f.bad("endpoint", m))?;
+        let (method, path) = endpoints[0].clone();
         let key_env = f.check("key-env", check_env_name)?;
         let key_header = match f.need("key-header")?.as_str() {
             "x-api-key" => KeyHeader::XApiKey,
             "bearer" => KeyHeader::Bearer,
+            "x-goog-api-key" => KeyHeader::XGoogApiKey,
             other => {
                 return Err(f.bad(
                     "key-header",
-                    format!("'{other}' is not x-api-key or bearer"),
+                    format!("'{other}' is not x-api-key, bearer or x-goog-api-key"),
                 ));
             }
         };
@@ -187,11 +200,12 @@ impl Kit {
             "codex-toml" => McpFormat::CodexToml,
             "opencode-json" => McpFormat::OpencodeJson,
             "copilot-json" => McpFormat::CopilotJson,
+            "gemini-json" => McpFormat::GeminiJson,
             other => {
                 return Err(f.bad(
                     "mcp",
                     format!(
-                        "'{other}' is not claude-json, codex-toml, opencode-json or copilot-json"
+                        "'{other}' is not claude-json, codex-toml, opencode-json, copilot-json or gemini-json"
                     ),
                 ));
             }
@@ -210,6 +224,7 @@ impl Kit {
             upstream,
             method,
             path,
+            endpoints,
             key_env,
             key_header,
             base_url_env,
@@ -236,6 +251,15 @@ impl Kit {
     /// A short fingerprint of [`Kit::install_manifest`].
     pub fn install_hash(&self) -> String {
         sha256_hex(self.install_manifest().as_bytes())
+    }
+
+    /// The endpoints forwarded, as the kit file writes them.
+    pub fn endpoint(&self) -> String {
+        self.endpoints
+            .iter()
+            .map(|(m, p)| format!("{m} {p}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// The headless command for `prompt`.
@@ -325,7 +349,7 @@ mod tests {
     fn builtin_kits_parse_and_pin_their_versions() {
         let kits = all(None).unwrap();
         let names: Vec<&str> = kits.iter().map(|k| k.name.as_str()).collect();
-        assert_eq!(names, ["claude", "codex", "copilot", "opencode"]);
+        assert_eq!(names, ["claude", "codex", "copilot", "gemini", "opencode"]);
         let c = &kits[0];
         assert_eq!(
             (c.package.as_str(), c.version.as_str()),
@@ -343,6 +367,21 @@ mod tests {
         );
         assert_eq!(x.path, "/v1/responses");
         assert_eq!(x.key_header, KeyHeader::Bearer);
+        let g = kits.iter().find(|k| k.name == "gemini").unwrap();
+        assert_eq!(
+            (g.package.as_str(), g.version.as_str(), g.key_header),
+            ("@google/gemini-cli", "0.61.0", KeyHeader::XGoogApiKey)
+        );
+        assert_eq!(g.endpoints.len(), 3);
+        assert_eq!(
+            g.endpoint(),
+            "POST /v1beta/models/{model}:streamGenerateContent, POST /v1beta/models/{model}:generateContent, POST /v1beta/models/{model}:countTokens"
+        );
+        assert_eq!(g.mcp, McpFormat::GeminiJson);
+        assert_eq!(
+            g.command("go", true)[..5],
+            ["gemini", "-p", "go", "--resume", "latest"]
+        );
         let o = kits.iter().find(|k| k.name == "opencode").unwrap();
         assert_eq!(
             (o.package.as_str(), o.version.as_str()),
@@ -455,6 +494,16 @@ mod tests {
                 "endpoint",
             ),
             (
+                "endpoint = POST /v1/messages",
+                "endpoint = POST /v1/messages,",
+                "endpoint",
+            ),
+            (
+                "endpoint = POST /v1/messages",
+                "endpoint = POST /v1/{name}",
+                "endpoint",
+            ),
+            (
                 "context-file = .claude/CLAUDE.md",
                 "context-file = ../CLAUDE.md",
                 "context-file",
@@ -497,7 +546,7 @@ mod tests {
         assert_eq!(e.exit, Exit::Usage);
         assert!(
             e.msg
-                .contains("the kits are: claude, codex, copilot, opencode"),
+                .contains("the kits are: claude, codex, copilot, gemini, opencode"),
             "{}",
             e.msg
         );
@@ -512,7 +561,10 @@ mod tests {
         std::fs::write(dir.join(PROJECT_DIR).join("mine.kit"), builtin("codex")).unwrap();
         let kits = all(Some(&dir)).unwrap();
         let names: Vec<&str> = kits.iter().map(|k| k.name.as_str()).collect();
-        assert_eq!(names, ["claude", "codex", "copilot", "mine", "opencode"]);
+        assert_eq!(
+            names,
+            ["claude", "codex", "copilot", "gemini", "mine", "opencode"]
+        );
         assert_eq!(kits[0].version, "2.1.333");
         assert_ne!(kits[0].install_hash(), all(None).unwrap()[0].install_hash());
         std::fs::remove_dir_all(&dir).unwrap();

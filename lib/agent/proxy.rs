@@ -8,9 +8,11 @@
 //! One small container per agent sandbox, `KEY-model`, on the sandbox's own
 //! internal network (where it is `lw-model`) and on the shared network that
 //! leads out, like the egress proxy beside it.  It runs
-//! runtime/agents/model-proxy.py: it forwards only the kit's endpoint
-//! (`POST /v1/messages`, `POST /v1/responses`) to `agent.KIT.upstream`, drops
-//! every credential the agent sends and adds the real key, which it reads
+//! runtime/agents/model-proxy.py: it forwards only the kit's endpoints
+//! (`POST /v1/messages`, `POST /v1/responses`, Gemini's
+//! `POST /v1beta/models/{model}:streamGenerateContent` and its siblings) to
+//! `agent.KIT.upstream`, drops every credential the agent sends (and a
+//! `key=` query parameter) and adds the real key, which it reads
 //! for each request from a host file: `ROOT/state/agent-key/NAME/key`
 //! (mode 0600, in a 0700 directory mounted read-only at `/run/lw-agent`).
 //!
@@ -254,7 +256,7 @@ pub fn create(
         image: image.to_string(),
         env: [
             format!("LW_MODEL_UPSTREAM={}", settings.upstream),
-            format!("LW_MODEL_ENDPOINT={} {}", kit.method, kit.path),
+            format!("LW_MODEL_ENDPOINT={}", kit.endpoint()),
             format!("LW_MODEL_KEY_HEADER={}", kit.key_header.as_str()),
             format!("LW_MODEL_KIT={}", kit.name),
         ]

@@ -374,11 +374,44 @@ fn clip(s: &str, n: usize) -> String {
     }
 }
 
+/// Gemini CLI's events (`--output-format stream-json`), told from the
+/// others' by their fields; None when the line is not one of them.
+fn gemini_summary(v: &serde_json::Value) -> Option<Option<String>> {
+    let s = |k: &str| v[k].as_str().unwrap_or("?").to_string();
+    Some(match v["type"].as_str()? {
+        "init" if v.get("session_id").is_some() => {
+            Some(format!("session {} model {}", s("session_id"), s("model")))
+        }
+        "message" if v["role"] == "assistant" => {
+            Some(format!("says: {}", clip(v["content"].as_str()?, 200)))
+        }
+        "message" if v.get("role").is_some() => None,
+        "tool_use" if v.get("tool_name").is_some() => Some(format!(
+            "tool {}: {}",
+            s("tool_name"),
+            clip(&v["parameters"].to_string(), 200)
+        )),
+        "tool_result" if v.get("tool_id").is_some() => Some(format!(
+            "tool result ({}): {}",
+            s("status"),
+            clip(v["output"].as_str().unwrap_or(""), 200)
+        )),
+        "result" if v.get("stats").is_some() && v.get("subtype").is_none() => {
+            Some(format!("result: {}", s("status")))
+        }
+        _ => return None,
+    })
+}
+
 /// The one-line summary of a transcript line, for people; None to skip.
 /// Knows Claude Code's stream-json, Codex's and opencode's --json events,
-/// and Copilot CLI's `--output-format json` ([`copilot_summary`]).
+/// Copilot CLI's `--output-format json` ([`copilot_summary`]) and Gemini
+/// CLI's stream-json.
 pub fn summary(line: &str) -> Option<String> {
     let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    if let Some(s) = gemini_summary(&v) {
+        return s;
+    }
     let t = v["type"].as_str().unwrap_or("");
     match t {
         "lw-run" => Some(format!(
@@ -537,6 +570,18 @@ mod tests {
                 .unwrap();
         assert_eq!(s, "says: resumed with 5 messages");
         assert_eq!(summary(r#"{"type":"step_start","part":{}}"#), None);
+        // Gemini CLI.
+        let s = summary(r#"{"type":"tool_use","tool_name":"run_shell_command","tool_id":"t1","parameters":{"command":"ls"}}"#).unwrap();
+        assert_eq!(s, r#"tool run_shell_command: {"command":"ls"}"#);
+        let s = summary(r#"{"type":"message","role":"assistant","content":"resumed with 11 contents","delta":true}"#).unwrap();
+        assert_eq!(s, "says: resumed with 11 contents");
+        assert_eq!(
+            summary(r#"{"type":"message","role":"user","content":"go"}"#),
+            None
+        );
+        let s =
+            summary(r#"{"type":"result","status":"success","stats":{"total_tokens":90}}"#).unwrap();
+        assert_eq!(s, "result: success");
         let s = summary(r#"{"type":"lw-stderr","text":"a\u001b[31mb"}"#).unwrap();
         assert!(
             !s.contains('\u{1b}'),

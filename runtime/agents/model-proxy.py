@@ -2,10 +2,13 @@
 # lw-model-proxy: the one way an agent in a sandbox reaches its model.
 #
 # It listens on the sandbox's internal network (known there as lw-model) and
-# forwards exactly one endpoint (LW_MODEL_ENDPOINT, e.g. "POST /v1/messages")
+# forwards exactly the kit's endpoints (LW_MODEL_ENDPOINT, e.g. "POST
+# /v1/messages", or several separated by commas; "{model}" in a path stands
+# for one model name, as Gemini's /v1beta/models/{model}:generateContent)
 # to one upstream (LW_MODEL_UPSTREAM, https://HOST[:PORT]) over TLS, checked
 # against the system's authorities or /run/lw-agent/ca.pem when present.
-# Every credential the agent sends is dropped; the real key is read from
+# Every credential the agent sends is dropped (headers, and a key= query
+# parameter, Google's other way to send one); the real key is read from
 # /run/lw-agent/key (a host file, 0600, mounted read-only) for each request,
 # so the key never enters the sandbox, its image or its environment, and a
 # key rotated on the host takes effect on the next request.  Anything else
@@ -45,8 +48,9 @@
 #   its window (a minute for max-rpm, an hour for max-tokens-hour, the same
 #   run for max-tokens-run): under steady traffic a request slips through
 #   each time the window frees one, and that is not news.
-# Errors are in the provider's shape (Anthropic's, or OpenAI's for
-# /v1/responses) so the agent's CLI shows and handles them as its own.
+# Errors are in the provider's shape (Anthropic's, OpenAI's for
+# /v1/responses, Google's for the Gemini API) so the agent's CLI shows and
+# handles them as its own.
 import asyncio
 import collections
 import json
@@ -57,10 +61,16 @@ import socket
 import ssl
 import sys
 import time
+import urllib.parse
 
 ENV = os.environ
 UPSTREAM = ENV["LW_MODEL_UPSTREAM"]
-METHOD, PATH = ENV["LW_MODEL_ENDPOINT"].split()
+ENDPOINTS = [tuple(e.split()) for e in ENV["LW_MODEL_ENDPOINT"].split(",")]
+METHOD, PATH = ENDPOINTS[0]
+# A path's {model}: one name, never a '/', '?', ':' or '%'.
+ROUTES = [(m, re.compile("".join("[A-Za-z0-9][A-Za-z0-9._-]*" if w == "{model}" else re.escape(w)
+                                  for w in re.split(r"(\{model\})", p))))
+          for m, p in ENDPOINTS]
 HEADER = ENV["LW_MODEL_KEY_HEADER"]
 KEY_DIR = ENV.get("LW_MODEL_DIR", "/run/lw-agent")
 USAGE_DIR = ENV.get("LW_MODEL_USAGE", "/run/lw-usage")
@@ -73,6 +83,11 @@ HOSTPORT = REST.rstrip("/")
 HOST, _, PORT = HOSTPORT.partition(":")
 PORT = int(PORT or (443 if SCHEME == "https" else 80))
 OPENAI = PATH.endswith("/responses")
+GOOGLE = HEADER == "x-goog-api-key"
+# Google's status names for the answers the proxy gives.
+GOOGLE_STATUS = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 413: "INVALID_ARGUMENT",
+                 429: "RESOURCE_EXHAUSTED", 431: "INVALID_ARGUMENT", 501: "UNIMPLEMENTED",
+                 502: "UNAVAILABLE", 503: "UNAVAILABLE"}
 # The agent kit, to name its caps as .loopwright/config spells them.
 KIT = ENV.get("LW_MODEL_KIT") or "KIT"
 
@@ -97,8 +112,11 @@ CHUNK = 64 << 10
 TAIL = 64 << 10  # of a whole (not streamed) answer, kept to read its usage
 # Usage fields that are tokens the provider processed (OpenAI's input_tokens
 # already holds its cached ones; Anthropic's cache fields are beside it).
+# Gemini's usageMetadata: the prompt (its cached part inside it), the
+# answer, the thinking and the tool-use prompt; totalTokenCount is their sum.
 TOKEN_FIELDS = ("input_tokens", "output_tokens", "cache_creation_input_tokens",
-                "cache_read_input_tokens")
+                "cache_read_input_tokens", "promptTokenCount", "candidatesTokenCount",
+                "thoughtsTokenCount", "toolUsePromptTokenCount")
 
 # Credentials and hop-by-hop headers the agent may send: never forwarded.
 DROP = {
@@ -110,7 +128,7 @@ DROP = {
 HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
        "proxy-connection", "content-length"}
 # Headers that may appear once: a second one is how requests are smuggled.
-SINGLE = HOP | {"host", "expect", "authorization", "x-api-key"}
+SINGLE = HOP | {"host", "expect", "authorization", "x-api-key", "x-goog-api-key"}
 TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
@@ -157,6 +175,9 @@ def error_response(r):
     msg = "lw-model-proxy: " + r.why
     if OPENAI:
         doc = {"error": {"message": msg, "type": r.kind, "param": None, "code": r.kind}}
+    elif GOOGLE:
+        doc = {"error": {"code": r.status, "message": msg,
+                         "status": GOOGLE_STATUS.get(r.status, "UNKNOWN")}}
     else:
         doc = {"type": "error", "error": {"type": r.kind, "message": msg}}
     body = json.dumps(doc).encode()
@@ -343,14 +364,16 @@ class Usage:
         if not isinstance(doc, dict):
             return
         self.usage(doc.get("usage"))
+        self.usage(doc.get("usageMetadata"))
         for k in ("message", "response"):
             if isinstance(doc.get(k), dict):
                 self.usage(doc[k].get("usage"))
 
     def tail_usage(self, data):
-        """The last `usage` object in `data` (the tail of a long line or answer)."""
+        """The last `usage` (or Gemini's `usageMetadata`) object in `data`
+        (the tail of a long line or answer)."""
         text = bytes(data).decode("utf-8", "replace")
-        i = text.rfind('"usage"')
+        i = max(text.rfind('"usage"'), text.rfind('"usageMetadata"'))
         j = text.find("{", i) if i >= 0 else -1
         if j >= 0:
             try:
@@ -483,15 +506,28 @@ async def discard(reader, seconds=2.0):
         pass
 
 
-async def forward(target, headers, body, writer):
+def without_key(target):
+    """The target without a `key=` query parameter: Google takes an API key
+    there too, and the agent's must never reach the upstream."""
+    path, sep, query = target.partition("?")
+    if not sep:
+        return target
+    # A name is compared decoded ("%6Bey" is "key" to the upstream).
+    kept = [p for p in query.split("&")
+            if urllib.parse.unquote_plus(p.split("=", 1)[0]).strip().lower() not in ("key", "api_key", "")]
+    return path + ("?" + "&".join(kept) if kept else "")
+
+
+async def forward(method, target, headers, body, writer):
     """Sends the request upstream with the key and streams the answer back."""
     try:
         with open(KEY_FILE) as f:
             key = f.read().strip()
     except OSError:
         key = ""
+    path = target.split("?", 1)[0]
     if not key:
-        log("nokey", METHOD, PATH, HOSTPORT)
+        log("nokey", method, path, HOSTPORT)
         raise Refuse(503, "api_error", "no key on the host for this sandbox (lw-sandbox run writes it)",
                      close=False, logged=True)
     METER.admit()
@@ -501,9 +537,11 @@ async def forward(target, headers, body, writer):
     out.append(("Connection", "close"))
     if HEADER == "x-api-key":
         out.append(("x-api-key", key))
+    elif HEADER == "x-goog-api-key":
+        out.append(("x-goog-api-key", key))
     else:
         out.append(("Authorization", "Bearer " + key))
-    head = "%s %s HTTP/1.1\r\n" % (METHOD, target) + "".join("%s: %s\r\n" % kv for kv in out) + "\r\n"
+    head = "%s %s HTTP/1.1\r\n" % (method, without_key(target)) + "".join("%s: %s\r\n" % kv for kv in out) + "\r\n"
     try:
         if SCHEME == "https":
             ur, uw = await asyncio.wait_for(asyncio.open_connection(
@@ -511,7 +549,7 @@ async def forward(target, headers, body, writer):
         else:
             ur, uw = await asyncio.wait_for(asyncio.open_connection(HOST, PORT, limit=HEAD_MAX), 30)
     except (OSError, asyncio.TimeoutError, ssl.SSLError) as e:
-        log("fail", METHOD, PATH, HOSTPORT, type(e).__name__)
+        log("fail", method, path, HOSTPORT, type(e).__name__)
         raise Refuse(502, "api_error", "cannot reach %s: %s" % (HOSTPORT, type(e).__name__), logged=True)
     try:
         try:
@@ -525,9 +563,9 @@ async def forward(target, headers, body, writer):
             rheaders = [tuple(s.strip() for s in l.split(":", 1)) for l in lines[1:] if ":" in l]
         except (OSError, ValueError, IndexError, asyncio.TimeoutError, asyncio.IncompleteReadError,
                 asyncio.LimitOverrunError, ssl.SSLError) as e:
-            log("fail", METHOD, PATH, HOSTPORT, type(e).__name__)
+            log("fail", method, path, HOSTPORT, type(e).__name__)
             raise Refuse(502, "api_error", "cannot reach %s: %s" % (HOSTPORT, type(e).__name__), logged=True)
-        log("forward", METHOD, PATH, HOSTPORT, status)
+        log("forward", method, path, HOSTPORT, status)
         lower = {k.lower(): v for k, v in rheaders}
         sse = "event-stream" in lower.get("content-type", "")
         usage = Usage(sse)
@@ -615,9 +653,10 @@ async def one_request(reader, writer, first):
         log_refusal("deny", method, target, HOSTPORT)
         raise Refuse(501, "invalid_request_error", "CONNECT is not supported", logged=True)
     path = target.split("?", 1)[0]
-    if not target.startswith("/") or method != METHOD or path != PATH:
+    if not target.startswith("/") or not any(m == method and r.fullmatch(path) for m, r in ROUTES):
         log_refusal("deny", method, path if target.startswith("/") else "-", HOSTPORT)
-        raise Refuse(403, "permission_error", "only %s %s is forwarded" % (METHOD, PATH), logged=True)
+        raise Refuse(403, "permission_error", "only %s %s forwarded" % (
+            ", ".join("%s %s" % e for e in ENDPOINTS), "is" if len(ENDPOINTS) == 1 else "are"), logged=True)
     chunked = "transfer-encoding" in h
     if chunked and "content-length" in h:
         raise Refuse(400, "invalid_request_error", "both content-length and transfer-encoding")
@@ -635,9 +674,10 @@ async def one_request(reader, writer, first):
         writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     try:
         body = await read_body(reader, length, chunked)
-        await forward(target, headers, body, writer)
+        await forward(method, target, headers, body, writer)
     except Refuse as r:
         r.close = r.close or not keep
+        r.route = (method, path)
         raise
     return keep
 
@@ -662,7 +702,7 @@ async def serve(reader, writer):
                     break
             except Refuse as r:
                 if not r.logged:
-                    log_refusal("refuse", METHOD, PATH, HOSTPORT, r.status, r.kind)
+                    log_refusal("refuse", *getattr(r, "route", (METHOD, PATH)), HOSTPORT, r.status, r.kind)
                 writer.write(error_response(r))
                 await asyncio.wait_for(writer.drain(), BODY_IDLE)
                 if r.close:
@@ -683,7 +723,7 @@ async def main():
     port = number("LW_MODEL_PORT", 8080)
     srv = await asyncio.start_server(serve, addr, port, limit=HEAD_MAX, backlog=512)
     port = srv.sockets[0].getsockname()[1]
-    log("lw-model-proxy: listening on %s:%d, forwarding" % (addr, port), METHOD, PATH, "to", UPSTREAM,
+    log("lw-model-proxy: listening on %s:%d, forwarding" % (addr, port), ", ".join("%s %s" % e for e in ENDPOINTS), "to", UPSTREAM,
         "max-request", MAX_REQUEST, *("%s %s" % (k, v or "off") for k, v in METER.caps().items()))
     async with srv:
         await srv.serve_forever()

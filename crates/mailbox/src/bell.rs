@@ -66,6 +66,7 @@ pub fn budget(cli: &str) -> usize {
         _ => CLAUDE_BUDGET,
     }
 }
+
 /// The answer as `cli` reads it.  Copilot CLI (1.0.102) takes
 /// `additionalContext` at the top level of a hook's output and ignores
 /// Claude Code's `hookSpecificOutput` (measured against the scripted model:
@@ -75,6 +76,19 @@ pub fn shaped(cli: &str, answer: serde_json::Value) -> serde_json::Value {
     match answer["hookSpecificOutput"]["additionalContext"].as_str() {
         Some(text) if cli == "copilot" => serde_json::json!({"additionalContext": text}),
         _ => answer,
+    }
+}
+
+/// The event a CLI's hook names, as the bell knows it: Gemini CLI's hooks
+/// are Claude Code's under other names (`BeforeAgent` for
+/// `UserPromptSubmit`, `AfterTool` for `PostToolUse`, `AfterAgent` for
+/// `Stop`) and take the same answers.
+pub fn event_of<'a>(cli: &str, event: &'a str) -> &'a str {
+    match (cli, event) {
+        ("gemini", "BeforeAgent") => "UserPromptSubmit",
+        ("gemini", "AfterTool") => "PostToolUse",
+        ("gemini", "AfterAgent") => "Stop",
+        _ => event,
     }
 }
 

@@ -367,3 +367,45 @@ fn copilot_reads_its_context_at_the_top_level_and_its_stop_as_claude_does() {
     let stop = serde_json::json!({"decision": "block", "reason": "read it"});
     assert_eq!(shaped("copilot", stop.clone()), stop);
 }
+
+#[test]
+fn gemini_events_are_claude_codes_under_other_names() {
+    for (gemini, ours) in [
+        ("AfterTool", "PostToolUse"),
+        ("BeforeAgent", "UserPromptSubmit"),
+        ("AfterAgent", "Stop"),
+        ("SessionStart", "SessionStart"),
+        ("BeforeModel", "BeforeModel"),
+    ] {
+        assert_eq!(event_of("gemini", gemini), ours);
+    }
+    // Only Gemini's names are read so: another CLI's AfterAgent is nothing.
+    assert_eq!(event_of("claude", "AfterAgent"), "AfterAgent");
+    let new = [msg("m1", Kind::ContractChange, "the schema changed")];
+    let told = answer(
+        &input(event_of("gemini", "AfterTool")),
+        State::default(),
+        &new,
+        3,
+        budget("gemini"),
+    );
+    let v = told.0.expect("an AfterTool is told what is new");
+    assert!(
+        v["hookSpecificOutput"]["additionalContext"]
+            .as_str()
+            .unwrap()
+            .contains("the schema changed"),
+        "{v}"
+    );
+    let stop = answer(
+        &input(event_of("gemini", "AfterAgent")),
+        told.1,
+        &new,
+        3,
+        budget("gemini"),
+    );
+    assert_eq!(
+        stop.0.expect("an unread change blocks")["decision"],
+        "block"
+    );
+}
