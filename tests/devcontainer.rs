@@ -539,18 +539,31 @@ fn post_start_is_a_label_not_a_deps_step_and_names_its_failure() {
         allow: vec![],
         env: vec![],
     };
-    let m = mapping(&c, ".devcontainer/devcontainer.json", "/x", "/work/repo", &[]);
+    let m = mapping(
+        &c,
+        ".devcontainer/devcontainer.json",
+        "/x",
+        "/work/repo",
+        &[],
+    );
     let df = render::devcontainer_dockerfile(&m);
     let label = df
         .lines()
         .find_map(|l| l.strip_prefix("LABEL org.loopwright.post-start="))
         .expect("the layer labels the image");
     // The Dockerfile's double-quoted word, as the engine reads it.
-    let inner = label.strip_prefix('"').and_then(|l| l.strip_suffix('"')).unwrap();
+    let inner = label
+        .strip_prefix('"')
+        .and_then(|l| l.strip_suffix('"'))
+        .unwrap();
     let mut word = String::new();
     let mut chars = inner.chars();
     while let Some(ch) = chars.next() {
-        word.push(if ch == '\\' { chars.next().unwrap() } else { ch });
+        word.push(if ch == '\\' {
+            chars.next().unwrap()
+        } else {
+            ch
+        });
     }
     let script: String = serde_json::from_str(&word).expect("a JSON string");
     assert_eq!(Some(script.clone()), render::post_start_script(&m));
@@ -562,8 +575,15 @@ fn post_start_is_a_label_not_a_deps_step_and_names_its_failure() {
         .expect("sh runs");
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("failed: postStartCommand (bad) (exit 4)"), "{err}");
-    assert_eq!(std::fs::read_to_string(d.join("ok")).unwrap(), "/h  q\n", "sh read the backslash: an escaped space");
+    assert!(
+        err.contains("failed: postStartCommand (bad) (exit 4)"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(d.join("ok")).unwrap(),
+        "/h  q\n",
+        "sh read the backslash: an escaped space"
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }
 

@@ -83,7 +83,8 @@ fn post_start_runs_at_create_and_each_start_from_the_image_not_the_clone() {
         .expect("lw-init runs");
     assert!(o.status.success(), "lw init: {}", err(&o));
     assert!(
-        err(&o).contains("took postStartCommand: run by lw-sandbox create and each lw-sandbox start"),
+        err(&o)
+            .contains("took postStartCommand: run by lw-sandbox create and each lw-sandbox start"),
         "{}",
         err(&o)
     );
