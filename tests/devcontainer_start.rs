@@ -69,8 +69,9 @@ fn post_start_runs_at_create_and_each_start_from_the_image_not_the_clone() {
             r#"{{
             "image": "{image}",
             "remoteUser": "dev",
-            // Counts the starts; fails while /work/home/fail exists.
-            "postStartCommand": "echo \"start $(id -u) $(pwd)\" >> /work/home/starts; echo said to the terminal; test ! -e /work/home/fail",
+            // Counts the starts; fails while /work/home/fail exists, and
+            // on the branch 'doomed'.
+            "postStartCommand": "echo \"start $(id -u) $(pwd)\" >> /work/home/starts; echo said to the terminal; test ! -e /work/home/fail && test $(git branch --show-current) != doomed",
         }}"#
         ),
     )
@@ -133,10 +134,19 @@ fn post_start_runs_at_create_and_each_start_from_the_image_not_the_clone() {
     let e = err(&o);
     assert_eq!(o.status.code(), Some(65), "{e}");
     assert!(
-        e.contains("sandbox 'a': postStartCommand 'echo \"start $(id -u) $(pwd)\" >> /work/home/starts; echo said to the terminal; test ! -e /work/home/fail' failed (exit 1)"),
+        e.contains("sandbox 'a': postStartCommand 'echo \"start $(id -u) $(pwd)\" >> /work/home/starts; echo said to the terminal; test ! -e /work/home/fail && test $(git branch --show-current) != doomed' failed (exit 1)"),
         "{e}"
     );
     assert!(e.contains("it is started all the same"), "{e}");
     assert_eq!(f.sh("a", "wc -l < /work/home/starts").1.trim(), "3");
     f.ok(&["rm", "--force", "a"]);
+
+    // At create, a failure undoes the sandbox, as a failed install does.
+    let o = f.sb(&["create", "d", "--branch", "doomed"]);
+    let e = err(&o);
+    assert_eq!(o.status.code(), Some(65), "{e}");
+    assert!(e.contains("sandbox 'd': postStartCommand '"), "{e}");
+    assert!(!e.contains("started all the same"), "{e}");
+    assert!(f.leftovers().is_empty(), "{:?}", f.leftovers());
+    assert_eq!(f.sb(&["ls", "--no-header"]).stdout, b"");
 }
