@@ -125,6 +125,9 @@ fn post_start_runs_at_create_and_each_start_from_the_image_not_the_clone() {
     assert!(o.status.success(), "start: {}", err(&o));
     assert_eq!(text(&o), "a\n");
     assert_eq!(f.sh("a", "cat /work/home/starts").1, line.repeat(2));
+    // Started while running: not a start, the command does not run.
+    f.ok(&["start", "a"]);
+    assert_eq!(f.sh("a", "cat /work/home/starts").1, line.repeat(2));
     assert_eq!(f.sh("a", "test -e /work/home/pwned").0, 1, "pwned ran");
 
     // A failing command: 65 naming it, the sandbox started all the same.
