@@ -376,7 +376,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
         }
         Cmd::Start { names } => {
             for n in names {
-                line(out, &sb.start(&n)?.name)?;
+                line(out, &sb.start(&n, &mut |m| warn(m))?.name)?;
             }
         }
         Cmd::Rm { names, force } => rm(&sb, &names, force, out)?,

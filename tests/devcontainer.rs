@@ -518,6 +518,75 @@ fn a_failing_lifecycle_command_is_named_and_stops_the_rest() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
+/// postStartCommand is not the deps layer's: deps.sh does not run it; its
+/// script is the devcontainer layer's label, a JSON string the Dockerfile's
+/// quoting keeps whole ($, quotes, backslashes, lines); the object form
+/// runs its commands side by side and names the one that failed.
+#[test]
+fn post_start_is_a_label_not_a_deps_step_and_names_its_failure() {
+    let d = scratch(
+        "poststart",
+        r#"{"image": "x", "postCreateCommand": "touch created",
+            "postStartCommand": {"ok": "echo \"$HOME\" \\ 'q' > ok", "bad": ["sh", "-c", "exit 4"]}}"#,
+    );
+    let o = run_deps(&d);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(d.join("created").exists() && !d.join("ok").exists());
+    let c = Case {
+        name: "scratch".into(),
+        dir: d.clone(),
+        config: None,
+        allow: vec![],
+        env: vec![],
+    };
+    let m = mapping(
+        &c,
+        ".devcontainer/devcontainer.json",
+        "/x",
+        "/work/repo",
+        &[],
+    );
+    let df = render::devcontainer_dockerfile(&m);
+    let label = df
+        .lines()
+        .find_map(|l| l.strip_prefix("LABEL org.loopwright.post-start="))
+        .expect("the layer labels the image");
+    // The Dockerfile's double-quoted word, as the engine reads it.
+    let inner = label
+        .strip_prefix('"')
+        .and_then(|l| l.strip_suffix('"'))
+        .unwrap();
+    let mut word = String::new();
+    let mut chars = inner.chars();
+    while let Some(ch) = chars.next() {
+        word.push(if ch == '\\' {
+            chars.next().unwrap()
+        } else {
+            ch
+        });
+    }
+    let script: String = serde_json::from_str(&word).expect("a JSON string");
+    assert_eq!(Some(script.clone()), render::post_start_script(&m));
+    let o = Command::new("sh")
+        .args(["-c", &script])
+        .current_dir(&d)
+        .env("HOME", "/h")
+        .output()
+        .expect("sh runs");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("failed: postStartCommand (bad) (exit 4)"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(d.join("ok")).unwrap(),
+        "/h  q\n",
+        "sh read the backslash: an escaped space"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
 /// A 10 MB devcontainer.json is refused before it is read whole: 65,
 /// naming it and the way around it, nothing written.
 #[test]

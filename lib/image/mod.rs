@@ -57,6 +57,10 @@ pub const LABEL_LAYER: &str = "org.loopwright.layer";
 /// mode and sha256.  Two labels only: the legacy builder spends one step per
 /// label.
 pub const LABEL_MANIFEST: &str = "org.loopwright.manifest";
+/// A devcontainer.json's postStartCommand, as the sh script lw-sandbox runs
+/// at each start (a JSON string; lw init writes it into a layer's
+/// Dockerfile, so the image carries it and no clone can change it).
+pub const LABEL_POST_START: &str = "org.loopwright.post-start";
 
 /// Manifest format version: bump it when the manifest's meaning changes, so
 /// every tag changes with it.

@@ -75,6 +75,7 @@ pub mod courier;
 mod create;
 pub mod disk;
 mod gc;
+mod lifecycle;
 pub mod limits;
 mod ls;
 pub mod mailbox;

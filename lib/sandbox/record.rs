@@ -64,6 +64,11 @@ pub struct Record {
     /// that does not make it lost.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<String>,
+    /// The sh script its image's label gave at create (a devcontainer.json's
+    /// postStartCommand, [`crate::image::LABEL_POST_START`]): run at each
+    /// start.  Kept here, where the sandbox cannot write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub post_start: Option<String>,
     /// The number of its branch's pull request (`push --pr`, lib/pr).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pull_request: Option<u64>,

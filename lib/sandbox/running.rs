@@ -109,8 +109,10 @@ impl<'a> Sandboxes<'a> {
         Ok(())
     }
 
-    /// Starts a stopped sandbox and writes its secrets again.
-    pub fn start(&self, name: &str) -> Result<Record> {
+    /// Starts a stopped sandbox, writes its secrets again and runs its
+    /// postStartCommand (its output to `say`, a line at a time); a running
+    /// one gets its secrets again, and no postStartCommand.
+    pub fn start(&self, name: &str, say: &mut dyn FnMut(&str)) -> Result<Record> {
         let rec = self.get(name)?;
         let secrets = secrets::resolve(&rec.secrets, &|n| std::env::var_os(n))?;
         // The values it was made with, or none: the door knows those
@@ -144,6 +146,19 @@ impl<'a> Sandboxes<'a> {
             self.engine.start(&rec.container)?;
         }
         self.install_secrets(&rec, &secrets)?;
+        if c.running {
+            // Not a start: the command ran when it did start.
+            return Ok(rec);
+        }
+        self.post_start(&rec, say).map_err(|e| {
+            Error::new(
+                e.exit,
+                format!(
+                    "{}; it is started all the same (lw-sandbox stop {name} stops it)",
+                    e.msg
+                ),
+            )
+        })?;
         Ok(rec)
     }
 

@@ -53,10 +53,11 @@ pub fn map(top: &Path, source: &str, v: &Value, cx: &Context) -> Mapping {
             "remoteUser" | "containerUser" => user(&mut m, k, val, cx),
             "forwardPorts" | "appPort" => ports(&mut m, k, val),
             "portsAttributes" => labels(&mut m, val),
-            "onCreateCommand" | "updateContentCommand" | "postCreateCommand" => {}
-            "postStartCommand" | "postAttachCommand" => m.refuse(
+            "onCreateCommand" | "updateContentCommand" | "postCreateCommand"
+            | "postStartCommand" => {}
+            "postAttachCommand" => m.refuse(
                 k,
-                "a sandbox has no start or attach hook; run it with lw-sandbox exec",
+                "a sandbox is attached to by programs (lw-sandbox exec, an agent's run) as often as by a person, and a command run at each would run under every one of theirs; put it in postStartCommand, or run it in lw-sandbox shell",
             ),
             "initializeCommand" => m.refuse(
                 k,
@@ -325,7 +326,7 @@ fn run_args(m: &mut Mapping, val: &Value) {
 
 /// The lifecycle commands, in the specification's order.
 fn commands(m: &mut Mapping, obj: &serde_json::Map<String, Value>, cx: &Context) {
-    for hook in HOOKS {
+    for hook in HOOKS.iter().chain([&POST_START]) {
         let Some(v) = obj.get(*hook) else { continue };
         let before = m.steps.len();
         let mut parts: Vec<(Option<String>, &Value)> = Vec::new();
@@ -365,7 +366,11 @@ fn commands(m: &mut Mapping, obj: &serde_json::Map<String, Value>, cx: &Context)
         if m.steps.len() > before {
             m.take(
                 hook,
-                "run by the deps layer's script, and again by an incremental install",
+                if *hook == POST_START {
+                    "run by lw-sandbox create and each lw-sandbox start, as the sandbox's user in its clone (kept in the image's label, not read from the clone)"
+                } else {
+                    "run by the deps layer's script, and again by an incremental install"
+                },
             );
         }
     }

@@ -114,6 +114,11 @@ pub const HOOKS: &[&str] = &[
     "postCreateCommand",
 ];
 
+/// The lifecycle command run at each start of a sandbox (and at its
+/// create): not a layer's; the image carries it as a label
+/// ([`crate::image::LABEL_POST_START`]).
+pub const POST_START: &str = "postStartCommand";
+
 /// Variables lw-sandbox sets itself: a configuration does not replace them.
 pub(super) const OWN_ENV: &[&str] = &["HOME", "TMPDIR"];
 

@@ -131,6 +131,17 @@ pub fn devcontainer_dockerfile(m: &Mapping) -> String {
         "# The environment of {} (written by lw init).\nARG LW_PARENT\nFROM ${{LW_PARENT}}\n",
         m.source
     );
+    if let Some(script) = post_start_script(m) {
+        // A JSON string, so its lines fit one label; kept whole by the
+        // Dockerfile's quoting (env_value).
+        let json = serde_json::Value::String(script).to_string();
+        let _ = writeln!(
+            s,
+            "LABEL {}={}",
+            crate::image::LABEL_POST_START,
+            env_value(&[Piece::Text(json)])
+        );
+    }
     for remote in [false, true] {
         let vars: Vec<String> = m
             .env
@@ -189,26 +200,57 @@ pub fn deps_script(m: &Mapping) -> String {
         "#!/bin/sh\n# deps.sh DIR: the lifecycle commands of {} (onCreateCommand,\n# updateContentCommand, postCreateCommand, in that order; an object's\n# commands in parallel), written by lw init.  They run in DIR: the deps\n# layer's inputs in the image (/opt/loopwright/deps), as remoteUser\n# (deps.Dockerfile); the sandbox's clone (/work/repo), as the sandbox's\n# user, when an incremental install runs them again.  They read only the files declared\n# as the deps layer's inputs (runtime.conf).\nset -eu\ncd \"$1\"\nlw_fail() {{ echo \"deps.sh: $1 failed (exit $2)\" >&2; exit \"$2\"; }}\n",
         m.source
     );
-    if m.steps.is_empty() {
+    if !m.steps.iter().any(|st| super::HOOKS.contains(&st.hook)) {
         s.push_str("echo \"deps.sh: the configuration has no lifecycle command\"\n");
     }
     for hook in super::HOOKS {
-        let steps: Vec<&Step> = m.steps.iter().filter(|st| st.hook == *hook).collect();
-        match steps.as_slice() {
-            [] => {}
-            [one] if one.name.is_none() => {
-                let _ = writeln!(s, "echo {} >&2", quote(&format!("deps.sh: {hook}")));
-                let _ = writeln!(
-                    s,
-                    "{} || lw_fail {} $?",
-                    command_line(&one.command),
-                    quote(hook)
-                );
-            }
-            many => parallel(&mut s, hook, many),
-        }
+        hook_block(&mut s, m, hook, "deps.sh: ", hook);
     }
     s
+}
+
+/// The commands of `hook`: one run, or an object's in parallel; a failure
+/// names `failing` (the hook, or the hook and its command).
+fn hook_block(s: &mut String, m: &Mapping, hook: &str, prefix: &str, failing: &str) {
+    let steps: Vec<&Step> = m.steps.iter().filter(|st| st.hook == hook).collect();
+    match steps.as_slice() {
+        [] => {}
+        [one] if one.name.is_none() => {
+            let _ = writeln!(s, "echo {} >&2", quote(&format!("{prefix}{hook}")));
+            let _ = writeln!(
+                s,
+                "{} || lw_fail {} $?",
+                command_line(&one.command),
+                quote(failing)
+            );
+        }
+        many => parallel(s, hook, prefix, many),
+    }
+}
+
+/// The postStartCommand as the sh script lw-sandbox runs at create and at
+/// each start (in /work/repo, as the sandbox's user), or None.  A failure
+/// names the command and its status, on the last line.
+pub fn post_start_script(m: &Mapping) -> Option<String> {
+    use super::mapping::POST_START;
+    let steps: Vec<&Step> = m.steps.iter().filter(|st| st.hook == POST_START).collect();
+    let failing = match steps.as_slice() {
+        [] => return None,
+        [one] => format!(
+            "{POST_START} {}",
+            quote(&match &one.command {
+                Command::Shell(c) => c.clone(),
+                Command::Exec(a) => a.join(" "),
+            })
+        ),
+        _ => POST_START.to_string(),
+    };
+    let mut s = format!(
+        "# The postStartCommand of {} (lw init).\nset -eu\nlw_fail() {{ echo \"$1 failed (exit $2)\" >&2; exit \"$2\"; }}\n",
+        m.source
+    );
+    hook_block(&mut s, m, POST_START, "", &failing);
+    Some(s)
 }
 
 fn command_line(c: &Command) -> String {
@@ -220,13 +262,13 @@ fn command_line(c: &Command) -> String {
 
 /// An object's commands: each started in the background with its output
 /// kept, all waited for, the outputs shown, the failures named together.
-fn parallel(s: &mut String, hook: &str, steps: &[&Step]) {
+fn parallel(s: &mut String, hook: &str, prefix: &str, steps: &[&Step]) {
     let names: Vec<&str> = steps.iter().filter_map(|st| st.name.as_deref()).collect();
     let _ = writeln!(
         s,
         "echo {} >&2",
         quote(&format!(
-            "deps.sh: {hook} ({}: in parallel)",
+            "{prefix}{hook} ({}: in parallel)",
             names.join(", ")
         ))
     );
@@ -244,12 +286,12 @@ fn parallel(s: &mut String, hook: &str, steps: &[&Step]) {
             s,
             "wait \"$lw_p{i}\" || lw_failed=\"$lw_failed, \"{}\" (exit $?)\"\necho {} >&2; cat \"$lw_out/{i}\" >&2",
             quote(&what),
-            quote(&format!("deps.sh: {what}:"))
+            quote(&format!("{prefix}{what}:"))
         );
     }
     let _ = writeln!(
         s,
-        "rm -rf \"$lw_out\"\n[ -z \"$lw_failed\" ] || {{ echo \"deps.sh: failed: ${{lw_failed#, }}\" >&2; exit 1; }}"
+        "rm -rf \"$lw_out\"\n[ -z \"$lw_failed\" ] || {{ echo \"{prefix}failed: ${{lw_failed#, }}\" >&2; exit 1; }}"
     );
 }
 
@@ -263,9 +305,11 @@ pub fn files(m: &Mapping, from: &str, deps: &[String], digest: &str) -> Vec<(Str
     for (name, text, mode) in crate::image::DEFAULT_RUNTIME {
         let text = match *name {
             "runtime.conf" => runtime_conf(m, from, deps),
-            // The project's Dockerfile ended as another user: the base
-            // layer installs packages as root.
-            "base.Dockerfile" if m.build.as_ref().is_some_and(|b| b.user.is_some()) => {
+            // The configuration's image or Dockerfile may end as another
+            // user (a devcontainer image's is often vscode or node), which
+            // lw init cannot see without asking an engine: the base layer
+            // installs packages as root whatever it is.
+            "base.Dockerfile" => {
                 text.replacen("FROM ${LW_PARENT}\n", "FROM ${LW_PARENT}\nUSER root\n", 1)
             }
             "deps.sh" => deps_script(m),

@@ -22,6 +22,8 @@ pub struct ImageChoice {
     pub stale: Option<String>,
     /// The last layer's inputs: project path and sha256.
     pub inputs: Vec<(String, String)>,
+    /// The script its postStartCommand label holds (lib/sandbox/lifecycle.rs).
+    pub post_start: Option<String>,
 }
 
 /// The project's current image (lw-build's final tag), or `flag`.  A current
@@ -44,6 +46,7 @@ pub fn resolve_image(
             reference: r.to_string(),
             stale: None,
             inputs: image_inputs(engine, r)?,
+            post_start: None,
         });
     }
     let Some(project) = project else {
@@ -63,6 +66,7 @@ pub fn resolve_image(
             reference: last.tag.clone(),
             stale: None,
             inputs: image_inputs(engine, &last.tag)?,
+            post_start: None,
         });
     }
     not_built(engine, last, &plan, allow_stale)
@@ -102,6 +106,7 @@ fn not_built(
                 )),
                 inputs: image_inputs(engine, &reference)?,
                 reference,
+                post_start: None,
             })
         }
         Some(img) => Err(Error::new(
@@ -162,6 +167,24 @@ pub fn named_for_cluster(builder: &dyn Images, reference: &str) -> Result<ImageC
         reference: reference.to_string(),
         stale: None,
         inputs: image_inputs(builder, reference)?,
+        post_start: None,
+    })
+}
+
+/// The postStartCommand script the image carries (a JSON string in its
+/// label, which lw init wrote): 65 when the label is not one.
+pub fn post_start_of(engine: &dyn Images, reference: &str) -> Result<Option<String>> {
+    let Some(label) = engine
+        .image(reference)?
+        .and_then(|i| i.labels.get(crate::image::LABEL_POST_START).cloned())
+    else {
+        return Ok(None);
+    };
+    serde_json::from_str::<String>(&label).map(Some).map_err(|e| {
+        Error::data(format!(
+            "image '{reference}': its label {} is not a JSON string ({e}); run lw init --force and lw-build",
+            crate::image::LABEL_POST_START
+        ))
     })
 }
 

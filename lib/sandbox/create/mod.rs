@@ -161,6 +161,9 @@ impl<'a> Sandboxes<'a> {
                 opts.allow_stale,
             )?,
         };
+        // Read before the agent's layer: the project's image carries it.
+        let images: &dyn engine::Images = if cluster { self.images } else { self.engine };
+        image.post_start = image::post_start_of(images, &image.reference)?;
         clock.mark("image");
         if let Some(a) = &c.agent {
             image.reference = a.image(
@@ -258,12 +261,14 @@ impl<'a> Sandboxes<'a> {
             volume_mode: c.on_volumes,
             engine: Some(self.engine.address()),
             pull_request: None,
+            post_start: image.post_start.clone(),
         };
         self.write_record(&rec)?;
         Ok(rec)
     }
 
-    /// After the clone: the agent's context, the secrets, the incremental install.
+    /// After the clone: the agent's context, the secrets, the incremental
+    /// install, the postStartCommand.
     #[allow(clippy::too_many_arguments)]
     fn finish(
         &self,
@@ -295,6 +300,10 @@ impl<'a> Sandboxes<'a> {
                 warn,
             )?;
             clock.mark("install");
+        }
+        if rec.post_start.is_some() {
+            self.post_start(rec, warn)?;
+            clock.mark("post-start");
         }
         Ok(())
     }
