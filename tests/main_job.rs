@@ -193,11 +193,7 @@ fn pull_requests_carry_the_story(work: &Path, out: &str) {
             .expect("git runs");
         let head = String::from_utf8_lossy(&o.stdout).trim().to_string();
         let last = st.iter().rev().find(|s| s.0 == head);
-        assert_eq!(
-            last.map(|s| s.1),
-            Some("success"),
-            "{b} at {head}: {st:#?}"
-        );
+        assert_eq!(last.map(|s| s.1), Some("success"), "{b} at {head}: {st:#?}");
     }
     // The consumer's pull request's conversation: the entries of its task.
     let comments = json("pr-consumer.json");
