@@ -217,6 +217,17 @@ fn pull_requests_carry_the_story(work: &Path, out: &str) {
         );
         e.clone()
     };
+    // The contract change itself goes to its sender's task: the producer's.
+    let change = entries
+        .iter()
+        .find(|e| e["message"]["kind"] == "contract-change")
+        .expect("the contract change is in the log");
+    let producer_pr = json("pr-producer.json").to_string();
+    let cid = change["message_id"].as_str().unwrap();
+    assert!(
+        producer_pr.contains(&format!("\\\"id\\\":\\\"{cid}\\\"")),
+        "the producer's pull request holds the contract change {cid}:\n{producer_pr}"
+    );
     let question = on_pr("question", "consumer");
     assert!(
         question["message"]["subject"]
