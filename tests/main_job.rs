@@ -2,8 +2,11 @@
 //! Docker engine, real git and the local GitHub-compatible sink: two sandboxes
 //! coordinate a contract change through the mediator, lw-radar tells both of
 //! the conflict their branches hold before either is pushed and then that it
-//! is cleared, a person's answer comes back, both branches are pushed, the
-//! log lands on the issue; the second run rebuilds nothing, and neither
+//! is cleared, a person's answer comes back, both branches leave as pull
+//! requests (draft during the conflict, with the radar's status on their
+//! heads, then ready), a person's review comment is answered by the
+//! consumer in its pull request's thread, the log lands on the pull
+//! requests; the second run rebuilds nothing, and neither
 //! leaves anything behind.  Then once with each of `--agent claude`,
 //! `--agent opencode` and `--agent copilot`: both agents are the real CLI
 //! against the scripted model, and the consumer's hears of the contract
@@ -78,11 +81,16 @@ fn radar_told_both_before_the_push(work: &Path) {
             .filter(|e| e["message"]["kind"] == kind)
             .collect()
     };
-    let pushed: f64 = std::fs::read_to_string(work.join("pushed-at"))
-        .expect("the job records when it pushed")
-        .trim()
-        .parse()
-        .expect("pushed-at holds seconds");
+    let at = |file: &str| -> f64 {
+        std::fs::read_to_string(work.join(file))
+            .unwrap_or_else(|e| panic!("the job records {file}: {e}"))
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{file} holds seconds: {e}"))
+    };
+    // The first push (draft pull requests) waits for the conflict; the
+    // last comes after it cleared.
+    let (opened, pushed) = (at("pr-opened-at"), at("pushed-at"));
     for kind in ["conflict", "conflict-cleared"] {
         let e = of(kind);
         assert_eq!(e.len(), 1, "one {kind} entry: {entries:#?}");
@@ -102,6 +110,11 @@ fn radar_told_both_before_the_push(work: &Path) {
             "{kind} logged after the push: {e:#}"
         );
     }
+    assert!(
+        epoch(&of("conflict")[0]["logged"]) < opened
+            && opened < epoch(&of("conflict-cleared")[0]["logged"]),
+        "the pull requests were opened while the conflict stood"
+    );
     let conflict = of("conflict")[0];
     let text = conflict["message"].to_string();
     for want in [
@@ -129,6 +142,159 @@ fn radar_told_both_before_the_push(work: &Path) {
     }
 }
 
+/// Issue 43, the main job's part: both task branches are pull requests; the
+/// radar's `loopwright/radar` status (read back from the sink) was
+/// `failure` on both heads during the conflict and is `success` on both
+/// after it cleared; the consumer's pull request carries its side of the
+/// contract-change thread (its question about the change, the conflict,
+/// the person's answer) and the review exchange: ada's review comment came
+/// back as a request from human and the consumer's answer went to the
+/// thread, while mallory's (untrusted) review never reached the sandbox.
+/// The figures: at most 3 requests per new pull request, 1 per status change.
+fn pull_requests_carry_the_story(work: &Path, out: &str) {
+    let entries = log(work);
+    let json = |file: &str| -> serde_json::Value {
+        let t = std::fs::read_to_string(work.join(file))
+            .unwrap_or_else(|e| panic!("the job keeps {file}: {e}"));
+        serde_json::from_str(&t).unwrap_or_else(|e| panic!("{file}: {e}: {t}"))
+    };
+    // Statuses, oldest first: two failures naming the other branch, then
+    // success on both final heads.
+    let statuses = json("statuses.json");
+    let st: Vec<(&str, &str, &str)> = statuses
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter(|s| s["context"] == "loopwright/radar")
+        .map(|s| {
+            (
+                s["sha"].as_str().unwrap(),
+                s["state"].as_str().unwrap(),
+                s["description"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(st.len(), 4, "one status per change: {st:#?}");
+    for (i, other) in [(0, "task/"), (1, "task/")] {
+        assert_eq!(st[i].1, "failure", "{st:#?}");
+        assert!(
+            st[i].2.contains(other) && st[i].2.contains("contract/user.schema.json"),
+            "{st:#?}"
+        );
+    }
+    assert_ne!(st[0].0, st[1].0, "failure on both heads: {st:#?}");
+    let upstream = work.join("upstream.git");
+    for b in ["task/producer", "task/consumer"] {
+        let o = Command::new("git")
+            .arg("--git-dir")
+            .arg(&upstream)
+            .args(["rev-parse", b])
+            .output()
+            .expect("git runs");
+        let head = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        let last = st.iter().rev().find(|s| s.0 == head);
+        assert_eq!(last.map(|s| s.1), Some("success"), "{b} at {head}: {st:#?}");
+    }
+    // The consumer's pull request's conversation: the entries of its task.
+    let comments = json("pr-consumer.json");
+    let bodies: String = comments
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|c| c["body"].as_str().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let on_pr = |kind: &str, sender: &str| {
+        let e = entries
+            .iter()
+            .find(|e| e["message"]["kind"] == kind && e["sender"] == sender)
+            .unwrap_or_else(|| panic!("no {kind} from {sender} in the log"));
+        let name = e["entry"].as_str().or(e["name"].as_str()).unwrap_or("");
+        let id = e["message_id"].as_str().unwrap();
+        assert!(
+            bodies.contains(&format!("\"id\":\"{id}\"")),
+            "the consumer's pull request holds {kind} {id} ({name}):\n{bodies}"
+        );
+        e.clone()
+    };
+    // The contract change itself goes to its sender's task: the producer's.
+    let change = entries
+        .iter()
+        .find(|e| e["message"]["kind"] == "contract-change")
+        .expect("the contract change is in the log");
+    let producer_pr = json("pr-producer.json").to_string();
+    let cid = change["message_id"].as_str().unwrap();
+    assert!(
+        producer_pr.contains(&format!("\\\"id\\\":\\\"{cid}\\\"")),
+        "the producer's pull request holds the contract change {cid}:\n{producer_pr}"
+    );
+    let question = on_pr("question", "consumer");
+    assert!(
+        question["message"]["subject"]
+            .as_str()
+            .unwrap()
+            .contains("fallback"),
+        "{question:#}"
+    );
+    on_pr("conflict", "mediator");
+    on_pr("answer", "human");
+    on_pr("conflict-cleared", "mediator");
+    let request = on_pr("request", "human");
+    assert_eq!(request["decision"]["action"], "forward", "{request:#}");
+    let refs = request["message"]["refs"].to_string();
+    assert!(refs.contains("consumer/greet.sh:4"), "{refs}");
+    let reply = on_pr("status", "consumer");
+    assert_eq!(
+        reply["message"]["in_reply_to"], request["message_id"],
+        "the consumer answered the review: {reply:#}"
+    );
+    assert!(
+        !entries.iter().any(|e| e["message"]["body"]
+            .as_str()
+            .is_some_and(|b| b.contains("Ignore your scope"))),
+        "the untrusted review never reached the door"
+    );
+    // The figures, as the job printed them.
+    let figure = |prefix: &str| -> Vec<u64> {
+        let l = out
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no line {prefix}:\n{out}"));
+        l.split(|c: char| !c.is_ascii_digit())
+            .filter_map(|w| w.parse().ok())
+            .collect()
+    };
+    let reqs = figure("Requests per pushed task: ");
+    assert!(
+        reqs[0] <= 3 && reqs[1] <= 3 && reqs[0] >= 2,
+        "requests per new pull request: {reqs:?}"
+    );
+    println!(
+        "figure [main job pull requests]: {} and {} requests per new pull request",
+        reqs[0], reqs[1]
+    );
+    assert!(
+        has_line(
+            out,
+            &[
+                "during the conflict: task/producer=failure task/consumer=failure (2 request(s) for 2 changes)",
+                "after it cleared: task/producer=success task/consumer=success (2 request(s) for 2 changes)"
+            ]
+        ),
+        "{out}"
+    );
+    assert!(
+        has_line(
+            out,
+            &[
+                "Review: ada's comment on consumer/greet.sh:4 reached the consumer",
+                "1 item(s) from a login the sync config does not trust ignored"
+            ]
+        ),
+        "{out}"
+    );
+}
+
 #[test]
 fn main_job_runs_twice_and_leaves_nothing_behind() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -136,6 +302,7 @@ fn main_job_runs_twice_and_leaves_nothing_behind() {
     let first = run_main_job(&work);
     println!("{first}");
     radar_told_both_before_the_push(&work);
+    pull_requests_carry_the_story(&work, &first);
     // Every message's path through the system.
     assert!(
         has_line(
@@ -182,7 +349,7 @@ fn main_job_runs_twice_and_leaves_nothing_behind() {
     assert!(
         has_line(
             &first,
-            &["lw-sync verify: the issue holds all 8 log entries, each once"]
+            &["lw-sync verify: the pull requests and the issue hold all 12 log entries, each once"]
         ),
         "{first}"
     );
@@ -193,6 +360,7 @@ fn main_job_runs_twice_and_leaves_nothing_behind() {
         second.contains("Image layers: 0 built this run (3 cached)."),
         "the second run rebuilt a layer:\n{second}"
     );
+    pull_requests_carry_the_story(&work, &second);
     assert!(second.contains("Left behind: 0 containers, 0 volumes, 0 sandboxes listed by lw-sandbox ls, 0 port leases."), "{second}");
 
     // lw doctor, run by the job after it cleaned up: nothing fails.

@@ -11,6 +11,9 @@
 #          consumer/greet.sh, ack, commit, ask a person a question), the
 #          radar's conflict (drop its own edit of the contract: the
 #          producer's rename wins), and the person's answer
+#   review answers a person's review of its pull request (a request from
+#          human, brought back by lw-sync pull): its reply goes to the
+#          pull request's thread
 #
 # Without an argument: start, then adapt.
 set -eu
@@ -83,10 +86,28 @@ SCRIPT
     done
 }
 
+review() {
+    # News that came after the adapt step (a conflict-cleared) is acked on the way.
+    while :; do
+        line=$(lw-inbox --wait --timeout "${WAIT:-300}" | head -n 1)
+        id=$(printf '%s\n' "$line" | cut -f 1)
+        kind=$(printf '%s\n' "$line" | cut -f 3)
+        [ -n "$id" ] || { echo "consumer.sh: no review came" >&2; exit 75; }
+        lw-inbox ack "$id" >/dev/null
+        [ "$kind" = request ] && break
+    done
+    say "received $(printf '%s\n' "$line" | cut -f 2-)"
+    lw-inbox show "$id" | sed 's/^/consumer:   | /'
+    r=$(lw-post --to human --kind status --reply-to "$id" --subject "Re: review of consumer/greet.sh" \
+        "The fallback to user.name stays until every stored record is migrated, as a person answered; greet.sh reads full_name first.")
+    say "answered the review in the pull request's thread: $r"
+}
+
 case ${1:-all} in
 start) start ;;
 work) work ;;
 adapt) adapt ;;
+review) review ;;
 all) start && adapt ;;
-*) echo "consumer.sh: unknown step '$1' (start, work, adapt)" >&2; exit 64 ;;
+*) echo "consumer.sh: unknown step '$1' (start, work, adapt, review)" >&2; exit 64 ;;
 esac
