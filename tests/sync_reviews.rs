@@ -485,3 +485,30 @@ fn a_bad_item_stops_no_other_pull_request_and_every_page_is_read() {
         .collect();
     assert_eq!(statuses, [304, 304, 200, 200, 304], "{reqs:#?}");
 }
+
+/// A pull request learned after some of its sandbox's entries were mirrored
+/// to the run's issue: those stay on the issue, once (not posted again on
+/// the pull request), the later ones go to the pull request, and `verify`
+/// agrees with both.
+#[test]
+fn entries_mirrored_before_the_pull_request_stay_on_the_issue() {
+    let env = Env::new("late-pr");
+    let log = env.log();
+    let early = append_n(&log, 3, "before the pull request");
+    assert_ok(&env.sync(&["--once"]));
+    let pr = task_pull(&env, "api", "task-api", &[]);
+    let late = append_n(&log, 2, "after the pull request");
+    assert_ok(&env.sync(&["--once"]));
+    assert_ok(&env.sync(&["--once"]));
+    let (on_issue, on_pr) = (env.section_counts(1), env.section_counts(pr));
+    for e in &early {
+        assert_eq!(on_issue.get(&e.name), Some(&1), "{on_issue:?}");
+        assert_eq!(on_pr.get(&e.name), None, "posted again: {on_pr:?}");
+    }
+    for e in &late {
+        assert_eq!(on_pr.get(&e.name), Some(&1), "{on_pr:?}");
+        assert_eq!(on_issue.get(&e.name), None, "{on_issue:?}");
+    }
+    let o = env.sync(&["verify"]);
+    assert_ok(&o);
+}

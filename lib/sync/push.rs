@@ -136,10 +136,7 @@ impl Syncer {
                 });
                 continue;
             }
-            by_target
-                .entry(self.cfg.target_for(&e)?)
-                .or_default()
-                .push(e);
+            by_target.entry(self.target_of(&e)?).or_default().push(e);
         }
         if by_target.is_empty() {
             return Ok(());
@@ -433,6 +430,31 @@ impl Syncer {
     }
 
     fn key_of(&self, e: &Entry) -> Result<String> {
-        Ok(self.cfg.target_for(e)?.to_string())
+        Ok(self.target_of(e)?.to_string())
+    }
+
+    /// Where entry `e` goes: where a run already mirrored it (or began
+    /// to), so a mapping that changed since - a pull request learned after
+    /// the entry went to the run's issue - takes only later entries and
+    /// nothing is posted twice; else where the config sends it.
+    pub(super) fn target_of(&self, e: &Entry) -> Result<Target> {
+        for (key, ts) in &self.state.targets {
+            let held = ts.synced.contains_key(&e.name)
+                || ts.partial.contains_key(&e.name)
+                || ts
+                    .pending
+                    .as_ref()
+                    .is_some_and(|p| p.items.iter().any(|(n, _)| *n == e.name));
+            if held
+                && let Some((repo, n)) = key.rsplit_once('#')
+                && let Ok(issue) = n.parse()
+            {
+                return Ok(Target {
+                    repo: repo.to_string(),
+                    issue,
+                });
+            }
+        }
+        self.cfg.target_for(e)
     }
 }

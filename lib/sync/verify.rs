@@ -44,7 +44,7 @@ impl Syncer {
         {
             let e = self.outgoing(e);
             local
-                .entry(self.cfg.target_for(&e)?)
+                .entry(self.target_of(&e)?)
                 .or_default()
                 .insert(e.name.clone(), e);
         }
