@@ -889,7 +889,7 @@ fn copilot_package_is_unpacked_once_out_of_reach(f: &Fixture, image: &str) {
         "find ~/.cache/copilot ~/.copilot -name index.js 2>/dev/null; echo home-end; \
          find /opt/lw-agent -writable; echo writable-end; \
          find /opt/lw-agent ! -type l \\( ! -user root -o -perm /022 \\); echo perm-end; \
-         test -r /opt/lw-agent/copilot/dist/index.js && echo dist-readable",
+         test -r /opt/lw-agent/copilot/dist/index.js && echo dist-readable; echo end",
     );
     assert_eq!(code, 0, "{e}");
     assert!(
@@ -897,7 +897,7 @@ fn copilot_package_is_unpacked_once_out_of_reach(f: &Fixture, image: &str) {
         "the run unpacked the package into HOME: {out}"
     );
     assert!(
-        out.contains("home-end\nwritable-end\nperm-end\ndist-readable\n"),
+        out.ends_with("home-end\nwritable-end\nperm-end\ndist-readable\nend\n"),
         "/opt/lw-agent writable by the sandbox's user, or no shared copy: {out}"
     );
     // The agent image holds one unpacked copy: the CLI image's.
