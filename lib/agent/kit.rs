@@ -526,7 +526,11 @@ mod tests {
                 "package = A B",
                 "package",
             ),
-            ("program = claude", "program = claude\nprepare =  ", "prepare"),
+            (
+                "program = claude",
+                "program = claude\nprepare =  ",
+                "prepare",
+            ),
         ];
         for (from, to, field) in cases {
             let text = builtin("claude").replace(from, to);

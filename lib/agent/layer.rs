@@ -295,9 +295,15 @@ mod tests {
         assert!(!cli.manifest.contains("prepare"), "{}", cli.manifest);
         assert!(!cli.args.contains_key("LW_AGENT_PREPARE"));
         let copilot = super::super::kit::find(None, "copilot").unwrap();
-        let line = copilot.prepare.clone().expect("copilot unpacks its package");
+        let line = copilot
+            .prepare
+            .clone()
+            .expect("copilot unpacks its package");
         let (cli, top) = recipe("p", &copilot, "p-base:1", "p-deps:1");
-        assert_eq!(cli.dockerfile, format!("{CLI_DOCKERFILE}{CLI_PREPARE_DOCKERFILE}"));
+        assert_eq!(
+            cli.dockerfile,
+            format!("{CLI_DOCKERFILE}{CLI_PREPARE_DOCKERFILE}")
+        );
         assert!(cli.manifest.contains("dockerfile cli-prepare.Dockerfile "));
         assert!(cli.manifest.contains(&format!("prepare {line}\n")));
         assert_eq!(cli.args["LW_AGENT_PREPARE"], line);
