@@ -179,9 +179,6 @@ impl Kit {
         let package = f.check("package", check_package)?;
         let program = f.check("program", check_program)?;
         let prepare = cfg.get("prepare").map(str::to_string);
-        if prepare.as_deref().is_some_and(|p| p.trim().is_empty()) {
-            return Err(f.bad("prepare", "is empty; leave the key out".into()));
-        }
         let upstream = f.check("upstream", |u| parse_upstream(u).map(|_| ()))?;
         let endpoints = parse_endpoints(&f.need("endpoint")?).map_err(|m| f.bad("endpoint", m))?;
         let (method, path) = endpoints[0].clone();
@@ -525,11 +522,6 @@ mod tests {
                 "package = @anthropic-ai/claude-code",
                 "package = A B",
                 "package",
-            ),
-            (
-                "program = claude",
-                "program = claude\nprepare =  ",
-                "prepare",
             ),
         ];
         for (from, to, field) in cases {
