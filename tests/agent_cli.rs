@@ -445,6 +445,9 @@ fn scenario(k: &Case) {
     let transcript = text(&o);
     assert_eq!(o.status.code(), Some(0), "run: {}\n{transcript}", err(&o));
     println!("figure [{kit}]: first run {run_ms:.0} ms");
+    if kit == "copilot" {
+        copilot_package_is_unpacked_once_out_of_reach(&f, &image);
+    }
     let lines: Vec<serde_json::Value> = transcript
         .lines()
         .map(|l| serde_json::from_str(l).expect("--json prints JSON lines"))
@@ -870,6 +873,50 @@ fn cap_crossed(f: &Fixture, k: &Case, key: &str, model_proxy: &str) {
         } else {
             "waited on (retry-after) rather than showed"
         }
+    );
+}
+
+/// Issue 45: Copilot CLI's program unpacks its 235 MB package into
+/// `~/.cache/copilot` the first time it runs.  The CLI image holds it
+/// unpacked once, and the kit's program runs that copy: the agent image's
+/// build and a sandbox's run unpack nothing.  Hostile: the copy is the
+/// program the next run executes, so the sandbox's user must not be able
+/// to change a byte of it (nor of anything under /opt/lw-agent), even if
+/// the root file system were writable.
+fn copilot_package_is_unpacked_once_out_of_reach(f: &Fixture, image: &str) {
+    let (code, out, e) = f.sh(
+        "a1",
+        "find ~/.cache/copilot ~/.copilot -name index.js 2>/dev/null; echo home-end; \
+         find /opt/lw-agent -writable; echo writable-end; \
+         find /opt/lw-agent ! -type l \\( ! -user root -o -perm /022 \\); echo perm-end; \
+         test -r /opt/lw-agent/copilot/dist/index.js && echo dist-readable; echo end",
+    );
+    assert_eq!(code, 0, "{e}");
+    assert!(
+        out.starts_with("home-end\n"),
+        "the run unpacked the package into HOME: {out}"
+    );
+    assert!(
+        out.ends_with("home-end\nwritable-end\nperm-end\ndist-readable\nend\n"),
+        "/opt/lw-agent writable by the sandbox's user, or no shared copy: {out}"
+    );
+    // The agent image holds one unpacked copy: the CLI image's.
+    let o = docker(&[
+        "run",
+        "--rm",
+        "--entrypoint",
+        "find",
+        image,
+        "/",
+        "-xdev",
+        "-name",
+        ".extraction-complete",
+    ]);
+    assert_eq!(
+        text(&o),
+        "/opt/lw-agent/copilot/dist/.extraction-complete\n",
+        "{}",
+        err(&o)
     );
 }
 

@@ -102,6 +102,9 @@ pub struct Kit {
     pub npm: String,
     /// The command the package installs.
     pub program: String,
+    /// A shell line run once after the install, in the CLI image
+    /// (runtime/agents/cli-prepare.Dockerfile).
+    pub prepare: Option<String>,
     /// The provider's API, `https://HOST[:PORT]`.
     pub upstream: String,
     /// The endpoint forwarded (the first, when the kit names several):
@@ -131,6 +134,7 @@ const KEYS: &[&str] = &[
     "node",
     "npm",
     "program",
+    "prepare",
     "upstream",
     "endpoint",
     "key-env",
@@ -174,6 +178,7 @@ impl Kit {
         }
         let package = f.check("package", check_package)?;
         let program = f.check("program", check_program)?;
+        let prepare = cfg.get("prepare").map(str::to_string);
         let upstream = f.check("upstream", |u| parse_upstream(u).map(|_| ()))?;
         let endpoints = parse_endpoints(&f.need("endpoint")?).map_err(|m| f.bad("endpoint", m))?;
         let (method, path) = endpoints[0].clone();
@@ -221,6 +226,7 @@ impl Kit {
             node: f.need("node")?,
             npm: f.need("npm")?,
             program,
+            prepare,
             upstream,
             method,
             path,
@@ -245,6 +251,10 @@ impl Kit {
         let _ = writeln!(m, "node {}", self.node);
         let _ = writeln!(m, "npm {}", self.npm);
         let _ = writeln!(m, "program {}", self.program);
+        // Only when there is one: the other kits' manifests stay as they were.
+        if let Some(p) = &self.prepare {
+            let _ = writeln!(m, "prepare {p}");
+        }
         m
     }
 

@@ -14,6 +14,9 @@
 //!   hash (its tag without the project's image name), and nothing of the
 //!   project's name or deps layer: projects on the same first layer share
 //!   one CLI image, and changing dependencies never reinstalls the agent.
+//!   A kit with a `prepare` line gets runtime/agents/cli-prepare.Dockerfile
+//!   appended to the install's recipe (and its hash and the line in HASH);
+//!   a kit without one keeps the recipe and tag it had before that existed.
 //! - `IMAGE-agent-KIT:HASH`, the project's final image plus the CLI image's
 //!   root copied on top (runtime/agents/agent.Dockerfile).  That copy is
 //!   the CLI image's layer byte for byte, the same diff ID in every project.
@@ -33,6 +36,9 @@ use mailbox::error::{Error, Exit, Result};
 
 pub const CLI_DOCKERFILE: &str = include_str!("../../runtime/agents/cli.Dockerfile");
 pub const CLI_COPY_DOCKERFILE: &str = include_str!("../../runtime/agents/cli-copy.Dockerfile");
+/// Follows cli.Dockerfile's text for a kit with a `prepare` line.
+pub const CLI_PREPARE_DOCKERFILE: &str =
+    include_str!("../../runtime/agents/cli-prepare.Dockerfile");
 pub const AGENT_DOCKERFILE: &str = include_str!("../../runtime/agents/agent.Dockerfile");
 
 /// Bump when the meaning of the manifests changes.
@@ -46,7 +52,7 @@ pub const CLI_REPO: &str = "loopwright/agent";
 pub struct Planned {
     pub tag: String,
     pub manifest: String,
-    pub dockerfile: &'static str,
+    pub dockerfile: String,
     pub args: BTreeMap<String, String>,
     pub built: bool,
     /// The CLI image's install step: built under this tag, taken out by
@@ -90,10 +96,16 @@ pub fn recipe(repo: &str, kit: &Kit, cli_parent: &str, parent: &str) -> (Planned
         base_key(repo, cli_parent)
     );
     m.push_str(&kit.install_manifest());
-    for (name, text) in [
+    let mut recipes = vec![
         ("cli.Dockerfile", CLI_DOCKERFILE),
         ("cli-copy.Dockerfile", CLI_COPY_DOCKERFILE),
-    ] {
+    ];
+    let mut install = CLI_DOCKERFILE.to_string();
+    if kit.prepare.is_some() {
+        recipes.push(("cli-prepare.Dockerfile", CLI_PREPARE_DOCKERFILE));
+        install.push_str(CLI_PREPARE_DOCKERFILE);
+    }
+    for (name, text) in recipes {
         m.push_str(&format!(
             "dockerfile {name} {}\n",
             sha256_hex(text.as_bytes())
@@ -101,11 +113,11 @@ pub fn recipe(repo: &str, kit: &Kit, cli_parent: &str, parent: &str) -> (Planned
     }
     let hash = &sha256_hex(m.as_bytes())[..TAG_HEX];
     let cli_tag = format!("{CLI_REPO}-{}-cli:{hash}", kit.name);
-    let cli = Planned {
+    let mut cli = Planned {
         built: false,
         tag: cli_tag.clone(),
         manifest: m,
-        dockerfile: CLI_DOCKERFILE,
+        dockerfile: install,
         stage: Some(format!("{CLI_REPO}-{}-cli-build:{hash}", kit.name)),
         args: BTreeMap::from([
             ("LW_PARENT".into(), cli_parent.to_string()),
@@ -117,6 +129,9 @@ pub fn recipe(repo: &str, kit: &Kit, cli_parent: &str, parent: &str) -> (Planned
             ("LW_AGENT_PROGRAM".into(), kit.program.clone()),
         ]),
     };
+    if let Some(p) = &kit.prepare {
+        cli.args.insert("LW_AGENT_PREPARE".into(), p.clone());
+    }
     let m = format!(
         "{VERSION}\nlayer agent-{}\nparent {parent}\ncli {cli_tag}\ndockerfile agent.Dockerfile {}\n",
         kit.name,
@@ -131,7 +146,7 @@ pub fn recipe(repo: &str, kit: &Kit, cli_parent: &str, parent: &str) -> (Planned
         built: false,
         tag,
         manifest: m,
-        dockerfile: AGENT_DOCKERFILE,
+        dockerfile: AGENT_DOCKERFILE.to_string(),
         stage: None,
         args: BTreeMap::from([
             ("LW_PARENT".into(), parent.to_string()),
@@ -158,9 +173,9 @@ pub fn ensure(
         }
         on_start(p);
         match &p.stage {
-            None => build_one(engine, p, &p.tag, p.dockerfile, &p.args, on_event)?,
+            None => build_one(engine, p, &p.tag, &p.dockerfile, &p.args, on_event)?,
             Some(stage) => {
-                build_one(engine, p, stage, p.dockerfile, &p.args, on_event)?;
+                build_one(engine, p, stage, &p.dockerfile, &p.args, on_event)?;
                 let args = BTreeMap::from([("LW_BUILD".to_string(), stage.clone())]);
                 let copied = build_one(engine, p, &p.tag, CLI_COPY_DOCKERFILE, &args, on_event);
                 // The install image held a second copy of the CLI: it goes
@@ -267,5 +282,39 @@ mod tests {
         // Another kit never shares a tag.
         let codex = super::super::kit::find(None, "codex").unwrap();
         assert_ne!(recipe("p", &codex, "p-base:1", "p-deps:1").0.tag, cli.tag);
+    }
+
+    /// Issue 45: a kit's `prepare` line follows the install in its own
+    /// recipe; a kit without one keeps the recipe, manifest and tag it had.
+    #[test]
+    fn only_a_kit_with_a_prepare_line_gets_the_prepare_recipe() {
+        let claude = super::super::kit::find(None, "claude").unwrap();
+        assert!(claude.prepare.is_none());
+        let (cli, _) = recipe("p", &claude, "p-base:1", "p-deps:1");
+        assert_eq!(cli.dockerfile, CLI_DOCKERFILE);
+        assert!(!cli.manifest.contains("prepare"), "{}", cli.manifest);
+        assert!(!cli.args.contains_key("LW_AGENT_PREPARE"));
+        let copilot = super::super::kit::find(None, "copilot").unwrap();
+        let line = copilot
+            .prepare
+            .clone()
+            .expect("copilot unpacks its package");
+        let (cli, top) = recipe("p", &copilot, "p-base:1", "p-deps:1");
+        assert_eq!(
+            cli.dockerfile,
+            format!("{CLI_DOCKERFILE}{CLI_PREPARE_DOCKERFILE}")
+        );
+        assert!(cli.manifest.contains("dockerfile cli-prepare.Dockerfile "));
+        assert!(cli.manifest.contains(&format!("prepare {line}\n")));
+        assert_eq!(cli.args["LW_AGENT_PREPARE"], line);
+        // The line is part of what the tag covers.
+        let mut other = copilot.clone();
+        other.prepare = Some("true".into());
+        let (cli2, top2) = recipe("p", &other, "p-base:1", "p-deps:1");
+        assert_ne!(cli2.tag, cli.tag);
+        assert_ne!(top2.tag, top.tag);
+        other.prepare = None;
+        let (cli3, _) = recipe("p", &other, "p-base:1", "p-deps:1");
+        assert_eq!(cli3.dockerfile, CLI_DOCKERFILE);
     }
 }
