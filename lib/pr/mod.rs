@@ -26,7 +26,7 @@
 //! reconciled; a known one one, two when its text changed (new commits).
 //!
 //! The record is also what lw-sync reads to send the sandbox's later
-//! entries to the pull request's conversation (`sync::Config::learn`).
+//! entries to the pull request's conversation (`sync::Config::learn_pulls`).
 
 pub mod pushed;
 mod text;
@@ -55,6 +55,25 @@ pub struct Record {
     /// its outcome is not known yet.
     #[serde(default)]
     pub pending: Option<u64>,
+    /// When the number was recorded (ms since the epoch): lw-sync sends
+    /// the sandbox's entries logged from then on to the pull request's
+    /// conversation, and leaves the earlier ones on the thread they went
+    /// to (lib/sync/config.rs, `learn_pulls`).  Absent in older records:
+    /// every entry goes to the pull request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<u64>,
+}
+
+impl Record {
+    /// Records `number` as the branch's pull request; `since` moves only
+    /// when the number does.
+    fn learn(&mut self, number: u64) {
+        if self.number != Some(number) {
+            self.number = Some(number);
+            self.since = Some(mailbox::time::now_ms());
+        }
+        self.pending = None;
+    }
 }
 
 pub fn dir(state: &Path) -> PathBuf {
@@ -196,8 +215,7 @@ pub fn open(state: &Path, client: &mut Client, ask: &Ask) -> Result<Opened> {
         Err(e) if status_of(&e) == Some(403) => return Err(no_rights(e, ask)),
         Err(e) => return Err(e),
     };
-    rec.number = Some(p.number);
-    rec.pending = None;
+    rec.learn(p.number);
     save(state, ask.name, &rec)?;
     Ok(Opened {
         number: p.number,
@@ -284,8 +302,7 @@ fn adopt(
     let mut outcome = "found";
     let mut draft = p.draft;
     if rec.number != Some(p.number) || rec.pending.is_some() {
-        rec.number = Some(p.number);
-        rec.pending = None;
+        rec.learn(p.number);
         save(state, ask.name, rec)?;
     }
     if p.title != ask.title || p.body.as_deref().unwrap_or("") != ask.body {
