@@ -249,16 +249,19 @@ fn reconcile(client: &mut Client, ask: &Ask, head: &str, why: &str) -> Result<Pu
 }
 
 fn refused_create(e: Error, ask: &Ask) -> Error {
+    // GitHub's detail, after the request's own words (which name the
+    // branches, and a branch may be called `database`): its phrases hold
+    // spaces, which no branch name does.
     let detail = e.to_string();
-    let fix = if detail.contains("base") {
+    let fix = if detail.contains("No commits between") {
+        format!(
+            "branch '{}' has no commits beyond '{}' (already merged?): nothing to review; commit work on it and push again",
+            ask.branch, ask.base
+        )
+    } else if detail.contains(": base invalid") || detail.contains("; base invalid") {
         format!(
             "branch '{}' does not exist on {}: push it there first, or name another base with sandbox.pr-base in .loopwright/config",
             ask.base, ask.repo
-        )
-    } else if detail.contains("No commits between") {
-        format!(
-            "branch '{}' has no commits beyond '{}' (already merged?): nothing to review",
-            ask.branch, ask.base
         )
     } else {
         "see GitHub's answer".to_string()
@@ -339,4 +342,38 @@ fn adopt(
         draft,
         outcome,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(detail: &str) -> String {
+        let ask = Ask {
+            name: "m",
+            repo: "octo/proj",
+            branch: "lw/database",
+            base: "main",
+            title: "t",
+            body: "b",
+            ready: false,
+        };
+        let e = Error::data(format!(
+            "GitHub did not accept pull request for octo:lw/database into main: {detail}"
+        ));
+        refused_create(e, &ask).msg
+    }
+
+    #[test]
+    fn a_refused_create_is_told_by_githubs_words_not_by_a_branch_named_database() {
+        let merged = refused("No commits between main and lw/database");
+        assert!(merged.contains("has no commits beyond 'main'"), "{merged}");
+        let base = refused("base invalid");
+        assert!(
+            base.contains("branch 'main' does not exist on octo/proj"),
+            "{base}"
+        );
+        let other = refused("head invalid");
+        assert!(other.contains("see GitHub's answer"), "{other}");
+    }
 }
