@@ -292,3 +292,299 @@ fn push_pr_refuses_a_missing_base_a_closed_pull_request_and_a_token_without_righ
     assert!(o.status.success());
     assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), 1);
 }
+
+/// Kills `pid`'s process group (the command and the git and docker
+/// processes it started).
+fn kill_group(pid: u32) {
+    let _ = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pid}")])
+        .status();
+}
+
+/// The radar's verdict on `a` and `b`, logged as the mediator's.
+fn radar(log: &mailbox::log::Log, kind: mailbox::message::Kind, a: &str, b: &str, file: &str) {
+    let mut m = sync_support::message("mediator", a, kind, &format!("{kind} {a} {b}"), "radar");
+    m.to.push(b.into());
+    if kind == mailbox::message::Kind::Conflict {
+        m.refs = vec![file.into()];
+    }
+    let e = sync_support::entry(&m, mailbox::log::Action::Forward);
+    assert!(log.append(&e).unwrap());
+}
+
+/// What changes between two runs of the storm: a task reports (a comment on
+/// its pull request), the radar sees a conflict or its end (a status on
+/// both heads), or an agent commits (a new head, a new pull-request text).
+fn storm_change(f: &Fixture, names: &[String], commits: &mut usize) {
+    use mailbox::message::Kind;
+    let log = mailbox::log::Log::new(f.root.join("log"));
+    let a = seeded::below(names.len() as u64) as usize;
+    let b = (a + 1 + seeded::below(names.len() as u64 - 1) as usize) % names.len();
+    match seeded::below(8) {
+        0..=2 => {
+            let m = sync_support::message(&names[a], "human", Kind::Status, "progress", "step");
+            let e = sync_support::entry(&m, mailbox::log::Action::Forward);
+            assert!(log.append(&e).unwrap());
+        }
+        3 | 4 => radar(&log, Kind::Conflict, &names[a], &names[b], "src/x.rs"),
+        5 | 6 => radar(&log, Kind::ConflictCleared, &names[a], &names[b], ""),
+        _ => {
+            *commits += 1;
+            let (code, _, e) = f.sh(
+                &names[a],
+                &format!(
+                    "echo {commits} >> src/{}.txt && git commit -qam 'step {commits}'",
+                    names[a]
+                ),
+            );
+            assert_eq!(code, 0, "{e}");
+        }
+    }
+}
+
+/// `lw-sync --once` until two runs in a row succeed and the second sends
+/// nothing: the mirror has caught up.
+fn settle(f: &Fixture, env: &Env) {
+    let writes = |env: &Env| {
+        env.requests()
+            .0
+            .iter()
+            .filter(|r| r["write"] == true)
+            .count()
+    };
+    for _ in 0..20 {
+        let before = writes(env);
+        let o = env.sync_root(&f.root, &["--once"]);
+        if o.status.success() && writes(env) == before {
+            return;
+        }
+    }
+    panic!("lw-sync never settled");
+}
+
+/// The issue's storm (#43, "Must show"): `lw-sandbox push --pr` and
+/// `lw-sync` killed at random points, side by side, across `n` task
+/// branches while the sink drops answers after doing the work; then one
+/// pull request per branch, every comment and status once, `lw-sync
+/// verify` agreeing, and the request counts of a quiet run.
+fn push_and_sync_storm(tag: &str, n: usize, kills: u32) {
+    let f = Fixture::new(tag);
+    let env = Env::new(tag);
+    github(&f, &env);
+    let names: Vec<String> = (0..n).map(|i| format!("t{i}")).collect();
+    for name in &names {
+        work(&f, name, &format!("lw/{name}"));
+    }
+    // The last branch stays out of the storm: its pull request is made at
+    // the end, to count a new one's requests.
+    let (stormed, fresh) = names.split_at(n - 1);
+    let t0 = Instant::now();
+    f.ok(&["push", &stormed[0]]);
+    let push_span = t0.elapsed().as_micros() as u64 + 300_000;
+    let t0 = Instant::now();
+    let _ = env.sync_root(&f.root, &["--once"]);
+    let sync_span = (t0.elapsed().as_micros() as u64).max(100_000) * 2;
+    env.faults(json!([
+        { "kind": "drop_after_commit", "method": "POST", "path_contains": "/pulls", "count": 0, "probability": 0.3 },
+        { "kind": "drop_after_commit", "method": "PATCH", "path_contains": "/pulls/", "count": 0, "probability": 0.3 },
+        { "kind": "drop_after_commit", "method": "POST", "path_contains": "/statuses/", "count": 0, "probability": 0.2 },
+        { "kind": "status", "status": 502, "commit": true, "method": "POST", "path_contains": "/statuses/", "count": 0, "probability": 0.1 },
+        { "kind": "drop_after_commit", "method": "POST", "path_contains": "/comments", "count": 0, "probability": 0.15 },
+    ]));
+    let (mut push_kills, mut sync_kills, mut runs, mut finished, mut commits) =
+        (0u32, 0u32, 0u32, 0u32, 0);
+    let storm_t0 = Instant::now();
+    while push_kills + sync_kills < kills {
+        storm_change(&f, &names, &mut commits);
+        let name = &stormed[seeded::below(stormed.len() as u64) as usize];
+        let mut push = push_cmd(&f, &env, TOKEN, &["push", name, "--pr"]);
+        let mut sync = env.sync_cmd_at(&f.root, "octo/proj", 1, &["--once"]);
+        let mut children = [&mut push, &mut sync].map(|c| {
+            c.process_group(0)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        });
+        let start = Instant::now();
+        let at = [seeded::below(push_span), seeded::below(sync_span)];
+        let mut order = [0, 1];
+        order.sort_by_key(|&i| at[i]);
+        for i in order {
+            // The moment of the kill is what is random here; nothing waits on it.
+            let due = Duration::from_micros(at[i]);
+            std::thread::sleep(due.saturating_sub(start.elapsed()));
+            runs += 1;
+            if children[i].try_wait().unwrap().is_some() {
+                finished += 1;
+                continue;
+            }
+            kill_group(children[i].id());
+            let _ = children[i].wait();
+            if i == 0 {
+                push_kills += 1
+            } else {
+                sync_kills += 1
+            }
+        }
+        assert!(
+            runs < 4000,
+            "too few kills landed: {} in {runs} runs",
+            push_kills + sync_kills
+        );
+    }
+    let storm_time = storm_t0.elapsed();
+    let (reqs, _) = env.requests();
+    let fired = reqs.iter().filter(|r| !r["fault"].is_null()).count();
+    env.ctl("DELETE", "faults", Value::Null);
+
+    // Undisturbed: each stormed branch pushed once more, then the fresh one
+    // with its create's answer lost (list, create, list: 3 requests).
+    for name in stormed {
+        let o = push(&f, &env, TOKEN, &["push", name, "--pr"]);
+        assert!(
+            o.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    env.faults(json!([{ "kind": "drop_after_commit", "method": "POST", "path_contains": "/pulls", "count": 1 }]));
+    env.ctl("DELETE", "requests", Value::Null);
+    let o = push(&f, &env, TOKEN, &["push", &fresh[0], "--pr"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let new_pull = rest_requests(&env);
+    env.ctl("DELETE", "faults", Value::Null);
+    assert!(new_pull.len() <= 3, "{new_pull:?}");
+    settle(&f, &env);
+
+    // One pull request per branch.
+    let all = pulls(&env);
+    let mut per_branch = std::collections::BTreeMap::new();
+    for p in &all {
+        *per_branch
+            .entry(p["head"]["ref"].as_str().unwrap().to_string())
+            .or_insert(0) += 1;
+    }
+    // Every log entry once, on one thread.
+    let mut seen = std::collections::BTreeMap::new();
+    for issue in std::iter::once(1).chain(all.iter().map(|p| p["number"].as_u64().unwrap())) {
+        for (entry, c) in env.section_counts(issue) {
+            *seen.entry(entry).or_insert(0) += c;
+        }
+    }
+    let sections = seen.len();
+    let dup_comments = seen.values().filter(|c| **c > 1).count();
+    // A status twice in a row on one head is a duplicate.
+    let statuses = env.ctl("GET", "statuses?repo=octo/proj", Value::Null);
+    let statuses = statuses.as_array().unwrap();
+    let mut last = std::collections::BTreeMap::new();
+    let mut dup_statuses = 0;
+    for s in statuses {
+        let now = (s["state"].clone(), s["description"].clone());
+        if last.insert(s["sha"].as_str().unwrap().to_string(), now.clone()) == Some(now) {
+            dup_statuses += 1;
+        }
+    }
+    let verify = env.sync_root(&f.root, &["verify"]);
+
+    // A quiet run: a known pull request costs one request, a status change one.
+    env.ctl("DELETE", "requests", Value::Null);
+    for name in &names {
+        let o = push(&f, &env, TOKEN, &["push", name, "--pr"]);
+        assert!(
+            o.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let known = rest_requests(&env);
+    let log = mailbox::log::Log::new(f.root.join("log"));
+    radar(
+        &log,
+        mailbox::message::Kind::Conflict,
+        &names[0],
+        &fresh[0],
+        "src/last.rs",
+    );
+    env.ctl("DELETE", "requests", Value::Null);
+    let o = env.sync_root(&f.root, &["--once"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let status_posts = rest_requests(&env)
+        .iter()
+        .filter(|r| r.contains("/statuses/"))
+        .count();
+    eprintln!(
+        "push+sync storm: seed {} branches {n} kills {} (push {push_kills}, sync {sync_kills}) runs {runs} (finished before the kill {finished}) commits {commits} faults fired {fired} in {storm_time:?}; pull requests {} per branch {per_branch:?}; sections {sections} duplicated {dup_comments}; statuses {} duplicated {dup_statuses}; requests: new pull request {}, known {} for {}, status change {status_posts} for 2",
+        seeded::seed(),
+        push_kills + sync_kills,
+        all.len(),
+        statuses.len(),
+        new_pull.len(),
+        known.len(),
+        names.len(),
+    );
+    assert_eq!(all.len(), n, "{all:#?}");
+    assert!(per_branch.values().all(|&c| c == 1), "{per_branch:?}");
+    assert_eq!(
+        dup_comments, 0,
+        "entries on more than one thread or twice on one"
+    );
+    assert_eq!(dup_statuses, 0, "{statuses:#?}");
+    assert!(
+        verify.status.success(),
+        "verify: {}{}",
+        String::from_utf8_lossy(&verify.stdout),
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    assert!(fired > 0, "the faults never fired");
+    assert_eq!(known.len(), names.len(), "{known:?}");
+    assert_eq!(status_posts, 2);
+}
+
+#[test]
+fn a_kill_storm_of_push_pr_and_lw_sync_together_makes_each_pull_request_comment_and_status_once() {
+    // The issue's figures: 20 task branches, 200 kills (about 2.5 minutes here).
+    push_and_sync_storm("pr-sync-storm", 20, 200);
+}
+
+#[test]
+fn push_pr_refuses_a_head_already_merged_naming_it_even_when_its_name_says_base() {
+    let f = Fixture::new("pr-merged");
+    let env = Env::new("pr-merged");
+    github(&f, &env);
+    // Hostile: a branch whose name holds "base", at main's commit (merged).
+    f.ok(&[
+        "create",
+        "m",
+        "--branch",
+        "lw/database",
+        "--scope",
+        "src/**",
+    ]);
+    let o = push(&f, &env, TOKEN, &["push", "m", "--pr"]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(65), "{e}");
+    assert!(
+        e.contains("branch 'lw/database' has no commits beyond 'main'")
+            && !e.contains("does not exist"),
+        "{e}"
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stdout).starts_with("lw/database "),
+        "pushed all the same"
+    );
+    assert!(pulls(&env).is_empty());
+    let rec = loopwright::pr::load(&f.root.join("state"), "m")
+        .unwrap()
+        .unwrap();
+    assert_eq!((rec.number, rec.pending.is_some()), (None, true), "{rec:?}");
+    // Work on it: the next push opens it.
+    let (code, _, e) = f.sh(
+        "m",
+        "echo m > src/m.txt && git add src && git commit -qm 'add m'",
+    );
+    assert_eq!(code, 0, "{e}");
+    let o = push(&f, &env, TOKEN, &["push", "m", "--pr"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(pulls(&env).len(), 1);
+}

@@ -39,8 +39,8 @@ fn task_pull(env: &Env, name: &str, branch: &str, scope: &[&str]) -> u64 {
     let n = v["number"].as_u64().unwrap();
     let dir = env.root.join("state/pr");
     std::fs::create_dir_all(&dir).unwrap();
-    let rec =
-        json!({ "version": 1, "repo": "octo/proj", "branch": branch, "base": "main", "number": n });
+    let rec = json!({ "version": 1, "repo": "octo/proj", "branch": branch, "base": "main", "number": n,
+                      "since": mailbox::time::now_ms() });
     std::fs::write(dir.join(format!("{name}.json")), rec.to_string()).unwrap();
     let scope = scope.iter().map(|s| s.to_string()).collect();
     Registry::new(&Root::new(&env.root))
@@ -486,17 +486,60 @@ fn a_bad_item_stops_no_other_pull_request_and_every_page_is_read() {
     assert_eq!(statuses, [304, 304, 200, 200, 304], "{reqs:#?}");
 }
 
-/// A pull request learned after some of its sandbox's entries were mirrored
-/// to the run's issue: those stay on the issue, once (not posted again on
-/// the pull request), the later ones go to the pull request, and `verify`
-/// agrees with both.
+/// Found by the storm of `push --pr` and `lw-sync` together
+/// (tests/sandbox_pr.rs): an entry mirrored to the run's issue before the
+/// sandbox's pull request existed was posted a second time, on the pull
+/// request, once lw-sync learned it, and verify then disagreed on both
+/// threads.  Entries stay where they went; later ones go to the pull request.
 #[test]
-fn entries_mirrored_before_the_pull_request_stay_on_the_issue() {
+fn an_entry_mirrored_before_its_pull_request_existed_stays_on_the_run_issue() {
+    let env = Env::new("pr-later");
+    let early = message(
+        "api",
+        "human",
+        Kind::Status,
+        "early",
+        "before the pull request",
+    );
+    assert!(env.log().append(&entry(&early, Action::Forward)).unwrap());
+    assert_ok(&env.sync(&["--once"]));
+    let pr = task_pull(&env, "api", "task-api", &[]);
+    let later = message(
+        "api",
+        "human",
+        Kind::Status,
+        "later",
+        "after the pull request",
+    );
+    assert!(env.log().append(&entry(&later, Action::Forward)).unwrap());
+    assert_ok(&env.sync(&["--once"]));
+    let name = |m: &Message| Entry::name_for(&m.id, Action::Forward, None);
+    let (on_issue, on_pr) = (env.section_counts(1), env.section_counts(pr));
+    assert_eq!(on_issue.get(&name(&early)), Some(&1), "{on_issue:?}");
+    assert_eq!(
+        on_pr.get(&name(&early)),
+        None,
+        "posted again on the pull request: {on_pr:?}"
+    );
+    assert_eq!(on_pr.get(&name(&later)), Some(&1), "{on_pr:?}");
+    assert!(!on_issue.contains_key(&name(&later)), "{on_issue:?}");
+    assert_ok(&env.sync(&["verify"]));
+}
+
+/// The same with a pull-request record that has no `since` (written by an
+/// older lw-sandbox): the entries already mirrored stay where they went, as
+/// the state file says, and are not posted again on the pull request.
+#[test]
+fn entries_mirrored_before_a_record_without_since_stay_on_the_issue() {
     let env = Env::new("late-pr");
     let log = env.log();
     let early = append_n(&log, 3, "before the pull request");
     assert_ok(&env.sync(&["--once"]));
     let pr = task_pull(&env, "api", "task-api", &[]);
+    let rec = env.root.join("state/pr/api.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&rec).unwrap()).unwrap();
+    v.as_object_mut().unwrap().remove("since");
+    std::fs::write(&rec, v.to_string()).unwrap();
     let late = append_n(&log, 2, "after the pull request");
     assert_ok(&env.sync(&["--once"]));
     assert_ok(&env.sync(&["--once"]));

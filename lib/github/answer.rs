@@ -41,14 +41,29 @@ pub(super) fn validation_detail(body: &[u8]) -> String {
     let parts: Vec<String> = errs
         .iter()
         .filter_map(|e| {
-            e.get("message")
-                .and_then(|m| m.as_str())
+            let text = |k: &str| e.get(k).and_then(|m| m.as_str());
+            // A custom error's message, else the field and its code
+            // (`base invalid`): GitHub's two shapes of a validation error.
+            text("message")
                 .map(str::to_string)
+                .or_else(|| Some(format!("{} {}", text("field")?, text("code")?)))
         })
         .collect();
     if parts.is_empty() {
         String::new()
     } else {
         format!(": {}", parts.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_validation_error_names_a_custom_message_or_the_field_and_its_code() {
+        let body = br#"{"message":"Validation Failed","errors":[{"resource":"PullRequest","field":"base","code":"invalid"},{"resource":"PullRequest","code":"custom","message":"No commits between main and x"}]}"#;
+        assert_eq!(
+            super::validation_detail(body),
+            ": base invalid; No commits between main and x"
+        );
     }
 }

@@ -26,7 +26,7 @@
 //! reconciled; a known one one, two when its text changed (new commits).
 //!
 //! The record is also what lw-sync reads to send the sandbox's later
-//! entries to the pull request's conversation (`sync::Config::learn`).
+//! entries to the pull request's conversation (`sync::Config::learn_pulls`).
 
 pub mod pushed;
 mod text;
@@ -55,6 +55,25 @@ pub struct Record {
     /// its outcome is not known yet.
     #[serde(default)]
     pub pending: Option<u64>,
+    /// When the number was recorded (ms since the epoch): lw-sync sends
+    /// the sandbox's entries logged from then on to the pull request's
+    /// conversation, and leaves the earlier ones on the thread they went
+    /// to (lib/sync/config.rs, `learn_pulls`).  Absent in older records:
+    /// every entry goes to the pull request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<u64>,
+}
+
+impl Record {
+    /// Records `number` as the branch's pull request; `since` moves only
+    /// when the number does.
+    fn learn(&mut self, number: u64) {
+        if self.number != Some(number) {
+            self.number = Some(number);
+            self.since = Some(mailbox::time::now_ms());
+        }
+        self.pending = None;
+    }
 }
 
 pub fn dir(state: &Path) -> PathBuf {
@@ -196,8 +215,7 @@ pub fn open(state: &Path, client: &mut Client, ask: &Ask) -> Result<Opened> {
         Err(e) if status_of(&e) == Some(403) => return Err(no_rights(e, ask)),
         Err(e) => return Err(e),
     };
-    rec.number = Some(p.number);
-    rec.pending = None;
+    rec.learn(p.number);
     save(state, ask.name, &rec)?;
     Ok(Opened {
         number: p.number,
@@ -231,16 +249,19 @@ fn reconcile(client: &mut Client, ask: &Ask, head: &str, why: &str) -> Result<Pu
 }
 
 fn refused_create(e: Error, ask: &Ask) -> Error {
+    // GitHub's detail, after the request's own words (which name the
+    // branches, and a branch may be called `database`): its phrases hold
+    // spaces, which no branch name does.
     let detail = e.to_string();
-    let fix = if detail.contains("base") {
+    let fix = if detail.contains("No commits between") {
+        format!(
+            "branch '{}' has no commits beyond '{}' (already merged?): nothing to review; commit work on it and push again",
+            ask.branch, ask.base
+        )
+    } else if detail.contains(": base invalid") || detail.contains("; base invalid") {
         format!(
             "branch '{}' does not exist on {}: push it there first, or name another base with sandbox.pr-base in .loopwright/config",
             ask.base, ask.repo
-        )
-    } else if detail.contains("No commits between") {
-        format!(
-            "branch '{}' has no commits beyond '{}' (already merged?): nothing to review",
-            ask.branch, ask.base
         )
     } else {
         "see GitHub's answer".to_string()
@@ -284,8 +305,7 @@ fn adopt(
     let mut outcome = "found";
     let mut draft = p.draft;
     if rec.number != Some(p.number) || rec.pending.is_some() {
-        rec.number = Some(p.number);
-        rec.pending = None;
+        rec.learn(p.number);
         save(state, ask.name, rec)?;
     }
     if p.title != ask.title || p.body.as_deref().unwrap_or("") != ask.body {
@@ -322,4 +342,38 @@ fn adopt(
         draft,
         outcome,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(detail: &str) -> String {
+        let ask = Ask {
+            name: "m",
+            repo: "octo/proj",
+            branch: "lw/database",
+            base: "main",
+            title: "t",
+            body: "b",
+            ready: false,
+        };
+        let e = Error::data(format!(
+            "GitHub did not accept pull request for octo:lw/database into main: {detail}"
+        ));
+        refused_create(e, &ask).msg
+    }
+
+    #[test]
+    fn a_refused_create_is_told_by_githubs_words_not_by_a_branch_named_database() {
+        let merged = refused("No commits between main and lw/database");
+        assert!(merged.contains("has no commits beyond 'main'"), "{merged}");
+        let base = refused("base invalid");
+        assert!(
+            base.contains("branch 'main' does not exist on octo/proj"),
+            "{base}"
+        );
+        let other = refused("head invalid");
+        assert!(other.contains("see GitHub's answer"), "{other}");
+    }
 }

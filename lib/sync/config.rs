@@ -57,6 +57,10 @@ pub struct Config {
     /// A sandbox's own task issue or pull request.
     #[serde(default)]
     pub sandboxes: BTreeMap<String, TargetConfig>,
+    /// Sandboxes whose target is a learned pull request: since when (ms
+    /// since the epoch) their entries go there (`learn_pulls`).
+    #[serde(skip)]
+    pub pulls_since: BTreeMap<String, u64>,
     /// Federation: this host's name among `hosts` (lw-sync(1), FEDERATION).
     #[serde(default)]
     pub host: Option<String>,
@@ -194,15 +198,26 @@ impl Config {
 
     /// Learns the pull requests `lw-sandbox push --pr` opened (lib/pr's
     /// records under `state`): a sandbox that sync.json does not map gets
-    /// its branch's pull request as its target, so its later entries go to
-    /// that conversation.  A mapping written in sync.json wins.
+    /// its branch's pull request as its target for the entries logged since
+    /// the number was recorded; its earlier ones stay where they went
+    /// before, so no entry moves to a second thread (#43).  A mapping
+    /// written in sync.json wins.  Called again after each read of the
+    /// log, so an entry read is never newer than the records learned.
     pub fn learn_pulls(&mut self, state: &Path) -> Result<()> {
         for (name, rec) in crate::pr::load_all(state)? {
             let Some(number) = rec.number else { continue };
-            self.sandboxes.entry(name).or_insert(TargetConfig {
-                repo: Some(rec.repo),
-                issue: number,
-            });
+            let learned = self.pulls_since.contains_key(&name);
+            if self.sandboxes.contains_key(&name) && !learned {
+                continue;
+            }
+            self.sandboxes.insert(
+                name.clone(),
+                TargetConfig {
+                    repo: Some(rec.repo),
+                    issue: number,
+                },
+            );
+            self.pulls_since.insert(name, rec.since.unwrap_or(0));
         }
         Ok(())
     }
@@ -225,14 +240,21 @@ impl Config {
     }
 
     /// Where an entry goes: its sender's task issue when mapped, else the
-    /// first mapped recipient's, else the run's issue.
+    /// first mapped recipient's, else the run's issue.  A learned pull
+    /// request maps only the entries logged since it was recorded.
     pub fn target_for(&self, e: &Entry) -> Result<Target> {
+        let logged = mailbox::time::parse_rfc3339(&e.logged)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(u64::MAX);
         let mut parties = vec![e.sender.as_str()];
         if let Some(m) = &e.message {
             parties.extend(m.to.iter().map(String::as_str));
         }
         parties.extend(e.decision.to.iter().map(String::as_str));
         for p in parties {
+            if self.pulls_since.get(p).is_some_and(|&since| logged < since) {
+                continue;
+            }
             if let Some(t) = self.sandboxes.get(p) {
                 let repo = match t.repo.clone().or_else(|| self.repo.clone()) {
                     Some(r) => r,

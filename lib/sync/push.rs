@@ -97,6 +97,8 @@ impl Syncer {
     pub fn sync(&mut self) -> Result<()> {
         let log = Log::new(self.root.log_dir());
         let (entries, bad) = log.entries()?;
+        // After the read: every entry read is older than the pull requests learned.
+        self.cfg.learn_pulls(&self.root.state_dir())?;
         let verdicts = super::Verdicts::from_log(&entries);
         let posted = self.sync_comments(entries, bad);
         let statuses = self.sync_statuses(&verdicts);

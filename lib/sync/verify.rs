@@ -23,6 +23,7 @@ impl Syncer {
         self.ensure_login()?;
         let log = Log::new(self.root.log_dir());
         let (entries, bad) = log.entries()?;
+        self.cfg.learn_pulls(&self.root.state_dir())?;
         for b in bad {
             self.events.push(Event::Bad {
                 entry: b.name,
