@@ -181,25 +181,7 @@ pub struct Source {
 /// with variables, which only the engine can expand).
 pub fn context_sources(dockerfile: &str) -> Vec<Source> {
     let mut out = Vec::new();
-    let mut logical = String::new();
-    let mut start = 0;
-    for (i, raw) in dockerfile.lines().enumerate() {
-        let t = raw.trim();
-        if logical.is_empty() {
-            if t.is_empty() || t.starts_with('#') {
-                continue;
-            }
-            start = i + 1;
-        } else if t.starts_with('#') {
-            continue;
-        }
-        if let Some(body) = t.strip_suffix('\\') {
-            logical.push_str(body);
-            logical.push(' ');
-            continue;
-        }
-        logical.push_str(t);
-        let line = std::mem::take(&mut logical);
+    for (start, line) in super::dockerfile::logical_lines(dockerfile) {
         let mut words = line.splitn(2, char::is_whitespace);
         let instr = words.next().unwrap_or("").to_ascii_uppercase();
         if instr != "COPY" && instr != "ADD" {

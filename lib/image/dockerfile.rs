@@ -9,8 +9,9 @@
 //! `scratch` needs no image.  Line continuations and comments are the
 //! Dockerfile's own.
 
-/// One logical line: the 1-based number it starts on, and its text.
-fn logical_lines(text: &str) -> Vec<(usize, String)> {
+/// One logical line: the 1-based number it starts on, and its text
+/// (continuations joined, comments and blank lines left out).
+pub(super) fn logical_lines(text: &str) -> Vec<(usize, String)> {
     let mut v = Vec::new();
     let mut cur = String::new();
     let mut start = 0;
