@@ -115,10 +115,12 @@ fn grep_count(cmd: &str, needle: &str) -> usize {
         .unwrap_or_else(|_| panic!("{cmd}: {}", err(&o)))
 }
 
+/// The requests the scripted model recorded so far: its complete lines
+/// only (read while it runs, the last line may be half written).
 fn requests(dir: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(dir.join("requests.jsonl"))
-        .unwrap_or_default()
-        .lines()
+    let all = std::fs::read_to_string(dir.join("requests.jsonl")).unwrap_or_default();
+    let done = all.rfind('\n').map_or("", |n| &all[..n]);
+    done.lines()
         .map(|l| serde_json::from_str(l).expect("the model records JSON lines"))
         .collect()
 }
