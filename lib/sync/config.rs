@@ -57,8 +57,8 @@ pub struct Config {
     /// A sandbox's own task issue or pull request.
     #[serde(default)]
     pub sandboxes: BTreeMap<String, TargetConfig>,
-    /// Sandboxes whose target is a learned pull request: since when (ms
-    /// since the epoch) their entries go there (`learn_pulls`).
+    /// Sandboxes whose target is a learned pull request, with the time
+    /// (ms since the epoch) its number was recorded (`learn_pulls`).
     #[serde(skip)]
     pub pulls_since: BTreeMap<String, u64>,
     /// Federation: this host's name among `hosts` (lw-sync(1), FEDERATION).
@@ -198,11 +198,12 @@ impl Config {
 
     /// Learns the pull requests `lw-sandbox push --pr` opened (lib/pr's
     /// records under `state`): a sandbox that sync.json does not map gets
-    /// its branch's pull request as its target for the entries logged since
-    /// the number was recorded; its earlier ones stay where they went
-    /// before, so no entry moves to a second thread (#43).  A mapping
-    /// written in sync.json wins.  Called again after each read of the
-    /// log, so an entry read is never newer than the records learned.
+    /// its branch's pull request as its target, for every entry not
+    /// mirrored yet (one already mirrored stays where it went: the sync
+    /// state says where, `Syncer::target_of`), so no entry is on two
+    /// threads (#43).  A mapping written in sync.json wins.  Called again
+    /// after each read of the log, so an entry read is never newer than the
+    /// records learned.
     pub fn learn_pulls(&mut self, state: &Path) -> Result<()> {
         for (name, rec) in crate::pr::load_all(state)? {
             let Some(number) = rec.number else { continue };
@@ -240,21 +241,14 @@ impl Config {
     }
 
     /// Where an entry goes: its sender's task issue when mapped, else the
-    /// first mapped recipient's, else the run's issue.  A learned pull
-    /// request maps only the entries logged since it was recorded.
+    /// first mapped recipient's, else the run's issue.
     pub fn target_for(&self, e: &Entry) -> Result<Target> {
-        let logged = mailbox::time::parse_rfc3339(&e.logged)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(u64::MAX);
         let mut parties = vec![e.sender.as_str()];
         if let Some(m) = &e.message {
             parties.extend(m.to.iter().map(String::as_str));
         }
         parties.extend(e.decision.to.iter().map(String::as_str));
         for p in parties {
-            if self.pulls_since.get(p).is_some_and(|&since| logged < since) {
-                continue;
-            }
             if let Some(t) = self.sandboxes.get(p) {
                 let repo = match t.repo.clone().or_else(|| self.repo.clone()) {
                     Some(r) => r,
