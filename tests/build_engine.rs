@@ -151,3 +151,131 @@ fn published_ports_bind_where_asked_and_are_reported() {
         .expect("remove a running container with force");
     assert!(e.inspect(&id).expect("inspect").is_none());
 }
+
+/// A relay to the engine's socket that cuts the answer to the first `cuts`
+/// build requests a little after it began (past the headers and the first
+/// JSON messages), as dockerd did under load ("bytes remaining on
+/// stream"); every other request passes through whole.
+fn cutting_relay(dir: &std::path::Path, cuts: usize) -> String {
+    use std::io::{Read, Write};
+    use std::os::unix::net::{UnixListener, UnixStream};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let path = dir.join("engine.sock");
+    let listener = UnixListener::bind(&path).expect("bind the relay");
+    let left = Arc::new(AtomicUsize::new(cuts));
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(mut client) = client else { return };
+            let left = left.clone();
+            std::thread::spawn(move || {
+                let mut up = UnixStream::connect("/var/run/docker.sock").expect("the engine");
+                let mut first = vec![0u8; 65536];
+                let n = client.read(&mut first).unwrap_or(0);
+                let cut = first[..n].windows(6).any(|w| w == b"/build")
+                    && left
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |l| l.checked_sub(1))
+                        .is_ok();
+                up.write_all(&first[..n]).unwrap();
+                let (mut c2, mut u2) = (client.try_clone().unwrap(), up.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut c2, &mut u2);
+                });
+                let mut sent = 0usize;
+                let mut buf = [0u8; 256];
+                loop {
+                    let n = match up.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    if client.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                    sent += n;
+                    if cut && sent > 1500 {
+                        break;
+                    }
+                }
+                let _ = client.shutdown(std::net::Shutdown::Both);
+                let _ = up.shutdown(std::net::Shutdown::Both);
+            });
+        }
+    });
+    format!("unix://{}", path.display())
+}
+
+/// The engine through `host` (a project's `engine.host`; DOCKER_HOST, if
+/// set, would win, and the relay would not be in the way: the test says so).
+fn through(host: &str) -> DockerEngine {
+    assert!(
+        std::env::var_os("DOCKER_HOST").is_none_or(|h| h.is_empty()),
+        "unset DOCKER_HOST: this test puts a relay in front of the local engine"
+    );
+    let config = mailbox::config::Config::parse_project(
+        &format!("engine.host = {host}\n"),
+        std::path::Path::new("config"),
+    )
+    .expect("a project config");
+    engine::connect_docker(Some(&config)).expect("the relay answers")
+}
+
+fn chatty_build(tag: &str) -> engine::BuildRequest {
+    let dockerfile = format!(
+        "FROM {}\nRUN i=0; while [ $i -lt 200 ]; do echo line $i of the build output; i=$((i+1)); done\n",
+        test_image("busybox")
+    );
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(dockerfile.len() as u64);
+    h.set_mode(0o644);
+    h.set_cksum();
+    tar.append_data(&mut h, "Dockerfile", dockerfile.as_bytes())
+        .unwrap();
+    engine::BuildRequest {
+        context: tar.into_inner().unwrap(),
+        dockerfile: "Dockerfile".into(),
+        tag: tag.into(),
+        labels: BTreeMap::new(),
+        args: BTreeMap::new(),
+    }
+}
+
+/// The engine's answer to a build broken off midway (the connection, not
+/// the build): the build is asked once more and its image made; broken off
+/// twice, exit 75 naming the build and that the steps done are cached.
+/// (Before, the first cut was "cannot reach the Docker engine", 69.)
+#[test]
+fn a_build_whose_answer_is_cut_midway_is_asked_once_more() {
+    let dir = support::tempdir("cut-build");
+    let once = through(&cutting_relay(&dir, 1));
+    let tag = format!("loopwright/lw-test-cut:{}", nonce());
+    let e = engine::connect_docker(None).expect("engine reachable");
+    let mut told = Vec::new();
+    let out = once
+        .build(&chatty_build(&tag), &mut |ev| {
+            if let engine::BuildEvent::Status(s) = ev {
+                told.push(s)
+            }
+        })
+        .expect("asked once more");
+    assert!(matches!(out, engine::BuildOutcome::Built(_)), "{out:?}");
+    assert!(
+        told.iter()
+            .any(|s| s.contains("broke off") && s.contains("once more")),
+        "{told:?}"
+    );
+    assert!(e.image_exists(&tag).unwrap());
+    e.remove_image(&tag, true).unwrap();
+
+    let dir2 = support::tempdir("cut-build-twice");
+    let twice = through(&cutting_relay(&dir2, 2));
+    let err = twice
+        .build(&chatty_build(&tag), &mut |_| {})
+        .expect_err("cut twice");
+    assert_eq!(err.exit as i32, 75, "{err}");
+    assert!(
+        err.to_string().contains("broke off the build of") && err.to_string().contains(&tag),
+        "{err}"
+    );
+    let _ = e.remove_image(&tag, true);
+}

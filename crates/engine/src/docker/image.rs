@@ -87,79 +87,31 @@ impl ImageBuilder for DockerEngine {
         }
     }
 
+    /// A build whose answer the engine broke off midway (the stream, not
+    /// the build, failed: "bytes remaining on stream" under load) is asked
+    /// once more; the layer cache keeps the steps already done.
     fn build(
         &self,
         req: &BuildRequest,
         on_event: &mut dyn FnMut(BuildEvent),
     ) -> Result<BuildOutcome> {
-        let opts = qp::BuildImageOptions {
-            dockerfile: req.dockerfile.clone(),
-            t: Some(req.tag.clone()),
-            rm: true,
-            forcerm: true,
-            labels: Some(req.labels.clone().into_iter().collect()),
-            buildargs: Some(req.args.clone().into_iter().collect()),
-            ..Default::default()
+        let why = match self.build_once(req, on_event)? {
+            Attempt::Done(o) => return Ok(o),
+            Attempt::Broken(why) => why,
         };
-        let docker = self.docker.clone().with_timeout(BUILD_TIMEOUT);
-        let body = bollard::body_full(req.context.clone().into());
-        self.rt.block_on(async {
-            let mut stream = docker.build_image(opts, None, Some(body));
-            let mut id = None;
-            while let Some(item) = stream.next().await {
-                match item {
-                    Ok(info) => {
-                        if let Some(s) = info.stream {
-                            on_event(BuildEvent::Output(s));
-                        }
-                        if let Some(s) = info.status {
-                            on_event(BuildEvent::Status(s));
-                        }
-                        if let Some(d) = info.error_detail {
-                            return Ok(BuildOutcome::Failed(d.message.unwrap_or_default()));
-                        }
-                        if let Some(aux) = info.aux
-                            && let Some(i) = aux.id
-                        {
-                            id = Some(i);
-                        }
-                    }
-                    Err(bollard::errors::Error::DockerStreamError { error }) => {
-                        return Ok(BuildOutcome::Failed(error));
-                    }
-                    Err(e) if status_of(&e).is_some_and(|s| s < 500) => {
-                        // The engine refused the request itself: a bad Dockerfile path,
-                        // a syntax error; the build never ran.
-                        let msg = match e {
-                            bollard::errors::Error::DockerResponseServerError {
-                                message, ..
-                            } => message,
-                            other => other.to_string(),
-                        };
-                        return Ok(BuildOutcome::Failed(msg));
-                    }
-                    Err(e) => {
-                        return Err(api_err(
-                            &self.host,
-                            &format!("cannot build '{}'", req.tag),
-                            e,
-                        ));
-                    }
-                }
-            }
-            match id {
-                Some(id) => Ok(BuildOutcome::Built(id)),
-                // The legacy builder reports the id as text only: trust the tag.
-                None => match self.docker.inspect_image(&req.tag).await {
-                    Ok(i) => Ok(BuildOutcome::Built(i.id.unwrap_or_default())),
-                    Err(e) => Err(api_err(
-                        &self.host,
-                        &format!("build of '{}' left no image", req.tag),
-                        e,
-                    )),
-                },
-            }
-        })
+        on_event(BuildEvent::Status(format!(
+            "the engine broke off the build's answer ({why}); asking once more"
+        )));
+        match self.build_once(req, on_event)? {
+            Attempt::Done(o) => Ok(o),
+            Attempt::Broken(why) => Err(Error::new(
+                Exit::TempFail,
+                format!(
+                    "the engine at {} broke off the build of '{}' twice ({why}); the steps done are cached: run it again",
+                    self.host, req.tag
+                ),
+            )),
+        }
     }
 
     fn save_images(&self, references: &[&str], out: &mut dyn Write) -> Result<u64> {
@@ -226,5 +178,98 @@ impl ImageBuilder for DockerEngine {
             Err(e) if status_of(&e) == Some(404) => Ok(None),
             Err(e) => Err(self.err(&format!("cannot inspect image '{reference}'"), e)),
         }
+    }
+}
+
+/// One try at a build: its outcome, or the engine's answer broken off
+/// after it began.
+enum Attempt {
+    Done(BuildOutcome),
+    Broken(String),
+}
+
+impl DockerEngine {
+    fn build_once(
+        &self,
+        req: &BuildRequest,
+        on_event: &mut dyn FnMut(BuildEvent),
+    ) -> Result<Attempt> {
+        let opts = qp::BuildImageOptions {
+            dockerfile: req.dockerfile.clone(),
+            t: Some(req.tag.clone()),
+            rm: true,
+            forcerm: true,
+            labels: Some(req.labels.clone().into_iter().collect()),
+            buildargs: Some(req.args.clone().into_iter().collect()),
+            ..Default::default()
+        };
+        let docker = self.docker.clone().with_timeout(BUILD_TIMEOUT);
+        let body = bollard::body_full(req.context.clone().into());
+        self.rt.block_on(async {
+            let mut stream = docker.build_image(opts, None, Some(body));
+            let mut id = None;
+            let mut answered = false;
+            while let Some(item) = stream.next().await {
+                match item {
+                    Ok(info) => {
+                        answered = true;
+                        if let Some(s) = info.stream {
+                            on_event(BuildEvent::Output(s));
+                        }
+                        if let Some(s) = info.status {
+                            on_event(BuildEvent::Status(s));
+                        }
+                        if let Some(d) = info.error_detail {
+                            return Ok(Attempt::Done(BuildOutcome::Failed(
+                                d.message.unwrap_or_default(),
+                            )));
+                        }
+                        if let Some(aux) = info.aux
+                            && let Some(i) = aux.id
+                        {
+                            id = Some(i);
+                        }
+                    }
+                    Err(bollard::errors::Error::DockerStreamError { error }) => {
+                        return Ok(Attempt::Done(BuildOutcome::Failed(error)));
+                    }
+                    Err(e) if status_of(&e).is_some_and(|s| s < 500) => {
+                        // The engine refused the request itself: a bad Dockerfile path,
+                        // a syntax error; the build never ran.
+                        let msg = match e {
+                            bollard::errors::Error::DockerResponseServerError {
+                                message, ..
+                            } => message,
+                            other => other.to_string(),
+                        };
+                        return Ok(Attempt::Done(BuildOutcome::Failed(msg)));
+                    }
+                    // Reached and answering, then cut off: the connection broke,
+                    // not the build.
+                    Err(e) if answered && status_of(&e).is_none() => {
+                        return Ok(Attempt::Broken(e.to_string()));
+                    }
+                    Err(e) => {
+                        return Err(api_err(
+                            &self.host,
+                            &format!("cannot build '{}'", req.tag),
+                            e,
+                        ));
+                    }
+                }
+            }
+            match id {
+                Some(id) => Ok(Attempt::Done(BuildOutcome::Built(id))),
+                // The legacy builder reports the id as text only: trust the tag.
+                None => match self.docker.inspect_image(&req.tag).await {
+                    Ok(i) => Ok(Attempt::Done(BuildOutcome::Built(i.id.unwrap_or_default()))),
+                    Err(e) => Err(api_err(
+                        &self.host,
+                        &format!("build of '{}' left no image", req.tag),
+                        e,
+                    )),
+                },
+            }
+        })
     }
 }
