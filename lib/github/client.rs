@@ -430,17 +430,8 @@ impl Client {
                 )
             })?;
             all.extend(page);
-            match link.as_deref().and_then(next_link) {
+            match self.next_page(link.as_deref(), &what)? {
                 Some(next) => {
-                    if !next.starts_with(&format!("{}/", self.base)) {
-                        return Err(Error::new(
-                            Exit::Unavailable,
-                            format!(
-                                "GitHub's next-page link for {what} leaves the API URL '{}'; refusing to send the token there",
-                                self.base
-                            ),
-                        ));
-                    }
                     if pages > 100_000 {
                         return Err(Error::new(
                             Exit::Unavailable,
@@ -610,6 +601,25 @@ fn rate_limited_too_often(what: &str) -> Error {
     )
 }
 
+impl Client {
+    /// The next page's URL from a listing's `Link` header: None on the last
+    /// page; refused when it leaves this client's API URL (the token would
+    /// go with it).
+    pub(super) fn next_page(&self, link: Option<&str>, what: &str) -> Result<Option<String>> {
+        match link.and_then(next_link) {
+            Some(next) if next.starts_with(&format!("{}/", self.base)) => Ok(Some(next)),
+            Some(_) => Err(Error::new(
+                Exit::Unavailable,
+                format!(
+                    "GitHub's next-page link for {what} leaves the API URL '{}'; refusing to send the token there",
+                    self.base
+                ),
+            )),
+            None => Ok(None),
+        }
+    }
+}
+
 /// The URL of `rel="next"` in a `Link` header.
 pub fn next_link(link: &str) -> Option<String> {
     for part in link.split(',') {
@@ -639,6 +649,35 @@ mod tests {
         );
         let last = r#"<https://x/a?page=1>; rel="prev", <https://x/a?page=1>; rel="first""#;
         assert_eq!(next_link(last), None);
+    }
+
+    #[test]
+    fn a_next_page_off_the_api_url_is_refused() {
+        let c = Client::new(
+            "http://127.0.0.1:9/api",
+            Token::new("t"),
+            Limits::default(),
+            Budget::default(),
+        )
+        .unwrap();
+        let link = |u: &str| format!(r#"<{u}>; rel="next""#);
+        let ok = link("http://127.0.0.1:9/api/repos/o/r/pulls?page=2");
+        assert_eq!(
+            c.next_page(Some(&ok), "x").unwrap().as_deref(),
+            Some("http://127.0.0.1:9/api/repos/o/r/pulls?page=2")
+        );
+        assert_eq!(c.next_page(None, "x").unwrap(), None);
+        // Another host, a longer host name, the API path's sibling.
+        for off in [
+            "http://evil.example/api/repos/o/r/pulls?page=2",
+            "http://127.0.0.1:9/api.evil/x",
+            "http://127.0.0.1:9.evil.example/api/x",
+        ] {
+            let e = c
+                .next_page(Some(&link(off)), "the pull requests")
+                .unwrap_err();
+            assert!(e.msg.contains("refusing to send the token"), "{off}: {e}");
+        }
     }
 
     #[test]

@@ -8,7 +8,7 @@
 use serde::Deserialize;
 
 use super::client::Written;
-use super::{BeforeSend, Client, next_link};
+use super::{BeforeSend, Client};
 use mailbox::error::{Error, Exit, Result};
 
 const PERM: &str = "pull requests: write";
@@ -92,17 +92,8 @@ impl Client {
                 )
             })?;
             all.extend(page);
-            match link.as_deref().and_then(next_link) {
-                Some(next) if next.starts_with(&format!("{}/", self.base())) => url = next,
-                Some(_) => {
-                    return Err(Error::new(
-                        Exit::Unavailable,
-                        format!(
-                            "GitHub's next-page link for {what} leaves the API URL '{}'; refusing to send the token there",
-                            self.base()
-                        ),
-                    ));
-                }
+            match self.next_page(link.as_deref(), &what)? {
+                Some(next) => url = next,
                 None => return Ok(all),
             }
         }

@@ -9,7 +9,7 @@
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use super::{Client, User, next_link};
+use super::{Client, User};
 use mailbox::error::{Error, Exit, Result};
 
 const PERM: &str = "pull requests: read";
@@ -138,17 +138,8 @@ impl Client {
                 )
             })?;
             all.extend(items);
-            match link.as_deref().and_then(next_link) {
-                Some(next) if next.starts_with(&format!("{}/", self.base())) => url = next,
-                Some(_) => {
-                    return Err(Error::new(
-                        Exit::Unavailable,
-                        format!(
-                            "GitHub's next-page link for {what} leaves the API URL '{}'; refusing to send the token there",
-                            self.base()
-                        ),
-                    ));
-                }
+            match self.next_page(link.as_deref(), what)? {
+                Some(next) => url = next,
                 None => return Ok(Some((all, first_tag.filter(|_| page == 1)))),
             }
         }
