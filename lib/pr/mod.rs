@@ -101,22 +101,12 @@ pub fn load(state: &Path, name: &str) -> Result<Option<Record>> {
 
 /// Every sandbox's record: name -> record.
 pub fn load_all(state: &Path) -> Result<Vec<(String, Record)>> {
-    let d = dir(state);
-    let rd = match std::fs::read_dir(&d) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
-        Err(e) => return Err(Error::io("cannot read", &d, e)),
-    };
     let mut out = Vec::new();
-    for ent in rd.flatten() {
-        let f = ent.file_name().to_string_lossy().into_owned();
-        if let Some(name) = f.strip_suffix(".json")
-            && let Some(r) = load(state, name)?
-        {
-            out.push((name.to_string(), r));
+    for (name, _) in pushed::json_names(&dir(state))? {
+        if let Some(r) = load(state, &name)? {
+            out.push((name, r));
         }
     }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(out)
 }
 

@@ -56,30 +56,36 @@ pub struct Unreadable {
 /// Every sandbox's record, by name; a record that cannot be read is
 /// reported in the second list and left out.
 pub fn load_all(state: &Path) -> Result<(Vec<Pushed>, Vec<Unreadable>)> {
-    let d = dir(state);
-    let rd = match std::fs::read_dir(&d) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((vec![], vec![])),
-        Err(e) => return Err(Error::io("cannot read", &d, e)),
-    };
     let (mut good, mut bad) = (Vec::new(), Vec::new());
-    for ent in rd.flatten() {
-        let f = ent.file_name().to_string_lossy().into_owned();
-        let Some(name) = f.strip_suffix(".json").filter(|n| !n.starts_with('.')) else {
-            continue;
-        };
-        let p = ent.path();
+    for (name, p) in json_names(&dir(state))? {
         match std::fs::read(&p)
             .map_err(|e| e.to_string())
             .and_then(|b| serde_json::from_slice::<Pushed>(&b).map_err(|e| e.to_string()))
         {
-            Ok(r) => good.push(Pushed {
-                name: name.to_string(),
-                ..r
-            }),
+            Ok(r) => good.push(Pushed { name, ..r }),
             Err(why) => bad.push(Unreadable { path: p, why }),
         }
     }
-    good.sort_by(|a, b| a.name.cmp(&b.name));
     Ok((good, bad))
+}
+
+/// The `NAME.json` records in state directory `d` (none when it is
+/// missing), by name: a temporary file of `write_replace` (a dot name) is
+/// not one.
+pub(crate) fn json_names(d: &Path) -> Result<Vec<(String, PathBuf)>> {
+    let rd = match std::fs::read_dir(d) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+        Err(e) => return Err(Error::io("cannot read", d, e)),
+    };
+    let mut out: Vec<(String, PathBuf)> = rd
+        .flatten()
+        .filter_map(|ent| {
+            let f = ent.file_name().to_string_lossy().into_owned();
+            let name = f.strip_suffix(".json").filter(|n| !n.starts_with('.'))?;
+            Some((name.to_string(), ent.path()))
+        })
+        .collect();
+    out.sort();
+    Ok(out)
 }
