@@ -1,6 +1,6 @@
-//! The model proxy as a guarded door (issue 35): runtime/agents/model-proxy.py
-//! run on 127.0.0.1 in front of the project's scripted model
-//! (examples/scripted-model/model.py, plain HTTP), both as host processes, so
+//! The model proxy as a guarded door (issue 35): lw-model-proxy
+//! (crates/model-proxy) run on 127.0.0.1 in front of the project's scripted
+//! model (examples/scripted-model/model.py, plain HTTP), both as host processes, so
 //! the red-team cases need neither Docker nor a real CLI.  Each test prints
 //! the proxy's peak RSS (VmHWM from /proc) and how many requests reached the
 //! upstream.
@@ -21,6 +21,8 @@ use mailbox::maildir::Sub;
 use mailbox::message::Kind;
 
 const SRC: &str = env!("CARGO_MANIFEST_DIR");
+/// The proxy under test.
+const PROXY: &str = "lw-model-proxy";
 /// The proxy's peak RSS may not pass this, whatever the agent sends (its
 /// container is limited to 128 MiB).
 const RSS_BOUND_KIB: u64 = 96 << 10;
@@ -37,12 +39,18 @@ impl Drop for Proc {
     }
 }
 
-/// Starts `script` and waits for the line holding `ready`; the port is the
+/// Starts `script` (a python file of the project, or a command the
+/// workspace builds) and waits for the line holding `ready`; the port is the
 /// number after the last ':' or "port " on that line.
 fn spawn(script: &str, env: &[(&str, String)], ready: &str) -> Proc {
-    let mut cmd = Command::new("python3");
-    cmd.arg(Path::new(SRC).join(script))
-        .stdin(Stdio::null())
+    let mut cmd = if script.ends_with(".py") {
+        let mut c = Command::new("python3");
+        c.arg(Path::new(SRC).join(script));
+        c
+    } else {
+        Command::new(support::bin(script))
+    };
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     for (k, v) in env {
@@ -50,7 +58,7 @@ fn spawn(script: &str, env: &[(&str, String)], ready: &str) -> Proc {
     }
     let mut child = cmd
         .spawn()
-        .expect("python3 runs the proxy and the scripted model");
+        .expect("the proxy and python3 (the scripted model) run");
     let out: Box<dyn Read + Send> = if script.contains("scripted-model") {
         Box::new(child.stdout.take().unwrap())
     } else {
@@ -120,11 +128,7 @@ impl Door {
         for (k, v) in caps {
             env.push((k, v.to_string()));
         }
-        let proxy = spawn(
-            "runtime/agents/model-proxy.py",
-            &env,
-            "lw-model-proxy: listening",
-        );
+        let proxy = spawn(PROXY, &env, "lw-model-proxy: listening");
         Door {
             dir,
             model,
@@ -138,11 +142,7 @@ impl Door {
     fn restart(&mut self) {
         self.proxy.child.kill().unwrap();
         self.proxy.child.wait().unwrap();
-        self.proxy = spawn(
-            "runtime/agents/model-proxy.py",
-            &self.env,
-            "lw-model-proxy: listening",
-        );
+        self.proxy = spawn(PROXY, &self.env, "lw-model-proxy: listening");
     }
 
     fn connect(&self) -> TcpStream {
