@@ -856,3 +856,240 @@ fn gemini_routes_forward_with_the_key_and_refuse_in_googles_shape() {
     );
     assert_eq!(door.upstream(), 4);
 }
+
+/// Writes `raw` on a connection of its own and reads the answer to its end.
+fn exchange(door: &Door, raw: &[u8]) -> Reply {
+    let mut s = door.connect();
+    s.write_all(raw).unwrap();
+    read_reply(&mut s)
+}
+
+/// Hostile heads (issue 42): a slowloris head is cut off in bounded time, a
+/// head over 32 KiB is 431, and a chunked body over the cap is 413, none
+/// reaching the upstream and the proxy's memory staying small.
+#[test]
+fn a_slow_head_is_cut_off_and_a_big_head_or_chunked_body_is_refused() {
+    let mut door = Door::new("proxy-hostile-head", &[("LW_MODEL_MAX_REQUEST", "1000")]);
+    let t = Instant::now();
+    let mut s = door.connect();
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    s.write_all(b"POST /v1/messages HTTP/1.1\r\n").unwrap();
+    let mut closed = false;
+    for i in 0..100 {
+        // One header line every 200 ms, for as long as the proxy listens.
+        if write!(s, "x-slow-{i}: a\r\n").is_err() {
+            closed = true;
+            break;
+        }
+        match s.read(&mut [0u8; 512]) {
+            Ok(0) | Err(_) if t.elapsed() > Duration::from_secs(9) => {
+                closed = true;
+                break;
+            }
+            _ => {}
+        }
+    }
+    let slow = t.elapsed();
+    assert!(closed, "the slow head was never cut off");
+    assert!(slow < Duration::from_secs(15), "{slow:?}");
+    let big = format!(
+        "POST /v1/messages HTTP/1.1\r\nHost: lw-model\r\nx-big: {}\r\nContent-Length: 2\r\n\r\n{{}}",
+        "a".repeat(40 << 10)
+    );
+    let r = exchange(&door, big.as_bytes());
+    assert_eq!(r.status, 431, "{r:?}");
+    let mut chunked =
+        b"POST /v1/messages HTTP/1.1\r\nHost: lw-model\r\nTransfer-Encoding: chunked\r\n\r\n"
+            .to_vec();
+    for _ in 0..40 {
+        chunked.extend_from_slice(b"32\r\n");
+        chunked.extend_from_slice(&[b'x'; 50]);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    let r = exchange(&door, &chunked);
+    assert_eq!(
+        r.status, 413,
+        "2000 bytes in 40 chunks over a cap of 1000: {r:?}"
+    );
+    assert!(r.body.contains("max-request"), "{}", r.body);
+    assert!(door.alive());
+    let (_, peak) = door.rss();
+    println!(
+        "figure: a slowloris head cut off after {:.1} s; a 40 KiB head 431; a chunked body over the cap 413; proxy peak RSS {peak} KiB; requests that reached the upstream: {}",
+        slow.as_secs_f64(),
+        door.upstream()
+    );
+    assert_eq!(door.upstream(), 0);
+    assert_eq!(door.post("fine").status, 200);
+}
+
+/// Request smuggling (issue 42): a head two readers could frame two ways is
+/// refused 400 before any byte of it is forwarded; a second request
+/// pipelined after the first is never forwarded; an absolute URL naming
+/// another host (or the upstream itself) is 403.
+#[test]
+fn smuggled_and_pipelined_requests_never_reach_the_upstream() {
+    let door = Door::new("proxy-smuggle", &[]);
+    let model = door.model.port;
+    let second = "POST /v1/messages HTTP/1.1\r\nHost: lw-model\r\nContent-Length: 2\r\n\r\n{}";
+    let cases = [
+        (
+            "content-length then transfer-encoding",
+            format!(
+                "POST /v1/messages HTTP/1.1\r\nHost: lw-model\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n{second}"
+            ),
+            400,
+        ),
+        (
+            "transfer-encoding then content-length",
+            format!(
+                "POST /v1/messages HTTP/1.1\r\nHost: lw-model\r\nTransfer-Encoding: chunked\r\nContent-Length: 80\r\n\r\n0\r\n\r\n{second}"
+            ),
+            400,
+        ),
+        (
+            "two content-length that differ",
+            format!(
+                "POST /v1/messages HTTP/1.1\r\nHost: lw-model\r\nContent-Length: 0\r\nContent-Length: 80\r\n\r\n{second}"
+            ),
+            400,
+        ),
+        (
+            "a content-length list",
+            format!(
+                "POST /v1/messages HTTP/1.1\r\nHost: lw-model\r\nContent-Length: 2, 2\r\n\r\n{{}}"
+            ),
+            400,
+        ),
+        (
+            "a coding before chunked",
+            format!(
+                "POST /v1/messages HTTP/1.1\r\nHost: lw-model\r\nTransfer-Encoding: identity, chunked\r\n\r\n0\r\n\r\n{second}"
+            ),
+            400,
+        ),
+        (
+            "a space before the colon",
+            format!(
+                "POST /v1/messages HTTP/1.1\r\nHost: lw-model\r\nContent-Length : 80\r\n\r\n{second}"
+            ),
+            400,
+        ),
+        (
+            "absolute URL to another host",
+            "POST http://evil.example/v1/messages HTTP/1.1\r\nHost: lw-model\r\nContent-Length: 2\r\n\r\n{}".to_string(),
+            403,
+        ),
+        (
+            "absolute URL to the upstream itself",
+            format!(
+                "POST http://127.0.0.1:{model}/v1/messages HTTP/1.1\r\nHost: lw-model\r\nContent-Length: 2\r\n\r\n{{}}"
+            ),
+            403,
+        ),
+        (
+            "a path that starts with two slashes",
+            "POST //evil.example/v1/messages HTTP/1.1\r\nHost: lw-model\r\nContent-Length: 2\r\n\r\n{}".to_string(),
+            403,
+        ),
+    ];
+    for (what, raw, want) in &cases {
+        let r = exchange(&door, raw.as_bytes());
+        assert_eq!(r.status, *want, "{what}: {r:?}");
+        assert_eq!(door.upstream(), 0, "{what}: nothing reached the upstream");
+    }
+    // A whole request, and a second in the same write: the first is
+    // forwarded, the second (to a path outside the list, with a key of its
+    // own) never.
+    let body = r#"{"model": "m", "messages": [{"role": "user", "content": "first"}]}"#;
+    let raw = format!(
+        "POST /v1/messages HTTP/1.1\r\nHost: lw-model\r\nContent-Length: {}\r\n\r\n{body}POST /v1/complete HTTP/1.1\r\nHost: lw-model\r\nAuthorization: Bearer lw-smuggled\r\nContent-Length: 2\r\n\r\n{{}}",
+        body.len()
+    );
+    let mut s = door.connect();
+    s.write_all(raw.as_bytes()).unwrap();
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    let text = String::from_utf8_lossy(&got);
+    let answers = text.matches("HTTP/1.1 ").count();
+    let first = parse_reply(&got);
+    assert_eq!(first.status, 200, "{first:?}");
+    let seen = std::fs::read_to_string(door.dir.join("requests.jsonl")).unwrap();
+    println!(
+        "figure: {} smuggling heads refused before the upstream; a pipelined pair: {answers} answer(s), {} request(s) reached the upstream",
+        cases.len(),
+        door.upstream()
+    );
+    assert_eq!(door.upstream(), 1, "{seen}");
+    assert!(
+        !seen.contains("/v1/complete") && !seen.contains("lw-smuggled"),
+        "{seen}"
+    );
+}
+
+/// A key in every place an agent might put one: each credential header,
+/// the query under each name Google reads (encoded too), a second key
+/// header, and a Host naming another upstream.  Only the real key, once,
+/// in the kit's header, ever reaches the model.
+#[test]
+fn a_key_the_agent_sends_never_reaches_the_upstream() {
+    let door = Door::new("proxy-keys", &[]);
+    let body = r#"{"model": "m", "messages": [{"role": "user", "content": "keys"}]}"#;
+    let heads = [
+        "Authorization: Bearer lw-smuggled",
+        "Proxy-Authorization: Basic lw-smuggled",
+        "x-api-key: lw-smuggled",
+        "X-API-KEY: lw-smuggled",
+        "api-key: lw-smuggled",
+        "Cookie: session=lw-smuggled",
+        "x-goog-api-key: lw-smuggled",
+        "OpenAI-Organization: lw-smuggled",
+        "OpenAI-Project: lw-smuggled",
+        "Host: lw-smuggled.example",
+    ];
+    for h in heads {
+        let raw = format!(
+            "POST /v1/messages?key=lw-smuggled&api_key=lw-smuggled&%6B%65%79=lw-smuggled&KEY=lw-smuggled&beta=true HTTP/1.1\r\nHost: lw-model\r\n{h}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .replacen("Host: lw-model\r\nHost:", "Host:", 1);
+        let r = exchange(&door, raw.as_bytes());
+        assert_eq!(r.status, 200, "{h}: {r:?}");
+    }
+    for dup in [
+        "x-api-key: lw-placeholder\r\nx-api-key: lw-smuggled",
+        "x-api-key: lw-placeholder\r\nX-Api-Key: lw-smuggled",
+        "Authorization: Bearer a\r\nauthorization: Bearer lw-smuggled",
+    ] {
+        let raw = format!(
+            "POST /v1/messages HTTP/1.1\r\nHost: lw-model\r\n{dup}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let r = exchange(&door, raw.as_bytes());
+        assert_eq!(r.status, 400, "{dup}: {r:?}");
+    }
+    let seen: Vec<serde_json::Value> = std::fs::read_to_string(door.dir.join("requests.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(seen.len(), heads.len());
+    for r in &seen {
+        assert_eq!(r["headers"]["x-api-key"], "sk-the-real-key", "{r}");
+        assert_eq!(r["path"], "/v1/messages?beta=true", "{r}");
+        assert!(
+            r["headers"]["host"]
+                .as_str()
+                .unwrap()
+                .starts_with("127.0.0.1:"),
+            "{r}"
+        );
+        assert!(!r.to_string().contains("lw-smuggled"), "{r}");
+    }
+    println!(
+        "figure: a key in {} places forwarded without it, 3 second key headers refused 400",
+        heads.len() + 4
+    );
+}
