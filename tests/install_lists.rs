@@ -11,6 +11,7 @@ const PACKAGES: &[&str] = &[
     "crates/mailbox/Cargo.toml",
     "crates/mcp/Cargo.toml",
     "crates/confine/Cargo.toml",
+    "crates/model-proxy/Cargo.toml",
     "bins/lw-github-sink/Cargo.toml",
 ];
 

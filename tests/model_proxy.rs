@@ -47,6 +47,18 @@ fn spawn(script: &str, env: &[(&str, String)], ready: &str) -> Proc {
         let mut c = Command::new("python3");
         c.arg(Path::new(SRC).join(script));
         c
+    } else if script == PROXY
+        && let Some(other) = std::env::var_os("LW_TEST_MODEL_PROXY").filter(|v| !v.is_empty())
+    {
+        // Another proxy to measure against (a .py is run by python3).
+        let other = PathBuf::from(other);
+        if other.extension().is_some_and(|e| e == "py") {
+            let mut c = Command::new("python3");
+            c.arg(other);
+            c
+        } else {
+            Command::new(other)
+        }
     } else {
         Command::new(support::bin(script))
     };
@@ -1101,4 +1113,59 @@ fn a_key_the_agent_sends_never_reaches_the_upstream() {
         "figure: a key in {} places forwarded without it, 3 second key headers refused 400",
         heads.len() + 4
     );
+}
+
+/// Figures: the proxy's memory idle and with 20 answers streaming at once
+/// (each paused mid-stream until all 20 are), and that all 20 are delivered
+/// whole.  `LW_TEST_MODEL_PROXY=PATH` measures another proxy the same way
+/// (the python one it replaced, or a release build).
+#[test]
+fn twenty_streams_at_once_are_delivered_whole_in_little_memory() {
+    let door = Door::new("proxy-twenty", &[]);
+    std::thread::sleep(Duration::from_millis(200));
+    let (idle, _) = door.rss();
+    let gate: PathBuf = door.dir.join("go");
+    let body = serde_json::json!({"model": "m", "stream": true, "messages": [{"role": "user",
+        "content": format!("USAGE-IN=10 PAUSE-UNTIL={}", gate.display())}]})
+    .to_string();
+    // One after another (the scripted model's listen queue is short), each
+    // begun (its first event in) before the next is sent; none ends until
+    // all 20 are streaming.
+    let mut streams: Vec<(TcpStream, Vec<u8>)> = Vec::new();
+    for _ in 0..20 {
+        let mut s = door.connect();
+        write!(
+            s,
+            "POST /v1/messages HTTP/1.1\r\nHost: lw-model\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&got).contains("message_start") {
+            let n = s.read(&mut buf).unwrap();
+            assert!(
+                n > 0,
+                "an answer ended early: {}",
+                String::from_utf8_lossy(&got)
+            );
+            got.extend_from_slice(&buf[..n]);
+        }
+        streams.push((s, got));
+    }
+    let (busy, _) = door.rss();
+    std::fs::write(&gate, "").unwrap();
+    for (s, got) in &mut streams {
+        s.read_to_end(got).unwrap();
+        let r = parse_reply(got);
+        assert_eq!(r.status, 200);
+        assert!(r.body.contains("message_stop"), "delivered whole");
+    }
+    let (after, peak) = door.rss();
+    println!(
+        "figure: proxy RSS idle {idle} KiB, with 20 answers streaming {busy} KiB, after {after} KiB, peak {peak} KiB; tokens counted {}",
+        door.usage()["tokens_total"]
+    );
+    assert_eq!(door.upstream(), 20);
+    assert!(peak < RSS_BOUND_KIB, "peak RSS {peak} KiB");
 }

@@ -7,12 +7,15 @@
 //!
 //! One small container per agent sandbox, `KEY-model`, on the sandbox's own
 //! internal network (where it is `lw-model`) and on the shared network that
-//! leads out, like the egress proxy beside it.  It runs
-//! runtime/agents/model-proxy.py: it forwards only the kit's endpoints
+//! leads out, like the egress proxy beside it.  It runs lw-model-proxy
+//! (crates/model-proxy, on hyper, static, copied into an image of the base
+//! `egress.proxy-from` with nothing installed; [`command`] finds it beside
+//! lw-sandbox and its bytes are part of the image's tag): it forwards only
+//! the kit's endpoints
 //! (`POST /v1/messages`, `POST /v1/responses`, Gemini's
 //! `POST /v1beta/models/{model}:streamGenerateContent` and its siblings) to
 //! `agent.KIT.upstream`, drops every credential the agent sends (and a
-//! `key=` query parameter) and adds the real key, which it reads
+//! `key=` or `api_key=` query parameter) and adds the real key, which it reads
 //! for each request from a host file: `ROOT/state/agent-key/NAME/key`
 //! (mode 0600, in a 0700 directory mounted read-only at `/run/lw-agent`).
 //!
@@ -29,7 +32,7 @@
 //! It is also the sandbox's guard on spending (issue 35): a body cap
 //! (`agent.KIT.max-request`, 413), strict heads (400), bounded memory, and
 //! caps on requests a minute and tokens an hour and a run (429 with
-//! retry-after); see the head of model-proxy.py.  Its counts live in
+//! retry-after); see crates/model-proxy/src/main.rs.  Its counts live in
 //! `ROOT/state/agent-usage/NAME/usage.json` (mounted read-write at
 //! `/run/lw-usage`, the only thing it may write), which `lw-sandbox ls`
 //! shows and `lw-sandbox run` reads to tell the person of a cap reached.
@@ -61,18 +64,19 @@ pub const REPO: &str = "loopwright/model-proxy";
 pub const LABEL_AGENT: &str = "org.loopwright.agent";
 const READY: &str = "lw-model-proxy: listening";
 
-const FILES: &[(&str, &str, u32)] = &[
-    (
-        "model-proxy.Dockerfile",
-        include_str!("../../runtime/agents/model-proxy.Dockerfile"),
-        0o644,
-    ),
-    (
-        "model-proxy.py",
-        include_str!("../../runtime/agents/model-proxy.py"),
-        0o755,
-    ),
-];
+/// The proxy's command (crates/model-proxy), copied into its image.
+pub const COMMAND: &str = "lw-model-proxy";
+const DOCKERFILE: &[u8] = include_bytes!("../../runtime/agents/model-proxy.Dockerfile");
+
+/// lw-model-proxy beside the running program, where scripts/install puts it
+/// (and cargo, in a checkout).
+pub fn command() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(PathBuf::from))
+        .unwrap_or_default()
+        .join(COMMAND)
+}
 
 /// The model proxy container of the sandbox container `key`.
 pub fn name(key: &str) -> String {
@@ -128,15 +132,18 @@ pub fn usage(state: &Path, sandbox: &str) -> Option<Usage> {
     serde_json::from_slice(&text).ok()
 }
 
-/// How the proxy image is made (lib/egress/sidecar.rs).
-const RECIPE: Recipe = Recipe {
-    what: "the model proxy",
-    version: "loopwright-model-proxy 1",
-    repo: REPO,
-    files: FILES,
-    dockerfile: "model-proxy.Dockerfile",
-    from_arg: "LW_MODEL_FROM",
-};
+/// How the proxy image is made (lib/egress/sidecar.rs): the Dockerfile and
+/// the command's bytes, so a rebuilt proxy gives a new tag.
+fn recipe<'a>(files: &'a [(&'a str, &'a [u8], u32)]) -> Recipe<'a> {
+    Recipe {
+        what: "the model proxy",
+        version: "loopwright-model-proxy 2",
+        repo: REPO,
+        files,
+        dockerfile: "model-proxy.Dockerfile",
+        from_arg: "LW_MODEL_FROM",
+    }
+}
 
 /// Makes sure the proxy image on `from` exists; returns its tag.
 pub fn ensure_image(
@@ -152,12 +159,27 @@ pub fn ensure_image(
             ),
         ));
     };
-    let (tag, _) = RECIPE.tag(from, &base.id);
+    let path = command();
+    let bin = fs::read(&path).map_err(|e| {
+        Error::new(
+            Exit::NoInput,
+            format!(
+                "cannot read the model proxy's command '{}': {e}; scripts/install puts {COMMAND} beside lw-sandbox (in a checkout: cargo build --workspace)",
+                path.display()
+            ),
+        )
+    })?;
+    let files: [(&str, &[u8], u32); 2] = [
+        ("model-proxy.Dockerfile", DOCKERFILE, 0o644),
+        (COMMAND, &bin, 0o755),
+    ];
+    let recipe = recipe(&files);
+    let (tag, _) = recipe.tag(from, &base.id);
     if engine.image_exists(&tag)? {
         return Ok(tag);
     }
     let labels = BTreeMap::from([(LABEL_AGENT.to_string(), "model-proxy".to_string())]);
-    RECIPE.build(engine, from, &tag, labels, "", on_event)?;
+    recipe.build(engine, from, &tag, labels, "", on_event)?;
     Ok(tag)
 }
 
@@ -291,9 +313,10 @@ pub fn create(
     start(engine, key)
 }
 
-/// The proxy's memory limit: what python needs (tests/model_proxy.rs
-/// measures under 40 MiB with 256 connections open) plus the bodies it may
-/// hold at once (model-proxy.py's BUDGET: four of the largest, at least 32 MiB).
+/// The proxy's memory limit: room for the command (tests/model_proxy.rs
+/// measures lw-model-proxy at a few MiB with 256 connections open; the
+/// python it replaced, under 40 MiB) plus the bodies it may hold at once
+/// (four of the largest, at least 32 MiB).
 pub fn memory(max_request: u64) -> i64 {
     let budget = (4 * max_request).max(32 << 20);
     i64::try_from(96 * (1 << 20) + budget).unwrap_or(i64::MAX)
@@ -403,4 +426,25 @@ pub fn requests(engine: &dyn NetworkEngine, key: &str) -> Result<Vec<Logged>> {
             }
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rebuilt lw-model-proxy gives a new image tag (issue 42): its bytes
+    /// are hashed with the Dockerfile and the base.
+    #[test]
+    fn the_image_tag_hashes_the_commands_bytes() {
+        let tag = |bin: &[u8]| {
+            let files: [(&str, &[u8], u32); 2] = [
+                ("model-proxy.Dockerfile", DOCKERFILE, 0o644),
+                (COMMAND, bin, 0o755),
+            ];
+            recipe(&files).tag("debian:trixie", "sha256:base").0
+        };
+        assert_ne!(tag(b"\x7fELF one"), tag(b"\x7fELF two"));
+        assert_eq!(tag(b"\x7fELF one"), tag(b"\x7fELF one"));
+        assert!(tag(b"x").starts_with("loopwright/model-proxy:"));
+    }
 }

@@ -8,15 +8,15 @@ use engine::{BuildEvent, ImageBuilder, Images};
 use mailbox::error::{Error, Exit, Result};
 
 /// The proxy image's recipe: its build context, from the toolkit's runtime/egress.
-pub const PROXY_FILES: &[(&str, &str, u32)] = &[
+pub const PROXY_FILES: &[(&str, &[u8], u32)] = &[
     (
         "proxy.Dockerfile",
-        include_str!("../../runtime/egress/proxy.Dockerfile"),
+        include_bytes!("../../runtime/egress/proxy.Dockerfile"),
         0o644,
     ),
     (
         "entry.sh",
-        include_str!("../../runtime/egress/entry.sh"),
+        include_bytes!("../../runtime/egress/entry.sh"),
         0o755,
     ),
 ];

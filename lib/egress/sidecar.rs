@@ -21,8 +21,9 @@ pub struct Recipe<'a> {
     pub version: &'a str,
     /// Where its images are tagged.
     pub repo: &'a str,
-    /// The build context: path, text, mode.
-    pub files: &'a [(&'a str, &'a str, u32)],
+    /// The build context: path, bytes, mode (text, or a command built
+    /// beside the running program, as the model proxy's).
+    pub files: &'a [(&'a str, &'a [u8], u32)],
     /// The file of `files` that is the Dockerfile.
     pub dockerfile: &'a str,
     /// The build argument that names the base image.
@@ -35,7 +36,7 @@ impl Recipe<'_> {
     pub fn tag(&self, from: &str, base_id: &str) -> (String, String) {
         let mut recipe = format!("{}\nfrom {from} {base_id}\n", self.version);
         for (path, text, mode) in self.files {
-            let hex = sha256_hex(text.as_bytes());
+            let hex = sha256_hex(text);
             recipe.push_str(&format!("file {path} {mode:o} {hex}\n"));
         }
         let tag = format!("{}:{}", self.repo, &sha256_hex(recipe.as_bytes())[..24]);
@@ -91,8 +92,7 @@ impl Recipe<'_> {
             h.set_mtime(0);
             h.set_size(text.len() as u64);
             h.set_entry_type(tar::EntryType::Regular);
-            b.append_data(&mut h, path, text.as_bytes())
-                .map_err(tar_err)?;
+            b.append_data(&mut h, path, *text).map_err(tar_err)?;
         }
         b.into_inner().map_err(tar_err)
     }

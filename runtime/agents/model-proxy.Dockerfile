@@ -1,9 +1,8 @@
-# The model proxy's image: python3 from Debian's packages and the proxy
-# script.  Tagged by the hash of this recipe and its base (egress.proxy-from).
+# The model proxy's image: the base (egress.proxy-from) and lw-model-proxy,
+# a static command (crates/model-proxy) with its TLS authorities compiled
+# in, so nothing is installed.  Tagged by the hash of this recipe, the
+# command's bytes and the base's id.
 ARG LW_MODEL_FROM
 FROM ${LW_MODEL_FROM}
-RUN set -eu; export DEBIAN_FRONTEND=noninteractive; \
-    apt-get update; apt-get install -y --no-install-recommends python3 ca-certificates; \
-    rm -rf /var/lib/apt/lists/*
-COPY model-proxy.py /usr/local/bin/lw-model-proxy
-ENTRYPOINT ["python3", "-u", "/usr/local/bin/lw-model-proxy"]
+COPY lw-model-proxy /usr/local/bin/lw-model-proxy
+ENTRYPOINT ["/usr/local/bin/lw-model-proxy"]
