@@ -25,6 +25,7 @@ fn cli_goldens() {
             "lw-mirror",
             std::path::Path::new(env!("CARGO_BIN_EXE_lw-mirror")),
         )
+        .register_bin("lw-model-proxy", support::bin("lw-model-proxy"))
         .register_bin("lw-post", support::bin("lw-post"))
         .register_bin(
             "lw-sandbox",

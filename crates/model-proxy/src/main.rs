@@ -29,8 +29,9 @@
 //! run (`LW_MODEL_MAX_RPM`, `_TOKENS_HOUR`, `_TOKENS_RUN`, or
 //! /run/lw-agent/caps), 429 with retry-after; counts in
 //! /run/lw-usage/usage.json (`LW_MODEL_USAGE`).  Errors are in the
-//! provider's shape (answer.rs).  Exit status: 78 for a missing or bad
-//! setting, 69 when it cannot listen.
+//! provider's shape (answer.rs).  Exit status: 64 for an argument (it
+//! takes none but --help and --version), 78 for a missing or bad setting,
+//! 69 when it cannot listen.
 
 mod answer;
 mod forward;
@@ -412,7 +413,34 @@ async fn listen(state: Arc<State>) -> Result<(), String> {
     }
 }
 
+const HELP: &str = "Forward an agent's model requests to its provider with the real key, within the sandbox's caps
+
+usage: lw-model-proxy            (in the model proxy's image; lw-sandbox starts it)
+       lw-model-proxy --help | --version
+
+Settings come from the environment: LW_MODEL_UPSTREAM, LW_MODEL_ENDPOINT,
+LW_MODEL_KEY_HEADER (required); LW_MODEL_KIT, LW_MODEL_DIR, LW_MODEL_USAGE,
+LW_MODEL_LISTEN, LW_MODEL_NAME, LW_MODEL_PORT, LW_MODEL_MAX_REQUEST,
+LW_MODEL_MAX_RPM, LW_MODEL_MAX_TOKENS_HOUR, LW_MODEL_MAX_TOKENS_RUN,
+LW_MODEL_MAX_CONNS.  See lw-model-proxy(1).
+";
+
 fn main() {
+    match std::env::args().nth(1).as_deref() {
+        None => {}
+        Some("--help" | "-h") => {
+            print!("{HELP}");
+            return;
+        }
+        Some("--version" | "-V") => {
+            println!("lw-model-proxy {}", env!("CARGO_PKG_VERSION"));
+            return;
+        }
+        Some(other) => {
+            eprintln!("lw-model-proxy: unexpected argument '{other}'; it takes none (see --help)");
+            std::process::exit(64);
+        }
+    }
     let (cfg, caps, usage) = match Config::from_env() {
         Ok(c) => c,
         Err(e) => {
