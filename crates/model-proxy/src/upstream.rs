@@ -37,6 +37,9 @@ pub async fn connect(cfg: &Config) -> Result<SendRequest<Full<Bytes>>, String> {
         Ok(Err(e)) => return Err(format!("{:?}", e.kind())),
         Ok(Ok(s)) => s,
     };
+    // The head and the body go in separate writes: without this, Nagle's
+    // algorithm holds the body until the upstream's delayed ACK.
+    let _ = tcp.set_nodelay(true);
     let io: Box<dyn Io> = if cfg.https {
         let tls = tokio_rustls::TlsConnector::from(Arc::new(client_config(cfg)?));
         let name =
