@@ -101,7 +101,9 @@ fn the_library_never_prints() {
     let mut found = Vec::new();
     for p in files {
         let rel = p.strip_prefix(&ws).unwrap().to_string_lossy().into_owned();
-        if rel == PRINTS_FOR_COMMANDS || test_modules.iter().any(|t| p.starts_with(t)) {
+        // A crate's command (src/main.rs, src/bin/) is a command, not library.
+        let command = rel.ends_with("/src/main.rs") || rel.contains("/src/bin/");
+        if rel == PRINTS_FOR_COMMANDS || command || test_modules.iter().any(|t| p.starts_with(t)) {
             continue;
         }
         let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{rel}: {e}"));

@@ -413,7 +413,8 @@ async fn listen(state: Arc<State>) -> Result<(), String> {
     }
 }
 
-const HELP: &str = "Forward an agent's model requests to its provider with the real key, within the sandbox's caps
+const HELP: &str =
+    "Forward an agent's model requests to its provider with the real key, within the sandbox's caps
 
 usage: lw-model-proxy            (in the model proxy's image; lw-sandbox starts it)
        lw-model-proxy --help | --version
