@@ -979,9 +979,8 @@ fn smuggled_and_pipelined_requests_never_reach_the_upstream() {
         ),
         (
             "a content-length list",
-            format!(
-                "POST /v1/messages HTTP/1.1\r\nHost: lw-model\r\nContent-Length: 2, 2\r\n\r\n{{}}"
-            ),
+            "POST /v1/messages HTTP/1.1\r\nHost: lw-model\r\nContent-Length: 2, 2\r\n\r\n{}"
+                .to_string(),
             400,
         ),
         (

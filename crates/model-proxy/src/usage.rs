@@ -61,10 +61,10 @@ impl Usage {
                 // The end of a long line (OpenAI's whole response).
                 self.skip = false;
                 self.tail_usage(line);
-            } else if let Some(data) = line.strip_prefix(b"data:") {
-                if let Ok(doc) = serde_json::from_slice::<Value>(data) {
-                    self.event(&doc);
-                }
+            } else if let Some(data) = line.strip_prefix(b"data:")
+                && let Ok(doc) = serde_json::from_slice::<Value>(data)
+            {
+                self.event(&doc);
             }
         }
         if self.buf.len() > TAIL {
