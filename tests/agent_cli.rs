@@ -355,7 +355,7 @@ fn scenario(k: &Case) {
     // model proxy's image (it has python3).
     let container = f.container("a1");
     let model_proxy = format!("{container}-model");
-    let py_image = model_image(&container);
+    let py_image = python_image();
     let script = serde_json::json!([
         "echo 'changed by the agent' >> README && git add README && git commit -qm 'agent: edit README' && git log --oneline -1",
         "lw-post --kind request --to peer --subject 'README changed' 'please read README'",
@@ -1052,15 +1052,32 @@ fn agent_fixture(kit: &str, tag: &str, world: &World, tls: &Path) -> Fixture {
 
 /// The image of `container`'s model proxy, which has python3 (the scripted
 /// model runs from it).
-fn model_image(container: &str) -> String {
-    text(&docker(&[
-        "inspect",
-        "--format",
-        "{{.Config.Image}}",
-        &format!("{container}-model"),
-    ]))
-    .trim()
-    .to_string()
+/// Debian with python3, for the scripted model, cached by the hash of its
+/// recipe and base (the model proxy's image had python3 until issue 42;
+/// lw-model-proxy's installs nothing).
+fn python_image() -> String {
+    let base = debian();
+    let id = text(&docker(&["image", "inspect", "-f", "{{.Id}}", base]));
+    let df = format!(
+        "FROM {base}\nRUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y \
+         --no-install-recommends python3 && rm -rf /var/lib/apt/lists/*\n"
+    );
+    let hash = mailbox::digest::sha256_hex(format!("{df}{}", id.trim()).as_bytes());
+    let tag = format!("loopwright/test-python:{}", &hash[..16]);
+    if docker(&["image", "inspect", &tag]).status.success() {
+        return tag;
+    }
+    let mut child = Command::new("docker")
+        .args(["build", "-q", "-t", &tag, "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("docker build runs");
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), df.as_bytes()).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "cannot build {tag}: {}", err(&o));
+    tag
 }
 
 /// The consumer's task: a slow tool, six times; then it tries to stop
@@ -1240,7 +1257,7 @@ fn bell(kit: &str, key_env: &str, hooks: &str) {
         "for i in $(lw-inbox | cut -f1); do lw-inbox show \"$i\"; lw-inbox ack \"$i\"; done"
     });
     let container = f.container("c1");
-    let py_image = model_image(&container);
+    let py_image = python_image();
     let model = format!("lw-bell-{n}-model");
     start_model(&model, &world, &py_image, &tls, &out_dir, &script);
 
@@ -1461,7 +1478,7 @@ fn a_docker_killed_model_proxy_is_started_again_while_the_agent_runs() {
     let script = serde_json::json!([slow, slow, slow]);
     let container = f.container("c1");
     let model_proxy = format!("{container}-model");
-    let py_image = model_image(&container);
+    let py_image = python_image();
     let model = format!("lw-kill-{n}-model");
     start_model(&model, &world, &py_image, &tls, &out_dir, &script);
     let mut run = f
@@ -1572,7 +1589,7 @@ fn burst(kit: &str, key_env: &str) {
         "for i in $(lw-inbox | cut -f1); do lw-inbox show \"$i\" >/dev/null; lw-inbox ack \"$i\"; done",
     );
     let container = f.container("c1");
-    let py_image = model_image(&container);
+    let py_image = python_image();
     let model = format!("lw-burst-{n}-model");
     start_model(&model, &world, &py_image, &tls, &out_dir, &script);
     let mut run = f
