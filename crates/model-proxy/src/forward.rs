@@ -205,17 +205,12 @@ async fn forward(
             req = req.header(k, v);
         }
     }
-    let auth = match cfg.key_header.as_str() {
-        "x-api-key" | "x-goog-api-key" => key.to_string(),
-        _ => format!("Bearer {key}"),
-    };
-    let auth_name = match cfg.key_header.as_str() {
-        h @ ("x-api-key" | "x-goog-api-key") => HeaderName::from_static(if h == "x-api-key" {
-            "x-api-key"
-        } else {
-            "x-goog-api-key"
-        }),
-        _ => hyper::header::AUTHORIZATION,
+    // The kit's header, as model-proxy.py sent it: the key itself, or
+    // `Authorization: Bearer KEY` for any other name.
+    let (auth_name, auth) = match cfg.key_header.as_str() {
+        "x-api-key" => (HeaderName::from_static("x-api-key"), key.to_string()),
+        "x-goog-api-key" => (HeaderName::from_static("x-goog-api-key"), key.to_string()),
+        _ => (hyper::header::AUTHORIZATION, format!("Bearer {key}")),
     };
     let req = req
         .header("host", cfg.host_header())
