@@ -1256,7 +1256,6 @@ fn bell(kit: &str, key_env: &str, hooks: &str) {
     } else {
         "for i in $(lw-inbox | cut -f1); do lw-inbox show \"$i\"; lw-inbox ack \"$i\"; done"
     });
-    let container = f.container("c1");
     let py_image = python_image();
     let model = format!("lw-bell-{n}-model");
     start_model(&model, &world, &py_image, &tls, &out_dir, &script);
@@ -1588,7 +1587,6 @@ fn burst(kit: &str, key_env: &str) {
     let script = slow_task_then_read(
         "for i in $(lw-inbox | cut -f1); do lw-inbox show \"$i\" >/dev/null; lw-inbox ack \"$i\"; done",
     );
-    let container = f.container("c1");
     let py_image = python_image();
     let model = format!("lw-burst-{n}-model");
     start_model(&model, &world, &py_image, &tls, &out_dir, &script);

@@ -60,6 +60,12 @@ pub use state::{Config, State};
 
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// One line of the log, on standard error (the command's, not its
+/// modules': state.rs formats, this writes).
+pub fn log_line(line: &str) {
+    eprintln!("{line}");
+}
+
 /// Writes a refusal made before hyper has the connection, then closes.
 async fn refuse_raw(state: &State, mut sock: TcpStream, r: &Refuse) {
     let _ = tokio::time::timeout(

@@ -186,7 +186,7 @@ impl State {
     }
 
     pub fn log(&self, words: &[&str]) {
-        eprintln!("{} {}", utc(SystemTime::now()), words.join(" "));
+        crate::log_line(&format!("{} {}", utc(SystemTime::now()), words.join(" ")));
     }
 
     /// Logs at most one line a second of each kind; says how many it left out.
