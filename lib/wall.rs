@@ -57,7 +57,7 @@ pub fn security_options() -> Vec<String> {
 }
 
 /// The launcher that installs the sandbox's seccomp profile before it execs
-/// a command (bins/lw-confine.rs, crates/confine/src/seccomp), mounted at
+/// a command (crates/confine/src/bin/lw-confine.rs, crates/confine/src/seccomp), mounted at
 /// `BIN_DIR/lw-confine` in every sandbox.  Every command loopwright runs in a
 /// gVisor sandbox starts through it: the runsc of these hosts gives a
 /// process started by `docker exec` no filter at all.  Under runc the
