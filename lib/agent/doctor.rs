@@ -67,6 +67,9 @@ pub fn checks(p: &Project, engine: Option<&dyn Images>) -> Vec<Finding> {
         }
         kit_findings(k, &settings, built.as_ref(), key_set, &mut out);
     }
+    if !out.is_empty() {
+        out.push(proxy_command(&super::proxy::command()));
+    }
     if !idle.is_empty() {
         out.push(finding(
             Status::Skip,
@@ -75,6 +78,27 @@ pub fn checks(p: &Project, engine: Option<&dyn Images>) -> Vec<Finding> {
         ));
     }
     out
+}
+
+/// The model proxy's command, which `lw-sandbox create --agent` copies into
+/// the proxy's image: without it the create stops with 66.
+fn proxy_command(path: &std::path::Path) -> Finding {
+    if path.is_file() {
+        finding(
+            Status::Ok,
+            format!("model proxy command {}", path.display()),
+            None,
+        )
+    } else {
+        finding(
+            Status::Fail,
+            format!(
+                "'{}' is missing: lw-sandbox create --agent stops with 66 (the model proxy's image is built from it)",
+                path.display()
+            ),
+            Some("install lw-model-proxy beside lw-sandbox (scripts/install)".into()),
+        )
+    }
 }
 
 /// The layer, key and upstream findings of a kit in use.
@@ -150,4 +174,27 @@ fn kit_findings(
         (tls == Status::Warn)
             .then(|| "use https:// unless the gateway is on a private network".into()),
     ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_model_proxy_command_fails_naming_the_fix() {
+        let dir = std::env::temp_dir().join(format!("lw-doctor-proxy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cmd = dir.join(super::super::proxy::COMMAND);
+        let missing = proxy_command(&cmd);
+        assert_eq!(missing.status, Status::Fail, "{}", missing.detail);
+        assert!(
+            missing.detail.contains("lw-model-proxy"),
+            "{}",
+            missing.detail
+        );
+        assert!(missing.fix.as_deref().unwrap().contains("scripts/install"));
+        std::fs::write(&cmd, b"").unwrap();
+        assert_eq!(proxy_command(&cmd).status, Status::Ok);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
