@@ -270,3 +270,64 @@ fn read_line(
     }
     Entry::parse(&buf)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(n: u8) -> Entry {
+        crate::log::Notice {
+            id: crate::id::id_at(std::time::Duration::from_secs(1_800_000_000), n.into()),
+            to: vec![crate::layout::HUMAN.into()],
+            subject: format!("s{n}"),
+            body: "b\n".into(),
+            at: crate::time::now(),
+            reason: "r".into(),
+        }
+        .entry()
+    }
+
+    #[test]
+    fn a_bad_line_costs_itself_only() {
+        let (a, b) = (entry(1), entry(2));
+        let (bytes, places) = encode(&[&a, &b]);
+        let mut text = bytes.clone();
+        text.extend_from_slice(b"{\"version\":1,garbage\n\n");
+        text.extend_from_slice(&bytes[..bytes.len() / 3]);
+        let lines = parse(&text);
+        let got: Vec<_> = lines.iter().map(|l| l.entry.clone().map(|e| e.name)).collect();
+        assert_eq!(got[0], Ok(a.name.clone()));
+        assert_eq!(got[1], Ok(b.name.clone()));
+        assert!(got[2].as_ref().is_err_and(|e| e.contains("not a log entry")));
+        assert!(got[3].is_err(), "an empty line is not an entry");
+        assert!(got[4].as_ref().is_err_and(|e| e.contains("cut short")));
+        assert_eq!(lines.len(), 5);
+        assert_eq!((lines[1].off, lines[1].len), (places[1].1, places[1].2));
+    }
+
+    #[test]
+    fn the_index_finds_entries_of_both_layouts_and_not_others() {
+        let d = std::env::temp_dir().join(format!("lw-logbatch-{}", crate::id::new_id()));
+        let log = crate::log::Log::new(&d);
+        log.create().unwrap();
+        let (a, b, c) = (entry(1), entry(2), entry(3));
+        let (bytes, _) = encode(&[&a, &b]);
+        std::fs::write(d.join("new").join(batch_name()), bytes).unwrap();
+        assert!(log.append(&c).unwrap(), "an entry file, as before");
+        let new = crate::fs::open_dir_no_links(&d.join("new")).unwrap();
+        let mut ix = Index::default();
+        ix.refresh(&new).unwrap();
+        for e in [&a, &b, &c] {
+            assert!(ix.has(&e.name));
+            assert_eq!(ix.read(&new, &e.name), Some(Ok(e.clone())));
+            assert_eq!(log.read(OsStr::new(&e.name)), Ok(e.clone()));
+            assert!(log.has(&e.name));
+        }
+        assert!(!ix.has("1.forward") && ix.read(&new, "1.forward").is_none());
+        assert!(!log.has("1.forward"));
+        let (good, bad) = log.entries().unwrap();
+        assert_eq!(good.len(), 3);
+        assert!(bad.is_empty());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
