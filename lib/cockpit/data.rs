@@ -555,7 +555,10 @@ mod tests {
             entry_of(&b2, "web", "api", Kind::Request),
         );
         let (bytes, _) = mailbox::log::batch::encode(&[&e1, &e2]);
-        let bf = log.dir.sub(Sub::New).join(mailbox::log::batch::batch_name());
+        let bf = log
+            .dir
+            .sub(Sub::New)
+            .join(mailbox::log::batch::batch_name());
         std::fs::write(&bf, bytes).unwrap();
         std::fs::File::options()
             .append(true)

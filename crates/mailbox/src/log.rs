@@ -200,7 +200,10 @@ impl Log {
     }
 
     /// Runs `f` on the batch index, brought up to date first.
-    fn with_index<T>(&self, f: impl FnOnce(&std::os::fd::OwnedFd, &batch::Index) -> T) -> Option<T> {
+    fn with_index<T>(
+        &self,
+        f: impl FnOnce(&std::os::fd::OwnedFd, &batch::Index) -> T,
+    ) -> Option<T> {
         let mut g = self.index.lock().unwrap_or_else(|p| p.into_inner());
         if g.is_none() {
             let fd = crate::fs::open_dir_no_links(&self.dir.sub(Sub::New)).ok()?;
@@ -354,11 +357,15 @@ impl Log {
             let Ok(m) = self.dir.sub(Sub::New).join(&n).symlink_metadata() else {
                 continue;
             };
-            let mtime_ns = (i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec())).max(0);
+            let mtime_ns =
+                (i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec())).max(0);
             if batch::is_batch(&n) {
                 let (mut good, mut bad) = (Vec::new(), Vec::new());
                 self.read_batch(&n, &mut good, &mut bad);
-                out.extend(good.into_iter().map(|e| Listed { name: e.name, mtime_ns }));
+                out.extend(good.into_iter().map(|e| Listed {
+                    name: e.name,
+                    mtime_ns,
+                }));
             } else if let Ok(name) = n.into_string() {
                 out.push(Listed { name, mtime_ns });
             }

@@ -92,7 +92,8 @@ pub fn encode(entries: &[&Entry]) -> (Vec<u8>, Vec<(String, u64, u32)>) {
 /// link, never waiting on a FIFO), at most `max` bytes, or why not.
 pub fn read_file_in(dir: &impl AsFd, name: &OsStr, max: u64) -> Result<Vec<u8>, String> {
     let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-    let fd = rfs::openat(dir, name, flags, Mode::empty()).map_err(|e| format!("cannot open: {e}"))?;
+    let fd =
+        rfs::openat(dir, name, flags, Mode::empty()).map_err(|e| format!("cannot open: {e}"))?;
     let st = rfs::fstat(&fd).map_err(|e| format!("cannot stat: {e}"))?;
     if rfs::FileType::from_raw_mode(st.st_mode) != rfs::FileType::RegularFile {
         return Err("not a regular file".into());
@@ -123,7 +124,10 @@ enum Loc {
 /// hashes of the name under keys chosen at random per process, so no
 /// writer can make two names meet; a read checks the entry's name anyway.
 pub struct Index {
-    hashers: (std::collections::hash_map::RandomState, std::collections::hash_map::RandomState),
+    hashers: (
+        std::collections::hash_map::RandomState,
+        std::collections::hash_map::RandomState,
+    ),
     map: HashMap<u128, Loc>,
     files: Vec<OsString>,
     /// Batch files read (or written) already.
@@ -134,7 +138,12 @@ pub struct Index {
 
 impl std::fmt::Debug for Index {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Index({} entries, {} batch files)", self.map.len(), self.files.len())
+        write!(
+            f,
+            "Index({} entries, {} batch files)",
+            self.map.len(),
+            self.files.len()
+        )
     }
 }
 
@@ -234,18 +243,20 @@ impl Index {
     /// the entry or why it cannot be read.
     pub fn read(&self, dir: &impl AsFd, name: &str) -> Option<std::result::Result<Entry, String>> {
         let loc = *self.map.get(&self.key(name))?;
-        Some(match loc {
-            Loc::Own => read_file_in(dir, OsStr::new(name), 2 * crate::message::MAX_FILE)
-                .and_then(|b| Entry::parse(&b)),
-            Loc::In { file, off, len } => read_line(dir, &self.files[file as usize], off, len),
-        }
-        .and_then(|e| {
-            if e.name == name {
-                Ok(e)
-            } else {
-                Err(format!("the index points at entry '{}'", e.name))
+        Some(
+            match loc {
+                Loc::Own => read_file_in(dir, OsStr::new(name), 2 * crate::message::MAX_FILE)
+                    .and_then(|b| Entry::parse(&b)),
+                Loc::In { file, off, len } => read_line(dir, &self.files[file as usize], off, len),
             }
-        }))
+            .and_then(|e| {
+                if e.name == name {
+                    Ok(e)
+                } else {
+                    Err(format!("the index points at entry '{}'", e.name))
+                }
+            }),
+        )
     }
 }
 
@@ -257,7 +268,8 @@ fn read_line(
     len: u32,
 ) -> std::result::Result<Entry, String> {
     let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-    let fd = rfs::openat(dir, file, flags, Mode::empty()).map_err(|e| format!("cannot open: {e}"))?;
+    let fd =
+        rfs::openat(dir, file, flags, Mode::empty()).map_err(|e| format!("cannot open: {e}"))?;
     let mut buf = vec![0u8; len as usize];
     let mut got = 0;
     while got < buf.len() {
@@ -295,10 +307,17 @@ mod tests {
         text.extend_from_slice(b"{\"version\":1,garbage\n\n");
         text.extend_from_slice(&bytes[..bytes.len() / 3]);
         let lines = parse(&text);
-        let got: Vec<_> = lines.iter().map(|l| l.entry.clone().map(|e| e.name)).collect();
+        let got: Vec<_> = lines
+            .iter()
+            .map(|l| l.entry.clone().map(|e| e.name))
+            .collect();
         assert_eq!(got[0], Ok(a.name.clone()));
         assert_eq!(got[1], Ok(b.name.clone()));
-        assert!(got[2].as_ref().is_err_and(|e| e.contains("not a log entry")));
+        assert!(
+            got[2]
+                .as_ref()
+                .is_err_and(|e| e.contains("not a log entry"))
+        );
         assert!(got[3].is_err(), "an empty line is not an entry");
         assert!(got[4].as_ref().is_err_and(|e| e.contains("cut short")));
         assert_eq!(lines.len(), 5);

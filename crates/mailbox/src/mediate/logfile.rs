@@ -37,9 +37,9 @@ impl Mediator {
     /// Brings the index up to date with `log/new/` (entries others logged,
     /// a log the one-entry-per-file mediator wrote).
     pub(super) fn refresh_index(&mut self) -> Result<()> {
-        self.index.refresh(&self.log_new).map_err(|e| {
-            Error::io("cannot read", &self.root.log_dir().join("new"), errno_io(e))
-        })
+        self.index
+            .refresh(&self.log_new)
+            .map_err(|e| Error::io("cannot read", &self.root.log_dir().join("new"), errno_io(e)))
     }
 
     /// The entries of `list` not logged yet, each name once.

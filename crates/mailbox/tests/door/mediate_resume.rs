@@ -221,7 +221,13 @@ fn batch_files(root: &mailbox::layout::Root) -> Vec<std::path::PathBuf> {
     let mut v: Vec<_> = std::fs::read_dir(root.log_dir().join("new"))
         .unwrap()
         .map(|d| d.unwrap().path())
-        .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("batch."))
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("batch.")
+        })
         .collect();
     v.sort();
     v
@@ -261,7 +267,11 @@ fn a_garbled_batch_file_costs_its_bad_lines_only() {
         let v: Vec<&str> = text.lines().collect();
         assert_eq!(v.len(), 2, "{text}");
         let first_is_m1 = v[0].contains(&m1.id);
-        if first_is_m1 { (v[0], v[1]) } else { (v[1], v[0]) }
+        if first_is_m1 {
+            (v[0], v[1])
+        } else {
+            (v[1], v[0])
+        }
     };
     // m1's line, then m2's garbled, then a line cut short.
     let garbled = l2.replace("\"forward\"", "\"forw\u{0}rd\"");
@@ -282,7 +292,11 @@ fn a_garbled_batch_file_costs_its_bad_lines_only() {
     }
     std::fs::remove_file(root.sandbox("b").inbox().sub(Sub::New).join(&m2.id)).unwrap();
     once(&root, OPEN_POLICY);
-    assert_eq!(lines_of(&root, &format!("{}.forward", m1.id)), 2, "m1: its line and the cut one");
+    assert_eq!(
+        lines_of(&root, &format!("{}.forward", m1.id)),
+        2,
+        "m1: its line and the cut one"
+    );
     assert_eq!(
         lines_of(&root, &format!("{}.forward", m2.id)),
         2,
@@ -295,7 +309,11 @@ fn a_garbled_batch_file_costs_its_bad_lines_only() {
     let mut fwd_sorted = fwd.clone();
     fwd_sorted.sort();
     assert_eq!(fwd_sorted, want_fwd);
-    assert_eq!(bad.len(), 2, "the same two bad lines, nothing more: {bad:?}");
+    assert_eq!(
+        bad.len(),
+        2,
+        "the same two bad lines, nothing more: {bad:?}"
+    );
     let mut want = vec![m1.id.clone(), m2.id.clone()];
     want.sort();
     assert_eq!(delivered(&root.sandbox("b").inbox()), want);
@@ -313,7 +331,11 @@ fn a_log_of_entry_files_is_read_as_before() {
     for f in batch_files(&root) {
         for line in std::fs::read_to_string(&f).unwrap().lines() {
             let e = mailbox::log::Entry::parse(line.as_bytes()).unwrap();
-            std::fs::write(root.log_dir().join("new").join(&e.name), format!("{line}\n")).unwrap();
+            std::fs::write(
+                root.log_dir().join("new").join(&e.name),
+                format!("{line}\n"),
+            )
+            .unwrap();
         }
         std::fs::remove_file(f).unwrap();
     }
@@ -323,8 +345,14 @@ fn a_log_of_entry_files_is_read_as_before() {
         .unwrap();
     once(&root, OPEN_POLICY);
     assert!(batch_files(&root).is_empty(), "nothing logged again");
-    let acts: Vec<_> = entries(&root).into_iter().map(|e| e.decision.action).collect();
+    let acts: Vec<_> = entries(&root)
+        .into_iter()
+        .map(|e| e.decision.action)
+        .collect();
     assert_eq!(acts.len(), 2, "{acts:?}");
     assert_eq!(delivered(&root.sandbox("b").inbox()), vec![m.id.clone()]);
-    assert!(delivered(&root.sandbox("ghost").inbox()).is_empty(), "the logged bounce stands");
+    assert!(
+        delivered(&root.sandbox("ghost").inbox()).is_empty(),
+        "the logged bounce stands"
+    );
 }
