@@ -123,6 +123,7 @@ enum Loc {
 /// and 24 of place per entry, plus each batch file's name.  Keys are two
 /// hashes of the name under keys chosen at random per process, so no
 /// writer can make two names meet; a read checks the entry's name anyway.
+#[derive(Default)]
 pub struct Index {
     hashers: (
         std::collections::hash_map::RandomState,
@@ -144,18 +145,6 @@ impl std::fmt::Debug for Index {
             self.map.len(),
             self.files.len()
         )
-    }
-}
-
-impl Default for Index {
-    fn default() -> Self {
-        Index {
-            hashers: Default::default(),
-            map: HashMap::new(),
-            files: Vec::new(),
-            seen: HashSet::new(),
-            stamp: None,
-        }
     }
 }
 
