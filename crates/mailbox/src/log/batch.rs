@@ -120,7 +120,8 @@ enum Loc {
 }
 
 /// Every entry name of `log/new/` and where its entry is: 16 bytes of key
-/// and 24 of place per entry, plus each batch file's name.  Keys are two
+/// and 24 of place per entry (48 to 96 bytes with the table's slack, as it
+/// doubles), plus each batch file's name.  Keys are two
 /// hashes of the name under keys chosen at random per process, so no
 /// writer can make two names meet; a read checks the entry's name anyway.
 #[derive(Default)]
@@ -129,7 +130,7 @@ pub struct Index {
         std::collections::hash_map::RandomState,
         std::collections::hash_map::RandomState,
     ),
-    map: HashMap<u128, Loc>,
+    map: HashMap<(u64, u64), Loc>,
     files: Vec<OsString>,
     /// Batch files read (or written) already.
     seen: HashSet<OsString>,
@@ -149,10 +150,8 @@ impl std::fmt::Debug for Index {
 }
 
 impl Index {
-    fn key(&self, name: &str) -> u128 {
-        let a = self.hashers.0.hash_one(name) as u128;
-        let b = self.hashers.1.hash_one(name) as u128;
-        (a << 64) | b
+    fn key(&self, name: &str) -> (u64, u64) {
+        (self.hashers.0.hash_one(name), self.hashers.1.hash_one(name))
     }
 
     /// Entries indexed.
