@@ -3,15 +3,16 @@
 //! whole, the queues, the sync state and the radar's verdicts.
 //!
 //! Everything here is read fresh on each request: the directories are the
-//! truth (as for the mediator), and a request costs one directory listing
-//! plus the files it shows, never the whole log.  The log is paged newest
-//! first by when each entry was logged: its file's modification time (the
-//! mediator writes an entry once, into log/new, and never touches it
-//! again; no sandbox can write there), then its name.  Not by name: a name
+//! truth (as for the mediator), and a request costs one listing of the
+//! log (`Log::listing`: the names of `log/new/` and of the entries in its
+//! batch files) plus the entries it shows.  The log is paged newest first
+//! by when each entry was logged: the modification time of the file it is
+//! in (its own or its batch's: the mediator writes a file once, into
+//! log/new, and never touches it again; no sandbox can write there), then
+//! its name.  Not by name: a name
 //! starts with the message's id, which is when the message was made, so a
 //! message released days after it was held would land pages down.
 
-use std::ffi::OsString;
 use std::path::Path;
 
 use serde::Serialize;
@@ -19,7 +20,7 @@ use serde_json::{Value, json};
 
 use super::record::record;
 use crate::sandbox::Record;
-use mailbox::error::{Exit, Result};
+use mailbox::error::Result;
 use mailbox::layout::Root;
 use mailbox::log::{Entry, Log};
 use mailbox::maildir::Sub;
@@ -203,36 +204,19 @@ pub struct Page {
     pub total: usize,
 }
 
-/// The names in `log/new/`, in no order (dot names and names that are not
-/// UTF-8 are not entries the mediator writes, so they are left out).
+/// The names of the log's entries, in no order.
 fn names(log: &Log) -> Result<Vec<String>> {
-    let names = match log.dir.names(Sub::New) {
-        Ok(n) => n,
-        Err(e) if e.exit == Exit::NoInput && !log.dir.sub(Sub::New).exists() => vec![],
-        Err(e) => return Err(e),
-    };
-    let v: Vec<String> = names
-        .into_iter()
-        .filter_map(|n: OsString| n.into_string().ok())
-        .filter(|n| !n.starts_with('.'))
-        .collect();
-    Ok(v)
+    Ok(log.listing()?.into_iter().map(|l| l.name).collect())
 }
 
-/// An entry's place in the timeline as text that sorts in that order:
-/// when its file was last written, in nanoseconds, then its name.
-fn key_of(log: &Log, name: &str) -> Option<String> {
-    use std::os::unix::fs::MetadataExt as _;
-    let m = log.dir.sub(Sub::New).join(name).symlink_metadata().ok()?;
-    let ns = i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec());
-    Some(format!("{:020}:{name}", ns.max(0)))
-}
-
-/// (key, name) of every entry, newest logged first.
+/// (key, name) of every entry, newest logged first; the key is text that
+/// sorts in that order: when its file was written, in nanoseconds, then
+/// its name.
 fn newest_first(log: &Log) -> Result<Vec<(String, String)>> {
-    let mut v: Vec<(String, String)> = names(log)?
+    let mut v: Vec<(String, String)> = log
+        .listing()?
         .into_iter()
-        .filter_map(|n| Some((key_of(log, &n)?, n)))
+        .map(|l| (format!("{:020}:{}", l.mtime_ns, l.name), l.name))
         .collect();
     v.sort_unstable_by(|a, b| b.0.cmp(&a.0));
     Ok(v)
@@ -560,6 +544,33 @@ mod tests {
         let p = log_page(&log, &q).unwrap();
         assert_eq!(p.entries[0].message_id, old);
         assert_eq!(p.entries[1].message_id, ids[6]);
+        // Issue 41: the mediator's batch files, beside entry files; their
+        // entries are listed, read, and logged when the batch file was.
+        let (b1, b2) = (
+            mailbox::id::id_at(std::time::Duration::from_secs(1_500_000_000), 10),
+            mailbox::id::id_at(std::time::Duration::from_secs(1_500_000_001), 11),
+        );
+        let (e1, e2) = (
+            entry_of(&b1, "api", "web", Kind::Request),
+            entry_of(&b2, "web", "api", Kind::Request),
+        );
+        let (bytes, _) = mailbox::log::batch::encode(&[&e1, &e2]);
+        let bf = log
+            .dir
+            .sub(Sub::New)
+            .join(mailbox::log::batch::batch_name());
+        std::fs::write(&bf, bytes).unwrap();
+        std::fs::File::options()
+            .append(true)
+            .open(&bf)
+            .unwrap()
+            .set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(120))
+            .unwrap();
+        let p = log_page(&log, &q).unwrap();
+        assert_eq!(p.total, 10);
+        let got: Vec<_> = p.entries.iter().map(|l| l.message_id.clone()).collect();
+        assert_eq!(got, vec![b2.clone(), b1.clone(), old.clone()]);
+        assert_eq!(entry(&log, &e1.name), Some(e1));
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

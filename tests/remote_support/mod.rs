@@ -331,10 +331,11 @@ pub fn volume_mode(fx: &Fixture, host: &str, certs: &Path, image: &str, b: &Engi
     // Acked inside b: the host's copy is claimed, the mediator logs the read.
     tb.ok(fx, &["exec", "b", "--", "lw-inbox", "ack", &id]);
     let deadline = Instant::now() + Duration::from_secs(30);
-    let read_entry = fx.root.join(format!("log/new/{id}.read.b"));
+    let read_entry = format!("{id}.read.b");
+    let log = mailbox::log::Log::new(fx.root.join("log"));
     let w = mailbox::fs::Watcher::new().unwrap();
     w.add(&fx.root.join("log/new")).unwrap();
-    while !read_entry.exists() {
+    while !log.has(&read_entry) {
         assert!(
             Instant::now() < deadline,
             "no read receipt for {id} in 30 s"
@@ -563,9 +564,10 @@ fn crash_courier(fx: &Fixture, tb: &Target, policy: &Path) -> String {
     // A copy carried twice after the mediator claimed the first would be
     // quarantined as a repeat: none may be.
     let quarantined = std::fs::read_dir(fx.root.join("quarantine/new")).map_or(0, |r| r.count());
+    let log = mailbox::log::Log::new(fx.root.join("log"));
     let forwards = ids
         .iter()
-        .filter(|id| fx.root.join(format!("log/new/{id}.forward")).exists())
+        .filter(|id| log.has(&format!("{id}.forward")))
         .count();
     let duplicated = per_id.values().filter(|n| **n > 1).count() + quarantined;
     let line = format!(

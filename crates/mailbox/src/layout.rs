@@ -11,7 +11,7 @@
 //!                                         routed like an outbox, sender `mediator`
 //!   held/{tmp,new,cur}                    messages the policy held
 //!   quarantine/{tmp,new,cur}              files that could not be read, with reasons
-//!   log/{tmp,new}                         one file per logged event (message + decision)
+//!   log/{tmp,new}                         logged events: batch files, entry files
 //!   registry/NAME.json                    the known sandboxes
 //!   state/                                mediator and sync state, lock files
 //! ```

@@ -7,7 +7,11 @@
 //! with `deliver_once`.  Appending the same event twice therefore leaves one
 //! file: that is what makes the mediator's "log, then act" steps idempotent
 //! across crashes, and it lets lw-sync watch the directory for renames.
-//! Readers order entries by `(seq_time, name)`.
+//! The mediator writes a batch's entries into one batch file instead
+//! (log/batch.rs); entries keep their names either way, and every reader
+//! here reads both.  Readers order entries by `(logged, name)`.
+
+pub mod batch;
 
 use std::ffi::OsStr;
 use std::path::PathBuf;
@@ -168,6 +172,16 @@ impl Entry {
 #[derive(Clone, Debug)]
 pub struct Log {
     pub dir: Maildir,
+    /// The index of batch files' entries, built on the first lookup that
+    /// needs it and brought up to date on each miss.
+    index: std::sync::Arc<std::sync::Mutex<Option<(std::os::fd::OwnedFd, batch::Index)>>>,
+}
+
+/// One entry of [`Log::listing`]: its name and when its file was written.
+#[derive(Clone, Debug)]
+pub struct Listed {
+    pub name: String,
+    pub mtime_ns: i128,
 }
 
 /// An entry that could not be read, with the reason.
@@ -181,7 +195,23 @@ impl Log {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Log {
             dir: Maildir::new(dir),
+            index: Default::default(),
         }
+    }
+
+    /// Runs `f` on the batch index, brought up to date first.
+    fn with_index<T>(
+        &self,
+        f: impl FnOnce(&std::os::fd::OwnedFd, &batch::Index) -> T,
+    ) -> Option<T> {
+        let mut g = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_none() {
+            let fd = crate::fs::open_dir_no_links(&self.dir.sub(Sub::New)).ok()?;
+            *g = Some((fd, batch::Index::default()));
+        }
+        let (fd, ix) = g.as_mut()?;
+        ix.refresh(&*fd).ok()?;
+        Some(f(fd, ix))
     }
 
     /// Appends `e` unless an entry of the same name exists; true when written.
@@ -192,17 +222,26 @@ impl Log {
         ))
     }
 
-    /// True when an entry of that name exists.
+    /// True when an entry of that name exists (in a file of its own or
+    /// in a batch file).
     pub fn has(&self, name: &str) -> bool {
         self.dir.sub(Sub::New).join(name).symlink_metadata().is_ok()
+            || self.with_index(|_, ix| ix.has(name)).unwrap_or(false)
     }
 
-    /// Reads one entry by name.
+    /// Reads one entry by name (from its own file or a batch file).
     pub fn read(&self, name: &OsStr) -> std::result::Result<Entry, String> {
         let path = self.dir.sub(Sub::New).join(name);
-        let meta = path
-            .symlink_metadata()
-            .map_err(|e| format!("cannot stat: {e}"))?;
+        let meta = match path.symlink_metadata() {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !batch::is_batch(name) => {
+                let found = name
+                    .to_str()
+                    .and_then(|n| self.with_index(|fd, ix| ix.read(fd, n)).flatten());
+                return found.unwrap_or_else(|| Err(format!("cannot stat: {e}")));
+            }
+            m => m,
+        }
+        .map_err(|e| format!("cannot stat: {e}"))?;
         if !meta.file_type().is_file() {
             return Err("not a regular file".into());
         }
@@ -251,6 +290,10 @@ impl Log {
         let mut good = Vec::new();
         let mut bad = Vec::new();
         for n in names {
+            if batch::is_batch(&n) {
+                self.read_batch(&n, &mut good, &mut bad);
+                continue;
+            }
             match self.read(&n) {
                 Ok(e) => good.push(e),
                 Err(reason) => bad.push(BadEntry {
@@ -260,7 +303,74 @@ impl Log {
             }
         }
         good.sort_by(|a, b| a.logged.cmp(&b.logged).then_with(|| a.name.cmp(&b.name)));
+        // One name, one entry: an entry file and a batch line of the same
+        // name (a log being upgraded) are the same event.
+        let mut seen = std::collections::HashSet::new();
+        good.retain(|e| seen.insert(e.name.clone()));
         Ok((good, bad))
+    }
+
+    /// The entries of batch file `n` into `good`, its unreadable lines
+    /// (or the whole file) into `bad`.
+    fn read_batch(&self, n: &OsStr, good: &mut Vec<Entry>, bad: &mut Vec<BadEntry>) {
+        let name = crate::maildir::escape_name(n);
+        let dir = match crate::fs::open_dir_no_links(&self.dir.sub(Sub::New)) {
+            Ok(d) => d,
+            Err(e) => {
+                let reason = format!("cannot open: {e}");
+                return bad.push(BadEntry { name, reason });
+            }
+        };
+        match batch::read_file_in(&dir, n, batch::MAX_BATCH_FILE) {
+            Err(reason) => bad.push(BadEntry { name, reason }),
+            Ok(bytes) => {
+                for l in batch::parse(&bytes) {
+                    match l.entry {
+                        Ok(e) => good.push(e),
+                        Err(reason) => bad.push(BadEntry {
+                            name: format!("{name} line {}", l.number),
+                            reason,
+                        }),
+                    }
+                }
+            }
+        }
+    }
+
+    /// The name of every entry and when its file (its own or its batch
+    /// file) was written, in no order; lines that cannot be read are left
+    /// out (`entries` reports them).
+    pub fn listing(&self) -> Result<Vec<Listed>> {
+        use std::os::unix::fs::MetadataExt as _;
+        let names = match self.dir.names(Sub::New) {
+            Ok(n) => n,
+            Err(e) if e.exit == Exit::NoInput && !self.dir.sub(Sub::New).exists() => {
+                return Ok(vec![]);
+            }
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::new();
+        for n in names {
+            if n.as_encoded_bytes().starts_with(b".") {
+                continue;
+            }
+            let Ok(m) = self.dir.sub(Sub::New).join(&n).symlink_metadata() else {
+                continue;
+            };
+            let mtime_ns =
+                (i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec())).max(0);
+            if batch::is_batch(&n) {
+                let (mut good, mut bad) = (Vec::new(), Vec::new());
+                self.read_batch(&n, &mut good, &mut bad);
+                out.extend(good.into_iter().map(|e| Listed {
+                    name: e.name,
+                    mtime_ns,
+                }));
+            } else if let Ok(name) = n.into_string() {
+                out.push(Listed { name, mtime_ns });
+            }
+        }
+        Ok(out)
     }
 
     pub fn create(&self) -> Result<()> {

@@ -16,11 +16,13 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use super::collect::{Collected, Work};
+use super::logfile::LogFile;
 use super::pure::decide::{bounce_id, nobody_id};
 use super::{Boxes, HELD, HUMAN, LOG, Mediator, QUARANTINE, mailbox_name, read_names};
 
 impl Mediator {
-    pub(super) fn open_boxes(&self) -> Result<Boxes> {
+    pub(super) fn open_boxes(&mut self) -> Result<Boxes> {
+        self.refresh_index()?;
         let open = |rel: &str| OpenMaildir::open(&self.rootfd, &self.root.dir, Path::new(rel));
         Ok(Boxes {
             list: vec![
@@ -134,18 +136,11 @@ impl Mediator {
         out: &mut dyn Write,
     ) -> Result<()> {
         for first in [true, false] {
-            let mut g = Batch::with_sync(self.sync);
-            let mut written = Vec::new();
-            for e in entries.iter().filter(|e| {
+            let class = entries.iter().copied().filter(|e| {
                 (e.decision.action == Action::Bounce || e.sender == layout::MEDIATOR) == first
-            }) {
-                if g.stage(&boxes.list, LOG, &e.name, &e.to_bytes())? {
-                    written.push(*e);
-                }
-            }
-            if !g.is_empty() {
-                g.commit(&boxes.list)?;
-            }
+            });
+            let written = self.unlogged(class);
+            self.commit_log_file(boxes, &written)?;
             for e in written {
                 self.count(e);
                 self.print(out, e)?;
@@ -243,30 +238,41 @@ impl Mediator {
         let mut logs = [Batch::with_sync(self.sync), Batch::with_sync(self.sync)];
         let mut writes: Vec<batch::Write> = Vec::new();
         let mut tags: Vec<Tag> = Vec::new();
-        for (j, e) in c.to_log.iter().enumerate() {
-            let class =
-                usize::from(!(e.decision.action == Action::Bounce || e.sender == layout::MEDIATOR));
-            if logs[class].wants(&boxes.list, LOG, &e.name) {
-                writes.push(batch::Write {
-                    key: LOG,
-                    name: e.name.clone(),
-                    bytes: e.to_bytes(),
-                });
-                tags.push(Tag::Log(class, j));
+        // The batch's entries in two batch files, bounces (and the door's
+        // own notices) first: each durable before the next is visible.
+        let mut files: [Option<LogFile>; 2] = [None, None];
+        let mut fresh = HashSet::new();
+        for (class, file) in files.iter_mut().enumerate() {
+            let js: Vec<usize> = (0..c.to_log.len())
+                .filter(|j| {
+                    let e = &c.to_log[*j];
+                    let first = e.decision.action == Action::Bounce || e.sender == layout::MEDIATOR;
+                    usize::from(!first) == class
+                        && !self.index.has(&e.name)
+                        && fresh.insert(e.name.as_str())
+                })
+                .collect();
+            if js.is_empty() {
+                continue;
             }
+            let list: Vec<&Entry> = js.iter().map(|j| &c.to_log[*j]).collect();
+            let f = LogFile::of(&list, js);
+            writes.push(batch::Write {
+                key: LOG,
+                name: f.name.clone(),
+                bytes: f.bytes.clone(),
+            });
+            tags.push(Tag::Log(class));
+            *file = Some(f);
         }
         let mut failed = HashSet::new();
         self.plan_batch_copies(boxes, obs, c, copies, &mut writes, &mut tags, &mut failed);
         let fsync = self.sync == batch::Sync::File;
         let fds = batch::write_tmp(&boxes.list, &writes, fsync);
-        let mut written: [Vec<usize>; 2] = [vec![], vec![]];
         let mut log_err = None;
         for ((w, tag), fd) in writes.iter().zip(&tags).zip(fds) {
             match (tag, fd) {
-                (Tag::Log(class, j), Ok(fd)) => {
-                    logs[*class].adopt(w.key, &w.name, fd, fsync);
-                    written[*class].push(*j);
-                }
+                (Tag::Log(class), Ok(fd)) => logs[*class].adopt(w.key, &w.name, fd, fsync),
                 (Tag::Copy(_), Ok(fd)) => copies.adopt(w.key, &w.name, fd, fsync),
                 (Tag::Log(..), Err(e)) => drop(log_err.get_or_insert(e)),
                 (Tag::Copy(i), Err(e)) => self.copy_waits(obs, &c.work, *i, &e, &mut failed),
@@ -274,7 +280,7 @@ impl Mediator {
         }
         let committed = match log_err {
             Some(e) => Err(e),
-            None => self.commit_log(boxes, &mut logs, &written, &c.to_log, out),
+            None => self.commit_log(boxes, &mut logs, &files, &c.to_log, out),
         };
         if let Err(e) = committed {
             logs.iter_mut().for_each(|g| g.discard(&boxes.list));
@@ -351,15 +357,15 @@ impl Mediator {
         &mut self,
         boxes: &Boxes,
         logs: &mut [Batch; 2],
-        written: &[Vec<usize>; 2],
+        files: &[Option<LogFile>; 2],
         to_log: &[Entry],
         out: &mut dyn Write,
     ) -> Result<()> {
         for class in 0..2 {
-            if !logs[class].is_empty() {
-                logs[class].commit(&boxes.list)?;
-            }
-            for j in &written[class] {
+            let Some(f) = &files[class] else { continue };
+            logs[class].commit(&boxes.list)?;
+            self.index.add_file(OsStr::new(&f.name), &f.places);
+            for j in &f.entries {
                 self.count(&to_log[*j]);
                 self.print(out, &to_log[*j])?;
             }
@@ -467,10 +473,10 @@ impl Mediator {
     }
 }
 
-/// What a file of a batch's parallel write is for: a log entry (its batch,
-/// bounces first, and its index in `to_log`) or a copy (its work item).
+/// What a file of a batch's parallel write is for: a batch file of the
+/// log (its class, bounces first) or a copy (its work item).
 enum Tag {
-    Log(usize, usize),
+    Log(usize),
     Copy(usize),
 }
 

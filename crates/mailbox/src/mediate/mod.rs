@@ -62,6 +62,7 @@ mod collect;
 mod deliver;
 mod inspect;
 mod keep;
+mod logfile;
 mod memory;
 mod pure;
 mod queues;
@@ -162,6 +163,10 @@ pub struct Mediator {
     pub log: Log,
     /// `log/new/` of the root, for looking entries up by name.
     log_new: OwnedFd,
+    /// Every logged name and where its entry is (log/batch.rs), brought up
+    /// to date when a pass or an operator action starts (under the route
+    /// lock, so nobody else logs meanwhile).
+    index: crate::log::batch::Index,
     pub policy: Policy,
     /// Where the policy comes from.
     policy_file: PolicyFile,
@@ -272,6 +277,7 @@ impl Mediator {
             registry: Registry::new(&root),
             rootfd,
             log_new,
+            index: crate::log::batch::Index::default(),
             root,
             policy,
             policy_file,
@@ -362,7 +368,8 @@ impl Mediator {
     /// The log entry of message `id` for `action`, if it was logged (and
     /// can be read).
     pub(super) fn logged(&self, id: &str, action: Action) -> Option<Entry> {
-        Log::read_in(&self.log_new, &Entry::name_for(id, action, None))
+        let name = Entry::name_for(id, action, None);
+        self.index.read(&self.log_new, &name)?.ok()
     }
 
     fn count(&mut self, e: &Entry) {

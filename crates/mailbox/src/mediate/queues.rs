@@ -16,7 +16,7 @@ use crate::message::Message;
 
 use super::inspect::{Inspected, inspect};
 use super::pure::decide::release;
-use super::{Boxes, HELD, LOG, Mediator, lock_routes, mailbox_name, read_names};
+use super::{Boxes, HELD, Mediator, lock_routes, mailbox_name, read_names};
 
 impl Mediator {
     /// Drops the held messages of removed sandboxes (no registry record and
@@ -65,7 +65,7 @@ impl Mediator {
             let Some(id) = n.to_str() else { continue };
             let rel = Entry::name_for(id, Action::Release, None);
             let drop = Entry::name_for(id, Action::Drop, None);
-            if self.log.has(&rel) || self.log.has(&drop) {
+            if self.index.has(&rel) || self.index.has(&drop) {
                 self.release_or_drop(boxes, id, None, out)?;
             }
         }
@@ -111,7 +111,7 @@ impl Mediator {
             Inspected::Gone => {
                 for (a, done) in [(Action::Release, "released"), (Action::Drop, "dropped")] {
                     let n = Entry::name_for(id, a, None);
-                    if self.log.has(&n) {
+                    if self.index.has(&n) {
                         return Err(Error::new(
                             Exit::DataErr,
                             format!("message {id} was {done} already (log entry {n})"),
@@ -216,7 +216,6 @@ impl Mediator {
         rel: &Path,
         out: &mut dyn Write,
     ) -> Result<()> {
-        let mut g = Batch::with_sync(self.sync);
         let mut pending: Vec<Entry> = Vec::new();
         let mut fresh: Vec<u128> = Vec::new();
         let dir = rfs::Dir::read_from(fd)
@@ -238,16 +237,17 @@ impl Mediator {
             let Some(e) = self.receipt_for(r, id, key) else {
                 continue;
             };
-            if g.stage(&boxes.list, LOG, &e.name, &e.to_bytes())? {
+            // One name per directory entry: `e.name` is not in `pending`.
+            if !self.index.has(&e.name) {
                 pending.push(e);
             }
             // Remembered once committed, below.
             fresh.push(key);
             if pending.len() >= self.batch {
-                self.commit_receipts(boxes, &mut g, &mut pending, out)?;
+                self.commit_receipts(boxes, &mut pending, out)?;
             }
         }
-        self.commit_receipts(boxes, &mut g, &mut pending, out)?;
+        self.commit_receipts(boxes, &mut pending, out)?;
         self.receipts_seen
             .entry(r.to_string())
             .or_default()
@@ -258,11 +258,11 @@ impl Mediator {
     fn commit_receipts(
         &mut self,
         boxes: &Boxes,
-        g: &mut Batch,
         pending: &mut Vec<Entry>,
         out: &mut dyn Write,
     ) -> Result<()> {
-        g.commit(&boxes.list)?;
+        let refs: Vec<&Entry> = pending.iter().collect();
+        self.commit_log_file(boxes, &refs)?;
         for e in pending.drain(..) {
             self.count(&e);
             self.print(out, &e)?;
@@ -277,17 +277,14 @@ impl Mediator {
     fn receipt_for(&mut self, r: &str, id: &str, key: u128) -> Option<Entry> {
         let rname = Entry::name_for(id, Action::Read, Some(r));
         let mut unreadable = false;
-        let routed = if self.log.has(&rname) {
+        let routed = if self.index.has(&rname) {
             None
         } else {
             [Action::Forward, Action::Release]
                 .into_iter()
                 .find_map(|a| {
                     let n = Entry::name_for(id, a, None);
-                    if !self.log.has(&n) {
-                        return None;
-                    }
-                    match self.log.read(OsStr::new(&n)) {
+                    match self.index.read(&self.log_new, &n)? {
                         Ok(e) => Some(e).filter(|e| e.decision.to.iter().any(|t| t == r)),
                         Err(_) => {
                             unreadable = true;
