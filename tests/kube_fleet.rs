@@ -336,6 +336,15 @@ fn a_fleet_of_pod_sandboxes_idles_without_requests() {
     }
     let p50 = percentile(&mut lat, 50);
     let p95 = percentile(&mut lat, 95);
+    // The ring's end in a sandbox (`lw-inbox --courier`): its memory.
+    let ring_rss = fleet.ok(&[
+        "exec",
+        &names[0],
+        "--",
+        "sh",
+        "-c",
+        "for p in /proc/[0-9]*; do tr '\\0' ' ' <$p/cmdline 2>/dev/null | grep -q '^[^ ]*lw-inbox --courier' && grep -E '^(VmRSS|RssAnon)' $p/status; done | tr -s ' \\t\\n' ' '",
+    ]);
 
     // A storm with the courier killed at seeded moments.
     const M: usize = 10;
@@ -431,7 +440,7 @@ fn a_fleet_of_pod_sandboxes_idles_without_requests() {
     let _ = med.wait();
 
     let figures = format!(
-        "fleet of {n} pod sandboxes (seed {seed}): made in {:.1} s, rings live {:.1} s later; idle {:.0} s: the account's own requests {own} = {:.4}/s per sandbox {idle_verbs}; a sweep (one pass over all, every {sweep:.0} s) {pass} requests {pass_by:?}; steady state with a sweep and a watch renewal per ring (290 s) added: {:.4}/s per sandbox (goal <= 0.1); the courier without rings, same run: {:.2}/s, {:.0}x the steady state; every pods request on the API server (the kubelet's included): {:.4}/s per sandbox, {:.1} requests/s in all; post->inbox over 20 pairs p50 {} ms, p95 {} ms (goal <= 2000); storm {posted} messages with {} courier kills at {kills:?} ms: in the volumes {:.1} s after the last post, lost {lost}, duplicated {duplicated}, quarantined {quarantined}",
+        "fleet of {n} pod sandboxes (seed {seed}): made in {:.1} s, rings live {:.1} s later; idle {:.0} s: the account's own requests {own} = {:.4}/s per sandbox {idle_verbs}; a sweep (one pass over all, every {sweep:.0} s) {pass} requests {pass_by:?}; steady state with a sweep and a watch renewal per ring (290 s) added: {:.4}/s per sandbox (goal <= 0.1); the courier without rings, same run: {:.2}/s, {:.0}x the steady state; every pods request on the API server (the kubelet's included): {:.4}/s per sandbox, {:.1} requests/s in all; post->inbox over 20 pairs p50 {} ms, p95 {} ms (goal <= 2000); the ring's lw-inbox --courier in a sandbox: {}; storm {posted} messages with {} courier kills at {kills:?} ms: in the volumes {:.1} s after the last post, lost {lost}, duplicated {duplicated}, quarantined {quarantined}",
         made.as_secs_f64(),
         live_in.as_secs_f64(),
         secs,
@@ -443,6 +452,7 @@ fn a_fleet_of_pod_sandboxes_idles_without_requests() {
         all_rate,
         p50.as_millis(),
         p95.as_millis(),
+        ring_rss.trim(),
         kills.len(),
         drained.as_secs_f64(),
     );
