@@ -115,10 +115,19 @@ impl Cluster {
             .stderr(Stdio::inherit())
             .output()
             .expect("scripts/k8s-cluster runs");
-        assert!(
-            out.status.success(),
-            "scripts/k8s-cluster start failed: {out:?}"
-        );
+        if !out.status.success() {
+            // What it started before it failed goes now (a cluster's
+            // processes left running took the next suite's CPU).
+            let _ = Command::new(repo().join("scripts/k8s-cluster"))
+                .arg("stop")
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .stdout(Stdio::null())
+                .status();
+            if let Some(dir) = &fresh {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            panic!("scripts/k8s-cluster start failed: {out:?}");
+        }
         let kubeconfig = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
         assert!(
             kubeconfig.exists(),
@@ -173,6 +182,12 @@ impl Cluster {
                 self.audit_log().display()
             )
         });
+        let len = f.metadata().map_or(0, |m| m.len());
+        assert!(
+            len >= mark,
+            "the audit log {} was rotated since the mark (scripts/k8s-cluster's --audit-log-maxsize)",
+            self.audit_log().display()
+        );
         f.seek(std::io::SeekFrom::Start(mark)).unwrap();
         let mut text = String::new();
         f.read_to_string(&mut text).unwrap();
