@@ -329,3 +329,109 @@ fn kube_router_and_kube_proxy_run_in_one_cluster_at_a_time() {
         "{plan_b:?}"
     );
 }
+
+/// The kubelet's chains, as `iptables -S` (and ip6tables) lists them in
+/// each table: the lines that name one.
+fn kubelet_chains() -> String {
+    let mut out = String::new();
+    for ipt in ["iptables", "ip6tables"] {
+        for t in ["filter", "nat", "mangle"] {
+            let o = Command::new(ipt)
+                .args(["-t", t, "-S"])
+                .output()
+                .unwrap_or_else(|e| {
+                    panic!("kube_plan: {ipt} runs: {e} (apt-get install iptables)")
+                });
+            for l in String::from_utf8_lossy(&o.stdout).lines() {
+                if ["KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT"]
+                    .iter()
+                    .any(|c| l.contains(c))
+                {
+                    out += &format!("{ipt} -t {t} {l}\n");
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn stop_removes_the_kubelets_chains_unless_another_cluster_runs() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // The chains are host-wide: a real cluster (which holds this lock while
+    // it runs) keeps its kubelet's, and must not see them go.
+    let _real = mailbox::fs::lock(Path::new("/tmp/lw-k8s.lock")).expect("the clusters' lock file");
+    let host = Host::new("chains");
+    // An empty cache (LW_K8S_CACHE below): stop runs no kube-proxy
+    // --cleanup of the real one.
+    let (a, b) = (host.state("a"), host.state("b"));
+    host.plan(&a);
+    host.plan(&b);
+    // A stop first: what an earlier run left goes (no cluster runs).
+    let stop = |state: &Path| {
+        let o = Command::new(script())
+            .arg("stop")
+            .env("LW_K8S_CLUSTERS", host.dir.join("clusters"))
+            .env("LW_K8S_STATE", state)
+            .env("LW_K8S_CACHE", host.dir.join("cache"))
+            .env("LW_K8S_NO_NETPOL", "1")
+            .output()
+            .expect("scripts/k8s-cluster runs");
+        assert!(o.status.success(), "k8s-cluster stop: {o:?}");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let said = stop(&a);
+    let before = kubelet_chains();
+    assert_eq!(before, "", "no cluster runs, yet stop left: {said}");
+    // What a kubelet of 1.35 leaves (its DROP rule's place taken by a
+    // RETURN with a quoted comment, which the script must read back whole).
+    for ipt in ["iptables", "ip6tables"] {
+        let mut rules: Vec<Vec<&str>> = vec![
+            vec!["-t", "filter", "-N", "KUBE-FIREWALL"],
+            vec![
+                "-t",
+                "filter",
+                "-A",
+                "KUBE-FIREWALL",
+                "-m",
+                "comment",
+                "--comment",
+                "block incoming localnet connections",
+                "-j",
+                "RETURN",
+            ],
+            vec!["-t", "filter", "-A", "INPUT", "-j", "KUBE-FIREWALL"],
+            vec!["-t", "filter", "-A", "OUTPUT", "-j", "KUBE-FIREWALL"],
+            vec!["-t", "mangle", "-N", "KUBE-IPTABLES-HINT"],
+        ];
+        for t in ["filter", "nat", "mangle"] {
+            rules.push(vec!["-t", t, "-N", "KUBE-KUBELET-CANARY"]);
+        }
+        for r in rules {
+            let o = Command::new(ipt).args(&r).output().unwrap();
+            assert!(o.status.success(), "{ipt} {r:?}: {o:?}");
+        }
+    }
+    let made = kubelet_chains();
+    assert_eq!(made.lines().count(), 2 * 8, "{made}");
+    // b runs: its kubelet keeps them.
+    let mut etcd = component(&b);
+    let said = stop(&a);
+    let kept = kubelet_chains();
+    drop(etcd.stdin.take());
+    etcd.wait().unwrap();
+    assert_eq!(
+        kept, made,
+        "stop of a took the chains b's kubelet keeps: {said}"
+    );
+    assert!(
+        said.contains(&format!(
+            "the kubelet's iptables chains left in place: the cluster at {} runs",
+            b.display()
+        )),
+        "{said}"
+    );
+    // The last cluster stopped: all gone, iptables -S as before.
+    let said = stop(&a);
+    assert_eq!(kubelet_chains(), before, "after stop: {said}");
+}

@@ -16,7 +16,9 @@
 //! evicted mid-run (Eviction API): `ls` no longer lists it running, its
 //! mail is kept on its claim and in the root, rm, and kill -9 of a create
 //! at a seeded moment followed by gc (nothing of the root left in the
-//! cluster but the shared tools claim).  Figures: cluster
+//! cluster but the shared tools claim: pods, claims and their volumes,
+//! policies, configmaps, Services, Secrets, read through the API), an
+//! image no node has (66, nothing of the root left through the API).  Figures: cluster
 //! start, pod sandbox create against a Docker sandbox create (same run),
 //! post->deliver latency through the courier, 1,000 messages.
 //!
@@ -592,6 +594,14 @@ fn sandboxes_as_pods() {
         !tk.ok(&fx, &["ls"]).lines().any(|l| l.starts_with("n\t")),
         "nothing of n is left"
     );
+    // Through the API too: no pod, claim, volume, policy, Service or
+    // Secret of the root, the tools claim included (a and b were the
+    // root's last sandboxes, so n's create made it again and took it back).
+    let left = kube_support::leftovers(&cluster, "default", &fx.root_id(), None);
+    assert_eq!(
+        left, "",
+        "objects of the root left by a create on an image no node has"
+    );
     // Imported a moment ago (a new name on the node, which the kubelet has
     // not reported yet): made at once.
     let fresh = format!(
@@ -640,17 +650,10 @@ fn sandboxes_as_pods() {
     if finished != "killed" {
         tk.ok(&fx, &["rm", "--force", "k"]);
     }
-    let left = cluster.kubectl(&[
-        "get",
-        "pods,pvc,configmaps",
-        "-l",
-        &format!("org.loopwright.root={}", fx.root_id()),
-        "-o",
-        "name",
-    ]);
-    assert!(
-        left.lines().all(|l| l.contains("-tools-")),
-        "objects of the root left in the cluster: {left}"
+    let left = kube_support::leftovers(&cluster, "default", &fx.root_id(), Some("-tools-"));
+    assert_eq!(
+        left, "",
+        "objects of the root left in the cluster but the tools claim"
     );
 
     eprintln!(

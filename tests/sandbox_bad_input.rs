@@ -354,3 +354,35 @@ fn a_disk_quota_that_cannot_be_enforced_is_69_never_unlimited() {
     f.ok(&["rm", "q"]);
     assert!(f.leftovers().is_empty(), "{:?}", f.leftovers());
 }
+
+#[test]
+fn a_failed_first_create_in_volume_mode_takes_the_roots_tools_volume_with_it() {
+    // #50: a failed first create (on Kubernetes, an image no node has) left
+    // the root's tools volume (a 1 GiB claim there) until gc.
+    let f = Fixture::new("badvol");
+    // The local engine, taken for one that does not see this host's files.
+    let id = text(&docker(&["info", "--format", "{{.ID}}"]))
+        .trim()
+        .to_string();
+    let rec = engine::hostpaths::record_path(&mailbox::layout::Root::new(&f.root), &id);
+    std::fs::create_dir_all(rec.parent().unwrap()).unwrap();
+    std::fs::write(&rec, "separate\nlocal\n").unwrap();
+    // Fails once its volumes are made and filled: where the branch starts.
+    let from_nothing = ["create", "c", "--branch", "x", "--from", "no-such-ref"];
+    let o = f.sb(&from_nothing);
+    assert_eq!(code(&o), Some(64), "{}", err(&o));
+    assert_eq!(f.leftovers(), Vec::<String>::new(), "{}", err(&o));
+    // With a sandbox of the root left, its tools volume stays.
+    f.ok(&["create", "a", "--branch", "a"]);
+    let made = f.leftovers();
+    assert!(
+        made.iter().any(|l| l.contains("-tools-")),
+        "a's create made the tools volume: {made:?}"
+    );
+    let o = f.sb(&from_nothing);
+    assert_eq!(code(&o), Some(64), "{}", err(&o));
+    assert_eq!(f.leftovers(), made, "a's volumes are a's: {}", err(&o));
+    f.ok(&["rm", "--force", "a"]);
+    f.ok(&["gc"]);
+    assert_eq!(f.leftovers(), Vec::<String>::new());
+}

@@ -254,7 +254,9 @@ impl<'a> Sandboxes<'a> {
     /// the root is left on this engine to use it: no record of this engine
     /// (another engine's sandboxes use that engine's), no container
     /// labelled with one.  A service's volumes are the service's (lw-service gc).
-    fn reclaim_root_leftovers(&self, out: &mut dyn FnMut(&str)) -> Result<()> {
+    /// Also run by a create that failed (create/mod.rs): a failed first
+    /// create leaves no 1 GiB tools claim behind until `gc`.
+    pub(super) fn reclaim_root_leftovers(&self, out: &mut dyn FnMut(&str)) -> Result<()> {
         let in_use = |s: &Self| -> Result<bool> {
             Ok(s.records()?.iter().any(|r| !s.elsewhere(r))
                 || s.engine

@@ -115,10 +115,19 @@ impl Cluster {
             .stderr(Stdio::inherit())
             .output()
             .expect("scripts/k8s-cluster runs");
-        assert!(
-            out.status.success(),
-            "scripts/k8s-cluster start failed: {out:?}"
-        );
+        if !out.status.success() {
+            // What it started before it failed goes now (a cluster's
+            // processes left running took the next suite's CPU).
+            let _ = Command::new(repo().join("scripts/k8s-cluster"))
+                .arg("stop")
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .stdout(Stdio::null())
+                .status();
+            if let Some(dir) = &fresh {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            panic!("scripts/k8s-cluster start failed: {out:?}");
+        }
         let kubeconfig = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
         assert!(
             kubeconfig.exists(),
@@ -142,6 +151,69 @@ impl Cluster {
     /// `kubelet`, ...; the `port.NAME` lines of its state's plan).
     pub fn port(&self, component: &str) -> u16 {
         plan_port(&self.kubeconfig, component)
+    }
+
+    /// The API server's audit log (scripts/k8s-cluster's policy: every
+    /// ServiceAccount's requests, at Metadata level).
+    pub fn audit_log(&self) -> PathBuf {
+        self.kubeconfig
+            .parent()
+            .expect("the kubeconfig is in the state dir")
+            .join("log/audit.log")
+    }
+
+    /// Where the audit log ends now: [`Cluster::audited`] from here.
+    pub fn audit_mark(&self) -> u64 {
+        std::fs::metadata(self.audit_log()).map_or(0, |m| m.len())
+    }
+
+    /// The requests `user` made since `mark` (each audit ID once: a watch
+    /// or an exec is logged when its answer starts and again when it
+    /// ends), in all and by `VERB RESOURCE[/SUBRESOURCE]`.
+    pub fn audited(
+        &self,
+        mark: u64,
+        user: &str,
+    ) -> (usize, std::collections::BTreeMap<String, usize>) {
+        use std::io::{Read, Seek};
+        let mut f = std::fs::File::open(self.audit_log()).unwrap_or_else(|e| {
+            panic!(
+                "the audit log {}: {e} (scripts/k8s-cluster writes it)",
+                self.audit_log().display()
+            )
+        });
+        let len = f.metadata().map_or(0, |m| m.len());
+        assert!(
+            len >= mark,
+            "the audit log {} was rotated since the mark (scripts/k8s-cluster's --audit-log-maxsize)",
+            self.audit_log().display()
+        );
+        f.seek(std::io::SeekFrom::Start(mark)).unwrap();
+        let mut text = String::new();
+        f.read_to_string(&mut text).unwrap();
+        let mut seen = std::collections::BTreeSet::new();
+        let mut by = std::collections::BTreeMap::new();
+        for l in text.lines() {
+            let Ok(ev) = serde_json::from_str::<serde_json::Value>(l) else {
+                continue; // a line the API server is still writing
+            };
+            if ev["user"]["username"] != user {
+                continue;
+            }
+            let id = ev["auditID"].as_str().unwrap_or_default().to_string();
+            if !seen.insert(id) {
+                continue;
+            }
+            let o = &ev["objectRef"];
+            let res = match (o["resource"].as_str(), o["subresource"].as_str()) {
+                (Some(r), Some(s)) => format!("{r}/{s}"),
+                (Some(r), None) => r.to_string(),
+                _ => ev["requestURI"].as_str().unwrap_or("?").to_string(),
+            };
+            let key = format!("{} {res}", ev["verb"].as_str().unwrap_or("?"));
+            *by.entry(key).or_insert(0) += 1;
+        }
+        (seen.len(), by)
     }
 
     /// `ctr ARGS` against the node's containerd (namespace k8s.io): its stdout.
@@ -290,6 +362,18 @@ pub fn service_account<'c>(
     prefix: &str,
     dir: &Path,
 ) -> (PathBuf, String, Gone<'c>) {
+    service_account_bound(cluster, prefix, dir, true)
+}
+
+/// [`service_account`], bound to the ClusterRole too only when
+/// `cluster_wide` (without it: the namespace's Role alone, the usual
+/// grant of a namespace's owner).
+pub fn service_account_bound<'c>(
+    cluster: &'c Cluster,
+    prefix: &str,
+    dir: &Path,
+    cluster_wide: bool,
+) -> (PathBuf, String, Gone<'c>) {
     let ns = format!("{prefix}-{}", support::nonce());
     cluster.kubectl(&["create", "namespace", &ns]);
     let gone = Gone {
@@ -318,13 +402,15 @@ pub fn service_account<'c>(
         "--role=loopwright",
         &format!("--serviceaccount={sa}"),
     ]);
-    cluster.kubectl(&[
-        "create",
-        "clusterrolebinding",
-        &format!("loopwright-{ns}"),
-        "--clusterrole=loopwright-cluster",
-        &format!("--serviceaccount={sa}"),
-    ]);
+    if cluster_wide {
+        cluster.kubectl(&[
+            "create",
+            "clusterrolebinding",
+            &format!("loopwright-{ns}"),
+            "--clusterrole=loopwright-cluster",
+            &format!("--serviceaccount={sa}"),
+        ]);
+    }
     let token = cluster.kubectl(&["-n", &ns, "create", "token", "lw", "--duration=2h"]);
     let server = cluster.kubectl(&[
         "config",
@@ -385,4 +471,53 @@ pub fn project_image(proj: &Path) -> String {
     loopwright::sandbox::resolve_image(&docker, Some(&project), None, false)
         .expect("the fixture's image is built")
         .reference
+}
+
+/// What of root `root_id` is left in namespace `ns`, through the API:
+/// every kind loopwright makes (pods, claims, policies, configmaps,
+/// Services, Secrets) labelled with the root, and the PersistentVolumes
+/// bound to its claims (`lw-sb-ROOTID-...`), which the provisioner deletes
+/// after their claim: waited for (bounded) until none is left.  One name
+/// a line; `keep` drops the lines that contain it (the tools claim, where
+/// the root's is to stay).
+pub fn leftovers(cluster: &Cluster, ns: &str, root_id: &str, keep: Option<&str>) -> String {
+    let t = Instant::now();
+    loop {
+        let mut left = cluster.kubectl(&[
+            "-n",
+            ns,
+            "get",
+            "pods,pvc,networkpolicies,configmaps,services,secrets",
+            "-l",
+            &format!("org.loopwright.root={root_id}"),
+            "-o",
+            "name",
+        ]);
+        let pvs = cluster.kubectl(&[
+            "get",
+            "pv",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name} {.spec.claimRef.namespace} {.spec.claimRef.name}{\"\\n\"}{end}",
+        ]);
+        for l in pvs.lines() {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if let [pv, claim_ns, claim] = f[..]
+                && claim_ns == ns
+                && claim.starts_with(&format!("lw-sb-{root_id}-"))
+            {
+                left += &format!("persistentvolume/{pv} (claim {claim})\n");
+            }
+        }
+        let left: String = left
+            .lines()
+            .filter(|l| keep.is_none_or(|k| !l.contains(k)))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        if left.is_empty() || t.elapsed() > std::time::Duration::from_secs(60) {
+            return left;
+        }
+        // Claims and volumes go after their last pod, by the controllers:
+        // no event of ours to wait on.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
 }

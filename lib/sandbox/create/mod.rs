@@ -8,8 +8,9 @@
 //! mirror; then where the branch starts (a `--from` naming nothing undoes
 //! what was made), the clone inside the container, the secrets, the
 //! incremental install when the branch's lockfiles differ from the image's,
-//! and last the record marked ready.  A failure rolls back what was made; a
-//! `kill -9` leaves it to `gc`.
+//! and last the record marked ready.  A failure rolls back what was made
+//! (and the root's tools volume, made by a first create, when no sandbox
+//! of the root is left to use it); a `kill -9` leaves it to `gc`.
 //!
 //! This file holds the order; each step is in the module named for it:
 //! `checks`, `image` (which image, which of its inputs the branch changed),
@@ -348,6 +349,14 @@ impl<'a> Sandboxes<'a> {
                     ));
                 } else {
                     lock.remove();
+                    // What the root made for its sandboxes (the tools
+                    // volume), when no sandbox of the root is left to use
+                    // it: a failed first create leaves the root as it was.
+                    if let Err(c) = self.reclaim_root_leftovers(&mut sink) {
+                        warn(&format!(
+                            "could not remove the root's tools volume after the failed create of '{name}' ({c}); lw-sandbox gc will"
+                        ));
+                    }
                 }
                 Err(e)
             }

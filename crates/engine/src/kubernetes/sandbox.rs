@@ -34,6 +34,19 @@ impl KubeEngine {
     fn claims(&self) -> Api<PersistentVolumeClaim> {
         Api::namespaced(self.client().clone(), &self.target().namespace)
     }
+
+    /// Whether claim `name` is there and being deleted (a list by name:
+    /// `get` on claims is not in the Role).
+    fn claim_terminating(&self, name: &str, what: &str) -> Result<bool> {
+        let lp = ListParams::default().fields(&format!("metadata.name={name}"));
+        let list = self
+            .block_on(self.claims().list(&lp))
+            .map_err(|e| self.err("list", "persistentvolumeclaims", what, e))?;
+        Ok(list
+            .items
+            .iter()
+            .any(|c| c.metadata.deletion_timestamp.is_some()))
+    }
 }
 
 impl SandboxEngine for KubeEngine {
@@ -45,11 +58,33 @@ impl SandboxEngine for KubeEngine {
         pod::check_name("volume", name)?;
         let what = format!("cannot create volume '{name}'");
         let claim = self.storage().claim(name, labels);
-        match self.block_on(self.claims().create(&PostParams::default(), &claim)) {
-            Ok(_) => Ok(()),
-            // An existing one is reused, as the contract says.
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-            Err(e) => Err(self.err("create", "persistentvolumeclaims", &what, e)),
+        let deadline = std::time::Instant::now() + super::REMOVE_TIMEOUT;
+        loop {
+            match self.block_on(self.claims().create(&PostParams::default(), &claim)) {
+                Ok(_) => return Ok(()),
+                // An existing one is reused, as the contract says; one
+                // being deleted (a failed create's tools claim, gone once
+                // its last pod is) is waited for and made again: a pod
+                // mounting it would never start.
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    if !self.claim_terminating(name, &what)? {
+                        return Ok(());
+                    }
+                    if std::time::Instant::now() >= deadline {
+                        return Err(Error::new(
+                            Exit::TempFail,
+                            format!(
+                                "{what}: a claim of that name is still being deleted after {} s",
+                                super::REMOVE_TIMEOUT.as_secs()
+                            ),
+                        ));
+                    }
+                    // Watching claims is not in the Role (access.rs), so
+                    // the rare wait is a list each 200 ms.
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                }
+                Err(e) => return Err(self.err("create", "persistentvolumeclaims", &what, e)),
+            }
         }
     }
 
