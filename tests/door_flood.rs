@@ -2,7 +2,7 @@
 //! characters: lw-mediate and lw-sync as processes against lw-github-sink's
 //! server on 127.0.0.1.  Prints its figures.
 
-mod sync_support;
+use support::sync as sync_support;
 
 use std::path::Path;
 use std::process::{Command, Output};

@@ -8,7 +8,7 @@
 //! (tests/sandbox_posture.rs holds the older probes: mounts, namespaces,
 //! the Docker socket, other sandboxes' mailboxes, the host's files.)
 
-mod sandbox_support;
+use support::sandbox as sandbox_support;
 
 use std::io::Read;
 use std::net::TcpListener;

@@ -24,9 +24,9 @@
 //! Without the cached binaries (scripts/k8s-build) the test says it cannot
 //! run and why, and passes.
 
-mod build_cache_support;
-mod kube_support;
-mod sandbox_support;
+use support::cluster as kube_support;
+use support::registry as build_cache_support;
+use support::sandbox as sandbox_support;
 
 use std::path::Path;
 use std::process::{Command, Output};

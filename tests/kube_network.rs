@@ -30,9 +30,8 @@
 //! Without the cached binaries the tests say they cannot run and why; each
 //! takes the cluster's lock (tests/kube_support).
 
-#[path = "kube_support/mod.rs"]
-mod kube_support;
-mod sandbox_support;
+use support::cluster as kube_support;
+use support::sandbox as sandbox_support;
 
 use std::collections::BTreeMap;
 use std::io::Read;

@@ -23,9 +23,9 @@
 //! Without the cached binaries (scripts/k8s-build) the test says it cannot
 //! run and why, and passes.
 
-mod courier_support;
-mod kube_support;
-mod sandbox_support;
+use support::cluster as kube_support;
+use support::courier as courier_support;
+use support::sandbox as sandbox_support;
 use support::seeded;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -16,9 +16,23 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod build;
+#[cfg(feature = "product")]
+pub mod cluster;
 pub mod common;
+pub mod courier;
+pub mod egress;
+#[cfg(feature = "product")]
+pub mod federation;
+pub mod mcp;
 pub mod mediate_util;
+#[cfg(feature = "product")]
+pub mod registry;
+#[cfg(feature = "product")]
+pub mod sandbox;
 pub mod seeded;
+#[cfg(feature = "product")]
+pub mod sync;
 
 /// The workspace's top directory (this crate is crates/test-support).
 pub fn workspace() -> PathBuf {
