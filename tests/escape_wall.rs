@@ -5,7 +5,7 @@
 //! operator, a hard link into the quarantine — each probe run for real
 //! against the Docker engine.  Prints a table (probe, expected, got) and
 //! the figures; every probe must fail.
-//! (tests/sandbox_posture.rs holds the older probes: mounts, namespaces,
+//! (tests/sandbox/sandbox_posture.rs holds the older probes: mounts, namespaces,
 //! the Docker socket, other sandboxes' mailboxes, the host's files.)
 
 use support::sandbox as sandbox_support;

@@ -1,7 +1,7 @@
 //! Issue 23, images through `build.cache`: the cluster's node pulls a pod
 //! sandbox's image from the image cache, as a real cluster would, instead of
 //! having it imported.  The reference registry (`docker-registry`, TLS from a
-//! test CA, htpasswd; tests/build_cache_support) runs on 127.0.0.1;
+//! test CA, htpasswd; crates/test-support/src/registry.rs) runs on 127.0.0.1;
 //! `lw-build push` puts the fixture's layers there; the single-node cluster
 //! (scripts/k8s-cluster with `LW_K8S_REGISTRY` and `LW_K8S_REGISTRY_CA`)
 //! trusts it through containerd's hosts.toml and imports nothing of the

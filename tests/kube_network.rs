@@ -28,7 +28,7 @@
 //! of it.
 //!
 //! Without the cached binaries the tests say they cannot run and why; each
-//! takes the cluster's lock (tests/kube_support).
+//! takes the cluster's lock (crates/test-support/src/cluster.rs).
 
 use support::cluster as kube_support;
 use support::sandbox as sandbox_support;

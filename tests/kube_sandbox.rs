@@ -1,5 +1,5 @@
 //! Sandboxes as pods: `lw-sandbox` with `LW_ENGINE=kubernetes` on the real
-//! single-node cluster of scripts/k8s-cluster (tests/kube_support), the
+//! single-node cluster of scripts/k8s-cluster (crates/test-support/src/cluster.rs), the
 //! project's image imported into its containerd (no registry).  The cluster
 //! does not see this host's files, so every sandbox is in volume mode
 //! (lib/sandbox/volume.rs): its workspace, mail dir and tools are

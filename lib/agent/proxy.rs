@@ -291,7 +291,7 @@ pub fn create(
     start(engine, key)
 }
 
-/// The proxy's memory limit: what python needs (tests/model_proxy.rs
+/// The proxy's memory limit: what python needs (tests/agent/model_proxy.rs
 /// measures under 40 MiB with 256 connections open) plus the bodies it may
 /// hold at once (model-proxy.py's BUDGET: four of the largest, at least 32 MiB).
 pub fn memory(max_request: u64) -> i64 {

@@ -2,7 +2,7 @@
 //! tests/devcontainer/, each with what lw init takes, refuses and writes
 //! (expect.txt), and the reference implementation's reading of it
 //! (reference.json, recorded by scripts/devcontainer-reference from
-//! @devcontainers/cli).  `LW_BLESS=1 cargo test --test devcontainer`
+//! @devcontainers/cli).  `LW_BLESS=1 cargo test --test build devcontainer::`
 //! rewrites expect.txt after a deliberate change; read the diff.
 
 use std::path::{Path, PathBuf};

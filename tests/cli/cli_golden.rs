@@ -3,7 +3,7 @@
 //! statuses (tests/cmd; cases written by scripts/goldens, and `.trycmd`
 //! sequences written by hand).  A change in
 //! what a person sees fails here until the golden files are updated with
-//! `TRYCMD=overwrite cargo test --test cli_golden` and reviewed.
+//! `TRYCMD=overwrite cargo test --test cli cli_golden` and reviewed.
 
 #[test]
 fn cli_goldens() {

@@ -401,7 +401,7 @@ fn only_select_connects_to_a_docker_engine() {
     let found = spelled(
         &files,
         &["DockerEngine::connect"],
-        &["crates/engine/src/select.rs", "tests/source_rules.rs"],
+        &["crates/engine/src/select.rs", "tests/cli/source_rules.rs"],
     );
     assert!(
         found.is_empty(),

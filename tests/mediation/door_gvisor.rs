@@ -8,7 +8,7 @@
 //! every second (ten times) while the posts flow.  A second link the
 //! sandbox really planted is still quarantined.  Prints its figures.
 //!
-//! Needs runsc registered with dockerd (as tests/sandbox_runtime.rs).
+//! Needs runsc registered with dockerd (as tests/sandbox/sandbox_runtime.rs).
 
 use support::sandbox as sandbox_support;
 

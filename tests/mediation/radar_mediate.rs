@@ -3,7 +3,7 @@
 //! logged), both sandboxes find it in their inbox, a further pass says
 //! nothing, a resolution gives `conflict-cleared`; the policy can hold or
 //! escalate the kind; a sandbox cannot post it.  Branches come from host
-//! repositories (`--from`); tests/sandbox_flow.rs reaches real sandboxes.
+//! repositories (`--from`); tests/sandbox/sandbox_flow.rs reaches real sandboxes.
 
 use support::common;
 

@@ -1,5 +1,5 @@
 //! Issue 39: real projects' own tests, run inside a sandbox with the network
-//! off.  The corpus (tests/real_projects_support: 3 or more projects per
+//! off.  The corpus (tests/real_projects/real_projects_support: 3 or more projects per
 //! stack, chosen for the lockfile and layout kinds they cover) is fetched
 //! from the registries and cached.  Each run (its checkout.rs) makes a project a git repository with
 //! an `origin` and goes `lw init` → `lw-mirror sync` → `lw-build` →

@@ -7,7 +7,7 @@
 //! Asserted: the engine code connects over TLS as the Docker CLI's variables
 //! say and runs a plain container there (create, start, exec, remove);
 //! `lw doctor` says B does not share the host's filesystem and the local
-//! engine does; sandboxes on B work in volume mode (tests/remote_support:
+//! engine does; sandboxes on B work in volume mode (tests/remote_engine/remote_support:
 //! create, exec, post -> mediator -> courier -> a waiting lw-inbox, read
 //! receipts, push, rm, `--port` on B's host, the courier create starts,
 //! B down and wiped, a root with a sandbox on each engine, kill -9 of the
@@ -621,7 +621,7 @@ fn remote_engine_over_tls() {
     );
 
     // Sandboxes on B, in volume mode, beside the same on the local engine
-    // (tests/remote_support): the project's image is loaded into B first.
+    // (tests/remote_engine/remote_support): the project's image is loaded into B first.
     let fx = sandbox_support::Fixture::new("remote");
     let project = mailbox::config::Project::find(&fx.proj)
         .unwrap()

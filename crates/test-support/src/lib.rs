@@ -1,5 +1,8 @@
-//! What loopwright's integration tests share: [`bin`], [`nonce`] and
-//! [`tempdir`], once (the suites' own `*_support` modules re-export them).
+//! What loopwright's integration tests share, compiled once for every test
+//! binary: [`bin`], [`nonce`] and [`tempdir`], and the helpers of each area
+//! (sandboxes, the GitHub peer, images, registries, the test cluster, MCP
+//! clients); those that reach into the product's library are behind the
+//! `product` feature (docs/architecture.md).
 //!
 //! [`bin`] finds a command of the workspace in the target directory the
 //! test runs from.  Cargo hands a test only its own package's commands

@@ -1,6 +1,6 @@
 //! One project's checkout made a git repository with an upstream, the
 //! built commands on PATH, and its run through lw init, lw-build,
-//! lw-sandbox create and its test command (tests/real_projects.rs).
+//! lw-sandbox create and its test command (tests/real_projects/main.rs).
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};

@@ -1,4 +1,4 @@
-//! The corpus of tests/real_projects.rs: which real projects, and how each
+//! The corpus of tests/real_projects/main.rs: which real projects, and how each
 //! comes from its registry.  Each is fetched with the ordinary client
 //! (`npm pack`, `pip download`, a crate from static.crates.io, `go mod
 //! download`), pinned to an exact version, unpacked, given the lockfile its

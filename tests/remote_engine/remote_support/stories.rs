@@ -1,4 +1,4 @@
-//! The stories of engine B beyond the basic flow (tests/remote_support):
+//! The stories of engine B beyond the basic flow (tests/remote_engine/remote_support):
 //! the root's courier as create starts it, `--port` on B, B down and wiped,
 //! and one root with a sandbox on each engine.
 

@@ -1,7 +1,8 @@
 //! lw-mcp as a process over stdio: it answers `initialize` with its name
-//! and the capabilities the door offers.  (Also what makes `cargo test`
-//! build lw-mcp, which the sandbox and MCP suites mount and run; those
-//! suites, with real MCP clients, are the top package's tests/mcp*.rs.)
+//! and the capabilities the door offers; the suites with real MCP clients
+//! and hostile input are modules of this binary, the storm a binary of its
+//! own (crates/mcp/tests/mcp_storm.rs).  (Also what makes `cargo test` build
+//! lw-mcp, which the sandbox suites mount and run.)
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};

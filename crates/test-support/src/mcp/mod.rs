@@ -42,7 +42,7 @@ pub fn inspector() -> PathBuf {
     bin
 }
 
-/// The Python client script (tests/mcp_support/client.py).
+/// The Python client script (crates/test-support/src/mcp/client.py).
 pub fn client_script() -> PathBuf {
     crate::workspace().join("crates/test-support/src/mcp/client.py")
 }
