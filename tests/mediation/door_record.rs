@@ -14,6 +14,7 @@ use mailbox::layout::Root;
 use mailbox::log::{Action, Log};
 use mailbox::maildir::Sub;
 use mailbox::message::Kind;
+use support::common::ok;
 use sync_support::{Env, text};
 
 const VALUE: &str = "sk-live-7f3a9c2b41";
@@ -32,16 +33,6 @@ fn mediate(root: &Root, dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Outp
         .args(args);
     c.envs(env.iter().copied());
     c.output().unwrap()
-}
-
-fn ok(o: &Output) {
-    assert!(
-        o.status.success(),
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        text(&o.stdout),
-        text(&o.stderr)
-    );
 }
 
 fn in_new(d: mailbox::maildir::Maildir) -> usize {

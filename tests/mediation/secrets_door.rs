@@ -17,6 +17,8 @@ use mailbox::log::{Action, Entry, Log};
 use mailbox::maildir::Sub;
 use mailbox::message::{Kind, Message};
 use mailbox::registry::{Registry, Sandbox};
+use support::common::ok;
+use support::mediate_util::post;
 use sync_support::{Env, files_under, text};
 
 /// Its base64 has '+' and '/' at offsets 1 and 2, so the URL-safe forms differ.
@@ -25,10 +27,6 @@ const DEPLOY: &str = "d3pl0y~k3y?>>";
 
 fn msg(to: &str, kind: Kind, subject: &str, body: &str) -> Message {
     sync_support::message("x", to, kind, subject, body)
-}
-
-fn post(root: &Root, sender: &str, m: &Message) {
-    root.sandbox(sender).outbox().deliver_message(m).unwrap();
 }
 
 /// lw-mediate run from `/`, with only `env` of the secrets set.
@@ -46,16 +44,6 @@ fn mediate(root: &Root, env: &[(&str, &str)], args: &[&str]) -> Output {
         .args(args)
         .stdin(Stdio::null());
     c.output().unwrap()
-}
-
-fn ok(o: &Output) {
-    assert!(
-        o.status.success(),
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        text(&o.stdout),
-        text(&o.stderr)
-    );
 }
 
 fn entries(root: &Root) -> Vec<Entry> {

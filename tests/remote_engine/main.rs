@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use engine::hostpaths::{Sharing, probe};
 use engine::{ContainerSpec, DockerEngine, Engine, ExecRequest, HostPaths};
+use support::common::output as text;
 
 const DOCKERFILE: &str = "\
 RUN apt-get update \\
@@ -42,14 +43,6 @@ RUN apt-get update \\
  && rm -rf /var/lib/apt/lists/*
 CMD [\"sleep\", \"infinity\"]
 ";
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 fn run(cmd: &mut Command) -> Output {
     let o = cmd.output().expect("command runs");

@@ -10,36 +10,12 @@ use std::net::{TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use support::common::TempDir;
+
 const BIN: &str = env!("CARGO_BIN_EXE_lw-mirror");
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "lw-mirror-test-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&p);
-        fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn join(&self, p: &str) -> PathBuf {
-        self.0.join(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
 
 /// git with no user or system configuration, a fixed identity and `main`.
 fn git_cmd(dir: &Path) -> Command {
@@ -148,7 +124,7 @@ fn fsck(repo: &Path) {
 fn reference_clone(t: &TempDir, mirror: &Path, up: &Path, name: &str) -> PathBuf {
     let dst = t.join(name);
     git(
-        &t.0,
+        t.path(),
         &[
             "clone",
             "-q",
@@ -191,12 +167,12 @@ fn sync_ok(dir: &Path, args: &[&str]) -> String {
 
 #[test]
 fn first_sync_has_the_refs_and_head_of_git_clone_mirror_and_fsck_is_clean() {
-    let t = TempDir::new("refs");
+    let t = TempDir::outside_repo("refs");
     let up = upstream(&t);
     git(&up, &["symbolic-ref", "HEAD", "refs/heads/feature"]);
     let proj = t.join("proj");
     git(
-        &t.0,
+        t.path(),
         &["clone", "-q", up.to_str().unwrap(), proj.to_str().unwrap()],
     );
 
@@ -209,7 +185,7 @@ fn first_sync_has_the_refs_and_head_of_git_clone_mirror_and_fsck_is_clean() {
 
     let reference = t.join("reference.git");
     git(
-        &t.0,
+        t.path(),
         &[
             "clone",
             "-q",
@@ -233,14 +209,14 @@ fn first_sync_has_the_refs_and_head_of_git_clone_mirror_and_fsck_is_clean() {
 
 #[test]
 fn deleted_and_force_pushed_branches_keep_their_objects_and_old_clones_stay_whole() {
-    let t = TempDir::new("prune");
+    let t = TempDir::outside_repo("prune");
     let up = upstream(&t);
     let m = t.join("m.git");
     let ms = m.to_str().unwrap();
     let doomed_tip = commit(&up, "doomed", "only-on-doomed");
     let old_feature = commit(&up, "feature", "rewritten-away");
     git(&up, &["checkout", "-q", "main"]);
-    sync_ok(&t.0, &[up.to_str().unwrap(), "--mirror", ms]);
+    sync_ok(t.path(), &[up.to_str().unwrap(), "--mirror", ms]);
 
     // Clones that borrow from the mirror, made before the upstream rewrites history.
     let old_ref = reference_clone(&t, &m, &up, "old-reference");
@@ -248,7 +224,7 @@ fn deleted_and_force_pushed_branches_keep_their_objects_and_old_clones_stay_whol
     git(&old_ref, &["checkout", "-q", "feature"]);
     let old_shared = t.join("old-shared");
     git(
-        &t.0,
+        t.path(),
         &["clone", "-q", "--shared", ms, old_shared.to_str().unwrap()],
     );
     git(&old_shared, &["checkout", "-q", "doomed"]);
@@ -268,12 +244,12 @@ fn deleted_and_force_pushed_branches_keep_their_objects_and_old_clones_stay_whol
             .success()
     );
 
-    assert_eq!(sync_ok(&t.0, &["--mirror", ms]), format!("{ms}\n"));
+    assert_eq!(sync_ok(t.path(), &["--mirror", ms]), format!("{ms}\n"));
 
     // Every upstream ref is as in a fresh `git clone --mirror`; the only extra is the deleted branch.
     let fresh = t.join("fresh.git");
     git(
-        &t.0,
+        t.path(),
         &[
             "clone",
             "-q",
@@ -315,23 +291,23 @@ fn deleted_and_force_pushed_branches_keep_their_objects_and_old_clones_stay_whol
 
 #[test]
 fn a_kept_deleted_branch_that_blocks_a_new_upstream_ref_is_moved_aside() {
-    let t = TempDir::new("df");
+    let t = TempDir::outside_repo("df");
     let up = upstream(&t);
     let m = t.join("m.git");
     let ms = m.to_str().unwrap();
     git(&up, &["branch", "dir/old", "main~1"]);
-    sync_ok(&t.0, &[up.to_str().unwrap(), "--mirror", ms]);
+    sync_ok(t.path(), &[up.to_str().unwrap(), "--mirror", ms]);
     let doomed = git(&m, &["rev-parse", "refs/heads/doomed"]);
     let dir_old = git(&m, &["rev-parse", "refs/heads/dir/old"]);
     // Upstream replaces branch `doomed` by `doomed/next`, and `dir/old` by `dir`.
     git(&up, &["branch", "-D", "doomed", "dir/old"]);
     git(&up, &["branch", "doomed/next", "main"]);
     git(&up, &["branch", "dir", "main"]);
-    sync_ok(&t.0, &["--mirror", ms]);
+    sync_ok(t.path(), &["--mirror", ms]);
 
     let fresh = t.join("fresh.git");
     git(
-        &t.0,
+        t.path(),
         &[
             "clone",
             "-q",
@@ -355,11 +331,11 @@ fn a_kept_deleted_branch_that_blocks_a_new_upstream_ref_is_moved_aside() {
 
 #[test]
 fn unreachable_or_wrong_url_exits_69_and_leaves_the_mirror_untouched() {
-    let t = TempDir::new("bad-url");
+    let t = TempDir::outside_repo("bad-url");
     let up = upstream(&t);
     let m = t.join("m.git");
     let ms = m.to_str().unwrap();
-    sync_ok(&t.0, &[up.to_str().unwrap(), "--mirror", ms]);
+    sync_ok(t.path(), &[up.to_str().unwrap(), "--mirror", ms]);
     let before = snapshot(&m);
     let not_a_repo = t.join("plain-dir");
     fs::create_dir(&not_a_repo).unwrap();
@@ -370,7 +346,7 @@ fn unreachable_or_wrong_url_exits_69_and_leaves_the_mirror_untouched() {
         "http://127.0.0.1:1/x.git".to_string(),
     ];
     for url in &urls {
-        let out = run(lw(&t.0).args(["sync", url, "--mirror", ms]));
+        let out = run(lw(t.path()).args(["sync", url, "--mirror", ms]));
         let err = text(&out.stderr);
         assert_eq!(out.status.code(), Some(69), "{url}: {err}");
         assert!(err.starts_with("lw-mirror: cannot fetch from '"), "{err}");
@@ -384,7 +360,7 @@ fn unreachable_or_wrong_url_exits_69_and_leaves_the_mirror_untouched() {
 
     // A first sync from a wrong URL leaves nothing behind.
     let m2 = t.join("m2.git");
-    let out = run(lw(&t.0).args([
+    let out = run(lw(t.path()).args([
         "sync",
         not_a_repo.to_str().unwrap(),
         "--mirror",
@@ -392,7 +368,7 @@ fn unreachable_or_wrong_url_exits_69_and_leaves_the_mirror_untouched() {
     ]));
     assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
     assert!(!m2.exists());
-    let left: Vec<_> = fs::read_dir(&t.0)
+    let left: Vec<_> = fs::read_dir(t.path())
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .filter(|n| n.to_string_lossy().contains(".tmp-"))
@@ -402,7 +378,7 @@ fn unreachable_or_wrong_url_exits_69_and_leaves_the_mirror_untouched() {
 
 #[test]
 fn outside_a_repository_and_foreign_or_damaged_paths_are_refused_with_the_fix() {
-    let t = TempDir::new("refuse");
+    let t = TempDir::outside_repo("refuse");
     let up = upstream(&t);
     let plain = t.join("plain");
     fs::create_dir(&plain).unwrap();
@@ -424,7 +400,7 @@ fn outside_a_repository_and_foreign_or_damaged_paths_are_refused_with_the_fix() 
 
     // A directory that is not a mirror is never touched.
     fs::write(plain.join("precious"), "data").unwrap();
-    let out = run(lw(&t.0).args([
+    let out = run(lw(t.path()).args([
         "sync",
         up.to_str().unwrap(),
         "--mirror",
@@ -433,18 +409,18 @@ fn outside_a_repository_and_foreign_or_damaged_paths_are_refused_with_the_fix() 
     assert_eq!(out.status.code(), Some(73), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("is not a mirror made by lw-mirror"));
     assert_eq!(fs::read_dir(&plain).unwrap().count(), 1);
-    let out = run(lw(&t.0).args(["status", "--mirror", plain.to_str().unwrap()]));
+    let out = run(lw(t.path()).args(["status", "--mirror", plain.to_str().unwrap()]));
     assert_eq!(out.status.code(), Some(66), "{}", text(&out.stderr));
 
     // A mirror whose state file is garbage is explained, not rebuilt over.
     let m = t.join("m.git");
     sync_ok(
-        &t.0,
+        t.path(),
         &[up.to_str().unwrap(), "--mirror", m.to_str().unwrap()],
     );
     fs::write(m.join("lw-mirror.state"), "nonsense\n").unwrap();
     for sub in ["sync", "status"] {
-        let out = run(lw(&t.0).args([sub, "--mirror", m.to_str().unwrap()]));
+        let out = run(lw(t.path()).args([sub, "--mirror", m.to_str().unwrap()]));
         assert_eq!(out.status.code(), Some(65), "{}", text(&out.stderr));
         assert!(
             text(&out.stderr).contains("is damaged"),
@@ -454,11 +430,11 @@ fn outside_a_repository_and_foreign_or_damaged_paths_are_refused_with_the_fix() 
         assert!(text(&out.stderr).contains("run lw-mirror sync to rebuild it"));
     }
 
-    let out = run(lw(&t.0).args(["status", "--mirror", t.join("none.git").to_str().unwrap()]));
+    let out = run(lw(t.path()).args(["status", "--mirror", t.join("none.git").to_str().unwrap()]));
     assert_eq!(out.status.code(), Some(66));
     assert!(text(&out.stderr).contains("no mirror at"));
 
-    let out = run(lw(&t.0).args(["sync", "--if-older-than", "soon", "--mirror", "x"]));
+    let out = run(lw(t.path()).args(["sync", "--if-older-than", "soon", "--mirror", "x"]));
     assert_eq!(out.status.code(), Some(64));
     assert!(text(&out.stderr).starts_with("lw-mirror: "));
 }
@@ -551,7 +527,7 @@ fn spawn_waiting(
 #[test]
 fn concurrent_syncs_make_one_fetch_and_all_succeed() {
     const N: usize = 6;
-    let t = TempDir::new("concurrent");
+    let t = TempDir::outside_repo("concurrent");
     let up = upstream(&t);
     let (script, count, _) = counting_upload_pack(&t, 0);
     let m = t.join("m.git");
@@ -565,7 +541,7 @@ fn concurrent_syncs_make_one_fetch_and_all_succeed() {
         let before = uploads(&count);
         let lock = hold_lock(&m);
         let waiting: Vec<_> = (0..N)
-            .map(|_| spawn_waiting(&t.0, &[url, "--mirror", ms, "--json"], &script))
+            .map(|_| spawn_waiting(t.path(), &[url, "--mirror", ms, "--json"], &script))
             .collect();
         drop(lock);
         let mut outcomes = Vec::new();
@@ -591,9 +567,9 @@ fn concurrent_syncs_make_one_fetch_and_all_succeed() {
         );
         fsck(&m);
         assert_eq!(refs(&m), {
-            let fresh = t.join(&format!("fresh-{round}.git"));
+            let fresh = t.join(format!("fresh-{round}.git"));
             git(
-                &t.0,
+                t.path(),
                 &["clone", "-q", "--mirror", url, fresh.to_str().unwrap()],
             );
             refs(&fresh)
@@ -603,19 +579,19 @@ fn concurrent_syncs_make_one_fetch_and_all_succeed() {
 
 #[test]
 fn if_older_than_returns_at_once_when_fresh_even_while_a_sync_runs() {
-    let t = TempDir::new("fresh");
+    let t = TempDir::outside_repo("fresh");
     let up = upstream(&t);
     let (script, count, _) = counting_upload_pack(&t, 0);
     let m = t.join("m.git");
     let ms = m.to_str().unwrap();
     let url = up.to_str().unwrap();
-    let mut c = lw(&t.0);
+    let mut c = lw(t.path());
     with_upload_pack(c.args(["sync", url, "--mirror", ms]), &script);
     assert!(run(&mut c).status.success());
     let runs = uploads(&count);
 
     let _lock = hold_lock(&m);
-    let mut c = lw(&t.0);
+    let mut c = lw(t.path());
     with_upload_pack(
         c.args([
             "sync",
@@ -638,7 +614,7 @@ fn if_older_than_returns_at_once_when_fresh_even_while_a_sync_runs() {
     drop(_lock);
 
     // Zero means "always fetch".
-    let mut c = lw(&t.0);
+    let mut c = lw(t.path());
     with_upload_pack(
         c.args([
             "sync",
@@ -662,12 +638,12 @@ fn if_older_than_returns_at_once_when_fresh_even_while_a_sync_runs() {
 
 #[test]
 fn a_killed_first_sync_leaves_a_temporary_directory_that_the_next_sync_replaces() {
-    let t = TempDir::new("killed");
+    let t = TempDir::outside_repo("killed");
     let up = upstream(&t);
     // Run 1 is ls-remote, run 2 the fetch: kill in the middle of the fetch.
     let (script, _count, started) = counting_upload_pack(&t, 2);
     let m = t.join("m.git");
-    let mut c = lw(&t.0);
+    let mut c = lw(t.path());
     c.args([
         "sync",
         up.to_str().unwrap(),
@@ -691,7 +667,7 @@ fn a_killed_first_sync_leaves_a_temporary_directory_that_the_next_sync_replaces(
     let out = child.wait_with_output().unwrap();
     assert!(out.status.code().is_none(), "killed by a signal");
     let leftovers = |_: ()| -> Vec<String> {
-        fs::read_dir(&t.0)
+        fs::read_dir(t.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .filter(|n| n.starts_with("m.git.tmp-"))
@@ -704,11 +680,11 @@ fn a_killed_first_sync_leaves_a_temporary_directory_that_the_next_sync_replaces(
         "the half-made mirror is in a temporary directory"
     );
     assert!(!m.exists(), "nothing half-made at the mirror's path");
-    let out = run(lw(&t.0).args(["status", "--mirror", m.to_str().unwrap()]));
+    let out = run(lw(t.path()).args(["status", "--mirror", m.to_str().unwrap()]));
     assert_eq!(out.status.code(), Some(66));
 
     sync_ok(
-        &t.0,
+        t.path(),
         &[up.to_str().unwrap(), "--mirror", m.to_str().unwrap()],
     );
     let after = leftovers(());
@@ -721,7 +697,7 @@ fn a_killed_first_sync_leaves_a_temporary_directory_that_the_next_sync_replaces(
     fsck(&m);
     let fresh = t.join("fresh.git");
     git(
-        &t.0,
+        t.path(),
         &[
             "clone",
             "-q",
@@ -735,25 +711,25 @@ fn a_killed_first_sync_leaves_a_temporary_directory_that_the_next_sync_replaces(
 
 #[test]
 fn a_stale_ref_lock_from_a_killed_fetch_does_not_stop_the_next_sync() {
-    let t = TempDir::new("stale-lock");
+    let t = TempDir::outside_repo("stale-lock");
     let up = upstream(&t);
     let m = t.join("m.git");
     let ms = m.to_str().unwrap();
-    sync_ok(&t.0, &[up.to_str().unwrap(), "--mirror", ms]);
+    sync_ok(t.path(), &[up.to_str().unwrap(), "--mirror", ms]);
     fs::write(m.join("refs/heads/main.lock"), "").unwrap();
     let tip = commit(&up, "main", "after-the-crash");
-    sync_ok(&t.0, &["--mirror", ms]);
+    sync_ok(t.path(), &["--mirror", ms]);
     assert_eq!(git(&m, &["rev-parse", "refs/heads/main"]).trim(), tip);
     assert!(!m.join("refs/heads/main.lock").exists());
 }
 
 #[test]
 fn status_reports_url_refs_size_and_last_fetch() {
-    let t = TempDir::new("status");
+    let t = TempDir::outside_repo("status");
     let up = upstream(&t);
     let proj = t.join("proj");
     git(
-        &t.0,
+        t.path(),
         &["clone", "-q", up.to_str().unwrap(), proj.to_str().unwrap()],
     );
     fs::create_dir(proj.join(".loopwright")).unwrap();
@@ -944,12 +920,12 @@ fn base64(data: &[u8]) -> String {
 #[test]
 fn credentials_in_the_url_reach_the_server_and_nowhere_else() {
     const TOKEN: &str = "tok-9f8e7d6c5b4a";
-    let t = TempDir::new("creds");
+    let t = TempDir::outside_repo("creds");
     let up = upstream(&t);
     let root = t.join("srv");
     fs::create_dir(&root).unwrap();
     git(
-        &t.0,
+        t.path(),
         &[
             "clone",
             "-q",
@@ -963,13 +939,13 @@ fn credentials_in_the_url_reach_the_server_and_nowhere_else() {
     let ms = m.to_str().unwrap();
     let url = format!("http://alice:{TOKEN}@127.0.0.1:{}/repo.git", srv.port);
 
-    let out = run(lw(&t.0).args(["sync", &url, "--mirror", ms, "--progress"]));
+    let out = run(lw(t.path()).args(["sync", &url, "--mirror", ms, "--progress"]));
     let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{all}");
     assert!(!all.contains(TOKEN), "{all}");
     let fresh = t.join("fresh.git");
     git(
-        &t.0,
+        t.path(),
         &[
             "clone",
             "-q",
@@ -998,7 +974,7 @@ fn credentials_in_the_url_reach_the_server_and_nowhere_else() {
     let bare = format!("http://127.0.0.1:{}/repo.git", srv.port);
     assert_eq!(git(&m, &["config", "remote.origin.url"]).trim(), bare);
 
-    let out = run(lw(&t.0).args(["status", "--mirror", ms]));
+    let out = run(lw(t.path()).args(["status", "--mirror", ms]));
     assert!(!text(&out.stdout).contains(TOKEN) && text(&out.stdout).contains(&bare));
 
     // Later syncs with the same URL fetch with the header again.
@@ -1012,13 +988,13 @@ fn credentials_in_the_url_reach_the_server_and_nowhere_else() {
             "main",
         ],
     );
-    sync_ok(&t.0, &[&url, "--mirror", ms]);
+    sync_ok(t.path(), &[&url, "--mirror", ms]);
     assert_eq!(git(&m, &["rev-parse", "refs/heads/main"]).trim(), tip);
 
     // A wrong token: 69, the message names the bare URL and not the secret.
     let before = snapshot(&m);
     let wrong = format!("http://alice:wrong-{TOKEN}@127.0.0.1:{}/repo.git", srv.port);
-    let out = run(lw(&t.0).args(["sync", &wrong, "--mirror", ms]));
+    let out = run(lw(t.path()).args(["sync", &wrong, "--mirror", ms]));
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(69), "{err}");
     assert!(
@@ -1103,11 +1079,11 @@ fn loose_refs(git_dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn refs_are_packed_and_creation_reflogs_gone_but_no_object_is_pruned() {
-    let t = TempDir::new("pack");
+    let t = TempDir::outside_repo("pack");
     let up = upstream(&t);
     let m = t.join("m.git");
     let ms = m.to_str().unwrap();
-    sync_ok(&t.0, &[up.to_str().unwrap(), "--mirror", ms]);
+    sync_ok(t.path(), &[up.to_str().unwrap(), "--mirror", ms]);
     assert_eq!(
         loose_refs(&m),
         Vec::<PathBuf>::new(),
@@ -1128,7 +1104,7 @@ fn refs_are_packed_and_creation_reflogs_gone_but_no_object_is_pruned() {
         git(&up, &["branch", &format!("many/b{i}"), "main"]);
     }
     git(&up, &["checkout", "-q", "main"]);
-    sync_ok(&t.0, &["--mirror", ms]);
+    sync_ok(t.path(), &["--mirror", ms]);
     assert_eq!(
         loose_refs(&m),
         Vec::<PathBuf>::new(),
@@ -1157,17 +1133,17 @@ fn refs_are_packed_and_creation_reflogs_gone_but_no_object_is_pruned() {
 
 #[test]
 fn a_mirror_whose_refs_another_git_packed_meanwhile_still_syncs() {
-    let t = TempDir::new("packed-meanwhile");
+    let t = TempDir::outside_repo("packed-meanwhile");
     let up = upstream(&t);
     let m = t.join("m.git");
     let ms = m.to_str().unwrap();
-    sync_ok(&t.0, &[up.to_str().unwrap(), "--mirror", ms]);
+    sync_ok(t.path(), &[up.to_str().unwrap(), "--mirror", ms]);
     let first = commit(&up, "main", "first-new");
-    sync_ok(&t.0, &["--mirror", ms]);
+    sync_ok(t.path(), &["--mirror", ms]);
     // Another git packs the mirror's refs between two syncs.
     git(&m, &["pack-refs", "--all"]);
     let second = commit(&up, "main", "second-new");
-    sync_ok(&t.0, &["--mirror", ms]);
+    sync_ok(t.path(), &["--mirror", ms]);
     assert_eq!(git(&m, &["rev-parse", "refs/heads/main"]).trim(), second);
     git(&m, &["merge-base", "--is-ancestor", &first, &second]);
 
@@ -1177,7 +1153,7 @@ fn a_mirror_whose_refs_another_git_packed_meanwhile_still_syncs() {
         git(&up, &["branch", &format!("more/b{i}"), "main"]);
     }
     fs::write(m.join("packed-refs.lock"), "").unwrap();
-    let out = run(lw(&t.0).args(["sync", "--mirror", ms]));
+    let out = run(lw(t.path()).args(["sync", "--mirror", ms]));
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("left loose for the next sync to pack"),
@@ -1190,7 +1166,7 @@ fn a_mirror_whose_refs_another_git_packed_meanwhile_still_syncs() {
     );
     fs::remove_file(m.join("packed-refs.lock")).unwrap();
     let third = commit(&up, "main", "third-new");
-    sync_ok(&t.0, &["--mirror", ms]);
+    sync_ok(t.path(), &["--mirror", ms]);
     assert_eq!(git(&m, &["rev-parse", "refs/heads/main"]).trim(), third);
     assert_eq!(
         loose_refs(&m),

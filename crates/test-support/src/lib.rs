@@ -77,11 +77,14 @@ pub fn nonce() -> String {
 }
 
 /// A new empty directory under the system's temporary directory, named
-/// `lw-TAG-NONCE`; left for the test (or the machine) to remove.
+/// `lw-TAG-…`; left for the test (or the machine) to remove (made as
+/// [`common::TempDir`] is, then kept).
 pub fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("lw-{tag}-{}", nonce()));
-    std::fs::create_dir_all(&d).expect("the temporary directory is writable");
-    d
+    tempfile::Builder::new()
+        .prefix(&format!("lw-{tag}-"))
+        .tempdir()
+        .expect("the temporary directory is writable")
+        .keep()
 }
 
 /// The target directory's `tmp/` (what cargo names CARGO_TARGET_TMPDIR for

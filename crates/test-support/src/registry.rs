@@ -112,77 +112,8 @@ impl Registry {
         require("perl", "a bcrypt password hash for htpasswd");
         let dir = std::env::temp_dir().join(format!("lw-registry-{tag}-{}", nonce()));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let ossl = |args: &[&str]| run_ok("openssl", args, &dir);
-        ossl(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=loopwright cache test CA",
-        ]);
-        ossl(&[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=127.0.0.1",
-        ]);
-        std::fs::write(
-            dir.join("ext"),
-            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
-        )
-        .expect("write ext");
-        ossl(&[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.crt",
-            "-days",
-            "2",
-            "-extfile",
-            "ext",
-        ]);
-        let (user, password) = ("lw".to_string(), format!("pw-{}", nonce()));
-        // libxcrypt's bcrypt, through perl's crypt(): the registry takes bcrypt only.
-        let hash = run_ok(
-            "perl",
-            &[
-                "-e",
-                "print crypt($ARGV[0], '$2b$05$' . $ARGV[1])",
-                &password,
-                "loopwrightcachetestsalt",
-            ],
-            &dir,
-        );
-        assert!(
-            hash.starts_with("$2b$"),
-            "perl crypt made a bcrypt hash: {hash}"
-        );
-        std::fs::write(dir.join("htpasswd"), format!("{user}:{hash}\n")).expect("htpasswd");
+        certificates(&dir);
+        let (user, password) = htpasswd(&dir);
         let port = free_port();
         let addr = format!("127.0.0.1:{port}");
         let d = dir.display();
@@ -257,6 +188,88 @@ impl Registry {
         c.login(true).expect("the test's credentials work");
         c
     }
+}
+
+/// A test CA and the registry's certificate for 127.0.0.1, signed by it, in
+/// `dir` (ca.crt, server.crt, server.key).
+fn certificates(dir: &Path) {
+    let ossl = |args: &[&str]| run_ok("openssl", args, dir);
+    ossl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=loopwright cache test CA",
+    ]);
+    ossl(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    std::fs::write(
+        dir.join("ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("write ext");
+    ossl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "ext",
+    ]);
+}
+
+/// The registry's one user and a fresh password, its bcrypt hash in
+/// `dir`/htpasswd.
+fn htpasswd(dir: &Path) -> (String, String) {
+    let (user, password) = ("lw".to_string(), format!("pw-{}", nonce()));
+    // libxcrypt's bcrypt, through perl's crypt(): the registry takes bcrypt only.
+    let hash = run_ok(
+        "perl",
+        &[
+            "-e",
+            "print crypt($ARGV[0], '$2b$05$' . $ARGV[1])",
+            &password,
+            "loopwrightcachetestsalt",
+        ],
+        dir,
+    );
+    assert!(
+        hash.starts_with("$2b$"),
+        "perl crypt made a bcrypt hash: {hash}"
+    );
+    std::fs::write(dir.join("htpasswd"), format!("{user}:{hash}\n")).expect("htpasswd");
+    (user, password)
 }
 
 impl Drop for Registry {

@@ -7,7 +7,6 @@
 //! latency, 1,000 messages); kill -9 of the courier while it carries, and of
 //! the auto-started one (`courier --ensure` restarts it); B down (69) and
 //! back wiped (`lost`, mail archived by gc).
-#![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -21,14 +20,6 @@ mod stories;
 mod waiter;
 use stories::{courier_gone, courier_pid, engine_lost, kill_auto_courier, ports_on_b, two_engines};
 use waiter::Waiter;
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// Where a command runs: engine B (address and certificates) or local.
 #[derive(Clone)]
@@ -98,6 +89,7 @@ impl Target {
 
 use crate::courier_support::Courier;
 pub(crate) use crate::courier_support::id_time;
+use support::common::output as text;
 
 /// `lw-sandbox courier --interval MS` for `t`.
 fn start_courier(fx: &Fixture, t: &Target, interval_ms: u32) -> Courier {
