@@ -18,7 +18,7 @@
 //! Prints the figures: layer size and build time, cold create --agent vs
 //! create, first-byte latency through the proxy vs direct.
 
-mod sandbox_support;
+use support::sandbox as sandbox_support;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

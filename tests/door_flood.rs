@@ -2,7 +2,7 @@
 //! characters: lw-mediate and lw-sync as processes against lw-github-sink's
 //! server on 127.0.0.1.  Prints its figures.
 
-mod sync_support;
+use support::sync as sync_support;
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -12,14 +12,12 @@ use mailbox::layout::Root;
 use mailbox::log::{Action, Entry, Log};
 use mailbox::message::{Kind, Message};
 use mailbox::registry::{Registry, Sandbox};
+use support::common::ok;
+use support::mediate_util::post;
 use sync_support::{Env, TOKEN, files_under, text};
 
 fn msg(to: &str, kind: Kind, subject: &str, body: &str) -> Message {
     sync_support::message("x", to, kind, subject, body)
-}
-
-fn post(root: &Root, sender: &str, m: &Message) {
-    root.sandbox(sender).outbox().deliver_message(m).unwrap();
 }
 
 /// Posts many at once, for the flood: complete files renamed into `new/`,
@@ -60,16 +58,6 @@ fn entries(root: &Root) -> Vec<Entry> {
     let (good, bad) = Log::new(root.log_dir()).entries().unwrap();
     assert!(bad.is_empty(), "{bad:?}");
     good
-}
-
-fn ok(o: &Output) {
-    assert!(
-        o.status.success(),
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        text(&o.stdout),
-        text(&o.stderr)
-    );
 }
 
 #[test]

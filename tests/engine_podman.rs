@@ -15,7 +15,7 @@
 //! The tests of this binary run one at a time: the first sets DOCKER_HOST
 //! for the whole process, the second needs it unset.
 
-mod sandbox_support;
+use support::sandbox as sandbox_support;
 
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;

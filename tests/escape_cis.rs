@@ -6,7 +6,7 @@
 //! expected, got.  5.1 (AppArmor) passes only where the host has AppArmor;
 //! 5.2 (SELinux) only where it has SELinux.
 
-mod sandbox_support;
+use support::sandbox as sandbox_support;
 
 use serde_json::Value;
 use std::process::Command;

@@ -5,10 +5,10 @@
 //! operator, a hard link into the quarantine — each probe run for real
 //! against the Docker engine.  Prints a table (probe, expected, got) and
 //! the figures; every probe must fail.
-//! (tests/sandbox_posture.rs holds the older probes: mounts, namespaces,
+//! (tests/sandbox/sandbox_posture.rs holds the older probes: mounts, namespaces,
 //! the Docker socket, other sandboxes' mailboxes, the host's files.)
 
-mod sandbox_support;
+use support::sandbox as sandbox_support;
 
 use std::io::Read;
 use std::net::TcpListener;

@@ -1,7 +1,7 @@
 //! Issue 23, images through `build.cache`: the cluster's node pulls a pod
 //! sandbox's image from the image cache, as a real cluster would, instead of
 //! having it imported.  The reference registry (`docker-registry`, TLS from a
-//! test CA, htpasswd; tests/build_cache_support) runs on 127.0.0.1;
+//! test CA, htpasswd; crates/test-support/src/registry.rs) runs on 127.0.0.1;
 //! `lw-build push` puts the fixture's layers there; the single-node cluster
 //! (scripts/k8s-cluster with `LW_K8S_REGISTRY` and `LW_K8S_REGISTRY_CA`)
 //! trusts it through containerd's hosts.toml and imports nothing of the
@@ -24,9 +24,9 @@
 //! Without the cached binaries (scripts/k8s-build) the test says it cannot
 //! run and why, and passes.
 
-mod build_cache_support;
-mod kube_support;
-mod sandbox_support;
+use support::cluster as kube_support;
+use support::registry as build_cache_support;
+use support::sandbox as sandbox_support;
 
 use std::path::Path;
 use std::process::{Command, Output};

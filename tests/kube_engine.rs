@@ -20,8 +20,7 @@
 //! hour on 2 cores).  One test, so nothing else in this binary starts the
 //! cluster; a lock file keeps two runs on one machine apart.
 
-#[path = "kube_support/mod.rs"]
-mod kube_support;
+use support::cluster as kube_support;
 use support::seeded;
 
 use std::collections::BTreeMap;

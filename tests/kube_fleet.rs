@@ -32,10 +32,10 @@
 //! Without the cached binaries (scripts/k8s-build) it fails saying so; it
 //! is #[ignore]d and `.ci/run` runs it with --ignored when they are cached.
 
-mod courier_support;
-mod kube_support;
-mod sandbox_support;
 use courier_support::{LwSandbox, id_time};
+use support::cluster as kube_support;
+use support::courier as courier_support;
+use support::sandbox as sandbox_support;
 use support::seeded;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -28,11 +28,10 @@
 //! of it.
 //!
 //! Without the cached binaries the tests say they cannot run and why; each
-//! takes the cluster's lock (tests/kube_support).
+//! takes the cluster's lock (crates/test-support/src/cluster.rs).
 
-#[path = "kube_support/mod.rs"]
-mod kube_support;
-mod sandbox_support;
+use support::cluster as kube_support;
+use support::sandbox as sandbox_support;
 
 use std::collections::BTreeMap;
 use std::io::Read;

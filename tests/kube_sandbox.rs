@@ -1,5 +1,5 @@
 //! Sandboxes as pods: `lw-sandbox` with `LW_ENGINE=kubernetes` on the real
-//! single-node cluster of scripts/k8s-cluster (tests/kube_support), the
+//! single-node cluster of scripts/k8s-cluster (crates/test-support/src/cluster.rs), the
 //! project's image imported into its containerd (no registry).  The cluster
 //! does not see this host's files, so every sandbox is in volume mode
 //! (lib/sandbox/volume.rs): its workspace, mail dir and tools are
@@ -25,9 +25,9 @@
 //! Without the cached binaries (scripts/k8s-build) the test says it cannot
 //! run and why, and passes.
 
-mod courier_support;
-mod kube_support;
-mod sandbox_support;
+use support::cluster as kube_support;
+use support::courier as courier_support;
+use support::sandbox as sandbox_support;
 use support::seeded;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -7,7 +7,7 @@
 //! printed, with the image built once before it so the figure is the
 //! workflow's, not the first build's.
 
-mod sandbox_support;
+use support::sandbox as sandbox_support;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -3,7 +3,7 @@
 //! random moments leave only what gc reclaims, and gc leaves nothing.
 //! Prints its figures.
 
-mod sandbox_support;
+use support::sandbox as sandbox_support;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};

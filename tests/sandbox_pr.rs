@@ -2,8 +2,8 @@
 //! under kills and retries, against lw-github-sink over the real upstream;
 //! its number learned by lw-sync; bad input refused with the fix.
 
-mod sandbox_support;
-mod sync_support;
+use support::sandbox as sandbox_support;
+use support::sync as sync_support;
 
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Output, Stdio};

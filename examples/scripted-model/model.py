@@ -24,7 +24,7 @@
 #
 # LW_MODEL_PORT (8443), LW_MODEL_TLS (1; 0 is plain HTTP on 127.0.0.1) and
 # LW_MODEL_OUT (/srv/out/requests.jsonl) let a test run it on the host, as
-# the upstream of the model proxy (tests/model_proxy.rs).
+# the upstream of the model proxy (tests/agent/model_proxy.rs).
 #
 # A script entry "STOP" ends the turn there ("done"); when the agent goes on
 # (a Stop hook blocked its stop), the next entry follows: the turn counts

@@ -313,7 +313,7 @@ pub fn create(
     start(engine, key)
 }
 
-/// The proxy's memory limit: room for the command (tests/model_proxy.rs
+/// The proxy's memory limit: room for the command (tests/agent/model_proxy.rs
 /// measures lw-model-proxy at a few MiB with 256 connections open; the
 /// python it replaced, under 40 MiB) plus the bodies it may hold at once
 /// (four of the largest, at least 32 MiB).

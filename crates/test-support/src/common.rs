@@ -3,31 +3,58 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-/// A fresh directory under the target dir, removed when dropped unless the
-/// test failed (then it is kept for inspection).
-pub struct TempDir(pub PathBuf);
+/// The tests' one temporary directory (the `tempfile` crate's): a fresh
+/// directory under the target dir, removed when dropped unless the test
+/// failed (then it is kept for inspection).
+pub struct TempDir(tempfile::TempDir);
 
 impl TempDir {
     pub fn new(tag: &str) -> TempDir {
-        let base = crate::target_tmp();
-        let d = base.join(format!("{tag}-{}", mailbox::id::new_id()));
-        std::fs::create_dir_all(&d).expect("target tmp dir is writable");
+        let d = tempfile::Builder::new()
+            .prefix(&format!("{tag}-"))
+            .tempdir_in(crate::target_tmp())
+            .expect("target tmp dir is writable");
+        TempDir(d)
+    }
+    /// The same under the system's temporary directory: outside any git
+    /// repository (the target dir is inside the checkout), for tests of
+    /// what a command does where no repository is.
+    pub fn outside_repo(tag: &str) -> TempDir {
+        let d = tempfile::Builder::new()
+            .prefix(&format!("lw-{tag}-"))
+            .tempdir()
+            .expect("the temporary directory is writable");
         TempDir(d)
     }
     pub fn path(&self) -> &Path {
-        &self.0
+        self.0.path()
     }
     pub fn join(&self, p: impl AsRef<Path>) -> PathBuf {
-        self.0.join(p)
+        self.0.path().join(p)
     }
 }
 
 impl Drop for TempDir {
     fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
+        self.0.disable_cleanup(std::thread::panicking());
     }
+}
+
+/// Asserts that `o` succeeded, else fails with its status, stdout and
+/// stderr.
+pub fn ok(o: &Output) {
+    assert!(
+        o.status.success(),
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        stdout(o),
+        stderr(o)
+    );
+}
+
+/// What `o` wrote, stdout then stderr, as text.
+pub fn output(o: &Output) -> String {
+    format!("{}{}", stdout(o), stderr(o))
 }
 
 pub fn lw_post() -> Command {

@@ -1,5 +1,8 @@
-//! What loopwright's integration tests share: [`bin`], [`nonce`] and
-//! [`tempdir`], once (the suites' own `*_support` modules re-export them).
+//! What loopwright's integration tests share, compiled once for every test
+//! binary: [`bin`], [`nonce`] and [`tempdir`], and the helpers of each area
+//! (sandboxes, the GitHub peer, images, registries, the test cluster, MCP
+//! clients); those that reach into the product's library are behind the
+//! `product` feature (docs/architecture.md).
 //!
 //! [`bin`] finds a command of the workspace in the target directory the
 //! test runs from.  Cargo hands a test only its own package's commands
@@ -16,9 +19,23 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod build;
+#[cfg(feature = "product")]
+pub mod cluster;
 pub mod common;
+pub mod courier;
+pub mod egress;
+#[cfg(feature = "product")]
+pub mod federation;
+pub mod mcp;
 pub mod mediate_util;
+#[cfg(feature = "product")]
+pub mod registry;
+#[cfg(feature = "product")]
+pub mod sandbox;
 pub mod seeded;
+#[cfg(feature = "product")]
+pub mod sync;
 
 /// The workspace's top directory (this crate is crates/test-support).
 pub fn workspace() -> PathBuf {
@@ -60,11 +77,14 @@ pub fn nonce() -> String {
 }
 
 /// A new empty directory under the system's temporary directory, named
-/// `lw-TAG-NONCE`; left for the test (or the machine) to remove.
+/// `lw-TAG-…`; left for the test (or the machine) to remove (made as
+/// [`common::TempDir`] is, then kept).
 pub fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("lw-{tag}-{}", nonce()));
-    std::fs::create_dir_all(&d).expect("the temporary directory is writable");
-    d
+    tempfile::Builder::new()
+        .prefix(&format!("lw-{tag}-"))
+        .tempdir()
+        .expect("the temporary directory is writable")
+        .keep()
 }
 
 /// The target directory's `tmp/` (what cargo names CARGO_TARGET_TMPDIR for
