@@ -105,7 +105,8 @@ fn plan_text(c: &Case) -> String {
             .as_str(),
     );
     let deps = loopwright::init::deps_inputs(&c.dir);
-    for (path, text, mode) in render::files(&m, &from, &deps, "DIGEST") {
+    for (path, bytes, mode) in render::files(&m, &from, &deps, "DIGEST") {
+        let text = String::from_utf8_lossy(&bytes).into_owned();
         if path.ends_with("runtime.conf") {
             loopwright::image::parse(&text, &path).expect("lw-build reads the runtime.conf");
         }

@@ -161,15 +161,32 @@ pub fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
+/// The label a registry feature's layer carries: the feature and its
+/// manifest's digest.
+pub const LABEL_FEATURE: &str = "org.loopwright.feature";
+
 /// A feature's layer: its folder copied in, install.sh run as root with
 /// its options in the environment, as the specification runs it.
 pub fn feature_dockerfile(m: &Mapping, f: &super::mapping::Feature) -> String {
     let user = m.user.as_deref().unwrap_or("root");
     let at = format!("/opt/loopwright/features/{}", layer_name(f));
-    let mut s = format!(
-        "# The local feature {} (written by lw init from {}).\nARG LW_PARENT\nFROM ${{LW_PARENT}}\nCOPY {}/ {at}/\n",
-        f.id, m.source, f.dir
-    );
+    let mut s = match f.remote.as_ref().map(|r| (r, r.digest.as_deref())) {
+        // The manifest's digest in the Dockerfile, so the layer's tag
+        // hashes it: a moved tag is another layer.
+        Some((r, Some(d))) => format!(
+            "# The feature {} from {} (fetched and written by lw init from {}).\nARG LW_PARENT\nFROM ${{LW_PARENT}}\nLABEL {}={}\nCOPY {}/ {at}/\n",
+            f.id,
+            r.reference.registry,
+            m.source,
+            LABEL_FEATURE,
+            env_value(&[Piece::Text(format!("{}@{d}", r.reference.resource()))]),
+            f.dir
+        ),
+        _ => format!(
+            "# The local feature {} (written by lw init from {}).\nARG LW_PARENT\nFROM ${{LW_PARENT}}\nCOPY {}/ {at}/\n",
+            f.id, m.source, f.dir
+        ),
+    };
     if !f.env.is_empty() {
         let vars: Vec<String> = f
             .env
@@ -299,7 +316,12 @@ fn parallel(s: &mut String, hook: &str, prefix: &str, steps: &[&Step]) {
 /// to the checkout's top.  The default runtime's base layer, entry script
 /// and deps Dockerfile are kept; its toolchain layer is not (the
 /// configuration's image and features are the toolchain).
-pub fn files(m: &Mapping, from: &str, deps: &[String], digest: &str) -> Vec<(String, String, u32)> {
+pub fn files(
+    m: &Mapping,
+    from: &str,
+    deps: &[String],
+    digest: &str,
+) -> Vec<(String, Vec<u8>, u32)> {
     let dir = crate::image::RUNTIME_DIR;
     let mut v = Vec::new();
     for (name, text, mode) in crate::image::DEFAULT_RUNTIME {
@@ -317,21 +339,34 @@ pub fn files(m: &Mapping, from: &str, deps: &[String], digest: &str) -> Vec<(Str
             "toolchain.Dockerfile" | "mise.toml" => continue,
             _ => text.to_string(),
         };
-        v.push((format!("{dir}/{name}"), text, *mode));
+        v.push((format!("{dir}/{name}"), text.into_bytes(), *mode));
     }
     for f in &m.features {
         v.push((
             format!("{dir}/{}.Dockerfile", layer_name(f)),
-            feature_dockerfile(m, f),
+            feature_dockerfile(m, f).into_bytes(),
             0o644,
         ));
     }
+    for f in m
+        .features
+        .iter()
+        .filter_map(|f| Some((f, f.remote.as_ref()?)))
+    {
+        for (p, bytes, mode) in &f.1.files {
+            v.push((format!("{}/{p}", f.0.dir), bytes.clone(), *mode));
+        }
+    }
     v.push((
         format!("{dir}/devcontainer.Dockerfile"),
-        devcontainer_dockerfile(m),
+        devcontainer_dockerfile(m).into_bytes(),
         0o644,
     ));
-    v.push((super::RECORD.to_string(), record(m, digest), 0o644));
+    v.push((
+        super::RECORD.to_string(),
+        record(m, digest).into_bytes(),
+        0o644,
+    ));
     v
 }
 
@@ -347,6 +382,13 @@ pub fn config_lines(m: &Mapping, allowed: &[String]) -> String {
             "# The host variables it may read, whose values lw init writes into the runtime:\n{} = {}",
             super::KEY_LOCAL_ENV,
             allowed.join(", ")
+        );
+    }
+    if let Some(ca) = &m.feature_ca {
+        let _ = writeln!(
+            s,
+            "# The certificate authorities lw init trusts for feature registries:\n{} = {ca}",
+            super::KEY_FEATURE_CA
         );
     }
     if !m.ports.is_empty() {
@@ -376,6 +418,11 @@ pub fn record(m: &Mapping, digest: &str) -> String {
         "# What lw init took from a devcontainer configuration (lw doctor reads it).\nsource {}\nsha256 {digest}\n",
         m.source
     );
+    for f in &m.features {
+        if let Some(d) = f.remote.as_ref().and_then(|r| r.digest.as_ref()) {
+            let _ = writeln!(s, "feature {} {d}", f.id);
+        }
+    }
     for t in &m.taken {
         let _ = writeln!(s, "took {}: {}", t.key, t.how);
     }
@@ -383,6 +430,15 @@ pub fn record(m: &Mapping, digest: &str) -> String {
         let _ = writeln!(s, "refused {}: {}", r.key, r.reason);
     }
     s
+}
+
+/// The registry features a record names: `(identifier, manifest digest)`.
+pub fn recorded_features(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("feature "))
+        .filter_map(|l| l.rsplit_once(' '))
+        .map(|(id, d)| (id.to_string(), d.to_string()))
+        .collect()
 }
 
 /// `(source, sha256)` from a record's text.
