@@ -278,3 +278,59 @@ fn with_no_remote_user_the_commands_run_as_root_like_the_reference() {
     let top = &layers.last().expect("layers").1;
     assert_eq!(run_in(top, "cat /opt/tools/uid"), "0\n");
 }
+
+/// `.dockerignore` (#44): what it excludes is neither hashed nor sent, with
+/// Docker's patterns (`!`, `**`); an ignored file's change rebuilds
+/// nothing, a kept one's rebuilds; one that excludes the Dockerfile itself
+/// still builds.  `Dockerfile.dockerignore` beside the Dockerfile wins.
+#[test]
+fn dockerignore_leaves_files_out_of_the_context_and_the_hash() {
+    let p = Project::new("own-ignore");
+    let from = test_image("busybox");
+    p.write(
+        ".loopwright/runtime/runtime.conf",
+        &format!(
+            "image {}\nfrom {from}\n\nlayer project\n    dockerfile app/Dockerfile\n    context app\n    input app\n",
+            p.repo
+        ),
+    );
+    p.write("app/Dockerfile", &format!("FROM {from}\nCOPY . /src\n"));
+    p.write(
+        "app/.dockerignore",
+        "# what the build does not see\n*.log\nnode_modules\n!node_modules/keep\n**/secret*\nDockerfile\n",
+    );
+    for (f, t) in [
+        ("app/main.txt", "main\n"),
+        ("app/debug.log", "noise 1\n"),
+        ("app/node_modules/big", "big\n"),
+        ("app/node_modules/keep", "keep\n"),
+        ("app/deep/er/secret.key", "k\n"),
+        ("app/deep/er/ok.txt", "ok\n"),
+    ] {
+        p.write(f, t);
+    }
+    let tag = p.build_ok()[0].1.clone();
+    let seen = run_in(&tag, "cd /src && find . -type f | sort");
+    println!("figure: the image's /src:\n{seen}");
+    for kept in ["./main.txt", "./node_modules/keep", "./deep/er/ok.txt"] {
+        assert!(seen.contains(kept), "{kept} kept: {seen}");
+    }
+    for left in ["debug.log", "node_modules/big", "secret.key"] {
+        assert!(!seen.contains(left), "{left} left out: {seen}");
+    }
+    let id0 = ids(&p);
+    p.write("app/debug.log", "noise 2\n");
+    p.write("app/node_modules/big", "bigger\n");
+    assert_eq!(ids(&p), id0, "an ignored file's change rebuilds nothing");
+    p.write("app/node_modules/keep", "kept, changed\n");
+    let id1 = ids(&p);
+    assert_ne!(id1, id0, "a taken-back file's change rebuilds");
+    // Beside the Dockerfile, its own ignore file wins over the context's.
+    p.write("app/Dockerfile.dockerignore", "main.txt\n");
+    let tag = p.build_ok()[0].1.clone();
+    let seen = run_in(&tag, "cd /src && find . -type f | sort");
+    assert!(
+        !seen.contains("main.txt") && seen.contains("debug.log"),
+        "{seen}"
+    );
+}

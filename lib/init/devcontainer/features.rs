@@ -304,6 +304,51 @@ fn local(top: &Path, dir: &Path, given: Vec<(String, String)>) -> Result<Feature
 mod tests {
     use super::*;
 
+    fn feat(id: &str, meta: &str) -> Feature {
+        let mut f = from_meta(id, meta, vec![]).expect("meta reads");
+        f.id = id.to_string();
+        f.remote = registry::parse_ref(id).map(|reference| Remote {
+            reference,
+            given: vec![],
+            digest: None,
+            files: vec![],
+        });
+        f
+    }
+
+    #[test]
+    fn features_install_after_what_they_name_else_as_written() {
+        let mut m = Mapping::default();
+        m.features = vec![
+            feat(
+                "ghcr.io/x/python:1",
+                r#"{"installsAfter": ["ghcr.io/x/common"]}"#,
+            ),
+            feat("./mine", r#"{"dependsOn": {"ghcr.io/x/python:1": {}}}"#),
+            feat("ghcr.io/x/common:2", "{}"),
+        ];
+        order(&mut m);
+        let ids: Vec<&str> = m.features.iter().map(|f| f.id.as_str()).collect();
+        assert_eq!(ids, ["ghcr.io/x/common:2", "ghcr.io/x/python:1", "./mine"]);
+        assert!(m.refused.is_empty(), "{:?}", m.refused);
+
+        let mut m = Mapping::default();
+        m.features = vec![feat("./mine", r#"{"dependsOn": {"ghcr.io/x/go:1": {}}}"#)];
+        order(&mut m);
+        order(&mut m);
+        assert_eq!(m.refused.len(), 1, "said once: {:?}", m.refused);
+        assert!(m.refused[0].fatal && m.refused[0].reason.contains("ghcr.io/x/go"));
+
+        let mut m = Mapping::default();
+        m.features = vec![
+            feat("ghcr.io/x/a:1", r#"{"installsAfter": ["ghcr.io/x/b"]}"#),
+            feat("ghcr.io/x/b:1", r#"{"installsAfter": ["ghcr.io/x/a"]}"#),
+        ];
+        order(&mut m);
+        assert_eq!(m.features.len(), 2);
+        assert!(m.refused[0].reason.contains("circle"), "{:?}", m.refused);
+    }
+
     #[test]
     fn option_names_become_variables_as_the_specification_says() {
         for (id, env) in [

@@ -117,7 +117,9 @@ fn ignored(m: &mut Mapping, k: &str) {
         "hostRequirements" => "lw-sandbox's limits are sandbox.cpus, sandbox.memory, sandbox.disk",
         "overrideCommand" | "init" | "shutdownAction" => "lw-sandbox runs its own entry and init",
         "updateRemoteUserUID" => "the sandbox's user id is sandbox.uid",
-        "overrideFeatureInstallOrder" => "features install in the order written",
+        "overrideFeatureInstallOrder" => {
+            "features install in the order written, each after those its installsAfter and dependsOn name"
+        }
         _ => "nothing for a sandbox",
     };
     m.refuse(k, format!("ignored: {why}"));
