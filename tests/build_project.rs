@@ -172,7 +172,9 @@ fn reading_outside_the_context_or_the_project_is_refused() {
 /// From a devcontainer.json to an image, end to end: lw init takes its
 /// Dockerfile (args, target, a COPY from the context `..`), lw-build builds
 /// it under loopwright's layers, and the lifecycle commands ran as
-/// remoteUser, uid 1000 ('dev' names it), the object's two side by side, in the
+/// remoteUser 'dev', whose uid in the image (1001) is neither 1000 nor the
+/// sandbox's: it becomes the sandbox's (sandbox.uid), what it owned with it
+/// (#44), the object's two side by side, in the
 /// specification's order.  The Dockerfile ends as `USER dev`: the base
 /// layer after it still installs its packages as root.
 #[test]
@@ -186,14 +188,14 @@ fn a_devcontainer_dockerfile_becomes_the_image_with_its_commands_run_as_the_user
         "build": {"dockerfile": "Dockerfile", "context": "..", "args": {"GREETING": "hi"}, "target": "dev"},
         "remoteUser": "dev",
         "containerEnv": {"FOO": "bar"},
-        "onCreateCommand": "id -u > oncreate.uid",
+        "onCreateCommand": "id -u > oncreate.uid && id -un > oncreate.user && cat ~/.tool > tool.txt",
         "postCreateCommand": {"a": "cat oncreate.uid > a.txt", "b": ["sh", "-c", "echo b > b.txt"]},
     }"#,
     );
     p.write(
         ".devcontainer/Dockerfile",
         &format!(
-            "FROM {debian} AS base\nARG GREETING\nCOPY .devcontainer/hello.txt /hello.txt\nRUN echo \"$GREETING\" > /greeting\nFROM base AS dev\nRUN echo dev > /stage && useradd -m -u 1000 dev\nUSER dev\nFROM base AS prod\nRUN false\n"
+            "FROM {debian} AS base\nARG GREETING\nCOPY .devcontainer/hello.txt /hello.txt\nRUN echo \"$GREETING\" > /greeting\nFROM base AS dev\nRUN echo dev > /stage && useradd -m -u 1001 dev && echo mine > /home/dev/.tool && chown dev: /home/dev/.tool && chmod 600 /home/dev/.tool\nUSER dev\nFROM base AS prod\nRUN false\n"
         ),
     );
     p.write(".devcontainer/hello.txt", "hello\n");
@@ -228,10 +230,35 @@ fn a_devcontainer_dockerfile_becomes_the_image_with_its_commands_run_as_the_user
     assert_eq!(
         run_in(
             top,
-            "cd /opt/loopwright/deps && cat oncreate.uid a.txt b.txt /greeting /hello.txt /stage && echo $FOO && stat -c %u b.txt"
+            "cd /opt/loopwright/deps && cat oncreate.uid oncreate.user tool.txt a.txt b.txt /greeting /hello.txt /stage && echo $FOO && stat -c %u:%g b.txt /home/dev/.tool"
         ),
-        "1000\n1000\nb\nhi\nhello\ndev\nbar\n1000\n"
+        "100000\ndev\nmine\n100000\nb\nhi\nhello\ndev\nbar\n100000:100000\n100000:100000\n",
+        "the image's dev (uid 1001) became the sandbox's uid, its files with it"
     );
+    // As lw-sandbox runs it: the sandbox's uid, whose files they are.
+    let o = Command::new("docker")
+        .args([
+            "run",
+            "--rm",
+            "--user",
+            "100000:100000",
+            "--entrypoint",
+            "/bin/sh",
+            top,
+        ])
+        .args([
+            "-c",
+            "id -un && cat /home/dev/.tool && touch /opt/loopwright/deps/w",
+        ])
+        .output()
+        .expect("docker runs");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "dev\nmine\n",
+        "{}",
+        stderr(&o)
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
     // The COPYed file changes: from the project layer; nothing else does.
     let ids0: Vec<String> = layers
         .iter()

@@ -124,6 +124,9 @@ pub struct Mapping {
     pub user: Option<String>,
     pub taken: Vec<Taken>,
     pub refused: Vec<Refusal>,
+    /// The sandbox's uid (`sandbox.uid` as the project's config had it at
+    /// lw init, else the default): remoteUser is given it in the image.
+    pub uid: Option<u32>,
     /// `devcontainer.feature-ca` as the project's config had it (lw init
     /// writes it again).
     pub feature_ca: Option<String>,

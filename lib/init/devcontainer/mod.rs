@@ -191,10 +191,12 @@ pub fn chosen(
     let conf = top.join(mailbox::config::FILE);
     let mut reach = registry::Reach::default();
     let mut feature_ca = None;
+    let mut uid = None;
     if let Ok(text) = std::fs::read_to_string(&conf) {
         let c = mailbox::config::Config::parse_project(&text, &conf)?;
         allowed.extend(self::allowed(&c));
         feature_ca = c.get(KEY_FEATURE_CA).map(str::to_string);
+        uid = c.get("sandbox.uid").and_then(|u| u.parse().ok());
         reach.ca_file = feature_ca.as_ref().map(|p| top.join(p));
     }
     allowed.sort();
@@ -204,6 +206,7 @@ pub fn chosen(
         m.start_from(f);
     }
     m.feature_ca = feature_ca;
+    m.uid = uid;
     let before = std::fs::read_to_string(top.join(RECORD)).unwrap_or_default();
     fetch_features(&mut m, &reach, &render::recorded_features(&before));
     Ok(Some((m, allowed)))
