@@ -5,6 +5,7 @@
 //! naming the feature and how to vendor it, writing nothing.
 
 mod build_cache_support;
+mod build_support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -235,4 +236,72 @@ fn hostile_features_and_unreachable_registries_are_refused_writing_nothing() {
         );
         std::fs::remove_dir_all(d).unwrap();
     }
+}
+
+/// The fetched feature is built as a layer of its own by lw-build, its
+/// options given; a moved tag rebuilds from that layer, the base stays.
+#[test]
+fn a_fetched_feature_builds_as_its_own_layer_and_a_moved_tag_rebuilds_it() {
+    let reg = Registry::start("dc-build");
+    let install = "#!/bin/sh\nset -eu\nprintf '#!/bin/sh\\necho %s %s\\n' \"$GREETING\" \"$1\" > /usr/local/bin/hello\nchmod +x /usr/local/bin/hello\n";
+    push(
+        &reg,
+        "features/hello",
+        "1",
+        &feature(&install.replace("$1", "one"), &[]),
+    );
+    let p = build_support::Project::new("dc-feature");
+    std::fs::remove_dir_all(p.dir.join(".loopwright")).unwrap();
+    let id = format!("{}/features/hello:1", reg.addr);
+    p.write(
+        ".devcontainer/devcontainer.json",
+        &format!(
+            "{{\"image\": \"{}\", \"features\": {{\"{id}\": {{\"greeting\": \"hey\"}}}}}}",
+            build_support::test_image("debian")
+        ),
+    );
+    p.write(
+        ".loopwright/config",
+        &format!("devcontainer.feature-ca = {}\n", reg.ca.display()),
+    );
+    assert!(
+        Command::new("git")
+            .args(["init", "-q"])
+            .arg(&p.dir)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let init = |p: &build_support::Project| {
+        let o = lw_init(&p.dir, &reg);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let conf = read(&p.dir, ".loopwright/runtime/runtime.conf");
+        p.write(
+            ".loopwright/runtime/runtime.conf",
+            &format!("image {}\n{conf}", p.repo),
+        );
+    };
+    init(&p);
+    let layers = p.build_ok();
+    let names: Vec<&str> = layers.iter().map(|(n, _, _)| n.as_str()).collect();
+    assert_eq!(names, ["base", "feature-hello", "devcontainer", "deps"]);
+    let run = |tag: &str| {
+        let o = Command::new("docker")
+            .args(["run", "--rm", "--entrypoint", "hello", tag])
+            .output()
+            .expect("docker runs");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    assert_eq!(run(&layers[3].1), "hey one\n");
+    push(
+        &reg,
+        "features/hello",
+        "1",
+        &feature(&install.replace("$1", "two"), &[]),
+    );
+    init(&p);
+    let again = p.build_ok();
+    let states: Vec<&str> = again.iter().map(|(_, _, s)| s.as_str()).collect();
+    assert_eq!(states, ["cached", "built", "built", "built"]);
+    assert_eq!(run(&again[3].1), "hey two\n");
 }
