@@ -318,32 +318,36 @@ mod tests {
 
     #[test]
     fn features_install_after_what_they_name_else_as_written() {
-        let mut m = Mapping::default();
-        m.features = vec![
+        let with = |features| Mapping {
+            features,
+            ..Mapping::default()
+        };
+        let mut m = with(vec![
             feat(
                 "ghcr.io/x/python:1",
                 r#"{"installsAfter": ["ghcr.io/x/common"]}"#,
             ),
             feat("./mine", r#"{"dependsOn": {"ghcr.io/x/python:1": {}}}"#),
             feat("ghcr.io/x/common:2", "{}"),
-        ];
+        ]);
         order(&mut m);
         let ids: Vec<&str> = m.features.iter().map(|f| f.id.as_str()).collect();
         assert_eq!(ids, ["ghcr.io/x/common:2", "ghcr.io/x/python:1", "./mine"]);
         assert!(m.refused.is_empty(), "{:?}", m.refused);
 
-        let mut m = Mapping::default();
-        m.features = vec![feat("./mine", r#"{"dependsOn": {"ghcr.io/x/go:1": {}}}"#)];
+        let mut m = with(vec![feat(
+            "./mine",
+            r#"{"dependsOn": {"ghcr.io/x/go:1": {}}}"#,
+        )]);
         order(&mut m);
         order(&mut m);
         assert_eq!(m.refused.len(), 1, "said once: {:?}", m.refused);
         assert!(m.refused[0].fatal && m.refused[0].reason.contains("ghcr.io/x/go"));
 
-        let mut m = Mapping::default();
-        m.features = vec![
+        let mut m = with(vec![
             feat("ghcr.io/x/a:1", r#"{"installsAfter": ["ghcr.io/x/b"]}"#),
             feat("ghcr.io/x/b:1", r#"{"installsAfter": ["ghcr.io/x/a"]}"#),
-        ];
+        ]);
         order(&mut m);
         assert_eq!(m.features.len(), 2);
         assert!(m.refused[0].reason.contains("circle"), "{:?}", m.refused);
