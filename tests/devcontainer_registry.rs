@@ -305,3 +305,123 @@ fn a_fetched_feature_builds_as_its_own_layer_and_a_moved_tag_rebuilds_it() {
     assert_eq!(states, ["cached", "built", "built", "built"]);
     assert_eq!(run(&again[3].1), "hey two\n");
 }
+
+/// A registry as ghcr.io answers a public feature: anonymous bearer tokens
+/// (a 401 naming its realm, a token for anyone who asks), and one
+/// repository whose manifests answer 500.  Python's TLS server with the
+/// test CA's certificate.
+const FAKE: &str = r#"
+import http.server, json, ssl, sys
+port, crt, key, manifest, blob = sys.argv[1:6]
+M = open(manifest, 'rb').read(); B = open(blob, 'rb').read()
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def send(self, code, body=b'', ctype='application/json', extra={}):
+        self.send_response(code)
+        self.send_header('Content-Type', ctype)
+        self.send_header('Content-Length', str(len(body)))
+        for k, v in extra.items(): self.send_header(k, v)
+        self.end_headers(); self.wfile.write(body)
+    def do_GET(self):
+        p = self.path.split('?')[0]
+        authed = self.headers.get('Authorization') == 'Bearer tok'
+        if p == '/token':
+            if self.headers.get('Authorization'): return self.send(400, b'asked with credentials')
+            return self.send(200, json.dumps({'token': 'tok'}).encode())
+        if not authed:
+            return self.send(401, b'{}', extra={'WWW-Authenticate': 'Bearer realm="https://127.0.0.1:%s/token",service="fake"' % port})
+        if p == '/v2/': return self.send(200, b'{}')
+        if p == '/v2/features/broken/manifests/1': return self.send(500, b'server broke')
+        if p == '/v2/features/anon/manifests/1': return self.send(200, M, 'application/vnd.oci.image.manifest.v1+json')
+        if p.startswith('/v2/features/anon/blobs/'): return self.send(200, B, 'application/octet-stream')
+        self.send(404, b'{}')
+s = http.server.ThreadingHTTPServer(('127.0.0.1', int(port)), H)
+c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); c.load_cert_chain(crt, key)
+s.socket = c.wrap_socket(s.socket, server_side=True)
+print('listening', flush=True)
+s.serve_forever()
+"#;
+
+#[test]
+fn an_anonymous_bearer_registry_serves_a_feature_and_a_500_is_refused() {
+    build_cache_support::require("python3", "a fake registry with anonymous tokens");
+    let reg = Registry::start("dc-anon");
+    let layer = feature("#!/bin/sh\necho anon\n", &[]);
+    let ld = format!("sha256:{}", mailbox::digest::sha256_hex(&layer));
+    let manifest = serde_json::json!({
+        "schemaVersion": 2, "mediaType": OCI_MANIFEST,
+        "config": {"mediaType": "application/vnd.devcontainers", "digest": format!("sha256:{}", mailbox::digest::sha256_hex(b"{}")), "size": 2},
+        "layers": [{"mediaType": LAYER_TYPE, "digest": ld, "size": layer.len()}],
+    })
+    .to_string();
+    std::fs::write(reg.dir.join("fake-manifest"), &manifest).unwrap();
+    std::fs::write(reg.dir.join("fake-blob"), &layer).unwrap();
+    let port = build_cache_support::free_port();
+    let mut fake = Fake(
+        Command::new("python3")
+            .arg("-c")
+            .arg(FAKE)
+            .arg(port.to_string())
+            .arg(reg.dir.join("server.crt"))
+            .arg(reg.dir.join("server.key"))
+            .arg(reg.dir.join("fake-manifest"))
+            .arg(reg.dir.join("fake-blob"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python3 runs"),
+    );
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(fake.0.stdout.take().expect("piped")),
+        &mut line,
+    )
+    .expect("the fake registry says it listens");
+    assert_eq!(line.trim(), "listening");
+    // No credentials anywhere: an empty Docker configuration.
+    let empty = reg.dir.join("docker-empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let run = |id: &str| {
+        let d = checkout(
+            &format!("anon-{}", id.len()),
+            &reg,
+            &format!("\"{id}\": {{}}"),
+        );
+        let o = Command::new(env!("CARGO_BIN_EXE_lw-init"))
+            .args(["--force", "--ca", "none"])
+            .arg(&d)
+            .env("DOCKER_CONFIG", &empty)
+            .output()
+            .expect("lw-init runs");
+        (d, o)
+    };
+    let (d, o) = run(&format!("127.0.0.1:{port}/features/anon:1"));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        read(&d, ".loopwright/runtime/features/anon/install.sh"),
+        "#!/bin/sh\necho anon\n"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+    let id = format!("127.0.0.1:{port}/features/broken:1");
+    let (d, o) = run(&id);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(78), "{e}");
+    assert!(
+        e.contains(&format!("features[{id}]: cannot fetch it:"))
+            && e.contains("HTTP 500")
+            && e.contains("server broke"),
+        "{e}"
+    );
+    assert!(!d.join(".loopwright/runtime").exists());
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// The fake registry, stopped on drop (a failed test's too).
+struct Fake(std::process::Child);
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
