@@ -256,12 +256,8 @@ pub fn plan(top: &Path, o: &Options) -> Result<Plan> {
     let mut files = Vec::new();
     if let Some((dc, _)) = &o.devcontainer {
         let digest = devcontainer::digest(top, &dc.source).unwrap_or_default();
-        for (path, text, mode) in devcontainer::render::files(dc, &o.from, &deps, &digest) {
-            files.push(File {
-                path,
-                bytes: text.into_bytes(),
-                mode,
-            });
+        for (path, bytes, mode) in devcontainer::render::files(dc, &o.from, &deps, &digest) {
+            files.push(File { path, bytes, mode });
         }
     }
     for (name, text, mode) in DEFAULT_RUNTIME.iter().filter(|_| o.devcontainer.is_none()) {

@@ -36,6 +36,23 @@ pub(super) fn devcontainer(p: &Project) -> Option<Finding> {
             Some("lw init --force takes it again (lw init --dry-run says what it takes)".into()),
         ));
     }
+    let uid = p
+        .config
+        .get("sandbox.uid")
+        .and_then(|u| u.parse().ok())
+        .unwrap_or(crate::sandbox::DEFAULT_UID);
+    if let Some(given) = record.as_deref().and_then(render::recorded_uid)
+        && given != uid
+    {
+        return Some(f(
+            "devcontainer",
+            Status::Warn,
+            format!(
+                "the runtime gave remoteUser uid {given}, but sandbox.uid is {uid}: the sandbox's user does not own what the lifecycle commands made"
+            ),
+            Some("lw init --force, then lw-build".into()),
+        ));
+    }
     let m = match devcontainer::load(&p.top, &source, &devcontainer::allowed(&p.config)) {
         Ok(m) => m,
         Err(e) => {

@@ -191,7 +191,43 @@ impl Runtime {
             self.read_input(def, decl, &mut files)?;
         }
         files.remove(&dockerfile.path);
+        if let Some(c) = &def.context {
+            self.ignore(def, c, &dockerfile.path, &mut files)?;
+        }
         Ok((dockerfile, files))
+    }
+
+    /// Leaves out of `files` what the layer's `.dockerignore` excludes
+    /// (image/dockerignore.rs), and adds the ignore file itself.
+    fn ignore(
+        &self,
+        def: &LayerDef,
+        c: &str,
+        df: &str,
+        files: &mut BTreeMap<String, InputFile>,
+    ) -> Result<()> {
+        let names = dockerignore::file_for(df, c);
+        let Some(name) = names
+            .iter()
+            .find(|n| fs::symlink_metadata(self.root.join(n)).is_ok())
+        else {
+            return Ok(());
+        };
+        let decl = InputDecl {
+            path: name.clone(),
+            line: def.line,
+        };
+        let mut own = BTreeMap::new();
+        self.read_input(def, &decl, &mut own)?;
+        let text = own
+            .get(name)
+            .filter(|f| f.kind == InputKind::File)
+            .map(|f| String::from_utf8_lossy(&f.data).into_owned())
+            .ok_or_else(|| Error::config(format!("'{name}' is not a regular file")))?;
+        let ig = dockerignore::Ignore::parse(&text);
+        files.retain(|p, _| in_context(c, p).is_none_or(|rel| !ig.excludes(rel)));
+        files.extend(own);
+        Ok(())
     }
 }
 

@@ -32,6 +32,7 @@ mod build;
 pub mod cache;
 mod definition;
 pub mod dockerfile;
+pub mod dockerignore;
 mod explain;
 mod inputs;
 

@@ -172,7 +172,9 @@ fn reading_outside_the_context_or_the_project_is_refused() {
 /// From a devcontainer.json to an image, end to end: lw init takes its
 /// Dockerfile (args, target, a COPY from the context `..`), lw-build builds
 /// it under loopwright's layers, and the lifecycle commands ran as
-/// remoteUser, uid 1000 ('dev' names it), the object's two side by side, in the
+/// remoteUser 'dev', whose uid in the image (1001) is neither 1000 nor the
+/// sandbox's: it becomes the sandbox's (sandbox.uid), what it owned with it
+/// (#44), the object's two side by side, in the
 /// specification's order.  The Dockerfile ends as `USER dev`: the base
 /// layer after it still installs its packages as root.
 #[test]
@@ -186,14 +188,14 @@ fn a_devcontainer_dockerfile_becomes_the_image_with_its_commands_run_as_the_user
         "build": {"dockerfile": "Dockerfile", "context": "..", "args": {"GREETING": "hi"}, "target": "dev"},
         "remoteUser": "dev",
         "containerEnv": {"FOO": "bar"},
-        "onCreateCommand": "id -u > oncreate.uid",
+        "onCreateCommand": "id -u > oncreate.uid && id -un > oncreate.user && cat ~/.tool > tool.txt",
         "postCreateCommand": {"a": "cat oncreate.uid > a.txt", "b": ["sh", "-c", "echo b > b.txt"]},
     }"#,
     );
     p.write(
         ".devcontainer/Dockerfile",
         &format!(
-            "FROM {debian} AS base\nARG GREETING\nCOPY .devcontainer/hello.txt /hello.txt\nRUN echo \"$GREETING\" > /greeting\nFROM base AS dev\nRUN echo dev > /stage && useradd -m -u 1000 dev\nUSER dev\nFROM base AS prod\nRUN false\n"
+            "FROM {debian} AS base\nARG GREETING\nCOPY .devcontainer/hello.txt /hello.txt\nRUN echo \"$GREETING\" > /greeting\nFROM base AS dev\nRUN echo dev > /stage && useradd -m -u 1001 dev && echo mine > /home/dev/.tool && chown dev: /home/dev/.tool && chmod 600 /home/dev/.tool\nUSER dev\nFROM base AS prod\nRUN false\n"
         ),
     );
     p.write(".devcontainer/hello.txt", "hello\n");
@@ -228,10 +230,35 @@ fn a_devcontainer_dockerfile_becomes_the_image_with_its_commands_run_as_the_user
     assert_eq!(
         run_in(
             top,
-            "cd /opt/loopwright/deps && cat oncreate.uid a.txt b.txt /greeting /hello.txt /stage && echo $FOO && stat -c %u b.txt"
+            "cd /opt/loopwright/deps && cat oncreate.uid oncreate.user tool.txt a.txt b.txt /greeting /hello.txt /stage && echo $FOO && stat -c %u:%g b.txt /home/dev/.tool"
         ),
-        "1000\n1000\nb\nhi\nhello\ndev\nbar\n1000\n"
+        "100000\ndev\nmine\n100000\nb\nhi\nhello\ndev\nbar\n100000:100000\n100000:100000\n",
+        "the image's dev (uid 1001) became the sandbox's uid, its files with it"
     );
+    // As lw-sandbox runs it: the sandbox's uid, whose files they are.
+    let o = Command::new("docker")
+        .args([
+            "run",
+            "--rm",
+            "--user",
+            "100000:100000",
+            "--entrypoint",
+            "/bin/sh",
+            top,
+        ])
+        .args([
+            "-c",
+            "id -un && cat /home/dev/.tool && touch /opt/loopwright/deps/w",
+        ])
+        .output()
+        .expect("docker runs");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "dev\nmine\n",
+        "{}",
+        stderr(&o)
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
     // The COPYed file changes: from the project layer; nothing else does.
     let ids0: Vec<String> = layers
         .iter()
@@ -277,4 +304,60 @@ fn with_no_remote_user_the_commands_run_as_root_like_the_reference() {
     let layers = p.build_ok();
     let top = &layers.last().expect("layers").1;
     assert_eq!(run_in(top, "cat /opt/tools/uid"), "0\n");
+}
+
+/// `.dockerignore` (#44): what it excludes is neither hashed nor sent, with
+/// Docker's patterns (`!`, `**`); an ignored file's change rebuilds
+/// nothing, a kept one's rebuilds; one that excludes the Dockerfile itself
+/// still builds.  `Dockerfile.dockerignore` beside the Dockerfile wins.
+#[test]
+fn dockerignore_leaves_files_out_of_the_context_and_the_hash() {
+    let p = Project::new("own-ignore");
+    let from = test_image("busybox");
+    p.write(
+        ".loopwright/runtime/runtime.conf",
+        &format!(
+            "image {}\nfrom {from}\n\nlayer project\n    dockerfile app/Dockerfile\n    context app\n    input app\n",
+            p.repo
+        ),
+    );
+    p.write("app/Dockerfile", &format!("FROM {from}\nCOPY . /src\n"));
+    p.write(
+        "app/.dockerignore",
+        "# what the build does not see\n*.log\nnode_modules\n!node_modules/keep\n**/secret*\nDockerfile\n",
+    );
+    for (f, t) in [
+        ("app/main.txt", "main\n"),
+        ("app/debug.log", "noise 1\n"),
+        ("app/node_modules/big", "big\n"),
+        ("app/node_modules/keep", "keep\n"),
+        ("app/deep/er/secret.key", "k\n"),
+        ("app/deep/er/ok.txt", "ok\n"),
+    ] {
+        p.write(f, t);
+    }
+    let tag = p.build_ok()[0].1.clone();
+    let seen = run_in(&tag, "cd /src && find . -type f | sort");
+    println!("figure: the image's /src:\n{seen}");
+    for kept in ["./main.txt", "./node_modules/keep", "./deep/er/ok.txt"] {
+        assert!(seen.contains(kept), "{kept} kept: {seen}");
+    }
+    for left in ["debug.log", "node_modules/big", "secret.key"] {
+        assert!(!seen.contains(left), "{left} left out: {seen}");
+    }
+    let id0 = ids(&p);
+    p.write("app/debug.log", "noise 2\n");
+    p.write("app/node_modules/big", "bigger\n");
+    assert_eq!(ids(&p), id0, "an ignored file's change rebuilds nothing");
+    p.write("app/node_modules/keep", "kept, changed\n");
+    let id1 = ids(&p);
+    assert_ne!(id1, id0, "a taken-back file's change rebuilds");
+    // Beside the Dockerfile, its own ignore file wins over the context's.
+    p.write("app/Dockerfile.dockerignore", "main.txt\n");
+    let tag = p.build_ok()[0].1.clone();
+    let seen = run_in(&tag, "cd /src && find . -type f | sort");
+    assert!(
+        !seen.contains("main.txt") && seen.contains("debug.log"),
+        "{seen}"
+    );
 }

@@ -105,7 +105,8 @@ fn plan_text(c: &Case) -> String {
             .as_str(),
     );
     let deps = loopwright::init::deps_inputs(&c.dir);
-    for (path, text, mode) in render::files(&m, &from, &deps, "DIGEST") {
+    for (path, bytes, mode) in render::files(&m, &from, &deps, "DIGEST") {
+        let text = String::from_utf8_lossy(&bytes).into_owned();
         if path.ends_with("runtime.conf") {
             loopwright::image::parse(&text, &path).expect("lw-build reads the runtime.conf");
         }
@@ -616,5 +617,57 @@ fn a_ten_megabyte_configuration_is_refused_unread() {
         "{err}"
     );
     assert!(!d.join(".loopwright").exists(), "nothing written");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// remoteUser is given the sandbox's uid in the image (#44); a sandbox.uid
+/// changed since lw init is the doctor's warning, and lw init --force
+/// gives the new one.
+#[test]
+fn remote_user_takes_the_sandbox_uid_and_the_doctor_notices_a_change() {
+    let d = repo("ports-user");
+    let o = lw_init(&d, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let df = d.join(".loopwright/runtime/devcontainer.Dockerfile");
+    assert!(
+        std::fs::read_to_string(&df)
+            .unwrap()
+            .contains("u='vscode'; id=100000;")
+    );
+    let doctor = || {
+        let o = Command::new(env!("CARGO_BIN_EXE_lw-doctor"))
+            .args(["--json", "-C"])
+            .arg(&d)
+            .env_remove("LW_ROOT")
+            .output()
+            .expect("lw-doctor runs");
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|f| f["check"] == "devcontainer")
+            .expect("a devcontainer finding")
+    };
+    assert_eq!(doctor()["status"], "ok", "{}", doctor());
+    let conf = d.join(".loopwright/config");
+    let text = std::fs::read_to_string(&conf).unwrap();
+    std::fs::write(&conf, format!("{text}sandbox.uid = 4242\n")).unwrap();
+    let f = doctor();
+    assert_eq!(f["status"], "warn", "{f}");
+    assert!(
+        f["detail"]
+            .as_str()
+            .unwrap()
+            .contains("gave remoteUser uid 100000, but sandbox.uid is 4242"),
+        "{f}"
+    );
+    let o = lw_init(&d, &["--force"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(std::fs::read_to_string(&df).unwrap().contains("id=4242;"));
+    assert_eq!(
+        doctor()["status"],
+        "ok",
+        "the config keeps it: {}",
+        doctor()
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -175,6 +175,8 @@ pub const KNOWN: &[&str] = &[
     "build.ca",
     // lw-init(1): the host variables a devcontainer.json may read
     "devcontainer.local-env",
+    // lw-init(1): the authorities it trusts for feature registries
+    "devcontainer.feature-ca",
     // lw-sandbox(1)
     "sandbox.cpus",
     "sandbox.memory",

@@ -116,8 +116,10 @@ fn ignored(m: &mut Mapping, k: &str) {
         "customizations" => "editor settings; nothing for a sandbox",
         "hostRequirements" => "lw-sandbox's limits are sandbox.cpus, sandbox.memory, sandbox.disk",
         "overrideCommand" | "init" | "shutdownAction" => "lw-sandbox runs its own entry and init",
-        "updateRemoteUserUID" => "the sandbox's user id is sandbox.uid",
-        "overrideFeatureInstallOrder" => "features install in the order written",
+        "updateRemoteUserUID" => "remoteUser is always given the sandbox's user id, sandbox.uid",
+        "overrideFeatureInstallOrder" => {
+            "features install in the order written, each after those its installsAfter and dependsOn name"
+        }
         _ => "nothing for a sandbox",
     };
     m.refuse(k, format!("ignored: {why}"));
@@ -196,7 +198,9 @@ fn user(m: &mut Mapping, k: &str, val: &Value, cx: &Context) {
         Some(Ok(u)) => {
             m.take(
                 k,
-                format!("'{u}': the sandbox's user (sandbox.uid, never root) runs everything"),
+                format!(
+                    "'{u}': the sandbox's user (sandbox.uid, never root) runs everything; the image's account '{u}' is given that uid"
+                ),
             );
             if k == "remoteUser" || m.user.is_none() {
                 m.user = Some(u);

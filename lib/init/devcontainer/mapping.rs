@@ -65,6 +65,26 @@ pub struct Feature {
     pub options: Vec<(String, String)>,
     /// The feature's own `containerEnv`.
     pub env: Vec<(String, String)>,
+    /// What it installs after (`installsAfter`, `dependsOn`): identifiers
+    /// without their version.
+    pub after: Vec<String>,
+    /// Of those, the ones it cannot go without (`dependsOn`).
+    pub depends: Vec<String>,
+    /// From a registry: fetched by lw init, written into `dir`.
+    pub remote: Option<Remote>,
+}
+
+/// A feature from a registry, and what lw init fetched of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Remote {
+    pub reference: super::registry::FeatureRef,
+    /// The options given, as install.sh reads them (before the
+    /// feature's defaults are known).
+    pub given: Vec<(String, String)>,
+    /// The manifest's digest, once fetched.
+    pub digest: Option<String>,
+    /// The feature's files, relative to its folder, once fetched.
+    pub files: Vec<(String, Vec<u8>, u32)>,
 }
 
 /// The configuration's own Dockerfile (`build`): the runtime's first
@@ -104,6 +124,12 @@ pub struct Mapping {
     pub user: Option<String>,
     pub taken: Vec<Taken>,
     pub refused: Vec<Refusal>,
+    /// The sandbox's uid (`sandbox.uid` as the project's config had it at
+    /// lw init, else the default): remoteUser is given it in the image.
+    pub uid: Option<u32>,
+    /// `devcontainer.feature-ca` as the project's config had it (lw init
+    /// writes it again).
+    pub feature_ca: Option<String>,
 }
 
 /// The lifecycle commands run while the image is made, in the

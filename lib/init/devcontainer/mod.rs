@@ -9,8 +9,9 @@
 //! a [`Mapping`]: each key taken (into the runtime's layers, the sandbox's
 //! environment, the report) or refused with a named reason, the wall
 //! winning.  `render` writes the runtime from a mapping.  Nothing here
-//! talks to an engine or a network; the only files read are the
-//! configuration and the local features it names.
+//! talks to an engine; the network only in [`fetch_features`] (lw init's
+//! fetching of registry features, registry.rs); the only files read are
+//! the configuration, the local features it names, and lw init's record.
 
 use std::path::Path;
 
@@ -21,6 +22,7 @@ mod features;
 pub mod jsonc;
 mod map;
 mod mapping;
+pub mod registry;
 pub mod render;
 pub mod vars;
 
@@ -30,6 +32,11 @@ pub use mapping::*;
 /// The `.loopwright/config` key naming the host variables a
 /// devcontainer.json may read (`${localEnv:NAME}`); see [`vars`].
 pub const KEY_LOCAL_ENV: &str = "devcontainer.local-env";
+
+/// The `.loopwright/config` key naming a PEM file of the certificate
+/// authorities lw init trusts for feature registries (instead of the
+/// system's).
+pub const KEY_FEATURE_CA: &str = "devcontainer.feature-ca";
 
 /// Where the record of what lw init took from a devcontainer.json is kept
 /// (lw doctor reads it).
@@ -182,9 +189,15 @@ pub fn chosen(
     };
     let mut allowed = local_env.to_vec();
     let conf = top.join(mailbox::config::FILE);
+    let mut reach = registry::Reach::default();
+    let mut feature_ca = None;
+    let mut uid = None;
     if let Ok(text) = std::fs::read_to_string(&conf) {
         let c = mailbox::config::Config::parse_project(&text, &conf)?;
         allowed.extend(self::allowed(&c));
+        feature_ca = c.get(KEY_FEATURE_CA).map(str::to_string);
+        uid = c.get("sandbox.uid").and_then(|u| u.parse().ok());
+        reach.ca_file = feature_ca.as_ref().map(|p| top.join(p));
     }
     allowed.sort();
     allowed.dedup();
@@ -192,7 +205,70 @@ pub fn chosen(
     if let Some(f) = from {
         m.start_from(f);
     }
+    m.feature_ca = feature_ca;
+    m.uid = uid;
+    let before = std::fs::read_to_string(top.join(RECORD)).unwrap_or_default();
+    fetch_features(&mut m, &reach, &render::recorded_features(&before));
     Ok(Some((m, allowed)))
+}
+
+/// Fetches each registry feature of `m` (lw init; lw doctor does not):
+/// its files, options and order filled in, or a fatal refusal naming it,
+/// the cause and how to vendor it.  A feature whose tag now points at
+/// another manifest than `before` recorded is said in its taken line.
+pub fn fetch_features(m: &mut Mapping, reach: &registry::Reach, before: &[(String, String)]) {
+    let base = Path::new(&m.source)
+        .parent()
+        .unwrap_or(Path::new(""))
+        .to_path_buf();
+    let mut failed = Vec::new();
+    for f in m.features.iter_mut() {
+        let Some(remote) = f.remote.as_mut().filter(|r| r.digest.is_none()) else {
+            continue;
+        };
+        let got = registry::fetch(&remote.reference, reach).and_then(|got| {
+            let meta = got
+                .files
+                .iter()
+                .find(|(p, _, _)| p == "devcontainer-feature.json")
+                .map(|(_, b, _)| String::from_utf8_lossy(b).into_owned())
+                .unwrap_or_default();
+            features::from_meta(&f.dir, &meta, remote.given.clone())
+                .map(|meta| (got, meta))
+                .map_err(Error::data)
+        });
+        match got {
+            Ok((got, meta)) => {
+                f.options = meta.options;
+                f.env = meta.env;
+                f.after = meta.after;
+                f.depends = meta.depends;
+                remote.digest = Some(got.digest);
+                remote.files = got.files;
+            }
+            Err(e) => failed.push((f.id.clone(), e.msg)),
+        }
+    }
+    for (id, cause) in failed {
+        let key = format!("features[{id}]");
+        m.features.retain(|f| f.id != id);
+        m.taken.retain(|t| t.key != key);
+        m.fatal(&key, features::vendor_hint(&id, &base, &cause));
+    }
+    for f in &m.features {
+        let Some((r, Some(d))) = f.remote.as_ref().map(|r| (r, r.digest.as_ref())) else {
+            continue;
+        };
+        let key = format!("features[{}]", f.id);
+        let moved = before
+            .iter()
+            .find(|(id, old)| *id == f.id && old != d)
+            .map(|(_, old)| format!("; {} moved since the last lw init, from {old}", r.reference));
+        if let Some(t) = m.taken.iter_mut().find(|t| t.key == key) {
+            t.how = format!("{}, manifest {d}{}", t.how, moved.unwrap_or_default());
+        }
+    }
+    features::order(m);
 }
 
 /// `--input` paths: files or folders in the checkout at `top`, as the

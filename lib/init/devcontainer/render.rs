@@ -71,26 +71,49 @@ fn project_layer(b: &super::mapping::Build) -> String {
     s
 }
 
+/// remoteUser (else containerUser) when it is not root: the user the
+/// lifecycle commands run as.
+fn remote_user(m: &Mapping) -> Option<&str> {
+    m.user.as_deref().filter(|u| !matches!(*u, "root" | "0"))
+}
+
+/// The uid the image gives remoteUser: the sandbox's.
+pub fn sandbox_uid(m: &Mapping) -> u32 {
+    m.uid.unwrap_or(crate::sandbox::DEFAULT_UID)
+}
+
 /// The deps layer's Dockerfile: the lifecycle commands run as
-/// `remoteUser` (else `containerUser`), as the specification runs them.
-/// A user other than root is uid 1000: the image's unprivileged user, the
-/// base layer's, whom a devcontainer image's remoteUser (vscode, node, dev)
-/// is by convention.  None named, or root: root, the image's own user, as
-/// the reference implementation runs them.
+/// `remoteUser` (else `containerUser`), as the specification runs them;
+/// the devcontainer layer made that user the sandbox's uid, so what they
+/// make belongs to the sandbox's user.  None named, or root: root, the
+/// image's own user, as the reference implementation runs them.
 pub fn deps_dockerfile(m: &Mapping) -> String {
-    let user = match m.user.as_deref() {
-        Some(u) if u != "root" && u != "0" => "1000",
-        _ => "root",
-    };
-    let who = match m.user.as_deref() {
-        Some(u) if user == "1000" => format!("as uid 1000, who stands for\n# remoteUser '{u}'"),
-        _ => {
-            "as root, the user the\n# configuration names (or the image's, none named)".to_string()
-        }
+    let (user, who) = match remote_user(m) {
+        Some(u) => (
+            format!("{0}:{0}", sandbox_uid(m)),
+            format!("as remoteUser '{u}', uid {}: the sandbox's", sandbox_uid(m)),
+        ),
+        None => (
+            "root".to_string(),
+            "as root, the user the\n# configuration names (or the image's, none named)".to_string(),
+        ),
     };
     format!(
         "# Deps layer (written by lw init from {}): the lifecycle\n# commands, run by deps.sh {who}, over this layer's declared inputs.\nARG LW_PARENT\nFROM ${{LW_PARENT}}\nRUN mkdir -p /opt/loopwright/deps && chown {user} /opt/loopwright/deps\nCOPY --chown={user} . /opt/loopwright/deps/\nUSER {user}\nRUN sh /opt/loopwright/deps/.loopwright/runtime/deps.sh /opt/loopwright/deps\nUSER root\n",
         m.source
+    )
+}
+
+/// The RUN that makes remoteUser the sandbox's user: the image's account
+/// of that name (made when the image has none) given the sandbox's uid and
+/// gid, and what belonged to its old ids given to the new ones, as the
+/// reference's `updateRemoteUserUID` gives it the host user's.  The
+/// sandbox runs as that uid, so what the features and the lifecycle
+/// commands made in its home and in /opt/loopwright/deps is its own.
+fn adopt_user(u: &str, id: u32) -> String {
+    format!(
+        "RUN set -eu; u={u}; id={id}; \\\n    for t in useradd usermod groupadd groupmod getent find; do command -v $t >/dev/null || {{ echo \"lw: remoteUser '$u' becomes uid $id, which needs $t in the image\" >&2; exit 1; }}; done; \\\n    if ! getent passwd \"$u\" >/dev/null; then \\\n        getent group \"$id\" >/dev/null || groupadd -o -g \"$id\" \"$u\"; \\\n        useradd -m -o -u \"$id\" -g \"$id\" -s /bin/sh \"$u\"; \\\n    else \\\n        n=$(getent passwd \"$u\" | cut -d: -f1); ou=$(id -u \"$n\"); og=$(id -g \"$n\"); \\\n        if [ \"$ou\" != \"$id\" ]; then usermod -o -u \"$id\" \"$n\"; find / -xdev -user \"$ou\" -exec chown -h \"$id\" {{}} +; fi; \\\n        if [ \"$og\" != \"$id\" ]; then \\\n            if getent group \"$id\" >/dev/null; then usermod -g \"$id\" \"$n\"; \\\n            else groupmod -o -g \"$id\" \"$(getent group \"$og\" | cut -d: -f1)\"; find / -xdev -group \"$og\" -exec chgrp -h \"$id\" {{}} +; fi; \\\n        fi; \\\n    fi\n",
+        u = quote(u)
     )
 }
 
@@ -131,6 +154,14 @@ pub fn devcontainer_dockerfile(m: &Mapping) -> String {
         "# The environment of {} (written by lw init).\nARG LW_PARENT\nFROM ${{LW_PARENT}}\n",
         m.source
     );
+    if let Some(u) = remote_user(m) {
+        let _ = write!(
+            s,
+            "# remoteUser '{u}' is the sandbox's user, uid {} (sandbox.uid).\n{}",
+            sandbox_uid(m),
+            adopt_user(u, sandbox_uid(m))
+        );
+    }
     if let Some(script) = post_start_script(m) {
         // A JSON string, so its lines fit one label; kept whole by the
         // Dockerfile's quoting (env_value).
@@ -161,15 +192,32 @@ pub fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
+/// The label a registry feature's layer carries: the feature and its
+/// manifest's digest.
+pub const LABEL_FEATURE: &str = "org.loopwright.feature";
+
 /// A feature's layer: its folder copied in, install.sh run as root with
 /// its options in the environment, as the specification runs it.
 pub fn feature_dockerfile(m: &Mapping, f: &super::mapping::Feature) -> String {
     let user = m.user.as_deref().unwrap_or("root");
     let at = format!("/opt/loopwright/features/{}", layer_name(f));
-    let mut s = format!(
-        "# The local feature {} (written by lw init from {}).\nARG LW_PARENT\nFROM ${{LW_PARENT}}\nCOPY {}/ {at}/\n",
-        f.id, m.source, f.dir
-    );
+    let mut s = match f.remote.as_ref().map(|r| (r, r.digest.as_deref())) {
+        // The manifest's digest in the Dockerfile, so the layer's tag
+        // hashes it: a moved tag is another layer.
+        Some((r, Some(d))) => format!(
+            "# The feature {} from {} (fetched and written by lw init from {}).\nARG LW_PARENT\nFROM ${{LW_PARENT}}\nLABEL {}={}\nCOPY {}/ {at}/\n",
+            f.id,
+            r.reference.registry,
+            m.source,
+            LABEL_FEATURE,
+            env_value(&[Piece::Text(format!("{}@{d}", r.reference.resource()))]),
+            f.dir
+        ),
+        _ => format!(
+            "# The local feature {} (written by lw init from {}).\nARG LW_PARENT\nFROM ${{LW_PARENT}}\nCOPY {}/ {at}/\n",
+            f.id, m.source, f.dir
+        ),
+    };
     if !f.env.is_empty() {
         let vars: Vec<String> = f
             .env
@@ -299,7 +347,12 @@ fn parallel(s: &mut String, hook: &str, prefix: &str, steps: &[&Step]) {
 /// to the checkout's top.  The default runtime's base layer, entry script
 /// and deps Dockerfile are kept; its toolchain layer is not (the
 /// configuration's image and features are the toolchain).
-pub fn files(m: &Mapping, from: &str, deps: &[String], digest: &str) -> Vec<(String, String, u32)> {
+pub fn files(
+    m: &Mapping,
+    from: &str,
+    deps: &[String],
+    digest: &str,
+) -> Vec<(String, Vec<u8>, u32)> {
     let dir = crate::image::RUNTIME_DIR;
     let mut v = Vec::new();
     for (name, text, mode) in crate::image::DEFAULT_RUNTIME {
@@ -317,21 +370,34 @@ pub fn files(m: &Mapping, from: &str, deps: &[String], digest: &str) -> Vec<(Str
             "toolchain.Dockerfile" | "mise.toml" => continue,
             _ => text.to_string(),
         };
-        v.push((format!("{dir}/{name}"), text, *mode));
+        v.push((format!("{dir}/{name}"), text.into_bytes(), *mode));
     }
     for f in &m.features {
         v.push((
             format!("{dir}/{}.Dockerfile", layer_name(f)),
-            feature_dockerfile(m, f),
+            feature_dockerfile(m, f).into_bytes(),
             0o644,
         ));
     }
+    for f in m
+        .features
+        .iter()
+        .filter_map(|f| Some((f, f.remote.as_ref()?)))
+    {
+        for (p, bytes, mode) in &f.1.files {
+            v.push((format!("{}/{p}", f.0.dir), bytes.clone(), *mode));
+        }
+    }
     v.push((
         format!("{dir}/devcontainer.Dockerfile"),
-        devcontainer_dockerfile(m),
+        devcontainer_dockerfile(m).into_bytes(),
         0o644,
     ));
-    v.push((super::RECORD.to_string(), record(m, digest), 0o644));
+    v.push((
+        super::RECORD.to_string(),
+        record(m, digest).into_bytes(),
+        0o644,
+    ));
     v
 }
 
@@ -347,6 +413,19 @@ pub fn config_lines(m: &Mapping, allowed: &[String]) -> String {
             "# The host variables it may read, whose values lw init writes into the runtime:\n{} = {}",
             super::KEY_LOCAL_ENV,
             allowed.join(", ")
+        );
+    }
+    if let Some(uid) = m.uid {
+        let _ = writeln!(
+            s,
+            "# The sandbox's user id, which the image gives remoteUser:\nsandbox.uid = {uid}"
+        );
+    }
+    if let Some(ca) = &m.feature_ca {
+        let _ = writeln!(
+            s,
+            "# The certificate authorities lw init trusts for feature registries:\n{} = {ca}",
+            super::KEY_FEATURE_CA
         );
     }
     if !m.ports.is_empty() {
@@ -376,6 +455,14 @@ pub fn record(m: &Mapping, digest: &str) -> String {
         "# What lw init took from a devcontainer configuration (lw doctor reads it).\nsource {}\nsha256 {digest}\n",
         m.source
     );
+    if remote_user(m).is_some() {
+        let _ = writeln!(s, "uid {}", sandbox_uid(m));
+    }
+    for f in &m.features {
+        if let Some(d) = f.remote.as_ref().and_then(|r| r.digest.as_ref()) {
+            let _ = writeln!(s, "feature {} {d}", f.id);
+        }
+    }
     for t in &m.taken {
         let _ = writeln!(s, "took {}: {}", t.key, t.how);
     }
@@ -383,6 +470,22 @@ pub fn record(m: &Mapping, digest: &str) -> String {
         let _ = writeln!(s, "refused {}: {}", r.key, r.reason);
     }
     s
+}
+
+/// The registry features a record names: `(identifier, manifest digest)`.
+pub fn recorded_features(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("feature "))
+        .filter_map(|l| l.rsplit_once(' '))
+        .map(|(id, d)| (id.to_string(), d.to_string()))
+        .collect()
+}
+
+/// The uid a record says remoteUser was given, if any.
+pub fn recorded_uid(text: &str) -> Option<u32> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("uid "))
+        .and_then(|u| u.trim().parse().ok())
 }
 
 /// `(source, sha256)` from a record's text.

@@ -201,14 +201,27 @@ impl Client {
             Some(c) => Some(c.clone()),
             None => credentials::lookup(&self.cache.host)?,
         };
-        let Some(creds) = &creds else {
-            return Err(self.denied("needs credentials and none are configured"));
+        let bearer = challenge.to_ascii_lowercase().starts_with("bearer");
+        // A public repository (a feature on ghcr.io) hands a pull token to
+        // anyone who asks; without credentials, ask without them.
+        let anonymous = Credentials {
+            user: "anonymous".into(),
+            secret: String::new(),
+            source: "no credentials".into(),
         };
-        let basic = format!(
-            "Basic {}",
-            credentials::base64_encode(format!("{}:{}", creds.user, creds.secret).as_bytes())
-        );
-        let header = if challenge.to_ascii_lowercase().starts_with("bearer") {
+        let creds = match creds {
+            Some(c) => c,
+            None if bearer && !push => anonymous.clone(),
+            None => return Err(self.denied("needs credentials and none are configured")),
+        };
+        let creds = &creds;
+        let basic = (creds.source != anonymous.source).then(|| {
+            format!(
+                "Basic {}",
+                credentials::base64_encode(format!("{}:{}", creds.user, creds.secret).as_bytes())
+            )
+        });
+        let header = if bearer {
             let params = challenge_params(&challenge);
             let realm = params.get("realm").cloned().unwrap_or_default();
             let scope = format!(
@@ -216,11 +229,10 @@ impl Client {
                 self.cache.repo,
                 if push { "pull,push" } else { "pull" }
             );
-            let mut req = self
-                .agent
-                .get(&realm)
-                .query("scope", &scope)
-                .header("Authorization", &basic);
+            let mut req = self.agent.get(&realm).query("scope", &scope);
+            if let Some(b) = &basic {
+                req = req.header("Authorization", b);
+            }
             if let Some(s) = params.get("service") {
                 req = req.query("service", s);
             }
@@ -242,7 +254,7 @@ impl Client {
                 .ok_or_else(|| Error::data(format!("token answer from '{realm}' has no token")))?;
             format!("Bearer {token}")
         } else {
-            basic
+            basic.unwrap_or_default()
         };
         *self.auth.borrow_mut() = Some(header);
         let resp = self
