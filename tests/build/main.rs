@@ -10,3 +10,4 @@ mod build_mise;
 mod build_project;
 mod container;
 mod devcontainer;
+mod devcontainer_registry;

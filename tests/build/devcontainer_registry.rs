@@ -4,8 +4,8 @@
 //! wrong digest, a hostile tar and an unreachable registry are refused
 //! naming the feature and how to vendor it, writing nothing.
 
-mod build_cache_support;
-mod build_support;
+use support::build as build_support;
+use support::registry as build_cache_support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
