@@ -32,6 +32,8 @@ pub use image::normalize;
 mod network;
 mod paths;
 mod pod;
+mod pool;
+pub use pool::{POOL_LABEL, pool_key};
 mod pull;
 mod sandbox;
 mod service;
