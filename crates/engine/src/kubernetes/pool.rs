@@ -25,7 +25,7 @@ use sha2::{Digest, Sha256};
 
 use super::{KubeEngine, pod};
 use crate::ContainerSpec;
-use mailbox::error::Result;
+use mailbox::error::{Error, Result};
 
 /// The label a pool's pods carry: the pool's key.
 pub const POOL_LABEL: &str = "org.loopwright.pool";
@@ -61,6 +61,30 @@ fn claim_patch(rv: &str, labels: &BTreeMap<String, String>) -> serde_json::Value
     })
 }
 
+/// Every pod of a pool is made from one spec: a volume it mounts
+/// writable would be one claim written by every sandbox that claims a pod.
+/// Read-only ones (the root's tools) may be shared; a writable one is 64.
+fn shares_nothing(spec: &ContainerSpec, key: &str) -> Result<()> {
+    let writable = spec
+        .volumes
+        .iter()
+        .filter(|v| !v.read_only)
+        .map(|v| v.volume.as_str())
+        .chain(
+            spec.binds
+                .iter()
+                .filter(|b| !b.read_only)
+                .map(|b| b.source.as_str()),
+        )
+        .next();
+    match writable {
+        Some(v) => Err(Error::usage(format!(
+            "cannot fill the pool '{key}': its pods would share the writable volume '{v}'; a pool pod mounts only read-only volumes (its own scratch is an emptyDir)"
+        ))),
+        None => Ok(()),
+    }
+}
+
 impl KubeEngine {
     /// The pods of pool `key`, not being deleted, with their versions.
     fn pool_list(&self, key: &str) -> Result<Vec<Pod>> {
@@ -93,6 +117,7 @@ impl KubeEngine {
     /// wait for them to run: a claim takes only running ones.
     pub fn pool_fill(&self, spec: &ContainerSpec, n: usize) -> Result<Vec<String>> {
         let key = pool_key(spec);
+        shares_nothing(spec, &key)?;
         let have = self.pool_list(&key)?.len();
         let mut s = spec.clone();
         s.name = None;
@@ -201,6 +226,28 @@ mod tests {
         let mut d = a.clone();
         d.memory_bytes = Some(128 << 20);
         assert_ne!(pool_key(&a), pool_key(&d));
+    }
+
+    #[test]
+    fn a_pool_whose_pods_would_share_a_writable_volume_is_refused() {
+        let mut s = ContainerSpec {
+            image: "busybox:1".into(),
+            ..Default::default()
+        };
+        s.volumes.push(crate::VolumeMount {
+            volume: "lw-tools-x".into(),
+            target: "/opt/lw".into(),
+            read_only: true,
+        });
+        assert!(shares_nothing(&s, "k").is_ok());
+        s.volumes.push(crate::VolumeMount {
+            volume: "lw-work-x".into(),
+            target: "/work".into(),
+            read_only: false,
+        });
+        let e = shares_nothing(&s, "k").unwrap_err();
+        assert_eq!(e.exit, mailbox::error::Exit::Usage);
+        assert!(e.msg.contains("'lw-work-x'"), "{}", e.msg);
     }
 
     #[test]
