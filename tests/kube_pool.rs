@@ -121,7 +121,7 @@ fn a_warm_pool_on_a_real_cluster() {
             .iter()
             .map(|c| c.name.clone())
             .collect::<Vec<_>>(),
-        [claimed.clone()]
+        std::slice::from_ref(&claimed)
     );
     // Left the pool for good: two more claims take the other two, a
     // third finds none.
@@ -180,7 +180,7 @@ fn race(kc: &str, e: &KubeEngine) {
                 .into_iter()
                 .map(|c| c.name)
                 .collect();
-            assert_eq!(on, [p.clone()], "racer {i}");
+            assert_eq!(on, std::slice::from_ref(p), "racer {i}");
         }
     }
     assert!(e.pool_pods(&key).unwrap().is_empty());
