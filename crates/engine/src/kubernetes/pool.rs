@@ -85,6 +85,15 @@ fn shares_nothing(spec: &ContainerSpec, key: &str) -> Result<()> {
     }
 }
 
+/// Where in a list of `n` pods the claim for `labels` starts.
+fn spread(labels: &BTreeMap<String, String>, n: usize) -> usize {
+    if n == 0 {
+        return 0;
+    }
+    let d = Sha256::digest(serde_json::to_string(labels).unwrap_or_default().as_bytes());
+    (u64::from_le_bytes(d[..8].try_into().expect("a digest has 8 bytes")) % n as u64) as usize
+}
+
 impl KubeEngine {
     /// The pods of pool `key`, not being deleted, with their versions.
     fn pool_list(&self, key: &str) -> Result<Vec<Pod>> {
@@ -155,7 +164,12 @@ impl KubeEngine {
         labels: &BTreeMap<String, String>,
     ) -> Result<Option<String>> {
         let what = format!("cannot claim a pod of the pool '{key}'");
-        for p in self.pool_list(key)? {
+        let mut pods = self.pool_list(key)?;
+        // Claims at once that all tried the first pod would meet a 409 on
+        // each pod before theirs: each starts where its owner's hash says.
+        let start = spread(labels, pods.len());
+        pods.rotate_left(start);
+        for p in pods {
             if !pod::container_of(&p).running {
                 continue;
             }
@@ -226,6 +240,15 @@ mod tests {
         let mut d = a.clone();
         d.memory_bytes = Some(128 << 20);
         assert_ne!(pool_key(&a), pool_key(&d));
+    }
+
+    #[test]
+    fn claims_for_different_owners_start_at_different_pods() {
+        let starts: std::collections::BTreeSet<usize> = (0..16)
+            .map(|i| spread(&BTreeMap::from([("s".into(), format!("o-{i}"))]), 16))
+            .collect();
+        assert!(starts.len() > 4, "{starts:?}");
+        assert_eq!(spread(&BTreeMap::new(), 0), 0);
     }
 
     #[test]
