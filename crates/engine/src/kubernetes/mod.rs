@@ -23,6 +23,9 @@
 //! is 69 naming the context; a request RBAC forbids is 77 naming the verb
 //! and the resource; a namespace quota that refuses a pod is 75, and nothing
 //! of that pod is left.
+//!
+//! A warm pool (pool.rs): pods made ahead from one spec, each claimed by
+//! one caller for good with a label patch conditional on its version.
 
 mod access;
 mod connect;
@@ -32,6 +35,8 @@ pub use image::normalize;
 mod network;
 mod paths;
 mod pod;
+mod pool;
+pub use pool::{POOL_LABEL, pool_key};
 mod pull;
 mod sandbox;
 mod service;
