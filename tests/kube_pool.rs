@@ -14,8 +14,7 @@
 //! Without the cached binaries the test fails saying why (the kube suites
 //! are run with --ignored only where they are cached).
 
-#[path = "kube_support/mod.rs"]
-mod kube_support;
+use support::cluster as kube_support;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Barrier};
