@@ -23,11 +23,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use base::cli::out_err;
+use base::{Error, Exit, Result};
 use clap::{Parser, ValueEnum};
 use engine::{Images, connect_docker};
 use loopwright::init::{self, Options, check, devcontainer};
-use mailbox::cli::out_err;
-use mailbox::{Error, Exit, Result};
 
 const PROG: &str = "lw-init";
 
@@ -111,7 +111,7 @@ const BASES: &[&str] = &[
 fn main() -> ExitCode {
     // The tests' failing is not lw init's: 1, not one of its 64-78.
     let failed = std::cell::Cell::new(false);
-    let code = mailbox::cli::run_main(PROG, |args: Args, out| {
+    let code = base::cli::run_main(PROG, |args: Args, out| {
         if args.check {
             let (exit, passed) = check(&args, out)?;
             failed.set(!passed);

@@ -59,8 +59,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use base::error::{Error, Exit, Result};
 use mailbox::config::Project;
-use mailbox::error::{Error, Exit, Result};
 use mailbox::git::{self, Remote};
 
 pub use fetch::DELETED_PREFIX;

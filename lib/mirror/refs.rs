@@ -4,7 +4,7 @@
 use std::fs;
 use std::path::Path;
 
-use mailbox::cli::Report;
+use base::cli::Report;
 use mailbox::git;
 
 /// Loose refs a sync leaves before it packs them (see the module docs).

@@ -120,7 +120,7 @@ pub(super) fn git_out<S: AsRef<OsStr>>(
     if !ok.contains(&code) {
         return Err(format!(
             "{what}: {}",
-            mailbox::visible::visible(&mailbox::git::last_words(&r.stderr))
+            base::visible::visible(&mailbox::git::last_words(&r.stderr))
         ));
     }
     Ok((code, r.stdout))

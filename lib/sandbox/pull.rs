@@ -12,8 +12,8 @@ use super::{Record, Sandboxes};
 use crate::github::{Client, DEFAULT_API, Limits, Token, default_token_file};
 use crate::pr::{self, Ask, Opened, Task};
 use crate::sync::Config as SyncConfig;
+use base::error::{Error, Result};
 use mailbox::config::Project;
-use mailbox::error::{Error, Result};
 use mailbox::git;
 
 /// The environment variable naming the API URL (as for lw-sync).

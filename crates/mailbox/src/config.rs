@@ -29,8 +29,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::error::{Error, Exit, Result};
 use crate::git;
+use base::error::{Error, Exit, Result};
 
 /// The project's directory for loopwright files, relative to its top level.
 pub const DIR: &str = ".loopwright";

@@ -11,8 +11,8 @@ use super::super::{CreateOptions, Network, Sandboxes, Settings};
 use crate::agent::setup::Prepared;
 use crate::egress;
 use crate::secrets::{self, Secret};
+use base::error::{Error, Exit, Result};
 use mailbox::config::{Config, Project};
-use mailbox::error::{Error, Exit, Result};
 use mailbox::registry;
 
 /// What the checks found: everything the making steps need.

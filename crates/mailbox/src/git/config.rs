@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use super::{command, last_words, output};
-use crate::error::{Error, Result};
+use base::error::{Error, Result};
 
 /// `remote.origin.url` of the checkout whose git directory is `git_dir`.
 /// The repository's own config file is read directly when it is plain;

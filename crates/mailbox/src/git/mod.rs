@@ -26,7 +26,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use crate::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 mod config;
 mod remote;

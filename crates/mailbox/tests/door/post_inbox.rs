@@ -53,7 +53,7 @@ fn post_then_list_show_ack() {
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let id = stdout(&o).trim().to_string();
-    assert!(mailbox::id::is_valid(&id), "{id}");
+    assert!(base::id::is_valid(&id), "{id}");
     assert_eq!(ls(&api.join("outbox/new")), vec![id.clone()]);
     assert!(ls(&api.join("outbox/tmp")).is_empty());
 
@@ -87,7 +87,7 @@ fn post_then_list_show_ack() {
             .code(),
         Some(0)
     );
-    let unknown = mailbox::id::new_id();
+    let unknown = base::id::new_id();
     let o = run(lw_inbox().arg("-m").arg(&web).args(["ack", &unknown]));
     assert_eq!(o.status.code(), Some(66), "{}", stderr(&o));
     assert!(stderr(&o).contains(&unknown));
