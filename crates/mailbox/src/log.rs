@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::maildir::{Delivered, Maildir, Sub};
 use crate::message::Message;
-use base::error::{Error, Exit, Result};
+use base::error::{Exit, Result};
 
 pub const LOG_VERSION: u32 = 1;
 
@@ -375,12 +375,6 @@ impl Log {
 
     pub fn create(&self) -> Result<()> {
         self.dir.create()
-    }
-}
-
-impl From<serde_json::Error> for Error {
-    fn from(e: serde_json::Error) -> Error {
-        Error::new(Exit::DataErr, "invalid JSON").with_source(e)
     }
 }
 
