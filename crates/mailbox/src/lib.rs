@@ -13,7 +13,6 @@ pub mod batch;
 pub mod bell;
 pub mod config;
 pub mod door_record;
-pub mod git;
 pub mod inbox;
 pub mod layout;
 pub mod log;
