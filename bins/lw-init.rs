@@ -135,7 +135,7 @@ fn top(args: &Args) -> Result<PathBuf> {
         Some(d) => d.clone(),
         None => std::env::current_dir().map_err(|e| Error::io("cannot read", Path::new("."), e))?,
     };
-    match mailbox::git::find_checkout(&start) {
+    match mailbox::config::find_checkout(&start) {
         Some((top, _)) => Ok(top),
         None => Err(Error::new(
             Exit::NoInput,
@@ -313,7 +313,7 @@ fn pick_base() -> String {
 }
 
 fn has_origin(top: &Path) -> bool {
-    let mut c = mailbox::git::command(Some(top));
+    let mut c = loopwright::git::command(Some(top));
     c.args(["config", "--get", "remote.origin.url"]);
-    mailbox::git::output(&mut c, "read the origin remote").is_ok_and(|o| o.status.success())
+    loopwright::git::output(&mut c, "read the origin remote").is_ok_and(|o| o.status.success())
 }

@@ -15,9 +15,9 @@ use std::time::Duration;
 use base::cli::out_err;
 use base::{Error, Exit, time};
 use clap::{Parser, Subcommand};
+use loopwright::git::Remote;
 use loopwright::mirror::{self, Mirror, Outcome, SyncOptions};
 use mailbox::config::{self, Project};
-use mailbox::git::Remote;
 
 const PROG: &str = "lw-mirror";
 

@@ -4,8 +4,8 @@
 use std::fs;
 use std::path::Path;
 
+use crate::git;
 use base::cli::Report;
-use mailbox::git;
 
 /// Loose refs a sync leaves before it packs them (see the module docs).
 pub const LOOSE_REFS_MAX: usize = 32;

@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{FETCHED, Mirror, STATE};
+use crate::git;
 use base::error::{Error, Exit, Result};
 use base::time;
 use mailbox::config::Config;
-use mailbox::git;
 
 /// What the state files record.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -13,10 +13,10 @@ use super::fetch::{fetch, unreachable};
 use super::refs::{LOOSE_REFS_MAX, loose_refs, pack_refs};
 use super::state::{State, fsync_dir, write_state};
 use super::{Found, Mirror};
+use crate::git::{self, Remote};
 use base::cli::Report;
 use base::error::{Error, Exit, Result};
 use base::time;
-use mailbox::git::{self, Remote};
 
 /// The git configuration every mirror carries, and why.
 pub const NEVER_PRUNE: &[(&str, &str)] = &[

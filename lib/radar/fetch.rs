@@ -176,7 +176,7 @@ impl Radar {
                     format!(
                         "cannot read branch '{}': {}",
                         l.branch,
-                        base::visible::visible(&mailbox::git::last_words(&r.stderr))
+                        base::visible::visible(&crate::git::last_words(&r.stderr))
                     ),
                 );
             }
@@ -225,7 +225,7 @@ impl Radar {
             .filter(|s| s.len() >= 40);
         let (mut c, _) = self.remote(l, &repo);
         c.args(["-c", "fetch.unpackLimit=1"]);
-        mailbox::git::fetch_untrusted(&mut c)
+        crate::git::fetch_untrusted(&mut c)
             .arg(src)
             .arg(format!("+refs/heads/{}:refs/radar/head", l.branch));
         let refuse = |why: String| {
@@ -240,7 +240,7 @@ impl Radar {
             return refuse(format!(
                 "cannot fetch branch '{}': {}",
                 l.branch,
-                base::visible::visible(&mailbox::git::last_words(&r.stderr))
+                base::visible::visible(&crate::git::last_words(&r.stderr))
             ));
         }
         // What this fetch brought, packed.
@@ -295,7 +295,7 @@ impl Radar {
         if !r.status.success() {
             return Err(format!(
                 "rev-list: {}",
-                base::visible::visible(&mailbox::git::last_words(&r.stderr))
+                base::visible::visible(&crate::git::last_words(&r.stderr))
             ));
         }
         match r

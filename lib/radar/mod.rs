@@ -418,7 +418,7 @@ impl Radar {
         if !path.join("objects").is_dir() {
             let r = run::run(
                 {
-                    let mut c = mailbox::git::command(None);
+                    let mut c = crate::git::command(None);
                     c.args(["init", "--quiet", "--bare", "--template="])
                         .arg(path);
                     c
@@ -437,7 +437,7 @@ impl Radar {
                     format!(
                         "cannot make '{}': {}",
                         path.display(),
-                        mailbox::git::last_words(&r.stderr)
+                        crate::git::last_words(&r.stderr)
                     ),
                 ));
             }

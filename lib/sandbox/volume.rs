@@ -331,8 +331,8 @@ pub fn make_bundle(mirror: &Path, to: &Path) -> Result<()> {
     if let Some(d) = to.parent() {
         std::fs::create_dir_all(d).map_err(|e| Error::io("cannot create", d, e))?;
     }
-    let out = mailbox::git::output(
-        mailbox::git::command(None)
+    let out = crate::git::output(
+        crate::git::command(None)
             .arg("--git-dir")
             .arg(mirror)
             .args(["bundle", "create", "--quiet"])

@@ -264,8 +264,8 @@ pub fn check_branch(branch: &str) -> Result<()> {
     if branch.is_empty() || branch.starts_with('-') || branch == "HEAD" {
         return Err(bad());
     }
-    let out = mailbox::git::output(
-        mailbox::git::command(None).args(["check-ref-format", &format!("refs/heads/{branch}")]),
+    let out = crate::git::output(
+        crate::git::command(None).args(["check-ref-format", &format!("refs/heads/{branch}")]),
         "check a branch name",
     )?;
     if out.status.success() {

@@ -144,8 +144,8 @@ fn clone_failed(name: &str, code: i64, err: &[u8], uid: u32) -> Error {
 
 /// The commit `rev` names in the mirror, or None.
 fn mirror_commit(mirror: &Path, rev: &str) -> Result<Option<String>> {
-    let out = mailbox::git::output(
-        mailbox::git::command(None)
+    let out = crate::git::output(
+        crate::git::command(None)
             .arg("--git-dir")
             .arg(mirror)
             .args([
@@ -164,7 +164,7 @@ fn mirror_commit(mirror: &Path, rev: &str) -> Result<Option<String>> {
 /// The host's git identity for the project, if it has one.
 fn host_identity(project: Option<&Project>, key: &str) -> Option<String> {
     let p = project?;
-    mailbox::git::config_get(&p.top, key)
+    crate::git::config_get(&p.top, key)
         .ok()
         .flatten()
         .filter(|v| !v.is_empty())

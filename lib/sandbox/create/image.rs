@@ -216,7 +216,7 @@ pub(super) fn drifted_inputs(
     if inputs.is_empty() {
         return Ok(vec![]);
     }
-    let mut child = mailbox::git::command(None)
+    let mut child = crate::git::command(None)
         .arg("--git-dir")
         .arg(mirror)
         .args(["cat-file", "--batch"])
