@@ -32,15 +32,15 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use base::cli::out_err;
+use base::error::{Error, Exit, Result};
+use base::visible::{visible, visible_line};
 use clap::{Parser, Subcommand};
 use engine::distribution::Client;
 use engine::{BuildEvent, DockerEngine, connect_docker};
 use loopwright::agent;
 use loopwright::image::cache::{self, Fetch, Probe, Puller, Push};
 use loopwright::image::{self, BuildOptions, InputKind, Layer, LayerResult, Plan, Runtime};
-use mailbox::cli::out_err;
-use mailbox::error::{Error, Exit, Result};
-use mailbox::visible::{visible, visible_line};
 use serde_json::json;
 
 const PROG: &str = "lw-build";
@@ -105,7 +105,7 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    mailbox::cli::run_main(PROG, run)
+    base::cli::run_main(PROG, run)
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {

@@ -18,11 +18,11 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use base::cli::out_err;
+use base::{Error, Exit, Result};
 use clap::Parser;
 use loopwright::cockpit::{self, Options};
-use mailbox::cli::out_err;
 use mailbox::layout::Root;
-use mailbox::{Error, Exit, Result};
 
 /// Serve a local web page to watch the sandboxes and work the queues.
 #[derive(Parser, Debug)]
@@ -53,7 +53,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    mailbox::cli::run_main("lw-cockpit", run)
+    base::cli::run_main("lw-cockpit", run)
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {

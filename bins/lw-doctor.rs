@@ -13,9 +13,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use base::{Error, Exit, Result, cli};
 use clap::Parser;
 use loopwright::doctor::{self, Status};
-use mailbox::{Error, Exit, Result, cli};
 
 /// Check that everything loopwright needs is in place, and say how to fix what is not
 #[derive(Parser, Debug)]
@@ -49,7 +49,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    mailbox::cli::run_main("lw-doctor", run)
+    base::cli::run_main("lw-doctor", run)
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {

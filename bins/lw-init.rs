@@ -23,11 +23,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use base::cli::out_err;
+use base::{Error, Exit, Result};
 use clap::{Parser, ValueEnum};
 use engine::{Images, connect_docker};
 use loopwright::init::{self, Options, check, devcontainer};
-use mailbox::cli::out_err;
-use mailbox::{Error, Exit, Result};
 
 const PROG: &str = "lw-init";
 
@@ -111,7 +111,7 @@ const BASES: &[&str] = &[
 fn main() -> ExitCode {
     // The tests' failing is not lw init's: 1, not one of its 64-78.
     let failed = std::cell::Cell::new(false);
-    let code = mailbox::cli::run_main(PROG, |args: Args, out| {
+    let code = base::cli::run_main(PROG, |args: Args, out| {
         if args.check {
             let (exit, passed) = check(&args, out)?;
             failed.set(!passed);
@@ -135,7 +135,7 @@ fn top(args: &Args) -> Result<PathBuf> {
         Some(d) => d.clone(),
         None => std::env::current_dir().map_err(|e| Error::io("cannot read", Path::new("."), e))?,
     };
-    match mailbox::git::find_checkout(&start) {
+    match mailbox::config::find_checkout(&start) {
         Some((top, _)) => Ok(top),
         None => Err(Error::new(
             Exit::NoInput,
@@ -313,7 +313,7 @@ fn pick_base() -> String {
 }
 
 fn has_origin(top: &Path) -> bool {
-    let mut c = mailbox::git::command(Some(top));
+    let mut c = loopwright::git::command(Some(top));
     c.args(["config", "--get", "remote.origin.url"]);
-    mailbox::git::output(&mut c, "read the origin remote").is_ok_and(|o| o.status.success())
+    loopwright::git::output(&mut c, "read the origin remote").is_ok_and(|o| o.status.success())
 }

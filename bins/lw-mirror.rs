@@ -12,12 +12,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use base::cli::out_err;
+use base::{Error, Exit, time};
 use clap::{Parser, Subcommand};
+use loopwright::git::Remote;
 use loopwright::mirror::{self, Mirror, Outcome, SyncOptions};
-use mailbox::cli::out_err;
 use mailbox::config::{self, Project};
-use mailbox::git::Remote;
-use mailbox::{Error, Exit, time};
 
 const PROG: &str = "lw-mirror";
 
@@ -75,7 +75,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 fn main() -> ExitCode {
-    mailbox::cli::run_main(PROG, run)
+    base::cli::run_main(PROG, run)
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
@@ -142,7 +142,7 @@ fn sync(
     let outcome = m.sync(&mut SyncOptions {
         if_older_than,
         progress,
-        report: &mailbox::cli::stderr_report(PROG),
+        report: &base::cli::stderr_report(PROG),
         remote: &mut remote,
     })?;
     if json {

@@ -18,13 +18,14 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use base::cli::out_err;
+use base::{Error, Exit, Result};
 use clap::Parser;
 use loopwright::radar::{Event, Limits, Live, Radar, Report, Source};
 use loopwright::sandbox::Record;
-use mailbox::cli::out_err;
+use mailbox::config;
 use mailbox::layout::Root;
 use mailbox::registry::Registry;
-use mailbox::{Error, Exit, Result, config};
 
 const PROG: &str = "lw-radar";
 
@@ -88,7 +89,7 @@ fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
 }
 
 fn main() -> ExitCode {
-    mailbox::cli::run_main(PROG, run)
+    base::cli::run_main(PROG, run)
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {

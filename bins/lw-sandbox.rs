@@ -20,14 +20,14 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use base::cli::{self, out_err};
+use base::{Error, Exit};
 use clap::{Parser, Subcommand, ValueEnum};
 use engine::Engines;
 use loopwright::agent::run::RunOptions;
 use loopwright::agent::{Credential, kit};
 use loopwright::sandbox::{self, CreateOptions, Network, Sandboxes};
-use mailbox::cli::{self, out_err};
 use mailbox::layout::Root;
-use mailbox::{Error, Exit};
 
 const PROG: &str = "lw-sandbox";
 
@@ -464,7 +464,7 @@ fn push(
 ) -> Result<(), Error> {
     let me = std::env::current_exe()
         .map_err(|e| Error::new(Exit::Software, "cannot find lw-sandbox itself").with_source(e))?;
-    let p = sb.push(name, &me, force, &mailbox::cli::stderr_report(PROG))?;
+    let p = sb.push(name, &me, force, &base::cli::stderr_report(PROG))?;
     let line = |out: &mut dyn Write, s: &str| writeln!(out, "{s}").map_err(out_err);
     line(
         out,
@@ -499,7 +499,7 @@ fn denial_line(name: &str, d: &loopwright::egress::Request, json: bool) -> Strin
         .to_string()
     } else {
         // What the sandbox asked for: its control characters shown.
-        mailbox::visible::visible_line(&format!(
+        base::visible::visible_line(&format!(
             "{} {} {} {}:{}",
             d.time, d.client, d.method, d.host, d.port
         ))

@@ -16,13 +16,13 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use base::cli::{self, out_err};
+use base::{Error, Exit};
 use clap::{Parser, Subcommand};
 use engine::Engines;
 use loopwright::service::{Services, decl};
-use mailbox::cli::{self, out_err};
 use mailbox::config::Project;
 use mailbox::layout::Root;
-use mailbox::{Error, Exit};
 
 const PROG: &str = "lw-service";
 
@@ -147,7 +147,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
             let log = svc.logs(&name)?;
             // The service's own text: its control characters made visible.
             let text = String::from_utf8_lossy(&log);
-            out.write_all(mailbox::visible::visible(&text).as_bytes())
+            out.write_all(base::visible::visible(&text).as_bytes())
                 .map_err(out_err)?;
         }
         Cmd::Rm { name, volumes } => {

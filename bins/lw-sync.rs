@@ -13,14 +13,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use base::cli::out_err;
+use base::{Error, Exit, Result};
 use clap::{Parser, Subcommand};
 use loopwright::github::{Client, DEFAULT_API, Limits, Token, default_token_file};
 use loopwright::sync::{self, Config, Event, Syncer};
-use mailbox::cli::out_err;
 use mailbox::layout::Root;
 use mailbox::redact::Secrets;
 use mailbox::registry::Registry;
-use mailbox::{Error, Exit, Result};
 
 const PROG: &str = "lw-sync";
 
@@ -93,7 +93,7 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    mailbox::cli::run_main(PROG, run)
+    base::cli::run_main(PROG, run)
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
@@ -143,7 +143,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         ));
     }
     if let Some(t) = args.time_limit {
-        client.deadline = Some(mailbox::time::now_ms() + t * 1000);
+        client.deadline = Some(base::time::now_ms() + t * 1000);
     }
     let _lock = sync::lock(&root, !args.no_wait)?;
     let mut s = Syncer::new(root.clone(), cfg, client)?;
@@ -165,7 +165,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
             // other hosts' messages raise no event here.
             let federated = s.cfg.federation()?.is_some();
             let mut last_pull: Option<std::time::Instant> = None;
-            sync::watch_dir(&dir, period, &mailbox::cli::stderr_report(PROG), || {
+            sync::watch_dir(&dir, period, &base::cli::stderr_report(PROG), || {
                 let _l = sync::lock(&root, true)?;
                 let mut r = s
                     .reload()

@@ -19,7 +19,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::image::{DEFAULT_RUNTIME, KNOWN_DEPS_FILES, RUNTIME_DIR};
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 pub mod check;
 pub mod devcontainer;
@@ -181,7 +181,7 @@ pub fn sync_authorities(top: &Path, cas: &[(String, Vec<u8>)]) -> Result<usize> 
     for (name, pem) in cas {
         let p = dir.join(name);
         if std::fs::read(&p).ok().as_deref() != Some(pem.as_slice()) {
-            mailbox::fs::write_replace(&p, pem, 0o644, mailbox::fs::Durability::Synced)
+            base::fs::write_replace(&p, pem, 0o644, base::fs::Durability::Synced)
                 .map_err(|e| Error::io("cannot write", &p, e))?;
             changed += 1;
         }
@@ -476,7 +476,7 @@ impl Plan {
             let p = self.top.join(&f.path);
             let parent = p.parent().expect("a planned file has a parent");
             std::fs::create_dir_all(parent).map_err(|e| Error::io("cannot create", parent, e))?;
-            mailbox::fs::write_replace(&p, &f.bytes, f.mode, mailbox::fs::Durability::Synced)
+            base::fs::write_replace(&p, &f.bytes, f.mode, base::fs::Durability::Synced)
                 .map_err(|e| Error::io("cannot write", &p, e))?;
             written.push(f.path.clone());
         }
@@ -488,7 +488,7 @@ impl Plan {
             }
             text.push_str(GITIGNORE_LINE);
             text.push('\n');
-            mailbox::fs::write_replace(&p, text.as_bytes(), 0o644, mailbox::fs::Durability::Synced)
+            base::fs::write_replace(&p, text.as_bytes(), 0o644, base::fs::Durability::Synced)
                 .map_err(|e| Error::io("cannot write", &p, e))?;
             written.push(".gitignore".to_string());
         }
@@ -504,7 +504,7 @@ mod tests {
         let d = std::env::temp_dir().join(format!(
             "lw-init-{}-{:x}",
             std::process::id(),
-            mailbox::id::random128() as u32
+            base::id::random128() as u32
         ));
         std::fs::create_dir_all(&d).unwrap();
         for (n, t) in files {

@@ -5,8 +5,9 @@
 //! these modules; everything that can be tested without a process lives here.
 //! It builds on the crates below it, named by their own paths so a reader
 //! sees which crate a module lives in: `mailbox::log::Entry` is
-//! crates/mailbox/src/log.rs.  `mailbox` (messages, Maildirs, the log, the
-//! policy, the mediator), `engine` (crates/engine: the container-engine
+//! crates/mailbox/src/log.rs.  `base` (crates/base: errors, cli, fs, time,
+//! ids, digests, globs), `mailbox` (messages, Maildirs, the log, the
+//! policy, the mediator, the project config), `engine` (crates/engine: the container-engine
 //! contract, Docker, Kubernetes) and `confine` (crates/confine: the seccomp
 //! filter).  docs/architecture.md draws the layers.
 
@@ -15,6 +16,7 @@ pub mod cockpit;
 pub mod doctor;
 pub mod egress;
 pub mod finding;
+pub mod git;
 pub mod github;
 pub mod image;
 pub mod init;

@@ -19,7 +19,7 @@ use std::fs::{self, File};
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 /// The range when the project configures none (`sandbox.ports`).
 pub const DEFAULT_RANGE: &str = "41000-41999";
@@ -100,9 +100,9 @@ impl Leases {
 
     fn locked(&self) -> Result<File> {
         if let Some(dir) = self.path.parent() {
-            mailbox::fs::private_dir(dir).map_err(|e| Error::io("cannot create", dir, e))?;
+            base::fs::private_dir(dir).map_err(|e| Error::io("cannot create", dir, e))?;
         }
-        mailbox::fs::lock(&self.lock).map_err(|e| Error::lock(&self.lock, e))
+        base::fs::lock(&self.lock).map_err(|e| Error::lock(&self.lock, e))
     }
 
     /// Every lease, in port order.
@@ -219,11 +219,11 @@ impl Leases {
         for l in leases {
             text.push_str(&format!("{} {} {}\n", l.port, l.owner, l.what));
         }
-        mailbox::fs::write_replace(
+        base::fs::write_replace(
             &self.path,
             text.as_bytes(),
             0o600,
-            mailbox::fs::Durability::Synced,
+            base::fs::Durability::Synced,
         )
         .map_err(|e| Error::io("cannot write", &self.path, e))
     }
@@ -239,7 +239,7 @@ mod tests {
     use super::*;
 
     fn tmp() -> PathBuf {
-        let d = std::env::temp_dir().join(format!("lw-ports-{}", mailbox::id::new_id()));
+        let d = std::env::temp_dir().join(format!("lw-ports-{}", base::id::new_id()));
         fs::create_dir_all(&d).unwrap();
         d
     }

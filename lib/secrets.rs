@@ -23,8 +23,8 @@
 
 use std::fmt;
 
+use base::error::{Error, Exit, Result};
 use mailbox::config::Config;
-use mailbox::error::{Error, Exit, Result};
 
 /// The configuration key listing the allowed names.
 pub const KEY_ALLOWED: &str = "sandbox.secrets";

@@ -1062,7 +1062,7 @@ fn python_image() -> String {
         "FROM {base}\nRUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y \
          --no-install-recommends python3 && rm -rf /var/lib/apt/lists/*\n"
     );
-    let hash = mailbox::digest::sha256_hex(format!("{df}{}", id.trim()).as_bytes());
+    let hash = base::digest::sha256_hex(format!("{df}{}", id.trim()).as_bytes());
     let tag = format!("loopwright/test-python:{}", &hash[..16]);
     if docker(&["image", "inspect", &tag]).status.success() {
         return tag;

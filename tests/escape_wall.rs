@@ -262,7 +262,7 @@ fn wall_rows(runtime: &str) -> Vec<Row> {
     f.ok(&["create", "b", "--branch", "b"]);
     let boxdir = f.root.join("sandboxes/a");
     // Names that pass the id grammar, so the mediator looks further.
-    let (suid, junk_id) = (mailbox::id::new_id(), mailbox::id::new_id());
+    let (suid, junk_id) = (base::id::new_id(), base::id::new_id());
 
     // 2. Setuid through the mailbox.
     let (code, _, e) = f.sh(
@@ -757,7 +757,7 @@ fn planted_links_to_the_host_steer_no_command_that_runs_as_root() {
     // there), older than the sweep's 36 hours.
     let m = mailbox::message::Message {
         version: 1,
-        id: mailbox::id::new_id(),
+        id: base::id::new_id(),
         from: "c".into(),
         to: vec!["a".into()],
         kind: mailbox::message::Kind::Status,
@@ -765,7 +765,7 @@ fn planted_links_to_the_host_steer_no_command_that_runs_as_root() {
         body: "the host's own file".into(),
         refs: vec![],
         in_reply_to: None,
-        created: mailbox::time::rfc3339(mailbox::time::now()),
+        created: base::time::rfc3339(base::time::now()),
     };
     let old = std::time::SystemTime::now() - std::time::Duration::from_secs(40 * 3600);
     let canaries = [

@@ -29,6 +29,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use base::error::Exit;
 use engine::select::{PairedBuilder, docker_host};
 use engine::{
     ContainerSpec, Engine, EngineKind, ExecIo, ExecRequest, HostPaths, Images, KubeEngine,
@@ -43,7 +44,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use loopwright::sandbox::{LABEL_ROOT, LABEL_ROOT_PATH, LABEL_SANDBOX, Sandboxes, root_id};
-use mailbox::error::Exit;
 use mailbox::layout::Root;
 
 use kube_support::{Cluster, IMAGE, network_cached, nonce, run};

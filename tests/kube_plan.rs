@@ -42,7 +42,7 @@ impl Host {
         let dir = std::env::temp_dir().join(format!(
             "lw-kube-plan-{name}-{}-{:08x}",
             std::process::id(),
-            mailbox::id::random128() as u32
+            base::id::random128() as u32
         ));
         std::fs::create_dir_all(&dir).unwrap();
         Host { dir }
@@ -360,7 +360,7 @@ fn stop_removes_the_kubelets_chains_unless_another_cluster_runs() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // The chains are host-wide: a real cluster (which holds this lock while
     // it runs) keeps its kubelet's, and must not see them go.
-    let _real = mailbox::fs::lock(Path::new("/tmp/lw-k8s.lock")).expect("the clusters' lock file");
+    let _real = base::fs::lock(Path::new("/tmp/lw-k8s.lock")).expect("the clusters' lock file");
     let host = Host::new("chains");
     // An empty cache (LW_K8S_CACHE below): stop runs no kube-proxy
     // --cleanup of the real one.

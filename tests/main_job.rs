@@ -63,7 +63,7 @@ fn log(work: &Path) -> Vec<serde_json::Value> {
 
 fn epoch(rfc3339: &serde_json::Value) -> f64 {
     let s = rfc3339.as_str().expect("a time");
-    mailbox::time::parse_rfc3339(s)
+    base::time::parse_rfc3339(s)
         .unwrap_or_else(|| panic!("'{s}' is not RFC 3339"))
         .as_secs_f64()
 }

@@ -1,7 +1,7 @@
 //! GitHub's issue-comment REST API as lw-sync uses it: authentication, the
 //! primary rate limit and its headers, injected faults, and the routes.
 
-use mailbox::digest::sha256_hex;
+use base::digest::sha256_hex;
 use serde_json::{Value, json};
 
 use crate::comments::{body_field, comment_json, create, list, too_long};
@@ -144,7 +144,7 @@ fn take_fault(st: &mut State, req: &Request, path: &str) -> Option<Fault> {
             continue;
         }
         if let Some(p) = f.probability {
-            let r = (mailbox::id::random128() >> 64) as u64 as f64 / u64::MAX as f64;
+            let r = (base::id::random128() >> 64) as u64 as f64 / u64::MAX as f64;
             if r >= p {
                 continue;
             }

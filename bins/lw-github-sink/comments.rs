@@ -98,7 +98,7 @@ pub fn list(
     host: &str,
 ) -> Response {
     let since = param(q, "since")
-        .and_then(mailbox::time::parse_rfc3339)
+        .and_then(base::time::parse_rfc3339)
         .map(|d| d.as_secs());
     let items: Vec<Value> = st
         .comments

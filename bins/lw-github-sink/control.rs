@@ -2,7 +2,7 @@
 //! human comments, injected faults, and the record of requests and blocked
 //! windows.  Control requests are not recorded.
 
-use mailbox::digest::sha256_hex;
+use base::digest::sha256_hex;
 use serde::Deserialize;
 use serde_json::{Value, json};
 

@@ -7,13 +7,13 @@ use std::convert::Infallible;
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 
+use base::{Error, Exit, Result};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{HeaderName, HeaderValue};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use mailbox::{Error, Exit, Result};
 
 use crate::api;
 use crate::state::State;

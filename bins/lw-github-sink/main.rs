@@ -39,9 +39,9 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use base::cli::out_err;
+use base::{Error, Exit, Result};
 use clap::Parser;
-use mailbox::cli::out_err;
-use mailbox::{Error, Exit, Result};
 
 use crate::state::State;
 
@@ -69,7 +69,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    mailbox::cli::run_main(PROG, run)
+    base::cli::run_main(PROG, run)
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {

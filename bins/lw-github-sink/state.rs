@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::Path;
 
-use mailbox::digest::sha256_hex;
-use mailbox::{Error, Result};
+use base::digest::sha256_hex;
+use base::{Error, Result};
 use serde::{Deserialize, Serialize};
 
 /// One recorded request (control requests are not recorded).

@@ -43,16 +43,16 @@ pub struct Limits {
 }
 
 pub fn now_s() -> u64 {
-    mailbox::time::now().as_secs()
+    base::time::now().as_secs()
 }
 
 pub fn now_ms_f() -> f64 {
-    mailbox::time::now().as_secs_f64() * 1000.0
+    base::time::now().as_secs_f64() * 1000.0
 }
 
 pub fn gh_time(s: u64) -> String {
     // GitHub's timestamps have whole seconds.
-    let t = mailbox::time::rfc3339(Duration::from_secs(s));
+    let t = base::time::rfc3339(Duration::from_secs(s));
     format!("{}Z", &t[..19])
 }
 

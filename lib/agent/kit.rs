@@ -18,9 +18,9 @@ use super::grammar::{
     parse_env,
 };
 pub use super::grammar::{exact_version, parse_upstream, valid_name};
+use base::digest::sha256_hex;
+use base::error::{Error, Exit, Result};
 use mailbox::config::Config;
-use mailbox::digest::sha256_hex;
-use mailbox::error::{Error, Exit, Result};
 
 /// Where a project keeps its own kits, relative to its top.
 pub const PROJECT_DIR: &str = ".loopwright/agents";
@@ -564,7 +564,7 @@ mod tests {
 
     #[test]
     fn a_project_kit_replaces_a_builtin_one_and_adds_others() {
-        let dir = std::env::temp_dir().join(format!("lw-kits-{}", mailbox::id::new_id()));
+        let dir = std::env::temp_dir().join(format!("lw-kits-{}", base::id::new_id()));
         std::fs::create_dir_all(dir.join(PROJECT_DIR)).unwrap();
         let bumped = builtin("claude").replace("version = 2.1.332", "version = 2.1.333");
         std::fs::write(dir.join(PROJECT_DIR).join("claude.kit"), &bumped).unwrap();

@@ -30,9 +30,9 @@ use std::collections::BTreeMap;
 
 use super::kit::Kit;
 use crate::image::{LABEL_LAYER, LABEL_MANIFEST};
+use base::digest::sha256_hex;
+use base::error::{Error, Exit, Result};
 use engine::{BuildEvent, BuildOutcome, BuildRequest, ImageBuilder, Images};
-use mailbox::digest::sha256_hex;
-use mailbox::error::{Error, Exit, Result};
 
 pub const CLI_DOCKERFILE: &str = include_str!("../../runtime/agents/cli.Dockerfile");
 pub const CLI_COPY_DOCKERFILE: &str = include_str!("../../runtime/agents/cli-copy.Dockerfile");

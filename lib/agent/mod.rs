@@ -43,9 +43,9 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use base::error::{Error, Exit, Result};
 pub use kit::Kit;
 use mailbox::config::Project;
-use mailbox::error::{Error, Exit, Result};
 
 /// Where the agent's key comes from on the host.
 #[derive(Clone, Debug, PartialEq, Eq)]

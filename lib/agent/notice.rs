@@ -12,8 +12,8 @@
 //! suppress nor forge it, as it would a post from its own outbox.
 
 use super::proxy::{CapEpisode, Usage};
-use mailbox::digest::sha256_hex;
-use mailbox::error::Result;
+use base::digest::sha256_hex;
+use base::error::Result;
 use mailbox::layout::{self, Root};
 use mailbox::log::{Entry, Log};
 use mailbox::message;
@@ -23,7 +23,7 @@ fn entry(sandbox: &str, kit: &str, ep: &CapEpisode) -> Entry {
     let at = std::time::Duration::from_secs(u64::try_from(ep.at).unwrap_or(0));
     let seed = sha256_hex(format!("model-cap/{sandbox}/{}/{}", ep.n, ep.at).as_bytes());
     let rand = u128::from_str_radix(&seed[..32], 16).expect("a hex digest");
-    let id = mailbox::id::id_at(at, rand);
+    let id = base::id::id_at(at, rand);
     let (what, until) = match ep.cap.as_str() {
         "max-rpm" => (
             format!("{} requests a minute", ep.limit),
@@ -55,7 +55,7 @@ fn entry(sandbox: &str, kit: &str, ep: &CapEpisode) -> Entry {
          Stop it:            lw-sandbox stop {sandbox}\n\
          \n\
          This is said once for each time the cap is reached after requests went through.\n",
-        mailbox::time::rfc3339(at),
+        base::time::rfc3339(at),
         ep.cap,
         ep.limit,
         ep.cap

@@ -51,9 +51,9 @@ use std::time::Duration;
 use super::Settings;
 use super::kit::Kit;
 use crate::egress::sidecar::{self, Recipe};
+use base::error::{Error, Exit, Result};
 use engine::NetworkEngine;
 use engine::{Bind, BuildEvent, ContainerSpec, ImageBuilder};
-use mailbox::error::{Error, Exit, Result};
 
 /// The proxy's name on the sandbox's internal network.
 pub const HOST: &str = "lw-model";
@@ -217,7 +217,7 @@ pub fn prepare_dir(dir: &Path, settings: &Settings) -> Result<()> {
 /// old one (the proxy reads it per request, through the directory mount).
 pub fn write_key(dir: &Path, key: &[u8]) -> Result<()> {
     let path = dir.join("key");
-    mailbox::fs::write_replace(&path, key, 0o600, mailbox::fs::Durability::Synced)
+    base::fs::write_replace(&path, key, 0o600, base::fs::Durability::Synced)
         .map_err(|e| Error::io("cannot write the key file", &path, e))
 }
 
@@ -230,11 +230,11 @@ pub fn write_caps(dir: &Path, caps: &super::Caps) -> Result<()> {
         "max-rpm": caps.max_rpm, "max-tokens-hour": caps.max_tokens_hour,
         "max-tokens-run": caps.max_tokens_run,
     });
-    mailbox::fs::write_replace(
+    base::fs::write_replace(
         &path,
         format!("{doc}\n").as_bytes(),
         0o600,
-        mailbox::fs::Durability::Unsynced,
+        base::fs::Durability::Unsynced,
     )
     .map_err(|e| Error::io("cannot write", &path, e))
 }
@@ -243,11 +243,11 @@ pub fn write_caps(dir: &Path, caps: &super::Caps) -> Result<()> {
 /// `agent.KIT.max-tokens-run` from 0 again when this changes.
 pub fn write_run(dir: &Path, run: &str) -> Result<()> {
     let path = dir.join("run");
-    mailbox::fs::write_replace(
+    base::fs::write_replace(
         &path,
         format!("{run}\n").as_bytes(),
         0o600,
-        mailbox::fs::Durability::Unsynced,
+        base::fs::Durability::Unsynced,
     )
     .map_err(|e| Error::io("cannot write", &path, e))
 }

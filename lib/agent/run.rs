@@ -20,12 +20,12 @@ use super::kit::{self, Kit};
 use super::lines::{Lines, MAX_LINE};
 use super::{AgentRecord, Credential, Settings, proxy};
 use crate::wall::REPO;
+use base::error::{Error, Exit, Result};
+use base::visible::visible_line;
 use engine::{ExecIo, NetworkEngine, SandboxEngine};
 use engine::{ExecRequest, OutStream};
 use mailbox::config::Project;
-use mailbox::error::{Error, Exit, Result};
 use mailbox::layout::Root;
-use mailbox::visible::visible_line;
 
 /// Status when `--timeout` ended the agent (as timeout(1)).
 pub const TIMED_OUT: i64 = 124;
@@ -75,10 +75,10 @@ pub fn kit_of(rec: &Target) -> Result<(Kit, Settings, Credential)> {
 }
 
 fn transcript_path(root: &Path, name: &str) -> PathBuf {
-    let t = mailbox::time::rfc3339(mailbox::time::now()).replace(':', "");
+    let t = base::time::rfc3339(base::time::now()).replace(':', "");
     root.join("transcripts")
         .join(name)
-        .join(format!("{t}-{:08x}.jsonl", mailbox::id::random128() as u32))
+        .join(format!("{t}-{:08x}.jsonl", base::id::random128() as u32))
 }
 
 /// Runs the agent of the sandbox `rec`; progress goes to `out`, warnings to `warn`.
@@ -120,7 +120,7 @@ pub fn run(
     let mut file = fs::File::create(&path).map_err(|e| Error::io("cannot create", &path, e))?;
     let header = serde_json::json!({
         "type": "lw-run", "sandbox": name, "kit": kit.name, "resume": opts.resume,
-        "prompt": opts.prompt, "started": mailbox::time::rfc3339(mailbox::time::now()),
+        "prompt": opts.prompt, "started": base::time::rfc3339(base::time::now()),
         "command": kit.command("{prompt}", opts.resume),
     });
     let record = |line: &str, out: &mut dyn Write, file: &mut fs::File| {

@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 use mailbox::layout::Root;
 use mailbox::log::{Entry, Log};
 use mailbox::mediate::Mediator;
@@ -152,7 +152,7 @@ impl Door {
 }
 
 fn check_id(id: &str) -> Result<()> {
-    if mailbox::id::is_valid(id) {
+    if base::id::is_valid(id) {
         Ok(())
     } else {
         Err(Error::usage(format!(

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use serde_json::{Value, json};
 
 use super::{Cockpit, actions, data, diff};
-use mailbox::error::{Error, Result};
+use base::error::{Error, Result};
 use mailbox::log::Log;
 
 /// A query string's parameters, percent-decoded (`+` is a space).
@@ -82,7 +82,7 @@ pub fn get(c: &Cockpit, path: &str, p: &HashMap<String, String>) -> Result<Optio
             })?;
             let tag = format!(
                 "\"{}\"",
-                &mailbox::digest::sha256_hex(format!("{list}{bare}").as_bytes())[..32]
+                &base::digest::sha256_hex(format!("{list}{bare}").as_bytes())[..32]
             );
             let body = format!(
                 "{{\"sandboxes\":{list},\"engine\":{},\"refresh_secs\":{}}}",

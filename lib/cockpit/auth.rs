@@ -57,7 +57,7 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 
 /// 128 random bits as hex.
 pub fn new_secret() -> String {
-    format!("{:032x}", mailbox::id::random128())
+    format!("{:032x}", base::id::random128())
 }
 
 /// The tickets and the tabs' secrets of one server.

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 
 use super::record::record;
 use crate::sandbox::Record;
-use mailbox::error::Result;
+use base::error::Result;
 use mailbox::layout::Root;
 use mailbox::log::{Entry, Log};
 use mailbox::maildir::Sub;
@@ -88,7 +88,7 @@ pub fn sandboxes(root: &Root, live: &mut super::live::Snapshot) -> Result<Vec<Sa
             v.stat = live.branches.remove(&v.name);
             v.last_model_request = used
                 .filter(|u| u.updated > 0)
-                .map(|u| mailbox::time::rfc3339(std::time::Duration::from_secs(u.updated as u64)));
+                .map(|u| base::time::rfc3339(std::time::Duration::from_secs(u.updated as u64)));
             v
         })
         .collect();
@@ -480,15 +480,14 @@ mod tests {
 
     #[test]
     fn pages_go_newest_first_and_filters_apply() {
-        let d = std::env::temp_dir().join(format!("lw-cockpit-data-{}", mailbox::id::new_id()));
+        let d = std::env::temp_dir().join(format!("lw-cockpit-data-{}", base::id::new_id()));
         std::fs::create_dir_all(&d).unwrap();
         let log = Log::new(d.join("log"));
         log.create().unwrap();
         use mailbox::message::Kind;
         let mut ids = vec![];
         for i in 0..7u128 {
-            let id =
-                mailbox::id::id_at(std::time::Duration::from_secs(1_700_000_000 + i as u64), i);
+            let id = base::id::id_at(std::time::Duration::from_secs(1_700_000_000 + i as u64), i);
             let kind = if i % 2 == 0 {
                 Kind::Status
             } else {
@@ -532,7 +531,7 @@ mod tests {
         assert!(entry(&log, "../x").is_none());
         // A message made before all of them, logged after them (a release
         // of an old held message): first, by when it was logged.
-        let old = mailbox::id::id_at(std::time::Duration::from_secs(1_600_000_000), 9);
+        let old = base::id::id_at(std::time::Duration::from_secs(1_600_000_000), 9);
         let e = entry_of(&old, "api", "web", Kind::Request);
         log.append(&e).unwrap();
         std::fs::File::options()
@@ -547,8 +546,8 @@ mod tests {
         // Issue 41: the mediator's batch files, beside entry files; their
         // entries are listed, read, and logged when the batch file was.
         let (b1, b2) = (
-            mailbox::id::id_at(std::time::Duration::from_secs(1_500_000_000), 10),
-            mailbox::id::id_at(std::time::Duration::from_secs(1_500_000_001), 11),
+            base::id::id_at(std::time::Duration::from_secs(1_500_000_000), 10),
+            base::id::id_at(std::time::Duration::from_secs(1_500_000_001), 11),
         );
         let (e1, e2) = (
             entry_of(&b1, "api", "web", Kind::Request),

@@ -1,4 +1,4 @@
-//! Live updates: one watcher thread per topic (crates/mailbox/src/fs/watch.rs, inotify)
+//! Live updates: one watcher thread per topic (crates/base/src/fs/watch.rs, inotify)
 //! turns a change on disk into a topic name on a broadcast channel; each
 //! open page holds a server-sent-events stream of those names and fetches
 //! the part that changed.  A topic says "look again", never what changed,
@@ -11,8 +11,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::broadcast;
 
-use mailbox::error::{Error, Exit, Result};
-use mailbox::fs::{Watcher, Woke};
+use base::error::{Error, Exit, Result};
+use base::fs::{Watcher, Woke};
 use mailbox::layout::Root;
 
 /// What a page refreshes on an event.

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 
 use super::auth::{self, Verdict};
 use super::{Cockpit, api};
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 type Body = BoxBody<Bytes, Infallible>;
 

@@ -154,7 +154,7 @@ fn refresher(
             } != engine_view;
         *snap = Snapshot {
             engine: EngineView {
-                checked: Some(mailbox::time::rfc3339(mailbox::time::now())),
+                checked: Some(base::time::rfc3339(base::time::now())),
                 ..engine_view
             },
             listed,
@@ -174,7 +174,7 @@ fn engine_round(
     root: &Root,
     project: &std::path::Path,
     engine: &mut Option<engine::Engines>,
-) -> mailbox::error::Result<Listed> {
+) -> base::error::Result<Listed> {
     if engine.is_none() {
         let p = mailbox::config::Project::find(project)?;
         *engine = Some(engine::Engines::connect(p.as_ref().map(|p| &p.config))?);

@@ -35,7 +35,7 @@ mod record;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 use mailbox::layout::Root;
 
 pub use actions::check_operator;

@@ -8,7 +8,7 @@ use mailbox::layout::Root;
 
 /// lw-sandbox's record of `name` (ROOT/state/sandbox/NAME.json), if any.
 pub fn record(root: &Root, name: &str) -> Option<Record> {
-    if !mailbox::id::valid_name(name) {
+    if !base::id::valid_name(name) {
         return None;
     }
     let p = root

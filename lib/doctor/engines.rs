@@ -59,7 +59,7 @@ pub(super) fn services(
 /// user do, the runtime classes, and the two things the API cannot promise
 /// (this host's files; NetworkPolicy enforcement, the network plugin's).
 pub(super) fn kubernetes(
-    kind: mailbox::error::Result<engine::EngineKind>,
+    kind: base::error::Result<engine::EngineKind>,
     project: Option<&Project>,
 ) -> Vec<Finding> {
     use engine::{HostPaths, KubeEngine};
@@ -199,7 +199,7 @@ fn rbac_findings(
 /// `--kube-role`: the Role and ClusterRole the client needs, for namespace
 /// `namespace`, else the project's (`engine.namespace`, else its
 /// kubeconfig context's), else a placeholder to replace.
-pub fn kube_role(cwd: &Path, namespace: Option<String>) -> mailbox::error::Result<String> {
+pub fn kube_role(cwd: &Path, namespace: Option<String>) -> base::error::Result<String> {
     let ns = match namespace {
         Some(ns) => ns,
         None => {

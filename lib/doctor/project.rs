@@ -19,13 +19,13 @@ pub(super) fn mirror(p: &Project, fresh: Duration) -> Finding {
     let m = crate::mirror::Mirror::new(&path);
     match m.status() {
         Ok(s) => {
-            let age = mailbox::time::now().saturating_sub(s.last_fetch);
+            let age = base::time::now().saturating_sub(s.last_fetch);
             let detail = format!(
                 "{} ({} refs, {}, fetched {} ago from {})",
                 path.display(),
                 s.refs,
                 crate::mirror::human_size(s.size),
-                mailbox::time::human_age(age),
+                base::time::human_age(age),
                 s.url
             );
             if age > fresh {
@@ -92,7 +92,7 @@ pub(super) fn toolchain(p: &Project) -> Vec<Finding> {
 pub(super) fn image(p: &Project, engine: Option<&DockerEngine>) -> Vec<Finding> {
     let rt = match crate::image::Runtime::load(&p.top) {
         Ok(rt) => rt,
-        Err(e) if e.exit == mailbox::Exit::NoInput => {
+        Err(e) if e.exit == base::Exit::NoInput => {
             return vec![f(
                 "image",
                 Status::Warn,
@@ -241,12 +241,12 @@ pub(super) fn mailbox(root: &Root) -> Vec<Finding> {
 /// The first of a mail dir's Maildir directories that is a symbolic link
 /// or not a directory (opened beneath it, no link followed), if any.
 fn planted_link(boxdir: &Path) -> Option<String> {
-    let top = mailbox::fs::open_dir_no_links(boxdir).ok()?;
+    let top = base::fs::open_dir_no_links(boxdir).ok()?;
     for m in ["inbox", "outbox"] {
         for d in ["", "tmp", "new", "cur"] {
             let rel = Path::new(m).join(d);
             if let Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) =
-                mailbox::fs::open_dir_beneath(&top, &rel)
+                base::fs::open_dir_beneath(&top, &rel)
             {
                 return Some(rel.display().to_string().trim_end_matches('/').to_string());
             }
@@ -431,7 +431,7 @@ pub(super) fn github(dir: &Path) -> Finding {
         // No answer to be had (nothing listens, no answer in time, the
         // connection dropped, GitHub failing): the exit status says so, and
         // the fix is the URL or the network, never the token.
-        Err(e) if matches!(e.exit, mailbox::Exit::Unavailable | mailbox::Exit::TempFail) => {
+        Err(e) if matches!(e.exit, base::Exit::Unavailable | base::Exit::TempFail) => {
             return f("github", Status::Fail, format!("{base}: {e}"), Some("check the API URL (LW_GITHUB_API_URL or \"api_url\" in .loopwright/sync.json) and that it is reachable".into()));
         }
         Err(e) => {
@@ -499,7 +499,7 @@ pub(super) fn image_cache(p: &Project) -> Finding {
             format!("{} reachable, access granted", client.cache),
             None,
         ),
-        Err(e) if e.exit == mailbox::Exit::NoPerm => f(
+        Err(e) if e.exit == base::Exit::NoPerm => f(
             "image-cache",
             Status::Fail,
             e.to_string(),
@@ -558,7 +558,7 @@ mod tests {
                 );
             }
         });
-        let dir = std::env::temp_dir().join(format!("lw-doctor-gh-{}", mailbox::id::new_id()));
+        let dir = std::env::temp_dir().join(format!("lw-doctor-gh-{}", base::id::new_id()));
         std::fs::create_dir_all(dir.join(".loopwright")).unwrap();
         std::fs::write(dir.join("token"), "t0ken\n").unwrap();
         std::fs::write(
@@ -591,7 +591,7 @@ mod tests {
     /// and 0644 records, passed lw doctor.
     #[test]
     fn a_root_open_to_others_fails_with_the_chmod_that_closes_it() {
-        let dir = std::env::temp_dir().join(format!("lw-doctor-{}", mailbox::id::new_id()));
+        let dir = std::env::temp_dir().join(format!("lw-doctor-{}", base::id::new_id()));
         let root = Root::new(&dir);
         root.make_dir(&dir.join("state/sandbox")).unwrap();
         root.init().unwrap();

@@ -26,7 +26,7 @@
 
 use std::fmt;
 
-use mailbox::error::{Error, Result};
+use base::error::{Error, Result};
 
 /// Longest DNS name, in characters, without the trailing dot.
 const MAX_NAME: usize = 253;
@@ -290,7 +290,7 @@ fn prefix(mut e: Error, origin: &str) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mailbox::error::Exit;
+    use base::error::Exit;
 
     fn ok(s: &str) -> Entry {
         Entry::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"))

@@ -4,8 +4,8 @@
 
 use super::sidecar::Recipe;
 use super::{LABEL_EGRESS, LABEL_RECIPE, PROXY_REPO};
+use base::error::{Error, Exit, Result};
 use engine::{BuildEvent, ImageBuilder, Images};
-use mailbox::error::{Error, Exit, Result};
 
 /// The proxy image's recipe: its build context, from the toolkit's runtime/egress.
 pub const PROXY_FILES: &[(&str, &[u8], u32)] = &[

@@ -53,8 +53,8 @@ pub use proxy::{
 };
 pub use squid::Request;
 
+use base::error::{Error, Result};
 use mailbox::config::Config;
-use mailbox::error::{Error, Result};
 
 /// What each egress object is: `internal`, `proxy` or `outside`.
 pub const LABEL_EGRESS: &str = "org.loopwright.egress";
@@ -263,7 +263,7 @@ fn check_key(key: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mailbox::error::Exit;
+    use base::error::Exit;
     use std::path::Path;
 
     #[test]

@@ -13,9 +13,9 @@ use super::{
 
 /// The uid (and gid) of Debian's `proxy` user, the proxy image's `USER`.
 const PROXY_UID: u32 = 13;
+use base::error::{Error, Exit, Result};
 use engine::ContainerSpec;
 use engine::{BuildEvent, ImageBuilder, Network, NetworkEngine, NetworkSpec};
-use mailbox::error::{Error, Exit, Result};
 
 /// The line squid writes once it accepts connections.
 const READY_LINE: &str = "Accepting HTTP Socket connections";

@@ -7,10 +7,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use base::digest::sha256_hex;
+use base::error::{Error, Exit, Result};
+use base::visible::visible_line;
 use engine::{BuildEvent, BuildOutcome, BuildRequest, ImageBuilder, NetworkEngine};
-use mailbox::digest::sha256_hex;
-use mailbox::error::{Error, Exit, Result};
-use mailbox::visible::visible_line;
 
 /// A proxy image's recipe.
 pub struct Recipe<'a> {

@@ -2,7 +2,7 @@
 //! kept as the cause of the error made of it, so callers match the status
 //! and never the wording; and the detail of a validation error.
 
-use mailbox::error::Error;
+use base::error::Error;
 
 /// GitHub's answer to a request that failed: its HTTP status and
 /// `message`, the cause of every error the client makes of an answer, so

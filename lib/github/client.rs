@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::answer::{Answer, status_of, validation_detail};
 use super::{Budget, Clock, Comment, Limits, Persist, Posted, SystemClock, Target, Token};
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 /// A finished exchange.
 pub(super) struct Reply {

@@ -53,7 +53,7 @@ pub use reviews::{Listed, Review, ReviewComment};
 pub use statuses::{MAX_STATUS_DESCRIPTION, NewStatus, Status, StatusWrite};
 pub use token::{Token, default_token_file};
 
-use mailbox::error::{Error, Result};
+use base::error::{Error, Result};
 
 /// GitHub's documented limit on a comment body, in characters.
 pub const MAX_COMMENT_CHARS: usize = 65_536;

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::Client;
 use super::INTERVAL_ENV;
 use super::client::Reply;
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 /// Pacing limits (GitHub, "Best practices for using the REST API" and
 /// "Rate limits for the REST API": secondary limits).
@@ -52,7 +52,7 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_ms(&self) -> u64 {
-        mailbox::time::now_ms()
+        base::time::now_ms()
     }
     fn sleep(&self, d: Duration) {
         std::thread::sleep(d)
@@ -171,7 +171,7 @@ impl Client {
                     Exit::TempFail,
                     format!(
                         "GitHub asked to wait until {} ({}s from now); try again later",
-                        mailbox::time::rfc3339(Duration::from_millis(self.budget.blocked_until)),
+                        base::time::rfc3339(Duration::from_millis(self.budget.blocked_until)),
                         wait.as_secs()
                     ),
                 ));
@@ -198,7 +198,7 @@ impl Client {
                     Exit::TempFail,
                     format!(
                         "the content-creation budget is spent until {}; try again later",
-                        mailbox::time::rfc3339(Duration::from_millis(earliest))
+                        base::time::rfc3339(Duration::from_millis(earliest))
                     ),
                 ));
             }

@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use super::client::Written;
 use super::{BeforeSend, Client};
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 const PERM: &str = "pull requests: write";
 

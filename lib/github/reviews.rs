@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use super::{Client, User};
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 const PERM: &str = "pull requests: read";
 

@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use super::client::Written;
 use super::{BeforeSend, Client};
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 const PERM: &str = "commit statuses: write";
 /// GitHub's limit on a status's description, in characters.

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 /// An API token.  Never printed: `Debug` shows `Token(..)`.
 #[derive(Clone)]

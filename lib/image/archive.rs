@@ -18,9 +18,9 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use base::digest::hex;
+use base::error::{Error, Exit, Result};
 use engine::ImageBuilder;
-use mailbox::digest::hex;
-use mailbox::error::{Error, Exit, Result};
 
 use super::{LABEL_MANIFEST, TAG_HEX};
 
@@ -290,7 +290,7 @@ fn check_tag_label(tag: &str, config: &Value) -> std::result::Result<(), String>
     let Some((_, t)) = tag.rsplit_once(':') else {
         return Ok(());
     };
-    let hash = mailbox::digest::sha256_hex(label.as_bytes());
+    let hash = base::digest::sha256_hex(label.as_bytes());
     if t.len() == TAG_HEX && t.bytes().all(|b| b.is_ascii_hexdigit()) && t != &hash[..TAG_HEX] {
         return Err(format!(
             "{tag} carries the inputs of {}, not of its tag",
@@ -313,7 +313,7 @@ pub fn save_file(engine: &dyn ImageBuilder, references: &[&str], path: &Path) ->
             Failed::File(e)
         }
     }
-    mailbox::fs::write_replace_with(path, 0o644, mailbox::fs::Durability::Synced, |f| {
+    base::fs::write_replace_with(path, 0o644, base::fs::Durability::Synced, |f| {
         engine.save_images(references, f).map_err(Failed::Save)
     })
     .map_err(|e| match e {
@@ -352,13 +352,13 @@ mod tests {
 
     fn archive(label: &str, tag: &str) -> Vec<u8> {
         let layer = b"layer bytes".as_slice();
-        let diff = mailbox::digest::sha256_hex(layer);
+        let diff = base::digest::sha256_hex(layer);
         let config = serde_json::json!({
             "config": {"Labels": {LABEL_MANIFEST: label}},
             "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{diff}")]},
         })
         .to_string();
-        let cid = mailbox::digest::sha256_hex(config.as_bytes());
+        let cid = base::digest::sha256_hex(config.as_bytes());
         let manifest = serde_json::json!([{
             "Config": format!("{cid}.json"), "RepoTags": [tag], "Layers": ["l/layer.tar"]
         }])
@@ -373,7 +373,7 @@ mod tests {
     #[test]
     fn a_whole_archive_verifies_and_a_truncated_one_is_65() {
         let label = "loopwright-layer 1\nlayer base\n";
-        let hash = mailbox::digest::sha256_hex(label.as_bytes());
+        let hash = base::digest::sha256_hex(label.as_bytes());
         let tag = format!("loopwright/x-base:{}", &hash[..TAG_HEX]);
         let a = archive(label, &tag);
         let tags = scan(a.as_slice(), "a")

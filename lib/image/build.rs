@@ -1,9 +1,9 @@
 //! Building a layer: the context holds exactly the declared inputs, a
 //! Dockerfile that reads anything else is refused before the engine is asked.
 
+use base::error::{Error, Exit, Result};
+use base::visible::visible_line;
 use engine::{BuildEvent, BuildOutcome, BuildRequest, ImageBuilder};
-use mailbox::error::{Error, Exit, Result};
-use mailbox::visible::visible_line;
 use std::collections::BTreeSet;
 
 use super::*;
@@ -251,7 +251,7 @@ pub(super) fn check_dockerfile(text: &str, layer: &Layer) -> Result<()> {
             present.iter().any(|f| {
                 let depth = p.matches('/').count() + 1;
                 let prefix: Vec<&str> = f.split('/').take(depth).collect();
-                prefix.len() == depth && mailbox::glob::matches(&p, &prefix.join("/"))
+                prefix.len() == depth && base::glob::matches(&p, &prefix.join("/"))
             })
         } else {
             present.contains(p.as_str()) || present.iter().any(|f| f.starts_with(&format!("{p}/")))

@@ -23,9 +23,9 @@ use serde_json::Value;
 
 use super::archive::{Scratch, scan};
 use super::*;
+use base::error::{Error, Result};
 use engine::ImageBuilder;
 use engine::distribution::{Client, Manifest};
-use mailbox::error::{Error, Result};
 
 /// The tag a layer has in the cache repository: `LAYER-HASH`.
 pub fn remote_tag(layer: &Layer) -> String {
@@ -83,7 +83,7 @@ pub fn check_label(layer: &Layer, config: &Value) -> std::result::Result<(), Str
         .and_then(|l| l.get(LABEL_MANIFEST))
         .and_then(Value::as_str)
         .ok_or_else(|| format!("it carries no {LABEL_MANIFEST} label"))?;
-    let got = mailbox::digest::sha256_hex(label.as_bytes());
+    let got = base::digest::sha256_hex(label.as_bytes());
     if got != layer.hash {
         return Err(format!(
             "its label records input hash {}, not {} computed from the local inputs",
@@ -349,7 +349,7 @@ impl<'a> Puller<'a> {
         if !self.logged_in {
             match c.login(false) {
                 Ok(()) => self.logged_in = true,
-                Err(e) if e.exit == mailbox::error::Exit::Unavailable => {
+                Err(e) if e.exit == base::error::Exit::Unavailable => {
                     self.offline(c, &e);
                     return Ok(None);
                 }
@@ -360,11 +360,11 @@ impl<'a> Puller<'a> {
             Ok(Fetch::Pulled { id, bytes }) => return Ok(Some((id, bytes))),
             Ok(Fetch::Missing) => return Ok(None),
             Ok(Fetch::Refused(why)) => why,
-            Err(e) if e.exit == mailbox::error::Exit::Unavailable => {
+            Err(e) if e.exit == base::error::Exit::Unavailable => {
                 self.offline(c, &e);
                 return Ok(None);
             }
-            Err(e) if e.exit == mailbox::error::Exit::DataErr => e.msg,
+            Err(e) if e.exit == base::error::Exit::DataErr => e.msg,
             Err(e) => return Err(e),
         };
         (self.warn)(&format!(

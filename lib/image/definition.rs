@@ -1,7 +1,7 @@
 //! The runtime definition (`.loopwright/runtime/runtime.conf`): its
 //! grammar, its checks, and the layers and inputs it declares.
 
-use mailbox::error::{Error, Result};
+use base::error::{Error, Result};
 use std::path::{Component, Path};
 
 /// How a layer gets its tools.

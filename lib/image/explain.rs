@@ -1,8 +1,8 @@
 //! Why a layer would rebuild: the manifest recorded in its label against
 //! the one computed now.
 
+use base::error::Result;
 use engine::Images;
-use mailbox::error::Result;
 use std::collections::BTreeMap;
 
 use super::*;

@@ -5,9 +5,9 @@
 //! (the same base, the same resolved toolchain) get the same hashes, and
 //! the same tags where they share an `image` repository.
 
+use base::digest::sha256_hex;
+use base::error::{Error, Exit, Result};
 use engine::Images;
-use mailbox::digest::sha256_hex;
-use mailbox::error::{Error, Exit, Result};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs;

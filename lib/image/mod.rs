@@ -45,7 +45,7 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 /// Where a project keeps its runtime definition, relative to its root.
 pub const RUNTIME_DIR: &str = ".loopwright/runtime";
@@ -137,7 +137,7 @@ pub fn init(root: &Path, from: &str, deps_inputs: &[String], force: bool) -> Res
         let p = dir.join(name);
         let parent = p.parent().expect("a runtime file has a parent directory");
         fs::create_dir_all(parent).map_err(|e| Error::io("cannot create", parent, e))?;
-        mailbox::fs::write_replace(&p, text.as_bytes(), *mode, mailbox::fs::Durability::Synced)
+        base::fs::write_replace(&p, text.as_bytes(), *mode, base::fs::Durability::Synced)
             .map_err(|e| Error::io("cannot write", &p, e))?;
         written.push(format!("{RUNTIME_DIR}/{name}"));
     }
@@ -355,7 +355,7 @@ layer deps
 
     #[test]
     fn globs_match_within_a_component() {
-        let glob_match = mailbox::glob::matches;
+        let glob_match = base::glob::matches;
         assert!(glob_match("*.lock", "a.lock"));
         assert!(!glob_match("*.lock", "d/a.lock"));
         assert!(glob_match("d/?.lock", "d/a.lock"));

@@ -19,7 +19,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::Stack;
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 /// How many of the output's last lines the report shows.
 pub const TAIL_LINES: usize = 20;
@@ -165,7 +165,7 @@ impl Check<'_> {
     /// is lw-sandbox's failing (its message is on standard error); the
     /// tests failing is an [`Outcome`].
     pub fn run(&self) -> Result<Outcome> {
-        let nonce = format!("{:08x}", mailbox::id::random128() as u32);
+        let nonce = format!("{:08x}", base::id::random128() as u32);
         let name = format!("lw-check-{nonce}");
         let created = self
             .sandbox()
@@ -243,7 +243,7 @@ mod tests {
         let d = std::env::temp_dir().join(format!(
             "lw-check-{}-{:x}",
             std::process::id(),
-            mailbox::id::random128() as u32
+            base::id::random128() as u32
         ));
         std::fs::create_dir_all(&d).unwrap();
         let st = |n: &'static str| Stack {

@@ -18,7 +18,7 @@
 
 use std::path::Path;
 
-use mailbox::error::{Error, Result};
+use base::error::{Error, Result};
 
 /// The file, relative to the checkout's top.
 pub const FILE: &str = ".loopwright/runtime/toolchain.versions";
@@ -106,7 +106,7 @@ pub fn sync(top: &Path) -> Result<Option<Vec<Resolved>>> {
     if new == old {
         return Ok(None);
     }
-    mailbox::fs::write_replace(&p, new.as_bytes(), 0o644, mailbox::fs::Durability::Synced)
+    base::fs::write_replace(&p, new.as_bytes(), 0o644, base::fs::Durability::Synced)
         .map_err(|e| Error::io("cannot write", &p, e))?;
     Ok(Some(r))
 }
@@ -362,7 +362,7 @@ mod tests {
         let d = std::env::temp_dir().join(format!(
             "lw-versions-{}-{:x}",
             std::process::id(),
-            mailbox::id::random128() as u32
+            base::id::random128() as u32
         ));
         std::fs::create_dir_all(d.join(".loopwright/runtime")).unwrap();
         let w = |n: &str, t: &str| std::fs::write(d.join(n), t).unwrap();

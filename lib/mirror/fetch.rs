@@ -8,9 +8,9 @@ use std::io::{self, Read, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use mailbox::cli::Report;
-use mailbox::error::{Error, Exit, Result};
-use mailbox::git::{self, Remote};
+use crate::git::{self, Remote};
+use base::cli::Report;
+use base::error::{Error, Exit, Result};
 
 pub(super) fn unreachable(remote: &Remote, stderr: &[u8]) -> Error {
     Error::new(

@@ -43,7 +43,7 @@
 //!   left for the next sync: the fetch succeeded.
 //!
 //! * **Credentials stay out.**  The URL stored in the mirror's config and in
-//!   its state has no user name or password; see [`mailbox::git::Remote`].
+//!   its state has no user name or password; see [`crate::git::Remote`].
 //!
 //! By file: `state` (what is at the path, the state files, `status`),
 //! `sync` (the lock, creation, the fetch into an existing mirror), `fetch`
@@ -59,9 +59,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::git::{self, Remote};
+use base::error::{Error, Exit, Result};
 use mailbox::config::Project;
-use mailbox::error::{Error, Exit, Result};
-use mailbox::git::{self, Remote};
 
 pub use fetch::DELETED_PREFIX;
 pub use refs::{LOOSE_REFS_MAX, loose_refs};

@@ -4,8 +4,8 @@
 use std::fs;
 use std::path::Path;
 
-use mailbox::cli::Report;
-use mailbox::git;
+use crate::git;
+use base::cli::Report;
 
 /// Loose refs a sync leaves before it packs them (see the module docs).
 pub const LOOSE_REFS_MAX: usize = 32;

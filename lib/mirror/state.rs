@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{FETCHED, Mirror, STATE};
+use crate::git;
+use base::error::{Error, Exit, Result};
+use base::time;
 use mailbox::config::Config;
-use mailbox::error::{Error, Exit, Result};
-use mailbox::git;
-use mailbox::time;
 
 /// What the state files record.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -216,11 +216,11 @@ pub(super) fn write_state(git_dir: &Path, state: &State, new_mirror: bool) -> Re
     let write = |name: &str, text: String, sync: bool| {
         let path = git_dir.join(name);
         let durability = if sync {
-            mailbox::fs::Durability::Synced
+            base::fs::Durability::Synced
         } else {
-            mailbox::fs::Durability::Unsynced
+            base::fs::Durability::Unsynced
         };
-        mailbox::fs::write_replace(&path, text.as_bytes(), 0o644, durability)
+        base::fs::write_replace(&path, text.as_bytes(), 0o644, durability)
             .map_err(|e| Error::io("cannot write", &path, e))
     };
     write(FETCHED, state.render_fetched(), new_mirror)?;
@@ -232,7 +232,7 @@ pub(super) fn write_state(git_dir: &Path, state: &State, new_mirror: bool) -> Re
 }
 
 pub(super) fn fsync_dir(dir: &Path) -> Result<()> {
-    mailbox::fs::sync_dir(dir).map_err(|e| Error::io("cannot sync", dir, e))
+    base::fs::sync_dir(dir).map_err(|e| Error::io("cannot sync", dir, e))
 }
 
 fn disk_usage(dir: &Path) -> Result<u64> {

@@ -13,10 +13,10 @@ use super::fetch::{fetch, unreachable};
 use super::refs::{LOOSE_REFS_MAX, loose_refs, pack_refs};
 use super::state::{State, fsync_dir, write_state};
 use super::{Found, Mirror};
-use mailbox::cli::Report;
-use mailbox::error::{Error, Exit, Result};
-use mailbox::git::{self, Remote};
-use mailbox::time;
+use crate::git::{self, Remote};
+use base::cli::Report;
+use base::error::{Error, Exit, Result};
+use base::time;
 
 /// The git configuration every mirror carries, and why.
 pub const NEVER_PRUNE: &[(&str, &str)] = &[
@@ -97,7 +97,7 @@ impl Mirror {
             .map_err(|e| Error::io_as(Exit::CantCreat, "cannot create", &parent, e))?;
         let lock_path = self.lock_path();
         let lock_err = |e| Error::lock(&lock_path, e);
-        let lock = match mailbox::fs::try_lock(&lock_path).map_err(lock_err)? {
+        let lock = match base::fs::try_lock(&lock_path).map_err(lock_err)? {
             Some(held) => held,
             None => {
                 if opts.progress {
@@ -106,7 +106,7 @@ impl Mirror {
                         self.path.display()
                     ));
                 }
-                mailbox::fs::lock(&lock_path).map_err(lock_err)?
+                base::fs::lock(&lock_path).map_err(lock_err)?
             }
         };
         // The lock is held until `lock` is dropped, at the end of this function.

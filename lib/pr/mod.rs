@@ -36,7 +36,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::github::{Client, NewPull, Pull, PullWrite, answer_of, status_of};
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 pub use text::{Task, body, title};
 
@@ -70,7 +70,7 @@ impl Record {
     fn learn(&mut self, number: u64) {
         if self.number != Some(number) {
             self.number = Some(number);
-            self.since = Some(mailbox::time::now_ms());
+            self.since = Some(base::time::now_ms());
         }
         self.pending = None;
     }
@@ -115,7 +115,7 @@ fn save(state: &Path, name: &str, r: &Record) -> Result<()> {
     let d = dir(state);
     std::fs::create_dir_all(&d).map_err(|e| Error::io("cannot create", &d, e))?;
     let bytes = serde_json::to_vec_pretty(r).expect("a record serialises");
-    mailbox::fs::write_replace(&p, &bytes, 0o600, mailbox::fs::Durability::Synced)
+    base::fs::write_replace(&p, &bytes, 0o600, base::fs::Durability::Synced)
         .map_err(|e| Error::io("cannot write", &p, e))
 }
 
@@ -147,7 +147,7 @@ pub fn open(state: &Path, client: &mut Client, ask: &Ask) -> Result<Opened> {
     let d = dir(state);
     std::fs::create_dir_all(&d).map_err(|e| Error::io("cannot create", &d, e))?;
     let lock = d.join(format!("{}.lock", ask.name));
-    let _held = mailbox::fs::lock(&lock).map_err(|e| Error::lock(&lock, e))?;
+    let _held = base::fs::lock(&lock).map_err(|e| Error::lock(&lock, e))?;
     let mut rec = match load(state, ask.name)? {
         Some(r) if r.repo == ask.repo && r.branch == ask.branch => r,
         _ => Record {
@@ -181,7 +181,7 @@ pub fn open(state: &Path, client: &mut Client, ask: &Ask) -> Result<Opened> {
             }
         )));
     }
-    rec.pending = Some(mailbox::time::now_ms());
+    rec.pending = Some(base::time::now_ms());
     rec.base = ask.base.into();
     save(state, ask.name, &rec)?;
     let new = NewPull {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use mailbox::error::{Error, Result};
+use base::error::{Error, Result};
 
 /// `ROOT/state/pushed/NAME.json`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -40,10 +40,10 @@ pub fn record(state: &Path, name: &str, branch: &str, commit: &str) -> Result<()
         version: 1,
         branch: branch.into(),
         commit: commit.into(),
-        at: mailbox::time::rfc3339(mailbox::time::now()),
+        at: base::time::rfc3339(base::time::now()),
     };
     let bytes = serde_json::to_vec_pretty(&rec).expect("a record serialises");
-    mailbox::fs::write_replace(&p, &bytes, 0o600, mailbox::fs::Durability::Synced)
+    base::fs::write_replace(&p, &bytes, 0o600, base::fs::Durability::Synced)
         .map_err(|e| Error::io("cannot write", &p, e))
 }
 

@@ -48,13 +48,8 @@ pub fn for_tree(all: &Path, limits: &Limits, base: &str) -> Result<PathBuf, Stri
         }
     }
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    mailbox::fs::write_replace(
-        &path,
-        out.as_bytes(),
-        0o644,
-        mailbox::fs::Durability::Unsynced,
-    )
-    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    base::fs::write_replace(&path, out.as_bytes(), 0o644, base::fs::Durability::Unsynced)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     Ok(path)
 }
 

@@ -40,7 +40,7 @@ impl Radar {
         &mut self,
         live: &[Live],
         report: &mut Report,
-    ) -> mailbox::Result<HashMap<String, String>> {
+    ) -> base::Result<HashMap<String, String>> {
         // Heads are read from an empty repository of the radar's own.
         self.bare(&self.dir.join("probe.git"), &[])?;
         let results: Vec<Head> = parallel(live, self.threads, |l| self.head(l));
@@ -51,7 +51,7 @@ impl Radar {
                     report.fetched += usize::from(fetched);
                     report.heads_read += usize::from(hint.is_some());
                     if let Some(hint) = hint {
-                        let at = mailbox::time::now().as_secs();
+                        let at = base::time::now().as_secs();
                         self.state.hints.insert(l.name.clone(), (hint, at));
                     }
                     self.state.refused.remove(&l.name);
@@ -112,10 +112,9 @@ impl Radar {
         use rustix::fs::OFlags;
         use std::io::Read as _;
         let (base, git_dir) = l.refs.as_ref()?;
-        let dir = mailbox::fs::open_dir_no_links(base).ok()?;
+        let dir = base::fs::open_dir_no_links(base).ok()?;
         let read = |rel: std::path::PathBuf, max: usize| -> Option<Option<Vec<u8>>> {
-            let fd = match mailbox::fs::open_beneath(&dir, &rel, OFlags::RDONLY | OFlags::NONBLOCK)
-            {
+            let fd = match base::fs::open_beneath(&dir, &rel, OFlags::RDONLY | OFlags::NONBLOCK) {
                 Ok(fd) => fd,
                 Err(rustix::io::Errno::NOENT) => return Some(None),
                 Err(_) => return None,
@@ -158,7 +157,7 @@ impl Radar {
             self.state.hints.get(&l.name),
             self.state.heads.get(&l.name),
         ) {
-            let age = mailbox::time::now().as_secs().saturating_sub(*at);
+            let age = base::time::now().as_secs().saturating_sub(*at);
             if h == old && age < HINT_TTL.as_secs() && self.has_head(l, head) {
                 return Head::Ok(head.clone(), false, None);
             }
@@ -177,7 +176,7 @@ impl Radar {
                     format!(
                         "cannot read branch '{}': {}",
                         l.branch,
-                        mailbox::visible::visible(&mailbox::git::last_words(&r.stderr))
+                        base::visible::visible(&crate::git::last_words(&r.stderr))
                     ),
                 );
             }
@@ -219,14 +218,14 @@ impl Radar {
         let repo = self.sandbox_repo(&l.name);
         self.bare(&repo, &self.mirror_objects())
             .map_err(|e| e.to_string())?;
-        let before = mailbox::fs::tree_size(&repo.join("objects"));
+        let before = base::fs::tree_size(&repo.join("objects"));
         let old = std::fs::read_to_string(repo.join("refs/radar/head"))
             .ok()
             .map(|s| s.trim().to_string())
             .filter(|s| s.len() >= 40);
         let (mut c, _) = self.remote(l, &repo);
         c.args(["-c", "fetch.unpackLimit=1"]);
-        mailbox::git::fetch_untrusted(&mut c)
+        crate::git::fetch_untrusted(&mut c)
             .arg(src)
             .arg(format!("+refs/heads/{}:refs/radar/head", l.branch));
         let refuse = |why: String| {
@@ -241,11 +240,11 @@ impl Radar {
             return refuse(format!(
                 "cannot fetch branch '{}': {}",
                 l.branch,
-                mailbox::visible::visible(&mailbox::git::last_words(&r.stderr))
+                base::visible::visible(&crate::git::last_words(&r.stderr))
             ));
         }
         // What this fetch brought, packed.
-        let size = mailbox::fs::tree_size(&repo.join("objects")).saturating_sub(before);
+        let size = base::fs::tree_size(&repo.join("objects")).saturating_sub(before);
         if size > self.limits.fetch {
             return refuse(format!(
                 "branch '{}' brought {size} bytes of objects; the cap is {}",
@@ -296,7 +295,7 @@ impl Radar {
         if !r.status.success() {
             return Err(format!(
                 "rev-list: {}",
-                mailbox::visible::visible(&mailbox::git::last_words(&r.stderr))
+                base::visible::visible(&crate::git::last_words(&r.stderr))
             ));
         }
         match r

@@ -54,7 +54,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 use mailbox::layout::Root;
 use mailbox::message::{Kind, Message};
 pub use run::Limits;
@@ -237,14 +237,14 @@ impl Radar {
         let mut bytes = serde_json::to_vec_pretty(&self.state)
             .expect("the radar's state serialises because all its fields are plain data");
         bytes.push(b'\n');
-        mailbox::fs::write_replace(&path, &bytes, 0o600, mailbox::fs::Durability::Synced)
+        base::fs::write_replace(&path, &bytes, 0o600, base::fs::Durability::Synced)
             .map_err(io("cannot write", &path))
     }
 
     /// One pass over the live sandboxes (see the module documentation).
     pub fn pass(&mut self, live: &[Live]) -> Result<Report> {
         let lock_path = self.root.state_dir().join("radar.lock");
-        let _lock = mailbox::fs::lock(&lock_path).map_err(|e| Error::lock(&lock_path, e))?;
+        let _lock = base::fs::lock(&lock_path).map_err(|e| Error::lock(&lock_path, e))?;
         self.load()?;
         let mut report = Report {
             sandboxes: live.len(),
@@ -418,7 +418,7 @@ impl Radar {
         if !path.join("objects").is_dir() {
             let r = run::run(
                 {
-                    let mut c = mailbox::git::command(None);
+                    let mut c = crate::git::command(None);
                     c.args(["init", "--quiet", "--bare", "--template="])
                         .arg(path);
                     c
@@ -437,7 +437,7 @@ impl Radar {
                     format!(
                         "cannot make '{}': {}",
                         path.display(),
-                        mailbox::git::last_words(&r.stderr)
+                        crate::git::last_words(&r.stderr)
                     ),
                 ));
             }
@@ -449,13 +449,8 @@ impl Radar {
             .collect();
         if fs::read_to_string(&alt).ok().as_deref() != Some(text.as_str()) {
             fs::create_dir_all(path.join("objects/info")).map_err(io("cannot create", &alt))?;
-            mailbox::fs::write_replace(
-                &alt,
-                text.as_bytes(),
-                0o644,
-                mailbox::fs::Durability::Unsynced,
-            )
-            .map_err(io("cannot write", &alt))?;
+            base::fs::write_replace(&alt, text.as_bytes(), 0o644, base::fs::Durability::Unsynced)
+                .map_err(io("cannot write", &alt))?;
         }
         Ok(())
     }
@@ -517,7 +512,7 @@ fn input_digest(ha: &str, hb: &str, sa: &[String], sb: &[String], up: Option<&st
         None => serde_json::json!([ha, hb, sa, sb]),
         Some(u) => serde_json::json!([ha, hb, sa, sb, u]),
     };
-    mailbox::digest::hex(&Sha256::digest(v.to_string().as_bytes())[..16])
+    base::digest::hex(&Sha256::digest(v.to_string().as_bytes())[..16])
 }
 
 /// Runs `f` over `items` on `threads` threads; results in order.

@@ -20,7 +20,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// Settings passed with `-c` to every git the radar runs, after
-/// `mailbox::git::untrusted_config` (no hook, no transport, objects checked).
+/// `crate::git::untrusted_config` (no hook, no transport, objects checked).
 pub const HARDENED: &[&str] = &[
     "core.untrackedCache=false",
     "merge.renameLimit=7000",
@@ -87,16 +87,16 @@ impl std::fmt::Display for Failed {
 }
 
 /// A git command for a host-owned repository: scrubbed environment
-/// (crates/mailbox/src/git), no system or global config, the hardened `-c` settings.
+/// (lib/git), no system or global config, the hardened `-c` settings.
 pub fn git(git_dir: &Path) -> Command {
-    let mut cmd = mailbox::git::command(None);
+    let mut cmd = crate::git::command(None);
     cmd.env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .env_remove("GIT_CONFIG_PARAMETERS")
         .env_remove("GIT_CONFIG_COUNT")
         .env("GIT_NO_REPLACE_OBJECTS", "1")
         .env("GIT_ATTR_NOSYSTEM", "1");
-    mailbox::git::untrusted_config(&mut cmd);
+    crate::git::untrusted_config(&mut cmd);
     for c in HARDENED {
         cmd.args(["-c", c]);
     }
@@ -120,7 +120,7 @@ pub(super) fn git_out<S: AsRef<OsStr>>(
     if !ok.contains(&code) {
         return Err(format!(
             "{what}: {}",
-            mailbox::visible::visible(&mailbox::git::last_words(&r.stderr))
+            base::visible::visible(&crate::git::last_words(&r.stderr))
         ));
     }
     Ok((code, r.stdout))

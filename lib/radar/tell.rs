@@ -159,10 +159,10 @@ impl Radar {
         body: String,
         refs: Vec<String>,
     ) -> Message {
-        let now = mailbox::time::now();
+        let now = base::time::now();
         Message {
             version: message::VERSION,
-            id: mailbox::id::id_at(now, mailbox::id::random128()),
+            id: base::id::id_at(now, base::id::random128()),
             from: layout::MEDIATOR.into(),
             to: self.recipients(a, b),
             kind,
@@ -170,7 +170,7 @@ impl Radar {
             body,
             refs,
             in_reply_to: None,
-            created: mailbox::time::rfc3339(now),
+            created: base::time::rfc3339(now),
         }
     }
 }

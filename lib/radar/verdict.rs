@@ -37,11 +37,11 @@ pub struct Unparsable(pub String);
 
 /// A file name as the radar shows it: any bytes git gave (a sandbox chose
 /// them), on one line: UTF-8 kept, every other byte as `\xNN`, control
-/// characters (a newline, ESC) and bidi overrides as crates/mailbox/src/visible.rs shows them.
+/// characters (a newline, ESC) and bidi overrides as crates/base/src/visible.rs shows them.
 pub fn name(raw: &[u8]) -> String {
     let mut out = String::with_capacity(raw.len());
     for chunk in raw.utf8_chunks() {
-        out.push_str(&mailbox::visible::visible_line(chunk.valid()));
+        out.push_str(&base::visible::visible_line(chunk.valid()));
         for b in chunk.invalid() {
             out.push_str(&format!("\\x{b:02x}"));
         }

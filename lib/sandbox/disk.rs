@@ -27,7 +27,7 @@ use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 use mailbox::layout::Root;
 
 /// One of a sandbox's two filesystems.
@@ -189,7 +189,7 @@ impl Disk {
         // the host's own directory, whose inside the sandbox may have
         // written (sandbox.disk = off): removed through descriptors.
         if !is_mounted(&self.mount) {
-            match mailbox::fs::remove_tree(&self.mount) {
+            match base::fs::remove_tree(&self.mount) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(Error::io("cannot remove", &self.mount, e)),

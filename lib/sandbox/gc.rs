@@ -10,7 +10,7 @@ use std::fs;
 use super::{Network, Record, Sandboxes, disk, mailbox, push};
 use crate::egress;
 use crate::wall::{LABEL_SANDBOX, REPO};
-use ::mailbox::error::{Error, Exit, Result};
+use ::base::error::{Error, Exit, Result};
 use ::mailbox::registry::{self, Registry};
 use engine::NetworkEngine;
 
@@ -35,7 +35,7 @@ impl<'a> Sandboxes<'a> {
                     msg += &format!(
                         " {n} unpushed commit(s) on '{}':\n{}\n",
                         rec.branch,
-                        ::mailbox::visible::visible(&log)
+                        ::base::visible::visible(&log)
                     );
                 }
                 if dirty > 0 {

@@ -16,8 +16,8 @@
 
 use super::{Record, Sandboxes};
 use crate::wall::REPO;
+use base::error::{Error, Result};
 use engine::{ExecIo, ExecRequest, OutStream};
-use mailbox::error::{Error, Result};
 
 impl<'a> Sandboxes<'a> {
     /// Runs the record's postStartCommand script, if any; its output goes
@@ -53,7 +53,7 @@ impl<'a> Sandboxes<'a> {
         let text = String::from_utf8_lossy(&output);
         let lines: Vec<String> = text
             .lines()
-            .map(|l| mailbox::visible::visible(l.trim_end_matches('\r')).into_owned())
+            .map(|l| base::visible::visible(l.trim_end_matches('\r')).into_owned())
             .collect();
         for l in &lines {
             say(l);

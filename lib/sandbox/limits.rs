@@ -10,8 +10,8 @@
 //! cannot mount a loop filesystem (see lib/sandbox/disk.rs); `create` then
 //! warns.
 
+use base::error::{Error, Result};
 use mailbox::config::Config;
-use mailbox::error::{Error, Result};
 
 /// Workspace (`/work`) quota.
 pub const DEFAULT_DISK: &str = "8g";
@@ -176,7 +176,7 @@ mod tests {
             ("sandbox.push-max = lots", "sandbox.push-max"),
         ] {
             let e = Limits::from_config(&cfg(text)).unwrap_err();
-            assert_eq!(e.exit, mailbox::error::Exit::Config, "{text}");
+            assert_eq!(e.exit, base::error::Exit::Config, "{text}");
             assert!(e.msg.contains(key), "{text}: {}", e.msg);
         }
     }

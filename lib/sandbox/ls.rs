@@ -8,8 +8,8 @@ use std::time::Duration;
 use super::{Created, Network, Port, Sandboxes, gone};
 use crate::agent::{Credential, proxy};
 use crate::egress;
+use base::error::{Error, Result};
 use engine::{Isolation, NetworkEngine, PortMap};
-use mailbox::error::{Error, Result};
 
 /// The header `ls` prints above its lines (not with `--json` or
 /// `--no-header`): the columns of [`Status::line`], tab-separated.
@@ -71,7 +71,7 @@ impl<'a> Sandboxes<'a> {
     /// (69, naming it) rather than calling every sandbox lost.
     pub fn list(&self, count_unpushed: bool) -> Result<Vec<Status>> {
         let containers = self.engine.containers_with_label(&self.root_label())?;
-        let now = mailbox::time::now();
+        let now = base::time::now();
         let mut out = Vec::new();
         for rec in self.records()? {
             let elsewhere = self.elsewhere(&rec);
@@ -91,7 +91,7 @@ impl<'a> Sandboxes<'a> {
                 (true, Some(c)) => c.status.as_str(),
             }
             .to_string();
-            let created = mailbox::time::parse_rfc3339(&rec.created).unwrap_or(now);
+            let created = base::time::parse_rfc3339(&rec.created).unwrap_or(now);
             let inspected = c.and_then(|c| self.engine.inspect(&c.name).ok().flatten());
             let exited = inspected.as_ref().filter(|_| state == "exited");
             let agent = rec.agent.as_ref().map(|a| AgentStatus {
@@ -299,7 +299,7 @@ impl Status {
             self.branch,
             self.state_text(),
             self.network.as_str(),
-            mailbox::time::human_age(self.age),
+            base::time::human_age(self.age),
             self.isolation(),
             self.agent_column()
         )

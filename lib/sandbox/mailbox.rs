@@ -27,7 +27,7 @@
 //!
 //! This runs as root over a tree the sandbox owns, so nothing here is
 //! opened by path: the mail dir is opened beneath the root's descriptor
-//! and every directory and file beneath it with crates/mailbox/src/fs's `open_beneath`
+//! and every directory and file beneath it with crates/base/src/fs's `open_beneath`
 //! (a symbolic link at any component refused), each entry checked with
 //! fstat(2) on the descriptor it was read from.  A `new/` (or `inbox`,
 //! `outbox`) replaced by a link is reported as junk, not followed.
@@ -43,10 +43,10 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{self as rfs, Mode, OFlags};
 use rustix::io::Errno;
 
-use mailbox::error::{Error, Result, errno_io};
+use base::error::{Error, Result, errno_io};
+use base::visible::visible_line;
 use mailbox::layout::Root;
 use mailbox::message::{self, Message};
-use mailbox::visible::visible_line;
 
 /// The most of a sandbox's junk the archive keeps: the default quarantine
 /// budget (`door.quarantine-max`, lw-mediate(1)).
@@ -111,7 +111,7 @@ fn check_at(
     if let Some(why) = why {
         return (Err(why), Some(buf));
     }
-    let Some(name) = name.to_str().filter(|n| mailbox::id::is_valid(n)) else {
+    let Some(name) = name.to_str().filter(|n| base::id::is_valid(n)) else {
         return (
             Err("file name does not follow the id grammar".into()),
             Some(buf),
@@ -147,7 +147,7 @@ pub fn unread(root: &Root, name: &str) -> Result<Unread> {
     let rootfd = rfs::open(&root.dir, dir, Mode::empty()); // trusted: the root, no sandbox's
     let rootfd = rootfd.map_err(|e| Error::io("cannot open", &root.dir, errno_io(e)))?;
     let boxdir = Path::new("sandboxes").join(name);
-    let boxfd = match mailbox::fs::open_dir_beneath(&rootfd, &boxdir) {
+    let boxfd = match base::fs::open_dir_beneath(&rootfd, &boxdir) {
         Ok(fd) => fd,
         Err(Errno::NOENT) => return Ok(u),
         Err(e) => {
@@ -160,7 +160,7 @@ pub fn unread(root: &Root, name: &str) -> Result<Unread> {
     };
     for which in ["inbox", "outbox"] {
         let rel = Path::new(which).join("new");
-        let dir = match mailbox::fs::open_dir_beneath(&boxfd, &rel) {
+        let dir = match base::fs::open_dir_beneath(&boxfd, &rel) {
             Ok(fd) => fd,
             Err(Errno::NOENT) => continue,
             Err(e @ (Errno::LOOP | Errno::NOTDIR)) => {
@@ -236,7 +236,7 @@ pub fn unread(root: &Root, name: &str) -> Result<Unread> {
 pub fn give(boxdir: &Path, uid: u32) -> Result<()> {
     let no_perm = |what: &str, p: &Path, e: Errno| {
         Error::io_as(
-            mailbox::error::Exit::NoPerm,
+            base::error::Exit::NoPerm,
             &format!(
                 "cannot give the mailbox to uid {uid} (run lw-sandbox as root, or set sandbox.uid to your uid); {what}"
             ),
@@ -244,7 +244,7 @@ pub fn give(boxdir: &Path, uid: u32) -> Result<()> {
             errno_io(e),
         )
     };
-    let top = mailbox::fs::open_dir_no_links(boxdir).map_err(|e| no_perm("open", boxdir, e))?;
+    let top = base::fs::open_dir_no_links(boxdir).map_err(|e| no_perm("open", boxdir, e))?;
     let set = |fd: &OwnedFd, p: &Path, owner: u32, mode: u32| -> Result<()> {
         rfs::fchown(
             fd,
@@ -257,12 +257,12 @@ pub fn give(boxdir: &Path, uid: u32) -> Result<()> {
     set(&top, boxdir, 0, 0o711)?;
     for which in ["inbox", "outbox"] {
         let p = boxdir.join(which);
-        let fd = mailbox::fs::open_dir_beneath(&top, Path::new(which))
+        let fd = base::fs::open_dir_beneath(&top, Path::new(which))
             .map_err(|e| no_perm("open", &p, e))?;
         set(&fd, &p, 0, 0o711)?;
         for sub in ["tmp", "new", "cur"] {
             let p = p.join(sub);
-            let leaf = mailbox::fs::open_dir_beneath(&fd, Path::new(sub))
+            let leaf = base::fs::open_dir_beneath(&fd, Path::new(sub))
                 .map_err(|e| no_perm("open", &p, e))?;
             set(&leaf, &p, uid, 0o700)?;
         }
@@ -308,10 +308,10 @@ pub fn archive(root: &Root, name: &str) -> Result<Option<(PathBuf, usize)>> {
     if u.messages.is_empty() && u.junk.is_empty() {
         return Ok(None);
     }
-    let stamp = mailbox::time::rfc3339(mailbox::time::now()).replace(':', "");
+    let stamp = base::time::rfc3339(base::time::now()).replace(':', "");
     let dir = root.dir.join("archive").join(format!(
         "{name}.{stamp}.{:08x}",
-        mailbox::id::random128() as u32
+        base::id::random128() as u32
     ));
     mkdir_private(&root.dir.join("archive"))?;
     mkdir_private(&dir)?;
@@ -355,7 +355,7 @@ mod tests {
 
     #[test]
     fn the_archive_keeps_at_most_the_junk_budget_and_fills_no_hole() {
-        let top = std::env::temp_dir().join(format!("lw-archive-{}", mailbox::id::new_id()));
+        let top = std::env::temp_dir().join(format!("lw-archive-{}", base::id::new_id()));
         let root = Root::new(top.join("root"));
         let new = root.dir.join("sandboxes/evil/outbox/new");
         fs::create_dir_all(&new).unwrap();

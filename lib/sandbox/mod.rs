@@ -98,8 +98,8 @@ pub use crate::wall::{
     BIN_DIR, HOME, LABEL_BRANCH, LABEL_ROOT, LABEL_ROOT_PATH, LABEL_SANDBOX, MAILBOX, MIRROR,
     REGISTRY, REPO, WORK, host_has_apparmor, root_id, security_options,
 };
+use ::base::error::{Error, Exit, Result};
 use ::mailbox::config::Project;
-use ::mailbox::error::{Error, Exit, Result};
 use ::mailbox::layout::Root;
 pub use create::{ImageChoice, check_branch, parse_port, resolve_image};
 use engine::{EngineKind, ImageBuilder, Pair, SandboxEngine};

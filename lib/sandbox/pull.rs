@@ -9,12 +9,12 @@
 //! reads it) and in the sandbox's record (`ls --json`).
 
 use super::{Record, Sandboxes};
+use crate::git;
 use crate::github::{Client, DEFAULT_API, Limits, Token, default_token_file};
 use crate::pr::{self, Ask, Opened, Task};
 use crate::sync::Config as SyncConfig;
+use base::error::{Error, Result};
 use mailbox::config::Project;
-use mailbox::error::{Error, Result};
-use mailbox::git;
 
 /// The environment variable naming the API URL (as for lw-sync).
 pub const API_ENV: &str = "LW_GITHUB_API_URL";

@@ -11,11 +11,11 @@
 //!    create, never one the sandbox names — into it, through git's `ext::`
 //!    transport: the other end is `git upload-pack /work/repo` running
 //!    *inside* the sandbox, reached by `lw-sandbox exec`.  The fetch is
-//!    `mailbox::git::fetch_untrusted`: no hook runs, every protocol but
+//!    `crate::git::fetch_untrusted`: no hook runs, every protocol but
 //!    `ext` is forbidden, and every object is checked, so malformed objects
 //!    are refused.
 //! 3. The host's git pushes that one ref to the upstream's
-//!    `refs/heads/BRANCH` with the host's credentials (crates/mailbox/src/git/ hands a
+//!    `refs/heads/BRANCH` with the host's credentials (lib/git/ hands a
 //!    URL's credentials over in the environment; credential helpers of the
 //!    host's user config work as usual), never forced unless asked.
 //! 4. The mirror is refreshed and the quarantine removed; the sandbox's own
@@ -27,11 +27,11 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::{Record, Sandboxes};
+use crate::git;
 use crate::mirror::{self, Mirror, SyncOptions};
-use mailbox::cli::Report;
+use base::cli::Report;
+use base::error::{Error, Exit, Result};
 use mailbox::config::Project;
-use mailbox::error::{Error, Exit, Result};
-use mailbox::git;
 
 /// What a push did.
 #[derive(Clone, Debug)]
@@ -74,7 +74,7 @@ pub fn remove_leftovers(state: &Path, out: &mut dyn FnMut(&str)) {
             continue;
         }
         let lock = lock_of(&p);
-        match mailbox::fs::try_lock(&lock) {
+        match base::fs::try_lock(&lock) {
             Ok(Some(_held)) => {
                 let _ = fs::remove_dir_all(&p);
                 let _ = fs::remove_file(&lock);
@@ -149,9 +149,9 @@ impl<'a> Sandboxes<'a> {
 
         let qdir = quarantine_dir(&self.root.state_dir());
         fs::create_dir_all(&qdir).map_err(|e| Error::io("cannot create", &qdir, e))?;
-        let q = qdir.join(format!("{name}.{:016x}", mailbox::id::random128() as u64));
+        let q = qdir.join(format!("{name}.{:016x}", base::id::random128() as u64));
         let qlock_path = lock_of(&q);
-        let _qlock = mailbox::fs::lock(&qlock_path).map_err(|e| Error::lock(&qlock_path, e))?;
+        let _qlock = base::fs::lock(&qlock_path).map_err(|e| Error::lock(&qlock_path, e))?;
         let res = self.push_through(&rec, &q, &m.path, &remote, lw_sandbox, force, cap);
         let _ = fs::remove_dir_all(&q);
         let _ = fs::remove_file(&qlock_path);
@@ -209,7 +209,7 @@ impl<'a> Sandboxes<'a> {
         let sha = self.fetch_from_sandbox(rec, q, &local, lw_sandbox)?;
         // The new objects are all the quarantine holds (the rest is borrowed
         // from the mirror): over the cap, nothing goes upstream.
-        let size = mailbox::fs::tree_size(&q.join("objects"));
+        let size = base::fs::tree_size(&q.join("objects"));
         if size > cap {
             return Err(Error::data(format!(
                 "the push of branch '{}' from sandbox '{}' is {size} bytes of new objects; the cap is {cap} (sandbox.push-max); nothing was pushed",
@@ -261,7 +261,7 @@ impl<'a> Sandboxes<'a> {
                     "cannot fetch branch '{}' out of sandbox '{}': {}",
                     rec.branch,
                     rec.name,
-                    mailbox::visible::visible(&why)
+                    base::visible::visible(&why)
                 ),
             ));
         }

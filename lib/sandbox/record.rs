@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::{Network, Port, Sandboxes, io_err};
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 use mailbox::registry;
 
 pub(super) const RECORD_VERSION: u32 = 1;
@@ -116,9 +116,9 @@ impl<'a> Sandboxes<'a> {
         let path = dir.join(format!("{name}.lock"));
         loop {
             let f = if wait {
-                mailbox::fs::lock(&path).map(Some)
+                base::fs::lock(&path).map(Some)
             } else {
-                mailbox::fs::try_lock(&path)
+                base::fs::try_lock(&path)
             };
             let Some(f) = f.map_err(|e| Error::lock(&path, e))? else {
                 return Ok(None);
@@ -200,7 +200,7 @@ impl<'a> Sandboxes<'a> {
         let mut bytes = serde_json::to_vec_pretty(r)
             .expect("a Record serialises because all its fields are plain data");
         bytes.push(b'\n');
-        mailbox::fs::write_replace(&path, &bytes, 0o600, mailbox::fs::Durability::Synced)
+        base::fs::write_replace(&path, &bytes, 0o600, base::fs::Durability::Synced)
             .map_err(|e| Error::io("cannot write", &path, e))
     }
 

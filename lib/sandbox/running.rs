@@ -10,8 +10,8 @@ use super::{Network, Record, Sandboxes, disk, gone};
 use crate::egress;
 use crate::secrets::{self, Secret};
 use crate::wall::{LABEL_ROOT, REPO, WORK};
+use base::error::{Error, Exit, Result};
 use engine::{Container, ExecIo, ExecRequest, NetworkEngine, OutStream};
-use mailbox::error::{Error, Exit, Result};
 
 impl<'a> Sandboxes<'a> {
     /// Runs a command in a sandbox as its user, capturing its output.
@@ -101,7 +101,7 @@ impl<'a> Sandboxes<'a> {
                         "cannot write secret '{}' into sandbox '{}': {}",
                         s.name,
                         rec.name,
-                        mailbox::visible::visible(String::from_utf8_lossy(&err).trim())
+                        base::visible::visible(String::from_utf8_lossy(&err).trim())
                     ),
                 ));
             }
@@ -202,7 +202,7 @@ impl<'a> Sandboxes<'a> {
                 format!(
                     "cannot count unpushed commits in sandbox '{}' (exit {code}): {}",
                     rec.name,
-                    mailbox::visible::visible(String::from_utf8_lossy(&err).trim())
+                    base::visible::visible(String::from_utf8_lossy(&err).trim())
                 ),
             )),
         }

@@ -27,8 +27,8 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
 use std::process::Command;
 
+use base::error::{Error, Exit, Result};
 use engine::{Bind, Isolation};
-use mailbox::error::{Error, Exit, Result};
 use mailbox::layout::Root;
 
 use super::disk::is_mounted;
@@ -119,7 +119,7 @@ pub fn remove(root: &Root, name: &str) -> Result<bool> {
         }
     }
     if !is_mounted(&d) {
-        match mailbox::fs::remove_tree(&d) {
+        match base::fs::remove_tree(&d) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io("cannot remove", &d, e)),

@@ -4,9 +4,9 @@
 use super::limits;
 use crate::ports::Range;
 use crate::secrets;
+use base::error::{Error, Result};
 use mailbox::config::Project;
 use mailbox::config::parse_bytes;
-use mailbox::error::{Error, Result};
 
 /// Defaults, each overridable in `.loopwright/config`.
 ///

@@ -47,8 +47,8 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use super::{CreateOptions, LABEL_ROOT, LABEL_SANDBOX, MAILBOX, Network, Record, Sandboxes, WORK};
+use base::error::{Error, Exit, Result};
 use engine::{ContainerSpec, ExecIo, ExecRequest, OutStream, VolumeMount};
-use mailbox::error::{Error, Exit, Result};
 
 /// Where the tools are inside a volume-mode sandbox (first on its `PATH`).
 pub const TOOLS_DIR: &str = "/lw/bin";
@@ -234,7 +234,7 @@ impl<'a> Sandboxes<'a> {
                 Exit::Unavailable,
                 format!(
                     "cannot prepare the volumes of sandbox '{name}' (exit {code}): {}",
-                    mailbox::visible::visible(err.trim())
+                    base::visible::visible(err.trim())
                 ),
             ));
         }
@@ -261,7 +261,7 @@ impl<'a> Sandboxes<'a> {
         let file = dir.join(format!(
             "{}.{:016x}.bundle",
             rec.name,
-            mailbox::id::random128() as u64
+            base::id::random128() as u64
         ));
         let res = make_bundle(mirror, &file)
             .and_then(|()| bundle_tar(&file, rec.uid))
@@ -331,8 +331,8 @@ pub fn make_bundle(mirror: &Path, to: &Path) -> Result<()> {
     if let Some(d) = to.parent() {
         std::fs::create_dir_all(d).map_err(|e| Error::io("cannot create", d, e))?;
     }
-    let out = mailbox::git::output(
-        mailbox::git::command(None)
+    let out = crate::git::output(
+        crate::git::command(None)
             .arg("--git-dir")
             .arg(mirror)
             .args(["bundle", "create", "--quiet"])
@@ -346,7 +346,7 @@ pub fn make_bundle(mirror: &Path, to: &Path) -> Result<()> {
             format!(
                 "cannot bundle the mirror '{}' for a sandbox on a remote engine: {}",
                 mirror.display(),
-                mailbox::visible::visible(String::from_utf8_lossy(&out.stderr).trim())
+                base::visible::visible(String::from_utf8_lossy(&out.stderr).trim())
             ),
         ));
     }
@@ -375,7 +375,7 @@ fn tools_key(bins: &[(PathBuf, &str)]) -> String {
             .map_or(0, |d| d.as_nanos());
         s += &format!("{n} {} {mt}\n", m.map_or(0, |m| m.len()));
     }
-    mailbox::digest::sha256_hex(s.as_bytes())[..16].to_string()
+    base::digest::sha256_hex(s.as_bytes())[..16].to_string()
 }
 
 fn header(path: &str, kind: tar::EntryType, size: u64, mode: u32, uid: u32) -> tar::Header {
@@ -385,7 +385,7 @@ fn header(path: &str, kind: tar::EntryType, size: u64, mode: u32, uid: u32) -> t
     h.set_mode(mode);
     h.set_uid(uid.into());
     h.set_gid(uid.into());
-    h.set_mtime(mailbox::time::now().as_secs());
+    h.set_mtime(base::time::now().as_secs());
     h.set_path(path)
         .expect("a short relative path fits a tar header");
     h.set_cksum();
@@ -573,7 +573,7 @@ mod tests {
 
     #[test]
     fn the_bundle_tar_is_a_tar_of_the_file() {
-        let dir = std::env::temp_dir().join(format!("lw-vol-{}", mailbox::id::new_id()));
+        let dir = std::env::temp_dir().join(format!("lw-vol-{}", base::id::new_id()));
         std::fs::create_dir_all(&dir).unwrap();
         let f = dir.join("b");
         std::fs::write(&f, b"0123456789").unwrap();

@@ -6,8 +6,8 @@
 //! besides its own.
 
 use super::*;
+use base::error::{Error, Exit, Result};
 use engine::{NetworkEngine, Pair};
-use mailbox::error::{Error, Exit, Result};
 
 /// Checks each service of `names` for a sandbox of root `root_id`: a name no
 /// service of the root has is 64; a service down, failed or not ready is

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::egress::AllowList;
+use base::error::{Error, Exit, Result};
 use mailbox::config::{Config, Project};
-use mailbox::error::{Error, Exit, Result};
 
 /// Where declarations live, relative to the project's top.
 pub const DIR: &str = ".loopwright/services";

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use super::{LABEL_SERVICE, Services, container_name, decl, volume_name};
 use crate::wall::LABEL_ROOT;
+use base::error::Result;
 use engine::NetworkEngine;
-use mailbox::error::Result;
 
 impl<'a> Services<'a> {
     pub(super) fn remove_container(&self, name: &str) -> Result<bool> {

@@ -4,8 +4,8 @@
 
 use super::{Declaration, Services, Source};
 use crate::image::{InputDecl, LayerDef, Runtime};
+use base::error::{Error, Exit, Result};
 use mailbox::config::Project;
-use mailbox::error::{Error, Exit, Result};
 
 impl<'a> Services<'a> {
     /// The image of `d`: the local one it names, or its build (one lw-build

@@ -105,7 +105,7 @@ pub fn volume_name(id: &str, name: &str) -> String {
 fn tail(text: &[u8], n: usize) -> String {
     let t = String::from_utf8_lossy(text);
     let lines: Vec<&str> = t.lines().collect();
-    mailbox::visible::visible(&lines[lines.len().saturating_sub(n)..].join("\n")).into_owned()
+    base::visible::visible(&lines[lines.len().saturating_sub(n)..].join("\n")).into_owned()
 }
 
 impl<'a> Services<'a> {

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use super::{Declaration, LABEL_PROJECT, LABEL_SERVICE, Services, container_name, decl};
 use super::{network_name, tail};
 use crate::wall::LABEL_ROOT;
+use base::error::{Error, Exit, Result};
 use engine::{ExecRequest, NetworkEngine};
 use mailbox::config::Project;
-use mailbox::error::{Error, Exit, Result};
 
 /// How `ls` sees a service.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,7 +45,7 @@ impl Status {
         let mut l = format!("{}\t{}\t{port}\t{sbs}", self.name, self.state);
         if !self.detail.is_empty() {
             l.push('\t');
-            l.push_str(&mailbox::visible::visible_line(&self.detail));
+            l.push_str(&base::visible::visible_line(&self.detail));
         }
         l
     }

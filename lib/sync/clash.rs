@@ -12,8 +12,8 @@ use super::config::Federation;
 use super::format::{HostSandbox, header_line, inline};
 use super::{Event, FORMAT_VERSION, Head, MAX_UNKNOWN, NoticeHead, Syncer};
 use crate::github::{Posted, Target};
-use mailbox::digest::sha256_hex;
-use mailbox::error::{Error, Exit, Result};
+use base::digest::sha256_hex;
+use base::error::{Error, Exit, Result};
 use mailbox::layout;
 use mailbox::log::{Action, Decision, Entry, LOG_VERSION, Log};
 use mailbox::message::{self, Kind, Message};
@@ -106,11 +106,11 @@ impl Syncer {
             fed.me
         );
         if !self.state.fed.told.contains(&told) {
-            let at = mailbox::time::parse_rfc3339(when).unwrap_or_default();
+            let at = base::time::parse_rfc3339(when).unwrap_or_default();
             let seed = sha256_hex(format!("clash/{name}/{host}/{cid}/{}", fed.me).as_bytes());
             let rand = u128::from_str_radix(&seed[..32], 16).expect("hex digest");
-            let id = mailbox::id::id_at(at, rand);
-            let created = mailbox::time::rfc3339(at);
+            let id = base::id::id_at(at, rand);
+            let created = base::time::rfc3339(at);
             let mut subject =
                 format!("sandbox name {name} of host {host} refused: taken by {taken_by}");
             while subject.len() > message::MAX_SUBJECT {
@@ -131,7 +131,7 @@ impl Syncer {
             let e = Entry {
                 version: LOG_VERSION,
                 name: Entry::name_for(&id, Action::Escalate, None),
-                logged: mailbox::time::rfc3339(mailbox::time::now()),
+                logged: base::time::rfc3339(base::time::now()),
                 message_id: id.clone(),
                 sender: layout::MEDIATOR.into(),
                 message: Some(m.clone()),

@@ -47,8 +47,8 @@ use super::format::{HOST_VERSION, HostHead, HostSandbox, header_line, inline};
 use super::{Event, Head, MAX_UNKNOWN, Syncer};
 use super::{parse_comment, reassemble};
 use crate::github::{Comment, Posted, Target};
-use mailbox::digest::sha256_hex;
-use mailbox::error::{Error, Exit, Result};
+use base::digest::sha256_hex;
+use base::error::{Error, Exit, Result};
 use mailbox::log::{Action, Entry, Log};
 use mailbox::message::{Kind, Message, split_qualified};
 use mailbox::registry::{Registry, Sandbox};
@@ -471,7 +471,7 @@ impl Syncer {
         let [reader] = e.decision.to.as_slice() else {
             return Ok(false);
         };
-        if !self.proxy_of(host, reader, refused)? || !mailbox::id::is_valid(&e.message_id) {
+        if !self.proxy_of(host, reader, refused)? || !base::id::is_valid(&e.message_id) {
             return Ok(false);
         }
         let log = Log::new(self.root.log_dir());
@@ -515,7 +515,7 @@ mod tests {
         let own = [sb("web", &["schema/**"]), sb("db", &["sql/**"])];
         let mut m = mailbox::message::Message {
             version: 1,
-            id: mailbox::id::new_id(),
+            id: base::id::new_id(),
             from: "api".into(),
             to: vec!["mediator".into()],
             kind: Kind::ContractChange,
@@ -523,7 +523,7 @@ mod tests {
             body: String::new(),
             refs: vec!["schema/users.json".into()],
             in_reply_to: None,
-            created: mailbox::time::rfc3339(mailbox::time::now()),
+            created: base::time::rfc3339(base::time::now()),
         };
         assert_eq!(addressed(&m, &[], &own), ["web"]);
         m.kind = Kind::Request;

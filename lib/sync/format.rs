@@ -5,8 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use mailbox::digest::sha256_hex;
-use mailbox::error::{Error, Result};
+use base::digest::sha256_hex;
+use base::error::{Error, Result};
 use mailbox::log::{Action, Entry};
 use mailbox::message::Kind;
 
@@ -443,11 +443,11 @@ pub(crate) mod tests {
     use mailbox::message::Message;
 
     pub(crate) fn entry(body: &str, action: Action) -> Entry {
-        let id = mailbox::id::new_id();
+        let id = base::id::new_id();
         Entry {
             version: 1,
             name: Entry::name_for(&id, action, None),
-            logged: mailbox::time::rfc3339(mailbox::time::now()),
+            logged: base::time::rfc3339(base::time::now()),
             message_id: id.clone(),
             sender: "api".into(),
             message: Some(Message {
@@ -460,7 +460,7 @@ pub(crate) mod tests {
                 body: body.into(),
                 refs: vec!["x".into()],
                 in_reply_to: None,
-                created: mailbox::time::rfc3339(mailbox::time::now()),
+                created: base::time::rfc3339(base::time::now()),
             }),
             decision: Decision {
                 quiet: false,

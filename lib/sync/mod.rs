@@ -75,7 +75,7 @@ pub use status_post::{Statuses, load_statuses, statuses_path};
 pub use watch::watch_dir;
 
 use crate::github::{Budget, Client, Comment, Target};
-use mailbox::error::{Error, Result};
+use base::error::{Error, Result};
 use mailbox::layout::Root;
 use mailbox::log::Entry;
 use mailbox::message;

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use super::format::{
     EntryHead, HEADER_PREFIX, HEADER_SUFFIX, Head, Section, entry_digest, unquiet,
 };
-use mailbox::digest::sha256_hex;
+use base::digest::sha256_hex;
 use mailbox::log::{Decision, Entry, LOG_VERSION};
 use mailbox::message::{self, Message};
 

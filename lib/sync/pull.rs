@@ -10,8 +10,8 @@ use super::format::{header_line, inline};
 use super::{Event, FORMAT_VERSION, Head, MAX_UNKNOWN, NoticeHead, Syncer, TargetState};
 use super::{parse_answers, parse_comment};
 use crate::github::{Comment, Listing, Posted, Target};
-use mailbox::digest::sha256_hex;
-use mailbox::error::{Error, Exit, Result};
+use base::digest::sha256_hex;
+use base::error::{Error, Exit, Result};
 use mailbox::log::Log;
 use mailbox::message::{self, Kind, Message};
 
@@ -126,9 +126,9 @@ impl Syncer {
                 let since = ts
                     .pull_since
                     .as_deref()
-                    .and_then(mailbox::time::parse_rfc3339)
+                    .and_then(base::time::parse_rfc3339)
                     .map(|d| {
-                        let t = mailbox::time::rfc3339(
+                        let t = base::time::rfc3339(
                             d.saturating_sub(std::time::Duration::from_secs(60)),
                         );
                         format!("{}Z", &t[..19])
@@ -267,7 +267,7 @@ impl Syncer {
             .split('.')
             .next()
             .and_then(|s| s.parse::<u64>().ok())
-            .map(|secs| mailbox::time::rfc3339(Duration::from_secs(secs.saturating_sub(3600))));
+            .map(|secs| base::time::rfc3339(Duration::from_secs(secs.saturating_sub(3600))));
         let comments = self.client.list_comments(t, since.as_deref())?;
         for c in &comments {
             let Some(host) = fed.host_of(c.login()) else {
@@ -303,8 +303,7 @@ impl Syncer {
         subject: &str,
         text: &str,
     ) -> Result<()> {
-        let created =
-            mailbox::time::parse_rfc3339(&c.created_at).unwrap_or_else(mailbox::time::now);
+        let created = base::time::parse_rfc3339(&c.created_at).unwrap_or_else(base::time::now);
         let seed = sha256_hex(format!("{}#{}/{}/{k}", t.repo, t.issue, c.id).as_bytes());
         let rand = u128::from_str_radix(&seed[..32], 16).expect("a SHA-256 hex digest is hex");
         let mut subj = format!("Re: {subject}");
@@ -313,7 +312,7 @@ impl Syncer {
         }
         let m = Message {
             version: message::VERSION,
-            id: mailbox::id::id_at(created, rand),
+            id: base::id::id_at(created, rand),
             from: mailbox::layout::HUMAN.into(),
             to: vec![asker.to_string()],
             kind: Kind::Answer,
@@ -325,7 +324,7 @@ impl Syncer {
                 vec![c.html_url.clone()]
             },
             in_reply_to: Some(id.to_string()),
-            created: mailbox::time::rfc3339(created),
+            created: base::time::rfc3339(created),
         };
         m.validate().map_err(|e| {
             Error::data(format!(

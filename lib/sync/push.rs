@@ -8,7 +8,7 @@ use super::state::{complete_partials, mark_part, save_state};
 use super::{Event, MAX_UNKNOWN, Planned, Syncer};
 use super::{Head, Pending};
 use crate::github::{Budget, Comment, MAX_COMMENT_CHARS, Posted, Target};
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 use mailbox::log::{Entry, Log};
 
 /// What one target's posting has learned so far in this pass.
@@ -293,7 +293,7 @@ impl Syncer {
             state.budget = b.clone();
             state.targets.entry(key.to_string()).or_default().pending = Some(Pending {
                 items: items.clone(),
-                at_ms: mailbox::time::now_ms(),
+                at_ms: base::time::now_ms(),
             });
             save_state(&path, state)
         };

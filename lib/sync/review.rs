@@ -51,8 +51,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{Event, Syncer, parse_answers, parse_comment};
 use crate::github::{Comment, Listing, Review, ReviewComment, Target};
-use mailbox::digest::sha256_hex;
-use mailbox::error::{Error, Exit, Result};
+use base::digest::sha256_hex;
+use base::error::{Error, Exit, Result};
 use mailbox::message::{self, Kind, Message};
 use mailbox::registry::Registry;
 
@@ -144,10 +144,10 @@ pub struct Item {
 /// The message id of item `key` of pull request `pull` (`OWNER/NAME#N`):
 /// the same on every run, so a repeat is refused by id.
 pub fn item_id(pull: &str, key: &str, created: &str) -> String {
-    let at = mailbox::time::parse_rfc3339(created).unwrap_or_default();
+    let at = base::time::parse_rfc3339(created).unwrap_or_default();
     let seed = sha256_hex(format!("review/{pull}/{key}").as_bytes());
     let rand = u128::from_str_radix(&seed[..32], 16).expect("a SHA-256 hex digest is hex");
-    mailbox::id::id_at(at, rand)
+    base::id::id_at(at, rand)
 }
 
 /// Whether a person may speak to the agents: the same trust as answers.
@@ -217,7 +217,7 @@ pub fn request(pull: &str, sandbox: &str, scope: &[String], it: &Item) -> (Messa
     } else {
         body.push_str(&it.text);
     }
-    let created = mailbox::time::parse_rfc3339(&it.created).unwrap_or_else(mailbox::time::now);
+    let created = base::time::parse_rfc3339(&it.created).unwrap_or_else(base::time::now);
     let m = Message {
         version: message::VERSION,
         id: item_id(pull, &it.key, &it.created),
@@ -228,7 +228,7 @@ pub fn request(pull: &str, sandbox: &str, scope: &[String], it: &Item) -> (Messa
         body,
         refs,
         in_reply_to: None,
-        created: mailbox::time::rfc3339(created),
+        created: base::time::rfc3339(created),
     };
     (m, outside)
 }
@@ -406,8 +406,8 @@ impl Syncer {
         since: Option<&str>,
         tag: Option<(String, String)>,
     ) -> Result<Conversation> {
-        let since = since.and_then(mailbox::time::parse_rfc3339).map(|d| {
-            let s = mailbox::time::rfc3339(d.saturating_sub(std::time::Duration::from_secs(60)));
+        let since = since.and_then(base::time::parse_rfc3339).map(|d| {
+            let s = base::time::rfc3339(d.saturating_sub(std::time::Duration::from_secs(60)));
             format!("{}Z", &s[..19])
         });
         let since_key = since.clone().unwrap_or_default();

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::format::{Head, HostSandbox, Section};
 use crate::github::Budget;
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 use mailbox::layout::Root;
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -170,10 +170,10 @@ pub fn load_state(path: &Path) -> Result<(State, bool)> {
     }
 }
 
-/// Writes `bytes` to `path` atomically and durably (crates/mailbox/src/fs), readable by
+/// Writes `bytes` to `path` atomically and durably (crates/base/src/fs), readable by
 /// its owner only: the state names the issue and comment ids.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    mailbox::fs::write_replace(path, bytes, 0o600, mailbox::fs::Durability::Synced)
+    base::fs::write_replace(path, bytes, 0o600, base::fs::Durability::Synced)
         .map_err(|e| Error::io("cannot write", path, e))
 }
 
@@ -191,9 +191,9 @@ pub fn lock(root: &Root, wait: bool) -> Result<std::fs::File> {
         .map_err(|e| Error::io("cannot create", &dir, e))?;
     let p = dir.join("sync.lock");
     if wait {
-        return mailbox::fs::lock(&p).map_err(|e| Error::lock(&p, e));
+        return base::fs::lock(&p).map_err(|e| Error::lock(&p, e));
     }
-    mailbox::fs::try_lock(&p)
+    base::fs::try_lock(&p)
         .map_err(|e| Error::lock(&p, e))?
         .ok_or_else(|| {
             Error::new(
@@ -245,7 +245,7 @@ mod tests {
 
     #[test]
     fn an_older_set_of_taken_ids_folds_into_the_mark() {
-        let dir = std::env::temp_dir().join(format!("lw-state-{}", mailbox::id::new_id()));
+        let dir = std::env::temp_dir().join(format!("lw-state-{}", base::id::new_id()));
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("sync.json");
         std::fs::write(&p, r#"{"version":2,"fed":{"taken":[3,5,9]}}"#).unwrap();

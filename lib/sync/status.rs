@@ -161,9 +161,9 @@ fn join_fit(items: &[String], room: usize) -> String {
 }
 
 /// `s` on one line (control characters and bidi overrides made visible,
-/// crates/mailbox/src/visible.rs), cut to `max` characters with "…".
+/// crates/base/src/visible.rs), cut to `max` characters with "…".
 pub fn one_line(s: &str, max: usize) -> String {
-    let v = mailbox::visible::visible_line(s);
+    let v = base::visible::visible_line(s);
     if v.chars().count() <= max {
         return v.into_owned();
     }
@@ -182,7 +182,7 @@ mod tests {
     use mailbox::message::Message;
 
     fn radar(n: u64, kind: Kind, to: &[&str], refs: &[&str], sender: &str) -> Entry {
-        let id = &mailbox::id::id_at(std::time::Duration::from_secs(1_700_000_000 + n), 7);
+        let id = &base::id::id_at(std::time::Duration::from_secs(1_700_000_000 + n), 7);
         let m = Message {
             version: 1,
             id: id.into(),

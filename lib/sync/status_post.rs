@@ -32,7 +32,7 @@ use super::state::save_state;
 use super::status::{CONTEXT, Verdicts, desired};
 use super::{Event, MAX_UNKNOWN, Syncer};
 use crate::github::{Budget, NewStatus, StatusWrite, status_of};
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 use mailbox::registry::Registry;
 
 /// One status as wanted or written.
@@ -280,7 +280,7 @@ impl Syncer {
             save_state(&sync_path, state)?;
             rec.sandboxes.get_mut(&w.name).expect("made above").pending = Some(InFlight {
                 posting: w.posting.clone(),
-                at_ms: mailbox::time::now_ms(),
+                at_ms: base::time::now_ms(),
             });
             save_statuses(path, rec)
         };

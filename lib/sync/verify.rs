@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::{Event, Head, Rebuilt, Section, Syncer, reassemble};
 use crate::github::Target;
-use mailbox::error::Result;
+use base::error::Result;
 use mailbox::log::{Entry, Log};
 
 /// One target's two sides: the log's entries and what the issue holds.
@@ -173,7 +173,7 @@ fn duplicates(sections: &[(u64, Section)]) -> Vec<(String, Vec<u64>)> {
 /// name must be `MSGID.ACTION[.PARTY]` (it becomes a file name) and its
 /// message must validate.
 fn restorable(e: &Entry) -> std::result::Result<(), String> {
-    if !mailbox::id::is_valid(&e.message_id) {
+    if !base::id::is_valid(&e.message_id) {
         return Err(format!(
             "message id '{}' does not follow the id grammar",
             e.message_id.escape_debug()

@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use mailbox::cli::Report;
-use mailbox::error::{Error, Exit, Result};
+use base::cli::Report;
+use base::error::{Error, Exit, Result};
 
 /// Runs `pass` now, then again whenever something is renamed into or
 /// created in `dir` (debounced), on a rescan request, and every `period`.
@@ -16,7 +16,7 @@ pub fn watch_dir(
     report: Report,
     mut pass: impl FnMut() -> Result<()>,
 ) -> Result<()> {
-    use mailbox::fs::{Watcher, Woke};
+    use base::fs::{Watcher, Woke};
     let watcher = Watcher::new().map_err(|e| {
         Error::new(
             Exit::Unavailable,

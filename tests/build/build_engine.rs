@@ -82,7 +82,7 @@ fn containers_run_exec_with_status_and_stop() {
     let id = e.create(&spec).expect("create");
     let _cleanup = Cleanup(&e, id.clone());
     let again = e.create(&spec).expect_err("the name is taken");
-    assert_eq!(again.exit, mailbox::Exit::CantCreat, "{again}");
+    assert_eq!(again.exit, base::Exit::CantCreat, "{again}");
 
     e.start(&id).expect("start");
     let c = e.inspect(&name).expect("inspect").expect("exists");

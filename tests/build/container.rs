@@ -86,7 +86,7 @@ fn post_and_inbox_run_in_a_busybox_only_container() {
         stderr(&o)
     );
     let id = stdout(&o).trim().to_string();
-    assert!(mailbox::id::is_valid(&id), "{id}");
+    assert!(base::id::is_valid(&id), "{id}");
     let m =
         mailbox::message::Message::parse(&std::fs::read(mb.join("outbox/new").join(&id)).unwrap())
             .unwrap();

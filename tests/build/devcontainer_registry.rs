@@ -50,7 +50,7 @@ fn push(reg: &Registry, repo: &str, tag: &str, layer: &[u8]) -> String {
     std::fs::create_dir_all(&dir).unwrap();
     let mut descs = Vec::new();
     for (name, bytes) in [("config", &b"{}"[..]), ("layer", layer)] {
-        let d = format!("sha256:{}", mailbox::digest::sha256_hex(bytes));
+        let d = format!("sha256:{}", base::digest::sha256_hex(bytes));
         std::fs::write(dir.join(name), bytes).unwrap();
         c.put_blob(&d, bytes.len() as u64, &dir.join(name))
             .expect("blob pushed");
@@ -347,10 +347,10 @@ fn an_anonymous_bearer_registry_serves_a_feature_and_a_500_is_refused() {
     build_cache_support::require("python3", "a fake registry with anonymous tokens");
     let reg = Registry::start("dc-anon");
     let layer = feature("#!/bin/sh\necho anon\n", &[]);
-    let ld = format!("sha256:{}", mailbox::digest::sha256_hex(&layer));
+    let ld = format!("sha256:{}", base::digest::sha256_hex(&layer));
     let manifest = serde_json::json!({
         "schemaVersion": 2, "mediaType": OCI_MANIFEST,
-        "config": {"mediaType": "application/vnd.devcontainers", "digest": format!("sha256:{}", mailbox::digest::sha256_hex(b"{}")), "size": 2},
+        "config": {"mediaType": "application/vnd.devcontainers", "digest": format!("sha256:{}", base::digest::sha256_hex(b"{}")), "size": 2},
         "layers": [{"mediaType": LAYER_TYPE, "digest": ld, "size": layer.len()}],
     })
     .to_string();

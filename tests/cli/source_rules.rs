@@ -1,7 +1,7 @@
 //! Rules the compiler cannot hold, checked on the sources themselves.
 
 /// The files whose code reads, as root, trees a sandbox writes.  Each
-/// resolves beneath a descriptor (crates/mailbox/src/fs/beneath.rs); a path-based call is
+/// resolves beneath a descriptor (crates/base/src/fs/beneath.rs); a path-based call is
 /// allowed only on a line that says why it is trusted.
 const SANDBOX_TREE_READERS: [&str; 6] = [
     "crates/mailbox/src/maildir/sweep.rs",
@@ -58,7 +58,7 @@ fn code_that_reads_sandbox_trees_as_root_opens_nothing_by_path() {
     }
     assert!(
         found.is_empty(),
-        "path-based calls in code that reads sandbox trees as root (use mailbox::fs::open_beneath, or say `// trusted: WHY`): {found:#?}"
+        "path-based calls in code that reads sandbox trees as root (use base::fs::open_beneath, or say `// trusted: WHY`): {found:#?}"
     );
 }
 
@@ -68,7 +68,7 @@ const PRINTS: [&str; 5] = ["println!", "eprintln!", "print!", "eprint!", "dbg!"]
 
 /// The one library file that prints: the commands' own side
 /// (`cli::main_with`, `cli::stderr_report`), which the binaries call.
-const PRINTS_FOR_COMMANDS: &str = "crates/mailbox/src/cli.rs";
+const PRINTS_FOR_COMMANDS: &str = "crates/base/src/cli.rs";
 
 #[test]
 fn the_library_never_prints() {
@@ -412,7 +412,7 @@ fn only_select_connects_to_a_docker_engine() {
 }
 
 /// One way to fetch from a repository a sandbox wrote:
-/// `mailbox::git::fetch_untrusted` (and its `untrusted_config`).  The
+/// `loopwright::git::fetch_untrusted` (and its `untrusted_config`).  The
 /// settings that make it safe are spelled there only, so a setting added
 /// once protects every such git.
 #[test]
@@ -424,10 +424,10 @@ fn fetch_hardening_is_spelled_once() {
     let found = spelled(
         &files,
         &["fsckObjects", "core.hooksPath", "protocol.allow=never"],
-        &["crates/mailbox/src/git/mod.rs"],
+        &["lib/git/mod.rs"],
     );
     assert!(
         found.is_empty(),
-        "use mailbox::git::fetch_untrusted / untrusted_config / NO_HOOKS instead of spelling the settings: {found:#?}"
+        "use loopwright::git::fetch_untrusted / untrusted_config / NO_HOOKS instead of spelling the settings: {found:#?}"
     );
 }

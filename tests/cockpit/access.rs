@@ -233,7 +233,7 @@ fn listen_is_honoured_exactly() {
 
 #[test]
 fn a_directory_that_is_not_a_mailbox_root_is_refused_untouched() {
-    let dir = std::env::temp_dir().join(format!("lw-cockpit-notroot-{}", mailbox::id::new_id()));
+    let dir = std::env::temp_dir().join(format!("lw-cockpit-notroot-{}", base::id::new_id()));
     std::fs::create_dir_all(dir.join("src")).unwrap();
     std::fs::write(dir.join("notes.txt"), "mine\n").unwrap();
     let empty = dir.join("empty");

@@ -85,7 +85,7 @@ fn secret_of(body: &str) -> String {
 }
 
 fn root(tag: &str, sandboxes: &[(&str, Option<&str>)]) -> Root {
-    let dir = std::env::temp_dir().join(format!("lw-cockpit-{tag}-{}", mailbox::id::new_id()));
+    let dir = std::env::temp_dir().join(format!("lw-cockpit-{tag}-{}", base::id::new_id()));
     let root = Root::new(dir.join("root"));
     std::fs::create_dir_all(&root.dir).unwrap();
     root.init().unwrap();

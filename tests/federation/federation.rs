@@ -120,7 +120,7 @@ fn watching_hosts_push_and_pull_by_themselves() {
     procs.push(a.mediator_watch());
     procs.push(b.mediator_watch());
     // The proxy appears once A's watcher has pulled B's announcement.
-    let w = mailbox::fs::Watcher::new().unwrap();
+    let w = base::fs::Watcher::new().unwrap();
     w.add(&a.root.registry_dir()).unwrap();
     let t = Instant::now();
     while a.record("web").is_none() {
@@ -184,7 +184,7 @@ fn a_message_in_parts_is_taken_once_all_parts_are_there() {
     let e = mailbox::log::Entry {
         version: 1,
         name: format!("{}.forward", m.id),
-        logged: mailbox::time::rfc3339(mailbox::time::now()),
+        logged: base::time::rfc3339(base::time::now()),
         message_id: m.id.clone(),
         sender: "api".into(),
         message: Some(m.clone()),
@@ -247,7 +247,7 @@ fn forged_headers_deliver_nothing() {
         );
         assert!(v["id"].as_u64().is_some(), "{v}");
     };
-    let other = mailbox::id::new_id();
+    let other = base::id::new_id();
     // 1. The same comment with a fresh id, by a login that is no host.
     forge(real.replace(&m.id, &other), "mallory");
     // 2. A host announcement for hosta by that login, naming another sandbox.
@@ -259,7 +259,7 @@ fn forged_headers_deliver_nothing() {
         .1;
     forge(ann.replace("\"api\"", "\"evil\""), "mallory");
     // 3. By hosta's login itself, an entry from a sandbox hosta never announced.
-    let third = mailbox::id::new_id();
+    let third = base::id::new_id();
     forge(
         real.replace(&m.id, &third)
             .replace("\"sender\":\"api\"", "\"sender\":\"ghost\""),

@@ -37,13 +37,13 @@ use std::time::{Duration, Instant};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use base::error::{Exit, Result};
 use courier_support::{Courier, LwSandbox, id_time};
 use engine::{
     ContainerSpec, Engine, ExecIo, ExecRequest, HostPaths, Images, NetworkEngine, OutStream,
     SandboxEngine,
 };
 use loopwright::sandbox::courier::{End, HEADERS, PASS_MAX, read_outbox};
-use mailbox::error::{Exit, Result};
 use mailbox::maildir::Maildir;
 use sandbox_support::{Fixture, bin, docker, text};
 
@@ -122,7 +122,7 @@ fn holding(root: &Path, dirs: &[&str], text: &str) -> usize {
 /// mediator.
 fn taken(root: &Path, name: &str) {
     let new = root.join(format!("sandboxes/{name}/outbox/new"));
-    let w = mailbox::fs::Watcher::new().unwrap();
+    let w = base::fs::Watcher::new().unwrap();
     w.add(&new).unwrap();
     let deadline = Instant::now() + Duration::from_secs(300);
     while std::fs::read_dir(&new).unwrap().count() > 0 {

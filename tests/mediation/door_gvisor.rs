@@ -179,7 +179,7 @@ fn posts_from_runsc_and_runc_are_all_delivered_to_a_watching_and_a_restarted_med
     // in tmp/, and a twin in tmp/ with a third link beside it.
     let root = Root::new(f.root.clone());
     let q0 = quarantined(&root).len();
-    let (a, b) = (mailbox::id::new_id(), mailbox::id::new_id());
+    let (a, b) = (base::id::new_id(), base::id::new_id());
     let (code, _, e) = f.sh(
         "gv",
         &format!(

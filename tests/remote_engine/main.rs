@@ -57,7 +57,7 @@ fn docker(args: &[&str]) -> Output {
 /// The image of engine B, built once per recipe (base image + Dockerfile).
 fn dockerd_image() -> String {
     let base = build_support::test_image("debian");
-    let hash = mailbox::digest::sha256_hex(format!("{base}\n{DOCKERFILE}").as_bytes());
+    let hash = base::digest::sha256_hex(format!("{base}\n{DOCKERFILE}").as_bytes());
     let tag = format!("loopwright/test-dockerd:{}", &hash[..16]);
     let have = Command::new("docker")
         .args(["image", "inspect", &tag])

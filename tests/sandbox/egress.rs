@@ -25,11 +25,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use base::error::Exit;
 use engine::DockerEngine;
 use engine::NetworkEngine;
 use engine::{ContainerSpec, Engine, ExecRequest, Images, OutStream};
 use loopwright::egress::{self, AllowList, Options};
-use mailbox::error::Exit;
 use sha2::{Digest, Sha256};
 
 use egress_support::{counted, counter_script};

@@ -408,7 +408,7 @@ fn finished(f: &Fixture, name: &str) -> (i64, bool, std::time::SystemTime) {
     let t = text(&o);
     let v: Vec<&str> = t.split_whitespace().collect();
     assert_eq!(v.first(), Some(&"false"), "{name} still runs: {t}");
-    let at = mailbox::time::parse_rfc3339(v[3]).expect("FinishedAt is RFC 3339");
+    let at = base::time::parse_rfc3339(v[3]).expect("FinishedAt is RFC 3339");
     (
         v[1].parse().expect("ExitCode"),
         v[2] == "true",

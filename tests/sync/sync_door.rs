@@ -205,7 +205,7 @@ fn kill_9_during_a_rate_limit_wait_leaves_the_window_to_the_next_run() {
     let seed = std::env::var("LW_TEST_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| mailbox::id::random128() as u64 | 1);
+        .unwrap_or_else(|| base::id::random128() as u64 | 1);
     println!("kill during wait: seed {seed} (LW_TEST_SEED={seed} replays it)");
     let mut rng = Rng(seed);
     let mut names = Vec::new();
@@ -213,7 +213,7 @@ fn kill_9_during_a_rate_limit_wait_leaves_the_window_to_the_next_run() {
     let mut limited_seen = 0;
     let mut last_window = 0;
     std::fs::create_dir_all(env.root.join("state")).unwrap();
-    let watcher = mailbox::fs::Watcher::new().unwrap();
+    let watcher = base::fs::Watcher::new().unwrap();
     watcher.add(&env.root.join("state")).unwrap();
     for _ in 0..50 {
         env.faults(json!([{ "kind": "secondary", "status": 403, "retry_after": 1, "method": "POST", "count": 1 }]));

@@ -122,7 +122,7 @@ fn the_hourly_budget_holds_across_runs() {
     assert!(o.status.success(), "{}", text(&o.stderr));
     let path = env.root.join("state/sync.json");
     let mut st: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    let now = mailbox::time::now_ms();
+    let now = base::time::now_ms();
     st["budget"]["writes"] = (0..499u64)
         .map(|i| now - 3_000_000 + i * 5000)
         .collect::<Vec<_>>()

@@ -40,7 +40,7 @@ fn task_pull(env: &Env, name: &str, branch: &str, scope: &[&str]) -> u64 {
     let dir = env.root.join("state/pr");
     std::fs::create_dir_all(&dir).unwrap();
     let rec = json!({ "version": 1, "repo": "octo/proj", "branch": branch, "base": "main", "number": n,
-                      "since": mailbox::time::now_ms() });
+                      "since": base::time::now_ms() });
     std::fs::write(dir.join(format!("{name}.json")), rec.to_string()).unwrap();
     let scope = scope.iter().map(|s| s.to_string()).collect();
     Registry::new(&Root::new(&env.root))

@@ -317,7 +317,7 @@ fn an_oversized_comment_gets_422_named() {
     let err = c
         .post_comment(&t, &"x".repeat(65_537), &mut |_| Ok(()))
         .unwrap_err();
-    assert_eq!(err.exit, mailbox::Exit::DataErr);
+    assert_eq!(err.exit, base::Exit::DataErr);
     assert!(
         err.to_string().contains("maximum is 65536 characters"),
         "{err}"

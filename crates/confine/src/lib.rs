@@ -3,7 +3,7 @@
 //! (gVisor's runsc gives an exec'd process no filter of its own).
 //!
 //! A crate of its own because lw-confine is copied into every gVisor
-//! sandbox: it links the mailbox crate's errors and nothing else of
+//! sandbox: it links the base crate's errors and nothing else of
 //! loopwright's, and is built with the size-optimised `sandbox` profile.
 
 pub mod seccomp;

@@ -21,7 +21,7 @@ use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 /// A user name and its secret, with where they came from (for errors).
 #[derive(Clone)]

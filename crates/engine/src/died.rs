@@ -11,7 +11,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use mailbox::error::{Error, Exit};
+use base::error::{Error, Exit};
 
 /// How long output still in flight is read once the container is dead
 /// (under runsc Docker's stream never ends by itself).

@@ -16,8 +16,8 @@
 use std::path::{Path, PathBuf};
 
 use crate::HostPaths;
-use mailbox::error::{Error, Exit, Result};
-use mailbox::fs::{Durability, write_replace};
+use base::error::{Error, Exit, Result};
+use base::fs::{Durability, write_replace};
 use mailbox::layout::Root;
 
 /// Whether the engine sees the host's files.
@@ -48,7 +48,7 @@ impl Sharing {
 /// Probes `engine` now with a nonce written in a new directory under `dir`
 /// (removed again).
 pub fn probe(engine: &dyn HostPaths, dir: &Path) -> Result<Sharing> {
-    let nonce = format!("{:032x}", mailbox::id::random128());
+    let nonce = format!("{:032x}", base::id::random128());
     let probe_dir = dir.join(format!(".lw-probe-{}", &nonce[..16]));
     let io = |what: &str, p: &Path, e: std::io::Error| {
         Error::new(

@@ -72,7 +72,7 @@ pub use refusal::Refusal;
 pub use runtime::{EngineInfo, Isolation, RuntimeInfo};
 pub use select::{ENGINE_KEY, EngineKind, Engines, Pair, connect_docker};
 
-use mailbox::error::Result;
+use base::error::Result;
 
 /// The current-thread tokio runtime an engine client keeps, so that its
 /// methods block as the contract says.
@@ -81,11 +81,8 @@ pub(crate) fn io_runtime() -> Result<tokio::runtime::Runtime> {
         .enable_all()
         .build()
         .map_err(|e| {
-            mailbox::error::Error::new(
-                mailbox::error::Exit::Software,
-                "cannot start the I/O runtime",
-            )
-            .with_source(e)
+            base::error::Error::new(base::error::Exit::Software, "cannot start the I/O runtime")
+                .with_source(e)
         })
 }
 
@@ -435,8 +432,8 @@ pub trait SandboxEngine: Engine + NetworkEngine + HostPaths + Sync {
         };
         match self.exec_io(container, &req, io)? {
             0 => Ok(()),
-            n => Err(mailbox::error::Error::new(
-                mailbox::error::Exit::Unavailable,
+            n => Err(base::error::Error::new(
+                base::error::Exit::Unavailable,
                 format!(
                     "cannot copy into '{dir}' of container '{container}': tar exited {n}: {}",
                     String::from_utf8_lossy(&err).trim()

@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use crate::Engine;
-use mailbox::error::Result;
+use base::error::Result;
 
 /// What an engine can tell about the host's paths.
 pub trait HostPaths: Engine {

@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use mailbox::error::Error;
+use base::error::Error;
 
 /// A refusal a caller has something to say about.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -9,7 +9,7 @@
 //! `runsc` not registered is 69 with the install line, any other unknown
 //! name is 64 listing the ones it knows.
 
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 /// One OCI runtime as the engine registered it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

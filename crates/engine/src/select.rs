@@ -29,8 +29,8 @@ use crate::{
     BuildEvent, BuildOutcome, BuildRequest, DockerEngine, Image, ImageBuilder, Images, KubeEngine,
     SandboxEngine,
 };
+use base::error::{Error, Result};
 use mailbox::config::Config;
-use mailbox::error::{Error, Result};
 
 /// The `.loopwright/config` key naming the engine.
 pub const ENGINE_KEY: &str = "engine";

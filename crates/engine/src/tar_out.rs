@@ -30,7 +30,7 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::{ExecIo, ExecRequest, OutStream, STOPPED, SandboxEngine};
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 /// Starts `tar` ($1 the directory, $2 the entry) after saying its pid.
 const TAR: &str = "echo $$ && exec tar -c -f - -C \"$1\" -- \"$2\"";

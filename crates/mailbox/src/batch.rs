@@ -38,15 +38,15 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::error::{Error, Exit, Result, errno_io};
+use base::error::{Error, Exit, Result, errno_io};
 
 /// Opens a directory relative to `base` (or an absolute/relative path from
 /// the working directory when `base` is None) without following a symbolic
-/// link in any component (crates/mailbox/src/fs's one rule for sandbox-writable trees).
+/// link in any component (crates/base/src/fs's one rule for sandbox-writable trees).
 pub fn open_dir_at(base: Option<&OwnedFd>, rel: &Path) -> rustix::io::Result<OwnedFd> {
     match base {
-        Some(b) => crate::fs::open_dir_beneath(b, rel),
-        None => crate::fs::open_dir_no_links(rel),
+        Some(b) => base::fs::open_dir_beneath(b, rel),
+        None => base::fs::open_dir_no_links(rel),
     }
 }
 
@@ -127,7 +127,7 @@ impl OpenMaildir {
             } else {
                 format!("{what} '{}'", path.display())
             };
-            Error::new(crate::error::io_exit(&errno_io(e)), msg).with_source(errno_io(e))
+            Error::new(base::error::io_exit(&errno_io(e)), msg).with_source(errno_io(e))
         };
         // The Maildir's own directory may be missing (a sandbox registered
         // before its mailbox was made); its parent must exist.
@@ -456,7 +456,7 @@ impl Batch {
         let mut dirty: HashMap<usize, ()> = HashMap::new();
         for (i, s) in staged.iter().enumerate() {
             let b = &boxes[s.boxkey];
-            match crate::fs::rename_noreplace_at(
+            match base::fs::rename_noreplace_at(
                 &b.tmp,
                 OsStr::new(&s.name),
                 &b.new,
@@ -506,7 +506,7 @@ pub fn move_noreplace(
     to_dir: &OwnedFd,
     to_name: &OsStr,
 ) -> rustix::io::Result<bool> {
-    match crate::fs::rename_noreplace_at(from_dir, name, to_dir, to_name) {
+    match base::fs::rename_noreplace_at(from_dir, name, to_dir, to_name) {
         Ok(()) => Ok(true),
         Err(Errno::NOENT) => Ok(false),
         Err(e) => Err(e),
@@ -518,7 +518,7 @@ mod tests {
     use super::*;
 
     fn tempdir() -> PathBuf {
-        let d = std::env::temp_dir().join(format!("lw-batch-{}", crate::id::new_id()));
+        let d = std::env::temp_dir().join(format!("lw-batch-{}", base::id::new_id()));
         std::fs::create_dir_all(&d).unwrap();
         d
     }

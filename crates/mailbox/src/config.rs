@@ -29,8 +29,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::error::{Error, Exit, Result};
-use crate::git;
+use base::error::{Error, Exit, Result};
 
 /// The project's directory for loopwright files, relative to its top level.
 pub const DIR: &str = ".loopwright";
@@ -304,7 +303,7 @@ pub struct Project {
 impl Project {
     /// Finds the project that contains `dir`, or `None` outside any git checkout.
     pub fn find(dir: &Path) -> Result<Option<Project>> {
-        let Some((top, git_dir)) = git::find_checkout(dir) else {
+        let Some((top, git_dir)) = find_checkout(dir) else {
             return Ok(None);
         };
         let config = Config::load(&top.join(FILE))?;
@@ -385,6 +384,32 @@ pub fn parse_bytes(s: &str) -> Option<i64> {
         .ok()
         .filter(|n| *n > 0)
         .and_then(|n| n.checked_mul(mul))
+}
+
+/// The top of the checkout that contains `dir` and its git directory, found
+/// without running git: the nearest directory, from `dir` up, that holds a
+/// `.git` directory or a `.git` file (`gitdir: ...`, as in worktrees and
+/// submodules).  This is what `git rev-parse --show-toplevel` answers in
+/// every ordinary case, at no process's cost; `GIT_DIR` and
+/// `GIT_CEILING_DIRECTORIES` are not consulted, because the commands act on
+/// the project they are run in.
+pub fn find_checkout(dir: &Path) -> Option<(PathBuf, PathBuf)> {
+    let mut cur = Some(dir);
+    while let Some(d) = cur {
+        let dot = d.join(".git");
+        if let Ok(md) = std::fs::metadata(&dot) {
+            if md.is_dir() && dot.join("HEAD").exists() {
+                return Some((d.to_path_buf(), dot));
+            }
+            if md.is_file() {
+                let text = std::fs::read_to_string(&dot).ok()?;
+                let target = text.strip_prefix("gitdir:")?.trim();
+                return Some((d.to_path_buf(), d.join(target)));
+            }
+        }
+        cur = d.parent();
+    }
+    None
 }
 
 #[cfg(test)]

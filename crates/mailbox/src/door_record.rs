@@ -38,10 +38,10 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{FILE, Project, parse_bytes};
-use crate::digest::{hex, hmac_sha256};
-use crate::error::{Error, Exit, Result};
-use crate::fs::Durability;
 use crate::layout::Root;
+use base::digest::{hex, hmac_sha256};
+use base::error::{Error, Exit, Result};
+use base::fs::Durability;
 
 /// The version of the files written here.
 pub const VERSION: u32 = 1;
@@ -182,12 +182,12 @@ impl DoorRecord {
         }
         self.make_dir(&self.dir)?;
         let mut key = [0u8; 32];
-        key[..16].copy_from_slice(&crate::id::random128().to_ne_bytes());
-        key[16..].copy_from_slice(&crate::id::random128().to_ne_bytes());
+        key[..16].copy_from_slice(&base::id::random128().to_ne_bytes());
+        key[16..].copy_from_slice(&base::id::random128().to_ne_bytes());
         let tmp = self
             .dir
-            .join(format!(".key.{:032x}.tmp", crate::id::random128()));
-        crate::fs::write_replace(
+            .join(format!(".key.{:032x}.tmp", base::id::random128()));
+        base::fs::write_replace(
             &tmp,
             format!("{}\n", hex(&key)).as_bytes(),
             0o600,
@@ -200,7 +200,7 @@ impl DoorRecord {
         let _ = std::fs::remove_file(&tmp);
         match linked {
             Ok(()) => {
-                crate::fs::sync_dir(&self.dir)
+                base::fs::sync_dir(&self.dir)
                     .map_err(|e| Error::io("cannot fsync", &self.dir, e))?;
                 Ok(Some(key.to_vec()))
             }
@@ -229,7 +229,7 @@ impl DoorRecord {
         self.make_dir(path.parent().expect("secrets/NAME.json has a parent"))?;
         let mut bytes = serde_json::to_vec_pretty(&d).expect("digests are plain data");
         bytes.push(b'\n');
-        crate::fs::write_replace(&path, &bytes, 0o600, Durability::Synced)
+        base::fs::write_replace(&path, &bytes, 0o600, Durability::Synced)
             .map_err(|e| Error::io("cannot write", &path, e))
     }
 
@@ -298,12 +298,12 @@ impl DoorRecord {
             version: VERSION,
             budgets: b.clone(),
             project: project.to_string_lossy().into_owned(),
-            recorded: crate::time::rfc3339(crate::time::now()),
+            recorded: base::time::rfc3339(base::time::now()),
         };
         let path = self.budgets_path();
         let mut bytes = serde_json::to_vec_pretty(&f).expect("budgets are plain data");
         bytes.push(b'\n');
-        crate::fs::write_replace(&path, &bytes, 0o600, Durability::Synced)
+        base::fs::write_replace(&path, &bytes, 0o600, Durability::Synced)
             .map_err(|e| Error::io("cannot write", &path, e))
     }
 
@@ -459,7 +459,7 @@ mod tests {
     use std::os::unix::fs::PermissionsExt as _;
 
     fn root() -> Root {
-        let d = std::env::temp_dir().join(format!("lw-door-record-{}", crate::id::new_id()));
+        let d = std::env::temp_dir().join(format!("lw-door-record-{}", base::id::new_id()));
         std::fs::create_dir_all(&d).unwrap();
         Root::new(d)
     }
@@ -477,7 +477,7 @@ mod tests {
             assert_eq!(mode, 0o600, "{}", p.display());
             let text = std::fs::read_to_string(&p).unwrap();
             assert!(!text.contains(VALUE), "{text}");
-            assert!(!text.contains(&crate::digest::sha256_hex(VALUE.as_bytes())));
+            assert!(!text.contains(&base::digest::sha256_hex(VALUE.as_bytes())));
         }
         let env = |v: &'static str| move |n: &str| (n == "API_KEY").then(|| OsString::from(v));
         d.check("api", &env(VALUE)).unwrap();

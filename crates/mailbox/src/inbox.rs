@@ -8,7 +8,7 @@ use std::ffi::OsStr;
 
 use crate::maildir::{Found, Maildir, Sub};
 use crate::message::Message;
-use crate::{Error, Exit, Result};
+use base::{Error, Exit, Result};
 
 /// `new` for a message in `new/`, `read` for one in `cur/`.
 pub fn state(sub: Sub) -> &'static str {
@@ -17,7 +17,7 @@ pub fn state(sub: Sub) -> &'static str {
 
 /// Refuses anything that is not a message id, before it becomes a path.
 pub fn check_id(id: &str) -> Result<()> {
-    if crate::id::is_valid(id) {
+    if base::id::is_valid(id) {
         Ok(())
     } else {
         Err(Error::usage(format!(

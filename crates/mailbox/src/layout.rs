@@ -26,11 +26,11 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Exit, Result};
 use crate::maildir::Maildir;
+use base::error::{Error, Exit, Result};
 
 /// Reserved recipient names: the mediator itself and the human queue.
-pub use crate::id::{HUMAN, MEDIATOR};
+pub use base::id::{HUMAN, MEDIATOR};
 
 /// The mailbox of one sandbox: the directory holding its `outbox/` and `inbox/`.
 #[derive(Clone, Debug)]
@@ -63,13 +63,13 @@ impl Root {
 
     /// The root a command works on: `--root`, else `$LW_ROOT`, made
     /// absolute (it ends up in container labels and bind mounts).
-    pub fn resolve(flag: Option<&Path>) -> crate::Result<Root> {
+    pub fn resolve(flag: Option<&Path>) -> base::Result<Root> {
         let env = std::env::var_os("LW_ROOT").map(PathBuf::from);
         match flag.map(Path::to_path_buf).or(env) {
             Some(d) if !d.as_os_str().is_empty() => {
                 Ok(Root::new(std::path::absolute(&d).unwrap_or(d)))
             }
-            _ => Err(crate::Error::usage(
+            _ => Err(base::Error::usage(
                 "no mailbox root: pass --root DIR or set LW_ROOT",
             )),
         }
@@ -133,8 +133,8 @@ impl Root {
         {
             std::fs::create_dir_all(parent)?;
         }
-        crate::fs::private_dir(&self.dir)?;
-        crate::fs::private_dir(dir)
+        base::fs::private_dir(&self.dir)?;
+        base::fs::private_dir(dir)
     }
 
     /// Creates the directories and Maildirs a root holds (mailbox-spec.md,
@@ -182,9 +182,9 @@ pub fn make_registry_dir(d: &Path) -> Result<()> {
     }
 }
 
-/// Sandbox names are validated where ids are (crates/mailbox/src/id.rs), so that message
+/// Sandbox names are validated where ids are (crates/base/src/id.rs), so that message
 /// parsing needs nothing from the root's layout.
-pub use crate::id::valid_name;
+pub use base::id::valid_name;
 
 #[cfg(test)]
 mod tests {

@@ -1,24 +1,18 @@
-//! The mailbox layer of loopwright: messages, Maildirs, the root's layout,
-//! the log, the policy and the mediator, and the small modules they stand on
-//! (errors and exit statuses, ids, time, durable files, config).
+//! The door of loopwright: messages, Maildirs, the root's layout, the log,
+//! the policy and the mediator, with the config and the git CLI they read.
+//! The foundations they stand on (errors and exit statuses, ids, time,
+//! durable files, digests, globs) are the `base` crate's.
 //!
 //! lw-post, lw-inbox and lw-mediate depend on this crate alone, so it never
 //! links an async runtime, a container engine's client, an HTTP client or
-//! the MCP server: its dependencies are clap, rustix, libc, serde, sha2 and
-//! globset.  The engine crate and the product crate build on it; nothing
-//! here can name them (docs/architecture.md draws the layers).
+//! the MCP server: its dependencies are base, clap, rustix, serde, sha2 and
+//! the Unicode tables.  The engine crate and the product crate build on it;
+//! nothing here can name them (docs/architecture.md draws the layers).
 
 pub mod batch;
 pub mod bell;
-pub mod cli;
 pub mod config;
-pub mod digest;
 pub mod door_record;
-pub mod error;
-pub mod fs;
-pub mod git;
-pub mod glob;
-pub mod id;
 pub mod inbox;
 pub mod layout;
 pub mod log;
@@ -33,7 +27,3 @@ pub mod redact;
 pub mod registry;
 pub mod ring;
 pub mod text;
-pub mod time;
-pub mod visible;
-
-pub use error::{Error, Exit, Result};

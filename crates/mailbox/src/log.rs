@@ -18,9 +18,9 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Exit, Result};
 use crate::maildir::{Delivered, Maildir, Sub};
 use crate::message::Message;
+use base::error::{Exit, Result};
 
 pub const LOG_VERSION: u32 = 1;
 
@@ -123,12 +123,12 @@ impl Notice {
             body: self.body,
             refs: vec![],
             in_reply_to: None,
-            created: crate::time::rfc3339(self.at),
+            created: base::time::rfc3339(self.at),
         };
         Entry {
             version: LOG_VERSION,
             name: Entry::name_for(&self.id, Action::Escalate, None),
-            logged: crate::time::rfc3339(crate::time::now()),
+            logged: base::time::rfc3339(base::time::now()),
             message_id: self.id,
             sender: crate::layout::MEDIATOR.into(),
             message: Some(m),
@@ -206,7 +206,7 @@ impl Log {
     ) -> Option<T> {
         let mut g = self.index.lock().unwrap_or_else(|p| p.into_inner());
         if g.is_none() {
-            let fd = crate::fs::open_dir_no_links(&self.dir.sub(Sub::New)).ok()?;
+            let fd = base::fs::open_dir_no_links(&self.dir.sub(Sub::New)).ok()?;
             *g = Some((fd, batch::Index::default()));
         }
         let (fd, ix) = g.as_mut()?;
@@ -314,7 +314,7 @@ impl Log {
     /// (or the whole file) into `bad`.
     fn read_batch(&self, n: &OsStr, good: &mut Vec<Entry>, bad: &mut Vec<BadEntry>) {
         let name = crate::maildir::escape_name(n);
-        let dir = match crate::fs::open_dir_no_links(&self.dir.sub(Sub::New)) {
+        let dir = match base::fs::open_dir_no_links(&self.dir.sub(Sub::New)) {
             Ok(d) => d,
             Err(e) => {
                 let reason = format!("cannot open: {e}");
@@ -378,27 +378,21 @@ impl Log {
     }
 }
 
-impl From<serde_json::Error> for Error {
-    fn from(e: serde_json::Error) -> Error {
-        Error::new(Exit::DataErr, "invalid JSON").with_source(e)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn read_in_finds_an_entry_and_nothing_that_is_not_one() {
-        let d = std::env::temp_dir().join(format!("lw-log-{}", crate::id::new_id()));
+        let d = std::env::temp_dir().join(format!("lw-log-{}", base::id::new_id()));
         let log = Log::new(&d);
         log.create().unwrap();
         let e = Notice {
-            id: crate::id::new_id(),
+            id: base::id::new_id(),
             to: vec![crate::layout::HUMAN.into()],
             subject: "s".into(),
             body: "b\n".into(),
-            at: crate::time::now(),
+            at: base::time::now(),
             reason: "r".into(),
         }
         .entry();

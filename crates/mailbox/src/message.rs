@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::Error;
+use base::error::Error;
 
 pub const VERSION: u32 = 1;
 /// Largest message file a reader will open (bytes).
@@ -137,7 +137,7 @@ fn bad(s: impl Into<String>) -> Invalid {
 /// qualified name `HOST/SANDBOX` of another host's sandbox
 /// (mailbox-spec.md, FEDERATION).
 pub fn valid_party(name: &str) -> bool {
-    crate::id::valid_name(name) || split_qualified(name).is_some()
+    base::id::valid_name(name) || split_qualified(name).is_some()
 }
 
 /// `HOST/SANDBOX` as (host, sandbox): both in the sandbox-name grammar,
@@ -147,7 +147,7 @@ pub fn valid_party(name: &str) -> bool {
 pub fn split_qualified(name: &str) -> Option<(&str, &str)> {
     let (h, n) = name.split_once('/')?;
     let plain =
-        |x: &str| crate::id::valid_name(x) && x != crate::id::MEDIATOR && x != crate::id::HUMAN;
+        |x: &str| base::id::valid_name(x) && x != base::id::MEDIATOR && x != base::id::HUMAN;
     (plain(h) && plain(n)).then_some((h, n))
 }
 
@@ -160,7 +160,7 @@ impl Message {
                 self.version
             )));
         }
-        if !crate::id::is_valid(&self.id) {
+        if !base::id::is_valid(&self.id) {
             return Err(bad(format!(
                 "id '{}' does not follow the id grammar",
                 self.id.escape_debug()
@@ -225,14 +225,14 @@ impl Message {
             }
         }
         if let Some(r) = &self.in_reply_to
-            && !crate::id::is_valid(r)
+            && !base::id::is_valid(r)
         {
             return Err(bad(format!(
                 "in_reply_to '{}' is not a message id",
                 r.escape_debug()
             )));
         }
-        if crate::time::parse_rfc3339(&self.created).is_none() {
+        if base::time::parse_rfc3339(&self.created).is_none() {
             return Err(bad(format!(
                 "created '{}' is not an RFC 3339 UTC time",
                 self.created.escape_debug()
@@ -286,7 +286,7 @@ pub fn read_body(r: &mut dyn std::io::Read) -> Result<String, Error> {
         .read_to_end(&mut buf)
         .map_err(|e| {
             Error::new(
-                crate::Exit::IoErr,
+                base::Exit::IoErr,
                 "cannot read the body from standard input",
             )
             .with_source(e)
@@ -315,10 +315,10 @@ impl Message {
         refs: Vec<String>,
         in_reply_to: Option<String>,
     ) -> Result<Message, Invalid> {
-        let now = crate::time::now();
+        let now = base::time::now();
         let m = Message {
             version: VERSION,
-            id: crate::id::id_at(now, crate::id::random128()),
+            id: base::id::id_at(now, base::id::random128()),
             from: from.to_string(),
             to,
             kind,
@@ -326,7 +326,7 @@ impl Message {
             body,
             refs,
             in_reply_to,
-            created: crate::time::rfc3339(now),
+            created: base::time::rfc3339(now),
         };
         m.validate()?;
         Ok(m)
@@ -340,7 +340,7 @@ mod tests {
     pub fn sample() -> Message {
         Message {
             version: 1,
-            id: crate::id::new_id(),
+            id: base::id::new_id(),
             from: "api".into(),
             to: vec!["mediator".into()],
             kind: Kind::ContractChange,
@@ -348,7 +348,7 @@ mod tests {
             body: "renamed user.name to user.full_name".into(),
             refs: vec!["schema/api.json".into()],
             in_reply_to: None,
-            created: crate::time::rfc3339(crate::time::now()),
+            created: base::time::rfc3339(base::time::now()),
         }
     }
 

@@ -7,14 +7,14 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use crate::cli::Report;
-use crate::error::out_err;
-use crate::error::{Error, Exit, Result};
 use crate::layout::{self, Root};
 use crate::log::{Action, Entry, Log};
 use crate::message::{self, Kind, Message};
 use crate::registry::Registry;
-use crate::visible::visible_line;
+use base::cli::Report;
+use base::error::out_err;
+use base::error::{Error, Exit, Result};
+use base::visible::visible_line;
 
 /// Writes `v` as one JSON line with `"type": kind` added.
 pub fn json_line(out: &mut dyn Write, kind: &str, v: impl Serialize) -> Result<()> {
@@ -133,7 +133,7 @@ pub fn format_entry(e: &Entry) -> String {
 /// Posts a person's answer to question `qid` into `human-outbox`; the
 /// mediator routes it to whoever asked.  Returns the answer.
 pub fn answer(root: &Root, log: &Log, qid: &str, body: &str) -> Result<Message> {
-    if !crate::id::is_valid(qid) {
+    if !base::id::is_valid(qid) {
         return Err(Error::usage(format!(
             "'{}' is not a message id",
             qid.escape_debug()
@@ -159,7 +159,7 @@ pub fn answer(root: &Root, log: &Log, qid: &str, body: &str) -> Result<Message> 
     }
     let m = Message {
         version: message::VERSION,
-        id: crate::id::new_id(),
+        id: base::id::new_id(),
         from: layout::HUMAN.into(),
         to: vec![q.sender.clone()],
         kind: Kind::Answer,
@@ -167,7 +167,7 @@ pub fn answer(root: &Root, log: &Log, qid: &str, body: &str) -> Result<Message> 
         body: body.to_string(),
         refs: vec![],
         in_reply_to: Some(qid.to_string()),
-        created: crate::time::rfc3339(crate::time::now()),
+        created: base::time::rfc3339(base::time::now()),
     };
     m.validate()?;
     root.human_outbox().deliver_message(&m)?;

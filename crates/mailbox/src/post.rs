@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use crate::layout::{self, SandboxBox};
 use crate::message::{self, Kind, Message};
-use crate::{Error, Exit, Result};
+use base::{Error, Exit, Result};
 
 /// What a poster asks for; `to` empty means the mediator.
 #[derive(Clone, Debug, Default)]

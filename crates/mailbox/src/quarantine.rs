@@ -142,7 +142,7 @@ pub fn take(
             let size = st.st_size.max(0) as u64;
             let fits = size <= limit && (st.st_blocks as u64) * 512 <= size.div_ceil(BLOCK) * BLOCK;
             if st.st_nlink == 1 && fits {
-                match crate::fs::rename_noreplace_at(from_dir, name, to_dir, to_name) {
+                match base::fs::rename_noreplace_at(from_dir, name, to_dir, to_name) {
                     Ok(()) => {
                         let mode = Mode::from_raw_mode(st.st_mode & 0o600);
                         rfs::chmodat(to_dir, to_name, mode, AtFlags::empty())?;
@@ -426,7 +426,7 @@ mod tests {
 
     /// A scratch directory with `out/bad`, a setuid file, and an empty `q/`.
     fn planted(tag: &str) -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!("{tag}-{}", crate::id::new_id()));
+        let d = std::env::temp_dir().join(format!("{tag}-{}", base::id::new_id()));
         std::fs::create_dir_all(d.join("out")).unwrap();
         std::fs::create_dir_all(d.join("q")).unwrap();
         std::fs::write(d.join("out/bad"), b"junk").unwrap();
@@ -564,7 +564,7 @@ mod tests {
     /// tmpfs of its own where the scratch directory is not (else None).
     fn across_filesystems(tag: &str) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
         let d = planted(tag);
-        let shm = std::path::Path::new("/dev/shm").join(format!("{tag}-{}", crate::id::new_id()));
+        let shm = std::path::Path::new("/dev/shm").join(format!("{tag}-{}", base::id::new_id()));
         std::fs::create_dir_all(shm.join("out")).ok()?;
         let dev = |p: &std::path::Path| std::fs::metadata(p).unwrap().dev();
         if dev(&shm) == dev(&d) {

@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Exit, Result};
 use crate::layout::{self, Root};
+use base::error::{Error, Exit, Result};
 
 pub const REGISTRY_VERSION: u32 = 1;
 /// Largest record a reader opens (bytes); records are a few hundred bytes.
@@ -65,7 +65,7 @@ impl Sandbox {
             name: name.to_string(),
             branch,
             scope,
-            registered: crate::time::rfc3339(crate::time::now()),
+            registered: base::time::rfc3339(base::time::now()),
             host: None,
             secrets: Vec::new(),
             door_secrets: Vec::new(),
@@ -125,7 +125,7 @@ impl Sandbox {
                 ));
             }
         }
-        if crate::time::parse_rfc3339(&self.registered).is_none() {
+        if base::time::parse_rfc3339(&self.registered).is_none() {
             return Err(format!(
                 "registered '{}' is not an RFC 3339 UTC time",
                 self.registered.escape_debug()
@@ -199,7 +199,7 @@ impl Registry {
         let mut bytes = serde_json::to_vec_pretty(sb)
             .expect("a Sandbox serialises because all its fields are plain data");
         bytes.push(b'\n');
-        crate::fs::write_replace(&path, &bytes, 0o644, crate::fs::Durability::Synced)
+        base::fs::write_replace(&path, &bytes, 0o644, base::fs::Durability::Synced)
             .map_err(|e| Error::io("cannot write registry record", &path, e))?;
         Ok(path)
     }
@@ -222,7 +222,7 @@ impl Registry {
     }
 
     /// Removes the temporary files a writer of `name`'s record left when it
-    /// was killed mid-write (crates/mailbox/src/fs's `.NAME.json.HEX.tmp`); returns their
+    /// was killed mid-write (crates/base/src/fs's `.NAME.json.HEX.tmp`); returns their
     /// paths.  Only for a name whose writers are known dead (lw-sandbox gc
     /// holds its lock).
     pub fn remove_partial(&self, name: &str) -> Vec<PathBuf> {
@@ -357,7 +357,7 @@ fn mkdir(p: &Path) -> Result<()> {
 }
 
 fn sync_dir(p: &Path) -> Result<()> {
-    crate::fs::sync_dir(p).map_err(|e| Error::io_as(Exit::IoErr, "cannot fsync", p, e))
+    base::fs::sync_dir(p).map_err(|e| Error::io_as(Exit::IoErr, "cannot fsync", p, e))
 }
 
 #[cfg(test)]
@@ -365,7 +365,7 @@ mod tests {
     use super::*;
 
     fn root() -> Root {
-        let d = std::env::temp_dir().join(format!("lw-registry-{}", crate::id::new_id()));
+        let d = std::env::temp_dir().join(format!("lw-registry-{}", base::id::new_id()));
         std::fs::create_dir_all(&d).unwrap();
         Root::new(d)
     }

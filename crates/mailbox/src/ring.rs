@@ -29,8 +29,8 @@ use std::time::Duration;
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::io::Errno;
 
-use crate::error::{Error, Exit, Result};
-use crate::fs::{Watcher, Woke};
+use base::error::{Error, Exit, Result};
+use base::fs::{Watcher, Woke};
 
 /// How long the ring stays silent before it says `tick`.
 pub const TICK: Duration = Duration::from_secs(20);

@@ -23,7 +23,7 @@ fn known_uri(uri: &str) -> Result<(), ErrorData> {
     Err(ErrorData::resource_not_found(
         format!(
             "no resource '{}'; lw-mcp serves {} (see resources/list)",
-            mailbox::visible::visible(uri),
+            base::visible::visible(uri),
             resource::URI
         ),
         None,
@@ -100,7 +100,7 @@ impl ServerHandler for Door {
             format!(
                 "method not found: {}; lw-mcp serves initialize, ping, tools/list, tools/call, \
                  resources/list, resources/read, resources/subscribe and resources/unsubscribe",
-                mailbox::visible::visible(&request.method)
+                base::visible::visible(&request.method)
             ),
             None,
         ))
@@ -179,7 +179,7 @@ impl ServerHandler for Door {
                 return Err(ErrorData::invalid_params(
                     format!(
                         "unknown tool '{}'; the tools are post, inbox, show, ack, wait, whoami",
-                        mailbox::visible::visible(other)
+                        base::visible::visible(other)
                     ),
                     None,
                 ));

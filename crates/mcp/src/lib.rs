@@ -38,7 +38,7 @@ use rmcp::service::RequestContext;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use mailbox::error::{Error, Exit};
+use base::error::{Error, Exit};
 use mailbox::layout::{Root, SandboxBox};
 use mailbox::maildir::{Found, Sub};
 use mailbox::message::{Kind, Message};

@@ -12,7 +12,7 @@
 //! nothing.  The notification names only the URI, as MCP defines it; the
 //! client reads the resource to see what came.
 //!
-//! The watch is the one `wait` uses (crates/mailbox/src/fs's inotify watcher on the tokio
+//! The watch is the one `wait` uses (crates/base/src/fs's inotify watcher on the tokio
 //! reactor, no polling), set before `new/` is first listed, so a delivery
 //! between the subscription and the first look is not lost.  The directory
 //! is the truth; events only say when to look.
@@ -22,7 +22,7 @@ use std::ffi::OsString;
 
 use tokio::io::unix::AsyncFd;
 
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 use mailbox::maildir::{Found, Maildir, Sub};
 
 /// The one resource lw-mcp serves.
@@ -31,7 +31,7 @@ pub const URI: &str = "inbox://";
 /// A watch on `inbox/new/`, set, with the names already there.
 pub struct Bell {
     inbox: Maildir,
-    fd: AsyncFd<mailbox::fs::Watcher>,
+    fd: AsyncFd<base::fs::Watcher>,
     known: HashSet<OsString>,
 }
 
@@ -39,8 +39,7 @@ impl Bell {
     /// Sets the watch, then lists what is already delivered (not news).
     pub fn start(inbox: Maildir) -> Result<Bell> {
         let dir = inbox.sub(Sub::New);
-        let watcher =
-            mailbox::fs::Watcher::new().map_err(|e| Error::io("cannot watch", &dir, e))?;
+        let watcher = base::fs::Watcher::new().map_err(|e| Error::io("cannot watch", &dir, e))?;
         watcher
             .add(&dir)
             .map_err(|e| Error::io_as(Exit::NoInput, "cannot watch", &dir, e))?;
@@ -105,10 +104,10 @@ mod tests {
 
     #[test]
     fn rings_once_per_delivered_message_and_not_for_old_bad_or_acked_ones() {
-        let dir = std::env::temp_dir().join(format!("lw-mcp-bell-{}", mailbox::id::new_id()));
+        let dir = std::env::temp_dir().join(format!("lw-mcp-bell-{}", base::id::new_id()));
         let inbox = Maildir::new(&dir);
         inbox.create().expect("a fresh maildir");
-        let old = mailbox::id::new_id();
+        let old = base::id::new_id();
         inbox.deliver_message(&msg(&old)).expect("delivered");
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -116,7 +115,7 @@ mod tests {
             .expect("a runtime");
         rt.block_on(async {
             let mut bell = Bell::start(Maildir::new(&dir)).expect("the watch is set");
-            let (a, b) = (mailbox::id::new_id(), mailbox::id::new_id());
+            let (a, b) = (base::id::new_id(), base::id::new_id());
             inbox.deliver_message(&msg(&a)).expect("delivered");
             inbox.deliver_message(&msg(&b)).expect("delivered");
             // Not a message: left for the quarantine, rings nothing.
@@ -129,7 +128,7 @@ mod tests {
             }
             assert_eq!(rung, 2, "a and b, once each");
             assert_eq!(bell.fresh().expect("listed"), 0, "nothing rings twice");
-            let c = mailbox::id::new_id();
+            let c = base::id::new_id();
             inbox.deliver_message(&msg(&c)).expect("delivered");
             assert_eq!(bell.next().await.expect("the watch works"), 1);
         });

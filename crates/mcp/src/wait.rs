@@ -1,5 +1,5 @@
 //! `wait`: block until messages arrive in the inbox, on the one directory
-//! watcher (crates/mailbox/src/fs, inotify) driven by the tokio reactor (no
+//! watcher (crates/base/src/fs, inotify) driven by the tokio reactor (no
 //! polling), and stop at once when the client cancels the call or goes away.
 //!
 //! What counts is an unread message (in `new/`) that this session has not
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
 
-use mailbox::error::{Error, Exit, Result, errno_io};
+use base::error::{Error, Exit, Result, errno_io};
 use mailbox::maildir::{Found, Maildir, Sub};
 use mailbox::message::{Kind, Message};
 
@@ -42,7 +42,7 @@ pub async fn wait(
     stop: impl Future<Output = ()>,
 ) -> Result<Waited> {
     let dir = inbox.sub(Sub::New);
-    let watcher = mailbox::fs::Watcher::new().map_err(|e| Error::io("cannot watch", &dir, e))?;
+    let watcher = base::fs::Watcher::new().map_err(|e| Error::io("cannot watch", &dir, e))?;
     watcher
         .add(&dir)
         .map_err(|e| Error::io_as(Exit::NoInput, "cannot watch", &dir, e))?;
@@ -70,7 +70,7 @@ pub async fn wait(
 /// Waits until the watch on `dir` (an inbox's `new/`) has events, and takes
 /// them; the inbox gone is 66 with `gone` as the reason.
 pub(crate) async fn woken(
-    fd: &AsyncFd<mailbox::fs::Watcher>,
+    fd: &AsyncFd<base::fs::Watcher>,
     dir: &std::path::Path,
     gone: &str,
 ) -> Result<()> {
@@ -83,7 +83,7 @@ pub(crate) async fn woken(
         .take_events()
         .map_err(|e| Error::io("cannot wait on", dir, e))?;
     guard.clear_ready();
-    if matches!(woke, mailbox::fs::Woke::Gone(_)) {
+    if matches!(woke, base::fs::Woke::Gone(_)) {
         return Err(Error::io_as(
             Exit::NoInput,
             gone,

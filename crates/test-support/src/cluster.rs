@@ -104,8 +104,7 @@ impl Cluster {
                 "{suite}: {tool} is not installed, so the cluster cannot start: apt-get install containerd docker.io util-linux"
             );
         }
-        let lock =
-            mailbox::fs::lock(Path::new("/tmp/lw-k8s.lock")).expect("the cluster's lock file");
+        let lock = base::fs::lock(Path::new("/tmp/lw-k8s.lock")).expect("the cluster's lock file");
         let t0 = Instant::now();
         let out = Command::new(repo().join("scripts/k8s-cluster"))
             .arg("start")

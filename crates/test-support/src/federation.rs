@@ -137,7 +137,7 @@ pub fn two_hosts(tag: &str) -> (Env, Host, Host) {
 pub fn contract_change(subject: &str) -> Message {
     Message {
         version: 1,
-        id: mailbox::id::new_id(),
+        id: base::id::new_id(),
         from: "api".into(),
         to: vec!["mediator".into()],
         kind: Kind::ContractChange,
@@ -145,7 +145,7 @@ pub fn contract_change(subject: &str) -> Message {
         body: format!("{subject}: user.name is now user.full_name\n"),
         refs: vec!["schema/users.json".into()],
         in_reply_to: None,
-        created: mailbox::time::rfc3339(mailbox::time::now()),
+        created: base::time::rfc3339(base::time::now()),
     }
 }
 
@@ -181,7 +181,7 @@ pub fn forward_entry(m: &Message, to: &[&str]) -> mailbox::log::Entry {
     mailbox::log::Entry {
         version: 1,
         name: format!("{}.forward", m.id),
-        logged: mailbox::time::rfc3339(mailbox::time::now()),
+        logged: base::time::rfc3339(base::time::now()),
         message_id: m.id.clone(),
         sender: m.from.clone(),
         message: Some(m.clone()),

@@ -31,7 +31,7 @@ pub fn root_with(tag: &str, sandboxes: &[&str]) -> Root {
 pub fn message(from: &str, to: &[&str], kind: Kind, subject: &str) -> Message {
     Message {
         version: 1,
-        id: mailbox::id::new_id(),
+        id: base::id::new_id(),
         from: from.into(),
         to: to.iter().map(|s| s.to_string()).collect(),
         kind,
@@ -39,7 +39,7 @@ pub fn message(from: &str, to: &[&str], kind: Kind, subject: &str) -> Message {
         body: format!("body of {subject}"),
         refs: vec![],
         in_reply_to: None,
-        created: mailbox::time::rfc3339(mailbox::time::now()),
+        created: base::time::rfc3339(base::time::now()),
     }
 }
 

@@ -16,7 +16,7 @@ pub fn seed() -> u64 {
             Ok(s) => s
                 .parse()
                 .expect("LW_TEST_SEED is a whole number because the test printed it"),
-            Err(_) => mailbox::id::random128() as u64,
+            Err(_) => base::id::random128() as u64,
         };
         eprintln!("seed {seed} (replay with LW_TEST_SEED={seed})");
         STATE.store(seed, Ordering::Relaxed);

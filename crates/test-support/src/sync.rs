@@ -217,7 +217,7 @@ impl Drop for Env {
 pub fn message(from: &str, to: &str, kind: Kind, subject: &str, body: &str) -> Message {
     Message {
         version: 1,
-        id: mailbox::id::new_id(),
+        id: base::id::new_id(),
         from: from.into(),
         to: vec![to.into()],
         kind,
@@ -225,7 +225,7 @@ pub fn message(from: &str, to: &str, kind: Kind, subject: &str, body: &str) -> M
         body: body.into(),
         refs: vec![],
         in_reply_to: None,
-        created: mailbox::time::rfc3339(mailbox::time::now()),
+        created: base::time::rfc3339(base::time::now()),
     }
 }
 
@@ -234,7 +234,7 @@ pub fn entry(m: &Message, action: Action) -> Entry {
     Entry {
         version: 1,
         name: Entry::name_for(&m.id, action, None),
-        logged: mailbox::time::rfc3339(mailbox::time::now()),
+        logged: base::time::rfc3339(base::time::now()),
         message_id: m.id.clone(),
         sender: m.from.clone(),
         message: Some(m.clone()),

@@ -268,7 +268,7 @@ fn copied(top: &Path, df: &str, ctx: &str, text: &str) -> Result<Vec<String>, Re
             names
                 .flatten()
                 .filter_map(|e| e.file_name().into_string().ok())
-                .filter(|n| mailbox::glob::matches(pat, n))
+                .filter(|n| base::glob::matches(pat, n))
                 .map(|n| {
                     if dir.is_empty() {
                         n

@@ -15,7 +15,7 @@
 
 use std::path::Path;
 
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 mod build;
 mod features;
@@ -149,7 +149,7 @@ pub const MAX_CONFIG: u64 = 1 << 20;
 pub fn digest(top: &Path, rel: &str) -> Option<String> {
     std::fs::read(top.join(rel))
         .ok()
-        .map(|b| mailbox::digest::sha256_hex(&b))
+        .map(|b| base::digest::sha256_hex(&b))
 }
 
 /// The configuration at `rel` read and mapped: the whole step lw init and
@@ -343,7 +343,7 @@ mod tests {
         let d = std::env::temp_dir().join(format!(
             "lw-dc-find-{}-{:x}",
             std::process::id(),
-            mailbox::id::random128() as u32
+            base::id::random128() as u32
         ));
         std::fs::create_dir_all(d.join(".devcontainer/python")).unwrap();
         std::fs::create_dir_all(d.join(".devcontainer/node")).unwrap();

@@ -23,7 +23,7 @@
 
 use std::io::{Read, Write};
 
-use mailbox::error::{Error, Result};
+use base::error::{Error, Result};
 
 /// The layer's media type (the Dev Container features distribution spec).
 pub const LAYER_TYPE: &str = "application/vnd.devcontainers.layer.v1+tar";
@@ -162,7 +162,7 @@ pub fn fetch(r: &FeatureRef, reach: &Reach) -> Result<Fetched> {
     client.login(false)?;
     let (_, bytes) = client.manifest_bytes(&r.version)?.ok_or_else(|| {
         Error::new(
-            mailbox::error::Exit::NoInput,
+            base::error::Exit::NoInput,
             format!(
                 "{r}: no such feature (the registry has no manifest '{}')",
                 r.version
@@ -208,7 +208,7 @@ pub fn layer_of(
     bytes: &[u8],
     r: &FeatureRef,
 ) -> std::result::Result<(String, String, u64), String> {
-    let digest = format!("sha256:{}", mailbox::digest::sha256_hex(bytes));
+    let digest = format!("sha256:{}", base::digest::sha256_hex(bytes));
     if r.pinned() && digest != r.version {
         return Err(format!(
             "{r}: the registry's manifest hashes to {digest}, not the digest asked for; refused"

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::outbox::{End, PASS_MAX, Read1, read_outbox};
 use crate::sandbox::{MAILBOX, Record, Sandboxes};
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 use mailbox::maildir::{Maildir, Sub};
 use mailbox::message;
 
@@ -97,7 +97,7 @@ exit $st";
 /// A tag for one copy into an inbox's `tmp/` (DELIVER): this process and
 /// the time, digits only.
 fn copy_tag() -> String {
-    let now = mailbox::time::now();
+    let now = base::time::now();
     format!(
         "{}{:09}{}",
         now.as_secs(),
@@ -259,7 +259,7 @@ impl<'s, 'a> Courier<'s, 'a> {
                 Exit::Unavailable,
                 format!(
                     "cannot {what} the mail volume (exit {code}): {}",
-                    mailbox::visible::visible(err.trim())
+                    base::visible::visible(err.trim())
                 ),
             ));
         }
@@ -434,7 +434,7 @@ impl<'s, 'a> Courier<'s, 'a> {
         let line = format!(
             "sandbox '{}': outbox/new/{} is not a message ({why}); moved to outbox/junk/ in its mail volume",
             rec.name,
-            mailbox::visible::visible_line(name)
+            base::visible::visible_line(name)
         );
         self.say(rec, name, line, warn);
     }
@@ -579,7 +579,7 @@ fn pending(inbox: &Maildir) -> Vec<String> {
     names
         .into_iter()
         .filter_map(|n| n.into_string().ok())
-        .filter(|n| mailbox::id::is_valid(n))
+        .filter(|n| base::id::is_valid(n))
         .filter(|n| {
             std::fs::symlink_metadata(inbox.sub(Sub::New).join(n))
                 .is_ok_and(|m| m.file_type().is_file() && m.nlink() == 1)

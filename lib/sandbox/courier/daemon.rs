@@ -15,7 +15,7 @@ use super::carry::{Carried, Courier};
 use super::lock::{self, PidFile, running, take_lock};
 use super::serve::{Told, serve};
 use crate::sandbox::Sandboxes;
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 use mailbox::layout::Root;
 
 /// The log is cut when it grows past this many bytes.
@@ -160,7 +160,7 @@ pub fn detached(sb: &Sandboxes, interval: std::time::Duration) -> Result<()> {
     let mut log2 = log
         .try_clone()
         .map_err(|e| Error::io("cannot open", &log_path(&sb.root), e))?;
-    let stamp = || mailbox::time::rfc3339(mailbox::time::now());
+    let stamp = || base::time::rfc3339(base::time::now());
     let Some(lock) = take_lock(&sb.root)? else {
         let pid = running(&sb.root)?.unwrap_or(0);
         handshake(&format!("running {pid}"));

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 use mailbox::layout::Root;
 
 /// `ROOT/state/courier.lock`: held by the root's one courier.
@@ -17,7 +17,7 @@ pub fn take_lock(root: &Root) -> Result<Option<std::fs::File>> {
     root.make_dir(&state)
         .map_err(|e| Error::io("cannot create", &state, e))?;
     let path = lock_path(root);
-    mailbox::fs::try_lock(&path).map_err(|e| Error::lock(&path, e))
+    base::fs::try_lock(&path).map_err(|e| Error::lock(&path, e))
 }
 
 /// `ROOT/state/courier.pid`.
@@ -33,7 +33,7 @@ impl PidFile {
     pub fn write(root: &Root) -> Result<PidFile> {
         let p = pid_path(root);
         let pid = format!("{}\n", std::process::id());
-        mailbox::fs::write_replace(&p, pid.as_bytes(), 0o600, mailbox::fs::Durability::Unsynced)
+        base::fs::write_replace(&p, pid.as_bytes(), 0o600, base::fs::Durability::Unsynced)
             .map_err(|e| Error::io("cannot write", &p, e))?;
         Ok(PidFile(p))
     }
@@ -79,7 +79,7 @@ pub fn stop(root: &Root) -> Result<Option<u32>> {
         let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);
     }
     let path = lock_path(root);
-    let waited = mailbox::fs::lock(&path).map_err(|e| Error::lock(&path, e))?;
+    let waited = base::fs::lock(&path).map_err(|e| Error::lock(&path, e))?;
     drop(waited);
     for fd in children {
         let mut polled = [rustix::event::PollFd::new(

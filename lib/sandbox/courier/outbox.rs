@@ -32,7 +32,7 @@ use std::cell::Cell;
 use std::io::Read;
 use std::rc::Rc;
 
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 use mailbox::maildir::{Delivered, Maildir};
 use mailbox::message;
 
@@ -190,7 +190,7 @@ fn one<R: Read>(
     };
     let why = if !entry.header().entry_type().is_file() {
         Some("not a regular file")
-    } else if !mailbox::id::is_valid(name) {
+    } else if !base::id::is_valid(name) {
         Some("its name does not follow the id grammar")
     } else {
         None

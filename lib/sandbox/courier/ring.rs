@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use super::carry::{Due, Status};
 use crate::sandbox::volume::TOOLS_DIR;
 use crate::sandbox::{MAILBOX, Record};
+use base::error::{Error, Exit, Result};
 use engine::{ExecIo, ExecRequest, OutStream, SandboxEngine};
-use mailbox::error::{Error, Exit, Result};
 use mailbox::ring::{Lines, READY, RING, TICK};
 
 /// A live ring that says nothing for this long is taken for dead.
@@ -233,7 +233,7 @@ impl<'scope, 'env> Rings<'scope, 'env> {
                     }
                     let why = match res {
                         Ok(code) if err.is_empty() => format!("exit {code}"),
-                        Ok(code) => format!("exit {code}: {}", mailbox::visible::visible(&err)),
+                        Ok(code) => format!("exit {code}: {}", base::visible::visible(&err)),
                         Err(e) => e,
                     };
                     let kind = why.split(':').next().unwrap_or("").to_string();

@@ -9,7 +9,7 @@ use super::carry::{Carried, Courier, Due};
 use super::lock::{PidFile, lock_path, take_lock};
 use super::ring::Rings;
 use crate::sandbox::Sandboxes;
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 use mailbox::maildir::Sub;
 
 /// What the loop tells its caller.
@@ -105,7 +105,7 @@ pub fn serve(
         report(Told::Pass(&c));
         return Ok(());
     }
-    let watcher = mailbox::fs::Watcher::new()
+    let watcher = base::fs::Watcher::new()
         .map_err(|e| Error::new(Exit::IoErr, format!("cannot watch the inboxes: {e}")))?;
     let mut watched = HashSet::new();
     // A sandbox created meanwhile: its record arrives here (by rename).
@@ -171,7 +171,7 @@ pub fn serve(
 
 /// Waits up to `timeout` for a delivery into a watched inbox or a ring's
 /// word, and takes the watcher's events (the rings' are taken by the pass).
-fn wait(watcher: &mailbox::fs::Watcher, rings: &Rings, timeout: Duration) -> Result<()> {
+fn wait(watcher: &base::fs::Watcher, rings: &Rings, timeout: Duration) -> Result<()> {
     use rustix::event::{PollFd, PollFlags, Timespec, poll};
     let ino = std::os::fd::AsFd::as_fd(watcher);
     let bell = rings.fd();

@@ -11,8 +11,8 @@ use super::super::{CreateOptions, Network, Sandboxes, Settings};
 use crate::agent::setup::Prepared;
 use crate::egress;
 use crate::secrets::{self, Secret};
+use base::error::{Error, Exit, Result};
 use mailbox::config::{Config, Project};
-use mailbox::error::{Error, Exit, Result};
 use mailbox::registry;
 
 /// What the checks found: everything the making steps need.
@@ -264,8 +264,8 @@ pub fn check_branch(branch: &str) -> Result<()> {
     if branch.is_empty() || branch.starts_with('-') || branch == "HEAD" {
         return Err(bad());
     }
-    let out = mailbox::git::output(
-        mailbox::git::command(None).args(["check-ref-format", &format!("refs/heads/{branch}")]),
+    let out = crate::git::output(
+        crate::git::command(None).args(["check-ref-format", &format!("refs/heads/{branch}")]),
         "check a branch name",
     )?;
     if out.status.success() {

@@ -8,8 +8,8 @@ use std::path::Path;
 use super::super::{CreateOptions, Record, Sandboxes, Settings};
 use super::{Clock, ImageChoice};
 use crate::wall::{MIRROR, WORK};
+use base::error::{Error, Exit, Result};
 use mailbox::config::Project;
-use mailbox::error::{Error, Exit, Result};
 
 /// The clone, run inside the sandbox as its user.  Arguments: branch,
 /// start commit, 1 when the branch exists upstream, the gitconfig, the
@@ -137,15 +137,15 @@ fn clone_failed(name: &str, code: i64, err: &[u8], uid: u32) -> Error {
         Exit::Unavailable,
         format!(
             "cannot clone into sandbox '{name}' (exit {code}): {}{hint}",
-            mailbox::visible::visible(why.trim())
+            base::visible::visible(why.trim())
         ),
     )
 }
 
 /// The commit `rev` names in the mirror, or None.
 fn mirror_commit(mirror: &Path, rev: &str) -> Result<Option<String>> {
-    let out = mailbox::git::output(
-        mailbox::git::command(None)
+    let out = crate::git::output(
+        crate::git::command(None)
             .arg("--git-dir")
             .arg(mirror)
             .args([
@@ -164,7 +164,7 @@ fn mirror_commit(mirror: &Path, rev: &str) -> Result<Option<String>> {
 /// The host's git identity for the project, if it has one.
 fn host_identity(project: Option<&Project>, key: &str) -> Option<String> {
     let p = project?;
-    mailbox::git::config_get(&p.top, key)
+    crate::git::config_get(&p.top, key)
         .ok()
         .flatten()
         .filter(|v| !v.is_empty())
@@ -257,7 +257,7 @@ mod tests {
             "[user]\n\tname = \"A \\\"B\\\" \\\\ C[core]\"\n\temail = \"a@b\"\n[safe]\n\tdirectory = /lw/mirror\n"
         );
         // git itself reads it back as written.
-        let dir = std::env::temp_dir().join(format!("lw-gitconfig-{}", mailbox::id::new_id()));
+        let dir = std::env::temp_dir().join(format!("lw-gitconfig-{}", base::id::new_id()));
         fs::create_dir_all(&dir).unwrap();
         let f = dir.join("config");
         fs::write(&f, &c).unwrap();
@@ -276,7 +276,7 @@ mod tests {
 
     #[test]
     fn the_mirror_head_names_the_branch_to_drop() {
-        let dir = std::env::temp_dir().join(format!("lw-head-{}", mailbox::id::new_id()));
+        let dir = std::env::temp_dir().join(format!("lw-head-{}", base::id::new_id()));
         fs::create_dir_all(&dir).unwrap();
         fs::write(dir.join("HEAD"), "ref: refs/heads/trunk\n").unwrap();
         assert_eq!(mirror_head_branch(&dir), "trunk");

@@ -10,9 +10,9 @@ use std::process::Stdio;
 use sha2::{Digest, Sha256};
 
 use crate::image::{LABEL_LAYER, LABEL_MANIFEST, Layer, Plan, Runtime};
+use base::error::{Error, Exit, Result};
 use engine::Images;
 use mailbox::config::Project;
-use mailbox::error::{Error, Exit, Result};
 
 /// The image a sandbox runs and what it was built from.
 #[derive(Clone, Debug)]
@@ -216,7 +216,7 @@ pub(super) fn drifted_inputs(
     if inputs.is_empty() {
         return Ok(vec![]);
     }
-    let mut child = mailbox::git::command(None)
+    let mut child = crate::git::command(None)
         .arg("--git-dir")
         .arg(mirror)
         .args(["cat-file", "--batch"])

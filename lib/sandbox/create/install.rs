@@ -27,8 +27,8 @@
 use super::super::{Network, Record, Sandboxes, Settings};
 use super::ImageChoice;
 use crate::wall::REPO;
+use base::error::{Error, Result};
 use engine::{ContainerSpec, ExecIo, ExecRequest, OutStream};
-use mailbox::error::{Error, Result};
 
 /// Where the deps layer (runtime/deps.Dockerfile) keeps its inputs in the
 /// image, the install script among them at its project path.
@@ -190,7 +190,7 @@ impl Lines {
 
 fn say_line(b: &[u8], say: &mut dyn FnMut(&str)) {
     let text = String::from_utf8_lossy(b);
-    say(&mailbox::visible::visible(text.trim_end_matches('\r')));
+    say(&base::visible::visible(text.trim_end_matches('\r')));
 }
 
 #[cfg(test)]

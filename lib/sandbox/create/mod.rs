@@ -32,11 +32,11 @@ pub use image::{ImageChoice, resolve_image};
 use super::record::RECORD_VERSION;
 use super::{CreateOptions, Created, NameLock, Record, Sandboxes, io_err};
 use crate::mirror::{self, Mirror, SyncOptions};
+use base::cli::Report;
+use base::error::{Error, Exit, Result};
 use checks::Checked;
 use engine::ContainerSpec;
-use mailbox::cli::Report;
 use mailbox::config::Project;
-use mailbox::error::{Error, Exit, Result};
 
 /// Step timings of a create, for `--verbose` and `--json`.
 pub(super) struct Clock {
@@ -254,7 +254,7 @@ impl<'a> Sandboxes<'a> {
             uid: c.settings.uid,
             project: project.map(|p| p.top.clone()).unwrap_or_default(),
             mirror: fs::canonicalize(&m.path).unwrap_or_else(|_| m.path.clone()),
-            created: mailbox::time::rfc3339(mailbox::time::now()),
+            created: base::time::rfc3339(base::time::now()),
             ready: false,
             agent: c.agent.as_ref().map(|a| a.record()),
             services: opts.services.clone(),

@@ -11,9 +11,9 @@ use super::Clock;
 use super::checks::Checked;
 use crate::egress;
 use crate::wall::{LABEL_ROOT, LABEL_ROOT_PATH, LABEL_SANDBOX};
+use base::error::{Error, Exit, Result};
 use engine::{ContainerSpec, NetworkEngine, Refusal};
 use mailbox::door_record::DoorRecord;
-use mailbox::error::{Error, Exit, Result};
 use mailbox::registry::{self, Registry};
 
 impl<'a> Sandboxes<'a> {

@@ -142,7 +142,7 @@ fn latency(fx: &Fixture, t: &Target, n: usize) -> Duration {
 /// to the last one delivered.
 fn throughput(fx: &Fixture, t: &Target, courier: Option<&Courier>, to_box: &Path) -> Duration {
     let before = std::fs::read_dir(to_box).map_or(0, |r| r.count());
-    let w = mailbox::fs::Watcher::new().unwrap();
+    let w = base::fs::Watcher::new().unwrap();
     w.add(to_box).unwrap();
     let start = SystemTime::now();
     let poster = t
@@ -325,7 +325,7 @@ pub fn volume_mode(fx: &Fixture, host: &str, certs: &Path, image: &str, b: &Engi
     let deadline = Instant::now() + Duration::from_secs(30);
     let read_entry = format!("{id}.read.b");
     let log = mailbox::log::Log::new(fx.root.join("log"));
-    let w = mailbox::fs::Watcher::new().unwrap();
+    let w = base::fs::Watcher::new().unwrap();
     w.add(&fx.root.join("log/new")).unwrap();
     while !log.has(&read_entry) {
         assert!(

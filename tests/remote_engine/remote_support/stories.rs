@@ -29,7 +29,7 @@ pub(super) fn courier_gone(fx: &Fixture) {
     let (tx, rx) = mpsc::channel();
     let l = lock.clone();
     std::thread::spawn(move || {
-        let _ = tx.send(mailbox::fs::lock(&l).map(drop));
+        let _ = tx.send(base::fs::lock(&l).map(drop));
     });
     rx.recv_timeout(Duration::from_secs(60))
         .unwrap_or_else(|_| {
@@ -104,7 +104,7 @@ pub(super) fn engine_lost(
     // into w's volume; the root's stays until w acks it).
     let id = post(fx, tb, "v", "w", "before the wipe");
     let w_new = fx.root.join("sandboxes/w/inbox/new");
-    let watch = mailbox::fs::Watcher::new().unwrap();
+    let watch = base::fs::Watcher::new().unwrap();
     watch.add(&w_new).unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     while !w_new.join(&id).exists() {

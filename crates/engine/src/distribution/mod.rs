@@ -34,8 +34,8 @@ use std::time::Duration;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use base::error::{Error, Exit, Result};
 pub use credentials::Credentials;
-use mailbox::error::{Error, Exit, Result};
 
 /// Media types this client writes (OCI) and accepts (OCI and Docker v2).
 pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
@@ -333,7 +333,7 @@ impl Client {
         let Some((_, bytes)) = self.manifest_bytes(tag)? else {
             return Ok(None);
         };
-        let digest = format!("sha256:{}", mailbox::digest::sha256_hex(&bytes));
+        let digest = format!("sha256:{}", base::digest::sha256_hex(&bytes));
         let v: Value = serde_json::from_slice(&bytes)
             .map_err(|e| Error::data(format!("{what}: not JSON: {e}")))?;
         let bad = || Error::data(format!("{what}: not an image manifest"));
@@ -386,7 +386,7 @@ impl Client {
         if resp.status() != 201 && resp.status() != 200 {
             return Err(self.unexpected(&format!("PUT manifest '{tag}'"), resp));
         }
-        Ok(format!("sha256:{}", mailbox::digest::sha256_hex(bytes)))
+        Ok(format!("sha256:{}", base::digest::sha256_hex(bytes)))
     }
 
     /// The raw manifest `tag` points at, with its media type.
@@ -457,7 +457,7 @@ impl Client {
             n += k as u64;
         }
         self.bytes_down.set(self.bytes_down.get() + n);
-        let got = format!("sha256:{}", mailbox::digest::hex(&h.finalize()));
+        let got = format!("sha256:{}", base::digest::hex(&h.finalize()));
         if got != digest {
             return Err(Error::data(format!(
                 "image cache at {}: blob {digest} arrived as {got} ({n} bytes); refused",

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use bollard::{API_DEFAULT_VERSION, Docker};
 
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 /// bollard's default request limit, in seconds.
 const TIMEOUT_SECS: u64 = 120;

@@ -37,7 +37,7 @@ use tokio::io::AsyncWriteExt;
 use super::{DockerEngine, api_err, status_of};
 use crate::died::{DRAIN, KILLED, POLL, RUNTIME_FAILED};
 use crate::{Died, ExecIo, ExecRequest, OutStream};
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 /// An exec may stream a whole repository's pack (push) or run for hours (shell).
 const LONG: Duration = Duration::from_secs(24 * 3600);

@@ -15,7 +15,7 @@ use futures_util::StreamExt;
 
 use super::{BUILD_TIMEOUT, DockerEngine, api_err, labels_of, status_of};
 use crate::{BuildEvent, BuildOutcome, BuildRequest, Image, ImageBuilder, Images};
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 const CHUNK: usize = 1 << 20;
 
@@ -28,7 +28,7 @@ impl Images for DockerEngine {
                 labels: labels_of(i.config.and_then(|c| c.labels)),
                 created: i
                     .created
-                    .and_then(|d| mailbox::time::parse_rfc3339(&d.to_string()))
+                    .and_then(|d| base::time::parse_rfc3339(&d.to_string()))
                     .map_or(0, |t| t.as_secs() as i64),
             })),
             Err(e) if status_of(&e) == Some(404) => Ok(None),

@@ -31,7 +31,7 @@ use bollard::query_parameters as qp;
 use crate::{
     Container, ContainerSpec, Engine, EngineVersion, ExecRequest, OutStream, PortMap, Refusal,
 };
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 /// The Docker Engine through bollard.
 pub struct DockerEngine {

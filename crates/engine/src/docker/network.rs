@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 
 use super::DockerEngine;
 use crate::{Network, NetworkEngine, NetworkSpec};
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 fn network_of(n: bollard::models::NetworkInspect) -> Network {
     let ipam = n.ipam.and_then(|i| i.config).unwrap_or_default();

@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 
 use super::{DockerEngine, status_of};
 use crate::HostPaths;
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 const TARGET: &str = "/lw-probe";
 

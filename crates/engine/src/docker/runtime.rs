@@ -15,7 +15,7 @@
 use std::path::PathBuf;
 
 use crate::{EngineInfo, RuntimeInfo};
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 use super::DockerEngine;
 
@@ -117,14 +117,14 @@ impl DockerEngine {
                 Some(p) if p.starts_with('{') => {
                     let path = dir.join(format!(
                         "seccomp-{}.json",
-                        &mailbox::digest::sha256_hex(p.as_bytes())[..16]
+                        &base::digest::sha256_hex(p.as_bytes())[..16]
                     ));
                     if std::fs::read(&path).ok().as_deref() != Some(p.as_bytes()) {
-                        mailbox::fs::write_replace(
+                        base::fs::write_replace(
                             &path,
                             p.as_bytes(),
                             0o644,
-                            mailbox::fs::Durability::Unsynced,
+                            base::fs::Durability::Unsynced,
                         )
                         .map_err(|e| Error::io("cannot write", &path, e))?;
                     }

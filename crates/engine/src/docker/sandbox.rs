@@ -13,7 +13,7 @@ use futures_util::StreamExt;
 
 use super::DockerEngine;
 use crate::{Container, ExecIo, ExecRequest, PortMap, SandboxEngine, Volume};
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 /// An exec may stream a whole repository's pack (push) or run for hours (shell).
 const LONG: Duration = Duration::from_secs(24 * 3600);

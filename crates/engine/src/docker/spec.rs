@@ -11,7 +11,7 @@ use bollard::models::{
 
 use super::DockerEngine;
 use crate::ContainerSpec;
-use mailbox::error::Result;
+use base::error::Result;
 
 fn opt_vec(v: &[String]) -> Option<Vec<String>> {
     if v.is_empty() { None } else { Some(v.to_vec()) }

@@ -25,7 +25,7 @@ use std::os::unix::fs::DirBuilderExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 /// The engine's socket when the address names none.
 const DEFAULT_SOCKET: &str = "/var/run/docker.sock";
@@ -137,7 +137,7 @@ impl Tunnel {
         let dir = tmp.join(format!(
             "lw-ssh-{}-{}",
             std::process::id(),
-            mailbox::id::new_id().rsplit('.').next().unwrap_or("0")
+            base::id::new_id().rsplit('.').next().unwrap_or("0")
         ));
         std::fs::DirBuilder::new()
             .mode(0o700)

@@ -9,7 +9,7 @@ use kube::Api;
 use kube::api::PostParams;
 
 use super::KubeEngine;
-use mailbox::error::Result;
+use base::error::Result;
 
 impl KubeEngine {
     /// Whether this user may `verb` the `resource` (`pods`, `pods/exec`) in

@@ -5,7 +5,7 @@
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use super::{CONNECT_TIMEOUT, CONTEXT_KEY, KUBECONFIG_KEY, KubeEngine, NAMESPACE_KEY, Target};
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 impl KubeEngine {
     /// Connects as the project's configuration says (see the module's

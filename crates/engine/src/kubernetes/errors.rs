@@ -1,7 +1,7 @@
 //! API errors as the house exit statuses say.
 
 use super::Target;
-use mailbox::error::{Error, Exit};
+use base::error::{Error, Exit};
 
 /// The API server of `t` did not answer.
 pub(super) fn unreachable(t: &Target, e: &kube::Error) -> Error {

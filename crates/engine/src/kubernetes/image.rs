@@ -19,7 +19,7 @@ use kube::api::ListParams;
 
 use super::KubeEngine;
 use crate::Image;
-use mailbox::error::Result;
+use base::error::Result;
 
 /// `reference` as a runtime names it: `docker.io/library/busybox:latest`.
 pub fn normalize(reference: &str) -> String {

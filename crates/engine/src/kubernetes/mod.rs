@@ -54,7 +54,7 @@ use crate::{
     Container, ContainerSpec, Engine, EngineInfo, EngineVersion, ExecRequest, Image, Images,
     OutStream, RuntimeInfo,
 };
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 pub use access::{RULES, Rule, Scope, grant, role_yaml, scope_of};
 pub(crate) use errors::api_err;

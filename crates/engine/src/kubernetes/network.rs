@@ -34,7 +34,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
 use super::{KubeEngine, pod};
 use crate::{Network, NetworkEngine, NetworkSpec};
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 /// The policy that denies every pod of ours everything not allowed by another.
 pub const DEFAULT_DENY: &str = "loopwright-default-deny";

@@ -12,7 +12,7 @@ use kube::Api;
 
 use super::KubeEngine;
 use crate::HostPaths;
-use mailbox::error::Result;
+use base::error::Result;
 
 impl HostPaths for KubeEngine {
     fn address(&self) -> String {

@@ -24,7 +24,7 @@ use kube::api::{Patch, PatchParams};
 use super::KubeEngine;
 use super::pod::{MANAGED_BY, MANAGED_BY_VALUE};
 use crate::credentials::{self, Credentials};
-use mailbox::error::Result;
+use base::error::Result;
 
 /// The registry host (`HOST[:PORT]`) `reference` names, if it names one
 /// (Docker's rule: a first component with a dot, a colon, or `localhost`).

@@ -28,7 +28,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use super::{KubeEngine, pod};
 use crate::died::{DRAIN, KILLED, POLL};
 use crate::{Container, Died, ExecIo, ExecRequest, OutStream, SandboxEngine, Volume};
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 impl KubeEngine {
     fn claims(&self) -> Api<PersistentVolumeClaim> {

@@ -19,7 +19,7 @@ use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 
 use super::{KubeEngine, pod};
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 /// The label that puts a pod behind the Service of its name.
 pub const SERVICE_LABEL: &str = "service.loopwright.org/name";

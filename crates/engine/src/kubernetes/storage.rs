@@ -22,7 +22,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::pod;
-use mailbox::error::{Error, Result};
+use base::error::{Error, Result};
 
 /// The `.loopwright/config` keys of a claim's class and access modes.
 pub const STORAGE_CLASS_KEY: &str = "kube.storage-class";
@@ -242,7 +242,7 @@ mod tests {
             ("sandbox.mail-disk = 0", "sandbox.mail-disk"),
         ] {
             let e = storage(text).unwrap_err();
-            assert_eq!(e.exit, mailbox::error::Exit::Config, "{text}");
+            assert_eq!(e.exit, base::error::Exit::Config, "{text}");
             assert!(e.msg.contains(key), "{text}: {}", e.msg);
         }
     }

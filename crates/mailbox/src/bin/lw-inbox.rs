@@ -23,18 +23,19 @@
 //! sandbox the root's courier runs it over one exec that stays open, and
 //! carries that sandbox's mail when it rings.
 
-use mailbox::visible::{visible, visible_line};
+use base::visible::{visible, visible_line};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use base::cli;
+use base::{Error, Exit, Result};
 use clap::{Parser, Subcommand};
 use mailbox::layout::SandboxBox;
 use mailbox::maildir::{Entry, Found, Maildir, Sub};
 use mailbox::message::Message;
-use mailbox::{Error, Exit, Result};
-use mailbox::{bell, cli, inbox, ring};
+use mailbox::{bell, inbox, ring};
 
 /// List, show and acknowledge the messages delivered to this sandbox.
 #[derive(Parser, Debug)]
@@ -98,7 +99,7 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    mailbox::cli::run_main("lw-inbox", run)
+    base::cli::run_main("lw-inbox", run)
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
@@ -306,11 +307,11 @@ fn hook(cli: &str, mailbox: Option<PathBuf>, max: u32, out: &mut dyn Write) -> R
         .filter(|h| !h.is_empty())
         .ok_or_else(|| Error::usage("HOME is not set: the bell keeps its state there"))?;
     let state_dir = PathBuf::from(home).join(".lw-bell");
-    mailbox::fs::private_dir(&state_dir)
+    base::fs::private_dir(&state_dir)
         .map_err(|e| Error::io_as(Exit::CantCreat, "cannot create", &state_dir, e))?;
     // Two hooks at once (parallel tool calls) would both announce a message.
     let lock_path = state_dir.join(format!("{cli}.lock"));
-    let _lock = mailbox::fs::lock(&lock_path)
+    let _lock = base::fs::lock(&lock_path)
         .map_err(|e| Error::io_as(Exit::IoErr, "cannot lock", &lock_path, e))?;
     let path = state_dir.join(format!("{cli}.json"));
     let state = match std::fs::read(&path) {
@@ -348,7 +349,7 @@ fn hook(cli: &str, mailbox: Option<PathBuf>, max: u32, out: &mut dyn Write) -> R
     }
     // A lost state costs a message told twice, never one lost: no fsync.
     let bytes = serde_json::to_vec(&state)?;
-    mailbox::fs::write_replace(&path, &bytes, 0o600, mailbox::fs::Durability::Unsynced)
+    base::fs::write_replace(&path, &bytes, 0o600, base::fs::Durability::Unsynced)
         .map_err(|e| Error::io_as(Exit::IoErr, "cannot write", &path, e))?;
     Ok(())
 }

@@ -14,8 +14,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use base::cli::{self, out_err};
+use base::{Error, Exit, Result};
 use clap::{Parser, Subcommand};
-use mailbox::cli::{self, out_err};
 use mailbox::door_record::DoorRecord;
 use mailbox::layout::Root;
 use mailbox::log::Log;
@@ -24,7 +25,6 @@ use mailbox::operator;
 use mailbox::policy::{self, Policy};
 use mailbox::redact::Secrets;
 use mailbox::registry::{Registry, Sandbox};
-use mailbox::{Error, Exit, Result};
 
 /// Route messages between sandboxes by policy, and run the held and human queues.
 #[derive(Parser, Debug)]
@@ -163,7 +163,7 @@ enum PolicyCmd {
 const PROG: &str = "lw-mediate";
 
 fn main() -> ExitCode {
-    mailbox::cli::run_main(PROG, run)
+    base::cli::run_main(PROG, run)
 }
 
 /// Where the library's warnings and notes go: `lw-mediate: ...` on stderr.

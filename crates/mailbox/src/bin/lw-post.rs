@@ -11,10 +11,11 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use base::cli;
+use base::{Exit, Result};
 use clap::Parser;
 use mailbox::message;
-use mailbox::{Exit, Result};
-use mailbox::{cli, post};
+use mailbox::post;
 
 /// Post one message to the mediator (or named recipients) through the outbox.
 ///
@@ -62,7 +63,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    mailbox::cli::run_main("lw-post", run)
+    base::cli::run_main("lw-post", run)
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {

@@ -29,7 +29,7 @@ pub fn is_batch(name: &OsStr) -> bool {
 
 /// A new batch file's name.
 pub fn batch_name() -> String {
-    format!("{BATCH_PREFIX}{}", crate::id::new_id())
+    format!("{BATCH_PREFIX}{}", base::id::new_id())
 }
 
 /// The most a batch file may hold: the mediator's largest batch of the
@@ -169,7 +169,7 @@ impl Index {
     pub fn refresh(&mut self, dir: &impl AsFd) -> rustix::io::Result<()> {
         let st = rfs::fstat(dir)?;
         let stamp = (st.st_mtime, st.st_mtime_nsec as i64);
-        let now = crate::time::now();
+        let now = base::time::now();
         // A change within the timestamp granularity of the last look could
         // hide behind an equal stamp: look again then.
         let settled = now.as_secs() as i64 > stamp.0 + 2;
@@ -277,11 +277,11 @@ mod tests {
 
     fn entry(n: u8) -> Entry {
         crate::log::Notice {
-            id: crate::id::id_at(std::time::Duration::from_secs(1_800_000_000), n.into()),
+            id: base::id::id_at(std::time::Duration::from_secs(1_800_000_000), n.into()),
             to: vec![crate::layout::HUMAN.into()],
             subject: format!("s{n}"),
             body: "b\n".into(),
-            at: crate::time::now(),
+            at: base::time::now(),
             reason: "r".into(),
         }
         .entry()
@@ -314,14 +314,14 @@ mod tests {
 
     #[test]
     fn the_index_finds_entries_of_both_layouts_and_not_others() {
-        let d = std::env::temp_dir().join(format!("lw-logbatch-{}", crate::id::new_id()));
+        let d = std::env::temp_dir().join(format!("lw-logbatch-{}", base::id::new_id()));
         let log = crate::log::Log::new(&d);
         log.create().unwrap();
         let (a, b, c) = (entry(1), entry(2), entry(3));
         let (bytes, _) = encode(&[&a, &b]);
         std::fs::write(d.join("new").join(batch_name()), bytes).unwrap();
         assert!(log.append(&c).unwrap(), "an entry file, as before");
-        let new = crate::fs::open_dir_no_links(&d.join("new")).unwrap();
+        let new = base::fs::open_dir_no_links(&d.join("new")).unwrap();
         let mut ix = Index::default();
         ix.refresh(&new).unwrap();
         for e in [&a, &b, &c] {

@@ -76,7 +76,7 @@ impl Maildir {
         let ours = rfs::fstat(&fd).map(|st| (st.st_dev, st.st_ino)).ok();
         drop(fd);
         let new_path = self.sub(Sub::New).join(name);
-        let moved = crate::fs::rename_noreplace_at(tmp, OsStr::new(name), new, OsStr::new(name))
+        let moved = base::fs::rename_noreplace_at(tmp, OsStr::new(name), new, OsStr::new(name))
             .or_else(|e| {
                 // Where the move is link + unlink (gVisor), the link is the
                 // publication: once new/NAME is this very file, a failed
@@ -97,7 +97,7 @@ impl Maildir {
                 if e == Errno::EXIST {
                     Exit::Software
                 } else {
-                    crate::error::io_exit(&errno_io(e))
+                    base::error::io_exit(&errno_io(e))
                 },
                 "cannot move message into",
                 &new_path,

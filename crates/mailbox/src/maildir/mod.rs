@@ -29,8 +29,8 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{self as rfs, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::error::{Error, Exit, Result, errno_io};
 use crate::message::{self, Message};
+use base::error::{Error, Exit, Result, errno_io};
 
 mod deliver;
 mod sweep;
@@ -203,7 +203,7 @@ impl Maildir {
             rfs::FileType::Socket => return Found::NotFile("socket"),
             _ => return Found::NotFile("device"),
         }
-        if !crate::id::is_valid(text) {
+        if !base::id::is_valid(text) {
             return Found::Bad("file name does not follow the id grammar".into());
         }
         if st.st_size as u64 > message::MAX_FILE {
@@ -245,7 +245,7 @@ impl Maildir {
     pub fn claim(&self, name: &OsStr) -> Result<bool> {
         let from = self.sub(Sub::New).join(name);
         let to = self.sub(Sub::Cur).join(name);
-        match crate::fs::rename_noreplace_at(rfs::CWD, from.as_os_str(), rfs::CWD, to.as_os_str()) {
+        match base::fs::rename_noreplace_at(rfs::CWD, from.as_os_str(), rfs::CWD, to.as_os_str()) {
             Ok(()) => {}
             Err(Errno::NOENT) if !self.sub(Sub::Cur).is_dir() => {
                 return Err(Error::io_as(
@@ -332,7 +332,7 @@ mod tests {
     use std::time::Duration;
 
     fn tempdir() -> PathBuf {
-        let d = std::env::temp_dir().join(format!("lw-maildir-{}", crate::id::new_id()));
+        let d = std::env::temp_dir().join(format!("lw-maildir-{}", base::id::new_id()));
         std::fs::create_dir_all(&d).unwrap();
         d
     }
@@ -340,7 +340,7 @@ mod tests {
     fn msg() -> Message {
         Message {
             version: 1,
-            id: crate::id::new_id(),
+            id: base::id::new_id(),
             from: "a".into(),
             to: vec!["b".into()],
             kind: Kind::Status,
@@ -348,7 +348,7 @@ mod tests {
             body: "b".into(),
             refs: vec![],
             in_reply_to: None,
-            created: crate::time::rfc3339(crate::time::now()),
+            created: base::time::rfc3339(base::time::now()),
         }
     }
 

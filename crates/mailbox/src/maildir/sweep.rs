@@ -9,7 +9,7 @@ use std::time::Duration;
 use rustix::fs as rfs;
 use rustix::io::Errno;
 
-use crate::error::errno_io;
+use base::error::errno_io;
 
 /// How old a file in `tmp/` must be before [`sweep_tmp`] removes it: a
 /// writer killed mid-delivery leaves one there, and nobody reads `tmp/`
@@ -25,12 +25,12 @@ pub const TMP_MAX_AGE: Duration = Duration::from_secs(36 * 3600);
 /// directory) means there is nothing to sweep, and a missing `tmp/` is no
 /// error.
 pub fn sweep_tmp(base: impl AsFd, maildir: &Path, max_age: Duration) -> io::Result<usize> {
-    let dir = match crate::fs::open_dir_beneath(base, &maildir.join("tmp")) {
+    let dir = match base::fs::open_dir_beneath(base, &maildir.join("tmp")) {
         Ok(d) => d,
         Err(Errno::NOENT) | Err(Errno::NOTDIR) | Err(Errno::LOOP) => return Ok(0),
         Err(e) => return Err(errno_io(e)),
     };
-    let now = crate::time::now();
+    let now = base::time::now();
     let mut removed = 0;
     for ent in rfs::Dir::read_from(&dir).map_err(errno_io)? {
         let ent = ent.map_err(errno_io)?;

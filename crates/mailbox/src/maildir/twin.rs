@@ -44,7 +44,7 @@ mod tests {
 
     #[test]
     fn a_half_kept_claim_is_finished_and_a_planted_link_elsewhere_is_not() {
-        let d = std::env::temp_dir().join(format!("lw-twin-{}", crate::id::new_id()));
+        let d = std::env::temp_dir().join(format!("lw-twin-{}", base::id::new_id()));
         let md = Maildir::new(&d);
         md.create().unwrap();
         let (new, cur) = (md.sub(Sub::New), md.sub(Sub::Cur));

@@ -8,7 +8,7 @@ use std::time::Duration;
 use rustix::io::Errno;
 
 use super::{Maildir, Sub};
-use crate::error::{Error, Exit, Result, errno_io};
+use base::error::{Error, Exit, Result, errno_io};
 
 impl Maildir {
     /// Blocks until `ready()` says so or `timeout` passes; true when ready.
@@ -23,7 +23,7 @@ impl Maildir {
         timeout: Option<Duration>,
         mut ready: impl FnMut() -> Result<bool>,
     ) -> Result<bool> {
-        use crate::fs::{Watcher, Woke};
+        use base::fs::{Watcher, Woke};
         let dir = self.sub(Sub::New);
         let watcher = Watcher::new().map_err(|e| Error::io("cannot watch", &dir, e))?;
         watcher

@@ -35,10 +35,10 @@ use super::pure::memory::{BUDGET_WINDOW_MS, Budget, Refused};
 use super::pure::rules::unbudgeted;
 use super::{Boxes, Mediator};
 use crate::batch::Batch;
-use crate::error::Result;
 use crate::layout;
 use crate::log::{Action, Decision, Entry, LOG_VERSION};
 use crate::message::{self, Kind, Message};
+use base::error::Result;
 
 /// How long refusals are counted before their entry is logged.
 pub const REFUSAL_WINDOW_MS: u64 = 60_000;
@@ -46,7 +46,7 @@ pub const REFUSAL_WINDOW_MS: u64 = 60_000;
 /// The id of the entry counting `sender`'s refusals from `first` on.
 pub fn refusals_id(sender: &str, first: &str) -> String {
     derived_id(
-        crate::id::time_of(first).unwrap_or_default(),
+        base::id::time_of(first).unwrap_or_default(),
         &[b"refused", sender.as_bytes(), first.as_bytes()],
     )
 }
@@ -71,7 +71,7 @@ impl Mediator {
     /// Whether `sender`'s posts wait for the rest of its hour; a budget
     /// whose hour is over starts afresh.
     pub(super) fn budget_full(&mut self, sender: &str) -> bool {
-        !unbudgeted(sender) && self.state.budget_mut(sender, crate::time::now_ms()).full
+        !unbudgeted(sender) && self.state.budget_mut(sender, base::time::now_ms()).full
     }
 
     /// Counts a batch's refusals (`(sender, post, refusal entry)`) and makes
@@ -80,7 +80,7 @@ impl Mediator {
         if refused.is_empty() && self.state.memory.refusing.is_empty() {
             return Ok(());
         }
-        let now = crate::time::now_ms();
+        let now = base::time::now_ms();
         self.state.memory.refusing.clear();
         for (sender, id, e) in refused {
             let r = self.state.memory.refused.entry(sender.clone()).or_default();
@@ -113,7 +113,7 @@ impl Mediator {
         all: bool,
         out: &mut dyn Write,
     ) -> Result<()> {
-        let now = crate::time::now_ms();
+        let now = base::time::now_ms();
         let due: Vec<String> = self
             .state
             .memory
@@ -145,7 +145,7 @@ impl Mediator {
         } else {
             r.to.iter().cloned().collect()
         };
-        let since = crate::time::rfc3339(std::time::Duration::from_millis(r.start));
+        let since = base::time::rfc3339(std::time::Duration::from_millis(r.start));
         let m = Message {
             version: message::VERSION,
             id: id.clone(),
@@ -166,7 +166,7 @@ impl Mediator {
         Entry {
             version: LOG_VERSION,
             name: Entry::name_for(&id, Action::Bounce, None),
-            logged: crate::time::rfc3339(crate::time::now()),
+            logged: base::time::rfc3339(base::time::now()),
             message_id: id,
             sender: sender.to_string(),
             message: Some(m),
@@ -202,7 +202,7 @@ impl Mediator {
             .collect();
         full.sort();
         for (sender, until) in full {
-            let until = crate::time::rfc3339(std::time::Duration::from_millis(until));
+            let until = base::time::rfc3339(std::time::Duration::from_millis(until));
             self.warn_once(format!(
                 "the posts of {sender} wait in its outbox until {until}: it used its log budget of {cap} for the hour (door.log-max)"
             ));
@@ -233,7 +233,7 @@ impl Mediator {
         let id = full_notice_id(sender, b.start);
         let cap = size_text(self.state.log_max);
         let until =
-            crate::time::rfc3339(std::time::Duration::from_millis(b.start + BUDGET_WINDOW_MS));
+            base::time::rfc3339(std::time::Duration::from_millis(b.start + BUDGET_WINDOW_MS));
         let to = vec![layout::HUMAN.to_string(), sender.to_string()];
         crate::log::Notice {
             id,

@@ -100,7 +100,7 @@ impl Mediator {
     /// Decides on an outbox entry now ([`decide`]), and applies what the
     /// decision changes in the state.
     fn decide_now(&mut self, found: &Found) -> Outcome {
-        let now = crate::time::now();
+        let now = base::time::now();
         let v = decide(&self.state, found, &self.policy, now);
         self.state.apply(&v.changes, now);
         v.outcome
@@ -285,7 +285,7 @@ impl Collected {
         self.to_log.push(Entry {
             version: LOG_VERSION,
             name: Entry::name_for(&qid, Action::Quarantine, None),
-            logged: crate::time::rfc3339(crate::time::now()),
+            logged: base::time::rfc3339(base::time::now()),
             message_id: qid.clone(),
             sender: sender.to_string(),
             message: None,

@@ -3,11 +3,11 @@
 //! next (crates/mailbox/src/batch.rs), so a crash anywhere gives each effect once.
 
 use crate::batch::{self, Batch, OpenMaildir, open_dir_at};
-use crate::error::{Error, Exit, Result, errno_io};
 use crate::layout;
 use crate::log::{Action, Entry};
 use crate::maildir::escape_name;
 use crate::message::{self, Kind, Message};
+use base::error::{Error, Exit, Result, errno_io};
 use rustix::io::Errno;
 use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
@@ -166,7 +166,7 @@ impl Mediator {
                     p.display()
                 );
                 return Err(
-                    Error::new(crate::error::io_exit(&errno_io(e)), msg).with_source(errno_io(e))
+                    Error::new(base::error::io_exit(&errno_io(e)), msg).with_source(errno_io(e))
                 );
             }
             Err(e) => return Err(Error::io("cannot open", &path.join("new"), errno_io(e))),

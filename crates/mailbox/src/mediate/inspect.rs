@@ -1,8 +1,8 @@
 //! Looking at an outbox entry before trusting it: what kind of file it is,
 //! whether it may be opened, and the stable id of its quarantine entry.
 
-use crate::error::errno_io;
 use crate::message::{self, Message};
+use base::error::errno_io;
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 use std::ffi::OsStr;
@@ -53,7 +53,7 @@ pub(super) fn inspect(dir: &OwnedFd, name: &OsStr, own: bool, twin: Option<&Owne
     let Ok(text) = std::str::from_utf8(name.as_bytes()) else {
         return bad("file name is not UTF-8".into());
     };
-    if !crate::id::is_valid(text) {
+    if !base::id::is_valid(text) {
         return bad("file name does not follow the id grammar".into());
     }
     if st.st_nlink > 1 {

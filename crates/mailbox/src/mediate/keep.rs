@@ -25,10 +25,10 @@ use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 
 use super::pure::decide::derived_id;
 use super::{Boxes, Mediator};
-use crate::error::Result;
 use crate::layout;
 use crate::log::Action;
 use crate::quarantine::{self, Plan};
+use base::error::Result;
 
 /// How often, at most, the quarantine is counted again for a sender over
 /// its budget.
@@ -120,7 +120,7 @@ impl Mediator {
             if self.state.memory.quarantine_told.contains(&sender) {
                 continue;
             }
-            let now = crate::time::now();
+            let now = base::time::now();
             let cap = super::budget::size_text(self.state.quarantine_max);
             let id = derived_id(
                 now,

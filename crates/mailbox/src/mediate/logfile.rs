@@ -6,9 +6,9 @@ use std::collections::HashSet;
 use std::ffi::OsStr;
 
 use crate::batch::Batch;
-use crate::error::{Error, Result, errno_io};
 use crate::log::Entry;
 use crate::log::batch::{self as logbatch};
+use base::error::{Error, Result, errno_io};
 
 use super::{Boxes, LOG, Mediator};
 

@@ -10,7 +10,7 @@ use std::time::Instant;
 use super::inspect::{Inspected, inspect};
 use super::pure::memory::Memory;
 use super::{Boxes, HELD, Mediator, read_names};
-use crate::error::{Error, Result};
+use base::error::{Error, Result};
 
 impl Mediator {
     fn memory_path(&self) -> PathBuf {
@@ -39,7 +39,7 @@ impl Mediator {
         let p = self.memory_path();
         let bytes = serde_json::to_vec(&self.state.memory)
             .expect("the state serialises because it is plain data");
-        crate::fs::write_replace(&p, &bytes, 0o600, crate::fs::Durability::Synced)
+        base::fs::write_replace(&p, &bytes, 0o600, base::fs::Durability::Synced)
             .map_err(|e| Error::io("cannot write state", &p, e))?;
         self.state.memory.dirty = false;
         self.last_save = Instant::now();

@@ -87,12 +87,12 @@ use rustix::fs as rfs;
 use serde::Serialize;
 
 use crate::batch::{self, OpenMaildir};
-use crate::error::{Error, Exit, Result, errno_io};
 use crate::layout::{self, Root};
 use crate::log::{Action, Entry, Log};
 use crate::maildir::escape_name;
 use crate::policy::Policy;
 use crate::registry::Registry;
+use base::error::{Error, Exit, Result, errno_io};
 
 /// Messages per batch: each batch costs three or four sync points, and one
 /// fsync of each directory it touched, however many of its messages share
@@ -194,7 +194,7 @@ pub struct Mediator {
     report: Reporter,
 }
 
-/// What a mediator reports through: the command's [`crate::cli::Report`],
+/// What a mediator reports through: the command's [`base::cli::Report`],
 /// owned, since the mediator keeps it.
 pub type Reporter = Box<dyn Fn(&str)>;
 
@@ -254,7 +254,7 @@ impl Mediator {
         root.init()?;
         // The root's own path is the person's (`--root ../r`, a link to
         // it): opened as given.  Everything beneath it is opened through
-        // this descriptor with no link followed (mailbox::fs::open_beneath).
+        // this descriptor with no link followed (base::fs::open_beneath).
         let rootfd = rustix::fs::open(
             &root.dir,
             rustix::fs::OFlags::RDONLY
@@ -263,7 +263,7 @@ impl Mediator {
             rustix::fs::Mode::empty(),
         )
         .map_err(|e| Error::io("cannot open", &root.dir, errno_io(e)))?;
-        let log_new = crate::fs::open_dir_beneath(&rootfd, Path::new("log/new"))
+        let log_new = base::fs::open_dir_beneath(&rootfd, Path::new("log/new"))
             .map_err(|e| Error::io("cannot open", &root.log_dir().join("new"), errno_io(e)))?;
         let mut policy_file = PolicyFile {
             path: policy_path,
@@ -373,7 +373,7 @@ impl Mediator {
     }
 
     fn count(&mut self, e: &Entry) {
-        self.state.charge(e, crate::time::now_ms());
+        self.state.charge(e, base::time::now_ms());
         match e.decision.action {
             Action::Forward => self.stats.forwarded += 1,
             Action::Escalate => self.stats.escalated += 1,
@@ -388,7 +388,7 @@ impl Mediator {
 
     fn print(&self, out: &mut dyn Write, e: &Entry) -> Result<()> {
         if self.verbose {
-            writeln!(out, "{}", crate::operator::format_entry(e)).map_err(crate::error::out_err)?;
+            writeln!(out, "{}", crate::operator::format_entry(e)).map_err(base::error::out_err)?;
         }
         Ok(())
     }
@@ -535,7 +535,7 @@ impl Mediator {
         self.last_sweep = Some(Instant::now());
         // Paths beneath the root's descriptor: a sandbox can replace its
         // `outbox`, `inbox` or their `tmp` with a link to a host directory,
-        // and this removes files as root (mailbox::fs::open_beneath).
+        // and this removes files as root (base::fs::open_beneath).
         let mut dirs: Vec<PathBuf> = [
             "log",
             "human",

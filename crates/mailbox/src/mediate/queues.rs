@@ -2,9 +2,9 @@
 //! receipts for acknowledged messages, and what a removed sandbox left.
 
 use crate::batch::{self, Batch, open_dir_at};
-use crate::error::{Error, Exit, Result, errno_io};
 use crate::layout;
 use crate::log::{Action, Decision, Entry, LOG_VERSION};
+use base::error::{Error, Exit, Result, errno_io};
 use rustix::fs::{self as rfs, AtFlags};
 use rustix::io::Errno;
 use std::ffi::OsStr;
@@ -100,7 +100,7 @@ impl Mediator {
 
     /// The held message `id`, or why an operator cannot act on it.
     fn held_message(&self, boxes: &Boxes, id: &str) -> Result<Message> {
-        if !crate::id::is_valid(id) {
+        if !base::id::is_valid(id) {
             return Err(Error::usage(format!(
                 "'{}' is not a message id",
                 id.escape_debug()
@@ -139,7 +139,7 @@ impl Mediator {
                 .collect();
         }
         let had_bounce = self.logged(id, Action::Bounce).is_some();
-        let now = crate::time::now();
+        let now = base::time::now();
         match drop_reason {
             Some(reason) => {
                 let d = Decision {
@@ -185,7 +185,7 @@ impl Mediator {
     pub(super) fn take_receipts(&mut self, boxes: &mut Boxes, out: &mut dyn Write) -> Result<()> {
         let mut names: Vec<String> = self.state.known.keys().cloned().collect();
         names.sort();
-        let now_ns = crate::time::now().as_nanos() as i128;
+        let now_ns = base::time::now().as_nanos() as i128;
         for r in names {
             let rel = Path::new("sandboxes").join(&r).join("inbox").join("cur");
             let Ok(fd) = open_dir_at(Some(&self.rootfd), &rel) else {
@@ -225,7 +225,7 @@ impl Mediator {
             let Ok(id) = ent.file_name().to_str() else {
                 continue;
             };
-            if !crate::id::is_valid(id) {
+            if !base::id::is_valid(id) {
                 continue;
             }
             // Names looked at before cost a hash lookup, not a stat: a
@@ -305,7 +305,7 @@ impl Mediator {
         Some(Entry {
             version: LOG_VERSION,
             name: rname,
-            logged: crate::time::rfc3339(crate::time::now()),
+            logged: base::time::rfc3339(base::time::now()),
             message_id: id.to_string(),
             sender: src.sender.clone(),
             message: None,
@@ -330,6 +330,6 @@ fn id_key(id: &str) -> u128 {
         .next()
         .and_then(|h| u128::from_str_radix(h, 16).ok())
         .unwrap_or(0);
-    let t = crate::id::time_of(id).unwrap_or_default().as_nanos();
+    let t = base::id::time_of(id).unwrap_or_default().as_nanos();
     rand ^ t.rotate_left(64)
 }

@@ -1,7 +1,7 @@
 //! The watch loop and the locks that keep one mediator per root.
 
-use crate::error::{Error, Exit, Result};
 use crate::layout::{self, Root};
+use base::error::{Error, Exit, Result};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -12,7 +12,7 @@ use super::Mediator;
 /// returned file is dropped (or the process dies).
 pub fn lock_mediator(root: &Root) -> Result<std::fs::File> {
     let p = lock_path(root, "mediator.lock")?;
-    crate::fs::try_lock(&p)
+    base::fs::try_lock(&p)
         .map_err(|e| Error::lock(&p, e))?
         .ok_or_else(|| {
             Error::new(
@@ -42,7 +42,7 @@ pub fn raise_open_files_limit() {
 /// the mediator, an operator's release or drop); waits for it.
 pub fn lock_routes(root: &Root) -> Result<std::fs::File> {
     let p = lock_path(root, "route.lock")?;
-    crate::fs::lock(&p).map_err(|e| Error::lock(&p, e))
+    base::fs::lock(&p).map_err(|e| Error::lock(&p, e))
 }
 
 pub(super) fn lock_path(root: &Root, name: &str) -> Result<PathBuf> {
@@ -57,7 +57,7 @@ impl Mediator {
     /// Watches the root and routes as things arrive, with a full pass every
     /// `rescan` as a safety net.  Returns only on error.
     pub fn watch(&mut self, rescan: Duration, out: &mut dyn Write) -> Result<()> {
-        use crate::fs::{Watcher, Woke};
+        use base::fs::{Watcher, Woke};
         let watcher = Watcher::new().map_err(|e| Error::io("cannot watch", &self.root.dir, e))?;
         loop {
             // Watches first, then the pass: an arrival in between is seen by both.
@@ -90,11 +90,11 @@ impl Mediator {
             match self.pass(out) {
                 // A recorded secret the door cannot resolve (78) does not
                 // resolve by waiting: this process's environment is fixed.
-                Err(e) if e.exit == crate::error::Exit::Config => return Err(e),
+                Err(e) if e.exit == base::error::Exit::Config => return Err(e),
                 Err(e) => (self.report)(&format!("{e}; trying again")),
                 Ok(_) => {}
             }
-            out.flush().map_err(crate::error::out_err)?;
+            out.flush().map_err(base::error::out_err)?;
             // The directories are the truth, not the events: any wake-up
             // (an arrival, an overflow, a removed directory) means a pass.
             match watcher.wait(Some(rescan)) {

@@ -25,8 +25,8 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::error::{Error, Exit};
 use crate::message::Kind;
+use base::error::{Error, Exit};
 use read::{Reader, version_line};
 
 pub const POLICY_VERSION: u32 = 1;
@@ -361,9 +361,9 @@ fn render_duration(d: Duration) -> String {
     }
 }
 
-/// True when a glob matches a path (crates/mailbox/src/glob.rs has the one semantics).
+/// True when a glob matches a path (crates/base/src/glob.rs has the one semantics).
 pub fn glob_match(pat: &str, text: &str) -> bool {
-    crate::glob::matches(pat, text)
+    base::glob::matches(pat, text)
 }
 
 /// Refuses a scope entry that is not a valid glob (64, naming it and the
@@ -373,7 +373,7 @@ pub fn check_scope(scope: &str) -> Result<(), Error> {
     let why = if scope.is_empty() {
         Some("it is empty".to_string())
     } else {
-        crate::glob::check(scope)
+        base::glob::check(scope)
     };
     match why {
         None => Ok(()),
@@ -393,7 +393,7 @@ pub fn overlaps(scope: &str, r: &str) -> bool {
     let under = |dir: &str, path: &str| {
         path.len() > dir.len() && path.starts_with(dir) && path.as_bytes()[dir.len()] == b'/'
     };
-    let literal = |s: &str| !crate::glob::is_pattern(s);
+    let literal = |s: &str| !base::glob::is_pattern(s);
     glob_match(scope_t, ref_t)
         || glob_match(ref_t, scope_t)
         || (literal(scope_t) && under(scope_t, ref_t))

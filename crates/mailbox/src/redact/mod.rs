@@ -32,7 +32,7 @@ use std::ffi::OsString;
 use std::path::Path;
 
 use crate::config::Project;
-use crate::error::Result;
+use base::error::Result;
 
 /// Shortest value treated as a secret, in bytes.
 pub const MIN_SECRET: usize = 6;

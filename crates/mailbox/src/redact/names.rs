@@ -34,9 +34,9 @@ use std::path::{Path, PathBuf};
 use super::Secrets;
 use crate::config::{Config, valid_var_name};
 use crate::door_record::DoorRecord;
-use crate::error::{Error, Result};
 use crate::layout::Root;
 use crate::registry::{Registry, Sandbox};
+use base::error::{Error, Result};
 
 /// The `.loopwright/config` key naming further secret variables.
 pub const KEY_DOOR: &str = "door.secrets";
@@ -224,7 +224,7 @@ fn sandbox_records(root: &Root) -> Vec<(PathBuf, String, Vec<String>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Exit;
+    use base::error::Exit;
 
     #[test]
     fn config_names_both_keys() {
@@ -293,7 +293,7 @@ mod tests {
         // lw-sandbox's own record of a sandbox made before registry
         // records carried names.
         let root =
-            Root::new(std::env::temp_dir().join(format!("lw-redact-{}", crate::id::new_id())));
+            Root::new(std::env::temp_dir().join(format!("lw-redact-{}", base::id::new_id())));
         std::fs::create_dir_all(root.state_dir().join("sandbox")).unwrap();
         std::fs::write(
             root.state_dir().join("sandbox/old.json"),

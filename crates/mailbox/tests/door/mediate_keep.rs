@@ -81,10 +81,10 @@ fn sparse_and_dense_junk_over_ten_passes_grows_the_root_by_at_most_the_budget() 
     for p in 0..PASSES {
         // Dense first: their heads (taken first, by name) fill the budget.
         for _ in 0..DENSE {
-            std::fs::write(new.join(mailbox::id::new_id()), vec![0x5a; 1_100 << 10]).unwrap();
+            std::fs::write(new.join(base::id::new_id()), vec![0x5a; 1_100 << 10]).unwrap();
         }
         for _ in 0..SPARSE {
-            let f = std::fs::File::create(new.join(mailbox::id::new_id())).unwrap();
+            let f = std::fs::File::create(new.join(base::id::new_id())).unwrap();
             f.set_len(2 << 30).unwrap();
         }
         let m = message("good", &["dst"], Kind::Request, &format!("pass {p}"));

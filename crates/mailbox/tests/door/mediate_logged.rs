@@ -154,12 +154,12 @@ fn every_claimed_message_has_a_logged_decision_on_every_route() {
     p("aa", a);
     p("aa", msg("aa", &["mediator"], Kind::Answer, "a0", &[]));
     let mut a = msg("aa", &["mediator"], Kind::Answer, "a?", &[]);
-    a.in_reply_to = Some(mailbox::id::new_id());
+    a.in_reply_to = Some(base::id::new_id());
     p("aa", a);
     // The hold rules: a duplicate, a held sender up to the cap, and past it.
     let h = msg("bb", &["aa"], Kind::Handoff, "h", &[]);
     let mut h2 = h.clone();
-    h2.id = mailbox::id::new_id();
+    h2.id = base::id::new_id();
     p("bb", h);
     p("bb", h2);
     for i in 0..4 {

@@ -89,7 +89,7 @@ fn held_messages_are_listed_released_and_dropped() {
     let policy = "loopwright-policy 1\nrate 2/1h\nduplicates 1h\nhold sender quiet\n";
     let first = message("a", &["b"], Kind::Request, "one");
     let mut dup = first.clone();
-    dup.id = mailbox::id::new_id();
+    dup.id = base::id::new_id();
     let third = message("a", &["b"], Kind::Request, "three");
     let fourth = message("a", &["b"], Kind::Request, "four");
     for m in [&first, &dup, &third, &fourth] {

@@ -175,7 +175,7 @@ fn receipts_taken_in_waves_are_each_logged_once() {
     m.drain(&mut sink).unwrap();
     let inbox = root.sandbox("b").inbox();
     // A file in cur/ that was never routed to b: never a receipt.
-    let stray = mailbox::id::new_id();
+    let stray = base::id::new_id();
     std::fs::write(inbox.sub(Sub::Cur).join(&stray), b"x").unwrap();
     let reads = |root: &Root| {
         let mut v: Vec<String> = entries(root)

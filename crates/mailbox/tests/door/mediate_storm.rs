@@ -78,7 +78,7 @@ fn kill_storm_loses_and_duplicates_nothing() {
                 );
                 post(&root, me, &m);
                 if i == 0 && n % (PER_POSTER / PLANTED) == 0 {
-                    let bad = mailbox::id::new_id();
+                    let bad = base::id::new_id();
                     let tmp = root.sandbox(me).outbox().sub(Sub::Tmp).join(&bad);
                     std::fs::write(&tmp, b"{\"version\": 1, \"broken\"").unwrap();
                     std::fs::rename(&tmp, root.sandbox(me).outbox().sub(Sub::New).join(&bad))

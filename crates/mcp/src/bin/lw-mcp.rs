@@ -13,8 +13,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use base::{Error, Exit, Result};
 use clap::Parser;
-use mailbox::{Error, Exit, Result};
 use mcp::{self, Door, Rate, stdio::Stdio};
 use rmcp::ServiceExt;
 
@@ -48,7 +48,7 @@ struct Args {
 fn main() -> ExitCode {
     // Not cli::run_main: it holds the stdout lock for the whole run, and
     // here stdout belongs to the protocol, written from the runtime.
-    match mailbox::cli::parse_args::<Args>("lw-mcp") {
+    match base::cli::parse_args::<Args>("lw-mcp") {
         Ok(args) => match run(args) {
             Ok(exit) => ExitCode::from(exit.code()),
             Err(e) => {

@@ -84,7 +84,7 @@ pub struct Root {
 
 impl Root {
     pub fn new(tag: &str) -> Root {
-        let dir = crate::target_tmp().join(format!("mcp-{tag}-{}", mailbox::id::new_id()));
+        let dir = crate::target_tmp().join(format!("mcp-{tag}-{}", base::id::new_id()));
         std::fs::create_dir_all(&dir).expect("target tmp dir is writable");
         Root { dir }
     }

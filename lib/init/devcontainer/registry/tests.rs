@@ -151,7 +151,7 @@ fn manifest(layer_digest: &str) -> Vec<u8> {
 fn a_manifest_must_hash_to_the_digest_asked_for() {
     let layer = format!("sha256:{}", "b".repeat(64));
     let m = manifest(&layer);
-    let right = format!("sha256:{}", mailbox::digest::sha256_hex(&m));
+    let right = format!("sha256:{}", base::digest::sha256_hex(&m));
     let by_tag = parse_ref("ghcr.io/x/hello:1").unwrap();
     assert_eq!(
         layer_of(&m, &by_tag).unwrap(),

@@ -33,7 +33,7 @@ mod stopped;
 
 use std::collections::BTreeMap;
 
-use mailbox::error::{Error, Result};
+use base::error::{Error, Result};
 
 pub use spec::{CPU_REQUEST_KEY, millicores, pod_of};
 pub use status::{container_of, image_missing, pending_reason, start_outcome};
@@ -127,7 +127,7 @@ mod tests {
 
     use super::*;
     use crate::{Bind, ContainerSpec};
-    use mailbox::error::Exit;
+    use base::error::Exit;
 
     fn spec() -> ContainerSpec {
         ContainerSpec {

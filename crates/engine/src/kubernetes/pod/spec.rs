@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::{LABELS_ANNOTATION, MAIN, NET_PREFIX, check_name, object_labels, valid_label_key};
 use crate::ContainerSpec;
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 /// Sysctls the kubelet allows without node configuration.
 const SAFE_SYSCTLS: &[&str] = &[

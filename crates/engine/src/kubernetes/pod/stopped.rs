@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use super::status::{container_of, labels_of};
 use super::{MANAGED_BY, MANAGED_BY_VALUE, STOPPED_LABEL};
 use crate::Container;
-use mailbox::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 const STOPPED_KEY: &str = "pod.json";
 

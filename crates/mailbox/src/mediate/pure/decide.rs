@@ -14,11 +14,11 @@ use sha2::{Digest, Sha256};
 
 use super::rules::QUARANTINE_COST;
 use super::state::{Change, State, mailbox_name};
-use crate::digest::hex;
 use crate::layout;
 use crate::log::{Action, Decision, Entry};
 use crate::message::{Kind, Message};
 use crate::policy::{self, Policy, Route};
+use base::digest::hex;
 
 /// An outbox entry as the caller found it.
 pub(in crate::mediate) enum Found {
@@ -199,14 +199,14 @@ pub(in crate::mediate) fn derived_id(t: Duration, parts: &[&[u8]]) -> String {
     let d = h.finalize();
     let mut r = [0u8; 16];
     r.copy_from_slice(&d[..16]);
-    crate::id::id_at(t, u128::from_be_bytes(r))
+    base::id::id_at(t, u128::from_be_bytes(r))
 }
 
 /// The id of the status message sent when post `id` found its sender at
 /// the held-queue cap.
 pub fn cap_notice_id(id: &str) -> String {
     derived_id(
-        crate::id::time_of(id).unwrap_or_default(),
+        base::id::time_of(id).unwrap_or_default(),
         &[b"held-cap", id.as_bytes()],
     )
 }
@@ -214,7 +214,7 @@ pub fn cap_notice_id(id: &str) -> String {
 /// The id of the bounce sent back for message `id`.
 pub fn bounce_id(id: &str) -> String {
     derived_id(
-        crate::id::time_of(id).unwrap_or_default(),
+        base::id::time_of(id).unwrap_or_default(),
         &[b"bounce", id.as_bytes()],
     )
 }
@@ -415,7 +415,7 @@ fn refs_list(refs: &[String]) -> String {
 /// to nobody.
 pub fn nobody_id(id: &str) -> String {
     derived_id(
-        crate::id::time_of(id).unwrap_or_default(),
+        base::id::time_of(id).unwrap_or_default(),
         &[b"nobody", id.as_bytes()],
     )
 }
@@ -570,7 +570,7 @@ fn cap_notice(trigger: &Message, sender: &str, n: u32, at: &str, now: Duration) 
         reason: format!("sender {sender} reached the held-queue cap ({at}); said once per episode"),
     }
     .entry();
-    e.logged = crate::time::rfc3339(now);
+    e.logged = base::time::rfc3339(now);
     e
 }
 

@@ -143,7 +143,7 @@ impl State {
         Entry {
             version: LOG_VERSION,
             name: Entry::name_for(&m.id, d.action, None),
-            logged: crate::time::rfc3339(now),
+            logged: base::time::rfc3339(now),
             message_id: m.id.clone(),
             sender: sender.to_string(),
             message: Some(self.logged_message(m, keep_body)),

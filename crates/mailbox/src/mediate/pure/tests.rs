@@ -278,7 +278,7 @@ fn state_of(row: &Row, m: &Message) -> State {
 fn message_of(row: &Row) -> Message {
     let mut m = Message {
         version: message::VERSION,
-        id: crate::id::id_at(NOW - Duration::from_secs(5), 0x5eed),
+        id: base::id::id_at(NOW - Duration::from_secs(5), 0x5eed),
         from: row.sender.into(),
         to: row.to.iter().map(|t| t.to_string()).collect(),
         kind: row.kind,
@@ -286,14 +286,14 @@ fn message_of(row: &Row) -> Message {
         body: "the body\n".into(),
         refs: vec![],
         in_reply_to: None,
-        created: crate::time::rfc3339(NOW - Duration::from_secs(5)),
+        created: base::time::rfc3339(NOW - Duration::from_secs(5)),
     };
     for f in row.facts {
         match *f {
             Refs(r) => m.refs = r.iter().map(|x| x.to_string()).collect(),
             Body(b) => m.body = b.into(),
             ReplyTo(_) => {
-                m.in_reply_to = Some(crate::id::id_at(NOW - Duration::from_secs(60), 0xa5))
+                m.in_reply_to = Some(base::id::id_at(NOW - Duration::from_secs(60), 0xa5))
             }
             _ => {}
         }
@@ -524,8 +524,8 @@ fn applying_a_decision_makes_the_next_one_see_it() {
 
 #[test]
 fn derived_ids_are_valid_and_stable() {
-    let id = crate::id::new_id();
+    let id = base::id::new_id();
     assert_eq!(bounce_id(&id), bounce_id(&id));
-    assert!(crate::id::is_valid(&bounce_id(&id)));
+    assert!(base::id::is_valid(&bounce_id(&id)));
     assert_ne!(bounce_id(&id), id);
 }

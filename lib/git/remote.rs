@@ -8,7 +8,7 @@ use std::fmt;
 use std::path::Path;
 use std::process::Command;
 
-use crate::error::{Error, Result};
+use base::error::{Error, Result};
 
 /// A remote repository: the URL git may see and store, and the credentials
 /// that were cut out of it.

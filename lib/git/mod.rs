@@ -23,10 +23,10 @@
 //! By file: this one runs git; `remote` holds [`Remote`] and the
 //! redaction of URLs and text; `config` reads a repository's configuration.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use crate::error::{Error, Exit, Result};
+use base::error::{Error, Exit, Result};
 
 mod config;
 mod remote;
@@ -142,32 +142,6 @@ pub fn last_words(stderr: &[u8]) -> String {
         .or_else(|| lines.next_back())
         .unwrap_or("git failed without a message")
         .to_string()
-}
-
-/// The top of the checkout that contains `dir` and its git directory, found
-/// without running git: the nearest directory, from `dir` up, that holds a
-/// `.git` directory or a `.git` file (`gitdir: ...`, as in worktrees and
-/// submodules).  This is what `git rev-parse --show-toplevel` answers in
-/// every ordinary case, at no process's cost; `GIT_DIR` and
-/// `GIT_CEILING_DIRECTORIES` are not consulted, because the commands act on
-/// the project they are run in.
-pub fn find_checkout(dir: &Path) -> Option<(PathBuf, PathBuf)> {
-    let mut cur = Some(dir);
-    while let Some(d) = cur {
-        let dot = d.join(".git");
-        if let Ok(md) = std::fs::metadata(&dot) {
-            if md.is_dir() && dot.join("HEAD").exists() {
-                return Some((d.to_path_buf(), dot));
-            }
-            if md.is_file() {
-                let text = std::fs::read_to_string(&dot).ok()?;
-                let target = text.strip_prefix("gitdir:")?.trim();
-                return Some((d.to_path_buf(), d.join(target)));
-            }
-        }
-        cur = d.parent();
-    }
-    None
 }
 
 #[cfg(test)]

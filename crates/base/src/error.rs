@@ -149,6 +149,14 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// A JSON document that does not parse (a log entry, a record, a reply):
+/// bad data, not a failing system.
+impl From<serde_json::Error> for Error {
+    fn from(e: serde_json::Error) -> Error {
+        Error::new(Exit::DataErr, "invalid JSON").with_source(e)
+    }
+}
+
 impl From<Error> for io::Error {
     fn from(e: Error) -> io::Error {
         io::Error::other(e.to_string())

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use super::{command, last_words, output};
-use crate::error::{Error, Result};
+use base::error::{Error, Result};
 
 /// `remote.origin.url` of the checkout whose git directory is `git_dir`.
 /// The repository's own config file is read directly when it is plain;
@@ -140,7 +140,7 @@ pub fn config_get(dir: &Path, key: &str) -> Result<Option<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::git::find_checkout;
+    use mailbox::config::find_checkout;
 
     #[test]
     fn reads_origin_from_plain_config_text_as_git_does() {
