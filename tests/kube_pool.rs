@@ -20,12 +20,12 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use base::error::Exit;
 use engine::kubernetes::{POOL_LABEL, pool_key};
 use engine::{ContainerSpec, Engine, KubeEngine, SandboxEngine, VolumeMount};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::ListParams;
-use mailbox::error::Exit;
 
 use kube_support::{Cluster, IMAGE, nonce, run};
 

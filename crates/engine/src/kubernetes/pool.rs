@@ -25,7 +25,7 @@ use sha2::{Digest, Sha256};
 
 use super::{KubeEngine, pod};
 use crate::ContainerSpec;
-use mailbox::error::{Error, Result};
+use base::error::{Error, Result};
 
 /// The label a pool's pods carry: the pool's key.
 pub const POOL_LABEL: &str = "org.loopwright.pool";
@@ -269,7 +269,7 @@ mod tests {
             read_only: false,
         });
         let e = shares_nothing(&s, "k").unwrap_err();
-        assert_eq!(e.exit, mailbox::error::Exit::Usage);
+        assert_eq!(e.exit, base::error::Exit::Usage);
         assert!(e.msg.contains("'lw-work-x'"), "{}", e.msg);
     }
 
