@@ -247,7 +247,7 @@ fn the_readme_devcontainer_path_runs_verbatim_on_a_fresh_repository() {
             "{layer}: {out}"
         );
     }
-    assert!(out.contains("set up by uid 1000\n"), "{out}");
+    assert!(out.contains("set up by uid 100000\n"), "{out}");
     assert!(out.contains("hello from devcontainer.json\n"), "{out}");
     assert!(
         out.lines().any(|l| l.starts_with("8000/tcp -> 127.0.0.1:")),
