@@ -65,18 +65,16 @@ fn mediate(f: &Fixture) -> String {
 
 /// Every quarantine log entry's reason, and the kept copies' contents.
 fn quarantine(f: &Fixture) -> (String, Vec<(Vec<u8>, u32, u32)>) {
-    let mut reasons = String::new();
-    for d in ["log/new", "log/cur"] {
-        for e in std::fs::read_dir(f.root.join(d))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            if e.file_name().to_string_lossy().ends_with(".quarantine") {
-                reasons += &std::fs::read_to_string(e.path()).unwrap_or_default();
-            }
-        }
-    }
+    // Through the log's reader: a batch's entries share one file
+    // (mailbox-spec.md, THE LOG), so the directory's names are not entries.
+    let (entries, _) = mailbox::log::Log::new(f.root.join("log"))
+        .entries()
+        .expect("the log reads");
+    let reasons: String = entries
+        .iter()
+        .filter(|e| e.name.ends_with(".quarantine"))
+        .map(|e| format!("{}\n", e.decision.reason))
+        .collect();
     let kept = std::fs::read_dir(f.root.join("quarantine/new"))
         .into_iter()
         .flatten()
