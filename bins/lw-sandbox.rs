@@ -336,6 +336,12 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
         writeln!(out, "{l}").map_err(out_err)?;
         return Ok(Exit::Ok);
     }
+    // A bad argument is a usage error (64) whether or not an engine is up.
+    if let Cmd::Create { scope, .. } = &args.cmd {
+        for s in scope {
+            mailbox::policy::check_scope(s)?;
+        }
+    }
     let engines = connect(&args)?;
     let sb = Sandboxes::new(root, engines.pair());
     let line = |out: &mut dyn Write, s: &str| writeln!(out, "{s}").map_err(out_err);
@@ -556,9 +562,6 @@ fn create(
     else {
         unreachable!("create is given a create command")
     };
-    for s in &scope {
-        mailbox::policy::check_scope(s)?;
-    }
     let line = |out: &mut dyn Write, s: &str| writeln!(out, "{s}").map_err(out_err);
     let project_flag = project;
     let (project, mirror_path) = sandbox::find_project(project, mirror)?;

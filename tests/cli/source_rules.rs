@@ -431,3 +431,44 @@ fn fetch_hardening_is_spelled_once() {
         "use loopwright::git::fetch_untrusted / untrusted_config / NO_HOOKS instead of spelling the settings: {found:#?}"
     );
 }
+
+/// `cargo test` builds a package's commands into target/<profile>/ only
+/// when the package has an integration test; the suites that run a command
+/// by path (support::bin) find it there.  So every workspace member with a
+/// command has a tests/ folder, or a clean clone's `cargo test` fails where
+/// a warm target/ passes.
+#[test]
+fn every_package_with_a_command_has_an_integration_test() {
+    let ws = support::workspace();
+    let manifest =
+        std::fs::read_to_string(ws.join("Cargo.toml")).expect("the workspace's Cargo.toml");
+    let members: Vec<&str> = manifest
+        .split_once("\nmembers = [")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map(|(list, _)| {
+            list.lines()
+                .filter_map(|l| l.trim().strip_suffix(','))
+                .map(|l| l.trim_matches('"'))
+                .collect()
+        })
+        .expect("the workspace lists its members");
+    assert!(members.len() > 5, "members not read: {members:?}");
+    let mut missing = Vec::new();
+    for m in &members {
+        let dir = ws.join(m);
+        let own = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap_or_default();
+        let has_command = own.contains("[[bin]]")
+            || dir.join("src/bin").is_dir()
+            || dir.join("src/main.rs").is_file();
+        let has_tests = std::fs::read_dir(dir.join("tests"))
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(false);
+        if has_command && !has_tests {
+            missing.push(*m);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "give these packages a tests/ file that runs their command: {missing:?}"
+    );
+}
