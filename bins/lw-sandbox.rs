@@ -313,6 +313,17 @@ fn connect(args: &Args) -> Result<Engines, Error> {
     Engines::connect(project.as_ref().map(|p| &p.config))
 }
 
+/// What can be refused before any engine is reached: a bad argument is a
+/// usage error (64) whether or not an engine is up.
+fn check_args(cmd: &Cmd) -> Result<(), Error> {
+    if let Cmd::Create { scope, .. } = cmd {
+        for s in scope {
+            mailbox::policy::check_scope(s)?;
+        }
+    }
+    Ok(())
+}
+
 fn warn(msg: &str) {
     eprintln!("{PROG}: warning: {msg}");
 }
@@ -336,12 +347,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
         writeln!(out, "{l}").map_err(out_err)?;
         return Ok(Exit::Ok);
     }
-    // A bad argument is a usage error (64) whether or not an engine is up.
-    if let Cmd::Create { scope, .. } = &args.cmd {
-        for s in scope {
-            mailbox::policy::check_scope(s)?;
-        }
-    }
+    check_args(&args.cmd)?;
     let engines = connect(&args)?;
     let sb = Sandboxes::new(root, engines.pair());
     let line = |out: &mut dyn Write, s: &str| writeln!(out, "{s}").map_err(out_err);
