@@ -297,6 +297,8 @@ pub fn configured(
     let opts = engine::distribution::Options {
         ca_file,
         credentials: None,
+        // A layer of any size: bounded per read and write only.
+        request_timeout: None,
     };
     Client::new(&cache, &opts).map(Some)
 }

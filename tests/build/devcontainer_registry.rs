@@ -41,6 +41,15 @@ fn feature(install: &str, extra: &[(&str, tar::EntryType, &[u8], &str)]) -> Vec<
     tar_of(&v)
 }
 
+/// A feature of its own `meta` (devcontainer-feature.json) and install.sh.
+fn feature_of(meta: &str, install: &str) -> Vec<u8> {
+    let f = tar::EntryType::Regular;
+    tar_of(&[
+        ("./devcontainer-feature.json", f, meta.as_bytes(), ""),
+        ("./install.sh", f, install.as_bytes(), ""),
+    ])
+}
+
 /// Pushes `layer` as feature `repo:tag`; returns the manifest's digest.
 fn push(reg: &Registry, repo: &str, tag: &str, layer: &[u8]) -> String {
     let c = reg.client(repo);
@@ -332,6 +341,17 @@ class H(http.server.BaseHTTPRequestHandler):
             return self.send(401, b'{}', extra={'WWW-Authenticate': 'Bearer realm="https://127.0.0.1:%s/token",service="fake"' % port})
         if p == '/v2/': return self.send(200, b'{}')
         if p == '/v2/features/broken/manifests/1': return self.send(500, b'server broke')
+        if p == '/v2/features/slow/manifests/1':
+            # A byte every half second: no read ever waits a minute.
+            self.send_response(200)
+            self.send_header('Content-Type', 'application/vnd.oci.image.manifest.v1+json')
+            self.send_header('Content-Length', '100000')
+            self.end_headers()
+            import time
+            try:
+                while True:
+                    self.wfile.write(b' '); self.wfile.flush(); time.sleep(0.5)
+            except Exception: return
         if p == '/v2/features/anon/manifests/1': return self.send(200, M, 'application/vnd.oci.image.manifest.v1+json')
         if p.startswith('/v2/features/anon/blobs/'): return self.send(200, B, 'application/octet-stream')
         self.send(404, b'{}')
@@ -414,6 +434,154 @@ fn an_anonymous_bearer_registry_serves_a_feature_and_a_500_is_refused() {
     );
     assert!(!d.join(".loopwright/runtime").exists());
     std::fs::remove_dir_all(&d).unwrap();
+
+    // A registry that trickles its answer a byte every half second never
+    // lets a read wait; devcontainer.fetch-timeout bounds the request.
+    let id = format!("127.0.0.1:{port}/features/slow:1");
+    let d = checkout("slow", &reg, &format!("\"{id}\": {{}}"));
+    let conf = d.join(".loopwright/config");
+    let text = std::fs::read_to_string(&conf).unwrap();
+    std::fs::write(&conf, format!("{text}devcontainer.fetch-timeout = 2s\n")).unwrap();
+    let t = std::time::Instant::now();
+    let o = Command::new(env!("CARGO_BIN_EXE_lw-init"))
+        .args(["--force", "--ca", "none"])
+        .arg(&d)
+        .env("DOCKER_CONFIG", &empty)
+        .output()
+        .expect("lw-init runs");
+    let took = t.elapsed();
+    let e = stderr(&o);
+    println!("a trickling registry: lw init ended in {took:.1?} with a 2 s fetch-timeout");
+    assert_eq!(o.status.code(), Some(78), "{e}");
+    assert!(
+        e.contains(&format!("features[{id}]")) && e.contains("vendor it"),
+        "{e}"
+    );
+    assert!(took < std::time::Duration::from_secs(20), "{took:?}: {e}");
+    assert!(!d.join(".loopwright/runtime").exists());
+    // A bad value is named.
+    std::fs::write(&conf, format!("{text}devcontainer.fetch-timeout = soon\n")).unwrap();
+    let o = lw_init(&d, &reg);
+    assert_eq!(o.status.code(), Some(78), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("devcontainer.fetch-timeout = soon"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// A feature's `dependsOn` that the configuration does not list is fetched
+/// (the reference's rule) with the options it gives, and installs first; a
+/// chain longer than the bound, a circle and a missing one are refused,
+/// writing nothing.
+#[test]
+fn a_depends_on_not_listed_is_fetched_with_its_options_and_installs_first() {
+    let reg = Registry::start("dc-depends");
+    let base_meta = r#"{"id": "base", "version": "1.0.0", "options": {"flavor": {"type": "string", "default": "plain"}}}"#;
+    let base_digest = push(
+        &reg,
+        "features/base",
+        "1",
+        &feature_of(base_meta, "#!/bin/sh\necho base\n"),
+    );
+    let base_id = format!("{}/features/base:1", reg.addr);
+    let app_meta = format!(
+        r#"{{"id": "app", "version": "1.0.0", "dependsOn": {{"{base_id}": {{"flavor": "spicy"}}}}}}"#
+    );
+    push(
+        &reg,
+        "features/app",
+        "1",
+        &feature_of(&app_meta, "#!/bin/sh\necho app\n"),
+    );
+    let app_id = format!("{}/features/app:1", reg.addr);
+    let d = checkout("depends", &reg, &format!("\"{app_id}\": {{}}"));
+    let o = lw_init(&d, &reg);
+    let e = stderr(&o);
+    assert!(o.status.success(), "{e}");
+    assert!(
+        e.contains(&format!("added as a dependsOn of {app_id}")),
+        "{e}"
+    );
+    let df = read(&d, ".loopwright/runtime/feature-base.Dockerfile");
+    assert!(
+        df.contains("FLAVOR='spicy'") && df.contains(&base_digest),
+        "{df}"
+    );
+    let conf = read(&d, ".loopwright/runtime/runtime.conf");
+    let (b, a) = (
+        conf.find("layer feature-base"),
+        conf.find("layer feature-app"),
+    );
+    assert!(
+        b.is_some() && a.is_some() && b < a,
+        "base before app:\n{conf}"
+    );
+    loopwright::image::parse(&conf, "runtime.conf").expect("lw-build reads it");
+    let record = read(&d, ".loopwright/runtime/devcontainer.record");
+    assert!(
+        record.contains(&format!("feature {base_id} {base_digest}")),
+        "{record}"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+
+    // A chain: each link depends on the next, past the bound.
+    let links = loopwright::init::devcontainer::MAX_FEATURES + 8;
+    for i in 0..links {
+        let next = format!("{}/features/chain-{}:1", reg.addr, i + 1);
+        let meta = format!(
+            r#"{{"id": "chain-{i}", "version": "1.0.0", "dependsOn": {{"{next}": {{}}}}}}"#
+        );
+        push(
+            &reg,
+            &format!("features/chain-{i}"),
+            "1",
+            &feature_of(&meta, "#!/bin/sh\n"),
+        );
+    }
+    // A circle of two, and a dependsOn of a feature the registry lacks.
+    for (me, other) in [
+        ("ring-a", "ring-b"),
+        ("ring-b", "ring-a"),
+        ("lonely", "nowhere"),
+    ] {
+        let meta = format!(
+            r#"{{"id": "{me}", "version": "1.0.0", "dependsOn": {{"{}/features/{other}:1": {{}}}}}}"#,
+            reg.addr
+        );
+        push(
+            &reg,
+            &format!("features/{me}"),
+            "1",
+            &feature_of(&meta, "#!/bin/sh\n"),
+        );
+    }
+    for (name, first, says) in [
+        (
+            "chain",
+            "chain-0",
+            format!("more than {}", loopwright::init::devcontainer::MAX_FEATURES),
+        ),
+        ("ring", "ring-a", "form a circle".to_string()),
+        (
+            "lonely",
+            "lonely",
+            format!("features[{}/features/nowhere:1]", reg.addr),
+        ),
+    ] {
+        let id = format!("{}/features/{first}:1", reg.addr);
+        let d = checkout(name, &reg, &format!("\"{id}\": {{}}"));
+        let o = lw_init(&d, &reg);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(78), "{name}: {e}");
+        assert!(e.contains(&says), "{name}: {e}");
+        assert!(
+            !d.join(".loopwright/runtime").exists(),
+            "{name}: nothing written"
+        );
+        std::fs::remove_dir_all(d).unwrap();
+    }
 }
 
 /// The fake registry, stopped on drop (a failed test's too).

@@ -176,6 +176,8 @@ pub const KNOWN: &[&str] = &[
     "devcontainer.local-env",
     // lw-init(1): the authorities it trusts for feature registries
     "devcontainer.feature-ca",
+    // lw-init(1): the most one request to a feature registry may take
+    "devcontainer.fetch-timeout",
     // lw-sandbox(1)
     "sandbox.cpus",
     "sandbox.memory",

@@ -182,6 +182,7 @@ impl Registry {
                     secret: self.password.clone(),
                     source: "the test".into(),
                 }),
+                request_timeout: None,
             },
         )
         .expect("client");

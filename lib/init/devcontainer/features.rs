@@ -1,7 +1,8 @@
 //! `features`: a local one (`./NAME`, a folder beside the configuration
 //! with `devcontainer-feature.json` and `install.sh`) becomes a layer of its
 //! own, tagged by its files; one from a registry is fetched by lw init
-//! (registry.rs) and becomes one; one from a URL is refused, naming it and
+//! (registry.rs) and becomes one, as does each registry feature its
+//! `dependsOn` names that is not listed; one from a URL is refused, naming it and
 //! how to vendor it, since lw-build fetches nothing but what the layers
 //! declare.  They install in the order written, each moved after those its
 //! `installsAfter` and `dependsOn` name.
@@ -84,6 +85,7 @@ pub fn features(m: &mut Mapping, top: &Path, source: &str, val: &Value, cx: &Con
                         env: vec![],
                         after: vec![],
                         depends: vec![],
+                        wants: vec![],
                         remote: Some(Remote {
                             reference: r,
                             given,
@@ -172,9 +174,10 @@ fn given_options(opts: &Value, cx: &Context) -> Result<Vec<(String, String)>, St
 }
 
 /// Installs each feature after those its `installsAfter` and `dependsOn`
-/// name, else in the order written (the reference's rule, without its
-/// fetching of a `dependsOn` that is not listed: that is refused, naming
-/// it).
+/// name, else in the order written (the reference's rule).  A `dependsOn`
+/// that is not there is refused, naming it: lw init has fetched every one
+/// from a registry by then ([`super::fetch_features`]), so what is left is
+/// one it could not fetch (a local path, a URL).
 pub fn order(m: &mut Mapping) {
     let key_of = |f: &Feature| match &f.remote {
         Some(r) => r.reference.resource(),
@@ -190,9 +193,8 @@ pub fn order(m: &mut Mapping) {
         }
     }
     for (key, d) in missing {
-        let why = format!(
-            "its dependsOn names {d}, which lw init does not add by itself: name it in features"
-        );
+        let why =
+            format!("its dependsOn names {d}, which lw init cannot fetch: name it in features");
         if !m.refused.iter().any(|r| r.key == key && r.reason == why) {
             m.fatal(&key, why);
         }
@@ -262,13 +264,23 @@ pub fn from_meta(rel: &str, meta: &str, given: Vec<(String, String)>) -> Result<
         Some(r) => r.resource(),
         None => id.to_string(),
     };
-    let depends: Vec<String> = meta
-        .get("dependsOn")
-        .and_then(Value::as_object)
+    let depends_on = meta.get("dependsOn").and_then(Value::as_object);
+    let depends: Vec<String> = depends_on
         .into_iter()
         .flatten()
         .map(|(k, _)| unversioned(k))
         .collect();
+    let mut wants = Vec::new();
+    for (id, opts) in depends_on.into_iter().flatten() {
+        let mut given = Vec::new();
+        for (name, v) in opts.as_object().into_iter().flatten() {
+            let v = scalar(v).ok_or_else(|| {
+                format!("its dependsOn gives {id} option '{name}' that is not a string")
+            })?;
+            given.push((option_env(name), v));
+        }
+        wants.push((id.clone(), given));
+    }
     let mut after: Vec<String> = meta
         .get("installsAfter")
         .and_then(Value::as_array)
@@ -285,6 +297,7 @@ pub fn from_meta(rel: &str, meta: &str, given: Vec<(String, String)>) -> Result<
         env,
         after,
         depends,
+        wants,
         remote: None,
     })
 }

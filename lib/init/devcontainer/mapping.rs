@@ -70,6 +70,9 @@ pub struct Feature {
     pub after: Vec<String>,
     /// Of those, the ones it cannot go without (`dependsOn`).
     pub depends: Vec<String>,
+    /// `dependsOn` as written: each identifier with its version and the
+    /// options it is given (`NAME=value`); lw init fetches one not listed.
+    pub wants: Vec<(String, Vec<(String, String)>)>,
     /// From a registry: fetched by lw init, written into `dir`.
     pub remote: Option<Remote>,
 }
@@ -130,6 +133,8 @@ pub struct Mapping {
     /// `devcontainer.feature-ca` as the project's config had it (lw init
     /// writes it again).
     pub feature_ca: Option<String>,
+    /// `devcontainer.fetch-timeout`, likewise.
+    pub fetch_timeout: Option<String>,
 }
 
 /// The lifecycle commands run while the image is made, in the

@@ -38,6 +38,10 @@ pub const KEY_LOCAL_ENV: &str = "devcontainer.local-env";
 /// system's).
 pub const KEY_FEATURE_CA: &str = "devcontainer.feature-ca";
 
+/// The `.loopwright/config` key bounding each request lw init sends a
+/// feature registry (a duration, default 60s).
+pub const KEY_FETCH_TIMEOUT: &str = "devcontainer.fetch-timeout";
+
 /// Where the record of what lw init took from a devcontainer.json is kept
 /// (lw doctor reads it).
 pub const RECORD: &str = ".loopwright/runtime/devcontainer.record";
@@ -191,6 +195,7 @@ pub fn chosen(
     let conf = top.join(mailbox::config::FILE);
     let mut reach = registry::Reach::default();
     let mut feature_ca = None;
+    let mut fetch_timeout = None;
     let mut uid = None;
     if let Ok(text) = std::fs::read_to_string(&conf) {
         let c = mailbox::config::Config::parse_project(&text, &conf)?;
@@ -198,6 +203,20 @@ pub fn chosen(
         feature_ca = c.get(KEY_FEATURE_CA).map(str::to_string);
         uid = c.get("sandbox.uid").and_then(|u| u.parse().ok());
         reach.ca_file = feature_ca.as_ref().map(|p| top.join(p));
+        fetch_timeout = c.get(KEY_FETCH_TIMEOUT).map(str::to_string);
+        if let Some(v) = &fetch_timeout {
+            reach.timeout = mailbox::config::parse_duration(v)
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    Error::new(
+                        Exit::Config,
+                        format!(
+                            "'{KEY_FETCH_TIMEOUT} = {v}' in '{}' is not a duration above 0; write e.g. 30s or 2m",
+                            conf.display()
+                        ),
+                    )
+                })?;
+        }
     }
     allowed.sort();
     allowed.dedup();
@@ -206,6 +225,7 @@ pub fn chosen(
         m.start_from(f);
     }
     m.feature_ca = feature_ca;
+    m.fetch_timeout = fetch_timeout;
     m.uid = uid;
     let before = std::fs::read_to_string(top.join(RECORD)).unwrap_or_default();
     fetch_features(&mut m, &reach, &render::recorded_features(&before));
@@ -221,6 +241,37 @@ pub fn fetch_features(m: &mut Mapping, reach: &registry::Reach, before: &[(Strin
         .parent()
         .unwrap_or(Path::new(""))
         .to_path_buf();
+    // Each round fetches what is not yet fetched, then adds what the
+    // fetched ones' dependsOn name and nothing lists (the reference's
+    // rule), until a round adds nothing.  A chain is bounded, a circle
+    // ends since a feature once added (fetched or refused) is never added
+    // again.
+    let mut tried = Vec::new();
+    loop {
+        fetch_round(m, reach, &base);
+        if !add_wanted(m, &mut tried) {
+            break;
+        }
+    }
+    for f in &m.features {
+        let Some((r, Some(d))) = f.remote.as_ref().map(|r| (r, r.digest.as_ref())) else {
+            continue;
+        };
+        let key = format!("features[{}]", f.id);
+        let moved = before
+            .iter()
+            .find(|(id, old)| *id == f.id && old != d)
+            .map(|(_, old)| format!("; {} moved since the last lw init, from {old}", r.reference));
+        if let Some(t) = m.taken.iter_mut().find(|t| t.key == key) {
+            t.how = format!("{}, manifest {d}{}", t.how, moved.unwrap_or_default());
+        }
+    }
+    features::order(m);
+}
+
+/// Fetches every registry feature not fetched yet; one that fails leaves
+/// the list, refused naming how to vendor it.
+fn fetch_round(m: &mut Mapping, reach: &registry::Reach, base: &Path) {
     let mut failed = Vec::new();
     for f in m.features.iter_mut() {
         let Some(remote) = f.remote.as_mut().filter(|r| r.digest.is_none()) else {
@@ -243,6 +294,7 @@ pub fn fetch_features(m: &mut Mapping, reach: &registry::Reach, before: &[(Strin
                 f.env = meta.env;
                 f.after = meta.after;
                 f.depends = meta.depends;
+                f.wants = meta.wants;
                 remote.digest = Some(got.digest);
                 remote.files = got.files;
             }
@@ -253,22 +305,90 @@ pub fn fetch_features(m: &mut Mapping, reach: &registry::Reach, before: &[(Strin
         let key = format!("features[{id}]");
         m.features.retain(|f| f.id != id);
         m.taken.retain(|t| t.key != key);
-        m.fatal(&key, features::vendor_hint(&id, &base, &cause));
+        m.fatal(&key, features::vendor_hint(&id, base, &cause));
     }
+}
+
+/// The most features a configuration may come to with what their
+/// `dependsOn` add: a feature's dependencies are a handful; a chain longer
+/// than this is a registry leading lw init on.
+pub const MAX_FEATURES: usize = 32;
+
+/// Adds, as registry features to fetch, what a listed feature's `dependsOn`
+/// names and nothing lists, with the options it gives; `tried` holds what
+/// was added before (one that failed to fetch has left the list, refused).
+/// False when it adds none (or refuses to go on: over [`MAX_FEATURES`], or
+/// two features would share a folder).
+fn add_wanted(m: &mut Mapping, tried: &mut Vec<String>) -> bool {
+    let resource = |f: &Feature| match &f.remote {
+        Some(r) => r.reference.resource(),
+        None => f.id.clone(),
+    };
+    let mut present: Vec<String> = m.features.iter().map(resource).collect();
+    present.extend(tried.iter().cloned());
+    let mut added = Vec::new();
     for f in &m.features {
-        let Some((r, Some(d))) = f.remote.as_ref().map(|r| (r, r.digest.as_ref())) else {
-            continue;
-        };
-        let key = format!("features[{}]", f.id);
-        let moved = before
-            .iter()
-            .find(|(id, old)| *id == f.id && old != d)
-            .map(|(_, old)| format!("; {} moved since the last lw init, from {old}", r.reference));
-        if let Some(t) = m.taken.iter_mut().find(|t| t.key == key) {
-            t.how = format!("{}, manifest {d}{}", t.how, moved.unwrap_or_default());
+        for (id, given) in &f.wants {
+            let Some(r) = registry::parse_ref(id) else {
+                continue; // a local path or a URL: order() refuses it by name
+            };
+            if present.contains(&r.resource()) {
+                continue;
+            }
+            present.push(r.resource());
+            added.push((f.id.clone(), id.clone(), r, given.clone()));
         }
     }
-    features::order(m);
+    if added.is_empty() {
+        return false;
+    }
+    if m.features.len() + added.len() > MAX_FEATURES {
+        let ids: Vec<&str> = added.iter().map(|a| a.1.as_str()).collect();
+        m.fatal(
+            "features",
+            format!(
+                "dependsOn would bring the features to more than {MAX_FEATURES} (next: {}); vendor them as local features",
+                ids.join(", ")
+            ),
+        );
+        return false;
+    }
+    tried.extend(added.iter().map(|a| a.2.resource()));
+    for (by, id, r, given) in added {
+        let key = format!("features[{id}]");
+        let dir = format!("{}/{}", features::FETCHED_DIR, r.name());
+        if let Some(other) = m.features.iter().find(|f| f.dir == dir) {
+            let why = format!(
+                "the dependsOn of {by} names it, but its folder {dir} is {}'s already; vendor one of them as a local feature",
+                other.id
+            );
+            m.fatal(&key, why);
+            return false;
+        }
+        m.take(
+            &key,
+            format!(
+                "added as a dependsOn of {by}: fetched from {} by lw init into {dir}/, a layer of its own",
+                r.registry
+            ),
+        );
+        m.features.push(Feature {
+            id,
+            dir,
+            options: vec![],
+            env: vec![],
+            after: vec![],
+            depends: vec![],
+            wants: vec![],
+            remote: Some(Remote {
+                reference: r,
+                given,
+                digest: None,
+                files: vec![],
+            }),
+        });
+    }
+    true
 }
 
 /// `--input` paths: files or folders in the checkout at `top`, as the

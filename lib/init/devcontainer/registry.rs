@@ -137,11 +137,27 @@ pub struct Fetched {
 }
 
 /// How lw init reaches registries.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Reach {
     /// A PEM file of CA certificates to trust instead of the system's
     /// (`devcontainer.feature-ca`).
     pub ca_file: Option<std::path::PathBuf>,
+    /// The most each request of a fetch may take, its body included
+    /// (`devcontainer.fetch-timeout`, default [`FETCH_TIMEOUT`]): a
+    /// registry that trickles cannot hold lw init.
+    pub timeout: std::time::Duration,
+}
+
+/// The default of `devcontainer.fetch-timeout`.
+pub const FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl Default for Reach {
+    fn default() -> Reach {
+        Reach {
+            ca_file: None,
+            timeout: FETCH_TIMEOUT,
+        }
+    }
 }
 
 /// Fetches the feature `r`: manifest, then its layer, then the files.
@@ -157,6 +173,7 @@ pub fn fetch(r: &FeatureRef, reach: &Reach) -> Result<Fetched> {
         &Options {
             ca_file: reach.ca_file.clone(),
             credentials: None,
+            request_timeout: Some(reach.timeout),
         },
     )?;
     client.login(false)?;

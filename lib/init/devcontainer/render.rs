@@ -428,6 +428,13 @@ pub fn config_lines(m: &Mapping, allowed: &[String]) -> String {
             super::KEY_FEATURE_CA
         );
     }
+    if let Some(t) = &m.fetch_timeout {
+        let _ = writeln!(
+            s,
+            "# The most one request to a feature registry may take:\n{} = {t}",
+            super::KEY_FETCH_TIMEOUT
+        );
+    }
     if !m.ports.is_empty() {
         let labels: Vec<String> = m
             .ports

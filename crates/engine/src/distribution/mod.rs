@@ -108,6 +108,10 @@ pub struct Options {
     pub ca_file: Option<std::path::PathBuf>,
     /// Credentials; `None` looks them up in the Docker configuration.
     pub credentials: Option<Credentials>,
+    /// The most one request may take in all, its answer's body read
+    /// included (`None`: no bound but a read's or a write's, which a
+    /// registry sending a byte a minute never crosses).
+    pub request_timeout: Option<Duration>,
 }
 
 /// What a tag points at.
@@ -158,6 +162,7 @@ impl Client {
             .timeout_connect(Some(CONNECT_TIMEOUT))
             .timeout_per_read(Some(IO_TIMEOUT))
             .timeout_per_write(Some(IO_TIMEOUT))
+            .timeout_global(opts.request_timeout)
             .tls_config(tls.build())
             .user_agent(concat!("loopwright/", env!("CARGO_PKG_VERSION")))
             .build()
