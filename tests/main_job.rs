@@ -19,6 +19,47 @@ use std::sync::Mutex;
 /// The runs share the project's image names and Docker's two cores: one at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
+/// What a failed run in `work` left (its sandboxes, their egress networks,
+/// the scripted model's container and network) is removed when the test
+/// fails: scripts/main-job keeps it to be looked at, but the suites after
+/// this one share Docker's 31 address pools with it.
+struct ClearOnFailure<'a>(&'a Path);
+
+impl Drop for ClearOnFailure<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let work = self.0;
+        let lw_sandbox = Path::new(env!("CARGO_BIN_EXE_lw-sandbox"));
+        let root = work.join("mailbox");
+        let project = work.join("contract-change");
+        let sbx = |args: &[&str]| {
+            let _ = Command::new(lw_sandbox)
+                .arg("--root")
+                .arg(&root)
+                .arg("--project")
+                .arg(&project)
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        };
+        sbx(&["rm", "--force", "producer"]);
+        sbx(&["rm", "--force", "consumer"]);
+        sbx(&["gc"]);
+        // scripts/main-job's run_tag: the first 8 hex digits of the folder's SHA-256.
+        let tag = base::digest::sha256_hex(work.as_os_str().as_encoded_bytes());
+        let model = format!("lw-main-job-model-{}", &tag[..8]);
+        for args in [
+            ["rm", "-f", model.as_str()],
+            ["network", "rm", model.as_str()],
+        ] {
+            let _ = Command::new("docker").args(args).output();
+        }
+    }
+}
+
 /// scripts/main-job, non-interactive (`--yes`), on the binaries under test.
 fn main_job(work: &Path) -> Command {
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_lw")).parent().unwrap();
@@ -30,6 +71,7 @@ fn main_job(work: &Path) -> Command {
 }
 
 fn run_main_job(work: &Path) -> String {
+    let _clear = ClearOnFailure(work);
     let o = main_job(work).output().expect("bash runs scripts/main-job");
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
@@ -466,6 +508,7 @@ fn main_job_with_gemini_the_consumer_hears_the_contract_change_by_its_hooks() {
 fn agent_job(kit: &str, key_env: &str, blocks_stop: bool) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("main-job-{kit}"));
+    let _clear = ClearOnFailure(&work);
     let mut c = main_job(&work);
     c.arg("--agent").arg(kit).env_remove(key_env);
     let o = c.output().expect("bash runs scripts/main-job");
