@@ -82,11 +82,20 @@ impl Maildir {
                 // publication: once new/NAME is this very file, a failed
                 // unlink of the tmp name (a mediator that finished the move
                 // first) must not report a message a reader may already
-                // have taken as not sent.
-                let there = rfs::statat(new, name, rfs::AtFlags::SYMLINK_NOFOLLOW)
-                    .map(|st| (st.st_dev, st.st_ino))
-                    .ok();
-                if ours.is_some() && there == ours {
+                // have taken as not sent.  A watching mediator may even
+                // have taken it out of new/ already: then the tmp name is
+                // gone too (only this call made it, and the mediator
+                // removes it only once new/NAME is the same file), and
+                // gVisor has answered ENOENT for a move that happened.
+                let stat = |dir| {
+                    rfs::statat(dir, name, rfs::AtFlags::SYMLINK_NOFOLLOW)
+                        .map(|st| (st.st_dev, st.st_ino))
+                };
+                let published = match stat(new) {
+                    Ok(there) => Some(there) == ours,
+                    Err(_) => e == Errno::NOENT && stat(tmp) == Err(Errno::NOENT),
+                };
+                if ours.is_some() && published {
                     Ok(())
                 } else {
                     Err(e)
