@@ -15,6 +15,10 @@
 //! The tests of this binary run one at a time: the first sets DOCKER_HOST
 //! for the whole process, the second needs it unset.
 
+// The process environment is changed (std::env::set_var, unsafe since
+// Rust 2024) while no other thread of this binary reads it.
+#![allow(unsafe_code)]
+
 use support::sandbox as sandbox_support;
 
 use std::os::unix::net::UnixStream;

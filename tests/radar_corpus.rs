@@ -7,6 +7,10 @@
 //! driver from the host's config.  No Docker: branches are read from a
 //! repository the test made (`Source::Path`).
 
+// The process environment is changed (std::env::set_var, unsafe since
+// Rust 2024) while no other thread of this binary reads it.
+#![allow(unsafe_code)]
+
 use support::common;
 
 use std::collections::BTreeSet;

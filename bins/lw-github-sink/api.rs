@@ -20,7 +20,7 @@ struct Caller {
 }
 
 /// Answers one request: the control API, or the REST API with its record.
-pub fn handle(st: &mut State, limits: &Limits, req: &Request) -> Response {
+pub(crate) fn handle(st: &mut State, limits: &Limits, req: &Request) -> Response {
     let (path, q) = query(&req.target);
     if let Some(ctl) = path.strip_prefix("/_sink/") {
         return crate::control::control(st, req, ctl);

@@ -11,7 +11,7 @@ use crate::wire::{DOCS, Response, gh_error, gh_time, journal_failed, now_s, page
 /// as loopwright's client expects).
 const MAX_COMMENT_CHARS: usize = 65_536;
 
-pub fn body_field(body: &[u8]) -> std::result::Result<String, Response> {
+pub(crate) fn body_field(body: &[u8]) -> std::result::Result<String, Response> {
     let v: Value =
         serde_json::from_slice(body).map_err(|_| gh_error(400, "Problems parsing JSON"))?;
     let Some(b) = v.get("body").and_then(|b| b.as_str()) else {
@@ -27,7 +27,7 @@ pub fn body_field(body: &[u8]) -> std::result::Result<String, Response> {
 }
 
 /// GitHub's answer to a comment over 65,536 characters.
-pub fn too_long() -> Response {
+pub(crate) fn too_long() -> Response {
     resp(
         422,
         json!({
@@ -39,7 +39,7 @@ pub fn too_long() -> Response {
     )
 }
 
-pub fn create(
+pub(crate) fn create(
     st: &mut State,
     repo: &str,
     issue: u64,
@@ -74,7 +74,7 @@ pub fn create(
     r
 }
 
-pub fn comment_json(c: &StoredComment, host: &str) -> Value {
+pub(crate) fn comment_json(c: &StoredComment, host: &str) -> Value {
     json!({
         "id": c.id,
         "node_id": format!("IC_{}", c.id),
@@ -89,7 +89,7 @@ pub fn comment_json(c: &StoredComment, host: &str) -> Value {
     })
 }
 
-pub fn list(
+pub(crate) fn list(
     st: &State,
     repo: &str,
     issue: u64,

@@ -45,7 +45,7 @@ fn io_fail(_: std::io::Error) -> Response {
     gh_error(500, "journal write failed")
 }
 
-pub fn control(st: &mut State, req: &Request, ctl: &str) -> Response {
+pub(crate) fn control(st: &mut State, req: &Request, ctl: &str) -> Response {
     let v: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
     match (req.method.as_str(), ctl) {
         ("POST", "repos") => {

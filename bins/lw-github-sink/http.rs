@@ -36,7 +36,7 @@ impl std::fmt::Display for Dropped {
 impl std::error::Error for Dropped {}
 
 /// Serves `listener` for ever.
-pub fn serve(listener: TcpListener, state: State, limits: Limits) -> Result<Infallible> {
+pub(crate) fn serve(listener: TcpListener, state: State, limits: Limits) -> Result<Infallible> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()

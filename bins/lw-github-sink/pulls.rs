@@ -17,7 +17,7 @@ use crate::state::{Op, State, StoredPull, StoredReview, StoredStatus};
 use crate::wire::{DOCS, Response, gh_error, gh_time, journal_failed, now_s, paged, resp};
 
 /// One authenticated request under `/repos/{repo}/`, as this module needs it.
-pub struct Ctx<'a> {
+pub(crate) struct Ctx<'a> {
     pub repo: &'a str,
     pub login: &'a str,
     pub host: &'a str,
@@ -29,7 +29,7 @@ pub struct Ctx<'a> {
 }
 
 /// GitHub's 403 for a token without pull-request (or status) rights.
-pub fn forbidden(perm: &str) -> Response {
+pub(crate) fn forbidden(perm: &str) -> Response {
     let mut r = gh_error(403, "Resource not accessible by personal access token");
     r.headers
         .push(("x-accepted-github-permissions".into(), perm.into()));
@@ -51,11 +51,11 @@ fn custom(message: &str) -> Response {
     invalid(json!([{ "resource": "PullRequest", "code": "custom", "message": message }]))
 }
 
-pub fn node_id(p: &StoredPull) -> String {
+pub(crate) fn node_id(p: &StoredPull) -> String {
     format!("PR_{}_{}", p.repo.replace('/', "_"), p.number)
 }
 
-pub fn pull_json(p: &StoredPull, host: &str) -> Value {
+pub(crate) fn pull_json(p: &StoredPull, host: &str) -> Value {
     let owner = p.repo.split('/').next().unwrap_or("");
     json!({
         "id": p.number,
@@ -91,7 +91,7 @@ fn json_body(body: &[u8]) -> Result<Value, Response> {
 }
 
 /// `POST /repos/{repo}/pulls`.
-pub fn create(st: &mut State, c: &Ctx) -> Response {
+pub(crate) fn create(st: &mut State, c: &Ctx) -> Response {
     if !c.can_write {
         return forbidden("pull_requests=write");
     }
@@ -159,7 +159,7 @@ pub fn create(st: &mut State, c: &Ctx) -> Response {
 }
 
 /// `GET /repos/{repo}/pulls?state=&head=&base=`, newest first, in pages.
-pub fn list(st: &State, c: &Ctx) -> Response {
+pub(crate) fn list(st: &State, c: &Ctx) -> Response {
     let want = crate::wire::param(c.q, "state").unwrap_or("open");
     if !matches!(want, "open" | "closed" | "all") {
         return invalid(
@@ -186,7 +186,7 @@ fn pull_of<'s>(st: &'s State, repo: &str, n: &str) -> Option<&'s StoredPull> {
 }
 
 /// `GET /repos/{repo}/pulls/{n}`.
-pub fn get(st: &State, c: &Ctx, n: &str) -> Response {
+pub(crate) fn get(st: &State, c: &Ctx, n: &str) -> Response {
     match pull_of(st, c.repo, n) {
         Some(p) => resp(200, pull_json(p, c.host)),
         None => gh_error(404, "Not Found"),
@@ -195,7 +195,7 @@ pub fn get(st: &State, c: &Ctx, n: &str) -> Response {
 
 /// `PATCH /repos/{repo}/pulls/{n}`: `title`, `body`, `state`, `base`
 /// (`draft` is ignored, as GitHub ignores it).
-pub fn update(st: &mut State, c: &Ctx, n: &str) -> Response {
+pub(crate) fn update(st: &mut State, c: &Ctx, n: &str) -> Response {
     let Some(mut p) = pull_of(st, c.repo, n).cloned() else {
         return gh_error(404, "Not Found");
     };
@@ -269,7 +269,7 @@ fn review_json(r: &StoredReview, host: &str) -> Value {
 
 /// `GET /repos/{repo}/pulls/{n}/reviews` (`comments` false) or
 /// `.../comments` (review comments, `comments` true), oldest first, in pages.
-pub fn reviews(st: &State, c: &Ctx, n: &str, comments: bool) -> Response {
+pub(crate) fn reviews(st: &State, c: &Ctx, n: &str, comments: bool) -> Response {
     let Some(p) = pull_of(st, c.repo, n) else {
         return gh_error(404, "Not Found");
     };
@@ -297,7 +297,7 @@ fn is_sha(s: &str) -> bool {
 }
 
 /// `POST /repos/{repo}/statuses/{sha}`.
-pub fn create_status(st: &mut State, c: &Ctx, sha: &str) -> Response {
+pub(crate) fn create_status(st: &mut State, c: &Ctx, sha: &str) -> Response {
     if !c.can_write {
         return forbidden("statuses=write");
     }
@@ -337,7 +337,7 @@ pub fn create_status(st: &mut State, c: &Ctx, sha: &str) -> Response {
 }
 
 /// `GET /repos/{repo}/commits/{sha}/statuses`, newest first, in pages.
-pub fn list_statuses(st: &State, c: &Ctx, sha: &str) -> Response {
+pub(crate) fn list_statuses(st: &State, c: &Ctx, sha: &str) -> Response {
     let items: Vec<Value> = st
         .statuses
         .iter()
@@ -351,7 +351,7 @@ pub fn list_statuses(st: &State, c: &Ctx, sha: &str) -> Response {
 /// `POST /graphql`: the one mutation GitHub offers for taking a pull request
 /// out of draft, `markPullRequestReadyForReview(input: {pullRequestId})`.
 /// GraphQL answers 200 with `errors` for what it refuses.
-pub fn graphql(st: &mut State, can_write: bool, body: &[u8]) -> Response {
+pub(crate) fn graphql(st: &mut State, can_write: bool, body: &[u8]) -> Response {
     let v = match json_body(body) {
         Ok(v) => v,
         Err(r) => return r,
@@ -402,7 +402,7 @@ pub fn graphql(st: &mut State, can_write: bool, body: &[u8]) -> Response {
 /// `POST /_sink/reviews`: a person's review or review comment (`path`,
 /// `line`) on a pull request; `association` is its author's
 /// `author_association` (default `OWNER`).
-pub fn add_review(st: &mut State, v: &Value) -> Response {
+pub(crate) fn add_review(st: &mut State, v: &Value) -> Response {
     let (Some(repo), Some(pull), Some(login)) =
         (v["repo"].as_str(), v["pull"].as_u64(), v["login"].as_str())
     else {

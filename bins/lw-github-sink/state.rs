@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 /// One recorded request (control requests are not recorded).
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Record {
+pub(crate) struct Record {
     pub seq: u64,
     /// Milliseconds since the epoch, with microseconds.
     pub t_ms: f64,
@@ -31,7 +31,7 @@ pub struct Record {
 /// A window in which the server told the client not to send (`retry-after`
 /// or an exhausted primary limit), in milliseconds since the epoch.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Window {
+pub(crate) struct Window {
     pub from_ms: f64,
     pub until_ms: f64,
     pub why: String,
@@ -41,7 +41,7 @@ pub struct Window {
 /// fire it `count` times (0 = without end), after letting `skip` pass, each
 /// with `probability` (default 1).
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Fault {
+pub(crate) struct Fault {
     /// `status` (answer `status` without doing anything, or after doing it
     /// when `commit`), `secondary` (403/429 secondary limit, `retry_after`
     /// seconds or no header), `primary` (exhaust the primary limit for
@@ -77,7 +77,7 @@ fn one() -> u64 {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct StoredComment {
+pub(crate) struct StoredComment {
     pub id: u64,
     pub repo: String,
     pub issue: u64,
@@ -89,7 +89,7 @@ pub struct StoredComment {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct TokenInfo {
+pub(crate) struct TokenInfo {
     pub login: String,
     pub write: bool,
     pub revoked: bool,
@@ -107,7 +107,7 @@ fn yes() -> bool {
 /// on GitHub, where a pull request is an issue too, whose conversation is
 /// the issue-comments API on that number).
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct StoredPull {
+pub(crate) struct StoredPull {
     pub repo: String,
     pub number: u64,
     pub title: String,
@@ -128,7 +128,7 @@ pub struct StoredPull {
 
 /// A commit status.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct StoredStatus {
+pub(crate) struct StoredStatus {
     pub id: u64,
     pub repo: String,
     pub sha: String,
@@ -143,7 +143,7 @@ pub struct StoredStatus {
 /// A review (`path` None) or a review comment on a line of a file, written
 /// by a person through the control API.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct StoredReview {
+pub(crate) struct StoredReview {
     pub id: u64,
     pub repo: String,
     pub pull: u64,
@@ -166,7 +166,7 @@ fn owner() -> String {
 /// One journal line.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
-pub enum Op {
+pub(crate) enum Op {
     Repo {
         repo: String,
     },
@@ -208,7 +208,7 @@ pub enum Op {
 }
 
 #[derive(Default)]
-pub struct State {
+pub(crate) struct State {
     pub repos: BTreeMap<String, BTreeMap<u64, String>>,
     pub comments: BTreeMap<u64, StoredComment>,
     pub next_id: u64,
@@ -233,7 +233,7 @@ pub struct State {
 impl State {
     /// Creates `dir` when missing, replays its journal and opens it for
     /// appending.
-    pub fn load(dir: &Path) -> Result<State> {
+    pub(crate) fn load(dir: &Path) -> Result<State> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("cannot create", dir, e))?;
         let jpath = dir.join("journal.jsonl");
         let mut st = State {
@@ -310,7 +310,7 @@ impl State {
     }
 
     /// Journals then applies: a change is on disk before anyone hears of it.
-    pub fn commit(&mut self, op: Op) -> std::io::Result<()> {
+    pub(crate) fn commit(&mut self, op: Op) -> std::io::Result<()> {
         if let Some(j) = &mut self.journal {
             let mut line = serde_json::to_vec(&op).expect("journal ops are plain data");
             line.push(b'\n');
@@ -322,7 +322,7 @@ impl State {
     }
 
     /// Creates `repo` and its issues 1..=`issues` where missing.
-    pub fn add_repo(&mut self, repo: &str, issues: u64) -> std::io::Result<()> {
+    pub(crate) fn add_repo(&mut self, repo: &str, issues: u64) -> std::io::Result<()> {
         if !self.repos.contains_key(repo) {
             self.commit(Op::Repo { repo: repo.into() })?;
         }
@@ -340,7 +340,7 @@ impl State {
 
     /// The tip of `branch` of `repo`: from its git directory when it has
     /// one (None when the branch does not exist), else a made-up commit.
-    pub fn branch_tip(&self, repo: &str, branch: &str) -> Option<String> {
+    pub(crate) fn branch_tip(&self, repo: &str, branch: &str) -> Option<String> {
         let Some(dir) = self.git.get(repo) else {
             return Some(sha256_hex(format!("{repo}:{branch}").as_bytes())[..40].to_string());
         };
@@ -356,7 +356,7 @@ impl State {
     }
 
     /// Whether `sha` names a commit of `repo` (always, without a git directory).
-    pub fn has_commit(&self, repo: &str, sha: &str) -> bool {
+    pub(crate) fn has_commit(&self, repo: &str, sha: &str) -> bool {
         let Some(dir) = self.git.get(repo) else {
             return true;
         };
@@ -370,7 +370,12 @@ impl State {
     }
 
     /// Accepts `token` for `login` (stored as its digest).
-    pub fn add_token(&mut self, login: &str, token: &str, write: bool) -> std::io::Result<()> {
+    pub(crate) fn add_token(
+        &mut self,
+        login: &str,
+        token: &str,
+        write: bool,
+    ) -> std::io::Result<()> {
         let info = TokenInfo {
             login: login.into(),
             write,

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-pub const DOCS: &str = "https://docs.github.com/rest";
+pub(crate) const DOCS: &str = "https://docs.github.com/rest";
 
 /// A request as the handlers see it (the HTTP layer reads the body whole).
-pub struct Request {
+pub(crate) struct Request {
     pub method: String,
     /// The request target: path and query, as sent.
     pub target: String,
@@ -20,7 +20,7 @@ pub struct Request {
 }
 
 impl Request {
-    pub fn header(&self, n: &str) -> Option<&str> {
+    pub(crate) fn header(&self, n: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case(n))
@@ -28,7 +28,7 @@ impl Request {
     }
 }
 
-pub struct Response {
+pub(crate) struct Response {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
@@ -37,26 +37,26 @@ pub struct Response {
 }
 
 /// Fixed settings of the API.
-pub struct Limits {
+pub(crate) struct Limits {
     /// Requests per hour per token before the primary limit answers 403.
     pub hourly_limit: u64,
 }
 
-pub fn now_s() -> u64 {
+pub(crate) fn now_s() -> u64 {
     base::time::now().as_secs()
 }
 
-pub fn now_ms_f() -> f64 {
+pub(crate) fn now_ms_f() -> f64 {
     base::time::now().as_secs_f64() * 1000.0
 }
 
-pub fn gh_time(s: u64) -> String {
+pub(crate) fn gh_time(s: u64) -> String {
     // GitHub's timestamps have whole seconds.
     let t = base::time::rfc3339(Duration::from_secs(s));
     format!("{}Z", &t[..19])
 }
 
-pub fn resp(status: u16, v: Value) -> Response {
+pub(crate) fn resp(status: u16, v: Value) -> Response {
     Response {
         status,
         headers: vec![],
@@ -65,14 +65,14 @@ pub fn resp(status: u16, v: Value) -> Response {
     }
 }
 
-pub fn gh_error(status: u16, msg: &str) -> Response {
+pub(crate) fn gh_error(status: u16, msg: &str) -> Response {
     resp(
         status,
         json!({ "message": msg, "documentation_url": DOCS, "status": status.to_string() }),
     )
 }
 
-pub fn empty(status: u16, drop: bool) -> Response {
+pub(crate) fn empty(status: u16, drop: bool) -> Response {
     Response {
         status,
         headers: vec![],
@@ -81,7 +81,7 @@ pub fn empty(status: u16, drop: bool) -> Response {
     }
 }
 
-pub fn query(target: &str) -> (String, Vec<(String, String)>) {
+pub(crate) fn query(target: &str) -> (String, Vec<(String, String)>) {
     let (path, q) = target.split_once('?').unwrap_or((target, ""));
     let params = q
         .split('&')
@@ -94,16 +94,20 @@ pub fn query(target: &str) -> (String, Vec<(String, String)>) {
     (path.to_string(), params)
 }
 
-pub fn param<'a>(q: &'a [(String, String)], k: &str) -> Option<&'a str> {
+pub(crate) fn param<'a>(q: &'a [(String, String)], k: &str) -> Option<&'a str> {
     q.iter().find(|(a, _)| a == k).map(|(_, v)| v.as_str())
 }
 
-pub fn journal_failed() -> Response {
+pub(crate) fn journal_failed() -> Response {
     gh_error(500, "journal write failed")
 }
 
 /// The `Link` header's parts for `page` of `last`.
-pub fn page_links(page: usize, last: usize, link_for: impl Fn(usize) -> String) -> Vec<String> {
+pub(crate) fn page_links(
+    page: usize,
+    last: usize,
+    link_for: impl Fn(usize) -> String,
+) -> Vec<String> {
     let mut links = Vec::new();
     if page < last {
         links.push(format!("{}; rel=\"next\"", link_for(page + 1)));
@@ -118,7 +122,7 @@ pub fn page_links(page: usize, last: usize, link_for: impl Fn(usize) -> String) 
 
 /// One page of `items` as GitHub pages a list: `per_page` (default 30, at
 /// most 100) and `page`, with a `Link` header of the pages around it.
-pub fn paged(items: Vec<Value>, q: &[(String, String)], path: &str, host: &str) -> Response {
+pub(crate) fn paged(items: Vec<Value>, q: &[(String, String)], path: &str, host: &str) -> Response {
     let per_page = param(q, "per_page")
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or(30)

@@ -15,7 +15,7 @@ use mailbox::message::{MAX_BODY, Message};
 use mailbox::redact::Secrets;
 
 /// Longest name a person gives (`--operator`).
-pub const MAX_OPERATOR: usize = 64;
+pub(super) const MAX_OPERATOR: usize = 64;
 
 /// Checks the name a person acts under: printable, short, one line.
 pub fn check_operator(name: &str) -> Result<()> {
@@ -34,7 +34,7 @@ pub fn check_operator(name: &str) -> Result<()> {
 }
 
 /// The body of an answer as posted: the text, then the person's signature.
-pub fn signed(text: &str, operator: &str) -> String {
+pub(super) fn signed(text: &str, operator: &str) -> String {
     format!("{}\n\n-- {operator} (lw-cockpit)", text.trim_end())
 }
 
@@ -43,7 +43,7 @@ pub fn signed(text: &str, operator: &str) -> String {
 /// queue, and the first answer claims it (a file made with O_EXCL in
 /// `ROOT/state/cockpit/answered/`), so a double click or answers sent at
 /// once from two tabs give one answer and 409 for the others.
-pub fn answer(root: &Root, qid: &str, text: &str, operator: &str) -> Result<Message> {
+pub(super) fn answer(root: &Root, qid: &str, text: &str, operator: &str) -> Result<Message> {
     if text.trim().is_empty() {
         return Err(Error::usage("the answer is empty"));
     }
@@ -95,7 +95,7 @@ fn claim(root: &Root, qid: &str) -> Result<PathBuf> {
 }
 
 /// The policy lw-mediate would use: `path`, else its default path.
-pub struct Door {
+pub(super) struct Door {
     pub policy: Option<PathBuf>,
     pub report: super::Notes,
 }
@@ -120,7 +120,7 @@ impl Door {
     }
 
     /// The secret values the door masks, as `lw-mediate` loads them.
-    pub fn secrets(&self, root: &Root) -> Result<Secrets> {
+    pub(super) fn secrets(&self, root: &Root) -> Result<Secrets> {
         let env = |n: &str| std::env::var_os(n);
         let here = std::env::current_dir().unwrap_or_default();
         let (mut s, mut warnings): (Secrets, _) = Secrets::for_root(root, &here, &env)?;
@@ -132,13 +132,19 @@ impl Door {
     }
 
     /// Releases held message `id`.
-    pub fn release(&self, root: &Root, id: &str) -> Result<Entry> {
+    pub(super) fn release(&self, root: &Root, id: &str) -> Result<Entry> {
         check_id(id)?;
         self.mediator(root)?.release(id, &mut std::io::sink())
     }
 
     /// Drops held message `id`; the log's reason names the person.
-    pub fn drop_held(&self, root: &Root, id: &str, reason: &str, operator: &str) -> Result<Entry> {
+    pub(super) fn drop_held(
+        &self,
+        root: &Root,
+        id: &str,
+        reason: &str,
+        operator: &str,
+    ) -> Result<Entry> {
         check_id(id)?;
         let reason = if reason.trim().is_empty() {
             "no reason given"

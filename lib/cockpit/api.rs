@@ -11,7 +11,7 @@ use base::error::{Error, Result};
 use mailbox::log::Log;
 
 /// A query string's parameters, percent-decoded (`+` is a space).
-pub fn params(query: Option<&str>) -> HashMap<String, String> {
+pub(super) fn params(query: Option<&str>) -> HashMap<String, String> {
     query
         .unwrap_or("")
         .split('&')
@@ -53,14 +53,14 @@ fn opt(p: &HashMap<String, String>, k: &str) -> Option<String> {
 /// A GET's answer: its content type, its body, and, where a page asks
 /// again for what may not have changed, a tag of what it says (an HTTP
 /// entity tag: the same tag, the same view).
-pub struct Answer {
+pub(super) struct Answer {
     pub ctype: &'static str,
     pub body: String,
     pub tag: Option<String>,
 }
 
 /// Answers a GET, or None for an unknown path.
-pub fn get(c: &Cockpit, path: &str, p: &HashMap<String, String>) -> Result<Option<Answer>> {
+pub(super) fn get(c: &Cockpit, path: &str, p: &HashMap<String, String>) -> Result<Option<Answer>> {
     let log = Log::new(c.root.log_dir());
     let v = match path {
         "/api/meta" => json!({
@@ -139,7 +139,7 @@ fn field<'a>(v: &'a Value, k: &str) -> Result<&'a str> {
 }
 
 /// Answers a POST (an operator's action), or None for an unknown path.
-pub fn post(c: &Cockpit, path: &str, v: &Value) -> Result<Option<Value>> {
+pub(super) fn post(c: &Cockpit, path: &str, v: &Value) -> Result<Option<Value>> {
     let done = match path {
         "/api/answer" => {
             let m = actions::answer(&c.root, field(v, "id")?, field(v, "text")?, &c.operator)?;

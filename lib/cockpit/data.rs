@@ -30,11 +30,11 @@ use mailbox::registry::Registry;
 pub const MAX_PAGE: usize = 200;
 /// Entries one filtered page reads at most before it answers with what it
 /// found and a cursor (so a filter that matches nothing stays cheap).
-pub const MAX_SCAN: usize = 5000;
+pub(super) const MAX_SCAN: usize = 5000;
 
 /// One sandbox as the page lists it.
 #[derive(Debug, Serialize)]
-pub struct SandboxView {
+pub(super) struct SandboxView {
     pub name: String,
     pub branch: Option<String>,
     pub scope: Vec<String>,
@@ -64,7 +64,7 @@ pub struct SandboxView {
 }
 
 #[derive(Debug, Serialize)]
-pub struct PortView {
+pub(super) struct PortView {
     pub container: String,
     pub host: u16,
     /// Where it is reached when not 127.0.0.1.
@@ -73,7 +73,7 @@ pub struct PortView {
 
 /// Every registered sandbox, by name, with what its record says and what
 /// the last look at the engine and the branches found (`live`).
-pub fn sandboxes(root: &Root, live: &mut super::live::Snapshot) -> Result<Vec<SandboxView>> {
+pub(super) fn sandboxes(root: &Root, live: &mut super::live::Snapshot) -> Result<Vec<SandboxView>> {
     let (good, _bad) = Registry::new(root).list()?;
     let mut v: Vec<SandboxView> = good
         .into_iter()
@@ -254,7 +254,7 @@ pub fn log_page(log: &Log, q: &LogQuery) -> Result<Page> {
 }
 
 /// One entry whole (the message with its body), by name.
-pub fn entry(log: &Log, name: &str) -> Option<Entry> {
+pub(super) fn entry(log: &Log, name: &str) -> Option<Entry> {
     if name.is_empty() || name.starts_with('.') || name.contains('/') {
         return None;
     }
@@ -265,7 +265,7 @@ pub fn entry(log: &Log, name: &str) -> Option<Entry> {
 /// so a person sees what they answer or release: as the log keeps them,
 /// and for a held message (whose log entry has no body) from the held
 /// copy with the secret values the door knows masked by `mask`.
-pub fn queues(root: &Root, mask: &dyn Fn(&mut String)) -> Result<Value> {
+pub(super) fn queues(root: &Root, mask: &dyn Fn(&mut String)) -> Result<Value> {
     use mailbox::log::Action;
     use mailbox::maildir::Found;
     let log = Log::new(root.log_dir());
@@ -314,14 +314,14 @@ pub fn queues(root: &Root, mask: &dyn Fn(&mut String)) -> Result<Value> {
 
 /// What the page says of lw-sync's last error: its state file does not
 /// keep one (lw-sync reports errors on its standard error and exit status).
-pub const SYNC_ERROR_NOT_KEPT: &str = "lw-sync does not keep its last error in its state file \
+pub(super) const SYNC_ERROR_NOT_KEPT: &str = "lw-sync does not keep its last error in its state file \
 (ROOT/state/sync.json); it reports errors on its standard error and in its exit status";
 
 /// The sync state (ROOT/state/sync.json): per target (`owner/repo#N`, with
 /// its issue's address) the entries synced and the parts of a comment in
 /// flight, and how many log entries no target holds yet; `null` when
 /// lw-sync never ran.
-pub fn sync_state(root: &Root, web: Option<&str>) -> Value {
+pub(super) fn sync_state(root: &Root, web: Option<&str>) -> Value {
     let path = crate::sync::state_path(root);
     let st = match crate::sync::load_state(&path) {
         Ok((st, _)) => st,
@@ -364,7 +364,7 @@ pub fn sync_state(root: &Root, web: Option<&str>) -> Value {
 /// `api_url`): `https://github.com` for GitHub's API, `https://HOST` for
 /// an Enterprise server's `https://HOST/api/v3`; None for any other (a
 /// local stand-in has no issue pages: no link rather than a wrong one).
-pub fn github_web(api_url: Option<&str>) -> Option<String> {
+pub(super) fn github_web(api_url: Option<&str>) -> Option<String> {
     let api = api_url
         .unwrap_or("https://api.github.com")
         .trim_end_matches('/');
@@ -397,7 +397,7 @@ fn issue_url(web: &str, target: &str) -> Option<String> {
 
 /// The radar's pairs with a non-empty announced set (ROOT/state/radar.json);
 /// `null` when the radar never ran.
-pub fn radar(root: &Root) -> Value {
+pub(super) fn radar(root: &Root) -> Value {
     let path = root.state_dir().join("radar.json");
     let Some(v) = read_json(&path) else {
         return Value::Null;

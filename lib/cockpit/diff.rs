@@ -11,7 +11,7 @@ use crate::radar::run::{self, Limits};
 use mailbox::layout::Root;
 
 /// Bytes of diff shown at most; the rest is cut with a note.
-pub const MAX_DIFF: usize = 2 << 20;
+pub(super) const MAX_DIFF: usize = 2 << 20;
 
 fn limits() -> Limits {
     Limits {
@@ -57,7 +57,7 @@ fn tip(root: &Root, name: &str, branch: &str, mirror: &Path) -> Option<(PathBuf,
 
 /// The diff of sandbox `name`'s task branch against its base, with a
 /// diffstat first; a sentence when there is nothing to show.
-pub fn diff(root: &Root, name: &str) -> String {
+pub(super) fn diff(root: &Root, name: &str) -> String {
     let Some(rec) = super::record::record(root, name) else {
         return format!("{name}: no lw-sandbox record on this host, so no branch to show\n");
     };
@@ -112,7 +112,7 @@ pub fn diff(root: &Root, name: &str) -> String {
 /// How far a task branch is from its base: commits ahead and a diffstat,
 /// read with the same hardened, capped git as [`diff`].
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct BranchStat {
+pub(super) struct BranchStat {
     pub head: String,
     pub base: String,
     /// Where the tip was read: the radar's copy or the mirror's ref.
@@ -124,7 +124,7 @@ pub struct BranchStat {
 }
 
 /// The stat of `head` against `base` in `repo` (None when git cannot say).
-pub fn stat(repo: &Path, base: &str, head: &str, from: &str) -> Option<BranchStat> {
+pub(super) fn stat(repo: &Path, base: &str, head: &str, from: &str) -> Option<BranchStat> {
     let base = resolve(repo, base)?;
     let mut cmd = run::git(repo);
     cmd.args(["rev-list", "--count", "--end-of-options"])
@@ -178,14 +178,14 @@ fn shortstat(s: &str) -> (u64, u64, u64) {
 /// A repository's refs (name -> commit), and with [`Refs::with_head`] its
 /// HEAD's commit, read once per refresh with capped gits.
 #[derive(Default)]
-pub struct Refs {
+pub(super) struct Refs {
     pub refs: std::collections::HashMap<String, String>,
     pub head: Option<String>,
 }
 
 impl Refs {
     /// The refs of `repo`, empty when it is not a repository.
-    pub fn read(repo: &Path) -> Refs {
+    pub(super) fn read(repo: &Path) -> Refs {
         if !repo.is_dir() {
             return Refs::default();
         }
@@ -207,7 +207,7 @@ impl Refs {
     }
 
     /// [`Refs::read`] and the commit of HEAD (a mirror's default branch).
-    pub fn with_head(repo: &Path) -> Refs {
+    pub(super) fn with_head(repo: &Path) -> Refs {
         let mut r = Refs::read(repo);
         if repo.is_dir() {
             r.head = resolve(repo, "HEAD");
@@ -219,7 +219,7 @@ impl Refs {
 /// Where sandbox `rec`'s branch is and what its base is: (repository,
 /// base, head, what the tip is), as [`diff`] finds them, from refs read
 /// once per refresh (`mirror`: [`Refs::read`] of `rec.mirror`).
-pub fn locate(
+pub(super) fn locate(
     root: &Root,
     rec: &crate::sandbox::Record,
     mirror: &Refs,

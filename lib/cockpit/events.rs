@@ -16,7 +16,7 @@ use base::fs::{Watcher, Woke};
 use mailbox::layout::Root;
 
 /// What a page refreshes on an event.
-pub const TOPICS: &[&str] = &["log", "queues", "sandboxes", "state"];
+pub(super) const TOPICS: &[&str] = &["log", "queues", "sandboxes", "state"];
 
 /// The directories each topic watches.
 fn dirs(root: &Root, topic: &str) -> Vec<PathBuf> {
@@ -41,7 +41,7 @@ fn dirs(root: &Root, topic: &str) -> Vec<PathBuf> {
 /// Starts the watchers; their topics arrive on the returned sender's
 /// receivers.  A directory that does not exist yet (no sandbox was ever
 /// made) is left out; the others are watched.
-pub fn start(root: &Root) -> Result<broadcast::Sender<&'static str>> {
+pub(super) fn start(root: &Root) -> Result<broadcast::Sender<&'static str>> {
     let (tx, _) = broadcast::channel(64);
     for topic in TOPICS {
         let w = Watcher::new().map_err(|e| {
@@ -77,17 +77,17 @@ fn watch(w: Watcher, topic: &'static str, tx: broadcast::Sender<&'static str>) {
 }
 
 /// One server-sent event naming `topic`.
-pub fn frame(topic: &str) -> Bytes {
+pub(super) fn frame(topic: &str) -> Bytes {
     Bytes::from(format!("event: change\ndata: {topic}\n\n"))
 }
 
 /// How often an idle stream says it is alive (a comment line), so a proxy
 /// or the browser does not time it out.
-pub const KEEPALIVE: Duration = Duration::from_secs(15);
+pub(super) const KEEPALIVE: Duration = Duration::from_secs(15);
 
 /// The next bytes of a page's stream: a topic, every topic after a lag,
 /// a keep-alive comment, or `None` when the server is going away.
-pub async fn next(rx: &mut broadcast::Receiver<&'static str>) -> Option<Bytes> {
+pub(super) async fn next(rx: &mut broadcast::Receiver<&'static str>) -> Option<Bytes> {
     match tokio::time::timeout(KEEPALIVE, rx.recv()).await {
         Err(_) => Some(Bytes::from_static(b": alive\n\n")),
         Ok(Ok(topic)) => Some(frame(topic)),

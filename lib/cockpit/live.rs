@@ -31,11 +31,11 @@ use crate::sandbox::Sandboxes;
 use mailbox::layout::Root;
 
 /// The time between the end of one round and the start of the next.
-pub const PERIOD: Duration = Duration::from_secs(2);
+pub(super) const PERIOD: Duration = Duration::from_secs(2);
 
 /// What the engine said last.
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
-pub struct EngineView {
+pub(super) struct EngineView {
     /// `checking` (no round finished yet), `reachable` or `unreachable`.
     pub state: String,
     /// The engine's address, once connected.
@@ -48,7 +48,7 @@ pub struct EngineView {
 
 /// The last round's result.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Snapshot {
+pub(super) struct Snapshot {
     pub engine: EngineView,
     /// Sandbox name -> its `lw-sandbox ls --json` record, plus `state_text`
     /// (`exited (OOM)`, as the `ls` column says it).
@@ -58,19 +58,19 @@ pub struct Snapshot {
 }
 
 /// Shared by the refresher thread and the requests.
-pub struct Live {
+pub(super) struct Live {
     snap: Mutex<Snapshot>,
     wake: (Mutex<bool>, Condvar),
 }
 
 impl Live {
     /// The last round's result.
-    pub fn snapshot(&self) -> Snapshot {
+    pub(super) fn snapshot(&self) -> Snapshot {
         self.snap.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Starts a round now (a page connected).
-    pub fn wake(&self) {
+    pub(super) fn wake(&self) {
         let (m, cv) = &self.wake;
         *m.lock().unwrap_or_else(|p| p.into_inner()) = true;
         cv.notify_one();
@@ -89,7 +89,7 @@ impl Live {
 /// Starts the refresher for `root`; `project` is where the project's
 /// configuration (its `engine`) is looked for, as lw-sandbox looks from
 /// the current directory.
-pub fn start(
+pub(super) fn start(
     root: Root,
     project: PathBuf,
     events: broadcast::Sender<&'static str>,

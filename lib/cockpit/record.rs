@@ -7,7 +7,7 @@ use crate::sandbox::Record;
 use mailbox::layout::Root;
 
 /// lw-sandbox's record of `name` (ROOT/state/sandbox/NAME.json), if any.
-pub fn record(root: &Root, name: &str) -> Option<Record> {
+pub(super) fn record(root: &Root, name: &str) -> Option<Record> {
     if !base::id::valid_name(name) {
         return None;
     }

@@ -26,7 +26,7 @@ const MAX_FILE: usize = 256 << 10;
 const MAX_FILES: usize = 64;
 
 /// The attributes file for merges from `base` (made once per base).
-pub fn for_tree(all: &Path, limits: &Limits, base: &str) -> Result<PathBuf, String> {
+pub(super) fn for_tree(all: &Path, limits: &Limits, base: &str) -> Result<PathBuf, String> {
     let dir = all.with_file_name("attrs");
     let path = dir.join(base);
     if path.exists() {
@@ -80,7 +80,7 @@ fn files(all: &Path, limits: &Limits, base: &str) -> Vec<(String, Vec<u8>)> {
 
 /// The lines of one `.gitattributes` in directory `dir` ("" or "d/e/"),
 /// kept to the built-in merge attributes, patterns made relative to the top.
-pub fn filter(dir: &str, text: &str) -> String {
+pub(super) fn filter(dir: &str, text: &str) -> String {
     let mut out = String::new();
     for line in text.lines() {
         let mut words = line.split_ascii_whitespace();

@@ -20,7 +20,7 @@ use std::path::Path;
 use super::{Event, Live, Radar, Refusal, Report, Source, parallel, run};
 
 /// How long an unchanged ref file is taken for an unchanged head.
-pub const HINT_TTL: std::time::Duration = std::time::Duration::from_secs(30);
+pub(super) const HINT_TTL: std::time::Duration = std::time::Duration::from_secs(30);
 /// Bytes of `packed-refs` read for the hint (a larger one gives none).
 const MAX_PACKED_REFS: usize = 1 << 20;
 

@@ -148,6 +148,7 @@ pub fn run(mut cmd: Command, limits: &Limits) -> Result<Ran, Failed> {
         .stderr(Stdio::piped())
         .process_group(0);
     // SAFETY: setrlimit is async-signal-safe and touches no memory of the parent.
+    #[allow(unsafe_code)]
     unsafe {
         cmd.pre_exec(move || {
             let l = rustix::process::Rlimit {

@@ -19,7 +19,7 @@ pub const FORMAT_VERSION: u32 = 3;
 /// The invisible character [`quiet`] puts inside a reference.
 const JOINER: char = '\u{200d}';
 /// Between the sections of a batched comment.
-pub const SEPARATOR: &str = "\n\n---\n\n";
+pub(super) const SEPARATOR: &str = "\n\n---\n\n";
 
 /// The message fields a header carries (all but the body, which follows it).
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
@@ -104,7 +104,7 @@ pub struct HostHead {
 }
 
 /// Format version of a host announcement.
-pub const HOST_VERSION: u32 = 1;
+pub(super) const HOST_VERSION: u32 = 1;
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(tag = "t", rename_all = "kebab-case")]

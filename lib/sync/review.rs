@@ -128,7 +128,7 @@ fn save(p: &Path, st: &ReviewState) -> Result<()> {
 }
 
 /// One thing a person wrote on a pull request, made ready to deliver.
-pub struct Item {
+pub(super) struct Item {
     /// `review/ID`, `line/ID` or `comment/ID`.
     pub key: String,
     pub login: String,
@@ -143,7 +143,7 @@ pub struct Item {
 
 /// The message id of item `key` of pull request `pull` (`OWNER/NAME#N`):
 /// the same on every run, so a repeat is refused by id.
-pub fn item_id(pull: &str, key: &str, created: &str) -> String {
+pub(super) fn item_id(pull: &str, key: &str, created: &str) -> String {
     let at = base::time::parse_rfc3339(created).unwrap_or_default();
     let seed = sha256_hex(format!("review/{pull}/{key}").as_bytes());
     let rand = u128::from_str_radix(&seed[..32], 16).expect("a SHA-256 hex digest is hex");
@@ -180,7 +180,7 @@ fn place_ref(path: &str, line: Option<u64>) -> Option<String> {
 }
 
 /// The request delivering `it` to `sandbox`, whose scope is `scope`.
-pub fn request(pull: &str, sandbox: &str, scope: &[String], it: &Item) -> (Message, bool) {
+pub(super) fn request(pull: &str, sandbox: &str, scope: &[String], it: &Item) -> (Message, bool) {
     let mut body = String::new();
     let mut refs = Vec::new();
     let mut outside = false;

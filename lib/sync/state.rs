@@ -138,7 +138,7 @@ pub fn state_path(root: &Root) -> PathBuf {
 
 /// The state format: 2 asks `GET /user` again when version 1 found it
 /// refused (version 1 then trusted every comment author).
-pub const STATE_VERSION: u32 = 2;
+pub(super) const STATE_VERSION: u32 = 2;
 
 pub fn load_state(path: &Path) -> Result<(State, bool)> {
     match std::fs::read(path) {

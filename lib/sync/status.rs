@@ -104,7 +104,7 @@ impl Verdicts {
 /// branches and the files while conflicts stand, else `success`.
 /// `branch_of` names a sandbox's branch.  The description is one line of
 /// at most [`MAX_STATUS_DESCRIPTION`] characters, whatever the names hold.
-pub fn desired(
+pub(super) fn desired(
     standing: &[(String, Vec<String>)],
     branch_of: impl Fn(&str) -> String,
 ) -> (&'static str, String) {
@@ -162,7 +162,7 @@ fn join_fit(items: &[String], room: usize) -> String {
 
 /// `s` on one line (control characters and bidi overrides made visible,
 /// crates/base/src/visible.rs), cut to `max` characters with "…".
-pub fn one_line(s: &str, max: usize) -> String {
+pub(super) fn one_line(s: &str, max: usize) -> String {
     let v = base::visible::visible_line(s);
     if v.chars().count() <= max {
         return v.into_owned();

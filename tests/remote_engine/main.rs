@@ -23,6 +23,10 @@
 //! hash of its inputs: loopwright/test-dockerd:HASH).  B keeps its storage
 //! (overlay2) on an anonymous volume of the shared engine, removed with it.
 
+// The process environment is changed (std::env::set_var, unsafe since
+// Rust 2024) while no other thread of this binary reads it.
+#![allow(unsafe_code)]
+
 use support::build as build_support;
 use support::courier as courier_support;
 mod remote_support;

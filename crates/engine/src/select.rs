@@ -253,6 +253,9 @@ impl ImageBuilder for PairedBuilder {
 }
 
 #[cfg(test)]
+// std::env::set_var, unsafe since Rust 2024: these tests hold a lock while
+// they change the environment.
+#[allow(unsafe_code)]
 mod tests {
     use super::*;
 

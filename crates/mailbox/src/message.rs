@@ -337,7 +337,7 @@ impl Message {
 mod tests {
     use super::*;
 
-    pub fn sample() -> Message {
+    pub(super) fn sample() -> Message {
         Message {
             version: 1,
             id: base::id::new_id(),

@@ -45,6 +45,7 @@ impl Bell {
             .map_err(|e| Error::io_as(Exit::NoInput, "cannot watch", &dir, e))?;
         // SAFETY: the watcher owns its descriptor and returns the same one
         // from as_raw_fd until it is dropped, which happens with the AsyncFd.
+        #[allow(unsafe_code)]
         let fd = unsafe { AsyncFd::register_with_interest(watcher, tokio::io::Interest::READABLE) }
             .map_err(|e| Error::io("cannot watch", &dir, e.into()))?;
         let known = inbox.names(Sub::New)?.into_iter().collect();

@@ -48,6 +48,7 @@ pub async fn wait(
         .map_err(|e| Error::io_as(Exit::NoInput, "cannot watch", &dir, e))?;
     // SAFETY: the watcher owns its descriptor and returns the same one from
     // as_raw_fd until it is dropped, which happens with the AsyncFd.
+    #[allow(unsafe_code)]
     let fd = unsafe { AsyncFd::register_with_interest(watcher, tokio::io::Interest::READABLE) }
         .map_err(|e| Error::io("cannot watch", &dir, e.into()))?;
     // Entries this call passed over: unreadable, or of other kinds.

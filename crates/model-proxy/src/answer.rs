@@ -115,7 +115,7 @@ fn google_status(status: u16) -> &'static str {
     }
 }
 
-pub fn reason(status: u16) -> &'static str {
+pub(crate) fn reason(status: u16) -> &'static str {
     match status {
         400 => "Bad Request",
         403 => "Forbidden",

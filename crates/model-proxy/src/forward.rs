@@ -22,8 +22,8 @@ use crate::route::without_key;
 use crate::upstream;
 use crate::usage::Usage;
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-pub type Answer = Response<BoxBody<Bytes, BoxError>>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type Answer = Response<BoxBody<Bytes, BoxError>>;
 
 const BODY_IDLE: Duration = Duration::from_secs(30);
 const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(600);
@@ -63,7 +63,10 @@ const HOP: &[&str] = &[
 ];
 
 /// hyper's service: every refusal becomes the provider's error shape.
-pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Answer, Infallible> {
+pub(crate) async fn handle(
+    state: Arc<State>,
+    req: Request<Incoming>,
+) -> Result<Answer, Infallible> {
     let method = req.method().as_str().to_string();
     let path = req.uri().path().to_string();
     match serve(&state, req).await {
@@ -77,7 +80,7 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Answer,
     }
 }
 
-pub fn refusal(state: &State, r: &Refuse) -> Answer {
+pub(crate) fn refusal(state: &State, r: &Refuse) -> Answer {
     let mut a = Response::new(full(r.body(state.cfg.shape)));
     *a.status_mut() =
         hyper::StatusCode::from_u16(r.status).expect("the proxy's statuses are valid");

@@ -17,7 +17,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use crate::answer::Refuse;
 
 /// The largest request head.
-pub const HEAD_MAX: usize = 32 << 10;
+pub(crate) const HEAD_MAX: usize = 32 << 10;
 
 /// Headers that may appear once: a second one is how requests are smuggled
 /// (or a second key slipped past the one that is dropped).
@@ -40,7 +40,7 @@ const SINGLE: &[&str] = &[
 /// Reads from `io` up to the end of the request head.  Returns every byte
 /// read (the head and whatever followed it), `None` when the agent closed
 /// before sending anything.
-pub async fn read<R: AsyncRead + Unpin>(io: &mut R) -> Result<Option<Vec<u8>>, Refuse> {
+pub(crate) async fn read<R: AsyncRead + Unpin>(io: &mut R) -> Result<Option<Vec<u8>>, Refuse> {
     let mut buf = Vec::with_capacity(4096);
     let mut scanned = 0;
     let mut line_start = 0;

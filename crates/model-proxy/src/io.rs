@@ -8,14 +8,14 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-pub struct Prefixed {
+pub(crate) struct Prefixed {
     prefix: Vec<u8>,
     at: usize,
     pub inner: TcpStream,
 }
 
 impl Prefixed {
-    pub fn new(prefix: Vec<u8>, inner: TcpStream) -> Prefixed {
+    pub(crate) fn new(prefix: Vec<u8>, inner: TcpStream) -> Prefixed {
         Prefixed {
             prefix,
             at: 0,

@@ -53,7 +53,7 @@ fn fits(pieces: &[String], path: &str) -> bool {
 /// `target` without a `key=` or `api_key=` query parameter (Google takes an
 /// API key there too); a name is compared decoded, as the upstream reads it
 /// (`%6Bey` is `key`).
-pub fn without_key(target: &str) -> String {
+pub(crate) fn without_key(target: &str) -> String {
     let Some((path, query)) = target.split_once('?') else {
         return target.to_string();
     };

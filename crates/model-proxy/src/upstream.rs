@@ -26,7 +26,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 /// A sender of one request to the upstream; the error is a short name of
 /// what failed, for the log and the 502.
-pub async fn connect(cfg: &Config) -> Result<SendRequest<Full<Bytes>>, String> {
+pub(crate) async fn connect(cfg: &Config) -> Result<SendRequest<Full<Bytes>>, String> {
     let tcp = match timeout(
         CONNECT_TIMEOUT,
         TcpStream::connect((cfg.host.as_str(), cfg.port)),
@@ -88,7 +88,7 @@ fn tls_name(e: &std::io::Error) -> String {
 }
 
 /// A short name of a hyper error.
-pub fn name(e: &hyper::Error) -> String {
+pub(crate) fn name(e: &hyper::Error) -> String {
     if e.is_timeout() {
         "TimeoutError".into()
     } else if e.is_incomplete_message() || e.is_closed() || e.is_canceled() {

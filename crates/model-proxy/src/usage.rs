@@ -27,7 +27,7 @@ const TOKEN_FIELDS: &[&str] = &[
     "toolUsePromptTokenCount",
 ];
 
-pub struct Usage {
+pub(crate) struct Usage {
     sse: bool,
     buf: Vec<u8>,
     skip: bool,
@@ -36,7 +36,7 @@ pub struct Usage {
 }
 
 impl Usage {
-    pub fn new(sse: bool) -> Usage {
+    pub(crate) fn new(sse: bool) -> Usage {
         Usage {
             sse,
             buf: Vec::new(),
@@ -47,7 +47,7 @@ impl Usage {
     }
 
     /// Takes the next bytes of the answer; returns the tokens newly seen.
-    pub fn feed(&mut self, data: &[u8]) -> u64 {
+    pub(crate) fn feed(&mut self, data: &[u8]) -> u64 {
         self.buf.extend_from_slice(data);
         let before = self.charged;
         if !self.sse {
@@ -75,7 +75,7 @@ impl Usage {
     }
 
     /// The end of the answer; returns the tokens newly seen.
-    pub fn finish(&mut self) -> u64 {
+    pub(crate) fn finish(&mut self) -> u64 {
         let before = self.charged;
         if !self.sse {
             let buf = std::mem::take(&mut self.buf);

@@ -113,7 +113,10 @@ impl Drop for PowerCut {
             // outlives the test.
             if let Ok(p) = std::ffi::CString::new(self.mountpoint.as_os_str().as_encoded_bytes()) {
                 // SAFETY: a valid NUL-terminated path; umount2 reads it only.
-                unsafe { libc::umount2(p.as_ptr(), libc::MNT_DETACH) };
+                #[allow(unsafe_code)]
+                unsafe {
+                    libc::umount2(p.as_ptr(), libc::MNT_DETACH)
+                };
             }
         }
     }

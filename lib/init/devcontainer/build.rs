@@ -45,7 +45,7 @@ fn shown(p: &str) -> &str {
 
 /// Takes the configuration's Dockerfile, or refuses it; `None` in `obj`
 /// leaves the mapping as it was.
-pub fn build(m: &mut Mapping, top: &Path, obj: &Map<String, Value>, cx: &Context) {
+pub(super) fn build(m: &mut Mapping, top: &Path, obj: &Map<String, Value>, cx: &Context) {
     let b = obj.get("build").and_then(Value::as_object);
     let file = b
         .and_then(|b| b.get("dockerfile"))

@@ -18,7 +18,7 @@ use super::vars::{self, Context};
 /// The environment variable an option is given as (the specification's
 /// rule: non-word characters to `_`, leading digits and `_` to one `_`,
 /// upper case).
-pub fn option_env(id: &str) -> String {
+pub(super) fn option_env(id: &str) -> String {
     let s: String = id
         .chars()
         .map(|c| {
@@ -49,11 +49,11 @@ fn scalar(v: &Value) -> Option<String> {
 
 /// Where lw init writes a registry feature's files: the runtime's own
 /// folder, so lw-build reads it like a local one.
-pub const FETCHED_DIR: &str = ".loopwright/runtime/features";
+pub(super) const FETCHED_DIR: &str = ".loopwright/runtime/features";
 
 /// Takes or refuses each entry of `features`.  A registry feature is taken
 /// unfetched ([`super::fetch_features`] fetches it, lw init only).
-pub fn features(m: &mut Mapping, top: &Path, source: &str, val: &Value, cx: &Context) {
+pub(super) fn features(m: &mut Mapping, top: &Path, source: &str, val: &Value, cx: &Context) {
     let Some(obj) = val.as_object() else {
         return m.refuse("features", "expected an object of feature: options");
     };
@@ -119,7 +119,7 @@ pub fn features(m: &mut Mapping, top: &Path, source: &str, val: &Value, cx: &Con
 }
 
 /// The layer a feature is built in: `feature-NAME`.
-pub fn layer_name(f: &Feature) -> String {
+pub(super) fn layer_name(f: &Feature) -> String {
     let last = f.dir.rsplit('/').next().unwrap_or("x");
     let s: String = last
         .to_ascii_lowercase()
@@ -131,7 +131,7 @@ pub fn layer_name(f: &Feature) -> String {
 }
 
 /// The refusal of a feature lw init cannot fetch: how to vendor it.
-pub fn vendor_hint(id: &str, base: &Path, cause: &str) -> String {
+pub(super) fn vendor_hint(id: &str, base: &Path, cause: &str) -> String {
     let name = id
         .rsplit('/')
         .next()
@@ -178,7 +178,7 @@ fn given_options(opts: &Value, cx: &Context) -> Result<Vec<(String, String)>, St
 /// that is not there is refused, naming it: lw init has fetched every one
 /// from a registry by then ([`super::fetch_features`]), so what is left is
 /// one it could not fetch (a local path, a URL).
-pub fn order(m: &mut Mapping) {
+pub(super) fn order(m: &mut Mapping) {
     let key_of = |f: &Feature| match &f.remote {
         Some(r) => r.reference.resource(),
         None => f.id.clone(),
@@ -225,7 +225,11 @@ pub fn order(m: &mut Mapping) {
 
 /// A feature's folder checked (no widening of the wall), its options'
 /// defaults filled in and the given ones over them.
-pub fn from_meta(rel: &str, meta: &str, given: Vec<(String, String)>) -> Result<Feature, String> {
+pub(super) fn from_meta(
+    rel: &str,
+    meta: &str,
+    given: Vec<(String, String)>,
+) -> Result<Feature, String> {
     let meta =
         super::jsonc::parse(meta).map_err(|e| format!("'{rel}/devcontainer-feature.json': {e}"))?;
     for wide in [

@@ -68,7 +68,7 @@ struct Ring {
 }
 
 /// The rings of one courier loop.
-pub struct Rings<'scope, 'env> {
+pub(super) struct Rings<'scope, 'env> {
     scope: &'scope Scope<'scope, 'env>,
     engine: &'env dyn SandboxEngine,
     tx: Sender<(String, u64, Said)>,
@@ -81,7 +81,7 @@ pub struct Rings<'scope, 'env> {
 }
 
 impl<'scope, 'env> Rings<'scope, 'env> {
-    pub fn new(
+    pub(super) fn new(
         scope: &'scope Scope<'scope, 'env>,
         engine: &'env dyn SandboxEngine,
     ) -> Result<Rings<'scope, 'env>> {
@@ -104,13 +104,13 @@ impl<'scope, 'env> Rings<'scope, 'env> {
     }
 
     /// The descriptor that is readable when a ring said something.
-    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+    pub(super) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.bell.as_fd()
     }
 
     /// Starts a ring for each of `recs` without one (or whose backoff is
     /// over) and ends those of sandboxes no longer in `recs`.
-    pub fn keep(&mut self, recs: &[Record]) {
+    pub(super) fn keep(&mut self, recs: &[Record]) {
         let names: HashSet<&str> = recs.iter().map(|r| r.name.as_str()).collect();
         let gone: Vec<String> = self
             .rings
@@ -201,7 +201,7 @@ impl<'scope, 'env> Rings<'scope, 'env> {
     /// Takes what the rings said since the last call: the sandboxes to
     /// carry now (a ring, or a ring that just became live).  A ring that
     /// ended is said through `warn` (once per reason).
-    pub fn take(&mut self, warn: &mut dyn FnMut(&str)) -> HashSet<String> {
+    pub(super) fn take(&mut self, warn: &mut dyn FnMut(&str)) -> HashSet<String> {
         let mut b = [0u8; 8];
         let _ = rustix::io::read(&*self.bell, &mut b);
         let now = Instant::now();
@@ -269,7 +269,7 @@ impl<'scope, 'env> Rings<'scope, 'env> {
     /// ring; with one, the outbox only when it rang (`rung`), the inbox's
     /// deliveries always (they cost a request only when there are some).
     /// `sweep`: everything, once in a while, whatever the ring says.
-    pub fn due(&self, rec: &Record, rung: &HashSet<String>, sweep: bool) -> Due {
+    pub(super) fn due(&self, rec: &Record, rung: &HashSet<String>, sweep: bool) -> Due {
         let live = matches!(
             self.rings.get(&rec.name).map(|r| &r.state),
             Some(State::Live { .. })
@@ -295,7 +295,12 @@ impl<'scope, 'env> Rings<'scope, 'env> {
     /// How long the loop may wait: `interval` while one of the `sandboxes`
     /// has no live ring, else until the first live ring would be silent
     /// too long (or the sweep is due).
-    pub fn timeout(&self, sandboxes: usize, interval: Duration, sweep_left: Duration) -> Duration {
+    pub(super) fn timeout(
+        &self,
+        sandboxes: usize,
+        interval: Duration,
+        sweep_left: Duration,
+    ) -> Duration {
         if self.live().0 < sandboxes {
             return interval;
         }
@@ -310,7 +315,7 @@ impl<'scope, 'env> Rings<'scope, 'env> {
     }
 
     /// How many rings are live, of how many.
-    pub fn live(&self) -> (usize, usize) {
+    pub(super) fn live(&self) -> (usize, usize) {
         let live = self
             .rings
             .values()
@@ -320,7 +325,7 @@ impl<'scope, 'env> Rings<'scope, 'env> {
     }
 
     /// Ends every ring (before the loop's scope joins their threads).
-    pub fn end_all(&mut self) {
+    pub(super) fn end_all(&mut self) {
         for r in self.rings.values_mut() {
             end(r);
         }

@@ -146,7 +146,7 @@ impl<'a> Sandboxes<'a> {
 
 /// The project's config key of the ports every sandbox publishes (lw init
 /// writes a devcontainer.json's `forwardPorts` there).
-pub const KEY_FORWARD_PORTS: &str = "sandbox.forward-ports";
+pub(super) const KEY_FORWARD_PORTS: &str = "sandbox.forward-ports";
 
 /// `--port` and `--allow` against the network: the ports, parsed, with the
 /// project's `sandbox.forward-ports` when the network can publish them

@@ -130,7 +130,7 @@ fn not_built(
 /// `HOST/REPO:LAYER-HASH`, and the nodes pull it); without a cache, the
 /// local tag, which must then be on the nodes (imported into their
 /// runtime): a pod whose node has it not is 66 (engine/kubernetes).
-pub fn resolve_for_cluster(
+pub(super) fn resolve_for_cluster(
     builder: &dyn Images,
     project: &Project,
     allow_stale: bool,
@@ -162,7 +162,7 @@ pub fn resolve_for_cluster(
 
 /// `--image` on a cluster: taken as named (the pod says whether its node
 /// has it); its inputs from the builder when it has the image.
-pub fn named_for_cluster(builder: &dyn Images, reference: &str) -> Result<ImageChoice> {
+pub(super) fn named_for_cluster(builder: &dyn Images, reference: &str) -> Result<ImageChoice> {
     Ok(ImageChoice {
         reference: reference.to_string(),
         stale: None,
@@ -173,7 +173,7 @@ pub fn named_for_cluster(builder: &dyn Images, reference: &str) -> Result<ImageC
 
 /// The postStartCommand script the image carries (a JSON string in its
 /// label, which lw init wrote): 65 when the label is not one.
-pub fn post_start_of(engine: &dyn Images, reference: &str) -> Result<Option<String>> {
+pub(super) fn post_start_of(engine: &dyn Images, reference: &str) -> Result<Option<String>> {
     let Some(label) = engine
         .image(reference)?
         .and_then(|i| i.labels.get(crate::image::LABEL_POST_START).cloned())

@@ -40,7 +40,7 @@ impl Drop for Cleanup {
 
 /// One project's checkout, pushed to its own upstream, with the built
 /// binaries on PATH; removed (and its sandboxes) when dropped.
-pub struct Checkout {
+pub(crate) struct Checkout {
     pub name: String,
     pub repo: PathBuf,
     path: String,
@@ -49,7 +49,7 @@ pub struct Checkout {
 }
 
 impl Checkout {
-    pub fn new(pr: &Project) -> Checkout {
+    pub(crate) fn new(pr: &Project) -> Checkout {
         let src = fetch(pr);
         let dir = std::env::temp_dir().join(format!("lw-real-{}-{}", pr.stack, nonce()));
         let repo = dir.join("repo");
@@ -98,7 +98,7 @@ impl Checkout {
     }
 
     /// `script` in the checkout, its time printed: its output.
-    pub fn sh(&self, what: &str, script: &str) -> Output {
+    pub(crate) fn sh(&self, what: &str, script: &str) -> Output {
         let t = Instant::now();
         let o = Command::new("bash")
             .args(["-euo", "pipefail", "-c", script])
@@ -116,7 +116,7 @@ impl Checkout {
     }
 
     /// `script`, which must succeed: its stdout and stderr.
-    pub fn step(&self, what: &str, script: &str) -> (String, String) {
+    pub(crate) fn step(&self, what: &str, script: &str) -> (String, String) {
         let o = self.sh(what, script);
         assert!(
             o.status.success(),
@@ -130,7 +130,7 @@ impl Checkout {
 
     /// lw init, lw-mirror sync, lw-build in the corpus's image repository
     /// for `stack`: lw-build's output.
-    pub fn build(&self, stack: &str) -> String {
+    pub(crate) fn build(&self, stack: &str) -> String {
         self.step("lw init", "lw init >/dev/null");
         // One image repository for the corpus: a toolchain layer's tag is
         // its inputs' hash, so the same toolchain is the same image.
@@ -148,14 +148,14 @@ impl Checkout {
 /// What one project's run found: its toolchain layer's tag and state
 /// (`cached` or `built`), and what its declared toolchain versions resolve
 /// to.
-pub struct Ran {
+pub(crate) struct Ran {
     pub tag: String,
     pub state: String,
     pub declared: String,
 }
 
 /// One project through the whole path.
-pub fn run(pr: &Project) -> Ran {
+pub(crate) fn run(pr: &Project) -> Ran {
     let c = Checkout::new(pr);
     let built = c.build(pr.stack);
     let toolchain = built
@@ -205,7 +205,7 @@ pub fn run(pr: &Project) -> Ran {
 }
 
 /// The sandboxes (containers) of a checkout's mailbox root.
-pub fn containers(c: &Checkout) -> Vec<String> {
+pub(crate) fn containers(c: &Checkout) -> Vec<String> {
     let label = format!(
         "label=org.loopwright.root={}",
         loopwright::sandbox::root_id(&c.root)

@@ -6,7 +6,7 @@
 //! stack's own tool) and cached under `LW_REAL_CACHE` (default
 //! `/var/cache/loopwright-real`), so a second run needs no network.
 
-pub mod checkout;
+pub(crate) mod checkout;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -15,15 +15,15 @@ use crate::sandbox_support::{err, nonce, text};
 
 /// The pnpm that makes a pnpm project's lockfile: the one deps.sh installs
 /// when `packageManager` names none.
-pub const PNPM: &str = "9.15.9";
+pub(crate) const PNPM: &str = "9.15.9";
 
 /// The yarn that makes a yarn project's lockfile: the one deps.sh installs
 /// when `packageManager` names none.
-pub const YARN: &str = "1.22.22";
+pub(crate) const YARN: &str = "1.22.22";
 
 /// How a project comes from its registry.
 #[derive(Clone, Copy)]
-pub enum Source {
+pub(crate) enum Source {
     /// `npm pack`, with a package-lock.json made by npm.
     Npm,
     /// `npm pack`, with a pnpm-lock.yaml made by pnpm [`PNPM`].
@@ -43,7 +43,7 @@ pub enum Source {
     Go,
 }
 
-pub struct Project {
+pub(crate) struct Project {
     pub stack: &'static str,
     pub source: Source,
     pub name: &'static str,
@@ -73,7 +73,7 @@ const fn p(
 }
 
 /// The first of each stack is the one `.ci/run` runs.
-pub const CORPUS: &[Project] = &[
+pub(crate) const CORPUS: &[Project] = &[
     p(
         "node",
         Source::Npm,
@@ -201,7 +201,7 @@ pub const CORPUS: &[Project] = &[
     ),
 ];
 
-pub fn cache() -> PathBuf {
+pub(crate) fn cache() -> PathBuf {
     let d = std::env::var_os("LW_REAL_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/var/cache/loopwright-real"));
@@ -218,7 +218,7 @@ fn sh(dir: &Path, script: &str) -> Output {
         .expect("bash runs")
 }
 
-pub fn ok(dir: &Path, script: &str) -> String {
+pub(crate) fn ok(dir: &Path, script: &str) -> String {
     let o = sh(dir, script);
     assert!(o.status.success(), "{script}: {}\n{}", text(&o), err(&o));
     text(&o)
@@ -266,7 +266,7 @@ fn fetch_script(pr: &Project) -> String {
 }
 
 /// The project's source tree, fetched once into the cache.
-pub fn fetch(pr: &Project) -> PathBuf {
+pub(crate) fn fetch(pr: &Project) -> PathBuf {
     let safe = pr.name.replace('/', "_");
     let dir = cache().join(format!("{safe}-{}", pr.version));
     if dir.join(".lw-fetched").exists() {
@@ -284,7 +284,7 @@ pub fn fetch(pr: &Project) -> PathBuf {
 
 /// `LW_REAL_ONLY` (a stack) and `LW_PROJECTS` (comma-separated project
 /// names, a Go module's by its last element too): whether `pr` is to run.
-pub fn chosen(pr: &Project) -> bool {
+pub(crate) fn chosen(pr: &Project) -> bool {
     let only = std::env::var("LW_REAL_ONLY").unwrap_or_default();
     let names = std::env::var("LW_PROJECTS").unwrap_or_default();
     (only.is_empty() || only == pr.stack)
@@ -299,7 +299,7 @@ pub fn chosen(pr: &Project) -> bool {
 /// the host's python3 (3.11 or later, for tomllib) in `dir`: its status,
 /// the requirements it wrote (`project.txt`) and the lock's pins
 /// (`lock.pins`).
-pub fn python_step(dir: &std::path::Path) -> (Output, String, String) {
+pub(crate) fn python_step(dir: &std::path::Path) -> (Output, String, String) {
     let script = include_str!("../../../runtime/deps.sh");
     let body = script
         .split_once("<<'EOF'\n")

@@ -23,7 +23,7 @@ use waiter::Waiter;
 
 /// Where a command runs: engine B (address and certificates) or local.
 #[derive(Clone)]
-pub struct Target {
+pub(crate) struct Target {
     pub host: Option<(String, PathBuf)>,
     pub root: PathBuf,
 }
@@ -178,7 +178,7 @@ fn ls_in(fx: &Fixture, t: &Target, name: &str, dir: &str) -> Vec<String> {
         .collect()
 }
 
-pub struct Figures {
+pub(crate) struct Figures {
     /// The first sandbox of a root on the engine (B copies the tools once).
     pub create: (Duration, Duration),
     /// The second.
@@ -190,7 +190,7 @@ pub struct Figures {
 
 /// The whole story on B beside the same locally.
 /// What the test can do to engine B from outside.
-pub struct EngineB<'a> {
+pub(crate) struct EngineB<'a> {
     /// The docker CLI against B.
     pub docker: &'a dyn Fn(&[&str]) -> Output,
     /// B's dockerd stopped and started with its state.
@@ -203,7 +203,13 @@ pub struct EngineB<'a> {
     pub requests: &'a dyn Fn() -> usize,
 }
 
-pub fn volume_mode(fx: &Fixture, host: &str, certs: &Path, image: &str, b: &EngineB) -> Figures {
+pub(crate) fn volume_mode(
+    fx: &Fixture,
+    host: &str,
+    certs: &Path,
+    image: &str,
+    b: &EngineB,
+) -> Figures {
     let policy = fx.dir.join("policy");
     std::fs::write(&policy, "loopwright-policy 1\nrate off\nduplicates off\n").unwrap();
     let tb = Target {

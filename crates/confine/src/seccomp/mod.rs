@@ -392,6 +392,7 @@ pub fn install(prog: &[Insn]) -> Result<()> {
     };
     // SAFETY: `f` points at `prog.len()` instructions laid out as the
     // kernel's `struct sock_filter`, alive for the call; the kernel copies them.
+    #[allow(unsafe_code)]
     let r = unsafe {
         libc::syscall(
             libc::SYS_seccomp,

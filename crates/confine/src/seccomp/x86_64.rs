@@ -4,7 +4,7 @@
 //! system call of this architecture, and a profile's rule for it is skipped
 //! (as libseccomp does).
 
-pub const SYSCALLS: &[(&str, u32)] = &[
+pub(super) const SYSCALLS: &[(&str, u32)] = &[
     ("_sysctl", 156),
     ("accept", 43),
     ("accept4", 288),

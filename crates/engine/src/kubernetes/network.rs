@@ -37,9 +37,9 @@ use crate::{Network, NetworkEngine, NetworkSpec};
 use base::error::{Error, Exit, Result};
 
 /// The policy that denies every pod of ours everything not allowed by another.
-pub const DEFAULT_DENY: &str = "loopwright-default-deny";
+pub(super) const DEFAULT_DENY: &str = "loopwright-default-deny";
 /// The policy of `--network bridge`: egress anywhere.
-pub const BRIDGE: &str = "loopwright-bridge";
+pub(super) const BRIDGE: &str = "loopwright-bridge";
 const FLAGS_ANNOTATION: &str = "loopwright.org/network";
 
 impl KubeEngine {
@@ -200,7 +200,7 @@ fn meta(name: &str, labels: &BTreeMap<String, String>, flags: Option<String>) ->
 
 /// The policy of network `spec`: its members reach each other (unless
 /// isolated) and the outside (unless internal).
-pub fn policy_of(spec: &NetworkSpec) -> Result<NetworkPolicy> {
+pub(super) fn policy_of(spec: &NetworkSpec) -> Result<NetworkPolicy> {
     pod::check_name("network", &spec.name)?;
     let key = format!("{}{}", pod::NET_PREFIX, spec.name);
     if !pod::valid_label_key(&key) {

@@ -28,14 +28,14 @@ use base::error::Result;
 
 /// The registry host (`HOST[:PORT]`) `reference` names, if it names one
 /// (Docker's rule: a first component with a dot, a colon, or `localhost`).
-pub fn registry_host(reference: &str) -> Option<&str> {
+pub(super) fn registry_host(reference: &str) -> Option<&str> {
     let (first, rest) = reference.split_once('/')?;
     let domain = first.contains('.') || first.contains(':') || first == "localhost";
     (domain && !rest.is_empty()).then_some(first)
 }
 
 /// The secret's name for registry `host`: a DNS label.
-pub fn secret_name(host: &str) -> String {
+pub(super) fn secret_name(host: &str) -> String {
     let h: String = host
         .to_ascii_lowercase()
         .chars()
@@ -45,7 +45,7 @@ pub fn secret_name(host: &str) -> String {
 }
 
 /// The secret for `host` holding `cred`, as the kubelet reads it.
-pub fn secret_of(host: &str, cred: &Credentials) -> Secret {
+pub(super) fn secret_of(host: &str, cred: &Credentials) -> Secret {
     let auth = credentials::base64_encode(format!("{}:{}", cred.user, cred.secret).as_bytes());
     let config = serde_json::json!({
         "auths": {host: {"username": cred.user, "password": cred.secret, "auth": auth}}

@@ -22,7 +22,7 @@ use super::{KubeEngine, pod};
 use base::error::{Error, Exit, Result};
 
 /// The label that puts a pod behind the Service of its name.
-pub const SERVICE_LABEL: &str = "service.loopwright.org/name";
+pub(super) const SERVICE_LABEL: &str = "service.loopwright.org/name";
 
 impl KubeEngine {
     fn services(&self) -> Api<Service> {
@@ -80,7 +80,7 @@ impl KubeEngine {
 
 /// The Service named `container` that sends `port` to the pod labelled
 /// [`SERVICE_LABEL`]`=container`.
-pub fn service_of(container: &str, port: u16, labels: &BTreeMap<String, String>) -> Service {
+pub(super) fn service_of(container: &str, port: u16, labels: &BTreeMap<String, String>) -> Service {
     Service {
         metadata: ObjectMeta {
             name: Some(container.to_string()),

@@ -30,9 +30,9 @@ pub const ACCESS_MODE_KEY: &str = "kube.access-mode";
 pub const TOOLS_ACCESS_MODE_KEY: &str = "kube.tools-access-mode";
 
 /// The label that names a volume's sandbox (lib/wall.rs, `LABEL_SANDBOX`).
-pub const SANDBOX_LABEL: &str = "org.loopwright.sandbox";
+pub(super) const SANDBOX_LABEL: &str = "org.loopwright.sandbox";
 /// The size a volume no sandbox owns asks for (the tools, a service's).
-pub const SHARED_SIZE: &str = "1Gi";
+pub(super) const SHARED_SIZE: &str = "1Gi";
 /// lw-sandbox(1)'s defaults of `sandbox.disk` and `sandbox.mail-disk`.
 const DEFAULT_DISK: &str = "8g";
 const DEFAULT_MAIL_DISK: &str = "64m";

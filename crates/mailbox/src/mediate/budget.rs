@@ -41,7 +41,7 @@ use crate::message::{self, Kind, Message};
 use base::error::Result;
 
 /// How long refusals are counted before their entry is logged.
-pub const REFUSAL_WINDOW_MS: u64 = 60_000;
+pub(super) const REFUSAL_WINDOW_MS: u64 = 60_000;
 
 /// The id of the entry counting `sender`'s refusals from `first` on.
 pub fn refusals_id(sender: &str, first: &str) -> String {

@@ -22,7 +22,7 @@ pub(super) struct LogFile {
 }
 
 impl LogFile {
-    pub fn of(list: &[&Entry], entries: Vec<usize>) -> LogFile {
+    pub(super) fn of(list: &[&Entry], entries: Vec<usize>) -> LogFile {
         let (bytes, places) = logbatch::encode(list);
         LogFile {
             name: logbatch::batch_name(),

@@ -17,7 +17,7 @@ use mediate_util::*;
 
 /// Claimed messages against logged decisions, for a root.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Audit {
+pub(crate) struct Audit {
     /// Messages in the `cur/` of every outbox.
     pub claimed: usize,
     /// Those with an entry of their own (forward, escalate, hold, bounce).
@@ -30,7 +30,7 @@ pub struct Audit {
 
 /// Reads every outbox's `cur/` and the log: each claimed message must have
 /// a decision of its own, or be one of the refusals the log counts.
-pub fn audit(root: &mailbox::layout::Root) -> Audit {
+pub(crate) fn audit(root: &mailbox::layout::Root) -> Audit {
     let mut outboxes = vec![root.human_outbox(), root.mediator_outbox()];
     if let Ok(rd) = std::fs::read_dir(root.sandboxes_dir()) {
         for e in rd.flatten() {

@@ -35,24 +35,24 @@ use std::collections::BTreeMap;
 
 use base::error::{Error, Result};
 
-pub use spec::{CPU_REQUEST_KEY, millicores, pod_of};
-pub use status::{container_of, image_missing, pending_reason, start_outcome};
-pub use stopped::{container_of_record, is_stopped_record, pod_from_record, stopped_record};
+pub(super) use spec::{CPU_REQUEST_KEY, millicores, pod_of};
+pub(super) use status::{container_of, image_missing, pending_reason, start_outcome};
+pub(super) use stopped::{container_of_record, is_stopped_record, pod_from_record, stopped_record};
 
 /// The one container of a pod.
-pub const MAIN: &str = "main";
+pub(super) const MAIN: &str = "main";
 /// The label every object this engine makes carries.
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY_VALUE: &str = "loopwright";
 /// A pod on network `N` carries the label `net.loopwright.org/N=1`.
 pub const NET_PREFIX: &str = "net.loopwright.org/";
 /// The spec's labels, whole, as JSON.
-pub const LABELS_ANNOTATION: &str = "loopwright.org/labels";
+pub(super) const LABELS_ANNOTATION: &str = "loopwright.org/labels";
 /// A ConfigMap holding a stopped pod's manifest carries this label.
-pub const STOPPED_LABEL: &str = "loopwright.org/stopped-pod";
+pub(super) const STOPPED_LABEL: &str = "loopwright.org/stopped-pod";
 
 /// A label value Kubernetes accepts.
-pub fn valid_label_value(v: &str) -> bool {
+pub(super) fn valid_label_value(v: &str) -> bool {
     v.len() <= 63
         && v.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
@@ -62,7 +62,7 @@ pub fn valid_label_value(v: &str) -> bool {
 
 /// A label key Kubernetes accepts: `[prefix/]name`, the name a valid
 /// non-empty value, the prefix a DNS subdomain.
-pub fn valid_label_key(k: &str) -> bool {
+pub(super) fn valid_label_key(k: &str) -> bool {
     let (prefix, name) = match k.rsplit_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, k),
@@ -85,7 +85,7 @@ fn dns_label(s: &str, max: usize) -> bool {
 }
 
 /// A valid object name (a DNS subdomain).
-pub fn check_name(kind: &str, name: &str) -> Result<()> {
+pub(super) fn check_name(kind: &str, name: &str) -> Result<()> {
     if name.len() <= 253 && name.split('.').all(|p| dns_label(p, 63)) {
         Ok(())
     } else {
@@ -96,7 +96,7 @@ pub fn check_name(kind: &str, name: &str) -> Result<()> {
 }
 
 /// A contract label filter (`key` or `key=value`) as a label selector.
-pub fn selector(label: &str) -> Result<String> {
+pub(super) fn selector(label: &str) -> Result<String> {
     let (k, v) = match label.split_once('=') {
         Some((k, v)) => (k, Some(v)),
         None => (label, None),
@@ -111,7 +111,7 @@ pub fn selector(label: &str) -> Result<String> {
 
 /// The labels an object of ours carries: the valid ones of `labels`, and
 /// [`MANAGED_BY`].
-pub fn object_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+pub(super) fn object_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
     let mut out: BTreeMap<String, String> = labels
         .iter()
         .filter(|(k, v)| valid_label_key(k) && valid_label_value(v))

@@ -93,10 +93,10 @@ fn claim_mount(name: String, claim: &str, target: &str, read_only: bool) -> (Vol
 }
 
 /// The `.loopwright/config` key of a pod's CPU request.
-pub const CPU_REQUEST_KEY: &str = "kube.cpu-request";
+pub(crate) const CPU_REQUEST_KEY: &str = "kube.cpu-request";
 
 /// A number of CPUs (`0.05`, `2`) in millicores; `None` unless above 0.
-pub fn millicores(v: &str) -> Option<u64> {
+pub(crate) fn millicores(v: &str) -> Option<u64> {
     let n: f64 = v.trim().parse().ok()?;
     (n.is_finite() && n > 0.0 && n < 1e6).then(|| ((n * 1000.0).round() as u64).max(1))
 }
@@ -104,7 +104,7 @@ pub fn millicores(v: &str) -> Option<u64> {
 /// The pod `spec` describes, with `runtime_class` (already resolved) and
 /// a CPU request of `cpu_request` millicores below its limit (`None`: the
 /// limit, as Kubernetes defaults it); a request above the limit is 78.
-pub fn pod_of(
+pub(crate) fn pod_of(
     spec: &ContainerSpec,
     runtime_class: Option<String>,
     cpu_request: Option<u64>,

@@ -40,7 +40,7 @@ const IMAGE_MISSING: &[&str] = &[
 
 /// Whether a [`start_outcome`] error is an image the node has not and
 /// cannot pull.
-pub fn image_missing(why: &str) -> bool {
+pub(crate) fn image_missing(why: &str) -> bool {
     IMAGE_MISSING.iter().any(|r| {
         why.strip_prefix(r)
             .is_some_and(|t| t.starts_with([':', ' ']))
@@ -49,7 +49,7 @@ pub fn image_missing(why: &str) -> bool {
 
 /// Whether a pod's start is decided: `Ok` when its container runs, `Err`
 /// with the reason when it never will; `None` while it may still.
-pub fn start_outcome(p: &Pod) -> Option<std::result::Result<(), String>> {
+pub(crate) fn start_outcome(p: &Pod) -> Option<std::result::Result<(), String>> {
     let phase = p
         .status
         .as_ref()
@@ -132,7 +132,7 @@ pub fn start_outcome(p: &Pod) -> Option<std::result::Result<(), String>> {
 }
 
 /// Why a pod is still pending, for a timeout's message.
-pub fn pending_reason(p: &Pod) -> String {
+pub(crate) fn pending_reason(p: &Pod) -> String {
     if let Some(w) = main_status(p).and_then(|c| c.state.as_ref()?.waiting.as_ref()) {
         return format!(
             "{} {}",
@@ -175,7 +175,7 @@ pub(super) fn labels_of(meta: &ObjectMeta) -> BTreeMap<String, String> {
 }
 
 /// A pod as the contract's [`Container`]: its name is its id.
-pub fn container_of(p: &Pod) -> Container {
+pub(crate) fn container_of(p: &Pod) -> Container {
     let name = p.metadata.name.clone().unwrap_or_default();
     let phase = p
         .status

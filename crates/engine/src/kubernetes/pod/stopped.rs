@@ -15,7 +15,7 @@ use base::error::{Error, Exit, Result};
 const STOPPED_KEY: &str = "pod.json";
 
 /// The ConfigMap keeping a stopped pod's manifest (what `start` makes again).
-pub fn stopped_record(p: &Pod) -> Result<ConfigMap> {
+pub(crate) fn stopped_record(p: &Pod) -> Result<ConfigMap> {
     let mut kept = Pod {
         metadata: ObjectMeta {
             name: p.metadata.name.clone(),
@@ -50,14 +50,14 @@ pub fn stopped_record(p: &Pod) -> Result<ConfigMap> {
 }
 
 /// True for a ConfigMap this engine keeps a stopped pod in.
-pub fn is_stopped_record(cm: &ConfigMap) -> bool {
+pub(crate) fn is_stopped_record(cm: &ConfigMap) -> bool {
     let l = cm.metadata.labels.as_ref();
     l.and_then(|l| l.get(STOPPED_LABEL)).map(String::as_str) == Some("1")
         && l.and_then(|l| l.get(MANAGED_BY)).map(String::as_str) == Some(MANAGED_BY_VALUE)
 }
 
 /// The pod a stopped record keeps.
-pub fn pod_from_record(cm: &ConfigMap) -> Result<Pod> {
+pub(crate) fn pod_from_record(cm: &ConfigMap) -> Result<Pod> {
     let json = cm
         .data
         .as_ref()
@@ -68,7 +68,7 @@ pub fn pod_from_record(cm: &ConfigMap) -> Result<Pod> {
 }
 
 /// A stopped record as a [`Container`] that is not running.
-pub fn container_of_record(cm: &ConfigMap) -> Container {
+pub(crate) fn container_of_record(cm: &ConfigMap) -> Container {
     let mut c = match pod_from_record(cm) {
         Ok(p) => container_of(&p),
         Err(_) => Container {

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 /// Distinct messages remembered for duplicate detection.
 pub const MAX_REMEMBERED: usize = 10_000;
 /// How long a sender's log budget lasts.
-pub const BUDGET_WINDOW_MS: u64 = 3_600_000;
+pub(crate) const BUDGET_WINDOW_MS: u64 = 3_600_000;
 
 /// One sender's log budget for the hour from `start`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
