@@ -12,7 +12,6 @@
 //! filter).  docs/architecture.md draws the layers.
 
 pub mod agent;
-pub mod cockpit;
 pub mod doctor;
 pub mod egress;
 pub mod finding;

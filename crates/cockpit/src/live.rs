@@ -8,7 +8,7 @@
 //! git inside the sandbox) and reads each task branch's commits ahead of
 //! its base and its diffstat from host-owned repositories (the radar's
 //! copy, the mirror) with the diff view's hardened, capped git
-//! (lib/cockpit/diff.rs).  A round starts when a page connects and then
+//! (crates/cockpit/src/diff.rs).  A round starts when a page connects and then
 //! every [`PERIOD`] after the previous round ended; with no page open it
 //! does nothing.  A round whose result differs from the last sends the
 //! `sandboxes` topic, so the page fetches the list again.
@@ -27,7 +27,7 @@ use serde_json::Value;
 use tokio::sync::broadcast;
 
 use super::diff::{self, BranchStat, Refs};
-use crate::sandbox::Sandboxes;
+use loopwright::sandbox::Sandboxes;
 use mailbox::layout::Root;
 
 /// The time between the end of one round and the start of the next.

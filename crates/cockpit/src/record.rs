@@ -3,7 +3,7 @@
 //! never an error, since lw-sandbox may be writing or removing it.  Below
 //! data.rs, diff.rs and live.rs, which all look a sandbox up by name.
 
-use crate::sandbox::Record;
+use loopwright::sandbox::Record;
 use mailbox::layout::Root;
 
 /// lw-sandbox's record of `name` (ROOT/state/sandbox/NAME.json), if any.

@@ -14,7 +14,7 @@ fn main_job_with_the_cockpit_open_in_chromium() {
     let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join("main-job-cockpit");
     let bin_dir = Path::new(COCKPIT).parent().unwrap();
     let mut child = Command::new("bash")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/main-job"))
+        .arg(support::workspace().join("scripts/main-job"))
         .args(["--yes", "--cockpit", "--work"])
         .arg(&work)
         .env("LW_BIN_DIR", bin_dir)

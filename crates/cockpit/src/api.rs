@@ -1,6 +1,6 @@
 //! The page's API: what each path answers, as JSON (the diff: plain text).
-//! Blocking; called on tokio's blocking pool by lib/cockpit/http.rs after
-//! the request passed lib/cockpit/auth.rs.
+//! Blocking; called on tokio's blocking pool by crates/cockpit/src/http.rs after
+//! the request passed crates/cockpit/src/auth.rs.
 
 use std::collections::HashMap;
 

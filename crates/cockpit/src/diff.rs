@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::radar::run::{self, Limits};
+use loopwright::radar::run::{self, Limits};
 use mailbox::layout::Root;
 
 /// Bytes of diff shown at most; the rest is cut with a note.
@@ -221,7 +221,7 @@ impl Refs {
 /// once per refresh (`mirror`: [`Refs::read`] of `rec.mirror`).
 pub(super) fn locate(
     root: &Root,
-    rec: &crate::sandbox::Record,
+    rec: &loopwright::sandbox::Record,
     mirror: &Refs,
 ) -> Option<(PathBuf, String, String, String)> {
     let radar = root

@@ -10,7 +10,7 @@
 //! by `--operator`), each sandbox's diff against its base, the sync state
 //! and the radar's conflicts; it follows the root as it changes.  Only
 //! loopback is served: another address would need TLS, which lw-cockpit
-//! does not have (exit 64).  No cookie is ever set (lib/cockpit/auth.rs).  The work is in lib/cockpit; the contract in
+//! does not have (exit 64).  No cookie is ever set (crates/cockpit/src/auth.rs).  The work is in crates/cockpit; the contract in
 //! man/lw-cockpit.1.
 
 use std::io::Write;
@@ -21,7 +21,7 @@ use std::process::ExitCode;
 use base::cli::out_err;
 use base::{Error, Exit, Result};
 use clap::Parser;
-use loopwright::cockpit::{self, Options};
+use cockpit::{self, Options};
 use mailbox::layout::Root;
 
 /// Serve a local web page to watch the sandboxes and work the queues.

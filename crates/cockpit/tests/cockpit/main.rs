@@ -1,5 +1,5 @@
 //! lw-cockpit against a real root, a running lw-mediate, and (for the page)
-//! headless Chromium driven by playwright-core (tests/cockpit):
+//! headless Chromium driven by playwright-core (crates/cockpit/tests/cockpit):
 //! the 403s and the security headers, the main job's story on the page,
 //! and a corpus of XSS and terminal payloads that must render inert.
 //! Chromium (Debian's `chromium`) and playwright-core come from .ci/run
@@ -337,7 +337,7 @@ fn tools() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/opt/loopwright-test"))
 }
 
-/// Runs tests/cockpit/browser.cjs MODE; its JSON line.
+/// Runs crates/cockpit/tests/cockpit/browser.cjs MODE; its JSON line.
 fn browser(mode: &str, c: &Cockpit, root: &Root, env: &[(&str, String)]) -> serde_json::Value {
     browser_at(mode, &c.url, &root.dir, env)
 }

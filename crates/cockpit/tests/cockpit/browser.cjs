@@ -1,5 +1,5 @@
 // Drives lw-cockpit's page in headless Chromium through playwright-core,
-// for tests/cockpit/main.rs.  Usage: node browser.cjs story|xss|held|panels|
+// for crates/cockpit/tests/cockpit/main.rs.  Usage: node browser.cjs story|xss|held|panels|
 // ports|twice|two, with
 //   PLAYWRIGHT   the playwright-core module directory
 //   COCKPIT_URL  the URL lw-cockpit printed

@@ -222,7 +222,7 @@ fn error_response(e: &Error) -> Response<Body> {
     json_response(status, &json!({ "error": format!("{e:#}") }))
 }
 
-/// The event stream of one page (see lib/cockpit/events.rs).
+/// The event stream of one page (see crates/cockpit/src/events.rs).
 fn events(c: &Cockpit) -> Response<Body> {
     let rx = c.events.subscribe();
     // The engine's view is refreshed while a page listens: start now.
@@ -280,7 +280,7 @@ async fn post(c: Arc<Cockpit>, path: &str, req: Request<Incoming>) -> Response<B
     }
 }
 
-/// A ticket traded for a tab's secret (lib/cockpit/auth.rs).
+/// A ticket traded for a tab's secret (crates/cockpit/src/auth.rs).
 fn trade(c: &Cockpit, v: &Value) -> Response<Body> {
     match v["ticket"].as_str().and_then(|t| c.access.trade(t)) {
         Some(secret) => json_response(StatusCode::OK, &json!({ "secret": secret })),

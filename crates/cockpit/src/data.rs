@@ -19,8 +19,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::record::record;
-use crate::sandbox::Record;
 use base::error::Result;
+use loopwright::sandbox::Record;
 use mailbox::layout::Root;
 use mailbox::log::{Entry, Log};
 use mailbox::maildir::Sub;
@@ -53,7 +53,7 @@ pub(super) struct SandboxView {
     pub ports: Vec<PortView>,
     pub services: Vec<String>,
     /// The engine's view: this sandbox's `lw-sandbox ls --json` record with
-    /// `state_text` (lib/cockpit/live.rs); None when the engine was not
+    /// `state_text` (crates/cockpit/src/live.rs); None when the engine was not
     /// reached (yet) or lists no record of that name.
     pub listed: Option<Value>,
     /// Its task branch against its base (commits ahead, diffstat).
@@ -82,7 +82,7 @@ pub(super) fn sandboxes(root: &Root, live: &mut super::live::Snapshot) -> Result
             let used = rec
                 .as_ref()
                 .filter(|r| r.agent.is_some())
-                .and_then(|_| crate::agent::proxy::usage(&root.state_dir(), &s.name));
+                .and_then(|_| loopwright::agent::proxy::usage(&root.state_dir(), &s.name));
             let mut v = view(s, rec);
             v.listed = live.listed.remove(&v.name);
             v.stat = live.branches.remove(&v.name);
@@ -322,8 +322,8 @@ pub(super) const SYNC_ERROR_NOT_KEPT: &str = "lw-sync does not keep its last err
 /// flight, and how many log entries no target holds yet; `null` when
 /// lw-sync never ran.
 pub(super) fn sync_state(root: &Root, web: Option<&str>) -> Value {
-    let path = crate::sync::state_path(root);
-    let st = match crate::sync::load_state(&path) {
+    let path = loopwright::sync::state_path(root);
+    let st = match loopwright::sync::load_state(&path) {
         Ok((st, _)) => st,
         Err(e) => return json!({ "error": format!("{e:#}") }),
     };
