@@ -13,6 +13,7 @@ fn cli_goldens() {
             "lw-build",
             std::path::Path::new(env!("CARGO_BIN_EXE_lw-build")),
         )
+        .register_bin("lw-cockpit", support::bin("lw-cockpit"))
         .register_bin("lw-confine", support::bin("lw-confine"))
         .register_bin(
             "lw-doctor",

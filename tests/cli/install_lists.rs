@@ -12,6 +12,7 @@ const PACKAGES: &[&str] = &[
     "crates/mcp/Cargo.toml",
     "crates/confine/Cargo.toml",
     "crates/model-proxy/Cargo.toml",
+    "crates/cockpit/Cargo.toml",
     "bins/lw-github-sink/Cargo.toml",
 ];
 
