@@ -78,21 +78,7 @@ pub(super) fn features(m: &mut Mapping, top: &Path, source: &str, val: &Value, c
                             r.name()
                         ),
                     );
-                    m.features.push(Feature {
-                        id: id.clone(),
-                        dir: format!("{FETCHED_DIR}/{}", r.name()),
-                        options: vec![],
-                        env: vec![],
-                        after: vec![],
-                        depends: vec![],
-                        wants: vec![],
-                        remote: Some(Remote {
-                            reference: r,
-                            given,
-                            digest: None,
-                            files: vec![],
-                        }),
-                    });
+                    m.features.push(unfetched(id.clone(), r, given));
                 }
                 None => m.fatal(&key, vendor_hint(id, base, "")),
             }
@@ -116,6 +102,30 @@ pub(super) fn features(m: &mut Mapping, top: &Path, source: &str, val: &Value, c
         }
     }
     order(m);
+}
+
+/// A registry feature not fetched yet: its folder under [`FETCHED_DIR`],
+/// named after it.
+pub(super) fn unfetched(
+    id: String,
+    reference: super::registry::FeatureRef,
+    given: Vec<(String, String)>,
+) -> Feature {
+    Feature {
+        id,
+        dir: format!("{FETCHED_DIR}/{}", reference.name()),
+        options: vec![],
+        env: vec![],
+        after: vec![],
+        depends: vec![],
+        wants: vec![],
+        remote: Some(Remote {
+            reference,
+            given,
+            digest: None,
+            files: vec![],
+        }),
+    }
 }
 
 /// The layer a feature is built in: `feature-NAME`.

@@ -372,21 +372,7 @@ fn add_wanted(m: &mut Mapping, tried: &mut Vec<String>) -> bool {
                 r.registry
             ),
         );
-        m.features.push(Feature {
-            id,
-            dir,
-            options: vec![],
-            env: vec![],
-            after: vec![],
-            depends: vec![],
-            wants: vec![],
-            remote: Some(Remote {
-                reference: r,
-                given,
-                digest: None,
-                files: vec![],
-            }),
-        });
+        m.features.push(features::unfetched(id, r, given));
     }
     true
 }
