@@ -105,11 +105,16 @@ fn checkout(name: &str, reg: &Registry, features: &str) -> PathBuf {
 }
 
 fn lw_init(dir: &Path, reg: &Registry) -> Output {
+    lw_init_with(dir, &reg.good_config)
+}
+
+/// lw init on `dir` with the Docker configuration (credentials) in `docker_config`.
+fn lw_init_with(dir: &Path, docker_config: &Path) -> Output {
     // --force: the checkout's .loopwright/config (the CA) is there already.
-    let mut c = Command::new(env!("CARGO_BIN_EXE_lw-init"));
-    c.args(["--force", "--ca", "none"])
+    Command::new(env!("CARGO_BIN_EXE_lw-init"))
+        .args(["--force", "--ca", "none"])
         .arg(dir)
-        .env("DOCKER_CONFIG", &reg.good_config)
+        .env("DOCKER_CONFIG", docker_config)
         .output()
         .expect("lw-init runs")
 }
@@ -407,12 +412,7 @@ fn an_anonymous_bearer_registry_serves_a_feature_and_a_500_is_refused() {
             &reg,
             &format!("\"{id}\": {{}}"),
         );
-        let o = Command::new(env!("CARGO_BIN_EXE_lw-init"))
-            .args(["--force", "--ca", "none"])
-            .arg(&d)
-            .env("DOCKER_CONFIG", &empty)
-            .output()
-            .expect("lw-init runs");
+        let o = lw_init_with(&d, &empty);
         (d, o)
     };
     let (d, o) = run(&format!("127.0.0.1:{port}/features/anon:1"));
@@ -443,12 +443,7 @@ fn an_anonymous_bearer_registry_serves_a_feature_and_a_500_is_refused() {
     let text = std::fs::read_to_string(&conf).unwrap();
     std::fs::write(&conf, format!("{text}devcontainer.fetch-timeout = 2s\n")).unwrap();
     let t = std::time::Instant::now();
-    let o = Command::new(env!("CARGO_BIN_EXE_lw-init"))
-        .args(["--force", "--ca", "none"])
-        .arg(&d)
-        .env("DOCKER_CONFIG", &empty)
-        .output()
-        .expect("lw-init runs");
+    let o = lw_init_with(&d, &empty);
     let took = t.elapsed();
     let e = stderr(&o);
     println!("a trickling registry: lw init ended in {took:.1?} with a 2 s fetch-timeout");
