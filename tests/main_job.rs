@@ -21,41 +21,14 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// What a failed run in `work` left (its sandboxes, their egress networks,
 /// the scripted model's container and network) is removed when the test
-/// fails: scripts/main-job keeps it to be looked at, but the suites after
-/// this one share Docker's 31 address pools with it.
+/// fails, by `scripts/main-job --clean`: the job keeps it to be looked at,
+/// but the suites after this one share Docker's 31 address pools with it.
 struct ClearOnFailure<'a>(&'a Path);
 
 impl Drop for ClearOnFailure<'_> {
     fn drop(&mut self) {
-        if !std::thread::panicking() {
-            return;
-        }
-        let work = self.0;
-        let lw_sandbox = Path::new(env!("CARGO_BIN_EXE_lw-sandbox"));
-        let root = work.join("mailbox");
-        let project = work.join("contract-change");
-        let sbx = |args: &[&str]| {
-            let _ = Command::new(lw_sandbox)
-                .arg("--root")
-                .arg(&root)
-                .arg("--project")
-                .arg(&project)
-                .args(args)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-        };
-        sbx(&["rm", "--force", "producer"]);
-        sbx(&["rm", "--force", "consumer"]);
-        sbx(&["gc"]);
-        // scripts/main-job's run_tag: the first 8 hex digits of the folder's SHA-256.
-        let tag = base::digest::sha256_hex(work.as_os_str().as_encoded_bytes());
-        let model = format!("lw-main-job-model-{}", &tag[..8]);
-        for args in [
-            ["rm", "-f", model.as_str()],
-            ["network", "rm", model.as_str()],
-        ] {
-            let _ = Command::new("docker").args(args).output();
+        if std::thread::panicking() {
+            let _ = main_job(self.0).arg("--clean").output();
         }
     }
 }
