@@ -319,6 +319,34 @@ fn a_pushed_branch_shows_its_diff_and_stat_with_no_engine_reachable() {
     );
 }
 
+/// Waits for the engine's oom event of `container` (60 s at most).
+fn wait_oom(container: &str) {
+    // --until takes a time, not a span: a duration there means "ago".
+    let until = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 60;
+    let mut events = Command::new("docker")
+        .args(["events", "--since", "0", "--until", &until.to_string()])
+        .args(["--filter", &format!("container={container}")])
+        .args(["--filter", "event=oom", "--format", "{{.Action}}"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(events.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _ = events.kill();
+    let _ = events.wait();
+    assert_eq!(
+        line.trim(),
+        "oom",
+        "no oom event for {container} within 60 s"
+    );
+}
+
 /// Containers made for the test, removed when it ends.
 struct Containers(Vec<String>);
 impl Drop for Containers {
@@ -360,10 +388,13 @@ fn the_engines_view_running_exited_oom_lost_and_elsewhere() {
     for (name, extra, cmd) in [
         ("runner", &[][..], "sleep 300"),
         ("quitter", &[][..], "exit 3"),
+        // The hog is a child of the shell, so the container outlives the
+        // OOM kill: Docker files OOMKilled only when its oom event comes
+        // before the container's exit, and a hog that is PID 1 races them.
         (
             "oomer",
             &["--memory", "8m", "--memory-swap", "8m"][..],
-            "tail /dev/zero",
+            "tail /dev/zero; exec sleep 300",
         ),
     ] {
         let cname = format!("lw-sb-{id}-{name}");
@@ -376,6 +407,9 @@ fn the_engines_view_running_exited_oom_lost_and_elsewhere() {
     }
     write_record(&root, "ghost", &mirror, None);
     write_record(&root, "away", &mirror, Some("tcp://elsewhere.example:2376"));
+    let oomer = format!("lw-sb-{id}-oomer");
+    wait_oom(&oomer);
+    docker(&["kill", &oomer]);
     for name in ["quitter", "oomer"] {
         docker(&["wait", &format!("lw-sb-{id}-{name}")]);
     }
