@@ -119,8 +119,9 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     if let Some(Cmd::Load { file }) = &args.cmd {
         // Outside a project too: then DOCKER_HOST, else the local engine.
         let config = match image::find_root(&start) {
-            Some(root) => Some(mailbox::config::Config::load(
-                &root.join(mailbox::config::FILE),
+            Some(root) => Some(base::config::Config::load(
+                &root.join(base::config::FILE),
+                loopwright::config::CHECK,
             )?),
             None => None,
         };
@@ -138,7 +139,8 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     })?;
     // The project's configuration is checked before anything is built or
     // the engine is reached: an unknown key is 78 naming it.
-    let config = mailbox::config::Config::load(&root.join(mailbox::config::FILE))?;
+    let config =
+        base::config::Config::load(&root.join(base::config::FILE), loopwright::config::CHECK)?;
     host_authorities(&root, &config)?;
     // The toolchain the project's declarations resolve to
     // (lib/init/versions.rs), rewritten from its files so that what the
@@ -193,8 +195,8 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
 /// `build.ca = host`: the host's extra certificate authorities copied into
 /// the base layer's inputs before the plan is made (lib/init.rs), so a new
 /// or changed one rebuilds the image; `none` (or unset) leaves them out.
-fn host_authorities(root: &Path, config: &mailbox::config::Config) -> Result<()> {
-    let path = root.join(mailbox::config::FILE);
+fn host_authorities(root: &Path, config: &base::config::Config) -> Result<()> {
+    let path = root.join(base::config::FILE);
     match config.get(loopwright::init::KEY_CA) {
         None | Some("none") => Ok(()),
         Some("host") => {

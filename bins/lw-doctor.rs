@@ -53,7 +53,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
-    let fresh: Duration = mailbox::config::parse_duration(&args.fresh).ok_or_else(|| {
+    let fresh: Duration = base::config::parse_duration(&args.fresh).ok_or_else(|| {
         Error::usage(format!(
             "--fresh '{}': give a duration such as 90s, 15m or 1h",
             args.fresh

@@ -135,7 +135,7 @@ fn top(args: &Args) -> Result<PathBuf> {
         Some(d) => d.clone(),
         None => std::env::current_dir().map_err(|e| Error::io("cannot read", Path::new("."), e))?,
     };
-    match mailbox::config::find_checkout(&start) {
+    match base::config::find_checkout(&start) {
         Some((top, _)) => Ok(top),
         None => Err(Error::new(
             Exit::NoInput,

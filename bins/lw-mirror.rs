@@ -13,11 +13,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use base::cli::out_err;
+use base::config::{self, Project};
 use base::{Error, Exit, time};
 use clap::{Parser, Subcommand};
 use loopwright::git::Remote;
 use loopwright::mirror::{self, Mirror, Outcome, SyncOptions};
-use mailbox::config::{self, Project};
 
 const PROG: &str = "lw-mirror";
 
@@ -85,7 +85,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
     // The project is looked up only when it is needed (it costs a git process).
     let project =
         if args.mirror.is_none() && env.as_deref().is_none_or(|e| e.as_os_str().is_empty()) {
-            Project::find(&cwd)?
+            Project::find(&cwd, loopwright::config::CHECK)?
         } else {
             None
         };
@@ -135,7 +135,7 @@ fn sync(
             return Remote::parse(u, cwd);
         }
         if project.is_none() {
-            project = Project::find(cwd)?;
+            project = Project::find(cwd, loopwright::config::CHECK)?;
         }
         mirror::default_remote(project.as_ref(), stored, cwd)
     };

@@ -19,11 +19,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use base::cli::out_err;
+use base::config;
 use base::{Error, Exit, Result};
 use clap::Parser;
 use loopwright::radar::{Event, Limits, Live, Radar, Report, Source};
 use loopwright::sandbox::Record;
-use mailbox::config;
 use mailbox::layout::Root;
 use mailbox::registry::Registry;
 

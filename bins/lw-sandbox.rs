@@ -309,7 +309,7 @@ fn connect(args: &Args) -> Result<Engines, Error> {
     };
     // A configuration that does not parse (an unknown key) is refused here,
     // before any engine is reached: 78, not a 69 that hides it.
-    let project = mailbox::config::Project::find(&start)?;
+    let project = loopwright::config::project(&start)?;
     Engines::connect(project.as_ref().map(|p| &p.config))
 }
 
@@ -464,7 +464,7 @@ fn rm(sb: &Sandboxes, names: &[String], force: bool, out: &mut dyn Write) -> Res
 }
 
 /// `push`: the sandbox's branch to the upstream; its line (or JSON
-/// record), then with `pr.0` its pull request's (lib/pr), out of draft
+/// record), then with `pr.0` its pull request's (crates/sync/src/pr), out of draft
 /// with `pr.1`.
 fn push(
     sb: &Sandboxes,
@@ -649,7 +649,7 @@ fn exec(args: Args) -> Result<u8, Error> {
         } => {
             let timeout = match timeout {
                 None => None,
-                Some(t) => Some(mailbox::config::parse_duration(&t).ok_or_else(|| {
+                Some(t) => Some(base::config::parse_duration(&t).ok_or_else(|| {
                     Error::usage(format!("--timeout '{t}' is not a duration (90s, 15m, 1h)"))
                 })?),
             };

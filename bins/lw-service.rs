@@ -17,11 +17,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use base::cli::{self, out_err};
+use base::config::Project;
 use base::{Error, Exit};
 use clap::{Parser, Subcommand};
 use engine::Engines;
 use loopwright::service::{Services, decl};
-use mailbox::config::Project;
 use mailbox::layout::Root;
 
 const PROG: &str = "lw-service";
@@ -86,7 +86,7 @@ fn project(flag: Option<&std::path::Path>) -> Result<Option<Project>, Error> {
     let cwd = std::env::current_dir()
         .map_err(|e| Error::new(Exit::IoErr, "cannot find the current directory").with_source(e))?;
     let start = flag.map(PathBuf::from).unwrap_or(cwd);
-    let found = Project::find(&start)?;
+    let found = Project::find(&start, loopwright::config::CHECK)?;
     if flag.is_some() && found.is_none() {
         return Err(Error::usage(format!(
             "'{}' is not inside a git checkout",

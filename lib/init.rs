@@ -303,7 +303,7 @@ pub fn plan(top: &Path, o: &Options) -> Result<Plan> {
         config.push_str(&devcontainer::render::config_lines(dc, allowed));
     }
     files.push(File {
-        path: mailbox::config::FILE.to_string(),
+        path: base::config::FILE.to_string(),
         bytes: config.into_bytes(),
         mode: 0o644,
     });
@@ -649,7 +649,7 @@ mod tests {
             "PEM"
         );
         let c = file(&p, ".loopwright/config");
-        let cfg = mailbox::config::Config::parse(c, Path::new("config")).unwrap();
+        let cfg = base::config::Config::parse(c, Path::new("config")).unwrap();
         assert_eq!(cfg.get(KEY_CA), Some("host"));
         mailbox::policy::Policy::parse(file(&p, ".loopwright/policy"), None)
             .expect("the policy parses");

@@ -12,19 +12,17 @@
 //! filter).  docs/architecture.md draws the layers.
 
 pub mod agent;
+pub mod config;
 pub mod doctor;
 pub mod egress;
 pub mod finding;
 pub mod git;
-pub mod github;
 pub mod image;
 pub mod init;
 pub mod mirror;
 pub mod ports;
-pub mod pr;
 pub mod radar;
 pub mod sandbox;
 pub mod secrets;
 pub mod service;
-pub mod sync;
 pub mod wall;

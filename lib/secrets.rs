@@ -23,8 +23,8 @@
 
 use std::fmt;
 
+use base::config::Config;
 use base::error::{Error, Exit, Result};
-use mailbox::config::Config;
 
 /// The configuration key listing the allowed names.
 pub const KEY_ALLOWED: &str = "sandbox.secrets";
@@ -51,7 +51,7 @@ impl fmt::Debug for Secret {
 
 /// True for a name usable as an environment variable and a file name.
 pub fn valid_name(name: &str) -> bool {
-    mailbox::config::valid_var_name(name)
+    base::config::valid_var_name(name)
 }
 
 /// The names the project allows, in the order written.

@@ -93,9 +93,9 @@ mod tests {
 
     #[test]
     fn sizes() {
-        assert_eq!(mailbox::config::parse_bytes("2g"), Some(2 << 30));
-        assert_eq!(mailbox::config::parse_bytes("512M"), Some(512 << 20));
-        assert_eq!(mailbox::config::parse_bytes("x"), None);
+        assert_eq!(base::config::parse_bytes("2g"), Some(2 << 30));
+        assert_eq!(base::config::parse_bytes("512M"), Some(512 << 20));
+        assert_eq!(base::config::parse_bytes("x"), None);
     }
 
     #[test]

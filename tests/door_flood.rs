@@ -158,12 +158,12 @@ fn a_flood_of_10000_posts_makes_at_most_3_comments_and_a_question_goes_first() {
     let mut question_in = None;
     let mut counted_mirrored = 0;
     for (i, (_, body, _)) in comments.iter().enumerate() {
-        let Some(Ok(secs)) = loopwright::sync::parse_comment(body) else {
+        let Some(Ok(secs)) = sync::parse_comment(body) else {
             continue;
         };
         let mut flood = false;
         for s in secs {
-            if let loopwright::sync::Head::Entry(h) = s.head {
+            if let sync::Head::Entry(h) = s.head {
                 if h.id == q.id {
                     question_in = Some(i);
                 }

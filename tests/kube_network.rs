@@ -455,7 +455,7 @@ fn sandbox_created_with_network_egress_on_a_real_cluster() {
     let proxy_image = proxy_image();
     let world = format!("lw-kn-world-{}", nonce());
     let fx = sandbox_support::Fixture::new("kegress");
-    let project = mailbox::config::Project::find(&fx.proj)
+    let project = loopwright::config::project(&fx.proj)
         .unwrap()
         .expect("a project");
     let docker = engine::connect_docker(None).expect("the Docker engine is reachable");

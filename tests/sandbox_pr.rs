@@ -241,7 +241,7 @@ fn push_pr_refuses_a_missing_base_a_closed_pull_request_and_a_token_without_righ
         .nth(1)
         .unwrap()
         .to_string();
-    let (pushed, _) = loopwright::pr::pushed::load_all(&f.root.join("state")).unwrap();
+    let (pushed, _) = sync::pr::pushed::load_all(&f.root.join("state")).unwrap();
     assert_eq!(
         pushed
             .iter()
@@ -574,9 +574,7 @@ fn push_pr_refuses_a_head_already_merged_naming_it_even_when_its_name_says_base(
         "pushed all the same"
     );
     assert!(pulls(&env).is_empty());
-    let rec = loopwright::pr::load(&f.root.join("state"), "m")
-        .unwrap()
-        .unwrap();
+    let rec = sync::pr::load(&f.root.join("state"), "m").unwrap().unwrap();
     assert_eq!((rec.number, rec.pending.is_some()), (None, true), "{rec:?}");
     // Work on it: the next push opens it.
     let (code, _, e) = f.sh(

@@ -7,7 +7,7 @@ use crate::state::{Op, State, StoredComment};
 use crate::wire::{DOCS, Response, gh_error, gh_time, journal_failed, now_s, paged, param, resp};
 
 /// GitHub's documented limit on a comment body, in characters (the same
-/// figure lw-sync keeps in lib/github; the sink speaks as GitHub does, not
+/// figure lw-sync keeps in crates/sync/src/github; the sink speaks as GitHub does, not
 /// as loopwright's client expects).
 const MAX_COMMENT_CHARS: usize = 65_536;
 

@@ -122,7 +122,7 @@ fn parse_repo_arg(r: &str) -> Result<(&str, u64)> {
         None => (r, 1),
     };
     // GitHub's rule for owner and repository names (lw-sync's own check is
-    // in lib/github; the sink keeps GitHub's, not loopwright's).
+    // in crates/sync/src/github; the sink keeps GitHub's, not loopwright's).
     let part = |s: &str| {
         !s.is_empty()
             && s != "."

@@ -10,8 +10,8 @@ use super::kit::{self, Kit};
 use super::{KeySource, Settings, layer};
 use crate::finding::{Finding, Status};
 use crate::image::Runtime;
+use base::config::Project;
 use engine::Images;
-use mailbox::config::Project;
 
 fn finding(status: Status, detail: String, fix: Option<String>) -> Finding {
     Finding {

@@ -2,8 +2,8 @@
 //! versions, upstream URLs, endpoints, variable names, relative paths and
 //! command lines, each checked with an error that names the key.
 
+use base::config::Config;
 use base::error::{Error, Result};
-use mailbox::config::Config;
 
 /// True for a kit name: lower-case letters, digits and `-`, starting with a letter.
 pub fn valid_name(s: &str) -> bool {

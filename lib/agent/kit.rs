@@ -18,9 +18,9 @@ use super::grammar::{
     parse_env,
 };
 pub use super::grammar::{exact_version, parse_upstream, valid_name};
+use base::config::Config;
 use base::digest::sha256_hex;
 use base::error::{Error, Exit, Result};
-use mailbox::config::Config;
 
 /// Where a project keeps its own kits, relative to its top.
 pub const PROJECT_DIR: &str = ".loopwright/agents";

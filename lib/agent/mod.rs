@@ -43,9 +43,9 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use base::config::Project;
 use base::error::{Error, Exit, Result};
 pub use kit::Kit;
-use mailbox::config::Project;
 
 /// Where the agent's key comes from on the host.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -124,7 +124,7 @@ impl Caps {
 fn parse_cap(v: &str, size: bool) -> Option<u64> {
     let v = v.trim();
     if size {
-        return mailbox::config::parse_bytes(v).and_then(|n| u64::try_from(n).ok());
+        return base::config::parse_bytes(v).and_then(|n| u64::try_from(n).ok());
     }
     if v == "off" {
         return Some(0);
@@ -144,7 +144,7 @@ impl Settings {
             bell_max_blocks: mailbox::bell::DEFAULT_MAX_BLOCKS,
         };
         let Some(p) = project else { return Ok(s) };
-        let file = mailbox::config::FILE;
+        let file = base::config::FILE;
         let mut key_env = None;
         let mut key_file = None;
         for (k, v) in p.config.iter() {

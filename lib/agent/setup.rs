@@ -16,9 +16,9 @@ use std::collections::BTreeMap;
 use super::kit::{self, Kit};
 use super::{AgentRecord, Credential, Settings, layer, proxy};
 use crate::image::Runtime;
+use base::config::Project;
 use base::error::Result;
 use engine::{BuildEvent, ImageBuilder};
-use mailbox::config::Project;
 use mailbox::layout::Root;
 
 pub struct Prepared {

@@ -3,7 +3,7 @@
 //! loopwright ignores; a repository with a configuration its runtime was
 //! not made from is told how to take it.
 
-use mailbox::config::Project;
+use base::config::Project;
 
 use super::{Finding, Status, f};
 use crate::init::devcontainer::{self, render};

@@ -9,8 +9,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use base::config::Project;
 use engine::Images;
-use mailbox::config::Project;
 use mailbox::layout::Root;
 
 pub use crate::finding::{Finding, Status};
@@ -49,7 +49,7 @@ pub struct Inputs {
 /// Runs every check, in the order a newcomer would fix things.
 pub fn run(inp: &Inputs) -> Vec<Finding> {
     let mut out = Vec::new();
-    let project = match Project::find(&inp.cwd) {
+    let project = match Project::find(&inp.cwd, crate::config::CHECK) {
         Ok(Some(p)) => {
             out.push(f(
                 "project",

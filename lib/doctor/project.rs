@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use base::config::Project;
 use engine::DockerEngine;
-use mailbox::config::Project;
 use mailbox::layout::Root;
 
 use super::{Finding, Status, f};
@@ -388,7 +388,7 @@ pub(super) fn lock_finding(what: &'static str, path: &Path) -> Finding {
 }
 
 pub(super) fn github(dir: &Path) -> Finding {
-    let Some(cfg_path) = crate::sync::Config::find(dir) else {
+    let Some(cfg_path) = sync::Config::find(dir) else {
         return f(
             "github",
             Status::Skip,
@@ -396,7 +396,7 @@ pub(super) fn github(dir: &Path) -> Finding {
             None,
         );
     };
-    let cfg = match crate::sync::Config::load(&cfg_path) {
+    let cfg = match sync::Config::load(&cfg_path) {
         Ok(c) => c,
         Err(e) => {
             return f(
@@ -407,7 +407,7 @@ pub(super) fn github(dir: &Path) -> Finding {
             );
         }
     };
-    let token = match crate::github::Token::load(cfg.token_file.as_deref()) {
+    let token = match sync::github::Token::load(cfg.token_file.as_deref()) {
         Ok(t) => t,
         Err(e) => return f("github", Status::Fail, e.to_string(), None),
     };
@@ -415,12 +415,12 @@ pub(super) fn github(dir: &Path) -> Finding {
         .ok()
         .or(cfg.api_url.clone())
         .unwrap_or_else(|| "https://api.github.com".into());
-    let limits = crate::github::Limits {
+    let limits = sync::github::Limits {
         max_wait: Duration::from_secs(5),
         read_attempts: 1,
         ..Default::default()
     };
-    let client = crate::github::Client::new(&base, token, limits, Default::default());
+    let client = sync::github::Client::new(&base, token, limits, Default::default());
     let mut client = match client {
         Ok(c) => c,
         Err(e) => return f("github", Status::Fail, e.to_string(), None),

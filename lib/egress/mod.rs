@@ -53,8 +53,8 @@ pub use proxy::{
 };
 pub use squid::Request;
 
+use base::config::Config;
 use base::error::{Error, Result};
-use mailbox::config::Config;
 
 /// What each egress object is: `internal`, `proxy` or `outside`.
 pub const LABEL_EGRESS: &str = "org.loopwright.egress";
@@ -104,7 +104,7 @@ impl Settings {
     /// nothing, and a reader would never know why.
     pub fn from_config(cfg: &Config) -> Result<Settings> {
         let file = cfg.path.as_ref().map_or_else(
-            || mailbox::config::FILE.to_string(),
+            || base::config::FILE.to_string(),
             |p| p.display().to_string(),
         );
         let mut s = Settings::default();

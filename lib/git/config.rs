@@ -140,7 +140,7 @@ pub fn config_get(dir: &Path, key: &str) -> Result<Option<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mailbox::config::find_checkout;
+    use base::config::find_checkout;
 
     #[test]
     fn reads_origin_from_plain_config_text_as_git_does() {

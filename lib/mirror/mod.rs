@@ -60,8 +60,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::git::{self, Remote};
+use base::config::Project;
 use base::error::{Error, Exit, Result};
-use mailbox::config::Project;
 
 pub use fetch::DELETED_PREFIX;
 pub use refs::{LOOSE_REFS_MAX, loose_refs};
@@ -99,7 +99,7 @@ pub fn create_freshness(project: Option<&Project>) -> Result<Duration> {
     };
     match p.config.get(KEY_FRESH) {
         None => Ok(DEFAULT_FRESH),
-        Some(v) => mailbox::config::parse_duration(v).ok_or_else(|| {
+        Some(v) => base::config::parse_duration(v).ok_or_else(|| {
             Error::new(
                 Exit::Config,
                 format!(
@@ -107,7 +107,7 @@ pub fn create_freshness(project: Option<&Project>) -> Result<Duration> {
                     p.config
                         .path
                         .as_deref()
-                        .unwrap_or(Path::new(mailbox::config::FILE))
+                        .unwrap_or(Path::new(base::config::FILE))
                         .display()
                 ),
             )
@@ -161,7 +161,7 @@ pub fn default_remote(
         Some(p) => Error::config(format!(
             "the project '{}' has no remote 'origin' and no '{KEY_URL}' in '{}'; give the URL: lw-mirror sync URL",
             p.top.display(),
-            mailbox::config::FILE
+            base::config::FILE
         )),
         None => Error::usage("no URL to mirror; give one: lw-mirror sync URL"),
     })
@@ -221,7 +221,7 @@ impl Mirror {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mailbox::config::Config;
+    use base::config::Config;
 
     #[test]
     fn create_freshness_defaults_reads_the_key_and_names_a_bad_value() {

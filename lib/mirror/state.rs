@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use super::{FETCHED, Mirror, STATE};
 use crate::git;
+use base::config::Config;
 use base::error::{Error, Exit, Result};
 use base::time;
-use mailbox::config::Config;
 
 /// What the state files record.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

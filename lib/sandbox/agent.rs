@@ -14,9 +14,9 @@ use super::{CreateOptions, Network, Record, Sandboxes, io_err};
 use crate::agent::run::{Ran, RunOptions, Target};
 use crate::agent::setup::Prepared;
 use crate::agent::{Credential, context, proxy};
+use base::config::Project;
 use base::error::{Error, Exit, Result};
 use engine::NetworkEngine;
-use mailbox::config::Project;
 use mailbox::registry::Registry;
 
 impl Record {

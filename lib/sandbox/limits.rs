@@ -10,8 +10,8 @@
 //! cannot mount a loop filesystem (see lib/sandbox/disk.rs); `create` then
 //! warns.
 
+use base::config::Config;
 use base::error::{Error, Result};
-use mailbox::config::Config;
 
 /// Workspace (`/work`) quota.
 pub const DEFAULT_DISK: &str = "8g";
@@ -64,7 +64,7 @@ pub fn parse_cpus(s: &str) -> Option<f64> {
 
 /// A size (`512m`, `8g`) as bytes, positive.
 pub fn parse_size(s: &str) -> Option<u64> {
-    mailbox::config::parse_bytes(s).and_then(|n| u64::try_from(n).ok())
+    base::config::parse_bytes(s).and_then(|n| u64::try_from(n).ok())
 }
 
 impl Limits {

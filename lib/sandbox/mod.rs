@@ -99,8 +99,8 @@ pub use crate::wall::{
     REGISTRY, REPO, WORK, host_has_apparmor, root_id, security_options,
 };
 use ::base::error::{Error, Exit, Result};
-use ::mailbox::config::Project;
 use ::mailbox::layout::Root;
+use base::config::Project;
 pub use create::{ImageChoice, check_branch, parse_port, resolve_image};
 use engine::{EngineKind, ImageBuilder, Pair, SandboxEngine};
 pub use ls::{HEADER as LS_HEADER, Status};
@@ -282,7 +282,7 @@ pub fn find_project(
     let start = project
         .map(Path::to_path_buf)
         .unwrap_or_else(|| cwd.clone());
-    let found = Project::find(&start)?;
+    let found = Project::find(&start, crate::config::CHECK)?;
     if project.is_some() && found.is_none() {
         return Err(Error::usage(format!(
             "'{}' is not inside a git checkout",

@@ -1,4 +1,4 @@
-//! `push --pr`: after the push, the task branch's pull request (lib/pr).
+//! `push --pr`: after the push, the task branch's pull request (crates/sync/src/pr).
 //!
 //! Where it goes is lw-sync's configuration (`.loopwright/sync.json`:
 //! `repo`, `api_url`, `token_file`; `issue` is the run's thread the body
@@ -10,11 +10,11 @@
 
 use super::{Record, Sandboxes};
 use crate::git;
-use crate::github::{Client, DEFAULT_API, Limits, Token, default_token_file};
-use crate::pr::{self, Ask, Opened, Task};
-use crate::sync::Config as SyncConfig;
+use base::config::Project;
 use base::error::{Error, Result};
-use mailbox::config::Project;
+use sync::Config as SyncConfig;
+use sync::github::{Client, DEFAULT_API, Limits, Token, default_token_file};
+use sync::pr::{self, Ask, Opened, Task};
 
 /// The environment variable naming the API URL (as for lw-sync).
 pub const API_ENV: &str = "LW_GITHUB_API_URL";
@@ -53,7 +53,7 @@ impl Sandboxes<'_> {
         if rec.project.as_os_str().is_empty() {
             return Ok(false);
         }
-        pr_by_default(Project::find(&rec.project)?.as_ref())
+        pr_by_default(Project::find(&rec.project, crate::config::CHECK)?.as_ref())
     }
 
     /// Finds or opens the pull request of sandbox `name`'s branch, whose
@@ -63,7 +63,7 @@ impl Sandboxes<'_> {
         let project = if rec.project.as_os_str().is_empty() {
             None
         } else {
-            Project::find(&rec.project)?
+            Project::find(&rec.project, crate::config::CHECK)?
         };
         let Some(cfg_path) = SyncConfig::find(&rec.project) else {
             return Err(Error::config(format!(
@@ -80,7 +80,7 @@ impl Sandboxes<'_> {
                 rec.branch
             )));
         };
-        crate::github::Target::parse_repo(&repo)?;
+        sync::github::Target::parse_repo(&repo)?;
         let base = match project.as_ref().and_then(|p| p.config.get("sandbox.pr-base")) {
             Some(b) => b.to_string(),
             None => mirror_git(&rec, &["symbolic-ref", "--short", "HEAD"], "read the upstream's default branch")?
@@ -168,12 +168,5 @@ impl Sandboxes<'_> {
         }
         rec.pull_request = Some(number);
         self.write_record(&rec)
-    }
-}
-
-impl Opened {
-    /// The `push --pr --json` record.
-    pub fn json(&self, name: &str) -> serde_json::Value {
-        serde_json::json!({"type": "pull-request", "name": name, "number": self.number, "url": self.url, "draft": self.draft, "outcome": self.outcome})
     }
 }

@@ -30,8 +30,8 @@ use super::{Record, Sandboxes};
 use crate::git;
 use crate::mirror::{self, Mirror, SyncOptions};
 use base::cli::Report;
+use base::config::Project;
 use base::error::{Error, Exit, Result};
-use mailbox::config::Project;
 
 /// What a push did.
 #[derive(Clone, Debug)]
@@ -111,7 +111,7 @@ impl<'a> Sandboxes<'a> {
         // What the upstream has now: lw-sync puts the radar's status there.
         if let Ok(p) = &res
             && let Err(e) =
-                crate::pr::pushed::record(&self.root.state_dir(), name, &p.branch, &p.commit)
+                sync::pr::pushed::record(&self.root.state_dir(), name, &p.branch, &p.commit)
         {
             report(&format!(
                 "pushed, but could not record the pushed head: {e}"
@@ -138,7 +138,7 @@ impl<'a> Sandboxes<'a> {
         let project = if rec.project.as_os_str().is_empty() {
             None
         } else {
-            Project::find(&rec.project)?
+            Project::find(&rec.project, crate::config::CHECK)?
         };
         let m = Mirror::new(&rec.mirror);
         let state = m.ready()?;

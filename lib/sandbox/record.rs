@@ -69,7 +69,7 @@ pub struct Record {
     /// start.  Kept here, where the sandbox cannot write.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub post_start: Option<String>,
-    /// The number of its branch's pull request (`push --pr`, lib/pr).
+    /// The number of its branch's pull request (`push --pr`, crates/sync/src/pr).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pull_request: Option<u64>,
 }

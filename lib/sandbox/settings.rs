@@ -4,9 +4,9 @@
 use super::limits;
 use crate::ports::Range;
 use crate::secrets;
+use base::config::Project;
+use base::config::parse_bytes;
 use base::error::{Error, Result};
-use mailbox::config::Project;
-use mailbox::config::parse_bytes;
 
 /// Defaults, each overridable in `.loopwright/config`.
 ///
@@ -51,7 +51,7 @@ pub struct Settings {
 
 impl Settings {
     pub fn from_project(p: Option<&Project>) -> Result<Settings> {
-        let empty = mailbox::config::Config::default();
+        let empty = base::config::Config::default();
         let c = p.map(|p| &p.config).unwrap_or(&empty);
         let bad = |k: &str, v: &str, want: &str| {
             Error::config(format!(
@@ -99,7 +99,7 @@ impl Settings {
             door_budgets: match p {
                 Some(p) => Some((
                     mailbox::door_record::Budgets::of_project(p)?,
-                    p.top.join(mailbox::config::FILE),
+                    p.top.join(base::config::FILE),
                 )),
                 None => None,
             },

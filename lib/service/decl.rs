@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::egress::AllowList;
+use base::config::{Config, Project};
 use base::error::{Error, Exit, Result};
-use mailbox::config::{Config, Project};
 
 /// Where declarations live, relative to the project's top.
 pub const DIR: &str = ".loopwright/services";
@@ -98,7 +98,7 @@ pub fn check_name(name: &str) -> Result<()> {
 fn key_ok(key: &str) -> bool {
     match key.strip_prefix("env.") {
         Some(var) => crate::secrets::valid_name(var),
-        None => mailbox::config::valid_key(key),
+        None => base::config::valid_key(key),
     }
 }
 
@@ -178,7 +178,7 @@ pub fn parse(name: &str, text: &str, file: &Path) -> Result<Declaration> {
     };
     let ready_timeout = match c.get("ready-timeout") {
         None => Duration::from_secs(60),
-        Some(v) => mailbox::config::parse_duration(v)
+        Some(v) => base::config::parse_duration(v)
             .filter(|d| !d.is_zero())
             .ok_or_else(|| bad("ready-timeout", v, "a duration such as 30s or 2m"))?,
     };
@@ -290,7 +290,7 @@ fn limits(c: &Config, file: &Path) -> Result<(i64, i64, f64)> {
     let bad = |k: &str, v: &str, want: &str| bad(file, k, v, want);
     let memory = match c.get("memory") {
         None => 1 << 30,
-        Some(v) => mailbox::config::parse_bytes(v)
+        Some(v) => base::config::parse_bytes(v)
             .ok_or_else(|| bad("memory", v, "a size such as 512m or 2g"))?,
     };
     let pids = match c.get("pids") {

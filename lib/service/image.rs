@@ -4,8 +4,8 @@
 
 use super::{Declaration, Services, Source};
 use crate::image::{InputDecl, LayerDef, Runtime};
+use base::config::Project;
 use base::error::{Error, Exit, Result};
-use mailbox::config::Project;
 
 impl<'a> Services<'a> {
     /// The image of `d`: the local one it names, or its build (one lw-build

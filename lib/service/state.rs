@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use super::{Declaration, LABEL_PROJECT, LABEL_SERVICE, Services, container_name, decl};
 use super::{network_name, tail};
 use crate::wall::LABEL_ROOT;
+use base::config::Project;
 use base::error::{Error, Exit, Result};
 use engine::{ExecRequest, NetworkEngine};
-use mailbox::config::Project;
 
 /// How `ls` sees a service.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -15,10 +15,10 @@ use super::{Declaration, LABEL_CONFIG, LABEL_KIND, LABEL_READY, LABEL_SERVICE, S
 use super::{container_name, network_name, publish_network_name, tail, volume_name};
 use crate::secrets::Secret;
 use crate::wall::LABEL_ROOT;
+use base::config::Project;
 use base::error::{Error, Exit, Result};
 use engine::NetworkEngine;
 use engine::{Bind, ContainerSpec, ExecIo, ExecRequest, NetworkSpec, OutStream, PortMap};
-use mailbox::config::Project;
 
 /// Where the service's secrets appear, and the file that says all are there.
 const SECRETS_READY: &str = "/run/secrets/.lw-ready";

@@ -211,9 +211,10 @@ fn through(host: &str) -> DockerEngine {
         std::env::var_os("DOCKER_HOST").is_none_or(|h| h.is_empty()),
         "unset DOCKER_HOST: this test puts a relay in front of the local engine"
     );
-    let config = mailbox::config::Config::parse_project(
+    let config = base::config::Config::parse_project(
         &format!("engine.host = {host}\n"),
         std::path::Path::new("config"),
+        loopwright::config::CHECK,
     )
     .expect("a project config");
     engine::connect_docker(Some(&config)).expect("the relay answers")

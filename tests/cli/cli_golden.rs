@@ -36,10 +36,7 @@ fn cli_goldens() {
             "lw-service",
             std::path::Path::new(env!("CARGO_BIN_EXE_lw-service")),
         )
-        .register_bin(
-            "lw-sync",
-            std::path::Path::new(env!("CARGO_BIN_EXE_lw-sync")),
-        )
+        .register_bin("lw-sync", support::bin("lw-sync"))
         .register_bin("git", on_path("git"))
         .case("tests/cmd/*.toml")
         .case("tests/cmd/*.trycmd");

@@ -13,6 +13,7 @@ const PACKAGES: &[&str] = &[
     "crates/confine/Cargo.toml",
     "crates/model-proxy/Cargo.toml",
     "crates/cockpit/Cargo.toml",
+    "crates/sync/Cargo.toml",
     "bins/lw-github-sink/Cargo.toml",
 ];
 

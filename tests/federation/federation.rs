@@ -195,8 +195,7 @@ fn a_message_in_parts_is_taken_once_all_parts_are_there() {
             reason: "test".into(),
         },
     };
-    let parts =
-        loopwright::sync::render_entry(&e, &[], loopwright::github::MAX_COMMENT_CHARS).unwrap();
+    let parts = sync::render_entry(&e, &[], sync::github::MAX_COMMENT_CHARS).unwrap();
     assert!(parts.len() >= 3, "{} parts", parts.len());
     let post = |body: &str| {
         env.ctl(

@@ -26,10 +26,10 @@ fn the_taken_record_stays_bounded_and_exactly_once_through_kills() {
     // An entry in parts whose first part waits on the issue the whole run.
     let mut big = contract_change("large");
     big.body = "0123456789abcdef\n".repeat(9000);
-    let parts = loopwright::sync::render_entry(
+    let parts = sync::render_entry(
         &forward_entry(&big, &["web"]),
         &[],
-        loopwright::github::MAX_COMMENT_CHARS,
+        sync::github::MAX_COMMENT_CHARS,
     )
     .unwrap();
     assert!(parts.len() >= 2);
@@ -39,8 +39,7 @@ fn the_taken_record_stays_bounded_and_exactly_once_through_kills() {
     for round in 0..ROUNDS {
         for i in 0..PER_ROUND {
             let m = contract_change(&format!("round {round} change {i}"));
-            let body =
-                loopwright::sync::render_entry(&forward_entry(&m, &["web"]), &[], 60_000).unwrap();
+            let body = sync::render_entry(&forward_entry(&m, &["web"]), &[], 60_000).unwrap();
             post_as(&env, LOGIN_A, &body[0]);
             sent.push(m.id);
         }

@@ -318,3 +318,54 @@ fn a_mediator_run_from_the_root_directory_applies_the_projects_door_log_max() {
     assert_eq!(o.status.code(), Some(75), "{err}");
     assert!(err.contains("log budget of 8 MiB for the hour"), "{err}");
 }
+
+/// Issue 42, item 2: each layer owns its keys.  lw-mediate knows the door's
+/// alone: a slip in a sandbox setting is lw-sandbox's to refuse and does not
+/// stop the door, while a slip in the door's own keys or namespace is 78
+/// naming the key, the line and the closest door key, as before.
+#[test]
+fn the_door_checks_its_own_keys_and_leaves_the_others_to_their_commands() {
+    let env = Env::new("door-keys");
+    let root = Root::new(&env.root);
+    let proj = project(
+        &env.dir,
+        "sandbox.memory = 2g\nsandbx.cpus = 2\nkube.storage-class = fast\ndoor.log-max = 8m\n",
+    );
+    let policy = env.dir.join("policy");
+    std::fs::write(&policy, "loopwright-policy 1\n").unwrap();
+    let pass = ["--once", "--policy", policy.to_str().unwrap()];
+    ok(&mediate(&root, &proj, &[], &["register", "web"]));
+    ok(&mediate(&root, &proj, &[], &pass));
+    // The product's commands check every layer's keys: the slip is theirs.
+    let o = Command::new(support::bin("lw-sandbox"))
+        .current_dir(&proj)
+        .env("LW_ROOT", &root.dir)
+        .args(["ls"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(78), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("unknown key 'sandbx.cpus'")
+            && text(&o.stderr).contains("did you mean 'sandbox.cpus'?"),
+        "{}",
+        text(&o.stderr)
+    );
+    for (config, key, hint) in [
+        ("door.log-maxx = 8m\n", "door.log-maxx", "door.log-max"),
+        (
+            "# two\ndor.secrets = API_KEY\n",
+            "dor.secrets",
+            "door.secrets",
+        ),
+    ] {
+        std::fs::write(proj.join(".loopwright/config"), config).unwrap();
+        let o = mediate(&root, &proj, &[], &pass);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(78), "{config}: {err}");
+        assert!(
+            err.contains(&format!("unknown key '{key}'"))
+                && err.contains(&format!("did you mean '{hint}'?")),
+            "{config}: {err}"
+        );
+    }
+}

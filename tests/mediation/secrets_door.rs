@@ -159,9 +159,9 @@ fn disguises(v: &str) -> Vec<(&'static str, String, String)> {
 fn sink_texts(env: &Env) -> Vec<String> {
     let mut out = Vec::new();
     for (_, body, _) in env.comments(1) {
-        if let Some(Ok(secs)) = loopwright::sync::parse_comment(&body) {
+        if let Some(Ok(secs)) = sync::parse_comment(&body) {
             for s in secs {
-                if let loopwright::sync::Head::Entry(h) = s.head {
+                if let sync::Head::Entry(h) = s.head {
                     out.push(h.reason);
                     if let Some(m) = h.msg {
                         out.push(m.subject);

@@ -17,8 +17,16 @@
 //! key given twice is an error, so that the file never means two things.
 //! An unknown key is an error too (exit 78, naming the key, the file, the
 //! line and the closest known key): a misspelt `sandbx.memory` would
-//! otherwise be ignored and the sandbox silently get the default.  Every
-//! known key is in [`KNOWN`], the one table loopwright(7) lists.
+//! otherwise be ignored and the sandbox silently get the default.
+//!
+//! Each layer owns its keys ([`Keys`]: the door's `door.*` in the mailbox
+//! crate, `engine.*` and `kube.*` in the engine crate, the rest in the
+//! product), and a reader says which it checks ([`Check`]): the product's
+//! commands check every key against the list the product assembles (the
+//! one loopwright(7) lists); a lower layer's command (lw-mediate) refuses
+//! what looks like one of its own keys and is not, and leaves the other
+//! layers' keys to the commands that read them.  So a sandbox setting is
+//! added in the product alone.
 //!
 //! The project is found from the git top level (the nearest directory up
 //! from the current one that holds `.git`, as `git rev-parse --show-toplevel`
@@ -29,7 +37,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use base::error::{Error, Exit, Result};
+use crate::error::{Error, Exit, Result};
 
 /// The project's directory for loopwright files, relative to its top level.
 pub const DIR: &str = ".loopwright";
@@ -59,10 +67,10 @@ impl Config {
     }
 
     /// Parses a project's `.loopwright/config`: [`Config::parse`], and
-    /// every key must be a known one ([`KNOWN`]).
-    pub fn parse_project(text: &str, path: &Path) -> Result<Config> {
+    /// every key must pass `check`.
+    pub fn parse_project(text: &str, path: &Path, check: Check<'_>) -> Result<Config> {
         Config::parse_checked(text, path, &valid_key, &|key, line| {
-            unknown_key(key).map(|hint| {
+            check.refuse(key).map(|hint| {
                 Error::config(format!(
                     "unknown key '{key}' in '{}' line {line}; {hint}",
                     path.display()
@@ -111,11 +119,12 @@ impl Config {
         })
     }
 
-    /// Reads a project's `.loopwright/config` at `path` (every key known,
-    /// [`Config::parse_project`]); a missing file is an empty configuration.
-    pub fn load(path: &Path) -> Result<Config> {
+    /// Reads a project's `.loopwright/config` at `path` (every key passing
+    /// `check`, [`Config::parse_project`]); a missing file is an empty
+    /// configuration.
+    pub fn load(path: &Path, check: Check<'_>) -> Result<Config> {
         match std::fs::read_to_string(path) {
-            Ok(text) => Config::parse_project(&text, path),
+            Ok(text) => Config::parse_project(&text, path, check),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Config {
                 values: BTreeMap::new(),
                 path: Some(path.to_path_buf()),
@@ -147,78 +156,46 @@ pub fn valid_key(key: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
 }
 
-/// Every key `.loopwright/config` may hold.  An upper-case part stands
-/// for any name (`agent.KIT.ca`: `agent.claude.ca`); a last one may itself
-/// hold dots (`egress.host.NAME`: `egress.host.api.internal`).  The man
-/// page that documents each is named in loopwright(7), CONFIGURATION.
-pub const KNOWN: &[&str] = &[
-    // lw-sandbox(1), lw-service(1), lw-build(1): which engine and where.
-    "engine",
-    "engine.host",
-    "engine.kubeconfig",
-    "engine.context",
-    "engine.namespace",
-    // lw-sandbox(1) on Kubernetes: the claims (crates/engine/src/kubernetes/storage.rs)
-    "kube.storage-class",
-    "kube.access-mode",
-    "kube.tools-access-mode",
-    // lw-sandbox(1) on Kubernetes: what a pod asks of the scheduler (pod/spec.rs)
-    "kube.cpu-request",
-    // lw-mirror(1)
-    "mirror.path",
-    "mirror.url",
-    "mirror.fresh-within",
-    // lw-build(1)
-    "build.cache",
-    "build.cache-ca",
-    "build.ca",
-    // lw-init(1): the host variables a devcontainer.json may read
-    "devcontainer.local-env",
-    // lw-init(1): the authorities it trusts for feature registries
-    "devcontainer.feature-ca",
-    // lw-init(1): the most one request to a feature registry may take
-    "devcontainer.fetch-timeout",
-    // lw-sandbox(1)
-    "sandbox.cpus",
-    "sandbox.memory",
-    "sandbox.pids",
-    "sandbox.disk",
-    "sandbox.mail-disk",
-    "sandbox.tmp-size",
-    "sandbox.log-max-size",
-    "sandbox.log-max-file",
-    "sandbox.push-max",
-    "sandbox.push-pr",
-    "sandbox.pr-base",
-    "sandbox.uid",
-    "sandbox.ports",
-    "sandbox.forward-ports",
-    "sandbox.runtime",
-    "sandbox.secrets",
-    "sandbox.install",
-    "sandbox.git-name",
-    "sandbox.git-email",
-    // lw-sandbox(1), AGENTS
-    "agent.KIT.upstream",
-    "agent.KIT.ca",
-    "agent.KIT.key-env",
-    "agent.KIT.key-file",
-    "agent.KIT.max-request",
-    "agent.KIT.max-rpm",
-    "agent.KIT.max-tokens-hour",
-    "agent.KIT.max-tokens-run",
-    "agent.KIT.bell-max-blocks",
-    // lw-sandbox(1), EGRESS
-    "egress.allow",
-    "egress.allow.NAME",
-    "egress.host.NAME",
-    "egress.proxy-from",
-    "egress.network",
-    // lw-mediate(1), lw-sync(1): the door
-    "door.secrets",
-    "door.log-max",
-    "door.quarantine-max",
-];
+/// The keys one layer reads from `.loopwright/config`.  An upper-case part
+/// stands for any name (`agent.KIT.ca`: `agent.claude.ca`); a last one may
+/// itself hold dots (`egress.host.NAME`: `egress.host.api.internal`).  The
+/// man page that documents each is named in loopwright(7), CONFIGURATION.
+pub type Keys = &'static [&'static str];
+
+/// Which keys a reader of `.loopwright/config` refuses.
+#[derive(Clone, Copy, Debug)]
+pub enum Check<'a> {
+    /// Every key must be one of these (the product's commands, with every
+    /// layer's keys): anything else is refused, with the closest key.
+    All(&'a [Keys]),
+    /// A lower layer's own keys: a key of their namespaces (the first
+    /// dotted part: `door` of `door.secrets`) must be one of them, and a key
+    /// whose namespace is a slip of theirs (`dor.secrets`) is refused; every
+    /// other key is another layer's, left to the commands that read it.
+    Own(Keys),
+}
+
+impl Check<'_> {
+    /// None when `key` passes; else the hint that follows the refusal.
+    pub fn refuse(&self, key: &str) -> Option<String> {
+        match *self {
+            Check::All(layers) => unknown_key(key, layers.iter().flat_map(|k| k.iter())),
+            Check::Own(keys) => {
+                let ns = |k: &str| k.split('.').next().unwrap_or("").to_string();
+                let theirs = ns(key);
+                let near = keys.iter().any(|k| {
+                    let mine = ns(k);
+                    mine == theirs || edit_distance(&mine, &theirs) <= mine.len().min(3) / 2
+                });
+                if near {
+                    unknown_key(key, keys.iter())
+                } else {
+                    None
+                }
+            }
+        }
+    }
+}
 
 /// Whether `key` is `pattern` ([`KNOWN`]) with its upper-case part, if any,
 /// filled in by a non-empty name.
@@ -255,23 +232,22 @@ fn fill(pattern: &str, key: &str) -> String {
     out.join(".")
 }
 
-/// None when `key` is known; else the hint that follows the refusal: the
-/// closest known key when it is close enough to be a slip.
-pub fn unknown_key(key: &str) -> Option<String> {
-    if KNOWN.iter().any(|p| matches(p, key)) {
+/// None when `key` is one of `known`; else the hint that follows the
+/// refusal: the closest known key when it is close enough to be a slip.
+fn unknown_key<'k>(
+    key: &str,
+    known: impl Iterator<Item = &'k &'static str> + Clone,
+) -> Option<String> {
+    if known.clone().any(|p| matches(p, key)) {
         return None;
     }
-    let (best, d) = KNOWN
-        .iter()
+    let best = known
         .map(|p| fill(p, key))
         .map(|c| (edit_distance(key, &c), c))
-        .min()
-        .map(|(d, c)| (c, d))
-        .expect("KNOWN is not empty");
-    Some(if d <= 3.max(key.len() / 3) {
-        format!("did you mean '{best}'?")
-    } else {
-        "loopwright(7) lists the known keys".to_string()
+        .min();
+    Some(match best {
+        Some((d, best)) if d <= 3.max(key.len() / 3) => format!("did you mean '{best}'?"),
+        _ => "loopwright(7) lists the known keys".to_string(),
     })
 }
 
@@ -303,12 +279,13 @@ pub struct Project {
 }
 
 impl Project {
-    /// Finds the project that contains `dir`, or `None` outside any git checkout.
-    pub fn find(dir: &Path) -> Result<Option<Project>> {
+    /// Finds the project that contains `dir`, or `None` outside any git
+    /// checkout; its configuration's keys must pass `check`.
+    pub fn find(dir: &Path, check: Check<'_>) -> Result<Option<Project>> {
         let Some((top, git_dir)) = find_checkout(dir) else {
             return Ok(None);
         };
-        let config = Config::load(&top.join(FILE))?;
+        let config = Config::load(&top.join(FILE), check)?;
         Ok(Some(Project {
             top,
             git_dir,
@@ -451,56 +428,62 @@ mod tests {
         assert_eq!(e.to_string(), "f:2: key 'a' given twice");
     }
 
+    /// Two layers' keys, as the product assembles them.
+    const DOOR: Keys = &["door.secrets", "door.log-max"];
+    const SANDBOX: Keys = &["sandbox.memory", "agent.KIT.ca", "egress.host.NAME"];
+
     #[test]
-    fn unknown_keys_are_refused_with_the_file_the_line_and_the_closest_key() {
+    fn a_check_of_all_refuses_every_key_of_no_layer_with_the_closest() {
+        let all = Check::All(&[DOOR, SANDBOX]);
         let p = Path::new("/p/.loopwright/config");
-        for (text, msg) in [
-            (
-                "# c\nsandbox.cpus = 2\nsandbx.memory = 2g\n",
-                "unknown key 'sandbx.memory' in '/p/.loopwright/config' line 3; did you mean 'sandbox.memory'?",
-            ),
-            (
-                "sandbox.cpuz = 2\n",
-                "unknown key 'sandbox.cpuz' in '/p/.loopwright/config' line 1; did you mean 'sandbox.cpus'?",
-            ),
-            (
-                "agent.claude.upstrem = https://x\n",
-                "unknown key 'agent.claude.upstrem' in '/p/.loopwright/config' line 1; did you mean 'agent.claude.upstream'?",
-            ),
-            (
-                "egress.alow.npm = registry.npmjs.org:443\n",
-                "unknown key 'egress.alow.npm' in '/p/.loopwright/config' line 1; did you mean 'egress.allow.npm'?",
-            ),
-            (
-                "colour = blue\n",
-                "unknown key 'colour' in '/p/.loopwright/config' line 1; loopwright(7) lists the known keys",
-            ),
+        let e = Config::parse_project(
+            "door.log-max = 1g
+sandbx.memory = 2g
+",
+            p,
+            all,
+        )
+        .unwrap_err();
+        assert_eq!(e.exit, Exit::Config);
+        assert_eq!(
+            e.msg,
+            "unknown key 'sandbx.memory' in '/p/.loopwright/config' line 2; did you mean 'sandbox.memory'?"
+        );
+        for ok in [
+            "door.secrets",
+            "agent.claude.ca",
+            "egress.host.api.internal",
         ] {
-            let e = Config::parse_project(text, p).unwrap_err();
-            assert_eq!(e.exit, Exit::Config, "{text}");
-            assert_eq!(e.msg, msg, "{text}");
+            assert_eq!(all.refuse(ok), None, "{ok}");
         }
+        for bad in ["agent.ca", "agent..ca", "egress.host", "colour"] {
+            assert!(all.refuse(bad).is_some(), "{bad}");
+        }
+        assert_eq!(
+            all.refuse("colour").unwrap(),
+            "loopwright(7) lists the known keys"
+        );
     }
 
     #[test]
-    fn every_known_key_and_pattern_is_accepted() {
-        let text = "engine = docker\nengine.host = unix:///x\nmirror.fresh-within = 0\n\
-            build.cache-ca = ca.pem\nsandbox.git-email = a@b\nagent.claude.ca = c.pem\n\
-            agent.my-kit.key-file = k\negress.allow = a:443\negress.allow.npm = b:443\n\
-            egress.host.api.internal = 10.0.0.1\ndoor.secrets = A\ndoor.log-max = 1g\ndoor.quarantine-max = 16m\n";
-        let c = Config::parse_project(text, Path::new("c")).unwrap();
-        assert_eq!(c.iter().count(), 13);
-        for k in KNOWN
-            .iter()
-            .filter(|k| !k.bytes().any(|b| b.is_ascii_uppercase()))
-        {
-            assert!(unknown_key(k).is_none(), "{k}");
+    fn a_check_of_own_keys_leaves_other_layers_keys_alone_but_not_slips_of_its_own() {
+        let own = Check::Own(DOOR);
+        for other in [
+            "sandbox.memory",
+            "sandbx.memory",
+            "engine",
+            "kube.storage-class",
+        ] {
+            assert_eq!(own.refuse(other), None, "{other}");
         }
-        for bad in ["agent.ca", "agent..ca", "agent.x", "egress.host", "mirror"] {
-            assert!(unknown_key(bad).is_some(), "{bad}");
+        for (slip, hint) in [
+            ("door.log-maxx", "did you mean 'door.log-max'?"),
+            ("dor.secrets", "did you mean 'door.secrets'?"),
+            ("doors.secrets", "did you mean 'door.secrets'?"),
+        ] {
+            assert_eq!(own.refuse(slip).as_deref(), Some(hint), "{slip}");
         }
-        // Config::parse (kit files, mirror state) keeps any key.
-        assert!(Config::parse("colour = blue\n", Path::new("c")).is_ok());
+        assert_eq!(own.refuse("door.secrets"), None);
     }
 
     #[test]
@@ -513,7 +496,7 @@ mod tests {
 
     #[test]
     fn missing_file_is_empty() {
-        let c = Config::load(Path::new("/nonexistent/loopwright/config")).unwrap();
+        let c = Config::load(Path::new("/nonexistent/loopwright/config"), Check::All(&[])).unwrap();
         assert_eq!(c.iter().count(), 0);
     }
 

@@ -7,6 +7,7 @@
 //! without building on each other (crates/README.md).
 
 pub mod cli;
+pub mod config;
 pub mod digest;
 pub mod error;
 pub mod fs;

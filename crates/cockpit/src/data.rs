@@ -322,8 +322,8 @@ pub(super) const SYNC_ERROR_NOT_KEPT: &str = "lw-sync does not keep its last err
 /// flight, and how many log entries no target holds yet; `null` when
 /// lw-sync never ran.
 pub(super) fn sync_state(root: &Root, web: Option<&str>) -> Value {
-    let path = loopwright::sync::state_path(root);
-    let st = match loopwright::sync::load_state(&path) {
+    let path = sync::state_path(root);
+    let st = match sync::load_state(&path) {
         Ok((st, _)) => st,
         Err(e) => return json!({ "error": format!("{e:#}") }),
     };

@@ -136,8 +136,8 @@ pub fn bind(o: Options) -> Result<(TcpListener, Cockpit)> {
     let events = events::start(&o.root)?;
     // The API address as lw-sync run from here would take it.
     let api_url = std::env::var("LW_GITHUB_API_URL").ok().or_else(|| {
-        loopwright::sync::Config::find(&o.project)
-            .and_then(|p| loopwright::sync::Config::load(&p).ok())
+        sync::Config::find(&o.project)
+            .and_then(|p| sync::Config::load(&p).ok())
             .and_then(|c| c.api_url)
     });
     let github_web = data::github_web(api_url.as_deref());

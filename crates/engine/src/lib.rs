@@ -45,6 +45,7 @@
 //! ends at once with 69 too, whether or not the engine ends its stream, with
 //! the way the container ended as a [`Died`] ([`died`]).
 
+pub mod config;
 pub mod credentials;
 mod died;
 pub mod distribution;

@@ -29,8 +29,8 @@ use crate::{
     BuildEvent, BuildOutcome, BuildRequest, DockerEngine, Image, ImageBuilder, Images, KubeEngine,
     SandboxEngine,
 };
+use base::config::Config;
 use base::error::{Error, Result};
-use mailbox::config::Config;
 
 /// The `.loopwright/config` key naming the engine.
 pub const ENGINE_KEY: &str = "engine";
@@ -260,7 +260,12 @@ mod tests {
     use super::*;
 
     fn config(text: &str) -> Config {
-        Config::parse_project(text, std::path::Path::new("/p/.loopwright/config")).unwrap()
+        Config::parse_project(
+            text,
+            std::path::Path::new("/p/.loopwright/config"),
+            base::config::Check::All(&[crate::config::KEYS]),
+        )
+        .unwrap()
     }
 
     // One test: it sets the process's environment.

@@ -37,8 +37,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{FILE, Project, parse_bytes};
 use crate::layout::Root;
+use base::config::{FILE, Project, parse_bytes};
 use base::digest::{hex, hmac_sha256};
 use base::error::{Error, Exit, Result};
 use base::fs::Durability;
@@ -333,7 +333,7 @@ impl DoorRecord {
     /// project around `cwd` is read either way (a value that is not a size
     /// is 78); the warnings say where it sets other values than the root.
     pub fn in_force(&self, cwd: &Path) -> Result<(InForce, Vec<String>)> {
-        let here = match Project::find(cwd)? {
+        let here = match Project::find(cwd, crate::config::CHECK)? {
             Some(p) => Some((Budgets::of_project(&p)?, p.top.join(FILE))),
             None => None,
         };

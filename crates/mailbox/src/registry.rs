@@ -118,7 +118,7 @@ impl Sandbox {
                     names.len()
                 ));
             }
-            if let Some(n) = names.iter().find(|n| !crate::config::valid_var_name(n)) {
+            if let Some(n) = names.iter().find(|n| !base::config::valid_var_name(n)) {
                 return Err(format!(
                     "{field}: '{}' is not a secret name (letters, digits and '_', not starting with a digit)",
                     n.escape_debug()

@@ -1,4 +1,4 @@
-//! Federation's names (lib/sync/federate.rs): one proxy record per sandbox
+//! Federation's names (crates/sync/src/federate.rs): one proxy record per sandbox
 //! another host announced, and the refusal of a name two hosts claim - this
 //! host and another, or two others - told once to this root (a status
 //! message in the human queue, logged as an escalation from the mediator)

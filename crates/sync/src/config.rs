@@ -196,7 +196,7 @@ impl Config {
         Ok(())
     }
 
-    /// Learns the pull requests `lw-sandbox push --pr` opened (lib/pr's
+    /// Learns the pull requests `lw-sandbox push --pr` opened (crates/sync/src/pr's
     /// records under `state`): a sandbox that sync.json does not map gets
     /// its branch's pull request as its target, for every entry not
     /// mirrored yet (one already mirrored stays where it went: the sync

@@ -438,7 +438,7 @@ fn too_big(e: &Entry) -> Error {
 pub(crate) mod tests {
     use super::*;
     use crate::github::MAX_COMMENT_CHARS;
-    use crate::sync::parse::{parse_answers, parse_comment, reassemble};
+    use crate::parse::{parse_answers, parse_comment, reassemble};
     use mailbox::log::Decision;
     use mailbox::message::Message;
 

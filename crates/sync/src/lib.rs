@@ -1,3 +1,6 @@
+//! The crate `sync`: GitHub's REST API (`github`), a task's pull request
+//! (`pr`) and lw-sync, which this root is.
+//!
 //! Mirroring the log to GitHub issue comments, exactly once, and bringing a
 //! person's answers back (lw-sync(1); mailbox-spec.md, "GITHUB COMMENT FORMAT").
 //!
@@ -42,6 +45,9 @@
 //! announcements and taking other hosts' messages) and `clash` (their
 //! proxy records and refused names); `status` and `status_post` (the
 //! radar's verdict as a commit status on each pushed task branch).
+
+pub mod github;
+pub mod pr;
 
 mod clash;
 mod config;
@@ -98,7 +104,7 @@ pub struct Stats {
     pub bad: usize,
     pub requests: u64,
     pub writes: u64,
-    /// Commit statuses written (lib/sync/status_post.rs).
+    /// Commit statuses written (crates/sync/src/status_post.rs).
     pub statuses: usize,
     /// ... and refused by GitHub (422): exit 65.
     pub statuses_refused: usize,
@@ -272,7 +278,7 @@ impl Syncer {
         let (state, state_existed) = load_state(&state_path)?;
         let mut client = client;
         client.budget = state.budget.clone();
-        // A blocked window goes to disk before any wait (lib/github/pace.rs).
+        // A blocked window goes to disk before any wait (crates/sync/src/github/pace.rs).
         let path = state_path.clone();
         client.persist = Some(Box::new(move |b: &Budget| {
             let (mut st, _) = load_state(&path)?;

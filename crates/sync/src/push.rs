@@ -111,7 +111,7 @@ impl Syncer {
         bad: Vec<mailbox::log::BadEntry>,
     ) -> Result<()> {
         self.announce()?;
-        // A proxy's messages are its own host's to mirror (lib/sync/federate.rs).
+        // A proxy's messages are its own host's to mirror (crates/sync/src/federate.rs).
         let proxies = self.proxy_names()?;
         for b in bad {
             self.stats.bad += 1;

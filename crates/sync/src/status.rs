@@ -1,10 +1,10 @@
 //! The radar's verdict as a commit status (#43), the pure part: what the
 //! log says stands between task branches, and the one-line status each
-//! branch's head should carry.  lib/sync/status_post.rs writes it.
+//! branch's head should carry.  crates/sync/src/status_post.rs writes it.
 //!
 //! Why lw-sync and not the radar writes it: lw-sync already owns the
 //! token, the pacing that keeps GitHub's limits across runs and crashes
-//! (lib/github/pace.rs) and the write-intent-then-settle discipline of
+//! (crates/sync/src/github/pace.rs) and the write-intent-then-settle discipline of
 //! comments; and it reads the radar's verdicts where the door records
 //! them, the log, so a status says what was logged, never more.  The radar
 //! stays a host-side process without network credentials.

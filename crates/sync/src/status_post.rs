@@ -1,8 +1,8 @@
-//! Writing the radar's commit statuses (lib/sync/status.rs says what and
+//! Writing the radar's commit statuses (crates/sync/src/status.rs says what and
 //! why lw-sync): once per change, paced, settled after an unknown outcome.
 //!
 //! For each sandbox the radar named and whose branch was pushed
-//! (`ROOT/state/pushed/NAME.json`, lib/pr/pushed.rs), the wanted status is
+//! (`ROOT/state/pushed/NAME.json`, crates/sync/src/pr/pushed.rs), the wanted status is
 //! (head commit, state, description).  `ROOT/state/statuses.json` keeps,
 //! per sandbox, what was last `written` and any `pending` write, replaced
 //! whole, fsynced, renamed and the directory fsynced (`fs::write_replace`),

@@ -202,7 +202,7 @@ mod tests {
     use super::*;
     use mailbox::log::Action;
 
-    use crate::sync::format::tests::entry;
+    use crate::format::tests::entry;
 
     #[test]
     fn only_well_named_entries_are_restored() {

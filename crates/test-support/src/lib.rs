@@ -34,7 +34,7 @@ pub mod registry;
 #[cfg(feature = "product")]
 pub mod sandbox;
 pub mod seeded;
-#[cfg(feature = "product")]
+#[cfg(feature = "sync")]
 pub mod sync;
 
 /// The workspace's top directory (this crate is crates/test-support).

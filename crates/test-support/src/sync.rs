@@ -94,9 +94,9 @@ impl Env {
     pub fn section_counts(&self, issue: u64) -> std::collections::BTreeMap<String, usize> {
         let mut m = std::collections::BTreeMap::new();
         for (_, body, _) in self.comments(issue) {
-            if let Some(Ok(secs)) = loopwright::sync::parse_comment(&body) {
+            if let Some(Ok(secs)) = ::sync::parse_comment(&body) {
                 for s in secs {
-                    if let loopwright::sync::Head::Entry(h) = s.head
+                    if let ::sync::Head::Entry(h) = s.head
                         && h.part[0] == 1
                     {
                         *m.entry(h.entry).or_insert(0) += 1;

@@ -192,20 +192,20 @@ pub fn chosen(
         return Ok(None);
     };
     let mut allowed = local_env.to_vec();
-    let conf = top.join(mailbox::config::FILE);
+    let conf = top.join(base::config::FILE);
     let mut reach = registry::Reach::default();
     let mut feature_ca = None;
     let mut fetch_timeout = None;
     let mut uid = None;
     if let Ok(text) = std::fs::read_to_string(&conf) {
-        let c = mailbox::config::Config::parse_project(&text, &conf)?;
+        let c = base::config::Config::parse_project(&text, &conf, crate::config::CHECK)?;
         allowed.extend(self::allowed(&c));
         feature_ca = c.get(KEY_FEATURE_CA).map(str::to_string);
         uid = c.get("sandbox.uid").and_then(|u| u.parse().ok());
         reach.ca_file = feature_ca.as_ref().map(|p| top.join(p));
         fetch_timeout = c.get(KEY_FETCH_TIMEOUT).map(str::to_string);
         if let Some(v) = &fetch_timeout {
-            reach.timeout = mailbox::config::parse_duration(v)
+            reach.timeout = base::config::parse_duration(v)
                 .filter(|d| !d.is_zero())
                 .ok_or_else(|| {
                     Error::new(
@@ -430,7 +430,7 @@ pub fn refusal_error(m: &Mapping) -> Option<Error> {
 
 /// The host variables a configuration may read: `devcontainer.local-env`
 /// (names separated by commas or spaces).
-pub fn allowed(config: &mailbox::config::Config) -> Vec<String> {
+pub fn allowed(config: &base::config::Config) -> Vec<String> {
     config
         .get(KEY_LOCAL_ENV)
         .unwrap_or("")

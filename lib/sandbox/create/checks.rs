@@ -11,8 +11,8 @@ use super::super::{CreateOptions, Network, Sandboxes, Settings};
 use crate::agent::setup::Prepared;
 use crate::egress;
 use crate::secrets::{self, Secret};
+use base::config::{Config, Project};
 use base::error::{Error, Exit, Result};
-use mailbox::config::{Config, Project};
 use mailbox::registry;
 
 /// What the checks found: everything the making steps need.
@@ -178,7 +178,7 @@ fn check_ports(
             let p = parse_port(f).map_err(|e| {
                 Error::config(format!(
                     "{KEY_FORWARD_PORTS} in {}: {}",
-                    mailbox::config::FILE,
+                    base::config::FILE,
                     e.msg
                 ))
             })?;
@@ -304,6 +304,7 @@ mod tests {
             config: Config::parse_project(
                 &format!("{KEY_FORWARD_PORTS} = {v}\n"),
                 std::path::Path::new("/p/.loopwright/config"),
+                crate::config::CHECK,
             )
             .expect("the key is known"),
         };

@@ -8,8 +8,8 @@ use std::path::Path;
 use super::super::{CreateOptions, Record, Sandboxes, Settings};
 use super::{Clock, ImageChoice};
 use crate::wall::{MIRROR, WORK};
+use base::config::Project;
 use base::error::{Error, Exit, Result};
-use mailbox::config::Project;
 
 /// The clone, run inside the sandbox as its user.  Arguments: branch,
 /// start commit, 1 when the branch exists upstream, the gitconfig, the

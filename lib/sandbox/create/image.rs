@@ -10,9 +10,9 @@ use std::process::Stdio;
 use sha2::{Digest, Sha256};
 
 use crate::image::{LABEL_LAYER, LABEL_MANIFEST, Layer, Plan, Runtime};
+use base::config::Project;
 use base::error::{Error, Exit, Result};
 use engine::Images;
-use mailbox::config::Project;
 
 /// The image a sandbox runs and what it was built from.
 #[derive(Clone, Debug)]

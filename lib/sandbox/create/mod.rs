@@ -33,10 +33,10 @@ use super::record::RECORD_VERSION;
 use super::{CreateOptions, Created, NameLock, Record, Sandboxes, io_err};
 use crate::mirror::{self, Mirror, SyncOptions};
 use base::cli::Report;
+use base::config::Project;
 use base::error::{Error, Exit, Result};
 use checks::Checked;
 use engine::ContainerSpec;
-use mailbox::config::Project;
 
 /// Step timings of a create, for `--verbose` and `--json`.
 pub(super) struct Clock {

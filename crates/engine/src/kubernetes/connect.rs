@@ -10,7 +10,7 @@ use base::error::{Error, Exit, Result};
 impl KubeEngine {
     /// Connects as the project's configuration says (see the module's
     /// documentation) and checks the API server answers.
-    pub fn connect_for(config: Option<&mailbox::config::Config>) -> Result<KubeEngine> {
+    pub fn connect_for(config: Option<&base::config::Config>) -> Result<KubeEngine> {
         let get = |k: &str| {
             config
                 .and_then(|c| c.get(k))
@@ -41,7 +41,7 @@ impl KubeEngine {
     /// The namespace the project's configuration names (`engine.namespace`,
     /// else its context's in the kubeconfig), read without asking the
     /// cluster; `None` when neither says.
-    pub fn configured_namespace(config: Option<&mailbox::config::Config>) -> Option<String> {
+    pub fn configured_namespace(config: Option<&base::config::Config>) -> Option<String> {
         let get = |k: &str| {
             config
                 .and_then(|c| c.get(k))

@@ -88,7 +88,7 @@ impl Storage {
             let v = get(k)
                 .filter(|v| v != "off" || k != "sandbox.disk")
                 .unwrap_or_else(|| default.to_string());
-            mailbox::config::parse_bytes(&v)
+            base::config::parse_bytes(&v)
                 .map(|n| quantity(n as u64))
                 .ok_or_else(|| bad(k, &v, "a size above 0, such as 512m or 8g"))
         };

@@ -240,9 +240,9 @@ fn register(root: &Root, s: &Sandbox) -> Result<PathBuf> {
         .collect();
     door.record_secrets(&s.name, &values)?;
     let here = std::env::current_dir().unwrap_or_default();
-    if let Some(p) = mailbox::config::Project::find(&here)? {
+    if let Some(p) = base::config::Project::find(&here, mailbox::config::CHECK)? {
         let b = mailbox::door_record::Budgets::of_project(&p)?;
-        door.record_budgets(&b, &p.top.join(mailbox::config::FILE))?;
+        door.record_budgets(&b, &p.top.join(base::config::FILE))?;
     }
     Registry::new(root).register(s)
 }

@@ -31,7 +31,7 @@ use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::path::Path;
 
-use crate::config::Project;
+use base::config::Project;
 use base::error::Result;
 
 /// Shortest value treated as a secret, in bytes.
@@ -155,7 +155,7 @@ impl Secrets {
         dir: &Path,
         env: &dyn Fn(&str) -> Option<OsString>,
     ) -> Result<Vec<String>> {
-        let Some(p) = Project::find(dir)? else {
+        let Some(p) = Project::find(dir, crate::config::CHECK)? else {
             return Ok(vec![]);
         };
         let names = names_in(&p.config)?;

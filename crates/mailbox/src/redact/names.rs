@@ -32,10 +32,10 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use super::Secrets;
-use crate::config::{Config, valid_var_name};
 use crate::door_record::DoorRecord;
 use crate::layout::Root;
 use crate::registry::{Registry, Sandbox};
+use base::config::{Config, valid_var_name};
 use base::error::{Error, Result};
 
 /// The `.loopwright/config` key naming further secret variables.

@@ -3,7 +3,7 @@
 //!
 //! Contract: every entry of `ROOT/log/new/` ends up in exactly one place on
 //! GitHub (one comment section, or numbered parts), whatever crashes, kills or
-//! lost answers happen in between; the work is in `loopwright::sync`.  Runs
+//! lost answers happen in between; the work is in the `sync` crate.  Runs
 //! hold `ROOT/state/sync.lock`, so cron (`--once`) and a watcher (`--watch`)
 //! never post the same entry twice.  The token comes from the environment or
 //! a file, never from the command line, and is never printed.
@@ -16,11 +16,11 @@ use std::time::Duration;
 use base::cli::out_err;
 use base::{Error, Exit, Result};
 use clap::{Parser, Subcommand};
-use loopwright::github::{Client, DEFAULT_API, Limits, Token, default_token_file};
-use loopwright::sync::{self, Config, Event, Syncer};
 use mailbox::layout::Root;
 use mailbox::redact::Secrets;
 use mailbox::registry::Registry;
+use sync::github::{Client, DEFAULT_API, Limits, Token, default_token_file};
+use sync::{Config, Event, Syncer};
 
 const PROG: &str = "lw-sync";
 
@@ -353,7 +353,7 @@ fn status_line(ev: &Event, out: &mut dyn Write) -> Result<()> {
     Ok(())
 }
 
-/// The text of a review event (lib/sync/review.rs): a record on stdout, an
+/// The text of a review event (crates/sync/src/review.rs): a record on stdout, an
 /// ignored item on stderr.
 fn review_line(ev: &Event, out: &mut dyn Write) -> Result<()> {
     match ev {

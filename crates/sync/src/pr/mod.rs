@@ -58,7 +58,7 @@ pub struct Record {
     /// When the number was recorded (ms since the epoch): lw-sync sends
     /// the sandbox's entries logged from then on to the pull request's
     /// conversation, and leaves the earlier ones on the thread they went
-    /// to (lib/sync/config.rs, `learn_pulls`).  Absent in older records:
+    /// to (crates/sync/src/config.rs, `learn_pulls`).  Absent in older records:
     /// every entry goes to the pull request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since: Option<u64>,
@@ -139,6 +139,13 @@ pub struct Ask<'a> {
     pub body: &'a str,
     /// Open it as a draft (the sandbox is live) unless `ready`.
     pub ready: bool,
+}
+
+impl Opened {
+    /// The `push --pr --json` record.
+    pub fn json(&self, name: &str) -> serde_json::Value {
+        serde_json::json!({"type": "pull-request", "name": name, "number": self.number, "url": self.url, "draft": self.draft, "outcome": self.outcome})
+    }
 }
 
 /// Finds or opens the pull request of `ask`'s branch (the module's

@@ -2,7 +2,7 @@
 //! `ROOT/state/pushed/NAME.json` (the branch and its commit), replaced
 //! whole through `fs::write_replace` (fsynced) after the push succeeded.
 //! lw-sync reads it to put the radar's commit status on the head GitHub
-//! has (lib/sync/status.rs): a commit that was never pushed would be
+//! has (crates/sync/src/status.rs): a commit that was never pushed would be
 //! refused (422), and a new push moves the status to the new head.
 
 use std::path::{Path, PathBuf};

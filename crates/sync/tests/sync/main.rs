@@ -1,10 +1,9 @@
 //! lw-sync against lw-github-sink on 127.0.0.1 (comments, reviews, pulls,
-//! limits, status, watch, kill) and lw-mirror.  One binary, a module per
+//! limits, status, watch, kill).  One binary, a module per
 //! suite (its tests run on parallel threads).
 
-mod mirror;
-mod sync;
 mod sync_door;
+mod sync_flow;
 mod sync_kill;
 mod sync_limits;
 mod sync_reviews;

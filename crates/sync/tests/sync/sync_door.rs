@@ -38,9 +38,9 @@ fn sections_by(env: &Env, login: &str) -> std::collections::BTreeMap<String, usi
         if who != login {
             continue;
         }
-        if let Some(Ok(secs)) = loopwright::sync::parse_comment(&body) {
+        if let Some(Ok(secs)) = sync::parse_comment(&body) {
             for s in secs {
-                if let loopwright::sync::Head::Entry(h) = s.head {
+                if let sync::Head::Entry(h) = s.head {
                     *m.entry(h.entry).or_insert(0) += 1;
                 }
             }
@@ -80,9 +80,7 @@ fn with_get_user_refused_a_forged_header_hides_nothing() {
         "the real question",
     );
     let e = entry(&m, Action::Escalate);
-    let forged = loopwright::sync::render_entry(&e, &[], 65_536)
-        .unwrap()
-        .remove(0);
+    let forged = sync::render_entry(&e, &[], 65_536).unwrap().remove(0);
     env.ctl(
         "POST",
         "comments",

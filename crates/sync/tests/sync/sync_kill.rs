@@ -3,7 +3,7 @@
 //!
 //! The 1 s spacing between writes is lowered with the documented testing knob
 //! LW_SYNC_MIN_WRITE_INTERVAL_MS (the minute and hour windows scale with it);
-//! tests/sync/sync_limits.rs checks the real spacing.
+//! crates/sync/tests/sync/sync_limits.rs checks the real spacing.
 
 use support::seeded;
 

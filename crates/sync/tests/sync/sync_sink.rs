@@ -139,7 +139,7 @@ fn the_sink_speaks_the_comment_api_and_survives_a_restart() {
         link.contains("page=2>; rel=\"next\"") && link.contains("page=3>; rel=\"last\""),
         "{link}"
     );
-    let next = loopwright::github::next_link(&link).unwrap();
+    let next = sync::github::next_link(&link).unwrap();
     let (_, h, v) = call(&agent, "GET", &next, "tok-w", None);
     assert_eq!(v[0]["body"], "c29");
     assert!(header(&h, "link").unwrap().contains("rel=\"prev\""));
@@ -246,9 +246,7 @@ fn man_pages_cover_every_flag() {
         ),
         (support::bin("lw-github-sink"), "man/lw-github-sink.1"),
     ] {
-        let man =
-            std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(page))
-                .unwrap();
+        let man = std::fs::read_to_string(support::workspace().join(page)).unwrap();
         for sec in [
             "NAME",
             "SYNOPSIS",
@@ -301,16 +299,16 @@ fn man_pages_cover_every_flag() {
 #[test]
 fn an_oversized_comment_gets_422_named() {
     let env = Env::new("422");
-    let mut limits = loopwright::github::Limits::default();
+    let mut limits = sync::github::Limits::default();
     limits.scale(5);
-    let mut c = loopwright::github::Client::new(
+    let mut c = sync::github::Client::new(
         &env.url,
-        loopwright::github::Token::new(TOKEN),
+        sync::github::Token::new(TOKEN),
         limits,
         Default::default(),
     )
     .unwrap();
-    let t = loopwright::github::Target {
+    let t = sync::github::Target {
         repo: "octo/proj".into(),
         issue: 1,
     };

@@ -207,7 +207,7 @@ fn pull_listings_page_with_link_headers_and_rights_are_checked() {
                 .iter()
                 .map(|p| p["number"].as_u64().unwrap()),
         );
-        match header(&h, "link").and_then(loopwright::github::next_link) {
+        match header(&h, "link").and_then(sync::github::next_link) {
             Some(n) => url = n,
             None => break,
         }

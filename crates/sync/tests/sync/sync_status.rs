@@ -106,7 +106,7 @@ impl Repo {
     }
 
     fn pushed(&self, name: &str, branch: &str, sha: &str) {
-        loopwright::pr::pushed::record(&self.env.root.join("state"), name, branch, sha).unwrap();
+        sync::pr::pushed::record(&self.env.root.join("state"), name, branch, sha).unwrap();
     }
 
     /// The radar's message about `a` and `b`, logged as the mediator's.
@@ -388,7 +388,7 @@ fn a_hostile_file_list_is_cut_to_one_safe_line_and_a_forged_one_counts_for_nothi
         made.iter().map(|m| &m.2).collect::<Vec<_>>()
     );
     // A branch name with a newline never reaches a description: the
-    // registry refuses its record (the pure test in lib/sync/status.rs
+    // registry refuses its record (the pure test in crates/sync/src/status.rs
     // cuts such names all the same).
 }
 
