@@ -269,6 +269,12 @@ fn fetch_script(pr: &Project) -> String {
 pub(crate) fn fetch(pr: &Project) -> PathBuf {
     let safe = pr.name.replace('/', "_");
     let dir = cache().join(format!("{safe}-{}", pr.version));
+    // Tests of this binary run side by side and may want one project at
+    // once (six: lw init --check and one per stack): one fetches, the
+    // other waits and takes its tree, rather than both fetching and the
+    // second rename finding the first's directory.
+    let lock = std::fs::File::create(cache().join(format!(".{safe}-{}.lock", pr.version))).unwrap();
+    lock.lock().unwrap();
     if dir.join(".lw-fetched").exists() {
         return dir;
     }
