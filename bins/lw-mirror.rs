@@ -85,7 +85,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
     // The project is looked up only when it is needed (it costs a git process).
     let project =
         if args.mirror.is_none() && env.as_deref().is_none_or(|e| e.as_os_str().is_empty()) {
-            Project::find(&cwd, loopwright::config::CHECK)?
+            loopwright::config::project(&cwd)?
         } else {
             None
         };
@@ -135,7 +135,7 @@ fn sync(
             return Remote::parse(u, cwd);
         }
         if project.is_none() {
-            project = Project::find(cwd, loopwright::config::CHECK)?;
+            project = loopwright::config::project(cwd)?;
         }
         mirror::default_remote(project.as_ref(), stored, cwd)
     };

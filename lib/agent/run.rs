@@ -20,7 +20,6 @@ use super::kit::{self, Kit};
 use super::lines::{Lines, MAX_LINE};
 use super::{AgentRecord, Credential, Settings, proxy};
 use crate::wall::REPO;
-use base::config::Project;
 use base::error::{Error, Exit, Result};
 use base::visible::visible_line;
 use engine::{ExecIo, NetworkEngine, SandboxEngine};
@@ -67,7 +66,7 @@ pub fn kit_of(rec: &Target) -> Result<(Kit, Settings, Credential)> {
     let project = if rec.project.as_os_str().is_empty() {
         None
     } else {
-        Project::find(rec.project, crate::config::CHECK)?
+        crate::config::project(rec.project)?
     };
     let kit = kit::find(project.as_ref().map(|p| p.top.as_path()), &agent.kit)?;
     let settings = Settings::from_project(project.as_ref(), &kit)?;

@@ -9,7 +9,6 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use base::config::Project;
 use engine::Images;
 use mailbox::layout::Root;
 
@@ -49,7 +48,7 @@ pub struct Inputs {
 /// Runs every check, in the order a newcomer would fix things.
 pub fn run(inp: &Inputs) -> Vec<Finding> {
     let mut out = Vec::new();
-    let project = match Project::find(&inp.cwd, crate::config::CHECK) {
+    let project = match crate::config::project(&inp.cwd) {
         Ok(Some(p)) => {
             out.push(f(
                 "project",

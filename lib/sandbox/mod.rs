@@ -282,7 +282,7 @@ pub fn find_project(
     let start = project
         .map(Path::to_path_buf)
         .unwrap_or_else(|| cwd.clone());
-    let found = Project::find(&start, crate::config::CHECK)?;
+    let found = crate::config::project(&start)?;
     if project.is_some() && found.is_none() {
         return Err(Error::usage(format!(
             "'{}' is not inside a git checkout",

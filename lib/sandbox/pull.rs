@@ -53,7 +53,7 @@ impl Sandboxes<'_> {
         if rec.project.as_os_str().is_empty() {
             return Ok(false);
         }
-        pr_by_default(Project::find(&rec.project, crate::config::CHECK)?.as_ref())
+        pr_by_default(crate::config::project(&rec.project)?.as_ref())
     }
 
     /// Finds or opens the pull request of sandbox `name`'s branch, whose
@@ -63,7 +63,7 @@ impl Sandboxes<'_> {
         let project = if rec.project.as_os_str().is_empty() {
             None
         } else {
-            Project::find(&rec.project, crate::config::CHECK)?
+            crate::config::project(&rec.project)?
         };
         let Some(cfg_path) = SyncConfig::find(&rec.project) else {
             return Err(Error::config(format!(

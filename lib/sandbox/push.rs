@@ -30,7 +30,6 @@ use super::{Record, Sandboxes};
 use crate::git;
 use crate::mirror::{self, Mirror, SyncOptions};
 use base::cli::Report;
-use base::config::Project;
 use base::error::{Error, Exit, Result};
 
 /// What a push did.
@@ -138,7 +137,7 @@ impl<'a> Sandboxes<'a> {
         let project = if rec.project.as_os_str().is_empty() {
             None
         } else {
-            Project::find(&rec.project, crate::config::CHECK)?
+            crate::config::project(&rec.project)?
         };
         let m = Mirror::new(&rec.mirror);
         let state = m.ready()?;
