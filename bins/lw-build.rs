@@ -38,10 +38,9 @@ use base::visible::{visible, visible_line};
 use clap::{Parser, Subcommand};
 use engine::distribution::Client;
 use engine::{BuildEvent, DockerEngine, connect_docker};
-use loopwright::agent;
-use loopwright::image::cache::{self, Fetch, Probe, Puller, Push};
-use loopwright::image::{self, BuildOptions, InputKind, Layer, LayerResult, Plan, Runtime};
 use serde_json::json;
+use wall::image::cache::{self, Fetch, Probe, Puller, Push};
+use wall::image::{self, BuildOptions, InputKind, Layer, LayerResult, Plan, Runtime};
 
 const PROG: &str = "lw-build";
 
@@ -121,7 +120,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
         let config = match image::find_root(&start) {
             Some(root) => Some(base::config::Config::load(
                 &root.join(base::config::FILE),
-                loopwright::config::CHECK,
+                wall::config::CHECK,
             )?),
             None => None,
         };
@@ -139,8 +138,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     })?;
     // The project's configuration is checked before anything is built or
     // the engine is reached: an unknown key is 78 naming it.
-    let config =
-        base::config::Config::load(&root.join(base::config::FILE), loopwright::config::CHECK)?;
+    let config = base::config::Config::load(&root.join(base::config::FILE), wall::config::CHECK)?;
     host_authorities(&root, &config)?;
     // The toolchain the project's declarations resolve to
     // (lib/init/versions.rs), rewritten from its files so that what the

@@ -150,9 +150,7 @@ fn top(args: &Args) -> Result<PathBuf> {
 /// `--check`: the report on `out`; whether the tests passed.
 fn check(args: &Args, out: &mut dyn Write) -> Result<(Exit, bool)> {
     let top = top(args)?;
-    let conf = top
-        .join(loopwright::image::RUNTIME_DIR)
-        .join("runtime.conf");
+    let conf = top.join(wall::image::RUNTIME_DIR).join("runtime.conf");
     if !conf.is_file() {
         return Err(Error::new(
             Exit::NoInput,
@@ -313,7 +311,7 @@ fn pick_base() -> String {
 }
 
 fn has_origin(top: &Path) -> bool {
-    let mut c = loopwright::git::command(Some(top));
+    let mut c = repo::git::command(Some(top));
     c.args(["config", "--get", "remote.origin.url"]);
-    loopwright::git::output(&mut c, "read the origin remote").is_ok_and(|o| o.status.success())
+    repo::git::output(&mut c, "read the origin remote").is_ok_and(|o| o.status.success())
 }

@@ -5,7 +5,7 @@
 //! path` prints the path; `lw-mirror status` describes it.  The mirror never
 //! prunes a ref or an object, so clones that borrow its objects through
 //! alternates stay whole; several syncs at once make one fetch.  The contract
-//! is in lib/mirror/ and man/lw-mirror.1.
+//! is in crates/repo/src/mirror/ and man/lw-mirror.1.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -16,8 +16,8 @@ use base::cli::out_err;
 use base::config::{self, Project};
 use base::{Error, Exit, time};
 use clap::{Parser, Subcommand};
-use loopwright::git::Remote;
-use loopwright::mirror::{self, Mirror, Outcome, SyncOptions};
+use repo::git::Remote;
+use repo::mirror::{self, Mirror, Outcome, SyncOptions};
 
 const PROG: &str = "lw-mirror";
 
@@ -85,7 +85,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit, Error> {
     // The project is looked up only when it is needed (it costs a git process).
     let project =
         if args.mirror.is_none() && env.as_deref().is_none_or(|e| e.as_os_str().is_empty()) {
-            loopwright::config::project(&cwd)?
+            wall::config::project(&cwd)?
         } else {
             None
         };
@@ -135,7 +135,7 @@ fn sync(
             return Remote::parse(u, cwd);
         }
         if project.is_none() {
-            project = loopwright::config::project(cwd)?;
+            project = wall::config::project(cwd)?;
         }
         mirror::default_remote(project.as_ref(), stored, cwd)
     };

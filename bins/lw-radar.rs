@@ -11,7 +11,7 @@
 //! own.  stdout: one line per message put (`conflict ID A B FILES`), with
 //! `--json` JSON Lines.  A sandbox or pair left out of a pass is on stderr
 //! as `lw-radar: skipped NAME: why` and does not fail the pass.  The work
-//! is in lib/radar; the contract in man/lw-radar.1.
+//! is in crates/repo/src/radar/; the contract in man/lw-radar.1.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -22,10 +22,10 @@ use base::cli::out_err;
 use base::config;
 use base::{Error, Exit, Result};
 use clap::Parser;
-use loopwright::radar::{Event, Limits, Live, Radar, Report, Source};
 use loopwright::sandbox::Record;
 use mailbox::layout::Root;
 use mailbox::registry::Registry;
+use repo::radar::{Event, Limits, Live, Radar, Report, Source};
 
 const PROG: &str = "lw-radar";
 
@@ -134,10 +134,10 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
 /// The current base: `rev` (default HEAD) of the first mirror, when it names a commit.
 fn upstream(mirrors: &[PathBuf], rev: Option<&str>) -> Option<String> {
     let m = mirrors.first()?;
-    let mut c = loopwright::radar::run::git(m);
+    let mut c = repo::radar::run::git(m);
     c.args(["rev-parse", "--verify", "--quiet", "--end-of-options"])
         .arg(format!("{}^{{commit}}", rev.unwrap_or("HEAD")));
-    let r = loopwright::radar::run::run(c, &Limits::default()).ok()?;
+    let r = repo::radar::run::run(c, &Limits::default()).ok()?;
     let h = String::from_utf8_lossy(&r.stdout).trim().to_string();
     (r.status.success() && h.len() >= 40).then_some(h)
 }
@@ -198,8 +198,8 @@ fn live(root: &Root, args: &Args) -> Result<(Vec<Live>, Vec<PathBuf>, Vec<(Strin
         // mode): the ref files are the hint that its head did not move.
         let refs = (!rec.volume_mode).then(|| {
             let work = loopwright::sandbox::disk::work(root, &rec.name).mount;
-            let repo = Path::new(loopwright::wall::REPO)
-                .strip_prefix(loopwright::wall::WORK)
+            let repo = Path::new(wall::REPO)
+                .strip_prefix(wall::WORK)
                 .map_or_else(|_| PathBuf::from("repo"), Path::to_path_buf);
             (work, repo.join(".git"))
         });
@@ -223,7 +223,7 @@ fn transport(lw_sandbox: &Path, root: &Path, name: &str) -> String {
         esc(&lw_sandbox.to_string_lossy()),
         esc(&root.to_string_lossy()),
         esc(name),
-        loopwright::wall::REPO
+        wall::REPO
     )
 }
 

@@ -7,11 +7,11 @@
 //! command's status (128+n when signal n ended it); `shell` attaches a
 //! terminal; `ls`, `port`, `stop`, `start`, `rm` and `gc` manage the rest.
 //! With `--network egress` the sandbox reaches only its allow-list's
-//! HOST:PORT pairs, through a proxy of its own (lib/egress); `logs --egress`
+//! HOST:PORT pairs, through a proxy of its own (crates/wall/src/egress/); `logs --egress`
 //! prints what that proxy refused.  `create --agent KIT` installs a coding
 //! agent's CLI (an image layer above deps) and gives it a model proxy that
 //! holds its key; `run` runs it headless with a transcript and exits with
-//! its status; `kits` lists the kits (lib/agent).
+//! its status; `kits` lists the kits (crates/agent/).
 //! The sandboxes of a mailbox root (`--root`, else `$LW_ROOT`) are that
 //! root's.  The library (lib/sandbox/) holds the logic and the contract;
 //! man/lw-sandbox.1 documents both.
@@ -20,12 +20,12 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use agent::run::RunOptions;
+use agent::{Credential, kit};
 use base::cli::{self, out_err};
 use base::{Error, Exit};
 use clap::{Parser, Subcommand, ValueEnum};
 use engine::Engines;
-use loopwright::agent::run::RunOptions;
-use loopwright::agent::{Credential, kit};
 use loopwright::sandbox::{self, CreateOptions, Network, Sandboxes};
 use mailbox::layout::Root;
 
@@ -309,7 +309,7 @@ fn connect(args: &Args) -> Result<Engines, Error> {
     };
     // A configuration that does not parse (an unknown key) is refused here,
     // before any engine is reached: 78, not a 69 that hides it.
-    let project = loopwright::config::project(&start)?;
+    let project = wall::config::project(&start)?;
     Engines::connect(project.as_ref().map(|p| &p.config))
 }
 
@@ -502,7 +502,7 @@ fn push(
 }
 
 /// One refused request of `logs --egress`.
-fn denial_line(name: &str, d: &loopwright::egress::Request, json: bool) -> String {
+fn denial_line(name: &str, d: &wall::egress::Request, json: bool) -> String {
     if json {
         serde_json::json!({
             "type": "denial", "sandbox": name, "time": d.time, "client": d.client, "method": d.method,

@@ -86,7 +86,7 @@ fn project(flag: Option<&std::path::Path>) -> Result<Option<Project>, Error> {
     let cwd = std::env::current_dir()
         .map_err(|e| Error::new(Exit::IoErr, "cannot find the current directory").with_source(e))?;
     let start = flag.map(PathBuf::from).unwrap_or(cwd);
-    let found = loopwright::config::project(&start)?;
+    let found = wall::config::project(&start)?;
     if flag.is_some() && found.is_none() {
         return Err(Error::usage(format!(
             "'{}' is not inside a git checkout",

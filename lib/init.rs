@@ -18,8 +18,8 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::image::{DEFAULT_RUNTIME, KNOWN_DEPS_FILES, RUNTIME_DIR};
 use base::error::{Error, Exit, Result};
+use wall::image::{DEFAULT_RUNTIME, KNOWN_DEPS_FILES, RUNTIME_DIR};
 
 pub mod check;
 pub mod devcontainer;
@@ -602,7 +602,7 @@ mod tests {
                 assert!(versions.contains(&format!("\n{st}\t")), "{versions}");
             }
             // What lw-build reads must parse.
-            crate::image::parse(conf, "runtime.conf").expect("lw-build reads it");
+            wall::image::parse(conf, "runtime.conf").expect("lw-build reads it");
             std::fs::remove_dir_all(&d).unwrap();
         }
     }
@@ -627,7 +627,7 @@ mod tests {
             m.contains("[tools]\n\"node\" = \"22.11.0\"\n\"python\" = \"3.12.7\"\n"),
             "{m}"
         );
-        crate::image::parse(conf, "runtime.conf").expect("lw-build reads it");
+        wall::image::parse(conf, "runtime.conf").expect("lw-build reads it");
         std::fs::remove_dir_all(&d).unwrap();
     }
 

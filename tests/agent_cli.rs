@@ -502,7 +502,7 @@ fn scenario(k: &Case) {
         assert!(kit_path(k, r["path"].as_str().unwrap()), "{r}");
         assert_eq!((k.key_sent)(r).as_deref(), Some(key.as_str()), "{r}");
         assert!(
-            !r.to_string().contains(loopwright::agent::PLACEHOLDER),
+            !r.to_string().contains(agent::PLACEHOLDER),
             "the placeholder never leaves: {r}"
         );
     }

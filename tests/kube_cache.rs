@@ -191,7 +191,7 @@ fn a_pod_sandbox_pulls_its_image_from_the_cache() {
     // name: the same ID).  A create with the image imported is the create
     // above with the image on the node.
     let docker = engine::connect_docker(None).expect("the Docker engine");
-    let project = loopwright::config::project(&fx.proj)
+    let project = wall::config::project(&fx.proj)
         .expect("the project")
         .expect("a project");
     std::fs::write(fx.proj.join(".loopwright/config"), "").expect("write the config");

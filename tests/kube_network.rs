@@ -45,7 +45,7 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};
-use loopwright::egress::{self, AllowList, Options};
+use wall::egress::{self, AllowList, Options};
 
 use kube_support::{Cluster, IMAGE, namespace, network_cached, nonce, pod_ip, run};
 
@@ -455,9 +455,7 @@ fn sandbox_created_with_network_egress_on_a_real_cluster() {
     let proxy_image = proxy_image();
     let world = format!("lw-kn-world-{}", nonce());
     let fx = sandbox_support::Fixture::new("kegress");
-    let project = loopwright::config::project(&fx.proj)
-        .unwrap()
-        .expect("a project");
+    let project = wall::config::project(&fx.proj).unwrap().expect("a project");
     let docker = engine::connect_docker(None).expect("the Docker engine is reachable");
     let image = loopwright::sandbox::resolve_image(&docker, Some(&project), None, false)
         .expect("the fixture's image is built")

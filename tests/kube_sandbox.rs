@@ -245,7 +245,7 @@ fn sandboxes_as_pods() {
         kube_support::missing()
     );
     let fx = Fixture::new("kube");
-    let project = loopwright::config::project(&fx.proj)
+    let project = wall::config::project(&fx.proj)
         .unwrap()
         .expect("the fixture is a project");
     let docker = engine::connect_docker(None).expect("the Docker engine is reachable");

@@ -19,9 +19,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::TempDir;
-use loopwright::radar::{Event, Limits, Live, Radar, Source, verdict};
 use mailbox::layout::Root;
 use mailbox::message::{Kind, Message};
+use repo::radar::{Event, Limits, Live, Radar, Source, verdict};
 
 fn git(dir: &Path, args: &[&str]) -> String {
     let o = Command::new("git")

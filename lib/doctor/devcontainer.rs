@@ -12,7 +12,7 @@ pub(super) fn devcontainer(p: &Project) -> Option<Finding> {
     let found = devcontainer::find(&p.top);
     let record = std::fs::read_to_string(p.top.join(devcontainer::RECORD)).ok();
     let Some((source, sha)) = record.as_deref().and_then(render::parse_record) else {
-        let runtime = p.top.join(crate::image::RUNTIME_FILE).is_file();
+        let runtime = p.top.join(wall::image::RUNTIME_FILE).is_file();
         return (runtime && !found.is_empty()).then(|| {
             f(
                 "devcontainer",

@@ -203,7 +203,7 @@ pub fn kube_role(cwd: &Path, namespace: Option<String>) -> base::error::Result<S
     let ns = match namespace {
         Some(ns) => ns,
         None => {
-            let project = crate::config::project(cwd)?;
+            let project = wall::config::project(cwd)?;
             engine::KubeEngine::configured_namespace(project.as_ref().map(|p| &p.config))
                 .unwrap_or_else(|| "NAMESPACE".to_string())
         }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use engine::Images;
 use mailbox::layout::Root;
 
-pub use crate::finding::{Finding, Status};
+pub use wall::finding::{Finding, Status};
 
 mod devcontainer;
 mod engines;
@@ -48,7 +48,7 @@ pub struct Inputs {
 /// Runs every check, in the order a newcomer would fix things.
 pub fn run(inp: &Inputs) -> Vec<Finding> {
     let mut out = Vec::new();
-    let project = match crate::config::project(&inp.cwd) {
+    let project = match wall::config::project(&inp.cwd) {
         Ok(Some(p)) => {
             out.push(f(
                 "project",
@@ -103,7 +103,7 @@ pub fn run(inp: &Inputs) -> Vec<Finding> {
         out.extend(toolchain(p));
         out.extend(image(p, builder.as_ref()));
         out.push(image_cache(p));
-        out.extend(crate::agent::doctor::checks(
+        out.extend(agent::doctor::checks(
             p,
             builder.as_ref().map(|e| e as &dyn Images),
         ));

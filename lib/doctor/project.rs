@@ -11,12 +11,12 @@ use mailbox::layout::Root;
 use super::{Finding, Status, f};
 
 pub(super) fn mirror(p: &Project, fresh: Duration) -> Finding {
-    let env = std::env::var_os(crate::mirror::ENV_PATH).map(PathBuf::from);
-    let path = match crate::mirror::locate(None, env.as_deref(), Some(p), &p.top) {
+    let env = std::env::var_os(repo::mirror::ENV_PATH).map(PathBuf::from);
+    let path = match repo::mirror::locate(None, env.as_deref(), Some(p), &p.top) {
         Ok(path) => path,
         Err(e) => return f("mirror", Status::Fail, e.to_string(), None),
     };
-    let m = crate::mirror::Mirror::new(&path);
+    let m = repo::mirror::Mirror::new(&path);
     match m.status() {
         Ok(s) => {
             let age = base::time::now().saturating_sub(s.last_fetch);
@@ -24,7 +24,7 @@ pub(super) fn mirror(p: &Project, fresh: Duration) -> Finding {
                 "{} ({} refs, {}, fetched {} ago from {})",
                 path.display(),
                 s.refs,
-                crate::mirror::human_size(s.size),
+                repo::mirror::human_size(s.size),
                 base::time::human_age(age),
                 s.url
             );
@@ -90,7 +90,7 @@ pub(super) fn toolchain(p: &Project) -> Vec<Finding> {
 }
 
 pub(super) fn image(p: &Project, engine: Option<&DockerEngine>) -> Vec<Finding> {
-    let rt = match crate::image::Runtime::load(&p.top) {
+    let rt = match wall::image::Runtime::load(&p.top) {
         Ok(rt) => rt,
         Err(e) if e.exit == base::Exit::NoInput => {
             return vec![f(
@@ -132,7 +132,7 @@ pub(super) fn image(p: &Project, engine: Option<&DockerEngine>) -> Vec<Finding> 
             ));
             continue;
         }
-        let why = match crate::image::explain(engine, layer) {
+        let why = match wall::image::explain(engine, layer) {
             Ok(ex) => match ex.replaces {
                 Some((old, changes)) if !changes.is_empty() => {
                     let names: Vec<String> = changes.iter().map(|c| c.to_string()).collect();
@@ -480,7 +480,7 @@ pub(super) fn image_cache(p: &Project) -> Finding {
             None,
         );
     }
-    let client = match crate::image::cache::configured(&p.top, None, None) {
+    let client = match wall::image::cache::configured(&p.top, None, None) {
         Ok(Some(c)) => c,
         Ok(None) => return f("image-cache", Status::Skip, "no image cache", None),
         Err(e) => {

@@ -1,5 +1,5 @@
 //! The agent's part of a sandbox (`create --agent`, `run`): the sandbox's
-//! side of the steps lib/agent describes.  lib/agent knows kits, the model
+//! side of the steps crates/agent/ describes.  crates/agent/ knows kits, the model
 //! proxy and the context file but no sandbox; this module hands it what a
 //! sandbox's record says and runs its steps in the sandbox: the check before
 //! anything is made, the context written into HOME after the clone, the
@@ -11,16 +11,16 @@ use std::io::Write;
 use std::time::Duration;
 
 use super::{CreateOptions, Network, Record, Sandboxes, io_err};
-use crate::agent::run::{Ran, RunOptions, Target};
-use crate::agent::setup::Prepared;
-use crate::agent::{Credential, context, proxy};
+use agent::run::{Ran, RunOptions, Target};
+use agent::setup::Prepared;
+use agent::{Credential, context, proxy};
 use base::config::Project;
 use base::error::{Error, Exit, Result};
 use engine::NetworkEngine;
 use mailbox::registry::Registry;
 
 impl Record {
-    /// What lib/agent needs to know of this sandbox to run its agent.
+    /// What crates/agent/ needs to know of this sandbox to run its agent.
     fn agent_target(&self) -> Target<'_> {
         Target {
             name: &self.name,
@@ -62,8 +62,8 @@ pub(super) fn env(rec: &Record, env: &mut Vec<String>) {
     if let Some(a) = &rec.agent {
         // The model proxy is reached directly, not through the egress proxy.
         env.retain(|e| !e.starts_with("NO_PROXY=") && !e.starts_with("no_proxy="));
-        env.push(format!("NO_PROXY={}", crate::agent::no_proxy()));
-        env.push(format!("no_proxy={}", crate::agent::no_proxy()));
+        env.push(format!("NO_PROXY={}", agent::no_proxy()));
+        env.push(format!("no_proxy={}", agent::no_proxy()));
         env.extend(a.env.iter().cloned());
     }
 }
@@ -78,7 +78,7 @@ impl<'a> Sandboxes<'a> {
         warn: &mut dyn FnMut(&str),
     ) -> Result<Ran> {
         let rec = self.get(name)?;
-        crate::agent::run::run(
+        agent::run::run(
             self.engine,
             &self.root,
             &rec.agent_target(),

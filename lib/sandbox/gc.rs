@@ -8,11 +8,11 @@ use std::collections::BTreeMap;
 use std::fs;
 
 use super::{Network, Record, Sandboxes, disk, mailbox, push};
-use crate::egress;
-use crate::wall::{LABEL_SANDBOX, REPO};
 use ::base::error::{Error, Exit, Result};
 use ::mailbox::registry::{self, Registry};
 use engine::NetworkEngine;
+use wall::egress;
+use wall::{LABEL_SANDBOX, REPO};
 
 impl<'a> Sandboxes<'a> {
     /// `rm`: refuses while work would be lost, unless `force`.
@@ -122,7 +122,7 @@ impl<'a> Sandboxes<'a> {
             .engine
             .volumes_with_label(&format!("{LABEL_SANDBOX}={name}"))?
             .iter()
-            .filter(|v| v.name == volume || v.labels.get(crate::wall::LABEL_ROOT) == Some(&self.id))
+            .filter(|v| v.name == volume || v.labels.get(wall::LABEL_ROOT) == Some(&self.id))
         {
             self.engine.remove_volume(&v.name)?;
             out(&format!("volume {}", v.name));

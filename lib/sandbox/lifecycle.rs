@@ -3,7 +3,7 @@
 //! /work/repo, as the sandbox's user, confined like any exec.
 //!
 //! What runs is the script the image's label held when the sandbox was
-//! made ([`crate::image::LABEL_POST_START`], written by lw init into a
+//! made ([`wall::image::LABEL_POST_START`], written by lw init into a
 //! layer's Dockerfile), kept in the record under the root, which the
 //! sandbox cannot write.  Nothing is read from the clone at start time:
 //! an agent that rewrites the repository's devcontainer.json or runtime
@@ -15,9 +15,9 @@
 //! running, and says so.
 
 use super::{Record, Sandboxes};
-use crate::wall::REPO;
 use base::error::{Error, Result};
 use engine::{ExecIo, ExecRequest, OutStream};
+use wall::REPO;
 
 impl<'a> Sandboxes<'a> {
     /// Runs the record's postStartCommand script, if any; its output goes
@@ -27,7 +27,7 @@ impl<'a> Sandboxes<'a> {
             return Ok(());
         };
         let req = ExecRequest {
-            cmd: crate::wall::confined(
+            cmd: wall::confined(
                 rec.runtime_name(),
                 ["/bin/sh", "-c", script, "lw-post-start"]
                     .map(String::from)

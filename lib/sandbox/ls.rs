@@ -6,10 +6,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::{Created, Network, Port, Sandboxes, gone};
-use crate::agent::{Credential, proxy};
-use crate::egress;
+use agent::{Credential, proxy};
 use base::error::{Error, Result};
 use engine::{Isolation, NetworkEngine, PortMap};
+use wall::egress;
 
 /// The header `ls` prints above its lines (not with `--json` or
 /// `--no-header`): the columns of [`Status::line`], tab-separated.

@@ -38,7 +38,7 @@
 //!   also have a workspace volume of that name);
 //! * the disk images of the workspace and the mailbox, `ROOT/state/disk/`,
 //!   loop-mounted (disk.rs);
-//! * port leases in `ROOT/state/ports` (lib/ports.rs);
+//! * port leases in `ROOT/state/ports` (crates/wall/src/ports.rs);
 //! * the registry record `ROOT/registry/NAME.json` and the mailbox
 //!   `ROOT/sandboxes/NAME` (crates/mailbox/src/registry.rs).
 //!
@@ -63,7 +63,7 @@
 //! * `running`: a made sandbox at work (start, stop, commands run in it);
 //! * `ls`: what `ls`, `port` and `logs --egress` show;
 //! * `gc`: `rm` and `gc`, reclaiming everything a sandbox owns;
-//! * `agent`: the agent's steps of a sandbox (lib/agent knows no sandbox);
+//! * `agent`: the agent's steps of a sandbox (crates/agent/ knows no sandbox);
 //! * `volume`, `courier`: a sandbox on an engine that does not see the
 //!   host's files (volume mode), and the carrier of its mail (with the one
 //!   detached courier per root that `create` starts);
@@ -93,11 +93,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ports::Leases;
-pub use crate::wall::{
-    BIN_DIR, HOME, LABEL_BRANCH, LABEL_ROOT, LABEL_ROOT_PATH, LABEL_SANDBOX, MAILBOX, MIRROR,
-    REGISTRY, REPO, WORK, host_has_apparmor, root_id, security_options,
-};
 use ::base::error::{Error, Exit, Result};
 use ::mailbox::layout::Root;
 use base::config::Project;
@@ -109,6 +104,11 @@ pub use settings::{
     DEFAULT_MEMORY, DEFAULT_PIDS, DEFAULT_TMP_SIZE, DEFAULT_UID, KEY_RUNTIME, Settings,
 };
 pub use spec::container_spec;
+use wall::ports::Leases;
+pub use wall::{
+    BIN_DIR, HOME, LABEL_BRANCH, LABEL_ROOT, LABEL_ROOT_PATH, LABEL_SANDBOX, MAILBOX, MIRROR,
+    REGISTRY, REPO, WORK, host_has_apparmor, root_id, security_options,
+};
 
 /// A sandbox's network.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -119,7 +119,7 @@ pub enum Network {
     /// Docker's default bridge: the sandbox reaches anything the host reaches.
     Bridge,
     /// Its own internal network shared only with its own proxy, which lets
-    /// through the allow-list's host:port pairs (lib/egress).
+    /// through the allow-list's host:port pairs (crates/wall/src/egress/).
     Egress,
 }
 
@@ -190,8 +190,8 @@ pub struct CreateOptions {
     pub allow_stale: bool,
     /// Skip fetching into the mirror (it must exist).
     pub no_fetch: bool,
-    /// An agent kit to install and set up (lib/agent), and how its key travels.
-    pub agent: Option<(String, crate::agent::Credential)>,
+    /// An agent kit to install and set up (crates/agent/), and how its key travels.
+    pub agent: Option<(String, ::agent::Credential)>,
     /// Limits given as flags (`--cpus`, `--memory`, `--pids`, `--disk`, `--mail-disk`).
     pub limits: limits::Overrides,
     /// Run the install script of the task's branch when it differs from
@@ -282,15 +282,15 @@ pub fn find_project(
     let start = project
         .map(Path::to_path_buf)
         .unwrap_or_else(|| cwd.clone());
-    let found = crate::config::project(&start)?;
+    let found = wall::config::project(&start)?;
     if project.is_some() && found.is_none() {
         return Err(Error::usage(format!(
             "'{}' is not inside a git checkout",
             start.display()
         )));
     }
-    let env = std::env::var_os(crate::mirror::ENV_PATH).map(PathBuf::from);
-    let path = crate::mirror::locate(mirror, env.as_deref(), found.as_ref(), &cwd)?;
+    let env = std::env::var_os(repo::mirror::ENV_PATH).map(PathBuf::from);
+    let path = repo::mirror::locate(mirror, env.as_deref(), found.as_ref(), &cwd)?;
     Ok((found, path))
 }
 
@@ -305,7 +305,7 @@ pub fn mailbox_commands() -> [(PathBuf, &'static str); 4] {
         (dir.join("lw-post"), "lw-post"),
         (dir.join("lw-inbox"), "lw-inbox"),
         (dir.join("lw-mcp"), "lw-mcp"),
-        (dir.join(crate::wall::CONFINE), crate::wall::CONFINE),
+        (dir.join(wall::CONFINE), wall::CONFINE),
     ]
 }
 

@@ -9,9 +9,9 @@
 //! reads it) and in the sandbox's record (`ls --json`).
 
 use super::{Record, Sandboxes};
-use crate::git;
 use base::config::Project;
 use base::error::{Error, Result};
+use repo::git;
 use sync::Config as SyncConfig;
 use sync::github::{Client, DEFAULT_API, Limits, Token, default_token_file};
 use sync::pr::{self, Ask, Opened, Task};
@@ -53,7 +53,7 @@ impl Sandboxes<'_> {
         if rec.project.as_os_str().is_empty() {
             return Ok(false);
         }
-        pr_by_default(crate::config::project(&rec.project)?.as_ref())
+        pr_by_default(wall::config::project(&rec.project)?.as_ref())
     }
 
     /// Finds or opens the pull request of sandbox `name`'s branch, whose
@@ -63,7 +63,7 @@ impl Sandboxes<'_> {
         let project = if rec.project.as_os_str().is_empty() {
             None
         } else {
-            crate::config::project(&rec.project)?
+            wall::config::project(&rec.project)?
         };
         let Some(cfg_path) = SyncConfig::find(&rec.project) else {
             return Err(Error::config(format!(

@@ -11,11 +11,11 @@
 //!    create, never one the sandbox names — into it, through git's `ext::`
 //!    transport: the other end is `git upload-pack /work/repo` running
 //!    *inside* the sandbox, reached by `lw-sandbox exec`.  The fetch is
-//!    `crate::git::fetch_untrusted`: no hook runs, every protocol but
+//!    `repo::git::fetch_untrusted`: no hook runs, every protocol but
 //!    `ext` is forbidden, and every object is checked, so malformed objects
 //!    are refused.
 //! 3. The host's git pushes that one ref to the upstream's
-//!    `refs/heads/BRANCH` with the host's credentials (lib/git/ hands a
+//!    `refs/heads/BRANCH` with the host's credentials (crates/repo/src/git/ hands a
 //!    URL's credentials over in the environment; credential helpers of the
 //!    host's user config work as usual), never forced unless asked.
 //! 4. The mirror is refreshed and the quarantine removed; the sandbox's own
@@ -27,10 +27,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::{Record, Sandboxes};
-use crate::git;
-use crate::mirror::{self, Mirror, SyncOptions};
 use base::cli::Report;
 use base::error::{Error, Exit, Result};
+use repo::git;
+use repo::mirror::{self, Mirror, SyncOptions};
 
 /// What a push did.
 #[derive(Clone, Debug)]
@@ -137,7 +137,7 @@ impl<'a> Sandboxes<'a> {
         let project = if rec.project.as_os_str().is_empty() {
             None
         } else {
-            crate::config::project(&rec.project)?
+            wall::config::project(&rec.project)?
         };
         let m = Mirror::new(&rec.mirror);
         let state = m.ready()?;

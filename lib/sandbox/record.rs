@@ -46,7 +46,7 @@ pub struct Record {
     pub ready: bool,
     /// The agent kit it was made for (`create --agent`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent: Option<crate::agent::AgentRecord>,
+    pub agent: Option<agent::AgentRecord>,
     /// The shared services it is attached to (`create --service`, lib/service).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<String>,
@@ -65,7 +65,7 @@ pub struct Record {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<String>,
     /// The sh script its image's label gave at create (a devcontainer.json's
-    /// postStartCommand, [`crate::image::LABEL_POST_START`]): run at each
+    /// postStartCommand, [`wall::image::LABEL_POST_START`]): run at each
     /// start.  Kept here, where the sandbox cannot write.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub post_start: Option<String>,

@@ -7,11 +7,11 @@ use std::io::Write as _;
 use std::time::Duration;
 
 use super::{Network, Record, Sandboxes, disk, gone};
-use crate::egress;
-use crate::secrets::{self, Secret};
-use crate::wall::{LABEL_ROOT, REPO, WORK};
 use base::error::{Error, Exit, Result};
 use engine::{Container, ExecIo, ExecRequest, NetworkEngine, OutStream};
+use wall::egress;
+use wall::secrets::{self, Secret};
+use wall::{LABEL_ROOT, REPO, WORK};
 
 impl<'a> Sandboxes<'a> {
     /// Runs a command in a sandbox as its user, capturing its output.
@@ -24,7 +24,7 @@ impl<'a> Sandboxes<'a> {
         let mut out = Vec::new();
         let mut err = Vec::new();
         let req = ExecRequest {
-            cmd: crate::wall::confined(
+            cmd: wall::confined(
                 rec.runtime_name(),
                 cmd.iter().map(|s| s.to_string()).collect(),
             ),
@@ -232,7 +232,7 @@ impl<'a> Sandboxes<'a> {
         let term = std::env::var("TERM").unwrap_or_else(|_| "xterm".into());
         let shown = cmd.join(" ");
         let req = ExecRequest {
-            cmd: crate::wall::confined(rec.runtime_name(), cmd),
+            cmd: wall::confined(rec.runtime_name(), cmd),
             env: if tty {
                 vec![format!("TERM={term}")]
             } else {
@@ -272,7 +272,7 @@ pub(crate) fn died_under(name: &str, cmd: Option<&str>, e: Error) -> Error {
     let Some(d) = engine::died(&e) else {
         return e;
     };
-    let confine = format!("{}/{} -- ", crate::wall::BIN_DIR, crate::wall::CONFINE);
+    let confine = format!("{}/{} -- ", wall::BIN_DIR, wall::CONFINE);
     let cmd = cmd.unwrap_or_else(|| d.cmd.strip_prefix(&confine).unwrap_or(&d.cmd));
     let fix = if d.removed {
         "lw-sandbox gc reclaims the rest".to_string()

@@ -2,11 +2,11 @@
 //! their defaults, and `create`'s limit flags over them.
 
 use super::limits;
-use crate::ports::Range;
-use crate::secrets;
 use base::config::Project;
 use base::config::parse_bytes;
 use base::error::{Error, Result};
+use wall::ports::Range;
+use wall::secrets;
 
 /// Defaults, each overridable in `.loopwright/config`.
 ///
@@ -85,8 +85,8 @@ impl Settings {
             return Err(bad("sandbox.tmp-size", &tmp_size, "a size such as 256m"));
         }
         let ports = Range::parse(
-            c.get(crate::ports::KEY_RANGE)
-                .unwrap_or(crate::ports::DEFAULT_RANGE),
+            c.get(wall::ports::KEY_RANGE)
+                .unwrap_or(wall::ports::DEFAULT_RANGE),
         )?;
         Ok(Settings {
             uid,

@@ -7,13 +7,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{Network, Record, Sandboxes, Settings, disk};
-use crate::egress;
-use crate::secrets;
-use crate::wall::{
+use engine::{Bind, ContainerSpec, PortMap};
+use wall::egress;
+use wall::secrets;
+use wall::{
     BIN_DIR, HOME, LABEL_BRANCH, LABEL_ROOT, LABEL_ROOT_PATH, LABEL_SANDBOX, MAILBOX, MIRROR,
     REGISTRY, WORK, security_options,
 };
-use engine::{Bind, ContainerSpec, PortMap};
 
 /// PID 1 of a sandbox: waits, and leaves at once on SIGTERM so `stop` is quick.
 pub(super) const KEEPALIVE: &str = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done";

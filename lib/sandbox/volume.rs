@@ -35,7 +35,7 @@
 //! listeners ([`lease_ports`]).
 //!
 //! The egress proxy is carried on Kubernetes (its allow-list travels in its
-//! environment, its address is a Service: lib/egress); on a remote Docker
+//! environment, its address is a Service: crates/wall/src/egress/); on a remote Docker
 //! engine it is refused (69), as no test covers it there yet.
 //!
 //! Not in volume mode (refused, 69): the agent kits (they bind-mount host
@@ -331,8 +331,8 @@ pub fn make_bundle(mirror: &Path, to: &Path) -> Result<()> {
     if let Some(d) = to.parent() {
         std::fs::create_dir_all(d).map_err(|e| Error::io("cannot create", d, e))?;
     }
-    let out = crate::git::output(
-        crate::git::command(None)
+    let out = repo::git::output(
+        repo::git::command(None)
             .arg("--git-dir")
             .arg(mirror)
             .args(["bundle", "create", "--quiet"])
@@ -490,7 +490,7 @@ fn tools_tar(bins: &[(PathBuf, &str)], key: &str) -> Result<Box<dyn Read + Send>
 /// the engine's host, where the ports are reached.
 pub fn lease_ports(
     sb: &Sandboxes,
-    range: crate::ports::Range,
+    range: wall::ports::Range,
     owner: &str,
     whats: &[String],
 ) -> Result<(Vec<u16>, Option<String>)> {

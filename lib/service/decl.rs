@@ -7,9 +7,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::egress::AllowList;
 use base::config::{Config, Project};
 use base::error::{Error, Exit, Result};
+use wall::egress::AllowList;
 
 /// Where declarations live, relative to the project's top.
 pub const DIR: &str = ".loopwright/services";
@@ -38,7 +38,7 @@ pub enum Source {
     /// A local image (tag or id).
     Image(String),
     /// `build = DIR` (project-relative, holding `Dockerfile`) on `from = IMAGE`,
-    /// built as one lw-build layer (lib/image), tagged by its inputs' hash.
+    /// built as one lw-build layer (crates/wall/src/image/), tagged by its inputs' hash.
     Build { dir: String, from: String },
 }
 
@@ -97,7 +97,7 @@ pub fn check_name(name: &str) -> Result<()> {
 
 fn key_ok(key: &str) -> bool {
     match key.strip_prefix("env.") {
-        Some(var) => crate::secrets::valid_name(var),
+        Some(var) => wall::secrets::valid_name(var),
         None => base::config::valid_key(key),
     }
 }
@@ -273,7 +273,7 @@ fn secrets(c: &Config, file: &Path) -> Result<Vec<String>> {
         .map(str::to_string)
         .collect();
     for s in &secrets {
-        if !crate::secrets::valid_name(s) {
+        if !wall::secrets::valid_name(s) {
             return Err(bad(
                 file,
                 "secret",

@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use super::{LABEL_SERVICE, Services, container_name, decl, volume_name};
-use crate::wall::LABEL_ROOT;
 use base::error::Result;
 use engine::NetworkEngine;
+use wall::LABEL_ROOT;
 
 impl<'a> Services<'a> {
     pub(super) fn remove_container(&self, name: &str) -> Result<bool> {
@@ -15,8 +15,8 @@ impl<'a> Services<'a> {
         let had = self.engine.inspect(&container)?.is_some();
         self.engine.remove(&container, true)?;
         let nets: &dyn NetworkEngine = self.engine;
-        if !crate::egress::leftovers(nets, Some(&format!("{LABEL_SERVICE}={name}")))?.is_empty() {
-            crate::egress::teardown(nets, &container)?;
+        if !wall::egress::leftovers(nets, Some(&format!("{LABEL_SERVICE}={name}")))?.is_empty() {
+            wall::egress::teardown(nets, &container)?;
         }
         Ok(had)
     }

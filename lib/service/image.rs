@@ -3,9 +3,9 @@
 //! its inputs).
 
 use super::{Declaration, Services, Source};
-use crate::image::{InputDecl, LayerDef, Runtime};
 use base::config::Project;
 use base::error::{Error, Exit, Result};
+use wall::image::{InputDecl, LayerDef, Runtime};
 
 impl<'a> Services<'a> {
     /// The image of `d`: the local one it names, or its build (one lw-build
@@ -35,7 +35,7 @@ impl<'a> Services<'a> {
                 let runtime = Runtime {
                     root: project.top.clone(),
                     image: format!("loopwright/service-{}", d.name),
-                    def: crate::image::Definition {
+                    def: wall::image::Definition {
                         image: None,
                         from: from.clone(),
                         layers: vec![LayerDef {
@@ -65,10 +65,10 @@ impl<'a> Services<'a> {
                     return Ok((tag, false));
                 }
                 progress(&format!("building image {tag} for service '{}'", d.name));
-                crate::image::build(
+                wall::image::build(
                     self.images,
                     &mut plan,
-                    &mut crate::image::BuildOptions {
+                    &mut wall::image::BuildOptions {
                         on_event: &mut |_, ev| {
                             if let engine::BuildEvent::Output(s) = ev {
                                 for l in s.lines().filter(|l| l.starts_with("Step ")) {

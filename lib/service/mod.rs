@@ -29,7 +29,7 @@
 //!   on a network of its own that is not internal (`-pub`, containers
 //!   isolated): it then has a route out, which `up` says.
 //! * `egress = HOST:PORT ...` gives the service the sandboxes' egress proxy
-//!   (lib/egress) and that allow-list; without it the service reaches
+//!   (crates/wall/src/egress/) and that allow-list; without it the service reaches
 //!   nothing outside.
 //! * Hardening as for sandboxes: no capabilities, no-new-privileges, the
 //!   sandboxes' seccomp profile and AppArmor profile, a read-only root with
@@ -37,7 +37,7 @@
 //!   core dumps.  The user is the declaration's `user`, else the image's own
 //!   (`up` warns when that is root).
 //! * Secrets (`secret = NAME ...`, allowed by `sandbox.secrets`) travel as a
-//!   sandbox's do (lib/secrets.rs): streamed over exec into a tmpfs at
+//!   sandbox's do (crates/wall/src/secrets.rs): streamed over exec into a tmpfs at
 //!   `/run/secrets`; the command waits for them before it starts.
 //!
 //! Nothing is kept on disk: every engine object carries [`LABEL_SERVICE`],
@@ -62,8 +62,8 @@ pub use decl::{Declaration, Source};
 pub use state::Status;
 pub use up::Up;
 
-use crate::wall::{LABEL_ROOT, LABEL_ROOT_PATH};
 use engine::{ImageBuilder, Pair, SandboxEngine};
+use wall::{LABEL_ROOT, LABEL_ROOT_PATH};
 
 /// The service an engine object belongs to.
 pub const LABEL_SERVICE: &str = "org.loopwright.service";
@@ -111,7 +111,7 @@ fn tail(text: &[u8], n: usize) -> String {
 impl<'a> Services<'a> {
     pub fn new(root: &Path, engines: Pair<'a>) -> Services<'a> {
         Services {
-            id: crate::wall::root_id(root),
+            id: wall::root_id(root),
             root_path: root.to_path_buf(),
             engine: engines.runner,
             images: engines.builder,

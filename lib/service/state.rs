@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use super::{Declaration, LABEL_PROJECT, LABEL_SERVICE, Services, container_name, decl};
 use super::{network_name, tail};
-use crate::wall::LABEL_ROOT;
 use base::config::Project;
 use base::error::{Error, Exit, Result};
 use engine::{ExecRequest, NetworkEngine};
+use wall::LABEL_ROOT;
 
 /// How `ls` sees a service.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -13,12 +13,12 @@ use sha2::{Digest, Sha256};
 
 use super::{Declaration, LABEL_CONFIG, LABEL_KIND, LABEL_READY, LABEL_SERVICE, Services};
 use super::{container_name, network_name, publish_network_name, tail, volume_name};
-use crate::secrets::Secret;
-use crate::wall::LABEL_ROOT;
 use base::config::Project;
 use base::error::{Error, Exit, Result};
 use engine::NetworkEngine;
 use engine::{Bind, ContainerSpec, ExecIo, ExecRequest, NetworkSpec, OutStream, PortMap};
+use wall::LABEL_ROOT;
+use wall::secrets::Secret;
 
 /// Where the service's secrets appear, and the file that says all are there.
 const SECRETS_READY: &str = "/run/secrets/.lw-ready";
@@ -43,9 +43,9 @@ impl<'a> Services<'a> {
         progress: &mut dyn FnMut(&str),
     ) -> Result<Up> {
         let t0 = Instant::now();
-        let allowed = crate::secrets::allowed(&project.config)?;
-        crate::secrets::check_allowed(&d.secrets, &allowed)?;
-        let secrets = crate::secrets::resolve(&d.secrets, &|n| std::env::var_os(n))?;
+        let allowed = wall::secrets::allowed(&project.config)?;
+        wall::secrets::check_allowed(&d.secrets, &allowed)?;
+        let secrets = wall::secrets::resolve(&d.secrets, &|n| std::env::var_os(n))?;
         let (image, built) = self.image(project, d, progress)?;
         let config = self.config_hash(d, &image)?;
         let container = container_name(&self.id, &d.name);
@@ -191,14 +191,14 @@ impl<'a> Services<'a> {
         let nets: &dyn NetworkEngine = self.engine;
         Ok(match &d.egress {
             Some(allow) => {
-                let eg = crate::egress::Settings::from_config(&project.config)?;
-                let mut o = crate::egress::Options::from(&eg);
+                let eg = wall::egress::Settings::from_config(&project.config)?;
+                let mut o = wall::egress::Options::from(&eg);
                 // Not the root's label: lw-sandbox gc tears down the egress
                 // objects of that label that no sandbox record names.
                 o.labels.insert(LABEL_SERVICE.into(), d.name.clone());
                 let image =
-                    crate::egress::ensure_proxy_image(self.images, &o.proxy_from, &mut |_| {})?;
-                let plan = crate::egress::prepare_with_image(nets, container, allow, &image, &o)?;
+                    wall::egress::ensure_proxy_image(self.images, &o.proxy_from, &mut |_| {})?;
+                let plan = wall::egress::prepare_with_image(nets, container, allow, &image, &o)?;
                 env.extend(plan.env);
                 Some(plan.network)
             }
@@ -239,7 +239,7 @@ impl<'a> Services<'a> {
         for s in secrets {
             self.exec_quiet(
                 container,
-                crate::secrets::install_cmd(&s.name),
+                wall::secrets::install_cmd(&s.name),
                 Some(s.value.clone()),
             )
             .map_err(|e| {
@@ -383,7 +383,7 @@ fn spec(d: &Declaration, container: &str, image: &str, with_secrets: bool) -> Co
     });
     if with_secrets {
         tmpfs.insert(
-            crate::secrets::DIR.to_string(),
+            wall::secrets::DIR.to_string(),
             "rw,noexec,nosuid,nodev,size=1m,mode=1733".to_string(),
         );
     }
@@ -395,7 +395,7 @@ fn spec(d: &Declaration, container: &str, image: &str, with_secrets: bool) -> Co
         user: d.user.clone(),
         read_only_root: true,
         cap_drop: vec!["ALL".into()],
-        security_opt: crate::wall::security_options(),
+        security_opt: wall::security_options(),
         pids_limit: Some(d.pids),
         memory_bytes: Some(d.memory),
         nano_cpus: Some((d.cpus * 1e9) as i64),

@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use agent::{notice, proxy};
 use common::TempDir;
-use loopwright::agent::{notice, proxy};
 use mailbox::layout::Root;
 use mailbox::log::{Action, Log};
 use mailbox::maildir::Sub;
@@ -746,7 +746,7 @@ fn an_hour_cap_answers_429_with_the_wait_and_the_latency_added_is_small() {
 /// the query (dropped, never forwarded), a body over the cap, a token cap.
 #[test]
 fn gemini_routes_forward_with_the_key_and_refuse_in_googles_shape() {
-    let kit = loopwright::agent::kit::find(None, "gemini").unwrap();
+    let kit = agent::kit::find(None, "gemini").unwrap();
     let door = Door::api(
         "proxy-gemini",
         &[

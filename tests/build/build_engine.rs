@@ -214,7 +214,7 @@ fn through(host: &str) -> DockerEngine {
     let config = base::config::Config::parse_project(
         &format!("engine.host = {host}\n"),
         std::path::Path::new("config"),
-        loopwright::config::CHECK,
+        wall::config::CHECK,
     )
     .expect("a project config");
     engine::connect_docker(Some(&config)).expect("the relay answers")

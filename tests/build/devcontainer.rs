@@ -108,7 +108,7 @@ fn plan_text(c: &Case) -> String {
     for (path, bytes, mode) in render::files(&m, &from, &deps, "DIGEST") {
         let text = String::from_utf8_lossy(&bytes).into_owned();
         if path.ends_with("runtime.conf") {
-            loopwright::image::parse(&text, &path).expect("lw-build reads the runtime.conf");
+            wall::image::parse(&text, &path).expect("lw-build reads the runtime.conf");
         }
         let kept = [
             "runtime.conf",

@@ -158,7 +158,7 @@ fn a_registry_feature_is_fetched_pinned_and_a_moved_tag_is_said() {
     assert!(df.contains("HELLO_HOME="), "{df}");
     let conf = read(&d, ".loopwright/runtime/runtime.conf");
     assert!(conf.contains(&format!("layer feature-hello\n    dockerfile .loopwright/runtime/feature-hello.Dockerfile\n    input {dir}\n")), "{conf}");
-    loopwright::image::parse(&conf, "runtime.conf").expect("lw-build reads it");
+    wall::image::parse(&conf, "runtime.conf").expect("lw-build reads it");
     let record = read(&d, ".loopwright/runtime/devcontainer.record");
     assert!(
         record.contains(&format!("feature {id} {first}")),
@@ -513,7 +513,7 @@ fn a_depends_on_not_listed_is_fetched_with_its_options_and_installs_first() {
         b.is_some() && a.is_some() && b < a,
         "base before app:\n{conf}"
     );
-    loopwright::image::parse(&conf, "runtime.conf").expect("lw-build reads it");
+    wall::image::parse(&conf, "runtime.conf").expect("lw-build reads it");
     let record = read(&d, ".loopwright/runtime/devcontainer.record");
     assert!(
         record.contains(&format!("feature {base_id} {base_digest}")),

@@ -204,7 +204,7 @@ fn every_configuration_key_is_in_loopwright_7() {
         .nth(1)
         .and_then(|s| s.split("\n.SH ").next())
         .expect("loopwright.7 has a CONFIGURATION section");
-    for key in loopwright::config::ALL.iter().flat_map(|k| k.iter()) {
+    for key in wall::config::ALL.iter().flat_map(|k| k.iter()) {
         assert!(
             section.contains(key),
             "loopwright.7 CONFIGURATION does not list {key}"

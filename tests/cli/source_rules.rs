@@ -412,7 +412,7 @@ fn only_select_connects_to_a_docker_engine() {
 }
 
 /// One way to fetch from a repository a sandbox wrote:
-/// `loopwright::git::fetch_untrusted` (and its `untrusted_config`).  The
+/// `repo::git::fetch_untrusted` (and its `untrusted_config`).  The
 /// settings that make it safe are spelled there only, so a setting added
 /// once protects every such git.
 #[test]
@@ -424,11 +424,11 @@ fn fetch_hardening_is_spelled_once() {
     let found = spelled(
         &files,
         &["fsckObjects", "core.hooksPath", "protocol.allow=never"],
-        &["lib/git/mod.rs"],
+        &["crates/repo/src/git/mod.rs"],
     );
     assert!(
         found.is_empty(),
-        "use loopwright::git::fetch_untrusted / untrusted_config / NO_HOOKS instead of spelling the settings: {found:#?}"
+        "use repo::git::fetch_untrusted / untrusted_config / NO_HOOKS instead of spelling the settings: {found:#?}"
     );
 }
 

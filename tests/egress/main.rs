@@ -29,8 +29,8 @@ use base::error::Exit;
 use engine::DockerEngine;
 use engine::NetworkEngine;
 use engine::{ContainerSpec, Engine, ExecRequest, Images, OutStream};
-use loopwright::egress::{self, AllowList, Options};
 use sha2::{Digest, Sha256};
+use wall::egress::{self, AllowList, Options};
 
 use egress_support::{counted, counter_script};
 use support::seeded;

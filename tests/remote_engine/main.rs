@@ -620,7 +620,7 @@ fn remote_engine_over_tls() {
     // Sandboxes on B, in volume mode, beside the same on the local engine
     // (tests/remote_engine/remote_support): the project's image is loaded into B first.
     let fx = sandbox_support::Fixture::new("remote");
-    let project = loopwright::config::project(&fx.proj)
+    let project = wall::config::project(&fx.proj)
         .unwrap()
         .expect("the fixture is a project");
     let image = loopwright::sandbox::resolve_image(&el, Some(&project), None, false)

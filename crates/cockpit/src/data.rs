@@ -82,7 +82,7 @@ pub(super) fn sandboxes(root: &Root, live: &mut super::live::Snapshot) -> Result
             let used = rec
                 .as_ref()
                 .filter(|r| r.agent.is_some())
-                .and_then(|_| loopwright::agent::proxy::usage(&root.state_dir(), &s.name));
+                .and_then(|_| agent::proxy::usage(&root.state_dir(), &s.name));
             let mut v = view(s, rec);
             v.listed = live.listed.remove(&v.name);
             v.stat = live.branches.remove(&v.name);

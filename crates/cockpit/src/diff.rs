@@ -2,13 +2,13 @@
 //! host-owned repositories only: the radar's copy of the branch
 //! (`ROOT/state/radar/sandboxes/NAME.git`, `refs/radar/head`), else the
 //! mirror's pushed branch.  git runs there with the radar's hardened
-//! settings and caps (lib/radar/run.rs), never in the sandbox's clone, and
+//! settings and caps (crates/repo/src/radar/run.rs), never in the sandbox's clone, and
 //! with textconv and external diff off, so nothing the branch holds runs.
 
 use std::path::{Path, PathBuf};
 
-use loopwright::radar::run::{self, Limits};
 use mailbox::layout::Root;
+use repo::radar::run::{self, Limits};
 
 /// Bytes of diff shown at most; the rest is cut with a note.
 pub(super) const MAX_DIFF: usize = 2 << 20;

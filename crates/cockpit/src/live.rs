@@ -176,7 +176,7 @@ fn engine_round(
     engine: &mut Option<engine::Engines>,
 ) -> base::error::Result<Listed> {
     if engine.is_none() {
-        let p = loopwright::config::project(project)?;
+        let p = wall::config::project(project)?;
         *engine = Some(engine::Engines::connect(p.as_ref().map(|p| &p.config))?);
     }
     let engines = engine.as_ref().expect("connected above");

@@ -272,7 +272,7 @@ pub trait Images {
 /// moving them in and out of the engine as archives, the format of `docker
 /// save` (a tar of `manifest.json`, one config per image and one
 /// `layer.tar` per layer): how lw-build makes a project's layers and the
-/// image cache (lib/image/cache.rs) carries them between an engine and a
+/// image cache (crates/wall/src/image/cache.rs) carries them between an engine and a
 /// registry or a file.  The Docker engine (and Podman's socket) is one;
 /// Kubernetes is not: [`select`] pairs its runner with a Docker builder.
 pub trait ImageBuilder: Images {

@@ -10,7 +10,7 @@
 //! the key never enters the sandbox and a key rotated on the host takes
 //! effect on the next request.  Anything else is answered 403.  One log
 //! line per request on stderr, `TIME ACTION METHOD PATH UPSTREAM [STATUS]`
-//! (lib/agent/proxy.rs reads them): never a header or a body; refusals at
+//! (crates/agent/src/proxy.rs reads them): never a header or a body; refusals at
 //! most one a second of each kind, with a count.
 //!
 //! It is a door that distrusts the agent's bytes (issues 35 and 42): hyper

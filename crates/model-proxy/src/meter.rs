@@ -1,5 +1,5 @@
 //! Requests a minute and tokens an hour and a run, kept across restarts in
-//! `usage.json` (read by lw-sandbox ls and run through lib/agent/proxy.rs).
+//! `usage.json` (read by lw-sandbox ls and run through crates/agent/src/proxy.rs).
 //!
 //! An episode of a cap starts with a refusal after a forward, unless the
 //! same cap refused within its window (a minute for max-rpm, an hour for

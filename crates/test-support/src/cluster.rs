@@ -462,7 +462,7 @@ impl Drop for Gone<'_> {
 /// The image of the project at `proj` (lw-build's, on the Docker engine),
 /// for a cluster to import.
 pub fn project_image(proj: &Path) -> String {
-    let project = loopwright::config::project(proj)
+    let project = wall::config::project(proj)
         .unwrap()
         .expect("the fixture is a project");
     let docker = engine::connect_docker(None).expect("the Docker engine is reachable");

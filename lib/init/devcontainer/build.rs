@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 
 use super::mapping::{Build, Mapping};
 use super::vars::{self, Context};
-use crate::image::{context_sources, dockerfile};
+use wall::image::{context_sources, dockerfile};
 
 /// A Dockerfile larger than this is no Dockerfile.
 const MAX_DOCKERFILE: u64 = 1 << 20;

@@ -147,7 +147,7 @@ pub const HOOKS: &[&str] = &[
 
 /// The lifecycle command run at each start of a sandbox (and at its
 /// create): not a layer's; the image carries it as a label
-/// ([`crate::image::LABEL_POST_START`]).
+/// ([`wall::image::LABEL_POST_START`]).
 pub const POST_START: &str = "postStartCommand";
 
 /// Variables lw-sandbox sets itself: a configuration does not replace them.

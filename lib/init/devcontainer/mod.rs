@@ -163,7 +163,7 @@ pub fn load(top: &Path, rel: &str, allowed: &[String]) -> Result<Mapping> {
     let env = |n: &str| std::env::var(n).ok();
     let cx = vars::Context {
         local_folder: &local,
-        container_folder: crate::wall::REPO,
+        container_folder: wall::REPO,
         allowed,
         local_env: &env,
     };
@@ -198,7 +198,7 @@ pub fn chosen(
     let mut fetch_timeout = None;
     let mut uid = None;
     if let Ok(text) = std::fs::read_to_string(&conf) {
-        let c = base::config::Config::parse_project(&text, &conf, crate::config::CHECK)?;
+        let c = base::config::Config::parse_project(&text, &conf, wall::config::CHECK)?;
         allowed.extend(self::allowed(&c));
         feature_ca = c.get(KEY_FEATURE_CA).map(str::to_string);
         uid = c.get("sandbox.uid").and_then(|u| u.parse().ok());

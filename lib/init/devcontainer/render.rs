@@ -14,7 +14,7 @@ use super::vars::Piece;
 
 /// The runtime.conf's explanation, kept from the default one.
 fn header() -> &'static str {
-    let t = crate::image::DEFAULT_RUNTIME[0].1;
+    let t = wall::image::DEFAULT_RUNTIME[0].1;
     &t[..t.find("from @FROM@").unwrap_or(0)]
 }
 
@@ -169,7 +169,7 @@ pub fn devcontainer_dockerfile(m: &Mapping) -> String {
         let _ = writeln!(
             s,
             "LABEL {}={}",
-            crate::image::LABEL_POST_START,
+            wall::image::LABEL_POST_START,
             env_value(&[Piece::Text(json)])
         );
     }
@@ -353,9 +353,9 @@ pub fn files(
     deps: &[String],
     digest: &str,
 ) -> Vec<(String, Vec<u8>, u32)> {
-    let dir = crate::image::RUNTIME_DIR;
+    let dir = wall::image::RUNTIME_DIR;
     let mut v = Vec::new();
-    for (name, text, mode) in crate::image::DEFAULT_RUNTIME {
+    for (name, text, mode) in wall::image::DEFAULT_RUNTIME {
         let text = match *name {
             "runtime.conf" => runtime_conf(m, from, deps),
             // The configuration's image or Dockerfile may end as another

@@ -8,12 +8,12 @@ use std::path::PathBuf;
 
 use super::super::settings::apply_overrides;
 use super::super::{CreateOptions, Network, Sandboxes, Settings};
-use crate::agent::setup::Prepared;
-use crate::egress;
-use crate::secrets::{self, Secret};
+use agent::setup::Prepared;
 use base::config::{Config, Project};
 use base::error::{Error, Exit, Result};
 use mailbox::registry;
+use wall::egress;
+use wall::secrets::{self, Secret};
 
 /// What the checks found: everything the making steps need.
 pub(in crate::sandbox) struct Checked {
@@ -264,8 +264,8 @@ pub fn check_branch(branch: &str) -> Result<()> {
     if branch.is_empty() || branch.starts_with('-') || branch == "HEAD" {
         return Err(bad());
     }
-    let out = crate::git::output(
-        crate::git::command(None).args(["check-ref-format", &format!("refs/heads/{branch}")]),
+    let out = repo::git::output(
+        repo::git::command(None).args(["check-ref-format", &format!("refs/heads/{branch}")]),
         "check a branch name",
     )?;
     if out.status.success() {
@@ -304,7 +304,7 @@ mod tests {
             config: Config::parse_project(
                 &format!("{KEY_FORWARD_PORTS} = {v}\n"),
                 std::path::Path::new("/p/.loopwright/config"),
-                crate::config::CHECK,
+                wall::config::CHECK,
             )
             .expect("the key is known"),
         };

@@ -7,9 +7,9 @@ use std::path::Path;
 
 use super::super::{CreateOptions, Record, Sandboxes, Settings};
 use super::{Clock, ImageChoice};
-use crate::wall::{MIRROR, WORK};
 use base::config::Project;
 use base::error::{Error, Exit, Result};
+use wall::{MIRROR, WORK};
 
 /// The clone, run inside the sandbox as its user.  Arguments: branch,
 /// start commit, 1 when the branch exists upstream, the gitconfig, the
@@ -144,17 +144,14 @@ fn clone_failed(name: &str, code: i64, err: &[u8], uid: u32) -> Error {
 
 /// The commit `rev` names in the mirror, or None.
 fn mirror_commit(mirror: &Path, rev: &str) -> Result<Option<String>> {
-    let out = crate::git::output(
-        crate::git::command(None)
-            .arg("--git-dir")
-            .arg(mirror)
-            .args([
-                "rev-parse",
-                "--verify",
-                "--quiet",
-                "--end-of-options",
-                &format!("{rev}^{{commit}}"),
-            ]),
+    let out = repo::git::output(
+        repo::git::command(None).arg("--git-dir").arg(mirror).args([
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            "--end-of-options",
+            &format!("{rev}^{{commit}}"),
+        ]),
         "read the mirror",
     )?;
     let sha = String::from_utf8_lossy(&out.stdout).trim().to_string();
@@ -164,7 +161,7 @@ fn mirror_commit(mirror: &Path, rev: &str) -> Result<Option<String>> {
 /// The host's git identity for the project, if it has one.
 fn host_identity(project: Option<&Project>, key: &str) -> Option<String> {
     let p = project?;
-    crate::git::config_get(&p.top, key)
+    repo::git::config_get(&p.top, key)
         .ok()
         .flatten()
         .filter(|v| !v.is_empty())

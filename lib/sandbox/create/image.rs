@@ -9,10 +9,10 @@ use std::process::Stdio;
 
 use sha2::{Digest, Sha256};
 
-use crate::image::{LABEL_LAYER, LABEL_MANIFEST, Layer, Plan, Runtime};
 use base::config::Project;
 use base::error::{Error, Exit, Result};
 use engine::Images;
+use wall::image::{LABEL_LAYER, LABEL_MANIFEST, Layer, Plan, Runtime};
 
 /// The image a sandbox runs and what it was built from.
 #[derive(Clone, Debug)]
@@ -148,7 +148,7 @@ pub(super) fn resolve_for_cluster(
             "{}/{}:{}",
             cache.host,
             cache.repo,
-            crate::image::cache::remote_tag(last)
+            wall::image::cache::remote_tag(last)
         );
         return Ok(choice);
     }
@@ -176,14 +176,14 @@ pub(super) fn named_for_cluster(builder: &dyn Images, reference: &str) -> Result
 pub(super) fn post_start_of(engine: &dyn Images, reference: &str) -> Result<Option<String>> {
     let Some(label) = engine
         .image(reference)?
-        .and_then(|i| i.labels.get(crate::image::LABEL_POST_START).cloned())
+        .and_then(|i| i.labels.get(wall::image::LABEL_POST_START).cloned())
     else {
         return Ok(None);
     };
     serde_json::from_str::<String>(&label).map(Some).map_err(|e| {
         Error::data(format!(
             "image '{reference}': its label {} is not a JSON string ({e}); run lw init --force and lw-build",
-            crate::image::LABEL_POST_START
+            wall::image::LABEL_POST_START
         ))
     })
 }
@@ -216,7 +216,7 @@ pub(super) fn drifted_inputs(
     if inputs.is_empty() {
         return Ok(vec![]);
     }
-    let mut child = crate::git::command(None)
+    let mut child = repo::git::command(None)
         .arg("--git-dir")
         .arg(mirror)
         .args(["cat-file", "--batch"])

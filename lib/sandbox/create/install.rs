@@ -26,9 +26,9 @@
 
 use super::super::{Network, Record, Sandboxes, Settings};
 use super::ImageChoice;
-use crate::wall::REPO;
 use base::error::{Error, Result};
 use engine::{ContainerSpec, ExecIo, ExecRequest, OutStream};
+use wall::REPO;
 
 /// Where the deps layer (runtime/deps.Dockerfile) keeps its inputs in the
 /// image, the install script among them at its project path.
@@ -70,7 +70,7 @@ impl<'a> Sandboxes<'a> {
         let res = (|| {
             self.engine.start(&name)?;
             let req = ExecRequest {
-                cmd: crate::wall::confined(
+                cmd: wall::confined(
                     rec.runtime_name(),
                     vec!["/bin/sh".into(), "-c".into(), cmd.clone()],
                 ),

@@ -31,12 +31,12 @@ pub use image::{ImageChoice, resolve_image};
 
 use super::record::RECORD_VERSION;
 use super::{CreateOptions, Created, NameLock, Record, Sandboxes, io_err};
-use crate::mirror::{self, Mirror, SyncOptions};
 use base::cli::Report;
 use base::config::Project;
 use base::error::{Error, Exit, Result};
 use checks::Checked;
 use engine::ContainerSpec;
+use repo::mirror::{self, Mirror, SyncOptions};
 
 /// Step timings of a create, for `--verbose` and `--json`.
 pub(super) struct Clock {

@@ -9,12 +9,12 @@ use std::path::PathBuf;
 use super::super::{Port, Record, Sandboxes, Settings, container_spec, disk};
 use super::Clock;
 use super::checks::Checked;
-use crate::egress;
-use crate::wall::{LABEL_ROOT, LABEL_ROOT_PATH, LABEL_SANDBOX};
 use base::error::{Error, Exit, Result};
 use engine::{ContainerSpec, NetworkEngine, Refusal};
 use mailbox::door_record::DoorRecord;
 use mailbox::registry::{self, Registry};
+use wall::egress;
+use wall::{LABEL_ROOT, LABEL_ROOT_PATH, LABEL_SANDBOX};
 
 impl<'a> Sandboxes<'a> {
     /// Everything but the clone, up to the started container; returns its spec.
@@ -172,7 +172,7 @@ impl<'a> Sandboxes<'a> {
 /// The (name, value) pairs whose digests the root records for a sandbox:
 /// the secrets it is given, and those of `door` (its project's
 /// `door.secrets`) set in this command's environment.
-fn given_values(given: &[crate::secrets::Secret], door: &[String]) -> Vec<(String, Vec<u8>)> {
+fn given_values(given: &[wall::secrets::Secret], door: &[String]) -> Vec<(String, Vec<u8>)> {
     let mut out: Vec<(String, Vec<u8>)> = given
         .iter()
         .map(|s| (s.name.clone(), s.value.clone()))

@@ -56,7 +56,7 @@ fn recorder() -> (u16, Arc<Mutex<Vec<u8>>>) {
 fn record_with_port(root: &Root, name: &str, port: u16) {
     let rec = serde_json::json!({
         "version": 1, "name": name, "branch": format!("task/{name}"), "scope": [],
-        "container": format!("lw-sb-{}-{name}", loopwright::wall::root_id(&root.dir)),
+        "container": format!("lw-sb-{}-{name}", wall::root_id(&root.dir)),
         "volume": format!("lw-sb-x-{name}-work"), "image": "loopwright/test-busybox:latest",
         "network": "none", "ports": [{"container": "8080/tcp", "host": port}],
         "secrets": [], "uid": 1000, "project": "/nonexistent", "mirror": "/nonexistent",

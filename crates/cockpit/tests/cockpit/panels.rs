@@ -199,7 +199,7 @@ fn git(dir: &Path, args: &[&str]) {
 fn write_record(root: &Root, name: &str, mirror: &Path, engine: Option<&str>) {
     let rec = serde_json::json!({
         "version": 1, "name": name, "branch": format!("task/{name}"), "scope": [],
-        "container": format!("lw-sb-{}-{name}", loopwright::wall::root_id(&root.dir)),
+        "container": format!("lw-sb-{}-{name}", wall::root_id(&root.dir)),
         "volume": format!("lw-sb-x-{name}-work"), "image": "loopwright/test-busybox:latest",
         "network": "none", "ports": [{"container": "8080/tcp", "host": 18080}],
         "secrets": [], "uid": 1000, "project": "/nonexistent", "mirror": mirror,
@@ -380,8 +380,8 @@ fn the_engines_view_running_exited_oom_lost_and_elsewhere() {
             ("away", None),
         ],
     );
-    let id = loopwright::wall::root_id(&root.dir);
-    let label = format!("{}={id}", loopwright::wall::LABEL_ROOT);
+    let id = wall::root_id(&root.dir);
+    let label = format!("{}={id}", wall::LABEL_ROOT);
     let image = "loopwright/test-busybox:latest";
     let mirror = root.dir.parent().unwrap().join("no-mirror.git");
     let mut made = Containers(vec![]);

@@ -29,7 +29,7 @@ pub const STORAGE_CLASS_KEY: &str = "kube.storage-class";
 pub const ACCESS_MODE_KEY: &str = "kube.access-mode";
 pub const TOOLS_ACCESS_MODE_KEY: &str = "kube.tools-access-mode";
 
-/// The label that names a volume's sandbox (lib/wall.rs, `LABEL_SANDBOX`).
+/// The label that names a volume's sandbox (crates/wall/src/lib.rs, `LABEL_SANDBOX`).
 pub(super) const SANDBOX_LABEL: &str = "org.loopwright.sandbox";
 /// The size a volume no sandbox owns asks for (the tools, a service's).
 pub(super) const SHARED_SIZE: &str = "1Gi";

@@ -1,7 +1,7 @@
 //! Secret values known to the host, kept from leaving through the door
 //! (the mediator and lw-sync; mailbox-spec.md, "SECRETS AT THE DOOR").
 //!
-//! The values are never written anywhere by loopwright (lib/secrets.rs): a
+//! The values are never written anywhere by loopwright (crates/wall/src/secrets.rs): a
 //! sandbox's `--secret NAME` value lives in the environment of the command
 //! that made the sandbox and in the sandbox's tmpfs.  The door learns them
 //! the same way, from its own environment, for the names the root records

@@ -41,7 +41,7 @@ use base::error::{Error, Result};
 /// The `.loopwright/config` key naming further secret variables.
 pub const KEY_DOOR: &str = "door.secrets";
 /// The `.loopwright/config` key naming the secrets a sandbox may be given
-/// (lib/secrets.rs reads it for lw-sandbox; the door reads it here).
+/// (crates/wall/src/secrets.rs reads it for lw-sandbox; the door reads it here).
 pub const KEY_SANDBOX: &str = "sandbox.secrets";
 
 /// The variable names listed by `key` (space or comma separated).

@@ -11,17 +11,17 @@ use engine::{BuildEvent, ImageBuilder, Images};
 pub const PROXY_FILES: &[(&str, &[u8], u32)] = &[
     (
         "proxy.Dockerfile",
-        include_bytes!("../../runtime/egress/proxy.Dockerfile"),
+        include_bytes!("../../../../runtime/egress/proxy.Dockerfile"),
         0o644,
     ),
     (
         "entry.sh",
-        include_bytes!("../../runtime/egress/entry.sh"),
+        include_bytes!("../../../../runtime/egress/entry.sh"),
         0o755,
     ),
 ];
 
-/// How the proxy image is made (lib/egress/sidecar.rs).
+/// How the proxy image is made (crates/wall/src/egress/sidecar.rs).
 const RECIPE: Recipe = Recipe {
     what: "the egress proxy",
     // Bump when the recipe's meaning changes without its files changing.

@@ -87,7 +87,7 @@ impl std::fmt::Display for Failed {
 }
 
 /// A git command for a host-owned repository: scrubbed environment
-/// (lib/git), no system or global config, the hardened `-c` settings.
+/// (crates/repo/src/git/), no system or global config, the hardened `-c` settings.
 pub fn git(git_dir: &Path) -> Command {
     let mut cmd = crate::git::command(None);
     cmd.env("GIT_CONFIG_NOSYSTEM", "1")

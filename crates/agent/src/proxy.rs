@@ -20,7 +20,7 @@
 //! (mode 0600, in a 0700 directory mounted read-only at `/run/lw-agent`).
 //!
 //! Why a container and not a host process: the sandbox's network has no host
-//! address (lib/egress), so nothing on the host is reachable from it; a
+//! address (crates/wall/src/egress/), so nothing on the host is reachable from it; a
 //! container attached to that one network is reachable from that one
 //! sandbox only, and it fails closed the same way (stopped, the agent has no
 //! model).  Why a file and not the container's environment: an environment
@@ -50,10 +50,10 @@ use std::time::Duration;
 
 use super::Settings;
 use super::kit::Kit;
-use crate::egress::sidecar::{self, Recipe};
 use base::error::{Error, Exit, Result};
 use engine::NetworkEngine;
 use engine::{Bind, BuildEvent, ContainerSpec, ImageBuilder};
+use wall::egress::sidecar::{self, Recipe};
 
 /// The proxy's name on the sandbox's internal network.
 pub const HOST: &str = "lw-model";
@@ -66,7 +66,7 @@ const READY: &str = "lw-model-proxy: listening";
 
 /// The proxy's command (crates/model-proxy), copied into its image.
 pub const COMMAND: &str = "lw-model-proxy";
-const DOCKERFILE: &[u8] = include_bytes!("../../runtime/agents/model-proxy.Dockerfile");
+const DOCKERFILE: &[u8] = include_bytes!("../../../runtime/agents/model-proxy.Dockerfile");
 
 /// lw-model-proxy beside the running program, where scripts/install puts it
 /// (and cargo, in a checkout).
@@ -132,7 +132,7 @@ pub fn usage(state: &Path, sandbox: &str) -> Option<Usage> {
     serde_json::from_slice(&text).ok()
 }
 
-/// How the proxy image is made (lib/egress/sidecar.rs): the Dockerfile and
+/// How the proxy image is made (crates/wall/src/egress/sidecar.rs): the Dockerfile and
 /// the command's bytes, so a rebuilt proxy gives a new tag.
 fn recipe<'a>(files: &'a [(&'a str, &'a [u8], u32)]) -> Recipe<'a> {
     Recipe {
@@ -309,7 +309,7 @@ pub fn create(
         ..Default::default()
     };
     engine.create(&spec)?;
-    engine.connect(&crate::egress::network_name(key), &proxy, &[HOST])?;
+    engine.connect(&wall::egress::network_name(key), &proxy, &[HOST])?;
     start(engine, key)
 }
 

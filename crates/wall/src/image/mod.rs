@@ -74,30 +74,42 @@ const TAG_HEX: usize = 24;
 pub const DEFAULT_RUNTIME: &[(&str, &str, u32)] = &[
     (
         "runtime.conf",
-        include_str!("../../runtime/runtime.conf"),
+        include_str!("../../../../runtime/runtime.conf"),
         0o644,
     ),
     (
         "base.Dockerfile",
-        include_str!("../../runtime/base.Dockerfile"),
+        include_str!("../../../../runtime/base.Dockerfile"),
         0o644,
     ),
     (
         "toolchain.Dockerfile",
-        include_str!("../../runtime/toolchain.Dockerfile"),
+        include_str!("../../../../runtime/toolchain.Dockerfile"),
         0o644,
     ),
     (
         "deps.Dockerfile",
-        include_str!("../../runtime/deps.Dockerfile"),
+        include_str!("../../../../runtime/deps.Dockerfile"),
         0o644,
     ),
-    ("mise.toml", include_str!("../../runtime/mise.toml"), 0o644),
-    ("deps.sh", include_str!("../../runtime/deps.sh"), 0o755),
-    ("entry.sh", include_str!("../../runtime/entry.sh"), 0o755),
+    (
+        "mise.toml",
+        include_str!("../../../../runtime/mise.toml"),
+        0o644,
+    ),
+    (
+        "deps.sh",
+        include_str!("../../../../runtime/deps.sh"),
+        0o755,
+    ),
+    (
+        "entry.sh",
+        include_str!("../../../../runtime/entry.sh"),
+        0o755,
+    ),
     (
         "ca-certificates/README",
-        include_str!("../../runtime/ca-certificates/README"),
+        include_str!("../../../../runtime/ca-certificates/README"),
         0o644,
     ),
 ];

@@ -1,4 +1,4 @@
-//! The grammar of a kit's values (lib/agent/kit.rs): names, exact
+//! The grammar of a kit's values (crates/agent/src/kit.rs): names, exact
 //! versions, upstream URLs, endpoints, variable names, relative paths and
 //! command lines, each checked with an error that names the key.
 

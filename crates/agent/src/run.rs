@@ -19,12 +19,12 @@ use std::time::Duration;
 use super::kit::{self, Kit};
 use super::lines::{Lines, MAX_LINE};
 use super::{AgentRecord, Credential, Settings, proxy};
-use crate::wall::REPO;
 use base::error::{Error, Exit, Result};
 use base::visible::visible_line;
 use engine::{ExecIo, NetworkEngine, SandboxEngine};
 use engine::{ExecRequest, OutStream};
 use mailbox::layout::Root;
+use wall::REPO;
 
 /// Status when `--timeout` ended the agent (as timeout(1)).
 pub const TIMED_OUT: i64 = 124;
@@ -66,7 +66,7 @@ pub fn kit_of(rec: &Target) -> Result<(Kit, Settings, Credential)> {
     let project = if rec.project.as_os_str().is_empty() {
         None
     } else {
-        crate::config::project(rec.project)?
+        wall::config::project(rec.project)?
     };
     let kit = kit::find(project.as_ref().map(|p| p.top.as_path()), &agent.kit)?;
     let settings = Settings::from_project(project.as_ref(), &kit)?;
@@ -134,7 +134,7 @@ pub fn run(
     };
     record(&header.to_string(), out, &mut file);
     let req = ExecRequest {
-        cmd: crate::wall::confined(rec.runtime, cmd),
+        cmd: wall::confined(rec.runtime, cmd),
         env,
         user: Some(format!("{0}:{0}", rec.uid)),
         workdir: Some(REPO.into()),

@@ -29,17 +29,17 @@
 use std::collections::BTreeMap;
 
 use super::kit::Kit;
-use crate::image::{LABEL_LAYER, LABEL_MANIFEST};
 use base::digest::sha256_hex;
 use base::error::{Error, Exit, Result};
 use engine::{BuildEvent, BuildOutcome, BuildRequest, ImageBuilder, Images};
+use wall::image::{LABEL_LAYER, LABEL_MANIFEST};
 
-pub const CLI_DOCKERFILE: &str = include_str!("../../runtime/agents/cli.Dockerfile");
-pub const CLI_COPY_DOCKERFILE: &str = include_str!("../../runtime/agents/cli-copy.Dockerfile");
+pub const CLI_DOCKERFILE: &str = include_str!("../../../runtime/agents/cli.Dockerfile");
+pub const CLI_COPY_DOCKERFILE: &str = include_str!("../../../runtime/agents/cli-copy.Dockerfile");
 /// Follows cli.Dockerfile's text for a kit with a `prepare` line.
 pub const CLI_PREPARE_DOCKERFILE: &str =
-    include_str!("../../runtime/agents/cli-prepare.Dockerfile");
-pub const AGENT_DOCKERFILE: &str = include_str!("../../runtime/agents/agent.Dockerfile");
+    include_str!("../../../runtime/agents/cli-prepare.Dockerfile");
+pub const AGENT_DOCKERFILE: &str = include_str!("../../../runtime/agents/agent.Dockerfile");
 
 /// Bump when the meaning of the manifests changes.
 const VERSION: &str = "loopwright-agent-layer 2";
@@ -221,7 +221,7 @@ fn build_one(
         ]),
         args: args.clone(),
     };
-    let (outcome, tail) = crate::egress::sidecar::build_with_tail(engine, &req, 30, on_event)?;
+    let (outcome, tail) = wall::egress::sidecar::build_with_tail(engine, &req, 30, on_event)?;
     match outcome {
         BuildOutcome::Built(_) => Ok(()),
         BuildOutcome::Failed(msg) => Err(Error::new(

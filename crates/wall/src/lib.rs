@@ -1,9 +1,28 @@
-//! The wall's common ground: what every container loopwright makes for a
-//! mailbox root shares, whichever concern makes it (a sandbox, a shared
-//! service, an agent's model proxy): the labels that find it again, the
-//! root's id in its name, the hardening options, the paths inside a
-//! sandbox, and sizes as the configuration writes them.  It imports no
-//! other concern, so `sandbox`, `service` and `agent` can all stand on it.
+//! The crate `wall`: the parts every container loopwright makes for a
+//! mailbox root is built from, whichever concern makes it (a sandbox, a
+//! shared service, an agent's model proxy).
+//!
+//! - [`image`]: layered runtime images, each tagged by a hash of its
+//!   declared inputs (lw-build);
+//! - [`egress`]: the allow-list proxy a sandbox's only way out goes through;
+//! - [`secrets`], [`ports`]: what a sandbox may be handed, and the host
+//!   ports it publishes on;
+//! - [`config`]: the product's keys of `.loopwright/config`, and every
+//!   layer's assembled for the product's commands;
+//! - [`finding`]: a health check's finding, for `lw doctor`.
+//!
+//! This root is the wall's common ground: the labels that find a container
+//! again, the root's id in its name, the hardening options, the paths inside
+//! a sandbox, and sizes as the configuration writes them.  It names no
+//! sandbox, agent or repository code, so `sandbox`, `service` and `agent`
+//! can all stand on it.
+
+pub mod config;
+pub mod egress;
+pub mod finding;
+pub mod image;
+pub mod ports;
+pub mod secrets;
 
 use std::fs;
 use std::path::Path;

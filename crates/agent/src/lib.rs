@@ -24,7 +24,7 @@
 //! agent.claude.bell-max-blocks = 3          # stops the bell may block a session
 //! ```
 //!
-//! The caps are the model proxy's (lib/agent/proxy.rs); `off` (or 0) lifts
+//! The caps are the model proxy's (crates/agent/src/proxy.rs); `off` (or 0) lifts
 //! one.  `bell-max-blocks` is written into the kit's hooks at create
 //! (crates/mailbox/src/bell.rs; 0: the bell never blocks a stop).
 

@@ -3,7 +3,7 @@
 //! [`Prepared::check`] runs with create's other checks, before anything is
 //! made: the kit exists (64 listing the kits), its file and the project's
 //! `agent.KIT.*` keys are sound (78); create then checks the network is
-//! egress.  Then the agent image (lib/agent/layer.rs) replaces the project's
+//! egress.  Then the agent image (crates/agent/src/layer.rs) replaces the project's
 //! image, the model proxy is made beside the egress proxy, and after the
 //! clone the context file and MCP registration are written into HOME.
 //! lib/sandbox/agent.rs runs these steps: this module knows no sandbox.
@@ -15,11 +15,11 @@ use std::collections::BTreeMap;
 
 use super::kit::{self, Kit};
 use super::{AgentRecord, Credential, Settings, layer, proxy};
-use crate::image::Runtime;
 use base::config::Project;
 use base::error::Result;
 use engine::{BuildEvent, ImageBuilder};
 use mailbox::layout::Root;
+use wall::image::Runtime;
 
 pub struct Prepared {
     pub kit: Kit,
@@ -125,7 +125,7 @@ impl Prepared {
         images: &dyn ImageBuilder,
         name: &str,
         container: &str,
-        eg: &crate::egress::Settings,
+        eg: &wall::egress::Settings,
         root: &Root,
         labels: &BTreeMap<String, String>,
     ) -> Result<()> {

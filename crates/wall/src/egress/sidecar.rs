@@ -1,4 +1,4 @@
-//! What the egress proxy and the agent's model proxy (lib/agent/proxy.rs)
+//! What the egress proxy and the agent's model proxy (crates/agent/src/proxy.rs)
 //! share as containers beside a sandbox: an image built from a recipe of
 //! files the toolkit carries, tagged by the hash of the recipe and of the
 //! base image's id (so it is built once per base), and a start that waits

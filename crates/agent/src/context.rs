@@ -24,8 +24,8 @@ use std::fmt::Write as _;
 
 use super::kit::{Kit, McpFormat};
 use super::{Credential, proxy};
-use crate::wall::{HOME, REPO};
 use mailbox::registry;
+use wall::{HOME, REPO};
 
 /// The MCP server every agent gets.
 pub const MCP_COMMAND: &str = "/usr/local/bin/lw-mcp";
@@ -37,7 +37,7 @@ pub const INBOX_COMMAND: &str = "/usr/local/bin/lw-inbox";
 pub const OPENCODE_DIR: &str = ".config/opencode";
 
 /// The bell as an opencode plugin; `@MAX_BLOCKS@` is replaced.
-const OPENCODE_BELL: &str = include_str!("../../runtime/agents/opencode-bell.js");
+const OPENCODE_BELL: &str = include_str!("../../../runtime/agents/opencode-bell.js");
 
 /// opencode's user configuration: the MCP server, and with the proxy
 /// credential its anthropic provider pointed at the model proxy with the

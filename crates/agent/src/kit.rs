@@ -27,13 +27,16 @@ pub const PROJECT_DIR: &str = ".loopwright/agents";
 
 /// The kits shipped with the toolkit.
 pub const BUILTIN: &[(&str, &str)] = &[
-    ("claude", include_str!("../../runtime/agents/claude.kit")),
-    ("codex", include_str!("../../runtime/agents/codex.kit")),
-    ("copilot", include_str!("../../runtime/agents/copilot.kit")),
-    ("gemini", include_str!("../../runtime/agents/gemini.kit")),
+    ("claude", include_str!("../../../runtime/agents/claude.kit")),
+    ("codex", include_str!("../../../runtime/agents/codex.kit")),
+    (
+        "copilot",
+        include_str!("../../../runtime/agents/copilot.kit"),
+    ),
+    ("gemini", include_str!("../../../runtime/agents/gemini.kit")),
     (
         "opencode",
-        include_str!("../../runtime/agents/opencode.kit"),
+        include_str!("../../../runtime/agents/opencode.kit"),
     ),
 ];
 

@@ -14,7 +14,7 @@
 use super::allow::{AllowList, HostPattern};
 
 /// The configuration template; `@ALLOW@` is replaced by the rules.
-pub const TEMPLATE: &str = include_str!("../../runtime/egress/squid.conf.in");
+pub const TEMPLATE: &str = include_str!("../../../../runtime/egress/squid.conf.in");
 
 /// The port squid listens on inside the proxy container.
 pub const PORT: u16 = 3128;

@@ -8,10 +8,10 @@
 
 use super::kit::{self, Kit};
 use super::{KeySource, Settings, layer};
-use crate::finding::{Finding, Status};
-use crate::image::Runtime;
 use base::config::Project;
 use engine::Images;
+use wall::finding::{Finding, Status};
+use wall::image::Runtime;
 
 fn finding(status: Status, detail: String, fix: Option<String>) -> Finding {
     Finding {

@@ -1,6 +1,6 @@
 //! A finding of a health check: which check, how it went, what was seen and
 //! the fix.  `lw doctor` (lib/doctor/) reports them; each concern's own
-//! checks (lib/agent/doctor.rs) return them without depending on the doctor.
+//! checks (crates/agent/src/doctor.rs) return them without depending on the doctor.
 
 use serde::Serialize;
 
