@@ -440,21 +440,8 @@ fn fetch_hardening_is_spelled_once() {
 #[test]
 fn every_package_with_a_command_has_an_integration_test() {
     let ws = support::workspace();
-    let manifest =
-        std::fs::read_to_string(ws.join("Cargo.toml")).expect("the workspace's Cargo.toml");
-    let members: Vec<&str> = manifest
-        .split_once("\nmembers = [")
-        .and_then(|(_, rest)| rest.split_once(']'))
-        .map(|(list, _)| {
-            list.lines()
-                .filter_map(|l| l.trim().strip_suffix(','))
-                .map(|l| l.trim_matches('"'))
-                .collect()
-        })
-        .expect("the workspace lists its members");
-    assert!(members.len() > 5, "members not read: {members:?}");
     let mut missing = Vec::new();
-    for m in &members {
+    for m in &members(&ws) {
         let dir = ws.join(m);
         let own = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap_or_default();
         let has_command = own.contains("[[bin]]")
@@ -464,11 +451,90 @@ fn every_package_with_a_command_has_an_integration_test() {
             .map(|mut d| d.next().is_some())
             .unwrap_or(false);
         if has_command && !has_tests {
-            missing.push(*m);
+            missing.push(m.clone());
         }
     }
     assert!(
         missing.is_empty(),
         "give these packages a tests/ file that runs their command: {missing:?}"
     );
+}
+
+/// The workspace's members, as its Cargo.toml lists them.
+fn members(ws: &std::path::Path) -> Vec<String> {
+    let manifest =
+        std::fs::read_to_string(ws.join("Cargo.toml")).expect("the workspace's Cargo.toml");
+    let members: Vec<String> = manifest
+        .split_once("\nmembers = [")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map(|(list, _)| {
+            list.lines()
+                .filter_map(|l| l.trim().strip_suffix(','))
+                .map(|l| l.trim_matches('"').to_string())
+                .collect()
+        })
+        .expect("the workspace lists its members");
+    assert!(members.len() > 5, "members not read: {members:?}");
+    members
+}
+
+/// A command says `test = false` when it has no unit tests (its tests run
+/// it from tests/), so `cargo test` links no harness that runs 0 tests.  A
+/// unit test added to such a command, or to a module it declares, would
+/// never run: this finds one.
+#[test]
+fn a_command_built_without_a_test_harness_has_no_unit_tests() {
+    let ws = support::workspace();
+    let mut checked = 0;
+    let mut found = Vec::new();
+    for m in members(&ws) {
+        let dir = ws.join(&m);
+        let own = std::fs::read_to_string(dir.join("Cargo.toml")).expect("a member's Cargo.toml");
+        for table in own.split("[[bin]]").skip(1) {
+            let table = table.split("\n[").next().unwrap_or("");
+            if !table.lines().any(|l| l.trim() == "test = false") {
+                continue;
+            }
+            let path = table
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("path = "))
+                .map(|p| p.trim_matches('"'))
+                .expect("a [[bin]] with test = false names its path");
+            let mut files = vec![dir.join(path)];
+            while let Some(f) = files.pop() {
+                let text =
+                    std::fs::read_to_string(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+                checked += 1;
+                if text.contains("#[test]") || text.contains("#[cfg(test)]") {
+                    found.push(f.strip_prefix(&ws).unwrap_or(&f).display().to_string());
+                }
+                files.extend(declared_modules(&f, &text));
+            }
+        }
+    }
+    assert!(checked >= 17, "commands not found: {checked} files read");
+    assert!(
+        found.is_empty(),
+        "unit tests in a command built with `test = false` never run; \
+         drop the `test = false` of its [[bin]] or move them: {found:#?}"
+    );
+}
+
+/// The files of the modules `file` declares (`mod name;`), beside it.
+fn declared_modules(file: &std::path::Path, text: &str) -> Vec<std::path::PathBuf> {
+    let dir = file.parent().expect("a file has a folder");
+    text.lines()
+        .filter_map(|l| {
+            let l = l.trim().strip_prefix("pub ").unwrap_or(l.trim());
+            l.strip_prefix("mod ")?.strip_suffix(';')
+        })
+        .map(|name| {
+            let flat = dir.join(format!("{name}.rs"));
+            if flat.is_file() {
+                flat
+            } else {
+                dir.join(name).join("mod.rs")
+            }
+        })
+        .collect()
 }
