@@ -341,12 +341,7 @@ fn build_kit(
     out: &mut dyn Write,
 ) -> Result<()> {
     let name = &kit.name;
-    let first = plan
-        .layers
-        .first()
-        .expect("a runtime definition has at least one layer")
-        .tag
-        .clone();
+    let first = plan.first_tag().to_string();
     let planned = agent::layer::plan(engine, &runtime.image, kit, &first, plan.final_tag())?;
     let (_, built) = agent::layer::ensure(
         engine,

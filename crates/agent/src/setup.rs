@@ -84,12 +84,7 @@ impl Prepared {
             (None, Some(p)) => {
                 let rt = Runtime::load(&p.top)?;
                 let plan = rt.plan(engine)?;
-                let first = plan
-                    .layers
-                    .first()
-                    .expect("a runtime definition has at least one layer")
-                    .tag
-                    .clone();
+                let first = plan.first_tag().to_string();
                 (rt.image, first)
             }
             _ => {

@@ -573,4 +573,14 @@ impl Plan {
             .expect("a definition has at least one layer")
             .tag
     }
+
+    /// The tag of the first layer (the base): an agent CLI's own layer is
+    /// built on it, beside the project's chain (crates/agent/src/layer.rs).
+    pub fn first_tag(&self) -> &str {
+        &self
+            .layers
+            .first()
+            .expect("a definition has at least one layer")
+            .tag
+    }
 }
