@@ -125,12 +125,7 @@ fn the_library_never_prints() {
 /// bell/tests/): test code, like an inline `mod tests { … }`.
 fn test_module_files(file: &std::path::Path) -> Vec<std::path::PathBuf> {
     let text = std::fs::read_to_string(file).unwrap_or_default();
-    let name = file.file_name().unwrap_or_default();
-    let dir = if name == "mod.rs" || name == "lib.rs" || name == "main.rs" {
-        file.parent().unwrap().to_path_buf()
-    } else {
-        file.with_extension("")
-    };
+    let dir = module_dir(file);
     let mut out = Vec::new();
     for (at, _) in text.match_indices("#[cfg(test)]") {
         let next = text[at + "#[cfg(test)]".len()..].trim_start();
@@ -144,6 +139,17 @@ fn test_module_files(file: &std::path::Path) -> Vec<std::path::PathBuf> {
         }
     }
     out
+}
+
+/// Where the modules `file` declares live: beside a crate root or a
+/// `mod.rs`, else in the folder named after the file (bell.rs: bell/).
+fn module_dir(file: &std::path::Path) -> std::path::PathBuf {
+    let name = file.file_name().unwrap_or_default();
+    if name == "mod.rs" || name == "lib.rs" || name == "main.rs" {
+        file.parent().unwrap().to_path_buf()
+    } else {
+        file.with_extension("")
+    }
 }
 
 /// Whether `code` calls macro `m` (`print!` is not the end of `eprint!`).
@@ -520,9 +526,9 @@ fn a_command_built_without_a_test_harness_has_no_unit_tests() {
     );
 }
 
-/// The files of the modules `file` declares (`mod name;`), beside it.
+/// The files of the modules `file` declares (`mod name;`).
 fn declared_modules(file: &std::path::Path, text: &str) -> Vec<std::path::PathBuf> {
-    let dir = file.parent().expect("a file has a folder");
+    let dir = module_dir(file);
     text.lines()
         .filter_map(|l| {
             let l = l.trim().strip_prefix("pub ").unwrap_or(l.trim());
