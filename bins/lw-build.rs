@@ -118,10 +118,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     if let Some(Cmd::Load { file }) = &args.cmd {
         // Outside a project too: then DOCKER_HOST, else the local engine.
         let config = match image::find_root(&start) {
-            Some(root) => Some(base::config::Config::load(
-                &root.join(base::config::FILE),
-                wall::config::CHECK,
-            )?),
+            Some(root) => Some(wall::config::load(&root)?),
             None => None,
         };
         return load(&connect_docker(config.as_ref())?, file, args.json, out);
@@ -138,7 +135,7 @@ fn run(args: Args, out: &mut dyn Write) -> Result<Exit> {
     })?;
     // The project's configuration is checked before anything is built or
     // the engine is reached: an unknown key is 78 naming it.
-    let config = base::config::Config::load(&root.join(base::config::FILE), wall::config::CHECK)?;
+    let config = wall::config::load(&root)?;
     host_authorities(&root, &config)?;
     // The toolchain the project's declarations resolve to
     // (lib/init/versions.rs), rewritten from its files so that what the

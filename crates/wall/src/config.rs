@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use base::config::{Check, Keys, Project};
+use base::config::{Check, Config, Keys, Project};
 use base::error::Result;
 
 /// The product's keys.
@@ -73,10 +73,15 @@ pub fn project(dir: &Path) -> Result<Option<Project>> {
     Project::find(dir, CHECK)
 }
 
+/// The config file of the project at `root` ([`Config::load`]: empty when
+/// there is none), every key checked.
+pub fn load(root: &Path) -> Result<Config> {
+    Config::load(&root.join(base::config::FILE), CHECK)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use base::config::Config;
     use base::error::Exit;
 
     #[test]

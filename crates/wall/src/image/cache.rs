@@ -281,7 +281,7 @@ pub fn configured(
     flag: Option<&str>,
     ca_flag: Option<&std::path::Path>,
 ) -> Result<Option<Client>> {
-    let conf = base::config::Config::load(&root.join(base::config::FILE), crate::config::CHECK)?;
+    let conf = crate::config::load(root)?;
     let spec = match flag {
         Some(f) => f.to_string(),
         None => conf.get("build.cache").unwrap_or("").to_string(),
