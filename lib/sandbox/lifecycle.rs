@@ -39,13 +39,7 @@ impl<'a> Sandboxes<'a> {
         };
         let mut output = Vec::new();
         let mut on = |_: OutStream, b: &[u8]| output.extend_from_slice(b);
-        let io = ExecIo {
-            stdin: None,
-            tty: false,
-            size: None,
-            on_output: &mut on,
-            stop: None,
-        };
+        let io = ExecIo::output(&mut on);
         let code = self
             .engine
             .exec_io(&rec.container, &req, io)

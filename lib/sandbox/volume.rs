@@ -307,17 +307,9 @@ impl<'a> Sandboxes<'a> {
             OutStream::Stdout => out.extend_from_slice(b),
             OutStream::Stderr => err.extend_from_slice(b),
         };
-        let code = self.engine.exec_io(
-            container,
-            &req,
-            ExecIo {
-                stdin: None,
-                tty: false,
-                size: None,
-                on_output: &mut on,
-                stop: None,
-            },
-        )?;
+        let code = self
+            .engine
+            .exec_io(container, &req, ExecIo::output(&mut on))?;
         Ok((
             code,
             String::from_utf8_lossy(&out).into_owned(),

@@ -324,17 +324,7 @@ fn exec_lines(
             emit(i, &String::from_utf8_lossy(l), cut, &mut *sink)
         });
     };
-    let status = engine.exec_io(
-        container,
-        req,
-        ExecIo {
-            stdin: None,
-            tty: false,
-            size: None,
-            on_output: &mut on,
-            stop: None,
-        },
-    )?;
+    let status = engine.exec_io(container, req, ExecIo::output(&mut on))?;
     for (i, rest) in lines.iter_mut().enumerate() {
         rest.finish(&mut |l, cut| emit(i, &String::from_utf8_lossy(l), cut, &mut *sink));
     }

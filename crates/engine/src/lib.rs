@@ -362,6 +362,20 @@ pub struct ExecIo<'a> {
     pub stop: Option<&'a AtomicBool>,
 }
 
+impl<'a> ExecIo<'a> {
+    /// The common case: stdin closed, no terminal, every chunk of output
+    /// to `on_output`, read to its end.
+    pub fn output(on_output: &'a mut dyn FnMut(OutStream, &[u8])) -> Self {
+        ExecIo {
+            stdin: None,
+            tty: false,
+            size: None,
+            on_output,
+            stop: None,
+        }
+    }
+}
+
 /// What [`SandboxEngine::exec_io`] returns for an exec whose caller set
 /// [`ExecIo::stop`]: 141, what a shell says of a writer whose reader went
 /// away (128 + SIGPIPE).  It is the caller's word, not the command's

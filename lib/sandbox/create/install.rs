@@ -82,17 +82,7 @@ impl<'a> Sandboxes<'a> {
             // sandbox's text: control characters shown.
             let mut lines = Lines::default();
             let mut on = |_: OutStream, b: &[u8]| lines.take(b, &mut *warn);
-            let code = self.engine.exec_io(
-                &name,
-                &req,
-                ExecIo {
-                    stdin: None,
-                    tty: false,
-                    size: None,
-                    on_output: &mut on,
-                    stop: None,
-                },
-            )?;
+            let code = self.engine.exec_io(&name, &req, ExecIo::output(&mut on))?;
             lines.finish(&mut *warn);
             if code != 0 {
                 let hint = if rec.network == Network::None {

@@ -341,13 +341,7 @@ impl Engine for DockerEngine {
         req: &ExecRequest,
         on_output: &mut dyn FnMut(OutStream, &[u8]),
     ) -> Result<i64> {
-        let io = crate::ExecIo {
-            stdin: None,
-            tty: false,
-            size: None,
-            on_output,
-            stop: None,
-        };
+        let io = crate::ExecIo::output(on_output);
         self.exec_attached(container, req, io)
     }
 

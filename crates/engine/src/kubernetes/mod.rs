@@ -449,17 +449,7 @@ impl Engine for KubeEngine {
         req: &ExecRequest,
         on_output: &mut dyn FnMut(OutStream, &[u8]),
     ) -> Result<i64> {
-        self.exec_streams(
-            container,
-            req,
-            crate::ExecIo {
-                stdin: None,
-                tty: false,
-                size: None,
-                on_output,
-                stop: None,
-            },
-        )
+        self.exec_streams(container, req, crate::ExecIo::output(on_output))
     }
 
     fn info(&self) -> Result<EngineInfo> {
