@@ -8,17 +8,18 @@ impl Maildir {
     /// Delivers `bytes` as `new/NAME` by the delivery procedure.  The
     /// directories are created on first use when the Maildir's parent exists.
     pub fn deliver(&self, name: &str, bytes: &[u8]) -> Result<PathBuf> {
-        let tmp = match open_dir(&self.sub(Sub::Tmp)) {
-            Ok(fd) => fd,
-            Err(Errno::NOENT) => {
+        let open = |s: Sub| open_dir(&self.sub(s)).map_err(|e| (s, e));
+        let both = || Ok::<_, (Sub, Errno)>((open(Sub::Tmp)?, open(Sub::New)?));
+        // Either one missing means creating: posters that race to a fresh
+        // Maildir can see tmp/ made by another before it has made new/.
+        let (tmp, new) = match both() {
+            Err((_, Errno::NOENT)) => {
                 self.create_checked()?;
-                open_dir(&self.sub(Sub::Tmp))
-                    .map_err(|e| Error::io("cannot open", &self.sub(Sub::Tmp), errno_io(e)))?
+                both()
             }
-            Err(e) => return Err(Error::io("cannot open", &self.sub(Sub::Tmp), errno_io(e))),
-        };
-        let new = open_dir(&self.sub(Sub::New))
-            .map_err(|e| Error::io("cannot open", &self.sub(Sub::New), errno_io(e)))?;
+            other => other,
+        }
+        .map_err(|(s, e)| Error::io("cannot open", &self.sub(s), errno_io(e)))?;
         self.deliver_at(&tmp, &new, name, bytes)
     }
 

@@ -510,6 +510,45 @@ mod tests {
     }
 
     #[test]
+    fn first_deliveries_racing_to_create_the_maildir_all_land() {
+        // Several posters find no tmp/ and create the Maildir at once: one
+        // may see tmp/ made by another before that one has made new/.
+        let d = tempdir();
+        let (rounds, posters) = (200, 8);
+        let mut failed = Vec::new();
+        for r in 0..rounds {
+            let md = Maildir::new(d.join(format!("box{r}")));
+            let start = std::sync::Arc::new(std::sync::Barrier::new(posters));
+            let ts: Vec<_> = (0..posters)
+                .map(|p| {
+                    let (md, start) = (md.clone(), start.clone());
+                    std::thread::spawn(move || {
+                        start.wait();
+                        md.deliver(&format!("m{p}"), b"x")
+                            .map_err(|e| e.to_string())
+                    })
+                })
+                .collect();
+            let errs: Vec<String> = ts
+                .into_iter()
+                .filter_map(|t| t.join().unwrap().err())
+                .collect();
+            if md.names(Sub::New).map(|n| n.len()).unwrap_or(0) + errs.len() != posters {
+                failed.push(format!(
+                    "round {r}: what the deliveries reported disagrees with new/"
+                ));
+            }
+            failed.extend(errs);
+        }
+        println!(
+            "{rounds} rounds of {posters} first deliveries: {} failed",
+            failed.len()
+        );
+        let _ = std::fs::remove_dir_all(&d);
+        assert!(failed.is_empty(), "{failed:#?}");
+    }
+
+    #[test]
     fn wait_new_wakes_on_arrival_and_times_out() {
         let d = tempdir();
         let md = Maildir::new(d.join("box"));

@@ -138,7 +138,13 @@ fn post_survives_sigkill_at_random_moments() {
     }
 }
 
-fn post_many(mb: &Path, poster: usize, n: usize, failures: &AtomicUsize) -> Vec<String> {
+fn post_many(
+    mb: &Path,
+    poster: usize,
+    n: usize,
+    failures: &AtomicUsize,
+    why: &Mutex<Vec<String>>,
+) -> Vec<String> {
     let mut ids = Vec::with_capacity(n);
     for i in 0..n {
         let o = lw_post()
@@ -152,6 +158,11 @@ fn post_many(mb: &Path, poster: usize, n: usize, failures: &AtomicUsize) -> Vec<
             ids.push(String::from_utf8(o.stdout).unwrap().trim().to_string());
         } else {
             failures.fetch_add(1, Ordering::SeqCst);
+            why.lock().unwrap().push(format!(
+                "p{poster}-{i}: {}: {}",
+                o.status,
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
         }
     }
     ids
@@ -164,12 +175,13 @@ fn sixteen_posters_times_500() {
     std::fs::create_dir_all(&mb).unwrap();
     let failures = Arc::new(AtomicUsize::new(0));
     let all = Arc::new(Mutex::new(Vec::new()));
+    let why = Arc::new(Mutex::new(Vec::new()));
     let t0 = Instant::now();
     let threads: Vec<_> = (0..16)
         .map(|p| {
-            let (mb, failures, all) = (mb.clone(), failures.clone(), all.clone());
+            let (mb, failures, all, why) = (mb.clone(), failures.clone(), all.clone(), why.clone());
             std::thread::spawn(move || {
-                let ids = post_many(&mb, p, 500, &failures);
+                let ids = post_many(&mb, p, 500, &failures, &why);
                 all.lock().unwrap().extend(ids);
             })
         })
@@ -198,6 +210,8 @@ fn sixteen_posters_times_500() {
         subjects.len(),
         unparsable
     );
+    let why = why.lock().unwrap();
+    assert!(why.is_empty(), "posts that failed: {why:#?}");
     assert_eq!(failures.load(Ordering::SeqCst), 0);
     assert_eq!(names.len(), 8000);
     assert_eq!(unique.len(), 8000);
