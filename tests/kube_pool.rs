@@ -2,14 +2,20 @@
 //! single-node cluster of scripts/k8s-cluster, as a ServiceAccount bound to
 //! exactly what `lw doctor --kube-role` prints.
 //!
-//! A pool of three hardened pods filled and running; a claim from it timed
-//! against an ordinary create+start of the same spec in the same run (the
-//! goal: ≤ 1 s); six claims racing for two pods: two win, each its own pod,
-//! four get none; 16 claimed four at a time, each its own; a claimed pod has left the pool for good (no later claim
-//! returns it); the hostile case: from a claimed pod, what another pool pod
-//! wrote is out of reach and no volume of it is mounted; a pool whose pods
-//! would share a writable volume is refused before anything is made; a
-//! drained pool leaves 0 pods of it.
+//! A pool of three hardened pods, each with a workspace and a mail claim
+//! of its own, filled and running; a claim from it timed against an
+//! ordinary create+start of the same spec and its two claims in the same
+//! run (the goal: ≤ 1 s); the claimed pod's claims are then its owner's
+//! (found by the owner's label, no pool label left); six claims racing for
+//! two pods: two win, each its own pod, four get none; 16 claimed four at
+//! a time, each its own; a claimed pod has left the pool for good (no later
+//! claim returns it); the hostile case: from a claimed pod, what another
+//! pool pod wrote in its scratch and in its own workspace claim is out of
+//! reach, each pod mounts only its own claims and no claim is mounted by
+//! two pods; a pool whose pods would share a writable volume, or whose own
+//! claim's suffix makes no valid name, is refused before anything is
+//! made; a drained pool leaves 0 pods and 0 claims of it, and the claims
+//! of a pod claimed from it before stay its owner's.
 //!
 //! Without the cached binaries the test fails saying why (the kube suites
 //! are run with --ignored only where they are cached).
@@ -21,9 +27,9 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use base::error::Exit;
-use engine::kubernetes::{POOL_LABEL, pool_key};
+use engine::kubernetes::{Claimed, OwnClaim, POOL_LABEL, pool_key};
 use engine::{ContainerSpec, Engine, KubeEngine, SandboxEngine, VolumeMount};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::Api;
 use kube::api::ListParams;
 
@@ -51,14 +57,25 @@ fn spec(tag: &str) -> ContainerSpec {
     }
 }
 
+/// A workspace and a mail claim per pool pod, as a sandbox's.
+fn own() -> Vec<OwnClaim> {
+    [("-work", "/work"), ("-mail", "/mail")]
+        .map(|(suffix, target)| OwnClaim {
+            suffix: suffix.into(),
+            target: target.into(),
+        })
+        .to_vec()
+}
+
 fn owner(name: &str) -> BTreeMap<String, String> {
     BTreeMap::from([(SANDBOX.to_string(), name.to_string())])
 }
 
-/// Fills the pool of `s` to `n` and waits until each of its pods runs.
-fn fill_running(e: &KubeEngine, s: &ContainerSpec, n: usize) -> Vec<String> {
-    e.pool_fill(s, n).expect("the pool fills");
-    let pods = e.pool_pods(&pool_key(s)).unwrap();
+/// Fills the pool of `s` (each pod with claims `own`) to `n` and waits
+/// until each of its pods runs.
+fn fill_running(e: &KubeEngine, s: &ContainerSpec, own: &[OwnClaim], n: usize) -> Vec<String> {
+    e.pool_fill(s, own, n).expect("the pool fills");
+    let pods = e.pool_pods(&pool_key(s, own)).unwrap();
     assert_eq!(pods.len(), n, "{pods:?}");
     for p in &pods {
         e.start(p).expect("a pool pod runs");
@@ -81,30 +98,51 @@ fn a_warm_pool_on_a_real_cluster() {
     let e = KubeEngine::connect_with(Some(&kc), None, None).expect("the account connects");
     assert_eq!(e.target().namespace, ns);
 
-    // A claim against an ordinary create of the same spec, same run.
+    // A claim against an ordinary create of the same spec and its claims,
+    // same run.
     let s = spec("timing");
-    let key = pool_key(&s);
-    fill_running(&e, &s, 3);
+    let key = pool_key(&s, &own());
+    fill_running(&e, &s, &own(), 3);
     let t = Instant::now();
-    let claimed = e
+    let Claimed {
+        pod: claimed,
+        claims,
+    } = e
         .pool_claim(&key, &owner("timed"))
         .unwrap()
         .expect("a running pod is claimed");
     let from_pool = t.elapsed();
     let mut plain = s.clone();
-    plain.name = Some(format!("lw-plain-{}", nonce()));
+    let name = format!("lw-plain-{}", nonce());
+    plain.name = Some(name.clone());
     let t = Instant::now();
+    for c in own() {
+        let v = format!("{name}{}", c.suffix);
+        e.create_volume(&v, &owner("plain")).unwrap();
+        plain.volumes.push(VolumeMount {
+            volume: v,
+            target: c.target,
+            read_only: false,
+        });
+    }
     let made = e.create(&plain).unwrap();
     e.start(&made).unwrap();
     let ordinary = t.elapsed();
     eprintln!(
-        "figure: a pod from the pool {:.0} ms (claim), an ordinary create+start {:.0} ms, same run",
+        "figure: a pod and its 2 claims from the pool {:.0} ms (claim), an ordinary create+start of both {:.0} ms, same run",
         ms(from_pool),
         ms(ordinary)
     );
     assert!(from_pool < Duration::from_secs(1), "claim {from_pool:?}");
-    // The claimed pod runs, carries its owner's label and not the pool's.
+    // The claimed pod runs, carries its owner's label and not the pool's,
+    // and writes its own workspace.
     assert_eq!(run(&e, &claimed, &["id", "-u"]).1.trim(), "100000");
+    let (code, _, err) = run(
+        &e,
+        &claimed,
+        &["sh", "-c", "echo mine > /work/f && cat /work/f"],
+    );
+    assert_eq!(code, 0, "{err}");
     let pods: Api<Pod> = Api::namespaced(e.client().clone(), &ns);
     let labels = e
         .block_on(pods.get(&claimed))
@@ -122,37 +160,104 @@ fn a_warm_pool_on_a_real_cluster() {
             .collect::<Vec<_>>(),
         std::slice::from_ref(&claimed)
     );
+    // Its claims are the owner's now: by the owner's label, none left in
+    // the pool's.
+    let mut want: Vec<String> = own()
+        .iter()
+        .map(|c| format!("{claimed}{}", c.suffix))
+        .collect();
+    want.sort();
+    let mut got = claims.clone();
+    got.sort();
+    assert_eq!(got, want);
+    let mut by_owner: Vec<String> = e
+        .volumes_with_label(&format!("{SANDBOX}=timed"))
+        .unwrap()
+        .into_iter()
+        .map(|v| v.name)
+        .collect();
+    by_owner.sort();
+    assert_eq!(by_owner, want);
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(e.client().clone(), &ns);
+    let in_pool = |key: &str| -> Vec<String> {
+        let lp = ListParams::default().labels(&format!("{POOL_LABEL}={key}"));
+        let mut v: Vec<String> = e
+            .block_on(pvcs.list(&lp))
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|c| c.metadata.deletion_timestamp.is_none())
+            .filter_map(|c| c.metadata.name)
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(in_pool(&key).len(), 4, "{:?}", in_pool(&key));
+    assert!(in_pool(&key).iter().all(|c| !c.starts_with(&claimed)));
     // Left the pool for good: two more claims take the other two, a
     // third finds none.
     let left = e.pool_pods(&key).unwrap();
     assert_eq!(left.len(), 2);
     assert!(!left.contains(&claimed));
     hostile(&e, &claimed, &left[0]);
-    let mut done = vec![claimed.clone(), made];
+    let mut done = vec![(claimed.clone(), claims), (made, vec![])];
     for i in 0..2 {
         let got = e.pool_claim(&key, &owner(&format!("next-{i}"))).unwrap();
-        assert!(got.as_ref().is_some_and(|g| *g != claimed), "{got:?}");
-        done.extend(got);
+        assert!(got.as_ref().is_some_and(|g| g.pod != claimed), "{got:?}");
+        done.extend(got.map(|g| (g.pod, g.claims)));
     }
     assert_eq!(e.pool_claim(&key, &owner("none")).unwrap(), None);
+    assert!(in_pool(&key).is_empty(), "{:?}", in_pool(&key));
     // The node has 2 CPUs: what is done goes before the next pool.
-    for p in &done {
+    for (p, claims) in &done {
         e.remove(p, true).unwrap();
+        for c in claims {
+            e.remove_volume(c).unwrap();
+        }
+    }
+    for c in own() {
+        e.remove_volume(&format!("{name}{}", c.suffix)).unwrap();
     }
 
     race(&kc, &e);
     fleet(&kc, &e);
     refused(&e, &pods);
 
-    // Drained: 0 pods of any pool left once they are gone.
+    // Drained: 0 pods and 0 claims of any pool left once they are gone;
+    // the claims of a pod claimed from it before stay its owner's.
     let s = spec("drain");
-    let drained = fill_running(&e, &s, 2);
+    let key = pool_key(&s, &own());
+    let pool = fill_running(&e, &s, &own(), 3);
+    let kept = e
+        .pool_claim(&key, &owner("kept"))
+        .unwrap()
+        .expect("claimed");
     assert_eq!(e.pool_drain(None).unwrap(), 2);
-    for p in &drained {
+    for p in pool.iter().filter(|p| **p != kept.pod) {
         e.remove(p, true).unwrap();
     }
     let lp = ListParams::default().labels(POOL_LABEL);
     assert!(e.block_on(pods.list(&lp)).unwrap().items.is_empty());
+    assert!(in_pool(&key).is_empty(), "{:?}", in_pool(&key));
+    let mut kept_claims: Vec<String> = e
+        .volumes_with_label(&format!("{SANDBOX}=kept"))
+        .unwrap()
+        .into_iter()
+        .map(|v| v.name)
+        .collect();
+    kept_claims.sort();
+    let mut want = kept.claims.clone();
+    want.sort();
+    assert_eq!(kept_claims, want);
+    let (code, _, err) = run(&e, &kept.pod, &["sh", "-c", "echo still > /work/f"]);
+    assert_eq!(
+        code, 0,
+        "the claimed pod's workspace after the drain: {err}"
+    );
+    e.remove(&kept.pod, true).unwrap();
+    for c in &kept.claims {
+        e.remove_volume(c).unwrap();
+    }
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
@@ -160,8 +265,8 @@ fn a_warm_pool_on_a_real_cluster() {
 /// two win with two different pods, four find none.
 fn race(kc: &str, e: &KubeEngine) {
     let s = spec("race");
-    let key = pool_key(&s);
-    let pool = fill_running(e, &s, 2);
+    let key = pool_key(&s, &[]);
+    let pool = fill_running(e, &s, &[], 2);
     let go = Arc::new(Barrier::new(6));
     let racers: Vec<_> = (0..6)
         .map(|i| {
@@ -169,7 +274,9 @@ fn race(kc: &str, e: &KubeEngine) {
             std::thread::spawn(move || {
                 let e = KubeEngine::connect_with(Some(&kc), None, None).unwrap();
                 go.wait();
-                e.pool_claim(&key, &owner(&format!("racer-{i}"))).unwrap()
+                e.pool_claim(&key, &owner(&format!("racer-{i}")))
+                    .unwrap()
+                    .map(|c| c.pod)
             })
         })
         .collect();
@@ -204,9 +311,9 @@ fn fleet(kc: &str, e: &KubeEngine) {
         nano_cpus: Some(50_000_000),
         ..spec("fleet")
     };
-    let key = pool_key(&s);
+    let key = pool_key(&s, &[]);
     let t = Instant::now();
-    let pool = fill_running(e, &s, N);
+    let pool = fill_running(e, &s, &[], N);
     let filled = t.elapsed();
     let t = Instant::now();
     let workers: Vec<_> = (0..4)
@@ -219,7 +326,7 @@ fn fleet(kc: &str, e: &KubeEngine) {
                         let t = Instant::now();
                         let got = e.pool_claim(&key, &owner(&format!("fleet-{w}-{i}")));
                         (
-                            got.unwrap().expect("a pod is left for each claim"),
+                            got.unwrap().expect("a pod is left for each claim").pod,
                             t.elapsed(),
                         )
                     })
@@ -250,13 +357,19 @@ fn fleet(kc: &str, e: &KubeEngine) {
 }
 
 /// From claimed pod `mine`, what pool pod `other` wrote is out of reach:
-/// its scratch is its own emptyDir, and no volume of `other`'s is mounted.
+/// its scratch is its own emptyDir and its workspace its own claim; each
+/// mounts only claims named after itself, and no claim in the namespace is
+/// mounted by two pods.
 fn hostile(e: &KubeEngine, mine: &str, other: &str) {
     let marker = format!("pool-secret-{}", nonce());
     let (code, _, err) = run(
         e,
         other,
-        &["sh", "-c", &format!("echo {marker} > /tmp/left-by-other")],
+        &[
+            "sh",
+            "-c",
+            &format!("echo {marker} > /tmp/left-by-other && echo {marker} > /work/left-by-other"),
+        ],
     );
     assert_eq!(code, 0, "{err}");
     let (code, out, _) = run(
@@ -265,7 +378,7 @@ fn hostile(e: &KubeEngine, mine: &str, other: &str) {
         &[
             "sh",
             "-c",
-            &format!("grep -rs {marker} /tmp /work /home 2>/dev/null; cat /proc/self/mounts"),
+            &format!("grep -rs {marker} /tmp /work /mail /home 2>/dev/null; cat /proc/self/mounts"),
         ],
     );
     assert_eq!(code, 0);
@@ -274,21 +387,37 @@ fn hostile(e: &KubeEngine, mine: &str, other: &str) {
         "the other pod's file is readable:\n{out}"
     );
     let pods: Api<Pod> = Api::namespaced(e.client().clone(), &e.target().namespace);
-    let volumes = |p: &str| -> Vec<String> {
-        let pod = e.block_on(pods.get(p)).unwrap();
+    let claims = |pod: &Pod| -> Vec<String> {
         pod.spec
-            .unwrap()
-            .volumes
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|v| v.persistent_volume_claim.is_some())
-            .map(|v| v.name)
+            .iter()
+            .flat_map(|s| s.volumes.iter().flatten())
+            .filter_map(|v| v.persistent_volume_claim.as_ref())
+            .map(|c| c.claim_name.clone())
             .collect()
     };
-    assert!(volumes(mine).is_empty() && volumes(other).is_empty());
+    for p in [mine, other] {
+        let c = claims(&e.block_on(pods.get(p)).unwrap());
+        assert_eq!(c.len(), 2, "{p}: {c:?}");
+        assert!(
+            c.iter().all(|c| c.starts_with(&format!("{p}-"))),
+            "{p}: {c:?}"
+        );
+    }
+    let mut mounted: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for p in e.block_on(pods.list(&ListParams::default())).unwrap().items {
+        for c in claims(&p) {
+            mounted
+                .entry(c)
+                .or_default()
+                .extend(p.metadata.name.clone());
+        }
+    }
+    let shared: Vec<_> = mounted.iter().filter(|(_, p)| p.len() > 1).collect();
+    assert!(shared.is_empty(), "claims mounted by two pods: {shared:?}");
 }
 
-/// A pool whose pods would share a writable volume: 64, nothing made.
+/// A pool whose pods would share a writable volume, or whose own claim's
+/// suffix makes no valid name: 64, nothing made.
 fn refused(e: &KubeEngine, pods: &Api<Pod>) {
     let mut s = spec("shared");
     s.volumes.push(VolumeMount {
@@ -296,9 +425,18 @@ fn refused(e: &KubeEngine, pods: &Api<Pod>) {
         target: "/work".into(),
         read_only: false,
     });
-    let err = e.pool_fill(&s, 2).unwrap_err();
+    let err = e.pool_fill(&s, &[], 2).unwrap_err();
     assert_eq!(err.exit, Exit::Usage, "{err}");
     assert!(err.msg.contains("lw-work-shared"), "{err}");
-    let lp = ListParams::default().labels(&format!("{POOL_LABEL}={}", pool_key(&s)));
-    assert!(e.block_on(pods.list(&lp)).unwrap().items.is_empty());
+    let bad = [OwnClaim {
+        suffix: "/../x".into(),
+        target: "/work".into(),
+    }];
+    let err = e.pool_fill(&spec("bad-suffix"), &bad, 2).unwrap_err();
+    assert_eq!(err.exit, Exit::Usage, "{err}");
+    assert!(err.msg.contains("/../x"), "{err}");
+    for key in [pool_key(&s, &[]), pool_key(&spec("bad-suffix"), &bad)] {
+        let lp = ListParams::default().labels(&format!("{POOL_LABEL}={key}"));
+        assert!(e.block_on(pods.list(&lp)).unwrap().items.is_empty());
+    }
 }

@@ -159,6 +159,11 @@ pub const RULES: &[Rule] = &[
         "persistentvolumeclaims",
         "remove a volume (rm, gc)",
     ),
+    ns(
+        "patch",
+        "persistentvolumeclaims",
+        "a warm pool pod's own claims, given to the sandbox that claims it",
+    ),
     ns("create", "services", "publish: the egress proxy's name"),
     ns("get", "services", "publish: one made before"),
     ns("delete", "services", "unpublish"),

@@ -24,8 +24,9 @@
 //! and the resource; a namespace quota that refuses a pod is 75, and nothing
 //! of that pod is left.
 //!
-//! A warm pool (pool.rs): pods made ahead from one spec, each claimed by
-//! one caller for good with a label patch conditional on its version.
+//! A warm pool (pool.rs): pods made ahead from one spec, each with claims
+//! of its own, each claimed by one caller for good with a label patch
+//! conditional on its version.
 
 mod access;
 mod connect;
@@ -36,7 +37,7 @@ mod network;
 mod paths;
 mod pod;
 mod pool;
-pub use pool::{POOL_LABEL, pool_key};
+pub use pool::{Claimed, OwnClaim, POOL_LABEL, POOL_POD_LABEL, pool_key};
 mod pull;
 mod sandbox;
 mod service;

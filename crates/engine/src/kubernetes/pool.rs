@@ -2,63 +2,112 @@
 //! claimed by one caller for good.
 //!
 //! A pool is named by [`pool_key`], a hash of everything in the spec but
-//! its name and labels (image, user, limits, mounts, runtime, command), and
-//! its pods carry it in [`POOL_LABEL`].  [`KubeEngine::pool_fill`] makes
-//! pods until the pool holds `n`; [`KubeEngine::pool_claim`] takes a running
-//! one by patching its labels (the pool label removed, the caller's set)
-//! with the resourceVersion it listed as a precondition: two claims of one
-//! pod both send the same version, the API server applies the first and
-//! answers the second 409, and the loser tries the next pod.  A claimed pod
-//! is never returned: it leaves the pool's selector with the patch that
-//! gives it its owner.  Nothing is shared between a pool's pods: each is
-//! made from the spec alone, with the volumes the spec names (a caller
-//! wanting claims of its own per pod names them per pod, as a sandbox's).
+//! its name and labels (image, user, limits, mounts, runtime, command) and
+//! of the claims each pod gets of its own, and its pods carry it in
+//! [`POOL_LABEL`].  [`KubeEngine::pool_fill`] makes pods until the pool
+//! holds `n`: each is named here (`lw-pool-KEY-` and ten random hex
+//! digits) so that its own claims ([`OwnClaim`]: `POD-work`, `POD-mail`)
+//! are made before it, labelled with the pool and with the pod in
+//! [`POOL_POD_LABEL`].  [`KubeEngine::pool_claim`] takes a running one by
+//! patching its labels (the pool label removed, the caller's set) with the
+//! resourceVersion it listed as a precondition: two claims of one pod both
+//! send the same version, the API server applies the first and answers the
+//! second 409, and the loser tries the next pod.  The winner then gives
+//! the pod's own claims the caller's labels too, so they are found, kept
+//! and removed as the caller's volumes.  A claimed pod is never returned:
+//! it leaves the pool's selector with the patch that gives it its owner.
+//! Nothing is shared between a pool's pods: each is made from the spec
+//! alone, a writable volume in it is refused, and what a pod may write
+//! outside its scratch is its own claims.
 //!
 //! Idle, a pool costs no request: no exec, no watch; a claim is one list
-//! and one patch.
+//! and one patch, and one more patch per own claim.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use sha2::{Digest, Sha256};
 
 use super::{KubeEngine, pod};
-use crate::ContainerSpec;
+use crate::{ContainerSpec, VolumeMount};
 use base::error::{Error, Result};
 
 /// The label a pool's pods carry: the pool's key.
 pub const POOL_LABEL: &str = "org.loopwright.pool";
+/// The label on a pool pod's own claims while it is in the pool: the pod.
+pub const POOL_POD_LABEL: &str = "org.loopwright.pool-pod";
 
-/// The pool a spec's pods belong to: the first 16 hex digits of a SHA-256
-/// of the spec without its name and labels (the parts a claim gives).
-pub fn pool_key(spec: &ContainerSpec) -> String {
+/// A claim each pod of a pool gets of its own, made with it: named the
+/// pod's name and `suffix` (`-work`, or `-mail`, sized `sandbox.mail-disk`
+/// as a sandbox's: storage.rs), mounted writable at `target`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnClaim {
+    pub suffix: String,
+    pub target: String,
+}
+
+/// A pod taken from a pool, and its own claims, now the caller's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claimed {
+    pub pod: String,
+    pub claims: Vec<String>,
+}
+
+/// The pool a spec's pods belong to, each with claims `own`: the first 16
+/// hex digits of a SHA-256 of the spec without its name and labels (the
+/// parts a claim gives) and of `own`.
+pub fn pool_key(spec: &ContainerSpec, own: &[OwnClaim]) -> String {
     let mut s = spec.clone();
     s.name = None;
     s.labels = BTreeMap::new();
     // Debug of the spec is stable: its maps are BTreeMaps.
-    let digest = Sha256::digest(format!("{s:?}").as_bytes());
-    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+    let digest = Sha256::digest(format!("{s:?}\n{own:?}").as_bytes());
+    hex(&digest[..8])
 }
 
-/// The merge patch that claims a pod listed at `rv`: the pool label
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A name for a new pod of pool `key`: the key and ten random hex digits.
+fn pod_name(key: &str) -> String {
+    let r = base::id::random128().to_le_bytes();
+    format!("lw-pool-{key}-{}", hex(&r[..5]))
+}
+
+/// A suffix an own claim may have: `-` and lowercase letters and digits,
+/// so that `POD` and it make a valid claim name.
+fn valid_suffix(s: &str) -> bool {
+    s.len() > 1
+        && s.len() <= 16
+        && s.starts_with('-')
+        && s[1..]
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+}
+
+/// The merge patch that gives an object `labels`: the pool's labels
 /// removed, `labels` (the valid ones) set and recorded in full in the
-/// labels annotation, the version a precondition.
-fn claim_patch(rv: &str, labels: &BTreeMap<String, String>) -> serde_json::Value {
+/// labels annotation; with `rv`, that version a precondition (a pod's
+/// claim).
+fn claim_patch(rv: Option<&str>, labels: &BTreeMap<String, String>) -> serde_json::Value {
     let mut set = serde_json::Map::new();
     set.insert(POOL_LABEL.into(), serde_json::Value::Null);
+    set.insert(POOL_POD_LABEL.into(), serde_json::Value::Null);
     for (k, v) in pod::object_labels(labels) {
         set.insert(k, v.into());
     }
-    serde_json::json!({
-        "metadata": {
-            "resourceVersion": rv,
-            "labels": set,
-            "annotations": {
-                pod::LABELS_ANNOTATION: serde_json::to_string(labels).unwrap_or_default(),
-            },
-        }
-    })
+    let mut meta = serde_json::json!({
+        "labels": set,
+        "annotations": {
+            pod::LABELS_ANNOTATION: serde_json::to_string(labels).unwrap_or_default(),
+        },
+    });
+    if let Some(rv) = rv {
+        meta["resourceVersion"] = rv.into();
+    }
+    serde_json::json!({ "metadata": meta })
 }
 
 /// Every pod of a pool is made from one spec: a volume it mounts
@@ -120,29 +169,69 @@ impl KubeEngine {
         Ok(names)
     }
 
-    /// Makes pods from `spec` (its name ignored: each pod is named
-    /// `lw-pool-` and a suffix the API server picks) until pool
-    /// [`pool_key`]`(spec)` holds `n`; returns the names made.  It does not
-    /// wait for them to run: a claim takes only running ones.
-    pub fn pool_fill(&self, spec: &ContainerSpec, n: usize) -> Result<Vec<String>> {
-        let key = pool_key(spec);
+    /// Makes pods from `spec` (its name ignored), each with claims `own`
+    /// of its own, until pool [`pool_key`]`(spec, own)` holds `n`; returns
+    /// the names made.  A pod's claims are made before it, and removed
+    /// again when the pod cannot be made.  It does not wait for the pods
+    /// to run: a claim takes only running ones.
+    pub fn pool_fill(
+        &self,
+        spec: &ContainerSpec,
+        own: &[OwnClaim],
+        n: usize,
+    ) -> Result<Vec<String>> {
+        let key = pool_key(spec, own);
         shares_nothing(spec, &key)?;
+        if let Some(c) = own.iter().find(|c| !valid_suffix(&c.suffix)) {
+            return Err(Error::usage(format!(
+                "cannot fill the pool '{key}': its own claim's suffix '{}' is not '-' and up to 15 lowercase letters or digits",
+                c.suffix.escape_debug()
+            )));
+        }
         let have = self.pool_list(&key)?.len();
         let mut s = spec.clone();
-        s.name = None;
         s.labels.insert(POOL_LABEL.into(), key.clone());
-        let mut p = pod::pod_of(&s, self.pool_runtime_class(spec)?, self.cpu_request)?;
-        p.metadata.generate_name = Some("lw-pool-".into());
+        let runtime_class = self.pool_runtime_class(spec)?;
         if (have..n).next().is_some() {
             self.ensure_default_deny()?;
         }
         let what = format!("cannot fill the pool '{key}'");
         let mut made = Vec::new();
         for _ in have..n {
-            let pod = self
-                .block_on(self.pods().create(&PostParams::default(), &p))
-                .map_err(|e| self.err("create", "pods", &what, e))?;
-            made.extend(pod.metadata.name);
+            let name = pod_name(&key);
+            let mut one = s.clone();
+            one.name = Some(name.clone());
+            let mut claims = Vec::new();
+            let pod = (|| -> Result<Pod> {
+                let labels = BTreeMap::from([
+                    (POOL_LABEL.to_string(), key.clone()),
+                    (POOL_POD_LABEL.to_string(), name.clone()),
+                ]);
+                for c in own {
+                    let claim = format!("{name}{}", c.suffix);
+                    let pvc = self.storage().claim(&claim, &labels);
+                    self.block_on(self.claims().create(&PostParams::default(), &pvc))
+                        .map_err(|e| self.err("create", "persistentvolumeclaims", &what, e))?;
+                    claims.push(claim.clone());
+                    one.volumes.push(VolumeMount {
+                        volume: claim,
+                        target: c.target.clone(),
+                        read_only: false,
+                    });
+                }
+                let p = pod::pod_of(&one, runtime_class.clone(), self.cpu_request)?;
+                self.block_on(self.pods().create(&PostParams::default(), &p))
+                    .map_err(|e| self.err("create", "pods", &what, e))
+            })();
+            match pod {
+                Ok(_) => made.push(name),
+                Err(e) => {
+                    for c in &claims {
+                        let _ = self.block_on(self.claims().delete(c, &DeleteParams::default()));
+                    }
+                    return Err(e);
+                }
+            }
         }
         Ok(made)
     }
@@ -154,15 +243,15 @@ impl KubeEngine {
         }
     }
 
-    /// Takes a running pod of pool `key` for good, giving it `labels`;
-    /// `None` when the pool has none running (the caller makes its pod the
-    /// ordinary way).  A pod another claim took first (409) sends this one
-    /// to the next.
+    /// Takes a running pod of pool `key` for good, giving it and its own
+    /// claims `labels`; `None` when the pool has none running (the caller
+    /// makes its pod the ordinary way).  A pod another claim took first
+    /// (409) sends this one to the next.
     pub fn pool_claim(
         &self,
         key: &str,
         labels: &BTreeMap<String, String>,
-    ) -> Result<Option<String>> {
+    ) -> Result<Option<Claimed>> {
         let what = format!("cannot claim a pod of the pool '{key}'");
         let mut pods = self.pool_list(key)?;
         // Claims at once that all tried the first pod would meet a 409 on
@@ -173,22 +262,40 @@ impl KubeEngine {
             if !pod::container_of(&p).running {
                 continue;
             }
+            let claims = own_claims(&p);
             let (Some(name), Some(rv)) = (p.metadata.name, p.metadata.resource_version) else {
                 continue;
             };
-            let patch = Patch::Merge(claim_patch(&rv, labels));
+            let patch = Patch::Merge(claim_patch(Some(&rv), labels));
             match self.block_on(self.pods().patch(&name, &PatchParams::default(), &patch)) {
-                Ok(_) => return Ok(Some(name)),
+                Ok(_) => {}
                 // Claimed (409) or deleted (404) since the list.
                 Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => continue,
                 Err(e) => return Err(self.err("patch", "pods", &what, e)),
             }
+            // The pod is ours: only this call patches its claims.
+            let patch = Patch::Merge(claim_patch(None, labels));
+            for c in &claims {
+                self.block_on(self.claims().patch(c, &PatchParams::default(), &patch))
+                    .map_err(|e| {
+                        self.err(
+                            "patch",
+                            "persistentvolumeclaims",
+                            &format!(
+                                "{what}: the pod '{name}' is claimed but its claim '{c}' is not"
+                            ),
+                            e,
+                        )
+                    })?;
+            }
+            return Ok(Some(Claimed { pod: name, claims }));
         }
         Ok(None)
     }
 
-    /// Deletes every pod of pool `key` (`None`: of every pool) without
-    /// waiting; returns how many it asked to delete.
+    /// Deletes every pod of pool `key` (`None`: of every pool) and the
+    /// claims still in the pool (a claimed pod's are its owner's) without
+    /// waiting; returns how many pods it asked to delete.
     pub fn pool_drain(&self, key: Option<&str>) -> Result<usize> {
         let sel = match key {
             Some(k) => format!("{POOL_LABEL}={k}"),
@@ -211,8 +318,44 @@ impl KubeEngine {
                 Err(e) => return Err(self.err("delete", "pods", &what, e)),
             }
         }
+        let claims = self
+            .block_on(self.claims().list(&lp))
+            .map_err(|e| self.err("list", "persistentvolumeclaims", &what, e))?;
+        for c in claims.items.iter().filter_map(in_pool) {
+            match self.block_on(self.claims().delete(c, &DeleteParams::default())) {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(self.err("delete", "persistentvolumeclaims", &what, e)),
+            }
+        }
         Ok(n)
     }
+}
+
+/// The claims pool pod `p` made with it: those it mounts whose names are
+/// its own followed by a suffix (not the root's shared tools claim).
+fn own_claims(p: &Pod) -> Vec<String> {
+    let Some(name) = p.metadata.name.as_deref() else {
+        return vec![];
+    };
+    let prefix = format!("{name}-");
+    p.spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .filter_map(|v| v.persistent_volume_claim.as_ref())
+        .map(|c| c.claim_name.clone())
+        .filter(|c| {
+            c.strip_prefix(&prefix)
+                .is_some_and(|s| valid_suffix(&format!("-{s}")))
+        })
+        .collect()
+}
+
+/// The name of claim `c` when it is still a pool pod's (it names its pod).
+fn in_pool(c: &PersistentVolumeClaim) -> Option<&String> {
+    let labels = c.metadata.labels.as_ref()?;
+    labels.get(POOL_POD_LABEL)?;
+    c.metadata.name.as_ref()
 }
 
 #[cfg(test)]
@@ -231,15 +374,25 @@ mod tests {
         let mut b = a.clone();
         b.name = Some("lw-sb-x-b".into());
         b.labels.insert("org.loopwright.sandbox".into(), "b".into());
-        assert_eq!(pool_key(&a), pool_key(&b));
-        assert_eq!(pool_key(&a).len(), 16);
-        assert!(pod::valid_label_value(&pool_key(&a)));
+        assert_eq!(pool_key(&a, &[]), pool_key(&b, &[]));
+        assert_eq!(pool_key(&a, &[]).len(), 16);
+        assert!(pod::valid_label_value(&pool_key(&a, &[])));
         let mut c = a.clone();
         c.image = "busybox:2".into();
-        assert_ne!(pool_key(&a), pool_key(&c));
+        assert_ne!(pool_key(&a, &[]), pool_key(&c, &[]));
         let mut d = a.clone();
         d.memory_bytes = Some(128 << 20);
-        assert_ne!(pool_key(&a), pool_key(&d));
+        assert_ne!(pool_key(&a, &[]), pool_key(&d, &[]));
+        let work = OwnClaim {
+            suffix: "-work".into(),
+            target: "/work".into(),
+        };
+        assert_ne!(pool_key(&a, &[]), pool_key(&a, std::slice::from_ref(&work)));
+        let name = pod_name(&pool_key(&a, std::slice::from_ref(&work)));
+        assert_eq!(name.len(), "lw-pool-".len() + 16 + 1 + 10);
+        assert!(pod::check_name("pod", &name).is_ok());
+        assert!(pod::check_name("volume", &format!("{name}{}", work.suffix)).is_ok());
+        assert_ne!(name, pod_name(&pool_key(&a, &[work])));
     }
 
     #[test]
@@ -282,10 +435,17 @@ mod tests {
                 "/not a label".to_string(),
             ),
         ]);
-        let p = claim_patch("42", &labels);
+        let p = claim_patch(Some("42"), &labels);
         let m = &p["metadata"];
         assert_eq!(m["resourceVersion"], "42");
         assert!(m["labels"][POOL_LABEL].is_null());
+        assert!(m["labels"][POOL_POD_LABEL].is_null());
+        // An own claim's patch has no precondition: the pod's was it.
+        assert!(
+            claim_patch(None, &labels)["metadata"]
+                .get("resourceVersion")
+                .is_none()
+        );
         assert_eq!(m["labels"]["org.loopwright.sandbox"], "a");
         assert_eq!(m["labels"][pod::MANAGED_BY], pod::MANAGED_BY_VALUE);
         // A value no label can hold is only in the annotation.
@@ -294,5 +454,66 @@ mod tests {
             serde_json::from_str(m["annotations"][pod::LABELS_ANNOTATION].as_str().unwrap())
                 .unwrap();
         assert_eq!(ann, labels);
+    }
+
+    #[test]
+    fn a_pods_own_claims_are_those_named_after_it_and_no_shared_one() {
+        use k8s_openapi::api::core::v1::{PersistentVolumeClaimVolumeSource, PodSpec, Volume};
+        let vol = |claim: &str| Volume {
+            name: format!("v-{claim}"),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: claim.into(),
+                read_only: None,
+            }),
+            ..Default::default()
+        };
+        let mut p = Pod::default();
+        p.metadata.name = Some("lw-pool-k-0123456789".into());
+        p.spec = Some(PodSpec {
+            volumes: Some(vec![
+                vol("lw-pool-k-0123456789-work"),
+                vol("lw-pool-k-0123456789-mail"),
+                vol("lw-sb-root-tools-k"),
+                // Another pod's, whose name starts as this one's does.
+                vol("lw-pool-k-0123456789-x-work"),
+                vol("lw-pool-k-0123456789-"),
+            ]),
+            ..Default::default()
+        });
+        assert_eq!(
+            own_claims(&p),
+            ["lw-pool-k-0123456789-work", "lw-pool-k-0123456789-mail"]
+        );
+        for bad in [
+            "",
+            "-",
+            "work",
+            "-Work",
+            "-a.b",
+            "-a-b",
+            "-0123456789abcdef",
+        ] {
+            assert!(!valid_suffix(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn only_claims_that_still_name_a_pool_pod_are_drained() {
+        let claim = |labels: &[(&str, &str)]| {
+            let mut c = PersistentVolumeClaim::default();
+            c.metadata.name = Some("c".into());
+            c.metadata.labels = Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            );
+            c
+        };
+        let pooled = claim(&[(POOL_LABEL, "k"), (POOL_POD_LABEL, "lw-pool-k-1")]);
+        assert_eq!(in_pool(&pooled).map(String::as_str), Some("c"));
+        // Claimed: the owner's labels, no pool pod.
+        let owned = claim(&[("org.loopwright.sandbox", "a")]);
+        assert_eq!(in_pool(&owned), None);
     }
 }

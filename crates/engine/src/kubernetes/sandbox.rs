@@ -31,7 +31,7 @@ use crate::{Container, Died, ExecIo, ExecRequest, OutStream, SandboxEngine, Volu
 use base::error::{Error, Exit, Result};
 
 impl KubeEngine {
-    fn claims(&self) -> Api<PersistentVolumeClaim> {
+    pub(super) fn claims(&self) -> Api<PersistentVolumeClaim> {
         Api::namespaced(self.client().clone(), &self.target().namespace)
     }
 

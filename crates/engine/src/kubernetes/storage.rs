@@ -2,7 +2,8 @@
 //! project's limits, its StorageClass and access mode from `kube.*` keys.
 //!
 //! A volume labelled with a sandbox ([`SANDBOX_LABEL`]: a sandbox's
-//! workspace, or its mail volume, whose name ends in `-mail`) is one pod's:
+//! workspace, or its mail volume, whose name ends in `-mail`), or with a
+//! pool pod (the same two, made with the pod: pool.rs), is one pod's:
 //! `kube.access-mode` (default `ReadWriteOnce`), sized `sandbox.disk`
 //! (`sandbox.mail-disk` for the mail volume; the defaults of
 //! lw-sandbox(1) when unset or `off`).  One without (the per-root tools
@@ -117,7 +118,8 @@ impl Storage {
 
     /// The claim of volume `name` labelled `labels` (module documentation).
     pub fn claim(&self, name: &str, labels: &BTreeMap<String, String>) -> PersistentVolumeClaim {
-        let (mode, size) = match labels.contains_key(SANDBOX_LABEL) {
+        let own = labels.contains_key(SANDBOX_LABEL) || labels.contains_key(super::POOL_POD_LABEL);
+        let (mode, size) = match own {
             true if name.ends_with("-mail") => (&self.access_mode, self.mail_size.clone()),
             true => (&self.access_mode, self.work_size.clone()),
             false => (&self.tools_access_mode, SHARED_SIZE.to_string()),
