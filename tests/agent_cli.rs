@@ -681,7 +681,7 @@ fn scenario(k: &Case) {
     // (The runs below start a new session: the last one holds HANG-STEP,
     // which the scripted model would hang on again.)
     // The proxy killed as the OOM killer would (SIGKILL from the host): the
-    // engine starts it again within 5 s, and the agent's next run works.
+    // engine starts it again within 15 s, and the agent's next run works.
     let pid = text(&docker(&["inspect", "-f", "{{.State.Pid}}", &model_proxy]));
     let mut events = Command::new("docker")
         .args([
@@ -705,16 +705,29 @@ fn scenario(k: &Case) {
             .unwrap()
             .success()
     );
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut restarts, &mut line).unwrap();
+    // Docker's restart manager waits 100 ms before a first restart; the
+    // restart itself took 0.9-1.4 s on an idle machine (docs/agents.md) and
+    // 5.9 s beside a Go build: the bound is for "restarted", the figure for
+    // how fast.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufRead::read_line(&mut restarts, &mut line);
+        let _ = tx.send(line);
+    });
+    let event = rx.recv_timeout(Duration::from_secs(30));
     let back = t.elapsed();
     let _ = events.kill();
     let _ = events.wait();
+    assert!(
+        event.is_ok_and(|l| l.trim() == "start"),
+        "the engine did not start the model proxy again within {back:?}"
+    );
     println!(
         "figure [{kit}]: model proxy killed (SIGKILL): started again by the engine after {:.2} s",
         back.as_secs_f64()
     );
-    assert!(back < Duration::from_secs(5), "{back:?}");
+    assert!(back < Duration::from_secs(15), "{back:?}");
     let o = f
         .cmd(&["run", "a1", "--", "RESUME-CHECK"])
         .env(k.key_env, &key)

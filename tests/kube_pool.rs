@@ -302,8 +302,9 @@ fn race(kc: &str, e: &KubeEngine) {
     }
 }
 
-/// A pool of 16 filled and running, then claimed by four at a time: each
-/// pod to one claim; the fill and the claims timed.
+/// A pool of 16, each pod with its own two claims, filled and running,
+/// then claimed by four at a time: each pod to one claim; the fill and the
+/// claims timed.
 fn fleet(kc: &str, e: &KubeEngine) {
     const N: usize = 16;
     // 16 pods of 0.05 CPU fit the test node's 2 CPUs.
@@ -311,9 +312,9 @@ fn fleet(kc: &str, e: &KubeEngine) {
         nano_cpus: Some(50_000_000),
         ..spec("fleet")
     };
-    let key = pool_key(&s, &[]);
+    let key = pool_key(&s, &own());
     let t = Instant::now();
-    let pool = fill_running(e, &s, &[], N);
+    let pool = fill_running(e, &s, &own(), N);
     let filled = t.elapsed();
     let t = Instant::now();
     let workers: Vec<_> = (0..4)
@@ -326,7 +327,7 @@ fn fleet(kc: &str, e: &KubeEngine) {
                         let t = Instant::now();
                         let got = e.pool_claim(&key, &owner(&format!("fleet-{w}-{i}")));
                         (
-                            got.unwrap().expect("a pod is left for each claim").pod,
+                            got.unwrap().expect("a pod is left for each claim"),
                             t.elapsed(),
                         )
                     })
@@ -334,25 +335,29 @@ fn fleet(kc: &str, e: &KubeEngine) {
             })
         })
         .collect();
-    let got: Vec<(String, Duration)> = workers
+    let got: Vec<(Claimed, Duration)> = workers
         .into_iter()
         .flat_map(|h| h.join().unwrap())
         .collect();
     let claimed = t.elapsed();
-    let mut names: Vec<String> = got.iter().map(|(n, _)| n.clone()).collect();
+    let mut names: Vec<String> = got.iter().map(|(c, _)| c.pod.clone()).collect();
     names.sort();
     assert_eq!(names, pool, "each pod to one claim");
     let mut each: Vec<Duration> = got.iter().map(|(_, d)| *d).collect();
     each.sort();
     eprintln!(
-        "figure: a pool of {N} filled and running in {:.1} s; {N} claims four at a time in {:.0} ms (median {:.0} ms, max {:.0} ms)",
+        "figure: a pool of {N} pods, each with 2 claims of its own, filled and running in {:.1} s; {N} claims four at a time in {:.0} ms (median {:.0} ms, max {:.0} ms)",
         filled.as_secs_f64(),
         ms(claimed),
         ms(each[N / 2]),
         ms(each[N - 1])
     );
-    for p in &pool {
-        e.remove(p, true).unwrap();
+    for (c, _) in &got {
+        assert_eq!(c.claims.len(), 2, "{c:?}");
+        e.remove(&c.pod, true).unwrap();
+        for v in &c.claims {
+            e.remove_volume(v).unwrap();
+        }
     }
 }
 
