@@ -63,17 +63,13 @@ pub fn pool_key(spec: &ContainerSpec, own: &[OwnClaim]) -> String {
     s.labels = BTreeMap::new();
     // Debug of the spec is stable: its maps are BTreeMaps.
     let digest = Sha256::digest(format!("{s:?}\n{own:?}").as_bytes());
-    hex(&digest[..8])
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    base::digest::hex(&digest[..8])
 }
 
 /// A name for a new pod of pool `key`: the key and ten random hex digits.
 fn pod_name(key: &str) -> String {
     let r = base::id::random128().to_le_bytes();
-    format!("lw-pool-{key}-{}", hex(&r[..5]))
+    format!("lw-pool-{key}-{}", base::digest::hex(&r[..5]))
 }
 
 /// A suffix an own claim may have: `-` and lowercase letters and digits,
