@@ -17,4 +17,6 @@ pub const KEYS: Keys = &[
     "kube.tools-access-mode",
     // what a pod asks of the scheduler (kubernetes/pod/spec.rs)
     "kube.cpu-request",
+    // the warm pool a create claims from (kubernetes/pool.rs)
+    "kube.warm-pool",
 ];

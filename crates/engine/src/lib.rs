@@ -53,6 +53,7 @@ pub mod docker;
 pub mod hostpaths;
 pub mod kubernetes;
 mod paths;
+pub mod pool;
 mod refusal;
 pub mod runtime;
 pub mod select;
@@ -69,6 +70,7 @@ pub use died::{Died, died, exit_state};
 pub use docker::DockerEngine;
 pub use kubernetes::KubeEngine;
 pub use paths::HostPaths;
+pub use pool::{Claimed, OwnClaim, WarmPool, pool_key};
 pub use refusal::Refusal;
 pub use runtime::{EngineInfo, Isolation, RuntimeInfo};
 pub use select::{ENGINE_KEY, EngineKind, Engines, Pair, connect_docker};
@@ -140,7 +142,7 @@ pub enum BuildOutcome {
 }
 
 /// A bind mount from the host.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Bind {
     pub source: String,
     pub target: String,
@@ -150,7 +152,7 @@ pub struct Bind {
 /// A named volume of the engine mounted into a container (`create_volume`
 /// makes it): what a sandbox mounts when the engine does not see the host's
 /// files (lib/sandbox/volume.rs).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct VolumeMount {
     pub volume: String,
     pub target: String,
@@ -158,7 +160,7 @@ pub struct VolumeMount {
 }
 
 /// A published port: container port (`8080/tcp`) to host address and port.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct PortMap {
     pub container: String,
     pub host_ip: String,
@@ -167,7 +169,7 @@ pub struct PortMap {
 
 /// Everything needed to create a container.  Options left empty take the
 /// engine's defaults; hardening is the caller's to ask for.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct ContainerSpec {
     pub name: Option<String>,
     pub image: String,
@@ -412,6 +414,13 @@ pub trait SandboxEngine: Engine + NetworkEngine + HostPaths + Sync {
     /// as that user, which keeps modes but cannot give files away.
     fn runs_as_root(&self) -> bool {
         true
+    }
+    /// The engine's warm pool, when it can keep one (Kubernetes): a create
+    /// claims a ready container from it instead of making one when its
+    /// [`WarmPool::pool_size`] is above 0 (lib/sandbox/pool.rs), and `gc`
+    /// drains the pools no create uses any more.
+    fn warm_pool(&self) -> Option<&dyn WarmPool> {
+        None
     }
     /// Unpacks the tar archive `tar` into the directory `dir` of `container`
     /// (created or running; `dir` on a writable volume when its root is

@@ -31,10 +31,20 @@ impl KubeEngine {
                 ))
             })?),
         };
+        let warm_pool = match get(super::WARM_POOL_KEY) {
+            None => 0,
+            Some(v) => v.trim().parse::<usize>().ok().filter(|n| *n <= 1000).ok_or_else(|| {
+                Error::config(format!(
+                    "'{} = {v}' in .loopwright/config: expected how many ready pods to keep, 0 to 1000",
+                    super::WARM_POOL_KEY
+                ))
+            })?,
+        };
         let mut e =
             KubeEngine::connect_with(kubeconfig.as_deref(), get(CONTEXT_KEY), get(NAMESPACE_KEY))?;
         e.storage = storage;
         e.cpu_request = cpu_request;
+        e.warm_pool = warm_pool;
         Ok(e)
     }
 
@@ -121,6 +131,7 @@ impl KubeEngine {
             deny_made: std::sync::atomic::AtomicBool::new(false),
             storage: super::Storage::default(),
             cpu_request: None,
+            warm_pool: 0,
         };
         // The first request says whether the server answers at all.
         engine

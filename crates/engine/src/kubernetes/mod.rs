@@ -37,7 +37,8 @@ mod network;
 mod paths;
 mod pod;
 mod pool;
-pub use pool::{Claimed, OwnClaim, POOL_LABEL, POOL_POD_LABEL, pool_key};
+pub use crate::pool::{Claimed, OwnClaim, pool_key};
+pub use pool::{ENV_ANNOTATION, POOL_LABEL, POOL_POD_LABEL, WARM_POOL_KEY};
 mod pull;
 mod sandbox;
 mod service;
@@ -99,6 +100,8 @@ pub struct KubeEngine {
     /// `kube.cpu-request` in millicores: a pod's CPU request below its
     /// limit (pod/spec.rs); `None`: the limit.
     cpu_request: Option<u64>,
+    /// `kube.warm-pool`: how many ready pods each pool keeps (0: none).
+    warm_pool: usize,
 }
 
 impl KubeEngine {

@@ -30,41 +30,20 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use sha2::{Digest, Sha256};
 
 use super::{KubeEngine, pod};
-use crate::{ContainerSpec, VolumeMount};
+use crate::{Claimed, ContainerSpec, ExecRequest, OwnClaim, VolumeMount, WarmPool, pool_key};
 use base::error::{Error, Result};
 
+/// The `.loopwright/config` key of the pool's size: how many ready pods a
+/// pool keeps for `create` to claim (0, the default: none).
+pub const WARM_POOL_KEY: &str = "kube.warm-pool";
 /// The label a pool's pods carry: the pool's key.
 pub const POOL_LABEL: &str = "org.loopwright.pool";
 /// The label on a pool pod's own claims while it is in the pool: the pod.
 pub const POOL_POD_LABEL: &str = "org.loopwright.pool-pod";
-
-/// A claim each pod of a pool gets of its own, made with it: named the
-/// pod's name and `suffix` (`-work`, or `-mail`, sized `sandbox.mail-disk`
-/// as a sandbox's: storage.rs), mounted writable at `target`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OwnClaim {
-    pub suffix: String,
-    pub target: String,
-}
-
-/// A pod taken from a pool, and its own claims, now the caller's.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Claimed {
-    pub pod: String,
-    pub claims: Vec<String>,
-}
-
-/// The pool a spec's pods belong to, each with claims `own`: the first 16
-/// hex digits of a SHA-256 of the spec without its name and labels (the
-/// parts a claim gives) and of `own`.
-pub fn pool_key(spec: &ContainerSpec, own: &[OwnClaim]) -> String {
-    let mut s = spec.clone();
-    s.name = None;
-    s.labels = BTreeMap::new();
-    // Debug of the spec is stable: its maps are BTreeMaps.
-    let digest = Sha256::digest(format!("{s:?}\n{own:?}").as_bytes());
-    base::digest::hex(&digest[..8])
-}
+/// The annotation of a claimed pod that holds its sandbox's variables
+/// (a JSON list of `KEY=VALUE`), which every exec in it is given first
+/// (sandbox.rs): a pod's spec cannot take them after it is made.
+pub const ENV_ANNOTATION: &str = "loopwright.org/env";
 
 /// A name for a new pod of pool `key`: the key and ten random hex digits.
 fn pod_name(key: &str) -> String {
@@ -176,6 +155,19 @@ impl KubeEngine {
         own: &[OwnClaim],
         n: usize,
     ) -> Result<Vec<String>> {
+        self.fill_at_most(spec, own, n, None)
+    }
+
+    /// [`KubeEngine::pool_fill`], making at most `most` pods (`None`: as
+    /// many as the pool lacks): a create that took one pod puts one back,
+    /// so creates at once do not each fill the whole gap.
+    fn fill_at_most(
+        &self,
+        spec: &ContainerSpec,
+        own: &[OwnClaim],
+        n: usize,
+        most: Option<usize>,
+    ) -> Result<Vec<String>> {
         let key = pool_key(spec, own);
         shares_nothing(spec, &key)?;
         if let Some(c) = own.iter().find(|c| !valid_suffix(&c.suffix)) {
@@ -185,6 +177,7 @@ impl KubeEngine {
             )));
         }
         let have = self.pool_list(&key)?.len();
+        let n = n.min(have.saturating_add(most.unwrap_or(usize::MAX)));
         let mut s = spec.clone();
         s.labels.insert(POOL_LABEL.into(), key.clone());
         let runtime_class = self.pool_runtime_class(spec)?;
@@ -199,10 +192,11 @@ impl KubeEngine {
             one.name = Some(name.clone());
             let mut claims = Vec::new();
             let pod = (|| -> Result<Pod> {
-                let labels = BTreeMap::from([
-                    (POOL_LABEL.to_string(), key.clone()),
-                    (POOL_POD_LABEL.to_string(), name.clone()),
-                ]);
+                // The spec's labels too (a sandbox's root): what is the
+                // root's is found by its label, in the pool or not.
+                let mut labels = spec.labels.clone();
+                labels.insert(POOL_LABEL.to_string(), key.clone());
+                labels.insert(POOL_POD_LABEL.to_string(), name.clone());
                 for c in own {
                     let claim = format!("{name}{}", c.suffix);
                     let pvc = self.storage().claim(&claim, &labels);
@@ -289,6 +283,34 @@ impl KubeEngine {
         Ok(None)
     }
 
+    /// Gives claimed pod `pod` the variables `env` in [`ENV_ANNOTATION`].
+    pub fn pool_set_env(&self, pod: &str, env: &[String]) -> Result<()> {
+        let what = format!("cannot give the claimed pod '{pod}' its sandbox's variables");
+        let value = serde_json::to_string(env).unwrap_or_default();
+        let patch = serde_json::json!({"metadata": {"annotations": {ENV_ANNOTATION: value}}});
+        self.block_on(
+            self.pods()
+                .patch(pod, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .map_err(|e| self.err("patch", "pods", &what, e))?;
+        Ok(())
+    }
+
+    /// The keys of the pools whose pods carry `label` (`key=value`).
+    pub fn pool_keys_with(&self, label: &str) -> Result<Vec<String>> {
+        let sel = format!("{POOL_LABEL},{}", pod::selector(label)?);
+        let what = format!("cannot list the pools '{sel}'");
+        let list = self
+            .block_on(self.pods().list(&ListParams::default().labels(&sel)))
+            .map_err(|e| self.err("list", "pods", &what, e))?;
+        let keys: std::collections::BTreeSet<String> = list
+            .items
+            .iter()
+            .filter_map(|p| p.metadata.labels.as_ref()?.get(POOL_LABEL).cloned())
+            .collect();
+        Ok(keys.into_iter().collect())
+    }
+
     /// Deletes every pod of pool `key` (`None`: of every pool) and the
     /// claims still in the pool (a claimed pod's are its owner's) without
     /// waiting; returns how many pods it asked to delete.
@@ -328,6 +350,62 @@ impl KubeEngine {
     }
 }
 
+impl WarmPool for KubeEngine {
+    fn pool_size(&self) -> usize {
+        self.warm_pool
+    }
+
+    fn fill(
+        &self,
+        spec: &ContainerSpec,
+        own: &[OwnClaim],
+        n: usize,
+        most: Option<usize>,
+    ) -> Result<Vec<String>> {
+        self.fill_at_most(spec, own, n, most)
+    }
+
+    fn claim(&self, key: &str, labels: &BTreeMap<String, String>) -> Result<Option<Claimed>> {
+        self.pool_claim(key, labels)
+    }
+
+    fn set_env(&self, container: &str, env: &[String]) -> Result<()> {
+        self.pool_set_env(container, env)
+    }
+
+    fn pool_keys(&self, label: &str) -> Result<Vec<String>> {
+        self.pool_keys_with(label)
+    }
+
+    fn drain(&self, key: &str) -> Result<usize> {
+        self.pool_drain(Some(key))
+    }
+}
+
+/// `req` with the variables a claimed pool pod was given
+/// ([`ENV_ANNOTATION`]) before its own, which win: a pod's spec
+/// cannot take a sandbox's variables after it is made (pool.rs).
+pub(super) fn with_pod_env(p: &Pod, req: &ExecRequest) -> Result<ExecRequest> {
+    let Some(v) = p
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ENV_ANNOTATION))
+    else {
+        return Ok(req.clone());
+    };
+    let mut env: Vec<String> = serde_json::from_str(v).map_err(|e| {
+        Error::data(format!(
+            "pod '{}': its annotation {} is not a JSON list of KEY=VALUE ({e})",
+            p.metadata.name.as_deref().unwrap_or_default(),
+            ENV_ANNOTATION
+        ))
+    })?;
+    env.retain(|e| e.split_once('=').is_some_and(|(k, _)| !k.is_empty()));
+    env.extend(req.env.iter().cloned());
+    Ok(ExecRequest { env, ..req.clone() })
+}
+
 /// The claims pool pod `p` made with it: those it mounts whose names are
 /// its own followed by a suffix (not the root's shared tools claim).
 fn own_claims(p: &Pod) -> Vec<String> {
@@ -358,32 +436,70 @@ fn in_pool(c: &PersistentVolumeClaim) -> Option<&String> {
 mod tests {
     use super::*;
 
+    fn pod_with(env: Option<&str>) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some("lw-pool-k-0".into());
+        if let Some(v) = env {
+            p.metadata.annotations = Some(std::collections::BTreeMap::from([(
+                ENV_ANNOTATION.to_string(),
+                v.to_string(),
+            )]));
+        }
+        p
+    }
+
     #[test]
-    fn the_key_ignores_name_and_labels_and_follows_the_rest() {
-        let a = ContainerSpec {
-            name: Some("lw-sb-x-a".into()),
-            image: "busybox:1".into(),
-            labels: BTreeMap::from([("org.loopwright.sandbox".into(), "a".into())]),
-            memory_bytes: Some(64 << 20),
+    fn a_claimed_pods_variables_come_first_and_the_execs_own_win() {
+        let req = ExecRequest {
+            cmd: vec!["printenv".into()],
+            env: vec!["TERM=xterm".into(), "LW_SANDBOX=mine".into()],
             ..Default::default()
         };
-        let mut b = a.clone();
-        b.name = Some("lw-sb-x-b".into());
-        b.labels.insert("org.loopwright.sandbox".into(), "b".into());
-        assert_eq!(pool_key(&a, &[]), pool_key(&b, &[]));
-        assert_eq!(pool_key(&a, &[]).len(), 16);
+        let p = pod_with(Some(
+            r#"["LW_SANDBOX=b1","PATH=/lw/bin:/bin","=x","NOEQUALS"]"#,
+        ));
+        let got = with_pod_env(&p, &req).unwrap();
+        // Entries that are no assignment (`env` would take them for the
+        // command) are dropped; the exec's own come last, so they win.
+        assert_eq!(
+            got.env,
+            [
+                "LW_SANDBOX=b1",
+                "PATH=/lw/bin:/bin",
+                "TERM=xterm",
+                "LW_SANDBOX=mine"
+            ]
+        );
+        assert_eq!(
+            super::super::sandbox::wrapped(&got),
+            [
+                "env",
+                "LW_SANDBOX=b1",
+                "PATH=/lw/bin:/bin",
+                "TERM=xterm",
+                "LW_SANDBOX=mine",
+                "printenv"
+            ]
+        );
+        // A pod never claimed: the request as it was.
+        assert_eq!(with_pod_env(&pod_with(None), &req).unwrap().env, req.env);
+        // An annotation that is no list of strings: 65, naming the pod.
+        let e = with_pod_env(&pod_with(Some("{\"a\":1}")), &req).unwrap_err();
+        assert_eq!(e.exit, base::error::Exit::DataErr);
+        assert!(e.msg.contains("lw-pool-k-0"), "{}", e.msg);
+    }
+
+    #[test]
+    fn a_pool_pods_name_and_its_claims_names_are_valid() {
+        let a = ContainerSpec {
+            image: "busybox:1".into(),
+            ..Default::default()
+        };
         assert!(pod::valid_label_value(&pool_key(&a, &[])));
-        let mut c = a.clone();
-        c.image = "busybox:2".into();
-        assert_ne!(pool_key(&a, &[]), pool_key(&c, &[]));
-        let mut d = a.clone();
-        d.memory_bytes = Some(128 << 20);
-        assert_ne!(pool_key(&a, &[]), pool_key(&d, &[]));
         let work = OwnClaim {
             suffix: "-work".into(),
             target: "/work".into(),
         };
-        assert_ne!(pool_key(&a, &[]), pool_key(&a, std::slice::from_ref(&work)));
         let name = pod_name(&pool_key(&a, std::slice::from_ref(&work)));
         assert_eq!(name.len(), "lw-pool-".len() + 16 + 1 + 10);
         assert!(pod::check_name("pod", &name).is_ok());

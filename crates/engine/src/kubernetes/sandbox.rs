@@ -54,6 +54,10 @@ impl SandboxEngine for KubeEngine {
         self.labelled(label)
     }
 
+    fn warm_pool(&self) -> Option<&dyn crate::WarmPool> {
+        Some(self)
+    }
+
     fn create_volume(&self, name: &str, labels: &BTreeMap<String, String>) -> Result<()> {
         pod::check_name("volume", name)?;
         let what = format!("cannot create volume '{name}'");
@@ -134,7 +138,7 @@ impl SandboxEngine for KubeEngine {
 
 /// The command that gives `req` its directory and environment, which the
 /// exec subresource does not take.
-fn wrapped(req: &ExecRequest) -> Vec<String> {
+pub(super) fn wrapped(req: &ExecRequest) -> Vec<String> {
     let mut cmd = Vec::new();
     if let Some(dir) = &req.workdir {
         cmd.extend([
@@ -200,24 +204,15 @@ fn exit_status(
 }
 
 /// A user an exec may run as: the pod's own, or none named.
-fn check_user(
-    engine: &KubeEngine,
-    pods: &Api<Pod>,
-    container: &str,
-    req: &ExecRequest,
-    what: &str,
-) -> Result<()> {
+fn check_user(p: &Pod, req: &ExecRequest, what: &str) -> Result<()> {
     let Some(user) = &req.user else {
         return Ok(());
     };
-    let p = engine
-        .block_on(pods.get(container))
-        .map_err(|e| engine.err("get", "pods", what, e))?;
     let want: Option<i64> = user.split(':').next().and_then(|u| u.parse().ok());
-    if want.is_none() || want != pod_uid(&p) {
+    if want.is_none() || want != pod_uid(p) {
         return Err(Error::usage(format!(
             "{what}: Kubernetes runs an exec as the pod's own user ({}), not as '{user}'",
-            pod_uid(&p).map_or("the image's".into(), |u| format!("uid {u}"))
+            pod_uid(p).map_or("the image's".into(), |u| format!("uid {u}"))
         )));
     }
     Ok(())
@@ -231,7 +226,11 @@ pub(super) fn exec_streams(
 ) -> Result<i64> {
     let what = format!("cannot run {:?} in pod '{container}'", req.cmd.join(" "));
     let pods: Api<Pod> = Api::namespaced(engine.client().clone(), &engine.target().namespace);
-    check_user(engine, &pods, container, req, &what)?;
+    let p = engine
+        .block_on(pods.get(container))
+        .map_err(|e| engine.err("get", "pods", &what, e))?;
+    check_user(&p, req, &what)?;
+    let req = &super::pool::with_pod_env(&p, req)?;
     let ExecIo {
         stdin,
         tty,
