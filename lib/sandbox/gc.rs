@@ -246,6 +246,11 @@ impl<'a> Sandboxes<'a> {
             }
         }
         push::remove_leftovers(&self.root.state_dir(), out);
+        // The warm pool turned off (kube.warm-pool 0): its pods go, and
+        // the plan the courier refills from; on, the pools of older plans.
+        if let Some(p) = self.engine.warm_pool() {
+            self.pool_drain_root(p.pool_size() > 0, out)?;
+        }
         self.reclaim_root_leftovers(out)
     }
 
@@ -283,6 +288,8 @@ impl<'a> Sandboxes<'a> {
         if doomed.is_empty() || in_use(self)? {
             return Ok(());
         }
+        // The warm pool's pods mount the tools volume: they go first.
+        self.pool_drain_root(false, out)?;
         for v in doomed {
             self.engine.remove_volume(&v)?;
             out(&format!("volume {v}"));

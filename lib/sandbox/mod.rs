@@ -79,6 +79,7 @@ mod lifecycle;
 pub mod limits;
 mod ls;
 pub mod mailbox;
+mod pool;
 pub mod pull;
 pub mod push;
 mod record;

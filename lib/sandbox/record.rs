@@ -58,6 +58,11 @@ pub struct Record {
     /// mail dir are volumes on the engine's side (lib/sandbox/volume.rs).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub volume_mode: bool,
+    /// In volume mode, its mail volume (its workspace's is `volume`): the
+    /// sandbox's own, or the claim a pool pod was made with (lib/sandbox/pool.rs).
+    /// Absent in older records and in local mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mail_volume: Option<String>,
     /// The address of the engine it was made on (`DOCKER_HOST` or the
     /// local socket); absent in older records.  A command that reaches
     /// another engine leaves it alone: its container is not there, and

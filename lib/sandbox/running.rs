@@ -21,6 +21,29 @@ impl<'a> Sandboxes<'a> {
         cmd: &[&str],
         stdin: Option<Vec<u8>>,
     ) -> Result<(i64, Vec<u8>, Vec<u8>)> {
+        self.run_io(
+            rec,
+            cmd,
+            stdin.map(|b| Box::new(std::io::Cursor::new(b)) as Box<dyn std::io::Read + Send>),
+        )
+    }
+
+    /// [`Sandboxes::run`] with `stdin` streamed from a reader.
+    pub(super) fn run_fed(
+        &self,
+        rec: &Record,
+        cmd: &[&str],
+        stdin: Box<dyn std::io::Read + Send>,
+    ) -> Result<(i64, Vec<u8>, Vec<u8>)> {
+        self.run_io(rec, cmd, Some(stdin))
+    }
+
+    fn run_io(
+        &self,
+        rec: &Record,
+        cmd: &[&str],
+        stdin: Option<Box<dyn std::io::Read + Send>>,
+    ) -> Result<(i64, Vec<u8>, Vec<u8>)> {
         let mut out = Vec::new();
         let mut err = Vec::new();
         let req = ExecRequest {
@@ -37,8 +60,7 @@ impl<'a> Sandboxes<'a> {
             OutStream::Stderr => err.extend_from_slice(b),
         };
         let io = ExecIo {
-            stdin: stdin
-                .map(|b| Box::new(std::io::Cursor::new(b)) as Box<dyn std::io::Read + Send>),
+            stdin,
             tty: false,
             size: None,
             on_output: &mut on,

@@ -100,7 +100,10 @@ impl<'a> Sandboxes<'a> {
         format!("lw-sb-{}-{name}-mail", self.id)
     }
 
-    fn labels_for(&self, name: Option<&str>) -> std::collections::BTreeMap<String, String> {
+    pub(super) fn labels_for(
+        &self,
+        name: Option<&str>,
+    ) -> std::collections::BTreeMap<String, String> {
         let mut l = std::collections::BTreeMap::from([
             (LABEL_ROOT.to_string(), self.id.clone()),
             (
@@ -123,7 +126,7 @@ impl<'a> Sandboxes<'a> {
         bins: &[(PathBuf, &str)],
     ) -> Result<()> {
         let key = tools_key(bins);
-        let tools = format!("lw-sb-{}-tools-{key}", self.id);
+        let tools = self.tools_volume(&key);
         let mounts = self.make_volumes(rec, &tools)?;
         let helper = format!("{}-setup", rec.container);
         // As root where the engine allows it, to give the volumes to the
@@ -161,41 +164,29 @@ impl<'a> Sandboxes<'a> {
         let removed = self.engine.remove(&helper, true);
         let path = res?;
         removed?;
-        spec.binds.clear();
-        spec.volumes = mounts;
-        spec.volumes.push(VolumeMount {
-            volume: tools,
-            target: TOOLS_DIR.into(),
-            read_only: true,
-        });
-        spec.env
-            .retain(|e| !e.starts_with("LW_REGISTRY=") && !e.starts_with("PATH="));
-        spec.env.push(format!("LW_REGISTRY={REGISTRY_COPY}"));
-        spec.env.push(format!("PATH={TOOLS_DIR}:{path}"));
+        on_volumes(spec, mounts, &tools, &path);
         Ok(())
+    }
+
+    /// The root's volume of the tools whose build is `key`.
+    pub(super) fn tools_volume(&self, key: &str) -> String {
+        format!("lw-sb-{}-tools-{key}", self.id)
     }
 
     /// Makes the workspace, mail and `tools` volumes of `rec`; the mounts
     /// of the first two.
     fn make_volumes(&self, rec: &Record, tools: &str) -> Result<Vec<VolumeMount>> {
         let name = rec.name.as_str();
+        let mail = rec
+            .mail_volume
+            .clone()
+            .unwrap_or_else(|| self.mail_volume(name));
         self.engine
             .create_volume(&rec.volume, &self.labels_for(Some(name)))?;
         self.engine
-            .create_volume(&self.mail_volume(name), &self.labels_for(Some(name)))?;
+            .create_volume(&mail, &self.labels_for(Some(name)))?;
         self.engine.create_volume(tools, &self.labels_for(None))?;
-        Ok(vec![
-            VolumeMount {
-                volume: rec.volume.clone(),
-                target: WORK.into(),
-                read_only: false,
-            },
-            VolumeMount {
-                volume: self.mail_volume(name),
-                target: MAILBOX.into(),
-                read_only: false,
-            },
-        ])
+        Ok(mounts(&rec.volume, &mail))
     }
 
     /// In the started `helper`: gives the volumes to the sandbox's user
@@ -257,15 +248,24 @@ impl<'a> Sandboxes<'a> {
     /// Puts a bundle of the mirror at [`BUNDLE`] in the (started) sandbox,
     /// for the clone to be made from.
     pub(super) fn volume_bundle(&self, rec: &Record, mirror: &Path) -> Result<()> {
+        let t = self.volume_bundle_tar(rec, mirror)?;
+        self.engine.copy_in(&rec.container, WORK, t)
+    }
+
+    /// A tar of a bundle of the mirror, to unpack at [`WORK`]: it holds
+    /// [`BUNDLE`].  Read from a file already unlinked.
+    pub(super) fn volume_bundle_tar(
+        &self,
+        rec: &Record,
+        mirror: &Path,
+    ) -> Result<Box<dyn Read + Send>> {
         let dir = self.root.state_dir().join("bundle");
         let file = dir.join(format!(
             "{}.{:016x}.bundle",
             rec.name,
             base::id::random128() as u64
         ));
-        let res = make_bundle(mirror, &file)
-            .and_then(|()| bundle_tar(&file, rec.uid))
-            .and_then(|t| self.engine.copy_in(&rec.container, WORK, t));
+        let res = make_bundle(mirror, &file).and_then(|()| bundle_tar(&file, rec.uid));
         let _ = std::fs::remove_file(&file);
         res
     }
@@ -318,6 +318,44 @@ impl<'a> Sandboxes<'a> {
     }
 }
 
+/// The mounts of a workspace volume `work` and a mail volume `mail`.
+pub(super) fn mounts(work: &str, mail: &str) -> Vec<VolumeMount> {
+    vec![
+        VolumeMount {
+            volume: work.to_string(),
+            target: WORK.into(),
+            read_only: false,
+        },
+        VolumeMount {
+            volume: mail.to_string(),
+            target: MAILBOX.into(),
+            read_only: false,
+        },
+    ]
+}
+
+/// Turns `spec` (made for local mode) into its volume-mode form: no bind,
+/// the workspace and mail `mounts` and the `tools` volume read-only, the
+/// registry's copy, the tools first on the image's `path`.
+pub(super) fn on_volumes(
+    spec: &mut ContainerSpec,
+    mounts: Vec<VolumeMount>,
+    tools: &str,
+    path: &str,
+) {
+    spec.binds.clear();
+    spec.volumes = mounts;
+    spec.volumes.push(VolumeMount {
+        volume: tools.to_string(),
+        target: TOOLS_DIR.into(),
+        read_only: true,
+    });
+    spec.env
+        .retain(|e| !e.starts_with("LW_REGISTRY=") && !e.starts_with("PATH="));
+    spec.env.push(format!("LW_REGISTRY={REGISTRY_COPY}"));
+    spec.env.push(format!("PATH={TOOLS_DIR}:{path}"));
+}
+
 /// Makes a bundle of every ref of the mirror (and its HEAD) at `to`.
 pub fn make_bundle(mirror: &Path, to: &Path) -> Result<()> {
     if let Some(d) = to.parent() {
@@ -356,7 +394,7 @@ fn helper_user(root: bool, uid: u32) -> String {
     }
 }
 
-fn tools_key(bins: &[(PathBuf, &str)]) -> String {
+pub(super) fn tools_key(bins: &[(PathBuf, &str)]) -> String {
     let mut s = String::new();
     for (p, n) in bins {
         let m = std::fs::metadata(p).ok();
@@ -413,7 +451,7 @@ impl TarBuf {
 }
 
 /// The mail dir's Maildirs and the registry's copy, owned by `uid`.
-fn mail_skeleton(sb: &Sandboxes, uid: u32) -> Result<std::io::Cursor<Vec<u8>>> {
+pub(super) fn mail_skeleton(sb: &Sandboxes, uid: u32) -> Result<std::io::Cursor<Vec<u8>>> {
     let mut t = TarBuf::new();
     for b in ["outbox", "inbox"] {
         t.dir(b, 0o700, uid);

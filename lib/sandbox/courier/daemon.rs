@@ -188,6 +188,9 @@ pub fn detached(sb: &Sandboxes, interval: std::time::Duration) -> Result<()> {
         Told::Rings { live, of } => {
             let _ = writeln!(log, "{} rings {live} of {of} live", stamp());
         }
+        Told::Pool { key, made, drained } => {
+            let _ = writeln!(log, "{} pool {key} made {made} drained {drained}", stamp());
+        }
     };
     let mut warn = |m: &str| {
         warned.set(true);

@@ -19,6 +19,13 @@ pub enum Told<'a> {
     Pass(&'a Carried),
     /// How many of the sandboxes' rings are live, when that changed.
     Rings { live: usize, of: usize },
+    /// The warm pool topped up (crate::sandbox::pool): pods made, pods of
+    /// an older pool removed.
+    Pool {
+        key: &'a str,
+        made: usize,
+        drained: usize,
+    },
 }
 
 /// `lw-sandbox courier` in the foreground: a line `out N in N read N junk
@@ -40,6 +47,9 @@ pub fn foreground(
             }
             Told::Pass(_) => return,
             Told::Rings { live, of } => format!("rings {live} of {of} live"),
+            Told::Pool { key, made, drained } => {
+                format!("pool {key} made {made} drained {drained}")
+            }
         };
         let _ = writeln!(out, "{line}").and_then(|()| out.flush());
     };
@@ -80,6 +90,13 @@ pub fn run(
 /// says (a belt for a ring's lost word).
 pub const SWEEP: Duration = Duration::from_secs(300);
 
+/// The warm pool is topped up once the root's sandboxes have not changed
+/// for this long (a burst of creates takes from the pool with no pod made
+/// beside it), at the courier's start and at each sweep.
+const POOL_QUIET: Duration = Duration::from_secs(2);
+/// At most this many pool pods are made at a time, so mail keeps moving.
+const POOL_STEP: usize = 8;
+
 /// The passes of a courier that holds the lock; before each, `idle` is
 /// told how many volume-mode sandboxes the root has, and ends the loop by
 /// answering true (the detached courier, daemon.rs).  Between passes it
@@ -116,12 +133,15 @@ pub fn serve(
         let mut swept = Instant::now();
         let mut was_live = (0, 0);
         let mut count = 0;
+        let mut pool = PoolTimer::new();
         let res = loop {
             if !records_watched {
                 records_watched = watcher.add_arrivals(&records).is_ok();
             }
             match courier.sandboxes() {
                 Ok(recs) => {
+                    // A create under way shows as a record not yet ready.
+                    pool.saw((recs.len(), sb.records().map_or(0, |r| r.len())));
                     count = recs.len();
                     if idle(recs.len()) {
                         break Ok(());
@@ -150,12 +170,15 @@ pub fn serve(
             let sweep = swept.elapsed() >= SWEEP;
             if sweep {
                 swept = Instant::now();
+                pool.due = true;
             }
             match courier.pass(&|r| Some(rings.due(r, &rung, sweep)), warn) {
                 Ok(c) => report(Told::Pass(&c)),
                 Err(e) => warn(&e.to_string()),
             }
+            pool.refill(sb, report, warn);
             let mut timeout = rings.timeout(count, interval, SWEEP.saturating_sub(swept.elapsed()));
+            timeout = pool.timeout(timeout);
             if courier.behind() {
                 // An outbox left behind is read again next interval.
                 timeout = timeout.min(interval);
@@ -167,6 +190,70 @@ pub fn serve(
         rings.end_all();
         res
     })
+}
+
+/// When the courier tops the warm pool up (crate::sandbox::pool): at its
+/// start, when the sandboxes or their records change (after POOL_QUIET
+/// without a change: creates have paused) and at each sweep.
+struct PoolTimer {
+    due: bool,
+    seen: (usize, usize),
+    changed: Instant,
+}
+
+impl PoolTimer {
+    fn new() -> PoolTimer {
+        PoolTimer {
+            due: true,
+            seen: (0, 0),
+            changed: Instant::now()
+                .checked_sub(POOL_QUIET)
+                .unwrap_or_else(Instant::now),
+        }
+    }
+
+    /// The sandboxes and records counted now.
+    fn saw(&mut self, now: (usize, usize)) {
+        if now != self.seen {
+            self.seen = now;
+            self.changed = Instant::now();
+            self.due = true;
+        }
+    }
+
+    /// Tops the pool up when due and creates have paused.
+    fn refill(&mut self, sb: &Sandboxes, report: &mut dyn FnMut(Told), warn: &mut dyn FnMut(&str)) {
+        if !self.due || self.changed.elapsed() < POOL_QUIET {
+            return;
+        }
+        match crate::sandbox::pool::refill(sb, POOL_STEP) {
+            Ok(Some(r)) => {
+                if r.made + r.drained > 0 {
+                    report(Told::Pool {
+                        key: &r.key,
+                        made: r.made,
+                        drained: r.drained,
+                    });
+                }
+                self.due = r.more;
+            }
+            Ok(None) => self.due = false,
+            Err(e) => {
+                // Tried again at the next change or sweep.
+                warn(&format!("cannot refill the warm pool: {e}"));
+                self.due = false;
+            }
+        }
+    }
+
+    /// `timeout`, shortened to wake when a due refill's pause ends.
+    fn timeout(&self, timeout: Duration) -> Duration {
+        if self.due {
+            timeout.min(POOL_QUIET.saturating_sub(self.changed.elapsed()))
+        } else {
+            timeout
+        }
+    }
 }
 
 /// Waits up to `timeout` for a delivery into a watched inbox or a ring's

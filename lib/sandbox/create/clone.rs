@@ -74,30 +74,45 @@ impl<'a> Sandboxes<'a> {
         let default = mirror_head_branch(mirror);
         let (user_name, email) = identity(settings, project, &name);
         let exists_flag = if exists.is_some() { "1" } else { "0" };
-        if rec.volume_mode {
+        let gitconfig = gitconfig(&user_name, &email);
+        let args = [
+            "lw-clone",
+            &rec.branch,
+            &base,
+            exists_flag,
+            &gitconfig,
+            &default,
+            if rec.volume_mode {
+                super::super::volume::BUNDLE
+            } else {
+                MIRROR
+            },
+        ];
+        // On Kubernetes a copy is `tar` in the pod anyway (the engine's
+        // copy_in): the bundle rides on the clone's own exec, one round
+        // trip fewer.  Elsewhere it is copied in first.
+        let fed = rec.volume_mode && self.kind == engine::EngineKind::Kubernetes;
+        if rec.volume_mode && !fed {
             self.volume_bundle(rec, mirror)?;
             clock.mark("bundle");
         }
-        let (code, out, err) = self.run(
-            rec,
-            &[
+        let (code, out, err) = if fed {
+            let tar = self.volume_bundle_tar(rec, mirror)?;
+            clock.mark("bundle");
+            let mut cmd = vec![
                 "/bin/sh",
                 "-c",
+                "tar -x -o -f - -C /work && exec /bin/sh -c \"$@\"",
+                "lw-bundle",
                 CLONE,
-                "lw-clone",
-                &rec.branch,
-                &base,
-                exists_flag,
-                &gitconfig(&user_name, &email),
-                &default,
-                if rec.volume_mode {
-                    super::super::volume::BUNDLE
-                } else {
-                    MIRROR
-                },
-            ],
-            None,
-        )?;
+            ];
+            cmd.extend(args);
+            self.run_fed(rec, &cmd, tar)?
+        } else {
+            let mut cmd = vec!["/bin/sh", "-c", CLONE];
+            cmd.extend(args);
+            self.run(rec, &cmd, None)?
+        };
         if code != 0 {
             return Err(clone_failed(&name, code, &err, settings.uid));
         }

@@ -260,6 +260,7 @@ impl<'a> Sandboxes<'a> {
             services: opts.services.clone(),
             runtime: c.runtime.clone(),
             volume_mode: c.on_volumes,
+            mail_volume: c.on_volumes.then(|| self.mail_volume(name)),
             engine: Some(self.engine.address()),
             pull_request: None,
             post_start: image.post_start.clone(),

@@ -17,7 +17,8 @@ use wall::egress;
 use wall::{LABEL_ROOT, LABEL_ROOT_PATH, LABEL_SANDBOX};
 
 impl<'a> Sandboxes<'a> {
-    /// Everything but the clone, up to the started container; returns its spec.
+    /// Everything but the clone, up to the started container (made, or
+    /// claimed from the warm pool); returns its spec.
     pub(super) fn make_parts(
         &self,
         rec: &mut Record,
@@ -27,6 +28,15 @@ impl<'a> Sandboxes<'a> {
     ) -> Result<ContainerSpec> {
         let boxdir = self.make_mailbox(rec, c)?;
         clock.mark("record");
+        // A ready pod from the root's warm pool, when it keeps one: the
+        // record names it before the egress is keyed by its name.
+        let pool = self.pool_plan(rec, &c.settings, bins);
+        let mut pooled = false;
+        if let Some(p) = &pool {
+            let labels = container_spec(self, rec, &c.settings, &boxdir, bins, false).labels;
+            pooled = self.pool_take(rec, p, &labels)?;
+            clock.mark(if pooled { "pool-claim" } else { "pool-empty" });
+        }
         let plan = self.make_egress(rec, c, clock)?;
         if crate::sandbox::scratch::needed(rec.runtime_name()) {
             crate::sandbox::scratch::make(&self.root, &rec.name, &c.settings.tmp_size)?;
@@ -40,6 +50,11 @@ impl<'a> Sandboxes<'a> {
         let mut spec = container_spec(self, rec, &c.settings, &boxdir, bins, !c.secrets.is_empty());
         if let Some(p) = &plan {
             use_proxy_address(&mut spec.env, p);
+        }
+        if let (true, Some(p)) = (pooled, &pool) {
+            self.pool_adopt(rec, p, &mut spec)?;
+            clock.mark("pool-adopt");
+            return Ok(spec);
         }
         if c.on_volumes {
             self.volume_prepare(rec, &mut spec, bins)?;
