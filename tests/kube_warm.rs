@@ -297,16 +297,19 @@ fn creates_claim_from_the_warm_pool_and_share_nothing() {
     assert_eq!(rec["container"], pod.as_str());
     assert_eq!(rec["volume"], format!("{pod}-work"));
     assert_eq!(rec["mail_volume"], format!("{pod}-mail"));
-    let labels = cluster.kubectl(&[
-        "-n",
-        &ns,
-        "get",
-        "pod",
-        &pod,
-        "-o",
-        "jsonpath={.metadata.labels}",
-    ]);
-    let labels: BTreeMap<String, String> = serde_json::from_str(&labels).unwrap();
+    let labels_of = |kind: &str, name: &str| -> BTreeMap<String, String> {
+        let l = cluster.kubectl(&[
+            "-n",
+            &ns,
+            "get",
+            kind,
+            name,
+            "-o",
+            "jsonpath={.metadata.labels}",
+        ]);
+        serde_json::from_str(&l).unwrap()
+    };
+    let labels = labels_of("pod", &pod);
     assert_eq!(
         labels.get("org.loopwright.sandbox").map(String::as_str),
         Some("b1"),
@@ -322,16 +325,7 @@ fn creates_claim_from_the_warm_pool_and_share_nothing() {
         "--network bridge is its label: {labels:?}"
     );
     for c in [format!("{pod}-work"), format!("{pod}-mail")] {
-        let l = cluster.kubectl(&[
-            "-n",
-            &ns,
-            "get",
-            "pvc",
-            &c,
-            "-o",
-            "jsonpath={.metadata.labels}",
-        ]);
-        let l: BTreeMap<String, String> = serde_json::from_str(&l).unwrap();
+        let l = labels_of("pvc", &c);
         assert_eq!(
             l.get("org.loopwright.sandbox").map(String::as_str),
             Some("b1"),

@@ -207,12 +207,7 @@ impl<'a> Sandboxes<'a> {
                 ),
             ));
         }
-        let path = out
-            .lines()
-            .find_map(|l| l.strip_prefix("PATH="))
-            .filter(|p| !p.is_empty())
-            .unwrap_or("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-            .to_string();
+        let path = super::volume::image_path(&out);
         let mail = rec.mail_volume.clone().unwrap_or_default();
         spec.name = Some(rec.container.clone());
         super::volume::on_volumes(

@@ -229,12 +229,7 @@ impl<'a> Sandboxes<'a> {
                 ),
             ));
         }
-        let path = out
-            .lines()
-            .find_map(|l| l.strip_prefix("PATH="))
-            .filter(|p| !p.is_empty())
-            .unwrap_or("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-            .to_string();
+        let path = image_path(&out);
         let have_tools = out.lines().any(|l| l == "tools");
         self.engine
             .copy_in(helper, MAILBOX, Box::new(mail_skeleton(self, uid)?))?;
@@ -316,6 +311,16 @@ impl<'a> Sandboxes<'a> {
             String::from_utf8_lossy(&err).into_owned(),
         ))
     }
+}
+
+/// The image's `PATH` from a setup script's `PATH=...` line (Debian's
+/// default when it printed none).
+pub(super) fn image_path(out: &str) -> String {
+    out.lines()
+        .find_map(|l| l.strip_prefix("PATH="))
+        .filter(|p| !p.is_empty())
+        .unwrap_or("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        .to_string()
 }
 
 /// The mounts of a workspace volume `work` and a mail volume `mail`.
