@@ -192,9 +192,9 @@ impl<'a> Sandboxes<'a> {
              {{ [ -e {TOOLS_DIR}/.complete-{key} ] || {{ echo \"{TOOLS_DIR} does not hold the tools (.complete-{key})\" >&2; exit 1; }}; }} && \
              tar -x -o -f - -C {MAILBOX} && mkdir -p {WORK}/home && printf 'PATH=%s\\n' \"$PATH\""
         );
-        let (code, out, err) = self.exec_fed(
+        let (code, out, err) = self.run_fed(
             rec,
-            &script,
+            &["/bin/sh", "-c", &script],
             Box::new(super::volume::mail_skeleton(self, rec.uid)?),
         )?;
         if code != 0 {
@@ -203,11 +203,11 @@ impl<'a> Sandboxes<'a> {
                 format!(
                     "cannot prepare pod '{}' of the warm pool for sandbox '{name}' (exit {code}): {}",
                     rec.container,
-                    base::visible::visible(err.trim())
+                    base::visible::visible(String::from_utf8_lossy(&err).trim())
                 ),
             ));
         }
-        let path = super::volume::image_path(&out);
+        let path = super::volume::image_path(&String::from_utf8_lossy(&out));
         let mail = rec.mail_volume.clone().unwrap_or_default();
         spec.name = Some(rec.container.clone());
         super::volume::on_volumes(
@@ -244,40 +244,6 @@ impl<'a> Sandboxes<'a> {
             }
         }
         Ok(())
-    }
-
-    /// Runs `script` in `rec`'s container as its user with `stdin`:
-    /// status, stdout, stderr.
-    fn exec_fed(
-        &self,
-        rec: &Record,
-        script: &str,
-        stdin: Box<dyn std::io::Read + Send>,
-    ) -> Result<(i64, String, String)> {
-        let (mut out, mut err) = (Vec::new(), Vec::new());
-        let req = engine::ExecRequest {
-            cmd: vec!["/bin/sh".into(), "-c".into(), script.into()],
-            env: vec![],
-            user: Some(format!("{0}:{0}", rec.uid)),
-            workdir: Some("/".into()),
-        };
-        let mut on = |s: engine::OutStream, b: &[u8]| match s {
-            engine::OutStream::Stdout => out.extend_from_slice(b),
-            engine::OutStream::Stderr => err.extend_from_slice(b),
-        };
-        let io = engine::ExecIo {
-            stdin: Some(stdin),
-            tty: false,
-            size: None,
-            on_output: &mut on,
-            stop: None,
-        };
-        let code = self.engine.exec_io(&rec.container, &req, io)?;
-        Ok((
-            code,
-            String::from_utf8_lossy(&out).into_owned(),
-            String::from_utf8_lossy(&err).into_owned(),
-        ))
     }
 
     fn pool(&self) -> Result<&dyn WarmPool> {

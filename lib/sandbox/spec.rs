@@ -83,7 +83,7 @@ pub fn container_spec(
 }
 
 /// The labels that find the container again: its sandbox, root and branch.
-fn labels(sb: &Sandboxes, rec: &Record) -> BTreeMap<String, String> {
+pub(super) fn labels(sb: &Sandboxes, rec: &Record) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::from([
         (LABEL_SANDBOX.to_string(), rec.name.clone()),
         (LABEL_ROOT.to_string(), sb.id.clone()),

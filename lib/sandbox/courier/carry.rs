@@ -178,12 +178,19 @@ impl<'s, 'a> Courier<'s, 'a> {
 
     /// The ready volume-mode sandboxes of the root.
     pub fn sandboxes(&self) -> Result<Vec<Record>> {
-        Ok(self
-            .sb
-            .records()?
+        Ok(self.sandboxes_of_all()?.0)
+    }
+
+    /// [`Courier::sandboxes`], and how many records the root has in all
+    /// (one being created is not ready yet), from one read of them.
+    pub fn sandboxes_of_all(&self) -> Result<(Vec<Record>, usize)> {
+        let all = self.sb.records()?;
+        let n = all.len();
+        let ready = all
             .into_iter()
             .filter(|r| r.ready && r.volume_mode && !self.sb.elsewhere(r))
-            .collect())
+            .collect();
+        Ok((ready, n))
     }
 
     /// One pass over the volume-mode sandboxes `due` names (with what to

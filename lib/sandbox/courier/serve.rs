@@ -138,10 +138,10 @@ pub fn serve(
             if !records_watched {
                 records_watched = watcher.add_arrivals(&records).is_ok();
             }
-            match courier.sandboxes() {
-                Ok(recs) => {
+            match courier.sandboxes_of_all() {
+                Ok((recs, all)) => {
                     // A create under way shows as a record not yet ready.
-                    pool.saw((recs.len(), sb.records().map_or(0, |r| r.len())));
+                    pool.saw((recs.len(), all));
                     count = recs.len();
                     if idle(recs.len()) {
                         break Ok(());

@@ -33,8 +33,7 @@ impl<'a> Sandboxes<'a> {
         let pool = self.pool_plan(rec, &c.settings, bins);
         let mut pooled = false;
         if let Some(p) = &pool {
-            let labels = container_spec(self, rec, &c.settings, &boxdir, bins, false).labels;
-            pooled = self.pool_take(rec, p, &labels)?;
+            pooled = self.pool_take(rec, p, &super::super::spec::labels(self, rec))?;
             clock.mark(if pooled { "pool-claim" } else { "pool-empty" });
         }
         let plan = self.make_egress(rec, c, clock)?;

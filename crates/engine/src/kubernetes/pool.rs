@@ -159,8 +159,8 @@ impl KubeEngine {
     }
 
     /// [`KubeEngine::pool_fill`], making at most `most` pods (`None`: as
-    /// many as the pool lacks): a create that took one pod puts one back,
-    /// so creates at once do not each fill the whole gap.
+    /// many as the pool lacks): the courier refills a few at a time, so
+    /// mail keeps moving while a large pool fills.
     fn fill_at_most(
         &self,
         spec: &ContainerSpec,
@@ -283,34 +283,6 @@ impl KubeEngine {
         Ok(None)
     }
 
-    /// Gives claimed pod `pod` the variables `env` in [`ENV_ANNOTATION`].
-    pub fn pool_set_env(&self, pod: &str, env: &[String]) -> Result<()> {
-        let what = format!("cannot give the claimed pod '{pod}' its sandbox's variables");
-        let value = serde_json::to_string(env).unwrap_or_default();
-        let patch = serde_json::json!({"metadata": {"annotations": {ENV_ANNOTATION: value}}});
-        self.block_on(
-            self.pods()
-                .patch(pod, &PatchParams::default(), &Patch::Merge(&patch)),
-        )
-        .map_err(|e| self.err("patch", "pods", &what, e))?;
-        Ok(())
-    }
-
-    /// The keys of the pools whose pods carry `label` (`key=value`).
-    pub fn pool_keys_with(&self, label: &str) -> Result<Vec<String>> {
-        let sel = format!("{POOL_LABEL},{}", pod::selector(label)?);
-        let what = format!("cannot list the pools '{sel}'");
-        let list = self
-            .block_on(self.pods().list(&ListParams::default().labels(&sel)))
-            .map_err(|e| self.err("list", "pods", &what, e))?;
-        let keys: std::collections::BTreeSet<String> = list
-            .items
-            .iter()
-            .filter_map(|p| p.metadata.labels.as_ref()?.get(POOL_LABEL).cloned())
-            .collect();
-        Ok(keys.into_iter().collect())
-    }
-
     /// Deletes every pod of pool `key` (`None`: of every pool) and the
     /// claims still in the pool (a claimed pod's are its owner's) without
     /// waiting; returns how many pods it asked to delete.
@@ -370,11 +342,29 @@ impl WarmPool for KubeEngine {
     }
 
     fn set_env(&self, container: &str, env: &[String]) -> Result<()> {
-        self.pool_set_env(container, env)
+        let what = format!("cannot give the claimed pod '{container}' its sandbox's variables");
+        let value = serde_json::to_string(env).unwrap_or_default();
+        let patch = serde_json::json!({"metadata": {"annotations": {ENV_ANNOTATION: value}}});
+        self.block_on(
+            self.pods()
+                .patch(container, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .map_err(|e| self.err("patch", "pods", &what, e))?;
+        Ok(())
     }
 
     fn pool_keys(&self, label: &str) -> Result<Vec<String>> {
-        self.pool_keys_with(label)
+        let sel = format!("{POOL_LABEL},{}", pod::selector(label)?);
+        let what = format!("cannot list the pools '{sel}'");
+        let list = self
+            .block_on(self.pods().list(&ListParams::default().labels(&sel)))
+            .map_err(|e| self.err("list", "pods", &what, e))?;
+        let keys: std::collections::BTreeSet<String> = list
+            .items
+            .iter()
+            .filter_map(|p| p.metadata.labels.as_ref()?.get(POOL_LABEL).cloned())
+            .collect();
+        Ok(keys.into_iter().collect())
     }
 
     fn drain(&self, key: &str) -> Result<usize> {
@@ -385,14 +375,17 @@ impl WarmPool for KubeEngine {
 /// `req` with the variables a claimed pool pod was given
 /// ([`ENV_ANNOTATION`]) before its own, which win: a pod's spec
 /// cannot take a sandbox's variables after it is made (pool.rs).
-pub(super) fn with_pod_env(p: &Pod, req: &ExecRequest) -> Result<ExecRequest> {
+pub(super) fn with_pod_env<'r>(
+    p: &Pod,
+    req: &'r ExecRequest,
+) -> Result<std::borrow::Cow<'r, ExecRequest>> {
     let Some(v) = p
         .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(ENV_ANNOTATION))
     else {
-        return Ok(req.clone());
+        return Ok(std::borrow::Cow::Borrowed(req));
     };
     let mut env: Vec<String> = serde_json::from_str(v).map_err(|e| {
         Error::data(format!(
@@ -403,7 +396,12 @@ pub(super) fn with_pod_env(p: &Pod, req: &ExecRequest) -> Result<ExecRequest> {
     })?;
     env.retain(|e| e.split_once('=').is_some_and(|(k, _)| !k.is_empty()));
     env.extend(req.env.iter().cloned());
-    Ok(ExecRequest { env, ..req.clone() })
+    Ok(std::borrow::Cow::Owned(ExecRequest {
+        env,
+        cmd: req.cmd.clone(),
+        user: req.user.clone(),
+        workdir: req.workdir.clone(),
+    }))
 }
 
 /// The claims pool pod `p` made with it: those it mounts whose names are

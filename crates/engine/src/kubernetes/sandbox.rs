@@ -230,7 +230,7 @@ pub(super) fn exec_streams(
         .block_on(pods.get(container))
         .map_err(|e| engine.err("get", "pods", &what, e))?;
     check_user(&p, req, &what)?;
-    let req = &super::pool::with_pod_env(&p, req)?;
+    let req = &*super::pool::with_pod_env(&p, req)?;
     let ExecIo {
         stdin,
         tty,
